@@ -1,0 +1,93 @@
+#include "runtime/kernel.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace strata {
+
+std::string TensorType::ToString() const {
+  return absl::StrCat(DataTypeName(dtype), ShapeString(shape));
+}
+
+absl::StatusOr<Tensor*> KernelContext::AllocateOutput(int i, DataType dtype, Shape shape) {
+  Tensor t = Tensor::Empty(dtype, shape, run_->allocator);
+  if (!t.defined()) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", DataTypeName(dtype),
+                                                     ShapeString(shape), " on ", run_->allocator->name()));
+  }
+  outputs_[i] = std::move(t);
+  return &outputs_[i];
+}
+
+KernelRegistry& KernelRegistry::Global() {
+  static KernelRegistry* registry = new KernelRegistry();
+  return *registry;
+}
+
+void KernelRegistry::Register(const std::string& op_type, const std::string& device, DataType dtype,
+                              KernelFactory factory) {
+  entries_.emplace_back(op_type, device, dtype, std::move(factory));
+}
+
+const KernelFactory* KernelRegistry::Find(const std::string& op_type, const std::string& device,
+                                          DataType dtype) const {
+  for (const auto& [type, dev, dt, factory] : entries_) {
+    if (type == op_type && dev == device && dt == dtype) return &factory;
+  }
+  return nullptr;
+}
+
+std::vector<DataType> KernelRegistry::DtypesFor(const std::string& op_type, const std::string& device) const {
+  std::vector<DataType> out;
+  for (const auto& [type, dev, dt, factory] : entries_) {
+    if (type == op_type && dev == device) out.push_back(dt);
+  }
+  return out;
+}
+
+DataType KernelDtype(const KernelDef& def) {
+  for (const auto& t : def.input_types) {
+    if (IsFloating(t.dtype)) return t.dtype;
+  }
+  if (!def.input_types.empty()) return def.input_types[0].dtype;
+  if (!def.output_types.empty()) return def.output_types[0].dtype;
+  return DT_INVALID;
+}
+
+namespace {
+absl::StatusOr<const AttrValue*> FindAttr(const Op& op, const std::string& name) {
+  auto it = op.attr().find(name);
+  if (it == op.attr().end()) {
+    return absl::InternalError(absl::StrCat("op '", op.type(), "' has no attr '", name, "'"));
+  }
+  return &it->second;
+}
+}  // namespace
+
+absl::StatusOr<int64_t> AttrInt(const Op& op, const std::string& name) {
+  auto a = FindAttr(op, name);
+  if (!a.ok()) return a.status();
+  return (*a)->i();
+}
+absl::StatusOr<double> AttrFloat(const Op& op, const std::string& name) {
+  auto a = FindAttr(op, name);
+  if (!a.ok()) return a.status();
+  return (*a)->value_case() == AttrValue::kI ? static_cast<double>((*a)->i()) : (*a)->f();
+}
+absl::StatusOr<bool> AttrBool(const Op& op, const std::string& name) {
+  auto a = FindAttr(op, name);
+  if (!a.ok()) return a.status();
+  return (*a)->b();
+}
+absl::StatusOr<std::string> AttrString(const Op& op, const std::string& name) {
+  auto a = FindAttr(op, name);
+  if (!a.ok()) return a.status();
+  return (*a)->s();
+}
+absl::StatusOr<std::vector<int64_t>> AttrInts(const Op& op, const std::string& name) {
+  auto a = FindAttr(op, name);
+  if (!a.ok()) return a.status();
+  return std::vector<int64_t>((*a)->list().i().begin(), (*a)->list().i().end());
+}
+
+}  // namespace strata

@@ -1,0 +1,121 @@
+#ifndef STRATA_RUNTIME_KERNEL_H_
+#define STRATA_RUNTIME_KERNEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/program.pb.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+
+// A var's static type: dtype and shape, -1 where the batch dimension goes.
+struct TensorType {
+  DataType dtype = DT_INVALID;
+  std::vector<int64_t> shape;
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const TensorType& o) const { return !(*this == o); }
+  std::string ToString() const;
+};
+
+// What a step tells every kernel; random ops key their streams on it.
+struct RunContext {
+  uint64_t seed = 0;
+  int64_t step = 0;           // optimizer steps taken before this one
+  int64_t sample_offset = 0;  // global index of this micro-batch's first sample
+  int64_t total_steps = 0;    // of the whole run (cosine decay), 0 if unknown
+  bool training = true;
+  Allocator* allocator = GetCpuAllocator();
+};
+
+// Everything a kernel is built from, known at prepare time.
+struct KernelDef {
+  const Op* op = nullptr;
+  std::vector<TensorType> input_types;
+  std::vector<TensorType> output_types;
+};
+
+class KernelContext {
+ public:
+  KernelContext(const RunContext* run, absl::Span<const Tensor* const> inputs, absl::Span<Tensor> outputs)
+      : run_(run), inputs_(inputs), outputs_(outputs) {}
+  const RunContext& run() const { return *run_; }
+  int num_inputs() const { return static_cast<int>(inputs_.size()); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  const Tensor& input(int i) const { return *inputs_[i]; }
+  // Allocates output i; ResourceExhausted if the allocator fails.
+  absl::StatusOr<Tensor*> AllocateOutput(int i, DataType dtype, Shape shape);
+  // Output i shares `t`'s buffer (reshape, identity).
+  void SetOutput(int i, Tensor t) { outputs_[i] = std::move(t); }
+  Tensor* output(int i) { return &outputs_[i]; }
+
+ private:
+  const RunContext* run_;
+  absl::Span<const Tensor* const> inputs_;
+  absl::Span<Tensor> outputs_;
+};
+
+// A kernel is built once per op at prepare time (attrs parsed then) and
+// called every step.
+class OpKernel {
+ public:
+  virtual ~OpKernel() = default;
+  virtual absl::Status Compute(KernelContext& ctx) = 0;
+};
+
+using KernelFactory = std::function<absl::StatusOr<std::unique_ptr<OpKernel>>(const KernelDef&)>;
+
+// Kernels keyed by (op type, device, dtype). The dtype is that of the op's
+// first floating-point input, else its first input, else its first output.
+class KernelRegistry {
+ public:
+  static KernelRegistry& Global();
+  void Register(const std::string& op_type, const std::string& device, DataType dtype, KernelFactory factory);
+  const KernelFactory* Find(const std::string& op_type, const std::string& device, DataType dtype) const;
+  std::vector<DataType> DtypesFor(const std::string& op_type, const std::string& device) const;
+
+ private:
+  std::vector<std::tuple<std::string, std::string, DataType, KernelFactory>> entries_;
+};
+
+DataType KernelDtype(const KernelDef& def);
+
+// Attribute readers for kernels; the compiler has filled in defaults, so a
+// missing attr here is a programmer error reported as Internal.
+absl::StatusOr<int64_t> AttrInt(const Op& op, const std::string& name);
+absl::StatusOr<double> AttrFloat(const Op& op, const std::string& name);
+absl::StatusOr<bool> AttrBool(const Op& op, const std::string& name);
+absl::StatusOr<std::string> AttrString(const Op& op, const std::string& name);
+absl::StatusOr<std::vector<int64_t>> AttrInts(const Op& op, const std::string& name);
+
+struct KernelRegistrar {
+  KernelRegistrar(const char* op_type, const char* device, DataType dtype, KernelFactory factory) {
+    KernelRegistry::Global().Register(op_type, device, dtype, std::move(factory));
+  }
+};
+
+#define STRATA_KERNEL_CONCAT_INNER(a, b) a##b
+#define STRATA_KERNEL_CONCAT(a, b) STRATA_KERNEL_CONCAT_INNER(a, b)
+// STRATA_REGISTER_KERNEL("relu", "cpu", F32, factory);
+#define STRATA_REGISTER_KERNEL(op_type, device, dtype, factory)                          \
+  static ::strata::KernelRegistrar STRATA_KERNEL_CONCAT(strata_kernel_registrar_, __LINE__)( \
+      op_type, device, dtype, factory)
+
+// A factory for a kernel class constructible from (const KernelDef&) that
+// cannot fail at construction.
+template <typename K>
+KernelFactory MakeFactory() {
+  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    return std::unique_ptr<OpKernel>(new K(def));
+  };
+}
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_KERNEL_H_

@@ -1,0 +1,67 @@
+#ifndef STRATA_RUNTIME_PHILOX_H_
+#define STRATA_RUNTIME_PHILOX_H_
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace strata {
+
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
+// SC'11), the counter-based generator of cuRAND and PyTorch. A random value is a
+// pure function of (key, counter), so any layout that knows a sample's global
+// index and an op's identity draws the same number as one device does.
+class Philox {
+ public:
+  using Block = std::array<uint32_t, 4>;
+
+  explicit Philox(uint64_t key) : key_{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)} {}
+
+  Block operator()(Block counter) const {
+    uint32_t k0 = key_[0], k1 = key_[1];
+    for (int round = 0; round < 10; ++round) {
+      uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * counter[0];
+      uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * counter[2];
+      counter = {static_cast<uint32_t>(p1 >> 32) ^ counter[1] ^ k0, static_cast<uint32_t>(p1),
+                 static_cast<uint32_t>(p0 >> 32) ^ counter[3] ^ k1, static_cast<uint32_t>(p0)};
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    return counter;
+  }
+
+  // Four uniforms in [0, 1) (24-bit resolution, exactly representable in float).
+  std::array<double, 4> Uniform4(uint64_t hi, uint64_t lo) const {
+    Block b = (*this)({static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32),
+                       static_cast<uint32_t>(hi), static_cast<uint32_t>(hi >> 32)});
+    std::array<double, 4> u;
+    for (int i = 0; i < 4; ++i) u[i] = (b[i] >> 8) * (1.0 / 16777216.0);
+    return u;
+  }
+
+ private:
+  std::array<uint32_t, 2> key_;
+};
+
+// 64-bit FNV-1a, for turning a name into a stream key.
+inline uint64_t Fnv1a64(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Mixes two 64-bit words (splitmix64 finalizer over their combination).
+inline uint64_t MixKey(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_PHILOX_H_

@@ -1,0 +1,83 @@
+#ifndef STRATA_RUNTIME_TENSOR_H_
+#define STRATA_RUNTIME_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
+#include "proto/program.pb.h"
+#include "runtime/allocator.h"
+
+namespace strata {
+
+using Shape = absl::InlinedVector<int64_t, 6>;
+
+// Bytes per element; 0 for DT_INVALID.
+size_t DataTypeSize(DataType dtype);
+std::string DataTypeName(DataType dtype);
+bool IsFloating(DataType dtype);
+int64_t NumElements(absl::Span<const int64_t> shape);
+std::string ShapeString(absl::Span<const int64_t> shape);
+
+template <typename T>
+struct DataTypeOf;
+template <>
+struct DataTypeOf<float> { static constexpr DataType value = F32; };
+template <>
+struct DataTypeOf<double> { static constexpr DataType value = F64; };
+template <>
+struct DataTypeOf<int64_t> { static constexpr DataType value = I64; };
+template <>
+struct DataTypeOf<int32_t> { static constexpr DataType value = I32; };
+template <>
+struct DataTypeOf<bool> { static constexpr DataType value = BOOL; };
+
+// A dense, row-major tensor. Copies share the buffer (like a shared_ptr);
+// the buffer returns its bytes to its allocator when the last copy goes.
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialized contents. Returns an undefined tensor if the allocator fails.
+  static Tensor Empty(DataType dtype, Shape shape, Allocator* allocator = GetCpuAllocator());
+  static Tensor Zeros(DataType dtype, Shape shape, Allocator* allocator = GetCpuAllocator());
+
+  bool defined() const { return buffer_ != nullptr; }
+  DataType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t num_elements() const { return NumElements(shape_); }
+  size_t bytes() const { return num_elements() * DataTypeSize(dtype_); }
+
+  void* raw_data() { return buffer_ ? buffer_->data : nullptr; }
+  const void* raw_data() const { return buffer_ ? buffer_->data : nullptr; }
+  template <typename T>
+  T* data() { return static_cast<T*>(raw_data()); }
+  template <typename T>
+  const T* data() const { return static_cast<const T*>(raw_data()); }
+
+  // Same buffer, another shape of the same element count.
+  Tensor Reshaped(Shape shape) const;
+  // A deep copy.
+  Tensor Clone() const;
+  void Fill(double value);
+  std::string DebugString(int max_elements = 8) const;
+
+ private:
+  struct Buffer {
+    Allocator* allocator = nullptr;
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { allocator->Free(data, bytes); }
+  };
+  std::shared_ptr<Buffer> buffer_;
+  DataType dtype_ = DT_INVALID;
+  Shape shape_;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_TENSOR_H_

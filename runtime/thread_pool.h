@@ -1,0 +1,44 @@
+#ifndef STRATA_RUNTIME_THREAD_POOL_H_
+#define STRATA_RUNTIME_THREAD_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace strata {
+
+// A fixed set of worker threads for intra-op parallelism. The calling thread
+// takes part in the work, so a pool of N threads uses N+1 cores at most.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  int num_threads() const { return static_cast<int>(workers_.size()); }
+
+  // Calls fn(begin, end) over [0, n) in contiguous chunks of at least
+  // `min_chunk` items, spread over the workers and the caller; returns when all are done.
+  void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void WorkerLoop();
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+// The process-wide pool: hardware threads minus one (the caller works too).
+// STRATA_NUM_THREADS overrides the total thread count.
+ThreadPool* GetIntraOpPool();
+// Threads Strata computes with (pool workers plus the caller).
+int IntraOpThreads();
+
+// ParallelFor on the process-wide pool; runs inline for small n.
+void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_THREAD_POOL_H_
