@@ -102,6 +102,7 @@ struct OpSchema {
   GradFn grad_fn;          // empty: not differentiable
   bool differentiable = false;
   bool stateful = false;   // writes persistent vars in place (optimizer updates)
+  bool output_aliases_input = false;  // output 0 shares input 0's buffer (reshape, identity)
   std::string doc;
 
   const AttrSpec* FindAttr(const std::string& name) const;
@@ -142,6 +143,8 @@ class OpDef {
   OpDef& Grad(GradFn fn) { schema_.grad_fn = std::move(fn); schema_.differentiable = true; return *this; }
   OpDef& NotDifferentiable() { schema_.differentiable = false; return *this; }
   OpDef& Stateful() { schema_.stateful = true; return *this; }
+  // Output 0 shares input 0's buffer; the memory plan counts no new bytes for it.
+  OpDef& AliasesInput() { schema_.output_aliases_input = true; return *this; }
   OpDef& Doc(std::string doc) { schema_.doc = std::move(doc); return *this; }
   OpSchema Build() && { return std::move(schema_); }
 

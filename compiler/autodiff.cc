@@ -1,0 +1,253 @@
+#include "compiler/autodiff.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
+#include "compiler/program_text.h"
+
+namespace strata {
+namespace {
+
+// Appends ops and typed vars to the program on behalf of gradient makers.
+class BackwardEmitter {
+ public:
+  explicit BackwardEmitter(Program* program) : program_(program) {
+    for (const Var& v : program->var()) {
+      types_[v.name()] = TypeOf(v);
+      names_.insert(v.name());
+    }
+  }
+
+  const TensorType& type(const std::string& var) const { return types_.at(var); }
+  bool has_type(const std::string& var) const { return types_.count(var) > 0; }
+
+  std::string FreshName(const std::string& hint) {
+    std::string name = hint;
+    for (int k = 2; names_.count(name); ++k) name = absl::StrCat(hint, "@", k);
+    names_.insert(name);
+    return name;
+  }
+  void Reserve(const std::string& name) { names_.insert(name); }
+
+  absl::Status Emit(const Op& like, const std::string& type, std::vector<std::string> inputs,
+                    std::vector<std::string> outputs, const std::map<std::string, AttrValue>& attrs) {
+    Op op;
+    op.set_type(type);
+    for (auto& in : inputs) op.add_input(std::move(in));
+    for (auto& out : outputs) op.add_output(std::move(out));
+    for (const auto& [k, v] : attrs) (*op.mutable_attr())[k] = v;
+    op.set_device(like.device());
+    op.set_stage(like.stage());
+    op.set_uid(like.uid());
+    op.set_line(like.line());
+    op.set_role(BACKWARD);
+    const std::string what = absl::StrCat("gradient of op #", like.uid(), " '", like.type(), "' emits '", type, "'");
+    const OpSchema* schema = OpRegistry::Global().Find(type);
+    if (schema == nullptr) return absl::InternalError(absl::StrCat(what, ": unregistered op"));
+    if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return absl::InternalError(absl::StrCat(what, ": ", s.message()));
+    std::vector<TensorType> input_types;
+    for (const auto& in : op.input()) {
+      auto it = types_.find(in);
+      if (it == types_.end()) return absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined"));
+      input_types.push_back(it->second);
+    }
+    auto out_types = InferOutputTypes(*schema, op, input_types);
+    if (!out_types.ok()) return absl::InternalError(absl::StrCat(what, ": ", out_types.status().message()));
+    for (int k = 0; k < op.output_size(); ++k) {
+      const std::string& out = op.output(k);
+      if (types_.count(out)) return absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists"));
+      types_[out] = (*out_types)[k];
+      names_.insert(out);
+      Var* v = program_->add_var();
+      v->set_name(out);
+      v->set_dtype((*out_types)[k].dtype);
+      for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
+      v->set_kind(ACTIVATION);
+    }
+    *program_->add_op() = std::move(op);
+    return absl::OkStatus();
+  }
+
+ private:
+  Program* program_;
+  absl::flat_hash_map<std::string, TensorType> types_;
+  absl::flat_hash_set<std::string> names_;
+};
+
+// Gradient contributions flowing into each var, summed when the producer is reached.
+struct GradAccumulator {
+  absl::flat_hash_map<std::string, int> expected;  // contributions still to come
+  absl::flat_hash_map<std::string, std::vector<std::string>> parts;
+};
+
+class GradBuilderImpl : public GradBuilder {
+ public:
+  GradBuilderImpl(const Op& op, BackwardEmitter* emitter, GradAccumulator* acc, std::vector<std::string> output_grads,
+                  std::vector<bool> needs)
+      : op_(op), emitter_(emitter), acc_(acc), output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
+    for (const auto& in : op.input()) input_types_.push_back(emitter->type(in));
+    for (const auto& out : op.output()) output_types_.push_back(emitter->type(out));
+    given_.assign(op.input_size(), false);
+  }
+
+  const Op& op() const override { return op_; }
+  const TensorType& input_type(int i) const override { return input_types_[i]; }
+  const TensorType& output_type(int i) const override { return output_types_[i]; }
+  std::string output_grad(int i) const override { return output_grads_[i]; }
+  bool needs_input_grad(int i) const override { return needs_[i]; }
+
+  std::string input_grad(int i) override {
+    const std::string& var = op_.input(i);
+    if (given_[i]) return names_[i];
+    given_[i] = true;
+    // A var with one contribution gets its gradient name directly; several
+    // are named apart and summed when the producer is reached.
+    std::string name = acc_->expected[var] == 1 && acc_->parts[var].empty()
+                           ? emitter_->FreshName(absl::StrCat(var, "@grad"))
+                           : emitter_->FreshName(absl::StrCat(var, "@grad@part"));
+    acc_->parts[var].push_back(name);
+    if (names_.size() <= static_cast<size_t>(i)) names_.resize(op_.input_size());
+    names_[i] = name;
+    return name;
+  }
+
+  std::string Temp(const std::string& hint) override { return emitter_->FreshName(absl::StrCat(hint, "@tmp")); }
+
+  void Emit(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs,
+            std::map<std::string, AttrValue> attrs) override {
+    if (!status_.ok()) return;
+    status_ = emitter_->Emit(op_, type, std::move(inputs), std::move(outputs), attrs);
+  }
+
+  absl::Status status() const { return status_; }
+  bool given(int i) const { return given_[i]; }
+
+ private:
+  const Op& op_;
+  BackwardEmitter* emitter_;
+  GradAccumulator* acc_;
+  std::vector<std::string> output_grads_;
+  std::vector<bool> needs_;
+  std::vector<TensorType> input_types_, output_types_;
+  std::vector<bool> given_;
+  std::vector<std::string> names_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status AppendBackward(Program* program) {
+  const int num_forward = program->op_size();
+  std::vector<const OpSchema*> schemas(num_forward);
+  for (int i = 0; i < num_forward; ++i) {
+    schemas[i] = OpRegistry::Global().Find(program->op(i).type());
+    if (schemas[i] == nullptr) return absl::InternalError(absl::StrCat("unknown op ", program->op(i).type()));
+  }
+
+  // Vars that depend on a trainable parameter through differentiable ops.
+  absl::flat_hash_set<std::string> requires_grad;
+  const GraphIndex index(*program);
+  for (const Var& v : program->var()) {
+    if (v.kind() == PARAM && !v.frozen()) requires_grad.insert(v.name());
+  }
+  for (int i = 0; i < num_forward; ++i) {
+    const Op& op = program->op(i);
+    if (!schemas[i]->differentiable) continue;
+    bool any = false;
+    for (const auto& in : op.input()) any |= requires_grad.count(in) > 0;
+    if (!any) continue;
+    for (const auto& out : op.output()) {
+      if (IsFloating(index.type(out).dtype)) requires_grad.insert(out);
+    }
+  }
+  // Vars the loss depends on through differentiable ops.
+  absl::flat_hash_set<std::string> reaches_loss = {program->loss()};
+  std::vector<bool> differentiate(num_forward, false);
+  for (int i = num_forward - 1; i >= 0; --i) {
+    const Op& op = program->op(i);
+    if (!schemas[i]->differentiable) continue;
+    bool out_reaches = false;
+    for (const auto& out : op.output()) out_reaches |= reaches_loss.count(out) > 0;
+    if (!out_reaches) continue;
+    bool in_requires = false;
+    for (const auto& in : op.input()) in_requires |= requires_grad.count(in) > 0;
+    if (!in_requires) continue;
+    differentiate[i] = true;
+    for (const auto& in : op.input()) {
+      if (requires_grad.count(in)) reaches_loss.insert(in);
+    }
+  }
+
+  GradAccumulator acc;
+  for (int i = 0; i < num_forward; ++i) {
+    if (!differentiate[i]) continue;
+    for (const auto& in : program->op(i).input()) {
+      if (requires_grad.count(in) && reaches_loss.count(in)) ++acc.expected[in];
+    }
+  }
+
+  BackwardEmitter emitter(program);
+  int loss_producer = -1;
+  for (int i = 0; i < num_forward; ++i) {
+    for (const auto& out : program->op(i).output()) {
+      if (out == program->loss()) loss_producer = i;
+    }
+  }
+  if (loss_producer < 0) return absl::InternalError("loss has no producer");
+  const Op loss_op = program->op(loss_producer);
+  std::string loss_grad = emitter.FreshName(absl::StrCat(program->loss(), "@grad"));
+  if (auto s = emitter.Emit(loss_op, "fill_like", {program->loss()}, {loss_grad}, {{"value", FloatAttr(1.0)}}); !s.ok()) {
+    return s;
+  }
+  acc.parts[program->loss()].push_back(loss_grad);
+
+  // The final gradient of a var: its single part, or the add_n of all parts.
+  auto finalize = [&](const std::string& var, const Op& like) -> absl::StatusOr<std::string> {
+    auto it = acc.parts.find(var);
+    if (it == acc.parts.end() || it->second.empty()) return std::string();
+    if (it->second.size() == 1) return it->second[0];
+    std::string sum = emitter.FreshName(absl::StrCat(var, "@grad"));
+    if (auto s = emitter.Emit(like, "add_n", it->second, {sum}, {}); !s.ok()) return s;
+    it->second = {sum};
+    return sum;
+  };
+
+  for (int i = num_forward - 1; i >= 0; --i) {
+    if (!differentiate[i]) continue;
+    const Op op = program->op(i);  // copy: the program grows while we emit
+    std::vector<std::string> output_grads;
+    for (const auto& out : op.output()) {
+      auto g = finalize(out, op);
+      if (!g.ok()) return g.status();
+      output_grads.push_back(*g);
+    }
+    std::vector<bool> needs;
+    for (const auto& in : op.input()) needs.push_back(requires_grad.count(in) && reaches_loss.count(in));
+    GradBuilderImpl builder(op, &emitter, &acc, output_grads, needs);
+    if (auto s = schemas[i]->grad_fn(builder); !s.ok()) {
+      return absl::InternalError(absl::StrCat("gradient of ", OpLocation(*program, i), ": ", s.message()));
+    }
+    if (!builder.status().ok()) return builder.status();
+    for (int k = 0; k < op.input_size(); ++k) {
+      if (needs[k] && !builder.given(k)) {
+        return absl::InternalError(absl::StrCat("gradient maker of '", op.type(), "' produced no gradient for input ", k));
+      }
+    }
+  }
+
+  std::vector<std::pair<std::string, Op>> params;  // name, first consumer
+  for (const Var& v : program->var()) {
+    if (v.kind() != PARAM || v.frozen() || !reaches_loss.count(v.name())) continue;
+    params.push_back({v.name(), program->op(index.consumers(v.name()).front())});
+  }
+  for (const auto& [name, consumer] : params) {
+    auto g = finalize(name, consumer);
+    if (!g.ok()) return g.status();
+    if (!g->empty()) (*program->mutable_param_grad())[name] = *g;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,46 @@
+#ifndef STRATA_COMPILER_COMPILE_H_
+#define STRATA_COMPILER_COMPILE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
+#include "proto/program.pb.h"
+#include "proto/strategy.pb.h"
+
+namespace strata {
+
+struct CompileOptions {
+  int64_t batch_size = 0;       // global mini-batch (--batch_size); 0: derived or default
+  std::string dump_after;       // keep the program after this pass (--dump_after)
+};
+
+struct CompileResult {
+  std::vector<RankPlan> plans;  // one per rank
+  Program dumped;               // the program after options.dump_after, if named
+  std::vector<std::string> pass_names;
+  int64_t batch_size = 0;       // the global mini-batch the plans were made for
+};
+
+// Checks a strategy against a validated program: sizes positive, checkpoint
+// vars present, batch divisible. Errors name the field.
+absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, int64_t batch_size,
+                              const std::string& strategy_file);
+
+// The whole compiler: validate and infer, autodiff, recompute, optimizer,
+// pipeline split, data parallel, gradient merge (the program passes, with the
+// verifier between them), then per rank the schedule and the memory plan.
+absl::StatusOr<CompileResult> Compile(const Program& program, const Strategy& strategy,
+                                      const CompileOptions& options, const std::string& strategy_file = "strategy");
+
+// A stable fingerprint of a set of plans (FNV-1a over their deterministic
+// serialization); ranks compare it at rendezvous.
+std::string FingerprintPlans(const std::vector<RankPlan>& plans);
+
+// Default mini-batch when neither --batch_size nor a pipeline section says.
+inline constexpr int64_t kDefaultBatchSize = 64;
+
+}  // namespace strata
+
+#endif  // STRATA_COMPILER_COMPILE_H_

@@ -1,0 +1,54 @@
+#ifndef STRATA_COMPILER_PASS_H_
+#define STRATA_COMPILER_PASS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
+#include "proto/program.pb.h"
+#include "proto/strategy.pb.h"
+
+namespace strata {
+
+// What every pass may read: the strategy and the job's shape.
+struct CompileContext {
+  Strategy strategy;
+  int num_stages = 1;
+  int dp_degree = 1;
+  int64_t batch_size = 0;  // global mini-batch; 0 when not known
+};
+
+// A program-to-program rewrite. Run returns whether it changed the program.
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  virtual std::string name() const = 0;  // kebab case: "pipeline-split"
+  virtual absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) = 0;
+};
+
+// Runs passes in order with the program verifier after each, and can keep a
+// copy of the program after a named pass (--dump_after).
+class PassPipeline {
+ public:
+  template <typename T, typename... Args>
+  void AddPass(Args&&... args) {
+    passes_.push_back(std::make_unique<T>(std::forward<Args>(args)...));
+  }
+  void set_dump_after(std::string pass_name) { dump_after_ = std::move(pass_name); }
+  const Program* dumped() const { return dumped_valid_ ? &dumped_ : nullptr; }
+  std::vector<std::string> PassNames() const;
+
+  absl::Status Run(Program& program, const CompileContext& ctx);
+
+ private:
+  std::vector<std::unique_ptr<Pass>> passes_;
+  std::string dump_after_;
+  Program dumped_;
+  bool dumped_valid_ = false;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_COMPILER_PASS_H_

@@ -1,0 +1,155 @@
+#include "compiler/program_text.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace strata {
+namespace {
+
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit FirstErrorCollector(std::string filename) : filename_(std::move(filename)) {}
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat(filename_, ":", line + 1, ":", column + 1, ": ", message);
+  }
+  void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string filename_;
+  std::string error_;
+};
+
+// Text files only: a NUL byte or mostly non-text bytes means a binary file.
+absl::Status CheckLooksLikeText(const std::string& text, const std::string& filename) {
+  size_t odd = 0;
+  for (unsigned char c : text) {
+    if (c == 0) return absl::InvalidArgumentError(absl::StrCat(filename, ": binary file (contains NUL bytes); expected protobuf text"));
+    if (c < 9 || (c > 13 && c < 32) || c == 127) ++odd;
+  }
+  if (odd > text.size() / 20 + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(filename, ": does not look like text; expected protobuf text"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsBlank(const std::string& text) {
+  bool in_comment = false;
+  for (char c : text) {
+    if (in_comment) {
+      if (c == '\n') in_comment = false;
+    } else if (c == '#') {
+      in_comment = true;
+    } else if (!isspace(static_cast<unsigned char>(c))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename M>
+absl::StatusOr<M> ParseText(const std::string& text, const std::string& filename, const char* what,
+                            google::protobuf::TextFormat::ParseInfoTree* tree) {
+  if (auto s = CheckLooksLikeText(text, filename); !s.ok()) return s;
+  if (IsBlank(text)) return absl::InvalidArgumentError(absl::StrCat(filename, ": empty ", what));
+  M message;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors(filename);
+  parser.RecordErrorsTo(&errors);
+  if (tree != nullptr) parser.WriteLocationsTo(tree);
+  if (!parser.ParseFromString(text, &message)) {
+    return absl::InvalidArgumentError(errors.error().empty() ? absl::StrCat(filename, ": cannot parse ", what)
+                                                             : errors.error());
+  }
+  return message;
+}
+
+}  // namespace
+
+absl::StatusOr<Program> ParseProgramText(const std::string& text, const std::string& filename) {
+  google::protobuf::TextFormat::ParseInfoTree tree;
+  auto program = ParseText<Program>(text, filename, "program", &tree);
+  if (!program.ok()) return program.status();
+  const auto* op_field = Program::descriptor()->FindFieldByName("op");
+  for (int i = 0; i < program->op_size(); ++i) {
+    auto loc = tree.GetLocation(op_field, i);
+    if (loc.line >= 0) program->mutable_op(i)->set_line(loc.line + 1);
+  }
+  const auto* var_field = Program::descriptor()->FindFieldByName("var");
+  for (int i = 0; i < program->var_size(); ++i) {
+    auto loc = tree.GetLocation(var_field, i);
+    if (loc.line >= 0) program->mutable_var(i)->set_line(loc.line + 1);
+  }
+  program->set_source_file(filename);
+  if (program->name().empty()) program->set_name(filename);
+  return program;
+}
+
+absl::StatusOr<Strategy> ParseStrategyText(const std::string& text, const std::string& filename) {
+  return ParseText<Strategy>(text, filename, "strategy", nullptr);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read file"));
+  return ss.str();
+}
+
+absl::StatusOr<Program> ReadProgramFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseProgramText(*text, path);
+}
+
+absl::StatusOr<Strategy> ReadStrategyFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseStrategyText(*text, path);
+}
+
+absl::StatusOr<RankPlan> ReadRankPlanFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseText<RankPlan>(*text, path, "rank plan", nullptr);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot open for writing"));
+    out << contents;
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat(tmp, ": write failed"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename ", tmp, " into place"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ProgramToText(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::TextFormat::Printer printer;
+  printer.PrintToString(message, &out);
+  return out;
+}
+
+std::string OpLocation(const Program& program, int op_index) {
+  const Op& op = program.op(op_index);
+  std::string where = program.source_file().empty() ? program.name() : program.source_file();
+  if (op.line() > 0) absl::StrAppend(&where, ":", op.line());
+  absl::StrAppend(&where, ": op #", op_index, " '", op.type(), "'");
+  if (!op.name().empty()) absl::StrAppend(&where, " (", op.name(), ")");
+  return where;
+}
+
+}  // namespace strata

@@ -1,0 +1,388 @@
+#include "compiler/validate.h"
+
+#include <limits>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
+#include "compiler/program_text.h"
+
+namespace strata {
+namespace {
+
+// Elements per tensor beyond which a shape is absurd (2^40: 4 TiB of F32).
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+
+std::string FileOf(const Program& program) {
+  return program.source_file().empty() ? program.name() : program.source_file();
+}
+
+absl::Status Err(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+absl::Status CheckShape(const std::vector<int64_t>& shape, bool allow_batch, std::string* why) {
+  int batch_dims = 0;
+  int64_t elements = 1;
+  for (int64_t d : shape) {
+    if (d == -1) {
+      ++batch_dims;
+      continue;
+    }
+    if (d <= 0) {
+      *why = absl::StrCat("dimension ", d, " in shape ", ShapeString(shape), " must be positive (or -1 for the batch)");
+      return absl::InvalidArgumentError(*why);
+    }
+    if (elements > kMaxElements / d) {
+      *why = absl::StrCat("shape ", ShapeString(shape), " is absurdly large (more than 2^40 elements)");
+      return absl::InvalidArgumentError(*why);
+    }
+    elements *= d;
+  }
+  if (batch_dims > 1) {
+    *why = absl::StrCat("shape ", ShapeString(shape), " has more than one batch dimension (-1)");
+    return absl::InvalidArgumentError(*why);
+  }
+  if (batch_dims > 0 && !allow_batch) {
+    *why = absl::StrCat("shape ", ShapeString(shape), " has a batch dimension (-1), which a parameter cannot have");
+    return absl::InvalidArgumentError(*why);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInitializer(const Program& program, const Var& var) {
+  const Initializer& init = var.init();
+  std::string where = VarLocation(program, var);
+  switch (init.kind_case()) {
+    case Initializer::kUniform:
+      if (!(init.uniform().low() < init.uniform().high())) {
+        return Err(where, absl::StrCat("uniform init needs low < high, got low ", init.uniform().low(), ", high ",
+                                       init.uniform().high()));
+      }
+      break;
+    case Initializer::kNormal:
+    case Initializer::kTruncatedNormal: {
+      const auto& n = init.kind_case() == Initializer::kNormal ? init.normal() : init.truncated_normal();
+      if (!(n.std() >= 0) || !std::isfinite(n.std()) || !std::isfinite(n.mean())) {
+        return Err(where, absl::StrCat("normal init needs a finite std >= 0, got std ", n.std()));
+      }
+      break;
+    }
+    case Initializer::kXavierUniform:
+    case Initializer::kXavierNormal: {
+      const auto& x = init.kind_case() == Initializer::kXavierUniform ? init.xavier_uniform() : init.xavier_normal();
+      if (x.has_gain() && !(x.gain() > 0 && std::isfinite(x.gain()))) {
+        return Err(where, absl::StrCat("xavier init needs gain > 0, got ", x.gain()));
+      }
+      break;
+    }
+    case Initializer::kConstant:
+      if (!std::isfinite(init.constant().value())) return Err(where, "constant init must be finite");
+      break;
+    default:
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptimizer(const Program& program, bool has_params) {
+  const Optimizer& opt = program.optimizer();
+  std::string where = absl::StrCat(FileOf(program), ": optimizer");
+  if (opt.kind_case() == Optimizer::KIND_NOT_SET) {
+    if (has_params) return Err(where, "missing: the program has trainable parameters; add optimizer { sgd|momentum|adam|adamw { learning_rate: ... } }");
+    return absl::OkStatus();
+  }
+  double lr = 0;
+  switch (opt.kind_case()) {
+    case Optimizer::kSgd: lr = opt.sgd().learning_rate(); break;
+    case Optimizer::kMomentum:
+      lr = opt.momentum().learning_rate();
+      if (!(opt.momentum().momentum() >= 0 && opt.momentum().momentum() < 1)) {
+        return Err(where, absl::StrCat("momentum must be in [0, 1), got ", opt.momentum().momentum()));
+      }
+      break;
+    case Optimizer::kAdam:
+    case Optimizer::kAdamw: {
+      const auto& a = opt.kind_case() == Optimizer::kAdam ? opt.adam() : opt.adamw();
+      lr = a.learning_rate();
+      if (a.has_beta1() && !(a.beta1() >= 0 && a.beta1() < 1)) return Err(where, absl::StrCat("beta1 must be in [0, 1), got ", a.beta1()));
+      if (a.has_beta2() && !(a.beta2() >= 0 && a.beta2() < 1)) return Err(where, absl::StrCat("beta2 must be in [0, 1), got ", a.beta2()));
+      if (a.has_epsilon() && !(a.epsilon() > 0)) return Err(where, absl::StrCat("epsilon must be > 0, got ", a.epsilon()));
+      break;
+    }
+    default: break;
+  }
+  if (!(lr > 0) || !std::isfinite(lr)) return Err(where, absl::StrCat("learning_rate must be > 0, got ", lr));
+  if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
+    return Err(where, absl::StrCat("weight_decay must be >= 0, got ", opt.weight_decay()));
+  }
+  if (!(opt.clip_global_norm() >= 0) || !std::isfinite(opt.clip_global_norm())) {
+    return Err(where, absl::StrCat("clip_global_norm must be >= 0, got ", opt.clip_global_norm()));
+  }
+  const auto& sched = opt.lr_schedule();
+  if (sched.warmup_steps() < 0) return Err(where, absl::StrCat("lr_schedule.warmup_steps must be >= 0, got ", sched.warmup_steps()));
+  if (sched.has_cosine()) {
+    if (sched.cosine().decay_steps() < 0) return Err(where, "lr_schedule.cosine.decay_steps must be >= 0");
+    if (!(sched.cosine().alpha() >= 0 && sched.cosine().alpha() <= 1)) return Err(where, "lr_schedule.cosine.alpha must be in [0, 1]");
+  }
+  if (sched.has_step_decay()) {
+    if (sched.step_decay().step_size() <= 0) return Err(where, "lr_schedule.step_decay.step_size must be > 0");
+    if (!(sched.step_decay().gamma() > 0)) return Err(where, "lr_schedule.step_decay.gamma must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string VarLocation(const Program& program, const Var& var) {
+  std::string where = FileOf(program);
+  if (var.line() > 0) absl::StrAppend(&where, ":", var.line());
+  return absl::StrCat(where, ": var '", var.name(), "'");
+}
+
+absl::StatusOr<int> ParseDeviceStage(const std::string& device) {
+  std::string kind = device, number;
+  size_t colon = device.find(':');
+  if (colon != std::string::npos) {
+    kind = device.substr(0, colon);
+    number = device.substr(colon + 1);
+  }
+  if (kind != "gpu" && kind != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("malformed device '", device, "': expected \"gpu:N\" or \"cpu:N\""));
+  }
+  if (colon == std::string::npos) return 0;
+  int stage;
+  if (number.empty() || !absl::SimpleAtoi(number, &stage) || stage < 0 || stage > 4096 ||
+      !std::all_of(number.begin(), number.end(), ::isdigit)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed device '", device, "': the stage after ':' must be a number from 0"));
+  }
+  return stage;
+}
+
+int NumStages(const Program& program) {
+  int max_stage = 0;
+  for (const Op& op : program.op()) max_stage = std::max(max_stage, op.stage());
+  return max_stage + 1;
+}
+
+absl::Status ValidateAndInferProgram(Program* program) {
+  const std::string file = FileOf(*program);
+  if (program->op_size() == 0) return Err(file, "the program has no ops");
+
+  // Declared vars.
+  absl::flat_hash_map<std::string, int> declared;
+  bool has_params = false;
+  for (int i = 0; i < program->var_size(); ++i) {
+    const Var& v = program->var(i);
+    std::string where = VarLocation(*program, v);
+    if (v.name().empty()) return Err(absl::StrCat(file, ": var #", i), "has no name");
+    if (!declared.emplace(v.name(), i).second) {
+      return Err(where, absl::StrCat("declared twice (first at line ", program->var(declared[v.name()]).line(), ")"));
+    }
+    if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32 or BOOL)");
+    std::vector<int64_t> shape(v.shape().begin(), v.shape().end());
+    std::string why;
+    if (!CheckShape(shape, v.kind() != PARAM && v.kind() != STATE, &why).ok()) return Err(where, why);
+    if (v.has_init() && v.kind() != PARAM) return Err(where, "only a PARAM can have an init");
+    if (v.kind() == PARAM) {
+      if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
+      if (auto s = CheckInitializer(*program, v); !s.ok()) return s;
+      if (!v.frozen()) has_params = true;
+    }
+    if (v.kind() == STATE) return Err(where, "kind STATE is written by the compiler; declare FEED, PARAM or ACTIVATION");
+  }
+  if (auto s = CheckOptimizer(*program, has_params); !s.ok()) return s;
+
+  // Ops, in order.
+  absl::flat_hash_map<std::string, int> producer;  // var -> op index
+  absl::flat_hash_map<std::string, TensorType> types;
+  for (const Var& v : program->var()) {
+    if (v.kind() != ACTIVATION) types[v.name()] = TypeOf(v);
+  }
+  bool any_placed = false, any_unplaced = false;
+  for (const Op& op : program->op()) (op.device().empty() ? any_unplaced : any_placed) = true;
+
+  for (int i = 0; i < program->op_size(); ++i) {
+    Op* op = program->mutable_op(i);
+    std::string where = OpLocation(*program, i);
+    if (op->type().empty()) return Err(absl::StrCat(file, op->line() ? absl::StrCat(":", op->line()) : "", ": op #", i), "has no type");
+    const OpSchema* schema = OpRegistry::Global().Find(op->type());
+    if (schema == nullptr) {
+      auto near = OpRegistry::Global().Suggest(op->type());
+      return Err(where, absl::StrCat("unknown op type", near.empty() ? "" : absl::StrCat("; did you mean ", absl::StrJoin(near, ", "), "?")));
+    }
+    if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
+    if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
+    if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return Err(where, std::string(s.message()));
+
+    std::vector<TensorType> input_types;
+    for (int k = 0; k < op->input_size(); ++k) {
+      const std::string& in = op->input(k);
+      if (in.empty()) return Err(where, absl::StrCat("input ", k, " has an empty name"));
+      auto t = types.find(in);
+      if (t == types.end()) {
+        // Defined later, or nowhere?
+        for (int j = i + 1; j < program->op_size(); ++j) {
+          for (const auto& out : program->op(j).output()) {
+            if (out == in) return Err(where, absl::StrCat("input '", in, "' is used before its definition by op #", j, " '", program->op(j).type(), "'"));
+          }
+        }
+        if (declared.count(in)) return Err(where, absl::StrCat("input '", in, "' is declared as an ACTIVATION but no op produces it"));
+        return Err(where, absl::StrCat("input '", in, "' is not defined: declare it as a FEED or PARAM var, or produce it with an earlier op"));
+      }
+      input_types.push_back(t->second);
+    }
+    absl::flat_hash_set<std::string> outs;
+    for (int k = 0; k < op->output_size(); ++k) {
+      const std::string& out = op->output(k);
+      if (out.empty()) return Err(where, absl::StrCat("output ", k, " has an empty name"));
+      if (!outs.insert(out).second) return Err(where, absl::StrCat("writes '", out, "' twice"));
+      auto d = declared.find(out);
+      if (d != declared.end() && program->var(d->second).kind() != ACTIVATION) {
+        return Err(where, absl::StrCat("output '", out, "' is a ", VarKind_Name(program->var(d->second).kind()),
+                                       " var; ops may only produce activations"));
+      }
+      auto p = producer.find(out);
+      if (p != producer.end()) {
+        return Err(where, absl::StrCat("var '", out, "' is defined twice (first by op #", p->second, " '",
+                                       program->op(p->second).type(), "')"));
+      }
+    }
+    auto inferred = InferOutputTypes(*schema, *op, input_types);
+    if (!inferred.ok()) return Err(where, std::string(inferred.status().message()));
+    for (int k = 0; k < op->output_size(); ++k) {
+      const std::string& out = op->output(k);
+      auto d = declared.find(out);
+      if (d != declared.end()) {
+        TensorType want = TypeOf(program->var(d->second));
+        if (want != (*inferred)[k]) {
+          return Err(where, absl::StrCat("output '", out, "' is declared ", want.ToString(), " but the op produces ",
+                                         (*inferred)[k].ToString()));
+        }
+      }
+      std::string why;
+      if (!CheckShape((*inferred)[k].shape, true, &why).ok()) return Err(where, absl::StrCat("output '", out, "': ", why));
+      types[out] = (*inferred)[k];
+      producer[out] = i;
+    }
+    op->set_uid(i);
+    op->set_role(FORWARD);
+
+    // Placement: the device_guard names the stage; unplaced ops inherit from
+    // the producer of their first produced input.
+    if (!op->device().empty()) {
+      auto stage = ParseDeviceStage(op->device());
+      if (!stage.ok()) return Err(where, std::string(stage.status().message()));
+      op->set_stage(*stage);
+    } else if (any_placed) {
+      int from = -1;
+      for (const auto& in : op->input()) {
+        auto p = producer.find(in);
+        if (p != producer.end()) { from = p->second; break; }
+      }
+      if (from < 0) {
+        return Err(where, "has no device and reads no var produced by a placed op; in a program that places ops, give it a device");
+      }
+      op->set_stage(program->op(from).stage());
+    } else {
+      op->set_stage(0);
+    }
+    for (const auto& in : op->input()) {
+      auto p = producer.find(in);
+      if (p != producer.end() && program->op(p->second).stage() > op->stage()) {
+        return Err(where, absl::StrCat("is on stage ", op->stage(), " but reads '", in, "' from op #", p->second, " '",
+                                       program->op(p->second).type(), "' on the later stage ",
+                                       program->op(p->second).stage(), "; data must flow to the same or later stages"));
+      }
+    }
+  }
+  (void)any_unplaced;
+
+  // Stages must be 0..K-1 with none skipped.
+  std::set<int> stages;
+  for (const Op& op : program->op()) stages.insert(op.stage());
+  int expect = 0;
+  for (int s : stages) {
+    if (s != expect) {
+      return Err(file, absl::StrCat("stage ", expect, " has no ops but stage ", s,
+                                    " does; device stages must be numbered 0, 1, ... without gaps"));
+    }
+    ++expect;
+  }
+
+  // Loss and fetches.
+  if (program->loss().empty()) return Err(file, "no loss: set `loss: \"<scalar var>\"`");
+  auto lt = types.find(program->loss());
+  if (lt == types.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not a var of the program"));
+  if (!lt->second.shape.empty() || !IsFloating(lt->second.dtype)) {
+    return Err(file, absl::StrCat("loss '", program->loss(), "' must be a floating scalar (shape []), got ", lt->second.ToString()));
+  }
+  if (!producer.count(program->loss())) return Err(file, absl::StrCat("loss '", program->loss(), "' is not produced by any op"));
+  program->mutable_op(producer[program->loss()])->set_role(LOSS);
+  for (const auto& f : program->fetch()) {
+    auto ft = types.find(f);
+    if (ft == types.end()) return Err(file, absl::StrCat("fetch '", f, "' is not a var of the program"));
+    if (!ft->second.shape.empty()) return Err(file, absl::StrCat("fetch '", f, "' must be a scalar, got ", ft->second.ToString()));
+  }
+
+  // Declared activations nobody produces.
+  for (const Var& v : program->var()) {
+    if (v.kind() == ACTIVATION && !producer.count(v.name())) {
+      return Err(VarLocation(*program, v), "is declared as an ACTIVATION but no op produces it");
+    }
+  }
+
+  // Record inferred intermediates as vars, so the program is self-describing.
+  for (int i = 0; i < program->op_size(); ++i) {
+    for (const auto& out : program->op(i).output()) {
+      if (declared.count(out)) continue;
+      Var* v = program->add_var();
+      v->set_name(out);
+      v->set_dtype(types[out].dtype);
+      for (int64_t d : types[out].shape) v->add_shape(d);
+      v->set_kind(ACTIVATION);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyProgram(const Program& program) {
+  GraphIndex index(program);
+  absl::flat_hash_set<std::string> defined;
+  for (const Var& v : program.var()) {
+    if (v.kind() != ACTIVATION) defined.insert(v.name());
+  }
+  for (int i = 0; i < program.op_size(); ++i) {
+    const Op& op = program.op(i);
+    std::string where = OpLocation(program, i);
+    const OpSchema* schema = OpRegistry::Global().Find(op.type());
+    if (schema == nullptr) return absl::InternalError(absl::StrCat(where, ": unknown op type"));
+    std::vector<TensorType> input_types;
+    for (const auto& in : op.input()) {
+      if (!defined.count(in)) return absl::InternalError(absl::StrCat(where, ": input '", in, "' used before definition"));
+      const Var* v = index.var(in);
+      if (v == nullptr) return absl::InternalError(absl::StrCat(where, ": input '", in, "' has no var entry"));
+      input_types.push_back(TypeOf(*v));
+    }
+    auto inferred = InferOutputTypes(*schema, op, input_types);
+    if (!inferred.ok()) return absl::InternalError(absl::StrCat(where, ": ", inferred.status().message()));
+    for (int k = 0; k < op.output_size(); ++k) {
+      const Var* v = index.var(op.output(k));
+      if (v == nullptr) return absl::InternalError(absl::StrCat(where, ": output '", op.output(k), "' has no var entry"));
+      if (TypeOf(*v) != (*inferred)[k]) {
+        return absl::InternalError(absl::StrCat(where, ": output '", op.output(k), "' is recorded as ",
+                                                TypeOf(*v).ToString(), " but inferred as ", (*inferred)[k].ToString()));
+      }
+      defined.insert(op.output(k));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata

@@ -1,0 +1,116 @@
+#include "passes/memory_plan.h"
+
+#include <map>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+
+bool RunsInForward(OpRole role) { return role == FORWARD || role == LOSS; }
+bool RunsInBackward(OpRole role) { return role == BACKWARD; }
+bool RunsInOptimize(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
+
+namespace {
+int64_t BytesOf(const Var& v, int64_t batch) {
+  int64_t n = 1;
+  for (int64_t d : v.shape()) n *= d == -1 ? batch : d;
+  return n * static_cast<int64_t>(DataTypeSize(v.dtype()));
+}
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size) {
+  MemoryPlan plan;
+  GraphIndex index(program);
+  const int n = program.op_size();
+  absl::flat_hash_set<std::string> keep = {program.loss()};
+  for (const auto& f : program.fetch()) keep.insert(f);
+
+  // Last use of each non-persistent var, in program order.
+  absl::flat_hash_map<std::string, int> last_use;
+  for (int i = 0; i < n; ++i) {
+    const Op& op = program.op(i);
+    for (const auto& in : op.input()) last_use[in] = i;
+    for (const auto& out : op.output()) {
+      if (!last_use.count(out)) last_use[out] = i;  // produced, maybe never read
+    }
+  }
+  plan.mutable_frees_after_op()->Reserve(n);
+  for (int i = 0; i < n; ++i) plan.add_frees_after_op();
+  for (const auto& [var, op_index] : last_use) {
+    const Var* v = index.var(var);
+    if (v == nullptr || IsPersistent(*v) || keep.count(var)) continue;
+    plan.mutable_frees_after_op(op_index)->add_var(var);
+  }
+  for (auto& frees : *plan.mutable_frees_after_op()) {
+    std::sort(frees.mutable_var()->begin(), frees.mutable_var()->end());
+  }
+
+  int64_t param_bytes = 0, state_bytes = 0;
+  for (const Var& v : program.var()) {
+    if (v.kind() == PARAM) param_bytes += BytesOf(v, 0);
+    if (v.kind() == STATE) state_bytes += BytesOf(v, 0);
+  }
+
+  // Simulate the schedule: buffers per micro-batch, aliases share a buffer
+  // that lives until its last name dies.
+  struct Buffer { int64_t bytes; int names; };
+  std::map<std::pair<int, std::string>, int> buffer_of;  // (mb, var) -> buffer id
+  std::vector<Buffer> buffers;
+  int64_t live = 0, peak = 0;
+  auto release = [&](int mb, const std::string& var) {
+    auto it = buffer_of.find({mb, var});
+    if (it == buffer_of.end()) return;
+    Buffer& b = buffers[it->second];
+    if (--b.names == 0) live -= b.bytes;
+    buffer_of.erase(it);
+  };
+  auto allocate = [&](int mb, const std::string& var, int64_t bytes) {
+    buffers.push_back({bytes, 1});
+    buffer_of[{mb, var}] = static_cast<int>(buffers.size()) - 1;
+    live += bytes;
+    peak = std::max(peak, live);
+  };
+  for (const Action& action : schedule.action()) {
+    const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
+    if (action.kind() == Action::FORWARD) {
+      for (const Var& v : program.var()) {
+        if (v.kind() == FEED && !index.consumers(v.name()).empty()) allocate(mb, v.name(), BytesOf(v, micro_batch_size));
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const Op& op = program.op(i);
+      bool runs = action.kind() == Action::FORWARD ? RunsInForward(op.role())
+                  : action.kind() == Action::BACKWARD ? RunsInBackward(op.role())
+                                                      : RunsInOptimize(op.role());
+      if (!runs) continue;
+      const OpSchema* schema = OpRegistry::Global().Find(op.type());
+      for (int k = 0; k < op.output_size(); ++k) {
+        const Var* v = index.var(op.output(k));
+        if (v == nullptr || IsPersistent(*v)) continue;
+        if (k == 0 && schema != nullptr && schema->output_aliases_input) {
+          auto src = buffer_of.find({mb, op.input(0)});
+          if (src != buffer_of.end()) {
+            buffers[src->second].names++;
+            buffer_of[{mb, op.output(0)}] = src->second;
+            continue;
+          }
+        }
+        allocate(mb, op.output(k), BytesOf(*v, micro_batch_size));
+      }
+      for (const auto& var : plan.frees_after_op(i).var()) release(mb, var);
+    }
+  }
+  plan.set_param_bytes(param_bytes);
+  plan.set_state_bytes(state_bytes);
+  plan.set_activation_peak_bytes(peak);
+  plan.set_peak_bytes(param_bytes + state_bytes + peak);
+  plan.set_planned_batch_size(micro_batch_size * std::max(1, schedule.micro_batches()));
+  return plan;
+}
+
+}  // namespace strata

@@ -1,0 +1,24 @@
+#ifndef STRATA_PASSES_MEMORY_PLAN_H_
+#define STRATA_PASSES_MEMORY_PLAN_H_
+
+#include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
+#include "proto/program.pb.h"
+
+namespace strata {
+
+// Which op is the last use of every activation (so the executor frees it at
+// once), and the predicted peak bytes of a rank running `schedule` with
+// micro-batches of `micro_batch_size` samples: parameters and optimizer state,
+// plus the largest set of activations alive at once over the schedule.
+// Loss and fetch vars live to the end of their action (they are reported).
+absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size);
+
+// Ops of a program that one schedule action runs, by role.
+bool RunsInForward(OpRole role);
+bool RunsInBackward(OpRole role);
+bool RunsInOptimize(OpRole role);
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_MEMORY_PLAN_H_

@@ -1,0 +1,204 @@
+#include "passes/optimizer.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
+#include "compiler/program_text.h"
+
+namespace strata {
+namespace {
+
+class BlockBuilder {
+ public:
+  explicit BlockBuilder(Program* program) : program_(program) {}
+
+  Var* AddVar(const std::string& name, DataType dtype, const std::vector<int64_t>& shape, VarKind kind) {
+    Var* v = program_->add_var();
+    v->set_name(name);
+    v->set_dtype(dtype);
+    for (int64_t d : shape) v->add_shape(d);
+    v->set_kind(kind);
+    return v;
+  }
+
+  Op* AddOp(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs, int stage,
+            OpRole role, std::map<std::string, AttrValue> attrs = {}) {
+    Op* op = program_->add_op();
+    op->set_type(type);
+    for (auto& in : inputs) op->add_input(in);
+    for (auto& out : outputs) op->add_output(out);
+    for (auto& [k, v] : attrs) (*op->mutable_attr())[k] = v;
+    op->set_stage(stage);
+    op->set_device(absl::StrCat("gpu:", stage));
+    op->set_role(role);
+    op->set_uid(-1);
+    return op;
+  }
+
+  // Fills attr defaults and records output types for new intermediates.
+  absl::Status Finish(int first_new_op) {
+    GraphIndex index(*program_);
+    std::map<std::string, TensorType> types;
+    for (const Var& v : program_->var()) types[v.name()] = TypeOf(v);
+    for (int i = first_new_op; i < program_->op_size(); ++i) {
+      Op* op = program_->mutable_op(i);
+      const OpSchema* schema = OpRegistry::Global().Find(op->type());
+      if (schema == nullptr) return absl::InternalError(absl::StrCat("optimizer: unregistered op ", op->type()));
+      if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", s.message()));
+      std::vector<TensorType> in;
+      for (const auto& name : op->input()) in.push_back(types[name]);
+      auto out = InferOutputTypes(*schema, *op, in);
+      if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", out.status().message()));
+      for (int k = 0; k < op->output_size(); ++k) {
+        if (types.count(op->output(k))) continue;  // in-place update of an existing var
+        types[op->output(k)] = (*out)[k];
+        AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Program* program_;
+};
+
+std::string DtypeString(DataType dtype) { return DataType_Name(dtype); }
+
+}  // namespace
+
+absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& ctx) {
+  const Optimizer& opt = program.optimizer();
+  if (opt.kind_case() == Optimizer::KIND_NOT_SET || program.param_grad().empty()) return false;
+  const int first_new_op = program.op_size();
+  GraphIndex index(program);
+  BlockBuilder b(&program);
+
+  // Parameters in declaration order (deterministic), each on its first consumer's stage.
+  struct Param {
+    std::string name, grad;
+    DataType dtype;
+    std::vector<int64_t> shape;
+    int stage;
+  };
+  std::vector<Param> params;
+  for (const Var& v : program.var()) {
+    auto g = program.param_grad().find(v.name());
+    if (g == program.param_grad().end()) continue;
+    int stage = program.op(index.consumers(v.name()).front()).stage();
+    params.push_back({v.name(), g->second, v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end()), stage});
+  }
+
+  double base_lr = 0;
+  switch (opt.kind_case()) {
+    case Optimizer::kSgd: base_lr = opt.sgd().learning_rate(); break;
+    case Optimizer::kMomentum: base_lr = opt.momentum().learning_rate(); break;
+    case Optimizer::kAdam: base_lr = opt.adam().learning_rate(); break;
+    case Optimizer::kAdamw: base_lr = opt.adamw().learning_rate(); break;
+    default: break;
+  }
+
+  // One step counter and one lr per (stage, dtype): every stage keeps its own copy
+  // so pipeline ranks need no communication for them.
+  std::map<int, std::string> step_var;
+  std::map<std::pair<int, DataType>, std::string> lr_var;
+  const auto& sched = opt.lr_schedule();
+  auto lr_for = [&](int stage, DataType dtype) -> std::string {
+    auto key = std::make_pair(stage, dtype);
+    if (lr_var.count(key)) return lr_var[key];
+    if (!step_var.count(stage)) {
+      std::string step = stage == 0 ? kStepVar : absl::StrCat(kStepVar, ".stage", stage);
+      b.AddVar(step, I64, {}, STATE);
+      step_var[stage] = step;
+    }
+    std::string lr = absl::StrCat("@lr.", DtypeString(dtype), stage == 0 ? "" : absl::StrCat(".stage", stage));
+    std::map<std::string, AttrValue> attrs = {{"dtype", StringAttr(DtypeString(dtype))},
+                                              {"base_lr", FloatAttr(base_lr)},
+                                              {"warmup_steps", IntAttr(sched.warmup_steps())}};
+    if (sched.has_cosine()) {
+      attrs["kind"] = StringAttr("cosine");
+      attrs["decay_steps"] = IntAttr(sched.cosine().decay_steps());
+      attrs["alpha"] = FloatAttr(sched.cosine().alpha());
+    } else if (sched.has_step_decay()) {
+      attrs["kind"] = StringAttr("step");
+      attrs["step_size"] = IntAttr(sched.step_decay().step_size());
+      attrs["gamma"] = FloatAttr(sched.step_decay().gamma());
+    }
+    b.AddOp("lr_schedule", {step_var[stage]}, {lr}, stage, LR_SCHEDULE, attrs);
+    lr_var[key] = lr;
+    return lr;
+  };
+  for (const auto& p : params) lr_for(p.stage, p.dtype);
+  for (const auto& [stage, step] : step_var) b.AddOp("increment", {step}, {step}, stage, OPTIMIZE);
+
+  // Clipping by the global norm over all parameters' gradients.
+  std::map<std::string, std::string> grad_of;
+  for (const auto& p : params) grad_of[p.name] = p.grad;
+  if (opt.clip_global_norm() > 0) {
+    std::map<int, std::vector<std::string>> grads_by_stage;
+    for (const auto& p : params) grads_by_stage[p.stage].push_back(p.grad);
+    std::vector<std::string> partials;
+    for (const auto& [stage, grads] : grads_by_stage) {
+      std::string partial = absl::StrCat("@grad_sumsq.stage", stage);
+      b.AddOp("sum_squares", grads, {partial}, stage, OPTIMIZE);
+      partials.push_back(partial);
+    }
+    // Every stage computes the coefficient from all partials (one stage here;
+    // the pipeline split exchanges the partials).
+    std::map<int, std::string> coef;
+    for (const auto& [stage, grads] : grads_by_stage) {
+      coef[stage] = absl::StrCat("@clip_coef.stage", stage);
+      b.AddOp("clip_coefficient", partials, {coef[stage]}, stage, OPTIMIZE,
+              {{"max_norm", FloatAttr(opt.clip_global_norm())}});
+    }
+    for (const auto& p : params) {
+      std::string clipped = absl::StrCat(p.grad, "@clipped");
+      std::string c = coef[p.stage];
+      // The coefficient is in the gradients' dtype only if all agree; cast otherwise.
+      b.AddOp("mul", {p.grad, c}, {clipped}, p.stage, OPTIMIZE);
+      grad_of[p.name] = clipped;
+    }
+  }
+
+  for (const auto& p : params) {
+    std::string lr = lr_for(p.stage, p.dtype);
+    const std::string& g = grad_of[p.name];
+    switch (opt.kind_case()) {
+      case Optimizer::kSgd:
+        b.AddOp("sgd_update", {p.name, g, lr}, {p.name}, p.stage, OPTIMIZE,
+                {{"weight_decay", FloatAttr(opt.weight_decay())}});
+        break;
+      case Optimizer::kMomentum: {
+        std::string vel = absl::StrCat(p.name, "@velocity");
+        b.AddVar(vel, p.dtype, p.shape, STATE);
+        b.AddOp("momentum_update", {p.name, g, vel, lr}, {p.name, vel}, p.stage, OPTIMIZE,
+                {{"momentum", FloatAttr(opt.momentum().momentum())},
+                 {"nesterov", BoolAttr(opt.momentum().nesterov())},
+                 {"weight_decay", FloatAttr(opt.weight_decay())}});
+        break;
+      }
+      case Optimizer::kAdam:
+      case Optimizer::kAdamw: {
+        const auto& a = opt.kind_case() == Optimizer::kAdam ? opt.adam() : opt.adamw();
+        std::string m = absl::StrCat(p.name, "@moment1"), v = absl::StrCat(p.name, "@moment2");
+        b.AddVar(m, p.dtype, p.shape, STATE);
+        b.AddVar(v, p.dtype, p.shape, STATE);
+        b.AddOp("adam_update", {p.name, g, m, v, lr, step_var[p.stage]}, {p.name, m, v}, p.stage, OPTIMIZE,
+                {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
+                 {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
+                 {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
+                 {"weight_decay", FloatAttr(opt.weight_decay())},
+                 {"decoupled", BoolAttr(opt.kind_case() == Optimizer::kAdamw)}});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  (void)ctx;
+  if (auto s = b.Finish(first_new_op); !s.ok()) return s;
+  return true;
+}
+
+}  // namespace strata
