@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "proto/program.pb.h"
 
 namespace strata {
@@ -29,6 +30,9 @@ struct GradCheckCase {
   std::string op_text; // the op in program text form: type: "matmul" input: ["a", "b"] output: ["y"] ...
   std::vector<GradCheckInput> inputs;
   double tolerance = 1e-6;  // max relative error
+  // Outputs that get no gradient (the maker sees output_grad(i) == ""), to
+  // check the zero-gradient path of multi-output ops.
+  std::vector<int> outputs_without_grad = {};
 };
 
 class GradCheckRegistry {
@@ -46,6 +50,17 @@ struct GradCheckRegistrar {
     for (auto& c : cases) GradCheckRegistry::Global().Add(std::move(c));
   }
 };
+
+// Runs one case: the op forward on the case's inputs, then the ops its
+// gradient maker emits with dL/d(output i) = R_i for the objective
+// L = sum_i sum(output_i * R_i) (R_i fixed random weights on every floating
+// output), and compares each checked input's analytic gradient with central
+// finite differences of L in float64. Per element the error is
+// |analytic - numeric| / max(|analytic|, |numeric|, 1): relative for
+// gradients of magnitude 1 or more, absolute below (where the finite
+// difference's own rounding noise, about 1e-10 * |L| here, is absolute).
+// The status names the case, input, element, both values and the error.
+absl::Status CheckGradient(const GradCheckCase& c);
 
 #define STRATA_GC_CONCAT_INNER(a, b) a##b
 #define STRATA_GC_CONCAT(a, b) STRATA_GC_CONCAT_INNER(a, b)

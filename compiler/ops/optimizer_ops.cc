@@ -1,0 +1,341 @@
+// Optimizer family: parameter updates (sgd, momentum, adam/adamw), the step
+// counter, the learning-rate schedule and global-norm gradient clipping.
+//
+// The update ops are appended by the optimizer pass. They are stateful: their
+// outputs name the same persistent vars as their param/moment inputs, and the
+// kernels update those buffers in place. Semantics follow torch.optim exactly
+// (kernels/cpu/optimizers_test.cc cross-checks against PyTorch).
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+namespace {
+
+// Shape-function helpers: messages name the schema's argument, not its index.
+absl::Status ExpectStaticFloating(const ShapeContext& ctx, int i, const char* name) {
+  const TensorType& t = ctx.input(i);
+  if (!IsFloating(t.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", name, "' must be F32 or F64, got ", t.ToString()));
+  }
+  for (int64_t d : t.shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is persistent and needs a static shape, got ",
+                                                     t.ToString(), " (no batch dimension)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Input i must have exactly input `like`'s dtype and shape.
+absl::Status ExpectSameType(const ShapeContext& ctx, int i, const char* name, int like, const char* like_name) {
+  if (ctx.input(i) != ctx.input(like)) {
+    return absl::InvalidArgumentError(absl::StrCat("input '", name, "' must have the type of '", like_name, "' (",
+                                                   ctx.input(like).ToString(), "), got ",
+                                                   ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectScalar(const ShapeContext& ctx, int i, const char* name, DataType dtype) {
+  const TensorType& t = ctx.input(i);
+  if (t.dtype != dtype || !t.shape.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("input '", name, "' must be a ", DataTypeName(dtype),
+                                                   " scalar (shape []), got ", t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectAttrAtLeast(const ShapeContext& ctx, const char* attr, double low) {
+  double v = ctx.attr_float(attr);
+  if (!(v >= low) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be a finite value >= ", low, ", got ", v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr) {
+  double v = ctx.attr_float(attr);
+  if (!(v >= 0.0 && v < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be in [0, 1), got ", v));
+  }
+  return absl::OkStatus();
+}
+
+#define STRATA_RETURN_IF_ERROR_OPT(expr)      \
+  do {                                        \
+    absl::Status _status = (expr);            \
+    if (!_status.ok()) return _status;        \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Parameter updates.
+
+absl::Status SgdUpdateShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 2, "lr", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+absl::Status MomentumUpdateShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 2, "velocity", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 3, "lr", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "momentum", 0.0));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  // As torch.optim.SGD: Nesterov needs a momentum to look ahead with.
+  if (ctx.attr_bool("nesterov") && ctx.attr_float("momentum") <= 0.0) {
+    return absl::InvalidArgumentError("attr 'nesterov' requires attr 'momentum' > 0");
+  }
+  ctx.set_output(0, ctx.input(0));
+  ctx.set_output(1, ctx.input(2));
+  return absl::OkStatus();
+}
+
+absl::Status AdamUpdateShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 2, "m", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 3, "v", 0, "param"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 4, "lr", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 5, "step", I64));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta1"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta2"));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  ctx.set_output(0, ctx.input(0));
+  ctx.set_output(1, ctx.input(2));
+  ctx.set_output(2, ctx.input(3));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("sgd_update")
+                       .Input("param")
+                       .Input("grad")
+                       .Input("lr")
+                       .Output("param")
+                       .Attr("weight_decay", 0.0)
+                       .Shape(SgdUpdateShape)
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("torch.optim.SGD without momentum, in place: g += weight_decay * p; p -= lr * g. "
+                            "lr is a scalar of param's dtype."));
+
+STRATA_REGISTER_OP(OpDef("momentum_update")
+                       .Input("param")
+                       .Input("grad")
+                       .Input("velocity")
+                       .Input("lr")
+                       .Output("param")
+                       .Output("velocity")
+                       .Attr("momentum", 0.9)
+                       .Attr("nesterov", false)
+                       .Attr("weight_decay", 0.0)
+                       .Shape(MomentumUpdateShape)
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("torch.optim.SGD with momentum (dampening 0), in place: g += weight_decay * p; "
+                            "buf = momentum * buf + g; g = nesterov ? g + momentum * buf : buf; p -= lr * g. "
+                            "velocity starts at zero."));
+
+STRATA_REGISTER_OP(OpDef("adam_update")
+                       .Input("param")
+                       .Input("grad")
+                       .Input("m")
+                       .Input("v")
+                       .Input("lr")
+                       .Input("step")
+                       .Output("param")
+                       .Output("m")
+                       .Output("v")
+                       .Attr("beta1", 0.9)
+                       .Attr("beta2", 0.999)
+                       .Attr("epsilon", 1e-8)
+                       .Attr("weight_decay", 0.0)
+                       .Attr("decoupled", false)
+                       .Shape(AdamUpdateShape)
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("torch.optim.Adam (decoupled: AdamW, p *= 1 - lr * weight_decay first), in place. "
+                            "step is the I64 1-based index of this update: m = b1 m + (1-b1) g; "
+                            "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps)."));
+
+// ---------------------------------------------------------------------------
+// Step counter and learning-rate schedule.
+
+absl::Status IncrementShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 0, "counter", I64));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("increment")
+                       .Input("counter")
+                       .Output("counter")
+                       .Attr("by", 1)
+                       .Shape(IncrementShape)
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("counter += by, in place, on an I64 scalar (the optimizer step count)."));
+
+absl::Status LrScheduleShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 0, "step", I64));
+  std::string dtype = ctx.attr_string("dtype");
+  DataType out;
+  if (dtype == "F32") {
+    out = F32;
+  } else if (dtype == "F64") {
+    out = F64;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be \"F32\" or \"F64\", got \"", dtype, "\""));
+  }
+  double base_lr = ctx.attr_float("base_lr");
+  if (!(base_lr >= 0.0) || !std::isfinite(base_lr)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'base_lr' must be a finite value >= 0, got ", base_lr));
+  }
+  int64_t warmup = ctx.attr_int("warmup_steps");
+  if (warmup < 0) return absl::InvalidArgumentError(absl::StrCat("attr 'warmup_steps' must be >= 0, got ", warmup));
+  std::string kind = ctx.attr_string("kind");
+  if (kind == "cosine") {
+    int64_t decay_steps = ctx.attr_int("decay_steps");
+    if (decay_steps < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attr 'decay_steps' must be >= 0 (0: the run's total steps), got ", decay_steps));
+    }
+    if (decay_steps > 0 && decay_steps <= warmup) {
+      return absl::InvalidArgumentError(absl::StrCat("attr 'decay_steps' (", decay_steps,
+                                                     ") must exceed attr 'warmup_steps' (", warmup,
+                                                     "): the cosine decays over the steps after warm-up"));
+    }
+    double alpha = ctx.attr_float("alpha");
+    if (!(alpha >= 0.0 && alpha <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("attr 'alpha' must be in [0, 1], got ", alpha));
+    }
+  } else if (kind == "step") {
+    int64_t step_size = ctx.attr_int("step_size");
+    if (step_size < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'step_size' must be >= 1, got ", step_size));
+    double gamma = ctx.attr_float("gamma");
+    if (!(gamma >= 0.0) || !std::isfinite(gamma)) {
+      return absl::InvalidArgumentError(absl::StrCat("attr 'gamma' must be a finite value >= 0, got ", gamma));
+    }
+  } else if (kind != "constant") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr 'kind' must be \"constant\", \"cosine\" or \"step\", got \"", kind, "\""));
+  }
+  ctx.set_output(0, TensorType{out, {}});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("lr_schedule")
+                       .Input("step")
+                       .Output("lr")
+                       .Attr("dtype", "F32")
+                       .Attr("base_lr", AttrType::kFloat)
+                       .Attr("warmup_steps", 0)
+                       .Attr("kind", "constant")
+                       .Attr("decay_steps", 0)
+                       .Attr("alpha", 0.0)
+                       .Attr("step_size", 1)
+                       .Attr("gamma", 0.1)
+                       .Shape(LrScheduleShape)
+                       .NotDifferentiable()
+                       .Doc("The learning rate for the update after `step` (0-based) updates: linear warm-up "
+                            "base_lr * (t+1) / warmup_steps, then constant, cosine to alpha * base_lr over "
+                            "decay_steps - warmup_steps (decay_steps 0: the run's total steps), or "
+                            "base_lr * gamma^floor(t' / step_size)."));
+
+// ---------------------------------------------------------------------------
+// Global-norm gradient clipping: sum_squares per group of gradients (one per
+// pipeline stage), then clip_coefficient over the partial sums.
+
+absl::Status SumSquaresShape(ShapeContext& ctx) {
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (!IsFloating(ctx.input(i).dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input 'x' #", i, " must be F32 or F64, got ", ctx.input(i).ToString()));
+    }
+    if (ctx.input(i).dtype != ctx.input(0).dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("inputs 'x' must share one dtype: #0 is ",
+                                                     DataTypeName(ctx.input(0).dtype), ", #", i, " is ",
+                                                     DataTypeName(ctx.input(i).dtype)));
+    }
+  }
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
+  return absl::OkStatus();
+}
+
+// d/dx_i sum_j |x_j|^2 = 2 x_i dy.
+absl::Status SumSquaresGrad(GradBuilder& g) {
+  // A single-output op whose output gets no gradient contributes none.
+  if (g.output_grad(0).empty()) return absl::OkStatus();
+  for (int i = 0; i < g.op().input_size(); ++i) {
+    if (g.needs_input_grad(i)) g.Emit("sum_squares_grad", {g.input(i), g.output_grad(0)}, {g.input_grad(i)});
+  }
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("sum_squares")
+                       .VariadicInput("x")
+                       .Output("y")
+                       .Shape(SumSquaresShape)
+                       .Grad(SumSquaresGrad)
+                       .Doc("Scalar sum of the squares of every element of every input (one float dtype)."));
+
+absl::Status SumSquaresGradShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(ExpectFloating(ctx, 0));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 1, "dy", ctx.input(0).dtype));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("sum_squares_grad")
+                       .Input("x")
+                       .Input("dy")
+                       .Output("dx")
+                       .Shape(SumSquaresGradShape)
+                       .NotDifferentiable()
+                       .Doc("Backward of sum_squares for one input: dx = 2 * x * dy (dy a scalar)."));
+
+absl::Status ClipCoefficientShape(ShapeContext& ctx) {
+  DataType dtype = ctx.input(0).dtype;
+  if (!IsFloating(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input 'sum_squares' #0 must be an F32 or F64 scalar, got ", ctx.input(0).ToString()));
+  }
+  for (int i = 0; i < ctx.num_inputs(); ++i) {
+    if (ctx.input(i).dtype != dtype || !ctx.input(i).shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("input 'sum_squares' #", i, " must be a ", DataTypeName(dtype),
+                                                     " scalar (shape []), got ", ctx.input(i).ToString()));
+    }
+  }
+  double max_norm = ctx.attr_float("max_norm");
+  if (!(max_norm > 0.0) || !std::isfinite(max_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'max_norm' must be a finite value > 0, got ", max_norm));
+  }
+  ctx.set_output(0, TensorType{dtype, {}});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("clip_coefficient")
+                       .VariadicInput("sum_squares")
+                       .Output("coef")
+                       .Attr("max_norm", AttrType::kFloat)
+                       .Shape(ClipCoefficientShape)
+                       .NotDifferentiable()
+                       .Doc("As torch.nn.utils.clip_grad_norm_: min(1, max_norm / (sqrt(sum of the partial sums "
+                            "of squares) + 1e-6)), the factor every gradient is multiplied by."));
+
+#undef STRATA_RETURN_IF_ERROR_OPT
+
+}  // namespace
+}  // namespace strata

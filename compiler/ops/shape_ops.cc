@@ -1,0 +1,588 @@
+// Shape ops: reshape, flatten, transpose, concat, split, slice, and the
+// backward-only helpers their gradients emit (reshape_like, concat_grad,
+// split_grad, slice_grad). They move data and never change values.
+//
+// The batch dimension (-1) may pass through any of them, but no op may fold it
+// into other dims or cut it: after such an op the -1 would no longer be "the
+// batch size", which micro-batching and data parallelism rely on.
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+namespace {
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+std::string Ints(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+
+// "input 'x' (F32[-1, 784])"
+std::string Describe(const ShapeContext& ctx, int i) {
+  return absl::StrCat("input ", i, " '", ctx.op().input(i), "' (", ctx.input(i).ToString(), ")");
+}
+
+// Maps axis in [-rank, rank) to [0, rank).
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, const std::string& what) {
+  if (axis < -rank || axis >= rank) {
+    return Invalid(absl::StrCat(what, " = ", axis, " is out of range for rank ", rank, " (expected ", -rank, " to ",
+                                rank - 1, ")"));
+  }
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+int64_t KnownProduct(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d >= 0) n *= d;
+  }
+  return n;
+}
+
+int CountUnknown(const std::vector<int64_t>& shape) {
+  return static_cast<int>(std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }));
+}
+
+// ---- reshape ---------------------------------------------------------------
+
+// Resolves reshape's `shape` attr against the input shape: 0 copies the input
+// dim at that position, one -1 is inferred. With a batch dim in the input the
+// inferred dim must be exactly the batch dim.
+absl::StatusOr<std::vector<int64_t>> ResolveReshape(const std::vector<int64_t>& in, const std::vector<int64_t>& spec) {
+  std::vector<int64_t> out(spec.size());
+  int infer = -1;
+  int copied_unknown = 0;
+  int64_t known_out = 1;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    int64_t v = spec[i];
+    if (v == -1) {
+      if (infer >= 0) return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), " has more than one -1"));
+      infer = static_cast<int>(i);
+    } else if (v == 0) {
+      if (i >= in.size()) {
+        return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), ": entry ", i, " is 0 (copy input dim ", i,
+                                    ") but the input has rank ", in.size()));
+      }
+      out[i] = in[i];
+      if (in[i] < 0) {
+        ++copied_unknown;
+      } else {
+        known_out *= in[i];
+      }
+    } else if (v < 0) {
+      return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), ": entry ", i, " is ", v,
+                                  "; expected a size, 0 (copy the input dim) or -1 (infer)"));
+    } else {
+      out[i] = v;
+      known_out *= v;
+    }
+  }
+  const int64_t known_in = KnownProduct(in);
+  const int unknown = CountUnknown(in) - copied_unknown;  // batch dims not placed by a 0
+  const std::string what = absl::StrCat("cannot reshape ", ShapeString(in), " to ", Ints(spec));
+  if (infer < 0) {
+    if (unknown > 0) {
+      return Invalid(absl::StrCat(what, ": the input's batch dim (-1) must go to a -1 or 0 entry"));
+    }
+    if (known_in != known_out) {
+      return Invalid(absl::StrCat(what, ": ", known_in, " elements into ", known_out));
+    }
+    return out;
+  }
+  if (unknown > 1) return Invalid(absl::StrCat(what, ": it would merge ", unknown, " unknown dims into one"));
+  if (unknown == 1) {
+    // The -1 stays the batch dim only if the other dims hold the rest exactly.
+    if (known_in != known_out) {
+      return Invalid(absl::StrCat(what, ": the -1 stands for the batch dim, so the other dims must hold ",
+                                  known_in, " elements per batch entry, not ", known_out));
+    }
+    out[infer] = -1;
+    return out;
+  }
+  if (known_out == 0 || known_in % known_out != 0) {
+    return Invalid(absl::StrCat(what, ": ", known_in, " elements do not divide into dims of ", known_out));
+  }
+  out[infer] = known_in / known_out;
+  return out;
+}
+
+absl::Status ReshapeShape(ShapeContext& ctx) {
+  auto out = ResolveReshape(ctx.input(0).shape, ctx.attr_ints("shape"));
+  if (!out.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", out.status().message()));
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, *out});
+  return absl::OkStatus();
+}
+
+// dx = dy viewed with x's shape.
+absl::Status ReshapeGrad(GradBuilder& g) {
+  if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
+  g.Emit("reshape_like", {g.output_grad(0), g.input(0)}, {g.input_grad(0)});
+  return absl::OkStatus();
+}
+
+// reshape_like(dy, x): dy's values in x's shape; the element counts must agree.
+absl::Status ReshapeLikeShape(ShapeContext& ctx) {
+  const TensorType& dy = ctx.input(0);
+  const TensorType& x = ctx.input(1);
+  if (CountUnknown(dy.shape) != CountUnknown(x.shape) || KnownProduct(dy.shape) != KnownProduct(x.shape)) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), " does not have the element count of ", Describe(ctx, 1)));
+  }
+  ctx.set_output(0, TensorType{dy.dtype, x.shape});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("reshape")
+                       .Input("x")
+                       .Output("y")
+                       .Attr("shape", AttrType::kInts)
+                       .Shape(ReshapeShape)
+                       .Grad(ReshapeGrad)
+                       .Doc("x's elements in another shape; in `shape` 0 copies the input dim at that position and "
+                            "one -1 is inferred (the batch dim when x has one). Shares x's buffer."));
+
+STRATA_REGISTER_OP(OpDef("reshape_like")
+                       .Input("dy")
+                       .Input("like")
+                       .Output("dx")
+                       .Shape(ReshapeLikeShape)
+                       .NotDifferentiable()
+                       .Doc("dy viewed with the shape of `like` (the gradient of reshape and flatten)."));
+
+// ---- flatten ---------------------------------------------------------------
+
+absl::Status FlattenShape(ShapeContext& ctx) {
+  const TensorType& x = ctx.input(0);
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, 0), " must have rank 1 or more"));
+  auto start = NormalizeAxis(ctx.attr_int("start_axis"), rank, "attr 'start_axis'");
+  if (!start.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", start.status().message()));
+  auto end = NormalizeAxis(ctx.attr_int("end_axis"), rank, "attr 'end_axis'");
+  if (!end.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", end.status().message()));
+  if (*start > *end) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ": attr 'start_axis' (", *start, ") is after 'end_axis' (", *end,
+                                ")"));
+  }
+  std::vector<int64_t> out(x.shape.begin(), x.shape.begin() + *start);
+  int64_t merged = 1;
+  bool batch = false;
+  for (int d = *start; d <= *end; ++d) {
+    if (x.shape[d] < 0) {
+      batch = true;
+    } else {
+      merged *= x.shape[d];
+    }
+  }
+  if (batch && (merged != 1 || CountUnknown(std::vector<int64_t>(x.shape.begin() + *start,
+                                                                   x.shape.begin() + *end + 1)) > 1)) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ": flattening axes ", *start, " to ", *end,
+                                " would merge the batch dim (-1) with other dims"));
+  }
+  out.push_back(batch ? -1 : merged);
+  out.insert(out.end(), x.shape.begin() + *end + 1, x.shape.end());
+  ctx.set_output(0, TensorType{x.dtype, out});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("flatten")
+                       .Input("x")
+                       .Output("y")
+                       .Attr("start_axis", 1)
+                       .Attr("end_axis", -1)
+                       .Shape(FlattenShape)
+                       .Grad(ReshapeGrad)
+                       .Doc("Merges axes start_axis..end_axis (inclusive, negative counts from the end) into one. "
+                            "Shares x's buffer."));
+
+// ---- transpose -------------------------------------------------------------
+
+absl::StatusOr<std::vector<int64_t>> NormalizePerm(const std::vector<int64_t>& perm, int rank) {
+  if (static_cast<int>(perm.size()) != rank) {
+    return Invalid(absl::StrCat("attr 'perm' ", Ints(perm), " must have one entry per input dim (", rank, ")"));
+  }
+  std::vector<int64_t> out(rank);
+  std::vector<bool> seen(rank, false);
+  for (int i = 0; i < rank; ++i) {
+    auto axis = NormalizeAxis(perm[i], rank, absl::StrCat("attr 'perm'[", i, "]"));
+    if (!axis.ok()) return axis.status();
+    if (seen[*axis]) return Invalid(absl::StrCat("attr 'perm' ", Ints(perm), " is not a permutation"));
+    seen[*axis] = true;
+    out[i] = *axis;
+  }
+  return out;
+}
+
+absl::Status TransposeShape(ShapeContext& ctx) {
+  const TensorType& x = ctx.input(0);
+  auto perm = NormalizePerm(ctx.attr_ints("perm"), static_cast<int>(x.shape.size()));
+  if (!perm.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", perm.status().message()));
+  std::vector<int64_t> out;
+  for (int64_t p : *perm) out.push_back(x.shape[p]);
+  ctx.set_output(0, TensorType{x.dtype, out});
+  return absl::OkStatus();
+}
+
+// y[i_0..] = x[i_perm...], so dx = transpose(dy, inverse(perm)).
+absl::Status TransposeGrad(GradBuilder& g) {
+  if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
+  auto perm = NormalizePerm(std::vector<int64_t>(g.op().attr().at("perm").list().i().begin(),
+                                                 g.op().attr().at("perm").list().i().end()),
+                            static_cast<int>(g.input_type(0).shape.size()));
+  if (!perm.ok()) return perm.status();
+  std::vector<int64_t> inverse(perm->size());
+  for (size_t i = 0; i < perm->size(); ++i) inverse[(*perm)[i]] = static_cast<int64_t>(i);
+  g.Emit("transpose", {g.output_grad(0)}, {g.input_grad(0)}, {{"perm", IntsAttr(inverse)}});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("transpose")
+                       .Input("x")
+                       .Output("y")
+                       .Attr("perm", AttrType::kInts)
+                       .Shape(TransposeShape)
+                       .Grad(TransposeGrad)
+                       .Doc("Permutes the axes: y's axis i is x's axis perm[i]."));
+
+// ---- concat ----------------------------------------------------------------
+
+// The shape of inputs [first, last) of ctx concatenated along `axis` (attr).
+absl::StatusOr<std::vector<int64_t>> ConcatShape(const ShapeContext& ctx, int first, int last, int* axis_out) {
+  const TensorType& x0 = ctx.input(first);
+  const int rank = static_cast<int>(x0.shape.size());
+  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, first), " is a scalar; concat needs rank 1 or more"));
+  auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
+  if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, first), ": ", axis.status().message()));
+  std::vector<int64_t> out = x0.shape;
+  bool batch_on_axis = x0.shape[*axis] < 0;
+  for (int i = first + 1; i < last; ++i) {
+    const TensorType& x = ctx.input(i);
+    if (x.dtype != x0.dtype) {
+      return Invalid(absl::StrCat(Describe(ctx, i), " has another dtype than ", Describe(ctx, first)));
+    }
+    if (x.shape.size() != x0.shape.size()) {
+      return Invalid(absl::StrCat(Describe(ctx, i), " has another rank than ", Describe(ctx, first)));
+    }
+    for (int d = 0; d < rank; ++d) {
+      if (d != *axis && x.shape[d] != x0.shape[d]) {
+        return Invalid(absl::StrCat(Describe(ctx, i), " differs from ", Describe(ctx, first), " in dim ", d,
+                                    " (only the concat axis ", *axis, " may differ)"));
+      }
+    }
+    batch_on_axis |= x.shape[*axis] < 0;
+    out[*axis] += x.shape[*axis];
+  }
+  if (batch_on_axis && last - first > 1) {
+    return Invalid(absl::StrCat("concat along axis ", *axis,
+                                " which is the batch dim (-1) of an input: the result would not be batch-sized"));
+  }
+  if (axis_out != nullptr) *axis_out = *axis;
+  return out;
+}
+
+absl::Status ConcatOpShape(ShapeContext& ctx) {
+  auto out = ConcatShape(ctx, 0, ctx.num_inputs(), nullptr);
+  if (!out.ok()) return out.status();
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, *out});
+  return absl::OkStatus();
+}
+
+// dx_i = the slice of dy that x_i filled; sizes from the runtime inputs.
+absl::Status ConcatGrad(GradBuilder& g) {
+  if (g.output_grad(0).empty()) return absl::OkStatus();
+  const int n = g.op().input_size();
+  bool any = false;
+  std::vector<std::string> inputs = {g.output_grad(0)}, outputs;
+  for (int i = 0; i < n; ++i) {
+    any |= g.needs_input_grad(i);
+    inputs.push_back(g.input(i));
+    outputs.push_back(g.needs_input_grad(i) ? g.input_grad(i) : g.Temp(absl::StrCat(g.input(i), "@unused_grad")));
+  }
+  if (!any) return absl::OkStatus();
+  g.Emit("concat_grad", inputs, outputs, {{"axis", g.op().attr().at("axis")}});
+  return absl::OkStatus();
+}
+
+// concat_grad(dy, xs...) -> dxs...: dy must be the concat of the xs' shapes.
+absl::Status ConcatGradShape(ShapeContext& ctx) {
+  if (ctx.num_outputs() != ctx.num_inputs() - 1) {
+    return Invalid(absl::StrCat("concat_grad needs one output per input after dy: ", ctx.num_inputs() - 1,
+                                " inputs, ", ctx.num_outputs(), " outputs"));
+  }
+  auto shape = ConcatShape(ctx, 1, ctx.num_inputs(), nullptr);
+  if (!shape.ok()) return shape.status();
+  if (*shape != ctx.input(0).shape) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), " is not the concatenation of the inputs after it (",
+                                ShapeString(*shape), ")"));
+  }
+  for (int i = 1; i < ctx.num_inputs(); ++i) ctx.set_output(i - 1, TensorType{ctx.input(0).dtype, ctx.input(i).shape});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("concat")
+                       .VariadicInput("xs")
+                       .Output("y")
+                       .Attr("axis", 0)
+                       .Shape(ConcatOpShape)
+                       .Grad(ConcatGrad)
+                       .Doc("Joins the inputs along `axis` (negative counts from the end); other dims must agree."));
+
+STRATA_REGISTER_OP(OpDef("concat_grad")
+                       .Input("dy")
+                       .VariadicInput("xs")
+                       .VariadicOutput("dxs")
+                       .Attr("axis", 0)
+                       .Shape(ConcatGradShape)
+                       .NotDifferentiable()
+                       .Doc("Cuts dy along `axis` into pieces shaped like the xs (the gradient of concat)."));
+
+// ---- split -----------------------------------------------------------------
+
+// Sizes of the `n` pieces of a dim of size `dim` (-1: the batch dim).
+absl::StatusOr<std::vector<int64_t>> SplitSizes(int64_t dim, int n, const std::vector<int64_t>& sections) {
+  if (sections.empty()) {
+    if (dim < 0) {
+      if (n == 1) return std::vector<int64_t>{-1};
+      return Invalid(absl::StrCat("cannot split the batch dim (-1) into ", n, " parts"));
+    }
+    if (dim % n != 0) {
+      return Invalid(absl::StrCat("cannot split a dim of ", dim, " into ", n,
+                                  " equal parts; give the sizes in attr 'sections'"));
+    }
+    return std::vector<int64_t>(n, dim / n);
+  }
+  if (static_cast<int>(sections.size()) != n) {
+    return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " has ", sections.size(), " entries for ", n,
+                                " outputs"));
+  }
+  std::vector<int64_t> sizes = sections;
+  int infer = -1;
+  int64_t known = 0;
+  for (int i = 0; i < n; ++i) {
+    if (sections[i] == -1 && infer < 0) {
+      infer = i;
+    } else if (sections[i] < 0) {
+      return Invalid(absl::StrCat("attr 'sections' ", Ints(sections),
+                                  ": sizes must be 0 or more, with at most one -1 (the rest)"));
+    } else {
+      known += sections[i];
+    }
+  }
+  if (dim < 0) {
+    if (n == 1 && infer == 0) return sizes;
+    return Invalid(absl::StrCat("cannot split the batch dim (-1) by attr 'sections' ", Ints(sections)));
+  }
+  if (infer >= 0) {
+    if (known > dim) {
+      return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " adds up to more than the dim (", dim, ")"));
+    }
+    sizes[infer] = dim - known;
+  } else if (known != dim) {
+    return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " adds up to ", known, ", not to the dim (", dim,
+                                ")"));
+  }
+  return sizes;
+}
+
+absl::Status SplitShape(ShapeContext& ctx) {
+  const TensorType& x = ctx.input(0);
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, 0), " is a scalar; split needs rank 1 or more"));
+  auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
+  if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", axis.status().message()));
+  auto sizes = SplitSizes(x.shape[*axis], ctx.num_outputs(), ctx.attr_ints("sections"));
+  if (!sizes.ok()) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ", axis ", *axis, ": ", sizes.status().message()));
+  }
+  for (int i = 0; i < ctx.num_outputs(); ++i) {
+    std::vector<int64_t> shape = x.shape;
+    shape[*axis] = (*sizes)[i];
+    ctx.set_output(i, TensorType{x.dtype, shape});
+  }
+  return absl::OkStatus();
+}
+
+// dx = the output grads joined along the axis; pieces without one are zeros.
+absl::Status SplitGrad(GradBuilder& g) {
+  if (!g.needs_input_grad(0)) return absl::OkStatus();
+  const int n = g.op().output_size();
+  std::vector<std::string> dys;
+  std::vector<int64_t> present;
+  for (int i = 0; i < n; ++i) {
+    if (g.output_grad(i).empty()) continue;
+    dys.push_back(g.output_grad(i));
+    present.push_back(i);
+  }
+  if (dys.empty()) return absl::OkStatus();
+  const AttrValue& axis = g.op().attr().at("axis");
+  if (static_cast<int>(dys.size()) == n) {
+    g.Emit("concat", dys, {g.input_grad(0)}, {{"axis", axis}});
+    return absl::OkStatus();
+  }
+  // A split along the batch dim has one piece, so with a piece missing every
+  // size along the axis is static.
+  const int rank = static_cast<int>(g.input_type(0).shape.size());
+  const int a = static_cast<int>(axis.i() < 0 ? axis.i() + rank : axis.i());
+  std::vector<int64_t> sections;
+  for (int i = 0; i < n; ++i) sections.push_back(g.output_type(i).shape[a]);
+  std::vector<std::string> inputs = {g.input(0)};
+  inputs.insert(inputs.end(), dys.begin(), dys.end());
+  g.Emit("split_grad", inputs, {g.input_grad(0)},
+         {{"axis", axis}, {"sections", IntsAttr(sections)}, {"grad_outputs", IntsAttr(present)}});
+  return absl::OkStatus();
+}
+
+// split_grad(x, dys...) -> dx: x's shape; dys[k] fills piece grad_outputs[k]
+// of the split by `sections` along `axis`, the other pieces are zero.
+absl::Status SplitGradShape(ShapeContext& ctx) {
+  const TensorType& x = ctx.input(0);
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, 0), " is a scalar; split_grad needs rank 1 or more"));
+  auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
+  if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", axis.status().message()));
+  std::vector<int64_t> sections = ctx.attr_ints("sections");
+  std::vector<int64_t> which = ctx.attr_ints("grad_outputs");
+  if (sections.empty() || x.shape[*axis] < 0) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ": split_grad needs explicit attr 'sections' along a known dim"));
+  }
+  auto sizes = SplitSizes(x.shape[*axis], static_cast<int>(sections.size()), sections);
+  if (!sizes.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", sizes.status().message()));
+  if (static_cast<int>(which.size()) != ctx.num_inputs() - 1) {
+    return Invalid(absl::StrCat("attr 'grad_outputs' ", Ints(which), " must name one piece per dy (",
+                                ctx.num_inputs() - 1, ")"));
+  }
+  for (size_t k = 0; k < which.size(); ++k) {
+    if (which[k] < 0 || which[k] >= static_cast<int64_t>(sections.size()) || (k > 0 && which[k] <= which[k - 1])) {
+      return Invalid(absl::StrCat("attr 'grad_outputs' ", Ints(which), " must be increasing piece indices below ",
+                                  sections.size()));
+    }
+    const int i = static_cast<int>(k) + 1;
+    std::vector<int64_t> want = x.shape;
+    want[*axis] = (*sizes)[which[k]];
+    if (ctx.input(i).shape != want || ctx.input(i).dtype != ctx.input(1).dtype) {
+      return Invalid(absl::StrCat(Describe(ctx, i), " does not match piece ", which[k], " (",
+                                  ShapeString(want), ")"));
+    }
+  }
+  ctx.set_output(0, TensorType{ctx.input(1).dtype, x.shape});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("split")
+                       .Input("x")
+                       .VariadicOutput("ys")
+                       .Attr("axis", 0)
+                       .Attr("sections", std::vector<int64_t>{})
+                       .Shape(SplitShape)
+                       .Grad(SplitGrad)
+                       .Doc("Cuts x along `axis` into one piece per output: equal parts, or the sizes in "
+                            "`sections` (one entry may be -1: the rest)."));
+
+STRATA_REGISTER_OP(OpDef("split_grad")
+                       .Input("x")
+                       .VariadicInput("dys")
+                       .Output("dx")
+                       .Attr("axis", 0)
+                       .Attr("sections", AttrType::kInts)
+                       .Attr("grad_outputs", AttrType::kInts)
+                       .Shape(SplitGradShape)
+                       .NotDifferentiable()
+                       .Doc("The gradient of split when some pieces have no gradient: dys joined along `axis` "
+                            "into pieces grad_outputs of `sections`, zeros elsewhere; x gives the shape."));
+
+// ---- slice -----------------------------------------------------------------
+
+// numpy's clamping of one [start, end) on a dim of size `dim`.
+void ClampRange(int64_t dim, int64_t start, int64_t end, int64_t* begin, int64_t* size) {
+  int64_t s = start < 0 ? std::max<int64_t>(start + dim, 0) : std::min(start, dim);
+  int64_t e = end < 0 ? std::max<int64_t>(end + dim, 0) : std::min(end, dim);
+  *begin = s;
+  *size = std::max<int64_t>(e - s, 0);
+}
+
+// Ends at or beyond this read "to the end" (INT32_MAX, INT64_MAX...).
+constexpr int64_t kToTheEnd = std::numeric_limits<int32_t>::max();
+
+// The sliced shape of `in` for the op's axes/starts/ends attrs.
+absl::StatusOr<std::vector<int64_t>> SliceShape(const std::vector<int64_t>& in, const std::vector<int64_t>& axes,
+                                                const std::vector<int64_t>& starts, const std::vector<int64_t>& ends) {
+  if (starts.size() != axes.size() || ends.size() != axes.size()) {
+    return Invalid(absl::StrCat("attrs 'axes' ", Ints(axes), ", 'starts' ", Ints(starts), " and 'ends' ", Ints(ends),
+                                " must have the same length"));
+  }
+  const int rank = static_cast<int>(in.size());
+  std::vector<int64_t> out = in;
+  std::vector<bool> seen(rank, false);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    auto axis = NormalizeAxis(axes[k], rank, absl::StrCat("attr 'axes'[", k, "]"));
+    if (!axis.ok()) return axis.status();
+    if (seen[*axis]) return Invalid(absl::StrCat("attr 'axes' ", Ints(axes), " names axis ", *axis, " twice"));
+    seen[*axis] = true;
+    if (in[*axis] < 0) {
+      if (starts[k] == 0 && ends[k] >= kToTheEnd) continue;  // the whole batch
+      return Invalid(absl::StrCat("cannot slice axis ", *axis, ", the batch dim (-1), by [", starts[k], ", ", ends[k],
+                                  "): only [0, end) is allowed there"));
+    }
+    int64_t begin, size;
+    ClampRange(in[*axis], starts[k], ends[k], &begin, &size);
+    out[*axis] = size;
+  }
+  return out;
+}
+
+absl::Status SliceOpShape(ShapeContext& ctx) {
+  auto out = SliceShape(ctx.input(0).shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
+  if (!out.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", out.status().message()));
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, *out});
+  return absl::OkStatus();
+}
+
+// dx = zeros shaped like x with dy in the sliced window.
+absl::Status SliceGrad(GradBuilder& g) {
+  if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
+  g.Emit("slice_grad", {g.output_grad(0), g.input(0)}, {g.input_grad(0)}, g.ForwardAttrs());
+  return absl::OkStatus();
+}
+
+// slice_grad(dy, x) -> dx: dy must be shaped like the slice of x.
+absl::Status SliceGradShape(ShapeContext& ctx) {
+  const TensorType& dy = ctx.input(0);
+  const TensorType& x = ctx.input(1);
+  auto sliced = SliceShape(x.shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
+  if (!sliced.ok()) return Invalid(absl::StrCat(Describe(ctx, 1), ": ", sliced.status().message()));
+  if (*sliced != dy.shape) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), " is not shaped like the slice of ", Describe(ctx, 1), " (",
+                                ShapeString(*sliced), ")"));
+  }
+  ctx.set_output(0, TensorType{dy.dtype, x.shape});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("slice")
+                       .Input("x")
+                       .Output("y")
+                       .Attr("axes", AttrType::kInts)
+                       .Attr("starts", AttrType::kInts)
+                       .Attr("ends", AttrType::kInts)
+                       .Shape(SliceOpShape)
+                       .Grad(SliceGrad)
+                       .Doc("x[starts[k]:ends[k]] along each axes[k], numpy style: negative indices count from "
+                            "the end and out-of-range ones clamp."));
+
+STRATA_REGISTER_OP(OpDef("slice_grad")
+                       .Input("dy")
+                       .Input("x")
+                       .Output("dx")
+                       .Attr("axes", AttrType::kInts)
+                       .Attr("starts", AttrType::kInts)
+                       .Attr("ends", AttrType::kInts)
+                       .Shape(SliceGradShape)
+                       .NotDifferentiable()
+                       .Doc("Zeros shaped like x with dy in the window slice(x) read (the gradient of slice)."));
+
+}  // namespace
+}  // namespace strata

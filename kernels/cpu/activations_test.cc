@@ -1,0 +1,194 @@
+// Unary math and activation kernels (and their backward helpers) against
+// PyTorch 1.13, run through the op registry and the CPU kernels the way the
+// executor runs them. Reference numbers come from /usr/bin/python3 with
+//   x  = torch.tensor([-2.0, -0.5, 0.0, 0.25, 1.0, 3.0], dtype=torch.float64)
+//   xp = torch.tensor([0.25, 0.5, 1.0, 2.0, 4.0, 10.0], dtype=torch.float64)
+//   dy = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.5, 0.75], dtype=torch.float64)
+// printed with "%.17g"; gradients are xx.grad after f(xx).backward(dy).
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/op_registry.h"
+#include "compiler/testing/op_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define EXPECT_VALUES_NEAR(actual, shape, values, tol) EXPECT_TRUE(::strata::TensorNear((actual), shape, values, (tol)))
+
+const std::vector<double> kX = {-2.0, -0.5, 0.0, 0.25, 1.0, 3.0};
+const std::vector<double> kPositiveX = {0.25, 0.5, 1.0, 2.0, 4.0, 10.0};
+const std::vector<double> kDy = {1.0, -2.0, 0.5, 3.0, -1.5, 0.75};
+
+// Runs `op_text` with the named inputs and returns its output "y" (or "dx").
+Tensor RunNamed(const std::string& op_text, std::map<std::string, Tensor> env, const std::string& out = "y") {
+  absl::Status s = RunOp(ParseOp(op_text), &env);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return s.ok() ? env.at(out) : Tensor();
+}
+
+Tensor Unary(const std::string& type, DataType dtype, const std::vector<double>& x) {
+  return RunNamed("type: \"" + type + "\" input: \"x\" output: \"y\"",
+             {{"x", MakeTensor(dtype, {2, 3}, x)}});
+}
+
+// Float32 holds about 7 significant digits; float64 agrees with torch to rounding.
+double Tolerance(DataType dtype) { return dtype == F32 ? 1e-6 : 1e-14; }
+
+class ActivationTest : public ::testing::TestWithParam<DataType> {};
+
+TEST_P(ActivationTest, ForwardMatchesTorch) {
+  const DataType dt = GetParam();
+  const double tol = Tolerance(dt);
+  // torch.relu(x), F.gelu(x), torch.tanh(x), torch.sigmoid(x), torch.exp(x), torch.square(x)
+  EXPECT_VALUES_NEAR(Unary("relu", dt, kX), (std::vector<int64_t>{2, 3}), (std::vector<double>{0, 0, 0, 0.25, 1, 3}), tol);
+  EXPECT_VALUES_NEAR(Unary("gelu", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-0.045500263896358417, -0.15426876936299344, 0, 0.14967658142073093,
+                                          0.84134474606854304, 2.9959503059051098}),
+                     tol);
+  EXPECT_VALUES_NEAR(Unary("tanh", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-0.9640275800758169, -0.46211715726000974, 0, 0.24491866240370913,
+                                          0.76159415595576485, 0.99505475368673046}),
+                     tol);
+  EXPECT_VALUES_NEAR(Unary("sigmoid", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{0.11920292202211755, 0.37754066879814541, 0.5, 0.56217650088579807,
+                                          0.7310585786300049, 0.95257412682243336}),
+                     tol);
+  EXPECT_VALUES_NEAR(Unary("exp", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{0.1353352832366127, 0.60653065971263342, 1, 1.2840254166877414,
+                                          2.7182818284590451, 20.085536923187668}),
+                     tol);
+  EXPECT_VALUES_NEAR(Unary("square", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{4, 0.25, 0, 0.0625, 1, 9}), tol);
+  EXPECT_VALUES_NEAR(Unary("neg", dt, kX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{2.0, 0.5, 0.0, -0.25, -1.0, -3.0}), tol);
+  // torch.log(xp), torch.sqrt(xp)
+  EXPECT_VALUES_NEAR(Unary("log", dt, kPositiveX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-1.3862943611198906, -0.69314718055994529, 0, 0.69314718055994529,
+                                          1.3862943611198906, 2.3025850929940459}),
+                     tol);
+  EXPECT_VALUES_NEAR(Unary("sqrt", dt, kPositiveX), (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{0.5, 0.70710678118654757, 1, 1.4142135623730951, 2,
+                                          3.1622776601683795}),
+                     tol);
+}
+
+TEST_P(ActivationTest, BackwardHelpersMatchTorchAutograd) {
+  const DataType dt = GetParam();
+  const double tol = Tolerance(dt);
+  const Tensor x = MakeTensor(dt, {2, 3}, kX);
+  const Tensor dy = MakeTensor(dt, {2, 3}, kDy);
+  // relu_grad takes relu's output: gradient dy where y > 0 (torch also gives 0 at x == 0).
+  Tensor relu_y = Unary("relu", dt, kX);
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "relu_grad" input: ["y", "dy"] output: "dx")pb", {{"y", relu_y}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}), (std::vector<double>{0, 0, 0, 3.0, -1.5, 0.75}), tol);
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "gelu_grad" input: ["x", "dy"] output: "dx")pb", {{"x", x}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-0.085231801078196917, -0.26500975068767424, 0.25, 2.0861200646509079,
+                                          -1.6249732058815296, 0.75895923540313792}),
+                     tol);
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "tanh_grad" input: ["y", "dy"] output: "dx")pb",
+                         {{"y", Unary("tanh", dt, kX)}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{0.070650824853164429, -1.5728954659318548, 0.5, 2.8200445464191342,
+                                          -0.62996151242103915, 0.0073995278740801246}),
+                     tol);
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "sigmoid_grad" input: ["y", "dy"] output: "dx")pb",
+                         {{"y", Unary("sigmoid", dt, kX)}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{0.10499358540350651, -0.47000742440318899, 0.125, 0.7384022482127951,
+                                          -0.29491789986222278, 0.033882494798184004}),
+                     tol);
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "sqrt_grad" input: ["y", "dy"] output: "dx")pb",
+                         {{"y", Unary("sqrt", dt, kPositiveX)}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{1, -1.4142135623730949, 0.25, 1.0606601717798212, -0.375,
+                                          0.11858541225631422}),
+                     tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ActivationTest, ::testing::Values(F32, F64),
+                         [](const ::testing::TestParamInfo<DataType>& info) { return DataTypeName(info.param); });
+
+TEST(SigmoidTest, ExtremeInputsDoNotOverflow) {
+  // torch.sigmoid(torch.tensor([-100.0, -20.0, 20.0, 100.0], dtype=torch.float32))
+  Tensor y = RunNamed(R"pb(type: "sigmoid" input: "x" output: "y")pb",
+                 {{"x", MakeTensor(F32, {4}, {-100.0, -20.0, 20.0, 100.0})}});
+  EXPECT_VALUES_NEAR(y, (std::vector<int64_t>{4}), (std::vector<double>{0, 2.0611536921677498e-09, 1, 1}), 1e-6);
+  EXPECT_NEAR(TensorValues(y)[1], 2.0611536921677498e-09, 2.0611536921677498e-09 * 1e-6);
+}
+
+TEST(ReluTest, PropagatesNan) {
+  // torch.relu(torch.tensor([nan])) is nan.
+  Tensor y = RunNamed(R"pb(type: "relu" input: "x" output: "y")pb",
+                 {{"x", MakeTensor(F32, {1}, {std::numeric_limits<double>::quiet_NaN()})}});
+  EXPECT_TRUE(std::isnan(TensorValues(y)[0]));
+}
+
+TEST(ScaleTest, AppliesScaleAndBias) {
+  // 2.5 * x - 0.5 by hand.
+  Tensor y = RunNamed(R"pb(type: "scale" input: "x" output: "y"
+                      attr { key: "scale" value { f: 2.5 } } attr { key: "bias" value { f: -0.5 } })pb",
+                 {{"x", MakeTensor(F32, {2, 3}, kX)}});
+  EXPECT_VALUES_NEAR(y, (std::vector<int64_t>{2, 3}), (std::vector<double>{-5.5, -1.75, -0.5, 0.125, 2.0, 7.0}), 0);
+  // Defaults: scale 1, bias 0; an int written for a float attr is accepted.
+  Tensor same = RunNamed(R"pb(type: "scale" input: "x" output: "y" attr { key: "scale" value { i: 3 } })pb",
+                    {{"x", MakeTensor(F64, {3}, {1.0, -2.0, 0.5})}});
+  EXPECT_VALUES_NEAR(same, (std::vector<int64_t>{3}), (std::vector<double>{3.0, -6.0, 1.5}), 0);
+}
+
+TEST(UnaryTest, LargeTensorRunsAcrossThreads) {
+  // 100k elements: several ParallelFor chunks; each element checked by hand formula.
+  std::vector<double> x(100003);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.001 * i) * 4.0;
+  std::map<std::string, Tensor> env{{"x", MakeTensor(F64, {static_cast<int64_t>(x.size())}, x)}};
+  ASSERT_TRUE(RunOp(ParseOp(R"pb(type: "gelu" input: "x" output: "y")pb"), &env).ok());
+  std::vector<double> got = TensorValues(env.at("y"));
+  for (size_t i = 0; i < x.size(); ++i) {
+    double want = 0.5 * x[i] * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
+    ASSERT_NEAR(got[i], want, 1e-15 * std::max(1.0, std::abs(want))) << i;
+  }
+}
+
+// Shape functions: checked through the registry, as the compiler runs them.
+absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
+  Op op = ParseOp(op_text);
+  const OpSchema* schema = OpRegistry::Global().Find(op.type());
+  if (schema == nullptr) return absl::NotFoundError(op.type());
+  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  return InferOutputTypes(*schema, op, std::move(inputs));
+}
+
+TEST(ActivationShapeTest, KeepsBatchDimAndRejectsIntegers) {
+  auto out = Infer(R"pb(type: "gelu" input: "x" output: "y")pb", {{F32, {-1, 16}}});
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ((*out)[0], (TensorType{F32, {-1, 16}}));
+
+  auto bad = Infer(R"pb(type: "relu" input: "x" output: "y")pb", {{I64, {-1, 16}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("input 'x' must be F32 or F64, got I64"));
+
+  auto mismatch = Infer(R"pb(type: "tanh_grad" input: ["y", "dy"] output: "dx")pb", {{F32, {-1, 4}}, {F32, {-1, 5}}});
+  ASSERT_FALSE(mismatch.ok());
+  EXPECT_THAT(mismatch.status().message(), HasSubstr("must have the same shape"));
+
+  auto dtype = Infer(R"pb(type: "relu_grad" input: ["y", "dy"] output: "dx")pb", {{F32, {4}}, {F64, {4}}});
+  ASSERT_FALSE(dtype.ok());
+  EXPECT_THAT(dtype.status().message(), HasSubstr("'y' is F32 but 'dy' is F64"));
+
+  auto attr = Infer(R"pb(type: "scale" input: "x" output: "y" attr { key: "scale" value { s: "two" } })pb",
+                    {{F32, {3}}});
+  ASSERT_FALSE(attr.ok());
+  EXPECT_THAT(attr.status().message(), HasSubstr("attr 'scale' must be float"));
+}
+
+}  // namespace
+}  // namespace strata

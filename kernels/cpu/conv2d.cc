@@ -1,0 +1,363 @@
+// conv2d (NCHW cross-correlation) and its two backward ops, by im2col + GEMM.
+//
+// Threads: the batch is cut into chunks whose im2col columns fit a fixed
+// budget; im2col / col2im and the NCHW re-layout run in parallel over the
+// chunk's images, and each group's product is one wide GEMM over the whole
+// chunk ([O/g, C/g*kh*kw] x [C/g*kh*kw, images*Ho*Wo]) that OpenBLAS threads.
+// One wide GEMM beats a GEMM per image run concurrently: OpenBLAS serializes
+// concurrent threaded GEMMs, and a per-image GEMM is often too small to thread.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+using nn_kernels::MinChunk;
+using nn_kernels::Scratch;
+
+// im2col columns per chunk of images (elements): bounds the scratch memory
+// while keeping the GEMMs wide.
+constexpr int64_t kColumnBudget = int64_t{1} << 22;
+
+// Everything about one convolution's geometry.
+struct ConvGeometry {
+  int64_t n, c, h, w;       // input
+  int64_t o, kh, kw;        // filter [O, C/groups, kh, kw]
+  int64_t ho, wo;           // output
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+
+  int64_t pixels() const { return ho * wo; }           // P: output positions per image
+  int64_t col_rows() const { return c * kh * kw; }     // rows of the im2col matrix
+  int64_t group_rows() const { return col_rows() / groups; }
+  int64_t group_out() const { return o / groups; }
+  int64_t filter_size() const { return o * group_rows(); }
+  // Images per chunk so that the columns stay within budget.
+  int64_t chunk() const {
+    return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(col_rows() * pixels(), 1), 1, std::max<int64_t>(n, 1));
+  }
+};
+
+struct ConvAttrs {
+  std::vector<int64_t> strides, paddings, dilations;
+  int64_t groups = 1;
+};
+
+absl::Status ReadConvAttrs(const Op& op, ConvAttrs* a) {
+  auto s = AttrInts(op, "strides");
+  if (!s.ok()) return s.status();
+  auto p = AttrInts(op, "paddings");
+  if (!p.ok()) return p.status();
+  auto d = AttrInts(op, "dilations");
+  if (!d.ok()) return d.status();
+  auto g = AttrInt(op, "groups");
+  if (!g.ok()) return g.status();
+  if (s->size() != 2 || p->size() != 2 || d->size() != 2 || *g < 1) {
+    return absl::InternalError(absl::StrCat(op.type(), ": attrs were not validated by the shape function"));
+  }
+  a->strides = *s;
+  a->paddings = *p;
+  a->dilations = *d;
+  a->groups = *g;
+  return absl::OkStatus();
+}
+
+int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  const int64_t span = d * (k - 1) + 1;
+  return in + 2 * p < span ? 0 : (in + 2 * p - span) / s + 1;
+}
+
+// Geometry of x [N, C, H, W] * filter [O, C/groups, kh, kw]; an error if the
+// run-time shapes disagree with what the shape function accepted.
+absl::StatusOr<ConvGeometry> MakeGeometry(const ConvAttrs& a, const Shape& x, const Shape& filter,
+                                          const char* op) {
+  ConvGeometry g;
+  if (x.size() != 4 || filter.size() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": expected rank-4 input and filter, got ", ShapeString(x),
+                                                   " and ", ShapeString(filter)));
+  }
+  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
+  g.o = filter[0], g.kh = filter[2], g.kw = filter[3];
+  g.sh = a.strides[0], g.sw = a.strides[1];
+  g.ph = a.paddings[0], g.pw = a.paddings[1];
+  g.dh = a.dilations[0], g.dw = a.dilations[1];
+  g.groups = a.groups;
+  g.ho = OutSize(g.h, g.kh, g.sh, g.ph, g.dh);
+  g.wo = OutSize(g.w, g.kw, g.sw, g.pw, g.dw);
+  if (g.c != filter[1] * g.groups || g.o % g.groups != 0 || g.ho < 1 || g.wo < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": input ", ShapeString(x), " and filter ",
+                                                   ShapeString(filter), " do not convolve with groups=", g.groups));
+  }
+  return g;
+}
+
+// First and one-past-last output index o with 0 <= o*stride - pad + offset < in.
+void ValidRange(int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t offset, int64_t* lo, int64_t* hi) {
+  const int64_t shift = pad - offset;  // o*stride >= shift  and  o*stride < in + shift
+  *lo = shift <= 0 ? 0 : (shift + stride - 1) / stride;
+  *hi = in + shift <= 0 ? 0 : std::min(out, (in + shift - 1) / stride + 1);
+  if (*hi < *lo) *hi = *lo;
+}
+
+// Writes image x [C, H, W] into the columns of `cols` (rows C*kh*kw, row stride ld):
+//   cols[(c*kh + i)*kw + j][oh*Wo + ow] = x[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw] (0 outside).
+template <typename T>
+void Im2Col(const ConvGeometry& g, const T* x, T* cols, int64_t ld) {
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      int64_t oh_lo, oh_hi;
+      ValidRange(g.ho, g.h, g.sh, g.ph, i * g.dh, &oh_lo, &oh_hi);
+      for (int64_t j = 0; j < g.kw; ++j) {
+        int64_t ow_lo, ow_hi;
+        ValidRange(g.wo, g.w, g.sw, g.pw, j * g.dw, &ow_lo, &ow_hi);
+        T* row = cols + ((c * g.kh + i) * g.kw + j) * ld;
+        std::fill(row, row + oh_lo * g.wo, T(0));
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          T* out = row + oh * g.wo;
+          const T* in = x + (c * g.h + oh * g.sh - g.ph + i * g.dh) * g.w;
+          const int64_t col0 = j * g.dw - g.pw;  // input column of ow = 0
+          std::fill(out, out + ow_lo, T(0));
+          if (g.sw == 1) {
+            std::memcpy(out + ow_lo, in + ow_lo + col0, (ow_hi - ow_lo) * sizeof(T));
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] = in[ow * g.sw + col0];
+          }
+          std::fill(out + ow_hi, out + g.wo, T(0));
+        }
+        std::fill(row + oh_hi * g.wo, row + g.ho * g.wo, T(0));
+      }
+    }
+  }
+}
+
+// The adjoint of Im2Col: x [C, H, W] = sum of the columns back onto the pixels they were read from.
+template <typename T>
+void Col2Im(const ConvGeometry& g, const T* cols, int64_t ld, T* x) {
+  std::fill(x, x + g.c * g.h * g.w, T(0));
+  for (int64_t c = 0; c < g.c; ++c) {
+    for (int64_t i = 0; i < g.kh; ++i) {
+      int64_t oh_lo, oh_hi;
+      ValidRange(g.ho, g.h, g.sh, g.ph, i * g.dh, &oh_lo, &oh_hi);
+      for (int64_t j = 0; j < g.kw; ++j) {
+        int64_t ow_lo, ow_hi;
+        ValidRange(g.wo, g.w, g.sw, g.pw, j * g.dw, &ow_lo, &ow_hi);
+        const T* row = cols + ((c * g.kh + i) * g.kw + j) * ld;
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          const T* src = row + oh * g.wo;
+          T* out = x + (c * g.h + oh * g.sh - g.ph + i * g.dh) * g.w;
+          const int64_t col0 = j * g.dw - g.pw;
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) out[ow * g.sw + col0] += src[ow];
+        }
+      }
+    }
+  }
+}
+
+// Copies images [n0, n0+nb) of t [N, rows, P] into wide [rows, nb*P] (image-major columns).
+template <typename T>
+void GatherImages(const T* t, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* wide) {
+  ParallelFor(nb, MinChunk(rows * pixels), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(wide + r * nb * pixels + j * pixels, t + ((n0 + j) * rows + r) * pixels, pixels * sizeof(T));
+      }
+    }
+  });
+}
+
+// The inverse of GatherImages.
+template <typename T>
+void ScatterImages(const T* wide, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* t) {
+  ParallelFor(nb, MinChunk(rows * pixels), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(t + ((n0 + j) * rows + r) * pixels, wide + r * nb * pixels + j * pixels, pixels * sizeof(T));
+      }
+    }
+  });
+}
+
+// im2col of images [n0, n0+nb) of x into cols [C*kh*kw, nb*P], in parallel over the images.
+template <typename T>
+void Im2ColChunk(const ConvGeometry& g, const T* x, int64_t n0, int64_t nb, T* cols) {
+  const int64_t image = g.c * g.h * g.w, p = g.pixels();
+  ParallelFor(nb, MinChunk(g.col_rows() * p), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) Im2Col(g, x + (n0 + j) * image, cols + j * p, nb * p);
+  });
+}
+
+// y [N, O, Ho, Wo] = conv2d(x [N, C, H, W], w [O, C/groups, kh, kw]).
+template <typename T>
+class Conv2dKernel : public OpKernel {
+ public:
+  explicit Conv2dKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return ReadConvAttrs(op, &attrs_); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), w.shape(), "conv2d"));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{g.n, g.o, g.ho, g.wo}));
+    const int64_t p = g.pixels(), chunk = g.chunk();
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), g.col_rows() * chunk * p));
+    // A chunk of one image writes its GEMM straight into y.
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    const T* px = x.data<T>();
+    const T* pw = w.data<T>();
+    T* py = y->data<T>();
+    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const int64_t nb = std::min(chunk, g.n - n0);
+      Im2ColChunk(g, px, n0, nb, cols.data<T>());
+      T* out = nb == 1 ? py + n0 * g.o * p : wide.data<T>();
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        GemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1), pw + grp * g.group_out() * g.group_rows(),
+                       g.group_rows(), cols.data<T>() + grp * g.group_rows() * nb * p, nb * p, T(0),
+                       out + grp * g.group_out() * nb * p, nb * p);
+      }
+      if (nb > 1) ScatterImages(wide.data<T>(), g.o, p, n0, nb, py);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ConvAttrs attrs_;
+};
+
+// dx [N, C, H, W] = conv2d_grad_input(dy [N, O, Ho, Wo], w): per group
+// dcols = w_g^T @ dy_g, then col2im.
+template <typename T>
+class Conv2dGradInputKernel : public OpKernel {
+ public:
+  explicit Conv2dGradInputKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
+    auto in = AttrInts(op, "input_size");
+    if (!in.ok()) return in.status();
+    if (in->size() != 2) return absl::InternalError("conv2d_grad_input: attr 'input_size' was not validated");
+    input_size_ = *in;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    if (dy.rank() != 4 || w.rank() != 4) {
+      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: expected rank-4 dy and w, got ",
+                                                     ShapeString(dy.shape()), " and ", ShapeString(w.shape())));
+    }
+    const Shape xs{dy.dim(0), w.dim(1) * attrs_.groups, input_size_[0], input_size_[1]};
+    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, xs, w.shape(), "conv2d_grad_input"));
+    if (dy.dim(1) != g.o || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
+      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: dy ", ShapeString(dy.shape()),
+                                                     " is not the output of an input ", ShapeString(xs)));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
+    const int64_t p = g.pixels(), chunk = g.chunk(), image = g.c * g.h * g.w;
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), g.col_rows() * chunk * p));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    const T* pdy = dy.data<T>();
+    const T* pw = w.data<T>();
+    T* pdx = dx->data<T>();
+    T* pcols = cols.data<T>();
+    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const int64_t nb = std::min(chunk, g.n - n0);
+      const T* dyw = pdy + n0 * g.o * p;
+      if (nb > 1) {
+        GatherImages(pdy, g.o, p, n0, nb, wide.data<T>());
+        dyw = wide.data<T>();
+      }
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        GemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
+                       pw + grp * g.group_out() * g.group_rows(), g.group_rows(), dyw + grp * g.group_out() * nb * p,
+                       nb * p, T(0), pcols + grp * g.group_rows() * nb * p, nb * p);
+      }
+      ParallelFor(nb, MinChunk(g.col_rows() * p), [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) Col2Im(g, pcols + j * p, nb * p, pdx + (n0 + j) * image);
+      });
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ConvAttrs attrs_;
+  std::vector<int64_t> input_size_;
+};
+
+// dw [O, C/groups, kh, kw] = conv2d_grad_filter(x, dy): per group
+// dw_g = sum over chunks of dy_g @ cols_g^T.
+template <typename T>
+class Conv2dGradFilterKernel : public OpKernel {
+ public:
+  explicit Conv2dGradFilterKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
+    auto k = AttrInts(op, "filter_size");
+    if (!k.ok()) return k.status();
+    if (k->size() != 2) return absl::InternalError("conv2d_grad_filter: attr 'filter_size' was not validated");
+    filter_size_ = *k;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    if (x.rank() != 4 || dy.rank() != 4 || x.dim(1) % attrs_.groups != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: bad x ", ShapeString(x.shape()),
+                                                     " or dy ", ShapeString(dy.shape())));
+    }
+    const Shape ws{dy.dim(1), x.dim(1) / attrs_.groups, filter_size_[0], filter_size_[1]};
+    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), ws, "conv2d_grad_filter"));
+    if (dy.dim(0) != g.n || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
+      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: dy ", ShapeString(dy.shape()),
+                                                     " is not the output for x ", ShapeString(x.shape())));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dw, ctx.AllocateOutput(0, x.dtype(), ws));
+    T* pdw = dw->data<T>();
+    std::memset(pdw, 0, dw->bytes());
+    const int64_t p = g.pixels(), chunk = g.chunk();
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), g.col_rows() * chunk * p));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    const T* px = x.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pcols = cols.data<T>();
+    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const int64_t nb = std::min(chunk, g.n - n0);
+      Im2ColChunk(g, px, n0, nb, pcols);
+      const T* dyw = pdy + n0 * g.o * p;
+      if (nb > 1) {
+        GatherImages(pdy, g.o, p, n0, nb, wide.data<T>());
+        dyw = wide.data<T>();
+      }
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        GemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1), dyw + grp * g.group_out() * nb * p,
+                       nb * p, pcols + grp * g.group_rows() * nb * p, nb * p, T(1),
+                       pdw + grp * g.group_out() * g.group_rows(), g.group_rows());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ConvAttrs attrs_;
+  std::vector<int64_t> filter_size_;
+};
+
+STRATA_REGISTER_KERNEL("conv2d", "cpu", F32, InitFactory<Conv2dKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d", "cpu", F64, InitFactory<Conv2dKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", "cpu", F32, InitFactory<Conv2dGradInputKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", "cpu", F64, InitFactory<Conv2dGradInputKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", "cpu", F32, InitFactory<Conv2dGradFilterKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", "cpu", F64, InitFactory<Conv2dGradFilterKernel<double>>());
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,88 @@
+// dropout and dropout_grad: y = x * mask / (1 - p), the mask drawn from a
+// counter-based Philox stream so that any split of the batch (micro-batches,
+// data-parallel shards, recompute, the backward op) redraws the same bits.
+//
+// Stream: key = MixKey(run.seed, op.uid()); element e of global sample s has
+// linear index L = s * elements_per_sample + e (s = run.sample_offset + row
+// along dim 0), and takes lane L % 4 of Philox.Uniform4(hi = run.step,
+// lo = L / 4). It is kept when that uniform is >= p.
+//
+// Threads: parallel over element ranges; each element's mask is a pure
+// function of its index, so the split does not matter.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/philox.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+
+// out[i] = in[i] * keep(base + i) / (1 - p) for i in [0, n).
+template <typename T>
+void ApplyMask(const RunContext& run, int64_t uid, double p, int64_t base, int64_t n, const T* in, T* out) {
+  const Philox philox(MixKey(run.seed, static_cast<uint64_t>(uid)));
+  const uint64_t step = static_cast<uint64_t>(run.step);
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  ParallelFor(n, nn_kernels::kParallelGrain, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    while (i < end) {
+      const uint64_t linear = static_cast<uint64_t>(base + i);
+      const auto u = philox.Uniform4(step, linear / 4);
+      // The rest of this group of four, within [begin, end).
+      for (uint64_t lane = linear % 4; lane < 4 && i < end; ++lane, ++i) {
+        out[i] = u[lane] >= p ? in[i] * scale : T(0);
+      }
+    }
+  });
+}
+
+// Shared by dropout (x -> y) and dropout_grad (dy -> dx): the same mask, scaled the same way.
+template <typename T>
+class DropoutKernel : public OpKernel {
+ public:
+  explicit DropoutKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto p = AttrFloat(op, "p");
+    if (!p.ok()) return p.status();
+    if (!(*p >= 0.0 && *p < 1.0)) {
+      return absl::InternalError(absl::StrCat(op.type(), ": attr 'p' = ", *p, " was not validated"));
+    }
+    p_ = *p;
+    uid_ = op.uid();
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const RunContext& run = ctx.run();
+    if (!run.training || p_ == 0.0) {
+      ctx.SetOutput(0, x);  // evaluation (or nothing to drop): the identity, sharing x's buffer
+      return absl::OkStatus();
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    const int64_t n = x.num_elements();
+    if (n == 0) return absl::OkStatus();
+    const int64_t per_sample = x.rank() == 0 ? 1 : n / x.dim(0);
+    ApplyMask<T>(run, uid_, p_, run.sample_offset * per_sample, n, x.data<T>(), y->data<T>());
+    return absl::OkStatus();
+  }
+
+ private:
+  double p_ = 0.5;
+  int64_t uid_ = 0;
+};
+
+STRATA_REGISTER_KERNEL("dropout", "cpu", F32, InitFactory<DropoutKernel<float>>());
+STRATA_REGISTER_KERNEL("dropout", "cpu", F64, InitFactory<DropoutKernel<double>>());
+STRATA_REGISTER_KERNEL("dropout_grad", "cpu", F32, InitFactory<DropoutKernel<float>>());
+STRATA_REGISTER_KERNEL("dropout_grad", "cpu", F64, InitFactory<DropoutKernel<double>>());
+
+}  // namespace
+}  // namespace strata

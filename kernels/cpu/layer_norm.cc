@@ -1,0 +1,179 @@
+// layer_norm over the last dim and its backward, which recomputes each row's
+// mean and rstd from x instead of keeping them (one less saved tensor).
+//
+// Threads: parallel over rows. The backward's dgamma/dbeta are summed per
+// fixed block of rows (at most kMaxBlocks blocks, set by the shape only, so the
+// summation order is the same on any thread count), then over blocks in order.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+using nn_kernels::MinChunk;
+using nn_kernels::Scratch;
+
+constexpr int64_t kMaxBlocks = 64;
+
+// Mean and 1/sqrt(biased variance + epsilon) of one row, accumulated in double.
+template <typename T>
+void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rstd) {
+  double sum = 0;
+  for (int64_t j = 0; j < d; ++j) sum += x[j];
+  const double m = sum / d;
+  double sq = 0;
+  for (int64_t j = 0; j < d; ++j) sq += (x[j] - m) * (x[j] - m);
+  *mean = m;
+  *rstd = 1.0 / std::sqrt(sq / d + epsilon);
+}
+
+absl::Status CheckShapes(const char* op, const Tensor& x, const Tensor& gamma) {
+  if (x.rank() < 1 || gamma.shape() != Shape{x.dim(x.rank() - 1)}) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": gamma ", ShapeString(gamma.shape()),
+                                                   " does not match the last dim of x ", ShapeString(x.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all leading dims).
+template <typename T>
+class LayerNormKernel : public OpKernel {
+ public:
+  explicit LayerNormKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto eps = AttrFloat(op, "epsilon");
+    if (!eps.ok()) return eps.status();
+    epsilon_ = *eps;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& gamma = ctx.input(1);
+    const Tensor& beta = ctx.input(2);
+    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm", x, gamma));
+    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm", x, beta));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
+    const T* px = x.data<T>();
+    const T* pg = gamma.data<T>();
+    const T* pb = beta.data<T>();
+    T* py = y->data<T>();
+    const double eps = epsilon_;
+    ParallelFor(R, MinChunk(4 * D), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = px + r * D;
+        T* yr = py + r * D;
+        double mean, rstd;
+        RowMoments(xr, D, eps, &mean, &rstd);
+        for (int64_t j = 0; j < D; ++j) yr[j] = static_cast<T>((xr[j] - mean) * rstd) * pg[j] + pb[j];
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  double epsilon_ = 1e-5;
+};
+
+// With xhat = (x - mean) * rstd and g = dy * gamma, per row:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
+template <typename T>
+class LayerNormGradKernel : public OpKernel {
+ public:
+  explicit LayerNormGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto eps = AttrFloat(op, "epsilon");
+    if (!eps.ok()) return eps.status();
+    epsilon_ = *eps;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& gamma = ctx.input(1);
+    const Tensor& dy = ctx.input(2);
+    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm_grad", x, gamma));
+    if (dy.shape() != x.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy ", ShapeString(dy.shape()),
+                                                     " does not match x ", ShapeString(x.shape())));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
+    const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
+    const int64_t rows_per_block = std::max(MinChunk(8 * D), (R + kMaxBlocks - 1) / kMaxBlocks);
+    const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
+    // partial[b] holds block b's dgamma (first D) and dbeta (next D).
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
+    const T* px = x.data<T>();
+    const T* pg = gamma.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx->data<T>();
+    double* pp = partial.data<double>();
+    const double eps = epsilon_;
+    ParallelFor(blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        double* dgamma_b = pp + b * 2 * D;
+        double* dbeta_b = dgamma_b + D;
+        std::fill(dgamma_b, dgamma_b + 2 * D, 0.0);
+        const int64_t r_end = std::min(R, (b + 1) * rows_per_block);
+        for (int64_t r = b * rows_per_block; r < r_end; ++r) {
+          const T* xr = px + r * D;
+          const T* dyr = pdy + r * D;
+          T* dxr = pdx + r * D;
+          double mean, rstd;
+          RowMoments(xr, D, eps, &mean, &rstd);
+          double mean_g = 0, mean_gx = 0;
+          for (int64_t j = 0; j < D; ++j) {
+            const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * pg[j];
+            mean_g += g;
+            mean_gx += g * xhat;
+            dgamma_b[j] += static_cast<double>(dyr[j]) * xhat;
+            dbeta_b[j] += dyr[j];
+          }
+          mean_g /= D;
+          mean_gx /= D;
+          for (int64_t j = 0; j < D; ++j) {
+            const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * pg[j];
+            dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+          }
+        }
+      }
+    });
+    T* pdg = dgamma->data<T>();
+    T* pdb = dbeta->data<T>();
+    ParallelFor(D, MinChunk(2 * blocks), [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        double sg = 0, sb = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          sg += pp[b * 2 * D + j];
+          sb += pp[b * 2 * D + D + j];
+        }
+        pdg[j] = static_cast<T>(sg);
+        pdb[j] = static_cast<T>(sb);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  double epsilon_ = 1e-5;
+};
+
+STRATA_REGISTER_KERNEL("layer_norm", "cpu", F32, InitFactory<LayerNormKernel<float>>());
+STRATA_REGISTER_KERNEL("layer_norm", "cpu", F64, InitFactory<LayerNormKernel<double>>());
+STRATA_REGISTER_KERNEL("layer_norm_grad", "cpu", F32, InitFactory<LayerNormGradKernel<float>>());
+STRATA_REGISTER_KERNEL("layer_norm_grad", "cpu", F64, InitFactory<LayerNormGradKernel<double>>());
+
+}  // namespace
+}  // namespace strata

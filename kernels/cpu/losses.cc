@@ -1,0 +1,251 @@
+// Losses and metrics: softmax_cross_entropy, mse_loss (and their backward
+// ops) and accuracy. Logits are [R, C] with R all leading dims; labels I64 [R].
+//
+// Threads: parallel over rows (or fixed element blocks for mse); per-row or
+// per-block partial sums go to scratch and are added in order, so a loss does
+// not depend on the thread count.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+using nn_kernels::MinChunk;
+using nn_kernels::Scratch;
+
+// Rows R and classes C of logits [..., C] with labels [...]; checks every
+// label is in [0, C) so that no kernel indexes out of bounds.
+absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Tensor& label, int64_t* rows,
+                                  int64_t* classes) {
+  const int r = logits.rank();
+  bool ok = r >= 2 && label.dtype() == I64 && label.rank() == r - 1;
+  for (int i = 0; ok && i < r - 1; ++i) ok = logits.dim(i) == label.dim(i);
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": label ", DataTypeName(label.dtype()),
+                                                   ShapeString(label.shape()), " does not match logits ",
+                                                   ShapeString(logits.shape())));
+  }
+  *classes = logits.dim(r - 1);
+  *rows = label.num_elements();
+  const int64_t* pl = label.data<int64_t>();
+  for (int64_t i = 0; i < *rows; ++i) {
+    if (pl[i] < 0 || pl[i] >= *classes) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": label ", pl[i], " at index ", i,
+                                                     " is outside the classes [0, ", *classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// max and log(sum(exp(x - max))) of one row: log-sum-exp = max + the second.
+template <typename T>
+void RowLogSumExp(const T* x, int64_t c, double* max, double* log_sum) {
+  double m = x[0];
+  for (int64_t j = 1; j < c; ++j) m = std::max<double>(m, x[j]);
+  double s = 0;
+  for (int64_t j = 0; j < c; ++j) s += std::exp(x[j] - m);
+  *max = m;
+  *log_sum = std::log(s);
+}
+
+// loss [] = mean over rows of logsumexp(logits[r]) - logits[r][label[r]].
+template <typename T>
+class SoftmaxCrossEntropyKernel : public OpKernel {
+ public:
+  explicit SoftmaxCrossEntropyKernel(const KernelDef&) {}
+  absl::Status Init(const Op&) { return absl::OkStatus(); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& logits = ctx.input(0);
+    int64_t R, C;
+    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor row_loss, Scratch(ctx, F64, R));
+    const T* px = logits.data<T>();
+    const int64_t* pl = ctx.input(1).data<int64_t>();
+    double* prl = row_loss.data<double>();
+    ParallelFor(R, MinChunk(3 * C), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = px + r * C;
+        double max, log_sum;
+        RowLogSumExp(xr, C, &max, &log_sum);
+        prl[r] = max + log_sum - xr[pl[r]];
+      }
+    });
+    double sum = 0;
+    for (int64_t r = 0; r < R; ++r) sum += prl[r];
+    loss->data<T>()[0] = static_cast<T>(sum / static_cast<double>(R));
+    return absl::OkStatus();
+  }
+};
+
+// dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss / R.
+template <typename T>
+class SoftmaxCrossEntropyGradKernel : public OpKernel {
+ public:
+  explicit SoftmaxCrossEntropyGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op&) { return absl::OkStatus(); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& logits = ctx.input(0);
+    const Tensor& dloss = ctx.input(2);
+    int64_t R, C;
+    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
+    if (dloss.num_elements() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
+                                                     ShapeString(dloss.shape())));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
+    const T* px = logits.data<T>();
+    const int64_t* pl = ctx.input(1).data<int64_t>();
+    T* pd = dlogits->data<T>();
+    const double scale = static_cast<double>(dloss.data<T>()[0]) / static_cast<double>(R);
+    ParallelFor(R, MinChunk(4 * C), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = px + r * C;
+        T* dr = pd + r * C;
+        double max, log_sum;
+        RowLogSumExp(xr, C, &max, &log_sum);
+        const double lse = max + log_sum;
+        for (int64_t j = 0; j < C; ++j) dr[j] = static_cast<T>(std::exp(xr[j] - lse) * scale);
+        dr[pl[r]] = static_cast<T>((std::exp(xr[pl[r]] - lse) - 1.0) * scale);
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+// Elements per block of the mse sum: fixed, so the order of additions is too.
+constexpr int64_t kSumBlock = 1 << 14;
+
+absl::Status CheckSameShape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": pred ", DataTypeName(a.dtype()), ShapeString(a.shape()),
+                                                   " and target ", DataTypeName(b.dtype()), ShapeString(b.shape()),
+                                                   " differ"));
+  }
+  return absl::OkStatus();
+}
+
+// loss [] = mean of (pred - target)^2.
+template <typename T>
+class MseLossKernel : public OpKernel {
+ public:
+  explicit MseLossKernel(const KernelDef&) {}
+  absl::Status Init(const Op&) { return absl::OkStatus(); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& pred = ctx.input(0);
+    const Tensor& target = ctx.input(1);
+    STRATA_NN_RETURN_IF_ERROR(CheckSameShape("mse_loss", pred, target));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, pred.dtype(), Shape{}));
+    const int64_t n = pred.num_elements(), blocks = (n + kSumBlock - 1) / kSumBlock;
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks));
+    const T* pp = pred.data<T>();
+    const T* pt = target.data<T>();
+    double* ps = partial.data<double>();
+    ParallelFor(blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        double s = 0;
+        for (int64_t i = b * kSumBlock; i < std::min(n, (b + 1) * kSumBlock); ++i) {
+          const double d = static_cast<double>(pp[i]) - pt[i];
+          s += d * d;
+        }
+        ps[b] = s;
+      }
+    });
+    double sum = 0;
+    for (int64_t b = 0; b < blocks; ++b) sum += ps[b];
+    loss->data<T>()[0] = static_cast<T>(sum / static_cast<double>(n));
+    return absl::OkStatus();
+  }
+};
+
+// dpred = 2 (pred - target) / n * dloss.
+template <typename T>
+class MseLossGradKernel : public OpKernel {
+ public:
+  explicit MseLossGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op&) { return absl::OkStatus(); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& pred = ctx.input(0);
+    const Tensor& target = ctx.input(1);
+    const Tensor& dloss = ctx.input(2);
+    STRATA_NN_RETURN_IF_ERROR(CheckSameShape("mse_loss_grad", pred, target));
+    if (dloss.num_elements() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("mse_loss_grad: dloss must be a scalar, got ",
+                                                     ShapeString(dloss.shape())));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dpred, ctx.AllocateOutput(0, pred.dtype(), pred.shape()));
+    const int64_t n = pred.num_elements();
+    const T scale = static_cast<T>(2.0 * static_cast<double>(dloss.data<T>()[0]) / static_cast<double>(n));
+    const T* pp = pred.data<T>();
+    const T* pt = target.data<T>();
+    T* pd = dpred->data<T>();
+    ParallelFor(n, nn_kernels::kParallelGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pd[i] = (pp[i] - pt[i]) * scale;
+    });
+    return absl::OkStatus();
+  }
+};
+
+// accuracy [] = fraction of rows whose label has fewer than k logits strictly above it.
+template <typename T>
+class AccuracyKernel : public OpKernel {
+ public:
+  explicit AccuracyKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto k = AttrInt(op, "k");
+    if (!k.ok()) return k.status();
+    k_ = *k;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& logits = ctx.input(0);
+    int64_t R, C;
+    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("accuracy", logits, ctx.input(1), &R, &C));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * acc, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    const T* px = logits.data<T>();
+    const int64_t* pl = ctx.input(1).data<int64_t>();
+    int64_t correct = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const T* xr = px + r * C;
+      const T target = xr[pl[r]];
+      int64_t above = 0;
+      for (int64_t j = 0; j < C; ++j) above += xr[j] > target;
+      correct += above < k_;
+    }
+    acc->data<T>()[0] = static_cast<T>(static_cast<double>(correct) / static_cast<double>(R));
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t k_ = 1;
+};
+
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F64, InitFactory<SoftmaxCrossEntropyKernel<double>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", "cpu", F32,
+                       InitFactory<SoftmaxCrossEntropyGradKernel<float>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", "cpu", F64,
+                       InitFactory<SoftmaxCrossEntropyGradKernel<double>>());
+STRATA_REGISTER_KERNEL("mse_loss", "cpu", F32, InitFactory<MseLossKernel<float>>());
+STRATA_REGISTER_KERNEL("mse_loss", "cpu", F64, InitFactory<MseLossKernel<double>>());
+STRATA_REGISTER_KERNEL("mse_loss_grad", "cpu", F32, InitFactory<MseLossGradKernel<float>>());
+STRATA_REGISTER_KERNEL("mse_loss_grad", "cpu", F64, InitFactory<MseLossGradKernel<double>>());
+STRATA_REGISTER_KERNEL("accuracy", "cpu", F32, InitFactory<AccuracyKernel<float>>());
+STRATA_REGISTER_KERNEL("accuracy", "cpu", F64, InitFactory<AccuracyKernel<double>>());
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,207 @@
+// matmul and its shared-weight backward helpers, all through OpenBLAS.
+//
+// Threads: a 2-D product, and x @ W with a batched x and a 2-D W, are one GEMM
+// that OpenBLAS threads itself. A batch of separate GEMMs runs the items in
+// parallel over our pool when each is small enough for OpenBLAS to run it
+// single-threaded, and one after another (each threaded by OpenBLAS) otherwise.
+
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+
+// One GEMM per batch item i: c_i = op(a_i) @ op(b_i) (+ beta c_i); strides of 0 share an operand.
+template <typename T>
+void BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                 int64_t a_stride, const T* b, int64_t ldb, int64_t b_stride, T* c, int64_t ldc,
+                 int64_t c_stride) {
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      GemmOrScale<T>(ta, tb, m, n, k, T(1), a + i * a_stride, lda, b + i * b_stride, ldb, T(0), c + i * c_stride,
+                     ldc);
+    }
+  };
+  const double work = static_cast<double>(m) * n * k;
+  if (work <= kSingleThreadedGemmWork) {
+    ParallelFor(batch, nn_kernels::MinChunk(static_cast<int64_t>(work) + m * n), run);
+  } else {
+    run(0, batch);
+  }
+}
+
+int64_t Product(const Shape& s, int from, int to) {
+  int64_t p = 1;
+  for (int i = from; i < to; ++i) p *= s[i];
+  return p;
+}
+
+absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {
+  auto a = AttrBool(op, "transpose_a");
+  if (!a.ok()) return a.status();
+  auto b = AttrBool(op, "transpose_b");
+  if (!b.ok()) return b.status();
+  *ta = *a;
+  *tb = *b;
+  return absl::OkStatus();
+}
+
+// y = op(a) @ op(b); a [..., M, K] (or [..., K, M] transposed), b [K, N] or [..., K, N].
+template <typename T>
+class MatmulKernel : public OpKernel {
+ public:
+  explicit MatmulKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return ReadTransposes(op, &ta_, &tb_); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const int ra = a.rank(), rb = b.rank();
+    if (ra < 2 || rb < 2 || (rb > 2 && rb != ra)) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul: bad ranks a ", ShapeString(a.shape()), ", b ",
+                                                     ShapeString(b.shape())));
+    }
+    const int64_t M = ta_ ? a.dim(ra - 1) : a.dim(ra - 2);
+    const int64_t K = ta_ ? a.dim(ra - 2) : a.dim(ra - 1);
+    const int64_t Kb = tb_ ? b.dim(rb - 1) : b.dim(rb - 2);
+    const int64_t N = tb_ ? b.dim(rb - 2) : b.dim(rb - 1);
+    bool batch_match = true;
+    for (int i = 0; rb > 2 && i < ra - 2; ++i) batch_match &= a.dim(i) == b.dim(i);
+    if (K != Kb || !batch_match) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul: a ", ShapeString(a.shape()), " and b ",
+                                                     ShapeString(b.shape()), " do not multiply (transpose_a=",
+                                                     ta_, ", transpose_b=", tb_, ")"));
+    }
+    Shape ys(a.shape().begin(), a.shape().end() - 2);
+    ys.push_back(M);
+    ys.push_back(N);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), ys));
+    const int64_t batch = Product(a.shape(), 0, ra - 2);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* py = y->data<T>();
+    const int64_t lda = a.dim(ra - 1), ldb = b.dim(rb - 1);
+    if (rb == 2 && !ta_) {
+      // x @ W: a's batch folds into the rows of one [batch*M, K] x [K, N] GEMM.
+      GemmOrScale<T>(false, tb_, batch * M, N, K, T(1), pa, lda, pb, ldb, T(0), py, N);
+    } else {
+      BatchedGemm<T>(batch, ta_, tb_, M, N, K, pa, lda, M * K, pb, ldb, rb == 2 ? 0 : K * N, py, N, M * N);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
+// da for y = op(a) @ op(b) with a batched a and a shared 2-D b:
+//   transpose_a: da_i [K, M] = op(b) [K, N] @ dy_i^T;  else da [batch*M, K] = dy @ op(b)^T.
+template <typename T>
+class MatmulSharedBGradAKernel : public OpKernel {
+ public:
+  explicit MatmulSharedBGradAKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return ReadTransposes(op, &ta_, &tb_); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const int r = dy.rank();
+    const int64_t K = tb_ ? b.dim(1) : b.dim(0), N = tb_ ? b.dim(0) : b.dim(1);
+    if (r < 3 || b.rank() != 2 || dy.dim(r - 1) != N) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_a: dy ", ShapeString(dy.shape()),
+                                                     " does not match b ", ShapeString(b.shape())));
+    }
+    const int64_t M = dy.dim(r - 2);
+    const int64_t batch = Product(dy.shape(), 0, r - 2);
+    Shape das(dy.shape().begin(), dy.shape().end() - 2);
+    das.push_back(ta_ ? K : M);
+    das.push_back(ta_ ? M : K);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), das));
+    const T* pdy = dy.data<T>();
+    const T* pb = b.data<T>();
+    T* pda = da->data<T>();
+    const int64_t ldb = b.dim(1);
+    if (ta_) {
+      BatchedGemm<T>(batch, tb_, true, K, M, N, pb, ldb, 0, pdy, N, M * N, pda, M, K * M);
+    } else {
+      GemmOrScale<T>(false, !tb_, batch * M, K, N, T(1), pdy, N, pb, ldb, T(0), pda, K);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
+// db for a shared 2-D b, summed over a's batch:
+//   db [K, N] = sum_i op(a_i)^T @ dy_i   (transpose_b: db [N, K] = sum_i dy_i^T @ op(a_i)).
+// Without transpose_a the batch folds into the GEMM's inner dim: one GEMM.
+template <typename T>
+class MatmulSharedBGradBKernel : public OpKernel {
+ public:
+  explicit MatmulSharedBGradBKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return ReadTransposes(op, &ta_, &tb_); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    const int r = a.rank();
+    bool ok = r >= 2 && dy.rank() == r;
+    for (int i = 0; ok && i < r - 1; ++i) ok = i == r - 2 || a.dim(i) == dy.dim(i);
+    const int64_t M = ok ? (ta_ ? a.dim(r - 1) : a.dim(r - 2)) : 0;
+    const int64_t K = ok ? (ta_ ? a.dim(r - 2) : a.dim(r - 1)) : 0;
+    if (!ok || dy.dim(r - 2) != M) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_b: a ", ShapeString(a.shape()),
+                                                     " does not match dy ", ShapeString(dy.shape())));
+    }
+    const int64_t N = dy.dim(r - 1);
+    const int64_t batch = Product(a.shape(), 0, r - 2);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), tb_ ? Shape{N, K} : Shape{K, N}));
+    const T* pa = a.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdb = db->data<T>();
+    if (!ta_) {
+      if (!tb_) {
+        GemmOrScale<T>(true, false, K, N, batch * M, T(1), pa, K, pdy, N, T(0), pdb, N);
+      } else {
+        GemmOrScale<T>(true, false, N, K, batch * M, T(1), pdy, N, pa, K, T(0), pdb, K);
+      }
+      return absl::OkStatus();
+    }
+    // a_i is stored [K, M]: the items are not one matrix, so accumulate GEMM by GEMM.
+    if (batch == 0) std::memset(pdb, 0, db->bytes());
+    for (int64_t i = 0; i < batch; ++i) {
+      const T beta = i == 0 ? T(0) : T(1);
+      const T* ai = pa + i * K * M;
+      const T* dyi = pdy + i * M * N;
+      if (!tb_) {
+        GemmOrScale<T>(false, false, K, N, M, T(1), ai, M, dyi, N, beta, pdb, N);
+      } else {
+        GemmOrScale<T>(true, true, N, K, M, T(1), dyi, N, ai, M, beta, pdb, K);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
+STRATA_REGISTER_KERNEL("matmul", "cpu", F32, InitFactory<MatmulKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul", "cpu", F64, InitFactory<MatmulKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F32, InitFactory<MatmulSharedBGradAKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F64, InitFactory<MatmulSharedBGradAKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F32, InitFactory<MatmulSharedBGradBKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F64, InitFactory<MatmulSharedBGradBKernel<double>>());
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,74 @@
+#ifndef STRATA_KERNELS_CPU_NN_KERNEL_UTIL_H_
+#define STRATA_KERNELS_CPU_NN_KERNEL_UTIL_H_
+
+// Small helpers shared by the nn kernels (matmul, conv2d, pool2d, layer_norm,
+// losses, dropout, embedding).
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/kernel.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+namespace nn_kernels {
+
+#define STRATA_NN_KERNEL_CONCAT_INNER(a, b) a##b
+#define STRATA_NN_KERNEL_CONCAT(a, b) STRATA_NN_KERNEL_CONCAT_INNER(a, b)
+
+#define STRATA_NN_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    absl::Status _status = (expr);      \
+    if (!_status.ok()) return _status;  \
+  } while (0)
+
+#define STRATA_NN_ASSIGN_OR_RETURN_IMPL(var, lhs, expr) \
+  auto var = (expr);                                    \
+  if (!var.ok()) return var.status();                   \
+  lhs = std::move(*var)
+// STRATA_NN_ASSIGN_OR_RETURN(Tensor* y, ctx.AllocateOutput(0, F32, shape));
+#define STRATA_NN_ASSIGN_OR_RETURN(lhs, expr) \
+  STRATA_NN_ASSIGN_OR_RETURN_IMPL(STRATA_NN_KERNEL_CONCAT(_statusor_, __LINE__), lhs, expr)
+
+// Element operations per ParallelFor chunk below which splitting costs more
+// than it saves, so tiny tensors run inline on the caller.
+constexpr int64_t kParallelGrain = 1 << 14;
+
+// Items per chunk for a loop whose items cost about `cost_per_item` element
+// operations each.
+inline int64_t MinChunk(int64_t cost_per_item) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cost_per_item, 1));
+}
+
+// A factory for kernel classes with a `K(const KernelDef&)` constructor and an
+// `absl::Status Init(const Op&)` that reads the attrs.
+template <typename K>
+KernelFactory InitFactory() {
+  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    auto kernel = std::make_unique<K>(def);
+    if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
+    return std::unique_ptr<OpKernel>(std::move(kernel));
+  };
+}
+
+// Scratch memory for a kernel, drawn from the run's allocator so that the
+// live/peak byte counters see it.
+inline absl::StatusOr<Tensor> Scratch(const KernelContext& ctx, DataType dtype, int64_t elements) {
+  Tensor t = Tensor::Empty(dtype, Shape{elements}, ctx.run().allocator);
+  if (!t.defined()) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", elements, " ",
+                                                     DataTypeName(dtype), " scratch elements on ",
+                                                     ctx.run().allocator->name()));
+  }
+  return t;
+}
+
+}  // namespace nn_kernels
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CPU_NN_KERNEL_UTIL_H_

@@ -1,0 +1,277 @@
+// max_pool2d, avg_pool2d (NCHW) and their backward ops; windows and divisors
+// follow torch.nn.functional.{max,avg}_pool2d with ceil_mode=False.
+//
+// Threads: parallel over the N*C planes; each plane is read and written by
+// one thread only, so the backward scatter-adds need no synchronization.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+using nn_kernels::MinChunk;
+
+struct PoolGeometry {
+  int64_t planes, h, w, ho, wo;
+  int64_t kh, kw, sh, sw, ph, pw;
+};
+
+struct PoolAttrs {
+  std::vector<int64_t> kernel, strides, paddings;
+  bool exclusive = false;
+
+  absl::Status Read(const Op& op) {
+    auto k = AttrInts(op, "kernel_size");
+    if (!k.ok()) return k.status();
+    auto s = AttrInts(op, "strides");
+    if (!s.ok()) return s.status();
+    auto p = AttrInts(op, "paddings");
+    if (!p.ok()) return p.status();
+    kernel = *k;
+    strides = s->empty() ? *k : *s;
+    paddings = *p;
+    bool valid = kernel.size() == 2 && strides.size() == 2 && paddings.size() == 2;
+    for (size_t i = 0; valid && i < 2; ++i) {
+      // A window lying wholly in the padding would have no element to pick.
+      valid = kernel[i] >= 1 && strides[i] >= 1 && paddings[i] >= 0 && 2 * paddings[i] <= kernel[i];
+    }
+    if (!valid) {
+      return absl::InternalError(absl::StrCat(op.type(), ": attrs were not validated by the shape function"));
+    }
+    if (op.attr().count("exclusive")) {
+      auto e = AttrBool(op, "exclusive");
+      if (!e.ok()) return e.status();
+      exclusive = *e;
+    }
+    return absl::OkStatus();
+  }
+
+  // Geometry for an input [N, C, H, W]; an error if the window does not fit.
+  absl::StatusOr<PoolGeometry> Geometry(const Shape& x, const char* op) const {
+    if (x.size() != 4) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": expected an [N, C, H, W] input, got ", ShapeString(x)));
+    }
+    PoolGeometry g{x[0] * x[1], x[2], x[3], 0, 0, kernel[0], kernel[1], strides[0], strides[1], paddings[0],
+                   paddings[1]};
+    if (g.h + 2 * g.ph < g.kh || g.w + 2 * g.pw < g.kw) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": window ", g.kh, "x", g.kw, " exceeds the padded input ",
+                                                     ShapeString(x)));
+    }
+    g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+    g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+    return g;
+  }
+};
+
+// The window of output (oh, ow), clipped to the input: rows [h0, h1), cols [w0, w1).
+struct Window {
+  int64_t h0, h1, w0, w1;
+  int64_t padded_size;  // window area counting padding (torch's count_include_pad divisor)
+};
+
+inline Window WindowAt(const PoolGeometry& g, int64_t oh, int64_t ow) {
+  int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+  int64_t h1 = std::min(h0 + g.kh, g.h + g.ph), w1 = std::min(w0 + g.kw, g.w + g.pw);
+  Window win{std::max<int64_t>(h0, 0), std::min(h1, g.h), std::max<int64_t>(w0, 0), std::min(w1, g.w),
+             (h1 - h0) * (w1 - w0)};
+  return win;
+}
+
+// Index in the plane of the window's maximum: the first one, NaN winning (as torch).
+template <typename T>
+inline int64_t ArgMax(const T* plane, int64_t width, const Window& win) {
+  int64_t best = win.h0 * width + win.w0;
+  T best_value = -std::numeric_limits<T>::infinity();
+  for (int64_t h = win.h0; h < win.h1; ++h) {
+    for (int64_t w = win.w0; w < win.w1; ++w) {
+      const T v = plane[h * width + w];
+      if (v > best_value || std::isnan(v)) {
+        best_value = v;
+        best = h * width + w;
+      }
+    }
+  }
+  return best;
+}
+
+// y [N, C, Ho, Wo] = max over each window of x [N, C, H, W].
+template <typename T>
+class MaxPool2dKernel : public OpKernel {
+ public:
+  explicit MaxPool2dKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return attrs_.Read(op); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d"));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
+    const T* px = x.data<T>();
+    T* py = y->data<T>();
+    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+      for (int64_t pl = begin; pl < end; ++pl) {
+        const T* plane = px + pl * g.h * g.w;
+        T* out = py + pl * g.ho * g.wo;
+        for (int64_t oh = 0; oh < g.ho; ++oh) {
+          for (int64_t ow = 0; ow < g.wo; ++ow) out[oh * g.wo + ow] = plane[ArgMax(plane, g.w, WindowAt(g, oh, ow))];
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  PoolAttrs attrs_;
+};
+
+// dx [N, C, H, W]: each dy goes to its window's maximum in x (recomputed).
+template <typename T>
+class MaxPool2dGradKernel : public OpKernel {
+ public:
+  explicit MaxPool2dGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return attrs_.Read(op); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d_grad"));
+    if (dy.shape() != Shape{x.dim(0), x.dim(1), g.ho, g.wo}) {
+      return absl::InvalidArgumentError(absl::StrCat("max_pool2d_grad: dy ", ShapeString(dy.shape()),
+                                                     " is not the pooled shape of x ", ShapeString(x.shape())));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    const T* px = x.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx->data<T>();
+    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+      for (int64_t pl = begin; pl < end; ++pl) {
+        const T* plane = px + pl * g.h * g.w;
+        const T* grad = pdy + pl * g.ho * g.wo;
+        T* out = pdx + pl * g.h * g.w;
+        std::fill(out, out + g.h * g.w, T(0));
+        for (int64_t oh = 0; oh < g.ho; ++oh) {
+          for (int64_t ow = 0; ow < g.wo; ++ow) out[ArgMax(plane, g.w, WindowAt(g, oh, ow))] += grad[oh * g.wo + ow];
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  PoolAttrs attrs_;
+};
+
+// y [N, C, Ho, Wo] = mean over each window of x; the divisor counts padding unless exclusive.
+template <typename T>
+class AvgPool2dKernel : public OpKernel {
+ public:
+  explicit AvgPool2dKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return attrs_.Read(op); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "avg_pool2d"));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
+    const T* px = x.data<T>();
+    T* py = y->data<T>();
+    const bool exclusive = attrs_.exclusive;
+    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+      for (int64_t pl = begin; pl < end; ++pl) {
+        const T* plane = px + pl * g.h * g.w;
+        T* out = py + pl * g.ho * g.wo;
+        for (int64_t oh = 0; oh < g.ho; ++oh) {
+          for (int64_t ow = 0; ow < g.wo; ++ow) {
+            const Window win = WindowAt(g, oh, ow);
+            T sum = 0;
+            for (int64_t h = win.h0; h < win.h1; ++h) {
+              for (int64_t w = win.w0; w < win.w1; ++w) sum += plane[h * g.w + w];
+            }
+            const int64_t divisor = exclusive ? (win.h1 - win.h0) * (win.w1 - win.w0) : win.padded_size;
+            out[oh * g.wo + ow] = sum / static_cast<T>(divisor);
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  PoolAttrs attrs_;
+};
+
+// dx [N, C, H, W] (H, W = input_size): each dy spread evenly over its window.
+template <typename T>
+class AvgPool2dGradKernel : public OpKernel {
+ public:
+  explicit AvgPool2dGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_NN_RETURN_IF_ERROR(attrs_.Read(op));
+    auto in = AttrInts(op, "input_size");
+    if (!in.ok()) return in.status();
+    if (in->size() != 2) return absl::InternalError("avg_pool2d_grad: attr 'input_size' was not validated");
+    input_size_ = *in;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    if (dy.rank() != 4) {
+      return absl::InvalidArgumentError(absl::StrCat("avg_pool2d_grad: expected an [N, C, Ho, Wo] dy, got ",
+                                                     ShapeString(dy.shape())));
+    }
+    const Shape xs{dy.dim(0), dy.dim(1), input_size_[0], input_size_[1]};
+    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(xs, "avg_pool2d_grad"));
+    if (dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
+      return absl::InvalidArgumentError(absl::StrCat("avg_pool2d_grad: dy ", ShapeString(dy.shape()),
+                                                     " is not the pooled shape of ", ShapeString(xs)));
+    }
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
+    const T* pdy = dy.data<T>();
+    T* pdx = dx->data<T>();
+    const bool exclusive = attrs_.exclusive;
+    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+      for (int64_t pl = begin; pl < end; ++pl) {
+        const T* grad = pdy + pl * g.ho * g.wo;
+        T* out = pdx + pl * g.h * g.w;
+        std::fill(out, out + g.h * g.w, T(0));
+        for (int64_t oh = 0; oh < g.ho; ++oh) {
+          for (int64_t ow = 0; ow < g.wo; ++ow) {
+            const Window win = WindowAt(g, oh, ow);
+            const int64_t divisor = exclusive ? (win.h1 - win.h0) * (win.w1 - win.w0) : win.padded_size;
+            const T share = grad[oh * g.wo + ow] / static_cast<T>(divisor);
+            for (int64_t h = win.h0; h < win.h1; ++h) {
+              for (int64_t w = win.w0; w < win.w1; ++w) out[h * g.w + w] += share;
+            }
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  PoolAttrs attrs_;
+  std::vector<int64_t> input_size_;
+};
+
+STRATA_REGISTER_KERNEL("max_pool2d", "cpu", F32, InitFactory<MaxPool2dKernel<float>>());
+STRATA_REGISTER_KERNEL("max_pool2d", "cpu", F64, InitFactory<MaxPool2dKernel<double>>());
+STRATA_REGISTER_KERNEL("max_pool2d_grad", "cpu", F32, InitFactory<MaxPool2dGradKernel<float>>());
+STRATA_REGISTER_KERNEL("max_pool2d_grad", "cpu", F64, InitFactory<MaxPool2dGradKernel<double>>());
+STRATA_REGISTER_KERNEL("avg_pool2d", "cpu", F32, InitFactory<AvgPool2dKernel<float>>());
+STRATA_REGISTER_KERNEL("avg_pool2d", "cpu", F64, InitFactory<AvgPool2dKernel<double>>());
+STRATA_REGISTER_KERNEL("avg_pool2d_grad", "cpu", F32, InitFactory<AvgPool2dGradKernel<float>>());
+STRATA_REGISTER_KERNEL("avg_pool2d_grad", "cpu", F64, InitFactory<AvgPool2dGradKernel<double>>());
+
+}  // namespace
+}  // namespace strata

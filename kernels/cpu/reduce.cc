@@ -1,0 +1,143 @@
+// reduce_sum, reduce_mean, and the backward helpers sum_to_like (sums a
+// broadcast result back to an operand's shape) and broadcast_like (repeats a
+// reduced gradient over the reduced dims).
+// Threads: ReduceSum splits outputs (or fixed K blocks whose partial sums are
+// combined in order, so results do not depend on the thread count);
+// broadcast_like splits output rows like BroadcastBinary.
+
+#include "kernels/cpu/elementwise.h"
+
+namespace strata {
+namespace {
+
+template <typename T, bool kMean>
+class ReduceKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const KernelDef& def) {
+    absl::StatusOr<std::vector<int64_t>> axis = AttrInts(*def.op, "axis");
+    if (!axis.ok()) return axis.status();
+    absl::StatusOr<bool> keepdim = AttrBool(*def.op, "keepdim");
+    if (!keepdim.ok()) return keepdim.status();
+    return std::unique_ptr<OpKernel>(new ReduceKernel(*axis, *keepdim));
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    using Acc = AccumulatorOf<T>;
+    const Tensor& x = ctx.input(0);
+    absl::StatusOr<std::vector<bool>> reduced = ReducedDims(axis_, x.rank());
+    if (!reduced.ok()) return reduced.status();
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, ReducedShape(x.shape(), *reduced, keepdim_));
+    if (!y.ok()) return y.status();
+    Acc scale = Acc(1);
+    if constexpr (kMean) {
+      int64_t count = 1;
+      for (int d = 0; d < x.rank(); ++d) {
+        if ((*reduced)[d]) count *= x.dim(d);
+      }
+      scale = Acc(1) / static_cast<Acc>(count);  // count 0: nan, like torch
+    }
+    ReduceSum(x.data<T>(), x.shape(), *reduced, (*y)->data<T>(), scale);
+    return absl::OkStatus();
+  }
+
+ private:
+  ReduceKernel(std::vector<int64_t> axis, bool keepdim) : axis_(std::move(axis)), keepdim_(keepdim) {}
+  std::vector<int64_t> axis_;
+  bool keepdim_;
+};
+
+// y = x summed over the dims along which `like` broadcasts to x.
+template <typename T>
+class SumToLikeKernel : public OpKernel {
+ public:
+  explicit SumToLikeKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Shape& like = ctx.input(1).shape();
+    const int rank = x.rank(), lead = x.rank() - static_cast<int>(like.size());
+    if (lead < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("like ", ShapeString(like), " has more dims than x ", ShapeString(x.shape())));
+    }
+    std::vector<bool> reduced(rank, false);
+    bool any = false;
+    for (int d = 0; d < rank; ++d) {
+      if (d < lead) {
+        reduced[d] = true;
+      } else if (like[d - lead] != x.dim(d)) {
+        if (like[d - lead] != 1) {
+          return absl::InvalidArgumentError(absl::StrCat("like ", ShapeString(like), " does not broadcast to x ",
+                                                         ShapeString(x.shape())));
+        }
+        reduced[d] = true;
+      }
+      any = any || reduced[d];
+    }
+    if (!any) {
+      ctx.SetOutput(0, x.Reshaped(like));  // nothing was broadcast: share the buffer
+      return absl::OkStatus();
+    }
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, like);
+    if (!y.ok()) return y.status();
+    ReduceSum(x.data<T>(), x.shape(), reduced, (*y)->data<T>(), AccumulatorOf<T>(1));
+    return absl::OkStatus();
+  }
+};
+
+// dx = dy repeated over the dims reduce_*(x, axis, keepdim) removed, times
+// 1 / count for the mean.
+template <typename T>
+class BroadcastLikeKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const KernelDef& def) {
+    absl::StatusOr<std::vector<int64_t>> axis = AttrInts(*def.op, "axis");
+    if (!axis.ok()) return axis.status();
+    absl::StatusOr<bool> keepdim = AttrBool(*def.op, "keepdim");
+    if (!keepdim.ok()) return keepdim.status();
+    absl::StatusOr<bool> mean = AttrBool(*def.op, "mean");
+    if (!mean.ok()) return mean.status();
+    return std::unique_ptr<OpKernel>(new BroadcastLikeKernel(*axis, *keepdim, *mean));
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Shape& x = ctx.input(1).shape();
+    absl::StatusOr<std::vector<bool>> reduced = ReducedDims(axis_, static_cast<int>(x.size()));
+    if (!reduced.ok()) return reduced.status();
+    if (dy.shape() != ReducedShape(x, *reduced, keepdim_)) {
+      return absl::InvalidArgumentError(absl::StrCat("dy ", ShapeString(dy.shape()), " is not x ", ShapeString(x),
+                                                     " reduced over the op's axis"));
+    }
+    int64_t count = 1;
+    for (size_t d = 0; d < x.size(); ++d) {
+      if ((*reduced)[d]) count *= x[d];
+    }
+    absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlanTo(ReducedShape(x, *reduced, true), {}, x);
+    if (!plan.ok()) return plan.status();
+    absl::StatusOr<Tensor*> dx = ctx.AllocateOutput(0, DataTypeOf<T>::value, x);
+    if (!dx.ok()) return dx.status();
+    const T factor = mean_ && count > 0 ? static_cast<T>(1.0 / static_cast<double>(count)) : T(1);
+    BroadcastBinary(*plan, dy.data<T>(), &factor, (*dx)->data<T>(), [](T a, T b) { return a * b; });
+    return absl::OkStatus();
+  }
+
+ private:
+  BroadcastLikeKernel(std::vector<int64_t> axis, bool keepdim, bool mean)
+      : axis_(std::move(axis)), keepdim_(keepdim), mean_(mean) {}
+  std::vector<int64_t> axis_;
+  bool keepdim_, mean_;
+};
+
+STRATA_REGISTER_KERNEL("reduce_sum", "cpu", F32, (ReduceKernel<float, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_sum", "cpu", F64, (ReduceKernel<double, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_sum", "cpu", I64, (ReduceKernel<int64_t, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_mean", "cpu", F32, (ReduceKernel<float, true>::Create));
+STRATA_REGISTER_KERNEL("reduce_mean", "cpu", F64, (ReduceKernel<double, true>::Create));
+STRATA_REGISTER_KERNEL("sum_to_like", "cpu", F32, (MakeFactory<SumToLikeKernel<float>>()));
+STRATA_REGISTER_KERNEL("sum_to_like", "cpu", F64, (MakeFactory<SumToLikeKernel<double>>()));
+STRATA_REGISTER_KERNEL("sum_to_like", "cpu", I64, (MakeFactory<SumToLikeKernel<int64_t>>()));
+STRATA_REGISTER_KERNEL("broadcast_like", "cpu", F32, (BroadcastLikeKernel<float>::Create));
+STRATA_REGISTER_KERNEL("broadcast_like", "cpu", F64, (BroadcastLikeKernel<double>::Create));
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,629 @@
+// CPU kernels of the shape ops (compiler/ops/shape_ops.cc): reshape, flatten
+// and reshape_like share the input's buffer; transpose, concat, split, slice
+// and their gradient helpers copy.
+//
+// Threads: copies split the rows of the copied box (all dims but the last)
+// into chunks of at least kMinChunkElements elements, so small tensors run
+// inline; transpose splits its output rows the same way.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/kernel.h"
+#include "runtime/tensor.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kMinChunkElements = 32768;
+
+absl::Status Invalid(const Op& op, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(op.type(), ": ", message));
+}
+
+std::vector<int64_t> Strides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+  return strides;
+}
+
+// Maps axis in [-rank, rank) to [0, rank); -1 when out of range.
+int NormalizeAxis(int64_t axis, int rank) {
+  if (axis < -rank || axis >= rank) return -1;
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// Copies the box of size `box` at `src_at` in src (shape src_shape) to `dst_at`
+// in dst (shape dst_shape). Same rank everywhere; the box fits in both.
+template <typename T>
+void CopyBox(T* dst, const Shape& dst_shape, const std::vector<int64_t>& dst_at, const T* src,
+             const Shape& src_shape, const std::vector<int64_t>& src_at, const std::vector<int64_t>& box) {
+  const int rank = static_cast<int>(box.size());
+  for (int64_t b : box) {
+    if (b == 0) return;
+  }
+  const std::vector<int64_t> dst_stride = Strides(dst_shape), src_stride = Strides(src_shape);
+  int64_t dst_base = 0, src_base = 0;
+  for (int d = 0; d < rank; ++d) {
+    dst_base += dst_at[d] * dst_stride[d];
+    src_base += src_at[d] * src_stride[d];
+  }
+  const int64_t row = rank == 0 ? 1 : box[rank - 1];  // contiguous in both
+  const int outer_rank = std::max(rank - 1, 0);
+  int64_t rows = 1;
+  for (int d = 0; d < outer_rank; ++d) rows *= box[d];
+  ParallelFor(rows, std::max<int64_t>(1, kMinChunkElements / row), [&](int64_t begin, int64_t end) {
+    // Index of row `begin` in the box, then walk it like an odometer.
+    std::vector<int64_t> index(outer_rank);
+    int64_t rest = begin, dst_off = dst_base, src_off = src_base;
+    for (int d = outer_rank - 1; d >= 0; --d) {
+      index[d] = rest % box[d];
+      rest /= box[d];
+      dst_off += index[d] * dst_stride[d];
+      src_off += index[d] * src_stride[d];
+    }
+    for (int64_t r = begin; r < end; ++r) {
+      std::memcpy(dst + dst_off, src + src_off, row * sizeof(T));
+      for (int d = outer_rank - 1; d >= 0; --d) {
+        dst_off += dst_stride[d];
+        src_off += src_stride[d];
+        if (++index[d] < box[d]) break;
+        dst_off -= box[d] * dst_stride[d];
+        src_off -= box[d] * src_stride[d];
+        index[d] = 0;
+      }
+    }
+  });
+}
+
+std::vector<int64_t> Zeros(size_t n) { return std::vector<int64_t>(n, 0); }
+std::vector<int64_t> Dims(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
+
+// Tensors a kernel over T reads or writes must hold T.
+template <typename T>
+absl::Status CheckDtype(const Op& op, const Tensor& t) {
+  if (t.dtype() != DataTypeOf<T>::value) {
+    return Invalid(op, absl::StrCat("got ", DataTypeName(t.dtype()), " in a ", DataTypeName(DataTypeOf<T>::value),
+                                    " kernel"));
+  }
+  return absl::OkStatus();
+}
+
+// Builds a kernel with Init(const Op&) returning a Status.
+template <typename K>
+KernelFactory Factory() {
+  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    auto kernel = std::make_unique<K>();
+    if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
+    return std::unique_ptr<OpKernel>(std::move(kernel));
+  };
+}
+
+// ---- reshape, flatten, reshape_like: views of the input's buffer -----------
+
+class ReshapeKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto spec = AttrInts(op, "shape");
+    if (!spec.ok()) return spec.status();
+    spec_ = *spec;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    Shape out(spec_.size());
+    int infer = -1;
+    int64_t known = 1;
+    for (size_t i = 0; i < spec_.size(); ++i) {
+      if (spec_[i] == -1) {
+        infer = static_cast<int>(i);
+        continue;
+      }
+      out[i] = spec_[i] == 0 && i < static_cast<size_t>(x.rank()) ? x.dim(static_cast<int>(i)) : spec_[i];
+      known *= out[i];
+    }
+    if (infer >= 0) {
+      if (known <= 0 || x.num_elements() % known != 0) {
+        return Invalid(op_, absl::StrCat("cannot infer the -1 of ", ShapeString(spec_), " for ",
+                                         ShapeString(x.shape())));
+      }
+      out[infer] = x.num_elements() / known;
+    }
+    if (NumElements(out) != x.num_elements()) {
+      return Invalid(op_, absl::StrCat("cannot reshape ", ShapeString(x.shape()), " to ", ShapeString(out)));
+    }
+    ctx.SetOutput(0, x.Reshaped(out));
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  std::vector<int64_t> spec_;
+};
+
+class FlattenKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto start = AttrInt(op, "start_axis");
+    if (!start.ok()) return start.status();
+    auto end = AttrInt(op, "end_axis");
+    if (!end.ok()) return end.status();
+    start_ = *start;
+    end_ = *end;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const int start = NormalizeAxis(start_, x.rank()), end = NormalizeAxis(end_, x.rank());
+    if (start < 0 || end < 0 || start > end) {
+      return Invalid(op_, absl::StrCat("axes ", start_, "..", end_, " do not fit ", ShapeString(x.shape())));
+    }
+    Shape out(x.shape().begin(), x.shape().begin() + start);
+    int64_t merged = 1;
+    for (int d = start; d <= end; ++d) merged *= x.dim(d);
+    out.push_back(merged);
+    out.insert(out.end(), x.shape().begin() + end + 1, x.shape().end());
+    ctx.SetOutput(0, x.Reshaped(out));
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  int64_t start_ = 0, end_ = 0;
+};
+
+class ReshapeLikeKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& like = ctx.input(1);
+    if (dy.num_elements() != like.num_elements()) {
+      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " does not fit ", ShapeString(like.shape())));
+    }
+    ctx.SetOutput(0, dy.Reshaped(like.shape()));
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+};
+
+// ---- transpose ---------------------------------------------------------------
+
+template <typename T>
+class TransposeKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto perm = AttrInts(op, "perm");
+    if (!perm.ok()) return perm.status();
+    perm_ = *perm;
+    return absl::OkStatus();
+  }
+  // y[o_0, ..., o_{r-1}] = x[i] with i[perm[k]] = o[k].
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
+    const int rank = x.rank();
+    if (static_cast<int>(perm_.size()) != rank) {
+      return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " does not fit ", ShapeString(x.shape())));
+    }
+    std::vector<int> perm(rank);
+    std::vector<bool> seen(rank, false);
+    for (int k = 0; k < rank; ++k) {
+      perm[k] = NormalizeAxis(perm_[k], rank);
+      if (perm[k] < 0 || seen[perm[k]]) return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " is invalid"));
+      seen[perm[k]] = true;
+    }
+    Shape out_shape(rank);
+    for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(perm[k]);
+    auto y = ctx.AllocateOutput(0, x.dtype(), out_shape);
+    if (!y.ok()) return y.status();
+    if (x.num_elements() == 0) return absl::OkStatus();
+    const std::vector<int64_t> x_stride = Strides(x.shape());
+    std::vector<int64_t> step(rank);  // x stride along each y axis
+    for (int k = 0; k < rank; ++k) step[k] = x_stride[perm[k]];
+    const T* X = x.data<T>();
+    T* Y = (*y)->data<T>();
+    const int64_t C = rank == 0 ? 1 : out_shape[rank - 1];  // y's innermost axis
+    const int64_t inner_step = rank == 0 ? 1 : step[rank - 1];
+    const int outer_rank = std::max(rank - 1, 0);
+    const int64_t rows = x.num_elements() / C;
+    ParallelFor(rows, std::max<int64_t>(1, kMinChunkElements / C), [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> index(outer_rank);
+      int64_t rest = begin, x_off = 0;
+      for (int d = outer_rank - 1; d >= 0; --d) {
+        index[d] = rest % out_shape[d];
+        rest /= out_shape[d];
+        x_off += index[d] * step[d];
+      }
+      for (int64_t r = begin; r < end; ++r) {
+        T* y_row = Y + r * C;
+        const T* x_row = X + x_off;
+        if (inner_step == 1) {
+          std::memcpy(y_row, x_row, C * sizeof(T));
+        } else {
+          for (int64_t c = 0; c < C; ++c) y_row[c] = x_row[c * inner_step];
+        }
+        for (int d = outer_rank - 1; d >= 0; --d) {
+          x_off += step[d];
+          if (++index[d] < out_shape[d]) break;
+          x_off -= out_shape[d] * step[d];
+          index[d] = 0;
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  std::vector<int64_t> perm_;
+};
+
+// ---- concat, concat_grad, split, split_grad --------------------------------
+
+// Checks that `pieces` (of T) stack along `axis` into `whole`; returns the axis.
+template <typename T>
+absl::StatusOr<int> CheckPieces(const Op& op, int64_t axis_attr, const Shape& whole,
+                                const std::vector<const Tensor*>& pieces) {
+  const int rank = static_cast<int>(whole.size());
+  const int axis = NormalizeAxis(axis_attr, rank);
+  if (axis < 0) return Invalid(op, absl::StrCat("axis ", axis_attr, " does not fit ", ShapeString(whole)));
+  int64_t total = 0;
+  for (const Tensor* p : pieces) {
+    if (absl::Status s = CheckDtype<T>(op, *p); !s.ok()) return s;
+    bool fits = p->rank() == rank;
+    for (int d = 0; fits && d < rank; ++d) fits = d == axis || p->dim(d) == whole[d];
+    if (!fits) {
+      return Invalid(op, absl::StrCat(ShapeString(p->shape()), " is not a piece of ", ShapeString(whole),
+                                      " along axis ", axis));
+    }
+    total += p->dim(axis);
+  }
+  if (total != whole[axis]) {
+    return Invalid(op, absl::StrCat("pieces add up to ", total, " along axis ", axis, ", not ", whole[axis]));
+  }
+  return axis;
+}
+
+// Copies the pieces, in order along `axis`, into `whole`.
+template <typename T>
+void GatherPieces(Tensor* whole, const std::vector<const Tensor*>& pieces, int axis) {
+  int64_t at = 0;
+  for (const Tensor* p : pieces) {
+    std::vector<int64_t> whole_at = Zeros(whole->rank());
+    whole_at[axis] = at;
+    CopyBox<T>(whole->data<T>(), whole->shape(), whole_at, p->data<T>(), p->shape(), Zeros(p->rank()),
+               Dims(p->shape()));
+    at += p->dim(axis);
+  }
+}
+
+// Copies `whole`, cut along `axis`, into the pieces.
+template <typename T>
+void ScatterPieces(const Tensor& whole, const std::vector<Tensor*>& pieces, int axis) {
+  int64_t at = 0;
+  for (Tensor* p : pieces) {
+    std::vector<int64_t> whole_at = Zeros(whole.rank());
+    whole_at[axis] = at;
+    CopyBox<T>(p->data<T>(), p->shape(), Zeros(p->rank()), whole.data<T>(), whole.shape(), whole_at,
+               Dims(p->shape()));
+    at += p->dim(axis);
+  }
+}
+
+template <typename T>
+class ConcatKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto axis = AttrInt(op, "axis");
+    if (!axis.ok()) return axis.status();
+    axis_ = *axis;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x0 = ctx.input(0);
+    const int axis = NormalizeAxis(axis_, x0.rank());
+    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x0.shape())));
+    Shape out = x0.shape();
+    out[axis] = 0;
+    std::vector<const Tensor*> xs;
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      xs.push_back(&ctx.input(i));
+      if (ctx.input(i).rank() == x0.rank()) out[axis] += ctx.input(i).dim(axis);
+    }
+    if (absl::Status s = CheckPieces<T>(op_, axis_, out, xs).status(); !s.ok()) return s;
+    auto y = ctx.AllocateOutput(0, x0.dtype(), out);
+    if (!y.ok()) return y.status();
+    GatherPieces<T>(*y, xs, axis);
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  int64_t axis_ = 0;
+};
+
+// concat_grad(dy, xs...) -> dxs: dxs[i] is shaped like xs[i].
+template <typename T>
+class ConcatGradKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto axis = AttrInt(op, "axis");
+    if (!axis.ok()) return axis.status();
+    axis_ = *axis;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    if (ctx.num_outputs() != ctx.num_inputs() - 1) return Invalid(op_, "needs one output per input after dy");
+    std::vector<const Tensor*> xs;
+    for (int i = 1; i < ctx.num_inputs(); ++i) xs.push_back(&ctx.input(i));
+    auto axis = CheckPieces<T>(op_, axis_, dy.shape(), xs);
+    if (!axis.ok()) return axis.status();
+    if (absl::Status s = CheckDtype<T>(op_, dy); !s.ok()) return s;
+    std::vector<Tensor*> pieces;
+    for (int i = 0; i < ctx.num_outputs(); ++i) {
+      auto dx = ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape());
+      if (!dx.ok()) return dx.status();
+      pieces.push_back(*dx);
+    }
+    ScatterPieces<T>(dy, pieces, *axis);
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  int64_t axis_ = 0;
+};
+
+// Sizes of the pieces of a dim: equal parts, or `sections` with one -1 = rest.
+absl::StatusOr<std::vector<int64_t>> PieceSizes(const Op& op, int64_t dim, int n, std::vector<int64_t> sections) {
+  if (sections.empty()) {
+    if (n <= 0 || dim % n != 0) return Invalid(op, absl::StrCat("cannot split ", dim, " into ", n, " equal parts"));
+    return std::vector<int64_t>(n, dim / n);
+  }
+  if (static_cast<int>(sections.size()) != n) return Invalid(op, "sections do not match the outputs");
+  int64_t known = 0;
+  int infer = -1;
+  for (int i = 0; i < n; ++i) {
+    if (sections[i] == -1 && infer < 0) {
+      infer = i;
+    } else if (sections[i] < 0) {
+      return Invalid(op, "negative section");
+    } else {
+      known += sections[i];
+    }
+  }
+  if (infer >= 0 && known <= dim) sections[infer] = dim - known;
+  int64_t total = 0;
+  for (int64_t s : sections) total += s;
+  if (total != dim) return Invalid(op, absl::StrCat("sections add up to ", total, ", not ", dim));
+  return sections;
+}
+
+template <typename T>
+class SplitKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto axis = AttrInt(op, "axis");
+    if (!axis.ok()) return axis.status();
+    auto sections = AttrInts(op, "sections");
+    if (!sections.ok()) return sections.status();
+    axis_ = *axis;
+    sections_ = *sections;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
+    const int axis = NormalizeAxis(axis_, x.rank());
+    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x.shape())));
+    auto sizes = PieceSizes(op_, x.dim(axis), ctx.num_outputs(), sections_);
+    if (!sizes.ok()) return sizes.status();
+    std::vector<Tensor*> pieces;
+    for (int i = 0; i < ctx.num_outputs(); ++i) {
+      Shape shape = x.shape();
+      shape[axis] = (*sizes)[i];
+      auto y = ctx.AllocateOutput(i, x.dtype(), shape);
+      if (!y.ok()) return y.status();
+      pieces.push_back(*y);
+    }
+    ScatterPieces<T>(x, pieces, axis);
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  int64_t axis_ = 0;
+  std::vector<int64_t> sections_;
+};
+
+// split_grad(x, dys...) -> dx: zeros shaped like x, dys[k] in piece grad_outputs[k].
+template <typename T>
+class SplitGradKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto axis = AttrInt(op, "axis");
+    if (!axis.ok()) return axis.status();
+    auto sections = AttrInts(op, "sections");
+    if (!sections.ok()) return sections.status();
+    auto which = AttrInts(op, "grad_outputs");
+    if (!which.ok()) return which.status();
+    axis_ = *axis;
+    sections_ = *sections;
+    which_ = *which;
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const int axis = NormalizeAxis(axis_, x.rank());
+    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x.shape())));
+    auto sizes = PieceSizes(op_, x.dim(axis), static_cast<int>(sections_.size()), sections_);
+    if (!sizes.ok()) return sizes.status();
+    if (static_cast<int>(which_.size()) != ctx.num_inputs() - 1) return Invalid(op_, "one dy per grad_outputs entry");
+    std::vector<int64_t> offset(sizes->size() + 1, 0);
+    for (size_t i = 0; i < sizes->size(); ++i) offset[i + 1] = offset[i] + (*sizes)[i];
+    const DataType dtype = DataTypeOf<T>::value;
+    auto dx = ctx.AllocateOutput(0, dtype, x.shape());
+    if (!dx.ok()) return dx.status();
+    std::memset((*dx)->raw_data(), 0, (*dx)->bytes());
+    for (size_t k = 0; k < which_.size(); ++k) {
+      const Tensor& dy = ctx.input(static_cast<int>(k) + 1);
+      if (which_[k] < 0 || which_[k] >= static_cast<int64_t>(sizes->size())) return Invalid(op_, "bad grad_outputs");
+      Shape want = x.shape();
+      want[axis] = (*sizes)[which_[k]];
+      if (dy.shape() != want || dy.dtype() != dtype) {
+        return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not piece ", which_[k], " ",
+                                         ShapeString(want)));
+      }
+      std::vector<int64_t> at = Zeros(x.rank());
+      at[axis] = offset[which_[k]];
+      CopyBox<T>((*dx)->data<T>(), (*dx)->shape(), at, dy.data<T>(), dy.shape(), Zeros(dy.rank()), Dims(dy.shape()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Op op_;
+  int64_t axis_ = 0;
+  std::vector<int64_t> sections_, which_;
+};
+
+// ---- slice, slice_grad -----------------------------------------------------
+
+// The window of x that slice reads: its start and size per dim.
+absl::Status SliceWindow(const Op& op, const Shape& x, const std::vector<int64_t>& axes,
+                         const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                         std::vector<int64_t>* at, std::vector<int64_t>* box) {
+  const int rank = static_cast<int>(x.size());
+  if (starts.size() != axes.size() || ends.size() != axes.size()) {
+    return Invalid(op, "axes, starts and ends differ in length");
+  }
+  *at = Zeros(rank);
+  *box = Dims(x);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    const int a = NormalizeAxis(axes[k], rank);
+    if (a < 0) return Invalid(op, absl::StrCat("axis ", axes[k], " does not fit ", ShapeString(x)));
+    const int64_t dim = x[a];
+    // numpy: negative counts from the end, out of range clamps.
+    int64_t s = starts[k] < 0 ? std::max<int64_t>(starts[k] + dim, 0) : std::min(starts[k], dim);
+    int64_t e = ends[k] < 0 ? std::max<int64_t>(ends[k] + dim, 0) : std::min(ends[k], dim);
+    (*at)[a] = s;
+    (*box)[a] = std::max<int64_t>(e - s, 0);
+  }
+  return absl::OkStatus();
+}
+
+class SliceBase : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    auto axes = AttrInts(op, "axes");
+    if (!axes.ok()) return axes.status();
+    auto starts = AttrInts(op, "starts");
+    if (!starts.ok()) return starts.status();
+    auto ends = AttrInts(op, "ends");
+    if (!ends.ok()) return ends.status();
+    axes_ = *axes;
+    starts_ = *starts;
+    ends_ = *ends;
+    return absl::OkStatus();
+  }
+
+ protected:
+  Op op_;
+  std::vector<int64_t> axes_, starts_, ends_;
+};
+
+template <typename T>
+class SliceKernel : public SliceBase {
+ public:
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
+    std::vector<int64_t> at, box;
+    if (absl::Status s = SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box); !s.ok()) return s;
+    auto y = ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end()));
+    if (!y.ok()) return y.status();
+    CopyBox<T>((*y)->data<T>(), (*y)->shape(), Zeros(box.size()), x.data<T>(), x.shape(), at, box);
+    return absl::OkStatus();
+  }
+};
+
+template <typename T>
+class SliceGradKernel : public SliceBase {
+ public:
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    if (absl::Status s = CheckDtype<T>(op_, dy); !s.ok()) return s;
+    std::vector<int64_t> at, box;
+    if (absl::Status s = SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box); !s.ok()) return s;
+    if (Dims(dy.shape()) != box) {
+      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(box)));
+    }
+    auto dx = ctx.AllocateOutput(0, dy.dtype(), x.shape());
+    if (!dx.ok()) return dx.status();
+    std::memset((*dx)->raw_data(), 0, (*dx)->bytes());
+    CopyBox<T>((*dx)->data<T>(), (*dx)->shape(), at, dy.data<T>(), dy.shape(), Zeros(box.size()), box);
+    return absl::OkStatus();
+  }
+};
+
+STRATA_REGISTER_KERNEL("reshape", "cpu", F32, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", "cpu", F64, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", "cpu", I64, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("flatten", "cpu", F32, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", "cpu", F64, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", "cpu", I64, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", "cpu", F32, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", "cpu", F64, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", "cpu", I64, Factory<ReshapeLikeKernel>());
+
+STRATA_REGISTER_KERNEL("transpose", "cpu", F32, Factory<TransposeKernel<float>>());
+STRATA_REGISTER_KERNEL("transpose", "cpu", F64, Factory<TransposeKernel<double>>());
+STRATA_REGISTER_KERNEL("transpose", "cpu", I64, Factory<TransposeKernel<int64_t>>());
+
+STRATA_REGISTER_KERNEL("concat", "cpu", F32, Factory<ConcatKernel<float>>());
+STRATA_REGISTER_KERNEL("concat", "cpu", F64, Factory<ConcatKernel<double>>());
+STRATA_REGISTER_KERNEL("concat", "cpu", I64, Factory<ConcatKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("concat_grad", "cpu", F32, Factory<ConcatGradKernel<float>>());
+STRATA_REGISTER_KERNEL("concat_grad", "cpu", F64, Factory<ConcatGradKernel<double>>());
+STRATA_REGISTER_KERNEL("concat_grad", "cpu", I64, Factory<ConcatGradKernel<int64_t>>());
+
+STRATA_REGISTER_KERNEL("split", "cpu", F32, Factory<SplitKernel<float>>());
+STRATA_REGISTER_KERNEL("split", "cpu", F64, Factory<SplitKernel<double>>());
+STRATA_REGISTER_KERNEL("split", "cpu", I64, Factory<SplitKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("split_grad", "cpu", F32, Factory<SplitGradKernel<float>>());
+STRATA_REGISTER_KERNEL("split_grad", "cpu", F64, Factory<SplitGradKernel<double>>());
+STRATA_REGISTER_KERNEL("split_grad", "cpu", I64, Factory<SplitGradKernel<int64_t>>());
+
+STRATA_REGISTER_KERNEL("slice", "cpu", F32, Factory<SliceKernel<float>>());
+STRATA_REGISTER_KERNEL("slice", "cpu", F64, Factory<SliceKernel<double>>());
+STRATA_REGISTER_KERNEL("slice", "cpu", I64, Factory<SliceKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("slice_grad", "cpu", F32, Factory<SliceGradKernel<float>>());
+STRATA_REGISTER_KERNEL("slice_grad", "cpu", F64, Factory<SliceGradKernel<double>>());
+STRATA_REGISTER_KERNEL("slice_grad", "cpu", I64, Factory<SliceGradKernel<int64_t>>());
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,87 @@
+// add_n, fill_like and identity.
+// Threads: add_n splits the flat element range into contiguous chunks, each
+// summing all inputs before moving on (one pass over the output per chunk).
+
+#include "kernels/cpu/elementwise.h"
+
+namespace strata {
+namespace {
+
+template <typename T>
+class AddNKernel : public OpKernel {
+ public:
+  explicit AddNKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& first = ctx.input(0);
+    const int inputs = ctx.num_inputs();
+    for (int i = 1; i < inputs; ++i) {
+      if (ctx.input(i).shape() != first.shape()) {
+        return absl::InvalidArgumentError(absl::StrCat("xs[", i, "] has shape ", ShapeString(ctx.input(i).shape()),
+                                                       " but xs[0] has ", ShapeString(first.shape())));
+      }
+    }
+    if (inputs == 1) {
+      ctx.SetOutput(0, first);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, first.shape());
+    if (!y.ok()) return y.status();
+    T* out = (*y)->data<T>();
+    ParallelFor(first.num_elements(), kElementwiseMinChunk / inputs, [&](int64_t begin, int64_t end) {
+      const T* a = ctx.input(0).data<T>();
+      const T* b = ctx.input(1).data<T>();
+      for (int64_t j = begin; j < end; ++j) out[j] = a[j] + b[j];
+      for (int i = 2; i < inputs; ++i) {
+        const T* c = ctx.input(i).data<T>();
+        for (int64_t j = begin; j < end; ++j) out[j] += c[j];
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+class FillLikeKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const KernelDef& def) {
+    absl::StatusOr<double> value = AttrFloat(*def.op, "value");
+    if (!value.ok()) return value.status();
+    return std::unique_ptr<OpKernel>(new FillLikeKernel(*value));
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, x.dtype(), x.shape());
+    if (!y.ok()) return y.status();
+    (*y)->Fill(value_);
+    return absl::OkStatus();
+  }
+
+ private:
+  explicit FillLikeKernel(double value) : value_(value) {}
+  double value_;
+};
+
+class IdentityKernel : public OpKernel {
+ public:
+  explicit IdentityKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    ctx.SetOutput(0, ctx.input(0));
+    return absl::OkStatus();
+  }
+};
+
+STRATA_REGISTER_KERNEL("add_n", "cpu", F32, (MakeFactory<AddNKernel<float>>()));
+STRATA_REGISTER_KERNEL("add_n", "cpu", F64, (MakeFactory<AddNKernel<double>>()));
+STRATA_REGISTER_KERNEL("add_n", "cpu", I64, (MakeFactory<AddNKernel<int64_t>>()));
+STRATA_REGISTER_KERNEL("fill_like", "cpu", F32, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", "cpu", F64, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", "cpu", I64, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", "cpu", I32, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", "cpu", BOOL, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("identity", "cpu", F32, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", "cpu", F64, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", "cpu", I64, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", "cpu", I32, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", "cpu", BOOL, MakeFactory<IdentityKernel>());
+
+}  // namespace
+}  // namespace strata

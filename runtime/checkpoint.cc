@@ -1,0 +1,641 @@
+#include "runtime/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+namespace strata {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; add byte swapping");
+
+// Python's safetensors refuses larger headers too.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr int kMaxJsonDepth = 64;
+constexpr char kMetadataKey[] = "__metadata__";
+
+// ---------------------------------------------------------------------------
+// dtypes.
+
+const char* SafetensorsDtype(DataType dtype) {
+  switch (dtype) {
+    case F32: return "F32";
+    case F64: return "F64";
+    case I64: return "I64";
+    case I32: return "I32";
+    case BOOL: return "BOOL";
+    default: return nullptr;
+  }
+}
+
+bool ParseSafetensorsDtype(absl::string_view name, DataType* dtype) {
+  for (DataType d : {F32, F64, I64, I32, BOOL}) {
+    if (name == SafetensorsDtype(d)) {
+      *dtype = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// JSON, just enough for the header: strings, integers, arrays, objects.
+
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = s[i];
+    int extra;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + extra >= s.size()) return false;
+    for (int k = 1; k <= extra; ++k) {
+      unsigned char cc = s[i + k];
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+void AppendJsonString(std::string* out, absl::string_view s) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppendFormat(out, "\\u%04x", c);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+struct JsonValue {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  Kind kind = kNull;
+  std::string text;  // string contents, or a number's literal text
+  std::vector<JsonValue> items;
+  std::vector<std::pair<std::string, JsonValue>> members;  // in file order, keys unique
+
+  static const char* KindName(Kind kind) {
+    static constexpr const char* kNames[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return kNames[kind];
+  }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(absl::string_view text) : text_(text) {}
+
+  // Parses one value followed only by whitespace. Errors say what and at which byte.
+  absl::StatusOr<JsonValue> ParseDocument() {
+    JsonValue value;
+    if (absl::Status s = ParseValue(0, &value); !s.ok()) return s;
+    SkipWhitespace();
+    if (pos_ != text_.size()) return Error("unexpected text after the JSON value");
+    return value;
+  }
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat("bad JSON header at byte ", pos_, ": ", what));
+  }
+
+  void SkipWhitespace() {
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+
+  bool Consume(absl::string_view token) {
+    if (text_.substr(pos_, token.size()) != token) return false;
+    pos_ += token.size();
+    return true;
+  }
+
+  absl::Status ParseValue(int depth, JsonValue* out) {
+    if (depth > kMaxJsonDepth) return Error("nested too deeply");
+    SkipWhitespace();
+    if (pos_ >= text_.size()) return Error("unexpected end, expected a value");
+    char c = text_[pos_];
+    if (c == '{') return ParseObject(depth, out);
+    if (c == '[') return ParseArray(depth, out);
+    if (c == '"') {
+      out->kind = JsonValue::kString;
+      return ParseString(&out->text);
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return ParseNumber(out);
+    if (Consume("true") || Consume("false")) {
+      out->kind = JsonValue::kBool;
+      return absl::OkStatus();
+    }
+    if (Consume("null")) {
+      out->kind = JsonValue::kNull;
+      return absl::OkStatus();
+    }
+    return Error(absl::StrCat("unexpected character '", absl::CHexEscape(absl::string_view(&c, 1)), "'"));
+  }
+
+  absl::Status ParseObject(int depth, JsonValue* out) {
+    out->kind = JsonValue::kObject;
+    ++pos_;  // '{'
+    SkipWhitespace();
+    if (Consume("}")) return absl::OkStatus();
+    absl::flat_hash_set<std::string> keys;  // a hash set: huge headers must not go quadratic
+    while (true) {
+      SkipWhitespace();
+      if (pos_ >= text_.size() || text_[pos_] != '"') return Error("expected a string key");
+      std::string key;
+      if (absl::Status s = ParseString(&key); !s.ok()) return s;
+      if (!keys.insert(key).second) return Error(absl::StrCat("duplicate key \"", absl::CHexEscape(key), "\""));
+      SkipWhitespace();
+      if (!Consume(":")) return Error("expected ':' after a key");
+      JsonValue value;
+      if (absl::Status s = ParseValue(depth + 1, &value); !s.ok()) return s;
+      out->members.emplace_back(std::move(key), std::move(value));
+      SkipWhitespace();
+      if (Consume("}")) return absl::OkStatus();
+      if (!Consume(",")) return Error("expected ',' or '}' in an object");
+    }
+  }
+
+  absl::Status ParseArray(int depth, JsonValue* out) {
+    out->kind = JsonValue::kArray;
+    ++pos_;  // '['
+    SkipWhitespace();
+    if (Consume("]")) return absl::OkStatus();
+    while (true) {
+      JsonValue value;
+      if (absl::Status s = ParseValue(depth + 1, &value); !s.ok()) return s;
+      out->items.push_back(std::move(value));
+      SkipWhitespace();
+      if (Consume("]")) return absl::OkStatus();
+      if (!Consume(",")) return Error("expected ',' or ']' in an array");
+    }
+  }
+
+  // RFC 8259 number grammar; the literal is kept for exact integer reads.
+  absl::Status ParseNumber(JsonValue* out) {
+    size_t start = pos_;
+    auto digits = [&] {
+      size_t begin = pos_;
+      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+      return pos_ - begin;
+    };
+    Consume("-");
+    if (Consume("0")) {
+      // no leading zeros
+    } else if (digits() == 0) {
+      return Error("malformed number");
+    }
+    if (Consume(".") && digits() == 0) return Error("malformed number fraction");
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      ++pos_;
+      if (!Consume("+")) Consume("-");
+      if (digits() == 0) return Error("malformed number exponent");
+    }
+    out->kind = JsonValue::kNumber;
+    out->text = std::string(text_.substr(start, pos_ - start));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint32_t> ParseHex4() {
+    if (pos_ + 4 > text_.size()) return Error("truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      char c = text_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else return Error("bad hex digit in \\u escape");
+    }
+    return v;
+  }
+
+  static void AppendUtf8(std::string* out, uint32_t cp) {
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  absl::Status ParseString(std::string* out) {
+    ++pos_;  // '"'
+    while (true) {
+      if (pos_ >= text_.size()) return Error("unterminated string");
+      unsigned char c = text_[pos_++];
+      if (c == '"') return absl::OkStatus();
+      if (c < 0x20) return Error("control character in a string");
+      if (c != '\\') {
+        out->push_back(static_cast<char>(c));
+        continue;
+      }
+      if (pos_ >= text_.size()) return Error("unterminated escape");
+      char e = text_[pos_++];
+      switch (e) {
+        case '"': out->push_back('"'); break;
+        case '\\': out->push_back('\\'); break;
+        case '/': out->push_back('/'); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'n': out->push_back('\n'); break;
+        case 'r': out->push_back('\r'); break;
+        case 't': out->push_back('\t'); break;
+        case 'u': {
+          absl::StatusOr<uint32_t> cp = ParseHex4();
+          if (!cp.ok()) return cp.status();
+          if (*cp >= 0xDC00 && *cp <= 0xDFFF) return Error("lone low surrogate in \\u escape");
+          if (*cp >= 0xD800 && *cp <= 0xDBFF) {
+            if (!Consume("\\u")) return Error("high surrogate without its low half");
+            absl::StatusOr<uint32_t> low = ParseHex4();
+            if (!low.ok()) return low.status();
+            if (*low < 0xDC00 || *low > 0xDFFF) return Error("high surrogate without its low half");
+            *cp = 0x10000 + ((*cp - 0xD800) << 10) + (*low - 0xDC00);
+          }
+          AppendUtf8(out, *cp);
+          break;
+        }
+        default:
+          return Error("unknown escape");
+      }
+    }
+  }
+
+  absl::string_view text_;
+  size_t pos_ = 0;
+};
+
+// A non-negative integer literal that fits in int64.
+bool JsonToInt64(const JsonValue& v, int64_t* out) {
+  if (v.kind != JsonValue::kNumber || v.text.empty() || v.text[0] == '-') return false;
+  if (v.text.find_first_not_of("0123456789") != std::string::npos) return false;
+  return absl::SimpleAtoi(v.text, out) && *out >= 0;
+}
+
+// ---------------------------------------------------------------------------
+// Files.
+
+// Closes on every return path.
+struct FileCloser {
+  void operator()(std::FILE* f) const {
+    if (f != nullptr) std::fclose(f);
+  }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+// mkdir -p.
+absl::Status MakeDirs(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    std::string prefix = dir.substr(0, slash);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot create directory ", prefix, ": ", ErrnoText()));
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create directory ", dir, ": not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_bytes) {
+  std::string header = "{";
+  bool first = true;
+  if (!ckpt.metadata.empty()) {
+    AppendJsonString(&header, kMetadataKey);
+    header += ":{";
+    for (const auto& [key, value] : ckpt.metadata) {
+      if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint metadata \"", absl::CHexEscape(key),
+                                                       "\" is not valid UTF-8 (safetensors headers are JSON)"));
+      }
+      if (!first) header += ",";
+      first = false;
+      AppendJsonString(&header, key);
+      header += ":";
+      AppendJsonString(&header, value);
+    }
+    header += "}";
+    first = false;
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : ckpt.tensors) {
+    if (name.empty() || name == kMetadataKey || !IsValidUtf8(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor name \"", absl::CHexEscape(name),
+                                                     "\" is not allowed (empty, reserved or not UTF-8)"));
+    }
+    const char* dtype = SafetensorsDtype(tensor.dtype());
+    if (!tensor.defined() || dtype == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor \"", name, "\" is ",
+                                                     tensor.defined() ? DataTypeName(tensor.dtype()) : "undefined",
+                                                     ", expected a defined F32, F64, I64, I32 or BOOL tensor"));
+    }
+    if (!first) header += ",";
+    first = false;
+    AppendJsonString(&header, name);
+    absl::StrAppend(&header, ":{\"dtype\":\"", dtype, "\",\"shape\":[");
+    for (int d = 0; d < tensor.rank(); ++d) absl::StrAppend(&header, d ? "," : "", tensor.dim(d));
+    const uint64_t bytes = tensor.bytes();
+    absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + bytes, "]}");
+    offset += bytes;
+  }
+  header += "}";
+  // Pad with spaces so the data starts 8-byte aligned, as Python's safetensors writes it.
+  header.append((8 - header.size() % 8) % 8, ' ');
+  *data_bytes = offset;
+  return header;
+}
+
+absl::Status WriteAll(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
+  if (bytes != 0 && std::fwrite(data, 1, bytes, f) != bytes) {
+    return absl::DataLossError(absl::StrCat("cannot write ", path, ": ", ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileContents(std::FILE* f, const std::string& path, const std::string& header,
+                               const Checkpoint& ckpt) {
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  if (absl::Status s = WriteAll(f, length, 8, path); !s.ok()) return s;
+  if (absl::Status s = WriteAll(f, header.data(), header.size(), path); !s.ok()) return s;
+  for (const auto& [name, tensor] : ckpt.tensors) {
+    if (absl::Status s = WriteAll(f, tensor.raw_data(), tensor.bytes(), path); !s.ok()) return s;
+  }
+  if (std::fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    return absl::DataLossError(absl::StrCat("cannot write ", path, ": ", ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
+// Parsed tensor entry of the header.
+struct TensorEntry {
+  std::string name;
+  DataType dtype = DT_INVALID;
+  Shape shape;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& name,
+                                             const JsonValue& value) {
+  auto error = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor \"", absl::CHexEscape(name), "\": ", what));
+  };
+  if (value.kind != JsonValue::kObject) {
+    return error(absl::StrCat("expected an object, got ", JsonValue::KindName(value.kind)));
+  }
+  TensorEntry entry;
+  entry.name = name;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+  for (const auto& [key, field] : value.members) {
+    if (key == "dtype") {
+      has_dtype = true;
+      if (field.kind != JsonValue::kString) return error("\"dtype\" must be a string");
+      if (!ParseSafetensorsDtype(field.text, &entry.dtype)) {
+        return error(absl::StrCat("unsupported dtype \"", absl::CHexEscape(field.text),
+                                  "\" (expected F32, F64, I64, I32 or BOOL)"));
+      }
+    } else if (key == "shape") {
+      has_shape = true;
+      if (field.kind != JsonValue::kArray) return error("\"shape\" must be an array");
+      for (const JsonValue& dim : field.items) {
+        int64_t d;
+        if (!JsonToInt64(dim, &d)) return error("\"shape\" must hold non-negative integers");
+        entry.shape.push_back(d);
+      }
+    } else if (key == "data_offsets") {
+      has_offsets = true;
+      if (field.kind != JsonValue::kArray || field.items.size() != 2 || !JsonToInt64(field.items[0], &entry.begin) ||
+          !JsonToInt64(field.items[1], &entry.end)) {
+        return error("\"data_offsets\" must be [begin, end] with non-negative integers");
+      }
+      if (entry.end < entry.begin) return error(absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
+                                                             "] end before they begin"));
+    } else {
+      return error(absl::StrCat("unknown field \"", absl::CHexEscape(key), "\""));
+    }
+  }
+  if (!has_dtype || !has_shape || !has_offsets) return error("needs \"dtype\", \"shape\" and \"data_offsets\"");
+  // Element count times element size must equal the byte range, without overflow.
+  uint64_t bytes = DataTypeSize(entry.dtype);
+  const uint64_t range = static_cast<uint64_t>(entry.end - entry.begin);
+  bool overflow = false;
+  for (int64_t d : entry.shape) {
+    if (d != 0 && bytes > UINT64_MAX / static_cast<uint64_t>(d)) overflow = true;
+    bytes *= static_cast<uint64_t>(d);
+  }
+  if (overflow || bytes != range) {
+    return error(absl::StrCat(DataTypeName(entry.dtype), ShapeString(entry.shape), " does not match data_offsets [",
+                              entry.begin, ", ", entry.end, "] (", range, " bytes)"));
+  }
+  return entry;
+}
+
+}  // namespace
+
+absl::Status WriteSafetensorsFile(const std::string& path, const Checkpoint& ckpt) {
+  uint64_t data_bytes = 0;
+  absl::StatusOr<std::string> header = BuildHeader(ckpt, &data_bytes);
+  if (!header.ok()) return absl::Status(header.status().code(), absl::StrCat(path, ": ", header.status().message()));
+  FilePtr f(std::fopen(path.c_str(), "wb"));
+  if (f == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot create ", path, ": ", ErrnoText()));
+  absl::Status s = WriteFileContents(f.get(), path, *header, ckpt);
+  if (std::fclose(f.release()) != 0 && s.ok()) {
+    s = absl::DataLossError(absl::StrCat("cannot write ", path, ": ", ErrnoText()));
+  }
+  if (!s.ok()) std::remove(path.c_str());
+  return s;
+}
+
+absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (f == nullptr) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", ErrnoText()));
+  }
+  struct stat st;
+  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
+  }
+  const uint64_t file_size = st.st_size;
+  if (file_size < 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: ", file_size, " bytes, a safetensors file has 8+"));
+  }
+  uint8_t length_bytes[8];
+  if (std::fread(length_bytes, 1, 8, f.get()) != 8) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot read the header length"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length_bytes[i];
+  if (header_len > file_size - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len, " exceeds the ", file_size - 8,
+                                            " bytes after it (truncated or not a safetensors file)"));
+  }
+  if (header_len > kMaxHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len, " exceeds the limit of ",
+                                            kMaxHeaderBytes));
+  }
+  std::string header(header_len, '\0');
+  if (std::fread(header.data(), 1, header_len, f.get()) != header_len) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot read the ", header_len, "-byte header"));
+  }
+  if (header.empty() || header[0] != '{') {
+    return absl::DataLossError(absl::StrCat(path, ": header does not start with '{'"));
+  }
+  if (!IsValidUtf8(header)) return absl::DataLossError(absl::StrCat(path, ": header is not valid UTF-8"));
+  absl::StatusOr<JsonValue> json = JsonParser(header).ParseDocument();
+  if (!json.ok()) return absl::DataLossError(absl::StrCat(path, ": ", json.status().message()));
+
+  Checkpoint ckpt;
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, value] : json->members) {
+    if (name == kMetadataKey) {
+      if (value.kind != JsonValue::kObject) {
+        return absl::DataLossError(absl::StrCat(path, ": \"__metadata__\" must be an object of strings"));
+      }
+      for (const auto& [key, item] : value.members) {
+        if (item.kind != JsonValue::kString) {
+          return absl::DataLossError(absl::StrCat(path, ": metadata \"", absl::CHexEscape(key), "\" is ",
+                                                  JsonValue::KindName(item.kind), ", expected a string"));
+        }
+        ckpt.metadata[key] = item.text;
+      }
+      continue;
+    }
+    absl::StatusOr<TensorEntry> entry = ParseTensorEntry(path, name, value);
+    if (!entry.ok()) return entry.status();
+    entries.push_back(*std::move(entry));
+  }
+
+  // The tensors must tile the data section exactly: no gap, no overlap, nothing after.
+  const uint64_t data_size = file_size - 8 - header_len;
+  std::vector<const TensorEntry*> by_offset;
+  for (const TensorEntry& e : entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorEntry* a, const TensorEntry* b) {
+    return std::make_pair(a->begin, a->end) < std::make_pair(b->begin, b->end);
+  });
+  uint64_t expected_begin = 0;
+  for (const TensorEntry* e : by_offset) {
+    if (static_cast<uint64_t>(e->begin) != expected_begin) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": tensor \"", absl::CHexEscape(e->name), "\" data_offsets [", e->begin, ", ", e->end, "] ",
+          static_cast<uint64_t>(e->begin) < expected_begin ? "overlap" : "leave a gap after", " the previous tensor (",
+          "expected to begin at ", expected_begin, ")"));
+    }
+    if (static_cast<uint64_t>(e->end) > data_size) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor \"", absl::CHexEscape(e->name), "\" data_offsets [",
+                                              e->begin, ", ", e->end, "] run past the ", data_size,
+                                              "-byte data section (truncated file?)"));
+    }
+    expected_begin = e->end;
+  }
+  if (expected_begin != data_size) {
+    return absl::DataLossError(absl::StrCat(path, ": the tensors cover ", expected_begin, " bytes but the data section has ",
+                                            data_size));
+  }
+
+  // Data in file order: one forward pass through the file.
+  for (const TensorEntry* e : by_offset) {
+    Tensor t = Tensor::Empty(e->dtype, e->shape);
+    if (!t.defined()) {
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": cannot allocate ", DataTypeName(e->dtype),
+                                                       ShapeString(e->shape), " for tensor \"", e->name, "\""));
+    }
+    if (t.bytes() != 0 && std::fread(t.raw_data(), 1, t.bytes(), f.get()) != t.bytes()) {
+      return absl::DataLossError(absl::StrCat(path, ": cannot read the data of tensor \"", e->name, "\""));
+    }
+    if (e->dtype == BOOL) {
+      // Bytes other than 0 and 1 are not valid bools in C++.
+      const uint8_t* bytes = static_cast<const uint8_t*>(t.raw_data());
+      for (size_t i = 0; i < t.bytes(); ++i) {
+        if (bytes[i] > 1) {
+          return absl::DataLossError(absl::StrCat(path, ": tensor \"", e->name, "\" holds BOOL byte ",
+                                                  static_cast<int>(bytes[i]), " at element ", i, ", expected 0 or 1"));
+        }
+      }
+    }
+    ckpt.tensors.emplace(e->name, std::move(t));
+  }
+  return ckpt;
+}
+
+absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  const std::string path = absl::StrCat(dir, "/", kCheckpointFileName);
+  const std::string tmp = path + ".tmp";
+  if (absl::Status s = WriteSafetensorsFile(tmp, ckpt); !s.ok()) return s;
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = absl::DataLossError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText()));
+    std::remove(tmp.c_str());
+    return s;
+  }
+  // Make the rename itself durable.
+  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
+  return ReadSafetensorsFile(absl::StrCat(dir, "/", kCheckpointFileName));
+}
+
+}  // namespace strata

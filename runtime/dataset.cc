@@ -1,0 +1,536 @@
+#include "runtime/dataset.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/idx_reader.h"
+#include "runtime/philox.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+constexpr char kFashionMnistDir[] = "/usr/share/datasets/fashion-mnist";
+// Per-sample elements above this are a typo in the program, not a dataset.
+constexpr int64_t kMaxSampleElements = int64_t{1} << 28;
+// The synthetic teacher stores hidden x features weights; bound its memory (256 MiB).
+constexpr int64_t kMaxSyntheticFeatures = int64_t{1} << 20;
+constexpr int64_t kMaxSyntheticClasses = 1 << 16;
+constexpr int64_t kMaxSyntheticSize = int64_t{1} << 40;
+constexpr int kTeacherHidden = 64;
+// Class-bias calibration: on when it costs at most ~2^28 multiply-adds and every
+// class gets 16+ calibration samples on average.
+constexpr int64_t kCalibrationSamples = 4096;
+constexpr int kCalibrationIterations = 300;
+constexpr int64_t kCalibrateMaxFeatures = 1024;
+constexpr int64_t kCalibrateMaxClasses = 256;
+// Counter word that separates held-out samples from training samples.
+constexpr uint64_t kTestSampleBit = uint64_t{1} << 63;
+
+// ---------------------------------------------------------------------------
+// Spec parsing: "name[:key[=value][,key[=value]]...]".
+
+class SpecArgs {
+ public:
+  static absl::StatusOr<SpecArgs> Parse(const std::string& spec) {
+    SpecArgs args;
+    args.spec_ = spec;
+    absl::string_view text = absl::StripAsciiWhitespace(spec);
+    size_t colon = text.find(':');
+    args.name_ = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
+    if (args.name_.empty()) return args.Error("names no dataset (expected fashion_mnist, mnist or synthetic)");
+    if (colon == absl::string_view::npos) return args;
+    absl::string_view rest = text.substr(colon + 1);
+    for (absl::string_view item : absl::StrSplit(rest, ',')) {
+      item = absl::StripAsciiWhitespace(item);
+      if (item.empty()) return args.Error("has an empty item (expected key or key=value between commas)");
+      size_t eq = item.find('=');
+      std::string key(absl::StripAsciiWhitespace(item.substr(0, eq)));
+      if (key.empty()) return args.Error(absl::StrCat("has an item '", item, "' without a key"));
+      std::optional<std::string> value;
+      if (eq != absl::string_view::npos) value = std::string(absl::StripAsciiWhitespace(item.substr(eq + 1)));
+      if (!args.items_.emplace(key, value).second) return args.Error(absl::StrCat("repeats key '", key, "'"));
+    }
+    return args;
+  }
+
+  const std::string& name() const { return name_; }
+
+  absl::StatusOr<bool> TakeFlag(const std::string& key) {
+    auto it = items_.find(key);
+    if (it == items_.end()) return false;
+    if (it->second.has_value()) return Error(absl::StrCat("key '", key, "' takes no value, got '", *it->second, "'"));
+    items_.erase(it);
+    return true;
+  }
+
+  absl::StatusOr<std::optional<std::string>> TakeString(const std::string& key) {
+    auto it = items_.find(key);
+    if (it == items_.end()) return std::optional<std::string>();
+    if (!it->second.has_value() || it->second->empty()) return Error(absl::StrCat("key '", key, "' needs a value"));
+    std::optional<std::string> value = it->second;
+    items_.erase(it);
+    return value;
+  }
+
+  absl::StatusOr<int64_t> TakeInt(const std::string& key, int64_t default_value, int64_t min, int64_t max) {
+    absl::StatusOr<std::optional<std::string>> text = TakeString(key);
+    if (!text.ok()) return text.status();
+    if (!text->has_value()) return default_value;
+    int64_t value;
+    if (!absl::SimpleAtoi(**text, &value)) {
+      return Error(absl::StrCat("key '", key, "' needs an integer, got '", **text, "'"));
+    }
+    if (value < min || value > max) {
+      return Error(absl::StrCat("key '", key, "' is ", value, ", expected ", min, "..", max));
+    }
+    return value;
+  }
+
+  // train/test flags; true for the held-out split.
+  absl::StatusOr<bool> TakeSplit() {
+    absl::StatusOr<bool> train = TakeFlag("train");
+    if (!train.ok()) return train.status();
+    absl::StatusOr<bool> test = TakeFlag("test");
+    if (!test.ok()) return test.status();
+    if (*train && *test) return Error("names both 'train' and 'test'");
+    return *test;
+  }
+
+  // Any key left over is unknown.
+  absl::Status Finish(const std::vector<std::string>& accepted) const {
+    if (items_.empty()) return absl::OkStatus();
+    return Error(absl::StrCat("has unknown key '", items_.begin()->first, "' for ", name_,
+                              " (accepted: ", absl::StrJoin(accepted, ", "), ")"));
+  }
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat("data spec \"", spec_, "\" ", what));
+  }
+
+ private:
+  std::string spec_;
+  std::string name_;
+  std::map<std::string, std::optional<std::string>> items_;
+};
+
+// ---------------------------------------------------------------------------
+// Feeds: one optional I64 [-1] label, the floating feeds are features.
+
+struct FeedRoles {
+  int label = -1;
+  std::vector<int> features;                // indices into feeds
+  std::vector<int64_t> elements_per_sample;  // per feed
+};
+
+absl::StatusOr<FeedRoles> ClassifyFeeds(const std::vector<FeedSpec>& feeds) {
+  if (feeds.empty()) return absl::InvalidArgumentError("the program has no FEED vars for the dataset to fill");
+  FeedRoles roles;
+  for (int i = 0; i < static_cast<int>(feeds.size()); ++i) {
+    const FeedSpec& feed = feeds[i];
+    std::string type = absl::StrCat(DataTypeName(feed.dtype), ShapeString(feed.shape));
+    if (feed.shape.empty() || feed.shape[0] != -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("feed '", feed.name, "' has shape ", ShapeString(feed.shape),
+                       ", expected the batch dim -1 first"));
+    }
+    int64_t elements = 1;
+    for (size_t d = 1; d < feed.shape.size(); ++d) {
+      if (feed.shape[d] < 1 || feed.shape[d] > kMaxSampleElements ||
+          elements * feed.shape[d] > kMaxSampleElements) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("feed '", feed.name, "' has shape ", ShapeString(feed.shape),
+                         ", expected positive dims after the batch dim and at most ", kMaxSampleElements,
+                         " elements per sample"));
+      }
+      elements *= feed.shape[d];
+    }
+    roles.elements_per_sample.push_back(elements);
+    if (feed.dtype == I64 && feed.shape.size() == 1) {
+      if (roles.label >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("feeds '", feeds[roles.label].name, "' and '", feed.name,
+                                                       "' are both I64[-1]; a dataset fills exactly one label feed"));
+      }
+      roles.label = i;
+    } else if (IsFloating(feed.dtype)) {
+      roles.features.push_back(i);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("feed '", feed.name, "' is ", type,
+                       "; a dataset fills floating (F32/F64) feature feeds and one I64[-1] label feed"));
+    }
+  }
+  return roles;
+}
+
+absl::Status CheckIndices(absl::Span<const int64_t> indices, int64_t size) {
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] < 0 || indices[i] >= size) {
+      return absl::OutOfRangeError(
+          absl::StrCat("sample index ", indices[i], " (batch position ", i, ") is out of range [0, ", size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Allocates one tensor per feed with the batch dim set to n.
+absl::Status AllocateBatch(const std::vector<FeedSpec>& feeds, int64_t n, std::vector<Tensor>* out) {
+  out->clear();
+  out->reserve(feeds.size());
+  for (const FeedSpec& feed : feeds) {
+    Shape shape(feed.shape.begin(), feed.shape.end());
+    shape[0] = n;
+    Tensor t = Tensor::Empty(feed.dtype, shape);
+    if (!t.defined()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", DataTypeName(feed.dtype), ShapeString(shape), " for feed '", feed.name, "'"));
+    }
+    out->push_back(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
+// Makes a relative user path relative to where `bazel run` was invoked.
+std::string ResolveUserPath(const std::string& path) {
+  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || cwd == nullptr || *cwd == '\0') return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// ---------------------------------------------------------------------------
+// IDX image datasets (Fashion-MNIST, MNIST).
+
+class IdxDataset : public Dataset {
+ public:
+  IdxDataset(std::vector<FeedSpec> feeds, int label_feed, int image_feed, IdxImagesAndLabels data,
+             int64_t num_classes)
+      : Dataset(std::move(feeds), label_feed),
+        image_feed_(image_feed),
+        data_(std::move(data)),
+        num_classes_(num_classes) {}
+
+  int64_t size() const override { return data_.count; }
+  int64_t num_classes() const override { return num_classes_; }
+
+  absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
+    if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
+    if (absl::Status s = AllocateBatch(feeds(), indices.size(), out); !s.ok()) return s;
+    Tensor& images = (*out)[image_feed_];
+    if (images.dtype() == F32) {
+      FillImages(indices, images.data<float>());
+    } else {
+      FillImages(indices, images.data<double>());
+    }
+    if (label_feed() >= 0) {
+      int64_t* labels = (*out)[label_feed()].data<int64_t>();
+      for (size_t i = 0; i < indices.size(); ++i) labels[i] = data_.labels[indices[i]];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // images: [B, rows*cols]. Samples split over threads, 64 at least per chunk.
+  template <typename T>
+  void FillImages(absl::Span<const int64_t> indices, T* images) const {
+    const int64_t pixels = data_.rows * data_.cols;
+    ParallelFor(indices.size(), 64, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const uint8_t* src = data_.pixels.data() + indices[b] * pixels;
+        T* dst = images + b * pixels;
+        for (int64_t p = 0; p < pixels; ++p) dst[p] = static_cast<T>(src[p] / 255.0);
+      }
+    });
+  }
+
+  int image_feed_;
+  IdxImagesAndLabels data_;
+  int64_t num_classes_;
+};
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds,
+                                                        const std::string& default_dir) {
+  absl::StatusOr<bool> test = args.TakeSplit();
+  if (!test.ok()) return test.status();
+  absl::StatusOr<std::optional<std::string>> path = args.TakeString("path");
+  if (!path.ok()) return path.status();
+  if (absl::Status s = args.Finish({"train", "test", "path"}); !s.ok()) return s;
+  std::string dir = path->has_value() ? ResolveUserPath(**path) : default_dir;
+  if (dir.empty()) return args.Error(absl::StrCat("needs path=DIR: there is no default location for ", args.name()));
+
+  absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
+  if (!roles.ok()) return roles.status();
+  if (roles->features.size() != 1) {
+    std::vector<std::string> names;
+    for (int i : roles->features) names.push_back(feeds[i].name);
+    return absl::InvalidArgumentError(absl::StrCat(args.name(), " fills exactly one floating image feed; the program has ",
+                                                   names.size(), " (", absl::StrJoin(names, ", "), ")"));
+  }
+
+  const std::string prefix = absl::StrCat(dir, "/", *test ? "t10k" : "train");
+  auto pick = [](const std::string& base) {
+    std::string gz = base + ".gz";
+    return !FileExists(gz) && FileExists(base) ? base : gz;
+  };
+  const int64_t kClasses = 10;
+  absl::StatusOr<IdxImagesAndLabels> data = ReadIdxImagesAndLabels(
+      pick(prefix + "-images-idx3-ubyte"), pick(prefix + "-labels-idx1-ubyte"), kClasses);
+  if (!data.ok()) return data.status();
+
+  const int image_feed = roles->features[0];
+  const FeedSpec& feed = feeds[image_feed];
+  const int64_t rows = data->rows, cols = data->cols;
+  const std::vector<std::vector<int64_t>> accepted = {{-1, rows * cols}, {-1, 1, rows, cols}, {-1, rows, cols}};
+  if (std::find(accepted.begin(), accepted.end(), feed.shape) == accepted.end()) {
+    std::vector<std::string> shapes;
+    for (const auto& s : accepted) shapes.push_back(ShapeString(s));
+    return absl::InvalidArgumentError(absl::StrCat("feed '", feed.name, "' has shape ", ShapeString(feed.shape), "; ",
+                                                   args.name(), " images need one of ", shapes[0], ", ", shapes[1],
+                                                   " or ", shapes[2]));
+  }
+  return std::unique_ptr<Dataset>(
+      new IdxDataset(feeds, roles->label, image_feed, *std::move(data), kClasses));
+}
+
+// ---------------------------------------------------------------------------
+// Synthetic classification data from a random teacher network.
+
+// Standard normals by Box-Muller over Philox: element j of stream `row` is a
+// pure function of (key, row, j).
+void FillNormals(const Philox& gen, uint64_t row, int64_t count, double* out) {
+  constexpr double kTwoPi = 6.283185307179586;
+  for (int64_t block = 0; block * 4 < count; ++block) {
+    std::array<double, 4> u = gen.Uniform4(row, block);
+    double r0 = std::sqrt(-2.0 * std::log(1.0 - u[0])), r1 = std::sqrt(-2.0 * std::log(1.0 - u[2]));
+    double z[4] = {r0 * std::cos(kTwoPi * u[1]), r0 * std::sin(kTwoPi * u[1]), r1 * std::cos(kTwoPi * u[3]),
+                   r1 * std::sin(kTwoPi * u[3])};
+    for (int k = 0; k < 4 && block * 4 + k < count; ++k) out[block * 4 + k] = z[k];
+  }
+}
+
+class SyntheticDataset : public Dataset {
+ public:
+  SyntheticDataset(std::vector<FeedSpec> feeds, FeedRoles roles, int64_t size, int64_t classes, bool test,
+                   uint64_t seed)
+      : Dataset(std::move(feeds), roles.label),
+        roles_(std::move(roles)),
+        size_(size),
+        classes_(classes),
+        test_(test),
+        features_gen_(MixKey(seed, Fnv1a64("strata.synthetic.features"))) {
+    for (int f : roles_.features) num_features_ += roles_.elements_per_sample[f];
+    if (label_feed() >= 0) BuildTeacher(seed);
+  }
+
+  int64_t size() const override { return size_; }
+  int64_t num_classes() const override { return classes_; }
+
+  absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
+    if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
+    if (absl::Status s = AllocateBatch(feeds(), indices.size(), out); !s.ok()) return s;
+    // Samples split over threads; a chunk holds about 2^18 multiply-adds.
+    const int64_t cost = num_features_ * (label_feed() >= 0 ? kTeacherHidden + 8 : 8);
+    ParallelFor(indices.size(), std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cost, 1)),
+                [&](int64_t begin, int64_t end) {
+                  std::vector<double> x(num_features_);
+                  for (int64_t b = begin; b < end; ++b) FillSample(indices[b], b, x.data(), out);
+                });
+    return absl::OkStatus();
+  }
+
+ private:
+  // Teacher: logits = W2 tanh(W1 x / sqrt(D)) + b2. No hidden bias and unit-norm
+  // rows of W2 keep the classes near balance when the hidden layer is isotropic
+  // (many features); with few features, b2 is calibrated to balance them.
+  void BuildTeacher(uint64_t seed) {
+    Philox gen(MixKey(seed, Fnv1a64("strata.synthetic.teacher")));
+    std::vector<double> buffer(std::max<int64_t>(num_features_, kTeacherHidden));
+    w1_.resize(kTeacherHidden * num_features_);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(num_features_));
+    for (int h = 0; h < kTeacherHidden; ++h) {
+      FillNormals(gen, h, num_features_, buffer.data());
+      for (int64_t j = 0; j < num_features_; ++j) w1_[h * num_features_ + j] = static_cast<float>(buffer[j] * scale);
+    }
+    w2_.resize(classes_ * kTeacherHidden);
+    for (int64_t k = 0; k < classes_; ++k) {
+      double* row = w2_.data() + k * kTeacherHidden;
+      FillNormals(gen, kTeacherHidden + k, kTeacherHidden, row);
+      double norm = 0;
+      for (int h = 0; h < kTeacherHidden; ++h) norm += row[h] * row[h];
+      norm = std::sqrt(norm);
+      for (int h = 0; h < kTeacherHidden; ++h) row[h] /= norm;
+    }
+    b2_.assign(classes_, 0.0);
+    if (num_features_ <= kCalibrateMaxFeatures && classes_ <= kCalibrateMaxClasses) CalibrateClassBiases(seed);
+  }
+
+  // Balances the classes on calibration samples (their own stream, disjoint from
+  // train and test): a decaying-step iteration b2 += step * (1/K - frequency),
+  // the dual ascent of a balanced assignment.
+  void CalibrateClassBiases(uint64_t seed) {
+    const Philox gen(MixKey(seed, Fnv1a64("strata.synthetic.calibration")));
+    std::vector<double> logits(kCalibrationSamples * classes_);
+    ParallelFor(kCalibrationSamples, 64, [&](int64_t begin, int64_t end) {
+      std::vector<double> x(num_features_);
+      double hidden[kTeacherHidden];
+      for (int64_t i = begin; i < end; ++i) {
+        FillNormals(gen, i, num_features_, x.data());
+        Hidden(x.data(), hidden);
+        for (int64_t k = 0; k < classes_; ++k) logits[i * classes_ + k] = Logit(hidden, k);
+      }
+    });
+    std::vector<int64_t> counts(classes_);
+    for (int iteration = 0; iteration < kCalibrationIterations; ++iteration) {
+      std::fill(counts.begin(), counts.end(), 0);
+      for (int64_t i = 0; i < kCalibrationSamples; ++i) ++counts[ArgMax(logits.data() + i * classes_)];
+      const double step = 0.5 / (1.0 + iteration / 10.0);
+      for (int64_t k = 0; k < classes_; ++k) {
+        b2_[k] += step * (1.0 / classes_ - static_cast<double>(counts[k]) / kCalibrationSamples);
+      }
+    }
+  }
+
+  void Hidden(const double* x, double* hidden) const {
+    for (int h = 0; h < kTeacherHidden; ++h) {
+      const float* w = w1_.data() + h * num_features_;
+      double acc = 0;
+      for (int64_t j = 0; j < num_features_; ++j) acc += w[j] * x[j];
+      hidden[h] = std::tanh(acc);
+    }
+  }
+
+  double Logit(const double* hidden, int64_t k) const {
+    const double* w = w2_.data() + k * kTeacherHidden;
+    double logit = 0;
+    for (int h = 0; h < kTeacherHidden; ++h) logit += w[h] * hidden[h];
+    return logit;
+  }
+
+  // argmax over classes of logits + b2; the first on ties.
+  int64_t ArgMax(const double* logits) const {
+    int64_t best = 0;
+    for (int64_t k = 1; k < classes_; ++k) {
+      if (logits[k] + b2_[k] > logits[best] + b2_[best]) best = k;
+    }
+    return best;
+  }
+
+  // Writes sample `index` at batch position b of every feed; x: scratch of num_features_.
+  void FillSample(int64_t index, int64_t b, double* x, std::vector<Tensor>* out) const {
+    const uint64_t row = static_cast<uint64_t>(index) | (test_ ? kTestSampleBit : 0);
+    FillNormals(features_gen_, row, num_features_, x);
+    int64_t offset = 0;
+    for (int f : roles_.features) {
+      const int64_t n = roles_.elements_per_sample[f];
+      Tensor& t = (*out)[f];
+      if (t.dtype() == F32) {
+        float* dst = t.data<float>() + b * n;
+        for (int64_t j = 0; j < n; ++j) {
+          dst[j] = static_cast<float>(x[offset + j]);
+          x[offset + j] = dst[j];  // the teacher sees exactly what the model sees
+        }
+      } else {
+        std::copy(x + offset, x + offset + n, t.data<double>() + b * n);
+      }
+      offset += n;
+    }
+    if (label_feed() >= 0) (*out)[label_feed()].data<int64_t>()[b] = TeacherLabel(x);
+  }
+
+  int64_t TeacherLabel(const double* x) const {
+    double hidden[kTeacherHidden];
+    Hidden(x, hidden);
+    std::vector<double> logits(classes_);
+    for (int64_t k = 0; k < classes_; ++k) logits[k] = Logit(hidden, k);
+    return ArgMax(logits.data());
+  }
+
+  FeedRoles roles_;
+  int64_t size_;
+  int64_t classes_;
+  bool test_;
+  Philox features_gen_;
+  int64_t num_features_ = 0;
+  std::vector<float> w1_;   // [hidden, features]
+  std::vector<double> w2_;  // [classes, hidden]
+  std::vector<double> b2_;  // [classes]
+};
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds,
+                                                              uint64_t seed) {
+  absl::StatusOr<int64_t> classes = args.TakeInt("classes", 10, 2, kMaxSyntheticClasses);
+  if (!classes.ok()) return classes.status();
+  absl::StatusOr<int64_t> size = args.TakeInt("size", 8192, 1, kMaxSyntheticSize);
+  if (!size.ok()) return size.status();
+  absl::StatusOr<bool> test = args.TakeSplit();
+  if (!test.ok()) return test.status();
+  if (absl::Status s = args.Finish({"classes", "size", "train", "test"}); !s.ok()) return s;
+
+  absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
+  if (!roles.ok()) return roles.status();
+  if (roles->features.empty()) {
+    return absl::InvalidArgumentError("synthetic data needs at least one floating (F32/F64) feature feed");
+  }
+  int64_t num_features = 0;
+  for (int f : roles->features) num_features += roles->elements_per_sample[f];
+  if (roles->label >= 0 && num_features > kMaxSyntheticFeatures) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic labels come from a teacher over at most ",
+                                                   kMaxSyntheticFeatures, " features per sample; the feature feeds have ",
+                                                   num_features));
+  }
+  return std::unique_ptr<Dataset>(new SyntheticDataset(feeds, *std::move(roles), *size, *classes, *test, seed));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const std::string& spec, const std::vector<FeedSpec>& feeds,
+                                                     uint64_t seed) {
+  absl::StatusOr<SpecArgs> args = SpecArgs::Parse(spec);
+  if (!args.ok()) return args.status();
+  if (args->name() == "fashion_mnist") return OpenIdxDataset(*args, feeds, kFashionMnistDir);
+  if (args->name() == "mnist") return OpenIdxDataset(*args, feeds, "");
+  if (args->name() == "synthetic") return OpenSyntheticDataset(*args, feeds, seed);
+  return args->Error(absl::StrCat("names unknown dataset '", args->name(),
+                                  "' (expected fashion_mnist, mnist or synthetic)"));
+}
+
+std::vector<int64_t> EpochOrder(int64_t size, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(std::max<int64_t>(size, 0));
+  for (int64_t i = 0; i < size; ++i) order[i] = i;
+  const Philox gen(MixKey(seed, static_cast<uint64_t>(epoch)));
+  uint64_t counter = 0;
+  auto next64 = [&] {
+    Philox::Block r = gen({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0, 0});
+    ++counter;
+    return (uint64_t{r[0]} << 32) | r[1];
+  };
+  for (int64_t i = size - 1; i > 0; --i) {
+    // Uniform j in [0, i] by rejection, free of modulo bias.
+    const uint64_t bound = static_cast<uint64_t>(i) + 1;
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+    uint64_t r;
+    do {
+      r = next64();
+    } while (r >= limit);
+    std::swap(order[i], order[r % bound]);
+  }
+  return order;
+}
+
+}  // namespace strata

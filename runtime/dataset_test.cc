@@ -1,0 +1,430 @@
+#include "runtime/dataset.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<FeedSpec> kMlpFeeds = {{"image", F32, {-1, 784}}, {"label", I64, {-1}}};
+
+std::unique_ptr<Dataset> MustOpen(const std::string& spec, const std::vector<FeedSpec>& feeds, uint64_t seed = 1) {
+  absl::StatusOr<std::unique_ptr<Dataset>> ds = OpenDataset(spec, feeds, seed);
+  EXPECT_TRUE(ds.ok()) << ds.status();
+  return ds.ok() ? *std::move(ds) : nullptr;
+}
+
+std::vector<Tensor> MustBatch(const Dataset& ds, std::vector<int64_t> indices) {
+  std::vector<Tensor> out;
+  absl::Status s = ds.GetBatch(indices, &out);
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+template <typename T>
+std::vector<T> Values(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.num_elements());
+}
+
+absl::Status OpenError(const std::string& spec, const std::vector<FeedSpec>& feeds = kMlpFeeds) {
+  absl::StatusOr<std::unique_ptr<Dataset>> ds = OpenDataset(spec, feeds, 1);
+  return ds.status();
+}
+
+// ---------------------------------------------------------------------------
+// Fashion-MNIST from Debian's dataset-fashion-mnist.
+
+TEST(FashionMnistTest, TrainSplitLoadsWithKnownLabelsAndScaledPixels) {
+  std::unique_ptr<Dataset> ds = MustOpen("fashion_mnist", kMlpFeeds);
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->size(), 60000);
+  EXPECT_EQ(ds->num_classes(), 10);
+  EXPECT_EQ(ds->label_feed(), 1);
+  std::vector<Tensor> batch = MustBatch(*ds, {0, 1, 2, 3, 59999});
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0].dtype(), F32);
+  EXPECT_THAT(batch[0].shape(), ::testing::ElementsAre(5, 784));
+  EXPECT_THAT(batch[1].shape(), ::testing::ElementsAre(5));
+  // First training labels of Fashion-MNIST: ankle boot, T-shirt, T-shirt, dress.
+  std::vector<int64_t> labels = Values<int64_t>(batch[1]);
+  EXPECT_THAT(std::vector<int64_t>(labels.begin(), labels.begin() + 4), ::testing::ElementsAre(9, 0, 0, 3));
+  // Pixels are byte/255: in [0, 1], both ends reached, each a multiple of 1/255.
+  std::vector<float> pixels = Values<float>(batch[0]);
+  EXPECT_EQ(*std::min_element(pixels.begin(), pixels.end()), 0.0f);
+  EXPECT_EQ(*std::max_element(pixels.begin(), pixels.end()), 1.0f);
+  for (float p : pixels) {
+    float scaled = p * 255.0f;
+    ASSERT_NEAR(scaled, std::round(scaled), 1e-3);
+  }
+  // The first image's byte sum is 76247 (from Python's gzip module).
+  double sum = 0;
+  for (int i = 0; i < 784; ++i) sum += std::round(pixels[i] * 255.0f);
+  EXPECT_EQ(sum, 76247);
+}
+
+TEST(FashionMnistTest, TestSplitLoads) {
+  for (const char* spec : {"fashion_mnist:test", "fashion_mnist:test,path=/usr/share/datasets/fashion-mnist"}) {
+    std::unique_ptr<Dataset> ds = MustOpen(spec, kMlpFeeds);
+    ASSERT_NE(ds, nullptr);
+    EXPECT_EQ(ds->size(), 10000) << spec;
+    std::vector<Tensor> batch = MustBatch(*ds, {0, 1, 2});
+    EXPECT_THAT(Values<int64_t>(batch[1]), ::testing::ElementsAre(9, 2, 1)) << spec;
+  }
+  std::unique_ptr<Dataset> train = MustOpen("fashion_mnist:train", kMlpFeeds);
+  ASSERT_NE(train, nullptr);
+  EXPECT_EQ(train->size(), 60000);
+}
+
+TEST(FashionMnistTest, ImageFeedShapesAndDtypesAgree) {
+  std::unique_ptr<Dataset> flat = MustOpen("fashion_mnist:test", kMlpFeeds);
+  std::unique_ptr<Dataset> nchw = MustOpen("fashion_mnist:test", {{"label", I64, {-1}}, {"x", F64, {-1, 1, 28, 28}}});
+  std::unique_ptr<Dataset> hw = MustOpen("fashion_mnist:test", {{"x", F32, {-1, 28, 28}}});
+  ASSERT_TRUE(flat && nchw && hw);
+  EXPECT_EQ(nchw->label_feed(), 0);
+  EXPECT_EQ(hw->label_feed(), -1);
+  std::vector<int64_t> indices = {7, 3, 9999, 3};
+  std::vector<Tensor> a = MustBatch(*flat, indices), b = MustBatch(*nchw, indices), c = MustBatch(*hw, indices);
+  EXPECT_THAT(b[1].shape(), ::testing::ElementsAre(4, 1, 28, 28));
+  EXPECT_EQ(b[1].dtype(), F64);
+  EXPECT_THAT(c[0].shape(), ::testing::ElementsAre(4, 28, 28));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(Values<int64_t>(a[1]), Values<int64_t>(b[0]));
+  std::vector<float> fa = Values<float>(a[0]), fc = Values<float>(c[0]);
+  std::vector<double> db = Values<double>(b[1]);
+  EXPECT_EQ(fa, fc);
+  for (size_t i = 0; i < fa.size(); ++i) ASSERT_EQ(fa[i], static_cast<float>(db[i])) << i;
+  // Repeated indices give repeated samples.
+  EXPECT_TRUE(std::equal(fa.begin() + 784, fa.begin() + 2 * 784, fa.begin() + 3 * 784));
+}
+
+TEST(FashionMnistTest, WrongImageShapeNamesFeedAndAcceptedShapes) {
+  absl::Status s = OpenError("fashion_mnist:test", {{"pic", F32, {-1, 3, 32, 32}}, {"label", I64, {-1}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'pic'"));
+  EXPECT_THAT(s.message(), HasSubstr("[-1, 784], [-1, 1, 28, 28] or [-1, 28, 28]"));
+}
+
+TEST(FashionMnistTest, TwoImageFeedsAreAnError) {
+  absl::Status s = OpenError("fashion_mnist:test", {{"a", F32, {-1, 784}}, {"b", F32, {-1, 784}}});
+  EXPECT_THAT(s.message(), HasSubstr("exactly one floating image feed"));
+  EXPECT_THAT(s.message(), HasSubstr("a, b"));
+}
+
+TEST(FashionMnistTest, BatchIndexOutOfRangeIsAnError) {
+  std::unique_ptr<Dataset> ds = MustOpen("fashion_mnist:test", kMlpFeeds);
+  ASSERT_NE(ds, nullptr);
+  std::vector<Tensor> out;
+  std::vector<int64_t> indices = {0, 10000};
+  absl::Status s = ds->GetBatch(indices, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(s.message(), HasSubstr("10000"));
+  indices = {-1};
+  EXPECT_EQ(ds->GetBatch(indices, &out).code(), absl::StatusCode::kOutOfRange);
+  // An empty batch is fine.
+  indices.clear();
+  ASSERT_TRUE(ds->GetBatch(indices, &out).ok());
+  EXPECT_THAT(out[0].shape(), ::testing::ElementsAre(0, 784));
+}
+
+// ---------------------------------------------------------------------------
+// IDX datasets from a directory (mnist:path=, fashion_mnist:path=) on crafted files.
+
+std::string IdxBytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+  std::string s = {0, 0, 8, static_cast<char>(dims.size())};
+  for (uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) s += static_cast<char>(d >> shift);
+  }
+  s.append(data.begin(), data.end());
+  return s;
+}
+
+void WriteFile(const std::string& path, const std::string& bytes, bool gzip) {
+  if (gzip) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr) << path;
+    gzwrite(f, bytes.data(), bytes.size());
+    gzclose(f);
+  } else {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr) << path;
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+}
+
+// A 3-sample 2x2 dataset; `gzip` picks .gz or plain file names.
+std::string MakeTinyIdxDir(const std::string& name, bool gzip, std::vector<uint8_t> labels) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name);
+  mkdir(dir.c_str(), 0755);
+  std::string ext = gzip ? ".gz" : "";
+  std::vector<uint8_t> pixels = {0, 255, 51, 102, 1, 2, 3, 4, 10, 20, 30, 40};
+  for (const char* split : {"train", "t10k"}) {
+    WriteFile(absl::StrCat(dir, "/", split, "-images-idx3-ubyte", ext), IdxBytes({3, 2, 2}, pixels), gzip);
+    WriteFile(absl::StrCat(dir, "/", split, "-labels-idx1-ubyte", ext), IdxBytes({3}, labels), gzip);
+  }
+  return dir;
+}
+
+TEST(IdxDatasetTest, ReadsDirectoryGivenByPath) {
+  for (bool gzip : {true, false}) {
+    std::string dir = MakeTinyIdxDir(gzip ? "tiny_gz" : "tiny_plain", gzip, {4, 0, 9});
+    std::vector<FeedSpec> feeds = {{"x", F64, {-1, 1, 2, 2}}, {"y", I64, {-1}}};
+    for (const std::string& spec : {absl::StrCat("mnist:path=", dir), absl::StrCat("fashion_mnist:path=", dir, ",test")}) {
+      std::unique_ptr<Dataset> ds = MustOpen(spec, feeds);
+      ASSERT_NE(ds, nullptr) << spec;
+      EXPECT_EQ(ds->size(), 3);
+      std::vector<Tensor> batch = MustBatch(*ds, {2, 0});
+      EXPECT_THAT(Values<int64_t>(batch[1]), ::testing::ElementsAre(9, 4));
+      EXPECT_THAT(Values<double>(batch[0]),
+                  ::testing::ElementsAre(10 / 255.0, 20 / 255.0, 30 / 255.0, 40 / 255.0, 0.0, 1.0, 0.2, 0.4));
+    }
+  }
+}
+
+TEST(IdxDatasetTest, LabelOutOfRangeNamesFileAndIndex) {
+  std::string dir = MakeTinyIdxDir("tiny_bad_label", true, {1, 2, 10});
+  absl::Status s = OpenError(absl::StrCat("mnist:path=", dir), {{"x", F32, {-1, 4}}, {"y", I64, {-1}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/train-labels-idx1-ubyte.gz"));
+  EXPECT_THAT(s.message(), HasSubstr("label 10 at index 2"));
+}
+
+TEST(IdxDatasetTest, MissingDirectoryAndMissingPathAreErrors) {
+  absl::Status s = OpenError("mnist:path=/nonexistent/mnist", {{"x", F32, {-1, 784}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("/nonexistent/mnist/train-images-idx3-ubyte.gz"));
+  s = OpenError("mnist", {{"x", F32, {-1, 784}}});
+  EXPECT_THAT(s.message(), HasSubstr("needs path=DIR"));
+}
+
+// ---------------------------------------------------------------------------
+// Epoch order.
+
+TEST(EpochOrderTest, IsAPermutationThatDependsOnlyOnSeedAndEpoch) {
+  std::vector<int64_t> order = EpochOrder(1000, 42, 3);
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> identity(1000);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_EQ(sorted, identity);
+  EXPECT_NE(order, identity);
+  EXPECT_EQ(order, EpochOrder(1000, 42, 3));
+  EXPECT_NE(order, EpochOrder(1000, 42, 4));
+  EXPECT_NE(order, EpochOrder(1000, 43, 3));
+  EXPECT_TRUE(EpochOrder(0, 42, 0).empty());
+  EXPECT_THAT(EpochOrder(1, 42, 0), ::testing::ElementsAre(0));
+}
+
+TEST(EpochOrderTest, AllPermutationsOfThreeAreAboutEquallyLikely) {
+  std::map<std::vector<int64_t>, int> counts;
+  for (int epoch = 0; epoch < 6000; ++epoch) ++counts[EpochOrder(3, 7, epoch)];
+  EXPECT_EQ(counts.size(), 6u);
+  // Expected 1000 each; the standard deviation is about 29.
+  for (const auto& [perm, count] : counts) EXPECT_NEAR(count, 1000, 150);
+}
+
+// ---------------------------------------------------------------------------
+// Synthetic data.
+
+TEST(SyntheticTest, SamplesAreDeterministicAndIndependentOfBatchComposition) {
+  std::vector<FeedSpec> feeds = {{"x", F64, {-1, 5}}, {"y", I64, {-1}}};
+  std::unique_ptr<Dataset> a = MustOpen("synthetic", feeds, 9), b = MustOpen("synthetic", feeds, 9);
+  std::unique_ptr<Dataset> other_seed = MustOpen("synthetic", feeds, 10);
+  ASSERT_TRUE(a && b && other_seed);
+  EXPECT_EQ(a->size(), 8192);
+  EXPECT_EQ(a->num_classes(), 10);
+  std::vector<Tensor> big = MustBatch(*a, {3, 5, 7}), single = MustBatch(*b, {5});
+  std::vector<double> x = Values<double>(big[0]);
+  EXPECT_EQ(std::vector<double>(x.begin() + 5, x.begin() + 10), Values<double>(single[0]));
+  EXPECT_EQ(Values<int64_t>(big[1])[1], Values<int64_t>(single[1])[0]);
+  EXPECT_NE(Values<double>(MustBatch(*other_seed, {5})[0]), Values<double>(single[0]));
+}
+
+TEST(SyntheticTest, FeaturesAreStandardNormal) {
+  std::unique_ptr<Dataset> ds = MustOpen("synthetic:size=2000", {{"x", F64, {-1, 100}}});
+  ASSERT_NE(ds, nullptr);
+  std::vector<int64_t> all(2000);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<double> x = Values<double>(MustBatch(*ds, all)[0]);
+  double mean = 0, var = 0;
+  for (double v : x) mean += v;
+  mean /= x.size();
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= x.size();
+  // 200000 draws: standard errors 0.0022 (mean) and 0.0032 (variance).
+  EXPECT_NEAR(mean, 0.0, 0.015);
+  EXPECT_NEAR(var, 1.0, 0.02);
+}
+
+TEST(SyntheticTest, ClassesAreRoughlyBalanced) {
+  for (int64_t features : {4, 784, 3072}) {
+    for (int classes : {2, 10}) {
+      std::string spec = absl::StrCat("synthetic:classes=", classes);
+      std::unique_ptr<Dataset> ds = MustOpen(spec, {{"x", F32, {-1, features}}, {"y", I64, {-1}}}, 1);
+      ASSERT_NE(ds, nullptr);
+      EXPECT_EQ(ds->num_classes(), classes);
+      std::vector<int64_t> all(ds->size());
+      std::iota(all.begin(), all.end(), 0);
+      std::vector<int64_t> labels = Values<int64_t>(MustBatch(*ds, all)[1]);
+      std::vector<int> counts(classes, 0);
+      for (int64_t l : labels) {
+        ASSERT_GE(l, 0);
+        ASSERT_LT(l, classes);
+        ++counts[l];
+      }
+      // Every class appears, none with less than half or more than twice its share.
+      const double share = static_cast<double>(ds->size()) / classes;
+      for (int k = 0; k < classes; ++k) {
+        EXPECT_GT(counts[k], share / 2) << spec << " features=" << features << " class " << k;
+        EXPECT_LT(counts[k], share * 2) << spec << " features=" << features << " class " << k;
+      }
+    }
+  }
+}
+
+TEST(SyntheticTest, F32FeedsHoldTheF64ValuesRoundedAndTheSameLabels) {
+  std::unique_ptr<Dataset> f64 = MustOpen("synthetic:classes=4", {{"x", F64, {-1, 2, 3}}, {"y", I64, {-1}}});
+  std::unique_ptr<Dataset> f32 = MustOpen("synthetic:classes=4", {{"y", I64, {-1}}, {"x", F32, {-1, 6}}});
+  ASSERT_TRUE(f64 && f32);
+  std::vector<int64_t> indices(256);
+  std::iota(indices.begin(), indices.end(), 100);
+  std::vector<Tensor> a = MustBatch(*f64, indices), b = MustBatch(*f32, indices);
+  std::vector<double> xa = Values<double>(a[0]);
+  std::vector<float> xb = Values<float>(b[1]);
+  ASSERT_EQ(xa.size(), xb.size());
+  for (size_t i = 0; i < xa.size(); ++i) ASSERT_EQ(static_cast<float>(xa[i]), xb[i]);
+  // The teacher sees the rounded values; a label flip would need a near-tie.
+  std::vector<int64_t> la = Values<int64_t>(a[1]), lb = Values<int64_t>(b[0]);
+  int same = 0;
+  for (size_t i = 0; i < la.size(); ++i) same += la[i] == lb[i];
+  EXPECT_GE(same, 255);
+}
+
+TEST(SyntheticTest, FeaturesConcatenateOverSeveralFeeds) {
+  std::unique_ptr<Dataset> one = MustOpen("synthetic", {{"x", F64, {-1, 7}}, {"y", I64, {-1}}});
+  std::unique_ptr<Dataset> two = MustOpen("synthetic", {{"a", F64, {-1, 3}}, {"y", I64, {-1}}, {"b", F64, {-1, 4}}});
+  ASSERT_TRUE(one && two);
+  std::vector<Tensor> p = MustBatch(*one, {11}), q = MustBatch(*two, {11});
+  std::vector<double> joined = Values<double>(q[0]);
+  std::vector<double> tail = Values<double>(q[2]);
+  joined.insert(joined.end(), tail.begin(), tail.end());
+  EXPECT_EQ(Values<double>(p[0]), joined);
+  EXPECT_EQ(Values<int64_t>(p[1]), Values<int64_t>(q[1]));
+}
+
+TEST(SyntheticTest, TestSplitIsDisjointButFromTheSameTeacher) {
+  std::vector<FeedSpec> feeds = {{"x", F64, {-1, 8}}, {"y", I64, {-1}}};
+  std::unique_ptr<Dataset> train = MustOpen("synthetic:classes=3,size=4000", feeds, 5);
+  std::unique_ptr<Dataset> test = MustOpen("synthetic:classes=3,size=4000,test", feeds, 5);
+  ASSERT_TRUE(train && test);
+  std::vector<int64_t> all(4000);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<Tensor> tr = MustBatch(*train, all), te = MustBatch(*test, all);
+  std::vector<double> xtr = Values<double>(tr[0]), xte = Values<double>(te[0]);
+  for (int i = 0; i < 4000; ++i) {
+    ASSERT_FALSE(std::equal(xtr.begin() + 8 * i, xtr.begin() + 8 * i + 8, xte.begin() + 8 * i)) << i;
+  }
+  // Same teacher: a 1-nearest-neighbour rule fitted on train predicts test labels
+  // well above chance (1/3).
+  auto nn_accuracy = [&](const std::vector<int64_t>& test_labels) {
+    std::vector<int64_t> ytr = Values<int64_t>(tr[1]);
+    int correct = 0;
+    for (int i = 0; i < 500; ++i) {
+      double best = HUGE_VAL;
+      int64_t pred = -1;
+      for (int j = 0; j < 4000; ++j) {
+        double d = 0;
+        for (int k = 0; k < 8; ++k) d += (xte[8 * i + k] - xtr[8 * j + k]) * (xte[8 * i + k] - xtr[8 * j + k]);
+        if (d < best) best = d, pred = ytr[j];
+      }
+      correct += pred == test_labels[i];
+    }
+    return correct / 500.0;
+  };
+  EXPECT_GT(nn_accuracy(Values<int64_t>(te[1])), 0.6);
+}
+
+TEST(SyntheticTest, WithoutLabelFeedOnlyFeaturesAreFilled) {
+  std::unique_ptr<Dataset> ds = MustOpen("synthetic:size=10", {{"x", F32, {-1, 4}}});
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->label_feed(), -1);
+  std::vector<Tensor> out = MustBatch(*ds, {9, 0});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_THAT(out[0].shape(), ::testing::ElementsAre(2, 4));
+  std::vector<Tensor> bad;
+  std::vector<int64_t> past_end = {10};
+  EXPECT_EQ(ds->GetBatch(past_end, &bad).code(), absl::StatusCode::kOutOfRange);
+}
+
+// ---------------------------------------------------------------------------
+// Spec and feed errors.
+
+TEST(DatasetSpecTest, BadSpecsNameTheKey) {
+  struct Case {
+    std::string spec;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"synthetic:classes=1", "key 'classes' is 1, expected 2.."},
+           {"synthetic:size=0", "key 'size' is 0, expected 1.."},
+           {"synthetic:classes=abc", "key 'classes' needs an integer, got 'abc'"},
+           {"synthetic:classes=", "key 'classes' needs a value"},
+           {"synthetic:size", "key 'size' needs a value"},
+           {"synthetic:foo=3", "unknown key 'foo' for synthetic"},
+           {"synthetic:test=1", "key 'test' takes no value"},
+           {"synthetic:train,test", "both 'train' and 'test'"},
+           {"synthetic:classes=3,classes=4", "repeats key 'classes'"},
+           {"synthetic:classes=3,", "empty item"},
+           {"synthetic:=3", "without a key"},
+           {"fashion_mnist:path=", "key 'path' needs a value"},
+           {"fashion_mnist:classes=3", "unknown key 'classes' for fashion_mnist"},
+           {"imagenet", "unknown dataset 'imagenet'"},
+           {"", "names no dataset"},
+           {":test", "names no dataset"},
+       }) {
+    absl::Status s = OpenError(c.spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.spec;
+    EXPECT_THAT(s.message(), HasSubstr(c.expected)) << c.spec;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("\"", c.spec, "\""))) << c.spec;
+  }
+}
+
+TEST(DatasetSpecTest, BadFeedsAreErrorsNamingTheFeed) {
+  struct Case {
+    std::vector<FeedSpec> feeds;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, "no FEED vars"},
+           {{{"x", F32, {16, 4}}}, "feed 'x' has shape [16, 4], expected the batch dim -1 first"},
+           {{{"x", F32, {}}}, "feed 'x' has shape []"},
+           {{{"x", F32, {-1, 0}}}, "feed 'x' has shape [-1, 0], expected positive dims"},
+           {{{"x", F32, {-1, -1}}}, "expected positive dims"},
+           {{{"x", F32, {-1, 1 << 20, 1 << 20}}}, "elements per sample"},
+           {{{"x", F32, {-1, 4}}, {"m", I32, {-1}}}, "feed 'm' is I32[-1]"},
+           {{{"x", F32, {-1, 4}}, {"ids", I64, {-1, 4}}}, "feed 'ids' is I64[-1, 4]"},
+           {{{"x", F32, {-1, 4}}, {"y1", I64, {-1}}, {"y2", I64, {-1}}}, "'y1' and 'y2' are both I64[-1]"},
+           {{{"y", I64, {-1}}}, "at least one floating"},
+       }) {
+    absl::Status s = OpenError("synthetic", c.feeds);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_THAT(s.message(), HasSubstr(c.expected));
+  }
+}
+
+}  // namespace
+}  // namespace strata

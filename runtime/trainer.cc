@@ -1,0 +1,277 @@
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/checkpoint.h"
+#include "runtime/dataset.h"
+#include "runtime/executor.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.10g", v);
+}
+
+std::string FormatDuration(double s) {
+  if (s < 60) return absl::StrFormat("%.0fs", s);
+  if (s < 3600) return absl::StrFormat("%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  return absl::StrFormat("%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+}
+
+class MetricsWriter {
+ public:
+  absl::Status Open(const std::string& path, bool append) {
+    if (path.empty()) return absl::OkStatus();
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
+    if (!out_) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --metrics file for writing"));
+    return absl::OkStatus();
+  }
+  void Line(const std::string& json) {
+    if (!out_.is_open()) return;
+    out_ << json << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+std::vector<FeedSpec> FeedSpecs(const Executor& e) {
+  std::vector<FeedSpec> specs;
+  for (const Var* v : e.feeds()) {
+    specs.push_back({v->name(), v->dtype(), std::vector<int64_t>(v->shape().begin(), v->shape().end())});
+  }
+  return specs;
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, absl::Span<const int64_t> indices) {
+  std::vector<Tensor> tensors;
+  if (auto s = data.GetBatch(indices, &tensors); !s.ok()) return s;
+  std::map<std::string, Tensor> feeds;
+  for (size_t i = 0; i < data.feeds().size(); ++i) feeds[data.feeds()[i].name] = std::move(tensors[i]);
+  return feeds;
+}
+
+// The fetch var an `accuracy` op produces, if the program reports one.
+std::string AccuracyFetch(const Program& program) {
+  for (const auto& f : program.fetch()) {
+    for (const Op& op : program.op()) {
+      if (op.type() == "accuracy" && op.output_size() > 0 && op.output(0) == f) return f;
+    }
+  }
+  return "";
+}
+
+absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& data, const std::string& name,
+                                          int64_t batch, const std::string& acc_fetch) {
+  EvalMetrics m;
+  m.name = name;
+  double loss_sum = 0, acc_sum = 0;
+  int64_t seen = 0;
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < data.size(); begin += batch) {
+    int64_t n = std::min(batch, data.size() - begin);
+    indices.resize(n);
+    for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
+    auto feeds = LoadBatch(data, indices);
+    if (!feeds.ok()) return feeds.status();
+    auto r = executor.Evaluate(*feeds, 0);
+    if (!r.ok()) return r.status();
+    loss_sum += r->loss * n;
+    if (!acc_fetch.empty()) acc_sum += r->fetches[acc_fetch] * n;
+    seen += n;
+  }
+  m.loss = loss_sum / std::max<int64_t>(seen, 1);
+  m.accuracy = acc_fetch.empty() ? -1 : acc_sum / std::max<int64_t>(seen, 1);
+  return m;
+}
+
+std::string EvalJson(const EvalMetrics& m) {
+  std::string s = absl::StrCat("{\"eval\": \"", m.name, "\", \"epoch\": ", m.epoch, ", \"loss\": ", Num(m.loss));
+  if (m.accuracy >= 0) absl::StrAppend(&s, ", \"accuracy\": ", Num(m.accuracy));
+  return s + "}";
+}
+
+std::string EvalName(const std::string& spec) {
+  size_t colon = spec.find(':');
+  if (colon == std::string::npos) return spec;
+  std::string rest = spec.substr(colon + 1);
+  return rest.substr(0, rest.find(','));
+}
+
+}  // namespace
+
+absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
+  TrainReport report;
+  const auto t_begin = Clock::now();
+  ExecutorOptions eopts;
+  eopts.device = options.device;
+  eopts.seed = options.seed;
+  auto created = Executor::Create(plan, eopts);
+  if (!created.ok()) return created.status();
+  Executor& executor = **created;
+
+  const int64_t batch = plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches());
+  if (batch <= 0) return absl::InvalidArgumentError("the plan has no batch size");
+  report.batch_size = batch;
+  report.predicted_peak_bytes = plan.memory().peak_bytes();
+
+  auto train_data = OpenDataset(options.data, FeedSpecs(executor), options.seed);
+  if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
+  std::unique_ptr<Dataset> eval_data;
+  if (!options.eval_data.empty()) {
+    auto d = OpenDataset(options.eval_data, FeedSpecs(executor), options.seed);
+    if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
+    eval_data = std::move(*d);
+  }
+  const Dataset& data = **train_data;
+  const int64_t steps_per_epoch = data.size() / batch;
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--data ", options.data, " has ", data.size(),
+                                                   " samples, fewer than one batch of ", batch));
+  }
+  report.steps_per_epoch = steps_per_epoch;
+  const int64_t total_steps = options.steps > 0 ? options.steps : std::max<int64_t>(options.epochs, 1) * steps_per_epoch;
+  executor.set_total_steps(total_steps);
+
+  if (auto s = executor.InitializeState(); !s.ok()) return s;
+  if (!options.load_dir.empty()) {
+    auto ckpt = LoadCheckpoint(options.load_dir);
+    if (!ckpt.ok()) return ckpt.status();
+    if (auto s = executor.LoadPersistentState(ckpt->tensors); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--load ", options.load_dir, ": ", s.message()));
+    }
+    int64_t step = 0;
+    auto it = ckpt->metadata.find("step");
+    if (it == ckpt->metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--load ", options.load_dir, ": checkpoint has no valid 'step'"));
+    }
+    auto bs = ckpt->metadata.find("batch_size");
+    int64_t saved_batch = 0;
+    if (bs != ckpt->metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
+      return absl::InvalidArgumentError(absl::StrCat("--load ", options.load_dir, ": saved with batch size ", saved_batch,
+                                                     ", resuming with ", batch, " would change the data order"));
+    }
+    executor.set_step(step);
+  }
+
+  MetricsWriter metrics;
+  if (auto s = metrics.Open(options.metrics_path, !options.load_dir.empty()); !s.ok()) return s;
+  const std::string acc_fetch = AccuracyFetch(plan.program());
+  const std::string eval_name = EvalName(options.eval_data);
+
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  auto last_progress = Clock::now();
+  const auto train_begin = Clock::now();
+  const int64_t first_step = executor.step();
+  auto evaluate = [&](int64_t epoch) -> absl::Status {
+    if (!eval_data) return absl::OkStatus();
+    auto m = RunEvaluation(executor, *eval_data, eval_name, options.eval_batch_size, acc_fetch);
+    if (!m.ok()) return m.status();
+    m->epoch = epoch;
+    metrics.Line(EvalJson(*m));
+    if (options.progress) {
+      std::fprintf(stderr, "eval %s after epoch %lld: loss %.4f%s\n", eval_name.c_str(), static_cast<long long>(epoch),
+                   m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
+    }
+    report.evals.push_back(*m);
+    return absl::OkStatus();
+  };
+
+  std::vector<int64_t> indices(batch);
+  while (executor.step() < total_steps) {
+    const int64_t step = executor.step();
+    const int64_t epoch = step / steps_per_epoch;
+    const int64_t position = (step % steps_per_epoch) * batch;
+    if (epoch != order_epoch) {
+      order = EpochOrder(data.size(), options.seed, epoch);
+      order_epoch = epoch;
+    }
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < batch; ++i) indices[i] = order[position + i];
+    auto feeds = LoadBatch(data, indices);
+    if (!feeds.ok()) return feeds.status();
+    GetCpuAllocator()->ResetPeak();
+    auto r = executor.TrainStep(*feeds, 0);
+    report.measured_peak_bytes = std::max(report.measured_peak_bytes, GetCpuAllocator()->peak_bytes());
+    if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
+    if (!std::isfinite(r->loss)) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
+                                                     "; training diverged (lower the learning rate?)"));
+    }
+    const double secs = Seconds(t0, Clock::now());
+    StepMetrics m;
+    m.step = step + 1;
+    m.epoch = epoch;
+    m.loss = r->loss;
+    m.fetches = r->fetches;
+    m.step_ms = secs * 1e3;
+    m.samples_per_sec = batch / std::max(secs, 1e-9);
+    std::string line = absl::StrCat("{\"step\": ", m.step, ", \"epoch\": ", m.epoch, ", \"loss\": ", Num(m.loss));
+    for (const auto& [k, v] : m.fetches) absl::StrAppend(&line, ", \"", k, "\": ", Num(v));
+    absl::StrAppend(&line, ", \"samples_per_sec\": ", Num(m.samples_per_sec), ", \"step_ms\": ", Num(m.step_ms), "}");
+    metrics.Line(line);
+    report.steps.push_back(std::move(m));
+
+    const auto now = Clock::now();
+    if (options.progress && (Seconds(last_progress, now) >= 1.0 || executor.step() == total_steps)) {
+      last_progress = now;
+      const double elapsed = Seconds(train_begin, now);
+      const int64_t done = executor.step() - first_step;
+      const double rate = done * batch / std::max(elapsed, 1e-9);
+      const double eta = (total_steps - executor.step()) * elapsed / std::max<int64_t>(done, 1);
+      std::string fetches;
+      for (const auto& [k, v] : r->fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
+      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s %.0f samples/s ETA %s\n",
+                   static_cast<long long>(executor.step()), static_cast<long long>(total_steps),
+                   static_cast<long long>(epoch + 1), r->loss, fetches.c_str(), rate, FormatDuration(eta).c_str());
+    }
+    const bool epoch_end = executor.step() % steps_per_epoch == 0;
+    if (epoch_end && options.steps == 0) {
+      if (auto s = evaluate(epoch + 1); !s.ok()) return s;
+    }
+  }
+  if (options.steps > 0 && executor.step() > first_step) {
+    if (auto s = evaluate(executor.step() / steps_per_epoch); !s.ok()) return s;
+  }
+
+  if (!options.save_dir.empty()) {
+    Checkpoint ckpt;
+    ckpt.tensors = executor.PersistentState();
+    ckpt.metadata["step"] = absl::StrCat(executor.step());
+    ckpt.metadata["epoch"] = absl::StrCat(executor.step() / steps_per_epoch);
+    ckpt.metadata["data_position"] = absl::StrCat((executor.step() % steps_per_epoch) * batch);
+    ckpt.metadata["batch_size"] = absl::StrCat(batch);
+    ckpt.metadata["seed"] = absl::StrCat(options.seed);
+    ckpt.metadata["program"] = plan.program().name();
+    if (auto s = SaveCheckpoint(options.save_dir, ckpt); !s.ok()) return s;
+  }
+  for (const auto& [name, t] : executor.PersistentState()) {
+    std::vector<double>& out = report.final_state[name];
+    out.resize(t.num_elements());
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      out[i] = t.dtype() == F32 ? t.data<float>()[i] : t.dtype() == F64 ? t.data<double>()[i]
+               : t.dtype() == I64 ? static_cast<double>(t.data<int64_t>()[i]) : 0.0;
+    }
+  }
+  report.seconds = Seconds(t_begin, Clock::now());
+  metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
+                            ", \"measured_peak_bytes\": ", report.measured_peak_bytes,
+                            ", \"predicted_peak_bytes\": ", report.predicted_peak_bytes, "}}"));
+  return report;
+}
+
+}  // namespace strata

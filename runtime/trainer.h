@@ -1,0 +1,62 @@
+#ifndef STRATA_RUNTIME_TRAINER_H_
+#define STRATA_RUNTIME_TRAINER_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
+
+namespace strata {
+
+struct TrainOptions {
+  std::string data = "synthetic";  // --data
+  std::string eval_data;           // --eval_data; empty: no evaluation
+  int64_t steps = 0;               // total optimizer steps of the run (--steps); 0: use epochs
+  int64_t epochs = 0;              // total epochs (--epochs); 0 with steps 0: one epoch
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string metrics_path;        // --metrics JSONL
+  std::string save_dir;            // --save
+  std::string load_dir;            // --load
+  bool progress = true;            // a progress line on stderr about once a second
+  int64_t eval_batch_size = 1000;
+};
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based
+  int64_t epoch = 0;
+  double loss = 0;
+  std::map<std::string, double> fetches;
+  double step_ms = 0;
+  double samples_per_sec = 0;
+};
+
+struct EvalMetrics {
+  std::string name;  // e.g. "test"
+  int64_t epoch = 0;
+  double loss = 0;
+  double accuracy = -1;  // -1: the program has no accuracy fetch
+};
+
+struct TrainReport {
+  std::vector<StepMetrics> steps;
+  std::vector<EvalMetrics> evals;
+  int64_t batch_size = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t measured_peak_bytes = 0;
+  int64_t predicted_peak_bytes = 0;
+  double seconds = 0;
+  std::map<std::string, std::vector<double>> final_state;  // persistent vars after training, as doubles
+};
+
+// Trains one rank's plan on one device: data in (seed, epoch) order, one
+// global mini-batch per step, metrics and progress as DESIGN.md says,
+// evaluation after each epoch (or at the end of a --steps run), checkpoints.
+absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_TRAINER_H_

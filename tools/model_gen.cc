@@ -1,0 +1,208 @@
+#include "tools/model_gen.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace strata {
+namespace {
+
+// Emits program text; stage(i) places layer i of n on one of K stages.
+class Writer {
+ public:
+  Writer(const GenOptions& o, int num_layers) : o_(o), num_layers_(num_layers) {}
+
+  std::string Device(int layer) const {
+    if (o_.stages <= 1) return "";
+    int stage = std::min(o_.stages - 1, layer * o_.stages / std::max(num_layers_, 1));
+    return absl::StrCat(" device: \"gpu:", stage, "\"");
+  }
+  void Feed(const std::string& name, const std::string& dtype, const std::string& shape) {
+    absl::StrAppend(&vars_, "var { name: \"", name, "\" dtype: ", dtype, " shape: ", shape, " kind: FEED }\n");
+  }
+  // PyTorch's default for Linear/Conv: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
+  void Param(const std::string& name, const std::string& shape, double fan_in, const std::string& init = "") {
+    double bound = 1.0 / std::sqrt(fan_in);
+    std::string i = init.empty() ? absl::StrFormat("uniform { low: %.9g high: %.9g }", -bound, bound) : init;
+    absl::StrAppend(&vars_, "var { name: \"", name, "\" dtype: ", o_.dtype, " shape: ", shape, " kind: PARAM init { ", i, " } }\n");
+  }
+  void Op(int layer, const std::string& type, const std::vector<std::string>& in, const std::vector<std::string>& out,
+          const std::string& attrs = "") {
+    absl::StrAppend(&ops_, "op { type: \"", type, "\" input: [\"", absl::StrJoin(in, "\", \""), "\"] output: [\"",
+                    absl::StrJoin(out, "\", \""), "\"]", attrs.empty() ? "" : " " + attrs, Device(layer), " }\n");
+  }
+  std::string Finish(const std::string& header, const std::string& logits, int last_layer) {
+    Op(last_layer, "softmax_cross_entropy", {logits, "label"}, {"loss"});
+    Op(last_layer, "accuracy", {logits, "label"}, {"acc"}, "attr { key: \"k\" value { i: 1 } }");
+    std::string opt = o_.optimizer;
+    double lr = o_.learning_rate;
+    if (lr == 0) lr = (opt == "adam" || opt == "adamw") ? 1e-3 : 0.05;
+    std::string body = absl::StrFormat("learning_rate: %g", lr);
+    if (opt == "momentum") absl::StrAppend(&body, " momentum: 0.9");
+    std::string sched = o_.cosine ? " lr_schedule { cosine {} }" : "";
+    return absl::StrCat(header, vars_, ops_, "loss: \"loss\"\nfetch: \"acc\"\noptimizer { ", opt, " { ", body, " }", sched, " }\n");
+  }
+
+ private:
+  const GenOptions& o_;
+  int num_layers_;
+  std::string vars_, ops_;
+};
+
+std::string Shape(std::initializer_list<int64_t> dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
+
+absl::StatusOr<std::string> Mlp(const GenOptions& o) {
+  if (o.layers.size() < 2) return absl::InvalidArgumentError("--layers needs at least an input and an output width");
+  for (int64_t w : o.layers) {
+    if (w <= 0 || w > (1 << 20)) return absl::InvalidArgumentError(absl::StrCat("--layers: width ", w, " must be in 1..1048576"));
+  }
+  const int n = static_cast<int>(o.layers.size()) - 1;
+  if (o.stages > n) return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers"));
+  Writer w(o, n);
+  w.Feed("image", o.dtype, Shape({-1, o.layers[0]}));
+  w.Feed("label", "I64", "[-1]");
+  std::string h = "image";
+  for (int i = 0; i < n; ++i) {
+    std::string p = absl::StrCat("fc", i + 1);
+    w.Param(p + ".w", Shape({o.layers[i], o.layers[i + 1]}), o.layers[i]);
+    w.Param(p + ".b", Shape({o.layers[i + 1]}), o.layers[i]);
+    w.Op(i, "matmul", {h, p + ".w"}, {p + ".xw"});
+    w.Op(i, "add", {p + ".xw", p + ".b"}, {p + ".y"});
+    h = p + ".y";
+    if (i + 1 < n) {
+      w.Op(i, "relu", {h}, {absl::StrCat("h", i + 1)});
+      h = absl::StrCat("h", i + 1);
+      if (o.dropout > 0) {
+        w.Op(i, "dropout", {h}, {h + ".drop"}, absl::StrFormat("attr { key: \"p\" value { f: %g } }", o.dropout));
+        h += ".drop";
+      }
+    }
+  }
+  return w.Finish(absl::StrCat("# MLP ", absl::StrJoin(o.layers, "-"), " (strata gen mlp)\nname: \"mlp\"\n"), h, n - 1);
+}
+
+absl::StatusOr<std::string> ResMlp(const GenOptions& o) {
+  if (o.blocks < 1 || o.blocks > 100000) return absl::InvalidArgumentError("--blocks must be in 1..100000");
+  const int64_t in = o.layers.front(), width = o.layers.size() > 2 ? o.layers[1] : 128, classes = o.layers.back();
+  const int n = o.blocks + 2;
+  Writer w(o, n);
+  w.Feed("image", o.dtype, Shape({-1, in}));
+  w.Feed("label", "I64", "[-1]");
+  w.Param("embed.w", Shape({in, width}), in);
+  w.Param("embed.b", Shape({width}), in);
+  w.Op(0, "matmul", {"image", "embed.w"}, {"embed.xw"});
+  w.Op(0, "add", {"embed.xw", "embed.b"}, {"h0"});
+  std::string h = "h0";
+  for (int b = 0; b < o.blocks; ++b) {
+    std::string p = absl::StrCat("block", b);
+    w.Param(p + ".ln.g", Shape({width}), 1, "constant { value: 1 }");
+    w.Param(p + ".ln.b", Shape({width}), 1, "constant { value: 0 }");
+    w.Param(p + ".fc1.w", Shape({width, width}), width);
+    w.Param(p + ".fc1.b", Shape({width}), width);
+    w.Param(p + ".fc2.w", Shape({width, width}), width);
+    w.Param(p + ".fc2.b", Shape({width}), width);
+    w.Op(b + 1, "layer_norm", {h, p + ".ln.g", p + ".ln.b"}, {p + ".ln"});
+    w.Op(b + 1, "matmul", {p + ".ln", p + ".fc1.w"}, {p + ".a"});
+    w.Op(b + 1, "add", {p + ".a", p + ".fc1.b"}, {p + ".ab"});
+    w.Op(b + 1, "gelu", {p + ".ab"}, {p + ".g"});
+    std::string g = p + ".g";
+    if (o.dropout > 0) {
+      w.Op(b + 1, "dropout", {g}, {p + ".drop"}, absl::StrFormat("attr { key: \"p\" value { f: %g } }", o.dropout));
+      g = p + ".drop";
+    }
+    w.Op(b + 1, "matmul", {g, p + ".fc2.w"}, {p + ".c"});
+    w.Op(b + 1, "add", {p + ".c", p + ".fc2.b"}, {p + ".cb"});
+    std::string next = absl::StrCat("h", b + 1);
+    w.Op(b + 1, "add", {h, p + ".cb"}, {next});
+    h = next;
+  }
+  w.Param("head.w", Shape({width, classes}), width);
+  w.Param("head.b", Shape({classes}), width);
+  w.Op(n - 1, "matmul", {h, "head.w"}, {"head.xw"});
+  w.Op(n - 1, "add", {"head.xw", "head.b"}, {"logits"});
+  return w.Finish(absl::StrCat("# Residual MLP, ", o.blocks, " blocks of width ", width, " (strata gen resmlp)\nname: \"resmlp\"\n"),
+                  "logits", n - 1);
+}
+
+// Conv layers: (out channels, kernel, pool after); then fully connected widths.
+struct ConvSpec { int64_t out, kernel, pad; bool pool; };
+
+absl::StatusOr<std::string> ConvNet(const GenOptions& o, const std::string& name, const std::vector<ConvSpec>& convs,
+                                    const std::vector<int64_t>& fcs, const std::string& comment) {
+  const int n = static_cast<int>(convs.size() + fcs.size()) + 1;
+  Writer w(o, n);
+  w.Feed("image", o.dtype, "[-1, 1, 28, 28]");
+  w.Feed("label", "I64", "[-1]");
+  int64_t c = 1, hw = 28;
+  std::string h = "image";
+  int layer = 0;
+  for (const ConvSpec& s : convs) {
+    std::string p = absl::StrCat("conv", layer + 1);
+    double fan_in = static_cast<double>(c * s.kernel * s.kernel);
+    w.Param(p + ".w", Shape({s.out, c, s.kernel, s.kernel}), fan_in);
+    w.Param(p + ".b", Shape({s.out, 1, 1}), fan_in);
+    w.Op(layer, "conv2d", {h, p + ".w"}, {p + ".xw"},
+         absl::StrFormat("attr { key: \"paddings\" value { list { i: [%d, %d] } } }", s.pad, s.pad));
+    w.Op(layer, "add", {p + ".xw", p + ".b"}, {p + ".y"});
+    w.Op(layer, "relu", {p + ".y"}, {p + ".r"});
+    h = p + ".r";
+    hw = hw + 2 * s.pad - s.kernel + 1;
+    if (s.pool) {
+      w.Op(layer, "max_pool2d", {h}, {p + ".pool"}, "attr { key: \"kernel_size\" value { list { i: [2, 2] } } }");
+      h = p + ".pool";
+      hw /= 2;
+    }
+    c = s.out;
+    ++layer;
+  }
+  w.Op(layer - 1, "flatten", {h}, {"flat"});
+  h = "flat";
+  int64_t in = c * hw * hw;
+  std::vector<int64_t> widths = fcs;
+  widths.push_back(10);
+  for (size_t i = 0; i < widths.size(); ++i) {
+    std::string p = absl::StrCat("fc", i + 1);
+    w.Param(p + ".w", Shape({in, widths[i]}), in);
+    w.Param(p + ".b", Shape({widths[i]}), in);
+    w.Op(layer, "matmul", {h, p + ".w"}, {p + ".xw"});
+    w.Op(layer, "add", {p + ".xw", p + ".b"}, {p + ".y"});
+    h = p + ".y";
+    if (i + 1 < widths.size()) {
+      w.Op(layer, "relu", {h}, {p + ".r"});
+      h = p + ".r";
+      if (o.dropout > 0) {
+        w.Op(layer, "dropout", {h}, {p + ".drop"}, absl::StrFormat("attr { key: \"p\" value { f: %g } }", o.dropout));
+        h = p + ".drop";
+      }
+    }
+    in = widths[i];
+    ++layer;
+  }
+  return w.Finish(absl::StrCat("# ", comment, "\nname: \"", name, "\"\n"), h, layer - 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenOptions& options) {
+  if (options.stages < 1 || options.stages > 64) return absl::InvalidArgumentError("--stages must be in 1..64");
+  if (options.optimizer != "sgd" && options.optimizer != "momentum" && options.optimizer != "adam" && options.optimizer != "adamw") {
+    return absl::InvalidArgumentError(absl::StrCat("--optimizer '", options.optimizer, "': expected sgd, momentum, adam or adamw"));
+  }
+  if (options.dtype != "F32" && options.dtype != "F64") return absl::InvalidArgumentError("--dtype must be F32 or F64");
+  if (!(options.dropout >= 0 && options.dropout < 1)) return absl::InvalidArgumentError("--dropout must be in [0, 1)");
+  if (model == "mlp") return Mlp(options);
+  if (model == "resmlp") return ResMlp(options);
+  if (model == "convnet") {
+    return ConvNet(options, "convnet", {{32, 3, 1, true}, {64, 3, 1, true}}, {128},
+                   "Two conv layers with max pooling, then 128-wide fc (strata gen convnet)");
+  }
+  if (model == "alexnet") {
+    return ConvNet(options, "alexnet", {{32, 3, 1, true}, {64, 3, 1, true}, {128, 3, 1, false}, {128, 3, 1, false}, {64, 3, 1, true}},
+                   {256, 256}, "AlexNet-style network sized for 28x28 inputs (strata gen alexnet)");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown model '", model, "': expected mlp, resmlp, convnet or alexnet"));
+}
+
+}  // namespace strata

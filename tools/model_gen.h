@@ -1,0 +1,27 @@
+#ifndef STRATA_TOOLS_MODEL_GEN_H_
+#define STRATA_TOOLS_MODEL_GEN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+struct GenOptions {
+  std::vector<int64_t> layers = {784, 256, 128, 100, 10};  // mlp: widths, input first, classes last
+  int stages = 1;          // placements gpu:0 .. gpu:K-1, splitting the layers evenly
+  std::string optimizer = "adam";  // sgd | momentum | adam | adamw
+  double learning_rate = 0;        // 0: the optimizer's usual default
+  bool cosine = true;
+  int blocks = 4;          // resmlp: residual blocks; width = layers[1]
+  double dropout = 0;      // resmlp/mlp: dropout probability after each hidden layer
+  std::string dtype = "F32";
+};
+
+// Program text for a model family: mlp, convnet, alexnet, resmlp.
+absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenOptions& options);
+
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_MODEL_GEN_H_
