@@ -212,7 +212,7 @@ TEST(CheckpointTest, CorruptFilesAreClearErrors) {
   for (int i = 0; i < 5000; ++i) deep += "[";
   std::vector<CorruptCase> cases = {
       {"empty file", "", "truncated: 0 bytes"},
-      {"short length", "\x08\x00\x00", "truncated: 3 bytes"},
+      {"short length", std::string("\x08\x00\x00", 3), "truncated: 3 bytes"},
       {"header length too big", LengthPrefix(uint64_t{1} << 60) + "{}", "header length 1152921504606846976 exceeds"},
       {"header length past end", LengthPrefix(100) + "{}", "header length 100 exceeds the 2 bytes"},
       {"truncated data", SafetensorsBytes(good, four), "run past the 4-byte data section"},
