@@ -173,8 +173,6 @@ int NumStages(const Program& program) {
 
 absl::Status ValidateAndInferProgram(Program* program) {
   const std::string file = FileOf(*program);
-  if (program->op_size() == 0) return Err(file, "the program has no ops");
-
   // Declared vars.
   absl::flat_hash_map<std::string, int> declared;
   bool has_params = false;
@@ -197,6 +195,7 @@ absl::Status ValidateAndInferProgram(Program* program) {
     }
     if (v.kind() == STATE) return Err(where, "kind STATE is written by the compiler; declare FEED, PARAM or ACTIVATION");
   }
+  if (program->op_size() == 0) return Err(file, "the program has no ops");
   if (auto s = CheckOptimizer(*program, has_params); !s.ok()) return s;
 
   // Ops, in order.

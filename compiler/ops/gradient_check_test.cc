@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +17,10 @@
 #include "runtime/kernel.h"
 
 namespace strata {
+
+// gtest prints a case by its label, not its bytes (found by ADL, so in strata).
+void PrintTo(const GradCheckCase& c, std::ostream* os) { *os << c.label; }
+
 namespace {
 
 class GradientCheck : public ::testing::TestWithParam<GradCheckCase> {};

@@ -255,6 +255,10 @@ void EmitBroadcastGrad(GradBuilder& g, int i, const std::string& type, std::vect
     g.Emit(type, std::move(inputs), {g.input_grad(i)}, std::move(attrs));
     return;
   }
+  if (type == "identity") {
+    g.Emit("sum_to_like", {inputs[0], g.input(i)}, {g.input_grad(i)});
+    return;
+  }
   std::string full = g.Temp(absl::StrCat(g.input(i), "@grad_full"));
   g.Emit(type, std::move(inputs), {full}, std::move(attrs));
   g.Emit("sum_to_like", {full, g.input(i)}, {g.input_grad(i)});

@@ -315,6 +315,9 @@ absl::Status ConcatGradShape(ShapeContext& ctx) {
   }
   auto shape = ConcatShape(ctx, 1, ctx.num_inputs(), nullptr);
   if (!shape.ok()) return shape.status();
+  if (ctx.input(0).dtype != ctx.input(1).dtype) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), " has another dtype than ", Describe(ctx, 1)));
+  }
   if (*shape != ctx.input(0).shape) {
     return Invalid(absl::StrCat(Describe(ctx, 0), " is not the concatenation of the inputs after it (",
                                 ShapeString(*shape), ")"));
@@ -463,12 +466,15 @@ absl::Status SplitGradShape(ShapeContext& ctx) {
     const int i = static_cast<int>(k) + 1;
     std::vector<int64_t> want = x.shape;
     want[*axis] = (*sizes)[which[k]];
-    if (ctx.input(i).shape != want || ctx.input(i).dtype != ctx.input(1).dtype) {
+    if (ctx.input(i).dtype != x.dtype) {
+      return Invalid(absl::StrCat(Describe(ctx, i), " has another dtype than ", Describe(ctx, 0)));
+    }
+    if (ctx.input(i).shape != want) {
       return Invalid(absl::StrCat(Describe(ctx, i), " does not match piece ", which[k], " (",
                                   ShapeString(want), ")"));
     }
   }
-  ctx.set_output(0, TensorType{ctx.input(1).dtype, x.shape});
+  ctx.set_output(0, TensorType{x.dtype, x.shape});
   return absl::OkStatus();
 }
 

@@ -1,0 +1,175 @@
+#include "compiler/validate.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "compiler/program_text.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kHeader[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [4, 8] kind: PARAM }
+  var { name: "w2" dtype: F32 shape: [8, 3] kind: PARAM }
+  optimizer { sgd { learning_rate: 0.1 } }
+  loss: "loss"
+)pb";
+
+absl::StatusOr<Program> Validate(const std::string& body) {
+  auto program = ParseProgramText(std::string(kHeader) + body, "test.pbtxt");
+  if (!program.ok()) return program.status();
+  if (auto s = ValidateAndInferProgram(&*program); !s.ok()) return s;
+  return program;
+}
+
+TEST(ValidateTest, InfersIntermediatesAndInheritsStages) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
+    op { type: "relu" input: ["h"] output: ["r"] }
+    op { type: "matmul" input: ["r", "w2"] output: ["logits"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->op(1).stage(), 0);
+  EXPECT_EQ(p->op(3).stage(), 1);
+  EXPECT_EQ(p->op(3).role(), LOSS);
+  EXPECT_EQ(NumStages(*p), 2);
+  bool found = false;
+  for (const Var& v : p->var()) {
+    if (v.name() == "logits") {
+      found = true;
+      EXPECT_THAT(v.shape(), ::testing::ElementsAre(-1, 3));
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(ValidateTest, RejectsDataFlowingBackToAnEarlierStage) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:1" }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:0" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("op #1 'matmul'"));
+  EXPECT_THAT(p.status().message(), HasSubstr("later stage 1"));
+}
+
+TEST(ValidateTest, RejectsSkippedStage) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:2" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("stage 1 has no ops"));
+}
+
+TEST(ValidateTest, RejectsMalformedDevice) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:one" }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("malformed device 'gpu:one'"));
+  EXPECT_THAT(p.status().message(), HasSubstr("test.pbtxt:"));
+}
+
+TEST(ValidateTest, NamesLineAndOpForShapeMismatch) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w2"] output: ["h"] }
+    op { type: "softmax_cross_entropy" input: ["h", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("test.pbtxt:9: op #0 'matmul'"));
+}
+
+TEST(ValidateTest, SuggestsNearestOpType) {
+  auto p = Validate(R"pb(
+    op { type: "matmull" input: ["x", "w1"] output: ["h"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("did you mean matmul"));
+}
+
+TEST(ValidateTest, RejectsUseBeforeDefinitionAndDoubleDefinition) {
+  auto before = Validate(R"pb(
+    op { type: "relu" input: ["h"] output: ["r"] }
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+  )pb");
+  ASSERT_FALSE(before.ok());
+  EXPECT_THAT(before.status().message(), HasSubstr("used before its definition by op #1"));
+  auto twice = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "relu" input: ["h"] output: ["h"] }
+  )pb");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(twice.status().message(), HasSubstr("defined twice"));
+}
+
+TEST(ValidateTest, RejectsNonScalarLoss) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("must be a floating scalar"));
+}
+
+TEST(ValidateTest, ChecksUnusedDeclaredVars) {
+  auto program = ParseProgramText(std::string(kHeader) + R"pb(
+    var { name: "unused" dtype: F32 shape: [3, 0] kind: PARAM }
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb", "test.pbtxt");
+  ASSERT_TRUE(program.ok());
+  auto s = ValidateAndInferProgram(&*program);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("var 'unused'"));
+  EXPECT_THAT(s.message(), HasSubstr("must be positive"));
+}
+
+TEST(ValidateTest, RejectsAbsurdSizes) {
+  auto program = ParseProgramText(std::string(kHeader) + R"pb(
+    var { name: "huge" dtype: F32 shape: [1000000000, 1000000000] kind: PARAM }
+  )pb", "test.pbtxt");
+  ASSERT_TRUE(program.ok());
+  auto s = ValidateAndInferProgram(&*program);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("absurdly large"));
+}
+
+TEST(ProgramTextTest, ParseErrorsCarryLineAndColumn) {
+  auto p = ParseProgramText("var { name: \"x\" }\nop { type: 3 x }\n", "bad.pbtxt");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("bad.pbtxt:2:"));
+}
+
+TEST(ProgramTextTest, RejectsEmptyAndBinaryFiles) {
+  auto empty = ParseProgramText("  # only a comment\n", "e.pbtxt");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_THAT(empty.status().message(), HasSubstr("empty program"));
+  auto binary = ParseProgramText(std::string("\x00\x01\x02", 3), "b.pbtxt");
+  ASSERT_FALSE(binary.ok());
+  EXPECT_THAT(binary.status().message(), HasSubstr("binary file"));
+}
+
+TEST(DeviceTest, ParsesStages) {
+  EXPECT_EQ(*ParseDeviceStage("gpu:3"), 3);
+  EXPECT_EQ(*ParseDeviceStage("cpu:0"), 0);
+  EXPECT_EQ(*ParseDeviceStage("gpu"), 0);
+  EXPECT_FALSE(ParseDeviceStage("tpu:1").ok());
+  EXPECT_FALSE(ParseDeviceStage("gpu:-1").ok());
+  EXPECT_FALSE(ParseDeviceStage("gpu:").ok());
+  EXPECT_FALSE(ParseDeviceStage("gpu:1x").ok());
+}
+
+}  // namespace
+}  // namespace strata
