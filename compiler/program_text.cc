@@ -139,6 +139,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
 std::string ProgramToText(const google::protobuf::Message& message) {
   std::string out;
   google::protobuf::TextFormat::Printer printer;
+  printer.SetUseShortRepeatedPrimitives(true);  // shape: [-1, 784]
   printer.PrintToString(message, &out);
   return out;
 }
