@@ -18,7 +18,7 @@ namespace {
 // Shape helpers. Messages name the argument or attr; the caller prefixes the
 // op's location.
 
-std::string DtypeList(std::initializer_list<DataType> dtypes) {
+std::string DtypeList(const std::vector<DataType>& dtypes) {
   std::vector<std::string> names;
   for (DataType d : dtypes) names.push_back(DataTypeName(d));
   if (names.size() == 1) return names[0];
@@ -31,7 +31,8 @@ absl::Status ExpectDtype(const ShapeContext& ctx, int i, const char* name, std::
   DataType d = ctx.input(i).dtype;
   if (std::find(allowed.begin(), allowed.end(), d) == allowed.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("input '", name, "' must be ", DtypeList(allowed), ", got ", DataTypeName(d)));
+        absl::StrCat("input '", name, "' must be ", DtypeList(std::vector<DataType>(allowed)), ", got ",
+                     DataTypeName(d)));
   }
   return absl::OkStatus();
 }
@@ -103,9 +104,7 @@ ShapeFn BinaryShape(std::initializer_list<DataType> allowed) {
   return [dtypes](ShapeContext& ctx) -> absl::Status {
     if (auto s = ExpectSameDtype(ctx, 0, "x", 1, "y"); !s.ok()) return s;
     if (std::find(dtypes.begin(), dtypes.end(), ctx.input(0).dtype) == dtypes.end()) {
-      std::vector<std::string> names;
-      for (DataType d : dtypes) names.push_back(DataTypeName(d));
-      return absl::InvalidArgumentError(absl::StrCat("inputs must be ", absl::StrJoin(names, ", "), ", got ",
+      return absl::InvalidArgumentError(absl::StrCat("inputs 'x' and 'y' must be ", DtypeList(dtypes), ", got ",
                                                      DataTypeName(ctx.input(0).dtype)));
     }
     auto shape = BroadcastShapes(ctx.input(0).shape, ctx.input(1).shape);
@@ -162,10 +161,8 @@ ShapeFn ReduceOpShape(std::initializer_list<DataType> allowed) {
   return [dtypes](ShapeContext& ctx) -> absl::Status {
     const TensorType& x = ctx.input(0);
     if (std::find(dtypes.begin(), dtypes.end(), x.dtype) == dtypes.end()) {
-      std::vector<std::string> names;
-      for (DataType d : dtypes) names.push_back(DataTypeName(d));
       return absl::InvalidArgumentError(
-          absl::StrCat("input 'x' must be ", absl::StrJoin(names, ", "), ", got ", DataTypeName(x.dtype)));
+          absl::StrCat("input 'x' must be ", DtypeList(dtypes), ", got ", DataTypeName(x.dtype)));
     }
     auto reduced = ReducedAxes(ctx, x.shape.size(), "x");
     if (!reduced.ok()) return reduced.status();
@@ -241,8 +238,6 @@ absl::Status AnyDtypeSameShape(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
-
-absl::Status ScaleShape(ShapeContext& ctx) { return UnaryFloatShape(ctx); }
 
 // ---------------------------------------------------------------------------
 // Gradient makers.
@@ -416,7 +411,7 @@ STRATA_REGISTER_OP(OpDef("sum_to_like").Input("x").Input("like").Output("y")
 
 STRATA_REGISTER_OP(OpDef("scale").Input("x").Output("y")
                        .Attr("scale", 1.0).Attr("bias", 0.0)
-                       .Shape(ScaleShape)
+                       .Shape(UnaryFloatShape)
                        .Grad(ScaleGrad)
                        .Doc("y = scale * x + bias."));
 

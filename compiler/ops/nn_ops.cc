@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -107,7 +107,6 @@ absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, int64_t
 struct MatmulDims {
   Dims batch;  // a's leading dims (y's leading dims)
   int64_t m, k, n;
-  bool shared_b;  // a has rank >= 3 and b is one 2-D matrix for every batch item
 };
 
 absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
@@ -118,7 +117,6 @@ absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
   if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));
   if (b.size() < 2) return Invalid(absl::StrCat("input 'b' must have rank >= 2, got ", ctx.input(1).ToString()));
   MatmulDims d;
-  d.shared_b = b.size() == 2 && a.size() > 2;
   if (b.size() > 2) {
     if (a.size() != b.size()) {
       return Invalid(absl::StrCat("a batched 'b' (", ctx.input(1).ToString(), ") needs 'a' of the same rank, got ",
@@ -721,8 +719,8 @@ absl::Status CheckLogitsAndLabel(const ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 1, "label", I64));
   Dims want(logits.begin(), logits.end() - 1);
   if (ctx.input(1).shape != want) {
-    return Invalid(absl::StrCat("input 'label' must have shape ", DimsString(want), " (logits without the class dim), got ",
-                                ctx.input(1).ToString()));
+    return Invalid(absl::StrCat("input 'label' must have shape ", DimsString(want),
+                                " (logits without the class dim), got ", ctx.input(1).ToString()));
   }
   return absl::OkStatus();
 }

@@ -178,7 +178,7 @@ TEST(BinaryShapeTest, RejectsBadShapesAndDtypes) {
 
   s = Infer(R"pb(type: "div" input: ["x", "y"] output: "z")pb", {{I64, {4}}, {I64, {4}}});
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.status().message(), HasSubstr("inputs must be F32, F64, got I64"));
+  EXPECT_THAT(s.status().message(), HasSubstr("inputs 'x' and 'y' must be F32 or F64, got I64"));
 
   s = Infer(R"pb(type: "mul" input: ["x", "y"] output: "z")pb", {{BOOL, {4}}, {BOOL, {4}}});
   ASSERT_FALSE(s.ok());

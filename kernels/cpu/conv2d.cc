@@ -37,11 +37,10 @@ struct ConvGeometry {
   int64_t ho, wo;           // output
   int64_t sh, sw, ph, pw, dh, dw, groups;
 
-  int64_t pixels() const { return ho * wo; }           // P: output positions per image
-  int64_t col_rows() const { return c * kh * kw; }     // rows of the im2col matrix
+  int64_t pixels() const { return ho * wo; }        // P: output positions per image
+  int64_t col_rows() const { return c * kh * kw; }  // rows of the im2col matrix
   int64_t group_rows() const { return col_rows() / groups; }
   int64_t group_out() const { return o / groups; }
-  int64_t filter_size() const { return o * group_rows(); }
   // Images per chunk so that the columns stay within budget.
   int64_t chunk() const {
     return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(col_rows() * pixels(), 1), 1, std::max<int64_t>(n, 1));
@@ -220,8 +219,9 @@ class Conv2dKernel : public OpKernel {
       Im2ColChunk(g, px, n0, nb, cols.data<T>());
       T* out = nb == 1 ? py + n0 * g.o * p : wide.data<T>();
       for (int64_t grp = 0; grp < g.groups; ++grp) {
-        GemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1), pw + grp * g.group_out() * g.group_rows(),
-                       g.group_rows(), cols.data<T>() + grp * g.group_rows() * nb * p, nb * p, T(0),
+        GemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
+                       pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
+                       cols.data<T>() + grp * g.group_rows() * nb * p, nb * p, T(0),
                        out + grp * g.group_out() * nb * p, nb * p);
       }
       if (nb > 1) ScatterImages(wide.data<T>(), g.o, p, n0, nb, py);

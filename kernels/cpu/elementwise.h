@@ -210,10 +210,18 @@ void ReduceMiddle(const In* in, ReduceDims d, Out* out, Acc scale) {
     const int64_t n0 = block * kBlock, width = std::min(kBlock, N - n0);
     for (int64_t j = 0; j < width; ++j) acc[j] = Acc(0);
     if (N == 1) {
+      // Four independent sums hide the add latency; the order stays fixed.
       const In* p = in + m * K;
-      Acc s = Acc(0);
-      for (int64_t k = k0; k < k1; ++k) s += static_cast<Acc>(p[k]);
-      acc[0] = s;
+      Acc s0 = Acc(0), s1 = Acc(0), s2 = Acc(0), s3 = Acc(0);
+      int64_t k = k0;
+      for (; k + 4 <= k1; k += 4) {
+        s0 += static_cast<Acc>(p[k]);
+        s1 += static_cast<Acc>(p[k + 1]);
+        s2 += static_cast<Acc>(p[k + 2]);
+        s3 += static_cast<Acc>(p[k + 3]);
+      }
+      for (; k < k1; ++k) s0 += static_cast<Acc>(p[k]);
+      acc[0] = (s0 + s1) + (s2 + s3);
       return 1;
     }
     for (int64_t k = k0; k < k1; ++k) {
@@ -223,8 +231,11 @@ void ReduceMiddle(const In* in, ReduceDims d, Out* out, Acc scale) {
     return width;
   };
 
+  // The choice depends on shapes only (never the thread count), so a
+  // reduction rounds the same way on every machine.
+  constexpr int64_t kEnoughTasks = 16;
   const int64_t tasks = M * n_blocks;
-  if (k_chunks == 1 || tasks >= 4 * IntraOpThreads()) {
+  if (k_chunks == 1 || tasks >= kEnoughTasks) {
     // Enough independent outputs: each task sums all of K for its block.
     const int64_t min_tasks = std::max<int64_t>(1, kElementwiseMinChunk / std::max<int64_t>(1, K * std::min(N, kBlock)));
     ParallelFor(tasks, min_tasks, [&](int64_t begin, int64_t end) {
@@ -298,7 +309,8 @@ void ReduceSum(const T* in, absl::Span<const int64_t> shape, const std::vector<b
   }
   // Several groups: reduce the innermost group first into an Acc buffer, and
   // repeat until one group is left.
-  std::vector<Acc> current(in, in + NumElements(shape));
+  std::vector<Acc> current;
+  bool from_input = true;
   while (true) {
     int last = -1, count = 0;
     for (int i = 0; i < static_cast<int>(dims.size()); ++i) {
@@ -312,11 +324,17 @@ void ReduceSum(const T* in, absl::Span<const int64_t> shape, const std::vector<b
     d.k = dims[last];
     for (int i = last + 1; i < static_cast<int>(dims.size()); ++i) d.n *= dims[i];
     if (count == 1) {
+      // from_input is false here: there were at least two groups.
       ReduceMiddle<Acc, T, Acc>(current.data(), d, out, scale);
       return;
     }
     std::vector<Acc> next(static_cast<size_t>(d.m * d.n));
-    ReduceMiddle<Acc, Acc, Acc>(current.data(), d, next.data(), Acc(1));
+    if (from_input) {
+      ReduceMiddle<T, Acc, Acc>(in, d, next.data(), Acc(1));
+      from_input = false;
+    } else {
+      ReduceMiddle<Acc, Acc, Acc>(current.data(), d, next.data(), Acc(1));
+    }
     current.swap(next);
     // Drop the reduced group and merge the kept dims around it.
     // (Groups alternate, so dims[last - 1] is a kept dim.)

@@ -24,14 +24,28 @@ using nn_kernels::Scratch;
 
 constexpr int64_t kMaxBlocks = 64;
 
-// Mean and 1/sqrt(biased variance + epsilon) of one row, accumulated in double.
+// Sum over j < d of f(j) in double, in 8 independent lanes so the compiler
+// can vectorize it (a single accumulator is a serial dependency chain).
+template <typename F>
+double LaneSum(int64_t d, const F& f) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += f(j + k);
+  }
+  double tail = 0;
+  for (; j < d; ++j) tail += f(j);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
+}
+
+// Mean and 1/sqrt(biased variance + epsilon) of one row (two passes, in double).
 template <typename T>
 void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rstd) {
-  double sum = 0;
-  for (int64_t j = 0; j < d; ++j) sum += x[j];
-  const double m = sum / d;
-  double sq = 0;
-  for (int64_t j = 0; j < d; ++j) sq += (x[j] - m) * (x[j] - m);
+  const double m = LaneSum(d, [x](int64_t j) { return static_cast<double>(x[j]); }) / d;
+  const double sq = LaneSum(d, [x, m](int64_t j) {
+    const double c = x[j] - m;
+    return c * c;
+  });
   *mean = m;
   *rstd = 1.0 / std::sqrt(sq / d + epsilon);
 }
@@ -75,7 +89,8 @@ class LayerNormKernel : public OpKernel {
         T* yr = py + r * D;
         double mean, rstd;
         RowMoments(xr, D, eps, &mean, &rstd);
-        for (int64_t j = 0; j < D; ++j) yr[j] = static_cast<T>((xr[j] - mean) * rstd) * pg[j] + pb[j];
+        const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
+        for (int64_t j = 0; j < D; ++j) yr[j] = (xr[j] - m) * rs * pg[j] + pb[j];
       }
     });
     return absl::OkStatus();
@@ -133,18 +148,14 @@ class LayerNormGradKernel : public OpKernel {
           T* dxr = pdx + r * D;
           double mean, rstd;
           RowMoments(xr, D, eps, &mean, &rstd);
-          double mean_g = 0, mean_gx = 0;
+          const double mean_g = LaneSum(D, [&](int64_t j) { return static_cast<double>(dyr[j]) * pg[j]; }) / D;
+          const double mean_gx = LaneSum(D, [&](int64_t j) {
+                                   return static_cast<double>(dyr[j]) * pg[j] * ((xr[j] - mean) * rstd);
+                                 }) / D;
           for (int64_t j = 0; j < D; ++j) {
             const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * pg[j];
-            mean_g += g;
-            mean_gx += g * xhat;
             dgamma_b[j] += static_cast<double>(dyr[j]) * xhat;
             dbeta_b[j] += dyr[j];
-          }
-          mean_g /= D;
-          mean_gx /= D;
-          for (int64_t j = 0; j < D; ++j) {
-            const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * pg[j];
             dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
           }
         }

@@ -74,19 +74,41 @@ struct PoolAttrs {
   }
 };
 
+// The input span of one output index along one dim, clipped to the input:
+// [lo, hi), and its length counting padding (for torch's count_include_pad divisor).
+struct Span {
+  int64_t lo, hi, padded;
+};
+
+std::vector<Span> Spans(int64_t out, int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
+  std::vector<Span> spans(out);
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t start = o * stride - pad, end = std::min(start + kernel, in + pad);
+    spans[o] = {std::max<int64_t>(start, 0), std::min(end, in), end - start};
+  }
+  return spans;
+}
+
 // The window of output (oh, ow), clipped to the input: rows [h0, h1), cols [w0, w1).
 struct Window {
   int64_t h0, h1, w0, w1;
-  int64_t padded_size;  // window area counting padding (torch's count_include_pad divisor)
+  int64_t padded_size;  // window area counting padding
 };
 
-inline Window WindowAt(const PoolGeometry& g, int64_t oh, int64_t ow) {
-  int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-  int64_t h1 = std::min(h0 + g.kh, g.h + g.ph), w1 = std::min(w0 + g.kw, g.w + g.pw);
-  Window win{std::max<int64_t>(h0, 0), std::min(h1, g.h), std::max<int64_t>(w0, 0), std::min(w1, g.w),
-             (h1 - h0) * (w1 - w0)};
-  return win;
-}
+// Every output's window, from spans computed once per call rather than per output.
+class Windows {
+ public:
+  explicit Windows(const PoolGeometry& g)
+      : rows_(Spans(g.ho, g.h, g.kh, g.sh, g.ph)), cols_(Spans(g.wo, g.w, g.kw, g.sw, g.pw)) {}
+  Window at(int64_t oh, int64_t ow) const {
+    const Span& r = rows_[oh];
+    const Span& c = cols_[ow];
+    return {r.lo, r.hi, c.lo, c.hi, r.padded * c.padded};
+  }
+
+ private:
+  std::vector<Span> rows_, cols_;
+};
 
 // Index in the plane of the window's maximum: the first one, NaN winning (as torch).
 template <typename T>
@@ -105,6 +127,17 @@ inline int64_t ArgMax(const T* plane, int64_t width, const Window& win) {
   return best;
 }
 
+// The window's maximum, NaN winning: the value at ArgMax, without tracking an index.
+template <typename T>
+inline T MaxValue(const T* plane, int64_t width, const Window& win) {
+  T best = -std::numeric_limits<T>::infinity();
+  for (int64_t h = win.h0; h < win.h1; ++h) {
+    const T* row = plane + h * width;
+    for (int64_t w = win.w0; w < win.w1; ++w) best = (row[w] > best || std::isnan(row[w])) ? row[w] : best;
+  }
+  return best;
+}
+
 // y [N, C, Ho, Wo] = max over each window of x [N, C, H, W].
 template <typename T>
 class MaxPool2dKernel : public OpKernel {
@@ -118,12 +151,13 @@ class MaxPool2dKernel : public OpKernel {
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
     const T* px = x.data<T>();
     T* py = y->data<T>();
+    const Windows windows(g);
     ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
       for (int64_t pl = begin; pl < end; ++pl) {
         const T* plane = px + pl * g.h * g.w;
         T* out = py + pl * g.ho * g.wo;
         for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) out[oh * g.wo + ow] = plane[ArgMax(plane, g.w, WindowAt(g, oh, ow))];
+          for (int64_t ow = 0; ow < g.wo; ++ow) out[oh * g.wo + ow] = MaxValue(plane, g.w, windows.at(oh, ow));
         }
       }
     });
@@ -153,6 +187,7 @@ class MaxPool2dGradKernel : public OpKernel {
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
+    const Windows windows(g);
     ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
       for (int64_t pl = begin; pl < end; ++pl) {
         const T* plane = px + pl * g.h * g.w;
@@ -160,7 +195,7 @@ class MaxPool2dGradKernel : public OpKernel {
         T* out = pdx + pl * g.h * g.w;
         std::fill(out, out + g.h * g.w, T(0));
         for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) out[ArgMax(plane, g.w, WindowAt(g, oh, ow))] += grad[oh * g.wo + ow];
+          for (int64_t ow = 0; ow < g.wo; ++ow) out[ArgMax(plane, g.w, windows.at(oh, ow))] += grad[oh * g.wo + ow];
         }
       }
     });
@@ -185,13 +220,14 @@ class AvgPool2dKernel : public OpKernel {
     const T* px = x.data<T>();
     T* py = y->data<T>();
     const bool exclusive = attrs_.exclusive;
+    const Windows windows(g);
     ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
       for (int64_t pl = begin; pl < end; ++pl) {
         const T* plane = px + pl * g.h * g.w;
         T* out = py + pl * g.ho * g.wo;
         for (int64_t oh = 0; oh < g.ho; ++oh) {
           for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const Window win = WindowAt(g, oh, ow);
+            const Window win = windows.at(oh, ow);
             T sum = 0;
             for (int64_t h = win.h0; h < win.h1; ++h) {
               for (int64_t w = win.w0; w < win.w1; ++w) sum += plane[h * g.w + w];
@@ -239,6 +275,7 @@ class AvgPool2dGradKernel : public OpKernel {
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
     const bool exclusive = attrs_.exclusive;
+    const Windows windows(g);
     ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
       for (int64_t pl = begin; pl < end; ++pl) {
         const T* grad = pdy + pl * g.ho * g.wo;
@@ -246,7 +283,7 @@ class AvgPool2dGradKernel : public OpKernel {
         std::fill(out, out + g.h * g.w, T(0));
         for (int64_t oh = 0; oh < g.ho; ++oh) {
           for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const Window win = WindowAt(g, oh, ow);
+            const Window win = windows.at(oh, ow);
             const int64_t divisor = exclusive ? (win.h1 - win.h0) * (win.w1 - win.w0) : win.padded_size;
             const T share = grad[oh * g.wo + ow] / static_cast<T>(divisor);
             for (int64_t h = win.h0; h < win.h1; ++h) {

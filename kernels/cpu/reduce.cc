@@ -71,7 +71,7 @@ class SumToLikeKernel : public OpKernel {
         }
         reduced[d] = true;
       }
-      any = any || reduced[d];
+      any = any || (reduced[d] && x.dim(d) != 1);  // summing a size-1 dim changes nothing
     }
     if (!any) {
       ctx.SetOutput(0, x.Reshaped(like));  // nothing was broadcast: share the buffer

@@ -26,7 +26,7 @@ std::vector<double> Iota(int64_t n, double start = 0) {
 }
 
 // Runs one op on `inputs` and returns the env (fails the test on error).
-std::map<std::string, Tensor> Run(const std::string& op_text, std::map<std::string, Tensor> inputs) {
+std::map<std::string, Tensor> RunOne(const std::string& op_text, std::map<std::string, Tensor> inputs) {
   absl::Status s = RunOps({ParseOp(op_text)}, &inputs);
   EXPECT_TRUE(s.ok()) << s.message();
   return inputs;
@@ -61,7 +61,7 @@ constexpr char kReshapeCopyInfer[] = R"pb(type: "reshape" input: "x" output: "y"
 
 TEST(Reshape, CopiesAndInfersDimsAndSharesTheBuffer) {
   for (DataType dtype : {F32, F64, I64}) {
-    auto env = Run(kReshapeCopyInfer, {{"x", MakeTensor(dtype, {2, 3, 4}, Iota(24))}});
+    auto env = RunOne(kReshapeCopyInfer, {{"x", MakeTensor(dtype, {2, 3, 4}, Iota(24))}});
     EXPECT_TRUE(TensorNear(env["y"], {2, 6, 2}, Iota(24), 0)) << DataTypeName(dtype);
     EXPECT_EQ(env["y"].raw_data(), env["x"].raw_data());
   }
@@ -86,9 +86,9 @@ TEST(Reshape, KeepsTheBatchDimInTheInferredEntry) {
 }
 
 TEST(Flatten, MergesTheGivenAxes) {
-  auto env = Run(R"pb(type: "flatten" input: "x" output: "y")pb", {{"x", MakeTensor(F32, {2, 3, 4}, Iota(24))}});
+  auto env = RunOne(R"pb(type: "flatten" input: "x" output: "y")pb", {{"x", MakeTensor(F32, {2, 3, 4}, Iota(24))}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 12}, Iota(24), 0));
-  env = Run(R"pb(type: "flatten" input: "x" output: "y" attr { key: "start_axis" value { i: 0 } }
+  env = RunOne(R"pb(type: "flatten" input: "x" output: "y" attr { key: "start_axis" value { i: 0 } }
                  attr { key: "end_axis" value { i: 1 } })pb",
             {{"x", MakeTensor(I64, {2, 3, 4}, Iota(24))}});
   EXPECT_TRUE(TensorNear(env["y"], {6, 4}, Iota(24), 0));
@@ -114,7 +114,7 @@ TEST(Flatten, KeepsTheBatchDimAndRejectsMergingIt) {
 }
 
 TEST(ReshapeLike, ViewsDyInTheShapeOfLike) {
-  auto env = Run(R"pb(type: "reshape_like" input: ["dy", "x"] output: "dx")pb",
+  auto env = RunOne(R"pb(type: "reshape_like" input: ["dy", "x"] output: "dx")pb",
                  {{"dy", MakeTensor(F64, {6}, Iota(6))}, {"x", MakeTensor(F64, {2, 3}, Iota(6, 10))}});
   EXPECT_TRUE(TensorNear(env["dx"], {2, 3}, Iota(6), 0));
   ExpectRejected(R"pb(type: "reshape_like" input: ["dy", "x"] output: "dx")pb", {{F64, {5}}, {F64, {2, 3}}},
@@ -148,7 +148,7 @@ std::string TransposeOp(const std::string& perm) {
 }
 
 TEST(Transpose, SwapsMatrixAxes) {
-  auto env = Run(TransposeOp("[1, 0]"), {{"x", MakeTensor(F32, {2, 3}, {0, 1, 2, 3, 4, 5})}});
+  auto env = RunOne(TransposeOp("[1, 0]"), {{"x", MakeTensor(F32, {2, 3}, {0, 1, 2, 3, 4, 5})}});
   EXPECT_TRUE(TensorNear(env["y"], {3, 2}, {0, 3, 1, 4, 2, 5}, 0));
 }
 
@@ -158,7 +158,7 @@ TEST(Transpose, MatchesTheReferenceForEveryDtypeAndPerm) {
   for (const std::vector<int64_t>& perm : std::vector<std::vector<int64_t>>{
            {0, 1, 2, 3}, {3, 2, 1, 0}, {1, 0, 2, 3}, {2, 0, 3, 1}, {0, 3, 1, 2}}) {
     for (DataType dtype : {F32, F64, I64}) {
-      auto env = Run(TransposeOp(absl::StrCat("[", absl::StrJoin(perm, ", "), "]")),
+      auto env = RunOne(TransposeOp(absl::StrCat("[", absl::StrJoin(perm, ", "), "]")),
                      {{"x", MakeTensor(dtype, Shape(shape.begin(), shape.end()), x)}});
       std::vector<int64_t> out = {shape[perm[0]], shape[perm[1]], shape[perm[2]], shape[perm[3]]};
       EXPECT_TRUE(TensorNear(env["y"], out, ReferenceTranspose(x, shape, perm), 0))
@@ -170,16 +170,16 @@ TEST(Transpose, MatchesTheReferenceForEveryDtypeAndPerm) {
 TEST(Transpose, LargeTensorSplitOverThreads) {
   const std::vector<int64_t> shape = {96, 1000};  // above one thread's chunk
   const std::vector<double> x = Iota(96000);
-  auto env = Run(TransposeOp("[1, 0]"), {{"x", MakeTensor(F64, {96, 1000}, x)}});
+  auto env = RunOne(TransposeOp("[1, 0]"), {{"x", MakeTensor(F64, {96, 1000}, x)}});
   EXPECT_TRUE(TensorNear(env["y"], {1000, 96}, ReferenceTranspose(x, shape, {1, 0}), 0));
-  env = Run(TransposeOp("[-1, 0]"), {{"x", MakeTensor(F32, {96, 1000}, x)}});  // negative axes count from the end
+  env = RunOne(TransposeOp("[-1, 0]"), {{"x", MakeTensor(F32, {96, 1000}, x)}});  // negative axes count from the end
   EXPECT_TRUE(TensorNear(env["y"], {1000, 96}, ReferenceTranspose(x, shape, {1, 0}), 0));
 }
 
 TEST(Transpose, HandlesScalarsAndEmptyTensors) {
-  auto env = Run(TransposeOp("[]"), {{"x", MakeTensor(F64, {}, {7})}});
+  auto env = RunOne(TransposeOp("[]"), {{"x", MakeTensor(F64, {}, {7})}});
   EXPECT_TRUE(TensorNear(env["y"], {}, {7}, 0));
-  env = Run(TransposeOp("[1, 0]"), {{"x", MakeTensor(F64, {0, 3}, {})}});
+  env = RunOne(TransposeOp("[1, 0]"), {{"x", MakeTensor(F64, {0, 3}, {})}});
   EXPECT_TRUE(TensorNear(env["y"], {3, 0}, {}, 0));
 }
 
@@ -193,10 +193,10 @@ TEST(Transpose, MovesTheBatchDimAndRejectsBadPerms) {
 // ---- concat / concat_grad ----------------------------------------------------
 
 TEST(Concat, JoinsAlongTheAxis) {
-  auto env = Run(R"pb(type: "concat" input: ["a", "b"] output: "y" attr { key: "axis" value { i: 1 } })pb",
+  auto env = RunOne(R"pb(type: "concat" input: ["a", "b"] output: "y" attr { key: "axis" value { i: 1 } })pb",
                  {{"a", MakeTensor(F32, {2, 2}, {1, 2, 3, 4})}, {"b", MakeTensor(F32, {2, 1}, {5, 6})}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 3}, {1, 2, 5, 3, 4, 6}, 0));
-  env = Run(R"pb(type: "concat" input: ["a", "b", "a"] output: "y")pb",
+  env = RunOne(R"pb(type: "concat" input: ["a", "b", "a"] output: "y")pb",
             {{"a", MakeTensor(I64, {1, 2}, {1, 2})}, {"b", MakeTensor(I64, {2, 2}, {3, 4, 5, 6})}});
   EXPECT_TRUE(TensorNear(env["y"], {4, 2}, {1, 2, 3, 4, 5, 6, 1, 2}, 0));
 }
@@ -208,7 +208,7 @@ TEST(Concat, LargeInputsSplitOverThreads) {
     want.insert(want.end(), a.begin() + r * 3000, a.begin() + (r + 1) * 3000);
     want.insert(want.end(), b.begin() + r * 1000, b.begin() + (r + 1) * 1000);
   }
-  auto env = Run(R"pb(type: "concat" input: ["a", "b"] output: "y" attr { key: "axis" value { i: -1 } })pb",
+  auto env = RunOne(R"pb(type: "concat" input: ["a", "b"] output: "y" attr { key: "axis" value { i: -1 } })pb",
                  {{"a", MakeTensor(F64, {40, 3000}, a)}, {"b", MakeTensor(F64, {40, 1000}, b)}});
   EXPECT_TRUE(TensorNear(env["y"], {40, 4000}, want, 0));
 }
@@ -226,7 +226,7 @@ TEST(Concat, ShapeFunctionKeepsTheBatchDimAndRejectsMismatches) {
 }
 
 TEST(ConcatGrad, CutsDyIntoPiecesShapedLikeTheInputs) {
-  auto env = Run(R"pb(type: "concat_grad" input: ["dy", "a", "b"] output: ["da", "db"]
+  auto env = RunOne(R"pb(type: "concat_grad" input: ["dy", "a", "b"] output: ["da", "db"]
                       attr { key: "axis" value { i: 1 } })pb",
                  {{"dy", MakeTensor(F64, {2, 3}, {1, 2, 5, 3, 4, 6})},
                   {"a", MakeTensor(F64, {2, 2}, {0, 0, 0, 0})},
@@ -261,7 +261,7 @@ TEST(ConcatGrad, GradientOfABatchedConcatRunsOnConcreteBatches) {
 // ---- split / split_grad ------------------------------------------------------
 
 TEST(Split, CutsIntoEqualParts) {
-  auto env = Run(R"pb(type: "split" input: "x" output: ["y0", "y1", "y2"])pb",
+  auto env = RunOne(R"pb(type: "split" input: "x" output: ["y0", "y1", "y2"])pb",
                  {{"x", MakeTensor(I64, {3, 2}, Iota(6))}});
   EXPECT_TRUE(TensorNear(env["y0"], {1, 2}, {0, 1}, 0));
   EXPECT_TRUE(TensorNear(env["y1"], {1, 2}, {2, 3}, 0));
@@ -269,7 +269,7 @@ TEST(Split, CutsIntoEqualParts) {
 }
 
 TEST(Split, CutsBySectionsWithTheRestInferred) {
-  auto env = Run(R"pb(type: "split" input: "x" output: ["y0", "y1", "y2"]
+  auto env = RunOne(R"pb(type: "split" input: "x" output: ["y0", "y1", "y2"]
                       attr { key: "axis" value { i: -1 } }
                       attr { key: "sections" value { list { i: [1, -1, 0] } } })pb",
                  {{"x", MakeTensor(F32, {2, 4}, Iota(8))}});
@@ -298,7 +298,7 @@ TEST(Split, ShapeFunctionKeepsTheBatchDimAndRejectsBadSections) {
 }
 
 TEST(SplitGrad, FillsMissingPiecesWithZeros) {
-  auto env = Run(R"pb(type: "split_grad" input: ["x", "d2"] output: "dx"
+  auto env = RunOne(R"pb(type: "split_grad" input: ["x", "d2"] output: "dx"
                       attr { key: "axis" value { i: 1 } }
                       attr { key: "sections" value { list { i: [1, 1, 2] } } }
                       attr { key: "grad_outputs" value { list { i: [2] } } })pb",
@@ -330,22 +330,22 @@ constexpr char kSliceTwoAxes[] = R"pb(type: "slice" input: "x" output: "y"
 TEST(Slice, CutsAWindowNumpyStyle) {
   // x = arange(20).reshape(4, 5); x[1:3, -3:100] = [[7, 8, 9], [12, 13, 14]].
   for (DataType dtype : {F32, F64, I64}) {
-    auto env = Run(kSliceTwoAxes, {{"x", MakeTensor(dtype, {4, 5}, Iota(20))}});
+    auto env = RunOne(kSliceTwoAxes, {{"x", MakeTensor(dtype, {4, 5}, Iota(20))}});
     EXPECT_TRUE(TensorNear(env["y"], {2, 3}, {7, 8, 9, 12, 13, 14}, 0)) << DataTypeName(dtype);
   }
   // x[:, :, 1:-1] of arange(12).reshape(2, 1, 6); and an empty window x[..., 4:2].
-  auto env = Run(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [-1] } } }
+  auto env = RunOne(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [-1] } } }
                       attr { key: "starts" value { list { i: [1] } } }
                       attr { key: "ends" value { list { i: [-1] } } })pb",
                  {{"x", MakeTensor(F64, {2, 1, 6}, Iota(12))}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 1, 4}, {1, 2, 3, 4, 7, 8, 9, 10}, 0));
-  env = Run(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [1] } } }
+  env = RunOne(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [1] } } }
                  attr { key: "starts" value { list { i: [4] } } }
                  attr { key: "ends" value { list { i: [2] } } })pb",
             {{"x", MakeTensor(F64, {2, 6}, Iota(12))}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 0}, {}, 0));
   // Starts below -dim clamp to 0.
-  env = Run(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [0] } } }
+  env = RunOne(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [0] } } }
                  attr { key: "starts" value { list { i: [-10] } } }
                  attr { key: "ends" value { list { i: [1] } } })pb",
             {{"x", MakeTensor(F64, {3}, {4, 5, 6})}});
@@ -383,7 +383,7 @@ TEST(Slice, ShapeFunctionKeepsTheBatchDimAndRejectsBadAttrs) {
 }
 
 TEST(SliceGrad, PadsDyWithZeros) {
-  auto env = Run(R"pb(type: "slice_grad" input: ["dy", "x"] output: "dx"
+  auto env = RunOne(R"pb(type: "slice_grad" input: ["dy", "x"] output: "dx"
                       attr { key: "axes" value { list { i: [0, 1] } } }
                       attr { key: "starts" value { list { i: [1, -3] } } }
                       attr { key: "ends" value { list { i: [3, 100] } } })pb",
@@ -406,7 +406,7 @@ TEST(Slice, LargeWindowSplitOverThreads) {
   for (int r = 0; r < 64; ++r) {
     for (int c = 10; c < 1010; ++c) want.push_back(x[r * 1024 + c]);
   }
-  auto env = Run(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [1] } } }
+  auto env = RunOne(R"pb(type: "slice" input: "x" output: "y" attr { key: "axes" value { list { i: [1] } } }
                       attr { key: "starts" value { list { i: [10] } } }
                       attr { key: "ends" value { list { i: [1010] } } })pb",
                  {{"x", MakeTensor(F32, {64, 1024}, x)}});

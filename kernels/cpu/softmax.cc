@@ -1,7 +1,8 @@
 // softmax, log_softmax and their backward helpers along one `axis`.
 // x is viewed as [M, K, N] with K the softmax axis; each of the M * N lanes
-// (K elements, stride N) is independent. Threads split the lanes into
-// contiguous chunks of about kElementwiseMinChunk elements.
+// (K elements, stride N) is independent. Threads split the rows (N == 1) or
+// blocks of kBlockWidth adjacent lanes into chunks of about
+// kElementwiseMinChunk elements.
 
 #include <cmath>
 #include <limits>
@@ -13,42 +14,102 @@ namespace {
 
 enum class Mode { kSoftmax, kLogSoftmax, kSoftmaxGrad, kLogSoftmaxGrad };
 
-// One lane: out = f(a[0..K)) (and b for the grads), elements `stride` apart.
-template <typename T, Mode kMode, bool kContiguous>
-void Lane(const T* a, const T* b, T* out, int64_t K, int64_t n) {
+// One contiguous lane (softmax over the last axis): out = f(a[0..K)), and b
+// for the grads.
+template <typename T, Mode kMode>
+void Lane(const T* a, const T* b, T* out, int64_t K) {
   using Acc = AccumulatorOf<T>;
-  const int64_t s = kContiguous ? 1 : n;
   if constexpr (kMode == Mode::kSoftmax || kMode == Mode::kLogSoftmax) {
     // Subtract the max so exp never overflows.
     T max = -std::numeric_limits<T>::infinity();
-    for (int64_t k = 0; k < K; ++k) max = std::max(max, a[k * s]);
+    for (int64_t k = 0; k < K; ++k) max = std::max(max, a[k]);
     Acc sum = 0;
     if constexpr (kMode == Mode::kSoftmax) {
       for (int64_t k = 0; k < K; ++k) {
-        const T e = std::exp(a[k * s] - max);
-        out[k * s] = e;
+        const T e = std::exp(a[k] - max);
+        out[k] = e;
         sum += e;
       }
       const T inv = static_cast<T>(Acc(1) / sum);
-      for (int64_t k = 0; k < K; ++k) out[k * s] *= inv;
+      for (int64_t k = 0; k < K; ++k) out[k] *= inv;
     } else {
-      for (int64_t k = 0; k < K; ++k) sum += std::exp(a[k * s] - max);
+      for (int64_t k = 0; k < K; ++k) sum += std::exp(a[k] - max);
       // (a - max) first: folding log(sum) into max would round it at max's scale.
       const T log_sum = static_cast<T>(std::log(sum));
-      for (int64_t k = 0; k < K; ++k) out[k * s] = (a[k * s] - max) - log_sum;
+      for (int64_t k = 0; k < K; ++k) out[k] = (a[k] - max) - log_sum;
     }
   } else if constexpr (kMode == Mode::kSoftmaxGrad) {
     // a = y, b = dy: dx = y * (dy - sum(dy * y)).
     Acc dot = 0;
-    for (int64_t k = 0; k < K; ++k) dot += static_cast<Acc>(a[k * s]) * b[k * s];
+    for (int64_t k = 0; k < K; ++k) dot += static_cast<Acc>(a[k]) * b[k];
     const T d = static_cast<T>(dot);
-    for (int64_t k = 0; k < K; ++k) out[k * s] = a[k * s] * (b[k * s] - d);
+    for (int64_t k = 0; k < K; ++k) out[k] = a[k] * (b[k] - d);
   } else {
     // a = y (log-probabilities), b = dy: dx = dy - exp(y) * sum(dy).
     Acc total = 0;
-    for (int64_t k = 0; k < K; ++k) total += b[k * s];
+    for (int64_t k = 0; k < K; ++k) total += b[k];
     const T t = static_cast<T>(total);
-    for (int64_t k = 0; k < K; ++k) out[k * s] = b[k * s] - std::exp(a[k * s]) * t;
+    for (int64_t k = 0; k < K; ++k) out[k] = b[k] - std::exp(a[k]) * t;
+  }
+}
+
+// kBlockWidth adjacent lanes of one m (axis not last): walks the K rows in
+// memory order, keeping one running value per lane.
+constexpr int64_t kBlockWidth = 64;
+
+template <typename T, Mode kMode>
+void LaneBlock(const T* a, const T* b, T* out, int64_t K, int64_t N, int64_t width) {
+  using Acc = AccumulatorOf<T>;
+  Acc acc[kBlockWidth];
+  for (int64_t j = 0; j < width; ++j) acc[j] = Acc(0);
+  if constexpr (kMode == Mode::kSoftmax || kMode == Mode::kLogSoftmax) {
+    T max[kBlockWidth];
+    for (int64_t j = 0; j < width; ++j) max[j] = -std::numeric_limits<T>::infinity();
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < width; ++j) max[j] = std::max(max[j], a[k * N + j]);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < width; ++j) {
+        const T e = std::exp(a[k * N + j] - max[j]);
+        if constexpr (kMode == Mode::kSoftmax) out[k * N + j] = e;
+        acc[j] += e;
+      }
+    }
+    T tail[kBlockWidth];
+    for (int64_t j = 0; j < width; ++j) {
+      tail[j] = static_cast<T>(kMode == Mode::kSoftmax ? Acc(1) / acc[j] : std::log(acc[j]));
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < width; ++j) {
+        if constexpr (kMode == Mode::kSoftmax) {
+          out[k * N + j] *= tail[j];
+        } else {
+          out[k * N + j] = (a[k * N + j] - max[j]) - tail[j];
+        }
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < width; ++j) {
+        if constexpr (kMode == Mode::kSoftmaxGrad) {
+          acc[j] += static_cast<Acc>(a[k * N + j]) * b[k * N + j];
+        } else {
+          acc[j] += b[k * N + j];
+        }
+      }
+    }
+    T sum[kBlockWidth];
+    for (int64_t j = 0; j < width; ++j) sum[j] = static_cast<T>(acc[j]);
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t i = k * N + j;
+        if constexpr (kMode == Mode::kSoftmaxGrad) {
+          out[i] = a[i] * (b[i] - sum[j]);
+        } else {
+          out[i] = b[i] - std::exp(a[i]) * sum[j];
+        }
+      }
+    }
   }
 }
 
@@ -88,14 +149,21 @@ class SoftmaxKernel : public OpKernel {
     if (M * N * K == 0) return absl::OkStatus();
     const T* x = a.data<T>();
     T* y = (*out)->data<T>();
-    ParallelFor(M * N, std::max<int64_t>(1, kElementwiseMinChunk / K), [&](int64_t begin, int64_t end) {
-      for (int64_t lane = begin; lane < end; ++lane) {
-        const int64_t offset = (lane / N) * K * N + lane % N;
-        if (N == 1) {
-          Lane<T, kMode, true>(x + offset, b ? b + offset : nullptr, y + offset, K, N);
-        } else {
-          Lane<T, kMode, false>(x + offset, b ? b + offset : nullptr, y + offset, K, N);
+    if (N == 1) {
+      ParallelFor(M, std::max<int64_t>(1, kElementwiseMinChunk / K), [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) {
+          Lane<T, kMode>(x + m * K, b ? b + m * K : nullptr, y + m * K, K);
         }
+      });
+      return absl::OkStatus();
+    }
+    const int64_t blocks = (N + kBlockWidth - 1) / kBlockWidth;
+    const int64_t min_tasks = std::max<int64_t>(1, kElementwiseMinChunk / (K * std::min(N, kBlockWidth)));
+    ParallelFor(M * blocks, min_tasks, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t m = t / blocks, n0 = (t % blocks) * kBlockWidth;
+        const int64_t offset = m * K * N + n0;
+        LaneBlock<T, kMode>(x + offset, b ? b + offset : nullptr, y + offset, K, N, std::min(kBlockWidth, N - n0));
       }
     });
     return absl::OkStatus();

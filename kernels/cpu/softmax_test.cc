@@ -4,6 +4,7 @@
 //   sd = torch.tensor([[0.5, -1., 2., 0.25], [1., 1., -0.5, 0.], [-2., 0.5, 0.5, 1.5]], dtype=torch.float64)
 //   torch.softmax(s, ax), torch.log_softmax(s, ax); gradients: xx.grad after f(xx, ax).backward(sd)
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -145,6 +146,36 @@ TEST(SoftmaxTest, ManyRowsAcrossThreadsSumToOne) {
     for (int c = 0; c < 37; ++c) sum += v[r * 37 + c];
     ASSERT_NEAR(sum, 1.0, 1e-14) << "row " << r;
   }
+}
+
+TEST(SoftmaxTest, LeadingAxisOverManyColumnsMatchesNaiveFormula) {
+  // [3, 50, 130] over axis 1: several 64-wide column blocks, one partial.
+  const int64_t M = 3, K = 50, N = 130;
+  std::vector<double> x(M * K * N), dy(M * K * N);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(0.37 * i) * 3.0;
+    dy[i] = std::cos(0.11 * i);
+  }
+  std::vector<double> want(x.size()), want_log(x.size()), want_grad(x.size());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      auto at = [&](int64_t k) { return (m * K + k) * N + n; };
+      double max = -INFINITY, sum = 0, dot = 0;
+      for (int64_t k = 0; k < K; ++k) max = std::max(max, x[at(k)]);
+      for (int64_t k = 0; k < K; ++k) sum += std::exp(x[at(k)] - max);
+      for (int64_t k = 0; k < K; ++k) {
+        want[at(k)] = std::exp(x[at(k)] - max) / sum;
+        want_log[at(k)] = x[at(k)] - max - std::log(sum);
+        dot += want[at(k)] * dy[at(k)];
+      }
+      for (int64_t k = 0; k < K; ++k) want_grad[at(k)] = want[at(k)] * (dy[at(k)] - dot);
+    }
+  }
+  const std::vector<int64_t> shape = {M, K, N};
+  Tensor y = Forward("softmax", 1, MakeTensor(F64, {M, K, N}, x));
+  EXPECT_VALUES_NEAR(y, shape, want, 1e-13);
+  EXPECT_VALUES_NEAR(Forward("log_softmax", -2, MakeTensor(F64, {M, K, N}, x)), shape, want_log, 1e-13);
+  EXPECT_VALUES_NEAR(Backward("softmax_grad", 1, y, MakeTensor(F64, {M, K, N}, dy)), shape, want_grad, 1e-13);
 }
 
 absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {

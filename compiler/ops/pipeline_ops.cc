@@ -1,0 +1,67 @@
+// Pipeline family: point-to-point transfers between stages and the buffers
+// that accumulate gradients over micro-batches. Appended by the compiler's
+// pipeline passes; users do not write them.
+//
+// send/recv carry a typed Channel on the op (source rank, destination rank,
+// var, id) decided at compile time, and the recv's type is an attr, so no
+// shape is discovered at run time and nothing is matched by program order.
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+namespace {
+
+absl::StatusOr<DataType> ParseDtypeAttr(const std::string& s) {
+  DataType dtype;
+  if (!DataType_Parse(s, &dtype) || dtype == DT_INVALID) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be F32, F64, I64, I32 or BOOL, got '", s, "'"));
+  }
+  return dtype;
+}
+
+absl::Status RecvShape(ShapeContext& ctx) {
+  auto dtype = ParseDtypeAttr(ctx.attr_string("dtype"));
+  if (!dtype.ok()) return dtype.status();
+  std::vector<int64_t> shape = ctx.attr_ints("shape");
+  int batch = 0;
+  for (int64_t d : shape) {
+    if (d == -1) ++batch;
+    else if (d <= 0) return absl::InvalidArgumentError(absl::StrCat("attr 'shape' has a non-positive dim ", d));
+  }
+  if (batch > 1) return absl::InvalidArgumentError("attr 'shape' has more than one batch dim (-1)");
+  ctx.set_output(0, TensorType{*dtype, shape});
+  return absl::OkStatus();
+}
+
+absl::Status AccumulateShape(ShapeContext& ctx) {
+  if (ctx.input(0) != ctx.input(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulator ", ctx.input(0).ToString(), " and value ",
+                                                   ctx.input(1).ToString(), " differ"));
+  }
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+STRATA_REGISTER_OP(OpDef("send").Input("x")
+    .Shape([](ShapeContext&) { return absl::OkStatus(); })
+    .Doc("Posts x to the channel's destination rank; completes asynchronously."));
+
+STRATA_REGISTER_OP(OpDef("recv").Output("y")
+    .Attr("shape", AttrType::kInts).Attr("dtype", AttrType::kString)
+    .Shape(RecvShape)
+    .Doc("Receives the channel's var from its source rank; -1 in shape is the micro-batch size."));
+
+STRATA_REGISTER_OP(OpDef("accumulate").Input("acc").Input("x").Output("acc").Stateful()
+    .Shape(AccumulateShape)
+    .Doc("acc += x, in place (gradients summed over micro-batches)."));
+
+STRATA_REGISTER_OP(OpDef("fill_zero").Input("x").Output("x").Stateful()
+    .Shape(SameAsInput(0))
+    .Doc("x = 0, in place (gradient buffers after the optimizer has read them)."));
+
+}  // namespace strata

@@ -1,0 +1,47 @@
+// accumulate (acc += x) and fill_zero (x = 0), in place on persistent
+// gradient buffers. Split over threads in contiguous chunks.
+
+#include <cstring>
+
+#include "kernels/cpu/elementwise.h"
+#include "runtime/kernel.h"
+
+namespace strata {
+namespace {
+
+template <typename T>
+class AccumulateKernel : public OpKernel {
+ public:
+  explicit AccumulateKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& acc = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    if (acc.num_elements() != x.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat("accumulate: accumulator ", ShapeString(acc.shape()),
+                                                     " and value ", ShapeString(x.shape()), " differ"));
+    }
+    T* a = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
+    BinaryMap(acc.num_elements(), a, x.data<T>(), a, [](T u, T v) { return u + v; });
+    ctx.SetOutput(0, acc);
+    return absl::OkStatus();
+  }
+};
+
+class FillZeroKernel : public OpKernel {
+ public:
+  explicit FillZeroKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    std::memset(const_cast<void*>(x.raw_data()), 0, x.bytes());
+    ctx.SetOutput(0, x);
+    return absl::OkStatus();
+  }
+};
+
+STRATA_REGISTER_KERNEL("accumulate", "cpu", F32, MakeFactory<AccumulateKernel<float>>());
+STRATA_REGISTER_KERNEL("accumulate", "cpu", F64, MakeFactory<AccumulateKernel<double>>());
+STRATA_REGISTER_KERNEL("fill_zero", "cpu", F32, MakeFactory<FillZeroKernel>());
+STRATA_REGISTER_KERNEL("fill_zero", "cpu", F64, MakeFactory<FillZeroKernel>());
+
+}  // namespace
+}  // namespace strata

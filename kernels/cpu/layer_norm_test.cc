@@ -1,0 +1,136 @@
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/op_registry.h"
+#include "compiler/testing/op_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+// scale * sin(0.37 i + seed) + shift, as the PyTorch snippet builds them.
+Tensor Make(DataType dtype, Shape shape, double seed, double scale = 1.0, double shift = 0.0) {
+  std::vector<double> v(NumElements(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(0.37 * i + seed) + shift;
+  return MakeTensor(dtype, shape, v);
+}
+
+// x = 3 * sin(0.37 * arange(30) + 0.2).reshape(2,3,5) + 0.5
+// gamma = 0.5 * sin(0.37 * arange(5) + 1) + 1;  beta = sin(0.37 * arange(5) + 2)
+// y = F.layer_norm(x, [5], gamma, beta, eps=1e-5)
+const std::vector<double> kTorchY = {
+    -1.48149088576, -0.108889922517, 0.922464171724,  1.29951014832,  0.949746414394, 2.74287365848,
+    1.87895690055,  0.539400288097,  -0.963583051189, -2.27548796297, 3.12945419938,  0.205080185238,
+    -1.32772643957, -1.09572192597,  0.593151808425,  -1.14805708386, -0.37357971317, 0.476023726387,
+    1.13791123435,  1.41391527741,   2.06673547648,   2.06488869219,  1.09836999326,  -0.621721950156,
+    -2.61866788889, 3.20218797091,   1.60054765227,   0.00952272594281, -1.18967228188, -1.7830521704};
+
+TEST(LayerNormTest, MatchesTorch) {
+  for (DataType dt : {F64, F32}) {
+    std::map<std::string, Tensor> env{{"x", Make(dt, {2, 3, 5}, 0.2, 3.0, 0.5)},
+                                      {"gamma", Make(dt, {5}, 1.0, 0.5, 1.0)},
+                                      {"beta", Make(dt, {5}, 2.0)}};
+    auto s = RunOp(ParseOp(R"pb(type: "layer_norm" input: ["x", "gamma", "beta"] output: "y")pb"), &env);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(TensorNear(env["y"], {2, 3, 5}, kTorchY, dt == F64 ? 1e-10 : 1e-5));
+  }
+}
+
+TEST(LayerNormTest, BackwardMatchesTorch) {
+  // dy = sin(0.37 * arange(30) + 0.7).reshape(2,3,5); y.backward(dy):
+  const std::vector<double> dx = {
+      -0.142784185904, 0.151043823467,  0.231589288073,  0.0624778695275, -0.302326795163, 0.0841814150903,
+      -0.0184270732332, -0.0884300559312, -0.065162659897, 0.0878383739711, -0.949214000376, -0.939274664235,
+      -0.386245936203, 0.588962268573,  1.68577233224,   -0.0871812971085, 0.0381892448457, 0.103499776667,
+      0.056802202175,  -0.11130992658,  0.285609399668,  -0.0136608554621, -0.202926194489, -0.189328150531,
+      0.120305800813,  0.123903358505,  -0.100041378728, -0.175720530629, -0.0611511527327, 0.213009703585};
+  const std::vector<double> dgamma = {-1.82240579382, 0.0680449048255, 1.9281601089, 3.19497678481, 4.28306358987};
+  const std::vector<double> dbeta = {0.685604796858, 0.464963131415, 0.181390887375, -0.126731762327,
+                                     -0.417701862524};
+  for (DataType dt : {F64, F32}) {
+    std::map<std::string, Tensor> env{{"x", Make(dt, {2, 3, 5}, 0.2, 3.0, 0.5)},
+                                      {"gamma", Make(dt, {5}, 1.0, 0.5, 1.0)},
+                                      {"dy", Make(dt, {2, 3, 5}, 0.7)}};
+    auto s = RunOp(ParseOp(R"pb(type: "layer_norm_grad" input: ["x", "gamma", "dy"]
+                                output: ["dx", "dgamma", "dbeta"])pb"),
+                   &env);
+    ASSERT_TRUE(s.ok()) << s;
+    const double tol = dt == F64 ? 1e-10 : 1e-5;
+    EXPECT_TRUE(TensorNear(env["dx"], {2, 3, 5}, dx, tol));
+    EXPECT_TRUE(TensorNear(env["dgamma"], {5}, dgamma, tol));
+    EXPECT_TRUE(TensorNear(env["dbeta"], {5}, dbeta, tol));
+  }
+}
+
+// 5000 rows split into blocks: dgamma/dbeta must be the plain sums over all rows.
+TEST(LayerNormTest, ParameterGradientsSumOverEveryBlockOfRows) {
+  const int64_t R = 5000, D = 3;
+  Tensor x = Make(F64, {R, D}, 0.4, 2.0), dy = Make(F64, {R, D}, 0.9);
+  std::map<std::string, Tensor> env{{"x", x}, {"gamma", MakeTensor(F64, {D}, {1, 1, 1})}, {"dy", dy}};
+  auto s = RunOp(ParseOp(R"pb(type: "layer_norm_grad" input: ["x", "gamma", "dy"]
+                              output: ["dx", "dgamma", "dbeta"])pb"),
+                 &env);
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<double> xv = TensorValues(x), dyv = TensorValues(dy), dgamma(D, 0.0), dbeta(D, 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < D; ++j) mean += xv[r * D + j] / D;
+    for (int64_t j = 0; j < D; ++j) var += (xv[r * D + j] - mean) * (xv[r * D + j] - mean) / D;
+    for (int64_t j = 0; j < D; ++j) {
+      dgamma[j] += dyv[r * D + j] * (xv[r * D + j] - mean) / std::sqrt(var + 1e-5);
+      dbeta[j] += dyv[r * D + j];
+    }
+  }
+  EXPECT_TRUE(TensorNear(env["dgamma"], {D}, dgamma, 1e-10));
+  EXPECT_TRUE(TensorNear(env["dbeta"], {D}, dbeta, 1e-10));
+}
+
+absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
+  Op op = ParseOp(op_text);
+  const OpSchema* schema = OpRegistry::Global().Find(op.type());
+  if (schema == nullptr) return absl::NotFoundError(op.type());
+  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  return InferOutputTypes(*schema, op, std::move(inputs));
+}
+
+TEST(LayerNormShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
+  const char* text = R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y")pb";
+  auto ok = Infer(text, {{F32, {-1, 16, 64}}, {F32, {64}}, {F32, {64}}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0], (TensorType{F32, {-1, 16, 64}}));
+  auto bad_gamma = Infer(text, {{F32, {-1, 64}}, {F32, {32}}, {F32, {64}}});
+  ASSERT_FALSE(bad_gamma.ok());
+  EXPECT_THAT(bad_gamma.status().message(), HasSubstr("input 'gamma' must have shape [64]"));
+  auto bad_beta = Infer(text, {{F32, {-1, 64}}, {F32, {64}}, {F64, {64}}});
+  ASSERT_FALSE(bad_beta.ok());
+  EXPECT_THAT(bad_beta.status().message(), HasSubstr("'beta'"));
+  auto scalar = Infer(text, {{F32, {}}, {F32, {1}}, {F32, {1}}});
+  ASSERT_FALSE(scalar.ok());
+  auto bad_eps = Infer(R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y"
+                            attr { key: "epsilon" value { f: -1 } })pb",
+                       {{F32, {2, 4}}, {F32, {4}}, {F32, {4}}});
+  ASSERT_FALSE(bad_eps.ok());
+  EXPECT_THAT(bad_eps.status().message(), HasSubstr("attr 'epsilon'"));
+}
+
+TEST(LayerNormGradTest, EmitsOneHelperAndOnlyNamesWhatIsNeeded) {
+  std::map<std::string, TensorType> types{
+      {"x", {F32, {-1, 8}}}, {"g", {F32, {8}}}, {"b", {F32, {8}}}, {"y", {F32, {-1, 8}}}};
+  std::vector<std::string> names;
+  auto ops = MakeGradOps(ParseOp(R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y")pb"), types,
+                         {false, true, true}, &names);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ASSERT_EQ(ops->size(), 1u);
+  EXPECT_EQ((*ops)[0].type(), "layer_norm_grad");
+  EXPECT_EQ((*ops)[0].output(1), names[1]);
+  EXPECT_EQ((*ops)[0].output(2), names[2]);
+  EXPECT_TRUE(names[0].empty());
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,246 @@
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+#include "compiler/testing/op_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<double> Values(int64_t n, double seed) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = std::sin(0.37 * i + seed);
+  return v;
+}
+
+Tensor Make(DataType dtype, Shape shape, double seed) {
+  return MakeTensor(dtype, shape, Values(NumElements(shape), seed));
+}
+
+std::string Attrs(bool ta, bool tb) {
+  return absl::StrCat("attr { key: \"transpose_a\" value { b: ", ta ? "true" : "false",
+                      " } } attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
+}
+
+absl::StatusOr<Tensor> RunBinary(const std::string& type, const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  std::map<std::string, Tensor> env{{"a", a}, {"b", b}};
+  auto s = RunOp(ParseOp(absl::StrCat("type: \"", type, "\" input: [\"a\", \"b\"] output: [\"y\"] ", Attrs(ta, tb))),
+                 &env);
+  if (!s.ok()) return s;
+  return env["y"];
+}
+
+// Element (i, j) of op(m) for a row-major matrix m of `cols` columns at `base`.
+double At(const std::vector<double>& m, int64_t base, int64_t cols, bool trans, int64_t i, int64_t j) {
+  return trans ? m[base + j * cols + i] : m[base + i * cols + j];
+}
+
+// The plain triple loop: y[b] = op(a[b]) @ op(b or b[b]).
+std::vector<double> NaiveMatmul(const Tensor& a, const Tensor& b, bool ta, bool tb, std::vector<int64_t>* shape) {
+  const int ra = a.rank(), rb = b.rank();
+  const int64_t M = ta ? a.dim(ra - 1) : a.dim(ra - 2), K = ta ? a.dim(ra - 2) : a.dim(ra - 1);
+  const int64_t N = tb ? b.dim(rb - 2) : b.dim(rb - 1);
+  int64_t batch = 1;
+  shape->clear();
+  for (int i = 0; i < ra - 2; ++i) {
+    batch *= a.dim(i);
+    shape->push_back(a.dim(i));
+  }
+  shape->push_back(M);
+  shape->push_back(N);
+  std::vector<double> av = TensorValues(a), bv = TensorValues(b), y(batch * M * N, 0.0);
+  for (int64_t p = 0; p < batch; ++p)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          s += At(av, p * M * K, a.dim(ra - 1), ta, i, k) *
+               At(bv, rb == 2 ? 0 : p * K * N, b.dim(rb - 1), tb, k, j);
+        }
+        y[(p * M + i) * N + j] = s;
+      }
+  return y;
+}
+
+void ExpectMatchesNaive(const Tensor& a, const Tensor& b, bool ta, bool tb, double tol) {
+  SCOPED_TRACE(absl::StrCat("a ", ShapeString(a.shape()), " b ", ShapeString(b.shape()), " ta=", ta, " tb=", tb,
+                            " ", DataTypeName(a.dtype())));
+  std::vector<int64_t> shape;
+  std::vector<double> want = NaiveMatmul(a, b, ta, tb, &shape);
+  auto y = RunBinary("matmul", a, b, ta, tb);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(TensorNear(*y, shape, want, tol));
+}
+
+TEST(MatmulTest, TwoDimensionalEveryTransposeMatchesTripleLoop) {
+  for (DataType dt : {F32, F64}) {
+    const double tol = dt == F32 ? 1e-5 : 1e-12;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor a = Make(dt, ta ? Shape{7, 5} : Shape{5, 7}, 0.3);
+        Tensor b = Make(dt, tb ? Shape{3, 7} : Shape{7, 3}, 1.1);
+        ExpectMatchesNaive(a, b, ta, tb, tol);
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, BatchedTimesSharedWeightMatchesTripleLoop) {
+  for (DataType dt : {F32, F64}) {
+    const double tol = dt == F32 ? 1e-5 : 1e-12;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor a = Make(dt, ta ? Shape{2, 3, 7, 5} : Shape{2, 3, 5, 7}, 0.5);
+        Tensor b = Make(dt, tb ? Shape{4, 7} : Shape{7, 4}, 2.0);
+        ExpectMatchesNaive(a, b, ta, tb, tol);
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, BatchedTimesBatchedMatchesTripleLoop) {
+  for (DataType dt : {F32, F64}) {
+    const double tol = dt == F32 ? 1e-5 : 1e-12;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor a = Make(dt, ta ? Shape{2, 3, 7, 5} : Shape{2, 3, 5, 7}, 0.7);
+        Tensor b = Make(dt, tb ? Shape{2, 3, 4, 7} : Shape{2, 3, 7, 4}, 1.7);
+        ExpectMatchesNaive(a, b, ta, tb, tol);
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, ManySmallBatchItemsRunInParallelCorrectly) {
+  // 2000 items of 8x8 @ 8x8: small enough to be spread over the pool.
+  ExpectMatchesNaive(Make(F64, {2000, 8, 8}, 0.1), Make(F64, {2000, 8, 8}, 0.2), false, true, 1e-12);
+}
+
+TEST(MatmulTest, LargeSharedWeightProductMatchesTripleLoop) {
+  // One [64*10, 300] x [300, 70] GEMM, large enough for OpenBLAS to thread.
+  ExpectMatchesNaive(Make(F32, {64, 10, 300}, 0.4), Make(F32, {300, 70}, 0.9), false, false, 1e-4);
+}
+
+TEST(MatmulTest, EmptyInnerDimGivesZeros) {
+  auto y = RunBinary("matmul", MakeTensor(F32, {3, 0}, {}), MakeTensor(F32, {0, 4}, {}), false, false);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(TensorNear(*y, {3, 4}, std::vector<double>(12, 0.0), 0));
+  auto batched = RunBinary("matmul", MakeTensor(F32, {2, 0, 3}, {}), MakeTensor(F32, {0, 4}, {}), true, false);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  EXPECT_TRUE(TensorNear(*batched, {2, 3, 4}, std::vector<double>(24, 0.0), 0));
+  auto empty_rows = RunBinary("matmul", MakeTensor(F32, {0, 3}, {}), Make(F32, {3, 4}, 0), false, false);
+  ASSERT_TRUE(empty_rows.ok()) << empty_rows.status();
+  EXPECT_EQ(empty_rows->shape(), (Shape{0, 4}));
+}
+
+// db for a shared weight is the sum over the batch of op(a_i)^T @ dy_i, laid out as b.
+TEST(MatmulTest, SharedWeightGradientsMatchTripleLoops) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("ta=", ta, " tb=", tb));
+      const int64_t B = 6, M = 5, K = 4, N = 3;
+      Tensor a = Make(F64, ta ? Shape{2, 3, K, M} : Shape{2, 3, M, K}, 0.2);
+      Tensor b = Make(F64, tb ? Shape{N, K} : Shape{K, N}, 0.6);
+      Tensor dy = Make(F64, {2, 3, M, N}, 1.4);
+      std::vector<double> av = TensorValues(a), bv = TensorValues(b), dyv = TensorValues(dy);
+      // da[p] (laid out as a[p]): d op(a)[i][k] = sum_j dy[i][j] op(b)[k][j].
+      std::vector<double> da(av.size(), 0.0), db(bv.size(), 0.0);
+      for (int64_t p = 0; p < B; ++p)
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t k = 0; k < K; ++k)
+            for (int64_t j = 0; j < N; ++j) {
+              const double g = dyv[(p * M + i) * N + j];
+              const int64_t ai = p * M * K + (ta ? k * M + i : i * K + k);
+              const int64_t bi = tb ? j * K + k : k * N + j;
+              da[ai] += g * bv[bi];
+              db[bi] += g * av[ai];
+            }
+      auto got_db = RunBinary("matmul_shared_b_grad_b", a, dy, ta, tb);
+      ASSERT_TRUE(got_db.ok()) << got_db.status();
+      EXPECT_TRUE(TensorNear(*got_db, tb ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N}, db, 1e-12));
+      std::map<std::string, Tensor> env{{"dy", dy}, {"b", b}};
+      auto s = RunOp(ParseOp(absl::StrCat(
+                         R"pb(type: "matmul_shared_b_grad_a" input: ["dy", "b"] output: ["da"] )pb", Attrs(ta, tb))),
+                     &env);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_TRUE(TensorNear(env["da"], std::vector<int64_t>(a.shape().begin(), a.shape().end()), da, 1e-12));
+    }
+  }
+}
+
+absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
+  Op op = ParseOp(op_text);
+  const OpSchema* schema = OpRegistry::Global().Find(op.type());
+  if (schema == nullptr) return absl::NotFoundError(op.type());
+  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  return InferOutputTypes(*schema, op, std::move(inputs));
+}
+
+std::string MatmulText(bool ta = false, bool tb = false) {
+  return absl::StrCat(R"pb(type: "matmul" input: ["a", "b"] output: ["y"] )pb", Attrs(ta, tb));
+}
+
+TEST(MatmulShapeTest, PropagatesTheBatchDim) {
+  auto t = Infer(MatmulText(), {{F32, {-1, 784}}, {F32, {784, 256}}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)[0], (TensorType{F32, {-1, 256}}));
+  auto batched = Infer(MatmulText(false, true), {{F32, {-1, 8, 5, 16}}, {F32, {-1, 8, 7, 16}}});
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  EXPECT_EQ((*batched)[0], (TensorType{F32, {-1, 8, 5, 7}}));
+  // x^T @ dy contracts over the batch dim: the weight gradient of x @ W.
+  auto weight_grad = Infer(MatmulText(true, false), {{F32, {-1, 784}}, {F32, {-1, 256}}});
+  ASSERT_TRUE(weight_grad.ok()) << weight_grad.status();
+  EXPECT_EQ((*weight_grad)[0], (TensorType{F32, {784, 256}}));
+}
+
+TEST(MatmulShapeTest, RejectsMismatchedInnerDims) {
+  auto t = Infer(MatmulText(), {{F32, {-1, 784}}, {F32, {256, 10}}});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("inner dims differ"));
+  auto batch_vs_static = Infer(MatmulText(true, false), {{F32, {-1, 4}}, {F32, {8, 3}}});
+  ASSERT_FALSE(batch_vs_static.ok());
+}
+
+TEST(MatmulShapeTest, RejectsBadRanksBatchesAndDtypes) {
+  auto vec = Infer(MatmulText(), {{F32, {4}}, {F32, {4, 3}}});
+  ASSERT_FALSE(vec.ok());
+  EXPECT_THAT(vec.status().message(), HasSubstr("input 'a' must have rank >= 2"));
+  auto rank_mismatch = Infer(MatmulText(), {{F32, {2, 3, 4}}, {F32, {5, 2, 4, 3}}});
+  ASSERT_FALSE(rank_mismatch.ok());
+  EXPECT_THAT(rank_mismatch.status().message(), HasSubstr("needs 'a' of the same rank"));
+  auto batch_mismatch = Infer(MatmulText(), {{F32, {2, 3, 4}}, {F32, {5, 4, 3}}});
+  ASSERT_FALSE(batch_mismatch.ok());
+  EXPECT_THAT(batch_mismatch.status().message(), HasSubstr("differ in dim 0"));
+  auto dtypes = Infer(MatmulText(), {{F32, {2, 4}}, {F64, {4, 3}}});
+  ASSERT_FALSE(dtypes.ok());
+  auto ints = Infer(MatmulText(), {{I64, {2, 4}}, {I64, {4, 3}}});
+  ASSERT_FALSE(ints.ok());
+  EXPECT_THAT(ints.status().message(), HasSubstr("must be F32 or F64"));
+}
+
+TEST(MatmulGradTest, EmitsTheTransposesForEachLayout) {
+  // a [-1, 5, 7] @ b [7, 3]: da is a matmul against b^T, db the shared-weight helper.
+  std::map<std::string, TensorType> types{
+      {"a", {F32, {-1, 5, 7}}}, {"b", {F32, {7, 3}}}, {"y", {F32, {-1, 5, 3}}}};
+  std::vector<std::string> names;
+  auto ops = MakeGradOps(ParseOp(MatmulText()), types, {true, true}, &names);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  ASSERT_EQ(ops->size(), 2u);
+  EXPECT_EQ((*ops)[0].type(), "matmul");
+  EXPECT_TRUE((*ops)[0].attr().at("transpose_b").b());
+  EXPECT_EQ((*ops)[1].type(), "matmul_shared_b_grad_b");
+  // Only what is needed.
+  auto only_b = MakeGradOps(ParseOp(MatmulText()), types, {false, true}, &names);
+  ASSERT_TRUE(only_b.ok()) << only_b.status();
+  EXPECT_EQ(only_b->size(), 1u);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,346 @@
+// The CUDA kernels against the CPU kernels they mirror (run through the op
+// registry, as the executor runs them), plus cuDNN and NCCL on the device.
+// Tagged gpu: without a CUDA device every test FAILS (never skips), so a GPU
+// run that silently found no GPU cannot pass.
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/testing/op_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_info.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/relu.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+#define ASSERT_CUDA_OK(expr)                                                             \
+  do {                                                                                   \
+    const cudaError_t strata_cuda_error = (expr);                                        \
+    ASSERT_EQ(strata_cuda_error, cudaSuccess) << #expr << ": "                           \
+                                              << cudaGetErrorString(strata_cuda_error); \
+  } while (false)
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    ASSERT_GT(CudaDeviceCount(&why), 0)
+        << "no CUDA device (" << why << "). This test is tagged gpu: filter it out with "
+        << "--test_tag_filters=-gpu, or run it on a GPU machine (kernels/cuda/README.md).";
+    ASSERT_CUDA_OK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+// A device array of n T's (plus `offset` elements in front, to test
+// misaligned operands), freed on scope exit.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(int64_t n, int64_t offset = 0) : offset_(offset) {
+    const size_t bytes = static_cast<size_t>(n + offset + 1) * sizeof(T);  // +1: never a 0-byte cudaMalloc
+    error_ = cudaMalloc(&base_, bytes);
+    if (error_ == cudaSuccess) error_ = cudaMemset(base_, 0xff, bytes);  // all-ones bytes: nan garbage
+  }
+  ~DeviceArray() { cudaFree(base_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  cudaError_t error() const { return error_; }
+  T* get() { return base_ + offset_; }
+  cudaError_t Upload(const std::vector<T>& host) {
+    return cudaMemcpy(get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  cudaError_t Download(std::vector<T>* host) {
+    return cudaMemcpy(host->data(), get(), host->size() * sizeof(T), cudaMemcpyDeviceToHost);
+  }
+
+ private:
+  T* base_ = nullptr;
+  int64_t offset_;
+  cudaError_t error_ = cudaSuccess;
+};
+
+template <typename T>
+Tensor HostTensor(const std::vector<T>& values, Shape shape) {
+  Tensor t = Tensor::Empty(DataTypeOf<T>::value, std::move(shape));
+  if (!values.empty()) std::memcpy(t.data<T>(), values.data(), values.size() * sizeof(T));
+  return t;
+}
+
+template <typename T>
+std::vector<T> TensorToVector(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.num_elements());
+}
+
+// Runs one CPU op (registry, shape function, CPU kernel) and returns output "y".
+template <typename T>
+std::vector<T> RunCpu(const std::string& op_text, std::map<std::string, Tensor> env) {
+  const absl::Status status = RunOp(ParseOp(op_text), &env);
+  EXPECT_TRUE(status.ok()) << op_text << ": " << status;
+  return status.ok() ? TensorToVector<T>(env.at("y")) : std::vector<T>();
+}
+
+// Bit for bit, so nan and the sign of zero count.
+template <typename T>
+::testing::AssertionResult BitwiseEqual(const std::vector<T>& actual, const std::vector<T>& expected) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure() << "size " << actual.size() << " vs " << expected.size();
+  }
+  for (size_t i = 0; i < actual.size(); ++i) {
+    if (std::memcmp(&actual[i], &expected[i], sizeof(T)) != 0) {
+      return ::testing::AssertionFailure() << "element " << i << ": " << actual[i] << " vs " << expected[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Uniform values in [-4, 4] after a prefix of the awkward ones.
+template <typename T>
+std::vector<T> ReluInput(int64_t n, uint32_t seed) {
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(),
+                        T(-0.0),
+                        T(0.0),
+                        std::numeric_limits<T>::infinity(),
+                        -std::numeric_limits<T>::infinity(),
+                        std::numeric_limits<T>::denorm_min(),
+                        -std::numeric_limits<T>::denorm_min()};
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<T> uniform(T(-4), T(4));
+  std::vector<T> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = i < static_cast<int64_t>(std::size(specials)) ? specials[i] : uniform(rng);
+  return x;
+}
+
+template <typename T>
+void CheckRelu(cudaStream_t stream, int64_t n) {
+  SCOPED_TRACE(absl::StrCat(DataTypeName(DataTypeOf<T>::value), " n=", n));
+  const std::vector<T> x = ReluInput<T>(n, 1);
+  const std::vector<T> dy = ReluInput<T>(n, 2);
+  const std::vector<T> y_cpu =
+      RunCpu<T>(R"pb(type: "relu" input: "x" output: "y")pb", {{"x", HostTensor(x, {n})}});
+  const std::vector<T> dx_cpu = RunCpu<T>(R"pb(type: "relu_grad" input: [ "relu_y", "dy" ] output: "y")pb",
+                                          {{"relu_y", HostTensor(y_cpu, {n})}, {"dy", HostTensor(dy, {n})}});
+  ASSERT_EQ(y_cpu.size(), static_cast<size_t>(n));
+  ASSERT_EQ(dx_cpu.size(), static_cast<size_t>(n));
+
+  DeviceArray<T> x_dev(n), y_dev(n), dy_dev(n), dx_dev(n);
+  for (auto* a : {&x_dev, &y_dev, &dy_dev, &dx_dev}) ASSERT_CUDA_OK(a->error());
+  ASSERT_CUDA_OK(x_dev.Upload(x));
+  ASSERT_CUDA_OK(dy_dev.Upload(dy));
+  ASSERT_CUDA_OK(LaunchRelu(y_dev.get(), x_dev.get(), n, stream));
+  ASSERT_CUDA_OK(LaunchReluGrad(dx_dev.get(), y_dev.get(), dy_dev.get(), n, stream));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<T> y(n), dx(n);
+  ASSERT_CUDA_OK(y_dev.Download(&y));
+  ASSERT_CUDA_OK(dx_dev.Download(&dx));
+  EXPECT_TRUE(BitwiseEqual(y, y_cpu)) << "relu";
+  EXPECT_TRUE(BitwiseEqual(dx, dx_cpu)) << "relu_grad";
+
+  // In place, as the executor may run them when the input dies here.
+  ASSERT_CUDA_OK(LaunchRelu(x_dev.get(), x_dev.get(), n, stream));
+  ASSERT_CUDA_OK(LaunchReluGrad(dy_dev.get(), y_dev.get(), dy_dev.get(), n, stream));
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+  ASSERT_CUDA_OK(x_dev.Download(&y));
+  ASSERT_CUDA_OK(dy_dev.Download(&dx));
+  EXPECT_TRUE(BitwiseEqual(y, y_cpu)) << "relu in place";
+  EXPECT_TRUE(BitwiseEqual(dx, dx_cpu)) << "relu_grad in place";
+}
+
+// 65536 blocks of 256 threads cover 2^24 elements; the large size makes the
+// grid-stride loop go round a second time.
+constexpr int64_t kOneFullGrid = int64_t{65536} * 256;
+
+TEST_F(CudaKernelsTest, ReluMatchesCpuKernelFloat) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000003}, kOneFullGrid + 5}) CheckRelu<float>(stream_, n);
+}
+
+TEST_F(CudaKernelsTest, ReluMatchesCpuKernelDouble) {
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000003}, kOneFullGrid + 5}) CheckRelu<double>(stream_, n);
+}
+
+TEST_F(CudaKernelsTest, ReluOfNothingLaunchesNothing) {
+  EXPECT_EQ(LaunchRelu(static_cast<float*>(nullptr), nullptr, 0, stream_), cudaSuccess);
+  EXPECT_EQ(LaunchReluGrad(static_cast<double*>(nullptr), nullptr, nullptr, 0, stream_), cudaSuccess);
+}
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool transpose_a, transpose_b;
+  // Small integers: every product and partial sum is exact in float, so any
+  // summation order gives the same answer and GPU must equal CPU exactly.
+  bool integers;
+  int64_t offset = 0;  // elements of misalignment of every operand
+};
+
+std::string Describe(const GemmCase& c) {
+  return absl::StrCat("m=", c.m, " n=", c.n, " k=", c.k, " transpose_a=", c.transpose_a,
+                      " transpose_b=", c.transpose_b, c.integers ? " integers" : " reals", " offset=", c.offset);
+}
+
+template <typename T>
+std::vector<T> GemmInput(int64_t size, bool integers, std::mt19937* rng) {
+  std::uniform_int_distribution<int> small_int(-8, 8);
+  std::uniform_real_distribution<T> uniform(T(-1), T(1));
+  std::vector<T> v(size);
+  for (T& e : v) e = integers ? T(small_int(*rng)) : uniform(*rng);
+  return v;
+}
+
+template <typename T>
+void CheckGemm(LtGemm* gemm, cudaStream_t stream, const GemmCase& c) {
+  SCOPED_TRACE(absl::StrCat(DataTypeName(DataTypeOf<T>::value), " ", Describe(c)));
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 1000003 + c.n * 1009 + c.k));
+  const std::vector<T> a = GemmInput<T>(c.m * c.k, c.integers, &rng);
+  const std::vector<T> b = GemmInput<T>(c.k * c.n, c.integers, &rng);
+  const Shape a_shape = c.transpose_a ? Shape{c.k, c.m} : Shape{c.m, c.k};
+  const Shape b_shape = c.transpose_b ? Shape{c.n, c.k} : Shape{c.k, c.n};
+  const std::string op = absl::StrCat(R"pb(type: "matmul" input: [ "a", "b" ] output: "y" )pb",
+                                      R"pb(attr { key: "transpose_a" value { b: )pb",
+                                      c.transpose_a ? "true" : "false", " } } ",
+                                      R"pb(attr { key: "transpose_b" value { b: )pb",
+                                      c.transpose_b ? "true" : "false", " } }");
+  const std::vector<T> c_cpu = RunCpu<T>(op, {{"a", HostTensor(a, a_shape)}, {"b", HostTensor(b, b_shape)}});
+  ASSERT_EQ(c_cpu.size(), static_cast<size_t>(c.m * c.n));
+
+  DeviceArray<T> a_dev(c.m * c.k, c.offset), b_dev(c.k * c.n, c.offset), c_dev(c.m * c.n, c.offset);
+  for (auto* d : {&a_dev, &b_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(b_dev.Upload(b));
+  const absl::Status status =
+      gemm->Matmul(c_dev.get(), a_dev.get(), b_dev.get(), c.m, c.n, c.k, c.transpose_a, c.transpose_b, stream);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<T> c_gpu(c.m * c.n);
+  ASSERT_CUDA_OK(c_dev.Download(&c_gpu));
+
+  // For reals, each of CPU and GPU is within gamma_k * (|a| |b|)[i, j] of the
+  // exact product (any summation order), gamma_k ~ k u, u the unit roundoff.
+  const double u = std::numeric_limits<T>::epsilon() / 2;
+  int reported = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double abs_product = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const T a_ip = c.transpose_a ? a[p * c.m + i] : a[i * c.k + p];
+        const T b_pj = c.transpose_b ? b[j * c.k + p] : b[p * c.n + j];
+        abs_product += std::fabs(double(a_ip)) * std::fabs(double(b_pj));
+      }
+      const double tolerance = c.integers ? 0.0 : 2.0 * (c.k + 2) * u * abs_product;
+      const double error = std::fabs(double(c_gpu[i * c.n + j]) - double(c_cpu[i * c.n + j]));
+      if (!(error <= tolerance) && reported++ < 5) {
+        ADD_FAILURE() << "c[" << i << ", " << j << "] = " << c_gpu[i * c.n + j] << ", CPU " << c_cpu[i * c.n + j]
+                      << ", tolerance " << tolerance;
+      }
+    }
+  }
+}
+
+std::vector<GemmCase> GemmCases() {
+  std::vector<GemmCase> cases;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      cases.push_back({1, 1, 1, ta, tb, true});
+      cases.push_back({7, 5, 3, ta, tb, true});
+      cases.push_back({129, 67, 257, ta, tb, true});
+      cases.push_back({64, 48, 96, ta, tb, false});
+      cases.push_back({200, 130, 300, ta, tb, false});
+      cases.push_back({33, 17, 9, ta, tb, false, /*offset=*/1});
+    }
+  }
+  cases.push_back({512, 512, 512, false, false, false});
+  cases.push_back({5, 4, 0, false, false, true});  // empty sum: zeros
+  cases.push_back({0, 4, 3, false, false, true});
+  cases.push_back({5, 0, 3, false, true, true});
+  return cases;
+}
+
+TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulFloat) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  for (const GemmCase& c : GemmCases()) CheckGemm<float>(gemm->get(), stream_, c);
+}
+
+TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulDouble) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  for (const GemmCase& c : GemmCases()) CheckGemm<double>(gemm->get(), stream_, c);
+}
+
+TEST_F(CudaKernelsTest, GemmRejectsNegativeSizes) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const absl::Status status = (*gemm)->Matmul(static_cast<float*>(nullptr), nullptr, nullptr, 2, -1, 3, false,
+                                              false, stream_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+TEST_F(CudaKernelsTest, LibrariesMatchTheirHeadersAndTheDriver) {
+  const CudaVersions built = CompiledCudaVersions();
+  const CudaVersions loaded = LoadedCudaVersions();
+  EXPECT_EQ(loaded.runtime, built.runtime);
+  // A driver runs runtimes of its own major version or older (13000 = 13.0).
+  EXPECT_GE(loaded.driver / 1000, loaded.runtime / 1000) << "driver " << loaded.driver;
+  EXPECT_EQ(loaded.cublaslt / 10000, built.cublaslt / 10000) << "cuBLASLt " << loaded.cublaslt;
+  EXPECT_EQ(loaded.cudnn / 10000, built.cudnn / 10000) << "cuDNN " << loaded.cudnn;
+  EXPECT_EQ(loaded.nccl / 10000, built.nccl / 10000) << "NCCL " << loaded.nccl;
+  std::printf("%s", DescribeCuda().c_str());
+}
+
+TEST_F(CudaKernelsTest, CudnnOpensAHandleOnTheDevice) {
+  cudnnHandle_t handle = nullptr;
+  const cudnnStatus_t status = cudnnCreate(&handle);
+  ASSERT_EQ(status, CUDNN_STATUS_SUCCESS) << cudnnGetErrorString(status);
+  EXPECT_EQ(cudnnSetStream(handle, stream_), CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(cudnnDestroy(handle), CUDNN_STATUS_SUCCESS);
+}
+
+// A one-rank communicator: allreduce is the identity, which checks that
+// NCCL initialises and moves data on this device.
+TEST_F(CudaKernelsTest, NcclAllReduceOnOneRankIsTheIdentity) {
+  int device = 0;
+  ASSERT_CUDA_OK(cudaGetDevice(&device));
+  ncclComm_t comm = nullptr;
+  const ncclResult_t init = ncclCommInitAll(&comm, 1, &device);
+  ASSERT_EQ(init, ncclSuccess) << ncclGetErrorString(init);
+  struct CommCloser {
+    ncclComm_t comm;
+    ~CommCloser() { ncclCommDestroy(comm); }
+  } closer{comm};
+  const std::vector<float> host = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+  DeviceArray<float> send(host.size()), recv(host.size());
+  ASSERT_CUDA_OK(send.error());
+  ASSERT_CUDA_OK(recv.error());
+  ASSERT_CUDA_OK(send.Upload(host));
+  const ncclResult_t reduce = ncclAllReduce(send.get(), recv.get(), host.size(), ncclFloat32, ncclSum, comm, stream_);
+  EXPECT_EQ(reduce, ncclSuccess) << ncclGetErrorString(reduce);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  std::vector<float> out(host.size());
+  ASSERT_CUDA_OK(recv.Download(&out));
+  EXPECT_EQ(out, host);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace strata

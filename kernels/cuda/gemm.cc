@@ -1,0 +1,187 @@
+// cuBLASLt GEMM for row-major operands.
+// Blocks: whatever algorithm cuBLASLt's heuristic picks for the shape.
+//
+// cuBLASLt is column-major. A row-major [r, c] matrix is the column-major
+// [c, r] matrix over the same bytes, so row-major c = op(a) @ op(b) is
+// column-major c^T = op(b)^T @ op(a)^T: we hand cuBLASLt b as its A and a as
+// its B, with m and n swapped, and nothing is copied.
+
+#include "kernels/cuda/gemm.h"
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+absl::Status LtError(cublasStatus_t status, const char* what) {
+  return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed: ", cublasLtGetStatusString(status)));
+}
+
+absl::Status CudaError(cudaError_t error, const char* what) {
+  return absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", cudaGetErrorString(error)));
+}
+
+#define STRATA_LT_RETURN_IF_ERROR(expr, what)                 \
+  do {                                                        \
+    const cublasStatus_t strata_lt_status = (expr);           \
+    if (strata_lt_status != CUBLAS_STATUS_SUCCESS) {          \
+      return LtError(strata_lt_status, what);                 \
+    }                                                         \
+  } while (false)
+
+// Owners of the per-call descriptors, so every early return frees them.
+struct MatmulDescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* d) const { cublasLtMatrixLayoutDestroy(d); }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+
+// The column-major layout of a contiguous row-major [rows, cols] matrix.
+absl::StatusOr<Layout> RowMajorLayout(cudaDataType_t type, int64_t rows, int64_t cols) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(cols),
+                                                       static_cast<uint64_t>(rows), cols),
+                            "matrix layout");
+  return Layout(raw);
+}
+
+// The largest power of two (up to 256) that divides the address. cuBLASLt's
+// heuristic assumes 256-byte aligned operands unless told otherwise, and a
+// caller may pass a view into the middle of a buffer.
+uint32_t Alignment(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(size_t workspace_bytes) {
+  int devices = 0;
+  const cudaError_t count_error = cudaGetDeviceCount(&devices);
+  if (count_error != cudaSuccess || devices == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device for cuBLASLt: ",
+                     count_error != cudaSuccess ? cudaGetErrorString(count_error) : "device count is 0"));
+  }
+  cublasLtHandle_t handle = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtCreate(&handle), "create");
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) {
+    const cudaError_t error = cudaMalloc(&workspace, workspace_bytes);
+    if (error != cudaSuccess) {
+      cublasLtDestroy(handle);
+      return CudaError(error, "workspace allocation");
+    }
+  }
+  return std::unique_ptr<LtGemm>(new LtGemm(handle, workspace, workspace_bytes));
+}
+
+LtGemm::~LtGemm() {
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  cublasLtDestroy(handle_);
+}
+
+absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
+                            bool transpose_a, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  // CUBLAS_COMPUTE_32F, not ..._FAST_TF32: full FP32 products, like the CPU.
+  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, &alpha, &beta, sizeof(float), c, a, b, m, n, k, transpose_a,
+                    transpose_b, stream);
+}
+
+absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
+                            bool transpose_a, bool transpose_b, cudaStream_t stream) {
+  const double alpha = 1.0, beta = 0.0;
+  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, &alpha, &beta, sizeof(double), c, a, b, m, n, k, transpose_a,
+                    transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, const void* alpha,
+                                const void* beta, size_t element_bytes, void* c, const void* a, const void* b,
+                                int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+                                cudaStream_t stream) {
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GEMM sizes must be >= 0, got m=", m, " n=", n, " k=", k));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
+    const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * element_bytes, stream);
+    return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
+  }
+
+  // cuBLASLt's (A, B, C) = our (b, a, c) in column-major terms; see the top.
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, compute, type), "matmul desc");
+  MatmulDesc desc(raw_desc);
+  const cublasOperation_t op_a = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "set transa");
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "set transb");
+
+  // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
+  // [m, k] or [k, m]; c is [m, n].
+  absl::StatusOr<Layout> b_layout = transpose_b ? RowMajorLayout(type, n, k) : RowMajorLayout(type, k, n);
+  if (!b_layout.ok()) return b_layout.status();
+  absl::StatusOr<Layout> a_layout = transpose_a ? RowMajorLayout(type, k, m) : RowMajorLayout(type, m, k);
+  if (!a_layout.ok()) return a_layout.status();
+  absl::StatusOr<Layout> c_layout = RowMajorLayout(type, m, n);
+  if (!c_layout.ok()) return c_layout.status();
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_preference), "preference");
+  Preference preference(raw_preference);
+  const uint64_t max_workspace = workspace_bytes_;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &max_workspace, sizeof(max_workspace)),
+      "set workspace preference");
+  // cuBLASLt's A is our b, its B our a, its C and D our c.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, Alignment(b)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, Alignment(a)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, Alignment(c)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, Alignment(c)},
+  };
+  for (const auto& [attribute, alignment] : alignments) {
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &alignment, sizeof(alignment)),
+        "set alignment preference");
+  }
+
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulAlgoGetHeuristic(handle_, desc.get(), b_layout->get(), a_layout->get(), c_layout->get(),
+                                     c_layout->get(), preference.get(), 1, &heuristic, &found),
+      "algorithm heuristic");
+  if (found == 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, " transpose_a=", transpose_a,
+                     " transpose_b=", transpose_b));
+  }
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, desc.get(), alpha, b, b_layout->get(), a, a_layout->get(), beta,
+                                           c, c_layout->get(), c, c_layout->get(), &heuristic.algo, workspace_,
+                                           workspace_bytes_, stream),
+                            "matmul");
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace strata
