@@ -9,8 +9,11 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "passes/memory_plan.h"
+#include "passes/micro_batch.h"
 #include "passes/optimizer.h"
+#include "passes/pipeline_split.h"
 #include "passes/schedule.h"
+#include "passes/verify_schedule.h"
 #include "runtime/philox.h"
 
 namespace strata {
@@ -99,20 +102,27 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   if (auto s = front.Run(program, ctx); !s.ok()) return s;
   if (auto s = ValidateStrategy(strategy, program, options.batch_size, strategy_file); !s.ok()) return s;
 
-  const int stages = NumStages(program);
+  const int program_stages = NumStages(program);
+  const bool pipelined = strategy.has_pipeline();
   const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
-  if (strategy.has_pipeline() || dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
+  if (dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
     return absl::UnimplementedError(absl::StrCat(
-        strategy_file, ": pipeline, data_parallel, gradient_merge and recompute are not built yet in this version; "
-                       "remove the strategy to train on one device"));
+        strategy_file, ": data_parallel, gradient_merge and recompute are not built yet in this version; "
+                       "pipeline is"));
   }
-  ctx.num_stages = stages;
+  // Without a pipeline section a placed program runs all its stages on one device.
+  ctx.num_stages = pipelined ? program_stages : 1;
   ctx.dp_degree = dp;
-  ctx.batch_size = options.batch_size != 0 ? options.batch_size : kDefaultBatchSize;
+  ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
+  const int64_t micro_batch_size =
+      pipelined ? strategy.pipeline().micro_batch_size()
+                : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
+  ctx.batch_size = micro_batch_size * ctx.micro_batches * dp;
 
   PassPipeline pipeline;
   pipeline.AddPass<AutodiffPass>();
   pipeline.AddPass<OptimizerPass>();
+  pipeline.AddPass<MicroBatchPass>();
   if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
   if (auto s = pipeline.Run(program, ctx); !s.ok()) return s;
   result.pass_names = front.PassNames();
@@ -120,22 +130,50 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   if (front.dumped()) result.dumped = *front.dumped();
   if (pipeline.dumped()) result.dumped = *pipeline.dumped();
 
-  // One rank runs every stage.
-  RankPlan plan;
-  plan.set_rank(0);
-  Topology* topo = plan.mutable_topology();
-  topo->set_world_size(1);
-  topo->set_num_stages(1);
-  topo->set_dp_degree(1);
-  *plan.mutable_strategy() = strategy;
-  *plan.mutable_schedule() = BuildSchedule(ONE_F_ONE_B, 1, 0, 1);
-  plan.mutable_schedule()->set_micro_batch_size(ctx.batch_size);
-  auto memory = PlanMemory(program, plan.schedule(), ctx.batch_size);
-  if (!memory.ok()) return memory.status();
-  memory->set_bubble_fraction(0.0);
-  *plan.mutable_memory() = *memory;
-  *plan.mutable_program() = std::move(program);
-  result.plans.push_back(std::move(plan));
+  const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
+  const int world = ctx.num_stages * dp;
+  for (int rank = 0; rank < world; ++rank) {
+    CompileContext rank_ctx = ctx;
+    rank_ctx.rank = rank;
+    rank_ctx.stage = rank % ctx.num_stages;
+    rank_ctx.dp_rank = rank / ctx.num_stages;
+    Program rank_program = program;
+    PassPipeline per_rank;
+    per_rank.AddPass<PipelineSplitPass>();
+    if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
+    if (auto s = per_rank.Run(rank_program, rank_ctx); !s.ok()) return s;
+    if (rank == 0) {
+      for (const auto& n : per_rank.PassNames()) result.pass_names.push_back(n);
+      if (per_rank.dumped()) result.dumped = *per_rank.dumped();
+    }
+    if (rank_program.op_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(program.source_file(), ": stage ", rank_ctx.stage, " has no ops"));
+    }
+    RankPlan plan;
+    plan.set_rank(rank);
+    Topology* topo = plan.mutable_topology();
+    topo->set_world_size(world);
+    topo->set_num_stages(ctx.num_stages);
+    topo->set_dp_degree(dp);
+    topo->set_rank(rank);
+    topo->set_stage(rank_ctx.stage);
+    topo->set_dp_rank(rank_ctx.dp_rank);
+    *plan.mutable_strategy() = strategy;
+    *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages, rank_ctx.stage, ctx.micro_batches);
+    plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
+    auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size);
+    if (!memory.ok()) return memory.status();
+    *plan.mutable_memory() = *memory;
+    *plan.mutable_program() = std::move(rank_program);
+    result.plans.push_back(std::move(plan));
+  }
+  if (auto s = VerifySchedules(result.plans); !s.ok()) {
+    return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
+  }
+  Timeline timeline = SimulateTimeline(result.plans);
+  for (size_t r = 0; r < result.plans.size(); ++r) {
+    result.plans[r].mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
+  }
   result.batch_size = ctx.batch_size;
   std::string fp = FingerprintPlans(result.plans);
   for (auto& p : result.plans) p.set_fingerprint(fp);

@@ -18,6 +18,11 @@ struct CompileContext {
   int num_stages = 1;
   int dp_degree = 1;
   int64_t batch_size = 0;  // global mini-batch; 0 when not known
+  int micro_batches = 1;   // per step, per data-parallel rank
+  // The rank a per-rank pass is producing (rank = dp_rank * num_stages + stage).
+  int rank = 0;
+  int stage = 0;
+  int dp_rank = 0;
 };
 
 // A program-to-program rewrite. Run returns whether it changed the program.

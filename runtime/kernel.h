@@ -15,6 +15,9 @@
 
 namespace strata {
 
+class Communicator;
+class Work;
+
 // A var's static type: dtype and shape, -1 where the batch dimension goes.
 struct TensorType {
   DataType dtype = DT_INVALID;
@@ -32,6 +35,13 @@ struct RunContext {
   int64_t total_steps = 0;    // of the whole run (cosine decay), 0 if unknown
   bool training = true;
   Allocator* allocator = GetCpuAllocator();
+  // Pipeline transfers (send/recv kernels); null on a single device.
+  int micro_batch = 0;
+  int micro_batches = 1;
+  int64_t micro_batch_size = 0;  // samples in this micro-batch: the size of -1 dims
+  Communicator* comm = nullptr;
+  std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // waited for at the end of the step
+  double comm_timeout_s = 300;
 };
 
 // Everything a kernel is built from, known at prepare time.
@@ -67,6 +77,11 @@ class OpKernel {
  public:
   virtual ~OpKernel() = default;
   virtual absl::Status Compute(KernelContext& ctx) = 0;
+  // Kernels that want work started before their turn (a recv posting its
+  // receive buffer) say so, and the executor calls Prefetch at the start of
+  // the action that will run them.
+  virtual bool prefetches() const { return false; }
+  virtual absl::Status Prefetch(KernelContext& ctx) { return absl::OkStatus(); }
 };
 
 using KernelFactory = std::function<absl::StatusOr<std::unique_ptr<OpKernel>>(const KernelDef&)>;

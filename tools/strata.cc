@@ -20,6 +20,7 @@
 #include "compiler/compile.h"
 #include "compiler/graph_index.h"
 #include "compiler/program_text.h"
+#include "passes/verify_schedule.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 #include "tools/model_gen.h"
@@ -185,44 +186,56 @@ int Check(const std::string& path) {
     std::cerr << "error: " << result.status().message() << "\n";
     return kExitError;
   }
-  const RankPlan& plan0 = result->plans[0];
-  const Program& program = plan0.program();
+  const Program& first = result->plans[0].program();
   int64_t params = 0, param_bytes = 0;
-  std::map<int, int> ops_per_stage, params_per_stage;
-  std::map<int, int64_t> param_bytes_per_stage;
-  GraphIndex index(program);
-  for (const Var& v : program.var()) {
-    if (v.kind() != PARAM) continue;
-    int64_t n = NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end()));
-    params += n;
-    param_bytes += n * DataTypeSize(v.dtype());
-    const auto& consumers = index.consumers(v.name());
-    int stage = consumers.empty() ? 0 : program.op(consumers.front()).stage();
-    params_per_stage[stage] += n;
-    param_bytes_per_stage[stage] += n * DataTypeSize(v.dtype());
+  std::map<int, int64_t> stage_params, stage_param_bytes, stage_activation_bytes;
+  std::map<int, int> stage_ops, stage_forward_ops, stage_transfers;
+  for (const RankPlan& plan : result->plans) {
+    if (plan.topology().dp_rank() != 0) continue;
+    const int stage = plan.topology().stage();
+    for (const Var& v : plan.program().var()) {
+      if (v.kind() != PARAM) continue;
+      int64_t n = NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end()));
+      stage_params[stage] += n;
+      stage_param_bytes[stage] += n * DataTypeSize(v.dtype());
+      params += n;
+      param_bytes += n * DataTypeSize(v.dtype());
+    }
+    for (const Op& op : plan.program().op()) {
+      if (op.type() == "send" || op.type() == "recv") {
+        stage_transfers[stage]++;
+        continue;
+      }
+      stage_ops[stage]++;
+      stage_forward_ops[stage] += op.role() == FORWARD || op.role() == LOSS;
+    }
+    stage_activation_bytes[stage] = plan.memory().activation_peak_bytes();
   }
-  int forward_ops = 0;
-  for (const Op& op : program.op()) {
-    ops_per_stage[op.stage()]++;
-    forward_ops += op.role() == FORWARD || op.role() == LOSS;
-  }
-  std::cout << "program " << program.name() << " (" << program.source_file() << "): ok\n";
+  std::cout << "program " << first.name() << " (" << first.source_file() << "): ok\n";
   std::cout << absl::StrFormat("  parameters: %d (%s)\n", params, Bytes(param_bytes));
-  std::cout << absl::StrFormat("  ops: %d forward, %d after autodiff and optimizer\n", forward_ops, program.op_size());
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
-  for (const auto& [stage, n] : ops_per_stage) {
-    std::cout << absl::StrFormat("  stage %d: %d ops, %d parameters (%s)\n", stage, n, params_per_stage[stage],
-                                 Bytes(param_bytes_per_stage[stage]));
+  const Schedule& schedule = result->plans[0].schedule();
+  std::cout << absl::StrFormat("  global batch %d = %d micro-batch(es) of %d, %s schedule, %d rank(s)\n",
+                               result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),
+                               ScheduleKind_Name(schedule.kind()), result->plans.size());
+  for (const auto& [stage, n] : stage_ops) {
+    std::cout << absl::StrFormat(
+        "  stage %d: %d ops (%d forward), %d transfers, %d parameters (%s), predicted activations %s\n", stage, n,
+        stage_forward_ops[stage], stage_transfers[stage], stage_params[stage], Bytes(stage_param_bytes[stage]),
+        Bytes(stage_activation_bytes[stage]));
   }
   for (const RankPlan& plan : result->plans) {
     const MemoryPlan& m = plan.memory();
     std::cout << absl::StrFormat(
-        "  rank %d: predicted peak %s at batch %d (parameters %s, optimizer state %s, activations %s), bubble %.1f%%\n",
-        plan.rank(), Bytes(m.peak_bytes()), m.planned_batch_size(), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
+        "  rank %d: predicted peak %s (parameters %s, optimizer state %s, activations %s), bubble %.1f%%\n",
+        plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
   }
-  std::cout << "  schedule:\n";
-  for (const RankPlan& plan : result->plans) std::cout << "    " << ScheduleDiagram(plan);
+  std::cout << "  schedule (forward 1 unit, backward 2; digit N = forward of micro-batch N, letter = its backward, a = 0):\n";
+  Timeline timeline = SimulateTimeline(result->plans);
+  for (absl::string_view line : absl::StrSplit(timeline.Diagram(), '\n', absl::SkipEmpty())) {
+    std::cout << "    " << line << "\n";
+  }
   return 0;
 }
 

@@ -1,0 +1,21 @@
+#ifndef STRATA_PASSES_MICRO_BATCH_H_
+#define STRATA_PASSES_MICRO_BATCH_H_
+
+#include "compiler/pass.h"
+
+namespace strata {
+
+// Splits a step into ctx.micro_batches micro-batches with the result of one
+// big batch: the loss gradient is seeded with 1/M (each micro-batch's loss is
+// its own mean), and every gradient the optimizer reads is summed over the
+// micro-batches into a persistent buffer (`accumulate`), which is zeroed
+// after the update (`fill_zero`). Nothing changes for M = 1.
+class MicroBatchPass : public Pass {
+ public:
+  std::string name() const override { return "micro-batch"; }
+  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_MICRO_BATCH_H_

@@ -1,0 +1,142 @@
+#include "passes/pipeline_split.h"
+
+#include <map>
+#include <set>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+namespace {
+
+struct Transfer {
+  std::string var;
+  int src_stage, dst_stage;
+  int64_t id;
+};
+
+Op MakeTransferOp(const std::string& type, const Transfer& t, const CompileContext& ctx, OpRole role,
+                  const Var& var) {
+  Op op;
+  op.set_type(type);
+  const int base = ctx.dp_rank * ctx.num_stages;
+  Channel* c = op.mutable_channel();
+  c->set_src_rank(base + t.src_stage);
+  c->set_dst_rank(base + t.dst_stage);
+  c->set_var(t.var);
+  c->set_id(t.id);
+  if (type == "send") {
+    op.add_input(t.var);
+    op.set_stage(t.src_stage);
+  } else {
+    op.add_output(t.var);
+    op.set_stage(t.dst_stage);
+    (*op.mutable_attr())["shape"] = IntsAttr(std::vector<int64_t>(var.shape().begin(), var.shape().end()));
+    (*op.mutable_attr())["dtype"] = StringAttr(DataType_Name(var.dtype()));
+  }
+  op.set_role(role == LOSS ? FORWARD : role);
+  op.set_device(absl::StrCat("gpu:", op.stage()));
+  op.set_uid(-1);
+  op.set_name(absl::StrCat(type, " ", t.var, " ", t.src_stage, "->", t.dst_stage));
+  return op;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileContext& ctx) {
+  if (ctx.num_stages <= 1) return false;
+  const int stage = ctx.stage;
+  GraphIndex index(program);
+
+  // Tied weights (a parameter read on several stages) need their gradient
+  // summed across those stages and an update on each; not built yet.
+  for (const Var& v : program.var()) {
+    if (v.kind() != PARAM) continue;
+    std::set<int> stages;
+    for (int c : index.consumers(v.name())) {
+      if (program.op(c).role() == FORWARD || program.op(c).role() == LOSS) stages.insert(program.op(c).stage());
+    }
+    if (stages.size() > 1) {
+      return absl::UnimplementedError(absl::StrCat("parameter '", v.name(), "' is read on stages ", *stages.begin(),
+                                                   " and ", *stages.rbegin(),
+                                                   "; weights tied across pipeline stages are not supported yet"));
+    }
+  }
+
+  // Every cross-stage transfer of the whole program, numbered in program order.
+  std::vector<Transfer> transfers;
+  std::map<std::pair<std::string, int>, int64_t> transfer_to;  // (var, dst stage) -> id
+  std::map<std::string, std::vector<int64_t>> transfers_of;    // var -> ids
+  for (int i = 0; i < program.op_size(); ++i) {
+    const Op& op = program.op(i);
+    for (const auto& out : op.output()) {
+      if (index.producer(out) != i) continue;
+      const Var* v = index.var(out);
+      if (v == nullptr || IsPersistent(*v)) continue;  // parameters and state stay on their stage
+      std::set<int> dst;
+      for (int c : index.consumers(out)) {
+        if (program.op(c).stage() != op.stage()) dst.insert(program.op(c).stage());
+      }
+      for (int d : dst) {
+        transfer_to[{out, d}] = static_cast<int64_t>(transfers.size());
+        transfers_of[out].push_back(static_cast<int64_t>(transfers.size()));
+        transfers.push_back({out, op.stage(), d, static_cast<int64_t>(transfers.size())});
+      }
+    }
+  }
+
+  std::vector<Op> kept;
+  absl::flat_hash_set<std::string> received;
+  for (int i = 0; i < program.op_size(); ++i) {
+    const Op& op = program.op(i);
+    if (op.stage() != stage) continue;
+    for (const auto& in : op.input()) {
+      int p = index.producer(in);
+      if (p < 0 || program.op(p).stage() == stage || received.count(in)) continue;
+      auto t = transfer_to.find({in, stage});
+      if (t == transfer_to.end()) return absl::InternalError(absl::StrCat("pipeline-split: no transfer of '", in, "'"));
+      kept.push_back(MakeTransferOp("recv", transfers[t->second], ctx, op.role(), *index.var(in)));
+      received.insert(in);
+    }
+    kept.push_back(op);
+    for (const auto& out : op.output()) {
+      if (index.producer(out) != i) continue;
+      auto ids = transfers_of.find(out);
+      if (ids == transfers_of.end()) continue;
+      for (int64_t id : ids->second) kept.push_back(MakeTransferOp("send", transfers[id], ctx, op.role(), *index.var(out)));
+    }
+  }
+
+  // Only the vars this stage touches.
+  absl::flat_hash_set<std::string> used;
+  for (const Op& op : kept) {
+    for (const auto& in : op.input()) used.insert(in);
+    for (const auto& out : op.output()) used.insert(out);
+  }
+  std::vector<Var> vars;
+  for (const Var& v : program.var()) {
+    if (used.count(v.name())) vars.push_back(v);
+  }
+  std::vector<std::pair<std::string, std::string>> grads;
+  for (const auto& [param, grad] : program.param_grad()) {
+    if (used.count(param)) grads.push_back({param, grad});
+  }
+  program.clear_op();
+  for (auto& op : kept) *program.add_op() = std::move(op);
+  program.clear_var();
+  for (auto& v : vars) *program.add_var() = std::move(v);
+  program.clear_param_grad();
+  for (auto& [p, g] : grads) (*program.mutable_param_grad())[p] = g;
+  if (!used.count(program.loss())) program.clear_loss();
+  std::vector<std::string> fetch;
+  for (const auto& f : program.fetch()) {
+    if (used.count(f)) fetch.push_back(f);
+  }
+  program.clear_fetch();
+  for (const auto& f : fetch) program.add_fetch(f);
+  return true;
+}
+
+}  // namespace strata

@@ -1,0 +1,208 @@
+#include "passes/verify_schedule.h"
+
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/graph_index.h"
+#include "passes/memory_plan.h"
+
+namespace strata {
+namespace {
+
+struct Event {
+  bool is_send;
+  Channel channel;
+  TensorType type;
+  int micro_batch;
+  std::string action;  // "F3", "B0", "OPT"
+  int action_index;    // in the rank's schedule
+};
+
+std::string ActionName(const Action& a) {
+  if (a.kind() == Action::FORWARD) return absl::StrCat("F", a.micro_batch());
+  if (a.kind() == Action::BACKWARD) return absl::StrCat("B", a.micro_batch());
+  return "OPT";
+}
+
+std::string ChannelName(const Channel& c) {
+  return absl::StrCat("channel ", c.id(), " '", c.var(), "' ", c.src_rank(), "->", c.dst_rank());
+}
+
+// The transfers a rank performs, in order.
+std::vector<Event> Events(const RankPlan& plan) {
+  const Program& p = plan.program();
+  GraphIndex index(p);
+  std::vector<Event> events;
+  for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
+    const Action& a = plan.schedule().action(ai);
+    for (const Op& op : p.op()) {
+      bool runs = a.kind() == Action::FORWARD ? RunsInForward(op.role())
+                  : a.kind() == Action::BACKWARD ? RunsInBackward(op.role())
+                                                 : RunsInOptimize(op.role());
+      if (!runs || (op.type() != "send" && op.type() != "recv")) continue;
+      Event e;
+      e.is_send = op.type() == "send";
+      e.channel = op.channel();
+      e.type = index.type(e.is_send ? op.input(0) : op.output(0));
+      e.micro_batch = a.kind() == Action::OPTIMIZE ? 0 : a.micro_batch();
+      e.action = ActionName(a);
+      e.action_index = ai;
+      events.push_back(std::move(e));
+    }
+  }
+  return events;
+}
+
+}  // namespace
+
+absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
+  const int n = static_cast<int>(plans.size());
+  std::vector<std::vector<Event>> events(n);
+  for (int r = 0; r < n; ++r) events[r] = Events(plans[r]);
+  for (int r = 0; r < n; ++r) {
+    for (const Event& e : events[r]) {
+      int self = e.is_send ? e.channel.src_rank() : e.channel.dst_rank();
+      int peer = e.is_send ? e.channel.dst_rank() : e.channel.src_rank();
+      if (self != r || peer < 0 || peer >= n || peer == r) {
+        return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, ": ", ChannelName(e.channel),
+                                                       " does not connect this rank to another of the ", n, " ranks"));
+      }
+    }
+  }
+
+  // Posted sends not yet received: (channel id, micro-batch) -> send event.
+  std::map<std::pair<int64_t, int>, const Event*> in_flight;
+  std::vector<size_t> next(n, 0);
+  while (true) {
+    bool progress = false;
+    for (int r = 0; r < n; ++r) {
+      while (next[r] < events[r].size()) {
+        const Event& e = events[r][next[r]];
+        auto key = std::make_pair(e.channel.id(), e.micro_batch);
+        if (e.is_send) {
+          if (in_flight.count(key)) {
+            return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, " sends ",
+                                                           ChannelName(e.channel), " micro-batch ", e.micro_batch,
+                                                           " twice before it is received"));
+          }
+          in_flight[key] = &e;
+        } else {
+          auto it = in_flight.find(key);
+          if (it == in_flight.end()) break;  // blocked
+          const Event& s = *it->second;
+          if (s.type != e.type) {
+            return absl::InvalidArgumentError(absl::StrCat("schedule: ", ChannelName(e.channel), ": rank ", s.channel.src_rank(),
+                                                           " sends ", s.type.ToString(), " in ", s.action, " but rank ", r,
+                                                           " receives ", e.type.ToString(), " in ", e.action));
+          }
+          in_flight.erase(it);
+        }
+        ++next[r];
+        progress = true;
+      }
+    }
+    bool done = true;
+    for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
+    if (done) break;
+    if (!progress) {
+      // Every unfinished rank waits on a recv: follow who waits for whom.
+      std::vector<std::string> waits;
+      std::set<int> visited;
+      int r = 0;
+      while (next[r] == events[r].size()) ++r;
+      while (r >= 0 && !visited.count(r)) {
+        visited.insert(r);
+        if (next[r] == events[r].size()) {
+          waits.push_back(absl::StrCat("rank ", r, " has finished"));
+          break;
+        }
+        const Event& e = events[r][next[r]];
+        waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits to receive ", ChannelName(e.channel),
+                                     " micro-batch ", e.micro_batch, " from rank ", e.channel.src_rank()));
+        r = e.channel.src_rank();
+      }
+      return absl::InvalidArgumentError(absl::StrCat("schedule would hang: ", absl::StrJoin(waits, "; ")));
+    }
+  }
+  if (!in_flight.empty()) {
+    const Event& s = *in_flight.begin()->second;
+    return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", s.channel.src_rank(), " ", s.action, " sends ",
+                                                   ChannelName(s.channel), " micro-batch ", s.micro_batch,
+                                                   " but no rank receives it"));
+  }
+  return absl::OkStatus();
+}
+
+Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cost, double backward_cost) {
+  const int n = static_cast<int>(plans.size());
+  Timeline t;
+  t.ranks.resize(n);
+  // Which action of which rank sends each (channel, micro-batch).
+  std::map<std::pair<int64_t, int>, std::pair<int, int>> sender;
+  std::vector<std::vector<std::vector<std::pair<int64_t, int>>>> receives(n);  // rank -> action -> keys
+  for (int r = 0; r < n; ++r) {
+    receives[r].resize(plans[r].schedule().action_size());
+    for (const Event& e : Events(plans[r])) {
+      auto key = std::make_pair(e.channel.id(), e.micro_batch);
+      if (e.is_send) sender[key] = {r, e.action_index};
+      else receives[r][e.action_index].push_back(key);
+    }
+    for (const Action& a : plans[r].schedule().action()) t.ranks[r].push_back({a, -1, -1});
+  }
+  std::vector<int> next(n, 0);
+  std::vector<double> free_at(n, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < n; ++r) {
+      while (next[r] < static_cast<int>(t.ranks[r].size())) {
+        double ready = free_at[r];
+        bool blocked = false;
+        for (const auto& key : receives[r][next[r]]) {
+          auto s = sender.find(key);
+          if (s == sender.end()) continue;
+          const auto& slot = t.ranks[s->second.first][s->second.second];
+          if (slot.end < 0) { blocked = true; break; }
+          ready = std::max(ready, slot.end);
+        }
+        if (blocked) break;
+        Timeline::Slot& slot = t.ranks[r][next[r]];
+        double cost = slot.action.kind() == Action::FORWARD ? forward_cost
+                      : slot.action.kind() == Action::BACKWARD ? backward_cost : 0;
+        slot.start = ready;
+        slot.end = ready + cost;
+        free_at[r] = slot.end;
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) t.makespan = std::max(t.makespan, free_at[r]);
+  for (int r = 0; r < n; ++r) {
+    double busy = 0;
+    for (const auto& slot : t.ranks[r]) busy += std::max(0.0, slot.end - slot.start);
+    t.bubble.push_back(t.makespan > 0 ? 1.0 - busy / t.makespan : 0.0);
+  }
+  return t;
+}
+
+std::string Timeline::Diagram() const {
+  std::string out;
+  const int width = static_cast<int>(makespan + 0.5);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::string row(width, '.');
+    for (const Slot& s : ranks[r]) {
+      if (s.action.kind() == Action::OPTIMIZE) continue;
+      const int mb = s.action.micro_batch();
+      char c = s.action.kind() == Action::FORWARD ? (mb < 10 ? static_cast<char>('0' + mb) : '+')
+                                                  : (mb < 26 ? static_cast<char>('a' + mb) : '*');
+      for (int x = static_cast<int>(s.start + 0.5); x < static_cast<int>(s.end + 0.5) && x < width; ++x) row[x] = c;
+    }
+    absl::StrAppend(&out, "rank ", r, " |", row, "|\n");
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,41 @@
+#ifndef STRATA_PASSES_VERIFY_SCHEDULE_H_
+#define STRATA_PASSES_VERIFY_SCHEDULE_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/plan.pb.h"
+
+namespace strata {
+
+// Runs every rank's action list together, as the executor will: within an
+// action a rank runs its transfers in program order; a send is posted and the
+// rank moves on (sends are asynchronous), a recv blocks until the matching
+// send (same channel and micro-batch) has been posted. Fails if a recv's
+// shape or dtype differs from its send's, if a channel has no partner, if a
+// send is never received, or if some ranks would wait forever, printing the
+// cycle of waits (rank, action, channel).
+absl::Status VerifySchedules(const std::vector<RankPlan>& plans);
+
+// When each rank's actions run if a forward costs `forward_cost`, a backward
+// `backward_cost` and an optimize nothing, each action starting once its rank
+// is free and every action it receives from has ended. Gives the predicted
+// bubble (idle over the pipeline's makespan) and the diagram `strata check`
+// prints. Call after VerifySchedules succeeded.
+struct Timeline {
+  struct Slot {
+    Action action;
+    double start = 0, end = 0;
+  };
+  std::vector<std::vector<Slot>> ranks;
+  double makespan = 0;
+  std::vector<double> bubble;  // per rank
+  // One row per rank, one column per time unit: the digit N is the forward of
+  // micro-batch N, the letter a+N its backward, '.' idle.
+  std::string Diagram() const;
+};
+Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cost = 1, double backward_cost = 2);
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_VERIFY_SCHEDULE_H_
