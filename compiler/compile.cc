@@ -121,8 +121,6 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
 
   PassPipeline pipeline;
   pipeline.AddPass<AutodiffPass>();
-  pipeline.AddPass<OptimizerPass>();
-  pipeline.AddPass<MicroBatchPass>();
   if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
   if (auto s = pipeline.Run(program, ctx); !s.ok()) return s;
   result.pass_names = front.PassNames();
@@ -140,6 +138,8 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     Program rank_program = program;
     PassPipeline per_rank;
     per_rank.AddPass<PipelineSplitPass>();
+    per_rank.AddPass<OptimizerPass>();
+    per_rank.AddPass<MicroBatchPass>();
     if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
     if (auto s = per_rank.Run(rank_program, rank_ctx); !s.ok()) return s;
     if (rank == 0) {

@@ -1,5 +1,7 @@
 #include "compiler/program_text.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -10,6 +12,9 @@
 
 namespace strata {
 namespace {
+
+// Programs, strategies and plans are text; far beyond this is not one of them.
+constexpr size_t kMaxTextFileBytes = size_t{256} << 20;
 
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
@@ -95,12 +100,25 @@ absl::StatusOr<Strategy> ParseStrategyText(const std::string& text, const std::s
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  // An ifstream opens a folder without complaint and reads nothing from it.
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder, expected a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  // Read in chunks up to a cap, so an endless special file (/dev/zero) cannot hang us.
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxTextFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": larger than ", kMaxTextFileBytes >> 20,
+                                                     " MiB; expected a protobuf text file"));
+    }
+  }
   if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read file"));
-  return ss.str();
+  return text;
 }
 
 absl::StatusOr<Program> ReadProgramFile(const std::string& path) {

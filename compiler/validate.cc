@@ -61,6 +61,10 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
   std::string where = VarLocation(program, var);
   switch (init.kind_case()) {
     case Initializer::kUniform:
+      if (!std::isfinite(init.uniform().low()) || !std::isfinite(init.uniform().high())) {
+        return Err(where, absl::StrCat("uniform init needs finite bounds, got low ", init.uniform().low(), ", high ",
+                                       init.uniform().high()));
+      }
       if (!(init.uniform().low() < init.uniform().high())) {
         return Err(where, absl::StrCat("uniform init needs low < high, got low ", init.uniform().low(), ", high ",
                                        init.uniform().high()));
@@ -80,6 +84,12 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
       if (x.has_gain() && !(x.gain() > 0 && std::isfinite(x.gain()))) {
         return Err(where, absl::StrCat("xavier init needs gain > 0, got ", x.gain()));
       }
+      break;
+    }
+    case Initializer::kKaimingUniform:
+    case Initializer::kKaimingNormal: {
+      const auto& k = init.kind_case() == Initializer::kKaimingUniform ? init.kaiming_uniform() : init.kaiming_normal();
+      if (!std::isfinite(k.a())) return Err(where, absl::StrCat("kaiming init needs a finite slope a, got ", k.a()));
       break;
     }
     case Initializer::kConstant:
@@ -179,11 +189,15 @@ absl::Status ValidateAndInferProgram(Program* program) {
   for (int i = 0; i < program->var_size(); ++i) {
     const Var& v = program->var(i);
     std::string where = VarLocation(*program, v);
-    if (v.name().empty()) return Err(absl::StrCat(file, ": var #", i), "has no name");
+    if (v.name().empty()) {
+      return Err(absl::StrCat(file, v.line() > 0 ? absl::StrCat(":", v.line()) : "", ": var #", i), "has no name");
+    }
     if (!declared.emplace(v.name(), i).second) {
       return Err(where, absl::StrCat("declared twice (first at line ", program->var(declared[v.name()]).line(), ")"));
     }
     if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32 or BOOL)");
+    // proto3 enums are open: the text parser accepts `kind: 7`.
+    if (!VarKind_IsValid(v.kind())) return Err(where, absl::StrCat("has unknown kind ", static_cast<int>(v.kind()), " (FEED, PARAM or ACTIVATION)"));
     std::vector<int64_t> shape(v.shape().begin(), v.shape().end());
     std::string why;
     if (!CheckShape(shape, v.kind() != PARAM && v.kind() != STATE, &why).ok()) return Err(where, why);

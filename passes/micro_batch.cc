@@ -13,16 +13,14 @@ absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext&
   const int m = ctx.micro_batches;
   if (m <= 1) return false;
 
-  // The seed of dL/dloss: each micro-batch's loss is the mean over its own
-  // samples, so 1/M makes the summed gradient that of the global mean.
-  bool seeded = false;
+  // The seed of dL/dloss (on the loss's stage): each micro-batch's loss is the
+  // mean over its own samples, so 1/M makes the summed gradient that of the
+  // global mean.
   for (Op& op : *program.mutable_op()) {
     if (op.role() == BACKWARD && op.type() == "fill_like" && op.input_size() == 1 && op.input(0) == program.loss()) {
       (*op.mutable_attr())["value"] = FloatAttr(1.0 / m);
-      seeded = true;
     }
   }
-  if (!seeded) return false;  // nothing is trained
 
   // Gradients produced in backward and read by the optimizer block.
   GraphIndex index(program);

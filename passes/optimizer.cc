@@ -99,20 +99,20 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     default: break;
   }
 
-  // One step counter and one lr per (stage, dtype): every stage keeps its own copy
-  // so pipeline ranks need no communication for them.
-  std::map<int, std::string> step_var;
-  std::map<std::pair<int, DataType>, std::string> lr_var;
+  // One step counter and one lr per dtype. The pass runs on each rank's
+  // program after the pipeline split, so every rank has its own copies under
+  // the same names, and a checkpoint is the same under any layout.
+  const int home_stage = params.front().stage;
+  std::string step_var;
+  std::map<DataType, std::string> lr_var;
   const auto& sched = opt.lr_schedule();
-  auto lr_for = [&](int stage, DataType dtype) -> std::string {
-    auto key = std::make_pair(stage, dtype);
-    if (lr_var.count(key)) return lr_var[key];
-    if (!step_var.count(stage)) {
-      std::string step = stage == 0 ? kStepVar : absl::StrCat(kStepVar, ".stage", stage);
-      b.AddVar(step, I64, {}, STATE);
-      step_var[stage] = step;
+  auto lr_for = [&](DataType dtype) -> std::string {
+    if (lr_var.count(dtype)) return lr_var[dtype];
+    if (step_var.empty()) {
+      step_var = kStepVar;
+      b.AddVar(step_var, I64, {}, STATE);
     }
-    std::string lr = absl::StrCat("@lr.", DtypeString(dtype), stage == 0 ? "" : absl::StrCat(".stage", stage));
+    std::string lr = absl::StrCat("@lr.", DtypeString(dtype));
     std::map<std::string, AttrValue> attrs = {{"dtype", StringAttr(DtypeString(dtype))},
                                               {"base_lr", FloatAttr(base_lr)},
                                               {"warmup_steps", IntAttr(sched.warmup_steps())}};
@@ -125,44 +125,39 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
       attrs["step_size"] = IntAttr(sched.step_decay().step_size());
       attrs["gamma"] = FloatAttr(sched.step_decay().gamma());
     }
-    b.AddOp("lr_schedule", {step_var[stage]}, {lr}, stage, LR_SCHEDULE, attrs);
-    lr_var[key] = lr;
+    b.AddOp("lr_schedule", {step_var}, {lr}, home_stage, LR_SCHEDULE, attrs);
+    lr_var[dtype] = lr;
     return lr;
   };
-  for (const auto& p : params) lr_for(p.stage, p.dtype);
-  for (const auto& [stage, step] : step_var) b.AddOp("increment", {step}, {step}, stage, OPTIMIZE);
+  for (const auto& p : params) lr_for(p.dtype);
+  b.AddOp("increment", {step_var}, {step_var}, home_stage, OPTIMIZE);
 
-  // Clipping by the global norm over all parameters' gradients.
+  // Clipping by the global norm over all parameters' gradients; on a
+  // pipeline the stages' partial sums of squares are summed with an allreduce.
   std::map<std::string, std::string> grad_of;
   for (const auto& p : params) grad_of[p.name] = p.grad;
   if (opt.clip_global_norm() > 0) {
-    std::map<int, std::vector<std::string>> grads_by_stage;
-    for (const auto& p : params) grads_by_stage[p.stage].push_back(p.grad);
-    std::vector<std::string> partials;
-    for (const auto& [stage, grads] : grads_by_stage) {
-      std::string partial = absl::StrCat("@grad_sumsq.stage", stage);
-      b.AddOp("sum_squares", grads, {partial}, stage, OPTIMIZE);
-      partials.push_back(partial);
+    std::vector<std::string> grads;
+    for (const auto& p : params) grads.push_back(p.grad);
+    std::string sumsq = "@grad_sumsq";
+    b.AddOp("sum_squares", grads, {sumsq}, home_stage, OPTIMIZE);
+    if (ctx.num_stages > 1) {
+      b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE,
+              {{"group", StringAttr("pipeline")}});
+      sumsq = "@grad_sumsq.all";
     }
-    // Every stage computes the coefficient from all partials (one stage here;
-    // the pipeline split exchanges the partials).
-    std::map<int, std::string> coef;
-    for (const auto& [stage, grads] : grads_by_stage) {
-      coef[stage] = absl::StrCat("@clip_coef.stage", stage);
-      b.AddOp("clip_coefficient", partials, {coef[stage]}, stage, OPTIMIZE,
-              {{"max_norm", FloatAttr(opt.clip_global_norm())}});
-    }
+    const std::string coef = "@clip_coef";
+    b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
+            {{"max_norm", FloatAttr(opt.clip_global_norm())}});
     for (const auto& p : params) {
       std::string clipped = absl::StrCat(p.grad, "@clipped");
-      std::string c = coef[p.stage];
-      // The coefficient is in the gradients' dtype only if all agree; cast otherwise.
-      b.AddOp("mul", {p.grad, c}, {clipped}, p.stage, OPTIMIZE);
+      b.AddOp("mul", {p.grad, coef}, {clipped}, p.stage, OPTIMIZE);
       grad_of[p.name] = clipped;
     }
   }
 
   for (const auto& p : params) {
-    std::string lr = lr_for(p.stage, p.dtype);
+    std::string lr = lr_for(p.dtype);
     const std::string& g = grad_of[p.name];
     switch (opt.kind_case()) {
       case Optimizer::kSgd:
@@ -184,7 +179,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
         std::string m = absl::StrCat(p.name, "@moment1"), v = absl::StrCat(p.name, "@moment2");
         b.AddVar(m, p.dtype, p.shape, STATE);
         b.AddVar(v, p.dtype, p.shape, STATE);
-        b.AddOp("adam_update", {p.name, g, m, v, lr, step_var[p.stage]}, {p.name, m, v}, p.stage, OPTIMIZE,
+        b.AddOp("adam_update", {p.name, g, m, v, lr, step_var}, {p.name, m, v}, p.stage, OPTIMIZE,
                 {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
                  {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
                  {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
@@ -196,7 +191,6 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
         break;
     }
   }
-  (void)ctx;
   if (auto s = b.Finish(first_new_op); !s.ok()) return s;
   return true;
 }

@@ -117,7 +117,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileConte
   }
   std::vector<Var> vars;
   for (const Var& v : program.var()) {
-    if (used.count(v.name())) vars.push_back(v);
+    // Feeds stay declared on every stage: each rank reads the same data stream.
+    if (used.count(v.name()) || v.kind() == FEED) vars.push_back(v);
   }
   std::vector<std::pair<std::string, std::string>> grads;
   for (const auto& [param, grad] : program.param_grad()) {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -616,8 +618,12 @@ absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) {
 }
 
 absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt) {
+  return SaveCheckpointShard(dir, kCheckpointFileName, ckpt);
+}
+
+absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file_name, const Checkpoint& ckpt) {
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
-  const std::string path = absl::StrCat(dir, "/", kCheckpointFileName);
+  const std::string path = absl::StrCat(dir, "/", file_name);
   const std::string tmp = path + ".tmp";
   if (absl::Status s = WriteSafetensorsFile(tmp, ckpt); !s.ok()) return s;
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -635,7 +641,41 @@ absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt) {
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
-  return ReadSafetensorsFile(absl::StrCat(dir, "/", kCheckpointFileName));
+  // Every *.safetensors file of the folder: one per rank that wrote a shard.
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && absl::EndsWith(name, ".safetensors")) files.push_back(entry.path().string());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": cannot read checkpoint folder: ", ec.message()));
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors checkpoint files"));
+  std::sort(files.begin(), files.end());
+  Checkpoint merged;
+  for (const auto& file : files) {
+    auto shard = ReadSafetensorsFile(file);
+    if (!shard.ok()) return shard.status();
+    for (auto& [name, tensor] : shard->tensors) {
+      auto it = merged.tensors.find(name);
+      if (it != merged.tensors.end()) {
+        // Replicated state (the step counter) appears in every shard; it must agree.
+        if (it->second.bytes() != tensor.bytes() ||
+            std::memcmp(it->second.raw_data(), tensor.raw_data(), tensor.bytes()) != 0) {
+          return absl::DataLossError(absl::StrCat(file, ": tensor '", name, "' differs from another shard's"));
+        }
+        continue;
+      }
+      merged.tensors.emplace(name, std::move(tensor));
+    }
+    for (auto& [k, v] : shard->metadata) {
+      auto it = merged.metadata.find(k);
+      if (it != merged.metadata.end() && it->second != v) {
+        return absl::DataLossError(absl::StrCat(file, ": metadata '", k, "' is '", v, "' but another shard says '", it->second, "'"));
+      }
+      merged.metadata[k] = v;
+    }
+  }
+  return merged;
 }
 
 }  // namespace strata

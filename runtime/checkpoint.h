@@ -25,6 +25,9 @@ inline constexpr char kCheckpointFileName[] = "model.safetensors";
 absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt);
 // Reads dir/model.safetensors.
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir);
+// Writes one rank's share (dir/file_name, through a temporary name); LoadCheckpoint
+// merges every *.safetensors file of a folder, so any layout can load any other's.
+absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file_name, const Checkpoint& ckpt);
 
 // The safetensors format (readable by Python's `safetensors`): an 8-byte
 // little-endian header length, a JSON header

@@ -1,6 +1,9 @@
 #include "runtime/executor.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "runtime/initializers.h"
 
 namespace strata {
@@ -12,6 +15,18 @@ bool RunsInOptimize(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDUL
 std::string OpWhere(const Program& program, int i) {
   const Op& op = program.op(i);
   return absl::StrCat("op #", i, " '", op.type(), "'", op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"));
+}
+
+// Rows [begin, begin + n) of a tensor whose first dimension is the batch.
+Tensor SliceRows(const Tensor& t, int64_t begin, int64_t n, Allocator* allocator) {
+  Shape shape = t.shape();
+  const size_t row_bytes = shape[0] == 0 ? 0 : t.bytes() / shape[0];
+  shape[0] = n;
+  Tensor out = Tensor::Empty(t.dtype(), shape, allocator);
+  if (out.defined() && n > 0) {
+    std::memcpy(out.raw_data(), static_cast<const char*>(t.raw_data()) + begin * row_bytes, n * row_bytes);
+  }
+  return out;
 }
 
 }  // namespace
@@ -36,26 +51,33 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const RankPlan& plan,
 
 absl::Status Executor::Prepare() {
   const Program& program = plan_.program();
-  slots_.resize(program.var_size());
-  persistent_.resize(program.var_size());
-  for (int i = 0; i < program.var_size(); ++i) {
+  const int num_vars = program.var_size();
+  persistent_.resize(num_vars);
+  state_.resize(num_vars);
+  scopes_.assign(std::max(1, plan_.schedule().micro_batches()), std::vector<Tensor>(num_vars));
+  for (int i = 0; i < num_vars; ++i) {
     const Var& v = program.var(i);
     slot_of_[v.name()] = i;
     persistent_[i] = v.kind() == PARAM || v.kind() == STATE;
   }
-  std::vector<bool> read(program.var_size(), false);
+  std::vector<bool> read(num_vars, false);
   for (const Op& op : program.op()) {
     for (const auto& in : op.input()) {
       auto it = slot_of_.find(in);
       if (it != slot_of_.end()) read[it->second] = true;
     }
   }
-  for (int i = 0; i < program.var_size(); ++i) {
-    if (program.var(i).kind() == FEED && read[i]) feeds_.push_back(&program.var(i));
+  for (int i = 0; i < num_vars; ++i) {
+    if (program.var(i).kind() == FEED && read[i]) {
+      feeds_.push_back(&program.var(i));
+      feed_slots_.push_back(i);
+    }
   }
-  auto loss = slot_of_.find(program.loss());
-  if (loss == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: loss '", program.loss(), "' has no var"));
-  loss_slot_ = loss->second;
+  if (!program.loss().empty()) {
+    auto loss = slot_of_.find(program.loss());
+    if (loss == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: loss '", program.loss(), "' has no var"));
+    loss_slot_ = loss->second;
+  }
   for (const auto& f : program.fetch()) {
     auto it = slot_of_.find(f);
     if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: fetch '", f, "' has no var"));
@@ -72,10 +94,11 @@ absl::Status Executor::Prepare() {
     for (const auto& in : op.input()) {
       auto it = slot_of_.find(in);
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads undeclared var '", in, "'"));
-      p.inputs.push_back(&slots_[it->second]);
+      p.input_slots.push_back(it->second);
       const Var& v = program.var(it->second);
       def.input_types.push_back(TensorType{v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
     }
+    p.inputs.resize(op.input_size());
     for (const auto& out : op.output()) {
       auto it = slot_of_.find(out);
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes undeclared var '", out, "'"));
@@ -99,16 +122,16 @@ absl::Status Executor::Prepare() {
     auto kernel = (*factory)(def);
     if (!kernel.ok()) return absl::InvalidArgumentError(absl::StrCat(OpWhere(program, i), ": ", kernel.status().message()));
     p.kernel = std::move(*kernel);
-    if (RunsInForward(op.role())) {
-      forward_.push_back(std::move(p));
-    } else if (op.role() == BACKWARD) {
-      backward_.push_back(std::move(p));
-    } else if (RunsInOptimize(op.role())) {
-      optimize_.push_back(std::move(p));
-    } else {
+    Section* section = RunsInForward(op.role()) ? &forward_
+                       : op.role() == BACKWARD   ? &backward_
+                       : RunsInOptimize(op.role()) ? &optimize_
+                                                   : nullptr;
+    if (section == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " has role ", OpRole_Name(op.role()),
                                                      ", which no action runs"));
     }
+    if (p.kernel->prefetches()) section->prefetching.push_back(static_cast<int>(section->ops.size()));
+    section->ops.push_back(std::move(p));
   }
   return absl::OkStatus();
 }
@@ -120,11 +143,11 @@ absl::Status Executor::InitializeState() {
     if (v.kind() == PARAM) {
       auto t = InitializeParam(v, options_.seed, options_.allocator);
       if (!t.ok()) return t.status();
-      slots_[i] = std::move(*t);
+      state_[i] = std::move(*t);
     } else if (v.kind() == STATE) {
       Shape shape(v.shape().begin(), v.shape().end());
-      slots_[i] = Tensor::Zeros(v.dtype(), shape, options_.allocator);
-      if (!slots_[i].defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for state '", v.name(), "'"));
+      state_[i] = Tensor::Zeros(v.dtype(), shape, options_.allocator);
+      if (!state_[i].defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for state '", v.name(), "'"));
     }
   }
   step_ = 0;
@@ -134,7 +157,7 @@ absl::Status Executor::InitializeState() {
 std::map<std::string, Tensor> Executor::PersistentState() const {
   std::map<std::string, Tensor> out;
   for (int i = 0; i < plan_.program().var_size(); ++i) {
-    if (persistent_[i]) out[plan_.program().var(i).name()] = slots_[i];
+    if (persistent_[i]) out[plan_.program().var(i).name()] = state_[i];
   }
   return out;
 }
@@ -154,21 +177,21 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
                                                      ShapeString(got), ", the program wants ", DataTypeName(v.dtype()),
                                                      ShapeString(want)));
     }
-    slots_[i] = t.Clone();
+    state_[i] = t.Clone();
   }
   return absl::OkStatus();
 }
 
-absl::Status Executor::BindFeeds(const std::map<std::string, Tensor>& feeds) {
+absl::StatusOr<int64_t> Executor::BindFeeds(const std::map<std::string, Tensor>& feeds, int micro_batches) {
   int64_t batch = -1;
   for (const Var* v : feeds_) {
     auto it = feeds.find(v->name());
     if (it == feeds.end()) return absl::InvalidArgumentError(absl::StrCat("no data for feed '", v->name(), "'"));
     const Tensor& t = it->second;
-    bool ok = t.dtype() == v->dtype() && t.rank() == v->shape_size();
+    bool ok = t.dtype() == v->dtype() && t.rank() == v->shape_size() && t.rank() > 0;
     for (int d = 0; ok && d < v->shape_size(); ++d) {
       if (v->shape(d) == -1) {
-        if (batch >= 0 && t.dim(d) != batch) ok = false;
+        if ((batch >= 0 && t.dim(d) != batch) || d != 0) ok = false;
         batch = t.dim(d);
       } else if (v->shape(d) != t.dim(d)) {
         ok = false;
@@ -179,69 +202,128 @@ absl::Status Executor::BindFeeds(const std::map<std::string, Tensor>& feeds) {
                                                      ShapeString(t.shape()), ", the program declares ",
                                                      DataTypeName(v->dtype()), ShapeString(v->shape())));
     }
-    slots_[slot_of_[v->name()]] = t;
   }
-  return absl::OkStatus();
-}
-
-absl::Status Executor::RunSection(Section section, const RunContext& run) {
-  std::vector<PreparedOp>& ops = section == Section::kForward ? forward_ : section == Section::kBackward ? backward_ : optimize_;
-  for (PreparedOp& p : ops) {
-    KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
-    absl::Status s = p.kernel->Compute(ctx);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));
+  if (batch < 0) batch = plan_.schedule().micro_batch_size() * micro_batches;  // a rank that reads no batched feed
+  if (batch % micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch, " rows does not split into ", micro_batches,
+                                                   " micro-batches"));
+  }
+  const int64_t rows = batch / micro_batches;
+  for (size_t f = 0; f < feeds_.size(); ++f) {
+    const Tensor& t = feeds.at(feeds_[f]->name());
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      scopes_[mb][feed_slots_[f]] = micro_batches == 1 ? t : SliceRows(t, mb * rows, rows, options_.allocator);
     }
-    for (size_t k = 0; k < p.output_slots.size(); ++k) slots_[p.output_slots[k]] = std::move(p.outputs[k]);
-    for (int slot : p.frees) slots_[slot] = Tensor();
   }
-  return absl::OkStatus();
+  return rows;
 }
 
-absl::StatusOr<StepResult> Executor::Collect() {
-  StepResult r;
-  if (!slots_[loss_slot_].defined()) return absl::InternalError("the loss was not computed");
-  r.loss = ScalarValue(slots_[loss_slot_]);
-  for (const auto& [name, slot] : fetch_slots_) r.fetches[name] = ScalarValue(slots_[slot]);
-  return r;
-}
-
-void Executor::ClearActivations() {
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!persistent_[i]) slots_[i] = Tensor();
-  }
-}
-
-absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
+RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size) {
   RunContext run;
   run.seed = options_.seed;
   run.step = step_;
   run.sample_offset = sample_offset;
   run.total_steps = total_steps_;
-  run.training = true;
+  run.training = training;
   run.allocator = options_.allocator;
-  absl::Status s = BindFeeds(feeds);
-  if (s.ok()) s = RunSection(Section::kForward, run);
-  absl::StatusOr<StepResult> result = s.ok() ? Collect() : absl::StatusOr<StepResult>(s);
-  if (s.ok() && result.ok()) s = RunSection(Section::kBackward, run);
-  if (s.ok() && result.ok()) s = RunSection(Section::kOptimize, run);
-  ClearActivations();
-  if (!s.ok()) return s;
-  if (result.ok()) ++step_;
+  run.micro_batches = micro_batches;
+  run.micro_batch_size = micro_batch_size;
+  run.comm = options_.comm;
+  run.pending_sends = &pending_sends_;
+  run.comm_timeout_s = options_.comm_timeout_s;
+  return run;
+}
+
+absl::Status Executor::RunSection(Section& section, int micro_batch, const RunContext& run) {
+  std::vector<Tensor>& scope = scopes_[micro_batch];
+  for (int index : section.prefetching) {
+    PreparedOp& p = section.ops[index];
+    KernelContext ctx(&run, {}, absl::MakeSpan(p.outputs));
+    if (auto s = p.kernel->Prefetch(ctx); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));
+    }
+  }
+  for (PreparedOp& p : section.ops) {
+    for (size_t k = 0; k < p.input_slots.size(); ++k) {
+      const int slot = p.input_slots[k];
+      p.inputs[k] = persistent_[slot] ? &state_[slot] : &scope[slot];
+    }
+    KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
+    absl::Status s = p.kernel->Compute(ctx);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));
+    }
+    for (size_t k = 0; k < p.output_slots.size(); ++k) {
+      const int slot = p.output_slots[k];
+      (persistent_[slot] ? state_[slot] : scope[slot]) = std::move(p.outputs[k]);
+    }
+    for (int slot : p.frees) scope[slot] = Tensor();
+  }
+  return absl::OkStatus();
+}
+
+void Executor::Accumulate(int micro_batch, StepResult* result) {
+  const std::vector<Tensor>& scope = scopes_[micro_batch];
+  if (loss_slot_ >= 0 && scope[loss_slot_].defined()) {
+    result->has_loss = true;
+    result->loss += ScalarValue(scope[loss_slot_]);
+  }
+  for (const auto& [name, slot] : fetch_slots_) {
+    if (scope[slot].defined()) result->fetches[name] += ScalarValue(scope[slot]);
+  }
+}
+
+absl::Status Executor::FinishStep(absl::Status status) {
+  // Every posted send completes (or fails) before its buffer may be reused.
+  for (auto& work : pending_sends_) {
+    absl::Status s = work->Wait(absl::Seconds(options_.comm_timeout_s));
+    if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat("send: ", s.message()));
+  }
+  pending_sends_.clear();
+  for (auto& scope : scopes_) {
+    for (Tensor& t : scope) t = Tensor();
+  }
+  return status;
+}
+
+absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
+  const int micro_batches = std::max(1, plan_.schedule().micro_batches());
+  StepResult result;
+  auto rows = BindFeeds(feeds, micro_batches);
+  absl::Status status = rows.status();
+  for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
+    const Action& action = plan_.schedule().action(i);
+    const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
+    RunContext run = MakeRunContext(sample_offset + mb * *rows, true, micro_batches, *rows);
+    run.micro_batch = mb;
+    if (action.kind() == Action::FORWARD) {
+      status = RunSection(forward_, mb, run);
+      if (status.ok()) Accumulate(mb, &result);
+    } else if (action.kind() == Action::BACKWARD) {
+      status = RunSection(backward_, mb, run);
+    } else {
+      status = RunSection(optimize_, mb, run);
+    }
+  }
+  status = FinishStep(status);
+  if (!status.ok()) return status;
+  result.loss /= micro_batches;
+  for (auto& [name, value] : result.fetches) value /= micro_batches;
+  ++step_;
   return result;
 }
 
 absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
-  RunContext run;
-  run.seed = options_.seed;
-  run.step = step_;
-  run.sample_offset = sample_offset;
-  run.training = false;
-  run.allocator = options_.allocator;
-  absl::Status s = BindFeeds(feeds);
-  if (s.ok()) s = RunSection(Section::kForward, run);
-  absl::StatusOr<StepResult> result = s.ok() ? Collect() : absl::StatusOr<StepResult>(s);
-  ClearActivations();
+  StepResult result;
+  auto rows = BindFeeds(feeds, 1);
+  absl::Status status = rows.status();
+  if (status.ok()) {
+    RunContext run = MakeRunContext(sample_offset, false, 1, *rows);
+    status = RunSection(forward_, 0, run);
+    if (status.ok()) Accumulate(0, &result);
+  }
+  status = FinishStep(status);
+  if (!status.ok()) return status;
   return result;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
@@ -17,11 +18,14 @@ struct ExecutorOptions {
   std::string device = "cpu";
   uint64_t seed = 0;
   Allocator* allocator = GetCpuAllocator();
+  Communicator* comm = nullptr;  // pipeline transfers; null on a single device
+  double comm_timeout_s = 300;
 };
 
 struct StepResult {
-  double loss = 0;
-  std::map<std::string, double> fetches;  // the program's fetch vars
+  bool has_loss = false;  // false on pipeline ranks that do not hold the loss
+  double loss = 0;        // mean over the step's micro-batches: the global mean
+  std::map<std::string, double> fetches;  // the program's fetch vars, likewise averaged
 };
 
 // Runs one rank's plan. Prepare (Create) resolves every op to its kernel and
@@ -34,10 +38,12 @@ class Executor {
   // Parameters from (seed, name) alone; optimizer state zero; step 0.
   absl::Status InitializeState();
 
-  // One training step over a whole batch (one tensor per FEED var the program
-  // reads). sample_offset is the global index of the batch's first sample.
+  // One training step: walks the schedule's actions over this rank's share of
+  // the global batch (one tensor per FEED var the program reads, micro-batches
+  // of consecutive rows). sample_offset is the global index of its first sample.
   absl::StatusOr<StepResult> TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
-  // Forward only, dropout off; nothing is updated.
+  // Forward only over one batch of any size, dropout off; nothing is updated.
+  // On a pipeline every rank calls it with the same batch.
   absl::StatusOr<StepResult> Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
 
   // FEED vars read by the program, with their declared types.
@@ -56,30 +62,38 @@ class Executor {
  private:
   struct PreparedOp {
     std::unique_ptr<OpKernel> kernel;
-    std::vector<const Tensor*> inputs;  // point into slots_
+    std::vector<int> input_slots;
+    std::vector<const Tensor*> inputs;  // scratch: resolved per call against the micro-batch's scope
     std::vector<int> output_slots;
     std::vector<Tensor> outputs;        // scratch, reused every call
     std::vector<int> frees;             // slots whose last use this op is
     int op_index = 0;
   };
-  enum class Section { kForward, kBackward, kOptimize };
+  struct Section {
+    std::vector<PreparedOp> ops;
+    std::vector<int> prefetching;  // indices into ops of kernels that post work early
+  };
 
   Executor(const RankPlan& plan, const ExecutorOptions& options) : plan_(plan), options_(options) {}
   absl::Status Prepare();
-  absl::Status BindFeeds(const std::map<std::string, Tensor>& feeds);
-  absl::Status RunSection(Section section, const RunContext& run);
-  absl::StatusOr<StepResult> Collect();
-  void ClearActivations();
+  absl::StatusOr<int64_t> BindFeeds(const std::map<std::string, Tensor>& feeds, int micro_batches);
+  absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
+  void Accumulate(int micro_batch, StepResult* result);
+  absl::Status FinishStep(absl::Status status);
+  RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
 
   RankPlan plan_;
   ExecutorOptions options_;
-  std::vector<Tensor> slots_;               // one per var
-  std::vector<bool> persistent_;            // by slot
-  std::map<std::string, int> slot_of_;      // prepare time only
+  std::vector<bool> persistent_;                 // by slot
+  std::vector<Tensor> state_;                    // persistent vars, by slot
+  std::vector<std::vector<Tensor>> scopes_;      // activations: one scope per micro-batch, by slot
+  std::map<std::string, int> slot_of_;           // prepare time only
   std::vector<const Var*> feeds_;
-  std::vector<PreparedOp> forward_, backward_, optimize_;
+  std::vector<int> feed_slots_;
+  Section forward_, backward_, optimize_;
   int loss_slot_ = -1;
   std::vector<std::pair<std::string, int>> fetch_slots_;
+  std::vector<std::unique_ptr<Work>> pending_sends_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
 };

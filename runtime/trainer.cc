@@ -48,10 +48,12 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
-std::vector<FeedSpec> FeedSpecs(const Executor& e) {
+// Every rank opens the data with all the program's feeds, so all ranks see
+// the same samples in the same order; each binds the ones it reads.
+std::vector<FeedSpec> FeedSpecs(const Program& program) {
   std::vector<FeedSpec> specs;
-  for (const Var* v : e.feeds()) {
-    specs.push_back({v->name(), v->dtype(), std::vector<int64_t>(v->shape().begin(), v->shape().end())});
+  for (const Var& v : program.var()) {
+    if (v.kind() == FEED) specs.push_back({v.name(), v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
   }
   return specs;
 }
@@ -119,20 +121,26 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   ExecutorOptions eopts;
   eopts.device = options.device;
   eopts.seed = options.seed;
+  eopts.comm = options.comm;
+  eopts.comm_timeout_s = options.comm_timeout_s;
+  const bool reporter = !plan.program().loss().empty();
+  report.reports_loss = reporter;
+  const bool progress = options.progress && reporter;
   auto created = Executor::Create(plan, eopts);
   if (!created.ok()) return created.status();
   Executor& executor = **created;
 
-  const int64_t batch = plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches());
+  const int64_t batch = plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches()) *
+                        std::max(1, plan.topology().dp_degree());
   if (batch <= 0) return absl::InvalidArgumentError("the plan has no batch size");
   report.batch_size = batch;
   report.predicted_peak_bytes = plan.memory().peak_bytes();
 
-  auto train_data = OpenDataset(options.data, FeedSpecs(executor), options.seed);
+  auto train_data = OpenDataset(options.data, FeedSpecs(plan.program()), options.seed);
   if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
   std::unique_ptr<Dataset> eval_data;
   if (!options.eval_data.empty()) {
-    auto d = OpenDataset(options.eval_data, FeedSpecs(executor), options.seed);
+    auto d = OpenDataset(options.eval_data, FeedSpecs(plan.program()), options.seed);
     if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     eval_data = std::move(*d);
   }
@@ -168,7 +176,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   }
 
   MetricsWriter metrics;
-  if (auto s = metrics.Open(options.metrics_path, !options.load_dir.empty()); !s.ok()) return s;
+  if (reporter) {
+    if (auto s = metrics.Open(options.metrics_path, !options.load_dir.empty()); !s.ok()) return s;
+  }
   const std::string acc_fetch = AccuracyFetch(plan.program());
   const std::string eval_name = EvalName(options.eval_data);
 
@@ -182,8 +192,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     auto m = RunEvaluation(executor, *eval_data, eval_name, options.eval_batch_size, acc_fetch);
     if (!m.ok()) return m.status();
     m->epoch = epoch;
+    if (!reporter) return absl::OkStatus();
     metrics.Line(EvalJson(*m));
-    if (options.progress) {
+    if (progress) {
       std::fprintf(stderr, "eval %s after epoch %lld: loss %.4f%s\n", eval_name.c_str(), static_cast<long long>(epoch),
                    m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
     }
@@ -208,7 +219,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     auto r = executor.TrainStep(*feeds, 0);
     report.measured_peak_bytes = std::max(report.measured_peak_bytes, GetCpuAllocator()->peak_bytes());
     if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
-    if (!std::isfinite(r->loss)) {
+    if (r->has_loss && !std::isfinite(r->loss)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
                                                      "; training diverged (lower the learning rate?)"));
     }
@@ -227,7 +238,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     report.steps.push_back(std::move(m));
 
     const auto now = Clock::now();
-    if (options.progress && (Seconds(last_progress, now) >= 1.0 || executor.step() == total_steps)) {
+    if (progress && (Seconds(last_progress, now) >= 1.0 || executor.step() == total_steps)) {
       last_progress = now;
       const double elapsed = Seconds(train_begin, now);
       const int64_t done = executor.step() - first_step;
@@ -257,7 +268,11 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     ckpt.metadata["batch_size"] = absl::StrCat(batch);
     ckpt.metadata["seed"] = absl::StrCat(options.seed);
     ckpt.metadata["program"] = plan.program().name();
-    if (auto s = SaveCheckpoint(options.save_dir, ckpt); !s.ok()) return s;
+    const int world = std::max(1, plan.topology().world_size());
+    absl::Status saved = world == 1 ? SaveCheckpoint(options.save_dir, ckpt)
+                                    : SaveCheckpointShard(options.save_dir,
+                                                          absl::StrCat("model.rank", plan.rank(), ".safetensors"), ckpt);
+    if (!saved.ok()) return saved;
   }
   for (const auto& [name, t] : executor.PersistentState()) {
     std::vector<double>& out = report.final_state[name];
@@ -268,7 +283,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
   }
   report.seconds = Seconds(t_begin, Clock::now());
-  metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
+  if (reporter) metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
                             ", \"measured_peak_bytes\": ", report.measured_peak_bytes,
                             ", \"predicted_peak_bytes\": ", report.predicted_peak_bytes, "}}"));
   return report;

@@ -11,6 +11,8 @@
 
 namespace strata {
 
+class Communicator;
+
 struct TrainOptions {
   std::string data = "synthetic";  // --data
   std::string eval_data;           // --eval_data; empty: no evaluation
@@ -23,6 +25,10 @@ struct TrainOptions {
   std::string load_dir;            // --load
   bool progress = true;            // a progress line on stderr about once a second
   int64_t eval_batch_size = 1000;
+  // This rank's communicator on a pipeline (null on one device), and how long
+  // a transfer may wait before the step fails naming its channel.
+  Communicator* comm = nullptr;
+  double comm_timeout_s = 300;
 };
 
 struct StepMetrics {
@@ -42,6 +48,7 @@ struct EvalMetrics {
 };
 
 struct TrainReport {
+  bool reports_loss = false;  // this rank holds the loss (it wrote the metrics)
   std::vector<StepMetrics> steps;
   std::vector<EvalMetrics> evals;
   int64_t batch_size = 0;

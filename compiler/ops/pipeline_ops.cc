@@ -56,6 +56,23 @@ STRATA_REGISTER_OP(OpDef("recv").Output("y")
     .Shape(RecvShape)
     .Doc("Receives the channel's var from its source rank; -1 in shape is the micro-batch size."));
 
+STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
+    .Attr("group", "pipeline").Attr("op", "sum")
+    .Shape([](ShapeContext& ctx) -> absl::Status {
+      if (ctx.attr_string("group") != "pipeline") {
+        return absl::InvalidArgumentError(absl::StrCat("attr 'group' must be \"pipeline\", got '", ctx.attr_string("group"), "'"));
+      }
+      if (ctx.attr_string("op") != "sum") {
+        return absl::InvalidArgumentError(absl::StrCat("attr 'op' must be \"sum\", got '", ctx.attr_string("op"), "'"));
+      }
+      for (int64_t d : ctx.input(0).shape) {
+        if (d < 0) return absl::InvalidArgumentError("allreduce needs a static shape (no batch dimension)");
+      }
+      ctx.set_output(0, ctx.input(0));
+      return absl::OkStatus();
+    })
+    .Doc("Sums x over the ranks of a group (the stages of this pipeline)."));
+
 STRATA_REGISTER_OP(OpDef("accumulate").Input("acc").Input("x").Output("acc").Stateful()
     .Shape(AccumulateShape)
     .Doc("acc += x, in place (gradients summed over micro-batches)."));

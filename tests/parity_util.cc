@@ -1,0 +1,145 @@
+#include "tests/parity_util.h"
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "compiler/compile.h"
+#include "runtime/allocator.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
+
+namespace strata {
+namespace {
+
+bool IsParam(const Program& program, const std::string& name) {
+  for (const Var& v : program.var()) {
+    if (v.name() == name) return v.kind() == PARAM;
+  }
+  return false;
+}
+
+TrainOptions BaseOptions(const ParityOptions& options) {
+  TrainOptions t;
+  t.data = options.data;
+  t.steps = options.steps;
+  t.seed = options.seed;
+  t.progress = false;
+  t.comm_timeout_s = 60;
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batch_size, const ParityOptions& options) {
+  CompileOptions copts;
+  copts.batch_size = batch_size;
+  auto compiled = Compile(program, Strategy(), copts);
+  if (!compiled.ok()) return compiled.status();
+  ParityRun run;
+  {
+    ExecutorOptions eopts;
+    eopts.seed = options.seed;
+    auto e = Executor::Create(compiled->plans[0], eopts);
+    if (!e.ok()) return e.status();
+    if (auto s = (*e)->InitializeState(); !s.ok()) return s;
+    for (const auto& [name, t] : (*e)->PersistentState()) {
+      if (!IsParam(compiled->plans[0].program(), name)) continue;
+      std::vector<double>& out = run.initial_weights[name];
+      for (int64_t i = 0; i < t.num_elements(); ++i) out.push_back(t.dtype() == F32 ? t.data<float>()[i] : t.data<double>()[i]);
+    }
+  }
+  auto report = Train(compiled->plans[0], BaseOptions(options));
+  if (!report.ok()) return report.status();
+  for (const auto& s : report->steps) run.losses.push_back(s.loss);
+  for (const auto& [name, values] : report->final_state) {
+    if (IsParam(compiled->plans[0].program(), name)) run.weights[name] = values;
+  }
+  run.measured_peak_bytes[0] = report->measured_peak_bytes;
+  run.predicted_peak_bytes[0] = report->predicted_peak_bytes;
+  return run;
+}
+
+absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& strategy, const ParityOptions& options) {
+  auto compiled = Compile(program, strategy, CompileOptions());
+  if (!compiled.ok()) return compiled.status();
+  const int world = static_cast<int>(compiled->plans.size());
+  static std::atomic<int> counter{0};
+  const std::string store = absl::StrCat("memory://parity-", counter++);
+
+  absl::Mutex mu;
+  ParityRun run;
+  absl::Status status;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      const RankPlan& plan = compiled->plans[rank];
+      RendezvousOptions ropts;
+      ropts.rank = rank;
+      ropts.world_size = world;
+      ropts.store_spec = store;
+      ropts.fingerprint = plan.fingerprint();
+      ropts.timeout = absl::Seconds(60);
+      ropts.op_timeout = absl::Seconds(60);
+      auto comm = Rendezvous(ropts);
+      if (!comm.ok()) {
+        absl::MutexLock lock(&mu);
+        if (status.ok()) status = comm.status();
+        return;
+      }
+      TrainOptions topts = BaseOptions(options);
+      topts.comm = comm->get();
+      auto report = Train(plan, topts);
+      absl::MutexLock lock(&mu);
+      if (!report.ok()) {
+        if (status.ok()) status = absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));
+        return;
+      }
+      if (report->reports_loss) {
+        for (const auto& s : report->steps) run.losses.push_back(s.loss);
+      }
+      for (const auto& [name, values] : report->final_state) {
+        if (IsParam(plan.program(), name)) run.weights[name] = values;
+      }
+      run.measured_peak_bytes[rank] = report->measured_peak_bytes;
+      run.predicted_peak_bytes[rank] = report->predicted_peak_bytes;
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!status.ok()) return status;
+  return run;
+}
+
+double MaxLossDifference(const ParityRun& a, const ParityRun& b) {
+  if (a.losses.size() != b.losses.size() || a.losses.empty()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]) / std::max(std::abs(b.losses[i]), 1e-30));
+  }
+  return worst;
+}
+
+double MaxWeightDifference(const std::map<std::string, std::vector<double>>& a,
+                           const std::map<std::string, std::vector<double>>& b, std::string* worst_name) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double worst = 0;
+  for (const auto& [name, wb] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.size() != wb.size()) return INFINITY;
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < wb.size(); ++i) {
+      diff = std::max(diff, std::abs(it->second[i] - wb[i]));
+      scale = std::max(scale, std::abs(wb[i]));
+    }
+    if (diff / scale > worst) {
+      worst = diff / scale;
+      if (worst_name) *worst_name = name;
+    }
+  }
+  return worst;
+}
+
+}  // namespace strata

@@ -1,0 +1,48 @@
+#ifndef STRATA_TESTS_PARITY_UTIL_H_
+#define STRATA_TESTS_PARITY_UTIL_H_
+
+// Parity harness: trains a program on one device and under a parallel
+// strategy (ranks as threads over an in-memory store and Gloo on loopback),
+// and compares per-step losses and final weights.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/program.pb.h"
+#include "proto/strategy.pb.h"
+
+namespace strata {
+
+struct ParityRun {
+  std::vector<double> losses;                              // per step
+  std::map<std::string, std::vector<double>> weights;      // parameters after the run
+  std::map<std::string, std::vector<double>> initial_weights;  // single device only: before the run
+  std::map<int, int64_t> measured_peak_bytes;              // per rank
+  std::map<int, int64_t> predicted_peak_bytes;             // per rank
+};
+
+struct ParityOptions {
+  std::string data = "synthetic:classes=10,size=2048";
+  int64_t steps = 20;
+  uint64_t seed = 1;
+};
+
+// One device, one batch of `batch_size` per step (no strategy).
+absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batch_size, const ParityOptions& options);
+// Every rank of `strategy` on its own thread.
+absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& strategy, const ParityOptions& options);
+
+// The largest relative difference of per-step losses, and of weights (per
+// parameter: max |a - b| / max |b|).
+double MaxLossDifference(const ParityRun& a, const ParityRun& b);
+double MaxWeightDifference(const std::map<std::string, std::vector<double>>& a,
+                           const std::map<std::string, std::vector<double>>& b, std::string* worst = nullptr);
+inline double MaxWeightDifference(const ParityRun& a, const ParityRun& b, std::string* worst = nullptr) {
+  return MaxWeightDifference(a.weights, b.weights, worst);
+}
+
+}  // namespace strata
+
+#endif  // STRATA_TESTS_PARITY_UTIL_H_
