@@ -66,6 +66,16 @@ absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, abs
   return feeds;
 }
 
+// Every rank loads every feed (so all see the same samples, and synthetic
+// labels come from all features); a pipeline stage keeps only what it reads.
+void DropUnreadFeeds(const Executor& executor, std::map<std::string, Tensor>* feeds) {
+  for (auto it = feeds->begin(); it != feeds->end();) {
+    bool read = false;
+    for (const Var* v : executor.feeds()) read |= v->name() == it->first;
+    it = read ? std::next(it) : feeds->erase(it);
+  }
+}
+
 // The fetch var an `accuracy` op produces, if the program reports one.
 std::string AccuracyFetch(const Program& program) {
   for (const auto& f : program.fetch()) {
@@ -215,6 +225,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     for (int64_t i = 0; i < batch; ++i) indices[i] = order[position + i];
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
+    DropUnreadFeeds(executor, &*feeds);
     GetCpuAllocator()->ResetPeak();
     auto r = executor.TrainStep(*feeds, 0);
     report.measured_peak_bytes = std::max(report.measured_peak_bytes, GetCpuAllocator()->peak_bytes());

@@ -2,6 +2,7 @@
 // Exit codes: 0 success, 1 a bad program/strategy/data or a failed run, 2 a usage error.
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,7 +23,10 @@
 #include "compiler/graph_index.h"
 #include "compiler/program_text.h"
 #include "passes/verify_schedule.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/launcher.h"
 #include "runtime/thread_pool.h"
+#include "runtime/worker_env.h"
 #include "runtime/trainer.h"
 #include "tools/model_gen.h"
 
@@ -42,6 +47,9 @@ ABSL_FLAG(std::string, log_dir, "", "run: folder for workerlog.R files");
 ABSL_FLAG(std::string, save, "", "run: save a checkpoint to this folder at the end");
 ABSL_FLAG(std::string, load, "", "run: resume from the checkpoint in this folder");
 ABSL_FLAG(bool, quiet, false, "run: no progress lines");
+ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel");
+ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
+ABSL_FLAG(bool, compare_single, false, "run: also train the single-device reference and print both loss columns");
 ABSL_FLAG(std::string, layers, "784,256,128,100,10", "gen mlp/resmlp: layer widths, input first");
 ABSL_FLAG(int64_t, stages, 1, "gen: number of pipeline stages to place the model on");
 ABSL_FLAG(int64_t, blocks, 4, "gen resmlp: residual blocks");
@@ -64,7 +72,8 @@ const char kUsage[] =
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
-    "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet]\n"
+    "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet] [--comm_timeout_s S]\n"
+    "                 [--store redis://HOST:PORT] [--compare_single]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n";
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
@@ -72,7 +81,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"check", {"strategy", "batch_size"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
-               "trace", "log_dir", "save", "load", "quiet"}},
+               "trace", "log_dir", "save", "load", "quiet", "comm_timeout_s", "store", "compare_single"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
   };
   return *flags;
@@ -286,21 +295,115 @@ int CompileCommand(const std::string& path) {
   return 0;
 }
 
-int Run(const std::string& path) {
-  if (absl::GetFlag(FLAGS_nproc) < 1) {
-    std::cerr << "error: --nproc must be >= 1, got " << absl::GetFlag(FLAGS_nproc) << "\n";
-    return kExitUsage;
+TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
+  TrainOptions options;
+  options.data = absl::GetFlag(FLAGS_data);
+  options.eval_data = absl::GetFlag(FLAGS_eval_data);
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  int64_t seed = absl::GetFlag(FLAGS_seed);
+  options.seed = seed >= 0 ? static_cast<uint64_t>(seed) : program_seed;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.metrics_path = UserPath(absl::GetFlag(FLAGS_metrics));
+  options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
+  options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
+  options.progress = !absl::GetFlag(FLAGS_quiet);
+  options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
+  return options;
+}
+
+void PrintSummary(const TrainReport& report) {
+  if (!report.reports_loss) return;
+  std::cerr << absl::StrFormat("done: %d steps in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n",
+                               report.steps.empty() ? 0 : report.steps.back().step, report.seconds,
+                               report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
+                               Bytes(report.predicted_peak_bytes));
+  if (!report.evals.empty()) {
+    const EvalMetrics& e = report.evals.back();
+    std::cout << absl::StrFormat("final %s loss %.4f", e.name, e.loss);
+    if (e.accuracy >= 0) std::cout << absl::StrFormat(" accuracy %.4f", e.accuracy);
+    std::cout << "\n";
+  } else if (!report.steps.empty()) {
+    std::cout << absl::StrFormat("final train loss %.4f\n", report.steps.back().loss);
   }
-  if (absl::GetFlag(FLAGS_nproc) > 1) {
-    std::cerr << "error: --nproc " << absl::GetFlag(FLAGS_nproc)
-              << ": multi-process runs need the pipeline and data-parallel passes, not built yet in this version\n";
+}
+
+// The per-step losses a metrics file holds.
+absl::StatusOr<std::vector<double>> LossesFromMetrics(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, "{\"step\": ")) continue;
+    size_t at = line.find("\"loss\": ");
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + 8);
+    double v;
+    if (!absl::SimpleAtod(rest.substr(0, rest.find(',')), &v)) return absl::DataLossError(absl::StrCat(path, ": bad loss in '", line, "'"));
+    losses.push_back(v);
+  }
+  return losses;
+}
+
+// --compare_single: the same program on one device, same data and global
+// batch, printed beside the parallel run's losses.
+int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const std::string& parallel_metrics) {
+  auto program = ReadProgramFile(UserPath(path));
+  if (!program.ok()) {
+    std::cerr << "error: " << program.status().message() << "\n";
+    return kExitError;
+  }
+  CompileOptions options;
+  options.batch_size = global_batch;
+  auto single = Compile(*program, Strategy(), options);
+  if (!single.ok()) {
+    std::cerr << "error: single-device reference: " << single.status().message() << "\n";
+    return kExitError;
+  }
+  TrainOptions t = TrainOptionsFromFlags(static_cast<uint64_t>(program->seed()));
+  t.metrics_path.clear();
+  t.save_dir.clear();
+  t.load_dir.clear();
+  t.eval_data.clear();
+  t.progress = false;
+  auto report = Train(single->plans[0], t);
+  if (!report.ok()) {
+    std::cerr << "error: single-device reference: " << report.status().message() << "\n";
+    return kExitError;
+  }
+  auto parallel = LossesFromMetrics(parallel_metrics);
+  if (!parallel.ok()) {
+    std::cerr << "error: " << parallel.status().message() << "\n";
+    return kExitError;
+  }
+  std::cout << absl::StrFormat("%6s  %14s  %14s  %10s\n", "step", "single_loss", "parallel_loss", "rel_diff");
+  double worst = 0;
+  for (size_t i = 0; i < report->steps.size() && i < parallel->size(); ++i) {
+    const double a = report->steps[i].loss, b = (*parallel)[i];
+    const double rel = std::abs(a - b) / std::max(std::abs(a), 1e-30);
+    worst = std::max(worst, rel);
+    std::cout << absl::StrFormat("%6d  %14.9f  %14.9f  %10.2e\n", i + 1, a, b, rel);
+  }
+  std::cout << absl::StrFormat("max relative difference %.2e over %d steps\n", worst,
+                               std::min(report->steps.size(), parallel->size()));
+  return 0;
+}
+
+int Run(const std::string& path, int argc, char** argv) {
+  const int64_t nproc = absl::GetFlag(FLAGS_nproc);
+  if (nproc < 1 || nproc > 1024) {
+    std::cerr << "error: --nproc must be in 1..1024, got " << nproc << "\n";
     return kExitUsage;
   }
   if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_epochs) < 0) {
     std::cerr << "error: --steps and --epochs must be >= 0\n";
     return kExitUsage;
   }
-  std::string device = absl::GetFlag(FLAGS_device);
+  if (!(absl::GetFlag(FLAGS_comm_timeout_s) > 0)) {
+    std::cerr << "error: --comm_timeout_s must be > 0\n";
+    return kExitUsage;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
   if (device != "cpu" && device != "gpu") {
     std::cerr << "error: --device '" << device << "': expected cpu or gpu\n";
     return kExitUsage;
@@ -309,8 +412,13 @@ int Run(const std::string& path) {
     std::cerr << "error: --device gpu: the GPU executor is not built yet in this version; use --device cpu\n";
     return kExitUsage;
   }
-  if (!absl::GetFlag(FLAGS_trace).empty() || !absl::GetFlag(FLAGS_log_dir).empty()) {
-    std::cerr << "error: --trace and --log_dir come with multi-process runs, not built yet in this version\n";
+  if (!absl::GetFlag(FLAGS_trace).empty()) {
+    std::cerr << "error: --trace is not built yet in this version\n";
+    return kExitUsage;
+  }
+  auto worker = WorkerEnvFromEnvironment();
+  if (!worker.ok()) {
+    std::cerr << "error: " << worker.status().message() << "\n";
     return kExitUsage;
   }
   auto result = CompileFromFlags(path);
@@ -318,35 +426,88 @@ int Run(const std::string& path) {
     std::cerr << "error: " << result.status().message() << "\n";
     return kExitError;
   }
-  TrainOptions options;
-  options.data = absl::GetFlag(FLAGS_data);
-  options.eval_data = absl::GetFlag(FLAGS_eval_data);
-  options.steps = absl::GetFlag(FLAGS_steps);
-  options.epochs = absl::GetFlag(FLAGS_epochs);
-  int64_t seed = absl::GetFlag(FLAGS_seed);
-  options.seed = seed >= 0 ? static_cast<uint64_t>(seed) : static_cast<uint64_t>(result->plans[0].program().seed());
-  options.device = device;
-  options.metrics_path = UserPath(absl::GetFlag(FLAGS_metrics));
-  options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
-  options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
-  options.progress = !absl::GetFlag(FLAGS_quiet);
-  auto report = Train(result->plans[0], options);
-  if (!report.ok()) {
-    std::cerr << "error: " << report.status().message() << "\n";
+  const int world = static_cast<int>(result->plans.size());
+  const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
+
+  if (!worker->has_value()) {
+    if (nproc != world) {
+      std::cerr << "error: the strategy needs " << world << " rank(s) (" << result->plans[0].topology().num_stages()
+                << " stage(s) x data-parallel degree " << result->plans[0].topology().dp_degree() << "); run with --nproc "
+                << world << "\n";
+      return kExitUsage;
+    }
+    if (world == 1) {
+      auto report = Train(result->plans[0], TrainOptionsFromFlags(program_seed));
+      if (!report.ok()) {
+        std::cerr << "error: " << report.status().message() << "\n";
+        return kExitError;
+      }
+      PrintSummary(*report);
+      return absl::GetFlag(FLAGS_compare_single) ? CompareWithSingleDevice(path, result->batch_size, UserPath(absl::GetFlag(FLAGS_metrics))) : 0;
+    }
+    // The launcher: N workers of this same command.
+    LaunchOptions launch;
+    std::vector<std::string> args(argv, argv + argc);
+    args = ArgvWithoutFlag(ArgvWithoutFlag(ArgvWithoutFlag(args, "nproc"), "log_dir"), "compare_single", false);
+    std::string metrics = UserPath(absl::GetFlag(FLAGS_metrics));
+    std::string temp_metrics;
+    if (absl::GetFlag(FLAGS_compare_single) && metrics.empty()) {
+      char tmpl[] = "/tmp/strata-metrics-XXXXXX";
+      int fd = mkstemp(tmpl);
+      if (fd >= 0) close(fd);
+      temp_metrics = metrics = tmpl;
+      args.push_back(absl::StrCat("--metrics=", metrics));
+    }
+    launch.argv = args;
+    launch.nproc = static_cast<int>(nproc);
+    launch.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir).empty() ? "log" : absl::GetFlag(FLAGS_log_dir));
+    launch.store_spec = absl::GetFlag(FLAGS_store);
+    std::cout.flush();
+    auto code = LaunchWorkers(launch);
+    if (!code.ok()) {
+      std::cerr << "error: " << code.status().message() << "\n";
+      if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+      return kExitError;
+    }
+    int rc = *code;
+    if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) rc = CompareWithSingleDevice(path, result->batch_size, metrics);
+    if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+    return rc;
+  }
+
+  // A worker: this rank's plan, its communicator, then the same training loop.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const WorkerEnv& env = **worker;
+  if (env.world_size != world) {
+    std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
+              << world << " rank(s)\n";
+    return kExitUsage;
+  }
+  const RankPlan& plan = result->plans[env.rank];
+  RendezvousOptions ropts;
+  ropts.rank = env.rank;
+  ropts.world_size = env.world_size;
+  ropts.store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
+  if (ropts.store_spec.empty()) {
+    std::cerr << "error: rank " << env.rank << ": no store to meet the other ranks (set STRATA_STORE or --store redis://HOST:PORT)\n";
+    return kExitUsage;
+  }
+  ropts.fingerprint = plan.fingerprint();
+  ropts.timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  ropts.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  auto comm = Rendezvous(ropts);
+  if (!comm.ok()) {
+    std::cerr << "error: rank " << env.rank << ": " << comm.status().message() << "\n";
     return kExitError;
   }
-  std::cerr << absl::StrFormat("done: %d steps in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n",
-                               report->steps.empty() ? 0 : report->steps.back().step, report->seconds,
-                               report->batch_size, IntraOpThreads(), Bytes(report->measured_peak_bytes),
-                               Bytes(report->predicted_peak_bytes));
-  if (!report->evals.empty()) {
-    const EvalMetrics& e = report->evals.back();
-    std::cout << absl::StrFormat("final %s loss %.4f", e.name, e.loss);
-    if (e.accuracy >= 0) std::cout << absl::StrFormat(" accuracy %.4f", e.accuracy);
-    std::cout << "\n";
-  } else if (!report->steps.empty()) {
-    std::cout << absl::StrFormat("final train loss %.4f\n", report->steps.back().loss);
+  TrainOptions options = TrainOptionsFromFlags(program_seed);
+  options.comm = comm->get();
+  auto report = Train(plan, options);
+  if (!report.ok()) {
+    std::cerr << "error: rank " << env.rank << ": " << report.status().message() << "\n";
+    return kExitError;
   }
+  PrintSummary(*report);
   return 0;
 }
 
@@ -408,7 +569,7 @@ int Main(int argc, char** argv) {
   const std::string& program = (*positional)[0];
   if (command == "check") return Check(program);
   if (command == "compile") return CompileCommand(program);
-  return Run(program);
+  return Run(program, argc, argv);
 }
 
 }  // namespace
