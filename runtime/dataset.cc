@@ -186,13 +186,13 @@ absl::Status CheckIndices(absl::Span<const int64_t> indices, int64_t size) {
 }
 
 // Allocates one tensor per feed with the batch dim set to n.
-absl::Status AllocateBatch(const std::vector<FeedSpec>& feeds, int64_t n, std::vector<Tensor>* out) {
+absl::Status AllocateBatch(const std::vector<FeedSpec>& feeds, int64_t n, Allocator* allocator, std::vector<Tensor>* out) {
   out->clear();
   out->reserve(feeds.size());
   for (const FeedSpec& feed : feeds) {
     Shape shape(feed.shape.begin(), feed.shape.end());
     shape[0] = n;
-    Tensor t = Tensor::Empty(feed.dtype, shape);
+    Tensor t = Tensor::Empty(feed.dtype, shape, allocator);
     if (!t.defined()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", DataTypeName(feed.dtype), ShapeString(shape), " for feed '", feed.name, "'"));
@@ -231,7 +231,7 @@ class IdxDataset : public Dataset {
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
-    if (absl::Status s = AllocateBatch(feeds(), indices.size(), out); !s.ok()) return s;
+    if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
     Tensor& images = (*out)[image_feed_];
     if (images.dtype() == F32) {
       FillImages(indices, images.data<float>());
@@ -343,7 +343,7 @@ class SyntheticDataset : public Dataset {
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
-    if (absl::Status s = AllocateBatch(feeds(), indices.size(), out); !s.ok()) return s;
+    if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
     // Samples split over threads; a chunk holds about 2^18 multiply-adds.
     const int64_t cost = num_features_ * (label_feed() >= 0 ? kTeacherHidden + 8 : 8);
     ParallelFor(indices.size(), std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cost, 1)),

@@ -39,12 +39,17 @@ class Dataset {
   virtual absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const = 0;
 
   const std::vector<FeedSpec>& feeds() const { return feeds_; }
+  // Where batches are allocated (the reading rank's allocator, so its byte
+  // counters see them).
+  void set_allocator(Allocator* allocator) { allocator_ = allocator; }
+  Allocator* allocator() const { return allocator_; }
   // Index into feeds() of the label feed (the I64 feed of shape [-1]), -1 if none.
   int label_feed() const { return label_feed_; }
 
  private:
   std::vector<FeedSpec> feeds_;
   int label_feed_;
+  Allocator* allocator_ = GetCpuAllocator();
 };
 
 // Opens a dataset for a program's feeds. Specs:

@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -182,7 +183,7 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Executor::BindFeeds(const std::map<std::string, Tensor>& feeds, int micro_batches) {
+absl::StatusOr<int64_t> Executor::CheckFeeds(const std::map<std::string, Tensor>& feeds) const {
   int64_t batch = -1;
   for (const Var* v : feeds_) {
     auto it = feeds.find(v->name());
@@ -203,19 +204,14 @@ absl::StatusOr<int64_t> Executor::BindFeeds(const std::map<std::string, Tensor>&
                                                      DataTypeName(v->dtype()), ShapeString(v->shape())));
     }
   }
-  if (batch < 0) batch = plan_.schedule().micro_batch_size() * micro_batches;  // a rank that reads no batched feed
-  if (batch % micro_batches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", batch, " rows does not split into ", micro_batches,
-                                                   " micro-batches"));
-  }
-  const int64_t rows = batch / micro_batches;
-  for (size_t f = 0; f < feeds_.size(); ++f) {
-    const Tensor& t = feeds.at(feeds_[f]->name());
-    for (int mb = 0; mb < micro_batches; ++mb) {
-      scopes_[mb][feed_slots_[f]] = micro_batches == 1 ? t : SliceRows(t, mb * rows, rows, options_.allocator);
-    }
-  }
-  return rows;
+  return batch;
+}
+
+void Executor::ReapCompletedSends() {
+  // A completed send releases its buffer now rather than at the end of the step.
+  pending_sends_.erase(std::remove_if(pending_sends_.begin(), pending_sends_.end(),
+                                      [](const std::unique_ptr<Work>& w) { return w->IsCompleted(); }),
+                       pending_sends_.end());
 }
 
 RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size) {
@@ -287,16 +283,55 @@ absl::Status Executor::FinishStep(absl::Status status) {
 }
 
 absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
+  auto batch = CheckFeeds(feeds);
+  if (!batch.ok()) return batch.status();
+  const int micro_batches = std::max(1, plan_.schedule().micro_batches());
+  const int64_t rows = *batch < 0 ? plan_.schedule().micro_batch_size() * micro_batches : *batch;
+  if (rows % micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows does not split into ", micro_batches,
+                                                   " micro-batches"));
+  }
+  return TrainStep(
+      [&](int64_t first, int64_t n) -> absl::StatusOr<std::map<std::string, Tensor>> {
+        if (micro_batches == 1) return feeds;
+        std::map<std::string, Tensor> slice;
+        for (const Var* v : feeds_) slice[v->name()] = SliceRows(feeds.at(v->name()), first, n, options_.allocator);
+        return slice;
+      },
+      sample_offset, rows / micro_batches);
+}
+
+absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t sample_offset) {
+  return TrainStep(feeds, sample_offset, plan_.schedule().micro_batch_size());
+}
+
+absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows) {
   const int micro_batches = std::max(1, plan_.schedule().micro_batches());
   StepResult result;
-  auto rows = BindFeeds(feeds, micro_batches);
-  absl::Status status = rows.status();
+  absl::Status status;
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
     const Action& action = plan_.schedule().action(i);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
-    RunContext run = MakeRunContext(sample_offset + mb * *rows, true, micro_batches, *rows);
+    RunContext run = MakeRunContext(sample_offset + mb * rows, true, micro_batches, rows);
     run.micro_batch = mb;
+    ReapCompletedSends();
     if (action.kind() == Action::FORWARD) {
+      if (!feeds_.empty()) {
+        auto loaded = feeds(mb * rows, rows);
+        if (!loaded.ok()) {
+          status = loaded.status();
+          break;
+        }
+        auto got = CheckFeeds(*loaded);
+        if (got.ok() && *got != rows) {
+          got = absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb, " has ", *got, " rows, expected ", rows));
+        }
+        if (!got.ok()) {
+          status = got.status();
+          break;
+        }
+        for (size_t f = 0; f < feeds_.size(); ++f) scopes_[mb][feed_slots_[f]] = loaded->at(feeds_[f]->name());
+      }
       status = RunSection(forward_, mb, run);
       if (status.ok()) Accumulate(mb, &result);
     } else if (action.kind() == Action::BACKWARD) {
@@ -315,10 +350,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tenso
 
 absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
   StepResult result;
-  auto rows = BindFeeds(feeds, 1);
+  auto rows = CheckFeeds(feeds);
   absl::Status status = rows.status();
   if (status.ok()) {
-    RunContext run = MakeRunContext(sample_offset, false, 1, *rows);
+    for (size_t f = 0; f < feeds_.size(); ++f) scopes_[0][feed_slots_[f]] = feeds.at(feeds_[f]->name());
+    RunContext run = MakeRunContext(sample_offset, false, 1, *rows < 0 ? 1 : *rows);
     status = RunSection(forward_, 0, run);
     if (status.ok()) Accumulate(0, &result);
   }

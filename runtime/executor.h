@@ -1,6 +1,7 @@
 #ifndef STRATA_RUNTIME_EXECUTOR_H_
 #define STRATA_RUNTIME_EXECUTOR_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,13 @@ class Executor {
   // the global batch (one tensor per FEED var the program reads, micro-batches
   // of consecutive rows). sample_offset is the global index of its first sample.
   absl::StatusOr<StepResult> TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
+  // The same, loading each micro-batch's rows [first_row, first_row + rows)
+  // of this rank's share only when its forward starts, so a schedule holds
+  // just the micro-batches in flight.
+  using FeedFn = std::function<absl::StatusOr<std::map<std::string, Tensor>>(int64_t first_row, int64_t rows)>;
+  absl::StatusOr<StepResult> TrainStep(const FeedFn& feeds, int64_t sample_offset);
+  // With `rows` per micro-batch (the whole-batch overload's split).
+  absl::StatusOr<StepResult> TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows);
   // Forward only over one batch of any size, dropout off; nothing is updated.
   // On a pipeline every rank calls it with the same batch.
   absl::StatusOr<StepResult> Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
@@ -76,7 +84,9 @@ class Executor {
 
   Executor(const RankPlan& plan, const ExecutorOptions& options) : plan_(plan), options_(options) {}
   absl::Status Prepare();
-  absl::StatusOr<int64_t> BindFeeds(const std::map<std::string, Tensor>& feeds, int micro_batches);
+  // Checks the feeds against the program; returns their batch rows.
+  absl::StatusOr<int64_t> CheckFeeds(const std::map<std::string, Tensor>& feeds) const;
+  void ReapCompletedSends();
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);

@@ -58,14 +58,6 @@ std::vector<FeedSpec> FeedSpecs(const Program& program) {
   return specs;
 }
 
-absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, absl::Span<const int64_t> indices) {
-  std::vector<Tensor> tensors;
-  if (auto s = data.GetBatch(indices, &tensors); !s.ok()) return s;
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < data.feeds().size(); ++i) feeds[data.feeds()[i].name] = std::move(tensors[i]);
-  return feeds;
-}
-
 // Every rank loads every feed (so all see the same samples, and synthetic
 // labels come from all features); a pipeline stage keeps only what it reads.
 void DropUnreadFeeds(const Executor& executor, std::map<std::string, Tensor>* feeds) {
@@ -74,6 +66,14 @@ void DropUnreadFeeds(const Executor& executor, std::map<std::string, Tensor>* fe
     for (const Var* v : executor.feeds()) read |= v->name() == it->first;
     it = read ? std::next(it) : feeds->erase(it);
   }
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, absl::Span<const int64_t> indices) {
+  std::vector<Tensor> tensors;
+  if (auto s = data.GetBatch(indices, &tensors); !s.ok()) return s;
+  std::map<std::string, Tensor> feeds;
+  for (size_t i = 0; i < data.feeds().size(); ++i) feeds[data.feeds()[i].name] = std::move(tensors[i]);
+  return feeds;
 }
 
 // The fetch var an `accuracy` op produces, if the program reports one.
@@ -99,6 +99,7 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
     for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
+    DropUnreadFeeds(executor, &*feeds);
     auto r = executor.Evaluate(*feeds, 0);
     if (!r.ok()) return r.status();
     loss_sum += r->loss * n;
@@ -132,6 +133,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   eopts.device = options.device;
   eopts.seed = options.seed;
   eopts.comm = options.comm;
+  eopts.allocator = options.allocator;
   eopts.comm_timeout_s = options.comm_timeout_s;
   const bool reporter = !plan.program().loss().empty();
   report.reports_loss = reporter;
@@ -154,6 +156,8 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     eval_data = std::move(*d);
   }
+  (*train_data)->set_allocator(options.allocator);
+  if (eval_data) eval_data->set_allocator(options.allocator);
   const Dataset& data = **train_data;
   const int64_t steps_per_epoch = data.size() / batch;
   if (steps_per_epoch < 1) {
@@ -223,12 +227,16 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < batch; ++i) indices[i] = order[position + i];
-    auto feeds = LoadBatch(data, indices);
-    if (!feeds.ok()) return feeds.status();
-    DropUnreadFeeds(executor, &*feeds);
-    GetCpuAllocator()->ResetPeak();
-    auto r = executor.TrainStep(*feeds, 0);
-    report.measured_peak_bytes = std::max(report.measured_peak_bytes, GetCpuAllocator()->peak_bytes());
+    options.allocator->ResetPeak();
+    // Each micro-batch's samples are read when its forward starts.
+    auto r = executor.TrainStep(
+        [&](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
+          auto feeds = LoadBatch(data, absl::MakeConstSpan(indices).subspan(first, rows));
+          if (feeds.ok()) DropUnreadFeeds(executor, &*feeds);
+          return feeds;
+        },
+        0);
+    report.measured_peak_bytes = std::max(report.measured_peak_bytes, options.allocator->peak_bytes());
     if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
     if (r->has_loss && !std::isfinite(r->loss)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
+#include "runtime/allocator.h"
 
 namespace strata {
 
@@ -29,6 +30,9 @@ struct TrainOptions {
   // a transfer may wait before the step fails naming its channel.
   Communicator* comm = nullptr;
   double comm_timeout_s = 300;
+  // Every byte of this rank's step (batches, activations, state) is counted
+  // here; ranks run as threads of one process each get their own.
+  Allocator* allocator = GetCpuAllocator();
 };
 
 struct StepMetrics {

@@ -92,6 +92,8 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
       }
       TrainOptions topts = BaseOptions(options);
       topts.comm = comm->get();
+      CpuAllocator allocator;  // per rank: its own byte counters
+      topts.allocator = &allocator;
       auto report = Train(plan, topts);
       absl::MutexLock lock(&mu);
       if (!report.ok()) {

@@ -1,0 +1,172 @@
+#include "runtime/comm/rendezvous.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "runtime/comm/gloo_communicator.h"
+
+namespace strata {
+namespace {
+
+std::chrono::milliseconds Remaining(absl::Time deadline) {
+  absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  return absl::ToChronoMilliseconds(std::min(left, absl::Hours(24 * 30)));
+}
+
+// Gloo's connectFullMesh reads peers' keys with get(), which waits 30 s on
+// the file and redis stores and not at all on the hash store; this view makes
+// every read and wait honour the rendezvous deadline instead.
+class DeadlineStore : public gloo::rendezvous::Store {
+ public:
+  DeadlineStore(gloo::rendezvous::Store& inner, absl::Time deadline)
+      : inner_(inner), deadline_(deadline) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_.set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    return inner_.get(key);
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    inner_.wait(keys, Remaining(deadline_));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::chrono::milliseconds left = Remaining(deadline_);
+    inner_.wait(keys, timeout == gloo::kNoTimeout ? left : std::min(timeout, left));
+  }
+
+ private:
+  gloo::rendezvous::Store& inner_;
+  const absl::Time deadline_;
+};
+
+// Gloo's device setup reads getaddrinfo's result even when the lookup failed
+// (undefined behaviour), so the name is resolved here first.
+absl::Status CheckResolvable(const std::string& hostname) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve hostname '", hostname, "': ", gai_strerror(rv)));
+  }
+  freeaddrinfo(result);
+  return absl::OkStatus();
+}
+
+absl::Status Prefixed(const std::string& where, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options) {
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(options.store_spec);
+  if (!store.ok()) return store.status();
+  return Rendezvous(options, **store);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options,
+                                                         Store& store) {
+  const int rank = options.rank;
+  const int world = options.world_size;
+  const std::string where = absl::StrCat("rendezvous of group '", options.group, "' (rank ", rank,
+                                         " of ", world, ", store ", store.spec(), ")");
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the rank must lie in [0, world size) and the world size be >= 1"));
+  }
+  if (options.group.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the group needs a name"));
+  }
+  if (options.hostname.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the hostname to listen on is empty (127.0.0.1 for one machine)"));
+  }
+  if (options.timeout <= absl::ZeroDuration() || options.op_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": timeouts must be positive"));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  std::unique_ptr<Store> group_store = store.WithPrefix(absl::StrCat("strata/", options.group));
+
+  // Before publishing anything: peers then see a missing rank, not a stall.
+  absl::Status resolvable = CheckResolvable(options.hostname);
+  if (!resolvable.ok()) return Prefixed(where, resolvable);
+
+  // 1. Fingerprints first, so a rank running another program never connects.
+  absl::Status published =
+      group_store->Set(absl::StrCat("fingerprint/", rank), options.fingerprint);
+  if (!published.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": cannot publish this rank's fingerprint (", published.message(),
+                     "); a store serves one rendezvous per group, use a fresh one"));
+  }
+  std::vector<std::string> fingerprints(world);
+  for (int i = 0; i < world; ++i) {
+    absl::StatusOr<std::string> fingerprint = group_store->Get(
+        absl::StrCat("fingerprint/", i), std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (absl::IsDeadlineExceeded(fingerprint.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(where, ": rank ", i, " did not arrive within ",
+                                                      absl::FormatDuration(options.timeout)));
+    }
+    if (!fingerprint.ok()) return Prefixed(where, fingerprint.status());
+    fingerprints[i] = *std::move(fingerprint);
+  }
+  for (int i = 1; i < world; ++i) {
+    if (fingerprints[i] != fingerprints[0]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", i, " compiled program set ", fingerprints[i], " but rank 0 compiled ",
+          fingerprints[0], ": every rank must run the same compiled programs (", where, ")"));
+    }
+  }
+
+  // 2. The TCP mesh, through keys of its own and within the same deadline.
+  std::unique_ptr<Store> mesh_store = group_store->WithPrefix("mesh");
+  DeadlineStore bounded(mesh_store->gloo_store(), deadline);
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+    context->setTimeout(Remaining(deadline));
+    context->connectFullMesh(bounded, device);
+    context->setTimeout(absl::ToChronoMilliseconds(options.op_timeout));
+  } catch (const gloo::IoException& e) {
+    // Store waits say "Wait timeout", TCP connects "Connect timeout".
+    if (absl::StrContains(e.what(), "timeout")) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
+          " (a rank stopped after publishing its fingerprint?): ", e.what()));
+    }
+    return absl::UnavailableError(
+        absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(where, ": unknown exception while connecting"));
+  }
+  return std::unique_ptr<Communicator>(
+      std::make_unique<GlooCommunicator>(std::move(context), options.op_timeout));
+}
+
+}  // namespace strata

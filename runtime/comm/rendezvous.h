@@ -1,0 +1,47 @@
+#ifndef STRATA_RUNTIME_COMM_RENDEZVOUS_H_
+#define STRATA_RUNTIME_COMM_RENDEZVOUS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/store.h"
+
+namespace strata {
+
+struct RendezvousOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Where ranks meet (see store.h): file:///DIR (the launcher's default, a
+  // fresh folder from MakeTempFileStoreSpec), redis://HOST:PORT, memory://NAME.
+  std::string store_spec;
+  // Keys live under "strata/<group>/", so several groups can meet in one store.
+  std::string group = "world";
+  // Fingerprint of the compiled program set; every rank must bring the same.
+  std::string fingerprint;
+  // Address this rank's connections listen on: loopback for one machine,
+  // this machine's address (e.g. from MASTER_ADDR's network) for several.
+  std::string hostname = "127.0.0.1";
+  // Bounds the whole rendezvous: a rank that never arrives is an error.
+  absl::Duration timeout = absl::Seconds(300);
+  // Bounds each collective inside Gloo (--comm_timeout_s).
+  absl::Duration op_timeout = absl::Seconds(300);
+};
+
+// Meets the other ranks and returns a connected GlooCommunicator.
+//  1. Every rank publishes its fingerprint and waits for all others':
+//     a missing rank is DeadlineExceeded naming it; a different fingerprint
+//     is FailedPrecondition on every rank, naming both fingerprints and ranks.
+//  2. Gloo connects the full TCP mesh, within what is left of the timeout.
+// A store serves one rendezvous per group (keys are write-once).
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options);
+
+// The same through an already-open store (options.store_spec is ignored).
+absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options,
+                                                         Store& store);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_COMM_RENDEZVOUS_H_

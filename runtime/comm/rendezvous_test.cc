@@ -1,0 +1,189 @@
+#include "runtime/comm/rendezvous.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/comm/comm_test_util.h"
+#include "runtime/comm/store.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::FreshDir;
+using ::strata::testing::RedisServer;
+using ::strata::testing::RunRanks;
+using ::strata::testing::UniqueMemorySpec;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+RendezvousOptions Options(int rank, int world, const std::string& spec,
+                          const std::string& fingerprint = "3fa2c0de") {
+  RendezvousOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.store_spec = spec;
+  options.fingerprint = fingerprint;
+  options.timeout = absl::Seconds(10);
+  return options;
+}
+
+// Every rank sums [rank, rank, rank] and sends its rank to the next one.
+void ExchangeAndCheck(Communicator& comm) {
+  const int world = comm.size();
+  const int rank = comm.rank();
+  Tensor sum = Tensor::Empty(F64, {3});
+  sum.Fill(rank);
+  ASSERT_TRUE(comm.AllReduce(&sum, ReduceOp::kSum)->Wait(kWait).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(sum.data<double>()[i], world * (world - 1) / 2.0);
+  if (world < 2) return;
+  Tensor mine = Tensor::Empty(I64, {1});
+  mine.data<int64_t>()[0] = rank;
+  Tensor theirs = Tensor::Zeros(I64, {1});
+  auto recv = comm.Recv(&theirs, (rank + world - 1) % world, 1);
+  auto send = comm.Send(mine, (rank + 1) % world, 1);
+  ASSERT_TRUE(send->Wait(kWait).ok());
+  ASSERT_TRUE(recv->Wait(kWait).ok());
+  EXPECT_EQ(theirs.data<int64_t>()[0], (rank + world - 1) % world);
+}
+
+TEST(RendezvousTest, ThreeRanksOverAMemoryStoreConnectAndCommunicate) {
+  const std::string spec = UniqueMemorySpec();
+  RunRanks(3, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(Options(rank, 3, spec));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_EQ((*comm)->rank(), rank);
+    EXPECT_EQ((*comm)->size(), 3);
+    ExchangeAndCheck(**comm);
+  });
+}
+
+TEST(RendezvousTest, OneRankWorldNeedsNoPeers) {
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      Rendezvous(Options(0, 1, UniqueMemorySpec()));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  ExchangeAndCheck(**comm);
+}
+
+TEST(RendezvousTest, FileStoreInATempFolder) {
+  const std::string spec = "file://" + FreshDir("rendezvous_file");
+  RunRanks(3, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(Options(rank, 3, spec));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ExchangeAndCheck(**comm);
+  });
+}
+
+// A real redis-server on loopback, started and stopped by the test. A missing
+// redis-server fails the test: the store is part of the contract.
+TEST(RendezvousTest, RedisStoreWithARealServer) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string spec = (*server)->spec();
+  RunRanks(2, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(Options(rank, 2, spec));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ExchangeAndCheck(**comm);
+  });
+  // A second group meets in the same server under its own keys.
+  RunRanks(2, [&](int rank) {
+    RendezvousOptions options = Options(rank, 2, spec);
+    options.group = "dp0";
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ExchangeAndCheck(**comm);
+  });
+}
+
+TEST(RendezvousTest, DifferentFingerprintIsRefusedOnEveryRankNamingBoth) {
+  const std::string spec = UniqueMemorySpec();
+  RunRanks(3, [&](int rank) {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        Rendezvous(Options(rank, 3, spec, rank == 1 ? "9bc1d00d" : "3fa2c0de"));
+    EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()),
+                HasSubstr("rank 1 compiled program set 9bc1d00d but rank 0 compiled 3fa2c0de"));
+  });
+}
+
+TEST(RendezvousTest, MissingRankIsDeadlineExceededWithinTheTimeout) {
+  const std::string spec = UniqueMemorySpec();
+  RunRanks(2, [&](int rank) {  // rank 2 of 3 never comes
+    RendezvousOptions options = Options(rank, 3, spec);
+    options.timeout = absl::Milliseconds(500);
+    absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(comm.status())) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()),
+                AllOf(HasSubstr("rank 2 did not arrive within 500ms"), HasSubstr(spec)));
+  });
+}
+
+// File stores poll in whole seconds, so the bound is looser than the timeout.
+TEST(RendezvousTest, MissingRankOverAFileStoreIsDeadlineExceeded) {
+  const std::string spec = "file://" + FreshDir("rendezvous_missing");
+  absl::Time start = absl::Now();
+  RendezvousOptions options = Options(0, 2, spec);
+  options.timeout = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 1 did not arrive"));
+}
+
+// Rank 0 published its fingerprint and died before the TCP mesh. Gloo's own
+// key reads would wait 30 s on a file store; the rendezvous deadline holds.
+TEST(RendezvousTest, RankThatStopsBeforeTheMeshIsDeadlineExceeded) {
+  const std::string spec = "file://" + FreshDir("rendezvous_no_mesh");
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->WithPrefix("strata/world")->Set("fingerprint/0", "3fa2c0de").ok());
+  }
+  RendezvousOptions options = Options(1, 2, spec);
+  options.timeout = absl::Seconds(1);
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("TCP mesh did not connect"));
+}
+
+TEST(RendezvousTest, StoreServesOneRendezvousPerGroup) {
+  const std::string spec = UniqueMemorySpec();
+  RunRanks(2, [&](int rank) { ASSERT_TRUE(Rendezvous(Options(rank, 2, spec)).ok()); });
+  absl::StatusOr<std::unique_ptr<Communicator>> again = Rendezvous(Options(0, 2, spec));
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("use a fresh one"));
+}
+
+TEST(RendezvousTest, BadOptionsAreInvalidArgument) {
+  EXPECT_TRUE(absl::IsInvalidArgument(Rendezvous(Options(2, 2, UniqueMemorySpec())).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(Rendezvous(Options(-1, 2, UniqueMemorySpec())).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(Rendezvous(Options(0, 0, UniqueMemorySpec())).status()));
+  RendezvousOptions no_time = Options(0, 1, UniqueMemorySpec());
+  no_time.timeout = absl::ZeroDuration();
+  EXPECT_TRUE(absl::IsInvalidArgument(Rendezvous(no_time).status()));
+  absl::StatusOr<std::unique_ptr<Communicator>> bad_spec = Rendezvous(Options(0, 1, "tcp://x"));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad_spec.status())) << bad_spec.status();
+  EXPECT_THAT(std::string(bad_spec.status().message()), HasSubstr("'tcp://x'"));
+}
+
+TEST(RendezvousTest, UnusableHostnameIsUnavailable) {
+  RendezvousOptions options = Options(0, 1, UniqueMemorySpec());
+  options.hostname = "no-such-host.invalid";
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+  EXPECT_TRUE(absl::IsUnavailable(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("no-such-host.invalid"));
+}
+
+}  // namespace
+}  // namespace strata

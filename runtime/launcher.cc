@@ -1,0 +1,631 @@
+#include "runtime/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "runtime/worker_env.h"
+
+extern char** environ;
+
+namespace strata {
+namespace {
+
+// A line longer than this is relayed in pieces rather than buffered without bound.
+constexpr size_t kMaxLineBytes = 1 << 20;
+// After the last worker is reaped, how long its pipes may stay open (held by
+// an escaped grandchild) before we stop reading them.
+constexpr std::chrono::seconds kDrainTimeout(2);
+// Upper bound on one poll() so a lost wake-up can never stall the loop.
+constexpr int kMaxPollMs = 500;
+
+// Deadlines follow the monotonic clock, immune to wall-clock steps.
+using Clock = std::chrono::steady_clock;
+
+// A poll() timeout reaching `deadline` (rounded up, never negative).
+int MillisecondsUntil(Clock::time_point deadline) {
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, kMaxPollMs));
+}
+
+// The self-pipe: signal handlers only write the signal number into it.
+int g_signal_pipe_write = -1;
+std::atomic<bool> g_launch_active{false};
+
+void OnSignal(int signo) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(signo);
+  ssize_t ignored = write(g_signal_pipe_write, &byte, 1);
+  (void)ignored;
+  errno = saved;
+}
+
+std::string SignalName(int signo) {
+  if (const char* abbrev = sigabbrev_np(signo)) return absl::StrCat("SIG", abbrev);
+  return absl::StrCat("signal ", signo);
+}
+
+std::string ErrnoText(int err) { return strerror(err); }
+
+// Writes all of `data`, waiting out EINTR and EAGAIN; false when the fd is gone (EPIPE, EBADF...).
+bool WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p = {fd, POLLOUT, 0};
+      poll(&p, 1, 100);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void CloseFd(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+// Installs our handlers for the launch and puts the old ones back afterwards.
+class SignalHandlers {
+ public:
+  static constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+
+  absl::Status Install() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return absl::InternalError(absl::StrCat("launcher: pipe2 failed: ", ErrnoText(errno)));
+    }
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    g_signal_pipe_write = write_fd_;
+    struct sigaction sa = {};
+    sa.sa_handler = OnSignal;
+    sigemptyset(&sa.sa_mask);
+    // SA_RESTART keeps other threads' system calls from failing with EINTR.
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (int signo : kHandled) sigaction(signo, &sa, &old_[signo]);
+    // A closed stdout of the launcher becomes EPIPE, not a silent death.
+    struct sigaction ignore = {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &old_[SIGPIPE]);
+    installed_ = true;
+    return absl::OkStatus();
+  }
+
+  ~SignalHandlers() {
+    if (installed_) {
+      for (int signo : kHandled) sigaction(signo, &old_[signo], nullptr);
+      sigaction(SIGPIPE, &old_[SIGPIPE], nullptr);
+    }
+    g_signal_pipe_write = -1;
+    CloseFd(read_fd_);
+    CloseFd(write_fd_);
+  }
+
+  int read_fd() const { return read_fd_; }
+
+ private:
+  bool installed_ = false;
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  struct sigaction old_[NSIG] = {};
+};
+
+// A free TCP port on `addr` (any address when it is not numeric IPv4).
+absl::StatusOr<int> PickFreePort(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("launcher: socket failed: ", ErrnoText(errno)));
+  sockaddr_in sin = {};
+  sin.sin_family = AF_INET;
+  sin.sin_port = 0;
+  if (inet_pton(AF_INET, addr.c_str(), &sin.sin_addr) != 1) sin.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(sin);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len) != 0) {
+    int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("launcher: cannot find a free port on ", addr, ": ", ErrnoText(err)));
+  }
+  close(fd);
+  return ntohs(sin.sin_port);
+}
+
+// One of a worker's two output pipes.
+struct Stream {
+  int fd = -1;
+  bool is_stderr = false;
+  std::string partial;  // bytes after the last newline
+};
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  Stream out, err;
+  int log_fd = -1;
+  std::string last_error_line;   // last line starting with "error:"
+  std::string last_stderr_line;  // last non-blank stderr line
+  WorkerOutcome outcome;
+};
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchOptions& options) : options_(options) {}
+
+  ~Launcher() {
+    // Whatever path we leave by, no worker survives and the store folder goes.
+    KillAll(SIGKILL);
+    for (Worker& w : workers_) {
+      if (w.running) {
+        int status;
+        while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        w.running = false;
+      }
+      CloseFd(w.out.fd);
+      CloseFd(w.err.fd);
+      CloseFd(w.log_fd);
+    }
+    CloseFd(devnull_);
+    if (!temp_store_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(temp_store_dir_, ec);
+    }
+  }
+
+  absl::StatusOr<int> Run(LaunchReport* report) {
+    absl::Status status = Setup();
+    if (status.ok()) status = SpawnAll();
+    absl::StatusOr<int> result = status.ok() ? Supervise() : absl::StatusOr<int>(status);
+    if (report != nullptr) FillReport(*report);
+    return result;
+  }
+
+ private:
+  absl::Status Setup() {
+    const LaunchOptions& o = options_;
+    if (o.nproc < 1) return absl::InvalidArgumentError(absl::StrCat("--nproc must be >= 1, got ", o.nproc));
+    if (o.executable.empty()) return absl::InvalidArgumentError("launcher: no executable given");
+    if (o.grace < absl::ZeroDuration()) return absl::InvalidArgumentError("launcher: grace must be >= 0");
+    if (o.master_port < 0 || o.master_port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("launcher: master port ", o.master_port, " is not in 0..65535"));
+    }
+    if (const char* rank = std::getenv(kEnvRank)) {
+      return absl::FailedPreconditionError(absl::StrCat("this process is already worker ", rank,
+                                                        " of a strata launcher (", kEnvRank,
+                                                        " is set): --nproc cannot be nested"));
+    }
+    devnull_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devnull_ < 0) return absl::InternalError(absl::StrCat("launcher: cannot open /dev/null: ", ErrnoText(errno)));
+
+    if (!o.store_spec.empty()) {
+      store_spec_ = o.store_spec;
+    } else {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/strata_store.XXXXXX");
+      if (mkdtemp(templ.data()) == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("launcher: cannot create a store folder ", templ, ": ", ErrnoText(errno)));
+      }
+      temp_store_dir_ = templ;
+      store_spec_ = absl::StrCat("file://", templ);
+    }
+    master_port_ = o.master_port;
+    if (master_port_ == 0) {
+      auto port = PickFreePort(o.master_addr);
+      if (!port.ok()) return port.status();
+      master_port_ = *port;
+    }
+    workers_.resize(o.nproc);
+    if (!o.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.log_dir, ec);
+      if (ec) return absl::InvalidArgumentError(absl::StrCat("--log_dir ", o.log_dir, ": ", ec.message()));
+      for (int r = 0; r < o.nproc; ++r) {
+        std::string path = LogPath(r);
+        workers_[r].log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (workers_[r].log_fd < 0) {
+          return absl::InvalidArgumentError(absl::StrCat("--log_dir: cannot write ", path, ": ", ErrnoText(errno)));
+        }
+      }
+    }
+    // Everything already buffered by the caller goes out before the workers' lines.
+    std::fflush(nullptr);
+    return handlers_.Install();
+  }
+
+  std::string LogPath(int rank) const {
+    return absl::StrCat(options_.log_dir, options_.log_dir.back() == '/' ? "" : "/", "workerlog.", rank);
+  }
+
+  // The launcher's environment minus the names we set, plus ours for `rank`.
+  std::vector<std::string> WorkerEnvironment(int rank) const {
+    std::vector<std::pair<std::string, std::string>> ours = {
+        {kEnvRank, absl::StrCat(rank)},         {kEnvWorldSize, absl::StrCat(options_.nproc)},
+        {kEnvLocalRank, absl::StrCat(rank)},    {kEnvStore, store_spec_},
+        {kEnvMasterAddr, options_.master_addr}, {kEnvMasterPort, absl::StrCat(master_port_)},
+    };
+    for (const auto& kv : options_.extra_env) ours.push_back(kv);
+    std::set<std::string> names;
+    for (const auto& kv : ours) names.insert(kv.first);
+    std::vector<std::string> env;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      absl::string_view entry(*e);
+      size_t eq = entry.find('=');
+      if (eq != absl::string_view::npos && names.count(std::string(entry.substr(0, eq)))) continue;
+      env.emplace_back(entry);
+    }
+    // Later duplicates (extra_env) win: keep only the last value of each name.
+    std::vector<std::string> tail;
+    std::set<std::string> seen;
+    for (auto it = ours.rbegin(); it != ours.rend(); ++it) {
+      if (seen.insert(it->first).second) tail.push_back(absl::StrCat(it->first, "=", it->second));
+    }
+    env.insert(env.end(), tail.rbegin(), tail.rend());
+    return env;
+  }
+
+  absl::Status SpawnAll() {
+    std::vector<std::string> args = options_.argv;
+    if (args.empty()) args.push_back(options_.executable);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t launcher_pid = getpid();
+    for (int r = 0; r < options_.nproc; ++r) {
+      // Everything the child touches is prepared before fork: after fork only
+      // async-signal-safe calls are allowed (the caller may have threads).
+      std::vector<std::string> env_strings = WorkerEnvironment(r);
+      std::vector<char*> envp;
+      for (std::string& e : env_strings) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      int out[2], err[2], exec_err[2];
+      if (pipe2(out, O_CLOEXEC) != 0) return SpawnError(r, "pipe2", errno);
+      if (pipe2(err, O_CLOEXEC) != 0) {
+        int e = errno;
+        close(out[0]);
+        close(out[1]);
+        return SpawnError(r, "pipe2", e);
+      }
+      if (pipe2(exec_err, O_CLOEXEC) != 0) {
+        int e = errno;
+        for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+        return SpawnError(r, "pipe2", e);
+      }
+      Worker& w = workers_[r];
+      w.rank = r;
+      w.out.fd = out[0];
+      w.err.fd = err[0];
+      w.err.is_stderr = true;
+      // Signals stay blocked across fork so our handlers cannot run in the
+      // child (they would write into the launcher's self-pipe) before exec.
+      sigset_t all, saved_mask;
+      sigfillset(&all);
+      pthread_sigmask(SIG_SETMASK, &all, &saved_mask);
+      pid_t pid = fork();
+      if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != launcher_pid) _exit(127);  // the launcher died before prctl
+        dup2(devnull_, STDIN_FILENO);
+        dup2(out[1], STDOUT_FILENO);
+        dup2(err[1], STDERR_FILENO);
+        struct sigaction dfl = {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaction(signo, &dfl, nullptr);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, nullptr);
+        execve(options_.executable.c_str(), argv.data(), envp.data());
+        int e = errno;
+        ssize_t ignored = write(exec_err[1], &e, sizeof(e));
+        (void)ignored;
+        _exit(127);
+      }
+      int fork_errno = errno;
+      pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
+      close(out[1]);
+      close(err[1]);
+      close(exec_err[1]);
+      if (pid < 0) {
+        close(exec_err[0]);
+        return SpawnError(r, "fork", fork_errno);
+      }
+      // Both sides set the group, so a kill(-pid) right after fork cannot miss.
+      setpgid(pid, pid);
+      w.pid = pid;
+      w.running = true;
+      w.outcome.rank = r;
+      w.outcome.pid = pid;
+      fcntl(w.out.fd, F_SETFL, O_NONBLOCK);
+      fcntl(w.err.fd, F_SETFL, O_NONBLOCK);
+      // Blocks until exec succeeds (EOF from O_CLOEXEC) or reports its errno.
+      int exec_errno = 0;
+      ssize_t n;
+      while ((n = read(exec_err[0], &exec_errno, sizeof(exec_errno))) < 0 && errno == EINTR) {
+      }
+      close(exec_err[0]);
+      if (n == sizeof(exec_errno)) {
+        return absl::InvalidArgumentError(absl::StrCat("launcher: cannot execute ", options_.executable, " for rank ",
+                                                       r, ": ", ErrnoText(exec_errno)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SpawnError(int rank, const char* what, int err) {
+    return absl::InternalError(absl::StrCat("launcher: ", what, " failed starting rank ", rank, ": ", ErrnoText(err)));
+  }
+
+  void KillAll(int signo) {
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      // The group takes the worker's own children along; the direct kill
+      // covers a worker that left its group.
+      kill(-w.pid, signo);
+      kill(w.pid, signo);
+    }
+  }
+
+  void BeginStop(int signo) {
+    if (stopping_) return;
+    stopping_ = true;
+    kill_deadline_ = Clock::now() + absl::ToChronoNanoseconds(options_.grace);
+    KillAll(signo);
+  }
+
+  void EmitLine(Worker& w, const Stream& s, absl::string_view line) {
+    if (w.log_fd >= 0) WriteAll(w.log_fd, absl::StrCat(line, "\n"));
+    int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
+    if (dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
+    absl::string_view trimmed = absl::StripAsciiWhitespace(line);
+    if (absl::StartsWith(trimmed, "error:")) w.last_error_line = std::string(trimmed);
+    if (s.is_stderr && !trimmed.empty()) w.last_stderr_line = std::string(trimmed);
+  }
+
+  // Reads what is there; relays complete lines; at EOF relays the rest and closes.
+  void ReadStream(Worker& w, Stream& s) {
+    char buf[65536];
+    while (s.fd >= 0) {
+      ssize_t n = read(s.fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        FlushStream(w, s);
+        return;
+      }
+      s.partial.append(buf, static_cast<size_t>(n));
+      size_t start = 0;
+      for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+        EmitLine(w, s, absl::string_view(s.partial).substr(start, nl - start));
+      }
+      s.partial.erase(0, start);
+      if (s.partial.size() >= kMaxLineBytes) {
+        EmitLine(w, s, s.partial);
+        s.partial.clear();
+      }
+    }
+  }
+
+  void FlushStream(Worker& w, Stream& s) {
+    if (!s.partial.empty()) EmitLine(w, s, s.partial);
+    s.partial.clear();
+    CloseFd(s.fd);
+  }
+
+  // Reaps the workers that have exited; returns the ranks that failed on their own.
+  std::vector<int> Reap() {
+    std::vector<int> failed;
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      siginfo_t info = {};
+      // WNOWAIT keeps the zombie (and so its pid and group id) until its
+      // group is killed, so the kill can never hit a recycled id.
+      if (waitid(P_PID, w.pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) continue;
+      kill(-w.pid, SIGKILL);
+      int status = 0;
+      while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      w.running = false;
+      if (WIFSIGNALED(status)) {
+        w.outcome.signal = WTERMSIG(status);
+        w.outcome.exit_code = -1;
+      } else {
+        w.outcome.exit_code = WEXITSTATUS(status);
+      }
+      if (!w.outcome.ok() && !stopping_) failed.push_back(w.rank);
+    }
+    return failed;
+  }
+
+  absl::StatusOr<int> Supervise() {
+    stdout_fd_ = options_.stdout_fd;
+    stderr_fd_ = options_.stderr_fd;
+    std::optional<Clock::time_point> drain_deadline;
+    while (true) {
+      bool any_running = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+      if (!any_running && !drain_deadline) drain_deadline = Clock::now() + kDrainTimeout;
+      std::vector<pollfd> fds = {{handlers_.read_fd(), POLLIN, 0}};
+      std::vector<std::pair<Worker*, Stream*>> streams;
+      for (Worker& w : workers_) {
+        for (Stream* s : {&w.out, &w.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(&w, s);
+        }
+      }
+      if (!any_running && streams.empty()) break;
+      if (drain_deadline && Clock::now() >= *drain_deadline) {
+        for (auto& [w, s] : streams) FlushStream(*w, *s);
+        break;
+      }
+      int timeout_ms = kMaxPollMs;
+      if (stopping_ && !killed_) timeout_ms = std::min(timeout_ms, MillisecondsUntil(kill_deadline_));
+      if (drain_deadline) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*drain_deadline));
+      int ready = poll(fds.data(), fds.size(), timeout_ms);
+      if (ready < 0 && errno != EINTR) {
+        BeginStop(SIGKILL);
+        return absl::InternalError(absl::StrCat("launcher: poll failed: ", ErrnoText(errno)));
+      }
+      HandleSignals();
+      for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
+        if (fds[i].revents != 0) ReadStream(*streams[i - 1].first, *streams[i - 1].second);
+      }
+      std::vector<int> failed = Reap();
+      if (!failed.empty() && failed_rank_ < 0) {
+        // Of ranks found dead together, a crash is the likelier root cause than
+        // a peer's error about the connection the crash broke.
+        auto by_signal =
+            std::find_if(failed.begin(), failed.end(), [&](int r) { return workers_[r].outcome.signal != 0; });
+        failed_rank_ = by_signal != failed.end() ? *by_signal : failed.front();
+        BeginStop(SIGTERM);
+      }
+      if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
+        KillAll(SIGKILL);
+        killed_ = true;
+      }
+    }
+    for (Worker& w : workers_) {
+      w.outcome.last_error_line = !w.last_error_line.empty() ? w.last_error_line : w.last_stderr_line;
+    }
+    if (failed_rank_ >= 0) return absl::AbortedError(FailureMessage(workers_[failed_rank_]));
+    if (interrupt_signal_ != 0) return 128 + interrupt_signal_;
+    return 0;
+  }
+
+  void HandleSignals() {
+    unsigned char buf[64];
+    ssize_t n;
+    while ((n = read(handlers_.read_fd(), buf, sizeof(buf))) > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        int signo = buf[i];
+        if (signo == SIGCHLD) continue;  // only a wake-up; Reap() looks
+        if (interrupt_signal_ == 0) interrupt_signal_ = signo;
+        if (!stopping_) {
+          // Forward what we got (Ctrl-C stays SIGINT, so workers can tell).
+          BeginStop(signo);
+        } else if (!killed_) {
+          // A second Ctrl-C means now.
+          KillAll(SIGKILL);
+          killed_ = true;
+        }
+      }
+    }
+  }
+
+  std::string FailureMessage(const Worker& w) const {
+    const WorkerOutcome& o = w.outcome;
+    std::string how =
+        o.signal != 0 ? absl::StrCat("killed by ", SignalName(o.signal)) : absl::StrCat("exit ", o.exit_code);
+    absl::string_view line = o.last_error_line;
+    absl::ConsumePrefix(&line, "error:");
+    line = absl::StripLeadingAsciiWhitespace(line);
+    std::string msg = absl::StrCat("rank ", w.rank, " failed (", how, ")");
+    if (!line.empty()) absl::StrAppend(&msg, ": ", line);
+    if (!options_.log_dir.empty()) absl::StrAppend(&msg, " (log: ", LogPath(w.rank), ")");
+    return msg;
+  }
+
+  void FillReport(LaunchReport& report) const {
+    report = LaunchReport();
+    for (const Worker& w : workers_) {
+      if (w.pid < 0) continue;
+      report.pids.push_back(w.pid);
+      report.workers.push_back(w.outcome);
+    }
+    report.failed_rank = failed_rank_;
+    report.interrupt_signal = interrupt_signal_;
+    report.store_spec = store_spec_;
+    report.master_port = master_port_;
+  }
+
+  const LaunchOptions& options_;
+  SignalHandlers handlers_;
+  std::vector<Worker> workers_;
+  int devnull_ = -1;
+  std::string temp_store_dir_;
+  std::string store_spec_;
+  int master_port_ = 0;
+  int stdout_fd_ = -1;
+  int stderr_fd_ = -1;
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point kill_deadline_;
+  int failed_rank_ = -1;
+  int interrupt_signal_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<int> LaunchWorkers(const LaunchOptions& options, LaunchReport* report) {
+  if (g_launch_active.exchange(true)) {
+    return absl::FailedPreconditionError("launcher: another LaunchWorkers is already running in this process");
+  }
+  absl::StatusOr<int> result;
+  {
+    Launcher launcher(options);
+    result = launcher.Run(report);
+  }
+  g_launch_active.store(false);
+  return result;
+}
+
+std::vector<std::string> ArgvWithoutFlag(const std::vector<std::string>& argv, std::string_view name,
+                                         bool takes_value) {
+  const absl::string_view flag(name.data(), name.size());
+  std::vector<std::string> result;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    absl::string_view arg = argv[i];
+    if (i > 0 && arg == "--") {
+      result.insert(result.end(), argv.begin() + i, argv.end());
+      break;
+    }
+    absl::string_view body = arg;
+    bool dashed = i > 0 && (absl::ConsumePrefix(&body, "--") || absl::ConsumePrefix(&body, "-"));
+    if (dashed) {
+      absl::string_view key = body.substr(0, body.find('='));
+      bool has_value = key.size() < body.size();
+      if (key == flag) {
+        // "--name V" also swallows the value that follows.
+        if (takes_value && !has_value && i + 1 < argv.size()) ++i;
+        continue;
+      }
+      if (!takes_value && !has_value && absl::StartsWith(key, "no") && key.substr(2) == flag) continue;
+    }
+    result.push_back(argv[i]);
+  }
+  return result;
+}
+
+}  // namespace strata

@@ -1,0 +1,55 @@
+#ifndef STRATA_RUNTIME_WORKER_ENV_H_
+#define STRATA_RUNTIME_WORKER_ENV_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace strata {
+
+// Variables our launcher (runtime/launcher.h) sets for each worker. They take
+// precedence over any torchrun or Slurm variables inherited from outside.
+inline constexpr char kEnvRank[] = "STRATA_RANK";
+inline constexpr char kEnvWorldSize[] = "STRATA_WORLD_SIZE";
+inline constexpr char kEnvLocalRank[] = "STRATA_LOCAL_RANK";
+inline constexpr char kEnvStore[] = "STRATA_STORE";
+inline constexpr char kEnvMasterAddr[] = "STRATA_MASTER_ADDR";
+inline constexpr char kEnvMasterPort[] = "STRATA_MASTER_PORT";
+
+// Where this process sits in a multi-process job.
+struct WorkerEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;       // index on this machine (picks the GPU)
+  std::string master_addr;  // "" when not given
+  int master_port = 0;      // 0 when not given
+  // Rendezvous store, e.g. "file:///tmp/strata_store.XXXX"; "" when not given
+  // (then the rendezvous uses master_addr:master_port).
+  std::string store_spec;
+  bool from_launcher = false;  // started by `strata run --nproc N`
+};
+
+// Reads the worker environment, first match wins:
+//   1. STRATA_RANK, STRATA_WORLD_SIZE, STRATA_LOCAL_RANK, STRATA_STORE,
+//      STRATA_MASTER_ADDR, STRATA_MASTER_PORT (our launcher);
+//   2. torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+//   3. Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, plus
+//      MASTER_ADDR / MASTER_PORT.
+// A flavour is present when its rank or world-size variable is set (for Slurm
+// only SLURM_PROCID: an salloc/sbatch shell sets SLURM_NTASKS without being a
+// task). For 2 and 3 STRATA_STORE, when set, also gives the store. A missing
+// local rank defaults to the rank (one machine). Returns nullopt when none of
+// the three is present (a single-process run). Malformed values (not an integer,
+// negative, rank >= world size, a port outside 1..65535, a rank without a
+// world size or the reverse) are InvalidArgument naming the variable.
+absl::StatusOr<std::optional<WorkerEnv>> WorkerEnvFromEnvironment();
+
+// The same over an injectable lookup (nullptr = unset), for tests.
+using EnvLookup = std::function<const char*(const char* name)>;
+absl::StatusOr<std::optional<WorkerEnv>> WorkerEnvFromLookup(const EnvLookup& lookup);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_WORKER_ENV_H_
