@@ -90,6 +90,9 @@ absl::Status Executor::Prepare() {
     const Op& op = program.op(i);
     PreparedOp p;
     p.op_index = i;
+    const bool transfer = op.has_channel();
+    p.trace_name = transfer ? op.name() : op.type();
+    p.trace_category = transfer ? "comm" : "op";
     KernelDef def;
     def.op = &plan_.program().op(i);
     for (const auto& in : op.input()) {
@@ -245,7 +248,12 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       p.inputs[k] = persistent_[slot] ? &state_[slot] : &scope[slot];
     }
     KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
+    const int64_t start = options_.tracer ? Tracer::NowMicros() : 0;
     absl::Status s = p.kernel->Compute(ctx);
+    if (options_.tracer) {
+      options_.tracer->Add(p.trace_category[0] == 'c' ? absl::StrCat(p.trace_name, " mb ", micro_batch) : p.trace_name,
+                           p.trace_category, start, Tracer::NowMicros());
+    }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));
     }
@@ -315,6 +323,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     RunContext run = MakeRunContext(sample_offset + mb * rows, true, micro_batches, rows);
     run.micro_batch = mb;
     ReapCompletedSends();
+    const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
     if (action.kind() == Action::FORWARD) {
       if (!feeds_.empty()) {
         auto loaded = feeds(mb * rows, rows);
@@ -338,6 +347,12 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
       status = RunSection(backward_, mb, run);
     } else {
       status = RunSection(optimize_, mb, run);
+    }
+    if (options_.tracer) {
+      options_.tracer->Add(action.kind() == Action::FORWARD    ? absl::StrCat("F", mb)
+                           : action.kind() == Action::BACKWARD ? absl::StrCat("B", mb)
+                                                               : std::string("OPT"),
+                           "action", action_start, Tracer::NowMicros());
     }
   }
   status = FinishStep(status);

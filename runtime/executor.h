@@ -12,6 +12,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
+#include "runtime/trace.h"
 
 namespace strata {
 
@@ -21,6 +22,7 @@ struct ExecutorOptions {
   Allocator* allocator = GetCpuAllocator();
   Communicator* comm = nullptr;  // pipeline transfers; null on a single device
   double comm_timeout_s = 300;
+  Tracer* tracer = nullptr;      // records every action, op and transfer when set
 };
 
 struct StepResult {
@@ -76,6 +78,8 @@ class Executor {
     std::vector<Tensor> outputs;        // scratch, reused every call
     std::vector<int> frees;             // slots whose last use this op is
     int op_index = 0;
+    std::string trace_name;             // for the tracer
+    const char* trace_category = "op";
   };
   struct Section {
     std::vector<PreparedOp> ops;

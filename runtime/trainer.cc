@@ -11,6 +11,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/executor.h"
+#include "runtime/trace.h"
 
 namespace strata {
 namespace {
@@ -134,6 +135,11 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   eopts.seed = options.seed;
   eopts.comm = options.comm;
   eopts.allocator = options.allocator;
+  std::unique_ptr<Tracer> tracer;
+  if (!options.trace_path.empty()) {
+    tracer = std::make_unique<Tracer>(plan.rank());
+    eopts.tracer = tracer.get();
+  }
   eopts.comm_timeout_s = options.comm_timeout_s;
   const bool reporter = !plan.program().loss().empty();
   report.reports_loss = reporter;
@@ -300,6 +306,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       out[i] = t.dtype() == F32 ? t.data<float>()[i] : t.dtype() == F64 ? t.data<double>()[i]
                : t.dtype() == I64 ? static_cast<double>(t.data<int64_t>()[i]) : 0.0;
     }
+  }
+  if (tracer) {
+    if (auto s = tracer->Write(options.trace_path); !s.ok()) return s;
   }
   report.seconds = Seconds(t_begin, Clock::now());
   if (reporter) metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),

@@ -33,6 +33,7 @@ struct TrainOptions {
   // Every byte of this rank's step (batches, activations, state) is counted
   // here; ranks run as threads of one process each get their own.
   Allocator* allocator = GetCpuAllocator();
+  std::string trace_path;  // a Chrome trace of this rank's steps (--trace)
 };
 
 struct StepMetrics {

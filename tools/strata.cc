@@ -26,6 +26,7 @@
 #include "runtime/comm/rendezvous.h"
 #include "runtime/launcher.h"
 #include "runtime/thread_pool.h"
+#include "runtime/trace.h"
 #include "runtime/worker_env.h"
 #include "runtime/trainer.h"
 #include "tools/model_gen.h"
@@ -309,6 +310,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
   options.progress = !absl::GetFlag(FLAGS_quiet);
   options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
+  options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
   return options;
 }
 
@@ -412,10 +414,6 @@ int Run(const std::string& path, int argc, char** argv) {
     std::cerr << "error: --device gpu: the GPU executor is not built yet in this version; use --device cpu\n";
     return kExitUsage;
   }
-  if (!absl::GetFlag(FLAGS_trace).empty()) {
-    std::cerr << "error: --trace is not built yet in this version\n";
-    return kExitUsage;
-  }
   auto worker = WorkerEnvFromEnvironment();
   if (!worker.ok()) {
     std::cerr << "error: " << worker.status().message() << "\n";
@@ -470,6 +468,15 @@ int Run(const std::string& path, int argc, char** argv) {
       return kExitError;
     }
     int rc = *code;
+    const std::string trace = UserPath(absl::GetFlag(FLAGS_trace));
+    if (rc == 0 && !trace.empty()) {
+      std::vector<std::string> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(absl::StrCat(trace, ".rank", r));
+      if (auto s = MergeTraceFiles(parts, trace); !s.ok()) {
+        std::cerr << "error: " << s.message() << "\n";
+        return kExitError;
+      }
+    }
     if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) rc = CompareWithSingleDevice(path, result->batch_size, metrics);
     if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
     return rc;
@@ -502,6 +509,7 @@ int Run(const std::string& path, int argc, char** argv) {
   }
   TrainOptions options = TrainOptionsFromFlags(program_seed);
   options.comm = comm->get();
+  if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
   auto report = Train(plan, options);
   if (!report.ok()) {
     std::cerr << "error: rank " << env.rank << ": " << report.status().message() << "\n";

@@ -1,0 +1,72 @@
+#include "runtime/trace.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace strata {
+namespace {
+
+std::string JsonEscape(const std::string& s) {
+  return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
+}
+
+}  // namespace
+
+void Tracer::Add(std::string name, const char* category, int64_t start_us, int64_t end_us) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back({std::move(name), category, start_us, std::max<int64_t>(end_us - start_us, 0)});
+}
+
+size_t Tracer::size() const {
+  absl::MutexLock lock(&mu_);
+  return events_.size();
+}
+
+absl::Status Tracer::Write(const std::string& path) const {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --trace file for writing"));
+  absl::MutexLock lock(&mu_);
+  out << "{\"traceEvents\": [\n";
+  out << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << rank_
+      << ", \"args\": {\"name\": \"rank " << rank_ << "\"}}";
+  for (const Event& e : events_) {
+    out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << e.category << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": "
+        << rank_ << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us << "}";
+  }
+  out << "\n]}\n";
+  out.flush();
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status MergeTraceFiles(const std::vector<std::string>& parts, const std::string& path) {
+  std::string body;
+  for (const auto& part : parts) {
+    std::ifstream in(part);
+    if (!in) return absl::NotFoundError(absl::StrCat(part, ": trace part missing"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    // Each part is {"traceEvents": [ ... ]}: keep what lies between the brackets.
+    size_t open = text.find('['), close = text.rfind(']');
+    if (open == std::string::npos || close == std::string::npos || close < open) {
+      return absl::DataLossError(absl::StrCat(part, ": not a trace file"));
+    }
+    std::string events = text.substr(open + 1, close - open - 1);
+    if (events.find_first_not_of(" \n") == std::string::npos) continue;
+    if (!body.empty()) body += ",";
+    body += events;
+  }
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --trace file for writing"));
+  out << "{\"traceEvents\": [" << body << "]}\n";
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  for (const auto& part : parts) std::remove(part.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace strata
