@@ -1,6 +1,7 @@
 #include "passes/optimizer.h"
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "compiler/graph_index.h"
@@ -137,10 +138,20 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   std::map<std::string, std::string> grad_of;
   for (const auto& p : params) grad_of[p.name] = p.grad;
   if (opt.clip_global_norm() > 0) {
+    // A tied weight's replica has the same gradient as its home stage: count it once.
+    std::set<std::string> replicas(program.tied_replica().begin(), program.tied_replica().end());
     std::vector<std::string> grads;
-    for (const auto& p : params) grads.push_back(p.grad);
+    for (const auto& p : params) {
+      if (!replicas.count(p.name)) grads.push_back(p.grad);
+    }
     std::string sumsq = "@grad_sumsq";
-    b.AddOp("sum_squares", grads, {sumsq}, home_stage, OPTIMIZE);
+    if (grads.empty()) {
+      // Only replicas here: this stage adds nothing to the global norm.
+      b.AddOp("sum_squares", {params.front().grad}, {"@grad_sumsq.replica"}, home_stage, OPTIMIZE);
+      b.AddOp("scale", {"@grad_sumsq.replica"}, {sumsq}, home_stage, OPTIMIZE, {{"scale", FloatAttr(0.0)}});
+    } else {
+      b.AddOp("sum_squares", grads, {sumsq}, home_stage, OPTIMIZE);
+    }
     if (ctx.num_stages > 1) {
       b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE,
               {{"group", StringAttr("pipeline")}});

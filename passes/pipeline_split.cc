@@ -50,19 +50,29 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileConte
   const int stage = ctx.stage;
   GraphIndex index(program);
 
-  // Tied weights (a parameter read on several stages) need their gradient
-  // summed across those stages and an update on each; not built yet.
+  // Tied weights: a parameter read on several stages lives on each of them.
+  // Autodiff sums its gradient on one stage (the gradient's producer); that
+  // sum is sent to the other stages, so every replica takes the same update.
+  struct Tied {
+    std::string grad;
+    int home;                // stage producing the summed gradient
+    std::set<int> replicas;  // the other stages reading the parameter
+  };
+  std::map<std::string, Tied> tied;
   for (const Var& v : program.var()) {
     if (v.kind() != PARAM) continue;
+    auto g = program.param_grad().find(v.name());
+    if (g == program.param_grad().end()) continue;
     std::set<int> stages;
-    for (int c : index.consumers(v.name())) {
-      if (program.op(c).role() == FORWARD || program.op(c).role() == LOSS) stages.insert(program.op(c).stage());
+    for (int c : index.consumers(v.name())) stages.insert(program.op(c).stage());
+    if (stages.size() < 2) continue;
+    int producer = index.producer(g->second);
+    if (producer < 0) return absl::InternalError(absl::StrCat("pipeline-split: gradient of '", v.name(), "' has no producer"));
+    Tied t{g->second, program.op(producer).stage(), {}};
+    for (int s : stages) {
+      if (s != t.home) t.replicas.insert(s);
     }
-    if (stages.size() > 1) {
-      return absl::UnimplementedError(absl::StrCat("parameter '", v.name(), "' is read on stages ", *stages.begin(),
-                                                   " and ", *stages.rbegin(),
-                                                   "; weights tied across pipeline stages are not supported yet"));
-    }
+    tied[v.name()] = t;
   }
 
   // Every cross-stage transfer of the whole program, numbered in program order.
@@ -78,6 +88,9 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileConte
       std::set<int> dst;
       for (int c : index.consumers(out)) {
         if (program.op(c).stage() != op.stage()) dst.insert(program.op(c).stage());
+      }
+      for (const auto& [param, t] : tied) {
+        if (t.grad == out) dst.insert(t.replicas.begin(), t.replicas.end());
       }
       for (int d : dst) {
         transfer_to[{out, d}] = static_cast<int64_t>(transfers.size());
@@ -109,6 +122,16 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileConte
     }
   }
 
+  // A replica's summed gradient arrives after this stage's own backward ops.
+  std::vector<std::string> replicas;
+  for (const auto& [param, t] : tied) {
+    if (!t.replicas.count(stage)) continue;
+    auto it = transfer_to.find({t.grad, stage});
+    if (it == transfer_to.end()) return absl::InternalError(absl::StrCat("pipeline-split: no transfer of '", t.grad, "'"));
+    kept.push_back(MakeTransferOp("recv", transfers[it->second], ctx, BACKWARD, *index.var(t.grad)));
+    replicas.push_back(param);
+  }
+
   // Only the vars this stage touches.
   absl::flat_hash_set<std::string> used;
   for (const Op& op : kept) {
@@ -130,6 +153,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileConte
   for (auto& v : vars) *program.add_var() = std::move(v);
   program.clear_param_grad();
   for (auto& [p, g] : grads) (*program.mutable_param_grad())[p] = g;
+  for (const auto& r : replicas) program.add_tied_replica(r);
   if (!used.count(program.loss())) program.clear_loss();
   std::vector<std::string> fetch;
   for (const auto& f : program.fetch()) {

@@ -104,7 +104,13 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
         for (const auto& s : report->steps) run.losses.push_back(s.loss);
       }
       for (const auto& [name, values] : report->final_state) {
-        if (IsParam(plan.program(), name)) run.weights[name] = values;
+        if (!IsParam(plan.program(), name)) continue;
+        auto it = run.weights.find(name);
+        if (it != run.weights.end() && it->second != values && status.ok()) {
+          // A tied weight lives on several stages; its replicas must stay identical.
+          status = absl::InternalError(absl::StrCat("replicas of '", name, "' differ between ranks"));
+        }
+        run.weights[name] = values;
       }
       run.measured_peak_bytes[rank] = report->measured_peak_bytes;
       run.predicted_peak_bytes[rank] = report->predicted_peak_bytes;

@@ -100,3 +100,52 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineParityTest, ::testing::ValuesIn(Cases(
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Stage shapes that are hard to get right: h0 skips stage 1 and is read on
+// stages 1 and 2; the weight `tied` is used on the first and the last stage
+// (like tied input and output embeddings). Adam with clipping exercises the
+// tied gradient's single count in the global norm.
+constexpr char kHardShapes[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "tied" dtype: F64 shape: [8, 8] kind: PARAM init { xavier_uniform {} } }
+  var { name: "w1" dtype: F64 shape: [8, 8] kind: PARAM init { xavier_uniform {} } }
+  var { name: "w2" dtype: F64 shape: [8, 8] kind: PARAM init { xavier_uniform {} } }
+  var { name: "head" dtype: F64 shape: [8, 10] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "tied"] output: ["h0"] device: "gpu:0" }
+  op { type: "tanh" input: ["h0"] output: ["a0"] device: "gpu:0" }
+  op { type: "matmul" input: ["a0", "w1"] output: ["h1"] device: "gpu:1" }
+  op { type: "gelu" input: ["h1"] output: ["a1"] device: "gpu:1" }
+  op { type: "add" input: ["a1", "a0"] output: ["r1"] device: "gpu:2" }
+  op { type: "matmul" input: ["r1", "w2"] output: ["h2"] device: "gpu:2" }
+  op { type: "add" input: ["h2", "h0"] output: ["r2"] device: "gpu:3" }
+  op { type: "matmul" input: ["r2", "tied"] output: ["t"] attr { key: "transpose_b" value { b: true } } device: "gpu:3" }
+  op { type: "matmul" input: ["t", "head"] output: ["logits"] device: "gpu:3" }
+  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:3" }
+  loss: "loss"
+  optimizer { momentum { learning_rate: 0.05 momentum: 0.9 } clip_global_norm: 0.5 }
+)pb";
+
+TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
+  auto program = ParseProgramText(kHardShapes, "hard.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
+    SCOPED_TRACE(ScheduleKind_Name(kind));
+    auto single = TrainSingleDevice(*program, 5 * 4, options);
+    ASSERT_TRUE(single.ok()) << single.status();
+    auto parallel = TrainParallel(*program, Pipeline(4, 5, kind), options);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+    std::string worst;
+    EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
+    EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,122 @@
+#include "passes/verify_schedule.h"
+
+#include "compiler/compile.h"
+#include "compiler/program_text.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "passes/schedule.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kProgram[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w0"] output: ["h0"] device: "gpu:0" }
+  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
+  op { type: "add" input: ["h1", "h0"] output: ["skip"] device: "gpu:2" }
+  op { type: "matmul" input: ["skip", "w2"] output: ["logits"] device: "gpu:2" }
+  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:2" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+std::vector<RankPlan> Plans(ScheduleKind kind, int micro_batches) {
+  auto program = ParseProgramText(kProgram, "skip.pbtxt");
+  EXPECT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(micro_batches);
+  strategy.mutable_pipeline()->set_schedule(kind);
+  auto result = Compile(*program, strategy, CompileOptions());
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result->plans;
+}
+
+TEST(VerifyScheduleTest, CompiledSchedulesVerify) {
+  for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
+    for (int mbs : {1, 3, 5}) EXPECT_TRUE(VerifySchedules(Plans(kind, mbs)).ok());
+  }
+}
+
+TEST(VerifyScheduleTest, SkipConnectionsSendToEveryLaterReader) {
+  // h0 is produced on stage 0 and read on stages 1 and 2: two channels from rank 0.
+  std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 2);
+  int sends_of_h0 = 0;
+  for (const Op& op : plans[0].program().op()) {
+    if (op.type() == "send" && op.channel().var() == "h0") ++sends_of_h0;
+  }
+  EXPECT_EQ(sends_of_h0, 2);
+  int grads_into_stage0 = 0;
+  for (const Op& op : plans[0].program().op()) {
+    if (op.type() == "recv") ++grads_into_stage0;
+  }
+  EXPECT_EQ(grads_into_stage0, 2);  // h0's gradient comes back from stages 1 and 2
+}
+
+TEST(VerifyScheduleTest, ReportsTheCycleOfAScheduleThatWouldHang) {
+  std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 2);
+  // Rank 1 runs its backwards before its forwards: it waits for a gradient of
+  // micro-batch 0 that rank 2 can only produce after rank 1's forward.
+  Schedule broken;
+  broken.set_kind(ONE_F_ONE_B);
+  broken.set_micro_batches(2);
+  for (Action::Kind kind : {Action::BACKWARD, Action::FORWARD}) {
+    for (int mb = 0; mb < 2; ++mb) {
+      Action* a = broken.add_action();
+      a->set_kind(kind);
+      a->set_micro_batch(mb);
+    }
+  }
+  broken.add_action()->set_kind(Action::OPTIMIZE);
+  *plans[1].mutable_schedule() = broken;
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("would hang"));
+  EXPECT_THAT(s.message(), HasSubstr("rank 1 in B0 waits to receive"));
+  EXPECT_THAT(s.message(), HasSubstr("from rank 2"));
+}
+
+TEST(VerifyScheduleTest, RejectsARecvOfAnotherShape) {
+  std::vector<RankPlan> plans = Plans(F_THEN_B, 2);
+  for (Var& v : *plans[1].mutable_program()->mutable_var()) {
+    if (v.name() == "h0") v.set_shape(1, 5);
+  }
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("sends F64[-1, 4]"));
+  EXPECT_THAT(s.message(), HasSubstr("receives F64[-1, 5]"));
+}
+
+TEST(VerifyScheduleTest, RejectsASendNobodyReceives) {
+  std::vector<RankPlan> plans = Plans(F_THEN_B, 1);
+  // Drop rank 1's receive of h0.
+  Program* p = plans[1].mutable_program();
+  for (int i = 0; i < p->op_size(); ++i) {
+    if (p->op(i).type() == "recv" && p->op(i).channel().var() == "h0") {
+      p->mutable_op()->DeleteSubrange(i, 1);
+      break;
+    }
+  }
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("'h0'"));
+  EXPECT_THAT(s.message(), HasSubstr("no rank receives it"));
+}
+
+TEST(VerifyScheduleTest, TimelineBubbleMatchesTheFormula) {
+  auto program = ParseProgramText(kProgram, "skip.pbtxt");
+  ASSERT_TRUE(program.ok());
+  for (int mbs : {3, 6}) {
+    Timeline t = SimulateTimeline(Plans(F_THEN_B, mbs));
+    EXPECT_NEAR(t.bubble[0], IdealBubbleFraction(3, mbs), 1e-9) << mbs;
+  }
+}
+
+}  // namespace
+}  // namespace strata
