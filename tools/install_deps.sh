@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  bazel-bootstrap pkg-config g++
+  bazel-bootstrap pkg-config g++ bc procps
   libprotobuf-dev protobuf-compiler
   libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Faults in a multi-process job: a rank killed mid-step ends the job non-zero
+# within 30 s naming the rank, with no process left behind; ranks that
+# compiled different programs refuse to start, naming both fingerprints.
+set -uo pipefail
+strata=$1
+program=$2
+strategy=$3
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. Kill rank 1 while the job trains.
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
+  --log_dir "$tmp/log" >"$tmp/out.txt" 2>"$tmp/err.txt" &
+launcher=$!
+for _ in $(seq 100); do
+  [ -s "$tmp/log/workerlog.1" ] || [ "$(pgrep -P $launcher | wc -l)" -eq 2 ] && break
+  sleep 0.1
+done
+sleep 2  # well into training
+children=$(pgrep -P $launcher)
+[ "$(echo "$children" | wc -w)" -eq 2 ] || fail "expected 2 workers, found: $children"
+victim=$(echo "$children" | sed -n 2p)
+start=$(date +%s.%N)
+kill -9 "$victim"
+wait $launcher
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+echo "launcher exited $rc after ${elapsed}s: $(cat "$tmp/err.txt" | grep '^error' )"
+[ $rc -ne 0 ] || fail "the job exited 0 after a rank was killed"
+(( $(echo "$elapsed < 30" | bc) )) || fail "the job took ${elapsed}s to end (limit 30 s)"
+grep -q "^error: rank [01] failed" "$tmp/err.txt" || fail "the error does not name the failed rank"
+for pid in $children; do
+  if kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != "Z" ]; then fail "worker $pid is still running"; fi
+done
+
+# 2. Two ranks with different programs meet at the store and refuse to run.
+sed 's/learning_rate: 0.001/learning_rate: 0.002/' "$program" > "$tmp/other.pbtxt"
+cmp -s "$program" "$tmp/other.pbtxt" && fail "could not make a different program"
+store="$tmp/store"; mkdir -p "$store"
+STRATA_RANK=0 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" \
+  timeout 60 "$strata" run "$program" --strategy "$strategy" --steps 5 --data synthetic --quiet 2>"$tmp/r0.txt" &
+r0=$!
+STRATA_RANK=1 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" \
+  timeout 60 "$strata" run "$tmp/other.pbtxt" --strategy "$strategy" --steps 5 --data synthetic --quiet 2>"$tmp/r1.txt"
+rc1=$?
+wait $r0
+rc0=$?
+echo "rank 0: $rc0 $(cat "$tmp/r0.txt")"
+echo "rank 1: $rc1 $(cat "$tmp/r1.txt")"
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || fail "ranks with different programs did not both refuse"
+[ $rc0 -ne 124 ] && [ $rc1 -ne 124 ] || fail "a rank hung instead of refusing"
+grep -qi "fingerprint\|compiled" "$tmp/r1.txt" || fail "rank 1's error does not explain the mismatch"
+echo PASS
