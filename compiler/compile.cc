@@ -50,6 +50,10 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     const auto& p = strategy.pipeline();
     if (p.micro_batch_size() <= 0) return StrategyError(file, "pipeline.micro_batch_size", absl::StrCat("must be > 0, got ", p.micro_batch_size()));
     if (p.accumulate_steps() <= 0) return StrategyError(file, "pipeline.accumulate_steps", absl::StrCat("must be > 0, got ", p.accumulate_steps()));
+    if (!ScheduleKind_IsValid(p.schedule())) {
+      return StrategyError(file, "pipeline.schedule", absl::StrCat("unknown schedule ", static_cast<int>(p.schedule()),
+                                                                   "; expected ONE_F_ONE_B or F_THEN_B"));
+    }
     if (p.micro_batch_size() > (int64_t{1} << 30) || p.accumulate_steps() > (int64_t{1} << 20)) {
       return StrategyError(file, "pipeline", "micro_batch_size or accumulate_steps is absurdly large");
     }
@@ -172,7 +176,16 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   }
   Timeline timeline = SimulateTimeline(result.plans);
   for (size_t r = 0; r < result.plans.size(); ++r) {
-    result.plans[r].mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
+    RankPlan& plan = result.plans[r];
+    if (world > 1) {
+      // Now that every rank's actions are placed in time, sent buffers are
+      // held until their receivers take them.
+      SendRelease release = SendReleaseActions(result.plans, timeline, static_cast<int>(r));
+      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &release);
+      if (!memory.ok()) return memory.status();
+      *plan.mutable_memory() = *memory;
+    }
+    plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
   }
   result.batch_size = ctx.batch_size;
   std::string fp = FingerprintPlans(result.plans);

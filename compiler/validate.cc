@@ -148,6 +148,30 @@ absl::Status CheckOptimizer(const Program& program, bool has_params) {
   return absl::OkStatus();
 }
 
+bool IsValidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (extra < 0 || i + extra >= s.size() + (extra == 0)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+// Names a user writes: valid UTF-8, and free of '@', which the compiler's own
+// vars (w@grad, @step, w@moment1) use so they can never collide with a user's.
+absl::Status CheckUserName(const std::string& where, const std::string& what, const std::string& name) {
+  if (!IsValidUtf8(name)) return Err(where, absl::StrCat(what, " is not valid UTF-8"));
+  if (name.find('@') != std::string::npos) {
+    return Err(where, absl::StrCat(what, " '", name, "' contains '@', which is reserved for the compiler's own vars"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string VarLocation(const Program& program, const Var& var) {
@@ -192,6 +216,11 @@ absl::Status ValidateAndInferProgram(Program* program) {
     if (v.name().empty()) {
       return Err(absl::StrCat(file, v.line() > 0 ? absl::StrCat(":", v.line()) : "", ": var #", i), "has no name");
     }
+    if (auto s = CheckUserName(absl::StrCat(file, v.line() > 0 ? absl::StrCat(":", v.line()) : "", ": var #", i),
+                               "the var name", v.name());
+        !s.ok()) {
+      return s;
+    }
     if (!declared.emplace(v.name(), i).second) {
       return Err(where, absl::StrCat("declared twice (first at line ", program->var(declared[v.name()]).line(), ")"));
     }
@@ -223,6 +252,10 @@ absl::Status ValidateAndInferProgram(Program* program) {
 
   for (int i = 0; i < program->op_size(); ++i) {
     Op* op = program->mutable_op(i);
+    if (!IsValidUtf8(op->type()) || !IsValidUtf8(op->device()) || !IsValidUtf8(op->name())) {
+      return Err(absl::StrCat(file, op->line() ? absl::StrCat(":", op->line()) : "", ": op #", i),
+                 "has a type, device or name that is not valid UTF-8");
+    }
     std::string where = OpLocation(*program, i);
     if (op->type().empty()) return Err(absl::StrCat(file, op->line() ? absl::StrCat(":", op->line()) : "", ": op #", i), "has no type");
     const OpSchema* schema = OpRegistry::Global().Find(op->type());
@@ -255,6 +288,7 @@ absl::Status ValidateAndInferProgram(Program* program) {
     for (int k = 0; k < op->output_size(); ++k) {
       const std::string& out = op->output(k);
       if (out.empty()) return Err(where, absl::StrCat("output ", k, " has an empty name"));
+      if (auto s = CheckUserName(where, absl::StrCat("output ", k), out); !s.ok()) return s;
       if (!outs.insert(out).second) return Err(where, absl::StrCat("writes '", out, "' twice"));
       auto d = declared.find(out);
       if (d != declared.end() && program->var(d->second).kind() != ACTIVATION) {

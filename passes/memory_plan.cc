@@ -23,7 +23,8 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 }
 }  // namespace
 
-absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size) {
+absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
+                                      const SendRelease* send_release) {
   MemoryPlan plan;
   GraphIndex index(program);
   const int n = program.op_size();
@@ -75,7 +76,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     live += bytes;
     peak = std::max(peak, live);
   };
-  for (const Action& action : schedule.action()) {
+  // A sent buffer lives until its receiver takes it: released at the end of
+  // the action send_release names, or of the next one.
+  std::map<int, std::vector<std::pair<int, std::string>>> release_at;  // action index -> (mb, var)
+  for (int ai = 0; ai < schedule.action_size(); ++ai) {
+    const Action& action = schedule.action(ai);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     if (action.kind() == Action::FORWARD) {
       for (const Var& v : program.var()) {
@@ -102,7 +107,26 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
         }
         allocate(mb, op.output(k), BytesOf(*v, micro_batch_size));
       }
-      for (const auto& var : plan.frees_after_op(i).var()) release(mb, var);
+      int release_action = -1;
+      if (op.type() == "send") {
+        release_action = ai + 1;
+        if (send_release != nullptr) {
+          auto it = send_release->find({op.channel().id(), mb});
+          if (it != send_release->end()) release_action = std::max(ai, it->second);
+        }
+      }
+      for (const auto& var : plan.frees_after_op(i).var()) {
+        if (release_action >= 0) {
+          release_at[release_action].push_back({mb, var});
+        } else {
+          release(mb, var);
+        }
+      }
+    }
+    auto due = release_at.find(ai);
+    if (due != release_at.end()) {
+      for (const auto& [m, var] : due->second) release(m, var);
+      release_at.erase(due);
     }
   }
   plan.set_param_bytes(param_bytes);

@@ -1,6 +1,9 @@
 #ifndef STRATA_PASSES_MEMORY_PLAN_H_
 #define STRATA_PASSES_MEMORY_PLAN_H_
 
+#include <map>
+#include <utility>
+
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
@@ -12,7 +15,13 @@ namespace strata {
 // micro-batches of `micro_batch_size` samples: parameters and optimizer state,
 // plus the largest set of activations alive at once over the schedule.
 // Loss and fetch vars live to the end of their action (they are reported).
-absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size);
+//
+// A sent buffer stays alive until its receiver takes it: `send_release` maps
+// (channel id, micro-batch) to the index of this rank's action at whose end
+// that happens (from the timeline of all ranks); absent, the next action's end.
+using SendRelease = std::map<std::pair<int64_t, int>, int>;
+absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
+                                      const SendRelease* send_release = nullptr);
 
 // Ops of a program that one schedule action runs, by role.
 bool RunsInForward(OpRole role);

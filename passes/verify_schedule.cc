@@ -205,4 +205,27 @@ std::string Timeline::Diagram() const {
   return out;
 }
 
+std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<RankPlan>& plans, const Timeline& timeline,
+                                                          int rank) {
+  std::map<std::pair<int64_t, int>, std::pair<int, int>> receiver;  // (channel, mb) -> (rank, action)
+  for (int q = 0; q < static_cast<int>(plans.size()); ++q) {
+    for (const Event& e : Events(plans[q])) {
+      if (!e.is_send) receiver[{e.channel.id(), e.micro_batch}] = {q, e.action_index};
+    }
+  }
+  std::map<std::pair<int64_t, int>, int> out;
+  const auto& mine = timeline.ranks[rank];
+  for (const Event& e : Events(plans[rank])) {
+    if (!e.is_send) continue;
+    auto key = std::make_pair(e.channel.id(), e.micro_batch);
+    auto r = receiver.find(key);
+    if (r == receiver.end()) continue;
+    const double taken = timeline.ranks[r->second.first][r->second.second].start;
+    int i = e.action_index;
+    while (i + 1 < static_cast<int>(mine.size()) && mine[i].end < taken) ++i;
+    out[key] = i;
+  }
+  return out;
+}
+
 }  // namespace strata

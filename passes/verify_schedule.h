@@ -1,6 +1,8 @@
 #ifndef STRATA_PASSES_VERIFY_SCHEDULE_H_
 #define STRATA_PASSES_VERIFY_SCHEDULE_H_
 
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +37,12 @@ struct Timeline {
   std::string Diagram() const;
 };
 Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cost = 1, double backward_cost = 2);
+
+// For each send of `rank` (channel id, micro-batch): the index of the rank's
+// own action that is running when the receiver starts the action that takes
+// it, on the timeline (when the sent buffer can be freed).
+std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<RankPlan>& plans, const Timeline& timeline,
+                                                          int rank);
 
 }  // namespace strata
 

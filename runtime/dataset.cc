@@ -28,7 +28,8 @@ constexpr int64_t kMaxSampleElements = int64_t{1} << 28;
 // The synthetic teacher stores hidden x features weights; bound its memory (256 MiB).
 constexpr int64_t kMaxSyntheticFeatures = int64_t{1} << 20;
 constexpr int64_t kMaxSyntheticClasses = 1 << 16;
-constexpr int64_t kMaxSyntheticSize = int64_t{1} << 40;
+// The sample order of an epoch is held in memory (8 bytes a sample).
+constexpr int64_t kMaxSyntheticSize = int64_t{100000000};
 constexpr int kTeacherHidden = 64;
 // Class-bias calibration: on when it costs at most ~2^28 multiply-adds and every
 // class gets 16+ calibration samples on average.

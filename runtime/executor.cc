@@ -210,11 +210,11 @@ absl::StatusOr<int64_t> Executor::CheckFeeds(const std::map<std::string, Tensor>
   return batch;
 }
 
-void Executor::ReapCompletedSends() {
-  // A completed send releases its buffer now rather than at the end of the step.
-  pending_sends_.erase(std::remove_if(pending_sends_.begin(), pending_sends_.end(),
-                                      [](const std::unique_ptr<Work>& w) { return w->IsCompleted(); }),
-                       pending_sends_.end());
+void Executor::HandOffSends() {
+  if (pending_sends_.empty()) return;
+  if (!send_waiter_) send_waiter_ = std::make_unique<SendWaiter>(absl::Seconds(options_.comm_timeout_s));
+  for (auto& work : pending_sends_) send_waiter_->Add(std::move(work));
+  pending_sends_.clear();
 }
 
 RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size) {
@@ -279,11 +279,11 @@ void Executor::Accumulate(int micro_batch, StepResult* result) {
 
 absl::Status Executor::FinishStep(absl::Status status) {
   // Every posted send completes (or fails) before its buffer may be reused.
-  for (auto& work : pending_sends_) {
-    absl::Status s = work->Wait(absl::Seconds(options_.comm_timeout_s));
+  HandOffSends();
+  if (send_waiter_) {
+    absl::Status s = send_waiter_->Drain();
     if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat("send: ", s.message()));
   }
-  pending_sends_.clear();
   for (auto& scope : scopes_) {
     for (Tensor& t : scope) t = Tensor();
   }
@@ -322,7 +322,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     RunContext run = MakeRunContext(sample_offset + mb * rows, true, micro_batches, rows);
     run.micro_batch = mb;
-    ReapCompletedSends();
+    HandOffSends();
     const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
     if (action.kind() == Action::FORWARD) {
       if (!feeds_.empty()) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/send_waiter.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
@@ -90,7 +91,7 @@ class Executor {
   absl::Status Prepare();
   // Checks the feeds against the program; returns their batch rows.
   absl::StatusOr<int64_t> CheckFeeds(const std::map<std::string, Tensor>& feeds) const;
-  void ReapCompletedSends();
+  void HandOffSends();  // posted sends go to the waiter thread
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);
@@ -107,7 +108,8 @@ class Executor {
   Section forward_, backward_, optimize_;
   int loss_slot_ = -1;
   std::vector<std::pair<std::string, int>> fetch_slots_;
-  std::vector<std::unique_ptr<Work>> pending_sends_;
+  std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
+  std::unique_ptr<SendWaiter> send_waiter_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -65,6 +66,7 @@ namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
+constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 
 const char kUsage[] =
     "usage:\n"
@@ -175,7 +177,6 @@ absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) 
   }
   CompileOptions options;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (options.batch_size < 0) return absl::InvalidArgumentError(absl::StrCat("--batch_size must be > 0, got ", options.batch_size));
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
   return Compile(*program, strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
 }
@@ -541,8 +542,8 @@ int Gen(const std::vector<std::string>& args) {
   o.cosine = absl::GetFlag(FLAGS_cosine);
   o.dropout = absl::GetFlag(FLAGS_dropout);
   o.dtype = absl::GetFlag(FLAGS_dtype);
-  if (o.learning_rate < 0) {
-    std::cerr << "error: --lr must be > 0\n";
+  if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
+    std::cerr << "error: --lr must be > 0 and finite (0: the optimizer's default)\n";
     return kExitUsage;
   }
   auto text = GenerateProgram(args[0], o);
@@ -570,6 +571,11 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   if (command == "gen") return Gen(*positional);
+  const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (batch_size < 0 || batch_size > kMaxBatchSize) {
+    std::cerr << "error: --batch_size must be in 1.." << kMaxBatchSize << ", got " << batch_size << "\n";
+    return kExitUsage;
+  }
   if (positional->size() != 1) {
     std::cerr << "error: strata " << command << " needs exactly one PROGRAM file, got " << positional->size() << "\n" << kUsage;
     return kExitUsage;

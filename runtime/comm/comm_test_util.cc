@@ -112,11 +112,18 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
     const int port = PickFreePort();
     if (port <= 0) return absl::UnavailableError("cannot pick a free loopback port");
     const std::string port_text = std::to_string(port);
-    const std::string log_path =
-        absl::StrCat(::testing::TempDir(), "/redis-", port_text, ".log");
+    const std::string log_path = absl::StrCat(::testing::TempDir(), "/redis-", port_text, ".log");
     // Built before fork: only async-signal-safe calls run in the child.
-    std::vector<std::string> args = {"redis-server", "--bind", "127.0.0.1", "--port", port_text,
-                                     "--save", "", "--appendonly", "no", "--dir",
+    std::vector<std::string> args = {"redis-server",
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--port",
+                                     port_text,
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
                                      ::testing::TempDir()};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
@@ -141,8 +148,8 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
       if (waitpid(pid, &status, WNOHANG) == pid) {
         last_error = WIFEXITED(status) && WEXITSTATUS(status) == 127
                          ? "redis-server is not installed (exec failed)"
-                         : absl::StrCat("redis-server exited at start (status ", status,
-                                        "), see ", log_path);
+                         : absl::StrCat("redis-server exited at start (status ", status, "), see ",
+                                        log_path);
         pid = -1;
         break;
       }

@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -63,6 +63,13 @@ uint32_t CollectiveTag(int64_t sequence, CommOpType op, DataType dtype, size_t b
 // Gloo reads a zero timeout as "wait forever" and overflows on huge ones.
 std::chrono::milliseconds ToGlooTimeout(absl::Duration timeout) {
   timeout = std::max(timeout, absl::Milliseconds(1));
+  timeout = std::min(timeout, absl::Hours(24 * 30));
+  return absl::ToChronoMilliseconds(timeout);
+}
+
+// For waits of our own: clamped so that now() + timeout cannot overflow.
+std::chrono::milliseconds ToChronoTimeout(absl::Duration timeout) {
+  timeout = std::max(timeout, absl::ZeroDuration());
   timeout = std::min(timeout, absl::Hours(24 * 30));
   return absl::ToChronoMilliseconds(timeout);
 }
@@ -237,40 +244,40 @@ struct GlooCommunicator::Core {
   // Connections close before the buffers they may still name go away.
   ~Core() {
     context.reset();
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     orphans.clear();
   }
 
   absl::Status Usable() {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     if (broken.ok()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat("the communicator of rank ", context->rank,
-                                                      " is closed after an earlier error: ",
-                                                      broken.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the communicator of rank ", context->rank,
+                     " is closed after an earlier error: ", broken.message()));
   }
 
   absl::Status FirstError() {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     return broken;
   }
 
   void MarkBroken(const absl::Status& status) {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     if (broken.ok()) broken = status;
   }
 
   // A Work dropped before its transfer ended hands the buffer over, since
   // Gloo may still write into it.
   void Adopt(std::shared_ptr<PendingTransfer> transfer) {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     orphans.push_back(std::move(transfer));
   }
 
   std::shared_ptr<gloo::Context> context;
   const absl::Duration op_timeout;
-  absl::Mutex mu;
-  absl::Status broken ABSL_GUARDED_BY(mu);
-  std::vector<std::shared_ptr<PendingTransfer>> orphans ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  absl::Status broken;                                    // guarded by mu
+  std::vector<std::shared_ptr<PendingTransfer>> orphans;  // guarded by mu
 };
 
 namespace {
@@ -291,12 +298,12 @@ class TransferWork : public Work {
   }
 
   bool IsCompleted() override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return done_;
   }
 
   absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (done_) return status_;
     status_ = WaitOnGloo(timeout);
     done_ = true;
@@ -328,9 +335,8 @@ class TransferWork : public Work {
       }
       absl::Status first = core_->FirstError();
       if (!first.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(what_, " aborted: the communicator was closed by an earlier error: ",
-                         first.message()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            what_, " aborted: the communicator was closed by an earlier error: ", first.message()));
       }
       return status;
     }
@@ -343,22 +349,24 @@ class TransferWork : public Work {
   const int64_t sequence_;
   const int peer_;
   const std::string what_;
-  absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  bool done_ = false;    // guarded by mu_
+  absl::Status status_;  // guarded by mu_
   std::shared_ptr<PendingTransfer> transfer_;
 };
 
 // Completion state of one collective, shared by its Work and the queue.
 struct CollectiveState {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  std::condition_variable finished;
+  bool done = false;    // guarded by mu
+  absl::Status status;  // guarded by mu
 
   void Finish(absl::Status s) {
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     status = std::move(s);
     done = true;
+    finished.notify_all();
   }
 };
 
@@ -369,24 +377,21 @@ class CollectiveWork : public Work {
       : op_(op), sequence_(sequence), what_(std::move(what)), state_(std::move(state)) {}
 
   bool IsCompleted() override {
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     return state_->done;
   }
 
   absl::Status Wait(absl::Duration timeout) override {
-    CollectiveState* state = state_.get();
-    bool done = state->mu.LockWhenWithTimeout(
-        absl::Condition(+[](CollectiveState* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->done; },
-                        state),
-        timeout);
-    absl::Status status = state->status;
-    state->mu.Unlock();
-    if (!done) {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    auto done = [this] { return state_->done; };
+    if (timeout == absl::InfiniteDuration()) {
+      state_->finished.wait(lock, done);
+    } else if (!state_->finished.wait_for(lock, ToChronoTimeout(timeout), done)) {
       return absl::DeadlineExceededError(
           absl::StrCat(what_, " not finished after ", absl::FormatDuration(timeout),
                        ": every rank must issue the same collectives in the same order"));
     }
-    return status;
+    return state_->status;
   }
 
   CommOpType op_type() const override { return op_; }
@@ -410,9 +415,10 @@ class GlooCommunicator::CollectiveQueue {
 
   ~CollectiveQueue() {
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
+    wake_.notify_all();
     thread_.join();
   }
 
@@ -432,15 +438,15 @@ class GlooCommunicator::CollectiveQueue {
     int64_t sequence;
     std::string what;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       sequence = next_sequence_++;
       what = Name(signature, sequence);
-      uint32_t tag = CollectiveTag(sequence, signature.op, signature.dtype, signature.bytes,
-                                   signature.detail);
-      tasks_.push_back(Task{state, what, [body = std::move(body), tag, what] {
-                              return body(tag, what);
-                            }});
+      uint32_t tag =
+          CollectiveTag(sequence, signature.op, signature.dtype, signature.bytes, signature.detail);
+      tasks_.push_back(
+          Task{state, what, [body = std::move(body), tag, what] { return body(tag, what); }});
     }
+    wake_.notify_one();
     return std::make_unique<CollectiveWork>(signature.op, sequence, std::move(what),
                                             std::move(state));
   }
@@ -448,7 +454,7 @@ class GlooCommunicator::CollectiveQueue {
   // An argument error: the call never reaches the wire, so it takes no
   // sequence number; its Work reports the number it would have had.
   std::unique_ptr<Work> Reject(const Signature& signature, const std::string& problem) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return std::make_unique<DoneWork>(
         signature.op, next_sequence_,
         absl::InvalidArgumentError(absl::StrCat(Name(signature, next_sequence_), ": ", problem)));
@@ -470,12 +476,8 @@ class GlooCommunicator::CollectiveQueue {
     for (;;) {
       Task task;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](CollectiveQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return q->stopping_ || !q->tasks_.empty();
-            },
-            this));
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
         if (stopping_) {
           for (Task& pending : tasks_) {
             pending.state->Finish(absl::CancelledError(
@@ -495,10 +497,11 @@ class GlooCommunicator::CollectiveQueue {
   }
 
   const std::shared_ptr<Core> core_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;      // guarded by mu_
+  int64_t next_sequence_ = 0;  // guarded by mu_
+  std::deque<Task> tasks_;     // guarded by mu_
   std::thread thread_;
 };
 
@@ -517,9 +520,9 @@ std::unique_ptr<Work> GlooCommunicator::PostTransfer(CommOpType op, const Tensor
                                                      int64_t tag) {
   const bool is_send = op == CommOpType::kSend;
   const int64_t sequence = transfer_sequence_.fetch_add(1);
-  std::string what = absl::StrCat(is_send ? "send to rank " : "recv from rank ", peer, " (tag ",
-                                  tag, ", ", tensor.defined() ? Describe(tensor) : "undefined",
-                                  ") on rank ", rank());
+  std::string what =
+      absl::StrCat(is_send ? "send to rank " : "recv from rank ", peer, " (tag ", tag, ", ",
+                   tensor.defined() ? Describe(tensor) : "undefined", ") on rank ", rank());
   auto fail = [&](absl::Status status) {
     return std::make_unique<DoneWork>(op, sequence, std::move(status));
   };
@@ -531,8 +534,8 @@ std::unique_ptr<Work> GlooCommunicator::PostTransfer(CommOpType op, const Tensor
     return fail(absl::InvalidArgumentError(absl::StrCat(what, ": a rank cannot address itself")));
   }
   if (tag < 0 || tag >= kMaxTag) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat(what, ": tag must lie in [0, ", kMaxTag, ")")));
+    return fail(
+        absl::InvalidArgumentError(absl::StrCat(what, ": tag must lie in [0, ", kMaxTag, ")")));
   }
   if (!tensor.defined()) {
     return fail(absl::InvalidArgumentError(
@@ -540,7 +543,8 @@ std::unique_ptr<Work> GlooCommunicator::PostTransfer(CommOpType op, const Tensor
                                    : ": the destination must be allocated with its shape")));
   }
   absl::Status usable = core_->Usable();
-  if (!usable.ok()) return fail(absl::Status(usable.code(), absl::StrCat(what, ": ", usable.message())));
+  if (!usable.ok())
+    return fail(absl::Status(usable.code(), absl::StrCat(what, ": ", usable.message())));
 
   auto transfer = std::make_shared<PendingTransfer>();
   transfer->tensor = tensor;
@@ -659,22 +663,21 @@ std::unique_ptr<Work> GlooCommunicator::AllGather(const Tensor& in, Tensor* out)
   Tensor input = in;
   Tensor output = *out;
   std::shared_ptr<Core> core = core_;
-  return queue_->Enqueue(signature, [core, input, output](uint32_t tag,
-                                                          const std::string& what) mutable {
-    if (input.bytes() == 0) return absl::OkStatus();
-    return RunCollective(what, core->op_timeout, [&] {
-      gloo::AllgatherOptions options(core->context);
-      options.setInput<uint8_t>(static_cast<uint8_t*>(input.raw_data()), input.bytes());
-      options.setOutput<uint8_t>(static_cast<uint8_t*>(output.raw_data()), output.bytes());
-      options.setTag(tag);
-      options.setTimeout(ToGlooTimeout(core->op_timeout));
-      gloo::allgather(options);
-    });
-  });
+  return queue_->Enqueue(
+      signature, [core, input, output](uint32_t tag, const std::string& what) mutable {
+        if (input.bytes() == 0) return absl::OkStatus();
+        return RunCollective(what, core->op_timeout, [&] {
+          gloo::AllgatherOptions options(core->context);
+          options.setInput<uint8_t>(static_cast<uint8_t*>(input.raw_data()), input.bytes());
+          options.setOutput<uint8_t>(static_cast<uint8_t*>(output.raw_data()), output.bytes());
+          options.setTag(tag);
+          options.setTimeout(ToGlooTimeout(core->op_timeout));
+          gloo::allgather(options);
+        });
+      });
 }
 
-std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const Tensor& in, Tensor* out,
-                                                      ReduceOp op) {
+std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) {
   CollectiveQueue::Signature signature{
       CommOpType::kReduceScatter, in.dtype(), in.bytes(), static_cast<int64_t>(op),
       absl::StrCat(" (", ReduceOpName(op), in.defined() ? absl::StrCat(", ", Describe(in)) : "",
@@ -697,16 +700,16 @@ std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const Tensor& in, Tensor* 
   Tensor input = in;
   Tensor output = *out;
   std::shared_ptr<Core> core = core_;
-  return queue_->Enqueue(signature, [core, input, output, op](uint32_t tag,
-                                                              const std::string& what) mutable {
-    return RunCollective(what, core->op_timeout, [&] {
-      DispatchReducible(input.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        RunReduceScatter<T>(core->context, input.data<T>(), output.data<T>(),
-                            output.num_elements(), op, tag, ToGlooTimeout(core->op_timeout));
+  return queue_->Enqueue(
+      signature, [core, input, output, op](uint32_t tag, const std::string& what) mutable {
+        return RunCollective(what, core->op_timeout, [&] {
+          DispatchReducible(input.dtype(), [&](auto zero) {
+            using T = decltype(zero);
+            RunReduceScatter<T>(core->context, input.data<T>(), output.data<T>(),
+                                output.num_elements(), op, tag, ToGlooTimeout(core->op_timeout));
+          });
+        });
       });
-    });
-  });
 }
 
 std::unique_ptr<Work> GlooCommunicator::Barrier() {

@@ -74,7 +74,7 @@ TEST(GlooCommunicatorTest, SendRecvCarriesEveryDtypeOnItsOwnTag) {
       for (auto& work : sends) EXPECT_TRUE(work->Wait(kWait).ok());
     } else {
       std::vector<Tensor> into = {
-          Tensor::Zeros(F32, {2, 3}), Tensor::Zeros(F64, {4}), Tensor::Zeros(I64, {5}),
+          Tensor::Zeros(F32, {2, 3}), Tensor::Zeros(F64, {4}),  Tensor::Zeros(I64, {5}),
           Tensor::Zeros(I32, {3}),    Tensor::Zeros(BOOL, {4}),
       };
       std::vector<std::unique_ptr<Work>> recvs(5);
@@ -113,8 +113,8 @@ TEST(GlooCommunicatorTest, MessagesOnOneChannelMatchInIssueOrder) {
     for (auto& work : works) EXPECT_TRUE(work->Wait(kWait).ok());
     if (rank == 1) {
       for (int m = 0; m < 4; ++m) {
-        EXPECT_EQ(Values<float>(tensors[m]), (std::vector<float>{10.0f * m, 10.0f * m + 1,
-                                                                 10.0f * m + 2}));
+        EXPECT_EQ(Values<float>(tensors[m]),
+                  (std::vector<float>{10.0f * m, 10.0f * m + 1, 10.0f * m + 2}));
       }
     }
   });
@@ -202,7 +202,8 @@ void CheckAllReduce(int world, int64_t n) {
               }));
     EXPECT_EQ(Values<T>(max),
               Expected<T>(n, [&](int64_t i) { return static_cast<T>(world * (i + 1) + half); }));
-    EXPECT_EQ(Values<T>(min), Expected<T>(n, [&](int64_t i) { return static_cast<T>(i + 1 + half); }));
+    EXPECT_EQ(Values<T>(min),
+              Expected<T>(n, [&](int64_t i) { return static_cast<T>(i + 1 + half); }));
   });
 }
 
@@ -222,9 +223,7 @@ TEST(GlooCommunicatorTest, AllReduceSumMaxMinOverFourRanks) {
 }
 
 // Larger than Gloo's 1 MiB segment, so the ring runs several segments.
-TEST(GlooCommunicatorTest, AllReduceOfSeveralMegabytes) {
-  CheckAllReduce<double>(3, 400000);
-}
+TEST(GlooCommunicatorTest, AllReduceOfSeveralMegabytes) { CheckAllReduce<double>(3, 400000); }
 
 TEST(GlooCommunicatorTest, AllReduceAverage) {
   auto comms = ConnectRanks(4);
@@ -239,7 +238,8 @@ TEST(GlooCommunicatorTest, AllReduceAverage) {
 void CheckBroadcast(int world, int root) {
   auto comms = ConnectRanks(world);
   RunRanks(world, [&](int rank) {
-    Tensor t = Filled<float>({2, 5}, [&](int64_t i) { return rank == root ? 3.0f * i - 1 : -99.0f; });
+    Tensor t =
+        Filled<float>({2, 5}, [&](int64_t i) { return rank == root ? 3.0f * i - 1 : -99.0f; });
     absl::Status status = comms[rank]->Broadcast(&t, root)->Wait(kWait);
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_EQ(Values<float>(t), Expected<float>(10, [](int64_t i) { return 3.0f * i - 1; }));
@@ -424,7 +424,8 @@ TEST(GlooCommunicatorTest, MismatchedPayloadTimesOutInsteadOfAborting) {
       absl::Status status = comms[0]->Send(big, 1, 11)->Wait(absl::Seconds(8));
       EXPECT_LT(absl::Now() - start, absl::Seconds(4));
       EXPECT_TRUE(absl::IsUnavailable(status)) << status;
-      EXPECT_THAT(std::string(status.message()), AllOf(HasSubstr("send to rank 1"), HasSubstr("tag 11")));
+      EXPECT_THAT(std::string(status.message()),
+                  AllOf(HasSubstr("send to rank 1"), HasSubstr("tag 11")));
     } else {
       Tensor small = Tensor::Zeros(F32, {2});
       absl::Status status = comms[1]->Recv(&small, 0, 11)->Wait(absl::Milliseconds(500));
@@ -466,8 +467,8 @@ TEST(GlooCommunicatorTest, CollectivesOutOfStepTimeOutInsteadOfMixingBuffers) {
   std::atomic<int> timed_out{0};
   RunRanks(2, [&](int rank) {
     Tensor t = Filled<float>({6}, [](int64_t i) { return 1.0f * i; });
-    std::unique_ptr<Work> work = rank == 0 ? comms[rank]->AllReduce(&t, ReduceOp::kSum)
-                                           : comms[rank]->Broadcast(&t, 0);
+    std::unique_ptr<Work> work =
+        rank == 0 ? comms[rank]->AllReduce(&t, ReduceOp::kSum) : comms[rank]->Broadcast(&t, 0);
     absl::Time start = absl::Now();
     absl::Status status = work->Wait(kWait);
     EXPECT_LT(absl::Now() - start, absl::Seconds(5));

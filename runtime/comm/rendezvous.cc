@@ -124,8 +124,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     absl::StatusOr<std::string> fingerprint = group_store->Get(
         absl::StrCat("fingerprint/", i), std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     if (absl::IsDeadlineExceeded(fingerprint.status())) {
-      return absl::DeadlineExceededError(absl::StrCat(where, ": rank ", i, " did not arrive within ",
-                                                      absl::FormatDuration(options.timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": rank ", i, " did not arrive within ", absl::FormatDuration(options.timeout)));
     }
     if (!fingerprint.ok()) return Prefixed(where, fingerprint.status());
     fingerprints[i] = *std::move(fingerprint);

@@ -21,8 +21,9 @@ struct RendezvousOptions {
   std::string group = "world";
   // Fingerprint of the compiled program set; every rank must bring the same.
   std::string fingerprint;
-  // Address this rank's connections listen on: loopback for one machine,
-  // this machine's address (e.g. from MASTER_ADDR's network) for several.
+  // Address this rank's connections listen on: loopback when every rank is
+  // on one machine; across machines, an address of this machine that the
+  // other ranks can reach (on the network of MASTER_ADDR).
   std::string hostname = "127.0.0.1";
   // Bounds the whole rendezvous: a rank that never arrives is an error.
   absl::Duration timeout = absl::Seconds(300);

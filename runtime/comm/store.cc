@@ -7,16 +7,15 @@
 
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/file_store.h"
@@ -65,10 +64,10 @@ absl::Status GuardStore(const std::string& what, F&& body) {
 
 // memory:// stores: one HashStore per name for the life of the process.
 std::shared_ptr<gloo::rendezvous::Store> MemoryStore(const std::string& name) {
-  static absl::Mutex mu(absl::kConstInit);
+  static std::mutex* mu = new std::mutex();
   static auto* stores =
       new absl::flat_hash_map<std::string, std::shared_ptr<gloo::rendezvous::Store>>();
-  absl::MutexLock lock(&mu);
+  std::lock_guard<std::mutex> lock(*mu);
   auto& store = (*stores)[name];
   if (store == nullptr) store = std::make_shared<gloo::rendezvous::HashStore>();
   return store;
@@ -127,8 +126,8 @@ absl::StatusOr<std::string> Store::Get(const std::string& key, absl::Duration ti
                                    [&] { data = store_->get(key); });
   if (!status.ok()) return status;
   if (data.empty() || data[0] != kValueMarker) {
-    return absl::DataLossError(absl::StrCat("store ", spec_, ": key '", key,
-                                            "' was not written through strata::Store"));
+    return absl::DataLossError(
+        absl::StrCat("store ", spec_, ": key '", key, "' was not written through strata::Store"));
   }
   return std::string(data.begin() + 1, data.end());
 }
@@ -191,10 +190,12 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec) {
     const std::string what =
         absl::StrCat("store spec '", spec, "': cannot reach the redis server at ", host, ":", port);
     absl::Status reachable = ProbeRedis(std::string(host), port);
-    if (!reachable.ok()) return absl::UnavailableError(absl::StrCat(what, ": ", reachable.message()));
+    if (!reachable.ok())
+      return absl::UnavailableError(absl::StrCat(what, ": ", reachable.message()));
     std::shared_ptr<gloo::rendezvous::Store> store;
-    absl::Status status = GuardStore(
-        what, [&] { store = std::make_shared<gloo::rendezvous::RedisStore>(std::string(host), port); });
+    absl::Status status = GuardStore(what, [&] {
+      store = std::make_shared<gloo::rendezvous::RedisStore>(std::string(host), port);
+    });
     if (!status.ok()) return absl::UnavailableError(status.message());
     return std::unique_ptr<Store>(new Store(spec, std::move(store)));
   }
@@ -210,8 +211,8 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec) {
 
 absl::StatusOr<std::string> MakeTempFileStoreSpec() {
   const char* tmpdir = getenv("TMPDIR");
-  std::string pattern =
-      absl::StrCat(tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp", "/strata-rendezvous-XXXXXX");
+  std::string pattern = absl::StrCat(tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp",
+                                     "/strata-rendezvous-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot create a rendezvous folder ", pattern, ": ", strerror(errno)));

@@ -30,10 +30,9 @@ std::unique_ptr<Store> Open(const std::string& spec) {
 }
 
 TEST(StoreTest, MalformedSpecsAreInvalidArgumentNamingTheSpec) {
-  for (const std::string spec :
-       {"", "ftp://host/x", "/tmp/dir", "file://", "file://relative/dir", "redis://",
-        "redis://:6379", "redis://host:port", "redis://host:0", "redis://host:70000",
-        "redis://host:6379/extra", "memory://"}) {
+  for (const std::string spec : {"", "ftp://host/x", "/tmp/dir", "file://", "file://relative/dir",
+                                 "redis://", "redis://:6379", "redis://host:port", "redis://host:0",
+                                 "redis://host:70000", "redis://host:6379/extra", "memory://"}) {
     absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
     EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << spec << ": " << store.status();
     EXPECT_THAT(std::string(store.status().message()), HasSubstr("'" + spec + "'"));
