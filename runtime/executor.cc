@@ -93,6 +93,7 @@ absl::Status Executor::Prepare() {
     const bool transfer = op.has_channel();
     p.trace_name = transfer ? op.name() : op.type();
     p.trace_category = transfer ? "comm" : "op";
+    p.is_transfer = transfer;
     KernelDef def;
     def.op = &plan_.program().op(i);
     for (const auto& in : op.input()) {
@@ -248,8 +249,13 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       p.inputs[k] = persistent_[slot] ? &state_[slot] : &scope[slot];
     }
     KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
-    const int64_t start = options_.tracer ? Tracer::NowMicros() : 0;
+    const bool timed = options_.tracer != nullptr || options_.comm != nullptr;
+    const int64_t start = timed ? Tracer::NowMicros() : 0;
     absl::Status s = p.kernel->Compute(ctx);
+    if (timed) {
+      const double seconds = (Tracer::NowMicros() - start) * 1e-6;
+      (p.is_transfer ? wait_seconds_ : busy_seconds_) += seconds;
+    }
     if (options_.tracer) {
       options_.tracer->Add(p.trace_category[0] == 'c' ? absl::StrCat(p.trace_name, " mb ", micro_batch) : p.trace_name,
                            p.trace_category, start, Tracer::NowMicros());
@@ -281,7 +287,9 @@ absl::Status Executor::FinishStep(absl::Status status) {
   // Every posted send completes (or fails) before its buffer may be reused.
   HandOffSends();
   if (send_waiter_) {
+    const int64_t start = Tracer::NowMicros();
     absl::Status s = send_waiter_->Drain();
+    wait_seconds_ += (Tracer::NowMicros() - start) * 1e-6;
     if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat("send: ", s.message()));
   }
   for (auto& scope : scopes_) {

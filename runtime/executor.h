@@ -64,6 +64,11 @@ class Executor {
   // Replaces parameters/state from a checkpoint; every persistent var must be present with its type.
   absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state);
 
+  // On a pipeline: seconds spent computing, and waiting on transfers (receives
+  // not yet arrived, sends not yet taken), since the executor was made.
+  double busy_seconds() const { return busy_seconds_; }
+  double wait_seconds() const { return wait_seconds_; }
+
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
@@ -81,6 +86,7 @@ class Executor {
     int op_index = 0;
     std::string trace_name;             // for the tracer
     const char* trace_category = "op";
+    bool is_transfer = false;
   };
   struct Section {
     std::vector<PreparedOp> ops;
@@ -112,6 +118,8 @@ class Executor {
   std::unique_ptr<SendWaiter> send_waiter_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
+  double busy_seconds_ = 0;
+  double wait_seconds_ = 0;
 };
 
 // A scalar tensor's value as a double.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/executor.h"
 #include "runtime/trace.h"
 
@@ -311,9 +312,34 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (auto s = tracer->Write(options.trace_path); !s.ok()) return s;
   }
   report.seconds = Seconds(t_begin, Clock::now());
-  if (reporter) metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
-                            ", \"measured_peak_bytes\": ", report.measured_peak_bytes,
-                            ", \"predicted_peak_bytes\": ", report.predicted_peak_bytes, "}}"));
+  // Every rank's peak and busy/idle time, gathered for the summary line.
+  std::string ranks;
+  if (options.comm != nullptr && options.comm->size() > 1) {
+    Tensor mine = Tensor::Empty(F64, {5});
+    double* m = mine.data<double>();
+    m[0] = plan.rank();
+    m[1] = static_cast<double>(report.measured_peak_bytes);
+    m[2] = static_cast<double>(report.predicted_peak_bytes);
+    m[3] = executor.busy_seconds();
+    m[4] = executor.wait_seconds();
+    Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(options.comm->size()) * 5});
+    if (auto s = options.comm->AllGather(mine, &all)->Wait(absl::Seconds(options.comm_timeout_s)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
+    }
+    for (int r = 0; r < options.comm->size(); ++r) {
+      const double* v = all.data<double>() + 5 * r;
+      absl::StrAppend(&ranks, r ? ", " : "", "{\"rank\": ", static_cast<int>(v[0]),
+                      ", \"measured_peak_bytes\": ", static_cast<int64_t>(v[1]),
+                      ", \"predicted_peak_bytes\": ", static_cast<int64_t>(v[2]), ", \"busy_s\": ", Num(v[3]),
+                      ", \"idle_s\": ", Num(v[4]), "}");
+    }
+  }
+  if (reporter) {
+    metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
+                              ", \"measured_peak_bytes\": ", report.measured_peak_bytes,
+                              ", \"predicted_peak_bytes\": ", report.predicted_peak_bytes,
+                              ranks.empty() ? "" : absl::StrCat(", \"ranks\": [", ranks, "]"), "}}"));
+  }
   return report;
 }
 
