@@ -51,4 +51,33 @@ echo "rank 1: $rc1 $(cat "$tmp/r1.txt")"
 [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || fail "ranks with different programs did not both refuse"
 [ $rc0 -ne 124 ] && [ $rc1 -ne 124 ] || fail "a rank hung instead of refusing"
 grep -qi "fingerprint\|compiled" "$tmp/r1.txt" || fail "rank 1's error does not explain the mismatch"
+
+# 3. A rank that stops answering: the other's receive gives up after
+#    --comm_timeout_s and the job ends naming the channel.
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
+  --comm_timeout_s 3 --log_dir "$tmp/log3" >"$tmp/out3.txt" 2>"$tmp/err3.txt" &
+launcher=$!
+sleep 2
+children=$(pgrep -P $launcher)
+frozen=$(echo "$children" | sed -n 1p)
+kill -STOP "$frozen"
+start=$(date +%s.%N)
+wait $launcher
+rc=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+echo "stalled job exited $rc after ${elapsed}s: $(grep '^error' "$tmp/err3.txt")"
+[ $rc -ne 0 ] || fail "the job exited 0 with a stalled rank"
+(( $(echo "$elapsed < 30" | bc) )) || fail "the stalled job took ${elapsed}s to end"
+grep -q "channel" "$tmp/err3.txt" || fail "the timeout error does not name the channel"
+kill -0 "$frozen" 2>/dev/null && [ "$(ps -o stat= -p "$frozen" | cut -c1)" != "Z" ] && fail "the stalled worker was left behind"
+
+# 4. The ranks meet through a real Redis server (--store redis://).
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --bind 127.0.0.1 --port "$port" --save '' --daemonize no >"$tmp/redis.log" 2>&1 &
+redis=$!
+trap 'kill $redis 2>/dev/null' EXIT
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 3 --data synthetic --quiet \
+  --store "redis://127.0.0.1:$port" >"$tmp/out4.txt" 2>"$tmp/err4.txt" || fail "the job over redis failed: $(cat "$tmp/err4.txt")"
+grep -q "final train loss" "$tmp/out4.txt" || fail "the job over redis reported no loss"
 echo PASS
