@@ -7,13 +7,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/graph_index.h"
+#include "proto/roles.h"
 #include "compiler/op_registry.h"
 
 namespace strata {
 
-bool RunsInForward(OpRole role) { return role == FORWARD || role == LOSS; }
-bool RunsInBackward(OpRole role) { return role == BACKWARD; }
-bool RunsInOptimize(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
 
 namespace {
 int64_t BytesOf(const Var& v, int64_t batch) {
@@ -89,9 +87,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     }
     for (int i = 0; i < n; ++i) {
       const Op& op = program.op(i);
-      bool runs = action.kind() == Action::FORWARD ? RunsInForward(op.role())
-                  : action.kind() == Action::BACKWARD ? RunsInBackward(op.role())
-                                                      : RunsInOptimize(op.role());
+      const bool runs = ActionRuns(action.kind(), op.role());
       if (!runs) continue;
       const OpSchema* schema = OpRegistry::Global().Find(op.type());
       for (int k = 0; k < op.output_size(); ++k) {

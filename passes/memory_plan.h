@@ -23,10 +23,6 @@ using SendRelease = std::map<std::pair<int64_t, int>, int>;
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
                                       const SendRelease* send_release = nullptr);
 
-// Ops of a program that one schedule action runs, by role.
-bool RunsInForward(OpRole role);
-bool RunsInBackward(OpRole role);
-bool RunsInOptimize(OpRole role);
 
 }  // namespace strata
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/graph_index.h"
+#include "proto/roles.h"
 #include "passes/memory_plan.h"
 
 namespace strata {
@@ -38,9 +39,7 @@ std::vector<Event> Events(const RankPlan& plan) {
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
     for (const Op& op : p.op()) {
-      bool runs = a.kind() == Action::FORWARD ? RunsInForward(op.role())
-                  : a.kind() == Action::BACKWARD ? RunsInBackward(op.role())
-                                                 : RunsInOptimize(op.role());
+      const bool runs = ActionRuns(a.kind(), op.role());
       if (!runs || (op.type() != "send" && op.type() != "recv")) continue;
       Event e;
       e.is_send = op.type() == "send";

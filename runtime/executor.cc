@@ -5,13 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "proto/roles.h"
 #include "runtime/initializers.h"
 
 namespace strata {
 namespace {
-
-bool RunsInForward(OpRole role) { return role == FORWARD || role == LOSS; }
-bool RunsInOptimize(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
 
 std::string OpWhere(const Program& program, int i) {
   const Op& op = program.op(i);
@@ -127,10 +125,10 @@ absl::Status Executor::Prepare() {
     auto kernel = (*factory)(def);
     if (!kernel.ok()) return absl::InvalidArgumentError(absl::StrCat(OpWhere(program, i), ": ", kernel.status().message()));
     p.kernel = std::move(*kernel);
-    Section* section = RunsInForward(op.role()) ? &forward_
-                       : op.role() == BACKWARD   ? &backward_
-                       : RunsInOptimize(op.role()) ? &optimize_
-                                                   : nullptr;
+    Section* section = ActionRuns(Action::FORWARD, op.role())    ? &forward_
+                       : ActionRuns(Action::BACKWARD, op.role()) ? &backward_
+                       : ActionRuns(Action::OPTIMIZE, op.role()) ? &optimize_
+                                                                 : nullptr;
     if (section == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " has role ", OpRole_Name(op.role()),
                                                      ", which no action runs"));

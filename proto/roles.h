@@ -1,0 +1,22 @@
+#ifndef STRATA_PROTO_ROLES_H_
+#define STRATA_PROTO_ROLES_H_
+
+#include "proto/plan.pb.h"
+#include "proto/program.pb.h"
+
+namespace strata {
+
+// Which ops a schedule action runs, by role: FORWARD(mb) the forward and loss
+// ops, BACKWARD(mb) the backward ops, OPTIMIZE the learning-rate and update ops.
+inline bool ActionRuns(Action::Kind action, OpRole role) {
+  switch (action) {
+    case Action::FORWARD: return role == FORWARD || role == LOSS;
+    case Action::BACKWARD: return role == BACKWARD;
+    case Action::OPTIMIZE: return role == OPTIMIZE || role == LR_SCHEDULE;
+    default: return false;
+  }
+}
+
+}  // namespace strata
+
+#endif  // STRATA_PROTO_ROLES_H_
