@@ -56,6 +56,14 @@ absl::Status ExpectSameDtypeArg(const ShapeContext& ctx, int i, const char* name
   return absl::OkStatus();
 }
 
+absl::Status ExpectSameTypeArg(const ShapeContext& ctx, int i, const char* name, int like, const char* like_name) {
+  if (ctx.input(i) != ctx.input(like)) {
+    return Invalid(absl::StrCat("input '", name, "' must have the type of '", like_name, "' (",
+                                ctx.input(like).ToString(), "), got ", ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ExpectRankArg(const ShapeContext& ctx, int i, const char* name, int rank, const char* layout) {
   if (static_cast<int>(ctx.input(i).shape.size()) != rank) {
     return Invalid(absl::StrCat("input '", name, "' must have rank ", rank, " ", layout, ", got ",
@@ -295,6 +303,30 @@ struct ConvAttrs {
   int64_t groups;
 };
 
+// An input of conv2d or its backward ops: rank 4, static but for the batch dim when `batched`.
+struct ConvArg {
+  const char* name;
+  const char* layout;
+  bool batched;
+};
+constexpr ConvArg kConvX{"x", "[N, C, H, W]", true}, kConvW{"w", "[O, C/groups, kh, kw]", false},
+    kConvDy{"dy", "[N, O, Ho, Wo]", true};
+
+// Inputs 0 and 1 of a conv op: one floating dtype, each of its ConvArg form.
+absl::Status CheckConvInputs(const ShapeContext& ctx, const ConvArg& a, const ConvArg& b) {
+  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, a.name));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, b.name, 0, a.name));
+  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, a.name, 4, a.layout));
+  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, b.name, 4, b.layout));
+  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, a.name, a.batched ? 1 : 0));
+  return ExpectStaticDims(ctx, 1, b.name, b.batched ? 1 : 0);
+}
+
+// The attrs conv2d and its backward ops share, in schema order.
+OpDef& WithConvAttrs(OpDef& def) {
+  return def.Attr("strides", Dims{1, 1}).Attr("paddings", Dims{0, 0}).Attr("dilations", Dims{1, 1}).Attr("groups", 1);
+}
+
 absl::StatusOr<ConvAttrs> ReadConvAttrs(const ShapeContext& ctx) {
   ConvAttrs a;
   auto s = PairAttr(ctx, "strides", 1);
@@ -340,12 +372,7 @@ absl::StatusOr<Dims> ConvOutput(const ConvAttrs& a, const Dims& x, const Dims& w
 }
 
 absl::Status Conv2dShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "w", 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "x", 4, "[N, C, H, W]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "w", 4, "[O, C/groups, kh, kw]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "x", 1));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 1, "w", 0));
+  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvW));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto y = ConvOutput(*a, ctx.input(0).shape, ctx.input(1).shape);
@@ -374,26 +401,14 @@ absl::Status Conv2dGrad(GradBuilder& g) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("conv2d")
-                       .Input("x")
-                       .Input("w")
-                       .Output("y")
-                       .Attr("strides", Dims{1, 1})
-                       .Attr("paddings", Dims{0, 0})
-                       .Attr("dilations", Dims{1, 1})
-                       .Attr("groups", 1)
+STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d").Input("x").Input("w").Output("y"))
                        .Shape(Conv2dShape)
                        .Grad(Conv2dGrad)
                        .Doc("2-D cross-correlation, NCHW: x [N, C, H, W], w [O, C/groups, kh, kw] -> "
                             "[N, O, Ho, Wo]; symmetric zero padding. No bias: add a [O, 1, 1] one."));
 
 absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "dy"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "w", 0, "dy"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "dy", 4, "[N, O, Ho, Wo]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "w", 4, "[O, C/groups, kh, kw]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "dy", 1));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 1, "w", 0));
+  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvDy, kConvW));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto in = PairAttr(ctx, "input_size", 1);
@@ -411,26 +426,14 @@ absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("conv2d_grad_input")
-                       .Input("dy")
-                       .Input("w")
-                       .Output("dx")
-                       .Attr("strides", Dims{1, 1})
-                       .Attr("paddings", Dims{0, 0})
-                       .Attr("dilations", Dims{1, 1})
-                       .Attr("groups", 1)
+STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d_grad_input").Input("dy").Input("w").Output("dx"))
                        .Attr("input_size", AttrType::kInts)
                        .Shape(Conv2dGradInputShape)
                        .NotDifferentiable()
                        .Doc("Backward of conv2d: dL/dx [N, C, H, W] with [H, W] = input_size."));
 
 absl::Status Conv2dGradFilterShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "x", 4, "[N, C, H, W]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "dy", 4, "[N, O, Ho, Wo]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "x", 1));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 1, "dy", 1));
+  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvDy));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto k = PairAttr(ctx, "filter_size", 1);
@@ -452,14 +455,7 @@ absl::Status Conv2dGradFilterShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("conv2d_grad_filter")
-                       .Input("x")
-                       .Input("dy")
-                       .Output("dw")
-                       .Attr("strides", Dims{1, 1})
-                       .Attr("paddings", Dims{0, 0})
-                       .Attr("dilations", Dims{1, 1})
-                       .Attr("groups", 1)
+STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d_grad_filter").Input("x").Input("dy").Output("dw"))
                        .Attr("filter_size", AttrType::kInts)
                        .Shape(Conv2dGradFilterShape)
                        .NotDifferentiable()
@@ -512,6 +508,18 @@ absl::StatusOr<Dims> PoolOutput(const PoolAttrs& a, const Dims& x) {
   return y;
 }
 
+// The pooled shape of x under the op's attrs.
+absl::StatusOr<Dims> PooledShape(const ShapeContext& ctx, const Dims& x) {
+  auto a = ReadPoolAttrs(ctx);
+  if (!a.ok()) return a.status();
+  return PoolOutput(*a, x);
+}
+
+// The attrs the pooling ops share, in schema order.
+OpDef& WithPoolAttrs(OpDef& def) {
+  return def.Attr("kernel_size", AttrType::kInts).Attr("strides", Dims{}).Attr("paddings", Dims{0, 0});
+}
+
 absl::Status CheckPoolInput(const ShapeContext& ctx, int i, const char* name) {
   STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, i, name));
   STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, i, name, 4, "[N, C, H, W]"));
@@ -520,9 +528,7 @@ absl::Status CheckPoolInput(const ShapeContext& ctx, int i, const char* name) {
 
 absl::Status Pool2dShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
-  auto a = ReadPoolAttrs(ctx);
-  if (!a.ok()) return a.status();
-  auto y = PoolOutput(*a, ctx.input(0).shape);
+  auto y = PooledShape(ctx, ctx.input(0).shape);
   if (!y.ok()) return y.status();
   ctx.set_output(0, TensorType{ctx.input(0).dtype, *y});
   return absl::OkStatus();
@@ -544,23 +550,13 @@ absl::Status AvgPool2dGrad(GradBuilder& g) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("max_pool2d")
-                       .Input("x")
-                       .Output("y")
-                       .Attr("kernel_size", AttrType::kInts)
-                       .Attr("strides", Dims{})
-                       .Attr("paddings", Dims{0, 0})
+STRATA_REGISTER_OP(WithPoolAttrs(OpDef("max_pool2d").Input("x").Output("y"))
                        .Shape(Pool2dShape)
                        .Grad(MaxPool2dGrad)
                        .Doc("Max over kernel_size windows of x [N, C, H, W]; strides [] means kernel_size; "
                             "padding never wins the max."));
 
-STRATA_REGISTER_OP(OpDef("avg_pool2d")
-                       .Input("x")
-                       .Output("y")
-                       .Attr("kernel_size", AttrType::kInts)
-                       .Attr("strides", Dims{})
-                       .Attr("paddings", Dims{0, 0})
+STRATA_REGISTER_OP(WithPoolAttrs(OpDef("avg_pool2d").Input("x").Output("y"))
                        .Attr("exclusive", false)
                        .Shape(Pool2dShape)
                        .Grad(AvgPool2dGrad)
@@ -570,9 +566,7 @@ STRATA_REGISTER_OP(OpDef("avg_pool2d")
 absl::Status MaxPool2dGradShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
   STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "x"));
-  auto a = ReadPoolAttrs(ctx);
-  if (!a.ok()) return a.status();
-  auto y = PoolOutput(*a, ctx.input(0).shape);
+  auto y = PooledShape(ctx, ctx.input(0).shape);
   if (!y.ok()) return y.status();
   if (*y != ctx.input(1).shape) {
     return Invalid(absl::StrCat("input 'dy' ", ctx.input(1).ToString(), " is not the pooled shape ",
@@ -582,26 +576,18 @@ absl::Status MaxPool2dGradShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("max_pool2d_grad")
-                       .Input("x")
-                       .Input("dy")
-                       .Output("dx")
-                       .Attr("kernel_size", AttrType::kInts)
-                       .Attr("strides", Dims{})
-                       .Attr("paddings", Dims{0, 0})
+STRATA_REGISTER_OP(WithPoolAttrs(OpDef("max_pool2d_grad").Input("x").Input("dy").Output("dx"))
                        .Shape(MaxPool2dGradShape)
                        .NotDifferentiable()
                        .Doc("Backward of max_pool2d: dy routed to each window's first maximum of x."));
 
 absl::Status AvgPool2dGradShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "dy"));
-  auto a = ReadPoolAttrs(ctx);
-  if (!a.ok()) return a.status();
   auto in = PairAttr(ctx, "input_size", 1);
   if (!in.ok()) return in.status();
   const Dims& dy = ctx.input(0).shape;
   Dims x{dy[0], dy[1], (*in)[0], (*in)[1]};
-  auto y = PoolOutput(*a, x);
+  auto y = PooledShape(ctx, x);
   if (!y.ok()) return y.status();
   if (*y != dy) {
     return Invalid(absl::StrCat("input 'dy' ", ctx.input(0).ToString(), " is not the pooled shape ",
@@ -611,12 +597,7 @@ absl::Status AvgPool2dGradShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-STRATA_REGISTER_OP(OpDef("avg_pool2d_grad")
-                       .Input("dy")
-                       .Output("dx")
-                       .Attr("kernel_size", AttrType::kInts)
-                       .Attr("strides", Dims{})
-                       .Attr("paddings", Dims{0, 0})
+STRATA_REGISTER_OP(WithPoolAttrs(OpDef("avg_pool2d_grad").Input("dy").Output("dx"))
                        .Attr("exclusive", false)
                        .Attr("input_size", AttrType::kInts)
                        .Shape(AvgPool2dGradShape)
@@ -641,16 +622,18 @@ absl::Status CheckLayerNormArgs(const ShapeContext& ctx, int x, int gamma) {
   return absl::OkStatus();
 }
 
-absl::Status LayerNormShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
-  if (ctx.input(2) != ctx.input(1)) {
-    return Invalid(absl::StrCat("input 'beta' must have the type of 'gamma' (", ctx.input(1).ToString(), "), got ",
-                                ctx.input(2).ToString()));
-  }
-  double eps = ctx.attr_float("epsilon");
+absl::Status ExpectEpsilon(const ShapeContext& ctx) {
+  const double eps = ctx.attr_float("epsilon");
   if (!(eps > 0) || !std::isfinite(eps)) {
     return Invalid(absl::StrCat("attr 'epsilon' must be a finite value > 0, got ", eps));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormShape(ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "beta", 1, "gamma"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -680,14 +663,8 @@ STRATA_REGISTER_OP(OpDef("layer_norm")
 
 absl::Status LayerNormGradShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
-  if (ctx.input(2) != ctx.input(0)) {
-    return Invalid(absl::StrCat("input 'dy' must have the type of 'x' (", ctx.input(0).ToString(), "), got ",
-                                ctx.input(2).ToString()));
-  }
-  double eps = ctx.attr_float("epsilon");
-  if (!(eps > 0) || !std::isfinite(eps)) {
-    return Invalid(absl::StrCat("attr 'epsilon' must be a finite value > 0, got ", eps));
-  }
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "dy", 0, "x"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
   ctx.set_output(0, ctx.input(0));
   ctx.set_output(1, ctx.input(1));
   ctx.set_output(2, ctx.input(1));
@@ -783,10 +760,7 @@ STRATA_REGISTER_OP(OpDef("accuracy")
 
 absl::Status MseLossShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
-  if (ctx.input(1) != ctx.input(0)) {
-    return Invalid(absl::StrCat("input 'target' must have the type of 'pred' (", ctx.input(0).ToString(), "), got ",
-                                ctx.input(1).ToString()));
-  }
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
   ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
   return absl::OkStatus();
 }
@@ -810,10 +784,7 @@ STRATA_REGISTER_OP(OpDef("mse_loss")
 
 absl::Status MseLossGradShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
-  if (ctx.input(1) != ctx.input(0)) {
-    return Invalid(absl::StrCat("input 'target' must have the type of 'pred' (", ctx.input(0).ToString(), "), got ",
-                                ctx.input(1).ToString()));
-  }
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
   STRATA_NN_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();

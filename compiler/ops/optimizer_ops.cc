@@ -7,6 +7,7 @@
 // (kernels/cpu/optimizers_test.cc cross-checks against PyTorch).
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -77,46 +78,48 @@ absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr)
 // ---------------------------------------------------------------------------
 // Parameter updates.
 
-absl::Status SgdUpdateShape(ShapeContext& ctx) {
+// The inputs every update op starts with: param, grad, then the `states`
+// (velocity, moments) shaped like param, then the scalar lr.
+absl::Status CheckUpdateInputs(const ShapeContext& ctx, std::initializer_list<const char*> states) {
   STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
   STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 2, "lr", ctx.input(0).dtype));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  int i = 2;
+  for (const char* state : states) STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, i++, state, 0, "param"));
+  return ExpectScalar(ctx, i, "lr", ctx.input(0).dtype);
+}
+
+// Outputs param and its `num_states` states (inputs 2...), updated in place.
+absl::Status SetUpdateOutputs(ShapeContext& ctx, int num_states) {
   ctx.set_output(0, ctx.input(0));
+  for (int k = 0; k < num_states; ++k) ctx.set_output(1 + k, ctx.input(2 + k));
   return absl::OkStatus();
 }
 
+absl::Status SgdUpdateShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {}));
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  return SetUpdateOutputs(ctx, 0);
+}
+
 absl::Status MomentumUpdateShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 2, "velocity", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 3, "lr", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {"velocity"}));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "momentum", 0.0));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   // As torch.optim.SGD: Nesterov needs a momentum to look ahead with.
   if (ctx.attr_bool("nesterov") && ctx.attr_float("momentum") <= 0.0) {
     return absl::InvalidArgumentError("attr 'nesterov' requires attr 'momentum' > 0");
   }
-  ctx.set_output(0, ctx.input(0));
-  ctx.set_output(1, ctx.input(2));
-  return absl::OkStatus();
+  return SetUpdateOutputs(ctx, 1);
 }
 
 absl::Status AdamUpdateShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 2, "m", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 3, "v", 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 4, "lr", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {"m", "v"}));
   STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 5, "step", I64));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta1"));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta2"));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
   STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
-  ctx.set_output(0, ctx.input(0));
-  ctx.set_output(1, ctx.input(2));
-  ctx.set_output(2, ctx.input(3));
-  return absl::OkStatus();
+  return SetUpdateOutputs(ctx, 2);
 }
 
 STRATA_REGISTER_OP(OpDef("sgd_update")
@@ -199,10 +202,7 @@ absl::Status LrScheduleShape(ShapeContext& ctx) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be \"F32\" or \"F64\", got \"", dtype, "\""));
   }
-  double base_lr = ctx.attr_float("base_lr");
-  if (!(base_lr >= 0.0) || !std::isfinite(base_lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("attr 'base_lr' must be a finite value >= 0, got ", base_lr));
-  }
+  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "base_lr", 0.0));
   int64_t warmup = ctx.attr_int("warmup_steps");
   if (warmup < 0) return absl::InvalidArgumentError(absl::StrCat("attr 'warmup_steps' must be >= 0, got ", warmup));
   std::string kind = ctx.attr_string("kind");
@@ -224,10 +224,7 @@ absl::Status LrScheduleShape(ShapeContext& ctx) {
   } else if (kind == "step") {
     int64_t step_size = ctx.attr_int("step_size");
     if (step_size < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'step_size' must be >= 1, got ", step_size));
-    double gamma = ctx.attr_float("gamma");
-    if (!(gamma >= 0.0) || !std::isfinite(gamma)) {
-      return absl::InvalidArgumentError(absl::StrCat("attr 'gamma' must be a finite value >= 0, got ", gamma));
-    }
+    STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "gamma", 0.0));
   } else if (kind != "constant") {
     return absl::InvalidArgumentError(
         absl::StrCat("attr 'kind' must be \"constant\", \"cosine\" or \"step\", got \"", kind, "\""));

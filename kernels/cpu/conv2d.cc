@@ -22,6 +22,7 @@
 namespace strata {
 namespace {
 
+using nn_kernels::AttrPair;
 using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 using nn_kernels::Scratch;
@@ -162,28 +163,42 @@ void Col2Im(const ConvGeometry& g, const T* cols, int64_t ld, T* x) {
   }
 }
 
-// Copies images [n0, n0+nb) of t [N, rows, P] into wide [rows, nb*P] (image-major columns).
-template <typename T>
-void GatherImages(const T* t, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* wide) {
+// Moves images [n0, n0+nb) between t [N, rows, P] and wide [rows, nb*P]
+// (image-major columns): into wide when kToWide, back into t otherwise.
+template <bool kToWide, typename T>
+void MoveImages(const T* from, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* to) {
   ParallelFor(nb, MinChunk(rows * pixels), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(wide + r * nb * pixels + j * pixels, t + ((n0 + j) * rows + r) * pixels, pixels * sizeof(T));
+        const int64_t wide_at = r * nb * pixels + j * pixels, t_at = ((n0 + j) * rows + r) * pixels;
+        std::memcpy(to + (kToWide ? wide_at : t_at), from + (kToWide ? t_at : wide_at), pixels * sizeof(T));
       }
     }
   });
 }
 
-// The inverse of GatherImages.
+// Images [n0, n0+nb) of t [N, rows, P] as [rows, nb*P]: t itself for one
+// image, else a copy in wide.
 template <typename T>
-void ScatterImages(const T* wide, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* t) {
-  ParallelFor(nb, MinChunk(rows * pixels), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(t + ((n0 + j) * rows + r) * pixels, wide + r * nb * pixels + j * pixels, pixels * sizeof(T));
-      }
-    }
-  });
+const T* WideImages(const T* t, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* wide) {
+  if (nb == 1) return t + n0 * rows * pixels;
+  MoveImages<true>(t, rows, pixels, n0, nb, wide);
+  return wide;
+}
+
+// Scratch for one chunk of images: the im2col columns [C*kh*kw, chunk*P] and
+// a [O, chunk*P] buffer for the outputs or dy of the chunk (a chunk of one
+// image uses y or dy in place).
+struct ChunkScratch {
+  Tensor cols, wide;
+};
+
+absl::StatusOr<ChunkScratch> MakeChunkScratch(const KernelContext& ctx, DataType dtype, const ConvGeometry& g) {
+  const int64_t p = g.pixels(), chunk = g.chunk();
+  ChunkScratch s;
+  STRATA_NN_ASSIGN_OR_RETURN(s.cols, Scratch(ctx, dtype, g.col_rows() * chunk * p));
+  STRATA_NN_ASSIGN_OR_RETURN(s.wide, Scratch(ctx, dtype, chunk > 1 ? g.o * chunk * p : 0));
+  return s;
 }
 
 // im2col of images [n0, n0+nb) of x into cols [C*kh*kw, nb*P], in parallel over the images.
@@ -195,12 +210,32 @@ void Im2ColChunk(const ConvGeometry& g, const T* x, int64_t n0, int64_t nb, T* c
   });
 }
 
+// Base of the three conv kernels: reads the conv attrs and, for the backward
+// ops, their two-int `size_attr` (input_size or filter_size).
+class ConvKernel : public OpKernel {
+ public:
+  explicit ConvKernel(const char* size_attr) : size_attr_(size_attr) {}
+  absl::Status Init(const Op& op) {
+    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
+    if (size_attr_ != nullptr) {
+      STRATA_NN_ASSIGN_OR_RETURN(size_, AttrPair(op, size_attr_));
+    }
+    return absl::OkStatus();
+  }
+
+ protected:
+  ConvAttrs attrs_;
+  std::vector<int64_t> size_;  // the value of size_attr_
+
+ private:
+  const char* size_attr_;
+};
+
 // y [N, O, Ho, Wo] = conv2d(x [N, C, H, W], w [O, C/groups, kh, kw]).
 template <typename T>
-class Conv2dKernel : public OpKernel {
+class Conv2dKernel : public ConvKernel {
  public:
-  explicit Conv2dKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) { return ReadConvAttrs(op, &attrs_); }
+  explicit Conv2dKernel(const KernelDef&) : ConvKernel(nullptr) {}
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -208,45 +243,34 @@ class Conv2dKernel : public OpKernel {
     STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), w.shape(), "conv2d"));
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{g.n, g.o, g.ho, g.wo}));
     const int64_t p = g.pixels(), chunk = g.chunk();
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), g.col_rows() * chunk * p));
-    // A chunk of one image writes its GEMM straight into y.
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, x.dtype(), g));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
+    T* pcols = scratch.cols.data<T>();
     for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
       const int64_t nb = std::min(chunk, g.n - n0);
-      Im2ColChunk(g, px, n0, nb, cols.data<T>());
-      T* out = nb == 1 ? py + n0 * g.o * p : wide.data<T>();
+      Im2ColChunk(g, px, n0, nb, pcols);
+      // A chunk of one image writes its GEMM straight into y.
+      T* out = nb == 1 ? py + n0 * g.o * p : scratch.wide.data<T>();
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         GemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
                        pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
-                       cols.data<T>() + grp * g.group_rows() * nb * p, nb * p, T(0),
-                       out + grp * g.group_out() * nb * p, nb * p);
+                       pcols + grp * g.group_rows() * nb * p, nb * p, T(0), out + grp * g.group_out() * nb * p,
+                       nb * p);
       }
-      if (nb > 1) ScatterImages(wide.data<T>(), g.o, p, n0, nb, py);
+      if (nb > 1) MoveImages<false>(scratch.wide.data<T>(), g.o, p, n0, nb, py);
     }
     return absl::OkStatus();
   }
-
- private:
-  ConvAttrs attrs_;
 };
 
 // dx [N, C, H, W] = conv2d_grad_input(dy [N, O, Ho, Wo], w): per group
 // dcols = w_g^T @ dy_g, then col2im.
 template <typename T>
-class Conv2dGradInputKernel : public OpKernel {
+class Conv2dGradInputKernel : public ConvKernel {
  public:
-  explicit Conv2dGradInputKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
-    auto in = AttrInts(op, "input_size");
-    if (!in.ok()) return in.status();
-    if (in->size() != 2) return absl::InternalError("conv2d_grad_input: attr 'input_size' was not validated");
-    input_size_ = *in;
-    return absl::OkStatus();
-  }
+  explicit Conv2dGradInputKernel(const KernelDef&) : ConvKernel("input_size") {}
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
@@ -255,7 +279,7 @@ class Conv2dGradInputKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: expected rank-4 dy and w, got ",
                                                      ShapeString(dy.shape()), " and ", ShapeString(w.shape())));
     }
-    const Shape xs{dy.dim(0), w.dim(1) * attrs_.groups, input_size_[0], input_size_[1]};
+    const Shape xs{dy.dim(0), w.dim(1) * attrs_.groups, size_[0], size_[1]};
     STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, xs, w.shape(), "conv2d_grad_input"));
     if (dy.dim(1) != g.o || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: dy ", ShapeString(dy.shape()),
@@ -263,19 +287,14 @@ class Conv2dGradInputKernel : public OpKernel {
     }
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
     const int64_t p = g.pixels(), chunk = g.chunk(), image = g.c * g.h * g.w;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), g.col_rows() * chunk * p));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, dy.dtype(), g));
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
-    T* pcols = cols.data<T>();
+    T* pcols = scratch.cols.data<T>();
     for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
       const int64_t nb = std::min(chunk, g.n - n0);
-      const T* dyw = pdy + n0 * g.o * p;
-      if (nb > 1) {
-        GatherImages(pdy, g.o, p, n0, nb, wide.data<T>());
-        dyw = wide.data<T>();
-      }
+      const T* dyw = WideImages(pdy, g.o, p, n0, nb, scratch.wide.data<T>());
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         GemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
                        pw + grp * g.group_out() * g.group_rows(), g.group_rows(), dyw + grp * g.group_out() * nb * p,
@@ -287,26 +306,14 @@ class Conv2dGradInputKernel : public OpKernel {
     }
     return absl::OkStatus();
   }
-
- private:
-  ConvAttrs attrs_;
-  std::vector<int64_t> input_size_;
 };
 
 // dw [O, C/groups, kh, kw] = conv2d_grad_filter(x, dy): per group
 // dw_g = sum over chunks of dy_g @ cols_g^T.
 template <typename T>
-class Conv2dGradFilterKernel : public OpKernel {
+class Conv2dGradFilterKernel : public ConvKernel {
  public:
-  explicit Conv2dGradFilterKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
-    auto k = AttrInts(op, "filter_size");
-    if (!k.ok()) return k.status();
-    if (k->size() != 2) return absl::InternalError("conv2d_grad_filter: attr 'filter_size' was not validated");
-    filter_size_ = *k;
-    return absl::OkStatus();
-  }
+  explicit Conv2dGradFilterKernel(const KernelDef&) : ConvKernel("filter_size") {}
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -315,7 +322,7 @@ class Conv2dGradFilterKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: bad x ", ShapeString(x.shape()),
                                                      " or dy ", ShapeString(dy.shape())));
     }
-    const Shape ws{dy.dim(1), x.dim(1) / attrs_.groups, filter_size_[0], filter_size_[1]};
+    const Shape ws{dy.dim(1), x.dim(1) / attrs_.groups, size_[0], size_[1]};
     STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), ws, "conv2d_grad_filter"));
     if (dy.dim(0) != g.n || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: dy ", ShapeString(dy.shape()),
@@ -325,19 +332,14 @@ class Conv2dGradFilterKernel : public OpKernel {
     T* pdw = dw->data<T>();
     std::memset(pdw, 0, dw->bytes());
     const int64_t p = g.pixels(), chunk = g.chunk();
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), g.col_rows() * chunk * p));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), chunk > 1 ? g.o * chunk * p : 0));
+    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, x.dtype(), g));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
-    T* pcols = cols.data<T>();
+    T* pcols = scratch.cols.data<T>();
     for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
       const int64_t nb = std::min(chunk, g.n - n0);
       Im2ColChunk(g, px, n0, nb, pcols);
-      const T* dyw = pdy + n0 * g.o * p;
-      if (nb > 1) {
-        GatherImages(pdy, g.o, p, n0, nb, wide.data<T>());
-        dyw = wide.data<T>();
-      }
+      const T* dyw = WideImages(pdy, g.o, p, n0, nb, scratch.wide.data<T>());
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         GemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1), dyw + grp * g.group_out() * nb * p,
                        nb * p, pcols + grp * g.group_rows() * nb * p, nb * p, T(1),
@@ -346,10 +348,6 @@ class Conv2dGradFilterKernel : public OpKernel {
     }
     return absl::OkStatus();
   }
-
- private:
-  ConvAttrs attrs_;
-  std::vector<int64_t> filter_size_;
 };
 
 STRATA_REGISTER_KERNEL("conv2d", "cpu", F32, InitFactory<Conv2dKernel<float>>());

@@ -58,17 +58,24 @@ absl::Status CheckShapes(const char* op, const Tensor& x, const Tensor& gamma) {
   return absl::OkStatus();
 }
 
-// y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all leading dims).
-template <typename T>
-class LayerNormKernel : public OpKernel {
+// Base of layer_norm and its backward: reads epsilon.
+class LayerNormBase : public OpKernel {
  public:
-  explicit LayerNormKernel(const KernelDef&) {}
+  explicit LayerNormBase(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    auto eps = AttrFloat(op, "epsilon");
-    if (!eps.ok()) return eps.status();
-    epsilon_ = *eps;
+    STRATA_NN_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
     return absl::OkStatus();
   }
+
+ protected:
+  double epsilon_ = 1e-5;
+};
+
+// y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all leading dims).
+template <typename T>
+class LayerNormKernel : public LayerNormBase {
+ public:
+  using LayerNormBase::LayerNormBase;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -95,23 +102,14 @@ class LayerNormKernel : public OpKernel {
     });
     return absl::OkStatus();
   }
-
- private:
-  double epsilon_ = 1e-5;
 };
 
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
 template <typename T>
-class LayerNormGradKernel : public OpKernel {
+class LayerNormGradKernel : public LayerNormBase {
  public:
-  explicit LayerNormGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    auto eps = AttrFloat(op, "epsilon");
-    if (!eps.ok()) return eps.status();
-    epsilon_ = *eps;
-    return absl::OkStatus();
-  }
+  using LayerNormBase::LayerNormBase;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -176,9 +174,6 @@ class LayerNormGradKernel : public OpKernel {
     });
     return absl::OkStatus();
   }
-
- private:
-  double epsilon_ = 1e-5;
 };
 
 STRATA_REGISTER_KERNEL("layer_norm", "cpu", F32, InitFactory<LayerNormKernel<float>>());

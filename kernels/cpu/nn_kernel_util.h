@@ -2,12 +2,13 @@
 #define STRATA_KERNELS_CPU_NN_KERNEL_UTIL_H_
 
 // Small helpers shared by the nn kernels (matmul, conv2d, pool2d, layer_norm,
-// losses, dropout, embedding).
+// losses, dropout, embedding) and the shape kernels.
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +55,14 @@ KernelFactory InitFactory() {
     if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
     return std::unique_ptr<OpKernel>(std::move(kernel));
   };
+}
+
+// A two-int attr (height, width) such as input_size; the shape function has
+// checked it, so another length is an Internal error.
+inline absl::StatusOr<std::vector<int64_t>> AttrPair(const Op& op, const char* name) {
+  STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> v, AttrInts(op, name));
+  if (v.size() != 2) return absl::InternalError(absl::StrCat(op.type(), ": attr '", name, "' was not validated"));
+  return v;
 }
 
 // Scratch memory for a kernel, drawn from the run's allocator so that the

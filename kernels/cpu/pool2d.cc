@@ -93,6 +93,9 @@ std::vector<Span> Spans(int64_t out, int64_t in, int64_t kernel, int64_t stride,
 struct Window {
   int64_t h0, h1, w0, w1;
   int64_t padded_size;  // window area counting padding
+
+  // avg_pool2d's divisor: the clipped area when exclusive, else the padded one (torch).
+  int64_t divisor(bool exclusive) const { return exclusive ? (h1 - h0) * (w1 - w0) : padded_size; }
 };
 
 // Every output's window, from spans computed once per call rather than per output.
@@ -105,10 +108,26 @@ class Windows {
     const Span& c = cols_[ow];
     return {r.lo, r.hi, c.lo, c.hi, r.padded * c.padded};
   }
+  // Calls fn(o, window) for every output o = oh * Wo + ow of a plane, in order.
+  template <typename F>
+  void ForEach(F&& fn) const {
+    const int64_t wo = static_cast<int64_t>(cols_.size());
+    for (int64_t oh = 0; oh < static_cast<int64_t>(rows_.size()); ++oh) {
+      for (int64_t ow = 0; ow < wo; ++ow) fn(oh * wo + ow, at(oh, ow));
+    }
+  }
 
  private:
   std::vector<Span> rows_, cols_;
 };
+
+// Calls fn(plane) for the N*C planes, in parallel chunks.
+template <typename F>
+void ForEachPlane(const PoolGeometry& g, F&& fn) {
+  ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
+    for (int64_t pl = begin; pl < end; ++pl) fn(pl);
+  });
+}
 
 // Index in the plane of the window's maximum: the first one, NaN winning (as torch).
 template <typename T>
@@ -138,42 +157,60 @@ inline T MaxValue(const T* plane, int64_t width, const Window& win) {
   return best;
 }
 
-// y [N, C, Ho, Wo] = max over each window of x [N, C, H, W].
-template <typename T>
-class MaxPool2dKernel : public OpKernel {
+// Base of the four pooling kernels: reads the pooling attrs.
+class PoolKernel : public OpKernel {
  public:
-  explicit MaxPool2dKernel(const KernelDef&) {}
+  explicit PoolKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) { return attrs_.Read(op); }
 
-  absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
-    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d"));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
-    const T* px = x.data<T>();
-    T* py = y->data<T>();
-    const Windows windows(g);
-    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
-      for (int64_t pl = begin; pl < end; ++pl) {
-        const T* plane = px + pl * g.h * g.w;
-        T* out = py + pl * g.ho * g.wo;
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) out[oh * g.wo + ow] = MaxValue(plane, g.w, windows.at(oh, ow));
-        }
-      }
-    });
-    return absl::OkStatus();
-  }
-
- private:
+ protected:
   PoolAttrs attrs_;
 };
 
+// y [N, C, Ho, Wo] = max (kMax) or mean over each window of x [N, C, H, W];
+// the mean's divisor counts padding unless exclusive.
+template <typename T, bool kMax>
+class Pool2dKernel : public PoolKernel {
+ public:
+  using PoolKernel::PoolKernel;
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), kMax ? "max_pool2d" : "avg_pool2d"));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
+    const T* px = x.data<T>();
+    T* py = y->data<T>();
+    const bool exclusive = attrs_.exclusive;
+    const Windows windows(g);
+    ForEachPlane(g, [&](int64_t pl) {
+      const T* plane = px + pl * g.h * g.w;
+      T* out = py + pl * g.ho * g.wo;
+      windows.ForEach([&](int64_t o, const Window& win) {
+        if constexpr (kMax) {
+          out[o] = MaxValue(plane, g.w, win);
+        } else {
+          T sum = 0;
+          for (int64_t h = win.h0; h < win.h1; ++h) {
+            for (int64_t w = win.w0; w < win.w1; ++w) sum += plane[h * g.w + w];
+          }
+          out[o] = sum / static_cast<T>(win.divisor(exclusive));
+        }
+      });
+    });
+    return absl::OkStatus();
+  }
+};
+
+template <typename T>
+using MaxPool2dKernel = Pool2dKernel<T, true>;
+template <typename T>
+using AvgPool2dKernel = Pool2dKernel<T, false>;
+
 // dx [N, C, H, W]: each dy goes to its window's maximum in x (recomputed).
 template <typename T>
-class MaxPool2dGradKernel : public OpKernel {
+class MaxPool2dGradKernel : public PoolKernel {
  public:
-  explicit MaxPool2dGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) { return attrs_.Read(op); }
+  using PoolKernel::PoolKernel;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -188,74 +225,25 @@ class MaxPool2dGradKernel : public OpKernel {
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
     const Windows windows(g);
-    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
-      for (int64_t pl = begin; pl < end; ++pl) {
-        const T* plane = px + pl * g.h * g.w;
-        const T* grad = pdy + pl * g.ho * g.wo;
-        T* out = pdx + pl * g.h * g.w;
-        std::fill(out, out + g.h * g.w, T(0));
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) out[ArgMax(plane, g.w, windows.at(oh, ow))] += grad[oh * g.wo + ow];
-        }
-      }
+    ForEachPlane(g, [&](int64_t pl) {
+      const T* plane = px + pl * g.h * g.w;
+      const T* grad = pdy + pl * g.ho * g.wo;
+      T* out = pdx + pl * g.h * g.w;
+      std::fill(out, out + g.h * g.w, T(0));
+      windows.ForEach([&](int64_t o, const Window& win) { out[ArgMax(plane, g.w, win)] += grad[o]; });
     });
     return absl::OkStatus();
   }
-
- private:
-  PoolAttrs attrs_;
-};
-
-// y [N, C, Ho, Wo] = mean over each window of x; the divisor counts padding unless exclusive.
-template <typename T>
-class AvgPool2dKernel : public OpKernel {
- public:
-  explicit AvgPool2dKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) { return attrs_.Read(op); }
-
-  absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
-    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "avg_pool2d"));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
-    const T* px = x.data<T>();
-    T* py = y->data<T>();
-    const bool exclusive = attrs_.exclusive;
-    const Windows windows(g);
-    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
-      for (int64_t pl = begin; pl < end; ++pl) {
-        const T* plane = px + pl * g.h * g.w;
-        T* out = py + pl * g.ho * g.wo;
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const Window win = windows.at(oh, ow);
-            T sum = 0;
-            for (int64_t h = win.h0; h < win.h1; ++h) {
-              for (int64_t w = win.w0; w < win.w1; ++w) sum += plane[h * g.w + w];
-            }
-            const int64_t divisor = exclusive ? (win.h1 - win.h0) * (win.w1 - win.w0) : win.padded_size;
-            out[oh * g.wo + ow] = sum / static_cast<T>(divisor);
-          }
-        }
-      }
-    });
-    return absl::OkStatus();
-  }
-
- private:
-  PoolAttrs attrs_;
 };
 
 // dx [N, C, H, W] (H, W = input_size): each dy spread evenly over its window.
 template <typename T>
-class AvgPool2dGradKernel : public OpKernel {
+class AvgPool2dGradKernel : public PoolKernel {
  public:
-  explicit AvgPool2dGradKernel(const KernelDef&) {}
+  using PoolKernel::PoolKernel;
   absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(attrs_.Read(op));
-    auto in = AttrInts(op, "input_size");
-    if (!in.ok()) return in.status();
-    if (in->size() != 2) return absl::InternalError("avg_pool2d_grad: attr 'input_size' was not validated");
-    input_size_ = *in;
+    STRATA_NN_RETURN_IF_ERROR(PoolKernel::Init(op));
+    STRATA_NN_ASSIGN_OR_RETURN(input_size_, nn_kernels::AttrPair(op, "input_size"));
     return absl::OkStatus();
   }
 
@@ -276,28 +264,21 @@ class AvgPool2dGradKernel : public OpKernel {
     T* pdx = dx->data<T>();
     const bool exclusive = attrs_.exclusive;
     const Windows windows(g);
-    ParallelFor(g.planes, MinChunk(g.h * g.w + g.ho * g.wo * g.kh * g.kw), [&](int64_t begin, int64_t end) {
-      for (int64_t pl = begin; pl < end; ++pl) {
-        const T* grad = pdy + pl * g.ho * g.wo;
-        T* out = pdx + pl * g.h * g.w;
-        std::fill(out, out + g.h * g.w, T(0));
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const Window win = windows.at(oh, ow);
-            const int64_t divisor = exclusive ? (win.h1 - win.h0) * (win.w1 - win.w0) : win.padded_size;
-            const T share = grad[oh * g.wo + ow] / static_cast<T>(divisor);
-            for (int64_t h = win.h0; h < win.h1; ++h) {
-              for (int64_t w = win.w0; w < win.w1; ++w) out[h * g.w + w] += share;
-            }
-          }
+    ForEachPlane(g, [&](int64_t pl) {
+      const T* grad = pdy + pl * g.ho * g.wo;
+      T* out = pdx + pl * g.h * g.w;
+      std::fill(out, out + g.h * g.w, T(0));
+      windows.ForEach([&](int64_t o, const Window& win) {
+        const T share = grad[o] / static_cast<T>(win.divisor(exclusive));
+        for (int64_t h = win.h0; h < win.h1; ++h) {
+          for (int64_t w = win.w0; w < win.w1; ++w) out[h * g.w + w] += share;
         }
-      }
+      });
     });
     return absl::OkStatus();
   }
 
  private:
-  PoolAttrs attrs_;
   std::vector<int64_t> input_size_;
 };
 

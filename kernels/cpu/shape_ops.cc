@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/nn_kernel_util.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/thread_pool.h"
@@ -87,6 +88,34 @@ void CopyBox(T* dst, const Shape& dst_shape, const std::vector<int64_t>& dst_at,
 std::vector<int64_t> Zeros(size_t n) { return std::vector<int64_t>(n, 0); }
 std::vector<int64_t> Dims(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
 
+// Writes all of `part` into `whole` at `at`.
+template <typename T>
+void PutBox(Tensor* whole, const std::vector<int64_t>& at, const Tensor& part) {
+  CopyBox<T>(whole->data<T>(), whole->shape(), at, part.data<T>(), part.shape(), Zeros(part.rank()),
+             Dims(part.shape()));
+}
+
+// Fills all of `part` from `whole` at `at`.
+template <typename T>
+void TakeBox(Tensor* part, const Tensor& whole, const std::vector<int64_t>& at) {
+  CopyBox<T>(part->data<T>(), part->shape(), Zeros(part->rank()), whole.data<T>(), whole.shape(), at,
+             Dims(part->shape()));
+}
+
+// `axis` in [0, rank of shape); an error naming the shape when out of range.
+absl::StatusOr<int> CheckAxis(const Op& op, int64_t axis, const Shape& shape) {
+  const int a = NormalizeAxis(axis, static_cast<int>(shape.size()));
+  if (a < 0) return Invalid(op, absl::StrCat("axis ", axis, " does not fit ", ShapeString(shape)));
+  return a;
+}
+
+// Output i shaped `shape`, zero-filled: the gradient ops copy their dys into part of it.
+absl::StatusOr<Tensor*> AllocateZeros(KernelContext& ctx, int i, DataType dtype, const Shape& shape) {
+  STRATA_NN_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, dtype, shape));
+  std::memset(t->raw_data(), 0, t->bytes());
+  return t;
+}
+
 // Tensors a kernel over T reads or writes must hold T.
 template <typename T>
 absl::Status CheckDtype(const Op& op, const Tensor& t) {
@@ -107,15 +136,26 @@ KernelFactory Factory() {
   };
 }
 
-// ---- reshape, flatten, reshape_like: views of the input's buffer -----------
-
-class ReshapeKernel : public OpKernel {
+// Base of the shape kernels: keeps the op for error messages. Subclasses with
+// attrs hide Init with one that calls this first.
+class ShapeKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    auto spec = AttrInts(op, "shape");
-    if (!spec.ok()) return spec.status();
-    spec_ = *spec;
+    return absl::OkStatus();
+  }
+
+ protected:
+  Op op_;
+};
+
+// ---- reshape, flatten, reshape_like: views of the input's buffer -----------
+
+class ReshapeKernel : public ShapeKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    STRATA_NN_ASSIGN_OR_RETURN(spec_, AttrInts(op, "shape"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
@@ -146,20 +186,15 @@ class ReshapeKernel : public OpKernel {
   }
 
  private:
-  Op op_;
   std::vector<int64_t> spec_;
 };
 
-class FlattenKernel : public OpKernel {
+class FlattenKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    auto start = AttrInt(op, "start_axis");
-    if (!start.ok()) return start.status();
-    auto end = AttrInt(op, "end_axis");
-    if (!end.ok()) return end.status();
-    start_ = *start;
-    end_ = *end;
+    STRATA_NN_ASSIGN_OR_RETURN(start_, AttrInt(op, "start_axis"));
+    STRATA_NN_ASSIGN_OR_RETURN(end_, AttrInt(op, "end_axis"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
@@ -178,16 +213,11 @@ class FlattenKernel : public OpKernel {
   }
 
  private:
-  Op op_;
   int64_t start_ = 0, end_ = 0;
 };
 
-class ReshapeLikeKernel : public OpKernel {
+class ReshapeLikeKernel : public ShapeKernel {
  public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    return absl::OkStatus();
-  }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& like = ctx.input(1);
@@ -197,27 +227,22 @@ class ReshapeLikeKernel : public OpKernel {
     ctx.SetOutput(0, dy.Reshaped(like.shape()));
     return absl::OkStatus();
   }
-
- private:
-  Op op_;
 };
 
 // ---- transpose ---------------------------------------------------------------
 
 template <typename T>
-class TransposeKernel : public OpKernel {
+class TransposeKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    auto perm = AttrInts(op, "perm");
-    if (!perm.ok()) return perm.status();
-    perm_ = *perm;
+    STRATA_NN_ASSIGN_OR_RETURN(perm_, AttrInts(op, "perm"));
     return absl::OkStatus();
   }
   // y[o_0, ..., o_{r-1}] = x[i] with i[perm[k]] = o[k].
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     const int rank = x.rank();
     if (static_cast<int>(perm_.size()) != rank) {
       return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " does not fit ", ShapeString(x.shape())));
@@ -231,14 +256,13 @@ class TransposeKernel : public OpKernel {
     }
     Shape out_shape(rank);
     for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(perm[k]);
-    auto y = ctx.AllocateOutput(0, x.dtype(), out_shape);
-    if (!y.ok()) return y.status();
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), out_shape));
     if (x.num_elements() == 0) return absl::OkStatus();
     const std::vector<int64_t> x_stride = Strides(x.shape());
     std::vector<int64_t> step(rank);  // x stride along each y axis
     for (int k = 0; k < rank; ++k) step[k] = x_stride[perm[k]];
     const T* X = x.data<T>();
-    T* Y = (*y)->data<T>();
+    T* Y = y->data<T>();
     const int64_t C = rank == 0 ? 1 : out_shape[rank - 1];  // y's innermost axis
     const int64_t inner_step = rank == 0 ? 1 : step[rank - 1];
     const int outer_rank = std::max(rank - 1, 0);
@@ -271,7 +295,6 @@ class TransposeKernel : public OpKernel {
   }
 
  private:
-  Op op_;
   std::vector<int64_t> perm_;
 };
 
@@ -282,11 +305,10 @@ template <typename T>
 absl::StatusOr<int> CheckPieces(const Op& op, int64_t axis_attr, const Shape& whole,
                                 const std::vector<const Tensor*>& pieces) {
   const int rank = static_cast<int>(whole.size());
-  const int axis = NormalizeAxis(axis_attr, rank);
-  if (axis < 0) return Invalid(op, absl::StrCat("axis ", axis_attr, " does not fit ", ShapeString(whole)));
+  STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op, axis_attr, whole));
   int64_t total = 0;
   for (const Tensor* p : pieces) {
-    if (absl::Status s = CheckDtype<T>(op, *p); !s.ok()) return s;
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op, *p));
     bool fits = p->rank() == rank;
     for (int d = 0; fits && d < rank; ++d) fits = d == axis || p->dim(d) == whole[d];
     if (!fits) {
@@ -304,43 +326,48 @@ absl::StatusOr<int> CheckPieces(const Op& op, int64_t axis_attr, const Shape& wh
 // Copies the pieces, in order along `axis`, into `whole`.
 template <typename T>
 void GatherPieces(Tensor* whole, const std::vector<const Tensor*>& pieces, int axis) {
-  int64_t at = 0;
+  std::vector<int64_t> at = Zeros(whole->rank());
   for (const Tensor* p : pieces) {
-    std::vector<int64_t> whole_at = Zeros(whole->rank());
-    whole_at[axis] = at;
-    CopyBox<T>(whole->data<T>(), whole->shape(), whole_at, p->data<T>(), p->shape(), Zeros(p->rank()),
-               Dims(p->shape()));
-    at += p->dim(axis);
+    PutBox<T>(whole, at, *p);
+    at[axis] += p->dim(axis);
   }
 }
 
 // Copies `whole`, cut along `axis`, into the pieces.
 template <typename T>
 void ScatterPieces(const Tensor& whole, const std::vector<Tensor*>& pieces, int axis) {
-  int64_t at = 0;
+  std::vector<int64_t> at = Zeros(whole.rank());
   for (Tensor* p : pieces) {
-    std::vector<int64_t> whole_at = Zeros(whole.rank());
-    whole_at[axis] = at;
-    CopyBox<T>(p->data<T>(), p->shape(), Zeros(p->rank()), whole.data<T>(), whole.shape(), whole_at,
-               Dims(p->shape()));
-    at += p->dim(axis);
+    TakeBox<T>(p, whole, at);
+    at[axis] += p->dim(axis);
   }
 }
 
-template <typename T>
-class ConcatKernel : public OpKernel {
+// Base of concat, concat_grad, split and split_grad: reads "axis", and for
+// the split ops (kSections) "sections".
+template <bool kSections>
+class AxisKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    auto axis = AttrInt(op, "axis");
-    if (!axis.ok()) return axis.status();
-    axis_ = *axis;
+    STRATA_NN_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
+    if constexpr (kSections) {
+      STRATA_NN_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
+    }
     return absl::OkStatus();
   }
+
+ protected:
+  int64_t axis_ = 0;
+  std::vector<int64_t> sections_;
+};
+
+template <typename T>
+class ConcatKernel : public AxisKernel<false> {
+ public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x0 = ctx.input(0);
-    const int axis = NormalizeAxis(axis_, x0.rank());
-    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x0.shape())));
+    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x0.shape()));
     Shape out = x0.shape();
     out[axis] = 0;
     std::vector<const Tensor*> xs;
@@ -348,50 +375,32 @@ class ConcatKernel : public OpKernel {
       xs.push_back(&ctx.input(i));
       if (ctx.input(i).rank() == x0.rank()) out[axis] += ctx.input(i).dim(axis);
     }
-    if (absl::Status s = CheckPieces<T>(op_, axis_, out, xs).status(); !s.ok()) return s;
-    auto y = ctx.AllocateOutput(0, x0.dtype(), out);
-    if (!y.ok()) return y.status();
-    GatherPieces<T>(*y, xs, axis);
+    STRATA_NN_RETURN_IF_ERROR(CheckPieces<T>(op_, axis_, out, xs).status());
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x0.dtype(), out));
+    GatherPieces<T>(y, xs, axis);
     return absl::OkStatus();
   }
-
- private:
-  Op op_;
-  int64_t axis_ = 0;
 };
 
 // concat_grad(dy, xs...) -> dxs: dxs[i] is shaped like xs[i].
 template <typename T>
-class ConcatGradKernel : public OpKernel {
+class ConcatGradKernel : public AxisKernel<false> {
  public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    auto axis = AttrInt(op, "axis");
-    if (!axis.ok()) return axis.status();
-    axis_ = *axis;
-    return absl::OkStatus();
-  }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     if (ctx.num_outputs() != ctx.num_inputs() - 1) return Invalid(op_, "needs one output per input after dy");
     std::vector<const Tensor*> xs;
     for (int i = 1; i < ctx.num_inputs(); ++i) xs.push_back(&ctx.input(i));
-    auto axis = CheckPieces<T>(op_, axis_, dy.shape(), xs);
-    if (!axis.ok()) return axis.status();
-    if (absl::Status s = CheckDtype<T>(op_, dy); !s.ok()) return s;
+    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckPieces<T>(op_, axis_, dy.shape(), xs));
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
-      auto dx = ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape());
-      if (!dx.ok()) return dx.status();
-      pieces.push_back(*dx);
+      STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape()));
+      pieces.push_back(dx);
     }
-    ScatterPieces<T>(dy, pieces, *axis);
+    ScatterPieces<T>(dy, pieces, axis);
     return absl::OkStatus();
   }
-
- private:
-  Op op_;
-  int64_t axis_ = 0;
 };
 
 // Sizes of the pieces of a dim: equal parts, or `sections` with one -1 = rest.
@@ -420,93 +429,63 @@ absl::StatusOr<std::vector<int64_t>> PieceSizes(const Op& op, int64_t dim, int n
 }
 
 template <typename T>
-class SplitKernel : public OpKernel {
+class SplitKernel : public AxisKernel<true> {
  public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    auto axis = AttrInt(op, "axis");
-    if (!axis.ok()) return axis.status();
-    auto sections = AttrInts(op, "sections");
-    if (!sections.ok()) return sections.status();
-    axis_ = *axis;
-    sections_ = *sections;
-    return absl::OkStatus();
-  }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
-    const int axis = NormalizeAxis(axis_, x.rank());
-    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x.shape())));
-    auto sizes = PieceSizes(op_, x.dim(axis), ctx.num_outputs(), sections_);
-    if (!sizes.ok()) return sizes.status();
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
+    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
+    STRATA_NN_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
+                               PieceSizes(op_, x.dim(axis), ctx.num_outputs(), sections_));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       Shape shape = x.shape();
-      shape[axis] = (*sizes)[i];
-      auto y = ctx.AllocateOutput(i, x.dtype(), shape);
-      if (!y.ok()) return y.status();
-      pieces.push_back(*y);
+      shape[axis] = sizes[i];
+      STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(i, x.dtype(), shape));
+      pieces.push_back(y);
     }
     ScatterPieces<T>(x, pieces, axis);
     return absl::OkStatus();
   }
-
- private:
-  Op op_;
-  int64_t axis_ = 0;
-  std::vector<int64_t> sections_;
 };
 
 // split_grad(x, dys...) -> dx: zeros shaped like x, dys[k] in piece grad_outputs[k].
 template <typename T>
-class SplitGradKernel : public OpKernel {
+class SplitGradKernel : public AxisKernel<true> {
  public:
   absl::Status Init(const Op& op) {
-    op_ = op;
-    auto axis = AttrInt(op, "axis");
-    if (!axis.ok()) return axis.status();
-    auto sections = AttrInts(op, "sections");
-    if (!sections.ok()) return sections.status();
-    auto which = AttrInts(op, "grad_outputs");
-    if (!which.ok()) return which.status();
-    axis_ = *axis;
-    sections_ = *sections;
-    which_ = *which;
+    STRATA_NN_RETURN_IF_ERROR(AxisKernel<true>::Init(op));
+    STRATA_NN_ASSIGN_OR_RETURN(which_, AttrInts(op, "grad_outputs"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const int axis = NormalizeAxis(axis_, x.rank());
-    if (axis < 0) return Invalid(op_, absl::StrCat("axis ", axis_, " does not fit ", ShapeString(x.shape())));
-    auto sizes = PieceSizes(op_, x.dim(axis), static_cast<int>(sections_.size()), sections_);
-    if (!sizes.ok()) return sizes.status();
+    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
+    STRATA_NN_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
+                               PieceSizes(op_, x.dim(axis), static_cast<int>(sections_.size()), sections_));
     if (static_cast<int>(which_.size()) != ctx.num_inputs() - 1) return Invalid(op_, "one dy per grad_outputs entry");
-    std::vector<int64_t> offset(sizes->size() + 1, 0);
-    for (size_t i = 0; i < sizes->size(); ++i) offset[i + 1] = offset[i] + (*sizes)[i];
+    std::vector<int64_t> offset(sizes.size() + 1, 0);
+    for (size_t i = 0; i < sizes.size(); ++i) offset[i + 1] = offset[i] + sizes[i];
     const DataType dtype = DataTypeOf<T>::value;
-    auto dx = ctx.AllocateOutput(0, dtype, x.shape());
-    if (!dx.ok()) return dx.status();
-    std::memset((*dx)->raw_data(), 0, (*dx)->bytes());
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dtype, x.shape()));
     for (size_t k = 0; k < which_.size(); ++k) {
       const Tensor& dy = ctx.input(static_cast<int>(k) + 1);
-      if (which_[k] < 0 || which_[k] >= static_cast<int64_t>(sizes->size())) return Invalid(op_, "bad grad_outputs");
+      if (which_[k] < 0 || which_[k] >= static_cast<int64_t>(sizes.size())) return Invalid(op_, "bad grad_outputs");
       Shape want = x.shape();
-      want[axis] = (*sizes)[which_[k]];
+      want[axis] = sizes[which_[k]];
       if (dy.shape() != want || dy.dtype() != dtype) {
         return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not piece ", which_[k], " ",
                                          ShapeString(want)));
       }
       std::vector<int64_t> at = Zeros(x.rank());
       at[axis] = offset[which_[k]];
-      CopyBox<T>((*dx)->data<T>(), (*dx)->shape(), at, dy.data<T>(), dy.shape(), Zeros(dy.rank()), Dims(dy.shape()));
+      PutBox<T>(dx, at, dy);
     }
     return absl::OkStatus();
   }
 
  private:
-  Op op_;
-  int64_t axis_ = 0;
-  std::vector<int64_t> sections_, which_;
+  std::vector<int64_t> which_;
 };
 
 // ---- slice, slice_grad -----------------------------------------------------
@@ -515,15 +494,13 @@ class SplitGradKernel : public OpKernel {
 absl::Status SliceWindow(const Op& op, const Shape& x, const std::vector<int64_t>& axes,
                          const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
                          std::vector<int64_t>* at, std::vector<int64_t>* box) {
-  const int rank = static_cast<int>(x.size());
   if (starts.size() != axes.size() || ends.size() != axes.size()) {
     return Invalid(op, "axes, starts and ends differ in length");
   }
-  *at = Zeros(rank);
+  *at = Zeros(x.size());
   *box = Dims(x);
   for (size_t k = 0; k < axes.size(); ++k) {
-    const int a = NormalizeAxis(axes[k], rank);
-    if (a < 0) return Invalid(op, absl::StrCat("axis ", axes[k], " does not fit ", ShapeString(x)));
+    STRATA_NN_ASSIGN_OR_RETURN(const int a, CheckAxis(op, axes[k], x));
     const int64_t dim = x[a];
     // numpy: negative counts from the end, out of range clamps.
     int64_t s = starts[k] < 0 ? std::max<int64_t>(starts[k] + dim, 0) : std::min(starts[k], dim);
@@ -534,24 +511,17 @@ absl::Status SliceWindow(const Op& op, const Shape& x, const std::vector<int64_t
   return absl::OkStatus();
 }
 
-class SliceBase : public OpKernel {
+class SliceBase : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    auto axes = AttrInts(op, "axes");
-    if (!axes.ok()) return axes.status();
-    auto starts = AttrInts(op, "starts");
-    if (!starts.ok()) return starts.status();
-    auto ends = AttrInts(op, "ends");
-    if (!ends.ok()) return ends.status();
-    axes_ = *axes;
-    starts_ = *starts;
-    ends_ = *ends;
+    STRATA_NN_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
+    STRATA_NN_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
+    STRATA_NN_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
     return absl::OkStatus();
   }
 
  protected:
-  Op op_;
   std::vector<int64_t> axes_, starts_, ends_;
 };
 
@@ -560,12 +530,11 @@ class SliceKernel : public SliceBase {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    if (absl::Status s = CheckDtype<T>(op_, x); !s.ok()) return s;
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     std::vector<int64_t> at, box;
-    if (absl::Status s = SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box); !s.ok()) return s;
-    auto y = ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end()));
-    if (!y.ok()) return y.status();
-    CopyBox<T>((*y)->data<T>(), (*y)->shape(), Zeros(box.size()), x.data<T>(), x.shape(), at, box);
+    STRATA_NN_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end())));
+    TakeBox<T>(y, x, at);
     return absl::OkStatus();
   }
 };
@@ -576,16 +545,14 @@ class SliceGradKernel : public SliceBase {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
-    if (absl::Status s = CheckDtype<T>(op_, dy); !s.ok()) return s;
+    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
     std::vector<int64_t> at, box;
-    if (absl::Status s = SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box); !s.ok()) return s;
+    STRATA_NN_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
     if (Dims(dy.shape()) != box) {
       return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(box)));
     }
-    auto dx = ctx.AllocateOutput(0, dy.dtype(), x.shape());
-    if (!dx.ok()) return dx.status();
-    std::memset((*dx)->raw_data(), 0, (*dx)->bytes());
-    CopyBox<T>((*dx)->data<T>(), (*dx)->shape(), at, dy.data<T>(), dy.shape(), Zeros(box.size()), box);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dy.dtype(), x.shape()));
+    PutBox<T>(dx, at, dy);
     return absl::OkStatus();
   }
 };
