@@ -1,0 +1,152 @@
+// bench/compile_time: ParseProgramText + Compile (every pass, the schedule
+// and the memory plan) of a generated residual MLP with 1000 and 2000 blocks.
+// Goals: 1000 blocks under 1 s; 2000 blocks under 2.2x the 1000-block time
+// (near-linear scaling). The program text is generated outside the timer.
+// Compiling is single-threaded, so the goals are judged on the thread's CPU
+// time, which is what the wall time is on an idle machine; the wall time is
+// printed beside it (on a shared machine it includes waiting for a core).
+//
+//   bazel run //bench:compile_time -- [--repetitions=5] [--blocks=1000]
+//   compile_time --profile_blocks=2000   (only compiles, for perf/callgrind)
+
+#include <time.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "bench/bench_util.h"
+#include "compiler/compile.h"
+#include "compiler/program_text.h"
+
+namespace strata {
+namespace bench {
+namespace {
+
+constexpr int64_t kBatch = 64;
+
+GenOptions ResMlpOptions(int blocks) {
+  GenOptions o;
+  o.blocks = blocks;
+  return o;
+}
+
+struct OpCounts {
+  int forward = 0;  // FORWARD and LOSS roles
+  int total = 0;
+};
+
+absl::StatusOr<OpCounts> CountOps(int blocks) {
+  auto plan = CompileGenerated("resmlp", ResMlpOptions(blocks), kBatch);
+  if (!plan.ok()) return plan.status();
+  OpCounts c;
+  for (const Op& op : plan->program().op()) {
+    c.total++;
+    c.forward += op.role() == FORWARD || op.role() == LOSS;
+  }
+  return c;
+}
+
+// Validates the compiled plan before anything is timed: the forward program
+// has 7 ops per block (layer_norm, matmul, add, gelu, matmul, add, residual
+// add) plus 6 (embedding matmul+add, head matmul+add, loss, accuracy), and the
+// whole plan grows by the same number of ops for every block.
+absl::Status Validate(int blocks) {
+  auto one = CountOps(1), two = CountOps(2), n = CountOps(blocks);
+  if (!one.ok()) return one.status();
+  if (!two.ok()) return two.status();
+  if (!n.ok()) return n.status();
+  const int per_block = two->total - one->total;
+  const int want_total = one->total + (blocks - 1) * per_block;
+  const int want_forward = 7 * blocks + 6;
+  if (n->forward != want_forward || n->total != want_total) {
+    return absl::InternalError(absl::StrCat("validation: ", blocks, " blocks compiled to ", n->forward, " forward / ",
+                                            n->total, " ops, want ", want_forward, " / ", want_total));
+  }
+  std::printf("validated %d blocks: %d forward ops, %d ops in the plan (%d per block)\n", blocks, n->forward, n->total,
+              per_block);
+  return absl::OkStatus();
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct Seconds {
+  double cpu = 0;
+  double wall = 0;
+  double parse_cpu = 0;  // the ParseProgramText share of cpu
+};
+
+absl::StatusOr<Seconds> MedianCompileSeconds(int blocks, int repetitions) {
+  auto text = GenerateProgram("resmlp", ResMlpOptions(blocks));
+  if (!text.ok()) return text.status();
+  std::vector<double> cpu, wall, parse_cpu;
+  for (int r = 0; r < repetitions; ++r) {
+    auto t0 = Clock::now();
+    const double c0 = ThreadCpuSeconds();
+    auto program = ParseProgramText(*text, "resmlp.pbtxt");
+    if (!program.ok()) return program.status();
+    parse_cpu.push_back(ThreadCpuSeconds() - c0);
+    CompileOptions options;
+    options.batch_size = kBatch;
+    auto result = Compile(*program, Strategy(), options);
+    if (!result.ok()) return result.status();
+    cpu.push_back(ThreadCpuSeconds() - c0);
+    wall.push_back(SecondsSince(t0));
+  }
+  return Seconds{Median(cpu), Median(wall), Median(parse_cpu)};
+}
+
+absl::Status Run(int blocks, int repetitions) {
+  if (auto s = Validate(blocks); !s.ok()) return s;
+  if (auto s = Validate(2 * blocks); !s.ok()) return s;
+  auto small = MedianCompileSeconds(blocks, repetitions);
+  if (!small.ok()) return small.status();
+  auto big = MedianCompileSeconds(2 * blocks, repetitions);
+  if (!big.ok()) return big.status();
+  const double ratio = big->cpu / small->cpu;
+  std::printf("compile_time (parse + all passes, median of %d): %d blocks %.3f s CPU (%.3f s wall), "
+              "%d blocks %.3f s CPU (%.3f s wall)\n",
+              repetitions, blocks, small->cpu, small->wall, 2 * blocks, big->cpu, big->wall);
+  std::printf("  of which parsing: %.3f s and %.3f s CPU\n", small->parse_cpu, big->parse_cpu);
+  std::printf("  %d blocks under 1 s: %s\n", blocks, small->cpu < 1.0 ? "PASS" : "MISS");
+  std::printf("  ratio %d/%d = %.2f CPU (%.2f wall), goal < 2.2: %s\n", 2 * blocks, blocks, ratio,
+              big->wall / small->wall, ratio < 2.2 ? "PASS" : "MISS");
+  std::printf("RESULT blocks=%d cpu_seconds=%.4f wall_seconds=%.4f blocks2=%d cpu_seconds2=%.4f wall_seconds2=%.4f "
+              "ratio=%.3f\n",
+              blocks, small->cpu, small->wall, 2 * blocks, big->cpu, big->wall, ratio);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace strata
+
+int main(int argc, char** argv) {
+  using strata::bench::IntFlag;
+  const int64_t repetitions = IntFlag(argc, argv, "repetitions", 5);
+  const int64_t blocks = IntFlag(argc, argv, "blocks", 1000);
+  if (const int64_t profile_blocks = IntFlag(argc, argv, "profile_blocks", 0); profile_blocks > 0) {
+    auto secs = strata::bench::MedianCompileSeconds(static_cast<int>(profile_blocks), static_cast<int>(repetitions));
+    if (!secs.ok()) {
+      std::fprintf(stderr, "compile_time: %s\n", std::string(secs.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%lld blocks: %.3f s CPU (parsing %.3f s), %.3f s wall (median of %lld)\n",
+                static_cast<long long>(profile_blocks), secs->cpu, secs->parse_cpu, secs->wall,
+                static_cast<long long>(repetitions));
+    return 0;
+  }
+  if (repetitions < 1 || blocks < 1 || blocks > 50000) {
+    std::fprintf(stderr, "compile_time: --repetitions must be >= 1, --blocks in 1..50000\n");
+    return 2;
+  }
+  absl::Status s = strata::bench::Run(static_cast<int>(blocks), static_cast<int>(repetitions));
+  if (!s.ok()) {
+    std::fprintf(stderr, "compile_time: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
