@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package Strata's build, tests, examples and benchmarks
-# need. Idempotent: packages already present are left alone. Run as root (or sudo).
+# need. Idempotent: packages already present are left alone. Installs as root
+# (through sudo when run by another user).
 set -euo pipefail
 
 packages=(
@@ -24,7 +25,8 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "install_deps: missing ${missing[*]}; run as root (sudo tools/install_deps.sh)" >&2
+  if command -v sudo >/dev/null 2>&1; then exec sudo "$0" "$@"; fi
+  echo "install_deps: missing ${missing[*]}; run as root" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
