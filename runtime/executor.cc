@@ -369,13 +369,18 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   return result;
 }
 
-absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
+absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset,
+                                              int64_t rows) {
   StepResult result;
-  auto rows = CheckFeeds(feeds);
-  absl::Status status = rows.status();
+  auto fed = CheckFeeds(feeds);
+  absl::Status status = fed.status();
+  if (status.ok() && rows >= 0 && *fed >= 0 && *fed != rows) {
+    status = absl::InvalidArgumentError(absl::StrCat("evaluation batch has ", *fed, " rows, expected ", rows));
+  }
   if (status.ok()) {
+    if (rows < 0) rows = *fed < 0 ? 1 : *fed;
     for (size_t f = 0; f < feeds_.size(); ++f) scopes_[0][feed_slots_[f]] = feeds.at(feeds_[f]->name());
-    RunContext run = MakeRunContext(sample_offset, false, 1, *rows < 0 ? 1 : *rows);
+    RunContext run = MakeRunContext(sample_offset, false, 1, rows);
     status = RunSection(forward_, 0, run);
     if (status.ok()) Accumulate(0, &result);
   }

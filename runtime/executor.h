@@ -55,7 +55,10 @@ class Executor {
   absl::StatusOr<StepResult> TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows);
   // Forward only over one batch of any size, dropout off; nothing is updated.
   // On a pipeline every rank calls it with the same batch.
-  absl::StatusOr<StepResult> Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
+  // `rows` is the batch's size (a pipeline stage that reads no feed needs it
+  // for the shapes it receives); -1 takes it from the feeds.
+  absl::StatusOr<StepResult> Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset,
+                                      int64_t rows = -1);
 
   // FEED vars read by the program, with their declared types.
   const std::vector<const Var*>& feeds() const { return feeds_; }

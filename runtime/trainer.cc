@@ -102,7 +102,7 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
     DropUnreadFeeds(executor, &*feeds);
-    auto r = executor.Evaluate(*feeds, 0);
+    auto r = executor.Evaluate(*feeds, 0, n);
     if (!r.ok()) return r.status();
     loss_sum += r->loss * n;
     if (!acc_fetch.empty()) acc_sum += r->fetches[acc_fetch] * n;

@@ -29,6 +29,7 @@ TrainOptions BaseOptions(const ParityOptions& options) {
   t.seed = options.seed;
   t.progress = false;
   t.comm_timeout_s = 60;
+  t.eval_data = options.eval_data;
   return t;
 }
 
@@ -55,6 +56,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   auto report = Train(compiled->plans[0], BaseOptions(options));
   if (!report.ok()) return report.status();
   for (const auto& s : report->steps) run.losses.push_back(s.loss);
+  if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
   for (const auto& [name, values] : report->final_state) {
     if (IsParam(compiled->plans[0].program(), name)) run.weights[name] = values;
   }
@@ -102,6 +104,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
       }
       if (report->reports_loss) {
         for (const auto& s : report->steps) run.losses.push_back(s.loss);
+        if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
       }
       for (const auto& [name, values] : report->final_state) {
         if (!IsParam(plan.program(), name)) continue;

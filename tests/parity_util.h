@@ -19,6 +19,7 @@ struct ParityRun {
   std::vector<double> losses;                              // per step
   std::map<std::string, std::vector<double>> weights;      // parameters after the run
   std::map<std::string, std::vector<double>> initial_weights;  // single device only: before the run
+  double eval_loss = 0;                                    // after the run, when options.eval_data is set
   std::map<int, int64_t> measured_peak_bytes;              // per rank
   std::map<int, int64_t> predicted_peak_bytes;             // per rank
 };
@@ -27,6 +28,7 @@ struct ParityOptions {
   std::string data = "synthetic:classes=10,size=2048";
   int64_t steps = 20;
   uint64_t seed = 1;
+  std::string eval_data;  // evaluated at the end of the run (every rank takes part)
 };
 
 // One device, one batch of `batch_size` per step (no strategy).

@@ -134,6 +134,7 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
   ASSERT_TRUE(program.ok()) << program.status();
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=300,test";  // a pipelined evaluation, batch not a multiple of anything
   for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
     SCOPED_TRACE(ScheduleKind_Name(kind));
     auto single = TrainSingleDevice(*program, 5 * 4, options);
@@ -144,6 +145,8 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
     std::string worst;
     EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
     EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+    EXPECT_GT(single->eval_loss, 0);
+    EXPECT_NEAR(parallel->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
   }
 }
 
