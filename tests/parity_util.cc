@@ -30,6 +30,8 @@ TrainOptions BaseOptions(const ParityOptions& options) {
   t.progress = false;
   t.comm_timeout_s = 60;
   t.eval_data = options.eval_data;
+  t.save_dir = options.save_dir;
+  t.load_dir = options.load_dir;
   return t;
 }
 

@@ -29,6 +29,8 @@ struct ParityOptions {
   int64_t steps = 20;
   uint64_t seed = 1;
   std::string eval_data;  // evaluated at the end of the run (every rank takes part)
+  std::string save_dir;   // checkpoint at the end
+  std::string load_dir;   // resume from a checkpoint
 };
 
 // One device, one batch of `batch_size` per step (no strategy).

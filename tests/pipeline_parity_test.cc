@@ -152,3 +152,47 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A checkpoint written by a 3-stage pipeline (one file per rank, keyed by
+// global names) resumes on one device: 6 pipelined steps, then 6 more on one
+// device, equal 12 steps on one device.
+TEST(PipelineCheckpointTest, APipelineCheckpointResumesOnOneDevice) {
+  GenOptions gen;
+  gen.layers = {24, 32, 10};
+  gen.blocks = 4;
+  gen.dtype = "F64";
+  gen.optimizer = "adam";
+  Program program = Generate("resmlp", 3, gen);
+  program.mutable_optimizer()->mutable_lr_schedule()->mutable_cosine()->set_decay_steps(12);
+  const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/pp_ckpt";
+  ParityOptions base;
+  base.data = "synthetic:classes=10,size=512";
+
+  ParityOptions full = base;
+  full.steps = 12;
+  auto reference = TrainSingleDevice(program, 16, full);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+
+  ParityOptions first = base;
+  first.steps = 6;
+  first.save_dir = dir;
+  auto pipelined = TrainParallel(program, Pipeline(4, 4, ONE_F_ONE_B), first);
+  ASSERT_TRUE(pipelined.ok()) << pipelined.status();
+  ParityOptions second = base;
+  second.steps = 12;
+  second.load_dir = dir;
+  auto resumed = TrainSingleDevice(program, 16, second);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(resumed->losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(resumed->losses[i], reference->losses[6 + i], kTolerance * reference->losses[6 + i]) << "step " << 7 + i;
+  }
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*resumed, *reference, &worst), kTolerance) << worst;
+}
+
+}  // namespace
+}  // namespace strata
