@@ -92,4 +92,22 @@ RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
   --store "file://$store5" >"$tmp/t1.txt" 2>&1 || fail "torchrun-style rank 1 failed: $(cat "$tmp/t1.txt")"
 wait $t0 || fail "torchrun-style rank 0 failed: $(cat "$tmp/t0.txt")"
 grep -q "final train loss" "$tmp/t1.txt" || fail "the torchrun-style job reported no loss"
+
+# 6. The job's trace has a track per rank with every forward and backward by
+#    micro-batch, the transfers and the optimizer; --compare_single prints
+#    both loss columns.
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 2 --data synthetic --quiet \
+  --trace "$tmp/trace.json" --compare_single >"$tmp/out6.txt" 2>"$tmp/err6.txt" || fail "traced job failed: $(cat "$tmp/err6.txt")"
+/usr/bin/python3 - "$tmp/trace.json" <<'PY' || fail "bad trace"
+import json, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+for rank in (0, 1):
+    names = {e["name"] for e in events if e["tid"] == rank and e["cat"] == "action"}
+    want = {"F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3", "OPT"}
+    assert want <= names, (rank, sorted(names))
+    assert any(e["cat"] == "comm" and e["tid"] == rank for e in events), rank
+assert any(e["name"].startswith("send") for e in events) and any(e["name"].startswith("recv") for e in events)
+PY
+grep -q "single_loss" "$tmp/out6.txt" && grep -q "max relative difference" "$tmp/out6.txt" || fail "--compare_single printed no comparison"
+[ ! -e "$tmp/trace.json.rank0" ] || fail "the per-rank trace parts were left behind"
 echo PASS
