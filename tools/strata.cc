@@ -365,6 +365,7 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
   }
   TrainOptions t = TrainOptionsFromFlags(static_cast<uint64_t>(program->seed()));
   t.metrics_path.clear();
+  t.trace_path.clear();
   t.save_dir.clear();
   t.load_dir.clear();
   t.eval_data.clear();
