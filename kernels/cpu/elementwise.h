@@ -31,19 +31,66 @@ inline constexpr int64_t kElementwiseMinChunk = 32768;
 template <typename T>
 using AccumulatorOf = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
 
+namespace internal {
+
+// Elements per block of the maps below: a constant trip count that gcc's
+// -O2 ("very cheap") vectorizer turns into straight SIMD code.
+inline constexpr int64_t kMapBlock = 16;
+
+// Whether [a, a + n) and [b, b + m) share a byte.
+template <typename A, typename B>
+inline bool Overlap(const A* a, int64_t n, const B* b, int64_t m) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + static_cast<uintptr_t>(m) * sizeof(B) && b0 < a0 + static_cast<uintptr_t>(n) * sizeof(A);
+}
+
+// y[i] = f(x[i]) over non-overlapping ranges (__restrict: no alias checks,
+// so the blocked loop vectorizes).
+template <typename T, typename U, typename F>
+inline void UnaryLoop(int64_t n, const T* __restrict x, U* __restrict y, F f) {
+  int64_t i = 0;
+  for (; i + kMapBlock <= n; i += kMapBlock) {
+    for (int64_t k = 0; k < kMapBlock; ++k) y[i + k] = f(x[i + k]);
+  }
+  for (; i < n; ++i) y[i] = f(x[i]);
+}
+
+// z[i] = f(x[i], y[i]) over ranges z does not overlap.
+template <typename T, typename U, typename F>
+inline void BinaryLoop(int64_t n, const T* __restrict x, const T* __restrict y, U* __restrict z, F f) {
+  int64_t i = 0;
+  for (; i + kMapBlock <= n; i += kMapBlock) {
+    for (int64_t k = 0; k < kMapBlock; ++k) z[i + k] = f(x[i + k], y[i + k]);
+  }
+  for (; i < n; ++i) z[i] = f(x[i], y[i]);
+}
+
+}  // namespace internal
+
 // y[i] = f(x[i]) for i in [0, n).
 template <typename T, typename U, typename F>
 void UnaryMap(int64_t n, const T* x, U* y, F f) {
+  const bool overlap = internal::Overlap(x, n, y, n);
   ParallelFor(n, kElementwiseMinChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) y[i] = f(x[i]);
+    if (overlap) {
+      for (int64_t i = begin; i < end; ++i) y[i] = f(x[i]);
+    } else {
+      internal::UnaryLoop(end - begin, x + begin, y + begin, f);
+    }
   });
 }
 
-// z[i] = f(x[i], y[i]) for i in [0, n): same-shape binary map.
+// z[i] = f(x[i], y[i]) for i in [0, n): same-shape binary map. z may be x or
+// y (in-place accumulation); that case takes the plain loop.
 template <typename T, typename U, typename F>
 void BinaryMap(int64_t n, const T* x, const T* y, U* z, F f) {
+  const bool overlap = internal::Overlap(x, n, z, n) || internal::Overlap(y, n, z, n);
   ParallelFor(n, kElementwiseMinChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) z[i] = f(x[i], y[i]);
+    if (overlap) {
+      for (int64_t i = begin; i < end; ++i) z[i] = f(x[i], y[i]);
+    } else {
+      internal::BinaryLoop(end - begin, x + begin, y + begin, z + begin, f);
+    }
   });
 }
 
@@ -103,16 +150,32 @@ absl::StatusOr<BroadcastPlan> MakeBroadcastPlanTo(absl::Span<const int64_t> x, a
                                                   absl::Span<const int64_t> out);
 
 namespace internal {
+// z[i] = f(a, y[i]) or, with kScalarFirst false, f(y[i], a), over ranges z
+// does not overlap.
+template <bool kScalarFirst, typename T, typename U, typename F>
+inline void ScalarLoop(int64_t n, const T a, const T* __restrict y, U* __restrict z, F f) {
+  int64_t i = 0;
+  for (; i + kMapBlock <= n; i += kMapBlock) {
+    for (int64_t k = 0; k < kMapBlock; ++k) z[i + k] = kScalarFirst ? f(a, y[i + k]) : f(y[i + k], a);
+  }
+  for (; i < n; ++i) z[i] = kScalarFirst ? f(a, y[i]) : f(y[i], a);
+}
+
 template <typename T, typename U, typename F>
 inline void InnerLoop(int64_t n, const T* x, int64_t sx, const T* y, int64_t sy, U* z, F f) {
-  // Separate loops per stride pattern so each vectorizes.
+  // Separate loops per stride pattern so each vectorizes; an output that
+  // overlaps an input takes the plain loops.
+  const bool overlap = Overlap(x, sx == 1 ? n : 1, z, n) || Overlap(y, sy == 1 ? n : 1, z, n);
   if (sx == 1 && sy == 1) {
+    if (!overlap) return BinaryLoop(n, x, y, z, f);
     for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], y[i]);
   } else if (sx == 1) {
     const T b = y[0];
+    if (!overlap) return ScalarLoop<false>(n, b, x, z, f);
     for (int64_t i = 0; i < n; ++i) z[i] = f(x[i], b);
   } else if (sy == 1) {
     const T a = x[0];
+    if (!overlap) return ScalarLoop<true>(n, a, y, z, f);
     for (int64_t i = 0; i < n; ++i) z[i] = f(a, y[i]);
   } else {
     const U c = f(x[0], y[0]);

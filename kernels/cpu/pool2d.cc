@@ -8,7 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -157,6 +162,146 @@ inline T MaxValue(const T* plane, int64_t width, const Window& win) {
   return best;
 }
 
+// Fast path for 2x2 windows at stride 2 without padding (the usual
+// downsampling layer): disjoint windows, so one branch-free pass per pair of
+// input rows, four outputs at a time with SSE2 for F32. It picks exactly what
+// MaxValue / ArgMax pick, NaN and ties included.
+bool IsDisjoint2x2(const PoolGeometry& g) {
+  return g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
+}
+
+// One step of the window scan in ArgMax / MaxValue: v replaces the best so far
+// when larger or NaN.
+template <typename T>
+inline bool MaxTakes(T best, T v) {
+  return (v > best) | (v != v);
+}
+
+#if defined(__SSE2__)
+// Lane masks of MaxTakes, and a lane-wise mask ? a : b.
+inline __m128 MaxTakes4(__m128 best, __m128 v) { return _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_cmpunord_ps(v, v)); }
+inline __m128 Select4(__m128 mask, __m128 a, __m128 b) { return _mm_or_ps(_mm_and_ps(mask, a), _mm_andnot_ps(mask, b)); }
+
+// The four window elements (top-left a, top-right b, bottom-left c,
+// bottom-right d) of outputs [ow, ow + 4), split out of two input rows.
+struct Windows4 {
+  __m128 a, b, c, d;
+  Windows4(const float* r0, const float* r1, int64_t ow) {
+    const __m128 x0 = _mm_loadu_ps(r0 + 2 * ow), x1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+    const __m128 y0 = _mm_loadu_ps(r1 + 2 * ow), y1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+    a = _mm_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0));
+    b = _mm_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1));
+    c = _mm_shuffle_ps(y0, y1, _MM_SHUFFLE(2, 0, 2, 0));
+    d = _mm_shuffle_ps(y0, y1, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+};
+#endif
+
+// out [Ho, Wo] = max of each 2x2 window of plane [H, W] (row length w).
+template <typename T>
+void MaxPool2x2Plane(const T* plane, int64_t w, int64_t ho, int64_t wo, T* out) {
+  for (int64_t oh = 0; oh < ho; ++oh) {
+    const T* r0 = plane + 2 * oh * w;
+    const T* r1 = r0 + w;
+    T* o = out + oh * wo;
+    int64_t ow = 0;
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<T, float>) {
+      // Outputs [ow, ow + 4) read columns up to 2 * ow + 7 < 2 * wo <= w.
+      auto four = [&](int64_t ow) {
+        const Windows4 v(r0, r1, ow);
+        __m128 best = v.a;
+        best = Select4(MaxTakes4(best, v.b), v.b, best);
+        best = Select4(MaxTakes4(best, v.c), v.c, best);
+        best = Select4(MaxTakes4(best, v.d), v.d, best);
+        _mm_storeu_ps(o + ow, best);
+      };
+      for (; ow + 4 <= wo; ow += 4) four(ow);
+      // A ragged end redoes the last four outputs (same values) rather than
+      // going scalar.
+      if (ow < wo && wo >= 4) {
+        four(wo - 4);
+        ow = wo;
+      }
+    }
+#endif
+    for (; ow < wo; ++ow) {
+      // MaxValue starts from -inf, and max(-inf, a) is a bit for bit.
+      T best = r0[2 * ow];
+      const T b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+      best = MaxTakes(best, b) ? b : best;
+      best = MaxTakes(best, c) ? c : best;
+      best = MaxTakes(best, d) ? d : best;
+      o[ow] = best;
+    }
+  }
+}
+
+// dx [H, W] of one plane: each dy to its 2x2 window's ArgMax, zero elsewhere
+// (written as 0 + dy, the sum the generic scatter-add computes).
+template <typename T>
+void MaxPool2x2GradPlane(const T* plane, const T* grad, int64_t h, int64_t w, int64_t ho, int64_t wo, T* dx) {
+  for (int64_t oh = 0; oh < ho; ++oh) {
+    const T* r0 = plane + 2 * oh * w;
+    const T* r1 = r0 + w;
+    const T* gr = grad + oh * wo;
+    T* d0 = dx + 2 * oh * w;
+    T* d1 = d0 + w;
+    int64_t ow = 0;
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<T, float>) {
+      const __m128 zero = _mm_setzero_ps();
+      auto four = [&](int64_t ow) {
+        const Windows4 v(r0, r1, ow);
+        const __m128 tb = MaxTakes4(v.a, v.b);
+        const __m128 best_ab = Select4(tb, v.b, v.a);
+        const __m128 tc = MaxTakes4(best_ab, v.c);
+        const __m128 td = MaxTakes4(Select4(tc, v.c, best_ab), v.d);
+        const __m128 g = _mm_add_ps(zero, _mm_loadu_ps(gr + ow));
+        // The last element taken wins: d if td, else c if tc, else b if tb, else a.
+        const __m128 gd = _mm_and_ps(td, g);
+        const __m128 gc = _mm_andnot_ps(td, _mm_and_ps(tc, g));
+        const __m128 gb = _mm_andnot_ps(_mm_or_ps(tc, td), _mm_and_ps(tb, g));
+        const __m128 ga = _mm_andnot_ps(_mm_or_ps(tb, _mm_or_ps(tc, td)), g);
+        _mm_storeu_ps(d0 + 2 * ow, _mm_unpacklo_ps(ga, gb));
+        _mm_storeu_ps(d0 + 2 * ow + 4, _mm_unpackhi_ps(ga, gb));
+        _mm_storeu_ps(d1 + 2 * ow, _mm_unpacklo_ps(gc, gd));
+        _mm_storeu_ps(d1 + 2 * ow + 4, _mm_unpackhi_ps(gc, gd));
+      };
+      for (; ow + 4 <= wo; ow += 4) four(ow);
+      // As in the forward pass: plain stores, so redoing outputs is harmless.
+      if (ow < wo && wo >= 4) {
+        four(wo - 4);
+        ow = wo;
+      }
+    }
+#endif
+    for (; ow < wo; ++ow) {
+      const T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+      T best = a;
+      int taken = 0;
+      if (MaxTakes(best, b)) {
+        best = b;
+        taken = 1;
+      }
+      if (MaxTakes(best, c)) {
+        best = c;
+        taken = 2;
+      }
+      if (MaxTakes(best, d)) taken = 3;
+      const T g = T(0) + gr[ow];
+      d0[2 * ow] = taken == 0 ? g : T(0);
+      d0[2 * ow + 1] = taken == 1 ? g : T(0);
+      d1[2 * ow] = taken == 2 ? g : T(0);
+      d1[2 * ow + 1] = taken == 3 ? g : T(0);
+    }
+    // An odd last column lies in no window.
+    for (int64_t x = 2 * wo; x < w; ++x) d0[x] = d1[x] = T(0);
+  }
+  // So does an odd last row.
+  std::fill(dx + 2 * ho * w, dx + h * w, T(0));
+}
+
 // Base of the four pooling kernels: reads the pooling attrs.
 class PoolKernel : public OpKernel {
  public:
@@ -181,6 +326,10 @@ class Pool2dKernel : public PoolKernel {
     const T* px = x.data<T>();
     T* py = y->data<T>();
     const bool exclusive = attrs_.exclusive;
+    if (kMax && IsDisjoint2x2(g)) {
+      ForEachPlane(g, [&](int64_t pl) { MaxPool2x2Plane(px + pl * g.h * g.w, g.w, g.ho, g.wo, py + pl * g.ho * g.wo); });
+      return absl::OkStatus();
+    }
     const Windows windows(g);
     ForEachPlane(g, [&](int64_t pl) {
       const T* plane = px + pl * g.h * g.w;
@@ -224,6 +373,12 @@ class MaxPool2dGradKernel : public PoolKernel {
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
+    if (IsDisjoint2x2(g)) {
+      ForEachPlane(g, [&](int64_t pl) {
+        MaxPool2x2GradPlane(px + pl * g.h * g.w, pdy + pl * g.ho * g.wo, g.h, g.w, g.ho, g.wo, pdx + pl * g.h * g.w);
+      });
+      return absl::OkStatus();
+    }
     const Windows windows(g);
     ForEachPlane(g, [&](int64_t pl) {
       const T* plane = px + pl * g.h * g.w;
