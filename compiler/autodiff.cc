@@ -11,13 +11,13 @@ namespace strata {
 namespace {
 
 // Appends ops and typed vars to the program on behalf of gradient makers.
+// Types are keyed by views of the program's var names (vars never move once
+// added); names handed out but not yet declared are kept apart.
 class BackwardEmitter {
  public:
   explicit BackwardEmitter(Program* program) : program_(program) {
-    for (const Var& v : program->var()) {
-      types_[v.name()] = TypeOf(v);
-      names_.insert(v.name());
-    }
+    types_.reserve(2 * program->var_size());
+    for (const Var& v : program->var()) types_[v.name()] = TypeOf(v);
   }
 
   const TensorType& type(const std::string& var) const { return types_.at(var); }
@@ -25,15 +25,24 @@ class BackwardEmitter {
 
   std::string FreshName(const std::string& hint) {
     std::string name = hint;
-    for (int k = 2; names_.count(name); ++k) name = absl::StrCat(hint, "@", k);
-    names_.insert(name);
+    for (int k = 2; taken(name); ++k) name = absl::StrCat(hint, "@", k);
+    fresh_.insert(name);
     return name;
   }
-  void Reserve(const std::string& name) { names_.insert(name); }
+  void Reserve(const std::string& name) { fresh_.insert(name); }
 
   absl::Status Emit(const Op& like, const std::string& type, std::vector<std::string> inputs,
                     std::vector<std::string> outputs, const std::map<std::string, AttrValue>& attrs) {
-    Op op;
+    const std::string what = absl::StrCat("gradient of op #", like.uid(), " '", like.type(), "' emits '", type, "'");
+    const OpSchema* schema = OpRegistry::Global().Find(type);
+    if (schema == nullptr) return absl::InternalError(absl::StrCat(what, ": unregistered op"));
+    // Built in place (no copy into the program, which may live on an arena);
+    // taken out again if it turns out invalid.
+    Op& op = *program_->add_op();
+    auto fail = [&](absl::Status s) {
+      program_->mutable_op()->RemoveLast();
+      return s;
+    };
     op.set_type(type);
     for (auto& in : inputs) op.add_input(std::move(in));
     for (auto& out : outputs) op.add_output(std::move(out));
@@ -43,37 +52,39 @@ class BackwardEmitter {
     op.set_uid(like.uid());
     op.set_line(like.line());
     op.set_role(BACKWARD);
-    const std::string what = absl::StrCat("gradient of op #", like.uid(), " '", like.type(), "' emits '", type, "'");
-    const OpSchema* schema = OpRegistry::Global().Find(type);
-    if (schema == nullptr) return absl::InternalError(absl::StrCat(what, ": unregistered op"));
-    if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return absl::InternalError(absl::StrCat(what, ": ", s.message()));
+    if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", s.message())));
     std::vector<TensorType> input_types;
+    input_types.reserve(op.input_size());
     for (const auto& in : op.input()) {
       auto it = types_.find(in);
-      if (it == types_.end()) return absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined"));
+      if (it == types_.end()) return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
       input_types.push_back(it->second);
     }
-    auto out_types = InferOutputTypes(*schema, op, input_types);
-    if (!out_types.ok()) return absl::InternalError(absl::StrCat(what, ": ", out_types.status().message()));
+    auto out_types = InferOutputTypes(*schema, op, std::move(input_types));
+    if (!out_types.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", out_types.status().message())));
     for (int k = 0; k < op.output_size(); ++k) {
       const std::string& out = op.output(k);
-      if (types_.count(out)) return absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists"));
-      types_[out] = (*out_types)[k];
-      names_.insert(out);
+      bool exists = types_.count(out) > 0;
+      for (int j = 0; j < k && !exists; ++j) exists = op.output(j) == out;
+      if (exists) return fail(absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists")));
+    }
+    for (int k = 0; k < op.output_size(); ++k) {
       Var* v = program_->add_var();
-      v->set_name(out);
+      v->set_name(op.output(k));
       v->set_dtype((*out_types)[k].dtype);
       for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
       v->set_kind(ACTIVATION);
+      types_.emplace(v->name(), std::move((*out_types)[k]));
     }
-    *program_->add_op() = std::move(op);
     return absl::OkStatus();
   }
 
  private:
+  bool taken(const std::string& name) const { return types_.count(name) > 0 || fresh_.count(name) > 0; }
+
   Program* program_;
-  absl::flat_hash_map<std::string, TensorType> types_;
-  absl::flat_hash_set<std::string> names_;
+  absl::flat_hash_map<absl::string_view, TensorType> types_;  // every var of the program
+  absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
 };
 
 // Gradient contributions flowing into each var, summed when the producer is reached.
@@ -146,45 +157,52 @@ absl::Status AppendBackward(Program* program) {
     if (schemas[i] == nullptr) return absl::InternalError(absl::StrCat("unknown op ", program->op(i).type()));
   }
 
-  // Vars that depend on a trainable parameter through differentiable ops.
-  absl::flat_hash_set<std::string> requires_grad;
+  // Vars that depend on a trainable parameter through differentiable ops,
+  // and vars the loss depends on, flagged by GraphIndex id (forward vars only;
+  // the index is built before the program grows).
   const GraphIndex index(*program);
+  std::vector<char> requires_grad(index.num_ids(), 0), reaches_loss(index.num_ids(), 0);
+  auto flagged = [&](const std::vector<char>& set, const std::string& name) {
+    const int id = index.id(name);
+    return id >= 0 && set[id];
+  };
   for (const Var& v : program->var()) {
-    if (v.kind() == PARAM && !v.frozen()) requires_grad.insert(v.name());
+    if (v.kind() == PARAM && !v.frozen()) requires_grad[index.id(v.name())] = 1;
   }
   for (int i = 0; i < num_forward; ++i) {
     const Op& op = program->op(i);
     if (!schemas[i]->differentiable) continue;
     bool any = false;
-    for (const auto& in : op.input()) any |= requires_grad.count(in) > 0;
+    for (const auto& in : op.input()) any |= flagged(requires_grad, in);
     if (!any) continue;
     for (const auto& out : op.output()) {
-      if (IsFloating(index.type(out).dtype)) requires_grad.insert(out);
+      const Var* v = index.var(out);
+      if (v != nullptr && IsFloating(v->dtype())) requires_grad[index.id(out)] = 1;
     }
   }
-  // Vars the loss depends on through differentiable ops.
-  absl::flat_hash_set<std::string> reaches_loss = {program->loss()};
+  if (int id = index.id(program->loss()); id >= 0) reaches_loss[id] = 1;
   std::vector<bool> differentiate(num_forward, false);
   for (int i = num_forward - 1; i >= 0; --i) {
     const Op& op = program->op(i);
     if (!schemas[i]->differentiable) continue;
     bool out_reaches = false;
-    for (const auto& out : op.output()) out_reaches |= reaches_loss.count(out) > 0;
+    for (const auto& out : op.output()) out_reaches |= flagged(reaches_loss, out);
     if (!out_reaches) continue;
     bool in_requires = false;
-    for (const auto& in : op.input()) in_requires |= requires_grad.count(in) > 0;
+    for (const auto& in : op.input()) in_requires |= flagged(requires_grad, in);
     if (!in_requires) continue;
     differentiate[i] = true;
     for (const auto& in : op.input()) {
-      if (requires_grad.count(in)) reaches_loss.insert(in);
+      if (flagged(requires_grad, in)) reaches_loss[index.id(in)] = 1;
     }
   }
+  auto needs_grad = [&](const std::string& var) { return flagged(requires_grad, var) && flagged(reaches_loss, var); };
 
   GradAccumulator acc;
   for (int i = 0; i < num_forward; ++i) {
     if (!differentiate[i]) continue;
     for (const auto& in : program->op(i).input()) {
-      if (requires_grad.count(in) && reaches_loss.count(in)) ++acc.expected[in];
+      if (needs_grad(in)) ++acc.expected[in];
     }
   }
 
@@ -196,7 +214,7 @@ absl::Status AppendBackward(Program* program) {
     }
   }
   if (loss_producer < 0) return absl::InternalError("loss has no producer");
-  const Op loss_op = program->op(loss_producer);
+  const Op& loss_op = program->op(loss_producer);  // ops never move as more are added
   std::string loss_grad = emitter.FreshName(absl::StrCat(program->loss(), "@grad"));
   if (auto s = emitter.Emit(loss_op, "fill_like", {program->loss()}, {loss_grad}, {{"value", FloatAttr(1.0)}}); !s.ok()) {
     return s;
@@ -216,7 +234,7 @@ absl::Status AppendBackward(Program* program) {
 
   for (int i = num_forward - 1; i >= 0; --i) {
     if (!differentiate[i]) continue;
-    const Op op = program->op(i);  // copy: the program grows while we emit
+    const Op& op = program->op(i);  // stays put while the program grows
     std::vector<std::string> output_grads;
     for (const auto& out : op.output()) {
       auto g = finalize(out, op);
@@ -224,7 +242,7 @@ absl::Status AppendBackward(Program* program) {
       output_grads.push_back(*g);
     }
     std::vector<bool> needs;
-    for (const auto& in : op.input()) needs.push_back(requires_grad.count(in) && reaches_loss.count(in));
+    for (const auto& in : op.input()) needs.push_back(needs_grad(in));
     GradBuilderImpl builder(op, &emitter, &acc, output_grads, needs);
     if (auto s = schemas[i]->grad_fn(builder); !s.ok()) {
       return absl::InternalError(absl::StrCat("gradient of ", OpLocation(*program, i), ": ", s.message()));
@@ -237,13 +255,13 @@ absl::Status AppendBackward(Program* program) {
     }
   }
 
-  std::vector<std::pair<std::string, Op>> params;  // name, first consumer
+  std::vector<std::pair<std::string, int>> params;  // name, first consumer
   for (const Var& v : program->var()) {
-    if (v.kind() != PARAM || v.frozen() || !reaches_loss.count(v.name())) continue;
-    params.push_back({v.name(), program->op(index.consumers(v.name()).front())});
+    if (v.kind() != PARAM || v.frozen() || !flagged(reaches_loss, v.name())) continue;
+    params.push_back({v.name(), index.consumers(v.name()).front()});
   }
   for (const auto& [name, consumer] : params) {
-    auto g = finalize(name, consumer);
+    auto g = finalize(name, program->op(consumer));
     if (!g.ok()) return g.status();
     if (!g->empty()) (*program->mutable_param_grad())[name] = *g;
   }

@@ -1,13 +1,16 @@
 #include "compiler/compile.h"
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compiler/autodiff.h"
 #include "compiler/graph_index.h"
 #include "compiler/pass.h"
 #include "compiler/validate.h"
+#include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/io/zero_copy_stream.h"
 #include "passes/memory_plan.h"
 #include "passes/micro_batch.h"
 #include "passes/optimizer.h"
@@ -96,7 +99,15 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
 absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& strategy, const CompileOptions& options,
                                       const std::string& strategy_file) {
   CompileResult result;
-  Program program = input;
+  // The program under compilation lives on an arena: passes touch it many
+  // times, and the arena keeps it compact and frees it at once. Each rank's
+  // finished program is copied out into its plan.
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.start_block_size = 1 << 16;
+  arena_options.max_block_size = 1 << 20;
+  google::protobuf::Arena arena(arena_options);
+  Program& program = *google::protobuf::Arena::CreateMessage<Program>(&arena);
+  program = input;
   CompileContext ctx;
   ctx.strategy = strategy;
 
@@ -134,12 +145,16 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
 
   const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
   const int world = ctx.num_stages * dp;
+  const std::string source_file = program.source_file();
   for (int rank = 0; rank < world; ++rank) {
     CompileContext rank_ctx = ctx;
     rank_ctx.rank = rank;
     rank_ctx.stage = rank % ctx.num_stages;
     rank_ctx.dp_rank = rank / ctx.num_stages;
-    Program rank_program = program;
+    // The last rank takes the program itself; earlier ones copy it.
+    Program& rank_program =
+        rank + 1 == world ? program : *google::protobuf::Arena::CreateMessage<Program>(&arena);
+    if (&rank_program != &program) rank_program = program;
     PassPipeline per_rank;
     per_rank.AddPass<PipelineSplitPass>();
     per_rank.AddPass<OptimizerPass>();
@@ -151,7 +166,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       if (per_rank.dumped()) result.dumped = *per_rank.dumped();
     }
     if (rank_program.op_size() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(program.source_file(), ": stage ", rank_ctx.stage, " has no ops"));
+      return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage, " has no ops"));
     }
     RankPlan plan;
     plan.set_rank(rank);
@@ -167,8 +182,8 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
     auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size);
     if (!memory.ok()) return memory.status();
-    *plan.mutable_memory() = *memory;
-    *plan.mutable_program() = std::move(rank_program);
+    *plan.mutable_memory() = std::move(*memory);
+    *plan.mutable_program() = rank_program;
     result.plans.push_back(std::move(plan));
   }
   if (auto s = VerifySchedules(result.plans); !s.ok()) {
@@ -183,7 +198,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       SendRelease release = SendReleaseActions(result.plans, timeline, static_cast<int>(r));
       auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &release);
       if (!memory.ok()) return memory.status();
-      *plan.mutable_memory() = *memory;
+      *plan.mutable_memory() = std::move(*memory);
     }
     plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
   }
@@ -193,18 +208,66 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   return result;
 }
 
+namespace {
+
+// FNV-1a over everything written to it, a buffer at a time, so a plan's
+// serialization is hashed without being held in memory.
+class Fnv1aOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
+ public:
+  bool Next(void** data, int* size) override {
+    Consume();
+    *data = buffer_;
+    *size = kSize;
+    pending_ = kSize;
+    return true;
+  }
+  void BackUp(int count) override { pending_ -= count; }
+  int64_t ByteCount() const override { return consumed_ + pending_; }
+  // The hash of all bytes written; call after the CodedOutputStream is gone.
+  uint64_t Hash() {
+    Consume();
+    return hash_;
+  }
+
+ private:
+  static constexpr int kSize = 1 << 16;
+  void Consume() {
+    uint64_t h = hash_;
+    for (int i = 0; i < pending_; ++i) {
+      h ^= static_cast<unsigned char>(buffer_[i]);
+      h *= 1099511628211ull;
+    }
+    hash_ = h;
+    consumed_ += pending_;
+    pending_ = 0;
+  }
+  uint64_t hash_ = 1469598103934665603ull;  // as Fnv1a64
+  int64_t consumed_ = 0;
+  int pending_ = 0;
+  char buffer_[kSize];
+};
+
+}  // namespace
+
 std::string FingerprintPlans(const std::vector<RankPlan>& plans) {
   uint64_t h = 1469598103934665603ull;
-  for (RankPlan p : plans) {
-    p.clear_fingerprint();
-    std::string bytes;
-    {
-      google::protobuf::io::StringOutputStream out(&bytes);
-      google::protobuf::io::CodedOutputStream coded(&out);
-      coded.SetSerializationDeterministic(true);
-      p.SerializeToCodedStream(&coded);
+  for (const RankPlan& plan : plans) {
+    // Hash the plan as it is; only a plan that already carries a fingerprint
+    // is copied to clear it (an empty proto3 string is not serialized).
+    RankPlan cleared;
+    const RankPlan* p = &plan;
+    if (!plan.fingerprint().empty()) {
+      cleared = plan;
+      cleared.clear_fingerprint();
+      p = &cleared;
     }
-    h = MixKey(h, Fnv1a64(bytes));
+    auto stream = std::make_unique<Fnv1aOutputStream>();
+    {
+      google::protobuf::io::CodedOutputStream coded(stream.get());
+      coded.SetSerializationDeterministic(true);
+      p->SerializeToCodedStream(&coded);
+    }
+    h = MixKey(h, stream->Hash());  // = Fnv1a64 of the serialized bytes
   }
   return absl::StrFormat("%016x", h);
 }

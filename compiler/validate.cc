@@ -400,33 +400,44 @@ absl::Status ValidateAndInferProgram(Program* program) {
 }
 
 absl::Status VerifyProgram(const Program& program) {
-  GraphIndex index(program);
-  absl::flat_hash_set<std::string> defined;
+  // Runs after every pass, so it keys vars by string_view into the program
+  // (no copies) and builds an op's location only for an error message.
+  struct Entry {
+    const Var* var;    // the first var of that name
+    bool defined;      // a FEED/PARAM/STATE var, or written by an earlier op
+  };
+  absl::flat_hash_map<absl::string_view, Entry> vars;
+  vars.reserve(program.var_size());
   for (const Var& v : program.var()) {
-    if (v.kind() != ACTIVATION) defined.insert(v.name());
+    auto [it, inserted] = vars.emplace(v.name(), Entry{&v, false});
+    if (v.kind() != ACTIVATION) it->second.defined = true;
   }
+  std::vector<TensorType> input_types;
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
-    std::string where = OpLocation(program, i);
+    auto where = [&] { return OpLocation(program, i); };
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
-    if (schema == nullptr) return absl::InternalError(absl::StrCat(where, ": unknown op type"));
-    std::vector<TensorType> input_types;
+    if (schema == nullptr) return absl::InternalError(absl::StrCat(where(), ": unknown op type"));
+    input_types.clear();
     for (const auto& in : op.input()) {
-      if (!defined.count(in)) return absl::InternalError(absl::StrCat(where, ": input '", in, "' used before definition"));
-      const Var* v = index.var(in);
-      if (v == nullptr) return absl::InternalError(absl::StrCat(where, ": input '", in, "' has no var entry"));
-      input_types.push_back(TypeOf(*v));
+      auto it = vars.find(in);
+      if (it == vars.end() || !it->second.defined) {
+        return absl::InternalError(absl::StrCat(where(), ": input '", in, "' used before definition"));
+      }
+      input_types.push_back(TypeOf(*it->second.var));
     }
-    auto inferred = InferOutputTypes(*schema, op, input_types);
-    if (!inferred.ok()) return absl::InternalError(absl::StrCat(where, ": ", inferred.status().message()));
+    auto inferred = InferOutputTypes(*schema, op, std::move(input_types));
+    input_types = {};
+    if (!inferred.ok()) return absl::InternalError(absl::StrCat(where(), ": ", inferred.status().message()));
     for (int k = 0; k < op.output_size(); ++k) {
-      const Var* v = index.var(op.output(k));
-      if (v == nullptr) return absl::InternalError(absl::StrCat(where, ": output '", op.output(k), "' has no var entry"));
-      if (TypeOf(*v) != (*inferred)[k]) {
-        return absl::InternalError(absl::StrCat(where, ": output '", op.output(k), "' is recorded as ",
+      auto it = vars.find(op.output(k));
+      if (it == vars.end()) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
+      const Var* v = it->second.var;
+      if (!HasType(*v, (*inferred)[k])) {
+        return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' is recorded as ",
                                                 TypeOf(*v).ToString(), " but inferred as ", (*inferred)[k].ToString()));
       }
-      defined.insert(op.output(k));
+      it->second.defined = true;
     }
   }
   return absl::OkStatus();

@@ -24,94 +24,133 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
                                       const SendRelease* send_release) {
   MemoryPlan plan;
-  GraphIndex index(program);
+  // Vars are handled by their dense GraphIndex ids: names are hashed once
+  // here, not again for every action of the schedule.
+  const GraphIndex index(program);
   const int n = program.op_size();
-  absl::flat_hash_set<std::string> keep = {program.loss()};
-  for (const auto& f : program.fetch()) keep.insert(f);
+  const int num_ids = index.num_ids();
+  std::vector<char> keep(num_ids, 0);
+  if (int id = index.id(program.loss()); id >= 0) keep[id] = 1;
+  for (const auto& f : program.fetch()) {
+    if (int id = index.id(f); id >= 0) keep[id] = 1;
+  }
 
+  // Per op: the ids of its outputs and of its first input, whether output 0
+  // aliases input 0, and whether it is a send.
+  struct OpInfo {
+    int first_output = 0;  // into output_ids
+    int num_outputs = 0;
+    int input0 = -1;
+    bool aliases = false;
+    bool send = false;
+  };
+  std::vector<OpInfo> info(n);
+  std::vector<int> output_ids;
   // Last use of each non-persistent var, in program order.
-  absl::flat_hash_map<std::string, int> last_use;
+  std::vector<int> last_use(num_ids, -1);
   for (int i = 0; i < n; ++i) {
     const Op& op = program.op(i);
-    for (const auto& in : op.input()) last_use[in] = i;
+    OpInfo& o = info[i];
+    for (const auto& in : op.input()) last_use[index.id(in)] = i;
+    o.first_output = static_cast<int>(output_ids.size());
+    o.num_outputs = op.output_size();
     for (const auto& out : op.output()) {
-      if (!last_use.count(out)) last_use[out] = i;  // produced, maybe never read
+      const int id = index.id(out);
+      output_ids.push_back(id);
+      if (last_use[id] < 0) last_use[id] = i;  // produced, maybe never read
     }
+    if (op.input_size() > 0) o.input0 = index.id(op.input(0));
+    const OpSchema* schema = OpRegistry::Global().Find(op.type());
+    o.aliases = schema != nullptr && schema->output_aliases_input;
+    o.send = op.type() == "send";
+  }
+  // frees[i]: the ids freed after op i, sorted by name.
+  std::vector<std::vector<int>> frees(n);
+  for (int id = 0; id < num_ids; ++id) {
+    if (last_use[id] < 0) continue;
+    const Var* v = index.var(id);
+    if (v == nullptr || IsPersistent(*v) || keep[id]) continue;
+    frees[last_use[id]].push_back(id);
   }
   plan.mutable_frees_after_op()->Reserve(n);
-  for (int i = 0; i < n; ++i) plan.add_frees_after_op();
-  for (const auto& [var, op_index] : last_use) {
-    const Var* v = index.var(var);
-    if (v == nullptr || IsPersistent(*v) || keep.count(var)) continue;
-    plan.mutable_frees_after_op(op_index)->add_var(var);
-  }
-  for (auto& frees : *plan.mutable_frees_after_op()) {
-    std::sort(frees.mutable_var()->begin(), frees.mutable_var()->end());
+  for (int i = 0; i < n; ++i) {
+    auto& ids = frees[i];
+    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return index.var(a)->name() < index.var(b)->name(); });
+    auto* names = plan.add_frees_after_op()->mutable_var();
+    names->Reserve(static_cast<int>(ids.size()));
+    for (int id : ids) names->Add()->assign(index.var(id)->name());
   }
 
   int64_t param_bytes = 0, state_bytes = 0;
+  std::vector<std::pair<int, const Var*>> feeds;  // read feeds, allocated by every forward action
   for (const Var& v : program.var()) {
     if (v.kind() == PARAM) param_bytes += BytesOf(v, 0);
     if (v.kind() == STATE) state_bytes += BytesOf(v, 0);
+    if (v.kind() == FEED && !index.consumers(v.name()).empty()) feeds.push_back({index.id(v.name()), &v});
   }
 
   // Simulate the schedule: buffers per micro-batch, aliases share a buffer
   // that lives until its last name dies.
   struct Buffer { int64_t bytes; int names; };
-  std::map<std::pair<int, std::string>, int> buffer_of;  // (mb, var) -> buffer id
+  std::map<int, std::vector<int>> buffer_of;  // mb -> var id -> buffer id, or -1 (node-stable)
+  auto slots = [&](int mb) -> std::vector<int>& {
+    auto& s = buffer_of[mb];
+    if (s.empty()) s.assign(num_ids, -1);
+    return s;
+  };
   std::vector<Buffer> buffers;
   int64_t live = 0, peak = 0;
-  auto release = [&](int mb, const std::string& var) {
-    auto it = buffer_of.find({mb, var});
-    if (it == buffer_of.end()) return;
-    Buffer& b = buffers[it->second];
+  auto release = [&](int mb, int var) {
+    int& slot = slots(mb)[var];
+    if (slot < 0) return;
+    Buffer& b = buffers[slot];
     if (--b.names == 0) live -= b.bytes;
-    buffer_of.erase(it);
+    slot = -1;
   };
-  auto allocate = [&](int mb, const std::string& var, int64_t bytes) {
+  auto allocate = [&](int mb, int var, int64_t bytes) {
     buffers.push_back({bytes, 1});
-    buffer_of[{mb, var}] = static_cast<int>(buffers.size()) - 1;
+    slots(mb)[var] = static_cast<int>(buffers.size()) - 1;
     live += bytes;
     peak = std::max(peak, live);
   };
   // A sent buffer lives until its receiver takes it: released at the end of
   // the action send_release names, or of the next one.
-  std::map<int, std::vector<std::pair<int, std::string>>> release_at;  // action index -> (mb, var)
+  std::map<int, std::vector<std::pair<int, int>>> release_at;  // action index -> (mb, var id)
   for (int ai = 0; ai < schedule.action_size(); ++ai) {
     const Action& action = schedule.action(ai);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     if (action.kind() == Action::FORWARD) {
-      for (const Var& v : program.var()) {
-        if (v.kind() == FEED && !index.consumers(v.name()).empty()) allocate(mb, v.name(), BytesOf(v, micro_batch_size));
-      }
+      for (const auto& [id, v] : feeds) allocate(mb, id, BytesOf(*v, micro_batch_size));
     }
+    std::vector<int>& mine = slots(mb);
     for (int i = 0; i < n; ++i) {
       const Op& op = program.op(i);
       const bool runs = ActionRuns(action.kind(), op.role());
       if (!runs) continue;
-      const OpSchema* schema = OpRegistry::Global().Find(op.type());
-      for (int k = 0; k < op.output_size(); ++k) {
-        const Var* v = index.var(op.output(k));
+      const OpInfo& o = info[i];
+      for (int k = 0; k < o.num_outputs; ++k) {
+        const int id = output_ids[o.first_output + k];
+        const Var* v = index.var(id);
         if (v == nullptr || IsPersistent(*v)) continue;
-        if (k == 0 && schema != nullptr && schema->output_aliases_input) {
-          auto src = buffer_of.find({mb, op.input(0)});
-          if (src != buffer_of.end()) {
-            buffers[src->second].names++;
-            buffer_of[{mb, op.output(0)}] = src->second;
+        if (k == 0 && o.aliases && o.input0 >= 0) {
+          const int src = mine[o.input0];
+          if (src >= 0) {
+            buffers[src].names++;
+            mine[id] = src;
             continue;
           }
         }
-        allocate(mb, op.output(k), BytesOf(*v, micro_batch_size));
+        allocate(mb, id, BytesOf(*v, micro_batch_size));
       }
       int release_action = -1;
-      if (op.type() == "send") {
+      if (o.send) {
         release_action = ai + 1;
         if (send_release != nullptr) {
           auto it = send_release->find({op.channel().id(), mb});
           if (it != send_release->end()) release_action = std::max(ai, it->second);
         }
       }
-      for (const auto& var : plan.frees_after_op(i).var()) {
+      for (int var : frees[i]) {
         if (release_action >= 0) {
           release_at[release_action].push_back({mb, var});
         } else {

@@ -3,7 +3,9 @@
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
@@ -40,22 +42,29 @@ class BlockBuilder {
 
   // Fills attr defaults and records output types for new intermediates.
   absl::Status Finish(int first_new_op) {
-    GraphIndex index(*program_);
-    std::map<std::string, TensorType> types;
-    for (const Var& v : program_->var()) types[v.name()] = TypeOf(v);
+    // Vars by name (views into the program's vars, which stay put as more
+    // are added); types are read off the vars when an op needs them.
+    absl::flat_hash_map<absl::string_view, const Var*> vars;
+    vars.reserve(program_->var_size() + 4 * (program_->op_size() - first_new_op));
+    for (const Var& v : program_->var()) vars[v.name()] = &v;
+    std::vector<TensorType> in;
     for (int i = first_new_op; i < program_->op_size(); ++i) {
       Op* op = program_->mutable_op(i);
       const OpSchema* schema = OpRegistry::Global().Find(op->type());
       if (schema == nullptr) return absl::InternalError(absl::StrCat("optimizer: unregistered op ", op->type()));
       if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", s.message()));
-      std::vector<TensorType> in;
-      for (const auto& name : op->input()) in.push_back(types[name]);
+      in.clear();
+      for (const auto& name : op->input()) {
+        // An unknown input reads as untyped (and, as before, counts as known).
+        const Var* v = vars.emplace(name, nullptr).first->second;
+        in.push_back(v == nullptr ? TensorType{} : TypeOf(*v));
+      }
       auto out = InferOutputTypes(*schema, *op, in);
       if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", out.status().message()));
       for (int k = 0; k < op->output_size(); ++k) {
-        if (types.count(op->output(k))) continue;  // in-place update of an existing var
-        types[op->output(k)] = (*out)[k];
-        AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
+        if (vars.count(op->output(k))) continue;  // in-place update of an existing var
+        const Var* v = AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
+        vars[v->name()] = v;
       }
     }
     return absl::OkStatus();
@@ -73,7 +82,6 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   const Optimizer& opt = program.optimizer();
   if (opt.kind_case() == Optimizer::KIND_NOT_SET || program.param_grad().empty()) return false;
   const int first_new_op = program.op_size();
-  GraphIndex index(program);
   BlockBuilder b(&program);
 
   // Parameters in declaration order (deterministic), each on its first consumer's stage.
@@ -84,11 +92,14 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     int stage;
   };
   std::vector<Param> params;
-  for (const Var& v : program.var()) {
-    auto g = program.param_grad().find(v.name());
-    if (g == program.param_grad().end()) continue;
-    int stage = program.op(index.consumers(v.name()).front()).stage();
-    params.push_back({v.name(), g->second, v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end()), stage});
+  {
+    const GraphIndex index(program);  // views into the program: dropped before it grows
+    for (const Var& v : program.var()) {
+      auto g = program.param_grad().find(v.name());
+      if (g == program.param_grad().end()) continue;
+      int stage = program.op(index.consumers(v.name()).front()).stage();
+      params.push_back({v.name(), g->second, v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end()), stage});
+    }
   }
 
   double base_lr = 0;

@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/graph_index.h"
@@ -34,17 +35,34 @@ std::string ChannelName(const Channel& c) {
 // The transfers a rank performs, in order.
 std::vector<Event> Events(const RankPlan& plan) {
   const Program& p = plan.program();
-  GraphIndex index(p);
+  // Only send/recv ops matter; most programs (one rank) have none, so their
+  // vars are looked up by name only when there are some.
+  std::vector<int> transfer_ops;
+  for (int i = 0; i < p.op_size(); ++i) {
+    const std::string& type = p.op(i).type();
+    if (type == "send" || type == "recv") transfer_ops.push_back(i);
+  }
   std::vector<Event> events;
+  if (transfer_ops.empty()) return events;
+  absl::flat_hash_map<absl::string_view, const Var*> vars;
+  for (int i : transfer_ops) {
+    const Op& op = p.op(i);
+    vars.emplace(op.type() == "send" ? op.input(0) : op.output(0), nullptr);
+  }
+  for (const Var& v : p.var()) {
+    auto it = vars.find(v.name());
+    if (it != vars.end() && it->second == nullptr) it->second = &v;
+  }
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
-    for (const Op& op : p.op()) {
-      const bool runs = ActionRuns(a.kind(), op.role());
-      if (!runs || (op.type() != "send" && op.type() != "recv")) continue;
+    for (int i : transfer_ops) {
+      const Op& op = p.op(i);
+      if (!ActionRuns(a.kind(), op.role())) continue;
       Event e;
       e.is_send = op.type() == "send";
       e.channel = op.channel();
-      e.type = index.type(e.is_send ? op.input(0) : op.output(0));
+      const Var* v = vars.at(e.is_send ? op.input(0) : op.output(0));
+      e.type = v ? TypeOf(*v) : TensorType{};
       e.micro_batch = a.kind() == Action::OPTIMIZE ? 0 : a.micro_batch();
       e.action = ActionName(a);
       e.action_index = ai;
