@@ -25,7 +25,28 @@ import subprocess
 import sys
 import tempfile
 
-STAGES = 4
+STAGES = 4  # --stages
+BLOCKS = 8
+
+
+def place_evenly(text):
+    """Equal stages: blocks 2k and 2k+1 on stage k; the (cheap) embedding
+    joins stage 0 and the (cheap) head and loss the last stage."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("op {"):
+            name = line.split('output: ["')[1].split('"')[0]
+            if name.startswith("embed") or name == "h0":
+                stage = 0
+            elif name.startswith("block"):
+                stage = int(name[len("block"):].split(".")[0]) * STAGES // BLOCKS
+            elif name.startswith("h") and name[1:].isdigit():
+                stage = (int(name[1:]) - 1) * STAGES // BLOCKS
+            else:
+                stage = STAGES - 1
+            line = line[: line.rindex("}")] + f'device: "gpu:{stage}" }}'
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def run(strata, program, strategy, steps, trace, threads):
@@ -116,14 +137,17 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stages", type=int, default=4)
     args = parser.parse_args()
+    global STAGES
+    STAGES = args.stages
     tmp = tempfile.mkdtemp(prefix="strata-bubble-")
     program = os.path.join(tmp, "resmlp.pbtxt")
-    gen = subprocess.run([args.strata, "gen", "resmlp", "--stages", str(STAGES), "--blocks", "8",
+    gen = subprocess.run([args.strata, "gen", "resmlp", "--blocks", str(BLOCKS),
                           "--layers", f"{args.width},{args.width},10", "--optimizer", "sgd"],
                          capture_output=True, text=True, check=True)
-    open(program, "w").write(gen.stdout)
-    print(f"{STAGES} stages, resmlp width {args.width}, 8 blocks, micro-batches of 32, "
+    open(program, "w").write(place_evenly(gen.stdout))
+    print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, micro-batches of 32, "
           f"{args.threads} thread(s) per rank, {os.cpu_count()} cores")
     print(f"{'schedule':>12} {'M':>3} {'wall-clock':>10} {'replayed':>9} {'formula':>8} {'replayed/formula':>17}")
     for schedule in ("F_THEN_B", "ONE_F_ONE_B"):
