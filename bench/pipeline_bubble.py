@@ -11,9 +11,9 @@ traced receive of a micro-batch whose sender finished long ago) against the
 compute of the stage that produced it.
 
 "wall-clock" is what this machine gave; with fewer cores than stages the ranks
-share cores and it overstates the bubble. "replayed" re-times the trace's own
-per-action compute times through the schedule's dependencies, as if every rank
-had a core: the bubble the schedule itself costs on these op times.
+share cores and it overstates the bubble. "replayed" re-times each action's own
+CPU time (from the trace) through the schedule's dependencies, as if every
+rank had a core: the bubble the schedule itself costs on these op times.
 
 Run: bazel run //bench:pipeline_bubble -- [--steps N] [--width W]
 """
@@ -109,7 +109,9 @@ def replay(ranks):
                     waits[id(a)] = waits.get(id(a), 0) + r["dur"]
         order[rank] = [a["name"] for a in acts]
         for a in acts:
-            cost[(rank, a["name"])] = max(a["dur"] - waits.get(id(a), 0), 0)
+            # The action's own CPU time when traced: neither waiting nor sharing a core counts.
+            cpu = a.get("args", {}).get("cpu_us")
+            cost[(rank, a["name"])] = cpu if cpu is not None else max(a["dur"] - waits.get(id(a), 0), 0)
     end = {}
     free = {r: 0.0 for r in ranks}
     pending = {r: list(order[r]) for r in ranks}

@@ -330,6 +330,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     run.micro_batch = mb;
     HandOffSends();
     const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
+    const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
     if (action.kind() == Action::FORWARD) {
       if (!feeds_.empty()) {
         auto loaded = feeds(mb * rows, rows);
@@ -358,7 +359,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
       options_.tracer->Add(action.kind() == Action::FORWARD    ? absl::StrCat("F", mb)
                            : action.kind() == Action::BACKWARD ? absl::StrCat("B", mb)
                                                                : std::string("OPT"),
-                           "action", action_start, Tracer::NowMicros());
+                           "action", action_start, Tracer::NowMicros(), Tracer::ThreadCpuMicros() - action_cpu);
     }
   }
   status = FinishStep(status);

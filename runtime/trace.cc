@@ -1,5 +1,7 @@
 #include "runtime/trace.h"
 
+#include <time.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -16,9 +18,15 @@ std::string JsonEscape(const std::string& s) {
 
 }  // namespace
 
-void Tracer::Add(std::string name, const char* category, int64_t start_us, int64_t end_us) {
+int64_t Tracer::ThreadCpuMicros() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+void Tracer::Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us) {
   absl::MutexLock lock(&mu_);
-  events_.push_back({std::move(name), category, start_us, std::max<int64_t>(end_us - start_us, 0)});
+  events_.push_back({std::move(name), category, start_us, std::max<int64_t>(end_us - start_us, 0), cpu_us});
 }
 
 size_t Tracer::size() const {
@@ -35,7 +43,9 @@ absl::Status Tracer::Write(const std::string& path) const {
       << ", \"args\": {\"name\": \"rank " << rank_ << "\"}}";
   for (const Event& e : events_) {
     out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << e.category << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": "
-        << rank_ << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us << "}";
+        << rank_ << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us;
+    if (e.cpu_us >= 0) out << ", \"args\": {\"cpu_us\": " << e.cpu_us << "}";
+    out << "}";
   }
   out << "\n]}\n";
   out.flush();

@@ -22,8 +22,11 @@ class Tracer {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
-  // category: "action", "op", "comm".
-  void Add(std::string name, const char* category, int64_t start_us, int64_t end_us);
+  // CPU time of the calling thread: what an action computed, without the time
+  // it waited or shared its core.
+  static int64_t ThreadCpuMicros();
+  // category: "action", "op", "comm"; cpu_us < 0: not recorded.
+  void Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us = -1);
   // {"traceEvents": [...]} with one track (tid) for this rank.
   absl::Status Write(const std::string& path) const;
   size_t size() const;
@@ -32,7 +35,7 @@ class Tracer {
   struct Event {
     std::string name;
     const char* category;
-    int64_t start_us, duration_us;
+    int64_t start_us, duration_us, cpu_us;
   };
   const int rank_;
   mutable absl::Mutex mu_;
