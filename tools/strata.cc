@@ -416,6 +416,11 @@ int Run(const std::string& path, int argc, char** argv) {
     std::cerr << "error: --device gpu: the GPU executor is not built yet in this version; use --device cpu\n";
     return kExitUsage;
   }
+  const std::string store = absl::GetFlag(FLAGS_store);
+  if (!store.empty() && !absl::StartsWith(store, "redis://") && !absl::StartsWith(store, "file://")) {
+    std::cerr << "error: --store '" << store << "': expected redis://HOST:PORT or file:///DIR (a folder all ranks see)\n";
+    return kExitUsage;
+  }
   auto worker = WorkerEnvFromEnvironment();
   if (!worker.ok()) {
     std::cerr << "error: " << worker.status().message() << "\n";
