@@ -350,7 +350,7 @@ TEST(CheckpointTest, EveryTruncationAndManyByteFlipsFailCleanly) {
 
 // Cross-check with an independent reader: Python's json and numpy decode our file.
 TEST(CheckpointTest, PythonJsonAndNumpyReadOurFile) {
-  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  if (access("/usr/bin/python3", X_OK) != 0) FAIL() << "/usr/bin/python3 is not installed (tools/install_deps.sh installs it)";
   Checkpoint ckpt;
   ckpt.tensors["w"] = MakeTensor<float>({2, 2}, {0.5f, -1.25f, 3.0f, 1e-3f});
   ckpt.tensors["b"] = MakeTensor<double>({}, {2.5});
@@ -388,7 +388,7 @@ print("meta", json.dumps(meta, sort_keys=True))
   char buf[256];
   while (std::fgets(buf, sizeof(buf), pipe) != nullptr) output += buf;
   int rc = pclose(pipe);
-  if (output.find("No module named 'numpy'") != std::string::npos) GTEST_SKIP() << "numpy is not installed";
+  if (output.find("No module named 'numpy'") != std::string::npos) FAIL() << "numpy is not installed (tools/install_deps.sh installs python3-numpy)";
   ASSERT_EQ(rc, 0) << output;
   EXPECT_EQ(output,
             "b F64 [] [2.5]\n"
