@@ -1,11 +1,12 @@
 // conv2d (NCHW cross-correlation) and its two backward ops, by im2col + GEMM.
 //
-// Threads: the batch is cut into chunks whose im2col columns fit a fixed
-// budget; im2col / col2im and the NCHW re-layout run in parallel over the
-// chunk's images, and each group's product is one wide GEMM over the whole
-// chunk ([O/g, C/g*kh*kw] x [C/g*kh*kw, images*Ho*Wo]) that OpenBLAS threads.
-// One wide GEMM beats a GEMM per image run concurrently: OpenBLAS serializes
-// concurrent threaded GEMMs, and a per-image GEMM is often too small to thread.
+// Threads: the batch is split into one contiguous share of images per pool
+// thread; each thread walks its share in chunks whose im2col columns fit a
+// fixed budget and does im2col / col2im, the NCHW re-layout and each group's
+// single-threaded GEMM over the chunk ([O/g, C/g*kh*kw] x [C/g*kh*kw,
+// images*Ho*Wo]) itself, so the columns stay in its cache and no barrier
+// separates the steps. On the 2-core convnet this took the step from about
+// 18.5 ms to 14.5 ms against OpenBLAS-threaded GEMMs between parallel im2cols.
 
 #include <algorithm>
 #include <cstdint>
@@ -24,7 +25,6 @@ namespace {
 
 using nn_kernels::AttrPair;
 using nn_kernels::InitFactory;
-using nn_kernels::MinChunk;
 using nn_kernels::Scratch;
 
 // im2col columns per chunk of images (elements): bounds the scratch memory
@@ -181,51 +181,38 @@ void Col2Im(const ConvGeometry& g, const T* cols, int64_t ld, T* x) {
   }
 }
 
-// Moves images [n0, n0+nb) between t [N, rows, P] and wide [rows, nb*P]
-// (image-major columns): into wide when kToWide, back into t otherwise.
+// Moves images [n0+begin, n0+end) of the chunk [n0, n0+nb) between t [N, rows, P]
+// and wide [rows, nb*P] (image-major columns): into wide when kToWide, back into t otherwise.
 template <bool kToWide, typename T>
-void MoveImages(const T* from, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* to) {
-  ParallelFor(nb, MinChunk(rows * pixels), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t wide_at = r * nb * pixels + j * pixels, t_at = ((n0 + j) * rows + r) * pixels;
-        std::memcpy(to + (kToWide ? wide_at : t_at), from + (kToWide ? t_at : wide_at), pixels * sizeof(T));
-      }
+void MoveImageRange(const T* from, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, int64_t begin,
+                    int64_t end, T* to) {
+  for (int64_t j = begin; j < end; ++j) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t wide_at = r * nb * pixels + j * pixels, t_at = ((n0 + j) * rows + r) * pixels;
+      std::memcpy(to + (kToWide ? wide_at : t_at), from + (kToWide ? t_at : wide_at), pixels * sizeof(T));
     }
-  });
+  }
 }
 
-// Images [n0, n0+nb) of t [N, rows, P] as [rows, nb*P]: t itself for one
-// image, else a copy in wide.
-template <typename T>
-const T* WideImages(const T* t, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* wide) {
-  if (nb == 1) return t + n0 * rows * pixels;
-  MoveImages<true>(t, rows, pixels, n0, nb, wide);
-  return wide;
+// MoveImageRange over the whole chunk.
+template <bool kToWide, typename T>
+void MoveImagesSerial(const T* from, int64_t rows, int64_t pixels, int64_t n0, int64_t nb, T* to) {
+  MoveImageRange<kToWide>(from, rows, pixels, n0, nb, 0, nb, to);
 }
 
-// Scratch for one chunk of images: the im2col columns [C*kh*kw, chunk*P] and
-// a [O, chunk*P] buffer for the outputs or dy of the chunk (a chunk of one
-// image uses y or dy in place).
-struct ChunkScratch {
-  Tensor cols, wide;
+// The images split into `parts` contiguous shares of `per` images, one per
+// thread, each processed in chunks of at most `chunk` images.
+struct ThreadShares {
+  int64_t parts, per, chunk;
 };
 
-absl::StatusOr<ChunkScratch> MakeChunkScratch(const KernelContext& ctx, DataType dtype, const ConvGeometry& g) {
-  const int64_t p = g.pixels(), chunk = g.chunk();
-  ChunkScratch s;
-  STRATA_NN_ASSIGN_OR_RETURN(s.cols, Scratch(ctx, dtype, g.col_rows() * chunk * p));
-  STRATA_NN_ASSIGN_OR_RETURN(s.wide, Scratch(ctx, dtype, chunk > 1 ? g.o * chunk * p : 0));
+ThreadShares Shares(const ConvGeometry& g) {
+  ThreadShares s;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(IntraOpThreads(), g.n));
+  s.per = std::max<int64_t>(1, (g.n + threads - 1) / threads);
+  s.parts = g.n == 0 ? 0 : (g.n + s.per - 1) / s.per;
+  s.chunk = std::min(g.chunk(), s.per);
   return s;
-}
-
-// im2col of images [n0, n0+nb) of x into cols [C*kh*kw, nb*P], in parallel over the images.
-template <typename T>
-void Im2ColChunk(const ConvGeometry& g, const T* x, int64_t n0, int64_t nb, T* cols) {
-  const int64_t image = g.c * g.h * g.w, p = g.pixels();
-  ParallelFor(nb, MinChunk(g.col_rows() * p), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) Im2Col(g, x + (n0 + j) * image, cols + j * p, nb * p);
-  });
 }
 
 // Base of the three conv kernels: reads the conv attrs and, for the backward
@@ -260,25 +247,36 @@ class Conv2dKernel : public ConvKernel {
     const Tensor& w = ctx.input(1);
     STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), w.shape(), "conv2d"));
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{g.n, g.o, g.ho, g.wo}));
-    const int64_t p = g.pixels(), chunk = g.chunk();
-    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, x.dtype(), g));
+    const int64_t p = g.pixels(), image = g.c * g.h * g.w;
+    // Each thread takes a contiguous share of the images and runs im2col and
+    // a single-threaded GEMM on its own chunks (the columns stay in its cache).
+    const ThreadShares sh = Shares(g);
+    const int64_t per = sh.per, chunk = sh.chunk;
+    const int64_t cols_size = g.col_rows() * chunk * p, wide_size = chunk > 1 ? g.o * chunk * p : 0;
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), sh.parts * cols_size));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), sh.parts * wide_size));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
-    T* pcols = scratch.cols.data<T>();
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0);
-      Im2ColChunk(g, px, n0, nb, pcols);
-      // A chunk of one image writes its GEMM straight into y.
-      T* out = nb == 1 ? py + n0 * g.o * p : scratch.wide.data<T>();
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        GemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
-                       pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
-                       pcols + grp * g.group_rows() * nb * p, nb * p, T(0), out + grp * g.group_out() * nb * p,
-                       nb * p);
+    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        T* pcols = cols.data<T>() + t * cols_size;
+        T* pwide = wide.data<T>() + t * wide_size;
+        for (int64_t n0 = t * per; n0 < std::min(g.n, (t + 1) * per); n0 += chunk) {
+          const int64_t nb = std::min({chunk, g.n - n0, (t + 1) * per - n0});
+          for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * image, pcols + j * p, nb * p);
+          // A chunk of one image writes its GEMM straight into y.
+          T* out = nb == 1 ? py + n0 * g.o * p : pwide;
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            SerialGemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
+                                 pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
+                                 pcols + grp * g.group_rows() * nb * p, nb * p, T(0),
+                                 out + grp * g.group_out() * nb * p, nb * p);
+          }
+          if (nb > 1) MoveImagesSerial<false>(pwide, g.o, p, n0, nb, py);
+        }
       }
-      if (nb > 1) MoveImages<false>(scratch.wide.data<T>(), g.o, p, n0, nb, py);
-    }
+    });
     return absl::OkStatus();
   }
 };
@@ -304,24 +302,36 @@ class Conv2dGradInputKernel : public ConvKernel {
                                                      " is not the output of an input ", ShapeString(xs)));
     }
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
-    const int64_t p = g.pixels(), chunk = g.chunk(), image = g.c * g.h * g.w;
-    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, dy.dtype(), g));
+    const int64_t p = g.pixels(), image = g.c * g.h * g.w;
+    // Each thread takes a contiguous share of the images: single-threaded GEMMs and col2im on its own chunks.
+    const ThreadShares sh = Shares(g);
+    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), sh.parts * cols_size));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), sh.parts * wide_size));
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
-    T* pcols = scratch.cols.data<T>();
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0);
-      const T* dyw = WideImages(pdy, g.o, p, n0, nb, scratch.wide.data<T>());
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        GemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
-                       pw + grp * g.group_out() * g.group_rows(), g.group_rows(), dyw + grp * g.group_out() * nb * p,
-                       nb * p, T(0), pcols + grp * g.group_rows() * nb * p, nb * p);
+    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        T* pcols = cols.data<T>() + t * cols_size;
+        T* pwide = wide.data<T>() + t * wide_size;
+        for (int64_t n0 = t * sh.per; n0 < std::min(g.n, (t + 1) * sh.per); n0 += sh.chunk) {
+          const int64_t nb = std::min({sh.chunk, g.n - n0, (t + 1) * sh.per - n0});
+          const T* dyw = pdy + n0 * g.o * p;
+          if (nb > 1) {
+            MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
+            dyw = pwide;
+          }
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            SerialGemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
+                                 pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
+                                 dyw + grp * g.group_out() * nb * p, nb * p, T(0),
+                                 pcols + grp * g.group_rows() * nb * p, nb * p);
+          }
+          for (int64_t j = 0; j < nb; ++j) Col2Im(g, pcols + j * p, nb * p, pdx + (n0 + j) * image);
+        }
       }
-      ParallelFor(nb, MinChunk(g.col_rows() * p), [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) Col2Im(g, pcols + j * p, nb * p, pdx + (n0 + j) * image);
-      });
-    }
+    });
     return absl::OkStatus();
   }
 };
@@ -348,22 +358,40 @@ class Conv2dGradFilterKernel : public ConvKernel {
     }
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * dw, ctx.AllocateOutput(0, x.dtype(), ws));
     T* pdw = dw->data<T>();
-    std::memset(pdw, 0, dw->bytes());
-    const int64_t p = g.pixels(), chunk = g.chunk();
-    STRATA_NN_ASSIGN_OR_RETURN(ChunkScratch scratch, MakeChunkScratch(ctx, x.dtype(), g));
+    const int64_t p = g.pixels(), dw_size = g.o * g.group_rows();
+    // Each thread takes a contiguous share of the images and sums its own
+    // partial dw (single-threaded GEMMs); the partials are added at the end.
+    const ThreadShares sh = Shares(g);
+    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), sh.parts * cols_size));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), sh.parts * wide_size));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, x.dtype(), std::max<int64_t>(sh.parts - 1, 0) * dw_size));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
-    T* pcols = scratch.cols.data<T>();
-    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
-      const int64_t nb = std::min(chunk, g.n - n0);
-      Im2ColChunk(g, px, n0, nb, pcols);
-      const T* dyw = WideImages(pdy, g.o, p, n0, nb, scratch.wide.data<T>());
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        GemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1), dyw + grp * g.group_out() * nb * p,
-                       nb * p, pcols + grp * g.group_rows() * nb * p, nb * p, T(1),
-                       pdw + grp * g.group_out() * g.group_rows(), g.group_rows());
+    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        T* pcols = cols.data<T>() + t * cols_size;
+        T* pwide = wide.data<T>() + t * wide_size;
+        T* acc = t == 0 ? pdw : partial.data<T>() + (t - 1) * dw_size;
+        std::fill(acc, acc + dw_size, T(0));
+        for (int64_t n0 = t * sh.per; n0 < std::min(g.n, (t + 1) * sh.per); n0 += sh.chunk) {
+          const int64_t nb = std::min({sh.chunk, g.n - n0, (t + 1) * sh.per - n0});
+          for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * g.c * g.h * g.w, pcols + j * p, nb * p);
+          const T* dyw = pdy + n0 * g.o * p;
+          if (nb > 1) {
+            MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
+            dyw = pwide;
+          }
+          for (int64_t grp = 0; grp < g.groups; ++grp) {
+            SerialGemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1),
+                                 dyw + grp * g.group_out() * nb * p, nb * p, pcols + grp * g.group_rows() * nb * p,
+                                 nb * p, T(1), acc + grp * g.group_out() * g.group_rows(), g.group_rows());
+          }
+        }
       }
-    }
+    });
+    if (g.n == 0) std::fill(pdw, pdw + dw_size, T(0));
+    for (int64_t t = 1; t < sh.parts; ++t) AddTo(dw_size, partial.data<T>() + (t - 1) * dw_size, pdw);
     return absl::OkStatus();
   }
 };

@@ -4,19 +4,34 @@
 // Row-major GEMM over OpenBLAS for the nn kernels (matmul, conv2d):
 //   c[m, n] = alpha * op(a)[m, k] @ op(b)[k, n] + beta * c[m, n]
 // One overload per element type so kernels template over T.
+//
+// Threads: OpenBLAS runs single-threaded; a large GEMM is cut into panels of
+// C's rows or columns over Strata's pool. OpenBLAS's own threads spin after
+// each call and fought the pool for the cores (conv was often slower on 2
+// threads than on 1).
 
 #include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/thread_pool.h"
+
 namespace strata {
 
-// GEMMs at or below this many multiply-adds run single-threaded inside
-// OpenBLAS (its SMP threshold, 65536 * GEMM_MULTITHREAD_THRESHOLD), so several
-// of them may run concurrently on our own threads without contending for its
-// thread server. Larger ones are best issued one at a time.
+// GEMMs at or below this many multiply-adds run whole on the calling thread
+// (OpenBLAS's own SMP threshold, 65536 * GEMM_MULTITHREAD_THRESHOLD); larger
+// ones are split into panels over the pool by GemmOrScale.
 constexpr double kSingleThreadedGemmWork = 65536.0 * 4;
+
+// Keeps OpenBLAS to the calling thread, once per process (before the first GEMM).
+inline void SingleThreadedBlas() {
+  static const bool done = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)done;
+}
 
 inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -34,6 +49,21 @@ inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
               beta, c, static_cast<blasint>(std::max<int64_t>(ldc, 1)));
 }
 
+// GemmOrScale on the calling thread only (for callers already inside ParallelFor).
+template <typename T>
+void SerialGemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                       int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    }
+    return;
+  }
+  SingleThreadedBlas();
+  Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // A GEMM that tolerates empty sizes: nothing to do when m or n is 0, and
 // c = beta * c when k is 0 (BLAS would reject the zero leading dimensions).
 template <typename T>
@@ -46,7 +76,28 @@ void GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
     }
     return;
   }
-  Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  SingleThreadedBlas();
+  const double work = static_cast<double>(m) * n * k;
+  if (work <= kSingleThreadedGemmWork) {
+    Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Panels of whole 16-row/column blocks along C's longer side, one per thread.
+  constexpr int64_t kBlock = 16;
+  const bool by_rows = m >= n;
+  const int64_t blocks = ((by_rows ? m : n) + kBlock - 1) / kBlock;
+  const int64_t min_blocks =
+      std::max<int64_t>(1, static_cast<int64_t>(kSingleThreadedGemmWork / (work / static_cast<double>(blocks))));
+  ParallelFor(blocks, min_blocks, [&](int64_t begin, int64_t end) {
+    if (by_rows) {
+      const int64_t r0 = begin * kBlock, r1 = std::min(m, end * kBlock);
+      Gemm(trans_a, trans_b, r1 - r0, n, k, alpha, trans_a ? a + r0 : a + r0 * lda, lda, b, ldb, beta, c + r0 * ldc,
+           ldc);
+    } else {
+      const int64_t c0 = begin * kBlock, c1 = std::min(n, end * kBlock);
+      Gemm(trans_a, trans_b, m, c1 - c0, k, alpha, a, lda, trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + c0, ldc);
+    }
+  });
 }
 
 }  // namespace strata
