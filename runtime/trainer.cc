@@ -113,8 +113,9 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
   return m;
 }
 
-std::string EvalJson(const EvalMetrics& m) {
-  std::string s = absl::StrCat("{\"eval\": \"", m.name, "\", \"epoch\": ", m.epoch, ", \"loss\": ", Num(m.loss));
+std::string EvalJson(const EvalMetrics& m, int64_t step) {
+  std::string s = absl::StrCat("{\"eval\": \"", m.name, "\", \"step\": ", step, ", \"epoch\": ", m.epoch,
+                               ", \"loss\": ", Num(m.loss));
   if (m.accuracy >= 0) absl::StrAppend(&s, ", \"accuracy\": ", Num(m.accuracy));
   return s + "}";
 }
@@ -214,9 +215,10 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (!m.ok()) return m.status();
     m->epoch = epoch;
     if (!reporter) return absl::OkStatus();
-    metrics.Line(EvalJson(*m));
+    metrics.Line(EvalJson(*m, executor.step()));
     if (progress) {
-      std::fprintf(stderr, "eval %s after epoch %lld: loss %.4f%s\n", eval_name.c_str(), static_cast<long long>(epoch),
+      std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name.c_str(),
+                   static_cast<long long>(executor.step()), static_cast<long long>(epoch),
                    m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
     }
     report.evals.push_back(*m);
