@@ -9,6 +9,6 @@ metrics=${TEST_TMPDIR:-/tmp}/mlp_fashion_metrics.jsonl
 final=$(grep '"eval"' "$metrics" | tail -1)
 echo "final evaluation: $final"
 acc=$(echo "$final" | sed -E 's/.*"accuracy": ([0-9.eE+-]+).*/\1/')
-steps=$(grep -c '"step"' "$metrics")
+steps=$(grep -c '^{"step"' "$metrics")
 [ "$steps" -eq 9370 ] || { echo "expected 9370 steps (10 epochs of 937), got $steps"; exit 1; }
 /usr/bin/python3 -c "import sys; a=float('$acc'); print('test accuracy', a); sys.exit(0 if a >= 0.883 else 1)"
