@@ -23,9 +23,14 @@ class BackwardEmitter {
   const TensorType& type(const std::string& var) const { return types_.at(var); }
   bool has_type(const std::string& var) const { return types_.count(var) > 0; }
 
+  // hint, else hint@2, hint@3, ...: the first free one. Each hint remembers
+  // where its search stopped, so a hint used N times costs O(N), not O(N^2).
   std::string FreshName(const std::string& hint) {
     std::string name = hint;
-    for (int k = 2; taken(name); ++k) name = absl::StrCat(hint, "@", k);
+    int& k = next_suffix_[hint];
+    if (k == 0) k = 2;
+    else name = absl::StrCat(hint, "@", k++);
+    while (taken(name)) name = absl::StrCat(hint, "@", k++);
     fresh_.insert(name);
     return name;
   }
@@ -84,6 +89,7 @@ class BackwardEmitter {
 
   Program* program_;
   absl::flat_hash_map<absl::string_view, TensorType> types_;  // every var of the program
+  absl::flat_hash_map<std::string, int> next_suffix_;            // per hint: the next @k to try
   absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
 };
 

@@ -203,6 +203,9 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
   }
   result.batch_size = ctx.batch_size;
+  // Where the program was read from is not part of what runs: ranks that read
+  // the same program from different paths (other machines) must agree.
+  for (auto& p : result.plans) p.mutable_program()->clear_source_file();
   std::string fp = FingerprintPlans(result.plans);
   for (auto& p : result.plans) p.set_fingerprint(fp);
   return result;

@@ -222,7 +222,7 @@ int Check(const std::string& path) {
     }
     stage_activation_bytes[stage] = plan.memory().activation_peak_bytes();
   }
-  std::cout << "program " << first.name() << " (" << first.source_file() << "): ok\n";
+  std::cout << "program " << first.name() << " (" << path << "): ok\n";
   std::cout << absl::StrFormat("  parameters: %d (%s)\n", params, Bytes(param_bytes));
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
   const Schedule& schedule = result->plans[0].schedule();

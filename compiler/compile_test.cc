@@ -1,0 +1,46 @@
+#include "compiler/compile.h"
+
+#include "compiler/program_text.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+constexpr char kProgram[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM }
+  op { type: "matmul" input: ["x", "w"] output: ["h"] }
+  op { type: "reduce_mean" input: ["h"] output: ["loss"] }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+TEST(CompileTest, FingerprintDependsOnTheProgramNotWhereItWasRead) {
+  auto a = ParseProgramText(kProgram, "/home/alice/model.pbtxt");
+  auto b = ParseProgramText(kProgram, "/mnt/other/machine/model.pbtxt");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ca = Compile(*a, Strategy(), CompileOptions());
+  auto cb = Compile(*b, Strategy(), CompileOptions());
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  EXPECT_EQ(ca->plans[0].fingerprint(), cb->plans[0].fingerprint());
+
+  // A different program is a different fingerprint.
+  auto c = ParseProgramText(std::string(kProgram) + "seed: 3\n", "/home/alice/model.pbtxt");
+  ASSERT_TRUE(c.ok());
+  auto cc = Compile(*c, Strategy(), CompileOptions());
+  ASSERT_TRUE(cc.ok());
+  EXPECT_NE(ca->plans[0].fingerprint(), cc->plans[0].fingerprint());
+}
+
+TEST(CompileTest, RefusesStrategiesNotBuiltYetSayingSo) {
+  auto p = ParseProgramText(kProgram, "m.pbtxt");
+  ASSERT_TRUE(p.ok());
+  Strategy s;
+  s.mutable_data_parallel()->set_degree(2);
+  auto r = Compile(*p, s, CompileOptions(), "dp.pbtxt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not built yet"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace strata
