@@ -91,7 +91,12 @@ absl::StatusOr<Program> ParseProgramText(const std::string& text, const std::str
     if (loc.line >= 0) program->mutable_var(i)->set_line(loc.line + 1);
   }
   program->set_source_file(filename);
-  if (program->name().empty()) program->set_name(filename);
+  if (program->name().empty()) {
+    // The file's stem, not its path: a program's identity (and fingerprint)
+    // must not depend on the folder it was read from.
+    std::string stem = filename.substr(filename.find_last_of('/') + 1);
+    program->set_name(stem.substr(0, stem.find('.')));
+  }
   return program;
 }
 
