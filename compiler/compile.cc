@@ -48,7 +48,6 @@ absl::Status StrategyError(const std::string& file, const std::string& field, co
 
 absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, int64_t batch_size,
                               const std::string& file) {
-  int stages = NumStages(program);
   if (strategy.has_pipeline()) {
     const auto& p = strategy.pipeline();
     if (p.micro_batch_size() <= 0) return StrategyError(file, "pipeline.micro_batch_size", absl::StrCat("must be > 0, got ", p.micro_batch_size()));
@@ -89,9 +88,6 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     }
   } else if (batch_size != 0 && batch_size % dp != 0) {
     return StrategyError(file, "data_parallel.degree", absl::StrCat("--batch_size ", batch_size, " is not divisible by the degree ", dp));
-  }
-  if (stages > 1 && !strategy.has_pipeline()) {
-    // A placed program without a pipeline section runs all stages on one device.
   }
   return absl::OkStatus();
 }

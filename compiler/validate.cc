@@ -247,8 +247,8 @@ absl::Status ValidateAndInferProgram(Program* program) {
   for (const Var& v : program->var()) {
     if (v.kind() != ACTIVATION) types[v.name()] = TypeOf(v);
   }
-  bool any_placed = false, any_unplaced = false;
-  for (const Op& op : program->op()) (op.device().empty() ? any_unplaced : any_placed) = true;
+  bool any_placed = false;
+  for (const Op& op : program->op()) any_placed |= !op.device().empty();
 
   for (int i = 0; i < program->op_size(); ++i) {
     Op* op = program->mutable_op(i);
@@ -349,7 +349,6 @@ absl::Status ValidateAndInferProgram(Program* program) {
       }
     }
   }
-  (void)any_unplaced;
 
   // Stages must be 0..K-1 with none skipped.
   std::set<int> stages;
