@@ -204,6 +204,18 @@ void MoveImagesSerial(const T* from, int64_t rows, int64_t pixels, int64_t n0, i
 // thread, each processed in chunks of at most `chunk` images.
 struct ThreadShares {
   int64_t parts, per, chunk;
+
+  // Calls fn(t, n0, nb) for each chunk [n0, n0 + nb) of every thread t's
+  // share of the n images, the shares in parallel, a share's chunks in order.
+  template <typename F>
+  void ForEachChunk(int64_t n, const F& fn) const {
+    ParallelFor(parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t last = std::min(n, (t + 1) * per);
+        for (int64_t n0 = t * per; n0 < last; n0 += chunk) fn(t, n0, std::min(chunk, last - n0));
+      }
+    });
+  }
 };
 
 ThreadShares Shares(const ConvGeometry& g) {
@@ -251,31 +263,25 @@ class Conv2dKernel : public ConvKernel {
     // Each thread takes a contiguous share of the images and runs im2col and
     // a single-threaded GEMM on its own chunks (the columns stay in its cache).
     const ThreadShares sh = Shares(g);
-    const int64_t per = sh.per, chunk = sh.chunk;
-    const int64_t cols_size = g.col_rows() * chunk * p, wide_size = chunk > 1 ? g.o * chunk * p : 0;
+    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
     STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), sh.parts * cols_size));
     STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), sh.parts * wide_size));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
-    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        T* pcols = cols.data<T>() + t * cols_size;
-        T* pwide = wide.data<T>() + t * wide_size;
-        for (int64_t n0 = t * per; n0 < std::min(g.n, (t + 1) * per); n0 += chunk) {
-          const int64_t nb = std::min({chunk, g.n - n0, (t + 1) * per - n0});
-          for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * image, pcols + j * p, nb * p);
-          // A chunk of one image writes its GEMM straight into y.
-          T* out = nb == 1 ? py + n0 * g.o * p : pwide;
-          for (int64_t grp = 0; grp < g.groups; ++grp) {
-            SerialGemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
-                                 pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
-                                 pcols + grp * g.group_rows() * nb * p, nb * p, T(0),
-                                 out + grp * g.group_out() * nb * p, nb * p);
-          }
-          if (nb > 1) MoveImagesSerial<false>(pwide, g.o, p, n0, nb, py);
-        }
+    sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
+      T* pcols = cols.data<T>() + t * cols_size;
+      T* pwide = wide.data<T>() + t * wide_size;
+      for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * image, pcols + j * p, nb * p);
+      // A chunk of one image writes its GEMM straight into y.
+      T* out = nb == 1 ? py + n0 * g.o * p : pwide;
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        SerialGemmOrScale<T>(false, false, g.group_out(), nb * p, g.group_rows(), T(1),
+                             pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
+                             pcols + grp * g.group_rows() * nb * p, nb * p, T(0),
+                             out + grp * g.group_out() * nb * p, nb * p);
       }
+      if (nb > 1) MoveImagesSerial<false>(pwide, g.o, p, n0, nb, py);
     });
     return absl::OkStatus();
   }
@@ -311,26 +317,21 @@ class Conv2dGradInputKernel : public ConvKernel {
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
-    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        T* pcols = cols.data<T>() + t * cols_size;
-        T* pwide = wide.data<T>() + t * wide_size;
-        for (int64_t n0 = t * sh.per; n0 < std::min(g.n, (t + 1) * sh.per); n0 += sh.chunk) {
-          const int64_t nb = std::min({sh.chunk, g.n - n0, (t + 1) * sh.per - n0});
-          const T* dyw = pdy + n0 * g.o * p;
-          if (nb > 1) {
-            MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
-            dyw = pwide;
-          }
-          for (int64_t grp = 0; grp < g.groups; ++grp) {
-            SerialGemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
-                                 pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
-                                 dyw + grp * g.group_out() * nb * p, nb * p, T(0),
-                                 pcols + grp * g.group_rows() * nb * p, nb * p);
-          }
-          for (int64_t j = 0; j < nb; ++j) Col2Im(g, pcols + j * p, nb * p, pdx + (n0 + j) * image);
-        }
+    sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
+      T* pcols = cols.data<T>() + t * cols_size;
+      T* pwide = wide.data<T>() + t * wide_size;
+      const T* dyw = pdy + n0 * g.o * p;
+      if (nb > 1) {
+        MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
+        dyw = pwide;
       }
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        SerialGemmOrScale<T>(true, false, g.group_rows(), nb * p, g.group_out(), T(1),
+                             pw + grp * g.group_out() * g.group_rows(), g.group_rows(),
+                             dyw + grp * g.group_out() * nb * p, nb * p, T(0),
+                             pcols + grp * g.group_rows() * nb * p, nb * p);
+      }
+      for (int64_t j = 0; j < nb; ++j) Col2Im(g, pcols + j * p, nb * p, pdx + (n0 + j) * image);
     });
     return absl::OkStatus();
   }
@@ -368,26 +369,21 @@ class Conv2dGradFilterKernel : public ConvKernel {
     STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, x.dtype(), std::max<int64_t>(sh.parts - 1, 0) * dw_size));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
-    ParallelFor(sh.parts, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        T* pcols = cols.data<T>() + t * cols_size;
-        T* pwide = wide.data<T>() + t * wide_size;
-        T* acc = t == 0 ? pdw : partial.data<T>() + (t - 1) * dw_size;
-        std::fill(acc, acc + dw_size, T(0));
-        for (int64_t n0 = t * sh.per; n0 < std::min(g.n, (t + 1) * sh.per); n0 += sh.chunk) {
-          const int64_t nb = std::min({sh.chunk, g.n - n0, (t + 1) * sh.per - n0});
-          for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * g.c * g.h * g.w, pcols + j * p, nb * p);
-          const T* dyw = pdy + n0 * g.o * p;
-          if (nb > 1) {
-            MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
-            dyw = pwide;
-          }
-          for (int64_t grp = 0; grp < g.groups; ++grp) {
-            SerialGemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1),
-                                 dyw + grp * g.group_out() * nb * p, nb * p, pcols + grp * g.group_rows() * nb * p,
-                                 nb * p, T(1), acc + grp * g.group_out() * g.group_rows(), g.group_rows());
-          }
-        }
+    sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
+      T* pcols = cols.data<T>() + t * cols_size;
+      T* pwide = wide.data<T>() + t * wide_size;
+      T* acc = t == 0 ? pdw : partial.data<T>() + (t - 1) * dw_size;
+      if (n0 == t * sh.per) std::fill(acc, acc + dw_size, T(0));  // the share's first chunk
+      for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * g.c * g.h * g.w, pcols + j * p, nb * p);
+      const T* dyw = pdy + n0 * g.o * p;
+      if (nb > 1) {
+        MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
+        dyw = pwide;
+      }
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        SerialGemmOrScale<T>(false, true, g.group_out(), g.group_rows(), nb * p, T(1),
+                             dyw + grp * g.group_out() * nb * p, nb * p, pcols + grp * g.group_rows() * nb * p,
+                             nb * p, T(1), acc + grp * g.group_out() * g.group_rows(), g.group_rows());
       }
     });
     if (g.n == 0) std::fill(pdw, pdw + dw_size, T(0));
