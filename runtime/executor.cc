@@ -30,17 +30,7 @@ Tensor SliceRows(const Tensor& t, int64_t begin, int64_t n, Allocator* allocator
 
 }  // namespace
 
-double ScalarValue(const Tensor& t) {
-  if (!t.defined() || t.num_elements() < 1) return 0;
-  switch (t.dtype()) {
-    case F32: return t.data<float>()[0];
-    case F64: return t.data<double>()[0];
-    case I64: return static_cast<double>(t.data<int64_t>()[0]);
-    case I32: return t.data<int32_t>()[0];
-    case BOOL: return t.data<bool>()[0] ? 1 : 0;
-    default: return 0;
-  }
-}
+double ScalarValue(const Tensor& t) { return t.ValueAt(0); }
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const RankPlan& plan, const ExecutorOptions& options) {
   std::unique_ptr<Executor> e(new Executor(plan, options));

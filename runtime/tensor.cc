@@ -79,6 +79,18 @@ void Tensor::Fill(double value) {
   }
 }
 
+double Tensor::ValueAt(int64_t i) const {
+  if (!defined() || i < 0 || i >= num_elements()) return 0;
+  switch (dtype_) {
+    case F32: return data<float>()[i];
+    case F64: return data<double>()[i];
+    case I64: return static_cast<double>(data<int64_t>()[i]);
+    case I32: return data<int32_t>()[i];
+    case BOOL: return data<bool>()[i] ? 1 : 0;
+    default: return 0;
+  }
+}
+
 std::string Tensor::DebugString(int max_elements) const {
   std::string s = absl::StrCat(DataTypeName(dtype_), ShapeString(shape_), " {");
   int64_t n = std::min<int64_t>(num_elements(), max_elements);

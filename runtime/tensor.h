@@ -64,6 +64,8 @@ class Tensor {
   // A deep copy.
   Tensor Clone() const;
   void Fill(double value);
+  // Element i converted to double (0 for an undefined tensor or DT_INVALID).
+  double ValueAt(int64_t i) const;
   std::string DebugString(int max_elements = 8) const;
 
  private:

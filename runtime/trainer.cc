@@ -305,10 +305,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   for (const auto& [name, t] : executor.PersistentState()) {
     std::vector<double>& out = report.final_state[name];
     out.resize(t.num_elements());
-    for (int64_t i = 0; i < t.num_elements(); ++i) {
-      out[i] = t.dtype() == F32 ? t.data<float>()[i] : t.dtype() == F64 ? t.data<double>()[i]
-               : t.dtype() == I64 ? static_cast<double>(t.data<int64_t>()[i]) : 0.0;
-    }
+    for (int64_t i = 0; i < t.num_elements(); ++i) out[i] = t.ValueAt(i);
   }
   if (tracer) {
     if (auto s = tracer->Write(options.trace_path); !s.ok()) return s;

@@ -52,7 +52,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
     for (const auto& [name, t] : (*e)->PersistentState()) {
       if (!IsParam(compiled->plans[0].program(), name)) continue;
       std::vector<double>& out = run.initial_weights[name];
-      for (int64_t i = 0; i < t.num_elements(); ++i) out.push_back(t.dtype() == F32 ? t.data<float>()[i] : t.data<double>()[i]);
+      for (int64_t i = 0; i < t.num_elements(); ++i) out.push_back(t.ValueAt(i));
     }
   }
   auto report = Train(compiled->plans[0], BaseOptions(options));
