@@ -11,6 +11,7 @@
 
 #include <time.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -77,12 +78,14 @@ struct Seconds {
   double cpu = 0;
   double wall = 0;
   double parse_cpu = 0;  // the ParseProgramText share of cpu
+  PhaseTimes phases;     // of the median repetition (by CPU time)
 };
 
 absl::StatusOr<Seconds> MedianCompileSeconds(int blocks, int repetitions) {
   auto text = GenerateProgram("resmlp", ResMlpOptions(blocks));
   if (!text.ok()) return text.status();
   std::vector<double> cpu, wall, parse_cpu;
+  std::vector<PhaseTimes> phases;
   for (int r = 0; r < repetitions; ++r) {
     auto t0 = Clock::now();
     const double c0 = ThreadCpuSeconds();
@@ -95,8 +98,14 @@ absl::StatusOr<Seconds> MedianCompileSeconds(int blocks, int repetitions) {
     if (!result.ok()) return result.status();
     cpu.push_back(ThreadCpuSeconds() - c0);
     wall.push_back(SecondsSince(t0));
+    phases.push_back(result->times);
   }
-  return Seconds{Median(cpu), Median(wall), Median(parse_cpu)};
+  const double median = Median(cpu);
+  size_t at = 0;
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    if (std::abs(cpu[r] - median) < std::abs(cpu[at] - median)) at = r;
+  }
+  return Seconds{median, Median(wall), Median(parse_cpu), phases[at]};
 }
 
 absl::Status Run(int blocks, int repetitions) {
@@ -111,6 +120,14 @@ absl::Status Run(int blocks, int repetitions) {
               "%d blocks %.3f s CPU (%.3f s wall)\n",
               repetitions, blocks, small->cpu, small->wall, 2 * blocks, big->cpu, big->wall);
   std::printf("  of which parsing: %.3f s and %.3f s CPU\n", small->parse_cpu, big->parse_cpu);
+  std::printf("  %-16s %9s %9s %6s\n", "phase (wall)", "1x", "2x", "ratio");
+  for (const auto& [name, secs] : small->phases.entries()) {
+    double secs2 = 0;
+    for (const auto& [name2, s2] : big->phases.entries()) {
+      if (name2 == name) secs2 = s2;
+    }
+    std::printf("  %-16s %8.4fs %8.4fs %6.2f\n", name.c_str(), secs, secs2, secs > 0 ? secs2 / secs : 0.0);
+  }
   std::printf("  %d blocks under 1 s: %s\n", blocks, small->cpu < 1.0 ? "PASS" : "MISS");
   std::printf("  ratio %d/%d = %.2f CPU (%.2f wall), goal < 2.2: %s\n", 2 * blocks, blocks, ratio,
               big->wall / small->wall, ratio < 2.2 ? "PASS" : "MISS");
@@ -133,6 +150,19 @@ int main(int argc, char** argv) {
     if (!secs.ok()) {
       std::fprintf(stderr, "compile_time: %s\n", std::string(secs.status().message()).c_str());
       return 1;
+    }
+    auto plan = strata::bench::CompileGenerated("resmlp", strata::bench::ResMlpOptions(static_cast<int>(profile_blocks)),
+                                                strata::bench::kBatch);
+    if (plan.ok()) {
+      size_t op_bytes = 0, attr_bytes = 0, var_bytes = 0;
+      for (const auto& op : plan->program().op()) {
+        op_bytes += op.SpaceUsedLong();
+        for (const auto& [k, v] : op.attr()) attr_bytes += k.capacity() + v.SpaceUsedLong();
+      }
+      for (const auto& v : plan->program().var()) var_bytes += v.SpaceUsedLong();
+      std::printf("program in memory: %d ops %.1f MB (attrs >= %.1f MB), %d vars %.1f MB, plan %.1f MB\n",
+                  plan->program().op_size(), op_bytes / 1e6, attr_bytes / 1e6, plan->program().var_size(),
+                  var_bytes / 1e6, plan->SpaceUsedLong() / 1e6);
     }
     std::printf("%lld blocks: %.3f s CPU (parsing %.3f s), %.3f s wall (median of %lld)\n",
                 static_cast<long long>(profile_blocks), secs->cpu, secs->parse_cpu, secs->wall,

@@ -73,12 +73,12 @@ absl::Status Run(const std::string& model, int64_t batch, int steps, int top) {
       for (const auto& in : op.input()) {
         const Var& v = program.var(slot_of.at(in));
         t.inputs.push_back(&slots[slot_of.at(in)]);
-        def.input_types.push_back(TensorType{v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
+        def.input_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
       }
       for (const auto& out : op.output()) {
         const Var& v = program.var(slot_of.at(out));
         t.output_slots.push_back(slot_of.at(out));
-        def.output_types.push_back(TensorType{v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
+        def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
       }
       t.outputs.resize(op.output_size());
       const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), "cpu", KernelDtype(def));

@@ -103,14 +103,17 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   arena_options.max_block_size = 1 << 20;
   google::protobuf::Arena arena(arena_options);
   Program& program = *google::protobuf::Arena::CreateMessage<Program>(&arena);
-  program = input;
+  {
+    ScopedPhase phase(&result.times, "copy-in");
+    program = input;
+  }
   CompileContext ctx;
   ctx.strategy = strategy;
 
   PassPipeline front;
   front.AddPass<ValidatePass>();
   if (!options.dump_after.empty()) front.set_dump_after(options.dump_after);
-  if (auto s = front.Run(program, ctx); !s.ok()) return s;
+  if (auto s = front.Run(program, ctx, &result.times); !s.ok()) return s;
   if (auto s = ValidateStrategy(strategy, program, options.batch_size, strategy_file); !s.ok()) return s;
 
   const int program_stages = NumStages(program);
@@ -133,7 +136,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   PassPipeline pipeline;
   pipeline.AddPass<AutodiffPass>();
   if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
-  if (auto s = pipeline.Run(program, ctx); !s.ok()) return s;
+  if (auto s = pipeline.Run(program, ctx, &result.times); !s.ok()) return s;
   result.pass_names = front.PassNames();
   for (const auto& n : pipeline.PassNames()) result.pass_names.push_back(n);
   if (front.dumped()) result.dumped = *front.dumped();
@@ -150,13 +153,16 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     // The last rank takes the program itself; earlier ones copy it.
     Program& rank_program =
         rank + 1 == world ? program : *google::protobuf::Arena::CreateMessage<Program>(&arena);
-    if (&rank_program != &program) rank_program = program;
+    if (&rank_program != &program) {
+      ScopedPhase phase(&result.times, "copy-rank");
+      rank_program = program;
+    }
     PassPipeline per_rank;
     per_rank.AddPass<PipelineSplitPass>();
     per_rank.AddPass<OptimizerPass>();
     per_rank.AddPass<MicroBatchPass>();
     if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
-    if (auto s = per_rank.Run(rank_program, rank_ctx); !s.ok()) return s;
+    if (auto s = per_rank.Run(rank_program, rank_ctx, &result.times); !s.ok()) return s;
     if (rank == 0) {
       for (const auto& n : per_rank.PassNames()) result.pass_names.push_back(n);
       if (per_rank.dumped()) result.dumped = *per_rank.dumped();
@@ -176,21 +182,32 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     *plan.mutable_strategy() = strategy;
     *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages, rank_ctx.stage, ctx.micro_batches);
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
-    auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size);
-    if (!memory.ok()) return memory.status();
-    *plan.mutable_memory() = std::move(*memory);
-    *plan.mutable_program() = rank_program;
+    {
+      ScopedPhase phase(&result.times, "memory-plan");
+      auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size);
+      if (!memory.ok()) return memory.status();
+      *plan.mutable_memory() = std::move(*memory);
+    }
+    {
+      ScopedPhase phase(&result.times, "copy-out");
+      *plan.mutable_program() = rank_program;
+    }
     result.plans.push_back(std::move(plan));
   }
-  if (auto s = VerifySchedules(result.plans); !s.ok()) {
-    return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
+  Timeline timeline;
+  {
+    ScopedPhase phase(&result.times, "verify-schedule");
+    if (auto s = VerifySchedules(result.plans); !s.ok()) {
+      return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
+    }
+    timeline = SimulateTimeline(result.plans);
   }
-  Timeline timeline = SimulateTimeline(result.plans);
   for (size_t r = 0; r < result.plans.size(); ++r) {
     RankPlan& plan = result.plans[r];
     if (world > 1) {
       // Now that every rank's actions are placed in time, sent buffers are
       // held until their receivers take them.
+      ScopedPhase phase(&result.times, "memory-plan");
       SendRelease release = SendReleaseActions(result.plans, timeline, static_cast<int>(r));
       auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &release);
       if (!memory.ok()) return memory.status();
@@ -202,8 +219,11 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   // Where the program was read from is not part of what runs: ranks that read
   // the same program from different paths (other machines) must agree.
   for (auto& p : result.plans) p.mutable_program()->clear_source_file();
-  std::string fp = FingerprintPlans(result.plans);
-  for (auto& p : result.plans) p.set_fingerprint(fp);
+  {
+    ScopedPhase phase(&result.times, "fingerprint");
+    std::string fp = FingerprintPlans(result.plans);
+    for (auto& p : result.plans) p.set_fingerprint(fp);
+  }
   return result;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compiler/pass.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
@@ -21,6 +22,7 @@ struct CompileResult {
   Program dumped;               // the program after options.dump_after, if named
   std::vector<std::string> pass_names;
   int64_t batch_size = 0;       // the global mini-batch the plans were made for
+  PhaseTimes times;             // seconds per pass and phase, summed over ranks
 };
 
 // Checks a strategy against a validated program: sizes positive, checkpoint

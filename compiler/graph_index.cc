@@ -85,7 +85,7 @@ TensorType GraphIndex::type(absl::string_view name) const {
 }
 
 TensorType TypeOf(const Var& var) {
-  return TensorType{var.dtype(), std::vector<int64_t>(var.shape().begin(), var.shape().end())};
+  return TensorType{var.dtype(), Shape(var.shape().begin(), var.shape().end())};
 }
 
 bool IsPersistent(const Var& var) { return var.kind() == PARAM || var.kind() == STATE; }

@@ -212,7 +212,7 @@ AttrValue IntAttr(int64_t v) { AttrValue a; a.set_i(v); return a; }
 AttrValue FloatAttr(double v) { AttrValue a; a.set_f(v); return a; }
 AttrValue BoolAttr(bool v) { AttrValue a; a.set_b(v); return a; }
 AttrValue StringAttr(const std::string& v) { AttrValue a; a.set_s(v); return a; }
-AttrValue IntsAttr(const std::vector<int64_t>& v) {
+AttrValue IntsAttr(absl::Span<const int64_t> v) {
   AttrValue a;
   auto* list = a.mutable_list();
   for (int64_t x : v) list->add_i(x);
@@ -226,9 +226,9 @@ ShapeFn SameAsInput(int i) {
   };
 }
 
-absl::StatusOr<std::vector<int64_t>> BroadcastShapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b) {
   size_t n = std::max(a.size(), b.size());
-  std::vector<int64_t> out(n);
+  Shape out(n);
   for (size_t k = 0; k < n; ++k) {
     int64_t da = k < n - a.size() ? 1 : a[k - (n - a.size())];
     int64_t db = k < n - b.size() ? 1 : b[k - (n - b.size())];
@@ -270,7 +270,7 @@ absl::Status ExpectFloating(const ShapeContext& ctx, int input) {
 
 ShapeFn BroadcastInputs() {
   return [](ShapeContext& ctx) -> absl::Status {
-    std::vector<int64_t> shape = ctx.input(0).shape;
+    Shape shape = ctx.input(0).shape;
     for (int i = 1; i < ctx.num_inputs(); ++i) {
       if (absl::Status s = SameDtype(ctx, 0, i); !s.ok()) return s;
       auto b = BroadcastShapes(shape, ctx.input(i).shape);

@@ -175,13 +175,13 @@ AttrValue IntAttr(int64_t v);
 AttrValue FloatAttr(double v);
 AttrValue BoolAttr(bool v);
 AttrValue StringAttr(const std::string& v);
-AttrValue IntsAttr(const std::vector<int64_t>& v);
+AttrValue IntsAttr(absl::Span<const int64_t> v);
 
 // Shared shape functions.
 ShapeFn SameAsInput(int i);  // output 0 has input i's type
 // Numpy broadcasting of all inputs into output 0; dtypes must agree.
 ShapeFn BroadcastInputs();
-absl::StatusOr<std::vector<int64_t>> BroadcastShapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b);
 // Errors if two inputs' dtypes differ.
 absl::Status SameDtype(const ShapeContext& ctx, int a, int b);
 absl::Status ExpectRank(const ShapeContext& ctx, int input, int rank);

@@ -1,9 +1,37 @@
 #include "compiler/pass.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "compiler/validate.h"
 
 namespace strata {
+
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void PhaseTimes::Add(absl::string_view phase, double seconds) {
+  for (auto& [name, total] : entries_) {
+    if (name == phase) {
+      total += seconds;
+      return;
+    }
+  }
+  entries_.emplace_back(std::string(phase), seconds);
+}
+
+ScopedPhase::ScopedPhase(PhaseTimes* times, absl::string_view phase)
+    : times_(times), phase_(times != nullptr ? std::string(phase) : std::string()), start_ns_(NowNs()) {}
+
+ScopedPhase::~ScopedPhase() {
+  if (times_ != nullptr) times_->Add(phase_, (NowNs() - start_ns_) * 1e-9);
+}
 
 std::vector<std::string> PassPipeline::PassNames() const {
   std::vector<std::string> names;
@@ -11,11 +39,16 @@ std::vector<std::string> PassPipeline::PassNames() const {
   return names;
 }
 
-absl::Status PassPipeline::Run(Program& program, const CompileContext& ctx) {
+absl::Status PassPipeline::Run(Program& program, const CompileContext& ctx, PhaseTimes* times) {
   for (const auto& pass : passes_) {
-    auto changed = pass->Run(program, ctx);
+    absl::StatusOr<bool> changed;
+    {
+      ScopedPhase phase(times, pass->name());
+      changed = pass->Run(program, ctx);
+    }
     if (!changed.ok()) return changed.status();
     if (*changed) {
+      ScopedPhase phase(times, "verify");
       if (auto s = VerifyProgram(program); !s.ok()) {
         return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ", s.message()));
       }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
@@ -23,6 +24,32 @@ struct CompileContext {
   int rank = 0;
   int stage = 0;
   int dp_rank = 0;
+};
+
+// Seconds spent per phase of a compilation ("autodiff", "verify", ...),
+// summed over ranks, in first-seen order: `strata compile --time_passes`
+// and bench/compile_time print it.
+class PhaseTimes {
+ public:
+  void Add(absl::string_view phase, double seconds);
+  const std::vector<std::pair<std::string, double>>& entries() const { return entries_; }
+
+ private:
+  std::vector<std::pair<std::string, double>> entries_;
+};
+
+// Adds the wall time from construction to destruction to one phase.
+class ScopedPhase {
+ public:
+  ScopedPhase(PhaseTimes* times, absl::string_view phase);
+  ~ScopedPhase();
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  PhaseTimes* times_;
+  std::string phase_;
+  int64_t start_ns_;
 };
 
 // A program-to-program rewrite. Run returns whether it changed the program.
@@ -45,7 +72,8 @@ class PassPipeline {
   const Program* dumped() const { return dumped_valid_ ? &dumped_ : nullptr; }
   std::vector<std::string> PassNames() const;
 
-  absl::Status Run(Program& program, const CompileContext& ctx);
+  // Runs every pass; with `times`, adds each pass's and the verifier's time.
+  absl::Status Run(Program& program, const CompileContext& ctx, PhaseTimes* times = nullptr);
 
  private:
   std::vector<std::unique_ptr<Pass>> passes_;

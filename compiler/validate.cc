@@ -27,7 +27,7 @@ absl::Status Err(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
-absl::Status CheckShape(const std::vector<int64_t>& shape, bool allow_batch, std::string* why) {
+absl::Status CheckShape(absl::Span<const int64_t> shape, bool allow_batch, std::string* why) {
   int batch_dims = 0;
   int64_t elements = 1;
   for (int64_t d : shape) {

@@ -17,7 +17,7 @@ class BlockBuilder {
  public:
   explicit BlockBuilder(Program* program) : program_(program) {}
 
-  Var* AddVar(const std::string& name, DataType dtype, const std::vector<int64_t>& shape, VarKind kind) {
+  Var* AddVar(const std::string& name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind) {
     Var* v = program_->add_var();
     v->set_name(name);
     v->set_dtype(dtype);

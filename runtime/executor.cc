@@ -89,7 +89,7 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads undeclared var '", in, "'"));
       p.input_slots.push_back(it->second);
       const Var& v = program.var(it->second);
-      def.input_types.push_back(TensorType{v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
+      def.input_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
     p.inputs.resize(op.input_size());
     for (const auto& out : op.output()) {
@@ -97,7 +97,7 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes undeclared var '", out, "'"));
       p.output_slots.push_back(it->second);
       const Var& v = program.var(it->second);
-      def.output_types.push_back(TensorType{v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
+      def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
     p.outputs.resize(op.output_size());
     if (i < frees.size()) {

@@ -21,7 +21,7 @@ class Work;
 // A var's static type: dtype and shape, -1 where the batch dimension goes.
 struct TensorType {
   DataType dtype = DT_INVALID;
-  std::vector<int64_t> shape;
+  Shape shape;
   bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
   bool operator!=(const TensorType& o) const { return !(*this == o); }
   std::string ToString() const;

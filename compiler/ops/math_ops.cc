@@ -85,9 +85,9 @@ absl::StatusOr<std::vector<bool>> ReducedAxes(const ShapeContext& ctx, int64_t r
   return reduced;
 }
 
-std::vector<int64_t> ReduceShape(const std::vector<int64_t>& shape, const std::vector<bool>& reduced,
+Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& reduced,
                                  bool keepdim) {
-  std::vector<int64_t> out;
+  Shape out;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (!reduced[i]) {
       out.push_back(shape[i]);
@@ -178,7 +178,7 @@ absl::Status BroadcastLikeShape(ShapeContext& ctx) {
   const TensorType& x = ctx.input(1);
   auto reduced = ReducedAxes(ctx, x.shape.size(), "x");
   if (!reduced.ok()) return reduced.status();
-  std::vector<int64_t> expected = ReduceShape(x.shape, *reduced, ctx.attr_bool("keepdim"));
+  Shape expected = ReduceShape(x.shape, *reduced, ctx.attr_bool("keepdim"));
   if (ctx.input(0).shape != expected) {
     return absl::InvalidArgumentError(absl::StrCat("input 'dy' has shape ", ShapeString(ctx.input(0).shape),
                                                    " but reducing x ", ShapeString(x.shape),
@@ -192,8 +192,8 @@ absl::Status BroadcastLikeShape(ShapeContext& ctx) {
 absl::Status SumToLikeShape(ShapeContext& ctx) {
   if (auto s = ExpectSameDtype(ctx, 0, "x", 1, "like"); !s.ok()) return s;
   if (auto s = ExpectDtype(ctx, 0, "x", {F32, F64, I64}); !s.ok()) return s;
-  const std::vector<int64_t>& x = ctx.input(0).shape;
-  const std::vector<int64_t>& like = ctx.input(1).shape;
+  absl::Span<const int64_t> x = ctx.input(0).shape;
+  absl::Span<const int64_t> like = ctx.input(1).shape;
   bool ok = like.size() <= x.size();
   for (size_t i = 0; ok && i < like.size(); ++i) {
     int64_t l = like[i], d = x[x.size() - like.size() + i];
@@ -204,7 +204,7 @@ absl::Status SumToLikeShape(ShapeContext& ctx) {
                                                    " does not broadcast to input 'x' ", ShapeString(x),
                                                    ", so x cannot be summed down to it"));
   }
-  ctx.set_output(0, TensorType{ctx.input(0).dtype, like});
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, Shape(like.begin(), like.end())});
   return absl::OkStatus();
 }
 

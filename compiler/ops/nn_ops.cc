@@ -26,7 +26,7 @@ namespace {
     if (!_status.ok()) return _status;  \
   } while (0)
 
-using Dims = std::vector<int64_t>;
+using Dims = Shape;
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
@@ -98,7 +98,8 @@ bool SameSize(int64_t a, int64_t b) { return a == b; }
 
 // A pair attr (one value per spatial dim) with every value >= `min`.
 absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, int64_t min) {
-  Dims v = ctx.attr_ints(attr);
+  const std::vector<int64_t> attr_value = ctx.attr_ints(attr);
+  Dims v(attr_value.begin(), attr_value.end());
   if (v.size() != 2) {
     return Invalid(absl::StrCat("attr '", attr, "' must hold 2 ints (height, width), got ", DimsString(v)));
   }
@@ -324,7 +325,7 @@ absl::Status CheckConvInputs(const ShapeContext& ctx, const ConvArg& a, const Co
 
 // The attrs conv2d and its backward ops share, in schema order.
 OpDef& WithConvAttrs(OpDef& def) {
-  return def.Attr("strides", Dims{1, 1}).Attr("paddings", Dims{0, 0}).Attr("dilations", Dims{1, 1}).Attr("groups", 1);
+  return def.Attr("strides", std::vector<int64_t>{1, 1}).Attr("paddings", std::vector<int64_t>{0, 0}).Attr("dilations", std::vector<int64_t>{1, 1}).Attr("groups", 1);
 }
 
 absl::StatusOr<ConvAttrs> ReadConvAttrs(const ShapeContext& ctx) {
@@ -517,7 +518,7 @@ absl::StatusOr<Dims> PooledShape(const ShapeContext& ctx, const Dims& x) {
 
 // The attrs the pooling ops share, in schema order.
 OpDef& WithPoolAttrs(OpDef& def) {
-  return def.Attr("kernel_size", AttrType::kInts).Attr("strides", Dims{}).Attr("paddings", Dims{0, 0});
+  return def.Attr("kernel_size", AttrType::kInts).Attr("strides", std::vector<int64_t>{}).Attr("paddings", std::vector<int64_t>{0, 0});
 }
 
 absl::Status CheckPoolInput(const ShapeContext& ctx, int i, const char* name) {

@@ -32,7 +32,7 @@ absl::Status RecvShape(ShapeContext& ctx) {
     else if (d <= 0) return absl::InvalidArgumentError(absl::StrCat("attr 'shape' has a non-positive dim ", d));
   }
   if (batch > 1) return absl::InvalidArgumentError("attr 'shape' has more than one batch dim (-1)");
-  ctx.set_output(0, TensorType{*dtype, shape});
+  ctx.set_output(0, TensorType{*dtype, Shape(shape.begin(), shape.end())});
   return absl::OkStatus();
 }
 

@@ -21,7 +21,7 @@ namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-std::string Ints(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+std::string Ints(absl::Span<const int64_t> v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
 
 // "input 'x' (F32[-1, 784])"
 std::string Describe(const ShapeContext& ctx, int i) {
@@ -37,7 +37,7 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, const std::string& wha
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
-int64_t KnownProduct(const std::vector<int64_t>& shape) {
+int64_t KnownProduct(absl::Span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d >= 0) n *= d;
@@ -45,7 +45,7 @@ int64_t KnownProduct(const std::vector<int64_t>& shape) {
   return n;
 }
 
-int CountUnknown(const std::vector<int64_t>& shape) {
+int CountUnknown(absl::Span<const int64_t> shape) {
   return static_cast<int>(std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }));
 }
 
@@ -54,8 +54,8 @@ int CountUnknown(const std::vector<int64_t>& shape) {
 // Resolves reshape's `shape` attr against the input shape: 0 copies the input
 // dim at that position, one -1 is inferred. With a batch dim in the input the
 // inferred dim must be exactly the batch dim.
-absl::StatusOr<std::vector<int64_t>> ResolveReshape(const std::vector<int64_t>& in, const std::vector<int64_t>& spec) {
-  std::vector<int64_t> out(spec.size());
+absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec) {
+  Shape out(spec.size());
   int infer = -1;
   int copied_unknown = 0;
   int64_t known_out = 1;
@@ -168,7 +168,7 @@ absl::Status FlattenShape(ShapeContext& ctx) {
     return Invalid(absl::StrCat(Describe(ctx, 0), ": attr 'start_axis' (", *start, ") is after 'end_axis' (", *end,
                                 ")"));
   }
-  std::vector<int64_t> out(x.shape.begin(), x.shape.begin() + *start);
+  Shape out(x.shape.begin(), x.shape.begin() + *start);
   int64_t merged = 1;
   bool batch = false;
   for (int d = *start; d <= *end; ++d) {
@@ -178,7 +178,7 @@ absl::Status FlattenShape(ShapeContext& ctx) {
       merged *= x.shape[d];
     }
   }
-  if (batch && (merged != 1 || CountUnknown(std::vector<int64_t>(x.shape.begin() + *start,
+  if (batch && (merged != 1 || CountUnknown(Shape(x.shape.begin() + *start,
                                                                    x.shape.begin() + *end + 1)) > 1)) {
     return Invalid(absl::StrCat(Describe(ctx, 0), ": flattening axes ", *start, " to ", *end,
                                 " would merge the batch dim (-1) with other dims"));
@@ -201,11 +201,11 @@ STRATA_REGISTER_OP(OpDef("flatten")
 
 // ---- transpose -------------------------------------------------------------
 
-absl::StatusOr<std::vector<int64_t>> NormalizePerm(const std::vector<int64_t>& perm, int rank) {
+absl::StatusOr<Shape> NormalizePerm(absl::Span<const int64_t> perm, int rank) {
   if (static_cast<int>(perm.size()) != rank) {
     return Invalid(absl::StrCat("attr 'perm' ", Ints(perm), " must have one entry per input dim (", rank, ")"));
   }
-  std::vector<int64_t> out(rank);
+  Shape out(rank);
   std::vector<bool> seen(rank, false);
   for (int i = 0; i < rank; ++i) {
     auto axis = NormalizeAxis(perm[i], rank, absl::StrCat("attr 'perm'[", i, "]"));
@@ -221,7 +221,7 @@ absl::Status TransposeShape(ShapeContext& ctx) {
   const TensorType& x = ctx.input(0);
   auto perm = NormalizePerm(ctx.attr_ints("perm"), static_cast<int>(x.shape.size()));
   if (!perm.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", perm.status().message()));
-  std::vector<int64_t> out;
+  Shape out;
   for (int64_t p : *perm) out.push_back(x.shape[p]);
   ctx.set_output(0, TensorType{x.dtype, out});
   return absl::OkStatus();
@@ -230,11 +230,11 @@ absl::Status TransposeShape(ShapeContext& ctx) {
 // y[i_0..] = x[i_perm...], so dx = transpose(dy, inverse(perm)).
 absl::Status TransposeGrad(GradBuilder& g) {
   if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
-  auto perm = NormalizePerm(std::vector<int64_t>(g.op().attr().at("perm").list().i().begin(),
+  auto perm = NormalizePerm(Shape(g.op().attr().at("perm").list().i().begin(),
                                                  g.op().attr().at("perm").list().i().end()),
                             static_cast<int>(g.input_type(0).shape.size()));
   if (!perm.ok()) return perm.status();
-  std::vector<int64_t> inverse(perm->size());
+  Shape inverse(perm->size());
   for (size_t i = 0; i < perm->size(); ++i) inverse[(*perm)[i]] = static_cast<int64_t>(i);
   g.Emit("transpose", {g.output_grad(0)}, {g.input_grad(0)}, {{"perm", IntsAttr(inverse)}});
   return absl::OkStatus();
@@ -251,13 +251,13 @@ STRATA_REGISTER_OP(OpDef("transpose")
 // ---- concat ----------------------------------------------------------------
 
 // The shape of inputs [first, last) of ctx concatenated along `axis` (attr).
-absl::StatusOr<std::vector<int64_t>> ConcatShape(const ShapeContext& ctx, int first, int last, int* axis_out) {
+absl::StatusOr<Shape> ConcatShape(const ShapeContext& ctx, int first, int last, int* axis_out) {
   const TensorType& x0 = ctx.input(first);
   const int rank = static_cast<int>(x0.shape.size());
   if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, first), " is a scalar; concat needs rank 1 or more"));
   auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
   if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, first), ": ", axis.status().message()));
-  std::vector<int64_t> out = x0.shape;
+  Shape out = x0.shape;
   bool batch_on_axis = x0.shape[*axis] < 0;
   for (int i = first + 1; i < last; ++i) {
     const TensorType& x = ctx.input(i);
@@ -346,23 +346,23 @@ STRATA_REGISTER_OP(OpDef("concat_grad")
 // ---- split -----------------------------------------------------------------
 
 // Sizes of the `n` pieces of a dim of size `dim` (-1: the batch dim).
-absl::StatusOr<std::vector<int64_t>> SplitSizes(int64_t dim, int n, const std::vector<int64_t>& sections) {
+absl::StatusOr<Shape> SplitSizes(int64_t dim, int n, absl::Span<const int64_t> sections) {
   if (sections.empty()) {
     if (dim < 0) {
-      if (n == 1) return std::vector<int64_t>{-1};
+      if (n == 1) return Shape{-1};
       return Invalid(absl::StrCat("cannot split the batch dim (-1) into ", n, " parts"));
     }
     if (dim % n != 0) {
       return Invalid(absl::StrCat("cannot split a dim of ", dim, " into ", n,
                                   " equal parts; give the sizes in attr 'sections'"));
     }
-    return std::vector<int64_t>(n, dim / n);
+    return Shape(n, dim / n);
   }
   if (static_cast<int>(sections.size()) != n) {
     return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " has ", sections.size(), " entries for ", n,
                                 " outputs"));
   }
-  std::vector<int64_t> sizes = sections;
+  Shape sizes(sections.begin(), sections.end());
   int infer = -1;
   int64_t known = 0;
   for (int i = 0; i < n; ++i) {
@@ -402,7 +402,7 @@ absl::Status SplitShape(ShapeContext& ctx) {
     return Invalid(absl::StrCat(Describe(ctx, 0), ", axis ", *axis, ": ", sizes.status().message()));
   }
   for (int i = 0; i < ctx.num_outputs(); ++i) {
-    std::vector<int64_t> shape = x.shape;
+    Shape shape = x.shape;
     shape[*axis] = (*sizes)[i];
     ctx.set_output(i, TensorType{x.dtype, shape});
   }
@@ -414,7 +414,7 @@ absl::Status SplitGrad(GradBuilder& g) {
   if (!g.needs_input_grad(0)) return absl::OkStatus();
   const int n = g.op().output_size();
   std::vector<std::string> dys;
-  std::vector<int64_t> present;
+  Shape present;
   for (int i = 0; i < n; ++i) {
     if (g.output_grad(i).empty()) continue;
     dys.push_back(g.output_grad(i));
@@ -430,7 +430,7 @@ absl::Status SplitGrad(GradBuilder& g) {
   // size along the axis is static.
   const int rank = static_cast<int>(g.input_type(0).shape.size());
   const int a = static_cast<int>(axis.i() < 0 ? axis.i() + rank : axis.i());
-  std::vector<int64_t> sections;
+  Shape sections;
   for (int i = 0; i < n; ++i) sections.push_back(g.output_type(i).shape[a]);
   std::vector<std::string> inputs = {g.input(0)};
   inputs.insert(inputs.end(), dys.begin(), dys.end());
@@ -464,7 +464,7 @@ absl::Status SplitGradShape(ShapeContext& ctx) {
                                   sections.size()));
     }
     const int i = static_cast<int>(k) + 1;
-    std::vector<int64_t> want = x.shape;
+    Shape want = x.shape;
     want[*axis] = (*sizes)[which[k]];
     if (ctx.input(i).dtype != x.dtype) {
       return Invalid(absl::StrCat(Describe(ctx, i), " has another dtype than ", Describe(ctx, 0)));
@@ -514,14 +514,14 @@ void ClampRange(int64_t dim, int64_t start, int64_t end, int64_t* begin, int64_t
 constexpr int64_t kToTheEnd = std::numeric_limits<int32_t>::max();
 
 // The sliced shape of `in` for the op's axes/starts/ends attrs.
-absl::StatusOr<std::vector<int64_t>> SliceShape(const std::vector<int64_t>& in, const std::vector<int64_t>& axes,
-                                                const std::vector<int64_t>& starts, const std::vector<int64_t>& ends) {
+absl::StatusOr<Shape> SliceShape(absl::Span<const int64_t> in, absl::Span<const int64_t> axes,
+                                                absl::Span<const int64_t> starts, absl::Span<const int64_t> ends) {
   if (starts.size() != axes.size() || ends.size() != axes.size()) {
     return Invalid(absl::StrCat("attrs 'axes' ", Ints(axes), ", 'starts' ", Ints(starts), " and 'ends' ", Ints(ends),
                                 " must have the same length"));
   }
   const int rank = static_cast<int>(in.size());
-  std::vector<int64_t> out = in;
+  Shape out(in.begin(), in.end());
   std::vector<bool> seen(rank, false);
   for (size_t k = 0; k < axes.size(); ++k) {
     auto axis = NormalizeAxis(axes[k], rank, absl::StrCat("attr 'axes'[", k, "]"));

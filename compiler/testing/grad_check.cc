@@ -32,7 +32,7 @@ constexpr double kRelativeStep = 1e-6;
 // std::uniform_real_distribution.
 double Uniform01(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
 
-Tensor RandomTensor(DataType dtype, const std::vector<int64_t>& shape, double low, double high,
+Tensor RandomTensor(DataType dtype, absl::Span<const int64_t> shape, double low, double high,
                     std::mt19937_64& gen) {
   std::vector<double> values(NumElements(shape));
   for (double& v : values) {

@@ -272,7 +272,7 @@ std::vector<double> TensorValues(const Tensor& t) {
 }
 
 TensorType TypeOf(const Tensor& t) {
-  return TensorType{t.dtype(), std::vector<int64_t>(t.shape().begin(), t.shape().end())};
+  return TensorType{t.dtype(), Shape(t.shape().begin(), t.shape().end())};
 }
 
 namespace {
@@ -314,7 +314,7 @@ namespace {
 ::testing::AssertionResult TensorNear(const Tensor& actual, const std::vector<int64_t>& shape,
                                       const std::vector<double>& expected, double rel_tol) {
   if (!actual.defined()) return ::testing::AssertionFailure() << "actual tensor is undefined";
-  return ValuesNear(TypeOf(actual), TensorValues(actual), TensorType{actual.dtype(), shape}, expected, rel_tol);
+  return ValuesNear(TypeOf(actual), TensorValues(actual), TensorType{actual.dtype(), Shape(shape.begin(), shape.end())}, expected, rel_tol);
 }
 
 }  // namespace strata

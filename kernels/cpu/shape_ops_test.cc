@@ -51,7 +51,9 @@ void ExpectRejected(const std::string& op_text, std::vector<TensorType> inputs, 
 std::vector<int64_t> InferredShape(const std::string& op_text, std::vector<TensorType> inputs, int output = 0) {
   auto types = Infer(op_text, std::move(inputs));
   EXPECT_TRUE(types.ok()) << types.status().message();
-  return types.ok() ? (*types)[output].shape : std::vector<int64_t>{};
+  if (!types.ok()) return {};
+  const Shape& shape = (*types)[output].shape;
+  return std::vector<int64_t>(shape.begin(), shape.end());
 }
 
 // ---- reshape / flatten -----------------------------------------------------
