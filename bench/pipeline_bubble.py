@@ -136,8 +136,10 @@ def replay(ranks):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--strata", required=True)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=11)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--features", type=int, default=16,
+                        help="input width: small, so the embedding adds little to stage 0")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--stages", type=int, default=4)
     args = parser.parse_args()
@@ -146,7 +148,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="strata-bubble-")
     program = os.path.join(tmp, "resmlp.pbtxt")
     gen = subprocess.run([args.strata, "gen", "resmlp", "--blocks", str(BLOCKS),
-                          "--layers", f"{args.width},{args.width},10", "--optimizer", "sgd"],
+                          "--layers", f"{args.features},{args.width},10", "--optimizer", "sgd"],
                          capture_output=True, text=True, check=True)
     open(program, "w").write(place_evenly(gen.stdout))
     print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, micro-batches of 32, "

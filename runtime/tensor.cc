@@ -60,9 +60,11 @@ Tensor Tensor::Reshaped(Shape shape) const {
   return t;
 }
 
-Tensor Tensor::Clone() const {
+Tensor Tensor::Clone() const { return defined() ? Clone(buffer_->allocator) : Tensor(); }
+
+Tensor Tensor::Clone(Allocator* allocator) const {
   if (!defined()) return Tensor();
-  Tensor t = Empty(dtype_, shape_, buffer_->allocator);
+  Tensor t = Empty(dtype_, shape_, allocator);
   if (t.defined()) std::memcpy(t.raw_data(), raw_data(), bytes());
   return t;
 }

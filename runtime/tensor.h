@@ -61,8 +61,9 @@ class Tensor {
 
   // Same buffer, another shape of the same element count.
   Tensor Reshaped(Shape shape) const;
-  // A deep copy.
+  // A deep copy, in the same allocator or in `allocator`.
   Tensor Clone() const;
+  Tensor Clone(Allocator* allocator) const;
   void Fill(double value);
   // Element i converted to double (0 for an undefined tensor or DT_INVALID).
   double ValueAt(int64_t i) const;

@@ -12,6 +12,7 @@
 #include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/executor.h"
+#include "runtime/prefetcher.h"
 #include "runtime/trace.h"
 
 namespace strata {
@@ -156,6 +157,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   report.batch_size = batch;
   report.predicted_peak_bytes = plan.memory().peak_bytes();
 
+  // The data loader's staging buffers (see the prefetcher below): counted
+  // apart from the rank's own bytes, as a GPU's pinned host buffers are.
+  CpuAllocator loader_allocator;
   auto train_data = OpenDataset(options.data, FeedSpecs(plan.program()), options.seed);
   if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
   std::unique_ptr<Dataset> eval_data;
@@ -164,7 +168,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     eval_data = std::move(*d);
   }
-  (*train_data)->set_allocator(options.allocator);
+  (*train_data)->set_allocator(&loader_allocator);
   if (eval_data) eval_data->set_allocator(options.allocator);
   const Dataset& data = **train_data;
   const int64_t steps_per_epoch = data.size() / batch;
@@ -204,8 +208,6 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   const std::string acc_fetch = AccuracyFetch(plan.program());
   const std::string eval_name = EvalName(options.eval_data);
 
-  std::vector<int64_t> order;
-  int64_t order_epoch = -1;
   auto last_progress = Clock::now();
   const auto train_begin = Clock::now();
   const int64_t first_step = executor.step();
@@ -225,23 +227,42 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     return absl::OkStatus();
   };
 
-  std::vector<int64_t> indices(batch);
+  // The samples of a micro-batch depend only on (seed, epoch, position): the
+  // loader reads them one micro-batch ahead, on its own thread, into its own
+  // allocator; a micro-batch's forward copies them into this rank's, where
+  // the memory plan counts them.
+  FeedPrefetcher prefetcher(
+      [&, order_epoch = int64_t{-1}, order = std::vector<int64_t>()](
+          const FeedPrefetcher::Key& key) mutable -> absl::StatusOr<FeedPrefetcher::Feeds> {
+        const int64_t epoch = key.step / steps_per_epoch;
+        if (epoch != order_epoch) {
+          order = EpochOrder(data.size(), options.seed, epoch);
+          order_epoch = epoch;
+        }
+        const int64_t position = (key.step % steps_per_epoch) * batch + key.first;
+        auto feeds = LoadBatch(data, absl::MakeConstSpan(order).subspan(position, key.rows));
+        if (feeds.ok()) DropUnreadFeeds(executor, &*feeds);
+        return feeds;
+      });
   while (executor.step() < total_steps) {
     const int64_t step = executor.step();
     const int64_t epoch = step / steps_per_epoch;
-    const int64_t position = (step % steps_per_epoch) * batch;
-    if (epoch != order_epoch) {
-      order = EpochOrder(data.size(), options.seed, epoch);
-      order_epoch = epoch;
-    }
     const auto t0 = Clock::now();
-    for (int64_t i = 0; i < batch; ++i) indices[i] = order[position + i];
     options.allocator->ResetPeak();
-    // Each micro-batch's samples are read when its forward starts.
     auto r = executor.TrainStep(
         [&](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
-          auto feeds = LoadBatch(data, absl::MakeConstSpan(indices).subspan(first, rows));
-          if (feeds.ok()) DropUnreadFeeds(executor, &*feeds);
+          std::optional<FeedPrefetcher::Key> next;
+          if (first + rows < batch) {
+            next = FeedPrefetcher::Key{step, first + rows, rows};
+          } else if (step + 1 < total_steps) {
+            next = FeedPrefetcher::Key{step + 1, 0, rows};
+          }
+          auto feeds = prefetcher.Get({step, first, rows}, next);
+          if (!feeds.ok()) return feeds.status();
+          for (auto& [name, t] : *feeds) {
+            t = t.Clone(options.allocator);
+            if (!t.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
+          }
           return feeds;
         },
         0);
