@@ -49,21 +49,21 @@ def place_evenly(text):
     return "\n".join(out) + "\n"
 
 
-def run(strata, program, strategy, steps, trace, threads):
+def run(strata, program, strategy, steps, trace, threads, bind):
     env = dict(os.environ, STRATA_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     cmd = [strata, "run", program, "--strategy", strategy, "--nproc", str(STAGES), "--steps", str(steps),
-           "--data", "synthetic:classes=10,size=8192", "--quiet", "--trace", trace]
+           "--data", "synthetic:classes=10,size=8192", "--quiet", "--trace", trace] + (["--bind_cores"] if bind else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"strata failed: {out.stderr}")
 
 
-def bubble_from_trace(path, micro_batches):
+def steps_of(path):
+    """Per step (split at each rank's OPT action): rank -> (actions, receives)."""
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     per_rank = {}
     for e in events:
         per_rank.setdefault(e["tid"], []).append(e)
-    # Split each rank's actions into steps at every OPT action.
     steps = {}
     for rank, evs in per_rank.items():
         evs.sort(key=lambda e: e["ts"])
@@ -77,47 +77,65 @@ def bubble_from_trace(path, micro_batches):
                     actions.append(e)
             elif e["cat"] == "comm" and e["name"].startswith("recv"):
                 comm.append(e)
-    bubbles, replayed, transfer_us, compute_us = [], [], [], []
-    for step, ranks in sorted(steps.items()):
-        if step == 0 or len(ranks) != STAGES:
-            continue
-        replayed.extend(replay(ranks))
+    # Step 0 warms up (first touch of every buffer); incomplete steps are dropped.
+    return [ranks for step, ranks in sorted(steps.items()) if step > 0 and len(ranks) == STAGES]
+
+
+def action_cost(action, recvs):
+    """An action's own CPU time when traced (neither waiting nor sharing a
+    core counts), else its duration minus the receives it waited on."""
+    cpu = action.get("args", {}).get("cpu_us")
+    if cpu is not None:
+        return cpu
+    waited = sum(r["dur"] for r in recvs if action["ts"] <= r["ts"] <= action["ts"] + action["dur"])
+    return max(action["dur"] - waited, 0)
+
+
+def bubble_from_trace(path):
+    """Returns (wall-clock bubble, replayed bubble per step, replayed bubble of
+    the median step, median receive us, median forward us, per-rank medians)."""
+    steps = steps_of(path)
+    wall, per_step, transfer_us, compute_us = [], [], [], []
+    samples = {}  # (rank, action name) -> its cost in every step
+    for ranks in steps:
+        costs = {}
+        for rank, (acts, recvs) in ranks.items():
+            for a in acts:
+                costs[(rank, a["name"])] = action_cost(a, recvs)
+                samples.setdefault((rank, a["name"]), []).append(costs[(rank, a["name"])])
+        order = {rank: [a["name"] for a in acts] for rank, (acts, _) in ranks.items()}
+        per_step.append(replay(order, costs))
         start = min(a["ts"] for acts, _ in ranks.values() for a in acts)
         end = max(a["ts"] + a["dur"] for acts, _ in ranks.values() for a in acts)
-        span = end - start
         for rank, (acts, recvs) in ranks.items():
             busy = sum(a["dur"] for a in acts) - sum(r["dur"] for r in recvs)
-            bubbles.append(1 - busy / span)
+            wall.append(1 - busy / (end - start))
             compute_us.extend(a["dur"] for a in acts if a["name"].startswith("F"))
             transfer_us.extend(r["dur"] for r in recvs)
-    return (statistics.median(bubbles), statistics.median(replayed), statistics.median(transfer_us or [0]),
-            statistics.median(compute_us or [1]))
+    # The median step: every action at the median of its cost over the steps,
+    # which keeps what differs between actions and stages and drops the
+    # moments another process took the core's caches.
+    median_cost = {k: statistics.median(v) for k, v in samples.items()}
+    order = {rank: [a["name"] for a in acts] for rank, (acts, _) in steps[-1].items()}
+    kinds = {}
+    for (rank, name), v in median_cost.items():
+        kinds.setdefault((rank, name[0]), []).append(v)
+    stage_costs = {k: statistics.median(v) for k, v in kinds.items()}
+    return (statistics.mean(wall), statistics.median(per_step), replay(order, median_cost),
+            statistics.median(transfer_us or [0]), statistics.median(compute_us or [1]), stage_costs)
 
 
-def replay(ranks):
-    """The bubble the schedule gives with the measured compute time of every
-    action, as if each rank had a core of its own: F(m) on rank r starts after
-    F(m) on rank r-1, B(m) after B(m) on rank r+1, each after the rank's
-    previous action."""
-    cost = {}
-    order = {}
-    for rank, (acts, recvs) in ranks.items():
-        waits = {}
-        for r in recvs:
-            for a in acts:
-                if a["ts"] <= r["ts"] <= a["ts"] + a["dur"]:
-                    waits[id(a)] = waits.get(id(a), 0) + r["dur"]
-        order[rank] = [a["name"] for a in acts]
-        for a in acts:
-            # The action's own CPU time when traced: neither waiting nor sharing a core counts.
-            cpu = a.get("args", {}).get("cpu_us")
-            cost[(rank, a["name"])] = cpu if cpu is not None else max(a["dur"] - waits.get(id(a), 0), 0)
+def replay(order, cost):
+    """The bubble (idle over total, all ranks together) that the schedule
+    gives with these action costs, as if each rank had a core of its own: F(m)
+    on rank r starts after F(m) on rank r-1, B(m) after B(m) on rank r+1, each
+    after the rank's previous action. Sends are free."""
     end = {}
-    free = {r: 0.0 for r in ranks}
-    pending = {r: list(order[r]) for r in ranks}
+    free = {r: 0.0 for r in order}
+    pending = {r: list(order[r]) for r in order}
     while any(pending.values()):
         progress = False
-        for r in sorted(ranks):
+        for r in sorted(order):
             while pending[r]:
                 name = pending[r][0]
                 dep = (r - 1, name) if name[0] == "F" and r > 0 else (r + 1, name) if name[0] == "B" and r + 1 < STAGES else None
@@ -128,9 +146,10 @@ def replay(ranks):
                 pending[r].pop(0)
                 progress = True
         if not progress:
-            break
+            sys.exit("replay: the schedule deadlocks")
     span = max(free.values())
-    return [1 - sum(cost[(r, n)] for n in order[r]) / span for r in ranks]
+    busy = sum(cost[(r, n)] for r in order for n in order[r])
+    return 1 - busy / (span * len(order))
 
 
 def main():
@@ -142,6 +161,7 @@ def main():
                         help="input width: small, so the embedding adds little to stage 0")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--no_bind", action="store_true", help="leave workers unpinned (no --bind_cores)")
     args = parser.parse_args()
     global STAGES
     STAGES = args.stages
@@ -151,20 +171,31 @@ def main():
                           "--layers", f"{args.features},{args.width},10", "--optimizer", "sgd"],
                          capture_output=True, text=True, check=True)
     open(program, "w").write(place_evenly(gen.stdout))
-    print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, micro-batches of 32, "
-          f"{args.threads} thread(s) per rank, {os.cpu_count()} cores")
-    print(f"{'schedule':>12} {'M':>3} {'wall-clock':>10} {'replayed':>9} {'formula':>8} {'replayed/formula':>17}")
+    print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, {args.features} features, "
+          f"micro-batches of 32, {args.threads} thread(s) per rank, {os.cpu_count()} cores, "
+          f"{'unpinned' if args.no_bind else '--bind_cores'}, {args.steps - 1} measured steps")
+    print(f"{'schedule':>12} {'M':>3} {'wall-clock':>10} {'per-step':>9} {'median-step':>11} {'formula':>8} "
+          f"{'ratio':>6}  goal within 10%")
+    misses = 0
     for schedule in ("F_THEN_B", "ONE_F_ONE_B"):
         for m in (4, 8, 16):
             strategy = os.path.join(tmp, f"{schedule}_{m}.pbtxt")
             open(strategy, "w").write(f"pipeline {{ micro_batch_size: 32 accumulate_steps: {m} schedule: {schedule} }}\n")
             trace = os.path.join(tmp, f"{schedule}_{m}.json")
-            run(args.strata, program, strategy, args.steps, trace, args.threads)
-            measured, replayed, transfer, compute = bubble_from_trace(trace, m)
+            run(args.strata, program, strategy, args.steps, trace, args.threads, not args.no_bind)
+            wall, per_step, median_step, transfer, compute, stage_costs = bubble_from_trace(trace)
             formula = (STAGES - 1) / (m + STAGES - 1)
-            print(f"{schedule:>12} {m:>3} {measured:10.3f} {replayed:9.3f} {formula:8.3f} {replayed / formula:17.2f}")
+            ratio = median_step / formula
+            ok = abs(ratio - 1) <= 0.10
+            misses += not ok
+            print(f"{schedule:>12} {m:>3} {wall:10.3f} {per_step:9.3f} {median_step:11.3f} {formula:8.3f} "
+                  f"{ratio:6.2f}  {'PASS' if ok else 'MISS'}")
+    costs = ", ".join(f"stage {r}: F {stage_costs[(r, 'F')]:.0f} B {stage_costs[(r, 'B')]:.0f}"
+                      for r in range(STAGES))
+    print(f"median action CPU us (last run) {costs}")
     print(f"median receive {transfer:.0f} us against a forward action of {compute:.0f} us "
           f"(ratio {transfer / max(compute, 1):.3f}; receives include waiting for the sender)")
+    print(f"RESULT misses={misses}")
 
 
 if __name__ == "__main__":

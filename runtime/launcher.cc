@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -269,6 +270,19 @@ class Launcher {
   }
 
   // The launcher's environment minus the names we set, plus ours for `rank`.
+  // The cores this process may run on, in increasing order.
+  static std::vector<int> AllowedCores() {
+    std::vector<int> cores;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) cores.push_back(c);
+      }
+    }
+    return cores;
+  }
+
   std::vector<std::string> WorkerEnvironment(int rank) const {
     std::vector<std::pair<std::string, std::string>> ours = {
         {kEnvRank, absl::StrCat(rank)},         {kEnvWorldSize, absl::StrCat(options_.nproc)},
@@ -306,6 +320,15 @@ class Launcher {
       // Everything the child touches is prepared before fork: after fork only
       // async-signal-safe calls are allowed (the caller may have threads).
       std::vector<std::string> env_strings = WorkerEnvironment(r);
+      cpu_set_t cpus;
+      CPU_ZERO(&cpus);
+      if (options_.bind_cores) {
+        const std::vector<int> mine = CoresOfRank(AllowedCores(), r, options_.nproc);
+        for (int c : mine) CPU_SET(c, &cpus);
+        if (std::getenv("STRATA_NUM_THREADS") == nullptr) {
+          env_strings.push_back(absl::StrCat("STRATA_NUM_THREADS=", mine.size()));
+        }
+      }
       std::vector<char*> envp;
       for (std::string& e : env_strings) envp.push_back(e.data());
       envp.push_back(nullptr);
@@ -335,6 +358,7 @@ class Launcher {
       pid_t pid = fork();
       if (pid == 0) {
         setpgid(0, 0);
+        if (options_.bind_cores) sched_setaffinity(0, sizeof(cpus), &cpus);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != launcher_pid) _exit(127);  // the launcher died before prctl
         dup2(devnull_, STDIN_FILENO);
@@ -587,6 +611,13 @@ class Launcher {
 };
 
 }  // namespace
+
+std::vector<int> CoresOfRank(const std::vector<int>& cores, int rank, int nproc) {
+  const int64_t c = static_cast<int64_t>(cores.size());
+  if (c == 0 || nproc < 1 || rank < 0 || rank >= nproc) return {};
+  if (c < nproc) return {cores[rank * c / nproc]};
+  return std::vector<int>(cores.begin() + rank * c / nproc, cores.begin() + (rank + 1) * c / nproc);
+}
 
 absl::StatusOr<int> LaunchWorkers(const LaunchOptions& options, LaunchReport* report) {
   if (g_launch_active.exchange(true)) {

@@ -28,6 +28,11 @@ struct LaunchOptions {
   std::string store_spec;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: pick a free port on master_addr
+  // Pins each worker to its own share of the launcher's cores (DeepSpeed's
+  // --bind_cores_to_rank): rank R of N gets cores [R*C/N, (R+1)*C/N) of the
+  // C it may run on, or core R*C/N when there are fewer cores than ranks;
+  // STRATA_NUM_THREADS defaults to the count it got.
+  bool bind_cores = false;
   // Added to (or overriding) the launcher's environment in every worker.
   std::vector<std::pair<std::string, std::string>> extra_env;
   // After the first failure (or a SIGINT/SIGTERM to the launcher) the others
@@ -37,6 +42,10 @@ struct LaunchOptions {
   int stdout_fd = STDOUT_FILENO;
   int stderr_fd = STDERR_FILENO;
 };
+
+// The cores (from `cores`, the ones the launcher may run on) that rank
+// `rank` of `nproc` is bound to under LaunchOptions::bind_cores.
+std::vector<int> CoresOfRank(const std::vector<int>& cores, int rank, int nproc);
 
 // How one worker ended.
 struct WorkerOutcome {

@@ -1,6 +1,7 @@
 #include "runtime/launcher.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -201,6 +203,45 @@ TEST_F(LaunchFixture, WorkersGetRankStoreAndPortInTheirEnvironment) {
   struct stat st;
   EXPECT_NE(stat(report.store_spec.substr(7).c_str(), &st), 0);
   ExpectNoProcessLeft(report);
+}
+
+TEST(CoresOfRankTest, SplitsCoresEvenlyOrSharesThemWhenTooFew) {
+  const std::vector<int> four = {0, 1, 2, 3};
+  EXPECT_EQ(CoresOfRank(four, 0, 2), (std::vector<int>{0, 1}));
+  EXPECT_EQ(CoresOfRank(four, 1, 2), (std::vector<int>{2, 3}));
+  EXPECT_EQ(CoresOfRank(four, 2, 4), (std::vector<int>{2}));
+  EXPECT_EQ(CoresOfRank({0, 1, 2}, 1, 2), (std::vector<int>{1, 2}));
+  // Fewer cores than ranks: neighbours share one.
+  EXPECT_EQ(CoresOfRank({4, 5}, 0, 4), (std::vector<int>{4}));
+  EXPECT_EQ(CoresOfRank({4, 5}, 1, 4), (std::vector<int>{4}));
+  EXPECT_EQ(CoresOfRank({4, 5}, 2, 4), (std::vector<int>{5}));
+  EXPECT_EQ(CoresOfRank({4, 5}, 3, 4), (std::vector<int>{5}));
+  EXPECT_TRUE(CoresOfRank({}, 0, 2).empty());
+  EXPECT_TRUE(CoresOfRank(four, 2, 2).empty());
+}
+
+TEST_F(LaunchFixture, BoundWorkersRunOnTheirOwnCores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  }
+  const int n = 3;
+  LaunchOptions o = Options(n, {"--print_affinity"});
+  o.bind_cores = true;
+  LaunchReport report;
+  auto result = LaunchWorkers(o, &report);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(*result, 0);
+  const std::string out = Stdout();
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int> want = CoresOfRank(cores, r, n);
+    EXPECT_THAT(RankLines(out, r), ::testing::IsSupersetOf({absl::StrCat("cores ", absl::StrJoin(want, ",")),
+                                                            absl::StrCat("threads ", want.size())}))
+        << out;
+  }
 }
 
 TEST_F(LaunchFixture, GivenStoreSpecIsPassedThroughAndKept) {

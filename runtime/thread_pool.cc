@@ -1,5 +1,7 @@
 #include "runtime/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -67,7 +69,12 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
 
 int IntraOpThreads() {
   static int threads = [] {
+    // The cores this process may run on (taskset, cgroups, --bind_cores),
+    // else every hardware thread.
     int n = static_cast<int>(std::thread::hardware_concurrency());
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
     if (const char* env = std::getenv("STRATA_NUM_THREADS")) {
       int v;
       if (absl::SimpleAtoi(env, &v) && v > 0) n = v;

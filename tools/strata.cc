@@ -52,6 +52,8 @@ ABSL_FLAG(bool, quiet, false, "run: no progress lines");
 ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel");
 ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
 ABSL_FLAG(bool, compare_single, false, "run: also train the single-device reference and print both loss columns");
+ABSL_FLAG(bool, bind_cores, false,
+          "run --nproc: pin each worker to its share of the cores (DeepSpeed's --bind_cores_to_rank)");
 ABSL_FLAG(std::string, layers, "784,256,128,100,10", "gen mlp/resmlp: layer widths, input first");
 ABSL_FLAG(int64_t, stages, 1, "gen: number of pipeline stages to place the model on");
 ABSL_FLAG(int64_t, blocks, 4, "gen resmlp: residual blocks");
@@ -76,7 +78,7 @@ const char kUsage[] =
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet] [--comm_timeout_s S]\n"
-    "                 [--store redis://HOST:PORT] [--compare_single]\n"
+    "                 [--store redis://HOST:PORT] [--compare_single] [--bind_cores]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n";
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
@@ -84,7 +86,8 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"check", {"strategy", "batch_size"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
-               "trace", "log_dir", "save", "load", "quiet", "comm_timeout_s", "store", "compare_single"}},
+               "trace", "log_dir", "save", "load", "quiet", "comm_timeout_s", "store", "compare_single",
+               "bind_cores"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
   };
   return *flags;
@@ -454,6 +457,7 @@ int Run(const std::string& path, int argc, char** argv) {
     LaunchOptions launch;
     std::vector<std::string> args(argv, argv + argc);
     args = ArgvWithoutFlag(ArgvWithoutFlag(ArgvWithoutFlag(args, "nproc"), "log_dir"), "compare_single", false);
+    args = ArgvWithoutFlag(args, "bind_cores", false);
     std::string metrics = UserPath(absl::GetFlag(FLAGS_metrics));
     std::string temp_metrics;
     if (absl::GetFlag(FLAGS_compare_single) && metrics.empty()) {
@@ -467,6 +471,7 @@ int Run(const std::string& path, int argc, char** argv) {
     launch.nproc = static_cast<int>(nproc);
     launch.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir).empty() ? "log" : absl::GetFlag(FLAGS_log_dir));
     launch.store_spec = absl::GetFlag(FLAGS_store);
+    launch.bind_cores = absl::GetFlag(FLAGS_bind_cores);
     std::cout.flush();
     auto code = LaunchWorkers(launch);
     if (!code.ok()) {

@@ -3,6 +3,7 @@
 //   --lines=N            N lines "out R i" on stdout and "err R" on stderr
 //   --print_pid          "pid P" on stdout first
 //   --print_env          the STRATA_* variables and whether the store folder exists
+//   --print_affinity     "cores C1,C2,..." (the cores it may run on) and STRATA_NUM_THREADS
 //   --spawn_child        forks a child that sleeps forever ("child P")
 //   --fail_rank=R --exit_code=C --error=MSG   rank R prints "error: MSG" and exits C
 //   --crash_rank=R       rank R raises SIGSEGV
@@ -14,6 +15,7 @@
 //   --report_signals     on SIGTERM/SIGINT print "rank R got SIGNAME" and exit 128+sig
 //   --steps              print "step i" every 20 ms forever
 //   --no_newline         end with "tail R" without a newline, then exit 0
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -74,6 +76,17 @@ int main(int argc, char** argv) {
     struct stat st;
     bool exists = store && strncmp(store, "file://", 7) == 0 && stat(store + 7, &st) == 0 && S_ISDIR(st.st_mode);
     printf("store_exists=%d\n", exists ? 1 : 0);
+  }
+  if (has("print_affinity")) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof(set), &set);
+    std::string cores;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cores += (cores.empty() ? "" : ",") + std::to_string(c);
+    }
+    const char* threads = std::getenv("STRATA_NUM_THREADS");
+    printf("cores %s\nthreads %s\n", cores.c_str(), threads ? threads : "(unset)");
   }
   if (has("spawn_child")) {
     pid_t child = fork();
