@@ -80,8 +80,15 @@ class BackwardEmitter {
       for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
       v->set_kind(ACTIVATION);
       types_.emplace(v->name(), std::move((*out_types)[k]));
+      producer_.emplace(v->name(), &op);
     }
     return absl::OkStatus();
+  }
+
+  // The backward op that emitted `var`, or nullptr (a forward var).
+  const Op* producer(const std::string& var) const {
+    auto it = producer_.find(var);
+    return it == producer_.end() ? nullptr : it->second;
   }
 
  private:
@@ -89,6 +96,7 @@ class BackwardEmitter {
 
   Program* program_;
   absl::flat_hash_map<absl::string_view, TensorType> types_;  // every var of the program
+  absl::flat_hash_map<absl::string_view, const Op*> producer_;  // vars emitted here -> their op (ops stay put)
   absl::flat_hash_map<std::string, int> next_suffix_;            // per hint: the next @k to try
   absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
 };
@@ -228,12 +236,22 @@ absl::Status AppendBackward(Program* program) {
   acc.parts[program->loss()].push_back(loss_grad);
 
   // The final gradient of a var: its single part, or the add_n of all parts.
+  // The sum goes where the parts are made when they are all made on one
+  // stage, so a pipeline sends one gradient across the cut, not each part.
   auto finalize = [&](const std::string& var, const Op& like) -> absl::StatusOr<std::string> {
     auto it = acc.parts.find(var);
     if (it == acc.parts.end() || it->second.empty()) return std::string();
     if (it->second.size() == 1) return it->second[0];
+    const Op* where = &like;
+    const Op* first = emitter.producer(it->second[0]);
+    bool one_stage = first != nullptr;
+    for (const auto& part : it->second) {
+      const Op* p = emitter.producer(part);
+      one_stage = one_stage && p != nullptr && p->stage() == first->stage();
+    }
+    if (one_stage) where = first;
     std::string sum = emitter.FreshName(absl::StrCat(var, "@grad"));
-    if (auto s = emitter.Emit(like, "add_n", it->second, {sum}, {}); !s.ok()) return s;
+    if (auto s = emitter.Emit(*where, "add_n", it->second, {sum}, {}); !s.ok()) return s;
     it->second = {sum};
     return sum;
   };
