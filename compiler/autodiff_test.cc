@@ -42,6 +42,32 @@ TEST(AutodiffTest, SumsGradientsOfAVarUsedTwice) {
   EXPECT_EQ(p.param_grad().at("w"), "w@grad");
 }
 
+// A residual cut: h, made on stage 0, is read twice on stage 1. Its gradient
+// parts are both made on stage 1 and are summed there, so a pipeline sends
+// one gradient back across the cut, not each part.
+TEST(AutodiffTest, SumsGradientPartsOnTheStageThatMakesThem) {
+  Program p = Differentiate(R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 3] kind: FEED }
+    var { name: "w0" dtype: F64 shape: [3, 3] kind: PARAM }
+    var { name: "w1" dtype: F64 shape: [3, 3] kind: PARAM }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w1"] output: ["a"] device: "gpu:1" }
+    op { type: "add" input: ["h", "a"] output: ["y"] device: "gpu:1" }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+  int sums = 0;
+  for (const Op& op : p.op()) {
+    if (op.type() != "add_n" || op.output(0) != "h@grad") continue;
+    ++sums;
+    EXPECT_EQ(op.stage(), 1);
+    EXPECT_EQ(op.device(), "gpu:1");
+    EXPECT_EQ(op.role(), BACKWARD);
+  }
+  EXPECT_EQ(sums, 1);
+}
+
 TEST(AutodiffTest, ComputesOnlyWhatParametersNeed) {
   // No gradient for the feed x and none through the frozen parameter's branch.
   Program p = Differentiate(R"pb(
