@@ -81,16 +81,18 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
   --store "redis://127.0.0.1:$port" >"$tmp/out4.txt" 2>"$tmp/err4.txt" || fail "the job over redis failed: $(cat "$tmp/err4.txt")"
 grep -q "final train loss" "$tmp/out4.txt" || fail "the job over redis reported no loss"
 
-# 5. Workers started by an external launcher (torchrun's environment).
-store5="$tmp/store5"; mkdir -p "$store5"
-RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+# 5. Workers started by an external launcher (torchrun's environment): rank 0
+#    serves the store on MASTER_ADDR:MASTER_PORT; rank 1 starts first and waits.
+port5=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 \
   timeout 60 "$strata" run "$program" --strategy "$strategy" --steps 3 --data synthetic --quiet \
-  --store "file://$store5" >"$tmp/t0.txt" 2>&1 &
-t0=$!
-RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+  >"$tmp/t1.txt" 2>&1 &
+t1=$!
+sleep 0.5
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 \
   timeout 60 "$strata" run "$program" --strategy "$strategy" --steps 3 --data synthetic --quiet \
-  --store "file://$store5" >"$tmp/t1.txt" 2>&1 || fail "torchrun-style rank 1 failed: $(cat "$tmp/t1.txt")"
-wait $t0 || fail "torchrun-style rank 0 failed: $(cat "$tmp/t0.txt")"
+  >"$tmp/t0.txt" 2>&1 || fail "torchrun-style rank 0 failed: $(cat "$tmp/t0.txt")"
+wait $t1 || fail "torchrun-style rank 1 failed: $(cat "$tmp/t1.txt")"
 grep -q "final train loss" "$tmp/t1.txt" || fail "the torchrun-style job reported no loss"
 
 # 6. The job's trace has a track per rank with every forward and backward by

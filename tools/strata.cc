@@ -78,7 +78,7 @@ const char kUsage[] =
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet] [--comm_timeout_s S]\n"
-    "                 [--store redis://HOST:PORT] [--compare_single] [--bind_cores]\n"
+    "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--compare_single] [--bind_cores]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n";
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
@@ -420,8 +420,10 @@ int Run(const std::string& path, int argc, char** argv) {
     return kExitUsage;
   }
   const std::string store = absl::GetFlag(FLAGS_store);
-  if (!store.empty() && !absl::StartsWith(store, "redis://") && !absl::StartsWith(store, "file://")) {
-    std::cerr << "error: --store '" << store << "': expected redis://HOST:PORT or file:///DIR (a folder all ranks see)\n";
+  if (!store.empty() && !absl::StartsWith(store, "redis://") && !absl::StartsWith(store, "file://") &&
+      !absl::StartsWith(store, "tcp://")) {
+    std::cerr << "error: --store '" << store
+              << "': expected redis://HOST:PORT, tcp://HOST:PORT (served by rank 0) or file:///DIR (a folder all ranks see)\n";
     return kExitUsage;
   }
   auto worker = WorkerEnvFromEnvironment();
@@ -507,10 +509,17 @@ int Run(const std::string& path, int argc, char** argv) {
   ropts.rank = env.rank;
   ropts.world_size = env.world_size;
   ropts.store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
+  if (ropts.store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
+    // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
+    ropts.store_spec = absl::StrCat("tcp://", env.master_addr, ":", env.master_port);
+  }
   if (ropts.store_spec.empty()) {
-    std::cerr << "error: rank " << env.rank << ": no store to meet the other ranks (set STRATA_STORE or --store redis://HOST:PORT)\n";
+    std::cerr << "error: rank " << env.rank
+              << ": no store to meet the other ranks (set MASTER_ADDR and MASTER_PORT, STRATA_STORE, or --store "
+                 "redis://HOST:PORT)\n";
     return kExitUsage;
   }
+  ropts.serve_store = absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0;
   ropts.fingerprint = plan.fingerprint();
   ropts.timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   ropts.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));

@@ -79,7 +79,7 @@ absl::Status Prefixed(const std::string& where, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options) {
-  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(options.store_spec);
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(options.store_spec, options.serve_store);
   if (!store.ok()) return store.status();
   return Rendezvous(options, **store);
 }
@@ -165,8 +165,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   } catch (...) {
     return absl::InternalError(absl::StrCat(where, ": unknown exception while connecting"));
   }
-  return std::unique_ptr<Communicator>(
-      std::make_unique<GlooCommunicator>(std::move(context), options.op_timeout));
+  auto comm = std::make_unique<GlooCommunicator>(std::move(context), options.op_timeout);
+  if (absl::StartsWith(store.spec(), "tcp://")) {
+    // A tcp:// store lives in one rank's process: nobody leaves (and so that
+    // rank does not close it) until every rank has connected its mesh.
+    absl::Status s = comm->Barrier()->Wait(Remaining(deadline) > std::chrono::milliseconds(0)
+                                               ? absl::FromChrono(Remaining(deadline))
+                                               : absl::Milliseconds(1));
+    if (!s.ok()) return Prefixed(where, s);
+  }
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace strata

@@ -17,6 +17,8 @@ struct RendezvousOptions {
   // Where ranks meet (see store.h): file:///DIR (the launcher's default, a
   // fresh folder from MakeTempFileStoreSpec), redis://HOST:PORT, memory://NAME.
   std::string store_spec;
+  // This rank serves a tcp:// store (rank 0, as torchrun's master does).
+  bool serve_store = false;
   // Keys live under "strata/<group>/", so several groups can meet in one store.
   std::string group = "world";
   // Fingerprint of the compiled program set; every rank must bring the same.

@@ -65,6 +65,19 @@ TEST(RendezvousTest, ThreeRanksOverAMemoryStoreConnectAndCommunicate) {
   });
 }
 
+TEST(RendezvousTest, ThreeRanksOverATcpStoreServedByRankZero) {
+  const int port = ::strata::testing::PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://127.0.0.1:", port);
+  RunRanks(3, [&](int rank) {
+    RendezvousOptions options = Options(rank, 3, spec);
+    options.serve_store = rank == 0;
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    ASSERT_TRUE(comm.ok()) << "rank " << rank << ": " << comm.status();
+    ExchangeAndCheck(**comm);
+  });
+}
+
 TEST(RendezvousTest, OneRankWorldNeedsNoPeers) {
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       Rendezvous(Options(0, 1, UniqueMemorySpec()));

@@ -24,11 +24,12 @@
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/rendezvous/store.h"
 #include "hiredis.h"
+#include "runtime/comm/tcp_store.h"
 
 namespace strata {
 namespace {
 
-constexpr char kSpecHelp[] = "expected file:///DIR, redis://HOST:PORT or memory://NAME";
+constexpr char kSpecHelp[] = "expected file:///DIR, redis://HOST:PORT, tcp://HOST:PORT or memory://NAME";
 
 // Gloo's FileStore refuses to read an empty value, so every value is stored
 // behind a one-byte marker.
@@ -137,9 +138,11 @@ absl::Status Store::Wait(const std::vector<std::string>& keys, absl::Duration ti
       GuardStore(absl::StrCat("store ", spec_, ": waiting for key(s) ", absl::StrJoin(keys, ", ")),
                  [&] { store_->wait(keys, ToGlooTimeout(timeout)); });
   if (absl::IsDeadlineExceeded(status)) {
-    return absl::DeadlineExceededError(absl::StrCat("store ", spec_, ": key(s) ",
-                                                    absl::StrJoin(keys, ", "), " not set within ",
-                                                    absl::FormatDuration(timeout)));
+    // A tcp:// store whose server never came up says so.
+    const bool unreachable = absl::StrContains(status.message(), "cannot reach the store");
+    return absl::DeadlineExceededError(absl::StrCat(
+        "store ", spec_, ": key(s) ", absl::StrJoin(keys, ", "), " not set within ", absl::FormatDuration(timeout),
+        unreachable ? " (cannot reach the store: is rank 0 running and MASTER_ADDR:MASTER_PORT right?)" : ""));
   }
   return status;
 }
@@ -153,8 +156,45 @@ std::unique_ptr<Store> Store::WithPrefix(const std::string& prefix) const {
   return std::unique_ptr<Store>(new Store(absl::StrCat(spec_, "/", prefix), std::move(prefixed)));
 }
 
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec) {
+namespace {
+
+// "HOST:PORT" of a redis:// or tcp:// spec.
+absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int default_port, std::string* host,
+                           int* port) {
+  absl::string_view h = rest;
+  *port = default_port;
+  size_t colon = rest.rfind(':');
+  if (colon != absl::string_view::npos) {
+    h = rest.substr(0, colon);
+    if (!absl::SimpleAtoi(rest.substr(colon + 1), port) || *port <= 0 || *port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store spec '", spec, "': the port must be a number in 1..65535, HOST:PORT"));
+    }
+  } else if (default_port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected HOST:PORT"));
+  }
+  if (h.empty() || absl::StrContains(h, "/")) {
+    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected HOST:PORT"));
+  }
+  *host = std::string(h);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve) {
   absl::string_view rest = spec;
+  if (serve && !absl::StartsWith(spec, "tcp://")) {
+    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': only a tcp:// store is served by a rank"));
+  }
+  if (absl::ConsumePrefix(&rest, "tcp://")) {
+    std::string host;
+    int port = 0;
+    if (auto s = ParseHostPort(spec, rest, 0, &host, &port); !s.ok()) return s;
+    auto store = TcpStore::Create(host, port, serve, std::chrono::minutes(5));
+    if (!store.ok()) return absl::UnavailableError(absl::StrCat("store spec '", spec, "': ", store.status().message()));
+    return std::unique_ptr<Store>(new Store(spec, *std::move(store)));
+  }
   if (absl::ConsumePrefix(&rest, "file://")) {
     std::string path(rest);
     if (path.empty() || path[0] != '/') {
@@ -173,28 +213,17 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec) {
     return std::unique_ptr<Store>(new Store(spec, std::move(store)));
   }
   if (absl::ConsumePrefix(&rest, "redis://")) {
-    absl::string_view host = rest;
+    std::string host;
     int port = 6379;
-    size_t colon = rest.rfind(':');
-    if (colon != absl::string_view::npos) {
-      host = rest.substr(0, colon);
-      if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "store spec '", spec, "': the port must be a number in 1..65535, redis://HOST:PORT"));
-      }
-    }
-    if (host.empty() || absl::StrContains(host, "/")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("store spec '", spec, "': expected redis://HOST:PORT"));
-    }
+    if (auto s = ParseHostPort(spec, rest, 6379, &host, &port); !s.ok()) return s;
     const std::string what =
         absl::StrCat("store spec '", spec, "': cannot reach the redis server at ", host, ":", port);
-    absl::Status reachable = ProbeRedis(std::string(host), port);
+    absl::Status reachable = ProbeRedis(host, port);
     if (!reachable.ok())
       return absl::UnavailableError(absl::StrCat(what, ": ", reachable.message()));
     std::shared_ptr<gloo::rendezvous::Store> store;
     absl::Status status = GuardStore(what, [&] {
-      store = std::make_shared<gloo::rendezvous::RedisStore>(std::string(host), port);
+      store = std::make_shared<gloo::rendezvous::RedisStore>(host, port);
     });
     if (!status.ok()) return absl::UnavailableError(status.message());
     return std::unique_ptr<Store>(new Store(spec, std::move(store)));

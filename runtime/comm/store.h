@@ -25,6 +25,9 @@ namespace strata {
 //   redis://HOST:PORT   Gloo RedisStore (PORT defaults to 6379), several machines
 //   memory://NAME       Gloo HashStore shared by every Store opened on NAME in
 //                       this process: ranks as threads in tests
+//   tcp://HOST:PORT     TcpStore (tcp_store.h): served on PORT by the rank
+//                       that opens it with `serve` (rank 0, like torchrun's
+//                       MASTER_ADDR:MASTER_PORT), reached at HOST:PORT by the others
 //
 // A Store object is used by one thread at a time (Gloo's FileStore and
 // RedisStore are not thread-safe); each rank opens its own.
@@ -52,7 +55,7 @@ class Store {
 
  private:
   Store(std::string spec, std::shared_ptr<gloo::rendezvous::Store> store);
-  friend absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec);
+  friend absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve);
 
   std::string spec_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
@@ -61,7 +64,8 @@ class Store {
 // Opens the store a spec names. A malformed spec is InvalidArgument naming
 // it; a store that cannot be reached (no redis server, unwritable folder) is
 // Unavailable.
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec);
+// `serve`: this process serves a tcp:// store (refused for other kinds).
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve = false);
 
 // Creates a fresh folder under $TMPDIR (or /tmp) and returns its file:// spec:
 // the default store of a one-machine job. The launcher removes it afterwards.

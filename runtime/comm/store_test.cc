@@ -32,7 +32,8 @@ std::unique_ptr<Store> Open(const std::string& spec) {
 TEST(StoreTest, MalformedSpecsAreInvalidArgumentNamingTheSpec) {
   for (const std::string spec : {"", "ftp://host/x", "/tmp/dir", "file://", "file://relative/dir",
                                  "redis://", "redis://:6379", "redis://host:port", "redis://host:0",
-                                 "redis://host:70000", "redis://host:6379/extra", "memory://"}) {
+                                 "redis://host:70000", "redis://host:6379/extra", "memory://", "tcp://", "tcp://host",
+                                 "tcp://:29500", "tcp://host:0", "tcp://host:x"}) {
     absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
     EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << spec << ": " << store.status();
     EXPECT_THAT(std::string(store.status().message()), HasSubstr("'" + spec + "'"));
@@ -127,6 +128,66 @@ TEST(StoreTest, PrefixesGiveEachGroupItsOwnKeys) {
   base.reset();
   a.reset();
   EXPECT_EQ(*nested->Get("k", absl::Seconds(1)), "deep");
+}
+
+// tcp://: rank 0 serves, the others connect; values cross in both directions.
+TEST(StoreTest, TcpStoreServedByOneProcessThreadServesTheOthers) {
+  const int port = PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://127.0.0.1:", port);
+  // A client may start before the server: it retries until the server is up.
+  std::unique_ptr<Store> early;
+  std::thread client([&] {
+    early = Open(spec);
+    ASSERT_NE(early, nullptr);
+    ASSERT_TRUE(early->Set("from_client", "hello").ok());
+    absl::StatusOr<std::string> read = early->Get("from_server", absl::Seconds(10));
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, "world");
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(spec, /*serve=*/true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::string> read = (*server)->Get("from_client", absl::Seconds(10));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "hello");
+  ASSERT_TRUE((*server)->Set("from_server", "world").ok());
+  client.join();
+  // An empty value, a key set twice from another connection, a timeout.
+  auto other = Open(spec);
+  ASSERT_TRUE(other->Set("empty", "").ok());
+  absl::StatusOr<std::string> empty = (*server)->Get("empty", absl::Seconds(1));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, "");
+  absl::Status again = other->Set("from_client", "x");
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("'from_client'"));
+  absl::Status late = other->Wait({"never"}, absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late)) << late;
+  // The connection that timed out is replaced on the next call.
+  absl::StatusOr<std::string> after = other->Get("from_server", absl::Seconds(1));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, "world");
+  // Prefixes work over the wire too.
+  auto prefixed = other->WithPrefix("group");
+  ASSERT_TRUE(prefixed->Set("k", "v").ok());
+  absl::StatusOr<std::string> via_server = (*server)->WithPrefix("group")->Get("k", absl::Seconds(1));
+  ASSERT_TRUE(via_server.ok()) << via_server.status();
+  EXPECT_EQ(*via_server, "v");
+}
+
+TEST(StoreTest, TcpStoreNobodyServesIsDeadlineExceededOrUnavailable) {
+  const int port = PickFreePort();
+  ASSERT_GT(port, 0);
+  auto client = Open(absl::StrCat("tcp://127.0.0.1:", port));
+  absl::Status waited = client->Wait({"k"}, absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("cannot reach the store"));
+}
+
+TEST(StoreTest, OnlyTcpStoresAreServed) {
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(UniqueMemorySpec(), /*serve=*/true);
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
 }
 
 TEST(StoreTest, TempFileStoreSpecsAreFreshFolders) {

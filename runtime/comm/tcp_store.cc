@@ -1,0 +1,418 @@
+#include "runtime/comm/tcp_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <list>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kSet = 'S', kGet = 'G', kWait = 'W';
+constexpr uint32_t kMaxKeys = 1 << 16;
+constexpr uint32_t kMaxBytes = 64u << 20;  // per key or value: far above what rendezvous writes
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string Request(char op, const std::vector<std::string>& keys, const std::vector<char>* value) {
+  std::string r(1, op);
+  PutU32(&r, static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    PutU32(&r, static_cast<uint32_t>(k.size()));
+    r += k;
+  }
+  if (value != nullptr) {
+    PutU32(&r, static_cast<uint32_t>(value->size()));
+    r.append(value->begin(), value->end());
+  }
+  return r;
+}
+
+// A parsed request, or how many more bytes it needs.
+struct Parsed {
+  bool complete = false;
+  bool malformed = false;
+  size_t length = 0;  // bytes the request took
+  char op = 0;
+  std::vector<std::string> keys;
+  std::vector<char> value;
+};
+
+Parsed ParseRequest(const std::string& buf) {
+  Parsed p;
+  size_t at = 0;
+  auto need = [&](size_t n) { return at + n <= buf.size(); };
+  if (!need(5)) return p;
+  p.op = buf[0];
+  if (p.op != kSet && p.op != kGet && p.op != kWait) {
+    p.malformed = true;
+    return p;
+  }
+  const uint32_t n = GetU32(buf.data() + 1);
+  if (n == 0 || n > kMaxKeys || (p.op != kWait && n != 1)) {
+    p.malformed = true;
+    return p;
+  }
+  at = 5;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!need(4)) return p;
+    const uint32_t len = GetU32(buf.data() + at);
+    if (len > kMaxBytes) {
+      p.malformed = true;
+      return p;
+    }
+    at += 4;
+    if (!need(len)) return p;
+    p.keys.emplace_back(buf.data() + at, len);
+    at += len;
+  }
+  if (p.op == kSet) {
+    if (!need(4)) return p;
+    const uint32_t len = GetU32(buf.data() + at);
+    if (len > kMaxBytes) {
+      p.malformed = true;
+      return p;
+    }
+    at += 4;
+    if (!need(len)) return p;
+    p.value.assign(buf.data() + at, buf.data() + at + len);
+    at += len;
+  }
+  p.complete = true;
+  p.length = at;
+  return p;
+}
+
+bool WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, data, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+int MillisLeft(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left, 1 << 30)));
+}
+
+}  // namespace
+
+// The served data and the thread answering remote clients. Local calls (the
+// serving rank's own) take the mutex and wait on the condition variable; the
+// thread is woken through a pipe when a local set may complete remote waits.
+struct TcpStore::Server {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::map<std::string, std::vector<char>> data;
+  int listen_fd = -1;
+  int wake[2] = {-1, -1};
+  bool stopping = false;
+  std::thread thread;
+
+  struct Client {
+    int fd;
+    std::string in;
+    std::list<Parsed> waiting;  // Get/Wait requests not yet answerable, in order
+  };
+
+  ~Server() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    Wake();
+    if (thread.joinable()) thread.join();
+    for (int fd : {listen_fd, wake[0], wake[1]}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  void Wake() {
+    char c = 1;
+    if (wake[1] >= 0) {
+      ssize_t ignored = write(wake[1], &c, 1);
+      (void)ignored;
+    }
+  }
+
+  bool HasAll(const std::vector<std::string>& keys) {
+    for (const auto& k : keys) {
+      if (data.find(k) == data.end()) return false;
+    }
+    return true;
+  }
+
+  // Answers what the client's requests allow, in order; false when the
+  // client must be dropped (a write failed or a request was malformed).
+  bool Serve(Client& c) {
+    while (true) {
+      Parsed p = ParseRequest(c.in);
+      if (p.malformed) return false;
+      if (!p.complete) break;
+      c.in.erase(0, p.length);
+      c.waiting.push_back(std::move(p));
+    }
+    while (!c.waiting.empty()) {
+      Parsed& p = c.waiting.front();
+      std::string reply;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (p.op == kSet) {
+          const bool fresh = data.emplace(p.keys[0], p.value).second;
+          reply.push_back(fresh ? 0 : 1);
+          if (fresh) changed.notify_all();
+        } else if (HasAll(p.keys)) {
+          reply.push_back(0);
+          if (p.op == kGet) {
+            const auto& v = data[p.keys[0]];
+            PutU32(&reply, static_cast<uint32_t>(v.size()));
+            reply.append(v.begin(), v.end());
+          }
+        } else {
+          break;  // later requests of this client wait behind it
+        }
+      }
+      if (!WriteAll(c.fd, reply.data(), reply.size())) return false;
+      c.waiting.pop_front();
+    }
+    return true;
+  }
+
+  void Loop() {
+    std::list<Client> clients;
+    while (true) {
+      std::vector<pollfd> fds = {{wake[0], POLLIN, 0}, {listen_fd, POLLIN, 0}};
+      for (const Client& c : clients) fds.push_back({c.fd, POLLIN, 0});
+      if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (stopping) break;
+      }
+      if (fds[0].revents & POLLIN) {
+        char buf[64];
+        ssize_t ignored = read(wake[0], buf, sizeof(buf));
+        (void)ignored;
+      }
+      if (fds[1].revents & POLLIN) {
+        int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) {
+          int one = 1;
+          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          clients.push_back({fd, "", {}});
+        }
+      }
+      size_t i = 2;
+      for (auto it = clients.begin(); it != clients.end(); ++i) {
+        bool keep = true;
+        if (i < fds.size() && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+          char buf[1 << 14];
+          ssize_t r = recv(it->fd, buf, sizeof(buf), 0);
+          if (r > 0) {
+            it->in.append(buf, static_cast<size_t>(r));
+          } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+            keep = false;
+          }
+        }
+        // Every client is served each round: a set by anyone may answer its waits.
+        if (keep) keep = Serve(*it);
+        if (!keep) {
+          close(it->fd);
+          it = clients.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Client& c : clients) close(c.fd);
+  }
+};
+
+absl::StatusOr<std::shared_ptr<TcpStore>> TcpStore::Create(const std::string& host, int port, bool serve,
+                                                           std::chrono::milliseconds connect_timeout) {
+  if (port < 0 || port > 65535 || (!serve && port == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp store: bad port ", port));
+  }
+  std::shared_ptr<TcpStore> store(new TcpStore(host, port, connect_timeout));
+  if (!serve) return store;
+  auto server = std::make_unique<Server>();
+  server->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (server->listen_fd < 0) return absl::UnavailableError(absl::StrCat("tcp store: socket: ", strerror(errno)));
+  int one = 1;
+  setsockopt(server->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(server->listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(absl::StrCat("tcp store: cannot listen on port ", port, ": ", strerror(errno),
+                                               " (another job on this MASTER_PORT?)"));
+  }
+  if (listen(server->listen_fd, 128) != 0) {
+    return absl::UnavailableError(absl::StrCat("tcp store: listen: ", strerror(errno)));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(server->listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  store->port_ = ntohs(addr.sin_port);
+  if (pipe2(server->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::UnavailableError(absl::StrCat("tcp store: pipe: ", strerror(errno)));
+  }
+  Server* raw = server.get();
+  server->thread = std::thread([raw] { raw->Loop(); });
+  store->server_ = std::move(server);
+  return store;
+}
+
+TcpStore::TcpStore(std::string host, int port, std::chrono::milliseconds connect_timeout)
+    : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout) {}
+
+TcpStore::~TcpStore() { Disconnect(); }
+
+void TcpStore::Disconnect() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
+  if (fd_ >= 0) return;
+  std::string last_error = "no attempt";
+  while (true) {
+    addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    int rc = getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &found);
+    if (rc != 0) {
+      last_error = gai_strerror(rc);
+    } else {
+      for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          int one = 1;
+          setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          fd_ = fd;
+        } else {
+          last_error = strerror(errno);
+          close(fd);
+        }
+      }
+      freeaddrinfo(found);
+    }
+    if (fd_ >= 0) return;
+    if (Clock::now() >= deadline) {
+      GLOO_THROW_IO_EXCEPTION(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
+                              "); Wait timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, MillisLeft(deadline) + 1)));
+  }
+}
+
+std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value, std::chrono::milliseconds timeout,
+                                      const std::string& what) {
+  const Clock::time_point deadline =
+      timeout == gloo::kNoTimeout ? Clock::time_point::max() : Clock::now() + timeout;
+  Connect(std::min(deadline, Clock::now() + connect_timeout_), what);
+  if (!WriteAll(fd_, request.data(), request.size())) {
+    Disconnect();
+    GLOO_THROW_IO_EXCEPTION(what, ": the store at ", host_, ":", port_, " closed the connection");
+  }
+  std::string reply;
+  auto have = [&](size_t n) { return reply.size() >= n; };
+  while (!(have(1) && (!has_value || (have(5) && have(5 + GetU32(reply.data() + 1)))))) {
+    pollfd p = {fd_, POLLIN, 0};
+    const int wait_ms = deadline == Clock::time_point::max() ? -1 : MillisLeft(deadline);
+    int rc = poll(&p, 1, wait_ms);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      // The answer may still come: this connection is no longer in step.
+      Disconnect();
+      GLOO_THROW_IO_EXCEPTION(what, ": Wait timeout after ", timeout.count(), " ms");
+    }
+    char buf[1 << 14];
+    ssize_t r = recv(fd_, buf, sizeof(buf), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      Disconnect();
+      GLOO_THROW_IO_EXCEPTION(what, ": the store at ", host_, ":", port_, " closed the connection");
+    }
+    reply.append(buf, static_cast<size_t>(r));
+  }
+  if (reply[0] != 0) return {};  // only Set answers non-zero: the key was already set
+  if (!has_value) return std::vector<char>{0};
+  return std::vector<char>(reply.begin() + 5, reply.end());
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& data) {
+  if (server_ != nullptr) {
+    bool fresh;
+    {
+      std::lock_guard<std::mutex> lock(server_->mu);
+      fresh = server_->data.emplace(key, data).second;
+      if (fresh) server_->changed.notify_all();
+    }
+    server_->Wake();
+    GLOO_ENFORCE(fresh, "key '", key, "' is already set");
+    return;
+  }
+  std::vector<char> ok = RoundTrip(Request(kSet, {key}, &data), false, connect_timeout_, "tcp store set");
+  GLOO_ENFORCE(!ok.empty(), "key '", key, "' is already set");
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  if (server_ != nullptr) {
+    std::unique_lock<std::mutex> lock(server_->mu);
+    server_->changed.wait_for(lock, kDefaultTimeout, [&] { return server_->data.count(key) > 0; });
+    auto it = server_->data.find(key);
+    if (it == server_->data.end()) GLOO_THROW_IO_EXCEPTION("tcp store get '", key, "': Wait timeout");
+    return it->second;
+  }
+  return RoundTrip(Request(kGet, {key}, nullptr), true, kDefaultTimeout, absl::StrCat("tcp store get '", key, "'"));
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, kDefaultTimeout); }
+
+void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  if (keys.empty()) return;
+  const std::string what = absl::StrCat("tcp store wait for ", absl::StrJoin(keys, ", "));
+  if (server_ != nullptr) {
+    std::unique_lock<std::mutex> lock(server_->mu);
+    auto ready = [&] { return server_->HasAll(keys); };
+    if (timeout == gloo::kNoTimeout) {
+      server_->changed.wait(lock, ready);
+    } else if (!server_->changed.wait_for(lock, timeout, ready)) {
+      GLOO_THROW_IO_EXCEPTION(what, ": Wait timeout after ", timeout.count(), " ms");
+    }
+    return;
+  }
+  RoundTrip(Request(kWait, keys, nullptr), false, timeout, what);
+}
+
+}  // namespace strata

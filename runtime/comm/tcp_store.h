@@ -1,0 +1,68 @@
+#ifndef STRATA_RUNTIME_COMM_TCP_STORE_H_
+#define STRATA_RUNTIME_COMM_TCP_STORE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gloo/rendezvous/store.h"
+
+namespace strata {
+
+// A key-value store served over TCP by one of the ranks, the way PyTorch's
+// TCPStore serves torchrun's MASTER_ADDR:MASTER_PORT: rank 0 listens on the
+// port, every rank (rank 0 too, in process) sets, gets and waits for keys.
+// Gloo ships file, Redis and in-memory stores but no TCP one, so a job whose
+// environment names only a master address needs this to meet.
+//
+// Wire format, one request per message: an op byte ('S'et, 'G'et, 'W'ait),
+// a 32-bit key count, then each key as a 32-bit length and bytes, and for
+// Set a 32-bit value length and bytes. The server answers Set at once (a
+// status byte: 0 stored, 1 already set), Get and Wait once every key is set
+// (a status byte 0, and for Get the value as a 32-bit length and bytes).
+// Integers are little-endian.
+class TcpStore : public gloo::rendezvous::Store {
+ public:
+  // Serves on `port` (all interfaces) when `serve`; otherwise connects to
+  // HOST:PORT, retrying for up to `connect_timeout` while the server starts.
+  static absl::StatusOr<std::shared_ptr<TcpStore>> Create(const std::string& host, int port, bool serve,
+                                                          std::chrono::milliseconds connect_timeout);
+  ~TcpStore() override;
+
+  // gloo::rendezvous::Store. Errors throw gloo::IoException ("Wait timeout"
+  // on a timeout) or gloo::EnforceNotMet (a key set twice), as Gloo's do.
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+  // The port served on (when serving; useful with port 0 in tests).
+  int port() const { return port_; }
+
+ private:
+  struct Server;
+  TcpStore(std::string host, int port, std::chrono::milliseconds connect_timeout);
+
+  // A client's round trip: sends `request` and reads the status byte and,
+  // for Get, the value; throws on timeout or a broken connection.
+  std::vector<char> RoundTrip(const std::string& request, bool has_value, std::chrono::milliseconds timeout,
+                              const std::string& what);
+  void Connect(std::chrono::steady_clock::time_point deadline, const std::string& what);
+  void Disconnect();
+
+  const std::string host_;
+  int port_;
+  const std::chrono::milliseconds connect_timeout_;
+  std::unique_ptr<Server> server_;  // when serving: the data lives here
+  int fd_ = -1;                     // when a client: the connection, opened on first use
+};
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_COMM_TCP_STORE_H_
