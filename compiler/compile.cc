@@ -11,6 +11,7 @@
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
+#include "passes/cost_model.h"
 #include "passes/memory_plan.h"
 #include "passes/micro_batch.h"
 #include "passes/optimizer.h"
@@ -195,12 +196,20 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     result.plans.push_back(std::move(plan));
   }
   Timeline timeline;
+  std::vector<std::pair<double, double>> costs;  // per rank: forward, backward
   {
     ScopedPhase phase(&result.times, "verify-schedule");
     if (auto s = VerifySchedules(result.plans); !s.ok()) {
       return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
     }
-    timeline = SimulateTimeline(result.plans);
+    // Actions placed by the cost model's estimate of each rank's work, so an
+    // unbalanced placement shows in the bubble and in when sent buffers go.
+    for (const RankPlan& plan : result.plans) {
+      const ActionCosts c =
+          world > 1 ? EstimateActionCosts(plan.program(), micro_batch_size) : ActionCosts{1, 2};
+      costs.push_back({c.forward, c.backward});
+    }
+    timeline = SimulateTimeline(result.plans, costs);
   }
   for (size_t r = 0; r < result.plans.size(); ++r) {
     RankPlan& plan = result.plans[r];
@@ -214,6 +223,10 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       *plan.mutable_memory() = std::move(*memory);
     }
     plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
+    if (world > 1) {
+      plan.mutable_memory()->set_forward_cost(costs[r].first);
+      plan.mutable_memory()->set_backward_cost(costs[r].second);
+    }
   }
   result.batch_size = ctx.batch_size;
   // Where the program was read from is not part of what runs: ranks that read

@@ -9,6 +9,8 @@
 #include "compiler/graph_index.h"
 #include "proto/roles.h"
 #include "compiler/op_registry.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
 
 namespace strata {
 
@@ -22,7 +24,8 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release) {
+                                      const SendRelease* send_release, int threads) {
+  if (threads <= 0) threads = IntraOpThreads();
   MemoryPlan plan;
   // Vars are handled by their dense GraphIndex ids: names are hashed once
   // here, not again for every action of the schedule.
@@ -43,6 +46,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     int input0 = -1;
     bool aliases = false;
     bool send = false;
+    int64_t workspace = 0;  // scratch bytes while it runs
   };
   std::vector<OpInfo> info(n);
   std::vector<int> output_ids;
@@ -63,6 +67,23 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
     o.aliases = schema != nullptr && schema->output_aliases_input;
     o.send = op.type() == "send";
+    if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), "cpu")) {
+      KernelDef def;
+      def.op = &op;
+      for (const auto& in : op.input()) {
+        const Var* v = index.var(in);
+        if (v == nullptr) return absl::InternalError(absl::StrCat("memory plan: op #", i, " reads undeclared '", in, "'"));
+        TensorType t = TypeOf(*v);
+        for (int64_t& d : t.shape) d = d == -1 ? micro_batch_size : d;
+        def.input_types.push_back(std::move(t));
+      }
+      auto bytes = (*ws)(def, threads);
+      if (!bytes.ok()) {
+        return absl::InternalError(absl::StrCat("memory plan: scratch of op #", i, " '", op.type(), "': ",
+                                                bytes.status().message()));
+      }
+      o.workspace = *bytes;
+    }
   }
   // frees[i]: the ids freed after op i, sorted by name.
   std::vector<std::vector<int>> frees(n);
@@ -142,6 +163,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
         }
         allocate(mb, id, BytesOf(*v, micro_batch_size));
       }
+      // Scratch lives while the kernel runs, on top of its inputs and outputs.
+      peak = std::max(peak, live + o.workspace);
       int release_action = -1;
       if (o.send) {
         release_action = ai + 1;

@@ -20,8 +20,10 @@ namespace strata {
 // (channel id, micro-batch) to the index of this rank's action at whose end
 // that happens (from the timeline of all ranks); absent, the next action's end.
 using SendRelease = std::map<std::pair<int64_t, int>, int>;
+// Kernels that draw scratch memory (the convolutions) count it while they
+// run, as sized for `threads` intra-op threads (0: this process's count).
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release = nullptr);
+                                      const SendRelease* send_release = nullptr, int threads = 0);
 
 
 }  // namespace strata

@@ -153,6 +153,10 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
 }
 
 Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cost, double backward_cost) {
+  return SimulateTimeline(plans, std::vector<std::pair<double, double>>(plans.size(), {forward_cost, backward_cost}));
+}
+
+Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<std::pair<double, double>>& costs) {
   const int n = static_cast<int>(plans.size());
   Timeline t;
   t.ranks.resize(n);
@@ -186,8 +190,8 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cos
         }
         if (blocked) break;
         Timeline::Slot& slot = t.ranks[r][next[r]];
-        double cost = slot.action.kind() == Action::FORWARD ? forward_cost
-                      : slot.action.kind() == Action::BACKWARD ? backward_cost : 0;
+        double cost = slot.action.kind() == Action::FORWARD ? costs[r].first
+                      : slot.action.kind() == Action::BACKWARD ? costs[r].second : 0;
         slot.start = ready;
         slot.end = ready + cost;
         free_at[r] = slot.end;

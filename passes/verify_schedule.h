@@ -37,6 +37,9 @@ struct Timeline {
   std::string Diagram() const;
 };
 Timeline SimulateTimeline(const std::vector<RankPlan>& plans, double forward_cost = 1, double backward_cost = 2);
+// The same with each rank's own costs (costs[r] = {forward, backward}, e.g.
+// from EstimateActionCosts): a stage that does more work holds the others up.
+Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<std::pair<double, double>>& costs);
 
 // For each send of `rank` (channel id, micro-batch): the index of the rank's
 // own action that is running when the receiver starts the action that takes

@@ -118,5 +118,35 @@ TEST(VerifyScheduleTest, TimelineBubbleMatchesTheFormula) {
   }
 }
 
+TEST(VerifyScheduleTest, ASlowerStageWidensTheOthersBubbles) {
+  std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 6);
+  // Stage 1 does three times the others' work: it is never idle in steady
+  // state and the others wait on it.
+  Timeline even = SimulateTimeline(plans, {{1, 2}, {1, 2}, {1, 2}});
+  Timeline slow = SimulateTimeline(plans, {{1, 2}, {3, 6}, {1, 2}});
+  EXPECT_NEAR(even.bubble[0], IdealBubbleFraction(3, 6), 1e-9);
+  EXPECT_LT(slow.bubble[1], even.bubble[1]);
+  EXPECT_GT(slow.bubble[0], even.bubble[0] + 0.2);
+  EXPECT_GT(slow.bubble[2], even.bubble[2] + 0.2);
+  // The makespan is the slow stage's own work (6 micro-batches x 9 units)
+  // after stage 0's first forward and before its last backward: the slow
+  // stage never waits on the fast last stage.
+  EXPECT_NEAR(slow.makespan, 1 + 6 * 9 + 2, 1e-9);
+}
+
+TEST(VerifyScheduleTest, CompiledPlansCarryTheCostModelsEstimate) {
+  std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 3);
+  for (const RankPlan& p : plans) {
+    EXPECT_GT(p.memory().forward_cost(), 0) << p.rank();
+    EXPECT_GT(p.memory().backward_cost(), p.memory().forward_cost()) << p.rank();
+  }
+  // The last stage runs two matmuls' worth (the add and the head), the
+  // middle one one: the timeline the compiler used weighs them so.
+  std::vector<std::pair<double, double>> costs;
+  for (const RankPlan& p : plans) costs.push_back({p.memory().forward_cost(), p.memory().backward_cost()});
+  Timeline t = SimulateTimeline(plans, costs);
+  for (const RankPlan& p : plans) EXPECT_DOUBLE_EQ(p.memory().bubble_fraction(), t.bubble[p.rank()]);
+}
+
 }  // namespace
 }  // namespace strata

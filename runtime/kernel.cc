@@ -37,6 +37,15 @@ const KernelFactory* KernelRegistry::Find(const std::string& op_type, const std:
   return nullptr;
 }
 
+void KernelRegistry::RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn) {
+  workspaces_[{op_type, device}] = std::move(fn);
+}
+
+const WorkspaceFn* KernelRegistry::FindWorkspace(const std::string& op_type, const std::string& device) const {
+  auto it = workspaces_.find({op_type, device});
+  return it == workspaces_.end() ? nullptr : &it->second;
+}
+
 std::vector<DataType> KernelRegistry::DtypesFor(const std::string& op_type, const std::string& device) const {
   std::vector<DataType> out;
   for (const auto& [type, dev, dt, factory] : entries_) {

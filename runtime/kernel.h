@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,12 @@ class OpKernel {
 
 using KernelFactory = std::function<absl::StatusOr<std::unique_ptr<OpKernel>>(const KernelDef&)>;
 
+// The scratch bytes a kernel draws from the allocator while it runs (beyond
+// its outputs), for input types with every dimension known, when it runs on
+// `threads` threads: the CPU analogue of cuDNN's workspace-size queries, so
+// the memory plan can count them.
+using WorkspaceFn = std::function<absl::StatusOr<int64_t>(const KernelDef& def, int threads)>;
+
 // Kernels keyed by (op type, device, dtype). The dtype is that of the op's
 // first floating-point input, else its first input, else its first output.
 class KernelRegistry {
@@ -94,9 +101,13 @@ class KernelRegistry {
   void Register(const std::string& op_type, const std::string& device, DataType dtype, KernelFactory factory);
   const KernelFactory* Find(const std::string& op_type, const std::string& device, DataType dtype) const;
   std::vector<DataType> DtypesFor(const std::string& op_type, const std::string& device) const;
+  // Kernels that draw scratch memory register how much (all dtypes at once).
+  void RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn);
+  const WorkspaceFn* FindWorkspace(const std::string& op_type, const std::string& device) const;
 
  private:
   std::vector<std::tuple<std::string, std::string, DataType, KernelFactory>> entries_;
+  std::map<std::pair<std::string, std::string>, WorkspaceFn> workspaces_;
 };
 
 DataType KernelDtype(const KernelDef& def);
@@ -115,12 +126,23 @@ struct KernelRegistrar {
   }
 };
 
+struct WorkspaceRegistrar {
+  WorkspaceRegistrar(const char* op_type, const char* device, WorkspaceFn fn) {
+    KernelRegistry::Global().RegisterWorkspace(op_type, device, std::move(fn));
+  }
+};
+
 #define STRATA_KERNEL_CONCAT_INNER(a, b) a##b
 #define STRATA_KERNEL_CONCAT(a, b) STRATA_KERNEL_CONCAT_INNER(a, b)
 // STRATA_REGISTER_KERNEL("relu", "cpu", F32, factory);
 #define STRATA_REGISTER_KERNEL(op_type, device, dtype, factory)                          \
   static ::strata::KernelRegistrar STRATA_KERNEL_CONCAT(strata_kernel_registrar_, __LINE__)( \
       op_type, device, dtype, factory)
+
+// STRATA_REGISTER_WORKSPACE("conv2d", "cpu", fn);
+#define STRATA_REGISTER_WORKSPACE(op_type, device, fn)                                                  \
+  static ::strata::WorkspaceRegistrar STRATA_KERNEL_CONCAT(strata_workspace_registrar_, __LINE__)( \
+      op_type, device, fn)
 
 // A factory for a kernel class constructible from (const KernelDef&) that
 // cannot fail at construction.

@@ -203,6 +203,7 @@ int Check(const std::string& path) {
   const Program& first = result->plans[0].program();
   int64_t params = 0, param_bytes = 0;
   std::map<int, int64_t> stage_params, stage_param_bytes, stage_activation_bytes;
+  std::map<int, double> stage_work;  // estimated forward + backward per micro-batch
   std::map<int, int> stage_ops, stage_forward_ops, stage_transfers;
   for (const RankPlan& plan : result->plans) {
     if (plan.topology().dp_rank() != 0) continue;
@@ -224,7 +225,10 @@ int Check(const std::string& path) {
       stage_forward_ops[stage] += op.role() == FORWARD || op.role() == LOSS;
     }
     stage_activation_bytes[stage] = plan.memory().activation_peak_bytes();
+    stage_work[stage] = plan.memory().forward_cost() + plan.memory().backward_cost();
   }
+  double total_work = 0;
+  for (const auto& [stage, w] : stage_work) total_work += w;
   std::cout << "program " << first.name() << " (" << path << "): ok\n";
   std::cout << absl::StrFormat("  parameters: %d (%s)\n", params, Bytes(param_bytes));
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
@@ -233,10 +237,16 @@ int Check(const std::string& path) {
                                result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
   for (const auto& [stage, n] : stage_ops) {
+    // On a pipeline: the cost model's share of the work, to balance stages by.
+    const std::string work =
+        stage_ops.size() > 1 && total_work > 0
+            ? absl::StrFormat(", %.0f%% of the work (%.3g GFLOP-eq per micro-batch)",
+                              100 * stage_work[stage] / total_work, stage_work[stage] * 1e-9)
+            : "";
     std::cout << absl::StrFormat(
-        "  stage %d: %d ops (%d forward), %d transfers, %d parameters (%s), predicted activations %s\n", stage, n,
+        "  stage %d: %d ops (%d forward), %d transfers, %d parameters (%s), predicted activations %s%s\n", stage, n,
         stage_forward_ops[stage], stage_transfers[stage], stage_params[stage], Bytes(stage_param_bytes[stage]),
-        Bytes(stage_activation_bytes[stage]));
+        Bytes(stage_activation_bytes[stage]), work);
   }
   for (const RankPlan& plan : result->plans) {
     const MemoryPlan& m = plan.memory();
@@ -245,7 +255,8 @@ int Check(const std::string& path) {
         plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
   }
-  std::cout << "  schedule (forward 1 unit, backward 2; digit N = forward of micro-batch N, letter = its backward, a = 0):\n";
+  std::cout << "  schedule (as if every stage's forward took 1 unit and backward 2; the bubbles above weigh each stage's\n"
+               "  estimated work; digit N = forward of micro-batch N, letter = its backward, a = 0):\n";
   Timeline timeline = SimulateTimeline(result->plans);
   for (absl::string_view line : absl::StrSplit(timeline.Diagram(), '\n', absl::SkipEmpty())) {
     std::cout << "    " << line << "\n";

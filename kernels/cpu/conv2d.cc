@@ -218,12 +218,28 @@ struct ThreadShares {
   }
 };
 
-ThreadShares Shares(const ConvGeometry& g) {
+ThreadShares Shares(const ConvGeometry& g, int intra_op_threads = IntraOpThreads()) {
   ThreadShares s;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(IntraOpThreads(), g.n));
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(intra_op_threads, g.n));
   s.per = std::max<int64_t>(1, (g.n + threads - 1) / threads);
   s.parts = g.n == 0 ? 0 : (g.n + s.per - 1) / s.per;
   s.chunk = std::min(g.chunk(), s.per);
+  return s;
+}
+
+// Scratch elements the kernels below draw, in the order they draw them:
+// every thread share's im2col columns and wide GEMM output, and for the
+// filter gradient the partial dw of every share but the first.
+struct ConvScratch {
+  int64_t cols = 0, wide = 0, partial = 0;
+  int64_t total() const { return cols + wide + partial; }
+};
+ConvScratch ScratchOf(const ConvGeometry& g, const ThreadShares& sh, bool filter_gradient) {
+  const int64_t p = g.pixels();
+  ConvScratch s;
+  s.cols = sh.parts * g.col_rows() * sh.chunk * p;
+  s.wide = sh.parts * (sh.chunk > 1 ? g.o * sh.chunk * p : 0);
+  if (filter_gradient) s.partial = std::max<int64_t>(sh.parts - 1, 0) * g.o * g.group_rows();
   return s;
 }
 
@@ -264,8 +280,9 @@ class Conv2dKernel : public ConvKernel {
     // a single-threaded GEMM on its own chunks (the columns stay in its cache).
     const ThreadShares sh = Shares(g);
     const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), sh.parts * cols_size));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), sh.parts * wide_size));
+    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/false);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), scratch.cols));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), scratch.wide));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
@@ -312,8 +329,9 @@ class Conv2dGradInputKernel : public ConvKernel {
     // Each thread takes a contiguous share of the images: single-threaded GEMMs and col2im on its own chunks.
     const ThreadShares sh = Shares(g);
     const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), sh.parts * cols_size));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), sh.parts * wide_size));
+    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/false);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), scratch.cols));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), scratch.wide));
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
@@ -364,9 +382,10 @@ class Conv2dGradFilterKernel : public ConvKernel {
     // partial dw (single-threaded GEMMs); the partials are added at the end.
     const ThreadShares sh = Shares(g);
     const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), sh.parts * cols_size));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), sh.parts * wide_size));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, x.dtype(), std::max<int64_t>(sh.parts - 1, 0) * dw_size));
+    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/true);
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), scratch.cols));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), scratch.wide));
+    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, x.dtype(), scratch.partial));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
@@ -391,6 +410,34 @@ class Conv2dGradFilterKernel : public ConvKernel {
     return absl::OkStatus();
   }
 };
+
+// The scratch of each conv kernel for the memory plan, from the same
+// geometry and thread shares the kernels compute.
+absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
+  const Op& op = *def.op;
+  ConvAttrs attrs;
+  STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs));
+  if (def.input_types.size() != 2) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected 2 inputs"));
+  const Shape& a = def.input_types[0].shape;
+  const Shape& b = def.input_types[1].shape;
+  if (a.size() != 4 || b.size() != 4) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected rank-4 inputs"));
+  Shape x = a, w = b;
+  if (op.type() == "conv2d_grad_input") {
+    STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "input_size"));
+    x = Shape{a[0], b[1] * attrs.groups, size[0], size[1]};
+  } else if (op.type() == "conv2d_grad_filter") {
+    STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "filter_size"));
+    if (attrs.groups <= 0) return absl::InvalidArgumentError("conv2d_grad_filter: groups must be positive");
+    w = Shape{b[1], a[1] / attrs.groups, size[0], size[1]};
+  }
+  STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs, x, w, op.type().c_str()));
+  const ConvScratch s = ScratchOf(g, Shares(g, threads), op.type() == "conv2d_grad_filter");
+  return s.total() * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
+}
+
+STRATA_REGISTER_WORKSPACE("conv2d", "cpu", ConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_input", "cpu", ConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_filter", "cpu", ConvWorkspace);
 
 STRATA_REGISTER_KERNEL("conv2d", "cpu", F32, InitFactory<Conv2dKernel<float>>());
 STRATA_REGISTER_KERNEL("conv2d", "cpu", F64, InitFactory<Conv2dKernel<double>>());
