@@ -38,12 +38,14 @@ const KernelFactory* KernelRegistry::Find(const std::string& op_type, const std:
 }
 
 void KernelRegistry::RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn) {
-  workspaces_[{op_type, device}] = std::move(fn);
+  workspaces_[device][op_type] = std::move(fn);
 }
 
-const WorkspaceFn* KernelRegistry::FindWorkspace(const std::string& op_type, const std::string& device) const {
-  auto it = workspaces_.find({op_type, device});
-  return it == workspaces_.end() ? nullptr : &it->second;
+const WorkspaceFn* KernelRegistry::FindWorkspace(absl::string_view op_type, absl::string_view device) const {
+  auto d = workspaces_.find(device);
+  if (d == workspaces_.end()) return nullptr;
+  auto it = d->second.find(op_type);
+  return it == d->second.end() ? nullptr : &it->second;
 }
 
 std::vector<DataType> KernelRegistry::DtypesFor(const std::string& op_type, const std::string& device) const {

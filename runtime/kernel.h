@@ -3,13 +3,14 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/program.pb.h"
 #include "runtime/tensor.h"
@@ -103,11 +104,11 @@ class KernelRegistry {
   std::vector<DataType> DtypesFor(const std::string& op_type, const std::string& device) const;
   // Kernels that draw scratch memory register how much (all dtypes at once).
   void RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn);
-  const WorkspaceFn* FindWorkspace(const std::string& op_type, const std::string& device) const;
+  const WorkspaceFn* FindWorkspace(absl::string_view op_type, absl::string_view device) const;
 
  private:
   std::vector<std::tuple<std::string, std::string, DataType, KernelFactory>> entries_;
-  std::map<std::pair<std::string, std::string>, WorkspaceFn> workspaces_;
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, WorkspaceFn>> workspaces_;  // device -> op type
 };
 
 DataType KernelDtype(const KernelDef& def);
