@@ -27,6 +27,7 @@
 #include "runtime/comm/rendezvous.h"
 #include "runtime/launcher.h"
 #include "runtime/thread_pool.h"
+#include "runtime/comm/store.h"
 #include "runtime/trace.h"
 #include "runtime/worker_env.h"
 #include "runtime/trainer.h"
@@ -431,10 +432,13 @@ int Run(const std::string& path, int argc, char** argv) {
     return kExitUsage;
   }
   const std::string store = absl::GetFlag(FLAGS_store);
-  if (!store.empty() && !absl::StartsWith(store, "redis://") && !absl::StartsWith(store, "file://") &&
-      !absl::StartsWith(store, "tcp://")) {
+  if (!store.empty() && ((!absl::StartsWith(store, "redis://") && !absl::StartsWith(store, "file://") &&
+                           !absl::StartsWith(store, "tcp://")) ||
+                          !CheckStoreSpec(store).ok())) {
+    const absl::Status why = CheckStoreSpec(store);
     std::cerr << "error: --store '" << store
-              << "': expected redis://HOST:PORT, tcp://HOST:PORT (served by rank 0) or file:///DIR (a folder all ranks see)\n";
+              << "': expected redis://HOST:PORT, tcp://HOST:PORT (served by rank 0) or file:///DIR (a folder all ranks see)"
+              << (why.ok() ? "" : absl::StrCat(" (", why.message(), ")")) << "\n";
     return kExitUsage;
   }
   auto worker = WorkerEnvFromEnvironment();

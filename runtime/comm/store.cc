@@ -182,7 +182,31 @@ absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int 
 
 }  // namespace
 
+absl::Status CheckStoreSpec(const std::string& spec) {
+  absl::string_view rest = spec;
+  std::string host;
+  int port = 0;
+  if (absl::ConsumePrefix(&rest, "tcp://")) return ParseHostPort(spec, rest, 0, &host, &port);
+  if (absl::ConsumePrefix(&rest, "redis://")) return ParseHostPort(spec, rest, 6379, &host, &port);
+  if (absl::ConsumePrefix(&rest, "file://")) {
+    if (rest.empty() || rest[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store spec '", spec, "': a file store needs an absolute folder, file:///DIR"));
+    }
+    return absl::OkStatus();
+  }
+  if (absl::ConsumePrefix(&rest, "memory://")) {
+    if (rest.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store spec '", spec, "': a memory store needs a name, memory://NAME"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': ", kSpecHelp));
+}
+
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve) {
+  if (auto s = CheckStoreSpec(spec); !s.ok()) return s;
   absl::string_view rest = spec;
   if (serve && !absl::StartsWith(spec, "tcp://")) {
     return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': only a tcp:// store is served by a rank"));

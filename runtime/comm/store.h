@@ -64,6 +64,10 @@ class Store {
 // Opens the store a spec names. A malformed spec is InvalidArgument naming
 // it; a store that cannot be reached (no redis server, unwritable folder) is
 // Unavailable.
+// Whether `spec` is well formed (the checks OpenStore makes before it opens
+// anything): InvalidArgument naming the spec if not.
+absl::Status CheckStoreSpec(const std::string& spec);
+
 // `serve`: this process serves a tcp:// store (refused for other kinds).
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve = false);
 

@@ -1,6 +1,10 @@
 #include "runtime/comm/store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -174,6 +178,34 @@ TEST(StoreTest, TcpStoreServedByOneProcessThreadServesTheOthers) {
   absl::StatusOr<std::string> via_server = (*server)->WithPrefix("group")->Get("k", absl::Seconds(1));
   ASSERT_TRUE(via_server.ok()) << via_server.status();
   EXPECT_EQ(*via_server, "v");
+}
+
+// Garbage on one connection drops that connection, not the server.
+TEST(StoreTest, TcpStoreSurvivesMalformedRequests) {
+  const int port = PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://127.0.0.1:", port);
+  absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(spec, /*serve=*/true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  using namespace std::string_literals;  // the requests hold NUL bytes
+  for (const std::string garbage : {"X\x01\0\0\0"s, "S\0\0\0\0"s, "G\x02\0\0\0"s, "W\x01\0\0\0\xff\xff\xff\xff"s}) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL), static_cast<ssize_t>(garbage.size()));
+    char c;
+    EXPECT_EQ(recv(fd, &c, 1, 0), 0) << "the server should close a connection that sent garbage";
+    close(fd);
+  }
+  auto client = Open(spec);
+  ASSERT_TRUE(client->Set("still", "here").ok());
+  absl::StatusOr<std::string> read = (*server)->Get("still", absl::Seconds(1));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "here");
 }
 
 TEST(StoreTest, TcpStoreNobodyServesIsDeadlineExceededOrUnavailable) {

@@ -64,43 +64,37 @@ struct Parsed {
 
 Parsed ParseRequest(const std::string& buf) {
   Parsed p;
-  size_t at = 0;
-  auto need = [&](size_t n) { return at + n <= buf.size(); };
-  if (!need(5)) return p;
+  if (buf.size() < 5) return p;
   p.op = buf[0];
-  if (p.op != kSet && p.op != kGet && p.op != kWait) {
-    p.malformed = true;
-    return p;
-  }
   const uint32_t n = GetU32(buf.data() + 1);
-  if (n == 0 || n > kMaxKeys || (p.op != kWait && n != 1)) {
+  if ((p.op != kSet && p.op != kGet && p.op != kWait) || n == 0 || n > kMaxKeys || (p.op != kWait && n != 1)) {
     p.malformed = true;
     return p;
   }
-  at = 5;
-  for (uint32_t i = 0; i < n; ++i) {
-    if (!need(4)) return p;
-    const uint32_t len = GetU32(buf.data() + at);
-    if (len > kMaxBytes) {
-      p.malformed = true;
+  size_t at = 5;
+  // One length-prefixed field: 1 read, 0 not all here yet, -1 malformed.
+  auto field = [&](const char** data, uint32_t* len) -> int {
+    if (at + 4 > buf.size()) return 0;
+    *len = GetU32(buf.data() + at);
+    if (*len > kMaxBytes) return -1;
+    if (at + 4 + *len > buf.size()) return 0;
+    *data = buf.data() + at + 4;
+    at += 4 + *len;
+    return 1;
+  };
+  const char* data;
+  uint32_t len;
+  for (uint32_t i = 0; i < n + (p.op == kSet ? 1 : 0); ++i) {
+    const int got = field(&data, &len);
+    if (got <= 0) {
+      p.malformed = got < 0;
       return p;
     }
-    at += 4;
-    if (!need(len)) return p;
-    p.keys.emplace_back(buf.data() + at, len);
-    at += len;
-  }
-  if (p.op == kSet) {
-    if (!need(4)) return p;
-    const uint32_t len = GetU32(buf.data() + at);
-    if (len > kMaxBytes) {
-      p.malformed = true;
-      return p;
+    if (i < n) {
+      p.keys.emplace_back(data, len);
+    } else {
+      p.value.assign(data, data + len);
     }
-    at += 4;
-    if (!need(len)) return p;
-    p.value.assign(buf.data() + at, buf.data() + at + len);
-    at += len;
   }
   p.complete = true;
   p.length = at;
