@@ -106,8 +106,12 @@ TEST(AutodiffTest, BackwardOpsKeepTheForwardStageAndUid) {
   )pb");
   for (const Op& op : p.op()) {
     if (op.role() != BACKWARD) continue;
-    if (op.uid() == 0) EXPECT_EQ(op.stage(), 0) << op.type();
-    if (op.uid() >= 1) EXPECT_EQ(op.stage(), 1) << op.type();
+    if (op.uid() == 0) {
+      EXPECT_EQ(op.stage(), 0) << op.type();
+    }
+    if (op.uid() >= 1) {
+      EXPECT_EQ(op.stage(), 1) << op.type();
+    }
   }
 }
 

@@ -58,8 +58,11 @@ TEST(ScheduleTest, EveryScheduleIsWellFormed) {
           }
           for (int mb = 0; mb < mbs; ++mb) EXPECT_LT(forward_at[mb], backward_at[mb]);
           // 1F1B keeps at most (stages - stage) micro-batches' activations alive.
-          if (kind == ONE_F_ONE_B) EXPECT_LE(max_in_flight, std::min(mbs, stages - stage));
-          if (kind == F_THEN_B) EXPECT_EQ(max_in_flight, mbs);
+          if (kind == ONE_F_ONE_B) {
+            EXPECT_LE(max_in_flight, std::min(mbs, stages - stage));
+          } else {
+            EXPECT_EQ(max_in_flight, mbs);
+          }
         }
       }
     }

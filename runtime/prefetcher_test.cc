@@ -36,7 +36,9 @@ TEST(FeedPrefetcherTest, ForeseenKeysComeFromTheLoaderThread) {
     const Tensor& x = feeds->at("x");
     ASSERT_EQ(x.num_elements(), 4);
     EXPECT_EQ(x.ValueAt(3), keys[i].step * 1000 + keys[i].first);
-    if (i > 0) EXPECT_NE(thread, std::this_thread::get_id()) << "call " << i;
+    if (i > 0) {
+      EXPECT_NE(thread, std::this_thread::get_id()) << "call " << i;
+    }
   }
   EXPECT_EQ(p.hits(), 5);  // all but the first
   EXPECT_EQ(loads.load(), 6);

@@ -188,7 +188,7 @@ TEST(StoreTest, TcpStoreSurvivesMalformedRequests) {
   absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(spec, /*serve=*/true);
   ASSERT_TRUE(server.ok()) << server.status();
   using namespace std::string_literals;  // the requests hold NUL bytes
-  for (const std::string garbage : {"X\x01\0\0\0"s, "S\0\0\0\0"s, "G\x02\0\0\0"s, "W\x01\0\0\0\xff\xff\xff\xff"s}) {
+  for (const std::string& garbage : {"X\x01\0\0\0"s, "S\0\0\0\0"s, "G\x02\0\0\0"s, "W\x01\0\0\0\xff\xff\xff\xff"s}) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_GE(fd, 0);
     sockaddr_in addr = {};
