@@ -10,7 +10,7 @@ packages=(
   libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev redis-server
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev libgoogle-perftools-dev
   dataset-fashion-mnist
 )
 # The reference for numeric cross-checks and benchmarks, without its recommends.
