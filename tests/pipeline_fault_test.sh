@@ -94,6 +94,15 @@ RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 \
   >"$tmp/t0.txt" 2>&1 || fail "torchrun-style rank 0 failed: $(cat "$tmp/t0.txt")"
 wait $t1 || fail "torchrun-style rank 1 failed: $(cat "$tmp/t1.txt")"
 grep -q "final train loss" "$tmp/t1.txt" || fail "the torchrun-style job reported no loss"
+# A rank whose rank 0 never starts ends after --comm_timeout_s, naming the store.
+port5b=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start=$(date +%s)
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5b \
+  timeout 60 "$strata" run "$program" --strategy "$strategy" --steps 1 --data synthetic --quiet --comm_timeout_s 2 \
+  >"$tmp/t2.txt" 2>&1 && fail "a rank with no rank 0 succeeded"
+took=$(( $(date +%s) - start ))
+[ "$took" -le 10 ] || fail "a rank with no rank 0 took ${took}s to give up (timeout 2s)"
+grep -q "cannot reach the store" "$tmp/t2.txt" || fail "no 'cannot reach the store' in: $(cat "$tmp/t2.txt")"
 
 # 6. The job's trace has a track per rank with every forward and backward by
 #    micro-batch, the transfers and the optimizer; --compare_single prints

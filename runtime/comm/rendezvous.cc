@@ -79,7 +79,8 @@ absl::Status Prefixed(const std::string& where, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options) {
-  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(options.store_spec, options.serve_store);
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore(options.store_spec, options.serve_store, options.timeout);
   if (!store.ok()) return store.status();
   return Rendezvous(options, **store);
 }
@@ -114,11 +115,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   // 1. Fingerprints first, so a rank running another program never connects.
   absl::Status published =
       group_store->Set(absl::StrCat("fingerprint/", rank), options.fingerprint);
-  if (!published.ok()) {
+  if (absl::IsFailedPrecondition(published)) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": cannot publish this rank's fingerprint (", published.message(),
                      "); a store serves one rendezvous per group, use a fresh one"));
   }
+  if (absl::IsDeadlineExceeded(published) || absl::IsUnavailable(published)) {
+    return absl::DeadlineExceededError(absl::StrCat(where, ": cannot reach the store within ",
+                                                    absl::FormatDuration(options.timeout), " (",
+                                                    published.message(), ")"));
+  }
+  if (!published.ok()) return Prefixed(where, published);
   std::vector<std::string> fingerprints(world);
   for (int i = 0; i < world; ++i) {
     absl::StatusOr<std::string> fingerprint = group_store->Get(

@@ -205,7 +205,7 @@ absl::Status CheckStoreSpec(const std::string& spec) {
   return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': ", kSpecHelp));
 }
 
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve) {
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve, absl::Duration connect_timeout) {
   if (auto s = CheckStoreSpec(spec); !s.ok()) return s;
   absl::string_view rest = spec;
   if (serve && !absl::StartsWith(spec, "tcp://")) {
@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool s
     std::string host;
     int port = 0;
     if (auto s = ParseHostPort(spec, rest, 0, &host, &port); !s.ok()) return s;
-    auto store = TcpStore::Create(host, port, serve, std::chrono::minutes(5));
+    auto store = TcpStore::Create(host, port, serve, ToGlooTimeout(connect_timeout));
     if (!store.ok()) return absl::UnavailableError(absl::StrCat("store spec '", spec, "': ", store.status().message()));
     return std::unique_ptr<Store>(new Store(spec, *std::move(store)));
   }

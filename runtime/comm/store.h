@@ -55,7 +55,8 @@ class Store {
 
  private:
   Store(std::string spec, std::shared_ptr<gloo::rendezvous::Store> store);
-  friend absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve);
+  friend absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve,
+                                                          absl::Duration connect_timeout);
 
   std::string spec_;
   std::shared_ptr<gloo::rendezvous::Store> store_;
@@ -69,7 +70,10 @@ class Store {
 absl::Status CheckStoreSpec(const std::string& spec);
 
 // `serve`: this process serves a tcp:// store (refused for other kinds).
-absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve = false);
+// `connect_timeout`: how long a tcp:// client keeps trying to reach the
+// server (which may start after it) on each call.
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool serve = false,
+                                                 absl::Duration connect_timeout = absl::Minutes(5));
 
 // Creates a fresh folder under $TMPDIR (or /tmp) and returns its file:// spec:
 // the default store of a one-machine job. The launcher removes it afterwards.

@@ -322,8 +322,8 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
     }
     if (fd_ >= 0) return;
     if (Clock::now() >= deadline) {
-      GLOO_THROW_IO_EXCEPTION(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
-                              "); Wait timeout");
+      throw gloo::IoException(absl::StrCat(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
+                                           "); Wait timeout"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, MillisLeft(deadline) + 1)));
   }
@@ -336,7 +336,7 @@ std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value
   Connect(std::min(deadline, Clock::now() + connect_timeout_), what);
   if (!WriteAll(fd_, request.data(), request.size())) {
     Disconnect();
-    GLOO_THROW_IO_EXCEPTION(what, ": the store at ", host_, ":", port_, " closed the connection");
+    throw gloo::IoException(absl::StrCat(what, ": the store at ", host_, ":", port_, " closed the connection"));
   }
   std::string reply;
   auto have = [&](size_t n) { return reply.size() >= n; };
@@ -348,14 +348,14 @@ std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value
     if (rc == 0) {
       // The answer may still come: this connection is no longer in step.
       Disconnect();
-      GLOO_THROW_IO_EXCEPTION(what, ": Wait timeout after ", timeout.count(), " ms");
+      throw gloo::IoException(absl::StrCat(what, ": Wait timeout after ", timeout.count(), " ms"));
     }
     char buf[1 << 14];
     ssize_t r = recv(fd_, buf, sizeof(buf), 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       Disconnect();
-      GLOO_THROW_IO_EXCEPTION(what, ": the store at ", host_, ":", port_, " closed the connection");
+      throw gloo::IoException(absl::StrCat(what, ": the store at ", host_, ":", port_, " closed the connection"));
     }
     reply.append(buf, static_cast<size_t>(r));
   }
@@ -385,7 +385,7 @@ std::vector<char> TcpStore::get(const std::string& key) {
     std::unique_lock<std::mutex> lock(server_->mu);
     server_->changed.wait_for(lock, kDefaultTimeout, [&] { return server_->data.count(key) > 0; });
     auto it = server_->data.find(key);
-    if (it == server_->data.end()) GLOO_THROW_IO_EXCEPTION("tcp store get '", key, "': Wait timeout");
+    if (it == server_->data.end()) throw gloo::IoException(absl::StrCat("tcp store get '", key, "': Wait timeout"));
     return it->second;
   }
   return RoundTrip(Request(kGet, {key}, nullptr), true, kDefaultTimeout, absl::StrCat("tcp store get '", key, "'"));
@@ -402,7 +402,7 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
     if (timeout == gloo::kNoTimeout) {
       server_->changed.wait(lock, ready);
     } else if (!server_->changed.wait_for(lock, timeout, ready)) {
-      GLOO_THROW_IO_EXCEPTION(what, ": Wait timeout after ", timeout.count(), " ms");
+      throw gloo::IoException(absl::StrCat(what, ": Wait timeout after ", timeout.count(), " ms"));
     }
     return;
   }
