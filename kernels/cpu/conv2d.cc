@@ -227,20 +227,50 @@ ThreadShares Shares(const ConvGeometry& g, int intra_op_threads = IntraOpThreads
   return s;
 }
 
-// Scratch elements the kernels below draw, in the order they draw them:
-// every thread share's im2col columns and wide GEMM output, and for the
-// filter gradient the partial dw of every share but the first.
+// Scratch elements the kernels below draw: every thread share's im2col
+// columns and wide GEMM output, and for the filter gradient the partial dw
+// of every share but the first.
 struct ConvScratch {
-  int64_t cols = 0, wide = 0, partial = 0;
-  int64_t total() const { return cols + wide + partial; }
+  int64_t parts = 0;
+  int64_t cols_per_share = 0, wide_per_share = 0, partial_per_share = 0;
+  int64_t cols() const { return parts * cols_per_share; }
+  int64_t wide() const { return parts * wide_per_share; }
+  int64_t partial() const { return std::max<int64_t>(parts - 1, 0) * partial_per_share; }
+  int64_t total() const { return cols() + wide() + partial(); }
 };
 ConvScratch ScratchOf(const ConvGeometry& g, const ThreadShares& sh, bool filter_gradient) {
   const int64_t p = g.pixels();
   ConvScratch s;
-  s.cols = sh.parts * g.col_rows() * sh.chunk * p;
-  s.wide = sh.parts * (sh.chunk > 1 ? g.o * sh.chunk * p : 0);
-  if (filter_gradient) s.partial = std::max<int64_t>(sh.parts - 1, 0) * g.o * g.group_rows();
+  s.parts = sh.parts;
+  s.cols_per_share = g.col_rows() * sh.chunk * p;
+  s.wide_per_share = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
+  if (filter_gradient) s.partial_per_share = g.o * g.group_rows();
   return s;
+}
+
+// The scratch of one call, drawn from the run's allocator (so its byte
+// counters, and the memory plan through ConvWorkspace, see it).
+struct ConvBuffers {
+  ConvScratch size;
+  Tensor cols, wide, partial;
+  template <typename T>
+  T* cols_of(int64_t share) { return cols.data<T>() + share * size.cols_per_share; }
+  template <typename T>
+  T* wide_of(int64_t share) { return wide.data<T>() + share * size.wide_per_share; }
+  // The partial dw of share `share` >= 1 (share 0 sums into dw itself).
+  template <typename T>
+  T* partial_of(int64_t share) { return partial.data<T>() + (share - 1) * size.partial_per_share; }
+};
+absl::StatusOr<ConvBuffers> DrawScratch(const KernelContext& ctx, DataType dtype, const ConvGeometry& g,
+                                        const ThreadShares& sh, bool filter_gradient) {
+  ConvBuffers b;
+  b.size = ScratchOf(g, sh, filter_gradient);
+  STRATA_NN_ASSIGN_OR_RETURN(b.cols, Scratch(ctx, dtype, b.size.cols()));
+  STRATA_NN_ASSIGN_OR_RETURN(b.wide, Scratch(ctx, dtype, b.size.wide()));
+  if (filter_gradient) {
+    STRATA_NN_ASSIGN_OR_RETURN(b.partial, Scratch(ctx, dtype, b.size.partial()));
+  }
+  return b;
 }
 
 // Base of the three conv kernels: reads the conv attrs and, for the backward
@@ -279,16 +309,13 @@ class Conv2dKernel : public ConvKernel {
     // Each thread takes a contiguous share of the images and runs im2col and
     // a single-threaded GEMM on its own chunks (the columns stay in its cache).
     const ThreadShares sh = Shares(g);
-    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/false);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), scratch.cols));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), scratch.wide));
+    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/false));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
     sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
-      T* pcols = cols.data<T>() + t * cols_size;
-      T* pwide = wide.data<T>() + t * wide_size;
+      T* pcols = buf.cols_of<T>(t);
+      T* pwide = buf.wide_of<T>(t);
       for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * image, pcols + j * p, nb * p);
       // A chunk of one image writes its GEMM straight into y.
       T* out = nb == 1 ? py + n0 * g.o * p : pwide;
@@ -328,16 +355,13 @@ class Conv2dGradInputKernel : public ConvKernel {
     const int64_t p = g.pixels(), image = g.c * g.h * g.w;
     // Each thread takes a contiguous share of the images: single-threaded GEMMs and col2im on its own chunks.
     const ThreadShares sh = Shares(g);
-    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/false);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, dy.dtype(), scratch.cols));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, dy.dtype(), scratch.wide));
+    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, dy.dtype(), g, sh, /*filter_gradient=*/false));
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
     sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
-      T* pcols = cols.data<T>() + t * cols_size;
-      T* pwide = wide.data<T>() + t * wide_size;
+      T* pcols = buf.cols_of<T>(t);
+      T* pwide = buf.wide_of<T>(t);
       const T* dyw = pdy + n0 * g.o * p;
       if (nb > 1) {
         MoveImagesSerial<true>(pdy, g.o, p, n0, nb, pwide);
@@ -381,17 +405,13 @@ class Conv2dGradFilterKernel : public ConvKernel {
     // Each thread takes a contiguous share of the images and sums its own
     // partial dw (single-threaded GEMMs); the partials are added at the end.
     const ThreadShares sh = Shares(g);
-    const int64_t cols_size = g.col_rows() * sh.chunk * p, wide_size = sh.chunk > 1 ? g.o * sh.chunk * p : 0;
-    const ConvScratch scratch = ScratchOf(g, sh, /*filter_gradient=*/true);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor cols, Scratch(ctx, x.dtype(), scratch.cols));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor wide, Scratch(ctx, x.dtype(), scratch.wide));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, x.dtype(), scratch.partial));
+    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/true));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
-      T* pcols = cols.data<T>() + t * cols_size;
-      T* pwide = wide.data<T>() + t * wide_size;
-      T* acc = t == 0 ? pdw : partial.data<T>() + (t - 1) * dw_size;
+      T* pcols = buf.cols_of<T>(t);
+      T* pwide = buf.wide_of<T>(t);
+      T* acc = t == 0 ? pdw : buf.partial_of<T>(t);
       if (n0 == t * sh.per) std::fill(acc, acc + dw_size, T(0));  // the share's first chunk
       for (int64_t j = 0; j < nb; ++j) Im2Col(g, px + (n0 + j) * g.c * g.h * g.w, pcols + j * p, nb * p);
       const T* dyw = pdy + n0 * g.o * p;
@@ -406,7 +426,7 @@ class Conv2dGradFilterKernel : public ConvKernel {
       }
     });
     if (g.n == 0) std::fill(pdw, pdw + dw_size, T(0));
-    for (int64_t t = 1; t < sh.parts; ++t) AddTo(dw_size, partial.data<T>() + (t - 1) * dw_size, pdw);
+    for (int64_t t = 1; t < sh.parts; ++t) AddTo(dw_size, buf.partial_of<T>(t), pdw);
     return absl::OkStatus();
   }
 };
