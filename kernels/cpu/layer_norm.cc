@@ -104,6 +104,9 @@ class LayerNormKernel : public LayerNormBase {
   }
 };
 
+// Rows of x each block of the gradient's partial sums covers.
+int64_t RowsPerBlock(int64_t rows, int64_t d) { return std::max(MinChunk(8 * d), (rows + kMaxBlocks - 1) / kMaxBlocks); }
+
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
 template <typename T>
@@ -124,7 +127,7 @@ class LayerNormGradKernel : public LayerNormBase {
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
     STRATA_NN_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
-    const int64_t rows_per_block = std::max(MinChunk(8 * D), (R + kMaxBlocks - 1) / kMaxBlocks);
+    const int64_t rows_per_block = RowsPerBlock(R, D);
     const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
     // partial[b] holds block b's dgamma (first D) and dbeta (next D).
     STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
@@ -175,6 +178,17 @@ class LayerNormGradKernel : public LayerNormBase {
     return absl::OkStatus();
   }
 };
+
+// layer_norm_grad's per-block partial dgamma and dbeta (doubles), for the memory plan.
+absl::StatusOr<int64_t> LayerNormGradWorkspace(const KernelDef& def, int) {
+  if (def.input_types.empty() || def.input_types[0].shape.empty()) return int64_t{0};
+  const Shape& x = def.input_types[0].shape;
+  const int64_t d = x.back(), n = NumElements(x), rows = d == 0 ? 0 : n / d;
+  if (rows == 0) return int64_t{0};
+  const int64_t blocks = (rows + RowsPerBlock(rows, d) - 1) / RowsPerBlock(rows, d);
+  return blocks * 2 * d * static_cast<int64_t>(sizeof(double));
+}
+STRATA_REGISTER_WORKSPACE("layer_norm_grad", "cpu", LayerNormGradWorkspace);
 
 STRATA_REGISTER_KERNEL("layer_norm", "cpu", F32, InitFactory<LayerNormKernel<float>>());
 STRATA_REGISTER_KERNEL("layer_norm", "cpu", F64, InitFactory<LayerNormKernel<double>>());

@@ -234,6 +234,20 @@ class AccuracyKernel : public OpKernel {
   int64_t k_ = 1;
 };
 
+// The losses' per-row (softmax_cross_entropy) and per-block (mse_loss)
+// double sums, for the memory plan.
+absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int) {
+  if (def.input_types.empty() || def.input_types[0].shape.empty()) return int64_t{0};
+  return def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
+}
+absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
+  if (def.input_types.empty()) return int64_t{0};
+  const int64_t n = NumElements(def.input_types[0].shape);
+  return (n + kSumBlock - 1) / kSumBlock * static_cast<int64_t>(sizeof(double));
+}
+STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", "cpu", SoftmaxCrossEntropyWorkspace);
+STRATA_REGISTER_WORKSPACE("mse_loss", "cpu", MseLossWorkspace);
+
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F64, InitFactory<SoftmaxCrossEntropyKernel<double>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", "cpu", F32,
