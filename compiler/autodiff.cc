@@ -1,5 +1,7 @@
 #include "compiler/autodiff.h"
 
+#include <optional>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -163,7 +165,7 @@ class GradBuilderImpl : public GradBuilder {
 
 }  // namespace
 
-absl::Status AppendBackward(Program* program) {
+absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
   const int num_forward = program->op_size();
   std::vector<const OpSchema*> schemas(num_forward);
   for (int i = 0; i < num_forward; ++i) {
@@ -174,49 +176,49 @@ absl::Status AppendBackward(Program* program) {
   // Vars that depend on a trainable parameter through differentiable ops,
   // and vars the loss depends on, flagged by GraphIndex id (forward vars only;
   // the index is built before the program grows).
-  const GraphIndex index(*program);
+  std::optional<GraphIndex> own_index;
+  if (given_index == nullptr || given_index->num_ops() != num_forward) own_index.emplace(*program);
+  const GraphIndex& index = own_index.has_value() ? *own_index : *given_index;
   std::vector<char> requires_grad(index.num_ids(), 0), reaches_loss(index.num_ids(), 0);
   auto flagged = [&](const std::vector<char>& set, const std::string& name) {
     const int id = index.id(name);
     return id >= 0 && set[id];
   };
+  auto any_flagged = [&](const std::vector<char>& set, absl::Span<const int> ids) {
+    for (int id : ids) {
+      if (set[id]) return true;
+    }
+    return false;
+  };
   for (const Var& v : program->var()) {
     if (v.kind() == PARAM && !v.frozen()) requires_grad[index.id(v.name())] = 1;
   }
   for (int i = 0; i < num_forward; ++i) {
-    const Op& op = program->op(i);
-    if (!schemas[i]->differentiable) continue;
-    bool any = false;
-    for (const auto& in : op.input()) any |= flagged(requires_grad, in);
-    if (!any) continue;
-    for (const auto& out : op.output()) {
-      const Var* v = index.var(out);
-      if (v != nullptr && IsFloating(v->dtype())) requires_grad[index.id(out)] = 1;
+    if (!schemas[i]->differentiable || !any_flagged(requires_grad, index.input_ids(i))) continue;
+    for (int id : index.output_ids(i)) {
+      const Var* v = index.var(id);
+      if (v != nullptr && IsFloating(v->dtype())) requires_grad[id] = 1;
     }
   }
   if (int id = index.id(program->loss()); id >= 0) reaches_loss[id] = 1;
   std::vector<bool> differentiate(num_forward, false);
   for (int i = num_forward - 1; i >= 0; --i) {
-    const Op& op = program->op(i);
-    if (!schemas[i]->differentiable) continue;
-    bool out_reaches = false;
-    for (const auto& out : op.output()) out_reaches |= flagged(reaches_loss, out);
-    if (!out_reaches) continue;
-    bool in_requires = false;
-    for (const auto& in : op.input()) in_requires |= flagged(requires_grad, in);
-    if (!in_requires) continue;
+    if (!schemas[i]->differentiable || !any_flagged(reaches_loss, index.output_ids(i)) ||
+        !any_flagged(requires_grad, index.input_ids(i))) {
+      continue;
+    }
     differentiate[i] = true;
-    for (const auto& in : op.input()) {
-      if (flagged(requires_grad, in)) reaches_loss[index.id(in)] = 1;
+    for (int id : index.input_ids(i)) {
+      if (requires_grad[id]) reaches_loss[id] = 1;
     }
   }
-  auto needs_grad = [&](const std::string& var) { return flagged(requires_grad, var) && flagged(reaches_loss, var); };
 
   GradAccumulator acc;
   for (int i = 0; i < num_forward; ++i) {
     if (!differentiate[i]) continue;
-    for (const auto& in : program->op(i).input()) {
-      if (needs_grad(in)) ++acc.expected[in];
+    const absl::Span<const int> ids = index.input_ids(i);
+    for (int k = 0; k < static_cast<int>(ids.size()); ++k) {
+      if (requires_grad[ids[k]] && reaches_loss[ids[k]]) ++acc.expected[program->op(i).input(k)];
     }
   }
 
@@ -266,7 +268,7 @@ absl::Status AppendBackward(Program* program) {
       output_grads.push_back(*g);
     }
     std::vector<bool> needs;
-    for (const auto& in : op.input()) needs.push_back(needs_grad(in));
+    for (int id : index.input_ids(i)) needs.push_back(requires_grad[id] && reaches_loss[id]);
     GradBuilderImpl builder(op, &emitter, &acc, output_grads, needs);
     if (auto s = schemas[i]->grad_fn(builder); !s.ok()) {
       return absl::InternalError(absl::StrCat("gradient of ", OpLocation(*program, i), ": ", s.message()));

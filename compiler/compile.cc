@@ -35,8 +35,10 @@ class ValidatePass : public Pass {
 class AutodiffPass : public Pass {
  public:
   std::string name() const override { return "autodiff"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext&) override {
-    if (auto s = AppendBackward(&program); !s.ok()) return s;
+  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override {
+    // The verifier's index of the forward program, when the cache has it.
+    const GraphIndex* index = ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr;
+    if (auto s = AppendBackward(&program, index); !s.ok()) return s;
     return true;
   }
 };
@@ -108,8 +110,10 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     ScopedPhase phase(&result.times, "copy-in");
     program = input;
   }
+  IndexCache index_cache;  // destroyed before the arena whose programs it points into
   CompileContext ctx;
   ctx.strategy = strategy;
+  ctx.index_cache = &index_cache;
 
   PassPipeline front;
   front.AddPass<ValidatePass>();
@@ -185,7 +189,8 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
     {
       ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size);
+      auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size, nullptr, 0,
+                               index_cache.Get(rank_program));
       if (!memory.ok()) return memory.status();
       *plan.mutable_memory() = std::move(*memory);
     }

@@ -16,42 +16,42 @@ GraphIndex::GraphIndex(const Program& program) {
     if (inserted) var_of_.push_back(nullptr);
     return it->second;
   };
-  // One pass interns every name and counts consumers; a second fills them in.
-  std::vector<int> input_ids;
-  std::vector<int> last_reader;
-  std::vector<int> count;
+  // One walk interns every name; consumer lists come later, when asked for.
+  op_input_begin_.reserve(program.op_size() + 1);
+  op_output_begin_.reserve(program.op_size());
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
-    for (const auto& in : op.input()) {
-      const int id = intern(in);
-      input_ids.push_back(id);
-      if (static_cast<size_t>(id) >= count.size()) {
-        count.resize(var_of_.size(), 0);
-        last_reader.resize(var_of_.size(), -1);
-      }
-      if (last_reader[id] != i) {
-        last_reader[id] = i;
-        ++count[id];
-      }
-    }
+    op_input_begin_.push_back(static_cast<int>(op_ids_.size()));
+    for (const auto& in : op.input()) op_ids_.push_back(intern(in));
+    op_output_begin_.push_back(static_cast<int>(op_ids_.size()));
     for (const auto& out : op.output()) {
       const int id = intern(out);
+      op_ids_.push_back(id);
       if (static_cast<size_t>(id) >= producer_.size()) producer_.resize(var_of_.size(), -1);
       if (producer_[id] < 0) producer_[id] = i;
     }
   }
+  op_input_begin_.push_back(static_cast<int>(op_ids_.size()));
+  producer_.resize(var_of_.size(), -1);
+}
+
+void GraphIndex::BuildConsumers() const {
   const size_t n = var_of_.size();
-  producer_.resize(n, -1);
-  count.resize(n, 0);
+  std::vector<int> count(n, 0), last_reader(n, -1);
+  for (int i = 0; i < num_ops(); ++i) {
+    for (int id : input_ids(i)) {
+      if (last_reader[id] == i) continue;
+      last_reader[id] = i;
+      ++count[id];
+    }
+  }
   consumer_begin_.assign(n + 1, 0);
   for (size_t id = 0; id < n; ++id) consumer_begin_[id + 1] = consumer_begin_[id] + count[id];
   consumer_list_.resize(consumer_begin_[n]);
   std::vector<int> fill(consumer_begin_.begin(), consumer_begin_.end() - 1);
   std::fill(last_reader.begin(), last_reader.end(), -1);
-  size_t k = 0;
-  for (int i = 0; i < program.op_size(); ++i) {
-    for (int j = 0; j < program.op(i).input_size(); ++j) {
-      const int id = input_ids[k++];
+  for (int i = 0; i < num_ops(); ++i) {
+    for (int id : input_ids(i)) {
       if (last_reader[id] == i) continue;
       last_reader[id] = i;
       consumer_list_[fill[id]++] = i;

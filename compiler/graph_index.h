@@ -34,7 +34,17 @@ class GraphIndex {
   int num_ids() const { return static_cast<int>(var_of_.size()); }
   const Var* var(int id) const { return var_of_[id]; }
   int producer(int id) const { return producer_[id]; }
+  // The ids of op i's inputs and outputs, in order (the ops the index was
+  // built over: num_ops() of them).
+  int num_ops() const { return static_cast<int>(op_input_begin_.size()) - 1; }
+  absl::Span<const int> input_ids(int op) const {
+    return absl::MakeConstSpan(op_ids_.data() + op_input_begin_[op], op_output_begin_[op] - op_input_begin_[op]);
+  }
+  absl::Span<const int> output_ids(int op) const {
+    return absl::MakeConstSpan(op_ids_.data() + op_output_begin_[op], op_input_begin_[op + 1] - op_output_begin_[op]);
+  }
   absl::Span<const int> consumers(int id) const {
+    if (consumer_begin_.empty()) BuildConsumers();
     return absl::MakeConstSpan(consumer_list_.data() + consumer_begin_[id],
                                consumer_begin_[id + 1] - consumer_begin_[id]);
   }
@@ -43,8 +53,17 @@ class GraphIndex {
   absl::flat_hash_map<absl::string_view, int> ids_;
   std::vector<const Var*> var_of_;     // id -> var, nullptr for undeclared names
   std::vector<int> producer_;          // id -> first producing op, or -1
-  std::vector<int> consumer_begin_;    // id -> offset into consumer_list_ (num_ids + 1 entries)
-  std::vector<int> consumer_list_;
+  // Built on the first consumers() call (the verifier never asks): a second
+  // walk over op_ids_. Not thread-safe, like the rest of a pass.
+  void BuildConsumers() const;
+  mutable std::vector<int> consumer_begin_;    // id -> offset into consumer_list_ (num_ids + 1 entries)
+  mutable std::vector<int> consumer_list_;
+  // Per op, its input ids then its output ids: op i's inputs are
+  // op_ids_[op_input_begin_[i], op_output_begin_[i]), its outputs up to
+  // op_input_begin_[i + 1].
+  std::vector<int> op_ids_;
+  std::vector<int> op_input_begin_;   // num_ops + 1 entries
+  std::vector<int> op_output_begin_;  // num_ops entries
 };
 
 TensorType TypeOf(const Var& var);

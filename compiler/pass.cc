@@ -49,9 +49,13 @@ absl::Status PassPipeline::Run(Program& program, const CompileContext& ctx, Phas
     if (!changed.ok()) return changed.status();
     if (*changed) {
       ScopedPhase phase(times, "verify");
-      if (auto s = VerifyProgram(program); !s.ok()) {
-        return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ", s.message()));
+      auto index = VerifyAndIndexProgram(program);
+      if (!index.ok()) {
+        if (ctx.index_cache != nullptr) ctx.index_cache->Clear();
+        return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ",
+                                                index.status().message()));
       }
+      if (ctx.index_cache != nullptr) ctx.index_cache->Set(program, *std::move(index));
     }
     if (pass->name() == dump_after_) {
       dumped_ = program;

@@ -7,11 +7,30 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "compiler/graph_index.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
 
 namespace strata {
+
+// The GraphIndex the verifier built after the last pass that changed a
+// program, for the next pass (or the memory plan) to start from instead of
+// building its own. Valid for that program until a pass changes it again:
+// a pass that returns "unchanged" must not have touched the program.
+class IndexCache {
+ public:
+  const GraphIndex* Get(const Program& program) const { return program_ == &program ? index_.get() : nullptr; }
+  void Set(const Program& program, std::unique_ptr<GraphIndex> index) {
+    program_ = &program;
+    index_ = std::move(index);
+  }
+  void Clear() { Set(Program::default_instance(), nullptr); }
+
+ private:
+  const Program* program_ = nullptr;
+  std::unique_ptr<GraphIndex> index_;
+};
 
 // What every pass may read: the strategy and the job's shape.
 struct CompileContext {
@@ -24,6 +43,8 @@ struct CompileContext {
   int rank = 0;
   int stage = 0;
   int dp_rank = 0;
+  // Shared by every pass of one Compile; may be null.
+  IndexCache* index_cache = nullptr;
 };
 
 // Seconds spent per phase of a compilation ("autodiff", "verify", ...),

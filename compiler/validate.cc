@@ -398,19 +398,12 @@ absl::Status ValidateAndInferProgram(Program* program) {
   return absl::OkStatus();
 }
 
-absl::Status VerifyProgram(const Program& program) {
-  // Runs after every pass, so it keys vars by string_view into the program
-  // (no copies) and builds an op's location only for an error message.
-  struct Entry {
-    const Var* var;    // the first var of that name
-    bool defined;      // a FEED/PARAM/STATE var, or written by an earlier op
-  };
-  absl::flat_hash_map<absl::string_view, Entry> vars;
-  vars.reserve(program.var_size());
-  for (const Var& v : program.var()) {
-    auto [it, inserted] = vars.emplace(v.name(), Entry{&v, false});
-    if (v.kind() != ACTIVATION) it->second.defined = true;
-  }
+absl::Status VerifyProgram(const Program& program) { return VerifyAndIndexProgram(program).status(); }
+
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program) {
+  // Runs after every pass: names are resolved once, by the GraphIndex that
+  // the next pass then reuses; an op's location is built only for a message.
+  auto index = std::make_unique<GraphIndex>(program);
   std::vector<TensorType> input_types;
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
@@ -418,28 +411,30 @@ absl::Status VerifyProgram(const Program& program) {
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
     if (schema == nullptr) return absl::InternalError(absl::StrCat(where(), ": unknown op type"));
     input_types.clear();
-    for (const auto& in : op.input()) {
-      auto it = vars.find(in);
-      if (it == vars.end() || !it->second.defined) {
-        return absl::InternalError(absl::StrCat(where(), ": input '", in, "' used before definition"));
+    const absl::Span<const int> ins = index->input_ids(i);
+    for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
+      // Defined: a feed, parameter or state var, or written by an earlier op.
+      const Var* v = index->var(ins[k]);
+      const int producer = index->producer(ins[k]);
+      if (v == nullptr || (v->kind() == ACTIVATION && (producer < 0 || producer >= i))) {
+        return absl::InternalError(absl::StrCat(where(), ": input '", op.input(k), "' used before definition"));
       }
-      input_types.push_back(TypeOf(*it->second.var));
+      input_types.push_back(TypeOf(*v));
     }
     auto inferred = InferOutputTypes(*schema, op, std::move(input_types));
     input_types = {};
     if (!inferred.ok()) return absl::InternalError(absl::StrCat(where(), ": ", inferred.status().message()));
-    for (int k = 0; k < op.output_size(); ++k) {
-      auto it = vars.find(op.output(k));
-      if (it == vars.end()) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
-      const Var* v = it->second.var;
+    const absl::Span<const int> outs = index->output_ids(i);
+    for (int k = 0; k < static_cast<int>(outs.size()); ++k) {
+      const Var* v = index->var(outs[k]);
+      if (v == nullptr) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
       if (!HasType(*v, (*inferred)[k])) {
         return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' is recorded as ",
                                                 TypeOf(*v).ToString(), " but inferred as ", (*inferred)[k].ToString()));
       }
-      it->second.defined = true;
     }
   }
-  return absl::OkStatus();
+  return index;
 }
 
 }  // namespace strata

@@ -1,8 +1,11 @@
 #ifndef STRATA_COMPILER_VALIDATE_H_
 #define STRATA_COMPILER_VALIDATE_H_
 
+#include <memory>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "compiler/graph_index.h"
 #include "proto/program.pb.h"
 
 namespace strata {
@@ -24,6 +27,9 @@ int NumStages(const Program& program);
 // Re-infers every op's output types and checks them against the declared
 // vars, and that every input is defined before use. Run between passes.
 absl::Status VerifyProgram(const Program& program);
+// The same, returning the GraphIndex it checked the program with, so the
+// next pass can start from it instead of building its own.
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program);
 
 // "file:LINE: var 'name'" for messages about a var.
 std::string VarLocation(const Program& program, const Var& var);

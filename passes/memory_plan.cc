@@ -1,6 +1,7 @@
 #include "passes/memory_plan.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -24,12 +25,14 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release, int threads) {
+                                      const SendRelease* send_release, int threads, const GraphIndex* given_index) {
   if (threads <= 0) threads = IntraOpThreads();
   MemoryPlan plan;
   // Vars are handled by their dense GraphIndex ids: names are hashed once
   // here, not again for every action of the schedule.
-  const GraphIndex index(program);
+  std::optional<GraphIndex> own_index;
+  if (given_index == nullptr || given_index->num_ops() != program.op_size()) own_index.emplace(program);
+  const GraphIndex& index = own_index.has_value() ? *own_index : *given_index;
   const int n = program.op_size();
   const int num_ids = index.num_ids();
   std::vector<char> keep(num_ids, 0);
@@ -55,24 +58,26 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
   for (int i = 0; i < n; ++i) {
     const Op& op = program.op(i);
     OpInfo& o = info[i];
-    for (const auto& in : op.input()) last_use[index.id(in)] = i;
+    const absl::Span<const int> ins = index.input_ids(i);
+    for (int id : ins) last_use[id] = i;
     o.first_output = static_cast<int>(output_ids.size());
     o.num_outputs = op.output_size();
-    for (const auto& out : op.output()) {
-      const int id = index.id(out);
+    for (int id : index.output_ids(i)) {
       output_ids.push_back(id);
       if (last_use[id] < 0) last_use[id] = i;  // produced, maybe never read
     }
-    if (op.input_size() > 0) o.input0 = index.id(op.input(0));
+    if (!ins.empty()) o.input0 = ins[0];
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
     o.aliases = schema != nullptr && schema->output_aliases_input;
     o.send = op.type() == "send";
     if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), "cpu")) {
       KernelDef def;
       def.op = &op;
-      for (const auto& in : op.input()) {
-        const Var* v = index.var(in);
-        if (v == nullptr) return absl::InternalError(absl::StrCat("memory plan: op #", i, " reads undeclared '", in, "'"));
+      for (int k = 0; k < op.input_size(); ++k) {
+        const Var* v = index.var(ins[k]);
+        if (v == nullptr) {
+          return absl::InternalError(absl::StrCat("memory plan: op #", i, " reads undeclared '", op.input(k), "'"));
+        }
         TensorType t = TypeOf(*v);
         for (int64_t& d : t.shape) d = d == -1 ? micro_batch_size : d;
         def.input_types.push_back(std::move(t));

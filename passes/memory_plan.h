@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "compiler/graph_index.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 
@@ -22,8 +23,10 @@ namespace strata {
 using SendRelease = std::map<std::pair<int64_t, int>, int>;
 // Kernels that draw scratch memory (the convolutions) count it while they
 // run, as sized for `threads` intra-op threads (0: this process's count).
+// `index`, when given, is a GraphIndex of `program` (the verifier's).
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release = nullptr, int threads = 0);
+                                      const SendRelease* send_release = nullptr, int threads = 0,
+                                      const GraphIndex* index = nullptr);
 
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 #include "passes/optimizer.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -41,12 +42,16 @@ class BlockBuilder {
   }
 
   // Fills attr defaults and records output types for new intermediates.
-  absl::Status Finish(int first_new_op) {
-    // Vars by name (views into the program's vars, which stay put as more
-    // are added); types are read off the vars when an op needs them.
-    absl::flat_hash_map<absl::string_view, const Var*> vars;
-    vars.reserve(program_->var_size() + 4 * (program_->op_size() - first_new_op));
-    for (const Var& v : program_->var()) vars[v.name()] = &v;
+  // `index` covers the vars the program had before this pass added any (the
+  // first `first_new_var`); the pass's own vars are looked up apart.
+  absl::Status Finish(int first_new_op, int first_new_var, const GraphIndex& index) {
+    // Views into the program's vars, which stay put as more are added.
+    absl::flat_hash_map<absl::string_view, const Var*> added;
+    for (int i = first_new_var; i < program_->var_size(); ++i) added[program_->var(i).name()] = &program_->var(i);
+    auto lookup = [&](const std::string& name) -> const Var* {
+      auto it = added.find(name);
+      return it != added.end() ? it->second : index.var(name);
+    };
     std::vector<TensorType> in;
     for (int i = first_new_op; i < program_->op_size(); ++i) {
       Op* op = program_->mutable_op(i);
@@ -55,16 +60,16 @@ class BlockBuilder {
       if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", s.message()));
       in.clear();
       for (const auto& name : op->input()) {
-        // An unknown input reads as untyped (and, as before, counts as known).
-        const Var* v = vars.emplace(name, nullptr).first->second;
+        // An unknown input reads as untyped (the verifier reports it).
+        const Var* v = lookup(name);
         in.push_back(v == nullptr ? TensorType{} : TypeOf(*v));
       }
       auto out = InferOutputTypes(*schema, *op, in);
       if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", out.status().message()));
       for (int k = 0; k < op->output_size(); ++k) {
-        if (vars.count(op->output(k))) continue;  // in-place update of an existing var
+        if (lookup(op->output(k)) != nullptr) continue;  // in-place update of an existing var
         const Var* v = AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
-        vars[v->name()] = v;
+        added[v->name()] = v;
       }
     }
     return absl::OkStatus();
@@ -82,7 +87,14 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   const Optimizer& opt = program.optimizer();
   if (opt.kind_case() == Optimizer::KIND_NOT_SET || program.param_grad().empty()) return false;
   const int first_new_op = program.op_size();
+  const int first_new_var = program.var_size();
   BlockBuilder b(&program);
+  // The verifier's index of the program as it is now, when the cache has it.
+  // Its views stay valid as the pass appends vars and ops.
+  std::optional<GraphIndex> own_index;
+  const GraphIndex* cached = ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr;
+  if (cached == nullptr || cached->num_ops() != program.op_size()) own_index.emplace(program);
+  const GraphIndex& index = own_index.has_value() ? *own_index : *cached;
 
   // Parameters in declaration order (deterministic), each on its first consumer's stage.
   struct Param {
@@ -93,7 +105,6 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   };
   std::vector<Param> params;
   {
-    const GraphIndex index(program);  // views into the program: dropped before it grows
     for (const Var& v : program.var()) {
       auto g = program.param_grad().find(v.name());
       if (g == program.param_grad().end()) continue;
@@ -213,7 +224,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
         break;
     }
   }
-  if (auto s = b.Finish(first_new_op); !s.ok()) return s;
+  if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
   return true;
 }
 
