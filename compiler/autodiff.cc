@@ -13,17 +13,16 @@ namespace strata {
 namespace {
 
 // Appends ops and typed vars to the program on behalf of gradient makers.
-// Types are keyed by views of the program's var names (vars never move once
+// Vars are keyed by views of the program's var names (vars never move once
 // added); names handed out but not yet declared are kept apart.
 class BackwardEmitter {
  public:
   explicit BackwardEmitter(Program* program) : program_(program) {
-    types_.reserve(2 * program->var_size());
-    for (const Var& v : program->var()) types_[v.name()] = TypeOf(v);
+    vars_.reserve(2 * program->var_size());
+    for (const Var& v : program->var()) vars_.emplace(v.name(), &v);
   }
 
-  const TensorType& type(const std::string& var) const { return types_.at(var); }
-  bool has_type(const std::string& var) const { return types_.count(var) > 0; }
+  bool has_type(const std::string& var) const { return vars_.count(var) > 0; }
 
   // hint, else hint@2, hint@3, ...: the first free one. Each hint remembers
   // where its search stopped, so a hint used N times costs O(N), not O(N^2).
@@ -63,15 +62,15 @@ class BackwardEmitter {
     std::vector<TensorType> input_types;
     input_types.reserve(op.input_size());
     for (const auto& in : op.input()) {
-      auto it = types_.find(in);
-      if (it == types_.end()) return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
-      input_types.push_back(it->second);
+      auto it = vars_.find(in);
+      if (it == vars_.end()) return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
+      input_types.push_back(TypeOf(*it->second));
     }
     auto out_types = InferOutputTypes(*schema, op, std::move(input_types));
     if (!out_types.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", out_types.status().message())));
     for (int k = 0; k < op.output_size(); ++k) {
       const std::string& out = op.output(k);
-      bool exists = types_.count(out) > 0;
+      bool exists = vars_.count(out) > 0;
       for (int j = 0; j < k && !exists; ++j) exists = op.output(j) == out;
       if (exists) return fail(absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists")));
     }
@@ -81,7 +80,7 @@ class BackwardEmitter {
       v->set_dtype((*out_types)[k].dtype);
       for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
       v->set_kind(ACTIVATION);
-      types_.emplace(v->name(), std::move((*out_types)[k]));
+      vars_.emplace(v->name(), v);
       producer_.emplace(v->name(), &op);
     }
     return absl::OkStatus();
@@ -94,10 +93,10 @@ class BackwardEmitter {
   }
 
  private:
-  bool taken(const std::string& name) const { return types_.count(name) > 0 || fresh_.count(name) > 0; }
+  bool taken(const std::string& name) const { return vars_.count(name) > 0 || fresh_.count(name) > 0; }
 
   Program* program_;
-  absl::flat_hash_map<absl::string_view, TensorType> types_;  // every var of the program
+  absl::flat_hash_map<absl::string_view, const Var*> vars_;  // every var of the program
   absl::flat_hash_map<absl::string_view, const Op*> producer_;  // vars emitted here -> their op (ops stay put)
   absl::flat_hash_map<std::string, int> next_suffix_;            // per hint: the next @k to try
   absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
@@ -111,11 +110,13 @@ struct GradAccumulator {
 
 class GradBuilderImpl : public GradBuilder {
  public:
-  GradBuilderImpl(const Op& op, BackwardEmitter* emitter, GradAccumulator* acc, std::vector<std::string> output_grads,
-                  std::vector<bool> needs)
+  // `index` is the forward program's; `op_index` the op's place in it.
+  GradBuilderImpl(const Op& op, const GraphIndex& index, int op_index, BackwardEmitter* emitter, GradAccumulator* acc,
+                  std::vector<std::string> output_grads, std::vector<bool> needs)
       : op_(op), emitter_(emitter), acc_(acc), output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
-    for (const auto& in : op.input()) input_types_.push_back(emitter->type(in));
-    for (const auto& out : op.output()) output_types_.push_back(emitter->type(out));
+    auto type_of = [&](int id) { return index.var(id) != nullptr ? TypeOf(*index.var(id)) : TensorType{}; };
+    for (int id : index.input_ids(op_index)) input_types_.push_back(type_of(id));
+    for (int id : index.output_ids(op_index)) output_types_.push_back(type_of(id));
     given_.assign(op.input_size(), false);
   }
 
@@ -269,7 +270,7 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     }
     std::vector<bool> needs;
     for (int id : index.input_ids(i)) needs.push_back(requires_grad[id] && reaches_loss[id]);
-    GradBuilderImpl builder(op, &emitter, &acc, output_grads, needs);
+    GradBuilderImpl builder(op, index, i, &emitter, &acc, output_grads, needs);
     if (auto s = schemas[i]->grad_fn(builder); !s.ok()) {
       return absl::InternalError(absl::StrCat("gradient of ", OpLocation(*program, i), ": ", s.message()));
     }
