@@ -102,10 +102,12 @@ class BackwardEmitter {
   absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
 };
 
-// Gradient contributions flowing into each var, summed when the producer is reached.
+// Gradient contributions flowing into each forward var (by its id in the
+// forward program's GraphIndex), summed when the producer is reached.
 struct GradAccumulator {
-  absl::flat_hash_map<std::string, int> expected;  // contributions still to come
-  absl::flat_hash_map<std::string, std::vector<std::string>> parts;
+  explicit GradAccumulator(int num_ids) : expected(num_ids, 0), parts(num_ids) {}
+  std::vector<int> expected;  // contributions still to come
+  std::vector<std::vector<std::string>> parts;
 };
 
 class GradBuilderImpl : public GradBuilder {
@@ -113,7 +115,8 @@ class GradBuilderImpl : public GradBuilder {
   // `index` is the forward program's; `op_index` the op's place in it.
   GradBuilderImpl(const Op& op, const GraphIndex& index, int op_index, BackwardEmitter* emitter, GradAccumulator* acc,
                   std::vector<std::string> output_grads, std::vector<bool> needs)
-      : op_(op), emitter_(emitter), acc_(acc), output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
+      : op_(op), input_ids_(index.input_ids(op_index)), emitter_(emitter), acc_(acc),
+        output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
     auto type_of = [&](int id) { return index.var(id) != nullptr ? TypeOf(*index.var(id)) : TensorType{}; };
     for (int id : index.input_ids(op_index)) input_types_.push_back(type_of(id));
     for (int id : index.output_ids(op_index)) output_types_.push_back(type_of(id));
@@ -132,10 +135,11 @@ class GradBuilderImpl : public GradBuilder {
     given_[i] = true;
     // A var with one contribution gets its gradient name directly; several
     // are named apart and summed when the producer is reached.
-    std::string name = acc_->expected[var] == 1 && acc_->parts[var].empty()
+    const int id = input_ids_[i];
+    std::string name = acc_->expected[id] == 1 && acc_->parts[id].empty()
                            ? emitter_->FreshName(absl::StrCat(var, "@grad"))
                            : emitter_->FreshName(absl::StrCat(var, "@grad@part"));
-    acc_->parts[var].push_back(name);
+    acc_->parts[id].push_back(name);
     if (names_.size() <= static_cast<size_t>(i)) names_.resize(op_.input_size());
     names_[i] = name;
     return name;
@@ -154,6 +158,7 @@ class GradBuilderImpl : public GradBuilder {
 
  private:
   const Op& op_;
+  absl::Span<const int> input_ids_;
   BackwardEmitter* emitter_;
   GradAccumulator* acc_;
   std::vector<std::string> output_grads_;
@@ -214,12 +219,12 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     }
   }
 
-  GradAccumulator acc;
+  GradAccumulator acc(index.num_ids());
   for (int i = 0; i < num_forward; ++i) {
     if (!differentiate[i]) continue;
     const absl::Span<const int> ids = index.input_ids(i);
     for (int k = 0; k < static_cast<int>(ids.size()); ++k) {
-      if (requires_grad[ids[k]] && reaches_loss[ids[k]]) ++acc.expected[program->op(i).input(k)];
+      if (requires_grad[ids[k]] && reaches_loss[ids[k]]) ++acc.expected[ids[k]];
     }
   }
 
@@ -236,26 +241,28 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
   if (auto s = emitter.Emit(loss_op, "fill_like", {program->loss()}, {loss_grad}, {{"value", FloatAttr(1.0)}}); !s.ok()) {
     return s;
   }
-  acc.parts[program->loss()].push_back(loss_grad);
+  const int loss_id = index.id(program->loss());
+  if (loss_id < 0) return absl::InternalError("the loss has no var");
+  acc.parts[loss_id].push_back(loss_grad);
 
   // The final gradient of a var: its single part, or the add_n of all parts.
   // The sum goes where the parts are made when they are all made on one
   // stage, so a pipeline sends one gradient across the cut, not each part.
-  auto finalize = [&](const std::string& var, const Op& like) -> absl::StatusOr<std::string> {
-    auto it = acc.parts.find(var);
-    if (it == acc.parts.end() || it->second.empty()) return std::string();
-    if (it->second.size() == 1) return it->second[0];
+  auto finalize = [&](int id, const Op& like) -> absl::StatusOr<std::string> {
+    std::vector<std::string>& parts = acc.parts[id];
+    if (parts.empty()) return std::string();
+    if (parts.size() == 1) return parts[0];
     const Op* where = &like;
-    const Op* first = emitter.producer(it->second[0]);
+    const Op* first = emitter.producer(parts[0]);
     bool one_stage = first != nullptr;
-    for (const auto& part : it->second) {
+    for (const auto& part : parts) {
       const Op* p = emitter.producer(part);
       one_stage = one_stage && p != nullptr && p->stage() == first->stage();
     }
     if (one_stage) where = first;
-    std::string sum = emitter.FreshName(absl::StrCat(var, "@grad"));
-    if (auto s = emitter.Emit(*where, "add_n", it->second, {sum}, {}); !s.ok()) return s;
-    it->second = {sum};
+    std::string sum = emitter.FreshName(absl::StrCat(index.name(id), "@grad"));
+    if (auto s = emitter.Emit(*where, "add_n", parts, {sum}, {}); !s.ok()) return s;
+    parts = {sum};
     return sum;
   };
 
@@ -263,8 +270,8 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     if (!differentiate[i]) continue;
     const Op& op = program->op(i);  // stays put while the program grows
     std::vector<std::string> output_grads;
-    for (const auto& out : op.output()) {
-      auto g = finalize(out, op);
+    for (int id : index.output_ids(i)) {
+      auto g = finalize(id, op);
       if (!g.ok()) return g.status();
       output_grads.push_back(*g);
     }
@@ -288,7 +295,7 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     params.push_back({v.name(), index.consumers(v.name()).front()});
   }
   for (const auto& [name, consumer] : params) {
-    auto g = finalize(name, program->op(consumer));
+    auto g = finalize(index.id(name), program->op(consumer));
     if (!g.ok()) return g.status();
     if (!g->empty()) (*program->mutable_param_grad())[name] = *g;
   }

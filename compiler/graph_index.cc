@@ -8,12 +8,19 @@ GraphIndex::GraphIndex(const Program& program) {
   const int num_vars = program.var_size();
   ids_.reserve(num_vars);
   var_of_.reserve(num_vars);
+  names_.reserve(num_vars);
   for (const Var& v : program.var()) {
-    if (ids_.emplace(v.name(), static_cast<int>(var_of_.size())).second) var_of_.push_back(&v);
+    if (ids_.emplace(v.name(), static_cast<int>(var_of_.size())).second) {
+      var_of_.push_back(&v);
+      names_.push_back(v.name());
+    }
   }
   auto intern = [&](const std::string& name) {
     auto [it, inserted] = ids_.emplace(name, static_cast<int>(var_of_.size()));
-    if (inserted) var_of_.push_back(nullptr);
+    if (inserted) {
+      var_of_.push_back(nullptr);
+      names_.push_back(name);
+    }
     return it->second;
   };
   // One walk interns every name; consumer lists come later, when asked for.

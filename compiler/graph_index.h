@@ -32,6 +32,7 @@ class GraphIndex {
   // ops use without a var entry. -1 when the name appears nowhere.
   int id(absl::string_view name) const;
   int num_ids() const { return static_cast<int>(var_of_.size()); }
+  absl::string_view name(int id) const { return names_[id]; }
   const Var* var(int id) const { return var_of_[id]; }
   int producer(int id) const { return producer_[id]; }
   // The ids of op i's inputs and outputs, in order (the ops the index was
@@ -52,6 +53,7 @@ class GraphIndex {
  private:
   absl::flat_hash_map<absl::string_view, int> ids_;
   std::vector<const Var*> var_of_;     // id -> var, nullptr for undeclared names
+  std::vector<absl::string_view> names_;  // id -> name (views into the program)
   std::vector<int> producer_;          // id -> first producing op, or -1
   // Built on the first consumers() call (the verifier never asks): a second
   // walk over op_ids_. Not thread-safe, like the rest of a pass.
