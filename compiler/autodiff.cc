@@ -19,10 +19,8 @@ class BackwardEmitter {
  public:
   explicit BackwardEmitter(Program* program) : program_(program) {
     vars_.reserve(2 * program->var_size());
-    for (const Var& v : program->var()) vars_.emplace(v.name(), &v);
+    for (const Var& v : program->var()) vars_.emplace(v.name(), Entry{&v, nullptr});
   }
-
-  bool has_type(const std::string& var) const { return vars_.count(var) > 0; }
 
   // hint, else hint@2, hint@3, ...: the first free one. Each hint remembers
   // where its search stopped, so a hint used N times costs O(N), not O(N^2).
@@ -35,7 +33,6 @@ class BackwardEmitter {
     fresh_.insert(name);
     return name;
   }
-  void Reserve(const std::string& name) { fresh_.insert(name); }
 
   absl::Status Emit(const Op& like, const std::string& type, std::vector<std::string> inputs,
                     std::vector<std::string> outputs, const std::map<std::string, AttrValue>& attrs) {
@@ -64,7 +61,7 @@ class BackwardEmitter {
     for (const auto& in : op.input()) {
       auto it = vars_.find(in);
       if (it == vars_.end()) return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
-      input_types.push_back(TypeOf(*it->second));
+      input_types.push_back(TypeOf(*it->second.var));
     }
     auto out_types = InferOutputTypes(*schema, op, std::move(input_types));
     if (!out_types.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", out_types.status().message())));
@@ -80,24 +77,26 @@ class BackwardEmitter {
       v->set_dtype((*out_types)[k].dtype);
       for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
       v->set_kind(ACTIVATION);
-      vars_.emplace(v->name(), v);
-      producer_.emplace(v->name(), &op);
+      vars_.emplace(v->name(), Entry{v, &op});
     }
     return absl::OkStatus();
   }
 
   // The backward op that emitted `var`, or nullptr (a forward var).
   const Op* producer(const std::string& var) const {
-    auto it = producer_.find(var);
-    return it == producer_.end() ? nullptr : it->second;
+    auto it = vars_.find(var);
+    return it == vars_.end() ? nullptr : it->second.producer;
   }
 
  private:
   bool taken(const std::string& name) const { return vars_.count(name) > 0 || fresh_.count(name) > 0; }
 
   Program* program_;
-  absl::flat_hash_map<absl::string_view, const Var*> vars_;  // every var of the program
-  absl::flat_hash_map<absl::string_view, const Op*> producer_;  // vars emitted here -> their op (ops stay put)
+  struct Entry {
+    const Var* var;
+    const Op* producer;  // the backward op that emitted it (ops stay put), or nullptr
+  };
+  absl::flat_hash_map<absl::string_view, Entry> vars_;  // every var of the program
   absl::flat_hash_map<std::string, int> next_suffix_;            // per hint: the next @k to try
   absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
 };
@@ -183,8 +182,7 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
   // and vars the loss depends on, flagged by GraphIndex id (forward vars only;
   // the index is built before the program grows).
   std::optional<GraphIndex> own_index;
-  if (given_index == nullptr || given_index->num_ops() != num_forward) own_index.emplace(*program);
-  const GraphIndex& index = own_index.has_value() ? *own_index : *given_index;
+  const GraphIndex& index = IndexFor(*program, given_index, &own_index);
   std::vector<char> requires_grad(index.num_ids(), 0), reaches_loss(index.num_ids(), 0);
   auto flagged = [&](const std::vector<char>& set, const std::string& name) {
     const int id = index.id(name);

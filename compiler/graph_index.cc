@@ -43,27 +43,26 @@ GraphIndex::GraphIndex(const Program& program) {
 }
 
 void GraphIndex::BuildConsumers() const {
+  // Counts each op's distinct readers, then fills them in: the same walk twice.
   const size_t n = var_of_.size();
-  std::vector<int> count(n, 0), last_reader(n, -1);
-  for (int i = 0; i < num_ops(); ++i) {
-    for (int id : input_ids(i)) {
-      if (last_reader[id] == i) continue;
-      last_reader[id] = i;
-      ++count[id];
+  std::vector<int> last_reader(n, -1);
+  auto for_each_reader = [&](auto&& fn) {
+    std::fill(last_reader.begin(), last_reader.end(), -1);
+    for (int i = 0; i < num_ops(); ++i) {
+      for (int id : input_ids(i)) {
+        if (last_reader[id] == i) continue;
+        last_reader[id] = i;
+        fn(id, i);
+      }
     }
-  }
+  };
+  std::vector<int> count(n, 0);
+  for_each_reader([&](int id, int) { ++count[id]; });
   consumer_begin_.assign(n + 1, 0);
   for (size_t id = 0; id < n; ++id) consumer_begin_[id + 1] = consumer_begin_[id] + count[id];
   consumer_list_.resize(consumer_begin_[n]);
   std::vector<int> fill(consumer_begin_.begin(), consumer_begin_.end() - 1);
-  std::fill(last_reader.begin(), last_reader.end(), -1);
-  for (int i = 0; i < num_ops(); ++i) {
-    for (int id : input_ids(i)) {
-      if (last_reader[id] == i) continue;
-      last_reader[id] = i;
-      consumer_list_[fill[id]++] = i;
-    }
-  }
+  for_each_reader([&](int id, int op) { consumer_list_[fill[id]++] = op; });
 }
 
 int GraphIndex::id(absl::string_view name) const {
@@ -89,6 +88,12 @@ const Var* GraphIndex::var(absl::string_view name) const {
 TensorType GraphIndex::type(absl::string_view name) const {
   const Var* v = var(name);
   return v ? TypeOf(*v) : TensorType{};
+}
+
+const GraphIndex& IndexFor(const Program& program, const GraphIndex* given, std::optional<GraphIndex>* own) {
+  if (given != nullptr && given->num_ops() == program.op_size()) return *given;
+  own->emplace(program);
+  return **own;
 }
 
 TensorType TypeOf(const Var& var) {

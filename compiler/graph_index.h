@@ -1,6 +1,7 @@
 #ifndef STRATA_COMPILER_GRAPH_INDEX_H_
 #define STRATA_COMPILER_GRAPH_INDEX_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,10 @@ class GraphIndex {
   std::vector<int> op_input_begin_;   // num_ops + 1 entries
   std::vector<int> op_output_begin_;  // num_ops entries
 };
+
+// `given` when it indexes `program` as it is now (one the verifier built and
+// a pass handed on), else a fresh index of it, built into `own`.
+const GraphIndex& IndexFor(const Program& program, const GraphIndex* given, std::optional<GraphIndex>* own);
 
 TensorType TypeOf(const Var& var);
 bool IsPersistent(const Var& var);  // PARAM or STATE

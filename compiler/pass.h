@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "compiler/graph_index.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
@@ -48,8 +47,7 @@ struct CompileContext {
 };
 
 // Seconds spent per phase of a compilation ("autodiff", "verify", ...),
-// summed over ranks, in first-seen order: `strata compile --time_passes`
-// and bench/compile_time print it.
+// summed over ranks, in first-seen order (bench/compile_time prints it).
 class PhaseTimes {
  public:
   void Add(absl::string_view phase, double seconds);

@@ -31,8 +31,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
   // Vars are handled by their dense GraphIndex ids: names are hashed once
   // here, not again for every action of the schedule.
   std::optional<GraphIndex> own_index;
-  if (given_index == nullptr || given_index->num_ops() != program.op_size()) own_index.emplace(program);
-  const GraphIndex& index = own_index.has_value() ? *own_index : *given_index;
+  const GraphIndex& index = IndexFor(program, given_index, &own_index);
   const int n = program.op_size();
   const int num_ids = index.num_ids();
   std::vector<char> keep(num_ids, 0);

@@ -92,9 +92,8 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   // The verifier's index of the program as it is now, when the cache has it.
   // Its views stay valid as the pass appends vars and ops.
   std::optional<GraphIndex> own_index;
-  const GraphIndex* cached = ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr;
-  if (cached == nullptr || cached->num_ops() != program.op_size()) own_index.emplace(program);
-  const GraphIndex& index = own_index.has_value() ? *own_index : *cached;
+  const GraphIndex& index =
+      IndexFor(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr, &own_index);
 
   // Parameters in declaration order (deterministic), each on its first consumer's stage.
   struct Param {
