@@ -239,14 +239,23 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
     KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
     const bool timed = options_.tracer != nullptr || options_.comm != nullptr;
     const int64_t start = timed ? Tracer::NowMicros() : 0;
+    // A transfer's trace event also carries the CPU it took (posting a send
+    // writes to the socket; a receive's wait costs little unless it blocks)
+    // and its payload.
+    const bool traced_transfer = options_.tracer != nullptr && p.is_transfer;
+    const int64_t cpu_start = traced_transfer ? Tracer::ThreadCpuMicros() : 0;
     absl::Status s = p.kernel->Compute(ctx);
     if (timed) {
       const double seconds = (Tracer::NowMicros() - start) * 1e-6;
       (p.is_transfer ? wait_seconds_ : busy_seconds_) += seconds;
     }
-    if (options_.tracer) {
-      options_.tracer->Add(p.trace_category[0] == 'c' ? absl::StrCat(p.trace_name, " mb ", micro_batch) : p.trace_name,
-                           p.trace_category, start, Tracer::NowMicros());
+    if (traced_transfer) {
+      const Tensor* payload = !p.inputs.empty() ? p.inputs[0] : !p.outputs.empty() ? &p.outputs[0] : nullptr;
+      options_.tracer->Add(absl::StrCat(p.trace_name, " mb ", micro_batch), p.trace_category, start,
+                           Tracer::NowMicros(), Tracer::ThreadCpuMicros() - cpu_start,
+                           payload != nullptr && payload->defined() ? static_cast<int64_t>(payload->bytes()) : -1);
+    } else if (options_.tracer) {
+      options_.tracer->Add(p.trace_name, p.trace_category, start, Tracer::NowMicros());
     }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));

@@ -24,9 +24,10 @@ int64_t Tracer::ThreadCpuMicros() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
-void Tracer::Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us) {
+void Tracer::Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us,
+                 int64_t bytes) {
   absl::MutexLock lock(&mu_);
-  events_.push_back({std::move(name), category, start_us, std::max<int64_t>(end_us - start_us, 0), cpu_us});
+  events_.push_back({std::move(name), category, start_us, std::max<int64_t>(end_us - start_us, 0), cpu_us, bytes});
 }
 
 size_t Tracer::size() const {
@@ -44,7 +45,12 @@ absl::Status Tracer::Write(const std::string& path) const {
   for (const Event& e : events_) {
     out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << e.category << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": "
         << rank_ << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us;
-    if (e.cpu_us >= 0) out << ", \"args\": {\"cpu_us\": " << e.cpu_us << "}";
+    if (e.cpu_us >= 0 || e.bytes >= 0) {
+      out << ", \"args\": {";
+      if (e.cpu_us >= 0) out << "\"cpu_us\": " << e.cpu_us << (e.bytes >= 0 ? ", " : "");
+      if (e.bytes >= 0) out << "\"bytes\": " << e.bytes;
+      out << "}";
+    }
     out << "}";
   }
   out << "\n]}\n";

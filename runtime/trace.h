@@ -25,8 +25,10 @@ class Tracer {
   // CPU time of the calling thread: what an action computed, without the time
   // it waited or shared its core.
   static int64_t ThreadCpuMicros();
-  // category: "action", "op", "comm"; cpu_us < 0: not recorded.
-  void Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us = -1);
+  // category: "action", "op", "comm"; cpu_us < 0: not recorded; bytes < 0:
+  // none (a transfer's payload).
+  void Add(std::string name, const char* category, int64_t start_us, int64_t end_us, int64_t cpu_us = -1,
+           int64_t bytes = -1);
   // {"traceEvents": [...]} with one track (tid) for this rank.
   absl::Status Write(const std::string& path) const;
   size_t size() const;
@@ -35,7 +37,7 @@ class Tracer {
   struct Event {
     std::string name;
     const char* category;
-    int64_t start_us, duration_us, cpu_us;
+    int64_t start_us, duration_us, cpu_us, bytes;
   };
   const int rank_;
   mutable absl::Mutex mu_;

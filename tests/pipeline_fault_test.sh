@@ -118,6 +118,17 @@ for rank in (0, 1):
     assert want <= names, (rank, sorted(names))
     assert any(e["cat"] == "comm" and e["tid"] == rank for e in events), rank
 assert any(e["name"].startswith("send") for e in events) and any(e["name"].startswith("recv") for e in events)
+# Every transfer carries its payload and its CPU time; a send and the recv
+# of the same channel and micro-batch agree on the bytes.
+payload = {}
+for e in events:
+    if e["cat"] != "comm":
+        continue
+    assert e["args"]["bytes"] > 0 and e["args"]["cpu_us"] >= 0, e
+    kind, rest = e["name"].split(" ", 1)
+    payload.setdefault(rest, {}).setdefault(kind, set()).add(e["args"]["bytes"])
+for rest, kinds in payload.items():
+    assert set(kinds) == {"send", "recv"} and kinds["send"] == kinds["recv"], (rest, kinds)
 PY
 grep -q "single_loss" "$tmp/out6.txt" && grep -q "max relative difference" "$tmp/out6.txt" || fail "--compare_single printed no comparison"
 [ ! -e "$tmp/trace.json.rank0" ] || fail "the per-rank trace parts were left behind"
