@@ -34,9 +34,11 @@ double EstimateOpCost(const Op& op, const VarLookup& var, int64_t batch) {
   }
   double flops = 0;
   const std::string& type = op.type();
-  if (absl::StartsWith(type, "matmul") && ins.size() == 2 && outs.size() == 1 && ins[0] && ins[1] && outs[0]) {
-    // Forward or either gradient, the three tensors are [M,K], [K,N] and
-    // [M,N] (times any batch dims), so M*N*K = sqrt of their sizes' product.
+  if (absl::StartsWith(type, "matmul") && (ins.size() == 2 || type == "matmul_accumulate") && outs.size() == 1 &&
+      ins[0] && ins[1] && outs[0]) {
+    // Forward, either gradient or a gradient accumulated in place, the three
+    // tensors are [M,K], [K,N] and [M,N] (times any batch dims), so
+    // M*N*K = sqrt of their sizes' product.
     flops = 2 * std::sqrt(Elements(*ins[0], batch) * Elements(*ins[1], batch) * Elements(*outs[0], batch));
   } else if (absl::StartsWith(type, "conv2d") && ins.size() == 2 && outs.size() == 1 && ins[0] && ins[1] && outs[0]) {
     // Multiply-adds = elements of y (or dy) x the weight's elements per output channel.

@@ -43,6 +43,24 @@ absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext&
     acc_of[g] = absl::StrCat(g, "@acc");
   }
 
+  // A gradient that a 2-D matmul writes and only the optimizer block reads is
+  // summed by the GEMM itself: matmul_accumulate adds op(a) @ op(b) into the
+  // buffer, and the gradient var goes away.
+  std::set<std::string> fused;
+  for (const auto& g : grads) {
+    const int producer = index.producer(g);
+    const Op& op = program.op(producer);
+    if (op.type() != "matmul" || op.output_size() != 1 || op.input_size() != 2) continue;
+    const Var* a = index.var(op.input(0));
+    const Var* b = index.var(op.input(1));
+    if (a == nullptr || b == nullptr || a->shape_size() != 2 || b->shape_size() != 2) continue;
+    bool only_optimizer = true;
+    for (int c : index.consumers(g)) {
+      only_optimizer &= program.op(c).role() == OPTIMIZE || program.op(c).role() == LR_SCHEDULE;
+    }
+    if (only_optimizer) fused.insert(g);
+  }
+
   // Rebuild the op list: accumulate right after each producer, the optimizer
   // reads the buffers, and the buffers are zeroed after the optimizer block.
   std::vector<Op> ops(program.op().begin(), program.op().end());
@@ -55,24 +73,33 @@ absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext&
         if (it != acc_of.end()) in = it->second;
       }
     }
+    const bool fuse = op.role() == BACKWARD && op.output_size() == 1 && fused.count(op.output(0)) > 0;
+    if (fuse) {
+      op.set_type("matmul_accumulate");
+      op.add_input(acc_of[op.output(0)]);
+      op.set_output(0, acc_of[op.output(0)]);
+    }
     *program.add_op() = op;
     if (op.role() != BACKWARD) continue;
     for (const auto& out : op.output()) {
       auto it = acc_of.find(out);
-      if (it == acc_of.end()) continue;
-      Op* acc = program.add_op();
-      acc->set_type("accumulate");
-      acc->add_input(it->second);
-      acc->add_input(out);
-      acc->add_output(it->second);
-      acc->set_role(BACKWARD);
-      acc->set_stage(op.stage());
-      acc->set_device(op.device());
-      acc->set_uid(op.uid());
+      if (it == acc_of.end() && !fuse) continue;
+      const std::string& buffer = fuse ? out : it->second;
+      if (!fuse) {
+        Op* acc = program.add_op();
+        acc->set_type("accumulate");
+        acc->add_input(buffer);
+        acc->add_input(out);
+        acc->add_output(buffer);
+        acc->set_role(BACKWARD);
+        acc->set_stage(op.stage());
+        acc->set_device(op.device());
+        acc->set_uid(op.uid());
+      }
       Op zero;
       zero.set_type("fill_zero");
-      zero.add_input(it->second);
-      zero.add_output(it->second);
+      zero.add_input(buffer);
+      zero.add_output(buffer);
       zero.set_role(OPTIMIZE);
       zero.set_stage(op.stage());
       zero.set_device(op.device());
@@ -92,6 +119,18 @@ absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext&
   for (auto& [param, grad] : *program.mutable_param_grad()) {
     auto it = acc_of.find(grad);
     if (it != acc_of.end()) grad = it->second;
+  }
+  if (!fused.empty()) {
+    // The fused gradients are written nowhere now: drop their vars (last, as
+    // the index points into them).
+    auto* vars = program.mutable_var();
+    int kept = 0;
+    for (int i = 0; i < vars->size(); ++i) {
+      if (fused.count(vars->Get(i).name())) continue;
+      if (kept != i) vars->SwapElements(kept, i);
+      ++kept;
+    }
+    vars->DeleteSubrange(kept, vars->size() - kept);
   }
   return true;
 }

@@ -9,7 +9,10 @@ namespace strata {
 // big batch: the loss gradient is seeded with 1/M (each micro-batch's loss is
 // its own mean), and every gradient the optimizer reads is summed over the
 // micro-batches into a persistent buffer (`accumulate`), which is zeroed
-// after the update (`fill_zero`). Nothing changes for M = 1.
+// after the update (`fill_zero`). A weight gradient that a 2-D matmul writes
+// and only the optimizer block reads is added into its buffer by the GEMM
+// itself (`matmul_accumulate`, beta = 1), with no gradient tensor. Nothing
+// changes for M = 1.
 class MicroBatchPass : public Pass {
  public:
   std::string name() const override { return "micro-batch"; }

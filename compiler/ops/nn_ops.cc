@@ -296,6 +296,38 @@ STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_b")
                        .NotDifferentiable()
                        .Doc("Backward of matmul with a shared 2-D b: dL/db summed over a's batch, laid out as b."));
 
+// acc += op(a) @ op(b) for 2-D a and b: a weight gradient summed over
+// micro-batches by the GEMM itself (beta = 1), instead of a matmul into a
+// fresh tensor and an accumulate that reads both back (Megatron-LM's
+// gradient_accumulation_fusion). The micro-batch pass writes it.
+absl::Status MatmulAccumulateShape(ShapeContext& ctx) {
+  auto d = CheckMatmul(ctx);
+  if (!d.ok()) return d.status();
+  if (!d->batch.empty() || ctx.input(1).shape.size() != 2) {
+    return Invalid(absl::StrCat("inputs 'a' ", ctx.input(0).ToString(), " and 'b' ", ctx.input(1).ToString(),
+                                " must be 2-D"));
+  }
+  const TensorType want{ctx.input(0).dtype, Dims{d->m, d->n}};
+  if (ctx.input(2) != want) {
+    return Invalid(absl::StrCat("accumulator ", ctx.input(2).ToString(), " does not hold op(a) @ op(b) ",
+                                want.ToString()));
+  }
+  ctx.set_output(0, ctx.input(2));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("matmul_accumulate")
+                       .Input("a")
+                       .Input("b")
+                       .Input("acc")
+                       .Output("acc")
+                       .Attr("transpose_a", false)
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulAccumulateShape)
+                       .Stateful()
+                       .Doc("acc += op(a) @ op(b), in place, for 2-D a and b (weight gradients summed over "
+                            "micro-batches)."));
+
 // ---------------------------------------------------------------------------
 // conv2d
 

@@ -196,12 +196,49 @@ class MatmulSharedBGradBKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
+// acc [M, N] += op(a) @ op(b) for 2-D a and b: one GEMM with beta = 1 into
+// the persistent buffer.
+template <typename T>
+class MatmulAccumulateKernel : public OpKernel {
+ public:
+  explicit MatmulAccumulateKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return ReadTransposes(op, &ta_, &tb_); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& acc = ctx.input(2);
+    if (a.rank() != 2 || b.rank() != 2 || acc.rank() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: a ", ShapeString(a.shape()), ", b ",
+                                                     ShapeString(b.shape()), " and acc ", ShapeString(acc.shape()),
+                                                     " must be 2-D"));
+    }
+    const int64_t M = ta_ ? a.dim(1) : a.dim(0), K = ta_ ? a.dim(0) : a.dim(1);
+    const int64_t Kb = tb_ ? b.dim(1) : b.dim(0), N = tb_ ? b.dim(0) : b.dim(1);
+    if (K != Kb || acc.dim(0) != M || acc.dim(1) != N) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: op(a) ", ShapeString(a.shape()),
+                                                     " @ op(b) ", ShapeString(b.shape()), " (transpose_a=", ta_,
+                                                     ", transpose_b=", tb_, ") does not fit acc ",
+                                                     ShapeString(acc.shape())));
+    }
+    T* pacc = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
+    GemmOrScale<T>(ta_, tb_, M, N, K, T(1), a.data<T>(), a.dim(1), b.data<T>(), b.dim(1), T(1), pacc, N);
+    ctx.SetOutput(0, acc);
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
 STRATA_REGISTER_KERNEL("matmul", "cpu", F32, InitFactory<MatmulKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul", "cpu", F64, InitFactory<MatmulKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F32, InitFactory<MatmulSharedBGradAKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F64, InitFactory<MatmulSharedBGradAKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F32, InitFactory<MatmulSharedBGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F64, InitFactory<MatmulSharedBGradBKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", "cpu", F32, InitFactory<MatmulAccumulateKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", "cpu", F64, InitFactory<MatmulAccumulateKernel<double>>());
 
 }  // namespace
 }  // namespace strata

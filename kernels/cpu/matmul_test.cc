@@ -175,6 +175,53 @@ TEST(MatmulTest, SharedWeightGradientsMatchTripleLoops) {
   }
 }
 
+// acc += op(a) @ op(b), in place: twice into the same buffer equals the
+// starting values plus both products, for every transpose (the weight
+// gradient of x @ W over two micro-batches is the transpose_a case).
+TEST(MatmulAccumulateTest, AddsEachProductIntoTheBuffer) {
+  for (DataType dtype : {F64, F32}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " ta=", ta, " tb=", tb));
+        const int64_t M = 7, K = 5, N = 3;
+        Tensor a1 = Make(dtype, ta ? Shape{K, M} : Shape{M, K}, 0.3);
+        Tensor b1 = Make(dtype, tb ? Shape{N, K} : Shape{K, N}, 0.8);
+        Tensor a2 = Make(dtype, ta ? Shape{K, M} : Shape{M, K}, 1.7);
+        Tensor b2 = Make(dtype, tb ? Shape{N, K} : Shape{K, N}, 2.1);
+        Tensor acc = Make(dtype, {M, N}, 0.5);
+        std::vector<double> want = TensorValues(acc);
+        std::vector<int64_t> shape;
+        for (auto [a, b] : {std::pair{&a1, &b1}, std::pair{&a2, &b2}}) {
+          std::vector<double> product = NaiveMatmul(*a, *b, ta, tb, &shape);
+          for (size_t i = 0; i < want.size(); ++i) want[i] += product[i];
+          std::map<std::string, Tensor> env{{"a", *a}, {"b", *b}, {"acc", acc}};
+          auto s = RunOp(ParseOp(absl::StrCat(
+                             R"pb(type: "matmul_accumulate" input: ["a", "b", "acc"] output: ["acc"] )pb",
+                             Attrs(ta, tb))),
+                         &env);
+          ASSERT_TRUE(s.ok()) << s;
+          EXPECT_EQ(env["acc"].raw_data(), acc.raw_data()) << "not updated in place";
+        }
+        EXPECT_TRUE(TensorNear(acc, {M, N}, want, dtype == F64 ? 1e-12 : 1e-5));
+      }
+    }
+  }
+}
+
+TEST(MatmulAccumulateTest, EmptyInnerDimLeavesTheBufferAndBadShapesAreErrors) {
+  Tensor acc = Make(F64, {3, 4}, 0.9);
+  const std::vector<double> before = TensorValues(acc);
+  std::map<std::string, Tensor> env{{"a", MakeTensor(F64, {0, 3}, {})}, {"b", MakeTensor(F64, {0, 4}, {})}, {"acc", acc}};
+  const std::string text =
+      absl::StrCat(R"pb(type: "matmul_accumulate" input: ["a", "b", "acc"] output: ["acc"] )pb", Attrs(true, false));
+  ASSERT_TRUE(RunOp(ParseOp(text), &env).ok());
+  EXPECT_TRUE(TensorNear(acc, {3, 4}, before, 0));
+  env = {{"a", Make(F64, {5, 3}, 0)}, {"b", Make(F64, {5, 2}, 0)}, {"acc", acc}};
+  auto s = RunOp(ParseOp(text), &env);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("does not hold op(a) @ op(b)"));
+}
+
 absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
   Op op = ParseOp(op_text);
   const OpSchema* schema = OpRegistry::Global().Find(op.type());
@@ -223,6 +270,20 @@ TEST(MatmulShapeTest, RejectsBadRanksBatchesAndDtypes) {
   auto ints = Infer(MatmulText(), {{I64, {2, 4}}, {I64, {4, 3}}});
   ASSERT_FALSE(ints.ok());
   EXPECT_THAT(ints.status().message(), HasSubstr("must be F32 or F64"));
+}
+
+TEST(MatmulAccumulateShapeTest, TheBufferMustHoldTheProduct) {
+  const std::string text = absl::StrCat(R"pb(type: "matmul_accumulate" input: ["a", "b", "acc"] output: ["acc"] )pb",
+                                        Attrs(true, false));
+  auto ok = Infer(text, {{F32, {-1, 784}}, {F32, {-1, 256}}, {F32, {784, 256}}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0], (TensorType{F32, {784, 256}}));
+  auto wrong = Infer(text, {{F32, {-1, 784}}, {F32, {-1, 256}}, {F32, {256, 784}}});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("does not hold op(a) @ op(b)"));
+  auto batched = Infer(text, {{F32, {-1, 8, 784}}, {F32, {-1, 8, 256}}, {F32, {784, 256}}});
+  ASSERT_FALSE(batched.ok());
+  EXPECT_THAT(batched.status().message(), HasSubstr("must be 2-D"));
 }
 
 TEST(MatmulGradTest, EmitsTheTransposesForEachLayout) {
