@@ -144,6 +144,18 @@ class GradBuilderImpl : public GradBuilder {
     return name;
   }
 
+  void PassGrad(int i, const std::string& grad) override {
+    if (given_[i]) {
+      if (status_.ok()) status_ = absl::InternalError(absl::StrCat("gradient maker of '", op_.type(), "' names input ", i,
+                                                                  "'s gradient twice"));
+      return;
+    }
+    given_[i] = true;
+    acc_->parts[input_ids_[i]].push_back(grad);
+    if (names_.size() <= static_cast<size_t>(i)) names_.resize(op_.input_size());
+    names_[i] = grad;
+  }
+
   std::string Temp(const std::string& hint) override { return emitter_->FreshName(absl::StrCat(hint, "@tmp")); }
 
   void Emit(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs,

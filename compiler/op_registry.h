@@ -80,6 +80,10 @@ class GradBuilder {
   virtual bool needs_input_grad(int i) const = 0;
   // Name the gradient maker writes dL/d(input i) to. Only when needs_input_grad(i).
   virtual std::string input_grad(int i) = 0;
+  // dL/d(input i) is exactly the existing var `grad` (a gradient passed
+  // through unchanged, as by add): the var is shared, no op is emitted.
+  // Instead of input_grad(i), only when needs_input_grad(i).
+  virtual void PassGrad(int i, const std::string& grad) = 0;
   // A fresh intermediate var name.
   virtual std::string Temp(const std::string& hint) = 0;
   // Appends a backward op. Attrs not given take their schema defaults.

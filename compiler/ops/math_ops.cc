@@ -247,7 +247,11 @@ absl::Status AnyDtypeSameShape(ShapeContext& ctx) {
 void EmitBroadcastGrad(GradBuilder& g, int i, const std::string& type, std::vector<std::string> inputs,
                        std::map<std::string, AttrValue> attrs = {}) {
   if (g.input_type(i).shape == g.output_type(0).shape) {
-    g.Emit(type, std::move(inputs), {g.input_grad(i)}, std::move(attrs));
+    if (type == "identity") {
+      g.PassGrad(i, inputs[0]);  // the same tensor: shared, not copied
+    } else {
+      g.Emit(type, std::move(inputs), {g.input_grad(i)}, std::move(attrs));
+    }
     return;
   }
   if (type == "identity") {
@@ -379,7 +383,7 @@ absl::Status AddNGrad(GradBuilder& g) {
   std::string dy = g.output_grad(0);
   if (dy.empty()) return absl::OkStatus();
   for (int i = 0; i < g.op().input_size(); ++i) {
-    if (g.needs_input_grad(i)) g.Emit("identity", {dy}, {g.input_grad(i)});
+    if (g.needs_input_grad(i)) g.PassGrad(i, dy);
   }
   return absl::OkStatus();
 }

@@ -142,6 +142,8 @@ class TestGradBuilder : public GradBuilder {
     return name;
   }
 
+  void PassGrad(int i, const std::string& grad) override { input_grads_.at(i) = grad; }
+
   std::string Temp(const std::string& hint) override { return absl::StrCat("@tmp", temps_++, "/", hint); }
 
   void Emit(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs,

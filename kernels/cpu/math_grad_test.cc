@@ -28,8 +28,10 @@ TEST(MathGradTest, AddSumsTheBroadcastBiasOverTheBatch) {
   std::vector<std::string> names;
   auto ops = MakeGradOps(op, {{"x", {F32, {-1, 3}}}, {"b", {F32, {3}}}, {"z", {F32, {-1, 3}}}}, {true, true}, &names);
   ASSERT_TRUE(ops.ok()) << ops.status().message();
-  // x has z's shape: its gradient is dz itself; b was broadcast: summed.
-  EXPECT_EQ(Types(*ops), (std::vector<std::string>{"identity", "sum_to_like"}));
+  // x has z's shape: its gradient is dz itself, shared without an op; b was
+  // broadcast: summed.
+  EXPECT_EQ(Types(*ops), (std::vector<std::string>{"sum_to_like"}));
+  EXPECT_EQ(names[0], "z@grad");
 
   // Batch of 2 at run time.
   std::map<std::string, Tensor> env{{"x", MakeTensor(F32, {2, 3}, {0, 0, 0, 0, 0, 0})},
