@@ -1,6 +1,8 @@
 #include "tools/model_gen.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,15 +11,60 @@
 namespace strata {
 namespace {
 
-// Emits program text; stage(i) places layer i of n on one of K stages.
+// Estimated work of a layer per sample, to balance stages: 2 per multiply-add
+// plus kElementCost per element an elementwise op writes (about what the
+// compiler's cost model charges for the bytes it moves).
+constexpr double kElementCost = 8;
+double LinearCost(int64_t in, int64_t out) { return 2.0 * in * out + 2 * kElementCost * out; }
+
+// The stage of each layer: K contiguous groups of layers, every group
+// non-empty, with the largest group's estimated work as small as it can be
+// (DeepSpeed's PipelineModule partitions by a per-layer weight the same way).
+// Bisection on the largest group's work; a greedy pass packs layers up to it,
+// closing a group early only to leave a layer for each stage still to fill.
+std::vector<int> BalancedStages(const std::vector<double>& cost, int stages) {
+  const int n = static_cast<int>(cost.size());
+  auto pack = [&](double limit, std::vector<int>* stage_of) {
+    int group = 0;
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+      // Layers i..n-1 are just enough for the stages after this one.
+      const bool leave_for_rest = n - i == stages - group - 1;
+      if (i > 0 && (sum + cost[i] > limit || leave_for_rest)) {
+        if (group + 1 == stages) return false;  // the last stage would exceed the limit
+        ++group;
+        sum = 0;
+      }
+      sum += cost[i];
+      if (stage_of != nullptr) (*stage_of)[i] = group;
+    }
+    return true;
+  };
+  double lo = 0, hi = 0;
+  for (double c : cost) {
+    lo = std::max(lo, c);
+    hi += c;
+  }
+  for (int iter = 0; iter < 60 && hi - lo > 1e-9 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    (pack(mid, nullptr) ? hi : lo) = mid;
+  }
+  std::vector<int> stage_of(n, 0);
+  pack(hi, &stage_of);
+  return stage_of;
+}
+
+// Emits program text; layer i of n goes on stage stage_of_[i] of K.
 class Writer {
  public:
-  Writer(const GenOptions& o, int num_layers) : o_(o), num_layers_(num_layers) {}
+  // `cost`: each layer's estimated work per sample, which places the layers
+  // on the stages.
+  Writer(const GenOptions& o, const std::vector<double>& cost)
+      : o_(o), stage_of_(o.stages > 1 ? BalancedStages(cost, o.stages) : std::vector<int>(cost.size(), 0)) {}
 
   std::string Device(int layer) const {
     if (o_.stages <= 1) return "";
-    int stage = std::min(o_.stages - 1, layer * o_.stages / std::max(num_layers_, 1));
-    return absl::StrCat(" device: \"gpu:", stage, "\"");
+    return absl::StrCat(" device: \"gpu:", stage_of_[layer], "\"");
   }
   void Feed(const std::string& name, const std::string& dtype, const std::string& shape) {
     absl::StrAppend(&vars_, "var { name: \"", name, "\" dtype: ", dtype, " shape: ", shape, " kind: FEED }\n");
@@ -47,7 +94,7 @@ class Writer {
 
  private:
   const GenOptions& o_;
-  int num_layers_;
+  std::vector<int> stage_of_;
   std::string vars_, ops_;
 };
 
@@ -60,7 +107,9 @@ absl::StatusOr<std::string> Mlp(const GenOptions& o) {
   }
   const int n = static_cast<int>(o.layers.size()) - 1;
   if (o.stages > n) return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers"));
-  Writer w(o, n);
+  std::vector<double> cost;
+  for (int i = 0; i < n; ++i) cost.push_back(LinearCost(o.layers[i], o.layers[i + 1]));
+  Writer w(o, cost);
   w.Feed("image", o.dtype, Shape({-1, o.layers[0]}));
   w.Feed("label", "I64", "[-1]");
   std::string h = "image";
@@ -87,7 +136,12 @@ absl::StatusOr<std::string> ResMlp(const GenOptions& o) {
   if (o.blocks < 1 || o.blocks > 100000) return absl::InvalidArgumentError("--blocks must be in 1..100000");
   const int64_t in = o.layers.front(), width = o.layers.size() > 2 ? o.layers[1] : 128, classes = o.layers.back();
   const int n = o.blocks + 2;
-  Writer w(o, n);
+  if (o.stages > n) return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers"));
+  // Embedding, blocks (two width x width layers, layer_norm, gelu, residual), head.
+  std::vector<double> cost(n, 2 * LinearCost(width, width) + 4 * kElementCost * width);
+  cost.front() = LinearCost(in, width);
+  cost.back() = LinearCost(width, classes);
+  Writer w(o, cost);
   w.Feed("image", o.dtype, Shape({-1, in}));
   w.Feed("label", "I64", "[-1]");
   w.Param("embed.w", Shape({in, width}), in);
@@ -132,7 +186,26 @@ struct ConvSpec { int64_t out, kernel, pad; bool pool; };
 absl::StatusOr<std::string> ConvNet(const GenOptions& o, const std::string& name, const std::vector<ConvSpec>& convs,
                                     const std::vector<int64_t>& fcs, const std::string& comment) {
   const int n = static_cast<int>(convs.size() + fcs.size()) + 1;
-  Writer w(o, n);
+  if (o.stages > n) return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers"));
+  std::vector<double> cost;
+  {
+    int64_t c = 1, hw = 28;
+    for (const ConvSpec& s : convs) {
+      const int64_t out_hw = hw + 2 * s.pad - s.kernel + 1;
+      // A multiply-add per output element and kernel tap, then bias, relu (and pool).
+      cost.push_back(2.0 * out_hw * out_hw * s.out * c * s.kernel * s.kernel +
+                     3 * kElementCost * out_hw * out_hw * s.out);
+      hw = s.pool ? out_hw / 2 : out_hw;
+      c = s.out;
+    }
+    int64_t in = c * hw * hw;
+    for (int64_t width : fcs) {
+      cost.push_back(LinearCost(in, width));
+      in = width;
+    }
+    cost.push_back(LinearCost(in, 10));
+  }
+  Writer w(o, cost);
   w.Feed("image", o.dtype, "[-1, 1, 28, 28]");
   w.Feed("label", "I64", "[-1]");
   int64_t c = 1, hw = 28;

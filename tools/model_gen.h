@@ -10,7 +10,7 @@ namespace strata {
 
 struct GenOptions {
   std::vector<int64_t> layers = {784, 256, 128, 100, 10};  // mlp: widths, input first, classes last
-  int stages = 1;          // placements gpu:0 .. gpu:K-1, splitting the layers evenly
+  int stages = 1;          // placements gpu:0 .. gpu:K-1: contiguous layers, balanced by estimated work
   std::string optimizer = "adam";  // sgd | momentum | adam | adamw
   double learning_rate = 0;        // 0: the optimizer's usual default
   bool cosine = true;
