@@ -39,26 +39,6 @@ STAGES = 4  # --stages
 BLOCKS = 8
 
 
-def place_evenly(text):
-    """Equal stages: blocks 2k and 2k+1 on stage k; the (cheap) embedding
-    joins stage 0 and the (cheap) head and loss the last stage."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith("op {"):
-            name = line.split('output: ["')[1].split('"')[0]
-            if name.startswith("embed") or name == "h0":
-                stage = 0
-            elif name.startswith("block"):
-                stage = int(name[len("block"):].split(".")[0]) * STAGES // BLOCKS
-            elif name.startswith("h") and name[1:].isdigit():
-                stage = (int(name[1:]) - 1) * STAGES // BLOCKS
-            else:
-                stage = STAGES - 1
-            line = line[: line.rindex("}")] + f'device: "gpu:{stage}" }}'
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def run(strata, program, strategy, steps, trace, threads, bind):
     env = dict(os.environ, STRATA_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     cmd = [strata, "run", program, "--strategy", strategy, "--nproc", str(STAGES), "--steps", str(steps),
@@ -194,10 +174,13 @@ def main():
     STAGES = args.stages
     tmp = tempfile.mkdtemp(prefix="strata-bubble-")
     program = os.path.join(tmp, "resmlp.pbtxt")
-    gen = subprocess.run([args.strata, "gen", "resmlp", "--blocks", str(BLOCKS),
+    # gen --stages balances the stages by estimated work: the (cheap)
+    # embedding joins stage 0 and the (cheap) head and loss the last stage,
+    # so every stage runs BLOCKS / STAGES blocks.
+    gen = subprocess.run([args.strata, "gen", "resmlp", "--blocks", str(BLOCKS), "--stages", str(STAGES),
                           "--layers", f"{args.features},{args.width},10", "--optimizer", "sgd"],
                          capture_output=True, text=True, check=True)
-    open(program, "w").write(place_evenly(gen.stdout))
+    open(program, "w").write(gen.stdout)
     print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, {args.features} features, "
           f"{args.threads} thread(s) per rank, {os.cpu_count()} cores, "
           f"{'unpinned' if args.no_bind else '--bind_cores'}, {args.steps - 1} measured steps")

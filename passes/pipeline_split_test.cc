@@ -1,0 +1,428 @@
+#include "passes/pipeline_split.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "compiler/compile.h"
+#include "compiler/program_text.h"
+#include "compiler/validate.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+// x @ w + b on stage 0, the head and loss on stage 1.
+constexpr char kTwoStages[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w" dtype: F64 shape: [4, 5] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "b" dtype: F64 shape: [5] kind: PARAM }
+  var { name: "w2" dtype: F64 shape: [5, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w"] output: ["xw"] device: "gpu:0" }
+  op { type: "add" input: ["xw", "b"] output: ["h"] device: "gpu:0" }
+  op { type: "matmul" input: ["h", "w2"] output: ["z"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+// h0 (stage 0) is read on stage 1 and, skipping it, on stage 2.
+constexpr char kThreeStages[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w0"] output: ["h0"] device: "gpu:0" }
+  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
+  op { type: "add" input: ["h1", "h0"] output: ["h2"] device: "gpu:2" }
+  op { type: "matmul" input: ["h2", "w2"] output: ["z"] device: "gpu:2" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:2" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+// w is tied: read on stage 0 and on stage 2.
+constexpr char kTied[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w"] output: ["h0"] device: "gpu:0" }
+  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
+  op { type: "matmul" input: ["h1", "w"] output: ["z"] device: "gpu:2" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:2" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+Strategy PipelineStrategy(int micro_batches) {
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(micro_batches);
+  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  return strategy;
+}
+
+std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches = 1) {
+  auto program = ParseProgramText(text, "split.pbtxt");
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return {};
+  auto result = Compile(*program, PipelineStrategy(micro_batches), CompileOptions());
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->plans : std::vector<RankPlan>();
+}
+
+// The transfer ops (send or recv) of `var` in a program, in program order.
+std::vector<const Op*> Transfers(const Program& p, const std::string& type, const std::string& var) {
+  std::vector<const Op*> ops;
+  for (const Op& op : p.op()) {
+    if (op.type() == type && op.channel().var() == var) ops.push_back(&op);
+  }
+  return ops;
+}
+
+int IndexOf(const Program& p, const Op* op) {
+  for (int i = 0; i < p.op_size(); ++i) {
+    if (&p.op(i) == op) return i;
+  }
+  return -1;
+}
+
+// Index of the first op writing (reading) `var`, or -1.
+int FirstWriter(const Program& p, const std::string& var) {
+  for (int i = 0; i < p.op_size(); ++i) {
+    if (std::count(p.op(i).output().begin(), p.op(i).output().end(), var)) return i;
+  }
+  return -1;
+}
+int FirstReader(const Program& p, const std::string& var) {
+  for (int i = 0; i < p.op_size(); ++i) {
+    if (std::count(p.op(i).input().begin(), p.op(i).input().end(), var)) return i;
+  }
+  return -1;
+}
+
+bool Reads(const Program& p, const std::string& var) { return FirstReader(p, var) >= 0; }
+
+const Var* FindVar(const Program& p, const std::string& name) {
+  for (const Var& v : p.var()) {
+    if (v.name() == name) return &v;
+  }
+  return nullptr;
+}
+
+using ChannelKey = std::tuple<int, int, std::string, int64_t>;
+ChannelKey Key(const Channel& c) { return {c.src_rank(), c.dst_rank(), c.var(), c.id()}; }
+
+std::vector<int64_t> ShapeAttr(const Op& op) {
+  auto it = op.attr().find("shape");
+  if (it == op.attr().end()) return {};
+  return std::vector<int64_t>(it->second.list().i().begin(), it->second.list().i().end());
+}
+std::string DtypeAttr(const Op& op) {
+  auto it = op.attr().find("dtype");
+  return it == op.attr().end() ? "" : it->second.s();
+}
+
+TEST(PipelineSplitPassTest, EachStageKeepsItsOwnOpsAndTheCutIsASendRecvPair) {
+  auto plans = CompilePipeline(kTwoStages);
+  ASSERT_EQ(plans.size(), 2u);
+  const Program& p0 = plans[0].program();
+  const Program& p1 = plans[1].program();
+  for (int r = 0; r < 2; ++r) {
+    for (const Op& op : plans[r].program().op()) {
+      EXPECT_EQ(op.stage(), r) << op.type() << " " << op.name();
+      EXPECT_EQ(op.device(), "gpu:" + std::to_string(r)) << op.type();
+    }
+  }
+  // Stage 0: its forward ops, backward and its parameters' updates only;
+  // stage 1 the head, the loss, their backward and w2's update.
+  const std::vector<std::vector<std::string>> own = {{"xw", "w@grad", "b@grad"}, {"z", "loss", "w2@grad"}};
+  const std::vector<std::vector<std::string>> params = {{"w", "b"}, {"w2"}};
+  for (int r = 0; r < 2; ++r) {
+    const Program& p = plans[r].program();
+    for (const auto& var : own[r]) EXPECT_GE(FirstWriter(p, var), 0) << r << " " << var;
+    for (const auto& var : own[1 - r]) EXPECT_LT(FirstWriter(p, var), 0) << r << " " << var;
+    for (const auto& param : params[1 - r]) EXPECT_EQ(FindVar(p, param), nullptr) << r << " " << param;
+    std::set<std::string> updated, trained;
+    for (const Op& op : p.op()) {
+      if (op.type() == "sgd_update") updated.insert(op.input(0));
+    }
+    for (const auto& [param, grad] : p.param_grad()) trained.insert(param);
+    EXPECT_THAT(updated, ::testing::ElementsAreArray(std::set<std::string>(params[r].begin(), params[r].end())));
+    EXPECT_EQ(trained, updated);
+  }
+  EXPECT_EQ(p0.loss(), "");
+  EXPECT_EQ(p1.loss(), "loss");
+
+  // h goes forward: sent right after its producer, received before its first reader.
+  auto send_h = Transfers(p0, "send", "h");
+  auto recv_h = Transfers(p1, "recv", "h");
+  ASSERT_EQ(send_h.size(), 1u);
+  ASSERT_EQ(recv_h.size(), 1u) << "h is read in forward and backward on stage 1, received once";
+  EXPECT_EQ(IndexOf(p0, send_h[0]), FirstWriter(p0, "h") + 1);
+  EXPECT_THAT(send_h[0]->input(), ElementsAre("h"));
+  EXPECT_EQ(Key(send_h[0]->channel()), (ChannelKey{0, 1, "h", send_h[0]->channel().id()}));
+  EXPECT_EQ(Key(recv_h[0]->channel()), Key(send_h[0]->channel()));
+  EXPECT_EQ(send_h[0]->role(), FORWARD);
+  EXPECT_EQ(recv_h[0]->role(), FORWARD);
+  EXPECT_THAT(recv_h[0]->output(), ElementsAre("h"));
+  EXPECT_EQ(FirstWriter(p1, "h"), IndexOf(p1, recv_h[0]));
+  EXPECT_EQ(IndexOf(p1, recv_h[0]) + 1, FirstReader(p1, "h"));
+  EXPECT_EQ(DtypeAttr(*recv_h[0]), "F64");
+  EXPECT_THAT(ShapeAttr(*recv_h[0]), ElementsAre(-1, 5));
+
+  // Its gradient comes back from stage 1 to stage 0.
+  auto send_g = Transfers(p1, "send", "h@grad");
+  auto recv_g = Transfers(p0, "recv", "h@grad");
+  ASSERT_EQ(send_g.size(), 1u);
+  ASSERT_EQ(recv_g.size(), 1u);
+  EXPECT_EQ(Key(send_g[0]->channel()), (ChannelKey{1, 0, "h@grad", send_g[0]->channel().id()}));
+  EXPECT_EQ(Key(recv_g[0]->channel()), Key(send_g[0]->channel()));
+  EXPECT_NE(send_g[0]->channel().id(), send_h[0]->channel().id());
+  EXPECT_EQ(send_g[0]->role(), BACKWARD);
+  EXPECT_EQ(recv_g[0]->role(), BACKWARD);
+  EXPECT_EQ(IndexOf(p1, send_g[0]), FirstWriter(p1, "h@grad") + 1);
+  EXPECT_EQ(IndexOf(p0, recv_g[0]) + 1, FirstReader(p0, "h@grad"));
+  EXPECT_EQ(DtypeAttr(*recv_g[0]), "F64");
+  EXPECT_THAT(ShapeAttr(*recv_g[0]), ElementsAre(-1, 5));
+  // Nothing else crosses the cut.
+  int transfers = 0;
+  for (const RankPlan& plan : plans) {
+    for (const Op& op : plan.program().op()) transfers += op.type() == "send" || op.type() == "recv";
+  }
+  EXPECT_EQ(transfers, 4);
+}
+
+TEST(PipelineSplitPassTest, AVarSkippingAStageGoesDirectlyToEachReader) {
+  auto plans = CompilePipeline(kThreeStages);
+  ASSERT_EQ(plans.size(), 3u);
+  const Program& p0 = plans[0].program();
+  const Program& p1 = plans[1].program();
+  const Program& p2 = plans[2].program();
+  // One send of h0 per reading stage, both right after matmul.
+  auto sends = Transfers(p0, "send", "h0");
+  ASSERT_EQ(sends.size(), 2u);
+  std::set<int> dst;
+  for (const Op* s : sends) {
+    dst.insert(s->channel().dst_rank());
+    EXPECT_EQ(s->channel().src_rank(), 0);
+    EXPECT_GT(IndexOf(p0, s), FirstWriter(p0, "h0"));
+    EXPECT_LE(IndexOf(p0, s), FirstWriter(p0, "h0") + 2);
+  }
+  EXPECT_THAT(dst, UnorderedElementsAre(1, 2));
+  // Stage 1 receives h0 for itself and does not relay it.
+  auto recv1 = Transfers(p1, "recv", "h0");
+  ASSERT_EQ(recv1.size(), 1u);
+  EXPECT_EQ(recv1[0]->channel().src_rank(), 0);
+  EXPECT_THAT(Transfers(p1, "send", "h0"), IsEmpty());
+  // Stage 2 receives it straight from stage 0, with its type.
+  auto recv2 = Transfers(p2, "recv", "h0");
+  ASSERT_EQ(recv2.size(), 1u);
+  EXPECT_NE(recv2[0]->channel().id(), recv1[0]->channel().id());
+  EXPECT_EQ(recv2[0]->channel().src_rank(), 0);
+  EXPECT_EQ(recv2[0]->channel().dst_rank(), 2);
+  EXPECT_EQ(DtypeAttr(*recv2[0]), "F64");
+  EXPECT_THAT(ShapeAttr(*recv2[0]), ElementsAre(-1, 4));
+  for (const Op* s : sends) {
+    const auto& recv = s->channel().dst_rank() == 1 ? recv1 : recv2;
+    EXPECT_EQ(Key(s->channel()), Key(recv[0]->channel()));
+  }
+  // Backward: h2's gradient (add passes it to h1 and h0) goes to stage 1 and
+  // straight back to stage 0, where it is summed with the part from stage 1.
+  std::set<int> grad_dst;
+  for (const Op* s : Transfers(p2, "send", "h2@grad")) grad_dst.insert(s->channel().dst_rank());
+  EXPECT_THAT(grad_dst, UnorderedElementsAre(0, 1));
+  auto recv_direct = Transfers(p0, "recv", "h2@grad");
+  ASSERT_EQ(recv_direct.size(), 1u);
+  EXPECT_EQ(recv_direct[0]->channel().src_rank(), 2);
+  EXPECT_THAT(Transfers(p1, "send", "h2@grad"), IsEmpty());
+  int sum = FirstWriter(p0, "h0@grad");
+  ASSERT_GE(sum, 0);
+  EXPECT_EQ(p0.op(sum).type(), "add_n");
+  EXPECT_THAT(p0.op(sum).input(), ::testing::Contains("h2@grad"));
+}
+
+TEST(PipelineSplitPassTest, FeedsReachOnlyTheStagesThatReadThem) {
+  auto plans = CompilePipeline(kThreeStages);
+  ASSERT_EQ(plans.size(), 3u);
+  EXPECT_TRUE(Reads(plans[0].program(), "x"));
+  EXPECT_FALSE(Reads(plans[1].program(), "x"));
+  EXPECT_FALSE(Reads(plans[2].program(), "x"));
+  EXPECT_FALSE(Reads(plans[0].program(), "label"));
+  EXPECT_FALSE(Reads(plans[1].program(), "label"));
+  EXPECT_TRUE(Reads(plans[2].program(), "label"));
+  for (const RankPlan& plan : plans) {
+    // Feeds are never transferred: each rank reads its own data stream, and
+    // so keeps them declared (as FEED) even where no op reads them.
+    EXPECT_THAT(Transfers(plan.program(), "send", "x"), IsEmpty());
+    EXPECT_THAT(Transfers(plan.program(), "recv", "label"), IsEmpty());
+    const Var* label = FindVar(plan.program(), "label");
+    ASSERT_NE(label, nullptr);
+    EXPECT_EQ(label->kind(), FEED);
+  }
+}
+
+TEST(PipelineSplitPassTest, TiedWeightGradientIsSummedOnItsHomeStageAndSentToTheReplica) {
+  auto plans = CompilePipeline(kTied);
+  ASSERT_EQ(plans.size(), 3u);
+  const Program& home = plans[0].program();
+  const Program& middle = plans[1].program();
+  const Program& replica = plans[2].program();
+  // Both ends hold w and update it from the same gradient var.
+  for (const Program* p : {&home, &replica}) {
+    const Var* w = FindVar(*p, "w");
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->kind(), PARAM);
+    ASSERT_EQ(p->param_grad().count("w"), 1u);
+    EXPECT_EQ(p->param_grad().at("w"), "w@grad");
+    int updates = 0;
+    for (const Op& op : p->op()) {
+      if (op.type() == "sgd_update" && op.input(0) == "w") {
+        ++updates;
+        EXPECT_EQ(op.input(1), "w@grad");
+      }
+    }
+    EXPECT_EQ(updates, 1);
+  }
+  EXPECT_EQ(FindVar(middle, "w"), nullptr);
+  EXPECT_THAT(home.tied_replica(), IsEmpty());
+  EXPECT_THAT(middle.tied_replica(), IsEmpty());
+  EXPECT_THAT(replica.tied_replica(), ElementsAre("w"));
+
+  // Home: add_n of its own part and the part received from the replica.
+  int sum = FirstWriter(home, "w@grad");
+  ASSERT_GE(sum, 0);
+  const Op& add_n = home.op(sum);
+  EXPECT_EQ(add_n.type(), "add_n");
+  EXPECT_EQ(add_n.role(), BACKWARD);
+  ASSERT_EQ(add_n.input_size(), 2);
+  int received_parts = 0;
+  for (const auto& part : add_n.input()) {
+    const Op& producer = home.op(FirstWriter(home, part));
+    if (producer.type() == "recv") {
+      ++received_parts;
+      EXPECT_EQ(producer.channel().src_rank(), 2);
+      auto send = Transfers(replica, "send", part);
+      ASSERT_EQ(send.size(), 1u);
+      EXPECT_EQ(Key(send[0]->channel()), Key(producer.channel()));
+    } else {
+      EXPECT_EQ(producer.type(), "matmul");
+      EXPECT_EQ(producer.role(), BACKWARD);
+    }
+  }
+  EXPECT_EQ(received_parts, 1);
+  // ...and the sum goes to the replica right after it is made.
+  auto send_sum = Transfers(home, "send", "w@grad");
+  ASSERT_EQ(send_sum.size(), 1u);
+  EXPECT_EQ(IndexOf(home, send_sum[0]), sum + 1);
+  EXPECT_EQ(send_sum[0]->role(), BACKWARD);
+  EXPECT_EQ(send_sum[0]->channel().dst_rank(), 2);
+
+  // Replica: w@grad is only received (never computed there), after all of
+  // its own backward ops and before the optimizer block.
+  int recv_sum = FirstWriter(replica, "w@grad");
+  ASSERT_GE(recv_sum, 0);
+  const Op& recv = replica.op(recv_sum);
+  EXPECT_EQ(recv.type(), "recv");
+  EXPECT_EQ(recv.role(), BACKWARD);
+  EXPECT_EQ(Key(recv.channel()), Key(send_sum[0]->channel()));
+  EXPECT_EQ(DtypeAttr(recv), "F64");
+  EXPECT_THAT(ShapeAttr(recv), ElementsAre(4, 4));
+  for (int i = 0; i < replica.op_size(); ++i) {
+    const Op& op = replica.op(i);
+    if (i != recv_sum) {
+      EXPECT_EQ(std::count(op.output().begin(), op.output().end(), "w@grad"), 0) << op.type();
+    }
+    if (op.role() == BACKWARD) {
+      EXPECT_LE(i, recv_sum) << op.type();
+    }
+    if (op.role() == OPTIMIZE || op.role() == LR_SCHEDULE) {
+      EXPECT_GT(i, recv_sum) << op.type();
+    }
+  }
+}
+
+TEST(PipelineSplitPassTest, ChannelIdsAreUniquePerVarAndDestinationAndMatchOnBothEnds) {
+  auto plans = CompilePipeline(kTied, 2);
+  ASSERT_EQ(plans.size(), 3u);
+  std::map<int64_t, ChannelKey> sends, recvs;
+  std::set<std::pair<std::string, int>> var_dst;
+  for (const RankPlan& plan : plans) {
+    for (const Op& op : plan.program().op()) {
+      if (op.type() != "send" && op.type() != "recv") continue;
+      const Channel& c = op.channel();
+      EXPECT_NE(c.src_rank(), c.dst_rank());
+      auto& side = op.type() == "send" ? sends : recvs;
+      EXPECT_EQ(op.type() == "send" ? c.src_rank() : c.dst_rank(), plan.rank()) << op.name();
+      EXPECT_TRUE(side.emplace(c.id(), Key(c)).second) << "id " << c.id() << " used twice by " << op.type();
+      if (op.type() == "send") {
+        EXPECT_TRUE(var_dst.insert({c.var(), c.dst_rank()}).second) << c.var() << " -> " << c.dst_rank();
+        EXPECT_THAT(op.input(), ElementsAre(c.var()));
+      } else {
+        EXPECT_THAT(op.output(), ElementsAre(c.var()));
+      }
+    }
+  }
+  // Every send meets exactly one recv with the same channel; ids are dense.
+  EXPECT_EQ(sends, recvs);
+  EXPECT_GE(sends.size(), 6u);
+  int64_t expected = 0;
+  for (const auto& [id, key] : sends) EXPECT_EQ(id, expected++);
+}
+
+// Run by hand on the program after autodiff: the channel ranks follow the
+// rank layout (dp_rank * num_stages + stage), and one stage changes nothing.
+TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsANoOp) {
+  auto program = ParseProgramText(kTwoStages, "two.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  CompileOptions options;
+  options.dump_after = "autodiff";
+  auto result = Compile(*program, PipelineStrategy(1), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const Program& backward = result->dumped;
+  ASSERT_GT(backward.op_size(), 4);
+
+  Program single = backward;
+  CompileContext one;
+  auto unchanged = PipelineSplitPass().Run(single, one);
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+  EXPECT_FALSE(*unchanged);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(single, backward));
+
+  for (int stage : {0, 1}) {
+    Program split = backward;
+    CompileContext ctx;
+    ctx.num_stages = 2;
+    ctx.dp_degree = 2;
+    ctx.dp_rank = 1;
+    ctx.stage = stage;
+    ctx.rank = 2 + stage;
+    auto changed = PipelineSplitPass().Run(split, ctx);
+    ASSERT_TRUE(changed.ok()) << changed.status();
+    EXPECT_TRUE(*changed);
+    EXPECT_TRUE(VerifyProgram(split).ok()) << VerifyProgram(split);
+    auto h = Transfers(split, stage == 0 ? "send" : "recv", "h");
+    ASSERT_EQ(h.size(), 1u);
+    EXPECT_EQ(h[0]->channel().src_rank(), 2);
+    EXPECT_EQ(h[0]->channel().dst_rank(), 3);
+    auto g = Transfers(split, stage == 0 ? "recv" : "send", "h@grad");
+    ASSERT_EQ(g.size(), 1u);
+    EXPECT_EQ(g[0]->channel().src_rank(), 3);
+    EXPECT_EQ(g[0]->channel().dst_rank(), 2);
+  }
+}
+
+}  // namespace
+}  // namespace strata
