@@ -1,6 +1,8 @@
 #include "compiler/compile.h"
 
 #include <memory>
+#include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -147,6 +149,17 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   if (front.dumped()) result.dumped = *front.dumped();
   if (pipeline.dumped()) result.dumped = *pipeline.dumped();
 
+  // Every rank sums its part of the global gradient norm in one dtype, so
+  // their allreduce matches, a rank with no parameters of its own included.
+  {
+    std::optional<GraphIndex> own;
+    const GraphIndex& index = IndexFor(program, index_cache.Get(program), &own);
+    std::set<DataType> dtypes;
+    for (const auto& [param, grad] : program.param_grad()) {
+      if (const Var* v = index.var(param)) dtypes.insert(v->dtype());
+    }
+    ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
+  }
   const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
   const int world = ctx.num_stages * dp;
   const std::string source_file = program.source_file();

@@ -38,6 +38,10 @@ struct CompileContext {
   int dp_degree = 1;
   int64_t batch_size = 0;  // global mini-batch; 0 when not known
   int micro_batches = 1;   // per step, per data-parallel rank
+  // The dtype the global gradient norm is summed in on every rank: the
+  // trainable parameters' dtype, F64 when they mix. DT_INVALID: the pass
+  // decides from the parameters it sees (a pass run on its own).
+  DataType global_norm_dtype = DT_INVALID;
   // The rank a per-rank pass is producing (rank = dp_rank * num_stages + stage).
   int rank = 0;
   int stage = 0;

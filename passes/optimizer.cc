@@ -81,14 +81,41 @@ class BlockBuilder {
 
 std::string DtypeString(DataType dtype) { return DataType_Name(dtype); }
 
+// The dtype the ranks sum the global gradient norm in: the whole program's,
+// from the compiler, else the parameters' here (F64 when they mix).
+DataType NormDtype(const CompileContext& ctx, const std::set<DataType>& param_dtypes) {
+  if (ctx.global_norm_dtype != DT_INVALID) return ctx.global_norm_dtype;
+  return param_dtypes.size() == 1 ? *param_dtypes.begin() : F64;
+}
+
+// "@grad_sumsq" = 0: the part of the global norm of a stage with no
+// gradients of its own to count.
+void AddZeroPartialNorm(BlockBuilder& b, DataType dtype, int stage) {
+  b.AddOp("fill_scalar", {}, {"@grad_sumsq"}, stage, OPTIMIZE,
+          {{"dtype", StringAttr(DtypeString(dtype))}, {"value", FloatAttr(0.0)}});
+}
+
 }  // namespace
 
 absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& ctx) {
   const Optimizer& opt = program.optimizer();
-  if (opt.kind_case() == Optimizer::KIND_NOT_SET || program.param_grad().empty()) return false;
+  if (opt.kind_case() == Optimizer::KIND_NOT_SET) return false;
   const int first_new_op = program.op_size();
   const int first_new_var = program.var_size();
   BlockBuilder b(&program);
+  if (program.param_grad().empty()) {
+    // A stage that trains nothing still joins the other stages' allreduce of
+    // the global gradient norm, with zero; without it they would wait forever.
+    if (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1) return false;
+    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage);
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage, OPTIMIZE,
+            {{"group", StringAttr("pipeline")}});
+    std::optional<GraphIndex> own_index;
+    const GraphIndex& index =
+        IndexFor(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr, &own_index);
+    if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
+    return true;
+  }
   // The verifier's index of the program as it is now, when the cache has it.
   // Its views stay valid as the pass appends vars and ops.
   std::optional<GraphIndex> own_index;
@@ -159,19 +186,35 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   std::map<std::string, std::string> grad_of;
   for (const auto& p : params) grad_of[p.name] = p.grad;
   if (opt.clip_global_norm() > 0) {
-    // A tied weight's replica has the same gradient as its home stage: count it once.
+    std::set<DataType> dtypes;
+    for (const auto& p : params) dtypes.insert(p.dtype);
+    const DataType norm = NormDtype(ctx, dtypes);
+    // A tied weight's replica has the same gradient as its home stage: count
+    // it once. Gradients are summed per dtype, in the norm's dtype after.
     std::set<std::string> replicas(program.tied_replica().begin(), program.tied_replica().end());
-    std::vector<std::string> grads;
+    std::map<DataType, std::vector<std::string>> grads;
     for (const auto& p : params) {
-      if (!replicas.count(p.name)) grads.push_back(p.grad);
+      if (!replicas.count(p.name)) grads[p.dtype].push_back(p.grad);
+    }
+    std::vector<std::string> partials;
+    for (const auto& [dtype, names] : grads) {
+      std::string sum = grads.size() == 1 ? "@grad_sumsq" : absl::StrCat("@grad_sumsq.", DtypeString(dtype));
+      b.AddOp("sum_squares", names, {sum}, home_stage, OPTIMIZE);
+      if (dtype != norm) {
+        std::string cast = absl::StrCat(sum, ".", DtypeString(norm));
+        b.AddOp("cast", {sum}, {cast}, home_stage, OPTIMIZE, {{"dtype", StringAttr(DtypeString(norm))}});
+        sum = cast;
+      }
+      partials.push_back(sum);
     }
     std::string sumsq = "@grad_sumsq";
-    if (grads.empty()) {
+    if (partials.empty()) {
       // Only replicas here: this stage adds nothing to the global norm.
-      b.AddOp("sum_squares", {params.front().grad}, {"@grad_sumsq.replica"}, home_stage, OPTIMIZE);
-      b.AddOp("scale", {"@grad_sumsq.replica"}, {sumsq}, home_stage, OPTIMIZE, {{"scale", FloatAttr(0.0)}});
+      AddZeroPartialNorm(b, norm, home_stage);
+    } else if (partials.size() == 1) {
+      sumsq = partials.front();
     } else {
-      b.AddOp("sum_squares", grads, {sumsq}, home_stage, OPTIMIZE);
+      b.AddOp("add_n", partials, {sumsq}, home_stage, OPTIMIZE);
     }
     if (ctx.num_stages > 1) {
       b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE,
@@ -181,9 +224,15 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     const std::string coef = "@clip_coef";
     b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
             {{"max_norm", FloatAttr(opt.clip_global_norm())}});
+    std::map<DataType, std::string> coef_of = {{norm, coef}};
     for (const auto& p : params) {
+      if (!coef_of.count(p.dtype)) {
+        coef_of[p.dtype] = absl::StrCat(coef, ".", DtypeString(p.dtype));
+        b.AddOp("cast", {coef}, {coef_of[p.dtype]}, home_stage, OPTIMIZE,
+                {{"dtype", StringAttr(DtypeString(p.dtype))}});
+      }
       std::string clipped = absl::StrCat(p.grad, "@clipped");
-      b.AddOp("mul", {p.grad, coef}, {clipped}, p.stage, OPTIMIZE);
+      b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {clipped}, p.stage, OPTIMIZE);
       grad_of[p.name] = clipped;
     }
   }

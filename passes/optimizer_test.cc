@@ -364,22 +364,98 @@ TEST(OptimizerPassTest, ATiedReplicaCountsZeroTowardsTheGlobalNorm) {
   EXPECT_THAT(home_sumsq[0]->output(), ElementsAre("@grad_sumsq"));
   EXPECT_THAT(OpsOfType(home, "scale"), IsEmpty());
   // The replica joins the allreduce with zero.
-  auto sumsq = OpsOfType(replica, "sum_squares");
-  ASSERT_EQ(sumsq.size(), 1u);
-  EXPECT_THAT(sumsq[0]->output(), ElementsAre("@grad_sumsq.replica"));
-  const Op* zero = nullptr;
-  for (const Op* s : OpsOfType(replica, "scale")) {
-    if (s->input(0) == "@grad_sumsq.replica") zero = s;
-  }
-  ASSERT_NE(zero, nullptr);
-  EXPECT_THAT(zero->output(), ElementsAre("@grad_sumsq"));
-  EXPECT_DOUBLE_EQ(Attr(*zero, "scale").f(), 0.0);
+  EXPECT_THAT(OpsOfType(replica, "sum_squares"), IsEmpty());
+  auto zero = OpsOfType(replica, "fill_scalar");
+  ASSERT_EQ(zero.size(), 1u);
+  EXPECT_THAT(zero[0]->output(), ElementsAre("@grad_sumsq"));
+  EXPECT_DOUBLE_EQ(Attr(*zero[0], "value").f(), 0.0);
+  EXPECT_EQ(Attr(*zero[0], "dtype").s(), "F64");
   for (const Program* p : {&home, &replica}) {
     ASSERT_EQ(OpsOfType(*p, "allreduce").size(), 1u);
     EXPECT_THAT(OpsOfType(*p, "allreduce")[0]->input(), ElementsAre("@grad_sumsq"));
     auto updates = Updates(*p);
     ASSERT_EQ(updates.size(), 1u);
     EXPECT_THAT(updates[0]->input(), ElementsAre("w", "w@grad@clipped", "@lr.F64"));
+  }
+}
+
+// A stage that trains nothing (only the loss) still joins the global norm's
+// allreduce, with zero: otherwise the other stages wait for it forever.
+TEST(OptimizerPassTest, AStageWithoutParametersJoinsTheNormAllreduce) {
+  auto plans = CompileStages(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w"] output: ["z"] device: "gpu:0" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 }
+  )pb");
+  ASSERT_EQ(plans.size(), 2u);
+  const Program& loss_stage = plans[1].program();
+  EXPECT_THAT(Updates(loss_stage), IsEmpty());
+  auto zero = OpsOfType(loss_stage, "fill_scalar");
+  ASSERT_EQ(zero.size(), 1u);
+  EXPECT_EQ(Attr(*zero[0], "dtype").s(), "F32");  // the dtype the other stage sums in
+  for (const Program* p : {&plans[0].program(), &loss_stage}) {
+    auto allreduce = OpsOfType(*p, "allreduce");
+    ASSERT_EQ(allreduce.size(), 1u);
+    EXPECT_THAT(allreduce[0]->input(), ElementsAre("@grad_sumsq"));
+    EXPECT_EQ(allreduce[0]->role(), OPTIMIZE);
+  }
+  // Without clipping it has no optimizer ops at all.
+  auto plain = CompileStages(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w"] output: ["z"] device: "gpu:0" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+  ASSERT_EQ(plain.size(), 2u);
+  for (const Op& op : plain[1].program().op()) EXPECT_NE(op.role(), OPTIMIZE) << op.type();
+}
+
+// F32 and F64 parameters: one sum of squares per dtype, both in F64, and the
+// coefficient cast back for the F32 gradients.
+TEST(OptimizerPassTest, ClippingMixedDtypesSumsPerDtypeInF64) {
+  auto plans = CompileStages(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w32" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w64" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w32"] output: ["h"] }
+    op { type: "cast" input: ["h"] output: ["h64"] attr { key: "dtype" value { s: "F64" } } }
+    op { type: "matmul" input: ["h64", "w64"] output: ["z"] }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 }
+  )pb");
+  ASSERT_EQ(plans.size(), 1u);
+  const Program& p = plans[0].program();
+  auto sums = OpsOfType(p, "sum_squares");
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_THAT(sums[0]->input(), ElementsAre("w32@grad"));
+  EXPECT_THAT(sums[0]->output(), ElementsAre("@grad_sumsq.F32"));
+  EXPECT_THAT(sums[1]->input(), ElementsAre("w64@grad"));
+  EXPECT_THAT(sums[1]->output(), ElementsAre("@grad_sumsq.F64"));
+  auto add = OpsOfType(p, "add_n");
+  const Op* total = nullptr;
+  for (const Op* a : add) {
+    if (a->output(0) == "@grad_sumsq") total = a;
+  }
+  ASSERT_NE(total, nullptr);
+  EXPECT_THAT(total->input(), ElementsAre("@grad_sumsq.F32.F64", "@grad_sumsq.F64"));
+  const Op* coef32 = nullptr;
+  for (const Op* c : OpsOfType(p, "cast")) {
+    if (c->input(0) == "@clip_coef") coef32 = c;
+  }
+  ASSERT_NE(coef32, nullptr);
+  EXPECT_THAT(coef32->output(), ElementsAre("@clip_coef.F32"));
+  for (const Op* m : OpsOfType(p, "mul")) {
+    if (m->input(0) == "w32@grad") EXPECT_EQ(m->input(1), "@clip_coef.F32");
+    if (m->input(0) == "w64@grad") EXPECT_EQ(m->input(1), "@clip_coef");
   }
 }
 

@@ -150,6 +150,47 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
   }
 }
 
+// Clipping by the global norm when the last stage trains nothing (it only
+// computes the loss) and the parameters mix F32 and F64: every stage joins
+// the norm's allreduce (the last with zero), in F64. Both used to fail: the
+// loss stage never joined and the others waited until the comm timeout, and
+// the mixed dtypes did not compile.
+constexpr char kNoParamsLastStage[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w32" dtype: F32 shape: [8, 8] kind: PARAM init { xavier_uniform {} } }
+  var { name: "w64" dtype: F64 shape: [8, 10] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "w32"] output: ["h"] device: "gpu:0" }
+  op { type: "tanh" input: ["h"] output: ["a"] device: "gpu:0" }
+  op { type: "cast" input: ["a"] output: ["a64"] attr { key: "dtype" value { s: "F64" } } device: "gpu:1" }
+  op { type: "matmul" input: ["a64", "w64"] output: ["logits"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:2" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.5 } clip_global_norm: 0.05 }
+)pb";
+
+TEST(PipelineHardShapesTest, ClippingWithAStageWithoutParametersAndMixedDtypes) {
+  auto program = ParseProgramText(kNoParamsLastStage, "no_params.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 10;
+  auto single = TrainSingleDevice(*program, 4 * 3, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(*program, Pipeline(4, 3, ONE_F_ONE_B), options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  // The clipping is in effect: without it the weights end elsewhere.
+  Program unclipped = *program;
+  unclipped.mutable_optimizer()->clear_clip_global_norm();
+  auto free_run = TrainSingleDevice(unclipped, 4 * 3, options);
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  EXPECT_GT(MaxWeightDifference(free_run->weights, single->weights), 100 * kTolerance);
+}
+
 }  // namespace
 }  // namespace strata
 

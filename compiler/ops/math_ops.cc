@@ -526,6 +526,21 @@ STRATA_REGISTER_OP(OpDef("add_n").VariadicInput("xs").Output("y")
                        .Shape(AddNShape)
                        .Grad(AddNGrad)
                        .Doc("y = xs[0] + xs[1] + ... over inputs of identical type."));
+STRATA_REGISTER_OP(OpDef("fill_scalar").Output("y")
+                       .Attr("dtype", AttrType::kString)
+                       .Attr("value", 0.0)
+                       .Shape([](ShapeContext& ctx) -> absl::Status {
+                         std::string name = ctx.attr_string("dtype");
+                         DataType dtype = DT_INVALID;
+                         if (!DataType_Parse(name, &dtype) || !IsFloating(dtype)) {
+                           return absl::InvalidArgumentError(
+                               absl::StrCat("attr 'dtype' must be F32 or F64, got '", name, "'"));
+                         }
+                         ctx.set_output(0, TensorType{dtype, {}});
+                         return absl::OkStatus();
+                       })
+                       .NotDifferentiable()
+                       .Doc("A scalar of `dtype` (F32 or F64) holding `value`."));
 STRATA_REGISTER_OP(OpDef("fill_like").Input("x").Output("y")
                        .Attr("value", 1.0)
                        .Shape(AnyDtypeSameShape)

@@ -1,4 +1,4 @@
-// add_n, fill_like and identity.
+// add_n, fill_scalar, fill_like and identity.
 // Threads: add_n splits the flat element range into contiguous chunks, each
 // summing all inputs before moving on (one pass over the output per chunk).
 
@@ -60,6 +60,27 @@ class FillLikeKernel : public OpKernel {
   double value_;
 };
 
+class FillScalarKernel : public OpKernel {
+ public:
+  static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const KernelDef& def) {
+    absl::StatusOr<double> value = AttrFloat(*def.op, "value");
+    if (!value.ok()) return value.status();
+    if (def.output_types.size() != 1) return absl::InvalidArgumentError("fill_scalar: one output");
+    return std::unique_ptr<OpKernel>(new FillScalarKernel(def.output_types[0].dtype, *value));
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, dtype_, {});
+    if (!y.ok()) return y.status();
+    (*y)->Fill(value_);
+    return absl::OkStatus();
+  }
+
+ private:
+  FillScalarKernel(DataType dtype, double value) : dtype_(dtype), value_(value) {}
+  DataType dtype_;
+  double value_;
+};
+
 class IdentityKernel : public OpKernel {
  public:
   explicit IdentityKernel(const KernelDef&) {}
@@ -72,6 +93,8 @@ class IdentityKernel : public OpKernel {
 STRATA_REGISTER_KERNEL("add_n", "cpu", F32, (MakeFactory<AddNKernel<float>>()));
 STRATA_REGISTER_KERNEL("add_n", "cpu", F64, (MakeFactory<AddNKernel<double>>()));
 STRATA_REGISTER_KERNEL("add_n", "cpu", I64, (MakeFactory<AddNKernel<int64_t>>()));
+STRATA_REGISTER_KERNEL("fill_scalar", "cpu", F32, FillScalarKernel::Create);
+STRATA_REGISTER_KERNEL("fill_scalar", "cpu", F64, FillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", "cpu", F32, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", "cpu", F64, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", "cpu", I64, FillLikeKernel::Create);
