@@ -171,6 +171,9 @@ def main():
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--no_bind", action="store_true", help="leave workers unpinned (no --bind_cores)")
     args = parser.parse_args()
+    if args.steps < 2 or args.repeats < 1 or not 1 <= args.stages <= BLOCKS:
+        parser.error(f"--steps must be at least 2 (the first is warm-up), --repeats at least 1, "
+                     f"--stages in 1..{BLOCKS}")
     global STAGES
     STAGES = args.stages
     tmp = tempfile.mkdtemp(prefix="strata-bubble-")
@@ -182,7 +185,7 @@ def main():
                           "--layers", f"{args.features},{args.width},10", "--optimizer", "sgd"],
                          capture_output=True, text=True, check=True)
     open(program, "w").write(gen.stdout)
-    print(f"{STAGES} stages of {BLOCKS // STAGES} residual blocks each, width {args.width}, {args.features} features, "
+    print(f"{BLOCKS} residual blocks on {STAGES} stages, width {args.width}, {args.features} features, "
           f"{args.threads} thread(s) per rank, {os.cpu_count()} cores, "
           f"{'unpinned' if args.no_bind else '--bind_cores'}, {args.steps - 1} measured steps")
     results = []
@@ -216,7 +219,7 @@ def table(args, tmp, program, mb):
         formula = (STAGES - 1) / (m + STAGES - 1)
         runs = sorted(results[(schedule, m)], key=lambda r: r[2])
         ratios = [r[2] / formula for r in runs]
-        wall, per_step, median_step, comm, stage_costs = runs[len(runs) // 2]
+        wall, per_step, median_step, comm, stage_costs = runs[(len(runs) - 1) // 2]  # the lower middle when even
         ratio = median_step / formula
         ok = abs(ratio - 1) <= 0.10
         misses += not ok

@@ -145,6 +145,16 @@ class GradBuilderImpl : public GradBuilder {
   }
 
   void PassGrad(int i, const std::string& grad) override {
+    // Shared only when made on this op's stage. A gradient made on a later
+    // stage and shared would be made away from the input's stage: a
+    // parameter's gradient would then live where the parameter is not read
+    // (the split sends a var only to its readers), and a residual's would
+    // cross the cut once more. There the copy stays.
+    const Op* producer = emitter_->producer(grad);
+    if (!given_[i] && (producer == nullptr || producer->stage() != op_.stage())) {
+      Emit("identity", {grad}, {input_grad(i)}, {});
+      return;
+    }
     if (given_[i]) {
       if (status_.ok()) status_ = absl::InternalError(absl::StrCat("gradient maker of '", op_.type(), "' names input ", i,
                                                                   "'s gradient twice"));

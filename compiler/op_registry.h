@@ -81,7 +81,8 @@ class GradBuilder {
   // Name the gradient maker writes dL/d(input i) to. Only when needs_input_grad(i).
   virtual std::string input_grad(int i) = 0;
   // dL/d(input i) is exactly the existing var `grad` (a gradient passed
-  // through unchanged, as by add): the var is shared, no op is emitted.
+  // through unchanged, as by add): the var is shared, no op is emitted (the
+  // compiler still copies it when `grad` is made on another pipeline stage).
   // Instead of input_grad(i), only when needs_input_grad(i).
   virtual void PassGrad(int i, const std::string& grad) = 0;
   // A fresh intermediate var name.

@@ -225,15 +225,16 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
             {{"max_norm", FloatAttr(opt.clip_global_norm())}});
     std::map<DataType, std::string> coef_of = {{norm, coef}};
+    std::map<std::string, std::string> clipped_of;  // two parameters can share one gradient var
     for (const auto& p : params) {
       if (!coef_of.count(p.dtype)) {
         coef_of[p.dtype] = absl::StrCat(coef, ".", DtypeString(p.dtype));
         b.AddOp("cast", {coef}, {coef_of[p.dtype]}, home_stage, OPTIMIZE,
                 {{"dtype", StringAttr(DtypeString(p.dtype))}});
       }
-      std::string clipped = absl::StrCat(p.grad, "@clipped");
-      b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {clipped}, p.stage, OPTIMIZE);
-      grad_of[p.name] = clipped;
+      auto [it, fresh] = clipped_of.emplace(p.grad, absl::StrCat(p.grad, "@clipped"));
+      if (fresh) b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {it->second}, p.stage, OPTIMIZE);
+      grad_of[p.name] = it->second;
     }
   }
 

@@ -459,6 +459,35 @@ TEST(OptimizerPassTest, ClippingMixedDtypesSumsPerDtypeInF64) {
   }
 }
 
+// W = P + Q: both parameters' gradient is dW itself (shared, not copied).
+// The norm counts it once per parameter; it is clipped once, both updates read it.
+TEST(OptimizerPassTest, ParametersSharingAGradientAreClippedOnce) {
+  auto plans = CompileStages(R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "P" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "Q" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "add" input: ["P", "Q"] output: ["W"] }
+    op { type: "matmul" input: ["x", "W"] output: ["z"] }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 }
+  )pb");
+  ASSERT_EQ(plans.size(), 1u);
+  const Program& p = plans[0].program();
+  EXPECT_EQ(p.param_grad().at("P"), "W@grad");
+  EXPECT_EQ(p.param_grad().at("Q"), "W@grad");
+  auto sums = OpsOfType(p, "sum_squares");
+  ASSERT_EQ(sums.size(), 1u);
+  EXPECT_THAT(sums[0]->input(), ElementsAre("W@grad", "W@grad"));
+  int clips = 0;
+  for (const Op* m : OpsOfType(p, "mul")) clips += m->output(0) == "W@grad@clipped";
+  EXPECT_EQ(clips, 1);
+  auto updates = Updates(p);
+  ASSERT_EQ(updates.size(), 2u);
+  for (const Op* u : updates) EXPECT_EQ(u->input(1), "W@grad@clipped");
+}
+
 // Run by hand on the program after autodiff.
 TEST(OptimizerPassTest, RunsOnlyWithAnOptimizerAndLeavesAValidProgram) {
   CompileOptions options;

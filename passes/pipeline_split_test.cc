@@ -12,6 +12,7 @@
 #include "compiler/validate.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace strata {
@@ -384,6 +385,34 @@ TEST(PipelineSplitPassTest, ChannelIdsAreUniquePerVarAndDestinationAndMatchOnBot
 
 // Run by hand on the program after autodiff: the channel ranks follow the
 // rank layout (dp_rank * num_stages + stage), and one stage changes nothing.
+// A residual whose sum is on the middle stage: z = h0 + u on stage 1, read
+// on stage 2. dz comes back to stage 1, which sums h0's two gradient parts
+// and sends one gradient to stage 0; nothing goes from stage 2 to stage 0.
+TEST(PipelineSplitPassTest, AResidualSendsOneGradientAcrossEachCut) {
+  auto plans = CompilePipeline(R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "A" dtype: F64 shape: [8, 8] kind: PARAM init { normal { std: 0.3 } } }
+    var { name: "B" dtype: F64 shape: [8, 8] kind: PARAM init { normal { std: 0.3 } } }
+    var { name: "C" dtype: F64 shape: [8, 4] kind: PARAM init { normal { std: 0.3 } } }
+    op { type: "matmul" input: ["x", "A"] output: ["h0"] device: "gpu:0" }
+    op { type: "matmul" input: ["h0", "B"] output: ["u"] device: "gpu:1" }
+    op { type: "add" input: ["h0", "u"] output: ["z"] device: "gpu:1" }
+    op { type: "matmul" input: ["z", "C"] output: ["y"] device: "gpu:2" }
+    op { type: "softmax_cross_entropy" input: ["y", "label"] output: ["loss"] device: "gpu:2" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+  ASSERT_EQ(plans.size(), 3u);
+  std::vector<std::string> into_stage0;
+  for (const Op& op : plans[0].program().op()) {
+    if (op.type() == "recv" && op.role() == BACKWARD) {
+      into_stage0.push_back(absl::StrCat(op.channel().var(), " from ", op.channel().src_rank()));
+    }
+  }
+  EXPECT_THAT(into_stage0, ElementsAre("h0@grad from 1"));
+}
+
 TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsANoOp) {
   auto program = ParseProgramText(kTwoStages, "two.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
