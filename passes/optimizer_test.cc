@@ -454,8 +454,12 @@ TEST(OptimizerPassTest, ClippingMixedDtypesSumsPerDtypeInF64) {
   ASSERT_NE(coef32, nullptr);
   EXPECT_THAT(coef32->output(), ElementsAre("@clip_coef.F32"));
   for (const Op* m : OpsOfType(p, "mul")) {
-    if (m->input(0) == "w32@grad") EXPECT_EQ(m->input(1), "@clip_coef.F32");
-    if (m->input(0) == "w64@grad") EXPECT_EQ(m->input(1), "@clip_coef");
+    if (m->input(0) == "w32@grad") {
+      EXPECT_EQ(m->input(1), "@clip_coef.F32");
+    }
+    if (m->input(0) == "w64@grad") {
+      EXPECT_EQ(m->input(1), "@clip_coef");
+    }
   }
 }
 

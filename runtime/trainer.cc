@@ -334,6 +334,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   report.seconds = Seconds(t_begin, Clock::now());
   // Every rank's peak and busy/idle time, gathered for the summary line.
   std::string ranks;
+  int64_t peak_measured = report.measured_peak_bytes, peak_predicted = report.predicted_peak_bytes;
   if (options.comm != nullptr && options.comm->size() > 1) {
     Tensor mine = Tensor::Empty(F64, {5});
     double* m = mine.data<double>();
@@ -352,12 +353,17 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
                       ", \"measured_peak_bytes\": ", static_cast<int64_t>(v[1]),
                       ", \"predicted_peak_bytes\": ", static_cast<int64_t>(v[2]), ", \"busy_s\": ", Num(v[3]),
                       ", \"idle_s\": ", Num(v[4]), "}");
+      if (r == 0 || static_cast<int64_t>(v[1]) > peak_measured) {
+        // The job's peak: the rank that measured the most, with its prediction.
+        peak_measured = static_cast<int64_t>(v[1]);
+        peak_predicted = static_cast<int64_t>(v[2]);
+      }
     }
   }
   if (reporter) {
     metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
-                              ", \"measured_peak_bytes\": ", report.measured_peak_bytes,
-                              ", \"predicted_peak_bytes\": ", report.predicted_peak_bytes,
+                              ", \"measured_peak_bytes\": ", peak_measured,
+                              ", \"predicted_peak_bytes\": ", peak_predicted,
                               ranks.empty() ? "" : absl::StrCat(", \"ranks\": [", ranks, "]"), "}}"));
   }
   return report;

@@ -331,7 +331,12 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
 }
 
 void PrintSummary(const TrainReport& report) {
-  if (!report.reports_loss) return;
+  if (!report.reports_loss) {
+    // A pipeline rank without the loss: its own memory, so every rank's shows.
+    std::cerr << absl::StrFormat("done in %.1f s, measured peak %s, predicted %s\n", report.seconds,
+                                 Bytes(report.measured_peak_bytes), Bytes(report.predicted_peak_bytes));
+    return;
+  }
   std::cerr << absl::StrFormat("done: %d steps in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n",
                                report.steps.empty() ? 0 : report.steps.back().step, report.seconds,
                                report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
