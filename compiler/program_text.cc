@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -20,7 +21,11 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   explicit FirstErrorCollector(std::string filename) : filename_(std::move(filename)) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
-    if (error_.empty()) error_ = absl::StrCat(filename_, ":", line + 1, ":", column + 1, ": ", message);
+    if (!error_.empty()) return;
+    error_ = absl::StrCat(filename_, ":", line + 1, ":", column + 1, ": ", message);
+    // protobuf names the token it found; at the end of the input that is
+    // nothing, which reads as a cut-off message.
+    if (absl::EndsWith(message, "got: ")) absl::StrAppend(&error_, "the end of the file (a '}' missing?)");
   }
   void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
   const std::string& error() const { return error_; }
