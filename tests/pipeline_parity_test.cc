@@ -150,6 +150,24 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
   }
 }
 
+// A 3-stage ONE_F_ONE_B pipeline of 3 micro-batches of 4 against one device
+// with the same batch of 12, 10 steps; returns the single-device run.
+ParityRun ExpectThreeStagesMatchOneDevice(const Program& program) {
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 10;
+  auto single = TrainSingleDevice(program, 4 * 3, options);
+  EXPECT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(program, Pipeline(4, 3, ONE_F_ONE_B), options);
+  EXPECT_TRUE(parallel.ok()) << parallel.status();
+  if (!single.ok() || !parallel.ok()) return ParityRun();
+  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  return *single;
+}
+
 // Clipping by the global norm when the last stage trains nothing (it only
 // computes the loss) and the parameters mix F32 and F64: every stage joins
 // the norm's allreduce (the last with zero), in F64. Both used to fail: the
@@ -172,23 +190,16 @@ constexpr char kNoParamsLastStage[] = R"pb(
 TEST(PipelineHardShapesTest, ClippingWithAStageWithoutParametersAndMixedDtypes) {
   auto program = ParseProgramText(kNoParamsLastStage, "no_params.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
-  ParityOptions options;
-  options.data = "synthetic:classes=10,size=512";
-  options.steps = 10;
-  auto single = TrainSingleDevice(*program, 4 * 3, options);
-  ASSERT_TRUE(single.ok()) << single.status();
-  auto parallel = TrainParallel(*program, Pipeline(4, 3, ONE_F_ONE_B), options);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
-  std::string worst;
-  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
-  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  const ParityRun single = ExpectThreeStagesMatchOneDevice(*program);
   // The clipping is in effect: without it the weights end elsewhere.
   Program unclipped = *program;
   unclipped.mutable_optimizer()->clear_clip_global_norm();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 10;
   auto free_run = TrainSingleDevice(unclipped, 4 * 3, options);
   ASSERT_TRUE(free_run.ok()) << free_run.status();
-  EXPECT_GT(MaxWeightDifference(free_run->weights, single->weights), 100 * kTolerance);
+  EXPECT_GT(MaxWeightDifference(free_run->weights, single.weights), 100 * kTolerance);
 }
 
 // Gradients passed through an add on one stage but made on a later one:
@@ -223,17 +234,7 @@ constexpr char kPassThroughAcrossStages[] = R"pb(
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
   auto program = ParseProgramText(kPassThroughAcrossStages, "pass_through.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
-  ParityOptions options;
-  options.data = "synthetic:classes=10,size=512";
-  options.steps = 10;
-  auto single = TrainSingleDevice(*program, 4 * 3, options);
-  ASSERT_TRUE(single.ok()) << single.status();
-  auto parallel = TrainParallel(*program, Pipeline(4, 3, ONE_F_ONE_B), options);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
-  std::string worst;
-  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
-  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  ExpectThreeStagesMatchOneDevice(*program);
 }
 
 }  // namespace
