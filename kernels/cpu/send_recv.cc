@@ -24,6 +24,25 @@ std::string Describe(const Channel& c, const RunContext& run) {
                       ", micro-batch ", run.micro_batch, ", step ", run.step + 1);
 }
 
+// A posted send that names its channel when waiting for it fails (the
+// step-end wait, on the send waiter's thread, sees only the Work).
+class ChannelWork : public Work {
+ public:
+  ChannelWork(std::unique_ptr<Work> inner, std::string what) : inner_(std::move(inner)), what_(std::move(what)) {}
+  bool IsCompleted() override { return inner_->IsCompleted(); }
+  absl::Status Wait(absl::Duration timeout) override {
+    absl::Status s = inner_->Wait(timeout);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("send on ", what_, ": ", s.message()));
+  }
+  CommOpType op_type() const override { return inner_->op_type(); }
+  int64_t sequence_number() const override { return inner_->sequence_number(); }
+
+ private:
+  std::unique_ptr<Work> inner_;
+  std::string what_;
+};
+
 class SendKernel : public OpKernel {
  public:
   explicit SendKernel(const KernelDef& def) : channel_(def.op->channel()) {}
@@ -32,7 +51,8 @@ class SendKernel : public OpKernel {
     if (run.comm == nullptr || run.pending_sends == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("send on ", Describe(channel_, run), " without a communicator"));
     }
-    run.pending_sends->push_back(run.comm->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)));
+    run.pending_sends->push_back(std::make_unique<ChannelWork>(
+        run.comm->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)), Describe(channel_, run)));
     return absl::OkStatus();
   }
 
