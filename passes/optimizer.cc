@@ -103,25 +103,21 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   const int first_new_op = program.op_size();
   const int first_new_var = program.var_size();
   BlockBuilder b(&program);
-  if (program.param_grad().empty()) {
-    // A stage that trains nothing still joins the other stages' allreduce of
-    // the global gradient norm, with zero; without it they would wait forever.
-    if (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1) return false;
-    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage);
-    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage, OPTIMIZE,
-            {{"group", StringAttr("pipeline")}});
-    std::optional<GraphIndex> own_index;
-    const GraphIndex& index =
-        IndexFor(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr, &own_index);
-    if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
-    return true;
-  }
+  if (program.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1)) return false;
   // The verifier's index of the program as it is now, when the cache has it.
   // Its views stay valid as the pass appends vars and ops.
   std::optional<GraphIndex> own_index;
   const GraphIndex& index =
       IndexFor(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr, &own_index);
-
+  if (program.param_grad().empty()) {
+    // A stage that trains nothing still joins the other stages' allreduce of
+    // the global gradient norm, with zero; without it they would wait forever.
+    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage);
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage, OPTIMIZE,
+            {{"group", StringAttr("pipeline")}});
+    if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
+    return true;
+  }
   // Parameters in declaration order (deterministic), each on its first consumer's stage.
   struct Param {
     std::string name, grad;
