@@ -2,19 +2,19 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "compiler/autodiff.h"
-#include "compiler/program_text.h"
 #include "compiler/validate.h"
 #include "gtest/gtest.h"
+#include "passes/testing/pass_test_util.h"
 
 namespace strata {
 namespace {
 
+// Parsed, validated and with its types inferred.
 Program Parse(const std::string& text) {
-  auto program = ParseProgramText(text, "cost.pbtxt");
-  EXPECT_TRUE(program.ok()) << program.status();
-  absl::Status valid = ValidateAndInferProgram(&*program);
+  Program program = ParseProgramOrFail(text, "cost.pbtxt");
+  absl::Status valid = ValidateAndInferProgram(&program);
   EXPECT_TRUE(valid.ok()) << valid;
-  return *program;
+  return program;
 }
 
 double CostOfOp(const Program& p, int i, int64_t batch) {

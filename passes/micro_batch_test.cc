@@ -3,59 +3,16 @@
 #include <string>
 #include <vector>
 
-#include "compiler/compile.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"
 #include "gtest/gtest.h"
+#include "passes/testing/pass_test_util.h"
 
 namespace strata {
 namespace {
 
-// x @ w + b on stage 0, the head and loss on stage 1.
-constexpr char kTwoStages[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w" dtype: F64 shape: [4, 5] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "b" dtype: F64 shape: [5] kind: PARAM }
-  var { name: "w2" dtype: F64 shape: [5, 3] kind: PARAM init { normal { std: 0.5 } } }
-  op { type: "matmul" input: ["x", "w"] output: ["xw"] device: "gpu:0" }
-  op { type: "add" input: ["xw", "b"] output: ["h"] device: "gpu:0" }
-  op { type: "matmul" input: ["h", "w2"] output: ["z"] device: "gpu:1" }
-  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-  loss: "loss"
-  optimizer { sgd { learning_rate: 0.1 } }
-)pb";
-
-std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches) {
-  auto program = ParseProgramText(text, "two_stages.pbtxt");
-  EXPECT_TRUE(program.ok()) << program.status();
-  Strategy strategy;
-  strategy.mutable_pipeline()->set_micro_batch_size(2);
-  strategy.mutable_pipeline()->set_accumulate_steps(micro_batches);
-  auto result = Compile(*program, strategy, CompileOptions());
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? result->plans : std::vector<RankPlan>();
-}
-
-std::vector<const Op*> OpsWriting(const Program& p, const std::string& var) {
-  std::vector<const Op*> ops;
-  for (const Op& op : p.op()) {
-    for (const auto& out : op.output()) {
-      if (out == var) ops.push_back(&op);
-    }
-  }
-  return ops;
-}
-
-bool HasVar(const Program& p, const std::string& name) {
-  for (const Var& v : p.var()) {
-    if (v.name() == name) return true;
-  }
-  return false;
-}
-
 TEST(MicroBatchPassTest, WeightGradientsAccumulateInTheGemm) {
-  auto plans = CompilePipeline(kTwoStages, 3);
+  auto plans = CompilePipeline(TwoStagesProgram(), 3);
   ASSERT_EQ(plans.size(), 2u);
   const Program& stage0 = plans[0].program();
   // w's gradient is x^T @ dxw, added into its buffer by the GEMM: one op in
@@ -89,7 +46,7 @@ TEST(MicroBatchPassTest, WeightGradientsAccumulateInTheGemm) {
 }
 
 TEST(MicroBatchPassTest, OneMicroBatchKeepsTheGradients) {
-  auto plans = CompilePipeline(kTwoStages, 1);
+  auto plans = CompilePipeline(TwoStagesProgram(), 1);
   ASSERT_EQ(plans.size(), 2u);
   for (const RankPlan& plan : plans) {
     for (const Op& op : plan.program().op()) {

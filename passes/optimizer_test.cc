@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "passes/testing/pass_test_util.h"
 
 namespace strata {
 namespace {
@@ -33,62 +34,11 @@ constexpr char kModel[] = R"pb(
   loss: "loss"
 )pb";
 
-// The same layers on two pipeline stages (w, b on 0; w2 on 1).
-constexpr char kTwoStages[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w" dtype: F64 shape: [4, 5] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "b" dtype: F64 shape: [5] kind: PARAM }
-  var { name: "w2" dtype: F64 shape: [5, 3] kind: PARAM init { normal { std: 0.5 } } }
-  op { type: "matmul" input: ["x", "w"] output: ["xw"] device: "gpu:0" }
-  op { type: "add" input: ["xw", "b"] output: ["h"] device: "gpu:0" }
-  op { type: "matmul" input: ["h", "w2"] output: ["z"] device: "gpu:1" }
-  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-  loss: "loss"
-)pb";
-
-Program Parse(const std::string& text) {
-  auto program = ParseProgramText(text, "opt.pbtxt");
-  EXPECT_TRUE(program.ok()) << program.status();
-  return program.ok() ? *program : Program();
-}
-
 // One device: the whole program on rank 0 (no micro-batching).
 Program CompileOne(const std::string& optimizer) {
-  auto result = Compile(Parse(std::string(kModel) + optimizer), Strategy(), CompileOptions());
+  auto result = Compile(ParseProgramOrFail(std::string(kModel) + optimizer, "opt.pbtxt"), Strategy(), CompileOptions());
   EXPECT_TRUE(result.ok()) << result.status();
   return result.ok() && result->plans.size() == 1 ? result->plans[0].program() : Program();
-}
-
-std::vector<RankPlan> CompileStages(const std::string& text) {
-  Strategy strategy;
-  strategy.mutable_pipeline()->set_micro_batch_size(2);
-  strategy.mutable_pipeline()->set_accumulate_steps(1);
-  auto result = Compile(Parse(text), strategy, CompileOptions());
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? result->plans : std::vector<RankPlan>();
-}
-
-std::vector<const Op*> OpsOfType(const Program& p, const std::string& type) {
-  std::vector<const Op*> ops;
-  for (const Op& op : p.op()) {
-    if (op.type() == type) ops.push_back(&op);
-  }
-  return ops;
-}
-
-int IndexOf(const Program& p, const Op* op) {
-  for (int i = 0; i < p.op_size(); ++i) {
-    if (&p.op(i) == op) return i;
-  }
-  return -1;
-}
-
-const Var* FindVar(const Program& p, const std::string& name) {
-  for (const Var& v : p.var()) {
-    if (v.name() == name) return &v;
-  }
-  return nullptr;
 }
 
 // The update ops (role OPTIMIZE, type *_update), by the param they update.
@@ -99,15 +49,6 @@ std::vector<const Op*> Updates(const Program& p) {
     if (t.size() > 7 && t.compare(t.size() - 7, 7, "_update") == 0) ops.push_back(&op);
   }
   return ops;
-}
-
-const AttrValue& Attr(const Op& op, const std::string& key) {
-  auto it = op.attr().find(key);
-  if (it == op.attr().end()) {
-    ADD_FAILURE() << op.type() << " has no attr '" << key << "'";
-    return AttrValue::default_instance();
-  }
-  return it->second;
 }
 
 // A state var shaped like its parameter.
@@ -307,8 +248,8 @@ TEST(OptimizerPassTest, ClipGlobalNormScalesEveryGradientBeforeItsUpdate) {
 }
 
 TEST(OptimizerPassTest, PipelineStagesAllreduceTheirPartialSumsOfSquares) {
-  auto plans = CompileStages(std::string(kTwoStages) +
-                             R"pb(optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 2.0 })pb");
+  auto plans =
+      CompilePipeline(TwoStagesProgram(R"pb(optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 2.0 })pb"));
   ASSERT_EQ(plans.size(), 2u);
   const std::vector<std::vector<std::string>> own_grads = {{"w@grad", "b@grad"}, {"w2@grad"}};
   for (int r = 0; r < 2; ++r) {
@@ -343,7 +284,7 @@ TEST(OptimizerPassTest, PipelineStagesAllreduceTheirPartialSumsOfSquares) {
 }
 
 TEST(OptimizerPassTest, ATiedReplicaCountsZeroTowardsTheGlobalNorm) {
-  auto plans = CompileStages(R"pb(
+  auto plans = CompilePipeline(R"pb(
     var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "w" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
@@ -382,15 +323,16 @@ TEST(OptimizerPassTest, ATiedReplicaCountsZeroTowardsTheGlobalNorm) {
 // A stage that trains nothing (only the loss) still joins the global norm's
 // allreduce, with zero: otherwise the other stages wait for it forever.
 TEST(OptimizerPassTest, AStageWithoutParametersJoinsTheNormAllreduce) {
-  auto plans = CompileStages(R"pb(
+  constexpr char kLossOnlyStage1[] = R"pb(
     var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
     op { type: "matmul" input: ["x", "w"] output: ["z"] device: "gpu:0" }
     op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
     loss: "loss"
-    optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 }
-  )pb");
+  )pb";
+  auto plans = CompilePipeline(std::string(kLossOnlyStage1) +
+                               R"pb(optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 })pb");
   ASSERT_EQ(plans.size(), 2u);
   const Program& loss_stage = plans[1].program();
   EXPECT_THAT(Updates(loss_stage), IsEmpty());
@@ -404,15 +346,7 @@ TEST(OptimizerPassTest, AStageWithoutParametersJoinsTheNormAllreduce) {
     EXPECT_EQ(allreduce[0]->role(), OPTIMIZE);
   }
   // Without clipping it has no optimizer ops at all.
-  auto plain = CompileStages(R"pb(
-    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
-    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-    var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
-    op { type: "matmul" input: ["x", "w"] output: ["z"] device: "gpu:0" }
-    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-    loss: "loss"
-    optimizer { sgd { learning_rate: 0.1 } }
-  )pb");
+  auto plain = CompilePipeline(std::string(kLossOnlyStage1) + kSgdOptimizer);
   ASSERT_EQ(plain.size(), 2u);
   for (const Op& op : plain[1].program().op()) EXPECT_NE(op.role(), OPTIMIZE) << op.type();
 }
@@ -420,7 +354,7 @@ TEST(OptimizerPassTest, AStageWithoutParametersJoinsTheNormAllreduce) {
 // F32 and F64 parameters: one sum of squares per dtype, both in F64, and the
 // coefficient cast back for the F32 gradients.
 TEST(OptimizerPassTest, ClippingMixedDtypesSumsPerDtypeInF64) {
-  auto plans = CompileStages(R"pb(
+  auto plans = CompilePipeline(R"pb(
     var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "w32" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
@@ -466,7 +400,7 @@ TEST(OptimizerPassTest, ClippingMixedDtypesSumsPerDtypeInF64) {
 // W = P + Q: both parameters' gradient is dW itself (shared, not copied).
 // The norm counts it once per parameter; it is clipped once, both updates read it.
 TEST(OptimizerPassTest, ParametersSharingAGradientAreClippedOnce) {
-  auto plans = CompileStages(R"pb(
+  auto plans = CompilePipeline(R"pb(
     var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "P" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
@@ -496,7 +430,7 @@ TEST(OptimizerPassTest, ParametersSharingAGradientAreClippedOnce) {
 TEST(OptimizerPassTest, RunsOnlyWithAnOptimizerAndLeavesAValidProgram) {
   CompileOptions options;
   options.dump_after = "autodiff";
-  auto result = Compile(Parse(std::string(kModel) + "optimizer { sgd { learning_rate: 0.1 } }"), Strategy(), options);
+  auto result = Compile(ParseProgramOrFail(std::string(kModel) + kSgdOptimizer, "opt.pbtxt"), Strategy(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   const Program backward = result->dumped;
   ASSERT_THAT(Updates(backward), IsEmpty());

@@ -14,6 +14,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "passes/testing/pass_test_util.h"
 
 namespace strata {
 namespace {
@@ -21,37 +22,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
-
-// x @ w + b on stage 0, the head and loss on stage 1.
-constexpr char kTwoStages[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w" dtype: F64 shape: [4, 5] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "b" dtype: F64 shape: [5] kind: PARAM }
-  var { name: "w2" dtype: F64 shape: [5, 3] kind: PARAM init { normal { std: 0.5 } } }
-  op { type: "matmul" input: ["x", "w"] output: ["xw"] device: "gpu:0" }
-  op { type: "add" input: ["xw", "b"] output: ["h"] device: "gpu:0" }
-  op { type: "matmul" input: ["h", "w2"] output: ["z"] device: "gpu:1" }
-  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-  loss: "loss"
-  optimizer { sgd { learning_rate: 0.1 } }
-)pb";
-
-// h0 (stage 0) is read on stage 1 and, skipping it, on stage 2.
-constexpr char kThreeStages[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
-  op { type: "matmul" input: ["x", "w0"] output: ["h0"] device: "gpu:0" }
-  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
-  op { type: "add" input: ["h1", "h0"] output: ["h2"] device: "gpu:2" }
-  op { type: "matmul" input: ["h2", "w2"] output: ["z"] device: "gpu:2" }
-  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:2" }
-  loss: "loss"
-  optimizer { sgd { learning_rate: 0.1 } }
-)pb";
 
 // w is tied: read on stage 0 and on stage 2.
 constexpr char kTied[] = R"pb(
@@ -66,39 +36,6 @@ constexpr char kTied[] = R"pb(
   loss: "loss"
   optimizer { sgd { learning_rate: 0.1 } }
 )pb";
-
-Strategy PipelineStrategy(int micro_batches) {
-  Strategy strategy;
-  strategy.mutable_pipeline()->set_micro_batch_size(2);
-  strategy.mutable_pipeline()->set_accumulate_steps(micro_batches);
-  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
-  return strategy;
-}
-
-std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches = 1) {
-  auto program = ParseProgramText(text, "split.pbtxt");
-  EXPECT_TRUE(program.ok()) << program.status();
-  if (!program.ok()) return {};
-  auto result = Compile(*program, PipelineStrategy(micro_batches), CompileOptions());
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? result->plans : std::vector<RankPlan>();
-}
-
-// The transfer ops (send or recv) of `var` in a program, in program order.
-std::vector<const Op*> Transfers(const Program& p, const std::string& type, const std::string& var) {
-  std::vector<const Op*> ops;
-  for (const Op& op : p.op()) {
-    if (op.type() == type && op.channel().var() == var) ops.push_back(&op);
-  }
-  return ops;
-}
-
-int IndexOf(const Program& p, const Op* op) {
-  for (int i = 0; i < p.op_size(); ++i) {
-    if (&p.op(i) == op) return i;
-  }
-  return -1;
-}
 
 // Index of the first op writing (reading) `var`, or -1.
 int FirstWriter(const Program& p, const std::string& var) {
@@ -116,28 +53,17 @@ int FirstReader(const Program& p, const std::string& var) {
 
 bool Reads(const Program& p, const std::string& var) { return FirstReader(p, var) >= 0; }
 
-const Var* FindVar(const Program& p, const std::string& name) {
-  for (const Var& v : p.var()) {
-    if (v.name() == name) return &v;
-  }
-  return nullptr;
-}
-
 using ChannelKey = std::tuple<int, int, std::string, int64_t>;
 ChannelKey Key(const Channel& c) { return {c.src_rank(), c.dst_rank(), c.var(), c.id()}; }
 
 std::vector<int64_t> ShapeAttr(const Op& op) {
-  auto it = op.attr().find("shape");
-  if (it == op.attr().end()) return {};
-  return std::vector<int64_t>(it->second.list().i().begin(), it->second.list().i().end());
+  const auto& shape = Attr(op, "shape").list().i();
+  return std::vector<int64_t>(shape.begin(), shape.end());
 }
-std::string DtypeAttr(const Op& op) {
-  auto it = op.attr().find("dtype");
-  return it == op.attr().end() ? "" : it->second.s();
-}
+std::string DtypeAttr(const Op& op) { return Attr(op, "dtype").s(); }
 
 TEST(PipelineSplitPassTest, EachStageKeepsItsOwnOpsAndTheCutIsASendRecvPair) {
-  auto plans = CompilePipeline(kTwoStages);
+  auto plans = CompilePipeline(TwoStagesProgram());
   ASSERT_EQ(plans.size(), 2u);
   const Program& p0 = plans[0].program();
   const Program& p1 = plans[1].program();
@@ -207,7 +133,7 @@ TEST(PipelineSplitPassTest, EachStageKeepsItsOwnOpsAndTheCutIsASendRecvPair) {
 }
 
 TEST(PipelineSplitPassTest, AVarSkippingAStageGoesDirectlyToEachReader) {
-  auto plans = CompilePipeline(kThreeStages);
+  auto plans = CompilePipeline(kThreeStagesWithSkip);
   ASSERT_EQ(plans.size(), 3u);
   const Program& p0 = plans[0].program();
   const Program& p1 = plans[1].program();
@@ -256,7 +182,7 @@ TEST(PipelineSplitPassTest, AVarSkippingAStageGoesDirectlyToEachReader) {
 }
 
 TEST(PipelineSplitPassTest, FeedsReachOnlyTheStagesThatReadThem) {
-  auto plans = CompilePipeline(kThreeStages);
+  auto plans = CompilePipeline(kThreeStagesWithSkip);
   ASSERT_EQ(plans.size(), 3u);
   EXPECT_TRUE(Reads(plans[0].program(), "x"));
   EXPECT_FALSE(Reads(plans[1].program(), "x"));
@@ -414,7 +340,7 @@ TEST(PipelineSplitPassTest, AResidualSendsOneGradientAcrossEachCut) {
 }
 
 TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsANoOp) {
-  auto program = ParseProgramText(kTwoStages, "two.pbtxt");
+  auto program = ParseProgramText(TwoStagesProgram(), "two.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
   CompileOptions options;
   options.dump_after = "autodiff";

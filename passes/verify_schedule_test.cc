@@ -1,41 +1,19 @@
 #include "passes/verify_schedule.h"
 
-#include "compiler/compile.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "passes/schedule.h"
+#include "passes/testing/pass_test_util.h"
 
 namespace strata {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kProgram[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-  var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
-  op { type: "matmul" input: ["x", "w0"] output: ["h0"] device: "gpu:0" }
-  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
-  op { type: "add" input: ["h1", "h0"] output: ["skip"] device: "gpu:2" }
-  op { type: "matmul" input: ["skip", "w2"] output: ["logits"] device: "gpu:2" }
-  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:2" }
-  loss: "loss"
-  optimizer { sgd { learning_rate: 0.1 } }
-)pb";
-
+// The three-stage program with a skip connection, compiled with `kind`.
 std::vector<RankPlan> Plans(ScheduleKind kind, int micro_batches) {
-  auto program = ParseProgramText(kProgram, "skip.pbtxt");
-  EXPECT_TRUE(program.ok()) << program.status();
-  Strategy strategy;
-  strategy.mutable_pipeline()->set_micro_batch_size(2);
-  strategy.mutable_pipeline()->set_accumulate_steps(micro_batches);
-  strategy.mutable_pipeline()->set_schedule(kind);
-  auto result = Compile(*program, strategy, CompileOptions());
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result->plans;
+  return CompilePipeline(kThreeStagesWithSkip, micro_batches, kind);
 }
 
 TEST(VerifyScheduleTest, CompiledSchedulesVerify) {
@@ -47,16 +25,9 @@ TEST(VerifyScheduleTest, CompiledSchedulesVerify) {
 TEST(VerifyScheduleTest, SkipConnectionsSendToEveryLaterReader) {
   // h0 is produced on stage 0 and read on stages 1 and 2: two channels from rank 0.
   std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 2);
-  int sends_of_h0 = 0;
-  for (const Op& op : plans[0].program().op()) {
-    if (op.type() == "send" && op.channel().var() == "h0") ++sends_of_h0;
-  }
-  EXPECT_EQ(sends_of_h0, 2);
-  int grads_into_stage0 = 0;
-  for (const Op& op : plans[0].program().op()) {
-    if (op.type() == "recv") ++grads_into_stage0;
-  }
-  EXPECT_EQ(grads_into_stage0, 2);  // h0's gradient comes back from stages 1 and 2
+  EXPECT_EQ(Transfers(plans[0].program(), "send", "h0").size(), 2u);
+  // h0's gradient comes back from stages 1 and 2.
+  EXPECT_EQ(OpsOfType(plans[0].program(), "recv").size(), 2u);
 }
 
 TEST(VerifyScheduleTest, ReportsTheCycleOfAScheduleThatWouldHang) {
@@ -110,7 +81,7 @@ TEST(VerifyScheduleTest, RejectsASendNobodyReceives) {
 }
 
 TEST(VerifyScheduleTest, TimelineBubbleMatchesTheFormula) {
-  auto program = ParseProgramText(kProgram, "skip.pbtxt");
+  auto program = ParseProgramText(kThreeStagesWithSkip, "skip.pbtxt");
   ASSERT_TRUE(program.ok());
   for (int mbs : {3, 6}) {
     Timeline t = SimulateTimeline(Plans(F_THEN_B, mbs));
