@@ -26,6 +26,10 @@ const AttrValue* Lookup(const Op& op, const std::string& name) {
 }
 }  // namespace
 
+std::string ShapeContext::input_role(int i) const {
+  return schema_ != nullptr ? InputRole(*schema_, i) : absl::StrCat("#", i);
+}
+
 int64_t ShapeContext::attr_int(const std::string& name) const {
   const AttrValue* a = Lookup(op_, name);
   return a ? a->i() : 0;
@@ -197,15 +201,44 @@ absl::Status CanonicalizeOp(const OpSchema& schema, Op* op) {
 
 absl::StatusOr<std::vector<TensorType>> InferOutputTypes(const OpSchema& schema, const Op& op,
                                                          std::vector<TensorType> input_types) {
-  ShapeContext ctx(op, std::move(input_types));
+  ShapeContext ctx(op, std::move(input_types), &schema);
   if (!schema.shape_fn) return absl::InternalError(absl::StrCat("op '", op.type(), "' has no shape function"));
-  if (absl::Status s = schema.shape_fn(ctx); !s.ok()) return s;
+  if (absl::Status s = schema.shape_fn(ctx); !s.ok()) {
+    // Shape functions speak of roles; the reader knows their vars.
+    std::string bound = DescribeInputs(schema, op, ctx.inputs());
+    if (bound.empty()) return s;
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (where ", bound, ")"));
+  }
   for (int i = 0; i < ctx.num_outputs(); ++i) {
     if (ctx.outputs()[i].dtype == DT_INVALID) {
       return absl::InternalError(absl::StrCat("shape function of '", op.type(), "' left output ", i, " untyped"));
     }
   }
   return ctx.outputs();
+}
+
+std::string InputRole(const OpSchema& schema, int i) {
+  const int fixed = static_cast<int>(schema.inputs.size()) - (!schema.inputs.empty() && schema.inputs.back().variadic);
+  if (i < fixed) return schema.inputs[i].name;
+  if (fixed < static_cast<int>(schema.inputs.size())) return absl::StrCat(schema.inputs.back().name, "[", i - fixed, "]");
+  return absl::StrCat("#", i);
+}
+
+std::string DescribeInputs(const OpSchema& schema, const Op& op, absl::Span<const TensorType> input_types) {
+  const int n = static_cast<int>(input_types.size());
+  if (op.input_size() != n) return "";
+  for (const std::string& name : op.input()) {
+    if (name.empty()) return "";
+  }
+  std::string out;
+  const int shown = std::min(n, kMaxDescribedInputs);
+  for (int i = 0; i < shown; ++i) {
+    const bool last = i == shown - 1 && shown == n;
+    absl::StrAppend(&out, i == 0 ? "" : last ? " and " : ", ", "input '", InputRole(schema, i), "' is var '",
+                    op.input(i), "' ", input_types[i].ToString());
+  }
+  if (n > shown) absl::StrAppend(&out, " and ", n - shown, " more inputs");
+  return out;
 }
 
 AttrValue IntAttr(int64_t v) { AttrValue a; a.set_i(v); return a; }
@@ -246,23 +279,24 @@ absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<co
 
 absl::Status SameDtype(const ShapeContext& ctx, int a, int b) {
   if (ctx.input(a).dtype != ctx.input(b).dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("input ", a, " is ", DataTypeName(ctx.input(a).dtype),
-                                                   " but input ", b, " is ", DataTypeName(ctx.input(b).dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("input '", ctx.input_role(a), "' is ",
+                                                   DataTypeName(ctx.input(a).dtype), " but input '",
+                                                   ctx.input_role(b), "' is ", DataTypeName(ctx.input(b).dtype)));
   }
   return absl::OkStatus();
 }
 
 absl::Status ExpectRank(const ShapeContext& ctx, int input, int rank) {
   if (static_cast<int>(ctx.input(input).shape.size()) != rank) {
-    return absl::InvalidArgumentError(absl::StrCat("input ", input, " must have rank ", rank, ", got ",
-                                                   ctx.input(input).ToString()));
+    return absl::InvalidArgumentError(absl::StrCat("input '", ctx.input_role(input), "' must have rank ", rank,
+                                                   ", got ", ctx.input(input).ToString()));
   }
   return absl::OkStatus();
 }
 
 absl::Status ExpectFloating(const ShapeContext& ctx, int input) {
   if (!IsFloating(ctx.input(input).dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("input ", input, " must be F32 or F64, got ",
+    return absl::InvalidArgumentError(absl::StrCat("input '", ctx.input_role(input), "' must be F32 or F64, got ",
                                                    DataTypeName(ctx.input(input).dtype)));
   }
   return absl::OkStatus();

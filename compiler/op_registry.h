@@ -34,17 +34,24 @@ struct ArgSpec {
   bool variadic = false;  // one or more tensors (only as the last argument)
 };
 
+struct OpSchema;
+
 // Shape and dtype inference for one op. Input types are known; the function
 // sets every output type or returns an error (the caller adds the op's
 // location). -1 in a shape is the batch dimension and propagates like a size.
+// Errors name inputs by their schema role ('a', 'x'); InferOutputTypes appends
+// which var each role is bound to, so no shape function needs to.
 class ShapeContext {
  public:
-  ShapeContext(const Op& op, std::vector<TensorType> inputs)
-      : op_(op), inputs_(std::move(inputs)), outputs_(op.output_size()) {}
+  ShapeContext(const Op& op, std::vector<TensorType> inputs, const OpSchema* schema = nullptr)
+      : op_(op), schema_(schema), inputs_(std::move(inputs)), outputs_(op.output_size()) {}
   const Op& op() const { return op_; }
   int num_inputs() const { return static_cast<int>(inputs_.size()); }
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const TensorType& input(int i) const { return inputs_[i]; }
+  const std::vector<TensorType>& inputs() const { return inputs_; }
+  // The schema's role of input i ("a", "xs[2]"), or "#i" without a schema.
+  std::string input_role(int i) const;
   void set_output(int i, TensorType t) { outputs_[i] = std::move(t); }
   const std::vector<TensorType>& outputs() const { return outputs_; }
 
@@ -57,6 +64,7 @@ class ShapeContext {
 
  private:
   const Op& op_;
+  const OpSchema* schema_;
   std::vector<TensorType> inputs_;
   std::vector<TensorType> outputs_;
 };
@@ -171,9 +179,20 @@ struct OpRegistrar {
 // name the attr or argument but not the op; callers prefix the op's location.
 absl::Status CanonicalizeOp(const OpSchema& schema, Op* op);
 // Runs the schema's shape function over the op's input types, after checking
-// that every output got a type.
+// that every output got a type. A shape function's error keeps its code and
+// message, followed by DescribeInputs: "inner dims differ: ... (where input
+// 'a' is var 'x' F32[-1, 784] and input 'b' is var 'w' F32[256, 128])".
 absl::StatusOr<std::vector<TensorType>> InferOutputTypes(const OpSchema& schema, const Op& op,
                                                          std::vector<TensorType> input_types);
+// The schema's role of the op's input i: "a", or "xs[2]" for the third tensor
+// of the variadic argument xs.
+std::string InputRole(const OpSchema& schema, int i);
+// Binds every input role to the op's var and its type, for messages about
+// roles: "input 'a' is var 'x' F32[-1, 784] and input 'b' is var 'w' F32[256, 128]"
+// (the first kMaxDescribedInputs, then how many more). Empty when the op
+// names no var for some input (ops built by hand in tests).
+inline constexpr int kMaxDescribedInputs = 8;
+std::string DescribeInputs(const OpSchema& schema, const Op& op, absl::Span<const TensorType> input_types);
 
 // Attr value helpers for gradient makers.
 AttrValue IntAttr(int64_t v);

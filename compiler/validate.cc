@@ -309,8 +309,9 @@ absl::Status ValidateAndInferProgram(Program* program) {
       if (d != declared.end()) {
         TensorType want = TypeOf(program->var(d->second));
         if (want != (*inferred)[k]) {
+          std::string bound = DescribeInputs(*schema, *op, input_types);
           return Err(where, absl::StrCat("output '", out, "' is declared ", want.ToString(), " but the op produces ",
-                                         (*inferred)[k].ToString()));
+                                         (*inferred)[k].ToString(), bound.empty() ? "" : absl::StrCat(" (where ", bound, ")")));
         }
       }
       std::string why;

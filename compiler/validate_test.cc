@@ -161,6 +161,56 @@ TEST(ProgramTextTest, RejectsEmptyAndBinaryFiles) {
   EXPECT_THAT(binary.status().message(), HasSubstr("binary file"));
 }
 
+TEST(ValidateTest, ShapeErrorsNameTheVarBoundToEachRole) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("test.pbtxt:9: op #0 'matmul': inner dims differ"));
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("(where input 'a' is var 'x' F32[-1, 4] and input 'b' is var 'w2' F32[8, 3])"));
+}
+
+TEST(ValidateTest, DtypeErrorsNameTheVarBoundToEachRole) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["label", "logits"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("op #2 'softmax_cross_entropy'"));
+  EXPECT_THAT(p.status().message(), HasSubstr("input 'logits' is var 'label' I64[-1] and input 'label' is var "
+                                              "'logits' F32[-1, 3]"));
+}
+
+TEST(ValidateTest, VariadicRolesAreIndexedAndLongListsCut) {
+  // Ten tensors into concat: the first kMaxDescribedInputs are named.
+  auto p = Validate(R"pb(
+    op { type: "concat" input: ["x", "x", "x", "x", "x", "x", "x", "x", "x", "label"] output: ["c"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("input 'xs[0]' is var 'x' F32[-1, 4], input 'xs[1]' is var 'x'"));
+  EXPECT_THAT(p.status().message(), HasSubstr("input 'xs[7]' is var 'x' F32[-1, 4] and 2 more inputs)"));
+}
+
+TEST(ValidateTest, VerifierErrorsNameTheVarBoundToEachRole) {
+  auto p = Validate(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_TRUE(p.ok()) << p.status();
+  // A pass that broke w2's shape.
+  for (Var& v : *p->mutable_var()) {
+    if (v.name() == "w2") v.set_shape(0, 5);
+  }
+  absl::Status s = VerifyProgram(*p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("op #1 'matmul': inner dims differ"));
+  EXPECT_THAT(s.message(), HasSubstr("input 'a' is var 'h' F32[-1, 8] and input 'b' is var 'w2' F32[5, 3]"));
+}
+
 TEST(DeviceTest, ParsesStages) {
   EXPECT_EQ(*ParseDeviceStage("gpu:3"), 3);
   EXPECT_EQ(*ParseDeviceStage("cpu:0"), 0);
