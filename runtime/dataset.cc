@@ -68,6 +68,7 @@ class SpecArgs {
   }
 
   const std::string& name() const { return name_; }
+  bool Has(const std::string& key) const { return items_.count(key) > 0; }
 
   absl::StatusOr<bool> TakeFlag(const std::string& key) {
     auto it = items_.find(key);
@@ -225,10 +226,22 @@ class IdxDataset : public Dataset {
       : Dataset(std::move(feeds), label_feed),
         image_feed_(image_feed),
         data_(std::move(data)),
-        num_classes_(num_classes) {}
+        num_classes_(num_classes) {
+    // The first sample with the largest label, for the error that names it.
+    for (int64_t i = 0; i < static_cast<int64_t>(data_.labels.size()); ++i) {
+      if (data_.labels[i] > largest_label_) {
+        largest_label_ = data_.labels[i];
+        largest_index_ = i;
+      }
+    }
+  }
 
   int64_t size() const override { return data_.count; }
   int64_t num_classes() const override { return num_classes_; }
+  LargestLabel largest_label() const override {
+    if (largest_index_ < 0) return {};
+    return {largest_label_, absl::StrCat("label ", largest_label_, " at index ", largest_index_), ""};
+  }
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
@@ -263,6 +276,8 @@ class IdxDataset : public Dataset {
   int image_feed_;
   IdxImagesAndLabels data_;
   int64_t num_classes_;
+  int64_t largest_label_ = -1;
+  int64_t largest_index_ = -1;
 };
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds,
@@ -327,12 +342,13 @@ void FillNormals(const Philox& gen, uint64_t row, int64_t count, double* out) {
 
 class SyntheticDataset : public Dataset {
  public:
-  SyntheticDataset(std::vector<FeedSpec> feeds, FeedRoles roles, int64_t size, int64_t classes, bool test,
-                   uint64_t seed)
+  SyntheticDataset(std::vector<FeedSpec> feeds, FeedRoles roles, int64_t size, int64_t classes,
+                   bool default_classes, bool test, uint64_t seed)
       : Dataset(std::move(feeds), roles.label),
         roles_(std::move(roles)),
         size_(size),
         classes_(classes),
+        default_classes_(default_classes),
         test_(test),
         features_gen_(MixKey(seed, Fnv1a64("strata.synthetic.features"))) {
     for (int f : roles_.features) num_features_ += roles_.elements_per_sample[f];
@@ -341,6 +357,12 @@ class SyntheticDataset : public Dataset {
 
   int64_t size() const override { return size_; }
   int64_t num_classes() const override { return classes_; }
+  // Any class may win the teacher's argmax: the bound is the class count, not a scan.
+  LargestLabel largest_label() const override {
+    return {classes_ - 1,
+            absl::StrCat("label ", classes_ - 1, default_classes_ ? absl::StrCat(" of the default ", classes_, " synthetic classes") : ""),
+            "classes"};
+  }
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
@@ -465,6 +487,7 @@ class SyntheticDataset : public Dataset {
   FeedRoles roles_;
   int64_t size_;
   int64_t classes_;
+  bool default_classes_;  // no classes= in the spec
   bool test_;
   Philox features_gen_;
   int64_t num_features_ = 0;
@@ -474,8 +497,11 @@ class SyntheticDataset : public Dataset {
 };
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds,
-                                                              uint64_t seed) {
-  absl::StatusOr<int64_t> classes = args.TakeInt("classes", 10, 2, kMaxSyntheticClasses);
+                                                              uint64_t seed, int64_t default_classes_hint) {
+  const bool default_classes = !args.Has("classes");
+  const int64_t fallback =
+      default_classes_hint >= 2 && default_classes_hint <= kMaxSyntheticClasses ? default_classes_hint : 10;
+  absl::StatusOr<int64_t> classes = args.TakeInt("classes", fallback, 2, kMaxSyntheticClasses);
   if (!classes.ok()) return classes.status();
   absl::StatusOr<int64_t> size = args.TakeInt("size", 8192, 1, kMaxSyntheticSize);
   if (!size.ok()) return size.status();
@@ -495,20 +521,56 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, co
                                                    kMaxSyntheticFeatures, " features per sample; the feature feeds have ",
                                                    num_features));
   }
-  return std::unique_ptr<Dataset>(new SyntheticDataset(feeds, *std::move(roles), *size, *classes, *test, seed));
+  return std::unique_ptr<Dataset>(new SyntheticDataset(feeds, *std::move(roles), *size, *classes, default_classes, *test, seed));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const std::string& spec, const std::vector<FeedSpec>& feeds,
-                                                     uint64_t seed) {
+                                                     uint64_t seed, int64_t default_classes) {
   absl::StatusOr<SpecArgs> args = SpecArgs::Parse(spec);
   if (!args.ok()) return args.status();
   if (args->name() == "fashion_mnist") return OpenIdxDataset(*args, feeds, kFashionMnistDir);
   if (args->name() == "mnist") return OpenIdxDataset(*args, feeds, "");
-  if (args->name() == "synthetic") return OpenSyntheticDataset(*args, feeds, seed);
+  if (args->name() == "synthetic") return OpenSyntheticDataset(*args, feeds, seed, default_classes);
   return args->Error(absl::StrCat("names unknown dataset '", args->name(),
                                   "' (expected fashion_mnist, mnist or synthetic)"));
+}
+
+std::string LabelFeedName(const std::vector<FeedSpec>& feeds) {
+  absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
+  return roles.ok() && roles->label >= 0 ? feeds[roles->label].name : std::string();
+}
+
+LabelConsumer FindLabelConsumer(const Program& program, const std::string& label_feed) {
+  std::map<std::string, const Var*> vars;
+  for (const Var& v : program.var()) vars.emplace(v.name(), &v);
+  LabelConsumer tightest;
+  for (const Op& op : program.op()) {
+    if (op.input_size() < 2 || op.input(1) != label_feed) continue;
+    auto logits = vars.find(op.input(0));
+    if (logits == vars.end() || !IsFloating(logits->second->dtype()) || logits->second->shape_size() < 2) continue;
+    const int64_t classes = logits->second->shape(logits->second->shape_size() - 1);
+    if (classes < 1 || (tightest.classes > 0 && classes >= tightest.classes)) continue;
+    tightest.classes = classes;
+    const std::vector<int64_t> shape(logits->second->shape().begin(), logits->second->shape().end());
+    tightest.what = absl::StrCat("op #", op.uid(), " '", op.type(), "'",
+                                 op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"), " has ", classes,
+                                 " classes (logits '", op.input(0), "' ", ShapeString(shape), ")");
+  }
+  return tightest;
+}
+
+absl::Status CheckLabelsFit(const Dataset& data, const LabelConsumer& consumer, const std::string& flag) {
+  if (data.label_feed() < 0 || consumer.classes <= 0) return absl::OkStatus();
+  const Dataset::LargestLabel largest = data.largest_label();
+  if (largest.label < consumer.classes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": labels run to ", largest.label, ", but ", consumer.what, ", so ", largest.what,
+                   " is outside the classes [0, ", consumer.classes, ")",
+                   largest.classes_key.empty() || consumer.classes < 2
+                       ? ""
+                       : absl::StrCat(" (", largest.classes_key, "=", consumer.classes, " fits)")));
 }
 
 std::vector<int64_t> EpochOrder(int64_t size, uint64_t seed, int64_t epoch) {

@@ -33,6 +33,17 @@ class Dataset {
 
   virtual int64_t size() const = 0;  // number of samples
   virtual int64_t num_classes() const = 0;
+  // The largest label GetBatch can hand out, checked against the program's
+  // classes before the first step (CheckLabelsFit).
+  struct LargestLabel {
+    int64_t label = -1;  // -1: no labels
+    // The label as the error names it: "label 7 at index 1", "label 9 of the
+    // default 10 synthetic classes".
+    std::string what;
+    // The spec key that sets the number of classes ("classes"), empty if none.
+    std::string classes_key;
+  };
+  virtual LargestLabel largest_label() const = 0;
   // Fills one tensor per feed, in feeds() order (shape: the feed's shape with the
   // batch dim = indices.size()), with samples `indices`. OutOfRange for an index
   // outside [0, size()). Safe to call from several threads at once.
@@ -55,7 +66,9 @@ class Dataset {
 // Opens a dataset for a program's feeds. Specs:
 //   fashion_mnist[:train|:test][,path=DIR]   Debian's dataset-fashion-mnist unless path= is given
 //   mnist:path=DIR[,train|,test]              the same IDX layout, from DIR
-//   synthetic[:classes=K][,size=N][,train|,test]   defaults classes=10, size=8192
+//   synthetic[:classes=K][,size=N][,train|,test]   defaults size=8192 and classes =
+//                                                 `default_classes` when given (the
+//                                                 program's, see FindLabelConsumer), else 10
 // The single I64 feed of shape [-1] (if any) gets labels; floating feeds get
 // features. IDX datasets need one floating feed of rows*cols elements per sample:
 // [-1, rows*cols], [-1, 1, rows, cols] or [-1, rows, cols], pixels scaled to [0, 1].
@@ -63,7 +76,26 @@ class Dataset {
 // are the argmax of a fixed random one-hidden-layer tanh teacher drawn from seed,
 // and `test` draws a held-out set disjoint from the training samples.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const std::string& spec, const std::vector<FeedSpec>& feeds,
-                                                     uint64_t seed);
+                                                     uint64_t seed, int64_t default_classes = 0);
+
+// The op that accepts the fewest classes among those reading the label feed:
+// ops with the label feed as their second input beside floating logits
+// [..., C] as their first (softmax_cross_entropy, its gradient, accuracy).
+struct LabelConsumer {
+  int64_t classes = 0;  // 0: no op reads the labels
+  // "op #2 'softmax_cross_entropy' has 3 classes (logits 'logits' [-1, 3])";
+  // the op's index is its place in the user's program (Op.uid).
+  std::string what;
+};
+LabelConsumer FindLabelConsumer(const Program& program, const std::string& label_feed);
+// The feed a dataset fills with labels (the one I64 [-1] feed), or "".
+std::string LabelFeedName(const std::vector<FeedSpec>& feeds);
+
+// Fails, before any step runs, when `data`'s labels run past the classes of
+// `consumer` (the loss kernel would refuse them mid-run). `flag` starts the
+// message ("--data synthetic:classes=100"). OK when the data fills no label
+// feed or no op reads it.
+absl::Status CheckLabelsFit(const Dataset& data, const LabelConsumer& consumer, const std::string& flag);
 
 // Sample order of an epoch: a permutation of [0, size) that depends only on
 // (seed, epoch): Fisher-Yates driven by Philox keyed by MixKey(seed, epoch).

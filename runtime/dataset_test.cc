@@ -314,6 +314,25 @@ TEST(SyntheticTest, F32FeedsHoldTheF64ValuesRoundedAndTheSameLabels) {
   EXPECT_GE(same, 255);
 }
 
+TEST(SyntheticTest, DefaultClassesComeFromTheCallerAndClassesOverridesThem) {
+  const std::vector<FeedSpec> feeds = {{"x", F64, {-1, 4}}, {"y", I64, {-1}}};
+  EXPECT_EQ(LabelFeedName(feeds), "y");
+  EXPECT_EQ(LabelFeedName({{"x", F64, {-1, 4}}}), "");
+  auto program_classes = OpenDataset("synthetic", feeds, 1, 7);
+  auto explicit_classes = OpenDataset("synthetic:classes=5", feeds, 1, 7);
+  auto no_hint = OpenDataset("synthetic", feeds, 1);
+  ASSERT_TRUE(program_classes.ok() && explicit_classes.ok() && no_hint.ok());
+  EXPECT_EQ((*program_classes)->num_classes(), 7);
+  EXPECT_EQ((*explicit_classes)->num_classes(), 5);
+  EXPECT_EQ((*no_hint)->num_classes(), 10);
+  int64_t largest = 0;
+  for (int64_t i = 0; i < 256; ++i) {
+    std::vector<Tensor> batch = MustBatch(**program_classes, {i});
+    largest = std::max(largest, Values<int64_t>(batch[1])[0]);
+  }
+  EXPECT_EQ(largest, 6);  // 256 balanced draws over 7 classes reach the last one
+}
+
 TEST(SyntheticTest, FeaturesConcatenateOverSeveralFeeds) {
   std::unique_ptr<Dataset> one = MustOpen("synthetic", {{"x", F64, {-1, 7}}, {"y", I64, {-1}}});
   std::unique_ptr<Dataset> two = MustOpen("synthetic", {{"a", F64, {-1, 3}}, {"y", I64, {-1}}, {"b", F64, {-1, 4}}});
@@ -424,6 +443,77 @@ TEST(DatasetSpecTest, BadFeedsAreErrorsNamingTheFeed) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expected;
     EXPECT_THAT(s.message(), HasSubstr(c.expected));
   }
+}
+
+// ---------------------------------------------------------------------------
+// Labels against the program's classes.
+
+Var* AddVar(Program& p, const std::string& name, DataType dtype, std::vector<int64_t> shape) {
+  Var* v = p.add_var();
+  v->set_name(name);
+  v->set_dtype(dtype);
+  for (int64_t d : shape) v->add_shape(d);
+  return v;
+}
+
+Op* AddOp(Program& p, const std::string& type, std::vector<std::string> inputs, int64_t uid) {
+  Op* op = p.add_op();
+  op->set_type(type);
+  for (const std::string& in : inputs) op->add_input(in);
+  op->set_uid(uid);
+  return op;
+}
+
+// logits [-1, 5] feed a loss; top [-1, 3] an accuracy; ids an embedding-like op reading the label first.
+Program LabelProgram() {
+  Program p;
+  AddVar(p, "y", I64, {-1});
+  AddVar(p, "logits", F32, {-1, 5});
+  AddVar(p, "top", F64, {-1, 3});
+  AddVar(p, "table", F32, {2, 4});
+  AddOp(p, "embedding", {"y", "table"}, 0);
+  AddOp(p, "softmax_cross_entropy", {"logits", "y"}, 4);
+  AddOp(p, "accuracy", {"top", "y"}, 7)->set_name("top3");
+  AddOp(p, "softmax_cross_entropy_grad", {"top", "y"}, 7);
+  return p;
+}
+
+TEST(LabelCheckTest, FindsTheConsumerWithTheFewestClasses) {
+  LabelConsumer c = FindLabelConsumer(LabelProgram(), "y");
+  EXPECT_EQ(c.classes, 3);
+  EXPECT_EQ(c.what, "op #7 'accuracy' (top3) has 3 classes (logits 'top' [-1, 3])");
+  EXPECT_EQ(FindLabelConsumer(LabelProgram(), "other").classes, 0);
+}
+
+TEST(LabelCheckTest, SyntheticClassesMustFitTheConsumer) {
+  const std::vector<FeedSpec> feeds = {{"x", F32, {-1, 4}}, {"y", I64, {-1}}};
+  const LabelConsumer consumer = FindLabelConsumer(LabelProgram(), "y");
+  EXPECT_TRUE(CheckLabelsFit(*MustOpen("synthetic:classes=3", feeds), consumer, "--data s").ok());
+  EXPECT_TRUE(CheckLabelsFit(*MustOpen("synthetic:classes=2", feeds), consumer, "--data s").ok());
+  absl::Status s = CheckLabelsFit(*MustOpen("synthetic:classes=4", feeds), consumer, "--data synthetic:classes=4");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "--data synthetic:classes=4: labels run to 3, but op #7 'accuracy' (top3) has 3 classes (logits 'top' "
+            "[-1, 3]), so label 3 is outside the classes [0, 3) (classes=3 fits)");
+  s = CheckLabelsFit(*MustOpen("synthetic", feeds), consumer, "--data synthetic");
+  EXPECT_THAT(s.message(), HasSubstr("label 9 of the default 10 synthetic classes is outside the classes [0, 3)"));
+  // Nothing to check: no label feed, or no op reading it.
+  EXPECT_TRUE(CheckLabelsFit(*MustOpen("synthetic", {{"x", F32, {-1, 4}}}), consumer, "--data synthetic").ok());
+  EXPECT_TRUE(CheckLabelsFit(*MustOpen("synthetic", feeds), LabelConsumer(), "--data synthetic").ok());
+}
+
+TEST(LabelCheckTest, IdxLabelsNameTheFirstSampleWithTheLargest) {
+  std::string dir = MakeTinyIdxDir("tiny_label_check", false, {1, 4, 4});
+  const std::vector<FeedSpec> feeds = {{"x", F32, {-1, 4}}, {"y", I64, {-1}}};
+  std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("mnist:path=", dir), feeds);
+  ASSERT_NE(ds, nullptr);
+  absl::Status s = CheckLabelsFit(*ds, FindLabelConsumer(LabelProgram(), "y"), "--data mnist");
+  EXPECT_EQ(s.message(),
+            "--data mnist: labels run to 4, but op #7 'accuracy' (top3) has 3 classes (logits 'top' [-1, 3]), so "
+            "label 4 at index 1 is outside the classes [0, 3)");
+  Program five = LabelProgram();
+  five.mutable_op()->DeleteSubrange(2, 2);  // only the 5-class loss is left
+  EXPECT_TRUE(CheckLabelsFit(*ds, FindLabelConsumer(five, "y"), "--data mnist").ok());
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/checkpoint.h"
@@ -121,11 +123,43 @@ std::string EvalJson(const EvalMetrics& m, int64_t step) {
   return s + "}";
 }
 
+// Pipeline stages hold only their own ops, so the stage with the loss tells
+// the others its classes: every rank ends with the tightest consumer of all
+// ranks (the lowest rank's on a tie) and so fails the label check alike.
+absl::StatusOr<LabelConsumer> ShareLabelConsumer(const LabelConsumer& mine, Communicator& comm, double timeout_s) {
+  constexpr int64_t kWords = 128;  // the class count, then the description's bytes
+  constexpr size_t kTextBytes = (kWords - 1) * sizeof(int64_t);
+  Tensor in = Tensor::Empty(I64, {kWords});
+  Tensor all = Tensor::Empty(I64, {comm.size() * kWords});
+  if (!in.defined() || !all.defined()) return absl::ResourceExhaustedError("out of memory sharing the label classes");
+  std::memset(in.raw_data(), 0, in.bytes());
+  in.data<int64_t>()[0] = mine.classes;
+  std::string text = mine.what;
+  if (text.size() > kTextBytes) text = text.substr(0, kTextBytes - 3) + "...";
+  std::memcpy(in.data<int64_t>() + 1, text.data(), text.size());
+  if (auto s = comm.AllGather(in, &all)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("sharing the label classes between ranks: ", s.message()));
+  }
+  LabelConsumer tightest;
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t* words = all.data<int64_t>() + r * kWords;
+    if (words[0] <= 0 || (tightest.classes > 0 && words[0] >= tightest.classes)) continue;
+    const char* bytes = reinterpret_cast<const char*>(words + 1);
+    tightest.classes = words[0];
+    tightest.what = std::string(bytes, strnlen(bytes, kTextBytes));
+  }
+  return tightest;
+}
+
+// What the metrics call an evaluation: its split ("test" for
+// "fashion_mnist:test" and "synthetic:classes=3,test"), else the dataset.
 std::string EvalName(const std::string& spec) {
-  size_t colon = spec.find(':');
+  const size_t colon = spec.find(':');
   if (colon == std::string::npos) return spec;
-  std::string rest = spec.substr(colon + 1);
-  return rest.substr(0, rest.find(','));
+  for (absl::string_view item : absl::StrSplit(absl::string_view(spec).substr(colon + 1), ',')) {
+    if (item == "test" || item == "train") return std::string(item);
+  }
+  return spec.substr(0, colon);
 }
 
 }  // namespace
@@ -160,13 +194,36 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // The data loader's staging buffers (see the prefetcher below): counted
   // apart from the rank's own bytes, as a GPU's pinned host buffers are.
   CpuAllocator loader_allocator;
-  auto train_data = OpenDataset(options.data, FeedSpecs(plan.program()), options.seed);
+  // The ops that read the labels fix how many classes the data may have.
+  // Pipeline stages hold only their own ops, so the ranks share what they
+  // found; every rank then opens the same data and fails the label check
+  // alike, before any step.
+  LabelConsumer consumer;
+  {
+    const std::vector<FeedSpec> feeds = FeedSpecs(plan.program());
+    const std::string label_feed = LabelFeedName(feeds);
+    if (!label_feed.empty()) consumer = FindLabelConsumer(plan.program(), label_feed);
+    if (options.comm != nullptr && options.comm->size() > 1) {
+      auto shared = ShareLabelConsumer(consumer, *options.comm, options.comm_timeout_s);
+      if (!shared.ok()) return shared.status();
+      consumer = *std::move(shared);
+    }
+  }
+  // Synthetic data without classes= has the program's classes.
+  auto train_data = OpenDataset(options.data, FeedSpecs(plan.program()), options.seed, consumer.classes);
   if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
   std::unique_ptr<Dataset> eval_data;
   if (!options.eval_data.empty()) {
-    auto d = OpenDataset(options.eval_data, FeedSpecs(plan.program()), options.seed);
+    auto d = OpenDataset(options.eval_data, FeedSpecs(plan.program()), options.seed, consumer.classes);
     if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     eval_data = std::move(*d);
+  }
+  // Labels the program cannot take fail here, on every rank, before any step.
+  if (auto s = CheckLabelsFit(**train_data, consumer, absl::StrCat("--data ", options.data)); !s.ok()) return s;
+  if (eval_data) {
+    if (auto s = CheckLabelsFit(*eval_data, consumer, absl::StrCat("--eval_data ", options.eval_data)); !s.ok()) {
+      return s;
+    }
   }
   (*train_data)->set_allocator(&loader_allocator);
   if (eval_data) eval_data->set_allocator(options.allocator);

@@ -37,10 +37,12 @@ ABSL_FLAG(std::string, strategy, "", "strategy file (protobuf text)");
 ABSL_FLAG(std::string, out, "", "compile: output folder for rank_<r>.pbtxt plans");
 ABSL_FLAG(std::string, dump_after, "", "compile: also write the program after this pass");
 ABSL_FLAG(int64_t, nproc, 1, "run: number of worker processes");
-ABSL_FLAG(int64_t, steps, 0, "run: total optimizer steps (overrides --epochs)");
-ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (default 1)");
+ABSL_FLAG(int64_t, steps, 0, "run: total optimizer steps (give --steps or --epochs, not both)");
+ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (0: 1 epoch; give --epochs or --steps, not both)");
 ABSL_FLAG(int64_t, batch_size, 0, "global mini-batch size (default 64, or the pipeline's)");
-ABSL_FLAG(std::string, data, "synthetic", "run: fashion_mnist[:train|test][,path=DIR] | mnist:path=DIR | synthetic[:classes=K,size=N]");
+ABSL_FLAG(std::string, data, "synthetic",
+          "run: fashion_mnist[:train|test][,path=DIR] | mnist:path=DIR | synthetic[:classes=K,size=N] (random "
+          "data, for a smoke test)");
 ABSL_FLAG(std::string, eval_data, "", "run: evaluation data, e.g. fashion_mnist:test");
 ABSL_FLAG(int64_t, seed, -1, "run: seed for weights, data order and dropout (default: the program's seed, else 0)");
 ABSL_FLAG(std::string, device, "cpu", "run: cpu or gpu");
@@ -80,7 +82,8 @@ const char kUsage[] =
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet] [--comm_timeout_s S]\n"
     "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--compare_single] [--bind_cores]\n"
-    "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n";
+    "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
+    "strata COMMAND --help lists the command's flags.\n";
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
   static const auto* flags = new std::map<std::string, std::set<std::string>>{
@@ -94,14 +97,57 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
   return *flags;
 }
 
-struct UsageError {
-  std::string message;
+// What ParseFlags found: the positional arguments and the flags given on the
+// command line (by name), so that a default can be told from an explicit value.
+struct ParsedArgs {
+  std::vector<std::string> positional;
+  std::set<std::string> given;
 };
 
+// `strata COMMAND --help` or `-h` anywhere before "--".
+bool WantsHelp(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--help" || arg == "-help" || arg == "-h") return true;
+  }
+  return false;
+}
+
+// The command's lines of kUsage, then each of its flags with its default.
+std::string CommandHelp(const std::string& command) {
+  std::string text = "usage:\n";
+  bool mine = false;
+  for (absl::string_view line : absl::StrSplit(kUsage, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(line, "  strata ")) {
+      std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      mine = words.size() > 1 && words[1] == command;
+    } else if (!absl::StartsWith(line, " ")) {
+      mine = false;
+    }
+    if (mine) absl::StrAppend(&text, line, "\n");
+  }
+  const std::set<std::string>& names = CommandFlags().at(command);
+  size_t width = 0;
+  for (const std::string& name : names) width = std::max(width, name.size());
+  absl::StrAppend(&text, "flags:\n");
+  for (const std::string& name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    const std::string help = flag->Help();
+    std::string default_value = flag->DefaultValue();
+    if (flag->IsOfType<std::string>()) default_value = absl::StrCat("\"", default_value, "\"");
+    absl::StrAppend(&text, absl::StrFormat("  --%-*s  %s [default: %s]\n", static_cast<int>(width), name,
+                                           absl::StripPrefix(help, absl::StrCat(command, ": ")), default_value));
+  }
+  return text;
+}
+
 // Parses "--name=value", "--name value" and "--flag"/"--noflag" for the
-// command's own flags; returns the positional arguments.
-absl::StatusOr<std::vector<std::string>> ParseFlags(const std::string& command, int argc, char** argv, int first) {
-  std::vector<std::string> positional;
+// command's own flags.
+absl::StatusOr<ParsedArgs> ParseFlags(const std::string& command, int argc, char** argv, int first) {
+  ParsedArgs parsed;
+  std::vector<std::string>& positional = parsed.positional;
   const auto& allowed = CommandFlags().at(command);
   for (int i = first; i < argc; ++i) {
     std::string arg = argv[i];
@@ -151,8 +197,9 @@ absl::StatusOr<std::vector<std::string>> ParseFlags(const std::string& command, 
     if (!flag->ParseFrom(value, &error)) {
       return absl::InvalidArgumentError(absl::StrCat("bad value '", value, "' for --", name, ": ", error));
     }
+    parsed.given.insert(std::string(flag->Name()));
   }
-  return positional;
+  return parsed;
 }
 
 // `bazel run` starts us in the runfiles tree; user paths are relative to where they typed the command.
@@ -413,7 +460,14 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
   return 0;
 }
 
-int Run(const std::string& path, int argc, char** argv) {
+// Synthetic data is the default so that `strata run PROGRAM` is a smoke test;
+// say so, lest a user take its loss for their dataset's.
+void NoteSyntheticData(const std::set<std::string>& given) {
+  if (given.count("data") || absl::GetFlag(FLAGS_quiet)) return;
+  std::cerr << "note: no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)\n";
+}
+
+int Run(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
   if (nproc < 1 || nproc > 1024) {
     std::cerr << "error: --nproc must be in 1..1024, got " << nproc << "\n";
@@ -466,6 +520,7 @@ int Run(const std::string& path, int argc, char** argv) {
       return kExitUsage;
     }
     if (world == 1) {
+      NoteSyntheticData(given);
       auto report = Train(result->plans[0], TrainOptionsFromFlags(program_seed));
       if (!report.ok()) {
         std::cerr << "error: " << report.status().message() << "\n";
@@ -550,6 +605,8 @@ int Run(const std::string& path, int argc, char** argv) {
   TrainOptions options = TrainOptionsFromFlags(program_seed);
   options.comm = comm->get();
   if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
+  // One note for the job: the launcher relays rank 0's stderr.
+  if (env.rank == 0) NoteSyntheticData(given);
   auto report = Train(plan, options);
   if (!report.ok()) {
     std::cerr << "error: rank " << env.rank << ": " << report.status().message() << "\n";
@@ -604,25 +661,34 @@ int Main(int argc, char** argv) {
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return kExitUsage;
   }
-  auto positional = ParseFlags(command, argc, argv, 2);
-  if (!positional.ok()) {
-    std::cerr << "error: " << positional.status().message() << "\n";
+  if (WantsHelp(argc, argv, 2)) {
+    std::cout << CommandHelp(command);
+    return 0;
+  }
+  auto parsed = ParseFlags(command, argc, argv, 2);
+  if (!parsed.ok()) {
+    std::cerr << "error: " << parsed.status().message() << "\n";
     return kExitUsage;
   }
-  if (command == "gen") return Gen(*positional);
+  if (parsed->given.count("steps") && parsed->given.count("epochs")) {
+    std::cerr << "error: --steps and --epochs are mutually exclusive; give one\n";
+    return kExitUsage;
+  }
+  const std::vector<std::string>& positional = parsed->positional;
+  if (command == "gen") return Gen(positional);
   const int64_t batch_size = absl::GetFlag(FLAGS_batch_size);
   if (batch_size < 0 || batch_size > kMaxBatchSize) {
     std::cerr << "error: --batch_size must be in 1.." << kMaxBatchSize << ", got " << batch_size << "\n";
     return kExitUsage;
   }
-  if (positional->size() != 1) {
-    std::cerr << "error: strata " << command << " needs exactly one PROGRAM file, got " << positional->size() << "\n" << kUsage;
+  if (positional.size() != 1) {
+    std::cerr << "error: strata " << command << " needs exactly one PROGRAM file, got " << positional.size() << "\n" << kUsage;
     return kExitUsage;
   }
-  const std::string& program = (*positional)[0];
+  const std::string& program = positional[0];
   if (command == "check") return Check(program);
   if (command == "compile") return CompileCommand(program);
-  return Run(program, argc, argv);
+  return Run(program, argc, argv, parsed->given);
 }
 
 }  // namespace

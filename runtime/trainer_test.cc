@@ -1,0 +1,157 @@
+#include "runtime/trainer.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/compile.h"
+#include "compiler/program_text.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/comm/rendezvous.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// 4 features, a hidden layer on stage 0, 3 classes on stage 1 (the loss and
+// the accuracy read the labels there only).
+constexpr char kThreeClassProgram[] = R"pb(
+  name: "three_classes"
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [4, 8] kind: PARAM init { xavier_uniform {} } }
+  var { name: "w2" dtype: F32 shape: [8, 3] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "w1"] output: ["xw1"] device: "gpu:0" }
+  op { type: "relu" input: ["xw1"] output: ["h"] device: "gpu:0" }
+  op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
+  op { type: "accuracy" input: ["logits", "label"] output: ["acc"] device: "gpu:1" }
+  loss: "loss"
+  fetch: "acc"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+constexpr char kTwoStages[] = R"pb(
+  pipeline { micro_batch_size: 4 accumulate_steps: 2 schedule: ONE_F_ONE_B }
+)pb";
+
+CompileResult MustCompile(const std::string& strategy_text) {
+  auto program = ParseProgramText(kThreeClassProgram, "three_classes.pbtxt");
+  EXPECT_TRUE(program.ok()) << program.status();
+  Strategy strategy;  // empty text: one device
+  if (!strategy_text.empty()) {
+    auto parsed = ParseStrategyText(strategy_text, "strategy.pbtxt");
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    if (parsed.ok()) strategy = *parsed;
+  }
+  CompileOptions options;
+  options.batch_size = 8;
+  auto result = Compile(*program, strategy, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return *std::move(result);
+}
+
+TrainOptions Options(const std::string& data, const std::string& eval_data = "") {
+  TrainOptions options;
+  options.data = data;
+  options.eval_data = eval_data;
+  options.steps = 2;
+  options.seed = 1;
+  options.progress = false;
+  options.comm_timeout_s = 60;
+  return options;
+}
+
+absl::Status TrainOneDevice(const TrainOptions& options) {
+  CompileResult compiled = MustCompile("");
+  return Train(compiled.plans[0], options).status();
+}
+
+// Runs every rank of a two-stage pipeline as a thread over an in-memory store.
+std::vector<absl::Status> TrainPipeline(const TrainOptions& options, const std::string& store) {
+  CompileResult compiled = MustCompile(kTwoStages);
+  const int world = static_cast<int>(compiled.plans.size());
+  EXPECT_EQ(world, 2);
+  std::vector<absl::Status> results(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      const RankPlan& plan = compiled.plans[rank];
+      RendezvousOptions ropts;
+      ropts.rank = rank;
+      ropts.world_size = world;
+      ropts.store_spec = store;
+      ropts.fingerprint = plan.fingerprint();
+      ropts.timeout = absl::Seconds(60);
+      ropts.op_timeout = absl::Seconds(60);
+      auto comm = Rendezvous(ropts);
+      if (!comm.ok()) {
+        results[rank] = comm.status();
+        return;
+      }
+      TrainOptions topts = options;
+      topts.comm = comm->get();
+      CpuAllocator allocator;
+      topts.allocator = &allocator;
+      results[rank] = Train(plan, topts).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(TrainerLabelCheckTest, SyntheticClassesBeyondTheLogitsFailBeforeTheFirstStep) {
+  absl::Status s = TrainOneDevice(Options("synthetic:classes=100"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--data synthetic:classes=100: labels run to 99, but op #3 "
+                                     "'softmax_cross_entropy' has 3 classes (logits 'logits' [-1, 3])"));
+  EXPECT_THAT(s.message(), HasSubstr("label 99 is outside the classes [0, 3) (classes=3 fits)"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("step")));
+}
+
+// Without classes=, synthetic data has the classes of the ops that read the
+// labels (10 would fail the 3-class loss), on one device and on a pipeline
+// whose first stage does not read them.
+TEST(TrainerLabelCheckTest, DefaultSyntheticClassesAreTheProgramsClasses) {
+  EXPECT_TRUE(TrainOneDevice(Options("synthetic", "synthetic:test,size=20")).ok());
+  for (const absl::Status& s : TrainPipeline(Options("synthetic"), "memory://label-check-default")) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+TEST(TrainerLabelCheckTest, SyntheticClassesThatFitTrain) {
+  EXPECT_TRUE(TrainOneDevice(Options("synthetic:classes=3")).ok());
+  EXPECT_TRUE(TrainOneDevice(Options("synthetic:classes=2", "synthetic:classes=3,test,size=20")).ok());
+}
+
+TEST(TrainerLabelCheckTest, EvalDataIsCheckedToo) {
+  absl::Status s = TrainOneDevice(Options("synthetic:classes=3", "synthetic:classes=4,test"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--eval_data synthetic:classes=4,test: labels run to 3, but op #3"));
+}
+
+TEST(TrainerLabelCheckTest, EveryPipelineRankRejectsLabelsOnlyTheLastStageReads) {
+  std::vector<absl::Status> results = TrainPipeline(Options("synthetic:classes=100"), "memory://label-check-bad");
+  ASSERT_EQ(results.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].code(), absl::StatusCode::kInvalidArgument) << "rank " << rank << ": " << results[rank];
+    EXPECT_THAT(results[rank].message(),
+                HasSubstr("--data synthetic:classes=100: labels run to 99, but op #3 'softmax_cross_entropy' has 3 "
+                          "classes (logits 'logits' [-1, 3])"))
+        << "rank " << rank;
+  }
+  EXPECT_EQ(results[0].message(), results[1].message());
+}
+
+TEST(TrainerLabelCheckTest, PipelineWithFittingClassesTrains) {
+  std::vector<absl::Status> results =
+      TrainPipeline(Options("synthetic:classes=3", "synthetic:classes=3,test,size=20"), "memory://label-check-good");
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace strata
