@@ -1,7 +1,6 @@
 #include "runtime/trainer.h"
 
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +8,7 @@
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/comm/rendezvous.h"
+#include "runtime/comm/comm_test_util.h"
 
 namespace strata {
 namespace {
@@ -21,15 +20,62 @@ using ::testing::Not;
 // the accuracy read the labels there only).
 constexpr char kThreeClassProgram[] = R"pb(
   name: "three_classes"
-  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "w1" dtype: F32 shape: [4, 8] kind: PARAM init { xavier_uniform {} } }
-  var { name: "w2" dtype: F32 shape: [8, 3] kind: PARAM init { xavier_uniform {} } }
-  op { type: "matmul" input: ["x", "w1"] output: ["xw1"] device: "gpu:0" }
-  op { type: "relu" input: ["xw1"] output: ["h"] device: "gpu:0" }
-  op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:1" }
-  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
-  op { type: "accuracy" input: ["logits", "label"] output: ["acc"] device: "gpu:1" }
+  var {
+    name: "x"
+    dtype: F32
+    shape: [ -1, 4 ]
+    kind: FEED
+  }
+  var {
+    name: "label"
+    dtype: I64
+    shape: [ -1 ]
+    kind: FEED
+  }
+  var {
+    name: "w1"
+    dtype: F32
+    shape: [ 4, 8 ]
+    kind: PARAM
+    init { xavier_uniform {} }
+  }
+  var {
+    name: "w2"
+    dtype: F32
+    shape: [ 8, 3 ]
+    kind: PARAM
+    init { xavier_uniform {} }
+  }
+  op {
+    type: "matmul"
+    input: [ "x", "w1" ]
+    output: [ "xw1" ]
+    device: "gpu:0"
+  }
+  op {
+    type: "relu"
+    input: [ "xw1" ]
+    output: [ "h" ]
+    device: "gpu:0"
+  }
+  op {
+    type: "matmul"
+    input: [ "h", "w2" ]
+    output: [ "logits" ]
+    device: "gpu:1"
+  }
+  op {
+    type: "softmax_cross_entropy"
+    input: [ "logits", "label" ]
+    output: [ "loss" ]
+    device: "gpu:1"
+  }
+  op {
+    type: "accuracy"
+    input: [ "logits", "label" ]
+    output: [ "acc" ]
+    device: "gpu:1"
+  }
   loss: "loss"
   fetch: "acc"
   optimizer { sgd { learning_rate: 0.1 } }
@@ -72,36 +118,18 @@ absl::Status TrainOneDevice(const TrainOptions& options) {
 }
 
 // Runs every rank of a two-stage pipeline as a thread over an in-memory store.
-std::vector<absl::Status> TrainPipeline(const TrainOptions& options, const std::string& store) {
+std::vector<absl::Status> TrainPipeline(const TrainOptions& options) {
   CompileResult compiled = MustCompile(kTwoStages);
-  const int world = static_cast<int>(compiled.plans.size());
-  EXPECT_EQ(world, 2);
-  std::vector<absl::Status> results(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      const RankPlan& plan = compiled.plans[rank];
-      RendezvousOptions ropts;
-      ropts.rank = rank;
-      ropts.world_size = world;
-      ropts.store_spec = store;
-      ropts.fingerprint = plan.fingerprint();
-      ropts.timeout = absl::Seconds(60);
-      ropts.op_timeout = absl::Seconds(60);
-      auto comm = Rendezvous(ropts);
-      if (!comm.ok()) {
-        results[rank] = comm.status();
-        return;
-      }
-      TrainOptions topts = options;
-      topts.comm = comm->get();
-      CpuAllocator allocator;
-      topts.allocator = &allocator;
-      results[rank] = Train(plan, topts).status();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+  EXPECT_EQ(compiled.plans.size(), 2u);
+  std::vector<std::string> fingerprints;
+  for (const RankPlan& plan : compiled.plans) fingerprints.push_back(plan.fingerprint());
+  return testing::RunConnectedRanks(fingerprints, [&](int rank, Communicator* comm) {
+    TrainOptions topts = options;
+    topts.comm = comm;
+    CpuAllocator allocator;
+    topts.allocator = &allocator;
+    return Train(compiled.plans[rank], topts).status();
+  });
 }
 
 TEST(TrainerLabelCheckTest, SyntheticClassesBeyondTheLogitsFailBeforeTheFirstStep) {
@@ -118,7 +146,7 @@ TEST(TrainerLabelCheckTest, SyntheticClassesBeyondTheLogitsFailBeforeTheFirstSte
 // whose first stage does not read them.
 TEST(TrainerLabelCheckTest, DefaultSyntheticClassesAreTheProgramsClasses) {
   EXPECT_TRUE(TrainOneDevice(Options("synthetic", "synthetic:test,size=20")).ok());
-  for (const absl::Status& s : TrainPipeline(Options("synthetic"), "memory://label-check-default")) {
+  for (const absl::Status& s : TrainPipeline(Options("synthetic"))) {
     EXPECT_TRUE(s.ok()) << s;
   }
 }
@@ -135,21 +163,20 @@ TEST(TrainerLabelCheckTest, EvalDataIsCheckedToo) {
 }
 
 TEST(TrainerLabelCheckTest, EveryPipelineRankRejectsLabelsOnlyTheLastStageReads) {
-  std::vector<absl::Status> results = TrainPipeline(Options("synthetic:classes=100"), "memory://label-check-bad");
+  std::vector<absl::Status> results = TrainPipeline(Options("synthetic:classes=100"));
   ASSERT_EQ(results.size(), 2u);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(results[rank].code(), absl::StatusCode::kInvalidArgument) << "rank " << rank << ": " << results[rank];
-    EXPECT_THAT(results[rank].message(),
-                HasSubstr("--data synthetic:classes=100: labels run to 99, but op #3 'softmax_cross_entropy' has 3 "
-                          "classes (logits 'logits' [-1, 3])"))
+    EXPECT_THAT(results[rank].message(), HasSubstr("--data synthetic:classes=100: labels run to 99, but "
+                                                   "op #3 'softmax_cross_entropy' has 3 "
+                                                   "classes (logits 'logits' [-1, 3])"))
         << "rank " << rank;
   }
   EXPECT_EQ(results[0].message(), results[1].message());
 }
 
 TEST(TrainerLabelCheckTest, PipelineWithFittingClassesTrains) {
-  std::vector<absl::Status> results =
-      TrainPipeline(Options("synthetic:classes=3", "synthetic:classes=3,test,size=20"), "memory://label-check-good");
+  std::vector<absl::Status> results = TrainPipeline(Options("synthetic:classes=3", "synthetic:classes=3,test,size=20"));
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 

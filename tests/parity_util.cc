@@ -1,14 +1,12 @@
 #include "tests/parity_util.h"
 
-#include <atomic>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "compiler/compile.h"
 #include "runtime/allocator.h"
-#include "runtime/comm/rendezvous.h"
+#include "runtime/comm/comm_test_util.h"
 #include "runtime/executor.h"
 #include "runtime/trainer.h"
 
@@ -67,61 +65,48 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   return run;
 }
 
-absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& strategy, const ParityOptions& options) {
+absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& strategy,
+                                        const ParityOptions& options) {
   auto compiled = Compile(program, strategy, CompileOptions());
   if (!compiled.ok()) return compiled.status();
-  const int world = static_cast<int>(compiled->plans.size());
-  static std::atomic<int> counter{0};
-  const std::string store = absl::StrCat("memory://parity-", counter++);
+  std::vector<std::string> fingerprints;
+  for (const RankPlan& plan : compiled->plans) fingerprints.push_back(plan.fingerprint());
 
   absl::Mutex mu;
   ParityRun run;
-  absl::Status status;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      const RankPlan& plan = compiled->plans[rank];
-      RendezvousOptions ropts;
-      ropts.rank = rank;
-      ropts.world_size = world;
-      ropts.store_spec = store;
-      ropts.fingerprint = plan.fingerprint();
-      ropts.timeout = absl::Seconds(60);
-      ropts.op_timeout = absl::Seconds(60);
-      auto comm = Rendezvous(ropts);
-      if (!comm.ok()) {
-        absl::MutexLock lock(&mu);
-        if (status.ok()) status = comm.status();
-        return;
+  absl::Status status;  // replicas that differ
+  std::vector<absl::Status> results = testing::RunConnectedRanks(fingerprints, [&](int rank, Communicator* comm) {
+    const RankPlan& plan = compiled->plans[rank];
+    TrainOptions topts = BaseOptions(options);
+    topts.comm = comm;
+    CpuAllocator allocator;  // per rank: its own byte counters
+    topts.allocator = &allocator;
+    auto report = Train(plan, topts);
+    if (!report.ok()) {
+      return absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));
+    }
+    absl::MutexLock lock(&mu);
+    if (report->reports_loss) {
+      for (const auto& s : report->steps) run.losses.push_back(s.loss);
+      if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
+    }
+    for (const auto& [name, values] : report->final_state) {
+      if (!IsParam(plan.program(), name)) continue;
+      auto it = run.weights.find(name);
+      if (it != run.weights.end() && it->second != values && status.ok()) {
+        // A tied weight lives on several stages; its replicas must stay
+        // identical.
+        status = absl::InternalError(absl::StrCat("replicas of '", name, "' differ between ranks"));
       }
-      TrainOptions topts = BaseOptions(options);
-      topts.comm = comm->get();
-      CpuAllocator allocator;  // per rank: its own byte counters
-      topts.allocator = &allocator;
-      auto report = Train(plan, topts);
-      absl::MutexLock lock(&mu);
-      if (!report.ok()) {
-        if (status.ok()) status = absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));
-        return;
-      }
-      if (report->reports_loss) {
-        for (const auto& s : report->steps) run.losses.push_back(s.loss);
-        if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
-      }
-      for (const auto& [name, values] : report->final_state) {
-        if (!IsParam(plan.program(), name)) continue;
-        auto it = run.weights.find(name);
-        if (it != run.weights.end() && it->second != values && status.ok()) {
-          // A tied weight lives on several stages; its replicas must stay identical.
-          status = absl::InternalError(absl::StrCat("replicas of '", name, "' differ between ranks"));
-        }
-        run.weights[name] = values;
-      }
-      run.measured_peak_bytes[rank] = report->measured_peak_bytes;
-      run.predicted_peak_bytes[rank] = report->predicted_peak_bytes;
-    });
+      run.weights[name] = values;
+    }
+    run.measured_peak_bytes[rank] = report->measured_peak_bytes;
+    run.predicted_peak_bytes[rank] = report->predicted_peak_bytes;
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
   }
-  for (auto& t : threads) t.join();
   if (!status.ok()) return status;
   return run;
 }

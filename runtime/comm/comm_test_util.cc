@@ -40,6 +40,26 @@ std::string FreshDir(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", name, "-", getpid(), "-", counter++);
 }
 
+std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fingerprints,
+                                            const std::function<absl::Status(int rank, Communicator* comm)>& fn,
+                                            absl::Duration timeout) {
+  const int world = static_cast<int>(fingerprints.size());
+  std::vector<absl::Status> results(world);
+  const std::string spec = UniqueMemorySpec();
+  RunRanks(world, [&](int rank) {
+    RendezvousOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    options.store_spec = spec;
+    options.fingerprint = fingerprints[rank];
+    options.timeout = timeout;
+    options.op_timeout = timeout;
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    results[rank] = comm.ok() ? fn(rank, comm->get()) : comm.status();
+  });
+  return results;
+}
+
 std::vector<std::unique_ptr<Communicator>> ConnectRanks(int world, absl::Duration op_timeout) {
   std::vector<std::unique_ptr<Communicator>> comms(world);
   const std::string spec = UniqueMemorySpec();
@@ -114,17 +134,9 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
     const std::string port_text = std::to_string(port);
     const std::string log_path = absl::StrCat(::testing::TempDir(), "/redis-", port_text, ".log");
     // Built before fork: only async-signal-safe calls run in the child.
-    std::vector<std::string> args = {"redis-server",
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--port",
-                                     port_text,
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     ::testing::TempDir()};
+    std::vector<std::string> args = {
+        "redis-server", "--bind", "127.0.0.1",         "--port", port_text, "--save", "", "--appendonly",
+        "no",           "--dir",  ::testing::TempDir()};
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -148,8 +160,7 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
       if (waitpid(pid, &status, WNOHANG) == pid) {
         last_error = WIFEXITED(status) && WEXITSTATUS(status) == 127
                          ? "redis-server is not installed (exec failed)"
-                         : absl::StrCat("redis-server exited at start (status ", status, "), see ",
-                                        log_path);
+                         : absl::StrCat("redis-server exited at start (status ", status, "), see ", log_path);
         pid = -1;
         break;
       }

@@ -30,6 +30,14 @@ std::string FreshDir(const std::string& name);
 std::vector<std::unique_ptr<Communicator>> ConnectRanks(
     int world, absl::Duration op_timeout = absl::Seconds(30));
 
+// Runs fn(rank, comm) for every rank on its own thread, after a rendezvous
+// of all ranks over a fresh in-memory store; rank r presents
+// fingerprints[r] (its plan's). Element r is rank r's result: fn's, or the
+// rendezvous error.
+std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fingerprints,
+                                            const std::function<absl::Status(int rank, Communicator* comm)>& fn,
+                                            absl::Duration timeout = absl::Seconds(60));
+
 // A loopback TCP port nobody listens on right now.
 int PickFreePort();
 
