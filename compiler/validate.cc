@@ -311,7 +311,8 @@ absl::Status ValidateAndInferProgram(Program* program) {
         if (want != (*inferred)[k]) {
           std::string bound = DescribeInputs(*schema, *op, input_types);
           return Err(where, absl::StrCat("output '", out, "' is declared ", want.ToString(), " but the op produces ",
-                                         (*inferred)[k].ToString(), bound.empty() ? "" : absl::StrCat(" (where ", bound, ")")));
+                                         (*inferred)[k].ToString(),
+                                         bound.empty() ? "" : absl::StrCat(" (where ", bound, ")")));
         }
       }
       std::string why;

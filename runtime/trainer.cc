@@ -198,23 +198,22 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // Pipeline stages hold only their own ops, so the ranks share what they
   // found; every rank then opens the same data and fails the label check
   // alike, before any step.
+  const std::vector<FeedSpec> feeds = FeedSpecs(plan.program());
   LabelConsumer consumer;
-  {
-    const std::vector<FeedSpec> feeds = FeedSpecs(plan.program());
-    const std::string label_feed = LabelFeedName(feeds);
-    if (!label_feed.empty()) consumer = FindLabelConsumer(plan.program(), label_feed);
-    if (options.comm != nullptr && options.comm->size() > 1) {
-      auto shared = ShareLabelConsumer(consumer, *options.comm, options.comm_timeout_s);
-      if (!shared.ok()) return shared.status();
-      consumer = *std::move(shared);
-    }
+  if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
+    consumer = FindLabelConsumer(plan.program(), label_feed);
+  }
+  if (options.comm != nullptr && options.comm->size() > 1) {
+    auto shared = ShareLabelConsumer(consumer, *options.comm, options.comm_timeout_s);
+    if (!shared.ok()) return shared.status();
+    consumer = *std::move(shared);
   }
   // Synthetic data without classes= has the program's classes.
-  auto train_data = OpenDataset(options.data, FeedSpecs(plan.program()), options.seed, consumer.classes);
+  auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
   if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
   std::unique_ptr<Dataset> eval_data;
   if (!options.eval_data.empty()) {
-    auto d = OpenDataset(options.eval_data, FeedSpecs(plan.program()), options.seed, consumer.classes);
+    auto d = OpenDataset(options.eval_data, feeds, options.seed, consumer.classes);
     if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     eval_data = std::move(*d);
   }

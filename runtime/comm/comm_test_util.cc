@@ -40,6 +40,24 @@ std::string FreshDir(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", name, "-", getpid(), "-", counter++);
 }
 
+namespace {
+
+// Rank `rank` of `world` joining the in-memory store `spec`.
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectRank(int rank, int world, const std::string& spec,
+                                                          const std::string& fingerprint, absl::Duration timeout,
+                                                          absl::Duration op_timeout) {
+  RendezvousOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.store_spec = spec;
+  options.fingerprint = fingerprint;
+  options.timeout = timeout;
+  options.op_timeout = op_timeout;
+  return Rendezvous(options);
+}
+
+}  // namespace
+
 std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fingerprints,
                                             const std::function<absl::Status(int rank, Communicator* comm)>& fn,
                                             absl::Duration timeout) {
@@ -47,14 +65,7 @@ std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fing
   std::vector<absl::Status> results(world);
   const std::string spec = UniqueMemorySpec();
   RunRanks(world, [&](int rank) {
-    RendezvousOptions options;
-    options.rank = rank;
-    options.world_size = world;
-    options.store_spec = spec;
-    options.fingerprint = fingerprints[rank];
-    options.timeout = timeout;
-    options.op_timeout = timeout;
-    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    auto comm = ConnectRank(rank, world, spec, fingerprints[rank], timeout, timeout);
     results[rank] = comm.ok() ? fn(rank, comm->get()) : comm.status();
   });
   return results;
@@ -64,14 +75,7 @@ std::vector<std::unique_ptr<Communicator>> ConnectRanks(int world, absl::Duratio
   std::vector<std::unique_ptr<Communicator>> comms(world);
   const std::string spec = UniqueMemorySpec();
   RunRanks(world, [&](int rank) {
-    RendezvousOptions options;
-    options.rank = rank;
-    options.world_size = world;
-    options.store_spec = spec;
-    options.fingerprint = "same-program";
-    options.timeout = absl::Seconds(10);
-    options.op_timeout = op_timeout;
-    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    auto comm = ConnectRank(rank, world, spec, "same-program", absl::Seconds(10), op_timeout);
     if (!comm.ok()) {
       ADD_FAILURE() << "rank " << rank << ": " << comm.status();
       return;
