@@ -116,9 +116,8 @@ class GradBuilderImpl : public GradBuilder {
                   std::vector<std::string> output_grads, std::vector<bool> needs)
       : op_(op), input_ids_(index.input_ids(op_index)), emitter_(emitter), acc_(acc),
         output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
-    auto type_of = [&](int id) { return index.var(id) != nullptr ? TypeOf(*index.var(id)) : TensorType{}; };
-    for (int id : index.input_ids(op_index)) input_types_.push_back(type_of(id));
-    for (int id : index.output_ids(op_index)) output_types_.push_back(type_of(id));
+    for (int id : index.input_ids(op_index)) input_types_.push_back(index.type(id));
+    for (int id : index.output_ids(op_index)) output_types_.push_back(index.type(id));
     given_.assign(op.input_size(), false);
   }
 
@@ -222,8 +221,7 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
   for (int i = 0; i < num_forward; ++i) {
     if (!schemas[i]->differentiable || !any_flagged(requires_grad, index.input_ids(i))) continue;
     for (int id : index.output_ids(i)) {
-      const Var* v = index.var(id);
-      if (v != nullptr && IsFloating(v->dtype())) requires_grad[id] = 1;
+      if (index.declared(id) && IsFloating(index.dtype(id))) requires_grad[id] = 1;
     }
   }
   if (int id = index.id(program->loss()); id >= 0) reaches_loss[id] = 1;

@@ -4,35 +4,100 @@
 
 namespace strata {
 
-GraphIndex::GraphIndex(const Program& program) {
-  const int num_vars = program.var_size();
-  ids_.reserve(num_vars);
-  var_of_.reserve(num_vars);
-  names_.reserve(num_vars);
-  for (const Var& v : program.var()) {
-    if (ids_.emplace(v.name(), static_cast<int>(var_of_.size())).second) {
-      var_of_.push_back(&v);
-      names_.push_back(v.name());
-    }
+absl::string_view GraphIndex::name(int id) const {
+  return absl::string_view(name_bytes_.data() + name_begin_[id], name_begin_[id + 1] - name_begin_[id]);
+}
+
+std::pair<int, bool> GraphIndex::Intern(absl::string_view name) {
+  bool added = false;
+  auto it = ids_.lazy_emplace(name, [&](const auto& construct) {
+    added = true;
+    const int id = num_names();
+    name_bytes_.insert(name_bytes_.end(), name.begin(), name.end());
+    name_begin_.push_back(static_cast<uint32_t>(name_bytes_.size()));
+    construct(id);
+  });
+  return {*it, added};
+}
+
+bool GraphIndex::StartFrom(const Program& program, const GraphIndex& previous) {
+  // Every name the previous index knew must be a var declared at the same
+  // place now (a pass that only appended); otherwise start afresh.
+  const int n = previous.num_ids();
+  if (n > program.var_size()) return false;
+  for (int j = 0; j < n; ++j) {
+    if (!previous.declared(j) || program.var(j).name() != previous.name(j)) return false;
   }
-  auto intern = [&](const std::string& name) {
-    auto [it, inserted] = ids_.emplace(name, static_cast<int>(var_of_.size()));
+  name_bytes_ = previous.name_bytes_;
+  name_begin_ = previous.name_begin_;
+  ids_.reserve(program.var_size());
+  for (int id = 0; id < n; ++id) ids_.insert(id);
+  return true;
+}
+
+GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
+  const int num_vars = program.var_size();
+  if (previous == nullptr || !StartFrom(program, *previous)) {
+    ids_.reserve(num_vars);
+    name_begin_.reserve(num_vars + 1);
+  }
+  const int known = num_names();  // the previous index's names, declared at vars [0, known)
+  var_of_.reserve(num_vars);
+  meta_.reserve(num_vars);
+  dims_.reserve(num_vars * 2);
+  auto add_var = [&](const Var& v) {
+    var_of_.push_back(&v);
+    Meta m;
+    m.dims_begin = static_cast<int32_t>(dims_.size());
+    m.rank = v.shape_size();
+    m.kind = v.kind();
+    m.dtype = v.dtype();
+    dims_.insert(dims_.end(), v.shape().begin(), v.shape().end());
+    meta_.push_back(m);
+  };
+  for (int j = 0; j < known; ++j) add_var(program.var(j));
+  for (int j = known; j < num_vars; ++j) {
+    const Var& v = program.var(j);
+    if (Intern(v.name()).second) add_var(v);
+  }
+  auto intern_use = [&](const std::string& name) {
+    auto [id, inserted] = Intern(name);
     if (inserted) {
       var_of_.push_back(nullptr);
-      names_.push_back(name);
+      meta_.push_back(Meta{});
     }
-    return it->second;
+    return id;
+  };
+  // The previous index resolved the ops it covered: an op that still reads
+  // and writes the same names keeps its ids, checked by comparing the names
+  // (a walk in program order, where hashing would probe all over the table).
+  const bool same_ops = known > 0;
+  auto resolve = [&](const std::string& name, int i, int pos) {
+    if (same_ops && i < previous->num_ops()) {
+      const int candidate = previous->op_ids_[pos];
+      if (candidate < known && name == this->name(candidate)) return candidate;
+    }
+    return intern_use(name);
   };
   // One walk interns every name; consumer lists come later, when asked for.
   op_input_begin_.reserve(program.op_size() + 1);
   op_output_begin_.reserve(program.op_size());
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
+    // Positions in the previous index's op_ids_, valid while op i has the same arity there.
+    int prev_in = -1, prev_out = -1;
+    if (same_ops && i < previous->num_ops() && previous->input_ids(i).size() == static_cast<size_t>(op.input_size()) &&
+        previous->output_ids(i).size() == static_cast<size_t>(op.output_size())) {
+      prev_in = previous->op_input_begin_[i];
+      prev_out = previous->op_output_begin_[i];
+    }
     op_input_begin_.push_back(static_cast<int>(op_ids_.size()));
-    for (const auto& in : op.input()) op_ids_.push_back(intern(in));
+    for (int k = 0; k < op.input_size(); ++k) {
+      op_ids_.push_back(prev_in >= 0 ? resolve(op.input(k), i, prev_in + k) : intern_use(op.input(k)));
+    }
     op_output_begin_.push_back(static_cast<int>(op_ids_.size()));
-    for (const auto& out : op.output()) {
-      const int id = intern(out);
+    for (int k = 0; k < op.output_size(); ++k) {
+      const int id = prev_out >= 0 ? resolve(op.output(k), i, prev_out + k) : intern_use(op.output(k));
       op_ids_.push_back(id);
       if (static_cast<size_t>(id) >= producer_.size()) producer_.resize(var_of_.size(), -1);
       if (producer_[id] < 0) producer_[id] = i;
@@ -67,7 +132,7 @@ void GraphIndex::BuildConsumers() const {
 
 int GraphIndex::id(absl::string_view name) const {
   auto it = ids_.find(name);
-  return it == ids_.end() ? -1 : it->second;
+  return it == ids_.end() ? -1 : *it;
 }
 
 int GraphIndex::producer(absl::string_view var) const {
@@ -96,9 +161,20 @@ const GraphIndex& IndexFor(const Program& program, const GraphIndex* given, std:
   return **own;
 }
 
-TensorType TypeOf(const Var& var) {
-  return TensorType{var.dtype(), Shape(var.shape().begin(), var.shape().end())};
+TensorType GraphIndex::type(int id) const {
+  const Meta& m = meta_[id];
+  if (m.rank < 0) return TensorType{};
+  return TensorType{m.dtype, Shape(dims_.begin() + m.dims_begin, dims_.begin() + m.dims_begin + m.rank)};
 }
+
+bool GraphIndex::HasType(int id, const TensorType& type) const {
+  const Meta& m = meta_[id];
+  return m.rank >= 0 && m.dtype == type.dtype &&
+         std::equal(dims_.begin() + m.dims_begin, dims_.begin() + m.dims_begin + m.rank, type.shape.begin(),
+                    type.shape.end());
+}
+
+TensorType TypeOf(const Var& var) { return TensorType{var.dtype(), Shape(var.shape().begin(), var.shape().end())}; }
 
 bool IsPersistent(const Var& var) { return var.kind() == PARAM || var.kind() == STATE; }
 

@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/program.pb.h"
@@ -14,12 +15,17 @@
 namespace strata {
 
 // Producer and consumers of every var, and declared var types; rebuilt by a
-// pass when it needs one (one walk over the program). Names are keyed by
-// string_view into the program, so the index must not outlive the program or
-// see its vars and ops change; every name gets a dense integer id.
+// pass when it needs one (one walk over the program). It points at the
+// program's vars, so it must not outlive the program or see its vars and
+// ops change; every name gets a dense integer id. The index is not movable
+// or copyable (its name set refers back to it); hold it by pointer.
 class GraphIndex {
  public:
-  explicit GraphIndex(const Program& program);
+  // With `previous`, an index of the same program before a pass changed it:
+  // the names it resolved are reused where the program still has them.
+  explicit GraphIndex(const Program& program, const GraphIndex* previous = nullptr);
+  GraphIndex(const GraphIndex&) = delete;
+  GraphIndex& operator=(const GraphIndex&) = delete;
 
   // Index of the first op writing `var`, or -1 (feeds, params, undefined).
   int producer(absl::string_view var) const;
@@ -28,12 +34,19 @@ class GraphIndex {
   // The declared var, or nullptr.
   const Var* var(absl::string_view name) const;
   TensorType type(absl::string_view name) const;  // DT_INVALID when undeclared
+  // The declared type and kind of id's var, from the index's own dense copy
+  // (no access to the Var message); DT_INVALID / ACTIVATION when undeclared.
+  TensorType type(int id) const;
+  DataType dtype(int id) const { return meta_[id].dtype; }
+  VarKind kind(int id) const { return meta_[id].kind; }
+  bool declared(int id) const { return meta_[id].rank >= 0; }
+  bool HasType(int id, const TensorType& type) const;
 
   // Dense ids: declared vars first (in declaration order), then names that
   // ops use without a var entry. -1 when the name appears nowhere.
   int id(absl::string_view name) const;
   int num_ids() const { return static_cast<int>(var_of_.size()); }
-  absl::string_view name(int id) const { return names_[id]; }
+  absl::string_view name(int id) const;  // a view into the index's own copy
   const Var* var(int id) const { return var_of_[id]; }
   int producer(int id) const { return producer_[id]; }
   // The ids of op i's inputs and outputs, in order (the ops the index was
@@ -52,14 +65,44 @@ class GraphIndex {
   }
 
  private:
-  absl::flat_hash_map<absl::string_view, int> ids_;
-  std::vector<const Var*> var_of_;     // id -> var, nullptr for undeclared names
-  std::vector<absl::string_view> names_;  // id -> name (views into the program)
-  std::vector<int> producer_;          // id -> first producing op, or -1
+  // Name -> id: a set of ids, hashed and compared by the index's own copy
+  // of their names (name_bytes_), so a probe reads 4-byte slots and a
+  // compact buffer that stay in the core's cache; keys kept as views into
+  // the program send every probe out to memory once the program is large.
+  struct NameHash {
+    using is_transparent = void;
+    const GraphIndex* index;
+    size_t operator()(absl::string_view name) const { return absl::HashOf(name); }
+    size_t operator()(int32_t id) const { return absl::HashOf(index->name(id)); }
+  };
+  struct NameEq {
+    using is_transparent = void;
+    const GraphIndex* index;
+    bool operator()(int32_t a, int32_t b) const { return a == b; }
+    bool operator()(int32_t id, absl::string_view name) const { return index->name(id) == name; }
+    bool operator()(absl::string_view name, int32_t id) const { return index->name(id) == name; }
+  };
+  // Adds `name` if new; returns its id and whether it was added.
+  std::pair<int, bool> Intern(absl::string_view name);
+  int num_names() const { return static_cast<int>(name_begin_.size()) - 1; }
+  bool StartFrom(const Program& program, const GraphIndex& previous);
+  absl::flat_hash_set<int32_t, NameHash, NameEq> ids_{0, NameHash{this}, NameEq{this}};
+  std::vector<char> name_bytes_;
+  std::vector<uint32_t> name_begin_{0};  // id -> offset into name_bytes_; num_ids + 1 entries
+  struct Meta {
+    int32_t dims_begin = 0;
+    int32_t rank = -1;  // -1: no var entry
+    DataType dtype = DT_INVALID;
+    VarKind kind = ACTIVATION;
+  };
+  std::vector<Meta> meta_;          // id -> declared type, kind
+  std::vector<int64_t> dims_;       // meta_[id].dims_begin .. + rank
+  std::vector<const Var*> var_of_;  // id -> var, nullptr for undeclared names
+  std::vector<int> producer_;       // id -> first producing op, or -1
   // Built on the first consumers() call (the verifier never asks): a second
   // walk over op_ids_. Not thread-safe, like the rest of a pass.
   void BuildConsumers() const;
-  mutable std::vector<int> consumer_begin_;    // id -> offset into consumer_list_ (num_ids + 1 entries)
+  mutable std::vector<int> consumer_begin_;  // id -> offset into consumer_list_ (num_ids + 1 entries)
   mutable std::vector<int> consumer_list_;
   // Per op, its input ids then its output ids: op i's inputs are
   // op_ids_[op_input_begin_[i], op_output_begin_[i]), its outputs up to

@@ -49,7 +49,7 @@ absl::Status PassPipeline::Run(Program& program, const CompileContext& ctx, Phas
     if (!changed.ok()) return changed.status();
     if (*changed) {
       ScopedPhase phase(times, "verify");
-      auto index = VerifyAndIndexProgram(program);
+      auto index = VerifyAndIndexProgram(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr);
       if (!index.ok()) {
         if (ctx.index_cache != nullptr) ctx.index_cache->Clear();
         return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ",

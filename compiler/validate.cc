@@ -402,10 +402,10 @@ absl::Status ValidateAndInferProgram(Program* program) {
 
 absl::Status VerifyProgram(const Program& program) { return VerifyAndIndexProgram(program).status(); }
 
-absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program) {
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program, const GraphIndex* previous) {
   // Runs after every pass: names are resolved once, by the GraphIndex that
   // the next pass then reuses; an op's location is built only for a message.
-  auto index = std::make_unique<GraphIndex>(program);
+  auto index = std::make_unique<GraphIndex>(program, previous);
   std::vector<TensorType> input_types;
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
@@ -416,23 +416,21 @@ absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program&
     const absl::Span<const int> ins = index->input_ids(i);
     for (int k = 0; k < static_cast<int>(ins.size()); ++k) {
       // Defined: a feed, parameter or state var, or written by an earlier op.
-      const Var* v = index->var(ins[k]);
       const int producer = index->producer(ins[k]);
-      if (v == nullptr || (v->kind() == ACTIVATION && (producer < 0 || producer >= i))) {
+      if (!index->declared(ins[k]) || (index->kind(ins[k]) == ACTIVATION && (producer < 0 || producer >= i))) {
         return absl::InternalError(absl::StrCat(where(), ": input '", op.input(k), "' used before definition"));
       }
-      input_types.push_back(TypeOf(*v));
+      input_types.push_back(index->type(ins[k]));
     }
     auto inferred = InferOutputTypes(*schema, op, std::move(input_types));
     input_types = {};
     if (!inferred.ok()) return absl::InternalError(absl::StrCat(where(), ": ", inferred.status().message()));
     const absl::Span<const int> outs = index->output_ids(i);
     for (int k = 0; k < static_cast<int>(outs.size()); ++k) {
-      const Var* v = index->var(outs[k]);
-      if (v == nullptr) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
-      if (!HasType(*v, (*inferred)[k])) {
+      if (!index->declared(outs[k])) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
+      if (!index->HasType(outs[k], (*inferred)[k])) {
         return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' is recorded as ",
-                                                TypeOf(*v).ToString(), " but inferred as ", (*inferred)[k].ToString()));
+                                                index->type(outs[k]).ToString(), " but inferred as ", (*inferred)[k].ToString()));
       }
     }
   }

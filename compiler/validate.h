@@ -29,7 +29,10 @@ int NumStages(const Program& program);
 absl::Status VerifyProgram(const Program& program);
 // The same, returning the GraphIndex it checked the program with, so the
 // next pass can start from it instead of building its own.
-absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program);
+// `previous`, when given, indexes the program as it was before the last pass
+// (see GraphIndex); the program is verified in full either way.
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program,
+                                                                  const GraphIndex* previous = nullptr);
 
 // "file:LINE: var 'name'" for messages about a var.
 std::string VarLocation(const Program& program, const Var& var);

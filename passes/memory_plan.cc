@@ -93,17 +93,20 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
   std::vector<std::vector<int>> frees(n);
   for (int id = 0; id < num_ids; ++id) {
     if (last_use[id] < 0) continue;
-    const Var* v = index.var(id);
-    if (v == nullptr || IsPersistent(*v) || keep[id]) continue;
+    const bool persistent = index.kind(id) == PARAM || index.kind(id) == STATE;
+    if (!index.declared(id) || persistent || keep[id]) continue;
     frees[last_use[id]].push_back(id);
   }
   plan.mutable_frees_after_op()->Reserve(n);
   for (int i = 0; i < n; ++i) {
     auto& ids = frees[i];
-    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return index.var(a)->name() < index.var(b)->name(); });
+    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return index.name(a) < index.name(b); });
     auto* names = plan.add_frees_after_op()->mutable_var();
     names->Reserve(static_cast<int>(ids.size()));
-    for (int id : ids) names->Add()->assign(index.var(id)->name());
+    for (int id : ids) {
+      const absl::string_view name = index.name(id);
+      names->Add()->assign(name.data(), name.size());
+    }
   }
 
   int64_t param_bytes = 0, state_bytes = 0;
