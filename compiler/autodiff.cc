@@ -3,7 +3,6 @@
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
@@ -13,13 +12,15 @@ namespace strata {
 namespace {
 
 // Appends ops and typed vars to the program on behalf of gradient makers.
-// Vars are keyed by views of the program's var names (vars never move once
-// added); names handed out but not yet declared are kept apart.
+// Names are interned in a copy of the forward index's table, so the forward
+// vars keep their ids and types come from the index; vars the pass adds are
+// looked up in the program (they are recent).
 class BackwardEmitter {
  public:
-  explicit BackwardEmitter(Program* program) : program_(program) {
-    vars_.reserve(2 * program->var_size());
-    for (const Var& v : program->var()) vars_.emplace(v.name(), Entry{&v, nullptr});
+  BackwardEmitter(Program* program, const GraphIndex& index)
+      : program_(program), index_(index), names_(index.names()), entries_(index.num_ids()) {
+    names_.Reserve(3 * index.num_ids());
+    for (int id = 0; id < index.num_ids(); ++id) entries_[id].declared = index.declared(id);
   }
 
   // hint, else hint@2, hint@3, ...: the first free one. Each hint remembers
@@ -29,8 +30,8 @@ class BackwardEmitter {
     int& k = next_suffix_[hint];
     if (k == 0) k = 2;
     else name = absl::StrCat(hint, "@", k++);
-    while (taken(name)) name = absl::StrCat(hint, "@", k++);
-    fresh_.insert(name);
+    while (names_.Find(name) >= 0) name = absl::StrCat(hint, "@", k++);
+    Intern(name);
     return name;
   }
 
@@ -59,15 +60,18 @@ class BackwardEmitter {
     std::vector<TensorType> input_types;
     input_types.reserve(op.input_size());
     for (const auto& in : op.input()) {
-      auto it = vars_.find(in);
-      if (it == vars_.end()) return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
-      input_types.push_back(TypeOf(*it->second.var));
+      const int id = names_.Find(in);
+      if (id < 0 || !entries_[id].declared) {
+        return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
+      }
+      input_types.push_back(entries_[id].var != nullptr ? TypeOf(*entries_[id].var) : index_.type(id));
     }
     auto out_types = InferOutputTypes(*schema, op, std::move(input_types));
     if (!out_types.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", out_types.status().message())));
     for (int k = 0; k < op.output_size(); ++k) {
       const std::string& out = op.output(k);
-      bool exists = vars_.count(out) > 0;
+      const int id = names_.Find(out);
+      bool exists = id >= 0 && entries_[id].declared;
       for (int j = 0; j < k && !exists; ++j) exists = op.output(j) == out;
       if (exists) return fail(absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists")));
     }
@@ -77,28 +81,35 @@ class BackwardEmitter {
       v->set_dtype((*out_types)[k].dtype);
       for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
       v->set_kind(ACTIVATION);
-      vars_.emplace(v->name(), Entry{v, &op});
+      Entry& e = entries_[Intern(v->name())];
+      e = Entry{v, &op, true};
     }
     return absl::OkStatus();
   }
 
   // The backward op that emitted `var`, or nullptr (a forward var).
   const Op* producer(const std::string& var) const {
-    auto it = vars_.find(var);
-    return it == vars_.end() ? nullptr : it->second.producer;
+    const int id = names_.Find(var);
+    return id < 0 ? nullptr : entries_[id].producer;
   }
 
  private:
-  bool taken(const std::string& name) const { return vars_.count(name) > 0 || fresh_.count(name) > 0; }
+  int Intern(absl::string_view name) {
+    auto [id, added] = names_.Intern(name);
+    if (added) entries_.emplace_back();
+    return id;
+  }
 
   Program* program_;
+  const GraphIndex& index_;
+  NameTable names_;  // forward names (the index's ids), then names handed out and vars added here
   struct Entry {
-    const Var* var;
-    const Op* producer;  // the backward op that emitted it (ops stay put), or nullptr
+    const Var* var = nullptr;      // a var this pass added; forward vars' types come from the index
+    const Op* producer = nullptr;  // the backward op that emitted it (ops stay put), or nullptr
+    bool declared = false;         // a var of the program (not only a name handed out)
   };
-  absl::flat_hash_map<absl::string_view, Entry> vars_;  // every var of the program
-  absl::flat_hash_map<std::string, int> next_suffix_;            // per hint: the next @k to try
-  absl::flat_hash_set<std::string> fresh_;                     // names handed out by FreshName/Reserve
+  std::vector<Entry> entries_;                         // by id
+  absl::flat_hash_map<std::string, int> next_suffix_;  // per hint: the next @k to try
 };
 
 // Gradient contributions flowing into each forward var (by its id in the
@@ -246,7 +257,7 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     }
   }
 
-  BackwardEmitter emitter(program);
+  BackwardEmitter emitter(program, index);
   int loss_producer = -1;
   for (int i = 0; i < num_forward; ++i) {
     for (const auto& out : program->op(i).output()) {

@@ -4,22 +4,6 @@
 
 namespace strata {
 
-absl::string_view GraphIndex::name(int id) const {
-  return absl::string_view(name_bytes_.data() + name_begin_[id], name_begin_[id + 1] - name_begin_[id]);
-}
-
-std::pair<int, bool> GraphIndex::Intern(absl::string_view name) {
-  bool added = false;
-  auto it = ids_.lazy_emplace(name, [&](const auto& construct) {
-    added = true;
-    const int id = num_names();
-    name_bytes_.insert(name_bytes_.end(), name.begin(), name.end());
-    name_begin_.push_back(static_cast<uint32_t>(name_bytes_.size()));
-    construct(id);
-  });
-  return {*it, added};
-}
-
 bool GraphIndex::StartFrom(const Program& program, const GraphIndex& previous) {
   // Every name the previous index knew must be a var declared at the same
   // place now (a pass that only appended); otherwise start afresh.
@@ -28,20 +12,17 @@ bool GraphIndex::StartFrom(const Program& program, const GraphIndex& previous) {
   for (int j = 0; j < n; ++j) {
     if (!previous.declared(j) || program.var(j).name() != previous.name(j)) return false;
   }
-  name_bytes_ = previous.name_bytes_;
-  name_begin_ = previous.name_begin_;
-  ids_.reserve(program.var_size());
-  for (int id = 0; id < n; ++id) ids_.insert(id);
+  names_ = previous.names_;
+  names_.Reserve(program.var_size());
   return true;
 }
 
 GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
   const int num_vars = program.var_size();
   if (previous == nullptr || !StartFrom(program, *previous)) {
-    ids_.reserve(num_vars);
-    name_begin_.reserve(num_vars + 1);
+    names_.Reserve(num_vars);
   }
-  const int known = num_names();  // the previous index's names, declared at vars [0, known)
+  const int known = names_.size();  // the previous index's names, declared at vars [0, known)
   var_of_.reserve(num_vars);
   meta_.reserve(num_vars);
   dims_.reserve(num_vars * 2);
@@ -58,10 +39,10 @@ GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
   for (int j = 0; j < known; ++j) add_var(program.var(j));
   for (int j = known; j < num_vars; ++j) {
     const Var& v = program.var(j);
-    if (Intern(v.name()).second) add_var(v);
+    if (names_.Intern(v.name()).second) add_var(v);
   }
   auto intern_use = [&](const std::string& name) {
-    auto [id, inserted] = Intern(name);
+    auto [id, inserted] = names_.Intern(name);
     if (inserted) {
       var_of_.push_back(nullptr);
       meta_.push_back(Meta{});
@@ -130,10 +111,7 @@ void GraphIndex::BuildConsumers() const {
   for_each_reader([&](int id, int op) { consumer_list_[fill[id]++] = op; });
 }
 
-int GraphIndex::id(absl::string_view name) const {
-  auto it = ids_.find(name);
-  return it == ids_.end() ? -1 : *it;
-}
+int GraphIndex::id(absl::string_view name) const { return names_.Find(name); }
 
 int GraphIndex::producer(absl::string_view var) const {
   const int i = id(var);

@@ -5,10 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "compiler/name_table.h"
 #include "proto/program.pb.h"
 #include "runtime/kernel.h"
 
@@ -17,8 +16,8 @@ namespace strata {
 // Producer and consumers of every var, and declared var types; rebuilt by a
 // pass when it needs one (one walk over the program). It points at the
 // program's vars, so it must not outlive the program or see its vars and
-// ops change; every name gets a dense integer id. The index is not movable
-// or copyable (its name set refers back to it); hold it by pointer.
+// ops change; every name gets a dense integer id. Not copyable or movable;
+// hold it by pointer.
 class GraphIndex {
  public:
   // With `previous`, an index of the same program before a pass changed it:
@@ -46,7 +45,8 @@ class GraphIndex {
   // ops use without a var entry. -1 when the name appears nowhere.
   int id(absl::string_view name) const;
   int num_ids() const { return static_cast<int>(var_of_.size()); }
-  absl::string_view name(int id) const;  // a view into the index's own copy
+  absl::string_view name(int id) const { return names_.name(id); }  // a view into the index's own copy
+  const NameTable& names() const { return names_; }
   const Var* var(int id) const { return var_of_[id]; }
   int producer(int id) const { return producer_[id]; }
   // The ids of op i's inputs and outputs, in order (the ops the index was
@@ -65,30 +65,8 @@ class GraphIndex {
   }
 
  private:
-  // Name -> id: a set of ids, hashed and compared by the index's own copy
-  // of their names (name_bytes_), so a probe reads 4-byte slots and a
-  // compact buffer that stay in the core's cache; keys kept as views into
-  // the program send every probe out to memory once the program is large.
-  struct NameHash {
-    using is_transparent = void;
-    const GraphIndex* index;
-    size_t operator()(absl::string_view name) const { return absl::HashOf(name); }
-    size_t operator()(int32_t id) const { return absl::HashOf(index->name(id)); }
-  };
-  struct NameEq {
-    using is_transparent = void;
-    const GraphIndex* index;
-    bool operator()(int32_t a, int32_t b) const { return a == b; }
-    bool operator()(int32_t id, absl::string_view name) const { return index->name(id) == name; }
-    bool operator()(absl::string_view name, int32_t id) const { return index->name(id) == name; }
-  };
-  // Adds `name` if new; returns its id and whether it was added.
-  std::pair<int, bool> Intern(absl::string_view name);
-  int num_names() const { return static_cast<int>(name_begin_.size()) - 1; }
   bool StartFrom(const Program& program, const GraphIndex& previous);
-  absl::flat_hash_set<int32_t, NameHash, NameEq> ids_{0, NameHash{this}, NameEq{this}};
-  std::vector<char> name_bytes_;
-  std::vector<uint32_t> name_begin_{0};  // id -> offset into name_bytes_; num_ids + 1 entries
+  NameTable names_;
   struct Meta {
     int32_t dims_begin = 0;
     int32_t rank = -1;  // -1: no var entry

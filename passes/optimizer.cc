@@ -48,9 +48,13 @@ class BlockBuilder {
     // Views into the program's vars, which stay put as more are added.
     absl::flat_hash_map<absl::string_view, const Var*> added;
     for (int i = first_new_var; i < program_->var_size(); ++i) added[program_->var(i).name()] = &program_->var(i);
-    auto lookup = [&](const std::string& name) -> const Var* {
-      auto it = added.find(name);
-      return it != added.end() ? it->second : index.var(name);
+    // The type of a var this pass added, else of one the index knows (from its
+    // dense copy, not the program's var messages); nullopt for neither.
+    auto lookup = [&](const std::string& name) -> std::optional<TensorType> {
+      if (auto it = added.find(name); it != added.end()) return TypeOf(*it->second);
+      const int id = index.id(name);
+      if (id >= 0 && index.declared(id)) return index.type(id);
+      return std::nullopt;
     };
     std::vector<TensorType> in;
     for (int i = first_new_op; i < program_->op_size(); ++i) {
@@ -61,13 +65,12 @@ class BlockBuilder {
       in.clear();
       for (const auto& name : op->input()) {
         // An unknown input reads as untyped (the verifier reports it).
-        const Var* v = lookup(name);
-        in.push_back(v == nullptr ? TensorType{} : TypeOf(*v));
+        in.push_back(lookup(name).value_or(TensorType{}));
       }
       auto out = InferOutputTypes(*schema, *op, in);
       if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", out.status().message()));
       for (int k = 0; k < op->output_size(); ++k) {
-        if (lookup(op->output(k)) != nullptr) continue;  // in-place update of an existing var
+        if (lookup(op->output(k)).has_value()) continue;  // in-place update of an existing var
         const Var* v = AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
         added[v->name()] = v;
       }
@@ -128,6 +131,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
   std::vector<Param> params;
   {
     for (const Var& v : program.var()) {
+      if (v.kind() != PARAM) continue;  // only parameters have gradients
       auto g = program.param_grad().find(v.name());
       if (g == program.param_grad().end()) continue;
       int stage = program.op(index.consumers(v.name()).front()).stage();
