@@ -163,9 +163,13 @@ absl::Status CheckArgCount(const std::vector<ArgSpec>& specs, int count, const c
 }
 }  // namespace
 
+absl::Status CheckArity(const OpSchema& schema, const Op& op) {
+  if (auto s = CheckArgCount(schema.inputs, op.input_size(), "input"); !s.ok()) return s;
+  return CheckArgCount(schema.outputs, op.output_size(), "output");
+}
+
 absl::Status CanonicalizeOp(const OpSchema& schema, Op* op) {
-  if (auto s = CheckArgCount(schema.inputs, op->input_size(), "input"); !s.ok()) return s;
-  if (auto s = CheckArgCount(schema.outputs, op->output_size(), "output"); !s.ok()) return s;
+  if (auto s = CheckArity(schema, *op); !s.ok()) return s;
   for (const auto& [name, value] : op->attr()) {
     const AttrSpec* spec = schema.FindAttr(name);
     if (spec == nullptr) {

@@ -178,6 +178,9 @@ struct OpRegistrar {
 // attrs, wrong types, missing required ones) and fills in defaults. Messages
 // name the attr or argument but not the op; callers prefix the op's location.
 absl::Status CanonicalizeOp(const OpSchema& schema, Op* op);
+// The input and output counts alone: the part of CanonicalizeOp the verifier
+// repeats after every pass, so a shape function never reads past an op's inputs.
+absl::Status CheckArity(const OpSchema& schema, const Op& op);
 // Runs the schema's shape function over the op's input types, after checking
 // that every output got a type. A shape function's error keeps its code and
 // message, followed by DescribeInputs: "inner dims differ: ... (where input

@@ -239,6 +239,14 @@ absl::Status ValidateAndInferProgram(Program* program) {
     if (v.kind() == STATE) return Err(where, "kind STATE is written by the compiler; declare FEED, PARAM or ACTIVATION");
   }
   if (program->op_size() == 0) return Err(file, "the program has no ops");
+  // Fields the compiler writes: a program that sets them would steer the
+  // optimizer and the pipeline split around autodiff.
+  if (!program->param_grad().empty()) {
+    return Err(file, "param_grad is written by the compiler (autodiff); a program may not set it");
+  }
+  if (program->tied_replica_size() > 0) {
+    return Err(file, "tied_replica is written by the compiler (pipeline split); a program may not set it");
+  }
   if (auto s = CheckOptimizer(*program, has_params); !s.ok()) return s;
 
   // Ops, in order.
@@ -412,6 +420,7 @@ absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program&
     auto where = [&] { return OpLocation(program, i); };
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
     if (schema == nullptr) return absl::InternalError(absl::StrCat(where(), ": unknown op type"));
+    if (auto s = CheckArity(*schema, op); !s.ok()) return absl::InternalError(absl::StrCat(where(), ": ", s.message()));
     input_types.clear();
     const absl::Span<const int> ins = index->input_ids(i);
     for (int k = 0; k < static_cast<int>(ins.size()); ++k) {

@@ -134,9 +134,18 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
       if (v.kind() != PARAM) continue;  // only parameters have gradients
       auto g = program.param_grad().find(v.name());
       if (g == program.param_grad().end()) continue;
-      int stage = program.op(index.consumers(v.name()).front()).stage();
+      const absl::Span<const int> consumers = index.consumers(v.name());
+      if (consumers.empty()) {
+        return absl::InternalError(absl::StrCat("optimizer: parameter '", v.name(), "' has a gradient but no reader"));
+      }
+      int stage = program.op(consumers.front()).stage();
       params.push_back({v.name(), g->second, v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end()), stage});
     }
+  }
+
+  if (params.empty()) {
+    return absl::InternalError(absl::StrCat("optimizer: param_grad names no parameter of this program (",
+                                            program.param_grad().size(), " entries)"));
   }
 
   double base_lr = 0;

@@ -455,5 +455,31 @@ TEST(OptimizerPassTest, RunsOnlyWithAnOptimizerAndLeavesAValidProgram) {
   ExpectStepAndLr(with, 0.1);
 }
 
+// param_grad comes from autodiff; entries that name no parameter, or a
+// parameter nothing reads, are a compiler bug the pass reports, not a crash.
+TEST(OptimizerPassTest, GradientsOfNoParameterAreAnInternalError) {
+  CompileOptions options;
+  options.dump_after = "autodiff";
+  auto result = Compile(ParseProgramOrFail(std::string(kModel) + kSgdOptimizer, "opt.pbtxt"), Strategy(), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  Program feed_only = result->dumped;
+  feed_only.clear_param_grad();
+  (*feed_only.mutable_param_grad())["x"] = "xw";  // a feed, not a parameter
+  auto s = OptimizerPass().Run(feed_only, CompileContext());
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("param_grad names no parameter"));
+
+  Program unread = result->dumped;
+  for (Op& op : *unread.mutable_op()) {
+    for (auto& in : *op.mutable_input()) {
+      if (in == "b") in = "x";  // b's gradient stays, its reader is gone
+    }
+  }
+  s = OptimizerPass().Run(unread, CompileContext());
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("parameter 'b' has a gradient but no reader"));
+}
+
 }  // namespace
 }  // namespace strata
