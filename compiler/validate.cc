@@ -436,10 +436,13 @@ absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program&
     if (!inferred.ok()) return absl::InternalError(absl::StrCat(where(), ": ", inferred.status().message()));
     const absl::Span<const int> outs = index->output_ids(i);
     for (int k = 0; k < static_cast<int>(outs.size()); ++k) {
-      if (!index->declared(outs[k])) return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
+      if (!index->declared(outs[k])) {
+        return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' has no var entry"));
+      }
       if (!index->HasType(outs[k], (*inferred)[k])) {
         return absl::InternalError(absl::StrCat(where(), ": output '", op.output(k), "' is recorded as ",
-                                                index->type(outs[k]).ToString(), " but inferred as ", (*inferred)[k].ToString()));
+                                                index->type(outs[k]).ToString(), " but inferred as ",
+                                                (*inferred)[k].ToString()));
       }
     }
   }
