@@ -14,11 +14,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
 #include "compiler/compile.h"
+#include "compiler/graph.h"
 #include "compiler/program_text.h"
+#include "compiler/validate.h"
 
 namespace strata {
 namespace bench {
@@ -128,6 +131,50 @@ absl::StatusOr<Seconds> MedianCompileSeconds(int blocks, int repetitions) {
   return MedianOf(samples);
 }
 
+// No goal: the same checks over the compiled plan, by the verifier that runs
+// between passes today (protobuf Program) and by the one over the compact
+// Graph IR that the passes are to move onto (docs/design-notes.md), at both
+// sizes in alternating pairs. Building the Graph is outside the timer.
+absl::Status CompareVerifiers(int blocks, int repetitions) {
+  Program programs[2];
+  std::unique_ptr<Graph> graphs[2];
+  for (int s = 0; s < 2; ++s) {
+    auto plan = CompileGenerated("resmlp", ResMlpOptions(blocks << s), kBatch);
+    if (!plan.ok()) return plan.status();
+    programs[s] = plan->program();
+    auto graph = Graph::FromProgram(programs[s]);
+    if (!graph.ok()) return graph.status();
+    graphs[s] = *std::move(graph);
+    // Validated before timing: both verifiers accept the plan.
+    if (auto v = VerifyAndIndexProgram(programs[s]); !v.ok()) return v.status();
+    if (auto v = VerifyGraph(*graphs[s]); !v.ok()) return v;
+  }
+  std::vector<double> seconds[2][2], ratios[2];  // [verifier][size]
+  for (int r = 0; r < repetitions; ++r) {
+    double t[2][2];
+    for (int s = 0; s < 2; ++s) {
+      double c0 = ThreadCpuSeconds();
+      auto index = VerifyAndIndexProgram(programs[s]);
+      t[0][s] = ThreadCpuSeconds() - c0;
+      c0 = ThreadCpuSeconds();
+      absl::Status ok = VerifyGraph(*graphs[s]);
+      t[1][s] = ThreadCpuSeconds() - c0;
+      if (!index.ok() || !ok.ok()) return absl::InternalError("a verifier changed its mind");
+    }
+    for (int v = 0; v < 2; ++v) {
+      for (int s = 0; s < 2; ++s) seconds[v][s].push_back(t[v][s]);
+      ratios[v].push_back(t[v][1] / t[v][0]);
+    }
+  }
+  const char* names[2] = {"protobuf Program", "Graph IR"};
+  std::printf("  verifier alone over the plan (no goal; the Graph IR is not in Compile yet):\n");
+  for (int v = 0; v < 2; ++v) {
+    std::printf("    %-16s %7.1f ms %7.1f ms  ratio %.2f\n", names[v], Median(seconds[v][0]) * 1e3,
+                Median(seconds[v][1]) * 1e3, Median(ratios[v]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(int blocks, int repetitions) {
   if (auto s = Validate(blocks); !s.ok()) return s;
   if (auto s = Validate(2 * blocks); !s.ok()) return s;
@@ -182,7 +229,7 @@ absl::Status Run(int blocks, int repetitions) {
       "RESULT blocks=%d cpu_seconds=%.4f wall_seconds=%.4f blocks2=%d cpu_seconds2=%.4f wall_seconds2=%.4f "
       "ratio=%.3f\n",
       blocks, small->cpu, small->wall, 2 * blocks, big->cpu, big->wall, ratio);
-  return absl::OkStatus();
+  return CompareVerifiers(blocks, repetitions);
 }
 
 }  // namespace

@@ -20,47 +20,17 @@ Program Parse(const std::string& text) {
   return p.ok() ? *p : Program();
 }
 
+// clang-format off
 constexpr char kProgram[] = R"pb(
-  var {
-    name: "x"
-    dtype: F32
-    shape: [ -1, 4 ]
-    kind: FEED
-  }
-  var {
-    name: "w"
-    dtype: F32
-    shape: [ 4, 3 ]
-    kind: PARAM
-  }
-  var {
-    name: "h"
-    dtype: F32
-    shape: [ -1, 3 ]
-    kind: ACTIVATION
-  }
-  var {
-    name: "r"
-    dtype: F32
-    shape: [ -1, 3 ]
-    kind: ACTIVATION
-  }
-  op {
-    type: "matmul"
-    input: [ "x", "w" ]
-    output: [ "h" ]
-  }
-  op {
-    type: "relu"
-    input: [ "h" ]
-    output: [ "r" ]
-  }
-  op {
-    type: "add"
-    input: [ "r", "h" ]
-    output: [ "s" ]
-  }
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM }
+  var { name: "h" dtype: F32 shape: [-1, 3] kind: ACTIVATION }
+  var { name: "r" dtype: F32 shape: [-1, 3] kind: ACTIVATION }
+  op { type: "matmul" input: ["x", "w"] output: ["h"] }
+  op { type: "relu" input: ["h"] output: ["r"] }
+  op { type: "add" input: ["r", "h"] output: ["s"] }
 )pb";
+// clang-format on
 
 // kProgram with 's' declared last, so the var ids match the order of first use.
 Program ProgramDeclaringS() {

@@ -1,0 +1,131 @@
+#ifndef STRATA_COMPILER_GRAPH_H_
+#define STRATA_COMPILER_GRAPH_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "compiler/name_table.h"
+#include "compiler/op_registry.h"
+#include "proto/program.pb.h"
+#include "runtime/kernel.h"
+
+namespace strata {
+
+// The compiler's compact in-memory IR: vars and ops by dense id, every name
+// interned once, attribute sets stored once and shared by the ops that have
+// them (every adam_update of a model has the same five). About 100 bytes per
+// op and var against about 730 for the protobuf Program, so the passes' walks
+// stay in the cache at sizes where the protobuf's do not (bench/README.md,
+// compile time scaling). Protobuf is read once (FromProgram) and written once
+// (ToProgram); docs/design-notes.md has the migration of the passes onto it.
+class Graph {
+ public:
+  // Every op input and output must be a declared var and every op type a
+  // registered one; otherwise an error naming the op.
+  static absl::StatusOr<std::unique_ptr<Graph>> FromProgram(const Program& program);
+  // The program again, field for field.
+  Program ToProgram() const;
+
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Vars, in declaration order.
+  int num_vars() const { return static_cast<int>(vars_.size()); }
+  int FindVar(absl::string_view name) const { return names_.Find(name); }  // -1 when undeclared
+  absl::string_view var_name(int v) const { return names_.name(v); }
+  DataType dtype(int v) const { return vars_[v].dtype; }
+  VarKind kind(int v) const { return vars_[v].kind; }
+  absl::Span<const int64_t> shape(int v) const {
+    return absl::MakeConstSpan(dims_.data() + vars_[v].dims_begin, vars_[v].rank);
+  }
+  TensorType type(int v) const;
+  bool frozen(int v) const { return vars_[v].frozen; }
+  // The var's initializer, or nullptr (zeros).
+  const Initializer* init(int v) const { return vars_[v].init < 0 ? nullptr : &inits_[vars_[v].init]; }
+  // Adds a var; -1 when the name is taken.
+  int AddVar(absl::string_view name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind);
+
+  // Ops, in program order.
+  int num_ops() const { return static_cast<int>(ops_.size()); }
+  const OpSchema& schema(int op) const { return *ops_[op].schema; }
+  absl::Span<const int> inputs(int op) const {
+    return absl::MakeConstSpan(io_.data() + ops_[op].io_begin, ops_[op].num_inputs);
+  }
+  absl::Span<const int> outputs(int op) const {
+    return absl::MakeConstSpan(io_.data() + ops_[op].io_begin + ops_[op].num_inputs, ops_[op].num_outputs);
+  }
+  int stage(int op) const { return ops_[op].stage; }
+  OpRole role(int op) const { return ops_[op].role; }
+  int64_t uid(int op) const { return ops_[op].uid; }
+  // The op's attrs, shared with every op of the same type and attrs.
+  const google::protobuf::Map<std::string, AttrValue>& attrs(int op) const { return attr_sets_[ops_[op].attrs].attr(); }
+  // The op as a protobuf message (type, attrs, input and output names), for
+  // the registry's shape functions and gradient makers. A scratch message:
+  // valid until the next AsOp call.
+  const Op& AsOp(int op) const;
+  // Appends `op` (its names resolved to vars, its attrs interned); the error
+  // names the op when a name is not a var or the type is not registered.
+  absl::Status AddOp(const Op& op);
+
+  // The program's own fields. loss and fetch keep their names (a fetch need
+  // not be a var until validation says so).
+  const std::string& loss() const { return program_fields_.loss(); }
+  const Program& program_fields() const { return program_fields_; }
+
+ private:
+  struct VarRec {
+    int32_t dims_begin = 0;
+    int32_t rank = 0;
+    DataType dtype = DT_INVALID;
+    VarKind kind = ACTIVATION;
+    int32_t line = 0;
+    int32_t init = -1;  // index into inits_
+    bool frozen = false;
+  };
+  struct OpRec {
+    const OpSchema* schema = nullptr;
+    int32_t io_begin = 0;
+    int32_t num_inputs = 0;
+    int32_t num_outputs = 0;
+    int32_t attrs = 0;     // index into attr_sets_
+    int32_t device = 0;    // index into strings_
+    int32_t name = 0;      // index into strings_ ("" when unnamed)
+    int32_t channel = -1;  // index into channels_
+    int32_t stage = 0;
+    int32_t line = 0;
+    int64_t uid = 0;
+    OpRole role = ROLE_UNSPECIFIED;
+  };
+  int InternAttrs(const Op& op);
+
+  NameTable names_;  // var names; a var's id is its name's id
+  std::vector<VarRec> vars_;
+  std::vector<int64_t> dims_;
+  std::vector<Initializer> inits_;
+  std::vector<OpRec> ops_;
+  std::vector<int32_t> io_;  // per op: input var ids, then output var ids
+  // Distinct (type, attrs) as Op messages without names: AsOp fills the names in.
+  mutable std::vector<Op> attr_sets_;
+  absl::flat_hash_map<std::string, int> attr_set_of_;  // canonical encoding -> index
+  NameTable strings_;                                  // devices and op names
+  std::vector<Channel> channels_;
+  // Everything of the Program but its vars and ops.
+  Program program_fields_;
+};
+
+// The verifier's checks over a Graph: every op's arity, every input defined
+// before use (a feed, parameter or state var, or written by an earlier op),
+// and every output's var typed as the op's shape function infers it.
+absl::Status VerifyGraph(const Graph& graph);
+
+}  // namespace strata
+
+#endif  // STRATA_COMPILER_GRAPH_H_
