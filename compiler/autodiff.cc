@@ -1,27 +1,24 @@
 #include "compiler/autodiff.h"
 
-#include <optional>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/graph_index.h"
+#include "compiler/graph.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
 
 namespace strata {
 namespace {
 
-// Appends ops and typed vars to the program on behalf of gradient makers.
-// Names are interned in a copy of the forward index's table, so the forward
-// vars keep their ids and types come from the index; vars the pass adds are
-// looked up in the program (they are recent).
+// Appends ops and typed vars to the graph on behalf of gradient makers, and
+// remembers which backward op wrote each var it added.
 class BackwardEmitter {
  public:
-  BackwardEmitter(Program* program, const GraphIndex& index)
-      : program_(program), index_(index), names_(index.names()), entries_(index.num_ids()) {
-    names_.Reserve(3 * index.num_ids());
-    for (int id = 0; id < index.num_ids(); ++id) entries_[id].declared = index.declared(id);
-  }
+  explicit BackwardEmitter(Graph* graph) : graph_(graph), producer_(graph->num_vars(), -1) {}
 
   // hint, else hint@2, hint@3, ...: the first free one. Each hint remembers
   // where its search stopped, so a hint used N times costs O(N), not O(N^2).
@@ -30,86 +27,69 @@ class BackwardEmitter {
     int& k = next_suffix_[hint];
     if (k == 0) k = 2;
     else name = absl::StrCat(hint, "@", k++);
-    while (names_.Find(name) >= 0) name = absl::StrCat(hint, "@", k++);
-    Intern(name);
+    while (graph_->FindVar(name) >= 0 || fresh_.contains(name)) name = absl::StrCat(hint, "@", k++);
+    fresh_.insert(name);
     return name;
   }
 
-  absl::Status Emit(const Op& like, const std::string& type, std::vector<std::string> inputs,
+  // Appends a backward op placed like graph op `like`.
+  absl::Status Emit(int like, const std::string& type, std::vector<std::string> inputs,
                     std::vector<std::string> outputs, const std::map<std::string, AttrValue>& attrs) {
-    const std::string what = absl::StrCat("gradient of op #", like.uid(), " '", like.type(), "' emits '", type, "'");
+    const std::string what =
+        absl::StrCat("gradient of op #", graph_->uid(like), " '", graph_->schema(like).type, "' emits '", type, "'");
     const OpSchema* schema = OpRegistry::Global().Find(type);
     if (schema == nullptr) return absl::InternalError(absl::StrCat(what, ": unregistered op"));
-    // Built in place (no copy into the program, which may live on an arena);
-    // taken out again if it turns out invalid.
-    Op& op = *program_->add_op();
-    auto fail = [&](absl::Status s) {
-      program_->mutable_op()->RemoveLast();
-      return s;
-    };
-    op.set_type(type);
-    for (auto& in : inputs) op.add_input(std::move(in));
-    for (auto& out : outputs) op.add_output(std::move(out));
-    for (const auto& [k, v] : attrs) (*op.mutable_attr())[k] = v;
-    op.set_device(like.device());
-    op.set_stage(like.stage());
-    op.set_uid(like.uid());
-    op.set_line(like.line());
-    op.set_role(BACKWARD);
-    if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", s.message())));
+    op_.Clear();
+    op_.set_type(type);
+    for (auto& in : inputs) op_.add_input(std::move(in));
+    for (auto& out : outputs) op_.add_output(std::move(out));
+    for (const auto& [k, v] : attrs) (*op_.mutable_attr())[k] = v;
+    const absl::string_view device = graph_->device(like);
+    op_.set_device(device.data(), device.size());
+    op_.set_stage(graph_->stage(like));
+    op_.set_uid(graph_->uid(like));
+    op_.set_line(graph_->line(like));
+    op_.set_role(BACKWARD);
+    if (auto s = CanonicalizeOp(*schema, &op_); !s.ok()) return absl::InternalError(absl::StrCat(what, ": ", s.message()));
     std::vector<TensorType> input_types;
-    input_types.reserve(op.input_size());
-    for (const auto& in : op.input()) {
-      const int id = names_.Find(in);
-      if (id < 0 || !entries_[id].declared) {
-        return fail(absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined")));
-      }
-      input_types.push_back(entries_[id].var != nullptr ? TypeOf(*entries_[id].var) : index_.type(id));
+    input_types.reserve(op_.input_size());
+    for (const auto& in : op_.input()) {
+      const int v = graph_->FindVar(in);
+      if (v < 0) return absl::InternalError(absl::StrCat(what, ": input '", in, "' is undefined"));
+      input_types.push_back(graph_->type(v));
     }
-    auto out_types = InferOutputTypes(*schema, op, std::move(input_types));
-    if (!out_types.ok()) return fail(absl::InternalError(absl::StrCat(what, ": ", out_types.status().message())));
-    for (int k = 0; k < op.output_size(); ++k) {
-      const std::string& out = op.output(k);
-      const int id = names_.Find(out);
-      bool exists = id >= 0 && entries_[id].declared;
-      for (int j = 0; j < k && !exists; ++j) exists = op.output(j) == out;
-      if (exists) return fail(absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists")));
+    auto out_types = InferOutputTypes(*schema, op_, std::move(input_types));
+    if (!out_types.ok()) return absl::InternalError(absl::StrCat(what, ": ", out_types.status().message()));
+    for (int k = 0; k < op_.output_size(); ++k) {
+      const std::string& out = op_.output(k);
+      bool exists = graph_->FindVar(out) >= 0;
+      for (int j = 0; j < k && !exists; ++j) exists = op_.output(j) == out;
+      if (exists) return absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists"));
     }
-    for (int k = 0; k < op.output_size(); ++k) {
-      Var* v = program_->add_var();
-      v->set_name(op.output(k));
-      v->set_dtype((*out_types)[k].dtype);
-      for (int64_t d : (*out_types)[k].shape) v->add_shape(d);
-      v->set_kind(ACTIVATION);
-      Entry& e = entries_[Intern(v->name())];
-      e = Entry{v, &op, true};
+    const int index = graph_->num_ops();
+    for (int k = 0; k < op_.output_size(); ++k) {
+      const TensorType& t = (*out_types)[k];
+      const int v = graph_->AddVar(op_.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION);
+      producer_.resize(graph_->num_vars(), -1);
+      producer_[v] = index;
     }
-    return absl::OkStatus();
+    return graph_->AddOp(op_);
   }
 
-  // The backward op that emitted `var`, or nullptr (a forward var).
-  const Op* producer(const std::string& var) const {
-    const int id = names_.Find(var);
-    return id < 0 ? nullptr : entries_[id].producer;
+  int stage(int op) const { return graph_->stage(op); }
+
+  // The backward op that emitted `var`, or -1 (a forward var).
+  int producer(const std::string& var) const {
+    const int v = graph_->FindVar(var);
+    return v < 0 || v >= static_cast<int>(producer_.size()) ? -1 : producer_[v];
   }
 
  private:
-  int Intern(absl::string_view name) {
-    auto [id, added] = names_.Intern(name);
-    if (added) entries_.emplace_back();
-    return id;
-  }
-
-  Program* program_;
-  const GraphIndex& index_;
-  NameTable names_;  // forward names (the index's ids), then names handed out and vars added here
-  struct Entry {
-    const Var* var = nullptr;      // a var this pass added; forward vars' types come from the index
-    const Op* producer = nullptr;  // the backward op that emitted it (ops stay put), or nullptr
-    bool declared = false;         // a var of the program (not only a name handed out)
-  };
-  std::vector<Entry> entries_;                         // by id
+  Graph* graph_;
+  std::vector<int> producer_;  // by var id: the backward op that wrote it, or -1
+  Op op_;                      // the op being emitted (reused)
   absl::flat_hash_map<std::string, int> next_suffix_;  // per hint: the next @k to try
+  absl::flat_hash_set<std::string> fresh_;             // names handed out, not yet vars
 };
 
 // Gradient contributions flowing into each forward var (by its id in the
@@ -122,13 +102,14 @@ struct GradAccumulator {
 
 class GradBuilderImpl : public GradBuilder {
  public:
-  // `index` is the forward program's; `op_index` the op's place in it.
-  GradBuilderImpl(const Op& op, const GraphIndex& index, int op_index, BackwardEmitter* emitter, GradAccumulator* acc,
+  // `op` is forward op `op_index` of `graph` (a copy: the graph grows while
+  // the gradient maker runs).
+  GradBuilderImpl(const Op& op, const Graph& graph, int op_index, BackwardEmitter* emitter, GradAccumulator* acc,
                   std::vector<std::string> output_grads, std::vector<bool> needs)
-      : op_(op), input_ids_(index.input_ids(op_index)), emitter_(emitter), acc_(acc),
-        output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
-    for (int id : index.input_ids(op_index)) input_types_.push_back(index.type(id));
-    for (int id : index.output_ids(op_index)) output_types_.push_back(index.type(id));
+      : op_(op), op_index_(op_index), input_ids_(graph.inputs(op_index).begin(), graph.inputs(op_index).end()),
+        emitter_(emitter), acc_(acc), output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
+    for (int v : graph.inputs(op_index)) input_types_.push_back(graph.type(v));
+    for (int v : graph.outputs(op_index)) output_types_.push_back(graph.type(v));
     given_.assign(op.input_size(), false);
   }
 
@@ -160,8 +141,8 @@ class GradBuilderImpl : public GradBuilder {
     // parameter's gradient would then live where the parameter is not read
     // (the split sends a var only to its readers), and a residual's would
     // cross the cut once more. There the copy stays.
-    const Op* producer = emitter_->producer(grad);
-    if (!given_[i] && (producer == nullptr || producer->stage() != op_.stage())) {
+    const int producer = emitter_->producer(grad);
+    if (!given_[i] && (producer < 0 || emitter_->stage(producer) != op_.stage())) {
       Emit("identity", {grad}, {input_grad(i)}, {});
       return;
     }
@@ -181,7 +162,7 @@ class GradBuilderImpl : public GradBuilder {
   void Emit(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs,
             std::map<std::string, AttrValue> attrs) override {
     if (!status_.ok()) return;
-    status_ = emitter_->Emit(op_, type, std::move(inputs), std::move(outputs), attrs);
+    status_ = emitter_->Emit(op_index_, type, std::move(inputs), std::move(outputs), attrs);
   }
 
   absl::Status status() const { return status_; }
@@ -189,7 +170,8 @@ class GradBuilderImpl : public GradBuilder {
 
  private:
   const Op& op_;
-  absl::Span<const int> input_ids_;
+  const int op_index_;
+  const std::vector<int> input_ids_;
   BackwardEmitter* emitter_;
   GradAccumulator* acc_;
   std::vector<std::string> output_grads_;
@@ -202,113 +184,108 @@ class GradBuilderImpl : public GradBuilder {
 
 }  // namespace
 
-absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
-  const int num_forward = program->op_size();
-  std::vector<const OpSchema*> schemas(num_forward);
-  for (int i = 0; i < num_forward; ++i) {
-    schemas[i] = OpRegistry::Global().Find(program->op(i).type());
-    if (schemas[i] == nullptr) return absl::InternalError(absl::StrCat("unknown op ", program->op(i).type()));
-  }
+absl::Status AppendBackward(Graph* graph) {
+  Graph& g = *graph;
+  const int num_forward = g.num_ops();
+  const int num_vars = g.num_vars();
 
   // Vars that depend on a trainable parameter through differentiable ops,
-  // and vars the loss depends on, flagged by GraphIndex id (forward vars only;
-  // the index is built before the program grows).
-  std::optional<GraphIndex> own_index;
-  const GraphIndex& index = IndexFor(*program, given_index, &own_index);
-  std::vector<char> requires_grad(index.num_ids(), 0), reaches_loss(index.num_ids(), 0);
-  auto flagged = [&](const std::vector<char>& set, const std::string& name) {
-    const int id = index.id(name);
-    return id >= 0 && set[id];
-  };
+  // and vars the loss depends on, flagged by forward var id.
+  std::vector<char> requires_grad(num_vars, 0), reaches_loss(num_vars, 0);
   auto any_flagged = [&](const std::vector<char>& set, absl::Span<const int> ids) {
     for (int id : ids) {
       if (set[id]) return true;
     }
     return false;
   };
-  for (const Var& v : program->var()) {
-    if (v.kind() == PARAM && !v.frozen()) requires_grad[index.id(v.name())] = 1;
+  for (int v = 0; v < num_vars; ++v) {
+    if (g.kind(v) == PARAM && !g.frozen(v)) requires_grad[v] = 1;
   }
   for (int i = 0; i < num_forward; ++i) {
-    if (!schemas[i]->differentiable || !any_flagged(requires_grad, index.input_ids(i))) continue;
-    for (int id : index.output_ids(i)) {
-      if (index.declared(id) && IsFloating(index.dtype(id))) requires_grad[id] = 1;
+    if (!g.schema(i).differentiable || !any_flagged(requires_grad, g.inputs(i))) continue;
+    for (int v : g.outputs(i)) {
+      if (IsFloating(g.dtype(v))) requires_grad[v] = 1;
     }
   }
-  if (int id = index.id(program->loss()); id >= 0) reaches_loss[id] = 1;
+  const int loss_id = g.FindVar(g.loss());
+  if (loss_id < 0) return absl::InternalError("the loss has no var");
+  reaches_loss[loss_id] = 1;
   std::vector<bool> differentiate(num_forward, false);
   for (int i = num_forward - 1; i >= 0; --i) {
-    if (!schemas[i]->differentiable || !any_flagged(reaches_loss, index.output_ids(i)) ||
-        !any_flagged(requires_grad, index.input_ids(i))) {
+    if (!g.schema(i).differentiable || !any_flagged(reaches_loss, g.outputs(i)) ||
+        !any_flagged(requires_grad, g.inputs(i))) {
       continue;
     }
     differentiate[i] = true;
-    for (int id : index.input_ids(i)) {
-      if (requires_grad[id]) reaches_loss[id] = 1;
+    for (int v : g.inputs(i)) {
+      if (requires_grad[v]) reaches_loss[v] = 1;
     }
   }
 
-  GradAccumulator acc(index.num_ids());
+  GradAccumulator acc(num_vars);
   for (int i = 0; i < num_forward; ++i) {
     if (!differentiate[i]) continue;
-    const absl::Span<const int> ids = index.input_ids(i);
-    for (int k = 0; k < static_cast<int>(ids.size()); ++k) {
-      if (requires_grad[ids[k]] && reaches_loss[ids[k]]) ++acc.expected[ids[k]];
+    for (int v : g.inputs(i)) {
+      if (requires_grad[v] && reaches_loss[v]) ++acc.expected[v];
     }
   }
 
-  BackwardEmitter emitter(program, index);
   int loss_producer = -1;
+  std::vector<int> first_reader(num_vars, -1);
   for (int i = 0; i < num_forward; ++i) {
-    for (const auto& out : program->op(i).output()) {
-      if (out == program->loss()) loss_producer = i;
+    for (int v : g.outputs(i)) {
+      if (v == loss_id) loss_producer = i;
+    }
+    for (int v : g.inputs(i)) {
+      if (first_reader[v] < 0) first_reader[v] = i;
     }
   }
   if (loss_producer < 0) return absl::InternalError("loss has no producer");
-  const Op& loss_op = program->op(loss_producer);  // ops never move as more are added
-  std::string loss_grad = emitter.FreshName(absl::StrCat(program->loss(), "@grad"));
-  if (auto s = emitter.Emit(loss_op, "fill_like", {program->loss()}, {loss_grad}, {{"value", FloatAttr(1.0)}}); !s.ok()) {
+  BackwardEmitter emitter(graph);
+  const std::string loss_name(g.var_name(loss_id));
+  std::string loss_grad = emitter.FreshName(absl::StrCat(loss_name, "@grad"));
+  if (auto s = emitter.Emit(loss_producer, "fill_like", {loss_name}, {loss_grad}, {{"value", FloatAttr(1.0)}});
+      !s.ok()) {
     return s;
   }
-  const int loss_id = index.id(program->loss());
-  if (loss_id < 0) return absl::InternalError("the loss has no var");
   acc.parts[loss_id].push_back(loss_grad);
 
   // The final gradient of a var: its single part, or the add_n of all parts.
   // The sum goes where the parts are made when they are all made on one
   // stage, so a pipeline sends one gradient across the cut, not each part.
-  auto finalize = [&](int id, const Op& like) -> absl::StatusOr<std::string> {
+  auto finalize = [&](int id, int like) -> absl::StatusOr<std::string> {
     std::vector<std::string>& parts = acc.parts[id];
     if (parts.empty()) return std::string();
     if (parts.size() == 1) return parts[0];
-    const Op* where = &like;
-    const Op* first = emitter.producer(parts[0]);
-    bool one_stage = first != nullptr;
+    int where = like;
+    const int first = emitter.producer(parts[0]);
+    bool one_stage = first >= 0;
     for (const auto& part : parts) {
-      const Op* p = emitter.producer(part);
-      one_stage = one_stage && p != nullptr && p->stage() == first->stage();
+      const int p = emitter.producer(part);
+      one_stage = one_stage && p >= 0 && g.stage(p) == g.stage(first);
     }
     if (one_stage) where = first;
-    std::string sum = emitter.FreshName(absl::StrCat(index.name(id), "@grad"));
-    if (auto s = emitter.Emit(*where, "add_n", parts, {sum}, {}); !s.ok()) return s;
+    std::string sum = emitter.FreshName(absl::StrCat(g.var_name(id), "@grad"));
+    if (auto s = emitter.Emit(where, "add_n", parts, {sum}, {}); !s.ok()) return s;
     parts = {sum};
     return sum;
   };
 
   for (int i = num_forward - 1; i >= 0; --i) {
     if (!differentiate[i]) continue;
-    const Op& op = program->op(i);  // stays put while the program grows
     std::vector<std::string> output_grads;
-    for (int id : index.output_ids(i)) {
-      auto g = finalize(id, op);
-      if (!g.ok()) return g.status();
-      output_grads.push_back(*g);
+    const std::vector<int> outs(g.outputs(i).begin(), g.outputs(i).end());
+    for (int v : outs) {
+      auto grad = finalize(v, i);
+      if (!grad.ok()) return grad.status();
+      output_grads.push_back(*grad);
     }
     std::vector<bool> needs;
-    for (int id : index.input_ids(i)) needs.push_back(requires_grad[id] && reaches_loss[id]);
-    GradBuilderImpl builder(op, index, i, &emitter, &acc, output_grads, needs);
-    if (auto s = schemas[i]->grad_fn(builder); !s.ok()) {
-      return absl::InternalError(absl::StrCat("gradient of ", OpLocation(*program, i), ": ", s.message()));
+    for (int v : g.inputs(i)) needs.push_back(requires_grad[v] && reaches_loss[v]);
+    const Op op = g.AsOp(i);  // a copy: the graph grows under the gradient maker
+    GradBuilderImpl builder(op, g, i, &emitter, &acc, output_grads, needs);
+    if (auto s = g.schema(i).grad_fn(builder); !s.ok()) {
+      return absl::InternalError(absl::StrCat("gradient of ", g.OpLocation(i), ": ", s.message()));
     }
     if (!builder.status().ok()) return builder.status();
     for (int k = 0; k < op.input_size(); ++k) {
@@ -318,16 +295,20 @@ absl::Status AppendBackward(Program* program, const GraphIndex* given_index) {
     }
   }
 
-  std::vector<std::pair<std::string, int>> params;  // name, first consumer
-  for (const Var& v : program->var()) {
-    if (v.kind() != PARAM || v.frozen() || !flagged(reaches_loss, v.name())) continue;
-    params.push_back({v.name(), index.consumers(v.name()).front()});
+  for (int v = 0; v < num_vars; ++v) {
+    if (g.kind(v) != PARAM || g.frozen(v) || !reaches_loss[v]) continue;
+    auto grad = finalize(v, first_reader[v]);
+    if (!grad.ok()) return grad.status();
+    if (!grad->empty()) g.SetParamGrad(g.var_name(v), *grad);
   }
-  for (const auto& [name, consumer] : params) {
-    auto g = finalize(index.id(name), program->op(consumer));
-    if (!g.ok()) return g.status();
-    if (!g->empty()) (*program->mutable_param_grad())[name] = *g;
-  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendBackward(Program* program) {
+  auto graph = Graph::FromProgram(*program);
+  if (!graph.ok()) return graph.status();
+  if (auto s = AppendBackward(graph->get()); !s.ok()) return s;
+  *program = (*graph)->ToProgram();
   return absl::OkStatus();
 }
 

@@ -2,7 +2,7 @@
 #define STRATA_COMPILER_AUTODIFF_H_
 
 #include "absl/status/status.h"
-#include "compiler/graph_index.h"
+#include "compiler/graph.h"
 #include "proto/program.pb.h"
 
 namespace strata {
@@ -13,9 +13,9 @@ namespace strata {
 // ops on a path from a trainable parameter to the loss are differentiated,
 // and only the input gradients leading to parameters are asked for. Records
 // parameter -> gradient var in program.param_grad.
-// `index`, when given, is a GraphIndex of the program as it is now (the
-// verifier's); else one is built.
-absl::Status AppendBackward(Program* program, const GraphIndex* index = nullptr);
+absl::Status AppendBackward(Graph* graph);
+// The same on a Program (converted to a Graph and back).
+absl::Status AppendBackward(Program* program);
 
 }  // namespace strata
 

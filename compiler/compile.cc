@@ -37,10 +37,8 @@ class ValidatePass : public Pass {
 class AutodiffPass : public Pass {
  public:
   std::string name() const override { return "autodiff"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override {
-    // The verifier's index of the forward program, when the cache has it.
-    const GraphIndex* index = ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr;
-    if (auto s = AppendBackward(&program, index); !s.ok()) return s;
+  absl::StatusOr<bool> Run(Program& program, const CompileContext&) override {
+    if (auto s = AppendBackward(&program); !s.ok()) return s;
     return true;
   }
 };

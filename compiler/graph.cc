@@ -51,6 +51,15 @@ int Graph::AddVar(absl::string_view name, DataType dtype, absl::Span<const int64
   return num_vars() - 1;
 }
 
+std::string Graph::OpLocation(int op) const {
+  const Program& p = program_fields_;
+  std::string where = p.source_file().empty() ? p.name() : p.source_file();
+  if (line(op) > 0) absl::StrAppend(&where, ":", line(op));
+  absl::StrAppend(&where, ": op #", op, " '", schema(op).type, "'");
+  if (!op_name(op).empty()) absl::StrAppend(&where, " (", op_name(op), ")");
+  return where;
+}
+
 TensorType Graph::type(int v) const {
   const absl::Span<const int64_t> s = shape(v);
   return TensorType{vars_[v].dtype, Shape(s.begin(), s.end())};
@@ -133,6 +142,19 @@ const Op& Graph::AsOp(int op) const {
   };
   fill(scratch.mutable_input(), inputs(op));
   fill(scratch.mutable_output(), outputs(op));
+  const OpRec& r = ops_[op];
+  const absl::string_view device = strings_.name(r.device), name = strings_.name(r.name);
+  scratch.set_device(device.data(), device.size());
+  scratch.set_name(name.data(), name.size());
+  scratch.set_role(r.role);
+  scratch.set_stage(r.stage);
+  scratch.set_uid(r.uid);
+  scratch.set_line(r.line);
+  if (r.channel >= 0) {
+    *scratch.mutable_channel() = channels_[r.channel];
+  } else {
+    scratch.clear_channel();
+  }
   return scratch;
 }
 

@@ -2,6 +2,7 @@
 #define STRATA_COMPILER_GRAPH_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,11 +66,16 @@ class Graph {
   int stage(int op) const { return ops_[op].stage; }
   OpRole role(int op) const { return ops_[op].role; }
   int64_t uid(int op) const { return ops_[op].uid; }
+  int32_t line(int op) const { return ops_[op].line; }
+  absl::string_view device(int op) const { return strings_.name(ops_[op].device); }
+  absl::string_view op_name(int op) const { return strings_.name(ops_[op].name); }
+  // "file:line: op #i 'type' (name)", as OpLocation says it of a Program.
+  std::string OpLocation(int op) const;
   // The op's attrs, shared with every op of the same type and attrs.
   const google::protobuf::Map<std::string, AttrValue>& attrs(int op) const { return attr_sets_[ops_[op].attrs].attr(); }
-  // The op as a protobuf message (type, attrs, input and output names), for
-  // the registry's shape functions and gradient makers. A scratch message:
-  // valid until the next AsOp call.
+  // The op as a protobuf message, every field as ToProgram writes it, for the
+  // registry's shape functions and gradient makers. A scratch message shared
+  // by the ops of one attribute set: valid until the next AsOp call.
   const Op& AsOp(int op) const;
   // Appends `op` (its names resolved to vars, its attrs interned); the error
   // names the op when a name is not a var or the type is not registered.
@@ -78,6 +84,10 @@ class Graph {
   // The program's own fields. loss and fetch keep their names (a fetch need
   // not be a var until validation says so).
   const std::string& loss() const { return program_fields_.loss(); }
+  // Records parameter -> gradient var (autodiff).
+  void SetParamGrad(absl::string_view param, absl::string_view grad) {
+    (*program_fields_.mutable_param_grad())[std::string(param)] = std::string(grad);
+  }
   const Program& program_fields() const { return program_fields_; }
 
  private:
@@ -113,7 +123,7 @@ class Graph {
   std::vector<OpRec> ops_;
   std::vector<int32_t> io_;  // per op: input var ids, then output var ids
   // Distinct (type, attrs) as Op messages without names: AsOp fills the names in.
-  mutable std::vector<Op> attr_sets_;
+  mutable std::deque<Op> attr_sets_;                   // a deque: AsOp references stay valid as sets are added
   absl::flat_hash_map<std::string, int> attr_set_of_;  // canonical encoding -> index
   NameTable strings_;                                  // devices and op names
   std::vector<Channel> channels_;
