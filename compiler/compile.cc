@@ -25,20 +25,12 @@
 namespace strata {
 namespace {
 
-class ValidatePass : public Pass {
- public:
-  std::string name() const override { return "validate"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext&) override {
-    if (auto s = ValidateAndInferProgram(&program); !s.ok()) return s;
-    return true;
-  }
-};
-
-class AutodiffPass : public Pass {
+class AutodiffPass : public GraphPass {
  public:
   std::string name() const override { return "autodiff"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext&) override {
-    if (auto s = AppendBackward(&program); !s.ok()) return s;
+  using GraphPass::Run;
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext&) override {
+    if (auto s = AppendBackward(&graph); !s.ok()) return s;
     return true;
   }
 };
@@ -98,9 +90,9 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
 absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& strategy, const CompileOptions& options,
                                       const std::string& strategy_file) {
   CompileResult result;
-  // The program under compilation lives on an arena: passes touch it many
-  // times, and the arena keeps it compact and frees it at once. Each rank's
-  // finished program is copied out into its plan.
+  // The user's program is validated on an arena (compact, freed at once),
+  // then the passes run on the Graph IR, which writes each rank's program
+  // into its plan at the end.
   google::protobuf::ArenaOptions arena_options;
   arena_options.start_block_size = 1 << 16;
   arena_options.max_block_size = 1 << 20;
@@ -110,15 +102,16 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     ScopedPhase phase(&result.times, "copy-in");
     program = input;
   }
-  IndexCache index_cache;  // destroyed before the arena whose programs it points into
   CompileContext ctx;
   ctx.strategy = strategy;
-  ctx.index_cache = &index_cache;
-
-  PassPipeline front;
-  front.AddPass<ValidatePass>();
-  if (!options.dump_after.empty()) front.set_dump_after(options.dump_after);
-  if (auto s = front.Run(program, ctx, &result.times); !s.ok()) return s;
+  // Validation reads the user's program and reports against its lines; the
+  // passes after it run on the Graph IR.
+  {
+    ScopedPhase phase(&result.times, "validate");
+    if (auto s = ValidateAndInferProgram(&program); !s.ok()) return s;
+  }
+  result.pass_names = {"validate"};
+  if (options.dump_after == "validate") result.dumped = program;
   if (auto s = ValidateStrategy(strategy, program, options.batch_size, strategy_file); !s.ok()) return s;
 
   const int program_stages = NumStages(program);
@@ -138,52 +131,61 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
                 : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
   ctx.batch_size = micro_batch_size * ctx.micro_batches * dp;
 
+  std::unique_ptr<Graph> graph;
+  {
+    ScopedPhase phase(&result.times, "to-graph");
+    auto g = Graph::FromProgram(program);
+    if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
+    graph = *std::move(g);
+  }
   PassPipeline pipeline;
   pipeline.AddPass<AutodiffPass>();
   if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
-  if (auto s = pipeline.Run(program, ctx, &result.times); !s.ok()) return s;
-  result.pass_names = front.PassNames();
+  if (auto s = pipeline.Run(*graph, ctx, &result.times); !s.ok()) return s;
   for (const auto& n : pipeline.PassNames()) result.pass_names.push_back(n);
-  if (front.dumped()) result.dumped = *front.dumped();
   if (pipeline.dumped()) result.dumped = *pipeline.dumped();
 
   // Every rank sums its part of the global gradient norm in one dtype, so
   // their allreduce matches, a rank with no parameters of its own included.
   {
-    std::optional<GraphIndex> own;
-    const GraphIndex& index = IndexFor(program, index_cache.Get(program), &own);
     std::set<DataType> dtypes;
-    for (const auto& [param, grad] : program.param_grad()) {
-      if (const Var* v = index.var(param)) dtypes.insert(v->dtype());
+    for (const auto& [param, grad] : graph->program_fields().param_grad()) {
+      if (const int v = graph->FindVar(param); v >= 0) dtypes.insert(graph->dtype(v));
     }
     ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
   }
   const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
   const int world = ctx.num_stages * dp;
   const std::string source_file = program.source_file();
+  std::optional<Program> after_autodiff;  // what ranks before the last start from
   for (int rank = 0; rank < world; ++rank) {
     CompileContext rank_ctx = ctx;
     rank_ctx.rank = rank;
     rank_ctx.stage = rank % ctx.num_stages;
     rank_ctx.dp_rank = rank / ctx.num_stages;
-    // The last rank takes the program itself; earlier ones copy it.
-    Program& rank_program =
-        rank + 1 == world ? program : *google::protobuf::Arena::CreateMessage<Program>(&arena);
-    if (&rank_program != &program) {
+    // The last rank takes the graph itself; earlier ones start from a copy
+    // of the program after autodiff.
+    std::unique_ptr<Graph> own;
+    Graph* rank_graph = graph.get();
+    if (rank + 1 < world) {
       ScopedPhase phase(&result.times, "copy-rank");
-      rank_program = program;
+      if (!after_autodiff.has_value()) after_autodiff = graph->ToProgram();
+      auto copy = Graph::FromProgram(*after_autodiff);
+      if (!copy.ok()) return copy.status();
+      own = *std::move(copy);
+      rank_graph = own.get();
     }
     PassPipeline per_rank;
     per_rank.AddPass<PipelineSplitPass>();
     per_rank.AddPass<OptimizerPass>();
     per_rank.AddPass<MicroBatchPass>();
     if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
-    if (auto s = per_rank.Run(rank_program, rank_ctx, &result.times); !s.ok()) return s;
+    if (auto s = per_rank.Run(*rank_graph, rank_ctx, &result.times); !s.ok()) return s;
     if (rank == 0) {
       for (const auto& n : per_rank.PassNames()) result.pass_names.push_back(n);
       if (per_rank.dumped()) result.dumped = *per_rank.dumped();
     }
-    if (rank_program.op_size() == 0) {
+    if (rank_graph->num_ops() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage, " has no ops"));
     }
     RankPlan plan;
@@ -199,15 +201,14 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages, rank_ctx.stage, ctx.micro_batches);
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
     {
-      ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(rank_program, plan.schedule(), micro_batch_size, nullptr, 0,
-                               index_cache.Get(rank_program));
-      if (!memory.ok()) return memory.status();
-      *plan.mutable_memory() = std::move(*memory);
+      ScopedPhase phase(&result.times, "to-program");
+      *plan.mutable_program() = rank_graph->ToProgram();
     }
     {
-      ScopedPhase phase(&result.times, "copy-out");
-      *plan.mutable_program() = rank_program;
+      ScopedPhase phase(&result.times, "memory-plan");
+      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size);
+      if (!memory.ok()) return memory.status();
+      *plan.mutable_memory() = std::move(*memory);
     }
     result.plans.push_back(std::move(plan));
   }

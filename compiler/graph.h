@@ -37,6 +37,8 @@ class Graph {
   Graph() = default;
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
+  Graph(Graph&&) = default;
+  Graph& operator=(Graph&&) = default;
 
   // Vars, in declaration order.
   int num_vars() const { return static_cast<int>(vars_.size()); }

@@ -39,26 +39,44 @@ std::vector<std::string> PassPipeline::PassNames() const {
   return names;
 }
 
-absl::Status PassPipeline::Run(Program& program, const CompileContext& ctx, PhaseTimes* times) {
+absl::StatusOr<bool> GraphPass::Run(Program& program, const CompileContext& ctx) {
+  auto graph = Graph::FromProgram(program);
+  if (!graph.ok()) return graph.status();
+  auto changed = Run(**graph, ctx);
+  if (changed.ok() && *changed) program = (*graph)->ToProgram();
+  return changed;
+}
+
+absl::StatusOr<bool> ProgramPass::Run(Graph& graph, const CompileContext& ctx) {
+  if (!Applies(ctx)) return false;
+  Program program = graph.ToProgram();
+  auto changed = Run(program, ctx);
+  if (!changed.ok() || !*changed) return changed;
+  auto rebuilt = Graph::FromProgram(program);
+  if (!rebuilt.ok()) {
+    return absl::InternalError(absl::StrCat("pass '", name(), "' left a program that is not a graph: ",
+                                            rebuilt.status().message()));
+  }
+  graph = std::move(**rebuilt);
+  return true;
+}
+
+absl::Status PassPipeline::Run(Graph& graph, const CompileContext& ctx, PhaseTimes* times) {
   for (const auto& pass : passes_) {
     absl::StatusOr<bool> changed;
     {
       ScopedPhase phase(times, pass->name());
-      changed = pass->Run(program, ctx);
+      changed = pass->Run(graph, ctx);
     }
     if (!changed.ok()) return changed.status();
     if (*changed) {
       ScopedPhase phase(times, "verify");
-      auto index = VerifyAndIndexProgram(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr);
-      if (!index.ok()) {
-        if (ctx.index_cache != nullptr) ctx.index_cache->Clear();
-        return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ",
-                                                index.status().message()));
+      if (auto s = VerifyGraph(graph); !s.ok()) {
+        return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ", s.message()));
       }
-      if (ctx.index_cache != nullptr) ctx.index_cache->Set(program, *std::move(index));
     }
     if (pass->name() == dump_after_) {
-      dumped_ = program;
+      dumped_ = graph.ToProgram();
       dumped_valid_ = true;
     }
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "compiler/graph.h"
 #include "compiler/graph_index.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
@@ -76,11 +77,32 @@ class ScopedPhase {
 };
 
 // A program-to-program rewrite. Run returns whether it changed the program.
+// The pipeline runs passes on the Graph IR; a pass is written against one
+// representation (GraphPass or ProgramPass) and the other Run converts, so
+// tests and tools can run any pass on a Program (docs/design-notes.md: the
+// passes move onto the Graph one by one).
 class Pass {
  public:
   virtual ~Pass() = default;
   virtual std::string name() const = 0;  // kebab case: "pipeline-split"
   virtual absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) = 0;
+  virtual absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) = 0;
+};
+
+// A pass written against the Graph.
+class GraphPass : public Pass {
+ public:
+  using Pass::Run;
+  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) final;
+};
+
+// A pass still written against the Program: on a Graph it converts out and
+// back, unless Applies says the pass has nothing to do for this job.
+class ProgramPass : public Pass {
+ public:
+  using Pass::Run;
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) final;
+  virtual bool Applies(const CompileContext& ctx) const { return true; }
 };
 
 // Runs passes in order with the program verifier after each, and can keep a
@@ -95,8 +117,9 @@ class PassPipeline {
   const Program* dumped() const { return dumped_valid_ ? &dumped_ : nullptr; }
   std::vector<std::string> PassNames() const;
 
-  // Runs every pass; with `times`, adds each pass's and the verifier's time.
-  absl::Status Run(Program& program, const CompileContext& ctx, PhaseTimes* times = nullptr);
+  // Runs every pass, VerifyGraph after each that changed the graph; with
+  // `times`, adds each pass's and the verifier's time.
+  absl::Status Run(Graph& graph, const CompileContext& ctx, PhaseTimes* times = nullptr);
 
  private:
   std::vector<std::unique_ptr<Pass>> passes_;

@@ -7,79 +7,72 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "compiler/graph_index.h"
+#include "compiler/graph.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
 
 namespace strata {
 namespace {
 
+// Collects the optimizer's vars and ops and appends them to the graph; each
+// op's output vars are typed by its shape function as it is appended.
 class BlockBuilder {
  public:
-  explicit BlockBuilder(Program* program) : program_(program) {}
+  explicit BlockBuilder(Graph* graph) : graph_(graph) {}
 
-  Var* AddVar(const std::string& name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind) {
-    Var* v = program_->add_var();
-    v->set_name(name);
-    v->set_dtype(dtype);
-    for (int64_t d : shape) v->add_shape(d);
-    v->set_kind(kind);
-    return v;
+  void AddVar(const std::string& name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind) {
+    if (graph_->AddVar(name, dtype, shape, kind) < 0 && status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat("optimizer: var '", name, "' already exists"));
+    }
   }
 
-  Op* AddOp(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs, int stage,
-            OpRole role, std::map<std::string, AttrValue> attrs = {}) {
-    Op* op = program_->add_op();
-    op->set_type(type);
-    for (auto& in : inputs) op->add_input(in);
-    for (auto& out : outputs) op->add_output(out);
-    for (auto& [k, v] : attrs) (*op->mutable_attr())[k] = v;
-    op->set_stage(stage);
-    op->set_device(absl::StrCat("gpu:", stage));
-    op->set_role(role);
-    op->set_uid(-1);
-    return op;
+  void AddOp(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs, int stage,
+             OpRole role, std::map<std::string, AttrValue> attrs = {}) {
+    Op& op = ops_.emplace_back();
+    op.set_type(type);
+    for (auto& in : inputs) op.add_input(std::move(in));
+    for (auto& out : outputs) op.add_output(std::move(out));
+    for (auto& [k, v] : attrs) (*op.mutable_attr())[k] = std::move(v);
+    op.set_stage(stage);
+    op.set_device(absl::StrCat("gpu:", stage));
+    op.set_role(role);
+    op.set_uid(-1);
   }
 
-  // Fills attr defaults and records output types for new intermediates.
-  // `index` covers the vars the program had before this pass added any (the
-  // first `first_new_var`); the pass's own vars are looked up apart.
-  absl::Status Finish(int first_new_op, int first_new_var, const GraphIndex& index) {
-    // Views into the program's vars, which stay put as more are added.
-    absl::flat_hash_map<absl::string_view, const Var*> added;
-    for (int i = first_new_var; i < program_->var_size(); ++i) added[program_->var(i).name()] = &program_->var(i);
-    // The type of a var this pass added, else of one the index knows (from its
-    // dense copy, not the program's var messages); nullopt for neither.
-    auto lookup = [&](const std::string& name) -> std::optional<TensorType> {
-      if (auto it = added.find(name); it != added.end()) return TypeOf(*it->second);
-      const int id = index.id(name);
-      if (id >= 0 && index.declared(id)) return index.type(id);
-      return std::nullopt;
-    };
+  // Appends the ops in order: attr defaults filled in, output vars that do not
+  // exist yet declared with their inferred types (in-place updates write
+  // existing ones).
+  absl::Status Finish() {
+    if (!status_.ok()) return status_;
     std::vector<TensorType> in;
-    for (int i = first_new_op; i < program_->op_size(); ++i) {
-      Op* op = program_->mutable_op(i);
-      const OpSchema* schema = OpRegistry::Global().Find(op->type());
-      if (schema == nullptr) return absl::InternalError(absl::StrCat("optimizer: unregistered op ", op->type()));
-      if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", s.message()));
+    for (Op& op : ops_) {
+      const OpSchema* schema = OpRegistry::Global().Find(op.type());
+      if (schema == nullptr) return absl::InternalError(absl::StrCat("optimizer: unregistered op ", op.type()));
+      if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) {
+        return absl::InternalError(absl::StrCat("optimizer: ", op.type(), ": ", s.message()));
+      }
       in.clear();
-      for (const auto& name : op->input()) {
+      for (const auto& name : op.input()) {
         // An unknown input reads as untyped (the verifier reports it).
-        in.push_back(lookup(name).value_or(TensorType{}));
+        const int v = graph_->FindVar(name);
+        in.push_back(v < 0 ? TensorType{} : graph_->type(v));
       }
-      auto out = InferOutputTypes(*schema, *op, in);
-      if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op->type(), ": ", out.status().message()));
-      for (int k = 0; k < op->output_size(); ++k) {
-        if (lookup(op->output(k)).has_value()) continue;  // in-place update of an existing var
-        const Var* v = AddVar(op->output(k), (*out)[k].dtype, (*out)[k].shape, ACTIVATION);
-        added[v->name()] = v;
+      auto out = InferOutputTypes(*schema, op, in);
+      if (!out.ok()) return absl::InternalError(absl::StrCat("optimizer: ", op.type(), ": ", out.status().message()));
+      for (int k = 0; k < op.output_size(); ++k) {
+        if (graph_->FindVar(op.output(k)) >= 0) continue;  // in-place update of an existing var
+        const TensorType& t = (*out)[k];
+        graph_->AddVar(op.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION);
       }
+      if (auto s = graph_->AddOp(op); !s.ok()) return absl::InternalError(absl::StrCat("optimizer: ", s.message()));
     }
     return absl::OkStatus();
   }
 
  private:
-  Program* program_;
+  Graph* graph_;
+  std::vector<Op> ops_;
+  absl::Status status_;
 };
 
 std::string DtypeString(DataType dtype) { return DataType_Name(dtype); }
@@ -100,25 +93,19 @@ void AddZeroPartialNorm(BlockBuilder& b, DataType dtype, int stage) {
 
 }  // namespace
 
-absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& ctx) {
-  const Optimizer& opt = program.optimizer();
+absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx) {
+  const Program& fields = graph.program_fields();
+  const Optimizer& opt = fields.optimizer();
   if (opt.kind_case() == Optimizer::KIND_NOT_SET) return false;
-  const int first_new_op = program.op_size();
-  const int first_new_var = program.var_size();
-  BlockBuilder b(&program);
-  if (program.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1)) return false;
-  // The verifier's index of the program as it is now, when the cache has it.
-  // Its views stay valid as the pass appends vars and ops.
-  std::optional<GraphIndex> own_index;
-  const GraphIndex& index =
-      IndexFor(program, ctx.index_cache != nullptr ? ctx.index_cache->Get(program) : nullptr, &own_index);
-  if (program.param_grad().empty()) {
+  if (fields.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1)) return false;
+  BlockBuilder b(&graph);
+  if (fields.param_grad().empty()) {
     // A stage that trains nothing still joins the other stages' allreduce of
     // the global gradient norm, with zero; without it they would wait forever.
     AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage);
     b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage, OPTIMIZE,
             {{"group", StringAttr("pipeline")}});
-    if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
+    if (auto s = b.Finish(); !s.ok()) return s;
     return true;
   }
   // Parameters in declaration order (deterministic), each on its first consumer's stage.
@@ -128,24 +115,28 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     std::vector<int64_t> shape;
     int stage;
   };
-  std::vector<Param> params;
-  {
-    for (const Var& v : program.var()) {
-      if (v.kind() != PARAM) continue;  // only parameters have gradients
-      auto g = program.param_grad().find(v.name());
-      if (g == program.param_grad().end()) continue;
-      const absl::Span<const int> consumers = index.consumers(v.name());
-      if (consumers.empty()) {
-        return absl::InternalError(absl::StrCat("optimizer: parameter '", v.name(), "' has a gradient but no reader"));
-      }
-      int stage = program.op(consumers.front()).stage();
-      params.push_back({v.name(), g->second, v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end()), stage});
+  std::vector<int> first_reader(graph.num_vars(), -1);
+  for (int i = 0; i < graph.num_ops(); ++i) {
+    for (int v : graph.inputs(i)) {
+      if (first_reader[v] < 0) first_reader[v] = i;
     }
   }
-
+  std::vector<Param> params;
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (graph.kind(v) != PARAM) continue;  // only parameters have gradients
+    const std::string name(graph.var_name(v));
+    auto g = fields.param_grad().find(name);
+    if (g == fields.param_grad().end()) continue;
+    if (first_reader[v] < 0) {
+      return absl::InternalError(absl::StrCat("optimizer: parameter '", name, "' has a gradient but no reader"));
+    }
+    const absl::Span<const int64_t> shape = graph.shape(v);
+    params.push_back({name, g->second, graph.dtype(v), std::vector<int64_t>(shape.begin(), shape.end()),
+                      graph.stage(first_reader[v])});
+  }
   if (params.empty()) {
     return absl::InternalError(absl::StrCat("optimizer: param_grad names no parameter of this program (",
-                                            program.param_grad().size(), " entries)"));
+                                            fields.param_grad().size(), " entries)"));
   }
 
   double base_lr = 0;
@@ -200,7 +191,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
     const DataType norm = NormDtype(ctx, dtypes);
     // A tied weight's replica has the same gradient as its home stage: count
     // it once. Gradients are summed per dtype, in the norm's dtype after.
-    std::set<std::string> replicas(program.tied_replica().begin(), program.tied_replica().end());
+    std::set<std::string> replicas(fields.tied_replica().begin(), fields.tied_replica().end());
     std::map<DataType, std::vector<std::string>> grads;
     for (const auto& p : params) {
       if (!replicas.count(p.name)) grads[p.dtype].push_back(p.grad);
@@ -282,7 +273,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Program& program, const CompileContext& 
         break;
     }
   }
-  if (auto s = b.Finish(first_new_op, first_new_var, index); !s.ok()) return s;
+  if (auto s = b.Finish(); !s.ok()) return s;
   return true;
 }
 

@@ -8,10 +8,11 @@ namespace strata {
 // Appends the optimizer block: the step counter, the learning-rate schedule,
 // clipping by global gradient norm, and one update op per trained parameter
 // (on the parameter's stage), with its state vars (velocity, moments).
-class OptimizerPass : public Pass {
+class OptimizerPass : public GraphPass {
  public:
   std::string name() const override { return "optimizer"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override;
+  using GraphPass::Run;
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 };
 
 // Names of the compiler's optimizer vars.
