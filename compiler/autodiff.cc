@@ -24,11 +24,11 @@ class BackwardEmitter {
   // where its search stopped, so a hint used N times costs O(N), not O(N^2).
   std::string FreshName(const std::string& hint) {
     std::string name = hint;
-    int& k = next_suffix_[hint];
-    if (k == 0) k = 2;
-    else name = absl::StrCat(hint, "@", k++);
-    while (graph_->FindVar(name) >= 0 || fresh_.contains(name)) name = absl::StrCat(hint, "@", k++);
-    fresh_.insert(name);
+    const auto [h, added] = hints_.Intern(hint);
+    if (added) next_suffix_.push_back(2);
+    else name = absl::StrCat(hint, "@", next_suffix_[h]++);
+    while (graph_->FindVar(name) >= 0 || fresh_.Find(name) >= 0) name = absl::StrCat(hint, "@", next_suffix_[h]++);
+    fresh_.Intern(name);
     return name;
   }
 
@@ -88,8 +88,11 @@ class BackwardEmitter {
   Graph* graph_;
   std::vector<int> producer_;  // by var id: the backward op that wrote it, or -1
   Op op_;                      // the op being emitted (reused)
-  absl::flat_hash_map<std::string, int> next_suffix_;  // per hint: the next @k to try
-  absl::flat_hash_set<std::string> fresh_;             // names handed out, not yet vars
+  // Compact tables (NameTable), not hash maps of strings: a backward pass
+  // interns about one hint and one fresh name per op.
+  NameTable hints_;
+  std::vector<int> next_suffix_;  // by hint id: the next @k to try
+  NameTable fresh_;               // names handed out (most become vars)
 };
 
 // Gradient contributions flowing into each forward var (by its id in the
