@@ -4,29 +4,14 @@
 
 namespace strata {
 
-bool GraphIndex::StartFrom(const Program& program, const GraphIndex& previous) {
-  // Every name the previous index knew must be a var declared at the same
-  // place now (a pass that only appended); otherwise start afresh.
-  const int n = previous.num_ids();
-  if (n > program.var_size()) return false;
-  for (int j = 0; j < n; ++j) {
-    if (!previous.declared(j) || program.var(j).name() != previous.name(j)) return false;
-  }
-  names_ = previous.names_;
-  names_.Reserve(program.var_size());
-  return true;
-}
-
-GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
+GraphIndex::GraphIndex(const Program& program) {
   const int num_vars = program.var_size();
-  if (previous == nullptr || !StartFrom(program, *previous)) {
-    names_.Reserve(num_vars);
-  }
-  const int known = names_.size();  // the previous index's names, declared at vars [0, known)
+  names_.Reserve(num_vars);
   var_of_.reserve(num_vars);
   meta_.reserve(num_vars);
   dims_.reserve(num_vars * 2);
-  auto add_var = [&](const Var& v) {
+  for (const Var& v : program.var()) {
+    if (!names_.Intern(v.name()).second) continue;  // declared twice: the first counts
     var_of_.push_back(&v);
     Meta m;
     m.dims_begin = static_cast<int32_t>(dims_.size());
@@ -35,13 +20,8 @@ GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
     m.dtype = v.dtype();
     dims_.insert(dims_.end(), v.shape().begin(), v.shape().end());
     meta_.push_back(m);
-  };
-  for (int j = 0; j < known; ++j) add_var(program.var(j));
-  for (int j = known; j < num_vars; ++j) {
-    const Var& v = program.var(j);
-    if (names_.Intern(v.name()).second) add_var(v);
   }
-  auto intern_use = [&](const std::string& name) {
+  auto intern = [&](const std::string& name) {
     auto [id, inserted] = names_.Intern(name);
     if (inserted) {
       var_of_.push_back(nullptr);
@@ -49,36 +29,16 @@ GraphIndex::GraphIndex(const Program& program, const GraphIndex* previous) {
     }
     return id;
   };
-  // The previous index resolved the ops it covered: an op that still reads
-  // and writes the same names keeps its ids, checked by comparing the names
-  // (a walk in program order, where hashing would probe all over the table).
-  const bool same_ops = known > 0;
-  auto resolve = [&](const std::string& name, int i, int pos) {
-    if (same_ops && i < previous->num_ops()) {
-      const int candidate = previous->op_ids_[pos];
-      if (candidate < known && name == this->name(candidate)) return candidate;
-    }
-    return intern_use(name);
-  };
   // One walk interns every name; consumer lists come later, when asked for.
   op_input_begin_.reserve(program.op_size() + 1);
   op_output_begin_.reserve(program.op_size());
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
-    // Positions in the previous index's op_ids_, valid while op i has the same arity there.
-    int prev_in = -1, prev_out = -1;
-    if (same_ops && i < previous->num_ops() && previous->input_ids(i).size() == static_cast<size_t>(op.input_size()) &&
-        previous->output_ids(i).size() == static_cast<size_t>(op.output_size())) {
-      prev_in = previous->op_input_begin_[i];
-      prev_out = previous->op_output_begin_[i];
-    }
     op_input_begin_.push_back(static_cast<int>(op_ids_.size()));
-    for (int k = 0; k < op.input_size(); ++k) {
-      op_ids_.push_back(prev_in >= 0 ? resolve(op.input(k), i, prev_in + k) : intern_use(op.input(k)));
-    }
+    for (const auto& in : op.input()) op_ids_.push_back(intern(in));
     op_output_begin_.push_back(static_cast<int>(op_ids_.size()));
-    for (int k = 0; k < op.output_size(); ++k) {
-      const int id = prev_out >= 0 ? resolve(op.output(k), i, prev_out + k) : intern_use(op.output(k));
+    for (const auto& out : op.output()) {
+      const int id = intern(out);
       op_ids_.push_back(id);
       if (static_cast<size_t>(id) >= producer_.size()) producer_.resize(var_of_.size(), -1);
       if (producer_[id] < 0) producer_[id] = i;

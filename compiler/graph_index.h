@@ -20,9 +20,7 @@ namespace strata {
 // hold it by pointer.
 class GraphIndex {
  public:
-  // With `previous`, an index of the same program before a pass changed it:
-  // the names it resolved are reused where the program still has them.
-  explicit GraphIndex(const Program& program, const GraphIndex* previous = nullptr);
+  explicit GraphIndex(const Program& program);
   GraphIndex(const GraphIndex&) = delete;
   GraphIndex& operator=(const GraphIndex&) = delete;
 
@@ -65,7 +63,6 @@ class GraphIndex {
   }
 
  private:
-  bool StartFrom(const Program& program, const GraphIndex& previous);
   NameTable names_;
   struct Meta {
     int32_t dims_begin = 0;

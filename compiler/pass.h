@@ -14,24 +14,6 @@
 
 namespace strata {
 
-// The GraphIndex the verifier built after the last pass that changed a
-// program, for the next pass (or the memory plan) to start from instead of
-// building its own. Valid for that program until a pass changes it again:
-// a pass that returns "unchanged" must not have touched the program.
-class IndexCache {
- public:
-  const GraphIndex* Get(const Program& program) const { return program_ == &program ? index_.get() : nullptr; }
-  void Set(const Program& program, std::unique_ptr<GraphIndex> index) {
-    program_ = &program;
-    index_ = std::move(index);
-  }
-  void Clear() { Set(Program::default_instance(), nullptr); }
-
- private:
-  const Program* program_ = nullptr;
-  std::unique_ptr<GraphIndex> index_;
-};
-
 // What every pass may read: the strategy and the job's shape.
 struct CompileContext {
   Strategy strategy;
@@ -47,8 +29,6 @@ struct CompileContext {
   int rank = 0;
   int stage = 0;
   int dp_rank = 0;
-  // Shared by every pass of one Compile; may be null.
-  IndexCache* index_cache = nullptr;
 };
 
 // Seconds spent per phase of a compilation ("autodiff", "verify", ...),

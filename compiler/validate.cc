@@ -410,10 +410,10 @@ absl::Status ValidateAndInferProgram(Program* program) {
 
 absl::Status VerifyProgram(const Program& program) { return VerifyAndIndexProgram(program).status(); }
 
-absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program, const GraphIndex* previous) {
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program) {
   // Runs after every pass: names are resolved once, by the GraphIndex that
   // the next pass then reuses; an op's location is built only for a message.
-  auto index = std::make_unique<GraphIndex>(program, previous);
+  auto index = std::make_unique<GraphIndex>(program);
   std::vector<TensorType> input_types;
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);

@@ -27,12 +27,8 @@ int NumStages(const Program& program);
 // Re-infers every op's output types and checks them against the declared
 // vars, and that every input is defined before use. Run between passes.
 absl::Status VerifyProgram(const Program& program);
-// The same, returning the GraphIndex it checked the program with, so the
-// next pass can start from it instead of building its own.
-// `previous`, when given, indexes the program as it was before the last pass
-// (see GraphIndex); the program is verified in full either way.
-absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program,
-                                                                  const GraphIndex* previous = nullptr);
+// The same, returning the GraphIndex it checked the program with.
+absl::StatusOr<std::unique_ptr<GraphIndex>> VerifyAndIndexProgram(const Program& program);
 
 // "file:LINE: var 'name'" for messages about a var.
 std::string VarLocation(const Program& program, const Var& var);
