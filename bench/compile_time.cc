@@ -131,10 +131,10 @@ absl::StatusOr<Seconds> MedianCompileSeconds(int blocks, int repetitions) {
   return MedianOf(samples);
 }
 
-// No goal: the same checks over the compiled plan, by the verifier that runs
-// between passes today (protobuf Program) and by the one over the compact
-// Graph IR that the passes are to move onto (docs/design-notes.md), at both
-// sizes in alternating pairs. Building the Graph is outside the timer.
+// No goal: the same checks over the compiled plan by the verifier that ran
+// between passes on the protobuf Program and by the one that now runs
+// between passes on the Graph IR (docs/design-notes.md), at both sizes in
+// alternating pairs. Building the Graph is outside the timer.
 absl::Status CompareVerifiers(int blocks, int repetitions) {
   Program programs[2];
   std::unique_ptr<Graph> graphs[2];
@@ -167,7 +167,7 @@ absl::Status CompareVerifiers(int blocks, int repetitions) {
     }
   }
   const char* names[2] = {"protobuf Program", "Graph IR"};
-  std::printf("  verifier alone over the plan (no goal; the Graph IR is not in Compile yet):\n");
+  std::printf("  verifier alone over the plan (no goal):\n");
   for (int v = 0; v < 2; ++v) {
     std::printf("    %-16s %7.1f ms %7.1f ms  ratio %.2f\n", names[v], Median(seconds[v][0]) * 1e3,
                 Median(seconds[v][1]) * 1e3, Median(ratios[v]));
