@@ -25,8 +25,10 @@ class BackwardEmitter {
   std::string FreshName(const std::string& hint) {
     std::string name = hint;
     const auto [h, added] = hints_.Intern(hint);
-    if (added) next_suffix_.push_back(2);
-    else name = absl::StrCat(hint, "@", next_suffix_[h]++);
+    if (added)
+      next_suffix_.push_back(2);
+    else
+      name = absl::StrCat(hint, "@", next_suffix_[h]++);
     while (graph_->FindVar(name) >= 0 || fresh_.Find(name) >= 0) name = absl::StrCat(hint, "@", next_suffix_[h]++);
     fresh_.Intern(name);
     return name;
@@ -50,7 +52,8 @@ class BackwardEmitter {
     op_.set_uid(graph_->uid(like));
     op_.set_line(graph_->line(like));
     op_.set_role(BACKWARD);
-    if (auto s = CanonicalizeOp(*schema, &op_); !s.ok()) return absl::InternalError(absl::StrCat(what, ": ", s.message()));
+    if (auto s = CanonicalizeOp(*schema, &op_); !s.ok())
+      return absl::InternalError(absl::StrCat(what, ": ", s.message()));
     std::vector<TensorType> input_types;
     input_types.reserve(op_.input_size());
     for (const auto& in : op_.input()) {
@@ -69,7 +72,8 @@ class BackwardEmitter {
     const int index = graph_->num_ops();
     for (int k = 0; k < op_.output_size(); ++k) {
       const TensorType& t = (*out_types)[k];
-      const int v = graph_->AddVar(op_.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION);
+      const int v =
+          graph_->AddVar(op_.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION);
       producer_.resize(graph_->num_vars(), -1);
       producer_[v] = index;
     }
@@ -109,8 +113,13 @@ class GradBuilderImpl : public GradBuilder {
   // the gradient maker runs).
   GradBuilderImpl(const Op& op, const Graph& graph, int op_index, BackwardEmitter* emitter, GradAccumulator* acc,
                   std::vector<std::string> output_grads, std::vector<bool> needs)
-      : op_(op), op_index_(op_index), input_ids_(graph.inputs(op_index).begin(), graph.inputs(op_index).end()),
-        emitter_(emitter), acc_(acc), output_grads_(std::move(output_grads)), needs_(std::move(needs)) {
+      : op_(op),
+        op_index_(op_index),
+        input_ids_(graph.inputs(op_index).begin(), graph.inputs(op_index).end()),
+        emitter_(emitter),
+        acc_(acc),
+        output_grads_(std::move(output_grads)),
+        needs_(std::move(needs)) {
     for (int v : graph.inputs(op_index)) input_types_.push_back(graph.type(v));
     for (int v : graph.outputs(op_index)) output_types_.push_back(graph.type(v));
     given_.assign(op.input_size(), false);
@@ -150,8 +159,9 @@ class GradBuilderImpl : public GradBuilder {
       return;
     }
     if (given_[i]) {
-      if (status_.ok()) status_ = absl::InternalError(absl::StrCat("gradient maker of '", op_.type(), "' names input ", i,
-                                                                  "'s gradient twice"));
+      if (status_.ok())
+        status_ = absl::InternalError(
+            absl::StrCat("gradient maker of '", op_.type(), "' names input ", i, "'s gradient twice"));
       return;
     }
     given_[i] = true;
@@ -293,7 +303,8 @@ absl::Status AppendBackward(Graph* graph) {
     if (!builder.status().ok()) return builder.status();
     for (int k = 0; k < op.input_size(); ++k) {
       if (needs[k] && !builder.given(k)) {
-        return absl::InternalError(absl::StrCat("gradient maker of '", op.type(), "' produced no gradient for input ", k));
+        return absl::InternalError(
+            absl::StrCat("gradient maker of '", op.type(), "' produced no gradient for input ", k));
       }
     }
   }

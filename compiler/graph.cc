@@ -4,21 +4,43 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/util/field_mask_util.h"
 
 namespace strata {
 namespace {
 
-// Where an op is, for messages: "op #i 'type'".
-std::string OpWhere(int i, absl::string_view type) { return absl::StrCat("op #", i, " '", type, "'"); }
+// Where an op is, for messages, as OpLocation says it of a Program:
+// "file:line: op #i 'type' (name)".
+std::string OpWhere(const Program& fields, int i, const Op& op) {
+  std::string where = fields.source_file().empty() ? fields.name() : fields.source_file();
+  if (op.line() > 0) absl::StrAppend(&where, ":", op.line());
+  absl::StrAppend(&where, ": op #", i, " '", op.type(), "'");
+  if (!op.name().empty()) absl::StrAppend(&where, " (", op.name(), ")");
+  return where;
+}
+
+// The Program's own fields, without its vars and ops (copied apart, not
+// copied and cleared).
+const google::protobuf::FieldMask& ProgramFieldsMask() {
+  static const google::protobuf::FieldMask* mask = [] {
+    auto* m = new google::protobuf::FieldMask;
+    const google::protobuf::Descriptor* d = Program::descriptor();
+    for (int f = 0; f < d->field_count(); ++f) {
+      if (d->field(f)->name() != "var" && d->field(f)->name() != "op") m->add_paths(d->field(f)->name());
+    }
+    return m;
+  }();
+  return *mask;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Graph>> Graph::FromProgram(const Program& program) {
   auto graph = std::make_unique<Graph>();
   Graph& g = *graph;
-  g.program_fields_ = program;
-  g.program_fields_.clear_var();
-  g.program_fields_.clear_op();
+  google::protobuf::util::FieldMaskUtil::MergeMessageTo(
+      program, ProgramFieldsMask(), google::protobuf::util::FieldMaskUtil::MergeOptions(), &g.program_fields_);
   g.names_.Reserve(program.var_size());
   g.vars_.reserve(program.var_size());
   for (const Var& v : program.var()) {
@@ -92,7 +114,7 @@ absl::Status Graph::AddOp(const Op& op) {
   OpRec r;
   r.schema = OpRegistry::Global().Find(op.type());
   if (r.schema == nullptr)
-    return absl::InvalidArgumentError(absl::StrCat(OpWhere(index, op.type()), ": unknown op type"));
+    return absl::InvalidArgumentError(absl::StrCat(OpWhere(program_fields_, index, op), ": unknown op type"));
   r.io_begin = static_cast<int32_t>(io_.size());
   r.num_inputs = op.input_size();
   r.num_outputs = op.output_size();
@@ -101,7 +123,7 @@ absl::Status Graph::AddOp(const Op& op) {
     if (v < 0) {
       io_.resize(r.io_begin);
       return absl::InvalidArgumentError(
-          absl::StrCat(OpWhere(index, op.type()), ": ", what, " '", name, "' is not a var"));
+          absl::StrCat(OpWhere(program_fields_, index, op), ": ", what, " '", name, "' is not a var"));
     }
     io_.push_back(v);
     return absl::OkStatus();
@@ -209,7 +231,7 @@ absl::Status VerifyGraph(const Graph& graph) {
   std::vector<TensorType> input_types;
   for (int i = 0; i < graph.num_ops(); ++i) {
     const OpSchema& schema = graph.schema(i);
-    auto where = [&] { return OpWhere(i, schema.type); };
+    auto where = [&] { return graph.OpLocation(i); };
     const Op& op = graph.AsOp(i);
     if (auto s = CheckArity(schema, op); !s.ok()) return absl::InternalError(absl::StrCat(where(), ": ", s.message()));
     input_types.clear();

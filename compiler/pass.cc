@@ -54,8 +54,7 @@ absl::StatusOr<bool> ProgramPass::Run(Graph& graph, const CompileContext& ctx) {
   if (!changed.ok() || !*changed) return changed;
   auto rebuilt = Graph::FromProgram(program);
   if (!rebuilt.ok()) {
-    return absl::InternalError(
-        absl::StrCat("pass '", name(), "' left a program that is not a graph: ", rebuilt.status().message()));
+    return absl::InternalError(absl::StrCat("program invalid after pass '", name(), "': ", rebuilt.status().message()));
   }
   graph = std::move(**rebuilt);
   return true;
