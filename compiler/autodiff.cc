@@ -243,16 +243,8 @@ absl::Status AppendBackward(Graph* graph) {
     }
   }
 
-  int loss_producer = -1;
-  std::vector<int> first_reader(num_vars, -1);
-  for (int i = 0; i < num_forward; ++i) {
-    for (int v : g.outputs(i)) {
-      if (v == loss_id) loss_producer = i;
-    }
-    for (int v : g.inputs(i)) {
-      if (first_reader[v] < 0) first_reader[v] = i;
-    }
-  }
+  const int loss_producer = g.FirstWriters()[loss_id];
+  const std::vector<int> first_reader = g.FirstReaders();  // of the forward ops, before the graph grows
   if (loss_producer < 0) return absl::InternalError("loss has no producer");
   BackwardEmitter emitter(graph);
   const std::string loss_name(g.var_name(loss_id));

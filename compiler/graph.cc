@@ -221,13 +221,24 @@ Program Graph::ToProgram() const {
   return p;
 }
 
-absl::Status VerifyGraph(const Graph& graph) {
-  std::vector<int> producer(graph.num_vars(), -1);
-  for (int i = 0; i < graph.num_ops(); ++i) {
-    for (int v : graph.outputs(i)) {
-      if (producer[v] < 0) producer[v] = i;
-    }
+std::vector<int> Graph::FirstWriters() const {
+  std::vector<int> first(num_vars(), -1);
+  for (int i = num_ops() - 1; i >= 0; --i) {
+    for (int v : outputs(i)) first[v] = i;
   }
+  return first;
+}
+
+std::vector<int> Graph::FirstReaders() const {
+  std::vector<int> first(num_vars(), -1);
+  for (int i = num_ops() - 1; i >= 0; --i) {
+    for (int v : inputs(i)) first[v] = i;
+  }
+  return first;
+}
+
+absl::Status VerifyGraph(const Graph& graph) {
+  const std::vector<int> producer = graph.FirstWriters();
   std::vector<TensorType> input_types;
   for (int i = 0; i < graph.num_ops(); ++i) {
     const OpSchema& schema = graph.schema(i);

@@ -79,6 +79,9 @@ class Graph {
   // registry's shape functions and gradient makers. A scratch message shared
   // by the ops of one attribute set: valid until the next AsOp call.
   const Op& AsOp(int op) const;
+  // By var id: the first op that writes it / reads it, or -1.
+  std::vector<int> FirstWriters() const;
+  std::vector<int> FirstReaders() const;
   // Appends `op` (its names resolved to vars, its attrs interned); the error
   // names the op when a name is not a var or the type is not registered.
   absl::Status AddOp(const Op& op);

@@ -115,12 +115,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     std::vector<int64_t> shape;
     int stage;
   };
-  std::vector<int> first_reader(graph.num_vars(), -1);
-  for (int i = 0; i < graph.num_ops(); ++i) {
-    for (int v : graph.inputs(i)) {
-      if (first_reader[v] < 0) first_reader[v] = i;
-    }
-  }
+  const std::vector<int> first_reader = graph.FirstReaders();
   std::vector<Param> params;
   for (int v = 0; v < graph.num_vars(); ++v) {
     if (graph.kind(v) != PARAM) continue;  // only parameters have gradients
