@@ -77,7 +77,8 @@ class Graph {
   const google::protobuf::Map<std::string, AttrValue>& attrs(int op) const { return attr_sets_[ops_[op].attrs].attr(); }
   // The op as a protobuf message, every field as ToProgram writes it, for the
   // registry's shape functions and gradient makers. A scratch message shared
-  // by the ops of one attribute set: valid until the next AsOp call.
+  // by the ops of one attribute set: valid until the next AsOp call, and not
+  // for two threads at once (so neither is VerifyGraph on one Graph).
   const Op& AsOp(int op) const;
   // By var id: the first op that writes it / reads it, or -1.
   std::vector<int> FirstWriters() const;
