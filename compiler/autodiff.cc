@@ -4,8 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/graph.h"
 #include "compiler/op_registry.h"
@@ -99,8 +97,8 @@ class BackwardEmitter {
   NameTable fresh_;               // names handed out (most become vars)
 };
 
-// Gradient contributions flowing into each forward var (by its id in the
-// forward program's GraphIndex), summed when the producer is reached.
+// Gradient contributions flowing into each forward var (by its var id in the
+// Graph), summed when the producer is reached.
 struct GradAccumulator {
   explicit GradAccumulator(int num_ids) : expected(num_ids, 0), parts(num_ids) {}
   std::vector<int> expected;  // contributions still to come

@@ -4,20 +4,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/program_text.h"
 #include "google/protobuf/field_mask.pb.h"
 #include "google/protobuf/util/field_mask_util.h"
 
 namespace strata {
 namespace {
 
-// Where an op is, for messages, as OpLocation says it of a Program:
-// "file:line: op #i 'type' (name)".
+// The file messages name: the source file, else the program's name.
+absl::string_view FileOf(const Program& fields) {
+  return fields.source_file().empty() ? fields.name() : fields.source_file();
+}
+
+// Where an op about to be added is, as OpLocation says it of a Program.
 std::string OpWhere(const Program& fields, int i, const Op& op) {
-  std::string where = fields.source_file().empty() ? fields.name() : fields.source_file();
-  if (op.line() > 0) absl::StrAppend(&where, ":", op.line());
-  absl::StrAppend(&where, ": op #", i, " '", op.type(), "'");
-  if (!op.name().empty()) absl::StrAppend(&where, " (", op.name(), ")");
-  return where;
+  return OpLocation(FileOf(fields), i, op.type(), op.line(), op.name());
 }
 
 // The Program's own fields, without its vars and ops (copied apart, not
@@ -74,12 +75,7 @@ int Graph::AddVar(absl::string_view name, DataType dtype, absl::Span<const int64
 }
 
 std::string Graph::OpLocation(int op) const {
-  const Program& p = program_fields_;
-  std::string where = p.source_file().empty() ? p.name() : p.source_file();
-  if (line(op) > 0) absl::StrAppend(&where, ":", line(op));
-  absl::StrAppend(&where, ": op #", op, " '", schema(op).type, "'");
-  if (!op_name(op).empty()) absl::StrAppend(&where, " (", op_name(op), ")");
-  return where;
+  return strata::OpLocation(FileOf(program_fields_), op, schema(op).type, line(op), op_name(op));
 }
 
 TensorType Graph::type(int v) const {
@@ -196,28 +192,7 @@ Program Graph::ToProgram() const {
     out->set_line(r.line);
   }
   p.mutable_op()->Reserve(num_ops());
-  for (int i = 0; i < num_ops(); ++i) {
-    const OpRec& r = ops_[i];
-    Op* out = p.add_op();
-    out->set_type(r.schema->type);
-    for (int v : inputs(i)) {
-      const absl::string_view name = var_name(v);
-      out->add_input(name.data(), name.size());
-    }
-    for (int v : outputs(i)) {
-      const absl::string_view name = var_name(v);
-      out->add_output(name.data(), name.size());
-    }
-    *out->mutable_attr() = attr_sets_[r.attrs].attr();
-    const absl::string_view device = strings_.name(r.device), name = strings_.name(r.name);
-    out->set_device(device.data(), device.size());
-    out->set_role(r.role);
-    out->set_name(name.data(), name.size());
-    out->set_stage(r.stage);
-    out->set_uid(r.uid);
-    if (r.channel >= 0) *out->mutable_channel() = channels_[r.channel];
-    out->set_line(r.line);
-  }
+  for (int i = 0; i < num_ops(); ++i) *p.add_op() = AsOp(i);
   return p;
 }
 

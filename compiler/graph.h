@@ -51,8 +51,6 @@ class Graph {
   }
   TensorType type(int v) const;
   bool frozen(int v) const { return vars_[v].frozen; }
-  // The var's initializer, or nullptr (zeros).
-  const Initializer* init(int v) const { return vars_[v].init < 0 ? nullptr : &inits_[vars_[v].init]; }
   // Adds a var; -1 when the name is taken.
   int AddVar(absl::string_view name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind);
 

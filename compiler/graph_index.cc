@@ -93,12 +93,6 @@ TensorType GraphIndex::type(absl::string_view name) const {
   return v ? TypeOf(*v) : TensorType{};
 }
 
-const GraphIndex& IndexFor(const Program& program, const GraphIndex* given, std::optional<GraphIndex>* own) {
-  if (given != nullptr && given->num_ops() == program.op_size()) return *given;
-  own->emplace(program);
-  return **own;
-}
-
 TensorType GraphIndex::type(int id) const {
   const Meta& m = meta_[id];
   if (m.rank < 0) return TensorType{};
@@ -114,11 +108,7 @@ bool GraphIndex::HasType(int id, const TensorType& type) const {
 
 TensorType TypeOf(const Var& var) { return TensorType{var.dtype(), Shape(var.shape().begin(), var.shape().end())}; }
 
-bool IsPersistent(const Var& var) { return var.kind() == PARAM || var.kind() == STATE; }
+bool IsPersistent(VarKind kind) { return kind == PARAM || kind == STATE; }
 
-bool HasType(const Var& var, const TensorType& type) {
-  return var.dtype() == type.dtype &&
-         std::equal(var.shape().begin(), var.shape().end(), type.shape.begin(), type.shape.end());
-}
 
 }  // namespace strata

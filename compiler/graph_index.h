@@ -1,7 +1,6 @@
 #ifndef STRATA_COMPILER_GRAPH_INDEX_H_
 #define STRATA_COMPILER_GRAPH_INDEX_H_
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +43,6 @@ class GraphIndex {
   int id(absl::string_view name) const;
   int num_ids() const { return static_cast<int>(var_of_.size()); }
   absl::string_view name(int id) const { return names_.name(id); }  // a view into the index's own copy
-  const NameTable& names() const { return names_; }
   const Var* var(int id) const { return var_of_[id]; }
   int producer(int id) const { return producer_[id]; }
   // The ids of op i's inputs and outputs, in order (the ops the index was
@@ -87,14 +85,10 @@ class GraphIndex {
   std::vector<int> op_output_begin_;  // num_ops entries
 };
 
-// `given` when it indexes `program` as it is now (one the verifier built and
-// a pass handed on), else a fresh index of it, built into `own`.
-const GraphIndex& IndexFor(const Program& program, const GraphIndex* given, std::optional<GraphIndex>* own);
 
 TensorType TypeOf(const Var& var);
-bool IsPersistent(const Var& var);  // PARAM or STATE
-// Whether the var's declared type is `type`, without building a TensorType.
-bool HasType(const Var& var, const TensorType& type);
+bool IsPersistent(VarKind kind);  // PARAM or STATE
+inline bool IsPersistent(const Var& var) { return IsPersistent(var.kind()); }
 
 }  // namespace strata
 

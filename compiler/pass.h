@@ -7,7 +7,6 @@
 
 #include "absl/status/statusor.h"
 #include "compiler/graph.h"
-#include "compiler/graph_index.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"

@@ -172,13 +172,18 @@ std::string ProgramToText(const google::protobuf::Message& message) {
   return out;
 }
 
+std::string OpLocation(absl::string_view file, int op_index, absl::string_view type, int line, absl::string_view name) {
+  std::string where(file);
+  if (line > 0) absl::StrAppend(&where, ":", line);
+  absl::StrAppend(&where, ": op #", op_index, " '", type, "'");
+  if (!name.empty()) absl::StrAppend(&where, " (", name, ")");
+  return where;
+}
+
 std::string OpLocation(const Program& program, int op_index) {
   const Op& op = program.op(op_index);
-  std::string where = program.source_file().empty() ? program.name() : program.source_file();
-  if (op.line() > 0) absl::StrAppend(&where, ":", op.line());
-  absl::StrAppend(&where, ": op #", op_index, " '", op.type(), "'");
-  if (!op.name().empty()) absl::StrAppend(&where, " (", op.name(), ")");
-  return where;
+  return OpLocation(program.source_file().empty() ? program.name() : program.source_file(), op_index, op.type(),
+                    op.line(), op.name());
 }
 
 }  // namespace strata

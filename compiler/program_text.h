@@ -28,6 +28,9 @@ std::string ProgramToText(const google::protobuf::Message& message);
 
 // "file:LINE: op #I 'type'" for messages about an op.
 std::string OpLocation(const Program& program, int op_index);
+// The same from its parts: `file` (the source file, else the program name),
+// then ":line" when known, " op #i 'type'" and " (name)" when named.
+std::string OpLocation(absl::string_view file, int op_index, absl::string_view type, int line, absl::string_view name);
 
 }  // namespace strata
 

@@ -1,7 +1,6 @@
 #include "passes/memory_plan.h"
 
 #include <map>
-#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,13 +24,12 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release, int threads, const GraphIndex* given_index) {
+                                      const SendRelease* send_release, int threads) {
   if (threads <= 0) threads = IntraOpThreads();
   MemoryPlan plan;
   // Vars are handled by their dense GraphIndex ids: names are hashed once
   // here, not again for every action of the schedule.
-  std::optional<GraphIndex> own_index;
-  const GraphIndex& index = IndexFor(program, given_index, &own_index);
+  const GraphIndex index(program);
   const int n = program.op_size();
   const int num_ids = index.num_ids();
   std::vector<char> keep(num_ids, 0);
@@ -93,8 +91,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
   std::vector<std::vector<int>> frees(n);
   for (int id = 0; id < num_ids; ++id) {
     if (last_use[id] < 0) continue;
-    const bool persistent = index.kind(id) == PARAM || index.kind(id) == STATE;
-    if (!index.declared(id) || persistent || keep[id]) continue;
+    if (!index.declared(id) || IsPersistent(index.kind(id)) || keep[id]) continue;
     frees[last_use[id]].push_back(id);
   }
   plan.mutable_frees_after_op()->Reserve(n);

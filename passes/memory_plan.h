@@ -23,10 +23,8 @@ namespace strata {
 using SendRelease = std::map<std::pair<int64_t, int>, int>;
 // Kernels that draw scratch memory (the convolutions) count it while they
 // run, as sized for `threads` intra-op threads (0: this process's count).
-// `index`, when given, is a GraphIndex of `program` (the verifier's).
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release = nullptr, int threads = 0,
-                                      const GraphIndex* index = nullptr);
+                                      const SendRelease* send_release = nullptr, int threads = 0);
 
 
 }  // namespace strata

@@ -1,10 +1,8 @@
 #include "passes/optimizer.h"
 
 #include <map>
-#include <optional>
 #include <set>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "compiler/graph.h"
