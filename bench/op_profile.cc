@@ -54,7 +54,7 @@ absl::Status Run(const std::string& model, int64_t batch, int steps, int top) {
       auto t = InitializeParam(v, 0);
       if (!t.ok()) return t.status();
       slots[i] = *t;
-    } else if (v.kind() == STATE) {
+    } else if (v.kind() == STATE || v.kind() == SCRATCH) {
       slots[i] = Tensor::Zeros(v.dtype(), Shape(v.shape().begin(), v.shape().end()));
     } else if (v.kind() == FEED && feeds->count(v.name())) {
       slots[i] = feeds->at(v.name());

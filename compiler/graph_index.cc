@@ -108,7 +108,6 @@ bool GraphIndex::HasType(int id, const TensorType& type) const {
 
 TensorType TypeOf(const Var& var) { return TensorType{var.dtype(), Shape(var.shape().begin(), var.shape().end())}; }
 
-bool IsPersistent(VarKind kind) { return kind == PARAM || kind == STATE; }
 
 
 }  // namespace strata

@@ -8,6 +8,7 @@
 #include "absl/types/span.h"
 #include "compiler/name_table.h"
 #include "proto/program.pb.h"
+#include "proto/roles.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -87,7 +88,6 @@ class GraphIndex {
 
 
 TensorType TypeOf(const Var& var);
-bool IsPersistent(VarKind kind);  // PARAM or STATE
 inline bool IsPersistent(const Var& var) { return IsPersistent(var.kind()); }
 
 }  // namespace strata

@@ -229,14 +229,17 @@ absl::Status ValidateAndInferProgram(Program* program) {
     if (!VarKind_IsValid(v.kind())) return Err(where, absl::StrCat("has unknown kind ", static_cast<int>(v.kind()), " (FEED, PARAM or ACTIVATION)"));
     std::vector<int64_t> shape(v.shape().begin(), v.shape().end());
     std::string why;
-    if (!CheckShape(shape, v.kind() != PARAM && v.kind() != STATE, &why).ok()) return Err(where, why);
+    if (!CheckShape(shape, !IsPersistent(v.kind()), &why).ok()) return Err(where, why);
     if (v.has_init() && v.kind() != PARAM) return Err(where, "only a PARAM can have an init");
     if (v.kind() == PARAM) {
       if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
       if (auto s = CheckInitializer(*program, v); !s.ok()) return s;
       if (!v.frozen()) has_params = true;
     }
-    if (v.kind() == STATE) return Err(where, "kind STATE is written by the compiler; declare FEED, PARAM or ACTIVATION");
+    if (v.kind() == STATE || v.kind() == SCRATCH) {
+      return Err(where, absl::StrCat("kind ", VarKind_Name(v.kind()),
+                                     " is written by the compiler; declare FEED, PARAM or ACTIVATION"));
+    }
   }
   if (program->op_size() == 0) return Err(file, "the program has no ops");
   // Fields the compiler writes: a program that sets them would steer the

@@ -110,7 +110,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
   std::vector<std::pair<int, const Var*>> feeds;  // read feeds, allocated by every forward action
   for (const Var& v : program.var()) {
     if (v.kind() == PARAM) param_bytes += BytesOf(v, 0);
-    if (v.kind() == STATE) state_bytes += BytesOf(v, 0);
+    if (v.kind() == STATE || v.kind() == SCRATCH) state_bytes += BytesOf(v, 0);
     if (v.kind() == FEED && !index.consumers(v.name()).empty()) feeds.push_back({index.id(v.name()), &v});
   }
 

@@ -114,7 +114,7 @@ absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext&
     acc->set_name(acc_of[g]);
     acc->set_dtype(v->dtype());
     *acc->mutable_shape() = v->shape();
-    acc->set_kind(STATE);
+    acc->set_kind(SCRATCH);  // zero at every step boundary: not checkpointed
   }
   for (auto& [param, grad] : *program.mutable_param_grad()) {
     auto it = acc_of.find(grad);

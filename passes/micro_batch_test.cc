@@ -39,6 +39,11 @@ TEST(MicroBatchPassTest, WeightGradientsAccumulateInTheGemm) {
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0]->type(), "accumulate");
   EXPECT_TRUE(HasVar(stage0, "b@grad"));
+  // The buffers are scratch (zero at every step boundary, never
+  // checkpointed); the optimizer's state stays STATE.
+  for (const Var& v : stage0.var()) {
+    if (v.name() == "w@grad@acc" || v.name() == "b@grad@acc") EXPECT_EQ(v.kind(), SCRATCH) << v.name();
+  }
   // The head's weight on stage 1 too.
   std::vector<const Op*> w2 = OpsWriting(plans[1].program(), "w2@grad@acc");
   ASSERT_FALSE(w2.empty());

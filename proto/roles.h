@@ -17,6 +17,12 @@ inline bool ActionRuns(Action::Kind action, OpRole role) {
   }
 }
 
+// Lives outside the micro-batch scopes, for the whole run (never freed by
+// the memory plan): PARAM, STATE or SCRATCH.
+inline bool IsPersistent(VarKind kind) { return kind == PARAM || kind == STATE || kind == SCRATCH; }
+// Saved in and required from a checkpoint: PARAM and STATE, never SCRATCH.
+inline bool IsCheckpointed(VarKind kind) { return kind == PARAM || kind == STATE; }
+
 }  // namespace strata
 
 #endif  // STRATA_PROTO_ROLES_H_

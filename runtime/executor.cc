@@ -42,12 +42,14 @@ absl::Status Executor::Prepare() {
   const Program& program = plan_.program();
   const int num_vars = program.var_size();
   persistent_.resize(num_vars);
+  checkpointed_.resize(num_vars);
   state_.resize(num_vars);
   scopes_.assign(std::max(1, plan_.schedule().micro_batches()), std::vector<Tensor>(num_vars));
   for (int i = 0; i < num_vars; ++i) {
     const Var& v = program.var(i);
     slot_of_[v.name()] = i;
-    persistent_[i] = v.kind() == PARAM || v.kind() == STATE;
+    persistent_[i] = IsPersistent(v.kind());
+    checkpointed_[i] = IsCheckpointed(v.kind());
   }
   std::vector<bool> read(num_vars, false);
   for (const Op& op : program.op()) {
@@ -137,7 +139,7 @@ absl::Status Executor::InitializeState() {
       auto t = InitializeParam(v, options_.seed, options_.allocator);
       if (!t.ok()) return t.status();
       state_[i] = std::move(*t);
-    } else if (v.kind() == STATE) {
+    } else if (v.kind() == STATE || v.kind() == SCRATCH) {
       Shape shape(v.shape().begin(), v.shape().end());
       state_[i] = Tensor::Zeros(v.dtype(), shape, options_.allocator);
       if (!state_[i].defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for state '", v.name(), "'"));
@@ -150,7 +152,7 @@ absl::Status Executor::InitializeState() {
 std::map<std::string, Tensor> Executor::PersistentState() const {
   std::map<std::string, Tensor> out;
   for (int i = 0; i < plan_.program().var_size(); ++i) {
-    if (persistent_[i]) out[plan_.program().var(i).name()] = state_[i];
+    if (checkpointed_[i]) out[plan_.program().var(i).name()] = state_[i];
   }
   return out;
 }
@@ -158,7 +160,7 @@ std::map<std::string, Tensor> Executor::PersistentState() const {
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
-    if (!persistent_[i]) continue;
+    if (!checkpointed_[i]) continue;
     const Var& v = program.var(i);
     auto it = state.find(v.name());
     if (it == state.end()) return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", v.name(), "'"));

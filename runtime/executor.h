@@ -62,7 +62,8 @@ class Executor {
 
   // FEED vars read by the program, with their declared types.
   const std::vector<const Var*>& feeds() const { return feeds_; }
-  // Parameters and optimizer state by var name (shared buffers, not copies).
+  // Parameters and optimizer state by var name (shared buffers, not copies);
+  // never scratch such as micro-batch gradient accumulators.
   std::map<std::string, Tensor> PersistentState() const;
   // Replaces parameters/state from a checkpoint; every persistent var must be present with its type.
   absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state);
@@ -108,7 +109,8 @@ class Executor {
 
   RankPlan plan_;
   ExecutorOptions options_;
-  std::vector<bool> persistent_;                 // by slot
+  std::vector<bool> persistent_;                 // by slot: lives outside the micro-batch scopes
+  std::vector<bool> checkpointed_;               // by slot: saved and loaded (PARAM, STATE)
   std::vector<Tensor> state_;                    // persistent vars, by slot
   std::vector<std::vector<Tensor>> scopes_;      // activations: one scope per micro-batch, by slot
   std::map<std::string, int> slot_of_;           // prepare time only
