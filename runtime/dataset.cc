@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +53,12 @@ class SpecArgs {
     size_t colon = text.find(':');
     args.name_ = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
     if (args.name_.empty()) return args.Error("names no dataset (expected fashion_mnist, mnist or synthetic)");
+    // "fashion_mnist,path=DIR": the items follow a ':', commas only separate them.
+    if (absl::StrContains(args.name_, ',')) {
+      std::string fixed(text);
+      fixed[fixed.find(',')] = ':';
+      return args.Error(absl::StrCat("puts a ',' after the dataset name; options follow a ':' (write \"", fixed, "\")"));
+    }
     if (colon == absl::string_view::npos) return args;
     absl::string_view rest = text.substr(colon + 1);
     for (absl::string_view item : absl::StrSplit(rest, ',')) {

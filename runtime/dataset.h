@@ -63,12 +63,15 @@ class Dataset {
   Allocator* allocator_ = GetCpuAllocator();
 };
 
-// Opens a dataset for a program's feeds. Specs:
-//   fashion_mnist[:train|:test][,path=DIR]   Debian's dataset-fashion-mnist unless path= is given
-//   mnist:path=DIR[,train|,test]              the same IDX layout, from DIR
-//   synthetic[:classes=K][,size=N][,train|,test]   defaults size=8192 and classes =
-//                                                 `default_classes` when given (the
-//                                                 program's, see FindLabelConsumer), else 10
+// Opens a dataset for a program's feeds. A spec is NAME[:OPTION,OPTION...]: the
+// options follow one ':' after the name, separated by commas, in any order.
+//   fashion_mnist[:train|test,path=DIR]     e.g. fashion_mnist:test,path=DIR or
+//                                           fashion_mnist:path=DIR; Debian's
+//                                           dataset-fashion-mnist unless path= is given
+//   mnist:path=DIR[,train|test]             the same IDX layout, from DIR
+//   synthetic[:classes=K,size=N,train|test] defaults size=8192 and classes =
+//                                           `default_classes` when given (the
+//                                           program's, see FindLabelConsumer), else 10
 // The single I64 feed of shape [-1] (if any) gets labels; floating feeds get
 // features. IDX datasets need one floating feed of rows*cols elements per sample:
 // [-1, rows*cols], [-1, 1, rows, cols] or [-1, rows, cols], pixels scaled to [0, 1].

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -192,6 +193,32 @@ TEST(IdxDatasetTest, ReadsDirectoryGivenByPath) {
       EXPECT_THAT(Values<double>(batch[0]),
                   ::testing::ElementsAre(10 / 255.0, 20 / 255.0, 30 / 255.0, 40 / 255.0, 0.0, 1.0, 0.2, 0.4));
     }
+  }
+}
+
+// The forms `strata run --help` shows: options after one ':', in any order.
+TEST(IdxDatasetTest, FashionMnistTakesSplitAndPathAfterOneColon) {
+  std::string dir = MakeTinyIdxDir("tiny_fashion_forms", false, {4, 0, 9});
+  std::vector<FeedSpec> feeds = {{"x", F32, {-1, 4}}, {"y", I64, {-1}}};
+  for (const std::string& spec :
+       {absl::StrCat("fashion_mnist:path=", dir), absl::StrCat("fashion_mnist:test,path=", dir),
+        absl::StrCat("fashion_mnist:path=", dir, ",test"), absl::StrCat("fashion_mnist:train,path=", dir)}) {
+    std::unique_ptr<Dataset> ds = MustOpen(spec, feeds);
+    ASSERT_NE(ds, nullptr) << spec;
+    EXPECT_EQ(ds->size(), 3) << spec;
+  }
+}
+
+TEST(DatasetSpecTest, ACommaAfterTheNameSaysToWriteAColon) {
+  for (const auto& [spec, fixed] : std::vector<std::pair<std::string, std::string>>{
+           {"fashion_mnist,path=/data/fm", "fashion_mnist:path=/data/fm"},
+           {"fashion_mnist,test,path=/data/fm", "fashion_mnist:test,path=/data/fm"},
+           {"synthetic,classes=3", "synthetic:classes=3"},
+       }) {
+    absl::Status s = OpenError(spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("data spec \"", spec, "\" puts a ',' after the dataset name")));
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("(write \"", fixed, "\")")));
   }
 }
 

@@ -41,8 +41,9 @@ ABSL_FLAG(int64_t, steps, 0, "run: total optimizer steps (give --steps or --epoc
 ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (0: 1 epoch; give --epochs or --steps, not both)");
 ABSL_FLAG(int64_t, batch_size, 0, "global mini-batch size (default 64, or the pipeline's)");
 ABSL_FLAG(std::string, data, "synthetic",
-          "run: fashion_mnist[:train|test][,path=DIR] | mnist:path=DIR | synthetic[:classes=K,size=N] (random "
-          "data, for a smoke test)");
+          "run: NAME[:OPTION,...], the options after one ':': fashion_mnist[:train|test,path=DIR] (e.g. "
+          "fashion_mnist:test,path=DIR) | mnist:path=DIR[,test] | synthetic[:classes=K,size=N] (random data, for a "
+          "smoke test)");
 ABSL_FLAG(std::string, eval_data, "", "run: evaluation data, e.g. fashion_mnist:test");
 ABSL_FLAG(int64_t, seed, -1, "run: seed for weights, data order and dropout (default: the program's seed, else 0)");
 ABSL_FLAG(std::string, device, "cpu", "run: cpu or gpu");
