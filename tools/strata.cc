@@ -38,7 +38,7 @@ ABSL_FLAG(std::string, out, "", "compile: output folder for rank_<r>.pbtxt plans
 ABSL_FLAG(std::string, dump_after, "", "compile: also write the program after this pass");
 ABSL_FLAG(int64_t, nproc, 1, "run: number of worker processes");
 ABSL_FLAG(int64_t, steps, 0, "run: total optimizer steps (give --steps or --epochs, not both)");
-ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (0: 1 epoch; give --epochs or --steps, not both)");
+ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (1 when neither is given; give --epochs or --steps, not both)");
 ABSL_FLAG(int64_t, batch_size, 0, "global mini-batch size (default 64, or the pipeline's)");
 ABSL_FLAG(std::string, data, "synthetic",
           "run: NAME[:OPTION,...], the options after one ':': fashion_mnist[:train|test,path=DIR] (e.g. "
@@ -673,6 +673,13 @@ int Main(int argc, char** argv) {
   }
   if (parsed->given.count("steps") && parsed->given.count("epochs")) {
     std::cerr << "error: --steps and --epochs are mutually exclusive; give one\n";
+    return kExitUsage;
+  }
+  // Left out, --steps and --epochs train one epoch; an explicit 0 asks for nothing, which is a mistake.
+  const bool zero_steps = parsed->given.count("steps") && absl::GetFlag(FLAGS_steps) == 0;
+  if (zero_steps || (parsed->given.count("epochs") && absl::GetFlag(FLAGS_epochs) == 0)) {
+    std::cerr << "error: --" << (zero_steps ? "steps" : "epochs")
+              << " 0: give at least 1, or leave out --steps and --epochs to train one epoch\n";
     return kExitUsage;
   }
   const std::vector<std::string>& positional = parsed->positional;
