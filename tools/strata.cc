@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
@@ -324,6 +325,13 @@ int CompileCommand(const std::string& path) {
     std::cerr << "error: " << result.status().message() << "\n";
     return kExitError;
   }
+  // Flags are checked before anything is written: a usage error leaves --out as it was.
+  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
+  if (!dump_after.empty() && !absl::c_linear_search(result->pass_names, dump_after)) {
+    std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: "
+              << absl::StrJoin(result->pass_names, ", ") << ")\n";
+    return kExitUsage;
+  }
   out = UserPath(out);
   if (mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
     std::cerr << "error: --out " << out << ": cannot create folder\n";
@@ -342,15 +350,7 @@ int CompileCommand(const std::string& path) {
     std::cerr << "error: " << s.message() << "\n";
     return kExitError;
   }
-  std::string dump_after = absl::GetFlag(FLAGS_dump_after);
   if (!dump_after.empty()) {
-    bool known = false;
-    for (const auto& n : result->pass_names) known |= n == dump_after;
-    if (!known) {
-      std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: "
-                << absl::StrJoin(result->pass_names, ", ") << ")\n";
-      return kExitUsage;
-    }
     if (auto s = WriteFileAtomically(absl::StrCat(out, "/after_", dump_after, ".pbtxt"), ProgramToText(result->dumped)); !s.ok()) {
       std::cerr << "error: " << s.message() << "\n";
       return kExitError;

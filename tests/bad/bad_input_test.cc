@@ -3,6 +3,7 @@
 // a signal or a hang, and exactly one "error:" line on stderr holding the
 // expected message.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -183,6 +184,18 @@ RunResult RunStrata(const std::vector<std::string>& args, const std::string& scr
   return r;
 }
 
+// The names in `dir`, without "." and "..".
+std::set<std::string> FilesIn(const std::string& dir) {
+  std::set<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.insert(e->d_name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
 class BadInputTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadInputTest, RejectsWithOneClearLine) {
@@ -222,6 +235,10 @@ TEST_P(BadInputTest, RejectsWithOneClearLine) {
   }
   ASSERT_EQ(error_lines.size(), 1u) << "expected exactly one line starting with \"error:\"; stderr:\n" << r.err;
   EXPECT_TRUE(other_lines.empty()) << "stderr has more than the error line:\n" << r.err;
+  if (c.expected_exit == 2) {
+    // A usage error is found before anything is written: $TMP holds only the captured output.
+    EXPECT_EQ(FilesIn(scratch), (std::set<std::string>{"stderr", "stdout"})) << "a usage error wrote into $TMP";
+  }
   for (absl::string_view part : absl::StrSplit(c.substring, " && ")) {
     EXPECT_TRUE(absl::StrContains(error_lines[0], part))
         << "the error line lacks \"" << part << "\":\n" << error_lines[0];
