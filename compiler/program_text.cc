@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -19,21 +21,88 @@ constexpr size_t kMaxTextFileBytes = size_t{256} << 20;
 
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
-  explicit FirstErrorCollector(std::string filename) : filename_(std::move(filename)) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
-    if (!error_.empty()) return;
-    error_ = absl::StrCat(filename_, ":", line + 1, ":", column + 1, ": ", message);
+    if (has_error_) return;
+    has_error_ = true;
+    line_ = line;
+    column_ = column;
+    message_ = std::string(absl::StripSuffix(message, "."));  // it goes inside parentheses after an unclosed '{'
     // protobuf names the token it found; at the end of the input that is
     // nothing, which reads as a cut-off message.
-    if (absl::EndsWith(message, "got: ")) absl::StrAppend(&error_, "the end of the file (a '}' missing?)");
+    if (absl::EndsWith(message, "got: ")) absl::StrAppend(&message_, "the end of the file");
   }
   void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
-  const std::string& error() const { return error_; }
+  bool has_error() const { return has_error_; }
+  int line() const { return line_; }  // from 0, as protobuf counts
+  int column() const { return column_; }
+  const std::string& message() const { return message_; }
 
  private:
-  std::string filename_;
-  std::string error_;
+  bool has_error_ = false;
+  int line_ = 0, column_ = 0;
+  std::string message_;
 };
+
+// Where a '{' opened that no '}' closes, from 0 as protobuf counts.
+struct TextPosition {
+  int line = 0, column = 0;
+  bool operator<(const TextPosition& o) const { return line != o.line ? line < o.line : column < o.column; }
+};
+
+// The '{'s of `text` never closed, outermost first; braces in strings and
+// comments do not count. Columns advance to the next multiple of 8 at a tab, as
+// protobuf's tokenizer counts them.
+std::vector<TextPosition> UnclosedBraces(const std::string& text) {
+  std::vector<TextPosition> open;
+  TextPosition at;
+  char quote = 0;  // inside a string: its quote character
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      quote = 0;  // strings and comments end at the line
+      comment = false;
+      ++at.line;
+      at.column = 0;
+      continue;
+    }
+    if (comment) continue;
+    if (quote != 0) {
+      if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
+        ++i;
+        ++at.column;
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (c == '#') {
+      comment = true;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '{') {
+      open.push_back(at);
+    } else if (c == '}' && !open.empty()) {
+      open.pop_back();
+    }
+    at.column = c == '\t' ? at.column + 8 - at.column % 8 : at.column + 1;
+  }
+  return open;
+}
+
+// After an unclosed '{' the parser gives up a line or more later, on the
+// next field that the open message lacks (a var left open meets `op`): name
+// the last '{' never closed that opened before that point, then the parser's
+// own words.
+std::string ParseError(const std::string& text, const std::string& filename, const FirstErrorCollector& errors) {
+  const std::string parser = absl::StrCat(errors.line() + 1, ":", errors.column() + 1, ": ", errors.message());
+  const TextPosition stopped{errors.line(), errors.column()};
+  const std::vector<TextPosition> open = UnclosedBraces(text);
+  for (auto it = open.rbegin(); it != open.rend(); ++it) {
+    if (!(*it < stopped)) continue;
+    return absl::StrCat(filename, ":", it->line + 1, ":", it->column + 1,
+                        ": '{' opened here is never closed (the parser stopped at ", parser, ")");
+  }
+  return absl::StrCat(filename, ":", parser);
+}
 
 // Text files only: a NUL byte or mostly non-text bytes means a binary file.
 absl::Status CheckLooksLikeText(const std::string& text, const std::string& filename) {
@@ -69,12 +138,12 @@ absl::StatusOr<M> ParseText(const std::string& text, const std::string& filename
   if (IsBlank(text)) return absl::InvalidArgumentError(absl::StrCat(filename, ": empty ", what));
   M message;
   google::protobuf::TextFormat::Parser parser;
-  FirstErrorCollector errors(filename);
+  FirstErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (tree != nullptr) parser.WriteLocationsTo(tree);
   if (!parser.ParseFromString(text, &message)) {
-    return absl::InvalidArgumentError(errors.error().empty() ? absl::StrCat(filename, ": cannot parse ", what)
-                                                             : errors.error());
+    return absl::InvalidArgumentError(errors.has_error() ? ParseError(text, filename, errors)
+                                                         : absl::StrCat(filename, ": cannot parse ", what));
   }
   return message;
 }

@@ -11,6 +11,7 @@ namespace strata {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kHeader[] = R"pb(
   var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
@@ -150,6 +151,31 @@ TEST(ProgramTextTest, ParseErrorsCarryLineAndColumn) {
   auto p = ParseProgramText("var { name: \"x\" }\nop { type: 3 x }\n", "bad.pbtxt");
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("bad.pbtxt:2:"));
+}
+
+TEST(ProgramTextTest, AnUnclosedBraceIsNamedWhereItOpened) {
+  // The var on line 4 never closes: the parser only stops at the op on line 5.
+  const std::string text =
+      "var { name: \"x\" dtype: F32 shape: [-1, 4] kind: FEED }\n"
+      "# a comment with a { brace\n"
+      "var { name: \"w\" dtype: F32 shape: [4, 3] kind: PARAM init { xavier_uniform {} } }\n"
+      "  var { name: \"{ in a string\" dtype: F32 shape: [3] kind: PARAM\n"
+      "op { type: \"matmul\" input: [\"x\", \"w\"] output: [\"y\"] }\n";
+  auto p = ParseProgramText(text, "open.pbtxt");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("open.pbtxt:4:7: '{' opened here is never closed"));
+  EXPECT_THAT(p.status().message(), HasSubstr("(the parser stopped at 5:4: "));
+  // Cut off at the end of the file: the last brace left open.
+  auto cut = ParseProgramText("optimizer { sgd { learning_rate: 0.1 }\n", "cut.pbtxt");
+  ASSERT_FALSE(cut.ok());
+  EXPECT_THAT(cut.status().message(), HasSubstr("cut.pbtxt:1:11: '{' opened here is never closed"));
+  EXPECT_THAT(cut.status().message(), HasSubstr("got: the end of the file"));
+  // A brace left open after the parser stopped is not the cause.
+  auto later = ParseProgramText("var { name: \"x\" dtpe: F32 }\nvar {\n", "later.pbtxt");
+  ASSERT_FALSE(later.ok());
+  EXPECT_THAT(later.status().message(), HasSubstr("later.pbtxt:1:"));
+  EXPECT_THAT(later.status().message(), HasSubstr("no field named \"dtpe\""));
+  EXPECT_THAT(later.status().message(), Not(HasSubstr("never closed")));
 }
 
 TEST(ProgramTextTest, RejectsEmptyAndBinaryFiles) {
