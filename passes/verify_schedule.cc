@@ -20,6 +20,10 @@ struct Event {
   int micro_batch;
   std::string action;  // "F3", "B0", "OPT"
   int action_index;    // in the rank's schedule
+  // A recv after a send of its action (a tied weight's summed gradient coming
+  // back for the part just sent) holds up the action's end, not its start; a
+  // send after such a recv is posted at the action's end.
+  bool late = false;
 };
 
 std::string ActionName(const Action& a) {
@@ -55,11 +59,15 @@ std::vector<Event> Events(const RankPlan& plan) {
   }
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
+    bool sent = false, received_late = false;
     for (int i : transfer_ops) {
       const Op& op = p.op(i);
       if (!ActionRuns(a.kind(), op.role())) continue;
       Event e;
       e.is_send = op.type() == "send";
+      e.late = e.is_send ? received_late : sent;
+      sent |= e.is_send;
+      received_late |= !e.is_send && e.late;
       e.channel = op.channel();
       const Var* v = vars.at(e.is_send ? op.input(0) : op.output(0));
       e.type = v ? TypeOf(*v) : TensorType{};
@@ -160,41 +168,64 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   const int n = static_cast<int>(plans.size());
   Timeline t;
   t.ranks.resize(n);
-  // Which action of which rank sends each (channel, micro-batch).
-  std::map<std::pair<int64_t, int>, std::pair<int, int>> sender;
-  std::vector<std::vector<std::vector<std::pair<int64_t, int>>>> receives(n);  // rank -> action -> keys
+  // Which action of which rank sends each (channel, micro-batch), and whether
+  // it posts the send at the action's end rather than when its work is done.
+  struct Sender {
+    int rank, action;
+    bool late;
+  };
+  std::map<std::pair<int64_t, int>, Sender> sender;
+  // rank -> action -> the keys it receives before its work, and after a send of its own.
+  struct Receives {
+    std::vector<std::pair<int64_t, int>> before, after;
+  };
+  std::vector<std::vector<Receives>> receives(n);
   for (int r = 0; r < n; ++r) {
     receives[r].resize(plans[r].schedule().action_size());
     for (const Event& e : Events(plans[r])) {
       auto key = std::make_pair(e.channel.id(), e.micro_batch);
-      if (e.is_send) sender[key] = {r, e.action_index};
-      else receives[r][e.action_index].push_back(key);
+      if (e.is_send) sender[key] = {r, e.action_index, e.late};
+      else (e.late ? receives[r][e.action_index].after : receives[r][e.action_index].before).push_back(key);
     }
-    for (const Action& a : plans[r].schedule().action()) t.ranks[r].push_back({a, -1, -1});
+    for (const Action& a : plans[r].schedule().action()) t.ranks[r].push_back({a, -1, -1, -1});
   }
+  // Raises `time` to when every key has been sent; false while one is not yet.
+  auto arrived = [&](const std::vector<std::pair<int64_t, int>>& keys, double* time) {
+    for (const auto& key : keys) {
+      auto s = sender.find(key);
+      if (s == sender.end()) continue;
+      const Timeline::Slot& slot = t.ranks[s->second.rank][s->second.action];
+      const double posted = s->second.late ? slot.end : slot.work_end;
+      if (posted < 0) return false;
+      *time = std::max(*time, posted);
+    }
+    return true;
+  };
   std::vector<int> next(n, 0);
+  std::vector<bool> working(n, false);  // next[r] has started and waits to receive after its sends
   std::vector<double> free_at(n, 0);
   bool progress = true;
   while (progress) {
     progress = false;
     for (int r = 0; r < n; ++r) {
       while (next[r] < static_cast<int>(t.ranks[r].size())) {
-        double ready = free_at[r];
-        bool blocked = false;
-        for (const auto& key : receives[r][next[r]]) {
-          auto s = sender.find(key);
-          if (s == sender.end()) continue;
-          const auto& slot = t.ranks[s->second.first][s->second.second];
-          if (slot.end < 0) { blocked = true; break; }
-          ready = std::max(ready, slot.end);
-        }
-        if (blocked) break;
         Timeline::Slot& slot = t.ranks[r][next[r]];
-        double cost = slot.action.kind() == Action::FORWARD ? costs[r].first
-                      : slot.action.kind() == Action::BACKWARD ? costs[r].second : 0;
-        slot.start = ready;
-        slot.end = ready + cost;
-        free_at[r] = slot.end;
+        const Receives& in = receives[r][next[r]];
+        if (!working[r]) {
+          double ready = free_at[r];
+          if (!arrived(in.before, &ready)) break;
+          const double cost = slot.action.kind() == Action::FORWARD ? costs[r].first
+                              : slot.action.kind() == Action::BACKWARD ? costs[r].second : 0;
+          slot.start = ready;
+          slot.work_end = ready + cost;
+          working[r] = true;
+          progress = true;
+        }
+        double done = slot.work_end;
+        if (!arrived(in.after, &done)) break;
+        slot.end = done;
+        free_at[r] = done;
+        working[r] = false;
         ++next[r];
         progress = true;
       }
@@ -203,7 +234,7 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   for (int r = 0; r < n; ++r) t.makespan = std::max(t.makespan, free_at[r]);
   for (int r = 0; r < n; ++r) {
     double busy = 0;
-    for (const auto& slot : t.ranks[r]) busy += std::max(0.0, slot.end - slot.start);
+    for (const auto& slot : t.ranks[r]) busy += std::max(0.0, slot.work_end - slot.start);
     t.bubble.push_back(t.makespan > 0 ? 1.0 - busy / t.makespan : 0.0);
   }
   return t;
@@ -219,7 +250,7 @@ std::string Timeline::Diagram() const {
       const int mb = s.action.micro_batch();
       char c = s.action.kind() == Action::FORWARD ? (mb < 10 ? static_cast<char>('0' + mb) : '+')
                                                   : (mb < 26 ? static_cast<char>('a' + mb) : '*');
-      for (int x = static_cast<int>(s.start + 0.5); x < static_cast<int>(s.end + 0.5) && x < width; ++x) row[x] = c;
+      for (int x = static_cast<int>(s.start + 0.5); x < static_cast<int>(s.work_end + 0.5) && x < width; ++x) row[x] = c;
     }
     absl::StrAppend(&out, "rank ", r, " |", row, "|\n");
   }
@@ -228,10 +259,13 @@ std::string Timeline::Diagram() const {
 
 std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<RankPlan>& plans, const Timeline& timeline,
                                                           int rank) {
-  std::map<std::pair<int64_t, int>, std::pair<int, int>> receiver;  // (channel, mb) -> (rank, action)
+  // (channel, mb) -> when the receiver takes it: at its action's start, or after its work for a late recv.
+  std::map<std::pair<int64_t, int>, double> taken_at;
   for (int q = 0; q < static_cast<int>(plans.size()); ++q) {
     for (const Event& e : Events(plans[q])) {
-      if (!e.is_send) receiver[{e.channel.id(), e.micro_batch}] = {q, e.action_index};
+      if (e.is_send) continue;
+      const Timeline::Slot& slot = timeline.ranks[q][e.action_index];
+      taken_at[{e.channel.id(), e.micro_batch}] = e.late ? slot.work_end : slot.start;
     }
   }
   std::map<std::pair<int64_t, int>, int> out;
@@ -239,9 +273,9 @@ std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<Rank
   for (const Event& e : Events(plans[rank])) {
     if (!e.is_send) continue;
     auto key = std::make_pair(e.channel.id(), e.micro_batch);
-    auto r = receiver.find(key);
-    if (r == receiver.end()) continue;
-    const double taken = timeline.ranks[r->second.first][r->second.second].start;
+    auto r = taken_at.find(key);
+    if (r == taken_at.end()) continue;
+    const double taken = r->second;
     int i = e.action_index;
     while (i + 1 < static_cast<int>(mine.size()) && mine[i].end < taken) ++i;
     out[key] = i;

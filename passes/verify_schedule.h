@@ -21,13 +21,17 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans);
 
 // When each rank's actions run if a forward costs `forward_cost`, a backward
 // `backward_cost` and an optimize nothing, each action starting once its rank
-// is free and every action it receives from has ended. Gives the predicted
-// bubble (idle over the pipeline's makespan) and the diagram `strata check`
-// prints. Call after VerifySchedules succeeded.
+// is free and what it receives before its work has been sent. Sends are
+// posted when the sender's work is done; an action that receives after a send
+// of its own (a tied weight's gradient parts, summed by the owner and sent
+// back) ends only once that has come. Gives the predicted bubble (idle over
+// the pipeline's makespan) and the diagram `strata check` prints. Call after
+// VerifySchedules succeeded.
 struct Timeline {
   struct Slot {
     Action action;
     double start = 0, end = 0;
+    double work_end = 0;  // start + the action's cost; before end while it waits to receive
   };
   std::vector<std::vector<Slot>> ranks;
   double makespan = 0;

@@ -1,5 +1,9 @@
 #include "passes/verify_schedule.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -103,6 +107,42 @@ TEST(VerifyScheduleTest, ASlowerStageWidensTheOthersBubbles) {
   // after stage 0's first forward and before its last backward: the slow
   // stage never waits on the fast last stage.
   EXPECT_NEAR(slow.makespan, 1 + 6 * 9 + 2, 1e-9);
+}
+
+TEST(VerifyScheduleTest, TheTimelineOfATiedWeightPlacesEveryAction) {
+  // Stage 2's backward sends its part of w0's gradient to stage 0 and takes
+  // the sum back: it cannot end before stage 0's backward has sent it, but
+  // stage 0's backward needs only the part, so neither waits for the other's end.
+  for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
+    std::vector<RankPlan> plans = CompilePipeline(kThreeStagesWithTiedWeight, 4, kind);
+    ASSERT_EQ(plans.size(), 3u);
+    ASSERT_TRUE(VerifySchedules(plans).ok());
+    Timeline t = SimulateTimeline(plans);
+    for (size_t r = 0; r < t.ranks.size(); ++r) {
+      for (const Timeline::Slot& slot : t.ranks[r]) {
+        EXPECT_GE(slot.start, 0) << "rank " << r << " never runs an action of kind " << slot.action.kind();
+        EXPECT_GE(slot.end, slot.start) << r;
+      }
+      EXPECT_GE(t.bubble[r], 0) << r;
+      EXPECT_LT(t.bubble[r], 1) << r;
+    }
+    // One row a rank, each drawing the forward (digit) and backward (letter) of all 4 micro-batches.
+    const std::string diagram = t.Diagram();
+    std::vector<std::string> rows = absl::StrSplit(diagram, '\n', absl::SkipEmpty());
+    ASSERT_EQ(rows.size(), 3u) << diagram;
+    for (const std::string& row : rows) {
+      for (char c : std::string("0123abcd")) EXPECT_NE(row.find(c), std::string::npos) << c << " in\n" << diagram;
+    }
+    // Stage 2's B0 starts first and ends only after stage 0's B0 has begun.
+    auto backward0 = [&](int rank) {
+      for (const Timeline::Slot& slot : t.ranks[rank]) {
+        if (slot.action.kind() == Action::BACKWARD && slot.action.micro_batch() == 0) return slot;
+      }
+      return Timeline::Slot{};
+    };
+    EXPECT_LT(backward0(2).start, backward0(0).start);
+    EXPECT_GT(backward0(2).end, backward0(0).start);
+  }
 }
 
 TEST(VerifyScheduleTest, CompiledPlansCarryTheCostModelsEstimate) {

@@ -37,6 +37,24 @@ inline constexpr char kThreeStagesWithSkip[] = R"pb(
   optimizer { sgd { learning_rate: 0.1 } }
 )pb";
 
+// Three stages with a tied weight: w0 is read on stage 0 and again on stage 2,
+// so each of the two holds a copy; stage 2 sends its gradient part to stage 0,
+// which sends the sum back, both within a backward.
+inline constexpr char kThreeStagesWithTiedWeight[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w0"] output: ["h0"] device: "gpu:0" }
+  op { type: "matmul" input: ["h0", "w1"] output: ["h1"] device: "gpu:1" }
+  op { type: "matmul" input: ["h1", "w0"] output: ["h2"] device: "gpu:2" }
+  op { type: "matmul" input: ["h2", "w2"] output: ["z"] device: "gpu:2" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:2" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
 // Parses program text. On a parse error, fails the running test with it and
 // returns an empty program.
 Program ParseProgramOrFail(const std::string& text, const std::string& filename = "test.pbtxt");
