@@ -7,13 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
@@ -338,6 +342,13 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 std::string ErrnoText() { return std::strerror(errno); }
 
+absl::Status WriteAll(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
+  if (bytes != 0 && std::fwrite(data, 1, bytes, f) != bytes) {
+    return absl::DataLossError(absl::StrCat("cannot write ", path, ": ", ErrnoText()));
+  }
+  return absl::OkStatus();
+}
+
 // mkdir -p.
 absl::Status MakeDirs(const std::string& dir) {
   if (dir.empty()) return absl::InvalidArgumentError("checkpoint directory is empty");
@@ -353,6 +364,39 @@ absl::Status MakeDirs(const std::string& dir) {
     return absl::FailedPreconditionError(absl::StrCat("cannot create directory ", dir, ": not a directory"));
   }
   return absl::OkStatus();
+}
+
+// Makes the entries of `dir` (a rename, a new file) durable.
+absl::Status FsyncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return absl::DataLossError(absl::StrCat("cannot open ", dir, " to sync it: ", ErrnoText()));
+  const int rc = fsync(fd);
+  const std::string why = rc != 0 ? ErrnoText() : "";
+  close(fd);
+  if (rc != 0) return absl::DataLossError(absl::StrCat("cannot sync ", dir, ": ", why));
+  return absl::OkStatus();
+}
+
+// Writes `contents` to dir/name through a temporary name: written, fsync'd,
+// renamed, and the folder fsync'd.
+absl::Status WriteFileAtomically(const std::string& dir, const std::string& name, const std::string& contents) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const std::string tmp = path + ".tmp";
+  FilePtr f(std::fopen(tmp.c_str(), "wb"));
+  if (f == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot create ", tmp, ": ", ErrnoText()));
+  absl::Status s = WriteAll(f.get(), contents.data(), contents.size(), tmp);
+  if (s.ok() && (std::fflush(f.get()) != 0 || fsync(fileno(f.get())) != 0)) {
+    s = absl::DataLossError(absl::StrCat("cannot write ", tmp, ": ", ErrnoText()));
+  }
+  if (std::fclose(f.release()) != 0 && s.ok()) s = absl::DataLossError(absl::StrCat("cannot write ", tmp, ": ", ErrnoText()));
+  if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::DataLossError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ErrnoText()));
+  }
+  if (!s.ok()) {
+    std::remove(tmp.c_str());
+    return s;
+  }
+  return FsyncDir(dir);
 }
 
 absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_bytes) {
@@ -401,13 +445,6 @@ absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_b
   header.append((8 - header.size() % 8) % 8, ' ');
   *data_bytes = offset;
   return header;
-}
-
-absl::Status WriteAll(std::FILE* f, const void* data, size_t bytes, const std::string& path) {
-  if (bytes != 0 && std::fwrite(data, 1, bytes, f) != bytes) {
-    return absl::DataLossError(absl::StrCat("cannot write ", path, ": ", ErrnoText()));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status WriteFileContents(std::FILE* f, const std::string& path, const std::string& header,
@@ -505,7 +542,10 @@ absl::Status WriteSafetensorsFile(const std::string& path, const Checkpoint& ckp
   return s;
 }
 
-absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) {
+namespace {
+
+// The whole file, or (header_only) its metadata alone.
+absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_only) {
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -564,6 +604,7 @@ absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) {
     if (!entry.ok()) return entry.status();
     entries.push_back(*std::move(entry));
   }
+  if (header_only) return ckpt;
 
   // The tensors must tile the data section exactly: no gap, no overlap, nothing after.
   const uint64_t data_size = file_size - 8 - header_len;
@@ -617,6 +658,10 @@ absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) {
   return ckpt;
 }
 
+}  // namespace
+
+absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) { return ReadSafetensors(path, false); }
+
 absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt) {
   return SaveCheckpointShard(dir, kCheckpointFileName, ckpt);
 }
@@ -632,12 +677,7 @@ absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file
     return s;
   }
   // Make the rename itself durable.
-  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    fsync(dir_fd);
-    close(dir_fd);
-  }
-  return absl::OkStatus();
+  return FsyncDir(dir);
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
@@ -676,6 +716,255 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
     }
   }
   return merged;
+}
+
+// ---------------------------------------------------------------------------
+// Step folders.
+
+namespace {
+
+constexpr char kStepPrefix[] = "step-";
+
+std::string RankFileName(int rank) { return absl::StrCat("model.rank", rank, ".safetensors"); }
+
+// N of "step-N", or -1.
+int64_t StepOfFolderName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kStepPrefix) || name.empty() || name.size() > 18) return -1;
+  if (name.find_first_not_of("0123456789") != absl::string_view::npos) return -1;
+  int64_t step;
+  return absl::SimpleAtoi(name, &step) ? step : -1;
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The step folders of `dir` by step.
+std::map<int64_t, std::string> StepFolders(const std::string& dir) {
+  std::map<int64_t, std::string> folders;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t step = StepOfFolderName(name);
+    if (step >= 0 && entry.is_directory(ec)) folders[step] = entry.path().string();
+  }
+  return folders;
+}
+
+// The folder name DIR/latest holds ("step-N"), or "" when there is no latest.
+absl::StatusOr<std::string> ReadLatest(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kLatestFileName);
+  if (!IsRegularFile(path)) return std::string();
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (f == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", ErrnoText()));
+  char buf[64];
+  const size_t n = std::fread(buf, 1, sizeof(buf), f.get());
+  const std::string name(absl::StripAsciiWhitespace(absl::string_view(buf, n)));
+  if (StepOfFolderName(name) < 0) {
+    return absl::DataLossError(absl::StrCat(path, ": expected a step folder name such as step-20, got '",
+                                            absl::CHexEscape(name), "'"));
+  }
+  return name;
+}
+
+// STRATA_FAULT=POINT[:rank=R][:step=N] names this point of this rank's save.
+bool FaultRequested(absl::string_view point, int rank, int64_t step) {
+  const char* spec = std::getenv("STRATA_FAULT");
+  if (spec == nullptr) return false;
+  std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
+  if (parts.empty() || parts[0] != point) return false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    int64_t v;
+    if (absl::ConsumePrefix(&parts[i], "rank=") && absl::SimpleAtoi(parts[i], &v) && v != rank) return false;
+    if (absl::ConsumePrefix(&parts[i], "step=") && absl::SimpleAtoi(parts[i], &v) && v != step) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void InjectedFault(absl::string_view point, int rank) {
+  std::fprintf(stderr, "error: rank %d: fault injected at %s (STRATA_FAULT)\n", rank, std::string(point).c_str());
+  std::fflush(stderr);
+  _exit(kFaultExitCode);
+}
+
+// Rank 0, once the save is committed: committed step folders beyond the
+// newest `keep` up to this step, and uncommitted ones before it (saves that
+// never finished), go. Later steps (another run's) are left alone.
+void PruneStepFolders(const std::string& dir, int64_t step, int keep) {
+  int kept = 0;
+  const std::map<int64_t, std::string> folders = StepFolders(dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    if (it->first > step) continue;
+    const bool committed = IsRegularFile(absl::StrCat(it->second, "/", kCommittedFileName));
+    if (it->first == step || (committed && (keep == 0 || kept < keep))) {
+      kept += committed ? 1 : 0;
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(it->second, ec);
+  }
+}
+
+}  // namespace
+
+absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt) {
+  const std::string folder = absl::StrCat(options.dir, "/", kStepPrefix, options.step);
+  ckpt.metadata["format_version"] = absl::StrCat(kCheckpointFormatVersion);
+  ckpt.metadata["world_size"] = absl::StrCat(options.world_size);
+  ckpt.metadata["step"] = absl::StrCat(options.step);
+  absl::Status mine = [&]() -> absl::Status {
+    absl::StatusOr<std::string> latest = ReadLatest(options.dir);
+    if (!latest.ok()) return latest.status();
+    if (*latest == absl::StrCat(kStepPrefix, options.step)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--save ", options.dir, ": ", folder, " is the latest checkpoint; refusing to overwrite it in place"));
+    }
+    if (absl::Status s = MakeDirs(folder); !s.ok()) return s;
+    if (options.rank == 0) {
+      // The folder is being rewritten: not committed until every rank agrees
+      // again, and no file of a larger world left in it.
+      std::remove(absl::StrCat(folder, "/", kCommittedFileName).c_str());
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+        absl::string_view name = entry.path().filename().native();
+        int64_t r;
+        if (absl::ConsumePrefix(&name, "model.rank") && absl::ConsumeSuffix(&name, ".safetensors") &&
+            absl::SimpleAtoi(name, &r) && r >= options.world_size) {
+          std::filesystem::remove(entry.path(), ec);
+        }
+      }
+    }
+    const std::string file = RankFileName(options.rank);
+    if (FaultRequested("checkpoint_partial_write", options.rank, options.step)) {
+      // Half of the file where the whole would go, then gone.
+      const std::string path = absl::StrCat(folder, "/", file, ".tmp");
+      if (WriteSafetensorsFile(path, ckpt).ok()) {
+        struct stat st;
+        if (stat(path.c_str(), &st) == 0 && truncate(path.c_str(), st.st_size / 2) != 0) std::remove(path.c_str());
+      }
+      InjectedFault("checkpoint_partial_write", options.rank);
+    }
+    if (absl::Status s = SaveCheckpointShard(folder, file, ckpt); !s.ok()) return s;
+    if (FaultRequested("checkpoint_before_agree", options.rank, options.step)) {
+      InjectedFault("checkpoint_before_agree", options.rank);
+    }
+    return absl::OkStatus();
+  }();
+  absl::Status all = options.agree ? options.agree(mine) : mine;
+  if (!mine.ok()) return mine;
+  if (!all.ok()) {
+    return absl::Status(all.code(), absl::StrCat("checkpoint ", folder, " not saved (", options.dir,
+                                                 "/latest unchanged): ", all.message()));
+  }
+  if (options.rank != 0) return absl::OkStatus();
+  if (absl::Status s = WriteFileAtomically(folder, kCommittedFileName, absl::StrCat(options.step, "\n")); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFileAtomically(options.dir, kLatestFileName, absl::StrCat(kStepPrefix, options.step, "\n"));
+      !s.ok()) {
+    return s;
+  }
+  PruneStepFolders(options.dir, options.step, options.keep);
+  return absl::OkStatus();
+}
+
+absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it) {
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return absl::Status(s.code(), absl::StrCat("--save ", dir, ": ", s.message()));
+  const std::string probe = absl::StrCat(dir, "/.strata-write-test.", getpid());
+  FilePtr f(std::fopen(probe.c_str(), "wb"));
+  if (f == nullptr) return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": cannot write there: ", ErrnoText()));
+  f.reset();
+  std::remove(probe.c_str());
+  absl::StatusOr<std::string> latest = ReadLatest(dir);
+  if (!latest.ok()) return latest.status();
+  if (!latest->empty() && !resumes_from_it) {
+    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, " already holds a checkpoint (", dir, "/", *latest,
+                                                      "); resume it with --load ", dir, ", or save to another folder"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
+  if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  absl::StatusOr<std::string> latest = ReadLatest(path);
+  if (!latest.ok()) return latest.status();
+  if (!latest->empty()) {
+    const std::string folder = absl::StrCat(path, "/", *latest);
+    if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+      return absl::DataLossError(absl::StrCat(path, "/latest names ", *latest, ", which is missing or not committed"));
+    }
+    return CheckpointSource{folder, absl::StrCat(folder, " (latest)")};
+  }
+  std::error_code ec;
+  bool has_files = false;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    has_files |= entry.is_regular_file(ec) && absl::EndsWith(entry.path().filename().string(), ".safetensors");
+  }
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read checkpoint folder: ", ec.message()));
+  if (has_files) return CheckpointSource{path, path};
+  if (!StepFolders(path).empty()) {
+    return absl::NotFoundError(absl::StrCat(path, ": no completed save (step folders but no 'latest'); give one as --load ",
+                                            path, "/step-N"));
+  }
+  return absl::NotFoundError(absl::StrCat(path, ": no checkpoint (neither 'latest' nor *.safetensors files)"));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path) {
+  absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
+  if (!resolved.ok()) return resolved.status();
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(resolved->folder, ec)) {
+    if (absl::EndsWith(entry.path().filename().string(), ".safetensors")) files.push_back(entry.path().string());
+  }
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(resolved->folder, ": no *.safetensors checkpoint files"));
+  std::sort(files.begin(), files.end());
+  absl::StatusOr<Checkpoint> header = ReadSafetensors(files[0], true);
+  if (!header.ok()) return header.status();
+  return header->metadata;
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source) {
+  absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
+  if (!resolved.ok()) return resolved.status();
+  if (source != nullptr) *source = *resolved;
+  const std::string& folder = resolved->folder;
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(folder);
+  if (!ckpt.ok()) return ckpt.status();
+  auto version = ckpt->metadata.find("format_version");
+  if (version == ckpt->metadata.end()) return ckpt;  // format 1: flat files, as written before step folders
+  int64_t v = 0, world = 0;
+  if (!absl::SimpleAtoi(version->second, &v) || v < 1 || v > kCheckpointFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(folder, ": checkpoint format ", version->second,
+                                                      " is newer than this strata reads (", kCheckpointFormatVersion, ")"));
+  }
+  if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+    return absl::DataLossError(absl::StrCat(folder, ": not committed (a save that did not finish); --load ",
+                                            std::filesystem::path(folder).parent_path().string(),
+                                            " takes the latest complete one"));
+  }
+  auto w = ckpt->metadata.find("world_size");
+  if (w == ckpt->metadata.end() || !absl::SimpleAtoi(w->second, &world) || world < 1) {
+    return absl::DataLossError(absl::StrCat(folder, ": checkpoint metadata has no valid world_size"));
+  }
+  std::set<std::string> files, expected;
+  for (int r = 0; r < world; ++r) expected.insert(RankFileName(r));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::EndsWith(name, ".safetensors")) files.insert(name);
+  }
+  if (files != expected) {
+    return absl::DataLossError(absl::StrCat(folder, ": holds ", files.size(), " rank file(s) but was saved by ", world,
+                                            " rank(s) (expected ", RankFileName(0), " .. ", RankFileName(world - 1), ")"));
+  }
+  return ckpt;
 }
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 #ifndef STRATA_RUNTIME_CHECKPOINT_H_
 #define STRATA_RUNTIME_CHECKPOINT_H_
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -28,6 +29,61 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir);
 // Writes one rank's share (dir/file_name, through a temporary name); LoadCheckpoint
 // merges every *.safetensors file of a folder, so any layout can load any other's.
 absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file_name, const Checkpoint& ckpt);
+
+// ---------------------------------------------------------------------------
+// The checkpoint folder (format 2), atomic as a whole:
+//   DIR/step-N/model.rank<R>.safetensors   one per rank, fsync'd
+//   DIR/step-N/COMMITTED                   written once every rank's file is durable
+//   DIR/latest                             "step-N", replaced (temporary name, fsync, rename) last
+// A failure anywhere before `latest` is replaced leaves the previous step
+// folder, and `latest`, as they were.
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr char kLatestFileName[] = "latest";
+inline constexpr char kCommittedFileName[] = "COMMITTED";
+
+// Whether every rank wrote its file: each rank passes its own write status
+// and gets OK only if every rank's was OK (a collective on several ranks).
+using AgreeFn = std::function<absl::Status(const absl::Status& mine)>;
+
+struct SaveStepOptions {
+  std::string dir;      // --save
+  int64_t step = 0;     // the folder is DIR/step-<step>
+  int rank = 0;
+  int world_size = 1;
+  int keep = 2;         // --keep_checkpoints: committed step folders kept (0: all)
+  AgreeFn agree;        // null: one rank, its own status
+};
+
+// Writes this rank's share of step `step` into DIR/step-N/, agrees with the
+// other ranks that every share is durable, then (rank 0) commits the folder,
+// points DIR/latest at it and removes what --keep_checkpoints no longer
+// keeps. The metadata gains format_version, world_size and rank.
+absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt);
+
+// Before the first step: `dir` can be created and written, and holds no
+// other run's checkpoint (a `latest`), unless this run resumes from it.
+absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it);
+
+// What `--load PATH` names, resolved: DIR holding `latest` loads the step
+// folder it names; DIR/step-N loads that step (refused unless committed);
+// a folder of flat *.safetensors files (format 1) loads as it is.
+struct CheckpointSource {
+  std::string folder;       // where the files are
+  std::string description;  // e.g. "ckpt/step-20 (latest)"
+};
+absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path);
+// ResolveCheckpoint, then the metadata of one of its files (no tensor data).
+absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path);
+// ResolveCheckpoint, then LoadCheckpoint of its folder; a format-2 folder
+// must hold exactly one file per rank of the world that saved it.
+absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source = nullptr);
+
+// Test hook (STRATA_FAULT=POINT[:rank=R][:step=N]): the process exits at once
+// (code 86) at POINT of a save, so tests can fail a save part-way without
+// racing a kill against the write. Points: checkpoint_partial_write (after
+// half of the rank's file), checkpoint_before_agree (file durable, before the
+// agreement).
+inline constexpr int kFaultExitCode = 86;
 
 // The safetensors format (readable by Python's `safetensors`): an 8-byte
 // little-endian header length, a JSON header

@@ -425,7 +425,9 @@ class Launcher {
   void BeginStop(int signo) {
     if (stopping_) return;
     stopping_ = true;
-    kill_deadline_ = Clock::now() + absl::ToChronoNanoseconds(options_.grace);
+    // A SIGTERM to the launcher is a preemption: the workers finish their step and save.
+    const bool preempted = signo == SIGTERM && interrupt_signal_ == SIGTERM && failed_rank_ < 0;
+    kill_deadline_ = Clock::now() + absl::ToChronoNanoseconds(preempted ? options_.preemption_grace : options_.grace);
     KillAll(signo);
   }
 

@@ -38,6 +38,9 @@ struct LaunchOptions {
   // After the first failure (or a SIGINT/SIGTERM to the launcher) the others
   // get SIGTERM, and SIGKILL once this much time has passed.
   absl::Duration grace = absl::Seconds(5);
+  // After a SIGTERM to the launcher (a cluster's preemption), forwarded to
+  // every worker: the time they have to finish their step and save.
+  absl::Duration preemption_grace = absl::Seconds(30);
   // Where the "[rank R] " prefixed lines go (tests point these at files).
   int stdout_fd = STDOUT_FILENO;
   int stderr_fd = STDERR_FILENO;

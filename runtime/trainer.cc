@@ -1,5 +1,9 @@
 #include "runtime/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -162,7 +166,78 @@ std::string EvalName(const std::string& spec) {
   return spec.substr(0, colon);
 }
 
+// Every rank passes its own status; all get OK only when every rank's was OK,
+// else the first failing rank's (by rank) is named.
+absl::Status AgreeAllRanks(Communicator& comm, const absl::Status& mine, double timeout_s, absl::string_view what) {
+  Tensor in = Tensor::Empty(I64, {1});
+  Tensor all = Tensor::Empty(I64, {comm.size()});
+  if (!in.defined() || !all.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory ", what));
+  in.data<int64_t>()[0] = static_cast<int64_t>(mine.code());
+  if (auto s = comm.AllGather(in, &all)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    const int64_t code = all.data<int64_t>()[r];
+    if (code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          r == comm.rank() ? std::string(mine.message()) : absl::StrCat("rank ", r, " failed ", what));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether any rank asks (a stop request), agreed by every rank.
+absl::StatusOr<bool> AnyRankAsks(bool mine, Communicator* comm, double timeout_s) {
+  if (comm == nullptr || comm->size() <= 1) return mine;
+  Tensor flag = Tensor::Empty(I64, {1});
+  if (!flag.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
+  flag.data<int64_t>()[0] = mine ? 1 : 0;
+  if (auto s = comm->AllReduce(&flag, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("agreeing whether to stop: ", s.message()));
+  }
+  return flag.data<int64_t>()[0] != 0;
+}
+
 }  // namespace
+
+// The checkpoint's step, if this run may resume from it: the same batch and
+// seed (both decide the data order and dropout masks), and steps left to run.
+absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,
+                                       uint64_t seed, int64_t total_steps) {
+  int64_t step = 0;
+  auto it = metadata.find("step");
+  if (it == metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
+    return absl::InvalidArgumentError("checkpoint has no valid 'step'");
+  }
+  auto bs = metadata.find("batch_size");
+  int64_t saved_batch = 0;
+  if (bs != metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("saved with batch size ", saved_batch, ", resuming with ", batch,
+                                                   " would change the data order"));
+  }
+  auto sd = metadata.find("seed");
+  uint64_t saved_seed = 0;
+  if (sd != metadata.end() && absl::SimpleAtoi(sd->second, &saved_seed) && saved_seed != seed) {
+    return absl::InvalidArgumentError(absl::StrCat("saved with seed ", saved_seed, ", resuming with ", seed,
+                                                   " would change the data order and dropout masks"));
+  }
+  if (step >= total_steps) {
+    return absl::OutOfRangeError(absl::StrCat("the checkpoint is at step ", step, " but the run ends at step ",
+                                              total_steps, "; nothing left to train (--steps counts the whole run)"));
+  }
+  return step;
+}
+
+absl::Status CheckWritableFile(const std::string& path, const std::string& flag) {
+  const bool existed = access(path.c_str(), F_OK) == 0;
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, " ", path, ": cannot write there: ", std::strerror(errno)));
+  }
+  close(fd);
+  if (!existed) unlink(path.c_str());
+  return absl::OkStatus();
+}
 
 absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
   TrainReport report;
@@ -236,26 +311,60 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   const int64_t total_steps = options.steps > 0 ? options.steps : std::max<int64_t>(options.epochs, 1) * steps_per_epoch;
   executor.set_total_steps(total_steps);
 
+  if (!options.save_dir.empty()) {
+    if (auto s = CheckSaveTarget(options.save_dir, options.load_dir == options.save_dir); !s.ok()) return s;
+  }
+  if (!options.trace_path.empty()) {
+    if (auto s = CheckWritableFile(options.trace_path, "--trace"); !s.ok()) return s;
+  }
   if (auto s = executor.InitializeState(); !s.ok()) return s;
   if (!options.load_dir.empty()) {
-    auto ckpt = LoadCheckpoint(options.load_dir);
-    if (!ckpt.ok()) return ckpt.status();
-    if (auto s = executor.LoadPersistentState(ckpt->tensors); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--load ", options.load_dir, ": ", s.message()));
+    CheckpointSource source;
+    auto ckpt = LoadCheckpointFrom(options.load_dir, &source);
+    if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && options.load_dir == options.save_dir) {
+      // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
+      if (progress) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options.load_dir.c_str());
+    } else if (!ckpt.ok()) {
+      return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options.load_dir, ": ", ckpt.status().message()));
+    } else {
+      auto step = CheckResumable(ckpt->metadata, batch, options.seed, total_steps);
+      if (!step.ok()) {
+        return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
+      }
+      if (auto s = executor.LoadPersistentState(ckpt->tensors); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
+      }
+      executor.set_step(*step);
+      report.loaded_from = source.description;
+      if (progress) {
+        std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
+      }
     }
-    int64_t step = 0;
-    auto it = ckpt->metadata.find("step");
-    if (it == ckpt->metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--load ", options.load_dir, ": checkpoint has no valid 'step'"));
-    }
-    auto bs = ckpt->metadata.find("batch_size");
-    int64_t saved_batch = 0;
-    if (bs != ckpt->metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
-      return absl::InvalidArgumentError(absl::StrCat("--load ", options.load_dir, ": saved with batch size ", saved_batch,
-                                                     ", resuming with ", batch, " would change the data order"));
-    }
-    executor.set_step(step);
   }
+  // Every rank writes its share of a step folder, and they agree that all did.
+  auto save = [&]() -> absl::Status {
+    Checkpoint ckpt;
+    ckpt.tensors = executor.PersistentState();
+    ckpt.metadata["epoch"] = absl::StrCat(executor.step() / steps_per_epoch);
+    ckpt.metadata["data_position"] = absl::StrCat((executor.step() % steps_per_epoch) * batch);
+    ckpt.metadata["batch_size"] = absl::StrCat(batch);
+    ckpt.metadata["seed"] = absl::StrCat(options.seed);
+    ckpt.metadata["program"] = plan.program().name();
+    SaveStepOptions save_options;
+    save_options.dir = options.save_dir;
+    save_options.step = executor.step();
+    save_options.rank = plan.rank();
+    save_options.world_size = std::max(1, plan.topology().world_size());
+    save_options.keep = options.keep_checkpoints;
+    if (options.comm != nullptr && options.comm->size() > 1) {
+      save_options.agree = [&](const absl::Status& mine) {
+        return AgreeAllRanks(*options.comm, mine, options.comm_timeout_s, "saving the checkpoint");
+      };
+    }
+    if (auto s = SaveCheckpointStep(save_options, std::move(ckpt)); !s.ok()) return s;
+    report.last_saved = absl::StrCat(options.save_dir, "/step-", executor.step());
+    return absl::OkStatus();
+  };
 
   MetricsWriter metrics;
   if (reporter) {
@@ -331,7 +440,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     const double secs = Seconds(t0, Clock::now());
     StepMetrics m;
     m.step = step + 1;
-    m.epoch = epoch;
+    m.epoch = epoch + 1;  // counted from 1, as the progress lines do
     m.loss = r->loss;
     m.fetches = r->fetches;
     m.step_ms = secs * 1e3;
@@ -359,25 +468,27 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (epoch_end && options.steps == 0) {
       if (auto s = evaluate(epoch + 1); !s.ok()) return s;
     }
+    // A stop request on any rank stops every rank after this same step.
+    if (options.stop_requested && executor.step() < total_steps) {
+      auto stop = AnyRankAsks(options.stop_requested(), options.comm, options.comm_timeout_s);
+      if (!stop.ok()) return stop.status();
+      if (*stop) {
+        report.stopped = true;
+        break;
+      }
+    }
+    if (!options.save_dir.empty() && options.save_every > 0 && executor.step() % options.save_every == 0 &&
+        executor.step() < total_steps) {
+      if (auto s = save(); !s.ok()) return s;
+    }
   }
-  if (options.steps > 0 && executor.step() > first_step) {
-    if (auto s = evaluate(executor.step() / steps_per_epoch); !s.ok()) return s;
+  if (options.steps > 0 && executor.step() > first_step && !report.stopped) {
+    // Epochs count from 1: the one the last step fell in.
+    if (auto s = evaluate((executor.step() - 1) / steps_per_epoch + 1); !s.ok()) return s;
   }
 
-  if (!options.save_dir.empty()) {
-    Checkpoint ckpt;
-    ckpt.tensors = executor.PersistentState();
-    ckpt.metadata["step"] = absl::StrCat(executor.step());
-    ckpt.metadata["epoch"] = absl::StrCat(executor.step() / steps_per_epoch);
-    ckpt.metadata["data_position"] = absl::StrCat((executor.step() % steps_per_epoch) * batch);
-    ckpt.metadata["batch_size"] = absl::StrCat(batch);
-    ckpt.metadata["seed"] = absl::StrCat(options.seed);
-    ckpt.metadata["program"] = plan.program().name();
-    const int world = std::max(1, plan.topology().world_size());
-    absl::Status saved = world == 1 ? SaveCheckpoint(options.save_dir, ckpt)
-                                    : SaveCheckpointShard(options.save_dir,
-                                                          absl::StrCat("model.rank", plan.rank(), ".safetensors"), ckpt);
-    if (!saved.ok()) return saved;
+  if (!options.save_dir.empty() && executor.step() > first_step) {
+    if (auto s = save(); !s.ok()) return s;
   }
   for (const auto& [name, t] : executor.PersistentState()) {
     std::vector<double>& out = report.final_state[name];

@@ -22,8 +22,14 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string device = "cpu";
   std::string metrics_path;        // --metrics JSONL
-  std::string save_dir;            // --save
-  std::string load_dir;            // --load
+  std::string save_dir;            // --save: DIR/step-N folders and DIR/latest (runtime/checkpoint.h)
+  int64_t save_every = 0;          // --save_every: also save every N steps (0: only at the end)
+  int keep_checkpoints = 2;        // --keep_checkpoints: committed step folders kept (0: all)
+  std::string load_dir;            // --load: DIR (its latest), DIR/step-N, or a flat format-1 folder
+  // Polled at every step boundary (a SIGTERM handler's flag): when it holds
+  // on any rank, every rank stops after the same step, saves (with
+  // save_dir) and returns with TrainReport::stopped set.
+  std::function<bool()> stop_requested;
   bool progress = true;            // a progress line on stderr about once a second
   int64_t eval_batch_size = 1000;
   // This rank's communicator on a pipeline (null on one device), and how long
@@ -62,7 +68,22 @@ struct TrainReport {
   int64_t predicted_peak_bytes = 0;
   double seconds = 0;
   std::map<std::string, std::vector<double>> final_state;  // persistent vars after training, as doubles
+  bool stopped = false;           // stop_requested ended the run early
+  std::string loaded_from;        // the checkpoint resumed from, e.g. "ckpt/step-20 (latest)"
+  std::string last_saved;         // the last step folder saved
 };
+
+// The step of a checkpoint (its metadata) if a run of `total_steps` steps
+// with this global batch and seed may resume from it: the same batch and
+// seed (they decide the data order and dropout masks), and steps left to
+// run (OutOfRange otherwise).
+absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,
+                                       uint64_t seed, int64_t total_steps);
+
+// Whether `path` can be written (created if missing, then removed again), so
+// that an output (--trace, --metrics) that cannot be written fails before the
+// first step; `flag` names it in the error.
+absl::Status CheckWritableFile(const std::string& path, const std::string& flag);
 
 // Trains one rank's plan on one device: data in (seed, epoch) order, one
 // global mini-batch per step, metrics and progress as DESIGN.md says,

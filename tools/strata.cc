@@ -1,12 +1,14 @@
 // The strata command-line tool: check, compile, run, gen (DESIGN.md, "The command line").
 // Exit codes: 0 success, 1 a bad program/strategy/data or a failed run, 2 a usage error.
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <string>
@@ -26,6 +28,7 @@
 #include "compiler/program_text.h"
 #include "passes/verify_schedule.h"
 #include "runtime/comm/rendezvous.h"
+#include "runtime/checkpoint.h"
 #include "runtime/launcher.h"
 #include "runtime/thread_pool.h"
 #include "runtime/comm/store.h"
@@ -51,8 +54,14 @@ ABSL_FLAG(std::string, device, "cpu", "run: cpu or gpu");
 ABSL_FLAG(std::string, metrics, "", "run: write per-step metrics as JSON lines to this file");
 ABSL_FLAG(std::string, trace, "", "run: write a Chrome trace to this file");
 ABSL_FLAG(std::string, log_dir, "", "run: folder for workerlog.R files");
-ABSL_FLAG(std::string, save, "", "run: save a checkpoint to this folder at the end");
-ABSL_FLAG(std::string, load, "", "run: resume from the checkpoint in this folder");
+ABSL_FLAG(std::string, save, "",
+          "run: save checkpoints into this folder (DIR/step-N, DIR/latest) at the end, every --save_every steps and "
+          "on SIGTERM");
+ABSL_FLAG(int64_t, save_every, 0, "run: also save every N steps (0: only at the end and on SIGTERM)");
+ABSL_FLAG(int64_t, keep_checkpoints, 2, "run: complete step folders kept in --save DIR (0: all)");
+ABSL_FLAG(std::string, load, "",
+          "run: resume from DIR's latest checkpoint, or from DIR/step-N (with --save DIR too: start fresh when DIR "
+          "has none yet)");
 ABSL_FLAG(bool, quiet, false, "run: no progress lines");
 ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel");
 ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
@@ -71,6 +80,8 @@ ABSL_FLAG(std::string, dtype, "F32", "gen: F32 or F64");
 namespace strata {
 namespace {
 
+volatile sig_atomic_t g_stop_signal = 0;  // the SIGTERM a training process got
+
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
@@ -82,7 +93,8 @@ const char kUsage[] =
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
-    "                 [--log_dir DIR] [--save DIR] [--load DIR] [--quiet] [--comm_timeout_s S]\n"
+    "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
+    "                 [--quiet] [--comm_timeout_s S]\n"
     "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--compare_single] [--bind_cores]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
     "strata COMMAND --help lists the command's flags.\n";
@@ -92,7 +104,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"check", {"strategy", "batch_size"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
-               "trace", "log_dir", "save", "load", "quiet", "comm_timeout_s", "store", "compare_single",
+               "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s", "store", "compare_single",
                "bind_cores"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
   };
@@ -372,6 +384,9 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.metrics_path = UserPath(absl::GetFlag(FLAGS_metrics));
   options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
+  options.save_every = absl::GetFlag(FLAGS_save_every);
+  options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
+  options.stop_requested = [] { return g_stop_signal != 0; };
   options.progress = !absl::GetFlag(FLAGS_quiet);
   options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
   options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
@@ -468,6 +483,69 @@ void NoteSyntheticData(const std::set<std::string>& given) {
   std::cerr << "note: no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)\n";
 }
 
+// A training process (one device, or a worker) stops at the next step
+// boundary on SIGTERM, every rank after the same step, and saves with --save:
+// a cluster's preemption (the launcher forwards it to the workers).
+void OnStopSignal(int signo) { g_stop_signal = signo; }
+void InstallStopHandler() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// How a run that a stop request ended reports it: the step, what it saved,
+// and 128 + the signal as the exit code, as a process killed by it would.
+int ReportStopped(const TrainReport& report) {
+  const int64_t step = report.steps.empty() ? 0 : report.steps.back().step;
+  std::cerr << "stopped by SIG" << sigabbrev_np(g_stop_signal) << " after step " << step
+            << (report.last_saved.empty() ? "; no --save, nothing saved" : absl::StrCat("; saved ", report.last_saved))
+            << "\n";
+  return 128 + g_stop_signal;
+}
+
+// Outputs that cannot be written, and a --load the run cannot resume from,
+// are found before the first step (or any worker starts), not after training.
+int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
+  const std::string save = UserPath(absl::GetFlag(FLAGS_save));
+  const std::string load = UserPath(absl::GetFlag(FLAGS_load));
+  if (absl::GetFlag(FLAGS_save_every) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 0 ||
+      absl::GetFlag(FLAGS_keep_checkpoints) > (1 << 20)) {
+    std::cerr << "error: --save_every and --keep_checkpoints must be >= 0\n";
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_save_every) > 0 && save.empty()) {
+    std::cerr << "error: --save_every needs --save DIR\n";
+    return kExitUsage;
+  }
+  absl::Status s = save.empty() ? absl::OkStatus() : CheckSaveTarget(save, load == save);
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--trace", absl::GetFlag(FLAGS_trace)},
+                                   {"--metrics", absl::GetFlag(FLAGS_metrics)}}) {
+    if (s.ok() && !path.empty()) s = CheckWritableFile(UserPath(path), flag);
+  }
+  const std::string log_dir = absl::GetFlag(FLAGS_log_dir).empty() && nproc > 1 ? "log" : absl::GetFlag(FLAGS_log_dir);
+  if (s.ok() && !log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(UserPath(log_dir), ec);
+    s = CheckWritableFile(UserPath(log_dir) + "/.strata-write-test", "--log_dir");
+  }
+  if (!s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitError;
+  }
+  if (!load.empty()) {
+    // --steps is known here; an --epochs run's length needs the data, so Train checks it.
+    auto metadata = ReadCheckpointMetadata(load);
+    const int64_t steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps) : INT64_MAX;
+    absl::Status bad = metadata.ok() ? CheckResumable(*metadata, global_batch, seed, steps).status() : absl::OkStatus();
+    if (!bad.ok()) {
+      std::cerr << "error: --load " << load << ": " << bad.message() << "\n";
+      return kExitUsage;
+    }
+  }
+  return 0;
+}
+
 int Run(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
   if (nproc < 1 || nproc > 1024) {
@@ -512,6 +590,10 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
   }
   const int world = static_cast<int>(result->plans.size());
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
+  if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
+      int rc = CheckRunOutputs(nproc, result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
+    return rc;
+  }
 
   if (!worker->has_value()) {
     if (nproc != world) {
@@ -522,12 +604,14 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     }
     if (world == 1) {
       NoteSyntheticData(given);
+      InstallStopHandler();
       auto report = Train(result->plans[0], TrainOptionsFromFlags(program_seed));
       if (!report.ok()) {
         std::cerr << "error: " << report.status().message() << "\n";
         return kExitError;
       }
       PrintSummary(*report);
+      if (report->stopped) return ReportStopped(*report);
       return absl::GetFlag(FLAGS_compare_single) ? CompareWithSingleDevice(path, result->batch_size, UserPath(absl::GetFlag(FLAGS_metrics))) : 0;
     }
     // The launcher: N workers of this same command.
@@ -614,6 +698,7 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     return kExitError;
   }
   PrintSummary(*report);
+  if (report->stopped) return ReportStopped(*report);
   return 0;
 }
 
@@ -702,4 +787,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace strata
 
-int main(int argc, char** argv) { return strata::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported as
+  // an error, instead of killing the process with SIGXFSZ.
+  signal(SIGXFSZ, SIG_IGN);
+  return strata::Main(argc, argv);
+}
