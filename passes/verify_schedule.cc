@@ -259,18 +259,25 @@ std::string Timeline::Diagram() const {
 
 std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<RankPlan>& plans, const Timeline& timeline,
                                                           int rank) {
+  const std::vector<Event> events = Events(plans[rank]);
+  // Only the ranks this one sends to: reading every rank's events for each
+  // rank made the compile quadratic in the ranks.
+  std::set<int> receivers;
+  for (const Event& e : events) {
+    if (e.is_send) receivers.insert(e.channel.dst_rank());
+  }
   // (channel, mb) -> when the receiver takes it: at its action's start, or after its work for a late recv.
   std::map<std::pair<int64_t, int>, double> taken_at;
-  for (int q = 0; q < static_cast<int>(plans.size()); ++q) {
+  for (int q : receivers) {
     for (const Event& e : Events(plans[q])) {
-      if (e.is_send) continue;
+      if (e.is_send || e.channel.src_rank() != rank) continue;
       const Timeline::Slot& slot = timeline.ranks[q][e.action_index];
       taken_at[{e.channel.id(), e.micro_batch}] = e.late ? slot.work_end : slot.start;
     }
   }
   std::map<std::pair<int64_t, int>, int> out;
   const auto& mine = timeline.ranks[rank];
-  for (const Event& e : Events(plans[rank])) {
+  for (const Event& e : events) {
     if (!e.is_send) continue;
     auto key = std::make_pair(e.channel.id(), e.micro_batch);
     auto r = taken_at.find(key);
