@@ -890,6 +890,18 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it) {
   return absl::OkStatus();
 }
 
+bool LoadsFromSaveFolder(const std::string& load, const std::string& save) {
+  // "a/./b/" and "a/b" are one folder.
+  auto normal = [](const std::string& p) {
+    std::string n = std::filesystem::path(p).lexically_normal().string();
+    while (n.size() > 1 && n.back() == '/') n.pop_back();
+    return std::filesystem::path(n);
+  };
+  if (load.empty() || save.empty()) return false;
+  const std::filesystem::path l = normal(load), s = normal(save);
+  return l == s || (StepOfFolderName(l.filename().string()) >= 0 && l.parent_path() == s);
+}
+
 absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
   if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
   absl::StatusOr<std::string> latest = ReadLatest(path);

@@ -64,6 +64,10 @@ absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt)
 // other run's checkpoint (a `latest`), unless this run resumes from it.
 absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it);
 
+// Whether `load` names the `save` folder or one of its step folders (a run
+// resuming into the folder it saves to).
+bool LoadsFromSaveFolder(const std::string& load, const std::string& save);
+
 // What `--load PATH` names, resolved: DIR holding `latest` loads the step
 // folder it names; DIR/step-N loads that step (refused unless committed);
 // a folder of flat *.safetensors files (format 1) loads as it is.

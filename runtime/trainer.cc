@@ -312,7 +312,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   executor.set_total_steps(total_steps);
 
   if (!options.save_dir.empty()) {
-    if (auto s = CheckSaveTarget(options.save_dir, options.load_dir == options.save_dir); !s.ok()) return s;
+    if (auto s = CheckSaveTarget(options.save_dir, LoadsFromSaveFolder(options.load_dir, options.save_dir)); !s.ok()) {
+      return s;
+    }
   }
   if (!options.trace_path.empty()) {
     if (auto s = CheckWritableFile(options.trace_path, "--trace"); !s.ok()) return s;
@@ -323,7 +325,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     auto ckpt = LoadCheckpointFrom(options.load_dir, &source);
     if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && options.load_dir == options.save_dir) {
       // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
-      if (progress) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options.load_dir.c_str());
+      if (reporter) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options.load_dir.c_str());
     } else if (!ckpt.ok()) {
       return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options.load_dir, ": ", ckpt.status().message()));
     } else {
@@ -336,7 +338,8 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       }
       executor.set_step(*step);
       report.loaded_from = source.description;
-      if (progress) {
+      // Said even under --quiet: which checkpoint a run continues is part of its record.
+      if (reporter) {
         std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
       }
     }

@@ -518,7 +518,7 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
     std::cerr << "error: --save_every needs --save DIR\n";
     return kExitUsage;
   }
-  absl::Status s = save.empty() ? absl::OkStatus() : CheckSaveTarget(save, load == save);
+  absl::Status s = save.empty() ? absl::OkStatus() : CheckSaveTarget(save, LoadsFromSaveFolder(load, save));
   for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--trace", absl::GetFlag(FLAGS_trace)},
                                    {"--metrics", absl::GetFlag(FLAGS_metrics)}}) {
     if (s.ok() && !path.empty()) s = CheckWritableFile(UserPath(path), flag);
@@ -692,6 +692,7 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
   if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
   // One note for the job: the launcher relays rank 0's stderr.
   if (env.rank == 0) NoteSyntheticData(given);
+  InstallStopHandler();
   auto report = Train(plan, options);
   if (!report.ok()) {
     std::cerr << "error: rank " << env.rank << ": " << report.status().message() << "\n";

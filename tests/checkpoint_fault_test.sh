@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Checkpoints survive failures: a rank that dies part-way through its write,
+# or before the ranks agree, or whose write hits a file-size limit, leaves
+# DIR/latest on the previous complete step, which resumes the uninterrupted
+# loss series exactly; old step folders beyond --keep_checkpoints go; SIGTERM
+# (a preemption) stops every rank after the same step, saves and exits 143.
+set -uo pipefail
+strata=$1
+strategy=$3
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*"; exit 1; }
+# A cosine over a fixed 100 steps: a run-length cosine would decay over
+# whatever --steps each invocation has, and runs of other lengths would differ.
+program="$tmp/mlp_pp2.pbtxt"
+sed 's/cosine {}/cosine { decay_steps: 100 }/' "$2" > "$program"
+grep -q "decay_steps: 100" "$program" || fail "could not fix the cosine's length in $2"
+run_pp2() { "$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet "$@"; }
+# The losses of a metrics file, one per line ("step loss").
+losses() { sed -n 's/^{"step": \([0-9]*\), "epoch": [0-9]*, "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
+# The resumed series must equal the uninterrupted one from its first step on.
+same_tail() {  # reference.jsonl resumed.jsonl first_resumed_step
+  diff <(losses "$1" | awk -v s="$3" '$1 >= s') <(losses "$2") >/dev/null ||
+    fail "resumed losses differ from the uninterrupted run: $(diff <(losses "$1" | awk -v s="$3" '$1 >= s') <(losses "$2") | head -4)"
+}
+
+run_pp2 --steps 8 --metrics "$tmp/ref.jsonl" >/dev/null 2>&1 || fail "reference run failed"
+[ "$(losses "$tmp/ref.jsonl" | wc -l)" -eq 8 ] || fail "reference run has no 8 losses"
+
+# 1-2. A rank dies half-way through its file, or with its file durable but
+#      before the agreement: step-4 is never committed, latest stays step-2.
+for fault in checkpoint_partial_write:rank=1:step=4 checkpoint_before_agree:rank=0:step=4; do
+  ck="$tmp/ck_${fault%%:*}"
+  STRATA_FAULT=$fault run_pp2 --steps 8 --save "$ck" --save_every 2 --log_dir "$tmp/log" >/dev/null 2>"$tmp/err.txt"
+  rc=$?
+  [ $rc -ne 0 ] || fail "$fault: the job exited 0"
+  grep -q "fault injected at ${fault%%:*}" "$tmp/err.txt" || fail "$fault: no injected fault: $(cat "$tmp/err.txt")"
+  [ "$(cat "$ck/latest")" = "step-2" ] || fail "$fault: latest is '$(cat "$ck/latest")', expected step-2"
+  [ -e "$ck/step-4/COMMITTED" ] && fail "$fault: step-4 is committed"
+  "$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 8 --load "$ck/step-4" \
+    >/dev/null 2>"$tmp/err.txt" && fail "$fault: --load of the uncommitted step-4 succeeded"
+  grep -q "not committed" "$tmp/err.txt" || fail "$fault: loading step-4: $(cat "$tmp/err.txt")"
+  # Resume from latest (step 2) into the same folder, saving every 2 steps.
+  rm -f "$tmp/resumed.jsonl"  # a resumed run appends to its metrics file
+  run_pp2 --steps 8 --load "$ck" --save "$ck" --save_every 2 --metrics "$tmp/resumed.jsonl" >/dev/null 2>"$tmp/err.txt" ||
+    fail "$fault: resume failed: $(cat "$tmp/err.txt")"
+  grep -q "resuming from $ck/step-2 (latest) at step 2" "$tmp/err.txt" || fail "$fault: resume note: $(cat "$tmp/err.txt")"
+  same_tail "$tmp/ref.jsonl" "$tmp/resumed.jsonl" 3
+  # --keep_checkpoints 2: steps 6 and 8 remain, committed.
+  [ "$(cd "$ck" && ls -d step-* | tr '\n' ' ')" = "step-6 step-8 " ] || fail "$fault: kept $(ls "$ck")"
+  [ -e "$ck/step-8/COMMITTED" ] && [ "$(cat "$ck/latest")" = "step-8" ] || fail "$fault: step-8 not latest"
+  echo "ok: $fault leaves latest at step-2, which resumes the series; kept $(ls -d "$ck"/step-* | xargs -n1 basename | tr '\n' ' ')"
+done
+
+# 3. A file-size limit on one rank (ranks started by hand, torchrun-style):
+#    rank 0's write fails with EFBIG, the save fails on both, latest stays.
+ck="$tmp/ck_ulimit"
+run_pp2 --steps 2 --save "$ck" >/dev/null 2>&1 || fail "ulimit: first save failed"
+store="$tmp/store"; mkdir -p "$store"
+(ulimit -f 64; STRATA_RANK=0 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" exec timeout 120 "$strata" run "$program" \
+  --strategy "$strategy" --data synthetic --quiet --steps 4 --load "$ck" --save "$ck") 2>"$tmp/r0.txt" &
+r0=$!
+STRATA_RANK=1 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 120 "$strata" run "$program" \
+  --strategy "$strategy" --data synthetic --quiet --steps 4 --load "$ck" --save "$ck" 2>"$tmp/r1.txt"
+rc1=$?
+wait $r0
+rc0=$?
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || fail "ulimit: exits $rc0 and $rc1; both ranks should fail the save"
+[ $rc0 -ne 124 ] && [ $rc1 -ne 124 ] || fail "ulimit: a rank hung"
+grep -q "^error: rank 0: .*File too large" "$tmp/r0.txt" || fail "ulimit: rank 0 said: $(cat "$tmp/r0.txt")"
+grep -q "^error: rank 1: .*not saved" "$tmp/r1.txt" || fail "ulimit: rank 1 said: $(cat "$tmp/r1.txt")"
+[ "$(cat "$ck/latest")" = "step-2" ] || fail "ulimit: latest is $(cat "$ck/latest")"
+rm -f "$tmp/resumed.jsonl"
+run_pp2 --steps 8 --load "$ck" --metrics "$tmp/resumed.jsonl" >/dev/null 2>&1 || fail "ulimit: resume failed"
+same_tail "$tmp/ref.jsonl" "$tmp/resumed.jsonl" 3
+echo "ok: a file-size limit on rank 0 fails the save on both ranks ($(grep -o 'File too large' "$tmp/r0.txt")); latest stays step-2"
+
+# 4. SIGTERM, on one device and to the launcher of a pipeline: every rank
+#    stops after the same step, saves it, and the job exits 143; resuming
+#    continues the series of an uninterrupted run.
+for nproc in 1 2; do
+  ck="$tmp/ck_term$nproc"
+  if [ $nproc -eq 1 ]; then cmd=("$strata" run "$program" --data synthetic --quiet)
+  else cmd=("$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet); fi
+  rm -f "$tmp/term.jsonl" "$tmp/ref_term.jsonl" "$tmp/resumed_term.jsonl"
+  "${cmd[@]}" --steps 1000000 --save "$ck" --metrics "$tmp/term.jsonl" >/dev/null 2>"$tmp/err.txt" &
+  pid=$!
+  for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+  kill -TERM $pid
+  wait $pid
+  rc=$?
+  [ $rc -eq 143 ] || fail "SIGTERM (nproc $nproc): exit $rc, expected 143: $(cat "$tmp/err.txt")"
+  step=$(sed -n 's/.*stopped by SIGTERM after step \([0-9]*\); saved .*/\1/p' "$tmp/err.txt" | head -1)
+  [ -n "$step" ] || fail "SIGTERM (nproc $nproc): no 'stopped ... saved' line: $(cat "$tmp/err.txt")"
+  [ "$(cat "$ck/latest")" = "step-$step" ] || fail "SIGTERM (nproc $nproc): latest $(cat "$ck/latest"), stopped at $step"
+  [ "$(ls "$ck/step-$step" | grep -c safetensors)" -eq $nproc ] || fail "SIGTERM (nproc $nproc): files $(ls "$ck/step-$step")"
+  [ "$(losses "$tmp/term.jsonl" | tail -1 | cut -d' ' -f1)" = "$step" ] || fail "SIGTERM: metrics go past step $step"
+  "${cmd[@]}" --steps $((step + 3)) --metrics "$tmp/ref_term.jsonl" >/dev/null 2>&1 || fail "SIGTERM: reference failed"
+  "${cmd[@]}" --steps $((step + 3)) --load "$ck" --metrics "$tmp/resumed_term.jsonl" >/dev/null 2>&1 ||
+    fail "SIGTERM: resume failed"
+  same_tail "$tmp/ref_term.jsonl" "$tmp/resumed_term.jsonl" $((step + 1))
+  diff <(losses "$tmp/ref_term.jsonl" | head -$step) <(losses "$tmp/term.jsonl") >/dev/null ||
+    fail "SIGTERM: the stopped run's losses differ from the reference"
+  echo "ok: SIGTERM with nproc $nproc stopped after step $step, saved it, exit 143; the resume continues the series"
+done
+echo "PASS"
