@@ -3,12 +3,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +22,7 @@
 namespace strata {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) { return absl::StrCat(::testing::TempDir(), "/ckpt_", name); }
@@ -398,6 +405,616 @@ print("meta", json.dumps(meta, sort_keys=True))
             "w F32 [2, 2] [0.5, -1.25, 3.0, 0.0010000000474974513]\n"
             "z F32 [0] []\n"
             "meta {\"step\": \"12\"}\n");
+}
+
+
+// ---------------------------------------------------------------------------
+// Step folders (format 2): DIR/step-N/model.rank<R>.safetensors, COMMITTED, DIR/latest.
+
+// An empty folder for one test, whatever an earlier run left there.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = TempDir(name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// One rank's share at a step: its own weight, and the replicated step counter.
+Checkpoint StepCheckpoint(int64_t step, const std::string& weight = "w") {
+  Checkpoint ckpt;
+  ckpt.tensors[weight] = MakeTensor<float>({2}, {static_cast<float>(step), -static_cast<float>(step)});
+  ckpt.tensors["@step"] = MakeTensor<int64_t>({}, {step});
+  ckpt.metadata["seed"] = "7";
+  return ckpt;
+}
+
+SaveStepOptions OneRank(const std::string& dir, int64_t step, int keep = 2) {
+  SaveStepOptions options;
+  options.dir = dir;
+  options.step = step;
+  options.keep = keep;
+  return options;
+}
+
+AgreeFn AgreeOk() {
+  return [](const absl::Status&) { return absl::OkStatus(); };
+}
+
+absl::Status SaveOneRank(const std::string& dir, int64_t step, int keep = 2) {
+  return SaveCheckpointStep(OneRank(dir, step, keep), StepCheckpoint(step));
+}
+
+// Every rank in turn, the last ones first and rank 0 (which commits) last, each
+// with its own weight "w<R>"; the first error, as the job would report it.
+absl::Status SaveRanks(const std::string& dir, int64_t step, int world_size, AgreeFn agree, int keep = 2) {
+  absl::Status first;
+  for (int rank = world_size - 1; rank >= 0; --rank) {
+    SaveStepOptions options = OneRank(dir, step, keep);
+    options.rank = rank;
+    options.world_size = world_size;
+    options.agree = agree;
+    first.Update(SaveCheckpointStep(options, StepCheckpoint(step, absl::StrCat("w", rank))));
+  }
+  return first;
+}
+
+// The step of the weight "w" (or `weight`) a loaded checkpoint holds.
+void ExpectStep(const absl::StatusOr<Checkpoint>& ckpt, int64_t step, const std::string& weight = "w") {
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_EQ(ckpt->tensors.count(weight), 1u) << weight;
+  ExpectSameTensor(StepCheckpoint(step, weight).tensors.at(weight), ckpt->tensors.at(weight), weight);
+  ASSERT_EQ(ckpt->tensors.count("@step"), 1u);
+  EXPECT_EQ(ckpt->tensors.at("@step").data<int64_t>()[0], step);
+  EXPECT_EQ(ckpt->metadata.at("step"), absl::StrCat(step));
+}
+
+TEST(CheckpointStepTest, OneRankCommitsEachStepAndPointsLatestAtTheNewest) {
+  const std::string dir = FreshDir("step_one_rank");
+  ASSERT_TRUE(SaveOneRank(dir, 2).ok());
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-2\n");
+  ASSERT_TRUE(SaveOneRank(dir, 4).ok());
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-4\n");
+  EXPECT_THAT(Entries(dir), ElementsAre("latest", "step-2", "step-4"));
+  EXPECT_THAT(Entries(dir + "/step-2"), ElementsAre("COMMITTED", "model.rank0.safetensors"));
+  EXPECT_THAT(Entries(dir + "/step-4"), ElementsAre("COMMITTED", "model.rank0.safetensors"));
+
+  CheckpointSource source;
+  absl::StatusOr<Checkpoint> latest = LoadCheckpointFrom(dir, &source);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ExpectStep(latest, 4);
+  EXPECT_EQ(latest->metadata.at("seed"), "7");
+  EXPECT_EQ(source.folder, dir + "/step-4");
+  EXPECT_EQ(source.description, dir + "/step-4 (latest)");
+
+  absl::StatusOr<Checkpoint> older = LoadCheckpointFrom(dir + "/step-2", &source);
+  ExpectStep(older, 2);
+  EXPECT_EQ(source.folder, dir + "/step-2");
+}
+
+TEST(CheckpointStepTest, SaveCreatesTheFolderAndItsParents) {
+  const std::string dir = FreshDir("step_parents") + "/runs/a";
+  ASSERT_TRUE(SaveOneRank(dir, 1).ok());
+  ExpectStep(LoadCheckpointFrom(dir), 1);
+  EXPECT_FALSE(Exists(dir + "/latest.tmp"));
+  EXPECT_FALSE(Exists(dir + "/step-1/COMMITTED.tmp"));
+  EXPECT_FALSE(Exists(dir + "/step-1/model.rank0.safetensors.tmp"));
+}
+
+TEST(CheckpointStepTest, KeepRetainsOnlyTheNewestCommittedFolders) {
+  const std::string dir = FreshDir("step_keep2");
+  for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(SaveOneRank(dir, step, /*keep=*/2).ok()) << step;
+  EXPECT_THAT(Entries(dir), ElementsAre("latest", "step-4", "step-5"));
+  ExpectStep(LoadCheckpointFrom(dir), 5);
+  ExpectStep(LoadCheckpointFrom(dir + "/step-4"), 4);
+
+  const std::string one = FreshDir("step_keep1");
+  for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(SaveOneRank(one, step, /*keep=*/1).ok()) << step;
+  EXPECT_THAT(Entries(one), ElementsAre("latest", "step-3"));
+}
+
+TEST(CheckpointStepTest, KeepZeroRetainsEveryCommittedFolder) {
+  const std::string dir = FreshDir("step_keep0");
+  for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(SaveOneRank(dir, step, /*keep=*/0).ok()) << step;
+  EXPECT_THAT(Entries(dir), ElementsAre("latest", "step-1", "step-2", "step-3", "step-4", "step-5"));
+  for (int64_t step = 1; step <= 5; ++step) ExpectStep(LoadCheckpointFrom(absl::StrCat(dir, "/step-", step)), step);
+}
+
+TEST(CheckpointStepTest, SaveRemovesUnfinishedOlderFoldersButNotLaterOnes) {
+  const std::string dir = FreshDir("step_prune");
+  ASSERT_TRUE(SaveOneRank(dir, 2, /*keep=*/0).ok());
+  // A save of step 3 that never finished: a file, no COMMITTED.
+  std::filesystem::create_directories(dir + "/step-3");
+  WriteFile(dir + "/step-3/model.rank0.safetensors", "half");
+  // Another run's folders beyond the step saved next: committed or not, they stay.
+  ASSERT_TRUE(SaveCheckpointShard(dir + "/step-9", "model.rank0.safetensors", StepCheckpoint(9)).ok());
+  WriteFile(dir + "/step-9/COMMITTED", "9\n");
+  std::filesystem::create_directories(dir + "/step-10");
+  WriteFile(dir + "/step-10/model.rank0.safetensors.tmp", "x");
+  // Not step folders at all: never touched.
+  std::filesystem::create_directories(dir + "/step-x");
+  WriteFile(dir + "/notes.txt", "mine");
+
+  ASSERT_TRUE(SaveOneRank(dir, 4, /*keep=*/0).ok());
+  EXPECT_THAT(Entries(dir), ElementsAre("latest", "notes.txt", "step-10", "step-2", "step-4", "step-9", "step-x"));
+  EXPECT_TRUE(Exists(dir + "/step-9/COMMITTED"));
+  EXPECT_TRUE(Exists(dir + "/step-10/model.rank0.safetensors.tmp"));
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-4\n");
+}
+
+TEST(CheckpointStepTest, SeveralRanksInOneThreadMergeIntoOneCheckpoint) {
+  const std::string dir = FreshDir("step_two_ranks");
+  std::vector<std::pair<int, bool>> agreed;  // (call, mine.ok())
+  AgreeFn agree = [&](const absl::Status& mine) {
+    agreed.emplace_back(static_cast<int>(agreed.size()), mine.ok());
+    return absl::OkStatus();
+  };
+  // Rank 1 alone: its file is there, nothing committed yet.
+  SaveStepOptions rank1 = OneRank(dir, 6);
+  rank1.rank = 1;
+  rank1.world_size = 2;
+  rank1.agree = agree;
+  ASSERT_TRUE(SaveCheckpointStep(rank1, StepCheckpoint(6, "w1")).ok());
+  EXPECT_THAT(Entries(dir + "/step-6"), ElementsAre("model.rank1.safetensors"));
+  EXPECT_FALSE(Exists(dir + "/latest"));
+  // Rank 0 commits.
+  SaveStepOptions rank0 = rank1;
+  rank0.rank = 0;
+  ASSERT_TRUE(SaveCheckpointStep(rank0, StepCheckpoint(6, "w0")).ok());
+  EXPECT_EQ(agreed.size(), 2u);
+  for (const auto& [call, ok] : agreed) EXPECT_TRUE(ok) << call;
+  EXPECT_THAT(Entries(dir + "/step-6"), ElementsAre("COMMITTED", "model.rank0.safetensors", "model.rank1.safetensors"));
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-6\n");
+
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectStep(loaded, 6, "w0");
+  ExpectStep(loaded, 6, "w1");
+  EXPECT_EQ(loaded->tensors.size(), 3u);  // w0, w1, @step
+  EXPECT_EQ(loaded->metadata.at("world_size"), "2");
+}
+
+TEST(CheckpointStepTest, FailedAgreementCommitsNothingAndLeavesLatest) {
+  const std::string dir = FreshDir("step_agree_fails");
+  ASSERT_TRUE(SaveRanks(dir, 3, 2, AgreeOk()).ok());
+  AgreeFn refuse = [](const absl::Status&) { return absl::UnavailableError("rank 1: disk full"); };
+  // Both ranks hear the failure; neither commits.
+  for (int rank : {1, 0}) {
+    SaveStepOptions options = OneRank(dir, 5);
+    options.rank = rank;
+    options.world_size = 2;
+    options.agree = refuse;
+    absl::Status s = SaveCheckpointStep(options, StepCheckpoint(5, absl::StrCat("w", rank)));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << rank;
+    EXPECT_THAT(s.message(), HasSubstr(dir + "/step-5")) << rank;
+    EXPECT_THAT(s.message(), HasSubstr("latest unchanged")) << rank;
+    EXPECT_THAT(s.message(), HasSubstr("rank 1: disk full")) << rank;
+  }
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-3\n");
+  EXPECT_FALSE(Exists(dir + "/step-5/COMMITTED"));
+  EXPECT_TRUE(Exists(dir + "/step-3/COMMITTED"));
+
+  absl::StatusOr<Checkpoint> unfinished = LoadCheckpointFrom(dir + "/step-5");
+  EXPECT_EQ(unfinished.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(unfinished.status().message(), HasSubstr("not committed"));
+  EXPECT_THAT(unfinished.status().message(), HasSubstr(dir + "/step-5"));
+  // The hint names the folder that holds `latest`.
+  EXPECT_THAT(unfinished.status().message(), HasSubstr(absl::StrCat("--load ", dir, " ")));
+
+  CheckpointSource source;
+  absl::StatusOr<Checkpoint> previous = LoadCheckpointFrom(dir, &source);
+  ExpectStep(previous, 3, "w0");
+  ExpectStep(previous, 3, "w1");
+  EXPECT_EQ(source.folder, dir + "/step-3");
+
+  // The next good save replaces the unfinished folder's files and commits it.
+  ASSERT_TRUE(SaveRanks(dir, 5, 2, AgreeOk()).ok());
+  ExpectStep(LoadCheckpointFrom(dir), 5, "w1");
+}
+
+TEST(CheckpointStepTest, ARanksOwnFailureIsPassedToTheAgreementAndReturned) {
+  const std::string dir = FreshDir("step_own_failure");
+  ASSERT_TRUE(SaveOneRank(dir, 3).ok());
+  // Rank 1 cannot write: a regular file where its step folder would go. It still
+  // takes part in the agreement (the others would wait for it otherwise).
+  WriteFile(dir + "/step-8", "not a folder");
+  absl::Status passed;
+  int calls = 0;
+  SaveStepOptions options = OneRank(dir, 8);
+  options.rank = 1;
+  options.world_size = 2;
+  options.agree = [&](const absl::Status& mine) {
+    ++calls;
+    passed = mine;
+    return absl::AbortedError("rank 1 failed");
+  };
+  absl::Status s = SaveCheckpointStep(options, StepCheckpoint(8));
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(passed.ok());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/step-8"));
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-3\n");
+}
+
+TEST(CheckpointStepTest, CommittedFolderMissingARankFileIsRefused) {
+  const std::string dir = FreshDir("step_missing_rank");
+  ASSERT_TRUE(SaveRanks(dir, 4, 3, AgreeOk()).ok());
+  ASSERT_TRUE(LoadCheckpointFrom(dir).ok());
+  ASSERT_EQ(std::remove((dir + "/step-4/model.rank1.safetensors").c_str()), 0);
+  for (const std::string& path : {dir, dir + "/step-4"}) {
+    absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(path);
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << path;
+    EXPECT_THAT(loaded.status().message(), HasSubstr("holds 2 rank file(s) but was saved by 3 rank(s)")) << path;
+    EXPECT_THAT(loaded.status().message(), HasSubstr(dir + "/step-4")) << path;
+  }
+  // A file beyond the world that saved the folder is refused too.
+  ASSERT_TRUE(SaveCheckpointShard(dir + "/step-4", "model.rank1.safetensors", [&] {
+                Checkpoint c = StepCheckpoint(4, "w1");
+                c.metadata["format_version"] = "2";
+                c.metadata["world_size"] = "3";
+                c.metadata["step"] = "4";
+                return c;
+              }()).ok());
+  ASSERT_TRUE(LoadCheckpointFrom(dir).ok());
+  ASSERT_TRUE(SaveCheckpointShard(dir + "/step-4", "model.rank3.safetensors", Checkpoint()).ok());
+  absl::StatusOr<Checkpoint> extra = LoadCheckpointFrom(dir);
+  EXPECT_EQ(extra.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(extra.status().message(), HasSubstr("holds 4 rank file(s) but was saved by 3 rank(s)"));
+}
+
+// Fails today (see the report): the cleanup in SaveCheckpointStep binds a
+// string_view to the temporary entry.path().filename(), reads freed memory and
+// never matches, so model.rank2 stays and the load refuses the merged world sizes.
+TEST(CheckpointStepTest, ResavingAFolderWithASmallerWorldRemovesTheExtraRankFiles) {
+  const std::string dir = FreshDir("step_smaller_world");
+  ASSERT_TRUE(SaveOneRank(dir, 1).ok());
+  // An unfinished save of step 4 by three ranks.
+  ASSERT_FALSE(SaveRanks(dir, 4, 3, [](const absl::Status&) { return absl::AbortedError("rank 2 died"); }).ok());
+  EXPECT_THAT(Entries(dir + "/step-4"),
+              ElementsAre("model.rank0.safetensors", "model.rank1.safetensors", "model.rank2.safetensors"));
+  // The same step again by two ranks.
+  ASSERT_TRUE(SaveRanks(dir, 4, 2, AgreeOk()).ok());
+  EXPECT_THAT(Entries(dir + "/step-4"), ElementsAre("COMMITTED", "model.rank0.safetensors", "model.rank1.safetensors"));
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectStep(loaded, 4, "w1");
+  EXPECT_EQ(loaded->tensors.count("w2"), 0u);
+}
+
+TEST(CheckpointStepTest, RefusesToOverwriteTheFolderLatestNames) {
+  const std::string dir = FreshDir("step_overwrite");
+  ASSERT_TRUE(SaveOneRank(dir, 4).ok());
+  int calls = 0;
+  SaveStepOptions options = OneRank(dir, 4);
+  options.agree = [&](const absl::Status& mine) {
+    ++calls;
+    return mine;
+  };
+  Checkpoint other = StepCheckpoint(4);
+  other.tensors["w"].Fill(123);
+  absl::Status s = SaveCheckpointStep(options, other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("refusing to overwrite"));
+  EXPECT_THAT(s.message(), HasSubstr(dir + "/step-4"));
+  EXPECT_EQ(calls, 1);  // the refusal still takes part in the agreement
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-4\n");
+  EXPECT_TRUE(Exists(dir + "/step-4/COMMITTED"));
+  ExpectStep(LoadCheckpointFrom(dir), 4);
+}
+
+TEST(CheckpointStepTest, SavedFilesCarryFormatVersionWorldSizeAndStep) {
+  const std::string dir = FreshDir("step_file_metadata");
+  Checkpoint ckpt = StepCheckpoint(12);
+  ckpt.metadata["step"] = "999";  // the folder's step wins
+  ckpt.metadata["program"] = "mlp";
+  for (int rank : {1, 0}) {
+    SaveStepOptions options = OneRank(dir, 12);
+    options.rank = rank;
+    options.world_size = 2;
+    options.agree = AgreeOk();
+    ASSERT_TRUE(SaveCheckpointStep(options, ckpt).ok()) << rank;
+  }
+  for (int rank : {0, 1}) {
+    const std::string path = absl::StrCat(dir, "/step-12/model.rank", rank, ".safetensors");
+    absl::StatusOr<Checkpoint> file = ReadSafetensorsFile(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ(file->metadata.at("format_version"), "2") << path;
+    EXPECT_EQ(file->metadata.at("format_version"), absl::StrCat(kCheckpointFormatVersion)) << path;
+    EXPECT_EQ(file->metadata.at("world_size"), "2") << path;
+    EXPECT_EQ(file->metadata.at("step"), "12") << path;
+    EXPECT_EQ(file->metadata.at("program"), "mlp") << path;
+    EXPECT_EQ(file->metadata.at("seed"), "7") << path;
+  }
+  EXPECT_EQ(ReadFile(dir + "/step-12/COMMITTED"), "12\n");
+}
+
+TEST(CheckpointStepTest, ReadCheckpointMetadataReadsTheResolvedFolder) {
+  const std::string dir = FreshDir("step_read_metadata");
+  ASSERT_TRUE(SaveRanks(dir, 2, 2, AgreeOk()).ok());
+  ASSERT_TRUE(SaveRanks(dir, 4, 2, AgreeOk()).ok());
+  absl::StatusOr<std::map<std::string, std::string>> latest = ReadCheckpointMetadata(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->at("step"), "4");
+  EXPECT_EQ(latest->at("world_size"), "2");
+  EXPECT_EQ(latest->at("format_version"), "2");
+  EXPECT_EQ(latest->at("seed"), "7");
+  absl::StatusOr<std::map<std::string, std::string>> older = ReadCheckpointMetadata(dir + "/step-2");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ(older->at("step"), "2");
+
+  // Format 1: the metadata as written.
+  const std::string flat = FreshDir("step_read_metadata_flat");
+  Checkpoint ckpt;
+  ckpt.metadata["step"] = "30";
+  ASSERT_TRUE(SaveCheckpoint(flat, ckpt).ok());
+  absl::StatusOr<std::map<std::string, std::string>> flat_metadata = ReadCheckpointMetadata(flat);
+  ASSERT_TRUE(flat_metadata.ok()) << flat_metadata.status();
+  EXPECT_EQ(*flat_metadata, ckpt.metadata);
+
+  EXPECT_EQ(ReadCheckpointMetadata(FreshDir("step_read_metadata_none")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointStepTest, ResolveCheckpointExplainsWhatIsMissing) {
+  // No folder.
+  const std::string missing = FreshDir("resolve_missing");
+  absl::StatusOr<CheckpointSource> s = ResolveCheckpoint(missing);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.status().message(), HasSubstr(missing));
+  EXPECT_EQ(LoadCheckpointFrom(missing).status().code(), absl::StatusCode::kNotFound);
+
+  // An empty folder.
+  const std::string empty = FreshDir("resolve_empty");
+  std::filesystem::create_directories(empty);
+  s = ResolveCheckpoint(empty);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.status().message(), HasSubstr(empty));
+
+  // Step folders but no `latest`: no save finished.
+  const std::string unfinished = FreshDir("resolve_no_latest");
+  std::filesystem::create_directories(unfinished + "/step-3");
+  WriteFile(unfinished + "/step-3/model.rank0.safetensors.tmp", "x");
+  s = ResolveCheckpoint(unfinished);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.status().message(), HasSubstr("no completed save"));
+  EXPECT_THAT(s.status().message(), HasSubstr(unfinished));
+
+  // `latest` holding garbage, or a name that is no step folder.
+  const std::string garbage = FreshDir("resolve_garbage");
+  ASSERT_TRUE(SaveOneRank(garbage, 2).ok());
+  const std::vector<std::string> garbage_texts = {"../etc", "", "step-", "step-2/..", "step--1", "/etc/passwd",
+                                                  std::string(200, 'a')};
+  for (const std::string& text : garbage_texts) {
+    WriteFile(garbage + "/latest", text);
+    s = ResolveCheckpoint(garbage);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << text;
+    EXPECT_THAT(s.status().message(), HasSubstr(garbage + "/latest")) << text;
+    EXPECT_EQ(LoadCheckpointFrom(garbage).status().code(), absl::StatusCode::kDataLoss) << text;
+  }
+
+  // `latest` naming a folder that is gone, or not committed.
+  const std::string dangling = FreshDir("resolve_dangling");
+  ASSERT_TRUE(SaveOneRank(dangling, 2).ok());
+  WriteFile(dangling + "/latest", "step-7\n");
+  s = ResolveCheckpoint(dangling);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.status().message(), HasSubstr("step-7"));
+  WriteFile(dangling + "/latest", "step-2\n");
+  ASSERT_EQ(std::remove((dangling + "/step-2/COMMITTED").c_str()), 0);
+  s = ResolveCheckpoint(dangling);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.status().message(), HasSubstr("not committed"));
+
+  // The good cases: DIR, DIR/step-N, and a flat folder.
+  const std::string good = FreshDir("resolve_good");
+  ASSERT_TRUE(SaveOneRank(good, 5).ok());
+  s = ResolveCheckpoint(good);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->folder, good + "/step-5");
+  EXPECT_EQ(s->description, good + "/step-5 (latest)");
+  s = ResolveCheckpoint(good + "/step-5");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->folder, good + "/step-5");
+}
+
+TEST(CheckpointStepTest, FlatFormatOneFoldersStillLoad) {
+  const std::string dir = FreshDir("step_format1");
+  Checkpoint ckpt = AllDtypesCheckpoint();
+  ASSERT_TRUE(SaveCheckpoint(dir, ckpt).ok());
+  CheckpointSource source;
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(dir, &source);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(source.folder, dir);
+  EXPECT_EQ(loaded->metadata, ckpt.metadata);
+  ASSERT_EQ(loaded->tensors.size(), ckpt.tensors.size());
+  for (const auto& [name, tensor] : ckpt.tensors) ExpectSameTensor(tensor, loaded->tensors[name], name);
+
+  // Format-1 shards of several ranks, no COMMITTED: merged as before.
+  const std::string shards = FreshDir("step_format1_shards");
+  ASSERT_TRUE(SaveCheckpointShard(shards, "model.rank0.safetensors", StepCheckpoint(3, "w0")).ok());
+  ASSERT_TRUE(SaveCheckpointShard(shards, "model.rank1.safetensors", StepCheckpoint(3, "w1")).ok());
+  absl::StatusOr<Checkpoint> merged = LoadCheckpointFrom(shards);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->tensors.size(), 3u);
+}
+
+TEST(CheckpointStepTest, LoadRefusesAFormatNewerThanItReads) {
+  const std::string dir = FreshDir("step_format3");
+  Checkpoint ckpt = StepCheckpoint(1);
+  ckpt.metadata["format_version"] = absl::StrCat(kCheckpointFormatVersion + 1);
+  ckpt.metadata["world_size"] = "1";
+  ASSERT_TRUE(SaveCheckpointShard(dir + "/step-1", "model.rank0.safetensors", ckpt).ok());
+  WriteFile(dir + "/step-1/COMMITTED", "1\n");
+  WriteFile(dir + "/latest", "step-1\n");
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(dir);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(loaded.status().message(), HasSubstr("checkpoint format 3"));
+}
+
+TEST(CheckpointStepTest, CheckSaveTargetCreatesAFreshFolderAndRefusesAnotherRunsCheckpoint) {
+  const std::string fresh = FreshDir("target_fresh") + "/a/b";
+  ASSERT_TRUE(CheckSaveTarget(fresh, /*resumes_from_it=*/false).ok());
+  EXPECT_TRUE(std::filesystem::is_directory(fresh));
+  EXPECT_THAT(Entries(fresh), ElementsAre()) << "the write probe is left behind";
+  // Unfinished step folders are no other run's checkpoint.
+  std::filesystem::create_directories(fresh + "/step-3");
+  EXPECT_TRUE(CheckSaveTarget(fresh, false).ok());
+
+  const std::string used = FreshDir("target_used");
+  ASSERT_TRUE(SaveOneRank(used, 2).ok());
+  absl::Status s = CheckSaveTarget(used, /*resumes_from_it=*/false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("already holds a checkpoint"));
+  EXPECT_THAT(s.message(), HasSubstr(used + "/step-2"));
+  EXPECT_TRUE(CheckSaveTarget(used, /*resumes_from_it=*/true).ok());
+
+  // A `latest` that is not a step folder name is an error either way.
+  WriteFile(used + "/latest", "../etc");
+  EXPECT_EQ(CheckSaveTarget(used, true).code(), absl::StatusCode::kDataLoss);
+
+  // A folder under a regular file cannot be created.
+  const std::string file = FreshDir("target_file");
+  WriteFile(file, "x");
+  s = CheckSaveTarget(file + "/ckpt", false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--save " + file + "/ckpt"));
+  s = CheckSaveTarget(file, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("not a directory"));
+}
+
+TEST(CheckpointStepTest, LoadsFromSaveFolderMatchesTheFolderAndItsStepFolders) {
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt", "ckpt"));
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt/", "ckpt"));
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt", "ckpt/"));
+  EXPECT_TRUE(LoadsFromSaveFolder("./ckpt", "ckpt"));
+  EXPECT_TRUE(LoadsFromSaveFolder("runs/../ckpt", "ckpt"));
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt/step-4", "ckpt"));
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt//step-4", "ckpt/"));
+  EXPECT_TRUE(LoadsFromSaveFolder("ckpt/step-4/", "ckpt"));  // a shell completes the slash
+  EXPECT_FALSE(LoadsFromSaveFolder("", "ckpt"));
+  EXPECT_FALSE(LoadsFromSaveFolder("ckpt", ""));
+  EXPECT_FALSE(LoadsFromSaveFolder("other", "ckpt"));
+  EXPECT_FALSE(LoadsFromSaveFolder("ckpt2", "ckpt"));
+  EXPECT_FALSE(LoadsFromSaveFolder("ckpt/step-x", "ckpt"));
+  EXPECT_FALSE(LoadsFromSaveFolder("ckpt/sub/step-4", "ckpt"));
+  EXPECT_FALSE(LoadsFromSaveFolder("other/step-4", "ckpt"));
+}
+
+// STRATA_FAULT ends the process part-way through a save; the previous step stays the latest.
+class CheckpointFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(CheckpointFaultTest, PartialWriteExitsAndLeavesThePreviousStepLatest) {
+  const std::string dir = FreshDir("fault_partial");
+  ASSERT_TRUE(SaveOneRank(dir, 2).ok());
+  EXPECT_EXIT(
+      {
+        setenv("STRATA_FAULT", "checkpoint_partial_write", 1);
+        (void)SaveOneRank(dir, 4);
+      },
+      ::testing::ExitedWithCode(kFaultExitCode), "rank 0: fault injected at checkpoint_partial_write");
+  EXPECT_THAT(Entries(dir + "/step-4"), ElementsAre("model.rank0.safetensors.tmp"));
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-2\n");
+  ExpectStep(LoadCheckpointFrom(dir), 2);
+  EXPECT_EQ(LoadCheckpointFrom(dir + "/step-4").status().code(), absl::StatusCode::kNotFound);
+  // The next save succeeds and removes the unfinished folder.
+  ASSERT_TRUE(SaveOneRank(dir, 6).ok());
+  EXPECT_THAT(Entries(dir), ElementsAre("latest", "step-2", "step-6"));
+}
+
+TEST_F(CheckpointFaultTest, FaultBeforeAgreeLeavesADurableFileButNoCommit) {
+  const std::string dir = FreshDir("fault_before_agree");
+  ASSERT_TRUE(SaveRanks(dir, 2, 2, AgreeOk()).ok());
+  EXPECT_EXIT(
+      {
+        setenv("STRATA_FAULT", "checkpoint_before_agree:rank=1:step=4", 1);
+        (void)SaveRanks(dir, 4, 2, AgreeOk());
+      },
+      ::testing::ExitedWithCode(kFaultExitCode), "rank 1: fault injected at checkpoint_before_agree");
+  EXPECT_THAT(Entries(dir + "/step-4"), ElementsAre("model.rank1.safetensors"));
+  EXPECT_TRUE(ReadSafetensorsFile(dir + "/step-4/model.rank1.safetensors").ok());
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-2\n");
+  absl::StatusOr<Checkpoint> unfinished = LoadCheckpointFrom(dir + "/step-4");
+  EXPECT_EQ(unfinished.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(unfinished.status().message(), HasSubstr("not committed"));
+}
+
+TEST_F(CheckpointFaultTest, FaultFiresOnlyForTheNamedRankAndStep) {
+  const std::string dir = FreshDir("fault_filters");
+  EXPECT_EXIT(
+      {
+        // Other ranks, other steps and other points save normally; then the named one exits.
+        setenv("STRATA_FAULT", "checkpoint_partial_write:rank=0:step=3", 1);
+        if (!SaveRanks(dir, 2, 2, AgreeOk()).ok()) std::_Exit(1);  // step 2: no fault
+        SaveStepOptions rank1 = OneRank(dir, 3);
+        rank1.rank = 1;
+        rank1.world_size = 2;
+        rank1.agree = AgreeOk();
+        if (!SaveCheckpointStep(rank1, StepCheckpoint(3, "w1")).ok()) std::_Exit(2);  // rank 1: no fault
+        setenv("STRATA_FAULT", "checkpoint_before_agree_typo", 1);
+        SaveStepOptions rank0 = rank1;
+        rank0.rank = 0;
+        if (!SaveCheckpointStep(rank0, StepCheckpoint(3, "w0")).ok()) std::_Exit(3);  // unknown point: no fault
+        setenv("STRATA_FAULT", "checkpoint_partial_write:rank=0:step=5", 1);
+        if (!SaveRanks(dir, 5, 2, AgreeOk()).ok()) std::_Exit(4);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kFaultExitCode), "rank 0: fault injected at checkpoint_partial_write");
+  EXPECT_EQ(ReadFile(dir + "/latest"), "step-3\n");
+  EXPECT_THAT(Entries(dir + "/step-5"), ElementsAre("model.rank0.safetensors.tmp", "model.rank1.safetensors"));
+}
+
+// Found while writing these tests (see the report): cases the code gets wrong.
+
+// A folder `latest` does not name may still hold a COMMITTED from an earlier
+// attempt (a crash between COMMITTED and the rename of `latest`). When a later
+// run saves that step again, a rank other than 0 replaces its file while the
+// folder still reads as committed, so a crash before rank 0 gets there leaves a
+// "committed" folder mixing two saves.
+TEST(CheckpointStepTest, ReplacingAShareUncommitsTheFolderFirst) {
+  const std::string dir = FreshDir("step_stale_commit");
+  ASSERT_TRUE(SaveRanks(dir, 2, 2, AgreeOk()).ok());
+  // step-4 committed by an attempt that died before replacing `latest`.
+  ASSERT_TRUE(SaveRanks(dir, 4, 2, AgreeOk(), /*keep=*/0).ok());
+  WriteFile(dir + "/latest", "step-2\n");
+  // The resumed run saves step 4 again; rank 1 gets there first.
+  SaveStepOptions rank1 = OneRank(dir, 4);
+  rank1.rank = 1;
+  rank1.world_size = 2;
+  rank1.agree = AgreeOk();
+  Checkpoint changed = StepCheckpoint(4, "w1");
+  changed.tensors["w1"].Fill(99);
+  ASSERT_TRUE(SaveCheckpointStep(rank1, changed).ok());
+  EXPECT_FALSE(Exists(dir + "/step-4/COMMITTED"))
+      << "step-4 reads as committed while holding rank 1's new file and rank 0's old one";
+}
+
+// `--load ckpt/step-7/` (a shell completes the slash) gets a hint naming the
+// step folder itself instead of the folder holding `latest`.
+TEST(CheckpointStepTest, NotCommittedHintNamesTheParentGivenATrailingSlash) {
+  const std::string dir = FreshDir("step_trailing_slash");
+  ASSERT_TRUE(SaveOneRank(dir, 2).ok());
+  ASSERT_FALSE(SaveRanks(dir, 7, 1, [](const absl::Status&) { return absl::AbortedError("no"); }).ok());
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpointFrom(dir + "/step-7/");
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(loaded.status().message(), HasSubstr("not committed"));
+  EXPECT_THAT(loaded.status().message(), HasSubstr(absl::StrCat("--load ", dir, " ")));
 }
 
 }  // namespace
