@@ -308,7 +308,21 @@ class Fnv1aOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
 
 }  // namespace
 
-std::string FingerprintPlans(const std::vector<RankPlan>& plans) {
+std::string FingerprintPlans(std::vector<RankPlan>& plans) {
+  // Lines cleared in place and put back after: copying large plans to hash
+  // them would cost as much as a compile pass.
+  std::vector<int32_t> lines;
+  for (RankPlan& plan : plans) {
+    Program* program = plan.mutable_program();
+    for (Var& v : *program->mutable_var()) {
+      lines.push_back(v.line());
+      v.clear_line();
+    }
+    for (Op& op : *program->mutable_op()) {
+      lines.push_back(op.line());
+      op.clear_line();
+    }
+  }
   uint64_t h = 1469598103934665603ull;
   for (const RankPlan& plan : plans) {
     // Hash the plan as it is; only a plan that already carries a fingerprint
@@ -327,6 +341,12 @@ std::string FingerprintPlans(const std::vector<RankPlan>& plans) {
       p->SerializeToCodedStream(&coded);
     }
     h = MixKey(h, stream->Hash());  // = Fnv1a64 of the serialized bytes
+  }
+  size_t next = 0;
+  for (RankPlan& plan : plans) {
+    Program* program = plan.mutable_program();
+    for (Var& v : *program->mutable_var()) v.set_line(lines[next++]);
+    for (Op& op : *program->mutable_op()) op.set_line(lines[next++]);
   }
   return absl::StrFormat("%016x", h);
 }

@@ -37,8 +37,11 @@ absl::StatusOr<CompileResult> Compile(const Program& program, const Strategy& st
                                       const CompileOptions& options, const std::string& strategy_file = "strategy");
 
 // A stable fingerprint of a set of plans (FNV-1a over their deterministic
-// serialization); ranks compare it at rendezvous.
-std::string FingerprintPlans(const std::vector<RankPlan>& plans);
+// serialization); ranks compare it at rendezvous. Source positions (the
+// `line` of vars and ops) are not part of what runs and are not hashed: a
+// program that differs only in a comment has the same fingerprint. The plans
+// are changed only while hashing.
+std::string FingerprintPlans(std::vector<RankPlan>& plans);
 
 // Default mini-batch when neither --batch_size nor a pipeline section says.
 inline constexpr int64_t kDefaultBatchSize = 64;

@@ -24,6 +24,15 @@ TEST(CompileTest, FingerprintDependsOnTheProgramNotWhereItWasRead) {
   ASSERT_TRUE(ca.ok() && cb.ok());
   EXPECT_EQ(ca->plans[0].fingerprint(), cb->plans[0].fingerprint());
 
+  // Nor on where in the file things are: a comment moves every line down.
+  auto moved = ParseProgramText(std::string("# a comment\n\n") + kProgram, "/home/alice/model.pbtxt");
+  ASSERT_TRUE(moved.ok());
+  auto cm = Compile(*moved, Strategy(), CompileOptions());
+  ASSERT_TRUE(cm.ok());
+  EXPECT_EQ(ca->plans[0].fingerprint(), cm->plans[0].fingerprint());
+  // The lines are still there for messages.
+  EXPECT_EQ(cm->plans[0].program().op(0).line(), ca->plans[0].program().op(0).line() + 2);
+
   // A different program is a different fingerprint.
   auto c = ParseProgramText(std::string(kProgram) + "seed: 3\n", "/home/alice/model.pbtxt");
   ASSERT_TRUE(c.ok());

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/idx_reader.h"
@@ -229,11 +230,17 @@ bool FileExists(const std::string& path) {
 class IdxDataset : public Dataset {
  public:
   IdxDataset(std::vector<FeedSpec> feeds, int label_feed, int image_feed, IdxImagesAndLabels data,
-             int64_t num_classes)
+             int64_t num_classes, std::string name)
       : Dataset(std::move(feeds), label_feed),
         image_feed_(image_feed),
         data_(std::move(data)),
         num_classes_(num_classes) {
+    // Every label and the first 64 KiB of pixels: cheap, and it tells copies
+    // of different files apart.
+    uint64_t head = Fnv1a64(std::string_view(reinterpret_cast<const char*>(data_.labels.data()), data_.labels.size()));
+    head = MixKey(head, Fnv1a64(std::string_view(reinterpret_cast<const char*>(data_.pixels.data()),
+                                                  std::min<size_t>(data_.pixels.size(), 65536))));
+    identity_ = absl::StrFormat("%s %d samples %dx%d head %016x", name, data_.count, data_.rows, data_.cols, head);
     // The first sample with the largest label, for the error that names it.
     for (int64_t i = 0; i < static_cast<int64_t>(data_.labels.size()); ++i) {
       if (data_.labels[i] > largest_label_) {
@@ -244,6 +251,7 @@ class IdxDataset : public Dataset {
   }
 
   int64_t size() const override { return data_.count; }
+  std::string identity() const override { return identity_; }
   int64_t num_classes() const override { return num_classes_; }
   LargestLabel largest_label() const override {
     if (largest_index_ < 0) return {};
@@ -281,6 +289,7 @@ class IdxDataset : public Dataset {
   }
 
   int image_feed_;
+  std::string identity_;
   IdxImagesAndLabels data_;
   int64_t num_classes_;
   int64_t largest_label_ = -1;
@@ -328,7 +337,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
                                                    " or ", shapes[2]));
   }
   return std::unique_ptr<Dataset>(
-      new IdxDataset(feeds, roles->label, image_feed, *std::move(data), kClasses));
+      new IdxDataset(feeds, roles->label, image_feed, *std::move(data), kClasses,
+                     absl::StrCat(args.name(), " ", *test ? "test" : "train")));
 }
 
 // ---------------------------------------------------------------------------
@@ -363,6 +373,10 @@ class SyntheticDataset : public Dataset {
   }
 
   int64_t size() const override { return size_; }
+  // Its samples are a function of (seed, index): the seed is compared apart.
+  std::string identity() const override {
+    return absl::StrCat("synthetic ", test_ ? "test" : "train", " ", size_, " samples ", classes_, " classes");
+  }
   int64_t num_classes() const override { return classes_; }
   // Any class may win the teacher's argmax: the bound is the class count, not a scan.
   LargestLabel largest_label() const override {

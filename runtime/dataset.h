@@ -32,6 +32,11 @@ class Dataset {
   Dataset& operator=(const Dataset&) = delete;
 
   virtual int64_t size() const = 0;  // number of samples
+  // What ranks compare before the first step: the dataset's name, split,
+  // size and a checksum of its contents' head, never its path (ranks on
+  // other machines read their own copies), e.g.
+  // "fashion_mnist train 60000 samples 28x28 head 3f2a...".
+  virtual std::string identity() const = 0;
   virtual int64_t num_classes() const = 0;
   // The largest label GetBatch can hand out, checked against the program's
   // classes before the first step (CheckLabelsFit).

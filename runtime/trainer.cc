@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
@@ -181,6 +182,57 @@ absl::Status AgreeAllRanks(Communicator& comm, const absl::Status& mine, double 
     if (code != 0) {
       return absl::Status(static_cast<absl::StatusCode>(code),
                           r == comm.rank() ? std::string(mine.message()) : absl::StrCat("rank ", r, " failed ", what));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Ranks started by hand can be given different settings; training on them
+// would hang (different step counts) or silently train the wrong model
+// (different seeds or data). Every rank sends its settings to every other and
+// all refuse, naming the first one that differs from rank 0's.
+absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings,
+                             double timeout_s) {
+  std::string mine;
+  for (const auto& [name, value] : settings) absl::StrAppend(&mine, name, "=", absl::StrReplaceAll(value, {{"\n", " "}}), "\n");
+  Tensor length = Tensor::Empty(I64, {1});
+  Tensor lengths = Tensor::Empty(I64, {comm.size()});
+  if (!length.defined() || !lengths.defined()) return absl::ResourceExhaustedError("out of memory comparing settings");
+  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
+  const absl::Duration timeout = absl::Seconds(timeout_s);
+  if (auto s = comm.AllGather(length, &lengths)->Wait(timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("comparing the ranks' settings: ", s.message()));
+  }
+  int64_t words = 1;
+  for (int r = 0; r < comm.size(); ++r) words = std::max(words, (lengths.data<int64_t>()[r] + 7) / 8);
+  Tensor text = Tensor::Zeros(I64, {words});
+  Tensor all = Tensor::Empty(I64, {comm.size() * words});
+  if (!text.defined() || !all.defined()) return absl::ResourceExhaustedError("out of memory comparing settings");
+  std::memcpy(text.raw_data(), mine.data(), mine.size());
+  if (auto s = comm.AllGather(text, &all)->Wait(timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("comparing the ranks' settings: ", s.message()));
+  }
+  auto settings_of = [&](int r) {
+    const char* bytes = reinterpret_cast<const char*>(all.data<int64_t>() + r * words);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (absl::string_view line : absl::StrSplit(absl::string_view(bytes, lengths.data<int64_t>()[r]), '\n',
+                                                 absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+      out.push_back(std::move(kv));
+    }
+    return out;
+  };
+  const auto first = settings_of(0);
+  for (int r = 1; r < comm.size(); ++r) {
+    const auto other = settings_of(r);
+    for (size_t i = 0; i < std::max(first.size(), other.size()); ++i) {
+      const std::string name = i < first.size() ? first[i].first : other[i].first;
+      const std::string a = i < first.size() ? first[i].second : "(none)";
+      const std::string b = i < other.size() && other[i].first == name ? other[i].second : "(none)";
+      if (a != b) {
+        return absl::FailedPreconditionError(absl::StrCat("rank ", r, " has ", name, " ", b, " but rank 0 has ", name,
+                                                          " ", a, ": every rank must run with the same settings"));
+      }
     }
   }
   return absl::OkStatus();
@@ -369,6 +421,20 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     return absl::OkStatus();
   };
 
+  if (options.comm != nullptr && options.comm->size() > 1) {
+    const std::vector<std::pair<std::string, std::string>> settings = {
+        {"--steps", absl::StrCat(options.steps)},
+        {"--epochs", absl::StrCat(options.epochs)},
+        {"--seed", absl::StrCat(options.seed)},
+        {"--data", data.identity()},
+        {"--eval_data", eval_data ? eval_data->identity() : "(none)"},
+        {"the global batch", absl::StrCat(batch)},
+        {"the loaded checkpoint's step", report.loaded_from.empty() ? "(none)" : absl::StrCat(executor.step())},
+        {"--comm_timeout_s", absl::StrCat(options.comm_timeout_s)},
+        {"--save_every", absl::StrCat(options.save_dir.empty() ? 0 : options.save_every)},
+    };
+    if (auto s = AgreeOnSettings(*options.comm, settings, options.comm_timeout_s); !s.ok()) return s;
+  }
   MetricsWriter metrics;
   if (reporter) {
     if (auto s = metrics.Open(options.metrics_path, !options.load_dir.empty()); !s.ok()) return s;

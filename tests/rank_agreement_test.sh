@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Ranks started by hand (torchrun-style) must agree on every setting that
+# changes what is trained: different --steps, --seed or --data are refused
+# on both ranks before the first step, naming the difference (before, they
+# hung until the comm timeout or trained the wrong model with exit 0); a
+# program that differs only in a comment compiles to the same plans and runs.
+set -uo pipefail
+strata=$1
+program=$2
+strategy=$3
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*"; exit 1; }
+
+n=0
+two_ranks() {  # "rank 0 args" "rank 1 args": runs both, sets rc0 rc1, errors in $tmp/r{0,1}.txt
+  n=$((n + 1))
+  local store="$tmp/store$n"; mkdir -p "$store"
+  # shellcheck disable=SC2086
+  STRATA_RANK=0 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 60 "$strata" run --strategy "$strategy" \
+    --quiet --comm_timeout_s 50 $1 >/dev/null 2>"$tmp/r0.txt" &
+  local r0=$!
+  # shellcheck disable=SC2086
+  STRATA_RANK=1 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 60 "$strata" run --strategy "$strategy" \
+    --quiet --comm_timeout_s 50 $2 >/dev/null 2>"$tmp/r1.txt"
+  rc1=$?
+  wait $r0
+  rc0=$?
+}
+
+refused() {  # what "rank 0 args" "rank 1 args" expected-substring
+  local start=$(date +%s)
+  two_ranks "$2" "$3"
+  local took=$(( $(date +%s) - start ))
+  [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || fail "$1: exits $rc0 and $rc1, both should refuse"
+  [ $rc0 -ne 124 ] && [ $rc1 -ne 124 ] && [ $took -lt 30 ] || fail "$1: a rank hung (${took}s)"
+  for r in 0 1; do
+    grep -q "$4" "$tmp/r$r.txt" || fail "$1: rank $r said: $(cat "$tmp/r$r.txt")"
+  done
+  echo "ok: $1 refused in ${took}s: $(grep -m1 '^error' "$tmp/r1.txt")"
+}
+
+base="$program --data synthetic"
+refused "different --steps" "$base --steps 5" "$base --steps 6" "rank 1 has --steps 6 but rank 0 has --steps 5"
+refused "different --seed" "$base --steps 5 --seed 1" "$base --steps 5 --seed 2" "rank 1 has --seed 2 but rank 0 has --seed 1"
+refused "different --data" "$base --steps 5" "$program --data synthetic:size=4096 --steps 5" \
+  "rank 1 has --data synthetic train 4096 samples"
+
+# Only a comment apart: the same compiled plans, so the job runs.
+{ echo "# a comment that moves every line down"; echo; cat "$program"; } > "$tmp/commented.pbtxt"
+two_ranks "$base --steps 3" "$tmp/commented.pbtxt --data synthetic --steps 3"
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "a program differing in a comment was refused: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
+echo "ok: a program that differs only in a comment runs with the original"
+echo "PASS"
