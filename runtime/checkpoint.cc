@@ -814,6 +814,11 @@ void PruneStepFolders(const std::string& dir, int64_t step, int keep) {
 }  // namespace
 
 absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt) {
+  if (options.dir.empty() || options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
+      options.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint save: bad options (dir '", options.dir, "', rank ",
+                                                   options.rank, " of ", options.world_size, ", step ", options.step, ")"));
+  }
   const std::string folder = absl::StrCat(options.dir, "/", kStepPrefix, options.step);
   ckpt.metadata["format_version"] = absl::StrCat(kCheckpointFormatVersion);
   ckpt.metadata["world_size"] = absl::StrCat(options.world_size);
@@ -826,13 +831,15 @@ absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt)
           "--save ", options.dir, ": ", folder, " is the latest checkpoint; refusing to overwrite it in place"));
     }
     if (absl::Status s = MakeDirs(folder); !s.ok()) return s;
+    // The folder is being rewritten: not committed until every rank agrees
+    // again (every rank, before it replaces its share), ...
+    std::remove(absl::StrCat(folder, "/", kCommittedFileName).c_str());
     if (options.rank == 0) {
-      // The folder is being rewritten: not committed until every rank agrees
-      // again, and no file of a larger world left in it.
-      std::remove(absl::StrCat(folder, "/", kCommittedFileName).c_str());
+      // ... and no file of a larger world left in it.
       std::error_code ec;
       for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-        absl::string_view name = entry.path().filename().native();
+        const std::string filename = entry.path().filename().string();
+        absl::string_view name = filename;
         int64_t r;
         if (absl::ConsumePrefix(&name, "model.rank") && absl::ConsumeSuffix(&name, ".safetensors") &&
             absl::SimpleAtoi(name, &r) && r >= options.world_size) {
@@ -952,13 +959,18 @@ absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, Checkpoin
   auto version = ckpt->metadata.find("format_version");
   if (version == ckpt->metadata.end()) return ckpt;  // format 1: flat files, as written before step folders
   int64_t v = 0, world = 0;
-  if (!absl::SimpleAtoi(version->second, &v) || v < 1 || v > kCheckpointFormatVersion) {
+  if (!absl::SimpleAtoi(version->second, &v) || v < 1) {
+    return absl::DataLossError(absl::StrCat(folder, ": bad checkpoint format_version '", version->second, "'"));
+  }
+  if (v > kCheckpointFormatVersion) {
     return absl::FailedPreconditionError(absl::StrCat(folder, ": checkpoint format ", version->second,
                                                       " is newer than this strata reads (", kCheckpointFormatVersion, ")"));
   }
   if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+    std::string trimmed = folder;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
     return absl::DataLossError(absl::StrCat(folder, ": not committed (a save that did not finish); --load ",
-                                            std::filesystem::path(folder).parent_path().string(),
+                                            std::filesystem::path(trimmed).parent_path().string(),
                                             " takes the latest complete one"));
   }
   auto w = ckpt->metadata.find("world_size");

@@ -57,7 +57,9 @@ struct SaveStepOptions {
 // Writes this rank's share of step `step` into DIR/step-N/, agrees with the
 // other ranks that every share is durable, then (rank 0) commits the folder,
 // points DIR/latest at it and removes what --keep_checkpoints no longer
-// keeps. The metadata gains format_version, world_size and rank.
+// keeps. The metadata gains format_version, world_size and step (the same in
+// every rank's file: the loader requires shards to agree; the rank is in the
+// file's name).
 absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt);
 
 // Before the first step: `dir` can be created and written, and holds no
@@ -69,8 +71,9 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it);
 bool LoadsFromSaveFolder(const std::string& load, const std::string& save);
 
 // What `--load PATH` names, resolved: DIR holding `latest` loads the step
-// folder it names; DIR/step-N loads that step (refused unless committed);
-// a folder of flat *.safetensors files (format 1) loads as it is.
+// folder it names; a folder of *.safetensors files (DIR/step-N, or a flat
+// format-1 folder) as it is. LoadCheckpointFrom then refuses a format-2
+// folder that was not committed.
 struct CheckpointSource {
   std::string folder;       // where the files are
   std::string description;  // e.g. "ckpt/step-20 (latest)"
