@@ -65,6 +65,9 @@ ABSL_FLAG(std::string, load, "",
 ABSL_FLAG(bool, quiet, false, "run: no progress lines");
 ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel");
 ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
+ABSL_FLAG(std::string, socket_ifname, "",
+          "run: network interface the ranks' connections listen on (else STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME; "
+          "default: the one whose route reaches the store's host, loopback for one machine)");
 ABSL_FLAG(bool, compare_single, false, "run: also train the single-device reference and print both loss columns");
 ABSL_FLAG(bool, bind_cores, false,
           "run --nproc: pin each worker to its share of the cores (DeepSpeed's --bind_cores_to_rank)");
@@ -95,7 +98,7 @@ const char kUsage[] =
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
     "                 [--quiet] [--comm_timeout_s S]\n"
-    "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--compare_single] [--bind_cores]\n"
+    "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--socket_ifname IF] [--compare_single] [--bind_cores]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
     "strata COMMAND --help lists the command's flags.\n";
 
@@ -104,7 +107,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"check", {"strategy", "batch_size"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
-               "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s", "store", "compare_single",
+               "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s", "store", "socket_ifname", "compare_single",
                "bind_cores"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
   };
@@ -679,6 +682,18 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     return kExitUsage;
   }
   ropts.serve_store = absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0;
+  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (ifname.empty() && std::getenv(var) != nullptr) ifname = std::getenv(var);
+  }
+  auto listen = ChooseListenAddress(ropts.store_spec, ifname);
+  if (!listen.ok()) {
+    std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
+              << (ifname.empty() ? "" : absl::StrCat(" (--socket_ifname ", ifname, ")")) << ": "
+              << listen.status().message() << "\n";
+    return kExitError;
+  }
+  ropts.hostname = *listen;
   ropts.fingerprint = plan.fingerprint();
   ropts.timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   ropts.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));

@@ -1,10 +1,17 @@
 #include "runtime/comm/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -12,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/context.h"
@@ -76,7 +84,80 @@ absl::Status Prefixed(const std::string& where, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
 }
 
+std::string AddressText(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof(text));
+  } else if (addr->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& ifname) {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot list the network interfaces: ", std::strerror(errno)));
+  }
+  std::string ipv4, ipv6;
+  std::vector<std::string> names;
+  for (const struct ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (std::find(names.begin(), names.end(), i->ifa_name) == names.end()) names.push_back(i->ifa_name);
+    if (ifname != i->ifa_name) continue;
+    if (i->ifa_addr->sa_family == AF_INET && ipv4.empty()) ipv4 = AddressText(i->ifa_addr);
+    if (i->ifa_addr->sa_family == AF_INET6 && ipv6.empty()) ipv6 = AddressText(i->ifa_addr);
+  }
+  freeifaddrs(list);
+  if (!ipv4.empty()) return ipv4;
+  if (!ipv6.empty()) return ipv6;
+  return absl::NotFoundError(absl::StrCat("network interface '", ifname, "' has no address here (interfaces: ",
+                                          absl::StrJoin(names, ", "), ")"));
+}
+
+// The local address the kernel would send from to reach host:port (a UDP
+// connect sends nothing; it only picks the route).
+absl::StatusOr<std::string> RouteSourceAddress(const std::string& host, int port) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &result);
+  if (rv != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve the store's host '", host, "': ", gai_strerror(rv)));
+  }
+  std::string address;
+  std::string why = "no address";
+  for (const struct addrinfo* a = result; a != nullptr && address.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    struct sockaddr_storage local = {};
+    socklen_t length = sizeof(local);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      address = AddressText(reinterpret_cast<const sockaddr*>(&local));
+    } else {
+      why = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(result);
+  if (address.empty()) {
+    return absl::UnavailableError(absl::StrCat("no route to the store's host '", host, "': ", why));
+  }
+  return address;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname) {
+  if (!ifname.empty()) return InterfaceAddress(ifname);
+  std::string host;
+  int port = 0;
+  if (absl::Status s = StoreHostPort(store_spec, &host, &port); !s.ok()) return s;
+  if (host.empty()) return std::string("127.0.0.1");  // file:// and memory:// stores: one machine
+  return RouteSourceAddress(host, port);
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options) {
   absl::StatusOr<std::unique_ptr<Store>> store =
@@ -164,8 +245,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
           where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
           " (a rank stopped after publishing its fingerprint?): ", e.what()));
     }
-    return absl::UnavailableError(
-        absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat(where, ": cannot connect the TCP mesh: this rank listened on ",
+                                               options.hostname, " and tried to reach a peer: ", e.what(),
+                                               " (pick the interface with --socket_ifname)"));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", e.what()));

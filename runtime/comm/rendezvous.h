@@ -33,6 +33,15 @@ struct RendezvousOptions {
   absl::Duration op_timeout = absl::Seconds(300);
 };
 
+// The address this rank's connections listen on, as PyTorch's Gloo backend
+// picks it: the IPv4 (else IPv6) address of interface `ifname` when one is
+// named (--socket_ifname, STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME);
+// otherwise the local address of the route to the store's host (tcp:// and
+// redis:// stores), which is loopback only when the store is on this machine;
+// and 127.0.0.1 for one-machine stores (file://, memory://). Errors name the
+// interface (and the ones there are) or the host.
+absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname);
+
 // Meets the other ranks and returns a connected GlooCommunicator.
 //  1. Every rank publishes its fingerprint and waits for all others':
 //     a missing rank is DeadlineExceeded naming it; a different fingerprint

@@ -200,3 +200,25 @@ TEST(RendezvousTest, UnusableHostnameIsUnavailable) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(ChooseListenAddressTest, LoopbackForOneMachineAndTheRouteToTheStoreOtherwise) {
+  EXPECT_EQ(ChooseListenAddress("file:///tmp/strata_store.x", "").value(), "127.0.0.1");
+  EXPECT_EQ(ChooseListenAddress("memory://a", "").value(), "127.0.0.1");
+  // A store on this machine is reached over loopback.
+  EXPECT_EQ(ChooseListenAddress("tcp://127.0.0.1:29500", "").value(), "127.0.0.1");
+  EXPECT_EQ(ChooseListenAddress("redis://localhost:6379", "").value().rfind("127.", 0), 0u);
+  // A named interface wins.
+  EXPECT_EQ(ChooseListenAddress("tcp://127.0.0.1:29500", "lo").value(), "127.0.0.1");
+  absl::StatusOr<std::string> bogus = ChooseListenAddress("file:///tmp/x", "no_such_if0");
+  ASSERT_FALSE(bogus.ok());
+  EXPECT_TRUE(absl::IsNotFound(bogus.status()));
+  EXPECT_NE(bogus.status().message().find("'no_such_if0' has no address here (interfaces: lo"), std::string::npos)
+      << bogus.status();
+  EXPECT_FALSE(ChooseListenAddress("tcp://nowhere.invalid:1", "").ok());
+}
+
+}  // namespace
+}  // namespace strata

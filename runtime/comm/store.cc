@@ -182,6 +182,15 @@ absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int 
 
 }  // namespace
 
+absl::Status StoreHostPort(const std::string& spec, std::string* host, int* port) {
+  absl::string_view rest = spec;
+  host->clear();
+  *port = 0;
+  if (absl::ConsumePrefix(&rest, "tcp://")) return ParseHostPort(spec, rest, 0, host, port);
+  if (absl::ConsumePrefix(&rest, "redis://")) return ParseHostPort(spec, rest, 6379, host, port);
+  return CheckStoreSpec(spec);
+}
+
 absl::Status CheckStoreSpec(const std::string& spec) {
   absl::string_view rest = spec;
   std::string host;

@@ -69,6 +69,10 @@ class Store {
 // anything): InvalidArgument naming the spec if not.
 absl::Status CheckStoreSpec(const std::string& spec);
 
+// The host and port of a tcp:// or redis:// spec; an empty host for the
+// one-machine kinds (file://, memory://).
+absl::Status StoreHostPort(const std::string& spec, std::string* host, int* port);
+
 // `serve`: this process serves a tcp:// store (refused for other kinds).
 // `connect_timeout`: how long a tcp:// client keeps trying to reach the
 // server (which may start after it) on each call.
