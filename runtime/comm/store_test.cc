@@ -2,20 +2,30 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gloo/rendezvous/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hiredis.h"
 #include "runtime/comm/comm_test_util.h"
 
 namespace strata {
@@ -23,6 +33,7 @@ namespace {
 
 using ::strata::testing::FreshDir;
 using ::strata::testing::PickFreePort;
+using ::strata::testing::RedisServer;
 using ::strata::testing::UniqueMemorySpec;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -188,7 +199,8 @@ TEST(StoreTest, TcpStoreSurvivesMalformedRequests) {
   absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(spec, /*serve=*/true);
   ASSERT_TRUE(server.ok()) << server.status();
   using namespace std::string_literals;  // the requests hold NUL bytes
-  for (const std::string& garbage : {"X\x01\0\0\0"s, "S\0\0\0\0"s, "G\x02\0\0\0"s, "W\x01\0\0\0\xff\xff\xff\xff"s}) {
+  for (const std::string& garbage : {"X\x01\0\0\0"s, "S\0\0\0\0"s, "G\x02\0\0\0"s, "W\x01\0\0\0\xff\xff\xff\xff"s,
+                                     "A\x02\0\0\0"s, "D\0\0\0\0"s}) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ASSERT_GE(fd, 0);
     sockaddr_in addr = {};
@@ -230,12 +242,475 @@ TEST(StoreTest, TempFileStoreSpecsAreFreshFolders) {
   EXPECT_NE(*first, *second);
   for (const std::string& spec : {*first, *second}) {
     ASSERT_TRUE(absl::StartsWith(spec, "file:///")) << spec;
+    EXPECT_THAT(spec, HasSubstr("/strata_store."));
     struct stat info;
     EXPECT_EQ(stat(spec.substr(7).c_str(), &info), 0);
     EXPECT_TRUE(S_ISDIR(info.st_mode));
+    EXPECT_EQ(stat((spec.substr(7) + "/owner.lock").c_str(), &info), 0) << "no owner record in " << spec;
     EXPECT_NE(Open(spec), nullptr);
-    rmdir(spec.substr(7).c_str());
+    std::filesystem::remove_all(spec.substr(7));
   }
+}
+
+
+// ---- Counters and DeleteAll, on every backend ----
+
+// One store of each kind. For tcp, "tcp_served" tests the serving rank's
+// Store (calls in process) and "tcp_client" a client's (calls on the wire).
+class EveryBackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string& kind = GetParam();
+    if (kind == "file") {
+      spec_ = "file://" + FreshDir("every_backend");
+    } else if (kind == "memory") {
+      spec_ = UniqueMemorySpec();
+    } else if (kind == "redis") {
+      absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+      ASSERT_TRUE(redis.ok()) << redis.status();
+      redis_ = *std::move(redis);
+      spec_ = redis_->spec();
+    } else {
+      const int port = PickFreePort();
+      ASSERT_GT(port, 0);
+      spec_ = absl::StrCat("tcp://127.0.0.1:", port);
+      absl::StatusOr<std::unique_ptr<Store>> served = OpenStore(spec_, /*serve=*/true);
+      ASSERT_TRUE(served.ok()) << served.status();
+      served_ = *std::move(served);
+    }
+    store_ = kind == "tcp_served" ? std::move(served_) : Open(spec_);
+    ASSERT_NE(store_, nullptr);
+  }
+
+  // Another Store on the same spec (a tcp:// client for both tcp kinds).
+  std::unique_ptr<Store> OpenAnother() { return Open(spec_); }
+
+  std::unique_ptr<RedisServer> redis_;
+  std::unique_ptr<Store> served_;  // tcp_client: the server its store talks to
+  std::string spec_;
+  std::unique_ptr<Store> store_;  // the store under test
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, EveryBackendTest,
+                         ::testing::Values("file", "redis", "tcp_served", "tcp_client", "memory"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(EveryBackendTest, AddStartsAtZeroAndReturnsTheNewValue) {
+  EXPECT_EQ(store_->Add("c", 0).value(), 0);
+  EXPECT_EQ(store_->Add("c", 5).value(), 5);
+  EXPECT_EQ(store_->Add("c", -7).value(), -2);
+  EXPECT_EQ(store_->Add("c", 0).value(), -2);
+  EXPECT_EQ(OpenAnother()->Add("c", 0).value(), -2);
+  EXPECT_EQ(OpenAnother()->Add("c", 3).value(), 1);
+  EXPECT_EQ(store_->Add("c", 0).value(), 1);
+}
+
+TEST_P(EveryBackendTest, CountersAreANamespaceApartFromKeys) {
+  ASSERT_TRUE(store_->Set("n", "value").ok());
+  EXPECT_EQ(store_->Add("n", 0).value(), 0);
+  EXPECT_EQ(store_->Add("n", 4).value(), 4);
+  EXPECT_EQ(store_->Get("n", absl::Seconds(2)).value(), "value");
+  EXPECT_EQ(store_->Add("m", 1).value(), 1);
+  EXPECT_TRUE(store_->Set("m", "free").ok());
+}
+
+TEST_P(EveryBackendTest, CountersRespectPrefixes) {
+  std::unique_ptr<Store> group = store_->WithPrefix("g");
+  EXPECT_EQ(group->Add("x", 3).value(), 3);
+  EXPECT_EQ(store_->Add("g/x", 0).value(), 3);
+  EXPECT_EQ(store_->Add("x", 0).value(), 0);
+  EXPECT_EQ(OpenAnother()->WithPrefix("g")->Add("x", 1).value(), 4);
+  std::unique_ptr<Store> nested = group->WithPrefix("h");
+  EXPECT_EQ(nested->Add("y", 2).value(), 2);
+  EXPECT_EQ(store_->Add("g/h/y", 0).value(), 2);
+  EXPECT_EQ(store_->WithPrefix("g/h")->Add("y", 0).value(), 2);
+  EXPECT_EQ(store_->WithPrefix("g2")->Add("x", 0).value(), 0);
+}
+
+// 4 threads x 200 Adds, each thread on its own Store (for tcp_served thread
+// 0 on the serving one, in process, the others on the wire): every value
+// from 1 to 800 is returned exactly once.
+TEST_P(EveryBackendTest, ConcurrentAddsOnSeparateStoresAreAtomic) {
+  constexpr int kThreads = 4, kAdds = 200;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::unique_ptr<Store> own = t == 0 && GetParam() == "tcp_served" ? nullptr : OpenAnother();
+      Store& store = own != nullptr ? *own : *store_;
+      for (int i = 0; i < kAdds; ++i) {
+        absl::StatusOr<int64_t> value = store.WithPrefix("job")->Add("count", 1);
+        ASSERT_TRUE(value.ok()) << value.status();
+        seen[t].push_back(*value);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(store_->Add("job/count", 0).value(), kThreads * kAdds);
+  std::set<int64_t> all;
+  for (const auto& values : seen) all.insert(values.begin(), values.end());
+  EXPECT_EQ(all.size(), size_t{kThreads * kAdds});
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), kThreads * kAdds);
+}
+
+TEST_P(EveryBackendTest, OverflowIsOutOfRangeNamingTheStoreAndKeyAndChangesNothing) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  std::unique_ptr<Store> group = store_->WithPrefix("g");
+  ASSERT_EQ(group->Add("big", kMax).value(), kMax);
+  absl::StatusOr<int64_t> over = group->Add("big", 1);
+  EXPECT_TRUE(absl::IsOutOfRange(over.status())) << over.status();
+  EXPECT_THAT(std::string(over.status().message()), AllOf(HasSubstr(group->spec()), HasSubstr("'big'")));
+  EXPECT_EQ(group->Add("big", 0).value(), kMax);
+  ASSERT_EQ(group->Add("small", kMin).value(), kMin);
+  EXPECT_TRUE(absl::IsOutOfRange(group->Add("small", -1).status()));
+  EXPECT_EQ(group->Add("small", 0).value(), kMin);
+}
+
+// What a job's end does (rank 0 deletes "strata/<job>"): the next job with
+// the same id sets the same keys again, and nothing outside its prefix goes.
+TEST_P(EveryBackendTest, DeleteAllLetsTheNextJobWithThePrefixSetTheSameKeys) {
+  std::unique_ptr<Store> job = store_->WithPrefix("strata/job1");
+  std::unique_ptr<Store> sibling = store_->WithPrefix("strata/job10");
+  ASSERT_TRUE(job->Set("fingerprint/0", "first").ok());
+  ASSERT_TRUE(job->WithPrefix("mesh")->Set("rank/0", "addr").ok());
+  ASSERT_NO_THROW(job->WithPrefix("mesh")->gloo_store().set("gloo/0", std::vector<char>{'g'}));  // as connectFullMesh
+  ASSERT_EQ(job->Add("failure/count", 2).value(), 2);
+  ASSERT_TRUE(sibling->Set("fingerprint/0", "other job").ok());
+  ASSERT_EQ(sibling->Add("failure/count", 5).value(), 5);
+  ASSERT_TRUE(store_->Set("strata/job1", "a key named like the prefix").ok());
+  ASSERT_EQ(store_->Add("strata/job1", 7).value(), 7);
+
+  absl::Status again = job->Set("fingerprint/0", "second");
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;  // today's failure without DeleteAll
+
+  // Another Store of the job deletes: the keys are the store's, not the object's.
+  absl::Status deleted = OpenAnother()->WithPrefix("strata/job1")->DeleteAll();
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(job->Add("failure/count", 0).value(), 0);
+  ASSERT_TRUE(job->Set("fingerprint/0", "second").ok());
+  ASSERT_TRUE(job->WithPrefix("mesh")->Set("rank/0", "addr2").ok());
+  EXPECT_NO_THROW(job->WithPrefix("mesh")->gloo_store().set("gloo/0", std::vector<char>{'g'}));
+  EXPECT_EQ(job->Get("fingerprint/0", absl::Seconds(2)).value(), "second");
+  EXPECT_EQ(job->Add("failure/count", 1).value(), 1);
+  // Outside the prefix: untouched.
+  EXPECT_EQ(sibling->Get("fingerprint/0", absl::Seconds(2)).value(), "other job");
+  EXPECT_EQ(sibling->Add("failure/count", 0).value(), 5);
+  EXPECT_EQ(store_->Get("strata/job1", absl::Seconds(2)).value(), "a key named like the prefix");
+  EXPECT_EQ(store_->Add("strata/job1", 0).value(), 7);
+  // Deleting what is already gone is fine.
+  EXPECT_TRUE(store_->WithPrefix("never/used")->DeleteAll().ok());
+}
+
+TEST_P(EveryBackendTest, UnprefixedDeleteAllEmptiesTheStoreButRedisRefuses) {
+  ASSERT_TRUE(store_->Set("k", "v").ok());
+  ASSERT_EQ(store_->Add("c", 1).value(), 1);
+  absl::Status deleted = store_->DeleteAll();
+  if (GetParam() == "redis") {
+    EXPECT_TRUE(absl::IsFailedPrecondition(deleted)) << deleted;
+    EXPECT_THAT(std::string(deleted.message()), AllOf(HasSubstr(spec_), HasSubstr("other jobs")));
+    EXPECT_EQ(store_->Add("c", 0).value(), 1);
+    return;
+  }
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(store_->Add("c", 0).value(), 0);
+  EXPECT_TRUE(store_->Set("k", "again").ok());
+}
+
+// ---- Backend specifics ----
+
+// The files of a file:// store's folder, owner records aside.
+std::set<std::string> FilesIn(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.insert(entry.path().filename().string());
+  return names;
+}
+
+TEST(StoreTest, FileCounterHoldingGarbageIsDataLossNamingTheStoreAndKey) {
+  const std::string dir = FreshDir("file_counter_garbage");
+  auto store = Open("file://" + dir);
+  ASSERT_EQ(store->Add("x", 1).value(), 1);
+  std::string counter_name;
+  for (const std::string& name : FilesIn(dir)) {
+    if (absl::StartsWith(name, "counter-")) counter_name = name;
+  }
+  ASSERT_FALSE(counter_name.empty());
+  std::ofstream(dir + "/" + counter_name, std::ios::trunc) << "garbage";
+  for (int64_t delta : {0, 1}) {
+    absl::StatusOr<int64_t> value = store->Add("x", delta);
+    EXPECT_TRUE(absl::IsDataLoss(value.status())) << value.status();
+    EXPECT_THAT(std::string(value.status().message()),
+                AllOf(HasSubstr(store->spec()), HasSubstr("'x'"), HasSubstr(counter_name), HasSubstr("garbage")));
+  }
+}
+
+// Keys never become paths: a key full of "../" names a hashed file in DIR.
+TEST(StoreTest, FileCounterKeysCannotNameAPath) {
+  const std::string root = FreshDir("file_counter_paths");
+  const std::string dir = root + "/store";
+  auto store = Open("file://" + dir);
+  ASSERT_EQ(store->Add("../../escaped", 1).value(), 1);
+  ASSERT_EQ(store->Add("/etc/passwd", 1).value(), 1);
+  EXPECT_EQ(FilesIn(root), std::set<std::string>{"store"});
+  for (const std::string& name : FilesIn(dir)) EXPECT_TRUE(absl::StartsWith(name, "counter-")) << name;
+  EXPECT_EQ(FilesIn(dir).size(), 2u);
+  EXPECT_EQ(store->Add("../../escaped", 0).value(), 1);
+}
+
+// Processes, not only threads: 2 children and this process add to one file.
+TEST(StoreTest, FileCountersAreAtomicAcrossProcesses) {
+  const std::string spec = "file://" + FreshDir("file_counter_processes");
+  ASSERT_NE(Open(spec), nullptr);
+  constexpr int kAdds = 200;
+  std::vector<pid_t> children;
+  for (int c = 0; c < 2; ++c) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
+      if (!store.ok()) _exit(2);
+      for (int i = 0; i < kAdds; ++i) {
+        if (!(*store)->Add("count", 1).ok()) _exit(3);
+      }
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  auto store = Open(spec);
+  for (int i = 0; i < kAdds; ++i) ASSERT_TRUE(store->Add("count", 1).ok());
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  }
+  EXPECT_EQ(store->Add("count", 0).value(), 3 * kAdds);
+}
+
+// The remaining time to live of a redis key in ms (-1: none, -2: no key).
+long long RedisPttl(const RedisServer& redis, const std::string& key) {
+  redisContext* context = redisConnect("127.0.0.1", redis.port());
+  if (context == nullptr || context->err != 0) {
+    ADD_FAILURE() << "cannot connect to redis";
+    if (context != nullptr) redisFree(context);
+    return -3;
+  }
+  auto* reply = static_cast<redisReply*>(redisCommand(context, "PTTL %b", key.data(), key.size()));
+  long long ttl = reply != nullptr && reply->type == REDIS_REPLY_INTEGER ? reply->integer : -3;
+  if (reply != nullptr) freeReplyObject(reply);
+  redisFree(context);
+  return ttl;
+}
+
+TEST(StoreTest, RedisKeysAndCountersGetTheTimeToLive) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  const std::string spec = (*redis)->spec();
+  constexpr long long kHourMs = 3600 * 1000;
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec, false, absl::Minutes(5), absl::Hours(1));
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::unique_ptr<Store> job = (*store)->WithPrefix("job");
+    ASSERT_TRUE(job->Set("k", "v").ok());
+    ASSERT_EQ(job->Add("c", 1).value(), 1);
+    // Gloo's own writes (connectFullMesh's) go through the same store.
+    ASSERT_NO_THROW(job->gloo_store().set("mesh", {'m'}));
+    for (const std::string key : {"job/k", "job/c#counter", "job/mesh"}) {
+      const long long ttl = RedisPttl(**redis, key);
+      EXPECT_GT(ttl, kHourMs - 60 * 1000) << key;
+      EXPECT_LE(ttl, kHourMs) << key;
+    }
+    // Every Add renews it.
+    ASSERT_EQ(job->Add("c", 1).value(), 2);
+    EXPECT_GT(RedisPttl(**redis, "job/c#counter"), kHourMs - 60 * 1000);
+  }
+  {
+    auto store = Open(spec);  // the default: a day
+    ASSERT_TRUE(store->Set("daily", "v").ok());
+    EXPECT_GT(RedisPttl(**redis, "daily"), 24 * kHourMs - 60 * 1000);
+    EXPECT_LE(RedisPttl(**redis, "daily"), 24 * kHourMs);
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        OpenStore(spec, false, absl::Minutes(5), absl::InfiniteDuration());
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Set("forever", "v").ok());
+    ASSERT_EQ((*store)->Add("forever", 1).value(), 1);
+    EXPECT_EQ(RedisPttl(**redis, "forever"), -1);
+    EXPECT_EQ(RedisPttl(**redis, "forever#counter"), -1);
+  }
+}
+
+TEST(StoreTest, RedisKeysExpireAfterTheirTimeToLive) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore((*redis)->spec(), false, absl::Minutes(5), absl::Milliseconds(300));
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("k", "v").ok());
+  ASSERT_EQ((*store)->Add("c", 3).value(), 3);
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_TRUE((*store)->Set("k", "again").ok());
+  EXPECT_EQ((*store)->Add("c", 0).value(), 0);
+}
+
+TEST(StoreTest, RedisKeyTimeToLiveMustBePositive) {
+  for (absl::Duration ttl : {absl::ZeroDuration(), absl::Seconds(-1)}) {
+    absl::StatusOr<std::unique_ptr<Store>> store = OpenStore("redis://127.0.0.1:1", false, absl::Minutes(5), ttl);
+    EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+    EXPECT_THAT(std::string(store.status().message()), HasSubstr("time-to-live"));
+  }
+  // Ignored by the other kinds.
+  EXPECT_TRUE(OpenStore(UniqueMemorySpec(), false, absl::Minutes(5), absl::ZeroDuration()).ok());
+}
+
+TEST(StoreTest, RedisCounterHoldingSomethingElseIsDataLoss) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  auto store = Open((*redis)->spec());
+  // A key set under the counter's redis name collides (documented); the
+  // counter then fails rather than reading the value as a number.
+  ASSERT_TRUE(store->Set("x#counter", "text").ok());
+  for (int64_t delta : {0, 1}) {
+    absl::StatusOr<int64_t> value = store->Add("x", delta);
+    EXPECT_TRUE(absl::IsDataLoss(value.status())) << value.status();
+    EXPECT_THAT(std::string(value.status().message()), AllOf(HasSubstr(store->spec()), HasSubstr("'x'")));
+  }
+}
+
+// SCAN MATCH takes a glob: a prefix's '*', '?' and '[' match themselves only.
+TEST(StoreTest, RedisDeleteAllMatchesThePrefixLiterally) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start();
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  auto store = Open((*redis)->spec());
+  const std::vector<std::string> others = {"ab", "a", "aXb", "a\\*", "b"};
+  for (const std::string& prefix : others) {
+    ASSERT_TRUE(store->WithPrefix(prefix)->Set("k", prefix).ok());
+    ASSERT_EQ(store->WithPrefix(prefix)->Add("c", 1).value(), 1);
+  }
+  for (const char* prefix : {"a*", "a?b", "[ab]", "a\\"}) {
+    std::unique_ptr<Store> view = store->WithPrefix(prefix);
+    ASSERT_TRUE(view->Set("k", "mine").ok());
+    ASSERT_EQ(view->Add("c", 1).value(), 1);
+    absl::Status deleted = view->DeleteAll();
+    ASSERT_TRUE(deleted.ok()) << prefix << ": " << deleted;
+    EXPECT_TRUE(view->Set("k", "again").ok()) << prefix;
+    EXPECT_EQ(view->Add("c", 0).value(), 0) << prefix;
+  }
+  for (const std::string& prefix : others) {
+    EXPECT_EQ(store->WithPrefix(prefix)->Get("k", absl::Seconds(2)).value(), prefix);
+    EXPECT_EQ(store->WithPrefix(prefix)->Add("c", 0).value(), 1) << prefix;
+  }
+}
+
+// ---- Temporary store folders ----
+
+// Sets TMPDIR to a folder of the test's own for its life.
+class ScopedTmpdir {
+ public:
+  explicit ScopedTmpdir(const std::string& name) : path_(FreshDir(name)) {
+    std::filesystem::create_directories(path_);
+    const char* old = getenv("TMPDIR");
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    setenv("TMPDIR", path_.c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (had_) {
+      setenv("TMPDIR", old_.c_str(), 1);
+    } else {
+      unsetenv("TMPDIR");
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, old_;
+  bool had_ = false;
+};
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return lstat(path.c_str(), &info) == 0;
+}
+
+// A child that makes a temp store and reports its folder; it exits when the
+// pipe `release` closes (at once when `release` is null).
+pid_t ChildMakingTempStore(const int* release, std::string* folder) {
+  int report[2];
+  if (pipe(report) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(report[0]);
+    if (release != nullptr) close(release[1]);  // else its own copy keeps the pipe open
+    absl::StatusOr<std::string> spec = MakeTempFileStoreSpec();
+    const std::string line = spec.ok() ? spec->substr(7) : "";
+    if (write(report[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(2);
+    close(report[1]);
+    char c;
+    if (release != nullptr) (void)!read(release[0], &c, 1);
+    _exit(spec.ok() ? 0 : 1);
+  }
+  close(report[1]);
+  char buf[4096];
+  ssize_t n;
+  folder->clear();
+  while ((n = read(report[0], buf, sizeof(buf))) > 0) folder->append(buf, static_cast<size_t>(n));
+  close(report[0]);
+  return pid;
+}
+
+TEST(StoreTest, StaleTempFileStoresAreRemovedOnlyWhenTheirOwnerIsProvablyDead) {
+  ScopedTmpdir tmpdir("stale_stores");
+  // Owned by a child that has exited and been reaped: abandoned.
+  std::string dead;
+  pid_t reaped = ChildMakingTempStore(nullptr, &dead);
+  ASSERT_GT(reaped, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(reaped, &status, 0), reaped);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_FALSE(dead.empty());
+  ASSERT_TRUE(Exists(dead + "/owner.lock"));
+  ASSERT_TRUE(std::filesystem::is_directory(dead));
+  std::ofstream(dead + "/some_key") << "left by a SIGKILLed job";
+  // Owned by a child that still runs (until `release` closes).
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  std::string alive_elsewhere;
+  pid_t running = ChildMakingTempStore(release, &alive_elsewhere);
+  ASSERT_GT(running, 0);
+  close(release[0]);
+  ASSERT_FALSE(alive_elsewhere.empty());
+  // Owned by this process (it also sweeps first, removing `dead`).
+  absl::StatusOr<std::string> mine = MakeTempFileStoreSpec();
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_FALSE(Exists(dead)) << "MakeTempFileStoreSpec should have swept " << dead;
+  // No owner record: another program's folder, or one being made.
+  const std::string unrecorded = tmpdir.path() + "/strata_store.norecord";
+  ASSERT_TRUE(std::filesystem::create_directory(unrecorded));
+  // A link to a folder whose owner is dead is not followed.
+  std::string dead2;
+  pid_t reaped2 = ChildMakingTempStore(nullptr, &dead2);
+  ASSERT_GT(reaped2, 0);
+  ASSERT_EQ(waitpid(reaped2, &status, 0), reaped2);
+  const std::string outside = FreshDir("stale_store_outside");
+  std::filesystem::rename(dead2, outside);
+  std::filesystem::create_directory_symlink(outside, tmpdir.path() + "/strata_store.link");
+
+  EXPECT_EQ(RemoveStaleTempFileStores().value(), 0);
+  EXPECT_TRUE(Exists(mine->substr(7) + "/owner.lock"));
+  EXPECT_TRUE(Exists(alive_elsewhere + "/owner.lock"));
+  EXPECT_TRUE(Exists(unrecorded));
+  EXPECT_TRUE(Exists(outside + "/owner.lock"));
+  EXPECT_TRUE(Exists(tmpdir.path() + "/strata_store.link"));
+  // The running owner ends: its folder goes at the next sweep.
+  close(release[1]);
+  ASSERT_EQ(waitpid(running, &status, 0), running);
+  EXPECT_EQ(RemoveStaleTempFileStores().value(), 1);
+  EXPECT_FALSE(Exists(alive_elsewhere));
+  EXPECT_TRUE(Exists(mine->substr(7) + "/owner.lock"));
+  EXPECT_TRUE(Exists(unrecorded));
+  EXPECT_TRUE(Exists(outside + "/owner.lock"));
 }
 
 }  // namespace

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstring>
 #include <list>
+#include <stdexcept>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
@@ -24,7 +26,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kSet = 'S', kGet = 'G', kWait = 'W';
+constexpr char kSet = 'S', kGet = 'G', kWait = 'W', kAdd = 'A', kDelete = 'D';
 constexpr uint32_t kMaxKeys = 1 << 16;
 constexpr uint32_t kMaxBytes = 64u << 20;  // per key or value: far above what rendezvous writes
 
@@ -36,6 +38,17 @@ uint32_t GetU32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
+}
+
+void PutI64(std::string* out, int64_t v) {
+  const uint64_t u = static_cast<uint64_t>(v);
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+}
+
+int64_t GetI64(const char* p) {
+  uint64_t u = 0;
+  for (int i = 0; i < 8; ++i) u |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return static_cast<int64_t>(u);
 }
 
 std::string Request(char op, const std::vector<std::string>& keys, const std::vector<char>* value) {
@@ -60,6 +73,7 @@ struct Parsed {
   char op = 0;
   std::vector<std::string> keys;
   std::vector<char> value;
+  int64_t delta = 0;  // Add's
 };
 
 Parsed ParseRequest(const std::string& buf) {
@@ -67,7 +81,8 @@ Parsed ParseRequest(const std::string& buf) {
   if (buf.size() < 5) return p;
   p.op = buf[0];
   const uint32_t n = GetU32(buf.data() + 1);
-  if ((p.op != kSet && p.op != kGet && p.op != kWait) || n == 0 || n > kMaxKeys || (p.op != kWait && n != 1)) {
+  const bool known = p.op == kSet || p.op == kGet || p.op == kWait || p.op == kAdd || p.op == kDelete;
+  if (!known || n == 0 || n > kMaxKeys || (p.op != kWait && n != 1)) {
     p.malformed = true;
     return p;
   }
@@ -95,6 +110,11 @@ Parsed ParseRequest(const std::string& buf) {
     } else {
       p.value.assign(data, data + len);
     }
+  }
+  if (p.op == kAdd) {
+    if (at + 8 > buf.size()) return p;
+    p.delta = GetI64(buf.data() + at);
+    at += 8;
   }
   p.complete = true;
   p.length = at;
@@ -126,6 +146,7 @@ struct TcpStore::Server {
   std::mutex mu;
   std::condition_variable changed;
   std::map<std::string, std::vector<char>> data;
+  std::map<std::string, int64_t> counters;  // Add's, apart from Set's keys
   int listen_fd = -1;
   int wake[2] = {-1, -1};
   bool stopping = false;
@@ -157,6 +178,29 @@ struct TcpStore::Server {
     }
   }
 
+  // Adds under `mu`: false, changing nothing, when the sum would overflow.
+  bool AddLocked(const std::string& key, int64_t delta, int64_t* value) {
+    auto it = counters.find(key);
+    const int64_t old = it == counters.end() ? 0 : it->second;
+    if (__builtin_add_overflow(old, delta, value)) {
+      *value = old;
+      return false;
+    }
+    if (delta != 0) counters[key] = *value;  // a read creates nothing
+    return true;
+  }
+
+  // Erases under `mu` every key and counter whose name starts with `prefix`.
+  void DeleteUnderLocked(const std::string& prefix) {
+    auto erase = [&](auto& map) {
+      for (auto it = map.lower_bound(prefix); it != map.end() && absl::StartsWith(it->first, prefix);) {
+        it = map.erase(it);
+      }
+    };
+    erase(data);
+    erase(counters);
+  }
+
   bool HasAll(const std::vector<std::string>& keys) {
     for (const auto& k : keys) {
       if (data.find(k) == data.end()) return false;
@@ -183,6 +227,13 @@ struct TcpStore::Server {
           const bool fresh = data.emplace(p.keys[0], p.value).second;
           reply.push_back(fresh ? 0 : 1);
           if (fresh) changed.notify_all();
+        } else if (p.op == kAdd) {
+          int64_t value = 0;
+          reply.push_back(AddLocked(p.keys[0], p.delta, &value) ? 0 : 1);
+          PutI64(&reply, value);
+        } else if (p.op == kDelete) {
+          DeleteUnderLocked(p.keys[0]);
+          reply.push_back(0);
         } else if (HasAll(p.keys)) {
           reply.push_back(0);
           if (p.op == kGet) {
@@ -329,8 +380,8 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
   }
 }
 
-std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value, std::chrono::milliseconds timeout,
-                                      const std::string& what) {
+std::string TcpStore::RoundTrip(const std::string& request, ReplyShape shape, std::chrono::milliseconds timeout,
+                                const std::string& what) {
   const Clock::time_point deadline =
       timeout == gloo::kNoTimeout ? Clock::time_point::max() : Clock::now() + timeout;
   Connect(std::min(deadline, Clock::now() + connect_timeout_), what);
@@ -339,8 +390,19 @@ std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value
     throw gloo::IoException(absl::StrCat(what, ": the store at ", host_, ":", port_, " closed the connection"));
   }
   std::string reply;
-  auto have = [&](size_t n) { return reply.size() >= n; };
-  while (!(have(1) && (!has_value || (have(5) && have(5 + GetU32(reply.data() + 1)))))) {
+  // Whether the whole reply is here (a Get's length is known after 5 bytes).
+  auto complete = [&] {
+    switch (shape) {
+      case ReplyShape::kStatus:
+        return reply.size() >= 1;
+      case ReplyShape::kStatusAndInt64:
+        return reply.size() >= 9;
+      case ReplyShape::kStatusAndValue:
+        return reply.size() >= 5 && reply.size() >= 5 + size_t{GetU32(reply.data() + 1)};
+    }
+    return false;
+  };
+  while (!complete()) {
     pollfd p = {fd_, POLLIN, 0};
     const int wait_ms = deadline == Clock::time_point::max() ? -1 : MillisLeft(deadline);
     int rc = poll(&p, 1, wait_ms);
@@ -359,9 +421,7 @@ std::vector<char> TcpStore::RoundTrip(const std::string& request, bool has_value
     }
     reply.append(buf, static_cast<size_t>(r));
   }
-  if (reply[0] != 0) return {};  // only Set answers non-zero: the key was already set
-  if (!has_value) return std::vector<char>{0};
-  return std::vector<char>(reply.begin() + 5, reply.end());
+  return reply;
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
@@ -376,8 +436,9 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
     GLOO_ENFORCE(fresh, "key '", key, "' is already set");
     return;
   }
-  std::vector<char> ok = RoundTrip(Request(kSet, {key}, &data), false, connect_timeout_, "tcp store set");
-  GLOO_ENFORCE(!ok.empty(), "key '", key, "' is already set");
+  const std::string reply =
+      RoundTrip(Request(kSet, {key}, &data), ReplyShape::kStatus, connect_timeout_, "tcp store set");
+  GLOO_ENFORCE(reply[0] == 0, "key '", key, "' is already set");
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {
@@ -388,7 +449,9 @@ std::vector<char> TcpStore::get(const std::string& key) {
     if (it == server_->data.end()) throw gloo::IoException(absl::StrCat("tcp store get '", key, "': Wait timeout"));
     return it->second;
   }
-  return RoundTrip(Request(kGet, {key}, nullptr), true, kDefaultTimeout, absl::StrCat("tcp store get '", key, "'"));
+  const std::string reply = RoundTrip(Request(kGet, {key}, nullptr), ReplyShape::kStatusAndValue, kDefaultTimeout,
+                                      absl::StrCat("tcp store get '", key, "'"));
+  return std::vector<char>(reply.begin() + 5, reply.end());
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, kDefaultTimeout); }
@@ -406,7 +469,35 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
     }
     return;
   }
-  RoundTrip(Request(kWait, keys, nullptr), false, timeout, what);
+  RoundTrip(Request(kWait, keys, nullptr), ReplyShape::kStatus, timeout, what);
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  int64_t value = 0;
+  bool added;
+  if (server_ != nullptr) {
+    std::lock_guard<std::mutex> lock(server_->mu);
+    added = server_->AddLocked(key, delta, &value);
+  } else {
+    std::string request = Request(kAdd, {key}, nullptr);
+    PutI64(&request, delta);
+    const std::string reply = RoundTrip(request, ReplyShape::kStatusAndInt64, connect_timeout_,
+                                        absl::StrCat("tcp store add to '", key, "'"));
+    added = reply[0] == 0;
+    value = GetI64(reply.data() + 1);
+  }
+  if (!added) throw std::overflow_error(absl::StrCat("adding ", delta, " to ", value, " would overflow 64 bits"));
+  return value;
+}
+
+void TcpStore::delete_under(const std::string& prefix) {
+  if (server_ != nullptr) {
+    std::lock_guard<std::mutex> lock(server_->mu);
+    server_->DeleteUnderLocked(prefix);
+    return;
+  }
+  RoundTrip(Request(kDelete, {prefix}, nullptr), ReplyShape::kStatus, connect_timeout_,
+            absl::StrCat("tcp store delete under '", prefix, "'"));
 }
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,12 +22,17 @@ namespace strata {
 // Gloo ships file, Redis and in-memory stores but no TCP one, so a job whose
 // environment names only a master address needs this to meet.
 //
-// Wire format, one request per message: an op byte ('S'et, 'G'et, 'W'ait),
-// a 32-bit key count, then each key as a 32-bit length and bytes, and for
-// Set a 32-bit value length and bytes. The server answers Set at once (a
-// status byte: 0 stored, 1 already set), Get and Wait once every key is set
-// (a status byte 0, and for Get the value as a 32-bit length and bytes).
-// Integers are little-endian.
+// Wire format, one request per message: an op byte ('S'et, 'G'et, 'W'ait,
+// 'A'dd, 'D'elete), a 32-bit key count, then each key as a 32-bit length and
+// bytes; Set follows its key with a 32-bit value length and bytes, Add with
+// its 64-bit delta. Delete's one key is a prefix: it erases every key and
+// counter whose name starts with it ("group/"; all for ""). The server
+// answers Set at once (a status byte: 0 stored, 1 already set), Add at once
+// (a status byte: 0 added, 1 the sum would overflow and nothing changed;
+// then the counter's value as 64 bits), Delete at once (a status byte 0),
+// Get and Wait once every key is set (a status byte 0, and for Get the value
+// as a 32-bit length and bytes). Integers are little-endian; counters are a
+// namespace apart from the keys Set writes.
 class TcpStore : public gloo::rendezvous::Store {
  public:
   // Serves on `port` (all interfaces) when `serve`; otherwise connects to
@@ -42,6 +48,15 @@ class TcpStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // c10d's add: adds `delta` to the counter `key` (0 when absent) and
+  // returns the new value; a zero delta reads it without creating it. Throws
+  // std::overflow_error when the sum would overflow, gloo::IoException when
+  // the store cannot be reached.
+  int64_t add(const std::string& key, int64_t delta);
+  // Erases every key and counter whose name starts with `prefix` ("group/";
+  // all of them for ""), so that the keys can be set again.
+  void delete_under(const std::string& prefix);
+
   // The port served on (when serving; useful with port 0 in tests).
   int port() const { return port_; }
 
@@ -49,10 +64,12 @@ class TcpStore : public gloo::rendezvous::Store {
   struct Server;
   TcpStore(std::string host, int port, std::chrono::milliseconds connect_timeout);
 
-  // A client's round trip: sends `request` and reads the status byte and,
-  // for Get, the value; throws on timeout or a broken connection.
-  std::vector<char> RoundTrip(const std::string& request, bool has_value, std::chrono::milliseconds timeout,
-                              const std::string& what);
+  // What follows a reply's status byte.
+  enum class ReplyShape { kStatus, kStatusAndValue, kStatusAndInt64 };
+  // A client's round trip: sends `request` and returns the whole reply, the
+  // status byte first; throws on timeout or a broken connection.
+  std::string RoundTrip(const std::string& request, ReplyShape shape, std::chrono::milliseconds timeout,
+                        const std::string& what);
   void Connect(std::chrono::steady_clock::time_point deadline, const std::string& what);
   void Disconnect();
 
