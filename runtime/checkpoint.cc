@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "runtime/fault_injection.h"
 
 namespace strata {
 namespace {
@@ -771,26 +772,6 @@ absl::StatusOr<std::string> ReadLatest(const std::string& dir) {
                                             absl::CHexEscape(name), "'"));
   }
   return name;
-}
-
-// STRATA_FAULT=POINT[:rank=R][:step=N] names this point of this rank's save.
-bool FaultRequested(absl::string_view point, int rank, int64_t step) {
-  const char* spec = std::getenv("STRATA_FAULT");
-  if (spec == nullptr) return false;
-  std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
-  if (parts.empty() || parts[0] != point) return false;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    int64_t v;
-    if (absl::ConsumePrefix(&parts[i], "rank=") && absl::SimpleAtoi(parts[i], &v) && v != rank) return false;
-    if (absl::ConsumePrefix(&parts[i], "step=") && absl::SimpleAtoi(parts[i], &v) && v != step) return false;
-  }
-  return true;
-}
-
-[[noreturn]] void InjectedFault(absl::string_view point, int rank) {
-  std::fprintf(stderr, "error: rank %d: fault injected at %s (STRATA_FAULT)\n", rank, std::string(point).c_str());
-  std::fflush(stderr);
-  _exit(kFaultExitCode);
 }
 
 // Rank 0, once the save is committed: committed step folders beyond the

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/fault_injection.h"
 #include "runtime/tensor.h"
 
 namespace strata {
@@ -85,12 +86,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
 // must hold exactly one file per rank of the world that saved it.
 absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source = nullptr);
 
-// Test hook (STRATA_FAULT=POINT[:rank=R][:step=N]): the process exits at once
-// (code 86) at POINT of a save, so tests can fail a save part-way without
-// racing a kill against the write. Points: checkpoint_partial_write (after
-// half of the rank's file), checkpoint_before_agree (file durable, before the
-// agreement).
-inline constexpr int kFaultExitCode = 86;
+// A save has the test hooks checkpoint_partial_write and
+// checkpoint_before_agree (runtime/fault_injection.h).
 
 // The safetensors format (readable by Python's `safetensors`): an 8-byte
 // little-endian header length, a JSON header

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "runtime/comm/store.h"
 #include "runtime/worker_env.h"
 
 extern char** environ;
@@ -232,14 +234,13 @@ class Launcher {
     if (!o.store_spec.empty()) {
       store_spec_ = o.store_spec;
     } else {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/strata_store.XXXXXX");
-      if (mkdtemp(templ.data()) == nullptr) {
-        return absl::InternalError(
-            absl::StrCat("launcher: cannot create a store folder ", templ, ": ", ErrnoText(errno)));
-      }
-      temp_store_dir_ = templ;
-      store_spec_ = absl::StrCat("file://", templ);
+      // A fresh folder this process holds a lock on for its life, so a later
+      // run removes it if this launcher is SIGKILLed (and removes such
+      // leftovers of earlier runs now).
+      absl::StatusOr<std::string> spec = MakeTempFileStoreSpec();
+      if (!spec.ok()) return absl::InternalError(absl::StrCat("launcher: ", spec.status().message()));
+      store_spec_ = *spec;
+      temp_store_dir_ = std::string(absl::StripPrefix(store_spec_, "file://"));
     }
     master_port_ = o.master_port;
     if (master_port_ == 0) {
@@ -419,7 +420,22 @@ class Launcher {
       // covers a worker that left its group.
       kill(-w.pid, signo);
       kill(w.pid, signo);
+      // A stopped worker (SIGSTOP, a debugger) cannot act on SIGTERM: waiting
+      // out the grace for it would only delay the job's end.
+      if (signo != SIGKILL && IsStopped(w.pid)) {
+        kill(-w.pid, SIGKILL);
+        kill(w.pid, SIGKILL);
+      }
     }
+  }
+
+  // Whether /proc/PID/stat says the process is stopped ('T').
+  static bool IsStopped(pid_t pid) {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
   }
 
   void BeginStop(int signo) {
@@ -545,7 +561,19 @@ class Launcher {
     for (Worker& w : workers_) {
       w.outcome.last_error_line = !w.last_error_line.empty() ? w.last_error_line : w.last_stderr_line;
     }
-    if (failed_rank_ >= 0) return absl::AbortedError(FailureMessage(workers_[failed_rank_]));
+    if (failed_rank_ >= 0) {
+      // The first failure in time, as the ranks recorded it in the store,
+      // beats the first exit the launcher saw (often a peer's "connection
+      // lost" caused by it).
+      int rank = -1;
+      std::string message;
+      if (options_.first_failure && options_.first_failure(store_spec_, &rank, &message) && rank >= 0 &&
+          rank < static_cast<int>(workers_.size())) {
+        failed_rank_ = rank;
+        return absl::AbortedError(FailureMessage(workers_[rank], message));
+      }
+      return absl::AbortedError(FailureMessage(workers_[failed_rank_]));
+    }
     if (interrupt_signal_ != 0) return 128 + interrupt_signal_;
     return 0;
   }
@@ -570,11 +598,14 @@ class Launcher {
     }
   }
 
-  std::string FailureMessage(const Worker& w) const {
+  // "rank R failed (exit C): MESSAGE (log: ...)"; MESSAGE is the rank's last
+  // error line unless given.
+  std::string FailureMessage(const Worker& w, const std::string& message = "") const {
     const WorkerOutcome& o = w.outcome;
-    std::string how =
-        o.signal != 0 ? absl::StrCat("killed by ", SignalName(o.signal)) : absl::StrCat("exit ", o.exit_code);
-    absl::string_view line = o.last_error_line;
+    std::string how = o.signal != 0    ? absl::StrCat("killed by ", SignalName(o.signal))
+                      : o.exit_code >= 0 ? absl::StrCat("exit ", o.exit_code)
+                                         : std::string("stopped");
+    absl::string_view line = message.empty() ? absl::string_view(o.last_error_line) : absl::string_view(message);
     absl::ConsumePrefix(&line, "error:");
     line = absl::StripLeadingAsciiWhitespace(line);
     std::string msg = absl::StrCat("rank ", w.rank, " failed (", how, ")");

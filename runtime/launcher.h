@@ -4,6 +4,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -33,6 +34,12 @@ struct LaunchOptions {
   // C it may run on, or core R*C/N when there are fewer cores than ranks;
   // STRATA_NUM_THREADS defaults to the count it got.
   bool bind_cores = false;
+  // Called once every worker is reaped after a rank failed, before the
+  // temporary store is removed, with the store's spec: true with the rank
+  // and message of the job's first failure in time (failing ranks record
+  // their errors in the store, ordered by its counter); false to name the
+  // failed rank the launcher saw first.
+  std::function<bool(const std::string& store_spec, int* rank, std::string* message)> first_failure;
   // Added to (or overriding) the launcher's environment in every worker.
   std::vector<std::pair<std::string, std::string>> extra_env;
   // After the first failure (or a SIGINT/SIGTERM to the launcher) the others

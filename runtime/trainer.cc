@@ -19,6 +19,7 @@
 #include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/executor.h"
+#include "runtime/fault_injection.h"
 #include "runtime/prefetcher.h"
 #include "runtime/trace.h"
 
@@ -480,6 +481,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       });
   while (executor.step() < total_steps) {
     const int64_t step = executor.step();
+    if (double seconds = 10; FaultRequested("slow_step", plan.rank(), step + 1, &seconds)) {
+      absl::SleepFor(absl::Seconds(seconds));  // a slow but live rank (its heartbeat goes on)
+    }
     const int64_t epoch = step / steps_per_epoch;
     const auto t0 = Clock::now();
     options.allocator->ResetPeak();

@@ -27,6 +27,7 @@
 #include "compiler/graph_index.h"
 #include "compiler/program_text.h"
 #include "passes/verify_schedule.h"
+#include "runtime/comm/health.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/checkpoint.h"
 #include "runtime/launcher.h"
@@ -68,6 +69,11 @@ ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (def
 ABSL_FLAG(std::string, socket_ifname, "",
           "run: network interface the ranks' connections listen on (else STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME; "
           "default: the one whose route reaches the store's host, loopback for one machine)");
+ABSL_FLAG(double, heartbeat_timeout_s, 30,
+          "run: a rank whose heartbeat stops this long (stalled, its machine gone) is named and the job ends");
+ABSL_FLAG(std::string, job_id, "",
+          "run: the job's id, scoping its keys in a shared store (default: the launcher's, else TORCHELASTIC_RUN_ID or "
+          "SLURM_JOB_ID, else \"default\")");
 ABSL_FLAG(bool, compare_single, false, "run: also train the single-device reference and print both loss columns");
 ABSL_FLAG(bool, bind_cores, false,
           "run --nproc: pin each worker to its share of the cores (DeepSpeed's --bind_cores_to_rank)");
@@ -97,7 +103,7 @@ const char kUsage[] =
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
-    "                 [--quiet] [--comm_timeout_s S]\n"
+    "                 [--quiet] [--comm_timeout_s S] [--heartbeat_timeout_s S] [--job_id ID]\n"
     "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--socket_ifname IF] [--compare_single] [--bind_cores]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
     "strata COMMAND --help lists the command's flags.\n";
@@ -107,7 +113,8 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"check", {"strategy", "batch_size"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
-               "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s", "store", "socket_ifname", "compare_single",
+               "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",
+               "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
                "bind_cores"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
   };
@@ -549,6 +556,131 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
   return 0;
 }
 
+// The job's id: --job_id, else what the launcher or torchrun set (their run
+// id), else Slurm's job; "default" for ranks started by hand without one.
+std::string JobId() {
+  if (!absl::GetFlag(FLAGS_job_id).empty()) return absl::GetFlag(FLAGS_job_id);
+  for (const char* var : {"STRATA_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
+    const char* value = std::getenv(var);
+    if (value != nullptr && value[0] != '\0') return value;
+  }
+  return "default";
+}
+
+// A worker: this rank's plan, its communicator, then the same training loop.
+// Every error after the store is open is recorded there before the rank
+// exits, so the launcher names the first failure in time.
+int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
+              const std::set<std::string>& given) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const int world = static_cast<int>(result.plans.size());
+  if (env.world_size != world) {
+    std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
+              << world << " rank(s)\n";
+    return kExitUsage;
+  }
+  const RankPlan& plan = result.plans[env.rank];
+  RendezvousOptions ropts;
+  ropts.rank = env.rank;
+  ropts.world_size = env.world_size;
+  ropts.job_id = JobId();
+  ropts.store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
+  if (ropts.store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
+    // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
+    ropts.store_spec = absl::StrCat("tcp://", env.master_addr, ":", env.master_port);
+  }
+  if (ropts.store_spec.empty()) {
+    std::cerr << "error: rank " << env.rank
+              << ": no store to meet the other ranks (set MASTER_ADDR and MASTER_PORT, STRATA_STORE, or --store "
+                 "redis://HOST:PORT)\n";
+    return kExitUsage;
+  }
+  ropts.serve_store = absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0;
+  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (ifname.empty() && std::getenv(var) != nullptr) ifname = std::getenv(var);
+  }
+  auto listen = ChooseListenAddress(ropts.store_spec, ifname);
+  if (!listen.ok()) {
+    std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
+              << (ifname.empty() ? "" : absl::StrCat(" (--socket_ifname ", ifname, ")")) << ": "
+              << listen.status().message() << "\n";
+    return kExitError;
+  }
+  ropts.hostname = *listen;
+  ropts.fingerprint = plan.fingerprint();
+  ropts.timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  ropts.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  auto store = OpenStore(ropts.store_spec, ropts.serve_store, ropts.timeout);
+  if (!store.ok()) {
+    std::cerr << "error: rank " << env.rank << ": " << store.status().message() << "\n";
+    return kExitError;
+  }
+  std::unique_ptr<Store> health = (*store)->WithPrefix(HealthKeyPrefix(ropts.job_id));
+  auto fail = [&](const absl::Status& status) {
+    const std::string message = absl::StrCat("rank ", env.rank, ": ", status.message());
+    ReportFailure(*health, env.rank, message).IgnoreError();
+    std::cerr << "error: " << message << "\n";
+    return kExitError;
+  };
+  auto comm = Rendezvous(ropts, **store);
+  if (!comm.ok()) return fail(comm.status());
+
+  // A rank whose heartbeat stops (SIGSTOP, a dead machine) ends the job
+  // within --heartbeat_timeout_s, named; the monitor thread ends this process.
+  HeartbeatMonitor::Options hopts;
+  hopts.store_spec = ropts.store_spec;
+  hopts.job_id = ropts.job_id;
+  hopts.rank = env.rank;
+  hopts.world_size = env.world_size;
+  hopts.timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  hopts.interval = std::clamp(hopts.timeout / 6, absl::Milliseconds(100), absl::Seconds(3));
+  hopts.store_owner = absl::StartsWith(ropts.store_spec, "tcp://") ? 0 : -1;
+  hopts.on_unresponsive = [rank = env.rank](int, const std::string& why) {
+    std::cerr << "error: rank " << rank << ": " << why << "\n";
+    std::cerr.flush();
+    _exit(kExitError);
+  };
+  auto monitor = HeartbeatMonitor::Start(hopts);
+  if (!monitor.ok()) return fail(monitor.status());
+
+  TrainOptions options = TrainOptionsFromFlags(program_seed);
+  options.comm = comm->get();
+  if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
+  // One note for the job: the launcher relays rank 0's stderr.
+  if (env.rank == 0) NoteSyntheticData(given);
+  InstallStopHandler();
+  auto report = Train(plan, options);
+  if (!report.ok()) return fail(report.status());
+  (*monitor)->Finish();
+  // Every rank is done with the store: the job's keys go, so that the next
+  // job with this id can meet in the same Redis server.
+  if ((*comm)->Barrier()->Wait(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s))).ok() && env.rank == 0) {
+    (*store)->WithPrefix(absl::StrCat("strata/", ropts.job_id))->DeleteAll().IgnoreError();
+  }
+  PrintSummary(*report);
+  if (report->stopped) return ReportStopped(*report);
+  return 0;
+}
+
+// The job's first failure in time from its store, for the launcher; the
+// others follow on stderr as its consequences.
+bool FirstFailure(const std::string& spec, const std::string& job_id, int* rank, std::string* message) {
+  if (absl::StartsWith(spec, "tcp://")) return false;  // served by rank 0, gone with it
+  auto store = OpenStore(spec, false, absl::Seconds(2));
+  if (!store.ok()) return false;
+  std::unique_ptr<Store> health = (*store)->WithPrefix(HealthKeyPrefix(job_id));
+  auto failures = ReadFailures(*health, absl::Milliseconds(200));
+  if (!failures.ok() || failures->empty()) return false;
+  for (size_t i = 1; i < failures->size(); ++i) {
+    std::cerr << "note: then rank " << (*failures)[i].rank << " failed: " << (*failures)[i].message << "\n";
+  }
+  *rank = failures->front().rank;
+  *message = failures->front().message;
+  (*store)->WithPrefix(absl::StrCat("strata/", job_id))->DeleteAll().IgnoreError();
+  return true;
+}
+
 int Run(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
   if (nproc < 1 || nproc > 1024) {
@@ -561,6 +693,10 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
   }
   if (!(absl::GetFlag(FLAGS_comm_timeout_s) > 0)) {
     std::cerr << "error: --comm_timeout_s must be > 0\n";
+    return kExitUsage;
+  }
+  if (!(absl::GetFlag(FLAGS_heartbeat_timeout_s) > 0) || absl::GetFlag(FLAGS_heartbeat_timeout_s) > 1e6) {
+    std::cerr << "error: --heartbeat_timeout_s must be in (0, 1e6]\n";
     return kExitUsage;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
@@ -636,6 +772,15 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     launch.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir).empty() ? "log" : absl::GetFlag(FLAGS_log_dir));
     launch.store_spec = absl::GetFlag(FLAGS_store);
     launch.bind_cores = absl::GetFlag(FLAGS_bind_cores);
+    // The job's id scopes its keys (a shared Redis server outlives jobs).
+    const std::string job_id = absl::GetFlag(FLAGS_job_id).empty()
+                                   ? absl::StrFormat("%08x%08x", static_cast<uint32_t>(getpid()),
+                                                     static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())))
+                                   : absl::GetFlag(FLAGS_job_id);
+    launch.extra_env.push_back({"STRATA_JOB_ID", job_id});
+    launch.first_failure = [job_id](const std::string& spec, int* rank, std::string* message) {
+      return FirstFailure(spec, job_id, rank, message);
+    };
     std::cout.flush();
     auto code = LaunchWorkers(launch);
     if (!code.ok()) {
@@ -658,64 +803,7 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     return rc;
   }
 
-  // A worker: this rank's plan, its communicator, then the same training loop.
-  setvbuf(stdout, nullptr, _IOLBF, 0);
-  const WorkerEnv& env = **worker;
-  if (env.world_size != world) {
-    std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
-              << world << " rank(s)\n";
-    return kExitUsage;
-  }
-  const RankPlan& plan = result->plans[env.rank];
-  RendezvousOptions ropts;
-  ropts.rank = env.rank;
-  ropts.world_size = env.world_size;
-  ropts.store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
-  if (ropts.store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
-    // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
-    ropts.store_spec = absl::StrCat("tcp://", env.master_addr, ":", env.master_port);
-  }
-  if (ropts.store_spec.empty()) {
-    std::cerr << "error: rank " << env.rank
-              << ": no store to meet the other ranks (set MASTER_ADDR and MASTER_PORT, STRATA_STORE, or --store "
-                 "redis://HOST:PORT)\n";
-    return kExitUsage;
-  }
-  ropts.serve_store = absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0;
-  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
-  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    if (ifname.empty() && std::getenv(var) != nullptr) ifname = std::getenv(var);
-  }
-  auto listen = ChooseListenAddress(ropts.store_spec, ifname);
-  if (!listen.ok()) {
-    std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
-              << (ifname.empty() ? "" : absl::StrCat(" (--socket_ifname ", ifname, ")")) << ": "
-              << listen.status().message() << "\n";
-    return kExitError;
-  }
-  ropts.hostname = *listen;
-  ropts.fingerprint = plan.fingerprint();
-  ropts.timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
-  ropts.op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
-  auto comm = Rendezvous(ropts);
-  if (!comm.ok()) {
-    std::cerr << "error: rank " << env.rank << ": " << comm.status().message() << "\n";
-    return kExitError;
-  }
-  TrainOptions options = TrainOptionsFromFlags(program_seed);
-  options.comm = comm->get();
-  if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
-  // One note for the job: the launcher relays rank 0's stderr.
-  if (env.rank == 0) NoteSyntheticData(given);
-  InstallStopHandler();
-  auto report = Train(plan, options);
-  if (!report.ok()) {
-    std::cerr << "error: rank " << env.rank << ": " << report.status().message() << "\n";
-    return kExitError;
-  }
-  PrintSummary(*report);
-  if (report->stopped) return ReportStopped(*report);
-  return 0;
+  return RunWorker(*result, **worker, program_seed, given);
 }
 
 int Gen(const std::vector<std::string>& args) {

@@ -187,7 +187,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     return absl::InvalidArgumentError(absl::StrCat(where, ": timeouts must be positive"));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  std::unique_ptr<Store> group_store = store.WithPrefix(absl::StrCat("strata/", options.group));
+  std::unique_ptr<Store> group_store = store.WithPrefix(
+      options.job_id.empty() ? absl::StrCat("strata/", options.group)
+                             : absl::StrCat("strata/", options.job_id, "/", options.group));
 
   // Before publishing anything: peers then see a missing rank, not a stall.
   absl::Status resolvable = CheckResolvable(options.hostname);

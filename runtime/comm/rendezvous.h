@@ -19,7 +19,9 @@ struct RendezvousOptions {
   std::string store_spec;
   // This rank serves a tcp:// store (rank 0, as torchrun's master does).
   bool serve_store = false;
-  // Keys live under "strata/<group>/", so several groups can meet in one store.
+  // Keys live under "strata/<job_id>/<group>/" ("strata/<group>/" without a
+  // job id), so several groups, and jobs, can meet in one store.
+  std::string job_id;
   std::string group = "world";
   // Fingerprint of the compiled program set; every rank must bring the same.
   std::string fingerprint;

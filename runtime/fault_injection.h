@@ -1,0 +1,29 @@
+#ifndef STRATA_RUNTIME_FAULT_INJECTION_H_
+#define STRATA_RUNTIME_FAULT_INJECTION_H_
+
+// Test hooks, so that tests fail a run at a chosen point instead of racing a
+// kill against it: STRATA_FAULT=POINT[:rank=R][:step=N][:seconds=S].
+// Points:
+//   checkpoint_partial_write  a rank exits after half of its checkpoint file
+//   checkpoint_before_agree   a rank exits with its file durable, before the ranks agree
+//   slow_step                 a rank sleeps S seconds (default 10) before step N:
+//                             slow but alive, its heartbeat goes on
+
+#include <cstdint>
+#include <string_view>
+
+namespace strata {
+
+// The exit code of a process a fault point ended.
+inline constexpr int kFaultExitCode = 86;
+
+// Whether STRATA_FAULT names `point` for this rank and step; `seconds` gets
+// its seconds= (when given).
+bool FaultRequested(std::string_view point, int rank, int64_t step, double* seconds = nullptr);
+
+// Says so on stderr and exits with kFaultExitCode at once.
+[[noreturn]] void InjectedFault(std::string_view point, int rank);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_FAULT_INJECTION_H_
