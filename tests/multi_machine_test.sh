@@ -90,6 +90,13 @@ if command -v redis-server >/dev/null; then
   redis_pid=$!
   for _ in $(seq 50); do ip netns exec "$ns1" bash -c "echo > /dev/tcp/$addr0/6391" 2>/dev/null && break; sleep 0.1; done
   two_machines redis_store --store "redis://$addr0:6391"
+  # The same job id again ("default": hand-started ranks with no run id): the
+  # first job deleted its keys, so the second meets in the same server.
+  two_machines redis_store_again --store "redis://$addr0:6391"
+  ip netns exec "$ns0" redis-cli -h "$addr0" -p 6391 ping | grep -q PONG || fail "redis-cli cannot reach the server"
+  left=$(ip netns exec "$ns0" redis-cli -h "$addr0" -p 6391 --scan --pattern 'strata/*' | wc -l)
+  [ "$left" -eq 0 ] || fail "the jobs left $left keys in redis"
+  echo "ok: a second job with the same id meets in the same Redis server; no keys left behind"
 else
   echo "note: no redis-server; the Redis store case did not run"
 fi
