@@ -180,5 +180,33 @@ TEST(TrainerLabelCheckTest, PipelineWithFittingClassesTrains) {
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
 }
 
+// Epochs count from 1 wherever a person or a metrics file sees them: the
+// step metrics, the evaluations after each epoch, and the evaluation ending a
+// --steps run (the epoch its last step fell in).
+TEST(TrainerEpochTest, EpochsCountFromOne) {
+  CompileResult compiled = MustCompile("");
+  TrainOptions options = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=8");
+  options.steps = 0;
+  options.epochs = 2;  // 20 samples at batch 8: 2 steps an epoch
+  auto by_epochs = Train(compiled.plans[0], options);
+  ASSERT_TRUE(by_epochs.ok()) << by_epochs.status();
+  ASSERT_EQ(by_epochs->steps.size(), 4u);
+  EXPECT_EQ(by_epochs->steps[0].epoch, 1);
+  EXPECT_EQ(by_epochs->steps[1].epoch, 1);
+  EXPECT_EQ(by_epochs->steps[2].epoch, 2);
+  EXPECT_EQ(by_epochs->steps[3].epoch, 2);
+  ASSERT_EQ(by_epochs->evals.size(), 2u);
+  EXPECT_EQ(by_epochs->evals[0].epoch, 1);
+  EXPECT_EQ(by_epochs->evals[1].epoch, 2);
+
+  options.epochs = 0;
+  options.steps = 3;  // the third step is the second epoch's first
+  auto by_steps = Train(compiled.plans[0], options);
+  ASSERT_TRUE(by_steps.ok()) << by_steps.status();
+  ASSERT_EQ(by_steps->evals.size(), 1u);
+  EXPECT_EQ(by_steps->evals[0].epoch, 2);
+  EXPECT_EQ(by_steps->steps.back().epoch, 2);
+}
+
 }  // namespace
 }  // namespace strata
