@@ -42,7 +42,9 @@ TEST(MicroBatchPassTest, WeightGradientsAccumulateInTheGemm) {
   // The buffers are scratch (zero at every step boundary, never
   // checkpointed); the optimizer's state stays STATE.
   for (const Var& v : stage0.var()) {
-    if (v.name() == "w@grad@acc" || v.name() == "b@grad@acc") EXPECT_EQ(v.kind(), SCRATCH) << v.name();
+    if (v.name() == "w@grad@acc" || v.name() == "b@grad@acc") {
+      EXPECT_EQ(v.kind(), SCRATCH) << v.name();
+    }
   }
   // The head's weight on stage 1 too.
   std::vector<const Op*> w2 = OpsWriting(plans[1].program(), "w2@grad@acc");
