@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -239,16 +240,28 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
   return absl::OkStatus();
 }
 
-// Whether any rank asks (a stop request), agreed by every rank.
-absl::StatusOr<bool> AnyRankAsks(bool mine, Communicator* comm, double timeout_s) {
-  if (comm == nullptr || comm->size() <= 1) return mine;
-  Tensor flag = Tensor::Empty(I64, {1});
-  if (!flag.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
-  flag.data<int64_t>()[0] = mine ? 1 : 0;
-  if (auto s = comm->AllReduce(&flag, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+// How often the ranks agree whether to stop: a collective per step would
+// cost a pipeline's small steps about a tenth of their time.
+constexpr double kStopCheckPeriodSeconds = 0.5;
+
+// Whether any rank asks to stop, agreed by every rank, and the step after
+// which they next check: each rank proposes one about
+// kStopCheckPeriodSeconds of its steps ahead and the furthest wins, so all
+// check after the same steps.
+struct StopCheck {
+  bool stop = false;
+  int64_t next_check = 0;
+};
+absl::StatusOr<StopCheck> AgreeOnStop(bool mine, int64_t proposed_next_check, Communicator* comm, double timeout_s) {
+  if (comm == nullptr || comm->size() <= 1) return StopCheck{mine, proposed_next_check};
+  Tensor flags = Tensor::Empty(I64, {2});
+  if (!flags.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
+  flags.data<int64_t>()[0] = mine ? 1 : 0;
+  flags.data<int64_t>()[1] = proposed_next_check;
+  if (auto s = comm->AllReduce(&flags, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("agreeing whether to stop: ", s.message()));
   }
-  return flag.data<int64_t>()[0] != 0;
+  return StopCheck{flags.data<int64_t>()[0] != 0, flags.data<int64_t>()[1]};
 }
 
 }  // namespace
@@ -446,6 +459,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   auto last_progress = Clock::now();
   const auto train_begin = Clock::now();
   const int64_t first_step = executor.step();
+  int64_t next_stop_check = first_step + 1;
   auto evaluate = [&](int64_t epoch) -> absl::Status {
     if (!eval_data) return absl::OkStatus();
     auto m = RunEvaluation(executor, *eval_data, eval_name, options.eval_batch_size, acc_fetch);
@@ -541,14 +555,18 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (epoch_end && options.steps == 0) {
       if (auto s = evaluate(epoch + 1); !s.ok()) return s;
     }
-    // A stop request on any rank stops every rank after this same step.
-    if (options.stop_requested && executor.step() < total_steps) {
-      auto stop = AnyRankAsks(options.stop_requested(), options.comm, options.comm_timeout_s);
-      if (!stop.ok()) return stop.status();
-      if (*stop) {
+    // A stop request on any rank stops every rank after the same step.
+    if (options.stop_requested && executor.step() < total_steps && executor.step() >= next_stop_check) {
+      const double step_seconds = Seconds(train_begin, Clock::now()) / (executor.step() - first_step);
+      const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
+      auto check = AgreeOnStop(options.stop_requested(), executor.step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
+                               options.comm, options.comm_timeout_s);
+      if (!check.ok()) return check.status();
+      if (check->stop) {
         report.stopped = true;
         break;
       }
+      next_stop_check = check->next_check;
     }
     if (!options.save_dir.empty() && options.save_every > 0 && executor.step() % options.save_every == 0 &&
         executor.step() < total_steps) {
