@@ -238,14 +238,23 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     }
     timeline = SimulateTimeline(result.plans, costs);
   }
+  // Now that every rank's actions are placed in time, sent buffers are held
+  // until their receivers take them: the executor waits for each send at the
+  // end of the action the timeline says its receiver takes it by, or later
+  // where waiting there could hang the ranks.
+  std::vector<SendRelease> releases;
+  if (world > 1) {
+    ScopedPhase phase(&result.times, "send-waits");
+    for (size_t r = 0; r < result.plans.size(); ++r) {
+      releases.push_back(SendReleaseActions(result.plans, timeline, static_cast<int>(r)));
+    }
+    if (auto s = DeferDeadlockingSendWaits(result.plans, &releases); !s.ok()) return s;
+  }
   for (size_t r = 0; r < result.plans.size(); ++r) {
     RankPlan& plan = result.plans[r];
     if (world > 1) {
-      // Now that every rank's actions are placed in time, sent buffers are
-      // held until their receivers take them.
       ScopedPhase phase(&result.times, "memory-plan");
-      SendRelease release = SendReleaseActions(result.plans, timeline, static_cast<int>(r));
-      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &release);
+      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &releases[r]);
       if (!memory.ok()) return memory.status();
       *plan.mutable_memory() = std::move(*memory);
     }

@@ -138,9 +138,12 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     live += bytes;
     peak = std::max(peak, live);
   };
-  // A sent buffer lives until its receiver takes it: released at the end of
-  // the action send_release names, or of the next one.
-  std::map<int, std::vector<std::pair<int, int>>> release_at;  // action index -> (mb, var id)
+  // A sent buffer lives until its receiver takes it: the send holds it (one
+  // more name on its buffer) until the end of the action send_release names,
+  // where the executor waits for the send and drops it (a send the map lacks:
+  // the end of the step); without a map, until the end of the next action.
+  std::map<int, std::vector<int>> release_at;  // action index -> buffer ids
+  const int last_action = schedule.action_size() - 1;
   for (int ai = 0; ai < schedule.action_size(); ++ai) {
     const Action& action = schedule.action(ai);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
@@ -169,25 +172,28 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
       }
       // Scratch lives while the kernel runs, on top of its inputs and outputs.
       peak = std::max(peak, live + o.workspace);
-      int release_action = -1;
       if (o.send) {
-        release_action = ai + 1;
+        int release_action = ai + 1;
         if (send_release != nullptr) {
           auto it = send_release->find({op.channel().id(), mb});
-          if (it != send_release->end()) release_action = std::max(ai, it->second);
+          release_action = it != send_release->end() ? std::max(ai, it->second) : last_action;
+          MemoryPlan::SendWait* wait = plan.add_send_waits();
+          wait->set_channel(op.channel().id());
+          wait->set_micro_batch(mb);
+          wait->set_action(release_action);
+        }
+        if (o.input0 >= 0 && mine[o.input0] >= 0) {
+          buffers[mine[o.input0]].names++;
+          release_at[release_action].push_back(mine[o.input0]);
         }
       }
-      for (int var : frees[i]) {
-        if (release_action >= 0) {
-          release_at[release_action].push_back({mb, var});
-        } else {
-          release(mb, var);
-        }
-      }
+      for (int var : frees[i]) release(mb, var);
     }
     auto due = release_at.find(ai);
     if (due != release_at.end()) {
-      for (const auto& [m, var] : due->second) release(m, var);
+      for (int buffer : due->second) {
+        if (--buffers[buffer].names == 0) live -= buffers[buffer].bytes;
+      }
       release_at.erase(due);
     }
   }

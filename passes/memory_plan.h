@@ -19,7 +19,10 @@ namespace strata {
 //
 // A sent buffer stays alive until its receiver takes it: `send_release` maps
 // (channel id, micro-batch) to the index of this rank's action at whose end
-// that happens (from the timeline of all ranks); absent, the next action's end.
+// the executor waits for that and drops the buffer (from the timeline of all
+// ranks, see DeferDeadlockingSendWaits); a send it lacks is held to the end
+// of the step. The plan lists these waits (MemoryPlan.send_waits) for the
+// executor. Without a map, a sent buffer is held to the next action's end.
 using SendRelease = std::map<std::pair<int64_t, int>, int>;
 // Kernels that draw scratch memory (the convolutions) count it while they
 // run, as sized for `threads` intra-op threads (0: this process's count).

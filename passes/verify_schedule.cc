@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/graph_index.h"
@@ -288,6 +289,111 @@ std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<Rank
     out[key] = i;
   }
   return out;
+}
+
+absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
+                                       std::vector<std::map<std::pair<int64_t, int>, int>>* releases) {
+  const int n = static_cast<int>(plans.size());
+  if (static_cast<int>(releases->size()) != n) {
+    return absl::InternalError(absl::StrCat("send waits: ", releases->size(), " release maps for ", n, " ranks"));
+  }
+  using Key = std::pair<int64_t, int>;
+  struct Transfer {
+    Key key;
+    bool is_send;
+  };
+  // Per rank and action: its transfers in program order and the sends waited
+  // for at its end.
+  struct Rank {
+    std::vector<Transfer> transfers;
+    std::vector<int> first;  // action -> its transfers [first[a], first[a + 1])
+    std::vector<std::vector<Key>> waits;
+    int action = 0;
+    int phase = 0;  // 0: post the action's receives, 1: its transfers, 2: its waits
+    int index = 0;  // within the phase
+  };
+  std::vector<Rank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    Rank& rank = ranks[r];
+    const int actions = plans[r].schedule().action_size();
+    rank.first.assign(actions + 1, 0);
+    rank.waits.resize(actions);
+    for (const Event& e : Events(plans[r])) {
+      const Key key{e.channel.id(), e.micro_batch};
+      rank.transfers.push_back({key, e.is_send});
+      ++rank.first[e.action_index + 1];
+      if (!e.is_send) continue;
+      auto it = (*releases)[r].find(key);
+      const int at = it == (*releases)[r].end() ? actions - 1 : std::min(std::max(e.action_index, it->second), actions - 1);
+      (*releases)[r][key] = at;
+      rank.waits[at].push_back(key);
+    }
+    for (int a = 0; a < actions; ++a) rank.first[a + 1] += rank.first[a];
+  }
+  // Sends posted and not yet received, receives posted and not yet waited for.
+  absl::flat_hash_set<Key> sent, posted;
+  // Runs a rank as far as it goes; true if it moved.
+  auto advance = [&](Rank& rank) {
+    bool moved = false;
+    while (rank.action < static_cast<int>(rank.waits.size())) {
+      const int first = rank.first[rank.action], last = rank.first[rank.action + 1];
+      if (rank.phase == 0) {
+        for (int i = first; i < last; ++i) {
+          if (!rank.transfers[i].is_send) posted.insert(rank.transfers[i].key);
+        }
+        rank.phase = 1;
+        rank.index = first;
+      } else if (rank.phase == 1) {
+        if (rank.index == last) {
+          rank.phase = 2;
+          rank.index = 0;
+          continue;
+        }
+        const Transfer& t = rank.transfers[rank.index];
+        if (t.is_send) {
+          sent.insert(t.key);
+        } else if (sent.erase(t.key) == 0) {
+          break;
+        }
+        ++rank.index;
+      } else {
+        const std::vector<Key>& waits = rank.waits[rank.action];
+        if (rank.index == static_cast<int>(waits.size())) {
+          ++rank.action;
+          rank.phase = 0;
+          continue;
+        }
+        if (posted.erase(waits[rank.index]) == 0) break;
+        ++rank.index;
+      }
+      moved = true;
+    }
+    return moved;
+  };
+  while (true) {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (Rank& rank : ranks) progress |= advance(rank);
+    }
+    // Stuck (or done): the first rank waiting on a send before its last
+    // action waits for it one action later instead, and the ranks go on.
+    bool done = true, deferred = false;
+    for (int r = 0; r < n && !deferred; ++r) {
+      Rank& rank = ranks[r];
+      if (rank.action == static_cast<int>(rank.waits.size())) continue;
+      done = false;
+      if (rank.phase != 2 || rank.action + 1 == static_cast<int>(rank.waits.size())) continue;
+      std::vector<Key>& waits = rank.waits[rank.action];
+      const Key key = waits[rank.index];
+      waits.erase(waits.begin() + rank.index);
+      rank.waits[rank.action + 1].push_back(key);
+      (*releases)[r][key] = rank.action + 1;
+      deferred = true;
+    }
+    if (done) return absl::OkStatus();
+    if (!deferred) return absl::InternalError("send waits: the ranks would wait on one another forever");
+  }
 }
 
 }  // namespace strata

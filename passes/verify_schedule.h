@@ -51,6 +51,21 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
 std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<RankPlan>& plans, const Timeline& timeline,
                                                           int rank);
 
+// The executor waits, at the end of the action a send's release names, for
+// its receiver to have taken it (so the memory plan is a bound, not a guess
+// about how fast the ranks run). Such a wait must not close a cycle: runs
+// every rank's transfers as the executor does (an action posts all its
+// receives when it starts, then sends and receives in program order, then
+// waits for the sends released at its end) and, whenever the ranks would wait
+// on one another forever, moves the wait of the first rank stuck on one to the
+// end of its next action. Such cycles come from ties on the timeline (two
+// equal stages each waiting at the end of an action for the other to start
+// its next). `releases[r]` is rank r's map as from SendReleaseActions, and
+// gets an entry for every send (one it lacked: the rank's last action, the
+// end of the step). Call after VerifySchedules succeeded.
+absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
+                                       std::vector<std::map<std::pair<int64_t, int>, int>>* releases);
+
 }  // namespace strata
 
 #endif  // STRATA_PASSES_VERIFY_SCHEDULE_H_

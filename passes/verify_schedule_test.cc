@@ -1,6 +1,8 @@
 #include "passes/verify_schedule.h"
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -8,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "passes/schedule.h"
+#include "proto/roles.h"
 #include "passes/testing/pass_test_util.h"
 
 namespace strata {
@@ -157,6 +160,71 @@ TEST(VerifyScheduleTest, CompiledPlansCarryTheCostModelsEstimate) {
   for (const RankPlan& p : plans) costs.push_back({p.memory().forward_cost(), p.memory().backward_cost()});
   Timeline t = SimulateTimeline(plans, costs);
   for (const RankPlan& p : plans) EXPECT_DOUBLE_EQ(p.memory().bubble_fraction(), t.bubble[p.rank()]);
+}
+
+// Each rank's sends, (channel id, micro-batch) -> the index of the action that posts it.
+std::vector<std::map<std::pair<int64_t, int>, int>> SendActions(const std::vector<RankPlan>& plans) {
+  std::vector<std::map<std::pair<int64_t, int>, int>> out(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    const Schedule& schedule = plans[r].schedule();
+    for (int a = 0; a < schedule.action_size(); ++a) {
+      const Action& action = schedule.action(a);
+      for (const Op& op : plans[r].program().op()) {
+        if (op.type() != "send" || !ActionRuns(action.kind(), op.role())) continue;
+        out[r][{op.channel().id(), action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch()}] = a;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(VerifyScheduleTest, ASendWaitThatWouldCloseACycleGoesOneActionLater) {
+  // Every send waited for at the end of the action that posts it. Under 1F1B
+  // rank 1 then waits at the end of F1 for rank 2 to start F1, while rank 2
+  // waits at the end of B0 for rank 1 to start B0: the tie of two equal
+  // stages on the timeline. Rank 1's wait moves to the end of B0.
+  std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 3);
+  ASSERT_TRUE(VerifySchedules(plans).ok());
+  std::vector<std::map<std::pair<int64_t, int>, int>> sends = SendActions(plans);
+  std::vector<std::map<std::pair<int64_t, int>, int>> releases = sends;
+  ASSERT_TRUE(DeferDeadlockingSendWaits(plans, &releases).ok());
+  ASSERT_EQ(Transfers(plans[1].program(), "send", "h1").size(), 1u);
+  const int64_t h1 = Transfers(plans[1].program(), "send", "h1")[0]->channel().id();
+  ASSERT_EQ(plans[1].schedule().action(1).kind(), Action::FORWARD);
+  EXPECT_EQ(sends[1].at({h1, 1}), 1);
+  EXPECT_EQ(releases[1].at({h1, 1}), 2);
+  for (size_t r = 0; r < plans.size(); ++r) {
+    ASSERT_EQ(releases[r].size(), sends[r].size()) << r;
+    for (const auto& [key, action] : sends[r]) {
+      EXPECT_GE(releases[r].at(key), action) << "rank " << r << " channel " << key.first << " mb " << key.second;
+    }
+  }
+  // Waiting at the end of the step never closes a cycle: nothing moves.
+  std::vector<std::map<std::pair<int64_t, int>, int>> at_end(plans.size());
+  ASSERT_TRUE(DeferDeadlockingSendWaits(plans, &at_end).ok());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    for (const auto& [key, action] : sends[r]) EXPECT_EQ(at_end[r].at(key), plans[r].schedule().action_size() - 1);
+  }
+}
+
+// The compiled plans list a wait for every send, no earlier than the send.
+TEST(VerifyScheduleTest, CompiledPlansWaitForEverySend) {
+  for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
+    for (const char* text : {kThreeStagesWithSkip, kThreeStagesWithTiedWeight}) {
+      std::vector<RankPlan> plans = CompilePipeline(text, 4, kind);
+      std::vector<std::map<std::pair<int64_t, int>, int>> sends = SendActions(plans);
+      for (size_t r = 0; r < plans.size(); ++r) {
+        std::map<std::pair<int64_t, int>, int> waits;
+        for (const auto& w : plans[r].memory().send_waits()) waits[{w.channel(), w.micro_batch()}] = w.action();
+        ASSERT_EQ(waits.size(), sends[r].size()) << r;
+        for (const auto& [key, action] : sends[r]) {
+          ASSERT_TRUE(waits.count(key)) << r;
+          EXPECT_GE(waits.at(key), action) << r;
+          EXPECT_LT(waits.at(key), plans[r].schedule().action_size()) << r;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

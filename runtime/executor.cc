@@ -126,7 +126,11 @@ absl::Status Executor::Prepare() {
                                                      ", which no action runs"));
     }
     if (p.kernel->prefetches()) section->prefetching.push_back(static_cast<int>(section->ops.size()));
+    if (op.type() == "send") section->send_channels.push_back(op.channel().id());
     section->ops.push_back(std::move(p));
+  }
+  for (const auto& wait : plan_.memory().send_waits()) {
+    send_wait_action_[{wait.channel(), wait.micro_batch()}] = wait.action();
   }
   return absl::OkStatus();
 }
@@ -201,11 +205,38 @@ absl::StatusOr<int64_t> Executor::CheckFeeds(const std::map<std::string, Tensor>
   return batch;
 }
 
-void Executor::HandOffSends() {
-  if (pending_sends_.empty()) return;
-  if (!send_waiter_) send_waiter_ = std::make_unique<SendWaiter>(absl::Seconds(options_.comm_timeout_s));
-  for (auto& work : pending_sends_) send_waiter_->Add(std::move(work));
+absl::Status Executor::HoldSends(const Section& section, int action, int micro_batch) {
+  if (!pending_sends_.empty() && pending_sends_.size() != section.send_channels.size()) {
+    return absl::InternalError(absl::StrCat("action ", action, " posted ", pending_sends_.size(), " sends, expected ",
+                                            section.send_channels.size()));
+  }
+  const int last = plan_.schedule().action_size() - 1;
+  for (size_t k = 0; k < pending_sends_.size(); ++k) {
+    auto it = send_wait_action_.find({section.send_channels[k], micro_batch});
+    const int at = it == send_wait_action_.end() ? last : std::max(action, it->second);
+    held_sends_[at].push_back(std::move(pending_sends_[k]));
+  }
   pending_sends_.clear();
+  auto due = held_sends_.find(action);
+  if (due == held_sends_.end()) return absl::OkStatus();
+  absl::Status s = WaitSends(due->second, absl::OkStatus());
+  held_sends_.erase(due);
+  return s;
+}
+
+// Waits for every send (the receiver has taken it) and drops it, freeing its
+// buffer; the first error unless `status` already holds one.
+absl::Status Executor::WaitSends(std::vector<std::unique_ptr<Work>>& sends, absl::Status status) {
+  if (sends.empty()) return status;
+  const int64_t start = Tracer::NowMicros();
+  for (auto& work : sends) {
+    absl::Status s = work->Wait(absl::Seconds(options_.comm_timeout_s));
+    if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat("send: ", s.message()));
+    work.reset();
+  }
+  sends.clear();
+  wait_seconds_ += (Tracer::NowMicros() - start) * 1e-6;
+  return status;
 }
 
 RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size) {
@@ -284,13 +315,9 @@ void Executor::Accumulate(int micro_batch, StepResult* result) {
 
 absl::Status Executor::FinishStep(absl::Status status) {
   // Every posted send completes (or fails) before its buffer may be reused.
-  HandOffSends();
-  if (send_waiter_) {
-    const int64_t start = Tracer::NowMicros();
-    absl::Status s = send_waiter_->Drain();
-    wait_seconds_ += (Tracer::NowMicros() - start) * 1e-6;
-    if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat("send: ", s.message()));
-  }
+  status = WaitSends(pending_sends_, status);
+  for (auto& [action, sends] : held_sends_) status = WaitSends(sends, status);
+  held_sends_.clear();
   for (auto& scope : scopes_) {
     for (Tensor& t : scope) t = Tensor();
   }
@@ -329,9 +356,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     RunContext run = MakeRunContext(sample_offset + mb * rows, true, micro_batches, rows);
     run.micro_batch = mb;
-    HandOffSends();
     const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
     const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
+    Section& section = action.kind() == Action::FORWARD    ? forward_
+                       : action.kind() == Action::BACKWARD ? backward_
+                                                           : optimize_;
     if (action.kind() == Action::FORWARD) {
       if (!feeds_.empty()) {
         auto loaded = feeds(mb * rows, rows);
@@ -349,13 +378,12 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
         }
         for (size_t f = 0; f < feeds_.size(); ++f) scopes_[mb][feed_slots_[f]] = loaded->at(feeds_[f]->name());
       }
-      status = RunSection(forward_, mb, run);
+      status = RunSection(section, mb, run);
       if (status.ok()) Accumulate(mb, &result);
-    } else if (action.kind() == Action::BACKWARD) {
-      status = RunSection(backward_, mb, run);
     } else {
-      status = RunSection(optimize_, mb, run);
+      status = RunSection(section, mb, run);
     }
+    if (status.ok()) status = HoldSends(section, i, mb);
     if (options_.tracer) {
       options_.tracer->Add(action.kind() == Action::FORWARD    ? absl::StrCat("F", mb)
                            : action.kind() == Action::BACKWARD ? absl::StrCat("B", mb)

@@ -10,7 +10,6 @@
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/comm/send_waiter.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
@@ -95,13 +94,17 @@ class Executor {
   struct Section {
     std::vector<PreparedOp> ops;
     std::vector<int> prefetching;  // indices into ops of kernels that post work early
+    std::vector<int64_t> send_channels;  // the channel of each send, in the order they post
   };
 
   Executor(const RankPlan& plan, const ExecutorOptions& options) : plan_(plan), options_(options) {}
   absl::Status Prepare();
   // Checks the feeds against the program; returns their batch rows.
   absl::StatusOr<int64_t> CheckFeeds(const std::map<std::string, Tensor>& feeds) const;
-  void HandOffSends();  // posted sends go to the waiter thread
+  // The sends `section` posted in action `action` wait for the end of the
+  // action the memory plan releases them at; those due now are waited for.
+  absl::Status HoldSends(const Section& section, int action, int micro_batch);
+  absl::Status WaitSends(std::vector<std::unique_ptr<Work>>& sends, absl::Status status);
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);
@@ -120,7 +123,10 @@ class Executor {
   int loss_slot_ = -1;
   std::vector<std::pair<std::string, int>> fetch_slots_;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
-  std::unique_ptr<SendWaiter> send_waiter_;
+  // Posted sends by the action at whose end they are waited for and dropped
+  // (their buffers freed), as the plan's send_waits say; the rest at the step's end.
+  std::map<int, std::vector<std::unique_ptr<Work>>> held_sends_;
+  std::map<std::pair<int64_t, int>, int> send_wait_action_;  // (channel id, micro-batch) -> action
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
   double busy_seconds_ = 0;

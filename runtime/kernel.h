@@ -42,7 +42,7 @@ struct RunContext {
   int micro_batches = 1;
   int64_t micro_batch_size = 0;  // samples in this micro-batch: the size of -1 dims
   Communicator* comm = nullptr;
-  std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // waited for at the end of the step
+  std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // the executor waits for them where the memory plan says
   double comm_timeout_s = 300;
 };
 

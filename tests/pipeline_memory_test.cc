@@ -1,9 +1,11 @@
 // The schedules change memory, never numbers: with 4 stages and 8
 // micro-batches, stage 0 under 1F1B holds at most 4 micro-batches of
-// activations where F-then-B holds all 8, and every rank's measured peak
-// (the allocator's counter) is within 10% of the memory plan's prediction.
+// activations where F-then-B holds all 8. On every rank the memory plan's
+// prediction bounds the measured peak (the allocator's counter) and is at
+// most 10% above it.
 
 #include <iostream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "compiler/compile.h"
@@ -14,6 +16,12 @@
 
 namespace strata {
 namespace {
+
+// The memory rule: predicted >= measured, and predicted <= 1.1 x measured.
+void ExpectPlanBoundsPeak(double measured, double predicted, const std::string& what) {
+  EXPECT_LE(measured, predicted) << what << ": measured " << measured << " above predicted " << predicted;
+  EXPECT_LE(predicted, 1.10 * measured) << what << ": predicted " << predicted << " over 10% above measured " << measured;
+}
 
 Program FourStageMlp() {
   GenOptions gen;
@@ -53,8 +61,7 @@ TEST(PipelineMemoryTest, OneFOneBHoldsFewerMicroBatchesAndThePlanPredictsThePeak
       const double measured = static_cast<double>(run->measured_peak_bytes.at(rank));
       const double predicted = static_cast<double>(run->predicted_peak_bytes.at(rank));
       std::cerr << ScheduleKind_Name(kind) << " rank " << rank << " measured " << measured << " predicted " << predicted << "\n";
-      EXPECT_NEAR(measured / predicted, 1.0, 0.10)
-          << ScheduleKind_Name(kind) << " rank " << rank << ": measured " << measured << " predicted " << predicted;
+      ExpectPlanBoundsPeak(measured, predicted, absl::StrCat(ScheduleKind_Name(kind), " rank ", rank));
     }
   }
   auto activations = [&](ScheduleKind kind) {
@@ -88,7 +95,61 @@ TEST(PipelineMemoryTest, ConvolutionScratchIsInThePlan) {
   for (int rank = 0; rank < 2; ++rank) {
     const double measured = static_cast<double>(run->measured_peak_bytes.at(rank));
     const double predicted = static_cast<double>(run->predicted_peak_bytes.at(rank));
-    EXPECT_NEAR(measured / predicted, 1.0, 0.10) << "rank " << rank << ": measured " << measured << " predicted " << predicted;
+    ExpectPlanBoundsPeak(measured, predicted, absl::StrCat("rank ", rank));
+  }
+}
+
+// examples/mlp_pp2.pbtxt: the last stage does 1% of the work, so it runs
+// each of its actions in microseconds while the first stage takes the
+// gradients it sent whenever its own actions reach them. The executor used to
+// free a sent buffer whenever a waiter thread saw the send complete, and
+// rank 1 measured 22.8 KiB after 8 steps and 30.8 KiB after a thousand (all
+// four of a step's sent gradients held to its end) against 19.6 KiB
+// predicted; now it waits for each send where the plan frees it.
+constexpr char kMlpPp2[] = R"pb(
+  name: "mlp"
+  var { name: "image" dtype: F32 shape: [-1, 784] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "fc1.w" dtype: F32 shape: [784, 128] kind: PARAM init { uniform { low: -0.0357142857 high: 0.0357142857 } } }
+  var { name: "fc1.b" dtype: F32 shape: [128] kind: PARAM init { uniform { low: -0.0357142857 high: 0.0357142857 } } }
+  var { name: "fc2.w" dtype: F32 shape: [128, 64] kind: PARAM init { uniform { low: -0.0883883476 high: 0.0883883476 } } }
+  var { name: "fc2.b" dtype: F32 shape: [64] kind: PARAM init { uniform { low: -0.0883883476 high: 0.0883883476 } } }
+  var { name: "fc3.w" dtype: F32 shape: [64, 10] kind: PARAM init { uniform { low: -0.125 high: 0.125 } } }
+  var { name: "fc3.b" dtype: F32 shape: [10] kind: PARAM init { uniform { low: -0.125 high: 0.125 } } }
+  op { type: "matmul" input: ["image", "fc1.w"] output: ["fc1.xw"] device: "gpu:0" }
+  op { type: "add" input: ["fc1.xw", "fc1.b"] output: ["fc1.y"] device: "gpu:0" }
+  op { type: "relu" input: ["fc1.y"] output: ["h1"] device: "gpu:0" }
+  op { type: "matmul" input: ["h1", "fc2.w"] output: ["fc2.xw"] device: "gpu:0" }
+  op { type: "add" input: ["fc2.xw", "fc2.b"] output: ["fc2.y"] device: "gpu:0" }
+  op { type: "relu" input: ["fc2.y"] output: ["h2"] device: "gpu:0" }
+  op { type: "matmul" input: ["h2", "fc3.w"] output: ["fc3.xw"] device: "gpu:1" }
+  op { type: "add" input: ["fc3.xw", "fc3.b"] output: ["fc3.y"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["fc3.y", "label"] output: ["loss"] device: "gpu:1" }
+  op { type: "accuracy" input: ["fc3.y", "label"] output: ["acc"] attr { key: "k" value { i: 1 } } device: "gpu:1" }
+  loss: "loss"
+  fetch: "acc"
+  optimizer { adam { learning_rate: 0.001 } lr_schedule { cosine {} } }
+)pb";
+
+TEST(PipelineMemoryTest, ThePlanBoundsEveryRanksPeakOverManyStepsOfUnequalStages) {
+  auto program = ParseProgramText(kMlpPp2, "mlp_pp2.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.steps = 150;
+  options.data = "synthetic:classes=10,size=1024";
+  for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
+    Strategy strategy;
+    strategy.mutable_pipeline()->set_micro_batch_size(16);
+    strategy.mutable_pipeline()->set_accumulate_steps(4);
+    strategy.mutable_pipeline()->set_schedule(kind);
+    auto run = TrainParallel(*program, strategy, options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    for (int rank = 0; rank < 2; ++rank) {
+      const double measured = static_cast<double>(run->measured_peak_bytes.at(rank));
+      const double predicted = static_cast<double>(run->predicted_peak_bytes.at(rank));
+      std::cerr << ScheduleKind_Name(kind) << " rank " << rank << " measured " << measured << " predicted " << predicted << "\n";
+      ExpectPlanBoundsPeak(measured, predicted, absl::StrCat(ScheduleKind_Name(kind), " rank ", rank));
+    }
   }
 }
 
