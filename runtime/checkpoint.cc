@@ -689,8 +689,12 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
     const std::string name = entry.path().filename().string();
     if (entry.is_regular_file() && absl::EndsWith(name, ".safetensors")) files.push_back(entry.path().string());
   }
-  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": cannot read checkpoint folder: ", ec.message()));
-  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors checkpoint files"));
+  if (ec) {
+    // Only a folder that is not there is "not found"; an unreadable one is an error.
+    const std::string why = absl::StrCat(dir, ": cannot read checkpoint folder: ", ec.message());
+    return ec == std::errc::no_such_file_or_directory ? absl::NotFoundError(why) : absl::FailedPreconditionError(why);
+  }
+  if (files.empty()) return absl::DataLossError(absl::StrCat(dir, ": no *.safetensors checkpoint files"));
   std::sort(files.begin(), files.end());
   Checkpoint merged;
   for (const auto& file : files) {
@@ -851,6 +855,15 @@ absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt)
                                                  "/latest unchanged): ", all.message()));
   }
   if (options.rank != 0) return absl::OkStatus();
+  // Every rank said its file is durable; on a folder every rank shares, rank
+  // 0 sees them all.
+  for (int r = 0; r < options.world_size; ++r) {
+    if (!IsRegularFile(absl::StrCat(folder, "/", RankFileName(r)))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", folder, " not committed: rank ", r, "'s ", RankFileName(r),
+          " is not there although rank ", r, " wrote it; --save must be a folder every rank shares"));
+    }
+  }
   if (absl::Status s = WriteFileAtomically(folder, kCommittedFileName, absl::StrCat(options.step, "\n")); !s.ok()) {
     return s;
   }
@@ -878,13 +891,29 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// "a/./b/" and "a/b" are one folder.
+std::filesystem::path NormalFolder(const std::string& p) {
+  std::string n = std::filesystem::path(p).lexically_normal().string();
+  while (n.size() > 1 && n.back() == '/') n.pop_back();
+  return std::filesystem::path(n);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> LatestStep(const std::string& dir) {
+  absl::StatusOr<std::string> latest = ReadLatest(dir);
+  if (!latest.ok()) return latest.status();
+  return latest->empty() ? -1 : StepOfFolderName(*latest);
+}
+
+bool SameFolder(const std::string& a, const std::string& b) {
+  return !a.empty() && !b.empty() && NormalFolder(a) == NormalFolder(b);
+}
+
 bool LoadsFromSaveFolder(const std::string& load, const std::string& save) {
-  // "a/./b/" and "a/b" are one folder.
-  auto normal = [](const std::string& p) {
-    std::string n = std::filesystem::path(p).lexically_normal().string();
-    while (n.size() > 1 && n.back() == '/') n.pop_back();
-    return std::filesystem::path(n);
-  };
+  const auto normal = NormalFolder;
   if (load.empty() || save.empty()) return false;
   const std::filesystem::path l = normal(load), s = normal(save);
   return l == s || (StepOfFolderName(l.filename().string()) >= 0 && l.parent_path() == s);
@@ -908,9 +937,17 @@ absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
   }
   if (ec) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read checkpoint folder: ", ec.message()));
   if (has_files) return CheckpointSource{path, path};
+  // NotFound only when nothing was ever completed here (a restarted job may
+  // then start afresh); committed step folders without `latest` are a
+  // damaged checkpoint, not an empty one.
+  for (const auto& [step, folder] : StepFolders(path)) {
+    if (IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+      return absl::DataLossError(absl::StrCat(path, ": has committed step folders but no 'latest'; give one as --load ",
+                                              folder));
+    }
+  }
   if (!StepFolders(path).empty()) {
-    return absl::NotFoundError(absl::StrCat(path, ": no completed save (step folders but no 'latest'); give one as --load ",
-                                            path, "/step-N"));
+    return absl::NotFoundError(absl::StrCat(path, ": no completed save (only unfinished step folders)"));
   }
   return absl::NotFoundError(absl::StrCat(path, ": no checkpoint (neither 'latest' nor *.safetensors files)"));
 }

@@ -70,6 +70,10 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it);
 // Whether `load` names the `save` folder or one of its step folders (a run
 // resuming into the folder it saves to).
 bool LoadsFromSaveFolder(const std::string& load, const std::string& save);
+// The step DIR/latest names, or -1 when there is none.
+absl::StatusOr<int64_t> LatestStep(const std::string& dir);
+// Whether two paths name one folder ("ck", "./ck/").
+bool SameFolder(const std::string& a, const std::string& b);
 
 // What `--load PATH` names, resolved: DIR holding `latest` loads the step
 // folder it names; a folder of *.safetensors files (DIR/step-N, or a flat

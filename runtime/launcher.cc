@@ -435,7 +435,8 @@ class Launcher {
     std::string line;
     if (!std::getline(stat, line)) return false;
     const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
-    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+    // 'T' stopped by a signal, 't' stopped by a debugger.
+    return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'T' || line[paren + 2] == 't');
   }
 
   void BeginStop(int signo) {
@@ -506,7 +507,13 @@ class Launcher {
       } else {
         w.outcome.exit_code = WEXITSTATUS(status);
       }
-      if (!w.outcome.ok() && !stopping_) failed.push_back(w.rank);
+      // While stopping, a worker that did not exit cleanly or stop after its
+      // signal (its save failed, say) is still a failure, unless the
+      // launcher had to kill it.
+      const bool clean = w.outcome.ok() || w.outcome.stopped();
+      if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0))) {
+        failed.push_back(w.rank);
+      }
     }
     return failed;
   }
@@ -565,16 +572,26 @@ class Launcher {
       // The first failure in time, as the ranks recorded it in the store,
       // beats the first exit the launcher saw (often a peer's "connection
       // lost" caused by it).
-      int rank = -1;
+      std::vector<std::pair<int, std::string>> records;
+      if (options_.recorded_failures) records = options_.recorded_failures(store_spec_);
+      const bool seen_recorded = std::any_of(records.begin(), records.end(),
+                                             [&](const auto& r) { return r.first == failed_rank_; });
       std::string message;
-      if (options_.first_failure && options_.first_failure(store_spec_, &rank, &message) && rank >= 0 &&
-          rank < static_cast<int>(workers_.size())) {
-        failed_rank_ = rank;
-        return absl::AbortedError(FailureMessage(workers_[rank], message));
+      if (seen_recorded && records.front().first >= 0 &&
+          records.front().first < static_cast<int>(workers_.size())) {
+        failed_rank_ = records.front().first;
+        message = records.front().second;
+        records.erase(records.begin());
       }
-      return absl::AbortedError(FailureMessage(workers_[failed_rank_]));
+      for (const auto& [rank, text] : records) consequences_.push_back(text);
+      return absl::AbortedError(FailureMessage(workers_[failed_rank_], message));
     }
+    // A stop signal (to the launcher, or to one worker, which every rank
+    // then honours): 128 + that signal, as a process it stopped.
     if (interrupt_signal_ != 0) return 128 + interrupt_signal_;
+    for (const Worker& w : workers_) {
+      if (w.outcome.stopped()) return w.outcome.exit_code;
+    }
     return 0;
   }
 
@@ -623,6 +640,7 @@ class Launcher {
     }
     report.failed_rank = failed_rank_;
     report.interrupt_signal = interrupt_signal_;
+    report.consequences = consequences_;
     report.store_spec = store_spec_;
     report.master_port = master_port_;
   }
@@ -633,6 +651,7 @@ class Launcher {
   int devnull_ = -1;
   std::string temp_store_dir_;
   std::string store_spec_;
+  std::vector<std::string> consequences_;
   int master_port_ = 0;
   int stdout_fd_ = -1;
   int stderr_fd_ = -1;

@@ -35,11 +35,12 @@ struct LaunchOptions {
   // STRATA_NUM_THREADS defaults to the count it got.
   bool bind_cores = false;
   // Called once every worker is reaped after a rank failed, before the
-  // temporary store is removed, with the store's spec: true with the rank
-  // and message of the job's first failure in time (failing ranks record
-  // their errors in the store, ordered by its counter); false to name the
-  // failed rank the launcher saw first.
-  std::function<bool(const std::string& store_spec, int* rank, std::string* message)> first_failure;
+  // temporary store is removed, with the store's spec: the errors the ranks
+  // recorded in the store, first in time first (ordered by its counter), as
+  // (rank, message). The first is named unless the failed rank the launcher
+  // saw first recorded nothing (it died by a signal, or exited before it
+  // could): then that rank is the cause and the records its consequences.
+  std::function<std::vector<std::pair<int, std::string>>(const std::string& store_spec)> recorded_failures;
   // Added to (or overriding) the launcher's environment in every worker.
   std::vector<std::pair<std::string, std::string>> extra_env;
   // After the first failure (or a SIGINT/SIGTERM to the launcher) the others
@@ -65,6 +66,9 @@ struct WorkerOutcome {
   int signal = 0;               // the signal that killed it; 0 when it exited
   std::string last_error_line;  // its last line starting with "error:" (else its last stderr line)
   bool ok() const { return signal == 0 && exit_code == 0; }
+  // Exited 128 + SIGTERM/SIGINT/SIGHUP on its own: it stopped cleanly after a
+  // stop signal (saving a checkpoint), which is not a failure.
+  bool stopped() const { return signal == 0 && (exit_code == 143 || exit_code == 130 || exit_code == 129); }
 };
 
 // Everything a caller (or a test) may want to know after the fact.
@@ -73,6 +77,8 @@ struct LaunchReport {
   std::vector<WorkerOutcome> workers;  // by rank
   int failed_rank = -1;                // the first rank that failed, -1 if none
   int interrupt_signal = 0;            // SIGINT/SIGTERM/SIGHUP the launcher received, 0 if none
+  // The other recorded failures after the one named, "rank R: message", in order.
+  std::vector<std::string> consequences;
   std::string store_spec;              // what the workers got as STRATA_STORE
   int master_port = 0;                 // what the workers got as STRATA_MASTER_PORT
 };

@@ -244,24 +244,24 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
 // cost a pipeline's small steps about a tenth of their time.
 constexpr double kStopCheckPeriodSeconds = 0.5;
 
-// Whether any rank asks to stop, agreed by every rank, and the step after
-// which they next check: each rank proposes one about
-// kStopCheckPeriodSeconds of its steps ahead and the furthest wins, so all
-// check after the same steps.
+// Whether any rank caught a stop signal (the largest signal number any rank
+// caught, agreed by every rank), and the step after which they next check:
+// each rank proposes one about kStopCheckPeriodSeconds of its steps ahead
+// and the furthest wins, so all check after the same steps.
 struct StopCheck {
-  bool stop = false;
+  int signal = 0;
   int64_t next_check = 0;
 };
-absl::StatusOr<StopCheck> AgreeOnStop(bool mine, int64_t proposed_next_check, Communicator* comm, double timeout_s) {
+absl::StatusOr<StopCheck> AgreeOnStop(int mine, int64_t proposed_next_check, Communicator* comm, double timeout_s) {
   if (comm == nullptr || comm->size() <= 1) return StopCheck{mine, proposed_next_check};
   Tensor flags = Tensor::Empty(I64, {2});
   if (!flags.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
-  flags.data<int64_t>()[0] = mine ? 1 : 0;
+  flags.data<int64_t>()[0] = mine;
   flags.data<int64_t>()[1] = proposed_next_check;
   if (auto s = comm->AllReduce(&flags, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("agreeing whether to stop: ", s.message()));
   }
-  return StopCheck{flags.data<int64_t>()[0] != 0, flags.data<int64_t>()[1]};
+  return StopCheck{static_cast<int>(flags.data<int64_t>()[0]), flags.data<int64_t>()[1]};
 }
 
 }  // namespace
@@ -389,7 +389,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   if (!options.load_dir.empty()) {
     CheckpointSource source;
     auto ckpt = LoadCheckpointFrom(options.load_dir, &source);
-    if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && options.load_dir == options.save_dir) {
+    if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && SameFolder(options.load_dir, options.save_dir)) {
       // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
       if (reporter) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options.load_dir.c_str());
     } else if (!ckpt.ok()) {
@@ -408,6 +408,18 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       if (reporter) {
         std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
       }
+    }
+  }
+  // The folder `latest` names is never rewritten in place: a run resumed from
+  // an older step into the same folder must not be due to save that step.
+  if (!options.save_dir.empty()) {
+    absl::StatusOr<int64_t> latest = LatestStep(options.save_dir);
+    if (!latest.ok()) return latest.status();
+    const int64_t from = executor.step();
+    if (*latest > from && (*latest == total_steps || (options.save_every > 0 && *latest % options.save_every == 0))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--save ", options.save_dir, ": its latest checkpoint is step ", *latest, ", which this run (from step ", from,
+          ") would save again; resume from ", options.save_dir, " itself, or save into another folder"));
     }
   }
   // Every rank writes its share of a step folder, and they agree that all did.
@@ -446,6 +458,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
         {"the loaded checkpoint's step", report.loaded_from.empty() ? "(none)" : absl::StrCat(executor.step())},
         {"--comm_timeout_s", absl::StrCat(options.comm_timeout_s)},
         {"--save_every", absl::StrCat(options.save_dir.empty() ? 0 : options.save_every)},
+        // Every rank saves its share, or none does (the save is collective);
+        // the paths may differ between machines that mount one filesystem.
+        {"--save", options.save_dir.empty() ? "(none)" : "(a folder)"},
     };
     if (auto s = AgreeOnSettings(*options.comm, settings, options.comm_timeout_s); !s.ok()) return s;
   }
@@ -556,14 +571,14 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       if (auto s = evaluate(epoch + 1); !s.ok()) return s;
     }
     // A stop request on any rank stops every rank after the same step.
-    if (options.stop_requested && executor.step() < total_steps && executor.step() >= next_stop_check) {
+    if (options.stop_signal && executor.step() < total_steps && executor.step() >= next_stop_check) {
       const double step_seconds = Seconds(train_begin, Clock::now()) / (executor.step() - first_step);
       const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
-      auto check = AgreeOnStop(options.stop_requested(), executor.step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
+      auto check = AgreeOnStop(options.stop_signal(), executor.step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
                                options.comm, options.comm_timeout_s);
       if (!check.ok()) return check.status();
-      if (check->stop) {
-        report.stopped = true;
+      if (check->signal != 0) {
+        report.stop_signal = check->signal;
         break;
       }
       next_stop_check = check->next_check;
@@ -573,7 +588,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       if (auto s = save(); !s.ok()) return s;
     }
   }
-  if (options.steps > 0 && executor.step() > first_step && !report.stopped) {
+  if (options.steps > 0 && executor.step() > first_step && report.stop_signal == 0) {
     // Epochs count from 1: the one the last step fell in.
     if (auto s = evaluate((executor.step() - 1) / steps_per_epoch + 1); !s.ok()) return s;
   }

@@ -26,10 +26,10 @@ struct TrainOptions {
   int64_t save_every = 0;          // --save_every: also save every N steps (0: only at the end)
   int keep_checkpoints = 2;        // --keep_checkpoints: committed step folders kept (0: all)
   std::string load_dir;            // --load: DIR (its latest), DIR/step-N, or a flat format-1 folder
-  // Polled at every step boundary (a SIGTERM handler's flag): when it holds
-  // on any rank, every rank stops after the same step, saves (with
-  // save_dir) and returns with TrainReport::stopped set.
-  std::function<bool()> stop_requested;
+  // Polled at step boundaries: the signal a handler caught (SIGTERM), or 0.
+  // When any rank has one, every rank stops after the same step, saves (with
+  // save_dir) and returns with TrainReport::stop_signal set to it.
+  std::function<int()> stop_signal;
   bool progress = true;            // a progress line on stderr about once a second
   int64_t eval_batch_size = 1000;
   // This rank's communicator on a pipeline (null on one device), and how long
@@ -68,7 +68,7 @@ struct TrainReport {
   int64_t predicted_peak_bytes = 0;
   double seconds = 0;
   std::map<std::string, std::vector<double>> final_state;  // persistent vars after training, as doubles
-  bool stopped = false;           // stop_requested ended the run early
+  int stop_signal = 0;            // the signal (on any rank) that ended the run early; 0: it ran to the end
   std::string loaded_from;        // the checkpoint resumed from, e.g. "ckpt/step-20 (latest)"
   std::string last_saved;         // the last step folder saved
 };

@@ -34,6 +34,9 @@ for fault in checkpoint_partial_write:rank=1:step=4 checkpoint_before_agree:rank
   rc=$?
   [ $rc -ne 0 ] || fail "$fault: the job exited 0"
   grep -q "fault injected at ${fault%%:*}" "$tmp/err.txt" || fail "$fault: no injected fault: $(cat "$tmp/err.txt")"
+  # The rank that died (recording nothing) is named, not the peer it left waiting.
+  faulty=$(echo "$fault" | sed -n 's/.*:rank=\([0-9]*\).*/\1/p')
+  grep -q "^error: rank $faulty failed (exit 86)" "$tmp/err.txt" || fail "$fault: named $(grep '^error' "$tmp/err.txt")"
   [ "$(cat "$ck/latest")" = "step-2" ] || fail "$fault: latest is '$(cat "$ck/latest")', expected step-2"
   [ -e "$ck/step-4/COMMITTED" ] && fail "$fault: step-4 is committed"
   "$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 8 --load "$ck/step-4" \
@@ -102,4 +105,57 @@ for nproc in 1 2; do
     fail "SIGTERM: the stopped run's losses differ from the reference"
   echo "ok: SIGTERM with nproc $nproc stopped after step $step, saved it, exit 143; the resume continues the series"
 done
+# 5. SIGTERM to one worker only (one machine of the job preempted): every
+#    rank stops after the same step and saves it, and the job exits 143.
+ck="$tmp/ck_term_one"
+rm -f "$tmp/term.jsonl"
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 1000000 --save "$ck" \
+  --metrics "$tmp/term.jsonl" >/dev/null 2>"$tmp/err.txt" &
+pid=$!
+for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+kill -TERM "$(pgrep -P $pid | head -1)"
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || fail "SIGTERM to one worker: exit $rc: $(grep -E 'error|stopped' "$tmp/err.txt")"
+[ "$(grep -c 'stopped by SIGTERM' "$tmp/err.txt")" -eq 2 ] || fail "SIGTERM to one worker: $(cat "$tmp/err.txt")"
+grep -q "(on another rank)" "$tmp/err.txt" || fail "SIGTERM to one worker: the other rank does not say why it stopped"
+step=$(sed -n 's/.*stopped by SIGTERM.* after step \([0-9]*\);.*/\1/p' "$tmp/err.txt" | sort -u)
+[ "$(echo "$step" | wc -l)" -eq 1 ] && [ "$(cat "$ck/latest")" = "step-$step" ] ||
+  fail "SIGTERM to one worker: ranks stopped after steps $step, latest $(cat "$ck/latest")"
+echo "ok: SIGTERM to one worker stopped both ranks after step $step, saved it, exit 143"
+
+# 6. A preemption whose save fails is a failure, not exit 143.
+rm -f "$tmp/term.jsonl"
+STRATA_FAULT=checkpoint_partial_write:rank=1 "$strata" run "$program" --strategy "$strategy" --nproc 2 \
+  --data synthetic --quiet --steps 1000000 --save "$tmp/ck_term_fail" --metrics "$tmp/term.jsonl" >/dev/null 2>"$tmp/err.txt" &
+pid=$!
+for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 143 ] || fail "a preemption whose save failed exited $rc"
+grep -q "^error: rank 1 failed (exit 86)" "$tmp/err.txt" || fail "failed preemption save: $(grep '^error' "$tmp/err.txt")"
+echo "ok: a preemption whose save fails exits $rc naming rank 1"
+
+# 7. --load DIR --save DIR starts afresh only when DIR holds nothing: with
+#    committed step folders but no latest it is an error, not step 0.
+ck="$tmp/ck_nolatest"
+"$strata" run "$program" --data synthetic --quiet --steps 4 --save "$ck" --save_every 2 --keep_checkpoints 0 >/dev/null 2>&1 ||
+  fail "no-latest: first run"
+rm "$ck/latest"
+"$strata" run "$program" --data synthetic --quiet --steps 6 --load "$ck" --save "$ck" >/dev/null 2>"$tmp/err.txt" &&
+  fail "a folder with committed steps but no latest restarted at step 0"
+grep -q "has committed step folders but no 'latest'; give one as --load $ck/step-" "$tmp/err.txt" ||
+  fail "no-latest: $(cat "$tmp/err.txt")"
+# A first start with nothing there yet begins at step 0.
+"$strata" run "$program" --data synthetic --steps 2 --load "$tmp/ck_fresh" --save "$tmp/ck_fresh" >/dev/null 2>"$tmp/err.txt" ||
+  fail "fresh start: $(cat "$tmp/err.txt")"
+grep -q "no checkpoint in $tmp/ck_fresh yet; starting at step 0" "$tmp/err.txt" || fail "fresh start: $(cat "$tmp/err.txt")"
+# Resuming an older step into the folder would save its latest step again: refused before training.
+printf 'step-4\n' > "$ck/latest"  # latest back (steps 2 and 4 are committed)
+"$strata" run "$program" --data synthetic --quiet --steps 4 --load "$ck/step-2" --save "$ck" >/dev/null 2>"$tmp/err.txt" &&
+  fail "a run due to re-save latest's step trained"
+grep -q "its latest checkpoint is step 4, which this run (from step 2) would save again" "$tmp/err.txt" ||
+  fail "re-save: $(cat "$tmp/err.txt")"
+echo "ok: no latest is an error, an empty folder starts afresh, re-saving latest's step is refused before training"
 echo "PASS"

@@ -27,11 +27,13 @@ echo "ok: 8 of 8 divergent runs name rank 1's loss: $line"
 grep '^note: then' "$tmp/nan.txt" | head -1
 
 # 2. A stalled rank ends the job within the heartbeat timeout, named.
+# Waits until a metrics file has N step lines: the ranks are connected and
+# heartbeating (a fixed sleep could stop a rank before it is).
+training() { for _ in $(seq 600); do [ "$(grep -c '"step"' "$1" 2>/dev/null)" -ge "$2" ] && return; sleep 0.1; done; fail "no training in $1"; }
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --heartbeat_timeout_s 3 --log_dir "$tmp/log" >/dev/null 2>"$tmp/stall.txt" &
+  --heartbeat_timeout_s 3 --log_dir "$tmp/log" --metrics "$tmp/stall.jsonl" >/dev/null 2>"$tmp/stall.txt" &
 launcher=$!
-for _ in $(seq 100); do [ "$(pgrep -P $launcher | wc -l)" -eq 2 ] && break; sleep 0.1; done
-sleep 2
+training "$tmp/stall.jsonl" 3
 victim=$(pgrep -P $launcher | sed -n 2p)
 grep -q "STRATA_RANK=1" <(tr '\0' '\n' < "/proc/$victim/environ") || victim=$(pgrep -P $launcher | sed -n 1p)
 start=$(date +%s.%N)
@@ -60,9 +62,9 @@ RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$strata" run "$prog
   --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 >/dev/null 2>"$tmp/r0.txt" &
 r0=$!
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$strata" run "$program" --strategy "$strategy" \
-  --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 >/dev/null 2>"$tmp/r1.txt" &
+  --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 --metrics "$tmp/r1.jsonl" >/dev/null 2>"$tmp/r1.txt" &
 r1=$!
-sleep 3
+training "$tmp/r1.jsonl" 3
 kill -STOP $r0
 start=$(date +%s.%N)
 wait $r1
@@ -78,9 +80,9 @@ echo "ok: rank 0 stalled; rank 1 ended after ${elapsed}s: $(grep '^error' "$tmp/
 #    and never a live job's.
 export TMPDIR="$tmp/tmpdir"; mkdir -p "$TMPDIR"
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --log_dir "$tmp/log5" >/dev/null 2>&1 &
+  --log_dir "$tmp/log5" --metrics "$tmp/m5.jsonl" >/dev/null 2>&1 &
 launcher=$!
-sleep 2
+training "$tmp/m5.jsonl" 1
 live=$(ls -d "$TMPDIR"/strata_store.* 2>/dev/null)
 [ -n "$live" ] || fail "no store folder under $TMPDIR"
 kill -KILL $launcher
@@ -88,9 +90,9 @@ wait $launcher 2>/dev/null
 sleep 0.5  # the workers die with their parent (PR_SET_PDEATHSIG)
 [ -d "$live" ] || fail "the store folder went with the SIGKILLed launcher; nothing to test"
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --log_dir "$tmp/log6" >/dev/null 2>&1 &
+  --log_dir "$tmp/log6" --metrics "$tmp/m6.jsonl" >/dev/null 2>&1 &
 second=$!
-sleep 2
+training "$tmp/m6.jsonl" 1
 [ -d "$live" ] && fail "the dead launcher's store folder $live is still there"
 [ "$(ls -d "$TMPDIR"/strata_store.* | wc -l)" -eq 1 ] || fail "the live job's folder was removed"
 kill -TERM $second

@@ -44,6 +44,17 @@ refused "different --steps" "$base --steps 5" "$base --steps 6" "rank 1 has --st
 refused "different --seed" "$base --steps 5 --seed 1" "$base --steps 5 --seed 2" "rank 1 has --seed 2 but rank 0 has --seed 1"
 refused "different --data" "$base --steps 5" "$program --data synthetic:size=4096 --steps 5" \
   "rank 1 has --data synthetic train 4096 samples"
+refused "--save on one rank only" "$base --steps 5 --save $tmp/ck_one" "$base --steps 5" \
+  "rank 1 has --save (none) but rank 0 has --save (a folder)"
+refused "different --eval_data" "$base --steps 5 --eval_data synthetic:test,size=64" "$base --steps 5" \
+  "rank 1 has --eval_data (none) but rank 0 has --eval_data synthetic test 64 samples"
+
+# The same data at different paths (as on two machines) is the same data.
+mkdir -p "$tmp/copy_a" "$tmp/copy_b"
+for f in /usr/share/datasets/fashion-mnist/t10k-*; do cp "$f" "$tmp/copy_a/"; cp "$f" "$tmp/copy_b/"; done
+two_ranks "$program --data fashion_mnist:test,path=$tmp/copy_a --steps 2" "$program --data fashion_mnist:test,path=$tmp/copy_b --steps 2"
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "the same data at two paths was refused: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
+echo "ok: the same data at two paths trains"
 
 # Only a comment apart: the same compiled plans, so the job runs.
 { echo "# a comment that moves every line down"; echo; cat "$program"; } > "$tmp/commented.pbtxt"

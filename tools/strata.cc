@@ -396,7 +396,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
   options.save_every = absl::GetFlag(FLAGS_save_every);
   options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
-  options.stop_requested = [] { return g_stop_signal != 0; };
+  options.stop_signal = [] { return static_cast<int>(g_stop_signal); };
   options.progress = !absl::GetFlag(FLAGS_quiet);
   options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
   options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
@@ -500,6 +500,7 @@ void OnStopSignal(int signo) { g_stop_signal = signo; }
 void InstallStopHandler() {
   struct sigaction action = {};
   action.sa_handler = OnStopSignal;
+  action.sa_flags = SA_RESTART;  // other threads' system calls must not fail with EINTR
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
 }
@@ -508,10 +509,12 @@ void InstallStopHandler() {
 // and 128 + the signal as the exit code, as a process killed by it would.
 int ReportStopped(const TrainReport& report) {
   const int64_t step = report.steps.empty() ? 0 : report.steps.back().step;
-  std::cerr << "stopped by SIG" << sigabbrev_np(g_stop_signal) << " after step " << step
+  const char* name = sigabbrev_np(report.stop_signal);
+  std::cerr << "stopped by " << (name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat("signal ", report.stop_signal))
+            << (g_stop_signal == 0 ? " (on another rank)" : "") << " after step " << step
             << (report.last_saved.empty() ? "; no --save, nothing saved" : absl::StrCat("; saved ", report.last_saved))
             << "\n";
-  return 128 + g_stop_signal;
+  return 128 + report.stop_signal;
 }
 
 // Outputs that cannot be written, and a --load the run cannot resume from,
@@ -558,11 +561,19 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
 
 // The job's id: --job_id, else what the launcher or torchrun set (their run
 // id), else Slurm's job; "default" for ranks started by hand without one.
+// A restarted job (torchrun's restarts, a requeued Slurm job) keeps its id
+// but counts its restarts: each attempt gets keys of its own.
 std::string JobId() {
   if (!absl::GetFlag(FLAGS_job_id).empty()) return absl::GetFlag(FLAGS_job_id);
-  for (const char* var : {"STRATA_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
+  const auto env = [](const char* var) -> std::string {
     const char* value = std::getenv(var);
-    if (value != nullptr && value[0] != '\0') return value;
+    return value != nullptr ? value : "";
+  };
+  if (!env("STRATA_JOB_ID").empty()) return env("STRATA_JOB_ID");
+  for (const auto& [id, restarts] : {std::pair<const char*, const char*>{"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"},
+                                    {"SLURM_JOB_ID", "SLURM_RESTART_COUNT"}}) {
+    if (env(id).empty()) continue;
+    return env(restarts).empty() ? env(id) : absl::StrCat(env(id), ".", env(restarts));
   }
   return "default";
 }
@@ -597,13 +608,17 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   }
   ropts.serve_store = absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0;
   std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+  std::string ifname_from = "--socket_ifname";
   for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    if (ifname.empty() && std::getenv(var) != nullptr) ifname = std::getenv(var);
+    if (ifname.empty() && std::getenv(var) != nullptr) {
+      ifname = std::getenv(var);
+      ifname_from = var;
+    }
   }
   auto listen = ChooseListenAddress(ropts.store_spec, ifname);
   if (!listen.ok()) {
     std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
-              << (ifname.empty() ? "" : absl::StrCat(" (--socket_ifname ", ifname, ")")) << ": "
+              << (ifname.empty() ? "" : absl::StrCat(" (", ifname_from, " ", ifname, ")")) << ": "
               << listen.status().message() << "\n";
     return kExitError;
   }
@@ -617,10 +632,14 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
     return kExitError;
   }
   std::unique_ptr<Store> health = (*store)->WithPrefix(HealthKeyPrefix(ropts.job_id));
+  // Exits at once: a heartbeat thread stuck on a stalled store must not hold
+  // the process (joining it could hang), and nothing else is left to do.
   auto fail = [&](const absl::Status& status) {
     const std::string message = absl::StrCat("rank ", env.rank, ": ", status.message());
     ReportFailure(*health, env.rank, message).IgnoreError();
-    std::cerr << "error: " << message << "\n";
+    std::cout.flush();
+    std::cerr << "error: " << message << std::endl;
+    _exit(kExitError);
     return kExitError;
   };
   auto comm = Rendezvous(ropts, **store);
@@ -656,29 +675,26 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // Every rank is done with the store: the job's keys go, so that the next
   // job with this id can meet in the same Redis server.
   if ((*comm)->Barrier()->Wait(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s))).ok() && env.rank == 0) {
-    (*store)->WithPrefix(absl::StrCat("strata/", ropts.job_id))->DeleteAll().IgnoreError();
+    (*store)->WithPrefix(JobKeyPrefix(ropts.job_id))->DeleteAll().IgnoreError();
   }
   PrintSummary(*report);
-  if (report->stopped) return ReportStopped(*report);
+  if (report->stop_signal != 0) return ReportStopped(*report);
   return 0;
 }
 
-// The job's first failure in time from its store, for the launcher; the
-// others follow on stderr as its consequences.
-bool FirstFailure(const std::string& spec, const std::string& job_id, int* rank, std::string* message) {
-  if (absl::StartsWith(spec, "tcp://")) return false;  // served by rank 0, gone with it
+// The errors the job's ranks recorded in its store, first in time first, for
+// the launcher; then the job's keys go.
+std::vector<std::pair<int, std::string>> RecordedFailures(const std::string& spec, const std::string& job_id) {
+  std::vector<std::pair<int, std::string>> records;
+  if (absl::StartsWith(spec, "tcp://")) return records;  // served by rank 0, gone with it
   auto store = OpenStore(spec, false, absl::Seconds(2));
-  if (!store.ok()) return false;
-  std::unique_ptr<Store> health = (*store)->WithPrefix(HealthKeyPrefix(job_id));
-  auto failures = ReadFailures(*health, absl::Milliseconds(200));
-  if (!failures.ok() || failures->empty()) return false;
-  for (size_t i = 1; i < failures->size(); ++i) {
-    std::cerr << "note: then rank " << (*failures)[i].rank << " failed: " << (*failures)[i].message << "\n";
+  if (!store.ok()) return records;
+  auto failures = ReadFailures(*(*store)->WithPrefix(HealthKeyPrefix(job_id)), absl::Milliseconds(200));
+  if (failures.ok()) {
+    for (const FailureReport& f : *failures) records.push_back({f.rank, f.message});
   }
-  *rank = failures->front().rank;
-  *message = failures->front().message;
-  (*store)->WithPrefix(absl::StrCat("strata/", job_id))->DeleteAll().IgnoreError();
-  return true;
+  (*store)->WithPrefix(JobKeyPrefix(job_id))->DeleteAll().IgnoreError();
+  return records;
 }
 
 int Run(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
@@ -695,8 +711,9 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
     std::cerr << "error: --comm_timeout_s must be > 0\n";
     return kExitUsage;
   }
-  if (!(absl::GetFlag(FLAGS_heartbeat_timeout_s) > 0) || absl::GetFlag(FLAGS_heartbeat_timeout_s) > 1e6) {
-    std::cerr << "error: --heartbeat_timeout_s must be in (0, 1e6]\n";
+  // Below a second a loaded machine's scheduling alone would look like a stall.
+  if (!(absl::GetFlag(FLAGS_heartbeat_timeout_s) >= 1) || absl::GetFlag(FLAGS_heartbeat_timeout_s) > 1e6) {
+    std::cerr << "error: --heartbeat_timeout_s must be in [1, 1e6]\n";
     return kExitUsage;
   }
   const std::string device = absl::GetFlag(FLAGS_device);
@@ -750,7 +767,7 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
         return kExitError;
       }
       PrintSummary(*report);
-      if (report->stopped) return ReportStopped(*report);
+      if (report->stop_signal != 0) return ReportStopped(*report);
       return absl::GetFlag(FLAGS_compare_single) ? CompareWithSingleDevice(path, result->batch_size, UserPath(absl::GetFlag(FLAGS_metrics))) : 0;
     }
     // The launcher: N workers of this same command.
@@ -778,13 +795,13 @@ int Run(const std::string& path, int argc, char** argv, const std::set<std::stri
                                                      static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())))
                                    : absl::GetFlag(FLAGS_job_id);
     launch.extra_env.push_back({"STRATA_JOB_ID", job_id});
-    launch.first_failure = [job_id](const std::string& spec, int* rank, std::string* message) {
-      return FirstFailure(spec, job_id, rank, message);
-    };
+    launch.recorded_failures = [job_id](const std::string& spec) { return RecordedFailures(spec, job_id); };
     std::cout.flush();
-    auto code = LaunchWorkers(launch);
+    LaunchReport launch_report;
+    auto code = LaunchWorkers(launch, &launch_report);
     if (!code.ok()) {
       std::cerr << "error: " << code.status().message() << "\n";
+      for (const std::string& then : launch_report.consequences) std::cerr << "note: then " << then << "\n";
       if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
       return kExitError;
     }

@@ -8,7 +8,7 @@
 
 namespace strata {
 
-std::string HealthKeyPrefix(const std::string& job_id) { return absl::StrCat("strata/", job_id, "/health"); }
+std::string HealthKeyPrefix(const std::string& job_id) { return absl::StrCat(JobKeyPrefix(job_id), "/health"); }
 
 absl::Status ReportFailure(Store& health_store, int rank, const std::string& message) {
   absl::StatusOr<int64_t> order = health_store.Add("failure/count", 1);

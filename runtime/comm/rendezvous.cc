@@ -189,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   const absl::Time deadline = absl::Now() + options.timeout;
   std::unique_ptr<Store> group_store = store.WithPrefix(
       options.job_id.empty() ? absl::StrCat("strata/", options.group)
-                             : absl::StrCat("strata/", options.job_id, "/", options.group));
+                             : absl::StrCat(JobKeyPrefix(options.job_id), "/", options.group));
 
   // Before publishing anything: peers then see a missing rank, not a stall.
   absl::Status resolvable = CheckResolvable(options.hostname);
@@ -201,7 +201,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   if (absl::IsFailedPrecondition(published)) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": cannot publish this rank's fingerprint (", published.message(),
-                     "); a store serves one rendezvous per group, use a fresh one"));
+                     "); an earlier job with ", options.job_id.empty() ? "no job id" : absl::StrCat("job id '", options.job_id, "'"),
+                     " left its keys in this store (a failed job's expire after a day): give this job another --job_id, or "
+                     "delete them (redis-cli --scan --pattern '",
+                     options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id), "/*' | xargs redis-cli del)"));
   }
   if (absl::IsDeadlineExceeded(published) || absl::IsUnavailable(published)) {
     return absl::DeadlineExceededError(absl::StrCat(where, ": cannot reach the store within ",

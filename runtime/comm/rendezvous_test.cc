@@ -175,7 +175,7 @@ TEST(RendezvousTest, StoreServesOneRendezvousPerGroup) {
   RunRanks(2, [&](int rank) { ASSERT_TRUE(Rendezvous(Options(rank, 2, spec)).ok()); });
   absl::StatusOr<std::unique_ptr<Communicator>> again = Rendezvous(Options(0, 2, spec));
   EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
-  EXPECT_THAT(std::string(again.status().message()), HasSubstr("use a fresh one"));
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("left its keys in this store"));
 }
 
 TEST(RendezvousTest, BadOptionsAreInvalidArgument) {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/file_store.h"
@@ -118,9 +119,24 @@ class ScopedFd {
   int fd_;
 };
 
+// A lock's holder is only ever inside a few reads and writes; one that keeps
+// it this long is stopped (SIGSTOP) or gone with a hung filesystem, and
+// waiting on it forever would hang every rank (and their heartbeats).
+constexpr absl::Duration kLockPatience = absl::Seconds(10);
+
 absl::Status LockExclusive(int fd, const std::string& path) {
-  while (flock(fd, LOCK_EX) != 0) {
-    if (errno != EINTR) return FileError("lock", path, errno);
+  const absl::Time deadline = absl::Now() + kLockPatience;
+  absl::Duration pause = absl::Microseconds(100);
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return FileError("lock", path, errno);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("store file ", path, " stayed locked for ",
+                                                      absl::FormatDuration(kLockPatience),
+                                                      " (its holder is stopped or hung)"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(10));
   }
   return absl::OkStatus();
 }
@@ -692,6 +708,8 @@ absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int 
 }
 
 }  // namespace
+
+std::string JobKeyPrefix(const std::string& job_id) { return absl::StrCat("strata/", job_id); }
 
 absl::Status StoreHostPort(const std::string& spec, std::string* host, int* port) {
   absl::string_view rest = spec;

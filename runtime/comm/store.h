@@ -112,6 +112,10 @@ class Store {
 // anything): InvalidArgument naming the spec if not.
 absl::Status CheckStoreSpec(const std::string& spec);
 
+// Where a job's keys live in a shared store: "strata/<job_id>" (a job's
+// rendezvous groups and health keys are below it).
+std::string JobKeyPrefix(const std::string& job_id);
+
 // The host and port of a tcp:// or redis:// spec; an empty host for the
 // one-machine kinds (file://, memory://).
 absl::Status StoreHostPort(const std::string& spec, std::string* host, int* port);
