@@ -38,8 +38,9 @@ HeartbeatMonitor::Options Monitor(const std::string& spec, int rank, std::atomic
   o.job_id = "hb";
   o.rank = rank;
   o.world_size = 2;
-  o.interval = absl::Milliseconds(50);
-  o.timeout = absl::Milliseconds(400);
+  // Generous against a loaded CI machine: a thread late by a second is no stall.
+  o.interval = absl::Milliseconds(100);
+  o.timeout = absl::Milliseconds(1500);
   o.on_unresponsive = [named](int r, const std::string&) { named->store(r); };
   return o;
 }
@@ -49,10 +50,10 @@ TEST(HeartbeatMonitorTest, NamesARankWhoseHeartbeatStops) {
   auto m0 = HeartbeatMonitor::Start(Monitor("memory://hb_stop", 0, &named0));
   auto m1 = HeartbeatMonitor::Start(Monitor("memory://hb_stop", 1, &named1));
   ASSERT_TRUE(m0.ok() && m1.ok());
-  absl::SleepFor(absl::Milliseconds(600));
+  absl::SleepFor(absl::Milliseconds(2000));
   EXPECT_EQ(named0.load(), -1) << "both ranks beat";
   m1->reset();  // rank 1 stalls: its heartbeat stops without saying it finished
-  for (int i = 0; i < 40 && named0.load() < 0; ++i) absl::SleepFor(absl::Milliseconds(50));
+  for (int i = 0; i < 100 && named0.load() < 0; ++i) absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(named0.load(), 1);
   auto failures = ReadFailures(*HealthStore("memory://hb_stop", "hb"), absl::Milliseconds(100));
   ASSERT_TRUE(failures.ok());
@@ -67,7 +68,7 @@ TEST(HeartbeatMonitorTest, ARankThatFinishedIsNotWatched) {
   auto m1 = HeartbeatMonitor::Start(Monitor("memory://hb_finish", 1, &named1));
   ASSERT_TRUE(m0.ok() && m1.ok());
   (*m1)->Finish();
-  absl::SleepFor(absl::Milliseconds(1000));
+  absl::SleepFor(absl::Milliseconds(2500));
   EXPECT_EQ(named0.load(), -1);
 }
 
