@@ -133,8 +133,9 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
                        "pipeline is"));
   }
   // Without a pipeline section a placed program runs all its stages on one device.
-  ctx.num_stages = pipelined ? program_stages : 1;
-  ctx.dp_degree = dp;
+  auto mesh = Mesh::Create({{"dp", dp}, {"pp", pipelined ? program_stages : 1}});
+  if (!mesh.ok()) return absl::InvalidArgumentError(absl::StrCat(strategy_file, ": ", mesh.status().message()));
+  ctx.mesh = *std::move(mesh);
   ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
   const int64_t micro_batch_size =
       pipelined ? strategy.pipeline().micro_batch_size()
@@ -165,14 +166,12 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
   }
   const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
-  const int world = ctx.num_stages * dp;
+  const int world = ctx.mesh.world_size();
   const std::string source_file = program.source_file();
   std::optional<Program> after_autodiff;  // what ranks before the last start from
   for (int rank = 0; rank < world; ++rank) {
     CompileContext rank_ctx = ctx;
     rank_ctx.rank = rank;
-    rank_ctx.stage = rank % ctx.num_stages;
-    rank_ctx.dp_rank = rank / ctx.num_stages;
     // The last rank takes the graph itself; earlier ones start from a copy
     // of the program after autodiff.
     std::unique_ptr<Graph> own;
@@ -196,19 +195,22 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       if (per_rank.dumped()) result.dumped = *per_rank.dumped();
     }
     if (rank_graph->num_ops() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage, " has no ops"));
+      return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage(), " has no ops"));
     }
     RankPlan plan;
     plan.set_rank(rank);
     Topology* topo = plan.mutable_topology();
     topo->set_world_size(world);
-    topo->set_num_stages(ctx.num_stages);
-    topo->set_dp_degree(dp);
+    topo->set_num_stages(ctx.num_stages());
+    topo->set_dp_degree(ctx.dp_degree());
     topo->set_rank(rank);
-    topo->set_stage(rank_ctx.stage);
-    topo->set_dp_rank(rank_ctx.dp_rank);
+    topo->set_stage(rank_ctx.stage());
+    topo->set_dp_rank(rank_ctx.dp_rank());
+    *topo->mutable_mesh() = ctx.mesh.ToProto();
+    for (int c : ctx.mesh.Coordinates(rank)) topo->add_coordinate(c);
+    for (CommGroup& g : ctx.mesh.GroupsOf(rank)) *topo->add_group() = std::move(g);
     *plan.mutable_strategy() = strategy;
-    *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages, rank_ctx.stage, ctx.micro_batches);
+    *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages(), rank_ctx.stage(), ctx.micro_batches);
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
     {
       ScopedPhase phase(&result.times, "to-program");

@@ -9,6 +9,7 @@
 #include "compiler/graph.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
+#include "proto/mesh.h"
 #include "proto/strategy.pb.h"
 
 namespace strata {
@@ -16,18 +17,21 @@ namespace strata {
 // What every pass may read: the strategy and the job's shape.
 struct CompileContext {
   Strategy strategy;
-  int num_stages = 1;
-  int dp_degree = 1;
+  // The layout (axes "dp", "pp"): every rank and stage number comes from it.
+  Mesh mesh;
   int64_t batch_size = 0;  // global mini-batch; 0 when not known
   int micro_batches = 1;   // per step, per data-parallel rank
   // The dtype the global gradient norm is summed in on every rank: the
   // trainable parameters' dtype, F64 when they mix. DT_INVALID: the pass
   // decides from the parameters it sees (a pass run on its own).
   DataType global_norm_dtype = DT_INVALID;
-  // The rank a per-rank pass is producing (rank = dp_rank * num_stages + stage).
+  // The rank a per-rank pass is producing.
   int rank = 0;
-  int stage = 0;
-  int dp_rank = 0;
+
+  int num_stages() const { return mesh.AxisSize("pp"); }
+  int dp_degree() const { return mesh.AxisSize("dp"); }
+  int stage() const { return mesh.Coordinate(rank, "pp"); }
+  int dp_rank() const { return mesh.Coordinate(rank, "dp"); }
 };
 
 // Seconds spent per phase of a compilation ("autodiff", "verify", ...),

@@ -95,13 +95,13 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
   const Program& fields = graph.program_fields();
   const Optimizer& opt = fields.optimizer();
   if (opt.kind_case() == Optimizer::KIND_NOT_SET) return false;
-  if (fields.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages <= 1)) return false;
+  if (fields.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages() <= 1)) return false;
   BlockBuilder b(&graph);
   if (fields.param_grad().empty()) {
     // A stage that trains nothing still joins the other stages' allreduce of
     // the global gradient norm, with zero; without it they would wait forever.
-    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage);
-    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage, OPTIMIZE,
+    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE,
             {{"group", StringAttr("pipeline")}});
     if (auto s = b.Finish(); !s.ok()) return s;
     return true;
@@ -209,7 +209,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     } else {
       b.AddOp("add_n", partials, {sumsq}, home_stage, OPTIMIZE);
     }
-    if (ctx.num_stages > 1) {
+    if (ctx.num_stages() > 1) {
       b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE,
               {{"group", StringAttr("pipeline")}});
       sumsq = "@grad_sumsq.all";

@@ -21,10 +21,10 @@ Op MakeTransferOp(const std::string& type, const Transfer& t, const CompileConte
                   const Var& var) {
   Op op;
   op.set_type(type);
-  const int base = ctx.dp_rank * ctx.num_stages;
+  // The ranks of those stages in this rank's pipeline.
   Channel* c = op.mutable_channel();
-  c->set_src_rank(base + t.src_stage);
-  c->set_dst_rank(base + t.dst_stage);
+  c->set_src_rank(ctx.mesh.WithCoordinate(ctx.rank, "pp", t.src_stage));
+  c->set_dst_rank(ctx.mesh.WithCoordinate(ctx.rank, "pp", t.dst_stage));
   c->set_var(t.var);
   c->set_id(t.id);
   if (type == "send") {
@@ -46,8 +46,8 @@ Op MakeTransferOp(const std::string& type, const Transfer& t, const CompileConte
 }  // namespace
 
 absl::StatusOr<bool> PipelineSplitPass::Run(Program& program, const CompileContext& ctx) {
-  if (ctx.num_stages <= 1) return false;
-  const int stage = ctx.stage;
+  if (ctx.num_stages() <= 1) return false;
+  const int stage = ctx.stage();
   GraphIndex index(program);
 
   // Tied weights: a parameter read on several stages lives on each of them.

@@ -5,7 +5,7 @@
 
 namespace strata {
 
-// Keeps the ops of ctx.stage (forward, backward and optimizer) and joins the
+// Keeps the ops of ctx.stage() (forward, backward and optimizer) and joins the
 // stages with explicit transfers: every var produced on one stage and read on
 // another gets a `send` right after its producer and a `recv` just before its
 // first reader on each reading stage, for activations going forward, their
@@ -17,7 +17,7 @@ class PipelineSplitPass : public ProgramPass {
  public:
   std::string name() const override { return "pipeline-split"; }
   absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override;
-  bool Applies(const CompileContext& ctx) const override { return ctx.num_stages > 1; }
+  bool Applies(const CompileContext& ctx) const override { return ctx.num_stages() > 1; }
 };
 
 }  // namespace strata

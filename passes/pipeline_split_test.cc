@@ -359,11 +359,8 @@ TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsAN
   for (int stage : {0, 1}) {
     Program split = backward;
     CompileContext ctx;
-    ctx.num_stages = 2;
-    ctx.dp_degree = 2;
-    ctx.dp_rank = 1;
-    ctx.stage = stage;
-    ctx.rank = 2 + stage;
+    ctx.mesh = *Mesh::Create({{"dp", 2}, {"pp", 2}});
+    ctx.rank = 2 + stage;  // data-parallel replica 1
     auto changed = PipelineSplitPass().Run(split, ctx);
     ASSERT_TRUE(changed.ok()) << changed.status();
     EXPECT_TRUE(*changed);
@@ -376,6 +373,34 @@ TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsAN
     ASSERT_EQ(g.size(), 1u);
     EXPECT_EQ(g[0]->channel().src_rank(), 3);
     EXPECT_EQ(g[0]->channel().dst_rank(), 2);
+  }
+}
+
+// Every plan records the mesh, the rank's coordinates and its groups; the
+// channels' ranks are the mesh's ranks of the stages.
+TEST(PipelineSplitTest, PlansRecordTheMeshAndTheirGroups) {
+  std::vector<RankPlan> plans = CompilePipeline(TwoStagesProgram(), 2);
+  ASSERT_EQ(plans.size(), 2u);
+  for (const RankPlan& plan : plans) {
+    const Topology& t = plan.topology();
+    ASSERT_EQ(t.mesh().axis_size(), 2);
+    EXPECT_EQ(t.mesh().axis(0).name(), "dp");
+    EXPECT_EQ(t.mesh().axis(0).size(), 1);
+    EXPECT_EQ(t.mesh().axis(1).name(), "pp");
+    EXPECT_EQ(t.mesh().axis(1).size(), 2);
+    ASSERT_EQ(t.coordinate_size(), 2);
+    EXPECT_EQ(t.coordinate(0), 0);
+    EXPECT_EQ(t.coordinate(1), plan.rank());
+    EXPECT_EQ(t.stage(), plan.rank());
+    // The world, and the pipeline along "pp" (dp has size 1: no group).
+    ASSERT_EQ(t.group_size(), 2);
+    EXPECT_EQ(t.group(0).id(), 0);
+    EXPECT_EQ(t.group(1).axis(0), "pp");
+    EXPECT_EQ(t.group(1).rank_size(), 2);
+    for (const Op& op : plan.program().op()) {
+      if (!op.has_channel()) continue;
+      EXPECT_EQ(op.type() == "send" ? op.channel().src_rank() : op.channel().dst_rank(), plan.rank()) << op.name();
+    }
   }
 }
 
