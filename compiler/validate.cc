@@ -224,7 +224,7 @@ absl::Status ValidateAndInferProgram(Program* program) {
     if (!declared.emplace(v.name(), i).second) {
       return Err(where, absl::StrCat("declared twice (first at line ", program->var(declared[v.name()]).line(), ")"));
     }
-    if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32 or BOOL)");
+    if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32, BOOL, BF16 or F16)");
     // proto3 enums are open: the text parser accepts `kind: 7`.
     if (!VarKind_IsValid(v.kind())) return Err(where, absl::StrCat("has unknown kind ", static_cast<int>(v.kind()), " (FEED, PARAM or ACTIVATION)"));
     std::vector<int64_t> shape(v.shape().begin(), v.shape().end());

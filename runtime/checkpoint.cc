@@ -46,12 +46,14 @@ const char* SafetensorsDtype(DataType dtype) {
     case I64: return "I64";
     case I32: return "I32";
     case BOOL: return "BOOL";
+    case BF16: return "BF16";
+    case F16: return "F16";
     default: return nullptr;
   }
 }
 
 bool ParseSafetensorsDtype(absl::string_view name, DataType* dtype) {
-  for (DataType d : {F32, F64, I64, I32, BOOL}) {
+  for (DataType d : {F32, F64, I64, I32, BOOL, BF16, F16}) {
     if (name == SafetensorsDtype(d)) {
       *dtype = d;
       return true;
@@ -430,7 +432,7 @@ absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_b
     if (!tensor.defined() || dtype == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor \"", name, "\" is ",
                                                      tensor.defined() ? DataTypeName(tensor.dtype()) : "undefined",
-                                                     ", expected a defined F32, F64, I64, I32 or BOOL tensor"));
+                                                     ", expected a defined F32, F64, I64, I32, BOOL, BF16 or F16 tensor"));
     }
     if (!first) header += ",";
     first = false;
@@ -489,7 +491,7 @@ absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std:
       if (field.kind != JsonValue::kString) return error("\"dtype\" must be a string");
       if (!ParseSafetensorsDtype(field.text, &entry.dtype)) {
         return error(absl::StrCat("unsupported dtype \"", absl::CHexEscape(field.text),
-                                  "\" (expected F32, F64, I64, I32 or BOOL)"));
+                                  "\" (expected F32, F64, I64, I32, BOOL, BF16 or F16)"));
       }
     } else if (key == "shape") {
       has_shape = true;

@@ -95,7 +95,7 @@ absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, Checkpoin
 
 // The safetensors format (readable by Python's `safetensors`): an 8-byte
 // little-endian header length, a JSON header
-//   {"__metadata__": {str: str}, NAME: {"dtype": "F32"|"F64"|"I64"|"I32"|"BOOL",
+//   {"__metadata__": {str: str}, NAME: {"dtype": "F32"|"F64"|"I64"|"I32"|"BOOL"|"BF16"|"F16",
 //    "shape": [...], "data_offsets": [begin, end]}, ...}
 // padded with spaces to a multiple of 8 bytes, then the little-endian data, the
 // tensors back to back in name order. The reader is strict: truncation, bad

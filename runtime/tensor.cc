@@ -14,6 +14,8 @@ size_t DataTypeSize(DataType dtype) {
     case I64: return 8;
     case I32: return 4;
     case BOOL: return 1;
+    case BF16: return 2;
+    case F16: return 2;
     default: return 0;
   }
 }
@@ -24,6 +26,7 @@ std::string DataTypeName(DataType dtype) {
 }
 
 bool IsFloating(DataType dtype) { return dtype == F32 || dtype == F64; }
+bool IsHalfFloating(DataType dtype) { return dtype == BF16 || dtype == F16; }
 
 int64_t NumElements(absl::Span<const int64_t> shape) {
   int64_t n = 1;
@@ -77,6 +80,8 @@ void Tensor::Fill(double value) {
     case I64: { int64_t* p = data<int64_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value); break; }
     case I32: { int32_t* p = data<int32_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value); break; }
     case BOOL: { bool* p = data<bool>(); for (int64_t i = 0; i < n; ++i) p[i] = value != 0; break; }
+    case BF16: { bfloat16* p = data<bfloat16>(); for (int64_t i = 0; i < n; ++i) p[i] = ToBfloat16(static_cast<float>(value)); break; }
+    case F16: { float16* p = data<float16>(); for (int64_t i = 0; i < n; ++i) p[i] = ToFloat16(static_cast<float>(value)); break; }
     default: break;
   }
 }
@@ -89,6 +94,8 @@ double Tensor::ValueAt(int64_t i) const {
     case I64: return static_cast<double>(data<int64_t>()[i]);
     case I32: return data<int32_t>()[i];
     case BOOL: return data<bool>()[i] ? 1 : 0;
+    case BF16: return ToFloat(data<bfloat16>()[i]);
+    case F16: return ToFloat(data<float16>()[i]);
     default: return 0;
   }
 }
@@ -104,6 +111,8 @@ std::string Tensor::DebugString(int max_elements) const {
       case I64: absl::StrAppend(&s, data<int64_t>()[i]); break;
       case I32: absl::StrAppend(&s, data<int32_t>()[i]); break;
       case BOOL: absl::StrAppend(&s, data<bool>()[i] ? "true" : "false"); break;
+      case BF16: absl::StrAppend(&s, ToFloat(data<bfloat16>()[i])); break;
+      case F16: absl::StrAppend(&s, ToFloat(data<float16>()[i])); break;
       default: break;
     }
   }

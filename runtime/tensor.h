@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "proto/program.pb.h"
+#include "runtime/float16.h"
 #include "runtime/allocator.h"
 
 namespace strata {
@@ -18,7 +19,10 @@ using Shape = absl::InlinedVector<int64_t, 6>;
 // Bytes per element; 0 for DT_INVALID.
 size_t DataTypeSize(DataType dtype);
 std::string DataTypeName(DataType dtype);
+// F32 or F64: the dtypes kernels compute in.
 bool IsFloating(DataType dtype);
+// BF16 or F16: stored in 16 bits, computed in float32.
+bool IsHalfFloating(DataType dtype);
 int64_t NumElements(absl::Span<const int64_t> shape);
 std::string ShapeString(absl::Span<const int64_t> shape);
 
@@ -34,6 +38,10 @@ template <>
 struct DataTypeOf<int32_t> { static constexpr DataType value = I32; };
 template <>
 struct DataTypeOf<bool> { static constexpr DataType value = BOOL; };
+template <>
+struct DataTypeOf<bfloat16> { static constexpr DataType value = BF16; };
+template <>
+struct DataTypeOf<float16> { static constexpr DataType value = F16; };
 
 // A dense, row-major tensor. Copies share the buffer (like a shared_ptr);
 // the buffer returns its bytes to its allocator when the last copy goes.

@@ -209,12 +209,12 @@ absl::Status SumToLikeShape(ShapeContext& ctx) {
 }
 
 absl::Status CastShape(ShapeContext& ctx) {
-  if (auto s = ExpectValidDtype(ctx, 0, "x"); !s.ok()) return s;
+  if (auto s = ExpectDtype(ctx, 0, "x", {F32, F64, I64, I32, BOOL, BF16, F16}); !s.ok()) return s;
   std::string name = ctx.attr_string("dtype");
   DataType dtype = DT_INVALID;
   if (!DataType_Parse(name, &dtype) || dtype == DT_INVALID) {
     return absl::InvalidArgumentError(
-        absl::StrCat("attr 'dtype' must be one of F32, F64, I64, I32, BOOL, got '", name, "'"));
+        absl::StrCat("attr 'dtype' must be one of F32, F64, I64, I32, BOOL, BF16, F16, got '", name, "'"));
   }
   ctx.set_output(0, TensorType{dtype, ctx.input(0).shape});
   return absl::OkStatus();
@@ -368,12 +368,14 @@ GradFn ReduceGrad(bool mean) {
   };
 }
 
-// cast: dx = cast(dy) back to x's dtype; casting from or to an integer
-// type stops the gradient.
+// cast: dx = cast(dy) back to x's dtype (F32 -> BF16 -> F32 included, as
+// mixed precision needs); casting from or to an integer type stops the
+// gradient.
 absl::Status CastGrad(GradBuilder& g) {
   std::string dy = g.output_grad(0);
   if (dy.empty() || !g.needs_input_grad(0)) return absl::OkStatus();
-  if (!IsFloating(g.input_type(0).dtype) || !IsFloating(g.output_type(0).dtype)) return absl::OkStatus();
+  const auto floating = [](DataType d) { return IsFloating(d) || IsHalfFloating(d); };
+  if (!floating(g.input_type(0).dtype) || !floating(g.output_type(0).dtype)) return absl::OkStatus();
   g.Emit("cast", {dy}, {g.input_grad(0)}, {{"dtype", StringAttr(DataTypeName(g.input_type(0).dtype))}});
   return absl::OkStatus();
 }
@@ -520,7 +522,8 @@ STRATA_REGISTER_OP(OpDef("cast").Input("x").Output("y")
                        .Attr("dtype", AttrType::kString)
                        .Shape(CastShape)
                        .Grad(CastGrad)
-                       .Doc("Converts x to `dtype` (F32, F64, I64, I32, BOOL). Floating to integer "
+                       .Doc("Converts x to `dtype` (F32, F64, I64, I32, BOOL, BF16, F16). To BF16/F16 rounds to "
+                            "nearest even (through float32); floating to integer "
                             "truncates toward zero (nan gives 0, saturating); nonzero is true."));
 STRATA_REGISTER_OP(OpDef("add_n").VariadicInput("xs").Output("y")
                        .Shape(AddNShape)

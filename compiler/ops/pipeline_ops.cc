@@ -17,7 +17,7 @@ namespace {
 absl::StatusOr<DataType> ParseDtypeAttr(const std::string& s) {
   DataType dtype;
   if (!DataType_Parse(s, &dtype) || dtype == DT_INVALID) {
-    return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be F32, F64, I64, I32 or BOOL, got '", s, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be F32, F64, I64, I32, BOOL, BF16 or F16, got '", s, "'"));
   }
   return dtype;
 }

@@ -11,11 +11,21 @@
 namespace strata {
 namespace {
 
+template <typename T>
+constexpr bool kIsHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
 // Floating to integer truncates toward zero, saturates, and maps nan to 0:
-// a plain static_cast would be undefined behaviour out of range.
+// a plain static_cast would be undefined behaviour out of range. 16-bit
+// floats go through float32 (runtime/float16.h rounds to nearest even).
 template <typename D, typename S>
 D Convert(S v) {
-  if constexpr (std::is_same_v<D, bool>) {
+  if constexpr (kIsHalf<S>) {
+    return Convert<D>(ToFloat(v));
+  } else if constexpr (std::is_same_v<D, bfloat16>) {
+    return ToBfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, float16>) {
+    return ToFloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, bool>) {
     return v != S(0);
   } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
     if (std::isnan(v)) return D(0);
@@ -55,6 +65,8 @@ absl::StatusOr<std::unique_ptr<OpKernel>> CreateCast(const KernelDef& def) {
     case I64: return std::unique_ptr<OpKernel>(new CastKernel<S, int64_t>());
     case I32: return std::unique_ptr<OpKernel>(new CastKernel<S, int32_t>());
     case BOOL: return std::unique_ptr<OpKernel>(new CastKernel<S, bool>());
+    case BF16: return std::unique_ptr<OpKernel>(new CastKernel<S, bfloat16>());
+    case F16: return std::unique_ptr<OpKernel>(new CastKernel<S, float16>());
     default: break;
   }
   return absl::InvalidArgumentError(absl::StrCat("cast: unknown dtype '", *name, "'"));
@@ -65,6 +77,8 @@ STRATA_REGISTER_KERNEL("cast", "cpu", F64, CreateCast<double>);
 STRATA_REGISTER_KERNEL("cast", "cpu", I64, CreateCast<int64_t>);
 STRATA_REGISTER_KERNEL("cast", "cpu", I32, CreateCast<int32_t>);
 STRATA_REGISTER_KERNEL("cast", "cpu", BOOL, CreateCast<bool>);
+STRATA_REGISTER_KERNEL("cast", "cpu", BF16, CreateCast<bfloat16>);
+STRATA_REGISTER_KERNEL("cast", "cpu", F16, CreateCast<float16>);
 
 }  // namespace
 }  // namespace strata

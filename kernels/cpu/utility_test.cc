@@ -58,6 +58,29 @@ TEST(CastTest, OtherConversions) {
   EXPECT_EQ(Cast(x, "F32").raw_data(), x.raw_data());
 }
 
+TEST(CastTest, SixteenBitFloatsRoundToNearestEven) {
+  // torch.tensor([0.1, 1 + 2**-8, 1 + 3 * 2**-8, 70000.0, -3.0]).to(torch.bfloat16).view(torch.int16)
+  //   -> [0x3dcd, 0x3f80, 0x3f82, 0x4789, 0xc040]
+  Tensor x = MakeTensor(F32, {5}, {0.1, 1 + std::ldexp(1.0, -8), 1 + 3 * std::ldexp(1.0, -8), 70000.0, -3.0});
+  Tensor b = Cast(x, "BF16");
+  ASSERT_EQ(b.dtype(), BF16);
+  const std::vector<uint16_t> want_b = {0x3dcd, 0x3f80, 0x3f82, 0x4789, 0xc040};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(b.data<bfloat16>()[i].bits, want_b[i]) << i;
+  // torch.tensor([0.1, 1 + 2**-11, 1 + 3 * 2**-11, 70000.0, -3.0]).to(torch.float16).view(torch.int16)
+  //   -> [0x2e66, 0x3c00, 0x3c02, 0x7c00 (inf), 0xc200]
+  Tensor y = MakeTensor(F64, {5}, {0.1, 1 + std::ldexp(1.0, -11), 1 + 3 * std::ldexp(1.0, -11), 70000.0, -3.0});
+  Tensor h = Cast(y, "F16");
+  ASSERT_EQ(h.dtype(), F16);
+  const std::vector<uint16_t> want_h = {0x2e66, 0x3c00, 0x3c02, 0x7c00, 0xc200};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(h.data<float16>()[i].bits, want_h[i]) << i;
+  // And back: exact, since every 16-bit value is a float.
+  Tensor back = Cast(b, "F32");
+  ASSERT_EQ(back.dtype(), F32);
+  EXPECT_EQ(back.data<float>()[0], ToFloat(bfloat16{0x3dcd}));
+  EXPECT_EQ(Cast(h, "F64").data<double>()[4], -3.0);
+  EXPECT_EQ(Cast(h, "I32").data<int32_t>()[4], -3);
+}
+
 TEST(AddNTest, SumsInputs) {
   Tensor a = MakeTensor(F32, {2, 2}, {1, 2, 3, 4});
   Tensor b = MakeTensor(F32, {2, 2}, {10, 20, 30, 40});
@@ -134,7 +157,7 @@ TEST(UtilityShapeTest, CastNeedsAKnownDtype) {
   auto bad = Infer(R"pb(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: "float" } })pb",
                    {{F32, {3}}});
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("attr 'dtype' must be one of F32, F64, I64, I32, BOOL, got 'float'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("attr 'dtype' must be one of F32, F64, I64, I32, BOOL, BF16, F16, got 'float'"));
 
   bad = Infer(R"pb(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: "DT_INVALID" } })pb",
               {{F32, {3}}});
