@@ -137,6 +137,7 @@ absl::Status Graph::AddOp(const Op& op) {
     r.channel = static_cast<int32_t>(channels_.size());
     channels_.push_back(op.channel());
   }
+  r.group = op.has_group() ? op.group() : -1;
   r.stage = op.stage();
   r.line = op.line();
   r.uid = op.uid();
@@ -172,6 +173,11 @@ const Op& Graph::AsOp(int op) const {
     *scratch.mutable_channel() = channels_[r.channel];
   } else {
     scratch.clear_channel();
+  }
+  if (r.group >= 0) {
+    scratch.set_group(r.group);
+  } else {
+    scratch.clear_group();
   }
   return scratch;
 }

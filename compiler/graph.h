@@ -113,6 +113,7 @@ class Graph {
     int32_t device = 0;    // index into strings_
     int32_t name = 0;      // index into strings_ ("" when unnamed)
     int32_t channel = -1;  // index into channels_
+    int32_t group = -1;    // a collective's communication group; -1: none
     int32_t stage = 0;
     int32_t line = 0;
     int64_t uid = 0;

@@ -276,6 +276,7 @@ absl::Status ValidateAndInferProgram(Program* program) {
     }
     if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
     if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
+    if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
     if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return Err(where, std::string(s.message()));
 
     std::vector<TensorType> input_types;

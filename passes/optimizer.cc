@@ -12,6 +12,15 @@
 namespace strata {
 namespace {
 
+// The id of this rank's pipeline group (its stages): the global gradient
+// norm is summed over it.
+int PipelineGroup(const CompileContext& ctx) {
+  for (const CommGroup& g : ctx.mesh.GroupsOf(ctx.rank)) {
+    if (g.axis_size() == 1 && g.axis(0) == "pp") return g.id();
+  }
+  return 0;  // one stage: the world (of this one rank)
+}
+
 // Collects the optimizer's vars and ops and appends them to the graph; each
 // op's output vars are typed by its shape function as it is appended.
 class BlockBuilder {
@@ -25,8 +34,9 @@ class BlockBuilder {
   }
 
   void AddOp(const std::string& type, std::vector<std::string> inputs, std::vector<std::string> outputs, int stage,
-             OpRole role, std::map<std::string, AttrValue> attrs = {}) {
+             OpRole role, std::map<std::string, AttrValue> attrs = {}, int group = -1) {
     Op& op = ops_.emplace_back();
+    if (group >= 0) op.set_group(group);
     op.set_type(type);
     for (auto& in : inputs) op.add_input(std::move(in));
     for (auto& out : outputs) op.add_output(std::move(out));
@@ -101,8 +111,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     // A stage that trains nothing still joins the other stages' allreduce of
     // the global gradient norm, with zero; without it they would wait forever.
     AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
-    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE,
-            {{"group", StringAttr("pipeline")}});
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, PipelineGroup(ctx));
     if (auto s = b.Finish(); !s.ok()) return s;
     return true;
   }
@@ -210,8 +219,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
       b.AddOp("add_n", partials, {sumsq}, home_stage, OPTIMIZE);
     }
     if (ctx.num_stages() > 1) {
-      b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE,
-              {{"group", StringAttr("pipeline")}});
+      b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, PipelineGroup(ctx));
       sumsq = "@grad_sumsq.all";
     }
     const std::string coef = "@clip_coef";

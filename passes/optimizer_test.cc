@@ -266,7 +266,16 @@ TEST(OptimizerPassTest, PipelineStagesAllreduceTheirPartialSumsOfSquares) {
     EXPECT_THAT(sumsq[0]->input(), ::testing::UnorderedElementsAreArray(own_grads[r]));
     EXPECT_THAT(allreduce[0]->input(), ElementsAre("@grad_sumsq"));
     EXPECT_THAT(allreduce[0]->output(), ElementsAre("@grad_sumsq.all"));
-    EXPECT_EQ(Attr(*allreduce[0], "group").s(), "pipeline");
+    // Over the rank's pipeline group, by its id in the plan's groups.
+    ASSERT_TRUE(allreduce[0]->has_group());
+    bool found = false;
+    for (const CommGroup& g : plans[r].topology().group()) {
+      if (g.id() != allreduce[0]->group()) continue;
+      found = true;
+      EXPECT_THAT(g.axis(), ElementsAre("pp"));
+      EXPECT_THAT(g.rank(), ElementsAre(0, 1));
+    }
+    EXPECT_TRUE(found) << "group " << allreduce[0]->group();
     EXPECT_EQ(Attr(*allreduce[0], "op").s(), "sum");
     EXPECT_EQ(allreduce[0]->role(), OPTIMIZE);
     EXPECT_THAT(coef[0]->input(), ElementsAre("@grad_sumsq.all"));

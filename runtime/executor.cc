@@ -250,6 +250,7 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   run.micro_batches = micro_batches;
   run.micro_batch_size = micro_batch_size;
   run.comm = options_.comm;
+  run.groups = &plan_.topology().group();
   run.pending_sends = &pending_sends_;
   run.comm_timeout_s = options_.comm_timeout_s;
   return run;

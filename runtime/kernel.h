@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "runtime/tensor.h"
 
@@ -41,7 +42,9 @@ struct RunContext {
   int micro_batch = 0;
   int micro_batches = 1;
   int64_t micro_batch_size = 0;  // samples in this micro-batch: the size of -1 dims
-  Communicator* comm = nullptr;
+  Communicator* comm = nullptr;  // the world's
+  // The plan's communication groups (Topology.group): collectives find theirs by id.
+  const google::protobuf::RepeatedPtrField<CommGroup>* groups = nullptr;
   std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // the executor waits for them where the memory plan says
   double comm_timeout_s = 300;
 };

@@ -57,11 +57,8 @@ STRATA_REGISTER_OP(OpDef("recv").Output("y")
     .Doc("Receives the channel's var from its source rank; -1 in shape is the micro-batch size."));
 
 STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
-    .Attr("group", "pipeline").Attr("op", "sum")
+    .Attr("op", "sum")
     .Shape([](ShapeContext& ctx) -> absl::Status {
-      if (ctx.attr_string("group") != "pipeline") {
-        return absl::InvalidArgumentError(absl::StrCat("attr 'group' must be \"pipeline\", got '", ctx.attr_string("group"), "'"));
-      }
       if (ctx.attr_string("op") != "sum") {
         return absl::InvalidArgumentError(absl::StrCat("attr 'op' must be \"sum\", got '", ctx.attr_string("op"), "'"));
       }
@@ -71,7 +68,8 @@ STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
       ctx.set_output(0, ctx.input(0));
       return absl::OkStatus();
     })
-    .Doc("Sums x over the ranks of a group (the stages of this pipeline)."));
+    .Doc("Sums x over the ranks of the op's communication group (Op.group, an id of the plan's "
+         "Topology.group; none: the world)."));
 
 STRATA_REGISTER_OP(OpDef("accumulate").Input("acc").Input("x").Output("acc").Stateful()
     .Shape(AccumulateShape)
