@@ -81,9 +81,73 @@ std::vector<Event> Events(const RankPlan& plan) {
   return events;
 }
 
+// A collective a rank enters: what, on what, in which action.
+struct Collective {
+  std::string what;    // "allreduce F64[]"
+  std::string action;  // "OPT"
+};
+
+// Every group's members must enter the same collectives of that group in the
+// same order, or one waits forever in a collective another never joins (or
+// joins with another tensor).
+absl::Status VerifyCollectives(const std::vector<RankPlan>& plans) {
+  std::map<int, const CommGroup*> groups;                         // id -> the group, as rank 0 of it records it
+  std::map<int, std::map<int, std::vector<Collective>>> entered;  // group -> rank -> in order
+  for (const RankPlan& plan : plans) {
+    for (const CommGroup& g : plan.topology().group()) groups.emplace(g.id(), &g);
+    const Program& p = plan.program();
+    std::vector<int> collectives;
+    for (int i = 0; i < p.op_size(); ++i) {
+      if (p.op(i).has_group()) collectives.push_back(i);
+    }
+    if (collectives.empty()) continue;
+    absl::flat_hash_map<absl::string_view, const Var*> vars;
+    for (const Var& v : p.var()) vars.emplace(v.name(), &v);
+    for (const Action& a : plan.schedule().action()) {
+      for (int i : collectives) {
+        const Op& op = p.op(i);
+        if (!ActionRuns(a.kind(), op.role())) continue;
+        const Var* v = op.input_size() > 0 && vars.count(op.input(0)) ? vars.at(op.input(0)) : nullptr;
+        entered[op.group()][plan.rank()].push_back(
+            {absl::StrCat(op.type(), " ", v != nullptr ? TypeOf(*v).ToString() : "?"), ActionName(a)});
+      }
+    }
+  }
+  auto sequence = [](const std::vector<Collective>& s) {
+    if (s.empty()) return std::string("none");
+    std::vector<std::string> items;
+    for (const Collective& c : s) items.push_back(absl::StrCat(c.what, " (", c.action, ")"));
+    return absl::StrJoin(items, ", ");
+  };
+  for (const auto& [id, by_rank] : entered) {
+    auto g = groups.find(id);
+    if (g == groups.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", by_rank.begin()->first,
+                                                     " enters a collective of group ", id, ", which no plan has"));
+    }
+    const CommGroup& group = *g->second;
+    const std::vector<Collective> none;
+    const int first = group.rank(0);
+    const std::vector<Collective>& reference = by_rank.count(first) ? by_rank.at(first) : none;
+    for (int r : group.rank()) {
+      const std::vector<Collective>& mine = by_rank.count(r) ? by_rank.at(r) : none;
+      bool same = mine.size() == reference.size();
+      for (size_t k = 0; same && k < mine.size(); ++k) same = mine[k].what == reference[k].what;
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "schedule would hang: the ranks of group ", id, " (", absl::StrJoin(group.axis(), ","), ": ranks ",
+            absl::StrJoin(group.rank(), ", "), ") enter different collectives: rank ", first, ": ",
+            sequence(reference), "; rank ", r, ": ", sequence(mine)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
+  if (absl::Status s = VerifyCollectives(plans); !s.ok()) return s;
   const int n = static_cast<int>(plans.size());
   std::vector<std::vector<Event>> events(n);
   for (int r = 0; r < n; ++r) events[r] = Events(plans[r]);

@@ -227,5 +227,25 @@ TEST(VerifyScheduleTest, CompiledPlansWaitForEverySend) {
   }
 }
 
+// The ranks of a group must enter its collectives in the same order: a rank
+// that skips the pipeline's clip-norm allreduce (or reduces another tensor)
+// is a compile error showing both sequences.
+TEST(VerifyScheduleTest, RanksOfAGroupEnterTheSameCollectives) {
+  std::vector<RankPlan> plans =
+      CompilePipeline(TwoStagesProgram(R"pb(optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1 })pb"), 2);
+  ASSERT_EQ(plans.size(), 2u);
+  ASSERT_TRUE(VerifySchedules(plans).ok());
+
+  std::vector<RankPlan> skipping = plans;
+  Program* p = skipping[1].mutable_program();
+  for (int i = 0; i < p->op_size(); ++i) {
+    if (p->op(i).type() == "allreduce") p->mutable_op(i)->clear_group();
+  }
+  absl::Status s = VerifySchedules(skipping);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("enter different collectives"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0: allreduce F64[] (OPT); rank 1: none"));
+}
+
 }  // namespace
 }  // namespace strata
