@@ -369,6 +369,20 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// The *.safetensors files of `dir` (one per rank that wrote a shard), as
+// paths sorted by name; `ec` says why the folder could not be read.
+std::vector<std::string> SafetensorsFiles(const std::string& dir, std::error_code* ec) {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, *ec)) {
+    std::error_code ignored;
+    if (entry.is_regular_file(ignored) && absl::EndsWith(entry.path().filename().string(), ".safetensors")) {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 // Makes the entries of `dir` (a rename, a new file) durable.
 absl::Status FsyncDir(const std::string& dir) {
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
@@ -684,20 +698,14 @@ absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
-  // Every *.safetensors file of the folder: one per rank that wrote a shard.
-  std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && absl::EndsWith(name, ".safetensors")) files.push_back(entry.path().string());
-  }
+  const std::vector<std::string> files = SafetensorsFiles(dir, &ec);
   if (ec) {
     // Only a folder that is not there is "not found"; an unreadable one is an error.
     const std::string why = absl::StrCat(dir, ": cannot read checkpoint folder: ", ec.message());
     return ec == std::errc::no_such_file_or_directory ? absl::NotFoundError(why) : absl::FailedPreconditionError(why);
   }
   if (files.empty()) return absl::DataLossError(absl::StrCat(dir, ": no *.safetensors checkpoint files"));
-  std::sort(files.begin(), files.end());
   Checkpoint merged;
   for (const auto& file : files) {
     auto shard = ReadSafetensorsFile(file);
@@ -750,6 +758,13 @@ bool IsRegularFile(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// "a/./b/" and "a/b" are one folder.
+std::filesystem::path NormalFolder(const std::string& p) {
+  std::string n = std::filesystem::path(p).lexically_normal().string();
+  while (n.size() > 1 && n.back() == '/') n.pop_back();
+  return std::filesystem::path(n);
 }
 
 // The step folders of `dir` by step.
@@ -893,17 +908,6 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// "a/./b/" and "a/b" are one folder.
-std::filesystem::path NormalFolder(const std::string& p) {
-  std::string n = std::filesystem::path(p).lexically_normal().string();
-  while (n.size() > 1 && n.back() == '/') n.pop_back();
-  return std::filesystem::path(n);
-}
-
-}  // namespace
-
 absl::StatusOr<int64_t> LatestStep(const std::string& dir) {
   absl::StatusOr<std::string> latest = ReadLatest(dir);
   if (!latest.ok()) return latest.status();
@@ -915,9 +919,8 @@ bool SameFolder(const std::string& a, const std::string& b) {
 }
 
 bool LoadsFromSaveFolder(const std::string& load, const std::string& save) {
-  const auto normal = NormalFolder;
   if (load.empty() || save.empty()) return false;
-  const std::filesystem::path l = normal(load), s = normal(save);
+  const std::filesystem::path l = NormalFolder(load), s = NormalFolder(save);
   return l == s || (StepOfFolderName(l.filename().string()) >= 0 && l.parent_path() == s);
 }
 
@@ -933,22 +936,20 @@ absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
     return CheckpointSource{folder, absl::StrCat(folder, " (latest)")};
   }
   std::error_code ec;
-  bool has_files = false;
-  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
-    has_files |= entry.is_regular_file(ec) && absl::EndsWith(entry.path().filename().string(), ".safetensors");
-  }
+  const bool has_files = !SafetensorsFiles(path, &ec).empty();
   if (ec) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read checkpoint folder: ", ec.message()));
   if (has_files) return CheckpointSource{path, path};
   // NotFound only when nothing was ever completed here (a restarted job may
   // then start afresh); committed step folders without `latest` are a
   // damaged checkpoint, not an empty one.
-  for (const auto& [step, folder] : StepFolders(path)) {
+  const std::map<int64_t, std::string> step_folders = StepFolders(path);
+  for (const auto& [step, folder] : step_folders) {
     if (IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
       return absl::DataLossError(absl::StrCat(path, ": has committed step folders but no 'latest'; give one as --load ",
                                               folder));
     }
   }
-  if (!StepFolders(path).empty()) {
+  if (!step_folders.empty()) {
     return absl::NotFoundError(absl::StrCat(path, ": no completed save (only unfinished step folders)"));
   }
   return absl::NotFoundError(absl::StrCat(path, ": no checkpoint (neither 'latest' nor *.safetensors files)"));
@@ -957,13 +958,9 @@ absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
 absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path) {
   absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
   if (!resolved.ok()) return resolved.status();
-  std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(resolved->folder, ec)) {
-    if (absl::EndsWith(entry.path().filename().string(), ".safetensors")) files.push_back(entry.path().string());
-  }
+  const std::vector<std::string> files = SafetensorsFiles(resolved->folder, &ec);
   if (files.empty()) return absl::NotFoundError(absl::StrCat(resolved->folder, ": no *.safetensors checkpoint files"));
-  std::sort(files.begin(), files.end());
   absl::StatusOr<Checkpoint> header = ReadSafetensors(files[0], true);
   if (!header.ok()) return header.status();
   return header->metadata;
@@ -987,6 +984,7 @@ absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, Checkpoin
                                                       " is newer than this strata reads (", kCheckpointFormatVersion, ")"));
   }
   if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+    // The parent as the user spelled it, less a trailing slash.
     std::string trimmed = folder;
     while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
     return absl::DataLossError(absl::StrCat(folder, ": not committed (a save that did not finish); --load ",
@@ -1000,9 +998,8 @@ absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, Checkpoin
   std::set<std::string> files, expected;
   for (int r = 0; r < world; ++r) expected.insert(RankFileName(r));
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (absl::EndsWith(name, ".safetensors")) files.insert(name);
+  for (const std::string& path : SafetensorsFiles(folder, &ec)) {
+    files.insert(std::filesystem::path(path).filename().string());
   }
   if (files != expected) {
     return absl::DataLossError(absl::StrCat(folder, ": holds ", files.size(), " rank file(s) but was saved by ", world,

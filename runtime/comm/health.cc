@@ -53,14 +53,15 @@ absl::StatusOr<std::unique_ptr<HeartbeatMonitor>> HeartbeatMonitor::Start(Option
   return monitor;
 }
 
-HeartbeatMonitor::~HeartbeatMonitor() {
+HeartbeatMonitor::~HeartbeatMonitor() { Stop(); }
+
+void HeartbeatMonitor::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
 void HeartbeatMonitor::Finish() {
-  if (!stop_.HasBeenNotified()) stop_.Notify();
-  if (thread_.joinable()) thread_.join();
+  Stop();
   store_->Add(absl::StrCat("finished/", options_.rank), 1).IgnoreError();
 }
 

@@ -74,6 +74,7 @@ class HeartbeatMonitor {
  private:
   explicit HeartbeatMonitor(Options options) : options_(std::move(options)) {}
   void Run();
+  void Stop();  // ends the thread and joins it
 
   Options options_;
   std::unique_ptr<Store> store_;
