@@ -16,6 +16,14 @@ namespace {
 
 struct Event {
   bool is_send;
+  // A collective (an op with a group): blocks until every member of its
+  // communicator has reached it. `comm` names the communicator by its
+  // members (groups with the same members share one, CommunicatorSet);
+  // `ordinal` counts the rank's earlier collectives on it.
+  bool is_collective = false;
+  std::string comm;
+  int ordinal = 0;
+  int group = -1;
   Channel channel;
   TensorType type;
   int micro_batch;
@@ -37,27 +45,39 @@ std::string ChannelName(const Channel& c) {
   return absl::StrCat("channel ", c.id(), " '", c.var(), "' ", c.src_rank(), "->", c.dst_rank());
 }
 
-// The transfers a rank performs, in order.
-std::vector<Event> Events(const RankPlan& plan) {
+// The communicator that serves group `id` on this rank, named by its members.
+std::string CommunicatorOf(const RankPlan& plan, int id) {
+  for (const CommGroup& g : plan.topology().group()) {
+    if (g.id() == id) return absl::StrJoin(g.rank(), ",");
+  }
+  return absl::StrCat("unknown group ", id);
+}
+
+// The transfers a rank performs, in order, and with `collectives` its
+// collectives among them.
+std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
   const Program& p = plan.program();
-  // Only send/recv ops matter; most programs (one rank) have none, so their
-  // vars are looked up by name only when there are some.
+  // Only send/recv ops (and collectives) matter; most programs (one rank)
+  // have none, so their vars are looked up by name only when there are some.
   std::vector<int> transfer_ops;
   for (int i = 0; i < p.op_size(); ++i) {
     const std::string& type = p.op(i).type();
-    if (type == "send" || type == "recv") transfer_ops.push_back(i);
+    if (type == "send" || type == "recv" || (collectives && p.op(i).has_group())) transfer_ops.push_back(i);
   }
   std::vector<Event> events;
   if (transfer_ops.empty()) return events;
   absl::flat_hash_map<absl::string_view, const Var*> vars;
   for (int i : transfer_ops) {
     const Op& op = p.op(i);
-    vars.emplace(op.type() == "send" ? op.input(0) : op.output(0), nullptr);
+    if (op.type() == "recv" ? op.output_size() > 0 : op.input_size() > 0) {
+      vars.emplace(op.type() == "recv" ? op.output(0) : op.input(0), nullptr);
+    }
   }
   for (const Var& v : p.var()) {
     auto it = vars.find(v.name());
     if (it != vars.end() && it->second == nullptr) it->second = &v;
   }
+  std::map<std::string, int> ordinals;  // communicator -> collectives entered so far
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
     bool sent = false, received_late = false;
@@ -65,6 +85,21 @@ std::vector<Event> Events(const RankPlan& plan) {
       const Op& op = p.op(i);
       if (!ActionRuns(a.kind(), op.role())) continue;
       Event e;
+      if (op.has_group()) {
+        e.is_send = false;
+        e.is_collective = true;
+        e.group = op.group();
+        e.comm = CommunicatorOf(plan, op.group());
+        e.ordinal = ordinals[e.comm]++;
+        auto v = op.input_size() > 0 ? vars.find(op.input(0)) : vars.end();
+        e.type = v != vars.end() && v->second != nullptr ? TypeOf(*v->second) : TensorType{};
+        e.channel.set_var(op.type());  // for messages: what the rank enters
+        e.micro_batch = a.kind() == Action::OPTIMIZE ? 0 : a.micro_batch();
+        e.action = ActionName(a);
+        e.action_index = ai;
+        events.push_back(std::move(e));
+        continue;
+      }
       e.is_send = op.type() == "send";
       e.late = e.is_send ? received_late : sent;
       sent |= e.is_send;
@@ -81,63 +116,91 @@ std::vector<Event> Events(const RankPlan& plan) {
   return events;
 }
 
-// A collective a rank enters: what, on what, in which action.
-struct Collective {
-  std::string what;    // "allreduce F64[]"
-  std::string action;  // "OPT"
+// "group 1 (pp: ranks 0, 1)"; with `also`, the other groups that share its communicator.
+std::string DescribeGroup(const CommGroup& g, const std::set<int>& also = {}) {
+  std::string out = absl::StrCat("group ", g.id(), " (", absl::StrJoin(g.axis(), ","), ": ranks ",
+                                 absl::StrJoin(g.rank(), ", "), ")");
+  std::vector<int> others;
+  for (int id : also) {
+    if (id != g.id()) others.push_back(id);
+  }
+  if (!others.empty()) absl::StrAppend(&out, ", whose communicator also serves group ", absl::StrJoin(others, ", "), ",");
+  return out;
+}
+
+// The groups of every plan, by id as each records it, and by communicator.
+struct Groups {
+  std::map<int, const CommGroup*> by_id;
+  std::map<std::string, std::set<int>> ids_of;  // communicator -> the groups it serves
 };
 
-// Every group's members must enter the same collectives of that group in the
-// same order, or one waits forever in a collective another never joins (or
-// joins with another tensor).
-absl::Status VerifyCollectives(const std::vector<RankPlan>& plans) {
-  std::map<int, const CommGroup*> groups;                         // id -> the group, as rank 0 of it records it
-  std::map<int, std::map<int, std::vector<Collective>>> entered;  // group -> rank -> in order
+Groups CollectGroups(const std::vector<RankPlan>& plans) {
+  Groups groups;
   for (const RankPlan& plan : plans) {
-    for (const CommGroup& g : plan.topology().group()) groups.emplace(g.id(), &g);
-    const Program& p = plan.program();
-    std::vector<int> collectives;
-    for (int i = 0; i < p.op_size(); ++i) {
-      if (p.op(i).has_group()) collectives.push_back(i);
-    }
-    if (collectives.empty()) continue;
-    absl::flat_hash_map<absl::string_view, const Var*> vars;
-    for (const Var& v : p.var()) vars.emplace(v.name(), &v);
-    for (const Action& a : plan.schedule().action()) {
-      for (int i : collectives) {
-        const Op& op = p.op(i);
-        if (!ActionRuns(a.kind(), op.role())) continue;
-        const Var* v = op.input_size() > 0 && vars.count(op.input(0)) ? vars.at(op.input(0)) : nullptr;
-        entered[op.group()][plan.rank()].push_back(
-            {absl::StrCat(op.type(), " ", v != nullptr ? TypeOf(*v).ToString() : "?"), ActionName(a)});
-      }
+    for (const CommGroup& g : plan.topology().group()) {
+      groups.by_id.emplace(g.id(), &g);
+      groups.ids_of[absl::StrJoin(g.rank(), ",")].insert(g.id());
     }
   }
-  auto sequence = [](const std::vector<Collective>& s) {
-    if (s.empty()) return std::string("none");
-    std::vector<std::string> items;
-    for (const Collective& c : s) items.push_back(absl::StrCat(c.what, " (", c.action, ")"));
-    return absl::StrJoin(items, ", ");
-  };
-  for (const auto& [id, by_rank] : entered) {
-    auto g = groups.find(id);
-    if (g == groups.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", by_rank.begin()->first,
-                                                     " enters a collective of group ", id, ", which no plan has"));
+  return groups;
+}
+
+// "allreduce F64[]"
+std::string CollectiveName(const Event& e) { return absl::StrCat(e.channel.var(), " ", e.type.ToString()); }
+
+// Every communicator's members must enter the same collectives in the same
+// order, or one waits forever in a collective another never joins (or joins
+// with another tensor). Groups with the same members share a communicator,
+// so their collectives form one sequence.
+absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::vector<std::vector<Event>>& events,
+                               const Groups& groups) {
+  std::map<std::string, std::map<int, std::vector<const Event*>>> entered;  // comm -> rank -> in order
+  for (size_t r = 0; r < plans.size(); ++r) {
+    for (const Event& e : events[r]) {
+      if (!e.is_collective) continue;
+      if (!groups.by_id.count(e.group)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("schedule: rank ", r, " enters a collective of group ", e.group, ", which no plan has"));
+      }
+      entered[e.comm][static_cast<int>(r)].push_back(&e);
     }
-    const CommGroup& group = *g->second;
-    const std::vector<Collective> none;
+  }
+  for (const auto& [comm, by_rank] : entered) {
+    if (!groups.ids_of.count(comm)) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", by_rank.begin()->first,
+                                                     " enters a collective of a group its plan does not list (", comm, ")"));
+    }
+    // The groups these collectives are of (one, unless groups with the same
+    // members both have some): messages name them.
+    std::set<int> ids;
+    for (const auto& [r, s] : by_rank) {
+      for (const Event* e : s) ids.insert(e->group);
+    }
+    const bool shared = ids.size() > 1;
+    auto sequence = [shared](const std::vector<const Event*>& s) {
+      if (s.empty()) return std::string("none");
+      std::vector<std::string> items;
+      for (const Event* e : s) {
+        items.push_back(absl::StrCat(CollectiveName(*e), " (", e->action, shared ? absl::StrCat(", group ", e->group) : "", ")"));
+      }
+      return absl::StrJoin(items, ", ");
+    };
+    const CommGroup& group = *groups.by_id.at(*ids.begin());
+    const std::vector<const Event*> none;
     const int first = group.rank(0);
-    const std::vector<Collective>& reference = by_rank.count(first) ? by_rank.at(first) : none;
+    const std::vector<const Event*>& reference = by_rank.count(first) ? by_rank.at(first) : none;
     for (int r : group.rank()) {
-      const std::vector<Collective>& mine = by_rank.count(r) ? by_rank.at(r) : none;
+      const std::vector<const Event*>& mine = by_rank.count(r) ? by_rank.at(r) : none;
       bool same = mine.size() == reference.size();
-      for (size_t k = 0; same && k < mine.size(); ++k) same = mine[k].what == reference[k].what;
+      // Groups that share a communicator must also agree on which group each
+      // collective is of, or one group's tensor is reduced with another's.
+      for (size_t k = 0; same && k < mine.size(); ++k) {
+        same = CollectiveName(*mine[k]) == CollectiveName(*reference[k]) && mine[k]->group == reference[k]->group;
+      }
       if (!same) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "schedule would hang: the ranks of group ", id, " (", absl::StrJoin(group.axis(), ","), ": ranks ",
-            absl::StrJoin(group.rank(), ", "), ") enter different collectives: rank ", first, ": ",
-            sequence(reference), "; rank ", r, ": ", sequence(mine)));
+        return absl::InvalidArgumentError(absl::StrCat("schedule would hang: the ranks of ", DescribeGroup(group, ids),
+                                                       " enter different collectives: rank ", first, ": ",
+                                                       sequence(reference), "; rank ", r, ": ", sequence(mine)));
       }
     }
   }
@@ -147,12 +210,14 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans) {
 }  // namespace
 
 absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
-  if (absl::Status s = VerifyCollectives(plans); !s.ok()) return s;
   const int n = static_cast<int>(plans.size());
   std::vector<std::vector<Event>> events(n);
-  for (int r = 0; r < n; ++r) events[r] = Events(plans[r]);
+  for (int r = 0; r < n; ++r) events[r] = Events(plans[r], /*collectives=*/true);
+  const Groups groups = CollectGroups(plans);
+  if (absl::Status s = VerifyCollectives(plans, events, groups); !s.ok()) return s;
   for (int r = 0; r < n; ++r) {
     for (const Event& e : events[r]) {
+      if (e.is_collective) continue;
       int self = e.is_send ? e.channel.src_rank() : e.channel.dst_rank();
       int peer = e.is_send ? e.channel.dst_rank() : e.channel.src_rank();
       if (self != r || peer < 0 || peer >= n || peer == r) {
@@ -162,8 +227,21 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     }
   }
 
+  // Every rank's transfers and collectives run together: a send is posted and
+  // the rank goes on, a recv waits for its send, a collective for every
+  // member of its communicator to reach it.
   // Posted sends not yet received: (channel id, micro-batch) -> send event.
   std::map<std::pair<int64_t, int>, const Event*> in_flight;
+  // (communicator, rank) -> how many of its collectives on it the rank has reached.
+  std::map<std::pair<std::string, int>, int> reached;
+  // The first member of e's communicator that has not yet reached it, or -1.
+  auto missing = [&](const Event& e) {
+    for (int m : groups.by_id.at(*groups.ids_of.at(e.comm).begin())->rank()) {
+      auto it = reached.find({e.comm, m});
+      if (it == reached.end() || it->second <= e.ordinal) return m;
+    }
+    return -1;
+  };
   std::vector<size_t> next(n, 0);
   while (true) {
     bool progress = false;
@@ -171,7 +249,14 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
       while (next[r] < events[r].size()) {
         const Event& e = events[r][next[r]];
         auto key = std::make_pair(e.channel.id(), e.micro_batch);
-        if (e.is_send) {
+        if (e.is_collective) {
+          int& mine = reached[{e.comm, r}];
+          if (mine <= e.ordinal) {
+            mine = e.ordinal + 1;
+            progress = true;
+          }
+          if (missing(e) >= 0) break;  // blocked
+        } else if (e.is_send) {
           if (in_flight.count(key)) {
             return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, " sends ",
                                                            ChannelName(e.channel), " micro-batch ", e.micro_batch,
@@ -197,7 +282,8 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
     if (done) break;
     if (!progress) {
-      // Every unfinished rank waits on a recv: follow who waits for whom.
+      // Every unfinished rank waits, on a recv or in a collective: follow who
+      // waits for whom.
       std::vector<std::string> waits;
       std::set<int> visited;
       int r = 0;
@@ -209,6 +295,13 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
           break;
         }
         const Event& e = events[r][next[r]];
+        if (e.is_collective) {
+          const int m = missing(e);
+          waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits in ", CollectiveName(e), " over ",
+                                       DescribeGroup(*groups.by_id.at(e.group)), " for rank ", m));
+          r = m;
+          continue;
+        }
         waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits to receive ", ChannelName(e.channel),
                                      " micro-batch ", e.micro_batch, " from rank ", e.channel.src_rank()));
         r = e.channel.src_rank();

@@ -1,10 +1,12 @@
 #include "passes/verify_schedule.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
@@ -12,6 +14,7 @@
 #include "passes/schedule.h"
 #include "proto/roles.h"
 #include "passes/testing/pass_test_util.h"
+#include "proto/mesh.h"
 
 namespace strata {
 namespace {
@@ -245,6 +248,91 @@ TEST(VerifyScheduleTest, RanksOfAGroupEnterTheSameCollectives) {
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("enter different collectives"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0: allreduce F64[] (OPT); rank 1: none"));
+}
+
+// A collective blocks until its communicator's members reach it, so it
+// takes part in the joint run with send/recv: rank 1 entering the clip-norm
+// allreduce before its forwards waits there for rank 0, which waits for rank
+// 1's first gradient.
+TEST(VerifyScheduleTest, ACollectiveThatWaitsOnAReceiverHangs) {
+  std::vector<RankPlan> plans =
+      CompilePipeline(TwoStagesProgram(R"pb(optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1 })pb"), 2);
+  ASSERT_EQ(plans.size(), 2u);
+  Schedule* schedule = plans[1].mutable_schedule();
+  ASSERT_EQ(schedule->action(schedule->action_size() - 1).kind(), Action::OPTIMIZE);
+  // OPT first, then the forwards and backwards in their order.
+  std::rotate(schedule->mutable_action()->begin(), schedule->mutable_action()->end() - 1,
+              schedule->mutable_action()->end());
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("schedule would hang: rank 0 in B0 waits to receive"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("rank 1 in OPT waits in allreduce F64[] over group 1 (pp: ranks 0, 1) for rank 0"));
+}
+
+// One OPT action entering allreduces of F64[] over `groups` in order, on a
+// rank of the dp2 x pp2 mesh (groups 1, 2: dp; 3, 4: pp).
+RankPlan CollectivesPlan(int rank, const std::vector<int>& groups) {
+  absl::StatusOr<Mesh> mesh = Mesh::Create({{"dp", 2}, {"pp", 2}});
+  RankPlan plan;
+  plan.set_rank(rank);
+  for (const CommGroup& g : mesh->GroupsOf(rank)) *plan.mutable_topology()->add_group() = g;
+  Program* p = plan.mutable_program();
+  Var* x = p->add_var();
+  x->set_name("x");
+  x->set_dtype(F64);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    Op* op = p->add_op();
+    op->set_type("allreduce");
+    op->add_input("x");
+    op->add_output(absl::StrCat("y", i));
+    op->set_role(OPTIMIZE);
+    op->set_group(groups[i]);
+  }
+  plan.mutable_schedule()->add_action()->set_kind(Action::OPTIMIZE);
+  return plan;
+}
+
+// Each communicator's members enter its collectives in the same order, yet
+// the ranks wait around a cycle of communicators.
+TEST(VerifyScheduleTest, CollectivesOfDifferentGroupsWaitingInACycleHang) {
+  std::vector<RankPlan> cycle = {CollectivesPlan(0, {3, 1}), CollectivesPlan(1, {2, 3}), CollectivesPlan(2, {1, 4}),
+                                 CollectivesPlan(3, {4, 2})};
+  absl::Status s = VerifySchedules(cycle);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "schedule would hang: rank 0 in OPT waits in allreduce F64[] over group 3 (pp: ranks 0, 1) for rank 1; "
+            "rank 1 in OPT waits in allreduce F64[] over group 2 (dp: ranks 1, 3) for rank 3; "
+            "rank 3 in OPT waits in allreduce F64[] over group 4 (pp: ranks 2, 3) for rank 2; "
+            "rank 2 in OPT waits in allreduce F64[] over group 1 (dp: ranks 0, 2) for rank 0");
+  // Every rank data-parallel first, then pipeline: no cycle.
+  std::vector<RankPlan> ordered = {CollectivesPlan(0, {1, 3}), CollectivesPlan(1, {2, 3}), CollectivesPlan(2, {1, 4}),
+                                   CollectivesPlan(3, {2, 4})};
+  EXPECT_TRUE(VerifySchedules(ordered).ok()) << VerifySchedules(ordered);
+}
+
+// Groups with the same members share one communicator (the world and the
+// pipeline without data parallelism): their collectives are one sequence, and
+// the members must agree on each one's group, or one group's tensor would be
+// reduced with the other's.
+TEST(VerifyScheduleTest, GroupsSharingACommunicatorMustAgreeOnTheirOrder) {
+  absl::StatusOr<Mesh> mesh = Mesh::Create({{"pp", 2}});
+  ASSERT_TRUE(mesh.ok());
+  std::vector<RankPlan> plans = {CollectivesPlan(0, {0, 1}), CollectivesPlan(1, {1, 0})};
+  for (int r = 0; r < 2; ++r) {
+    plans[r].mutable_topology()->clear_group();
+    for (const CommGroup& g : mesh->GroupsOf(r)) *plans[r].mutable_topology()->add_group() = g;
+  }
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("the ranks of group 0 (pp: ranks 0, 1), whose communicator also serves group 1, enter different "
+                        "collectives: rank 0: allreduce F64[] (OPT, group 0), allreduce F64[] (OPT, group 1); "
+                        "rank 1: allreduce F64[] (OPT, group 1), allreduce F64[] (OPT, group 0)"));
+  plans[1] = CollectivesPlan(1, {0, 1});
+  plans[1].mutable_topology()->clear_group();
+  for (const CommGroup& g : mesh->GroupsOf(1)) *plans[1].mutable_topology()->add_group() = g;
+  EXPECT_TRUE(VerifySchedules(plans).ok());
 }
 
 }  // namespace

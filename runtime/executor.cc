@@ -249,8 +249,7 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   run.allocator = options_.allocator;
   run.micro_batches = micro_batches;
   run.micro_batch_size = micro_batch_size;
-  run.comm = options_.comm;
-  run.groups = &plan_.topology().group();
+  run.comms = options_.comms;
   run.pending_sends = &pending_sends_;
   run.comm_timeout_s = options_.comm_timeout_s;
   return run;
@@ -271,7 +270,7 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       p.inputs[k] = persistent_[slot] ? &state_[slot] : &scope[slot];
     }
     KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
-    const bool timed = options_.tracer != nullptr || options_.comm != nullptr;
+    const bool timed = options_.tracer != nullptr || options_.comms != nullptr;
     const int64_t start = timed ? Tracer::NowMicros() : 0;
     // A transfer's trace event also carries the CPU it took (posting a send
     // writes to the socket; a receive's wait costs little unless it blocks)

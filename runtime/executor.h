@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
-#include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
@@ -20,7 +20,8 @@ struct ExecutorOptions {
   std::string device = "cpu";
   uint64_t seed = 0;
   Allocator* allocator = GetCpuAllocator();
-  Communicator* comm = nullptr;  // pipeline transfers; null on a single device
+  // The rank's communicators (pipeline transfers, collectives); null on a single device.
+  const CommunicatorSet* comms = nullptr;
   double comm_timeout_s = 300;
   Tracer* tracer = nullptr;      // records every action, op and transfer when set
 };

@@ -19,6 +19,7 @@
 namespace strata {
 
 class Communicator;
+class CommunicatorSet;
 class Work;
 
 // A var's static type: dtype and shape, -1 where the batch dimension goes.
@@ -42,9 +43,9 @@ struct RunContext {
   int micro_batch = 0;
   int micro_batches = 1;
   int64_t micro_batch_size = 0;  // samples in this micro-batch: the size of -1 dims
-  Communicator* comm = nullptr;  // the world's
-  // The plan's communication groups (Topology.group): collectives find theirs by id.
-  const google::protobuf::RepeatedPtrField<CommGroup>* groups = nullptr;
+  // The rank's communicators: the world's (send/recv), and collectives find
+  // their group's by id.
+  const CommunicatorSet* comms = nullptr;
   std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // the executor waits for them where the memory plan says
   double comm_timeout_s = 300;
 };

@@ -308,10 +308,13 @@ absl::Status CheckWritableFile(const std::string& path, const std::string& flag)
 absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
   TrainReport report;
   const auto t_begin = Clock::now();
+  // The trainer's own agreements (settings, stops, saves, summaries) run
+  // over the world's communicator, between steps.
+  Communicator* const world = options.comms != nullptr ? options.comms->world() : nullptr;
   ExecutorOptions eopts;
   eopts.device = options.device;
   eopts.seed = options.seed;
-  eopts.comm = options.comm;
+  eopts.comms = options.comms;
   eopts.allocator = options.allocator;
   std::unique_ptr<Tracer> tracer;
   if (!options.trace_path.empty()) {
@@ -344,8 +347,8 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
     consumer = FindLabelConsumer(plan.program(), label_feed);
   }
-  if (options.comm != nullptr && options.comm->size() > 1) {
-    auto shared = ShareLabelConsumer(consumer, *options.comm, options.comm_timeout_s);
+  if (world != nullptr && world->size() > 1) {
+    auto shared = ShareLabelConsumer(consumer, *world, options.comm_timeout_s);
     if (!shared.ok()) return shared.status();
     consumer = *std::move(shared);
   }
@@ -437,9 +440,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     save_options.rank = plan.rank();
     save_options.world_size = std::max(1, plan.topology().world_size());
     save_options.keep = options.keep_checkpoints;
-    if (options.comm != nullptr && options.comm->size() > 1) {
+    if (world != nullptr && world->size() > 1) {
       save_options.agree = [&](const absl::Status& mine) {
-        return AgreeAllRanks(*options.comm, mine, options.comm_timeout_s, "saving the checkpoint");
+        return AgreeAllRanks(*world, mine, options.comm_timeout_s, "saving the checkpoint");
       };
     }
     if (auto s = SaveCheckpointStep(save_options, std::move(ckpt)); !s.ok()) return s;
@@ -447,7 +450,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     return absl::OkStatus();
   };
 
-  if (options.comm != nullptr && options.comm->size() > 1) {
+  if (world != nullptr && world->size() > 1) {
     const std::vector<std::pair<std::string, std::string>> settings = {
         {"--steps", absl::StrCat(options.steps)},
         {"--epochs", absl::StrCat(options.epochs)},
@@ -462,7 +465,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
         // the paths may differ between machines that mount one filesystem.
         {"--save", options.save_dir.empty() ? "(none)" : "(a folder)"},
     };
-    if (auto s = AgreeOnSettings(*options.comm, settings, options.comm_timeout_s); !s.ok()) return s;
+    if (auto s = AgreeOnSettings(*world, settings, options.comm_timeout_s); !s.ok()) return s;
   }
   MetricsWriter metrics;
   if (reporter) {
@@ -575,7 +578,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
       const double step_seconds = Seconds(train_begin, Clock::now()) / (executor.step() - first_step);
       const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
       auto check = AgreeOnStop(options.stop_signal(), executor.step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
-                               options.comm, options.comm_timeout_s);
+                               world, options.comm_timeout_s);
       if (!check.ok()) return check.status();
       if (check->signal != 0) {
         report.stop_signal = check->signal;
@@ -608,7 +611,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // Every rank's peak and busy/idle time, gathered for the summary line.
   std::string ranks;
   int64_t peak_measured = report.measured_peak_bytes, peak_predicted = report.predicted_peak_bytes;
-  if (options.comm != nullptr && options.comm->size() > 1) {
+  if (world != nullptr && world->size() > 1) {
     Tensor mine = Tensor::Empty(F64, {5});
     double* m = mine.data<double>();
     m[0] = plan.rank();
@@ -616,11 +619,11 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     m[2] = static_cast<double>(report.predicted_peak_bytes);
     m[3] = executor.busy_seconds();
     m[4] = executor.wait_seconds();
-    Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(options.comm->size()) * 5});
-    if (auto s = options.comm->AllGather(mine, &all)->Wait(absl::Seconds(options.comm_timeout_s)); !s.ok()) {
+    Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world->size()) * 5});
+    if (auto s = world->AllGather(mine, &all)->Wait(absl::Seconds(options.comm_timeout_s)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
     }
-    for (int r = 0; r < options.comm->size(); ++r) {
+    for (int r = 0; r < world->size(); ++r) {
       const double* v = all.data<double>() + 5 * r;
       absl::StrAppend(&ranks, r ? ", " : "", "{\"rank\": ", static_cast<int>(v[0]),
                       ", \"measured_peak_bytes\": ", static_cast<int64_t>(v[1]),

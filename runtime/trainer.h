@@ -12,7 +12,7 @@
 
 namespace strata {
 
-class Communicator;
+class CommunicatorSet;
 
 struct TrainOptions {
   std::string data = "synthetic";  // --data
@@ -32,9 +32,9 @@ struct TrainOptions {
   std::function<int()> stop_signal;
   bool progress = true;            // a progress line on stderr about once a second
   int64_t eval_batch_size = 1000;
-  // This rank's communicator on a pipeline (null on one device), and how long
-  // a transfer may wait before the step fails naming its channel.
-  Communicator* comm = nullptr;
+  // This rank's communicators on several ranks (null on one device), and how
+  // long a transfer may wait before the step fails naming its channel.
+  const CommunicatorSet* comms = nullptr;
   double comm_timeout_s = 300;
   // Every byte of this rank's step (batches, activations, state) is counted
   // here; ranks run as threads of one process each get their own.

@@ -121,11 +121,9 @@ absl::Status TrainOneDevice(const TrainOptions& options) {
 std::vector<absl::Status> TrainPipeline(const TrainOptions& options) {
   CompileResult compiled = MustCompile(kTwoStages);
   EXPECT_EQ(compiled.plans.size(), 2u);
-  std::vector<std::string> fingerprints;
-  for (const RankPlan& plan : compiled.plans) fingerprints.push_back(plan.fingerprint());
-  return testing::RunConnectedRanks(fingerprints, [&](int rank, Communicator* comm) {
+  return testing::RunConnectedPlans(compiled.plans, [&](int rank, CommunicatorSet* comms) {
     TrainOptions topts = options;
-    topts.comm = comm;
+    topts.comms = comms;
     CpuAllocator allocator;
     topts.allocator = &allocator;
     return Train(compiled.plans[rank], topts).status();

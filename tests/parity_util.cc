@@ -69,16 +69,14 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
                                         const ParityOptions& options) {
   auto compiled = Compile(program, strategy, CompileOptions());
   if (!compiled.ok()) return compiled.status();
-  std::vector<std::string> fingerprints;
-  for (const RankPlan& plan : compiled->plans) fingerprints.push_back(plan.fingerprint());
 
   absl::Mutex mu;
   ParityRun run;
   absl::Status status;  // replicas that differ
-  std::vector<absl::Status> results = testing::RunConnectedRanks(fingerprints, [&](int rank, Communicator* comm) {
+  std::vector<absl::Status> results = testing::RunConnectedPlans(compiled->plans, [&](int rank, CommunicatorSet* comms) {
     const RankPlan& plan = compiled->plans[rank];
     TrainOptions topts = BaseOptions(options);
-    topts.comm = comm;
+    topts.comms = comms;
     CpuAllocator allocator;  // per rank: its own byte counters
     topts.allocator = &allocator;
     auto report = Train(plan, topts);

@@ -642,8 +642,10 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
     _exit(kExitError);
     return kExitError;
   };
-  auto comm = Rendezvous(ropts, **store);
-  if (!comm.ok()) return fail(comm.status());
+  auto world_comm = Rendezvous(ropts, **store);
+  if (!world_comm.ok()) return fail(world_comm.status());
+  CommunicatorSet comms(*std::move(world_comm));
+  if (auto s = ConnectGroups(ropts, **store, plan.topology().group(), &comms); !s.ok()) return fail(s);
 
   // A rank whose heartbeat stops (SIGSTOP, a dead machine) ends the job
   // within --heartbeat_timeout_s, named; the monitor thread ends this process.
@@ -664,7 +666,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (!monitor.ok()) return fail(monitor.status());
 
   TrainOptions options = TrainOptionsFromFlags(program_seed);
-  options.comm = comm->get();
+  options.comms = &comms;
   if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
   // One note for the job: the launcher relays rank 0's stderr.
   if (env.rank == 0) NoteSyntheticData(given);
@@ -674,7 +676,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   (*monitor)->Finish();
   // Every rank is done with the store: the job's keys go, so that the next
   // job with this id can meet in the same Redis server.
-  if ((*comm)->Barrier()->Wait(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s))).ok() && env.rank == 0) {
+  if (comms.world()->Barrier()->Wait(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s))).ok() && env.rank == 0) {
     (*store)->WithPrefix(JobKeyPrefix(ropts.job_id))->DeleteAll().IgnoreError();
   }
   PrintSummary(*report);

@@ -1,9 +1,11 @@
-// allreduce over the rank's pipeline group: sums a small tensor (the stages'
-// partial sums of squared gradients, for clipping by the global norm).
+// allreduce over a communication group (Op.group): sums a small tensor (the
+// stages' partial sums of squared gradients, for clipping by the global norm)
+// over the group's communicator from the rank's CommunicatorSet.
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -16,23 +18,16 @@ class AllReduceKernel : public OpKernel {
     const RunContext& run = ctx.run();
     Tensor out = ctx.input(0).Clone();
     if (!out.defined()) return absl::ResourceExhaustedError("out of memory for allreduce");
-    if (run.comm != nullptr && run.comm->size() > 1) {
-      // Only the world's communicator exists yet: a group must span it.
-      if (group_ >= 0 && run.groups != nullptr) {
-        const CommGroup* group = nullptr;
-        for (const CommGroup& g : *run.groups) group = g.id() == group_ ? &g : group;
-        if (group == nullptr) {
-          return absl::InternalError(absl::StrCat("allreduce: group ", group_, " is not among the plan's groups"));
+    // One device: the sum over one rank is the tensor itself.
+    if (run.comms != nullptr && run.comms->world()->size() > 1) {
+      if (group_ < 0) return absl::InternalError("allreduce without a communication group");
+      absl::StatusOr<Communicator*> comm = run.comms->Get(group_);
+      if (!comm.ok()) return absl::Status(comm.status().code(), absl::StrCat("allreduce: ", comm.status().message()));
+      if ((*comm)->size() > 1) {
+        std::unique_ptr<Work> work = (*comm)->AllReduce(&out, ReduceOp::kSum);
+        if (auto s = work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("allreduce over ", run.comms->Describe(group_), ": ", s.message()));
         }
-        if (group->rank_size() != run.comm->size()) {
-          return absl::UnimplementedError(absl::StrCat("allreduce over group ", group_, " (", group->rank_size(),
-                                                       " of ", run.comm->size(),
-                                                       " ranks): communicators for sub-groups are not built yet"));
-        }
-      }
-      std::unique_ptr<Work> work = run.comm->AllReduce(&out, ReduceOp::kSum);
-      if (auto s = work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("allreduce over ", run.comm->size(), " ranks: ", s.message()));
       }
     }
     ctx.SetOutput(0, std::move(out));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -48,11 +49,11 @@ class SendKernel : public OpKernel {
   explicit SendKernel(const KernelDef& def) : channel_(def.op->channel()) {}
   absl::Status Compute(KernelContext& ctx) override {
     const RunContext& run = ctx.run();
-    if (run.comm == nullptr || run.pending_sends == nullptr) {
+    if (run.comms == nullptr || run.pending_sends == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("send on ", Describe(channel_, run), " without a communicator"));
     }
     run.pending_sends->push_back(std::make_unique<ChannelWork>(
-        run.comm->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)), Describe(channel_, run)));
+        run.comms->world()->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)), Describe(channel_, run)));
     return absl::OkStatus();
   }
 
@@ -69,7 +70,7 @@ class RecvKernel : public OpKernel {
 
   absl::Status Prefetch(KernelContext& ctx) override {
     const RunContext& run = ctx.run();
-    if (run.comm == nullptr) {
+    if (run.comms == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("recv on ", Describe(channel_, run), " without a communicator"));
     }
     Shape shape;
@@ -79,7 +80,7 @@ class RecvKernel : public OpKernel {
     if (!p.buffer.defined()) {
       return absl::ResourceExhaustedError(absl::StrCat("out of memory for recv on ", Describe(channel_, run)));
     }
-    p.work = run.comm->Recv(&p.buffer, channel_.src_rank(), Tag(channel_, run));
+    p.work = run.comms->world()->Recv(&p.buffer, channel_.src_rank(), Tag(channel_, run));
     return absl::OkStatus();
   }
 

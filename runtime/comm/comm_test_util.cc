@@ -58,15 +58,36 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectRank(int rank, int world, c
 
 }  // namespace
 
-std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fingerprints,
-                                            const std::function<absl::Status(int rank, Communicator* comm)>& fn,
+std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
+                                            const std::function<absl::Status(int rank, CommunicatorSet* comms)>& fn,
                                             absl::Duration timeout) {
-  const int world = static_cast<int>(fingerprints.size());
+  const int world = static_cast<int>(plans.size());
   std::vector<absl::Status> results(world);
   const std::string spec = UniqueMemorySpec();
   RunRanks(world, [&](int rank) {
-    auto comm = ConnectRank(rank, world, spec, fingerprints[rank], timeout, timeout);
-    results[rank] = comm.ok() ? fn(rank, comm->get()) : comm.status();
+    RendezvousOptions options;
+    options.rank = rank;
+    options.world_size = world;
+    options.store_spec = spec;
+    options.fingerprint = plans[rank].fingerprint();
+    options.timeout = timeout;
+    options.op_timeout = timeout;
+    auto store = OpenStore(spec, false, timeout);
+    if (!store.ok()) {
+      results[rank] = store.status();
+      return;
+    }
+    auto comm = Rendezvous(options, **store);
+    if (!comm.ok()) {
+      results[rank] = comm.status();
+      return;
+    }
+    CommunicatorSet comms(*std::move(comm));
+    if (absl::Status s = ConnectGroups(options, **store, plans[rank].topology().group(), &comms); !s.ok()) {
+      results[rank] = s;
+      return;
+    }
+    results[rank] = fn(rank, &comms);
   });
   return results;
 }

@@ -10,7 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/plan.pb.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 
 namespace strata {
 namespace testing {
@@ -30,12 +32,12 @@ std::string FreshDir(const std::string& name);
 std::vector<std::unique_ptr<Communicator>> ConnectRanks(
     int world, absl::Duration op_timeout = absl::Seconds(30));
 
-// Runs fn(rank, comm) for every rank on its own thread, after a rendezvous
-// of all ranks over a fresh in-memory store; rank r presents
-// fingerprints[r] (its plan's). Element r is rank r's result: fn's, or the
-// rendezvous error.
-std::vector<absl::Status> RunConnectedRanks(const std::vector<std::string>& fingerprints,
-                                            const std::function<absl::Status(int rank, Communicator* comm)>& fn,
+// Runs fn(rank, comms) for every rank of `plans` on its own thread, after a
+// rendezvous of all ranks over a fresh in-memory store and of the groups of
+// each rank's plan (ConnectGroups); rank r presents plans[r]'s fingerprint.
+// Element r is rank r's result: fn's, or the rendezvous error.
+std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
+                                            const std::function<absl::Status(int rank, CommunicatorSet* comms)>& fn,
                                             absl::Duration timeout = absl::Seconds(60));
 
 // A loopback TCP port nobody listens on right now.

@@ -271,4 +271,37 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
+absl::Status ConnectGroups(const RendezvousOptions& options, Store& store,
+                           const google::protobuf::RepeatedPtrField<CommGroup>& groups, CommunicatorSet* set) {
+  std::vector<const CommGroup*> sorted;
+  for (const CommGroup& g : groups) sorted.push_back(&g);
+  std::sort(sorted.begin(), sorted.end(), [](const CommGroup* a, const CommGroup* b) { return a->id() < b->id(); });
+  // Every group is checked before any rendezvous, which would wait out its timeout.
+  for (const CommGroup* g : sorted) {
+    if (std::find(g->rank().begin(), g->rank().end(), options.rank) == g->rank().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is not a member of group ", g->id(),
+                                                     " (ranks ", absl::StrJoin(g->rank(), ", "), ")"));
+    }
+  }
+  for (const CommGroup* g : sorted) {
+    const auto me = std::find(g->rank().begin(), g->rank().end(), options.rank);
+    if (g->rank_size() == options.world_size) {
+      if (absl::Status s = set->Add(*g, nullptr); !s.ok()) return s;
+      continue;
+    }
+    RendezvousOptions group_options = options;
+    group_options.group = absl::StrCat("g", g->id());
+    group_options.rank = static_cast<int>(me - g->rank().begin());
+    group_options.world_size = g->rank_size();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(group_options, store);
+    if (!comm.ok()) {
+      return absl::Status(comm.status().code(),
+                          absl::StrCat("connecting group ", g->id(), " (", absl::StrJoin(g->axis(), ","), ": ranks ",
+                                       absl::StrJoin(g->rank(), ", "), "): ", comm.status().message()));
+    }
+    if (absl::Status s = set->Add(*g, *std::move(comm)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace strata

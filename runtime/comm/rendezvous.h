@@ -6,7 +6,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/plan.pb.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/comm/store.h"
 
 namespace strata {
@@ -55,6 +57,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
 // The same through an already-open store (options.store_spec is ignored).
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options,
                                                          Store& store);
+
+// Adds to `set` (whose world communicator came from Rendezvous with
+// `options`) a communicator for each group of `groups` that this rank belongs
+// to: null for a group of the whole world (the world's serves it); otherwise
+// a rendezvous of the group's members alone, through the same store under the
+// group's own prefix ("g<id>", c10d's PrefixStore per group), with the
+// group's rank numbering. Every rank connects its groups in increasing id
+// order, so the lowest group not yet connected always has all its members
+// waiting for it and no two groups wait on each other. Errors name the group.
+absl::Status ConnectGroups(const RendezvousOptions& options, Store& store,
+                           const google::protobuf::RepeatedPtrField<CommGroup>& groups, CommunicatorSet* set);
 
 }  // namespace strata
 
