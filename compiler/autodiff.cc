@@ -67,15 +67,17 @@ class BackwardEmitter {
       for (int j = 0; j < k && !exists; ++j) exists = op_.output(j) == out;
       if (exists) return absl::InternalError(absl::StrCat(what, ": output '", out, "' already exists"));
     }
-    const int index = graph_->num_ops();
+    std::vector<int> outs;
     for (int k = 0; k < op_.output_size(); ++k) {
       const TensorType& t = (*out_types)[k];
-      const int v =
-          graph_->AddVar(op_.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION);
-      producer_.resize(graph_->num_vars(), -1);
-      producer_[v] = index;
+      outs.push_back(
+          graph_->AddVar(op_.output(k), t.dtype, absl::MakeConstSpan(t.shape.data(), t.shape.size()), ACTIVATION));
     }
-    return graph_->AddOp(op_);
+    absl::StatusOr<int> id = graph_->AppendOp(op_);
+    if (!id.ok()) return id.status();
+    producer_.resize(graph_->num_vars(), -1);
+    for (int v : outs) producer_[v] = *id;
+    return absl::OkStatus();
   }
 
   int stage(int op) const { return graph_->stage(op); }
@@ -197,7 +199,9 @@ class GradBuilderImpl : public GradBuilder {
 
 absl::Status AppendBackward(Graph* graph) {
   Graph& g = *graph;
-  const int num_forward = g.num_ops();
+  // The forward ops in program order (ids; the graph grows below).
+  const std::vector<int> forward = g.ops();
+  const int num_forward = static_cast<int>(forward.size());
   const int num_vars = g.num_vars();
 
   // Vars that depend on a trainable parameter through differentiable ops,
@@ -212,7 +216,7 @@ absl::Status AppendBackward(Graph* graph) {
   for (int v = 0; v < num_vars; ++v) {
     if (g.kind(v) == PARAM && !g.frozen(v)) requires_grad[v] = 1;
   }
-  for (int i = 0; i < num_forward; ++i) {
+  for (int i : forward) {
     if (!g.schema(i).differentiable || !any_flagged(requires_grad, g.inputs(i))) continue;
     for (int v : g.outputs(i)) {
       if (IsFloating(g.dtype(v))) requires_grad[v] = 1;
@@ -221,8 +225,9 @@ absl::Status AppendBackward(Graph* graph) {
   const int loss_id = g.FindVar(g.loss());
   if (loss_id < 0) return absl::InternalError("the loss has no var");
   reaches_loss[loss_id] = 1;
-  std::vector<bool> differentiate(num_forward, false);
-  for (int i = num_forward - 1; i >= 0; --i) {
+  std::vector<bool> differentiate(g.op_id_bound(), false);  // by op id
+  for (int k = num_forward - 1; k >= 0; --k) {
+    const int i = forward[k];
     if (!g.schema(i).differentiable || !any_flagged(reaches_loss, g.outputs(i)) ||
         !any_flagged(requires_grad, g.inputs(i))) {
       continue;
@@ -234,7 +239,7 @@ absl::Status AppendBackward(Graph* graph) {
   }
 
   GradAccumulator acc(num_vars);
-  for (int i = 0; i < num_forward; ++i) {
+  for (int i : forward) {
     if (!differentiate[i]) continue;
     for (int v : g.inputs(i)) {
       if (requires_grad[v] && reaches_loss[v]) ++acc.expected[v];
@@ -274,7 +279,8 @@ absl::Status AppendBackward(Graph* graph) {
     return sum;
   };
 
-  for (int i = num_forward - 1; i >= 0; --i) {
+  for (int k = num_forward - 1; k >= 0; --k) {
+    const int i = forward[k];
     if (!differentiate[i]) continue;
     std::vector<std::string> output_grads;
     const std::vector<int> outs(g.outputs(i).begin(), g.outputs(i).end());

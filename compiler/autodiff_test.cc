@@ -10,6 +10,7 @@
 namespace strata {
 namespace {
 
+// Stages are given as the placement pass (passes/) would resolve them.
 Program Differentiate(const std::string& text) {
   auto program = ParseProgramText(text, "test.pbtxt");
   EXPECT_TRUE(program.ok()) << program.status();
@@ -50,10 +51,10 @@ TEST(AutodiffTest, SumsGradientPartsOnTheStageThatMakesThem) {
     var { name: "x" dtype: F64 shape: [-1, 3] kind: FEED }
     var { name: "w0" dtype: F64 shape: [3, 3] kind: PARAM }
     var { name: "w1" dtype: F64 shape: [3, 3] kind: PARAM }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
-    op { type: "matmul" input: ["h", "w1"] output: ["a"] device: "gpu:1" }
-    op { type: "add" input: ["h", "a"] output: ["y"] device: "gpu:1" }
-    op { type: "reduce_mean" input: ["y"] output: ["loss"] device: "gpu:1" }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" stage: 0 }
+    op { type: "matmul" input: ["h", "w1"] output: ["a"] device: "gpu:1" stage: 1 }
+    op { type: "add" input: ["h", "a"] output: ["y"] device: "gpu:1" stage: 1 }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] device: "gpu:1" stage: 1 }
     loss: "loss"
     optimizer { sgd { learning_rate: 0.1 } }
   )pb");
@@ -98,9 +99,9 @@ TEST(AutodiffTest, BackwardOpsKeepTheForwardStageAndUid) {
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "w0" dtype: F64 shape: [3, 3] kind: PARAM }
     var { name: "w1" dtype: F64 shape: [3, 2] kind: PARAM }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
-    op { type: "matmul" input: ["h", "w1"] output: ["logits"] device: "gpu:1" }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" stage: 0 }
+    op { type: "matmul" input: ["h", "w1"] output: ["logits"] device: "gpu:1" stage: 1 }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" stage: 1 }
     loss: "loss"
     optimizer { sgd { learning_rate: 0.1 } }
   )pb");

@@ -18,6 +18,7 @@
 #include "passes/micro_batch.h"
 #include "passes/optimizer.h"
 #include "passes/pipeline_split.h"
+#include "passes/placement.h"
 #include "passes/schedule.h"
 #include "passes/verify_schedule.h"
 #include "runtime/philox.h"
@@ -25,10 +26,9 @@
 namespace strata {
 namespace {
 
-class AutodiffPass : public GraphPass {
+class AutodiffPass : public Pass {
  public:
   std::string name() const override { return "autodiff"; }
-  using GraphPass::Run;
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext&) override {
     if (auto s = AppendBackward(&graph); !s.ok()) return s;
     return true;
@@ -124,7 +124,6 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   if (options.dump_after == "validate") result.dumped = program;
   if (auto s = ValidateStrategy(strategy, program, options.batch_size, strategy_file); !s.ok()) return s;
 
-  const int program_stages = NumStages(program);
   const bool pipelined = strategy.has_pipeline();
   const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
   if (dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
@@ -132,15 +131,6 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
         strategy_file, ": data_parallel, gradient_merge and recompute are not built yet in this version; "
                        "pipeline is"));
   }
-  // Without a pipeline section a placed program runs all its stages on one device.
-  auto mesh = Mesh::Create({{"dp", dp}, {"pp", pipelined ? program_stages : 1}});
-  if (!mesh.ok()) return absl::InvalidArgumentError(absl::StrCat(strategy_file, ": ", mesh.status().message()));
-  ctx.mesh = *std::move(mesh);
-  ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
-  const int64_t micro_batch_size =
-      pipelined ? strategy.pipeline().micro_batch_size()
-                : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
-  ctx.batch_size = micro_batch_size * ctx.micro_batches * dp;
 
   std::unique_ptr<Graph> graph;
   {
@@ -149,12 +139,25 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
     graph = *std::move(g);
   }
-  PassPipeline pipeline;
+  PassPipeline pipeline("program");
+  pipeline.AddPass<PlacementPass>();
   pipeline.AddPass<AutodiffPass>();
   if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
-  if (auto s = pipeline.Run(*graph, ctx, &result.times); !s.ok()) return s;
+  pipeline.set_times(&result.times);
+  if (auto s = pipeline.Run(*graph, ctx); !s.ok()) return s.status();
   for (const auto& n : pipeline.PassNames()) result.pass_names.push_back(n);
   if (pipeline.dumped()) result.dumped = *pipeline.dumped();
+
+  // The layout, now that placement has said how many stages the program has.
+  // Without a pipeline section a placed program runs all its stages on one device.
+  auto mesh = Mesh::Create({{"dp", dp}, {"pp", pipelined ? NumStages(*graph) : 1}});
+  if (!mesh.ok()) return absl::InvalidArgumentError(absl::StrCat(strategy_file, ": ", mesh.status().message()));
+  ctx.mesh = *std::move(mesh);
+  ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
+  const int64_t micro_batch_size =
+      pipelined ? strategy.pipeline().micro_batch_size()
+                : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
+  ctx.batch_size = micro_batch_size * ctx.micro_batches * dp;
 
   // Every rank sums its part of the global gradient norm in one dtype, so
   // their allreduce matches, a rank with no parameters of its own included.
@@ -184,12 +187,13 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       own = *std::move(copy);
       rank_graph = own.get();
     }
-    PassPipeline per_rank;
+    PassPipeline per_rank("per-rank");
     per_rank.AddPass<PipelineSplitPass>();
     per_rank.AddPass<OptimizerPass>();
     per_rank.AddPass<MicroBatchPass>();
     if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
-    if (auto s = per_rank.Run(*rank_graph, rank_ctx, &result.times); !s.ok()) return s;
+    per_rank.set_times(&result.times);
+    if (auto s = per_rank.Run(*rank_graph, rank_ctx); !s.ok()) return s.status();
     if (rank == 0) {
       for (const auto& n : per_rank.PassNames()) result.pass_names.push_back(n);
       if (per_rank.dumped()) result.dumped = *per_rank.dumped();

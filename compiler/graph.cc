@@ -75,7 +75,42 @@ int Graph::AddVar(absl::string_view name, DataType dtype, absl::Span<const int64
 }
 
 std::string Graph::OpLocation(int op) const {
-  return strata::OpLocation(FileOf(program_fields_), op, schema(op).type, line(op), op_name(op));
+  return strata::OpLocation(FileOf(program_fields_), position(op), schema(op).type, line(op), op_name(op));
+}
+
+const std::vector<int>& Graph::ops() const {
+  if (!order_valid_) {
+    order_.clear();
+    order_.reserve(num_live_ops_);
+    position_.assign(ops_.size(), -1);
+    for (int id = head_; id >= 0; id = next_[id]) {
+      position_[id] = static_cast<int32_t>(order_.size());
+      order_.push_back(id);
+    }
+    order_valid_ = true;
+  }
+  return order_;
+}
+
+int Graph::position(int op) const {
+  ops();
+  return position_[op];
+}
+
+void Graph::LinkAfter(int id, int prev) {
+  prev_[id] = prev;
+  next_[id] = prev >= 0 ? next_[prev] : head_;
+  if (prev >= 0) {
+    next_[prev] = id;
+  } else {
+    head_ = id;
+  }
+  if (next_[id] >= 0) {
+    prev_[next_[id]] = id;
+  } else {
+    tail_ = id;
+  }
+  ++num_live_ops_;
 }
 
 TensorType Graph::type(int v) const {
@@ -105,8 +140,7 @@ int Graph::InternAttrs(const Op& op) {
   return it->second;
 }
 
-absl::Status Graph::AddOp(const Op& op) {
-  const int index = num_ops();
+absl::StatusOr<Graph::OpRec> Graph::MakeOpRec(const Op& op, int index) {
   OpRec r;
   r.schema = OpRegistry::Global().Find(op.type());
   if (r.schema == nullptr)
@@ -142,7 +176,183 @@ absl::Status Graph::AddOp(const Op& op) {
   r.line = op.line();
   r.uid = op.uid();
   r.role = op.role();
-  ops_.push_back(r);
+  return r;
+}
+
+absl::Status Graph::AddOp(const Op& op) { return AppendOp(op).status(); }
+
+absl::StatusOr<int> Graph::AppendOp(const Op& op) {
+  absl::StatusOr<OpRec> r = MakeOpRec(op, num_live_ops_);
+  if (!r.ok()) return r.status();
+  const int id = op_id_bound();
+  ops_.push_back(*r);
+  next_.push_back(-1);
+  prev_.push_back(-1);
+  LinkAfter(id, tail_);
+  if (order_valid_) {  // appending keeps the dense order valid: the common case, FromProgram
+    position_.push_back(static_cast<int32_t>(order_.size()));
+    order_.push_back(id);
+  }
+  return id;
+}
+
+absl::StatusOr<int> Graph::InsertOpBefore(int anchor, const Op& op) {
+  if (anchor < 0 || anchor >= op_id_bound() || erased(anchor)) {
+    return absl::InternalError(absl::StrCat("insert before op ", anchor, ": no such live op"));
+  }
+  return InsertAfterLinked(prev_[anchor], op, position(anchor));
+}
+
+absl::StatusOr<int> Graph::InsertOpAfter(int anchor, const Op& op) {
+  if (anchor < 0 || anchor >= op_id_bound() || erased(anchor)) {
+    return absl::InternalError(absl::StrCat("insert after op ", anchor, ": no such live op"));
+  }
+  return InsertAfterLinked(anchor, op, position(anchor) + 1);
+}
+
+absl::StatusOr<int> Graph::InsertAfterLinked(int prev, const Op& op, int position) {
+  absl::StatusOr<OpRec> r = MakeOpRec(op, position);
+  if (!r.ok()) return r.status();
+  const int id = op_id_bound();
+  ops_.push_back(*r);
+  next_.push_back(-1);
+  prev_.push_back(-1);
+  LinkAfter(id, prev);
+  order_valid_ = false;
+  return id;
+}
+
+absl::Status Graph::ReplaceOp(int id, const Op& op) {
+  if (id < 0 || id >= op_id_bound() || erased(id)) {
+    return absl::InternalError(absl::StrCat("replace op ", id, ": no such live op"));
+  }
+  absl::StatusOr<OpRec> r = MakeOpRec(op, position(id));
+  if (!r.ok()) return r.status();
+  ops_[id] = *r;
+  return absl::OkStatus();
+}
+
+void Graph::EraseOp(int op) {
+  if (op < 0 || op >= op_id_bound() || erased(op)) return;
+  ops_[op].erased = true;
+  if (prev_[op] >= 0) {
+    next_[prev_[op]] = next_[op];
+  } else {
+    head_ = next_[op];
+  }
+  if (next_[op] >= 0) {
+    prev_[next_[op]] = prev_[op];
+  } else {
+    tail_ = prev_[op];
+  }
+  --num_live_ops_;
+  order_valid_ = false;
+}
+
+absl::StatusOr<std::vector<int>> Graph::CloneOps(absl::Span<const int> ops, int before,
+                                                 const absl::flat_hash_map<int, int>& rename) {
+  std::vector<int> ids;
+  ids.reserve(ops.size());
+  for (int op : ops) {
+    if (op < 0 || op >= op_id_bound() || erased(op)) {
+      return absl::InternalError(absl::StrCat("clone op ", op, ": no such live op"));
+    }
+    Op copy = AsOp(op);  // a copy: AsOp's message is scratch
+    auto renamed = [&](google::protobuf::RepeatedPtrField<std::string>* names, absl::Span<const int> vars) {
+      for (size_t k = 0; k < vars.size(); ++k) {
+        auto it = rename.find(vars[k]);
+        if (it != rename.end()) {
+          const absl::string_view name = var_name(it->second);
+          names->Mutable(static_cast<int>(k))->assign(name.data(), name.size());
+        }
+      }
+    };
+    renamed(copy.mutable_input(), inputs(op));
+    renamed(copy.mutable_output(), outputs(op));
+    absl::StatusOr<int> id = before >= 0 ? InsertOpBefore(before, copy) : AppendOp(copy);
+    if (!id.ok()) return id.status();
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+absl::Status Graph::SetInput(int op, int k, int var) {
+  if (op < 0 || op >= op_id_bound() || erased(op) || k < 0 || k >= ops_[op].num_inputs || var < 0 ||
+      var >= num_vars()) {
+    return absl::InternalError(absl::StrCat("set input ", k, " of op ", op, " to var ", var, ": out of range"));
+  }
+  int32_t& in = io_[ops_[op].io_begin + k];
+  if (type(in) != type(var)) {
+    return absl::InternalError(absl::StrCat(OpLocation(op), ": input ", k, " '", var_name(in), "' (", type(in).ToString(),
+                                            ") cannot become '", var_name(var), "' (", type(var).ToString(), ")"));
+  }
+  in = var;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Graph::ReplaceAllUsesWith(int from, int to, const std::function<bool(int op)>& filter) {
+  if (from < 0 || from >= num_vars() || to < 0 || to >= num_vars()) {
+    return absl::InternalError(absl::StrCat("replace uses: var ", from, " or ", to, " does not exist"));
+  }
+  if (type(from) != type(to)) {
+    return absl::InternalError(absl::StrCat("replace uses of '", var_name(from), "' (", type(from).ToString(),
+                                            ") with '", var_name(to), "' (", type(to).ToString(), "): types differ"));
+  }
+  int changed = 0;
+  for (int op = head_; op >= 0; op = next_[op]) {
+    if (filter && !filter(op)) continue;
+    const OpRec& r = ops_[op];
+    for (int k = 0; k < r.num_inputs; ++k) {
+      int32_t& v = io_[r.io_begin + k];
+      if (v == from) {
+        v = to;
+        ++changed;
+      }
+    }
+  }
+  return changed;
+}
+
+absl::Status Graph::RetainVars(const std::vector<bool>& keep) {
+  if (static_cast<int>(keep.size()) != num_vars()) {
+    return absl::InternalError(absl::StrCat("retain vars: ", keep.size(), " flags for ", num_vars(), " vars"));
+  }
+  for (int op = head_; op >= 0; op = next_[op]) {
+    const OpRec& r = ops_[op];
+    for (int k = 0; k < r.num_inputs + r.num_outputs; ++k) {
+      const int v = io_[r.io_begin + k];
+      if (!keep[v]) {
+        return absl::InternalError(absl::StrCat(OpLocation(op), ": uses var '", var_name(v), "', which is being dropped"));
+      }
+    }
+  }
+  NameTable names;
+  std::vector<VarRec> vars;
+  std::vector<int64_t> dims;
+  std::vector<Initializer> inits;
+  std::vector<int32_t> new_id(num_vars(), -1);
+  for (int v = 0; v < num_vars(); ++v) {
+    if (!keep[v]) continue;
+    new_id[v] = names.Intern(var_name(v)).first;
+    VarRec r = vars_[v];
+    r.dims_begin = static_cast<int32_t>(dims.size());
+    const absl::Span<const int64_t> s = shape(v);
+    dims.insert(dims.end(), s.begin(), s.end());
+    if (r.init >= 0) {
+      inits.push_back(std::move(inits_[r.init]));
+      r.init = static_cast<int32_t>(inits.size()) - 1;
+    }
+    vars.push_back(r);
+  }
+  // Erased ops keep stale ids; nothing reads them.
+  for (int op = head_; op >= 0; op = next_[op]) {
+    const OpRec& r = ops_[op];
+    for (int k = 0; k < r.num_inputs + r.num_outputs; ++k) io_[r.io_begin + k] = new_id[io_[r.io_begin + k]];
+  }
+  names_ = std::move(names);
+  vars_ = std::move(vars);
+  dims_ = std::move(dims);
+  inits_ = std::move(inits);
   return absl::OkStatus();
 }
 
@@ -198,13 +408,13 @@ Program Graph::ToProgram() const {
     out->set_line(r.line);
   }
   p.mutable_op()->Reserve(num_ops());
-  for (int i = 0; i < num_ops(); ++i) *p.add_op() = AsOp(i);
+  for (int i : ops()) *p.add_op() = AsOp(i);
   return p;
 }
 
 std::vector<int> Graph::FirstWriters() const {
   std::vector<int> first(num_vars(), -1);
-  for (int i = num_ops() - 1; i >= 0; --i) {
+  for (int i = tail_; i >= 0; i = prev_[i]) {
     for (int v : outputs(i)) first[v] = i;
   }
   return first;
@@ -212,23 +422,33 @@ std::vector<int> Graph::FirstWriters() const {
 
 std::vector<int> Graph::FirstReaders() const {
   std::vector<int> first(num_vars(), -1);
-  for (int i = num_ops() - 1; i >= 0; --i) {
+  for (int i = tail_; i >= 0; i = prev_[i]) {
     for (int v : inputs(i)) first[v] = i;
   }
   return first;
 }
 
+std::vector<std::vector<int>> Graph::Readers() const {
+  std::vector<std::vector<int>> readers(num_vars());
+  for (int i = head_; i >= 0; i = next_[i]) {
+    for (int v : inputs(i)) {
+      if (readers[v].empty() || readers[v].back() != i) readers[v].push_back(i);
+    }
+  }
+  return readers;
+}
+
 absl::Status VerifyGraph(const Graph& graph) {
   const std::vector<int> producer = graph.FirstWriters();
   std::vector<TensorType> input_types;
-  for (int i = 0; i < graph.num_ops(); ++i) {
+  for (int i : graph.ops()) {
     const OpSchema& schema = graph.schema(i);
     auto where = [&] { return graph.OpLocation(i); };
     const Op& op = graph.AsOp(i);
     if (auto s = CheckArity(schema, op); !s.ok()) return absl::InternalError(absl::StrCat(where(), ": ", s.message()));
     input_types.clear();
     for (int v : graph.inputs(i)) {
-      if (graph.kind(v) == ACTIVATION && (producer[v] < 0 || producer[v] >= i)) {
+      if (graph.kind(v) == ACTIVATION && (producer[v] < 0 || graph.position(producer[v]) >= graph.position(i))) {
         return absl::InternalError(absl::StrCat(where(), ": input '", graph.var_name(v), "' used before definition"));
       }
       input_types.push_back(graph.type(v));

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,8 +55,17 @@ class Graph {
   // Adds a var; -1 when the name is taken.
   int AddVar(absl::string_view name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind);
 
-  // Ops, in program order.
-  int num_ops() const { return static_cast<int>(ops_.size()); }
+  // Ops have stable ids: an op keeps its id while others are inserted or
+  // erased around it, and ids are never reused. ops() lists the live ones in
+  // program order; a pass that mutates the graph while walking it walks a
+  // copy (the reference is invalidated by the next mutation).
+  int num_ops() const { return num_live_ops_; }
+  const std::vector<int>& ops() const;
+  // Every op id is below this (for side tables indexed by op id).
+  int op_id_bound() const { return static_cast<int>(ops_.size()); }
+  bool erased(int op) const { return ops_[op].erased; }
+  // The op's index in program order (what messages call op #i).
+  int position(int op) const;
   const OpSchema& schema(int op) const { return *ops_[op].schema; }
   absl::Span<const int> inputs(int op) const {
     return absl::MakeConstSpan(io_.data() + ops_[op].io_begin, ops_[op].num_inputs);
@@ -64,6 +74,7 @@ class Graph {
     return absl::MakeConstSpan(io_.data() + ops_[op].io_begin + ops_[op].num_inputs, ops_[op].num_outputs);
   }
   int stage(int op) const { return ops_[op].stage; }
+  void set_stage(int op, int stage) { ops_[op].stage = stage; }
   OpRole role(int op) const { return ops_[op].role; }
   int64_t uid(int op) const { return ops_[op].uid; }
   int32_t line(int op) const { return ops_[op].line; }
@@ -81,9 +92,39 @@ class Graph {
   // By var id: the first op that writes it / reads it, or -1.
   std::vector<int> FirstWriters() const;
   std::vector<int> FirstReaders() const;
+  // By var id: the live ops that read it, in program order, each once.
+  std::vector<std::vector<int>> Readers() const;
   // Appends `op` (its names resolved to vars, its attrs interned); the error
   // names the op when a name is not a var or the type is not registered.
   absl::Status AddOp(const Op& op);
+  // The same, returning the new op's id.
+  absl::StatusOr<int> AppendOp(const Op& op);
+  // Inserts `op` just before / after the live op `anchor`; returns its id.
+  absl::StatusOr<int> InsertOpBefore(int anchor, const Op& op);
+  absl::StatusOr<int> InsertOpAfter(int anchor, const Op& op);
+  // Gives op `id` the type, names, attrs and fields of `op`, in place (its
+  // id and position stay).
+  absl::Status ReplaceOp(int id, const Op& op);
+  // Removes a live op; its id is never reused.
+  void EraseOp(int op);
+  // Copies of the live ops `ops` (in the order given), inserted before the
+  // live op `before` (at the end when -1), each input and output var
+  // renamed through `rename` (by var id; vars not in it stay). Returns the
+  // copies' ids, in the same order.
+  absl::StatusOr<std::vector<int>> CloneOps(absl::Span<const int> ops, int before,
+                                            const absl::flat_hash_map<int, int>& rename);
+  // Input k of op `op` reads var `var`, which must have the type of the var
+  // it read before.
+  absl::Status SetInput(int op, int k, int var);
+  // Every read of var `from` by a live op for which `filter` is true (every
+  // live op without one) reads `to` instead; both vars must have one type.
+  // Returns how many inputs changed.
+  absl::StatusOr<int> ReplaceAllUsesWith(int from, int to, const std::function<bool(int op)>& filter = nullptr);
+  // Drops the vars for which keep[v] is false, keeping the others' order.
+  // Var ids are renumbered (the next ids in order), so ids held before are
+  // stale. An error, changing nothing, if a live op reads or writes a var
+  // being dropped.
+  absl::Status RetainVars(const std::vector<bool>& keep);
 
   // The program's own fields. loss and fetch keep their names (a fetch need
   // not be a var until validation says so).
@@ -93,6 +134,8 @@ class Graph {
     (*program_fields_.mutable_param_grad())[std::string(param)] = std::string(grad);
   }
   const Program& program_fields() const { return program_fields_; }
+  // loss, fetch, param_grad, tied_replica and the rest, for passes that change them.
+  Program& mutable_program_fields() { return program_fields_; }
 
  private:
   struct VarRec {
@@ -118,8 +161,16 @@ class Graph {
     int32_t line = 0;
     int64_t uid = 0;
     OpRole role = ROLE_UNSPECIFIED;
+    bool erased = false;
   };
   int InternAttrs(const Op& op);
+  // The record of `op` with its names resolved (appended to io_); the error
+  // names the op, as at program position `index`.
+  absl::StatusOr<OpRec> MakeOpRec(const Op& op, int index);
+  // Links op `id` into the program order after `prev` (-1: first).
+  void LinkAfter(int id, int prev);
+  // Adds `op` after the live op `prev` (-1: first); it will be at `position`.
+  absl::StatusOr<int> InsertAfterLinked(int prev, const Op& op, int position);
 
   NameTable names_;  // var names; a var's id is its name's id
   std::vector<VarRec> vars_;
@@ -132,6 +183,14 @@ class Graph {
   absl::flat_hash_map<std::string, int> attr_set_of_;  // canonical encoding -> index
   NameTable strings_;                                  // devices and op names
   std::vector<Channel> channels_;
+  // Program order: a doubly linked list over op ids, and its dense form
+  // (and each op's position in it), rebuilt on demand after a mutation.
+  std::vector<int32_t> next_, prev_;
+  int head_ = -1, tail_ = -1;
+  int num_live_ops_ = 0;
+  mutable std::vector<int> order_;
+  mutable std::vector<int32_t> position_;
+  mutable bool order_valid_ = true;
   // Everything of the Program but its vars and ops.
   Program program_fields_;
 };

@@ -35,51 +35,57 @@ ScopedPhase::~ScopedPhase() {
 
 std::vector<std::string> PassPipeline::PassNames() const {
   std::vector<std::string> names;
-  for (const auto& p : passes_) names.push_back(p->name());
+  for (const auto& p : passes_) {
+    if (const auto* nested = dynamic_cast<const PassPipeline*>(p.get())) {
+      for (auto& n : nested->PassNames()) names.push_back(std::move(n));
+    } else {
+      names.push_back(p->name());
+    }
+  }
   return names;
 }
 
-absl::StatusOr<bool> GraphPass::Run(Program& program, const CompileContext& ctx) {
+const Program* PassPipeline::dumped() const { return dumped_valid_ ? &dumped_ : nullptr; }
+
+absl::StatusOr<bool> RunOnProgram(Pass& pass, Program& program, const CompileContext& ctx) {
   auto graph = Graph::FromProgram(program);
   if (!graph.ok()) return graph.status();
-  auto changed = Run(**graph, ctx);
+  auto changed = pass.Run(**graph, ctx);
   if (changed.ok() && *changed) program = (*graph)->ToProgram();
   return changed;
 }
 
-absl::StatusOr<bool> ProgramPass::Run(Graph& graph, const CompileContext& ctx) {
-  if (!Applies(ctx)) return false;
-  Program program = graph.ToProgram();
-  auto changed = Run(program, ctx);
-  if (!changed.ok() || !*changed) return changed;
-  auto rebuilt = Graph::FromProgram(program);
-  if (!rebuilt.ok()) {
-    return absl::InternalError(absl::StrCat("program invalid after pass '", name(), "': ", rebuilt.status().message()));
-  }
-  graph = std::move(**rebuilt);
-  return true;
-}
-
-absl::Status PassPipeline::Run(Graph& graph, const CompileContext& ctx, PhaseTimes* times) {
+absl::StatusOr<bool> PassPipeline::Run(Graph& graph, const CompileContext& ctx) {
+  bool any = false;
   for (const auto& pass : passes_) {
+    auto* nested = dynamic_cast<PassPipeline*>(pass.get());
+    if (nested != nullptr) {
+      nested->set_dump_after(dump_after_);
+      nested->set_times(times_);
+    }
     absl::StatusOr<bool> changed;
     {
-      ScopedPhase phase(times, pass->name());
+      // A nested pipeline times its own passes.
+      ScopedPhase phase(nested != nullptr ? nullptr : times_, pass->name());
       changed = pass->Run(graph, ctx);
     }
     if (!changed.ok()) return changed.status();
-    if (*changed) {
-      ScopedPhase phase(times, "verify");
+    any |= *changed;
+    if (*changed && nested == nullptr) {
+      ScopedPhase phase(times_, "verify");
       if (auto s = VerifyGraph(graph); !s.ok()) {
         return absl::InternalError(absl::StrCat("program invalid after pass '", pass->name(), "': ", s.message()));
       }
     }
-    if (pass->name() == dump_after_) {
+    if (nested != nullptr && nested->dumped() != nullptr) {
+      dumped_ = *nested->dumped();
+      dumped_valid_ = true;
+    } else if (pass->name() == dump_after_) {
       dumped_ = graph.ToProgram();
       dumped_valid_ = true;
     }
   }
-  return absl::OkStatus();
+  return any;
 }
 
 }  // namespace strata

@@ -59,54 +59,54 @@ class ScopedPhase {
   int64_t start_ns_;
 };
 
-// A program-to-program rewrite. Run returns whether it changed the program.
-// The pipeline runs passes on the Graph IR; a pass is written against one
-// representation (GraphPass or ProgramPass) and the other Run converts, so
-// tests and tools can run any pass on a Program (docs/design-notes.md: the
-// passes move onto the Graph one by one).
+// A rewrite of the Graph IR, XLA's HloPassInterface: Run returns whether it
+// changed the graph. One signature; tests and tools that hold a Program use
+// RunOnProgram.
 class Pass {
  public:
   virtual ~Pass() = default;
   virtual std::string name() const = 0;  // kebab case: "pipeline-split"
-  virtual absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) = 0;
   virtual absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) = 0;
 };
 
-// A pass written against the Graph.
-class GraphPass : public Pass {
- public:
-  using Pass::Run;
-  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) final;
-};
+// Runs `pass` on `program` through a Graph, writing the program back when the
+// pass changed it.
+absl::StatusOr<bool> RunOnProgram(Pass& pass, Program& program, const CompileContext& ctx);
+inline absl::StatusOr<bool> RunOnProgram(Pass&& pass, Program& program, const CompileContext& ctx) {
+  return RunOnProgram(pass, program, ctx);
+}
 
-// A pass still written against the Program: on a Graph it converts out and
-// back, unless Applies says the pass has nothing to do for this job.
-class ProgramPass : public Pass {
+// Runs passes in order with VerifyGraph after each that changed the graph
+// (the invariant checker, XLA's AddInvariantChecker), and can keep a copy of
+// the program after a named pass (--dump_after). Itself a pass.
+class PassPipeline : public Pass {
  public:
-  using Pass::Run;
-  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) final;
-  virtual bool Applies(const CompileContext& ctx) const { return true; }
-};
+  explicit PassPipeline(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
 
-// Runs passes in order with the program verifier after each, and can keep a
-// copy of the program after a named pass (--dump_after).
-class PassPipeline {
- public:
   template <typename T, typename... Args>
-  void AddPass(Args&&... args) {
-    passes_.push_back(std::make_unique<T>(std::forward<Args>(args)...));
+  T& AddPass(Args&&... args) {
+    auto pass = std::make_unique<T>(std::forward<Args>(args)...);
+    T& added = *pass;
+    passes_.push_back(std::move(pass));
+    return added;
   }
   void set_dump_after(std::string pass_name) { dump_after_ = std::move(pass_name); }
-  const Program* dumped() const { return dumped_valid_ ? &dumped_ : nullptr; }
+  // Each pass's and the verifier's time is added here.
+  void set_times(PhaseTimes* times) { times_ = times; }
+  // The program after the dump_after pass, if it ran (in this pipeline or
+  // one nested in it).
+  const Program* dumped() const;
+  // The passes' names, those of nested pipelines in their place.
   std::vector<std::string> PassNames() const;
 
-  // Runs every pass, VerifyGraph after each that changed the graph; with
-  // `times`, adds each pass's and the verifier's time.
-  absl::Status Run(Graph& graph, const CompileContext& ctx, PhaseTimes* times = nullptr);
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 
  private:
+  std::string name_;
   std::vector<std::unique_ptr<Pass>> passes_;
   std::string dump_after_;
+  PhaseTimes* times_ = nullptr;
   Program dumped_;
   bool dumped_valid_ = false;
 };

@@ -180,31 +180,6 @@ std::string VarLocation(const Program& program, const Var& var) {
   return absl::StrCat(where, ": var '", var.name(), "'");
 }
 
-absl::StatusOr<int> ParseDeviceStage(const std::string& device) {
-  std::string kind = device, number;
-  size_t colon = device.find(':');
-  if (colon != std::string::npos) {
-    kind = device.substr(0, colon);
-    number = device.substr(colon + 1);
-  }
-  if (kind != "gpu" && kind != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat("malformed device '", device, "': expected \"gpu:N\" or \"cpu:N\""));
-  }
-  if (colon == std::string::npos) return 0;
-  int stage;
-  if (number.empty() || !absl::SimpleAtoi(number, &stage) || stage < 0 || stage > 4096 ||
-      !std::all_of(number.begin(), number.end(), ::isdigit)) {
-    return absl::InvalidArgumentError(absl::StrCat("malformed device '", device, "': the stage after ':' must be a number from 0"));
-  }
-  return stage;
-}
-
-int NumStages(const Program& program) {
-  int max_stage = 0;
-  for (const Op& op : program.op()) max_stage = std::max(max_stage, op.stage());
-  return max_stage + 1;
-}
-
 absl::Status ValidateAndInferProgram(Program* program) {
   const std::string file = FileOf(*program);
   // Declared vars.
@@ -258,8 +233,6 @@ absl::Status ValidateAndInferProgram(Program* program) {
   for (const Var& v : program->var()) {
     if (v.kind() != ACTIVATION) types[v.name()] = TypeOf(v);
   }
-  bool any_placed = false;
-  for (const Op& op : program->op()) any_placed |= !op.device().empty();
 
   for (int i = 0; i < program->op_size(); ++i) {
     Op* op = program->mutable_op(i);
@@ -334,46 +307,6 @@ absl::Status ValidateAndInferProgram(Program* program) {
     }
     op->set_uid(i);
     op->set_role(FORWARD);
-
-    // Placement: the device_guard names the stage; unplaced ops inherit from
-    // the producer of their first produced input.
-    if (!op->device().empty()) {
-      auto stage = ParseDeviceStage(op->device());
-      if (!stage.ok()) return Err(where, std::string(stage.status().message()));
-      op->set_stage(*stage);
-    } else if (any_placed) {
-      int from = -1;
-      for (const auto& in : op->input()) {
-        auto p = producer.find(in);
-        if (p != producer.end()) { from = p->second; break; }
-      }
-      if (from < 0) {
-        return Err(where, "has no device and reads no var produced by a placed op; in a program that places ops, give it a device");
-      }
-      op->set_stage(program->op(from).stage());
-    } else {
-      op->set_stage(0);
-    }
-    for (const auto& in : op->input()) {
-      auto p = producer.find(in);
-      if (p != producer.end() && program->op(p->second).stage() > op->stage()) {
-        return Err(where, absl::StrCat("is on stage ", op->stage(), " but reads '", in, "' from op #", p->second, " '",
-                                       program->op(p->second).type(), "' on the later stage ",
-                                       program->op(p->second).stage(), "; data must flow to the same or later stages"));
-      }
-    }
-  }
-
-  // Stages must be 0..K-1 with none skipped.
-  std::set<int> stages;
-  for (const Op& op : program->op()) stages.insert(op.stage());
-  int expect = 0;
-  for (int s : stages) {
-    if (s != expect) {
-      return Err(file, absl::StrCat("stage ", expect, " has no ops but stage ", s,
-                                    " does; device stages must be numbered 0, 1, ... without gaps"));
-    }
-    ++expect;
   }
 
   // Loss and fetches.

@@ -13,16 +13,10 @@ namespace strata {
 // The first compiler step over a user's program: checks every declared var
 // and every op (registered type, argument counts, attrs, definition before
 // use, single definition), fills in attr defaults, infers and records the type
-// of every intermediate var, resolves each op's pipeline stage from its
-// `device` (the device_guard) and assigns roles (FORWARD, LOSS) and stable
-// uids. Errors name the file, line, op (index and type) or var.
+// of every intermediate var and assigns roles (FORWARD, LOSS) and stable
+// uids. Errors name the file, line, op (index and type) or var. Stages come
+// after, from the placement pass (passes/placement.h).
 absl::Status ValidateAndInferProgram(Program* program);
-
-// Parses a device_guard string: "gpu:N" or "cpu:N" (N the stage), or "gpu"/"cpu" (stage 0).
-absl::StatusOr<int> ParseDeviceStage(const std::string& device);
-
-// Number of pipeline stages the program's placements name (1 when unplaced).
-int NumStages(const Program& program);
 
 // Re-infers every op's output types and checks them against the declared
 // vars, and that every input is defined before use. Run between passes.

@@ -29,59 +29,6 @@ absl::StatusOr<Program> Validate(const std::string& body) {
   return program;
 }
 
-TEST(ValidateTest, InfersIntermediatesAndInheritsStages) {
-  auto p = Validate(R"pb(
-    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
-    op { type: "relu" input: ["h"] output: ["r"] }
-    op { type: "matmul" input: ["r", "w2"] output: ["logits"] device: "gpu:1" }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
-  )pb");
-  ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->op(1).stage(), 0);
-  EXPECT_EQ(p->op(3).stage(), 1);
-  EXPECT_EQ(p->op(3).role(), LOSS);
-  EXPECT_EQ(NumStages(*p), 2);
-  bool found = false;
-  for (const Var& v : p->var()) {
-    if (v.name() == "logits") {
-      found = true;
-      EXPECT_THAT(v.shape(), ::testing::ElementsAre(-1, 3));
-    }
-  }
-  EXPECT_TRUE(found);
-}
-
-TEST(ValidateTest, RejectsDataFlowingBackToAnEarlierStage) {
-  auto p = Validate(R"pb(
-    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:1" }
-    op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:0" }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
-  )pb");
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(p.status().message(), HasSubstr("op #1 'matmul'"));
-  EXPECT_THAT(p.status().message(), HasSubstr("later stage 1"));
-}
-
-TEST(ValidateTest, RejectsSkippedStage) {
-  auto p = Validate(R"pb(
-    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
-    op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "gpu:2" }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
-  )pb");
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(p.status().message(), HasSubstr("stage 1 has no ops"));
-}
-
-TEST(ValidateTest, RejectsMalformedDevice) {
-  auto p = Validate(R"pb(
-    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:one" }
-    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
-  )pb");
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(p.status().message(), HasSubstr("malformed device 'gpu:one'"));
-  EXPECT_THAT(p.status().message(), HasSubstr("test.pbtxt:"));
-}
 
 TEST(ValidateTest, NamesLineAndOpForShapeMismatch) {
   auto p = Validate(R"pb(
@@ -235,16 +182,6 @@ TEST(ValidateTest, VerifierErrorsNameTheVarBoundToEachRole) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(s.message(), HasSubstr("op #1 'matmul': inner dims differ"));
   EXPECT_THAT(s.message(), HasSubstr("input 'a' is var 'h' F32[-1, 8] and input 'b' is var 'w2' F32[5, 3]"));
-}
-
-TEST(DeviceTest, ParsesStages) {
-  EXPECT_EQ(*ParseDeviceStage("gpu:3"), 3);
-  EXPECT_EQ(*ParseDeviceStage("cpu:0"), 0);
-  EXPECT_EQ(*ParseDeviceStage("gpu"), 0);
-  EXPECT_FALSE(ParseDeviceStage("tpu:1").ok());
-  EXPECT_FALSE(ParseDeviceStage("gpu:-1").ok());
-  EXPECT_FALSE(ParseDeviceStage("gpu:").ok());
-  EXPECT_FALSE(ParseDeviceStage("gpu:1x").ok());
 }
 
 }  // namespace

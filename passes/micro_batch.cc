@@ -2,135 +2,146 @@
 
 #include <map>
 #include <set>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 
 namespace strata {
+namespace {
 
-absl::StatusOr<bool> MicroBatchPass::Run(Program& program, const CompileContext& ctx) {
+bool IsUpdate(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
+
+// An op placed like `like` (stage, device, uid), of the pass's making.
+Op OpLike(const Graph& graph, int like, const std::string& type, const std::string& buffer, OpRole role) {
+  Op op;
+  op.set_type(type);
+  op.add_input(buffer);
+  op.add_output(buffer);
+  op.set_role(role);
+  op.set_stage(graph.stage(like));
+  const absl::string_view device = graph.device(like);
+  op.set_device(device.data(), device.size());
+  op.set_uid(graph.uid(like));
+  return op;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx) {
   const int m = ctx.micro_batches;
   if (m <= 1) return false;
+  const std::vector<int> order = graph.ops();  // the ops before this pass, in program order
 
   // The seed of dL/dloss (on the loss's stage): each micro-batch's loss is the
   // mean over its own samples, so 1/M makes the summed gradient that of the
   // global mean.
-  for (Op& op : *program.mutable_op()) {
-    if (op.role() == BACKWARD && op.type() == "fill_like" && op.input_size() == 1 && op.input(0) == program.loss()) {
-      (*op.mutable_attr())["value"] = FloatAttr(1.0 / m);
+  const int loss = graph.FindVar(graph.loss());
+  for (int op : order) {
+    if (graph.role(op) != BACKWARD || graph.schema(op).type != "fill_like" || graph.inputs(op).size() != 1 ||
+        graph.inputs(op)[0] != loss || loss < 0) {
+      continue;
     }
+    Op seed = graph.AsOp(op);
+    (*seed.mutable_attr())["value"] = FloatAttr(1.0 / m);
+    if (auto s = graph.ReplaceOp(op, seed); !s.ok()) return s;
   }
 
-  // Gradients produced in backward and read by the optimizer block.
-  GraphIndex index(program);
-  std::vector<std::string> grads;
-  std::set<std::string> seen;
-  for (const Op& op : program.op()) {
-    if (op.role() != OPTIMIZE && op.role() != LR_SCHEDULE) continue;
-    for (const auto& in : op.input()) {
-      int p = index.producer(in);
-      if (p >= 0 && program.op(p).role() == BACKWARD && seen.insert(in).second) grads.push_back(in);
+  // Gradients produced in backward and read by the optimizer block, in the
+  // order the optimizer reads them.
+  const std::vector<int> producer = graph.FirstWriters();
+  std::vector<int> grads;
+  absl::flat_hash_set<int> seen;
+  for (int op : order) {
+    if (!IsUpdate(graph.role(op))) continue;
+    for (int in : graph.inputs(op)) {
+      if (producer[in] >= 0 && graph.role(producer[in]) == BACKWARD && seen.insert(in).second) grads.push_back(in);
     }
   }
-  std::map<std::string, std::string> acc_of;
-  for (const auto& g : grads) {
-    const Var* v = index.var(g);
-    if (v == nullptr) return absl::InternalError(absl::StrCat("micro-batch: gradient '", g, "' has no var"));
-    for (int64_t d : v->shape()) {
-      if (d < 0) return absl::InternalError(absl::StrCat("micro-batch: gradient '", g, "' read by the optimizer has a batch dim"));
+  for (int g : grads) {
+    for (int64_t d : graph.shape(g)) {
+      if (d < 0) {
+        return absl::InternalError(
+            absl::StrCat("micro-batch: gradient '", graph.var_name(g), "' read by the optimizer has a batch dim"));
+      }
     }
-    acc_of[g] = absl::StrCat(g, "@acc");
   }
 
   // A gradient that a 2-D matmul writes and only the optimizer block reads is
   // summed by the GEMM itself: matmul_accumulate adds op(a) @ op(b) into the
   // buffer, and the gradient var goes away.
-  std::set<std::string> fused;
-  for (const auto& g : grads) {
-    const int producer = index.producer(g);
-    const Op& op = program.op(producer);
-    if (op.type() != "matmul" || op.output_size() != 1 || op.input_size() != 2) continue;
-    const Var* a = index.var(op.input(0));
-    const Var* b = index.var(op.input(1));
-    if (a == nullptr || b == nullptr || a->shape_size() != 2 || b->shape_size() != 2) continue;
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  std::set<int> fused;
+  for (int g : grads) {
+    const int op = producer[g];
+    if (graph.schema(op).type != "matmul" || graph.outputs(op).size() != 1 || graph.inputs(op).size() != 2) continue;
+    if (graph.shape(graph.inputs(op)[0]).size() != 2 || graph.shape(graph.inputs(op)[1]).size() != 2) continue;
     bool only_optimizer = true;
-    for (int c : index.consumers(g)) {
-      only_optimizer &= program.op(c).role() == OPTIMIZE || program.op(c).role() == LR_SCHEDULE;
-    }
+    for (int c : readers[g]) only_optimizer &= IsUpdate(graph.role(c));
     if (only_optimizer) fused.insert(g);
   }
 
-  // Rebuild the op list: accumulate right after each producer, the optimizer
-  // reads the buffers, and the buffers are zeroed after the optimizer block.
-  std::vector<Op> ops(program.op().begin(), program.op().end());
-  program.clear_op();
+  // The buffers, declared after every var there is (in the optimizer's order).
+  std::map<int, int> acc_of;  // gradient var -> its buffer
+  for (int g : grads) {
+    const std::string name = absl::StrCat(graph.var_name(g), "@acc");
+    const int acc = graph.AddVar(name, graph.dtype(g), graph.shape(g), SCRATCH);  // zero at every step boundary: not checkpointed
+    if (acc < 0) return absl::InternalError(absl::StrCat("micro-batch: var '", name, "' exists already"));
+    acc_of[g] = acc;
+  }
+
+  // Accumulate right after each producer, the optimizer reads the buffers,
+  // and the buffers are zeroed after the optimizer block.
   std::vector<Op> zeros;
-  for (Op& op : ops) {
-    if (op.role() == OPTIMIZE || op.role() == LR_SCHEDULE) {
-      for (auto& in : *op.mutable_input()) {
-        auto it = acc_of.find(in);
-        if (it != acc_of.end()) in = it->second;
+  for (int op : order) {
+    if (IsUpdate(graph.role(op))) {
+      const std::vector<int> ins(graph.inputs(op).begin(), graph.inputs(op).end());
+      for (size_t k = 0; k < ins.size(); ++k) {
+        auto it = acc_of.find(ins[k]);
+        if (it == acc_of.end()) continue;
+        if (auto s = graph.SetInput(op, static_cast<int>(k), it->second); !s.ok()) return s;
       }
     }
-    const bool fuse = op.role() == BACKWARD && op.output_size() == 1 && fused.count(op.output(0)) > 0;
+    if (graph.role(op) != BACKWARD) continue;
+    const bool fuse = graph.outputs(op).size() == 1 && fused.count(graph.outputs(op)[0]) > 0;
     if (fuse) {
-      op.set_type("matmul_accumulate");
-      op.add_input(acc_of[op.output(0)]);
-      op.set_output(0, acc_of[op.output(0)]);
+      const int acc = acc_of.at(graph.outputs(op)[0]);
+      Op gemm = graph.AsOp(op);
+      gemm.set_type("matmul_accumulate");
+      gemm.add_input(std::string(graph.var_name(acc)));
+      gemm.set_output(0, std::string(graph.var_name(acc)));
+      if (auto s = graph.ReplaceOp(op, gemm); !s.ok()) return s;
+      zeros.push_back(OpLike(graph, op, "fill_zero", std::string(graph.var_name(acc)), OPTIMIZE));
+      continue;
     }
-    *program.add_op() = op;
-    if (op.role() != BACKWARD) continue;
-    for (const auto& out : op.output()) {
+    int last = op;
+    const std::vector<int> outs(graph.outputs(op).begin(), graph.outputs(op).end());
+    for (int out : outs) {
       auto it = acc_of.find(out);
-      if (it == acc_of.end() && !fuse) continue;
-      const std::string& buffer = fuse ? out : it->second;
-      if (!fuse) {
-        Op* acc = program.add_op();
-        acc->set_type("accumulate");
-        acc->add_input(buffer);
-        acc->add_input(out);
-        acc->add_output(buffer);
-        acc->set_role(BACKWARD);
-        acc->set_stage(op.stage());
-        acc->set_device(op.device());
-        acc->set_uid(op.uid());
-      }
-      Op zero;
-      zero.set_type("fill_zero");
-      zero.add_input(buffer);
-      zero.add_output(buffer);
-      zero.set_role(OPTIMIZE);
-      zero.set_stage(op.stage());
-      zero.set_device(op.device());
-      zero.set_uid(op.uid());
-      zeros.push_back(std::move(zero));
+      if (it == acc_of.end()) continue;
+      const std::string buffer(graph.var_name(it->second));
+      Op acc = OpLike(graph, op, "accumulate", buffer, BACKWARD);
+      acc.add_input(std::string(graph.var_name(out)));
+      absl::StatusOr<int> added = graph.InsertOpAfter(last, acc);
+      if (!added.ok()) return added.status();
+      last = *added;
+      zeros.push_back(OpLike(graph, op, "fill_zero", buffer, OPTIMIZE));
     }
   }
-  for (auto& z : zeros) *program.add_op() = std::move(z);
-  for (const auto& g : grads) {
-    const Var* v = index.var(g);
-    Var* acc = program.add_var();
-    acc->set_name(acc_of[g]);
-    acc->set_dtype(v->dtype());
-    *acc->mutable_shape() = v->shape();
-    acc->set_kind(SCRATCH);  // zero at every step boundary: not checkpointed
+  for (const Op& z : zeros) {
+    if (auto s = graph.AddOp(z); !s.ok()) return s;
   }
-  for (auto& [param, grad] : *program.mutable_param_grad()) {
-    auto it = acc_of.find(grad);
-    if (it != acc_of.end()) grad = it->second;
+  for (auto& [param, grad] : *graph.mutable_program_fields().mutable_param_grad()) {
+    const int g = graph.FindVar(grad);
+    auto it = g >= 0 ? acc_of.find(g) : acc_of.end();
+    if (it != acc_of.end()) grad = std::string(graph.var_name(it->second));
   }
   if (!fused.empty()) {
-    // The fused gradients are written nowhere now: drop their vars (last, as
-    // the index points into them).
-    auto* vars = program.mutable_var();
-    int kept = 0;
-    for (int i = 0; i < vars->size(); ++i) {
-      if (fused.count(vars->Get(i).name())) continue;
-      if (kept != i) vars->SwapElements(kept, i);
-      ++kept;
-    }
-    vars->DeleteSubrange(kept, vars->size() - kept);
+    // The fused gradients are written nowhere now.
+    std::vector<bool> keep(graph.num_vars(), true);
+    for (int g : fused) keep[g] = false;
+    if (auto s = graph.RetainVars(keep); !s.ok()) return s;
   }
   return true;
 }

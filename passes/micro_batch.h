@@ -13,11 +13,10 @@ namespace strata {
 // and only the optimizer block reads is added into its buffer by the GEMM
 // itself (`matmul_accumulate`, beta = 1), with no gradient tensor. Nothing
 // changes for M = 1.
-class MicroBatchPass : public ProgramPass {
+class MicroBatchPass : public Pass {
  public:
   std::string name() const override { return "micro-batch"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override;
-  bool Applies(const CompileContext& ctx) const override { return ctx.micro_batches > 1; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 };
 
 }  // namespace strata

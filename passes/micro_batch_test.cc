@@ -117,7 +117,7 @@ TEST(MicroBatchPassTest, AGradientReadInBackwardIsNotFused) {
     ASSERT_TRUE(program.ok()) << program.status();
     CompileContext ctx;
     ctx.micro_batches = 2;
-    auto changed = MicroBatchPass().Run(*program, ctx);
+    auto changed = RunOnProgram(MicroBatchPass(), *program, ctx);
     ASSERT_TRUE(changed.ok()) << changed.status();
     EXPECT_TRUE(*changed);
     ASSERT_TRUE(VerifyProgram(*program).ok()) << VerifyProgram(*program);

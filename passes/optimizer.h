@@ -8,10 +8,9 @@ namespace strata {
 // Appends the optimizer block: the step counter, the learning-rate schedule,
 // clipping by global gradient norm, and one update op per trained parameter
 // (on the parameter's stage), with its state vars (velocity, moments).
-class OptimizerPass : public GraphPass {
+class OptimizerPass : public Pass {
  public:
   std::string name() const override { return "optimizer"; }
-  using GraphPass::Run;
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 };
 

@@ -447,13 +447,13 @@ TEST(OptimizerPassTest, RunsOnlyWithAnOptimizerAndLeavesAValidProgram) {
   Program without = backward;
   without.clear_optimizer();
   const Program before = without;
-  auto unchanged = OptimizerPass().Run(without, CompileContext());
+  auto unchanged = RunOnProgram(OptimizerPass(), without, CompileContext());
   ASSERT_TRUE(unchanged.ok()) << unchanged.status();
   EXPECT_FALSE(*unchanged);
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(without, before));
 
   Program with = backward;
-  auto changed = OptimizerPass().Run(with, CompileContext());
+  auto changed = RunOnProgram(OptimizerPass(), with, CompileContext());
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_TRUE(*changed);
   EXPECT_TRUE(VerifyProgram(with).ok()) << VerifyProgram(with);
@@ -475,7 +475,7 @@ TEST(OptimizerPassTest, GradientsOfNoParameterAreAnInternalError) {
   Program feed_only = result->dumped;
   feed_only.clear_param_grad();
   (*feed_only.mutable_param_grad())["x"] = "xw";  // a feed, not a parameter
-  auto s = OptimizerPass().Run(feed_only, CompileContext());
+  auto s = RunOnProgram(OptimizerPass(), feed_only, CompileContext());
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), ::testing::HasSubstr("param_grad names no parameter"));
 
@@ -485,7 +485,7 @@ TEST(OptimizerPassTest, GradientsOfNoParameterAreAnInternalError) {
       if (in == "b") in = "x";  // b's gradient stays, its reader is gone
     }
   }
-  s = OptimizerPass().Run(unread, CompileContext());
+  s = RunOnProgram(OptimizerPass(), unread, CompileContext());
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), ::testing::HasSubstr("parameter 'b' has a gradient but no reader"));
 }

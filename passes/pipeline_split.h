@@ -13,11 +13,10 @@ namespace strata {
 // Channel (source rank, destination rank, var, id) and the recv its type,
 // both decided here; the id is the same on both sides because every rank
 // numbers the transfers of the whole program in the same order.
-class PipelineSplitPass : public ProgramPass {
+class PipelineSplitPass : public Pass {
  public:
   std::string name() const override { return "pipeline-split"; }
-  absl::StatusOr<bool> Run(Program& program, const CompileContext& ctx) override;
-  bool Applies(const CompileContext& ctx) const override { return ctx.num_stages() > 1; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 };
 
 }  // namespace strata

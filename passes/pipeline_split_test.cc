@@ -351,7 +351,7 @@ TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsAN
 
   Program single = backward;
   CompileContext one;
-  auto unchanged = PipelineSplitPass().Run(single, one);
+  auto unchanged = RunOnProgram(PipelineSplitPass(), single, one);
   ASSERT_TRUE(unchanged.ok()) << unchanged.status();
   EXPECT_FALSE(*unchanged);
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(single, backward));
@@ -361,7 +361,7 @@ TEST(PipelineSplitPassTest, ChannelRanksFollowTheDataParallelRankAndOneStageIsAN
     CompileContext ctx;
     ctx.mesh = *Mesh::Create({{"dp", 2}, {"pp", 2}});
     ctx.rank = 2 + stage;  // data-parallel replica 1
-    auto changed = PipelineSplitPass().Run(split, ctx);
+    auto changed = RunOnProgram(PipelineSplitPass(), split, ctx);
     ASSERT_TRUE(changed.ok()) << changed.status();
     EXPECT_TRUE(*changed);
     EXPECT_TRUE(VerifyProgram(split).ok()) << VerifyProgram(split);
