@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev redis-server
   libopenblas-dev zlib1g-dev libgoogle-perftools-dev
+  nlohmann-json3-dev
   dataset-fashion-mnist
 )
 # The reference for numeric cross-checks and benchmarks, without its recommends.
