@@ -22,8 +22,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 #include "runtime/fault_injection.h"
 
 namespace strata {
@@ -63,7 +63,7 @@ bool ParseSafetensorsDtype(absl::string_view name, DataType* dtype) {
 }
 
 // ---------------------------------------------------------------------------
-// JSON, just enough for the header: strings, integers, arrays, objects.
+// The JSON header (nlohmann::json).
 
 bool IsValidUtf8(absl::string_view s) {
   size_t i = 0;
@@ -97,239 +97,148 @@ bool IsValidUtf8(absl::string_view s) {
   return true;
 }
 
-void AppendJsonString(std::string* out, absl::string_view s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", c);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
+using Json = nlohmann::json;
+
+// How a header value is named in messages.
+const char* KindName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+    case Json::value_t::number_float: return "a number";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    default: return "no value";
   }
-  out->push_back('"');
 }
 
-struct JsonValue {
-  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = kNull;
-  std::string text;  // string contents, or a number's literal text
-  std::vector<JsonValue> items;
-  std::vector<std::pair<std::string, JsonValue>> members;  // in file order, keys unique
+// A non-negative integer literal that fits in int64. nlohmann reads "-0" as a
+// signed integer, and "2.0", "1e3" and integers past UINT64_MAX as floats:
+// all refused, as sizes and offsets.
+bool JsonToInt64(const Json& v, int64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  const uint64_t u = v.get<uint64_t>();
+  if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+  *out = static_cast<int64_t>(u);
+  return true;
+}
 
-  static const char* KindName(Kind kind) {
-    static constexpr const char* kNames[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-    return kNames[kind];
+// nlohmann's message without its "[json.exception.parse_error.101] parse
+// error at line 1, column 6: " prefix, and with a long "last read" token (an
+// unterminated string can be the rest of the header) cut short.
+std::string JsonErrorText(absl::string_view what) {
+  if (const size_t bracket = what.find("] "); bracket != absl::string_view::npos) what.remove_prefix(bracket + 2);
+  if (absl::StartsWith(what, "parse error")) {
+    if (const size_t colon = what.find(": "); colon != absl::string_view::npos) what.remove_prefix(colon + 2);
   }
-};
+  std::string text(what);
+  static constexpr char kLastRead[] = "last read: '";
+  constexpr size_t kMaxToken = 40;
+  const size_t start = text.find(kLastRead);
+  if (start == std::string::npos) return text;
+  const size_t begin = start + sizeof(kLastRead) - 1;
+  size_t end = text.rfind("'; expected ");
+  if (end == std::string::npos || end < begin) end = text.rfind('\'');
+  if (end == std::string::npos || end < begin || end - begin <= kMaxToken) return text;
+  size_t cut = begin + kMaxToken;
+  while (cut > begin && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+  text.replace(cut, end - cut, "...");
+  return text;
+}
 
-class JsonParser {
+// Builds the header's JSON from nlohmann's SAX events, refusing beyond JSON's
+// grammar what a header may not hold: nesting deeper than kMaxJsonDepth
+// (refused as it opens, before a 100 MB "[[[[..." is built) and a key repeated
+// in one object (nlohmann's DOM parser would keep the last one silently).
+// nlohmann's callback parser could check both, but its end_object rescans the
+// parent object: quadratic over a header's tensors (50,000 tensors: 30 s).
+class HeaderBuilder : public Json::json_sax_t {
  public:
-  explicit JsonParser(absl::string_view text) : text_(text) {}
-
-  // Parses one value followed only by whitespace. Errors say what and at which byte.
-  absl::StatusOr<JsonValue> ParseDocument() {
-    JsonValue value;
-    if (absl::Status s = ParseValue(0, &value); !s.ok()) return s;
-    SkipWhitespace();
-    if (pos_ != text_.size()) return Error("unexpected text after the JSON value");
-    return value;
+  bool null() override { return Add(Json(nullptr)); }
+  bool boolean(bool value) override { return Add(Json(value)); }
+  bool number_integer(Json::number_integer_t value) override { return Add(Json(value)); }
+  bool number_unsigned(Json::number_unsigned_t value) override { return Add(Json(value)); }
+  bool number_float(Json::number_float_t value, const std::string& /*text*/) override { return Add(Json(value)); }
+  bool string(std::string& value) override { return Add(Json(std::move(value))); }
+  bool binary(Json::binary_t& /*value*/) override { return Refuse("a binary value"); }  // not in JSON text
+  bool start_object(std::size_t /*elements*/) override {
+    keys_.emplace_back();
+    return Open(Json::object());
   }
+  bool key(std::string& key) override {
+    if (!keys_.back().insert(key).second) {
+      return Refuse(absl::StrCat("duplicate key \"", absl::CHexEscape(key), "\""));
+    }
+    key_ = std::move(key);
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    open_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t /*elements*/) override { return Open(Json::array()); }
+  bool end_array() override {
+    open_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& /*last_token*/, const Json::exception& e) override {
+    // `position` counts from 1; the offset into the header counts from 0.
+    error_ = absl::DataLossError(absl::StrCat("bad JSON header at byte ", position > 0 ? position - 1 : 0, ": ",
+                                              JsonErrorText(e.what())));
+    return false;
+  }
+
+  const absl::Status& error() const { return error_; }
+  Json& root() { return root_; }
 
  private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("bad JSON header at byte ", pos_, ": ", what));
+  bool Refuse(absl::string_view what) {
+    error_ = absl::DataLossError(absl::StrCat("bad JSON header: ", what));
+    return false;
   }
-
-  void SkipWhitespace() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
+  // Into the innermost open array or object (under the last key), or as the root.
+  Json* Place(Json value) {
+    if (open_.empty()) return &(root_ = std::move(value));
+    Json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
     }
+    return &(parent[key_] = std::move(value));
   }
-
-  bool Consume(absl::string_view token) {
-    if (text_.substr(pos_, token.size()) != token) return false;
-    pos_ += token.size();
+  bool Add(Json value) {
+    Place(std::move(value));
+    return true;
+  }
+  bool Open(Json container) {
+    if (open_.size() >= kMaxJsonDepth) return Refuse("nested too deeply");
+    // Only the innermost open container grows, so the pointers to the outer ones stay valid.
+    open_.push_back(Place(std::move(container)));
     return true;
   }
 
-  absl::Status ParseValue(int depth, JsonValue* out) {
-    if (depth > kMaxJsonDepth) return Error("nested too deeply");
-    SkipWhitespace();
-    if (pos_ >= text_.size()) return Error("unexpected end, expected a value");
-    char c = text_[pos_];
-    if (c == '{') return ParseObject(depth, out);
-    if (c == '[') return ParseArray(depth, out);
-    if (c == '"') {
-      out->kind = JsonValue::kString;
-      return ParseString(&out->text);
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return ParseNumber(out);
-    if (Consume("true") || Consume("false")) {
-      out->kind = JsonValue::kBool;
-      return absl::OkStatus();
-    }
-    if (Consume("null")) {
-      out->kind = JsonValue::kNull;
-      return absl::OkStatus();
-    }
-    return Error(absl::StrCat("unexpected character '", absl::CHexEscape(absl::string_view(&c, 1)), "'"));
-  }
-
-  absl::Status ParseObject(int depth, JsonValue* out) {
-    out->kind = JsonValue::kObject;
-    ++pos_;  // '{'
-    SkipWhitespace();
-    if (Consume("}")) return absl::OkStatus();
-    absl::flat_hash_set<std::string> keys;  // a hash set: huge headers must not go quadratic
-    while (true) {
-      SkipWhitespace();
-      if (pos_ >= text_.size() || text_[pos_] != '"') return Error("expected a string key");
-      std::string key;
-      if (absl::Status s = ParseString(&key); !s.ok()) return s;
-      if (!keys.insert(key).second) return Error(absl::StrCat("duplicate key \"", absl::CHexEscape(key), "\""));
-      SkipWhitespace();
-      if (!Consume(":")) return Error("expected ':' after a key");
-      JsonValue value;
-      if (absl::Status s = ParseValue(depth + 1, &value); !s.ok()) return s;
-      out->members.emplace_back(std::move(key), std::move(value));
-      SkipWhitespace();
-      if (Consume("}")) return absl::OkStatus();
-      if (!Consume(",")) return Error("expected ',' or '}' in an object");
-    }
-  }
-
-  absl::Status ParseArray(int depth, JsonValue* out) {
-    out->kind = JsonValue::kArray;
-    ++pos_;  // '['
-    SkipWhitespace();
-    if (Consume("]")) return absl::OkStatus();
-    while (true) {
-      JsonValue value;
-      if (absl::Status s = ParseValue(depth + 1, &value); !s.ok()) return s;
-      out->items.push_back(std::move(value));
-      SkipWhitespace();
-      if (Consume("]")) return absl::OkStatus();
-      if (!Consume(",")) return Error("expected ',' or ']' in an array");
-    }
-  }
-
-  // RFC 8259 number grammar; the literal is kept for exact integer reads.
-  absl::Status ParseNumber(JsonValue* out) {
-    size_t start = pos_;
-    auto digits = [&] {
-      size_t begin = pos_;
-      while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
-      return pos_ - begin;
-    };
-    Consume("-");
-    if (Consume("0")) {
-      // no leading zeros
-    } else if (digits() == 0) {
-      return Error("malformed number");
-    }
-    if (Consume(".") && digits() == 0) return Error("malformed number fraction");
-    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      ++pos_;
-      if (!Consume("+")) Consume("-");
-      if (digits() == 0) return Error("malformed number exponent");
-    }
-    out->kind = JsonValue::kNumber;
-    out->text = std::string(text_.substr(start, pos_ - start));
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<uint32_t> ParseHex4() {
-    if (pos_ + 4 > text_.size()) return Error("truncated \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      char c = text_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else return Error("bad hex digit in \\u escape");
-    }
-    return v;
-  }
-
-  static void AppendUtf8(std::string* out, uint32_t cp) {
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
-  absl::Status ParseString(std::string* out) {
-    ++pos_;  // '"'
-    while (true) {
-      if (pos_ >= text_.size()) return Error("unterminated string");
-      unsigned char c = text_[pos_++];
-      if (c == '"') return absl::OkStatus();
-      if (c < 0x20) return Error("control character in a string");
-      if (c != '\\') {
-        out->push_back(static_cast<char>(c));
-        continue;
-      }
-      if (pos_ >= text_.size()) return Error("unterminated escape");
-      char e = text_[pos_++];
-      switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
-        case 'u': {
-          absl::StatusOr<uint32_t> cp = ParseHex4();
-          if (!cp.ok()) return cp.status();
-          if (*cp >= 0xDC00 && *cp <= 0xDFFF) return Error("lone low surrogate in \\u escape");
-          if (*cp >= 0xD800 && *cp <= 0xDBFF) {
-            if (!Consume("\\u")) return Error("high surrogate without its low half");
-            absl::StatusOr<uint32_t> low = ParseHex4();
-            if (!low.ok()) return low.status();
-            if (*low < 0xDC00 || *low > 0xDFFF) return Error("high surrogate without its low half");
-            *cp = 0x10000 + ((*cp - 0xD800) << 10) + (*low - 0xDC00);
-          }
-          AppendUtf8(out, *cp);
-          break;
-        }
-        default:
-          return Error("unknown escape");
-      }
-    }
-  }
-
-  absl::string_view text_;
-  size_t pos_ = 0;
+  Json root_;
+  std::vector<Json*> open_;
+  // The keys of each open object; hash sets, so huge headers do not go quadratic.
+  std::vector<absl::flat_hash_set<std::string>> keys_;
+  std::string key_;
+  absl::Status error_;
 };
 
-// A non-negative integer literal that fits in int64.
-bool JsonToInt64(const JsonValue& v, int64_t* out) {
-  if (v.kind != JsonValue::kNumber || v.text.empty() || v.text[0] == '-') return false;
-  if (v.text.find_first_not_of("0123456789") != std::string::npos) return false;
-  return absl::SimpleAtoi(v.text, out) && *out >= 0;
+// The header as JSON, or what is wrong with it.
+absl::StatusOr<Json> ParseHeaderJson(const std::string& header) {
+  HeaderBuilder builder;
+  bool ok = false;
+  try {
+    ok = Json::sax_parse(header, &builder);
+  } catch (const Json::exception& e) {  // not expected: errors reach HeaderBuilder::parse_error
+    return absl::DataLossError(absl::StrCat("bad JSON header: ", JsonErrorText(e.what())));
+  }
+  if (!ok) return builder.error().ok() ? absl::DataLossError("bad JSON header") : builder.error();
+  return std::move(builder.root());
 }
 
 // ---------------------------------------------------------------------------
@@ -416,25 +325,32 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   return FsyncDir(dir);
 }
 
+// ordered_json keeps the layout of Strata's headers: "__metadata__" first,
+// then the tensors in name order (their data's order), each as {"dtype",
+// "shape", "data_offsets"}. Its own inserts search the members linearly (a
+// 10,000-tensor header took 1.1 s), so objects are built from vectors of
+// members, whose keys are unique here by construction.
+using OrderedJson = nlohmann::ordered_json;
+using OrderedMembers = std::vector<std::pair<const std::string, OrderedJson>>;
+
+OrderedJson ObjectOf(OrderedMembers members) {
+  return OrderedJson(OrderedJson::object_t(std::make_move_iterator(members.begin()),
+                                           std::make_move_iterator(members.end())));
+}
+
 absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_bytes) {
-  std::string header = "{";
-  bool first = true;
+  OrderedMembers members;
+  members.reserve(ckpt.tensors.size() + 1);
   if (!ckpt.metadata.empty()) {
-    AppendJsonString(&header, kMetadataKey);
-    header += ":{";
+    OrderedMembers metadata;
     for (const auto& [key, value] : ckpt.metadata) {
       if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
         return absl::InvalidArgumentError(absl::StrCat("checkpoint metadata \"", absl::CHexEscape(key),
                                                        "\" is not valid UTF-8 (safetensors headers are JSON)"));
       }
-      if (!first) header += ",";
-      first = false;
-      AppendJsonString(&header, key);
-      header += ":";
-      AppendJsonString(&header, value);
+      metadata.emplace_back(key, value);
     }
-    header += "}";
-    first = false;
+    members.emplace_back(kMetadataKey, ObjectOf(std::move(metadata)));
   }
   uint64_t offset = 0;
   for (const auto& [name, tensor] : ckpt.tensors) {
@@ -448,16 +364,20 @@ absl::StatusOr<std::string> BuildHeader(const Checkpoint& ckpt, uint64_t* data_b
                                                      tensor.defined() ? DataTypeName(tensor.dtype()) : "undefined",
                                                      ", expected a defined F32, F64, I64, I32, BOOL, BF16 or F16 tensor"));
     }
-    if (!first) header += ",";
-    first = false;
-    AppendJsonString(&header, name);
-    absl::StrAppend(&header, ":{\"dtype\":\"", dtype, "\",\"shape\":[");
-    for (int d = 0; d < tensor.rank(); ++d) absl::StrAppend(&header, d ? "," : "", tensor.dim(d));
+    OrderedJson shape = OrderedJson::array();
+    for (int d = 0; d < tensor.rank(); ++d) shape.push_back(tensor.dim(d));
     const uint64_t bytes = tensor.bytes();
-    absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + bytes, "]}");
+    members.emplace_back(name, ObjectOf({{"dtype", dtype},
+                                         {"shape", std::move(shape)},
+                                         {"data_offsets", OrderedJson::array({offset, offset + bytes})}}));
     offset += bytes;
   }
-  header += "}";
+  std::string header;
+  try {
+    header = ObjectOf(std::move(members)).dump();
+  } catch (const OrderedJson::exception& e) {  // not expected: every string was checked to be UTF-8
+    return absl::InternalError(absl::StrCat("cannot write the checkpoint header: ", e.what()));
+  }
   // Pad with spaces so the data starts 8-byte aligned, as Python's safetensors writes it.
   header.append((8 - header.size() % 8) % 8, ' ');
   *data_bytes = offset;
@@ -488,37 +408,35 @@ struct TensorEntry {
   int64_t end = 0;
 };
 
-absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& name,
-                                             const JsonValue& value) {
+absl::StatusOr<TensorEntry> ParseTensorEntry(const std::string& path, const std::string& name, const Json& value) {
   auto error = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat(path, ": tensor \"", absl::CHexEscape(name), "\": ", what));
   };
-  if (value.kind != JsonValue::kObject) {
-    return error(absl::StrCat("expected an object, got ", JsonValue::KindName(value.kind)));
-  }
+  if (!value.is_object()) return error(absl::StrCat("expected an object, got ", KindName(value)));
   TensorEntry entry;
   entry.name = name;
   bool has_dtype = false, has_shape = false, has_offsets = false;
-  for (const auto& [key, field] : value.members) {
+  for (const auto& [key, field] : value.items()) {
     if (key == "dtype") {
       has_dtype = true;
-      if (field.kind != JsonValue::kString) return error("\"dtype\" must be a string");
-      if (!ParseSafetensorsDtype(field.text, &entry.dtype)) {
-        return error(absl::StrCat("unsupported dtype \"", absl::CHexEscape(field.text),
+      if (!field.is_string()) return error("\"dtype\" must be a string");
+      const std::string& dtype = field.get_ref<const std::string&>();
+      if (!ParseSafetensorsDtype(dtype, &entry.dtype)) {
+        return error(absl::StrCat("unsupported dtype \"", absl::CHexEscape(dtype),
                                   "\" (expected F32, F64, I64, I32, BOOL, BF16 or F16)"));
       }
     } else if (key == "shape") {
       has_shape = true;
-      if (field.kind != JsonValue::kArray) return error("\"shape\" must be an array");
-      for (const JsonValue& dim : field.items) {
+      if (!field.is_array()) return error("\"shape\" must be an array");
+      for (const Json& dim : field) {
         int64_t d;
         if (!JsonToInt64(dim, &d)) return error("\"shape\" must hold non-negative integers");
         entry.shape.push_back(d);
       }
     } else if (key == "data_offsets") {
       has_offsets = true;
-      if (field.kind != JsonValue::kArray || field.items.size() != 2 || !JsonToInt64(field.items[0], &entry.begin) ||
-          !JsonToInt64(field.items[1], &entry.end)) {
+      if (!field.is_array() || field.size() != 2 || !JsonToInt64(field[0], &entry.begin) ||
+          !JsonToInt64(field[1], &entry.end)) {
         return error("\"data_offsets\" must be [begin, end] with non-negative integers");
       }
       if (entry.end < entry.begin) return error(absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
@@ -598,22 +516,23 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_
     return absl::DataLossError(absl::StrCat(path, ": header does not start with '{'"));
   }
   if (!IsValidUtf8(header)) return absl::DataLossError(absl::StrCat(path, ": header is not valid UTF-8"));
-  absl::StatusOr<JsonValue> json = JsonParser(header).ParseDocument();
+  absl::StatusOr<Json> json = ParseHeaderJson(header);
   if (!json.ok()) return absl::DataLossError(absl::StrCat(path, ": ", json.status().message()));
 
+  // Members come in key order (nlohmann::json's objects are sorted maps).
   Checkpoint ckpt;
   std::vector<TensorEntry> entries;
-  for (const auto& [name, value] : json->members) {
+  for (const auto& [name, value] : json->items()) {
     if (name == kMetadataKey) {
-      if (value.kind != JsonValue::kObject) {
+      if (!value.is_object()) {
         return absl::DataLossError(absl::StrCat(path, ": \"__metadata__\" must be an object of strings"));
       }
-      for (const auto& [key, item] : value.members) {
-        if (item.kind != JsonValue::kString) {
+      for (const auto& [key, item] : value.items()) {
+        if (!item.is_string()) {
           return absl::DataLossError(absl::StrCat(path, ": metadata \"", absl::CHexEscape(key), "\" is ",
-                                                  JsonValue::KindName(item.kind), ", expected a string"));
+                                                  KindName(item), ", expected a string"));
         }
-        ckpt.metadata[key] = item.text;
+        ckpt.metadata[key] = item.get<std::string>();
       }
       continue;
     }

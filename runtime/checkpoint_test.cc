@@ -251,23 +251,28 @@ TEST(CheckpointTest, CorruptFilesAreClearErrors) {
       {"not an object", SafetensorsBytes("[]", ""), "does not start with '{'"},
       {"empty header", SafetensorsBytes("", ""), "does not start with '{'"},
       {"unterminated object", SafetensorsBytes("{\"a\":", ""), "unexpected end"},
-      {"trailing comma", SafetensorsBytes("{\"a\":{\"dtype\":\"F32\",}}", ""), "expected a string key"},
+      {"trailing comma", SafetensorsBytes("{\"a\":{\"dtype\":\"F32\",}}", ""), "unexpected '}'; expected string literal"},
       {"missing colon", SafetensorsBytes("{\"a\" 1}", ""), "expected ':'"},
-      {"mismatched bracket", SafetensorsBytes("{]", ""), "expected a string key"},
-      {"unterminated string", SafetensorsBytes("{\"abc", ""), "unterminated string"},
-      {"text after JSON", SafetensorsBytes(good + " x", eight), "unexpected text after"},
+      {"mismatched bracket", SafetensorsBytes("{]", ""), "unexpected ']'; expected string literal"},
+      {"unterminated string", SafetensorsBytes("{\"abc", ""), "missing closing quote"},
+      {"text after JSON", SafetensorsBytes(good + " x", eight), "expected end of input"},
       {"deep nesting", SafetensorsBytes(deep, ""), "nested too deeply"},
-      {"bad escape", SafetensorsBytes("{\"a\\q\":1}", ""), "unknown escape"},
-      {"lone surrogate", SafetensorsBytes("{\"\\udc00\":1}", ""), "lone low surrogate"},
-      {"half surrogate pair", SafetensorsBytes("{\"\\ud800x\":1}", ""), "high surrogate"},
+      {"bad escape", SafetensorsBytes("{\"a\\q\":1}", ""), "forbidden character after backslash"},
+      {"lone surrogate", SafetensorsBytes("{\"\\udc00\":1}", ""), "U+DC00..U+DFFF must follow U+D800..U+DBFF"},
+      {"half surrogate pair", SafetensorsBytes("{\"\\ud800x\":1}", ""), "U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
       {"control character", SafetensorsBytes("{\"a\nb\":1}", ""), "control character"},
       {"invalid UTF-8", SafetensorsBytes("{\"\xff\":1}", ""), "not valid UTF-8"},
-      {"bad number", SafetensorsBytes("{\"a\":-}", ""), "malformed number"},
-      {"bad literal", SafetensorsBytes("{\"a\":nul}", ""), "unexpected character"},
+      {"bad number", SafetensorsBytes("{\"a\":-}", ""), "invalid number"},
+      {"bad literal", SafetensorsBytes("{\"a\":nul}", ""), "invalid literal"},
       {"duplicate tensor", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[1]", "[0,4]") + "," +
                                                 Entry("a", "\"F32\"", "[1]", "[4,8]") + "}",
                                             eight),
        "duplicate key \"a\""},
+      {"duplicate metadata key", SafetensorsBytes("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", ""),
+       "duplicate key \"k\""},
+      {"not JSON at all", SafetensorsBytes("{this is not JSON}", ""), "bad JSON header at byte 2: syntax error"},
+      {"number past double", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[1e999]", "[0,8]") + "}", eight),
+       "number overflow"},
       {"entry not object", SafetensorsBytes("{\"a\":3}", ""), "tensor \"a\": expected an object, got a number"},
       {"unknown dtype", SafetensorsBytes("{" + Entry("a", "\"F8_E4M3\"", "[2]", "[0,4]") + "}", four),
        "unsupported dtype \"F8_E4M3\""},
@@ -279,6 +284,22 @@ TEST(CheckpointTest, CorruptFilesAreClearErrors) {
        "non-negative integers"},
       {"huge dim", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[99999999999999999999]", "[0,8]") + "}", eight),
        "non-negative integers"},
+      {"minus zero dim", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[-0]", "[0,0]") + "}", ""),
+       "non-negative integers"},
+      {"exponent dim", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[2e0]", "[0,8]") + "}", eight),
+       "non-negative integers"},
+      {"dim past int64", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[9223372036854775808]", "[0,8]") + "}", eight),
+       "non-negative integers"},
+      {"shape not array", SafetensorsBytes("{" + Entry("a", "\"F32\"", "{}", "[0,8]") + "}", eight),
+       "\"shape\" must be an array"},
+      {"string offsets", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[2]", "[\"0\",\"8\"]") + "}", eight),
+       "must be [begin, end] with non-negative integers"},
+      {"float offsets", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[2]", "[0.0,8]") + "}", eight),
+       "must be [begin, end] with non-negative integers"},
+      {"negative offset", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[2]", "[-8,0]") + "}", eight),
+       "must be [begin, end] with non-negative integers"},
+      {"offset past int64", SafetensorsBytes("{" + Entry("a", "\"F32\"", "[2]", "[0,18446744073709551615]") + "}", eight),
+       "must be [begin, end] with non-negative integers"},
       {"shape overflow",
        SafetensorsBytes("{" + Entry("a", "\"F32\"", "[4611686018427387904,4611686018427387904,4]", "[0,0]") + "}", ""),
        "does not match data_offsets"},
@@ -316,6 +337,19 @@ TEST(CheckpointTest, CorruptFilesAreClearErrors) {
     EXPECT_THAT(ckpt.status().message(), HasSubstr(path)) << c.label;
     EXPECT_THAT(ckpt.status().message(), HasSubstr(c.expected)) << c.label;
   }
+}
+
+// An unterminated string runs to the end of the header: the message names
+// the problem and shows the start of the string, not all of it.
+TEST(CheckpointTest, ErrorInALongStringIsShortAndNamesTheProblem) {
+  const std::string path = TempDir("long_string.safetensors");
+  WriteFile(path, SafetensorsBytes("{\"" + std::string(100000, 'x'), ""));
+  absl::StatusOr<Checkpoint> ckpt = ReadSafetensorsFile(path);
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(ckpt.status().message(), HasSubstr(path));
+  EXPECT_THAT(ckpt.status().message(), HasSubstr("missing closing quote"));
+  EXPECT_THAT(ckpt.status().message(), HasSubstr("xxx..."));
+  EXPECT_LT(ckpt.status().message().size(), 400u) << ckpt.status();
 }
 
 TEST(CheckpointTest, HeaderAboveTheLimitIsRefusedBeforeReading) {
