@@ -7,16 +7,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
+#include "runtime/json_line.h"
 
 namespace strata {
-namespace {
-
-std::string JsonEscape(const std::string& s) {
-  return absl::StrReplaceAll(s, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
-}
-
-}  // namespace
 
 int64_t Tracer::ThreadCpuMicros() {
   timespec ts;
@@ -39,19 +32,25 @@ absl::Status Tracer::Write(const std::string& path) const {
   std::ofstream out(path, std::ios::trunc);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --trace file for writing"));
   absl::MutexLock lock(&mu_);
+  // One event a line.
+  using OrderedJson = nlohmann::ordered_json;
   out << "{\"traceEvents\": [\n";
-  out << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << rank_
-      << ", \"args\": {\"name\": \"rank " << rank_ << "\"}}";
+  out << JsonLine({{"name", "thread_name"},
+                   {"ph", "M"},
+                   {"pid", 0},
+                   {"tid", rank_},
+                   {"args", {{"name", absl::StrCat("rank ", rank_)}}}});
   for (const Event& e : events_) {
-    out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << e.category << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": "
-        << rank_ << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us;
+    OrderedJson event = {{"name", e.name},     {"cat", e.category}, {"ph", "X"},
+                         {"pid", 0},          {"tid", rank_},      {"ts", e.start_us},
+                         {"dur", e.duration_us}};
     if (e.cpu_us >= 0 || e.bytes >= 0) {
-      out << ", \"args\": {";
-      if (e.cpu_us >= 0) out << "\"cpu_us\": " << e.cpu_us << (e.bytes >= 0 ? ", " : "");
-      if (e.bytes >= 0) out << "\"bytes\": " << e.bytes;
-      out << "}";
+      OrderedJson args = OrderedJson::object();
+      if (e.cpu_us >= 0) args["cpu_us"] = e.cpu_us;
+      if (e.bytes >= 0) args["bytes"] = e.bytes;
+      event["args"] = std::move(args);
     }
-    out << "}";
+    out << ",\n" << JsonLine(event);
   }
   out << "\n]}\n";
   out.flush();
