@@ -21,6 +21,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/executor.h"
 #include "runtime/fault_injection.h"
+#include "runtime/json_line.h"
 #include "runtime/prefetcher.h"
 #include "runtime/trace.h"
 
@@ -31,9 +32,15 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.10g", v);
+// A metric as the --metrics lines have always carried it: 10 significant
+// digits, and null for NaN and the infinities, which JSON cannot hold (a
+// step's loss is finite, or training stops; a fetch or an evaluation's loss
+// may not be).
+nlohmann::ordered_json Metric(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  double rounded = v;
+  absl::SimpleAtod(absl::StrFormat("%.10g", v), &rounded);
+  return rounded;
 }
 
 std::string FormatDuration(double s) {
@@ -121,13 +128,6 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
   m.loss = loss_sum / std::max<int64_t>(seen, 1);
   m.accuracy = acc_fetch.empty() ? -1 : acc_sum / std::max<int64_t>(seen, 1);
   return m;
-}
-
-std::string EvalJson(const EvalMetrics& m, int64_t step) {
-  std::string s = absl::StrCat("{\"eval\": \"", m.name, "\", \"step\": ", step, ", \"epoch\": ", m.epoch,
-                               ", \"loss\": ", Num(m.loss));
-  if (m.accuracy >= 0) absl::StrAppend(&s, ", \"accuracy\": ", Num(m.accuracy));
-  return s + "}";
 }
 
 // Pipeline stages hold only their own ops, so the stage with the loss tells
@@ -303,6 +303,24 @@ absl::Status CheckWritableFile(const std::string& path, const std::string& flag)
   close(fd);
   if (!existed) unlink(path.c_str());
   return absl::OkStatus();
+}
+
+std::string StepMetricsJson(const StepMetrics& m) {
+  nlohmann::ordered_json line = {{"step", m.step}, {"epoch", m.epoch}, {"loss", Metric(m.loss)}};
+  for (const auto& [name, value] : m.fetches) {
+    // A fetch named like one of the line's own keys (a fetched "loss") would
+    // repeat that key, which JSON readers resolve differently: the line's own wins.
+    if (!line.contains(name) && name != "samples_per_sec" && name != "step_ms") line[name] = Metric(value);
+  }
+  line["samples_per_sec"] = Metric(m.samples_per_sec);
+  line["step_ms"] = Metric(m.step_ms);
+  return JsonLine(line);
+}
+
+std::string EvalMetricsJson(const EvalMetrics& m, int64_t step) {
+  nlohmann::ordered_json line = {{"eval", m.name}, {"step", step}, {"epoch", m.epoch}, {"loss", Metric(m.loss)}};
+  if (m.accuracy >= 0) line["accuracy"] = Metric(m.accuracy);
+  return JsonLine(line);
 }
 
 absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
@@ -484,7 +502,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     if (!m.ok()) return m.status();
     m->epoch = epoch;
     if (!reporter) return absl::OkStatus();
-    metrics.Line(EvalJson(*m, executor.step()));
+    metrics.Line(EvalMetricsJson(*m, executor.step()));
     if (progress) {
       std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name.c_str(),
                    static_cast<long long>(executor.step()), static_cast<long long>(epoch),
@@ -550,10 +568,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     m.fetches = r->fetches;
     m.step_ms = secs * 1e3;
     m.samples_per_sec = batch / std::max(secs, 1e-9);
-    std::string line = absl::StrCat("{\"step\": ", m.step, ", \"epoch\": ", m.epoch, ", \"loss\": ", Num(m.loss));
-    for (const auto& [k, v] : m.fetches) absl::StrAppend(&line, ", \"", k, "\": ", Num(v));
-    absl::StrAppend(&line, ", \"samples_per_sec\": ", Num(m.samples_per_sec), ", \"step_ms\": ", Num(m.step_ms), "}");
-    metrics.Line(line);
+    metrics.Line(StepMetricsJson(m));
     report.steps.push_back(std::move(m));
 
     const auto now = Clock::now();
@@ -609,7 +624,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   }
   report.seconds = Seconds(t_begin, Clock::now());
   // Every rank's peak and busy/idle time, gathered for the summary line.
-  std::string ranks;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   int64_t peak_measured = report.measured_peak_bytes, peak_predicted = report.predicted_peak_bytes;
   if (world != nullptr && world->size() > 1) {
     Tensor mine = Tensor::Empty(F64, {5});
@@ -625,10 +640,11 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
     for (int r = 0; r < world->size(); ++r) {
       const double* v = all.data<double>() + 5 * r;
-      absl::StrAppend(&ranks, r ? ", " : "", "{\"rank\": ", static_cast<int>(v[0]),
-                      ", \"measured_peak_bytes\": ", static_cast<int64_t>(v[1]),
-                      ", \"predicted_peak_bytes\": ", static_cast<int64_t>(v[2]), ", \"busy_s\": ", Num(v[3]),
-                      ", \"idle_s\": ", Num(v[4]), "}");
+      ranks.push_back({{"rank", static_cast<int>(v[0])},
+                       {"measured_peak_bytes", static_cast<int64_t>(v[1])},
+                       {"predicted_peak_bytes", static_cast<int64_t>(v[2])},
+                       {"busy_s", Metric(v[3])},
+                       {"idle_s", Metric(v[4])}});
       if (r == 0 || static_cast<int64_t>(v[1]) > peak_measured) {
         // The job's peak: the rank that measured the most, with its prediction.
         peak_measured = static_cast<int64_t>(v[1]);
@@ -637,10 +653,12 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
   }
   if (reporter) {
-    metrics.Line(absl::StrCat("{\"summary\": {\"steps\": ", executor.step(), ", \"seconds\": ", Num(report.seconds),
-                              ", \"measured_peak_bytes\": ", peak_measured,
-                              ", \"predicted_peak_bytes\": ", peak_predicted,
-                              ranks.empty() ? "" : absl::StrCat(", \"ranks\": [", ranks, "]"), "}}"));
+    nlohmann::ordered_json summary = {{"steps", executor.step()},
+                                      {"seconds", Metric(report.seconds)},
+                                      {"measured_peak_bytes", peak_measured},
+                                      {"predicted_peak_bytes", peak_predicted}};
+    if (!ranks.empty()) summary["ranks"] = std::move(ranks);
+    metrics.Line(JsonLine({{"summary", std::move(summary)}}));
   }
   return report;
 }

@@ -85,6 +85,13 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
 // first step; `flag` names it in the error.
 absl::Status CheckWritableFile(const std::string& path, const std::string& flag);
 
+// The --metrics lines (DESIGN.md), one JSON object each:
+// {"step": 3, "epoch": 1, "loss": 2.1034, <fetches>, "samples_per_sec": 5120.4, "step_ms": 12.5}
+// and {"eval": "test", "step": 3, "epoch": 1, "loss": ..., "accuracy": ...}. Numbers carry 10
+// significant digits; NaN and the infinities are written as null.
+std::string StepMetricsJson(const StepMetrics& m);
+std::string EvalMetricsJson(const EvalMetrics& m, int64_t step);
+
 // Trains one rank's plan on one device: data in (seed, epoch) order, one
 // global mini-batch per step, metrics and progress as DESIGN.md says,
 // evaluation after each epoch (or at the end of a --steps run), checkpoints.

@@ -3,11 +3,19 @@
 #include <string>
 #include <vector>
 
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "compiler/compile.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/comm/comm_test_util.h"
 
 namespace strata {
@@ -85,8 +93,8 @@ constexpr char kTwoStages[] = R"pb(
   pipeline { micro_batch_size: 4 accumulate_steps: 2 schedule: ONE_F_ONE_B }
 )pb";
 
-CompileResult MustCompile(const std::string& strategy_text) {
-  auto program = ParseProgramText(kThreeClassProgram, "three_classes.pbtxt");
+CompileResult MustCompile(const std::string& strategy_text, const std::string& program_text = kThreeClassProgram) {
+  auto program = ParseProgramText(program_text, "three_classes.pbtxt");
   EXPECT_TRUE(program.ok()) << program.status();
   Strategy strategy;  // empty text: one device
   if (!strategy_text.empty()) {
@@ -204,6 +212,75 @@ TEST(TrainerEpochTest, EpochsCountFromOne) {
   ASSERT_EQ(by_steps->evals.size(), 1u);
   EXPECT_EQ(by_steps->evals[0].epoch, 2);
   EXPECT_EQ(by_steps->steps.back().epoch, 2);
+}
+
+// The --metrics lines are JSON whatever the names hold: a fetch or an
+// evaluation named with quotes, backslashes or control characters parses
+// back (with nlohmann) to the same name.
+constexpr char kAwkwardName[] = "acc \"top-1\" C:\\x\n\t\x01";
+
+TEST(TrainerMetricsTest, StepLineEscapesFetchNamesAndKeepsItsLayout) {
+  StepMetrics m;
+  m.step = 3;
+  m.epoch = 1;
+  m.loss = 2.1034;
+  m.fetches = {{kAwkwardName, 0.75}, {"loss", 9.0}, {"ratio", 1.0 / 3.0}, {"bad", std::nan("")}};
+  m.samples_per_sec = 5120.4;
+  m.step_ms = 12.5;
+  const std::string line = StepMetricsJson(m);
+  EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  // What the shell tests and `strata run --compare_single` match.
+  EXPECT_THAT(line, ::testing::StartsWith("{\"step\": 3, \"epoch\": 1, \"loss\": 2.1034, ")) << line;
+  const nlohmann::json parsed = nlohmann::json::parse(line);
+  EXPECT_EQ(parsed.at(kAwkwardName), 0.75) << line;
+  EXPECT_EQ(parsed.at("loss"), 2.1034) << "a fetch named loss must not replace the loss: " << line;
+  EXPECT_THAT(line, Not(HasSubstr("9.0"))) << line;
+  EXPECT_EQ(parsed.at("ratio"), 0.3333333333) << "10 significant digits: " << line;
+  EXPECT_TRUE(parsed.at("bad").is_null()) << line;
+  EXPECT_EQ(parsed.at("samples_per_sec"), 5120.4);
+  EXPECT_EQ(parsed.at("step_ms"), 12.5);
+}
+
+TEST(TrainerMetricsTest, EvalLineEscapesTheEvaluationsName) {
+  EvalMetrics m;
+  m.name = kAwkwardName;
+  m.epoch = 2;
+  m.loss = std::numeric_limits<double>::infinity();
+  m.accuracy = 0.5;
+  const std::string line = EvalMetricsJson(m, 7);
+  const nlohmann::json parsed = nlohmann::json::parse(line);
+  EXPECT_EQ(parsed.at("eval"), kAwkwardName) << line;
+  EXPECT_EQ(parsed.at("step"), 7);
+  EXPECT_EQ(parsed.at("epoch"), 2);
+  EXPECT_TRUE(parsed.at("loss").is_null()) << line;
+  EXPECT_EQ(parsed.at("accuracy"), 0.5);
+  m.accuracy = -1;  // no accuracy fetch: no field
+  EXPECT_FALSE(nlohmann::json::parse(EvalMetricsJson(m, 7)).contains("accuracy"));
+}
+
+TEST(TrainerMetricsTest, MetricsFileWithAnAwkwardFetchNameIsJsonLines) {
+  const std::string program = absl::StrReplaceAll(kThreeClassProgram, {{"\"acc\"", R"("acc \"top-1\" C:\\x\n\t\001")"}});
+  CompileResult compiled = MustCompile("", program);
+  TrainOptions options = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=8");
+  options.metrics_path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/awkward.jsonl");
+  std::remove(options.metrics_path.c_str());
+  auto report = Train(compiled.plans[0], options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::ifstream in(options.metrics_path);
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(parsed.is_discarded()) << "not JSON: " << line;
+    if (parsed.contains("step") && !parsed.contains("eval")) {
+      ++steps;
+      ASSERT_TRUE(parsed.contains(kAwkwardName)) << line;
+      EXPECT_TRUE(parsed.at(kAwkwardName).is_number()) << line;
+    }
+    evals += parsed.contains("eval");
+  }
+  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(evals, 1);
 }
 
 }  // namespace
