@@ -219,7 +219,9 @@ absl::Status AppendBackward(Graph* graph) {
   for (int i : forward) {
     if (!g.schema(i).differentiable || !any_flagged(requires_grad, g.inputs(i))) continue;
     for (int v : g.outputs(i)) {
-      if (IsFloating(g.dtype(v))) requires_grad[v] = 1;
+      // BF16/F16 values carry gradients too (a cast round trip, as mixed
+      // precision makes): only integer outputs stop them.
+      if (IsFloating(g.dtype(v)) || IsHalfFloating(g.dtype(v))) requires_grad[v] = 1;
     }
   }
   const int loss_id = g.FindVar(g.loss());

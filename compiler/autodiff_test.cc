@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"
 #include "gmock/gmock.h"
@@ -130,6 +131,26 @@ TEST(AutodiffTest, StopsAtNonDifferentiableOps) {
   )pb");
   EXPECT_EQ(p.param_grad().at("w"), "w@grad");
   for (const Var& v : p.var()) EXPECT_NE(v.name(), "label@grad");
+}
+
+// A value cast to BF16 and back (mixed precision's round trip) passes the
+// gradient on: w is trained through it. Before, only F32/F64 outputs were
+// marked as needing a gradient, so w silently got none.
+TEST(AutodiffTest, GradientsFlowThroughHalfPrecisionCasts) {
+  for (const char* half : {"BF16", "F16"}) {
+    Program p = Differentiate(absl::StrCat(R"pb(
+      var { name: "x" dtype: F32 shape: [-1, 3] kind: FEED }
+      var { name: "w" dtype: F32 shape: [3, 3] kind: PARAM }
+      op { type: "matmul" input: ["x", "w"] output: ["h"] }
+      op { type: "cast" input: ["h"] output: ["h16"] attr { key: "dtype" value { s: ")pb", half, R"pb(" } } }
+      op { type: "cast" input: ["h16"] output: ["h32"] attr { key: "dtype" value { s: "F32" } } }
+      op { type: "reduce_mean" input: ["h32"] output: ["loss"] }
+      loss: "loss"
+      optimizer { sgd { learning_rate: 0.1 } }
+    )pb"));
+    ASSERT_TRUE(p.param_grad().contains("w")) << half;
+    EXPECT_EQ(CountOps(p, "cast", BACKWARD), 2) << half;  // F32 -> half -> F32 on the way back
+  }
 }
 
 }  // namespace
