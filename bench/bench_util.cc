@@ -6,7 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 
 namespace strata {

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/graph.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"

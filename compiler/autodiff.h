@@ -2,7 +2,11 @@
 #define STRATA_COMPILER_AUTODIFF_H_
 
 #include "absl/status/status.h"
+#include <string>
+
+#include "absl/status/statusor.h"
 #include "compiler/graph.h"
+#include "compiler/pass.h"
 #include "proto/program.pb.h"
 
 namespace strata {
@@ -16,6 +20,16 @@ namespace strata {
 absl::Status AppendBackward(Graph* graph);
 // The same on a Program (converted to a Graph and back).
 absl::Status AppendBackward(Program* program);
+
+// AppendBackward as a pass of the program pipeline.
+class AutodiffPass : public Pass {
+ public:
+  std::string name() const override { return "autodiff"; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext&) override {
+    if (absl::Status s = AppendBackward(&graph); !s.ok()) return s;
+    return true;
+  }
+};
 
 }  // namespace strata
 

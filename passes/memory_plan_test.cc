@@ -1,6 +1,6 @@
 #include "passes/memory_plan.h"
 
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"
 #include "gmock/gmock.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "runtime/dataset.h"

@@ -3,7 +3,7 @@
 // schedule, Adam's moments and the data order all carry over).
 #include <filesystem>
 
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "runtime/trainer.h"

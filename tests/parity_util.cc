@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/comm_test_util.h"
 #include "runtime/executor.h"

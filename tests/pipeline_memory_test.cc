@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "tests/parity_util.h"

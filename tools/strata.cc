@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/graph_index.h"
 #include "compiler/program_text.h"
 #include "passes/verify_schedule.h"

@@ -1,6 +1,6 @@
 #include "passes/testing/pass_test_util.h"
 
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 

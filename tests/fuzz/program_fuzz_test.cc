@@ -39,7 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "compiler/compile.h"
+#include "passes/compile.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"

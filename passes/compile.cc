@@ -1,4 +1,4 @@
-#include "compiler/compile.h"
+#include "passes/compile.h"
 
 #include <memory>
 #include <optional>
@@ -6,18 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compiler/autodiff.h"
 #include "compiler/graph_index.h"
-#include "compiler/pass.h"
 #include "compiler/validate.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "passes/cost_model.h"
 #include "passes/memory_plan.h"
-#include "passes/micro_batch.h"
-#include "passes/optimizer.h"
-#include "passes/pipeline_split.h"
+#include "passes/pipeline_builder.h"
 #include "passes/placement.h"
 #include "passes/schedule.h"
 #include "passes/verify_schedule.h"
@@ -26,14 +22,6 @@
 namespace strata {
 namespace {
 
-class AutodiffPass : public Pass {
- public:
-  std::string name() const override { return "autodiff"; }
-  absl::StatusOr<bool> Run(Graph& graph, const CompileContext&) override {
-    if (auto s = AppendBackward(&graph); !s.ok()) return s;
-    return true;
-  }
-};
 
 // Compile time and memory grow with micro-batches x stages (schedules, their
 // verification, the timeline): 4096 on 8 stages checks in about half a second on 2 cores.
@@ -139,14 +127,12 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
     graph = *std::move(g);
   }
-  PassPipeline pipeline("program");
-  pipeline.AddPass<PlacementPass>();
-  pipeline.AddPass<AutodiffPass>();
-  if (!options.dump_after.empty()) pipeline.set_dump_after(options.dump_after);
-  pipeline.set_times(&result.times);
-  if (auto s = pipeline.Run(*graph, ctx); !s.ok()) return s.status();
-  for (const auto& n : pipeline.PassNames()) result.pass_names.push_back(n);
-  if (pipeline.dumped()) result.dumped = *pipeline.dumped();
+  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy);
+  if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
+  pipeline->set_times(&result.times);
+  if (auto s = pipeline->Run(*graph, ctx); !s.ok()) return s.status();
+  for (const auto& n : pipeline->PassNames()) result.pass_names.push_back(n);
+  if (pipeline->dumped()) result.dumped = *pipeline->dumped();
 
   // The layout, now that placement has said how many stages the program has.
   // Without a pipeline section a placed program runs all its stages on one device.
@@ -187,16 +173,13 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       own = *std::move(copy);
       rank_graph = own.get();
     }
-    PassPipeline per_rank("per-rank");
-    per_rank.AddPass<PipelineSplitPass>();
-    per_rank.AddPass<OptimizerPass>();
-    per_rank.AddPass<MicroBatchPass>();
-    if (!options.dump_after.empty()) per_rank.set_dump_after(options.dump_after);
-    per_rank.set_times(&result.times);
-    if (auto s = per_rank.Run(*rank_graph, rank_ctx); !s.ok()) return s.status();
+    std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy);
+    if (!options.dump_after.empty()) per_rank->set_dump_after(options.dump_after);
+    per_rank->set_times(&result.times);
+    if (auto s = per_rank->Run(*rank_graph, rank_ctx); !s.ok()) return s.status();
     if (rank == 0) {
-      for (const auto& n : per_rank.PassNames()) result.pass_names.push_back(n);
-      if (per_rank.dumped()) result.dumped = *per_rank.dumped();
+      for (const auto& n : per_rank->PassNames()) result.pass_names.push_back(n);
+      if (per_rank->dumped()) result.dumped = *per_rank->dumped();
     }
     if (rank_graph->num_ops() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage(), " has no ops"));

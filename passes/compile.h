@@ -1,5 +1,5 @@
-#ifndef STRATA_COMPILER_COMPILE_H_
-#define STRATA_COMPILER_COMPILE_H_
+#ifndef STRATA_PASSES_COMPILE_H_
+#define STRATA_PASSES_COMPILE_H_
 
 #include <string>
 #include <vector>
@@ -48,4 +48,4 @@ inline constexpr int64_t kDefaultBatchSize = 64;
 
 }  // namespace strata
 
-#endif  // STRATA_COMPILER_COMPILE_H_
+#endif  // STRATA_PASSES_COMPILE_H_

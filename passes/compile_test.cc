@@ -1,4 +1,4 @@
-#include "compiler/compile.h"
+#include "passes/compile.h"
 
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"

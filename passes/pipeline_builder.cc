@@ -1,0 +1,34 @@
+#include "passes/pipeline_builder.h"
+
+#include "compiler/autodiff.h"
+#include "passes/micro_batch.h"
+#include "passes/optimizer.h"
+#include "passes/pipeline_split.h"
+#include "passes/placement.h"
+
+namespace strata {
+
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy&) {
+  auto pipeline = std::make_unique<PassPipeline>("program");
+  pipeline->AddPass<PlacementPass>();
+  pipeline->AddPass<AutodiffPass>();
+  return pipeline;
+}
+
+std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy&) {
+  auto pipeline = std::make_unique<PassPipeline>("per-rank");
+  pipeline->AddPass<PipelineSplitPass>();
+  pipeline->AddPass<OptimizerPass>();
+  pipeline->AddPass<MicroBatchPass>();
+  return pipeline;
+}
+
+std::vector<std::string> CompilePassNames(const Strategy& strategy) {
+  std::vector<std::string> names = {"validate"};
+  for (const auto& pipeline : {BuildProgramPipeline(strategy), BuildRankPipeline(strategy)}) {
+    for (std::string& name : pipeline->PassNames()) names.push_back(std::move(name));
+  }
+  return names;
+}
+
+}  // namespace strata

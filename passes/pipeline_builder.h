@@ -1,0 +1,27 @@
+#ifndef STRATA_PASSES_PIPELINE_BUILDER_H_
+#define STRATA_PASSES_PIPELINE_BUILDER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/pass.h"
+#include "proto/strategy.pb.h"
+
+namespace strata {
+
+// The compiler's passes for a strategy, in DESIGN.md's order, built in this
+// one place. The program-level pipeline runs once on the validated program;
+// the per-rank pipeline runs for each rank, on a copy of its result. A pass
+// that has nothing to do for the job (the pipeline split on one stage)
+// returns unchanged; passes the strategy does not ask for are not added.
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy);
+std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy);
+
+// Every pass a compile with `strategy` runs, "validate" first: what
+// --dump_after accepts, known before compiling.
+std::vector<std::string> CompilePassNames(const Strategy& strategy);
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_PIPELINE_BUILDER_H_
