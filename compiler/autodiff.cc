@@ -259,6 +259,7 @@ absl::Status AppendBackward(Graph* graph) {
     return s;
   }
   acc.parts[loss_id].push_back(loss_grad);
+  g.mutable_program_fields().set_loss_grad(loss_grad);
 
   // The final gradient of a var: its single part, or the add_n of all parts.
   // The sum goes where the parts are made when they are all made on one

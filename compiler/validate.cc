@@ -222,6 +222,9 @@ absl::Status ValidateAndInferProgram(Program* program) {
   if (!program->param_grad().empty()) {
     return Err(file, "param_grad is written by the compiler (autodiff); a program may not set it");
   }
+  if (!program->loss_grad().empty()) {
+    return Err(file, "loss_grad is written by the compiler (autodiff); a program may not set it");
+  }
   if (program->tied_replica_size() > 0) {
     return Err(file, "tied_replica is written by the compiler (pipeline split); a program may not set it");
   }

@@ -34,23 +34,24 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
   if (m <= 1) return false;
   const std::vector<int> order = graph.ops();  // the ops before this pass, in program order
 
-  // The seed of dL/dloss (on the loss's stage): each micro-batch's loss is the
-  // mean over its own samples, so 1/M makes the summed gradient that of the
-  // global mean.
-  const int loss = graph.FindVar(graph.loss());
-  for (int op : order) {
-    if (graph.role(op) != BACKWARD || graph.schema(op).type != "fill_like" || graph.inputs(op).size() != 1 ||
-        graph.inputs(op)[0] != loss || loss < 0) {
-      continue;
+  // The seed of dL/dloss (on the loss's stage, which autodiff names):
+  // each micro-batch's loss is the mean over its own samples, so 1/M makes
+  // the summed gradient that of the global mean.
+  const std::vector<int> producer = graph.FirstWriters();
+  if (const std::string& seed_var = graph.program_fields().loss_grad(); !seed_var.empty()) {
+    const int v = graph.FindVar(seed_var);
+    const int op = v >= 0 ? producer[v] : -1;
+    if (op < 0 || !graph.attrs(op).contains("value")) {
+      return absl::InternalError(absl::StrCat("micro-batch: the loss gradient '", seed_var,
+                                              "' has no seed op with a value to scale"));
     }
     Op seed = graph.AsOp(op);
-    (*seed.mutable_attr())["value"] = FloatAttr(1.0 / m);
+    (*seed.mutable_attr())["value"] = FloatAttr(graph.attrs(op).at("value").f() / m);
     if (auto s = graph.ReplaceOp(op, seed); !s.ok()) return s;
   }
 
   // Gradients produced in backward and read by the optimizer block, in the
   // order the optimizer reads them.
-  const std::vector<int> producer = graph.FirstWriters();
   std::vector<int> grads;
   absl::flat_hash_set<int> seen;
   for (int op : order) {

@@ -179,6 +179,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   for (auto& [p, g] : grads) (*fields.mutable_param_grad())[p] = g;
   for (const auto& r : replicas) fields.add_tied_replica(r);
   if (!used(fields.loss())) fields.clear_loss();
+  if (!used(fields.loss_grad())) fields.clear_loss_grad();
   std::vector<std::string> fetch;
   for (const auto& f : fields.fetch()) {
     if (used(f)) fetch.push_back(f);

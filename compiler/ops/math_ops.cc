@@ -551,6 +551,7 @@ STRATA_REGISTER_OP(OpDef("fill_like").Input("x").Output("y")
                        .Doc("A tensor of x's type filled with `value` (seeds dL/dloss)."));
 STRATA_REGISTER_OP(OpDef("identity").Input("x").Output("y")
                        .Shape(AnyDtypeSameShape)
+                       .AliasesInput()
                        .Grad(UnaryGrad("identity", {"$dy"}))
                        .Doc("y = x, sharing x's buffer."));
 

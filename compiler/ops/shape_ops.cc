@@ -142,6 +142,7 @@ STRATA_REGISTER_OP(OpDef("reshape")
                        .Output("y")
                        .Attr("shape", AttrType::kInts)
                        .Shape(ReshapeShape)
+                       .AliasesInput()
                        .Grad(ReshapeGrad)
                        .Doc("x's elements in another shape; in `shape` 0 copies the input dim at that position and "
                             "one -1 is inferred (the batch dim when x has one). Shares x's buffer."));
@@ -151,6 +152,7 @@ STRATA_REGISTER_OP(OpDef("reshape_like")
                        .Input("like")
                        .Output("dx")
                        .Shape(ReshapeLikeShape)
+                       .AliasesInput()
                        .NotDifferentiable()
                        .Doc("dy viewed with the shape of `like` (the gradient of reshape and flatten)."));
 
@@ -195,6 +197,7 @@ STRATA_REGISTER_OP(OpDef("flatten")
                        .Attr("start_axis", 1)
                        .Attr("end_axis", -1)
                        .Shape(FlattenShape)
+                       .AliasesInput()
                        .Grad(ReshapeGrad)
                        .Doc("Merges axes start_axis..end_axis (inclusive, negative counts from the end) into one. "
                             "Shares x's buffer."));
