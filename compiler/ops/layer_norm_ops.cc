@@ -1,0 +1,98 @@
+// The normalization family: layer_norm and its backward op.
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+#include "compiler/ops/nn_shape_checks.h"
+
+namespace strata {
+namespace {
+
+using nn_shape_checks::Dims;
+using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectSameDtypeArg;
+using nn_shape_checks::ExpectSameTypeArg;
+using nn_shape_checks::Invalid;
+
+absl::Status CheckLayerNormArgs(const ShapeContext& ctx, int x, int gamma) {
+  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, x, "x"));
+  const Dims& xs = ctx.input(x).shape;
+  if (xs.empty() || xs.back() <= 0) {
+    return Invalid(absl::StrCat("input 'x' needs rank >= 1 and a known last dim to normalize over, got ",
+                                ctx.input(x).ToString()));
+  }
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, gamma, "gamma", x, "x"));
+  if (ctx.input(gamma).shape != Dims{xs.back()}) {
+    return Invalid(absl::StrCat("input 'gamma' must have shape [", xs.back(), "] (x's last dim), got ",
+                                ctx.input(gamma).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectEpsilon(const ShapeContext& ctx) {
+  const double eps = ctx.attr_float("epsilon");
+  if (!(eps > 0) || !std::isfinite(eps)) {
+    return Invalid(absl::StrCat("attr 'epsilon' must be a finite value > 0, got ", eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormShape(ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "beta", 1, "gamma"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+// dx, dgamma, dbeta come from one helper that recomputes mean and rstd from x;
+// outputs nobody wants go to temporaries.
+absl::Status LayerNormGrad(GradBuilder& g) {
+  const std::string& dy = g.output_grad(0);
+  if (dy.empty()) return absl::OkStatus();
+  if (!g.needs_input_grad(0) && !g.needs_input_grad(1) && !g.needs_input_grad(2)) return absl::OkStatus();
+  std::vector<std::string> outs;
+  const char* hints[] = {"layer_norm_dx", "layer_norm_dgamma", "layer_norm_dbeta"};
+  for (int i = 0; i < 3; ++i) outs.push_back(g.needs_input_grad(i) ? g.input_grad(i) : g.Temp(hints[i]));
+  g.Emit("layer_norm_grad", {g.input(0), g.input(1), dy}, outs, g.ForwardAttrs());
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("layer_norm")
+                       .Input("x")
+                       .Input("gamma")
+                       .Input("beta")
+                       .Output("y")
+                       .Attr("epsilon", 1e-5)
+                       .Shape(LayerNormShape)
+                       .Grad(LayerNormGrad)
+                       .Doc("y = (x - mean) / sqrt(var + epsilon) * gamma + beta over x's last dim (biased var)."));
+
+absl::Status LayerNormGradShape(ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "dy", 0, "x"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
+  ctx.set_output(0, ctx.input(0));
+  ctx.set_output(1, ctx.input(1));
+  ctx.set_output(2, ctx.input(1));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("layer_norm_grad")
+                       .Input("x")
+                       .Input("gamma")
+                       .Input("dy")
+                       .Output("dx")
+                       .Output("dgamma")
+                       .Output("dbeta")
+                       .Attr("epsilon", 1e-5)
+                       .Shape(LayerNormGradShape)
+                       .NotDifferentiable()
+                       .Doc("Backward of layer_norm, recomputing mean and rstd from x."));
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,241 @@
+// The matmul family: matmul, its backward helpers for a 2-D b shared over a
+// batched a, and matmul_accumulate (weight gradients summed by the GEMM).
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+#include "compiler/ops/nn_shape_checks.h"
+
+namespace strata {
+namespace {
+
+using nn_shape_checks::Dims;
+using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectRankArg;
+using nn_shape_checks::ExpectSameDtypeArg;
+using nn_shape_checks::Invalid;
+using nn_shape_checks::SameSize;
+
+// Sizes of y = op(a) @ op(b) where op transposes the last two dims when asked.
+struct MatmulDims {
+  Dims batch;  // a's leading dims (y's leading dims)
+  int64_t m, k, n;
+};
+
+absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
+  const Dims& a = ctx.input(0).shape;
+  const Dims& b = ctx.input(1).shape;
+  if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));
+  if (b.size() < 2) return Invalid(absl::StrCat("input 'b' must have rank >= 2, got ", ctx.input(1).ToString()));
+  MatmulDims d;
+  if (b.size() > 2) {
+    if (a.size() != b.size()) {
+      return Invalid(absl::StrCat("a batched 'b' (", ctx.input(1).ToString(), ") needs 'a' of the same rank, got ",
+                                  ctx.input(0).ToString(), " (or make 'b' 2-D to share it over a's batch)"));
+    }
+    for (size_t i = 0; i + 2 < a.size(); ++i) {
+      if (!SameSize(a[i], b[i])) {
+        return Invalid(absl::StrCat("batch dims of 'a' ", ctx.input(0).ToString(), " and 'b' ",
+                                    ctx.input(1).ToString(), " differ in dim ", i));
+      }
+    }
+  }
+  const bool ta = ctx.attr_bool("transpose_a"), tb = ctx.attr_bool("transpose_b");
+  const size_t ra = a.size(), rb = b.size();
+  d.batch.assign(a.begin(), a.end() - 2);
+  d.m = ta ? a[ra - 1] : a[ra - 2];
+  d.k = ta ? a[ra - 2] : a[ra - 1];
+  const int64_t kb = tb ? b[rb - 1] : b[rb - 2];
+  d.n = tb ? b[rb - 2] : b[rb - 1];
+  if (!SameSize(d.k, kb)) {
+    return Invalid(absl::StrCat("inner dims differ: 'a' ", ctx.input(0).ToString(), (ta ? " (transposed)" : ""),
+                                " contributes K=", d.k, " but 'b' ", ctx.input(1).ToString(),
+                                (tb ? " (transposed)" : ""), " contributes K=", kb));
+  }
+  return d;
+}
+
+absl::Status MatmulShape(ShapeContext& ctx) {
+  auto d = CheckMatmul(ctx);
+  if (!d.ok()) return d.status();
+  Dims y = d->batch;
+  y.push_back(d->m);
+  y.push_back(d->n);
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, y});
+  return absl::OkStatus();
+}
+
+// Attrs as canonicalized ops carry them (missing: the schema default false).
+bool BoolAttrOf(const Op& op, const char* name) {
+  auto it = op.attr().find(name);
+  return it != op.attr().end() && it->second.b();
+}
+
+// y = op(a) @ op(b). With G = dL/dy:
+//   da = G @ op(b)^T, laid out as op(a) is;  db = op(a)^T @ G, laid out as op(b) is.
+absl::Status MatmulGrad(GradBuilder& g) {
+  const std::string& dy = g.output_grad(0);
+  if (dy.empty()) return absl::OkStatus();
+  const bool ta = BoolAttrOf(g.op(), "transpose_a"), tb = BoolAttrOf(g.op(), "transpose_b");
+  const bool shared_b = g.input_type(1).shape.size() == 2 && g.input_type(0).shape.size() > 2;
+  auto attrs = [](bool a, bool b) {
+    return std::map<std::string, AttrValue>{{"transpose_a", BoolAttr(a)}, {"transpose_b", BoolAttr(b)}};
+  };
+  if (g.needs_input_grad(0)) {
+    if (!ta) {
+      // da = G @ op(b)^T: b stays 2-D when shared, so this is one GEMM too.
+      g.Emit("matmul", {dy, g.input(1)}, {g.input_grad(0)}, attrs(false, !tb));
+    } else if (!shared_b) {
+      // da = op(b) @ G^T
+      g.Emit("matmul", {g.input(1), dy}, {g.input_grad(0)}, attrs(tb, true));
+    } else {
+      g.Emit("matmul_shared_b_grad_a", {dy, g.input(1)}, {g.input_grad(0)}, attrs(ta, tb));
+    }
+  }
+  if (g.needs_input_grad(1)) {
+    if (shared_b) {
+      // db sums over a's batch: one GEMM over the flattened batch.
+      g.Emit("matmul_shared_b_grad_b", {g.input(0), dy}, {g.input_grad(1)}, attrs(ta, tb));
+    } else if (!tb) {
+      // db = op(a)^T @ G
+      g.Emit("matmul", {g.input(0), dy}, {g.input_grad(1)}, attrs(!ta, false));
+    } else {
+      // db = G^T @ op(a)
+      g.Emit("matmul", {dy, g.input(0)}, {g.input_grad(1)}, attrs(true, ta));
+    }
+  }
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("matmul")
+                       .Input("a")
+                       .Input("b")
+                       .Output("y")
+                       .Attr("transpose_a", false)
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulShape)
+                       .Grad(MatmulGrad)
+                       .Doc("y = op(a) @ op(b), op transposing the last two dims when asked. a: [..., M, K], "
+                            "b: [K, N] shared over a's batch, or [..., K, N] with a's batch dims."));
+
+// da for a batched, transposed a with a shared 2-D b: da[i] = op(b) @ dy[i]^T.
+absl::Status MatmulSharedBGradAShape(ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "dy"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "dy"));
+  const Dims& dy = ctx.input(0).shape;
+  const Dims& b = ctx.input(1).shape;
+  if (dy.size() < 3) return Invalid(absl::StrCat("input 'dy' must have rank >= 3, got ", ctx.input(0).ToString()));
+  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "b", 2, "[K, N]"));
+  const bool ta = ctx.attr_bool("transpose_a"), tb = ctx.attr_bool("transpose_b");
+  const int64_t k = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
+  const int64_t m = dy[dy.size() - 2];
+  if (!SameSize(dy.back(), n)) {
+    return Invalid(absl::StrCat("input 'dy' ", ctx.input(0).ToString(), " must end in N=", n, " of 'b' ",
+                                ctx.input(1).ToString()));
+  }
+  Dims da(dy.begin(), dy.end() - 2);
+  if (ta) {
+    da.push_back(k);
+    da.push_back(m);
+  } else {
+    da.push_back(m);
+    da.push_back(k);
+  }
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, da});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_a")
+                       .Input("dy")
+                       .Input("b")
+                       .Output("da")
+                       .Attr("transpose_a", false)
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulSharedBGradAShape)
+                       .NotDifferentiable()
+                       .Doc("Backward of matmul with a shared 2-D b: dL/da, laid out as a (attrs of the forward op)."));
+
+// db for a shared 2-D b: sum over the batch of op(a[i])^T @ dy[i].
+absl::Status MatmulSharedBGradBShape(ShapeContext& ctx) {
+  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "a"));
+  const Dims& a = ctx.input(0).shape;
+  const Dims& dy = ctx.input(1).shape;
+  if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));
+  if (dy.size() != a.size()) {
+    return Invalid(absl::StrCat("input 'dy' ", ctx.input(1).ToString(), " must have the rank of 'a' ",
+                                ctx.input(0).ToString()));
+  }
+  const bool ta = ctx.attr_bool("transpose_a"), tb = ctx.attr_bool("transpose_b");
+  const size_t r = a.size();
+  const int64_t m = ta ? a[r - 1] : a[r - 2], k = ta ? a[r - 2] : a[r - 1];
+  for (size_t i = 0; i + 2 < r; ++i) {
+    if (!SameSize(a[i], dy[i])) {
+      return Invalid(absl::StrCat("batch dims of 'a' ", ctx.input(0).ToString(), " and 'dy' ",
+                                  ctx.input(1).ToString(), " differ in dim ", i));
+    }
+  }
+  if (!SameSize(dy[r - 2], m)) {
+    return Invalid(absl::StrCat("input 'dy' ", ctx.input(1).ToString(), " must have M=", m, " rows like 'a' ",
+                                ctx.input(0).ToString()));
+  }
+  const int64_t n = dy[r - 1];
+  if (k < 0 || n < 0) {
+    return Invalid(absl::StrCat("the shared weight's gradient needs static K and N, got 'a' ",
+                                ctx.input(0).ToString(), " and 'dy' ", ctx.input(1).ToString()));
+  }
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, tb ? Dims{n, k} : Dims{k, n}});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_b")
+                       .Input("a")
+                       .Input("dy")
+                       .Output("db")
+                       .Attr("transpose_a", false)
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulSharedBGradBShape)
+                       .NotDifferentiable()
+                       .Doc("Backward of matmul with a shared 2-D b: dL/db summed over a's batch, laid out as b."));
+
+// acc += op(a) @ op(b) for 2-D a and b: a weight gradient summed over
+// micro-batches by the GEMM itself (beta = 1), instead of a matmul into a
+// fresh tensor and an accumulate that reads both back (Megatron-LM's
+// gradient_accumulation_fusion). The micro-batch pass writes it.
+absl::Status MatmulAccumulateShape(ShapeContext& ctx) {
+  auto d = CheckMatmul(ctx);
+  if (!d.ok()) return d.status();
+  if (!d->batch.empty() || ctx.input(1).shape.size() != 2) {
+    return Invalid(absl::StrCat("inputs 'a' ", ctx.input(0).ToString(), " and 'b' ", ctx.input(1).ToString(),
+                                " must be 2-D"));
+  }
+  const TensorType want{ctx.input(0).dtype, Dims{d->m, d->n}};
+  if (ctx.input(2) != want) {
+    return Invalid(absl::StrCat("accumulator ", ctx.input(2).ToString(), " does not hold op(a) @ op(b) ",
+                                want.ToString()));
+  }
+  ctx.set_output(0, ctx.input(2));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("matmul_accumulate")
+                       .Input("a")
+                       .Input("b")
+                       .Input("acc")
+                       .Output("acc")
+                       .Attr("transpose_a", false)
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulAccumulateShape)
+                       .Stateful()
+                       .Doc("acc += op(a) @ op(b), in place, for 2-D a and b (weight gradients summed over "
+                            "micro-batches)."));
+
+}  // namespace
+}  // namespace strata

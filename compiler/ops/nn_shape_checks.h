@@ -1,0 +1,117 @@
+// Argument checks the shape functions of the nn op families share (matmul,
+// conv, pooling, layer_norm, loss, dropout and embedding ops).
+//
+// Shape functions reject every shape, dtype and attr value their kernels
+// cannot handle, so kernels (kernels/cpu/<op>.cc) only re-check what the
+// batch dimension (-1 here) may change at run time.
+
+#ifndef STRATA_COMPILER_OPS_NN_SHAPE_CHECKS_H_
+#define STRATA_COMPILER_OPS_NN_SHAPE_CHECKS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/op_registry.h"
+
+// Ends the calling function with expr's status when that is not OK.
+#define STRATA_NN_RETURN_IF_ERROR(expr) \
+  do {                                  \
+    absl::Status _status = (expr);      \
+    if (!_status.ok()) return _status;  \
+  } while (0)
+
+namespace strata {
+namespace nn_shape_checks {
+
+using Dims = Shape;
+
+inline absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+inline std::string DimsString(const Dims& d) { return absl::StrCat("[", absl::StrJoin(d, ", "), "]"); }
+
+// Messages name the schema's argument, not its index.
+inline absl::Status ExpectFloatingArg(const ShapeContext& ctx, int i, const char* name) {
+  if (!IsFloating(ctx.input(i).dtype)) {
+    return Invalid(absl::StrCat("input '", name, "' must be F32 or F64, got ", ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ExpectDtypeArg(const ShapeContext& ctx, int i, const char* name, DataType dtype) {
+  if (ctx.input(i).dtype != dtype) {
+    return Invalid(absl::StrCat("input '", name, "' must be ", DataTypeName(dtype), ", got ",
+                                ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ExpectSameDtypeArg(const ShapeContext& ctx, int i, const char* name, int like, const char* like_name) {
+  if (ctx.input(i).dtype != ctx.input(like).dtype) {
+    return Invalid(absl::StrCat("input '", name, "' (", ctx.input(i).ToString(), ") must have the dtype of '",
+                                like_name, "' (", ctx.input(like).ToString(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ExpectSameTypeArg(const ShapeContext& ctx, int i, const char* name, int like, const char* like_name) {
+  if (ctx.input(i) != ctx.input(like)) {
+    return Invalid(absl::StrCat("input '", name, "' must have the type of '", like_name, "' (",
+                                ctx.input(like).ToString(), "), got ", ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ExpectRankArg(const ShapeContext& ctx, int i, const char* name, int rank, const char* layout) {
+  if (static_cast<int>(ctx.input(i).shape.size()) != rank) {
+    return Invalid(absl::StrCat("input '", name, "' must have rank ", rank, " ", layout, ", got ",
+                                ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Dims [from, rank) of input i must be known (> 0): only the batch dim may be -1.
+inline absl::Status ExpectStaticDims(const ShapeContext& ctx, int i, const char* name, int from) {
+  const Dims& s = ctx.input(i).shape;
+  for (size_t d = from; d < s.size(); ++d) {
+    if (s[d] <= 0) {
+      return Invalid(absl::StrCat("input '", name, "' needs a known, positive size in dim ", d, ", got ",
+                                  ctx.input(i).ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status ExpectScalarArg(const ShapeContext& ctx, int i, const char* name, DataType dtype) {
+  const TensorType& t = ctx.input(i);
+  if (t.dtype != dtype || !t.shape.empty()) {
+    return Invalid(absl::StrCat("input '", name, "' must be a ", DataTypeName(dtype), " scalar (shape []), got ",
+                                t.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+// Two static sizes agree if equal; -1 (the batch dim) only agrees with -1.
+inline bool SameSize(int64_t a, int64_t b) { return a == b; }
+
+// A pair attr (one value per spatial dim) with every value >= `min`.
+inline absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, int64_t min) {
+  const std::vector<int64_t> attr_value = ctx.attr_ints(attr);
+  Dims v(attr_value.begin(), attr_value.end());
+  if (v.size() != 2) {
+    return Invalid(absl::StrCat("attr '", attr, "' must hold 2 ints (height, width), got ", DimsString(v)));
+  }
+  for (int64_t x : v) {
+    if (x < min) return Invalid(absl::StrCat("attr '", attr, "' values must be >= ", min, ", got ", DimsString(v)));
+  }
+  return v;
+}
+
+}  // namespace nn_shape_checks
+}  // namespace strata
+
+#endif  // STRATA_COMPILER_OPS_NN_SHAPE_CHECKS_H_
