@@ -1,0 +1,59 @@
+#include "tools/cli_common.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compiler/program_text.h"
+#include "tools/cli_flags.h"
+
+namespace strata {
+namespace cli {
+
+const char kUsage[] =
+    "usage:\n"
+    "  strata check   PROGRAM [--strategy S] [--batch_size B]\n"
+    "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS]\n"
+    "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
+    "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
+    "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
+    "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
+    "                 [--quiet] [--comm_timeout_s S] [--heartbeat_timeout_s S] [--job_id ID]\n"
+    "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--socket_ifname IF] [--compare_single] [--bind_cores]\n"
+    "  strata gen     mlp|resmlp|convnet|alexnet [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
+    "strata COMMAND --help lists the command's flags.\n";
+
+std::string UserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return wd ? absl::StrCat(wd, "/", path) : path;
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / 1073741824.0);
+  if (b >= (int64_t{1} << 20)) return absl::StrFormat("%.2f MiB", b / 1048576.0);
+  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) {
+  auto program = ReadProgramFile(UserPath(program_path));
+  if (!program.ok()) return program.status();
+  Strategy strategy;
+  std::string strategy_path = absl::GetFlag(FLAGS_strategy);
+  if (!strategy_path.empty()) {
+    auto s = ReadStrategyFile(UserPath(strategy_path));
+    if (!s.ok()) return s.status();
+    strategy = *s;
+  }
+  CompileOptions options;
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.dump_after = absl::GetFlag(FLAGS_dump_after);
+  return Compile(*program, strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
+}
+
+}  // namespace cli
+}  // namespace strata

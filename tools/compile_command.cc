@@ -1,0 +1,82 @@
+// strata compile PROGRAM --out DIR: writes rank_<r>.pbtxt for every rank,
+// schedule.txt, and with --dump_after PASS the program after that pass.
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <iostream>
+#include <string>
+
+#include "absl/algorithm/container.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compiler/program_text.h"
+#include "tools/cli_common.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+
+namespace strata {
+namespace cli {
+namespace {
+
+std::string ScheduleDiagram(const RankPlan& plan) {
+  std::string s = absl::StrCat("rank ", plan.rank(), " |");
+  for (const Action& a : plan.schedule().action()) {
+    if (a.kind() == Action::FORWARD) absl::StrAppend(&s, " F", a.micro_batch());
+    if (a.kind() == Action::BACKWARD) absl::StrAppend(&s, " B", a.micro_batch());
+    if (a.kind() == Action::OPTIMIZE) absl::StrAppend(&s, " OPT");
+  }
+  return s + "\n";
+}
+
+}  // namespace
+
+int CompileCommand(const std::string& path) {
+  std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cerr << "error: strata compile needs --out DIR\n" << kUsage;
+    return kExitUsage;
+  }
+  auto result = CompileFromFlags(path);
+  if (!result.ok()) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return kExitError;
+  }
+  // Flags are checked before anything is written: a usage error leaves --out as it was.
+  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
+  if (!dump_after.empty() && !absl::c_linear_search(result->pass_names, dump_after)) {
+    std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: "
+              << absl::StrJoin(result->pass_names, ", ") << ")\n";
+    return kExitUsage;
+  }
+  out = UserPath(out);
+  if (mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::cerr << "error: --out " << out << ": cannot create folder\n";
+    return kExitError;
+  }
+  std::string diagram;
+  for (const RankPlan& plan : result->plans) {
+    std::string file = absl::StrCat(out, "/rank_", plan.rank(), ".pbtxt");
+    if (auto s = WriteFileAtomically(file, ProgramToText(plan)); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitError;
+    }
+    diagram += ScheduleDiagram(plan);
+  }
+  if (auto s = WriteFileAtomically(absl::StrCat(out, "/schedule.txt"), diagram); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitError;
+  }
+  if (!dump_after.empty()) {
+    if (auto s = WriteFileAtomically(absl::StrCat(out, "/after_", dump_after, ".pbtxt"), ProgramToText(result->dumped)); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitError;
+    }
+  }
+  std::cout << "wrote " << result->plans.size() << " plan(s) and schedule.txt to " << out << "\n";
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace strata

@@ -1,0 +1,58 @@
+// strata gen MODEL: prints a generated program (tools/model_gen.h) built from
+// the gen flags.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "tools/cli_common.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/model_gen.h"
+
+namespace strata {
+namespace cli {
+
+int GenCommand(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    std::cerr << "error: strata gen needs one model name (mlp, resmlp, convnet, alexnet)\n" << kUsage;
+    return kExitUsage;
+  }
+  GenOptions o;
+  o.layers.clear();
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_layers), ',')) {
+    int64_t w;
+    if (!absl::SimpleAtoi(part, &w)) {
+      std::cerr << "error: --layers '" << absl::GetFlag(FLAGS_layers) << "': expected comma-separated widths\n";
+      return kExitUsage;
+    }
+    o.layers.push_back(w);
+  }
+  o.stages = static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_stages), -1, 1 << 20));
+  o.blocks = static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_blocks), -1, 1 << 20));
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.learning_rate = absl::GetFlag(FLAGS_lr);
+  o.cosine = absl::GetFlag(FLAGS_cosine);
+  o.dropout = absl::GetFlag(FLAGS_dropout);
+  o.dtype = absl::GetFlag(FLAGS_dtype);
+  if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
+    std::cerr << "error: --lr must be > 0 and finite (0: the optimizer's default)\n";
+    return kExitUsage;
+  }
+  auto text = GenerateProgram(args[0], o);
+  if (!text.ok()) {
+    std::cerr << "error: " << text.status().message() << "\n";
+    return kExitUsage;
+  }
+  std::cout << *text;
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace strata

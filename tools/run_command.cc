@@ -1,0 +1,330 @@
+// strata run PROGRAM: checks the run flags and outputs, then trains in this
+// process, launches --nproc workers of this same command, or is one of them
+// (tools/run_worker.cc).
+
+#include <unistd.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "compiler/program_text.h"
+#include "runtime/checkpoint.h"
+#include "runtime/comm/health.h"
+#include "runtime/comm/store.h"
+#include "runtime/launcher.h"
+#include "runtime/trace.h"
+#include "runtime/trainer.h"
+#include "runtime/worker_env.h"
+#include "tools/cli_common.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/run_worker.h"
+#include "tools/training_process.h"
+
+namespace strata {
+namespace cli {
+namespace {
+
+// The per-step losses a metrics file holds.
+absl::StatusOr<std::vector<double>> LossesFromMetrics(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, "{\"step\": ")) continue;
+    size_t at = line.find("\"loss\": ");
+    if (at == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(at + 8);
+    double v;
+    if (!absl::SimpleAtod(rest.substr(0, rest.find(',')), &v)) return absl::DataLossError(absl::StrCat(path, ": bad loss in '", line, "'"));
+    losses.push_back(v);
+  }
+  return losses;
+}
+
+// --compare_single: the same program on one device, same data and global
+// batch, printed beside the parallel run's losses.
+int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const std::string& parallel_metrics) {
+  auto program = ReadProgramFile(UserPath(path));
+  if (!program.ok()) {
+    std::cerr << "error: " << program.status().message() << "\n";
+    return kExitError;
+  }
+  CompileOptions options;
+  options.batch_size = global_batch;
+  auto single = Compile(*program, Strategy(), options);
+  if (!single.ok()) {
+    std::cerr << "error: single-device reference: " << single.status().message() << "\n";
+    return kExitError;
+  }
+  TrainOptions t = TrainOptionsFromFlags(static_cast<uint64_t>(program->seed()));
+  t.metrics_path.clear();
+  t.trace_path.clear();
+  t.save_dir.clear();
+  t.load_dir.clear();
+  t.eval_data.clear();
+  t.progress = false;
+  auto report = Train(single->plans[0], t);
+  if (!report.ok()) {
+    std::cerr << "error: single-device reference: " << report.status().message() << "\n";
+    return kExitError;
+  }
+  auto parallel = LossesFromMetrics(parallel_metrics);
+  if (!parallel.ok()) {
+    std::cerr << "error: " << parallel.status().message() << "\n";
+    return kExitError;
+  }
+  std::cout << absl::StrFormat("%6s  %14s  %14s  %10s\n", "step", "single_loss", "parallel_loss", "rel_diff");
+  double worst = 0;
+  for (size_t i = 0; i < report->steps.size() && i < parallel->size(); ++i) {
+    const double a = report->steps[i].loss, b = (*parallel)[i];
+    const double rel = std::abs(a - b) / std::max(std::abs(a), 1e-30);
+    worst = std::max(worst, rel);
+    std::cout << absl::StrFormat("%6d  %14.9f  %14.9f  %10.2e\n", i + 1, a, b, rel);
+  }
+  std::cout << absl::StrFormat("max relative difference %.2e over %d steps\n", worst,
+                               std::min(report->steps.size(), parallel->size()));
+  return 0;
+}
+
+// Outputs that cannot be written, and a --load the run cannot resume from,
+// are found before the first step (or any worker starts), not after training.
+int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
+  const std::string save = UserPath(absl::GetFlag(FLAGS_save));
+  const std::string load = UserPath(absl::GetFlag(FLAGS_load));
+  if (absl::GetFlag(FLAGS_save_every) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 0 ||
+      absl::GetFlag(FLAGS_keep_checkpoints) > (1 << 20)) {
+    std::cerr << "error: --save_every and --keep_checkpoints must be >= 0\n";
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_save_every) > 0 && save.empty()) {
+    std::cerr << "error: --save_every needs --save DIR\n";
+    return kExitUsage;
+  }
+  absl::Status s = save.empty() ? absl::OkStatus() : CheckSaveTarget(save, LoadsFromSaveFolder(load, save));
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--trace", absl::GetFlag(FLAGS_trace)},
+                                   {"--metrics", absl::GetFlag(FLAGS_metrics)}}) {
+    if (s.ok() && !path.empty()) s = CheckWritableFile(UserPath(path), flag);
+  }
+  const std::string log_dir = absl::GetFlag(FLAGS_log_dir).empty() && nproc > 1 ? "log" : absl::GetFlag(FLAGS_log_dir);
+  if (s.ok() && !log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(UserPath(log_dir), ec);
+    s = CheckWritableFile(UserPath(log_dir) + "/.strata-write-test", "--log_dir");
+  }
+  if (!s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitError;
+  }
+  if (!load.empty()) {
+    // --steps is known here; an --epochs run's length needs the data, so Train checks it.
+    auto metadata = ReadCheckpointMetadata(load);
+    const int64_t steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps) : INT64_MAX;
+    absl::Status bad = metadata.ok() ? CheckResumable(*metadata, global_batch, seed, steps).status() : absl::OkStatus();
+    if (!bad.ok()) {
+      std::cerr << "error: --load " << load << ": " << bad.message() << "\n";
+      return kExitUsage;
+    }
+  }
+  return 0;
+}
+
+// The run flags checked before anything is compiled. 0, or the exit code once
+// it printed what is wrong.
+int CheckRunFlags() {
+  const int64_t nproc = absl::GetFlag(FLAGS_nproc);
+  if (nproc < 1 || nproc > 1024) {
+    std::cerr << "error: --nproc must be in 1..1024, got " << nproc << "\n";
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_steps) < 0 || absl::GetFlag(FLAGS_epochs) < 0) {
+    std::cerr << "error: --steps and --epochs must be >= 0\n";
+    return kExitUsage;
+  }
+  if (!(absl::GetFlag(FLAGS_comm_timeout_s) > 0)) {
+    std::cerr << "error: --comm_timeout_s must be > 0\n";
+    return kExitUsage;
+  }
+  // Below a second a loaded machine's scheduling alone would look like a stall.
+  if (!(absl::GetFlag(FLAGS_heartbeat_timeout_s) >= 1) || absl::GetFlag(FLAGS_heartbeat_timeout_s) > 1e6) {
+    std::cerr << "error: --heartbeat_timeout_s must be in [1, 1e6]\n";
+    return kExitUsage;
+  }
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "gpu") {
+    std::cerr << "error: --device '" << device << "': expected cpu or gpu\n";
+    return kExitUsage;
+  }
+  if (device == "gpu") {
+    std::cerr << "error: --device gpu: the GPU executor is not built yet in this version; use --device cpu\n";
+    return kExitUsage;
+  }
+  const std::string store = absl::GetFlag(FLAGS_store);
+  // memory:// stores live in one process: only tests, which run ranks as threads, use them.
+  const absl::Status why = store.empty() ? absl::OkStatus() : CheckStoreSpec(store);
+  if (!why.ok() || absl::StartsWith(store, "memory://")) {
+    std::cerr << "error: --store '" << store
+              << "': expected redis://HOST:PORT, tcp://HOST:PORT (served by rank 0) or file:///DIR (a folder all ranks see)"
+              << (why.ok() ? "" : absl::StrCat(" (", why.message(), ")")) << "\n";
+    return kExitUsage;
+  }
+  return 0;
+}
+
+// Started by hand (not as a worker), --nproc must give the strategy's ranks.
+int CheckProcessCount(const CompileResult& result) {
+  const int world = static_cast<int>(result.plans.size());
+  if (absl::GetFlag(FLAGS_nproc) != world) {
+    std::cerr << "error: the strategy needs " << world << " rank(s) (" << result.plans[0].topology().num_stages()
+              << " stage(s) x data-parallel degree " << result.plans[0].topology().dp_degree() << "); run with --nproc "
+              << world << "\n";
+    return kExitUsage;
+  }
+  return 0;
+}
+
+// One rank: this process trains, then --compare_single trains the reference.
+int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t program_seed,
+                  const std::set<std::string>& given) {
+  NoteSyntheticData(given);
+  InstallStopHandler();
+  auto report = Train(result.plans[0], TrainOptionsFromFlags(program_seed));
+  if (!report.ok()) {
+    std::cerr << "error: " << report.status().message() << "\n";
+    return kExitError;
+  }
+  PrintSummary(*report);
+  if (report->stop_signal != 0) return ReportStopped(*report);
+  return absl::GetFlag(FLAGS_compare_single) ? CompareWithSingleDevice(path, result.batch_size, UserPath(absl::GetFlag(FLAGS_metrics))) : 0;
+}
+
+// The errors the job's ranks recorded in its store, first in time first, for
+// the launcher; then the job's keys go.
+std::vector<std::pair<int, std::string>> RecordedFailures(const std::string& spec, const std::string& job_id) {
+  std::vector<std::pair<int, std::string>> records;
+  if (absl::StartsWith(spec, "tcp://")) return records;  // served by rank 0, gone with it
+  auto store = OpenStore(spec, false, absl::Seconds(2));
+  if (!store.ok()) return records;
+  auto failures = ReadFailures(*(*store)->WithPrefix(HealthKeyPrefix(job_id)), absl::Milliseconds(200));
+  if (failures.ok()) {
+    for (const FailureReport& f : *failures) records.push_back({f.rank, f.message});
+  }
+  (*store)->WithPrefix(JobKeyPrefix(job_id))->DeleteAll().IgnoreError();
+  return records;
+}
+
+// The launcher's options: the workers run this same command without the
+// flags only the launcher reads, under one job id.
+LaunchOptions LauncherOptionsFromFlags(std::vector<std::string> worker_argv) {
+  LaunchOptions launch;
+  launch.argv = std::move(worker_argv);
+  launch.nproc = static_cast<int>(absl::GetFlag(FLAGS_nproc));
+  launch.log_dir = UserPath(absl::GetFlag(FLAGS_log_dir).empty() ? "log" : absl::GetFlag(FLAGS_log_dir));
+  launch.store_spec = absl::GetFlag(FLAGS_store);
+  launch.bind_cores = absl::GetFlag(FLAGS_bind_cores);
+  // The job's id scopes its keys (a shared Redis server outlives jobs).
+  const std::string job_id = absl::GetFlag(FLAGS_job_id).empty()
+                                 ? absl::StrFormat("%08x%08x", static_cast<uint32_t>(getpid()),
+                                                   static_cast<uint32_t>(absl::ToUnixMicros(absl::Now())))
+                                 : absl::GetFlag(FLAGS_job_id);
+  launch.extra_env.push_back({"STRATA_JOB_ID", job_id});
+  launch.recorded_failures = [job_id](const std::string& spec) { return RecordedFailures(spec, job_id); };
+  return launch;
+}
+
+// The workers' rank_<r> trace files merged into --trace, when given.
+absl::Status MergeWorkerTraces(int world) {
+  const std::string trace = UserPath(absl::GetFlag(FLAGS_trace));
+  if (trace.empty()) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(absl::StrCat(trace, ".rank", r));
+  return MergeTraceFiles(parts, trace);
+}
+
+// The launcher: N workers of this same command, then their traces merged and
+// --compare_single's reference. Without --metrics, --compare_single reads the
+// workers' losses from a temporary file.
+int RunLauncher(const std::string& path, const CompileResult& result, int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  args = ArgvWithoutFlag(ArgvWithoutFlag(ArgvWithoutFlag(args, "nproc"), "log_dir"), "compare_single", false);
+  args = ArgvWithoutFlag(args, "bind_cores", false);
+  std::string metrics = UserPath(absl::GetFlag(FLAGS_metrics));
+  std::string temp_metrics;
+  if (absl::GetFlag(FLAGS_compare_single) && metrics.empty()) {
+    char tmpl[] = "/tmp/strata-metrics-XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd >= 0) close(fd);
+    temp_metrics = metrics = tmpl;
+    args.push_back(absl::StrCat("--metrics=", metrics));
+  }
+  const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
+  std::cout.flush();
+  LaunchReport launch_report;
+  auto code = LaunchWorkers(launch, &launch_report);
+  if (!code.ok()) {
+    std::cerr << "error: " << code.status().message() << "\n";
+    for (const std::string& then : launch_report.consequences) std::cerr << "note: then " << then << "\n";
+    if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+    return kExitError;
+  }
+  int rc = *code;
+  if (rc == 0) {
+    if (auto s = MergeWorkerTraces(static_cast<int>(result.plans.size())); !s.ok()) {
+      std::cerr << "error: " << s.message() << "\n";
+      return kExitError;
+    }
+  }
+  if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) rc = CompareWithSingleDevice(path, result.batch_size, metrics);
+  if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+  return rc;
+}
+
+}  // namespace
+
+// Checks the flags, compiles, checks the outputs, then trains as one of three:
+// a worker (started by a launcher, torchrun or Slurm), a single process, or the
+// launcher of --nproc workers.
+int RunCommand(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
+  if (int rc = CheckRunFlags(); rc != 0) return rc;
+  auto worker = WorkerEnvFromEnvironment();
+  if (!worker.ok()) {
+    std::cerr << "error: " << worker.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto result = CompileFromFlags(path);
+  if (!result.ok()) {
+    std::cerr << "error: " << result.status().message() << "\n";
+    return kExitError;
+  }
+  const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
+  if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
+      int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
+    return rc;
+  }
+  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given);
+  if (int rc = CheckProcessCount(*result); rc != 0) return rc;
+  if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given);
+  return RunLauncher(path, *result, argc, argv);
+}
+
+}  // namespace cli
+}  // namespace strata

@@ -1,0 +1,177 @@
+#include "tools/run_worker.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "runtime/comm/health.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/comm/store.h"
+#include "runtime/trainer.h"
+#include "tools/cli_common.h"
+#include "tools/cli_flags.h"
+#include "tools/training_process.h"
+
+namespace strata {
+namespace cli {
+namespace {
+
+// The job's id: --job_id, else what the launcher or torchrun set (their run
+// id), else Slurm's job; "default" for ranks started by hand without one.
+// A restarted job (torchrun's restarts, a requeued Slurm job) keeps its id
+// but counts its restarts: each attempt gets keys of its own.
+std::string JobId() {
+  if (!absl::GetFlag(FLAGS_job_id).empty()) return absl::GetFlag(FLAGS_job_id);
+  const auto env = [](const char* var) -> std::string {
+    const char* value = std::getenv(var);
+    return value != nullptr ? value : "";
+  };
+  if (!env("STRATA_JOB_ID").empty()) return env("STRATA_JOB_ID");
+  for (const auto& [id, restarts] : {std::pair<const char*, const char*>{"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"},
+                                    {"SLURM_JOB_ID", "SLURM_RESTART_COUNT"}}) {
+    if (env(id).empty()) continue;
+    return env(restarts).empty() ? env(id) : absl::StrCat(env(id), ".", env(restarts));
+  }
+  return "default";
+}
+
+// The address this rank listens on, on the interface --socket_ifname,
+// STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names, else the one whose route
+// reaches the store's host. 0, or the exit code once it printed why not.
+int ChooseListenHostname(const WorkerEnv& env, RendezvousOptions* ropts) {
+  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+  std::string ifname_from = "--socket_ifname";
+  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (ifname.empty() && std::getenv(var) != nullptr) {
+      ifname = std::getenv(var);
+      ifname_from = var;
+    }
+  }
+  auto listen = ChooseListenAddress(ropts->store_spec, ifname);
+  if (!listen.ok()) {
+    std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
+              << (ifname.empty() ? "" : absl::StrCat(" (", ifname_from, " ", ifname, ")")) << ": "
+              << listen.status().message() << "\n";
+    return kExitError;
+  }
+  ropts->hostname = *listen;
+  return 0;
+}
+
+// How this rank meets the others: its job, the store (--store, else the
+// launcher's, else torchrun's MASTER_ADDR:MASTER_PORT served by rank 0), the
+// address it listens on, the plan's fingerprint and the timeouts. 0, or the
+// exit code once it printed why not.
+int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, RendezvousOptions* ropts) {
+  ropts->rank = env.rank;
+  ropts->world_size = env.world_size;
+  ropts->job_id = JobId();
+  ropts->store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
+  if (ropts->store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
+    // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
+    ropts->store_spec = absl::StrCat("tcp://", env.master_addr, ":", env.master_port);
+  }
+  if (ropts->store_spec.empty()) {
+    std::cerr << "error: rank " << env.rank
+              << ": no store to meet the other ranks (set MASTER_ADDR and MASTER_PORT, STRATA_STORE, or --store "
+                 "redis://HOST:PORT)\n";
+    return kExitUsage;
+  }
+  ropts->serve_store = absl::StartsWith(ropts->store_spec, "tcp://") && env.rank == 0;
+  if (int rc = ChooseListenHostname(env, ropts); rc != 0) return rc;
+  ropts->fingerprint = plan.fingerprint();
+  ropts->timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  ropts->op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  return 0;
+}
+
+// A rank whose heartbeat stops (SIGSTOP, a dead machine) ends the job
+// within --heartbeat_timeout_s, named; the monitor thread ends this process.
+HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const RendezvousOptions& ropts) {
+  HeartbeatMonitor::Options hopts;
+  hopts.store_spec = ropts.store_spec;
+  hopts.job_id = ropts.job_id;
+  hopts.rank = env.rank;
+  hopts.world_size = env.world_size;
+  hopts.timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  hopts.interval = std::clamp(hopts.timeout / 6, absl::Milliseconds(100), absl::Seconds(3));
+  hopts.store_owner = absl::StartsWith(ropts.store_spec, "tcp://") ? 0 : -1;
+  hopts.on_unresponsive = [rank = env.rank](int, const std::string& why) {
+    std::cerr << "error: rank " << rank << ": " << why << "\n";
+    std::cerr.flush();
+    _exit(kExitError);
+  };
+  return hopts;
+}
+
+}  // namespace
+
+int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
+              const std::set<std::string>& given) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const int world = static_cast<int>(result.plans.size());
+  if (env.world_size != world) {
+    std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
+              << world << " rank(s)\n";
+    return kExitUsage;
+  }
+  const RankPlan& plan = result.plans[env.rank];
+  RendezvousOptions ropts;
+  if (int rc = FillRendezvousOptions(env, plan, &ropts); rc != 0) return rc;
+  auto store = OpenStore(ropts.store_spec, ropts.serve_store, ropts.timeout);
+  if (!store.ok()) {
+    std::cerr << "error: rank " << env.rank << ": " << store.status().message() << "\n";
+    return kExitError;
+  }
+  std::unique_ptr<Store> health = (*store)->WithPrefix(HealthKeyPrefix(ropts.job_id));
+  // Exits at once: a heartbeat thread stuck on a stalled store must not hold
+  // the process (joining it could hang), and nothing else is left to do.
+  auto fail = [&](const absl::Status& status) {
+    const std::string message = absl::StrCat("rank ", env.rank, ": ", status.message());
+    ReportFailure(*health, env.rank, message).IgnoreError();
+    std::cout.flush();
+    std::cerr << "error: " << message << std::endl;
+    _exit(kExitError);
+    return kExitError;
+  };
+  auto world_comm = Rendezvous(ropts, **store);
+  if (!world_comm.ok()) return fail(world_comm.status());
+  CommunicatorSet comms(*std::move(world_comm));
+  if (auto s = ConnectGroups(ropts, **store, plan.topology().group(), &comms); !s.ok()) return fail(s);
+  auto monitor = HeartbeatMonitor::Start(HeartbeatOptions(env, ropts));
+  if (!monitor.ok()) return fail(monitor.status());
+
+  TrainOptions options = TrainOptionsFromFlags(program_seed);
+  options.comms = &comms;
+  if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
+  // One note for the job: the launcher relays rank 0's stderr.
+  if (env.rank == 0) NoteSyntheticData(given);
+  InstallStopHandler();
+  auto report = Train(plan, options);
+  if (!report.ok()) return fail(report.status());
+  (*monitor)->Finish();
+  // Every rank is done with the store: the job's keys go, so that the next
+  // job with this id can meet in the same Redis server.
+  if (comms.world()->Barrier()->Wait(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s))).ok() && env.rank == 0) {
+    (*store)->WithPrefix(JobKeyPrefix(ropts.job_id))->DeleteAll().IgnoreError();
+  }
+  PrintSummary(*report);
+  if (report->stop_signal != 0) return ReportStopped(*report);
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace strata

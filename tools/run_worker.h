@@ -1,0 +1,26 @@
+// One worker of `strata run`: a rank started by the launcher, torchrun or
+// Slurm (runtime/worker_env.h), meeting the others before it trains.
+
+#ifndef STRATA_TOOLS_RUN_WORKER_H_
+#define STRATA_TOOLS_RUN_WORKER_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "passes/compile.h"
+#include "runtime/worker_env.h"
+
+namespace strata {
+namespace cli {
+
+// A worker: this rank's plan, its communicator, then the same training loop.
+// Every error after the store is open is recorded there before the rank
+// exits, so the launcher names the first failure in time. Returns the exit code.
+int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
+              const std::set<std::string>& given);
+
+}  // namespace cli
+}  // namespace strata
+
+#endif  // STRATA_TOOLS_RUN_WORKER_H_

@@ -1,0 +1,94 @@
+#include "tools/training_process.h"
+
+#include <signal.h>
+
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/thread_pool.h"
+#include "tools/cli_common.h"
+#include "tools/cli_flags.h"
+
+namespace strata {
+namespace cli {
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;  // the SIGTERM a training process got
+
+void OnStopSignal(int signo) { g_stop_signal = signo; }
+
+}  // namespace
+
+TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
+  TrainOptions options;
+  options.data = absl::GetFlag(FLAGS_data);
+  options.eval_data = absl::GetFlag(FLAGS_eval_data);
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  int64_t seed = absl::GetFlag(FLAGS_seed);
+  options.seed = seed >= 0 ? static_cast<uint64_t>(seed) : program_seed;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.metrics_path = UserPath(absl::GetFlag(FLAGS_metrics));
+  options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
+  options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
+  options.save_every = absl::GetFlag(FLAGS_save_every);
+  options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
+  options.stop_signal = [] { return static_cast<int>(g_stop_signal); };
+  options.progress = !absl::GetFlag(FLAGS_quiet);
+  options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
+  options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
+  return options;
+}
+
+void PrintSummary(const TrainReport& report) {
+  if (!report.reports_loss) {
+    // A pipeline rank without the loss: its own memory, so every rank's shows.
+    std::cerr << absl::StrFormat("done in %.1f s, measured peak %s, predicted %s\n", report.seconds,
+                                 Bytes(report.measured_peak_bytes), Bytes(report.predicted_peak_bytes));
+    return;
+  }
+  std::cerr << absl::StrFormat("done: %d steps in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n",
+                               report.steps.empty() ? 0 : report.steps.back().step, report.seconds,
+                               report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
+                               Bytes(report.predicted_peak_bytes));
+  if (!report.evals.empty()) {
+    const EvalMetrics& e = report.evals.back();
+    std::cout << absl::StrFormat("final %s loss %.4f", e.name, e.loss);
+    if (e.accuracy >= 0) std::cout << absl::StrFormat(" accuracy %.4f", e.accuracy);
+    std::cout << "\n";
+  } else if (!report.steps.empty()) {
+    std::cout << absl::StrFormat("final train loss %.4f\n", report.steps.back().loss);
+  }
+}
+
+void NoteSyntheticData(const std::set<std::string>& given) {
+  if (given.count("data") || absl::GetFlag(FLAGS_quiet)) return;
+  std::cerr << "note: no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)\n";
+}
+
+void InstallStopHandler() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  action.sa_flags = SA_RESTART;  // other threads' system calls must not fail with EINTR
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+int ReportStopped(const TrainReport& report) {
+  const int64_t step = report.steps.empty() ? 0 : report.steps.back().step;
+  const char* name = sigabbrev_np(report.stop_signal);
+  std::cerr << "stopped by " << (name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat("signal ", report.stop_signal))
+            << (g_stop_signal == 0 ? " (on another rank)" : "") << " after step " << step
+            << (report.last_saved.empty() ? "; no --save, nothing saved" : absl::StrCat("; saved ", report.last_saved))
+            << "\n";
+  return 128 + report.stop_signal;
+}
+
+}  // namespace cli
+}  // namespace strata
