@@ -1,69 +1,290 @@
 #include "passes/memory_plan.h"
 
-#include "passes/compile.h"
-#include "compiler/program_text.h"
+#include <map>
+#include <string>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "passes/compile.h"
+#include "passes/testing/pass_test_util.h"
+
+// Every expected byte count below is worked out by hand from the program's
+// shapes, the micro-batch size and the schedule, with the model DESIGN.md
+// and docs/design-notes.md ("Memory plan") give: feeds are allocated when a
+// forward action starts, an op's outputs while its inputs are still alive,
+// each activation is freed after the op that last reads it, the loss lives
+// to the end of the step, PARAM/STATE/SCRATCH vars are counted once apart
+// from the activations, and a sent buffer lives until the end of the action
+// the plan waits for its send at.
 
 namespace strata {
 namespace {
 
-using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::Pair;
 
-constexpr char kProgram[] = R"pb(
+// The op (by index) after which the plan frees each var; a var freed twice
+// fails the test.
+std::map<std::string, int> FreedAfter(const RankPlan& plan) {
+  std::map<std::string, int> freed;
+  const auto& frees = plan.memory().frees_after_op();
+  EXPECT_EQ(frees.size(), plan.program().op_size()) << "one entry per op";
+  for (int i = 0; i < frees.size(); ++i) {
+    for (const std::string& var : frees.Get(i).var()) {
+      if (!freed.emplace(var, i).second) ADD_FAILURE() << "'" << var << "' is freed twice, after op " << i;
+    }
+  }
+  return freed;
+}
+
+// The index of the one op that writes `var`.
+int Writer(const Program& p, const std::string& var) {
+  const std::vector<const Op*> ops = OpsWriting(p, var);
+  EXPECT_EQ(ops.size(), 1u) << "ops writing '" << var << "'";
+  return ops.empty() ? -1 : IndexOf(p, ops.back());
+}
+
+// (channel, micro-batch) -> the action at whose end the executor waits for that send.
+std::map<std::pair<int64_t, int>, int> SendWaits(const RankPlan& plan) {
+  std::map<std::pair<int64_t, int>, int> waits;
+  for (const auto& w : plan.memory().send_waits()) waits[{w.channel(), w.micro_batch()}] = w.action();
+  return waits;
+}
+
+RankPlan CompileOneDevice(const std::string& text, int64_t batch_size) {
+  CompileOptions options;
+  options.batch_size = batch_size;
+  auto result = Compile(ParseProgramOrFail(text), Strategy(), options);
+  if (!result.ok()) {
+    ADD_FAILURE() << result.status();
+    return RankPlan();
+  }
+  EXPECT_EQ(result->plans.size(), 1u);
+  return result->plans[0];
+}
+
+// x @ w, then the loss; F32, trained with momentum (a STATE velocity).
+// Bytes per batch row: x 4*4 = 16, label (I64) 8, z 3*4 = 12, z@grad 12.
+// Autodiff writes, in program order:
+//   matmul(x, w) -> z                                  FORWARD
+//   softmax_cross_entropy(z, label) -> loss            LOSS
+//   fill_like(loss) -> loss@grad                       BACKWARD
+//   softmax_cross_entropy_grad(z, label, loss@grad) -> z@grad
+//   matmul(x, z@grad) -> w@grad  (x read a second time)
+//   lr_schedule(@step) -> @lr.F32                      OPTIMIZE action
+//   increment(@step); momentum_update(w, w@grad, w@velocity, @lr.F32)
+constexpr char kOneLayer[] = R"pb(
   var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
-  var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM }
-  op { type: "matmul" input: ["x", "w"] output: ["h"] }
-  op { type: "relu" input: ["h"] output: ["r"] }
-  op { type: "reshape" input: ["r"] output: ["flat"] attr { key: "shape" value { list { i: [-1, 4] } } } }
-  op { type: "reduce_mean" input: ["flat"] output: ["loss"] }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM }
+  op { type: "matmul" input: ["x", "w"] output: ["z"] }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
   loss: "loss"
   optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } }
 )pb";
 
-TEST(MemoryPlanTest, FreesEachActivationAtItsLastUse) {
-  auto program = ParseProgramText(kProgram, "m.pbtxt");
-  ASSERT_TRUE(program.ok());
-  CompileOptions options;
-  options.batch_size = 10;
-  auto result = Compile(*program, Strategy(), options);
-  ASSERT_TRUE(result.ok()) << result.status();
-  const RankPlan& plan = result->plans[0];
+TEST(MemoryPlanTest, FreesEachActivationAfterItsLastReaderAndNeverThePersistentVars) {
+  const RankPlan plan = CompileOneDevice(kOneLayer, 8);
   const Program& p = plan.program();
-  // h is read by relu (forward) and, for relu's gradient only through r; find its last reader.
-  int last_reader = -1;
-  for (int i = 0; i < p.op_size(); ++i) {
-    for (const auto& in : p.op(i).input()) {
-      if (in == "h") last_reader = i;
-    }
-  }
-  ASSERT_GE(last_reader, 0);
-  EXPECT_THAT(plan.memory().frees_after_op(last_reader).var(), Contains("h"));
-  // Parameters, optimizer state and the loss are never freed.
-  for (const auto& frees : plan.memory().frees_after_op()) {
-    for (const auto& v : frees.var()) {
-      EXPECT_NE(v, "w");
-      EXPECT_NE(v, "w@velocity");
-      EXPECT_NE(v, "loss");
-    }
-  }
-  EXPECT_EQ(plan.memory().param_bytes(), 4 * 4 * 4);
-  EXPECT_EQ(plan.memory().state_bytes(), 4 * 4 * 4 + 8);  // velocity + the I64 step counter
-  EXPECT_GT(plan.memory().activation_peak_bytes(), 0);
-  EXPECT_EQ(plan.memory().peak_bytes(),
-            plan.memory().param_bytes() + plan.memory().state_bytes() + plan.memory().activation_peak_bytes());
+  const int loss_grad = Writer(p, "z@grad");  // softmax_cross_entropy_grad: last reader of z, label, loss@grad
+  const int weight_grad = Writer(p, "w@grad");  // matmul(x, z@grad): x's second reader, after the forward matmul
+  const int update = Writer(p, "w@velocity");   // momentum_update: the only reader of w@grad and @lr.F32
+  ASSERT_GT(weight_grad, Writer(p, "z"));
+  // Each var once, at its last reader. Not freed: w (PARAM), w@velocity and
+  // @step (STATE), and the loss, which is reported at the end of the step.
+  EXPECT_EQ(FreedAfter(plan), (std::map<std::string, int>{{"z", loss_grad},
+                                                           {"label", loss_grad},
+                                                           {"loss@grad", loss_grad},
+                                                           {"x", weight_grad},
+                                                           {"z@grad", weight_grad},
+                                                           {"w@grad", update},
+                                                           {"@lr.F32", update}}));
 }
 
-TEST(MemoryPlanTest, PeakGrowsWithTheBatch) {
-  auto program = ParseProgramText(kProgram, "m.pbtxt");
-  ASSERT_TRUE(program.ok());
-  CompileOptions small, large;
-  small.batch_size = 10;
-  large.batch_size = 1000;
-  auto a = Compile(*program, Strategy(), small);
-  auto b = Compile(*program, Strategy(), large);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_GT(b->plans[0].memory().activation_peak_bytes(), 50 * a->plans[0].memory().activation_peak_bytes());
+TEST(MemoryPlanTest, OneDevicePeakIsTheLiveSetAtTheLossGradient) {
+  const RankPlan plan = CompileOneDevice(kOneLayer, 8);
+  const MemoryPlan& m = plan.memory();
+  // Batch 8. Forward: x 128 + label 64 (both allocated as the action starts),
+  // z 96, loss 4 -> 292. Backward: loss@grad 4 -> 296, then z@grad 96 while z,
+  // label and loss@grad are still read by that op -> 392, the peak; then 228,
+  // w@grad 48 -> 276, x and z@grad go -> 52. Optimize: @lr.F32 4 -> 56.
+  // Peak = x 128 + label 64 + z 96 + loss 4 + loss@grad 4 + z@grad 96 = 392.
+  EXPECT_EQ(m.activation_peak_bytes(), 392);
+  EXPECT_EQ(m.param_bytes(), 48);        // w F32[4, 3]
+  EXPECT_EQ(m.state_bytes(), 48 + 8);    // w@velocity F32[4, 3], @step I64[]
+  EXPECT_EQ(m.peak_bytes(), 392 + 48 + 56);
+  EXPECT_EQ(m.planned_batch_size(), 8);
+  EXPECT_TRUE(m.send_waits().empty());
+}
+
+TEST(MemoryPlanTest, OneDevicePeakMovesToTheWeightGradientForTinyBatches) {
+  // At softmax_cross_entropy_grad the live set is 48 bytes a row (x 16 +
+  // label 8 + z 12 + z@grad 12) plus loss and loss@grad (8); at the weight
+  // gradient's matmul it is x 16 + z@grad 12 a row, plus loss 4 and w@grad
+  // 48. Batch 1000: 8 + 48000 against 52 + 28000. Batch 1: 56 against 80.
+  EXPECT_EQ(CompileOneDevice(kOneLayer, 1000).memory().activation_peak_bytes(), 8 + 48 * 1000);
+  EXPECT_EQ(CompileOneDevice(kOneLayer, 1).memory().activation_peak_bytes(), 16 + 12 + 4 + 48);
+}
+
+// Two micro-batches of 2 rows on one device (PipelineStrategy, no devices:
+// one rank). Per micro-batch: x 32, label 16, z 24, loss 4, loss@grad 4,
+// z@grad 24. The weight gradient goes into the SCRATCH accumulator
+// w@grad@acc (matmul_accumulate), persistent like the optimizer state.
+TEST(MemoryPlanTest, MicroBatchesOneFOneBHoldOneMicroBatchAndTheEarlierLoss) {
+  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, ONE_F_ONE_B);
+  ASSERT_EQ(plans.size(), 1u);
+  const MemoryPlan& m = plans[0].memory();
+  // F0 B0 F1 B1 OPT. After B0 only loss(0) 4 is left (the loss lives to the
+  // end of the step). B1's softmax_cross_entropy_grad: loss(0) 4 + x 32 +
+  // label 16 + z 24 + loss 4 + loss@grad 4 + z@grad 24 = 108.
+  EXPECT_EQ(m.activation_peak_bytes(), 108);
+  EXPECT_EQ(m.param_bytes(), 48);
+  EXPECT_EQ(m.state_bytes(), 48 + 8 + 48);  // w@velocity, @step, w@grad@acc
+  EXPECT_EQ(m.peak_bytes(), 108 + 48 + 104);
+  EXPECT_EQ(m.planned_batch_size(), 4);
+  // The same program order in every micro-batch; the accumulator is never freed.
+  const Program& p = plans[0].program();
+  const int loss_grad = Writer(p, "z@grad");
+  const int accumulate = IndexOf(p, OpsOfType(p, "matmul_accumulate").at(0));
+  EXPECT_EQ(FreedAfter(plans[0]), (std::map<std::string, int>{{"z", loss_grad},
+                                                               {"label", loss_grad},
+                                                               {"loss@grad", loss_grad},
+                                                               {"x", accumulate},
+                                                               {"z@grad", accumulate},
+                                                               {"@lr.F32", Writer(p, "w@velocity")}}));
+}
+
+TEST(MemoryPlanTest, MicroBatchesFThenBHoldEveryForwardUntilTheBackwards) {
+  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, F_THEN_B);
+  ASSERT_EQ(plans.size(), 1u);
+  // F0 F1 B0 B1 OPT. At B0's softmax_cross_entropy_grad both forwards are
+  // alive: micro-batch 1's x 32 + label 16 + z 24 + loss 4 = 76, micro-batch
+  // 0's 76 + loss@grad 4 + z@grad 24 = 104: 180.
+  EXPECT_EQ(plans[0].memory().activation_peak_bytes(), 180);
+  EXPECT_EQ(plans[0].memory().peak_bytes(), 180 + 48 + 104);
+}
+
+// Two stages, F64, x @ w on stage 0 and the head on stage 1: h crosses the
+// cut forward, h@grad back. Per micro-batch of 2 rows: x 64, h 80, h@grad 80,
+// z 48, z@grad 48, label 16, loss 8, loss@grad 8.
+constexpr char kTwoStages[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w" dtype: F64 shape: [4, 5] kind: PARAM }
+  var { name: "w2" dtype: F64 shape: [5, 3] kind: PARAM }
+  op { type: "matmul" input: ["x", "w"] output: ["h"] device: "gpu:0" }
+  op { type: "matmul" input: ["h", "w2"] output: ["z"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
+  const std::vector<RankPlan> plans = CompilePipeline(kTwoStages, 2, ONE_F_ONE_B);
+  ASSERT_EQ(plans.size(), 2u);
+  const RankPlan& first = plans[0];
+  ASSERT_THAT(first.schedule().action(), testing::SizeIs(5));  // F0 F1 B0 B1 OPT
+  // Rank 1 takes h(0) as soon as rank 0 sends it (its F0 is waiting), so rank
+  // 0 waits for that send at the end of its F0 (action 0); rank 1 takes h(1)
+  // only in its F1, after its B0, so rank 0 holds h(1) to the end of its B0
+  // (action 2). Channel 0 carries h.
+  EXPECT_THAT(SendWaits(first), ElementsAre(Pair(std::make_pair(int64_t{0}, 0), 0),
+                                            Pair(std::make_pair(int64_t{0}, 1), 2)));
+  // F0: x(0) 64, h(0) 80 -> 144; h(0) goes at F0's end -> 64. F1: x(1) 64,
+  // h(1) 80 -> 208 (h(1) held by its send). B0: recv h@grad(0) 80 -> 288,
+  // the peak; matmul_accumulate writes the SCRATCH accumulator; x(0) and
+  // h@grad(0) go -> 144; h(1) at B0's end -> 64. B1: 144, then 0.
+  // Peak = x(0) 64 + x(1) 64 + h(1) 80 + h@grad(0) 80 = 288. label: no reader here, never allocated.
+  EXPECT_EQ(first.memory().activation_peak_bytes(), 288);
+  EXPECT_EQ(first.memory().param_bytes(), 160);        // w F64[4, 5]
+  EXPECT_EQ(first.memory().state_bytes(), 8 + 160);    // @step, w@grad@acc
+  EXPECT_EQ(first.memory().peak_bytes(), 288 + 160 + 168);
+  const Program& p0 = first.program();
+  const int accumulate0 = IndexOf(p0, OpsOfType(p0, "matmul_accumulate").at(0));
+  const int send_h = IndexOf(p0, Transfers(p0, "send", "h").at(0));
+  // h's last reader on stage 0 is its send: the plan frees the name there,
+  // the send keeps the buffer.
+  EXPECT_EQ(FreedAfter(first), (std::map<std::string, int>{{"h", send_h},
+                                                            {"x", accumulate0},
+                                                            {"h@grad", accumulate0},
+                                                            {"@lr.F64", Writer(p0, "w")}}));
+
+  const RankPlan& last = plans[1];  // F0 B0 F1 B1 OPT
+  // Rank 0 takes h@grad(mb) in its B(mb), which starts as soon as this
+  // rank's B(mb) sends it: waited for at the end of B0 (action 1) and B1 (3).
+  EXPECT_THAT(SendWaits(last), ElementsAre(Pair(std::make_pair(int64_t{1}, 0), 1),
+                                           Pair(std::make_pair(int64_t{1}, 1), 3)));
+  // F0: label 16, recv h 80, z 48, loss 8 -> 152. B0: loss@grad 8, z@grad 48
+  // -> 208; label, z, loss@grad go -> 136; h@grad 80 -> 216 (held by its
+  // send); h and z@grad go -> 88; h@grad at B0's end -> 8, loss(0) is left.
+  // F1 -> 160. B1: 168, 216, 144, then h@grad 80 -> 224, the peak:
+  // loss(0) 8 + h 80 + loss 8 + z@grad 48 + h@grad 80 = 224.
+  EXPECT_EQ(last.memory().activation_peak_bytes(), 224);
+  EXPECT_EQ(last.memory().param_bytes(), 120);      // w2 F64[5, 3]
+  EXPECT_EQ(last.memory().state_bytes(), 8 + 120);  // @step, w2@grad@acc
+  EXPECT_EQ(last.memory().peak_bytes(), 224 + 120 + 128);
+  const Program& p1 = last.program();
+  const int accumulate1 = IndexOf(p1, OpsOfType(p1, "matmul_accumulate").at(0));
+  const int send_grad = IndexOf(p1, Transfers(p1, "send", "h@grad").at(0));
+  const int loss_grad = Writer(p1, "z@grad");
+  // h is read by the forward matmul and again by matmul_accumulate: freed after the second.
+  EXPECT_EQ(FreedAfter(last), (std::map<std::string, int>{{"label", loss_grad},
+                                                           {"loss@grad", loss_grad},
+                                                           {"z", loss_grad},
+                                                           {"h@grad", send_grad},
+                                                           {"h", accumulate1},
+                                                           {"z@grad", accumulate1},
+                                                           {"@lr.F64", Writer(p1, "w2")}}));
+}
+
+// reshape, flatten, reshape_like and identity return a view of their input
+// (kernels/cpu/shape_ops.cc, utility.cc), and the memory plan shares a buffer
+// between an op and its input when the op's schema says AliasesInput. None
+// of them says so: the plan counts every view as a new buffer.
+// Batch 8, F32: every [-1, 4] or [-1, 2, 2] activation is 128 bytes.
+//   matmul(x, w) -> h; relu(h) -> r; reshape(r) -> flat (a view of r);
+//   reduce_mean(flat) -> loss; fill_like -> loss@grad;
+//   broadcast_like(loss@grad, flat) -> flat@grad;
+//   reshape_like(flat@grad, r) -> r@grad (a view of flat@grad);
+//   relu_grad(r, r@grad) -> h@grad; matmul(x, h@grad) -> w@grad.
+// Views shared: the peak is at relu_grad, x 128 + r/flat 128 + loss 4 +
+// flat@grad/r@grad 128 + h@grad 128 = 516, which `strata run` measures
+// (588 = 516 + w 64 + @step 8). The plan predicts 520: at broadcast_like it
+// counts flat as its own 128 bytes (x + r + flat + loss + loss@grad +
+// flat@grad). Enable when the view ops declare AliasesInput.
+TEST(MemoryPlanTest, DISABLED_ViewsShareTheirInputsBuffer) {
+  const RankPlan plan = CompileOneDevice(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM }
+    op { type: "matmul" input: ["x", "w"] output: ["h"] }
+    op { type: "relu" input: ["h"] output: ["r"] }
+    op { type: "reshape" input: ["r"] output: ["flat"] attr { key: "shape" value { list { i: [-1, 2, 2] } } } }
+    op { type: "reduce_mean" input: ["flat"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb", 8);
+  EXPECT_EQ(plan.memory().activation_peak_bytes(), 516);
+}
+
+// A recv's buffer is allocated when its action starts (RecvKernel::Prefetch
+// posts the receive there), not where the recv op sits; the plan allocates it
+// at the op. On stage 0 of kThreeStagesWithTiedWeight the backward is
+//   recv h0@grad; matmul(x, h0@grad) -> w0@grad@part@2;
+//   recv w0@grad@part (stage 2's share); add_n -> w0@grad; send w0@grad.
+// One micro-batch of 16 rows, F64: x 512, h0@grad 512, each [4, 4] 128.
+// Both recv buffers exist from the backward's start, so at the matmul:
+// x 512 + h0@grad 512 + w0@grad@part 128 + w0@grad@part@2 128 = 1280, which
+// `strata run --nproc 3` measures (1416 = 1280 + w0 128 + @step 8). The plan
+// predicts 1152 (the second recv counted only after the matmul), below the
+// measured peak, which breaks the memory rule's upper bound. Enable when the
+// plan allocates an action's recvs at its start.
+TEST(MemoryPlanTest, DISABLED_RecvBuffersLiveFromTheirActionsStart) {
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(16);
+  strategy.mutable_pipeline()->set_accumulate_steps(1);
+  auto result = Compile(ParseProgramOrFail(kThreeStagesWithTiedWeight), strategy, CompileOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1280);
 }
 
 }  // namespace
