@@ -2,6 +2,7 @@
 
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
+#include "passes/pipeline_builder.h"
 
 namespace strata {
 namespace {
@@ -49,6 +50,21 @@ TEST(CompileTest, RefusesStrategiesNotBuiltYetSayingSo) {
   auto r = Compile(*p, s, CompileOptions(), "dp.pbtxt");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not built yet"), std::string::npos) << r.status();
+}
+
+// strata compile checks --dump_after against CompilePassNames before
+// compiling: it must list exactly the passes a compile runs.
+TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
+  auto p = ParseProgramText(kProgram, "m.pbtxt");
+  ASSERT_TRUE(p.ok());
+  Strategy pipeline;
+  pipeline.mutable_pipeline()->set_micro_batch_size(2);
+  pipeline.mutable_pipeline()->set_accumulate_steps(3);
+  for (const Strategy& s : {Strategy(), pipeline}) {
+    auto r = Compile(*p, s, CompileOptions());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();
+  }
 }
 
 }  // namespace

@@ -39,20 +39,22 @@ std::string Bytes(int64_t b) {
   return absl::StrCat(b, " B");
 }
 
+absl::StatusOr<Strategy> StrategyFromFlags() {
+  const std::string path = absl::GetFlag(FLAGS_strategy);
+  if (path.empty()) return Strategy();
+  return ReadStrategyFile(UserPath(path));
+}
+
 absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) {
   auto program = ReadProgramFile(UserPath(program_path));
   if (!program.ok()) return program.status();
-  Strategy strategy;
-  std::string strategy_path = absl::GetFlag(FLAGS_strategy);
-  if (!strategy_path.empty()) {
-    auto s = ReadStrategyFile(UserPath(strategy_path));
-    if (!s.ok()) return s.status();
-    strategy = *s;
-  }
+  auto strategy = StrategyFromFlags();
+  if (!strategy.ok()) return strategy.status();
+  const std::string strategy_path = absl::GetFlag(FLAGS_strategy);
   CompileOptions options;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
-  return Compile(*program, strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
+  return Compile(*program, *strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
 }
 
 }  // namespace cli

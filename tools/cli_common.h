@@ -27,6 +27,8 @@ std::string UserPath(const std::string& path);
 std::string Bytes(int64_t b);
 
 // Compiles the PROGRAM file with --strategy, --batch_size and --dump_after.
+// The --strategy file, or the default strategy when none is given.
+absl::StatusOr<Strategy> StrategyFromFlags();
 absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path);
 
 }  // namespace cli

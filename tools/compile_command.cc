@@ -1,17 +1,18 @@
 // strata compile PROGRAM --out DIR: writes rank_<r>.pbtxt for every rank,
 // schedule.txt, and with --dump_after PASS the program after that pass.
 
-#include <sys/stat.h>
-
-#include <cerrno>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/program_text.h"
+#include "passes/pipeline_builder.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -38,21 +39,32 @@ int CompileCommand(const std::string& path) {
     std::cerr << "error: strata compile needs --out DIR\n" << kUsage;
     return kExitUsage;
   }
+  // Flags are checked before anything is written (a usage error leaves --out
+  // as it was) and before compiling: the passes --dump_after may name depend
+  // on the strategy alone, so a program that does not compile still gets the
+  // list. A strategy that cannot be read is the compile's error to report.
+  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
+  if (!dump_after.empty()) {
+    if (auto strategy = StrategyFromFlags(); strategy.ok()) {
+      const std::vector<std::string> passes = CompilePassNames(*strategy);
+      if (!absl::c_linear_search(passes, dump_after)) {
+        std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: " << absl::StrJoin(passes, ", ")
+                  << ")\n";
+        return kExitUsage;
+      }
+    }
+  }
   auto result = CompileFromFlags(path);
   if (!result.ok()) {
     std::cerr << "error: " << result.status().message() << "\n";
     return kExitError;
   }
-  // Flags are checked before anything is written: a usage error leaves --out as it was.
-  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
-  if (!dump_after.empty() && !absl::c_linear_search(result->pass_names, dump_after)) {
-    std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: "
-              << absl::StrJoin(result->pass_names, ", ") << ")\n";
-    return kExitUsage;
-  }
   out = UserPath(out);
-  if (mkdir(out.c_str(), 0755) != 0 && errno != EEXIST) {
-    std::cerr << "error: --out " << out << ": cannot create folder\n";
+  // mkdir -p: missing parents are created too.
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) {
+    std::cerr << "error: --out " << out << ": cannot create folder: " << ec.message() << "\n";
     return kExitError;
   }
   std::string diagram;
