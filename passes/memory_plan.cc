@@ -46,9 +46,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     int input0 = -1;
     bool aliases = false;
     bool send = false;
+    bool recv = false;
     int64_t workspace = 0;  // scratch bytes while it runs
   };
   std::vector<OpInfo> info(n);
+  std::vector<int> recv_ops;  // in program order
   std::vector<int> output_ids;
   // Last use of each non-persistent var, in program order.
   std::vector<int> last_use(num_ids, -1);
@@ -67,6 +69,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     const OpSchema* schema = OpRegistry::Global().Find(op.type());
     o.aliases = schema != nullptr && schema->output_aliases_input;
     o.send = op.type() == "send";
+    o.recv = op.type() == "recv";
+    if (o.recv) recv_ops.push_back(i);
     if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), "cpu")) {
       KernelDef def;
       def.op = &op;
@@ -151,6 +155,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
       for (const auto& [id, v] : feeds) allocate(mb, id, BytesOf(*v, micro_batch_size));
     }
     std::vector<int>& mine = slots(mb);
+    // An action posts all its receives when it starts (RecvKernel::Prefetch),
+    // so their buffers exist from then, not from where each recv op sits.
+    for (int i : recv_ops) {
+      if (!ActionRuns(action.kind(), program.op(i).role())) continue;
+      for (int k = 0; k < info[i].num_outputs; ++k) {
+        const int id = output_ids[info[i].first_output + k];
+        const Var* v = index.var(id);
+        if (v != nullptr && !IsPersistent(*v) && mine[id] < 0) allocate(mb, id, BytesOf(*v, micro_batch_size));
+      }
+    }
     for (int i = 0; i < n; ++i) {
       const Op& op = program.op(i);
       const bool runs = ActionRuns(action.kind(), op.role());
@@ -160,6 +174,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
         const int id = output_ids[o.first_output + k];
         const Var* v = index.var(id);
         if (v == nullptr || IsPersistent(*v)) continue;
+        if (o.recv && mine[id] >= 0) continue;  // allocated when the action started
         if (k == 0 && o.aliases && o.input0 >= 0) {
           const int src = mine[o.input0];
           if (src >= 0) {

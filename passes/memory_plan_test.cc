@@ -240,7 +240,8 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
 // reshape, flatten, reshape_like and identity return a view of their input
 // (kernels/cpu/shape_ops.cc, utility.cc), and the memory plan shares a buffer
 // between an op and its input when the op's schema says AliasesInput. None
-// of them says so: the plan counts every view as a new buffer.
+// of them said so, and the plan counted every view as a new buffer; they
+// declare it now.
 // Batch 8, F32: every [-1, 4] or [-1, 2, 2] activation is 128 bytes.
 //   matmul(x, w) -> h; relu(h) -> r; reshape(r) -> flat (a view of r);
 //   reduce_mean(flat) -> loss; fill_like -> loss@grad;
@@ -249,10 +250,10 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
 //   relu_grad(r, r@grad) -> h@grad; matmul(x, h@grad) -> w@grad.
 // Views shared: the peak is at relu_grad, x 128 + r/flat 128 + loss 4 +
 // flat@grad/r@grad 128 + h@grad 128 = 516, which `strata run` measures
-// (588 = 516 + w 64 + @step 8). The plan predicts 520: at broadcast_like it
-// counts flat as its own 128 bytes (x + r + flat + loss + loss@grad +
-// flat@grad). Enable when the view ops declare AliasesInput.
-TEST(MemoryPlanTest, DISABLED_ViewsShareTheirInputsBuffer) {
+// (588 = 516 + w 64 + @step 8). Without the aliasing the plan predicted 520:
+// at broadcast_like it counted flat as its own 128 bytes (x + r + flat +
+// loss + loss@grad + flat@grad).
+TEST(MemoryPlanTest, ViewsShareTheirInputsBuffer) {
   const RankPlan plan = CompileOneDevice(R"pb(
     var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
     var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM }
@@ -275,10 +276,10 @@ TEST(MemoryPlanTest, DISABLED_ViewsShareTheirInputsBuffer) {
 // Both recv buffers exist from the backward's start, so at the matmul:
 // x 512 + h0@grad 512 + w0@grad@part 128 + w0@grad@part@2 128 = 1280, which
 // `strata run --nproc 3` measures (1416 = 1280 + w0 128 + @step 8). The plan
-// predicts 1152 (the second recv counted only after the matmul), below the
-// measured peak, which breaks the memory rule's upper bound. Enable when the
-// plan allocates an action's recvs at its start.
-TEST(MemoryPlanTest, DISABLED_RecvBuffersLiveFromTheirActionsStart) {
+// predicted 1152 (the second recv counted only after the matmul), below the
+// measured peak, which broke the memory rule's upper bound; it allocates an
+// action's receives at its start now.
+TEST(MemoryPlanTest, RecvBuffersLiveFromTheirActionsStart) {
   Strategy strategy;
   strategy.mutable_pipeline()->set_micro_batch_size(16);
   strategy.mutable_pipeline()->set_accumulate_steps(1);
