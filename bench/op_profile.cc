@@ -81,7 +81,7 @@ absl::Status Run(const std::string& model, int64_t batch, int steps, int top) {
         def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
       }
       t.outputs.resize(op.output_size());
-      const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), "cpu", KernelDtype(def));
+      const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), DEVICE_CPU, KernelDtype(def));
       if (factory == nullptr) return absl::NotFoundError(absl::StrCat("no kernel for ", op.type()));
       auto kernel = (*factory)(def);
       if (!kernel.ok()) return kernel.status();

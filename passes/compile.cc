@@ -197,6 +197,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     for (int c : ctx.mesh.Coordinates(rank)) topo->add_coordinate(c);
     for (CommGroup& g : ctx.mesh.GroupsOf(rank)) *topo->add_group() = std::move(g);
     *plan.mutable_strategy() = strategy;
+    plan.set_device_kind(options.device_kind);
     *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages(), rank_ctx.stage(), ctx.micro_batches);
     plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
     {
@@ -205,7 +206,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     }
     {
       ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size);
+      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, nullptr, 0, options.device_kind);
       if (!memory.ok()) return memory.status();
       *plan.mutable_memory() = std::move(*memory);
     }
@@ -243,7 +244,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     RankPlan& plan = result.plans[r];
     if (world > 1) {
       ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &releases[r]);
+      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &releases[r], 0, options.device_kind);
       if (!memory.ok()) return memory.status();
       *plan.mutable_memory() = std::move(*memory);
     }

@@ -15,6 +15,9 @@ namespace strata {
 struct CompileOptions {
   int64_t batch_size = 0;       // global mini-batch (--batch_size); 0: derived or default
   std::string dump_after;       // keep the program after this pass (--dump_after)
+  // The device the plans are for (--device): recorded in each plan, and the
+  // memory plan counts that kind's kernel scratch.
+  DeviceKind device_kind = DEVICE_CPU;
 };
 
 struct CompileResult {

@@ -24,7 +24,7 @@ int64_t BytesOf(const Var& v, int64_t batch) {
 }  // namespace
 
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release, int threads) {
+                                      const SendRelease* send_release, int threads, DeviceKind device_kind) {
   if (threads <= 0) threads = IntraOpThreads();
   MemoryPlan plan;
   // Vars are handled by their dense GraphIndex ids: names are hashed once
@@ -71,7 +71,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& sc
     o.send = op.type() == "send";
     o.recv = op.type() == "recv";
     if (o.recv) recv_ops.push_back(i);
-    if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), "cpu")) {
+    if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), device_kind)) {
       KernelDef def;
       def.op = &op;
       for (int k = 0; k < op.input_size(); ++k) {

@@ -25,9 +25,11 @@ namespace strata {
 // executor. Without a map, a sent buffer is held to the next action's end.
 using SendRelease = std::map<std::pair<int64_t, int>, int>;
 // Kernels that draw scratch memory (the convolutions) count it while they
-// run, as sized for `threads` intra-op threads (0: this process's count).
+// run, as `device_kind`'s kernels register it, sized for `threads` intra-op
+// threads (0: this process's count).
 absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
-                                      const SendRelease* send_release = nullptr, int threads = 0);
+                                      const SendRelease* send_release = nullptr, int threads = 0,
+                                      DeviceKind device_kind = DEVICE_CPU);
 
 
 }  // namespace strata

@@ -76,6 +76,8 @@ absl::Status Executor::Prepare() {
   }
 
   const auto& frees = plan_.memory().frees_after_op();
+  // The plan's device kind picks the kernels (a plan from before plans named one is for the CPU).
+  const DeviceKind device_kind = plan_.device_kind() == DEVICE_KIND_UNSPECIFIED ? DEVICE_CPU : plan_.device_kind();
   for (int i = 0; i < program.op_size(); ++i) {
     const Op& op = program.op(i);
     PreparedOp p;
@@ -109,10 +111,10 @@ absl::Status Executor::Prepare() {
       }
     }
     DataType dtype = KernelDtype(def);
-    const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), options_.device, dtype);
+    const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), device_kind, dtype);
     if (factory == nullptr) {
-      return absl::UnimplementedError(absl::StrCat(OpWhere(program, i), ": no ", options_.device, " kernel for dtype ",
-                                                   DataTypeName(dtype)));
+      return absl::UnimplementedError(absl::StrCat(OpWhere(program, i), ": no ", DeviceKindLabel(device_kind),
+                                                   " kernel for dtype ", DataTypeName(dtype)));
     }
     auto kernel = (*factory)(def);
     if (!kernel.ok()) return absl::InvalidArgumentError(absl::StrCat(OpWhere(program, i), ": ", kernel.status().message()));

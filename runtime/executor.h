@@ -17,7 +17,6 @@
 namespace strata {
 
 struct ExecutorOptions {
-  std::string device = "cpu";
   uint64_t seed = 0;
   Allocator* allocator = GetCpuAllocator();
   // The rank's communicators (pipeline transfers, collectives); null on a single device.

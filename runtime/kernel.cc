@@ -24,12 +24,12 @@ KernelRegistry& KernelRegistry::Global() {
   return *registry;
 }
 
-void KernelRegistry::Register(const std::string& op_type, const std::string& device, DataType dtype,
+void KernelRegistry::Register(const std::string& op_type, DeviceKind device, DataType dtype,
                               KernelFactory factory) {
   entries_.emplace_back(op_type, device, dtype, std::move(factory));
 }
 
-const KernelFactory* KernelRegistry::Find(const std::string& op_type, const std::string& device,
+const KernelFactory* KernelRegistry::Find(const std::string& op_type, DeviceKind device,
                                           DataType dtype) const {
   for (const auto& [type, dev, dt, factory] : entries_) {
     if (type == op_type && dev == device && dt == dtype) return &factory;
@@ -37,23 +37,31 @@ const KernelFactory* KernelRegistry::Find(const std::string& op_type, const std:
   return nullptr;
 }
 
-void KernelRegistry::RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn) {
+void KernelRegistry::RegisterWorkspace(const std::string& op_type, DeviceKind device, WorkspaceFn fn) {
   workspaces_[device][op_type] = std::move(fn);
 }
 
-const WorkspaceFn* KernelRegistry::FindWorkspace(absl::string_view op_type, absl::string_view device) const {
+const WorkspaceFn* KernelRegistry::FindWorkspace(absl::string_view op_type, DeviceKind device) const {
   auto d = workspaces_.find(device);
   if (d == workspaces_.end()) return nullptr;
   auto it = d->second.find(op_type);
   return it == d->second.end() ? nullptr : &it->second;
 }
 
-std::vector<DataType> KernelRegistry::DtypesFor(const std::string& op_type, const std::string& device) const {
+std::vector<DataType> KernelRegistry::DtypesFor(const std::string& op_type, DeviceKind device) const {
   std::vector<DataType> out;
   for (const auto& [type, dev, dt, factory] : entries_) {
     if (type == op_type && dev == device) out.push_back(dt);
   }
   return out;
+}
+
+std::string DeviceKindLabel(DeviceKind kind) {
+  switch (kind) {
+    case DEVICE_CPU: return "cpu";
+    case DEVICE_CUDA: return "cuda";
+    default: return "unspecified";
+  }
 }
 
 DataType KernelDtype(const KernelDef& def) {

@@ -98,24 +98,27 @@ using KernelFactory = std::function<absl::StatusOr<std::unique_ptr<OpKernel>>(co
 // the memory plan can count them.
 using WorkspaceFn = std::function<absl::StatusOr<int64_t>(const KernelDef& def, int threads)>;
 
-// Kernels keyed by (op type, device, dtype). The dtype is that of the op's
+// Kernels keyed by (op type, device kind, dtype). The dtype is that of the op's
 // first floating-point input, else its first input, else its first output.
 class KernelRegistry {
  public:
   static KernelRegistry& Global();
-  void Register(const std::string& op_type, const std::string& device, DataType dtype, KernelFactory factory);
-  const KernelFactory* Find(const std::string& op_type, const std::string& device, DataType dtype) const;
-  std::vector<DataType> DtypesFor(const std::string& op_type, const std::string& device) const;
+  void Register(const std::string& op_type, DeviceKind device, DataType dtype, KernelFactory factory);
+  const KernelFactory* Find(const std::string& op_type, DeviceKind device, DataType dtype) const;
+  std::vector<DataType> DtypesFor(const std::string& op_type, DeviceKind device) const;
   // Kernels that draw scratch memory register how much (all dtypes at once).
-  void RegisterWorkspace(const std::string& op_type, const std::string& device, WorkspaceFn fn);
-  const WorkspaceFn* FindWorkspace(absl::string_view op_type, absl::string_view device) const;
+  void RegisterWorkspace(const std::string& op_type, DeviceKind device, WorkspaceFn fn);
+  const WorkspaceFn* FindWorkspace(absl::string_view op_type, DeviceKind device) const;
 
  private:
-  std::vector<std::tuple<std::string, std::string, DataType, KernelFactory>> entries_;
-  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, WorkspaceFn>> workspaces_;  // device -> op type
+  std::vector<std::tuple<std::string, DeviceKind, DataType, KernelFactory>> entries_;
+  absl::flat_hash_map<int, absl::flat_hash_map<std::string, WorkspaceFn>> workspaces_;  // device kind -> op type
 };
 
 DataType KernelDtype(const KernelDef& def);
+
+// "cpu", "cuda": how messages name a device kind.
+std::string DeviceKindLabel(DeviceKind kind);
 
 // Attribute readers for kernels; the compiler has filled in defaults, so a
 // missing attr here is a programmer error reported as Internal.
@@ -126,25 +129,25 @@ absl::StatusOr<std::string> AttrString(const Op& op, const std::string& name);
 absl::StatusOr<std::vector<int64_t>> AttrInts(const Op& op, const std::string& name);
 
 struct KernelRegistrar {
-  KernelRegistrar(const char* op_type, const char* device, DataType dtype, KernelFactory factory) {
+  KernelRegistrar(const char* op_type, DeviceKind device, DataType dtype, KernelFactory factory) {
     KernelRegistry::Global().Register(op_type, device, dtype, std::move(factory));
   }
 };
 
 struct WorkspaceRegistrar {
-  WorkspaceRegistrar(const char* op_type, const char* device, WorkspaceFn fn) {
+  WorkspaceRegistrar(const char* op_type, DeviceKind device, WorkspaceFn fn) {
     KernelRegistry::Global().RegisterWorkspace(op_type, device, std::move(fn));
   }
 };
 
 #define STRATA_KERNEL_CONCAT_INNER(a, b) a##b
 #define STRATA_KERNEL_CONCAT(a, b) STRATA_KERNEL_CONCAT_INNER(a, b)
-// STRATA_REGISTER_KERNEL("relu", "cpu", F32, factory);
+// STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F32, factory);
 #define STRATA_REGISTER_KERNEL(op_type, device, dtype, factory)                          \
   static ::strata::KernelRegistrar STRATA_KERNEL_CONCAT(strata_kernel_registrar_, __LINE__)( \
       op_type, device, dtype, factory)
 
-// STRATA_REGISTER_WORKSPACE("conv2d", "cpu", fn);
+// STRATA_REGISTER_WORKSPACE("conv2d", DEVICE_CPU, fn);
 #define STRATA_REGISTER_WORKSPACE(op_type, device, fn)                                                  \
   static ::strata::WorkspaceRegistrar STRATA_KERNEL_CONCAT(strata_workspace_registrar_, __LINE__)( \
       op_type, device, fn)

@@ -330,7 +330,6 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // over the world's communicator, between steps.
   Communicator* const world = options.comms != nullptr ? options.comms->world() : nullptr;
   ExecutorOptions eopts;
-  eopts.device = options.device;
   eopts.seed = options.seed;
   eopts.comms = options.comms;
   eopts.allocator = options.allocator;

@@ -20,7 +20,6 @@ struct TrainOptions {
   int64_t steps = 0;               // total optimizer steps of the run (--steps); 0: use epochs
   int64_t epochs = 0;              // total epochs (--epochs); 0 with steps 0: one epoch
   uint64_t seed = 0;
-  std::string device = "cpu";
   std::string metrics_path;        // --metrics JSONL
   std::string save_dir;            // --save: DIR/step-N folders and DIR/latest (runtime/checkpoint.h)
   int64_t save_every = 0;          // --save_every: also save every N steps (0: only at the end)

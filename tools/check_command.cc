@@ -19,6 +19,10 @@ namespace strata {
 namespace cli {
 
 int CheckCommand(const std::string& path) {
+  if (auto kind = DeviceKindFromFlags(); !kind.ok()) {
+    std::cerr << "error: " << kind.status().message() << "\n";
+    return kExitUsage;
+  }
   auto result = CompileFromFlags(path);
   if (!result.ok()) {
     std::cerr << "error: " << result.status().message() << "\n";
@@ -56,6 +60,19 @@ int CheckCommand(const std::string& path) {
   std::cout << "program " << first.name() << " (" << path << "): ok\n";
   std::cout << absl::StrFormat("  parameters: %d (%s)\n", params, Bytes(param_bytes));
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
+  if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
+    // Plans and memory predicted for a GPU; what stands between it and a run.
+    std::string missing;
+    for (const RankPlan& plan : result->plans) {
+      if (missing.empty()) {
+        if (std::string op = FirstOpWithoutKernel(plan, kind); !op.empty()) missing = absl::StrCat(op, " on rank ", plan.rank());
+      }
+    }
+    std::cout << "  device: " << DeviceKindLabel(kind) << " (memory planned with its kernels' scratch"
+              << (missing.empty() ? "" : absl::StrCat("; no ", DeviceKindLabel(kind), " kernel yet for ", missing,
+                                                      ", so strata run --device gpu refuses it"))
+              << ")\n";
+  }
   const Schedule& schedule = result->plans[0].schedule();
   std::cout << absl::StrFormat("  global batch %d = %d micro-batch(es) of %d, %s schedule, %d rank(s)\n",
                                result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),

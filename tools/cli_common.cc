@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compiler/program_text.h"
+#include "runtime/kernel.h"
 #include "tools/cli_flags.h"
 
 namespace strata {
@@ -15,8 +16,8 @@ namespace cli {
 
 const char kUsage[] =
     "usage:\n"
-    "  strata check   PROGRAM [--strategy S] [--batch_size B]\n"
-    "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS]\n"
+    "  strata check   PROGRAM [--strategy S] [--batch_size B] [--device cpu|gpu]\n"
+    "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS] [--device cpu|gpu]\n"
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
@@ -39,6 +40,23 @@ std::string Bytes(int64_t b) {
   return absl::StrCat(b, " B");
 }
 
+absl::StatusOr<DeviceKind> DeviceKindFromFlags() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu") return DEVICE_CPU;
+  if (device == "gpu") return DEVICE_CUDA;
+  return absl::InvalidArgumentError(absl::StrCat("--device '", device, "': expected cpu or gpu"));
+}
+
+std::string FirstOpWithoutKernel(const RankPlan& plan, DeviceKind kind) {
+  const Program& p = plan.program();
+  for (int i = 0; i < p.op_size(); ++i) {
+    if (KernelRegistry::Global().DtypesFor(p.op(i).type(), kind).empty()) {
+      return absl::StrCat("op #", i, " '", p.op(i).type(), "'", p.op(i).name().empty() ? "" : absl::StrCat(" (", p.op(i).name(), ")"));
+    }
+  }
+  return "";
+}
+
 absl::StatusOr<Strategy> StrategyFromFlags() {
   const std::string path = absl::GetFlag(FLAGS_strategy);
   if (path.empty()) return Strategy();
@@ -51,7 +69,10 @@ absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) 
   auto strategy = StrategyFromFlags();
   if (!strategy.ok()) return strategy.status();
   const std::string strategy_path = absl::GetFlag(FLAGS_strategy);
+  auto device_kind = DeviceKindFromFlags();
+  if (!device_kind.ok()) return device_kind.status();
   CompileOptions options;
+  options.device_kind = *device_kind;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
   return Compile(*program, *strategy, options, strategy_path.empty() ? "strategy" : strategy_path);

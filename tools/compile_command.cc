@@ -34,6 +34,10 @@ std::string ScheduleDiagram(const RankPlan& plan) {
 }  // namespace
 
 int CompileCommand(const std::string& path) {
+  if (auto kind = DeviceKindFromFlags(); !kind.ok()) {
+    std::cerr << "error: " << kind.status().message() << "\n";
+    return kExitUsage;
+  }
   std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) {
     std::cerr << "error: strata compile needs --out DIR\n" << kUsage;

@@ -33,7 +33,6 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   int64_t seed = absl::GetFlag(FLAGS_seed);
   options.seed = seed >= 0 ? static_cast<uint64_t>(seed) : program_seed;
-  options.device = absl::GetFlag(FLAGS_device);
   options.metrics_path = UserPath(absl::GetFlag(FLAGS_metrics));
   options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));

@@ -89,7 +89,7 @@ TEST(GradientCheckCoverage, EveryCaseNamesARegisteredDifferentiableOp) {
 TEST(KernelCoverage, EveryOpHasACpuKernel) {
   std::vector<std::string> missing;
   for (const auto& name : OpRegistry::Global().Names()) {
-    std::vector<DataType> dtypes = KernelRegistry::Global().DtypesFor(name, "cpu");
+    std::vector<DataType> dtypes = KernelRegistry::Global().DtypesFor(name, DEVICE_CPU);
     bool has_f32 = std::count(dtypes.begin(), dtypes.end(), F32) > 0;
     bool has_f64 = std::count(dtypes.begin(), dtypes.end(), F64) > 0;
     if (has_f32 || (!dtypes.empty() && !has_f64)) continue;
@@ -105,7 +105,7 @@ TEST(KernelCoverage, EveryDifferentiableOpHasAnF64CpuKernel) {
   std::vector<std::string> missing;
   for (const auto& name : OpRegistry::Global().Names()) {
     if (!OpRegistry::Global().Find(name)->differentiable) continue;
-    if (KernelRegistry::Global().Find(name, "cpu", F64) == nullptr) missing.push_back(name);
+    if (KernelRegistry::Global().Find(name, DEVICE_CPU, F64) == nullptr) missing.push_back(name);
   }
   EXPECT_TRUE(missing.empty()) << "differentiable ops without a CPU kernel for F64: " << absl::StrJoin(missing, ", ");
 }

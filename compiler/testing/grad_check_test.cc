@@ -52,9 +52,9 @@ class SquareKernel : public OpKernel {
   double factor_;
 };
 
-STRATA_REGISTER_KERNEL("test_square", "cpu", F64, MakeFactory<SquareKernel>());
-STRATA_REGISTER_KERNEL("test_bad_square", "cpu", F64, MakeFactory<SquareKernel>());
-STRATA_REGISTER_KERNEL("test_square_grad", "cpu", F64, MakeFactory<SquareKernel>());
+STRATA_REGISTER_KERNEL("test_square", DEVICE_CPU, F64, MakeFactory<SquareKernel>());
+STRATA_REGISTER_KERNEL("test_bad_square", DEVICE_CPU, F64, MakeFactory<SquareKernel>());
+STRATA_REGISTER_KERNEL("test_square_grad", DEVICE_CPU, F64, MakeFactory<SquareKernel>());
 
 TEST(RunOps, RunsTheKernelWithAttrDefaults) {
   std::map<std::string, Tensor> env{{"x", MakeTensor(F64, {3}, {1, -2, 0.5})}};

@@ -70,10 +70,10 @@ absl::Status RunOp(const Op& forward, std::map<std::string, Tensor>* env, const 
 
   KernelDef def{&op, input_types, *types};
   DataType dtype = KernelDtype(def);
-  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), "cpu", dtype);
+  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), DEVICE_CPU, dtype);
   if (factory == nullptr) {
     return absl::NotFoundError(absl::StrCat(label, ": no cpu kernel for dtype ", DataTypeName(dtype),
-                                            " (registered: ", DtypeList(KernelRegistry::Global().DtypesFor(op.type(), "cpu")),
+                                            " (registered: ", DtypeList(KernelRegistry::Global().DtypesFor(op.type(), DEVICE_CPU)),
                                             ")"));
   }
   auto kernel = (*factory)(def);

@@ -38,10 +38,10 @@ class FillZeroKernel : public OpKernel {
   }
 };
 
-STRATA_REGISTER_KERNEL("accumulate", "cpu", F32, MakeFactory<AccumulateKernel<float>>());
-STRATA_REGISTER_KERNEL("accumulate", "cpu", F64, MakeFactory<AccumulateKernel<double>>());
-STRATA_REGISTER_KERNEL("fill_zero", "cpu", F32, MakeFactory<FillZeroKernel>());
-STRATA_REGISTER_KERNEL("fill_zero", "cpu", F64, MakeFactory<FillZeroKernel>());
+STRATA_REGISTER_KERNEL("accumulate", DEVICE_CPU, F32, MakeFactory<AccumulateKernel<float>>());
+STRATA_REGISTER_KERNEL("accumulate", DEVICE_CPU, F64, MakeFactory<AccumulateKernel<double>>());
+STRATA_REGISTER_KERNEL("fill_zero", DEVICE_CPU, F32, MakeFactory<FillZeroKernel>());
+STRATA_REGISTER_KERNEL("fill_zero", DEVICE_CPU, F64, MakeFactory<FillZeroKernel>());
 
 }  // namespace
 }  // namespace strata

@@ -57,22 +57,22 @@ struct SigmoidGradFn {
   T operator()(T y, T dy) const { return dy * y * (T(1) - y); }
 };
 
-STRATA_REGISTER_KERNEL("relu", "cpu", F32, (MakeFactory<UnaryKernel<float, ReluFn>>()));
-STRATA_REGISTER_KERNEL("relu", "cpu", F64, (MakeFactory<UnaryKernel<double, ReluFn>>()));
-STRATA_REGISTER_KERNEL("relu_grad", "cpu", F32, (MakeFactory<SameShapeBinaryKernel<float, ReluGradFn>>()));
-STRATA_REGISTER_KERNEL("relu_grad", "cpu", F64, (MakeFactory<SameShapeBinaryKernel<double, ReluGradFn>>()));
-STRATA_REGISTER_KERNEL("gelu", "cpu", F32, (MakeFactory<UnaryKernel<float, GeluFn>>()));
-STRATA_REGISTER_KERNEL("gelu", "cpu", F64, (MakeFactory<UnaryKernel<double, GeluFn>>()));
-STRATA_REGISTER_KERNEL("gelu_grad", "cpu", F32, (MakeFactory<SameShapeBinaryKernel<float, GeluGradFn>>()));
-STRATA_REGISTER_KERNEL("gelu_grad", "cpu", F64, (MakeFactory<SameShapeBinaryKernel<double, GeluGradFn>>()));
-STRATA_REGISTER_KERNEL("tanh", "cpu", F32, (MakeFactory<UnaryKernel<float, TanhFn>>()));
-STRATA_REGISTER_KERNEL("tanh", "cpu", F64, (MakeFactory<UnaryKernel<double, TanhFn>>()));
-STRATA_REGISTER_KERNEL("tanh_grad", "cpu", F32, (MakeFactory<SameShapeBinaryKernel<float, TanhGradFn>>()));
-STRATA_REGISTER_KERNEL("tanh_grad", "cpu", F64, (MakeFactory<SameShapeBinaryKernel<double, TanhGradFn>>()));
-STRATA_REGISTER_KERNEL("sigmoid", "cpu", F32, (MakeFactory<UnaryKernel<float, SigmoidFn>>()));
-STRATA_REGISTER_KERNEL("sigmoid", "cpu", F64, (MakeFactory<UnaryKernel<double, SigmoidFn>>()));
-STRATA_REGISTER_KERNEL("sigmoid_grad", "cpu", F32, (MakeFactory<SameShapeBinaryKernel<float, SigmoidGradFn>>()));
-STRATA_REGISTER_KERNEL("sigmoid_grad", "cpu", F64, (MakeFactory<SameShapeBinaryKernel<double, SigmoidGradFn>>()));
+STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, ReluFn>>()));
+STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, ReluFn>>()));
+STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, ReluGradFn>>()));
+STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CPU, F64, (MakeFactory<SameShapeBinaryKernel<double, ReluGradFn>>()));
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, GeluFn>>()));
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, GeluFn>>()));
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, GeluGradFn>>()));
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, F64, (MakeFactory<SameShapeBinaryKernel<double, GeluGradFn>>()));
+STRATA_REGISTER_KERNEL("tanh", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, TanhFn>>()));
+STRATA_REGISTER_KERNEL("tanh", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, TanhFn>>()));
+STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, TanhGradFn>>()));
+STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CPU, F64, (MakeFactory<SameShapeBinaryKernel<double, TanhGradFn>>()));
+STRATA_REGISTER_KERNEL("sigmoid", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, SigmoidFn>>()));
+STRATA_REGISTER_KERNEL("sigmoid", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, SigmoidFn>>()));
+STRATA_REGISTER_KERNEL("sigmoid_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, SigmoidGradFn>>()));
+STRATA_REGISTER_KERNEL("sigmoid_grad", DEVICE_CPU, F64, (MakeFactory<SameShapeBinaryKernel<double, SigmoidGradFn>>()));
 
 }  // namespace
 }  // namespace strata

@@ -38,8 +38,8 @@ class AllReduceKernel : public OpKernel {
   const int group_;
 };
 
-STRATA_REGISTER_KERNEL("allreduce", "cpu", F32, MakeFactory<AllReduceKernel>());
-STRATA_REGISTER_KERNEL("allreduce", "cpu", F64, MakeFactory<AllReduceKernel>());
+STRATA_REGISTER_KERNEL("allreduce", DEVICE_CPU, F32, MakeFactory<AllReduceKernel>());
+STRATA_REGISTER_KERNEL("allreduce", DEVICE_CPU, F64, MakeFactory<AllReduceKernel>());
 
 }  // namespace
 }  // namespace strata

@@ -41,18 +41,18 @@ class BinaryKernel : public OpKernel {
   }
 };
 
-STRATA_REGISTER_KERNEL("add", "cpu", F32, (MakeFactory<BinaryKernel<float, AddFn>>()));
-STRATA_REGISTER_KERNEL("add", "cpu", F64, (MakeFactory<BinaryKernel<double, AddFn>>()));
-STRATA_REGISTER_KERNEL("add", "cpu", I64, (MakeFactory<BinaryKernel<int64_t, AddFn>>()));
-STRATA_REGISTER_KERNEL("sub", "cpu", F32, (MakeFactory<BinaryKernel<float, SubFn>>()));
-STRATA_REGISTER_KERNEL("sub", "cpu", F64, (MakeFactory<BinaryKernel<double, SubFn>>()));
-STRATA_REGISTER_KERNEL("sub", "cpu", I64, (MakeFactory<BinaryKernel<int64_t, SubFn>>()));
-STRATA_REGISTER_KERNEL("mul", "cpu", F32, (MakeFactory<BinaryKernel<float, MulFn>>()));
-STRATA_REGISTER_KERNEL("mul", "cpu", F64, (MakeFactory<BinaryKernel<double, MulFn>>()));
-STRATA_REGISTER_KERNEL("mul", "cpu", I64, (MakeFactory<BinaryKernel<int64_t, MulFn>>()));
+STRATA_REGISTER_KERNEL("add", DEVICE_CPU, F32, (MakeFactory<BinaryKernel<float, AddFn>>()));
+STRATA_REGISTER_KERNEL("add", DEVICE_CPU, F64, (MakeFactory<BinaryKernel<double, AddFn>>()));
+STRATA_REGISTER_KERNEL("add", DEVICE_CPU, I64, (MakeFactory<BinaryKernel<int64_t, AddFn>>()));
+STRATA_REGISTER_KERNEL("sub", DEVICE_CPU, F32, (MakeFactory<BinaryKernel<float, SubFn>>()));
+STRATA_REGISTER_KERNEL("sub", DEVICE_CPU, F64, (MakeFactory<BinaryKernel<double, SubFn>>()));
+STRATA_REGISTER_KERNEL("sub", DEVICE_CPU, I64, (MakeFactory<BinaryKernel<int64_t, SubFn>>()));
+STRATA_REGISTER_KERNEL("mul", DEVICE_CPU, F32, (MakeFactory<BinaryKernel<float, MulFn>>()));
+STRATA_REGISTER_KERNEL("mul", DEVICE_CPU, F64, (MakeFactory<BinaryKernel<double, MulFn>>()));
+STRATA_REGISTER_KERNEL("mul", DEVICE_CPU, I64, (MakeFactory<BinaryKernel<int64_t, MulFn>>()));
 // Floating only: integer division by zero would trap.
-STRATA_REGISTER_KERNEL("div", "cpu", F32, (MakeFactory<BinaryKernel<float, DivFn>>()));
-STRATA_REGISTER_KERNEL("div", "cpu", F64, (MakeFactory<BinaryKernel<double, DivFn>>()));
+STRATA_REGISTER_KERNEL("div", DEVICE_CPU, F32, (MakeFactory<BinaryKernel<float, DivFn>>()));
+STRATA_REGISTER_KERNEL("div", DEVICE_CPU, F64, (MakeFactory<BinaryKernel<double, DivFn>>()));
 
 }  // namespace
 }  // namespace strata

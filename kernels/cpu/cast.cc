@@ -72,13 +72,13 @@ absl::StatusOr<std::unique_ptr<OpKernel>> CreateCast(const KernelDef& def) {
   return absl::InvalidArgumentError(absl::StrCat("cast: unknown dtype '", *name, "'"));
 }
 
-STRATA_REGISTER_KERNEL("cast", "cpu", F32, CreateCast<float>);
-STRATA_REGISTER_KERNEL("cast", "cpu", F64, CreateCast<double>);
-STRATA_REGISTER_KERNEL("cast", "cpu", I64, CreateCast<int64_t>);
-STRATA_REGISTER_KERNEL("cast", "cpu", I32, CreateCast<int32_t>);
-STRATA_REGISTER_KERNEL("cast", "cpu", BOOL, CreateCast<bool>);
-STRATA_REGISTER_KERNEL("cast", "cpu", BF16, CreateCast<bfloat16>);
-STRATA_REGISTER_KERNEL("cast", "cpu", F16, CreateCast<float16>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, F32, CreateCast<float>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, F64, CreateCast<double>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, I64, CreateCast<int64_t>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, I32, CreateCast<int32_t>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, BOOL, CreateCast<bool>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, BF16, CreateCast<bfloat16>);
+STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, F16, CreateCast<float16>);
 
 }  // namespace
 }  // namespace strata

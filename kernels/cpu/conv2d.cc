@@ -455,16 +455,16 @@ absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
   return s.total() * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
 }
 
-STRATA_REGISTER_WORKSPACE("conv2d", "cpu", ConvWorkspace);
-STRATA_REGISTER_WORKSPACE("conv2d_grad_input", "cpu", ConvWorkspace);
-STRATA_REGISTER_WORKSPACE("conv2d_grad_filter", "cpu", ConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d", DEVICE_CPU, ConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_input", DEVICE_CPU, ConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_filter", DEVICE_CPU, ConvWorkspace);
 
-STRATA_REGISTER_KERNEL("conv2d", "cpu", F32, InitFactory<Conv2dKernel<float>>());
-STRATA_REGISTER_KERNEL("conv2d", "cpu", F64, InitFactory<Conv2dKernel<double>>());
-STRATA_REGISTER_KERNEL("conv2d_grad_input", "cpu", F32, InitFactory<Conv2dGradInputKernel<float>>());
-STRATA_REGISTER_KERNEL("conv2d_grad_input", "cpu", F64, InitFactory<Conv2dGradInputKernel<double>>());
-STRATA_REGISTER_KERNEL("conv2d_grad_filter", "cpu", F32, InitFactory<Conv2dGradFilterKernel<float>>());
-STRATA_REGISTER_KERNEL("conv2d_grad_filter", "cpu", F64, InitFactory<Conv2dGradFilterKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CPU, F32, InitFactory<Conv2dKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CPU, F64, InitFactory<Conv2dKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, F32, InitFactory<Conv2dGradInputKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, F64, InitFactory<Conv2dGradInputKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, F32, InitFactory<Conv2dGradFilterKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, F64, InitFactory<Conv2dGradFilterKernel<double>>());
 
 }  // namespace
 }  // namespace strata

@@ -79,10 +79,10 @@ class DropoutKernel : public OpKernel {
   int64_t uid_ = 0;
 };
 
-STRATA_REGISTER_KERNEL("dropout", "cpu", F32, InitFactory<DropoutKernel<float>>());
-STRATA_REGISTER_KERNEL("dropout", "cpu", F64, InitFactory<DropoutKernel<double>>());
-STRATA_REGISTER_KERNEL("dropout_grad", "cpu", F32, InitFactory<DropoutKernel<float>>());
-STRATA_REGISTER_KERNEL("dropout_grad", "cpu", F64, InitFactory<DropoutKernel<double>>());
+STRATA_REGISTER_KERNEL("dropout", DEVICE_CPU, F32, InitFactory<DropoutKernel<float>>());
+STRATA_REGISTER_KERNEL("dropout", DEVICE_CPU, F64, InitFactory<DropoutKernel<double>>());
+STRATA_REGISTER_KERNEL("dropout_grad", DEVICE_CPU, F32, InitFactory<DropoutKernel<float>>());
+STRATA_REGISTER_KERNEL("dropout_grad", DEVICE_CPU, F64, InitFactory<DropoutKernel<double>>());
 
 }  // namespace
 }  // namespace strata

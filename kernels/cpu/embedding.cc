@@ -107,10 +107,10 @@ class EmbeddingGradKernel : public OpKernel {
   int64_t vocab_ = 0;
 };
 
-STRATA_REGISTER_KERNEL("embedding", "cpu", F32, InitFactory<EmbeddingKernel<float>>());
-STRATA_REGISTER_KERNEL("embedding", "cpu", F64, InitFactory<EmbeddingKernel<double>>());
-STRATA_REGISTER_KERNEL("embedding_grad", "cpu", F32, InitFactory<EmbeddingGradKernel<float>>());
-STRATA_REGISTER_KERNEL("embedding_grad", "cpu", F64, InitFactory<EmbeddingGradKernel<double>>());
+STRATA_REGISTER_KERNEL("embedding", DEVICE_CPU, F32, InitFactory<EmbeddingKernel<float>>());
+STRATA_REGISTER_KERNEL("embedding", DEVICE_CPU, F64, InitFactory<EmbeddingKernel<double>>());
+STRATA_REGISTER_KERNEL("embedding_grad", DEVICE_CPU, F32, InitFactory<EmbeddingGradKernel<float>>());
+STRATA_REGISTER_KERNEL("embedding_grad", DEVICE_CPU, F64, InitFactory<EmbeddingGradKernel<double>>());
 
 }  // namespace
 }  // namespace strata

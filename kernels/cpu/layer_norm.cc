@@ -188,12 +188,12 @@ absl::StatusOr<int64_t> LayerNormGradWorkspace(const KernelDef& def, int) {
   const int64_t blocks = (rows + RowsPerBlock(rows, d) - 1) / RowsPerBlock(rows, d);
   return blocks * 2 * d * static_cast<int64_t>(sizeof(double));
 }
-STRATA_REGISTER_WORKSPACE("layer_norm_grad", "cpu", LayerNormGradWorkspace);
+STRATA_REGISTER_WORKSPACE("layer_norm_grad", DEVICE_CPU, LayerNormGradWorkspace);
 
-STRATA_REGISTER_KERNEL("layer_norm", "cpu", F32, InitFactory<LayerNormKernel<float>>());
-STRATA_REGISTER_KERNEL("layer_norm", "cpu", F64, InitFactory<LayerNormKernel<double>>());
-STRATA_REGISTER_KERNEL("layer_norm_grad", "cpu", F32, InitFactory<LayerNormGradKernel<float>>());
-STRATA_REGISTER_KERNEL("layer_norm_grad", "cpu", F64, InitFactory<LayerNormGradKernel<double>>());
+STRATA_REGISTER_KERNEL("layer_norm", DEVICE_CPU, F32, InitFactory<LayerNormKernel<float>>());
+STRATA_REGISTER_KERNEL("layer_norm", DEVICE_CPU, F64, InitFactory<LayerNormKernel<double>>());
+STRATA_REGISTER_KERNEL("layer_norm_grad", DEVICE_CPU, F32, InitFactory<LayerNormGradKernel<float>>());
+STRATA_REGISTER_KERNEL("layer_norm_grad", DEVICE_CPU, F64, InitFactory<LayerNormGradKernel<double>>());
 
 }  // namespace
 }  // namespace strata

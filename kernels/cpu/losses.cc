@@ -245,21 +245,21 @@ absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   const int64_t n = NumElements(def.input_types[0].shape);
   return (n + kSumBlock - 1) / kSumBlock * static_cast<int64_t>(sizeof(double));
 }
-STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", "cpu", SoftmaxCrossEntropyWorkspace);
-STRATA_REGISTER_WORKSPACE("mse_loss", "cpu", MseLossWorkspace);
+STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", DEVICE_CPU, SoftmaxCrossEntropyWorkspace);
+STRATA_REGISTER_WORKSPACE("mse_loss", DEVICE_CPU, MseLossWorkspace);
 
-STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
-STRATA_REGISTER_KERNEL("softmax_cross_entropy", "cpu", F64, InitFactory<SoftmaxCrossEntropyKernel<double>>());
-STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", "cpu", F32,
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F64, InitFactory<SoftmaxCrossEntropyKernel<double>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F32,
                        InitFactory<SoftmaxCrossEntropyGradKernel<float>>());
-STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", "cpu", F64,
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F64,
                        InitFactory<SoftmaxCrossEntropyGradKernel<double>>());
-STRATA_REGISTER_KERNEL("mse_loss", "cpu", F32, InitFactory<MseLossKernel<float>>());
-STRATA_REGISTER_KERNEL("mse_loss", "cpu", F64, InitFactory<MseLossKernel<double>>());
-STRATA_REGISTER_KERNEL("mse_loss_grad", "cpu", F32, InitFactory<MseLossGradKernel<float>>());
-STRATA_REGISTER_KERNEL("mse_loss_grad", "cpu", F64, InitFactory<MseLossGradKernel<double>>());
-STRATA_REGISTER_KERNEL("accuracy", "cpu", F32, InitFactory<AccuracyKernel<float>>());
-STRATA_REGISTER_KERNEL("accuracy", "cpu", F64, InitFactory<AccuracyKernel<double>>());
+STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F32, InitFactory<MseLossKernel<float>>());
+STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F64, InitFactory<MseLossKernel<double>>());
+STRATA_REGISTER_KERNEL("mse_loss_grad", DEVICE_CPU, F32, InitFactory<MseLossGradKernel<float>>());
+STRATA_REGISTER_KERNEL("mse_loss_grad", DEVICE_CPU, F64, InitFactory<MseLossGradKernel<double>>());
+STRATA_REGISTER_KERNEL("accuracy", DEVICE_CPU, F32, InitFactory<AccuracyKernel<float>>());
+STRATA_REGISTER_KERNEL("accuracy", DEVICE_CPU, F64, InitFactory<AccuracyKernel<double>>());
 
 }  // namespace
 }  // namespace strata

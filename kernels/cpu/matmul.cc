@@ -231,14 +231,14 @@ class MatmulAccumulateKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
-STRATA_REGISTER_KERNEL("matmul", "cpu", F32, InitFactory<MatmulKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul", "cpu", F64, InitFactory<MatmulKernel<double>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F32, InitFactory<MatmulSharedBGradAKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", "cpu", F64, InitFactory<MatmulSharedBGradAKernel<double>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F32, InitFactory<MatmulSharedBGradBKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", "cpu", F64, InitFactory<MatmulSharedBGradBKernel<double>>());
-STRATA_REGISTER_KERNEL("matmul_accumulate", "cpu", F32, InitFactory<MatmulAccumulateKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul_accumulate", "cpu", F64, InitFactory<MatmulAccumulateKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, InitFactory<MatmulKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F64, InitFactory<MatmulKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradAKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradAKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradBKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradBKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F32, InitFactory<MatmulAccumulateKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F64, InitFactory<MatmulAccumulateKernel<double>>());
 
 }  // namespace
 }  // namespace strata

@@ -447,21 +447,21 @@ class ClipCoefficientKernel : public OpKernel {
 #undef STRATA_ASSIGN_ATTR
 #undef STRATA_RETURN_IF_ERROR_K
 
-STRATA_REGISTER_KERNEL("sgd_update", "cpu", F32, InitFactory<SgdUpdateKernel<float>>());
-STRATA_REGISTER_KERNEL("sgd_update", "cpu", F64, InitFactory<SgdUpdateKernel<double>>());
-STRATA_REGISTER_KERNEL("momentum_update", "cpu", F32, InitFactory<MomentumUpdateKernel<float>>());
-STRATA_REGISTER_KERNEL("momentum_update", "cpu", F64, InitFactory<MomentumUpdateKernel<double>>());
-STRATA_REGISTER_KERNEL("adam_update", "cpu", F32, InitFactory<AdamUpdateKernel<float>>());
-STRATA_REGISTER_KERNEL("adam_update", "cpu", F64, InitFactory<AdamUpdateKernel<double>>());
-STRATA_REGISTER_KERNEL("increment", "cpu", I64, InitFactory<IncrementKernel>());
+STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CPU, F32, InitFactory<SgdUpdateKernel<float>>());
+STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CPU, F64, InitFactory<SgdUpdateKernel<double>>());
+STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CPU, F32, InitFactory<MomentumUpdateKernel<float>>());
+STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CPU, F64, InitFactory<MomentumUpdateKernel<double>>());
+STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F32, InitFactory<AdamUpdateKernel<float>>());
+STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F64, InitFactory<AdamUpdateKernel<double>>());
+STRATA_REGISTER_KERNEL("increment", DEVICE_CPU, I64, InitFactory<IncrementKernel>());
 // lr_schedule's only input is the I64 step, so its kernel key is I64 for both output dtypes.
-STRATA_REGISTER_KERNEL("lr_schedule", "cpu", I64, InitFactory<LrScheduleKernel>());
-STRATA_REGISTER_KERNEL("sum_squares", "cpu", F32, InitFactory<SumSquaresKernel<float>>());
-STRATA_REGISTER_KERNEL("sum_squares", "cpu", F64, InitFactory<SumSquaresKernel<double>>());
-STRATA_REGISTER_KERNEL("sum_squares_grad", "cpu", F32, InitFactory<SumSquaresGradKernel<float>>());
-STRATA_REGISTER_KERNEL("sum_squares_grad", "cpu", F64, InitFactory<SumSquaresGradKernel<double>>());
-STRATA_REGISTER_KERNEL("clip_coefficient", "cpu", F32, InitFactory<ClipCoefficientKernel<float>>());
-STRATA_REGISTER_KERNEL("clip_coefficient", "cpu", F64, InitFactory<ClipCoefficientKernel<double>>());
+STRATA_REGISTER_KERNEL("lr_schedule", DEVICE_CPU, I64, InitFactory<LrScheduleKernel>());
+STRATA_REGISTER_KERNEL("sum_squares", DEVICE_CPU, F32, InitFactory<SumSquaresKernel<float>>());
+STRATA_REGISTER_KERNEL("sum_squares", DEVICE_CPU, F64, InitFactory<SumSquaresKernel<double>>());
+STRATA_REGISTER_KERNEL("sum_squares_grad", DEVICE_CPU, F32, InitFactory<SumSquaresGradKernel<float>>());
+STRATA_REGISTER_KERNEL("sum_squares_grad", DEVICE_CPU, F64, InitFactory<SumSquaresGradKernel<double>>());
+STRATA_REGISTER_KERNEL("clip_coefficient", DEVICE_CPU, F32, InitFactory<ClipCoefficientKernel<float>>());
+STRATA_REGISTER_KERNEL("clip_coefficient", DEVICE_CPU, F64, InitFactory<ClipCoefficientKernel<double>>());
 
 }  // namespace
 }  // namespace strata

@@ -437,14 +437,14 @@ class AvgPool2dGradKernel : public PoolKernel {
   std::vector<int64_t> input_size_;
 };
 
-STRATA_REGISTER_KERNEL("max_pool2d", "cpu", F32, InitFactory<MaxPool2dKernel<float>>());
-STRATA_REGISTER_KERNEL("max_pool2d", "cpu", F64, InitFactory<MaxPool2dKernel<double>>());
-STRATA_REGISTER_KERNEL("max_pool2d_grad", "cpu", F32, InitFactory<MaxPool2dGradKernel<float>>());
-STRATA_REGISTER_KERNEL("max_pool2d_grad", "cpu", F64, InitFactory<MaxPool2dGradKernel<double>>());
-STRATA_REGISTER_KERNEL("avg_pool2d", "cpu", F32, InitFactory<AvgPool2dKernel<float>>());
-STRATA_REGISTER_KERNEL("avg_pool2d", "cpu", F64, InitFactory<AvgPool2dKernel<double>>());
-STRATA_REGISTER_KERNEL("avg_pool2d_grad", "cpu", F32, InitFactory<AvgPool2dGradKernel<float>>());
-STRATA_REGISTER_KERNEL("avg_pool2d_grad", "cpu", F64, InitFactory<AvgPool2dGradKernel<double>>());
+STRATA_REGISTER_KERNEL("max_pool2d", DEVICE_CPU, F32, InitFactory<MaxPool2dKernel<float>>());
+STRATA_REGISTER_KERNEL("max_pool2d", DEVICE_CPU, F64, InitFactory<MaxPool2dKernel<double>>());
+STRATA_REGISTER_KERNEL("max_pool2d_grad", DEVICE_CPU, F32, InitFactory<MaxPool2dGradKernel<float>>());
+STRATA_REGISTER_KERNEL("max_pool2d_grad", DEVICE_CPU, F64, InitFactory<MaxPool2dGradKernel<double>>());
+STRATA_REGISTER_KERNEL("avg_pool2d", DEVICE_CPU, F32, InitFactory<AvgPool2dKernel<float>>());
+STRATA_REGISTER_KERNEL("avg_pool2d", DEVICE_CPU, F64, InitFactory<AvgPool2dKernel<double>>());
+STRATA_REGISTER_KERNEL("avg_pool2d_grad", DEVICE_CPU, F32, InitFactory<AvgPool2dGradKernel<float>>());
+STRATA_REGISTER_KERNEL("avg_pool2d_grad", DEVICE_CPU, F64, InitFactory<AvgPool2dGradKernel<double>>());
 
 }  // namespace
 }  // namespace strata

@@ -128,16 +128,16 @@ class BroadcastLikeKernel : public OpKernel {
   bool keepdim_, mean_;
 };
 
-STRATA_REGISTER_KERNEL("reduce_sum", "cpu", F32, (ReduceKernel<float, false>::Create));
-STRATA_REGISTER_KERNEL("reduce_sum", "cpu", F64, (ReduceKernel<double, false>::Create));
-STRATA_REGISTER_KERNEL("reduce_sum", "cpu", I64, (ReduceKernel<int64_t, false>::Create));
-STRATA_REGISTER_KERNEL("reduce_mean", "cpu", F32, (ReduceKernel<float, true>::Create));
-STRATA_REGISTER_KERNEL("reduce_mean", "cpu", F64, (ReduceKernel<double, true>::Create));
-STRATA_REGISTER_KERNEL("sum_to_like", "cpu", F32, (MakeFactory<SumToLikeKernel<float>>()));
-STRATA_REGISTER_KERNEL("sum_to_like", "cpu", F64, (MakeFactory<SumToLikeKernel<double>>()));
-STRATA_REGISTER_KERNEL("sum_to_like", "cpu", I64, (MakeFactory<SumToLikeKernel<int64_t>>()));
-STRATA_REGISTER_KERNEL("broadcast_like", "cpu", F32, (BroadcastLikeKernel<float>::Create));
-STRATA_REGISTER_KERNEL("broadcast_like", "cpu", F64, (BroadcastLikeKernel<double>::Create));
+STRATA_REGISTER_KERNEL("reduce_sum", DEVICE_CPU, F32, (ReduceKernel<float, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_sum", DEVICE_CPU, F64, (ReduceKernel<double, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_sum", DEVICE_CPU, I64, (ReduceKernel<int64_t, false>::Create));
+STRATA_REGISTER_KERNEL("reduce_mean", DEVICE_CPU, F32, (ReduceKernel<float, true>::Create));
+STRATA_REGISTER_KERNEL("reduce_mean", DEVICE_CPU, F64, (ReduceKernel<double, true>::Create));
+STRATA_REGISTER_KERNEL("sum_to_like", DEVICE_CPU, F32, (MakeFactory<SumToLikeKernel<float>>()));
+STRATA_REGISTER_KERNEL("sum_to_like", DEVICE_CPU, F64, (MakeFactory<SumToLikeKernel<double>>()));
+STRATA_REGISTER_KERNEL("sum_to_like", DEVICE_CPU, I64, (MakeFactory<SumToLikeKernel<int64_t>>()));
+STRATA_REGISTER_KERNEL("broadcast_like", DEVICE_CPU, F32, (BroadcastLikeKernel<float>::Create));
+STRATA_REGISTER_KERNEL("broadcast_like", DEVICE_CPU, F64, (BroadcastLikeKernel<double>::Create));
 
 }  // namespace
 }  // namespace strata

@@ -112,16 +112,16 @@ class RecvKernel : public OpKernel {
 };
 
 // Transfers move bytes; one kernel serves every dtype.
-STRATA_REGISTER_KERNEL("send", "cpu", F32, MakeFactory<SendKernel>());
-STRATA_REGISTER_KERNEL("recv", "cpu", F32, MakeFactory<RecvKernel>());
-STRATA_REGISTER_KERNEL("send", "cpu", F64, MakeFactory<SendKernel>());
-STRATA_REGISTER_KERNEL("recv", "cpu", F64, MakeFactory<RecvKernel>());
-STRATA_REGISTER_KERNEL("send", "cpu", I64, MakeFactory<SendKernel>());
-STRATA_REGISTER_KERNEL("recv", "cpu", I64, MakeFactory<RecvKernel>());
-STRATA_REGISTER_KERNEL("send", "cpu", I32, MakeFactory<SendKernel>());
-STRATA_REGISTER_KERNEL("recv", "cpu", I32, MakeFactory<RecvKernel>());
-STRATA_REGISTER_KERNEL("send", "cpu", BOOL, MakeFactory<SendKernel>());
-STRATA_REGISTER_KERNEL("recv", "cpu", BOOL, MakeFactory<RecvKernel>());
+STRATA_REGISTER_KERNEL("send", DEVICE_CPU, F32, MakeFactory<SendKernel>());
+STRATA_REGISTER_KERNEL("recv", DEVICE_CPU, F32, MakeFactory<RecvKernel>());
+STRATA_REGISTER_KERNEL("send", DEVICE_CPU, F64, MakeFactory<SendKernel>());
+STRATA_REGISTER_KERNEL("recv", DEVICE_CPU, F64, MakeFactory<RecvKernel>());
+STRATA_REGISTER_KERNEL("send", DEVICE_CPU, I64, MakeFactory<SendKernel>());
+STRATA_REGISTER_KERNEL("recv", DEVICE_CPU, I64, MakeFactory<RecvKernel>());
+STRATA_REGISTER_KERNEL("send", DEVICE_CPU, I32, MakeFactory<SendKernel>());
+STRATA_REGISTER_KERNEL("recv", DEVICE_CPU, I32, MakeFactory<RecvKernel>());
+STRATA_REGISTER_KERNEL("send", DEVICE_CPU, BOOL, MakeFactory<SendKernel>());
+STRATA_REGISTER_KERNEL("recv", DEVICE_CPU, BOOL, MakeFactory<RecvKernel>());
 
 }  // namespace
 }  // namespace strata

@@ -557,40 +557,40 @@ class SliceGradKernel : public SliceBase {
   }
 };
 
-STRATA_REGISTER_KERNEL("reshape", "cpu", F32, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("reshape", "cpu", F64, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("reshape", "cpu", I64, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("flatten", "cpu", F32, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("flatten", "cpu", F64, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("flatten", "cpu", I64, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", "cpu", F32, Factory<ReshapeLikeKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", "cpu", F64, Factory<ReshapeLikeKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", "cpu", I64, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F32, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F64, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, I64, Factory<ReshapeKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F32, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F64, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, I64, Factory<FlattenKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F32, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F64, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, I64, Factory<ReshapeLikeKernel>());
 
-STRATA_REGISTER_KERNEL("transpose", "cpu", F32, Factory<TransposeKernel<float>>());
-STRATA_REGISTER_KERNEL("transpose", "cpu", F64, Factory<TransposeKernel<double>>());
-STRATA_REGISTER_KERNEL("transpose", "cpu", I64, Factory<TransposeKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, F32, Factory<TransposeKernel<float>>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, F64, Factory<TransposeKernel<double>>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, I64, Factory<TransposeKernel<int64_t>>());
 
-STRATA_REGISTER_KERNEL("concat", "cpu", F32, Factory<ConcatKernel<float>>());
-STRATA_REGISTER_KERNEL("concat", "cpu", F64, Factory<ConcatKernel<double>>());
-STRATA_REGISTER_KERNEL("concat", "cpu", I64, Factory<ConcatKernel<int64_t>>());
-STRATA_REGISTER_KERNEL("concat_grad", "cpu", F32, Factory<ConcatGradKernel<float>>());
-STRATA_REGISTER_KERNEL("concat_grad", "cpu", F64, Factory<ConcatGradKernel<double>>());
-STRATA_REGISTER_KERNEL("concat_grad", "cpu", I64, Factory<ConcatGradKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CPU, F32, Factory<ConcatKernel<float>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CPU, F64, Factory<ConcatKernel<double>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CPU, I64, Factory<ConcatKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CPU, F32, Factory<ConcatGradKernel<float>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CPU, F64, Factory<ConcatGradKernel<double>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CPU, I64, Factory<ConcatGradKernel<int64_t>>());
 
-STRATA_REGISTER_KERNEL("split", "cpu", F32, Factory<SplitKernel<float>>());
-STRATA_REGISTER_KERNEL("split", "cpu", F64, Factory<SplitKernel<double>>());
-STRATA_REGISTER_KERNEL("split", "cpu", I64, Factory<SplitKernel<int64_t>>());
-STRATA_REGISTER_KERNEL("split_grad", "cpu", F32, Factory<SplitGradKernel<float>>());
-STRATA_REGISTER_KERNEL("split_grad", "cpu", F64, Factory<SplitGradKernel<double>>());
-STRATA_REGISTER_KERNEL("split_grad", "cpu", I64, Factory<SplitGradKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CPU, F32, Factory<SplitKernel<float>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CPU, F64, Factory<SplitKernel<double>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CPU, I64, Factory<SplitKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, F32, Factory<SplitGradKernel<float>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, F64, Factory<SplitGradKernel<double>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, I64, Factory<SplitGradKernel<int64_t>>());
 
-STRATA_REGISTER_KERNEL("slice", "cpu", F32, Factory<SliceKernel<float>>());
-STRATA_REGISTER_KERNEL("slice", "cpu", F64, Factory<SliceKernel<double>>());
-STRATA_REGISTER_KERNEL("slice", "cpu", I64, Factory<SliceKernel<int64_t>>());
-STRATA_REGISTER_KERNEL("slice_grad", "cpu", F32, Factory<SliceGradKernel<float>>());
-STRATA_REGISTER_KERNEL("slice_grad", "cpu", F64, Factory<SliceGradKernel<double>>());
-STRATA_REGISTER_KERNEL("slice_grad", "cpu", I64, Factory<SliceGradKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, F32, Factory<SliceKernel<float>>());
+STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, F64, Factory<SliceKernel<double>>());
+STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, I64, Factory<SliceKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, F32, Factory<SliceGradKernel<float>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, F64, Factory<SliceGradKernel<double>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, I64, Factory<SliceGradKernel<int64_t>>());
 
 }  // namespace
 }  // namespace strata

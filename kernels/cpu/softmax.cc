@@ -174,14 +174,14 @@ class SoftmaxKernel : public OpKernel {
   int64_t axis_;
 };
 
-STRATA_REGISTER_KERNEL("softmax", "cpu", F32, (SoftmaxKernel<float, Mode::kSoftmax>::Create));
-STRATA_REGISTER_KERNEL("softmax", "cpu", F64, (SoftmaxKernel<double, Mode::kSoftmax>::Create));
-STRATA_REGISTER_KERNEL("log_softmax", "cpu", F32, (SoftmaxKernel<float, Mode::kLogSoftmax>::Create));
-STRATA_REGISTER_KERNEL("log_softmax", "cpu", F64, (SoftmaxKernel<double, Mode::kLogSoftmax>::Create));
-STRATA_REGISTER_KERNEL("softmax_grad", "cpu", F32, (SoftmaxKernel<float, Mode::kSoftmaxGrad>::Create));
-STRATA_REGISTER_KERNEL("softmax_grad", "cpu", F64, (SoftmaxKernel<double, Mode::kSoftmaxGrad>::Create));
-STRATA_REGISTER_KERNEL("log_softmax_grad", "cpu", F32, (SoftmaxKernel<float, Mode::kLogSoftmaxGrad>::Create));
-STRATA_REGISTER_KERNEL("log_softmax_grad", "cpu", F64, (SoftmaxKernel<double, Mode::kLogSoftmaxGrad>::Create));
+STRATA_REGISTER_KERNEL("softmax", DEVICE_CPU, F32, (SoftmaxKernel<float, Mode::kSoftmax>::Create));
+STRATA_REGISTER_KERNEL("softmax", DEVICE_CPU, F64, (SoftmaxKernel<double, Mode::kSoftmax>::Create));
+STRATA_REGISTER_KERNEL("log_softmax", DEVICE_CPU, F32, (SoftmaxKernel<float, Mode::kLogSoftmax>::Create));
+STRATA_REGISTER_KERNEL("log_softmax", DEVICE_CPU, F64, (SoftmaxKernel<double, Mode::kLogSoftmax>::Create));
+STRATA_REGISTER_KERNEL("softmax_grad", DEVICE_CPU, F32, (SoftmaxKernel<float, Mode::kSoftmaxGrad>::Create));
+STRATA_REGISTER_KERNEL("softmax_grad", DEVICE_CPU, F64, (SoftmaxKernel<double, Mode::kSoftmaxGrad>::Create));
+STRATA_REGISTER_KERNEL("log_softmax_grad", DEVICE_CPU, F32, (SoftmaxKernel<float, Mode::kLogSoftmaxGrad>::Create));
+STRATA_REGISTER_KERNEL("log_softmax_grad", DEVICE_CPU, F64, (SoftmaxKernel<double, Mode::kLogSoftmaxGrad>::Create));
 
 }  // namespace
 }  // namespace strata

@@ -59,20 +59,20 @@ class ScaleKernel : public OpKernel {
   T scale_, bias_;
 };
 
-STRATA_REGISTER_KERNEL("exp", "cpu", F32, (MakeFactory<UnaryKernel<float, ExpFn>>()));
-STRATA_REGISTER_KERNEL("exp", "cpu", F64, (MakeFactory<UnaryKernel<double, ExpFn>>()));
-STRATA_REGISTER_KERNEL("log", "cpu", F32, (MakeFactory<UnaryKernel<float, LogFn>>()));
-STRATA_REGISTER_KERNEL("log", "cpu", F64, (MakeFactory<UnaryKernel<double, LogFn>>()));
-STRATA_REGISTER_KERNEL("sqrt", "cpu", F32, (MakeFactory<UnaryKernel<float, SqrtFn>>()));
-STRATA_REGISTER_KERNEL("sqrt", "cpu", F64, (MakeFactory<UnaryKernel<double, SqrtFn>>()));
-STRATA_REGISTER_KERNEL("sqrt_grad", "cpu", F32, (MakeFactory<SameShapeBinaryKernel<float, SqrtGradFn>>()));
-STRATA_REGISTER_KERNEL("sqrt_grad", "cpu", F64, (MakeFactory<SameShapeBinaryKernel<double, SqrtGradFn>>()));
-STRATA_REGISTER_KERNEL("square", "cpu", F32, (MakeFactory<UnaryKernel<float, SquareFn>>()));
-STRATA_REGISTER_KERNEL("square", "cpu", F64, (MakeFactory<UnaryKernel<double, SquareFn>>()));
-STRATA_REGISTER_KERNEL("neg", "cpu", F32, (MakeFactory<UnaryKernel<float, NegFn>>()));
-STRATA_REGISTER_KERNEL("neg", "cpu", F64, (MakeFactory<UnaryKernel<double, NegFn>>()));
-STRATA_REGISTER_KERNEL("scale", "cpu", F32, ScaleKernel<float>::Create);
-STRATA_REGISTER_KERNEL("scale", "cpu", F64, ScaleKernel<double>::Create);
+STRATA_REGISTER_KERNEL("exp", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, ExpFn>>()));
+STRATA_REGISTER_KERNEL("exp", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, ExpFn>>()));
+STRATA_REGISTER_KERNEL("log", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, LogFn>>()));
+STRATA_REGISTER_KERNEL("log", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, LogFn>>()));
+STRATA_REGISTER_KERNEL("sqrt", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, SqrtFn>>()));
+STRATA_REGISTER_KERNEL("sqrt", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, SqrtFn>>()));
+STRATA_REGISTER_KERNEL("sqrt_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, SqrtGradFn>>()));
+STRATA_REGISTER_KERNEL("sqrt_grad", DEVICE_CPU, F64, (MakeFactory<SameShapeBinaryKernel<double, SqrtGradFn>>()));
+STRATA_REGISTER_KERNEL("square", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, SquareFn>>()));
+STRATA_REGISTER_KERNEL("square", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, SquareFn>>()));
+STRATA_REGISTER_KERNEL("neg", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, NegFn>>()));
+STRATA_REGISTER_KERNEL("neg", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, NegFn>>()));
+STRATA_REGISTER_KERNEL("scale", DEVICE_CPU, F32, ScaleKernel<float>::Create);
+STRATA_REGISTER_KERNEL("scale", DEVICE_CPU, F64, ScaleKernel<double>::Create);
 
 }  // namespace
 }  // namespace strata

@@ -90,21 +90,21 @@ class IdentityKernel : public OpKernel {
   }
 };
 
-STRATA_REGISTER_KERNEL("add_n", "cpu", F32, (MakeFactory<AddNKernel<float>>()));
-STRATA_REGISTER_KERNEL("add_n", "cpu", F64, (MakeFactory<AddNKernel<double>>()));
-STRATA_REGISTER_KERNEL("add_n", "cpu", I64, (MakeFactory<AddNKernel<int64_t>>()));
-STRATA_REGISTER_KERNEL("fill_scalar", "cpu", F32, FillScalarKernel::Create);
-STRATA_REGISTER_KERNEL("fill_scalar", "cpu", F64, FillScalarKernel::Create);
-STRATA_REGISTER_KERNEL("fill_like", "cpu", F32, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("fill_like", "cpu", F64, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("fill_like", "cpu", I64, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("fill_like", "cpu", I32, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("fill_like", "cpu", BOOL, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("identity", "cpu", F32, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", "cpu", F64, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", "cpu", I64, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", "cpu", I32, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", "cpu", BOOL, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F32, (MakeFactory<AddNKernel<float>>()));
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F64, (MakeFactory<AddNKernel<double>>()));
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, I64, (MakeFactory<AddNKernel<int64_t>>()));
+STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CPU, F32, FillScalarKernel::Create);
+STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CPU, F64, FillScalarKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F32, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F64, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I64, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I32, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, BOOL, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F32, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F64, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I64, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I32, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, BOOL, MakeFactory<IdentityKernel>());
 
 }  // namespace
 }  // namespace strata
