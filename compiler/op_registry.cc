@@ -53,6 +53,12 @@ std::vector<int64_t> ShapeContext::attr_ints(const std::string& name) const {
   return std::vector<int64_t>(a->list().i().begin(), a->list().i().end());
 }
 
+double ElementCount(const TensorType& type) {
+  double n = 1;
+  for (int64_t d : type.shape) n *= static_cast<double>(d);
+  return n;
+}
+
 const AttrSpec* OpSchema::FindAttr(const std::string& name) const {
   for (const auto& a : attrs) {
     if (a.name == name) return &a;

@@ -2,7 +2,7 @@
 #define STRATA_COMPILER_OP_REGISTRY_H_
 
 // One registry entry per op: its schema (inputs, outputs, attrs with types and
-// defaults), shape and dtype inference, and gradient maker. Kernels live in
+// defaults), shape and dtype inference, cost function and gradient maker. Kernels live in
 // kernels/<device>/ and register separately (runtime/kernel.h).
 
 #include <cstdint>
@@ -71,6 +71,33 @@ class ShapeContext {
 
 using ShapeFn = std::function<absl::Status(ShapeContext&)>;
 
+// What an op's cost function sees: the op (its attrs, defaults filled in) and
+// the types of its inputs and outputs, as many as the schema names, with the
+// batch dimension resolved: every dim is a size.
+class CostContext {
+ public:
+  CostContext(const Op& op, std::vector<TensorType> inputs, std::vector<TensorType> outputs)
+      : op_(op), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {}
+  const Op& op() const { return op_; }
+  int num_inputs() const { return static_cast<int>(inputs_.size()); }
+  int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  const TensorType& input(int i) const { return inputs_[i]; }
+  const TensorType& output(int i) const { return outputs_[i]; }
+
+ private:
+  const Op& op_;
+  std::vector<TensorType> inputs_;
+  std::vector<TensorType> outputs_;
+};
+
+// The op's floating-point operations for one run (2 per multiply-add); the
+// cost model (passes/cost_model.h) adds the bytes it reads and writes. An op
+// without one counts 0 FLOPs: elementwise ops cost their bytes.
+using CostFn = std::function<double(const CostContext&)>;
+// Elements of a type whose dims are all sizes, as a double: a product of large
+// dims fits, as it might not in an int64.
+double ElementCount(const TensorType& type);
+
 // Handed to a gradient maker: names the forward op's vars and their gradients
 // and appends backward ops. Emitted ops inherit the forward op's stage, device
 // and uid, and get role BACKWARD.
@@ -112,6 +139,7 @@ struct OpSchema {
   std::vector<ArgSpec> outputs;
   std::vector<AttrSpec> attrs;
   ShapeFn shape_fn;
+  CostFn cost_fn;          // empty: 0 FLOPs (the op costs only its bytes)
   GradFn grad_fn;          // empty: not differentiable
   bool differentiable = false;
   bool stateful = false;   // writes persistent vars in place (optimizer updates)
@@ -153,6 +181,7 @@ class OpDef {
   OpDef& Attr(std::string name, const char* default_value);
   OpDef& Attr(std::string name, std::vector<int64_t> default_value);
   OpDef& Shape(ShapeFn fn) { schema_.shape_fn = std::move(fn); return *this; }
+  OpDef& Cost(CostFn fn) { schema_.cost_fn = std::move(fn); return *this; }
   OpDef& Grad(GradFn fn) { schema_.grad_fn = std::move(fn); schema_.differentiable = true; return *this; }
   OpDef& NotDifferentiable() { schema_.differentiable = false; return *this; }
   OpDef& Stateful() { schema_.stateful = true; return *this; }

@@ -10,9 +10,10 @@
 namespace strata {
 
 // A rough cost model for placing a rank's actions in time: the work of an op
-// in FLOP-equivalents is its floating-point operations (2 per multiply-add of
-// matmul and conv2d and their gradients) plus kBytesWeight per byte it reads
-// and writes (what elementwise ops, normalizations and the optimizer cost).
+// in FLOP-equivalents is its floating-point operations (its schema's cost
+// function, OpDef::Cost: 2 per multiply-add of matmul and conv2d and their
+// gradients; 0 for ops without one) plus kBytesWeight per byte it reads and
+// writes (what elementwise ops, normalizations and the optimizer cost).
 // Good enough to see that one stage does twice another's work; not a
 // profiler. The batch dimension (-1) takes `batch`.
 inline constexpr double kBytesWeight = 2.0;

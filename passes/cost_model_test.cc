@@ -2,6 +2,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "compiler/autodiff.h"
+#include "compiler/op_registry.h"
 #include "compiler/validate.h"
 #include "gtest/gtest.h"
 #include "passes/testing/pass_test_util.h"
@@ -50,6 +51,82 @@ TEST(CostModelTest, ConvolutionCountsEachOutputsWindow) {
   )pb");
   // y is [1, 4, 3, 3]: 36 outputs x 18 multiply-adds; 50 + 72 + 36 floats moved.
   EXPECT_DOUBLE_EQ(CostOfOp(p, 0, 1), 2 * 36 * 18 + kBytesWeight * (50 + 72 + 36) * 4);
+}
+
+// An op whose cost function counts 7 FLOPs per element of its input: the
+// model takes the schema's count, whatever the op is called.
+STRATA_REGISTER_OP(OpDef("cost_model_test_op")
+                       .Input("x")
+                       .Output("y")
+                       .Shape(SameAsInput(0))
+                       .Cost([](const CostContext& c) { return 7 * ElementCount(c.input(0)); })
+                       .NotDifferentiable());
+
+TEST(CostModelTest, AnOpIsCostedByItsSchemasCostFunction) {
+  Program p = Parse(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 3] kind: FEED }
+    op { type: "cost_model_test_op" input: ["x"] output: ["h"] }
+    op { type: "relu" input: ["h"] output: ["y"] }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
+    loss: "loss"
+  )pb");
+  // The batch dim is resolved before the cost function sees the type: 7 x 2 x 3.
+  EXPECT_DOUBLE_EQ(CostOfOp(p, 0, 2), 7 * 6 + kBytesWeight * (6 + 6) * 4);
+  // relu has no cost function: only its bytes count.
+  EXPECT_DOUBLE_EQ(CostOfOp(p, 1, 2), kBytesWeight * (6 + 6) * 4);
+}
+
+TEST(CostModelTest, AnOpMissingAVarCostsOnlyTheBytesItHas) {
+  Program p = Parse(R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 3] kind: FEED }
+    var { name: "w" dtype: F64 shape: [3, 4] kind: PARAM }
+    op { type: "matmul" input: ["x", "w"] output: ["y"] }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+  Op op = p.op(0);
+  op.set_output(0, "not_a_var");
+  const double cost = EstimateOpCost(op, [&](const std::string& n) -> const Var* {
+    for (const Var& v : p.var()) {
+      if (v.name() == n) return &v;
+    }
+    return nullptr;
+  }, 5);
+  EXPECT_DOUBLE_EQ(cost, kBytesWeight * (15 + 12) * 8);
+}
+
+// The FLOPs of op `type` on these types, from its schema alone.
+double Flops(const std::string& type, std::vector<TensorType> ins, std::vector<TensorType> outs) {
+  const OpSchema* schema = OpRegistry::Global().Find(type);
+  EXPECT_NE(schema, nullptr) << type;
+  if (schema == nullptr || !schema->cost_fn) {
+    ADD_FAILURE() << type << " has no cost function";
+    return -1;
+  }
+  Op op;
+  op.set_type(type);
+  return schema->cost_fn(CostContext(op, std::move(ins), std::move(outs)));
+}
+
+TEST(CostModelTest, MatmulGradientsCostTheForwardsMultiplyAdds) {
+  // y [B=2, M=5, N=4] = a [2, 5, K=3] @ b [3, 4] shared over a's batch.
+  const TensorType a{F32, {2, 5, 3}}, b{F32, {3, 4}}, y{F32, {2, 5, 4}};
+  const double forward = 2 * 2 * 5 * 3 * 4;
+  EXPECT_DOUBLE_EQ(Flops("matmul", {a, b}, {y}), forward);
+  EXPECT_DOUBLE_EQ(Flops("matmul_shared_b_grad_a", {y, b}, {a}), forward);
+  EXPECT_DOUBLE_EQ(Flops("matmul_shared_b_grad_b", {a, y}, {b}), forward);
+  const TensorType a2{F32, {5, 3}}, y2{F32, {5, 4}};
+  EXPECT_DOUBLE_EQ(Flops("matmul_accumulate", {a2, b, y2}, {y2}), 2 * 5 * 3 * 4);
+}
+
+TEST(CostModelTest, ConvolutionGradientsCostTheForwardsMultiplyAdds) {
+  // x [2, 2, 5, 5] with w [4, 2, 3, 3]: y [2, 4, 3, 3], 72 outputs x 18 multiply-adds.
+  const TensorType x{F32, {2, 2, 5, 5}}, w{F32, {4, 2, 3, 3}}, y{F32, {2, 4, 3, 3}};
+  const double forward = 2 * 72 * 18;
+  EXPECT_DOUBLE_EQ(Flops("conv2d", {x, w}, {y}), forward);
+  EXPECT_DOUBLE_EQ(Flops("conv2d_grad_input", {y, w}, {x}), forward);
+  EXPECT_DOUBLE_EQ(Flops("conv2d_grad_filter", {x, y}, {w}), forward);
 }
 
 TEST(CostModelTest, BackwardOfAMatmulChainCostsAboutTwiceItsForward) {

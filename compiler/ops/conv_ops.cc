@@ -97,6 +97,13 @@ absl::StatusOr<Dims> ConvOutput(const ConvAttrs& a, const Dims& x, const Dims& w
   return Dims{x[0], w[0], *ho, *wo};
 }
 
+// Multiply-adds = elements of y (or dy) x the weight's elements per output
+// channel: FLOPs = 2 * |y| * |w| / O for w [O, C/groups, kh, kw].
+double ConvFlops(const TensorType& y, const TensorType& w) {
+  if (w.shape.size() != 4 || w.shape[0] <= 0) return 0;
+  return 2 * ElementCount(y) * (ElementCount(w) / static_cast<double>(w.shape[0]));
+}
+
 absl::Status Conv2dShape(ShapeContext& ctx) {
   STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvW));
   auto a = ReadConvAttrs(ctx);
@@ -129,6 +136,7 @@ absl::Status Conv2dGrad(GradBuilder& g) {
 
 STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d").Input("x").Input("w").Output("y"))
                        .Shape(Conv2dShape)
+                       .Cost([](const CostContext& c) { return ConvFlops(c.output(0), c.input(1)); })
                        .Grad(Conv2dGrad)
                        .Doc("2-D cross-correlation, NCHW: x [N, C, H, W], w [O, C/groups, kh, kw] -> "
                             "[N, O, Ho, Wo]; symmetric zero padding. No bias: add a [O, 1, 1] one."));
@@ -155,6 +163,7 @@ absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
 STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d_grad_input").Input("dy").Input("w").Output("dx"))
                        .Attr("input_size", AttrType::kInts)
                        .Shape(Conv2dGradInputShape)
+                       .Cost([](const CostContext& c) { return ConvFlops(c.input(0), c.input(1)); })
                        .NotDifferentiable()
                        .Doc("Backward of conv2d: dL/dx [N, C, H, W] with [H, W] = input_size."));
 
@@ -184,6 +193,7 @@ absl::Status Conv2dGradFilterShape(ShapeContext& ctx) {
 STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d_grad_filter").Input("x").Input("dy").Output("dw"))
                        .Attr("filter_size", AttrType::kInts)
                        .Shape(Conv2dGradFilterShape)
+                       .Cost([](const CostContext& c) { return ConvFlops(c.input(1), c.output(0)); })
                        .NotDifferentiable()
                        .Doc("Backward of conv2d: dL/dw [O, C/groups, kh, kw] with [kh, kw] = filter_size, "
                             "summed over the batch."));

@@ -1,6 +1,7 @@
 // The matmul family: matmul, its backward helpers for a 2-D b shared over a
 // batched a, and matmul_accumulate (weight gradients summed by the GEMM).
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -72,6 +73,13 @@ absl::Status MatmulShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
+// Forward, either gradient or a gradient accumulated in place, the three
+// tensors are [M,K], [K,N] and [M,N] (times any batch dims), so
+// M*N*K = sqrt of their sizes' product: FLOPs = 2 * sqrt(|a| * |b| * |y|).
+double MatmulCost(const CostContext& ctx) {
+  return 2 * std::sqrt(ElementCount(ctx.input(0)) * ElementCount(ctx.input(1)) * ElementCount(ctx.output(0)));
+}
+
 // Attrs as canonicalized ops carry them (missing: the schema default false).
 bool BoolAttrOf(const Op& op, const char* name) {
   auto it = op.attr().find(name);
@@ -121,6 +129,7 @@ STRATA_REGISTER_OP(OpDef("matmul")
                        .Attr("transpose_a", false)
                        .Attr("transpose_b", false)
                        .Shape(MatmulShape)
+                       .Cost(MatmulCost)
                        .Grad(MatmulGrad)
                        .Doc("y = op(a) @ op(b), op transposing the last two dims when asked. a: [..., M, K], "
                             "b: [K, N] shared over a's batch, or [..., K, N] with a's batch dims."));
@@ -159,6 +168,7 @@ STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_a")
                        .Attr("transpose_a", false)
                        .Attr("transpose_b", false)
                        .Shape(MatmulSharedBGradAShape)
+                       .Cost(MatmulCost)
                        .NotDifferentiable()
                        .Doc("Backward of matmul with a shared 2-D b: dL/da, laid out as a (attrs of the forward op)."));
 
@@ -202,6 +212,7 @@ STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_b")
                        .Attr("transpose_a", false)
                        .Attr("transpose_b", false)
                        .Shape(MatmulSharedBGradBShape)
+                       .Cost(MatmulCost)
                        .NotDifferentiable()
                        .Doc("Backward of matmul with a shared 2-D b: dL/db summed over a's batch, laid out as b."));
 
@@ -233,6 +244,7 @@ STRATA_REGISTER_OP(OpDef("matmul_accumulate")
                        .Attr("transpose_a", false)
                        .Attr("transpose_b", false)
                        .Shape(MatmulAccumulateShape)
+                       .Cost(MatmulCost)
                        .Stateful()
                        .Doc("acc += op(a) @ op(b), in place, for 2-D a and b (weight gradients summed over "
                             "micro-batches)."));
