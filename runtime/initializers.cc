@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/status_macros.h"
 #include "runtime/philox.h"
 #include "runtime/thread_pool.h"
 
@@ -119,20 +120,14 @@ absl::Status ExpectFinite(const Var& var, const char* field, double v) {
   return absl::OkStatus();
 }
 
-#define STRATA_INIT_RETURN_IF_ERROR(expr) \
-  do {                                    \
-    absl::Status _status = (expr);        \
-    if (!_status.ok()) return _status;    \
-  } while (0)
-
 // The distribution of a random initializer, validated.
 absl::StatusOr<Distribution> DistributionOf(const Var& var) {
   const Initializer& init = var.init();
   switch (init.kind_case()) {
     case Initializer::kUniform: {
       const double low = init.uniform().low(), high = init.uniform().high();
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, "uniform.low", low));
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, "uniform.high", high));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, "uniform.low", low));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, "uniform.high", high));
       if (low > high) return VarError(var, absl::StrCat("uniform needs low <= high, got low ", low, " > high ", high));
       return Distribution{Distribution::kUniform, low, high};
     }
@@ -141,8 +136,8 @@ absl::StatusOr<Distribution> DistributionOf(const Var& var) {
       const bool truncated = init.kind_case() == Initializer::kTruncatedNormal;
       const Initializer::Normal& n = truncated ? init.truncated_normal() : init.normal();
       const char* name = truncated ? "truncated_normal" : "normal";
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".mean").c_str(), n.mean()));
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".std").c_str(), n.std()));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".mean").c_str(), n.mean()));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".std").c_str(), n.std()));
       if (n.std() < 0) return VarError(var, absl::StrCat(name, ".std must be >= 0, got ", n.std()));
       return Distribution{truncated ? Distribution::kTruncatedNormal : Distribution::kNormal, n.mean(), n.std()};
     }
@@ -152,7 +147,7 @@ absl::StatusOr<Distribution> DistributionOf(const Var& var) {
       const char* name = uniform ? "xavier_uniform" : "xavier_normal";
       const Initializer::Xavier& x = uniform ? init.xavier_uniform() : init.xavier_normal();
       const double gain = x.has_gain() ? x.gain() : 1.0;
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".gain").c_str(), gain));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".gain").c_str(), gain));
       if (gain < 0) return VarError(var, absl::StrCat(name, ".gain must be >= 0, got ", gain));
       auto fans = Fans(var, name);
       if (!fans.ok()) return fans.status();
@@ -166,7 +161,7 @@ absl::StatusOr<Distribution> DistributionOf(const Var& var) {
       const bool uniform = init.kind_case() == Initializer::kKaimingUniform;
       const char* name = uniform ? "kaiming_uniform" : "kaiming_normal";
       const Initializer::Kaiming& k = uniform ? init.kaiming_uniform() : init.kaiming_normal();
-      STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".a").c_str(), k.a()));
+      STRATA_RETURN_IF_ERROR(ExpectFinite(var, absl::StrCat(name, ".a").c_str(), k.a()));
       auto fans = Fans(var, name);
       if (!fans.ok()) return fans.status();
       // He et al.: std = gain / sqrt(fan), gain = sqrt(2 / (1 + a^2)) for leaky_relu slope a.
@@ -210,7 +205,7 @@ absl::StatusOr<Tensor> InitializeParam(const Var& var, uint64_t seed, Allocator*
     distribution = *d;
   } else if (kind == Initializer::kConstant) {
     const double value = init.constant().value();
-    STRATA_INIT_RETURN_IF_ERROR(ExpectFinite(var, "constant.value", value));
+    STRATA_RETURN_IF_ERROR(ExpectFinite(var, "constant.value", value));
     if (!IsFloating(dtype) && value != std::trunc(value)) {
       return VarError(var, absl::StrCat("constant ", value, " is not a whole number for dtype ", DataTypeName(dtype)));
     }
@@ -235,6 +230,6 @@ absl::StatusOr<Tensor> InitializeParam(const Var& var, uint64_t seed, Allocator*
   return t;
 }
 
-#undef STRATA_INIT_RETURN_IF_ERROR
+#undef STRATA_RETURN_IF_ERROR
 
 }  // namespace strata

@@ -40,11 +40,11 @@ constexpr ConvArg kConvX{"x", "[N, C, H, W]", true}, kConvW{"w", "[O, C/groups, 
 
 // Inputs 0 and 1 of a conv op: one floating dtype, each of its ConvArg form.
 absl::Status CheckConvInputs(const ShapeContext& ctx, const ConvArg& a, const ConvArg& b) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, a.name));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, b.name, 0, a.name));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, a.name, 4, a.layout));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, b.name, 4, b.layout));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, a.name, a.batched ? 1 : 0));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, a.name));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, b.name, 0, a.name));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, a.name, 4, a.layout));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, b.name, 4, b.layout));
+  STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, a.name, a.batched ? 1 : 0));
   return ExpectStaticDims(ctx, 1, b.name, b.batched ? 1 : 0);
 }
 
@@ -105,7 +105,7 @@ double ConvFlops(const TensorType& y, const TensorType& w) {
 }
 
 absl::Status Conv2dShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvW));
+  STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvW));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto y = ConvOutput(*a, ctx.input(0).shape, ctx.input(1).shape);
@@ -142,7 +142,7 @@ STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d").Input("x").Input("w").Output("y
                             "[N, O, Ho, Wo]; symmetric zero padding. No bias: add a [O, 1, 1] one."));
 
 absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvDy, kConvW));
+  STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvDy, kConvW));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto in = PairAttr(ctx, "input_size", 1);
@@ -168,7 +168,7 @@ STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d_grad_input").Input("dy").Input("w
                        .Doc("Backward of conv2d: dL/dx [N, C, H, W] with [H, W] = input_size."));
 
 absl::Status Conv2dGradFilterShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvDy));
+  STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvDy));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
   auto k = PairAttr(ctx, "filter_size", 1);

@@ -12,7 +12,7 @@ using nn_shape_checks::ExpectFloatingArg;
 using nn_shape_checks::Invalid;
 
 absl::Status DropoutShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, ctx.op().type() == "dropout" ? "x" : "dy"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, ctx.op().type() == "dropout" ? "x" : "dy"));
   double p = ctx.attr_float("p");
   if (!(p >= 0.0 && p < 1.0)) return Invalid(absl::StrCat("attr 'p' must be in [0, 1), got ", p));
   ctx.set_output(0, ctx.input(0));

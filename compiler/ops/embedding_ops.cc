@@ -19,10 +19,10 @@ using nn_shape_checks::ExpectStaticDims;
 using nn_shape_checks::Invalid;
 
 absl::Status EmbeddingShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 0, "ids", I64));
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 1, "table"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "table", 2, "[V, D]"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectStaticDims(ctx, 1, "table", 0));
+  STRATA_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 0, "ids", I64));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 1, "table"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "table", 2, "[V, D]"));
+  STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 1, "table", 0));
   Dims y = ctx.input(0).shape;
   y.push_back(ctx.input(1).shape[1]);
   ctx.set_output(0, TensorType{ctx.input(1).dtype, y});
@@ -47,8 +47,8 @@ STRATA_REGISTER_OP(OpDef("embedding")
                             "an error at run time."));
 
 absl::Status EmbeddingGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 0, "ids", I64));
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 1, "dy"));
+  STRATA_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 0, "ids", I64));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 1, "dy"));
   const Dims& ids = ctx.input(0).shape;
   const Dims& dy = ctx.input(1).shape;
   if (dy.size() != ids.size() + 1 || !std::equal(ids.begin(), ids.end(), dy.begin()) || dy.back() <= 0) {

@@ -19,13 +19,13 @@ using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::Invalid;
 
 absl::Status CheckLayerNormArgs(const ShapeContext& ctx, int x, int gamma) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, x, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, x, "x"));
   const Dims& xs = ctx.input(x).shape;
   if (xs.empty() || xs.back() <= 0) {
     return Invalid(absl::StrCat("input 'x' needs rank >= 1 and a known last dim to normalize over, got ",
                                 ctx.input(x).ToString()));
   }
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, gamma, "gamma", x, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, gamma, "gamma", x, "x"));
   if (ctx.input(gamma).shape != Dims{xs.back()}) {
     return Invalid(absl::StrCat("input 'gamma' must have shape [", xs.back(), "] (x's last dim), got ",
                                 ctx.input(gamma).ToString()));
@@ -42,9 +42,9 @@ absl::Status ExpectEpsilon(const ShapeContext& ctx) {
 }
 
 absl::Status LayerNormShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "beta", 1, "gamma"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
+  STRATA_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "beta", 1, "gamma"));
+  STRATA_RETURN_IF_ERROR(ExpectEpsilon(ctx));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -73,9 +73,9 @@ STRATA_REGISTER_OP(OpDef("layer_norm")
                        .Doc("y = (x - mean) / sqrt(var + epsilon) * gamma + beta over x's last dim (biased var)."));
 
 absl::Status LayerNormGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "dy", 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectEpsilon(ctx));
+  STRATA_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "dy", 0, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectEpsilon(ctx));
   ctx.set_output(0, ctx.input(0));
   ctx.set_output(1, ctx.input(1));
   ctx.set_output(2, ctx.input(1));

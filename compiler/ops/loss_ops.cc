@@ -23,13 +23,13 @@ using nn_shape_checks::Invalid;
 // Losses and metrics over logits [..., C] and I64 labels [...].
 
 absl::Status CheckLogitsAndLabel(const ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "logits"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "logits"));
   const Dims& logits = ctx.input(0).shape;
   if (logits.size() < 2 || logits.back() <= 0) {
     return Invalid(absl::StrCat("input 'logits' must be [N, C] with a known number of classes C, got ",
                                 ctx.input(0).ToString()));
   }
-  STRATA_NN_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 1, "label", I64));
+  STRATA_RETURN_IF_ERROR(ExpectDtypeArg(ctx, 1, "label", I64));
   Dims want(logits.begin(), logits.end() - 1);
   if (ctx.input(1).shape != want) {
     return Invalid(absl::StrCat("input 'label' must have shape ", DimsString(want),
@@ -39,7 +39,7 @@ absl::Status CheckLogitsAndLabel(const ShapeContext& ctx) {
 }
 
 absl::Status ScalarLossShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
+  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
   ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
   return absl::OkStatus();
 }
@@ -61,8 +61,8 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy")
                             "[0, C) (checked at run time)."));
 
 absl::Status SoftmaxCrossEntropyGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
-  STRATA_NN_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
+  STRATA_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -77,7 +77,7 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy_grad")
                        .Doc("Backward of softmax_cross_entropy: (softmax(logits) - onehot(label)) / N * dloss."));
 
 absl::Status AccuracyShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
+  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
   const int64_t k = ctx.attr_int("k"), c = ctx.input(0).shape.back();
   if (k < 1 || k > c) return Invalid(absl::StrCat("attr 'k' must be in [1, ", c, "] (the classes), got ", k));
   ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
@@ -95,8 +95,8 @@ STRATA_REGISTER_OP(OpDef("accuracy")
                             "strictly greater than the label's)."));
 
 absl::Status MseLossShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
   ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
   return absl::OkStatus();
 }
@@ -119,9 +119,9 @@ STRATA_REGISTER_OP(OpDef("mse_loss")
                        .Doc("Mean over all elements of (pred - target)^2."));
 
 absl::Status MseLossGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "pred"));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "target", 0, "pred"));
+  STRATA_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }

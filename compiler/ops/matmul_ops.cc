@@ -29,8 +29,8 @@ struct MatmulDims {
 };
 
 absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
   const Dims& a = ctx.input(0).shape;
   const Dims& b = ctx.input(1).shape;
   if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));
@@ -136,12 +136,12 @@ STRATA_REGISTER_OP(OpDef("matmul")
 
 // da for a batched, transposed a with a shared 2-D b: da[i] = op(b) @ dy[i]^T.
 absl::Status MatmulSharedBGradAShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "dy"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "dy"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "dy"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "dy"));
   const Dims& dy = ctx.input(0).shape;
   const Dims& b = ctx.input(1).shape;
   if (dy.size() < 3) return Invalid(absl::StrCat("input 'dy' must have rank >= 3, got ", ctx.input(0).ToString()));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "b", 2, "[K, N]"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "b", 2, "[K, N]"));
   const bool ta = ctx.attr_bool("transpose_a"), tb = ctx.attr_bool("transpose_b");
   const int64_t k = tb ? b[1] : b[0], n = tb ? b[0] : b[1];
   const int64_t m = dy[dy.size() - 2];
@@ -174,8 +174,8 @@ STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_a")
 
 // db for a shared 2-D b: sum over the batch of op(a[i])^T @ dy[i].
 absl::Status MatmulSharedBGradBShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "a"));
   const Dims& a = ctx.input(0).shape;
   const Dims& dy = ctx.input(1).shape;
   if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));

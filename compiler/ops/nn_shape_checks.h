@@ -17,13 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
-
-// Ends the calling function with expr's status when that is not OK.
-#define STRATA_NN_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    absl::Status _status = (expr);      \
-    if (!_status.ok()) return _status;  \
-  } while (0)
+#include "proto/status_macros.h"
 
 namespace strata {
 namespace nn_shape_checks {

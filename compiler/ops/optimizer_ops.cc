@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
+#include "proto/status_macros.h"
 
 namespace strata {
 namespace {
@@ -69,22 +70,16 @@ absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr)
   return absl::OkStatus();
 }
 
-#define STRATA_RETURN_IF_ERROR_OPT(expr)      \
-  do {                                        \
-    absl::Status _status = (expr);            \
-    if (!_status.ok()) return _status;        \
-  } while (0)
-
 // ---------------------------------------------------------------------------
 // Parameter updates.
 
 // The inputs every update op starts with: param, grad, then the `states`
 // (velocity, moments) shaped like param, then the scalar lr.
 absl::Status CheckUpdateInputs(const ShapeContext& ctx, std::initializer_list<const char*> states) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectStaticFloating(ctx, 0, "param"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, 1, "grad", 0, "param"));
+  STRATA_RETURN_IF_ERROR(ExpectStaticFloating(ctx, 0, "param"));
+  STRATA_RETURN_IF_ERROR(ExpectSameType(ctx, 1, "grad", 0, "param"));
   int i = 2;
-  for (const char* state : states) STRATA_RETURN_IF_ERROR_OPT(ExpectSameType(ctx, i++, state, 0, "param"));
+  for (const char* state : states) STRATA_RETURN_IF_ERROR(ExpectSameType(ctx, i++, state, 0, "param"));
   return ExpectScalar(ctx, i, "lr", ctx.input(0).dtype);
 }
 
@@ -96,15 +91,15 @@ absl::Status SetUpdateOutputs(ShapeContext& ctx, int num_states) {
 }
 
 absl::Status SgdUpdateShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {}));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {}));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   return SetUpdateOutputs(ctx, 0);
 }
 
 absl::Status MomentumUpdateShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {"velocity"}));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "momentum", 0.0));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"velocity"}));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "momentum", 0.0));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   // As torch.optim.SGD: Nesterov needs a momentum to look ahead with.
   if (ctx.attr_bool("nesterov") && ctx.attr_float("momentum") <= 0.0) {
     return absl::InvalidArgumentError("attr 'nesterov' requires attr 'momentum' > 0");
@@ -113,12 +108,12 @@ absl::Status MomentumUpdateShape(ShapeContext& ctx) {
 }
 
 absl::Status AdamUpdateShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(CheckUpdateInputs(ctx, {"m", "v"}));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 5, "step", I64));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta1"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrInUnitInterval(ctx, "beta2"));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
+  STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"m", "v"}));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 5, "step", I64));
+  STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta1"));
+  STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta2"));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   return SetUpdateOutputs(ctx, 2);
 }
 
@@ -177,7 +172,7 @@ STRATA_REGISTER_OP(OpDef("adam_update")
 // Step counter and learning-rate schedule.
 
 absl::Status IncrementShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 0, "counter", I64));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "counter", I64));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -192,7 +187,7 @@ STRATA_REGISTER_OP(OpDef("increment")
                        .Doc("counter += by, in place, on an I64 scalar (the optimizer step count)."));
 
 absl::Status LrScheduleShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 0, "step", I64));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "step", I64));
   std::string dtype = ctx.attr_string("dtype");
   DataType out;
   if (dtype == "F32") {
@@ -202,7 +197,7 @@ absl::Status LrScheduleShape(ShapeContext& ctx) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("attr 'dtype' must be \"F32\" or \"F64\", got \"", dtype, "\""));
   }
-  STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "base_lr", 0.0));
+  STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "base_lr", 0.0));
   int64_t warmup = ctx.attr_int("warmup_steps");
   if (warmup < 0) return absl::InvalidArgumentError(absl::StrCat("attr 'warmup_steps' must be >= 0, got ", warmup));
   std::string kind = ctx.attr_string("kind");
@@ -224,7 +219,7 @@ absl::Status LrScheduleShape(ShapeContext& ctx) {
   } else if (kind == "step") {
     int64_t step_size = ctx.attr_int("step_size");
     if (step_size < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'step_size' must be >= 1, got ", step_size));
-    STRATA_RETURN_IF_ERROR_OPT(ExpectAttrAtLeast(ctx, "gamma", 0.0));
+    STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "gamma", 0.0));
   } else if (kind != "constant") {
     return absl::InvalidArgumentError(
         absl::StrCat("attr 'kind' must be \"constant\", \"cosine\" or \"step\", got \"", kind, "\""));
@@ -289,8 +284,8 @@ STRATA_REGISTER_OP(OpDef("sum_squares")
                        .Doc("Scalar sum of the squares of every element of every input (one float dtype)."));
 
 absl::Status SumSquaresGradShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR_OPT(ExpectFloating(ctx, 0));
-  STRATA_RETURN_IF_ERROR_OPT(ExpectScalar(ctx, 1, "dy", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR(ExpectFloating(ctx, 0));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 1, "dy", ctx.input(0).dtype));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -332,7 +327,7 @@ STRATA_REGISTER_OP(OpDef("clip_coefficient")
                        .Doc("As torch.nn.utils.clip_grad_norm_: min(1, max_norm / (sqrt(sum of the partial sums "
                             "of squares) + 1e-6)), the factor every gradient is multiplied by."));
 
-#undef STRATA_RETURN_IF_ERROR_OPT
+#undef STRATA_RETURN_IF_ERROR
 
 }  // namespace
 }  // namespace strata

@@ -77,13 +77,13 @@ OpDef& WithPoolAttrs(OpDef& def) {
 }
 
 absl::Status CheckPoolInput(const ShapeContext& ctx, int i, const char* name) {
-  STRATA_NN_RETURN_IF_ERROR(ExpectFloatingArg(ctx, i, name));
-  STRATA_NN_RETURN_IF_ERROR(ExpectRankArg(ctx, i, name, 4, "[N, C, H, W]"));
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, i, name));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, i, name, 4, "[N, C, H, W]"));
   return ExpectStaticDims(ctx, i, name, 1);
 }
 
 absl::Status Pool2dShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
+  STRATA_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
   auto y = PooledShape(ctx, ctx.input(0).shape);
   if (!y.ok()) return y.status();
   ctx.set_output(0, TensorType{ctx.input(0).dtype, *y});
@@ -120,8 +120,8 @@ STRATA_REGISTER_OP(WithPoolAttrs(OpDef("avg_pool2d").Input("x").Output("y"))
                             "the divisor (torch count_include_pad=True)."));
 
 absl::Status MaxPool2dGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
-  STRATA_NN_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "x"));
+  STRATA_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "x"));
   auto y = PooledShape(ctx, ctx.input(0).shape);
   if (!y.ok()) return y.status();
   if (*y != ctx.input(1).shape) {
@@ -138,7 +138,7 @@ STRATA_REGISTER_OP(WithPoolAttrs(OpDef("max_pool2d_grad").Input("x").Input("dy")
                        .Doc("Backward of max_pool2d: dy routed to each window's first maximum of x."));
 
 absl::Status AvgPool2dGradShape(ShapeContext& ctx) {
-  STRATA_NN_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "dy"));
+  STRATA_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "dy"));
   auto in = PairAttr(ctx, "input_size", 1);
   if (!in.ok()) return in.status();
   const Dims& dy = ctx.input(0).shape;

@@ -265,10 +265,10 @@ absl::StatusOr<ConvBuffers> DrawScratch(const KernelContext& ctx, DataType dtype
                                         const ThreadShares& sh, bool filter_gradient) {
   ConvBuffers b;
   b.size = ScratchOf(g, sh, filter_gradient);
-  STRATA_NN_ASSIGN_OR_RETURN(b.cols, Scratch(ctx, dtype, b.size.cols()));
-  STRATA_NN_ASSIGN_OR_RETURN(b.wide, Scratch(ctx, dtype, b.size.wide()));
+  STRATA_ASSIGN_OR_RETURN(b.cols, Scratch(ctx, dtype, b.size.cols()));
+  STRATA_ASSIGN_OR_RETURN(b.wide, Scratch(ctx, dtype, b.size.wide()));
   if (filter_gradient) {
-    STRATA_NN_ASSIGN_OR_RETURN(b.partial, Scratch(ctx, dtype, b.size.partial()));
+    STRATA_ASSIGN_OR_RETURN(b.partial, Scratch(ctx, dtype, b.size.partial()));
   }
   return b;
 }
@@ -279,9 +279,9 @@ class ConvKernel : public OpKernel {
  public:
   explicit ConvKernel(const char* size_attr) : size_attr_(size_attr) {}
   absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
+    STRATA_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs_));
     if (size_attr_ != nullptr) {
-      STRATA_NN_ASSIGN_OR_RETURN(size_, AttrPair(op, size_attr_));
+      STRATA_ASSIGN_OR_RETURN(size_, AttrPair(op, size_attr_));
     }
     return absl::OkStatus();
   }
@@ -303,13 +303,13 @@ class Conv2dKernel : public ConvKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
-    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), w.shape(), "conv2d"));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{g.n, g.o, g.ho, g.wo}));
+    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), w.shape(), "conv2d"));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{g.n, g.o, g.ho, g.wo}));
     const int64_t p = g.pixels(), image = g.c * g.h * g.w;
     // Each thread takes a contiguous share of the images and runs im2col and
     // a single-threaded GEMM on its own chunks (the columns stay in its cache).
     const ThreadShares sh = Shares(g);
-    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/false));
+    STRATA_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/false));
     const T* px = x.data<T>();
     const T* pw = w.data<T>();
     T* py = y->data<T>();
@@ -346,16 +346,16 @@ class Conv2dGradInputKernel : public ConvKernel {
                                                      ShapeString(dy.shape()), " and ", ShapeString(w.shape())));
     }
     const Shape xs{dy.dim(0), w.dim(1) * attrs_.groups, size_[0], size_[1]};
-    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, xs, w.shape(), "conv2d_grad_input"));
+    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, xs, w.shape(), "conv2d_grad_input"));
     if (dy.dim(1) != g.o || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: dy ", ShapeString(dy.shape()),
                                                      " is not the output of an input ", ShapeString(xs)));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
     const int64_t p = g.pixels(), image = g.c * g.h * g.w;
     // Each thread takes a contiguous share of the images: single-threaded GEMMs and col2im on its own chunks.
     const ThreadShares sh = Shares(g);
-    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, dy.dtype(), g, sh, /*filter_gradient=*/false));
+    STRATA_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, dy.dtype(), g, sh, /*filter_gradient=*/false));
     const T* pdy = dy.data<T>();
     const T* pw = w.data<T>();
     T* pdx = dx->data<T>();
@@ -394,18 +394,18 @@ class Conv2dGradFilterKernel : public ConvKernel {
                                                      " or dy ", ShapeString(dy.shape())));
     }
     const Shape ws{dy.dim(1), x.dim(1) / attrs_.groups, size_[0], size_[1]};
-    STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), ws, "conv2d_grad_filter"));
+    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), ws, "conv2d_grad_filter"));
     if (dy.dim(0) != g.n || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
       return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: dy ", ShapeString(dy.shape()),
                                                      " is not the output for x ", ShapeString(x.shape())));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dw, ctx.AllocateOutput(0, x.dtype(), ws));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dw, ctx.AllocateOutput(0, x.dtype(), ws));
     T* pdw = dw->data<T>();
     const int64_t p = g.pixels(), dw_size = g.o * g.group_rows();
     // Each thread takes a contiguous share of the images and sums its own
     // partial dw (single-threaded GEMMs); the partials are added at the end.
     const ThreadShares sh = Shares(g);
-    STRATA_NN_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/true));
+    STRATA_ASSIGN_OR_RETURN(ConvBuffers buf, DrawScratch(ctx, x.dtype(), g, sh, /*filter_gradient=*/true));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     sh.ForEachChunk(g.n, [&](int64_t t, int64_t n0, int64_t nb) {
@@ -436,21 +436,21 @@ class Conv2dGradFilterKernel : public ConvKernel {
 absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
   const Op& op = *def.op;
   ConvAttrs attrs;
-  STRATA_NN_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs));
+  STRATA_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs));
   if (def.input_types.size() != 2) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected 2 inputs"));
   const Shape& a = def.input_types[0].shape;
   const Shape& b = def.input_types[1].shape;
   if (a.size() != 4 || b.size() != 4) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected rank-4 inputs"));
   Shape x = a, w = b;
   if (op.type() == "conv2d_grad_input") {
-    STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "input_size"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "input_size"));
     x = Shape{a[0], b[1] * attrs.groups, size[0], size[1]};
   } else if (op.type() == "conv2d_grad_filter") {
-    STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "filter_size"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "filter_size"));
     if (attrs.groups <= 0) return absl::InvalidArgumentError("conv2d_grad_filter: groups must be positive");
     w = Shape{b[1], a[1] / attrs.groups, size[0], size[1]};
   }
-  STRATA_NN_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs, x, w, op.type().c_str()));
+  STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs, x, w, op.type().c_str()));
   const ConvScratch s = ScratchOf(g, Shares(g, threads), op.type() == "conv2d_grad_filter");
   return s.total() * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
 }

@@ -66,7 +66,7 @@ class DropoutKernel : public OpKernel {
       ctx.SetOutput(0, x);  // evaluation (or nothing to drop): the identity, sharing x's buffer
       return absl::OkStatus();
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     const int64_t n = x.num_elements();
     if (n == 0) return absl::OkStatus();
     const int64_t per_sample = x.rank() == 0 ? 1 : n / x.dim(0);

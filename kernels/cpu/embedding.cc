@@ -50,10 +50,10 @@ class EmbeddingKernel : public OpKernel {
                                                      ShapeString(table.shape())));
     }
     const int64_t V = table.dim(0), D = table.dim(1);
-    STRATA_NN_RETURN_IF_ERROR(CheckIds("embedding", ids, V));
+    STRATA_RETURN_IF_ERROR(CheckIds("embedding", ids, V));
     Shape ys = ids.shape();
     ys.push_back(D);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, table.dtype(), ys));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, table.dtype(), ys));
     const int64_t* pid = ids.data<int64_t>();
     const T* pt = table.data<T>();
     T* py = y->data<T>();
@@ -86,9 +86,9 @@ class EmbeddingGradKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat("embedding_grad: dy ", ShapeString(dy.shape()),
                                                      " does not match ids ", ShapeString(ids.shape())));
     }
-    STRATA_NN_RETURN_IF_ERROR(CheckIds("embedding_grad", ids, vocab_));
+    STRATA_RETURN_IF_ERROR(CheckIds("embedding_grad", ids, vocab_));
     const int64_t D = dy.dim(dy.rank() - 1), n = ids.num_elements();
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dtable, ctx.AllocateOutput(0, dy.dtype(), Shape{vocab_, D}));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dtable, ctx.AllocateOutput(0, dy.dtype(), Shape{vocab_, D}));
     std::memset(dtable->raw_data(), 0, dtable->bytes());
     const int64_t* pid = ids.data<int64_t>();
     const T* pdy = dy.data<T>();

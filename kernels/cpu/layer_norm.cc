@@ -63,7 +63,7 @@ class LayerNormBase : public OpKernel {
  public:
   explicit LayerNormBase(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    STRATA_NN_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
+    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
     return absl::OkStatus();
   }
 
@@ -81,9 +81,9 @@ class LayerNormKernel : public LayerNormBase {
     const Tensor& x = ctx.input(0);
     const Tensor& gamma = ctx.input(1);
     const Tensor& beta = ctx.input(2);
-    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm", x, gamma));
-    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm", x, beta));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm", x, gamma));
+    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm", x, beta));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     const T* px = x.data<T>();
     const T* pg = gamma.data<T>();
@@ -118,19 +118,19 @@ class LayerNormGradKernel : public LayerNormBase {
     const Tensor& x = ctx.input(0);
     const Tensor& gamma = ctx.input(1);
     const Tensor& dy = ctx.input(2);
-    STRATA_NN_RETURN_IF_ERROR(CheckShapes("layer_norm_grad", x, gamma));
+    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm_grad", x, gamma));
     if (dy.shape() != x.shape()) {
       return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy ", ShapeString(dy.shape()),
                                                      " does not match x ", ShapeString(x.shape())));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     const int64_t rows_per_block = RowsPerBlock(R, D);
     const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
     // partial[b] holds block b's dgamma (first D) and dbeta (next D).
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
+    STRATA_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
     const T* px = x.data<T>();
     const T* pg = gamma.data<T>();
     const T* pdy = dy.data<T>();

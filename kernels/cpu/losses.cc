@@ -67,9 +67,9 @@ class SoftmaxCrossEntropyKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
-    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor row_loss, Scratch(ctx, F64, R));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
+    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    STRATA_ASSIGN_OR_RETURN(Tensor row_loss, Scratch(ctx, F64, R));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     double* prl = row_loss.data<double>();
@@ -99,12 +99,12 @@ class SoftmaxCrossEntropyGradKernel : public OpKernel {
     const Tensor& logits = ctx.input(0);
     const Tensor& dloss = ctx.input(2);
     int64_t R, C;
-    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
     if (dloss.num_elements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     T* pd = dlogits->data<T>();
@@ -146,10 +146,10 @@ class MseLossKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& pred = ctx.input(0);
     const Tensor& target = ctx.input(1);
-    STRATA_NN_RETURN_IF_ERROR(CheckSameShape("mse_loss", pred, target));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, pred.dtype(), Shape{}));
+    STRATA_RETURN_IF_ERROR(CheckSameShape("mse_loss", pred, target));
+    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, pred.dtype(), Shape{}));
     const int64_t n = pred.num_elements(), blocks = (n + kSumBlock - 1) / kSumBlock;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks));
+    STRATA_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks));
     const T* pp = pred.data<T>();
     const T* pt = target.data<T>();
     double* ps = partial.data<double>();
@@ -181,12 +181,12 @@ class MseLossGradKernel : public OpKernel {
     const Tensor& pred = ctx.input(0);
     const Tensor& target = ctx.input(1);
     const Tensor& dloss = ctx.input(2);
-    STRATA_NN_RETURN_IF_ERROR(CheckSameShape("mse_loss_grad", pred, target));
+    STRATA_RETURN_IF_ERROR(CheckSameShape("mse_loss_grad", pred, target));
     if (dloss.num_elements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("mse_loss_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dpred, ctx.AllocateOutput(0, pred.dtype(), pred.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dpred, ctx.AllocateOutput(0, pred.dtype(), pred.shape()));
     const int64_t n = pred.num_elements();
     const T scale = static_cast<T>(2.0 * static_cast<double>(dloss.data<T>()[0]) / static_cast<double>(n));
     const T* pp = pred.data<T>();
@@ -214,8 +214,8 @@ class AccuracyKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
-    STRATA_NN_RETURN_IF_ERROR(CheckLogitsAndLabels("accuracy", logits, ctx.input(1), &R, &C));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * acc, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("accuracy", logits, ctx.input(1), &R, &C));
+    STRATA_ASSIGN_OR_RETURN(Tensor * acc, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     int64_t correct = 0;

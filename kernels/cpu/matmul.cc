@@ -84,7 +84,7 @@ class MatmulKernel : public OpKernel {
     Shape ys(a.shape().begin(), a.shape().end() - 2);
     ys.push_back(M);
     ys.push_back(N);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), ys));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), ys));
     const int64_t batch = Product(a.shape(), 0, ra - 2);
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
@@ -125,7 +125,7 @@ class MatmulSharedBGradAKernel : public OpKernel {
     Shape das(dy.shape().begin(), dy.shape().end() - 2);
     das.push_back(ta_ ? K : M);
     das.push_back(ta_ ? M : K);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), das));
+    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), das));
     const T* pdy = dy.data<T>();
     const T* pb = b.data<T>();
     T* pda = da->data<T>();
@@ -165,7 +165,7 @@ class MatmulSharedBGradBKernel : public OpKernel {
     }
     const int64_t N = dy.dim(r - 1);
     const int64_t batch = Product(a.shape(), 0, r - 2);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), tb_ ? Shape{N, K} : Shape{K, N}));
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), tb_ ? Shape{N, K} : Shape{K, N}));
     const T* pa = a.data<T>();
     const T* pdy = dy.data<T>();
     T* pdb = db->data<T>();

@@ -13,28 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
 namespace strata {
 namespace nn_kernels {
-
-#define STRATA_NN_KERNEL_CONCAT_INNER(a, b) a##b
-#define STRATA_NN_KERNEL_CONCAT(a, b) STRATA_NN_KERNEL_CONCAT_INNER(a, b)
-
-#define STRATA_NN_RETURN_IF_ERROR(expr) \
-  do {                                  \
-    absl::Status _status = (expr);      \
-    if (!_status.ok()) return _status;  \
-  } while (0)
-
-#define STRATA_NN_ASSIGN_OR_RETURN_IMPL(var, lhs, expr) \
-  auto var = (expr);                                    \
-  if (!var.ok()) return var.status();                   \
-  lhs = std::move(*var)
-// STRATA_NN_ASSIGN_OR_RETURN(Tensor* y, ctx.AllocateOutput(0, F32, shape));
-#define STRATA_NN_ASSIGN_OR_RETURN(lhs, expr) \
-  STRATA_NN_ASSIGN_OR_RETURN_IMPL(STRATA_NN_KERNEL_CONCAT(_statusor_, __LINE__), lhs, expr)
 
 // Element operations per ParallelFor chunk below which splitting costs more
 // than it saves, so tiny tensors run inline on the caller.
@@ -60,7 +44,7 @@ KernelFactory InitFactory() {
 // A two-int attr (height, width) such as input_size; the shape function has
 // checked it, so another length is an Internal error.
 inline absl::StatusOr<std::vector<int64_t>> AttrPair(const Op& op, const char* name) {
-  STRATA_NN_ASSIGN_OR_RETURN(std::vector<int64_t> v, AttrInts(op, name));
+  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> v, AttrInts(op, name));
   if (v.size() != 2) return absl::InternalError(absl::StrCat(op.type(), ": attr '", name, "' was not validated"));
   return v;
 }

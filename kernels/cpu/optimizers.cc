@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/thread_pool.h"
@@ -41,19 +42,6 @@ KernelFactory InitFactory() {
     return std::unique_ptr<OpKernel>(std::move(kernel));
   };
 }
-
-#define STRATA_ASSIGN_ATTR(lhs, expr) \
-  do {                                \
-    auto _value = (expr);             \
-    if (!_value.ok()) return _value.status(); \
-    lhs = *_value;                    \
-  } while (0)
-
-#define STRATA_RETURN_IF_ERROR_K(expr) \
-  do {                                 \
-    absl::Status _status = (expr);     \
-    if (!_status.ok()) return _status; \
-  } while (0)
 
 // The update ops own their inputs' buffers (persistent vars): writing through
 // the const input is the in-place update the schema declares.
@@ -92,13 +80,13 @@ template <typename T>
 class SgdUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_ATTR(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
     return absl::OkStatus();
   }
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
     T* param = MutableData<T>(param_tensor);
     const T* grad = ctx.input(1).data<T>();
@@ -128,16 +116,16 @@ template <typename T>
 class MomentumUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_ATTR(momentum_, AttrFloat(op, "momentum"));
-    STRATA_ASSIGN_ATTR(nesterov_, AttrBool(op, "nesterov"));
-    STRATA_ASSIGN_ATTR(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(momentum_, AttrFloat(op, "momentum"));
+    STRATA_ASSIGN_OR_RETURN(nesterov_, AttrBool(op, "nesterov"));
+    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
     return absl::OkStatus();
   }
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "momentum_update", 1, "grad", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "momentum_update", 2, "velocity", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "momentum_update", 1, "grad", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "momentum_update", 2, "velocity", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
     const Tensor& velocity_tensor = ctx.input(2);
     T* param = MutableData<T>(param_tensor);
@@ -176,20 +164,20 @@ template <typename T>
 class AdamUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_ATTR(beta1_, AttrFloat(op, "beta1"));
-    STRATA_ASSIGN_ATTR(beta2_, AttrFloat(op, "beta2"));
-    STRATA_ASSIGN_ATTR(epsilon_, AttrFloat(op, "epsilon"));
-    STRATA_ASSIGN_ATTR(weight_decay_, AttrFloat(op, "weight_decay"));
-    STRATA_ASSIGN_ATTR(decoupled_, AttrBool(op, "decoupled"));
+    STRATA_ASSIGN_OR_RETURN(beta1_, AttrFloat(op, "beta1"));
+    STRATA_ASSIGN_OR_RETURN(beta2_, AttrFloat(op, "beta2"));
+    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
+    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(decoupled_, AttrBool(op, "decoupled"));
     return absl::OkStatus();
   }
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "adam_update", 1, "grad", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "adam_update", 2, "m", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectLike(ctx, "adam_update", 3, "v", 0, "param"));
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "adam_update", 4, "lr", DataTypeOf<T>::value));
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "adam_update", 5, "step", I64));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "adam_update", 1, "grad", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "adam_update", 2, "m", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "adam_update", 3, "v", 0, "param"));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 4, "lr", DataTypeOf<T>::value));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 5, "step", I64));
     const int64_t step = ctx.input(5).data<int64_t>()[0];
     if (step < 1) {
       return absl::InvalidArgumentError(
@@ -246,12 +234,12 @@ class AdamUpdateKernel : public OpKernel {
 class IncrementKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_ATTR(by_, AttrInt(op, "by"));
+    STRATA_ASSIGN_OR_RETURN(by_, AttrInt(op, "by"));
     return absl::OkStatus();
   }
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "increment", 0, "counter", I64));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "increment", 0, "counter", I64));
     const Tensor& counter = ctx.input(0);
     MutableData<int64_t>(counter)[0] += by_;
     ctx.SetOutput(0, counter);
@@ -269,14 +257,14 @@ class LrScheduleKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     std::string dtype, kind;
-    STRATA_ASSIGN_ATTR(dtype, AttrString(op, "dtype"));
-    STRATA_ASSIGN_ATTR(kind, AttrString(op, "kind"));
-    STRATA_ASSIGN_ATTR(base_lr_, AttrFloat(op, "base_lr"));
-    STRATA_ASSIGN_ATTR(warmup_steps_, AttrInt(op, "warmup_steps"));
-    STRATA_ASSIGN_ATTR(decay_steps_, AttrInt(op, "decay_steps"));
-    STRATA_ASSIGN_ATTR(alpha_, AttrFloat(op, "alpha"));
-    STRATA_ASSIGN_ATTR(step_size_, AttrInt(op, "step_size"));
-    STRATA_ASSIGN_ATTR(gamma_, AttrFloat(op, "gamma"));
+    STRATA_ASSIGN_OR_RETURN(dtype, AttrString(op, "dtype"));
+    STRATA_ASSIGN_OR_RETURN(kind, AttrString(op, "kind"));
+    STRATA_ASSIGN_OR_RETURN(base_lr_, AttrFloat(op, "base_lr"));
+    STRATA_ASSIGN_OR_RETURN(warmup_steps_, AttrInt(op, "warmup_steps"));
+    STRATA_ASSIGN_OR_RETURN(decay_steps_, AttrInt(op, "decay_steps"));
+    STRATA_ASSIGN_OR_RETURN(alpha_, AttrFloat(op, "alpha"));
+    STRATA_ASSIGN_OR_RETURN(step_size_, AttrInt(op, "step_size"));
+    STRATA_ASSIGN_OR_RETURN(gamma_, AttrFloat(op, "gamma"));
     if (dtype == "F32") {
       dtype_ = F32;
     } else if (dtype == "F64") {
@@ -299,7 +287,7 @@ class LrScheduleKernel : public OpKernel {
   }
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "lr_schedule", 0, "step", I64));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "lr_schedule", 0, "step", I64));
     const int64_t step = ctx.input(0).data<int64_t>()[0];
     if (step < 0) {
       return absl::InvalidArgumentError(absl::StrCat("lr_schedule: input 'step' must be >= 0, got ", step));
@@ -398,7 +386,7 @@ class SumSquaresGradKernel : public OpKernel {
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x_tensor = ctx.input(0);
-    STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "sum_squares_grad", 1, "dy", DataTypeOf<T>::value));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sum_squares_grad", 1, "dy", DataTypeOf<T>::value));
     if (x_tensor.dtype() != DataTypeOf<T>::value) {
       return absl::InvalidArgumentError(absl::StrCat("sum_squares_grad: input 'x' is ",
                                                      DataTypeName(x_tensor.dtype())));
@@ -423,14 +411,14 @@ template <typename T>
 class ClipCoefficientKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_ATTR(max_norm_, AttrFloat(op, "max_norm"));
+    STRATA_ASSIGN_OR_RETURN(max_norm_, AttrFloat(op, "max_norm"));
     return absl::OkStatus();
   }
 
   absl::Status Compute(KernelContext& ctx) override {
     double sum = 0;
     for (int i = 0; i < ctx.num_inputs(); ++i) {
-      STRATA_RETURN_IF_ERROR_K(ExpectScalar(ctx, "clip_coefficient", i, "sum_squares", DataTypeOf<T>::value));
+      STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "clip_coefficient", i, "sum_squares", DataTypeOf<T>::value));
       sum += static_cast<double>(ctx.input(i).data<T>()[0]);
     }
     const double coef = max_norm_ / (std::sqrt(sum) + 1e-6);
@@ -444,8 +432,8 @@ class ClipCoefficientKernel : public OpKernel {
   double max_norm_ = 1.0;
 };
 
-#undef STRATA_ASSIGN_ATTR
-#undef STRATA_RETURN_IF_ERROR_K
+#undef STRATA_ASSIGN_OR_RETURN
+#undef STRATA_RETURN_IF_ERROR
 
 STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CPU, F32, InitFactory<SgdUpdateKernel<float>>());
 STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CPU, F64, InitFactory<SgdUpdateKernel<double>>());

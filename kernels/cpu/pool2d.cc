@@ -321,8 +321,8 @@ class Pool2dKernel : public PoolKernel {
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), kMax ? "max_pool2d" : "avg_pool2d"));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
+    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), kMax ? "max_pool2d" : "avg_pool2d"));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape{x.dim(0), x.dim(1), g.ho, g.wo}));
     const T* px = x.data<T>();
     T* py = y->data<T>();
     const bool exclusive = attrs_.exclusive;
@@ -364,12 +364,12 @@ class MaxPool2dGradKernel : public PoolKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d_grad"));
+    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d_grad"));
     if (dy.shape() != Shape{x.dim(0), x.dim(1), g.ho, g.wo}) {
       return absl::InvalidArgumentError(absl::StrCat("max_pool2d_grad: dy ", ShapeString(dy.shape()),
                                                      " is not the pooled shape of x ", ShapeString(x.shape())));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
@@ -397,8 +397,8 @@ class AvgPool2dGradKernel : public PoolKernel {
  public:
   using PoolKernel::PoolKernel;
   absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(PoolKernel::Init(op));
-    STRATA_NN_ASSIGN_OR_RETURN(input_size_, nn_kernels::AttrPair(op, "input_size"));
+    STRATA_RETURN_IF_ERROR(PoolKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(input_size_, nn_kernels::AttrPair(op, "input_size"));
     return absl::OkStatus();
   }
 
@@ -409,12 +409,12 @@ class AvgPool2dGradKernel : public PoolKernel {
                                                      ShapeString(dy.shape())));
     }
     const Shape xs{dy.dim(0), dy.dim(1), input_size_[0], input_size_[1]};
-    STRATA_NN_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(xs, "avg_pool2d_grad"));
+    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(xs, "avg_pool2d_grad"));
     if (dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
       return absl::InvalidArgumentError(absl::StrCat("avg_pool2d_grad: dy ", ShapeString(dy.shape()),
                                                      " is not the pooled shape of ", ShapeString(xs)));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
     const bool exclusive = attrs_.exclusive;

@@ -111,7 +111,7 @@ absl::StatusOr<int> CheckAxis(const Op& op, int64_t axis, const Shape& shape) {
 
 // Output i shaped `shape`, zero-filled: the gradient ops copy their dys into part of it.
 absl::StatusOr<Tensor*> AllocateZeros(KernelContext& ctx, int i, DataType dtype, const Shape& shape) {
-  STRATA_NN_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, dtype, shape));
+  STRATA_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, dtype, shape));
   std::memset(t->raw_data(), 0, t->bytes());
   return t;
 }
@@ -155,7 +155,7 @@ class ReshapeKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    STRATA_NN_ASSIGN_OR_RETURN(spec_, AttrInts(op, "shape"));
+    STRATA_ASSIGN_OR_RETURN(spec_, AttrInts(op, "shape"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
@@ -193,8 +193,8 @@ class FlattenKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    STRATA_NN_ASSIGN_OR_RETURN(start_, AttrInt(op, "start_axis"));
-    STRATA_NN_ASSIGN_OR_RETURN(end_, AttrInt(op, "end_axis"));
+    STRATA_ASSIGN_OR_RETURN(start_, AttrInt(op, "start_axis"));
+    STRATA_ASSIGN_OR_RETURN(end_, AttrInt(op, "end_axis"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
@@ -236,13 +236,13 @@ class TransposeKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    STRATA_NN_ASSIGN_OR_RETURN(perm_, AttrInts(op, "perm"));
+    STRATA_ASSIGN_OR_RETURN(perm_, AttrInts(op, "perm"));
     return absl::OkStatus();
   }
   // y[o_0, ..., o_{r-1}] = x[i] with i[perm[k]] = o[k].
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     const int rank = x.rank();
     if (static_cast<int>(perm_.size()) != rank) {
       return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " does not fit ", ShapeString(x.shape())));
@@ -256,7 +256,7 @@ class TransposeKernel : public ShapeKernel {
     }
     Shape out_shape(rank);
     for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(perm[k]);
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), out_shape));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), out_shape));
     if (x.num_elements() == 0) return absl::OkStatus();
     const std::vector<int64_t> x_stride = Strides(x.shape());
     std::vector<int64_t> step(rank);  // x stride along each y axis
@@ -305,10 +305,10 @@ template <typename T>
 absl::StatusOr<int> CheckPieces(const Op& op, int64_t axis_attr, const Shape& whole,
                                 const std::vector<const Tensor*>& pieces) {
   const int rank = static_cast<int>(whole.size());
-  STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op, axis_attr, whole));
+  STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op, axis_attr, whole));
   int64_t total = 0;
   for (const Tensor* p : pieces) {
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op, *p));
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op, *p));
     bool fits = p->rank() == rank;
     for (int d = 0; fits && d < rank; ++d) fits = d == axis || p->dim(d) == whole[d];
     if (!fits) {
@@ -350,9 +350,9 @@ class AxisKernel : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    STRATA_NN_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
+    STRATA_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
     if constexpr (kSections) {
-      STRATA_NN_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
+      STRATA_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
     }
     return absl::OkStatus();
   }
@@ -367,7 +367,7 @@ class ConcatKernel : public AxisKernel<false> {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x0 = ctx.input(0);
-    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x0.shape()));
+    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x0.shape()));
     Shape out = x0.shape();
     out[axis] = 0;
     std::vector<const Tensor*> xs;
@@ -375,8 +375,8 @@ class ConcatKernel : public AxisKernel<false> {
       xs.push_back(&ctx.input(i));
       if (ctx.input(i).rank() == x0.rank()) out[axis] += ctx.input(i).dim(axis);
     }
-    STRATA_NN_RETURN_IF_ERROR(CheckPieces<T>(op_, axis_, out, xs).status());
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x0.dtype(), out));
+    STRATA_RETURN_IF_ERROR(CheckPieces<T>(op_, axis_, out, xs).status());
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x0.dtype(), out));
     GatherPieces<T>(y, xs, axis);
     return absl::OkStatus();
   }
@@ -391,11 +391,11 @@ class ConcatGradKernel : public AxisKernel<false> {
     if (ctx.num_outputs() != ctx.num_inputs() - 1) return Invalid(op_, "needs one output per input after dy");
     std::vector<const Tensor*> xs;
     for (int i = 1; i < ctx.num_inputs(); ++i) xs.push_back(&ctx.input(i));
-    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckPieces<T>(op_, axis_, dy.shape(), xs));
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
+    STRATA_ASSIGN_OR_RETURN(const int axis, CheckPieces<T>(op_, axis_, dy.shape(), xs));
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
-      STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape()));
+      STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape()));
       pieces.push_back(dx);
     }
     ScatterPieces<T>(dy, pieces, axis);
@@ -433,15 +433,15 @@ class SplitKernel : public AxisKernel<true> {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
-    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_NN_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
+    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
                                PieceSizes(op_, x.dim(axis), ctx.num_outputs(), sections_));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       Shape shape = x.shape();
       shape[axis] = sizes[i];
-      STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(i, x.dtype(), shape));
+      STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(i, x.dtype(), shape));
       pieces.push_back(y);
     }
     ScatterPieces<T>(x, pieces, axis);
@@ -454,20 +454,20 @@ template <typename T>
 class SplitGradKernel : public AxisKernel<true> {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_NN_RETURN_IF_ERROR(AxisKernel<true>::Init(op));
-    STRATA_NN_ASSIGN_OR_RETURN(which_, AttrInts(op, "grad_outputs"));
+    STRATA_RETURN_IF_ERROR(AxisKernel<true>::Init(op));
+    STRATA_ASSIGN_OR_RETURN(which_, AttrInts(op, "grad_outputs"));
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_NN_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_NN_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
+    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
                                PieceSizes(op_, x.dim(axis), static_cast<int>(sections_.size()), sections_));
     if (static_cast<int>(which_.size()) != ctx.num_inputs() - 1) return Invalid(op_, "one dy per grad_outputs entry");
     std::vector<int64_t> offset(sizes.size() + 1, 0);
     for (size_t i = 0; i < sizes.size(); ++i) offset[i + 1] = offset[i] + sizes[i];
     const DataType dtype = DataTypeOf<T>::value;
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dtype, x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dtype, x.shape()));
     for (size_t k = 0; k < which_.size(); ++k) {
       const Tensor& dy = ctx.input(static_cast<int>(k) + 1);
       if (which_[k] < 0 || which_[k] >= static_cast<int64_t>(sizes.size())) return Invalid(op_, "bad grad_outputs");
@@ -500,7 +500,7 @@ absl::Status SliceWindow(const Op& op, const Shape& x, const std::vector<int64_t
   *at = Zeros(x.size());
   *box = Dims(x);
   for (size_t k = 0; k < axes.size(); ++k) {
-    STRATA_NN_ASSIGN_OR_RETURN(const int a, CheckAxis(op, axes[k], x));
+    STRATA_ASSIGN_OR_RETURN(const int a, CheckAxis(op, axes[k], x));
     const int64_t dim = x[a];
     // numpy: negative counts from the end, out of range clamps.
     int64_t s = starts[k] < 0 ? std::max<int64_t>(starts[k] + dim, 0) : std::min(starts[k], dim);
@@ -515,9 +515,9 @@ class SliceBase : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
     op_ = op;
-    STRATA_NN_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
-    STRATA_NN_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
-    STRATA_NN_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
+    STRATA_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
+    STRATA_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
+    STRATA_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
     return absl::OkStatus();
   }
 
@@ -530,10 +530,10 @@ class SliceKernel : public SliceBase {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     std::vector<int64_t> at, box;
-    STRATA_NN_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end())));
+    STRATA_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end())));
     TakeBox<T>(y, x, at);
     return absl::OkStatus();
   }
@@ -545,13 +545,13 @@ class SliceGradKernel : public SliceBase {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
-    STRATA_NN_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
+    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
     std::vector<int64_t> at, box;
-    STRATA_NN_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
+    STRATA_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
     if (Dims(dy.shape()) != box) {
       return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(box)));
     }
-    STRATA_NN_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dy.dtype(), x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dy.dtype(), x.shape()));
     PutBox<T>(dx, at, dy);
     return absl::OkStatus();
   }
