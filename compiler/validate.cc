@@ -12,6 +12,7 @@
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
+#include "proto/utf8.h"
 
 namespace strata {
 namespace {
@@ -146,20 +147,6 @@ absl::Status CheckOptimizer(const Program& program, bool has_params) {
     if (!(sched.step_decay().gamma() > 0)) return Err(where, "lr_schedule.step_decay.gamma must be > 0");
   }
   return absl::OkStatus();
-}
-
-bool IsValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
-    if (extra < 0 || i + extra >= s.size() + (extra == 0)) return false;
-    for (int k = 1; k <= extra; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += extra + 1;
-  }
-  return true;
 }
 
 // Names a user writes: valid UTF-8, and free of '@', which the compiler's own

@@ -1,0 +1,14 @@
+#ifndef STRATA_PROTO_UTF8_H_
+#define STRATA_PROTO_UTF8_H_
+
+#include <string_view>
+
+namespace strata {
+
+// Whether s is well-formed UTF-8: no overlong forms, surrogates (U+D800 to
+// U+DFFF) or values past U+10FFFF, as proto3 strings and JSON require.
+bool IsValidUtf8(std::string_view s);
+
+}  // namespace strata
+
+#endif  // STRATA_PROTO_UTF8_H_
