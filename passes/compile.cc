@@ -17,6 +17,7 @@
 #include "passes/placement.h"
 #include "passes/schedule.h"
 #include "passes/verify_schedule.h"
+#include "proto/fnv1a.h"
 #include "runtime/philox.h"
 
 namespace strata {
@@ -290,16 +291,11 @@ class Fnv1aOutputStream : public google::protobuf::io::ZeroCopyOutputStream {
  private:
   static constexpr int kSize = 1 << 16;
   void Consume() {
-    uint64_t h = hash_;
-    for (int i = 0; i < pending_; ++i) {
-      h ^= static_cast<unsigned char>(buffer_[i]);
-      h *= 1099511628211ull;
-    }
-    hash_ = h;
+    hash_ = Fnv1a64Update(hash_, buffer_, pending_);
     consumed_ += pending_;
     pending_ = 0;
   }
-  uint64_t hash_ = 1469598103934665603ull;  // as Fnv1a64
+  uint64_t hash_ = kFnv1a64Offset;
   int64_t consumed_ = 0;
   int pending_ = 0;
   char buffer_[kSize];
@@ -322,7 +318,7 @@ std::string FingerprintPlans(std::vector<RankPlan>& plans) {
       op.clear_line();
     }
   }
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1a64Offset;
   for (const RankPlan& plan : plans) {
     // Hash the plan as it is; only a plan that already carries a fingerprint
     // is copied to clear it (an empty proto3 string is not serialized).

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "proto/fnv1a.h"  // Fnv1a64, for turning a name into a stream key
+
 namespace strata {
 
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
@@ -43,16 +45,6 @@ class Philox {
  private:
   std::array<uint32_t, 2> key_;
 };
-
-// 64-bit FNV-1a, for turning a name into a stream key.
-inline uint64_t Fnv1a64(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Mixes two 64-bit words (splitmix64 finalizer over their combination).
 inline uint64_t MixKey(uint64_t a, uint64_t b) {

@@ -38,6 +38,7 @@
 #include "gloo/rendezvous/redis_store.h"
 #include "gloo/rendezvous/store.h"
 #include "hiredis.h"
+#include "proto/fnv1a.h"
 #include "runtime/comm/tcp_store.h"
 
 namespace strata {
@@ -86,18 +87,6 @@ absl::StatusOr<int64_t> AddChecked(int64_t value, int64_t delta) {
     return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to ", value, " would overflow 64 bits"));
   }
   return sum;
-}
-
-// The same FNV-1a as runtime/philox.h's Fnv1a64 (Strata's one hash), restated
-// because this library does not depend on //runtime:core. Names counter
-// files: stable across processes and builds, unlike std::hash or absl::Hash.
-uint64_t Fnv1a64(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 absl::Status FileError(absl::string_view what, const std::string& path, int error) {
