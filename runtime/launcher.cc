@@ -45,6 +45,10 @@ constexpr size_t kMaxLineBytes = 1 << 20;
 constexpr std::chrono::seconds kDrainTimeout(2);
 // Upper bound on one poll() so a lost wake-up can never stall the loop.
 constexpr int kMaxPollMs = 500;
+// A killed process closes its sockets before it becomes reapable, so under
+// load a peer's "connection lost" exit can be reaped first: a failure
+// without a signal waits this long for a crash to show before it is named.
+constexpr auto kCauseGrace = std::chrono::milliseconds(300);
 
 // Deadlines follow the monotonic clock, immune to wall-clock steps.
 using Clock = std::chrono::steady_clock;
@@ -522,6 +526,8 @@ class Launcher {
     stdout_fd_ = options_.stdout_fd;
     stderr_fd_ = options_.stderr_fd;
     std::optional<Clock::time_point> drain_deadline;
+    std::vector<int> pending_failed;  // failed, the cause not yet chosen
+    std::optional<Clock::time_point> decide_at;
     while (true) {
       bool any_running = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
       if (!any_running && !drain_deadline) drain_deadline = Clock::now() + kDrainTimeout;
@@ -542,6 +548,7 @@ class Launcher {
       int timeout_ms = kMaxPollMs;
       if (stopping_ && !killed_) timeout_ms = std::min(timeout_ms, MillisecondsUntil(kill_deadline_));
       if (drain_deadline) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*drain_deadline));
+      if (decide_at) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*decide_at));
       int ready = poll(fds.data(), fds.size(), timeout_ms);
       if (ready < 0 && errno != EINTR) {
         BeginStop(SIGKILL);
@@ -552,13 +559,21 @@ class Launcher {
         if (fds[i].revents != 0) ReadStream(*streams[i - 1].first, *streams[i - 1].second);
       }
       std::vector<int> failed = Reap();
-      if (!failed.empty() && failed_rank_ < 0) {
+      if (failed_rank_ < 0 && !failed.empty()) {
+        pending_failed.insert(pending_failed.end(), failed.begin(), failed.end());
+        if (!decide_at) decide_at = Clock::now() + kCauseGrace;
+      }
+      if (failed_rank_ < 0 && !pending_failed.empty()) {
         // Of ranks found dead together, a crash is the likelier root cause than
         // a peer's error about the connection the crash broke.
-        auto by_signal =
-            std::find_if(failed.begin(), failed.end(), [&](int r) { return workers_[r].outcome.signal != 0; });
-        failed_rank_ = by_signal != failed.end() ? *by_signal : failed.front();
-        BeginStop(SIGTERM);
+        auto by_signal = std::find_if(pending_failed.begin(), pending_failed.end(),
+                                      [&](int r) { return workers_[r].outcome.signal != 0; });
+        const bool any_running = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+        if (by_signal != pending_failed.end() || !any_running || Clock::now() >= *decide_at) {
+          failed_rank_ = by_signal != pending_failed.end() ? *by_signal : pending_failed.front();
+          decide_at.reset();
+          BeginStop(SIGTERM);
+        }
       }
       if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
         KillAll(SIGKILL);
