@@ -181,20 +181,7 @@ absl::StatusOr<Graph::OpRec> Graph::MakeOpRec(const Op& op, int index) {
 
 absl::Status Graph::AddOp(const Op& op) { return AppendOp(op).status(); }
 
-absl::StatusOr<int> Graph::AppendOp(const Op& op) {
-  absl::StatusOr<OpRec> r = MakeOpRec(op, num_live_ops_);
-  if (!r.ok()) return r.status();
-  const int id = op_id_bound();
-  ops_.push_back(*r);
-  next_.push_back(-1);
-  prev_.push_back(-1);
-  LinkAfter(id, tail_);
-  if (order_valid_) {  // appending keeps the dense order valid: the common case, FromProgram
-    position_.push_back(static_cast<int32_t>(order_.size()));
-    order_.push_back(id);
-  }
-  return id;
-}
+absl::StatusOr<int> Graph::AppendOp(const Op& op) { return InsertAfterLinked(tail_, op, num_live_ops_); }
 
 absl::StatusOr<int> Graph::InsertOpBefore(int anchor, const Op& op) {
   if (anchor < 0 || anchor >= op_id_bound() || erased(anchor)) {
@@ -214,11 +201,17 @@ absl::StatusOr<int> Graph::InsertAfterLinked(int prev, const Op& op, int positio
   absl::StatusOr<OpRec> r = MakeOpRec(op, position);
   if (!r.ok()) return r.status();
   const int id = op_id_bound();
+  const bool appended = prev == tail_;
   ops_.push_back(*r);
   next_.push_back(-1);
   prev_.push_back(-1);
   LinkAfter(id, prev);
-  order_valid_ = false;
+  if (appended && order_valid_) {  // appending keeps the dense order valid: the common case, FromProgram
+    position_.push_back(static_cast<int32_t>(order_.size()));
+    order_.push_back(id);
+  } else {
+    order_valid_ = false;
+  }
   return id;
 }
 

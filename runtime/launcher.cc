@@ -568,8 +568,9 @@ class Launcher {
         // a peer's error about the connection the crash broke.
         auto by_signal = std::find_if(pending_failed.begin(), pending_failed.end(),
                                       [&](int r) { return workers_[r].outcome.signal != 0; });
-        const bool any_running = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
-        if (by_signal != pending_failed.end() || !any_running || Clock::now() >= *decide_at) {
+        const bool others_running =
+            std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+        if (by_signal != pending_failed.end() || !others_running || Clock::now() >= *decide_at) {
           failed_rank_ = by_signal != pending_failed.end() ? *by_signal : pending_failed.front();
           decide_at.reset();
           BeginStop(SIGTERM);
