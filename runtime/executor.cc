@@ -16,14 +16,16 @@ std::string OpWhere(const Program& program, int i) {
   return absl::StrCat("op #", i, " '", op.type(), "'", op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"));
 }
 
-// Rows [begin, begin + n) of a tensor whose first dimension is the batch.
-Tensor SliceRows(const Tensor& t, int64_t begin, int64_t n, Allocator* allocator) {
+// Rows [begin, begin + n) of a host tensor whose first dimension is the
+// batch, copied onto `device`.
+Tensor SliceRows(const Tensor& t, int64_t begin, int64_t n, Device* device) {
   Shape shape = t.shape();
   const size_t row_bytes = shape[0] == 0 ? 0 : t.bytes() / shape[0];
   shape[0] = n;
-  Tensor out = Tensor::Empty(t.dtype(), shape, allocator);
+  Tensor out = Tensor::Empty(t.dtype(), shape, device);
   if (out.defined() && n > 0) {
-    std::memcpy(out.raw_data(), static_cast<const char*>(t.raw_data()) + begin * row_bytes, n * row_bytes);
+    device->NoteError(device->CopyFromHost(out.raw_data(), static_cast<const char*>(t.raw_data()) + begin * row_bytes,
+                                           n * row_bytes));
   }
   return out;
 }
@@ -142,12 +144,18 @@ absl::Status Executor::InitializeState() {
   for (int i = 0; i < program.var_size(); ++i) {
     const Var& v = program.var(i);
     if (v.kind() == PARAM) {
-      auto t = InitializeParam(v, options_.seed, options_.allocator);
+      // Initialised on the host (the same bits on every device), then moved.
+      auto t = InitializeParam(v, options_.seed, options_.device->host_accessible() ? options_.device->allocator()
+                                                                                      : GetCpuAllocator());
       if (!t.ok()) return t.status();
+      if (!options_.device->host_accessible()) {
+        t = t->CopyTo(options_.device);
+        if (!t.ok()) return t.status();
+      }
       state_[i] = std::move(*t);
     } else if (v.kind() == STATE || v.kind() == SCRATCH) {
       Shape shape(v.shape().begin(), v.shape().end());
-      state_[i] = Tensor::Zeros(v.dtype(), shape, options_.allocator);
+      state_[i] = Tensor::Zeros(v.dtype(), shape, options_.device);
       if (!state_[i].defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for state '", v.name(), "'"));
     }
   }
@@ -178,7 +186,25 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
                                                      ShapeString(got), ", the program wants ", DataTypeName(v.dtype()),
                                                      ShapeString(want)));
     }
-    state_[i] = t.Clone();
+    absl::StatusOr<Tensor> copy = t.on_host() && options_.device->host_accessible() ? t.Clone() : t.CopyTo(options_.device);
+    if (!copy.ok()) return copy.status();
+    state_[i] = std::move(*copy);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::PlaceFeeds(const std::map<std::string, Tensor>& feeds, std::vector<Tensor>& scope) {
+  for (size_t f = 0; f < feeds_.size(); ++f) {
+    const Tensor& t = feeds.at(feeds_[f]->name());
+    // Host feeds serve a host device as they are (whatever host allocator
+    // made them); a GPU gets its own copy.
+    if (t.device() == options_.device || (t.on_host() && options_.device->host_accessible())) {
+      scope[feed_slots_[f]] = t;
+      continue;
+    }
+    absl::StatusOr<Tensor> copy = t.CopyTo(options_.device);
+    if (!copy.ok()) return copy.status();
+    scope[feed_slots_[f]] = std::move(*copy);
   }
   return absl::OkStatus();
 }
@@ -248,7 +274,7 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   run.sample_offset = sample_offset;
   run.total_steps = total_steps_;
   run.training = training;
-  run.allocator = options_.allocator;
+  run.device = options_.device;
   run.micro_batches = micro_batches;
   run.micro_batch_size = micro_batch_size;
   run.comms = options_.comms;
@@ -323,7 +349,9 @@ absl::Status Executor::FinishStep(absl::Status status) {
   for (auto& scope : scopes_) {
     for (Tensor& t : scope) t = Tensor();
   }
-  return status;
+  // Errors of work queued on the device surface here, once a step.
+  absl::Status synced = options_.device->Synchronize();
+  return status.ok() ? synced : status;
 }
 
 absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
@@ -339,7 +367,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tenso
       [&](int64_t first, int64_t n) -> absl::StatusOr<std::map<std::string, Tensor>> {
         if (micro_batches == 1) return feeds;
         std::map<std::string, Tensor> slice;
-        for (const Var* v : feeds_) slice[v->name()] = SliceRows(feeds.at(v->name()), first, n, options_.allocator);
+        for (const Var* v : feeds_) slice[v->name()] = SliceRows(feeds.at(v->name()), first, n, options_.device);
         return slice;
       },
       sample_offset, rows / micro_batches);
@@ -378,7 +406,8 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
           status = got.status();
           break;
         }
-        for (size_t f = 0; f < feeds_.size(); ++f) scopes_[mb][feed_slots_[f]] = loaded->at(feeds_[f]->name());
+        status = PlaceFeeds(*loaded, scopes_[mb]);
+        if (!status.ok()) break;
       }
       status = RunSection(section, mb, run);
       if (status.ok()) Accumulate(mb, &result);
@@ -411,7 +440,9 @@ absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor
   }
   if (status.ok()) {
     if (rows < 0) rows = *fed < 0 ? 1 : *fed;
-    for (size_t f = 0; f < feeds_.size(); ++f) scopes_[0][feed_slots_[f]] = feeds.at(feeds_[f]->name());
+    status = PlaceFeeds(feeds, scopes_[0]);
+  }
+  if (status.ok()) {
     RunContext run = MakeRunContext(sample_offset, false, 1, rows);
     status = RunSection(forward_, 0, run);
     if (status.ok()) Accumulate(0, &result);

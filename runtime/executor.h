@@ -18,7 +18,9 @@ namespace strata {
 
 struct ExecutorOptions {
   uint64_t seed = 0;
-  Allocator* allocator = GetCpuAllocator();
+  // Where the rank's parameters, state and activations live and its kernels
+  // run; its allocator's counters are the rank's measured memory.
+  Device* device = GetCpuDevice();
   // The rank's communicators (pipeline transfers, collectives); null on a single device.
   const CommunicatorSet* comms = nullptr;
   double comm_timeout_s = 300;
@@ -75,7 +77,8 @@ class Executor {
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
-  Allocator* allocator() const { return options_.allocator; }
+  Device* device() const { return options_.device; }
+  Allocator* allocator() const { return options_.device->allocator(); }
   const RankPlan& plan() const { return plan_; }
 
  private:
@@ -101,6 +104,8 @@ class Executor {
   absl::Status Prepare();
   // Checks the feeds against the program; returns their batch rows.
   absl::StatusOr<int64_t> CheckFeeds(const std::map<std::string, Tensor>& feeds) const;
+  // Puts each feed into `scope`, copied onto the device where it is not there.
+  absl::Status PlaceFeeds(const std::map<std::string, Tensor>& feeds, std::vector<Tensor>& scope);
   // The sends `section` posted in action `action` wait for the end of the
   // action the memory plan releases them at; those due now are waited for.
   absl::Status HoldSends(const Section& section, int action, int micro_batch);

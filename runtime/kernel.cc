@@ -10,10 +10,10 @@ std::string TensorType::ToString() const {
 }
 
 absl::StatusOr<Tensor*> KernelContext::AllocateOutput(int i, DataType dtype, Shape shape) {
-  Tensor t = Tensor::Empty(dtype, shape, run_->allocator);
+  Tensor t = Tensor::Empty(dtype, shape, run_->device);
   if (!t.defined()) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", DataTypeName(dtype),
-                                                     ShapeString(shape), " on ", run_->allocator->name()));
+                                                     ShapeString(shape), " on ", run_->device->name()));
   }
   outputs_[i] = std::move(t);
   return &outputs_[i];

@@ -38,7 +38,8 @@ struct RunContext {
   int64_t sample_offset = 0;  // global index of this micro-batch's first sample
   int64_t total_steps = 0;    // of the whole run (cosine decay), 0 if unknown
   bool training = true;
-  Allocator* allocator = GetCpuAllocator();
+  // Where the rank's tensors live and its kernels run.
+  Device* device = GetCpuDevice();
   // Pipeline transfers (send/recv kernels); null on a single device.
   int micro_batch = 0;
   int micro_batches = 1;
@@ -62,10 +63,14 @@ class KernelContext {
   KernelContext(const RunContext* run, absl::Span<const Tensor* const> inputs, absl::Span<Tensor> outputs)
       : run_(run), inputs_(inputs), outputs_(outputs) {}
   const RunContext& run() const { return *run_; }
+  // The device the kernel runs on, and its stream to enqueue work on (null
+  // on the CPU, where a kernel computes before it returns).
+  Device& device() const { return *run_->device; }
+  StreamHandle stream() const { return run_->device->compute_stream(); }
   int num_inputs() const { return static_cast<int>(inputs_.size()); }
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const Tensor& input(int i) const { return *inputs_[i]; }
-  // Allocates output i; ResourceExhausted if the allocator fails.
+  // Allocates output i on the device; ResourceExhausted if its allocator fails.
   absl::StatusOr<Tensor*> AllocateOutput(int i, DataType dtype, Shape shape);
   // Output i shares `t`'s buffer (reshape, identity).
   void SetOutput(int i, Tensor t) { outputs_[i] = std::move(t); }

@@ -332,7 +332,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   ExecutorOptions eopts;
   eopts.seed = options.seed;
   eopts.comms = options.comms;
-  eopts.allocator = options.allocator;
+  eopts.device = options.device;
   std::unique_ptr<Tracer> tracer;
   if (!options.trace_path.empty()) {
     tracer = std::make_unique<Tracer>(plan.rank());
@@ -386,7 +386,9 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
   }
   (*train_data)->set_allocator(&loader_allocator);
-  if (eval_data) eval_data->set_allocator(options.allocator);
+  if (eval_data) {
+    eval_data->set_allocator(options.device->host_accessible() ? options.device->allocator() : &loader_allocator);
+  }
   const Dataset& data = **train_data;
   const int64_t steps_per_epoch = data.size() / batch;
   if (steps_per_epoch < 1) {
@@ -535,7 +537,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
     }
     const int64_t epoch = step / steps_per_epoch;
     const auto t0 = Clock::now();
-    options.allocator->ResetPeak();
+    options.device->allocator()->ResetPeak();
     auto r = executor.TrainStep(
         [&](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
           std::optional<FeedPrefetcher::Key> next;
@@ -547,13 +549,14 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
           auto feeds = prefetcher.Get({step, first, rows}, next);
           if (!feeds.ok()) return feeds.status();
           for (auto& [name, t] : *feeds) {
-            t = t.Clone(options.allocator);
-            if (!t.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
+            absl::StatusOr<Tensor> copy = t.CopyTo(options.device);
+            if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
+            t = *std::move(copy);
           }
           return feeds;
         },
         0);
-    report.measured_peak_bytes = std::max(report.measured_peak_bytes, options.allocator->peak_bytes());
+    report.measured_peak_bytes = std::max(report.measured_peak_bytes, options.device->allocator()->peak_bytes());
     if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
     if (r->has_loss && !std::isfinite(r->loss)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "runtime/allocator.h"
+#include "runtime/device.h"
 
 namespace strata {
 
@@ -35,9 +36,10 @@ struct TrainOptions {
   // long a transfer may wait before the step fails naming its channel.
   const CommunicatorSet* comms = nullptr;
   double comm_timeout_s = 300;
-  // Every byte of this rank's step (batches, activations, state) is counted
-  // here; ranks run as threads of one process each get their own.
-  Allocator* allocator = GetCpuAllocator();
+  // Where this rank's step runs. Every byte of it (batches, activations,
+  // state) is counted by the device's allocator; ranks run as threads of one
+  // process each get their own.
+  Device* device = GetCpuDevice();
   std::string trace_path;  // a Chrome trace of this rank's steps (--trace)
 };
 

@@ -133,7 +133,8 @@ std::vector<absl::Status> TrainPipeline(const TrainOptions& options) {
     TrainOptions topts = options;
     topts.comms = comms;
     CpuAllocator allocator;
-    topts.allocator = &allocator;
+    CpuDevice device(&allocator);
+    topts.device = &device;
     return Train(compiled.plans[rank], topts).status();
   });
 }

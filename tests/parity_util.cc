@@ -78,7 +78,8 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     TrainOptions topts = BaseOptions(options);
     topts.comms = comms;
     CpuAllocator allocator;  // per rank: its own byte counters
-    topts.allocator = &allocator;
+    CpuDevice device(&allocator);
+    topts.device = &device;
     auto report = Train(plan, topts);
     if (!report.ok()) {
       return absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));

@@ -49,14 +49,14 @@ inline absl::StatusOr<std::vector<int64_t>> AttrPair(const Op& op, const char* n
   return v;
 }
 
-// Scratch memory for a kernel, drawn from the run's allocator so that the
+// Scratch memory for a kernel, drawn from its device's allocator so that the
 // live/peak byte counters see it.
 inline absl::StatusOr<Tensor> Scratch(const KernelContext& ctx, DataType dtype, int64_t elements) {
-  Tensor t = Tensor::Empty(dtype, Shape{elements}, ctx.run().allocator);
+  Tensor t = Tensor::Empty(dtype, Shape{elements}, &ctx.device());
   if (!t.defined()) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", elements, " ",
                                                      DataTypeName(dtype), " scratch elements on ",
-                                                     ctx.run().allocator->name()));
+                                                     ctx.device().name()));
   }
   return t;
 }

@@ -76,7 +76,7 @@ class RecvKernel : public OpKernel {
     Shape shape;
     for (int64_t d : type_.shape) shape.push_back(d == -1 ? run.micro_batch_size : d);
     Posted& p = posted_[run.micro_batch];
-    p.buffer = Tensor::Empty(type_.dtype, shape, run.allocator);
+    p.buffer = Tensor::Empty(type_.dtype, shape, run.device);
     if (!p.buffer.defined()) {
       return absl::ResourceExhaustedError(absl::StrCat("out of memory for recv on ", Describe(channel_, run)));
     }

@@ -1,0 +1,52 @@
+#include "runtime/device.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+std::string Device::name() const {
+  return absl::StrCat(kind() == DEVICE_CUDA ? "cuda" : "cpu", ":", ordinal());
+}
+
+absl::Status Device::Synchronize() {
+  absl::Status waited = WaitForWork();
+  absl::MutexLock lock(&mu_);
+  absl::Status first = std::move(first_error_);
+  first_error_ = absl::OkStatus();
+  return first.ok() ? waited : first;
+}
+
+void Device::NoteError(absl::Status status) {
+  if (status.ok()) return;
+  absl::MutexLock lock(&mu_);
+  if (first_error_.ok()) first_error_ = std::move(status);
+}
+
+absl::Status CpuDevice::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Memset(void* dst, int byte, size_t bytes) {
+  if (bytes > 0) std::memset(dst, byte, bytes);
+  return absl::OkStatus();
+}
+
+Device* GetCpuDevice() {
+  static Device* device = new CpuDevice();
+  return device;
+}
+
+}  // namespace strata

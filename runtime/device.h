@@ -1,0 +1,96 @@
+#ifndef STRATA_RUNTIME_DEVICE_H_
+#define STRATA_RUNTIME_DEVICE_H_
+
+// A place where tensors live and kernels run: the host CPU, or one GPU.
+//
+// The executor, the kernels and Tensor talk to memory only through a Device:
+// its allocator, its streams, and its copies between host and device. On the
+// CPU there are no streams (null handles) and work runs inline when called;
+// on a GPU (runtime/cuda/cuda_device.h) kernels enqueue on the compute
+// stream, copies are ordered on it, and frees are stream-ordered (a freed
+// block is handed again only to work that the stream runs after the free).
+//
+// Errors: the copies return a Status. Tensor's helpers that return no status
+// (Fill, Clone, ValueAt) record a device error with NoteError, the way CUDA
+// reports an asynchronous error at the next synchronisation; Synchronize
+// returns the first one, and the executor synchronises at a step's end.
+
+#include <cstddef>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/plan.pb.h"
+#include "runtime/allocator.h"
+
+namespace strata {
+
+// An opaque stream (a cudaStream_t on a GPU); null on the CPU.
+using StreamHandle = void*;
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int ordinal() const = 0;
+  // "cpu:0", "cuda:0": how messages name the device.
+  std::string name() const;
+  virtual Allocator* allocator() const = 0;
+  // Whether the host reads and writes this device's memory directly.
+  bool host_accessible() const { return kind() == DEVICE_CPU; }
+
+  // Kernels enqueue on the compute stream; collectives and transfers on the
+  // communication stream (the same one until a device has two).
+  virtual StreamHandle compute_stream() const { return nullptr; }
+  virtual StreamHandle comm_stream() const { return compute_stream(); }
+
+  // Copies between host memory and this device's memory, ordered on the
+  // compute stream. CopyToHost returns once the bytes are on the host;
+  // CopyFromHost once `host_src` may be reused.
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Memset(void* dst, int byte, size_t bytes) = 0;
+
+  // Waits for the device's work; returns the first error noted since the
+  // last call (and clears it), else the synchronisation's own status.
+  absl::Status Synchronize();
+  // Records an error of work that had no status to return it through.
+  void NoteError(absl::Status status);
+
+ protected:
+  virtual absl::Status WaitForWork() = 0;
+
+ private:
+  absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+// The host. Copies are memcpy; there are no streams. Each CpuDevice draws
+// from the allocator it is given (tests and ranks pass their own, for their
+// own byte counters).
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(Allocator* allocator = GetCpuAllocator()) : allocator_(allocator) {}
+  DeviceKind kind() const override { return DEVICE_CPU; }
+  int ordinal() const override { return 0; }
+  Allocator* allocator() const override { return allocator_; }
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Memset(void* dst, int byte, size_t bytes) override;
+
+ protected:
+  absl::Status WaitForWork() override { return absl::OkStatus(); }
+
+ private:
+  Allocator* allocator_;
+};
+
+// The process-wide host device, on the process-wide host allocator.
+Device* GetCpuDevice();
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_DEVICE_H_
