@@ -1,0 +1,246 @@
+#include "runtime/caching_allocator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace strata {
+
+// One piece of a segment. The blocks of a segment form a doubly linked list in
+// address order, so a freed block finds its neighbours to merge with.
+struct CachingAllocator::Block {
+  char* ptr = nullptr;
+  size_t size = 0;
+  bool small = false;  // which pool it belongs to
+  // True from allocation until the block is back in its pool, so while it
+  // waits for events it is neither handed out nor merged into.
+  bool allocated = false;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  // Streams other than the allocator's that use the block (RecordStream).
+  std::vector<StreamHandle> stream_uses;
+  int pending_events = 0;
+};
+
+bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
+  if (a->size != b->size) return a->size < b->size;
+  return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+}
+
+namespace {
+
+size_t RoundUp(size_t bytes, size_t multiple) { return (bytes + multiple - 1) / multiple * multiple; }
+
+// Beyond this, rounding and the oversize limit would overflow; no device has it.
+constexpr size_t kMaxRequest = std::numeric_limits<size_t>::max() / 4;
+
+}  // namespace
+
+CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, StreamHandle stream)
+    : backend_(std::move(backend)), stream_(stream) {}
+
+CachingAllocator::~CachingAllocator() {
+  absl::MutexLock lock(&mu_);
+  // Work queued on the device may still use any block.
+  backend_->Synchronize();
+  for (const auto& [event, block] : pending_events_) backend_->DestroyEvent(event);
+  pending_events_.clear();
+  for (Block* first : segments_) {
+    backend_->Free(first->ptr);
+    for (Block* block = first; block != nullptr;) {
+      Block* next = block->next;
+      delete block;
+      block = next;
+    }
+  }
+  segments_.clear();
+}
+
+std::string CachingAllocator::name() const { return backend_->name(); }
+
+CachingAllocator::Pool& CachingAllocator::PoolOf(const Block* block) {
+  return block->small ? small_blocks_ : large_blocks_;
+}
+
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(bool small, size_t size) {
+  Pool& pool = small ? small_blocks_ : large_blocks_;
+  Block key;
+  key.size = size;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end()) return nullptr;
+  // Every later block is bigger still: a huge block would be nibbled away by
+  // requests far smaller than it, so a fresh segment is better.
+  if (!small && (*it)->size >= size + kMaxOversize) return nullptr;
+  Block* block = *it;
+  pool.erase(it);
+  return block;
+}
+
+CachingAllocator::Block* CachingAllocator::MallocSegment(bool small, size_t segment_size) {
+  void* ptr = backend_->Malloc(segment_size);
+  if (ptr == nullptr) return nullptr;
+  Block* block = new Block;
+  block->ptr = static_cast<char*>(ptr);
+  block->size = segment_size;
+  block->small = small;
+  segments_.insert(block);
+  ++stats_.segment_allocations;
+  stats_.reserved_bytes += static_cast<int64_t>(segment_size);
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  return block;
+}
+
+void* CachingAllocator::RawAllocate(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > kMaxRequest) {
+    ++stats_.out_of_memory;
+    return nullptr;
+  }
+  const size_t size = RoundUp(bytes, kMinBlockSize);
+  const bool small = size <= kSmallRequest;
+  ProcessEvents();
+  Block* block = FindFreeBlock(small, size);
+  if (block != nullptr) {
+    ++stats_.cache_hits;
+  } else {
+    const size_t segment_size = small ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
+    block = MallocSegment(small, segment_size);
+    if (block == nullptr) {
+      // The cache may hold what the device lacks.
+      SynchronizeAndReleaseCache();
+      block = MallocSegment(small, segment_size);
+    }
+    if (block == nullptr) {
+      ++stats_.out_of_memory;
+      return nullptr;
+    }
+  }
+  // A remainder of up to 1 MiB stays with a large block: no large request
+  // (> 1 MiB) could use it, and small requests have their own pool.
+  const size_t remainder = block->size - size;
+  if (small ? remainder >= kMinBlockSize : remainder > kSmallRequest) {
+    Block* rest = new Block;
+    rest->ptr = block->ptr + size;
+    rest->size = remainder;
+    rest->small = small;
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    PoolOf(rest).insert(rest);
+  }
+  block->allocated = true;
+  allocated_blocks_[block->ptr] = block;
+  return block->ptr;
+}
+
+void CachingAllocator::RawFree(void* ptr, size_t /*bytes: the block knows its size*/) {
+  absl::MutexLock lock(&mu_);
+  auto it = allocated_blocks_.find(ptr);
+  // Not ours, or freed twice: a programmer error, but the codebase has no
+  // logging to report it, and touching unknown memory would be worse.
+  if (it == allocated_blocks_.end()) return;
+  Block* block = it->second;
+  allocated_blocks_.erase(it);
+  if (block->stream_uses.empty()) {
+    // Later work on the allocator's stream runs after the work that used the
+    // block, so it may reuse it at once.
+    FreeBlock(block);
+    return;
+  }
+  for (StreamHandle stream : block->stream_uses) {
+    pending_events_.emplace_back(backend_->RecordEvent(stream), block);
+    ++block->pending_events;
+  }
+  block->stream_uses.clear();
+  ++stats_.pending_frees;
+}
+
+void CachingAllocator::FreeBlock(Block* block) {
+  block->allocated = false;
+  // Merging keeps the earlier block object, so a segment's first block lives
+  // as long as the segment.
+  if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
+    PoolOf(prev).erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (prev->next != nullptr) prev->next->prev = prev;
+    delete block;
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && !next->allocated) {
+    PoolOf(next).erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) block->next->prev = block;
+    delete next;
+  }
+  PoolOf(block).insert(block);
+}
+
+void CachingAllocator::ProcessEvents() {
+  size_t kept = 0;
+  for (const auto& [event, block] : pending_events_) {
+    if (!backend_->EventDone(event)) {
+      pending_events_[kept++] = {event, block};
+      continue;
+    }
+    backend_->DestroyEvent(event);
+    if (--block->pending_events == 0) {
+      --stats_.pending_frees;
+      FreeBlock(block);
+    }
+  }
+  pending_events_.resize(kept);
+}
+
+void CachingAllocator::SynchronizeAndReleaseCache() {
+  // Also makes sure no queued work on the allocator's own stream still uses a
+  // cached block when its segment goes back.
+  backend_->Synchronize();
+  for (const auto& [event, block] : pending_events_) {
+    backend_->DestroyEvent(event);
+    if (--block->pending_events == 0) {
+      --stats_.pending_frees;
+      FreeBlock(block);
+    }
+  }
+  pending_events_.clear();
+  for (Pool* pool : {&small_blocks_, &large_blocks_}) {
+    for (auto it = pool->begin(); it != pool->end();) {
+      Block* block = *it;
+      if (block->prev != nullptr || block->next != nullptr) {
+        ++it;
+        continue;
+      }
+      it = pool->erase(it);
+      backend_->Free(block->ptr);
+      segments_.erase(block);
+      ++stats_.segment_frees;
+      stats_.reserved_bytes -= static_cast<int64_t>(block->size);
+      delete block;
+    }
+  }
+}
+
+void CachingAllocator::RecordStream(void* ptr, StreamHandle stream) {
+  if (stream == stream_) return;
+  absl::MutexLock lock(&mu_);
+  auto it = allocated_blocks_.find(ptr);
+  if (it == allocated_blocks_.end()) return;  // see RawFree
+  std::vector<StreamHandle>& uses = it->second->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+}
+
+void CachingAllocator::EmptyCache() {
+  absl::MutexLock lock(&mu_);
+  SynchronizeAndReleaseCache();
+}
+
+CachingAllocator::Stats CachingAllocator::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace strata
