@@ -8,6 +8,7 @@
 #include <cudnn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "kernels/cuda/cuda_info.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/relu.h"
+#include "runtime/float16.h"
 #include "runtime/tensor.h"
 
 namespace strata {
@@ -208,20 +210,28 @@ std::vector<T> GemmInput(int64_t size, bool integers, std::mt19937* rng) {
   return v;
 }
 
+// The CPU matmul op of a case: y = op(a) @ op(b).
+std::string MatmulOpText(const GemmCase& c) {
+  return absl::StrCat(R"pb(type: "matmul" input: [ "a", "b" ] output: "y" )pb",
+                      R"pb(attr { key: "transpose_a" value { b: )pb", c.transpose_a ? "true" : "false", " } } ",
+                      R"pb(attr { key: "transpose_b" value { b: )pb", c.transpose_b ? "true" : "false", " } }");
+}
+
+// The CPU kernel's answer for a case, through the registry.
+template <typename T>
+std::vector<T> CpuMatmul(const GemmCase& c, const std::vector<T>& a, const std::vector<T>& b) {
+  const Shape a_shape = c.transpose_a ? Shape{c.k, c.m} : Shape{c.m, c.k};
+  const Shape b_shape = c.transpose_b ? Shape{c.n, c.k} : Shape{c.k, c.n};
+  return RunCpu<T>(MatmulOpText(c), {{"a", HostTensor(a, a_shape)}, {"b", HostTensor(b, b_shape)}});
+}
+
 template <typename T>
 void CheckGemm(LtGemm* gemm, cudaStream_t stream, const GemmCase& c) {
   SCOPED_TRACE(absl::StrCat(DataTypeName(DataTypeOf<T>::value), " ", Describe(c)));
   std::mt19937 rng(static_cast<uint32_t>(c.m * 1000003 + c.n * 1009 + c.k));
   const std::vector<T> a = GemmInput<T>(c.m * c.k, c.integers, &rng);
   const std::vector<T> b = GemmInput<T>(c.k * c.n, c.integers, &rng);
-  const Shape a_shape = c.transpose_a ? Shape{c.k, c.m} : Shape{c.m, c.k};
-  const Shape b_shape = c.transpose_b ? Shape{c.n, c.k} : Shape{c.k, c.n};
-  const std::string op = absl::StrCat(R"pb(type: "matmul" input: [ "a", "b" ] output: "y" )pb",
-                                      R"pb(attr { key: "transpose_a" value { b: )pb",
-                                      c.transpose_a ? "true" : "false", " } } ",
-                                      R"pb(attr { key: "transpose_b" value { b: )pb",
-                                      c.transpose_b ? "true" : "false", " } }");
-  const std::vector<T> c_cpu = RunCpu<T>(op, {{"a", HostTensor(a, a_shape)}, {"b", HostTensor(b, b_shape)}});
+  const std::vector<T> c_cpu = CpuMatmul(c, a, b);
   ASSERT_EQ(c_cpu.size(), static_cast<size_t>(c.m * c.n));
 
   DeviceArray<T> a_dev(c.m * c.k, c.offset), b_dev(c.k * c.n, c.offset), c_dev(c.m * c.n, c.offset);
@@ -294,6 +304,128 @@ TEST_F(CudaKernelsTest, GemmRejectsNegativeSizes) {
   const absl::Status status = (*gemm)->Matmul(static_cast<float*>(nullptr), nullptr, nullptr, 2, -1, 3, false,
                                               false, stream_);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+// bf16 in and out, FP32 sums: against the CPU float GEMM of the same
+// bf16-rounded inputs, within 2e-2 of the largest |c| (the issue's bar for
+// bf16; one rounding of the output alone costs up to 2^-9 of |c|).
+void CheckGemmBf16(LtGemm* gemm, cudaStream_t stream, const GemmCase& c) {
+  SCOPED_TRACE(absl::StrCat("bf16 ", Describe(c)));
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 1000003 + c.n * 1009 + c.k + 7));
+  std::vector<float> a = GemmInput<float>(c.m * c.k, c.integers, &rng);
+  std::vector<float> b = GemmInput<float>(c.k * c.n, c.integers, &rng);
+  std::vector<bfloat16> a_bf16(a.size()), b_bf16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = ToFloat(a_bf16[i] = ToBfloat16(a[i]));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = ToFloat(b_bf16[i] = ToBfloat16(b[i]));
+  const std::vector<float> c_cpu = CpuMatmul(c, a, b);
+  ASSERT_EQ(c_cpu.size(), static_cast<size_t>(c.m * c.n));
+
+  DeviceArray<bfloat16> a_dev(c.m * c.k, c.offset), b_dev(c.k * c.n, c.offset), c_dev(c.m * c.n, c.offset);
+  for (auto* d : {&a_dev, &b_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a_bf16));
+  ASSERT_CUDA_OK(b_dev.Upload(b_bf16));
+  static_assert(sizeof(bfloat16) == sizeof(__nv_bfloat16), "both are the 16 bits of a bf16");
+  const absl::Status status = gemm->Matmul(reinterpret_cast<__nv_bfloat16*>(c_dev.get()),
+                                           reinterpret_cast<const __nv_bfloat16*>(a_dev.get()),
+                                           reinterpret_cast<const __nv_bfloat16*>(b_dev.get()), c.m, c.n, c.k,
+                                           c.transpose_a, c.transpose_b, stream);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<bfloat16> c_gpu(c.m * c.n);
+  ASSERT_CUDA_OK(c_dev.Download(&c_gpu));
+
+  double largest = 0;
+  for (float v : c_cpu) largest = std::max(largest, std::fabs(double(v)));
+  const double tolerance = 2e-2 * largest;  // 0 for k == 0: exact zeros
+  int reported = 0;
+  for (size_t i = 0; i < c_cpu.size(); ++i) {
+    const double error = std::fabs(double(ToFloat(c_gpu[i])) - double(c_cpu[i]));
+    if (!(error <= tolerance) && reported++ < 5) {
+      ADD_FAILURE() << "c[" << i / c.n << ", " << i % c.n << "] = " << ToFloat(c_gpu[i]) << ", CPU " << c_cpu[i]
+                    << ", tolerance " << tolerance << " (2e-2 of the largest |c|, " << largest << ")";
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulBf16) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  std::vector<GemmCase> cases = GemmCases();  // 7x5x3, 129x67x257, ...: not multiples of 8 either
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      cases.push_back({1000, 1001, 999, ta, tb, false});  // odd leading dimensions, big enough for tensor cores
+      cases.push_back({64, 72, 40, ta, tb, false, /*offset=*/8});  // 16-byte aligned views
+    }
+  }
+  for (const GemmCase& c : cases) CheckGemmBf16(gemm->get(), stream_, c);
+}
+
+// A training step calls the same shapes every step: the second call of a
+// shape runs the plan of the first (no new descriptors, no heuristic) and
+// gives the same bits; a new shape, transpose, alignment or type is a new plan.
+TEST_F(CudaKernelsTest, GemmReusesThePlanOfAShapeItHasRun) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> created = LtGemm::Create();
+  ASSERT_TRUE(created.ok()) << created.status();
+  LtGemm& gemm = **created;
+  EXPECT_EQ(gemm.cached_plans(), 0u);
+
+  const int64_t m = 129, n = 67, k = 257;
+  std::mt19937 rng(11);
+  const std::vector<float> a = GemmInput<float>(m * k, /*integers=*/false, &rng);
+  const std::vector<float> b = GemmInput<float>(k * n, /*integers=*/false, &rng);
+  // One extra element each, so that the same arrays also serve as views off by one.
+  DeviceArray<float> a_dev(m * k + 1), b_dev(k * n + 1), c_dev(m * n + 1);
+  for (auto* d : {&a_dev, &b_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(b_dev.Upload(b));
+
+  auto run = [&](int64_t rows, bool transpose_b, float* c) {
+    const absl::Status status = gemm.Matmul(c, a_dev.get(), b_dev.get(), rows, n, k, false, transpose_b, stream_);
+    EXPECT_TRUE(status.ok()) << status;
+  };
+  std::vector<float> first(m * n), second(m * n);
+  run(m, false, c_dev.get());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  ASSERT_CUDA_OK(c_dev.Download(&first));
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  ASSERT_CUDA_OK(cudaMemset(c_dev.get(), 0xff, m * n * sizeof(float)));  // nan, so a skipped GEMM shows
+  run(m, false, c_dev.get());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  ASSERT_CUDA_OK(c_dev.Download(&second));
+  EXPECT_EQ(gemm.cached_plans(), 1u) << "the same shape again made a new plan";
+  EXPECT_TRUE(BitwiseEqual(second, first)) << "the cached plan gave other bits";
+  const std::vector<float> expected = CpuMatmul<float>({m, n, k, false, false, false}, a, b);
+  ASSERT_EQ(expected.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    ASSERT_NEAR(first[i], expected[i], 1e-3) << "c[" << i / n << ", " << i % n << "]";
+  }
+
+  run(m - 1, false, c_dev.get());  // another m
+  EXPECT_EQ(gemm.cached_plans(), 2u);
+  run(m, true, c_dev.get());  // b read as [n, k]
+  EXPECT_EQ(gemm.cached_plans(), 3u);
+  run(m, false, c_dev.get() + 1);  // c 4-byte aligned instead of 256
+  EXPECT_EQ(gemm.cached_plans(), 4u);
+  DeviceArray<bfloat16> a16(m * k), b16(k * n), c16(m * n);
+  for (auto* d : {&a16, &b16, &c16}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(cudaMemset(a16.get(), 0, m * k * sizeof(bfloat16)));
+  ASSERT_CUDA_OK(cudaMemset(b16.get(), 0, k * n * sizeof(bfloat16)));
+  const absl::Status bf16_status = gemm.Matmul(reinterpret_cast<__nv_bfloat16*>(c16.get()),
+                                               reinterpret_cast<const __nv_bfloat16*>(a16.get()),
+                                               reinterpret_cast<const __nv_bfloat16*>(b16.get()), m, n, k, false,
+                                               false, stream_);
+  EXPECT_TRUE(bf16_status.ok()) << bf16_status;
+  EXPECT_EQ(gemm.cached_plans(), 5u) << "bf16 of the same shape needs its own plan";
+  // Nothing for cuBLASLt to do: no plan.
+  EXPECT_TRUE(gemm.Matmul(c_dev.get(), a_dev.get(), b_dev.get(), m, n, 0, false, false, stream_).ok());
+  EXPECT_TRUE(gemm.Matmul(c_dev.get(), a_dev.get(), b_dev.get(), 0, n, k, false, false, stream_).ok());
+  EXPECT_EQ(gemm.cached_plans(), 5u);
+
+  run(m, false, c_dev.get());  // the first shape, after the others
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  ASSERT_CUDA_OK(c_dev.Download(&second));
+  EXPECT_EQ(gemm.cached_plans(), 5u);
+  EXPECT_TRUE(BitwiseEqual(second, first)) << "the first shape's plan, after four others";
 }
 
 TEST_F(CudaKernelsTest, LibrariesMatchTheirHeadersAndTheDriver) {

@@ -1,5 +1,6 @@
 // cuBLASLt GEMM for row-major operands.
-// Blocks: whatever algorithm cuBLASLt's heuristic picks for the shape.
+// Blocks: whatever algorithm cuBLASLt's heuristic picks for the shape, asked
+// once per plan key (types, sizes, transposes, alignments) and then reused.
 //
 // cuBLASLt is column-major. A row-major [r, c] matrix is the column-major
 // [c, r] matrix over the same bytes, so row-major c = op(a) @ op(b) is
@@ -35,7 +36,7 @@ absl::Status CudaError(cudaError_t error, const char* what) {
     }                                                         \
   } while (false)
 
-// Owners of the per-call descriptors, so every early return frees them.
+// Owners of the descriptors, so every early return frees them.
 struct MatmulDescDeleter {
   void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
 };
@@ -70,6 +71,84 @@ uint32_t Alignment(const void* p) {
 
 }  // namespace
 
+// Everything cublasLtMatmul needs besides the pointers, for one PlanKey.
+struct LtGemm::Plan {
+  MatmulDesc desc;
+  Layout a_layout, b_layout, c_layout;  // our a, b, c (cuBLASLt's B, A, C and D)
+  cublasLtMatmulAlgo_t algo;
+};
+
+absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& key) const {
+  auto plan = std::make_unique<Plan>();
+  // cuBLASLt's (A, B, C) = our (b, a, c) in column-major terms; see the top.
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, key.compute, key.scale_type), "matmul desc");
+  plan->desc.reset(raw_desc);
+  const cublasOperation_t op_a = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
+      "set transa");
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
+      "set transb");
+
+  // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
+  // [m, k] or [k, m]; c is [m, n].
+  const int64_t m = key.m, n = key.n, k = key.k;
+  absl::StatusOr<Layout> b_layout =
+      key.transpose_b ? RowMajorLayout(key.type, n, k) : RowMajorLayout(key.type, k, n);
+  if (!b_layout.ok()) return b_layout.status();
+  absl::StatusOr<Layout> a_layout =
+      key.transpose_a ? RowMajorLayout(key.type, k, m) : RowMajorLayout(key.type, m, k);
+  if (!a_layout.ok()) return a_layout.status();
+  absl::StatusOr<Layout> c_layout = RowMajorLayout(key.type, m, n);
+  if (!c_layout.ok()) return c_layout.status();
+  plan->a_layout = *std::move(a_layout);
+  plan->b_layout = *std::move(b_layout);
+  plan->c_layout = *std::move(c_layout);
+
+  // The preference only steers the heuristic; the plan does not keep it.
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_preference), "preference");
+  Preference preference(raw_preference);
+  const uint64_t max_workspace = workspace_bytes_;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &max_workspace, sizeof(max_workspace)),
+      "set workspace preference");
+  // cuBLASLt's A is our b, its B our a, its C and D our c.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.alignment_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.alignment_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.alignment_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.alignment_c},
+  };
+  for (const auto& [attribute, alignment] : alignments) {
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &alignment, sizeof(alignment)),
+        "set alignment preference");
+  }
+
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc.get(), plan->b_layout.get(), plan->a_layout.get(),
+                                     plan->c_layout.get(), plan->c_layout.get(), preference.get(), 1, &heuristic,
+                                     &found),
+      "algorithm heuristic");
+  if (found == 0) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k,
+                                                 " transpose_a=", key.transpose_a,
+                                                 " transpose_b=", key.transpose_b));
+  }
+  plan->algo = heuristic.algo;
+  return plan;
+}
+
+LtGemm::LtGemm(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes)
+    : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+
 absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(size_t workspace_bytes) {
   int devices = 0;
   const cudaError_t count_error = cudaGetDeviceCount(&devices);
@@ -92,6 +171,7 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(size_t workspace_bytes) {
 }
 
 LtGemm::~LtGemm() {
+  plans_.clear();  // descriptors before the handle they were used with
   if (workspace_ != nullptr) cudaFree(workspace_);
   cublasLtDestroy(handle_);
 }
@@ -100,20 +180,28 @@ absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m,
                             bool transpose_a, bool transpose_b, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
   // CUBLAS_COMPUTE_32F, not ..._FAST_TF32: full FP32 products, like the CPU.
-  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, &alpha, &beta, sizeof(float), c, a, b, m, n, k, transpose_a,
-                    transpose_b, stream);
+  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, sizeof(float), c, a, b, m, n, k,
+                    transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
                             bool transpose_a, bool transpose_b, cudaStream_t stream) {
   const double alpha = 1.0, beta = 0.0;
-  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, &alpha, &beta, sizeof(double), c, a, b, m, n, k, transpose_a,
-                    transpose_b, stream);
+  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, sizeof(double), c, a, b, m, n, k,
+                    transpose_a, transpose_b, stream);
 }
 
-absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, const void* alpha,
-                                const void* beta, size_t element_bytes, void* c, const void* a, const void* b,
-                                int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+absl::Status LtGemm::Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
+                            int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream) {
+  // FP32 accumulation, so alpha and beta are floats (the scale type).
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, sizeof(__nv_bfloat16), c, a, b, m,
+                    n, k, transpose_a, transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
+                                const void* alpha, const void* beta, size_t element_bytes, void* c, const void* a,
+                                const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
                                 cudaStream_t stream) {
   if (m < 0 || n < 0 || k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("GEMM sizes must be >= 0, got m=", m, " n=", n, " k=", k));
@@ -124,61 +212,19 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
 
-  // cuBLASLt's (A, B, C) = our (b, a, c) in column-major terms; see the top.
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, compute, type), "matmul desc");
-  MatmulDesc desc(raw_desc);
-  const cublasOperation_t op_a = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "set transa");
-  STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "set transb");
-
-  // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
-  // [m, k] or [k, m]; c is [m, n].
-  absl::StatusOr<Layout> b_layout = transpose_b ? RowMajorLayout(type, n, k) : RowMajorLayout(type, k, n);
-  if (!b_layout.ok()) return b_layout.status();
-  absl::StatusOr<Layout> a_layout = transpose_a ? RowMajorLayout(type, k, m) : RowMajorLayout(type, m, k);
-  if (!a_layout.ok()) return a_layout.status();
-  absl::StatusOr<Layout> c_layout = RowMajorLayout(type, m, n);
-  if (!c_layout.ok()) return c_layout.status();
-
-  cublasLtMatmulPreference_t raw_preference = nullptr;
-  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_preference), "preference");
-  Preference preference(raw_preference);
-  const uint64_t max_workspace = workspace_bytes_;
-  STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &max_workspace, sizeof(max_workspace)),
-      "set workspace preference");
+  const PlanKey key{type,        compute,     scale_type,   m,           n,           k,
+                    transpose_a, transpose_b, Alignment(a), Alignment(b), Alignment(c)};
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
+    if (!plan.ok()) return plan.status();  // nothing cached: the next call tries again
+    it = plans_.emplace(key, *std::move(plan)).first;
+  }
+  const Plan& plan = *it->second;
   // cuBLASLt's A is our b, its B our a, its C and D our c.
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, Alignment(b)},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, Alignment(a)},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, Alignment(c)},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, Alignment(c)},
-  };
-  for (const auto& [attribute, alignment] : alignments) {
-    STRATA_LT_RETURN_IF_ERROR(
-        cublasLtMatmulPreferenceSetAttribute(preference.get(), attribute, &alignment, sizeof(alignment)),
-        "set alignment preference");
-  }
-
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulAlgoGetHeuristic(handle_, desc.get(), b_layout->get(), a_layout->get(), c_layout->get(),
-                                     c_layout->get(), preference.get(), 1, &heuristic, &found),
-      "algorithm heuristic");
-  if (found == 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k, " transpose_a=", transpose_a,
-                     " transpose_b=", transpose_b));
-  }
-  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, desc.get(), alpha, b, b_layout->get(), a, a_layout->get(), beta,
-                                           c, c_layout->get(), c, c_layout->get(), &heuristic.algo, workspace_,
-                                           workspace_bytes_, stream),
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a,
+                                           plan.a_layout.get(), beta, c, plan.c_layout.get(), c,
+                                           plan.c_layout.get(), &plan.algo, workspace_, workspace_bytes_, stream),
                             "matmul");
   return absl::OkStatus();
 }

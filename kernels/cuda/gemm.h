@@ -6,23 +6,32 @@
 //   c[m, n] = op(a)[m, k] @ op(b)[k, n]
 // with op transposing a stored [k, m] a or a stored [n, k] b. Operands are
 // contiguous device memory. Float runs in FP32 (no TF32), so results match a
-// CPU FP32 GEMM up to summation order.
+// CPU FP32 GEMM up to summation order. bf16 reads and writes bf16 and
+// accumulates in FP32 (PyTorch's bf16 matmul).
+//
+// Each shape's descriptors and algorithm are chosen once and kept: a training
+// step calls the same shapes every step, and cuBLASLt's heuristic costs more
+// host time than a small GEMM's launch.
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <tuple>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace strata {
 namespace cuda {
 
-// Owns a cuBLASLt handle and its workspace on the current device. Not thread
-// safe: one per stream (or guard it).
+// Owns a cuBLASLt handle, its workspace on the current device and the plans
+// of the shapes it has run. Not thread safe: one per stream (or guard it).
 class LtGemm {
  public:
   // 32 MiB is what cuBLAS recommends for Hopper's kernels.
@@ -40,17 +49,53 @@ class LtGemm {
                       bool transpose_b, cudaStream_t stream);
   absl::Status Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
                       bool transpose_a, bool transpose_b, cudaStream_t stream);
+  // bf16 operands and result, FP32 products and sums (CUBLAS_COMPUTE_32F),
+  // rounded to bf16 on the way out; as under PyTorch's defaults, a split-K
+  // algorithm may round its partial sums too. A buffer of strata::bfloat16
+  // (runtime/float16.h) holds the same 16 bits: reinterpret_cast its pointer.
+  absl::Status Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
+                      int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream);
+
+  // How many shapes have a plan (for tests).
+  size_t cached_plans() const { return plans_.size(); }
 
  private:
-  LtGemm(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes)
-      : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
-  absl::Status MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, const void* alpha, const void* beta,
-                          size_t element_bytes, void* c, const void* a, const void* b, int64_t m, int64_t n,
-                          int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream);
+  // What a plan depends on: the heuristic's choice changes with the operands'
+  // alignment, so a view into the middle of a buffer gets its own plan.
+  struct PlanKey {
+    cudaDataType_t type;
+    cublasComputeType_t compute;
+    cudaDataType_t scale_type;  // of alpha and beta
+    int64_t m, n, k;
+    bool transpose_a, transpose_b;
+    uint32_t alignment_a, alignment_b, alignment_c;
+
+    friend bool operator==(const PlanKey& x, const PlanKey& y) {
+      return std::tie(x.type, x.compute, x.scale_type, x.m, x.n, x.k, x.transpose_a, x.transpose_b, x.alignment_a,
+                      x.alignment_b, x.alignment_c) == std::tie(y.type, y.compute, y.scale_type, y.m, y.n, y.k,
+                                                                y.transpose_a, y.transpose_b, y.alignment_a,
+                                                                y.alignment_b, y.alignment_c);
+    }
+    template <typename H>
+    friend H AbslHashValue(H h, const PlanKey& key) {
+      return H::combine(std::move(h), key.type, key.compute, key.scale_type, key.m, key.n, key.k, key.transpose_a,
+                        key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
+    }
+  };
+  struct Plan;  // descriptors and algorithm, in gemm.cc
+
+  LtGemm(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes);
+  // The descriptors for `key` and the heuristic's first algorithm.
+  absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
+  absl::Status MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
+                          const void* alpha, const void* beta, size_t element_bytes, void* c, const void* a,
+                          const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+                          cudaStream_t stream);
 
   cublasLtHandle_t handle_;
   void* workspace_;
   size_t workspace_bytes_;
+  absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace cuda
