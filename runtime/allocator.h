@@ -12,6 +12,10 @@
 
 namespace strata {
 
+// An opaque stream (a cudaStream_t on a GPU); null on the CPU, where work
+// runs inline.
+using StreamHandle = void*;
+
 // Every device's allocator counts live and peak bytes, so memory claims
 // (the memory plan, 1F1B against F-then-B, recompute) are measured, not guessed.
 class Allocator {

@@ -16,8 +16,6 @@
 
 namespace strata {
 
-// Opaque stream handle (a cudaStream_t on the GPU); nullptr is a valid stream.
-using StreamHandle = void*;
 
 // Device memory cut from cached segments in stream order, as PyTorch's
 // CUDACachingAllocator and TensorFlow's BFC allocator do: every training step

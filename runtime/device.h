@@ -26,8 +26,6 @@
 
 namespace strata {
 
-// An opaque stream (a cudaStream_t on a GPU); null on the CPU.
-using StreamHandle = void*;
 
 class Device {
  public:

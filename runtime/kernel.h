@@ -166,6 +166,17 @@ KernelFactory MakeFactory() {
   };
 }
 
+// A factory for a kernel class constructible from (const KernelDef&) with an
+// `absl::Status Init(const Op&)` that reads the attrs.
+template <typename K>
+KernelFactory InitFactory() {
+  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    auto kernel = std::make_unique<K>(def);
+    if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
+    return std::unique_ptr<OpKernel>(std::move(kernel));
+  };
+}
+
 }  // namespace strata
 
 #endif  // STRATA_RUNTIME_KERNEL_H_

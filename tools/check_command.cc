@@ -62,12 +62,7 @@ int CheckCommand(const std::string& path) {
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
     // Plans and memory predicted for a GPU; what stands between it and a run.
-    std::string missing;
-    for (const RankPlan& plan : result->plans) {
-      if (missing.empty()) {
-        if (std::string op = FirstOpWithoutKernel(plan, kind); !op.empty()) missing = absl::StrCat(op, " on rank ", plan.rank());
-      }
-    }
+    const std::string missing = FirstOpWithoutKernel(result->plans, kind);
     std::cout << "  device: " << DeviceKindLabel(kind) << " (memory planned with its kernels' scratch"
               << (missing.empty() ? "" : absl::StrCat("; no ", DeviceKindLabel(kind), " kernel yet for ", missing,
                                                       ", so strata run --device gpu refuses it"))

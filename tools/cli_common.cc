@@ -47,11 +47,15 @@ absl::StatusOr<DeviceKind> DeviceKindFromFlags() {
   return absl::InvalidArgumentError(absl::StrCat("--device '", device, "': expected cpu or gpu"));
 }
 
-std::string FirstOpWithoutKernel(const RankPlan& plan, DeviceKind kind) {
-  const Program& p = plan.program();
-  for (int i = 0; i < p.op_size(); ++i) {
-    if (KernelRegistry::Global().DtypesFor(p.op(i).type(), kind).empty()) {
-      return absl::StrCat("op #", i, " '", p.op(i).type(), "'", p.op(i).name().empty() ? "" : absl::StrCat(" (", p.op(i).name(), ")"));
+std::string FirstOpWithoutKernel(const std::vector<RankPlan>& plans, DeviceKind kind) {
+  for (const RankPlan& plan : plans) {
+    const Program& p = plan.program();
+    for (int i = 0; i < p.op_size(); ++i) {
+      if (KernelRegistry::Global().DtypesFor(p.op(i).type(), kind).empty()) {
+        return absl::StrCat("op #", i, " '", p.op(i).type(), "'",
+                            p.op(i).name().empty() ? "" : absl::StrCat(" (", p.op(i).name(), ")"), " on rank ",
+                            plan.rank());
+      }
     }
   }
   return "";

@@ -29,9 +29,9 @@ std::string Bytes(int64_t b);
 // Compiles the PROGRAM file with --strategy, --batch_size and --dump_after.
 // --device: cpu -> DEVICE_CPU, gpu -> DEVICE_CUDA; InvalidArgument otherwise.
 absl::StatusOr<DeviceKind> DeviceKindFromFlags();
-// The first op of `plan` with no kernel registered for `kind`, as "op #i
-// 'type'", or "" when every op has one.
-std::string FirstOpWithoutKernel(const RankPlan& plan, DeviceKind kind);
+// The first op of the plans (rank by rank) with no kernel registered for
+// `kind`, as "op #i 'type' (name) on rank r", or "" when every op has one.
+std::string FirstOpWithoutKernel(const std::vector<RankPlan>& plans, DeviceKind kind);
 
 // The --strategy file, or the default strategy when none is given.
 absl::StatusOr<Strategy> StrategyFromFlags();

@@ -70,11 +70,12 @@ absl::Status RunOp(const Op& forward, std::map<std::string, Tensor>* env, const 
 
   KernelDef def{&op, input_types, *types};
   DataType dtype = KernelDtype(def);
-  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), DEVICE_CPU, dtype);
+  const DeviceKind device = run.device->kind();
+  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), device, dtype);
   if (factory == nullptr) {
-    return absl::NotFoundError(absl::StrCat(label, ": no cpu kernel for dtype ", DataTypeName(dtype),
-                                            " (registered: ", DtypeList(KernelRegistry::Global().DtypesFor(op.type(), DEVICE_CPU)),
-                                            ")"));
+    return absl::NotFoundError(absl::StrCat(label, ": no ", DeviceKindLabel(device), " kernel for dtype ",
+                                            DataTypeName(dtype), " (registered: ",
+                                            DtypeList(KernelRegistry::Global().DtypesFor(op.type(), device)), ")"));
   }
   auto kernel = (*factory)(def);
   if (!kernel.ok()) return Prefixed(absl::StrCat(label, ": building the kernel"), kernel.status());
@@ -250,6 +251,8 @@ Tensor MakeTensor(DataType dtype, Shape shape, const std::vector<double>& values
       case I64: t.data<int64_t>()[i] = static_cast<int64_t>(values[i]); break;
       case I32: t.data<int32_t>()[i] = static_cast<int32_t>(values[i]); break;
       case BOOL: t.data<bool>()[i] = values[i] != 0; break;
+      case BF16: t.data<bfloat16>()[i] = ToBfloat16(static_cast<float>(values[i])); break;
+      case F16: t.data<float16>()[i] = ToFloat16(static_cast<float>(values[i])); break;
       default:
         std::cerr << "MakeTensor: unsupported dtype " << DataTypeName(dtype) << std::endl;
         std::abort();
@@ -259,17 +262,10 @@ Tensor MakeTensor(DataType dtype, Shape shape, const std::vector<double>& values
 }
 
 std::vector<double> TensorValues(const Tensor& t) {
-  std::vector<double> v(t.defined() ? t.num_elements() : 0);
-  for (size_t i = 0; i < v.size(); ++i) {
-    switch (t.dtype()) {
-      case F32: v[i] = t.data<float>()[i]; break;
-      case F64: v[i] = t.data<double>()[i]; break;
-      case I64: v[i] = static_cast<double>(t.data<int64_t>()[i]); break;
-      case I32: v[i] = t.data<int32_t>()[i]; break;
-      case BOOL: v[i] = t.data<bool>()[i] ? 1 : 0; break;
-      default: v[i] = NAN; break;
-    }
-  }
+  // A device tensor is read through one copy to the host.
+  const Tensor host = t.on_host() ? t : t.Clone(GetCpuAllocator());
+  std::vector<double> v(host.defined() ? host.num_elements() : 0);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = DataTypeSize(host.dtype()) == 0 ? NAN : host.ValueAt(i);
   return v;
 }
 

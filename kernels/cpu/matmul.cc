@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/matmul_shape.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -65,36 +66,17 @@ class MatmulKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    const int ra = a.rank(), rb = b.rank();
-    if (ra < 2 || rb < 2 || (rb > 2 && rb != ra)) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul: bad ranks a ", ShapeString(a.shape()), ", b ",
-                                                     ShapeString(b.shape())));
-    }
-    const int64_t M = ta_ ? a.dim(ra - 1) : a.dim(ra - 2);
-    const int64_t K = ta_ ? a.dim(ra - 2) : a.dim(ra - 1);
-    const int64_t Kb = tb_ ? b.dim(rb - 1) : b.dim(rb - 2);
-    const int64_t N = tb_ ? b.dim(rb - 2) : b.dim(rb - 1);
-    bool batch_match = true;
-    for (int i = 0; rb > 2 && i < ra - 2; ++i) batch_match &= a.dim(i) == b.dim(i);
-    if (K != Kb || !batch_match) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul: a ", ShapeString(a.shape()), " and b ",
-                                                     ShapeString(b.shape()), " do not multiply (transpose_a=",
-                                                     ta_, ", transpose_b=", tb_, ")"));
-    }
-    Shape ys(a.shape().begin(), a.shape().end() - 2);
-    ys.push_back(M);
-    ys.push_back(N);
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), ys));
-    const int64_t batch = Product(a.shape(), 0, ra - 2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulShape(a.shape(), b.shape(), ta_, tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), s.y));
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
     T* py = y->data<T>();
-    const int64_t lda = a.dim(ra - 1), ldb = b.dim(rb - 1);
-    if (rb == 2 && !ta_) {
+    if (!s.b_batched && !ta_) {
       // x @ W: a's batch folds into the rows of one [batch*M, K] x [K, N] GEMM.
-      GemmOrScale<T>(false, tb_, batch * M, N, K, T(1), pa, lda, pb, ldb, T(0), py, N);
+      GemmOrScale<T>(false, tb_, s.batch * s.m, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), py, s.n);
     } else {
-      BatchedGemm<T>(batch, ta_, tb_, M, N, K, pa, lda, M * K, pb, ldb, rb == 2 ? 0 : K * N, py, N, M * N);
+      BatchedGemm<T>(s.batch, ta_, tb_, s.m, s.n, s.k, pa, s.lda, s.m * s.k, pb, s.ldb, s.b_batched ? s.k * s.n : 0,
+                     py, s.n, s.m * s.n);
     }
     return absl::OkStatus();
   }

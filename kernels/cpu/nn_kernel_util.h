@@ -30,16 +30,7 @@ inline int64_t MinChunk(int64_t cost_per_item) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cost_per_item, 1));
 }
 
-// A factory for kernel classes with a `K(const KernelDef&)` constructor and an
-// `absl::Status Init(const Op&)` that reads the attrs.
-template <typename K>
-KernelFactory InitFactory() {
-  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
-    auto kernel = std::make_unique<K>(def);
-    if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
-    return std::unique_ptr<OpKernel>(std::move(kernel));
-  };
-}
+using ::strata::InitFactory;
 
 // A two-int attr (height, width) such as input_size; the shape function has
 // checked it, so another length is an Internal error.

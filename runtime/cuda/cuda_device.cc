@@ -1,0 +1,151 @@
+#include "runtime/cuda/cuda_device.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+namespace {
+
+// The caching allocator's view of one GPU: cudaMalloc and stream events.
+class CudaBackend final : public CachingAllocator::Backend {
+ public:
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
+  std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
+  void* Malloc(size_t bytes) override {
+    void* ptr = nullptr;
+    if (cudaSetDevice(ordinal_) != cudaSuccess || cudaMalloc(&ptr, bytes) != cudaSuccess) {
+      cudaGetLastError();  // out of memory is not sticky; clear it for the next call
+      return nullptr;
+    }
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFree(ptr); }
+  void* RecordEvent(StreamHandle stream) override {
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+    cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    return event;
+  }
+  bool EventDone(void* event) override {
+    // A null event (creation failed) never completes on its own; Synchronize
+    // releases such blocks.
+    return event != nullptr && cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaSuccess;
+  }
+  void DestroyEvent(void* event) override {
+    if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  void Synchronize() override {
+    cudaSetDevice(ordinal_);
+    cudaDeviceSynchronize();
+  }
+
+ private:
+  int ordinal_;
+};
+
+}  // namespace
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", cudaGetErrorString(error)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
+  int count = 0;
+  const cudaError_t count_error = cudaGetDeviceCount(&count);
+  if (count_error != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device: ", count_error != cudaSuccess ? cudaGetErrorString(count_error)
+                                                                     : "the driver reports 0 devices"));
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device ", ordinal, ": this machine has ", count));
+  }
+  if (absl::Status s = CudaStatus(cudaSetDevice(ordinal), "set device"); !s.ok()) return s;
+  cudaStream_t compute = nullptr, comm = nullptr;
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "stream create");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), "stream create");
+      !s.ok()) {
+    cudaStreamDestroy(compute);
+    return s;
+  }
+  std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, compute, comm));
+  device->allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaBackend>(ordinal), compute);
+  auto gemm = cuda::LtGemm::Create();
+  if (!gemm.ok()) return gemm.status();
+  device->gemm_ = *std::move(gemm);
+  return device;
+}
+
+CudaDevice::~CudaDevice() {
+  cudaSetDevice(ordinal_);
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(comm_);
+  gemm_.reset();
+  allocator_.reset();  // returns its segments after a device synchronisation
+  cudaStreamDestroy(comm_);
+  cudaStreamDestroy(compute_);
+}
+
+absl::Status CudaDevice::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  // From pageable memory, cudaMemcpyAsync returns once the source is staged,
+  // so the caller may reuse it; the copy itself stays ordered on the stream.
+  return CudaStatus(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, compute_), "copy to device");
+}
+
+absl::Status CudaDevice::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (absl::Status s = CudaStatus(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, compute_),
+                                  "copy to host");
+      !s.ok()) {
+    return s;
+  }
+  return CudaStatus(cudaStreamSynchronize(compute_), "copy to host (wait)");
+}
+
+absl::Status CudaDevice::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_), "device copy");
+}
+
+absl::Status CudaDevice::Memset(void* dst, int byte, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemsetAsync(dst, byte, bytes, compute_), "memset");
+}
+
+absl::Status CudaDevice::ComputeWaitsForComm() {
+  cudaEvent_t event = nullptr;
+  if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event create");
+      !s.ok()) {
+    return s;
+  }
+  absl::Status s = CudaStatus(cudaEventRecord(event, comm_), "event record");
+  if (s.ok()) s = CudaStatus(cudaStreamWaitEvent(compute_, event, 0), "stream wait");
+  cudaEventDestroy(event);  // released once the wait has passed it
+  return s;
+}
+
+absl::Status CudaDevice::WaitForWork() {
+  absl::Status s = CudaStatus(cudaStreamSynchronize(compute_), "compute stream synchronize");
+  absl::Status c = CudaStatus(cudaStreamSynchronize(comm_), "comm stream synchronize");
+  // A kernel's own fault (an illegal address) shows up here as well.
+  absl::Status launch = CudaStatus(cudaGetLastError(), "kernel");
+  return !s.ok() ? s : !c.ok() ? c : launch;
+}
+
+absl::StatusOr<CudaDevice*> CudaDeviceOf(const KernelContext& ctx) {
+  if (ctx.device().kind() != DEVICE_CUDA) {
+    return absl::InternalError(absl::StrCat("a CUDA kernel ran on ", ctx.device().name()));
+  }
+  return static_cast<CudaDevice*>(&ctx.device());
+}
+
+}  // namespace strata

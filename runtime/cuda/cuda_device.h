@@ -1,0 +1,82 @@
+#ifndef STRATA_RUNTIME_CUDA_CUDA_DEVICE_H_
+#define STRATA_RUNTIME_CUDA_CUDA_DEVICE_H_
+
+// One GPU as a Device: a compute stream and a communication stream, a
+// stream-ordered caching allocator over cudaMalloc (runtime/caching_allocator.h,
+// the design of PyTorch's CUDA allocator), the copies between host and
+// device, and the cuBLASLt handle its GEMM kernels share.
+//
+// Stream order: every kernel runs on the compute stream, and the allocator
+// hands out blocks for work on it, so a block freed by the host after the
+// kernels that used it were enqueued may serve the next kernel at once (the
+// stream runs them in order). A block that work on the communication stream
+// also read is marked with RecordUse and reused only once that stream has
+// passed the free.
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/gemm.h"
+#include "runtime/caching_allocator.h"
+#include "runtime/device.h"
+#include "runtime/kernel.h"
+
+namespace strata {
+
+class CudaDevice final : public Device {
+ public:
+  // FailedPrecondition when there is no usable GPU `ordinal` (no driver, no
+  // device, or an ordinal past the count).
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal = 0);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  DeviceKind kind() const override { return DEVICE_CUDA; }
+  int ordinal() const override { return ordinal_; }
+  Allocator* allocator() const override { return allocator_.get(); }
+  CachingAllocator* caching_allocator() const { return allocator_.get(); }
+  StreamHandle compute_stream() const override { return compute_; }
+  StreamHandle comm_stream() const override { return comm_; }
+  cudaStream_t stream() const { return compute_; }
+  // The device's cuBLASLt handle and workspace, for kernels on the compute stream.
+  cuda::LtGemm& gemm() const { return *gemm_; }
+
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  absl::Status Memset(void* dst, int byte, size_t bytes) override;
+
+  // The block at `ptr` is read or written by work on `stream` too.
+  void RecordUse(void* ptr, cudaStream_t stream) { allocator_->RecordStream(ptr, stream); }
+  // The compute stream waits for the work enqueued so far on the comm stream (an event).
+  absl::Status ComputeWaitsForComm();
+
+ protected:
+  absl::Status WaitForWork() override;
+
+ private:
+  CudaDevice(int ordinal, cudaStream_t compute, cudaStream_t comm)
+      : ordinal_(ordinal), compute_(compute), comm_(comm) {}
+
+  int ordinal_;
+  cudaStream_t compute_;
+  cudaStream_t comm_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<cuda::LtGemm> gemm_;
+};
+
+// "CUDA <what> failed: <error string>" as an Internal status; OK for cudaSuccess.
+absl::Status CudaStatus(cudaError_t error, const char* what);
+
+// The CudaDevice a CUDA kernel runs on; Internal if the run's device is not
+// one (the executor picks kernels by the plan's device kind, so only a
+// mismatched test gets here).
+absl::StatusOr<CudaDevice*> CudaDeviceOf(const KernelContext& ctx);
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_CUDA_CUDA_DEVICE_H_
