@@ -16,7 +16,7 @@
 #include "compiler/name_table.h"
 #include "compiler/op_registry.h"
 #include "proto/program.pb.h"
-#include "runtime/kernel.h"
+#include "proto/types.h"
 
 namespace strata {
 

@@ -9,7 +9,7 @@
 #include "compiler/name_table.h"
 #include "proto/program.pb.h"
 #include "proto/roles.h"
-#include "runtime/kernel.h"
+#include "proto/types.h"
 
 namespace strata {
 

@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
-#include "runtime/kernel.h"
+#include "proto/types.h"
 
 namespace strata {
 

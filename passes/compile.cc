@@ -18,7 +18,6 @@
 #include "passes/schedule.h"
 #include "passes/verify_schedule.h"
 #include "proto/fnv1a.h"
-#include "runtime/philox.h"
 
 namespace strata {
 namespace {

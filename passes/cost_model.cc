@@ -7,7 +7,7 @@
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 #include "proto/roles.h"
-#include "runtime/tensor.h"
+#include "proto/types.h"
 
 namespace strata {
 namespace {

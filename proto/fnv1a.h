@@ -29,6 +29,14 @@ inline uint64_t Fnv1a64Update(uint64_t h, const void* data, size_t n) {
 
 inline uint64_t Fnv1a64(std::string_view s) { return Fnv1a64Update(kFnv1a64Offset, s.data(), s.size()); }
 
+// Mixes two 64-bit words (splitmix64 finalizer over their combination).
+inline uint64_t MixKey(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace strata
 
 #endif  // STRATA_PROTO_FNV1A_H_

@@ -171,6 +171,17 @@ std::map<std::string, Tensor> Executor::PersistentState() const {
   return out;
 }
 
+absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
+  std::map<std::string, Tensor> state = PersistentState();
+  if (options_.device->host_accessible()) return state;
+  for (auto& [name, t] : state) {
+    t = t.Clone(GetCpuAllocator());
+    if (!t.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of host memory copying '", name, "'"));
+  }
+  if (absl::Status s = options_.device->Synchronize(); !s.ok()) return s;
+  return state;
+}
+
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {

@@ -66,6 +66,9 @@ class Executor {
   // Parameters and optimizer state by var name (shared buffers, not copies);
   // never scratch such as micro-batch gradient accumulators.
   std::map<std::string, Tensor> PersistentState() const;
+  // The same where the host can read them: the shared buffers on a host
+  // device, copies in host memory otherwise (checkpoints, reports).
+  absl::StatusOr<std::map<std::string, Tensor>> HostState() const;
   // Replaces parameters/state from a checkpoint; every persistent var must be present with its type.
   absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state);
 

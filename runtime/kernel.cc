@@ -5,10 +5,6 @@
 
 namespace strata {
 
-std::string TensorType::ToString() const {
-  return absl::StrCat(DataTypeName(dtype), ShapeString(shape));
-}
-
 absl::StatusOr<Tensor*> KernelContext::AllocateOutput(int i, DataType dtype, Shape shape) {
   Tensor t = Tensor::Empty(dtype, shape, run_->device);
   if (!t.defined()) {

@@ -22,15 +22,6 @@ class Communicator;
 class CommunicatorSet;
 class Work;
 
-// A var's static type: dtype and shape, -1 where the batch dimension goes.
-struct TensorType {
-  DataType dtype = DT_INVALID;
-  Shape shape;
-  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
-  bool operator!=(const TensorType& o) const { return !(*this == o); }
-  std::string ToString() const;
-};
-
 // What a step tells every kernel; random ops key their streams on it.
 struct RunContext {
   uint64_t seed = 0;

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "proto/fnv1a.h"  // Fnv1a64, for turning a name into a stream key
+#include "proto/fnv1a.h"  // Fnv1a64 and MixKey, for turning names and seeds into stream keys
 
 namespace strata {
 
@@ -45,14 +45,6 @@ class Philox {
  private:
   std::array<uint32_t, 2> key_;
 };
-
-// Mixes two 64-bit words (splitmix64 finalizer over their combination).
-inline uint64_t MixKey(uint64_t a, uint64_t b) {
-  uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 }  // namespace strata
 

@@ -10,23 +10,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/program.pb.h"
+#include "proto/types.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/float16.h"
 
 namespace strata {
-
-using Shape = absl::InlinedVector<int64_t, 6>;
-
-// Bytes per element; 0 for DT_INVALID.
-size_t DataTypeSize(DataType dtype);
-std::string DataTypeName(DataType dtype);
-// F32 or F64: the dtypes kernels compute in.
-bool IsFloating(DataType dtype);
-// BF16 or F16: stored in 16 bits, computed in float32.
-bool IsHalfFloating(DataType dtype);
-int64_t NumElements(absl::Span<const int64_t> shape);
-std::string ShapeString(absl::Span<const int64_t> shape);
 
 template <typename T>
 struct DataTypeOf;

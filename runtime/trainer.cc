@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "proto/status_macros.h"
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
@@ -447,7 +448,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // Every rank writes its share of a step folder, and they agree that all did.
   auto save = [&]() -> absl::Status {
     Checkpoint ckpt;
-    ckpt.tensors = executor.PersistentState();
+    STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor.HostState());
     ckpt.metadata["epoch"] = absl::StrCat(executor.step() / steps_per_epoch);
     ckpt.metadata["data_position"] = absl::StrCat((executor.step() % steps_per_epoch) * batch);
     ckpt.metadata["batch_size"] = absl::StrCat(batch);
@@ -616,7 +617,8 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   if (!options.save_dir.empty() && executor.step() > first_step) {
     if (auto s = save(); !s.ok()) return s;
   }
-  for (const auto& [name, t] : executor.PersistentState()) {
+  STRATA_ASSIGN_OR_RETURN(const auto final_state, executor.HostState());
+  for (const auto& [name, t] : final_state) {
     std::vector<double>& out = report.final_state[name];
     out.resize(t.num_elements());
     for (int64_t i = 0; i < t.num_elements(); ++i) out[i] = t.ValueAt(i);

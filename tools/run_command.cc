@@ -2,6 +2,7 @@
 // process, launches --nproc workers of this same command, or is one of them
 // (tools/run_worker.cc).
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -30,6 +31,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/comm/health.h"
 #include "runtime/comm/store.h"
+#include "runtime/kernel.h"
 #include "runtime/launcher.h"
 #include "runtime/trace.h"
 #include "runtime/trainer.h"
@@ -301,6 +303,11 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
 // launcher of --nproc workers.
 int RunCommand(const std::string& path, int argc, char** argv, const std::set<std::string>& given) {
   if (int rc = CheckRunFlags(); rc != 0) return rc;
+  // A rank writes to its peers' sockets (Gloo, the store). When a peer dies,
+  // the write must fail with EPIPE and name the lost connection, not kill
+  // this rank with SIGPIPE and hide the peer that failed first (as Python,
+  // and so PyTorch, ignores SIGPIPE from the start).
+  signal(SIGPIPE, SIG_IGN);
   auto worker = WorkerEnvFromEnvironment();
   if (!worker.ok()) {
     std::cerr << "error: " << worker.status().message() << "\n";
