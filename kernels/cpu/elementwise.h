@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "kernels/broadcast_plan.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/thread_pool.h"
@@ -126,28 +127,6 @@ class SameShapeBinaryKernel : public OpKernel {
     return absl::OkStatus();
   }
 };
-
-// Loop structure of z = f(x, y) under numpy broadcasting, with adjacent dims
-// merged wherever both inputs are laid out alike. What is left is an odometer
-// over `outer_dims` around one contiguous inner loop whose input strides are
-// 0 (broadcast) or 1: same shape, scalar and row-bias cases all become a
-// single vectorizable inner loop.
-struct BroadcastPlan {
-  Shape out_shape;
-  absl::InlinedVector<int64_t, 6> outer_dims;
-  absl::InlinedVector<int64_t, 6> outer_x_strides;
-  absl::InlinedVector<int64_t, 6> outer_y_strides;
-  int64_t outer_count = 1;
-  int64_t inner = 1;
-  int64_t inner_x_stride = 1;  // 0 or 1
-  int64_t inner_y_stride = 1;  // 0 or 1
-};
-
-// x and y broadcast against each other; InvalidArgument if they do not.
-absl::StatusOr<BroadcastPlan> MakeBroadcastPlan(absl::Span<const int64_t> x, absl::Span<const int64_t> y);
-// x and y each broadcast to `out` (which is not widened).
-absl::StatusOr<BroadcastPlan> MakeBroadcastPlanTo(absl::Span<const int64_t> x, absl::Span<const int64_t> y,
-                                                  absl::Span<const int64_t> out);
 
 namespace internal {
 // z[i] = f(a, y[i]) or, with kScalarFirst false, f(y[i], a), over ranges z

@@ -1,0 +1,182 @@
+// softmax_cross_entropy(_grad) and accuracy.
+// Blocks: one block of kThreads threads per row (grid-stride over rows);
+// thread t visits the row's columns t, t + kThreads, ... in order; the row's
+// max (order-free), sum of exp (double) or count is then combined by a fixed
+// shared-memory tree. The batch mean is one block of kThreads threads over
+// the R row values, the same way. Nothing depends on timing, so two runs give
+// the same bits.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/losses.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the trees halve it
+constexpr int64_t kMaxBlocks = 65536;
+
+__device__ double NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
+
+// The block's kThreads values of `v` combined by a fixed tree; every thread
+// gets the result. Ends with a barrier, so `shared` may be reused at once.
+template <typename F>
+__device__ double BlockReduce(double v, double* shared, F f) {
+  const int tid = threadIdx.x;
+  shared[tid] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) shared[tid] = f(shared[tid], shared[tid + s]);
+    __syncthreads();
+  }
+  const double result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+struct MaxOp {
+  __device__ double operator()(double a, double b) const { return a < b ? b : a; }
+};
+struct SumOp {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+// max and log(sum(exp(x - max))) of row xr [C], as RowLogSumExp on the CPU.
+template <typename T>
+__device__ void RowLogSumExp(const T* xr, int64_t C, double* shared, double* max, double* log_sum) {
+  double m = -__longlong_as_double(0x7ff0000000000000LL);  // -inf
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) m = MaxOp()(m, static_cast<double>(xr[j]));
+  m = BlockReduce(m, shared, MaxOp());
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) s += exp(static_cast<double>(xr[j]) - m);
+  s = BlockReduce(s, shared, SumOp());
+  *max = m;
+  *log_sum = log(s);
+}
+
+template <typename T>
+__global__ void RowLossKernel(double* row_loss, const T* logits, const int64_t* label, int64_t R, int64_t C) {
+  __shared__ double shared[kThreads];
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = logits + r * C;
+    double max, log_sum;
+    RowLogSumExp(xr, C, shared, &max, &log_sum);
+    if (threadIdx.x == 0) {
+      const int64_t l = label[r];
+      row_loss[r] = l < 0 || l >= C ? NaN() : max + log_sum - static_cast<double>(xr[l]);
+    }
+  }
+}
+
+// out[0] = T(sum of values[R] / R): one block.
+template <typename T>
+__global__ void MeanKernel(T* out, const double* values, int64_t R) {
+  __shared__ double shared[kThreads];
+  double s = 0;
+  for (int64_t r = threadIdx.x; r < R; r += kThreads) s += values[r];
+  s = BlockReduce(s, shared, SumOp());
+  if (threadIdx.x == 0) out[0] = static_cast<T>(s / static_cast<double>(R));
+}
+
+template <typename T>
+__global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, const T* dloss, int64_t R, int64_t C) {
+  __shared__ double shared[kThreads];
+  const double scale = static_cast<double>(dloss[0]) / static_cast<double>(R);
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = logits + r * C;
+    T* dr = dlogits + r * C;
+    double max, log_sum;
+    RowLogSumExp(xr, C, shared, &max, &log_sum);
+    const double lse = max + log_sum;
+    const int64_t l = label[r];
+    const bool bad = l < 0 || l >= C;
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+      const double p = exp(static_cast<double>(xr[j]) - lse);
+      dr[j] = static_cast<T>(bad ? NaN() : (j == l ? (p - 1.0) * scale : p * scale));
+    }
+  }
+}
+
+// row_correct[r] = 1 if fewer than k logits of row r lie strictly above the
+// label's, else 0 (NaN for a label outside [0, C)).
+template <typename T>
+__global__ void RowCorrectKernel(double* row_correct, const T* logits, const int64_t* label, int64_t R, int64_t C,
+                                 int64_t k) {
+  __shared__ double shared[kThreads];
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = logits + r * C;
+    const int64_t l = label[r];
+    const bool bad = l < 0 || l >= C;
+    const T target = bad ? T(0) : xr[l];
+    double above = 0;  // counts are exact in double up to 2^53
+    for (int64_t j = threadIdx.x; j < C; j += kThreads) above += xr[j] > target ? 1.0 : 0.0;
+    above = BlockReduce(above, shared, SumOp());
+    if (threadIdx.x == 0) row_correct[r] = bad ? NaN() : (above < static_cast<double>(k) ? 1.0 : 0.0);
+  }
+}
+
+int64_t RowBlocks(int64_t R) { return std::min(kMaxBlocks, R); }
+
+template <typename T>
+cudaError_t SoftmaxCrossEntropy(T* loss, const T* logits, const int64_t* label, int64_t R, int64_t C,
+                                double* row_scratch, cudaStream_t stream) {
+  if (R > 0) {
+    RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  MeanKernel<T><<<1, kThreads, 0, stream>>>(loss, row_scratch, R);  // R == 0: 0 / 0, NaN as on the CPU
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* label, const T* dloss, int64_t R,
+                                    int64_t C, cudaStream_t stream) {
+  if (R <= 0 || C <= 0) return cudaSuccess;
+  GradKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Accuracy(T* accuracy, const T* logits, const int64_t* label, int64_t R, int64_t C, int64_t k,
+                     double* row_scratch, cudaStream_t stream) {
+  if (R > 0) {
+    RowCorrectKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C, k);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  MeanKernel<T><<<1, kThreads, 0, stream>>>(accuracy, row_scratch, R);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float* logits, const int64_t* label, int64_t R, int64_t C,
+                                      double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+}
+cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+}
+
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+}
+cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
+                                          const double* dloss, int64_t R, int64_t C, cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+}
+
+cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C,
+                           int64_t k, double* row_scratch, cudaStream_t stream) {
+  return Accuracy(accuracy, logits, label, R, C, k, row_scratch, stream);
+}
+cudaError_t LaunchAccuracy(double* accuracy, const double* logits, const int64_t* label, int64_t R, int64_t C,
+                           int64_t k, double* row_scratch, cudaStream_t stream) {
+  return Accuracy(accuracy, logits, label, R, C, k, row_scratch, stream);
+}
+
+}  // namespace cuda
+}  // namespace strata

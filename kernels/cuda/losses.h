@@ -1,0 +1,44 @@
+#ifndef STRATA_KERNELS_CUDA_LOSSES_H_
+#define STRATA_KERNELS_CUDA_LOSSES_H_
+
+// softmax_cross_entropy, its backward, and accuracy on the GPU, over logits
+// [R, C] and I64 labels [R], with the numbers of kernels/cpu/losses.cc
+// (row log-sum-exp in double; the batch mean in double). Deterministic: one
+// block per row with a fixed tree, then one block adds the R row values in a
+// fixed tree; no atomics. Asynchronous on `stream`.
+//
+// The CPU refuses a label outside [0, C) before computing; the device cannot
+// return a status, so such a row's loss (hence the mean), its dlogits row,
+// and the accuracy come out NaN instead.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace strata {
+namespace cuda {
+
+// loss[0] = mean over rows of logsumexp(logits[r]) - logits[r][label[r]].
+// row_scratch: R doubles of device memory the call may overwrite.
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float* logits, const int64_t* label, int64_t R, int64_t C,
+                                      double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream);
+
+// dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss[0] / R.
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
+                                          const double* dloss, int64_t R, int64_t C, cudaStream_t stream);
+
+// accuracy[0] = fraction of rows whose label has fewer than k logits strictly
+// above it. row_scratch: R doubles.
+cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C,
+                           int64_t k, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchAccuracy(double* accuracy, const double* logits, const int64_t* label, int64_t R, int64_t C,
+                           int64_t k, double* row_scratch, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CUDA_LOSSES_H_

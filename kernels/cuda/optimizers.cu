@@ -1,0 +1,145 @@
+// increment, lr_schedule: one thread each (scalars). adam, sgd, momentum: a
+// grid-stride loop over the elements, 256 threads a block, at most
+// kMaxBlocks blocks; for adam, thread 0 of each block computes the scalars
+// that depend on lr and step (in double, kernel_math.h) into shared memory
+// once, and the block's threads read them from there.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/kernel_math.h"
+#include "kernels/cuda/optimizers.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock); }
+
+__global__ void IncrementKernel(int64_t* counter, int64_t by) { counter[0] += by; }
+
+template <typename T>
+__global__ void LrScheduleKernel(T* lr, const int64_t* step, LrSchedule schedule, int64_t total_steps) {
+  const int64_t s = step[0];
+  lr[0] = s < 0 ? static_cast<T>(__longlong_as_double(0x7ff8000000000000LL))  // NaN: the CPU refuses step < 0
+                : static_cast<T>(LearningRate(schedule, s, total_steps));
+}
+
+template <typename T>
+__global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, AdamAttrs attrs,
+                           int64_t n) {
+  __shared__ AdamScalars<T> scalars;
+  __shared__ bool bad_step;
+  if (threadIdx.x == 0) {
+    const int64_t s = step[0];
+    bad_step = s < 1;
+    scalars = MakeAdamScalars<T>(attrs, lr[0], s);
+  }
+  __syncthreads();
+  const AdamScalars<T> s = scalars;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if (bad_step) {
+      param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
+      continue;
+    }
+    AdamElement(s, grad[i], &param[i], &m[i], &v[i]);
+  }
+}
+
+template <typename T>
+__global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n) {
+  const T rate = lr[0];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    SgdElement(rate, weight_decay, grad[i], &param[i]);
+  }
+}
+
+template <typename T>
+__global__ void MomentumKernel(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay,
+                               bool nesterov, int64_t n) {
+  const T rate = lr[0];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    MomentumElement(rate, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+  }
+}
+
+template <typename T>
+cudaError_t LrSchedule1(T* lr, const int64_t* step, const LrSchedule& schedule, int64_t total_steps,
+                        cudaStream_t stream) {
+  LrScheduleKernel<T><<<1, 1, 0, stream>>>(lr, step, schedule, total_steps);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Adam(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, const AdamAttrs& attrs,
+                 int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  AdamKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, m, v, grad, lr, step, attrs, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Sgd(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  SgdKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, grad, lr, weight_decay, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Momentum(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay, bool nesterov,
+                     int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  MomentumKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, velocity, grad, lr, momentum,
+                                                                      weight_decay, nesterov, n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchIncrement(int64_t* counter, int64_t by, cudaStream_t stream) {
+  IncrementKernel<<<1, 1, 0, stream>>>(counter, by);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLrSchedule(float* lr, const int64_t* step, const LrSchedule& schedule, int64_t total_steps,
+                             cudaStream_t stream) {
+  return LrSchedule1(lr, step, schedule, total_steps, stream);
+}
+cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const LrSchedule& schedule, int64_t total_steps,
+                             cudaStream_t stream) {
+  return LrSchedule1(lr, step, schedule, total_steps, stream);
+}
+
+cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr,
+                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, stream);
+}
+cudaError_t LaunchAdamUpdate(double* param, double* m, double* v, const double* grad, const double* lr,
+                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, stream);
+}
+
+cudaError_t LaunchSgdUpdate(float* param, const float* grad, const float* lr, float weight_decay, int64_t n,
+                            cudaStream_t stream) {
+  return Sgd(param, grad, lr, weight_decay, n, stream);
+}
+cudaError_t LaunchSgdUpdate(double* param, const double* grad, const double* lr, double weight_decay, int64_t n,
+                            cudaStream_t stream) {
+  return Sgd(param, grad, lr, weight_decay, n, stream);
+}
+
+cudaError_t LaunchMomentumUpdate(float* param, float* velocity, const float* grad, const float* lr, float momentum,
+                                 float weight_decay, bool nesterov, int64_t n, cudaStream_t stream) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, stream);
+}
+cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr,
+                                 double momentum, double weight_decay, bool nesterov, int64_t n,
+                                 cudaStream_t stream) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, stream);
+}
+
+}  // namespace cuda
+}  // namespace strata

@@ -1,0 +1,106 @@
+// Sum over the reduced dims of x, one output element at a time.
+// Blocks: with fewer than kBlockMinTerms terms per output, one thread sums
+// each output element in index order (grid-stride over outputs). Otherwise
+// one block per output element (grid-stride over outputs): thread t sums
+// terms t, t + T, t + 2T, ... in order, then a fixed shared-memory tree adds
+// the T partial sums. T depends on the shapes only, so the order of every
+// addition, and the result's bits, are the same on every run.
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/reduce.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+constexpr int kMaxThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+constexpr int64_t kBlockMinTerms = 32;
+
+template <typename T>
+using Acc = std::conditional_t<std::is_floating_point<T>::value, double, int64_t>;
+
+__device__ int64_t KeptOffset(const ReducePlan& p, int64_t o) {
+  int64_t offset = 0;
+  for (int d = p.kept_rank - 1; d >= 0; --d) {
+    offset += (o % p.kept_dims[d]) * p.kept_strides[d];
+    o /= p.kept_dims[d];
+  }
+  return offset;
+}
+
+__device__ int64_t ReducedOffset(const ReducePlan& p, int64_t k) {
+  int64_t offset = 0;
+  for (int d = p.reduced_rank - 1; d >= 0; --d) {
+    offset += (k % p.reduced_dims[d]) * p.reduced_strides[d];
+    k /= p.reduced_dims[d];
+  }
+  return offset;
+}
+
+template <typename T>
+__global__ void ReducePerThreadKernel(T* y, const T* x, ReducePlan p) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < p.outputs;
+       o += int64_t{gridDim.x} * blockDim.x) {
+    const T* base = x + KeptOffset(p, o);
+    Acc<T> sum = 0;
+    for (int64_t k = 0; k < p.reduced; ++k) sum += static_cast<Acc<T>>(base[ReducedOffset(p, k)]);
+    y[o] = static_cast<T>(sum);
+  }
+}
+
+// blockDim.x is a power of two <= kMaxThreads.
+template <typename T>
+__global__ void ReducePerBlockKernel(T* y, const T* x, ReducePlan p) {
+  __shared__ Acc<T> partial[kMaxThreads];
+  const int tid = threadIdx.x;
+  for (int64_t o = blockIdx.x; o < p.outputs; o += gridDim.x) {
+    const T* base = x + KeptOffset(p, o);
+    Acc<T> sum = 0;
+    for (int64_t k = tid; k < p.reduced; k += blockDim.x) sum += static_cast<Acc<T>>(base[ReducedOffset(p, k)]);
+    partial[tid] = sum;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (tid < s) partial[tid] += partial[tid + s];
+      __syncthreads();
+    }
+    if (tid == 0) y[o] = static_cast<T>(partial[0]);
+    __syncthreads();  // partial[0] is read before the next output overwrites it
+  }
+}
+
+template <typename T>
+cudaError_t ReduceSum(T* y, const T* x, const ReducePlan& p, cudaStream_t stream) {
+  if (p.outputs <= 0) return cudaSuccess;
+  if (p.kept_rank < 0 || p.kept_rank > kMaxReduceDims || p.reduced_rank < 0 || p.reduced_rank > kMaxReduceDims) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.reduced < kBlockMinTerms) {
+    const int64_t blocks = std::min(kMaxBlocks, (p.outputs + kMaxThreads - 1) / kMaxThreads);
+    ReducePerThreadKernel<T><<<blocks, kMaxThreads, 0, stream>>>(y, x, p);
+  } else {
+    int threads = 32;
+    while (threads < kMaxThreads && threads < p.reduced) threads *= 2;
+    const int64_t blocks = std::min(kMaxBlocks, p.outputs);
+    ReducePerBlockKernel<T><<<blocks, threads, 0, stream>>>(y, x, p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchReduceSum(float* y, const float* x, const ReducePlan& plan, cudaStream_t stream) {
+  return ReduceSum(y, x, plan, stream);
+}
+cudaError_t LaunchReduceSum(double* y, const double* x, const ReducePlan& plan, cudaStream_t stream) {
+  return ReduceSum(y, x, plan, stream);
+}
+cudaError_t LaunchReduceSum(int64_t* y, const int64_t* x, const ReducePlan& plan, cudaStream_t stream) {
+  return ReduceSum(y, x, plan, stream);
+}
+
+}  // namespace cuda
+}  // namespace strata
