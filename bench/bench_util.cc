@@ -12,11 +12,12 @@
 namespace strata {
 namespace bench {
 
-absl::StatusOr<RankPlan> CompileText(const std::string& text, int64_t batch_size) {
+absl::StatusOr<RankPlan> CompileText(const std::string& text, int64_t batch_size, DeviceKind device_kind) {
   auto program = ParseProgramText(text, "generated");
   if (!program.ok()) return program.status();
   CompileOptions options;
   options.batch_size = batch_size;
+  options.device_kind = device_kind;
   auto result = Compile(*program, Strategy(), options);
   if (!result.ok()) return result.status();
   if (result->plans.size() != 1) {
@@ -25,10 +26,11 @@ absl::StatusOr<RankPlan> CompileText(const std::string& text, int64_t batch_size
   return std::move(result->plans[0]);
 }
 
-absl::StatusOr<RankPlan> CompileGenerated(const std::string& model, const GenOptions& options, int64_t batch_size) {
+absl::StatusOr<RankPlan> CompileGenerated(const std::string& model, const GenOptions& options, int64_t batch_size,
+                                          DeviceKind device_kind) {
   auto text = GenerateProgram(model, options);
   if (!text.ok()) return text.status();
-  return CompileText(*text, batch_size);
+  return CompileText(*text, batch_size, device_kind);
 }
 
 absl::StatusOr<std::map<std::string, Tensor>> SyntheticFeeds(const Executor& executor, int64_t batch_size,

@@ -26,10 +26,12 @@ inline double SecondsSince(Clock::time_point t0) {
 }
 
 // `strata gen <model>` with `options`, parsed and compiled for one device at `batch_size`.
-absl::StatusOr<RankPlan> CompileGenerated(const std::string& model, const GenOptions& options, int64_t batch_size);
+absl::StatusOr<RankPlan> CompileGenerated(const std::string& model, const GenOptions& options, int64_t batch_size,
+                                          DeviceKind device_kind = DEVICE_CPU);
 
 // Parses and compiles program text for one device at `batch_size`.
-absl::StatusOr<RankPlan> CompileText(const std::string& text, int64_t batch_size);
+absl::StatusOr<RankPlan> CompileText(const std::string& text, int64_t batch_size,
+                                     DeviceKind device_kind = DEVICE_CPU);
 
 // One tensor per feed the executor reads: floats uniform in [0, 1), integer
 // labels uniform in [0, num_classes). Deterministic in `seed`.
