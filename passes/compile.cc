@@ -181,6 +181,10 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
       for (const auto& n : per_rank->PassNames()) result.pass_names.push_back(n);
       if (per_rank->dumped()) result.dumped = *per_rank->dumped();
     }
+    if (per_rank->dumped()) {
+      result.dumped_ranks.resize(world);
+      result.dumped_ranks[rank] = *per_rank->dumped();
+    }
     if (rank_graph->num_ops() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage(), " has no ops"));
     }

@@ -22,7 +22,11 @@ struct CompileOptions {
 
 struct CompileResult {
   std::vector<RankPlan> plans;  // one per rank
-  Program dumped;               // the program after options.dump_after, if named
+  // The program after options.dump_after, if named: for a pass that runs on
+  // the whole program, `dumped`; for one that runs per rank, rank 0's there
+  // and every rank's in `dumped_ranks` (index = rank).
+  Program dumped;
+  std::vector<Program> dumped_ranks;
   std::vector<std::string> pass_names;
   int64_t batch_size = 0;       // the global mini-batch the plans were made for
   PhaseTimes times;             // seconds per pass and phase, summed over ranks

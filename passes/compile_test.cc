@@ -1,6 +1,7 @@
 #include "passes/compile.h"
 
 #include "compiler/program_text.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "passes/pipeline_builder.h"
 
@@ -65,6 +66,53 @@ TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();
   }
+}
+
+// A pass that runs per rank leaves one program per rank; each is that rank's
+// (its own stage's ops), not rank 0's for all.
+TEST(CompileTest, DumpAfterAPerRankPassKeepsEveryRanksProgram) {
+  auto p = ParseProgramText(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "w0" dtype: F32 shape: [4, 4] kind: PARAM }
+    var { name: "w1" dtype: F32 shape: [4, 4] kind: PARAM }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w1"] output: ["y"] device: "gpu:1" }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb", "two_stages.pbtxt");
+  ASSERT_TRUE(p.ok()) << p.status();
+  Strategy pipeline;
+  pipeline.mutable_pipeline()->set_micro_batch_size(2);
+  pipeline.mutable_pipeline()->set_accumulate_steps(2);
+  auto has_param = [](const Program& program, const std::string& name) {
+    for (const Op& op : program.op()) {
+      for (const std::string& in : op.input()) {
+        if (in == name) return true;
+      }
+    }
+    return false;
+  };
+  for (const char* pass : {"pipeline-split", "micro-batch"}) {
+    SCOPED_TRACE(pass);
+    CompileOptions options;
+    options.dump_after = pass;
+    auto r = Compile(*p, pipeline, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->dumped_ranks.size(), 2u);
+    EXPECT_TRUE(has_param(r->dumped_ranks[0], "w0"));
+    EXPECT_FALSE(has_param(r->dumped_ranks[0], "w1"));
+    EXPECT_TRUE(has_param(r->dumped_ranks[1], "w1"));
+    EXPECT_FALSE(has_param(r->dumped_ranks[1], "w0"));
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(r->dumped, r->dumped_ranks[0]));
+  }
+  // A whole-program pass leaves one program and no per-rank ones.
+  CompileOptions options;
+  options.dump_after = "autodiff";
+  auto r = Compile(*p, pipeline, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dumped_ranks.empty());
+  EXPECT_TRUE(has_param(r->dumped, "w0") && has_param(r->dumped, "w1"));
 }
 
 }  // namespace

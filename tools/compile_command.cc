@@ -85,9 +85,21 @@ int CompileCommand(const std::string& path) {
     return kExitError;
   }
   if (!dump_after.empty()) {
-    if (auto s = WriteFileAtomically(absl::StrCat(out, "/after_", dump_after, ".pbtxt"), ProgramToText(result->dumped)); !s.ok()) {
-      std::cerr << "error: " << s.message() << "\n";
-      return kExitError;
+    // A pass that runs per rank (pipeline-split and after) leaves one program
+    // per rank: after_PASS.rank_R.pbtxt, unless there is one rank.
+    std::vector<std::pair<std::string, const Program*>> dumps;
+    if (result->dumped_ranks.size() > 1) {
+      for (size_t r = 0; r < result->dumped_ranks.size(); ++r) {
+        dumps.push_back({absl::StrCat(out, "/after_", dump_after, ".rank_", r, ".pbtxt"), &result->dumped_ranks[r]});
+      }
+    } else {
+      dumps.push_back({absl::StrCat(out, "/after_", dump_after, ".pbtxt"), &result->dumped});
+    }
+    for (const auto& [file, program] : dumps) {
+      if (auto s = WriteFileAtomically(file, ProgramToText(*program)); !s.ok()) {
+        std::cerr << "error: " << s.message() << "\n";
+        return kExitError;
+      }
     }
   }
   std::cout << "wrote " << result->plans.size() << " plan(s) and schedule.txt to " << out << "\n";
