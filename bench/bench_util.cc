@@ -1,6 +1,7 @@
 #include "bench/bench_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 
@@ -91,6 +92,33 @@ int64_t IntFlag(int argc, char** argv, const std::string& name, int64_t fallback
     std::exit(2);
   }
   return v;
+}
+
+absl::StatusOr<StepTimes> TimeTrainSteps(Executor& executor, const std::map<std::string, Tensor>& feeds,
+                                         int64_t warmup, int64_t steps) {
+  StepTimes times;
+  for (int64_t i = 0; i < std::max<int64_t>(warmup, 5); ++i) {
+    auto r = executor.TrainStep(feeds, 0);
+    if (!r.ok()) return r.status();
+    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("warm-up step ", i, ": loss ", r->loss));
+    if (i == 0) times.first_loss = r->loss;
+    times.last_loss = r->loss;
+  }
+  if (!(times.last_loss < times.first_loss)) {
+    return absl::InternalError(absl::StrCat("validation: loss did not fall on a fixed batch (", times.first_loss,
+                                            " -> ", times.last_loss, ")"));
+  }
+  times.ms.reserve(steps);
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto t0 = Clock::now();
+    auto r = executor.TrainStep(feeds, 0);
+    const double secs = SecondsSince(t0);
+    if (!r.ok()) return r.status();
+    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("step ", i, ": loss ", r->loss));
+    times.last_loss = r->loss;
+    times.ms.push_back(secs * 1e3);
+  }
+  return times;
 }
 
 }  // namespace bench

@@ -40,6 +40,18 @@ absl::StatusOr<std::map<std::string, Tensor>> SyntheticFeeds(const Executor& exe
 
 double Median(std::vector<double> values);
 
+// The loss of the first and last step and each timed step's milliseconds.
+struct StepTimes {
+  double first_loss = 0;
+  double last_loss = 0;
+  std::vector<double> ms;
+};
+// Runs max(warmup, 5) training steps on `feeds`, which must give finite
+// losses and lower the loss on the fixed batch (Adam does), then times
+// `steps` more, each until its loss is on the host.
+absl::StatusOr<StepTimes> TimeTrainSteps(Executor& executor, const std::map<std::string, Tensor>& feeds,
+                                         int64_t warmup, int64_t steps);
+
 // The value of `--name=V` or `--name V` in argv, else `fallback`.
 std::string FlagValue(int argc, char** argv, const std::string& name, const std::string& fallback);
 int64_t IntFlag(int argc, char** argv, const std::string& name, int64_t fallback);

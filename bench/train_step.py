@@ -24,48 +24,10 @@ BATCH = {"mlp": 256, "convnet": 64}
 
 def torch_side(model, batch, warmup, steps, threads):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    if model == "mlp":
-        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                            nn.Linear(128, 100), nn.ReLU(), nn.Linear(100, 10))
-        x = torch.rand(batch, 784)
-    elif model == "convnet":
-        net = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                            nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-        x = torch.rand(batch, 1, 28, 28)
-    else:
-        raise SystemExit("unknown model " + model)
-    y = torch.randint(0, 10, (batch,))
-    # The Strata program also computes accuracy and a cosine learning rate each step.
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1_000_000)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = net(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(1) == y).float().mean()
-        loss.backward()
-        opt.step()
-        sched.step()
-        return loss.item(), acc.item()
-
-    first = last = None
-    for i in range(max(warmup, 5)):
-        last, _ = step()
-        first = last if first is None else first
-    if not last < first:
-        raise SystemExit("torch validation: loss did not fall on a fixed batch (%g -> %g)" % (first, last))
-    ms = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        last, _ = step()
-        ms.append((time.perf_counter() - t0) * 1e3)
+    step = bench_common.torch_train_step(model, batch)
+    first, last, ms = bench_common.time_steps(step, warmup, steps)
     print("RESULT side=torch model=%s batch=%d threads=%d median_ms=%.4f min_ms=%.4f loss_first=%.5f loss_last=%.5f"
           % (model, batch, torch.get_num_threads(), bench_common.median(ms), min(ms), first, last))
 

@@ -39,29 +39,10 @@ absl::Status Run(const std::string& model, int64_t batch, int64_t warmup, int64_
     feeds[name] = *on_gpu;
   }
 
-  double first_loss = 0, last_loss = 0;
-  for (int64_t i = 0; i < std::max<int64_t>(warmup, 5); ++i) {
-    auto r = e.TrainStep(feeds, 0);
-    if (!r.ok()) return r.status();
-    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("warm-up step ", i, ": loss ", r->loss));
-    if (i == 0) first_loss = r->loss;
-    last_loss = r->loss;
-  }
-  if (!(last_loss < first_loss)) {
-    return absl::InternalError(
-        absl::StrCat("validation: loss did not fall on a fixed batch (", first_loss, " -> ", last_loss, ")"));
-  }
-  std::vector<double> ms;
-  ms.reserve(steps);
-  for (int64_t i = 0; i < steps; ++i) {
-    auto t0 = Clock::now();
-    auto r = e.TrainStep(feeds, 0);  // returns after the loss and accuracy are on the host
-    const double secs = SecondsSince(t0);
-    if (!r.ok()) return r.status();
-    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("step ", i, ": loss ", r->loss));
-    last_loss = r->loss;
-    ms.push_back(secs * 1e3);
-  }
+  auto times = TimeTrainSteps(e, feeds, warmup, steps);
+  if (!times.ok()) return times.status();
+  const std::vector<double>& ms = times->ms;
+  const double first_loss = times->first_loss, last_loss = times->last_loss;
   const CachingAllocator::Stats stats = (*device)->caching_allocator()->stats();
   std::printf(
       "RESULT side=strata model=%s batch=%lld ops=%d median_ms=%.4f min_ms=%.4f loss_first=%.5f loss_last=%.5f "

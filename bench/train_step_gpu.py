@@ -16,11 +16,14 @@ On the GPU machine, from the repository root:
 
 import argparse
 import datetime
+import os
 import shlex
 import statistics
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common  # noqa: E402
 
 
 VARIANTS = {
@@ -32,44 +35,12 @@ VARIANTS = {
 
 def torch_side(batch, warmup, steps, variant):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                        nn.Linear(128, 100), nn.ReLU(), nn.Linear(100, 10)).to(dev)
-    x = torch.rand(batch, 784, device=dev)
-    y = torch.randint(0, 10, (batch,), device=dev)
-    # The Strata program also computes accuracy and a cosine learning rate each step.
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3, fused=variant != "eager")
-    if variant == "compile":
-        net = torch.compile(net)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1_000_000)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = net(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(1) == y).float().mean()
-        loss.backward()
-        opt.step()
-        sched.step()
-        return loss.item(), acc.item()
-
-    first = last = None
-    for _ in range(max(warmup, 5)):
-        last, _ = step()
-        first = last if first is None else first
-    if not last < first:
-        raise SystemExit("error: torch validation: loss did not fall on a fixed batch (%g -> %g)" % (first, last))
-    ms = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        ms.append((time.perf_counter() - t0) * 1e3)
+    step = bench_common.torch_train_step("mlp", batch, device="cuda", fused_adam=variant != "eager",
+                                         compile_model=variant == "compile")
+    _, _, ms = bench_common.time_steps(step, warmup, steps)
     return statistics.median(ms), min(ms)
 
 

@@ -29,29 +29,10 @@ absl::Status Run(const std::string& model, int64_t batch, int64_t warmup, int64_
 
   // Validate before timing: finite losses, and Adam on one fixed batch must
   // lower the loss over the warm-up steps.
-  double first_loss = 0, last_loss = 0;
-  for (int64_t i = 0; i < std::max<int64_t>(warmup, 5); ++i) {
-    auto r = e.TrainStep(*feeds, 0);
-    if (!r.ok()) return r.status();
-    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("warm-up step ", i, ": loss ", r->loss));
-    if (i == 0) first_loss = r->loss;
-    last_loss = r->loss;
-  }
-  if (!(last_loss < first_loss)) {
-    return absl::InternalError(absl::StrCat("validation: loss did not fall on a fixed batch (", first_loss, " -> ", last_loss, ")"));
-  }
-
-  std::vector<double> ms;
-  ms.reserve(steps);
-  for (int64_t i = 0; i < steps; ++i) {
-    auto t0 = Clock::now();
-    auto r = e.TrainStep(*feeds, 0);
-    double secs = SecondsSince(t0);
-    if (!r.ok()) return r.status();
-    if (!std::isfinite(r->loss)) return absl::InternalError(absl::StrCat("step ", i, ": loss ", r->loss));
-    last_loss = r->loss;
-    ms.push_back(secs * 1e3);
-  }
+  auto times = TimeTrainSteps(e, *feeds, warmup, steps);
+  if (!times.ok()) return times.status();
+  const std::vector<double>& ms = times->ms;
+  const double first_loss = times->first_loss, last_loss = times->last_loss;
   std::printf("RESULT side=strata model=%s batch=%lld threads=%d ops=%d median_ms=%.4f min_ms=%.4f loss_first=%.5f loss_last=%.5f\n",
               model.c_str(), static_cast<long long>(batch), IntraOpThreads(), plan->program().op_size(), Median(ms),
               *std::min_element(ms.begin(), ms.end()), first_loss, last_loss);

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "passes/compile.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/cuda_test_util.h"
 #include "runtime/trainer.h"
 #include "tools/model_gen.h"
 
@@ -52,11 +53,8 @@ absl::StatusOr<TrainReport> TrainOn(const RankPlan& plan, Device* device) {
 class GpuTrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = CudaDevice::Create(0);
-    ASSERT_TRUE(device.ok()) << device.status()
-                             << ". This test is tagged gpu: filter it out with --test_tag_filters=-gpu, or run "
-                                "it on a GPU machine (kernels/cuda/README.md).";
-    device_ = *std::move(device);
+    device_ = testing::CudaDeviceOrFail();
+    ASSERT_NE(device_, nullptr);
   }
   std::unique_ptr<CudaDevice> device_;
 };

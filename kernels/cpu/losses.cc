@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -26,16 +27,7 @@ using nn_kernels::Scratch;
 // label is in [0, C) so that no kernel indexes out of bounds.
 absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Tensor& label, int64_t* rows,
                                   int64_t* classes) {
-  const int r = logits.rank();
-  bool ok = r >= 2 && label.dtype() == I64 && label.rank() == r - 1;
-  for (int i = 0; ok && i < r - 1; ++i) ok = logits.dim(i) == label.dim(i);
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": label ", DataTypeName(label.dtype()),
-                                                   ShapeString(label.shape()), " does not match logits ",
-                                                   ShapeString(logits.shape())));
-  }
-  *classes = logits.dim(r - 1);
-  *rows = label.num_elements();
+  STRATA_RETURN_IF_ERROR(kernel_checks::CheckLogitsAndLabelShapes(op, logits, label, rows, classes));
   const int64_t* pl = label.data<int64_t>();
   for (int64_t i = 0; i < *rows; ++i) {
     if (pl[i] < 0 || pl[i] >= *classes) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -43,36 +44,9 @@ KernelFactory InitFactory() {
   };
 }
 
-// The update ops own their inputs' buffers (persistent vars): writing through
-// the const input is the in-place update the schema declares.
-template <typename T>
-T* MutableData(const Tensor& t) {
-  return const_cast<T*>(t.data<T>());
-}
-
-// Runtime guard: input i has `like`'s dtype and element count. Shape inference
-// promises this; the check keeps a mismatched feed from reading out of bounds.
-absl::Status ExpectLike(const KernelContext& ctx, const char* op, int i, const char* name, int like,
-                        const char* like_name) {
-  const Tensor& a = ctx.input(i);
-  const Tensor& b = ctx.input(like);
-  if (a.dtype() != b.dtype() || a.num_elements() != b.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": input '", name, "' is ", DataTypeName(a.dtype()),
-                                                   ShapeString(a.shape()), " but '", like_name, "' is ",
-                                                   DataTypeName(b.dtype()), ShapeString(b.shape())));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ExpectScalar(const KernelContext& ctx, const char* op, int i, const char* name, DataType dtype) {
-  const Tensor& t = ctx.input(i);
-  if (t.dtype() != dtype || t.num_elements() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": input '", name, "' must be a ", DataTypeName(dtype),
-                                                   " scalar, got ", DataTypeName(t.dtype()),
-                                                   ShapeString(t.shape())));
-  }
-  return absl::OkStatus();
-}
+using kernel_checks::ExpectLike;
+using kernel_checks::ExpectScalar;
+using kernel_checks::MutableData;
 
 // ---------------------------------------------------------------------------
 // sgd_update(param, grad, lr) -> param:  g += wd * p;  p -= lr * g.

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/losses.h"
+#include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
@@ -17,21 +18,7 @@
 namespace strata {
 namespace {
 
-// Rows R and classes C of logits [..., C] with labels [...].
-absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Tensor& label, int64_t* rows,
-                                  int64_t* classes) {
-  const int r = logits.rank();
-  bool ok = r >= 2 && label.dtype() == I64 && label.rank() == r - 1;
-  for (int i = 0; ok && i < r - 1; ++i) ok = logits.dim(i) == label.dim(i);
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": label ", DataTypeName(label.dtype()),
-                                                   ShapeString(label.shape()), " does not match logits ",
-                                                   ShapeString(logits.shape())));
-  }
-  *classes = logits.dim(r - 1);
-  *rows = label.num_elements();
-  return absl::OkStatus();
-}
+using kernel_checks::CheckLogitsAndLabelShapes;
 
 // R doubles of device scratch (one per row), from the device's allocator so
 // its counters see them; the stream-ordered allocator lets the host free it
@@ -54,7 +41,7 @@ class CudaSoftmaxCrossEntropyKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
-    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
     STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_loss, RowScratch(ctx, R));
     return CudaStatus(cuda::LaunchSoftmaxCrossEntropy(loss->data<T>(), logits.data<T>(),
@@ -73,7 +60,7 @@ class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
     const Tensor& logits = ctx.input(0);
     const Tensor& dloss = ctx.input(2);
     int64_t R, C;
-    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
     if (dloss.num_elements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
@@ -98,7 +85,7 @@ class CudaAccuracyKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
-    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("accuracy", logits, ctx.input(1), &R, &C));
+    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("accuracy", logits, ctx.input(1), &R, &C));
     STRATA_ASSIGN_OR_RETURN(Tensor * acc, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_correct, RowScratch(ctx, R));
     return CudaStatus(cuda::LaunchAccuracy(acc->data<T>(), logits.data<T>(), ctx.input(1).data<int64_t>(), R, C, k_,

@@ -20,6 +20,7 @@
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/cuda_test_util.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
@@ -29,11 +30,8 @@ namespace {
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = CudaDevice::Create(0);
-    ASSERT_TRUE(device.ok()) << device.status()
-                             << ". This test is tagged gpu: filter it out with --test_tag_filters=-gpu, or run "
-                                "it on a GPU machine (kernels/cuda/README.md).";
-    device_ = *std::move(device);
+    device_ = testing::CudaDeviceOrFail();
+    ASSERT_NE(device_, nullptr);
     gpu_.device = device_.get();
   }
 

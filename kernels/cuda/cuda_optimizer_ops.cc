@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/kernel_math.h"
 #include "kernels/cuda/optimizers.h"
+#include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
@@ -20,34 +21,9 @@
 namespace strata {
 namespace {
 
-// The update ops own their inputs' buffers (persistent vars): writing through
-// the const input is the in-place update the schema declares.
-template <typename T>
-T* MutableData(const Tensor& t) {
-  return const_cast<T*>(t.data<T>());
-}
-
-absl::Status ExpectLike(const KernelContext& ctx, const char* op, int i, const char* name, int like,
-                        const char* like_name) {
-  const Tensor& a = ctx.input(i);
-  const Tensor& b = ctx.input(like);
-  if (a.dtype() != b.dtype() || a.num_elements() != b.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": input '", name, "' is ", DataTypeName(a.dtype()),
-                                                   ShapeString(a.shape()), " but '", like_name, "' is ",
-                                                   DataTypeName(b.dtype()), ShapeString(b.shape())));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ExpectScalar(const KernelContext& ctx, const char* op, int i, const char* name, DataType dtype) {
-  const Tensor& t = ctx.input(i);
-  if (t.dtype() != dtype || t.num_elements() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": input '", name, "' must be a ", DataTypeName(dtype),
-                                                   " scalar, got ", DataTypeName(t.dtype()),
-                                                   ShapeString(t.shape())));
-  }
-  return absl::OkStatus();
-}
+using kernel_checks::ExpectLike;
+using kernel_checks::ExpectScalar;
+using kernel_checks::MutableData;
 
 // increment(counter) -> counter, in place: counter += by.
 class CudaIncrementKernel : public OpKernel {

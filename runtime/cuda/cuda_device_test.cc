@@ -4,6 +4,7 @@
 // device every test FAILS (never skips).
 
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/cuda_test_util.h"
 
 #include <cuda_runtime_api.h>
 
@@ -22,11 +23,8 @@ namespace {
 class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = CudaDevice::Create(0);
-    ASSERT_TRUE(device.ok()) << device.status()
-                             << ". This test is tagged gpu: filter it out with --test_tag_filters=-gpu, or run "
-                                "it on a GPU machine (kernels/cuda/README.md).";
-    device_ = *std::move(device);
+    device_ = testing::CudaDeviceOrFail();
+    ASSERT_NE(device_, nullptr);
   }
   std::unique_ptr<CudaDevice> device_;
 };
