@@ -18,6 +18,7 @@
 #include "passes/schedule.h"
 #include "passes/verify_schedule.h"
 #include "proto/fnv1a.h"
+#include "proto/status_macros.h"
 
 namespace strata {
 namespace {
@@ -85,6 +86,211 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   return absl::OkStatus();
 }
 
+namespace {
+
+// The layout the ranks share, known once the program-level passes have run.
+struct Layout {
+  CompileContext ctx;             // mesh, micro-batches, batch size; rank unset
+  int64_t micro_batch_size = 0;
+  ScheduleKind schedule = ONE_F_ONE_B;
+};
+
+// Validates the user's program (reports name its lines) and the strategy
+// against it; refuses what is not built yet.
+absl::Status ValidateInputs(Program& program, const Strategy& strategy, const CompileOptions& options,
+                            const std::string& strategy_file, CompileResult& result) {
+  {
+    ScopedPhase phase(&result.times, "validate");
+    STRATA_RETURN_IF_ERROR(ValidateAndInferProgram(&program));
+  }
+  result.pass_names = {"validate"};
+  if (options.dump_after == "validate") result.dumped = program;
+  STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
+  const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
+  if (dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
+    return absl::UnimplementedError(absl::StrCat(
+        strategy_file, ": data_parallel, gradient_merge and recompute are not built yet in this version; "
+                       "pipeline is"));
+  }
+  return absl::OkStatus();
+}
+
+// The validated program as a Graph, through the program-level pipeline
+// (placement, autodiff).
+absl::StatusOr<std::unique_ptr<Graph>> RunProgramPasses(const Program& program, const Strategy& strategy,
+                                                       const CompileOptions& options, const CompileContext& ctx,
+                                                       CompileResult& result) {
+  std::unique_ptr<Graph> graph;
+  {
+    ScopedPhase phase(&result.times, "to-graph");
+    auto g = Graph::FromProgram(program);
+    if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
+    graph = *std::move(g);
+  }
+  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy);
+  if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
+  pipeline->set_times(&result.times);
+  if (auto s = pipeline->Run(*graph, ctx); !s.ok()) return s.status();
+  for (const auto& n : pipeline->PassNames()) result.pass_names.push_back(n);
+  if (pipeline->dumped()) result.dumped = *pipeline->dumped();
+  return graph;
+}
+
+// The mesh, now that placement has said how many stages the program has
+// (without a pipeline section a placed program runs all its stages on one
+// device), and the batch sizes.
+absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, const CompileOptions& options,
+                                  const std::string& strategy_file, CompileContext ctx) {
+  const bool pipelined = strategy.has_pipeline();
+  const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
+  auto mesh = Mesh::Create({{"dp", dp}, {"pp", pipelined ? NumStages(graph) : 1}});
+  if (!mesh.ok()) return absl::InvalidArgumentError(absl::StrCat(strategy_file, ": ", mesh.status().message()));
+  Layout layout;
+  layout.ctx = std::move(ctx);
+  layout.ctx.mesh = *std::move(mesh);
+  layout.ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
+  layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()
+                                      : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
+  layout.ctx.batch_size = layout.micro_batch_size * layout.ctx.micro_batches * dp;
+  // Every rank sums its part of the global gradient norm in one dtype, so
+  // their allreduce matches, a rank with no parameters of its own included.
+  std::set<DataType> dtypes;
+  for (const auto& [param, grad] : graph.program_fields().param_grad()) {
+    if (const int v = graph.FindVar(param); v >= 0) dtypes.insert(graph.dtype(v));
+  }
+  layout.ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
+  layout.schedule = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
+  return layout;
+}
+
+// Rank `rank`'s plan: the per-rank pipeline (pipeline split, optimizer,
+// micro-batch) on `graph`, the rank's place in the mesh, its schedule, and a
+// first memory plan (sends released at the step's end).
+absl::StatusOr<RankPlan> CompileRank(int rank, Graph& graph, const Layout& layout, const Strategy& strategy,
+                                     const CompileOptions& options, const std::string& source_file,
+                                     CompileResult& result) {
+  const CompileContext& ctx = layout.ctx;
+  CompileContext rank_ctx = ctx;
+  rank_ctx.rank = rank;
+  std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy);
+  if (!options.dump_after.empty()) per_rank->set_dump_after(options.dump_after);
+  per_rank->set_times(&result.times);
+  if (auto s = per_rank->Run(graph, rank_ctx); !s.ok()) return s.status();
+  if (rank == 0) {
+    for (const auto& n : per_rank->PassNames()) result.pass_names.push_back(n);
+    if (per_rank->dumped()) result.dumped = *per_rank->dumped();
+  }
+  if (per_rank->dumped()) {
+    result.dumped_ranks.resize(ctx.mesh.world_size());
+    result.dumped_ranks[rank] = *per_rank->dumped();
+  }
+  if (graph.num_ops() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage(), " has no ops"));
+  }
+  RankPlan plan;
+  plan.set_rank(rank);
+  Topology* topo = plan.mutable_topology();
+  topo->set_world_size(ctx.mesh.world_size());
+  topo->set_num_stages(ctx.num_stages());
+  topo->set_dp_degree(ctx.dp_degree());
+  topo->set_rank(rank);
+  topo->set_stage(rank_ctx.stage());
+  topo->set_dp_rank(rank_ctx.dp_rank());
+  *topo->mutable_mesh() = ctx.mesh.ToProto();
+  for (int c : ctx.mesh.Coordinates(rank)) topo->add_coordinate(c);
+  for (CommGroup& g : ctx.mesh.GroupsOf(rank)) *topo->add_group() = std::move(g);
+  *plan.mutable_strategy() = strategy;
+  plan.set_device_kind(options.device_kind);
+  *plan.mutable_schedule() = BuildSchedule(layout.schedule, ctx.num_stages(), rank_ctx.stage(), ctx.micro_batches);
+  plan.mutable_schedule()->set_micro_batch_size(layout.micro_batch_size);
+  {
+    ScopedPhase phase(&result.times, "to-program");
+    *plan.mutable_program() = graph.ToProgram();
+  }
+  {
+    ScopedPhase phase(&result.times, "memory-plan");
+    auto memory = PlanMemory(plan.program(), plan.schedule(), layout.micro_batch_size, nullptr, 0,
+                             options.device_kind);
+    if (!memory.ok()) return memory.status();
+    *plan.mutable_memory() = std::move(*memory);
+  }
+  return plan;
+}
+
+// Every rank's plan through the per-rank pipeline. The last rank takes the
+// graph itself; earlier ones start from a copy of the program after autodiff.
+absl::Status CompileRanks(std::unique_ptr<Graph> graph, const Layout& layout, const Strategy& strategy,
+                          const CompileOptions& options, const std::string& source_file, CompileResult& result) {
+  const int world = layout.ctx.mesh.world_size();
+  std::optional<Program> after_autodiff;
+  for (int rank = 0; rank < world; ++rank) {
+    std::unique_ptr<Graph> own;
+    Graph* rank_graph = graph.get();
+    if (rank + 1 < world) {
+      ScopedPhase phase(&result.times, "copy-rank");
+      if (!after_autodiff.has_value()) after_autodiff = graph->ToProgram();
+      auto copy = Graph::FromProgram(*after_autodiff);
+      if (!copy.ok()) return copy.status();
+      own = *std::move(copy);
+      rank_graph = own.get();
+    }
+    STRATA_ASSIGN_OR_RETURN(RankPlan plan, CompileRank(rank, *rank_graph, layout, strategy, options, source_file,
+                                                       result));
+    result.plans.push_back(std::move(plan));
+  }
+  return absl::OkStatus();
+}
+
+// Verifies the schedules, places every rank's actions in time by the cost
+// model's estimate of its work (so an unbalanced placement shows in the
+// bubble and in when sent buffers go), and plans memory again with sent
+// buffers held until their receivers take them: the executor waits for each
+// send at the end of the action the timeline says its receiver takes it by,
+// or later where waiting there could hang the ranks.
+absl::Status PlaceInTime(const Layout& layout, const CompileOptions& options, CompileResult& result) {
+  const int world = static_cast<int>(result.plans.size());
+  Timeline timeline;
+  std::vector<std::pair<double, double>> costs;  // per rank: forward, backward
+  {
+    ScopedPhase phase(&result.times, "verify-schedule");
+    if (auto s = VerifySchedules(result.plans); !s.ok()) {
+      return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
+    }
+    for (const RankPlan& plan : result.plans) {
+      const ActionCosts c =
+          world > 1 ? EstimateActionCosts(plan.program(), layout.micro_batch_size) : ActionCosts{1, 2};
+      costs.push_back({c.forward, c.backward});
+    }
+    timeline = SimulateTimeline(result.plans, costs);
+  }
+  std::vector<SendRelease> releases;
+  if (world > 1) {
+    ScopedPhase phase(&result.times, "send-waits");
+    for (size_t r = 0; r < result.plans.size(); ++r) {
+      releases.push_back(SendReleaseActions(result.plans, timeline, static_cast<int>(r)));
+    }
+    STRATA_RETURN_IF_ERROR(DeferDeadlockingSendWaits(result.plans, &releases));
+  }
+  for (size_t r = 0; r < result.plans.size(); ++r) {
+    RankPlan& plan = result.plans[r];
+    if (world > 1) {
+      ScopedPhase phase(&result.times, "memory-plan");
+      auto memory = PlanMemory(plan.program(), plan.schedule(), layout.micro_batch_size, &releases[r], 0,
+                               options.device_kind);
+      if (!memory.ok()) return memory.status();
+      *plan.mutable_memory() = std::move(*memory);
+    }
+    plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
+    if (world > 1) {
+      plan.mutable_memory()->set_forward_cost(costs[r].first);
+      plan.mutable_memory()->set_backward_cost(costs[r].second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& strategy, const CompileOptions& options,
                                       const std::string& strategy_file) {
   CompileResult result;
@@ -100,165 +306,14 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
     ScopedPhase phase(&result.times, "copy-in");
     program = input;
   }
+  STRATA_RETURN_IF_ERROR(ValidateInputs(program, strategy, options, strategy_file, result));
   CompileContext ctx;
   ctx.strategy = strategy;
-  // Validation reads the user's program and reports against its lines; the
-  // passes after it run on the Graph IR.
-  {
-    ScopedPhase phase(&result.times, "validate");
-    if (auto s = ValidateAndInferProgram(&program); !s.ok()) return s;
-  }
-  result.pass_names = {"validate"};
-  if (options.dump_after == "validate") result.dumped = program;
-  if (auto s = ValidateStrategy(strategy, program, options.batch_size, strategy_file); !s.ok()) return s;
-
-  const bool pipelined = strategy.has_pipeline();
-  const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
-  if (dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
-    return absl::UnimplementedError(absl::StrCat(
-        strategy_file, ": data_parallel, gradient_merge and recompute are not built yet in this version; "
-                       "pipeline is"));
-  }
-
-  std::unique_ptr<Graph> graph;
-  {
-    ScopedPhase phase(&result.times, "to-graph");
-    auto g = Graph::FromProgram(program);
-    if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
-    graph = *std::move(g);
-  }
-  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy);
-  if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
-  pipeline->set_times(&result.times);
-  if (auto s = pipeline->Run(*graph, ctx); !s.ok()) return s.status();
-  for (const auto& n : pipeline->PassNames()) result.pass_names.push_back(n);
-  if (pipeline->dumped()) result.dumped = *pipeline->dumped();
-
-  // The layout, now that placement has said how many stages the program has.
-  // Without a pipeline section a placed program runs all its stages on one device.
-  auto mesh = Mesh::Create({{"dp", dp}, {"pp", pipelined ? NumStages(*graph) : 1}});
-  if (!mesh.ok()) return absl::InvalidArgumentError(absl::StrCat(strategy_file, ": ", mesh.status().message()));
-  ctx.mesh = *std::move(mesh);
-  ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
-  const int64_t micro_batch_size =
-      pipelined ? strategy.pipeline().micro_batch_size()
-                : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
-  ctx.batch_size = micro_batch_size * ctx.micro_batches * dp;
-
-  // Every rank sums its part of the global gradient norm in one dtype, so
-  // their allreduce matches, a rank with no parameters of its own included.
-  {
-    std::set<DataType> dtypes;
-    for (const auto& [param, grad] : graph->program_fields().param_grad()) {
-      if (const int v = graph->FindVar(param); v >= 0) dtypes.insert(graph->dtype(v));
-    }
-    ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
-  }
-  const ScheduleKind kind = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
-  const int world = ctx.mesh.world_size();
-  const std::string source_file = program.source_file();
-  std::optional<Program> after_autodiff;  // what ranks before the last start from
-  for (int rank = 0; rank < world; ++rank) {
-    CompileContext rank_ctx = ctx;
-    rank_ctx.rank = rank;
-    // The last rank takes the graph itself; earlier ones start from a copy
-    // of the program after autodiff.
-    std::unique_ptr<Graph> own;
-    Graph* rank_graph = graph.get();
-    if (rank + 1 < world) {
-      ScopedPhase phase(&result.times, "copy-rank");
-      if (!after_autodiff.has_value()) after_autodiff = graph->ToProgram();
-      auto copy = Graph::FromProgram(*after_autodiff);
-      if (!copy.ok()) return copy.status();
-      own = *std::move(copy);
-      rank_graph = own.get();
-    }
-    std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy);
-    if (!options.dump_after.empty()) per_rank->set_dump_after(options.dump_after);
-    per_rank->set_times(&result.times);
-    if (auto s = per_rank->Run(*rank_graph, rank_ctx); !s.ok()) return s.status();
-    if (rank == 0) {
-      for (const auto& n : per_rank->PassNames()) result.pass_names.push_back(n);
-      if (per_rank->dumped()) result.dumped = *per_rank->dumped();
-    }
-    if (per_rank->dumped()) {
-      result.dumped_ranks.resize(world);
-      result.dumped_ranks[rank] = *per_rank->dumped();
-    }
-    if (rank_graph->num_ops() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source_file, ": stage ", rank_ctx.stage(), " has no ops"));
-    }
-    RankPlan plan;
-    plan.set_rank(rank);
-    Topology* topo = plan.mutable_topology();
-    topo->set_world_size(world);
-    topo->set_num_stages(ctx.num_stages());
-    topo->set_dp_degree(ctx.dp_degree());
-    topo->set_rank(rank);
-    topo->set_stage(rank_ctx.stage());
-    topo->set_dp_rank(rank_ctx.dp_rank());
-    *topo->mutable_mesh() = ctx.mesh.ToProto();
-    for (int c : ctx.mesh.Coordinates(rank)) topo->add_coordinate(c);
-    for (CommGroup& g : ctx.mesh.GroupsOf(rank)) *topo->add_group() = std::move(g);
-    *plan.mutable_strategy() = strategy;
-    plan.set_device_kind(options.device_kind);
-    *plan.mutable_schedule() = BuildSchedule(kind, ctx.num_stages(), rank_ctx.stage(), ctx.micro_batches);
-    plan.mutable_schedule()->set_micro_batch_size(micro_batch_size);
-    {
-      ScopedPhase phase(&result.times, "to-program");
-      *plan.mutable_program() = rank_graph->ToProgram();
-    }
-    {
-      ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, nullptr, 0, options.device_kind);
-      if (!memory.ok()) return memory.status();
-      *plan.mutable_memory() = std::move(*memory);
-    }
-    result.plans.push_back(std::move(plan));
-  }
-  Timeline timeline;
-  std::vector<std::pair<double, double>> costs;  // per rank: forward, backward
-  {
-    ScopedPhase phase(&result.times, "verify-schedule");
-    if (auto s = VerifySchedules(result.plans); !s.ok()) {
-      return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
-    }
-    // Actions placed by the cost model's estimate of each rank's work, so an
-    // unbalanced placement shows in the bubble and in when sent buffers go.
-    for (const RankPlan& plan : result.plans) {
-      const ActionCosts c =
-          world > 1 ? EstimateActionCosts(plan.program(), micro_batch_size) : ActionCosts{1, 2};
-      costs.push_back({c.forward, c.backward});
-    }
-    timeline = SimulateTimeline(result.plans, costs);
-  }
-  // Now that every rank's actions are placed in time, sent buffers are held
-  // until their receivers take them: the executor waits for each send at the
-  // end of the action the timeline says its receiver takes it by, or later
-  // where waiting there could hang the ranks.
-  std::vector<SendRelease> releases;
-  if (world > 1) {
-    ScopedPhase phase(&result.times, "send-waits");
-    for (size_t r = 0; r < result.plans.size(); ++r) {
-      releases.push_back(SendReleaseActions(result.plans, timeline, static_cast<int>(r)));
-    }
-    if (auto s = DeferDeadlockingSendWaits(result.plans, &releases); !s.ok()) return s;
-  }
-  for (size_t r = 0; r < result.plans.size(); ++r) {
-    RankPlan& plan = result.plans[r];
-    if (world > 1) {
-      ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(plan.program(), plan.schedule(), micro_batch_size, &releases[r], 0, options.device_kind);
-      if (!memory.ok()) return memory.status();
-      *plan.mutable_memory() = std::move(*memory);
-    }
-    plan.mutable_memory()->set_bubble_fraction(timeline.bubble[r]);
-    if (world > 1) {
-      plan.mutable_memory()->set_forward_cost(costs[r].first);
-      plan.mutable_memory()->set_backward_cost(costs[r].second);
-    }
-  }
-  result.batch_size = ctx.batch_size;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, RunProgramPasses(program, strategy, options, ctx, result));
+  STRATA_ASSIGN_OR_RETURN(const Layout layout, MakeLayout(*graph, strategy, options, strategy_file, std::move(ctx)));
+  STRATA_RETURN_IF_ERROR(CompileRanks(std::move(graph), layout, strategy, options, program.source_file(), result));
+  STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, result));
+  result.batch_size = layout.ctx.batch_size;
   // Where the program was read from is not part of what runs: ranks that read
   // the same program from different paths (other machines) must agree.
   for (auto& p : result.plans) p.mutable_program()->clear_source_file();
