@@ -159,6 +159,233 @@ absl::Status CheckUserName(const std::string& where, const std::string& what, co
   return absl::OkStatus();
 }
 
+// "file:LINE: var #i", for a var whose name cannot name it.
+std::string VarIndexLocation(const std::string& file, const Var& var, int i) {
+  return absl::StrCat(file, var.line() > 0 ? absl::StrCat(":", var.line()) : "", ": var #", i);
+}
+
+// "file:LINE: op #i", for an op whose type cannot name it.
+std::string OpIndexLocation(const std::string& file, const Op& op, int i) {
+  return absl::StrCat(file, op.line() ? absl::StrCat(":", op.line()) : "", ": op #", i);
+}
+
+// What the declared vars tell the ops' checks: each name's index, and whether
+// any parameter is trained (then the program needs an optimizer).
+struct DeclaredVars {
+  absl::flat_hash_map<std::string, int> index;
+  bool has_params = false;
+};
+
+// What the ops define, in order: every var's type (the declared feeds and
+// parameters from the start) and the op that produces each activation.
+struct Definitions {
+  absl::flat_hash_map<std::string, int> producer;  // var -> op index
+  absl::flat_hash_map<std::string, TensorType> types;
+};
+
+// Var #i as the user declared it: a free name, declared once, with a dtype,
+// a kind a user may declare and a sane shape; an init only on a PARAM.
+absl::Status CheckDeclaredVar(const Program& program, const std::string& file, int i, DeclaredVars* declared) {
+  const Var& v = program.var(i);
+  std::string where = VarLocation(program, v);
+  if (v.name().empty()) return Err(VarIndexLocation(file, v, i), "has no name");
+  if (auto s = CheckUserName(VarIndexLocation(file, v, i), "the var name", v.name()); !s.ok()) return s;
+  if (!declared->index.emplace(v.name(), i).second) {
+    return Err(where, absl::StrCat("declared twice (first at line ", program.var(declared->index[v.name()]).line(), ")"));
+  }
+  if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32, BOOL, BF16 or F16)");
+  // proto3 enums are open: the text parser accepts `kind: 7`.
+  if (!VarKind_IsValid(v.kind())) return Err(where, absl::StrCat("has unknown kind ", static_cast<int>(v.kind()), " (FEED, PARAM or ACTIVATION)"));
+  std::vector<int64_t> shape(v.shape().begin(), v.shape().end());
+  std::string why;
+  if (!CheckShape(shape, !IsPersistent(v.kind()), &why).ok()) return Err(where, why);
+  if (v.has_init() && v.kind() != PARAM) return Err(where, "only a PARAM can have an init");
+  if (v.kind() == PARAM) {
+    if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
+    if (auto s = CheckInitializer(program, v); !s.ok()) return s;
+    if (!v.frozen()) declared->has_params = true;
+  }
+  if (v.kind() == STATE || v.kind() == SCRATCH) {
+    return Err(where, absl::StrCat("kind ", VarKind_Name(v.kind()),
+                                   " is written by the compiler; declare FEED, PARAM or ACTIVATION"));
+  }
+  return absl::OkStatus();
+}
+
+// Fields the compiler writes: a program that sets them would steer the
+// optimizer and the pipeline split around autodiff.
+absl::Status CheckNoCompilerFields(const Program& program, const std::string& file) {
+  if (!program.param_grad().empty()) {
+    return Err(file, "param_grad is written by the compiler (autodiff); a program may not set it");
+  }
+  if (!program.loss_grad().empty()) {
+    return Err(file, "loss_grad is written by the compiler (autodiff); a program may not set it");
+  }
+  if (program.tied_replica_size() > 0) {
+    return Err(file, "tied_replica is written by the compiler (pipeline split); a program may not set it");
+  }
+  return absl::OkStatus();
+}
+
+// The op's schema, if the user may write an op of its type as it stands (no
+// optimizer op, no fields the compiler writes); fills in its attr defaults.
+absl::StatusOr<const OpSchema*> CheckUserOp(const std::string& file, int i, const std::string& where, Op* op) {
+  if (op->type().empty()) return Err(OpIndexLocation(file, *op, i), "has no type");
+  const OpSchema* schema = OpRegistry::Global().Find(op->type());
+  if (schema == nullptr) {
+    auto near = OpRegistry::Global().Suggest(op->type());
+    return Err(where, absl::StrCat("unknown op type", near.empty() ? "" : absl::StrCat("; did you mean ", absl::StrJoin(near, ", "), "?")));
+  }
+  if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
+  if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
+  if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
+  if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return Err(where, std::string(s.message()));
+  return schema;
+}
+
+// Why op #i cannot read `in`: a later op defines it, or no op does.
+absl::Status UndefinedInputError(const Program& program, int i, const std::string& where, const std::string& in,
+                                 const DeclaredVars& declared) {
+  for (int j = i + 1; j < program.op_size(); ++j) {
+    for (const auto& out : program.op(j).output()) {
+      if (out == in) return Err(where, absl::StrCat("input '", in, "' is used before its definition by op #", j, " '", program.op(j).type(), "'"));
+    }
+  }
+  if (declared.index.count(in)) return Err(where, absl::StrCat("input '", in, "' is declared as an ACTIVATION but no op produces it"));
+  return Err(where, absl::StrCat("input '", in, "' is not defined: declare it as a FEED or PARAM var, or produce it with an earlier op"));
+}
+
+// The types of op #i's inputs, each a feed, a parameter or an earlier op's output.
+absl::StatusOr<std::vector<TensorType>> InputTypes(const Program& program, int i, const std::string& where,
+                                                   const DeclaredVars& declared, const Definitions& defs) {
+  const Op& op = program.op(i);
+  std::vector<TensorType> input_types;
+  for (int k = 0; k < op.input_size(); ++k) {
+    const std::string& in = op.input(k);
+    if (in.empty()) return Err(where, absl::StrCat("input ", k, " has an empty name"));
+    auto t = defs.types.find(in);
+    if (t == defs.types.end()) return UndefinedInputError(program, i, where, in, declared);
+    input_types.push_back(t->second);
+  }
+  return input_types;
+}
+
+// The op's outputs name new activations: free names, each written once, by
+// this op alone.
+absl::Status CheckOutputNames(const Program& program, const Op& op, const std::string& where,
+                              const DeclaredVars& declared, const Definitions& defs) {
+  absl::flat_hash_set<std::string> outs;
+  for (int k = 0; k < op.output_size(); ++k) {
+    const std::string& out = op.output(k);
+    if (out.empty()) return Err(where, absl::StrCat("output ", k, " has an empty name"));
+    if (auto s = CheckUserName(where, absl::StrCat("output ", k), out); !s.ok()) return s;
+    if (!outs.insert(out).second) return Err(where, absl::StrCat("writes '", out, "' twice"));
+    auto d = declared.index.find(out);
+    if (d != declared.index.end() && program.var(d->second).kind() != ACTIVATION) {
+      return Err(where, absl::StrCat("output '", out, "' is a ", VarKind_Name(program.var(d->second).kind()),
+                                     " var; ops may only produce activations"));
+    }
+    auto p = defs.producer.find(out);
+    if (p != defs.producer.end()) {
+      return Err(where, absl::StrCat("var '", out, "' is defined twice (first by op #", p->second, " '",
+                                     program.op(p->second).type(), "')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Infers op #i's output types, checks them against the declared vars and
+// records them as defined by op #i.
+absl::Status InferOutputs(const Program& program, int i, const OpSchema& schema, const std::string& where,
+                          const std::vector<TensorType>& input_types, const DeclaredVars& declared,
+                          Definitions* defs) {
+  const Op& op = program.op(i);
+  auto inferred = InferOutputTypes(schema, op, input_types);
+  if (!inferred.ok()) return Err(where, std::string(inferred.status().message()));
+  for (int k = 0; k < op.output_size(); ++k) {
+    const std::string& out = op.output(k);
+    auto d = declared.index.find(out);
+    if (d != declared.index.end()) {
+      TensorType want = TypeOf(program.var(d->second));
+      if (want != (*inferred)[k]) {
+        std::string bound = DescribeInputs(schema, op, input_types);
+        return Err(where, absl::StrCat("output '", out, "' is declared ", want.ToString(), " but the op produces ",
+                                       (*inferred)[k].ToString(),
+                                       bound.empty() ? "" : absl::StrCat(" (where ", bound, ")")));
+      }
+    }
+    std::string why;
+    if (!CheckShape((*inferred)[k].shape, true, &why).ok()) return Err(where, absl::StrCat("output '", out, "': ", why));
+    defs->types[out] = (*inferred)[k];
+    defs->producer[out] = i;
+  }
+  return absl::OkStatus();
+}
+
+// Op #i in order: checks it as the user wrote it, types its outputs from its
+// inputs', and marks it a FORWARD op with uid i.
+absl::Status ValidateAndInferOp(Program* program, const std::string& file, int i, const DeclaredVars& declared,
+                                Definitions* defs) {
+  Op* op = program->mutable_op(i);
+  if (!IsValidUtf8(op->type()) || !IsValidUtf8(op->device()) || !IsValidUtf8(op->name())) {
+    return Err(OpIndexLocation(file, *op, i), "has a type, device or name that is not valid UTF-8");
+  }
+  std::string where = OpLocation(*program, i);
+  absl::StatusOr<const OpSchema*> schema = CheckUserOp(file, i, where, op);
+  if (!schema.ok()) return schema.status();
+  absl::StatusOr<std::vector<TensorType>> input_types = InputTypes(*program, i, where, declared, *defs);
+  if (!input_types.ok()) return input_types.status();
+  if (auto s = CheckOutputNames(*program, *op, where, declared, *defs); !s.ok()) return s;
+  if (auto s = InferOutputs(*program, i, **schema, where, *input_types, declared, defs); !s.ok()) return s;
+  op->set_uid(i);
+  op->set_role(FORWARD);
+  return absl::OkStatus();
+}
+
+// The loss is a floating scalar some op produces (that op gets role LOSS);
+// every fetch is a scalar var.
+absl::Status CheckLossAndFetches(Program* program, const std::string& file, const Definitions& defs) {
+  if (program->loss().empty()) return Err(file, "no loss: set `loss: \"<scalar var>\"`");
+  auto lt = defs.types.find(program->loss());
+  if (lt == defs.types.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not a var of the program"));
+  if (!lt->second.shape.empty() || !IsFloating(lt->second.dtype)) {
+    return Err(file, absl::StrCat("loss '", program->loss(), "' must be a floating scalar (shape []), got ", lt->second.ToString()));
+  }
+  auto producer = defs.producer.find(program->loss());
+  if (producer == defs.producer.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not produced by any op"));
+  program->mutable_op(producer->second)->set_role(LOSS);
+  for (const auto& f : program->fetch()) {
+    auto ft = defs.types.find(f);
+    if (ft == defs.types.end()) return Err(file, absl::StrCat("fetch '", f, "' is not a var of the program"));
+    if (!ft->second.shape.empty()) return Err(file, absl::StrCat("fetch '", f, "' must be a scalar, got ", ft->second.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckActivationsProduced(const Program& program, const Definitions& defs) {
+  for (const Var& v : program.var()) {
+    if (v.kind() == ACTIVATION && !defs.producer.count(v.name())) {
+      return Err(VarLocation(program, v), "is declared as an ACTIVATION but no op produces it");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Records the inferred intermediates as vars, so the program is self-describing.
+void RecordIntermediateVars(Program* program, const DeclaredVars& declared, const Definitions& defs) {
+  for (int i = 0; i < program->op_size(); ++i) {
+    for (const auto& out : program->op(i).output()) {
+      if (declared.index.count(out)) continue;
+      const TensorType& type = defs.types.at(out);
+      Var* v = program->add_var();
+      v->set_name(out);
+      v->set_dtype(type.dtype);
+      for (int64_t d : type.shape) v->add_shape(d);
+      v->set_kind(ACTIVATION);
+    }
+  }
+}
+
 }  // namespace
 
 std::string VarLocation(const Program& program, const Var& var) {
@@ -169,169 +396,24 @@ std::string VarLocation(const Program& program, const Var& var) {
 
 absl::Status ValidateAndInferProgram(Program* program) {
   const std::string file = FileOf(*program);
-  // Declared vars.
-  absl::flat_hash_map<std::string, int> declared;
-  bool has_params = false;
+  DeclaredVars declared;
   for (int i = 0; i < program->var_size(); ++i) {
-    const Var& v = program->var(i);
-    std::string where = VarLocation(*program, v);
-    if (v.name().empty()) {
-      return Err(absl::StrCat(file, v.line() > 0 ? absl::StrCat(":", v.line()) : "", ": var #", i), "has no name");
-    }
-    if (auto s = CheckUserName(absl::StrCat(file, v.line() > 0 ? absl::StrCat(":", v.line()) : "", ": var #", i),
-                               "the var name", v.name());
-        !s.ok()) {
-      return s;
-    }
-    if (!declared.emplace(v.name(), i).second) {
-      return Err(where, absl::StrCat("declared twice (first at line ", program->var(declared[v.name()]).line(), ")"));
-    }
-    if (v.dtype() == DT_INVALID || !DataType_IsValid(v.dtype())) return Err(where, "has no dtype (F32, F64, I64, I32, BOOL, BF16 or F16)");
-    // proto3 enums are open: the text parser accepts `kind: 7`.
-    if (!VarKind_IsValid(v.kind())) return Err(where, absl::StrCat("has unknown kind ", static_cast<int>(v.kind()), " (FEED, PARAM or ACTIVATION)"));
-    std::vector<int64_t> shape(v.shape().begin(), v.shape().end());
-    std::string why;
-    if (!CheckShape(shape, !IsPersistent(v.kind()), &why).ok()) return Err(where, why);
-    if (v.has_init() && v.kind() != PARAM) return Err(where, "only a PARAM can have an init");
-    if (v.kind() == PARAM) {
-      if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
-      if (auto s = CheckInitializer(*program, v); !s.ok()) return s;
-      if (!v.frozen()) has_params = true;
-    }
-    if (v.kind() == STATE || v.kind() == SCRATCH) {
-      return Err(where, absl::StrCat("kind ", VarKind_Name(v.kind()),
-                                     " is written by the compiler; declare FEED, PARAM or ACTIVATION"));
-    }
+    if (auto s = CheckDeclaredVar(*program, file, i, &declared); !s.ok()) return s;
   }
   if (program->op_size() == 0) return Err(file, "the program has no ops");
-  // Fields the compiler writes: a program that sets them would steer the
-  // optimizer and the pipeline split around autodiff.
-  if (!program->param_grad().empty()) {
-    return Err(file, "param_grad is written by the compiler (autodiff); a program may not set it");
-  }
-  if (!program->loss_grad().empty()) {
-    return Err(file, "loss_grad is written by the compiler (autodiff); a program may not set it");
-  }
-  if (program->tied_replica_size() > 0) {
-    return Err(file, "tied_replica is written by the compiler (pipeline split); a program may not set it");
-  }
-  if (auto s = CheckOptimizer(*program, has_params); !s.ok()) return s;
+  if (auto s = CheckNoCompilerFields(*program, file); !s.ok()) return s;
+  if (auto s = CheckOptimizer(*program, declared.has_params); !s.ok()) return s;
 
-  // Ops, in order.
-  absl::flat_hash_map<std::string, int> producer;  // var -> op index
-  absl::flat_hash_map<std::string, TensorType> types;
+  Definitions defs;
   for (const Var& v : program->var()) {
-    if (v.kind() != ACTIVATION) types[v.name()] = TypeOf(v);
+    if (v.kind() != ACTIVATION) defs.types[v.name()] = TypeOf(v);
   }
-
   for (int i = 0; i < program->op_size(); ++i) {
-    Op* op = program->mutable_op(i);
-    if (!IsValidUtf8(op->type()) || !IsValidUtf8(op->device()) || !IsValidUtf8(op->name())) {
-      return Err(absl::StrCat(file, op->line() ? absl::StrCat(":", op->line()) : "", ": op #", i),
-                 "has a type, device or name that is not valid UTF-8");
-    }
-    std::string where = OpLocation(*program, i);
-    if (op->type().empty()) return Err(absl::StrCat(file, op->line() ? absl::StrCat(":", op->line()) : "", ": op #", i), "has no type");
-    const OpSchema* schema = OpRegistry::Global().Find(op->type());
-    if (schema == nullptr) {
-      auto near = OpRegistry::Global().Suggest(op->type());
-      return Err(where, absl::StrCat("unknown op type", near.empty() ? "" : absl::StrCat("; did you mean ", absl::StrJoin(near, ", "), "?")));
-    }
-    if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
-    if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
-    if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
-    if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return Err(where, std::string(s.message()));
-
-    std::vector<TensorType> input_types;
-    for (int k = 0; k < op->input_size(); ++k) {
-      const std::string& in = op->input(k);
-      if (in.empty()) return Err(where, absl::StrCat("input ", k, " has an empty name"));
-      auto t = types.find(in);
-      if (t == types.end()) {
-        // Defined later, or nowhere?
-        for (int j = i + 1; j < program->op_size(); ++j) {
-          for (const auto& out : program->op(j).output()) {
-            if (out == in) return Err(where, absl::StrCat("input '", in, "' is used before its definition by op #", j, " '", program->op(j).type(), "'"));
-          }
-        }
-        if (declared.count(in)) return Err(where, absl::StrCat("input '", in, "' is declared as an ACTIVATION but no op produces it"));
-        return Err(where, absl::StrCat("input '", in, "' is not defined: declare it as a FEED or PARAM var, or produce it with an earlier op"));
-      }
-      input_types.push_back(t->second);
-    }
-    absl::flat_hash_set<std::string> outs;
-    for (int k = 0; k < op->output_size(); ++k) {
-      const std::string& out = op->output(k);
-      if (out.empty()) return Err(where, absl::StrCat("output ", k, " has an empty name"));
-      if (auto s = CheckUserName(where, absl::StrCat("output ", k), out); !s.ok()) return s;
-      if (!outs.insert(out).second) return Err(where, absl::StrCat("writes '", out, "' twice"));
-      auto d = declared.find(out);
-      if (d != declared.end() && program->var(d->second).kind() != ACTIVATION) {
-        return Err(where, absl::StrCat("output '", out, "' is a ", VarKind_Name(program->var(d->second).kind()),
-                                       " var; ops may only produce activations"));
-      }
-      auto p = producer.find(out);
-      if (p != producer.end()) {
-        return Err(where, absl::StrCat("var '", out, "' is defined twice (first by op #", p->second, " '",
-                                       program->op(p->second).type(), "')"));
-      }
-    }
-    auto inferred = InferOutputTypes(*schema, *op, input_types);
-    if (!inferred.ok()) return Err(where, std::string(inferred.status().message()));
-    for (int k = 0; k < op->output_size(); ++k) {
-      const std::string& out = op->output(k);
-      auto d = declared.find(out);
-      if (d != declared.end()) {
-        TensorType want = TypeOf(program->var(d->second));
-        if (want != (*inferred)[k]) {
-          std::string bound = DescribeInputs(*schema, *op, input_types);
-          return Err(where, absl::StrCat("output '", out, "' is declared ", want.ToString(), " but the op produces ",
-                                         (*inferred)[k].ToString(),
-                                         bound.empty() ? "" : absl::StrCat(" (where ", bound, ")")));
-        }
-      }
-      std::string why;
-      if (!CheckShape((*inferred)[k].shape, true, &why).ok()) return Err(where, absl::StrCat("output '", out, "': ", why));
-      types[out] = (*inferred)[k];
-      producer[out] = i;
-    }
-    op->set_uid(i);
-    op->set_role(FORWARD);
+    if (auto s = ValidateAndInferOp(program, file, i, declared, &defs); !s.ok()) return s;
   }
-
-  // Loss and fetches.
-  if (program->loss().empty()) return Err(file, "no loss: set `loss: \"<scalar var>\"`");
-  auto lt = types.find(program->loss());
-  if (lt == types.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not a var of the program"));
-  if (!lt->second.shape.empty() || !IsFloating(lt->second.dtype)) {
-    return Err(file, absl::StrCat("loss '", program->loss(), "' must be a floating scalar (shape []), got ", lt->second.ToString()));
-  }
-  if (!producer.count(program->loss())) return Err(file, absl::StrCat("loss '", program->loss(), "' is not produced by any op"));
-  program->mutable_op(producer[program->loss()])->set_role(LOSS);
-  for (const auto& f : program->fetch()) {
-    auto ft = types.find(f);
-    if (ft == types.end()) return Err(file, absl::StrCat("fetch '", f, "' is not a var of the program"));
-    if (!ft->second.shape.empty()) return Err(file, absl::StrCat("fetch '", f, "' must be a scalar, got ", ft->second.ToString()));
-  }
-
-  // Declared activations nobody produces.
-  for (const Var& v : program->var()) {
-    if (v.kind() == ACTIVATION && !producer.count(v.name())) {
-      return Err(VarLocation(*program, v), "is declared as an ACTIVATION but no op produces it");
-    }
-  }
-
-  // Record inferred intermediates as vars, so the program is self-describing.
-  for (int i = 0; i < program->op_size(); ++i) {
-    for (const auto& out : program->op(i).output()) {
-      if (declared.count(out)) continue;
-      Var* v = program->add_var();
-      v->set_name(out);
-      v->set_dtype(types[out].dtype);
-      for (int64_t d : types[out].shape) v->add_shape(d);
-      v->set_kind(ACTIVATION);
-    }
-  }
+  if (auto s = CheckLossAndFetches(program, file, defs); !s.ok()) return s;
+  if (auto s = CheckActivationsProduced(*program, defs); !s.ok()) return s;
+  RecordIntermediateVars(program, declared, defs);
   return absl::OkStatus();
 }
 
