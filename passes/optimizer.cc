@@ -99,29 +99,17 @@ void AddZeroPartialNorm(BlockBuilder& b, DataType dtype, int stage) {
           {{"dtype", StringAttr(DtypeString(dtype))}, {"value", FloatAttr(0.0)}});
 }
 
-}  // namespace
+// A trained parameter, updated on its first consumer's stage.
+struct Param {
+  std::string name, grad;
+  DataType dtype;
+  std::vector<int64_t> shape;
+  int stage;
+};
 
-absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx) {
+// The parameters param_grad names, in declaration order (deterministic).
+absl::StatusOr<std::vector<Param>> TrainedParams(const Graph& graph) {
   const Program& fields = graph.program_fields();
-  const Optimizer& opt = fields.optimizer();
-  if (opt.kind_case() == Optimizer::KIND_NOT_SET) return false;
-  if (fields.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages() <= 1)) return false;
-  BlockBuilder b(&graph);
-  if (fields.param_grad().empty()) {
-    // A stage that trains nothing still joins the other stages' allreduce of
-    // the global gradient norm, with zero; without it they would wait forever.
-    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
-    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, PipelineGroup(ctx));
-    if (auto s = b.Finish(); !s.ok()) return s;
-    return true;
-  }
-  // Parameters in declaration order (deterministic), each on its first consumer's stage.
-  struct Param {
-    std::string name, grad;
-    DataType dtype;
-    std::vector<int64_t> shape;
-    int stage;
-  };
   const std::vector<int> first_reader = graph.FirstReaders();
   std::vector<Param> params;
   for (int v = 0; v < graph.num_vars(); ++v) {
@@ -140,139 +128,197 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     return absl::InternalError(absl::StrCat("optimizer: param_grad names no parameter of this program (",
                                             fields.param_grad().size(), " entries)"));
   }
+  return params;
+}
 
-  double base_lr = 0;
+double BaseLearningRate(const Optimizer& opt) {
   switch (opt.kind_case()) {
-    case Optimizer::kSgd: base_lr = opt.sgd().learning_rate(); break;
-    case Optimizer::kMomentum: base_lr = opt.momentum().learning_rate(); break;
-    case Optimizer::kAdam: base_lr = opt.adam().learning_rate(); break;
-    case Optimizer::kAdamw: base_lr = opt.adamw().learning_rate(); break;
-    default: break;
+    case Optimizer::kSgd: return opt.sgd().learning_rate();
+    case Optimizer::kMomentum: return opt.momentum().learning_rate();
+    case Optimizer::kAdam: return opt.adam().learning_rate();
+    case Optimizer::kAdamw: return opt.adamw().learning_rate();
+    default: return 0;
   }
+}
 
-  // One step counter and one lr per dtype. The pass runs on each rank's
-  // program after the pipeline split, so every rank has its own copies under
-  // the same names, and a checkpoint is the same under any layout.
-  const int home_stage = params.front().stage;
-  std::string step_var;
-  std::map<DataType, std::string> lr_var;
-  const auto& sched = opt.lr_schedule();
-  auto lr_for = [&](DataType dtype) -> std::string {
-    if (lr_var.count(dtype)) return lr_var[dtype];
-    if (step_var.empty()) {
-      step_var = kStepVar;
-      b.AddVar(step_var, I64, {}, STATE);
+// One step counter and one lr per dtype, made on the home stage when first
+// asked for. The pass runs on each rank's program after the pipeline split,
+// so every rank has its own copies under the same names, and a checkpoint is
+// the same under any layout.
+class LearningRates {
+ public:
+  LearningRates(BlockBuilder* b, const Optimizer& opt, int home_stage)
+      : b_(*b), sched_(opt.lr_schedule()), base_lr_(BaseLearningRate(opt)), home_stage_(home_stage) {}
+
+  // The lr var of `dtype` ("@lr.F32"), its lr_schedule op appended on first use.
+  std::string For(DataType dtype) {
+    if (lr_var_.count(dtype)) return lr_var_[dtype];
+    if (step_var_.empty()) {
+      step_var_ = kStepVar;
+      b_.AddVar(step_var_, I64, {}, STATE);
     }
     std::string lr = absl::StrCat("@lr.", DtypeString(dtype));
     std::map<std::string, AttrValue> attrs = {{"dtype", StringAttr(DtypeString(dtype))},
-                                              {"base_lr", FloatAttr(base_lr)},
-                                              {"warmup_steps", IntAttr(sched.warmup_steps())}};
-    if (sched.has_cosine()) {
+                                              {"base_lr", FloatAttr(base_lr_)},
+                                              {"warmup_steps", IntAttr(sched_.warmup_steps())}};
+    if (sched_.has_cosine()) {
       attrs["kind"] = StringAttr("cosine");
-      attrs["decay_steps"] = IntAttr(sched.cosine().decay_steps());
-      attrs["alpha"] = FloatAttr(sched.cosine().alpha());
-    } else if (sched.has_step_decay()) {
+      attrs["decay_steps"] = IntAttr(sched_.cosine().decay_steps());
+      attrs["alpha"] = FloatAttr(sched_.cosine().alpha());
+    } else if (sched_.has_step_decay()) {
       attrs["kind"] = StringAttr("step");
-      attrs["step_size"] = IntAttr(sched.step_decay().step_size());
-      attrs["gamma"] = FloatAttr(sched.step_decay().gamma());
+      attrs["step_size"] = IntAttr(sched_.step_decay().step_size());
+      attrs["gamma"] = FloatAttr(sched_.step_decay().gamma());
     }
-    b.AddOp("lr_schedule", {step_var}, {lr}, home_stage, LR_SCHEDULE, attrs);
-    lr_var[dtype] = lr;
+    b_.AddOp("lr_schedule", {step_var_}, {lr}, home_stage_, LR_SCHEDULE, attrs);
+    lr_var_[dtype] = lr;
     return lr;
-  };
-  for (const auto& p : params) lr_for(p.dtype);
-  b.AddOp("increment", {step_var}, {step_var}, home_stage, OPTIMIZE);
-
-  // Clipping by the global norm over all parameters' gradients; on a
-  // pipeline the stages' partial sums of squares are summed with an allreduce.
-  std::map<std::string, std::string> grad_of;
-  for (const auto& p : params) grad_of[p.name] = p.grad;
-  if (opt.clip_global_norm() > 0) {
-    std::set<DataType> dtypes;
-    for (const auto& p : params) dtypes.insert(p.dtype);
-    const DataType norm = NormDtype(ctx, dtypes);
-    // A tied weight's replica has the same gradient as its home stage: count
-    // it once. Gradients are summed per dtype, in the norm's dtype after.
-    std::set<std::string> replicas(fields.tied_replica().begin(), fields.tied_replica().end());
-    std::map<DataType, std::vector<std::string>> grads;
-    for (const auto& p : params) {
-      if (!replicas.count(p.name)) grads[p.dtype].push_back(p.grad);
-    }
-    std::vector<std::string> partials;
-    for (const auto& [dtype, names] : grads) {
-      std::string sum = grads.size() == 1 ? "@grad_sumsq" : absl::StrCat("@grad_sumsq.", DtypeString(dtype));
-      b.AddOp("sum_squares", names, {sum}, home_stage, OPTIMIZE);
-      if (dtype != norm) {
-        std::string cast = absl::StrCat(sum, ".", DtypeString(norm));
-        b.AddOp("cast", {sum}, {cast}, home_stage, OPTIMIZE, {{"dtype", StringAttr(DtypeString(norm))}});
-        sum = cast;
-      }
-      partials.push_back(sum);
-    }
-    std::string sumsq = "@grad_sumsq";
-    if (partials.empty()) {
-      // Only replicas here: this stage adds nothing to the global norm.
-      AddZeroPartialNorm(b, norm, home_stage);
-    } else if (partials.size() == 1) {
-      sumsq = partials.front();
-    } else {
-      b.AddOp("add_n", partials, {sumsq}, home_stage, OPTIMIZE);
-    }
-    if (ctx.num_stages() > 1) {
-      b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, PipelineGroup(ctx));
-      sumsq = "@grad_sumsq.all";
-    }
-    const std::string coef = "@clip_coef";
-    b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
-            {{"max_norm", FloatAttr(opt.clip_global_norm())}});
-    std::map<DataType, std::string> coef_of = {{norm, coef}};
-    std::map<std::string, std::string> clipped_of;  // two parameters can share one gradient var
-    for (const auto& p : params) {
-      if (!coef_of.count(p.dtype)) {
-        coef_of[p.dtype] = absl::StrCat(coef, ".", DtypeString(p.dtype));
-        b.AddOp("cast", {coef}, {coef_of[p.dtype]}, home_stage, OPTIMIZE,
-                {{"dtype", StringAttr(DtypeString(p.dtype))}});
-      }
-      auto [it, fresh] = clipped_of.emplace(p.grad, absl::StrCat(p.grad, "@clipped"));
-      if (fresh) b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {it->second}, p.stage, OPTIMIZE);
-      grad_of[p.name] = it->second;
-    }
   }
 
+  // Empty until the first For().
+  const std::string& step_var() const { return step_var_; }
+
+ private:
+  BlockBuilder& b_;
+  const Optimizer::LrSchedule& sched_;
+  const double base_lr_;
+  const int home_stage_;
+  std::string step_var_;
+  std::map<DataType, std::string> lr_var_;
+};
+
+// This stage's part of the global norm, the sum of its gradients' squares:
+// per dtype, cast to the norm's dtype and added. A tied weight's replica has
+// the same gradient as its home stage, so it is counted once. Returns the var.
+std::string AddPartialSumOfSquares(BlockBuilder& b, const std::vector<Param>& params, const Program& fields,
+                                   DataType norm, int home_stage) {
+  std::set<std::string> replicas(fields.tied_replica().begin(), fields.tied_replica().end());
+  std::map<DataType, std::vector<std::string>> grads;
   for (const auto& p : params) {
-    std::string lr = lr_for(p.dtype);
-    const std::string& g = grad_of[p.name];
-    switch (opt.kind_case()) {
-      case Optimizer::kSgd:
-        b.AddOp("sgd_update", {p.name, g, lr}, {p.name}, p.stage, OPTIMIZE,
-                {{"weight_decay", FloatAttr(opt.weight_decay())}});
-        break;
-      case Optimizer::kMomentum: {
-        std::string vel = absl::StrCat(p.name, "@velocity");
-        b.AddVar(vel, p.dtype, p.shape, STATE);
-        b.AddOp("momentum_update", {p.name, g, vel, lr}, {p.name, vel}, p.stage, OPTIMIZE,
-                {{"momentum", FloatAttr(opt.momentum().momentum())},
-                 {"nesterov", BoolAttr(opt.momentum().nesterov())},
-                 {"weight_decay", FloatAttr(opt.weight_decay())}});
-        break;
-      }
-      case Optimizer::kAdam:
-      case Optimizer::kAdamw: {
-        const auto& a = opt.kind_case() == Optimizer::kAdam ? opt.adam() : opt.adamw();
-        std::string m = absl::StrCat(p.name, "@moment1"), v = absl::StrCat(p.name, "@moment2");
-        b.AddVar(m, p.dtype, p.shape, STATE);
-        b.AddVar(v, p.dtype, p.shape, STATE);
-        b.AddOp("adam_update", {p.name, g, m, v, lr, step_var}, {p.name, m, v}, p.stage, OPTIMIZE,
-                {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
-                 {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
-                 {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
-                 {"weight_decay", FloatAttr(opt.weight_decay())},
-                 {"decoupled", BoolAttr(opt.kind_case() == Optimizer::kAdamw)}});
-        break;
-      }
-      default:
-        break;
+    if (!replicas.count(p.name)) grads[p.dtype].push_back(p.grad);
+  }
+  std::vector<std::string> partials;
+  for (const auto& [dtype, names] : grads) {
+    std::string sum = grads.size() == 1 ? "@grad_sumsq" : absl::StrCat("@grad_sumsq.", DtypeString(dtype));
+    b.AddOp("sum_squares", names, {sum}, home_stage, OPTIMIZE);
+    if (dtype != norm) {
+      std::string cast = absl::StrCat(sum, ".", DtypeString(norm));
+      b.AddOp("cast", {sum}, {cast}, home_stage, OPTIMIZE, {{"dtype", StringAttr(DtypeString(norm))}});
+      sum = cast;
     }
+    partials.push_back(sum);
+  }
+  std::string sumsq = "@grad_sumsq";
+  if (partials.empty()) {
+    // Only replicas here: this stage adds nothing to the global norm.
+    AddZeroPartialNorm(b, norm, home_stage);
+  } else if (partials.size() == 1) {
+    sumsq = partials.front();
+  } else {
+    b.AddOp("add_n", partials, {sumsq}, home_stage, OPTIMIZE);
+  }
+  return sumsq;
+}
+
+// Clipping by the global norm over all parameters' gradients; on a pipeline
+// the stages' partial sums of squares are summed with an allreduce. Points
+// each parameter's entry in `grad_of` at its clipped gradient.
+void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, const Optimizer& opt,
+                           const Program& fields, const CompileContext& ctx, int home_stage,
+                           std::map<std::string, std::string>* grad_of) {
+  std::set<DataType> dtypes;
+  for (const auto& p : params) dtypes.insert(p.dtype);
+  const DataType norm = NormDtype(ctx, dtypes);
+  std::string sumsq = AddPartialSumOfSquares(b, params, fields, norm, home_stage);
+  if (ctx.num_stages() > 1) {
+    b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, PipelineGroup(ctx));
+    sumsq = "@grad_sumsq.all";
+  }
+  const std::string coef = "@clip_coef";
+  b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
+          {{"max_norm", FloatAttr(opt.clip_global_norm())}});
+  std::map<DataType, std::string> coef_of = {{norm, coef}};
+  std::map<std::string, std::string> clipped_of;  // two parameters can share one gradient var
+  for (const auto& p : params) {
+    if (!coef_of.count(p.dtype)) {
+      coef_of[p.dtype] = absl::StrCat(coef, ".", DtypeString(p.dtype));
+      b.AddOp("cast", {coef}, {coef_of[p.dtype]}, home_stage, OPTIMIZE,
+              {{"dtype", StringAttr(DtypeString(p.dtype))}});
+    }
+    auto [it, fresh] = clipped_of.emplace(p.grad, absl::StrCat(p.grad, "@clipped"));
+    if (fresh) b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {it->second}, p.stage, OPTIMIZE);
+    (*grad_of)[p.name] = it->second;
+  }
+}
+
+// The optimizer's update of one parameter from its gradient `g`, with the
+// state vars it keeps (velocity, moments).
+void AddParamUpdate(BlockBuilder& b, const Optimizer& opt, const Param& p, const std::string& g,
+                    const std::string& lr, const std::string& step_var) {
+  switch (opt.kind_case()) {
+    case Optimizer::kSgd:
+      b.AddOp("sgd_update", {p.name, g, lr}, {p.name}, p.stage, OPTIMIZE,
+              {{"weight_decay", FloatAttr(opt.weight_decay())}});
+      break;
+    case Optimizer::kMomentum: {
+      std::string vel = absl::StrCat(p.name, "@velocity");
+      b.AddVar(vel, p.dtype, p.shape, STATE);
+      b.AddOp("momentum_update", {p.name, g, vel, lr}, {p.name, vel}, p.stage, OPTIMIZE,
+              {{"momentum", FloatAttr(opt.momentum().momentum())},
+               {"nesterov", BoolAttr(opt.momentum().nesterov())},
+               {"weight_decay", FloatAttr(opt.weight_decay())}});
+      break;
+    }
+    case Optimizer::kAdam:
+    case Optimizer::kAdamw: {
+      const auto& a = opt.kind_case() == Optimizer::kAdam ? opt.adam() : opt.adamw();
+      std::string m = absl::StrCat(p.name, "@moment1"), v = absl::StrCat(p.name, "@moment2");
+      b.AddVar(m, p.dtype, p.shape, STATE);
+      b.AddVar(v, p.dtype, p.shape, STATE);
+      b.AddOp("adam_update", {p.name, g, m, v, lr, step_var}, {p.name, m, v}, p.stage, OPTIMIZE,
+              {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
+               {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
+               {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
+               {"weight_decay", FloatAttr(opt.weight_decay())},
+               {"decoupled", BoolAttr(opt.kind_case() == Optimizer::kAdamw)}});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx) {
+  const Program& fields = graph.program_fields();
+  const Optimizer& opt = fields.optimizer();
+  if (opt.kind_case() == Optimizer::KIND_NOT_SET) return false;
+  if (fields.param_grad().empty() && (opt.clip_global_norm() <= 0 || ctx.num_stages() <= 1)) return false;
+  BlockBuilder b(&graph);
+  if (fields.param_grad().empty()) {
+    // A stage that trains nothing still joins the other stages' allreduce of
+    // the global gradient norm, with zero; without it they would wait forever.
+    AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, PipelineGroup(ctx));
+    if (auto s = b.Finish(); !s.ok()) return s;
+    return true;
+  }
+  absl::StatusOr<std::vector<Param>> params = TrainedParams(graph);
+  if (!params.ok()) return params.status();
+
+  const int home_stage = params->front().stage;
+  LearningRates lrs(&b, opt, home_stage);
+  for (const auto& p : *params) lrs.For(p.dtype);
+  b.AddOp("increment", {lrs.step_var()}, {lrs.step_var()}, home_stage, OPTIMIZE);
+
+  std::map<std::string, std::string> grad_of;
+  for (const auto& p : *params) grad_of[p.name] = p.grad;
+  if (opt.clip_global_norm() > 0) AddGlobalNormClipping(b, *params, opt, fields, ctx, home_stage, &grad_of);
+
+  for (const auto& p : *params) {
+    std::string lr = lrs.For(p.dtype);
+    AddParamUpdate(b, opt, p, grad_of[p.name], lr, lrs.step_var());
   }
   if (auto s = b.Finish(); !s.ok()) return s;
   return true;
