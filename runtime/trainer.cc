@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -324,347 +326,550 @@ std::string EvalMetricsJson(const EvalMetrics& m, int64_t step) {
   return JsonLine(line);
 }
 
-absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
-  TrainReport report;
-  const auto t_begin = Clock::now();
+namespace {
+
+// One rank's training run, split into the phases Train calls in order. The
+// members are declared in the order the run makes them, so they are
+// destroyed in reverse: the prefetcher first (its thread reads the data and
+// the executor), the datasets before the loader allocator their batches come
+// from, the executor before the tracer it writes to.
+class TrainSession {
+ public:
+  TrainSession(const RankPlan& plan, const TrainOptions& options)
+      : plan_(plan),
+        options_(options),
+        t_begin_(Clock::now()),
+        world_(options.comms != nullptr ? options.comms->world() : nullptr),
+        reporter_(!plan.program().loss().empty()),
+        progress_(options.progress && reporter_),
+        acc_fetch_(AccuracyFetch(plan.program())),
+        eval_name_(EvalName(options.eval_data)) {
+    report_.reports_loss = reporter_;
+  }
+
+  // Before the first step: everything that can fail does, on every rank alike.
+  absl::Status CreateExecutor();
+  absl::Status FixBatchSize();
+  absl::Status OpenData();
+  absl::Status CountSteps();
+  absl::Status CheckOutputsWritable() const;
+  absl::Status InitializeState() { return executor_->InitializeState(); }
+  absl::Status ResumeFromCheckpoint();
+  absl::Status CheckSaveKeepsLatest() const;
+  absl::Status CheckRanksAgreeOnSettings() const;
+  absl::Status OpenMetrics();
+
+  // The steps, then what follows the last one.
+  absl::Status RunSteps();
+  absl::Status EvaluateAtEnd();
+  absl::Status SaveAtEnd();
+  absl::Status RecordFinalState();
+  absl::Status WriteTrace() const;
+  void StopClock() { report_.seconds = Seconds(t_begin_, Clock::now()); }
+  absl::Status WriteSummary();
+  TrainReport TakeReport() { return std::move(report_); }
+
+ private:
+  // What the summary line says of the job: its peak (on several ranks, the
+  // rank that measured the most, with its prediction) and each rank's figures.
+  struct JobSummary {
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    int64_t peak_measured = 0;
+    int64_t peak_predicted = 0;
+  };
+
+  absl::StatusOr<LabelConsumer> AgreedLabelConsumer(const std::vector<FeedSpec>& feeds) const;
+  absl::Status OpenDatasets(const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer);
+  absl::Status CheckLabels(const LabelConsumer& consumer) const;
+  void StartPrefetcher();
+  absl::StatusOr<std::map<std::string, Tensor>> MicroBatchFeeds(int64_t step, int64_t first, int64_t rows);
+  absl::StatusOr<StepResult> RunStep(int64_t step);
+  void RecordStep(int64_t step, double seconds, const StepResult& r);
+  void ReportProgress(int64_t epoch, const StepResult& r);
+  absl::StatusOr<bool> StopAgreed();
+  bool PeriodicSaveDue() const;
+  absl::Status Save();
+  absl::Status Evaluate(int64_t epoch);
+  absl::StatusOr<JobSummary> GatherJobSummary() const;
+
+  const RankPlan& plan_;
+  const TrainOptions& options_;
+  const Clock::time_point t_begin_;
   // The trainer's own agreements (settings, stops, saves, summaries) run
   // over the world's communicator, between steps.
-  Communicator* const world = options.comms != nullptr ? options.comms->world() : nullptr;
+  Communicator* const world_;
+  // This rank holds the loss: it writes the metrics and the progress lines.
+  const bool reporter_;
+  const bool progress_;
+  const std::string acc_fetch_;
+  const std::string eval_name_;
+  TrainReport report_;
+  std::unique_ptr<Tracer> tracer_;
+  std::unique_ptr<Executor> executor_;
+  int64_t batch_ = 0;  // the global batch
+  // The data loader's staging buffers (see StartPrefetcher): counted apart
+  // from the rank's own bytes, as a GPU's pinned host buffers are.
+  CpuAllocator loader_allocator_;
+  std::unique_ptr<Dataset> train_data_;
+  std::unique_ptr<Dataset> eval_data_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  MetricsWriter metrics_;
+  // The step loop's clocks and counters.
+  Clock::time_point last_progress_;
+  Clock::time_point train_begin_;
+  int64_t first_step_ = 0;
+  int64_t next_stop_check_ = 0;
+  std::optional<FeedPrefetcher> prefetcher_;
+};
+
+absl::Status TrainSession::CreateExecutor() {
   ExecutorOptions eopts;
-  eopts.seed = options.seed;
-  eopts.comms = options.comms;
-  eopts.device = options.device;
-  std::unique_ptr<Tracer> tracer;
-  if (!options.trace_path.empty()) {
-    tracer = std::make_unique<Tracer>(plan.rank());
-    eopts.tracer = tracer.get();
+  eopts.seed = options_.seed;
+  eopts.comms = options_.comms;
+  eopts.device = options_.device;
+  if (!options_.trace_path.empty()) {
+    tracer_ = std::make_unique<Tracer>(plan_.rank());
+    eopts.tracer = tracer_.get();
   }
-  eopts.comm_timeout_s = options.comm_timeout_s;
-  const bool reporter = !plan.program().loss().empty();
-  report.reports_loss = reporter;
-  const bool progress = options.progress && reporter;
-  auto created = Executor::Create(plan, eopts);
-  if (!created.ok()) return created.status();
-  Executor& executor = **created;
+  eopts.comm_timeout_s = options_.comm_timeout_s;
+  STRATA_ASSIGN_OR_RETURN(executor_, Executor::Create(plan_, eopts));
+  return absl::OkStatus();
+}
 
-  const int64_t batch = plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches()) *
-                        std::max(1, plan.topology().dp_degree());
-  if (batch <= 0) return absl::InvalidArgumentError("the plan has no batch size");
-  report.batch_size = batch;
-  report.predicted_peak_bytes = plan.memory().peak_bytes();
+absl::Status TrainSession::FixBatchSize() {
+  batch_ = plan_.schedule().micro_batch_size() * std::max(1, plan_.schedule().micro_batches()) *
+           std::max(1, plan_.topology().dp_degree());
+  if (batch_ <= 0) return absl::InvalidArgumentError("the plan has no batch size");
+  report_.batch_size = batch_;
+  report_.predicted_peak_bytes = plan_.memory().peak_bytes();
+  return absl::OkStatus();
+}
 
-  // The data loader's staging buffers (see the prefetcher below): counted
-  // apart from the rank's own bytes, as a GPU's pinned host buffers are.
-  CpuAllocator loader_allocator;
-  // The ops that read the labels fix how many classes the data may have.
-  // Pipeline stages hold only their own ops, so the ranks share what they
-  // found; every rank then opens the same data and fails the label check
-  // alike, before any step.
-  const std::vector<FeedSpec> feeds = FeedSpecs(plan.program());
+// The ops that read the labels fix how many classes the data may have.
+// Pipeline stages hold only their own ops, so the ranks share what they
+// found; every rank then opens the same data and fails the label check
+// alike, before any step.
+absl::Status TrainSession::OpenData() {
+  const std::vector<FeedSpec> feeds = FeedSpecs(plan_.program());
+  STRATA_ASSIGN_OR_RETURN(const LabelConsumer consumer, AgreedLabelConsumer(feeds));
+  STRATA_RETURN_IF_ERROR(OpenDatasets(feeds, consumer));
+  STRATA_RETURN_IF_ERROR(CheckLabels(consumer));
+  train_data_->set_allocator(&loader_allocator_);
+  if (eval_data_) {
+    eval_data_->set_allocator(options_.device->host_accessible() ? options_.device->allocator() : &loader_allocator_);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LabelConsumer> TrainSession::AgreedLabelConsumer(const std::vector<FeedSpec>& feeds) const {
   LabelConsumer consumer;
   if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
-    consumer = FindLabelConsumer(plan.program(), label_feed);
+    consumer = FindLabelConsumer(plan_.program(), label_feed);
   }
-  if (world != nullptr && world->size() > 1) {
-    auto shared = ShareLabelConsumer(consumer, *world, options.comm_timeout_s);
-    if (!shared.ok()) return shared.status();
-    consumer = *std::move(shared);
+  if (world_ == nullptr || world_->size() <= 1) return consumer;
+  return ShareLabelConsumer(consumer, *world_, options_.comm_timeout_s);
+}
+
+// Synthetic data without classes= has the program's classes.
+absl::Status TrainSession::OpenDatasets(const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer) {
+  auto train_data = OpenDataset(options_.data, feeds, options_.seed, consumer.classes);
+  if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options_.data, ": ", train_data.status().message()));
+  train_data_ = *std::move(train_data);
+  if (!options_.eval_data.empty()) {
+    auto d = OpenDataset(options_.eval_data, feeds, options_.seed, consumer.classes);
+    if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options_.eval_data, ": ", d.status().message()));
+    eval_data_ = std::move(*d);
   }
-  // Synthetic data without classes= has the program's classes.
-  auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
-  if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
-  std::unique_ptr<Dataset> eval_data;
-  if (!options.eval_data.empty()) {
-    auto d = OpenDataset(options.eval_data, feeds, options.seed, consumer.classes);
-    if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
-    eval_data = std::move(*d);
-  }
-  // Labels the program cannot take fail here, on every rank, before any step.
-  if (auto s = CheckLabelsFit(**train_data, consumer, absl::StrCat("--data ", options.data)); !s.ok()) return s;
-  if (eval_data) {
-    if (auto s = CheckLabelsFit(*eval_data, consumer, absl::StrCat("--eval_data ", options.eval_data)); !s.ok()) {
+  return absl::OkStatus();
+}
+
+// Labels the program cannot take fail here, on every rank, before any step.
+absl::Status TrainSession::CheckLabels(const LabelConsumer& consumer) const {
+  if (auto s = CheckLabelsFit(*train_data_, consumer, absl::StrCat("--data ", options_.data)); !s.ok()) return s;
+  if (eval_data_) {
+    if (auto s = CheckLabelsFit(*eval_data_, consumer, absl::StrCat("--eval_data ", options_.eval_data)); !s.ok()) {
       return s;
     }
   }
-  (*train_data)->set_allocator(&loader_allocator);
-  if (eval_data) {
-    eval_data->set_allocator(options.device->host_accessible() ? options.device->allocator() : &loader_allocator);
-  }
-  const Dataset& data = **train_data;
-  const int64_t steps_per_epoch = data.size() / batch;
-  if (steps_per_epoch < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--data ", options.data, " has ", data.size(),
-                                                   " samples, fewer than one batch of ", batch));
-  }
-  report.steps_per_epoch = steps_per_epoch;
-  const int64_t total_steps = options.steps > 0 ? options.steps : std::max<int64_t>(options.epochs, 1) * steps_per_epoch;
-  executor.set_total_steps(total_steps);
+  return absl::OkStatus();
+}
 
-  if (!options.save_dir.empty()) {
-    if (auto s = CheckSaveTarget(options.save_dir, LoadsFromSaveFolder(options.load_dir, options.save_dir)); !s.ok()) {
+absl::Status TrainSession::CountSteps() {
+  steps_per_epoch_ = train_data_->size() / batch_;
+  if (steps_per_epoch_ < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--data ", options_.data, " has ", train_data_->size(),
+                                                   " samples, fewer than one batch of ", batch_));
+  }
+  report_.steps_per_epoch = steps_per_epoch_;
+  total_steps_ = options_.steps > 0 ? options_.steps : std::max<int64_t>(options_.epochs, 1) * steps_per_epoch_;
+  executor_->set_total_steps(total_steps_);
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::CheckOutputsWritable() const {
+  if (!options_.save_dir.empty()) {
+    if (auto s = CheckSaveTarget(options_.save_dir, LoadsFromSaveFolder(options_.load_dir, options_.save_dir)); !s.ok()) {
       return s;
     }
   }
-  if (!options.trace_path.empty()) {
-    if (auto s = CheckWritableFile(options.trace_path, "--trace"); !s.ok()) return s;
+  if (!options_.trace_path.empty()) {
+    if (auto s = CheckWritableFile(options_.trace_path, "--trace"); !s.ok()) return s;
   }
-  if (auto s = executor.InitializeState(); !s.ok()) return s;
-  if (!options.load_dir.empty()) {
-    CheckpointSource source;
-    auto ckpt = LoadCheckpointFrom(options.load_dir, &source);
-    if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && SameFolder(options.load_dir, options.save_dir)) {
-      // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
-      if (reporter) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options.load_dir.c_str());
-    } else if (!ckpt.ok()) {
-      return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options.load_dir, ": ", ckpt.status().message()));
-    } else {
-      auto step = CheckResumable(ckpt->metadata, batch, options.seed, total_steps);
-      if (!step.ok()) {
-        return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
-      }
-      if (auto s = executor.LoadPersistentState(ckpt->tensors); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
-      }
-      executor.set_step(*step);
-      report.loaded_from = source.description;
-      // Said even under --quiet: which checkpoint a run continues is part of its record.
-      if (reporter) {
-        std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
-      }
-    }
-  }
-  // The folder `latest` names is never rewritten in place: a run resumed from
-  // an older step into the same folder must not be due to save that step.
-  if (!options.save_dir.empty()) {
-    absl::StatusOr<int64_t> latest = LatestStep(options.save_dir);
-    if (!latest.ok()) return latest.status();
-    const int64_t from = executor.step();
-    if (*latest > from && (*latest == total_steps || (options.save_every > 0 && *latest % options.save_every == 0))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--save ", options.save_dir, ": its latest checkpoint is step ", *latest, ", which this run (from step ", from,
-          ") would save again; resume from ", options.save_dir, " itself, or save into another folder"));
-    }
-  }
-  // Every rank writes its share of a step folder, and they agree that all did.
-  auto save = [&]() -> absl::Status {
-    Checkpoint ckpt;
-    STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor.HostState());
-    ckpt.metadata["epoch"] = absl::StrCat(executor.step() / steps_per_epoch);
-    ckpt.metadata["data_position"] = absl::StrCat((executor.step() % steps_per_epoch) * batch);
-    ckpt.metadata["batch_size"] = absl::StrCat(batch);
-    ckpt.metadata["seed"] = absl::StrCat(options.seed);
-    ckpt.metadata["program"] = plan.program().name();
-    SaveStepOptions save_options;
-    save_options.dir = options.save_dir;
-    save_options.step = executor.step();
-    save_options.rank = plan.rank();
-    save_options.world_size = std::max(1, plan.topology().world_size());
-    save_options.keep = options.keep_checkpoints;
-    if (world != nullptr && world->size() > 1) {
-      save_options.agree = [&](const absl::Status& mine) {
-        return AgreeAllRanks(*world, mine, options.comm_timeout_s, "saving the checkpoint");
-      };
-    }
-    if (auto s = SaveCheckpointStep(save_options, std::move(ckpt)); !s.ok()) return s;
-    report.last_saved = absl::StrCat(options.save_dir, "/step-", executor.step());
+  return absl::OkStatus();
+}
+
+// --load: the checkpoint's state and step, if this run may resume from it.
+absl::Status TrainSession::ResumeFromCheckpoint() {
+  if (options_.load_dir.empty()) return absl::OkStatus();
+  CheckpointSource source;
+  auto ckpt = LoadCheckpointFrom(options_.load_dir, &source);
+  if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && SameFolder(options_.load_dir, options_.save_dir)) {
+    // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
+    if (reporter_) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options_.load_dir.c_str());
     return absl::OkStatus();
-  };
-
-  if (world != nullptr && world->size() > 1) {
-    const std::vector<std::pair<std::string, std::string>> settings = {
-        {"--steps", absl::StrCat(options.steps)},
-        {"--epochs", absl::StrCat(options.epochs)},
-        {"--seed", absl::StrCat(options.seed)},
-        {"--data", data.identity()},
-        {"--eval_data", eval_data ? eval_data->identity() : "(none)"},
-        {"the global batch", absl::StrCat(batch)},
-        {"the loaded checkpoint's step", report.loaded_from.empty() ? "(none)" : absl::StrCat(executor.step())},
-        {"--comm_timeout_s", absl::StrCat(options.comm_timeout_s)},
-        {"--save_every", absl::StrCat(options.save_dir.empty() ? 0 : options.save_every)},
-        // Every rank saves its share, or none does (the save is collective);
-        // the paths may differ between machines that mount one filesystem.
-        {"--save", options.save_dir.empty() ? "(none)" : "(a folder)"},
-    };
-    if (auto s = AgreeOnSettings(*world, settings, options.comm_timeout_s); !s.ok()) return s;
   }
-  MetricsWriter metrics;
-  if (reporter) {
-    if (auto s = metrics.Open(options.metrics_path, !options.load_dir.empty()); !s.ok()) return s;
+  if (!ckpt.ok()) {
+    return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options_.load_dir, ": ", ckpt.status().message()));
   }
-  const std::string acc_fetch = AccuracyFetch(plan.program());
-  const std::string eval_name = EvalName(options.eval_data);
+  auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_);
+  if (!step.ok()) {
+    return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
+  }
+  if (auto s = executor_->LoadPersistentState(ckpt->tensors); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
+  }
+  executor_->set_step(*step);
+  report_.loaded_from = source.description;
+  // Said even under --quiet: which checkpoint a run continues is part of its record.
+  if (reporter_) {
+    std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
+  }
+  return absl::OkStatus();
+}
 
-  auto last_progress = Clock::now();
-  const auto train_begin = Clock::now();
-  const int64_t first_step = executor.step();
-  int64_t next_stop_check = first_step + 1;
-  auto evaluate = [&](int64_t epoch) -> absl::Status {
-    if (!eval_data) return absl::OkStatus();
-    auto m = RunEvaluation(executor, *eval_data, eval_name, options.eval_batch_size, acc_fetch);
-    if (!m.ok()) return m.status();
-    m->epoch = epoch;
-    if (!reporter) return absl::OkStatus();
-    metrics.Line(EvalMetricsJson(*m, executor.step()));
-    if (progress) {
-      std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name.c_str(),
-                   static_cast<long long>(executor.step()), static_cast<long long>(epoch),
-                   m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
-    }
-    report.evals.push_back(*m);
-    return absl::OkStatus();
+// The folder `latest` names is never rewritten in place: a run resumed from
+// an older step into the same folder must not be due to save that step.
+absl::Status TrainSession::CheckSaveKeepsLatest() const {
+  if (options_.save_dir.empty()) return absl::OkStatus();
+  absl::StatusOr<int64_t> latest = LatestStep(options_.save_dir);
+  if (!latest.ok()) return latest.status();
+  const int64_t from = executor_->step();
+  if (*latest > from && (*latest == total_steps_ || (options_.save_every > 0 && *latest % options_.save_every == 0))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save ", options_.save_dir, ": its latest checkpoint is step ", *latest, ", which this run (from step ", from,
+        ") would save again; resume from ", options_.save_dir, " itself, or save into another folder"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
+  if (world_ == nullptr || world_->size() <= 1) return absl::OkStatus();
+  const std::vector<std::pair<std::string, std::string>> settings = {
+      {"--steps", absl::StrCat(options_.steps)},
+      {"--epochs", absl::StrCat(options_.epochs)},
+      {"--seed", absl::StrCat(options_.seed)},
+      {"--data", train_data_->identity()},
+      {"--eval_data", eval_data_ ? eval_data_->identity() : "(none)"},
+      {"the global batch", absl::StrCat(batch_)},
+      {"the loaded checkpoint's step", report_.loaded_from.empty() ? "(none)" : absl::StrCat(executor_->step())},
+      {"--comm_timeout_s", absl::StrCat(options_.comm_timeout_s)},
+      {"--save_every", absl::StrCat(options_.save_dir.empty() ? 0 : options_.save_every)},
+      // Every rank saves its share, or none does (the save is collective);
+      // the paths may differ between machines that mount one filesystem.
+      {"--save", options_.save_dir.empty() ? "(none)" : "(a folder)"},
   };
+  return AgreeOnSettings(*world_, settings, options_.comm_timeout_s);
+}
 
-  // The samples of a micro-batch depend only on (seed, epoch, position): the
-  // loader reads them one micro-batch ahead, on its own thread, into its own
-  // allocator; a micro-batch's forward copies them into this rank's, where
-  // the memory plan counts them.
-  FeedPrefetcher prefetcher(
-      [&, order_epoch = int64_t{-1}, order = std::vector<int64_t>()](
-          const FeedPrefetcher::Key& key) mutable -> absl::StatusOr<FeedPrefetcher::Feeds> {
-        const int64_t epoch = key.step / steps_per_epoch;
-        if (epoch != order_epoch) {
-          order = EpochOrder(data.size(), options.seed, epoch);
-          order_epoch = epoch;
-        }
-        const int64_t position = (key.step % steps_per_epoch) * batch + key.first;
-        auto feeds = LoadBatch(data, absl::MakeConstSpan(order).subspan(position, key.rows));
-        if (feeds.ok()) DropUnreadFeeds(executor, &*feeds);
-        return feeds;
-      });
-  while (executor.step() < total_steps) {
-    const int64_t step = executor.step();
-    if (double seconds = 10; FaultRequested("slow_step", plan.rank(), step + 1, &seconds)) {
+absl::Status TrainSession::OpenMetrics() {
+  if (!reporter_) return absl::OkStatus();
+  return metrics_.Open(options_.metrics_path, !options_.load_dir.empty());
+}
+
+absl::Status TrainSession::RunSteps() {
+  last_progress_ = Clock::now();
+  train_begin_ = Clock::now();
+  first_step_ = executor_->step();
+  next_stop_check_ = first_step_ + 1;
+  StartPrefetcher();
+  while (executor_->step() < total_steps_) {
+    const int64_t step = executor_->step();
+    if (double seconds = 10; FaultRequested("slow_step", plan_.rank(), step + 1, &seconds)) {
       absl::SleepFor(absl::Seconds(seconds));  // a slow but live rank (its heartbeat goes on)
     }
-    const int64_t epoch = step / steps_per_epoch;
+    const int64_t epoch = step / steps_per_epoch_;
     const auto t0 = Clock::now();
-    options.device->allocator()->ResetPeak();
-    auto r = executor.TrainStep(
-        [&](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
-          std::optional<FeedPrefetcher::Key> next;
-          if (first + rows < batch) {
-            next = FeedPrefetcher::Key{step, first + rows, rows};
-          } else if (step + 1 < total_steps) {
-            next = FeedPrefetcher::Key{step + 1, 0, rows};
-          }
-          auto feeds = prefetcher.Get({step, first, rows}, next);
-          if (!feeds.ok()) return feeds.status();
-          for (auto& [name, t] : *feeds) {
-            absl::StatusOr<Tensor> copy = t.CopyTo(options.device);
-            if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
-            t = *std::move(copy);
-          }
-          return feeds;
-        },
-        0);
-    report.measured_peak_bytes = std::max(report.measured_peak_bytes, options.device->allocator()->peak_bytes());
-    if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
-    if (r->has_loss && !std::isfinite(r->loss)) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
-                                                     "; training diverged (lower the learning rate?)"));
-    }
-    const double secs = Seconds(t0, Clock::now());
-    StepMetrics m;
-    m.step = step + 1;
-    m.epoch = epoch + 1;  // counted from 1, as the progress lines do
-    m.loss = r->loss;
-    m.fetches = r->fetches;
-    m.step_ms = secs * 1e3;
-    m.samples_per_sec = batch / std::max(secs, 1e-9);
-    metrics.Line(StepMetricsJson(m));
-    report.steps.push_back(std::move(m));
-
-    const auto now = Clock::now();
-    if (progress && (Seconds(last_progress, now) >= 1.0 || executor.step() == total_steps)) {
-      last_progress = now;
-      const double elapsed = Seconds(train_begin, now);
-      const int64_t done = executor.step() - first_step;
-      const double rate = done * batch / std::max(elapsed, 1e-9);
-      const double eta = (total_steps - executor.step()) * elapsed / std::max<int64_t>(done, 1);
-      std::string fetches;
-      for (const auto& [k, v] : r->fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
-      std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s %.0f samples/s ETA %s\n",
-                   static_cast<long long>(executor.step()), static_cast<long long>(total_steps),
-                   static_cast<long long>(epoch + 1), r->loss, fetches.c_str(), rate, FormatDuration(eta).c_str());
-    }
-    const bool epoch_end = executor.step() % steps_per_epoch == 0;
-    if (epoch_end && options.steps == 0) {
-      if (auto s = evaluate(epoch + 1); !s.ok()) return s;
-    }
+    STRATA_ASSIGN_OR_RETURN(const StepResult r, RunStep(step));
+    RecordStep(step, Seconds(t0, Clock::now()), r);
+    ReportProgress(epoch, r);
+    const bool epoch_end = executor_->step() % steps_per_epoch_ == 0;
+    if (epoch_end && options_.steps == 0) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
     // A stop request on any rank stops every rank after the same step.
-    if (options.stop_signal && executor.step() < total_steps && executor.step() >= next_stop_check) {
-      const double step_seconds = Seconds(train_begin, Clock::now()) / (executor.step() - first_step);
-      const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
-      auto check = AgreeOnStop(options.stop_signal(), executor.step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
-                               world, options.comm_timeout_s);
-      if (!check.ok()) return check.status();
-      if (check->signal != 0) {
-        report.stop_signal = check->signal;
-        break;
-      }
-      next_stop_check = check->next_check;
-    }
-    if (!options.save_dir.empty() && options.save_every > 0 && executor.step() % options.save_every == 0 &&
-        executor.step() < total_steps) {
-      if (auto s = save(); !s.ok()) return s;
-    }
+    STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed());
+    if (stop) break;
+    if (PeriodicSaveDue()) STRATA_RETURN_IF_ERROR(Save());
   }
-  if (options.steps > 0 && executor.step() > first_step && report.stop_signal == 0) {
-    // Epochs count from 1: the one the last step fell in.
-    if (auto s = evaluate((executor.step() - 1) / steps_per_epoch + 1); !s.ok()) return s;
-  }
+  return absl::OkStatus();
+}
 
-  if (!options.save_dir.empty() && executor.step() > first_step) {
-    if (auto s = save(); !s.ok()) return s;
+// The samples of a micro-batch depend only on (seed, epoch, position): the
+// loader reads them one micro-batch ahead, on its own thread, into its own
+// allocator; a micro-batch's forward copies them into this rank's, where
+// the memory plan counts them.
+void TrainSession::StartPrefetcher() {
+  prefetcher_.emplace([this, order_epoch = int64_t{-1}, order = std::vector<int64_t>()](
+                          const FeedPrefetcher::Key& key) mutable -> absl::StatusOr<FeedPrefetcher::Feeds> {
+    const int64_t epoch = key.step / steps_per_epoch_;
+    if (epoch != order_epoch) {
+      order = EpochOrder(train_data_->size(), options_.seed, epoch);
+      order_epoch = epoch;
+    }
+    const int64_t position = (key.step % steps_per_epoch_) * batch_ + key.first;
+    auto feeds = LoadBatch(*train_data_, absl::MakeConstSpan(order).subspan(position, key.rows));
+    if (feeds.ok()) DropUnreadFeeds(*executor_, &*feeds);
+    return feeds;
+  });
+}
+
+// Rows [first, first + rows) of the step's batch, on this rank's device; the
+// prefetcher starts loading the micro-batch after them (of the next step
+// after the last).
+absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int64_t step, int64_t first,
+                                                                            int64_t rows) {
+  std::optional<FeedPrefetcher::Key> next;
+  if (first + rows < batch_) {
+    next = FeedPrefetcher::Key{step, first + rows, rows};
+  } else if (step + 1 < total_steps_) {
+    next = FeedPrefetcher::Key{step + 1, 0, rows};
   }
-  STRATA_ASSIGN_OR_RETURN(const auto final_state, executor.HostState());
+  auto feeds = prefetcher_->Get({step, first, rows}, next);
+  if (!feeds.ok()) return feeds.status();
+  for (auto& [name, t] : *feeds) {
+    absl::StatusOr<Tensor> copy = t.CopyTo(options_.device);
+    if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
+    t = *std::move(copy);
+  }
+  return feeds;
+}
+
+// One optimizer step, with this rank's peak bytes measured over it; a step
+// that fails or whose loss is not finite ends the run.
+absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
+  options_.device->allocator()->ResetPeak();
+  auto r = executor_->TrainStep(
+      [this, step](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
+        return MicroBatchFeeds(step, first, rows);
+      },
+      0);
+  report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
+  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
+  if (r->has_loss && !std::isfinite(r->loss)) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
+                                                   "; training diverged (lower the learning rate?)"));
+  }
+  return r;
+}
+
+// The step's --metrics line and its entry in the report.
+void TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r) {
+  StepMetrics m;
+  m.step = step + 1;
+  m.epoch = step / steps_per_epoch_ + 1;  // counted from 1, as the progress lines do
+  m.loss = r.loss;
+  m.fetches = r.fetches;
+  m.step_ms = seconds * 1e3;
+  m.samples_per_sec = batch_ / std::max(seconds, 1e-9);
+  metrics_.Line(StepMetricsJson(m));
+  report_.steps.push_back(std::move(m));
+}
+
+// A progress line about once a second, and after the last step.
+void TrainSession::ReportProgress(int64_t epoch, const StepResult& r) {
+  const auto now = Clock::now();
+  if (!progress_ || !(Seconds(last_progress_, now) >= 1.0 || executor_->step() == total_steps_)) return;
+  last_progress_ = now;
+  const double elapsed = Seconds(train_begin_, now);
+  const int64_t done = executor_->step() - first_step_;
+  const double rate = done * batch_ / std::max(elapsed, 1e-9);
+  const double eta = (total_steps_ - executor_->step()) * elapsed / std::max<int64_t>(done, 1);
+  std::string fetches;
+  for (const auto& [k, v] : r.fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
+  std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s %.0f samples/s ETA %s\n",
+               static_cast<long long>(executor_->step()), static_cast<long long>(total_steps_),
+               static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), rate, FormatDuration(eta).c_str());
+}
+
+// Whether a stop signal on any rank stops the run after this step. The ranks
+// agree only at the steps they chose last time, about
+// kStopCheckPeriodSeconds apart.
+absl::StatusOr<bool> TrainSession::StopAgreed() {
+  if (!options_.stop_signal || executor_->step() >= total_steps_ || executor_->step() < next_stop_check_) {
+    return false;
+  }
+  const double step_seconds = Seconds(train_begin_, Clock::now()) / (executor_->step() - first_step_);
+  const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
+  auto check = AgreeOnStop(options_.stop_signal(), executor_->step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
+                           world_, options_.comm_timeout_s);
+  if (!check.ok()) return check.status();
+  if (check->signal != 0) {
+    report_.stop_signal = check->signal;
+    return true;
+  }
+  next_stop_check_ = check->next_check;
+  return false;
+}
+
+bool TrainSession::PeriodicSaveDue() const {
+  return !options_.save_dir.empty() && options_.save_every > 0 && executor_->step() % options_.save_every == 0 &&
+         executor_->step() < total_steps_;
+}
+
+// Every rank writes its share of a step folder, and they agree that all did.
+absl::Status TrainSession::Save() {
+  Checkpoint ckpt;
+  STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor_->HostState());
+  ckpt.metadata["epoch"] = absl::StrCat(executor_->step() / steps_per_epoch_);
+  ckpt.metadata["data_position"] = absl::StrCat((executor_->step() % steps_per_epoch_) * batch_);
+  ckpt.metadata["batch_size"] = absl::StrCat(batch_);
+  ckpt.metadata["seed"] = absl::StrCat(options_.seed);
+  ckpt.metadata["program"] = plan_.program().name();
+  SaveStepOptions save_options;
+  save_options.dir = options_.save_dir;
+  save_options.step = executor_->step();
+  save_options.rank = plan_.rank();
+  save_options.world_size = std::max(1, plan_.topology().world_size());
+  save_options.keep = options_.keep_checkpoints;
+  if (world_ != nullptr && world_->size() > 1) {
+    save_options.agree = [this](const absl::Status& mine) {
+      return AgreeAllRanks(*world_, mine, options_.comm_timeout_s, "saving the checkpoint");
+    };
+  }
+  if (auto s = SaveCheckpointStep(save_options, std::move(ckpt)); !s.ok()) return s;
+  report_.last_saved = absl::StrCat(options_.save_dir, "/step-", executor_->step());
+  return absl::OkStatus();
+}
+
+// With --eval_data: its metrics after `epoch`, reported by the rank with the loss.
+absl::Status TrainSession::Evaluate(int64_t epoch) {
+  if (!eval_data_) return absl::OkStatus();
+  auto m = RunEvaluation(*executor_, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_);
+  if (!m.ok()) return m.status();
+  m->epoch = epoch;
+  if (!reporter_) return absl::OkStatus();
+  metrics_.Line(EvalMetricsJson(*m, executor_->step()));
+  if (progress_) {
+    std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name_.c_str(),
+                 static_cast<long long>(executor_->step()), static_cast<long long>(epoch),
+                 m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
+  }
+  report_.evals.push_back(*m);
+  return absl::OkStatus();
+}
+
+// A --steps run evaluates once, after its last step, unless a stop cut it short.
+absl::Status TrainSession::EvaluateAtEnd() {
+  if (options_.steps > 0 && executor_->step() > first_step_ && report_.stop_signal == 0) {
+    // Epochs count from 1: the one the last step fell in.
+    if (auto s = Evaluate((executor_->step() - 1) / steps_per_epoch_ + 1); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::SaveAtEnd() {
+  if (!options_.save_dir.empty() && executor_->step() > first_step_) {
+    if (auto s = Save(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::RecordFinalState() {
+  STRATA_ASSIGN_OR_RETURN(const auto final_state, executor_->HostState());
   for (const auto& [name, t] : final_state) {
-    std::vector<double>& out = report.final_state[name];
+    std::vector<double>& out = report_.final_state[name];
     out.resize(t.num_elements());
     for (int64_t i = 0; i < t.num_elements(); ++i) out[i] = t.ValueAt(i);
   }
-  if (tracer) {
-    if (auto s = tracer->Write(options.trace_path); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+absl::Status TrainSession::WriteTrace() const {
+  if (tracer_) {
+    if (auto s = tracer_->Write(options_.trace_path); !s.ok()) return s;
   }
-  report.seconds = Seconds(t_begin, Clock::now());
-  // Every rank's peak and busy/idle time, gathered for the summary line.
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  int64_t peak_measured = report.measured_peak_bytes, peak_predicted = report.predicted_peak_bytes;
-  if (world != nullptr && world->size() > 1) {
-    Tensor mine = Tensor::Empty(F64, {5});
-    double* m = mine.data<double>();
-    m[0] = plan.rank();
-    m[1] = static_cast<double>(report.measured_peak_bytes);
-    m[2] = static_cast<double>(report.predicted_peak_bytes);
-    m[3] = executor.busy_seconds();
-    m[4] = executor.wait_seconds();
-    Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world->size()) * 5});
-    if (auto s = world->AllGather(mine, &all)->Wait(absl::Seconds(options.comm_timeout_s)); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
+  return absl::OkStatus();
+}
+
+// Every rank's peak and busy/idle time, gathered for the summary line.
+absl::StatusOr<TrainSession::JobSummary> TrainSession::GatherJobSummary() const {
+  JobSummary job;
+  job.peak_measured = report_.measured_peak_bytes;
+  job.peak_predicted = report_.predicted_peak_bytes;
+  if (world_ == nullptr || world_->size() <= 1) return job;
+  Tensor mine = Tensor::Empty(F64, {5});
+  double* m = mine.data<double>();
+  m[0] = plan_.rank();
+  m[1] = static_cast<double>(report_.measured_peak_bytes);
+  m[2] = static_cast<double>(report_.predicted_peak_bytes);
+  m[3] = executor_->busy_seconds();
+  m[4] = executor_->wait_seconds();
+  Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world_->size()) * 5});
+  if (auto s = world_->AllGather(mine, &all)->Wait(absl::Seconds(options_.comm_timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
+  }
+  for (int r = 0; r < world_->size(); ++r) {
+    const double* v = all.data<double>() + 5 * r;
+    job.ranks.push_back({{"rank", static_cast<int>(v[0])},
+                         {"measured_peak_bytes", static_cast<int64_t>(v[1])},
+                         {"predicted_peak_bytes", static_cast<int64_t>(v[2])},
+                         {"busy_s", Metric(v[3])},
+                         {"idle_s", Metric(v[4])}});
+    if (r == 0 || static_cast<int64_t>(v[1]) > job.peak_measured) {
+      // The job's peak: the rank that measured the most, with its prediction.
+      job.peak_measured = static_cast<int64_t>(v[1]);
+      job.peak_predicted = static_cast<int64_t>(v[2]);
     }
-    for (int r = 0; r < world->size(); ++r) {
-      const double* v = all.data<double>() + 5 * r;
-      ranks.push_back({{"rank", static_cast<int>(v[0])},
-                       {"measured_peak_bytes", static_cast<int64_t>(v[1])},
-                       {"predicted_peak_bytes", static_cast<int64_t>(v[2])},
-                       {"busy_s", Metric(v[3])},
-                       {"idle_s", Metric(v[4])}});
-      if (r == 0 || static_cast<int64_t>(v[1]) > peak_measured) {
-        // The job's peak: the rank that measured the most, with its prediction.
-        peak_measured = static_cast<int64_t>(v[1]);
-        peak_predicted = static_cast<int64_t>(v[2]);
-      }
-    }
   }
-  if (reporter) {
-    nlohmann::ordered_json summary = {{"steps", executor.step()},
-                                      {"seconds", Metric(report.seconds)},
-                                      {"measured_peak_bytes", peak_measured},
-                                      {"predicted_peak_bytes", peak_predicted}};
-    if (!ranks.empty()) summary["ranks"] = std::move(ranks);
-    metrics.Line(JsonLine({{"summary", std::move(summary)}}));
+  return job;
+}
+
+absl::Status TrainSession::WriteSummary() {
+  STRATA_ASSIGN_OR_RETURN(JobSummary job, GatherJobSummary());
+  if (reporter_) {
+    nlohmann::ordered_json summary = {{"steps", executor_->step()},
+                                      {"seconds", Metric(report_.seconds)},
+                                      {"measured_peak_bytes", job.peak_measured},
+                                      {"predicted_peak_bytes", job.peak_predicted}};
+    if (!job.ranks.empty()) summary["ranks"] = std::move(job.ranks);
+    metrics_.Line(JsonLine({{"summary", std::move(summary)}}));
   }
-  return report;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
+  TrainSession session(plan, options);
+  STRATA_RETURN_IF_ERROR(session.CreateExecutor());
+  STRATA_RETURN_IF_ERROR(session.FixBatchSize());
+  STRATA_RETURN_IF_ERROR(session.OpenData());
+  STRATA_RETURN_IF_ERROR(session.CountSteps());
+  STRATA_RETURN_IF_ERROR(session.CheckOutputsWritable());
+  STRATA_RETURN_IF_ERROR(session.InitializeState());
+  STRATA_RETURN_IF_ERROR(session.ResumeFromCheckpoint());
+  STRATA_RETURN_IF_ERROR(session.CheckSaveKeepsLatest());
+  STRATA_RETURN_IF_ERROR(session.CheckRanksAgreeOnSettings());
+  STRATA_RETURN_IF_ERROR(session.OpenMetrics());
+
+  STRATA_RETURN_IF_ERROR(session.RunSteps());
+
+  STRATA_RETURN_IF_ERROR(session.EvaluateAtEnd());
+  STRATA_RETURN_IF_ERROR(session.SaveAtEnd());
+  STRATA_RETURN_IF_ERROR(session.RecordFinalState());
+  STRATA_RETURN_IF_ERROR(session.WriteTrace());
+  session.StopClock();
+  STRATA_RETURN_IF_ERROR(session.WriteSummary());
+  return session.TakeReport();
 }
 
 }  // namespace strata
