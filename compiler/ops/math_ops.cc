@@ -1,5 +1,7 @@
 // The "math" family: elementwise arithmetic with broadcasting, activations,
 // softmax, reductions and small utility ops, with their backward helpers.
+// The axis rules of softmax and the reductions live in proto/shape_rules.h,
+// where their kernels use them too.
 
 #include <algorithm>
 #include <initializer_list>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -52,50 +55,6 @@ absl::Status ExpectSameDtype(const ShapeContext& ctx, int a, const char* a_name,
                                                    "; they must match"));
   }
   return absl::OkStatus();
-}
-
-// Normalizes an `axis` attr against `rank`; reports the attr by name.
-absl::StatusOr<int64_t> NormalizeAxis(int64_t axis, int64_t rank, const char* input) {
-  if (rank == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("input '", input, "' must have rank >= 1, got a scalar"));
-  }
-  if (axis < -rank || axis >= rank) {
-    return absl::InvalidArgumentError(absl::StrCat("attr 'axis' is ", axis, ", out of range for input '", input,
-                                                   "' of rank ", rank, " (expected ", -rank, "..", rank - 1, ")"));
-  }
-  return axis < 0 ? axis + rank : axis;
-}
-
-// Flags of the dims an `axis` list attr reduces (empty: all dims).
-absl::StatusOr<std::vector<bool>> ReducedAxes(const ShapeContext& ctx, int64_t rank, const char* input) {
-  std::vector<int64_t> axis = ctx.attr_ints("axis");
-  std::vector<bool> reduced(rank, axis.empty());
-  for (int64_t a : axis) {
-    if (a < -rank || a >= rank) {
-      return absl::InvalidArgumentError(absl::StrCat("attr 'axis' has ", a, ", out of range for input '", input,
-                                                     "' of rank ", rank, " (expected ", -rank, "..", rank - 1,
-                                                     ")"));
-    }
-    int64_t d = a < 0 ? a + rank : a;
-    if (reduced[d]) {
-      return absl::InvalidArgumentError(absl::StrCat("attr 'axis' names dim ", d, " twice"));
-    }
-    reduced[d] = true;
-  }
-  return reduced;
-}
-
-Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& reduced,
-                                 bool keepdim) {
-  Shape out;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (!reduced[i]) {
-      out.push_back(shape[i]);
-    } else if (keepdim) {
-      out.push_back(1);
-    }
-  }
-  return out;
 }
 
 // z = f(x, y) with numpy broadcasting over the given dtypes.
@@ -143,7 +102,7 @@ ShapeFn PairGradShape(const char* a_name) {
 
 absl::Status SoftmaxShape(ShapeContext& ctx) {
   if (auto s = ExpectFloat(ctx, 0, "x"); !s.ok()) return s;
-  auto axis = NormalizeAxis(ctx.attr_int("axis"), ctx.input(0).shape.size(), "x");
+  auto axis = NormalizeInputAxis(ctx.attr_int("axis"), static_cast<int>(ctx.input(0).shape.size()), "x");
   if (!axis.ok()) return axis.status();
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
@@ -151,7 +110,7 @@ absl::Status SoftmaxShape(ShapeContext& ctx) {
 
 absl::Status SoftmaxGradShape(ShapeContext& ctx) {
   if (auto s = PairGradShape("y")(ctx); !s.ok()) return s;
-  auto axis = NormalizeAxis(ctx.attr_int("axis"), ctx.input(0).shape.size(), "y");
+  auto axis = NormalizeInputAxis(ctx.attr_int("axis"), static_cast<int>(ctx.input(0).shape.size()), "y");
   if (!axis.ok()) return axis.status();
   return absl::OkStatus();
 }
@@ -164,7 +123,7 @@ ShapeFn ReduceOpShape(std::initializer_list<DataType> allowed) {
       return absl::InvalidArgumentError(
           absl::StrCat("input 'x' must be ", DtypeList(dtypes), ", got ", DataTypeName(x.dtype)));
     }
-    auto reduced = ReducedAxes(ctx, x.shape.size(), "x");
+    auto reduced = ReducedAxes(ctx.attr_ints("axis"), static_cast<int>(x.shape.size()), "x");
     if (!reduced.ok()) return reduced.status();
     ctx.set_output(0, TensorType{x.dtype, ReduceShape(x.shape, *reduced, ctx.attr_bool("keepdim"))});
     return absl::OkStatus();
@@ -176,7 +135,7 @@ absl::Status BroadcastLikeShape(ShapeContext& ctx) {
   if (auto s = ExpectFloat(ctx, 0, "dy"); !s.ok()) return s;
   if (auto s = ExpectSameDtype(ctx, 0, "dy", 1, "x"); !s.ok()) return s;
   const TensorType& x = ctx.input(1);
-  auto reduced = ReducedAxes(ctx, x.shape.size(), "x");
+  auto reduced = ReducedAxes(ctx.attr_ints("axis"), static_cast<int>(x.shape.size()), "x");
   if (!reduced.ok()) return reduced.status();
   Shape expected = ReduceShape(x.shape, *reduced, ctx.attr_bool("keepdim"));
   if (ctx.input(0).shape != expected) {

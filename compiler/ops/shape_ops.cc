@@ -5,16 +5,19 @@
 // The batch dimension (-1) may pass through any of them, but no op may fold it
 // into other dims or cut it: after such an op the -1 would no longer be "the
 // batch size", which micro-batching and data parallelism rely on.
+//
+// The rules on plain shapes (reshape, flatten, transpose, split, slice) live in
+// proto/shape_rules.h, where the kernels use them too.
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -26,15 +29,6 @@ std::string Ints(absl::Span<const int64_t> v) { return absl::StrCat("[", absl::S
 // "input 'x' (F32[-1, 784])"
 std::string Describe(const ShapeContext& ctx, int i) {
   return absl::StrCat("input ", i, " '", ctx.op().input(i), "' (", ctx.input(i).ToString(), ")");
-}
-
-// Maps axis in [-rank, rank) to [0, rank).
-absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, const std::string& what) {
-  if (axis < -rank || axis >= rank) {
-    return Invalid(absl::StrCat(what, " = ", axis, " is out of range for rank ", rank, " (expected ", -rank, " to ",
-                                rank - 1, ")"));
-  }
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
 int64_t KnownProduct(absl::Span<const int64_t> shape) {
@@ -50,67 +44,6 @@ int CountUnknown(absl::Span<const int64_t> shape) {
 }
 
 // ---- reshape ---------------------------------------------------------------
-
-// Resolves reshape's `shape` attr against the input shape: 0 copies the input
-// dim at that position, one -1 is inferred. With a batch dim in the input the
-// inferred dim must be exactly the batch dim.
-absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec) {
-  Shape out(spec.size());
-  int infer = -1;
-  int copied_unknown = 0;
-  int64_t known_out = 1;
-  for (size_t i = 0; i < spec.size(); ++i) {
-    int64_t v = spec[i];
-    if (v == -1) {
-      if (infer >= 0) return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), " has more than one -1"));
-      infer = static_cast<int>(i);
-    } else if (v == 0) {
-      if (i >= in.size()) {
-        return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), ": entry ", i, " is 0 (copy input dim ", i,
-                                    ") but the input has rank ", in.size()));
-      }
-      out[i] = in[i];
-      if (in[i] < 0) {
-        ++copied_unknown;
-      } else {
-        known_out *= in[i];
-      }
-    } else if (v < 0) {
-      return Invalid(absl::StrCat("attr 'shape' ", Ints(spec), ": entry ", i, " is ", v,
-                                  "; expected a size, 0 (copy the input dim) or -1 (infer)"));
-    } else {
-      out[i] = v;
-      known_out *= v;
-    }
-  }
-  const int64_t known_in = KnownProduct(in);
-  const int unknown = CountUnknown(in) - copied_unknown;  // batch dims not placed by a 0
-  const std::string what = absl::StrCat("cannot reshape ", ShapeString(in), " to ", Ints(spec));
-  if (infer < 0) {
-    if (unknown > 0) {
-      return Invalid(absl::StrCat(what, ": the input's batch dim (-1) must go to a -1 or 0 entry"));
-    }
-    if (known_in != known_out) {
-      return Invalid(absl::StrCat(what, ": ", known_in, " elements into ", known_out));
-    }
-    return out;
-  }
-  if (unknown > 1) return Invalid(absl::StrCat(what, ": it would merge ", unknown, " unknown dims into one"));
-  if (unknown == 1) {
-    // The -1 stays the batch dim only if the other dims hold the rest exactly.
-    if (known_in != known_out) {
-      return Invalid(absl::StrCat(what, ": the -1 stands for the batch dim, so the other dims must hold ",
-                                  known_in, " elements per batch entry, not ", known_out));
-    }
-    out[infer] = -1;
-    return out;
-  }
-  if (known_out == 0 || known_in % known_out != 0) {
-    return Invalid(absl::StrCat(what, ": ", known_in, " elements do not divide into dims of ", known_out));
-  }
-  out[infer] = known_in / known_out;
-  return out;
-}
 
 absl::Status ReshapeShape(ShapeContext& ctx) {
   auto out = ResolveReshape(ctx.input(0).shape, ctx.attr_ints("shape"));
@@ -158,36 +91,12 @@ STRATA_REGISTER_OP(OpDef("reshape_like")
 
 // ---- flatten ---------------------------------------------------------------
 
-absl::Status FlattenShape(ShapeContext& ctx) {
+absl::Status FlattenOpShape(ShapeContext& ctx) {
   const TensorType& x = ctx.input(0);
-  const int rank = static_cast<int>(x.shape.size());
-  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, 0), " must have rank 1 or more"));
-  auto start = NormalizeAxis(ctx.attr_int("start_axis"), rank, "attr 'start_axis'");
-  if (!start.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", start.status().message()));
-  auto end = NormalizeAxis(ctx.attr_int("end_axis"), rank, "attr 'end_axis'");
-  if (!end.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", end.status().message()));
-  if (*start > *end) {
-    return Invalid(absl::StrCat(Describe(ctx, 0), ": attr 'start_axis' (", *start, ") is after 'end_axis' (", *end,
-                                ")"));
-  }
-  Shape out(x.shape.begin(), x.shape.begin() + *start);
-  int64_t merged = 1;
-  bool batch = false;
-  for (int d = *start; d <= *end; ++d) {
-    if (x.shape[d] < 0) {
-      batch = true;
-    } else {
-      merged *= x.shape[d];
-    }
-  }
-  if (batch && (merged != 1 || CountUnknown(Shape(x.shape.begin() + *start,
-                                                                   x.shape.begin() + *end + 1)) > 1)) {
-    return Invalid(absl::StrCat(Describe(ctx, 0), ": flattening axes ", *start, " to ", *end,
-                                " would merge the batch dim (-1) with other dims"));
-  }
-  out.push_back(batch ? -1 : merged);
-  out.insert(out.end(), x.shape.begin() + *end + 1, x.shape.end());
-  ctx.set_output(0, TensorType{x.dtype, out});
+  if (x.shape.empty()) return Invalid(absl::StrCat(Describe(ctx, 0), " must have rank 1 or more"));
+  auto out = FlattenShape(x.shape, ctx.attr_int("start_axis"), ctx.attr_int("end_axis"));
+  if (!out.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", out.status().message()));
+  ctx.set_output(0, TensorType{x.dtype, *out});
   return absl::OkStatus();
 }
 
@@ -196,29 +105,13 @@ STRATA_REGISTER_OP(OpDef("flatten")
                        .Output("y")
                        .Attr("start_axis", 1)
                        .Attr("end_axis", -1)
-                       .Shape(FlattenShape)
+                       .Shape(FlattenOpShape)
                        .AliasesInput()
                        .Grad(ReshapeGrad)
                        .Doc("Merges axes start_axis..end_axis (inclusive, negative counts from the end) into one. "
                             "Shares x's buffer."));
 
 // ---- transpose -------------------------------------------------------------
-
-absl::StatusOr<Shape> NormalizePerm(absl::Span<const int64_t> perm, int rank) {
-  if (static_cast<int>(perm.size()) != rank) {
-    return Invalid(absl::StrCat("attr 'perm' ", Ints(perm), " must have one entry per input dim (", rank, ")"));
-  }
-  Shape out(rank);
-  std::vector<bool> seen(rank, false);
-  for (int i = 0; i < rank; ++i) {
-    auto axis = NormalizeAxis(perm[i], rank, absl::StrCat("attr 'perm'[", i, "]"));
-    if (!axis.ok()) return axis.status();
-    if (seen[*axis]) return Invalid(absl::StrCat("attr 'perm' ", Ints(perm), " is not a permutation"));
-    seen[*axis] = true;
-    out[i] = *axis;
-  }
-  return out;
-}
 
 absl::Status TransposeShape(ShapeContext& ctx) {
   const TensorType& x = ctx.input(0);
@@ -348,52 +241,6 @@ STRATA_REGISTER_OP(OpDef("concat_grad")
 
 // ---- split -----------------------------------------------------------------
 
-// Sizes of the `n` pieces of a dim of size `dim` (-1: the batch dim).
-absl::StatusOr<Shape> SplitSizes(int64_t dim, int n, absl::Span<const int64_t> sections) {
-  if (sections.empty()) {
-    if (dim < 0) {
-      if (n == 1) return Shape{-1};
-      return Invalid(absl::StrCat("cannot split the batch dim (-1) into ", n, " parts"));
-    }
-    if (dim % n != 0) {
-      return Invalid(absl::StrCat("cannot split a dim of ", dim, " into ", n,
-                                  " equal parts; give the sizes in attr 'sections'"));
-    }
-    return Shape(n, dim / n);
-  }
-  if (static_cast<int>(sections.size()) != n) {
-    return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " has ", sections.size(), " entries for ", n,
-                                " outputs"));
-  }
-  Shape sizes(sections.begin(), sections.end());
-  int infer = -1;
-  int64_t known = 0;
-  for (int i = 0; i < n; ++i) {
-    if (sections[i] == -1 && infer < 0) {
-      infer = i;
-    } else if (sections[i] < 0) {
-      return Invalid(absl::StrCat("attr 'sections' ", Ints(sections),
-                                  ": sizes must be 0 or more, with at most one -1 (the rest)"));
-    } else {
-      known += sections[i];
-    }
-  }
-  if (dim < 0) {
-    if (n == 1 && infer == 0) return sizes;
-    return Invalid(absl::StrCat("cannot split the batch dim (-1) by attr 'sections' ", Ints(sections)));
-  }
-  if (infer >= 0) {
-    if (known > dim) {
-      return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " adds up to more than the dim (", dim, ")"));
-    }
-    sizes[infer] = dim - known;
-  } else if (known != dim) {
-    return Invalid(absl::StrCat("attr 'sections' ", Ints(sections), " adds up to ", known, ", not to the dim (", dim,
-                                ")"));
-  }
-  return sizes;
-}
-
 absl::Status SplitShape(ShapeContext& ctx) {
   const TensorType& x = ctx.input(0);
   const int rank = static_cast<int>(x.shape.size());
@@ -505,48 +352,11 @@ STRATA_REGISTER_OP(OpDef("split_grad")
 
 // ---- slice -----------------------------------------------------------------
 
-// numpy's clamping of one [start, end) on a dim of size `dim`.
-void ClampRange(int64_t dim, int64_t start, int64_t end, int64_t* begin, int64_t* size) {
-  int64_t s = start < 0 ? std::max<int64_t>(start + dim, 0) : std::min(start, dim);
-  int64_t e = end < 0 ? std::max<int64_t>(end + dim, 0) : std::min(end, dim);
-  *begin = s;
-  *size = std::max<int64_t>(e - s, 0);
-}
-
-// Ends at or beyond this read "to the end" (INT32_MAX, INT64_MAX...).
-constexpr int64_t kToTheEnd = std::numeric_limits<int32_t>::max();
-
-// The sliced shape of `in` for the op's axes/starts/ends attrs.
-absl::StatusOr<Shape> SliceShape(absl::Span<const int64_t> in, absl::Span<const int64_t> axes,
-                                                absl::Span<const int64_t> starts, absl::Span<const int64_t> ends) {
-  if (starts.size() != axes.size() || ends.size() != axes.size()) {
-    return Invalid(absl::StrCat("attrs 'axes' ", Ints(axes), ", 'starts' ", Ints(starts), " and 'ends' ", Ints(ends),
-                                " must have the same length"));
-  }
-  const int rank = static_cast<int>(in.size());
-  Shape out(in.begin(), in.end());
-  std::vector<bool> seen(rank, false);
-  for (size_t k = 0; k < axes.size(); ++k) {
-    auto axis = NormalizeAxis(axes[k], rank, absl::StrCat("attr 'axes'[", k, "]"));
-    if (!axis.ok()) return axis.status();
-    if (seen[*axis]) return Invalid(absl::StrCat("attr 'axes' ", Ints(axes), " names axis ", *axis, " twice"));
-    seen[*axis] = true;
-    if (in[*axis] < 0) {
-      if (starts[k] == 0 && ends[k] >= kToTheEnd) continue;  // the whole batch
-      return Invalid(absl::StrCat("cannot slice axis ", *axis, ", the batch dim (-1), by [", starts[k], ", ", ends[k],
-                                  "): only [0, end) is allowed there"));
-    }
-    int64_t begin, size;
-    ClampRange(in[*axis], starts[k], ends[k], &begin, &size);
-    out[*axis] = size;
-  }
-  return out;
-}
-
 absl::Status SliceOpShape(ShapeContext& ctx) {
-  auto out = SliceShape(ctx.input(0).shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
-  if (!out.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", out.status().message()));
-  ctx.set_output(0, TensorType{ctx.input(0).dtype, *out});
+  auto window =
+      ResolveSlice(ctx.input(0).shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
+  if (!window.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", window.status().message()));
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, window->size});
   return absl::OkStatus();
 }
 
@@ -561,11 +371,11 @@ absl::Status SliceGrad(GradBuilder& g) {
 absl::Status SliceGradShape(ShapeContext& ctx) {
   const TensorType& dy = ctx.input(0);
   const TensorType& x = ctx.input(1);
-  auto sliced = SliceShape(x.shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
-  if (!sliced.ok()) return Invalid(absl::StrCat(Describe(ctx, 1), ": ", sliced.status().message()));
-  if (*sliced != dy.shape) {
+  auto window = ResolveSlice(x.shape, ctx.attr_ints("axes"), ctx.attr_ints("starts"), ctx.attr_ints("ends"));
+  if (!window.ok()) return Invalid(absl::StrCat(Describe(ctx, 1), ": ", window.status().message()));
+  if (window->size != dy.shape) {
     return Invalid(absl::StrCat(Describe(ctx, 0), " is not shaped like the slice of ", Describe(ctx, 1), " (",
-                                ShapeString(*sliced), ")"));
+                                ShapeString(window->size), ")"));
   }
   ctx.set_output(0, TensorType{dy.dtype, x.shape});
   return absl::OkStatus();

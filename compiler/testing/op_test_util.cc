@@ -103,6 +103,29 @@ absl::Status RunOp(const Op& forward, std::map<std::string, Tensor>* env, const 
   return absl::OkStatus();
 }
 
+absl::Status RunKernelOnly(const Op& forward, const std::map<std::string, Tensor>& env, const RunContext& run) {
+  const OpSchema* schema = OpRegistry::Global().Find(forward.type());
+  if (schema == nullptr) return absl::NotFoundError(absl::StrCat("unknown op type '", forward.type(), "'"));
+  Op op = forward;
+  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  std::vector<const Tensor*> inputs;
+  std::vector<TensorType> input_types;
+  for (int i = 0; i < op.input_size(); ++i) {
+    auto it = env.find(op.input(i));
+    if (it == env.end()) return absl::NotFoundError(absl::StrCat("input '", op.input(i), "' is not in env"));
+    inputs.push_back(&it->second);
+    input_types.push_back(TypeOf(it->second));
+  }
+  KernelDef def{&op, input_types, {}};
+  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), run.device->kind(), KernelDtype(def));
+  if (factory == nullptr) return absl::NotFoundError(absl::StrCat("no kernel for op '", op.type(), "'"));
+  auto kernel = (*factory)(def);
+  if (!kernel.ok()) return kernel.status();
+  std::vector<Tensor> outputs(op.output_size());
+  KernelContext ctx(&run, absl::MakeConstSpan(inputs), absl::MakeSpan(outputs));
+  return (*kernel)->Compute(ctx);
+}
+
 absl::Status RunOps(const std::vector<Op>& ops, std::map<std::string, Tensor>* env, const RunContext& run) {
   for (size_t k = 0; k < ops.size(); ++k) {
     if (absl::Status s = RunOp(ops[k], env, run); !s.ok()) {

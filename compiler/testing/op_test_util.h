@@ -30,6 +30,12 @@ Op ParseOp(const std::string& text);
 absl::Status RunOps(const std::vector<Op>& ops, std::map<std::string, Tensor>* env, const RunContext& run = {});
 absl::Status RunOp(const Op& op, std::map<std::string, Tensor>* env, const RunContext& run = {});
 
+// Runs only `op`'s kernel on `env`'s tensors (attr defaults filled in), as a
+// plan the compiler never checked would: no shape function first, outputs
+// dropped. Returns the kernel's own status unprefixed, so tests can check that
+// a kernel refuses what its schema refuses, with the schema's words.
+absl::Status RunKernelOnly(const Op& op, const std::map<std::string, Tensor>& env, const RunContext& run = {});
+
 // The backward ops that `op`'s gradient maker emits. `types` maps (at least)
 // the op's input and output var names to their types. dL/d(output i) is named
 // "<output>@grad" when output_has_grad[i] (empty: every floating output has

@@ -222,13 +222,6 @@ template <typename T>
 void ReduceSum(const T* in, absl::Span<const int64_t> shape, const std::vector<bool>& reduced, T* out,
                AccumulatorOf<T> scale);
 
-// Normalizes `axis` (negative allowed; empty: all dims) against `rank` into
-// per-dim flags. InvalidArgument on out-of-range or repeated axes.
-absl::StatusOr<std::vector<bool>> ReducedDims(absl::Span<const int64_t> axis, int rank);
-
-// The reduced shape of `shape` (reduced dims kept as 1 or removed).
-Shape ReducedShape(absl::Span<const int64_t> shape, const std::vector<bool>& reduced, bool keepdim);
-
 // ---------------------------------------------------------------------------
 // Implementation of the templates above.
 

@@ -6,6 +6,7 @@
 // broadcast_like splits output rows like BroadcastBinary.
 
 #include "kernels/cpu/elementwise.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -24,9 +25,9 @@ class ReduceKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     using Acc = AccumulatorOf<T>;
     const Tensor& x = ctx.input(0);
-    absl::StatusOr<std::vector<bool>> reduced = ReducedDims(axis_, x.rank());
+    absl::StatusOr<std::vector<bool>> reduced = ReducedAxes(axis_, x.rank(), "x");
     if (!reduced.ok()) return reduced.status();
-    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, ReducedShape(x.shape(), *reduced, keepdim_));
+    absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, ReduceShape(x.shape(), *reduced, keepdim_));
     if (!y.ok()) return y.status();
     Acc scale = Acc(1);
     if constexpr (kMean) {
@@ -102,9 +103,9 @@ class BroadcastLikeKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Shape& x = ctx.input(1).shape();
-    absl::StatusOr<std::vector<bool>> reduced = ReducedDims(axis_, static_cast<int>(x.size()));
+    absl::StatusOr<std::vector<bool>> reduced = ReducedAxes(axis_, static_cast<int>(x.size()), "x");
     if (!reduced.ok()) return reduced.status();
-    if (dy.shape() != ReducedShape(x, *reduced, keepdim_)) {
+    if (dy.shape() != ReduceShape(x, *reduced, keepdim_)) {
       return absl::InvalidArgumentError(absl::StrCat("dy ", ShapeString(dy.shape()), " is not x ", ShapeString(x),
                                                      " reduced over the op's axis"));
     }
@@ -112,7 +113,7 @@ class BroadcastLikeKernel : public OpKernel {
     for (size_t d = 0; d < x.size(); ++d) {
       if ((*reduced)[d]) count *= x[d];
     }
-    absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlanTo(ReducedShape(x, *reduced, true), {}, x);
+    absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlanTo(ReduceShape(x, *reduced, true), {}, x);
     if (!plan.ok()) return plan.status();
     absl::StatusOr<Tensor*> dx = ctx.AllocateOutput(0, DataTypeOf<T>::value, x);
     if (!dx.ok()) return dx.status();

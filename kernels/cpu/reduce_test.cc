@@ -277,5 +277,20 @@ TEST(ReduceShapeTest, HelperOpsCheckTheirOperands) {
               HasSubstr("input 'dy' has shape [4] but reducing x [-1, 4] with these axis/keepdim attrs gives [1, 4]"));
 }
 
+// The kernel resolves axes with the schema's rule (proto/shape_rules.h), so a
+// plan that skipped the shape function is refused in the same words.
+TEST(ReduceShapeTest, KernelRefusesBadAxesWithTheSchemasWords) {
+  const std::map<std::string, Tensor> env{{"x", MakeTensor(F32, {2, 4}, std::vector<double>(8, 1.0))}};
+  absl::Status s = RunKernelOnly(ParseOp(ReduceText("reduce_sum", {2}, false)), env);
+  EXPECT_EQ(s.message(), "attr 'axis' has 2, out of range for input 'x' of rank 2 (expected -2..1)");
+  s = RunKernelOnly(ParseOp(ReduceText("reduce_mean", {0, -2}, false)), env);
+  EXPECT_EQ(s.message(), "attr 'axis' names dim 0 twice");
+  const std::map<std::string, Tensor> grad_env{{"dy", MakeTensor(F32, {4}, {1, 2, 3, 4})}, {"x", env.at("x")}};
+  s = RunKernelOnly(ParseOp(R"pb(type: "broadcast_like" input: ["dy", "x"] output: "dx"
+                                 attr { key: "axis" value { list { i: [0, 0] } } })pb"),
+                    grad_env);
+  EXPECT_EQ(s.message(), "attr 'axis' names dim 0 twice");
+}
+
 }  // namespace
 }  // namespace strata

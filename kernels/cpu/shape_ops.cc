@@ -1,6 +1,8 @@
 // CPU kernels of the shape ops (compiler/ops/shape_ops.cc): reshape, flatten
 // and reshape_like share the input's buffer; transpose, concat, split, slice
 // and their gradient helpers copy.
+// Output shapes come from the schemas' own rules (proto/shape_rules.h), so a
+// kernel refuses what its schema refuses, in the same words.
 //
 // Threads: copies split the rows of the copied box (all dims but the last)
 // into chunks of at least kMinChunkElements elements, so small tensors run
@@ -16,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "proto/shape_rules.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/thread_pool.h"
@@ -26,20 +30,21 @@ namespace {
 
 constexpr int64_t kMinChunkElements = 32768;
 
-absl::Status Invalid(const Op& op, const std::string& message) {
+absl::Status Invalid(const Op& op, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(op.type(), ": ", message));
+}
+
+// A shape rule's value (proto/shape_rules.h), or its error naming the op.
+template <typename V>
+absl::StatusOr<V> ForOp(const Op& op, absl::StatusOr<V> value) {
+  if (!value.ok()) return Invalid(op, value.status().message());
+  return value;
 }
 
 std::vector<int64_t> Strides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
   return strides;
-}
-
-// Maps axis in [-rank, rank) to [0, rank); -1 when out of range.
-int NormalizeAxis(int64_t axis, int rank) {
-  if (axis < -rank || axis >= rank) return -1;
-  return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 
 // Copies the box of size `box` at `src_at` in src (shape src_shape) to `dst_at`
@@ -102,11 +107,9 @@ void TakeBox(Tensor* part, const Tensor& whole, const std::vector<int64_t>& at) 
              Dims(part->shape()));
 }
 
-// `axis` in [0, rank of shape); an error naming the shape when out of range.
+// The op's `axis` attr in [0, rank of shape).
 absl::StatusOr<int> CheckAxis(const Op& op, int64_t axis, const Shape& shape) {
-  const int a = NormalizeAxis(axis, static_cast<int>(shape.size()));
-  if (a < 0) return Invalid(op, absl::StrCat("axis ", axis, " does not fit ", ShapeString(shape)));
-  return a;
+  return ForOp(op, NormalizeAxis(axis, static_cast<int>(shape.size()), "attr 'axis'"));
 }
 
 // Output i shaped `shape`, zero-filled: the gradient ops copy their dys into part of it.
@@ -160,27 +163,7 @@ class ReshapeKernel : public ShapeKernel {
   }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    Shape out(spec_.size());
-    int infer = -1;
-    int64_t known = 1;
-    for (size_t i = 0; i < spec_.size(); ++i) {
-      if (spec_[i] == -1) {
-        infer = static_cast<int>(i);
-        continue;
-      }
-      out[i] = spec_[i] == 0 && i < static_cast<size_t>(x.rank()) ? x.dim(static_cast<int>(i)) : spec_[i];
-      known *= out[i];
-    }
-    if (infer >= 0) {
-      if (known <= 0 || x.num_elements() % known != 0) {
-        return Invalid(op_, absl::StrCat("cannot infer the -1 of ", ShapeString(spec_), " for ",
-                                         ShapeString(x.shape())));
-      }
-      out[infer] = x.num_elements() / known;
-    }
-    if (NumElements(out) != x.num_elements()) {
-      return Invalid(op_, absl::StrCat("cannot reshape ", ShapeString(x.shape()), " to ", ShapeString(out)));
-    }
+    STRATA_ASSIGN_OR_RETURN(const Shape out, ForOp(op_, ResolveReshape(x.shape(), spec_)));
     ctx.SetOutput(0, x.Reshaped(out));
     return absl::OkStatus();
   }
@@ -199,15 +182,7 @@ class FlattenKernel : public ShapeKernel {
   }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const int start = NormalizeAxis(start_, x.rank()), end = NormalizeAxis(end_, x.rank());
-    if (start < 0 || end < 0 || start > end) {
-      return Invalid(op_, absl::StrCat("axes ", start_, "..", end_, " do not fit ", ShapeString(x.shape())));
-    }
-    Shape out(x.shape().begin(), x.shape().begin() + start);
-    int64_t merged = 1;
-    for (int d = start; d <= end; ++d) merged *= x.dim(d);
-    out.push_back(merged);
-    out.insert(out.end(), x.shape().begin() + end + 1, x.shape().end());
+    STRATA_ASSIGN_OR_RETURN(const Shape out, ForOp(op_, FlattenShape(x.shape(), start_, end_)));
     ctx.SetOutput(0, x.Reshaped(out));
     return absl::OkStatus();
   }
@@ -244,18 +219,9 @@ class TransposeKernel : public ShapeKernel {
     const Tensor& x = ctx.input(0);
     STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     const int rank = x.rank();
-    if (static_cast<int>(perm_.size()) != rank) {
-      return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " does not fit ", ShapeString(x.shape())));
-    }
-    std::vector<int> perm(rank);
-    std::vector<bool> seen(rank, false);
-    for (int k = 0; k < rank; ++k) {
-      perm[k] = NormalizeAxis(perm_[k], rank);
-      if (perm[k] < 0 || seen[perm[k]]) return Invalid(op_, absl::StrCat("perm ", ShapeString(perm_), " is invalid"));
-      seen[perm[k]] = true;
-    }
+    STRATA_ASSIGN_OR_RETURN(const Shape perm, ForOp(op_, NormalizePerm(perm_, rank)));
     Shape out_shape(rank);
-    for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(perm[k]);
+    for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(static_cast<int>(perm[k]));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), out_shape));
     if (x.num_elements() == 0) return absl::OkStatus();
     const std::vector<int64_t> x_stride = Strides(x.shape());
@@ -403,31 +369,6 @@ class ConcatGradKernel : public AxisKernel<false> {
   }
 };
 
-// Sizes of the pieces of a dim: equal parts, or `sections` with one -1 = rest.
-absl::StatusOr<std::vector<int64_t>> PieceSizes(const Op& op, int64_t dim, int n, std::vector<int64_t> sections) {
-  if (sections.empty()) {
-    if (n <= 0 || dim % n != 0) return Invalid(op, absl::StrCat("cannot split ", dim, " into ", n, " equal parts"));
-    return std::vector<int64_t>(n, dim / n);
-  }
-  if (static_cast<int>(sections.size()) != n) return Invalid(op, "sections do not match the outputs");
-  int64_t known = 0;
-  int infer = -1;
-  for (int i = 0; i < n; ++i) {
-    if (sections[i] == -1 && infer < 0) {
-      infer = i;
-    } else if (sections[i] < 0) {
-      return Invalid(op, "negative section");
-    } else {
-      known += sections[i];
-    }
-  }
-  if (infer >= 0 && known <= dim) sections[infer] = dim - known;
-  int64_t total = 0;
-  for (int64_t s : sections) total += s;
-  if (total != dim) return Invalid(op, absl::StrCat("sections add up to ", total, ", not ", dim));
-  return sections;
-}
-
 template <typename T>
 class SplitKernel : public AxisKernel<true> {
  public:
@@ -435,8 +376,7 @@ class SplitKernel : public AxisKernel<true> {
     const Tensor& x = ctx.input(0);
     STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
     STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
-                               PieceSizes(op_, x.dim(axis), ctx.num_outputs(), sections_));
+    STRATA_ASSIGN_OR_RETURN(const Shape sizes, ForOp(op_, SplitSizes(x.dim(axis), ctx.num_outputs(), sections_)));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       Shape shape = x.shape();
@@ -461,8 +401,8 @@ class SplitGradKernel : public AxisKernel<true> {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_ASSIGN_OR_RETURN(const std::vector<int64_t> sizes,
-                               PieceSizes(op_, x.dim(axis), static_cast<int>(sections_.size()), sections_));
+    STRATA_ASSIGN_OR_RETURN(const Shape sizes,
+                            ForOp(op_, SplitSizes(x.dim(axis), static_cast<int>(sections_.size()), sections_)));
     if (static_cast<int>(which_.size()) != ctx.num_inputs() - 1) return Invalid(op_, "one dy per grad_outputs entry");
     std::vector<int64_t> offset(sizes.size() + 1, 0);
     for (size_t i = 0; i < sizes.size(); ++i) offset[i + 1] = offset[i] + sizes[i];
@@ -490,27 +430,6 @@ class SplitGradKernel : public AxisKernel<true> {
 
 // ---- slice, slice_grad -----------------------------------------------------
 
-// The window of x that slice reads: its start and size per dim.
-absl::Status SliceWindow(const Op& op, const Shape& x, const std::vector<int64_t>& axes,
-                         const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
-                         std::vector<int64_t>* at, std::vector<int64_t>* box) {
-  if (starts.size() != axes.size() || ends.size() != axes.size()) {
-    return Invalid(op, "axes, starts and ends differ in length");
-  }
-  *at = Zeros(x.size());
-  *box = Dims(x);
-  for (size_t k = 0; k < axes.size(); ++k) {
-    STRATA_ASSIGN_OR_RETURN(const int a, CheckAxis(op, axes[k], x));
-    const int64_t dim = x[a];
-    // numpy: negative counts from the end, out of range clamps.
-    int64_t s = starts[k] < 0 ? std::max<int64_t>(starts[k] + dim, 0) : std::min(starts[k], dim);
-    int64_t e = ends[k] < 0 ? std::max<int64_t>(ends[k] + dim, 0) : std::min(ends[k], dim);
-    (*at)[a] = s;
-    (*box)[a] = std::max<int64_t>(e - s, 0);
-  }
-  return absl::OkStatus();
-}
-
 class SliceBase : public ShapeKernel {
  public:
   absl::Status Init(const Op& op) {
@@ -531,10 +450,9 @@ class SliceKernel : public SliceBase {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
-    std::vector<int64_t> at, box;
-    STRATA_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), Shape(box.begin(), box.end())));
-    TakeBox<T>(y, x, at);
+    STRATA_ASSIGN_OR_RETURN(const SliceWindow window, ForOp(op_, ResolveSlice(x.shape(), axes_, starts_, ends_)));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), window.size));
+    TakeBox<T>(y, x, Dims(window.begin));
     return absl::OkStatus();
   }
 };
@@ -546,13 +464,12 @@ class SliceGradKernel : public SliceBase {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
     STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
-    std::vector<int64_t> at, box;
-    STRATA_RETURN_IF_ERROR(SliceWindow(op_, x.shape(), axes_, starts_, ends_, &at, &box));
-    if (Dims(dy.shape()) != box) {
-      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(box)));
+    STRATA_ASSIGN_OR_RETURN(const SliceWindow window, ForOp(op_, ResolveSlice(x.shape(), axes_, starts_, ends_)));
+    if (dy.shape() != window.size) {
+      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(window.size)));
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dy.dtype(), x.shape()));
-    PutBox<T>(dx, at, dy);
+    PutBox<T>(dx, Dims(window.begin), dy);
     return absl::OkStatus();
   }
 };

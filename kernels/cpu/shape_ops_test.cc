@@ -87,6 +87,50 @@ TEST(Reshape, KeepsTheBatchDimInTheInferredEntry) {
   ExpectRejected(reshape("[2, 3, 0]"), {{F32, {6}}}, "entry 2 is 0");
 }
 
+// The kernels resolve shapes with their schemas' rules (proto/shape_rules.h):
+// a plan that skipped the shape functions is refused in the schemas' words,
+// prefixed with the op type.
+TEST(ShapeKernels, RefuseWhatTheSchemaRefusesWithItsWords) {
+  const std::map<std::string, Tensor> x23{{"x", MakeTensor(F32, {2, 3}, Iota(6))}};
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "reshape" input: "x" output: "y"
+                                       attr { key: "shape" value { list { i: [5] } } })pb"),
+                          x23)
+                .message(),
+            "reshape: cannot reshape [2, 3] to [5]: 6 elements into 5");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "reshape" input: "x" output: "y"
+                                       attr { key: "shape" value { list { i: [-1, 4] } } })pb"),
+                          x23)
+                .message(),
+            "reshape: cannot reshape [2, 3] to [-1, 4]: 6 elements do not divide into dims of 4");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "reshape" input: "x" output: "y"
+                                       attr { key: "shape" value { list { i: [-1, -1] } } })pb"),
+                          x23)
+                .message(),
+            "reshape: attr 'shape' [-1, -1] has more than one -1");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "flatten" input: "x" output: "y"
+                                       attr { key: "start_axis" value { i: 2 } })pb"),
+                          x23)
+                .message(),
+            "flatten: attr 'start_axis' = 2 is out of range for rank 2 (expected -2 to 1)");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "transpose" input: "x" output: "y"
+                                       attr { key: "perm" value { list { i: [1, -1] } } })pb"),
+                          x23)
+                .message(),
+            "transpose: attr 'perm' [1, -1] is not a permutation");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "split" input: "x" output: ["a", "b"]
+                                       attr { key: "axis" value { i: 1 } })pb"),
+                          x23)
+                .message(),
+            "split: cannot split a dim of 3 into 2 equal parts; give the sizes in attr 'sections'");
+  EXPECT_EQ(RunKernelOnly(ParseOp(R"pb(type: "slice" input: "x" output: "y"
+                                       attr { key: "axes" value { list { i: [1, -1] } } }
+                                       attr { key: "starts" value { list { i: [0, 0] } } }
+                                       attr { key: "ends" value { list { i: [1, 1] } } })pb"),
+                          x23)
+                .message(),
+            "slice: attr 'axes' [1, -1] names axis 1 twice");
+}
+
 TEST(Flatten, MergesTheGivenAxes) {
   auto env = RunOne(R"pb(type: "flatten" input: "x" output: "y")pb", {{"x", MakeTensor(F32, {2, 3, 4}, Iota(24))}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 12}, Iota(24), 0));

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/elementwise.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -127,10 +128,8 @@ class SoftmaxKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const int rank = a.rank();
-    if (rank == 0 || axis_ < -rank || axis_ >= rank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("axis ", axis_, " is out of range for input shape ", ShapeString(a.shape())));
-    }
+    absl::StatusOr<int> axis = NormalizeInputAxis(axis_, rank, kGrad ? "y" : "x");
+    if (!axis.ok()) return axis.status();
     const T* b = nullptr;
     if constexpr (kGrad) {
       if (ctx.input(1).shape() != a.shape()) {
@@ -141,11 +140,10 @@ class SoftmaxKernel : public OpKernel {
     }
     absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, DataTypeOf<T>::value, a.shape());
     if (!out.ok()) return out.status();
-    const int axis = static_cast<int>(axis_ < 0 ? axis_ + rank : axis_);
     int64_t M = 1, N = 1;
-    const int64_t K = a.dim(axis);
-    for (int d = 0; d < axis; ++d) M *= a.dim(d);
-    for (int d = axis + 1; d < rank; ++d) N *= a.dim(d);
+    const int64_t K = a.dim(*axis);
+    for (int d = 0; d < *axis; ++d) M *= a.dim(d);
+    for (int d = *axis + 1; d < rank; ++d) N *= a.dim(d);
     if (M * N * K == 0) return absl::OkStatus();
     const T* x = a.data<T>();
     T* y = (*out)->data<T>();

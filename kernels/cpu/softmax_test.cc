@@ -212,5 +212,16 @@ TEST(SoftmaxShapeTest, AxisIsCheckedAgainstRank) {
   EXPECT_THAT(bad.status().message(), HasSubstr("must have the same shape"));
 }
 
+// The kernel normalizes its axis with the schema's rule (proto/shape_rules.h).
+TEST(SoftmaxShapeTest, KernelRefusesABadAxisWithTheSchemasWords) {
+  const Tensor x = MakeTensor(F32, {3, 4}, kS);
+  absl::Status s = RunKernelOnly(ParseOp(OpText("softmax", 2, false)), {{"x", x}});
+  EXPECT_EQ(s.message(), "attr 'axis' is 2, out of range for input 'x' of rank 2 (expected -2..1)");
+  s = RunKernelOnly(ParseOp(OpText("log_softmax_grad", -3, true)), {{"y", x}, {"dy", x}});
+  EXPECT_EQ(s.message(), "attr 'axis' is -3, out of range for input 'y' of rank 2 (expected -2..1)");
+  s = RunKernelOnly(ParseOp(OpText("softmax", 0, false)), {{"x", MakeTensor(F32, {}, {1})}});
+  EXPECT_EQ(s.message(), "input 'x' must have rank >= 1, got a scalar");
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,0 +1,84 @@
+#ifndef STRATA_PROTO_SHAPE_RULES_H_
+#define STRATA_PROTO_SHAPE_RULES_H_
+
+// The shape rules an op's schema (compiler/ops/, at compile time, where -1 is
+// the batch dim) and its kernels (kernels/, at run time, on concrete shapes)
+// share, so both accept the same attrs and shapes and refuse the rest with the
+// same words. Functions of plain shapes and attr values; messages name the
+// attr or input, and the caller prefixes the op.
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/types.h"
+
+namespace strata {
+
+// ---- axes -------------------------------------------------------------------
+
+// The dim in [0, rank) that `axis` in [-rank, rank) names (negative counts
+// from the end). `what` names the attr: "attr 'axis' = 3 is out of range for
+// rank 2 (expected -2 to 1)".
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank, absl::string_view what);
+
+// The same for the `axis` attr of an op along one axis of its input named
+// `input` (softmax and its kin): "input 'x' must have rank >= 1, got a
+// scalar", "attr 'axis' is 2, out of range for input 'x' of rank 2 (expected
+// -2..1)".
+absl::StatusOr<int> NormalizeInputAxis(int64_t axis, int rank, absl::string_view input);
+
+// ---- reductions (reduce_sum, reduce_mean, broadcast_like) -------------------
+
+// Per-dim flags of the dims an `axis` list attr reduces in input `input` of
+// rank `rank`: negative axes count from the end, an empty list reduces all
+// dims, a dim listed twice is an error.
+absl::StatusOr<std::vector<bool>> ReducedAxes(absl::Span<const int64_t> axis, int rank, absl::string_view input);
+
+// `shape` with the `reduced` dims removed, or kept as 1 with `keepdim`.
+Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& reduced, bool keepdim);
+
+// ---- reshape, flatten, transpose ----------------------------------------------
+
+// reshape's output shape: `spec` (the `shape` attr) against the input shape
+// `in`; 0 copies the input dim at that position, one -1 is inferred. With the
+// batch dim (-1) in `in` it must go to a 0 or the -1 entry, and the inferred
+// dim is then exactly the batch dim (the other dims hold one batch entry).
+absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec);
+
+// flatten's output shape: `in` with axes start_axis..end_axis (inclusive,
+// negative counts from the end) merged into one. The batch dim may only be
+// "merged" with dims of size 1.
+absl::StatusOr<Shape> FlattenShape(absl::Span<const int64_t> in, int64_t start_axis, int64_t end_axis);
+
+// transpose's `perm` attr normalized to [0, rank): one entry per dim, each dim
+// once.
+absl::StatusOr<Shape> NormalizePerm(absl::Span<const int64_t> perm, int rank);
+
+// ---- split, slice -------------------------------------------------------------
+
+// Sizes of the `n` pieces split cuts a dim of size `dim` (-1: the batch dim)
+// into: equal parts when `sections` is empty, else `sections` with at most
+// one -1 (the rest).
+absl::StatusOr<Shape> SplitSizes(int64_t dim, int n, absl::Span<const int64_t> sections);
+
+// Ends at or beyond this read "to the end" of a slice (INT32_MAX, INT64_MAX...).
+inline constexpr int64_t kSliceToTheEnd = std::numeric_limits<int32_t>::max();
+
+// The window slice reads: its first index and size along each dim of `in`.
+// Axis axes[k] reads [starts[k], ends[k]) numpy style: negative indices count
+// from the end and out-of-range ones clamp. The batch dim can only be read
+// whole ([0, kSliceToTheEnd or more)); its size stays -1.
+struct SliceWindow {
+  Shape begin;
+  Shape size;
+};
+absl::StatusOr<SliceWindow> ResolveSlice(absl::Span<const int64_t> in, absl::Span<const int64_t> axes,
+                                         absl::Span<const int64_t> starts, absl::Span<const int64_t> ends);
+
+}  // namespace strata
+
+#endif  // STRATA_PROTO_SHAPE_RULES_H_
