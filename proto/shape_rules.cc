@@ -11,18 +11,6 @@ namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-// Product of the known (non-negative) dims.
-int64_t KnownProduct(absl::Span<const int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d >= 0) n *= d;
-  }
-  return n;
-}
-
-int CountUnknown(absl::Span<const int64_t> shape) {
-  return static_cast<int>(std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }));
-}
 
 }  // namespace
 
@@ -245,6 +233,41 @@ absl::StatusOr<SliceWindow> ResolveSlice(absl::Span<const int64_t> in, absl::Spa
     window.size[*axis] = std::max<int64_t>(e - s, 0);
   }
   return window;
+}
+
+int64_t KnownProduct(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d >= 0) n *= d;
+  }
+  return n;
+}
+
+int CountUnknown(absl::Span<const int64_t> shape) {
+  return static_cast<int>(std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }));
+}
+
+absl::StatusOr<std::vector<bool>> SumToLikeDims(absl::Span<const int64_t> x, absl::Span<const int64_t> like,
+                                                bool* any) {
+  const int rank = static_cast<int>(x.size()), lead = rank - static_cast<int>(like.size());
+  if (lead < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("like ", ShapeString(like), " has more dims than x ", ShapeString(x)));
+  }
+  std::vector<bool> reduced(rank, false);
+  *any = false;
+  for (int d = 0; d < rank; ++d) {
+    if (d < lead) {
+      reduced[d] = true;
+    } else if (like[d - lead] != x[d]) {
+      if (like[d - lead] != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("like ", ShapeString(like), " does not broadcast to x ", ShapeString(x)));
+      }
+      reduced[d] = true;
+    }
+    *any = *any || (reduced[d] && x[d] != 1);  // summing a size-1 dim changes nothing
+  }
+  return reduced;
 }
 
 }  // namespace strata

@@ -49,6 +49,19 @@ Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& redu
 // dim is then exactly the batch dim (the other dims hold one batch entry).
 absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec);
 
+// The product of a shape's known (non-negative) dims, and how many are
+// unknown (-1, the batch dim at compile time).
+int64_t KnownProduct(absl::Span<const int64_t> shape);
+int CountUnknown(absl::Span<const int64_t> shape);
+
+// sum_to_like: the dims of x that summing x to `like`'s shape reduces (x's
+// leading dims beyond like's rank, and the dims where like has 1 and x
+// not), by the broadcasting rule; `*any` says whether any of them sums more
+// than one element (else the result is x reshaped). InvalidArgument when
+// like does not broadcast to x.
+absl::StatusOr<std::vector<bool>> SumToLikeDims(absl::Span<const int64_t> x, absl::Span<const int64_t> like,
+                                                bool* any);
+
 // flatten's output shape: `in` with axes start_axis..end_axis (inclusive,
 // negative counts from the end) merged into one. The batch dim may only be
 // "merged" with dims of size 1.

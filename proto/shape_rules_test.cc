@@ -235,5 +235,26 @@ TEST(ResolveSliceTest, RefusesBadAttrs) {
   EXPECT_EQ(ErrorOf(ResolveSlice({4, 5}, {1, -1}, {0, 0}, {1, 1})), "attr 'axes' [1, -1] names axis 1 twice");
 }
 
+TEST(SumToLikeDimsTest, ReducesLeadingDimsAndBroadcastOnes) {
+  bool any = false;
+  auto r = SumToLikeDims({4, 3, 5}, {3, 1}, &any);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<bool>{true, false, true}));
+  EXPECT_TRUE(any);
+  // Only size-1 dims summed away: nothing to add.
+  r = SumToLikeDims({1, 3, 4}, {3, 4}, &any);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<bool>{true, false, false}));
+  EXPECT_FALSE(any);
+  EXPECT_EQ(ErrorOf(SumToLikeDims({3, 4}, {1, 3, 4}, &any)), "like [1, 3, 4] has more dims than x [3, 4]");
+  EXPECT_EQ(ErrorOf(SumToLikeDims({3, 4}, {2, 4}, &any)), "like [2, 4] does not broadcast to x [3, 4]");
+}
+
+TEST(KnownProductTest, SkipsAndCountsTheUnknownDims) {
+  EXPECT_EQ(KnownProduct({-1, 3, 4}), 12);
+  EXPECT_EQ(CountUnknown({-1, 3, -1}), 2);
+  EXPECT_EQ(KnownProduct({}), 1);
+}
+
 }  // namespace
 }  // namespace strata

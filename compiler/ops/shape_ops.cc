@@ -31,18 +31,6 @@ std::string Describe(const ShapeContext& ctx, int i) {
   return absl::StrCat("input ", i, " '", ctx.op().input(i), "' (", ctx.input(i).ToString(), ")");
 }
 
-int64_t KnownProduct(absl::Span<const int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d >= 0) n *= d;
-  }
-  return n;
-}
-
-int CountUnknown(absl::Span<const int64_t> shape) {
-  return static_cast<int>(std::count_if(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }));
-}
-
 // ---- reshape ---------------------------------------------------------------
 
 absl::Status ReshapeShape(ShapeContext& ctx) {

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "proto/shape_rules.h"
+#include "proto/status_macros.h"
 
 namespace strata {
 namespace {
@@ -55,25 +56,8 @@ class SumToLikeKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Shape& like = ctx.input(1).shape();
-    const int rank = x.rank(), lead = x.rank() - static_cast<int>(like.size());
-    if (lead < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("like ", ShapeString(like), " has more dims than x ", ShapeString(x.shape())));
-    }
-    std::vector<bool> reduced(rank, false);
     bool any = false;
-    for (int d = 0; d < rank; ++d) {
-      if (d < lead) {
-        reduced[d] = true;
-      } else if (like[d - lead] != x.dim(d)) {
-        if (like[d - lead] != 1) {
-          return absl::InvalidArgumentError(absl::StrCat("like ", ShapeString(like), " does not broadcast to x ",
-                                                         ShapeString(x.shape())));
-        }
-        reduced[d] = true;
-      }
-      any = any || (reduced[d] && x.dim(d) != 1);  // summing a size-1 dim changes nothing
-    }
+    STRATA_ASSIGN_OR_RETURN(const std::vector<bool> reduced, SumToLikeDims(x.shape(), like, &any));
     if (!any) {
       ctx.SetOutput(0, x.Reshaped(like));  // nothing was broadcast: share the buffer
       return absl::OkStatus();

@@ -14,6 +14,7 @@
 #include "kernels/cuda/binary.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/reduce.h"
+#include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
@@ -82,25 +83,9 @@ class CudaSumToLikeKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& x = ctx.input(0);
     const Shape& like = ctx.input(1).shape();
-    const int rank = x.rank(), lead = x.rank() - static_cast<int>(like.size());
-    if (lead < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("like ", ShapeString(like), " has more dims than x ", ShapeString(x.shape())));
-    }
-    std::vector<bool> reduced(rank, false);
     bool any = false;
-    for (int d = 0; d < rank; ++d) {
-      if (d < lead) {
-        reduced[d] = true;
-      } else if (like[d - lead] != x.dim(d)) {
-        if (like[d - lead] != 1) {
-          return absl::InvalidArgumentError(absl::StrCat("like ", ShapeString(like), " does not broadcast to x ",
-                                                         ShapeString(x.shape())));
-        }
-        reduced[d] = true;
-      }
-      any = any || (reduced[d] && x.dim(d) != 1);  // summing a size-1 dim changes nothing
-    }
+    STRATA_ASSIGN_OR_RETURN(const std::vector<bool> reduced, SumToLikeDims(x.shape(), like, &any));
+    const int rank = x.rank();
     if (!any) {
       ctx.SetOutput(0, x.Reshaped(like));  // nothing was broadcast: share the buffer
       return absl::OkStatus();
