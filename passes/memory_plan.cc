@@ -1,14 +1,12 @@
 #include "passes/memory_plan.h"
 
+#include <algorithm>
 #include <map>
-#include <set>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/graph_index.h"
-#include "proto/roles.h"
 #include "compiler/op_registry.h"
+#include "proto/roles.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 

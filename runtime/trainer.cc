@@ -807,13 +807,14 @@ absl::StatusOr<TrainSession::JobSummary> TrainSession::GatherJobSummary() const 
   job.peak_predicted = report_.predicted_peak_bytes;
   if (world_ == nullptr || world_->size() <= 1) return job;
   Tensor mine = Tensor::Empty(F64, {5});
+  Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world_->size()) * 5});
+  if (!mine.defined() || !all.defined()) return absl::ResourceExhaustedError("out of memory gathering the summaries");
   double* m = mine.data<double>();
   m[0] = plan_.rank();
   m[1] = static_cast<double>(report_.measured_peak_bytes);
   m[2] = static_cast<double>(report_.predicted_peak_bytes);
   m[3] = executor_->busy_seconds();
   m[4] = executor_->wait_seconds();
-  Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world_->size()) * 5});
   if (auto s = world_->AllGather(mine, &all)->Wait(absl::Seconds(options_.comm_timeout_s)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
   }
