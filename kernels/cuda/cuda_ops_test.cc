@@ -19,131 +19,47 @@
 #include "compiler/op_registry.h"
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_op_test_util.h"
 #include "runtime/cuda/cuda_device.h"
-#include "runtime/cuda/cuda_test_util.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
 namespace strata {
 namespace {
 
-class CudaOpsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    device_ = testing::CudaDeviceOrFail();
-    ASSERT_NE(device_, nullptr);
-    gpu_.device = device_.get();
-  }
-
-  // Runs `op` on the CPU and on the GPU from the same host inputs; returns
-  // (cpu, gpu) outputs "y", the GPU's copied back to the host.
-  std::pair<Tensor, Tensor> RunBoth(const std::string& op_text, const std::map<std::string, Tensor>& inputs) {
-    std::vector<std::pair<Tensor, Tensor>> out = RunBothNamed(op_text, inputs, {"y"});
-    return out.empty() ? std::pair<Tensor, Tensor>() : out[0];
-  }
-
-  // The same for the named outputs, with run.total_steps set on both sides.
-  // The CPU runs on copies of the inputs, so ops that update in place leave
-  // `inputs` as they were.
-  std::vector<std::pair<Tensor, Tensor>> RunBothNamed(const std::string& op_text,
-                                                      const std::map<std::string, Tensor>& inputs,
-                                                      const std::vector<std::string>& outputs,
-                                                      int64_t total_steps = 0) {
-    std::map<std::string, Tensor> cpu_env, gpu_env;
-    for (const auto& [name, t] : inputs) {
-      cpu_env[name] = t.Clone(GetCpuAllocator());
-      absl::StatusOr<Tensor> on_gpu = t.CopyTo(device_.get());
-      EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
-      gpu_env[name] = on_gpu.ok() ? *on_gpu : Tensor();
-    }
-    const Op op = ParseOp(op_text);
-    RunContext cpu_run, gpu_run = gpu_;
-    cpu_run.total_steps = gpu_run.total_steps = total_steps;
-    const absl::Status cpu = RunOp(op, &cpu_env, cpu_run);
-    const absl::Status gpu = RunOp(op, &gpu_env, gpu_run);
-    EXPECT_TRUE(cpu.ok()) << op_text << ": " << cpu;
-    EXPECT_TRUE(gpu.ok()) << op_text << ": " << gpu;
-    if (!cpu.ok() || !gpu.ok()) return {};
-    std::vector<std::pair<Tensor, Tensor>> result;
-    for (const std::string& name : outputs) {
-      EXPECT_EQ(gpu_env.at(name).device(), device_.get()) << name << " lives on the GPU";
-      result.emplace_back(cpu_env.at(name), gpu_env.at(name).Clone(GetCpuAllocator()));
-    }
-    const absl::Status sync = device_->Synchronize();
-    EXPECT_TRUE(sync.ok()) << op_text << ": " << sync;
-    return result;
-  }
-
-  // Runs `op` on the GPU only; output `output` copied to the host.
-  Tensor RunGpu(const std::string& op_text, const std::map<std::string, Tensor>& inputs,
-                const std::string& output = "y") {
-    std::map<std::string, Tensor> env;
-    for (const auto& [name, t] : inputs) env[name] = *t.CopyTo(device_.get());
-    const absl::Status s = RunOp(ParseOp(op_text), &env, gpu_);
-    EXPECT_TRUE(s.ok()) << op_text << ": " << s;
-    if (!s.ok()) return Tensor();
-    Tensor host = env.at(output).Clone(GetCpuAllocator());
-    const absl::Status sync = device_->Synchronize();
-    EXPECT_TRUE(sync.ok()) << sync;
-    return host;
-  }
-
-  std::unique_ptr<CudaDevice> device_;
-  RunContext gpu_;
-};
-
-// Runs the registered kernel for (op, run's device kind, dtype) on `inputs`
-// directly, past the op's shape function: what a kernel does with operands
-// the compiler would have refused, or a dtype the schema does not take yet.
-absl::StatusOr<Tensor> RunKernel(const Op& op, DataType dtype, const std::vector<const Tensor*>& inputs,
-                                 const RunContext& run) {
-  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), run.device->kind(), dtype);
-  if (factory == nullptr) return absl::NotFoundError(absl::StrCat("no kernel for ", op.type()));
-  KernelDef def;
-  def.op = &op;
-  auto kernel = (*factory)(def);
-  if (!kernel.ok()) return kernel.status();
-  std::vector<Tensor> outputs(1);
-  KernelContext ctx(&run, inputs, absl::MakeSpan(outputs));
-  if (absl::Status s = (*kernel)->Compute(ctx); !s.ok()) return s;
-  return outputs[0];
-}
-
-std::vector<double> Uniform(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(-2, 2);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
+using testing::BitEqual;
+using testing::CudaOpsTest;
+using testing::RandomTensor;
+using testing::RunKernel;
+using testing::TestedCudaKernels;
+using testing::Uniform;
 
 // The ops this file tests, with the dtypes each registers for DEVICE_CUDA.
-const std::map<std::string, std::vector<DataType>>& TestedCudaKernels() {
-  static const auto* tested = new std::map<std::string, std::vector<DataType>>{
-      {"relu", {F32, F64}},
-      {"relu_grad", {F32, F64}},
-      {"matmul", {F32, F64, BF16}},
-      {"add", {F32, F64, I64}},
-      {"sub", {F32, F64, I64}},
-      {"mul", {F32, F64, I64}},
-      {"div", {F32, F64}},
-      {"sum_to_like", {F32, F64, I64}},
-      {"fill_like", {F32, F64, I64, I32, BOOL}},
-      {"increment", {I64}},
-      {"lr_schedule", {I64}},
-      {"adam_update", {F32, F64}},
-      {"sgd_update", {F32, F64}},
-      {"momentum_update", {F32, F64}},
-      {"softmax_cross_entropy", {F32, F64}},
-      {"softmax_cross_entropy_grad", {F32, F64}},
-      {"accuracy", {F32, F64}},
-  };
-  return *tested;
-}
+STRATA_CUDA_OPS_TESTED(cuda_ops_test, {
+                                          {"relu", {F32, F64}},
+                                          {"relu_grad", {F32, F64}},
+                                          {"matmul", {F32, F64, BF16}},
+                                          {"add", {F32, F64, I64}},
+                                          {"sub", {F32, F64, I64}},
+                                          {"mul", {F32, F64, I64}},
+                                          {"div", {F32, F64}},
+                                          {"sum_to_like", {F32, F64, I64}},
+                                          {"fill_like", {F32, F64, I64, I32, BOOL}},
+                                          {"increment", {I64}},
+                                          {"lr_schedule", {I64}},
+                                          {"adam_update", {F32, F64}},
+                                          {"sgd_update", {F32, F64}},
+                                          {"momentum_update", {F32, F64}},
+                                          {"softmax_cross_entropy", {F32, F64}},
+                                          {"softmax_cross_entropy_grad", {F32, F64}},
+                                          {"accuracy", {F32, F64}},
+                                      });
 
-// Walks every op schema: an op with a CUDA kernel but no test here fails,
-// and so does a tested op whose CUDA dtypes changed.
-TEST_F(CudaOpsTest, EveryRegisteredCudaKernelIsHere) {
+// Walks every op schema: an op with a CUDA kernel that no linked test file
+// lists (STRATA_CUDA_OPS_TESTED) fails, and so does a tested op whose CUDA
+// dtypes changed.
+TEST_F(CudaOpsTest, EveryRegisteredCudaKernelIsTested) {
+  EXPECT_TRUE(testing::TestedTwice().empty()) << "listed twice: " << testing::TestedTwice().front();
   std::set<std::string> registered;
   for (const std::string& op : OpRegistry::Global().Names()) {
     const std::vector<DataType> dtypes = KernelRegistry::Global().DtypesFor(op, DEVICE_CUDA);
@@ -151,7 +67,7 @@ TEST_F(CudaOpsTest, EveryRegisteredCudaKernelIsHere) {
     registered.insert(op);
     auto it = TestedCudaKernels().find(op);
     if (it == TestedCudaKernels().end()) {
-      ADD_FAILURE() << "op '" << op << "' has CUDA kernels but no test in cuda_ops_test.cc";
+      ADD_FAILURE() << "op '" << op << "' has CUDA kernels but no test file of cuda_ops_test lists it";
       continue;
     }
     std::set<DataType> got(dtypes.begin(), dtypes.end()), want(it->second.begin(), it->second.end());
@@ -298,30 +214,6 @@ TEST_F(CudaOpsTest, MatmulBf16MatchesTheCpuFloatProductOfTheSameInputs) {
   for (double w : want) largest = std::max(largest, std::abs(w));
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
   EXPECT_TRUE(device_->Synchronize().ok());
-}
-
-// Integer-valued doubles in [-1000, 1000], for I64 tensors.
-std::vector<double> Integers(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(-1000, 1000);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-Tensor RandomTensor(DataType dtype, const Shape& shape, uint32_t seed) {
-  return MakeTensor(dtype, shape, dtype == I64 ? Integers(NumElements(shape), seed) : Uniform(NumElements(shape), seed));
-}
-
-// Same dtype, shape and bits.
-::testing::AssertionResult BitEqual(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
-    return ::testing::AssertionFailure() << TypeOf(a).ToString() << " vs " << TypeOf(b).ToString();
-  }
-  if (a.bytes() > 0 && std::memcmp(a.raw_data(), b.raw_data(), a.bytes()) != 0) {
-    return ::testing::AssertionFailure() << "the bits differ: " << a.DebugString(8) << " vs " << b.DebugString(8);
-  }
-  return ::testing::AssertionSuccess();
 }
 
 struct ShapePair {

@@ -1,0 +1,129 @@
+#include "kernels/cuda/cuda_op_test_util.h"
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "compiler/testing/op_test_util.h"
+#include "runtime/cuda/cuda_test_util.h"
+
+namespace strata {
+namespace testing {
+
+void CudaOpsTest::SetUp() {
+  device_ = CudaDeviceOrFail();
+  ASSERT_NE(device_, nullptr);
+  gpu_.device = device_.get();
+}
+
+std::pair<Tensor, Tensor> CudaOpsTest::RunBoth(const std::string &op_text,
+                                               const std::map<std::string, Tensor> &inputs) {
+  std::vector<std::pair<Tensor, Tensor>> out = RunBothNamed(op_text, inputs, {"y"});
+  return out.empty() ? std::pair<Tensor, Tensor>() : out[0];
+}
+
+std::vector<std::pair<Tensor, Tensor>> CudaOpsTest::RunBothNamed(const std::string &op_text,
+                                                                 const std::map<std::string, Tensor> &inputs,
+                                                                 const std::vector<std::string> &outputs,
+                                                                 int64_t total_steps) {
+  std::map<std::string, Tensor> cpu_env, gpu_env;
+  for (const auto &[name, t] : inputs) {
+    cpu_env[name] = t.Clone(GetCpuAllocator());
+    absl::StatusOr<Tensor> on_gpu = t.CopyTo(device_.get());
+    EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
+    gpu_env[name] = on_gpu.ok() ? *on_gpu : Tensor();
+  }
+  const Op op = ParseOp(op_text);
+  RunContext cpu_run, gpu_run = gpu_;
+  cpu_run.total_steps = gpu_run.total_steps = total_steps;
+  const absl::Status cpu = RunOp(op, &cpu_env, cpu_run);
+  const absl::Status gpu = RunOp(op, &gpu_env, gpu_run);
+  EXPECT_TRUE(cpu.ok()) << op_text << ": " << cpu;
+  EXPECT_TRUE(gpu.ok()) << op_text << ": " << gpu;
+  if (!cpu.ok() || !gpu.ok()) return {};
+  std::vector<std::pair<Tensor, Tensor>> result;
+  for (const std::string &name : outputs) {
+    EXPECT_EQ(gpu_env.at(name).device(), device_.get()) << name << " lives on the GPU";
+    result.emplace_back(cpu_env.at(name), gpu_env.at(name).Clone(GetCpuAllocator()));
+  }
+  const absl::Status sync = device_->Synchronize();
+  EXPECT_TRUE(sync.ok()) << op_text << ": " << sync;
+  return result;
+}
+
+Tensor CudaOpsTest::RunGpu(const std::string &op_text, const std::map<std::string, Tensor> &inputs,
+                           const std::string &output) {
+  std::map<std::string, Tensor> env;
+  for (const auto &[name, t] : inputs) env[name] = *t.CopyTo(device_.get());
+  const absl::Status s = RunOp(ParseOp(op_text), &env, gpu_);
+  EXPECT_TRUE(s.ok()) << op_text << ": " << s;
+  if (!s.ok()) return Tensor();
+  Tensor host = env.at(output).Clone(GetCpuAllocator());
+  const absl::Status sync = device_->Synchronize();
+  EXPECT_TRUE(sync.ok()) << sync;
+  return host;
+}
+
+absl::StatusOr<Tensor> RunKernel(const Op &op, DataType dtype, const std::vector<const Tensor *> &inputs,
+                                 const RunContext &run) {
+  const KernelFactory *factory = KernelRegistry::Global().Find(op.type(), run.device->kind(), dtype);
+  if (factory == nullptr) return absl::NotFoundError(absl::StrCat("no kernel for ", op.type()));
+  KernelDef def;
+  def.op = &op;
+  auto kernel = (*factory)(def);
+  if (!kernel.ok()) return kernel.status();
+  std::vector<Tensor> outputs(1);
+  KernelContext ctx(&run, inputs, absl::MakeSpan(outputs));
+  if (absl::Status s = (*kernel)->Compute(ctx); !s.ok()) return s;
+  return outputs[0];
+}
+
+std::vector<double> Uniform(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<double> v(n);
+  for (double &x : v) x = u(rng);
+  return v;
+}
+
+std::vector<double> Integers(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(-1000, 1000);
+  std::vector<double> v(n);
+  for (double &x : v) x = u(rng);
+  return v;
+}
+
+Tensor RandomTensor(DataType dtype, const Shape &shape, uint32_t seed) {
+  return MakeTensor(dtype, shape,
+                    dtype == I64 ? Integers(NumElements(shape), seed) : Uniform(NumElements(shape), seed));
+}
+
+::testing::AssertionResult BitEqual(const Tensor &a, const Tensor &b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+    return ::testing::AssertionFailure() << TypeOf(a).ToString() << " vs " << TypeOf(b).ToString();
+  }
+  if (a.bytes() > 0 && std::memcmp(a.raw_data(), b.raw_data(), a.bytes()) != 0) {
+    return ::testing::AssertionFailure() << "the bits differ: " << a.DebugString(8) << " vs " << b.DebugString(8);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::map<std::string, std::vector<DataType>> &TestedCudaKernels() {
+  static auto *tested = new std::map<std::string, std::vector<DataType>>;
+  return *tested;
+}
+
+std::vector<std::string> &TestedTwice() {
+  static auto *twice = new std::vector<std::string>;
+  return *twice;
+}
+
+CudaOpsTested::CudaOpsTested(std::initializer_list<std::pair<const std::string, std::vector<DataType>>> ops) {
+  for (const auto &[op, dtypes] : ops) {
+    if (!TestedCudaKernels().emplace(op, dtypes).second) TestedTwice().push_back(op);
+  }
+}
+
+}  // namespace testing
+}  // namespace strata
