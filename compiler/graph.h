@@ -73,6 +73,10 @@ class Graph {
   absl::Span<const int> outputs(int op) const {
     return absl::MakeConstSpan(io_.data() + ops_[op].io_begin + ops_[op].num_inputs, ops_[op].num_outputs);
   }
+  // A send's or recv's channel, or nullptr; a collective's communication
+  // group, or -1.
+  const Channel* channel(int op) const { return ops_[op].channel >= 0 ? &channels_[ops_[op].channel] : nullptr; }
+  int group(int op) const { return ops_[op].group; }
   int stage(int op) const { return ops_[op].stage; }
   void set_stage(int op, int stage) { ops_[op].stage = stage; }
   OpRole role(int op) const { return ops_[op].role; }

@@ -91,7 +91,7 @@ class CostContext {
 };
 
 // The op's floating-point operations for one run (2 per multiply-add); the
-// cost model (passes/cost_model.h) adds the bytes it reads and writes. An op
+// cost model (analysis/cost_model.h) adds the bytes it reads and writes. An op
 // without one counts 0 FLOPs: elementwise ops cost their bytes.
 using CostFn = std::function<double(const CostContext&)>;
 // Elements of a type whose dims are all sizes, as a double: a product of large

@@ -6,17 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/cost_model.h"
+#include "analysis/memory_plan.h"
+#include "analysis/schedule.h"
+#include "analysis/verify_schedule.h"
 #include "compiler/graph_index.h"
 #include "compiler/validate.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream.h"
-#include "passes/cost_model.h"
-#include "passes/memory_plan.h"
 #include "passes/pipeline_builder.h"
 #include "passes/placement.h"
-#include "passes/schedule.h"
-#include "passes/verify_schedule.h"
 #include "proto/fnv1a.h"
 #include "proto/status_macros.h"
 
@@ -209,34 +209,35 @@ absl::StatusOr<RankPlan> CompileRank(int rank, Graph& graph, const Layout& layou
   }
   {
     ScopedPhase phase(&result.times, "memory-plan");
-    auto memory = PlanMemory(plan.program(), plan.schedule(), layout.micro_batch_size, nullptr, 0,
-                             options.device_kind);
+    auto memory = PlanMemory(graph, plan.schedule(), layout.micro_batch_size, nullptr, 0, options.device_kind);
     if (!memory.ok()) return memory.status();
     *plan.mutable_memory() = std::move(*memory);
   }
   return plan;
 }
 
-// Every rank's plan through the per-rank pipeline. The last rank takes the
-// graph itself; earlier ones start from a copy of the program after autodiff.
+// Every rank's plan through the per-rank pipeline, and each rank's graph (in
+// `rank_graphs`) for the analyses after it. The last rank takes the graph
+// itself; earlier ones start from a copy of the program after autodiff.
 absl::Status CompileRanks(std::unique_ptr<Graph> graph, const Layout& layout, const Strategy& strategy,
-                          const CompileOptions& options, const std::string& source_file, CompileResult& result) {
+                          const CompileOptions& options, const std::string& source_file, CompileResult& result,
+                          std::vector<std::unique_ptr<Graph>>& rank_graphs) {
   const int world = layout.ctx.mesh.world_size();
   std::optional<Program> after_autodiff;
   for (int rank = 0; rank < world; ++rank) {
     std::unique_ptr<Graph> own;
-    Graph* rank_graph = graph.get();
     if (rank + 1 < world) {
       ScopedPhase phase(&result.times, "copy-rank");
       if (!after_autodiff.has_value()) after_autodiff = graph->ToProgram();
       auto copy = Graph::FromProgram(*after_autodiff);
       if (!copy.ok()) return copy.status();
       own = *std::move(copy);
-      rank_graph = own.get();
+    } else {
+      own = std::move(graph);
     }
-    STRATA_ASSIGN_OR_RETURN(RankPlan plan, CompileRank(rank, *rank_graph, layout, strategy, options, source_file,
-                                                       result));
+    STRATA_ASSIGN_OR_RETURN(RankPlan plan, CompileRank(rank, *own, layout, strategy, options, source_file, result));
     result.plans.push_back(std::move(plan));
+    rank_graphs.push_back(std::move(own));
   }
   return absl::OkStatus();
 }
@@ -247,7 +248,8 @@ absl::Status CompileRanks(std::unique_ptr<Graph> graph, const Layout& layout, co
 // buffers held until their receivers take them: the executor waits for each
 // send at the end of the action the timeline says its receiver takes it by,
 // or later where waiting there could hang the ranks.
-absl::Status PlaceInTime(const Layout& layout, const CompileOptions& options, CompileResult& result) {
+absl::Status PlaceInTime(const Layout& layout, const CompileOptions& options,
+                         const std::vector<std::unique_ptr<Graph>>& rank_graphs, CompileResult& result) {
   const int world = static_cast<int>(result.plans.size());
   Timeline timeline;
   std::vector<std::pair<double, double>> costs;  // per rank: forward, backward
@@ -256,9 +258,8 @@ absl::Status PlaceInTime(const Layout& layout, const CompileOptions& options, Co
     if (auto s = VerifySchedules(result.plans); !s.ok()) {
       return absl::InternalError(absl::StrCat("compiled schedules fail verification: ", s.message()));
     }
-    for (const RankPlan& plan : result.plans) {
-      const ActionCosts c =
-          world > 1 ? EstimateActionCosts(plan.program(), layout.micro_batch_size) : ActionCosts{1, 2};
+    for (const auto& graph : rank_graphs) {
+      const ActionCosts c = world > 1 ? EstimateActionCosts(*graph, layout.micro_batch_size) : ActionCosts{1, 2};
       costs.push_back({c.forward, c.backward});
     }
     timeline = SimulateTimeline(result.plans, costs);
@@ -275,7 +276,7 @@ absl::Status PlaceInTime(const Layout& layout, const CompileOptions& options, Co
     RankPlan& plan = result.plans[r];
     if (world > 1) {
       ScopedPhase phase(&result.times, "memory-plan");
-      auto memory = PlanMemory(plan.program(), plan.schedule(), layout.micro_batch_size, &releases[r], 0,
+      auto memory = PlanMemory(*rank_graphs[r], plan.schedule(), layout.micro_batch_size, &releases[r], 0,
                                options.device_kind);
       if (!memory.ok()) return memory.status();
       *plan.mutable_memory() = std::move(*memory);
@@ -311,8 +312,11 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   ctx.strategy = strategy;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, RunProgramPasses(program, strategy, options, ctx, result));
   STRATA_ASSIGN_OR_RETURN(const Layout layout, MakeLayout(*graph, strategy, options, strategy_file, std::move(ctx)));
-  STRATA_RETURN_IF_ERROR(CompileRanks(std::move(graph), layout, strategy, options, program.source_file(), result));
-  STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, result));
+  std::vector<std::unique_ptr<Graph>> rank_graphs;
+  STRATA_RETURN_IF_ERROR(
+      CompileRanks(std::move(graph), layout, strategy, options, program.source_file(), result, rank_graphs));
+  STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, rank_graphs, result));
+  rank_graphs.clear();
   result.batch_size = layout.ctx.batch_size;
   // Where the program was read from is not part of what runs: ranks that read
   // the same program from different paths (other machines) must agree.

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "passes/verify_schedule.h"
+#include "analysis/verify_schedule.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "tools/cli_common.h"

@@ -1,7 +1,9 @@
-#include "passes/cost_model.h"
+#include "analysis/cost_model.h"
 
-#include "absl/container/flat_hash_map.h"
+#include <memory>
+
 #include "compiler/autodiff.h"
+#include "compiler/graph.h"
 #include "compiler/op_registry.h"
 #include "compiler/validate.h"
 #include "gtest/gtest.h"
@@ -18,13 +20,16 @@ Program Parse(const std::string& text) {
   return program;
 }
 
+std::unique_ptr<Graph> ToGraph(const Program& p) {
+  auto graph = Graph::FromProgram(p);
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  return graph.ok() ? *std::move(graph) : std::make_unique<Graph>();
+}
+
+// The cost of the op at program position i.
 double CostOfOp(const Program& p, int i, int64_t batch) {
-  absl::flat_hash_map<std::string, const Var*> vars;
-  for (const Var& v : p.var()) vars[v.name()] = &v;
-  return EstimateOpCost(p.op(i), [&](const std::string& n) -> const Var* {
-    auto it = vars.find(n);
-    return it == vars.end() ? nullptr : it->second;
-  }, batch);
+  std::unique_ptr<Graph> graph = ToGraph(p);
+  return EstimateOpCost(*graph, graph->ops().at(i), batch);
 }
 
 TEST(CostModelTest, MatmulCountsMultiplyAddsAndBytes) {
@@ -76,26 +81,6 @@ TEST(CostModelTest, AnOpIsCostedByItsSchemasCostFunction) {
   EXPECT_DOUBLE_EQ(CostOfOp(p, 1, 2), kBytesWeight * (6 + 6) * 4);
 }
 
-TEST(CostModelTest, AnOpMissingAVarCostsOnlyTheBytesItHas) {
-  Program p = Parse(R"pb(
-    var { name: "x" dtype: F64 shape: [-1, 3] kind: FEED }
-    var { name: "w" dtype: F64 shape: [3, 4] kind: PARAM }
-    op { type: "matmul" input: ["x", "w"] output: ["y"] }
-    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
-    loss: "loss"
-    optimizer { sgd { learning_rate: 0.1 } }
-  )pb");
-  Op op = p.op(0);
-  op.set_output(0, "not_a_var");
-  const double cost = EstimateOpCost(op, [&](const std::string& n) -> const Var* {
-    for (const Var& v : p.var()) {
-      if (v.name() == n) return &v;
-    }
-    return nullptr;
-  }, 5);
-  EXPECT_DOUBLE_EQ(cost, kBytesWeight * (15 + 12) * 8);
-}
-
 // The FLOPs of op `type` on these types, from its schema alone.
 double Flops(const std::string& type, std::vector<TensorType> ins, std::vector<TensorType> outs) {
   const OpSchema* schema = OpRegistry::Global().Find(type);
@@ -141,7 +126,7 @@ TEST(CostModelTest, BackwardOfAMatmulChainCostsAboutTwiceItsForward) {
     optimizer { sgd { learning_rate: 0.1 } }
   )pb");
   ASSERT_TRUE(AppendBackward(&p).ok());
-  ActionCosts c = EstimateActionCosts(p, 64);
+  ActionCosts c = EstimateActionCosts(*ToGraph(p), 64);
   EXPECT_GT(c.forward, 0);
   // x needs no gradient: 3 gradient matmuls against 2 forward ones.
   EXPECT_GT(c.backward / c.forward, 1.3);

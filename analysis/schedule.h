@@ -1,5 +1,5 @@
-#ifndef STRATA_PASSES_SCHEDULE_H_
-#define STRATA_PASSES_SCHEDULE_H_
+#ifndef STRATA_ANALYSIS_SCHEDULE_H_
+#define STRATA_ANALYSIS_SCHEDULE_H_
 
 #include "proto/plan.pb.h"
 
@@ -16,4 +16,4 @@ double IdealBubbleFraction(int num_stages, int micro_batches);
 
 }  // namespace strata
 
-#endif  // STRATA_PASSES_SCHEDULE_H_
+#endif  // STRATA_ANALYSIS_SCHEDULE_H_

@@ -1,11 +1,9 @@
-#ifndef STRATA_PASSES_COST_MODEL_H_
-#define STRATA_PASSES_COST_MODEL_H_
+#ifndef STRATA_ANALYSIS_COST_MODEL_H_
+#define STRATA_ANALYSIS_COST_MODEL_H_
 
 #include <cstdint>
-#include <functional>
-#include <string>
 
-#include "proto/program.pb.h"
+#include "compiler/graph.h"
 
 namespace strata {
 
@@ -18,17 +16,16 @@ namespace strata {
 // profiler. The batch dimension (-1) takes `batch`.
 inline constexpr double kBytesWeight = 2.0;
 
-using VarLookup = std::function<const Var*(const std::string& name)>;
-double EstimateOpCost(const Op& op, const VarLookup& var, int64_t batch);
+double EstimateOpCost(const Graph& graph, int op, int64_t batch);
 
 // The estimated work of one micro-batch's forward action (FORWARD and LOSS
-// ops) and backward action (BACKWARD ops) of a rank's program.
+// ops) and backward action (BACKWARD ops) of a rank's graph.
 struct ActionCosts {
   double forward = 0;
   double backward = 0;
 };
-ActionCosts EstimateActionCosts(const Program& program, int64_t micro_batch_size);
+ActionCosts EstimateActionCosts(const Graph& graph, int64_t micro_batch_size);
 
 }  // namespace strata
 
-#endif  // STRATA_PASSES_COST_MODEL_H_
+#endif  // STRATA_ANALYSIS_COST_MODEL_H_

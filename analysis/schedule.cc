@@ -1,4 +1,4 @@
-#include "passes/schedule.h"
+#include "analysis/schedule.h"
 
 #include <algorithm>
 

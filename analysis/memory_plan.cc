@@ -1,10 +1,9 @@
-#include "passes/memory_plan.h"
+#include "analysis/memory_plan.h"
 
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 #include "proto/roles.h"
 #include "runtime/kernel.h"
@@ -12,26 +11,28 @@
 
 namespace strata {
 
-
 namespace {
-int64_t BytesOf(const Var& v, int64_t batch) {
+
+// Var v's bytes with the batch dimension (-1) taken as `batch`.
+int64_t BytesOf(const Graph& graph, int v, int64_t batch) {
   int64_t n = 1;
-  for (int64_t d : v.shape()) n *= d == -1 ? batch : d;
-  return n * static_cast<int64_t>(DataTypeSize(v.dtype()));
+  for (int64_t d : graph.shape(v)) n *= d == -1 ? batch : d;
+  return n * static_cast<int64_t>(DataTypeSize(graph.dtype(v)));
 }
 
-// keep[id]: the var is never freed, as the loss and the fetches are reported.
-std::vector<char> KeptVars(const Program& program, const GraphIndex& index) {
-  std::vector<char> keep(index.num_ids(), 0);
-  if (int id = index.id(program.loss()); id >= 0) keep[id] = 1;
-  for (const auto& f : program.fetch()) {
-    if (int id = index.id(f); id >= 0) keep[id] = 1;
+// keep[v]: the var is never freed, as the loss and the fetches are reported.
+std::vector<char> KeptVars(const Graph& graph) {
+  std::vector<char> keep(graph.num_vars(), 0);
+  if (int v = graph.FindVar(graph.loss()); v >= 0) keep[v] = 1;
+  for (const auto& f : graph.program_fields().fetch()) {
+    if (int v = graph.FindVar(f); v >= 0) keep[v] = 1;
   }
   return keep;
 }
 
-// Per op: the ids of its outputs and of its first input, whether output 0
-// aliases input 0, and whether it is a send.
+// Per op (by program position): the ids of its outputs and of its first
+// input, whether output 0 aliases input 0, whether it is a send or a recv
+// (and its channel), and its role.
 struct OpInfo {
   int first_output = 0;  // into output_ids
   int num_outputs = 0;
@@ -39,67 +40,75 @@ struct OpInfo {
   bool aliases = false;
   bool send = false;
   bool recv = false;
+  int64_t channel = -1;
+  OpRole role = ROLE_UNSPECIFIED;
   int64_t workspace = 0;  // scratch bytes while it runs
 };
 
-// What the simulation needs of the program's ops, found once.
+// What the simulation needs of the graph's ops, found once.
 struct OpTable {
   std::vector<OpInfo> info;
   std::vector<int> recv_ops;  // in program order
   std::vector<int> output_ids;
-  // Last use of each non-persistent var, in program order.
+  // Last use of each var, by program position; -1 when no op uses it.
   std::vector<int> last_use;
+  // Whether some op reads the var.
+  std::vector<char> read;
 };
 
-// The scratch bytes op #i's kernel draws while it runs, sized for its inputs
-// at `micro_batch_size` samples and `threads` threads.
-absl::StatusOr<int64_t> WorkspaceBytes(const WorkspaceFn& workspace, const Op& op, int i, const GraphIndex& index,
+// The scratch bytes op `id` (at program position i) draws while its kernel
+// runs, sized for its inputs at `micro_batch_size` samples and `threads`
+// threads.
+absl::StatusOr<int64_t> WorkspaceBytes(const WorkspaceFn& workspace, const Graph& graph, int id, int i,
                                        int64_t micro_batch_size, int threads) {
-  const absl::Span<const int> ins = index.input_ids(i);
   KernelDef def;
-  def.op = &op;
-  for (int k = 0; k < op.input_size(); ++k) {
-    const Var* v = index.var(ins[k]);
-    if (v == nullptr) {
-      return absl::InternalError(absl::StrCat("memory plan: op #", i, " reads undeclared '", op.input(k), "'"));
-    }
-    TensorType t = TypeOf(*v);
+  def.op = &graph.AsOp(id);
+  for (int v : graph.inputs(id)) {
+    TensorType t = graph.type(v);
     for (int64_t& d : t.shape) d = d == -1 ? micro_batch_size : d;
     def.input_types.push_back(std::move(t));
   }
   auto bytes = workspace(def, threads);
   if (!bytes.ok()) {
-    return absl::InternalError(absl::StrCat("memory plan: scratch of op #", i, " '", op.type(), "': ",
+    return absl::InternalError(absl::StrCat("memory plan: scratch of op #", i, " '", graph.schema(id).type, "': ",
                                             bytes.status().message()));
   }
   return *bytes;
 }
 
-absl::StatusOr<OpTable> DescribeOps(const Program& program, const GraphIndex& index, int64_t micro_batch_size,
-                                    int threads, DeviceKind device_kind) {
-  const int n = program.op_size();
+absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size, int threads,
+                                    DeviceKind device_kind) {
+  const std::vector<int>& order = graph.ops();
+  const int n = static_cast<int>(order.size());
   OpTable table;
   table.info.resize(n);
-  table.last_use.assign(index.num_ids(), -1);
+  table.last_use.assign(graph.num_vars(), -1);
+  table.read.assign(graph.num_vars(), 0);
   for (int i = 0; i < n; ++i) {
-    const Op& op = program.op(i);
+    const int id = order[i];
+    const OpSchema& schema = graph.schema(id);
     OpInfo& o = table.info[i];
-    const absl::Span<const int> ins = index.input_ids(i);
-    for (int id : ins) table.last_use[id] = i;
+    const absl::Span<const int> ins = graph.inputs(id);
+    for (int v : ins) {
+      table.last_use[v] = i;
+      table.read[v] = 1;
+    }
+    const absl::Span<const int> outs = graph.outputs(id);
     o.first_output = static_cast<int>(table.output_ids.size());
-    o.num_outputs = op.output_size();
-    for (int id : index.output_ids(i)) {
-      table.output_ids.push_back(id);
-      if (table.last_use[id] < 0) table.last_use[id] = i;  // produced, maybe never read
+    o.num_outputs = static_cast<int>(outs.size());
+    for (int v : outs) {
+      table.output_ids.push_back(v);
+      if (table.last_use[v] < 0) table.last_use[v] = i;  // produced, maybe never read
     }
     if (!ins.empty()) o.input0 = ins[0];
-    const OpSchema* schema = OpRegistry::Global().Find(op.type());
-    o.aliases = schema != nullptr && schema->output_aliases_input;
-    o.send = op.type() == "send";
-    o.recv = op.type() == "recv";
+    o.aliases = schema.output_aliases_input;
+    o.send = schema.type == "send";
+    o.recv = schema.type == "recv";
+    if (const Channel* c = graph.channel(id)) o.channel = c->id();
+    o.role = graph.role(id);
     if (o.recv) table.recv_ops.push_back(i);
-    if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(op.type(), device_kind)) {
-      auto bytes = WorkspaceBytes(*ws, op, i, index, micro_batch_size, threads);
+    if (const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(schema.type, device_kind)) {
+      auto bytes = WorkspaceBytes(*ws, graph, id, i, micro_batch_size, threads);
       if (!bytes.ok()) return bytes.status();
       o.workspace = *bytes;
     }
@@ -107,38 +116,39 @@ absl::StatusOr<OpTable> DescribeOps(const Program& program, const GraphIndex& in
   return table;
 }
 
-// frees[i]: the ids freed after op i, their last use, sorted by name.
-std::vector<std::vector<int>> FreesAfterOps(const GraphIndex& index, int n, const std::vector<int>& last_use,
+// frees[i]: the vars freed after the op at position i, their last use,
+// sorted by name.
+std::vector<std::vector<int>> FreesAfterOps(const Graph& graph, int n, const std::vector<int>& last_use,
                                             const std::vector<char>& keep) {
   std::vector<std::vector<int>> frees(n);
-  for (int id = 0; id < index.num_ids(); ++id) {
-    if (last_use[id] < 0) continue;
-    if (!index.declared(id) || IsPersistent(index.kind(id)) || keep[id]) continue;
-    frees[last_use[id]].push_back(id);
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (last_use[v] < 0) continue;
+    if (IsPersistent(graph.kind(v)) || keep[v]) continue;
+    frees[last_use[v]].push_back(v);
   }
-  for (auto& ids : frees) {
-    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return index.name(a) < index.name(b); });
+  for (auto& vars : frees) {
+    std::sort(vars.begin(), vars.end(), [&](int a, int b) { return graph.var_name(a) < graph.var_name(b); });
   }
   return frees;
 }
 
-void RecordFrees(const GraphIndex& index, const std::vector<std::vector<int>>& frees, MemoryPlan* plan) {
+void RecordFrees(const Graph& graph, const std::vector<std::vector<int>>& frees, MemoryPlan* plan) {
   plan->mutable_frees_after_op()->Reserve(static_cast<int>(frees.size()));
-  for (const auto& ids : frees) {
+  for (const auto& vars : frees) {
     auto* names = plan->add_frees_after_op()->mutable_var();
-    names->Reserve(static_cast<int>(ids.size()));
-    for (int id : ids) {
-      const absl::string_view name = index.name(id);
+    names->Reserve(static_cast<int>(vars.size()));
+    for (int v : vars) {
+      const absl::string_view name = graph.var_name(v);
       names->Add()->assign(name.data(), name.size());
     }
   }
 }
 
-// The feeds some op reads, with their ids: every forward action allocates them.
-std::vector<std::pair<int, const Var*>> ReadFeeds(const Program& program, const GraphIndex& index) {
-  std::vector<std::pair<int, const Var*>> feeds;
-  for (const Var& v : program.var()) {
-    if (v.kind() == FEED && !index.consumers(v.name()).empty()) feeds.push_back({index.id(v.name()), &v});
+// The feeds some op reads: every forward action allocates them.
+std::vector<int> ReadFeeds(const Graph& graph, const OpTable& ops) {
+  std::vector<int> feeds;
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (graph.kind(v) == FEED && ops.read[v]) feeds.push_back(v);
   }
   return feeds;
 }
@@ -152,11 +162,10 @@ std::vector<std::pair<int, const Var*>> ReadFeeds(const Program& program, const 
 // the end of the step); without a map, until the end of the next action.
 class ScheduleSimulator {
  public:
-  ScheduleSimulator(const Program& program, const GraphIndex& index, const OpTable& ops,
-                    const std::vector<std::vector<int>>& frees, const std::vector<std::pair<int, const Var*>>& feeds,
-                    int64_t micro_batch_size, const SendRelease* send_release, int last_action, MemoryPlan* plan)
-      : program_(program),
-        index_(index),
+  ScheduleSimulator(const Graph& graph, const OpTable& ops, const std::vector<std::vector<int>>& frees,
+                    const std::vector<int>& feeds, int64_t micro_batch_size, const SendRelease* send_release,
+                    int last_action, MemoryPlan* plan)
+      : graph_(graph),
         ops_(ops),
         frees_(frees),
         feeds_(feeds),
@@ -169,19 +178,17 @@ class ScheduleSimulator {
   void RunAction(int ai, const Action& action) {
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     if (action.kind() == Action::FORWARD) {
-      for (const auto& [id, v] : feeds_) Allocate(mb, id, BytesOf(*v, micro_batch_size_));
+      for (int v : feeds_) Allocate(mb, v, BytesOf(graph_, v, micro_batch_size_));
     }
     std::vector<int>& mine = Slots(mb);
     PostReceives(action, mb, mine);
-    for (int i = 0; i < program_.op_size(); ++i) {
-      const Op& op = program_.op(i);
-      const bool runs = ActionRuns(action.kind(), op.role());
-      if (!runs) continue;
+    for (size_t i = 0; i < ops_.info.size(); ++i) {
       const OpInfo& o = ops_.info[i];
+      if (!ActionRuns(action.kind(), o.role)) continue;
       AllocateOutputs(o, mb, mine);
       // Scratch lives while the kernel runs, on top of its inputs and outputs.
       peak_ = std::max(peak_, live_ + o.workspace);
-      if (o.send) HoldSentBuffer(ai, op, o, mb, mine);
+      if (o.send) HoldSentBuffer(ai, o, mb, mine);
       for (int var : frees_[i]) Release(mb, var);
     }
     ReleaseSentBuffers(ai);
@@ -195,7 +202,7 @@ class ScheduleSimulator {
   // Micro-batch mb's buffer of every var id, or -1.
   std::vector<int>& Slots(int mb) {
     auto& s = buffer_of_[mb];
-    if (s.empty()) s.assign(index_.num_ids(), -1);
+    if (s.empty()) s.assign(graph_.num_vars(), -1);
     return s;
   }
 
@@ -218,11 +225,10 @@ class ScheduleSimulator {
   // so their buffers exist from then, not from where each recv op sits.
   void PostReceives(const Action& action, int mb, const std::vector<int>& mine) {
     for (int i : ops_.recv_ops) {
-      if (!ActionRuns(action.kind(), program_.op(i).role())) continue;
+      if (!ActionRuns(action.kind(), ops_.info[i].role)) continue;
       for (int k = 0; k < ops_.info[i].num_outputs; ++k) {
-        const int id = ops_.output_ids[ops_.info[i].first_output + k];
-        const Var* v = index_.var(id);
-        if (v != nullptr && !IsPersistent(*v) && mine[id] < 0) Allocate(mb, id, BytesOf(*v, micro_batch_size_));
+        const int v = ops_.output_ids[ops_.info[i].first_output + k];
+        if (!IsPersistent(graph_.kind(v)) && mine[v] < 0) Allocate(mb, v, BytesOf(graph_, v, micro_batch_size_));
       }
     }
   }
@@ -231,31 +237,30 @@ class ScheduleSimulator {
   // that buffer; a receive's was allocated when the action started.
   void AllocateOutputs(const OpInfo& o, int mb, std::vector<int>& mine) {
     for (int k = 0; k < o.num_outputs; ++k) {
-      const int id = ops_.output_ids[o.first_output + k];
-      const Var* v = index_.var(id);
-      if (v == nullptr || IsPersistent(*v)) continue;
-      if (o.recv && mine[id] >= 0) continue;  // allocated when the action started
+      const int v = ops_.output_ids[o.first_output + k];
+      if (IsPersistent(graph_.kind(v))) continue;
+      if (o.recv && mine[v] >= 0) continue;  // allocated when the action started
       if (k == 0 && o.aliases && o.input0 >= 0) {
         const int src = mine[o.input0];
         if (src >= 0) {
           buffers_[src].names++;
-          mine[id] = src;
+          mine[v] = src;
           continue;
         }
       }
-      Allocate(mb, id, BytesOf(*v, micro_batch_size_));
+      Allocate(mb, v, BytesOf(graph_, v, micro_batch_size_));
     }
   }
 
   // Holds the buffer a send (in action ai) reads until its release action,
   // and lists that wait in the plan when there is a send_release map.
-  void HoldSentBuffer(int ai, const Op& op, const OpInfo& o, int mb, const std::vector<int>& mine) {
+  void HoldSentBuffer(int ai, const OpInfo& o, int mb, const std::vector<int>& mine) {
     int release_action = ai + 1;
     if (send_release_ != nullptr) {
-      auto it = send_release_->find({op.channel().id(), mb});
+      auto it = send_release_->find({o.channel, mb});
       release_action = it != send_release_->end() ? std::max(ai, it->second) : last_action_;
       MemoryPlan::SendWait* wait = plan_.add_send_waits();
-      wait->set_channel(op.channel().id());
+      wait->set_channel(o.channel);
       wait->set_micro_batch(mb);
       wait->set_action(release_action);
     }
@@ -276,11 +281,10 @@ class ScheduleSimulator {
     }
   }
 
-  const Program& program_;
-  const GraphIndex& index_;
+  const Graph& graph_;
   const OpTable& ops_;
   const std::vector<std::vector<int>>& frees_;
-  const std::vector<std::pair<int, const Var*>>& feeds_;
+  const std::vector<int>& feeds_;
   const int64_t micro_batch_size_;
   const SendRelease* const send_release_;
   const int last_action_;
@@ -293,28 +297,26 @@ class ScheduleSimulator {
 
 }  // namespace
 
-absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
+absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedule, int64_t micro_batch_size,
                                       const SendRelease* send_release, int threads, DeviceKind device_kind) {
   if (threads <= 0) threads = IntraOpThreads();
   MemoryPlan plan;
-  // Vars are handled by their dense GraphIndex ids: names are hashed once
-  // here, not again for every action of the schedule.
-  const GraphIndex index(program);
-  const std::vector<char> keep = KeptVars(program, index);
-  absl::StatusOr<OpTable> ops = DescribeOps(program, index, micro_batch_size, threads, device_kind);
+  const std::vector<char> keep = KeptVars(graph);
+  absl::StatusOr<OpTable> ops = DescribeOps(graph, micro_batch_size, threads, device_kind);
   if (!ops.ok()) return ops.status();
-  const std::vector<std::vector<int>> frees = FreesAfterOps(index, program.op_size(), ops->last_use, keep);
-  RecordFrees(index, frees, &plan);
+  const std::vector<std::vector<int>> frees =
+      FreesAfterOps(graph, static_cast<int>(ops->info.size()), ops->last_use, keep);
+  RecordFrees(graph, frees, &plan);
 
   int64_t param_bytes = 0, state_bytes = 0;
-  for (const Var& v : program.var()) {
-    if (v.kind() == PARAM) param_bytes += BytesOf(v, 0);
-    if (v.kind() == STATE || v.kind() == SCRATCH) state_bytes += BytesOf(v, 0);
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (graph.kind(v) == PARAM) param_bytes += BytesOf(graph, v, 0);
+    if (graph.kind(v) == STATE || graph.kind(v) == SCRATCH) state_bytes += BytesOf(graph, v, 0);
   }
-  const std::vector<std::pair<int, const Var*>> feeds = ReadFeeds(program, index);
+  const std::vector<int> feeds = ReadFeeds(graph, *ops);
 
-  ScheduleSimulator simulator(program, index, *ops, frees, feeds, micro_batch_size, send_release,
-                              schedule.action_size() - 1, &plan);
+  ScheduleSimulator simulator(graph, *ops, frees, feeds, micro_batch_size, send_release, schedule.action_size() - 1,
+                              &plan);
   for (int ai = 0; ai < schedule.action_size(); ++ai) simulator.RunAction(ai, schedule.action(ai));
   plan.set_param_bytes(param_bytes);
   plan.set_state_bytes(state_bytes);

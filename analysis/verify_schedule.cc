@@ -1,4 +1,4 @@
-#include "passes/verify_schedule.h"
+#include "analysis/verify_schedule.h"
 
 #include <map>
 #include <set>
@@ -7,9 +7,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/memory_plan.h"
 #include "compiler/graph_index.h"
 #include "proto/roles.h"
-#include "passes/memory_plan.h"
 
 namespace strata {
 namespace {

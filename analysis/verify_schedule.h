@@ -1,5 +1,5 @@
-#ifndef STRATA_PASSES_VERIFY_SCHEDULE_H_
-#define STRATA_PASSES_VERIFY_SCHEDULE_H_
+#ifndef STRATA_ANALYSIS_VERIFY_SCHEDULE_H_
+#define STRATA_ANALYSIS_VERIFY_SCHEDULE_H_
 
 #include <map>
 #include <utility>
@@ -68,4 +68,4 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
 
 }  // namespace strata
 
-#endif  // STRATA_PASSES_VERIFY_SCHEDULE_H_
+#endif  // STRATA_ANALYSIS_VERIFY_SCHEDULE_H_

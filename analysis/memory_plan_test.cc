@@ -1,4 +1,4 @@
-#include "passes/memory_plan.h"
+#include "analysis/memory_plan.h"
 
 #include <map>
 #include <string>

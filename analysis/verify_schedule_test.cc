@@ -1,4 +1,4 @@
-#include "passes/verify_schedule.h"
+#include "analysis/verify_schedule.h"
 
 #include <algorithm>
 #include <map>
@@ -8,13 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "analysis/schedule.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "passes/schedule.h"
-#include "proto/roles.h"
 #include "passes/testing/pass_test_util.h"
 #include "proto/mesh.h"
+#include "proto/roles.h"
 
 namespace strata {
 namespace {

@@ -1,11 +1,11 @@
-#ifndef STRATA_PASSES_MEMORY_PLAN_H_
-#define STRATA_PASSES_MEMORY_PLAN_H_
+#ifndef STRATA_ANALYSIS_MEMORY_PLAN_H_
+#define STRATA_ANALYSIS_MEMORY_PLAN_H_
 
 #include <map>
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "compiler/graph_index.h"
+#include "compiler/graph.h"
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 
@@ -27,11 +27,10 @@ using SendRelease = std::map<std::pair<int64_t, int>, int>;
 // Kernels that draw scratch memory (the convolutions) count it while they
 // run, as `device_kind`'s kernels register it, sized for `threads` intra-op
 // threads (0: this process's count).
-absl::StatusOr<MemoryPlan> PlanMemory(const Program& program, const Schedule& schedule, int64_t micro_batch_size,
+absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedule, int64_t micro_batch_size,
                                       const SendRelease* send_release = nullptr, int threads = 0,
                                       DeviceKind device_kind = DEVICE_CPU);
 
-
 }  // namespace strata
 
-#endif  // STRATA_PASSES_MEMORY_PLAN_H_
+#endif  // STRATA_ANALYSIS_MEMORY_PLAN_H_
