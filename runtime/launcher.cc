@@ -50,6 +50,10 @@ constexpr int kMaxPollMs = 500;
 // without a signal waits this long for a crash to show before it is named.
 constexpr auto kCauseGrace = std::chrono::milliseconds(300);
 
+// Whether a rank's error says it failed because a peer went away (the
+// communicators' "connection lost"), not for a reason of its own.
+bool LostAPeer(absl::string_view error) { return absl::StrContains(error, "connection lost"); }
+
 // Deadlines follow the monotonic clock, immune to wall-clock steps.
 using Clock = std::chrono::steady_clock;
 
@@ -565,13 +569,18 @@ class Launcher {
       }
       if (failed_rank_ < 0 && !pending_failed.empty()) {
         // Of ranks found dead together, a crash is the likelier root cause than
-        // a peer's error about the connection the crash broke.
+        // a peer's error about the connection the crash broke; so is any exit
+        // that does not say it lost a peer.
         auto by_signal = std::find_if(pending_failed.begin(), pending_failed.end(),
                                       [&](int r) { return workers_[r].outcome.signal != 0; });
         const bool others_running =
             std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
         if (by_signal != pending_failed.end() || !others_running || Clock::now() >= *decide_at) {
-          failed_rank_ = by_signal != pending_failed.end() ? *by_signal : pending_failed.front();
+          auto cause = std::find_if(pending_failed.begin(), pending_failed.end(),
+                                    [&](int r) { return !LostAPeer(workers_[r].last_error_line); });
+          failed_rank_ = by_signal != pending_failed.end() ? *by_signal
+                         : cause != pending_failed.end()   ? *cause
+                                                           : pending_failed.front();
           decide_at.reset();
           BeginStop(SIGTERM);
         }
@@ -590,10 +599,15 @@ class Launcher {
       // lost" caused by it).
       std::vector<std::pair<int, std::string>> records;
       if (options_.recorded_failures) records = options_.recorded_failures(store_spec_);
+      // But not a record of a lost peer over a rank that exited for a reason
+      // of its own without recording it (a crash, an injected fault): the
+      // record is the consequence.
       const bool seen_recorded = std::any_of(records.begin(), records.end(),
                                              [&](const auto& r) { return r.first == failed_rank_; });
+      const bool record_is_consequence = !records.empty() && LostAPeer(records.front().second) &&
+                                         !LostAPeer(workers_[failed_rank_].outcome.last_error_line);
       std::string message;
-      if (seen_recorded && records.front().first >= 0 &&
+      if (seen_recorded && !record_is_consequence && records.front().first >= 0 &&
           records.front().first < static_cast<int>(workers_.size())) {
         failed_rank_ = records.front().first;
         message = records.front().second;
