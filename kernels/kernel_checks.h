@@ -7,8 +7,10 @@
 // from reading out of bounds.
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -62,6 +64,63 @@ inline absl::Status CheckLogitsAndLabelShapes(const char* op, const Tensor& logi
   *classes = logits.dim(r - 1);
   *rows = label.num_elements();
   return absl::OkStatus();
+}
+
+// dx = f(a, dy) helpers (sqrt_grad, relu_grad, ...): a and dy have one shape.
+inline absl::Status CheckSameShapes(const Tensor& a, const Tensor& dy) {
+  if (a.shape() != dy.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat("inputs have shapes ", ShapeString(a.shape()), " and ",
+                                                   ShapeString(dy.shape()), "; they must match"));
+  }
+  return absl::OkStatus();
+}
+
+// add_n: every input has xs[0]'s shape.
+inline absl::Status CheckAddNShapes(const KernelContext& ctx) {
+  const Tensor& first = ctx.input(0);
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    if (ctx.input(i).shape() != first.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat("xs[", i, "] has shape ", ShapeString(ctx.input(i).shape()),
+                                                     " but xs[0] has ", ShapeString(first.shape())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// accumulate: acc and x have one element count.
+inline absl::Status CheckAccumulateOperands(const Tensor& acc, const Tensor& x) {
+  if (acc.num_elements() != x.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulate: accumulator ", ShapeString(acc.shape()),
+                                                   " and value ", ShapeString(x.shape()), " differ"));
+  }
+  return absl::OkStatus();
+}
+
+// fill_scalar's output dtype, from the kernel's one output type.
+inline absl::StatusOr<DataType> FillScalarDtype(const KernelDef& def) {
+  if (def.output_types.size() != 1) return absl::InvalidArgumentError("fill_scalar: one output");
+  return def.output_types[0].dtype;
+}
+
+// cast's `dtype` attr: one of the dtypes cast converts to.
+inline absl::StatusOr<DataType> CastTarget(const Op& op) {
+  absl::StatusOr<std::string> name = AttrString(op, "dtype");
+  if (!name.ok()) return name.status();
+  DataType dtype = DT_INVALID;
+  DataType_Parse(*name, &dtype);
+  switch (dtype) {
+    case F32:
+    case F64:
+    case I64:
+    case I32:
+    case BOOL:
+    case BF16:
+    case F16:
+      return dtype;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cast: unknown dtype '", *name, "'"));
 }
 
 }  // namespace kernel_checks

@@ -9,9 +9,18 @@
 // even (PyTorch's and CUDA's __float2bfloat16_rn / __float2half_rn); a NaN
 // stays a (quiet) NaN with its sign; finite values too large become
 // infinities. A double converts through float.
+//
+// The conversions are __host__ __device__ under nvcc, so the CUDA kernels
+// (kernels/cuda/unary_math.h's cast) round with the same code as the CPU.
 
 #include <cstdint>
 #include <cstring>
+
+#ifdef __CUDACC__
+#define STRATA_FLOAT16_HD __host__ __device__
+#else
+#define STRATA_FLOAT16_HD
+#endif
 
 namespace strata {
 
@@ -22,19 +31,27 @@ struct float16 {
   uint16_t bits = 0;
 };
 
-inline uint32_t FloatBits(float f) {
+STRATA_FLOAT16_HD inline uint32_t FloatBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
+#endif
 }
 
-inline float FloatFromBits(uint32_t u) {
+STRATA_FLOAT16_HD inline float FloatFromBits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+#endif
 }
 
-inline bfloat16 ToBfloat16(float f) {
+STRATA_FLOAT16_HD inline bfloat16 ToBfloat16(float f) {
   const uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x0040u)};  // NaN, quieted
   // Round to nearest even on the 16 bits dropped; a carry into the exponent
@@ -43,9 +60,9 @@ inline bfloat16 ToBfloat16(float f) {
   return {static_cast<uint16_t>((u + rounding) >> 16)};
 }
 
-inline float ToFloat(bfloat16 b) { return FloatFromBits(static_cast<uint32_t>(b.bits) << 16); }
+STRATA_FLOAT16_HD inline float ToFloat(bfloat16 b) { return FloatFromBits(static_cast<uint32_t>(b.bits) << 16); }
 
-inline float16 ToFloat16(float f) {
+STRATA_FLOAT16_HD inline float16 ToFloat16(float f) {
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
@@ -64,7 +81,7 @@ inline float16 ToFloat16(float f) {
   return {static_cast<uint16_t>(sign | ((rebased + rounding) >> 13))};
 }
 
-inline float ToFloat(float16 h) {
+STRATA_FLOAT16_HD inline float ToFloat(float16 h) {
   const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
   const uint32_t exponent = (h.bits >> 10) & 0x1fu;
   const uint32_t mantissa = h.bits & 0x3ffu;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -16,10 +17,7 @@ class AccumulateKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& acc = ctx.input(0);
     const Tensor& x = ctx.input(1);
-    if (acc.num_elements() != x.num_elements()) {
-      return absl::InvalidArgumentError(absl::StrCat("accumulate: accumulator ", ShapeString(acc.shape()),
-                                                     " and value ", ShapeString(x.shape()), " differ"));
-    }
+    if (absl::Status s = kernel_checks::CheckAccumulateOperands(acc, x); !s.ok()) return s;
     T* a = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
     BinaryMap(acc.num_elements(), a, x.data<T>(), a, [](T u, T v) { return u + v; });
     ctx.SetOutput(0, acc);

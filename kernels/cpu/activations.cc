@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/unary_math.h"
 
 namespace strata {
 namespace {
@@ -19,43 +20,14 @@ struct ReluGradFn {
   T operator()(T y, T dy) const { return y > T(0) ? dy : T(0); }
 };
 
-// The exact (erf) form, torch.nn.functional.gelu's default.
-struct GeluFn {
-  template <typename T>
-  T operator()(T x) const { return T(0.5) * x * (T(1) + std::erf(x * T(M_SQRT1_2))); }
-};
-// d/dx [x Phi(x)] = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
-struct GeluGradFn {
-  template <typename T>
-  T operator()(T x, T dy) const {
-    const T cdf = T(0.5) * (T(1) + std::erf(x * T(M_SQRT1_2)));
-    const T pdf = std::exp(T(-0.5) * x * x) * T(0.5 * M_2_SQRTPI * M_SQRT1_2);
-    return dy * (cdf + x * pdf);
-  }
-};
-
-struct TanhFn {
-  template <typename T>
-  T operator()(T x) const { return std::tanh(x); }
-};
-struct TanhGradFn {
-  template <typename T>
-  T operator()(T y, T dy) const { return dy * (T(1) - y * y); }
-};
-
-// Never exponentiates a large positive number, so no overflow to inf/inf.
-struct SigmoidFn {
-  template <typename T>
-  T operator()(T x) const {
-    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-    const T e = std::exp(x);
-    return e / (T(1) + e);
-  }
-};
-struct SigmoidGradFn {
-  template <typename T>
-  T operator()(T y, T dy) const { return dy * y * (T(1) - y); }
-};
+// gelu (the exact erf form), tanh, sigmoid and their gradients: the math is
+// kernels/cuda/unary_math.h's, shared with the CUDA kernels.
+using cuda::GeluFn;
+using cuda::GeluGradFn;
+using cuda::SigmoidFn;
+using cuda::SigmoidGradFn;
+using cuda::TanhFn;
+using cuda::TanhGradFn;
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, ReluFn>>()));
 STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, ReluFn>>()));

@@ -2,40 +2,19 @@
 // destination is chosen once at prepare time.
 // Threads: UnaryMap splits the flat element range into contiguous chunks.
 
-#include <cmath>
-#include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/kernel_checks.h"
+#include "kernels/cuda/unary_math.h"
 
 namespace strata {
 namespace {
 
-template <typename T>
-constexpr bool kIsHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
-
-// Floating to integer truncates toward zero, saturates, and maps nan to 0:
-// a plain static_cast would be undefined behaviour out of range. 16-bit
-// floats go through float32 (runtime/float16.h rounds to nearest even).
-template <typename D, typename S>
-D Convert(S v) {
-  if constexpr (kIsHalf<S>) {
-    return Convert<D>(ToFloat(v));
-  } else if constexpr (std::is_same_v<D, bfloat16>) {
-    return ToBfloat16(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<D, float16>) {
-    return ToFloat16(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<D, bool>) {
-    return v != S(0);
-  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
-    if (std::isnan(v)) return D(0);
-    if (v <= static_cast<S>(std::numeric_limits<D>::min())) return std::numeric_limits<D>::min();
-    if (v >= static_cast<S>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
-    return static_cast<D>(v);
-  } else {
-    return static_cast<D>(v);
-  }
-}
+// The conversion (kernels/cuda/unary_math.h, shared with the CUDA kernel):
+// floating to integer truncates toward zero, saturates and maps nan to 0;
+// 16-bit floats go through float32.
+using cuda::Convert;
 
 template <typename S, typename D>
 class CastKernel : public OpKernel {
@@ -55,11 +34,9 @@ class CastKernel : public OpKernel {
 
 template <typename S>
 absl::StatusOr<std::unique_ptr<OpKernel>> CreateCast(const KernelDef& def) {
-  absl::StatusOr<std::string> name = AttrString(*def.op, "dtype");
-  if (!name.ok()) return name.status();
-  DataType dtype = DT_INVALID;
-  DataType_Parse(*name, &dtype);
-  switch (dtype) {
+  absl::StatusOr<DataType> dtype = kernel_checks::CastTarget(*def.op);
+  if (!dtype.ok()) return dtype.status();
+  switch (*dtype) {
     case F32: return std::unique_ptr<OpKernel>(new CastKernel<S, float>());
     case F64: return std::unique_ptr<OpKernel>(new CastKernel<S, double>());
     case I64: return std::unique_ptr<OpKernel>(new CastKernel<S, int64_t>());
@@ -69,7 +46,7 @@ absl::StatusOr<std::unique_ptr<OpKernel>> CreateCast(const KernelDef& def) {
     case F16: return std::unique_ptr<OpKernel>(new CastKernel<S, float16>());
     default: break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("cast: unknown dtype '", *name, "'"));
+  return absl::InternalError("cast: CastTarget returned a dtype cast does not convert to");
 }
 
 STRATA_REGISTER_KERNEL("cast", DEVICE_CPU, F32, CreateCast<float>);

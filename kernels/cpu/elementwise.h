@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "kernels/broadcast_plan.h"
+#include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/thread_pool.h"
@@ -117,10 +118,7 @@ class SameShapeBinaryKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    if (a.shape() != dy.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat("inputs have shapes ", ShapeString(a.shape()), " and ",
-                                                     ShapeString(dy.shape()), "; they must match"));
-    }
+    if (absl::Status s = kernel_checks::CheckSameShapes(a, dy); !s.ok()) return s;
     absl::StatusOr<Tensor*> dx = ctx.AllocateOutput(0, DataTypeOf<T>::value, a.shape());
     if (!dx.ok()) return dx.status();
     BinaryMap(a.num_elements(), a.data<T>(), dy.data<T>(), (*dx)->data<T>(), F());

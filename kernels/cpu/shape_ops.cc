@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/view_kernels.h"
 #include "proto/shape_rules.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -153,56 +154,7 @@ class ShapeKernel : public OpKernel {
 };
 
 // ---- reshape, flatten, reshape_like: views of the input's buffer -----------
-
-class ReshapeKernel : public ShapeKernel {
- public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(spec_, AttrInts(op, "shape"));
-    return absl::OkStatus();
-  }
-  absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const Shape out, ForOp(op_, ResolveReshape(x.shape(), spec_)));
-    ctx.SetOutput(0, x.Reshaped(out));
-    return absl::OkStatus();
-  }
-
- private:
-  std::vector<int64_t> spec_;
-};
-
-class FlattenKernel : public ShapeKernel {
- public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(start_, AttrInt(op, "start_axis"));
-    STRATA_ASSIGN_OR_RETURN(end_, AttrInt(op, "end_axis"));
-    return absl::OkStatus();
-  }
-  absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const Shape out, ForOp(op_, FlattenShape(x.shape(), start_, end_)));
-    ctx.SetOutput(0, x.Reshaped(out));
-    return absl::OkStatus();
-  }
-
- private:
-  int64_t start_ = 0, end_ = 0;
-};
-
-class ReshapeLikeKernel : public ShapeKernel {
- public:
-  absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& dy = ctx.input(0);
-    const Tensor& like = ctx.input(1);
-    if (dy.num_elements() != like.num_elements()) {
-      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " does not fit ", ShapeString(like.shape())));
-    }
-    ctx.SetOutput(0, dy.Reshaped(like.shape()));
-    return absl::OkStatus();
-  }
-};
+// kernels/view_kernels.h, shared with the CUDA kernels.
 
 // ---- transpose ---------------------------------------------------------------
 
@@ -474,15 +426,15 @@ class SliceGradKernel : public SliceBase {
   }
 };
 
-STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F32, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F64, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, I64, Factory<ReshapeKernel>());
-STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F32, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F64, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, I64, Factory<FlattenKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F32, Factory<ReshapeLikeKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F64, Factory<ReshapeLikeKernel>());
-STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, I64, Factory<ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F32, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F64, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, I64, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F32, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F64, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, I64, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F32, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F64, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, I64, InitFactory<view_kernels::ReshapeLikeKernel>());
 
 STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, F32, Factory<TransposeKernel<float>>());
 STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, F64, Factory<TransposeKernel<double>>());

@@ -1,38 +1,22 @@
-// exp, log, sqrt, square, neg, scale and sqrt_grad.
+// exp, log, sqrt, square, neg, scale and sqrt_grad. The per-element math is
+// kernels/cuda/unary_math.h's, shared with the CUDA kernels.
 // Threads: UnaryMap / BinaryMap split the flat element range into contiguous
 // chunks of kElementwiseMinChunk or more.
 
 #include <cmath>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/unary_math.h"
 
 namespace strata {
 namespace {
 
-struct ExpFn {
-  template <typename T>
-  T operator()(T x) const { return std::exp(x); }
-};
-struct LogFn {
-  template <typename T>
-  T operator()(T x) const { return std::log(x); }
-};
-struct SqrtFn {
-  template <typename T>
-  T operator()(T x) const { return std::sqrt(x); }
-};
-struct SqrtGradFn {
-  template <typename T>
-  T operator()(T y, T dy) const { return dy * T(0.5) / y; }
-};
-struct SquareFn {
-  template <typename T>
-  T operator()(T x) const { return x * x; }
-};
-struct NegFn {
-  template <typename T>
-  T operator()(T x) const { return -x; }
-};
+using cuda::ExpFn;
+using cuda::LogFn;
+using cuda::NegFn;
+using cuda::SqrtFn;
+using cuda::SqrtGradFn;
+using cuda::SquareFn;
 
 // y = scale * x + bias, attrs read once at prepare time.
 template <typename T>
@@ -49,8 +33,7 @@ class ScaleKernel : public OpKernel {
     const Tensor& x = ctx.input(0);
     absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape());
     if (!y.ok()) return y.status();
-    const T scale = scale_, bias = bias_;
-    UnaryMap(x.num_elements(), x.data<T>(), (*y)->data<T>(), [scale, bias](T v) { return scale * v + bias; });
+    UnaryMap(x.num_elements(), x.data<T>(), (*y)->data<T>(), cuda::ScaleFn<T>{scale_, bias_});
     return absl::OkStatus();
   }
 

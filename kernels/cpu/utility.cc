@@ -3,6 +3,7 @@
 // summing all inputs before moving on (one pass over the output per chunk).
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/kernel_checks.h"
 
 namespace strata {
 namespace {
@@ -14,12 +15,7 @@ class AddNKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& first = ctx.input(0);
     const int inputs = ctx.num_inputs();
-    for (int i = 1; i < inputs; ++i) {
-      if (ctx.input(i).shape() != first.shape()) {
-        return absl::InvalidArgumentError(absl::StrCat("xs[", i, "] has shape ", ShapeString(ctx.input(i).shape()),
-                                                       " but xs[0] has ", ShapeString(first.shape())));
-      }
-    }
+    if (absl::Status s = kernel_checks::CheckAddNShapes(ctx); !s.ok()) return s;
     if (inputs == 1) {
       ctx.SetOutput(0, first);
       return absl::OkStatus();
@@ -65,8 +61,9 @@ class FillScalarKernel : public OpKernel {
   static absl::StatusOr<std::unique_ptr<OpKernel>> Create(const KernelDef& def) {
     absl::StatusOr<double> value = AttrFloat(*def.op, "value");
     if (!value.ok()) return value.status();
-    if (def.output_types.size() != 1) return absl::InvalidArgumentError("fill_scalar: one output");
-    return std::unique_ptr<OpKernel>(new FillScalarKernel(def.output_types[0].dtype, *value));
+    absl::StatusOr<DataType> dtype = kernel_checks::FillScalarDtype(def);
+    if (!dtype.ok()) return dtype.status();
+    return std::unique_ptr<OpKernel>(new FillScalarKernel(*dtype, *value));
   }
   absl::Status Compute(KernelContext& ctx) override {
     absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, dtype_, {});

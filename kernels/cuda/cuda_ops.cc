@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/relu.h"
+#include "kernels/kernel_checks.h"
 #include "kernels/matmul_shape.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
@@ -41,10 +42,7 @@ class CudaReluGradKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& y = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    if (y.shape() != dy.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat("inputs have shapes ", ShapeString(y.shape()), " and ",
-                                                     ShapeString(dy.shape()), "; they must match"));
-    }
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(y, dy));
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, y.dtype(), y.shape()));
     return CudaStatus(
         cuda::LaunchReluGrad(dx->data<T>(), y.data<T>(), dy.data<T>(), y.num_elements(), device->stream()),

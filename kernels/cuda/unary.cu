@@ -1,0 +1,188 @@
+// The unary ops, their gradients, scale, add_n and cast: one grid-stride
+// kernel template per arity over unary_math.h's functors.
+// Blocks: 256 threads a block, at most kMaxBlocks blocks; each thread handles
+// every (grid size)-th element, so any n, including n > 2^31, is covered.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/unary.h"
+#include "kernels/cuda/unary_math.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock); }
+
+// No __restrict__: y may alias x (each element is read, then written, by one thread).
+template <typename S, typename D, typename F>
+__global__ void MapKernel(D* y, const S* x, int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = f(x[i]);
+  }
+}
+
+template <typename T, typename F>
+__global__ void Map2Kernel(T* z, const T* a, const T* b, int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    z[i] = f(a[i], b[i]);
+  }
+}
+
+template <typename S, typename D, typename F>
+cudaError_t Map(D* y, const S* x, int64_t n, F f, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  MapKernel<S, D, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(y, x, n, f);
+  return cudaGetLastError();
+}
+
+template <typename T, typename F>
+cudaError_t Map2(T* z, const T* a, const T* b, int64_t n, F f, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  Map2Kernel<T, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(z, a, b, n, f);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Unary(UnaryOp op, T* y, const T* x, int64_t n, cudaStream_t stream) {
+  switch (op) {
+    case UnaryOp::kExp:
+      return Map(y, x, n, ExpFn(), stream);
+    case UnaryOp::kLog:
+      return Map(y, x, n, LogFn(), stream);
+    case UnaryOp::kNeg:
+      return Map(y, x, n, NegFn(), stream);
+    case UnaryOp::kSqrt:
+      return Map(y, x, n, SqrtFn(), stream);
+    case UnaryOp::kSquare:
+      return Map(y, x, n, SquareFn(), stream);
+    case UnaryOp::kGelu:
+      return Map(y, x, n, GeluFn(), stream);
+    case UnaryOp::kTanh:
+      return Map(y, x, n, TanhFn(), stream);
+    case UnaryOp::kSigmoid:
+      return Map(y, x, n, SigmoidFn(), stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t UnaryGrad(UnaryGradOp op, T* dx, const T* a, const T* dy, int64_t n, cudaStream_t stream) {
+  switch (op) {
+    case UnaryGradOp::kSqrtGrad:
+      return Map2(dx, a, dy, n, SqrtGradFn(), stream);
+    case UnaryGradOp::kGeluGrad:
+      return Map2(dx, a, dy, n, GeluGradFn(), stream);
+    case UnaryGradOp::kTanhGrad:
+      return Map2(dx, a, dy, n, TanhGradFn(), stream);
+    case UnaryGradOp::kSigmoidGrad:
+      return Map2(dx, a, dy, n, SigmoidGradFn(), stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Up to kAddNPerLaunch input pointers, passed by value. With `accumulate`,
+// y's own value is the first term.
+template <typename T>
+struct AddNInputs {
+  const T* xs[kAddNPerLaunch];
+  int count;
+  bool accumulate;
+};
+
+template <typename T>
+__global__ void AddNKernel(T* y, AddNInputs<T> in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    // The CPU's order: out = a + b, then out += c for each further input.
+    int k = 0;
+    T s;
+    if (in.accumulate) {
+      s = y[i];
+    } else {
+      s = in.xs[0][i];
+      k = 1;
+    }
+    for (; k < in.count; ++k) s = s + in.xs[k][i];
+    y[i] = s;
+  }
+}
+
+template <typename T>
+cudaError_t AddN(T* y, const T* const* xs, int count, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (count < 2) return cudaErrorInvalidValue;
+  for (int first = 0; first < count; first += kAddNPerLaunch) {
+    AddNInputs<T> in;
+    in.accumulate = first > 0;
+    in.count = std::min(kAddNPerLaunch, count - first);
+    for (int k = 0; k < in.count; ++k) in.xs[k] = xs[first + k];
+    AddNKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(y, in, n);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchUnary(UnaryOp op, float* y, const float* x, int64_t n, cudaStream_t stream) {
+  return Unary(op, y, x, n, stream);
+}
+cudaError_t LaunchUnary(UnaryOp op, double* y, const double* x, int64_t n, cudaStream_t stream) {
+  return Unary(op, y, x, n, stream);
+}
+
+cudaError_t LaunchScale(float* y, const float* x, float scale, float bias, int64_t n, cudaStream_t stream) {
+  return Map(y, x, n, ScaleFn<float>{scale, bias}, stream);
+}
+cudaError_t LaunchScale(double* y, const double* x, double scale, double bias, int64_t n, cudaStream_t stream) {
+  return Map(y, x, n, ScaleFn<double>{scale, bias}, stream);
+}
+
+cudaError_t LaunchUnaryGrad(UnaryGradOp op, float* dx, const float* a, const float* dy, int64_t n,
+                            cudaStream_t stream) {
+  return UnaryGrad(op, dx, a, dy, n, stream);
+}
+cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const double* dy, int64_t n,
+                            cudaStream_t stream) {
+  return UnaryGrad(op, dx, a, dy, n, stream);
+}
+
+cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream) {
+  return AddN(y, xs, count, n, stream);
+}
+cudaError_t LaunchAddN(double* y, const double* const* xs, int count, int64_t n, cudaStream_t stream) {
+  return AddN(y, xs, count, n, stream);
+}
+cudaError_t LaunchAddN(int64_t* y, const int64_t* const* xs, int count, int64_t n, cudaStream_t stream) {
+  return AddN(y, xs, count, n, stream);
+}
+
+template <typename S, typename D>
+cudaError_t LaunchCast(D* y, const S* x, int64_t n, cudaStream_t stream) {
+  return Map(y, x, n, ConvertFn<D>(), stream);
+}
+
+// Every (S, D) pair of distinct cast dtypes.
+#define STRATA_CAST_TO(S)                                                                   \
+  template cudaError_t LaunchCast<S, float>(float*, const S*, int64_t, cudaStream_t);       \
+  template cudaError_t LaunchCast<S, double>(double*, const S*, int64_t, cudaStream_t);     \
+  template cudaError_t LaunchCast<S, int64_t>(int64_t*, const S*, int64_t, cudaStream_t);   \
+  template cudaError_t LaunchCast<S, int32_t>(int32_t*, const S*, int64_t, cudaStream_t);   \
+  template cudaError_t LaunchCast<S, bool>(bool*, const S*, int64_t, cudaStream_t);         \
+  template cudaError_t LaunchCast<S, bfloat16>(bfloat16*, const S*, int64_t, cudaStream_t); \
+  template cudaError_t LaunchCast<S, float16>(float16*, const S*, int64_t, cudaStream_t);
+STRATA_CAST_TO(float)
+STRATA_CAST_TO(double)
+STRATA_CAST_TO(int64_t)
+STRATA_CAST_TO(int32_t)
+STRATA_CAST_TO(bool)
+STRATA_CAST_TO(bfloat16)
+STRATA_CAST_TO(float16)
+#undef STRATA_CAST_TO
+
+}  // namespace cuda
+}  // namespace strata

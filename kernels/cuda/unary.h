@@ -1,0 +1,55 @@
+#ifndef STRATA_KERNELS_CUDA_UNARY_H_
+#define STRATA_KERNELS_CUDA_UNARY_H_
+
+// The elementwise unary ops, their backward helpers, scale, add_n and cast
+// on the GPU: one grid-stride launcher over a functor of unary_math.h per op,
+// so every element computes what the CPU kernel computes. Plain C++ API over
+// device pointers; every launcher is asynchronous on `stream` and returns the
+// launch error (cudaSuccess and no launch when n == 0). An output may alias
+// an input of its own type: each element is read, then written, by one
+// thread.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/float16.h"
+
+namespace strata {
+namespace cuda {
+
+enum class UnaryOp { kExp, kLog, kNeg, kSqrt, kSquare, kGelu, kTanh, kSigmoid };
+
+// y[n] = f(x[n]).
+cudaError_t LaunchUnary(UnaryOp op, float* y, const float* x, int64_t n, cudaStream_t stream);
+cudaError_t LaunchUnary(UnaryOp op, double* y, const double* x, int64_t n, cudaStream_t stream);
+
+// y[n] = scale * x[n] + bias.
+cudaError_t LaunchScale(float* y, const float* x, float scale, float bias, int64_t n, cudaStream_t stream);
+cudaError_t LaunchScale(double* y, const double* x, double scale, double bias, int64_t n, cudaStream_t stream);
+
+// dx[n] = f(a[n], dy[n]); a is the forward op's input for gelu, its output
+// for the others.
+enum class UnaryGradOp { kSqrtGrad, kGeluGrad, kTanhGrad, kSigmoidGrad };
+cudaError_t LaunchUnaryGrad(UnaryGradOp op, float* dx, const float* a, const float* dy, int64_t n, cudaStream_t stream);
+cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const double* dy, int64_t n,
+                            cudaStream_t stream);
+
+// y[n] = ((xs[0][n] + xs[1][n]) + xs[2][n]) + ..., the CPU's order: at most
+// kAddNPerLaunch inputs a launch, later launches adding the next ones to y.
+// `xs` (count >= 2 device pointers) is a host array.
+inline constexpr int kAddNPerLaunch = 16;
+cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream);
+cudaError_t LaunchAddN(double* y, const double* const* xs, int count, int64_t n, cudaStream_t stream);
+cudaError_t LaunchAddN(int64_t* y, const int64_t* const* xs, int count, int64_t n, cudaStream_t stream);
+
+// y[n] = x[n] converted to D, as kernels/cpu/cast.cc converts it. Defined
+// (explicitly instantiated in unary.cu) for every S and D among float,
+// double, int64_t, int32_t, bool, bfloat16 and float16; y must not alias x.
+template <typename S, typename D>
+cudaError_t LaunchCast(D* y, const S* x, int64_t n, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CUDA_UNARY_H_
