@@ -49,6 +49,46 @@ inline absl::Status ExpectScalar(const KernelContext& ctx, const char* op, int i
   return absl::OkStatus();
 }
 
+// Input i holds `dtype` (sum_squares: "input #1 is F64, expected F32").
+inline absl::Status ExpectInputDtype(const KernelContext& ctx, const char* op, int i, DataType dtype) {
+  const Tensor& t = ctx.input(i);
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": input #", i, " is ", DataTypeName(t.dtype()), ", expected ", DataTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+// Input i, named `name`, holds `dtype` (sum_squares_grad: "input 'x' is F64").
+inline absl::Status ExpectNamedInputDtype(const KernelContext& ctx, const char* op, int i, const char* name,
+                                          DataType dtype) {
+  const Tensor& t = ctx.input(i);
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": input '", name, "' is ", DataTypeName(t.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+// t holds one element ("mse_loss_grad: dloss must be a scalar, got [2]").
+inline absl::Status ExpectOneElement(const char* op, const char* name, const Tensor& t) {
+  if (t.num_elements() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " must be a scalar, got ", ShapeString(t.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// mse_loss(_grad): pred and target have one dtype and one shape.
+inline absl::Status CheckPredAndTarget(const char* op, const Tensor& pred, const Tensor& target) {
+  if (pred.shape() != target.shape() || pred.dtype() != target.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": pred ", DataTypeName(pred.dtype()),
+                                                   ShapeString(pred.shape()), " and target ",
+                                                   DataTypeName(target.dtype()), ShapeString(target.shape()),
+                                                   " differ"));
+  }
+  return absl::OkStatus();
+}
+
 // Rows R and classes C of logits [..., C] with I64 labels [...]. The labels'
 // values (each in [0, C)) are the caller's to check where it can read them.
 inline absl::Status CheckLogitsAndLabelShapes(const char* op, const Tensor& logits, const Tensor& label,

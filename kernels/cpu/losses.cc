@@ -13,12 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/shared_math.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
 namespace strata {
 namespace {
 
+using kernel_checks::CheckPredAndTarget;
 using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 using nn_kernels::Scratch;
@@ -117,16 +119,7 @@ class SoftmaxCrossEntropyGradKernel : public OpKernel {
 };
 
 // Elements per block of the mse sum: fixed, so the order of additions is too.
-constexpr int64_t kSumBlock = 1 << 14;
-
-absl::Status CheckSameShape(const char* op, const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": pred ", DataTypeName(a.dtype()), ShapeString(a.shape()),
-                                                   " and target ", DataTypeName(b.dtype()), ShapeString(b.shape()),
-                                                   " differ"));
-  }
-  return absl::OkStatus();
-}
+constexpr int64_t kSumBlock = kFixedSumBlock;
 
 // loss [] = mean of (pred - target)^2.
 template <typename T>
@@ -138,7 +131,7 @@ class MseLossKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& pred = ctx.input(0);
     const Tensor& target = ctx.input(1);
-    STRATA_RETURN_IF_ERROR(CheckSameShape("mse_loss", pred, target));
+    STRATA_RETURN_IF_ERROR(CheckPredAndTarget("mse_loss", pred, target));
     STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, pred.dtype(), Shape{}));
     const int64_t n = pred.num_elements(), blocks = (n + kSumBlock - 1) / kSumBlock;
     STRATA_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks));
@@ -173,14 +166,11 @@ class MseLossGradKernel : public OpKernel {
     const Tensor& pred = ctx.input(0);
     const Tensor& target = ctx.input(1);
     const Tensor& dloss = ctx.input(2);
-    STRATA_RETURN_IF_ERROR(CheckSameShape("mse_loss_grad", pred, target));
-    if (dloss.num_elements() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("mse_loss_grad: dloss must be a scalar, got ",
-                                                     ShapeString(dloss.shape())));
-    }
+    STRATA_RETURN_IF_ERROR(CheckPredAndTarget("mse_loss_grad", pred, target));
+    STRATA_RETURN_IF_ERROR(kernel_checks::ExpectOneElement("mse_loss_grad", "dloss", dloss));
     STRATA_ASSIGN_OR_RETURN(Tensor * dpred, ctx.AllocateOutput(0, pred.dtype(), pred.shape()));
     const int64_t n = pred.num_elements();
-    const T scale = static_cast<T>(2.0 * static_cast<double>(dloss.data<T>()[0]) / static_cast<double>(n));
+    const T scale = MseGradScale(dloss.data<T>()[0], n);
     const T* pp = pred.data<T>();
     const T* pt = target.data<T>();
     T* pd = dpred->data<T>();

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/shared_math.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -28,9 +29,6 @@ namespace {
 
 // Elements per ParallelFor chunk: below this an update runs inline on the caller.
 constexpr int64_t kElementwiseChunk = 1 << 14;
-// sum_squares reduces fixed blocks and adds their partial sums in order, so the
-// result does not depend on the thread count.
-constexpr int64_t kReduceBlock = 1 << 14;
 constexpr double kPi = 3.14159265358979323846;
 
 // Kernels read their attrs in Init; a factory that reports a failed Init.
@@ -44,7 +42,9 @@ KernelFactory InitFactory() {
   };
 }
 
+using kernel_checks::ExpectInputDtype;
 using kernel_checks::ExpectLike;
+using kernel_checks::ExpectNamedInputDtype;
 using kernel_checks::ExpectScalar;
 using kernel_checks::MutableData;
 
@@ -311,15 +311,16 @@ class LrScheduleKernel : public OpKernel {
 
 // ---------------------------------------------------------------------------
 // sum_squares(x...) -> y = sum_i sum_k x_i[k]^2, accumulated in double.
-// Each input is cut into fixed blocks reduced in parallel (one block per task
-// at least); partial sums are then added in block order.
+// Each input is cut into fixed blocks (kFixedSumBlock, kernels/shared_math.h)
+// reduced in parallel; partial sums are then added in block order, so the
+// result does not depend on the thread count.
 template <typename T>
 double SumOfSquares(const T* x, int64_t N) {
-  const int64_t num_blocks = (N + kReduceBlock - 1) / kReduceBlock;
+  const int64_t num_blocks = (N + kFixedSumBlock - 1) / kFixedSumBlock;
   std::vector<double> partial(num_blocks, 0.0);
   ParallelFor(num_blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t lo = b * kReduceBlock, hi = std::min(N, lo + kReduceBlock);
+      const int64_t lo = b * kFixedSumBlock, hi = std::min(N, lo + kFixedSumBlock);
       double s = 0;
       for (int64_t k = lo; k < hi; ++k) s += static_cast<double>(x[k]) * static_cast<double>(x[k]);
       partial[b] = s;
@@ -339,10 +340,7 @@ class SumSquaresKernel : public OpKernel {
     double total = 0;
     for (int i = 0; i < ctx.num_inputs(); ++i) {
       const Tensor& x = ctx.input(i);
-      if (x.dtype() != DataTypeOf<T>::value) {
-        return absl::InvalidArgumentError(absl::StrCat("sum_squares: input #", i, " is ", DataTypeName(x.dtype()),
-                                                       ", expected ", DataTypeName(DataTypeOf<T>::value)));
-      }
+      STRATA_RETURN_IF_ERROR(ExpectInputDtype(ctx, "sum_squares", i, DataTypeOf<T>::value));
       total += SumOfSquares(x.data<T>(), x.num_elements());
     }
     absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, DataTypeOf<T>::value, {});
@@ -361,10 +359,7 @@ class SumSquaresGradKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x_tensor = ctx.input(0);
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sum_squares_grad", 1, "dy", DataTypeOf<T>::value));
-    if (x_tensor.dtype() != DataTypeOf<T>::value) {
-      return absl::InvalidArgumentError(absl::StrCat("sum_squares_grad: input 'x' is ",
-                                                     DataTypeName(x_tensor.dtype())));
-    }
+    STRATA_RETURN_IF_ERROR(ExpectNamedInputDtype(ctx, "sum_squares_grad", 0, "x", DataTypeOf<T>::value));
     absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, DataTypeOf<T>::value, x_tensor.shape());
     if (!out.ok()) return out.status();
     T* dx = (*out)->data<T>();
@@ -378,9 +373,9 @@ class SumSquaresGradKernel : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------
-// clip_coefficient(sum_squares...) -> coef = min(1, max_norm / (sqrt(sum) + 1e-6)),
-// torch.nn.utils.clip_grad_norm_'s clamped factor. A NaN norm stays NaN (as
-// torch.clamp leaves it) so divergence shows instead of being masked.
+// clip_coefficient(sum_squares...) -> coef = min(1, max_norm / (sqrt(sum) + 1e-6))
+// with the inputs summed in order in double; the formula is ClipCoefficient
+// (kernels/shared_math.h), which the CUDA kernel calls too.
 template <typename T>
 class ClipCoefficientKernel : public OpKernel {
  public:
@@ -395,10 +390,9 @@ class ClipCoefficientKernel : public OpKernel {
       STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "clip_coefficient", i, "sum_squares", DataTypeOf<T>::value));
       sum += static_cast<double>(ctx.input(i).data<T>()[0]);
     }
-    const double coef = max_norm_ / (std::sqrt(sum) + 1e-6);
     absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, DataTypeOf<T>::value, {});
     if (!out.ok()) return out.status();
-    (*out)->data<T>()[0] = static_cast<T>(std::isnan(coef) ? coef : std::min(coef, 1.0));
+    (*out)->data<T>()[0] = static_cast<T>(ClipCoefficient(sum, max_norm_));
     return absl::OkStatus();
   }
 

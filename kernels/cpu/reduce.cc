@@ -6,6 +6,7 @@
 // broadcast_like splits output rows like BroadcastBinary.
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/shape_op_checks.h"
 #include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 
@@ -87,21 +88,13 @@ class BroadcastLikeKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Shape& x = ctx.input(1).shape();
-    absl::StatusOr<std::vector<bool>> reduced = ReducedAxes(axis_, static_cast<int>(x.size()), "x");
-    if (!reduced.ok()) return reduced.status();
-    if (dy.shape() != ReduceShape(x, *reduced, keepdim_)) {
-      return absl::InvalidArgumentError(absl::StrCat("dy ", ShapeString(dy.shape()), " is not x ", ShapeString(x),
-                                                     " reduced over the op's axis"));
-    }
-    int64_t count = 1;
-    for (size_t d = 0; d < x.size(); ++d) {
-      if ((*reduced)[d]) count *= x[d];
-    }
-    absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlanTo(ReduceShape(x, *reduced, true), {}, x);
+    STRATA_ASSIGN_OR_RETURN(const shape_op_checks::BroadcastLikeLayout layout,
+                            shape_op_checks::ResolveBroadcastLike(axis_, keepdim_, mean_, dy, x));
+    absl::StatusOr<BroadcastPlan> plan = MakeBroadcastPlanTo(ReduceShape(x, layout.reduced, true), {}, x);
     if (!plan.ok()) return plan.status();
     absl::StatusOr<Tensor*> dx = ctx.AllocateOutput(0, DataTypeOf<T>::value, x);
     if (!dx.ok()) return dx.status();
-    const T factor = mean_ && count > 0 ? static_cast<T>(1.0 / static_cast<double>(count)) : T(1);
+    const T factor = static_cast<T>(layout.factor);
     BroadcastBinary(*plan, dy.data<T>(), &factor, (*dx)->data<T>(), [](T a, T b) { return a * b; });
     return absl::OkStatus();
   }

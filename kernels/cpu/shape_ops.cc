@@ -2,7 +2,8 @@
 // and reshape_like share the input's buffer; transpose, concat, split, slice
 // and their gradient helpers copy.
 // Output shapes come from the schemas' own rules (proto/shape_rules.h), so a
-// kernel refuses what its schema refuses, in the same words.
+// kernel refuses what its schema refuses, in the same words; the run-time
+// checks are kernels/shape_op_checks.h's, which the CUDA kernels share.
 //
 // Threads: copies split the rows of the copied box (all dims but the last)
 // into chunks of at least kMinChunkElements elements, so small tensors run
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/shape_op_checks.h"
 #include "kernels/view_kernels.h"
 #include "proto/shape_rules.h"
 #include "runtime/kernel.h"
@@ -31,16 +33,8 @@ namespace {
 
 constexpr int64_t kMinChunkElements = 32768;
 
-absl::Status Invalid(const Op& op, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(op.type(), ": ", message));
-}
-
-// A shape rule's value (proto/shape_rules.h), or its error naming the op.
-template <typename V>
-absl::StatusOr<V> ForOp(const Op& op, absl::StatusOr<V> value) {
-  if (!value.ok()) return Invalid(op, value.status().message());
-  return value;
-}
+using shape_op_checks::ForOp;
+using shape_op_checks::Invalid;
 
 std::vector<int64_t> Strides(const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
@@ -108,26 +102,11 @@ void TakeBox(Tensor* part, const Tensor& whole, const std::vector<int64_t>& at) 
              Dims(part->shape()));
 }
 
-// The op's `axis` attr in [0, rank of shape).
-absl::StatusOr<int> CheckAxis(const Op& op, int64_t axis, const Shape& shape) {
-  return ForOp(op, NormalizeAxis(axis, static_cast<int>(shape.size()), "attr 'axis'"));
-}
-
 // Output i shaped `shape`, zero-filled: the gradient ops copy their dys into part of it.
 absl::StatusOr<Tensor*> AllocateZeros(KernelContext& ctx, int i, DataType dtype, const Shape& shape) {
   STRATA_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, dtype, shape));
   std::memset(t->raw_data(), 0, t->bytes());
   return t;
-}
-
-// Tensors a kernel over T reads or writes must hold T.
-template <typename T>
-absl::Status CheckDtype(const Op& op, const Tensor& t) {
-  if (t.dtype() != DataTypeOf<T>::value) {
-    return Invalid(op, absl::StrCat("got ", DataTypeName(t.dtype()), " in a ", DataTypeName(DataTypeOf<T>::value),
-                                    " kernel"));
-  }
-  return absl::OkStatus();
 }
 
 // Builds a kernel with Init(const Op&) returning a Status.
@@ -169,11 +148,11 @@ class TransposeKernel : public ShapeKernel {
   // y[o_0, ..., o_{r-1}] = x[i] with i[perm[k]] = o[k].
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
+    STRATA_ASSIGN_OR_RETURN(const shape_op_checks::TransposeLayout layout,
+                            shape_op_checks::ResolveTranspose(op_, DataTypeOf<T>::value, x, perm_));
     const int rank = x.rank();
-    STRATA_ASSIGN_OR_RETURN(const Shape perm, ForOp(op_, NormalizePerm(perm_, rank)));
-    Shape out_shape(rank);
-    for (int k = 0; k < rank; ++k) out_shape[k] = x.dim(static_cast<int>(perm[k]));
+    const Shape& perm = layout.perm;
+    const Shape& out_shape = layout.out;
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), out_shape));
     if (x.num_elements() == 0) return absl::OkStatus();
     const std::vector<int64_t> x_stride = Strides(x.shape());
@@ -218,29 +197,6 @@ class TransposeKernel : public ShapeKernel {
 
 // ---- concat, concat_grad, split, split_grad --------------------------------
 
-// Checks that `pieces` (of T) stack along `axis` into `whole`; returns the axis.
-template <typename T>
-absl::StatusOr<int> CheckPieces(const Op& op, int64_t axis_attr, const Shape& whole,
-                                const std::vector<const Tensor*>& pieces) {
-  const int rank = static_cast<int>(whole.size());
-  STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op, axis_attr, whole));
-  int64_t total = 0;
-  for (const Tensor* p : pieces) {
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op, *p));
-    bool fits = p->rank() == rank;
-    for (int d = 0; fits && d < rank; ++d) fits = d == axis || p->dim(d) == whole[d];
-    if (!fits) {
-      return Invalid(op, absl::StrCat(ShapeString(p->shape()), " is not a piece of ", ShapeString(whole),
-                                      " along axis ", axis));
-    }
-    total += p->dim(axis);
-  }
-  if (total != whole[axis]) {
-    return Invalid(op, absl::StrCat("pieces add up to ", total, " along axis ", axis, ", not ", whole[axis]));
-  }
-  return axis;
-}
-
 // Copies the pieces, in order along `axis`, into `whole`.
 template <typename T>
 void GatherPieces(Tensor* whole, const std::vector<const Tensor*>& pieces, int axis) {
@@ -284,18 +240,12 @@ template <typename T>
 class ConcatKernel : public AxisKernel<false> {
  public:
   absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& x0 = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x0.shape()));
-    Shape out = x0.shape();
-    out[axis] = 0;
     std::vector<const Tensor*> xs;
-    for (int i = 0; i < ctx.num_inputs(); ++i) {
-      xs.push_back(&ctx.input(i));
-      if (ctx.input(i).rank() == x0.rank()) out[axis] += ctx.input(i).dim(axis);
-    }
-    STRATA_RETURN_IF_ERROR(CheckPieces<T>(op_, axis_, out, xs).status());
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x0.dtype(), out));
-    GatherPieces<T>(y, xs, axis);
+    for (int i = 0; i < ctx.num_inputs(); ++i) xs.push_back(&ctx.input(i));
+    STRATA_ASSIGN_OR_RETURN(const shape_op_checks::ConcatLayout layout,
+                            shape_op_checks::ResolveConcat(op_, DataTypeOf<T>::value, axis_, xs));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, layout.out));
+    GatherPieces<T>(y, xs, layout.axis);
     return absl::OkStatus();
   }
 };
@@ -306,11 +256,10 @@ class ConcatGradKernel : public AxisKernel<false> {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
-    if (ctx.num_outputs() != ctx.num_inputs() - 1) return Invalid(op_, "needs one output per input after dy");
     std::vector<const Tensor*> xs;
     for (int i = 1; i < ctx.num_inputs(); ++i) xs.push_back(&ctx.input(i));
-    STRATA_ASSIGN_OR_RETURN(const int axis, CheckPieces<T>(op_, axis_, dy.shape(), xs));
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
+    STRATA_ASSIGN_OR_RETURN(const int axis, shape_op_checks::ResolveConcatGrad(op_, DataTypeOf<T>::value, axis_, dy,
+                                                                               xs, ctx.num_outputs()));
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(i, dy.dtype(), xs[i]->shape()));
@@ -326,13 +275,14 @@ class SplitKernel : public AxisKernel<true> {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
-    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_ASSIGN_OR_RETURN(const Shape sizes, ForOp(op_, SplitSizes(x.dim(axis), ctx.num_outputs(), sections_)));
+    STRATA_ASSIGN_OR_RETURN(
+        const shape_op_checks::SplitLayout layout,
+        shape_op_checks::ResolveSplit(op_, DataTypeOf<T>::value, axis_, sections_, x, ctx.num_outputs()));
+    const int axis = layout.axis;
     std::vector<Tensor*> pieces;
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       Shape shape = x.shape();
-      shape[axis] = sizes[i];
+      shape[axis] = layout.sizes[i];
       STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(i, x.dtype(), shape));
       pieces.push_back(y);
     }
@@ -352,26 +302,16 @@ class SplitGradKernel : public AxisKernel<true> {
   }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const int axis, CheckAxis(op_, axis_, x.shape()));
-    STRATA_ASSIGN_OR_RETURN(const Shape sizes,
-                            ForOp(op_, SplitSizes(x.dim(axis), static_cast<int>(sections_.size()), sections_)));
-    if (static_cast<int>(which_.size()) != ctx.num_inputs() - 1) return Invalid(op_, "one dy per grad_outputs entry");
-    std::vector<int64_t> offset(sizes.size() + 1, 0);
-    for (size_t i = 0; i < sizes.size(); ++i) offset[i + 1] = offset[i] + sizes[i];
-    const DataType dtype = DataTypeOf<T>::value;
-    STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dtype, x.shape()));
-    for (size_t k = 0; k < which_.size(); ++k) {
-      const Tensor& dy = ctx.input(static_cast<int>(k) + 1);
-      if (which_[k] < 0 || which_[k] >= static_cast<int64_t>(sizes.size())) return Invalid(op_, "bad grad_outputs");
-      Shape want = x.shape();
-      want[axis] = sizes[which_[k]];
-      if (dy.shape() != want || dy.dtype() != dtype) {
-        return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not piece ", which_[k], " ",
-                                         ShapeString(want)));
-      }
+    std::vector<const Tensor*> dys;
+    for (int i = 1; i < ctx.num_inputs(); ++i) dys.push_back(&ctx.input(i));
+    STRATA_ASSIGN_OR_RETURN(
+        const shape_op_checks::SplitGradLayout layout,
+        shape_op_checks::ResolveSplitGrad(op_, DataTypeOf<T>::value, axis_, sections_, which_, x, dys));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, DataTypeOf<T>::value, x.shape()));
+    for (size_t k = 0; k < dys.size(); ++k) {
       std::vector<int64_t> at = Zeros(x.rank());
-      at[axis] = offset[which_[k]];
-      PutBox<T>(dx, at, dy);
+      at[layout.axis] = layout.offsets[k];
+      PutBox<T>(dx, at, *dys[k]);
     }
     return absl::OkStatus();
   }
@@ -401,8 +341,8 @@ class SliceKernel : public SliceBase {
  public:
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, x));
-    STRATA_ASSIGN_OR_RETURN(const SliceWindow window, ForOp(op_, ResolveSlice(x.shape(), axes_, starts_, ends_)));
+    STRATA_ASSIGN_OR_RETURN(const SliceWindow window, shape_op_checks::ResolveSliceOf(op_, DataTypeOf<T>::value, x,
+                                                                                      axes_, starts_, ends_));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), window.size));
     TakeBox<T>(y, x, Dims(window.begin));
     return absl::OkStatus();
@@ -415,11 +355,9 @@ class SliceGradKernel : public SliceBase {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& x = ctx.input(1);
-    STRATA_RETURN_IF_ERROR(CheckDtype<T>(op_, dy));
-    STRATA_ASSIGN_OR_RETURN(const SliceWindow window, ForOp(op_, ResolveSlice(x.shape(), axes_, starts_, ends_)));
-    if (dy.shape() != window.size) {
-      return Invalid(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " is not the slice ", ShapeString(window.size)));
-    }
+    STRATA_ASSIGN_OR_RETURN(
+        const SliceWindow window,
+        shape_op_checks::ResolveSliceGrad(op_, DataTypeOf<T>::value, dy, x, axes_, starts_, ends_));
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, AllocateZeros(ctx, 0, dy.dtype(), x.shape()));
     PutBox<T>(dx, Dims(window.begin), dy);
     return absl::OkStatus();

@@ -85,42 +85,15 @@ class CudaSumToLikeKernel : public OpKernel {
     const Shape& like = ctx.input(1).shape();
     bool any = false;
     STRATA_ASSIGN_OR_RETURN(const std::vector<bool> reduced, SumToLikeDims(x.shape(), like, &any));
-    const int rank = x.rank();
     if (!any) {
       ctx.SetOutput(0, x.Reshaped(like));  // nothing was broadcast: share the buffer
       return absl::OkStatus();
     }
-    // x's dims without the size-1 ones, adjacent dims of one kind merged
-    // (row-major, so the outer one's stride is the inner one's times its size).
-    struct Dim {
-      int64_t size, stride;
-      bool reduced;
-    };
-    std::vector<Dim> dims;
-    int64_t stride = 1;
-    for (int d = rank - 1; d >= 0; --d) {
-      const int64_t size = x.dim(d);
-      if (size != 1) {
-        if (!dims.empty() && dims.back().reduced == reduced[d]) {
-          dims.back().size *= size;  // the inner stride stays
-        } else {
-          dims.push_back({size, stride, reduced[d]});
-        }
-      }
-      stride *= size;
-    }
     cuda::ReducePlan plan;
-    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {  // outermost first
-      int& r = it->reduced ? plan.reduced_rank : plan.kept_rank;
-      if (r == cuda::kMaxReduceDims) {
-        return absl::UnimplementedError(absl::StrCat("sum_to_like: x ", ShapeString(x.shape()), " to like ",
-                                                     ShapeString(like), " alternates kept and summed dims more than ",
-                                                     cuda::kMaxReduceDims, " times; the CUDA kernel does not"));
-      }
-      (it->reduced ? plan.reduced_dims : plan.kept_dims)[r] = it->size;
-      (it->reduced ? plan.reduced_strides : plan.kept_strides)[r] = it->stride;
-      ++r;
-      (it->reduced ? plan.reduced : plan.outputs) *= it->size;
+    if (!cuda::MakeReducePlan(x.rank(), x.shape().data(), reduced, &plan)) {
+      return absl::UnimplementedError(absl::StrCat("sum_to_like: x ", ShapeString(x.shape()), " to like ",
+                                                   ShapeString(like), " alternates kept and summed dims more than ",
+                                                   cuda::kMaxReduceDims, " times; the CUDA kernel does not"));
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, like));
     return CudaStatus(cuda::LaunchReduceSum(y->data<T>(), x.data<T>(), plan, device->stream()), "sum_to_like");

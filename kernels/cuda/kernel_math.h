@@ -13,11 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define STRATA_HOST_DEVICE __host__ __device__
-#else
-#define STRATA_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace strata {
 namespace cuda {

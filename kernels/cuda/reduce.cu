@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/reduce.h"
 
@@ -22,6 +23,11 @@ constexpr int64_t kBlockMinTerms = 32;
 
 template <typename T>
 using Acc = std::conditional_t<std::is_floating_point<T>::value, double, int64_t>;
+
+// y's value from the sum: sum * scale in double for floating T (the CPU's
+// `acc * scale`; scale 1 changes no bit), the sum itself for I64.
+__device__ double Scaled(double sum, double scale) { return sum * scale; }
+__device__ int64_t Scaled(int64_t sum, double) { return sum; }
 
 __device__ int64_t KeptOffset(const ReducePlan& p, int64_t o) {
   int64_t offset = 0;
@@ -48,7 +54,7 @@ __global__ void ReducePerThreadKernel(T* y, const T* x, ReducePlan p) {
     const T* base = x + KeptOffset(p, o);
     Acc<T> sum = 0;
     for (int64_t k = 0; k < p.reduced; ++k) sum += static_cast<Acc<T>>(base[ReducedOffset(p, k)]);
-    y[o] = static_cast<T>(sum);
+    y[o] = static_cast<T>(Scaled(sum, p.scale));
   }
 }
 
@@ -67,7 +73,7 @@ __global__ void ReducePerBlockKernel(T* y, const T* x, ReducePlan p) {
       if (tid < s) partial[tid] += partial[tid + s];
       __syncthreads();
     }
-    if (tid == 0) y[o] = static_cast<T>(partial[0]);
+    if (tid == 0) y[o] = static_cast<T>(Scaled(partial[0], p.scale));
     __syncthreads();  // partial[0] is read before the next output overwrites it
   }
 }
@@ -91,6 +97,40 @@ cudaError_t ReduceSum(T* y, const T* x, const ReducePlan& p, cudaStream_t stream
 }
 
 }  // namespace
+
+bool MakeReducePlan(int rank, const int64_t* x_dims, const std::vector<bool>& reduced, ReducePlan* plan) {
+  // x's dims without the size-1 ones, adjacent dims of one kind merged
+  // (row-major, so the outer one's stride is the inner one's times its size).
+  struct Dim {
+    int64_t size, stride;
+    bool reduced;
+  };
+  std::vector<Dim> dims;
+  int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const int64_t size = x_dims[d];
+    if (size != 1) {
+      if (!dims.empty() && dims.back().reduced == reduced[d]) {
+        dims.back().size *= size;  // the inner stride stays
+      } else {
+        dims.push_back({size, stride, reduced[d]});
+      }
+    }
+    stride *= size;
+  }
+  const double scale = plan->scale;
+  *plan = ReducePlan();
+  plan->scale = scale;
+  for (auto it = dims.rbegin(); it != dims.rend(); ++it) {  // outermost first
+    int& r = it->reduced ? plan->reduced_rank : plan->kept_rank;
+    if (r == kMaxReduceDims) return false;
+    (it->reduced ? plan->reduced_dims : plan->kept_dims)[r] = it->size;
+    (it->reduced ? plan->reduced_strides : plan->kept_strides)[r] = it->stride;
+    ++r;
+    (it->reduced ? plan->reduced : plan->outputs) *= it->size;
+  }
+  return true;
+}
 
 cudaError_t LaunchReduceSum(float* y, const float* x, const ReducePlan& plan, cudaStream_t stream) {
   return ReduceSum(y, x, plan, stream);
