@@ -6,6 +6,8 @@
 // same tensors back as outputs (the ops are stateful). Elementwise loops are
 // split over the intra-op pool in contiguous element ranges; scalar
 // coefficients (bias corrections, step sizes) are computed once in double.
+// Attrs, the schedule and each element's update are kernels/optimizer_attrs.h
+// and kernels/optimizer_math.h, which the CUDA kernels share.
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +20,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/optimizer_attrs.h"
+#include "kernels/optimizer_math.h"
 #include "kernels/shared_math.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
@@ -29,7 +33,6 @@ namespace {
 
 // Elements per ParallelFor chunk: below this an update runs inline on the caller.
 constexpr int64_t kElementwiseChunk = 1 << 14;
-constexpr double kPi = 3.14159265358979323846;
 
 // Kernels read their attrs in Init; a factory that reports a failed Init.
 template <typename K>
@@ -54,7 +57,7 @@ template <typename T>
 class SgdUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
     return absl::OkStatus();
   }
 
@@ -65,21 +68,17 @@ class SgdUpdateKernel : public OpKernel {
     T* param = MutableData<T>(param_tensor);
     const T* grad = ctx.input(1).data<T>();
     const T lr = ctx.input(2).data<T>()[0];
-    const T weight_decay = static_cast<T>(weight_decay_);
+    const T weight_decay = static_cast<T>(attrs_.weight_decay);
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        T g = grad[i];
-        if (weight_decay != 0) g += weight_decay * param[i];
-        param[i] -= lr * g;
-      }
+      for (int64_t i = begin; i < end; ++i) kernel_math::SgdElement(lr, weight_decay, grad[i], &param[i]);
     });
     ctx.SetOutput(0, param_tensor);
     return absl::OkStatus();
   }
 
  private:
-  double weight_decay_ = 0;
+  kernel_math::SgdAttrs attrs_;
 };
 
 // ---------------------------------------------------------------------------
@@ -90,9 +89,7 @@ template <typename T>
 class MomentumUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(momentum_, AttrFloat(op, "momentum"));
-    STRATA_ASSIGN_OR_RETURN(nesterov_, AttrBool(op, "nesterov"));
-    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
     return absl::OkStatus();
   }
 
@@ -106,18 +103,13 @@ class MomentumUpdateKernel : public OpKernel {
     T* velocity = MutableData<T>(velocity_tensor);
     const T* grad = ctx.input(1).data<T>();
     const T lr = ctx.input(3).data<T>()[0];
-    const T momentum = static_cast<T>(momentum_);
-    const T weight_decay = static_cast<T>(weight_decay_);
-    const bool nesterov = nesterov_;
+    const T momentum = static_cast<T>(attrs_.momentum);
+    const T weight_decay = static_cast<T>(attrs_.weight_decay);
+    const bool nesterov = attrs_.nesterov;
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        T g = grad[i];
-        if (weight_decay != 0) g += weight_decay * param[i];
-        const T buf = velocity[i] * momentum + g;
-        velocity[i] = buf;
-        const T step = nesterov ? g + momentum * buf : buf;
-        param[i] -= lr * step;
+        kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
       }
     });
     ctx.SetOutput(0, param_tensor);
@@ -126,9 +118,7 @@ class MomentumUpdateKernel : public OpKernel {
   }
 
  private:
-  double momentum_ = 0.9;
-  bool nesterov_ = false;
-  double weight_decay_ = 0;
+  kernel_math::MomentumAttrs attrs_;
 };
 
 // ---------------------------------------------------------------------------
@@ -138,11 +128,7 @@ template <typename T>
 class AdamUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(beta1_, AttrFloat(op, "beta1"));
-    STRATA_ASSIGN_OR_RETURN(beta2_, AttrFloat(op, "beta2"));
-    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
-    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
-    STRATA_ASSIGN_OR_RETURN(decoupled_, AttrBool(op, "decoupled"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
     return absl::OkStatus();
   }
 
@@ -166,31 +152,10 @@ class AdamUpdateKernel : public OpKernel {
     const T* grad = ctx.input(1).data<T>();
 
     // The scalar arithmetic of torch's _single_tensor_adam(w), in double.
-    const double lr = static_cast<double>(ctx.input(4).data<T>()[0]);
-    const double bias_correction1 = 1.0 - std::pow(beta1_, static_cast<double>(step));
-    const double bias_correction2 = 1.0 - std::pow(beta2_, static_cast<double>(step));
-    const T step_size = static_cast<T>(lr / bias_correction1);
-    const T bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-    const T decay_factor = static_cast<T>(1.0 - lr * weight_decay_);  // AdamW
-    const T l2 = static_cast<T>(decoupled_ ? 0.0 : weight_decay_);     // Adam's L2 term
-    const bool decoupled = decoupled_ && weight_decay_ != 0;
-    const T beta1 = static_cast<T>(beta1_), one_minus_beta1 = static_cast<T>(1.0 - beta1_);
-    const T beta2 = static_cast<T>(beta2_), one_minus_beta2 = static_cast<T>(1.0 - beta2_);
-    const T epsilon = static_cast<T>(epsilon_);
+    const kernel_math::AdamScalars<T> scalars = kernel_math::MakeAdamScalars<T>(attrs_, ctx.input(4).data<T>()[0], step);
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        T p = param[i];
-        if (decoupled) p *= decay_factor;
-        T g = grad[i];
-        if (l2 != 0) g += l2 * p;
-        const T m_new = m[i] * beta1 + one_minus_beta1 * g;
-        const T v_new = v[i] * beta2 + one_minus_beta2 * g * g;
-        m[i] = m_new;
-        v[i] = v_new;
-        const T denom = std::sqrt(v_new) / bias_correction2_sqrt + epsilon;
-        param[i] = p - step_size * (m_new / denom);
-      }
+      for (int64_t i = begin; i < end; ++i) kernel_math::AdamElement(scalars, grad[i], &param[i], &m[i], &v[i]);
     });
     ctx.SetOutput(0, param_tensor);
     ctx.SetOutput(1, m_tensor);
@@ -199,8 +164,7 @@ class AdamUpdateKernel : public OpKernel {
   }
 
  private:
-  double beta1_ = 0.9, beta2_ = 0.999, epsilon_ = 1e-8, weight_decay_ = 0;
-  bool decoupled_ = false;
+  kernel_math::AdamAttrs attrs_;
 };
 
 // ---------------------------------------------------------------------------
@@ -230,33 +194,7 @@ class IncrementKernel : public OpKernel {
 class LrScheduleKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
-    std::string dtype, kind;
-    STRATA_ASSIGN_OR_RETURN(dtype, AttrString(op, "dtype"));
-    STRATA_ASSIGN_OR_RETURN(kind, AttrString(op, "kind"));
-    STRATA_ASSIGN_OR_RETURN(base_lr_, AttrFloat(op, "base_lr"));
-    STRATA_ASSIGN_OR_RETURN(warmup_steps_, AttrInt(op, "warmup_steps"));
-    STRATA_ASSIGN_OR_RETURN(decay_steps_, AttrInt(op, "decay_steps"));
-    STRATA_ASSIGN_OR_RETURN(alpha_, AttrFloat(op, "alpha"));
-    STRATA_ASSIGN_OR_RETURN(step_size_, AttrInt(op, "step_size"));
-    STRATA_ASSIGN_OR_RETURN(gamma_, AttrFloat(op, "gamma"));
-    if (dtype == "F32") {
-      dtype_ = F32;
-    } else if (dtype == "F64") {
-      dtype_ = F64;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("lr_schedule: attr 'dtype' must be F32 or F64, got ", dtype));
-    }
-    if (kind == "constant") {
-      kind_ = Kind::kConstant;
-    } else if (kind == "cosine") {
-      kind_ = Kind::kCosine;
-    } else if (kind == "step") {
-      kind_ = Kind::kStep;
-      if (step_size_ < 1) return absl::InvalidArgumentError("lr_schedule: attr 'step_size' must be >= 1");
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("lr_schedule: unknown attr 'kind' \"", kind, "\""));
-    }
-    if (warmup_steps_ < 0) return absl::InvalidArgumentError("lr_schedule: attr 'warmup_steps' must be >= 0");
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadLrScheduleAttrs(op));
     return absl::OkStatus();
   }
 
@@ -266,10 +204,10 @@ class LrScheduleKernel : public OpKernel {
     if (step < 0) {
       return absl::InvalidArgumentError(absl::StrCat("lr_schedule: input 'step' must be >= 0, got ", step));
     }
-    const double lr = LearningRate(step, ctx.run().total_steps);
-    absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, dtype_, {});
+    const double lr = kernel_math::LearningRate(attrs_.schedule, step, ctx.run().total_steps);
+    absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, attrs_.dtype, {});
     if (!out.ok()) return out.status();
-    if (dtype_ == F32) {
+    if (attrs_.dtype == F32) {
       (*out)->data<float>()[0] = static_cast<float>(lr);
     } else {
       (*out)->data<double>()[0] = lr;
@@ -277,36 +215,8 @@ class LrScheduleKernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  // The rate for the update after `step` updates (0-based).
-  double LearningRate(int64_t step, int64_t total_steps) const {
-    if (step < warmup_steps_) {
-      return base_lr_ * static_cast<double>(step + 1) / static_cast<double>(warmup_steps_);
-    }
-    const int64_t t = step - warmup_steps_;
-    switch (kind_) {
-      case Kind::kConstant:
-        return base_lr_;
-      case Kind::kStep:
-        return base_lr_ * std::pow(gamma_, static_cast<double>(t / step_size_));
-      case Kind::kCosine: {
-        const int64_t decay_end = decay_steps_ > 0 ? decay_steps_ : total_steps;
-        if (decay_end <= 0) return base_lr_;  // run length unknown: no decay
-        const int64_t D = decay_end - warmup_steps_;
-        // A run no longer than its warm-up has nothing left to decay over: the floor.
-        if (D <= 0) return alpha_ * base_lr_;
-        const double progress = static_cast<double>(std::min(t, D)) / static_cast<double>(D);
-        return base_lr_ * (alpha_ + (1.0 - alpha_) * (1.0 + std::cos(kPi * progress)) / 2.0);
-      }
-    }
-    return base_lr_;
-  }
-
  private:
-  enum class Kind { kConstant, kCosine, kStep };
-  DataType dtype_ = F32;
-  Kind kind_ = Kind::kConstant;
-  double base_lr_ = 0, alpha_ = 0, gamma_ = 0.1;
-  int64_t warmup_steps_ = 0, decay_steps_ = 0, step_size_ = 1;
+  LrScheduleAttrs attrs_;
 };
 
 // ---------------------------------------------------------------------------

@@ -1,19 +1,19 @@
 // CUDA kernels of the optimizer family (kernels/cuda/optimizers.cu):
-// increment, lr_schedule, adam_update, sgd_update, momentum_update. Attrs,
-// metadata checks and their messages are kernels/cpu/optimizers.cc's. The
-// step and lr are read on the device, never on the host, so a step enqueues
-// without waiting; the checks the CPU makes on their values (step >= 1 for
+// increment, lr_schedule, adam_update, sgd_update, momentum_update. Attrs
+// (kernels/optimizer_attrs.h), metadata checks and their messages are the
+// CPU kernels'. The step and lr are read on the device, never on the host, so
+// a step enqueues without waiting; the checks the CPU makes on their values (step >= 1 for
 // adam, >= 0 for lr_schedule) poison the outputs with NaN instead
 // (kernels/cuda/optimizers.h).
 
 #include <cstdint>
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/kernel_math.h"
 #include "kernels/cuda/optimizers.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/optimizer_attrs.h"
+#include "kernels/optimizer_math.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
@@ -53,35 +53,9 @@ class CudaLrScheduleKernel : public OpKernel {
  public:
   explicit CudaLrScheduleKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    std::string dtype, kind;
-    STRATA_ASSIGN_OR_RETURN(dtype, AttrString(op, "dtype"));
-    STRATA_ASSIGN_OR_RETURN(kind, AttrString(op, "kind"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.base_lr, AttrFloat(op, "base_lr"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.warmup_steps, AttrInt(op, "warmup_steps"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.decay_steps, AttrInt(op, "decay_steps"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.alpha, AttrFloat(op, "alpha"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.step_size, AttrInt(op, "step_size"));
-    STRATA_ASSIGN_OR_RETURN(schedule_.gamma, AttrFloat(op, "gamma"));
-    if (dtype == "F32") {
-      dtype_ = F32;
-    } else if (dtype == "F64") {
-      dtype_ = F64;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("lr_schedule: attr 'dtype' must be F32 or F64, got ", dtype));
-    }
-    if (kind == "constant") {
-      schedule_.kind = cuda::LrScheduleKind::kConstant;
-    } else if (kind == "cosine") {
-      schedule_.kind = cuda::LrScheduleKind::kCosine;
-    } else if (kind == "step") {
-      schedule_.kind = cuda::LrScheduleKind::kStep;
-      if (schedule_.step_size < 1) return absl::InvalidArgumentError("lr_schedule: attr 'step_size' must be >= 1");
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("lr_schedule: unknown attr 'kind' \"", kind, "\""));
-    }
-    if (schedule_.warmup_steps < 0) {
-      return absl::InvalidArgumentError("lr_schedule: attr 'warmup_steps' must be >= 0");
-    }
+    STRATA_ASSIGN_OR_RETURN(const LrScheduleAttrs attrs, ReadLrScheduleAttrs(op));
+    dtype_ = attrs.dtype;
+    schedule_ = attrs.schedule;
     return absl::OkStatus();
   }
 
@@ -99,7 +73,7 @@ class CudaLrScheduleKernel : public OpKernel {
 
  private:
   DataType dtype_ = F32;
-  cuda::LrSchedule schedule_;
+  kernel_math::LrSchedule schedule_;
 };
 
 // adam_update(param, grad, m, v, lr, step) -> (param, m, v), in place.
@@ -108,11 +82,7 @@ class CudaAdamUpdateKernel : public OpKernel {
  public:
   explicit CudaAdamUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(attrs_.beta1, AttrFloat(op, "beta1"));
-    STRATA_ASSIGN_OR_RETURN(attrs_.beta2, AttrFloat(op, "beta2"));
-    STRATA_ASSIGN_OR_RETURN(attrs_.epsilon, AttrFloat(op, "epsilon"));
-    STRATA_ASSIGN_OR_RETURN(attrs_.weight_decay, AttrFloat(op, "weight_decay"));
-    STRATA_ASSIGN_OR_RETURN(attrs_.decoupled, AttrBool(op, "decoupled"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
     return absl::OkStatus();
   }
 
@@ -138,7 +108,7 @@ class CudaAdamUpdateKernel : public OpKernel {
   }
 
  private:
-  cuda::AdamAttrs attrs_;
+  kernel_math::AdamAttrs attrs_;
 };
 
 // sgd_update(param, grad, lr) -> param, in place.
@@ -147,7 +117,7 @@ class CudaSgdUpdateKernel : public OpKernel {
  public:
   explicit CudaSgdUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
     return absl::OkStatus();
   }
 
@@ -158,14 +128,14 @@ class CudaSgdUpdateKernel : public OpKernel {
     const Tensor& param = ctx.input(0);
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(), ctx.input(2).data<T>(),
-                              static_cast<T>(weight_decay_), param.num_elements(), device->stream()),
+                              static_cast<T>(attrs_.weight_decay), param.num_elements(), device->stream()),
         "sgd_update"));
     ctx.SetOutput(0, param);
     return absl::OkStatus();
   }
 
  private:
-  double weight_decay_ = 0;
+  kernel_math::SgdAttrs attrs_;
 };
 
 // momentum_update(param, grad, velocity, lr) -> (param, velocity), in place.
@@ -174,9 +144,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
  public:
   explicit CudaMomentumUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(momentum_, AttrFloat(op, "momentum"));
-    STRATA_ASSIGN_OR_RETURN(nesterov_, AttrBool(op, "nesterov"));
-    STRATA_ASSIGN_OR_RETURN(weight_decay_, AttrFloat(op, "weight_decay"));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
     return absl::OkStatus();
   }
 
@@ -189,8 +157,9 @@ class CudaMomentumUpdateKernel : public OpKernel {
     const Tensor& velocity = ctx.input(2);
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
-                                   ctx.input(3).data<T>(), static_cast<T>(momentum_), static_cast<T>(weight_decay_),
-                                   nesterov_, param.num_elements(), device->stream()),
+                                   ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
+                                   static_cast<T>(attrs_.weight_decay), attrs_.nesterov, param.num_elements(),
+                                   device->stream()),
         "momentum_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, velocity);
@@ -198,9 +167,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
   }
 
  private:
-  double momentum_ = 0.9;
-  bool nesterov_ = false;
-  double weight_decay_ = 0;
+  kernel_math::MomentumAttrs attrs_;
 };
 
 STRATA_REGISTER_KERNEL("increment", DEVICE_CUDA, I64, InitFactory<CudaIncrementKernel>());

@@ -1,17 +1,27 @@
 // increment, lr_schedule: one thread each (scalars). adam, sgd, momentum: a
 // grid-stride loop over the elements, 256 threads a block, at most
 // kMaxBlocks blocks; for adam, thread 0 of each block computes the scalars
-// that depend on lr and step (in double, kernel_math.h) into shared memory
-// once, and the block's threads read them from there.
+// that depend on lr and step (in double, kernels/optimizer_math.h) into
+// shared memory once, and the block's threads read them from there.
 
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/kernel_math.h"
 #include "kernels/cuda/optimizers.h"
+#include "kernels/optimizer_math.h"
 
 namespace strata {
 namespace cuda {
+
+using kernel_math::AdamAttrs;
+using kernel_math::AdamElement;
+using kernel_math::AdamScalars;
+using kernel_math::LearningRate;
+using kernel_math::LrSchedule;
+using kernel_math::MakeAdamScalars;
+using kernel_math::MomentumElement;
+using kernel_math::SgdElement;
+
 namespace {
 
 constexpr int kThreadsPerBlock = 256;

@@ -3,7 +3,7 @@
 
 // The optimizer family on the GPU: the step counter, the learning-rate
 // schedule and the in-place updates (adam, sgd, momentum), with the math of
-// kernels/cuda/kernel_math.h. lr and step are device scalars that the
+// kernels/optimizer_math.h (the CPU kernels' too). lr and step are device scalars that the
 // kernels read on the device, so a step never waits for the host (and can be
 // captured in a CUDA graph). Every launcher is asynchronous on `stream`.
 //
@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/kernel_math.h"
+#include "kernels/optimizer_math.h"
 
 namespace strata {
 namespace cuda {
@@ -26,16 +26,16 @@ namespace cuda {
 cudaError_t LaunchIncrement(int64_t* counter, int64_t by, cudaStream_t stream);
 
 // lr[0] = LearningRate(schedule, step[0], total_steps): one thread.
-cudaError_t LaunchLrSchedule(float* lr, const int64_t* step, const LrSchedule& schedule, int64_t total_steps,
+cudaError_t LaunchLrSchedule(float* lr, const int64_t* step, const kernel_math::LrSchedule& schedule, int64_t total_steps,
                              cudaStream_t stream);
-cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const LrSchedule& schedule, int64_t total_steps,
+cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const kernel_math::LrSchedule& schedule, int64_t total_steps,
                              cudaStream_t stream);
 
 // param, m, v [n] updated in place from grad [n], lr [1] and step [1].
 cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr,
-                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream);
+                             const int64_t* step, const kernel_math::AdamAttrs& attrs, int64_t n, cudaStream_t stream);
 cudaError_t LaunchAdamUpdate(double* param, double* m, double* v, const double* grad, const double* lr,
-                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream);
+                             const int64_t* step, const kernel_math::AdamAttrs& attrs, int64_t n, cudaStream_t stream);
 
 // param [n] updated in place from grad [n] and lr [1].
 cudaError_t LaunchSgdUpdate(float* param, const float* grad, const float* lr, float weight_decay, int64_t n,

@@ -1,0 +1,27 @@
+#ifndef STRATA_KERNELS_OPTIMIZER_ATTRS_H_
+#define STRATA_KERNELS_OPTIMIZER_ATTRS_H_
+
+// The optimizer ops' attrs read from an Op, once for the CPU and the CUDA
+// kernels (their Init), with the same refusals on both devices.
+
+#include "absl/status/statusor.h"
+#include "kernels/optimizer_math.h"
+#include "proto/program.pb.h"
+#include "proto/types.h"
+
+namespace strata {
+
+absl::StatusOr<kernel_math::SgdAttrs> ReadSgdAttrs(const Op& op);
+absl::StatusOr<kernel_math::MomentumAttrs> ReadMomentumAttrs(const Op& op);
+absl::StatusOr<kernel_math::AdamAttrs> ReadAdamAttrs(const Op& op);
+
+// lr_schedule's schedule and its output dtype (attr `dtype`: F32 or F64).
+struct LrScheduleAttrs {
+  kernel_math::LrSchedule schedule;
+  DataType dtype = F32;
+};
+absl::StatusOr<LrScheduleAttrs> ReadLrScheduleAttrs(const Op& op);
+
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_OPTIMIZER_ATTRS_H_
