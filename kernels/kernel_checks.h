@@ -163,6 +163,64 @@ inline absl::StatusOr<DataType> CastTarget(const Op& op) {
   return absl::InvalidArgumentError(absl::StrCat("cast: unknown dtype '", *name, "'"));
 }
 
+// ---- nn ops (kernels/cpu/softmax.cc, layer_norm.cc, embedding.cc) ---------
+
+// softmax_grad, log_softmax_grad: dy has y's shape.
+inline absl::Status CheckSameShapeAsY(const Tensor& y, const Tensor& dy) {
+  if (dy.shape() != y.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("y ", ShapeString(y.shape()), " and dy ", ShapeString(dy.shape()), " must match"));
+  }
+  return absl::OkStatus();
+}
+
+// layer_norm(_grad): gamma (or beta) is [D], D the last dim of x.
+inline absl::Status CheckLayerNormParam(const char* op, const Tensor& x, const Tensor& gamma) {
+  if (x.rank() < 1 || gamma.shape() != Shape{x.dim(x.rank() - 1)}) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": gamma ", ShapeString(gamma.shape()),
+                                                   " does not match the last dim of x ", ShapeString(x.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// layer_norm_grad: dy has x's shape.
+inline absl::Status CheckLayerNormDy(const Tensor& x, const Tensor& dy) {
+  if (dy.shape() != x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy ", ShapeString(dy.shape()),
+                                                   " does not match x ", ShapeString(x.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// embedding(_grad): ids are I64. Their values (each in [0, V)) are the
+// caller's to check where it can read them.
+inline absl::Status CheckIdsDtype(const char* op, const Tensor& ids) {
+  if (ids.dtype() != I64) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ids must be I64, got ", DataTypeName(ids.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+// embedding: the table is [V, D].
+inline absl::Status CheckEmbeddingTable(const Tensor& table) {
+  if (table.rank() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("embedding: table must be [V, D], got ", ShapeString(table.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// embedding_grad: dy is ids' shape plus one trailing dim.
+inline absl::Status CheckEmbeddingGradShapes(const Tensor& ids, const Tensor& dy) {
+  bool ok = dy.rank() == ids.rank() + 1;
+  for (int i = 0; ok && i < ids.rank(); ++i) ok = ids.dim(i) == dy.dim(i);
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding_grad: dy ", ShapeString(dy.shape()),
+                                                   " does not match ids ", ShapeString(ids.shape())));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kernel_checks
 }  // namespace strata
 

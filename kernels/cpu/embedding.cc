@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -22,9 +23,7 @@ using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 
 absl::Status CheckIds(const char* op, const Tensor& ids, int64_t vocab) {
-  if (ids.dtype() != I64) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ids must be I64, got ", DataTypeName(ids.dtype())));
-  }
+  STRATA_RETURN_IF_ERROR(kernel_checks::CheckIdsDtype(op, ids));
   const int64_t* p = ids.data<int64_t>();
   for (int64_t i = 0; i < ids.num_elements(); ++i) {
     if (p[i] < 0 || p[i] >= vocab) {
@@ -45,10 +44,7 @@ class EmbeddingKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& ids = ctx.input(0);
     const Tensor& table = ctx.input(1);
-    if (table.rank() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding: table must be [V, D], got ",
-                                                     ShapeString(table.shape())));
-    }
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckEmbeddingTable(table));
     const int64_t V = table.dim(0), D = table.dim(1);
     STRATA_RETURN_IF_ERROR(CheckIds("embedding", ids, V));
     Shape ys = ids.shape();
@@ -80,12 +76,7 @@ class EmbeddingGradKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& ids = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    bool ok = dy.rank() == ids.rank() + 1;
-    for (int i = 0; ok && i < ids.rank(); ++i) ok = ids.dim(i) == dy.dim(i);
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding_grad: dy ", ShapeString(dy.shape()),
-                                                     " does not match ids ", ShapeString(ids.shape())));
-    }
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckEmbeddingGradShapes(ids, dy));
     STRATA_RETURN_IF_ERROR(CheckIds("embedding_grad", ids, vocab_));
     const int64_t D = dy.dim(dy.rank() - 1), n = ids.num_elements();
     STRATA_ASSIGN_OR_RETURN(Tensor * dtable, ctx.AllocateOutput(0, dy.dtype(), Shape{vocab_, D}));

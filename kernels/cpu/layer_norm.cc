@@ -2,8 +2,9 @@
 // mean and rstd from x instead of keeping them (one less saved tensor).
 //
 // Threads: parallel over rows. The backward's dgamma/dbeta are summed per
-// fixed block of rows (at most kMaxBlocks blocks, set by the shape only, so the
-// summation order is the same on any thread count), then over blocks in order.
+// fixed block of rows (nn_kernels::LayerNormGradRowsPerBlock, kernels/work_split.h:
+// set by the shape only, so the summation order is the same on any thread
+// count and on the GPU), then over blocks in order.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/kernel_checks.h"
+#include "kernels/work_split.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -21,8 +24,6 @@ namespace {
 using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 using nn_kernels::Scratch;
-
-constexpr int64_t kMaxBlocks = 64;
 
 // Sum over j < d of f(j) in double, in 8 independent lanes so the compiler
 // can vectorize it (a single accumulator is a serial dependency chain).
@@ -50,14 +51,6 @@ void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rst
   *rstd = 1.0 / std::sqrt(sq / d + epsilon);
 }
 
-absl::Status CheckShapes(const char* op, const Tensor& x, const Tensor& gamma) {
-  if (x.rank() < 1 || gamma.shape() != Shape{x.dim(x.rank() - 1)}) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": gamma ", ShapeString(gamma.shape()),
-                                                   " does not match the last dim of x ", ShapeString(x.shape())));
-  }
-  return absl::OkStatus();
-}
-
 // Base of layer_norm and its backward: reads epsilon.
 class LayerNormBase : public OpKernel {
  public:
@@ -81,8 +74,8 @@ class LayerNormKernel : public LayerNormBase {
     const Tensor& x = ctx.input(0);
     const Tensor& gamma = ctx.input(1);
     const Tensor& beta = ctx.input(2);
-    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm", x, gamma));
-    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm", x, beta));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, gamma));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, beta));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     const T* px = x.data<T>();
@@ -104,9 +97,6 @@ class LayerNormKernel : public LayerNormBase {
   }
 };
 
-// Rows of x each block of the gradient's partial sums covers.
-int64_t RowsPerBlock(int64_t rows, int64_t d) { return std::max(MinChunk(8 * d), (rows + kMaxBlocks - 1) / kMaxBlocks); }
-
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
 template <typename T>
@@ -118,17 +108,14 @@ class LayerNormGradKernel : public LayerNormBase {
     const Tensor& x = ctx.input(0);
     const Tensor& gamma = ctx.input(1);
     const Tensor& dy = ctx.input(2);
-    STRATA_RETURN_IF_ERROR(CheckShapes("layer_norm_grad", x, gamma));
-    if (dy.shape() != x.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy ", ShapeString(dy.shape()),
-                                                     " does not match x ", ShapeString(x.shape())));
-    }
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
-    const int64_t rows_per_block = RowsPerBlock(R, D);
-    const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
+    const int64_t rows_per_block = nn_kernels::LayerNormGradRowsPerBlock(R, D);
+    const int64_t blocks = nn_kernels::LayerNormGradBlocks(R, D);
     // partial[b] holds block b's dgamma (first D) and dbeta (next D).
     STRATA_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
     const T* px = x.data<T>();
@@ -185,8 +172,7 @@ absl::StatusOr<int64_t> LayerNormGradWorkspace(const KernelDef& def, int) {
   const Shape& x = def.input_types[0].shape;
   const int64_t d = x.back(), n = NumElements(x), rows = d == 0 ? 0 : n / d;
   if (rows == 0) return int64_t{0};
-  const int64_t blocks = (rows + RowsPerBlock(rows, d) - 1) / RowsPerBlock(rows, d);
-  return blocks * 2 * d * static_cast<int64_t>(sizeof(double));
+  return nn_kernels::LayerNormGradBlocks(rows, d) * 2 * d * static_cast<int64_t>(sizeof(double));
 }
 STRATA_REGISTER_WORKSPACE("layer_norm_grad", DEVICE_CPU, LayerNormGradWorkspace);
 

@@ -13,22 +13,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/work_split.h"  // kParallelGrain, MinChunk
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
 namespace strata {
 namespace nn_kernels {
-
-// Element operations per ParallelFor chunk below which splitting costs more
-// than it saves, so tiny tensors run inline on the caller.
-constexpr int64_t kParallelGrain = 1 << 14;
-
-// Items per chunk for a loop whose items cost about `cost_per_item` element
-// operations each.
-inline int64_t MinChunk(int64_t cost_per_item) {
-  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(cost_per_item, 1));
-}
 
 using ::strata::InitFactory;
 

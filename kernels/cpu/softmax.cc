@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/kernel_checks.h"
 #include "proto/shape_rules.h"
 
 namespace strata {
@@ -132,10 +133,7 @@ class SoftmaxKernel : public OpKernel {
     if (!axis.ok()) return axis.status();
     const T* b = nullptr;
     if constexpr (kGrad) {
-      if (ctx.input(1).shape() != a.shape()) {
-        return absl::InvalidArgumentError(absl::StrCat("y ", ShapeString(a.shape()), " and dy ",
-                                                       ShapeString(ctx.input(1).shape()), " must match"));
-      }
+      if (absl::Status s = kernel_checks::CheckSameShapeAsY(a, ctx.input(1)); !s.ok()) return s;
       b = ctx.input(1).data<T>();
     }
     absl::StatusOr<Tensor*> out = ctx.AllocateOutput(0, DataTypeOf<T>::value, a.shape());

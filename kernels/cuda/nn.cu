@@ -1,0 +1,512 @@
+// softmax family, layer_norm(_grad), dropout and embedding(_grad); see nn.h.
+// Launch shapes: kThreads threads per block, at most kMaxBlocks blocks,
+// grid-stride loops and 64-bit indices throughout.
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/nn.h"
+#include "kernels/work_split.h"
+#include "runtime/philox.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the trees halve it
+constexpr int64_t kMaxBlocks = 65536;
+
+int Blocks(int64_t work, int64_t per_block = kThreads) {
+  return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, (work + per_block - 1) / per_block)));
+}
+
+__device__ double NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ double Infinity() { return __longlong_as_double(0x7ff0000000000000LL); }
+
+// std::exp of the CPU kernels: expf for float, exp for double.
+__device__ float Exp(float x) { return expf(x); }
+__device__ double Exp(double x) { return exp(x); }
+
+// The block's kThreads values of `v` combined by a fixed tree; every thread
+// gets the result. Ends with a barrier, so `shared` may be reused at once.
+template <typename F>
+__device__ double BlockReduce(double v, double* shared, F f) {
+  const int tid = threadIdx.x;
+  shared[tid] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (tid < s) shared[tid] = f(shared[tid], shared[tid + s]);
+    __syncthreads();
+  }
+  const double result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+// std::max(a, b) as the CPU writes it: b only if a < b, so NaNs never win.
+struct MaxOp {
+  __device__ double operator()(double a, double b) const { return a < b ? b : a; }
+};
+struct SumOp {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+// ---------------------------------------------------------------------------
+// softmax, log_softmax, softmax_grad, log_softmax_grad: kernels/cpu/softmax.cc's
+// Lane, one block per lane (m, n) of [M, K, N]; element k at m * K * N + k * N + n.
+
+template <typename T, SoftmaxMode kMode>
+__global__ void SoftmaxKernel(T* out, const T* a, const T* b, int64_t M, int64_t K, int64_t N) {
+  __shared__ double shared[kThreads];
+  const int64_t lanes = M * N;
+  for (int64_t lane = blockIdx.x; lane < lanes; lane += gridDim.x) {
+    const int64_t base = (lane / N) * K * N + lane % N;
+    if constexpr (kMode == SoftmaxMode::kSoftmax || kMode == SoftmaxMode::kLogSoftmax) {
+      T max = static_cast<T>(-Infinity());
+      for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+        const T v = a[base + k * N];
+        max = max < v ? v : max;
+      }
+      max = static_cast<T>(BlockReduce(static_cast<double>(max), shared, MaxOp()));  // exact: T -> double -> T
+      double sum = 0;
+      for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+        const T e = Exp(static_cast<T>(a[base + k * N] - max));
+        if constexpr (kMode == SoftmaxMode::kSoftmax) out[base + k * N] = e;
+        sum += e;
+      }
+      sum = BlockReduce(sum, shared, SumOp());
+      if constexpr (kMode == SoftmaxMode::kSoftmax) {
+        const T inv = static_cast<T>(1.0 / sum);
+        for (int64_t k = threadIdx.x; k < K; k += kThreads) out[base + k * N] *= inv;  // this thread's own e
+      } else {
+        const T log_sum = static_cast<T>(log(sum));
+        for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+          const int64_t i = base + k * N;
+          out[i] = static_cast<T>(a[i] - max) - log_sum;
+        }
+      }
+    } else {
+      // softmax_grad: a = y, b = dy, sum of y * dy; log_softmax_grad: sum of dy.
+      double acc = 0;
+      for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+        const int64_t i = base + k * N;
+        if constexpr (kMode == SoftmaxMode::kSoftmaxGrad) {
+          acc += static_cast<double>(a[i]) * b[i];
+        } else {
+          acc += b[i];
+        }
+      }
+      const T s = static_cast<T>(BlockReduce(acc, shared, SumOp()));
+      for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+        const int64_t i = base + k * N;
+        if constexpr (kMode == SoftmaxMode::kSoftmaxGrad) {
+          out[i] = a[i] * static_cast<T>(b[i] - s);
+        } else {
+          out[i] = b[i] - static_cast<T>(Exp(a[i]) * s);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+cudaError_t Softmax(SoftmaxMode mode, T* out, const T* a, const T* b, int64_t M, int64_t K, int64_t N,
+                    cudaStream_t stream) {
+  if (M * K * N == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::min(kMaxBlocks, M * N));
+  switch (mode) {
+    case SoftmaxMode::kSoftmax:
+      SoftmaxKernel<T, SoftmaxMode::kSoftmax><<<blocks, kThreads, 0, stream>>>(out, a, b, M, K, N);
+      break;
+    case SoftmaxMode::kLogSoftmax:
+      SoftmaxKernel<T, SoftmaxMode::kLogSoftmax><<<blocks, kThreads, 0, stream>>>(out, a, b, M, K, N);
+      break;
+    case SoftmaxMode::kSoftmaxGrad:
+      SoftmaxKernel<T, SoftmaxMode::kSoftmaxGrad><<<blocks, kThreads, 0, stream>>>(out, a, b, M, K, N);
+      break;
+    case SoftmaxMode::kLogSoftmaxGrad:
+      SoftmaxKernel<T, SoftmaxMode::kLogSoftmaxGrad><<<blocks, kThreads, 0, stream>>>(out, a, b, M, K, N);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// layer_norm and layer_norm_grad: eight threads per row (a row group); thread
+// k of a group adds the CPU's lane k of LaneSum (kernels/cpu/layer_norm.cc).
+
+constexpr int kLanes = 8;
+constexpr int kRowsPerBlock = kThreads / kLanes;
+
+// LaneSum(d, f) of the CPU, by the eight threads of a row group: lane k sums
+// f(k), f(k + 8), ... over the full groups of eight; lane 0 the tail; the
+// lanes combine in the CPU's fixed order. Every thread of the warp must call
+// it (shuffles); threads of a group past the last row pass d = 0.
+template <typename F>
+__device__ double LaneSum(int64_t d, const F& f) {
+  const int k = threadIdx.x % kLanes;
+  const int64_t full = d - d % kLanes;
+  double lane = 0;
+  for (int64_t j = k; j < full; j += kLanes) lane += f(j);
+  double tail = 0;
+  if (k == 0) {
+    for (int64_t j = full; j < d; ++j) tail += f(j);
+  }
+  double l[kLanes];
+#pragma unroll
+  for (int q = 0; q < kLanes; ++q) l[q] = __shfl_sync(0xffffffffu, lane, q, kLanes);
+  tail = __shfl_sync(0xffffffffu, tail, 0, kLanes);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])) + tail;
+}
+
+// The CPU's RowMoments: mean and 1 / sqrt(biased variance + epsilon), in double.
+template <typename T>
+__device__ void RowMoments(const T* x, int64_t d, int64_t D, double epsilon, double* mean, double* rstd) {
+  const double m = LaneSum(d, [x](int64_t j) { return static_cast<double>(x[j]); }) / D;
+  const double sq = LaneSum(d, [x, m](int64_t j) {
+    const double c = x[j] - m;
+    return c * c;
+  });
+  *mean = m;
+  *rstd = 1.0 / sqrt(sq / D + epsilon);
+}
+
+template <typename T>
+__global__ void LayerNormKernel(T* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon) {
+  const int k = threadIdx.x % kLanes;
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+    const int64_t r = first + threadIdx.x / kLanes;
+    const bool valid = r < R;
+    const T* xr = x + (valid ? r : 0) * D;
+    double mean, rstd;
+    RowMoments(xr, valid ? D : 0, D, epsilon, &mean, &rstd);
+    if (!valid) continue;
+    const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
+    T* yr = y + r * D;
+    for (int64_t j = k; j < D; j += kLanes) yr[j] = (xr[j] - m) * rs * gamma[j] + beta[j];
+  }
+}
+
+// dx per row (the CPU's formula), and each row's mean and rstd for the sums below.
+template <typename T>
+__global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma,
+                                        const T* dy, int64_t R, int64_t D, double epsilon) {
+  const int k = threadIdx.x % kLanes;
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+    const int64_t r = first + threadIdx.x / kLanes;
+    const bool valid = r < R;
+    const int64_t d = valid ? D : 0;
+    const T* xr = x + (valid ? r : 0) * D;
+    const T* dyr = dy + (valid ? r : 0) * D;
+    double mean, rstd;
+    RowMoments(xr, d, D, epsilon, &mean, &rstd);
+    const double mean_g = LaneSum(d, [&](int64_t j) { return static_cast<double>(dyr[j]) * gamma[j]; }) / D;
+    const double mean_gx =
+        LaneSum(d, [&](int64_t j) { return static_cast<double>(dyr[j]) * gamma[j] * ((xr[j] - mean) * rstd); }) / D;
+    if (!valid) continue;
+    if (k == 0) {
+      row_mean[r] = mean;
+      row_rstd[r] = rstd;
+    }
+    T* dxr = dx + r * D;
+    for (int64_t j = k; j < D; j += kLanes) {
+      const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * gamma[j];
+      dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+// partial[b * 2D + j] (dgamma) and partial[b * 2D + D + j] (dbeta): block b's
+// rows added in row order, one thread per (b, j).
+template <typename T>
+__global__ void LayerNormGradPartialKernel(double* partial, const double* row_mean, const double* row_rstd, const T* x,
+                                           const T* dy, int64_t R, int64_t D, int64_t rows_per_block, int64_t blocks) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < blocks * D;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t b = e / D, j = e % D;
+    const int64_t r_end = (b + 1) * rows_per_block < R ? (b + 1) * rows_per_block : R;
+    double dg = 0, db = 0;
+    for (int64_t r = b * rows_per_block; r < r_end; ++r) {
+      const double xhat = (x[r * D + j] - row_mean[r]) * row_rstd[r];
+      dg += static_cast<double>(dy[r * D + j]) * xhat;
+      db += dy[r * D + j];
+    }
+    partial[b * 2 * D + j] = dg;
+    partial[b * 2 * D + D + j] = db;
+  }
+}
+
+template <typename T>
+__global__ void LayerNormGradSumKernel(T* dgamma, T* dbeta, const double* partial, int64_t D, int64_t blocks) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < D; j += int64_t{gridDim.x} * blockDim.x) {
+    double sg = 0, sb = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      sg += partial[b * 2 * D + j];
+      sb += partial[b * 2 * D + D + j];
+    }
+    dgamma[j] = static_cast<T>(sg);
+    dbeta[j] = static_cast<T>(sb);
+  }
+}
+
+template <typename T>
+cudaError_t LayerNorm(T* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
+                      cudaStream_t stream) {
+  if (R == 0 || D == 0) return cudaSuccess;
+  LayerNormKernel<T><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const T* dy, int64_t R, int64_t D,
+                          double epsilon, double* scratch, cudaStream_t stream) {
+  if (D == 0) return cudaSuccess;
+  if (R == 0) {  // no rows: dgamma = dbeta = 0, as the CPU's empty sums
+    if (cudaError_t e = cudaMemsetAsync(dgamma, 0, D * sizeof(T), stream); e != cudaSuccess) return e;
+    return cudaMemsetAsync(dbeta, 0, D * sizeof(T), stream);
+  }
+  const int64_t rows_per_block = nn_kernels::LayerNormGradRowsPerBlock(R, D);
+  const int64_t blocks = nn_kernels::LayerNormGradBlocks(R, D);
+  double* row_mean = scratch;
+  double* row_rstd = row_mean + R;
+  double* partial = row_rstd + R;
+  LayerNormGradRowsKernel<T>
+      <<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(dx, row_mean, row_rstd, x, gamma, dy, R, D, epsilon);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  LayerNormGradPartialKernel<T>
+      <<<Blocks(blocks * D), kThreads, 0, stream>>>(partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  LayerNormGradSumKernel<T><<<Blocks(D), kThreads, 0, stream>>>(dgamma, dbeta, partial, D, blocks);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// dropout: one thread per Philox block (four linear indices), as the CPU's ApplyMask.
+
+template <typename T>
+__global__ void DropoutKernel(T* out, const T* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p,
+                              T scale) {
+  const uint64_t first_group = base / 4, groups = (base + n - 1) / 4 - first_group + 1;
+  for (uint64_t g = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; g < groups;
+       g += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t group = first_group + g;
+    const PhiloxWords bits = PhiloxUniformBits(key, step, group);
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t linear = group * 4 + lane;
+      if (linear < base || linear >= base + n) continue;
+      const int64_t i = static_cast<int64_t>(linear - base);
+      out[i] = PhiloxUniform(bits.w[lane]) >= p ? in[i] * scale : T(0);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t Dropout(T* out, const T* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p, T scale,
+                    cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  DropoutKernel<T><<<Blocks(n / 4 + 2), kThreads, 0, stream>>>(out, in, n, key, step, base, p, scale);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// embedding and embedding_grad.
+
+template <typename T>
+__global__ void EmbeddingKernel(T* y, const T* table, const int64_t* ids, int64_t n, int64_t V, int64_t D) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * D; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t id = ids[e / D];
+    y[e] = id < 0 || id >= V ? static_cast<T>(NaN()) : table[id * D + e % D];
+  }
+}
+
+// keys[s] = ids[s] * n + s for s < n (an id outside [0, V) counts as V, so it
+// sorts after every good one); the padding up to P sorts last.
+__global__ void MakeKeysKernel(int64_t* keys, const int64_t* ids, int64_t n, int64_t V, int64_t P) {
+  for (int64_t s = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; s < P; s += int64_t{gridDim.x} * blockDim.x) {
+    if (s < n) {
+      const int64_t id = ids[s];
+      keys[s] = (id < 0 || id >= V ? V : id) * n + s;
+    } else {
+      keys[s] = INT64_MAX;
+    }
+  }
+}
+
+// Bitonic sort of P (a power of two) keys; the keys are distinct, so the
+// sorted order is unique. A tile of kSortTile keys sorts in shared memory.
+constexpr int64_t kSortTile = 2048;
+
+__device__ void CompareSwap(int64_t* v, int64_t i, int64_t l, bool ascending) {
+  const int64_t a = v[i], b = v[l];
+  if ((a > b) == ascending) {
+    v[i] = b;
+    v[l] = a;
+  }
+}
+
+// Pair t of the stage with distance j: (i, i + j).
+__device__ int64_t PairLow(int64_t t, int64_t j) { return (t / j) * 2 * j + t % j; }
+
+// The stages (k, j) with j < tile on each tile of `tile` keys: every k from 2
+// to tile (k_max = 0), or only the merge of stage k = k_max.
+__global__ void TileSortKernel(int64_t* keys, int64_t tile, int64_t k_max) {
+  extern __shared__ int64_t tile_keys[];
+  const int64_t offset = blockIdx.x * tile;
+  for (int64_t t = threadIdx.x; t < tile; t += blockDim.x) tile_keys[t] = keys[offset + t];
+  __syncthreads();
+  for (int64_t k = k_max == 0 ? 2 : k_max; k <= (k_max == 0 ? tile : k_max); k <<= 1) {
+    for (int64_t j = (k < tile ? k : tile) >> 1; j > 0; j >>= 1) {
+      for (int64_t t = threadIdx.x; t < tile / 2; t += blockDim.x) {
+        const int64_t i = PairLow(t, j);
+        CompareSwap(tile_keys, i, i + j, ((offset + i) & k) == 0);
+      }
+      __syncthreads();
+    }
+  }
+  for (int64_t t = threadIdx.x; t < tile; t += blockDim.x) keys[offset + t] = tile_keys[t];
+}
+
+__global__ void GlobalStageKernel(int64_t* keys, int64_t P, int64_t k, int64_t j) {
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < P / 2; t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = PairLow(t, j);
+    CompareSwap(keys, i, i + j, (i & k) == 0);
+  }
+}
+
+cudaError_t SortKeys(int64_t* keys, int64_t P, cudaStream_t stream) {
+  const int64_t tile = std::min(P, kSortTile);
+  const int tiles = static_cast<int>(P / tile);
+  const int threads = static_cast<int>(std::min<int64_t>(tile / 2, 1024));
+  const size_t shared = tile * sizeof(int64_t);
+  TileSortKernel<<<tiles, threads, shared, stream>>>(keys, tile, 0);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  for (int64_t k = 2 * tile; k <= P; k <<= 1) {
+    for (int64_t j = k >> 1; j >= tile; j >>= 1) {
+      GlobalStageKernel<<<Blocks(P / 2), kThreads, 0, stream>>>(keys, P, k, j);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    TileSortKernel<<<tiles, threads, shared, stream>>>(keys, tile, k);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// dtable = 0, or all NaN when an id was outside [0, V) (the largest real key,
+// keys[n - 1] once sorted, is then >= V * n).
+template <typename T>
+__global__ void FillTableKernel(T* dtable, int64_t size, const int64_t* keys, int64_t n, int64_t V) {
+  const bool bad = n > 0 && keys[n - 1] >= V * n;
+  const T value = bad ? static_cast<T>(NaN()) : T(0);
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < size; e += int64_t{gridDim.x} * blockDim.x) {
+    dtable[e] = value;
+  }
+}
+
+// One block per run of equal ids in the sorted keys: dtable[id] = the sum, in
+// T and in position order from 0 (the CPU's zeroed row += dy[i]), of its rows.
+template <typename T>
+__global__ void SegmentSumKernel(T* dtable, const T* dy, const int64_t* keys, int64_t n, int64_t V, int64_t D) {
+  if (keys[n - 1] >= V * n) return;  // a bad id: dtable stays NaN
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+    const int64_t id = keys[s] / n;
+    if (s > 0 && keys[s - 1] / n == id) continue;  // not the first of its run
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      T acc = T(0);
+      for (int64_t q = s; q < n && keys[q] / n == id; ++q) acc += dy[(keys[q] % n) * D + j];
+      dtable[id * D + j] = acc;
+    }
+  }
+}
+
+int64_t PowerOfTwoAtLeast(int64_t n) {
+  int64_t p = 2;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+template <typename T>
+cudaError_t EmbeddingGrad(T* dtable, const T* dy, const int64_t* ids, int64_t n, int64_t V, int64_t D, int64_t* keys,
+                          cudaStream_t stream) {
+  if (V * D == 0) return cudaSuccess;
+  if (n == 0) return cudaMemsetAsync(dtable, 0, V * D * sizeof(T), stream);
+  if (V >= INT64_MAX / n - 1) return cudaErrorInvalidValue;  // keys (V + 1) * n must fit
+  const int64_t P = PowerOfTwoAtLeast(n);
+  MakeKeysKernel<<<Blocks(P), kThreads, 0, stream>>>(keys, ids, n, V, P);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (cudaError_t e = SortKeys(keys, P, stream); e != cudaSuccess) return e;
+  FillTableKernel<T><<<Blocks(V * D), kThreads, 0, stream>>>(dtable, V * D, keys, n, V);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  SegmentSumKernel<T><<<static_cast<int>(std::min(kMaxBlocks, n)), kThreads, 0, stream>>>(dtable, dy, keys, n, V, D);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchSoftmax(SoftmaxMode mode, float* out, const float* a, const float* b, int64_t M, int64_t K, int64_t N,
+                          cudaStream_t stream) {
+  return Softmax(mode, out, a, b, M, K, N, stream);
+}
+cudaError_t LaunchSoftmax(SoftmaxMode mode, double* out, const double* a, const double* b, int64_t M, int64_t K,
+                          int64_t N, cudaStream_t stream) {
+  return Softmax(mode, out, a, b, M, K, N, stream);
+}
+
+cudaError_t LaunchLayerNorm(float* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream) {
+  return LayerNorm(y, x, gamma, beta, R, D, epsilon, stream);
+}
+cudaError_t LaunchLayerNorm(double* y, const double* x, const double* gamma, const double* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream) {
+  return LayerNorm(y, x, gamma, beta, R, D, epsilon, stream);
+}
+
+int64_t LayerNormGradScratchDoubles(int64_t R, int64_t D) {
+  if (R == 0 || D == 0) return 0;
+  return 2 * R + nn_kernels::LayerNormGradBlocks(R, D) * 2 * D;
+}
+cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
+                                const float* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+}
+cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const double* x, const double* gamma,
+                                const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+}
+
+cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p,
+                          float scale, cudaStream_t stream) {
+  return Dropout(out, in, n, key, step, base, p, scale, stream);
+}
+cudaError_t LaunchDropout(double* out, const double* in, int64_t n, uint64_t key, uint64_t step, uint64_t base,
+                          double p, double scale, cudaStream_t stream) {
+  return Dropout(out, in, n, key, step, base, p, scale, stream);
+}
+
+cudaError_t LaunchEmbedding(float* y, const float* table, const int64_t* ids, int64_t n, int64_t V, int64_t D,
+                            cudaStream_t stream) {
+  if (n * D == 0) return cudaSuccess;
+  EmbeddingKernel<float><<<Blocks(n * D), kThreads, 0, stream>>>(y, table, ids, n, V, D);
+  return cudaGetLastError();
+}
+cudaError_t LaunchEmbedding(double* y, const double* table, const int64_t* ids, int64_t n, int64_t V, int64_t D,
+                            cudaStream_t stream) {
+  if (n * D == 0) return cudaSuccess;
+  EmbeddingKernel<double><<<Blocks(n * D), kThreads, 0, stream>>>(y, table, ids, n, V, D);
+  return cudaGetLastError();
+}
+
+int64_t EmbeddingGradScratchKeys(int64_t n) { return n == 0 ? 0 : PowerOfTwoAtLeast(n); }
+cudaError_t LaunchEmbeddingGrad(float* dtable, const float* dy, const int64_t* ids, int64_t n, int64_t V, int64_t D,
+                                int64_t* scratch, cudaStream_t stream) {
+  return EmbeddingGrad(dtable, dy, ids, n, V, D, scratch, stream);
+}
+cudaError_t LaunchEmbeddingGrad(double* dtable, const double* dy, const int64_t* ids, int64_t n, int64_t V, int64_t D,
+                                int64_t* scratch, cudaStream_t stream) {
+  return EmbeddingGrad(dtable, dy, ids, n, V, D, scratch, stream);
+}
+
+}  // namespace cuda
+}  // namespace strata
