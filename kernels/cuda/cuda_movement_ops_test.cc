@@ -80,11 +80,10 @@ struct ReduceCase {
 };
 
 std::string ReduceOp(const char* type, const ReduceCase& c) {
-  return absl::StrCat(R"pb(type: ")pb", type, R"pb(" input: " x " output: "y
-                                                   " attr { key: " axis " value { list { i: )pb",
-                      Ints(c.axis), R"pb(}
-                                         } } attr { key: "keepdim" value { b: )pb",
-                      c.keepdim ? "true" : "false", " } }");
+  // Plain strings: clang-format reformats R"pb(...)pb" fragments as text protos.
+  return absl::StrCat("type: \"", type, "\" input: \"x\" output: \"y\" attr { key: \"axis\" value { list { i: ",
+                      Ints(c.axis), " } } } attr { key: \"keepdim\" value { b: ", c.keepdim ? "true" : "false",
+                      " } }");
 }
 
 const ReduceCase kReduceCases[] = {

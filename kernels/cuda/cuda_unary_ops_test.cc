@@ -124,13 +124,12 @@ void ExpectWithin(const Tensor& gpu, const Tensor& cpu, const std::function<doub
   }
 }
 
+// Plain strings: clang-format reformats R"pb(...)pb" fragments as text protos.
 std::string UnaryOpText(const std::string& op) {
-  return absl::StrCat(R"pb(type: ")pb", op, R"pb(" input: " x " output: "y
-                                                 ")pb");
+  return absl::StrCat("type: \"", op, "\" input: \"x\" output: \"y\"");
 }
 std::string GradOpText(const std::string& op) {
-  return absl::StrCat(R"pb(type: ")pb", op, R"pb(" input: [ " a ", " dy " ] output: "y
-                                                 ")pb");
+  return absl::StrCat("type: \"", op, "\" input: [ \"a\", \"dy\" ] output: \"y\"");
 }
 std::string ScaleOpText(double scale, double bias) {
   return absl::StrCat(R"pb(type: "scale"
@@ -534,11 +533,8 @@ TEST_F(CudaOpsTest, FillScalarEqualsTheCpuBitForBit) {
   for (const char* dtype : {"F32", "F64"}) {
     for (double value : {0.1, -2.7, 3.0, 0.0, 1e300}) {
       SCOPED_TRACE(absl::StrCat(dtype, " value ", value));
-      auto [cpu, gpu] = RunBoth(absl::StrCat(R"pb(type: "fill_scalar"
-                                                  output: "y"
-                                                  attr { key: "dtype"
-                                                         value { s: ")pb",
-                                             dtype, R"pb(" } } attr { key: " value " value { f: )pb", value, " } }"),
+      auto [cpu, gpu] = RunBoth(absl::StrCat("type: \"fill_scalar\" output: \"y\" attr { key: \"dtype\" value { s: \"",
+                                             dtype, "\" } } attr { key: \"value\" value { f: ", value, " } }"),
                                 {});
       EXPECT_TRUE(BitEqual(gpu, cpu));
       EXPECT_EQ(gpu.rank(), 0);
