@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/losses.h"
 
 namespace strata {
@@ -18,40 +19,15 @@ namespace {
 constexpr int kThreads = 256;  // a power of two: the trees halve it
 constexpr int64_t kMaxBlocks = 65536;
 
-__device__ double NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
-
-// The block's kThreads values of `v` combined by a fixed tree; every thread
-// gets the result. Ends with a barrier, so `shared` may be reused at once.
-template <typename F>
-__device__ double BlockReduce(double v, double* shared, F f) {
-  const int tid = threadIdx.x;
-  shared[tid] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) shared[tid] = f(shared[tid], shared[tid + s]);
-    __syncthreads();
-  }
-  const double result = shared[0];
-  __syncthreads();
-  return result;
-}
-
-struct MaxOp {
-  __device__ double operator()(double a, double b) const { return a < b ? b : a; }
-};
-struct SumOp {
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
-
 // max and log(sum(exp(x - max))) of row xr [C], as RowLogSumExp on the CPU.
 template <typename T>
 __device__ void RowLogSumExp(const T* xr, int64_t C, double* shared, double* max, double* log_sum) {
   double m = -__longlong_as_double(0x7ff0000000000000LL);  // -inf
   for (int64_t j = threadIdx.x; j < C; j += kThreads) m = MaxOp()(m, static_cast<double>(xr[j]));
-  m = BlockReduce(m, shared, MaxOp());
+  m = BlockReduce<kThreads>(m, shared, MaxOp());
   double s = 0;
   for (int64_t j = threadIdx.x; j < C; j += kThreads) s += exp(static_cast<double>(xr[j]) - m);
-  s = BlockReduce(s, shared, SumOp());
+  s = BlockReduce<kThreads>(s, shared, SumOp());
   *max = m;
   *log_sum = log(s);
 }
@@ -65,7 +41,7 @@ __global__ void RowLossKernel(double* row_loss, const T* logits, const int64_t* 
     RowLogSumExp(xr, C, shared, &max, &log_sum);
     if (threadIdx.x == 0) {
       const int64_t l = label[r];
-      row_loss[r] = l < 0 || l >= C ? NaN() : max + log_sum - static_cast<double>(xr[l]);
+      row_loss[r] = l < 0 || l >= C ? QuietNaN() : max + log_sum - static_cast<double>(xr[l]);
     }
   }
 }
@@ -76,7 +52,7 @@ __global__ void MeanKernel(T* out, const double* values, int64_t R) {
   __shared__ double shared[kThreads];
   double s = 0;
   for (int64_t r = threadIdx.x; r < R; r += kThreads) s += values[r];
-  s = BlockReduce(s, shared, SumOp());
+  s = BlockReduce<kThreads>(s, shared, SumOp());
   if (threadIdx.x == 0) out[0] = static_cast<T>(s / static_cast<double>(R));
 }
 
@@ -94,7 +70,7 @@ __global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, co
     const bool bad = l < 0 || l >= C;
     for (int64_t j = threadIdx.x; j < C; j += kThreads) {
       const double p = exp(static_cast<double>(xr[j]) - lse);
-      dr[j] = static_cast<T>(bad ? NaN() : (j == l ? (p - 1.0) * scale : p * scale));
+      dr[j] = static_cast<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
     }
   }
 }
@@ -112,8 +88,8 @@ __global__ void RowCorrectKernel(double* row_correct, const T* logits, const int
     const T target = bad ? T(0) : xr[l];
     double above = 0;  // counts are exact in double up to 2^53
     for (int64_t j = threadIdx.x; j < C; j += kThreads) above += xr[j] > target ? 1.0 : 0.0;
-    above = BlockReduce(above, shared, SumOp());
-    if (threadIdx.x == 0) row_correct[r] = bad ? NaN() : (above < static_cast<double>(k) ? 1.0 : 0.0);
+    above = BlockReduce<kThreads>(above, shared, SumOp());
+    if (threadIdx.x == 0) row_correct[r] = bad ? QuietNaN() : (above < static_cast<double>(k) ? 1.0 : 0.0);
   }
 }
 

@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/nn.h"
+#include "kernels/host_device.h"
 #include "kernels/work_split.h"
 #include "runtime/philox.h"
 
 namespace strata {
 namespace cuda {
 namespace {
+
+using kernel_math::Exp;  // std::exp of the CPU kernels: expf for float, exp for double
 
 constexpr int kThreads = 256;  // a power of two: the trees halve it
 constexpr int64_t kMaxBlocks = 65536;
@@ -20,36 +24,7 @@ int Blocks(int64_t work, int64_t per_block = kThreads) {
   return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, (work + per_block - 1) / per_block)));
 }
 
-__device__ double NaN() { return __longlong_as_double(0x7ff8000000000000LL); }
 __device__ double Infinity() { return __longlong_as_double(0x7ff0000000000000LL); }
-
-// std::exp of the CPU kernels: expf for float, exp for double.
-__device__ float Exp(float x) { return expf(x); }
-__device__ double Exp(double x) { return exp(x); }
-
-// The block's kThreads values of `v` combined by a fixed tree; every thread
-// gets the result. Ends with a barrier, so `shared` may be reused at once.
-template <typename F>
-__device__ double BlockReduce(double v, double* shared, F f) {
-  const int tid = threadIdx.x;
-  shared[tid] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) shared[tid] = f(shared[tid], shared[tid + s]);
-    __syncthreads();
-  }
-  const double result = shared[0];
-  __syncthreads();
-  return result;
-}
-
-// std::max(a, b) as the CPU writes it: b only if a < b, so NaNs never win.
-struct MaxOp {
-  __device__ double operator()(double a, double b) const { return a < b ? b : a; }
-};
-struct SumOp {
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
 
 // ---------------------------------------------------------------------------
 // softmax, log_softmax, softmax_grad, log_softmax_grad: kernels/cpu/softmax.cc's
@@ -67,14 +42,14 @@ __global__ void SoftmaxKernel(T* out, const T* a, const T* b, int64_t M, int64_t
         const T v = a[base + k * N];
         max = max < v ? v : max;
       }
-      max = static_cast<T>(BlockReduce(static_cast<double>(max), shared, MaxOp()));  // exact: T -> double -> T
+      max = static_cast<T>(BlockReduce<kThreads>(static_cast<double>(max), shared, MaxOp()));  // exact: T -> double -> T
       double sum = 0;
       for (int64_t k = threadIdx.x; k < K; k += kThreads) {
         const T e = Exp(static_cast<T>(a[base + k * N] - max));
         if constexpr (kMode == SoftmaxMode::kSoftmax) out[base + k * N] = e;
         sum += e;
       }
-      sum = BlockReduce(sum, shared, SumOp());
+      sum = BlockReduce<kThreads>(sum, shared, SumOp());
       if constexpr (kMode == SoftmaxMode::kSoftmax) {
         const T inv = static_cast<T>(1.0 / sum);
         for (int64_t k = threadIdx.x; k < K; k += kThreads) out[base + k * N] *= inv;  // this thread's own e
@@ -96,7 +71,7 @@ __global__ void SoftmaxKernel(T* out, const T* a, const T* b, int64_t M, int64_t
           acc += b[i];
         }
       }
-      const T s = static_cast<T>(BlockReduce(acc, shared, SumOp()));
+      const T s = static_cast<T>(BlockReduce<kThreads>(acc, shared, SumOp()));
       for (int64_t k = threadIdx.x; k < K; k += kThreads) {
         const int64_t i = base + k * N;
         if constexpr (kMode == SoftmaxMode::kSoftmaxGrad) {
@@ -316,7 +291,7 @@ template <typename T>
 __global__ void EmbeddingKernel(T* y, const T* table, const int64_t* ids, int64_t n, int64_t V, int64_t D) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * D; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t id = ids[e / D];
-    y[e] = id < 0 || id >= V ? static_cast<T>(NaN()) : table[id * D + e % D];
+    y[e] = id < 0 || id >= V ? static_cast<T>(QuietNaN()) : table[id * D + e % D];
   }
 }
 
@@ -397,7 +372,7 @@ cudaError_t SortKeys(int64_t* keys, int64_t P, cudaStream_t stream) {
 template <typename T>
 __global__ void FillTableKernel(T* dtable, int64_t size, const int64_t* keys, int64_t n, int64_t V) {
   const bool bad = n > 0 && keys[n - 1] >= V * n;
-  const T value = bad ? static_cast<T>(NaN()) : T(0);
+  const T value = bad ? static_cast<T>(QuietNaN()) : T(0);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < size; e += int64_t{gridDim.x} * blockDim.x) {
     dtable[e] = value;
   }

@@ -22,63 +22,10 @@
 namespace strata {
 namespace cuda {
 
-// exp, log, tanh and erf: the device's own on the GPU, the C library's on the host.
-STRATA_HOST_DEVICE inline float Exp(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
-STRATA_HOST_DEVICE inline double Exp(double x) {
-#ifdef __CUDA_ARCH__
-  return exp(x);
-#else
-  return std::exp(x);
-#endif
-}
-STRATA_HOST_DEVICE inline float Log(float x) {
-#ifdef __CUDA_ARCH__
-  return logf(x);
-#else
-  return std::log(x);
-#endif
-}
-STRATA_HOST_DEVICE inline double Log(double x) {
-#ifdef __CUDA_ARCH__
-  return log(x);
-#else
-  return std::log(x);
-#endif
-}
-STRATA_HOST_DEVICE inline float Tanh(float x) {
-#ifdef __CUDA_ARCH__
-  return tanhf(x);
-#else
-  return std::tanh(x);
-#endif
-}
-STRATA_HOST_DEVICE inline double Tanh(double x) {
-#ifdef __CUDA_ARCH__
-  return tanh(x);
-#else
-  return std::tanh(x);
-#endif
-}
-STRATA_HOST_DEVICE inline float Erf(float x) {
-#ifdef __CUDA_ARCH__
-  return erff(x);
-#else
-  return std::erf(x);
-#endif
-}
-STRATA_HOST_DEVICE inline double Erf(double x) {
-#ifdef __CUDA_ARCH__
-  return erf(x);
-#else
-  return std::erf(x);
-#endif
-}
+using kernel_math::Erf;
+using kernel_math::Exp;
+using kernel_math::Log;
+using kernel_math::Tanh;
 
 // ---------------------------------------------------------------------------
 // y = f(x): exp, log, sqrt, square, neg, scale (kernels/cpu/unary.cc).
