@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
+#include "proto/shape_rules.h"
 #include "proto/types.h"
 
 namespace strata {
@@ -235,9 +236,9 @@ AttrValue IntsAttr(absl::Span<const int64_t> v);
 
 // Shared shape functions.
 ShapeFn SameAsInput(int i);  // output 0 has input i's type
-// Numpy broadcasting of all inputs into output 0; dtypes must agree.
+// Numpy broadcasting of all inputs into output 0 (BroadcastShapes,
+// proto/shape_rules.h); dtypes must agree.
 ShapeFn BroadcastInputs();
-absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b);
 // Errors if two inputs' dtypes differ.
 absl::Status SameDtype(const ShapeContext& ctx, int a, int b);
 absl::Status ExpectRank(const ShapeContext& ctx, int input, int rank);

@@ -5,25 +5,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 
 absl::StatusOr<BroadcastPlan> MakeBroadcastPlan(absl::Span<const int64_t> x, absl::Span<const int64_t> y) {
-  const size_t rank = std::max(x.size(), y.size());
-  Shape out(rank);
-  for (size_t k = 0; k < rank; ++k) {
-    const int64_t dx = k < rank - x.size() ? 1 : x[k - (rank - x.size())];
-    const int64_t dy = k < rank - y.size() ? 1 : y[k - (rank - y.size())];
-    if (dx == dy || dy == 1) {
-      out[k] = dx;
-    } else if (dx == 1) {
-      out[k] = dy;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shapes ", ShapeString(x), " and ", ShapeString(y), " do not broadcast"));
-    }
-  }
-  return MakeBroadcastPlanTo(x, y, out);
+  absl::StatusOr<Shape> out = BroadcastShapes(x, y);
+  if (!out.ok()) return out.status();
+  return MakeBroadcastPlanTo(x, y, *out);
 }
 
 absl::StatusOr<BroadcastPlan> MakeBroadcastPlanTo(absl::Span<const int64_t> x, absl::Span<const int64_t> y,

@@ -63,6 +63,24 @@ Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& redu
 
 // ---- reshape, flatten, transpose --------------------------------------------
 
+absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t k = 0; k < n; ++k) {
+    int64_t da = k < n - a.size() ? 1 : a[k - (n - a.size())];
+    int64_t db = k < n - b.size() ? 1 : b[k - (n - b.size())];
+    if (da == db || db == 1) {
+      out[k] = da;
+    } else if (da == 1) {
+      out[k] = db;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shapes ", ShapeString(a), " and ", ShapeString(b), " do not broadcast"));
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec) {
   Shape out(spec.size());
   int infer = -1;

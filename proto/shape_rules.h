@@ -41,6 +41,14 @@ absl::StatusOr<std::vector<bool>> ReducedAxes(absl::Span<const int64_t> axis, in
 // `shape` with the `reduced` dims removed, or kept as 1 with `keepdim`.
 Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& reduced, bool keepdim);
 
+// ---- broadcasting ---------------------------------------------------------------
+
+// Numpy broadcasting of two shapes: aligned at the last dim, a 1 stretches to
+// the other's size; anything else is "shapes A and B do not broadcast". The
+// elementwise ops' schemas and both devices' kernels (kernels/broadcast_plan)
+// use it.
+absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b);
+
 // ---- reshape, flatten, transpose ----------------------------------------------
 
 // reshape's output shape: `spec` (the `shape` attr) against the input shape
