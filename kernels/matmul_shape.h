@@ -51,6 +51,82 @@ inline absl::StatusOr<MatmulShape> InferMatmulShape(const Shape& a, const Shape&
   return s;
 }
 
+
+// The shapes of the shared-b backward helpers and of matmul_accumulate.
+struct MatmulGradShape {
+  int64_t batch = 1;  // product of the batched operand's leading dims
+  int64_t m = 0, n = 0, k = 0;
+  Shape out;  // da laid out as a, or db laid out as b
+};
+
+// matmul_shared_b_grad_a: dy [..., M, N] (rank >= 3) and the forward's 2-D b
+// ([K, N], or [N, K] with transpose_b); da [..., M, K] (or [..., K, M] with
+// transpose_a).
+inline absl::StatusOr<MatmulGradShape> InferMatmulSharedBGradAShape(const Shape& dy, const Shape& b,
+                                                                     bool transpose_a, bool transpose_b) {
+  const int r = static_cast<int>(dy.size());
+  MatmulGradShape s;
+  if (b.size() == 2) {
+    s.k = transpose_b ? b[1] : b[0];
+    s.n = transpose_b ? b[0] : b[1];
+  }
+  if (r < 3 || b.size() != 2 || dy[r - 1] != s.n) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_a: dy ", ShapeString(dy),
+                                                   " does not match b ", ShapeString(b)));
+  }
+  s.m = dy[r - 2];
+  for (int i = 0; i < r - 2; ++i) s.batch *= dy[i];
+  s.out.assign(dy.begin(), dy.end() - 2);
+  s.out.push_back(transpose_a ? s.k : s.m);
+  s.out.push_back(transpose_a ? s.m : s.k);
+  return s;
+}
+
+// matmul_shared_b_grad_b: the forward's a [..., M, K] (or [..., K, M] with
+// transpose_a) and dy [..., M, N] with a's batch dims; db [K, N] (or [N, K]
+// with transpose_b), summed over the batch.
+inline absl::StatusOr<MatmulGradShape> InferMatmulSharedBGradBShape(const Shape& a, const Shape& dy,
+                                                                     bool transpose_a, bool transpose_b) {
+  const int r = static_cast<int>(a.size());
+  bool ok = r >= 2 && static_cast<int>(dy.size()) == r;
+  for (int i = 0; ok && i < r - 1; ++i) ok = i == r - 2 || a[i] == dy[i];
+  MatmulGradShape s;
+  if (ok) {
+    s.m = transpose_a ? a[r - 1] : a[r - 2];
+    s.k = transpose_a ? a[r - 2] : a[r - 1];
+  }
+  if (!ok || dy[r - 2] != s.m) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_b: a ", ShapeString(a),
+                                                   " does not match dy ", ShapeString(dy)));
+  }
+  s.n = dy[r - 1];
+  for (int i = 0; i < r - 2; ++i) s.batch *= a[i];
+  s.out = transpose_b ? Shape{s.n, s.k} : Shape{s.k, s.n};
+  return s;
+}
+
+// matmul_accumulate: 2-D a, b and acc with acc [M, N] = op(a) @ op(b).
+inline absl::StatusOr<MatmulGradShape> InferMatmulAccumulateShape(const Shape& a, const Shape& b, const Shape& acc,
+                                                                   bool transpose_a, bool transpose_b) {
+  if (a.size() != 2 || b.size() != 2 || acc.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: a ", ShapeString(a), ", b ", ShapeString(b),
+                                                   " and acc ", ShapeString(acc), " must be 2-D"));
+  }
+  MatmulGradShape s;
+  s.m = transpose_a ? a[1] : a[0];
+  s.k = transpose_a ? a[0] : a[1];
+  const int64_t kb = transpose_b ? b[1] : b[0];
+  s.n = transpose_b ? b[0] : b[1];
+  if (s.k != kb || acc[0] != s.m || acc[1] != s.n) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: op(a) ", ShapeString(a), " @ op(b) ",
+                                                   ShapeString(b), " (transpose_a=", transpose_a,
+                                                   ", transpose_b=", transpose_b, ") does not fit acc ",
+                                                   ShapeString(acc)));
+  }
+  s.out = acc;
+  return s;
+}
+
 }  // namespace strata
 
 #endif  // STRATA_KERNELS_MATMUL_SHAPE_H_

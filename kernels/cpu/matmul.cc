@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/matmul_shape.h"
@@ -38,12 +37,6 @@ void BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t 
   } else {
     run(0, batch);
   }
-}
-
-int64_t Product(const Shape& s, int from, int to) {
-  int64_t p = 1;
-  for (int i = from; i < to; ++i) p *= s[i];
-  return p;
 }
 
 absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {
@@ -96,18 +89,9 @@ class MatmulSharedBGradAKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    const int r = dy.rank();
-    const int64_t K = tb_ ? b.dim(1) : b.dim(0), N = tb_ ? b.dim(0) : b.dim(1);
-    if (r < 3 || b.rank() != 2 || dy.dim(r - 1) != N) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_a: dy ", ShapeString(dy.shape()),
-                                                     " does not match b ", ShapeString(b.shape())));
-    }
-    const int64_t M = dy.dim(r - 2);
-    const int64_t batch = Product(dy.shape(), 0, r - 2);
-    Shape das(dy.shape().begin(), dy.shape().end() - 2);
-    das.push_back(ta_ ? K : M);
-    das.push_back(ta_ ? M : K);
-    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), das));
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradAShape(dy.shape(), b.shape(), ta_, tb_));
+    const int64_t M = s.m, K = s.k, N = s.n, batch = s.batch;
+    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), s.out));
     const T* pdy = dy.data<T>();
     const T* pb = b.data<T>();
     T* pda = da->data<T>();
@@ -136,18 +120,9 @@ class MatmulSharedBGradBKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    const int r = a.rank();
-    bool ok = r >= 2 && dy.rank() == r;
-    for (int i = 0; ok && i < r - 1; ++i) ok = i == r - 2 || a.dim(i) == dy.dim(i);
-    const int64_t M = ok ? (ta_ ? a.dim(r - 1) : a.dim(r - 2)) : 0;
-    const int64_t K = ok ? (ta_ ? a.dim(r - 2) : a.dim(r - 1)) : 0;
-    if (!ok || dy.dim(r - 2) != M) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul_shared_b_grad_b: a ", ShapeString(a.shape()),
-                                                     " does not match dy ", ShapeString(dy.shape())));
-    }
-    const int64_t N = dy.dim(r - 1);
-    const int64_t batch = Product(a.shape(), 0, r - 2);
-    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), tb_ ? Shape{N, K} : Shape{K, N}));
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradBShape(a.shape(), dy.shape(), ta_, tb_));
+    const int64_t M = s.m, K = s.k, N = s.n, batch = s.batch;
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), s.out));
     const T* pa = a.data<T>();
     const T* pdy = dy.data<T>();
     T* pdb = db->data<T>();
@@ -190,19 +165,9 @@ class MatmulAccumulateKernel : public OpKernel {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     const Tensor& acc = ctx.input(2);
-    if (a.rank() != 2 || b.rank() != 2 || acc.rank() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: a ", ShapeString(a.shape()), ", b ",
-                                                     ShapeString(b.shape()), " and acc ", ShapeString(acc.shape()),
-                                                     " must be 2-D"));
-    }
-    const int64_t M = ta_ ? a.dim(1) : a.dim(0), K = ta_ ? a.dim(0) : a.dim(1);
-    const int64_t Kb = tb_ ? b.dim(1) : b.dim(0), N = tb_ ? b.dim(0) : b.dim(1);
-    if (K != Kb || acc.dim(0) != M || acc.dim(1) != N) {
-      return absl::InvalidArgumentError(absl::StrCat("matmul_accumulate: op(a) ", ShapeString(a.shape()),
-                                                     " @ op(b) ", ShapeString(b.shape()), " (transpose_a=", ta_,
-                                                     ", transpose_b=", tb_, ") does not fit acc ",
-                                                     ShapeString(acc.shape())));
-    }
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s,
+                            InferMatmulAccumulateShape(a.shape(), b.shape(), acc.shape(), ta_, tb_));
+    const int64_t M = s.m, K = s.k, N = s.n;
     T* pacc = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
     GemmOrScale<T>(ta_, tb_, M, N, K, T(1), a.data<T>(), a.dim(1), b.data<T>(), b.dim(1), T(1), pacc, N);
     ctx.SetOutput(0, acc);
