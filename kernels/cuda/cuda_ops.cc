@@ -1,8 +1,9 @@
 // The ops that have CUDA kernels, registered for DEVICE_CUDA: relu and its
-// gradient (kernels/cuda/relu.cu) and matmul through the device's cuBLASLt
-// handle (kernels/cuda/gemm.h). Each kernel enqueues on its device's compute
-// stream and returns; errors of the launch come back at once, errors of the
-// work at the device's next synchronisation.
+// gradient (kernels/cuda/relu.cu), and matmul, its shared-b gradients and
+// matmul_accumulate through the device's cuBLASLt handle (kernels/cuda/gemm.h).
+// Each kernel enqueues on its device's compute stream and returns; errors of
+// the launch come back at once, errors of the work at the device's next
+// synchronisation.
 
 #include <cuda_bf16.h>
 
@@ -97,6 +98,119 @@ class CudaMatmulKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
+// da for y = op(a) @ op(b) with a batched a and a shared 2-D b, as
+// kernels/cpu/matmul.cc: without transpose_a one GEMM over the folded batch,
+// da [batch*M, K] = dy [batch*M, N] @ op(b)^T; with it one GEMM per item,
+// da_i [K, M] = op(b) [K, N] @ dy_i^T.
+template <typename T>
+class CudaMatmulSharedBGradAKernel : public OpKernel {
+ public:
+  explicit CudaMatmulSharedBGradAKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& dy = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradAShape(dy.shape(), b.shape(), ta_, tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), s.out));
+    const T* pdy = dy.data<T>();
+    const T* pb = b.data<T>();
+    T* pda = da->data<T>();
+    cuda::LtGemm& gemm = device->gemm();
+    if (!ta_) return gemm.Matmul(pda, pdy, pb, s.batch * s.m, s.k, s.n, false, !tb_, device->stream());
+    for (int64_t i = 0; i < s.batch; ++i) {
+      STRATA_RETURN_IF_ERROR(gemm.Matmul(pda + i * s.k * s.m, pb, pdy + i * s.m * s.n, s.k, s.m, s.n, tb_, true,
+                                         device->stream()));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
+// db for a shared 2-D b, summed over a's batch, as kernels/cpu/matmul.cc:
+// without transpose_a the batch folds into the GEMM's inner dim, one GEMM
+// with K = batch*M (db [K, N] = a^T @ dy, or with transpose_b db [N, K] =
+// dy^T @ a); with it one GEMM per item, each after the first accumulating
+// into db (beta = 1) on the stream in item order.
+template <typename T>
+class CudaMatmulSharedBGradBKernel : public OpKernel {
+ public:
+  explicit CudaMatmulSharedBGradBKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradBShape(a.shape(), dy.shape(), ta_, tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), s.out));
+    const T* pa = a.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdb = db->data<T>();
+    cuda::LtGemm& gemm = device->gemm();
+    const int64_t M = s.m, K = s.k, N = s.n;
+    if (!ta_ || s.batch == 0) {
+      // An empty batch is an empty sum: a GEMM with k = 0 zeroes db.
+      const int64_t inner = s.batch * M;
+      return tb_ ? gemm.Matmul(pdb, pdy, pa, N, K, inner, true, false, device->stream())
+                 : gemm.Matmul(pdb, pa, pdy, K, N, inner, true, false, device->stream());
+    }
+    // a_i is stored [K, M]: the items are not one matrix.
+    for (int64_t i = 0; i < s.batch; ++i) {
+      const T* ai = pa + i * K * M;
+      const T* dyi = pdy + i * M * N;
+      const bool accumulate = i > 0;
+      STRATA_RETURN_IF_ERROR(tb_ ? gemm.Matmul(pdb, dyi, ai, N, K, M, true, true, device->stream(), accumulate)
+                                 : gemm.Matmul(pdb, ai, dyi, K, N, M, false, false, device->stream(), accumulate));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
+// acc [M, N] += op(a) @ op(b) for 2-D a and b, as kernels/cpu/matmul.cc: one
+// GEMM with beta = 1 into the persistent buffer, in place (the output is acc).
+template <typename T>
+class CudaMatmulAccumulateKernel : public OpKernel {
+ public:
+  explicit CudaMatmulAccumulateKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& acc = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s,
+                            InferMatmulAccumulateShape(a.shape(), b.shape(), acc.shape(), ta_, tb_));
+    T* pacc = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
+    STRATA_RETURN_IF_ERROR(device->gemm().Matmul(pacc, a.data<T>(), b.data<T>(), s.m, s.n, s.k, ta_, tb_,
+                                                 device->stream(), /*accumulate=*/true));
+    ctx.SetOutput(0, acc);
+    return absl::OkStatus();
+  }
+
+ private:
+  bool ta_ = false, tb_ = false;
+};
+
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F64, MakeFactory<CudaReluKernel<double>>());
 STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CUDA, F32, MakeFactory<CudaReluGradKernel<float>>());
@@ -104,6 +218,12 @@ STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CUDA, F64, MakeFactory<CudaReluGradKe
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, F32, InitFactory<CudaMatmulKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, F64, InitFactory<CudaMatmulKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, BF16, InitFactory<CudaMatmulKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F32, InitFactory<CudaMatmulSharedBGradAKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F64, InitFactory<CudaMatmulSharedBGradAKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulSharedBGradBKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F64, InitFactory<CudaMatmulSharedBGradBKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 
 }  // namespace
 }  // namespace strata

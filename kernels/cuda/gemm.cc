@@ -177,30 +177,31 @@ LtGemm::~LtGemm() {
 }
 
 absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
-                            bool transpose_a, bool transpose_b, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = 0.0f;
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // CUBLAS_COMPUTE_32F, not ..._FAST_TF32: full FP32 products, like the CPU.
-  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, sizeof(float), c, a, b, m, n, k,
-                    transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float), c, a, b,
+                    m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
-                            bool transpose_a, bool transpose_b, cudaStream_t stream) {
-  const double alpha = 1.0, beta = 0.0;
-  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, sizeof(double), c, a, b, m, n, k,
-                    transpose_a, transpose_b, stream);
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+  const double alpha = 1.0, beta = accumulate ? 1.0 : 0.0;
+  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, accumulate, sizeof(double), c, a, b,
+                    m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
-                            int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream) {
+                            int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   // FP32 accumulation, so alpha and beta are floats (the scale type).
-  const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, sizeof(__nv_bfloat16), c, a, b, m,
-                    n, k, transpose_a, transpose_b, stream);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(__nv_bfloat16),
+                    c, a, b, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
-                                const void* alpha, const void* beta, size_t element_bytes, void* c, const void* a,
+                                const void* alpha, const void* beta, bool accumulate, size_t element_bytes, void* c,
+                                const void* a,
                                 const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
                                 cudaStream_t stream) {
   if (m < 0 || n < 0 || k < 0) {
@@ -208,6 +209,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute
   }
   if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
+    if (accumulate) return absl::OkStatus();  // c += 0
     const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * element_bytes, stream);
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }

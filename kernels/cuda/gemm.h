@@ -43,18 +43,20 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  // Enqueues c = op(a) @ op(b) on `stream`; c is overwritten. Sizes of 0 are
-  // fine (k == 0 zeroes c); negative sizes are InvalidArgument.
+  // Enqueues c = op(a) @ op(b) on `stream`; c is overwritten, or with
+  // `accumulate` c += op(a) @ op(b) in place (beta = 1; c is cuBLASLt's C and
+  // D both). Sizes of 0 are fine (k == 0 zeroes c, or leaves it as it is when
+  // accumulating); negative sizes are InvalidArgument.
   absl::Status Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
-                      bool transpose_b, cudaStream_t stream);
+                      bool transpose_b, cudaStream_t stream, bool accumulate = false);
   absl::Status Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
-                      bool transpose_a, bool transpose_b, cudaStream_t stream);
+                      bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
   // bf16 operands and result, FP32 products and sums (CUBLAS_COMPUTE_32F),
   // rounded to bf16 on the way out; as under PyTorch's defaults, a split-K
   // algorithm may round its partial sums too. A buffer of strata::bfloat16
   // (runtime/float16.h) holds the same 16 bits: reinterpret_cast its pointer.
   absl::Status Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
-                      int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream);
+                      int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
 
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }
@@ -88,7 +90,8 @@ class LtGemm {
   // The descriptors for `key` and the heuristic's first algorithm.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
   absl::Status MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
-                          const void* alpha, const void* beta, size_t element_bytes, void* c, const void* a,
+                          const void* alpha, const void* beta, bool accumulate, size_t element_bytes, void* c,
+                          const void* a,
                           const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
                           cudaStream_t stream);
 
