@@ -1,0 +1,249 @@
+// The CUDA kernels of matmul_shared_b_grad_a, matmul_shared_b_grad_b and
+// matmul_accumulate (kernels/cuda/cuda_ops.cc, through cuBLASLt) against the
+// CPU kernels (kernels/cpu/matmul.cc, through OpenBLAS). Tagged gpu: without
+// a CUDA device every test FAILS (never skips).
+//
+// Bar: GPU and CPU GEMMs sum in different orders, so an element whose terms
+// cancel carries the rounding of its terms, not of itself: |gpu - cpu| <=
+// tol * sum |terms| + 1e-6 (GEMM's error bound), tol = 1e-5 in F32, 1e-13 in
+// F64, as MatmulMatchesTheCpuOnEveryPath in cuda_ops_test.cc. sum |terms| is
+// the same op run by the CPU kernel in F64 on the absolute values of the
+// inputs (for matmul_accumulate that includes |acc|).
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/testing/op_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_op_test_util.h"
+#include "runtime/cuda/cuda_device.h"
+#include "runtime/kernel.h"
+#include "runtime/tensor.h"
+
+namespace strata {
+namespace {
+
+using testing::BitEqual;
+using testing::CudaOpsTest;
+using testing::RunKernel;
+using testing::Uniform;
+
+STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
+                                                 {"matmul_shared_b_grad_a", {F32, F64}},
+                                                 {"matmul_shared_b_grad_b", {F32, F64}},
+                                                 {"matmul_accumulate", {F32, F64}},
+                                             });
+
+// The op's text with its two transpose attrs; `inputs` and `output` are
+// already quoted, e.g. R"("dy", "b")".
+std::string OpText(const std::string& type, const std::string& inputs, const std::string& output, bool ta,
+                   bool tb) {
+  return absl::StrCat("type: \"", type, "\" input: [ ", inputs, " ] output: \"", output,
+                      "\" attr { key: \"transpose_a\" value { b: ", ta ? "true" : "false",
+                      " } } attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
+}
+
+Tensor Abs64(const Tensor& t) {
+  std::vector<double> v = TensorValues(t);
+  for (double& x : v) x = std::abs(x);
+  return MakeTensor(F64, t.shape(), v);
+}
+
+// The op's CPU kernel in F64 on the absolute values of `inputs`: sum |terms|
+// for every output element.
+Tensor Magnitude(const std::string& op_text, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> abs;
+  for (const Tensor& t : inputs) abs.push_back(Abs64(t));
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : abs) ptrs.push_back(&t);
+  const absl::StatusOr<Tensor> y = RunKernel(ParseOp(op_text), F64, ptrs, RunContext());
+  EXPECT_TRUE(y.ok()) << y.status();
+  return y.ok() ? y->Clone(GetCpuAllocator()) : Tensor();
+}
+
+void ExpectWithinGemmBound(const Tensor& gpu, const Tensor& cpu, const Tensor& magnitude, DataType dtype) {
+  EXPECT_EQ(gpu.dtype(), cpu.dtype());
+  EXPECT_EQ(gpu.shape(), cpu.shape());
+  const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu), scale = TensorValues(magnitude);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(scale.size(), want.size());
+  const double tol = dtype == F32 ? 1e-5 : 1e-13;
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (!(std::abs(got[i] - want[i]) <= tol * scale[i] + 1e-6)) {
+      ADD_FAILURE() << "element " << i << ": gpu " << got[i] << " cpu " << want[i] << " scale " << scale[i];
+      ++bad;
+    }
+  }
+}
+
+struct GradCase {
+  Shape x, y;  // grad_a: dy, b; grad_b: a, dy
+  bool transpose_a, transpose_b;
+};
+
+// Both paths: without transpose_a one GEMM over the folded batch, with it one
+// GEMM per item; batch 1, batch > 1, K = 1, an inner dim of 1 and of 0, and an
+// empty batch.
+TEST_F(CudaOpsTest, MatmulSharedBGradAMatchesTheCpu) {
+  const GradCase cases[] = {
+      {{1, 33, 9}, {17, 9}, false, false},    {{4, 6, 33, 9}, {9, 17}, false, true},
+      {{4, 33, 9}, {17, 9}, true, false},     {{3, 33, 9}, {9, 17}, true, true},
+      {{2, 5, 9}, {1, 9}, false, false},      {{2, 5, 9}, {9, 1}, true, true},
+      {{3, 5, 1}, {17, 1}, false, false},     {{2, 5, 0}, {17, 0}, false, false},
+      {{2, 5, 0}, {0, 17}, true, true},       {{0, 5, 9}, {17, 9}, false, false},
+      {{8, 128, 256}, {64, 256}, false, false},
+  };
+  for (DataType dtype : {F32, F64}) {
+    for (const GradCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " dy", ShapeString(c.x), " b", ShapeString(c.y), " ta=",
+                                c.transpose_a, " tb=", c.transpose_b));
+      const Tensor dy = MakeTensor(dtype, c.x, Uniform(NumElements(c.x), 11));
+      const Tensor b = MakeTensor(dtype, c.y, Uniform(NumElements(c.y), 12));
+      const std::string op = OpText("matmul_shared_b_grad_a", R"("dy", "b")", "y", c.transpose_a, c.transpose_b);
+      auto [da_cpu, da_gpu] = RunBoth(op, {{"dy", dy}, {"b", b}});
+      ExpectWithinGemmBound(da_gpu, da_cpu, Magnitude(op, {dy, b}), dtype);
+    }
+  }
+}
+
+// Without transpose_a one GEMM with K = batch * M; with it one GEMM per item
+// accumulating into db in item order, so two runs are bit-identical.
+TEST_F(CudaOpsTest, MatmulSharedBGradBMatchesTheCpuAndRepeatsBitForBit) {
+  const GradCase cases[] = {
+      {{1, 33, 17}, {1, 33, 9}, false, false}, {{4, 6, 33, 17}, {4, 6, 33, 9}, false, true},
+      {{33, 17}, {33, 9}, false, false},       {{4, 17, 33}, {4, 33, 9}, true, false},
+      {{3, 17, 33}, {3, 33, 9}, true, true},   {{3, 5, 1}, {3, 5, 9}, false, false},
+      {{3, 1, 5}, {3, 5, 9}, true, true},      {{3, 17, 5}, {3, 5, 1}, true, false},
+      {{0, 5, 17}, {0, 5, 9}, false, false},   {{0, 17, 5}, {0, 5, 9}, true, true},
+      {{8, 128, 64}, {8, 128, 32}, false, false},
+  };
+  for (DataType dtype : {F32, F64}) {
+    for (const GradCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.x), " dy", ShapeString(c.y), " ta=",
+                                c.transpose_a, " tb=", c.transpose_b));
+      const Tensor a = MakeTensor(dtype, c.x, Uniform(NumElements(c.x), 13));
+      const Tensor dy = MakeTensor(dtype, c.y, Uniform(NumElements(c.y), 14));
+      const std::string op = OpText("matmul_shared_b_grad_b", R"("a", "dy")", "y", c.transpose_a, c.transpose_b);
+      auto [db_cpu, db_gpu] = RunBoth(op, {{"a", a}, {"dy", dy}});
+      ExpectWithinGemmBound(db_gpu, db_cpu, Magnitude(op, {a, dy}), dtype);
+      EXPECT_TRUE(BitEqual(RunGpu(op, {{"a", a}, {"dy", dy}}), db_gpu));
+    }
+  }
+}
+
+struct AccumulateCase {
+  Shape a, b;
+  bool transpose_a, transpose_b;
+};
+
+// acc += op(a) @ op(b) from a nonzero acc, every transpose, K = 1 and K = 0
+// (acc stays as it was, bit for bit).
+TEST_F(CudaOpsTest, MatmulAccumulateMatchesTheCpu) {
+  const AccumulateCase cases[] = {
+      {{33, 17}, {17, 9}, false, false}, {{33, 17}, {9, 17}, false, true}, {{17, 33}, {17, 9}, true, false},
+      {{17, 33}, {9, 17}, true, true},   {{33, 1}, {1, 9}, false, false},  {{1, 33}, {9, 1}, true, true},
+      {{1, 1}, {1, 1}, false, false},    {{33, 0}, {0, 9}, false, false},  {{128, 768}, {768, 256}, false, false},
+  };
+  for (DataType dtype : {F32, F64}) {
+    for (const AccumulateCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " ta=",
+                                c.transpose_a, " tb=", c.transpose_b));
+      const int64_t m = c.transpose_a ? c.a[1] : c.a[0], n = c.transpose_b ? c.b[0] : c.b[1];
+      const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 15));
+      const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 16));
+      const Tensor acc = MakeTensor(dtype, {m, n}, Uniform(m * n, 17));
+      const std::string op =
+          OpText("matmul_accumulate", R"("a", "b", "acc")", "acc", c.transpose_a, c.transpose_b);
+      auto out = RunBothNamed(op, {{"a", a}, {"b", b}, {"acc", acc}}, {"acc"});
+      ASSERT_EQ(out.size(), 1u);
+      const auto& [acc_cpu, acc_gpu] = out[0];
+      ExpectWithinGemmBound(acc_gpu, acc_cpu, Magnitude(op, {a, b, acc}), dtype);
+      const int64_t k = c.transpose_a ? c.a[0] : c.a[1];
+      if (k == 0) {
+        EXPECT_TRUE(BitEqual(acc_gpu, acc));
+      }
+    }
+  }
+}
+
+// The output is acc's own buffer, updated in place, as on the CPU; a second
+// call adds the product again.
+TEST_F(CudaOpsTest, MatmulAccumulateUpdatesAccInPlaceOnTheDevice) {
+  for (DataType dtype : {F32, F64}) {
+    SCOPED_TRACE(DataTypeName(dtype));
+    const Tensor a = MakeTensor(dtype, {20, 12}, Uniform(240, 18));
+    const Tensor b = MakeTensor(dtype, {12, 7}, Uniform(84, 19));
+    const Tensor acc = MakeTensor(dtype, {20, 7}, Uniform(140, 20));
+    const Op op = ParseOp(OpText("matmul_accumulate", R"("a", "b", "acc")", "acc", false, false));
+    Tensor acc_cpu = acc.Clone(GetCpuAllocator());
+    const Tensor a_gpu = *a.CopyTo(device_.get()), b_gpu = *b.CopyTo(device_.get());
+    const Tensor acc_gpu = *acc.CopyTo(device_.get());
+    for (int step = 0; step < 2; ++step) {
+      const absl::StatusOr<Tensor> cpu = RunKernel(op, dtype, {&a, &b, &acc_cpu}, RunContext());
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      EXPECT_EQ(cpu->raw_data(), acc_cpu.raw_data());
+      const absl::StatusOr<Tensor> gpu = RunKernel(op, dtype, {&a_gpu, &b_gpu, &acc_gpu}, gpu_);
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      EXPECT_EQ(gpu->raw_data(), acc_gpu.raw_data());
+    }
+    const Tensor got = acc_gpu.Clone(GetCpuAllocator());
+    ASSERT_TRUE(device_->Synchronize().ok());
+    // Two accumulations: sum |terms| is 2 |a| @ |b| + |acc|.
+    const Tensor aa = Abs64(a), ab = Abs64(b);
+    Tensor mag = Abs64(acc);
+    for (int step = 0; step < 2; ++step) ASSERT_TRUE(RunKernel(op, F64, {&aa, &ab, &mag}, RunContext()).ok());
+    ExpectWithinGemmBound(got, acc_cpu, mag, dtype);
+  }
+}
+
+struct Refusal {
+  std::string type, inputs;
+  std::vector<Shape> shapes;
+  bool transpose_a, transpose_b;
+  std::string words;  // part of the CPU's message
+};
+
+TEST_F(CudaOpsTest, MatmulGradAndAccumulateRefuseWhatTheCpuRefusesWithTheSameWords) {
+  const Refusal refusals[] = {
+      {"matmul_shared_b_grad_a", R"("dy", "b")", {{5, 9}, {17, 9}}, false, false, "does not match b"},
+      {"matmul_shared_b_grad_a", R"("dy", "b")", {{2, 5, 9}, {9, 17}}, false, false, "does not match b"},
+      {"matmul_shared_b_grad_a", R"("dy", "b")", {{2, 5, 9}, {2, 17, 9}}, false, false, "does not match b"},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", {{2, 5, 17}, {3, 5, 9}}, false, false, "does not match dy"},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", {{2, 5, 17}, {2, 5, 9}}, true, false, "does not match dy"},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", {{2, 5, 17}, {5, 9}}, false, false, "does not match dy"},
+      {"matmul_accumulate", R"("a", "b", "acc")", {{2, 5, 3}, {3, 4}, {5, 4}}, false, false, "must be 2-D"},
+      {"matmul_accumulate", R"("a", "b", "acc")", {{5, 3}, {4, 2}, {5, 2}}, false, false, "does not fit acc"},
+      {"matmul_accumulate", R"("a", "b", "acc")", {{5, 3}, {3, 2}, {2, 5}}, false, false, "does not fit acc"},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(absl::StrCat(r.type, " ", r.words));
+    const std::string output = r.type == "matmul_accumulate" ? "acc" : "y";
+    const Op op = ParseOp(OpText(r.type, r.inputs, output, r.transpose_a, r.transpose_b));
+    std::vector<Tensor> host, gpu;
+    for (const Shape& s : r.shapes) {
+      host.push_back(MakeTensor(F32, s, Uniform(NumElements(s), 21)));
+      gpu.push_back(*host.back().CopyTo(device_.get()));
+    }
+    std::vector<const Tensor*> host_ptrs, gpu_ptrs;
+    for (size_t i = 0; i < host.size(); ++i) {
+      host_ptrs.push_back(&host[i]);
+      gpu_ptrs.push_back(&gpu[i]);
+    }
+    const absl::StatusOr<Tensor> cpu_result = RunKernel(op, F32, host_ptrs, RunContext());
+    const absl::StatusOr<Tensor> gpu_result = RunKernel(op, F32, gpu_ptrs, gpu_);
+    ASSERT_FALSE(cpu_result.ok());
+    ASSERT_FALSE(gpu_result.ok());
+    EXPECT_EQ(gpu_result.status().code(), absl::StatusCode::kInvalidArgument) << gpu_result.status();
+    EXPECT_EQ(gpu_result.status().message(), cpu_result.status().message());
+    EXPECT_NE(cpu_result.status().message().find(r.words), std::string::npos) << cpu_result.status();
+  }
+}
+
+}  // namespace
+}  // namespace strata
