@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/pool2d_attrs.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -27,57 +28,8 @@ namespace {
 using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 
-struct PoolGeometry {
-  int64_t planes, h, w, ho, wo;
-  int64_t kh, kw, sh, sw, ph, pw;
-};
-
-struct PoolAttrs {
-  std::vector<int64_t> kernel, strides, paddings;
-  bool exclusive = false;
-
-  absl::Status Read(const Op& op) {
-    auto k = AttrInts(op, "kernel_size");
-    if (!k.ok()) return k.status();
-    auto s = AttrInts(op, "strides");
-    if (!s.ok()) return s.status();
-    auto p = AttrInts(op, "paddings");
-    if (!p.ok()) return p.status();
-    kernel = *k;
-    strides = s->empty() ? *k : *s;
-    paddings = *p;
-    bool valid = kernel.size() == 2 && strides.size() == 2 && paddings.size() == 2;
-    for (size_t i = 0; valid && i < 2; ++i) {
-      // A window lying wholly in the padding would have no element to pick.
-      valid = kernel[i] >= 1 && strides[i] >= 1 && paddings[i] >= 0 && 2 * paddings[i] <= kernel[i];
-    }
-    if (!valid) {
-      return absl::InternalError(absl::StrCat(op.type(), ": attrs were not validated by the shape function"));
-    }
-    if (op.attr().count("exclusive")) {
-      auto e = AttrBool(op, "exclusive");
-      if (!e.ok()) return e.status();
-      exclusive = *e;
-    }
-    return absl::OkStatus();
-  }
-
-  // Geometry for an input [N, C, H, W]; an error if the window does not fit.
-  absl::StatusOr<PoolGeometry> Geometry(const Shape& x, const char* op) const {
-    if (x.size() != 4) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": expected an [N, C, H, W] input, got ", ShapeString(x)));
-    }
-    PoolGeometry g{x[0] * x[1], x[2], x[3], 0, 0, kernel[0], kernel[1], strides[0], strides[1], paddings[0],
-                   paddings[1]};
-    if (g.h + 2 * g.ph < g.kh || g.w + 2 * g.pw < g.kw) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": window ", g.kh, "x", g.kw, " exceeds the padded input ",
-                                                     ShapeString(x)));
-    }
-    g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
-    g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
-    return g;
-  }
-};
+using pool2d::PoolAttrs;
+using pool2d::PoolGeometry;
 
 // The input span of one output index along one dim, clipped to the input:
 // [lo, hi), and its length counting padding (for torch's count_include_pad divisor).
@@ -364,11 +316,7 @@ class MaxPool2dGradKernel : public PoolKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(x.shape(), "max_pool2d_grad"));
-    if (dy.shape() != Shape{x.dim(0), x.dim(1), g.ho, g.wo}) {
-      return absl::InvalidArgumentError(absl::StrCat("max_pool2d_grad: dy ", ShapeString(dy.shape()),
-                                                     " is not the pooled shape of x ", ShapeString(x.shape())));
-    }
+    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, pool2d::MaxPoolGradGeometry(attrs_, x, dy));
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
@@ -404,16 +352,8 @@ class AvgPool2dGradKernel : public PoolKernel {
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
-    if (dy.rank() != 4) {
-      return absl::InvalidArgumentError(absl::StrCat("avg_pool2d_grad: expected an [N, C, Ho, Wo] dy, got ",
-                                                     ShapeString(dy.shape())));
-    }
-    const Shape xs{dy.dim(0), dy.dim(1), input_size_[0], input_size_[1]};
-    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, attrs_.Geometry(xs, "avg_pool2d_grad"));
-    if (dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
-      return absl::InvalidArgumentError(absl::StrCat("avg_pool2d_grad: dy ", ShapeString(dy.shape()),
-                                                     " is not the pooled shape of ", ShapeString(xs)));
-    }
+    Shape xs;
+    STRATA_ASSIGN_OR_RETURN(PoolGeometry g, pool2d::AvgPoolGradGeometry(attrs_, input_size_, dy, &xs));
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
     const T* pdy = dy.data<T>();
     T* pdx = dx->data<T>();
