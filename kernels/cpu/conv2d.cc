@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/conv2d_geometry.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -33,74 +34,15 @@ using nn_kernels::Scratch;
 // 2 threads; smaller chunks lose on 2 threads (many small threaded GEMMs).
 constexpr int64_t kColumnBudget = int64_t{1} << 20;
 
-// Everything about one convolution's geometry.
-struct ConvGeometry {
-  int64_t n, c, h, w;       // input
-  int64_t o, kh, kw;        // filter [O, C/groups, kh, kw]
-  int64_t ho, wo;           // output
-  int64_t sh, sw, ph, pw, dh, dw, groups;
+using conv2d::ConvAttrs;
+using conv2d::ConvGeometry;
+using conv2d::MakeGeometry;
+using conv2d::ReadConvAttrs;
 
-  int64_t pixels() const { return ho * wo; }        // P: output positions per image
-  int64_t col_rows() const { return c * kh * kw; }  // rows of the im2col matrix
-  int64_t group_rows() const { return col_rows() / groups; }
-  int64_t group_out() const { return o / groups; }
-  // Images per chunk so that the columns stay within budget.
-  int64_t chunk() const {
-    return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(col_rows() * pixels(), 1), 1, std::max<int64_t>(n, 1));
-  }
-};
-
-struct ConvAttrs {
-  std::vector<int64_t> strides, paddings, dilations;
-  int64_t groups = 1;
-};
-
-absl::Status ReadConvAttrs(const Op& op, ConvAttrs* a) {
-  auto s = AttrInts(op, "strides");
-  if (!s.ok()) return s.status();
-  auto p = AttrInts(op, "paddings");
-  if (!p.ok()) return p.status();
-  auto d = AttrInts(op, "dilations");
-  if (!d.ok()) return d.status();
-  auto g = AttrInt(op, "groups");
-  if (!g.ok()) return g.status();
-  if (s->size() != 2 || p->size() != 2 || d->size() != 2 || *g < 1) {
-    return absl::InternalError(absl::StrCat(op.type(), ": attrs were not validated by the shape function"));
-  }
-  a->strides = *s;
-  a->paddings = *p;
-  a->dilations = *d;
-  a->groups = *g;
-  return absl::OkStatus();
-}
-
-int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  const int64_t span = d * (k - 1) + 1;
-  return in + 2 * p < span ? 0 : (in + 2 * p - span) / s + 1;
-}
-
-// Geometry of x [N, C, H, W] * filter [O, C/groups, kh, kw]; an error if the
-// run-time shapes disagree with what the shape function accepted.
-absl::StatusOr<ConvGeometry> MakeGeometry(const ConvAttrs& a, const Shape& x, const Shape& filter,
-                                          const char* op) {
-  ConvGeometry g;
-  if (x.size() != 4 || filter.size() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": expected rank-4 input and filter, got ", ShapeString(x),
-                                                   " and ", ShapeString(filter)));
-  }
-  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
-  g.o = filter[0], g.kh = filter[2], g.kw = filter[3];
-  g.sh = a.strides[0], g.sw = a.strides[1];
-  g.ph = a.paddings[0], g.pw = a.paddings[1];
-  g.dh = a.dilations[0], g.dw = a.dilations[1];
-  g.groups = a.groups;
-  g.ho = OutSize(g.h, g.kh, g.sh, g.ph, g.dh);
-  g.wo = OutSize(g.w, g.kw, g.sw, g.pw, g.dw);
-  if (g.c != filter[1] * g.groups || g.o % g.groups != 0 || g.ho < 1 || g.wo < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": input ", ShapeString(x), " and filter ",
-                                                   ShapeString(filter), " do not convolve with groups=", g.groups));
-  }
-  return g;
+// Images per chunk so that the im2col columns stay within budget.
+int64_t Chunk(const ConvGeometry& g) {
+  return std::clamp<int64_t>(kColumnBudget / std::max<int64_t>(g.col_rows() * g.pixels(), 1), 1,
+                             std::max<int64_t>(g.n, 1));
 }
 
 // First and one-past-last output index o with 0 <= o*stride - pad + offset < in.
@@ -223,7 +165,7 @@ ThreadShares Shares(const ConvGeometry& g, int intra_op_threads = IntraOpThreads
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(intra_op_threads, g.n));
   s.per = std::max<int64_t>(1, (g.n + threads - 1) / threads);
   s.parts = g.n == 0 ? 0 : (g.n + s.per - 1) / s.per;
-  s.chunk = std::min(g.chunk(), s.per);
+  s.chunk = std::min(Chunk(g), s.per);
   return s;
 }
 
@@ -341,16 +283,8 @@ class Conv2dGradInputKernel : public ConvKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& dy = ctx.input(0);
     const Tensor& w = ctx.input(1);
-    if (dy.rank() != 4 || w.rank() != 4) {
-      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: expected rank-4 dy and w, got ",
-                                                     ShapeString(dy.shape()), " and ", ShapeString(w.shape())));
-    }
-    const Shape xs{dy.dim(0), w.dim(1) * attrs_.groups, size_[0], size_[1]};
-    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, xs, w.shape(), "conv2d_grad_input"));
-    if (dy.dim(1) != g.o || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
-      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_input: dy ", ShapeString(dy.shape()),
-                                                     " is not the output of an input ", ShapeString(xs)));
-    }
+    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, conv2d::GradInputGeometry(attrs_, size_, dy, w));
+    const Shape xs{g.n, g.c, g.h, g.w};
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, dy.dtype(), xs));
     const int64_t p = g.pixels(), image = g.c * g.h * g.w;
     // Each thread takes a contiguous share of the images: single-threaded GEMMs and col2im on its own chunks.
@@ -389,16 +323,8 @@ class Conv2dGradFilterKernel : public ConvKernel {
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
-    if (x.rank() != 4 || dy.rank() != 4 || x.dim(1) % attrs_.groups != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: bad x ", ShapeString(x.shape()),
-                                                     " or dy ", ShapeString(dy.shape())));
-    }
-    const Shape ws{dy.dim(1), x.dim(1) / attrs_.groups, size_[0], size_[1]};
-    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs_, x.shape(), ws, "conv2d_grad_filter"));
-    if (dy.dim(0) != g.n || dy.dim(2) != g.ho || dy.dim(3) != g.wo) {
-      return absl::InvalidArgumentError(absl::StrCat("conv2d_grad_filter: dy ", ShapeString(dy.shape()),
-                                                     " is not the output for x ", ShapeString(x.shape())));
-    }
+    STRATA_ASSIGN_OR_RETURN(ConvGeometry g, conv2d::GradFilterGeometry(attrs_, size_, x, dy));
+    const Shape ws{g.o, g.c / g.groups, g.kh, g.kw};
     STRATA_ASSIGN_OR_RETURN(Tensor * dw, ctx.AllocateOutput(0, x.dtype(), ws));
     T* pdw = dw->data<T>();
     const int64_t p = g.pixels(), dw_size = g.o * g.group_rows();
@@ -434,24 +360,8 @@ class Conv2dGradFilterKernel : public ConvKernel {
 // The scratch of each conv kernel for the memory plan, from the same
 // geometry and thread shares the kernels compute.
 absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
-  const Op& op = *def.op;
-  ConvAttrs attrs;
-  STRATA_RETURN_IF_ERROR(ReadConvAttrs(op, &attrs));
-  if (def.input_types.size() != 2) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected 2 inputs"));
-  const Shape& a = def.input_types[0].shape;
-  const Shape& b = def.input_types[1].shape;
-  if (a.size() != 4 || b.size() != 4) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": expected rank-4 inputs"));
-  Shape x = a, w = b;
-  if (op.type() == "conv2d_grad_input") {
-    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "input_size"));
-    x = Shape{a[0], b[1] * attrs.groups, size[0], size[1]};
-  } else if (op.type() == "conv2d_grad_filter") {
-    STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> size, AttrPair(op, "filter_size"));
-    if (attrs.groups <= 0) return absl::InvalidArgumentError("conv2d_grad_filter: groups must be positive");
-    w = Shape{b[1], a[1] / attrs.groups, size[0], size[1]};
-  }
-  STRATA_ASSIGN_OR_RETURN(ConvGeometry g, MakeGeometry(attrs, x, w, op.type().c_str()));
-  const ConvScratch s = ScratchOf(g, Shares(g, threads), op.type() == "conv2d_grad_filter");
+  STRATA_ASSIGN_OR_RETURN(ConvGeometry g, conv2d::DefGeometry(def));
+  const ConvScratch s = ScratchOf(g, Shares(g, threads), def.op->type() == "conv2d_grad_filter");
   return s.total() * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
 }
 

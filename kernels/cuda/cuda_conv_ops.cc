@@ -2,12 +2,26 @@
 // avg_pool2d and their grads, with the dtypes, attrs, shape checks and
 // messages of kernels/cpu/pool2d.cc (the attrs and checks live in
 // kernels/pool2d_attrs.h) and its numbers bit for bit.
+//
+// conv2d, conv2d_grad_input and conv2d_grad_filter by cuDNN's legacy API,
+// with the dtypes, attrs, checks and messages of kernels/cpu/conv2d.cc
+// (kernels/conv2d_geometry.h). Deterministic algorithms only: forward
+// IMPLICIT_PRECOMP_GEMM (IMPLICIT_GEMM where cuDNN does not support it for
+// the shape), backward data ALGO_1, backward filter ALGO_1; CUDNN_FMA_MATH
+// (no TF32 or other tensor-core rounding). One cuDNN handle per kernel, set
+// to the device's stream at each call; the workspace cuDNN asks for is drawn
+// from the device's allocator and declared to the memory plan.
+
+#include <cudnn.h>
 
 #include <cstdint>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/conv2d_geometry.h"
 #include "kernels/cuda/pool.h"
 #include "kernels/pool2d_attrs.h"
 #include "proto/status_macros.h"
@@ -114,6 +128,232 @@ STRATA_REGISTER_KERNEL("avg_pool2d", DEVICE_CUDA, F32, InitFactory<CudaAvgPool2d
 STRATA_REGISTER_KERNEL("avg_pool2d", DEVICE_CUDA, F64, InitFactory<CudaAvgPool2dKernel<double>>());
 STRATA_REGISTER_KERNEL("avg_pool2d_grad", DEVICE_CUDA, F32, InitFactory<CudaAvgPool2dGradKernel<float>>());
 STRATA_REGISTER_KERNEL("avg_pool2d_grad", DEVICE_CUDA, F64, InitFactory<CudaAvgPool2dGradKernel<double>>());
+
+
+// ---------------------------------------------------------------- conv2d
+
+using conv2d::ConvAttrs;
+using conv2d::ConvGeometry;
+
+enum class ConvPass { kForward, kGradInput, kGradFilter };
+
+const char* PassName(ConvPass pass) {
+  return pass == ConvPass::kForward ? "conv2d" : pass == ConvPass::kGradInput ? "conv2d_grad_input" : "conv2d_grad_filter";
+}
+
+absl::Status CudnnStatus(cudnnStatus_t status, const char* op, const char* what) {
+  if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(op, ": ", what, ": ", cudnnGetErrorString(status)));
+}
+
+#define STRATA_CUDNN(call, op) STRATA_RETURN_IF_ERROR(CudnnStatus((call), (op), #call))
+
+// The four descriptors of one convolution; destroyed with it.
+struct ConvDescriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  size_t workspace_bytes = 0;
+
+  ConvDescriptors() = default;
+  ConvDescriptors(const ConvDescriptors&) = delete;
+  ConvDescriptors& operator=(const ConvDescriptors&) = delete;
+  ~ConvDescriptors() {
+    if (x != nullptr) cudnnDestroyTensorDescriptor(x);
+    if (y != nullptr) cudnnDestroyTensorDescriptor(y);
+    if (w != nullptr) cudnnDestroyFilterDescriptor(w);
+    if (conv != nullptr) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+bool FitsInt(const ConvGeometry& g) {
+  for (int64_t v : {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.ho, g.wo, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups}) {
+    if (v > INT32_MAX) return false;
+  }
+  return true;
+}
+
+// Sets up the descriptors of `g` for `pass` and finds its algorithm's
+// workspace size (the same choice in the kernel and in the memory plan).
+// Only for a non-empty convolution (g.n >= 1).
+absl::Status Describe(cudnnHandle_t handle, const ConvGeometry& g, DataType dtype, ConvPass pass,
+                      ConvDescriptors* d) {
+  const char* op = PassName(pass);
+  if (!FitsInt(g)) return absl::InvalidArgumentError(absl::StrCat(op, ": a dimension exceeds cuDNN's int range"));
+  const cudnnDataType_t type = dtype == F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  STRATA_CUDNN(cudnnCreateTensorDescriptor(&d->x), op);
+  STRATA_CUDNN(cudnnCreateTensorDescriptor(&d->y), op);
+  STRATA_CUDNN(cudnnCreateFilterDescriptor(&d->w), op);
+  STRATA_CUDNN(cudnnCreateConvolutionDescriptor(&d->conv), op);
+  STRATA_CUDNN(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, type, static_cast<int>(g.n),
+                                          static_cast<int>(g.c), static_cast<int>(g.h), static_cast<int>(g.w)),
+               op);
+  STRATA_CUDNN(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, type, static_cast<int>(g.n),
+                                          static_cast<int>(g.o), static_cast<int>(g.ho), static_cast<int>(g.wo)),
+               op);
+  STRATA_CUDNN(cudnnSetFilter4dDescriptor(d->w, type, CUDNN_TENSOR_NCHW, static_cast<int>(g.o),
+                                          static_cast<int>(g.c / g.groups), static_cast<int>(g.kh),
+                                          static_cast<int>(g.kw)),
+               op);
+  STRATA_CUDNN(cudnnSetConvolution2dDescriptor(d->conv, static_cast<int>(g.ph), static_cast<int>(g.pw),
+                                               static_cast<int>(g.sh), static_cast<int>(g.sw),
+                                               static_cast<int>(g.dh), static_cast<int>(g.dw),
+                                               CUDNN_CROSS_CORRELATION, type),
+               op);
+  STRATA_CUDNN(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH), op);
+  STRATA_CUDNN(cudnnSetConvolutionGroupCount(d->conv, static_cast<int>(g.groups)), op);
+  switch (pass) {
+    case ConvPass::kForward: {
+      d->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+      cudnnStatus_t st =
+          cudnnGetConvolutionForwardWorkspaceSize(handle, d->x, d->w, d->conv, d->y, d->fwd, &d->workspace_bytes);
+      if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+        d->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        st = cudnnGetConvolutionForwardWorkspaceSize(handle, d->x, d->w, d->conv, d->y, d->fwd, &d->workspace_bytes);
+      }
+      return CudnnStatus(st, op, "cudnnGetConvolutionForwardWorkspaceSize");
+    }
+    case ConvPass::kGradInput:
+      STRATA_CUDNN(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d->w, d->y, d->conv, d->x,
+                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                                                &d->workspace_bytes),
+                   op);
+      return absl::OkStatus();
+    case ConvPass::kGradFilter:
+      STRATA_CUDNN(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d->x, d->y, d->conv, d->w,
+                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                                                                  &d->workspace_bytes),
+                   op);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// A cuDNN handle for the memory plan's workspace queries (no stream work).
+absl::StatusOr<cudnnHandle_t> PlanHandle() {
+  static std::once_flag once;
+  static cudnnHandle_t handle = nullptr;
+  static cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  std::call_once(once, [] { status = cudnnCreate(&handle); });
+  if (status != CUDNN_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cudnnCreate: ", cudnnGetErrorString(status)));
+  }
+  return handle;
+}
+
+absl::StatusOr<int64_t> CudaConvWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(ConvGeometry g, conv2d::DefGeometry(def));
+  if (g.n == 0) return int64_t{0};
+  const std::string& type = def.op->type();
+  const ConvPass pass = type == "conv2d"              ? ConvPass::kForward
+                        : type == "conv2d_grad_input" ? ConvPass::kGradInput
+                                                      : ConvPass::kGradFilter;
+  STRATA_ASSIGN_OR_RETURN(cudnnHandle_t handle, PlanHandle());
+  ConvDescriptors d;
+  STRATA_RETURN_IF_ERROR(Describe(handle, g, def.input_types[0].dtype, pass, &d));
+  return static_cast<int64_t>((d.workspace_bytes + 7) / 8 * 8);  // the kernel draws whole int64s
+}
+
+STRATA_REGISTER_WORKSPACE("conv2d", DEVICE_CUDA, CudaConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_input", DEVICE_CUDA, CudaConvWorkspace);
+STRATA_REGISTER_WORKSPACE("conv2d_grad_filter", DEVICE_CUDA, CudaConvWorkspace);
+
+// The three conv kernels: attrs, the two-int size attr of the backward ops,
+// and the kernel's cuDNN handle (created at the first call).
+template <typename T, ConvPass kPass>
+class CudaConvKernel : public OpKernel {
+ public:
+  explicit CudaConvKernel(const KernelDef&) {}
+  ~CudaConvKernel() override {
+    if (handle_ != nullptr) cudnnDestroy(handle_);
+  }
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(conv2d::ReadConvAttrs(op, &attrs_));
+    if (kPass != ConvPass::kForward) {
+      const char* name = kPass == ConvPass::kGradInput ? "input_size" : "filter_size";
+      STRATA_ASSIGN_OR_RETURN(size_, AttrInts(op, name));
+      if (size_.size() != 2) {
+        return absl::InternalError(absl::StrCat(op.type(), ": attr '", name, "' was not validated"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const char* op = PassName(kPass);
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    ConvGeometry g;
+    Shape out_shape;
+    if (kPass == ConvPass::kForward) {
+      STRATA_ASSIGN_OR_RETURN(g, conv2d::MakeGeometry(attrs_, a.shape(), b.shape(), "conv2d"));
+      out_shape = Shape{g.n, g.o, g.ho, g.wo};
+    } else if (kPass == ConvPass::kGradInput) {
+      STRATA_ASSIGN_OR_RETURN(g, conv2d::GradInputGeometry(attrs_, size_, a, b));
+      out_shape = Shape{g.n, g.c, g.h, g.w};
+    } else {
+      STRATA_ASSIGN_OR_RETURN(g, conv2d::GradFilterGeometry(attrs_, size_, a, b));
+      out_shape = Shape{g.o, g.c / g.groups, g.kh, g.kw};
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(0, a.dtype(), out_shape));
+    if (g.n == 0) {
+      // No images: an empty y or dx, a zero dw (the CPU's).
+      if (out->num_elements() == 0) return absl::OkStatus();
+      return CudaStatus(cudaMemsetAsync(out->data<T>(), 0, out->num_elements() * sizeof(T), device->stream()), op);
+    }
+    if (handle_ == nullptr) STRATA_CUDNN(cudnnCreate(&handle_), op);
+    STRATA_CUDNN(cudnnSetStream(handle_, device->stream()), op);
+    ConvDescriptors d;
+    STRATA_RETURN_IF_ERROR(Describe(handle_, g, a.dtype(), kPass, &d));
+    Tensor workspace;
+    if (d.workspace_bytes > 0) {
+      workspace = Tensor::Empty(I64, Shape{static_cast<int64_t>((d.workspace_bytes + 7) / 8)}, &ctx.device());
+      if (!workspace.defined()) {
+        return absl::ResourceExhaustedError(absl::StrCat(op, ": out of memory allocating ", d.workspace_bytes,
+                                                         " bytes of cuDNN workspace on ", ctx.device().name()));
+      }
+    }
+    void* ws = d.workspace_bytes > 0 ? workspace.raw_data() : nullptr;
+    const T one = 1, zero = 0;
+    if (kPass == ConvPass::kForward) {
+      STRATA_CUDNN(cudnnConvolutionForward(handle_, &one, d.x, a.data<T>(), d.w, b.data<T>(), d.conv, d.fwd, ws,
+                                           d.workspace_bytes, &zero, d.y, out->data<T>()),
+                   op);
+    } else if (kPass == ConvPass::kGradInput) {
+      STRATA_CUDNN(cudnnConvolutionBackwardData(handle_, &one, d.w, b.data<T>(), d.y, a.data<T>(), d.conv,
+                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, ws, d.workspace_bytes, &zero, d.x,
+                                                out->data<T>()),
+                   op);
+    } else {
+      STRATA_CUDNN(cudnnConvolutionBackwardFilter(handle_, &one, d.x, a.data<T>(), d.y, b.data<T>(), d.conv,
+                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, ws, d.workspace_bytes, &zero,
+                                                  d.w, out->data<T>()),
+                   op);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ConvAttrs attrs_;
+  std::vector<int64_t> size_;
+  cudnnHandle_t handle_ = nullptr;
+};
+
+template <typename T>
+using CudaConv2dKernel = CudaConvKernel<T, ConvPass::kForward>;
+template <typename T>
+using CudaConv2dGradInputKernel = CudaConvKernel<T, ConvPass::kGradInput>;
+template <typename T>
+using CudaConv2dGradFilterKernel = CudaConvKernel<T, ConvPass::kGradFilter>;
+
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CUDA, F32, InitFactory<CudaConv2dKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CUDA, F64, InitFactory<CudaConv2dKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, F32, InitFactory<CudaConv2dGradInputKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, F64, InitFactory<CudaConv2dGradInputKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, F32, InitFactory<CudaConv2dGradFilterKernel<float>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, F64, InitFactory<CudaConv2dGradFilterKernel<double>>());
 
 }  // namespace
 }  // namespace strata

@@ -1,17 +1,26 @@
-// The CUDA kernels of the pooling ops (kernels/cuda/cuda_conv_ops.cc) against
-// the CPU kernels: max_pool2d, avg_pool2d and their grads. Tagged gpu: without
-// a CUDA device every test FAILS (never skips).
+// The CUDA kernels of kernels/cuda/cuda_conv_ops.cc against the CPU kernels:
+// max_pool2d, avg_pool2d and their grads; conv2d, conv2d_grad_input and
+// conv2d_grad_filter. Tagged gpu: without a CUDA device every test FAILS
+// (never skips).
 //
 // Bars: every pooling kernel does the CPU's IEEE operations in the CPU's
 // order (the max scan, the window sums in row order, the divisions, and the
 // backward sums from 0 in the order of the outputs), so all compare bit for
-// bit, NaN and ties included.
+// bit, NaN and ties included. The convolutions are sums of products that
+// cuDNN and the CPU's im2col GEMM add in different orders (and either may
+// fuse a product into an FMA): each output is a sum of K terms a_k b_k, so
+// the bar is |gpu - cpu| <= tol * m + 1e-6, m the same op on |a|, |b| (the
+// CPU kernel), tol 1e-5 in F32 and 1e-13 in F64. K here is at most 162 (the
+// filter gradient of the first case): the worst-case bound of two orders,
+// about 2 K u m, is 1.9e-5 m in F32 (u = 6e-8) and 3.6e-14 m in F64; the
+// F32 tol is below that worst case but ~10x the typical sqrt(K) u error.
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +44,9 @@ STRATA_CUDA_OPS_TESTED(cuda_conv_ops_test, {
                                                {"max_pool2d_grad", {F32, F64}},
                                                {"avg_pool2d", {F32, F64}},
                                                {"avg_pool2d_grad", {F32, F64}},
+                                               {"conv2d", {F32, F64}},
+                                               {"conv2d_grad_input", {F32, F64}},
+                                               {"conv2d_grad_filter", {F32, F64}},
                                            });
 
 std::string Ints(const std::vector<int64_t>& v) {
@@ -203,6 +215,163 @@ TEST_F(CudaOpsTest, PoolsRefuseAsTheCpu) {
       {PoolText("avg_pool2d_grad", p, {5, 5}), {&dy_bad}},
       {PoolText("avg_pool2d_grad", p, {5, 5}), {&dy3}},
       {PoolText("avg_pool2d_grad", big, {3, 3}), {&dy_bad}},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.text);
+    const Op op = ParseOp(r.text);
+    RunContext cpu;
+    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
+    std::vector<Tensor> on_device;
+    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
+    std::vector<const Tensor*> device_inputs;
+    for (const Tensor& t : on_device) device_inputs.push_back(&t);
+    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
+    ASSERT_FALSE(on_cpu.ok());
+    ASSERT_FALSE(on_gpu.ok());
+    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+  }
+}
+
+
+// ---------------------------------------------------------------- conv2d
+
+// One convolution: x [N, C, H, W], w [O, C/groups, kh, kw] and its attrs.
+struct Conv {
+  Shape x, w;
+  std::vector<int64_t> strides, paddings, dilations;
+  int64_t groups = 1;
+};
+
+int64_t ConvOut(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+
+Shape ConvY(const Conv& c) {
+  return {c.x[0], c.w[0], ConvOut(c.x[2], c.w[2], c.strides[0], c.paddings[0], c.dilations[0]),
+          ConvOut(c.x[3], c.w[3], c.strides[1], c.paddings[1], c.dilations[1])};
+}
+
+// The text of conv op `type` (output "y").
+std::string ConvText(const std::string& type, const Conv& c) {
+  std::string inputs = "input: [\"x\", \"w\"]";
+  if (type == "conv2d_grad_input") inputs = "input: [\"dy\", \"w\"]";
+  if (type == "conv2d_grad_filter") inputs = "input: [\"x\", \"dy\"]";
+  std::string text = absl::StrCat("type: \"", type, "\" ", inputs, " output: \"y\"",
+                                  " attr { key: \"strides\" value { list { i: [", Ints(c.strides), "] } } }",
+                                  " attr { key: \"paddings\" value { list { i: [", Ints(c.paddings), "] } } }",
+                                  " attr { key: \"dilations\" value { list { i: [", Ints(c.dilations), "] } } }",
+                                  " attr { key: \"groups\" value { i: ", c.groups, " } }");
+  if (type == "conv2d_grad_input") {
+    absl::StrAppend(&text, " attr { key: \"input_size\" value { list { i: [", c.x[2], ", ", c.x[3], "] } } }");
+  }
+  if (type == "conv2d_grad_filter") {
+    absl::StrAppend(&text, " attr { key: \"filter_size\" value { list { i: [", c.w[2], ", ", c.w[3], "] } } }");
+  }
+  return text;
+}
+
+Tensor Abs(const Tensor& t) {
+  std::vector<double> v = TensorValues(t);
+  for (double& e : v) e = std::fabs(e);
+  return MakeTensor(t.dtype(), t.shape(), v);
+}
+
+// |gpu - cpu| <= tol * m + 1e-6 elementwise (m: the op on the magnitudes).
+::testing::AssertionResult WithinGemmBar(const Tensor& gpu, const Tensor& cpu, const Tensor& m, double tol) {
+  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape() || m.shape() != cpu.shape()) {
+    return ::testing::AssertionFailure() << ShapeString(gpu.shape()) << " vs " << ShapeString(cpu.shape());
+  }
+  const std::vector<double> g = TensorValues(gpu), c = TensorValues(cpu), mag = TensorValues(m);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double bar = tol * mag[i] + 1e-6;
+    if (!(std::fabs(g[i] - c[i]) <= bar)) {
+      return ::testing::AssertionFailure() << "element " << i << ": gpu " << g[i] << " cpu " << c[i] << " bar " << bar;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Shapes: 3x3 with padding, stride 2, 1x1 at batch 1, dilation with groups,
+// unequal strides and paddings, and an empty batch.
+std::vector<Conv> ConvCases() {
+  return {
+      {{2, 3, 9, 9}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{2, 4, 10, 11}, {6, 4, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {{1, 8, 7, 7}, {5, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
+      {{2, 4, 9, 9}, {4, 2, 3, 3}, {2, 2}, {1, 1}, {2, 2}, 2},
+      {{3, 2, 8, 6}, {3, 2, 2, 3}, {1, 2}, {2, 0}, {1, 1}, 1},
+      {{0, 3, 5, 5}, {2, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+  };
+}
+
+TEST_F(CudaOpsTest, ConvsAreWithinTheGemmBarOfTheCpu) {
+  for (DataType dtype : {F32, F64}) {
+    const double tol = dtype == F32 ? 1e-5 : 1e-13;
+    uint32_t seed = 300;
+    for (const Conv& c : ConvCases()) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " x ", ShapeString(c.x), " w ", ShapeString(c.w), " s ",
+                                Ints(c.strides), " p ", Ints(c.paddings), " d ", Ints(c.dilations), " g ", c.groups));
+      const Tensor x = testing::RandomTensor(dtype, c.x, ++seed);
+      const Tensor w = testing::RandomTensor(dtype, c.w, ++seed);
+      const Tensor dy = testing::RandomTensor(dtype, ConvY(c), ++seed);
+      struct Pass {
+        std::string type;
+        std::string a_name, b_name;
+        const Tensor *a, *b;
+      };
+      for (const Pass& pass : {Pass{"conv2d", "x", "w", &x, &w}, Pass{"conv2d_grad_input", "dy", "w", &dy, &w},
+                               Pass{"conv2d_grad_filter", "x", "dy", &x, &dy}}) {
+        SCOPED_TRACE(pass.type);
+        const std::string text = ConvText(pass.type, c);
+        auto [cpu, gpu] = RunBoth(text, {{pass.a_name, *pass.a}, {pass.b_name, *pass.b}});
+        const Tensor abs_a = Abs(*pass.a), abs_b = Abs(*pass.b);
+        RunContext host;
+        const absl::StatusOr<Tensor> magnitude = RunKernel(ParseOp(text), dtype, {&abs_a, &abs_b}, host);
+        ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+        EXPECT_TRUE(WithinGemmBar(gpu, cpu, *magnitude, tol));
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, ConvRunsAreBitIdentical) {
+  const Conv c{{4, 16, 20, 20}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1};
+  const Tensor x = testing::RandomTensor(F32, c.x, 41);
+  const Tensor w = testing::RandomTensor(F32, c.w, 42);
+  const Tensor dy = testing::RandomTensor(F32, ConvY(c), 43);
+  const std::vector<std::pair<std::string, std::map<std::string, Tensor>>> passes = {
+      {"conv2d", {{"x", x}, {"w", w}}},
+      {"conv2d_grad_input", {{"dy", dy}, {"w", w}}},
+      {"conv2d_grad_filter", {{"x", x}, {"dy", dy}}},
+  };
+  for (const auto& [type, inputs] : passes) {
+    const Tensor a = RunGpu(ConvText(type, c), inputs);
+    const Tensor b = RunGpu(ConvText(type, c), inputs);
+    EXPECT_TRUE(BitEqual(a, b)) << type;
+  }
+}
+
+// Past the shape function: rank-3 x, channels that do not match the filter,
+// a dy of the wrong shape, channels not divisible by groups.
+TEST_F(CudaOpsTest, ConvsRefuseAsTheCpu) {
+  const Conv c{{1, 4, 6, 6}, {2, 4, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1};
+  Conv grouped = c;
+  grouped.groups = 3;
+  const Tensor x = MakeTensor(F32, {1, 4, 6, 6}, Uniform(144, 51));
+  const Tensor x3 = MakeTensor(F32, {4, 6, 6}, Uniform(144, 52));
+  const Tensor x_bad_c = MakeTensor(F32, {1, 3, 6, 6}, Uniform(108, 53));
+  const Tensor w = MakeTensor(F32, {2, 4, 3, 3}, Uniform(72, 54));
+  const Tensor dy = MakeTensor(F32, {1, 2, 4, 4}, Uniform(32, 55));
+  const Tensor dy_bad = MakeTensor(F32, {1, 2, 3, 4}, Uniform(24, 56));
+  struct Refusal {
+    std::string text;
+    std::vector<const Tensor*> inputs;
+  };
+  const std::vector<Refusal> refusals = {
+      {ConvText("conv2d", c), {&x3, &w}},
+      {ConvText("conv2d", c), {&x_bad_c, &w}},
+      {ConvText("conv2d_grad_input", c), {&dy_bad, &w}},
+      {ConvText("conv2d_grad_input", c), {&x3, &w}},
+      {ConvText("conv2d_grad_filter", c), {&x, &dy_bad}},
+      {ConvText("conv2d_grad_filter", grouped), {&x, &dy}},
   };
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(r.text);
