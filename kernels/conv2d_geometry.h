@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -56,12 +57,6 @@ inline absl::Status ReadConvAttrs(const Op& op, ConvAttrs* a) {
   return absl::OkStatus();
 }
 
-// Output extent of an input extent `in`; 0 when the dilated kernel does not fit.
-inline int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  const int64_t span = d * (k - 1) + 1;
-  return in + 2 * p < span ? 0 : (in + 2 * p - span) / s + 1;
-}
-
 // Geometry of x [N, C, H, W] * filter [O, C/groups, kh, kw]; an error if the
 // run-time shapes disagree with what the shape function accepted.
 inline absl::StatusOr<ConvGeometry> MakeGeometry(const ConvAttrs& a, const Shape& x, const Shape& filter,
@@ -77,8 +72,8 @@ inline absl::StatusOr<ConvGeometry> MakeGeometry(const ConvAttrs& a, const Shape
   g.ph = a.paddings[0], g.pw = a.paddings[1];
   g.dh = a.dilations[0], g.dw = a.dilations[1];
   g.groups = a.groups;
-  g.ho = OutSize(g.h, g.kh, g.sh, g.ph, g.dh);
-  g.wo = OutSize(g.w, g.kw, g.sw, g.pw, g.dw);
+  g.ho = WindowOutExtent(g.h, g.kh, g.sh, g.ph, g.dh);
+  g.wo = WindowOutExtent(g.w, g.kw, g.sw, g.pw, g.dw);
   if (g.c != filter[1] * g.groups || g.o % g.groups != 0 || g.ho < 1 || g.wo < 1) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": input ", ShapeString(x), " and filter ",
                                                    ShapeString(filter), " do not convolve with groups=", g.groups));

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -66,8 +67,8 @@ struct PoolAttrs {
       return absl::InvalidArgumentError(absl::StrCat(op, ": window ", g.kh, "x", g.kw, " exceeds the padded input ",
                                                      ShapeString(x)));
     }
-    g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
-    g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+    g.ho = WindowOutExtent(g.h, g.kh, g.sh, g.ph);
+    g.wo = WindowOutExtent(g.w, g.kw, g.sw, g.pw);
     return g;
   }
 };

@@ -100,6 +100,16 @@ struct SliceWindow {
 absl::StatusOr<SliceWindow> ResolveSlice(absl::Span<const int64_t> in, absl::Span<const int64_t> axes,
                                          absl::Span<const int64_t> starts, absl::Span<const int64_t> ends);
 
+// Output extent of a convolution or pooling window (kernel, stride, pad,
+// dilation) sliding over an input extent `in` (floor mode, as torch's
+// ceil_mode=False); 0 when the dilated window exceeds the padded input. The
+// schema (compiler/ops) refuses that case; the CPU and CUDA kernels
+// (kernels/conv2d_geometry.h, kernels/pool2d_attrs.h) call this too.
+inline constexpr int64_t WindowOutExtent(int64_t in, int64_t kernel, int64_t stride, int64_t pad,
+                                         int64_t dilation = 1) {
+  return in + 2 * pad < dilation * (kernel - 1) + 1 ? 0 : (in + 2 * pad - (dilation * (kernel - 1) + 1)) / stride + 1;
+}
+
 }  // namespace strata
 
 #endif  // STRATA_PROTO_SHAPE_RULES_H_

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/ops/nn_shape_checks.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -77,7 +78,7 @@ absl::StatusOr<int64_t> ConvOutSize(int64_t in, int64_t kernel, int64_t stride, 
     return Invalid(absl::StrCat("the ", dim, " of the (dilated) kernel, ", span, ", exceeds the padded input ", dim,
                                 " ", in, " + 2*", pad, ": the output would be empty"));
   }
-  return (in + 2 * pad - span) / stride + 1;
+  return WindowOutExtent(in, kernel, stride, pad, dilation);
 }
 
 // [N, O, Ho, Wo] of conv2d on x [N, C, H, W] with w [O, C/groups, kh, kw].

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/ops/nn_shape_checks.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -59,7 +60,7 @@ absl::StatusOr<Dims> PoolOutput(const PoolAttrs& a, const Dims& x) {
                                   DimsString({x[2] + 2 * a.paddings[0], x[3] + 2 * a.paddings[1]}),
                                   ": the output would be empty"));
     }
-    y[2 + i] = (in - a.kernel[i]) / a.strides[i] + 1;
+    y[2 + i] = WindowOutExtent(x[2 + i], a.kernel[i], a.strides[i], a.paddings[i]);
   }
   return y;
 }
