@@ -138,7 +138,9 @@ using conv2d::ConvGeometry;
 enum class ConvPass { kForward, kGradInput, kGradFilter };
 
 const char* PassName(ConvPass pass) {
-  return pass == ConvPass::kForward ? "conv2d" : pass == ConvPass::kGradInput ? "conv2d_grad_input" : "conv2d_grad_filter";
+  return pass == ConvPass::kForward     ? "conv2d"
+         : pass == ConvPass::kGradInput ? "conv2d_grad_input"
+                                        : "conv2d_grad_filter";
 }
 
 absl::Status CudnnStatus(cudnnStatus_t status, const char* op, const char* what) {
