@@ -1,6 +1,8 @@
 #include "runtime/device.h"
 
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -47,6 +49,25 @@ absl::Status CpuDevice::Memset(void* dst, int byte, size_t bytes) {
 Device* GetCpuDevice() {
   static Device* device = new CpuDevice();
   return device;
+}
+
+namespace {
+
+std::map<DeviceKind, DeviceFactory>& DeviceFactories() {
+  static auto* factories = new std::map<DeviceKind, DeviceFactory>;
+  return *factories;
+}
+
+}  // namespace
+
+bool RegisterDeviceFactory(DeviceKind kind, DeviceFactory factory) {
+  DeviceFactories()[kind] = std::move(factory);
+  return true;
+}
+
+const DeviceFactory* FindDeviceFactory(DeviceKind kind) {
+  auto it = DeviceFactories().find(kind);
+  return it == DeviceFactories().end() ? nullptr : &it->second;
 }
 
 }  // namespace strata

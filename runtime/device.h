@@ -16,16 +16,18 @@
 // returns the first one, and the executor synchronises at a step's end.
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/plan.pb.h"
 #include "runtime/allocator.h"
 
 namespace strata {
-
 
 class Device {
  public:
@@ -88,6 +90,15 @@ class CpuDevice final : public Device {
 
 // The process-wide host device, on the process-wide host allocator.
 Device* GetCpuDevice();
+
+// Opens device `ordinal` of a kind. The host's is always there; a binary that
+// links a GPU runtime registers its kind's (runtime/cuda:cuda_device_factory
+// for DEVICE_CUDA), so a binary without it says so instead of failing later.
+using DeviceFactory = std::function<absl::StatusOr<std::unique_ptr<Device>>(int ordinal)>;
+// At static initialisation; returns true so it can initialise a static.
+bool RegisterDeviceFactory(DeviceKind kind, DeviceFactory factory);
+// The factory of `kind`, or nullptr when this binary has none.
+const DeviceFactory* FindDeviceFactory(DeviceKind kind);
 
 }  // namespace strata
 

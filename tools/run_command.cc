@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <string>
 #include <system_error>
@@ -31,6 +32,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/comm/health.h"
 #include "runtime/comm/store.h"
+#include "runtime/device.h"
 #include "runtime/kernel.h"
 #include "runtime/launcher.h"
 #include "runtime/trace.h"
@@ -202,10 +204,12 @@ int CheckProcessCount(const CompileResult& result) {
 
 // One rank: this process trains, then --compare_single trains the reference.
 int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t program_seed,
-                  const std::set<std::string>& given) {
+                  const std::set<std::string>& given, Device* device) {
   NoteSyntheticData(given);
   InstallStopHandler();
-  auto report = Train(result.plans[0], TrainOptionsFromFlags(program_seed));
+  TrainOptions options = TrainOptionsFromFlags(program_seed);
+  if (device != nullptr) options.device = device;
+  auto report = Train(result.plans[0], options);
   if (!report.ok()) {
     std::cerr << "error: " << report.status().message() << "\n";
     return kExitError;
@@ -318,17 +322,33 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
     std::cerr << "error: " << result.status().message() << "\n";
     return kExitError;
   }
-  // A plan for a GPU runs only where every op has a CUDA kernel; the first
-  // that has none is named (this binary links the CPU kernels alone: the
-  // GPU executor is issue 18's).
+  // A plan for a GPU runs in a binary that links a GPU runtime and a kernel
+  // for each of its ops (strata_gpu); one rank for now: several ranks on
+  // GPUs need NCCL or staged Gloo (issue 18).
+  std::unique_ptr<Device> gpu;
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
+    const DeviceFactory* factory = FindDeviceFactory(kind);
+    if (factory == nullptr) {
+      std::cerr << "error: --device gpu: this strata links no GPU runtime; run the same command with strata_gpu "
+                   "(bazel run //tools:strata_gpu -- run ..., built where CUDA is installed)\n";
+      return kExitUsage;
+    }
     if (const std::string op = FirstOpWithoutKernel(result->plans, kind); !op.empty()) {
       std::cerr << "error: --device gpu: " << op << " has no " << DeviceKindLabel(kind)
                 << " kernel in this strata; run it with --device cpu\n";
       return kExitUsage;
     }
-    std::cerr << "error: --device gpu: strata run does not start a GPU yet (issue 18); run it with --device cpu\n";
-    return kExitUsage;
+    if (worker->has_value() || result->plans.size() > 1 || absl::GetFlag(FLAGS_nproc) > 1) {
+      std::cerr << "error: --device gpu: runs one rank for now (" << result->plans.size()
+                << " in this layout); several ranks on GPUs need NCCL (issue 18)\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<std::unique_ptr<Device>> opened = (*factory)(0);
+    if (!opened.ok()) {
+      std::cerr << "error: --device gpu: " << opened.status().message() << "\n";
+      return kExitError;
+    }
+    gpu = *std::move(opened);
   }
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
   if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
@@ -337,7 +357,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   }
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given);
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
-  if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given);
+  if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   return RunLauncher(path, *result, argc, argv);
 }
 
