@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shape_rules.h"
 #include "runtime/tensor.h"
 
 namespace strata {
@@ -21,36 +22,25 @@ struct MatmulShape {
 };
 
 // a [..., M, K] (or [..., K, M] with transpose_a), b [K, N] or [..., K, N]
-// (or their transposes).
+// (or their transposes): the schema's rule (proto/shape_rules.h), so a
+// kernel refuses what the schema refuses, in its words after "matmul: ".
 inline absl::StatusOr<MatmulShape> InferMatmulShape(const Shape& a, const Shape& b, bool transpose_a,
                                                     bool transpose_b) {
-  const int ra = static_cast<int>(a.size()), rb = static_cast<int>(b.size());
-  if (ra < 2 || rb < 2 || (rb > 2 && rb != ra)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matmul: bad ranks a ", ShapeString(a), ", b ", ShapeString(b)));
-  }
+  absl::StatusOr<MatmulDims> d = ResolveMatmul(a, b, transpose_a, transpose_b);
+  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("matmul: ", d.status().message()));
   MatmulShape s;
-  s.m = transpose_a ? a[ra - 1] : a[ra - 2];
-  s.k = transpose_a ? a[ra - 2] : a[ra - 1];
-  const int64_t kb = transpose_b ? b[rb - 1] : b[rb - 2];
-  s.n = transpose_b ? b[rb - 2] : b[rb - 1];
-  s.b_batched = rb > 2;
-  bool batch_match = true;
-  for (int i = 0; s.b_batched && i < ra - 2; ++i) batch_match &= a[i] == b[i];
-  if (s.k != kb || !batch_match) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul: a ", ShapeString(a), " and b ", ShapeString(b),
-                                                   " do not multiply (transpose_a=", transpose_a,
-                                                   ", transpose_b=", transpose_b, ")"));
-  }
-  for (int i = 0; i < ra - 2; ++i) s.batch *= a[i];
-  s.lda = a[ra - 1];
-  s.ldb = b[rb - 1];
-  s.y.assign(a.begin(), a.end() - 2);
+  s.m = d->m;
+  s.k = d->k;
+  s.n = d->n;
+  s.b_batched = d->b_batched;
+  for (int64_t dim : d->batch) s.batch *= dim;
+  s.lda = a.back();
+  s.ldb = b.back();
+  s.y = d->batch;
   s.y.push_back(s.m);
   s.y.push_back(s.n);
   return s;
 }
-
 
 // The shapes of the shared-b backward helpers and of matmul_accumulate.
 struct MatmulGradShape {

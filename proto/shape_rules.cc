@@ -81,6 +81,44 @@ absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<co
   return out;
 }
 
+absl::StatusOr<MatmulDims> ResolveMatmul(absl::Span<const int64_t> a, absl::Span<const int64_t> b, bool transpose_a,
+                                         bool transpose_b) {
+  if (a.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'a' must have rank >= 2, got ", ShapeString(a)));
+  }
+  if (b.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'b' must have rank >= 2, got ", ShapeString(b)));
+  }
+  MatmulDims d;
+  d.b_batched = b.size() > 2;
+  if (d.b_batched) {
+    if (a.size() != b.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("a batched 'b' (", ShapeString(b),
+                                                     ") needs 'a' of the same rank, got ", ShapeString(a),
+                                                     " (or make 'b' 2-D to share it over a's batch)"));
+    }
+    for (size_t i = 0; i + 2 < a.size(); ++i) {
+      if (a[i] != b[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("batch dims of 'a' ", ShapeString(a), " and 'b' ",
+                                                       ShapeString(b), " differ in dim ", i));
+      }
+    }
+  }
+  const size_t ra = a.size(), rb = b.size();
+  d.batch.assign(a.begin(), a.end() - 2);
+  d.m = transpose_a ? a[ra - 1] : a[ra - 2];
+  d.k = transpose_a ? a[ra - 2] : a[ra - 1];
+  const int64_t kb = transpose_b ? b[rb - 1] : b[rb - 2];
+  d.n = transpose_b ? b[rb - 2] : b[rb - 1];
+  if (d.k != kb) {
+    return absl::InvalidArgumentError(absl::StrCat("inner dims differ: 'a' ", ShapeString(a),
+                                                   transpose_a ? " (transposed)" : "", " contributes K=", d.k,
+                                                   " but 'b' ", ShapeString(b), transpose_b ? " (transposed)" : "",
+                                                   " contributes K=", kb));
+  }
+  return d;
+}
+
 absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<const int64_t> spec) {
   Shape out(spec.size());
   int infer = -1;

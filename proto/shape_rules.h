@@ -49,6 +49,20 @@ Shape ReduceShape(absl::Span<const int64_t> shape, const std::vector<bool>& redu
 // use it.
 absl::StatusOr<Shape> BroadcastShapes(absl::Span<const int64_t> a, absl::Span<const int64_t> b);
 
+// ---- matmul -----------------------------------------------------------------------
+
+// y = op(a) @ op(b), op transposing the last two dims when asked: a is
+// [..., M, K], b is [K, N] shared over a's batch or [..., K, N] with a's
+// batch dims. Errors name the inputs 'a' and 'b' with their shapes. The
+// matmul schema and both devices' kernels (kernels/matmul_shape.h) use it.
+struct MatmulDims {
+  Shape batch;  // a's leading dims, y's too
+  int64_t m = 0, k = 0, n = 0;
+  bool b_batched = false;  // b has a's batch dims (else one 2-D b is shared)
+};
+absl::StatusOr<MatmulDims> ResolveMatmul(absl::Span<const int64_t> a, absl::Span<const int64_t> b, bool transpose_a,
+                                         bool transpose_b);
+
 // ---- reshape, flatten, transpose ----------------------------------------------
 
 // reshape's output shape: `spec` (the `shape` attr) against the input shape

@@ -22,51 +22,20 @@ using nn_shape_checks::ExpectSameDtypeArg;
 using nn_shape_checks::Invalid;
 using nn_shape_checks::SameSize;
 
-// Sizes of y = op(a) @ op(b) where op transposes the last two dims when asked.
-struct MatmulDims {
-  Dims batch;  // a's leading dims (y's leading dims)
-  int64_t m, k, n;
-};
-
+// Sizes of y = op(a) @ op(b) where op transposes the last two dims when asked
+// (the rule is proto/shape_rules.h's, shared with the kernels); the dtypes
+// are the schema's to check.
 absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
-  const Dims& a = ctx.input(0).shape;
-  const Dims& b = ctx.input(1).shape;
-  if (a.size() < 2) return Invalid(absl::StrCat("input 'a' must have rank >= 2, got ", ctx.input(0).ToString()));
-  if (b.size() < 2) return Invalid(absl::StrCat("input 'b' must have rank >= 2, got ", ctx.input(1).ToString()));
-  MatmulDims d;
-  if (b.size() > 2) {
-    if (a.size() != b.size()) {
-      return Invalid(absl::StrCat("a batched 'b' (", ctx.input(1).ToString(), ") needs 'a' of the same rank, got ",
-                                  ctx.input(0).ToString(), " (or make 'b' 2-D to share it over a's batch)"));
-    }
-    for (size_t i = 0; i + 2 < a.size(); ++i) {
-      if (!SameSize(a[i], b[i])) {
-        return Invalid(absl::StrCat("batch dims of 'a' ", ctx.input(0).ToString(), " and 'b' ",
-                                    ctx.input(1).ToString(), " differ in dim ", i));
-      }
-    }
-  }
-  const bool ta = ctx.attr_bool("transpose_a"), tb = ctx.attr_bool("transpose_b");
-  const size_t ra = a.size(), rb = b.size();
-  d.batch.assign(a.begin(), a.end() - 2);
-  d.m = ta ? a[ra - 1] : a[ra - 2];
-  d.k = ta ? a[ra - 2] : a[ra - 1];
-  const int64_t kb = tb ? b[rb - 1] : b[rb - 2];
-  d.n = tb ? b[rb - 2] : b[rb - 1];
-  if (!SameSize(d.k, kb)) {
-    return Invalid(absl::StrCat("inner dims differ: 'a' ", ctx.input(0).ToString(), (ta ? " (transposed)" : ""),
-                                " contributes K=", d.k, " but 'b' ", ctx.input(1).ToString(),
-                                (tb ? " (transposed)" : ""), " contributes K=", kb));
-  }
-  return d;
+  return ResolveMatmul(ctx.input(0).shape, ctx.input(1).shape, ctx.attr_bool("transpose_a"),
+                       ctx.attr_bool("transpose_b"));
 }
 
 absl::Status MatmulShape(ShapeContext& ctx) {
   auto d = CheckMatmul(ctx);
   if (!d.ok()) return d.status();
-  Dims y = d->batch;
+  Shape y = d->batch;
   y.push_back(d->m);
   y.push_back(d->n);
   ctx.set_output(0, TensorType{ctx.input(0).dtype, y});
