@@ -234,18 +234,7 @@ TEST_F(CudaOpsTest, PoolsRefuseAsTheCpu) {
       {PoolText("avg_pool2d_grad", big, {3, 3}), {&dy_bad}},
   };
   for (const Refusal& r : refusals) {
-    SCOPED_TRACE(r.text);
-    const Op op = ParseOp(r.text);
-    RunContext cpu;
-    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
-    std::vector<Tensor> on_device;
-    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
-    std::vector<const Tensor*> device_inputs;
-    for (const Tensor& t : on_device) device_inputs.push_back(&t);
-    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
-    ASSERT_FALSE(on_cpu.ok());
-    ASSERT_FALSE(on_gpu.ok());
-    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+    testing::ExpectSameRefusal(r.text, F32, r.inputs, gpu_);
   }
 }
 
@@ -287,26 +276,6 @@ std::string ConvText(const std::string& type, const Conv& c) {
   return text;
 }
 
-Tensor Abs(const Tensor& t) {
-  std::vector<double> v = TensorValues(t);
-  for (double& e : v) e = std::fabs(e);
-  return MakeTensor(t.dtype(), t.shape(), v);
-}
-
-// |gpu - cpu| <= tol * m + 1e-6 elementwise (m: the op on the magnitudes).
-::testing::AssertionResult WithinGemmBar(const Tensor& gpu, const Tensor& cpu, const Tensor& m, double tol) {
-  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape() || m.shape() != cpu.shape()) {
-    return ::testing::AssertionFailure() << ShapeString(gpu.shape()) << " vs " << ShapeString(cpu.shape());
-  }
-  const std::vector<double> g = TensorValues(gpu), c = TensorValues(cpu), mag = TensorValues(m);
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double bar = tol * mag[i] + 1e-6;
-    if (!(std::fabs(g[i] - c[i]) <= bar)) {
-      return ::testing::AssertionFailure() << "element " << i << ": gpu " << g[i] << " cpu " << c[i] << " bar " << bar;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // Shapes: 3x3 with padding, stride 2, 1x1 at batch 1, dilation with groups,
 // unequal strides and paddings, and an empty batch.
@@ -341,11 +310,10 @@ TEST_F(CudaOpsTest, ConvsAreWithinTheGemmBarOfTheCpu) {
         SCOPED_TRACE(pass.type);
         const std::string text = ConvText(pass.type, c);
         auto [cpu, gpu] = RunBoth(text, {{pass.a_name, *pass.a}, {pass.b_name, *pass.b}});
-        const Tensor abs_a = Abs(*pass.a), abs_b = Abs(*pass.b);
-        RunContext host;
-        const absl::StatusOr<Tensor> magnitude = RunKernel(ParseOp(text), dtype, {&abs_a, &abs_b}, host);
+        const Tensor abs_a = testing::AbsF64(*pass.a), abs_b = testing::AbsF64(*pass.b);
+        const absl::StatusOr<Tensor> magnitude = RunKernel(ParseOp(text), F64, {&abs_a, &abs_b}, RunContext());
         ASSERT_TRUE(magnitude.ok()) << magnitude.status();
-        EXPECT_TRUE(WithinGemmBar(gpu, cpu, *magnitude, tol));
+        EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, *magnitude, tol));
       }
     }
   }
@@ -393,18 +361,7 @@ TEST_F(CudaOpsTest, ConvsRefuseAsTheCpu) {
       {ConvText("conv2d_grad_filter", grouped), {&x, &dy}},
   };
   for (const Refusal& r : refusals) {
-    SCOPED_TRACE(r.text);
-    const Op op = ParseOp(r.text);
-    RunContext cpu;
-    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
-    std::vector<Tensor> on_device;
-    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
-    std::vector<const Tensor*> device_inputs;
-    for (const Tensor& t : on_device) device_inputs.push_back(&t);
-    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
-    ASSERT_FALSE(on_cpu.ok());
-    ASSERT_FALSE(on_gpu.ok());
-    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+    testing::ExpectSameRefusal(r.text, F32, r.inputs, gpu_);
   }
 }
 

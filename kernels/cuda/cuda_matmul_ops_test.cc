@@ -48,17 +48,11 @@ std::string OpText(const std::string& type, const std::string& inputs, const std
                       " } } attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
 }
 
-Tensor Abs64(const Tensor& t) {
-  std::vector<double> v = TensorValues(t);
-  for (double& x : v) x = std::abs(x);
-  return MakeTensor(F64, t.shape(), v);
-}
-
 // The op's CPU kernel in F64 on the absolute values of `inputs`: sum |terms|
 // for every output element.
 Tensor Magnitude(const std::string& op_text, const std::vector<Tensor>& inputs) {
   std::vector<Tensor> abs;
-  for (const Tensor& t : inputs) abs.push_back(Abs64(t));
+  for (const Tensor& t : inputs) abs.push_back(testing::AbsF64(t));
   std::vector<const Tensor*> ptrs;
   for (const Tensor& t : abs) ptrs.push_back(&t);
   const absl::StatusOr<Tensor> y = RunKernel(ParseOp(op_text), F64, ptrs, RunContext());
@@ -66,20 +60,9 @@ Tensor Magnitude(const std::string& op_text, const std::vector<Tensor>& inputs) 
   return y.ok() ? y->Clone(GetCpuAllocator()) : Tensor();
 }
 
+// The GEMM bound: tol 1e-5 in F32, 1e-13 in F64.
 void ExpectWithinGemmBound(const Tensor& gpu, const Tensor& cpu, const Tensor& magnitude, DataType dtype) {
-  EXPECT_EQ(gpu.dtype(), cpu.dtype());
-  EXPECT_EQ(gpu.shape(), cpu.shape());
-  const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu), scale = TensorValues(magnitude);
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_EQ(scale.size(), want.size());
-  const double tol = dtype == F32 ? 1e-5 : 1e-13;
-  int bad = 0;
-  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
-    if (!(std::abs(got[i] - want[i]) <= tol * scale[i] + 1e-6)) {
-      ADD_FAILURE() << "element " << i << ": gpu " << got[i] << " cpu " << want[i] << " scale " << scale[i];
-      ++bad;
-    }
-  }
+  EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, magnitude, dtype == F32 ? 1e-5 : 1e-13));
 }
 
 struct GradCase {
@@ -195,8 +178,8 @@ TEST_F(CudaOpsTest, MatmulAccumulateUpdatesAccInPlaceOnTheDevice) {
     const Tensor got = acc_gpu.Clone(GetCpuAllocator());
     ASSERT_TRUE(device_->Synchronize().ok());
     // Two accumulations: sum |terms| is 2 |a| @ |b| + |acc|.
-    const Tensor aa = Abs64(a), ab = Abs64(b);
-    Tensor mag = Abs64(acc);
+    const Tensor aa = testing::AbsF64(a), ab = testing::AbsF64(b);
+    Tensor mag = testing::AbsF64(acc);
     for (int step = 0; step < 2; ++step) ASSERT_TRUE(RunKernel(op, F64, {&aa, &ab, &mag}, RunContext()).ok());
     ExpectWithinGemmBound(got, acc_cpu, mag, dtype);
   }
@@ -224,23 +207,14 @@ TEST_F(CudaOpsTest, MatmulGradAndAccumulateRefuseWhatTheCpuRefusesWithTheSameWor
   for (const Refusal& r : refusals) {
     SCOPED_TRACE(absl::StrCat(r.type, " ", r.words));
     const std::string output = r.type == "matmul_accumulate" ? "acc" : "y";
-    const Op op = ParseOp(OpText(r.type, r.inputs, output, r.transpose_a, r.transpose_b));
-    std::vector<Tensor> host, gpu;
-    for (const Shape& s : r.shapes) {
-      host.push_back(MakeTensor(F32, s, Uniform(NumElements(s), 21)));
-      gpu.push_back(*host.back().CopyTo(device_.get()));
-    }
-    std::vector<const Tensor*> host_ptrs, gpu_ptrs;
-    for (size_t i = 0; i < host.size(); ++i) {
-      host_ptrs.push_back(&host[i]);
-      gpu_ptrs.push_back(&gpu[i]);
-    }
-    const absl::StatusOr<Tensor> cpu_result = RunKernel(op, F32, host_ptrs, RunContext());
-    const absl::StatusOr<Tensor> gpu_result = RunKernel(op, F32, gpu_ptrs, gpu_);
-    ASSERT_FALSE(cpu_result.ok());
-    ASSERT_FALSE(gpu_result.ok());
-    EXPECT_EQ(gpu_result.status().code(), absl::StatusCode::kInvalidArgument) << gpu_result.status();
-    EXPECT_EQ(gpu_result.status().message(), cpu_result.status().message());
+    const std::string text = OpText(r.type, r.inputs, output, r.transpose_a, r.transpose_b);
+    std::vector<Tensor> host;
+    for (const Shape& s : r.shapes) host.push_back(MakeTensor(F32, s, Uniform(NumElements(s), 21)));
+    testing::ExpectSameRefusal(text, F32, host, gpu_);
+    std::vector<const Tensor*> pointers;
+    for (const Tensor& t : host) pointers.push_back(&t);
+    const absl::StatusOr<Tensor> cpu_result = RunKernel(ParseOp(text), F32, pointers, RunContext());
+    EXPECT_EQ(cpu_result.status().code(), absl::StatusCode::kInvalidArgument) << cpu_result.status();
     EXPECT_NE(cpu_result.status().message().find(r.words), std::string::npos) << cpu_result.status();
   }
 }

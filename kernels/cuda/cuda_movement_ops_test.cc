@@ -397,32 +397,11 @@ TEST_F(CudaOpsTest, SliceAndItsGradientEqualTheCpuBitForBit) {
 
 // ---- refusals ----------------------------------------------------------------------
 
-// The op's kernel on the CPU and on the GPU over the same operands: both
-// refuse, with the same code and words.
-void ExpectSameRefusal(const std::string& op_text, DataType dtype, const std::vector<Tensor>& host,
-                       const RunContext& gpu, Device* device) {
-  SCOPED_TRACE(op_text);
-  const Op op = ParseOp(op_text);
-  std::vector<Tensor> on_gpu;
-  std::vector<const Tensor*> cpu_in, gpu_in;
-  for (const Tensor& t : host) on_gpu.push_back(*t.CopyTo(device));
-  for (size_t i = 0; i < host.size(); ++i) {
-    cpu_in.push_back(&host[i]);
-    gpu_in.push_back(&on_gpu[i]);
-  }
-  const absl::StatusOr<Tensor> cpu = RunKernel(op, dtype, cpu_in, RunContext());
-  const absl::StatusOr<Tensor> on = RunKernel(op, dtype, gpu_in, gpu);
-  ASSERT_FALSE(cpu.ok());
-  ASSERT_FALSE(on.ok());
-  EXPECT_EQ(on.status().code(), cpu.status().code()) << on.status();
-  EXPECT_EQ(on.status().message(), cpu.status().message());
-}
-
 TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
+  using testing::ExpectSameRefusal;
   const Tensor x23 = RandomTensor(F32, {2, 3}, 181), x33 = RandomTensor(F32, {3, 3}, 182);
   const Tensor x23_f64 = RandomTensor(F64, {2, 3}, 183), s = RandomTensor(F32, {}, 184);
   const Tensor v2 = RandomTensor(F32, {2}, 185), x4 = RandomTensor(F32, {4}, 186);
-  Device* d = device_.get();
   ExpectSameRefusal(R"pb(type: "transpose"
                          input: "x"
                          output: "y"
@@ -430,7 +409,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "perm"
                            value { list { i: [ 1, -1 ] } }
                          })pb",
-                    F32, {x23}, gpu_, d);
+                    F32, {x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "transpose"
                          input: "x"
                          output: "y"
@@ -438,7 +417,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "perm"
                            value { list { i: [ 1, 0 ] } }
                          })pb",
-                    F32, {x23_f64}, gpu_, d);
+                    F32, {x23_f64}, gpu_);
   ExpectSameRefusal(R"pb(type: "concat"
                          input: [ "a", "b" ]
                          output: "y"
@@ -446,7 +425,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "axis"
                            value { i: 1 }
                          })pb",
-                    F32, {x23, x33}, gpu_, d);
+                    F32, {x23, x33}, gpu_);
   ExpectSameRefusal(R"pb(type: "concat"
                          input: [ "a", "b" ]
                          output: "y"
@@ -454,7 +433,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "axis"
                            value { i: 2 }
                          })pb",
-                    F32, {x23, x23}, gpu_, d);
+                    F32, {x23, x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "concat_grad"
                          input: [ "dy", "a", "b" ]
                          output: "da"
@@ -462,7 +441,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "axis"
                            value { i: 0 }
                          })pb",
-                    F32, {x33, x23, x23}, gpu_, d);
+                    F32, {x33, x23, x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "split"
                          input: "x"
                          output: "y"
@@ -474,7 +453,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "sections"
                            value { list { i: [ 1, 1 ] } }
                          })pb",
-                    F32, {x23}, gpu_, d);
+                    F32, {x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "split_grad"
                          input: [ "x", "dy" ]
                          output: "y"
@@ -490,7 +469,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "grad_outputs"
                            value { list { i: [ 0 ] } }
                          })pb",
-                    F32, {x23, x23}, gpu_, d);
+                    F32, {x23, x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "slice"
                          input: "x"
                          output: "y"
@@ -506,7 +485,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "ends"
                            value { list { i: [ 1, 1 ] } }
                          })pb",
-                    F32, {x23}, gpu_, d);
+                    F32, {x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "slice_grad"
                          input: [ "dy", "x" ]
                          output: "y"
@@ -522,7 +501,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "ends"
                            value { list { i: [ 1 ] } }
                          })pb",
-                    F32, {x23, x23}, gpu_, d);
+                    F32, {x23, x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "reduce_sum"
                          input: "x"
                          output: "y"
@@ -534,7 +513,7 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "keepdim"
                            value { b: false }
                          })pb",
-                    F32, {x23}, gpu_, d);
+                    F32, {x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "broadcast_like"
                          input: [ "dy", "x" ]
                          output: "y"
@@ -550,13 +529,13 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "mean"
                            value { b: true }
                          })pb",
-                    F32, {v2, x23}, gpu_, d);
+                    F32, {v2, x23}, gpu_);
   ExpectSameRefusal(R"pb(type: "sum_squares"
                          input: [ "a", "b" ]
-                         output: "y")pb", F32, {x23, x23_f64}, gpu_, d);
+                         output: "y")pb", F32, {x23, x23_f64}, gpu_);
   ExpectSameRefusal(R"pb(type: "sum_squares_grad"
                          input: [ "x", "dy" ]
-                         output: "y")pb", F32, {x23, v2}, gpu_, d);
+                         output: "y")pb", F32, {x23, v2}, gpu_);
   ExpectSameRefusal(R"pb(type: "clip_coefficient"
                          input: [ "a", "b" ]
                          output: "y"
@@ -564,16 +543,16 @@ TEST_F(CudaOpsTest, MovementOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
                            key: "max_norm"
                            value { f: 1 }
                          })pb",
-                    F32, {s, v2}, gpu_, d);
+                    F32, {s, v2}, gpu_);
   ExpectSameRefusal(R"pb(type: "mse_loss"
                          input: [ "p", "t" ]
-                         output: "y")pb", F32, {x23, x33}, gpu_, d);
+                         output: "y")pb", F32, {x23, x33}, gpu_);
   ExpectSameRefusal(R"pb(type: "mse_loss_grad"
                          input: [ "p", "t", "d" ]
-                         output: "y")pb", F32, {x23, x23, v2}, gpu_, d);
+                         output: "y")pb", F32, {x23, x23, v2}, gpu_);
   ExpectSameRefusal(R"pb(type: "mse_loss_grad"
                          input: [ "p", "t", "d" ]
-                         output: "y")pb", F32, {x4, x23, s}, gpu_, d);
+                         output: "y")pb", F32, {x4, x23, s}, gpu_);
 }
 
 // ---- sum_squares, clip_coefficient, mse_loss -----------------------------------------

@@ -205,18 +205,7 @@ TEST_F(CudaOpsTest, SoftmaxFamilyRunsAreBitIdenticalAndRefuseAsTheCpu) {
       {SoftmaxText("log_softmax_grad", -1), {&x2, &dy_bad}},
   };
   for (const Refusal& r : refusals) {
-    SCOPED_TRACE(r.text);
-    const Op op = ParseOp(r.text);
-    RunContext cpu;
-    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
-    std::vector<Tensor> on_device;
-    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
-    std::vector<const Tensor*> device_inputs;
-    for (const Tensor& t : on_device) device_inputs.push_back(&t);
-    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
-    ASSERT_FALSE(on_cpu.ok());
-    ASSERT_FALSE(on_gpu.ok());
-    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+    testing::ExpectSameRefusal(r.text, F32, r.inputs, gpu_);
   }
 }
 
@@ -293,17 +282,7 @@ TEST_F(CudaOpsTest, LayerNormRefusesAsTheCpu) {
                                                {kLayerNorm, {&x, &gamma, &gamma_bad}},
                                                {kLayerNormGrad, {&x, &gamma_bad, &x}},
                                                {kLayerNormGrad, {&x, &gamma, &dy_bad}}}) {
-    const Op op = ParseOp(r.text);
-    RunContext cpu;
-    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
-    std::vector<Tensor> on_device;
-    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
-    std::vector<const Tensor*> device_inputs;
-    for (const Tensor& t : on_device) device_inputs.push_back(&t);
-    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
-    ASSERT_FALSE(on_cpu.ok());
-    ASSERT_FALSE(on_gpu.ok());
-    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+    testing::ExpectSameRefusal(r.text, F32, r.inputs, gpu_);
   }
 }
 
@@ -488,18 +467,7 @@ TEST_F(CudaOpsTest, EmbeddingIdsOutOfRangeGiveNaNAndShapesRefuseAsTheCpu) {
                                                {kEmbedding, {&ids_f32, &table}},
                                                {EmbeddingGradText(10), {&ids, &dy_bad}},
                                                {EmbeddingGradText(10), {&ids_f32, &dy}}}) {
-    SCOPED_TRACE(r.text);
-    const Op op = ParseOp(r.text);
-    RunContext cpu;
-    const absl::StatusOr<Tensor> on_cpu = RunKernel(op, F32, r.inputs, cpu);
-    std::vector<Tensor> on_device;
-    for (const Tensor* t : r.inputs) on_device.push_back(*t->CopyTo(device_.get()));
-    std::vector<const Tensor*> device_inputs;
-    for (const Tensor& t : on_device) device_inputs.push_back(&t);
-    const absl::StatusOr<Tensor> on_gpu = RunKernel(op, F32, device_inputs, gpu_);
-    ASSERT_FALSE(on_cpu.ok());
-    ASSERT_FALSE(on_gpu.ok());
-    EXPECT_EQ(on_gpu.status(), on_cpu.status());
+    testing::ExpectSameRefusal(r.text, F32, r.inputs, gpu_);
   }
 }
 

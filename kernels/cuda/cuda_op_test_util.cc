@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_op_test_util.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -16,18 +17,18 @@ void CudaOpsTest::SetUp() {
   gpu_.device = device_.get();
 }
 
-std::pair<Tensor, Tensor> CudaOpsTest::RunBoth(const std::string &op_text,
-                                               const std::map<std::string, Tensor> &inputs) {
+std::pair<Tensor, Tensor> CudaOpsTest::RunBoth(const std::string& op_text,
+                                               const std::map<std::string, Tensor>& inputs) {
   std::vector<std::pair<Tensor, Tensor>> out = RunBothNamed(op_text, inputs, {"y"});
   return out.empty() ? std::pair<Tensor, Tensor>() : out[0];
 }
 
-std::vector<std::pair<Tensor, Tensor>> CudaOpsTest::RunBothNamed(const std::string &op_text,
-                                                                 const std::map<std::string, Tensor> &inputs,
-                                                                 const std::vector<std::string> &outputs,
+std::vector<std::pair<Tensor, Tensor>> CudaOpsTest::RunBothNamed(const std::string& op_text,
+                                                                 const std::map<std::string, Tensor>& inputs,
+                                                                 const std::vector<std::string>& outputs,
                                                                  int64_t total_steps) {
   std::map<std::string, Tensor> cpu_env, gpu_env;
-  for (const auto &[name, t] : inputs) {
+  for (const auto& [name, t] : inputs) {
     cpu_env[name] = t.Clone(GetCpuAllocator());
     absl::StatusOr<Tensor> on_gpu = t.CopyTo(device_.get());
     EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
@@ -42,7 +43,7 @@ std::vector<std::pair<Tensor, Tensor>> CudaOpsTest::RunBothNamed(const std::stri
   EXPECT_TRUE(gpu.ok()) << op_text << ": " << gpu;
   if (!cpu.ok() || !gpu.ok()) return {};
   std::vector<std::pair<Tensor, Tensor>> result;
-  for (const std::string &name : outputs) {
+  for (const std::string& name : outputs) {
     EXPECT_EQ(gpu_env.at(name).device(), device_.get()) << name << " lives on the GPU";
     result.emplace_back(cpu_env.at(name), gpu_env.at(name).Clone(GetCpuAllocator()));
   }
@@ -51,10 +52,10 @@ std::vector<std::pair<Tensor, Tensor>> CudaOpsTest::RunBothNamed(const std::stri
   return result;
 }
 
-Tensor CudaOpsTest::RunGpu(const std::string &op_text, const std::map<std::string, Tensor> &inputs,
-                           const std::string &output) {
+Tensor CudaOpsTest::RunGpu(const std::string& op_text, const std::map<std::string, Tensor>& inputs,
+                           const std::string& output) {
   std::map<std::string, Tensor> env;
-  for (const auto &[name, t] : inputs) env[name] = *t.CopyTo(device_.get());
+  for (const auto& [name, t] : inputs) env[name] = *t.CopyTo(device_.get());
   const absl::Status s = RunOp(ParseOp(op_text), &env, gpu_);
   EXPECT_TRUE(s.ok()) << op_text << ": " << s;
   if (!s.ok()) return Tensor();
@@ -64,9 +65,9 @@ Tensor CudaOpsTest::RunGpu(const std::string &op_text, const std::map<std::strin
   return host;
 }
 
-absl::StatusOr<Tensor> RunKernel(const Op &op, DataType dtype, const std::vector<const Tensor *> &inputs,
-                                 const RunContext &run) {
-  const KernelFactory *factory = KernelRegistry::Global().Find(op.type(), run.device->kind(), dtype);
+absl::StatusOr<Tensor> RunKernel(const Op& op, DataType dtype, const std::vector<const Tensor*>& inputs,
+                                 const RunContext& run) {
+  const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), run.device->kind(), dtype);
   if (factory == nullptr) return absl::NotFoundError(absl::StrCat("no kernel for ", op.type()));
   KernelDef def;
   def.op = &op;
@@ -82,7 +83,7 @@ std::vector<double> Uniform(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(-2, 2);
   std::vector<double> v(n);
-  for (double &x : v) x = u(rng);
+  for (double& x : v) x = u(rng);
   return v;
 }
 
@@ -90,16 +91,16 @@ std::vector<double> Integers(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> u(-1000, 1000);
   std::vector<double> v(n);
-  for (double &x : v) x = u(rng);
+  for (double& x : v) x = u(rng);
   return v;
 }
 
-Tensor RandomTensor(DataType dtype, const Shape &shape, uint32_t seed) {
+Tensor RandomTensor(DataType dtype, const Shape& shape, uint32_t seed) {
   return MakeTensor(dtype, shape,
                     dtype == I64 ? Integers(NumElements(shape), seed) : Uniform(NumElements(shape), seed));
 }
 
-::testing::AssertionResult BitEqual(const Tensor &a, const Tensor &b) {
+::testing::AssertionResult BitEqual(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
     return ::testing::AssertionFailure() << TypeOf(a).ToString() << " vs " << TypeOf(b).ToString();
   }
@@ -109,18 +110,65 @@ Tensor RandomTensor(DataType dtype, const Shape &shape, uint32_t seed) {
   return ::testing::AssertionSuccess();
 }
 
-std::map<std::string, std::vector<DataType>> &TestedCudaKernels() {
-  static auto *tested = new std::map<std::string, std::vector<DataType>>;
+Tensor AbsF64(const Tensor& t) {
+  std::vector<double> v = TensorValues(t);
+  for (double& x : v) x = std::fabs(x);
+  return MakeTensor(F64, t.shape(), v);
+}
+
+::testing::AssertionResult WithinErrorBound(const Tensor& gpu, const Tensor& cpu, const Tensor& magnitude, double tol) {
+  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape() || magnitude.shape() != cpu.shape()) {
+    return ::testing::AssertionFailure() << TypeOf(gpu).ToString() << " vs " << TypeOf(cpu).ToString()
+                                         << ", magnitude " << ShapeString(magnitude.shape());
+  }
+  const std::vector<double> g = TensorValues(gpu), c = TensorValues(cpu), m = TensorValues(magnitude);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double bar = tol * m[i] + 1e-6;
+    if (!(std::fabs(g[i] - c[i]) <= bar)) {
+      return ::testing::AssertionFailure() << "element " << i << ": gpu " << g[i] << " cpu " << c[i] << " bar " << bar;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void ExpectSameRefusal(const std::string& op_text, DataType dtype, const std::vector<const Tensor*>& inputs,
+                       const RunContext& gpu) {
+  SCOPED_TRACE(op_text);
+  const Op op = ParseOp(op_text);
+  std::vector<Tensor> copies;
+  for (const Tensor* t : inputs) {
+    absl::StatusOr<Tensor> copy = t->CopyTo(gpu.device);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    copies.push_back(*std::move(copy));
+  }
+  std::vector<const Tensor*> on_device;
+  for (const Tensor& t : copies) on_device.push_back(&t);
+  const absl::StatusOr<Tensor> cpu_result = RunKernel(op, dtype, inputs, RunContext());
+  const absl::StatusOr<Tensor> gpu_result = RunKernel(op, dtype, on_device, gpu);
+  ASSERT_FALSE(cpu_result.ok());
+  ASSERT_FALSE(gpu_result.ok());
+  EXPECT_EQ(gpu_result.status(), cpu_result.status());
+}
+
+void ExpectSameRefusal(const std::string& op_text, DataType dtype, const std::vector<Tensor>& inputs,
+                       const RunContext& gpu) {
+  std::vector<const Tensor*> pointers;
+  for (const Tensor& t : inputs) pointers.push_back(&t);
+  ExpectSameRefusal(op_text, dtype, pointers, gpu);
+}
+
+std::map<std::string, std::vector<DataType>>& TestedCudaKernels() {
+  static auto* tested = new std::map<std::string, std::vector<DataType>>;
   return *tested;
 }
 
-std::vector<std::string> &TestedTwice() {
-  static auto *twice = new std::vector<std::string>;
+std::vector<std::string>& TestedTwice() {
+  static auto* twice = new std::vector<std::string>;
   return *twice;
 }
 
 CudaOpsTested::CudaOpsTested(std::initializer_list<std::pair<const std::string, std::vector<DataType>>> ops) {
-  for (const auto &[op, dtypes] : ops) {
+  for (const auto& [op, dtypes] : ops) {
     if (!TestedCudaKernels().emplace(op, dtypes).second) TestedTwice().push_back(op);
   }
 }

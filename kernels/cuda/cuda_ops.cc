@@ -61,17 +61,25 @@ struct GemmType<bfloat16> {
   using type = __nv_bfloat16;  // the same 16 bits
 };
 
-// y = op(a) @ op(b), as kernels/cpu/matmul.cc: x @ W with a batched x and a
-// 2-D W is one GEMM over the folded rows; other batches are one GEMM per item.
-template <typename T>
-class CudaMatmulKernel : public OpKernel {
+// The matmul family's kernels: they read transpose_a and transpose_b.
+class TransposeAttrsKernel : public OpKernel {
  public:
-  explicit CudaMatmulKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
     STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
     return absl::OkStatus();
   }
+
+ protected:
+  bool ta_ = false, tb_ = false;
+};
+
+// y = op(a) @ op(b), as kernels/cpu/matmul.cc: x @ W with a batched x and a
+// 2-D W is one GEMM over the folded rows; other batches are one GEMM per item.
+template <typename T>
+class CudaMatmulKernel : public TransposeAttrsKernel {
+ public:
+  explicit CudaMatmulKernel(const KernelDef&) {}
 
   absl::Status Compute(KernelContext& ctx) override {
     using G = typename GemmType<T>::type;
@@ -94,8 +102,6 @@ class CudaMatmulKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
-  bool ta_ = false, tb_ = false;
 };
 
 // da for y = op(a) @ op(b) with a batched a and a shared 2-D b, as
@@ -103,14 +109,9 @@ class CudaMatmulKernel : public OpKernel {
 // da [batch*M, K] = dy [batch*M, N] @ op(b)^T; with it one GEMM per item,
 // da_i [K, M] = op(b) [K, N] @ dy_i^T.
 template <typename T>
-class CudaMatmulSharedBGradAKernel : public OpKernel {
+class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
  public:
   explicit CudaMatmulSharedBGradAKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -130,8 +131,6 @@ class CudaMatmulSharedBGradAKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
-  bool ta_ = false, tb_ = false;
 };
 
 // db for a shared 2-D b, summed over a's batch, as kernels/cpu/matmul.cc:
@@ -140,14 +139,9 @@ class CudaMatmulSharedBGradAKernel : public OpKernel {
 // dy^T @ a); with it one GEMM per item, each after the first accumulating
 // into db (beta = 1) on the stream in item order.
 template <typename T>
-class CudaMatmulSharedBGradBKernel : public OpKernel {
+class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
  public:
   explicit CudaMatmulSharedBGradBKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -177,21 +171,14 @@ class CudaMatmulSharedBGradBKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
-  bool ta_ = false, tb_ = false;
 };
 
 // acc [M, N] += op(a) @ op(b) for 2-D a and b, as kernels/cpu/matmul.cc: one
 // GEMM with beta = 1 into the persistent buffer, in place (the output is acc).
 template <typename T>
-class CudaMatmulAccumulateKernel : public OpKernel {
+class CudaMatmulAccumulateKernel : public TransposeAttrsKernel {
  public:
   explicit CudaMatmulAccumulateKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -207,8 +194,6 @@ class CudaMatmulAccumulateKernel : public OpKernel {
     return absl::OkStatus();
   }
 
- private:
-  bool ta_ = false, tb_ = false;
 };
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());

@@ -107,12 +107,7 @@ TEST_F(CudaOpsTest, ReluAndItsGradientEqualTheCpuBitForBit) {
 // sum_k |op(a)_ik| |op(b)_kj| for each output element: |a| @ |b| on the CPU
 // in F64, through the CPU matmul kernel itself.
 Tensor AbsProduct(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
-  auto abs64 = [](const Tensor& t) {
-    std::vector<double> v = TensorValues(t);
-    for (double& x : v) x = std::abs(x);
-    return MakeTensor(F64, t.shape(), v);
-  };
-  const Tensor aa = abs64(a), ab = abs64(b);
+  const Tensor aa = testing::AbsF64(a), ab = testing::AbsF64(b);
   Op op = ParseOp(R"pb(type: "matmul" input: [ "a", "b" ] output: "y")pb");
   AttrValue ta, tb;
   ta.set_b(transpose_a);
@@ -154,17 +149,7 @@ TEST_F(CudaOpsTest, MatmulMatchesTheCpuOnEveryPath) {
       // is |gpu - cpu| <= tol * sum_k |a_ik b_kj| + 1e-6 (GEMM's error bound),
       // tol = 1e-5 in F32, 1e-13 in F64.
       const Tensor magnitude = AbsProduct(a, b, c.transpose_a, c.transpose_b);
-      const std::vector<double> got = TensorValues(y_gpu), want = TensorValues(y_cpu), scale = TensorValues(magnitude);
-      ASSERT_EQ(got.size(), want.size());
-      ASSERT_EQ(scale.size(), want.size());
-      const double tol = dtype == F32 ? 1e-5 : 1e-13;
-      int bad = 0;
-      for (size_t i = 0; i < got.size() && bad < 5; ++i) {
-        if (!(std::abs(got[i] - want[i]) <= tol * scale[i] + 1e-6)) {
-          ADD_FAILURE() << "element " << i << ": gpu " << got[i] << " cpu " << want[i] << " scale " << scale[i];
-          ++bad;
-        }
-      }
+      EXPECT_TRUE(testing::WithinErrorBound(y_gpu, y_cpu, magnitude, dtype == F32 ? 1e-5 : 1e-13));
     }
   }
 }
@@ -267,9 +252,7 @@ TEST_F(CudaOpsTest, BinaryOpsRefuseWhatTheCpuRefusesWithTheSameWords) {
 
 // Per output element, the CPU's sum of |x| over the same terms (F64).
 Tensor AbsSumToLike(const Tensor& x, const Tensor& like) {
-  std::vector<double> v = TensorValues(x);
-  for (double& e : v) e = std::abs(e);
-  const Tensor ax = MakeTensor(F64, x.shape(), v);
+  const Tensor ax = testing::AbsF64(x);
   const Tensor al = MakeTensor(F64, like.shape(), std::vector<double>(like.num_elements(), 0.0));
   const Op op = ParseOp(R"pb(type: "sum_to_like" input: [ "x", "like" ] output: "y")pb");
   const absl::StatusOr<Tensor> y = RunKernel(op, F64, {&ax, &al}, RunContext());
@@ -298,18 +281,7 @@ TEST_F(CudaOpsTest, SumToLikeMatchesTheCpu) {
         EXPECT_TRUE(BitEqual(y_gpu, y_cpu));
         continue;
       }
-      const std::vector<double> got = TensorValues(y_gpu), want = TensorValues(y_cpu),
-                                scale = TensorValues(AbsSumToLike(x, like));
-      ASSERT_EQ(got.size(), want.size());
-      ASSERT_EQ(scale.size(), want.size());
-      const double tol = dtype == F32 ? 1e-5 : 1e-13;
-      int bad = 0;
-      for (size_t i = 0; i < got.size() && bad < 5; ++i) {
-        if (!(std::abs(got[i] - want[i]) <= tol * scale[i] + 1e-6)) {
-          ADD_FAILURE() << "element " << i << ": gpu " << got[i] << " cpu " << want[i] << " scale " << scale[i];
-          ++bad;
-        }
-      }
+      EXPECT_TRUE(testing::WithinErrorBound(y_gpu, y_cpu, AbsSumToLike(x, like), dtype == F32 ? 1e-5 : 1e-13));
     }
   }
 }
