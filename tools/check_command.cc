@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "analysis/verify_schedule.h"
+#include "runtime/device.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "tools/cli_common.h"
@@ -63,11 +64,21 @@ int CheckCommand(const std::string& path) {
   std::cout << "  passes: " << absl::StrJoin(result->pass_names, ", ") << "\n";
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
     // Plans and memory predicted for a GPU; what stands between it and a run.
-    const std::string missing = FirstOpWithoutKernel(result->plans, kind);
-    std::cout << "  device: " << DeviceKindLabel(kind) << " (memory planned with its kernels' scratch"
-              << (missing.empty() ? "" : absl::StrCat("; no ", DeviceKindLabel(kind), " kernel yet for ", missing,
-                                                      ", so strata run --device gpu refuses it"))
-              << ")\n";
+    // Only a binary with the device's kernels (strata_gpu) knows their
+    // scratch and which ops have one.
+    std::cout << "  device: " << DeviceKindLabel(kind);
+    if (FindDeviceFactory(kind) == nullptr) {
+      std::cout << " (this strata links no " << DeviceKindLabel(kind)
+                << " kernels: the memory plan leaves out their scratch; strata_gpu check plans it and names any op "
+                   "without one)\n";
+    } else {
+      const std::string missing = FirstOpWithoutKernel(result->plans, kind);
+      std::cout << " (memory planned with its kernels' scratch"
+                << (missing.empty() ? "; every op has a kernel"
+                                    : absl::StrCat("; no ", DeviceKindLabel(kind), " kernel yet for ", missing,
+                                                   ", so run --device gpu refuses it"))
+                << ")\n";
+    }
   }
   const Schedule& schedule = result->plans[0].schedule();
   std::cout << absl::StrFormat("  global batch %d = %d micro-batch(es) of %d, %s schedule, %d rank(s)\n",
