@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/attr_kernels.h"
 #include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
@@ -27,13 +28,9 @@ inline absl::Status OpError(const Op& op, absl::string_view message) {
 }
 
 // Kernels with an Init(const Op&): register with InitFactory.
-class ViewKernel : public OpKernel {
+class ViewKernel : public OpKeepingKernel {
  public:
-  explicit ViewKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    return absl::OkStatus();
-  }
+  using OpKeepingKernel::OpKeepingKernel;
 
  protected:
   // `out`, or its error naming the op.
@@ -43,7 +40,6 @@ class ViewKernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  Op op_;
 };
 
 class ReshapeKernel : public ViewKernel {

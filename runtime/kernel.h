@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -157,12 +158,18 @@ KernelFactory MakeFactory() {
   };
 }
 
-// A factory for a kernel class constructible from (const KernelDef&) with an
-// `absl::Status Init(const Op&)` that reads the attrs.
+// A factory for a kernel class with an `absl::Status Init(const Op&)` that
+// reads the attrs, constructed from (const KernelDef&) or by default.
 template <typename K>
 KernelFactory InitFactory() {
   return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
-    auto kernel = std::make_unique<K>(def);
+    if (def.op == nullptr) return absl::InternalError("kernel built without an op");
+    std::unique_ptr<K> kernel;
+    if constexpr (std::is_constructible_v<K, const KernelDef&>) {
+      kernel = std::make_unique<K>(def);
+    } else {
+      kernel = std::make_unique<K>();
+    }
     if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
     return std::unique_ptr<OpKernel>(std::move(kernel));
   };

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/work_split.h"
@@ -52,17 +53,7 @@ void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rst
 }
 
 // Base of layer_norm and its backward: reads epsilon.
-class LayerNormBase : public OpKernel {
- public:
-  explicit LayerNormBase(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
-    return absl::OkStatus();
-  }
-
- protected:
-  double epsilon_ = 1e-5;
-};
+using LayerNormBase = EpsilonAttrKernel;
 
 // y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all leading dims).
 template <typename T>

@@ -34,17 +34,6 @@ namespace {
 // Elements per ParallelFor chunk: below this an update runs inline on the caller.
 constexpr int64_t kElementwiseChunk = 1 << 14;
 
-// Kernels read their attrs in Init; a factory that reports a failed Init.
-template <typename K>
-KernelFactory InitFactory() {
-  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
-    auto kernel = std::make_unique<K>();
-    if (def.op == nullptr) return absl::InternalError("kernel built without an op");
-    if (absl::Status s = kernel->Init(*def.op); !s.ok()) return s;
-    return std::unique_ptr<OpKernel>(std::move(kernel));
-  };
-}
-
 using kernel_checks::ExpectInputDtype;
 using kernel_checks::ExpectLike;
 using kernel_checks::ExpectNamedInputDtype;

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/shape_op_checks.h"
 #include "kernels/view_kernels.h"
@@ -121,16 +122,7 @@ KernelFactory Factory() {
 
 // Base of the shape kernels: keeps the op for error messages. Subclasses with
 // attrs hide Init with one that calls this first.
-class ShapeKernel : public OpKernel {
- public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    return absl::OkStatus();
-  }
-
- protected:
-  Op op_;
-};
+using ShapeKernel = OpKeepingKernel;
 
 // ---- reshape, flatten, reshape_like: views of the input's buffer -----------
 // kernels/view_kernels.h, shared with the CUDA kernels.
@@ -220,21 +212,7 @@ void ScatterPieces(const Tensor& whole, const std::vector<Tensor*>& pieces, int 
 // Base of concat, concat_grad, split and split_grad: reads "axis", and for
 // the split ops (kSections) "sections".
 template <bool kSections>
-class AxisKernel : public ShapeKernel {
- public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
-    if constexpr (kSections) {
-      STRATA_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
-    }
-    return absl::OkStatus();
-  }
-
- protected:
-  int64_t axis_ = 0;
-  std::vector<int64_t> sections_;
-};
+using AxisKernel = AxisAttrsKernel<kSections>;
 
 template <typename T>
 class ConcatKernel : public AxisKernel<false> {

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cuda/block_sums.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/reduce.h"
@@ -102,17 +103,7 @@ absl::StatusOr<Tensor*> AllocateZeros(KernelContext& ctx, CudaDevice* device, co
 }
 
 // Base of the shape kernels: keeps the op for error messages.
-class CudaShapeKernel : public OpKernel {
- public:
-  explicit CudaShapeKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    return absl::OkStatus();
-  }
-
- protected:
-  Op op_;
-};
+using CudaShapeKernel = OpKeepingKernel;
 
 template <typename T>
 class CudaTransposeKernel : public CudaShapeKernel {
@@ -152,22 +143,7 @@ class CudaTransposeKernel : public CudaShapeKernel {
 // Base of concat, concat_grad, split and split_grad: reads "axis", and for
 // the split ops (kSections) "sections".
 template <bool kSections>
-class CudaAxisKernel : public CudaShapeKernel {
- public:
-  using CudaShapeKernel::CudaShapeKernel;
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
-    if constexpr (kSections) {
-      STRATA_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
-    }
-    return absl::OkStatus();
-  }
-
- protected:
-  int64_t axis_ = 0;
-  std::vector<int64_t> sections_;
-};
+using CudaAxisKernel = AxisAttrsKernel<kSections>;
 
 template <typename T>
 class CudaConcatKernel : public CudaAxisKernel<false> {

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cuda/nn.h"
 #include "kernels/kernel_checks.h"
 #include "proto/shape_rules.h"
@@ -72,17 +73,7 @@ class CudaSoftmaxKernel : public OpKernel {
   int64_t axis_ = -1;
 };
 
-class CudaLayerNormBase : public OpKernel {
- public:
-  explicit CudaLayerNormBase(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
-    return absl::OkStatus();
-  }
-
- protected:
-  double epsilon_ = 1e-5;
-};
+using CudaLayerNormBase = EpsilonAttrKernel;
 
 template <typename T>
 class CudaLayerNormKernel : public CudaLayerNormBase {

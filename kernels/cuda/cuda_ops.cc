@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/relu.h"
 #include "kernels/kernel_checks.h"
@@ -61,19 +62,6 @@ struct GemmType<bfloat16> {
   using type = __nv_bfloat16;  // the same 16 bits
 };
 
-// The matmul family's kernels: they read transpose_a and transpose_b.
-class TransposeAttrsKernel : public OpKernel {
- public:
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    return absl::OkStatus();
-  }
-
- protected:
-  bool ta_ = false, tb_ = false;
-};
-
 // y = op(a) @ op(b), as kernels/cpu/matmul.cc: x @ W with a batched x and a
 // 2-D W is one GEMM over the folded rows; other batches are one GEMM per item.
 template <typename T>
@@ -101,7 +89,6 @@ class CudaMatmulKernel : public TransposeAttrsKernel {
     }
     return absl::OkStatus();
   }
-
 };
 
 // da for y = op(a) @ op(b) with a batched a and a shared 2-D b, as
@@ -130,7 +117,6 @@ class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
     }
     return absl::OkStatus();
   }
-
 };
 
 // db for a shared 2-D b, summed over a's batch, as kernels/cpu/matmul.cc:
@@ -170,7 +156,6 @@ class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
     }
     return absl::OkStatus();
   }
-
 };
 
 // acc [M, N] += op(a) @ op(b) for 2-D a and b, as kernels/cpu/matmul.cc: one
@@ -193,7 +178,6 @@ class CudaMatmulAccumulateKernel : public TransposeAttrsKernel {
     ctx.SetOutput(0, acc);
     return absl::OkStatus();
   }
-
 };
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());

@@ -1,0 +1,82 @@
+#ifndef STRATA_KERNELS_ATTR_KERNELS_H_
+#define STRATA_KERNELS_ATTR_KERNELS_H_
+
+// Device-neutral bases of kernels that read their op's attrs in Init
+// (register them with InitFactory): an op's CPU and CUDA kernels derive from
+// the same one, so both read the same attrs with the same refusals.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/program.pb.h"
+#include "proto/status_macros.h"
+#include "runtime/kernel.h"
+
+namespace strata {
+
+// Keeps the op, for messages that name it.
+class OpKeepingKernel : public OpKernel {
+ public:
+  OpKeepingKernel() = default;
+  explicit OpKeepingKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    op_ = op;
+    return absl::OkStatus();
+  }
+
+ protected:
+  Op op_;
+};
+
+// concat, split and their grads: `axis`, and with kSections `sections`.
+template <bool kSections>
+class AxisAttrsKernel : public OpKeepingKernel {
+ public:
+  using OpKeepingKernel::OpKeepingKernel;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(OpKeepingKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
+    if constexpr (kSections) {
+      STRATA_ASSIGN_OR_RETURN(sections_, AttrInts(op, "sections"));
+    }
+    return absl::OkStatus();
+  }
+
+ protected:
+  int64_t axis_ = 0;
+  std::vector<int64_t> sections_;
+};
+
+// layer_norm and its gradient: `epsilon`.
+class EpsilonAttrKernel : public OpKernel {
+ public:
+  EpsilonAttrKernel() = default;
+  explicit EpsilonAttrKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(epsilon_, AttrFloat(op, "epsilon"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  double epsilon_ = 1e-5;
+};
+
+// The matmul family: `transpose_a` and `transpose_b`.
+class TransposeAttrsKernel : public OpKernel {
+ public:
+  TransposeAttrsKernel() = default;
+  explicit TransposeAttrsKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(ta_, AttrBool(op, "transpose_a"));
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool ta_ = false, tb_ = false;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_ATTR_KERNELS_H_
