@@ -48,6 +48,22 @@ class AxisAttrsKernel : public OpKeepingKernel {
   std::vector<int64_t> sections_;
 };
 
+// slice and its gradient: `axes`, `starts`, `ends`.
+class SliceAttrsKernel : public OpKeepingKernel {
+ public:
+  using OpKeepingKernel::OpKeepingKernel;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(OpKeepingKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
+    STRATA_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
+    STRATA_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  std::vector<int64_t> axes_, starts_, ends_;
+};
+
 // layer_norm and its gradient: `epsilon`.
 class EpsilonAttrKernel : public OpKernel {
  public:

@@ -300,19 +300,7 @@ class SplitGradKernel : public AxisKernel<true> {
 
 // ---- slice, slice_grad -----------------------------------------------------
 
-class SliceBase : public ShapeKernel {
- public:
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
-    STRATA_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
-    STRATA_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
-    return absl::OkStatus();
-  }
-
- protected:
-  std::vector<int64_t> axes_, starts_, ends_;
-};
+using SliceBase = SliceAttrsKernel;
 
 template <typename T>
 class SliceKernel : public SliceBase {

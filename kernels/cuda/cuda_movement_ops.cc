@@ -239,20 +239,7 @@ class CudaSplitGradKernel : public CudaAxisKernel<true> {
   std::vector<int64_t> which_;
 };
 
-class CudaSliceBase : public CudaShapeKernel {
- public:
-  using CudaShapeKernel::CudaShapeKernel;
-  absl::Status Init(const Op& op) {
-    op_ = op;
-    STRATA_ASSIGN_OR_RETURN(axes_, AttrInts(op, "axes"));
-    STRATA_ASSIGN_OR_RETURN(starts_, AttrInts(op, "starts"));
-    STRATA_ASSIGN_OR_RETURN(ends_, AttrInts(op, "ends"));
-    return absl::OkStatus();
-  }
-
- protected:
-  std::vector<int64_t> axes_, starts_, ends_;
-};
+using CudaSliceBase = SliceAttrsKernel;
 
 template <typename T>
 class CudaSliceKernel : public CudaSliceBase {
