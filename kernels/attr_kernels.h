@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "proto/program.pb.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
@@ -62,6 +63,41 @@ class SliceAttrsKernel : public OpKeepingKernel {
 
  protected:
   std::vector<int64_t> axes_, starts_, ends_;
+};
+
+// dropout and its gradient: `p` (validated to [0, 1) by the schema) and the
+// op's uid, which keys its mask stream.
+class DropoutAttrsKernel : public OpKernel {
+ public:
+  DropoutAttrsKernel() = default;
+  explicit DropoutAttrsKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(p_, AttrFloat(op, "p"));
+    if (!(p_ >= 0.0 && p_ < 1.0)) {
+      return absl::InternalError(absl::StrCat(op.type(), ": attr 'p' = ", p_, " was not validated"));
+    }
+    uid_ = op.uid();
+    return absl::OkStatus();
+  }
+
+ protected:
+  double p_ = 0.5;
+  int64_t uid_ = 0;
+};
+
+// embedding_grad: `num_embeddings` (the table's V; >= 1 by the schema).
+class EmbeddingGradAttrsKernel : public OpKernel {
+ public:
+  EmbeddingGradAttrsKernel() = default;
+  explicit EmbeddingGradAttrsKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(vocab_, AttrInt(op, "num_embeddings"));
+    if (vocab_ < 1) return absl::InternalError("embedding_grad: attr 'num_embeddings' was not validated");
+    return absl::OkStatus();
+  }
+
+ protected:
+  int64_t vocab_ = 0;
 };
 
 // layer_norm and its gradient: `epsilon`.

@@ -100,6 +100,16 @@ inline absl::StatusOr<PoolGeometry> AvgPoolGradGeometry(const PoolAttrs& attrs, 
   return g;
 }
 
+// Base of the four pooling kernels of either device: reads the pooling attrs.
+class PoolAttrsKernel : public OpKernel {
+ public:
+  explicit PoolAttrsKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) { return attrs_.Read(op); }
+
+ protected:
+  PoolAttrs attrs_;
+};
+
 }  // namespace pool2d
 }  // namespace strata
 

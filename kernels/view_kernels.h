@@ -1,10 +1,10 @@
 #ifndef STRATA_KERNELS_VIEW_KERNELS_H_
 #define STRATA_KERNELS_VIEW_KERNELS_H_
 
-// reshape, flatten and reshape_like: the output is a view of the input's
-// buffer in another shape, so one kernel serves every device (registered by
-// kernels/cpu/shape_ops.cc for the CPU, kernels/cuda/cuda_unary_ops.cc for
-// CUDA). Output shapes come from the schemas' own rules
+// reshape, flatten, reshape_like and identity: the output is a view of the
+// input's buffer (in another shape), so one kernel serves every device
+// (registered by kernels/cpu/shape_ops.cc and utility.cc for the CPU,
+// kernels/cuda/cuda_unary_ops.cc for CUDA). Output shapes come from the schemas' own rules
 // (proto/shape_rules.h), so a kernel refuses what its schema refuses, in the
 // same words, prefixed with the op's type.
 
@@ -88,6 +88,16 @@ class ReshapeLikeKernel : public ViewKernel {
       return OpError(op_, absl::StrCat("dy ", ShapeString(dy.shape()), " does not fit ", ShapeString(like.shape())));
     }
     ctx.SetOutput(0, dy.Reshaped(like.shape()));
+    return absl::OkStatus();
+  }
+};
+
+// identity: the output is the input, its buffer included.
+class IdentityKernel : public OpKernel {
+ public:
+  explicit IdentityKernel(const KernelDef&) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    ctx.SetOutput(0, ctx.input(0));
     return absl::OkStatus();
   }
 };

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/worker_env.h"
 
@@ -52,7 +53,7 @@ constexpr auto kCauseGrace = std::chrono::milliseconds(300);
 
 // Whether a rank's error says it failed because a peer went away (the
 // communicators' "connection lost"), not for a reason of its own.
-bool LostAPeer(absl::string_view error) { return absl::StrContains(error, "connection lost"); }
+bool LostAPeer(absl::string_view error) { return absl::StrContains(error, kConnectionLost); }
 
 // Deadlines follow the monotonic clock, immune to wall-clock steps.
 using Clock = std::chrono::steady_clock;

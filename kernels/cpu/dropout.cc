@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "runtime/kernel.h"
 #include "runtime/philox.h"
@@ -45,19 +46,9 @@ void ApplyMask(const RunContext& run, int64_t uid, double p, int64_t base, int64
 
 // Shared by dropout (x -> y) and dropout_grad (dy -> dx): the same mask, scaled the same way.
 template <typename T>
-class DropoutKernel : public OpKernel {
+class DropoutKernel : public DropoutAttrsKernel {
  public:
-  explicit DropoutKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    auto p = AttrFloat(op, "p");
-    if (!p.ok()) return p.status();
-    if (!(*p >= 0.0 && *p < 1.0)) {
-      return absl::InternalError(absl::StrCat(op.type(), ": attr 'p' = ", *p, " was not validated"));
-    }
-    p_ = *p;
-    uid_ = op.uid();
-    return absl::OkStatus();
-  }
+  using DropoutAttrsKernel::DropoutAttrsKernel;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -73,10 +64,6 @@ class DropoutKernel : public OpKernel {
     ApplyMask<T>(run, uid_, p_, run.sample_offset * per_sample, n, x.data<T>(), y->data<T>());
     return absl::OkStatus();
   }
-
- private:
-  double p_ = 0.5;
-  int64_t uid_ = 0;
 };
 
 STRATA_REGISTER_KERNEL("dropout", DEVICE_CPU, F32, InitFactory<DropoutKernel<float>>());

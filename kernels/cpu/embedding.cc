@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
@@ -62,16 +63,9 @@ class EmbeddingKernel : public OpKernel {
 
 // dtable [V, D] = zeros, then dtable[ids[i]] += dy[i] for every position i.
 template <typename T>
-class EmbeddingGradKernel : public OpKernel {
+class EmbeddingGradKernel : public EmbeddingGradAttrsKernel {
  public:
-  explicit EmbeddingGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    auto v = AttrInt(op, "num_embeddings");
-    if (!v.ok()) return v.status();
-    if (*v < 1) return absl::InternalError("embedding_grad: attr 'num_embeddings' was not validated");
-    vocab_ = *v;
-    return absl::OkStatus();
-  }
+  using EmbeddingGradAttrsKernel::EmbeddingGradAttrsKernel;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& ids = ctx.input(0);
@@ -93,9 +87,6 @@ class EmbeddingGradKernel : public OpKernel {
     });
     return absl::OkStatus();
   }
-
- private:
-  int64_t vocab_ = 0;
 };
 
 STRATA_REGISTER_KERNEL("embedding", DEVICE_CPU, F32, InitFactory<EmbeddingKernel<float>>());

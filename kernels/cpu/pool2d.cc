@@ -254,15 +254,7 @@ void MaxPool2x2GradPlane(const T* plane, const T* grad, int64_t h, int64_t w, in
   std::fill(dx + 2 * ho * w, dx + h * w, T(0));
 }
 
-// Base of the four pooling kernels: reads the pooling attrs.
-class PoolKernel : public OpKernel {
- public:
-  explicit PoolKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) { return attrs_.Read(op); }
-
- protected:
-  PoolAttrs attrs_;
-};
+using PoolKernel = pool2d::PoolAttrsKernel;
 
 // y [N, C, Ho, Wo] = max (kMax) or mean over each window of x [N, C, H, W];
 // the mean's divisor counts padding unless exclusive.

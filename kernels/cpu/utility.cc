@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/view_kernels.h"
 
 namespace strata {
 namespace {
@@ -78,15 +79,6 @@ class FillScalarKernel : public OpKernel {
   double value_;
 };
 
-class IdentityKernel : public OpKernel {
- public:
-  explicit IdentityKernel(const KernelDef&) {}
-  absl::Status Compute(KernelContext& ctx) override {
-    ctx.SetOutput(0, ctx.input(0));
-    return absl::OkStatus();
-  }
-};
-
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F32, (MakeFactory<AddNKernel<float>>()));
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F64, (MakeFactory<AddNKernel<double>>()));
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, I64, (MakeFactory<AddNKernel<int64_t>>()));
@@ -97,11 +89,11 @@ STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F64, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I64, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I32, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, BOOL, FillLikeKernel::Create);
-STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F32, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F64, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I64, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I32, MakeFactory<IdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, BOOL, MakeFactory<IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F32, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F64, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I64, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I32, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, BOOL, MakeFactory<view_kernels::IdentityKernel>());
 
 }  // namespace
 }  // namespace strata

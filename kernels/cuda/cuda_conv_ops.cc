@@ -38,14 +38,7 @@ cuda::Pool2dShape ShapeOf(const PoolGeometry& g) {
   return {g.planes, g.h, g.w, g.ho, g.wo, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw};
 }
 
-class CudaPoolKernel : public OpKernel {
- public:
-  explicit CudaPoolKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) { return attrs_.Read(op); }
-
- protected:
-  PoolAttrs attrs_;
-};
+using CudaPoolKernel = pool2d::PoolAttrsKernel;
 
 // y [N, C, Ho, Wo] = max (kMax) or mean over each window of x [N, C, H, W].
 template <typename T, bool kMax>

@@ -120,17 +120,12 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
 // dropout (x -> y) and dropout_grad (dy -> dx): the CPU's stream
 // (kernels/cpu/dropout.cc), drawn on the device from runtime/philox.h.
 template <typename T>
-class CudaDropoutKernel : public OpKernel {
+class CudaDropoutKernel : public DropoutAttrsKernel {
  public:
-  explicit CudaDropoutKernel(const KernelDef&) {}
+  using DropoutAttrsKernel::DropoutAttrsKernel;
   absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(p_, AttrFloat(op, "p"));
-    if (!(p_ >= 0.0 && p_ < 1.0)) {
-      return absl::InternalError(absl::StrCat(op.type(), ": attr 'p' = ", p_, " was not validated"));
-    }
-    uid_ = op.uid();
     name_ = op.type();
-    return absl::OkStatus();
+    return DropoutAttrsKernel::Init(op);
   }
 
   absl::Status Compute(KernelContext& ctx) override {
@@ -153,8 +148,6 @@ class CudaDropoutKernel : public OpKernel {
   }
 
  private:
-  double p_ = 0.5;
-  int64_t uid_ = 0;
   std::string name_;
 };
 
@@ -179,14 +172,9 @@ class CudaEmbeddingKernel : public OpKernel {
 };
 
 template <typename T>
-class CudaEmbeddingGradKernel : public OpKernel {
+class CudaEmbeddingGradKernel : public EmbeddingGradAttrsKernel {
  public:
-  explicit CudaEmbeddingGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(vocab_, AttrInt(op, "num_embeddings"));
-    if (vocab_ < 1) return absl::InternalError("embedding_grad: attr 'num_embeddings' was not validated");
-    return absl::OkStatus();
-  }
+  using EmbeddingGradAttrsKernel::EmbeddingGradAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& ids = ctx.input(0);
@@ -200,9 +188,6 @@ class CudaEmbeddingGradKernel : public OpKernel {
                                                 keys.defined() ? keys.data<int64_t>() : nullptr, device->stream()),
                       "embedding_grad");
   }
-
- private:
-  int64_t vocab_ = 0;
 };
 
 // layer_norm_grad: each row's mean and rstd, and the per-block partial

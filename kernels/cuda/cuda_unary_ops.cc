@@ -249,16 +249,6 @@ class CudaFillScalarKernel : public OpKernel {
   uint64_t bits_;
 };
 
-// The output is the input (its buffer), as on the CPU.
-class CudaIdentityKernel : public OpKernel {
- public:
-  explicit CudaIdentityKernel(const KernelDef&) {}
-  absl::Status Compute(KernelContext& ctx) override {
-    ctx.SetOutput(0, ctx.input(0));
-    return absl::OkStatus();
-  }
-};
-
 using cuda::UnaryGradOp;
 using cuda::UnaryOp;
 STRATA_REGISTER_KERNEL("exp", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kExp>>()));
@@ -301,11 +291,11 @@ STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F64, MakeFactory<CudaAddNKernel<dou
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, I64, MakeFactory<CudaAddNKernel<int64_t>>());
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F32, CudaFillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F64, CudaFillScalarKernel::Create);
-STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F32, MakeFactory<CudaIdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F64, MakeFactory<CudaIdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, I64, MakeFactory<CudaIdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, I32, MakeFactory<CudaIdentityKernel>());
-STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, BOOL, MakeFactory<CudaIdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F32, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F64, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, I64, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, I32, MakeFactory<view_kernels::IdentityKernel>());
+STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, BOOL, MakeFactory<view_kernels::IdentityKernel>());
 STRATA_REGISTER_KERNEL("accumulate", DEVICE_CUDA, F32, MakeFactory<CudaAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("accumulate", DEVICE_CUDA, F64, MakeFactory<CudaAccumulateKernel<double>>());
 STRATA_REGISTER_KERNEL("fill_zero", DEVICE_CUDA, F32, MakeFactory<CudaFillZeroKernel>());

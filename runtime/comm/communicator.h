@@ -6,10 +6,15 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "runtime/tensor.h"
 
 namespace strata {
+
+// The words a communicator's error carries when a peer's connection went
+// away: the launcher tells such consequences from a failure's cause by them.
+inline constexpr absl::string_view kConnectionLost = "connection lost";
 
 // The communicator interface every transport implements (GlooCommunicator for
 // host tensors; NcclCommunicator for one GPU per rank), shaped after c10d's

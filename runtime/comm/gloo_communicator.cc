@@ -88,7 +88,7 @@ absl::Status StatusFromException(std::exception_ptr error, const std::string& wh
         absl::StrContains(message, "Wait timeout")) {
       return absl::DeadlineExceededError(absl::StrCat(what, " timed out: ", message));
     }
-    return absl::UnavailableError(absl::StrCat(what, " failed, connection lost: ", message));
+    return absl::UnavailableError(absl::StrCat(what, " failed, ", kConnectionLost, ": ", message));
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(absl::StrCat(what, " failed inside Gloo: ", e.what()));
   } catch (const std::exception& e) {
