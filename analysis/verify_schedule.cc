@@ -1,5 +1,6 @@
 #include "analysis/verify_schedule.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/memory_plan.h"
 #include "compiler/graph_index.h"
+#include "compiler/op_registry.h"
 #include "proto/roles.h"
 
 namespace strata {
@@ -77,6 +79,13 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
     auto it = vars.find(v.name());
     if (it != vars.end() && it->second == nullptr) it->second = &v;
   }
+  // Once-per-update ops (gradient buckets) act in the last micro-batch's backward only.
+  std::vector<bool> once(p.op_size(), false);
+  for (int i : transfer_ops) {
+    const OpSchema* schema = OpRegistry::Global().Find(p.op(i).type());
+    once[i] = schema != nullptr && schema->once_per_update;
+  }
+  const int last_micro_batch = std::max(1, plan.schedule().micro_batches()) - 1;
   std::map<std::string, int> ordinals;  // communicator -> collectives entered so far
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
@@ -84,6 +93,7 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
     for (int i : transfer_ops) {
       const Op& op = p.op(i);
       if (!ActionRuns(a.kind(), op.role())) continue;
+      if (once[i] && !(a.kind() == Action::BACKWARD && a.micro_batch() == last_micro_batch)) continue;
       Event e;
       if (op.has_group()) {
         e.is_send = false;

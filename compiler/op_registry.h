@@ -145,6 +145,11 @@ struct OpSchema {
   bool differentiable = false;
   bool stateful = false;   // writes persistent vars in place (optimizer updates)
   bool output_aliases_input = false;  // output 0 shares input 0's buffer (reshape, identity)
+  // Acts once per optimizer update: in the backward of the last micro-batch
+  // of a step the optimizer runs at the end of (bucket_allreduce); in the
+  // other backward actions its kernel does nothing. The schedule verifier
+  // and the memory plan count it there only.
+  bool once_per_update = false;
   std::string doc;
 
   const AttrSpec* FindAttr(const std::string& name) const;
@@ -188,6 +193,7 @@ class OpDef {
   OpDef& Stateful() { schema_.stateful = true; return *this; }
   // Output 0 shares input 0's buffer; the memory plan counts no new bytes for it.
   OpDef& AliasesInput() { schema_.output_aliases_input = true; return *this; }
+  OpDef& OncePerUpdate() { schema_.once_per_update = true; return *this; }
   OpDef& Doc(std::string doc) { schema_.doc = std::move(doc); return *this; }
   OpSchema Build() && { return std::move(schema_); }
 

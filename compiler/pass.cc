@@ -7,6 +7,13 @@
 
 namespace strata {
 
+int CompileContext::GroupAlong(absl::string_view axis) const {
+  for (const CommGroup& g : mesh.GroupsOf(rank)) {
+    if (g.axis_size() == 1 && g.axis(0) == axis) return g.id();
+  }
+  return 0;
+}
+
 namespace {
 
 int64_t NowNs() {

@@ -32,6 +32,9 @@ struct CompileContext {
   int dp_degree() const { return mesh.AxisSize("dp"); }
   int stage() const { return mesh.Coordinate(rank, "pp"); }
   int dp_rank() const { return mesh.Coordinate(rank, "dp"); }
+  // The id of this rank's communication group along `axis` (Mesh::GroupsOf);
+  // 0, the world, where the axis has size 1.
+  int GroupAlong(absl::string_view axis) const;
 };
 
 // Seconds spent per phase of a compilation ("autodiff", "verify", ...),

@@ -59,7 +59,10 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     const auto& d = strategy.data_parallel();
     if (d.degree() <= 0) return StrategyError(file, "data_parallel.degree", absl::StrCat("must be > 0, got ", d.degree()));
     if (d.degree() > 4096) return StrategyError(file, "data_parallel.degree", absl::StrCat("absurdly large: ", d.degree()));
-    if (d.bucket_mb() < 0) return StrategyError(file, "data_parallel.bucket_mb", absl::StrCat("must be >= 0, got ", d.bucket_mb()));
+    if (!(d.bucket_mb() >= 0 && d.bucket_mb() <= 1024)) {
+      return StrategyError(file, "data_parallel.bucket_mb",
+                           absl::StrCat("must be in (0, 1024] (or 0 for the default 25), got ", d.bucket_mb()));
+    }
     dp = d.degree();
   }
   if (strategy.has_gradient_merge() && strategy.gradient_merge().k_steps() <= 0) {
@@ -106,11 +109,10 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   result.pass_names = {"validate"};
   if (options.dump_after == "validate") result.dumped = program;
   STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
-  const int dp = strategy.has_data_parallel() ? static_cast<int>(strategy.data_parallel().degree()) : 1;
-  if (dp > 1 || strategy.has_gradient_merge() || strategy.has_recompute()) {
+  if (strategy.has_gradient_merge() || strategy.has_recompute()) {
     return absl::UnimplementedError(absl::StrCat(
-        strategy_file, ": data_parallel, gradient_merge and recompute are not built yet in this version; "
-                       "pipeline is"));
+        strategy_file, ": gradient_merge and recompute are not built yet in this version; "
+                       "pipeline and data_parallel are"));
   }
   return absl::OkStatus();
 }

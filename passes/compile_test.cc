@@ -47,8 +47,8 @@ TEST(CompileTest, RefusesStrategiesNotBuiltYetSayingSo) {
   auto p = ParseProgramText(kProgram, "m.pbtxt");
   ASSERT_TRUE(p.ok());
   Strategy s;
-  s.mutable_data_parallel()->set_degree(2);
-  auto r = Compile(*p, s, CompileOptions(), "dp.pbtxt");
+  s.mutable_gradient_merge()->set_k_steps(2);
+  auto r = Compile(*p, s, CompileOptions(), "gm.pbtxt");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not built yet"), std::string::npos) << r.status();
 }
@@ -61,7 +61,9 @@ TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
   Strategy pipeline;
   pipeline.mutable_pipeline()->set_micro_batch_size(2);
   pipeline.mutable_pipeline()->set_accumulate_steps(3);
-  for (const Strategy& s : {Strategy(), pipeline}) {
+  Strategy data_parallel = pipeline;
+  data_parallel.mutable_data_parallel()->set_degree(2);
+  for (const Strategy& s : {Strategy(), pipeline, data_parallel}) {
     auto r = Compile(*p, s, CompileOptions());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();

@@ -12,15 +12,6 @@
 namespace strata {
 namespace {
 
-// The id of this rank's pipeline group (its stages): the global gradient
-// norm is summed over it.
-int PipelineGroup(const CompileContext& ctx) {
-  for (const CommGroup& g : ctx.mesh.GroupsOf(ctx.rank)) {
-    if (g.axis_size() == 1 && g.axis(0) == "pp") return g.id();
-  }
-  return 0;  // one stage: the world (of this one rank)
-}
-
 // Collects the optimizer's vars and ops and appends them to the graph; each
 // op's output vars are typed by its shape function as it is appended.
 class BlockBuilder {
@@ -231,7 +222,7 @@ void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, co
   const DataType norm = NormDtype(ctx, dtypes);
   std::string sumsq = AddPartialSumOfSquares(b, params, fields, norm, home_stage);
   if (ctx.num_stages() > 1) {
-    b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, PipelineGroup(ctx));
+    b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, ctx.GroupAlong("pp"));
     sumsq = "@grad_sumsq.all";
   }
   const std::string coef = "@clip_coef";
@@ -300,7 +291,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     // A stage that trains nothing still joins the other stages' allreduce of
     // the global gradient norm, with zero; without it they would wait forever.
     AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
-    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, PipelineGroup(ctx));
+    b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, ctx.GroupAlong("pp"));
     if (auto s = b.Finish(); !s.ok()) return s;
     return true;
   }

@@ -1,6 +1,7 @@
 #include "passes/pipeline_builder.h"
 
 #include "compiler/autodiff.h"
+#include "passes/data_parallel.h"
 #include "passes/micro_batch.h"
 #include "passes/optimizer.h"
 #include "passes/pipeline_split.h"
@@ -15,11 +16,12 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy&) {
   return pipeline;
 }
 
-std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy&) {
+std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
   auto pipeline = std::make_unique<PassPipeline>("per-rank");
   pipeline->AddPass<PipelineSplitPass>();
   pipeline->AddPass<OptimizerPass>();
   pipeline->AddPass<MicroBatchPass>();
+  if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();
   return pipeline;
 }
 

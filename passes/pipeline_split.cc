@@ -16,7 +16,7 @@ namespace {
 struct Transfer {
   int var;
   int src_stage, dst_stage;
-  int64_t id;
+  int64_t id;  // unique in the job: each data-parallel replica's pipeline numbers its own
 };
 
 Op MakeTransferOp(const Graph& graph, const std::string& type, const Transfer& t, const CompileContext& ctx,
@@ -110,6 +110,11 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       }
     }
   }
+
+  // Each data-parallel replica's pipeline has its own channels, so that a
+  // channel names one pair of ranks in the whole job.
+  const int64_t replica_offset = static_cast<int64_t>(ctx.dp_rank()) * static_cast<int64_t>(transfers.size());
+  for (Transfer& t : transfers) t.id += replica_offset;
 
   // This stage's ops stay, each with a recv before it for what it reads from
   // other stages and a send after it for what other stages read of it.

@@ -43,6 +43,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const RankPlan& plan,
 absl::Status Executor::Prepare() {
   const Program& program = plan_.program();
   const int num_vars = program.var_size();
+  dp_degree_ = std::max(1, plan_.topology().dp_degree());
+  dp_rank_ = plan_.topology().dp_rank();
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
   state_.resize(num_vars);
@@ -290,6 +292,7 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   run.micro_batch_size = micro_batch_size;
   run.comms = options_.comms;
   run.pending_sends = &pending_sends_;
+  run.pending_buckets = &pending_buckets_;
   run.comm_timeout_s = options_.comm_timeout_s;
   return run;
 }
@@ -357,6 +360,13 @@ absl::Status Executor::FinishStep(absl::Status status) {
   status = WaitSends(pending_sends_, status);
   for (auto& [action, sends] : held_sends_) status = WaitSends(sends, status);
   held_sends_.clear();
+  // A bucket posted but not waited for (a step that failed) finishes before
+  // its buffer may be written again.
+  for (auto& [bucket, pending] : pending_buckets_) {
+    absl::Status s = pending.work->Wait(absl::Seconds(options_.comm_timeout_s));
+    if (status.ok() && !s.ok()) status = absl::Status(s.code(), absl::StrCat(pending.what, ": ", s.message()));
+  }
+  pending_buckets_.clear();
   for (auto& scope : scopes_) {
     for (Tensor& t : scope) t = Tensor();
   }
@@ -374,11 +384,15 @@ absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tenso
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows does not split into ", micro_batches,
                                                    " micro-batches"));
   }
+  const int64_t stride = std::max<int64_t>(1, rows / micro_batches * dp_degree_);  // rows of one global micro-batch
   return TrainStep(
       [&](int64_t first, int64_t n) -> absl::StatusOr<std::map<std::string, Tensor>> {
         if (micro_batches == 1) return feeds;
+        // The feeds are this rank's share: micro-batch first / stride of it.
         std::map<std::string, Tensor> slice;
-        for (const Var* v : feeds_) slice[v->name()] = SliceRows(feeds.at(v->name()), first, n, options_.device);
+        for (const Var* v : feeds_) {
+          slice[v->name()] = SliceRows(feeds.at(v->name()), first / stride * n, n, options_.device);
+        }
         return slice;
       },
       sample_offset, rows / micro_batches);
@@ -388,6 +402,10 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   return TrainStep(feeds, sample_offset, plan_.schedule().micro_batch_size());
 }
 
+int64_t Executor::SampleRow(int micro_batch, int64_t rows) const {
+  return (int64_t{micro_batch} * dp_degree_ + dp_rank_) * rows;
+}
+
 absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows) {
   const int micro_batches = std::max(1, plan_.schedule().micro_batches());
   StepResult result;
@@ -395,7 +413,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
     const Action& action = plan_.schedule().action(i);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
-    RunContext run = MakeRunContext(sample_offset + mb * rows, true, micro_batches, rows);
+    RunContext run = MakeRunContext(sample_offset + SampleRow(mb, rows), true, micro_batches, rows);
     run.micro_batch = mb;
     const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
     const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
@@ -404,7 +422,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
                                                            : optimize_;
     if (action.kind() == Action::FORWARD) {
       if (!feeds_.empty()) {
-        auto loaded = feeds(mb * rows, rows);
+        auto loaded = feeds(SampleRow(mb, rows), rows);
         if (!loaded.ok()) {
           status = loaded.status();
           break;

@@ -48,12 +48,17 @@ class Executor {
   // of consecutive rows). sample_offset is the global index of its first sample.
   absl::StatusOr<StepResult> TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset);
   // The same, loading each micro-batch's rows [first_row, first_row + rows)
-  // of this rank's share only when its forward starts, so a schedule holds
-  // just the micro-batches in flight.
+  // of the step's global batch only when its forward starts, so a schedule
+  // holds just the micro-batches in flight. Data-parallel rank d of D reads
+  // the d-th slice of every micro-batch: micro-batch m's rows start at
+  // (m * D + d) * rows (SampleRow).
   using FeedFn = std::function<absl::StatusOr<std::map<std::string, Tensor>>(int64_t first_row, int64_t rows)>;
   absl::StatusOr<StepResult> TrainStep(const FeedFn& feeds, int64_t sample_offset);
   // With `rows` per micro-batch (the whole-batch overload's split).
   absl::StatusOr<StepResult> TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows);
+  // The row of the step's global batch where this rank's micro-batch
+  // `micro_batch` of `rows` samples starts.
+  int64_t SampleRow(int micro_batch, int64_t rows) const;
   // Forward only over one batch of any size, dropout off; nothing is updated.
   // On a pipeline every rank calls it with the same batch.
   // `rows` is the batch's size (a pipeline stage that reads no feed needs it
@@ -131,6 +136,9 @@ class Executor {
   int loss_slot_ = -1;
   std::vector<std::pair<std::string, int>> fetch_slots_;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
+  std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
+  int dp_degree_ = 1;
+  int dp_rank_ = 0;
   // Posted sends by the action at whose end they are waited for and dropped
   // (their buffers freed), as the plan's send_waits say; the rest at the step's end.
   std::map<int, std::vector<std::unique_ptr<Work>>> held_sends_;

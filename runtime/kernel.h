@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <type_traits>
 #include <string>
@@ -24,6 +25,13 @@ class CommunicatorSet;
 class Work;
 
 // What a step tells every kernel; random ops key their streams on it.
+// A collective posted by one op and waited for by another, with what it is
+// ("allreduce of bucket 2 (3 gradients, F32[1290]) over group 3 (dp: ranks 1, 3)").
+struct PendingCollective {
+  std::unique_ptr<Work> work;
+  std::string what;
+};
+
 struct RunContext {
   uint64_t seed = 0;
   int64_t step = 0;           // optimizer steps taken before this one
@@ -40,6 +48,13 @@ struct RunContext {
   // their group's by id.
   const CommunicatorSet* comms = nullptr;
   std::vector<std::unique_ptr<Work>>* pending_sends = nullptr;  // the executor waits for them where the memory plan says
+  // Gradient buckets being summed over the data-parallel group, by bucket id:
+  // bucket_allreduce posts, bucket_wait waits (the executor, for any left
+  // at a step's end).
+  std::map<int64_t, PendingCollective>* pending_buckets = nullptr;
+  // The optimizer runs at the end of this step (every step, but every k-th
+  // under gradient merge): once-per-update ops act in its last backward.
+  bool update_step = true;
   double comm_timeout_s = 300;
 };
 

@@ -22,6 +22,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/executor.h"
 #include "runtime/fault_injection.h"
 #include "runtime/json_line.h"
@@ -108,29 +109,62 @@ std::string AccuracyFetch(const Program& program) {
   return "";
 }
 
+// Sums `values` over the data-parallel group, in place (a no-op without one).
+absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double timeout_s, const std::string& what) {
+  if (dp == nullptr || values.empty()) return absl::OkStatus();
+  Tensor t = Tensor::Empty(F64, {static_cast<int64_t>(values.size())});
+  if (!t.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory summing ", what));
+  std::copy(values.begin(), values.end(), t.data<double>());
+  if (auto s = dp->AllReduce(&t, ReduceOp::kSum)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("summing ", what, " over the data-parallel group: ", s.message()));
+  }
+  std::copy(t.data<double>(), t.data<double>() + values.size(), values.begin());
+  return absl::OkStatus();
+}
+
+// The data set in batches of `batch`; data-parallel rank d of D evaluates
+// the d-th contiguous slice of each, and the group sums what it saw, so every
+// rank reports the single device's numbers.
 absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& data, const std::string& name,
-                                          int64_t batch, const std::string& acc_fetch) {
+                                          int64_t batch, const std::string& acc_fetch, Communicator* dp,
+                                          double timeout_s) {
   EvalMetrics m;
   m.name = name;
+  const int64_t degree = std::max(1, executor.plan().topology().dp_degree());
+  const int64_t dp_rank = executor.plan().topology().dp_rank();
   double loss_sum = 0, acc_sum = 0;
   int64_t seen = 0;
   std::vector<int64_t> indices;
   for (int64_t begin = 0; begin < data.size(); begin += batch) {
-    int64_t n = std::min(batch, data.size() - begin);
+    const int64_t total = std::min(batch, data.size() - begin);
+    const int64_t first = begin + total * dp_rank / degree;
+    const int64_t n = begin + total * (dp_rank + 1) / degree - first;
+    if (n == 0) continue;  // a last batch smaller than the group (every stage of this replica skips it)
     indices.resize(n);
-    for (int64_t i = 0; i < n; ++i) indices[i] = begin + i;
+    for (int64_t i = 0; i < n; ++i) indices[i] = first + i;
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
     DropUnreadFeeds(executor, &*feeds);
-    auto r = executor.Evaluate(*feeds, 0, n);
+    auto r = executor.Evaluate(*feeds, first, n);
     if (!r.ok()) return r.status();
     loss_sum += r->loss * n;
     if (!acc_fetch.empty()) acc_sum += r->fetches[acc_fetch] * n;
     seen += n;
   }
-  m.loss = loss_sum / std::max<int64_t>(seen, 1);
-  m.accuracy = acc_fetch.empty() ? -1 : acc_sum / std::max<int64_t>(seen, 1);
+  std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
+  STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation"));
+  m.loss = sums[0] / std::max(sums[2], 1.0);
+  m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
   return m;
+}
+
+// This rank's data-parallel group's communicator; null without data parallelism.
+absl::StatusOr<Communicator*> DataParallelCommunicator(const RankPlan& plan, const CommunicatorSet* comms) {
+  if (comms == nullptr || plan.topology().dp_degree() <= 1) return nullptr;
+  for (const CommGroup& g : plan.topology().group()) {
+    if (g.axis_size() == 1 && g.axis(0) == "dp") return comms->Get(g.id());
+  }
+  return absl::InternalError("the plan has a data-parallel degree but no dp group");
 }
 
 // Pipeline stages hold only their own ops, so the stage with the loss tells
@@ -340,7 +374,9 @@ class TrainSession {
         options_(options),
         t_begin_(Clock::now()),
         world_(options.comms != nullptr ? options.comms->world() : nullptr),
-        reporter_(!plan.program().loss().empty()),
+        holds_loss_(!plan.program().loss().empty()),
+        // One rank of the data-parallel group holding the loss reports it.
+        reporter_(holds_loss_ && plan.topology().dp_rank() == 0),
         progress_(options.progress && reporter_),
         acc_fetch_(AccuracyFetch(plan.program())),
         eval_name_(EvalName(options.eval_data)) {
@@ -398,8 +434,11 @@ class TrainSession {
   // The trainer's own agreements (settings, stops, saves, summaries) run
   // over the world's communicator, between steps.
   Communicator* const world_;
-  // This rank holds the loss: it writes the metrics and the progress lines.
+  const bool holds_loss_;
+  // This rank holds the loss (the first of its data-parallel group): it
+  // writes the metrics and the progress lines.
   const bool reporter_;
+  Communicator* dp_ = nullptr;  // the data-parallel group's communicator, if any
   const bool progress_;
   const std::string acc_fetch_;
   const std::string eval_name_;
@@ -434,6 +473,7 @@ absl::Status TrainSession::CreateExecutor() {
   }
   eopts.comm_timeout_s = options_.comm_timeout_s;
   STRATA_ASSIGN_OR_RETURN(executor_, Executor::Create(plan_, eopts));
+  STRATA_ASSIGN_OR_RETURN(dp_, DataParallelCommunicator(plan_, options_.comms));
   return absl::OkStatus();
 }
 
@@ -632,16 +672,18 @@ void TrainSession::StartPrefetcher() {
   });
 }
 
-// Rows [first, first + rows) of the step's batch, on this rank's device; the
-// prefetcher starts loading the micro-batch after them (of the next step
-// after the last).
+// Rows [first, first + rows) of the step's global batch, on this rank's
+// device; the prefetcher starts loading this rank's micro-batch after them
+// (of the next step after the last).
 absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int64_t step, int64_t first,
                                                                             int64_t rows) {
+  // This rank's next micro-batch: one global micro-batch on.
   std::optional<FeedPrefetcher::Key> next;
-  if (first + rows < batch_) {
-    next = FeedPrefetcher::Key{step, first + rows, rows};
+  const int64_t stride = rows * std::max(1, plan_.topology().dp_degree());
+  if (first + stride < batch_) {
+    next = FeedPrefetcher::Key{step, first + stride, rows};
   } else if (step + 1 < total_steps_) {
-    next = FeedPrefetcher::Key{step + 1, 0, rows};
+    next = FeedPrefetcher::Key{step + 1, executor_->SampleRow(0, rows), rows};
   }
   auto feeds = prefetcher_->Get({step, first, rows}, next);
   if (!feeds.ok()) return feeds.status();
@@ -664,6 +706,16 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
       0);
   report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
+  if (holds_loss_ && dp_ != nullptr) {
+    // Each replica's loss and fetches are means over its equal share of the
+    // global batch: their mean over the group is the global batch's.
+    std::vector<double> values = {r->loss};
+    for (const auto& [name, v] : r->fetches) values.push_back(v);
+    STRATA_RETURN_IF_ERROR(SumOverGroup(dp_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s loss")));
+    r->loss = values[0] / dp_->size();
+    size_t k = 1;
+    for (auto& [name, v] : r->fetches) v = values[k++] / dp_->size();
+  }
   if (r->has_loss && !std::isfinite(r->loss)) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
                                                    "; training diverged (lower the learning rate?)"));
@@ -728,7 +780,11 @@ bool TrainSession::PeriodicSaveDue() const {
 // Every rank writes its share of a step folder, and they agree that all did.
 absl::Status TrainSession::Save() {
   Checkpoint ckpt;
-  STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor_->HostState());
+  // One writer per parameter: data-parallel replicas hold the same state, so
+  // the first of each group writes it and the others a file of metadata.
+  if (plan_.topology().dp_rank() == 0) {
+    STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor_->HostState());
+  }
   ckpt.metadata["epoch"] = absl::StrCat(executor_->step() / steps_per_epoch_);
   ckpt.metadata["data_position"] = absl::StrCat((executor_->step() % steps_per_epoch_) * batch_);
   ckpt.metadata["batch_size"] = absl::StrCat(batch_);
@@ -753,7 +809,8 @@ absl::Status TrainSession::Save() {
 // With --eval_data: its metrics after `epoch`, reported by the rank with the loss.
 absl::Status TrainSession::Evaluate(int64_t epoch) {
   if (!eval_data_) return absl::OkStatus();
-  auto m = RunEvaluation(*executor_, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_);
+  auto m = RunEvaluation(*executor_, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_, dp_,
+                         options_.comm_timeout_s);
   if (!m.ok()) return m.status();
   m->epoch = epoch;
   if (!reporter_) return absl::OkStatus();

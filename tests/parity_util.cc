@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "compiler/program_text.h"
 #include "passes/compile.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/comm_test_util.h"
@@ -34,6 +35,12 @@ TrainOptions BaseOptions(const ParityOptions& options) {
 }
 
 }  // namespace
+
+absl::StatusOr<Program> GenerateModel(const std::string& model, const GenOptions& gen) {
+  absl::StatusOr<std::string> text = GenerateProgram(model, gen);
+  if (!text.ok()) return text.status();
+  return ParseProgramText(*text, model + ".pbtxt");
+}
 
 absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batch_size, const ParityOptions& options) {
   CompileOptions copts;
@@ -67,7 +74,9 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
 
 absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& strategy,
                                         const ParityOptions& options) {
-  auto compiled = Compile(program, strategy, CompileOptions());
+  CompileOptions copts;
+  copts.batch_size = options.batch_size;
+  auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
 
   absl::Mutex mu;
@@ -77,6 +86,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     const RankPlan& plan = compiled->plans[rank];
     TrainOptions topts = BaseOptions(options);
     topts.comms = comms;
+    if (!options.trace_dir.empty()) topts.trace_path = absl::StrCat(options.trace_dir, "/rank-", rank, ".json");
     CpuAllocator allocator;  // per rank: its own byte counters
     CpuDevice device(&allocator);
     topts.device = &device;
@@ -95,7 +105,12 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
       if (it != run.weights.end() && it->second != values && status.ok()) {
         // A tied weight lives on several stages; its replicas must stay
         // identical.
-        status = absl::InternalError(absl::StrCat("replicas of '", name, "' differ between ranks"));
+        size_t i = 0;
+        while (i < values.size() && i < it->second.size() && values[i] == it->second[i]) ++i;
+        status = absl::InternalError(absl::StrCat(
+            "replicas of '", name, "' differ between ranks: element ", i, " is ",
+            i < it->second.size() ? absl::StrCat(it->second[i]) : "missing", " on one and ",
+            i < values.size() ? absl::StrCat(values[i]) : "missing", " on rank ", rank));
       }
       run.weights[name] = values;
     }

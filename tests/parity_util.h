@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
+#include "tools/model_gen.h"
 
 namespace strata {
 
@@ -31,7 +32,12 @@ struct ParityOptions {
   std::string eval_data;  // evaluated at the end of the run (every rank takes part)
   std::string save_dir;   // checkpoint at the end
   std::string load_dir;   // resume from a checkpoint
+  int64_t batch_size = 0;  // TrainParallel without a pipeline: the global batch (0: the default)
+  std::string trace_dir;  // each rank's Chrome trace as TRACE_DIR/rank-R.json
 };
+
+// A generated model's program (strata gen MODEL), parsed.
+absl::StatusOr<Program> GenerateModel(const std::string& model, const GenOptions& gen);
 
 // One device, one batch of `batch_size` per step (no strategy).
 absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batch_size, const ParityOptions& options);

@@ -45,6 +45,64 @@ absl::Status AccumulateShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
+// bucket_allreduce(bucket, grads...) -> bucket: the bucket holds every
+// gradient's elements, in order, in their common floating dtype.
+absl::Status BucketAllReduceShape(ShapeContext& ctx) {
+  const TensorType& bucket = ctx.input(0);
+  if (!IsFloating(bucket.dtype) || bucket.shape.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket must be a floating vector, got ", bucket.ToString()));
+  }
+  int64_t elements = 0;
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    const TensorType& g = ctx.input(i);
+    if (g.dtype != bucket.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient ", ctx.input_role(i), " is ", g.ToString(),
+                                                     ", the bucket ", DataTypeName(bucket.dtype)));
+    }
+    int64_t n = 1;
+    for (int64_t d : g.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("gradient ", ctx.input_role(i), " has a batch dim"));
+      n *= d;
+    }
+    elements += n;
+  }
+  if (elements != bucket.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat("the gradients hold ", elements, " elements, the bucket ",
+                                                   bucket.shape[0]));
+  }
+  ctx.set_output(0, bucket);
+  return absl::OkStatus();
+}
+
+// bucket_wait(bucket) -> grads...: attr `shapes` lists each output's rank,
+// then its dims ([2, 784, 256, 1, 256] for a [784, 256] and a [256]).
+absl::Status BucketWaitShape(ShapeContext& ctx) {
+  const TensorType& bucket = ctx.input(0);
+  const std::vector<int64_t> shapes = ctx.attr_ints("shapes");
+  size_t at = 0;
+  int64_t elements = 0;
+  for (int i = 0; i < ctx.num_outputs(); ++i) {
+    if (at >= shapes.size() || shapes[at] < 0 || at + 1 + shapes[at] > shapes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("attr 'shapes' does not describe output ", i));
+    }
+    Shape shape(shapes.begin() + at + 1, shapes.begin() + at + 1 + shapes[at]);
+    at += 1 + shapes[at];
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("attr 'shapes' has a negative dim for output ", i));
+      n *= d;
+    }
+    elements += n;
+    ctx.set_output(i, TensorType{bucket.dtype, std::move(shape)});
+  }
+  if (at != shapes.size()) return absl::InvalidArgumentError("attr 'shapes' describes more tensors than the op outputs");
+  if (bucket.shape.size() != 1 || elements != bucket.shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat("the outputs hold ", elements, " elements, the bucket is ",
+                                                   bucket.ToString()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 STRATA_REGISTER_OP(OpDef("send").Input("x")
@@ -70,6 +128,21 @@ STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
     })
     .Doc("Sums x over the ranks of the op's communication group (Op.group, an id of the plan's "
          "Topology.group; none: the world)."));
+
+STRATA_REGISTER_OP(OpDef("bucket_allreduce").Input("bucket").VariadicInput("grads").Output("bucket")
+    .Attr("bucket", int64_t{0})
+    .Stateful()
+    .OncePerUpdate()
+    .Shape(BucketAllReduceShape)
+    .Doc("Data parallel: copies the gradients into the bucket and starts summing it over the op's group "
+         "(Op.group) asynchronously; bucket_wait with the same `bucket` id finishes it. Acts once per "
+         "optimizer update, in the backward of the step's last micro-batch."));
+
+STRATA_REGISTER_OP(OpDef("bucket_wait").Input("bucket").VariadicOutput("grads")
+    .Attr("bucket", int64_t{0}).Attr("shapes", AttrType::kInts)
+    .Shape(BucketWaitShape)
+    .Doc("Waits for bucket_allreduce `bucket` and copies the summed gradients out of it; attr `shapes` "
+         "gives each output's rank, then its dims."));
 
 STRATA_REGISTER_OP(OpDef("accumulate").Input("acc").Input("x").Output("acc").Stateful()
     .Shape(AccumulateShape)

@@ -1,15 +1,30 @@
-// allreduce over a communication group (Op.group): sums a small tensor (the
-// stages' partial sums of squared gradients, for clipping by the global norm)
-// over the group's communicator from the rank's CommunicatorSet.
+// Collectives over a communication group (Op.group), from the rank's
+// CommunicatorSet: allreduce sums a small tensor at once (the stages' partial
+// sums of squared gradients, for clipping by the global norm);
+// bucket_allreduce and bucket_wait sum a data-parallel gradient bucket
+// asynchronously, so the sum overlaps the rest of backward.
+
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/communicator_set.h"
+#include "proto/status_macros.h"
 #include "runtime/kernel.h"
 
 namespace strata {
 namespace {
+
+// The group's communicator where it has peers; null on one rank or a group
+// of one.
+absl::StatusOr<Communicator*> PeersOf(const RunContext& run, int group, const std::string& what) {
+  if (run.comms == nullptr || run.comms->world()->size() <= 1) return nullptr;
+  if (group < 0) return absl::InternalError(absl::StrCat(what, " without a communication group"));
+  absl::StatusOr<Communicator*> comm = run.comms->Get(group);
+  if (!comm.ok()) return absl::Status(comm.status().code(), absl::StrCat(what, ": ", comm.status().message()));
+  return (*comm)->size() > 1 ? *comm : nullptr;
+}
 
 class AllReduceKernel : public OpKernel {
  public:
@@ -18,16 +33,11 @@ class AllReduceKernel : public OpKernel {
     const RunContext& run = ctx.run();
     Tensor out = ctx.input(0).Clone();
     if (!out.defined()) return absl::ResourceExhaustedError("out of memory for allreduce");
-    // One device: the sum over one rank is the tensor itself.
-    if (run.comms != nullptr && run.comms->world()->size() > 1) {
-      if (group_ < 0) return absl::InternalError("allreduce without a communication group");
-      absl::StatusOr<Communicator*> comm = run.comms->Get(group_);
-      if (!comm.ok()) return absl::Status(comm.status().code(), absl::StrCat("allreduce: ", comm.status().message()));
-      if ((*comm)->size() > 1) {
-        std::unique_ptr<Work> work = (*comm)->AllReduce(&out, ReduceOp::kSum);
-        if (auto s = work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
-          return absl::Status(s.code(), absl::StrCat("allreduce over ", run.comms->Describe(group_), ": ", s.message()));
-        }
+    STRATA_ASSIGN_OR_RETURN(Communicator * comm, PeersOf(run, group_, "allreduce"));
+    if (comm != nullptr) {
+      std::unique_ptr<Work> work = comm->AllReduce(&out, ReduceOp::kSum);
+      if (auto s = work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("allreduce over ", run.comms->Describe(group_), ": ", s.message()));
       }
     }
     ctx.SetOutput(0, std::move(out));
@@ -38,8 +48,90 @@ class AllReduceKernel : public OpKernel {
   const int group_;
 };
 
+int64_t BucketAttr(const KernelDef& def) {
+  auto it = def.op->attr().find("bucket");
+  return it == def.op->attr().end() ? 0 : it->second.i();
+}
+
+// "bucket 2 (3 gradients, F32[1290])", for messages.
+std::string DescribeBucket(int64_t bucket, const Tensor& t, int gradients) {
+  return absl::StrCat("bucket ", bucket, " (", gradients, " gradient", gradients == 1 ? "" : "s", ", ",
+                      DataTypeName(t.dtype()), ShapeString(t.shape()), ")");
+}
+
+// Copies the gradients into the bucket and posts its sum over the group;
+// in any backward but the last of an update step it does nothing.
+class BucketAllReduceKernel : public OpKernel {
+ public:
+  explicit BucketAllReduceKernel(const KernelDef& def)
+      : group_(def.op->has_group() ? def.op->group() : -1), bucket_(BucketAttr(def)) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const RunContext& run = ctx.run();
+    const Tensor& bucket = ctx.input(0);
+    ctx.SetOutput(0, bucket);
+    if (!run.update_step || run.micro_batch + 1 != run.micro_batches) return absl::OkStatus();
+    char* at = static_cast<char*>(const_cast<void*>(bucket.raw_data()));  // stateful: the persistent bucket
+    for (int i = 1; i < ctx.num_inputs(); ++i) {
+      const Tensor& g = ctx.input(i);
+      if (auto s = ctx.device().CopyOnDevice(at, g.raw_data(), g.bytes()); !s.ok()) return s;
+      at += g.bytes();
+    }
+    std::string what = absl::StrCat("allreduce of ", DescribeBucket(bucket_, bucket, ctx.num_inputs() - 1));
+    STRATA_ASSIGN_OR_RETURN(Communicator * comm, PeersOf(run, group_, what));
+    if (comm == nullptr) return absl::OkStatus();
+    if (run.pending_buckets == nullptr) return absl::InternalError("bucket_allreduce outside an executor");
+    absl::StrAppend(&what, " over ", run.comms->Describe(group_));
+    PendingCollective& slot = (*run.pending_buckets)[bucket_];
+    if (slot.work != nullptr) return absl::InternalError(absl::StrCat(what, " posted twice in one step"));
+    Tensor shared = bucket;
+    slot.work = comm->AllReduce(&shared, ReduceOp::kSum);
+    slot.what = std::move(what);
+    return absl::OkStatus();
+  }
+
+ private:
+  const int group_;
+  const int64_t bucket_;
+};
+
+// Waits for the bucket's sum and copies each gradient out of it.
+class BucketWaitKernel : public OpKernel {
+ public:
+  explicit BucketWaitKernel(const KernelDef& def) : bucket_(BucketAttr(def)), types_(def.output_types) {}
+  absl::Status Compute(KernelContext& ctx) override {
+    const RunContext& run = ctx.run();
+    const Tensor& bucket = ctx.input(0);
+    std::map<int64_t, PendingCollective>* pending_buckets = run.pending_buckets;
+    if (pending_buckets != nullptr && pending_buckets->count(bucket_) > 0) {
+      PendingCollective pending = std::move(pending_buckets->at(bucket_));
+      pending_buckets->erase(bucket_);
+      if (auto s = pending.work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(pending.what, ": ", s.message()));
+      }
+    } else if (run.comms != nullptr && run.comms->world()->size() > 1) {
+      return absl::InternalError(absl::StrCat("allreduce of ", DescribeBucket(bucket_, bucket, ctx.num_outputs()),
+                                              " was never posted this step"));
+    }
+    const char* at = static_cast<const char*>(bucket.raw_data());
+    for (int i = 0; i < ctx.num_outputs(); ++i) {
+      STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, types_[i].dtype, types_[i].shape));
+      if (auto s = ctx.device().CopyOnDevice(out->raw_data(), at, out->bytes()); !s.ok()) return s;
+      at += out->bytes();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int64_t bucket_;
+  const std::vector<TensorType> types_;
+};
+
 STRATA_REGISTER_KERNEL("allreduce", DEVICE_CPU, F32, MakeFactory<AllReduceKernel>());
 STRATA_REGISTER_KERNEL("allreduce", DEVICE_CPU, F64, MakeFactory<AllReduceKernel>());
+STRATA_REGISTER_KERNEL("bucket_allreduce", DEVICE_CPU, F32, MakeFactory<BucketAllReduceKernel>());
+STRATA_REGISTER_KERNEL("bucket_allreduce", DEVICE_CPU, F64, MakeFactory<BucketAllReduceKernel>());
+STRATA_REGISTER_KERNEL("bucket_wait", DEVICE_CPU, F32, MakeFactory<BucketWaitKernel>());
+STRATA_REGISTER_KERNEL("bucket_wait", DEVICE_CPU, F64, MakeFactory<BucketWaitKernel>());
 
 }  // namespace
 }  // namespace strata

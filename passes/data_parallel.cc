@@ -1,0 +1,197 @@
+#include "passes/data_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+
+namespace strata {
+namespace {
+
+constexpr double kDefaultBucketMb = 25;  // PyTorch DDP's bucket_cap_mb
+
+bool IsUpdate(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
+
+struct Bucket {
+  DataType dtype = DT_INVALID;
+  int64_t elements = 0;
+  std::vector<int> grads;  // in the order backward finishes them
+};
+
+// An op placed like `like` (stage, device, uid), of the pass's making.
+// The post carries the group (a collective); the wait only finishes it.
+Op OpLike(const Graph& graph, int like, const std::string& type, OpRole role, int group, int64_t bucket) {
+  Op op;
+  op.set_type(type);
+  op.set_role(role);
+  op.set_stage(graph.stage(like));
+  const absl::string_view device = graph.device(like);
+  op.set_device(device.data(), device.size());
+  op.set_uid(graph.uid(like));
+  if (group >= 0) op.set_group(group);
+  (*op.mutable_attr())["bucket"] = IntAttr(bucket);
+  return op;
+}
+
+int64_t Elements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Scales the seed of dL/dloss by 1/D: each rank's loss is the mean over its
+// own share, so the gradients summed over the group are the global mean's.
+absl::Status ScaleLossSeed(Graph& graph, int degree, const std::vector<int>& producer) {
+  const std::string& seed_var = graph.program_fields().loss_grad();
+  if (seed_var.empty()) return absl::OkStatus();  // not the loss's stage
+  const int v = graph.FindVar(seed_var);
+  const int op = v >= 0 ? producer[v] : -1;
+  if (op < 0 || !graph.attrs(op).contains("value")) {
+    return absl::InternalError(
+        absl::StrCat("data-parallel: the loss gradient '", seed_var, "' has no seed op with a value to scale"));
+  }
+  Op seed = graph.AsOp(op);
+  (*seed.mutable_attr())["value"] = FloatAttr(graph.attrs(op).at("value").f() / degree);
+  return graph.ReplaceOp(op, seed);
+}
+
+}  // namespace
+
+int64_t BucketCapBytes(double bucket_mb) {
+  return static_cast<int64_t>((bucket_mb > 0 ? bucket_mb : kDefaultBucketMb) * (1 << 20));
+}
+
+absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& ctx) {
+  const int degree = ctx.dp_degree();
+  if (degree <= 1) return false;
+  const int group = ctx.GroupAlong("dp");
+  const std::vector<int> order = graph.ops();
+  std::vector<int> position(graph.op_id_bound(), -1);
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
+  const std::vector<int> producer = graph.FirstWriters();
+  if (auto s = ScaleLossSeed(graph, degree, producer); !s.ok()) return s;
+
+  // The gradients the optimizer reads (two parameters may share one), each
+  // with the op that finishes it: its last writer before the update.
+  std::vector<int> last_writer(graph.num_vars(), -1);
+  for (int op : order) {
+    if (IsUpdate(graph.role(op))) continue;  // the zeroing of a buffer after the update
+    for (int out : graph.outputs(op)) last_writer[out] = op;
+  }
+  std::vector<int> grads;
+  absl::flat_hash_set<int> seen;
+  for (const auto& [param, grad] : graph.program_fields().param_grad()) {
+    const int g = graph.FindVar(grad);
+    if (g < 0 || !seen.insert(g).second) continue;
+    if (last_writer[g] < 0 || graph.role(last_writer[g]) != BACKWARD) {
+      return absl::InternalError(absl::StrCat("data-parallel: gradient '", grad, "' of '", param,
+                                              "' is not finished by a backward op"));
+    }
+    if (!IsFloating(graph.dtype(g)) || graph.dtype(g) == BF16 || graph.dtype(g) == F16) {
+      return absl::UnimplementedError(absl::StrCat("data-parallel: gradient '", grad, "' is ",
+                                                   DataTypeName(graph.dtype(g)), "; buckets sum F32 and F64"));
+    }
+    for (int64_t d : graph.shape(g)) {
+      if (d < 0) return absl::InternalError(absl::StrCat("data-parallel: gradient '", grad, "' has a batch dim"));
+    }
+    grads.push_back(g);
+  }
+  if (grads.empty()) return true;  // the seed alone (a stage that trains nothing)
+  // In the order backward finishes them; one op's gradients (layer_norm_grad's
+  // dgamma and dbeta) in its output order. Never the param_grad map's order,
+  // which differs between processes: every rank must form the same buckets.
+  auto key = [&](int g) {
+    const absl::Span<const int> outs = graph.outputs(last_writer[g]);
+    return std::make_pair(position[last_writer[g]], std::find(outs.begin(), outs.end(), g) - outs.begin());
+  };
+  std::sort(grads.begin(), grads.end(), [&](int a, int b) { return key(a) < key(b); });
+
+  // Buckets of one dtype, each closed before it would pass the cap.
+  const int64_t cap = BucketCapBytes(ctx.strategy.data_parallel().bucket_mb());
+  std::vector<Bucket> buckets;
+  for (int g : grads) {
+    const int64_t n = Elements(graph.shape(g));
+    const int64_t size = DataTypeSize(graph.dtype(g));
+    if (buckets.empty() || buckets.back().dtype != graph.dtype(g) ||
+        (buckets.back().elements + n) * size > cap) {
+      buckets.push_back({graph.dtype(g), 0, {}});
+    }
+    buckets.back().elements += n;
+    buckets.back().grads.push_back(g);
+  }
+
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  std::map<int, int> after_anchor;  // anchor op -> the last op inserted after it
+  std::map<int, int> reduced_of;    // gradient -> its sum over the group
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const Bucket& b = buckets[k];
+    const std::string bucket_name = absl::StrCat("@dp_bucket.", k);
+    const int bucket_var = graph.AddVar(bucket_name, b.dtype, {b.elements}, SCRATCH);
+    if (bucket_var < 0) return absl::InternalError(absl::StrCat("data-parallel: var '", bucket_name, "' exists already"));
+
+    // Posted after the op that finishes the bucket's last gradient.
+    const int finisher = last_writer[b.grads.back()];
+    Op post = OpLike(graph, finisher, "bucket_allreduce", BACKWARD, group, static_cast<int64_t>(k));
+    post.add_input(bucket_name);
+    for (int g : b.grads) post.add_input(std::string(graph.var_name(g)));
+    post.add_output(bucket_name);
+    auto anchor = after_anchor.find(finisher);
+    absl::StatusOr<int> posted = graph.InsertOpAfter(anchor == after_anchor.end() ? finisher : anchor->second, post);
+    if (!posted.ok()) return posted.status();
+    after_anchor[finisher] = *posted;
+
+    // Waited for before the first update op that reads one of its gradients
+    // (the zeroing of a gradient buffer writes it and is no reader).
+    int first_reader = -1;
+    std::vector<int> shapes;
+    for (int g : b.grads) {
+      for (int c : readers[g]) {
+        const absl::Span<const int> outs = graph.outputs(c);
+        if (!IsUpdate(graph.role(c)) || std::find(outs.begin(), outs.end(), g) != outs.end()) continue;
+        if (first_reader < 0 || position[c] < position[first_reader]) first_reader = c;
+      }
+    }
+    if (first_reader < 0) {
+      return absl::InternalError(absl::StrCat("data-parallel: no optimizer op reads bucket ", k, "'s gradients"));
+    }
+    Op wait = OpLike(graph, first_reader, "bucket_wait", OPTIMIZE, -1, static_cast<int64_t>(k));
+    wait.add_input(bucket_name);
+    std::vector<int64_t> shape_attr;
+    for (int g : b.grads) {
+      const std::string name = absl::StrCat(graph.var_name(g), "@dp");
+      const int reduced = graph.AddVar(name, b.dtype, graph.shape(g), ACTIVATION);
+      if (reduced < 0) return absl::InternalError(absl::StrCat("data-parallel: var '", name, "' exists already"));
+      reduced_of[g] = reduced;
+      wait.add_output(name);
+      shape_attr.push_back(static_cast<int64_t>(graph.shape(g).size()));
+      for (int64_t d : graph.shape(g)) shape_attr.push_back(d);
+    }
+    (*wait.mutable_attr())["shapes"] = IntsAttr(shape_attr);
+    if (auto s = graph.InsertOpBefore(first_reader, wait); !s.ok()) return s.status();
+  }
+
+  // The update ops read the sums.
+  for (const auto& [g, reduced] : reduced_of) {
+    for (int c : readers[g]) {
+      if (!IsUpdate(graph.role(c))) continue;
+      const absl::Span<const int> outs = graph.outputs(c);
+      if (std::find(outs.begin(), outs.end(), g) != outs.end()) continue;
+      const std::vector<int> ins(graph.inputs(c).begin(), graph.inputs(c).end());
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (ins[i] != g) continue;
+        if (auto s = graph.SetInput(c, static_cast<int>(i), reduced); !s.ok()) return s;
+      }
+    }
+  }
+  for (auto& [param, grad] : *graph.mutable_program_fields().mutable_param_grad()) {
+    const int g = graph.FindVar(grad);
+    auto it = g >= 0 ? reduced_of.find(g) : reduced_of.end();
+    if (it != reduced_of.end()) grad = std::string(graph.var_name(it->second));
+  }
+  return true;
+}
+
+}  // namespace strata
