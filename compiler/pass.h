@@ -21,6 +21,7 @@ struct CompileContext {
   Mesh mesh;
   int64_t batch_size = 0;  // global mini-batch; 0 when not known
   int micro_batches = 1;   // per step, per data-parallel rank
+  int merge_steps = 1;     // gradient merge: steps per optimizer update
   // The dtype the global gradient norm is summed in on every rank: the
   // trainable parameters' dtype, F64 when they mix. DT_INVALID: the pass
   // decides from the parameters it sees (a pass run on its own).

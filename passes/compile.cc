@@ -27,6 +27,9 @@ namespace {
 // Compile time and memory grow with micro-batches x stages (schedules, their
 // verification, the timeline): 4096 on 8 stages checks in about half a second on 2 cores.
 constexpr int64_t kMaxAccumulateSteps = 4096;
+// Steps per update under gradient merge: a bound that keeps step counts far
+// from overflow, not a limit anyone should meet.
+constexpr int64_t kMaxMergeSteps = int64_t{1} << 20;
 
 absl::Status StrategyError(const std::string& file, const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", field, ": ", why));
@@ -65,8 +68,12 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     }
     dp = d.degree();
   }
-  if (strategy.has_gradient_merge() && strategy.gradient_merge().k_steps() <= 0) {
-    return StrategyError(file, "gradient_merge.k_steps", absl::StrCat("must be > 0, got ", strategy.gradient_merge().k_steps()));
+  if (strategy.has_gradient_merge()) {
+    const int64_t k = strategy.gradient_merge().k_steps();
+    if (k <= 0) return StrategyError(file, "gradient_merge.k_steps", absl::StrCat("must be > 0, got ", k));
+    if (k > kMaxMergeSteps) {
+      return StrategyError(file, "gradient_merge.k_steps", absl::StrCat("must be at most ", kMaxMergeSteps, ", got ", k));
+    }
   }
   if (strategy.has_recompute()) {
     GraphIndex index(program);
@@ -109,10 +116,10 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   result.pass_names = {"validate"};
   if (options.dump_after == "validate") result.dumped = program;
   STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
-  if (strategy.has_gradient_merge() || strategy.has_recompute()) {
+  if (strategy.has_recompute()) {
     return absl::UnimplementedError(absl::StrCat(
-        strategy_file, ": gradient_merge and recompute are not built yet in this version; "
-                       "pipeline and data_parallel are"));
+        strategy_file, ": recompute is not built yet in this version; pipeline, data_parallel and "
+                       "gradient_merge are"));
   }
   return absl::OkStatus();
 }
@@ -151,6 +158,7 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
   layout.ctx = std::move(ctx);
   layout.ctx.mesh = *std::move(mesh);
   layout.ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
+  layout.ctx.merge_steps = std::max<int>(1, static_cast<int>(strategy.gradient_merge().k_steps()));
   layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()
                                       : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
   layout.ctx.batch_size = layout.micro_batch_size * layout.ctx.micro_batches * dp;
@@ -205,6 +213,7 @@ absl::StatusOr<RankPlan> CompileRank(int rank, Graph& graph, const Layout& layou
   plan.set_device_kind(options.device_kind);
   *plan.mutable_schedule() = BuildSchedule(layout.schedule, ctx.num_stages(), rank_ctx.stage(), ctx.micro_batches);
   plan.mutable_schedule()->set_micro_batch_size(layout.micro_batch_size);
+  if (ctx.merge_steps > 1) plan.mutable_schedule()->set_merge_steps(ctx.merge_steps);
   {
     ScopedPhase phase(&result.times, "to-program");
     *plan.mutable_program() = graph.ToProgram();

@@ -47,8 +47,8 @@ TEST(CompileTest, RefusesStrategiesNotBuiltYetSayingSo) {
   auto p = ParseProgramText(kProgram, "m.pbtxt");
   ASSERT_TRUE(p.ok());
   Strategy s;
-  s.mutable_gradient_merge()->set_k_steps(2);
-  auto r = Compile(*p, s, CompileOptions(), "gm.pbtxt");
+  s.mutable_recompute()->add_checkpoints("h");
+  auto r = Compile(*p, s, CompileOptions(), "rc.pbtxt");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not built yet"), std::string::npos) << r.status();
 }
@@ -63,7 +63,9 @@ TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
   pipeline.mutable_pipeline()->set_accumulate_steps(3);
   Strategy data_parallel = pipeline;
   data_parallel.mutable_data_parallel()->set_degree(2);
-  for (const Strategy& s : {Strategy(), pipeline, data_parallel}) {
+  Strategy merged = data_parallel;
+  merged.mutable_gradient_merge()->set_k_steps(2);
+  for (const Strategy& s : {Strategy(), pipeline, data_parallel, merged}) {
     auto r = Compile(*p, s, CompileOptions());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();

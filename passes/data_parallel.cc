@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
+#include "passes/loss_seed.h"
 
 namespace strata {
 namespace {
@@ -42,22 +43,6 @@ int64_t Elements(absl::Span<const int64_t> shape) {
   return n;
 }
 
-// Scales the seed of dL/dloss by 1/D: each rank's loss is the mean over its
-// own share, so the gradients summed over the group are the global mean's.
-absl::Status ScaleLossSeed(Graph& graph, int degree, const std::vector<int>& producer) {
-  const std::string& seed_var = graph.program_fields().loss_grad();
-  if (seed_var.empty()) return absl::OkStatus();  // not the loss's stage
-  const int v = graph.FindVar(seed_var);
-  const int op = v >= 0 ? producer[v] : -1;
-  if (op < 0 || !graph.attrs(op).contains("value")) {
-    return absl::InternalError(
-        absl::StrCat("data-parallel: the loss gradient '", seed_var, "' has no seed op with a value to scale"));
-  }
-  Op seed = graph.AsOp(op);
-  (*seed.mutable_attr())["value"] = FloatAttr(graph.attrs(op).at("value").f() / degree);
-  return graph.ReplaceOp(op, seed);
-}
-
 }  // namespace
 
 int64_t BucketCapBytes(double bucket_mb) {
@@ -71,8 +56,8 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
   const std::vector<int> order = graph.ops();
   std::vector<int> position(graph.op_id_bound(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
-  const std::vector<int> producer = graph.FirstWriters();
-  if (auto s = ScaleLossSeed(graph, degree, producer); !s.ok()) return s;
+  // Each rank's loss is the mean over its own share of the global batch.
+  if (auto s = ScaleLossSeed(graph, 1.0 / degree, "data-parallel"); !s.ok()) return s;
 
   // The gradients the optimizer reads (two parameters may share one), each
   // with the op that finishes it: its last writer before the update.

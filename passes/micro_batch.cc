@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
+#include "passes/loss_seed.h"
 
 namespace strata {
 namespace {
@@ -31,23 +32,17 @@ Op OpLike(const Graph& graph, int like, const std::string& type, const std::stri
 
 absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx) {
   const int m = ctx.micro_batches;
-  if (m <= 1) return false;
+  if (m <= 1 && ctx.merge_steps <= 1) return false;
+  // Under gradient merge the buffers carry the sum across the steps of an
+  // update: state, saved in checkpoints.
+  const VarKind buffer_kind = ctx.merge_steps > 1 ? STATE : SCRATCH;
   const std::vector<int> order = graph.ops();  // the ops before this pass, in program order
 
-  // The seed of dL/dloss (on the loss's stage, which autodiff names):
-  // each micro-batch's loss is the mean over its own samples, so 1/M makes
+  // Each micro-batch's loss is the mean over its own samples, so 1/M makes
   // the summed gradient that of the global mean.
   const std::vector<int> producer = graph.FirstWriters();
-  if (const std::string& seed_var = graph.program_fields().loss_grad(); !seed_var.empty()) {
-    const int v = graph.FindVar(seed_var);
-    const int op = v >= 0 ? producer[v] : -1;
-    if (op < 0 || !graph.attrs(op).contains("value")) {
-      return absl::InternalError(absl::StrCat("micro-batch: the loss gradient '", seed_var,
-                                              "' has no seed op with a value to scale"));
-    }
-    Op seed = graph.AsOp(op);
-    (*seed.mutable_attr())["value"] = FloatAttr(graph.attrs(op).at("value").f() / m);
-    if (auto s = graph.ReplaceOp(op, seed); !s.ok()) return s;
+  if (m > 1) {
+    if (auto s = ScaleLossSeed(graph, 1.0 / m, "micro-batch"); !s.ok()) return s;
   }
 
   // Gradients produced in backward and read by the optimizer block, in the
@@ -87,7 +82,7 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
   std::map<int, int> acc_of;  // gradient var -> its buffer
   for (int g : grads) {
     const std::string name = absl::StrCat(graph.var_name(g), "@acc");
-    const int acc = graph.AddVar(name, graph.dtype(g), graph.shape(g), SCRATCH);  // zero at every step boundary: not checkpointed
+    const int acc = graph.AddVar(name, graph.dtype(g), graph.shape(g), buffer_kind);
     if (acc < 0) return absl::InternalError(absl::StrCat("micro-batch: var '", name, "' exists already"));
     acc_of[g] = acc;
   }

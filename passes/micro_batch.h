@@ -12,7 +12,10 @@ namespace strata {
 // after the update (`fill_zero`). A weight gradient that a 2-D matmul writes
 // and only the optimizer block reads is added into its buffer by the GEMM
 // itself (`matmul_accumulate`, beta = 1), with no gradient tensor. Nothing
-// changes for M = 1.
+// changes for M = 1 without gradient merge. Under gradient merge
+// (ctx.merge_steps = k > 1) the buffers sum over the k steps of an update
+// too (the OPTIMIZE action that reads and zeroes them runs every k-th step),
+// so they are state rather than scratch.
 class MicroBatchPass : public Pass {
  public:
   std::string name() const override { return "micro-batch"; }

@@ -2,6 +2,7 @@
 
 #include "compiler/autodiff.h"
 #include "passes/data_parallel.h"
+#include "passes/gradient_merge.h"
 #include "passes/micro_batch.h"
 #include "passes/optimizer.h"
 #include "passes/pipeline_split.h"
@@ -21,6 +22,7 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
   pipeline->AddPass<PipelineSplitPass>();
   pipeline->AddPass<OptimizerPass>();
   pipeline->AddPass<MicroBatchPass>();
+  if (strategy.gradient_merge().k_steps() > 1) pipeline->AddPass<GradientMergePass>();
   if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();
   return pipeline;
 }

@@ -45,6 +45,7 @@ absl::Status Executor::Prepare() {
   const int num_vars = program.var_size();
   dp_degree_ = std::max(1, plan_.topology().dp_degree());
   dp_rank_ = plan_.topology().dp_rank();
+  merge_steps_ = std::max(1, plan_.schedule().merge_steps());
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
   state_.resize(num_vars);
@@ -283,9 +284,12 @@ absl::Status Executor::WaitSends(std::vector<std::unique_ptr<Work>>& sends, absl
 RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size) {
   RunContext run;
   run.seed = options_.seed;
-  run.step = step_;
+  // Random streams and learning-rate schedules follow optimizer updates: k
+  // merged steps draw as one step of k times the batch.
+  run.step = step_ / merge_steps_;
   run.sample_offset = sample_offset;
-  run.total_steps = total_steps_;
+  run.total_steps = total_steps_ / merge_steps_;
+  run.update_step = (step_ + 1) % merge_steps_ == 0;
   run.training = training;
   run.device = options_.device;
   run.micro_batches = micro_batches;
@@ -408,6 +412,10 @@ int64_t Executor::SampleRow(int micro_batch, int64_t rows) const {
 
 absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t sample_offset, int64_t rows) {
   const int micro_batches = std::max(1, plan_.schedule().micro_batches());
+  // Under gradient merge, step j of an update holds samples [j*B, (j+1)*B)
+  // of the update's merged batch.
+  sample_offset += (step_ % merge_steps_) * rows * micro_batches * dp_degree_;
+  const bool update = (step_ + 1) % merge_steps_ == 0;
   StepResult result;
   absl::Status status;
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
@@ -440,7 +448,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
       }
       status = RunSection(section, mb, run);
       if (status.ok()) Accumulate(mb, &result);
-    } else {
+    } else if (action.kind() != Action::OPTIMIZE || update) {
       status = RunSection(section, mb, run);
     }
     if (status.ok()) status = HoldSends(section, i, mb);
@@ -455,6 +463,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   if (!status.ok()) return status;
   result.loss /= micro_batches;
   for (auto& [name, value] : result.fetches) value /= micro_batches;
+  if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
   ++step_;
   return result;
 }

@@ -31,6 +31,9 @@ struct StepResult {
   bool has_loss = false;  // false on pipeline ranks that do not hold the loss
   double loss = 0;        // mean over the step's micro-batches: the global mean
   std::map<std::string, double> fetches;  // the program's fetch vars, likewise averaged
+  // The optimizer update this step ended with (1-based; every step's, but
+  // every k-th step's under gradient merge); 0 when it ran none.
+  int64_t optimizer_step = 0;
 };
 
 // Runs one rank's plan. Prepare (Create) resolves every op to its kernel and
@@ -82,7 +85,9 @@ class Executor {
   double busy_seconds() const { return busy_seconds_; }
   double wait_seconds() const { return wait_seconds_; }
 
+  // Steps taken (under gradient merge, k per optimizer update).
   int64_t step() const { return step_; }
+  int merge_steps() const { return merge_steps_; }
   void set_step(int64_t step) { step_ = step; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
   Device* device() const { return options_.device; }
@@ -139,6 +144,7 @@ class Executor {
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
   int dp_degree_ = 1;
   int dp_rank_ = 0;
+  int merge_steps_ = 1;  // gradient merge: steps per optimizer update
   // Posted sends by the action at whose end they are waited for and dropped
   // (their buffers freed), as the plan's send_waits say; the rest at the step's end.
   std::map<int, std::vector<std::unique_ptr<Work>>> held_sends_;

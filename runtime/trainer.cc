@@ -349,6 +349,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
     // repeat that key, which JSON readers resolve differently: the line's own wins.
     if (!line.contains(name) && name != "samples_per_sec" && name != "step_ms") line[name] = Metric(value);
   }
+  if (m.optimizer_step > 0) line["optimizer_step"] = m.optimizer_step;
   line["samples_per_sec"] = Metric(m.samples_per_sec);
   line["step_ms"] = Metric(m.step_ms);
   return JsonLine(line);
@@ -425,6 +426,9 @@ class TrainSession {
   absl::StatusOr<bool> StopAgreed();
   bool PeriodicSaveDue() const;
   absl::Status Save();
+  absl::StatusOr<std::map<std::string, Tensor>> CheckpointTensors() const;
+  absl::Status PlaceMergeBuffers(int64_t step, const std::map<std::string, std::string>& metadata,
+                                 std::map<std::string, Tensor>& tensors) const;
   absl::Status Evaluate(int64_t epoch);
   absl::StatusOr<JobSummary> GatherJobSummary() const;
 
@@ -536,10 +540,19 @@ absl::Status TrainSession::CheckLabels(const LabelConsumer& consumer) const {
 }
 
 absl::Status TrainSession::CountSteps() {
-  steps_per_epoch_ = train_data_->size() / batch_;
+  // Under gradient merge an epoch holds whole updates, as the single device's
+  // epoch of k-times-larger batches does.
+  const int64_t k = executor_->merge_steps();
+  steps_per_epoch_ = train_data_->size() / (batch_ * k) * k;
   if (steps_per_epoch_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--data ", options_.data, " has ", train_data_->size(),
-                                                   " samples, fewer than one batch of ", batch_));
+                                                   " samples, fewer than one batch of ", batch_,
+                                                   k > 1 ? absl::StrCat(" x gradient_merge.k_steps ", k) : ""));
+  }
+  if (options_.steps > 0 && options_.steps % k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps ", options_.steps, " is not a multiple of gradient_merge.k_steps ",
+                                                   k, ": --steps counts steps, and the optimizer runs every ", k,
+                                                   "th; use --steps ", (options_.steps / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
   total_steps_ = options_.steps > 0 ? options_.steps : std::max<int64_t>(options_.epochs, 1) * steps_per_epoch_;
@@ -575,6 +588,9 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_);
   if (!step.ok()) {
     return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
+  }
+  if (auto s = PlaceMergeBuffers(*step, ckpt->metadata, ckpt->tensors); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
   if (auto s = executor_->LoadPersistentState(ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
@@ -732,6 +748,7 @@ void TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r)
   m.fetches = r.fetches;
   m.step_ms = seconds * 1e3;
   m.samples_per_sec = batch_ / std::max(seconds, 1e-9);
+  if (executor_->merge_steps() > 1) m.optimizer_step = r.optimizer_step;
   metrics_.Line(StepMetricsJson(m));
   report_.steps.push_back(std::move(m));
 }
@@ -777,19 +794,79 @@ bool TrainSession::PeriodicSaveDue() const {
          executor_->step() < total_steps_;
 }
 
+// What this rank saves. One writer per parameter: data-parallel replicas
+// hold the same parameters and optimizer state, so the first of each group
+// writes them and the others only metadata. Gradient-merge buffers differ
+// between replicas (each sums its own samples): the group's sum is saved, so
+// a load under any degree can give it to one replica and zeros to the rest.
+absl::StatusOr<std::map<std::string, Tensor>> TrainSession::CheckpointTensors() const {
+  std::map<std::string, Tensor> tensors;
+  const bool writer = plan_.topology().dp_rank() == 0;
+  if (writer) {
+    STRATA_ASSIGN_OR_RETURN(tensors, executor_->HostState());
+  }
+  if (plan_.program().merge_buffer_size() == 0 || dp_ == nullptr) return tensors;
+  using TensorMap = std::map<std::string, Tensor>;
+  STRATA_ASSIGN_OR_RETURN(const TensorMap state, executor_->HostState());
+  for (const std::string& name : plan_.program().merge_buffer()) {
+    auto it = state.find(name);
+    if (it == state.end()) return absl::InternalError(absl::StrCat("gradient-merge buffer '", name, "' is not state"));
+    Tensor sum = it->second.Clone(GetCpuAllocator());  // the live buffer keeps this replica's own part
+    if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory copying '", name, "'"));
+    if (auto s = dp_->AllReduce(&sum, ReduceOp::kSum)->Wait(absl::Seconds(options_.comm_timeout_s)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("summing '", name, "' over the data-parallel group: ", s.message()));
+    }
+    if (writer) tensors[name] = std::move(sum);
+  }
+  return tensors;
+}
+
+// Gradient-merge buffers as this rank starts from a checkpoint at `step`:
+// the first replica of each group takes the saved sum and the others zeros
+// (their sum is the same). A checkpoint saved mid-way through an update
+// resumes only with the same k_steps; one without the buffers (saved without
+// gradient merge) only at the start of an update.
+absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::string, std::string>& metadata,
+                                             std::map<std::string, Tensor>& tensors) const {
+  int64_t saved_k = 1;
+  if (auto it = metadata.find("merge_steps"); it != metadata.end() && (!absl::SimpleAtoi(it->second, &saved_k) || saved_k < 1)) {
+    return absl::DataLossError(absl::StrCat("bad merge_steps '", it->second, "' in the checkpoint's metadata"));
+  }
+  const int64_t k = executor_->merge_steps();
+  if (step % saved_k != 0 && saved_k != k) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "saved at step ", step, ", mid-way through an update of gradient_merge.k_steps ", saved_k,
+        "; resume with the same k_steps (this run has ", k, ") or from a checkpoint at a multiple of ", saved_k));
+  }
+  for (const std::string& name : plan_.program().merge_buffer()) {
+    auto it = tensors.find(name);
+    if (it == tensors.end() && step % k != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("has no gradient-merge buffer '", name, "', but step ", step,
+                                                        " is mid-way through an update of k_steps ", k));
+    }
+    if (it != tensors.end() && plan_.topology().dp_rank() == 0) continue;
+    const Var* var = nullptr;
+    for (const Var& v : plan_.program().var()) {
+      if (v.name() == name) var = &v;
+    }
+    if (var == nullptr) return absl::InternalError(absl::StrCat("gradient-merge buffer '", name, "' is not declared"));
+    Tensor zeros = Tensor::Zeros(var->dtype(), Shape(var->shape().begin(), var->shape().end()));
+    if (!zeros.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", name, "'"));
+    tensors[name] = std::move(zeros);
+  }
+  return absl::OkStatus();
+}
+
 // Every rank writes its share of a step folder, and they agree that all did.
 absl::Status TrainSession::Save() {
   Checkpoint ckpt;
-  // One writer per parameter: data-parallel replicas hold the same state, so
-  // the first of each group writes it and the others a file of metadata.
-  if (plan_.topology().dp_rank() == 0) {
-    STRATA_ASSIGN_OR_RETURN(ckpt.tensors, executor_->HostState());
-  }
+  STRATA_ASSIGN_OR_RETURN(ckpt.tensors, CheckpointTensors());
   ckpt.metadata["epoch"] = absl::StrCat(executor_->step() / steps_per_epoch_);
   ckpt.metadata["data_position"] = absl::StrCat((executor_->step() % steps_per_epoch_) * batch_);
   ckpt.metadata["batch_size"] = absl::StrCat(batch_);
   ckpt.metadata["seed"] = absl::StrCat(options_.seed);
   ckpt.metadata["program"] = plan_.program().name();
+  ckpt.metadata["merge_steps"] = absl::StrCat(executor_->merge_steps());
   SaveStepOptions save_options;
   save_options.dir = options_.save_dir;
   save_options.step = executor_->step();

@@ -50,6 +50,9 @@ struct StepMetrics {
   std::map<std::string, double> fetches;
   double step_ms = 0;
   double samples_per_sec = 0;
+  // Under gradient merge: the optimizer update the step ended with (1-based),
+  // 0 on the steps between updates; written as "optimizer_step" when > 0.
+  int64_t optimizer_step = 0;
 };
 
 struct EvalMetrics {

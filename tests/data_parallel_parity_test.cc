@@ -1,5 +1,5 @@
-// Data parallelism, alone and under a pipeline, trains exactly what one
-// device trains on the same global batch: per-step losses, the evaluation
+// Data parallelism and gradient merge, alone and under a pipeline, train
+// exactly what one device trains on the same global batch: per-step losses, the evaluation
 // and the final weights within 1e-5 relative over 20 steps (float64),
 // against a real single-device run in the same test. Also: the buckets the
 // plan forms, and that the first bucket's sum is posted while backward still
@@ -152,6 +152,80 @@ TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
     EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
   }
 }
+
+// Gradient merge, alone and with data parallelism and a pipeline: k steps
+// of batch b train as one step of batch k*b on one device, dropout masks
+// included. With average off the update sees the sum of the k steps'
+// gradients, which under momentum without weight decay is the mean's update
+// at k times the learning rate.
+struct MergeCase {
+  std::string name;
+  int stages;
+  int dp;
+  int micro_batches;  // 0: no pipeline section
+  int k;
+  bool average;
+  bool clip;
+};
+
+class GradientMergeParityTest : public ::testing::TestWithParam<MergeCase> {};
+
+TEST_P(GradientMergeParityTest, KStepsTrainAsOneStepOfKTimesTheBatch) {
+  const MergeCase& c = GetParam();
+  GenOptions gen;
+  gen.stages = c.stages;
+  gen.dtype = "F64";
+  gen.optimizer = "momentum";
+  gen.layers = {24, 32, 10};
+  gen.blocks = 4;
+  gen.dropout = 0.1;
+  gen.learning_rate = 0.05;
+  auto program = GenerateModel("resmlp", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  if (c.clip) program->mutable_optimizer()->set_clip_global_norm(0.5);
+  const int micro_batch_size = 2;
+  const int64_t step_batch = int64_t{micro_batch_size} * std::max(c.micro_batches, 1) * c.dp;
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=1024";
+  options.steps = 20;  // updates of the single device; the merged run takes k times as many steps
+  Program reference = *program;
+  if (!c.average) {
+    auto* momentum = reference.mutable_optimizer()->mutable_momentum();
+    momentum->set_learning_rate(momentum->learning_rate() * c.k);
+  }
+  auto single = TrainSingleDevice(reference, step_batch * c.k, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+
+  Strategy s = Layout(c.dp, micro_batch_size, c.micro_batches, ONE_F_ONE_B);
+  if (c.dp == 1) s.clear_data_parallel();
+  s.mutable_gradient_merge()->set_k_steps(c.k);
+  s.mutable_gradient_merge()->set_average(c.average);
+  ParityOptions merged_options = options;
+  merged_options.steps = options.steps * c.k;
+  if (c.micro_batches == 0) merged_options.batch_size = step_batch;
+  auto merged = TrainParallel(*program, s, merged_options);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_EQ(merged->losses.size(), static_cast<size_t>(options.steps * c.k));
+  // Each update's loss is the mean of its k steps' losses (equal shares).
+  for (int u = 0; u < options.steps; ++u) {
+    double mean = 0;
+    for (int j = 0; j < c.k; ++j) mean += merged->losses[u * c.k + j] / c.k;
+    EXPECT_NEAR(mean, single->losses[u], kTolerance * single->losses[u]) << "update " << u + 1;
+  }
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*merged, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, GradientMergeParityTest,
+    ::testing::Values(MergeCase{"k4_average", 1, 1, 0, 4, true, false},
+                      MergeCase{"k3_sum", 1, 1, 0, 3, false, false},
+                      MergeCase{"dp2_k2_average", 1, 2, 0, 2, true, false},
+                      MergeCase{"dp2_k2_sum", 1, 2, 0, 2, false, false},
+                      MergeCase{"pp2_k2_on_micro_batches", 2, 1, 3, 2, true, false},
+                      MergeCase{"pp2xdp2_k2_clipped", 2, 2, 2, 2, true, true}),
+    [](const ::testing::TestParamInfo<MergeCase>& info) { return info.param.name; });
 
 // The bucket_allreduce ops of a plan, with the gradients each sums.
 std::vector<int> BucketSizes(const RankPlan& plan) {

@@ -30,6 +30,8 @@ TrainOptions BaseOptions(const ParityOptions& options) {
   t.comm_timeout_s = 60;
   t.eval_data = options.eval_data;
   t.save_dir = options.save_dir;
+  t.save_every = options.save_every;
+  t.keep_checkpoints = options.keep_checkpoints;
   t.load_dir = options.load_dir;
   return t;
 }

@@ -30,7 +30,9 @@ struct ParityOptions {
   int64_t steps = 20;
   uint64_t seed = 1;
   std::string eval_data;  // evaluated at the end of the run (every rank takes part)
-  std::string save_dir;   // checkpoint at the end
+  std::string save_dir;   // checkpoint at the end (and every save_every steps)
+  int64_t save_every = 0;
+  int keep_checkpoints = 2;
   std::string load_dir;   // resume from a checkpoint
   int64_t batch_size = 0;  // TrainParallel without a pipeline: the global batch (0: the default)
   std::string trace_dir;  // each rank's Chrome trace as TRACE_DIR/rank-R.json

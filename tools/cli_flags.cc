@@ -24,7 +24,9 @@ ABSL_FLAG(std::string, strategy, "", "strategy file (protobuf text)");
 ABSL_FLAG(std::string, out, "", "compile: output folder for rank_<r>.pbtxt plans");
 ABSL_FLAG(std::string, dump_after, "", "compile: also write the program after this pass");
 ABSL_FLAG(int64_t, nproc, 1, "run: number of worker processes");
-ABSL_FLAG(int64_t, steps, 0, "run: total optimizer steps (give --steps or --epochs, not both)");
+ABSL_FLAG(int64_t, steps, 0, "run: total steps, each of one global batch (give --steps or --epochs, not both); under gradient_merge the "
+          "optimizer runs every k_steps-th step, so --steps counts steps, not optimizer steps, and must be a multiple "
+          "of k_steps");
 ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (1 when neither is given; give --epochs or --steps, not both)");
 ABSL_FLAG(int64_t, batch_size, 0, "global mini-batch size (default 64, or the pipeline's)");
 ABSL_FLAG(std::string, data, "synthetic",

@@ -350,6 +350,13 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
     }
     gpu = *std::move(opened);
   }
+  if (const int k = result->plans[0].schedule().merge_steps(); k > 1 && absl::GetFlag(FLAGS_steps) % k != 0) {
+    const int64_t steps = absl::GetFlag(FLAGS_steps);
+    std::cerr << "error: --steps " << steps << " is not a multiple of gradient_merge.k_steps " << k
+              << " (--steps counts steps, and the optimizer runs every " << k << "th); use --steps "
+              << (steps / k + 1) * k << "\n";
+    return kExitUsage;
+  }
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
   if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
