@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `strata check` on a pipeline says what a user needs to balance it: each
 # stage's share of the estimated work, each rank's predicted peak and bubble,
-# and the schedule diagram. The AlexNet example, placed by `strata gen
+# and the schedule diagram; with data parallelism, each rank's dp group, its
+# gradient buckets and the bytes their ring allreduce sends. The AlexNet example, placed by `strata gen
 # alexnet --stages 2`, splits its convolutions so that neither stage has
 # much more than half the work; moving conv4 onto stage 0 by hand makes
 # stage 0 the heavy one, and check says so: rank 1 then idles most of the step.
@@ -38,4 +39,55 @@ grep -q 'output: \["conv4.xw"\].*gpu:0' "$tmp/unbalanced.pbtxt" || fail "could n
 check "$tmp/unbalanced.pbtxt"
 [ "$s0" -gt 70 ] || fail "with conv4 on stage 0, stage 0 has only $s0% of the work"
 awk -v a="$b0" -v b="$b1" 'BEGIN { exit !(b > 50 && a < b) }' || fail "expected the light rank 1 to idle most: bubbles $b0% and $b1%"
+echo "$out" | grep -q "dp group" && fail "a layout without data parallelism prints dp lines"
+
+# 3. Data parallelism: each rank's lines under "rank N:" come from its plan.
+# An MLP 8 -> 16 -> 4 in F32: fc2.b 16 B and fc2.w 256 B finish first and
+# share a bucket of 314 B (bucket_mb 0.0003); fc1.b (64 B) would pass the
+# cap, and fc1.w (512 B) is larger than it, so each gets one of its own.
+dp_check() {  # PROGRAM STRATEGY_TEXT BATCH: sets $out
+  printf '%s\n' "$2" >"$tmp/dp.strategy.pbtxt"
+  out=$("$strata" check "$1" --strategy "$tmp/dp.strategy.pbtxt" --batch_size "$3" 2>&1) || fail "check failed: $out"
+  echo "$out"
+}
+expect_after_rank() {  # RANK EXPECTED_LINES: the lines right below "  rank RANK:"
+  got=$(echo "$out" | grep -A3 "^  rank $1:" | tail -n +2)
+  [ "$got" = "$2" ] || fail "rank $1's dp lines: expected
+$2
+got
+$got"
+}
+"$strata" gen mlp --layers 8,16,4 >"$tmp/mlp.pbtxt" || fail "gen mlp"
+dp_check "$tmp/mlp.pbtxt" 'data_parallel { degree: 2 bucket_mb: 0.0003 }' 8
+for r in 0 1; do
+  expect_after_rank $r "    dp group 1: ranks 0, 1
+    3 buckets, in the order posted: 2 gradients (272 B), 1 gradient (64 B), 1 gradient (512 B)
+    gradient allreduce: sends 848 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 848 B, D = 2 ranks)"
+done
+# Four ranks: each sends 2*3/4 of the 848 B.
+dp_check "$tmp/mlp.pbtxt" 'data_parallel { degree: 4 bucket_mb: 0.0003 }' 8
+expect_after_rank 3 "    dp group 1: ranks 0, 1, 2, 3
+    3 buckets, in the order posted: 2 gradients (272 B), 1 gradient (64 B), 1 gradient (512 B)
+    gradient allreduce: sends 1.2 KiB per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 848 B, D = 4 ranks)"
+# Many buckets are summarised (one gradient each at a cap of one byte).
+"$strata" gen resmlp --layers 24,32,10 --blocks 4 >"$tmp/resmlp.pbtxt" || fail "gen resmlp"
+dp_check "$tmp/resmlp.pbtxt" 'data_parallel { degree: 2 bucket_mb: 0.000001 }' 8
+expect_after_rank 0 "    dp group 1: ranks 0, 1
+    28 buckets of 1 gradient, 40 B-4.0 KiB; 28 gradients (38.4 KiB) in all
+    gradient allreduce: sends 38.4 KiB per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 38.4 KiB, D = 2 ranks)"
+
+# 4. pp2 x dp2: ranks 0 and 2 hold stage 0 (fc1, 576 B), 1 and 3 stage 1
+# (fc2, 272 B); each stage's replicas form a dp group, one bucket each.
+"$strata" gen mlp --layers 8,16,4 --stages 2 >"$tmp/mlp_pp2.pbtxt" || fail "gen mlp --stages 2"
+dp_check "$tmp/mlp_pp2.pbtxt" 'pipeline { micro_batch_size: 2 accumulate_steps: 4 } data_parallel { degree: 2 }' 16
+for r in 0 2; do
+  expect_after_rank $r "    dp group 1: ranks 0, 2
+    1 bucket: 2 gradients (576 B)
+    gradient allreduce: sends 576 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 576 B, D = 2 ranks)"
+done
+for r in 1 3; do
+  expect_after_rank $r "    dp group 2: ranks 1, 3
+    1 bucket: 2 gradients (272 B)
+    gradient allreduce: sends 272 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 272 B, D = 2 ranks)"
+done
 echo "PASS"

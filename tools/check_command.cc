@@ -1,6 +1,8 @@
 // strata check PROGRAM: compiles the program and prints what the plan holds
 // per stage and rank, with the predicted memory and the schedule's timeline.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -19,6 +21,95 @@
 
 namespace strata {
 namespace cli {
+namespace {
+
+// Up to this many buckets are listed one by one; more are summarised.
+constexpr int kBucketsListed = 6;
+// Up to this many ranks of a group are listed; more are elided.
+constexpr int kRanksListed = 8;
+
+const CommGroup* FindGroup(const Topology& topology, int id) {
+  for (const CommGroup& g : topology.group()) {
+    if (g.id() == id) return &g;
+  }
+  return nullptr;
+}
+
+std::string RankList(const CommGroup& g) {
+  if (g.rank_size() <= kRanksListed) return absl::StrJoin(g.rank(), ", ");
+  return absl::StrFormat("%d, %d, %d, ..., %d (%d ranks)", g.rank(0), g.rank(1), g.rank(2),
+                         g.rank(g.rank_size() - 1), g.rank_size());
+}
+
+// A data-parallel rank's lines under its "rank N:" line: its dp group, the
+// buckets its plan posts (bucket_allreduce ops, read from the program, not
+// recomputed) and the bytes the ring algorithm sends for them per update.
+std::string DataParallelLines(const RankPlan& plan) {
+  const Topology& topology = plan.topology();
+  const CommGroup* dp = nullptr;
+  for (const CommGroup& g : topology.group()) {
+    if (g.axis_size() == 1 && g.axis(0) == "dp") dp = &g;
+  }
+  std::string out = dp == nullptr ? "    dp group: none in the plan's topology\n"
+                                  : absl::StrFormat("    dp group %d: ranks %s\n", dp->id(), RankList(*dp));
+  std::map<std::string, int64_t> var_bytes;
+  for (const Var& v : plan.program().var()) {
+    var_bytes[v.name()] = NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end())) *
+                          DataTypeSize(v.dtype());
+  }
+  struct Bucket {
+    int grads;
+    int64_t bytes;
+  };
+  std::vector<Bucket> buckets;
+  int64_t total_bytes = 0, grads = 0;
+  double sent = 0;
+  std::vector<int> sizes;  // of the groups the buckets are summed over
+  for (const Op& op : plan.program().op()) {
+    if (op.type() != "bucket_allreduce" || op.input_size() == 0) continue;
+    const auto it = var_bytes.find(op.input(0));
+    const int64_t bytes = it == var_bytes.end() ? 0 : it->second;
+    buckets.push_back({op.input_size() - 1, bytes});
+    total_bytes += bytes;
+    grads += op.input_size() - 1;
+    const CommGroup* g = FindGroup(topology, op.has_group() ? op.group() : 0);
+    const int d = g == nullptr ? 1 : g->rank_size();
+    sent += 2.0 * (d - 1) / d * bytes;
+    if (std::find(sizes.begin(), sizes.end(), d) == sizes.end()) sizes.push_back(d);
+  }
+  if (buckets.empty()) {
+    return out + "    no buckets (this stage trains no parameters): the gradient allreduce sends nothing\n";
+  }
+  if (buckets.size() <= kBucketsListed) {
+    std::vector<std::string> each;
+    for (const Bucket& b : buckets) {
+      each.push_back(absl::StrFormat("%d gradient%s (%s)", b.grads, b.grads == 1 ? "" : "s", Bytes(b.bytes)));
+    }
+    absl::StrAppendFormat(&out, "    %s: %s\n",
+                          buckets.size() == 1 ? "1 bucket" : absl::StrCat(buckets.size(), " buckets, in the order posted"),
+                          absl::StrJoin(each, ", "));
+  } else {
+    auto by_grads = [](const Bucket& a, const Bucket& b) { return a.grads < b.grads; };
+    auto by_bytes = [](const Bucket& a, const Bucket& b) { return a.bytes < b.bytes; };
+    const auto [few, many] = std::minmax_element(buckets.begin(), buckets.end(), by_grads);
+    const auto [small, large] = std::minmax_element(buckets.begin(), buckets.end(), by_bytes);
+    const std::string counts = few->grads == many->grads
+                                   ? absl::StrFormat("%d gradient%s", few->grads, few->grads == 1 ? "" : "s")
+                                   : absl::StrFormat("%d-%d gradients", few->grads, many->grads);
+    const std::string sizes_range = small->bytes == large->bytes
+                                        ? Bytes(small->bytes)
+                                        : absl::StrCat(Bytes(small->bytes), "-", Bytes(large->bytes));
+    absl::StrAppendFormat(&out, "    %d buckets of %s, %s; %d gradients (%s) in all\n", buckets.size(), counts,
+                          sizes_range, grads, Bytes(total_bytes));
+  }
+  absl::StrAppendFormat(&out,
+                        "    gradient allreduce: sends %s per optimizer step (the ring algorithm's 2*(D-1)/D of the "
+                        "buckets' %s, D = %s ranks)\n",
+                        Bytes(std::llround(sent)), Bytes(total_bytes), absl::StrJoin(sizes, " or "));
+  return out;
+}
+
+}  // namespace
 
 int CheckCommand(const std::string& path) {
   if (auto kind = DeviceKindFromFlags(); !kind.ok()) {
@@ -102,6 +193,7 @@ int CheckCommand(const std::string& path) {
         "  rank %d: predicted peak %s (parameters %s, optimizer state %s, activations %s), bubble %.1f%%\n",
         plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
+    if (plan.topology().dp_degree() > 1) std::cout << DataParallelLines(plan);
   }
   std::cout << "  schedule (as if every stage's forward took 1 unit and backward 2; the bubbles above weigh each stage's\n"
                "  estimated work; digit N = forward of micro-batch N, letter = its backward, a = 0):\n";
