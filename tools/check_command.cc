@@ -37,8 +37,8 @@ const CommGroup* FindGroup(const Topology& topology, int id) {
 
 std::string RankList(const CommGroup& g) {
   if (g.rank_size() <= kRanksListed) return absl::StrJoin(g.rank(), ", ");
-  return absl::StrFormat("%d, %d, %d, ..., %d (%d ranks)", g.rank(0), g.rank(1), g.rank(2),
-                         g.rank(g.rank_size() - 1), g.rank_size());
+  return absl::StrFormat("%d, %d, %d, ..., %d (%d ranks)", g.rank(0), g.rank(1), g.rank(2), g.rank(g.rank_size() - 1),
+                         g.rank_size());
 }
 
 // A data-parallel rank's lines under its "rank N:" line: its dp group, the
@@ -54,8 +54,8 @@ std::string DataParallelLines(const RankPlan& plan) {
                                   : absl::StrFormat("    dp group %d: ranks %s\n", dp->id(), RankList(*dp));
   std::map<std::string, int64_t> var_bytes;
   for (const Var& v : plan.program().var()) {
-    var_bytes[v.name()] = NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end())) *
-                          DataTypeSize(v.dtype());
+    var_bytes[v.name()] =
+        NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end())) * DataTypeSize(v.dtype());
   }
   struct Bucket {
     int grads;
@@ -85,9 +85,10 @@ std::string DataParallelLines(const RankPlan& plan) {
     for (const Bucket& b : buckets) {
       each.push_back(absl::StrFormat("%d gradient%s (%s)", b.grads, b.grads == 1 ? "" : "s", Bytes(b.bytes)));
     }
-    absl::StrAppendFormat(&out, "    %s: %s\n",
-                          buckets.size() == 1 ? "1 bucket" : absl::StrCat(buckets.size(), " buckets, in the order posted"),
-                          absl::StrJoin(each, ", "));
+    absl::StrAppendFormat(
+        &out, "    %s: %s\n",
+        buckets.size() == 1 ? "1 bucket" : absl::StrCat(buckets.size(), " buckets, in the order posted"),
+        absl::StrJoin(each, ", "));
   } else {
     auto by_grads = [](const Bucket& a, const Bucket& b) { return a.grads < b.grads; };
     auto by_bytes = [](const Bucket& a, const Bucket& b) { return a.bytes < b.bytes; };
