@@ -1,5 +1,6 @@
 #include "runtime/fault_injection.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,10 +31,19 @@ bool FaultRequested(std::string_view point, int rank, int64_t step, double* seco
   return true;
 }
 
-void InjectedFault(std::string_view point, int rank) {
-  std::fprintf(stderr, "error: rank %d: fault injected at %s (STRATA_FAULT)\n", rank, std::string(point).c_str());
+void InjectedFault(std::string_view point, int rank, std::string_view where) {
+  std::fprintf(stderr, "error: rank %d: fault injected at %s (STRATA_FAULT)%s%s\n", rank, std::string(point).c_str(),
+               where.empty() ? "" : " ", std::string(where).c_str());
   std::fflush(stderr);
   _exit(kFaultExitCode);
+}
+
+void InjectedStall(std::string_view point, int rank, std::string_view where) {
+  // Not an error line: the stalled rank reports nothing, the others find it.
+  std::fprintf(stderr, "note: rank %d: fault injected at %s (STRATA_FAULT)%s%s: stopping (SIGSTOP)\n", rank,
+               std::string(point).c_str(), where.empty() ? "" : " ", std::string(where).c_str());
+  std::fflush(stderr);
+  raise(SIGSTOP);
 }
 
 }  // namespace strata

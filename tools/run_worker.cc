@@ -20,6 +20,7 @@
 #include "runtime/comm/health.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/store.h"
+#include "runtime/comm/waiting_for.h"
 #include "runtime/trainer.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
@@ -109,6 +110,7 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
   hopts.timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   hopts.interval = std::clamp(hopts.timeout / 6, absl::Milliseconds(100), absl::Seconds(3));
   hopts.store_owner = absl::StartsWith(ropts.store_spec, "tcp://") ? 0 : -1;
+  hopts.waiting_for = [] { return WaitingFor(); };
   hopts.on_unresponsive = [rank = env.rank](int, const std::string& why) {
     std::cerr << "error: rank " << rank << ": " << why << "\n";
     std::cerr.flush();

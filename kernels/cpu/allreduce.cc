@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "proto/status_macros.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/communicator_set.h"
-#include "proto/status_macros.h"
+#include "runtime/comm/waiting_for.h"
+#include "runtime/fault_injection.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -35,9 +37,11 @@ class AllReduceKernel : public OpKernel {
     if (!out.defined()) return absl::ResourceExhaustedError("out of memory for allreduce");
     STRATA_ASSIGN_OR_RETURN(Communicator * comm, PeersOf(run, group_, "allreduce"));
     if (comm != nullptr) {
+      const std::string what = absl::StrCat("allreduce over ", run.comms->Describe(group_));
       std::unique_ptr<Work> work = comm->AllReduce(&out, ReduceOp::kSum);
+      ScopedWaitingFor waiting(what);
       if (auto s = work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("allreduce over ", run.comms->Describe(group_), ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
       }
     }
     ctx.SetOutput(0, std::move(out));
@@ -86,6 +90,15 @@ class BucketAllReduceKernel : public OpKernel {
     Tensor shared = bucket;
     slot.work = comm->AllReduce(&shared, ReduceOp::kSum);
     slot.what = std::move(what);
+    // Test hooks (runtime/fault_injection.h): this rank dies, or stops, with
+    // the bucket's sum posted and its peers waiting for it.
+    const int rank = run.comms->world()->rank();
+    if (FaultRequested("bucket_allreduce_exit", rank, run.step + 1)) {
+      InjectedFault("bucket_allreduce_exit", rank, absl::StrCat("in ", slot.what));
+    }
+    if (FaultRequested("bucket_allreduce_stall", rank, run.step + 1)) {
+      InjectedStall("bucket_allreduce_stall", rank, absl::StrCat("in ", slot.what));
+    }
     return absl::OkStatus();
   }
 
@@ -93,6 +106,36 @@ class BucketAllReduceKernel : public OpKernel {
   const int group_;
   const int64_t bucket_;
 };
+
+// The communicator runs its collectives in the order they were posted, and
+// once one failed every later one says only that the communicator is closed:
+// of `failed` and the buckets still pending, the first posted that finished
+// with an error, so that the message names the bucket whose sum failed
+// rather than the one whose wait came first.
+const PendingCollective& FirstFailed(std::map<int64_t, PendingCollective>& pending_buckets,
+                                     const PendingCollective& failed) {
+  const PendingCollective* first = &failed;
+  for (auto& [bucket, other] : pending_buckets) {
+    if (other.work->sequence_number() < first->work->sequence_number() && other.work->IsCompleted() &&
+        !other.work->Wait(absl::ZeroDuration()).ok()) {
+      first = &other;
+    }
+  }
+  return *first;
+}
+
+// What a bucket's wait is blocked on, for the heartbeat's message: the first
+// posted of its bucket and the earlier ones still pending that has not
+// finished (the communicator runs them in order).
+std::string DescribeWait(const std::map<int64_t, PendingCollective>& pending_buckets, const PendingCollective& waited,
+                         int64_t bucket) {
+  const PendingCollective* first = &waited;
+  for (const auto& [other_bucket, other] : pending_buckets) {
+    if (other.work->sequence_number() < first->work->sequence_number() && !other.work->IsCompleted()) first = &other;
+  }
+  if (first == &waited) return waited.what;
+  return absl::StrCat(first->what, " (in bucket ", bucket, "'s wait, queued behind it)");
+}
 
 // Waits for the bucket's sum and copies each gradient out of it.
 class BucketWaitKernel : public OpKernel {
@@ -105,8 +148,13 @@ class BucketWaitKernel : public OpKernel {
     if (pending_buckets != nullptr && pending_buckets->count(bucket_) > 0) {
       PendingCollective pending = std::move(pending_buckets->at(bucket_));
       pending_buckets->erase(bucket_);
+      ScopedWaitingFor waiting([&] { return DescribeWait(*pending_buckets, pending, bucket_); });
       if (auto s = pending.work->Wait(absl::Seconds(run.comm_timeout_s)); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(pending.what, ": ", s.message()));
+        const PendingCollective& cause = FirstFailed(*pending_buckets, pending);
+        if (&cause == &pending) return absl::Status(s.code(), absl::StrCat(pending.what, ": ", s.message()));
+        s = cause.work->Wait(absl::ZeroDuration());
+        return absl::Status(s.code(),
+                            absl::StrCat(cause.what, " (found waiting for bucket ", bucket_, "): ", s.message()));
       }
     } else if (run.comms != nullptr && run.comms->world()->size() > 1) {
       return absl::InternalError(absl::StrCat("allreduce of ", DescribeBucket(bucket_, bucket, ctx.num_outputs()),

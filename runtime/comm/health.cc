@@ -74,7 +74,12 @@ void HeartbeatMonitor::Run() {
   absl::Time store_answered = absl::Now();
   // Recorded as this rank's failure (the first one, unless another rank's
   // came before), then handed to the owner.
-  auto report = [&](int rank, const std::string& why) {
+  auto report = [&](int rank, std::string why) {
+    if (o.waiting_for) {
+      if (std::string waiting = o.waiting_for(); !waiting.empty()) {
+        absl::StrAppend(&why, "; rank ", o.rank, " was waiting for ", waiting);
+      }
+    }
     ReportFailure(*store_, o.rank, absl::StrCat("rank ", o.rank, ": ", why)).IgnoreError();
     if (o.on_unresponsive) o.on_unresponsive(rank, why);
   };

@@ -59,6 +59,10 @@ class HeartbeatMonitor {
     absl::Duration interval = absl::Seconds(3);
     absl::Duration timeout = absl::Seconds(30);
     int store_owner = -1;  // the rank whose process serves the store (tcp://: 0)
+    // What this rank was waiting for from its peers when it found one
+    // unresponsive ("allreduce of bucket 0 ... over group 1 (dp: ranks 0,
+    // 1)"), for the message; empty or unset: nothing said.
+    std::function<std::string()> waiting_for;
     // Called on the monitor's thread with the unresponsive rank and why,
     // after the monitor recorded it as this rank's failure.
     std::function<void(int rank, const std::string& why)> on_unresponsive;
