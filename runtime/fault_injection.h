@@ -8,10 +8,11 @@
 //   checkpoint_before_agree   a rank exits with its file durable, before the ranks agree
 //   slow_step                 a rank sleeps S seconds (default 10) before step N:
 //                             slow but alive, its heartbeat goes on
-//   bucket_allreduce_exit     a rank exits right after posting the first gradient
-//                             bucket it sums over its data-parallel group in step N
-//                             (bucket 0 on one stage: buckets are numbered in the
-//                             order backward finishes them), as a crash would
+//   bucket_allreduce_exit     a rank exits, as a crash would, where it posts the first
+//                             gradient bucket it sums over its data-parallel group in
+//                             step N (bucket 0 on one stage: buckets are numbered in the
+//                             order backward finishes them), before posting it: its
+//                             peers' sum of that bucket can never finish
 //   bucket_allreduce_stall    the same rank stops there (SIGSTOP to itself): alive
 //                             but still, its heartbeat stopped too, as on a hung
 //                             machine; the peers wait for the bucket's sum

@@ -87,18 +87,18 @@ class BucketAllReduceKernel : public OpKernel {
     absl::StrAppend(&what, " over ", run.comms->Describe(group_));
     PendingCollective& slot = (*run.pending_buckets)[bucket_];
     if (slot.work != nullptr) return absl::InternalError(absl::StrCat(what, " posted twice in one step"));
+    // Test hooks (runtime/fault_injection.h): this rank dies, or stops, where
+    // it posts the bucket's sum, so its peers' sum of it cannot finish.
+    const int rank = run.comms->world()->rank();
+    if (FaultRequested("bucket_allreduce_exit", rank, run.step + 1)) {
+      InjectedFault("bucket_allreduce_exit", rank, absl::StrCat("in ", what));
+    }
+    if (FaultRequested("bucket_allreduce_stall", rank, run.step + 1)) {
+      InjectedStall("bucket_allreduce_stall", rank, absl::StrCat("in ", what));
+    }
     Tensor shared = bucket;
     slot.work = comm->AllReduce(&shared, ReduceOp::kSum);
     slot.what = std::move(what);
-    // Test hooks (runtime/fault_injection.h): this rank dies, or stops, with
-    // the bucket's sum posted and its peers waiting for it.
-    const int rank = run.comms->world()->rank();
-    if (FaultRequested("bucket_allreduce_exit", rank, run.step + 1)) {
-      InjectedFault("bucket_allreduce_exit", rank, absl::StrCat("in ", slot.what));
-    }
-    if (FaultRequested("bucket_allreduce_stall", rank, run.step + 1)) {
-      InjectedStall("bucket_allreduce_stall", rank, absl::StrCat("in ", slot.what));
-    }
     return absl::OkStatus();
   }
 
