@@ -17,6 +17,7 @@
 #include "google/protobuf/io/zero_copy_stream.h"
 #include "passes/pipeline_builder.h"
 #include "passes/placement.h"
+#include "passes/recompute.h"
 #include "proto/fnv1a.h"
 #include "proto/status_macros.h"
 
@@ -81,6 +82,10 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
       if (index.var(c) == nullptr) return StrategyError(file, "recompute.checkpoints", absl::StrCat("var '", c, "' does not exist in ", program.source_file()));
       if (index.producer(c) < 0) return StrategyError(file, "recompute.checkpoints", absl::StrCat("var '", c, "' is not produced by an op"));
     }
+    const auto& names = strategy.recompute().checkpoints();
+    if (auto s = CheckRecomputeCheckpoints(program, std::vector<std::string>(names.begin(), names.end())); !s.ok()) {
+      return StrategyError(file, "recompute.checkpoints", std::string(s.message()));
+    }
   }
   if (strategy.has_pipeline()) {
     int64_t global = strategy.pipeline().micro_batch_size() * strategy.pipeline().accumulate_steps() * dp;
@@ -116,11 +121,6 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   result.pass_names = {"validate"};
   if (options.dump_after == "validate") result.dumped = program;
   STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
-  if (strategy.has_recompute()) {
-    return absl::UnimplementedError(absl::StrCat(
-        strategy_file, ": recompute is not built yet in this version; pipeline, data_parallel and "
-                       "gradient_merge are"));
-  }
   return absl::OkStatus();
 }
 

@@ -43,14 +43,29 @@ TEST(CompileTest, FingerprintDependsOnTheProgramNotWhereItWasRead) {
   EXPECT_NE(ca->plans[0].fingerprint(), cc->plans[0].fingerprint());
 }
 
-TEST(CompileTest, RefusesStrategiesNotBuiltYetSayingSo) {
-  auto p = ParseProgramText(kProgram, "m.pbtxt");
-  ASSERT_TRUE(p.ok());
+// A recompute checkpoint must cut the forward graph: one a residual
+// branch bypasses is refused, naming it and the way around it.
+TEST(CompileTest, RefusesARecomputeCheckpointThatDoesNotCutTheGraph) {
+  auto p = ParseProgramText(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM }
+    op { type: "matmul" input: ["x", "w"] output: ["a"] }
+    op { type: "relu" input: ["a"] output: ["b"] }
+    op { type: "add" input: ["a", "b"] output: ["c"] }
+    op { type: "reduce_mean" input: ["c"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb", "m.pbtxt");
+  ASSERT_TRUE(p.ok()) << p.status();
   Strategy s;
-  s.mutable_recompute()->add_checkpoints("h");
+  s.mutable_recompute()->add_checkpoints("b");
   auto r = Compile(*p, s, CompileOptions(), "rc.pbtxt");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("not built yet"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message(),
+            "rc.pbtxt: recompute.checkpoints: var 'b' does not cut the graph: the loss 'loss' is reached from feed "
+            "'x' without it (through 'c')");
+  s.mutable_recompute()->set_checkpoints(0, "a");
+  EXPECT_TRUE(Compile(*p, s, CompileOptions(), "rc.pbtxt").ok());
 }
 
 // strata compile checks --dump_after against CompilePassNames before
@@ -65,7 +80,9 @@ TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
   data_parallel.mutable_data_parallel()->set_degree(2);
   Strategy merged = data_parallel;
   merged.mutable_gradient_merge()->set_k_steps(2);
-  for (const Strategy& s : {Strategy(), pipeline, data_parallel, merged}) {
+  Strategy recomputed = merged;
+  recomputed.mutable_recompute()->add_checkpoints("h");
+  for (const Strategy& s : {Strategy(), pipeline, data_parallel, merged, recomputed}) {
     auto r = Compile(*p, s, CompileOptions());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();

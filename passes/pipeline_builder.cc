@@ -7,13 +7,15 @@
 #include "passes/optimizer.h"
 #include "passes/pipeline_split.h"
 #include "passes/placement.h"
+#include "passes/recompute.h"
 
 namespace strata {
 
-std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy&) {
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
   pipeline->AddPass<AutodiffPass>();
+  if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   return pipeline;
 }
 

@@ -153,9 +153,9 @@ TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
   }
 }
 
-// Gradient merge, alone and with data parallelism and a pipeline: k steps
-// of batch b train as one step of batch k*b on one device, dropout masks
-// included. With average off the update sees the sum of the k steps'
+// Gradient merge, alone and with data parallelism, a pipeline and
+// recompute: k steps of batch b train as one step of batch k*b on one
+// device, dropout masks included (recomputed dropout draws them again). With average off the update sees the sum of the k steps'
 // gradients, which under momentum without weight decay is the mean's update
 // at k times the learning rate.
 struct MergeCase {
@@ -163,9 +163,11 @@ struct MergeCase {
   int stages;
   int dp;
   int micro_batches;  // 0: no pipeline section
-  int k;
+  int k;  // 1: no gradient_merge section
   bool average;
   bool clip;
+  std::vector<std::string> checkpoints = {};  // recompute
+  ScheduleKind schedule = ONE_F_ONE_B;
 };
 
 class GradientMergeParityTest : public ::testing::TestWithParam<MergeCase> {};
@@ -196,10 +198,13 @@ TEST_P(GradientMergeParityTest, KStepsTrainAsOneStepOfKTimesTheBatch) {
   auto single = TrainSingleDevice(reference, step_batch * c.k, options);
   ASSERT_TRUE(single.ok()) << single.status();
 
-  Strategy s = Layout(c.dp, micro_batch_size, c.micro_batches, ONE_F_ONE_B);
+  Strategy s = Layout(c.dp, micro_batch_size, c.micro_batches, c.schedule);
   if (c.dp == 1) s.clear_data_parallel();
-  s.mutable_gradient_merge()->set_k_steps(c.k);
-  s.mutable_gradient_merge()->set_average(c.average);
+  if (c.k > 1) {
+    s.mutable_gradient_merge()->set_k_steps(c.k);
+    s.mutable_gradient_merge()->set_average(c.average);
+  }
+  for (const std::string& v : c.checkpoints) s.mutable_recompute()->add_checkpoints(v);
   ParityOptions merged_options = options;
   merged_options.steps = options.steps * c.k;
   if (c.micro_batches == 0) merged_options.batch_size = step_batch;
@@ -224,7 +229,11 @@ INSTANTIATE_TEST_SUITE_P(
                       MergeCase{"dp2_k2_average", 1, 2, 0, 2, true, false},
                       MergeCase{"dp2_k2_sum", 1, 2, 0, 2, false, false},
                       MergeCase{"pp2_k2_on_micro_batches", 2, 1, 3, 2, true, false},
-                      MergeCase{"pp2xdp2_k2_clipped", 2, 2, 2, 2, true, true}),
+                      MergeCase{"pp2xdp2_k2_clipped", 2, 2, 2, 2, true, true},
+                      // Recompute changes memory, never numbers: alone on a pipeline and with everything.
+                      MergeCase{"pp2_recompute", 2, 1, 3, 1, true, false, {"h1", "h3"}},
+                      MergeCase{"pp2_recompute_FthenB", 2, 1, 3, 1, true, false, {"h1", "h2", "h3"}, F_THEN_B},
+                      MergeCase{"pp2xdp2_k2_recompute_clipped", 2, 2, 2, 2, true, true, {"h1", "h3"}}),
     [](const ::testing::TestParamInfo<MergeCase>& info) { return info.param.name; });
 
 // The bucket_allreduce ops of a plan, with the gradients each sums.
