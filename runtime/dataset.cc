@@ -20,6 +20,7 @@
 #include "runtime/idx_reader.h"
 #include "runtime/philox.h"
 #include "runtime/thread_pool.h"
+#include "absl/synchronization/mutex.h"
 
 namespace strata {
 namespace {
@@ -33,6 +34,11 @@ constexpr int64_t kMaxSyntheticClasses = 1 << 16;
 // The sample order of an epoch is held in memory (8 bytes a sample).
 constexpr int64_t kMaxSyntheticSize = int64_t{100000000};
 constexpr int kTeacherHidden = 64;
+// Synthetic samples cost their teacher's ~features x 64 multiply-adds and as
+// many normal draws each, more than a small model's step: a data set of at
+// most this many bytes of samples is computed once and kept (the default 8192
+// samples of 784 features take 51 MiB).
+constexpr int64_t kMaxSyntheticCacheBytes = int64_t{256} << 20;
 // Class-bias calibration: on when it costs at most ~2^28 multiply-adds and every
 // class gets 16+ calibration samples on average.
 constexpr int64_t kCalibrationSamples = 4096;
@@ -390,11 +396,33 @@ class SyntheticDataset : public Dataset {
     if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
     // Samples split over threads; a chunk holds about 2^18 multiply-adds.
     const int64_t cost = num_features_ * (label_feed() >= 0 ? kTeacherHidden + 8 : 8);
-    ParallelFor(indices.size(), std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cost, 1)),
-                [&](int64_t begin, int64_t end) {
-                  std::vector<double> x(num_features_);
-                  for (int64_t b = begin; b < end; ++b) FillSample(indices[b], b, x.data(), out);
-                });
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cost, 1));
+    if (size_ * num_features_ * static_cast<int64_t>(sizeof(double)) > kMaxSyntheticCacheBytes) {
+      ParallelFor(indices.size(), chunk, [&](int64_t begin, int64_t end) {
+        std::vector<double> x(num_features_);
+        for (int64_t b = begin; b < end; ++b) WriteSample(x.data(), ComputeSample(indices[b], x.data()), b, out);
+      });
+      return absl::OkStatus();
+    }
+    // Computed on first use and kept; a batch's indices are distinct, so
+    // each sample is computed by one thread.
+    absl::MutexLock lock(&cache_mu_);
+    if (cached_.empty()) {
+      cache_x_.resize(size_ * num_features_);
+      cache_label_.resize(size_);
+      cached_.assign(size_, 0);
+    }
+    ParallelFor(indices.size(), chunk, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t i = indices[b];
+        double* x = cache_x_.data() + i * num_features_;
+        if (!cached_[i]) {
+          cache_label_[i] = ComputeSample(i, x);
+          cached_[i] = 1;
+        }
+        WriteSample(x, cache_label_[i], b, out);
+      }
+    });
     return absl::OkStatus();
   }
 
@@ -475,26 +503,38 @@ class SyntheticDataset : public Dataset {
     return best;
   }
 
-  // Writes sample `index` at batch position b of every feed; x: scratch of num_features_.
-  void FillSample(int64_t index, int64_t b, double* x, std::vector<Tensor>* out) const {
+  // Sample `index`'s features into x (num_features_, each as its feed's
+  // dtype holds it) and its label (-1 without a label feed).
+  int64_t ComputeSample(int64_t index, double* x) const {
     const uint64_t row = static_cast<uint64_t>(index) | (test_ ? kTestSampleBit : 0);
     FillNormals(features_gen_, row, num_features_, x);
+    int64_t offset = 0;
+    for (int f : roles_.features) {
+      const int64_t n = roles_.elements_per_sample[f];
+      if (feeds()[f].dtype == F32) {
+        // The teacher sees exactly what the model sees.
+        for (int64_t j = 0; j < n; ++j) x[offset + j] = static_cast<float>(x[offset + j]);
+      }
+      offset += n;
+    }
+    return label_feed() >= 0 ? TeacherLabel(x) : -1;
+  }
+
+  // Writes a sample at batch position b of every feed.
+  void WriteSample(const double* x, int64_t label, int64_t b, std::vector<Tensor>* out) const {
     int64_t offset = 0;
     for (int f : roles_.features) {
       const int64_t n = roles_.elements_per_sample[f];
       Tensor& t = (*out)[f];
       if (t.dtype() == F32) {
         float* dst = t.data<float>() + b * n;
-        for (int64_t j = 0; j < n; ++j) {
-          dst[j] = static_cast<float>(x[offset + j]);
-          x[offset + j] = dst[j];  // the teacher sees exactly what the model sees
-        }
+        for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<float>(x[offset + j]);
       } else {
         std::copy(x + offset, x + offset + n, t.data<double>() + b * n);
       }
       offset += n;
     }
-    if (label_feed() >= 0) (*out)[label_feed()].data<int64_t>()[b] = TeacherLabel(x);
+    if (label_feed() >= 0) (*out)[label_feed()].data<int64_t>()[b] = label;
   }
 
   int64_t TeacherLabel(const double* x) const {
@@ -515,6 +555,11 @@ class SyntheticDataset : public Dataset {
   std::vector<float> w1_;   // [hidden, features]
   std::vector<double> w2_;  // [classes, hidden]
   std::vector<double> b2_;  // [classes]
+  // Samples computed so far (see GetBatch), when they fit kMaxSyntheticCacheBytes.
+  mutable absl::Mutex cache_mu_;
+  mutable std::vector<double> cache_x_;        // [size, features]
+  mutable std::vector<int64_t> cache_label_;   // [size]
+  mutable std::vector<uint8_t> cached_;        // [size]: 1 once computed
 };
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds,
