@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
-#include "passes/loss_seed.h"
+#include "passes/pass_helpers.h"
 
 namespace strata {
 namespace {
@@ -22,16 +22,10 @@ struct Bucket {
   std::vector<int> grads;  // in the order backward finishes them
 };
 
-// An op placed like `like` (stage, device, uid), of the pass's making.
-// The post carries the group (a collective); the wait only finishes it.
+// A bucket op placed like `like`. The post carries the group (a
+// collective); the wait only finishes it.
 Op OpLike(const Graph& graph, int like, const std::string& type, OpRole role, int group, int64_t bucket) {
-  Op op;
-  op.set_type(type);
-  op.set_role(role);
-  op.set_stage(graph.stage(like));
-  const absl::string_view device = graph.device(like);
-  op.set_device(device.data(), device.size());
-  op.set_uid(graph.uid(like));
+  Op op = OpPlacedLike(graph, like, type, role);
   if (group >= 0) op.set_group(group);
   (*op.mutable_attr())["bucket"] = IntAttr(bucket);
   return op;
@@ -84,7 +78,8 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
     }
     grads.push_back(g);
   }
-  if (grads.empty()) return true;  // the seed alone (a stage that trains nothing)
+  // A stage that trains nothing: only the seed may have changed.
+  if (grads.empty()) return !graph.program_fields().loss_grad().empty();
   // In the order backward finishes them; one op's gradients (layer_norm_grad's
   // dgamma and dbeta) in its output order. Never the param_grad map's order,
   // which differs between processes: every rank must form the same buckets.

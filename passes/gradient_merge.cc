@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
-#include "passes/loss_seed.h"
+#include "passes/pass_helpers.h"
 
 namespace strata {
 

@@ -7,24 +7,18 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
-#include "passes/loss_seed.h"
+#include "passes/pass_helpers.h"
 
 namespace strata {
 namespace {
 
 bool IsUpdate(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
 
-// An op placed like `like` (stage, device, uid), of the pass's making.
+// An op on `buffer` in place, placed like `like`.
 Op OpLike(const Graph& graph, int like, const std::string& type, const std::string& buffer, OpRole role) {
-  Op op;
-  op.set_type(type);
+  Op op = OpPlacedLike(graph, like, type, role);
   op.add_input(buffer);
   op.add_output(buffer);
-  op.set_role(role);
-  op.set_stage(graph.stage(like));
-  const absl::string_view device = graph.device(like);
-  op.set_device(device.data(), device.size());
-  op.set_uid(graph.uid(like));
   return op;
 }
 

@@ -1,4 +1,4 @@
-#include "passes/loss_seed.h"
+#include "passes/pass_helpers.h"
 
 #include <string>
 #include <vector>
@@ -7,6 +7,17 @@
 #include "compiler/op_registry.h"
 
 namespace strata {
+
+Op OpPlacedLike(const Graph& graph, int like, const std::string& type, OpRole role) {
+  Op op;
+  op.set_type(type);
+  op.set_role(role);
+  op.set_stage(graph.stage(like));
+  const absl::string_view device = graph.device(like);
+  op.set_device(device.data(), device.size());
+  op.set_uid(graph.uid(like));
+  return op;
+}
 
 absl::Status ScaleLossSeed(Graph& graph, double factor, absl::string_view pass) {
   const std::string& seed_var = graph.program_fields().loss_grad();
