@@ -551,8 +551,8 @@ absl::Status TrainSession::CountSteps() {
   }
   if (options_.steps > 0 && options_.steps % k != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps ", options_.steps, " is not a multiple of gradient_merge.k_steps ",
-                                                   k, ": --steps counts steps, and the optimizer runs every ", k,
-                                                   "th; use --steps ", (options_.steps / k + 1) * k));
+                                                   k, ": --steps counts steps, and the optimizer runs once every ", k,
+                                                   " of them; use --steps ", (options_.steps / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
   total_steps_ = options_.steps > 0 ? options_.steps : std::max<int64_t>(options_.epochs, 1) * steps_per_epoch_;

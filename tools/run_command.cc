@@ -353,7 +353,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   if (const int k = result->plans[0].schedule().merge_steps(); k > 1 && absl::GetFlag(FLAGS_steps) % k != 0) {
     const int64_t steps = absl::GetFlag(FLAGS_steps);
     std::cerr << "error: --steps " << steps << " is not a multiple of gradient_merge.k_steps " << k
-              << " (--steps counts steps, and the optimizer runs every " << k << "th); use --steps "
+              << " (--steps counts steps, and the optimizer runs once every " << k << " of them); use --steps "
               << (steps / k + 1) * k << "\n";
     return kExitUsage;
   }
