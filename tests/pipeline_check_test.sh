@@ -2,7 +2,8 @@
 # `strata check` on a pipeline says what a user needs to balance it: each
 # stage's share of the estimated work, each rank's predicted peak and bubble,
 # and the schedule diagram; with data parallelism, each rank's dp group, its
-# gradient buckets and the bytes their ring allreduce sends. The AlexNet example, placed by `strata gen
+# gradient buckets and the bytes their ring allreduce sends; with recompute,
+# each rank's activation peak with and without it. The AlexNet example, placed by `strata gen
 # alexnet --stages 2`, splits its convolutions so that neither stage has
 # much more than half the work; moving conv4 onto stage 0 by hand makes
 # stage 0 the heavy one, and check says so: rank 1 then idles most of the step.
@@ -40,6 +41,7 @@ check "$tmp/unbalanced.pbtxt"
 [ "$s0" -gt 70 ] || fail "with conv4 on stage 0, stage 0 has only $s0% of the work"
 awk -v a="$b0" -v b="$b1" 'BEGIN { exit !(b > 50 && a < b) }' || fail "expected the light rank 1 to idle most: bubbles $b0% and $b1%"
 echo "$out" | grep -q "dp group" && fail "a layout without data parallelism prints dp lines"
+echo "$out" | grep -q "with recompute" && fail "a layout without recompute prints a recompute line"
 
 # 3. Data parallelism: each rank's lines under "rank N:" come from its plan.
 # An MLP 8 -> 16 -> 4 in F32: fc2.b 16 B and fc2.w 256 B finish first and
@@ -50,9 +52,9 @@ dp_check() {  # PROGRAM STRATEGY_TEXT BATCH: sets $out
   out=$("$strata" check "$1" --strategy "$tmp/dp.strategy.pbtxt" --batch_size "$3" 2>&1) || fail "check failed: $out"
   echo "$out"
 }
-expect_after_rank() {  # RANK EXPECTED_LINES: the lines right below "  rank RANK:"
-  got=$(echo "$out" | grep -A3 "^  rank $1:" | tail -n +2)
-  [ "$got" = "$2" ] || fail "rank $1's dp lines: expected
+expect_after_rank() {  # RANK EXPECTED_LINES: as many lines right below "  rank RANK:"
+  got=$(echo "$out" | grep -A"$(printf '%s\n' "$2" | wc -l)" "^  rank $1:" | tail -n +2)
+  [ "$got" = "$2" ] || fail "rank $1's lines: expected
 $2
 got
 $got"
@@ -90,4 +92,28 @@ for r in 1 3; do
     1 bucket: 2 gradients (272 B)
     gradient allreduce: sends 272 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 272 B, D = 2 ranks)"
 done
+
+# 5. Recompute: under each rank's line, its activation peak with recompute
+# and without (the same program compiled with the recompute section cleared).
+# A residual MLP of 8 blocks of 24-32, batch 256 in F32: checkpoints every 2
+# blocks keep 419.3 KiB of the 1.10 MiB (the loss's segment stays whole).
+"$strata" gen resmlp --layers 24,32,10 --blocks 8 >"$tmp/resmlp8.pbtxt" || fail "gen resmlp --blocks 8"
+dp_check "$tmp/resmlp8.pbtxt" 'recompute { checkpoints: ["h2", "h4", "h6"] }' 256
+expect_after_rank 0 "    activations 419.3 KiB with recompute, 1.10 MiB without (37%)"
+echo "$out" | grep -q "^  rank 0: .*activations 419.3 KiB)" || fail "the rank line's activations are not recompute's"
+without=$("$strata" check "$tmp/resmlp8.pbtxt" --batch_size 256 2>&1) || fail "check without recompute: $without"
+echo "$without" | grep -q "^  rank 0: .*activations 1.10 MiB)" || fail "without recompute, rank 0's activations are not 1.10 MiB: $without"
+echo "$without" | grep -q "with recompute" && fail "check without recompute prints a recompute line"
+# Two stages of 4 blocks, 4 micro-batches of 64: each rank its own figures;
+# the stage cut is a checkpoint too, and stage 1 keeps its loss's segment.
+"$strata" gen resmlp --layers 24,32,10 --blocks 8 --stages 2 >"$tmp/resmlp8_pp2.pbtxt" || fail "gen resmlp --stages 2"
+dp_check "$tmp/resmlp8_pp2.pbtxt" 'pipeline { micro_batch_size: 64 accumulate_steps: 4 } recompute { checkpoints: ["h2", "h6"] }' 256
+expect_after_rank 0 "    activations 108.0 KiB with recompute, 292.0 KiB without (37%)"
+expect_after_rank 1 "    activations 96.5 KiB with recompute, 152.5 KiB without (63%)"
+# With data parallelism the recompute line comes first, then the dp lines.
+dp_check "$tmp/resmlp8.pbtxt" 'data_parallel { degree: 2 } recompute { checkpoints: ["h2", "h4", "h6"] }' 256
+got=$(echo "$out" | grep -A2 "^  rank 1:" | tail -n +2)
+echo "$got" | head -1 | grep -qE "^    activations [0-9.]+ KiB with recompute, [0-9.]+ [KM]iB without \([0-9]+%\)$" ||
+  fail "rank 1's recompute line under dp: $got"
+echo "$got" | tail -1 | grep -q "^    dp group 1: ranks 0, 1$" || fail "rank 1's dp group line after the recompute line: $got"
 echo "PASS"

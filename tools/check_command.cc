@@ -1,5 +1,6 @@
 // strata check PROGRAM: compiles the program and prints what the plan holds
-// per stage and rank, with the predicted memory and the schedule's timeline.
+// per stage and rank, with the predicted memory (with recompute: against the
+// same program compiled without it) and the schedule's timeline.
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -110,6 +112,19 @@ std::string DataParallelLines(const RankPlan& plan) {
   return out;
 }
 
+// The line under a rank's "rank N:" line when the strategy asks for
+// recompute: its activation peak with and without it.
+std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, int rank,
+                          const std::string& without_error) {
+  const auto it = without.find(rank);
+  if (it == without.end()) {
+    return absl::StrFormat("    activations %s with recompute; without it the program does not compile: %s\n",
+                           Bytes(with), without_error.empty() ? "no plan for this rank" : without_error);
+  }
+  const std::string share = it->second > 0 ? absl::StrFormat(" (%.0f%%)", 100.0 * with / it->second) : "";
+  return absl::StrFormat("    activations %s with recompute, %s without%s\n", Bytes(with), Bytes(it->second), share);
+}
+
 }  // namespace
 
 int CheckCommand(const std::string& path) {
@@ -188,12 +203,30 @@ int CheckCommand(const std::string& path) {
         stage_forward_ops[stage], stage_transfers[stage], stage_params[stage], Bytes(stage_param_bytes[stage]),
         Bytes(stage_activation_bytes[stage]), work);
   }
+  // With recompute: the same program compiled without it, so each rank can
+  // show what recompute saves (activation peaks of the two memory plans).
+  const bool recompute = absl::c_linear_search(result->pass_names, "recompute");
+  std::map<int, int64_t> activations_without;
+  std::string without_error;
+  if (recompute) {
+    auto without = CompileFromFlagsWithoutRecompute(path);
+    if (without.ok()) {
+      for (const RankPlan& plan : without->plans) {
+        activations_without[plan.rank()] = plan.memory().activation_peak_bytes();
+      }
+    } else {
+      without_error = std::string(without.status().message());
+    }
+  }
   for (const RankPlan& plan : result->plans) {
     const MemoryPlan& m = plan.memory();
     std::cout << absl::StrFormat(
         "  rank %d: predicted peak %s (parameters %s, optimizer state %s, activations %s), bubble %.1f%%\n",
         plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
+    if (recompute) {
+      std::cout << RecomputeLine(m.activation_peak_bytes(), activations_without, plan.rank(), without_error);
+    }
     if (plan.topology().dp_degree() > 1) std::cout << DataParallelLines(plan);
   }
   std::cout << "  schedule (as if every stage's forward took 1 unit and backward 2; the bubbles above weigh each stage's\n"

@@ -67,11 +67,14 @@ absl::StatusOr<Strategy> StrategyFromFlags() {
   return ReadStrategyFile(UserPath(path));
 }
 
-absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) {
+namespace {
+
+absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path, bool clear_recompute) {
   auto program = ReadProgramFile(UserPath(program_path));
   if (!program.ok()) return program.status();
   auto strategy = StrategyFromFlags();
   if (!strategy.ok()) return strategy.status();
+  if (clear_recompute) strategy->clear_recompute();
   const std::string strategy_path = absl::GetFlag(FLAGS_strategy);
   auto device_kind = DeviceKindFromFlags();
   if (!device_kind.ok()) return device_kind.status();
@@ -80,6 +83,16 @@ absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) 
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
   return Compile(*program, *strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
+}
+
+}  // namespace
+
+absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path) {
+  return CompileFromFlags(program_path, /*clear_recompute=*/false);
+}
+
+absl::StatusOr<CompileResult> CompileFromFlagsWithoutRecompute(const std::string& program_path) {
+  return CompileFromFlags(program_path, /*clear_recompute=*/true);
 }
 
 }  // namespace cli

@@ -36,6 +36,9 @@ std::string FirstOpWithoutKernel(const std::vector<RankPlan>& plans, DeviceKind 
 // The --strategy file, or the default strategy when none is given.
 absl::StatusOr<Strategy> StrategyFromFlags();
 absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path);
+// The same with the strategy's recompute section cleared (same program, batch
+// and device): what the plans would hold without recompute.
+absl::StatusOr<CompileResult> CompileFromFlagsWithoutRecompute(const std::string& program_path);
 
 }  // namespace cli
 }  // namespace strata
