@@ -7,17 +7,35 @@ Prints the steps both have, whether their losses are bit-identical, the
 largest relative difference (and the first step above 1e-4), each eval's
 loss and accuracy side by side, and the two summaries' seconds and peaks.
 Used to set a GPU run beside the CPU run of the same program and seed.
+
+A run under gradient merge (its update steps carry "optimizer_step") is
+compared per optimizer update: the mean of the losses of the k steps that
+one update merged, against the other run's update of that number (a run
+without gradient merge updates on every step).
 """
 import json, sys
 def load(p):
-    steps, evals, summ = {}, [], None
+    steps, evals, summ, updates, pending, merged = {}, [], None, {}, [], False
     for line in open(p):
         r = json.loads(line)
         if "summary" in r: summ = r["summary"]
         elif "eval" in r: evals.append(r)
-        elif "loss" in r: steps[r["step"]] = r["loss"]
-    return steps, evals, summ
-a, ea, sa = load(sys.argv[1]); b, eb, sb = load(sys.argv[2])
+        elif "loss" in r:
+            steps[r["step"]] = r["loss"]
+            pending.append(r["loss"])
+            if "optimizer_step" in r:
+                merged = True
+                updates[r["optimizer_step"]] = sum(pending) / len(pending)
+                pending = []
+    return steps, evals, summ, (updates if merged else None)
+a, ea, sa, ua = load(sys.argv[1]); b, eb, sb, ub = load(sys.argv[2])
+if ua is not None or ub is not None:
+    for name, steps, u in ((sys.argv[1], a, ua), (sys.argv[2], b, ub)):
+        if u is not None:
+            print(f"{name}: gradient merge, {len(steps)} steps, {len(u)} updates; each update's loss is the mean of its {len(steps) // max(len(u), 1)} steps' losses")
+    if ua is not None: a = ua
+    if ub is not None: b = ub
+unit = "updates" if ua is not None or ub is not None else "steps"
 common = sorted(set(a) & set(b))
 worst, worst_step, first_over = 0.0, None, None
 for s in common:
@@ -25,6 +43,6 @@ for s in common:
     if rel > worst: worst, worst_step = rel, s
     if first_over is None and rel > 1e-4: first_over = s
 same = all(a[s] == b[s] for s in common)
-print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} steps, bit-identical={same}, max rel diff {worst:.3g} at step {worst_step}, first step over 1e-4: {first_over}")
+print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} {unit}, bit-identical={same}, max rel diff {worst:.3g} at {unit[:-1]} {worst_step}, first {unit[:-1]} over 1e-4: {first_over}")
 for x, y in zip(ea, eb): print(f"  eval {x['eval']} step {x['step']}: loss {x['loss']:.6f} vs {y['loss']:.6f}, accuracy {x['accuracy']:.4f} vs {y['accuracy']:.4f}")
 if sa and sb: print(f"  seconds {sa['seconds']:.2f} vs {sb['seconds']:.2f}; measured peak {sa['measured_peak_bytes']} vs {sb['measured_peak_bytes']}; predicted {sa['predicted_peak_bytes']} vs {sb['predicted_peak_bytes']}")
