@@ -66,16 +66,25 @@ absl::StatusOr<std::vector<double>> LossesFromMetrics(const std::string& path) {
 }
 
 // --compare_single: the same program on one device, same data and global
-// batch, printed beside the parallel run's losses.
+// batch, printed beside the parallel run's losses. The reference keeps the
+// strategy's gradient_merge, so its step N merges the same samples as the
+// parallel run's (without it, it would update on every step).
 int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const std::string& parallel_metrics) {
   auto program = ReadProgramFile(UserPath(path));
   if (!program.ok()) {
     std::cerr << "error: " << program.status().message() << "\n";
     return kExitError;
   }
+  auto parallel_strategy = StrategyFromFlags();
+  if (!parallel_strategy.ok()) {
+    std::cerr << "error: " << parallel_strategy.status().message() << "\n";
+    return kExitError;
+  }
+  Strategy reference;
+  if (parallel_strategy->has_gradient_merge()) *reference.mutable_gradient_merge() = parallel_strategy->gradient_merge();
   CompileOptions options;
   options.batch_size = global_batch;
-  auto single = Compile(*program, Strategy(), options);
+  auto single = Compile(*program, reference, options);
   if (!single.ok()) {
     std::cerr << "error: single-device reference: " << single.status().message() << "\n";
     return kExitError;
