@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Every example compiles: each program alone, and each pipeline program with
+# the strategies the README runs it with. The hybrid strategy (pp2 x dp2,
+# gradient merge, recompute) must give 4 ranks in two dp groups, an update of
+# 64 samples (the single-device examples' batch), activations on stage 0 below
+# the same strategy's without recompute, and the single device's losses.
+set -uo pipefail
+strata=$1
+examples=$(dirname "$2")  # any file of examples/
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for p in "$examples"/*.pbtxt; do
+  case $p in *.strategy.pbtxt) continue ;; esac
+  "$strata" check "$p" >"$tmp/out" 2>&1 || fail "strata check $p: $(cat "$tmp/out")"
+  echo "ok: $p"
+done
+for pair in mlp_pp2:pp2 alexnet_fashion_pp2:pp2 convnet_fashion_pp2:pp2 convnet_fashion_pp2:convnet_fashion_hybrid; do
+  p=$examples/${pair%%:*}.pbtxt s=$examples/${pair#*:}.strategy.pbtxt
+  "$strata" check "$p" --strategy "$s" >"$tmp/out" 2>&1 || fail "strata check $p --strategy $s: $(cat "$tmp/out")"
+  echo "ok: $p with $s"
+done
+
+# The hybrid: its check output.
+hybrid=$examples/convnet_fashion_hybrid.strategy.pbtxt
+out=$("$strata" check "$examples/convnet_fashion_pp2.pbtxt" --strategy "$hybrid" 2>&1) || fail "check: $out"
+echo "$out"
+echo "$out" | grep -q "passes: .*recompute.*gradient-merge, data-parallel" || fail "recompute, gradient merge or data parallel did not run"
+echo "$out" | grep -q "global batch 32 = 2 micro-batch(es) of 8, ONE_F_ONE_B schedule, 4 rank(s)" || fail "not 4 ranks of 2 micro-batches of 8"
+k=$(sed -n 's/.*k_steps: *\([0-9]*\).*/\1/p' "$hybrid")
+[ $((32 * k)) -eq 64 ] || fail "an update merges $k steps of 32 samples, not 64"
+for r in 0 2; do echo "$out" | grep -A1 "^  rank $r:" | grep -q "dp group 1: ranks 0, 2" || fail "rank $r not in dp group 0, 2"; done
+for r in 1 3; do echo "$out" | grep -A1 "^  rank $r:" | grep -q "dp group 2: ranks 1, 3" || fail "rank $r not in dp group 1, 3"; done
+activations() { echo "$1" | grep "^  stage $2:" | sed -n 's/.*predicted activations \([0-9.]*\) MiB.*/\1/p'; }
+grep -v recompute "$hybrid" >"$tmp/no_recompute.strategy.pbtxt"
+plain=$("$strata" check "$examples/convnet_fashion_pp2.pbtxt" --strategy "$tmp/no_recompute.strategy.pbtxt" 2>&1) || fail "check without recompute: $plain"
+a=$(activations "$out" 0) b=$(activations "$plain" 0)
+[ -n "$a" ] && [ -n "$b" ] || fail "no predicted activations in the stage 0 lines"
+awk -v a="$a" -v b="$b" 'BEGIN { exit !(a < b) }' || fail "stage 0 activations $a MiB with recompute, $b MiB without"
+echo "stage 0 activations: $a MiB with recompute, $b MiB without"
+
+# Six steps on 4 ranks (synthetic data) against one device merging the same steps.
+cmp=$("$strata" run "$examples/convnet_fashion_pp2.pbtxt" --strategy "$hybrid" --nproc 4 --steps 6 --quiet \
+  --compare_single --log_dir "$tmp/log" 2>&1) || fail "run: $cmp"
+echo "$cmp" | tail -8
+worst=$(echo "$cmp" | sed -n 's/^max relative difference \([0-9.e+-]*\) over 6 steps$/\1/p')
+[ -n "$worst" ] || fail "no comparison over 6 steps"
+awk -v w="$worst" 'BEGIN { exit !(w < 1e-4) }' || fail "the hybrid's losses part from one device's by $worst"
+echo "PASS"
