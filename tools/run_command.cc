@@ -81,7 +81,9 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
     return kExitError;
   }
   Strategy reference;
-  if (parallel_strategy->has_gradient_merge()) *reference.mutable_gradient_merge() = parallel_strategy->gradient_merge();
+  if (parallel_strategy->has_gradient_merge()) {
+    *reference.mutable_gradient_merge() = parallel_strategy->gradient_merge();
+  }
   CompileOptions options;
   options.batch_size = global_batch;
   auto single = Compile(*program, reference, options);
