@@ -188,9 +188,16 @@ int CheckCommand(const std::string& path) {
     }
   }
   const Schedule& schedule = result->plans[0].schedule();
-  std::cout << absl::StrFormat("  global batch %d = %d micro-batch(es) of %d, %s schedule, %d rank(s)\n",
+  const int dp = std::max(1, result->plans[0].topology().dp_degree());
+  const int merge = std::max(1, schedule.merge_steps());
+  std::cout << absl::StrFormat("  global batch %d = %d micro-batch(es) of %d%s, %s schedule, %d rank(s)\n",
                                result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),
+                               dp > 1 ? absl::StrFormat(" x %d data-parallel replicas", dp) : "",
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
+  if (merge > 1) {
+    std::cout << absl::StrFormat("  gradient merge: the optimizer runs once every %d steps, on %d samples\n", merge,
+                                 result->batch_size * merge);
+  }
   for (const auto& [stage, n] : stage_ops) {
     // On a pipeline: the cost model's share of the work, to balance stages by.
     const std::string work =
