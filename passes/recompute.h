@@ -18,8 +18,10 @@ namespace strata {
 // the first backward op that reads one of them, writing `<var>@recompute`,
 // which the backward ops read instead. Kept as they are: the checkpoints,
 // feeds and persistent vars, vars another stage reads (a stage cut acts as
-// a checkpoint), vars a recomputed op reads from another segment, and the
-// last segment, the one holding the loss (its backward follows at once).
+// a checkpoint), and the last segment, the one holding the loss (its
+// backward follows at once). A re-emitted op that reads a var of another
+// segment reads it under its own name, so that var lives until then (and
+// is re-made as well where its own segment's backward needs it).
 class RecomputePass : public Pass {
  public:
   std::string name() const override { return "recompute"; }
