@@ -16,7 +16,7 @@ namespace strata {
 namespace {
 
 using nn_shape_checks::Dims;
-using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectComputeFloatingArg;
 using nn_shape_checks::ExpectRankArg;
 using nn_shape_checks::ExpectSameDtypeArg;
 using nn_shape_checks::Invalid;
@@ -26,7 +26,7 @@ using nn_shape_checks::SameSize;
 // (the rule is proto/shape_rules.h's, shared with the kernels); the dtypes
 // are the schema's to check.
 absl::StatusOr<MatmulDims> CheckMatmul(const ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "a"));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
   return ResolveMatmul(ctx.input(0).shape, ctx.input(1).shape, ctx.attr_bool("transpose_a"),
                        ctx.attr_bool("transpose_b"));
@@ -105,7 +105,7 @@ STRATA_REGISTER_OP(OpDef("matmul")
 
 // da for a batched, transposed a with a shared 2-D b: da[i] = op(b) @ dy[i]^T.
 absl::Status MatmulSharedBGradAShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "dy"));
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "dy"));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "dy"));
   const Dims& dy = ctx.input(0).shape;
   const Dims& b = ctx.input(1).shape;
@@ -143,7 +143,7 @@ STRATA_REGISTER_OP(OpDef("matmul_shared_b_grad_a")
 
 // db for a shared 2-D b: sum over the batch of op(a[i])^T @ dy[i].
 absl::Status MatmulSharedBGradBShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "a"));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "dy", 0, "a"));
   const Dims& a = ctx.input(0).shape;
   const Dims& dy = ctx.input(1).shape;

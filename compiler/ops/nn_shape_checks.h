@@ -36,6 +36,15 @@ inline absl::Status ExpectFloatingArg(const ShapeContext& ctx, int i, const char
   return absl::OkStatus();
 }
 
+// The ops mixed precision runs in a low precision (the matmul family) also
+// take BF16 and F16.
+inline absl::Status ExpectComputeFloatingArg(const ShapeContext& ctx, int i, const char* name) {
+  if (!IsFloating(ctx.input(i).dtype) && !IsHalfFloating(ctx.input(i).dtype)) {
+    return Invalid(absl::StrCat("input '", name, "' must be F32, F64, BF16 or F16, got ", ctx.input(i).ToString()));
+  }
+  return absl::OkStatus();
+}
+
 inline absl::Status ExpectDtypeArg(const ShapeContext& ctx, int i, const char* name, DataType dtype) {
   if (ctx.input(i).dtype != dtype) {
     return Invalid(absl::StrCat("input '", name, "' must be ", DataTypeName(dtype), ", got ",

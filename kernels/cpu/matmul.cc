@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/widened.h"
 #include "kernels/matmul_shape.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
@@ -184,6 +185,22 @@ STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, InitFactory<Ma
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradAKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradBKernel<double>>());
+// BF16 and F16 (mixed precision's storage): the float32 kernels on widened copies.
+template <typename Half>
+using WidenedMatmul = WidenedKernel<Half, MatmulKernel<float>>;
+template <typename Half>
+using WidenedMatmulGradA = WidenedKernel<Half, MatmulSharedBGradAKernel<float>>;
+template <typename Half>
+using WidenedMatmulGradB = WidenedKernel<Half, MatmulSharedBGradBKernel<float>>;
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, BF16, InitFactory<WidenedMatmul<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F16, InitFactory<WidenedMatmul<float16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, BF16, InitFactory<WidenedMatmulGradA<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F16, InitFactory<WidenedMatmulGradA<float16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, BF16, InitFactory<WidenedMatmulGradB<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F16, InitFactory<WidenedMatmulGradB<float16>>());
+STRATA_REGISTER_WORKSPACE("matmul", DEVICE_CPU, WidenedWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CPU, WidenedWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F32, InitFactory<MatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F64, InitFactory<MatmulAccumulateKernel<double>>());
 

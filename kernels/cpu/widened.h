@@ -1,0 +1,97 @@
+#ifndef STRATA_KERNELS_CPU_WIDENED_H_
+#define STRATA_KERNELS_CPU_WIDENED_H_
+
+// BF16 and F16 on the CPU: storage only (DESIGN.md, mixed precision), the
+// math in float32. A widened kernel converts its low-precision inputs to
+// float32 scratch, runs the op's float32 kernel on them and rounds its
+// outputs back to nearest even, as PyTorch's CPU autocast does for bf16
+// matmul. WidenedWorkspace tells the memory plan what the scratch costs.
+
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "proto/status_macros.h"
+#include "runtime/float16.h"
+#include "runtime/kernel.h"
+
+namespace strata {
+
+template <typename Half>
+constexpr DataType HalfDtype() {
+  return std::is_same_v<Half, bfloat16> ? BF16 : F16;
+}
+
+// `Inner` is the float32 kernel class of the same op.
+template <typename Half, typename Inner>
+class WidenedKernel : public OpKernel {
+ public:
+  explicit WidenedKernel(const KernelDef& def) {
+    if constexpr (std::is_constructible_v<Inner, const KernelDef&>) {
+      inner_ = std::make_unique<Inner>(def);
+    } else {
+      inner_ = std::make_unique<Inner>();
+    }
+  }
+  absl::Status Init(const Op& op) { return inner_->Init(op); }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    std::vector<Tensor> wide(ctx.num_inputs());
+    std::vector<const Tensor*> inputs(ctx.num_inputs());
+    for (int i = 0; i < ctx.num_inputs(); ++i) {
+      const Tensor& t = ctx.input(i);
+      inputs[i] = &t;
+      if (t.dtype() != HalfDtype<Half>()) continue;
+      STRATA_ASSIGN_OR_RETURN(wide[i], nn_kernels::Scratch(ctx, F32, t.num_elements()));
+      const Half* src = t.data<Half>();
+      float* dst = wide[i].data<float>();
+      for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
+      wide[i] = wide[i].Reshaped(t.shape());
+      inputs[i] = &wide[i];
+    }
+    std::vector<Tensor> outputs(ctx.num_outputs());
+    KernelContext inner(&ctx.run(), inputs, absl::MakeSpan(outputs));
+    STRATA_RETURN_IF_ERROR(inner_->Compute(inner));
+    wide.clear();  // the float32 inputs go before the outputs are rounded
+    for (int i = 0; i < ctx.num_outputs(); ++i) {
+      const Tensor& y = outputs[i];
+      STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, HalfDtype<Half>(), y.shape()));
+      const float* src = y.data<float>();
+      Half* dst = out->data<Half>();
+      for (int64_t j = 0; j < y.num_elements(); ++j) dst[j] = FromFloat(src[j]);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static Half FromFloat(float f) {
+    if constexpr (std::is_same_v<Half, bfloat16>) {
+      return ToBfloat16(f);
+    } else {
+      return ToFloat16(f);
+    }
+  }
+  std::unique_ptr<Inner> inner_;
+};
+
+// The float32 copies a widened kernel holds at once: its low-precision
+// inputs and its outputs (the inner kernel's own workspace comes on top).
+inline absl::StatusOr<int64_t> WidenedWorkspace(const KernelDef& def, int) {
+  int64_t elements = 0;
+  bool half = false;
+  for (const TensorType& t : def.input_types) {
+    if (!IsHalfFloating(t.dtype)) continue;
+    half = true;
+    elements += NumElements(t.shape);
+  }
+  if (!half) return int64_t{0};
+  for (const TensorType& t : def.output_types) elements += NumElements(t.shape);
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CPU_WIDENED_H_
