@@ -269,7 +269,7 @@ TEST(MatmulShapeTest, RejectsBadRanksBatchesAndDtypes) {
   ASSERT_FALSE(dtypes.ok());
   auto ints = Infer(MatmulText(), {{I64, {2, 4}}, {I64, {4, 3}}});
   ASSERT_FALSE(ints.ok());
-  EXPECT_THAT(ints.status().message(), HasSubstr("must be F32 or F64"));
+  EXPECT_THAT(ints.status().message(), HasSubstr("must be F32, F64, BF16 or F16"));
 }
 
 TEST(MatmulAccumulateShapeTest, TheBufferMustHoldTheProduct) {
