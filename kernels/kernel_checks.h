@@ -192,6 +192,28 @@ inline absl::Status CheckLayerNormDy(const Tensor& x, const Tensor& dy) {
   return absl::OkStatus();
 }
 
+// scaled_dot_product_attention(_grad): q, k, v (and y, dy) are one
+// [B, H, T, D] shape; lse (and dlse) are [B, H, T].
+inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char* op, bool grad) {
+  const Tensor& q = ctx.input(0);
+  if (q.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": q must be [B, H, T, D], got ", ShapeString(q.shape())));
+  }
+  const char* names[] = {"q", "k", "v", "y", "lse", "dy", "dlse"};
+  const Shape lse{q.dim(0), q.dim(1), q.dim(2)};
+  const int n = grad ? ctx.num_inputs() : 3;
+  for (int i = 1; i < n; ++i) {
+    const Tensor& t = ctx.input(i);
+    const bool is_lse = i == 4 || i == 6;
+    if (t.dtype() != q.dtype() || t.shape() != (is_lse ? lse : q.shape())) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": input '", names[i], "' is ", DataTypeName(t.dtype()),
+                                                     ShapeString(t.shape()), ", expected ", DataTypeName(q.dtype()),
+                                                     ShapeString(is_lse ? lse : q.shape())));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // embedding(_grad): ids are I64. Their values (each in [0, V)) are the
 // caller's to check where it can read them.
 inline absl::Status CheckIdsDtype(const char* op, const Tensor& ids) {

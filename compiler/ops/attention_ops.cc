@@ -1,0 +1,136 @@
+// The attention family: scaled_dot_product_attention (fused, optionally
+// causal) and its backward op, which recomputes the probabilities from the
+// saved per-row logsumexp instead of keeping the [T, T] matrix.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
+#include "compiler/ops/nn_shape_checks.h"
+
+namespace strata {
+namespace {
+
+using nn_shape_checks::Dims;
+using nn_shape_checks::DimsString;
+using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectRankArg;
+using nn_shape_checks::ExpectSameTypeArg;
+using nn_shape_checks::ExpectStaticDims;
+using nn_shape_checks::Invalid;
+
+// q, k, v (inputs 0-2) are one type [B, H, T, D] (B may be -1), and the attrs are sane.
+absl::Status CheckQkv(const ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "q"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "q", 4, "[B, H, T, D]"));
+  STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "q", 1));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "v", 0, "q"));
+  const double scale = ctx.attr_float("scale");
+  if (!std::isfinite(scale) || scale < 0) {
+    return Invalid(absl::StrCat("attr 'scale' must be finite and >= 0 (0: 1/sqrt(D)), got ", scale));
+  }
+  return absl::OkStatus();
+}
+
+// The per-row logsumexp's type: q's dtype, [B, H, T].
+TensorType LseType(const TensorType& q) { return TensorType{q.dtype, Dims(q.shape.begin(), q.shape.end() - 1)}; }
+
+absl::Status AttentionShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
+  ctx.set_output(0, ctx.input(0));
+  ctx.set_output(1, LseType(ctx.input(0)));
+  return absl::OkStatus();
+}
+
+// FLOPs of S = Q K^T and Y = P V (2 * 2 * B*H*T*T*D), about half the pairs
+// when causal (T (T + 1) / 2 of T^2); the softmax's exps count as bytes.
+double AttentionFlops(const CostContext& c, double gemms) {
+  const TensorType& q = c.input(0);
+  const double b = q.shape[0], h = q.shape[1], t = q.shape[2], d = q.shape[3];
+  const bool causal = c.op().attr().at("causal").b();
+  const double pairs = causal ? t * (t + 1) / 2 : t * t;
+  return gemms * 2 * b * h * pairs * d;
+}
+
+// With P the probabilities and D_i = rowsum(dY * Y)_i:
+//   dS = P * (dY V^T - D_i + dlse_i);  dQ = scale dS K;  dK = scale dS^T Q;  dV = P^T dY.
+absl::Status AttentionGrad(GradBuilder& g) {
+  std::string dy = g.output_grad(0);
+  const std::string& dlse = g.output_grad(1);
+  if (dy.empty() && dlse.empty()) return absl::OkStatus();
+  if (!g.needs_input_grad(0) && !g.needs_input_grad(1) && !g.needs_input_grad(2)) return absl::OkStatus();
+  if (dy.empty()) {
+    dy = g.Temp("attention_zero_dy");
+    g.Emit("fill_like", {g.output(0)}, {dy}, {{"value", FloatAttr(0.0)}});
+  }
+  std::vector<std::string> inputs = {g.input(0), g.input(1), g.input(2), g.output(0), g.output(1), dy};
+  if (!dlse.empty()) inputs.push_back(dlse);
+  std::vector<std::string> outs;
+  const char* hints[] = {"attention_dq", "attention_dk", "attention_dv"};
+  for (int i = 0; i < 3; ++i) outs.push_back(g.needs_input_grad(i) ? g.input_grad(i) : g.Temp(hints[i]));
+  g.Emit("scaled_dot_product_attention_grad", std::move(inputs), outs, g.ForwardAttrs());
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention")
+                       .Input("q")
+                       .Input("k")
+                       .Input("v")
+                       .Output("y")
+                       .Output("lse")
+                       .Attr("causal", true)
+                       .Attr("scale", 0.0)
+                       .Shape(AttentionShape)
+                       .Cost([](const CostContext& c) { return AttentionFlops(c, 2); })
+                       .Grad(AttentionGrad)
+                       .Doc("y = softmax(scale * q k^T + mask) v per (batch, head); q, k, v [B, H, T, D] of "
+                            "one type. causal: query t sees keys <= t. scale 0 means 1/sqrt(D). Output 1, "
+                            "lse [B, H, T], is each row's logsumexp of the (scaled, masked) scores, kept for "
+                            "the backward op so that the [T, T] probabilities are never stored."));
+
+absl::Status AttentionGradShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 3, "y", 0, "q"));
+  const TensorType lse = LseType(ctx.input(0));
+  if (ctx.input(4) != lse) {
+    return Invalid(absl::StrCat("input 'lse' must be ", lse.ToString(), " (q without its last dim), got ",
+                                ctx.input(4).ToString()));
+  }
+  if (ctx.num_inputs() > 7) {
+    return Invalid(absl::StrCat("takes dy and at most dlse after lse, got ", ctx.num_inputs() - 5, " gradients"));
+  }
+  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 5, "grads[0] (dy)", 0, "q"));
+  if (ctx.num_inputs() == 7 && ctx.input(6) != lse) {
+    return Invalid(absl::StrCat("input 'grads[1]' (dlse) must be ", lse.ToString(), ", got ",
+                                ctx.input(6).ToString()));
+  }
+  for (int i = 0; i < 3; ++i) ctx.set_output(i, ctx.input(0));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
+                       .Input("q")
+                       .Input("k")
+                       .Input("v")
+                       .Input("y")
+                       .Input("lse")
+                       .VariadicInput("grads")
+                       .Output("dq")
+                       .Output("dk")
+                       .Output("dv")
+                       .Attr("causal", true)
+                       .Attr("scale", 0.0)
+                       .Shape(AttentionGradShape)
+                       .Cost([](const CostContext& c) { return AttentionFlops(c, 5); })
+                       .NotDifferentiable()
+                       .Doc("Backward of scaled_dot_product_attention: grads are dy, then dlse when lse has a "
+                            "gradient. Recomputes P = exp(scale q k^T - lse) per row block; dS = P * (dy v^T - "
+                            "rowsum(dy * y) + dlse); dq = scale dS k, dk = scale dS^T q, dv = P^T dy."));
+
+}  // namespace
+}  // namespace strata

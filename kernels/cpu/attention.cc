@@ -1,0 +1,232 @@
+// scaled_dot_product_attention and its backward, per (batch, head) over
+// q, k, v [B, H, T, D], in blocks of kRowBlock query rows: a block's scores
+// S = scale * Q_blk K^T (only keys up to the block's last row when causal)
+// go through a max-subtracted softmax in a [kRowBlock, T] scratch, so the
+// [T, T] matrix is never whole; the forward keeps each row's logsumexp
+// (lse) and the backward recomputes P = exp(S - lse) from it.
+//
+// Threads: the work items (forward: every (head, row block); backward: every
+// head, since its row blocks add into the same dK and dV) are cut into at
+// most IntraOpThreads() contiguous shares, one scratch each; within a share
+// items run in order, so the sums' order depends on the shape only.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/kernel_checks.h"
+#include "runtime/kernel.h"
+#include "runtime/thread_pool.h"
+
+namespace strata {
+namespace {
+
+using nn_kernels::InitFactory;
+using nn_kernels::Scratch;
+
+constexpr int64_t kRowBlock = 64;
+
+struct AttentionDims {
+  int64_t B = 0, H = 0, T = 0, D = 0;
+  int64_t heads() const { return B * H; }
+  int64_t row_blocks() const { return (T + kRowBlock - 1) / kRowBlock; }
+  int64_t block_rows() const { return std::min(T, kRowBlock); }
+};
+
+// `items` cut into `parts` contiguous shares of `per`, parts <= threads.
+struct Shares {
+  int64_t parts = 0, per = 1;
+  Shares(int64_t items, int threads) {
+    const int64_t t = std::max<int64_t>(1, std::min<int64_t>(threads, items));
+    per = std::max<int64_t>(1, (items + t - 1) / t);
+    parts = items == 0 ? 0 : (items + per - 1) / per;
+  }
+  // fn(share, item) for every item, the shares in parallel.
+  template <typename F>
+  void ForEach(int64_t items, const F& fn) const {
+    ParallelFor(parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        for (int64_t i = s * per; i < std::min(items, (s + 1) * per); ++i) fn(s, i);
+      }
+    });
+  }
+};
+
+// Scratch elements per share: the forward's S/P block; the backward's P and dP blocks.
+int64_t ScratchPerShare(const AttentionDims& d, bool grad) { return (grad ? 2 : 1) * d.block_rows() * d.T; }
+int64_t ForwardItems(const AttentionDims& d) { return d.heads() * d.row_blocks(); }
+
+// Reads `causal` and `scale` (0: 1/sqrt(D), resolved per call).
+class AttentionKernelBase : public OpKernel {
+ public:
+  AttentionKernelBase() = default;
+  explicit AttentionKernelBase(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(causal_, AttrBool(op, "causal"));
+    STRATA_ASSIGN_OR_RETURN(scale_, AttrFloat(op, "scale"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
+  bool causal_ = true;
+  double scale_ = 0;
+};
+
+AttentionDims DimsOf(const Tensor& q) { return AttentionDims{q.dim(0), q.dim(1), q.dim(2), q.dim(3)}; }
+
+// Rows [r0, r1) of one head's scores, s[r - r0][0, c1) = scale * q_r . k_c (ld c1).
+template <typename T>
+void Scores(const T* q, const T* k, int64_t r0, int64_t r1, int64_t c1, int64_t D, T scale, T* s) {
+  SerialGemmOrScale(false, true, r1 - r0, c1, D, scale, q + r0 * D, D, k, D, T(0), s, c1);
+}
+
+// y [B, H, T, D], lse [B, H, T] from q, k, v [B, H, T, D].
+template <typename T>
+class AttentionKernel : public AttentionKernelBase {
+ public:
+  using AttentionKernelBase::AttentionKernelBase;
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention", false));
+    const Tensor& q = ctx.input(0);
+    const AttentionDims d = DimsOf(q);
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, q.dtype(), q.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, q.dtype(), Shape{d.B, d.H, d.T}));
+    const int64_t items = ForwardItems(d);
+    const Shares sh(items, IntraOpThreads());
+    const int64_t per_share = ScratchPerShare(d, false);
+    STRATA_ASSIGN_OR_RETURN(Tensor scratch, Scratch(ctx, q.dtype(), sh.parts * per_share));
+    const T* pq = q.data<T>();
+    const T* pk = ctx.input(1).data<T>();
+    const T* pv = ctx.input(2).data<T>();
+    T* py = y->data<T>();
+    T* plse = lse->data<T>();
+    T* ps = scratch.data<T>();
+    const T scale = static_cast<T>(ScaleFor(d.D));
+    const bool causal = causal_;
+    const int64_t T_ = d.T, D = d.D, nb = d.row_blocks();
+    sh.ForEach(items, [&](int64_t share, int64_t item) {
+      const int64_t head = item / nb, r0 = (item % nb) * kRowBlock, r1 = std::min(T_, r0 + kRowBlock);
+      const int64_t c1 = causal ? r1 : T_;
+      const int64_t off = head * T_ * D;
+      T* s = ps + share * per_share;
+      Scores(pq + off, pk + off, r0, r1, c1, D, scale, s);
+      for (int64_t r = r0; r < r1; ++r) {
+        T* row = s + (r - r0) * c1;
+        const int64_t n = causal ? r + 1 : T_;
+        T max = -std::numeric_limits<T>::infinity();
+        for (int64_t c = 0; c < n; ++c) max = std::max(max, row[c]);
+        double sum = 0;
+        for (int64_t c = 0; c < n; ++c) {
+          row[c] = std::exp(row[c] - max);
+          sum += row[c];
+        }
+        const T inv = static_cast<T>(1.0 / sum);
+        for (int64_t c = 0; c < n; ++c) row[c] *= inv;
+        std::fill(row + n, row + c1, T(0));
+        plse[head * T_ + r] = static_cast<T>(max + std::log(sum));
+      }
+      SerialGemmOrScale(false, false, r1 - r0, D, c1, T(1), s, c1, pv + off, D, T(0), py + off + r0 * D, D);
+    });
+    return absl::OkStatus();
+  }
+};
+
+// dq, dk, dv from q, k, v, y, lse, dy and optionally dlse (see the op's Doc).
+template <typename T>
+class AttentionGradKernel : public AttentionKernelBase {
+ public:
+  using AttentionKernelBase::AttentionKernelBase;
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention_grad", true));
+    const Tensor& q = ctx.input(0);
+    const AttentionDims d = DimsOf(q);
+    Tensor* out[3];
+    for (int i = 0; i < 3; ++i) {
+      STRATA_ASSIGN_OR_RETURN(out[i], ctx.AllocateOutput(i, q.dtype(), q.shape()));
+    }
+    const Shares sh(d.heads(), IntraOpThreads());
+    const int64_t per_share = ScratchPerShare(d, true);
+    STRATA_ASSIGN_OR_RETURN(Tensor scratch, Scratch(ctx, q.dtype(), sh.parts * per_share));
+    const T* pq = q.data<T>();
+    const T* pk = ctx.input(1).data<T>();
+    const T* pv = ctx.input(2).data<T>();
+    const T* py = ctx.input(3).data<T>();
+    const T* plse = ctx.input(4).data<T>();
+    const T* pdy = ctx.input(5).data<T>();
+    const T* pdlse = ctx.num_inputs() > 6 ? ctx.input(6).data<T>() : nullptr;
+    T* pdq = out[0]->data<T>();
+    T* pdk = out[1]->data<T>();
+    T* pdv = out[2]->data<T>();
+    T* ps = scratch.data<T>();
+    const T scale = static_cast<T>(ScaleFor(d.D));
+    const bool causal = causal_;
+    const int64_t T_ = d.T, D = d.D, block = d.block_rows();
+    sh.ForEach(d.heads(), [&](int64_t share, int64_t head) {
+      const int64_t off = head * T_ * D;
+      const T *q = pq + off, *k = pk + off, *v = pv + off, *y = py + off, *dy = pdy + off;
+      T *dq = pdq + off, *dk = pdk + off, *dv = pdv + off;
+      std::fill(dk, dk + T_ * D, T(0));
+      std::fill(dv, dv + T_ * D, T(0));
+      T* p = ps + share * per_share;
+      T* dp = p + block * T_;
+      for (int64_t r0 = 0; r0 < T_; r0 += kRowBlock) {
+        const int64_t r1 = std::min(T_, r0 + kRowBlock), rows = r1 - r0;
+        const int64_t c1 = causal ? r1 : T_;
+        Scores(q, k, r0, r1, c1, D, scale, p);
+        SerialGemmOrScale(false, true, rows, c1, D, T(1), dy + r0 * D, D, v, D, T(0), dp, c1);
+        for (int64_t r = r0; r < r1; ++r) {
+          T* prow = p + (r - r0) * c1;
+          T* dprow = dp + (r - r0) * c1;
+          const int64_t n = causal ? r + 1 : T_;
+          const T row_lse = plse[head * T_ + r];
+          double dot = 0;  // rowsum(dy * y), less dlse
+          for (int64_t j = 0; j < D; ++j) dot += static_cast<double>(dy[r * D + j]) * y[r * D + j];
+          if (pdlse != nullptr) dot -= pdlse[head * T_ + r];
+          const T di = static_cast<T>(dot);
+          for (int64_t c = 0; c < n; ++c) {
+            prow[c] = std::exp(prow[c] - row_lse);
+            dprow[c] = prow[c] * (dprow[c] - di);
+          }
+          std::fill(prow + n, prow + c1, T(0));
+          std::fill(dprow + n, dprow + c1, T(0));
+        }
+        // dq_blk = scale dS K;  dk[0, c1) += scale dS^T Q_blk;  dv[0, c1) += P^T dY_blk.
+        SerialGemmOrScale(false, false, rows, D, c1, scale, dp, c1, k, D, T(0), dq + r0 * D, D);
+        SerialGemmOrScale(true, false, c1, D, rows, scale, dp, c1, q + r0 * D, D, T(1), dk, D);
+        SerialGemmOrScale(true, false, c1, D, rows, T(1), p, c1, dy + r0 * D, D, T(1), dv, D);
+      }
+    });
+    return absl::OkStatus();
+  }
+};
+
+// The shares' scratch blocks, for the memory plan (a batch dim still -1
+// counts as enough heads for every thread).
+absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int threads) {
+  if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
+  const Shape& s = def.input_types[0].shape;
+  const bool grad = def.op->type() == "scaled_dot_product_attention_grad";
+  AttentionDims d{s[0], s[1], s[2], s[3]};
+  const int64_t items = d.B < 0 ? threads : grad ? d.heads() : ForwardItems(d);
+  const Shares sh(items, threads);
+  return sh.parts * ScratchPerShare(d, grad) * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
+}
+STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention", DEVICE_CPU, AttentionWorkspace);
+STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_grad", DEVICE_CPU, AttentionWorkspace);
+
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CPU, F32, InitFactory<AttentionKernel<float>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CPU, F64, InitFactory<AttentionKernel<double>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, F32,
+                       InitFactory<AttentionGradKernel<float>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, F64,
+                       InitFactory<AttentionGradKernel<double>>());
+
+}  // namespace
+}  // namespace strata
