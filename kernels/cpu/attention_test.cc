@@ -1,0 +1,271 @@
+// scaled_dot_product_attention(_grad) against PyTorch 1.13 (float64, by hand:
+// 1.13 has no F.scaled_dot_product_attention), a plain reference over several
+// row blocks, F32 against F64, and the shape checks. The expected values come from:
+//
+// import torch
+// torch.set_printoptions(precision=12)
+// def mk(shape, seed, scale=1.0):
+//     n = 1
+//     for s in shape: n *= s
+//     return (scale * torch.sin(0.37 * torch.arange(n, dtype=torch.float64) + seed)).reshape(shape)
+// B, H, T, D = 1, 2, 5, 3
+// def run(causal, scale, with_dlse):
+//     q = mk((B, H, T, D), 0.1).requires_grad_()
+//     k = mk((B, H, T, D), 0.5, 1.5).requires_grad_()
+//     v = mk((B, H, T, D), 0.9).requires_grad_()
+//     s = (q @ k.transpose(-1, -2)) * (scale if scale else D ** -0.5)
+//     if causal:
+//         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float('-inf'))
+//     lse = torch.logsumexp(s, -1)
+//     y = torch.softmax(s, -1) @ v
+//     loss = (y * mk((B, H, T, D), 1.3)).sum()
+//     if with_dlse:
+//         loss = loss + (lse * mk((B, H, T), 2.1)).sum()
+//     loss.backward()
+//     def p(name, t):
+//         vals = ', '.join('%.12g' % x for x in t.detach().flatten().tolist())
+//         print('  const std::vector<double> %s = {%s};' % (name, vals))
+//     print('// causal=%s scale=%s dlse=%s' % (causal, scale, with_dlse))
+//     for n, t in [('y', y), ('lse', lse), ('dq', q.grad), ('dk', k.grad), ('dv', v.grad)]:
+//         p(n, t)
+// run(True, 0, False)
+// run(False, 0.8, True)
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/op_registry.h"
+#include "compiler/testing/op_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+
+// scale * sin(0.37 i + seed), as the snippet's mk builds them.
+Tensor Make(DataType dtype, Shape shape, double seed, double scale = 1.0) {
+  std::vector<double> v(NumElements(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(0.37 * i + seed);
+  return MakeTensor(dtype, shape, v);
+}
+
+std::map<std::string, Tensor> Qkv(DataType dt) {
+  return {{"q", Make(dt, {1, 2, 5, 3}, 0.1)}, {"k", Make(dt, {1, 2, 5, 3}, 0.5, 1.5)}, {"v", Make(dt, {1, 2, 5, 3}, 0.9)}};
+}
+
+const std::vector<int64_t> kQkvShape = {1, 2, 5, 3};
+const std::vector<int64_t> kLseShape = {1, 2, 5};
+
+TEST(AttentionTest, CausalMatchesTorch) {
+  const std::vector<double> y = {0.783326909627, 0.955100855585, 0.997606381319, 0.85520585781, 0.798652027516, 0.634004391943, 0.676592298366, 0.553914099042, 0.35626622494, -0.524815719176, -0.674283775293, -0.732490685632, -0.770014476675, -0.720640959581, -0.573732069288, 0.166042105865, 0.511401322396, 0.787544769033, 0.79308990596, 0.896410670927, 0.878406456836, 0.790380736026, 0.732563860816, 0.575597903657, 0.383148630391, 0.28037018599, 0.13964495219, -0.730409382419, -0.757306908154, -0.681706496558};
+  const std::vector<double> lse = {0.951145595164, 2.70361628309, 1.79670058212, 1.71460569597, 2.7456874701, 0.132500727134, 1.96440005869, 2.64399560873, 1.48617262084, 2.38649980231};
+  const std::vector<double> dq = {0, 0, 0, -0.000787496806468, -0.000231957385434, 0.000354976379558, -0.0648241942185, -0.24574661838, -0.393408390594, -0.644394838943, -0.750858964238, -0.755697851161, -0.050645739567, -0.0433788278752, -0.0302407953298, 0, 0, 0, 0.184174538132, 0.149506093507, 0.0946027004905, 0.0304716974341, 0.00477535688591, -0.0215673058146, -0.288016647802, -0.588816794709, -0.809923350716, -0.307345284693, -0.36854297399, -0.379860100671};
+  const std::vector<double> dk = {-0.077858597259, 0.0132628013892, 0.102589142088, -0.00599309444834, 0.0446956043385, 0.0893349627546, 0.205349247204, 0.175531554184, 0.121956488761, -0.10552835062, -0.217595956964, -0.300212971321, -0.0159692048759, -0.0158940029476, -0.0136676222824, -0.0460700276325, -0.0310823800775, -0.011887878193, -0.059700990458, 0.0764485554115, 0.202251147943, 0.0463048401621, 0.0625865678068, 0.0703974971058, 0.179888934714, 0.0598291188361, -0.0683282876056, -0.120422756786, -0.167781861977, -0.19243247925};
+  const std::vector<double> dv = {1.06024682191, 0.869087789423, 0.560301801708, 0.167884541595, -0.157721219955, -0.461980154288, -0.306476867107, -0.346871200507, -0.340318144164, -0.940311971949, -0.749803113921, -0.45781192191, -0.232643095924, -0.077562279416, 0.0880162277499, 0.587294990991, 0.772518954299, 0.853186101192, 0.798120403062, 0.461272590648, 0.0619936970174, -0.104924173, -0.295489217071, -0.446061181814, -0.369890052804, -0.393924449144, -0.364643019276, -0.674305397837, -0.55473179143, -0.360077839417};
+  for (DataType dt : {F64, F32}) {
+    const double tol = dt == F64 ? 1e-10 : 1e-5;
+    std::map<std::string, Tensor> env = Qkv(dt);
+    env["dy"] = Make(dt, {1, 2, 5, 3}, 1.3);
+    auto s = RunOps({ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                  output: ["y", "lse"])pb"),
+                     ParseOp(R"pb(type: "scaled_dot_product_attention_grad"
+                                  input: ["q", "k", "v", "y", "lse", "dy"] output: ["dq", "dk", "dv"])pb")},
+                    &env);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(TensorNear(env["y"], kQkvShape, y, tol));
+    EXPECT_TRUE(TensorNear(env["lse"], kLseShape, lse, tol));
+    EXPECT_TRUE(TensorNear(env["dq"], kQkvShape, dq, tol));
+    EXPECT_TRUE(TensorNear(env["dk"], kQkvShape, dk, tol));
+    EXPECT_TRUE(TensorNear(env["dv"], kQkvShape, dv, tol));
+  }
+}
+
+TEST(AttentionTest, NotCausalWithScaleAndLseGradientMatchesTorch) {
+  const std::vector<double> y = {0.651597356555, 0.611937612717, 0.489454983726, 0.823872154257, 0.744669114728, 0.56467860392, 0.605476578862, 0.495793745537, 0.319007554626, -0.725951056277, -0.718283295934, -0.613399261105, -0.820102201326, -0.758966674688, -0.595108569105, -0.298513869762, -0.288777731272, -0.239956881572, 0.77216919514, 0.738838304737, 0.605509115835, 0.807352183465, 0.741525209347, 0.575336276797, 0.181803568817, 0.0862077935115, -0.0210558022266, -0.852173146237, -0.864840775102, -0.760456262208};
+  const std::vector<double> lse = {2.15606705196, 3.52694285502, 2.16126619962, 2.53463526459, 3.46203423165, 1.67851763841, 2.89689477021, 3.34728164247, 1.69501176279, 3.01919502501};
+  const std::vector<double> dq = {1.0751833005, 1.37667051686, 1.49183183701, 0.610921109166, 0.658997856925, 0.617882336248, -0.114437354775, -0.342494054258, -0.524195790209, -0.198313262761, -0.294310415243, -0.350474033695, 0.359167704249, 0.396608945226, 0.380371026043, 1.10018792684, 1.50643704995, 1.70879698537, -0.6272970999, -0.576862850376, -0.448352920239, -0.881487628574, -0.975520858302, -0.937521916233, -1.25312295088, -1.55030906864, -1.6376681268, 0.418878357095, 0.517531104466, 0.546138444697};
+  const std::vector<double> dk = {0.142950037234, 0.437340669709, 0.672539294197, 0.344215789528, 0.503493713929, 0.594626126146, 0.210757558213, 0.115342471489, 0.00431632234581, 0.151374027947, 0.0100935475637, -0.132553047131, 0.209502134073, 0.21439436137, 0.190269317626, -0.279868355177, -0.138737136419, 0.0211715029083, -0.906846875493, -0.667470831622, -0.337755741938, -0.547165872607, -0.499320830807, -0.383895056977, 0.271781556365, 0.143637307916, -0.00394757632582, 0.71387373554, 0.479788559308, 0.180766252363};
+  const std::vector<double> dv = {0.536275672125, 0.348409183598, 0.113387146533, 0.599627927392, 0.275556258233, -0.0858106577843, -0.050512265978, -0.0975911967783, -0.131461616916, -0.761993353282, -0.580090278603, -0.319674706042, -0.574698551727, -0.409153990826, -0.188232356695, 0.10866200688, 0.116333544353, 0.108259882343, 0.718194691975, 0.413412656131, 0.0526771566856, 0.234384117147, 0.0507890492436, -0.139680078213, -0.166194105324, -0.150038993571, -0.113576807904, -0.658750940266, -0.440850168854, -0.16328239521};
+  for (DataType dt : {F64, F32}) {
+    const double tol = dt == F64 ? 1e-10 : 1e-5;
+    std::map<std::string, Tensor> env = Qkv(dt);
+    env["dy"] = Make(dt, {1, 2, 5, 3}, 1.3);
+    env["dlse"] = Make(dt, {1, 2, 5}, 2.1);
+    auto s = RunOps({ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                  output: ["y", "lse"]
+                                  attr { key: "causal" value { b: false } }
+                                  attr { key: "scale" value { f: 0.8 } })pb"),
+                     ParseOp(R"pb(type: "scaled_dot_product_attention_grad"
+                                  input: ["q", "k", "v", "y", "lse", "dy", "dlse"] output: ["dq", "dk", "dv"]
+                                  attr { key: "causal" value { b: false } }
+                                  attr { key: "scale" value { f: 0.8 } })pb")},
+                    &env);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(TensorNear(env["y"], kQkvShape, y, tol));
+    EXPECT_TRUE(TensorNear(env["lse"], kLseShape, lse, tol));
+    EXPECT_TRUE(TensorNear(env["dq"], kQkvShape, dq, tol));
+    EXPECT_TRUE(TensorNear(env["dk"], kQkvShape, dk, tol));
+    EXPECT_TRUE(TensorNear(env["dv"], kQkvShape, dv, tol));
+  }
+}
+
+// Plain softmax(scale q k^T + mask) v and logsumexp, one (b, h) at a time.
+void Reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+               int64_t heads, int64_t T, int64_t D, bool causal, std::vector<double>* y, std::vector<double>* lse) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  y->assign(heads * T * D, 0.0);
+  lse->assign(heads * T, 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = causal ? i + 1 : T;
+      std::vector<double> s(n);
+      double max = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += q[(h * T + i) * D + d] * k[(h * T + j) * D + d];
+        s[j] = scale * dot;
+        max = std::max(max, s[j]);
+      }
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - max);
+      (*lse)[h * T + i] = max + std::log(sum);
+      for (int64_t j = 0; j < n; ++j) {
+        const double p = std::exp(s[j] - max) / sum;
+        for (int64_t d = 0; d < D; ++d) (*y)[(h * T + i) * D + d] += p * v[(h * T + j) * D + d];
+      }
+    }
+  }
+}
+
+// T = 150: three row blocks of the kernel, the last partial; 6 heads over the threads.
+TEST(AttentionTest, ManyRowBlocksMatchThePlainReference) {
+  const int64_t B = 2, H = 3, T = 150, D = 8;
+  for (bool causal : {true, false}) {
+    for (DataType dt : {F64, F32}) {
+      std::map<std::string, Tensor> env{{"q", Make(dt, {B, H, T, D}, 0.1, 2.0)},
+                                        {"k", Make(dt, {B, H, T, D}, 0.5, 2.0)},
+                                        {"v", Make(dt, {B, H, T, D}, 0.9)}};
+      Op op = ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb");
+      (*op.mutable_attr())["causal"].set_b(causal);
+      auto s = RunOp(op, &env);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<double> y, lse;
+      Reference(TensorValues(env["q"]), TensorValues(env["k"]), TensorValues(env["v"]), B * H, T, D, causal, &y,
+                &lse);
+      const double tol = dt == F64 ? 1e-10 : 1e-5;
+      EXPECT_TRUE(TensorNear(env["y"], {B, H, T, D}, y, tol)) << "causal " << causal;
+      EXPECT_TRUE(TensorNear(env["lse"], {B, H, T}, lse, tol)) << "causal " << causal;
+    }
+  }
+}
+
+// The F32 backward over several row blocks agrees with the F64 one.
+TEST(AttentionTest, FloatBackwardAgreesWithDoubleOverRowBlocks) {
+  const int64_t B = 1, H = 2, T = 130, D = 16;
+  std::map<DataType, std::map<std::string, Tensor>> envs;
+  for (DataType dt : {F64, F32}) {
+    auto& env = envs[dt];
+    env = {{"q", Make(dt, {B, H, T, D}, 0.1)}, {"k", Make(dt, {B, H, T, D}, 0.5)},
+           {"v", Make(dt, {B, H, T, D}, 0.9)}, {"dy", Make(dt, {B, H, T, D}, 1.3)}};
+    auto s = RunOps({ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                  output: ["y", "lse"])pb"),
+                     ParseOp(R"pb(type: "scaled_dot_product_attention_grad"
+                                  input: ["q", "k", "v", "y", "lse", "dy"] output: ["dq", "dk", "dv"])pb")},
+                    &env);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (const char* name : {"y", "lse", "dq", "dk", "dv"}) {
+    const Tensor& want = envs[F64][name];
+    const std::vector<int64_t> shape(want.shape().begin(), want.shape().end());
+    EXPECT_TRUE(TensorNear(envs[F32][name], shape, TensorValues(want), 1e-5)) << name;
+  }
+}
+
+// Scores near 1e4 in F32: the max subtraction keeps exp finite.
+TEST(AttentionTest, LargeScoresStayFinite) {
+  std::map<std::string, Tensor> env{{"q", Make(F32, {1, 1, 4, 2}, 0.1, 100)},
+                                    {"k", Make(F32, {1, 1, 4, 2}, 0.5, 100)},
+                                    {"v", Make(F32, {1, 1, 4, 2}, 0.9)}};
+  auto s = RunOp(ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                              output: ["y", "lse"])pb"),
+                 &env);
+  ASSERT_TRUE(s.ok()) << s;
+  for (const char* name : {"y", "lse"}) {
+    for (double x : TensorValues(env[name])) EXPECT_TRUE(std::isfinite(x)) << name;
+  }
+}
+
+absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
+  Op op = ParseOp(op_text);
+  const OpSchema* schema = OpRegistry::Global().Find(op.type());
+  if (schema == nullptr) return absl::NotFoundError(op.type());
+  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  return InferOutputTypes(*schema, op, std::move(inputs));
+}
+
+TEST(AttentionShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
+  const char* text = R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb";
+  const TensorType qkv{F32, {-1, 12, 128, 64}};
+  auto ok = Infer(text, {qkv, qkv, qkv});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0], qkv);
+  EXPECT_EQ((*ok)[1], (TensorType{F32, {-1, 12, 128}}));
+
+  auto bad_k = Infer(text, {qkv, {F32, {-1, 12, 64, 64}}, qkv});
+  ASSERT_FALSE(bad_k.ok());
+  EXPECT_THAT(bad_k.status().message(), HasSubstr("input 'k' must have the type of 'q'"));
+  auto bad_v = Infer(text, {qkv, qkv, {F64, {-1, 12, 128, 64}}});
+  ASSERT_FALSE(bad_v.ok());
+  EXPECT_THAT(bad_v.status().message(), HasSubstr("input 'v'"));
+  auto rank3 = Infer(text, {{F32, {2, 3, 4}}, {F32, {2, 3, 4}}, {F32, {2, 3, 4}}});
+  ASSERT_FALSE(rank3.ok());
+  EXPECT_THAT(rank3.status().message(), HasSubstr("rank 4 [B, H, T, D]"));
+  const TensorType no_d{F32, {2, 3, 4, 0}};
+  auto zero_d = Infer(text, {no_d, no_d, no_d});
+  ASSERT_FALSE(zero_d.ok());
+  EXPECT_THAT(zero_d.status().message(), HasSubstr("known, positive size in dim 3"));
+  const TensorType ints{I64, {2, 3, 4, 5}};
+  auto int_q = Infer(text, {ints, ints, ints});
+  ASSERT_FALSE(int_q.ok());
+  EXPECT_THAT(int_q.status().message(), HasSubstr("F32 or F64"));
+  auto bad_scale = Infer(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                              attr { key: "scale" value { f: -1 } })pb",
+                         {qkv, qkv, qkv});
+  ASSERT_FALSE(bad_scale.ok());
+  EXPECT_THAT(bad_scale.status().message(), HasSubstr("attr 'scale'"));
+}
+
+TEST(AttentionShapeTest, GradChecksLseAndGradients) {
+  const char* text = R"pb(type: "scaled_dot_product_attention_grad" input: ["q", "k", "v", "y", "lse", "dy"]
+                          output: ["dq", "dk", "dv"])pb";
+  const TensorType qkv{F64, {2, 3, 4, 5}}, lse{F64, {2, 3, 4}};
+  auto ok = Infer(text, {qkv, qkv, qkv, qkv, lse, qkv});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->size(), 3u);
+  auto bad_lse = Infer(text, {qkv, qkv, qkv, qkv, qkv, qkv});
+  ASSERT_FALSE(bad_lse.ok());
+  EXPECT_THAT(bad_lse.status().message(), HasSubstr("input 'lse' must be F64[2, 3, 4]"));
+  auto bad_dlse = Infer(R"pb(type: "scaled_dot_product_attention_grad"
+                             input: ["q", "k", "v", "y", "lse", "dy", "dlse"] output: ["dq", "dk", "dv"])pb",
+                        {qkv, qkv, qkv, qkv, lse, qkv, qkv});
+  ASSERT_FALSE(bad_dlse.ok());
+  EXPECT_THAT(bad_dlse.status().message(), HasSubstr("dlse"));
+}
+
+// A run-time batch that disagrees between q and k (a plan the compiler never checked).
+TEST(AttentionTest, KernelRefusesMismatchedOperands) {
+  std::map<std::string, Tensor> env{{"q", Make(F32, {2, 1, 3, 2}, 0.1)},
+                                    {"k", Make(F32, {1, 1, 3, 2}, 0.5)},
+                                    {"v", Make(F32, {2, 1, 3, 2}, 0.9)}};
+  auto s = RunKernelOnly(ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                      output: ["y", "lse"])pb"),
+                         env);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("input 'k' is F32[1, 1, 3, 2], expected F32[2, 1, 3, 2]"));
+}
+
+}  // namespace
+}  // namespace strata
