@@ -1,11 +1,16 @@
 #include "runtime/dataset.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <utility>
@@ -17,10 +22,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/idx_reader.h"
 #include "runtime/philox.h"
 #include "runtime/thread_pool.h"
-#include "absl/synchronization/mutex.h"
 
 namespace strata {
 namespace {
@@ -31,6 +36,8 @@ constexpr int64_t kMaxSampleElements = int64_t{1} << 28;
 // The synthetic teacher stores hidden x features weights; bound its memory (256 MiB).
 constexpr int64_t kMaxSyntheticFeatures = int64_t{1} << 20;
 constexpr int64_t kMaxSyntheticClasses = 1 << 16;
+// Token ids of a file are uint16; synthetic ones may run as far.
+constexpr int64_t kMaxSyntheticVocab = 1 << 16;
 // The sample order of an epoch is held in memory (8 bytes a sample).
 constexpr int64_t kMaxSyntheticSize = int64_t{100000000};
 constexpr int kTeacherHidden = 64;
@@ -59,7 +66,7 @@ class SpecArgs {
     absl::string_view text = absl::StripAsciiWhitespace(spec);
     size_t colon = text.find(':');
     args.name_ = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
-    if (args.name_.empty()) return args.Error("names no dataset (expected fashion_mnist, mnist or synthetic)");
+    if (args.name_.empty()) return args.Error("names no dataset (expected fashion_mnist, mnist, synthetic or tokens)");
     // "fashion_mnist,path=DIR": the items follow a ':', commas only separate them.
     if (absl::StrContains(args.name_, ',')) {
       std::string fixed(text);
@@ -143,11 +150,14 @@ class SpecArgs {
 };
 
 // ---------------------------------------------------------------------------
-// Feeds: one optional I64 [-1] label, the floating feeds are features.
+// Feeds: the floating feeds are features; I64 [-1, T] feeds hold token ids,
+// the first declared the input tokens and a second (same T) the targets; the
+// label feed is the one I64 [-1] feed, else the targets.
 
 struct FeedRoles {
   int label = -1;
   std::vector<int> features;                // indices into feeds
+  std::vector<int> tokens;                  // I64 [-1, T] feeds, in declaration order (at most 2)
   std::vector<int64_t> elements_per_sample;  // per feed
 };
 
@@ -180,13 +190,36 @@ absl::StatusOr<FeedRoles> ClassifyFeeds(const std::vector<FeedSpec>& feeds) {
                                                        "' are both I64[-1]; a dataset fills exactly one label feed"));
       }
       roles.label = i;
+    } else if (feed.dtype == I64 && feed.shape.size() == 2) {
+      if (roles.tokens.size() == 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "feeds '", feeds[roles.tokens[0]].name, "', '", feeds[roles.tokens[1]].name, "' and '", feed.name,
+            "' are all I64[-1, T]; a dataset fills at most two token feeds (tokens, then "
+            "targets)"));
+      }
+      if (!roles.tokens.empty() && feeds[roles.tokens[0]].shape != feed.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token feeds '", feeds[roles.tokens[0]].name, "' ", ShapeString(feeds[roles.tokens[0]].shape),
+                         " and '", feed.name, "' ", ShapeString(feed.shape),
+                         " differ in length; the targets are the tokens shifted by one, of the same length"));
+      }
+      roles.tokens.push_back(i);
     } else if (IsFloating(feed.dtype)) {
       roles.features.push_back(i);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("feed '", feed.name, "' is ", type,
-                       "; a dataset fills floating (F32/F64) feature feeds and one I64[-1] label feed"));
+                       "; a dataset fills floating (F32/F64) feature feeds, one I64[-1] label feed and up to two "
+                       "I64[-1, T] token feeds (tokens, then targets)"));
     }
+  }
+  if (roles.tokens.size() == 2) {
+    if (roles.label >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "feed '", feeds[roles.label].name, "' is an I64[-1] label feed, and '", feeds[roles.tokens[1]].name,
+          "' the targets of token feed '", feeds[roles.tokens[0]].name, "'; a dataset fills one of the two"));
+    }
+    roles.label = roles.tokens[1];
   }
   return roles;
 }
@@ -314,6 +347,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
 
   absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
   if (!roles.ok()) return roles.status();
+  if (!roles->tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(args.name(), " has no token ids for feed '",
+                                                   feeds[roles->tokens[0]].name, "' (use --data tokens:path=FILE)"));
+  }
   if (roles->features.size() != 1) {
     std::vector<std::string> names;
     for (int i : roles->features) names.push_back(feeds[i].name);
@@ -348,6 +385,158 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
 }
 
 // ---------------------------------------------------------------------------
+// Token ids: a flat file of little-endian uint16, cut into non-overlapping
+// windows of T + 1 tokens (a partial last window is dropped). Sample i is
+// window i: the tokens feed gets its first T tokens, the targets feed its last T.
+
+// A read-only mapping of a whole file, so corpora of gigabytes cost no copy.
+class MappedFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
+    int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) {
+      return errno == ENOENT ? absl::NotFoundError(absl::StrCat(path, ": no such file"))
+                             : absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      const bool folder = S_ISDIR(st.st_mode);
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(path, folder ? ": is a folder" : ": is not a regular file",
+                                                     ", expected a file of little-endian uint16 token ids"));
+    }
+    auto file = std::unique_ptr<MappedFile>(new MappedFile);
+    file->size_ = static_cast<size_t>(st.st_size);
+    if (file->size_ > 0) {
+      void* data = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (data == MAP_FAILED) {
+        close(fd);
+        return absl::InternalError(absl::StrCat(path, ": cannot map the file: ", std::strerror(errno)));
+      }
+      file->data_ = static_cast<const uint8_t*>(data);
+    }
+    close(fd);
+    return file;
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class TokenDataset : public Dataset {
+ public:
+  TokenDataset(std::vector<FeedSpec> feeds, FeedRoles roles, std::unique_ptr<MappedFile> file, std::string path,
+               int64_t window)
+      : Dataset(std::move(feeds), roles.label),
+        roles_(std::move(roles)),
+        file_(std::move(file)),
+        path_(std::move(path)),
+        window_(window),
+        windows_(static_cast<int64_t>(file_->size() / 2) / window) {
+    // Every token the windows hand out, for the largest and its first position.
+    for (int64_t p = 0; p < windows_ * window_; ++p) {
+      const int64_t token = Token(p);
+      if (token > largest_token_) {
+        largest_token_ = token;
+        largest_position_ = p;
+      }
+    }
+    const uint64_t head =
+        Fnv1a64(std::string_view(reinterpret_cast<const char*>(file_->data()), std::min<size_t>(file_->size(), 65536)));
+    identity_ =
+        absl::StrFormat("tokens %d tokens %d windows of %d head %016x", file_->size() / 2, windows_, window_, head);
+  }
+
+  int64_t size() const override { return windows_; }
+  std::string identity() const override { return identity_; }
+  int64_t num_classes() const override { return largest_token_ + 1; }
+  LargestLabel largest_label() const override {
+    return {largest_token_, absl::StrCat("token ", largest_token_, " at position ", largest_position_, " of ", path_),
+            "", "tokens", "vocab"};
+  }
+  // Position p of the file (little-endian whatever the host).
+  int64_t Token(int64_t p) const { return file_->data()[2 * p] | (file_->data()[2 * p + 1] << 8); }
+  int64_t largest_position() const { return largest_position_; }
+
+  absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
+    if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
+    if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
+    const int64_t seq = window_ - 1;
+    for (size_t k = 0; k < roles_.tokens.size(); ++k) {
+      int64_t* dst = (*out)[roles_.tokens[k]].data<int64_t>();
+      // The targets (k = 1) are the tokens shifted by one.
+      for (size_t b = 0; b < indices.size(); ++b) {
+        const int64_t first = indices[b] * window_ + static_cast<int64_t>(k);
+        for (int64_t t = 0; t < seq; ++t) dst[b * seq + t] = Token(first + t);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  FeedRoles roles_;
+  std::unique_ptr<MappedFile> file_;
+  std::string path_;
+  int64_t window_;  // T + 1
+  int64_t windows_;
+  int64_t largest_token_ = -1;
+  int64_t largest_position_ = -1;
+  std::string identity_;
+};
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenDataset(SpecArgs& args, const std::vector<FeedSpec>& feeds) {
+  absl::StatusOr<std::optional<std::string>> path_arg = args.TakeString("path");
+  if (!path_arg.ok()) return path_arg.status();
+  absl::StatusOr<int64_t> vocab = args.TakeInt("vocab", 0, 1, 65536);
+  if (!vocab.ok()) return vocab.status();
+  if (absl::Status s = args.Finish({"path", "vocab"}); !s.ok()) return s;
+  if (!path_arg->has_value()) return args.Error("needs path=FILE: a flat file of little-endian uint16 token ids");
+
+  absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
+  if (!roles.ok()) return roles.status();
+  if (roles->tokens.empty() || !roles->features.empty() ||
+      roles->label != (roles->tokens.size() == 2 ? roles->tokens[1] : -1)) {
+    std::vector<std::string> all;
+    for (const FeedSpec& f : feeds)
+      all.push_back(absl::StrCat("'", f.name, "' ", DataTypeName(f.dtype), ShapeString(f.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokens fills one I64[-1, T] token feed and optionally a second one of targets, nothing else; the program's "
+        "feeds are ",
+        absl::StrJoin(all, ", ")));
+  }
+  const FeedSpec& token_feed = feeds[roles->tokens[0]];
+  const int64_t window = token_feed.shape[1] + 1;
+
+  const std::string path = ResolveUserPath(**path_arg);
+  absl::StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+  if (!file.ok()) return file.status();
+  const size_t bytes = (*file)->size();
+  if (bytes % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", bytes,
+                                                   " bytes, an odd count: expected little-endian uint16 token ids "
+                                                   "(2 bytes each)"));
+  }
+  if (static_cast<int64_t>(bytes / 2) < window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", bytes / 2, " tokens, fewer than one window of ", window, " (token feed '", token_feed.name, "' ",
+        ShapeString(token_feed.shape), " plus the one-token shift of the targets)"));
+  }
+  auto data = std::make_unique<TokenDataset>(feeds, *std::move(roles), *std::move(file), path, window);
+  if (*vocab > 0 && data->largest_label().label >= *vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": token ", data->largest_label().label, " at position ",
+                                                   data->largest_position(), " is not below vocab=", *vocab));
+  }
+  return std::unique_ptr<Dataset>(std::move(data));
+}
+
+// ---------------------------------------------------------------------------
 // Synthetic classification data from a random teacher network.
 
 // Standard normals by Box-Muller over Philox: element j of stream `row` is a
@@ -365,37 +554,53 @@ void FillNormals(const Philox& gen, uint64_t row, int64_t count, double* out) {
 
 class SyntheticDataset : public Dataset {
  public:
-  SyntheticDataset(std::vector<FeedSpec> feeds, FeedRoles roles, int64_t size, int64_t classes,
-                   bool default_classes, bool test, uint64_t seed)
+  SyntheticDataset(std::vector<FeedSpec> feeds, FeedRoles roles, int64_t size, int64_t classes, bool default_classes,
+                   int64_t vocab, bool default_vocab, bool test, uint64_t seed)
       : Dataset(std::move(feeds), roles.label),
         roles_(std::move(roles)),
         size_(size),
         classes_(classes),
         default_classes_(default_classes),
+        vocab_(vocab),
+        default_vocab_(default_vocab),
         test_(test),
-        features_gen_(MixKey(seed, Fnv1a64("strata.synthetic.features"))) {
+        teacher_label_(roles_.label >= 0 && (roles_.tokens.size() < 2 || roles_.label != roles_.tokens[1])),
+        features_gen_(MixKey(seed, Fnv1a64("strata.synthetic.features"))),
+        tokens_gen_(MixKey(seed, Fnv1a64("strata.synthetic.tokens"))) {
     for (int f : roles_.features) num_features_ += roles_.elements_per_sample[f];
-    if (label_feed() >= 0) BuildTeacher(seed);
+    if (teacher_label_) BuildTeacher(seed);
   }
 
   int64_t size() const override { return size_; }
   // Its samples are a function of (seed, index): the seed is compared apart.
   std::string identity() const override {
-    return absl::StrCat("synthetic ", test_ ? "test" : "train", " ", size_, " samples ", classes_, " classes");
+    return absl::StrCat("synthetic ", test_ ? "test" : "train", " ", size_, " samples ", classes_, " classes",
+                        roles_.tokens.empty() ? "" : absl::StrCat(" vocab ", vocab_));
   }
-  int64_t num_classes() const override { return classes_; }
-  // Any class may win the teacher's argmax: the bound is the class count, not a scan.
+  int64_t num_classes() const override { return teacher_label_ ? classes_ : vocab_; }
+  // Any class may win the teacher's argmax, any id below vocab be drawn: the
+  // bound is the count, not a scan. Token programs are checked on their tokens.
   LargestLabel largest_label() const override {
-    return {classes_ - 1,
-            absl::StrCat("label ", classes_ - 1, default_classes_ ? absl::StrCat(" of the default ", classes_, " synthetic classes") : ""),
-            "classes"};
+    if (teacher_label_) {
+      return {classes_ - 1,
+              absl::StrCat("label ", classes_ - 1,
+                           default_classes_ ? absl::StrCat(" of the default ", classes_, " synthetic classes") : ""),
+              "classes"};
+    }
+    if (roles_.tokens.empty()) return {};
+    return {vocab_ - 1,
+            absl::StrCat("token ", vocab_ - 1,
+                         default_vocab_ ? absl::StrCat(" of the default ", vocab_, " synthetic vocab") : ""),
+            "vocab", "tokens", "vocab"};
   }
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
     if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
+    if (!roles_.tokens.empty()) FillTokens(indices, out);
+    if (num_features_ == 0) return absl::OkStatus();
     // Samples split over threads; a chunk holds about 2^18 multiply-adds.
-    const int64_t cost = num_features_ * (label_feed() >= 0 ? kTeacherHidden + 8 : 8);
+    const int64_t cost = num_features_ * (teacher_label_ ? kTeacherHidden + 8 : 8);
     const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(cost, 1));
     if (size_ * num_features_ * static_cast<int64_t>(sizeof(double)) > kMaxSyntheticCacheBytes) {
       ParallelFor(indices.size(), chunk, [&](int64_t begin, int64_t end) {
@@ -517,7 +722,29 @@ class SyntheticDataset : public Dataset {
       }
       offset += n;
     }
-    return label_feed() >= 0 ? TeacherLabel(x) : -1;
+    return teacher_label_ ? TeacherLabel(x) : -1;
+  }
+
+  // Token feeds: sample i is a sequence of T + 1 uniform ids below vocab keyed
+  // by (seed, i); the tokens feed gets its first T, the targets its last T, as
+  // a window of a token file does.
+  void FillTokens(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const {
+    const int64_t seq = feeds()[roles_.tokens[0]].shape[1];
+    ParallelFor(indices.size(), 64, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> window(seq + 1);
+      for (int64_t b = begin; b < end; ++b) {
+        const uint64_t row = static_cast<uint64_t>(indices[b]) | (test_ ? kTestSampleBit : 0);
+        for (int64_t block = 0; block * 4 < seq + 1; ++block) {
+          std::array<double, 4> u = tokens_gen_.Uniform4(row, block);
+          for (int k = 0; k < 4 && block * 4 + k < seq + 1; ++k) {
+            window[block * 4 + k] = std::min<int64_t>(vocab_ - 1, static_cast<int64_t>(u[k] * vocab_));
+          }
+        }
+        for (size_t k = 0; k < roles_.tokens.size(); ++k) {
+          std::copy(window.begin() + k, window.begin() + k + seq, (*out)[roles_.tokens[k]].data<int64_t>() + b * seq);
+        }
+      }
+    });
   }
 
   // Writes a sample at batch position b of every feed.
@@ -534,7 +761,7 @@ class SyntheticDataset : public Dataset {
       }
       offset += n;
     }
-    if (label_feed() >= 0) (*out)[label_feed()].data<int64_t>()[b] = label;
+    if (teacher_label_) (*out)[label_feed()].data<int64_t>()[b] = label;
   }
 
   int64_t TeacherLabel(const double* x) const {
@@ -549,8 +776,12 @@ class SyntheticDataset : public Dataset {
   int64_t size_;
   int64_t classes_;
   bool default_classes_;  // no classes= in the spec
+  int64_t vocab_;         // token ids are below it
+  bool default_vocab_;    // no vocab= in the spec
   bool test_;
+  bool teacher_label_;  // the label feed is the I64 [-1] one, labelled by the teacher (not token targets)
   Philox features_gen_;
+  Philox tokens_gen_;
   int64_t num_features_ = 0;
   std::vector<float> w1_;   // [hidden, features]
   std::vector<double> w2_;  // [classes, hidden]
@@ -569,25 +800,38 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, co
       default_classes_hint >= 2 && default_classes_hint <= kMaxSyntheticClasses ? default_classes_hint : 10;
   absl::StatusOr<int64_t> classes = args.TakeInt("classes", fallback, 2, kMaxSyntheticClasses);
   if (!classes.ok()) return classes.status();
+  const bool default_vocab = !args.Has("vocab");
+  absl::StatusOr<int64_t> vocab = args.TakeInt(
+      "vocab", default_classes_hint >= 1 && default_classes_hint <= kMaxSyntheticVocab ? default_classes_hint : 256, 1,
+      kMaxSyntheticVocab);
+  if (!vocab.ok()) return vocab.status();
   absl::StatusOr<int64_t> size = args.TakeInt("size", 8192, 1, kMaxSyntheticSize);
   if (!size.ok()) return size.status();
   absl::StatusOr<bool> test = args.TakeSplit();
   if (!test.ok()) return test.status();
-  if (absl::Status s = args.Finish({"classes", "size", "train", "test"}); !s.ok()) return s;
+  if (absl::Status s = args.Finish({"classes", "vocab", "size", "train", "test"}); !s.ok()) return s;
 
   absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
   if (!roles.ok()) return roles.status();
-  if (roles->features.empty()) {
-    return absl::InvalidArgumentError("synthetic data needs at least one floating (F32/F64) feature feed");
+  if (roles->features.empty() && roles->tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "synthetic data needs at least one floating (F32/F64) feature feed or I64[-1, T] token feed");
+  }
+  const bool teacher_label = roles->label >= 0 && (roles->tokens.size() < 2 || roles->label != roles->tokens[1]);
+  if (teacher_label && roles->features.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic labels for feed '", feeds[roles->label].name,
+                                                   "' come from a teacher over floating (F32/F64) feature feeds; "
+                                                   "the program has none"));
   }
   int64_t num_features = 0;
   for (int f : roles->features) num_features += roles->elements_per_sample[f];
-  if (roles->label >= 0 && num_features > kMaxSyntheticFeatures) {
+  if (teacher_label && num_features > kMaxSyntheticFeatures) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic labels come from a teacher over at most ",
                                                    kMaxSyntheticFeatures, " features per sample; the feature feeds have ",
                                                    num_features));
   }
-  return std::unique_ptr<Dataset>(new SyntheticDataset(feeds, *std::move(roles), *size, *classes, default_classes, *test, seed));
+  return std::unique_ptr<Dataset>(new SyntheticDataset(feeds, *std::move(roles), *size, *classes, default_classes,
+                                                       *vocab, default_vocab, *test, seed));
 }
 
 }  // namespace
@@ -599,8 +843,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const std::string& spec, co
   if (args->name() == "fashion_mnist") return OpenIdxDataset(*args, feeds, kFashionMnistDir);
   if (args->name() == "mnist") return OpenIdxDataset(*args, feeds, "");
   if (args->name() == "synthetic") return OpenSyntheticDataset(*args, feeds, seed, default_classes);
-  return args->Error(absl::StrCat("names unknown dataset '", args->name(),
-                                  "' (expected fashion_mnist, mnist or synthetic)"));
+  if (args->name() == "tokens") return OpenTokenDataset(*args, feeds);
+  return args->Error(
+      absl::StrCat("names unknown dataset '", args->name(), "' (expected fashion_mnist, mnist, synthetic or tokens)"));
 }
 
 std::string LabelFeedName(const std::vector<FeedSpec>& feeds) {
@@ -627,13 +872,37 @@ LabelConsumer FindLabelConsumer(const Program& program, const std::string& label
   return tightest;
 }
 
+std::string TokenFeedName(const std::vector<FeedSpec>& feeds) {
+  absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
+  return roles.ok() && !roles->tokens.empty() ? feeds[roles->tokens[0]].name : std::string();
+}
+
+LabelConsumer FindTokenConsumer(const Program& program, const std::string& token_feed) {
+  std::map<std::string, const Var*> vars;
+  for (const Var& v : program.var()) vars.emplace(v.name(), &v);
+  LabelConsumer tightest;
+  for (const Op& op : program.op()) {
+    if (op.input_size() < 2 || op.input(0) != token_feed) continue;
+    auto table = vars.find(op.input(1));
+    if (table == vars.end() || !IsFloating(table->second->dtype()) || table->second->shape_size() != 2) continue;
+    const int64_t rows = table->second->shape(0);
+    if (rows < 1 || (tightest.classes > 0 && rows >= tightest.classes)) continue;
+    tightest.classes = rows;
+    const std::vector<int64_t> shape(table->second->shape().begin(), table->second->shape().end());
+    tightest.what = absl::StrCat("op #", op.uid(), " '", op.type(), "'",
+                                 op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"), " has a table of ", rows,
+                                 " rows ('", op.input(1), "' ", ShapeString(shape), ")");
+  }
+  return tightest;
+}
+
 absl::Status CheckLabelsFit(const Dataset& data, const LabelConsumer& consumer, const std::string& flag) {
-  if (data.label_feed() < 0 || consumer.classes <= 0) return absl::OkStatus();
+  if (consumer.classes <= 0) return absl::OkStatus();
   const Dataset::LargestLabel largest = data.largest_label();
   if (largest.label < consumer.classes) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(flag, ": labels run to ", largest.label, ", but ", consumer.what, ", so ", largest.what,
-                   " is outside the classes [0, ", consumer.classes, ")",
+      absl::StrCat(flag, ": ", largest.noun, " run to ", largest.label, ", but ", consumer.what, ", so ", largest.what,
+                   " is outside the ", largest.range, " [0, ", consumer.classes, ")",
                    largest.classes_key.empty() || consumer.classes < 2
                        ? ""
                        : absl::StrCat(" (", largest.classes_key, "=", consumer.classes, " fits)")));

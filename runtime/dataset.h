@@ -47,6 +47,10 @@ class Dataset {
     std::string what;
     // The spec key that sets the number of classes ("classes"), empty if none.
     std::string classes_key;
+    // What the values are and what bounds them: "labels" and "classes", or
+    // "tokens" and "vocab" for token data.
+    std::string noun = "labels";
+    std::string range = "classes";
   };
   virtual LargestLabel largest_label() const = 0;
   // Fills one tensor per feed, in feeds() order (shape: the feed's shape with the
@@ -59,7 +63,8 @@ class Dataset {
   // counters see them).
   void set_allocator(Allocator* allocator) { allocator_ = allocator; }
   Allocator* allocator() const { return allocator_; }
-  // Index into feeds() of the label feed (the I64 feed of shape [-1]), -1 if none.
+  // Index into feeds() of the label feed (the I64 feed of shape [-1], else the
+  // targets of a token program), -1 if none.
   int label_feed() const { return label_feed_; }
 
  private:
@@ -74,11 +79,23 @@ class Dataset {
 //                                           fashion_mnist:path=DIR; Debian's
 //                                           dataset-fashion-mnist unless path= is given
 //   mnist:path=DIR[,train|test]             the same IDX layout, from DIR
-//   synthetic[:classes=K,size=N,train|test] defaults size=8192 and classes =
-//                                           `default_classes` when given (the
-//                                           program's, see FindLabelConsumer), else 10
-// The single I64 feed of shape [-1] (if any) gets labels; floating feeds get
-// features. IDX datasets need one floating feed of rows*cols elements per sample:
+//   synthetic[:classes=K,vocab=V,size=N,train|test] defaults size=8192 and
+//                                           classes = vocab = `default_classes` when
+//                                           given (the program's, see FindLabelConsumer
+//                                           and FindTokenConsumer), else 10 classes and
+//                                           a vocab of 256
+//   tokens:path=FILE[,vocab=V]              FILE: a flat file of little-endian uint16
+//                                           token ids; vocab=V: every id must be below V
+// Feeds get roles by dtype, shape and declaration order: floating feeds get
+// features; the single I64 feed of shape [-1] (if any) gets labels; I64 feeds of
+// shape [-1, T] get token ids, the first declared the input tokens and a second
+// one (same T, no I64 [-1] feed beside it) the targets, which take the label role
+// (so the loss that reads them bounds their ids, as it bounds labels). Token
+// data is cut into non-overlapping windows of T + 1 ids: sample i is window i,
+// the tokens feed gets its first T ids and the targets its last T; a partial
+// last window is dropped, and an epoch's order is EpochOrder's as for every
+// dataset. Synthetic token windows are uniform ids below vocab keyed by (seed,
+// sample index). IDX datasets need one floating feed of rows*cols elements per sample:
 // [-1, rows*cols], [-1, 1, rows, cols] or [-1, rows, cols], pixels scaled to [0, 1].
 // Synthetic features are standard normals keyed by (seed, sample index); labels
 // are the argmax of a fixed random one-hidden-layer tanh teacher drawn from seed,
@@ -96,13 +113,20 @@ struct LabelConsumer {
   std::string what;
 };
 LabelConsumer FindLabelConsumer(const Program& program, const std::string& label_feed);
-// The feed a dataset fills with labels (the one I64 [-1] feed), or "".
+// The feed a dataset fills with labels (the one I64 [-1] feed, else the
+// targets of two I64 [-1, T] token feeds), or "".
 std::string LabelFeedName(const std::vector<FeedSpec>& feeds);
+// The feed a dataset fills with input token ids (the first I64 [-1, T] feed), or "".
+std::string TokenFeedName(const std::vector<FeedSpec>& feeds);
+// The op reading the token feed as its first input beside the smallest 2-D
+// floating table [V, D] as its second (embedding): its V bounds the ids.
+// `classes` holds V; "op #0 'embedding' has a table of 256 rows ('wte' [256, 16])".
+LabelConsumer FindTokenConsumer(const Program& program, const std::string& token_feed);
 
-// Fails, before any step runs, when `data`'s labels run past the classes of
-// `consumer` (the loss kernel would refuse them mid-run). `flag` starts the
-// message ("--data synthetic:classes=100"). OK when the data fills no label
-// feed or no op reads it.
+// Fails, before any step runs, when `data`'s labels (or token ids) run past
+// the classes of `consumer` (the loss or embedding kernel would refuse them
+// mid-run). `flag` starts the message ("--data synthetic:classes=100"). OK when
+// the data fills no label or token feed or no op reads it.
 absl::Status CheckLabelsFit(const Dataset& data, const LabelConsumer& consumer, const std::string& flag);
 
 // Sample order of an epoch: a permutation of [0, size) that depends only on

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -462,9 +463,13 @@ TEST(DatasetSpecTest, BadFeedsAreErrorsNamingTheFeed) {
            {{{"x", F32, {-1, -1}}}, "expected positive dims"},
            {{{"x", F32, {-1, 1 << 20, 1 << 20}}}, "elements per sample"},
            {{{"x", F32, {-1, 4}}, {"m", I32, {-1}}}, "feed 'm' is I32[-1]"},
-           {{{"x", F32, {-1, 4}}, {"ids", I64, {-1, 4}}}, "feed 'ids' is I64[-1, 4]"},
+           {{{"x", F32, {-1, 4}}, {"ids", I64, {-1, 4, 2}}}, "feed 'ids' is I64[-1, 4, 2]"},
            {{{"x", F32, {-1, 4}}, {"y1", I64, {-1}}, {"y2", I64, {-1}}}, "'y1' and 'y2' are both I64[-1]"},
-           {{{"y", I64, {-1}}}, "at least one floating"},
+           {{{"y", I64, {-1}}}, "at least one floating (F32/F64) feature feed or I64[-1, T] token feed"},
+           {{{"t", I64, {-1, 4}}, {"y", I64, {-1}}}, "labels for feed 'y' come from a teacher over floating"},
+           {{{"a", I64, {-1, 4}}, {"b", I64, {-1, 4}}, {"c", I64, {-1, 4}}}, "'a', 'b' and 'c' are all I64[-1, T]"},
+           {{{"a", I64, {-1, 4}}, {"b", I64, {-1, 5}}}, "token feeds 'a' [-1, 4] and 'b' [-1, 5] differ in length"},
+           {{{"a", I64, {-1, 4}}, {"b", I64, {-1, 4}}, {"y", I64, {-1}}}, "feed 'y' is an I64[-1] label feed, and 'b'"},
        }) {
     absl::Status s = OpenError("synthetic", c.feeds);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expected;
@@ -541,6 +546,235 @@ TEST(LabelCheckTest, IdxLabelsNameTheFirstSampleWithTheLargest) {
   Program five = LabelProgram();
   five.mutable_op()->DeleteSubrange(2, 2);  // only the 5-class loss is left
   EXPECT_TRUE(CheckLabelsFit(*ds, FindLabelConsumer(five, "y"), "--data mnist").ok());
+}
+
+// ---------------------------------------------------------------------------
+// Token files: little-endian uint16 ids in windows of T + 1.
+
+const std::vector<FeedSpec> kTokenFeeds = {{"tokens", I64, {-1, 3}}, {"targets", I64, {-1, 3}}};
+
+// Writes `ids` as little-endian uint16 to a test file and returns its path.
+std::string WriteTokenFile(const std::string& name, const std::vector<uint16_t>& ids) {
+  std::string bytes;
+  for (uint16_t id : ids) {
+    bytes += static_cast<char>(id & 0xff);
+    bytes += static_cast<char>(id >> 8);
+  }
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  WriteFile(path, bytes, false);
+  return path;
+}
+
+// Token p of the hand-made files: both bytes vary, so a byte-order slip shows.
+uint16_t TokenAt(int64_t p) { return static_cast<uint16_t>(p * 257 + 3); }
+
+std::vector<int64_t> TokensFrom(int64_t first, int64_t n) {
+  std::vector<int64_t> v;
+  for (int64_t p = first; p < first + n; ++p) v.push_back(TokenAt(p));
+  return v;
+}
+
+TEST(TokenDatasetTest, WindowsAreExactAndTargetsShiftedByOne) {
+  std::vector<uint16_t> ids;
+  for (int p = 0; p < 14; ++p) ids.push_back(TokenAt(p));  // 3 windows of 4, then 2 tokens dropped
+  std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("t14.u16", ids)), kTokenFeeds);
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->size(), 3);
+  EXPECT_EQ(ds->label_feed(), 1);  // the targets
+  std::vector<Tensor> batch = MustBatch(*ds, {2, 0, 1});
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_THAT(batch[0].shape(), ::testing::ElementsAre(3, 3));
+  EXPECT_THAT(batch[1].shape(), ::testing::ElementsAre(3, 3));
+  std::vector<int64_t> tokens = TokensFrom(8, 3), targets = TokensFrom(9, 3);
+  for (int64_t window : {0, 4}) {
+    for (int64_t t : TokensFrom(window, 3)) tokens.push_back(t);
+    for (int64_t t : TokensFrom(window + 1, 3)) targets.push_back(t);
+  }
+  EXPECT_EQ(Values<int64_t>(batch[0]), tokens);
+  EXPECT_EQ(Values<int64_t>(batch[1]), targets);
+  std::vector<Tensor> bad;
+  std::vector<int64_t> past_end = {3};
+  EXPECT_EQ(ds->GetBatch(past_end, &bad).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(TokenDatasetTest, SizeCountsWholeWindowsOnly) {
+  for (const auto& [count, windows] :
+       std::vector<std::pair<int, int64_t>>{{4, 1}, {7, 1}, {8, 2}, {9, 2}, {400, 100}}) {
+    std::vector<uint16_t> ids(count, 7);
+    std::unique_ptr<Dataset> ds =
+        MustOpen(absl::StrCat("tokens:path=", WriteTokenFile(absl::StrCat("t", count, ".u16"), ids)), kTokenFeeds);
+    ASSERT_NE(ds, nullptr);
+    EXPECT_EQ(ds->size(), windows) << count << " tokens";
+  }
+}
+
+TEST(TokenDatasetTest, OneTokenFeedGetsTheWindowsFirstTokensAndNoLabels) {
+  std::vector<uint16_t> ids;
+  for (int p = 0; p < 8; ++p) ids.push_back(TokenAt(p));
+  std::unique_ptr<Dataset> ds =
+      MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("t8.u16", ids)), {{"ids", I64, {-1, 3}}});
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->label_feed(), -1);
+  std::vector<Tensor> batch = MustBatch(*ds, {1});
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(Values<int64_t>(batch[0]), TokensFrom(4, 3));
+}
+
+TEST(TokenDatasetTest, EpochOrderShufflesWindowsBySeedAndEpoch) {
+  std::vector<uint16_t> ids;
+  for (int p = 0; p < 4 * 50; ++p) ids.push_back(TokenAt(p));
+  std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("t200.u16", ids)), kTokenFeeds);
+  ASSERT_NE(ds, nullptr);
+  // The trainer draws each epoch's order over size() windows.
+  const std::vector<int64_t> epoch0 = EpochOrder(ds->size(), 5, 0), epoch1 = EpochOrder(ds->size(), 5, 1);
+  EXPECT_EQ(epoch0, EpochOrder(ds->size(), 5, 0));
+  EXPECT_NE(epoch0, epoch1);
+  std::vector<int64_t> sorted = epoch1;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> all(50);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(sorted, all);
+  // Batch position b holds window epoch1[b], whatever the order.
+  std::vector<Tensor> batch = MustBatch(*ds, std::vector<int64_t>(epoch1.begin(), epoch1.begin() + 8));
+  std::vector<int64_t> tokens = Values<int64_t>(batch[0]);
+  for (int b = 0; b < 8; ++b) {
+    EXPECT_EQ(std::vector<int64_t>(tokens.begin() + 3 * b, tokens.begin() + 3 * b + 3), TokensFrom(4 * epoch1[b], 3));
+  }
+}
+
+TEST(TokenDatasetTest, IdentityNamesCountsAndContentNotThePath) {
+  std::vector<uint16_t> ids(12, 9);
+  std::unique_ptr<Dataset> a = MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("ida.u16", ids)), kTokenFeeds);
+  std::unique_ptr<Dataset> b = MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("idb.u16", ids)), kTokenFeeds);
+  ids[5] = 10;
+  std::unique_ptr<Dataset> c = MustOpen(absl::StrCat("tokens:path=", WriteTokenFile("idc.u16", ids)), kTokenFeeds);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->identity(), b->identity());
+  EXPECT_NE(a->identity(), c->identity());
+  EXPECT_THAT(a->identity(), HasSubstr("tokens 12 tokens 3 windows of 4"));
+  EXPECT_THAT(a->identity(), ::testing::Not(HasSubstr("ida.u16")));
+}
+
+TEST(TokenDatasetTest, BadFilesAreOneErrorNamingTheFile) {
+  const std::string odd = absl::StrCat(::testing::TempDir(), "/odd.u16");
+  WriteFile(odd, "abc", false);
+  const std::string short_file = WriteTokenFile("short.u16", {1, 2, 3});
+  const std::string large = WriteTokenFile("large.u16", {1, 2, 300, 4, 5, 300, 7, 8});
+  const std::string missing = absl::StrCat(::testing::TempDir(), "/no_such.u16");
+  struct Case {
+    std::string spec;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {absl::StrCat("tokens:path=", missing), absl::StrCat(missing, ": no such file")},
+           {absl::StrCat("tokens:path=", odd), absl::StrCat(odd, ": 3 bytes, an odd count")},
+           {absl::StrCat("tokens:path=", short_file),
+            absl::StrCat(short_file, ": 3 tokens, fewer than one window of 4 (token feed 'tokens' [-1, 3]")},
+           {absl::StrCat("tokens:path=", ::testing::TempDir()), absl::StrCat(::testing::TempDir(), ": is a folder")},
+           {absl::StrCat("tokens:path=", large, ",vocab=300"),
+            absl::StrCat(large, ": token 300 at position 2 is not below vocab=300")},
+           {"tokens", "data spec \"tokens\" needs path=FILE"},
+           {"tokens:path=", "key 'path' needs a value"},
+           {absl::StrCat("tokens:path=", large, ",vocab=0"), "key 'vocab' is 0, expected 1..65536"},
+           {absl::StrCat("tokens:path=", large, ",classes=3"),
+            "unknown key 'classes' for tokens (accepted: path, vocab)"},
+       }) {
+    absl::Status s = OpenError(c.spec, kTokenFeeds);
+    EXPECT_FALSE(s.ok()) << c.spec;
+    EXPECT_THAT(s.message(), HasSubstr(c.expected)) << c.spec;
+  }
+  EXPECT_NE(MustOpen(absl::StrCat("tokens:path=", large, ",vocab=301"), kTokenFeeds), nullptr);
+}
+
+TEST(TokenDatasetTest, FeedsOtherThanTokensAreAnError) {
+  const std::string path = WriteTokenFile("feeds.u16", {1, 2, 3, 4, 5, 6, 7, 8});
+  const std::string spec = absl::StrCat("tokens:path=", path);
+  EXPECT_THAT(OpenError(spec, kMlpFeeds).message(),
+              HasSubstr("tokens fills one I64[-1, T] token feed and optionally a second one of targets, nothing "
+                        "else; the program's feeds are 'image' F32[-1, 784], 'label' I64[-1]"));
+  EXPECT_THAT(OpenError(spec, {{"t", I64, {-1, 3}}, {"x", F32, {-1, 2}}}).message(), HasSubstr("nothing else"));
+  EXPECT_THAT(OpenError("mnist:path=/nowhere", kTokenFeeds).message(),
+              HasSubstr("mnist has no token ids for feed 'tokens' (use --data tokens:path=FILE)"));
+}
+
+// tokens [-1, 3] -> embedding 'wte' [V, 4] -> matmul 'head' -> logits [-1, 3, C] -> loss on targets.
+Program TokenProgram(int64_t table_rows, int64_t classes) {
+  Program p;
+  AddVar(p, "tokens", I64, {-1, 3});
+  AddVar(p, "targets", I64, {-1, 3});
+  AddVar(p, "wte", F32, {table_rows, 4});
+  AddVar(p, "x", F32, {-1, 3, 4});
+  AddVar(p, "head", F32, {4, classes});
+  AddVar(p, "logits", F32, {-1, 3, classes});
+  AddOp(p, "embedding", {"tokens", "wte"}, 0);
+  AddOp(p, "matmul", {"x", "head"}, 1);
+  AddOp(p, "softmax_cross_entropy", {"logits", "targets"}, 2);
+  return p;
+}
+
+TEST(TokenDatasetTest, TokensMustFitTheEmbeddingAndTheLoss) {
+  EXPECT_EQ(TokenFeedName(kTokenFeeds), "tokens");
+  EXPECT_EQ(LabelFeedName(kTokenFeeds), "targets");
+  EXPECT_EQ(TokenFeedName(kMlpFeeds), "");
+  const LabelConsumer table = FindTokenConsumer(TokenProgram(200, 300), "tokens");
+  EXPECT_EQ(table.classes, 200);
+  EXPECT_EQ(table.what, "op #0 'embedding' has a table of 200 rows ('wte' [200, 4])");
+  EXPECT_EQ(FindLabelConsumer(TokenProgram(200, 300), "targets").classes, 300);
+
+  const std::string path = WriteTokenFile("fit.u16", {1, 2, 250, 4, 5, 250, 7, 8});
+  std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("tokens:path=", path), kTokenFeeds);
+  ASSERT_NE(ds, nullptr);
+  EXPECT_TRUE(CheckLabelsFit(*ds, FindTokenConsumer(TokenProgram(251, 251), "tokens"), "--data t").ok());
+  absl::Status s = CheckLabelsFit(*ds, table, "--data t");
+  EXPECT_EQ(s.message(),
+            absl::StrCat("--data t: tokens run to 250, but op #0 'embedding' has a table of 200 rows ('wte' [200, 4]), "
+                         "so token 250 at position 2 of ",
+                         path, " is outside the vocab [0, 200)"));
+}
+
+TEST(SyntheticTest, TokenFeedsGetShiftedWindowsBelowTheVocab) {
+  // The vocab defaults to the program's (the caller's hint), else 256; vocab= overrides it.
+  for (const auto& [spec, hint, vocab] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+           {"synthetic", 0, 256}, {"synthetic", 50, 50}, {"synthetic:vocab=7", 50, 7}}) {
+    absl::StatusOr<std::unique_ptr<Dataset>> ds = OpenDataset(spec, kTokenFeeds, 3, hint);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ((*ds)->label_feed(), 1);
+    EXPECT_EQ((*ds)->largest_label().label, vocab - 1) << spec;
+    std::vector<Tensor> batch = MustBatch(**ds, {5, 900});
+    std::vector<int64_t> tokens = Values<int64_t>(batch[0]), targets = Values<int64_t>(batch[1]);
+    ASSERT_EQ(tokens.size(), 6u);
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(tokens[3 * b + 1], targets[3 * b]);
+      EXPECT_EQ(tokens[3 * b + 2], targets[3 * b + 1]);
+    }
+    for (int64_t t : tokens) EXPECT_TRUE(t >= 0 && t < vocab) << t;
+    for (int64_t t : targets) EXPECT_TRUE(t >= 0 && t < vocab) << t;
+    // A sample is a function of (seed, index), not of its batch.
+    std::vector<Tensor> again = MustBatch(**ds, {900});
+    EXPECT_EQ(Values<int64_t>(again[0]), std::vector<int64_t>(tokens.begin() + 3, tokens.end()));
+  }
+  std::unique_ptr<Dataset> a = MustOpen("synthetic", kTokenFeeds, 1), b = MustOpen("synthetic", kTokenFeeds, 2);
+  EXPECT_NE(Values<int64_t>(MustBatch(*a, {0, 1, 2})[0]), Values<int64_t>(MustBatch(*b, {0, 1, 2})[0]));
+  // Over many draws every id of a small vocab comes up.
+  std::unique_ptr<Dataset> small = MustOpen("synthetic:vocab=5", kTokenFeeds);
+  std::vector<int64_t> indices(100);
+  std::iota(indices.begin(), indices.end(), 0);
+  std::vector<int64_t> seen = Values<int64_t>(MustBatch(*small, indices)[0]);
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  EXPECT_THAT(seen, ::testing::ElementsAre(0, 1, 2, 3, 4));
+}
+
+TEST(SyntheticTest, TokensBesideFeaturesAndALabel) {
+  std::unique_ptr<Dataset> ds =
+      MustOpen("synthetic:classes=3,vocab=9,size=20", {{"x", F32, {-1, 4}}, {"ids", I64, {-1, 5}}, {"y", I64, {-1}}});
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->label_feed(), 2);
+  std::vector<Tensor> batch = MustBatch(*ds, {0, 19});
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_THAT(batch[1].shape(), ::testing::ElementsAre(2, 5));
+  for (int64_t t : Values<int64_t>(batch[1])) EXPECT_TRUE(t >= 0 && t < 9) << t;
+  for (int64_t y : Values<int64_t>(batch[2])) EXPECT_TRUE(y >= 0 && y < 3) << y;
 }
 
 }  // namespace

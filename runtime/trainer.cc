@@ -511,6 +511,11 @@ absl::StatusOr<LabelConsumer> TrainSession::AgreedLabelConsumer(const std::vecto
   if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
     consumer = FindLabelConsumer(plan_.program(), label_feed);
   }
+  // Token ids index the embedding as well as the loss's classes: the tighter bounds both.
+  if (const std::string token_feed = TokenFeedName(feeds); !token_feed.empty()) {
+    const LabelConsumer table = FindTokenConsumer(plan_.program(), token_feed);
+    if (table.classes > 0 && (consumer.classes <= 0 || table.classes < consumer.classes)) consumer = table;
+  }
   if (world_ == nullptr || world_->size() <= 1) return consumer;
   return ShareLabelConsumer(consumer, *world_, options_.comm_timeout_s);
 }
