@@ -1,7 +1,8 @@
 #!/bin/bash
 # Writes the crafted data folders of the bad-input corpus under $1, one folder
 # per case: IDX datasets in the mnist:path=DIR layout (2x2 images, so they fit
-# the [-1, 4] feed of good_program.pbtxt) and checkpoints for --load (the
+# the [-1, 4] feed of good_program.pbtxt), uint16 token files for
+# good_tokens.pbtxt and checkpoints for --load (the
 # safetensors layout of good_program.pbtxt's parameters). A good folder of each
 # kind is the control. Bytes are written with printf octal escapes so the
 # corpus stays reviewable text.
@@ -119,6 +120,19 @@ good_labels > "$d/train-labels-idx1-ubyte"
 # Images but no label file.
 d=$(case_dir missing_labels)
 good_images > "$d/train-images-idx3-ubyte"
+
+# --- token files (--data tokens:path=FILE, for good_tokens.pbtxt: windows of 5, vocab 8) ---
+# Little-endian uint16 ids, two bytes each.
+d=$(case_dir tokens)
+# Three windows of 5 ids below 8, then 2 ids the windows leave out.
+printf '\001\000\002\000\003\000\004\000\005\000%.0s' 1 2 3 > "$d/good.u16"
+printf '\006\000\007\000' >> "$d/good.u16"
+# Seven bytes: not whole uint16 ids.
+printf '\001\000\002\000\003\000\004' > "$d/odd.u16"
+# Three ids, fewer than one window of 5.
+printf '\001\000\002\000\003\000' > "$d/short.u16"
+# Id 9 at position 2, past the program's vocab 8.
+printf '\001\000\002\000\011\000\004\000\005\000' > "$d/large_id.u16"
 
 # --- checkpoints (--load DIR reads DIR/model.safetensors) ----------------------
 # safetensors: little-endian uint64 header length, a JSON header, the data.
