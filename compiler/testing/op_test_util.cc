@@ -338,4 +338,12 @@ namespace {
   return ValuesNear(TypeOf(actual), TensorValues(actual), TensorType{actual.dtype(), Shape(shape.begin(), shape.end())}, expected, rel_tol);
 }
 
+absl::StatusOr<std::vector<TensorType>> InferTypes(const std::string& op_text, std::vector<TensorType> inputs) {
+  Op op = ParseOp(op_text);
+  const OpSchema* schema = OpRegistry::Global().Find(op.type());
+  if (schema == nullptr) return absl::NotFoundError(op.type());
+  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
+  return InferOutputTypes(*schema, op, std::move(inputs));
+}
+
 }  // namespace strata

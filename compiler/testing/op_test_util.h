@@ -51,6 +51,10 @@ absl::StatusOr<std::vector<Op>> MakeGradOps(const Op& op, const std::map<std::st
 // A tensor of `dtype` and `shape` holding `values` (converted; row-major).
 // CHECK-fails if the count does not match the shape.
 Tensor MakeTensor(DataType dtype, Shape shape, const std::vector<double>& values);
+
+// The output types of the op in `op_text` (its schema's defaults filled in)
+// for `inputs`, straight through the registry: what shape tests check.
+absl::StatusOr<std::vector<TensorType>> InferTypes(const std::string& op_text, std::vector<TensorType> inputs);
 // A tensor's elements as doubles, whatever its dtype.
 std::vector<double> TensorValues(const Tensor& t);
 // The concrete type of a tensor.

@@ -158,14 +158,7 @@ TEST(UnaryTest, LargeTensorRunsAcrossThreads) {
   }
 }
 
-// Shape functions: checked through the registry, as the compiler runs them.
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(ActivationShapeTest, KeepsBatchDimAndRejectsIntegers) {
   auto out = Infer(R"pb(type: "gelu" input: "x" output: "y")pb", {{F32, {-1, 16}}});

@@ -198,13 +198,7 @@ TEST(AttentionTest, LargeScoresStayFinite) {
   }
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(AttentionShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
   const char* text = R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb";

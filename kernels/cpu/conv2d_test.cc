@@ -238,14 +238,7 @@ TEST(Conv2dTest, EmptyBatchGivesEmptyOutputAndZeroFilterGradient) {
   EXPECT_TRUE(TensorNear(env["y"], {3, 2, 3, 3}, std::vector<double>(54, 0.0), 0));
 }
 
-// Shape inference straight through the registry.
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(Conv2dShapeTest, PropagatesTheBatchDim) {
   auto t = Infer(ConvOp("conv2d", "\"x\", \"w\"",

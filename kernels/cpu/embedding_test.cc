@@ -70,13 +70,7 @@ TEST(EmbeddingTest, GradientOfManyIdsMatchesASerialSum) {
   EXPECT_TRUE(TensorNear(env["dtable"], {V, D}, want, 0));
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(EmbeddingShapeTest, AppendsTheEmbeddingDimAndChecksDtypes) {
   auto ok = Infer(kEmbedding, {{I64, {-1, 16}}, {F32, {1000, 64}}});

@@ -90,13 +90,7 @@ TEST(LayerNormTest, ParameterGradientsSumOverEveryBlockOfRows) {
   EXPECT_TRUE(TensorNear(env["dbeta"], {D}, dbeta, 1e-10));
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(LayerNormShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
   const char* text = R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y")pb";

@@ -222,13 +222,7 @@ TEST(MatmulAccumulateTest, EmptyInnerDimLeavesTheBufferAndBadShapesAreErrors) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("does not hold op(a) @ op(b)"));
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 std::string MatmulText(bool ta = false, bool tb = false) {
   return absl::StrCat(R"pb(type: "matmul" input: ["a", "b"] output: ["y"] )pb", Attrs(ta, tb));

@@ -186,13 +186,7 @@ TEST(Pool2dTest, ManyPlanesRunInParallelLikeOne) {
   }
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (auto s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(Pool2dShapeTest, PropagatesTheBatchDim) {
   auto t = Infer(kMaxPool3x3, {{F32, {-1, 2, 5, 6}}});

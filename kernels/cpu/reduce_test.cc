@@ -206,13 +206,7 @@ TEST(BroadcastLikeTest, RepeatsOverReducedDims) {
                      (std::vector<int64_t>{2, 2}), (std::vector<double>{0.75, 0.75, 0.75, 0.75}), 0);
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(ReduceShapeTest, BatchDimBecomesConcreteWhenReduced) {
   auto out = Infer(ReduceText("reduce_mean", {0}, false), {{F32, {-1, 4}}});

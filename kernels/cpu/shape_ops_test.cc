@@ -32,13 +32,7 @@ std::map<std::string, Tensor> RunOne(const std::string& op_text, std::map<std::s
   return inputs;
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 // Expects the shape function to reject the op with a message containing `text`.
 void ExpectRejected(const std::string& op_text, std::vector<TensorType> inputs, const std::string& text) {

@@ -136,13 +136,7 @@ TEST(IdentityTest, SharesTheBuffer) {
   }
 }
 
-absl::StatusOr<std::vector<TensorType>> Infer(const std::string& op_text, std::vector<TensorType> inputs) {
-  Op op = ParseOp(op_text);
-  const OpSchema* schema = OpRegistry::Global().Find(op.type());
-  if (schema == nullptr) return absl::NotFoundError(op.type());
-  if (absl::Status s = CanonicalizeOp(*schema, &op); !s.ok()) return s;
-  return InferOutputTypes(*schema, op, std::move(inputs));
-}
+constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
 
 TEST(UtilityShapeTest, CastNeedsAKnownDtype) {
   auto ok = Infer(R"pb(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: "F64" } })pb",
