@@ -229,7 +229,9 @@ TEST(DataParallelPassTest, BucketsCloseBeforePassingTheCap) {
       int64_t bytes = 0;
       for (const std::string& g : b.grads) bytes += SizeBytes(*FindVar(p, g));
       EXPECT_EQ(SizeBytes(*bucket), bytes) << b.op->input(0);
-      if (b.grads.size() > 1) EXPECT_LE(bytes, c.cap) << b.op->input(0);
+      if (b.grads.size() > 1) {
+        EXPECT_LE(bytes, c.cap) << b.op->input(0);
+      }
     }
   }
 }
