@@ -64,12 +64,16 @@ ABSL_FLAG(bool, bind_cores, false,
           "run --nproc: pin each worker to its share of the cores (DeepSpeed's --bind_cores_to_rank)");
 ABSL_FLAG(std::string, layers, "784,256,128,100,10", "gen mlp/resmlp: layer widths, input first");
 ABSL_FLAG(int64_t, stages, 1, "gen: number of pipeline stages to place the model on");
-ABSL_FLAG(int64_t, blocks, 4, "gen resmlp: residual blocks");
-ABSL_FLAG(std::string, optimizer, "adam", "gen: sgd | momentum | adam | adamw");
+ABSL_FLAG(int64_t, blocks, 4, "gen resmlp: residual blocks; gen gpt: transformer blocks");
+ABSL_FLAG(std::string, optimizer, "", "gen: sgd | momentum | adam | adamw (empty: adam, adamw for gpt)");
 ABSL_FLAG(double, lr, 0, "gen: learning rate (0: the optimizer's default)");
 ABSL_FLAG(bool, cosine, true, "gen: cosine learning-rate decay over the run");
 ABSL_FLAG(double, dropout, 0, "gen: dropout probability after hidden layers");
 ABSL_FLAG(std::string, dtype, "F32", "gen: F32 or F64");
+ABSL_FLAG(int64_t, d_model, 768, "gen gpt: model width");
+ABSL_FLAG(int64_t, heads, 12, "gen gpt: attention heads (they divide --d_model)");
+ABSL_FLAG(int64_t, seq, 1024, "gen gpt: tokens per sample (the tokens and targets feeds' length)");
+ABSL_FLAG(int64_t, vocab, 50257, "gen gpt: vocabulary size (rows of the tied token embedding)");
 
 namespace strata {
 namespace cli {
@@ -82,7 +86,8 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
                "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",
                "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
                "bind_cores"}},
-      {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype"}},
+      {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype", "d_model", "heads", "seq",
+               "vocab"}},
   };
   return *flags;
 }

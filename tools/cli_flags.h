@@ -47,6 +47,10 @@ ABSL_DECLARE_FLAG(double, lr);
 ABSL_DECLARE_FLAG(bool, cosine);
 ABSL_DECLARE_FLAG(double, dropout);
 ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(int64_t, d_model);
+ABSL_DECLARE_FLAG(int64_t, heads);
+ABSL_DECLARE_FLAG(int64_t, seq);
+ABSL_DECLARE_FLAG(int64_t, vocab);
 namespace strata {
 namespace cli {
 

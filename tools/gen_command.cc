@@ -21,7 +21,7 @@ namespace cli {
 
 int GenCommand(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    std::cerr << "error: strata gen needs one model name (mlp, resmlp, convnet, alexnet)\n" << kUsage;
+    std::cerr << "error: strata gen needs one model name (mlp, resmlp, convnet, alexnet, gpt)\n" << kUsage;
     return kExitUsage;
   }
   GenOptions o;
@@ -41,6 +41,10 @@ int GenCommand(const std::vector<std::string>& args) {
   o.cosine = absl::GetFlag(FLAGS_cosine);
   o.dropout = absl::GetFlag(FLAGS_dropout);
   o.dtype = absl::GetFlag(FLAGS_dtype);
+  o.d_model = absl::GetFlag(FLAGS_d_model);
+  o.heads = absl::GetFlag(FLAGS_heads);
+  o.seq = absl::GetFlag(FLAGS_seq);
+  o.vocab = absl::GetFlag(FLAGS_vocab);
   if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
     std::cerr << "error: --lr must be > 0 and finite (0: the optimizer's default)\n";
     return kExitUsage;

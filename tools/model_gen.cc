@@ -83,14 +83,30 @@ class Writer {
   std::string Finish(const std::string& header, const std::string& logits, int last_layer) {
     Op(last_layer, "softmax_cross_entropy", {logits, "label"}, {"loss"});
     Op(last_layer, "accuracy", {logits, "label"}, {"acc"}, "attr { key: \"k\" value { i: 1 } }");
-    std::string opt = o_.optimizer;
+    return absl::StrCat(header, vars_, ops_, "loss: \"loss\"\nfetch: \"acc\"\n", Optimizer(1e-3, 0, ""));
+  }
+  // The program's text with `tail` (loss, fetches) before the optimizer.
+  // `adam_lr`: the learning rate when none was asked for and the optimizer is
+  // adam or adamw; `adamw_decay`: adamw's weight decay; `cosine`: the cosine
+  // schedule's fields.
+  std::string Text(const std::string& header, const std::string& tail, double adam_lr, double adamw_decay,
+                   const std::string& cosine) const {
+    return absl::StrCat(header, vars_, ops_, tail, Optimizer(adam_lr, adamw_decay, cosine));
+  }
+
+ private:
+  std::string Optimizer(double adam_lr, double adamw_decay, const std::string& cosine) const {
+    const std::string& opt = o_.optimizer;
     double lr = o_.learning_rate;
-    if (lr == 0) lr = (opt == "adam" || opt == "adamw") ? 1e-3 : 0.05;
+    if (lr == 0) lr = (opt == "adam" || opt == "adamw") ? adam_lr : 0.05;
     std::string body = absl::StrFormat("learning_rate: %g", lr);
     if (opt == "momentum") absl::StrAppend(&body, " momentum: 0.9");
-    std::string sched = o_.cosine ? " lr_schedule { cosine {} }" : "";
-    return absl::StrCat(header, vars_, ops_, "loss: \"loss\"\nfetch: \"acc\"\noptimizer { ", opt, " { ", body, " }", sched, " }\n");
+    std::string decay = opt == "adamw" && adamw_decay > 0 ? absl::StrFormat(" weight_decay: %g", adamw_decay) : "";
+    std::string sched = o_.cosine ? absl::StrCat(" lr_schedule { cosine {", cosine, "} }") : "";
+    return absl::StrCat("optimizer { ", opt, " { ", body, " }", decay, sched, " }\n");
   }
+
+ public:
 
  private:
   const GenOptions& o_;
@@ -256,9 +272,110 @@ absl::StatusOr<std::string> ConvNet(const GenOptions& o, const std::string& name
   return w.Finish(absl::StrCat("# ", comment, "\nname: \"", name, "\"\n"), h, layer - 1);
 }
 
+// GPT-2 (Radford et al. 2019, as nanoGPT writes it): token and position
+// embeddings, pre-norm blocks of causal self-attention and a 4x gelu MLP, a
+// final layer_norm, and logits through the token embedding (tied). Layers for
+// the stages: the embeddings, each block, then ln_f with the logits and loss.
+absl::StatusOr<std::string> Gpt(const GenOptions& o) {
+  if (o.blocks < 1 || o.blocks > 10000) return absl::InvalidArgumentError("--blocks must be in 1..10000");
+  const int64_t d = o.d_model, heads = o.heads, t = o.seq, v = o.vocab;
+  if (d < 1 || d > (1 << 16)) return absl::InvalidArgumentError("--d_model must be in 1..65536");
+  if (heads < 1 || d % heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads ", heads, " must be >= 1 and divide --d_model ", d));
+  }
+  if (t < 1 || t > (1 << 20)) return absl::InvalidArgumentError("--seq must be in 1..1048576");
+  if (v < 1 || v > 65536) return absl::InvalidArgumentError("--vocab must be in 1..65536 (token files hold uint16 ids)");
+  const int n = o.blocks + 2;
+  if (o.stages > n) {
+    return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n,
+                                                   " layers (embeddings, ", o.blocks, " blocks, head)"));
+  }
+  const int64_t dh = d / heads;
+  // Work per token: the block's matmuls (12 d^2 multiply-adds), causal
+  // attention (about t d multiply-adds for scores and values), and ~20
+  // elementwise passes over d; the head's logits (v d) and its softmax.
+  std::vector<double> cost(n, 24.0 * d * d + 2.0 * t * d + 20 * kElementCost * d);
+  cost.front() = 3 * kElementCost * d;
+  cost.back() = 2.0 * v * d + 4 * kElementCost * v;
+  Writer w(o, cost);
+  const std::string normal = "normal { std: 0.02 }";
+  // GPT-2 scales the residual projections' init by 1/sqrt(2 * blocks).
+  const std::string residual = absl::StrFormat("normal { std: %.9g }", 0.02 / std::sqrt(2.0 * o.blocks));
+  const std::string zero = "constant { value: 0 }", one = "constant { value: 1 }";
+  auto dropout = [&](int layer, std::string* h) {
+    if (o.dropout <= 0) return;
+    w.Op(layer, "dropout", {*h}, {*h + ".drop"}, absl::StrFormat("attr { key: \"p\" value { f: %g } }", o.dropout));
+    *h += ".drop";
+  };
+  auto ints = [](const std::vector<int64_t>& v) {
+    return absl::StrCat("{ list { i: [", absl::StrJoin(v, ", "), "] } }");
+  };
+  auto linear = [&](int layer, const std::string& x, const std::string& p, int64_t in, int64_t out,
+                    const std::string& init) {
+    w.Param(p + ".w", Shape({in, out}), in, init);
+    w.Param(p + ".b", Shape({out}), in, zero);
+    w.Op(layer, "matmul", {x, p + ".w"}, {p + ".xw"});
+    w.Op(layer, "add", {p + ".xw", p + ".b"}, {p + ".y"});
+    return p + ".y";
+  };
+  auto layer_norm = [&](int layer, const std::string& x, const std::string& p) {
+    w.Param(p + ".g", Shape({d}), 1, one);
+    w.Param(p + ".b", Shape({d}), 1, zero);
+    w.Op(layer, "layer_norm", {x, p + ".g", p + ".b"}, {p + ".y"});
+    return p + ".y";
+  };
+  w.Feed("tokens", "I64", Shape({-1, t}));
+  w.Feed("targets", "I64", Shape({-1, t}));
+  w.Param("wte", Shape({v, d}), 1, normal);
+  w.Param("wpe", Shape({t, d}), 1, normal);
+  w.Op(0, "embedding", {"tokens", "wte"}, {"tok_emb"});
+  w.Op(0, "add", {"tok_emb", "wpe"}, {"h0"});  // wpe [t, d] broadcast over the batch
+  std::string h = "h0";
+  dropout(0, &h);
+  for (int b = 0; b < o.blocks; ++b) {
+    const int layer = b + 1;
+    const std::string p = absl::StrCat("block", b);
+    std::string x = layer_norm(layer, h, p + ".ln1");
+    std::string qkv = linear(layer, x, p + ".attn.qkv", d, 3 * d, normal);
+    w.Op(layer, "split", {qkv}, {p + ".q2", p + ".k2", p + ".v2"},
+         absl::StrCat("attr { key: \"axis\" value { i: 2 } } attr { key: \"sections\" value ", ints({d, d, d}), " }"));
+    for (const char* part : {"q", "k", "v"}) {
+      const std::string q = absl::StrCat(p, ".", part);
+      w.Op(layer, "reshape", {q + "2"}, {q + "3"}, absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, heads, dh}), " }"));
+      w.Op(layer, "transpose", {q + "3"}, {q}, absl::StrCat("attr { key: \"perm\" value ", ints({0, 2, 1, 3}), " }"));
+    }
+    w.Op(layer, "scaled_dot_product_attention", {p + ".q", p + ".k", p + ".v"}, {p + ".att", p + ".att_lse"},
+         "attr { key: \"causal\" value { b: true } }");
+    w.Op(layer, "transpose", {p + ".att"}, {p + ".att_t"}, absl::StrCat("attr { key: \"perm\" value ", ints({0, 2, 1, 3}), " }"));
+    w.Op(layer, "reshape", {p + ".att_t"}, {p + ".att_y"}, absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, d}), " }"));
+    std::string a = linear(layer, p + ".att_y", p + ".attn.proj", d, d, residual);
+    dropout(layer, &a);
+    w.Op(layer, "add", {h, a}, {p + ".h"});
+    x = layer_norm(layer, p + ".h", p + ".ln2");
+    std::string f = linear(layer, x, p + ".mlp.fc", d, 4 * d, normal);
+    w.Op(layer, "gelu", {f}, {p + ".mlp.g"});
+    std::string m = linear(layer, p + ".mlp.g", p + ".mlp.proj", 4 * d, d, residual);
+    dropout(layer, &m);
+    const std::string next = absl::StrCat("h", b + 1);
+    w.Op(layer, "add", {p + ".h", m}, {next});
+    h = next;
+  }
+  std::string x = layer_norm(n - 1, h, "ln_f");
+  w.Op(n - 1, "matmul", {x, "wte"}, {"logits"}, "attr { key: \"transpose_b\" value { b: true } }");  // tied to wte
+  w.Op(n - 1, "softmax_cross_entropy", {"logits", "targets"}, {"loss"});
+  const std::string header =
+      absl::StrFormat("# GPT: %d blocks, d_model %d, %d heads, seq %d, vocab %d; logits tied to wte (strata gen gpt)\n"
+                      "name: \"gpt\"\n",
+                      o.blocks, d, heads, t, v);
+  // nanoGPT's GPT-2 recipe: AdamW lr 6e-4, weight decay 0.1, cosine to lr/10.
+  return w.Text(header, "loss: \"loss\"\n", 6e-4, 0.1, " alpha: 0.1 ");
+}
+
 }  // namespace
 
-absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenOptions& options) {
+absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenOptions& given) {
+  GenOptions options = given;
+  if (options.optimizer.empty()) options.optimizer = model == "gpt" ? "adamw" : "adam";
   if (options.stages < 1 || options.stages > 64) return absl::InvalidArgumentError("--stages must be in 1..64");
   if (options.optimizer != "sgd" && options.optimizer != "momentum" && options.optimizer != "adam" && options.optimizer != "adamw") {
     return absl::InvalidArgumentError(absl::StrCat("--optimizer '", options.optimizer, "': expected sgd, momentum, adam or adamw"));
@@ -267,6 +384,7 @@ absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenO
   if (!(options.dropout >= 0 && options.dropout < 1)) return absl::InvalidArgumentError("--dropout must be in [0, 1)");
   if (model == "mlp") return Mlp(options);
   if (model == "resmlp") return ResMlp(options);
+  if (model == "gpt") return Gpt(options);
   if (model == "convnet") {
     return ConvNet(options, "convnet", {{32, 3, 1, true}, {64, 3, 1, true}}, {128},
                    "Two conv layers with max pooling, then 128-wide fc (strata gen convnet)");
@@ -275,7 +393,7 @@ absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenO
     return ConvNet(options, "alexnet", {{32, 3, 1, true}, {64, 3, 1, true}, {128, 3, 1, false}, {128, 3, 1, false}, {64, 3, 1, true}},
                    {256, 256}, "AlexNet-style network sized for 28x28 inputs (strata gen alexnet)");
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown model '", model, "': expected mlp, resmlp, convnet or alexnet"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown model '", model, "': expected mlp, resmlp, convnet, alexnet or gpt"));
 }
 
 }  // namespace strata

@@ -11,15 +11,20 @@ namespace strata {
 struct GenOptions {
   std::vector<int64_t> layers = {784, 256, 128, 100, 10};  // mlp: widths, input first, classes last
   int stages = 1;          // placements gpu:0 .. gpu:K-1: contiguous layers, balanced by estimated work
-  std::string optimizer = "adam";  // sgd | momentum | adam | adamw
+  std::string optimizer;   // sgd | momentum | adam | adamw; empty: adam (adamw for gpt)
   double learning_rate = 0;        // 0: the optimizer's usual default
   bool cosine = true;
-  int blocks = 4;          // resmlp: residual blocks; width = layers[1]
+  int blocks = 4;          // resmlp: residual blocks; width = layers[1]; gpt: transformer blocks
   double dropout = 0;      // resmlp/mlp: dropout probability after each hidden layer
   std::string dtype = "F32";
+  // gpt: GPT-2 124M's sizes by default.
+  int64_t d_model = 768;
+  int64_t heads = 12;
+  int64_t seq = 1024;      // tokens per sample (the tokens and targets feeds' T)
+  int64_t vocab = 50257;
 };
 
-// Program text for a model family: mlp, convnet, alexnet, resmlp.
+// Program text for a model family: mlp, convnet, alexnet, resmlp, gpt.
 absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenOptions& options);
 
 }  // namespace strata
