@@ -1,6 +1,7 @@
 #include "tools/model_gen.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,68 @@ TEST(ModelGenTest, MoreStagesThanLayersIsAnError) {
   o.blocks = 2;
   o.stages = 5;
   EXPECT_FALSE(GenerateProgram("resmlp", o).ok());
+}
+
+// GPT-2 124M: V*D + T*D + L*(12*D*D + 13*D) + 2*D with V 50257, T 1024,
+// D 768, L 12 (the output projection is wte itself, so it adds nothing).
+TEST(ModelGenTest, GptHasGpt2SmallsParameterCount) {
+  GenOptions o;
+  o.blocks = 12;
+  auto text = GenerateProgram("gpt", o);
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto program = ParseProgramText(*text, "gpt.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  int64_t params = 0;
+  for (const Var& v : program->var()) {
+    if (v.kind() != PARAM) continue;
+    int64_t n = 1;
+    for (int64_t d : v.shape()) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(params, int64_t{50257} * 768 + 1024 * 768 + 12 * (12 * 768 * 768 + 13 * 768) + 2 * 768);
+  EXPECT_EQ(params, 124439808);
+  EXPECT_TRUE(absl::StrContains(*text, "adamw { learning_rate: 0.0006 } weight_decay: 0.1")) << *text;
+  EXPECT_TRUE(absl::StrContains(*text, "attr { key: \"transpose_b\" value { b: true } }"));
+}
+
+TEST(ModelGenTest, GptTiesWteAcrossTheFirstAndLastStage) {
+  GenOptions o;
+  o.blocks = 12;
+  o.stages = 4;
+  auto stage = StageOfOutputs("gpt", o);
+  // The logits (v d per token) weigh about five blocks: they get a stage of
+  // their own and the blocks split 4/4/4 over the others.
+  EXPECT_EQ(stage["tok_emb"], 0);
+  for (int b = 0; b < 12; ++b) EXPECT_EQ(stage["h" + std::to_string(b + 1)], b / 4) << "block " << b;
+  EXPECT_EQ(stage["ln_f.y"], 3);
+  EXPECT_EQ(stage["logits"], 3);
+  EXPECT_EQ(stage["loss"], 3);
+  auto text = GenerateProgram("gpt", o);
+  ASSERT_TRUE(text.ok());
+  auto program = ParseProgramText(*text, "gpt.pbtxt");
+  ASSERT_TRUE(program.ok());
+  std::set<std::string> wte_devices;
+  for (const Op& op : program->op()) {
+    for (const auto& in : op.input()) {
+      if (in == "wte") wte_devices.insert(op.device());
+    }
+  }
+  EXPECT_EQ(wte_devices, (std::set<std::string>{"gpu:0", "gpu:3"}));
+}
+
+TEST(ModelGenTest, GptRejectsBadSizes) {
+  GenOptions o;
+  o.blocks = 2;
+  o.heads = 5;  // does not divide 768
+  auto heads = GenerateProgram("gpt", o);
+  ASSERT_FALSE(heads.ok());
+  EXPECT_TRUE(absl::StrContains(heads.status().message(), "divide")) << heads.status();
+  o.heads = 12;
+  o.vocab = 70000;  // past uint16 token ids
+  EXPECT_FALSE(GenerateProgram("gpt", o).ok());
+  o.vocab = 256;
+  o.stages = 5;  // embeddings, 2 blocks, head
+  EXPECT_FALSE(GenerateProgram("gpt", o).ok());
 }
 
 }  // namespace
