@@ -16,7 +16,7 @@ for p in "$examples"/*.pbtxt; do
   "$strata" check "$p" >"$tmp/out" 2>&1 || fail "strata check $p: $(cat "$tmp/out")"
   echo "ok: $p"
 done
-for pair in mlp_pp2:pp2 alexnet_fashion_pp2:pp2 convnet_fashion_pp2:pp2 convnet_fashion_pp2:convnet_fashion_hybrid; do
+for pair in mlp_pp2:pp2 alexnet_fashion_pp2:pp2 gpt_tiny_pp2:pp2 convnet_fashion_pp2:pp2 convnet_fashion_pp2:convnet_fashion_hybrid; do
   p=$examples/${pair%%:*}.pbtxt s=$examples/${pair#*:}.strategy.pbtxt
   "$strata" check "$p" --strategy "$s" >"$tmp/out" 2>&1 || fail "strata check $p --strategy $s: $(cat "$tmp/out")"
   echo "ok: $p with $s"

@@ -12,6 +12,11 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 "$strata" gen gpt --blocks 12 --d_model 768 --heads 12 --seq 1024 --vocab 50257 > "$tmp/gpt2.pbtxt"
 "$strata" check "$tmp/gpt2.pbtxt" | tee "$tmp/check.txt"
 grep -q "parameters: 124439808 " "$tmp/check.txt" || { echo "GPT-2 124M should have 124439808 parameters"; exit 1; }
+# On 4 stages wte sits on the first and the last; it still counts once.
+"$strata" gen gpt --blocks 12 --stages 4 > "$tmp/gpt2_pp4.pbtxt"
+echo 'pipeline { micro_batch_size: 1 accumulate_steps: 8 schedule: ONE_F_ONE_B }' > "$tmp/pp4.strategy.pbtxt"
+"$strata" check "$tmp/gpt2_pp4.pbtxt" --strategy "$tmp/pp4.strategy.pbtxt" | tee "$tmp/check4.txt"
+grep -q "parameters: 124439808 " "$tmp/check4.txt" || { echo "GPT-2 124M on 4 stages: wte counted twice?"; exit 1; }
 
 "$strata" gen gpt --blocks 2 --d_model 64 --heads 4 --seq 32 --vocab 256 --lr 2e-3 > "$tmp/gpt.pbtxt"
 "$strata" check "$tmp/gpt.pbtxt"

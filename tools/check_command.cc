@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,7 @@ int CheckCommand(const std::string& path) {
   std::map<int, int64_t> stage_params, stage_param_bytes, stage_activation_bytes;
   std::map<int, double> stage_work;  // estimated forward + backward per micro-batch
   std::map<int, int> stage_ops, stage_forward_ops, stage_transfers;
+  std::set<std::string> counted;  // parameter names
   for (const RankPlan& plan : result->plans) {
     if (plan.topology().dp_rank() != 0) continue;
     const int stage = plan.topology().stage();
@@ -150,6 +152,7 @@ int CheckCommand(const std::string& path) {
       int64_t n = NumElements(std::vector<int64_t>(v.shape().begin(), v.shape().end()));
       stage_params[stage] += n;
       stage_param_bytes[stage] += n * DataTypeSize(v.dtype());
+      if (!counted.insert(v.name()).second) continue;  // a tied weight on several stages counts once
       params += n;
       param_bytes += n * DataTypeSize(v.dtype());
     }

@@ -284,11 +284,12 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--heads ", heads, " must be >= 1 and divide --d_model ", d));
   }
   if (t < 1 || t > (1 << 20)) return absl::InvalidArgumentError("--seq must be in 1..1048576");
-  if (v < 1 || v > 65536) return absl::InvalidArgumentError("--vocab must be in 1..65536 (token files hold uint16 ids)");
+  if (v < 1 || v > 65536)
+    return absl::InvalidArgumentError("--vocab must be in 1..65536 (token files hold uint16 ids)");
   const int n = o.blocks + 2;
   if (o.stages > n) {
-    return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n,
-                                                   " layers (embeddings, ", o.blocks, " blocks, head)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers (embeddings, ", o.blocks, " blocks, head)"));
   }
   const int64_t dh = d / heads;
   // Work per token: the block's matmuls (12 d^2 multiply-adds), causal
@@ -341,13 +342,16 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
          absl::StrCat("attr { key: \"axis\" value { i: 2 } } attr { key: \"sections\" value ", ints({d, d, d}), " }"));
     for (const char* part : {"q", "k", "v"}) {
       const std::string q = absl::StrCat(p, ".", part);
-      w.Op(layer, "reshape", {q + "2"}, {q + "3"}, absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, heads, dh}), " }"));
+      w.Op(layer, "reshape", {q + "2"}, {q + "3"},
+           absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, heads, dh}), " }"));
       w.Op(layer, "transpose", {q + "3"}, {q}, absl::StrCat("attr { key: \"perm\" value ", ints({0, 2, 1, 3}), " }"));
     }
     w.Op(layer, "scaled_dot_product_attention", {p + ".q", p + ".k", p + ".v"}, {p + ".att", p + ".att_lse"},
          "attr { key: \"causal\" value { b: true } }");
-    w.Op(layer, "transpose", {p + ".att"}, {p + ".att_t"}, absl::StrCat("attr { key: \"perm\" value ", ints({0, 2, 1, 3}), " }"));
-    w.Op(layer, "reshape", {p + ".att_t"}, {p + ".att_y"}, absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, d}), " }"));
+    w.Op(layer, "transpose", {p + ".att"}, {p + ".att_t"},
+         absl::StrCat("attr { key: \"perm\" value ", ints({0, 2, 1, 3}), " }"));
+    w.Op(layer, "reshape", {p + ".att_t"}, {p + ".att_y"},
+         absl::StrCat("attr { key: \"shape\" value ", ints({-1, t, d}), " }"));
     std::string a = linear(layer, p + ".att_y", p + ".attn.proj", d, d, residual);
     dropout(layer, &a);
     w.Op(layer, "add", {h, a}, {p + ".h"});
@@ -363,10 +367,10 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
   std::string x = layer_norm(n - 1, h, "ln_f");
   w.Op(n - 1, "matmul", {x, "wte"}, {"logits"}, "attr { key: \"transpose_b\" value { b: true } }");  // tied to wte
   w.Op(n - 1, "softmax_cross_entropy", {"logits", "targets"}, {"loss"});
-  const std::string header =
-      absl::StrFormat("# GPT: %d blocks, d_model %d, %d heads, seq %d, vocab %d; logits tied to wte (strata gen gpt)\n"
-                      "name: \"gpt\"\n",
-                      o.blocks, d, heads, t, v);
+  const std::string header = absl::StrFormat(
+      "# GPT: %d blocks, d_model %d, %d heads, seq %d, vocab %d; logits tied to wte (strata gen gpt)\n"
+      "name: \"gpt\"\n",
+      o.blocks, d, heads, t, v);
   // nanoGPT's GPT-2 recipe: AdamW lr 6e-4, weight decay 0.1, cosine to lr/10.
   return w.Text(header, "loss: \"loss\"\n", 6e-4, 0.1, " alpha: 0.1 ");
 }
