@@ -87,6 +87,15 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
       return StrategyError(file, "recompute.checkpoints", std::string(s.message()));
     }
   }
+  if (strategy.has_mixed_precision()) {
+    const DataType dtype = strategy.mixed_precision().dtype();
+    if (dtype == F16) return StrategyError(file, "mixed_precision.dtype", "F16 needs loss scaling, not built yet; use BF16");
+    if (dtype != BF16) {
+      return StrategyError(file, "mixed_precision.dtype",
+                           absl::StrCat(DataType_IsValid(dtype) ? DataType_Name(dtype) : absl::StrCat(static_cast<int>(dtype)),
+                                        " is not a mixed-precision dtype; use BF16"));
+    }
+  }
   if (strategy.has_pipeline()) {
     int64_t global = strategy.pipeline().micro_batch_size() * strategy.pipeline().accumulate_steps() * dp;
     if (batch_size != 0 && batch_size != global) {

@@ -67,6 +67,9 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
     const int op = producer[g];
     if (graph.schema(op).type != "matmul" || graph.outputs(op).size() != 1 || graph.inputs(op).size() != 2) continue;
     if (graph.shape(graph.inputs(op)[0]).size() != 2 || graph.shape(graph.inputs(op)[1]).size() != 2) continue;
+    // matmul_accumulate's CPU kernels are F32/F64 only: a BF16 gradient (mixed
+    // precision casts it to F32 after the matmul anyway) keeps its matmul.
+    if (graph.dtype(g) != F32 && graph.dtype(g) != F64) continue;
     bool only_optimizer = true;
     for (int c : readers[g]) only_optimizer &= IsUpdate(graph.role(c));
     if (only_optimizer) fused.insert(g);

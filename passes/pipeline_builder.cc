@@ -4,6 +4,7 @@
 #include "passes/data_parallel.h"
 #include "passes/gradient_merge.h"
 #include "passes/micro_batch.h"
+#include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
 #include "passes/pipeline_split.h"
 #include "passes/placement.h"
@@ -14,6 +15,7 @@ namespace strata {
 std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
+  if (strategy.has_mixed_precision()) pipeline->AddPass<MixedPrecisionPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   return pipeline;

@@ -180,7 +180,7 @@ absl::Status CastShape(ShapeContext& ctx) {
 }
 
 absl::Status AddNShape(ShapeContext& ctx) {
-  if (auto s = ExpectDtype(ctx, 0, "xs[0]", {F32, F64, I64}); !s.ok()) return s;
+  if (auto s = ExpectDtype(ctx, 0, "xs[0]", {F32, F64, I64, BF16, F16}); !s.ok()) return s;
   for (int i = 1; i < ctx.num_inputs(); ++i) {
     if (ctx.input(i) != ctx.input(0)) {
       return absl::InvalidArgumentError(absl::StrCat("input 'xs[", i, "]' is ", ctx.input(i).ToString(),

@@ -3,6 +3,7 @@
 // summing all inputs before moving on (one pass over the output per chunk).
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/widened.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/view_kernels.h"
 
@@ -82,6 +83,11 @@ class FillScalarKernel : public OpKernel {
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F32, (MakeFactory<AddNKernel<float>>()));
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F64, (MakeFactory<AddNKernel<double>>()));
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, I64, (MakeFactory<AddNKernel<int64_t>>()));
+// BF16 and F16 (mixed precision: autodiff sums the gradient parts of a
+// low-precision copy read twice, a weight's cast shared by two matmuls).
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, BF16, (MakeFactory<WidenedKernel<bfloat16, AddNKernel<float>>>()));
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CPU, F16, (MakeFactory<WidenedKernel<float16, AddNKernel<float>>>()));
+STRATA_REGISTER_WORKSPACE("add_n", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CPU, F32, FillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CPU, F64, FillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F32, FillLikeKernel::Create);

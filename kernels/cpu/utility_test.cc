@@ -173,7 +173,7 @@ TEST(UtilityShapeTest, AddNNeedsIdenticalTypes) {
   EXPECT_THAT(bad.status().message(), HasSubstr("add_n needs identical types"));
   bad = Infer(R"pb(type: "add_n" input: ["a"] output: "y")pb", {{BOOL, {4}}});
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("input 'xs[0]' must be F32, F64 or I64, got BOOL"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("input 'xs[0]' must be F32, F64, I64, BF16 or F16, got BOOL"));
   bad = Infer(R"pb(type: "add_n" output: "y")pb", {});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("expects at least 1 inputs"));

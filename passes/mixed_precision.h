@@ -1,0 +1,31 @@
+#ifndef STRATA_PASSES_MIXED_PRECISION_H_
+#define STRATA_PASSES_MIXED_PRECISION_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "compiler/pass.h"
+
+namespace strata {
+
+// Mixed precision (the strategy's `mixed_precision { dtype: BF16 }`), on the
+// forward program after placement and before autodiff (DESIGN.md's order).
+// Every `matmul` whose inputs are F32 reads BF16 copies instead: one `cast`
+// per input var (and stage), named `<var>@bf16` and placed before the first
+// matmul that reads it, so a weight read twice is cast once. The matmul
+// writes `<y>@bf16` and a `cast` back to F32 writes its original output `y`,
+// so every other op (softmax, layer_norm, the losses, the adds) still runs in
+// float32, and the parameters stay F32 master copies the optimizer updates.
+// Autodiff differentiates through the casts, so the weight gradients arrive
+// in F32 too. Only matmul for now: conv2d and scaled_dot_product_attention
+// have no BF16 CPU kernels yet (their casts come with those kernels). Only
+// BF16: ValidateStrategy refuses F16 (it needs loss scaling) and the rest.
+class MixedPrecisionPass : public Pass {
+ public:
+  std::string name() const override { return "mixed-precision"; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_MIXED_PRECISION_H_

@@ -1,0 +1,140 @@
+#include "passes/mixed_precision.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "passes/compile.h"
+#include "passes/pipeline_builder.h"
+#include "passes/testing/pass_test_util.h"
+
+namespace strata {
+namespace {
+
+// A two-layer MLP whose first weight is read twice (h = x @ w1, g = x @ w1
+// again, summed), a layer_norm and a softmax loss that stay in float32.
+constexpr char kMlp[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w2" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w1"] output: ["a"] }
+  op { type: "matmul" input: ["x", "w1"] output: ["b"] }
+  op { type: "add" input: ["a", "b"] output: ["s"] }
+  op { type: "relu" input: ["s"] output: ["h"] }
+  op { type: "matmul" input: ["h", "w2"] output: ["z"] }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+Strategy Bf16() {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(BF16);
+  return s;
+}
+
+Program DumpAfter(const Strategy& strategy, const std::string& pass) {
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = pass;
+  auto result = Compile(ParseProgramOrFail(kMlp), strategy, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->dumped : Program();
+}
+
+TEST(MixedPrecisionTest, RunsBetweenPlacementAndAutodiff) {
+  std::vector<std::string> names = CompilePassNames(Bf16());
+  auto at = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+  ASSERT_LT(at("mixed-precision"), static_cast<long>(names.size()));
+  EXPECT_LT(at("placement"), at("mixed-precision"));
+  EXPECT_LT(at("mixed-precision"), at("autodiff"));
+  std::vector<std::string> plain = CompilePassNames(Strategy());
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), "mixed-precision"), plain.end());
+}
+
+TEST(MixedPrecisionTest, CastsAroundEveryMatmul) {
+  const Program p = DumpAfter(Bf16(), "mixed-precision");
+  // Each matmul reads BF16 copies and writes a BF16 var.
+  for (const Op* m : OpsOfType(p, "matmul")) {
+    for (const auto& in : m->input()) {
+      ASSERT_TRUE(HasVar(p, in)) << in;
+      EXPECT_EQ(FindVar(p, in)->dtype(), BF16) << in;
+    }
+    EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
+  }
+  // One cast per var: x, w1 (read twice), h, w2 to BF16; a, b, z back.
+  std::vector<std::string> to_bf16, to_f32;
+  for (const Op* c : OpsOfType(p, "cast")) {
+    (Attr(*c, "dtype").s() == "BF16" ? to_bf16 : to_f32).push_back(c->input(0));
+  }
+  EXPECT_EQ(to_bf16, (std::vector<std::string>{"x", "w1", "h", "w2"}));
+  EXPECT_EQ(to_f32, (std::vector<std::string>{"a@bf16", "b@bf16", "z@bf16"}));
+  EXPECT_EQ(OpsWriting(p, "w1@bf16").size(), 1u);
+  // The outputs keep their names and float32, written by the casts back.
+  for (const std::string name : {"a", "b", "z"}) {
+    EXPECT_EQ(FindVar(p, name)->dtype(), F32) << name;
+    ASSERT_EQ(OpsWriting(p, name).size(), 1u) << name;
+    EXPECT_EQ(OpsWriting(p, name)[0]->type(), "cast") << name;
+    EXPECT_LT(IndexOf(p, OpsWriting(p, absl::StrCat(name, "@bf16"))[0]), IndexOf(p, OpsWriting(p, name)[0]));
+  }
+  // Every other op as it was, in float32; the params stay F32.
+  for (const std::string type : {"add", "relu", "softmax_cross_entropy"}) {
+    ASSERT_EQ(OpsOfType(p, type).size(), 1u) << type;
+    for (const auto& in : OpsOfType(p, type)[0]->input()) EXPECT_NE(FindVar(p, in)->dtype(), BF16) << type;
+  }
+  EXPECT_EQ(FindVar(p, "w1")->dtype(), F32);
+  EXPECT_EQ(FindVar(p, "w2")->dtype(), F32);
+}
+
+TEST(MixedPrecisionTest, WeightGradientsArriveInFloat32) {
+  const Program p = DumpAfter(Bf16(), "autodiff");
+  ASSERT_EQ(p.param_grad().size(), 2);
+  for (const auto& [param, grad] : p.param_grad()) {
+    EXPECT_EQ(FindVar(p, param)->dtype(), F32) << param;
+    EXPECT_EQ(FindVar(p, grad)->dtype(), F32) << grad;
+  }
+  // The shared cast's gradient parts are summed in BF16, then cast once.
+  bool summed = false;
+  for (const Op* s : OpsOfType(p, "add_n")) summed |= FindVar(p, s->output(0))->dtype() == BF16;
+  EXPECT_TRUE(summed);
+}
+
+TEST(MixedPrecisionTest, CompilesAndPlansWithMicroBatches) {
+  Strategy s = Bf16();
+  s.mutable_pipeline()->set_micro_batch_size(4);
+  s.mutable_pipeline()->set_accumulate_steps(2);
+  CompileOptions options;
+  auto result = Compile(ParseProgramOrFail(kMlp), s, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // matmul_accumulate is F32/F64 only: the weight gradients come from casts.
+  for (const RankPlan& plan : result->plans) {
+    for (const Op& op : plan.program().op()) {
+      if (op.type() == "matmul_accumulate") ADD_FAILURE() << "fused a mixed-precision gradient";
+    }
+  }
+}
+
+TEST(MixedPrecisionTest, NoOpWithoutTheSection) {
+  const Program p = DumpAfter(Strategy(), "autodiff");
+  EXPECT_TRUE(OpsOfType(p, "cast").empty());
+  for (const auto& v : p.var()) EXPECT_NE(v.dtype(), BF16) << v.name();
+}
+
+TEST(MixedPrecisionTest, RefusesOtherDtypes) {
+  const Program program = ParseProgramOrFail(kMlp);
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(F16);
+  absl::Status st = ValidateStrategy(s, program, 0, "s.pbtxt");
+  EXPECT_EQ(st.message(), "s.pbtxt: mixed_precision.dtype: F16 needs loss scaling, not built yet; use BF16");
+  s.mutable_mixed_precision()->set_dtype(F64);
+  st = ValidateStrategy(s, program, 0, "s.pbtxt");
+  EXPECT_TRUE(absl::StrContains(st.message(), "mixed_precision.dtype: F64")) << st;
+  EXPECT_TRUE(ValidateStrategy(Bf16(), program, 0, "s.pbtxt").ok());
+}
+
+}  // namespace
+}  // namespace strata
