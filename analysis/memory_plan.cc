@@ -68,6 +68,12 @@ absl::StatusOr<int64_t> WorkspaceBytes(const WorkspaceFn& workspace, const Graph
     for (int64_t& d : t.shape) d = d == -1 ? micro_batch_size : d;
     def.input_types.push_back(std::move(t));
   }
+  // Outputs too: a widened kernel's float32 copies of its outputs are scratch.
+  for (int v : graph.outputs(id)) {
+    TensorType t = graph.type(v);
+    for (int64_t& d : t.shape) d = d == -1 ? micro_batch_size : d;
+    def.output_types.push_back(std::move(t));
+  }
   auto bytes = workspace(def, threads);
   if (!bytes.ok()) {
     return absl::InternalError(absl::StrCat("memory plan: scratch of op #", i, " '", graph.schema(id).type, "': ",
