@@ -11,7 +11,9 @@ torch.optim and torch.nn.utils.clip_grad_norm_, and compares with Strata:
                 error in the max norm, so weights near zero do not inflate it)
 
 Every error must be <= the case's tolerance (1e-9 for F64 programs, 1e-4 for
-F32). Exits 1 on any mismatch, printing the worst steps and parameters.
+F32, BF16 mixed precision included: a case with "mixed_precision": "BF16"
+runs torch's forward under torch.autocast("cpu", dtype=torch.bfloat16)).
+Exits 1 on any mismatch, printing the worst steps and parameters.
 Run with /usr/bin/python3 (Debian's torch): python3 torch_crosscheck.py DIR
 """
 
@@ -275,7 +277,7 @@ def relative_error(got, ref):
     return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-300))
 
 
-def train_torch(program, init, batches, steps, as_float64=False):
+def train_torch(program, init, batches, steps, as_float64=False, mixed_precision=""):
     """Trains the program in torch for `steps` steps; returns (losses, final
     parameters as numpy, steps on which clipping engaged). as_float64 runs an
     F32 program in float64 from the same (F32) weights and batches."""
@@ -308,7 +310,15 @@ def train_torch(program, init, batches, steps, as_float64=False):
             if key in batches:
                 feeds[name] = torch.from_numpy(batches[key])
         opt.zero_grad(set_to_none=True)
-        loss = model.forward(feeds)
+        if mixed_precision == "BF16":
+            # torch 1.13's CPU autocast: matmul/mm/linear on bf16 casts of
+            # their inputs, softmax and the losses in float32, as Strata's pass.
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model.forward(feeds)
+        elif mixed_precision:
+            raise NotImplementedError("mixed precision %s" % mixed_precision)
+        else:
+            loss = model.forward(feeds)
         loss.backward()
         if max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.trainable(), max_norm)
@@ -331,7 +341,8 @@ def run_case(folder):
     steps = int(case["steps"])
 
     t0 = time.time()
-    losses, final, clipped_steps = train_torch(program, init, batches, steps)
+    losses, final, clipped_steps = train_torch(program, init, batches, steps,
+                                               mixed_precision=case.get("mixed_precision", ""))
     torch_seconds = time.time() - t0
 
     tol = float(case["tolerance"])
@@ -346,7 +357,7 @@ def run_case(folder):
             "clip_global_norm", 0.0)) > 0, "moved": moved, "torch_seconds": torch_seconds, "float32_floor": None,
     }
     failed = max(loss_errors) > tol or max(weight_errors.values()) > tol
-    if failed and case["dtype"] == "F32":
+    if failed and case["dtype"] == "F32" and not case.get("mixed_precision"):
         # Context for the failure: how far torch's own float32 run is from a
         # float64 one; if about as far as Strata, the case is ill-conditioned.
         _, final64, _ = train_torch(program, init, batches, steps, as_float64=True)
