@@ -11,8 +11,9 @@ namespace strata {
 // Mixed precision (the strategy's `mixed_precision { dtype: BF16 }`), on the
 // forward program after placement and before autodiff (DESIGN.md's order).
 // Every `matmul` whose inputs are F32 reads BF16 copies instead: one `cast`
-// per input var (and stage), named `<var>@bf16` and placed before the first
-// matmul that reads it, so a weight read twice is cast once. The matmul
+// per input var and stage, named `<var>@bf16` (`<var>@bf16@stage<k>` for a
+// second stage's copy, so no bf16 copy crosses stages) and placed before the
+// first matmul that reads it, so a weight read twice is cast once. The matmul
 // writes `<y>@bf16` and a `cast` back to F32 writes its original output `y`,
 // so every other op (softmax, layer_norm, the losses, the adds) still runs in
 // float32, and the parameters stay F32 master copies the optimizer updates.
