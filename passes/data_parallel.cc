@@ -89,18 +89,23 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
   };
   std::sort(grads.begin(), grads.end(), [&](int a, int b) { return key(a) < key(b); });
 
-  // Buckets of one dtype, each closed before it would pass the cap.
+  // Buckets of one dtype each, as DDP forms them: every dtype has one open
+  // bucket, closed before it would pass the cap, so gradients of two dtypes
+  // finishing in turn do not cut each other's buckets short.
   const int64_t cap = BucketCapBytes(ctx.strategy.data_parallel().bucket_mb());
   std::vector<Bucket> buckets;
+  std::map<DataType, size_t> open;  // dtype -> its open bucket
   for (int g : grads) {
+    const DataType dtype = graph.dtype(g);
     const int64_t n = Elements(graph.shape(g));
-    const int64_t size = DataTypeSize(graph.dtype(g));
-    if (buckets.empty() || buckets.back().dtype != graph.dtype(g) ||
-        (buckets.back().elements + n) * size > cap) {
-      buckets.push_back({graph.dtype(g), 0, {}});
+    auto it = open.find(dtype);
+    if (it == open.end() || (buckets[it->second].elements + n) * DataTypeSize(dtype) > cap) {
+      buckets.push_back({dtype, 0, {}});
+      open[dtype] = buckets.size() - 1;
     }
-    buckets.back().elements += n;
-    buckets.back().grads.push_back(g);
+    Bucket& b = buckets[open[dtype]];
+    b.elements += n;
+    b.grads.push_back(g);
   }
 
   const std::vector<std::vector<int>> readers = graph.Readers();

@@ -203,6 +203,36 @@ TEST(DataParallelPassTest, BucketsNeverMixDtypes) {
   EXPECT_EQ(BucketGrads(plans[1].program()), BucketGrads(p));
 }
 
+// Gradients of two dtypes finishing in turn (F64, F32, F64, F32 in
+// backward's order): one open bucket per dtype, as DDP forms them, not a
+// bucket cut at every change of dtype.
+constexpr char kInterleavedDtypes[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w2" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w3" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "w4" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w1"] output: ["h1"] }
+  op { type: "cast" input: ["h1"] output: ["h1d"] attr { key: "dtype" value { s: "F64" } } }
+  op { type: "matmul" input: ["h1d", "w2"] output: ["h2"] }
+  op { type: "cast" input: ["h2"] output: ["h2f"] attr { key: "dtype" value { s: "F32" } } }
+  op { type: "matmul" input: ["h2f", "w3"] output: ["h3"] }
+  op { type: "cast" input: ["h3"] output: ["h3d"] attr { key: "dtype" value { s: "F64" } } }
+  op { type: "matmul" input: ["h3d", "w4"] output: ["z"] }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+TEST(DataParallelPassTest, OneOpenBucketPerDtype) {
+  const Program p = Plans(kInterleavedDtypes, DataParallel(2, 1)).at(0).program();
+  EXPECT_EQ(BucketGrads(p), (std::vector<std::vector<std::string>>{{"w4@grad", "w2@grad"}, {"w3@grad", "w1@grad"}}));
+  // A cap of one gradient: each dtype's buckets still hold only that dtype.
+  const Program q = Plans(kInterleavedDtypes, DataParallel(2, BucketMbOf(64))).at(0).program();
+  EXPECT_EQ(BucketGrads(q), (std::vector<std::vector<std::string>>{{"w4@grad"}, {"w3@grad"}, {"w2@grad"}, {"w1@grad"}}));
+}
+
 TEST(DataParallelPassTest, BucketsCloseBeforePassingTheCap) {
   // Sizes: z.b 24 B, z.w 192 B (F64); a.b 32 B, a.w 128 B (F32).
   struct Case {
