@@ -109,6 +109,12 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
   }
 
   const std::vector<std::vector<int>> readers = graph.Readers();
+  // An update op that reads gradient g, as the optimizer reads it (the
+  // zeroing of a gradient buffer writes it and is no reader).
+  auto update_reads = [&](int op, int g) {
+    const absl::Span<const int> outs = graph.outputs(op);
+    return IsUpdate(graph.role(op)) && std::find(outs.begin(), outs.end(), g) == outs.end();
+  };
   std::map<int, int> after_anchor;  // anchor op -> the last op inserted after it
   std::map<int, int> reduced_of;    // gradient -> its sum over the group
   for (size_t k = 0; k < buckets.size(); ++k) {
@@ -128,14 +134,11 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
     if (!posted.ok()) return posted.status();
     after_anchor[finisher] = *posted;
 
-    // Waited for before the first update op that reads one of its gradients
-    // (the zeroing of a gradient buffer writes it and is no reader).
+    // Waited for before the first update op that reads one of its gradients.
     int first_reader = -1;
-    std::vector<int> shapes;
     for (int g : b.grads) {
       for (int c : readers[g]) {
-        const absl::Span<const int> outs = graph.outputs(c);
-        if (!IsUpdate(graph.role(c)) || std::find(outs.begin(), outs.end(), g) != outs.end()) continue;
+        if (!update_reads(c, g)) continue;
         if (first_reader < 0 || position[c] < position[first_reader]) first_reader = c;
       }
     }
@@ -161,9 +164,7 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
   // The update ops read the sums.
   for (const auto& [g, reduced] : reduced_of) {
     for (int c : readers[g]) {
-      if (!IsUpdate(graph.role(c))) continue;
-      const absl::Span<const int> outs = graph.outputs(c);
-      if (std::find(outs.begin(), outs.end(), g) != outs.end()) continue;
+      if (!update_reads(c, g)) continue;
       const std::vector<int> ins(graph.inputs(c).begin(), graph.inputs(c).end());
       for (size_t i = 0; i < ins.size(); ++i) {
         if (ins[i] != g) continue;

@@ -289,7 +289,7 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   run.step = step_ / merge_steps_;
   run.sample_offset = sample_offset;
   run.total_steps = total_steps_ / merge_steps_;
-  run.update_step = (step_ + 1) % merge_steps_ == 0;
+  run.update_step = UpdateStep();
   run.training = training;
   run.device = options_.device;
   run.micro_batches = micro_batches;
@@ -415,7 +415,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   // Under gradient merge, step j of an update holds samples [j*B, (j+1)*B)
   // of the update's merged batch.
   sample_offset += (step_ % merge_steps_) * rows * micro_batches * dp_degree_;
-  const bool update = (step_ + 1) % merge_steps_ == 0;
+  const bool update = UpdateStep();
   StepResult result;
   absl::Status status;
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {

@@ -62,6 +62,9 @@ class Executor {
   // The row of the step's global batch where this rank's micro-batch
   // `micro_batch` of `rows` samples starts.
   int64_t SampleRow(int micro_batch, int64_t rows) const;
+  // Whether the optimizer runs at the end of the coming step (every k-th
+  // under gradient merge).
+  bool UpdateStep() const { return (step_ + 1) % merge_steps_ == 0; }
   // Forward only over one batch of any size, dropout off; nothing is updated.
   // On a pipeline every rank calls it with the same batch.
   // `rows` is the batch's size (a pipeline stage that reads no feed needs it

@@ -805,14 +805,14 @@ bool TrainSession::PeriodicSaveDue() const {
 // between replicas (each sums its own samples): the group's sum is saved, so
 // a load under any degree can give it to one replica and zeros to the rest.
 absl::StatusOr<std::map<std::string, Tensor>> TrainSession::CheckpointTensors() const {
-  std::map<std::string, Tensor> tensors;
   const bool writer = plan_.topology().dp_rank() == 0;
-  if (writer) {
-    STRATA_ASSIGN_OR_RETURN(tensors, executor_->HostState());
-  }
-  if (plan_.program().merge_buffer_size() == 0 || dp_ == nullptr) return tensors;
+  const bool sums = plan_.program().merge_buffer_size() > 0 && dp_ != nullptr;
   using TensorMap = std::map<std::string, Tensor>;
-  STRATA_ASSIGN_OR_RETURN(const TensorMap state, executor_->HostState());
+  if (!writer && !sums) return TensorMap();
+  STRATA_ASSIGN_OR_RETURN(TensorMap state, executor_->HostState());
+  if (!sums) return state;
+  TensorMap tensors;
+  if (writer) tensors = state;
   for (const std::string& name : plan_.program().merge_buffer()) {
     auto it = state.find(name);
     if (it == state.end()) return absl::InternalError(absl::StrCat("gradient-merge buffer '", name, "' is not state"));
