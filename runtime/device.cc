@@ -4,6 +4,8 @@
 #include <map>
 #include <utility>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace strata {
@@ -24,6 +26,12 @@ void Device::NoteError(absl::Status status) {
   if (status.ok()) return;
   absl::MutexLock lock(&mu_);
   if (first_error_.ok()) first_error_ = std::move(status);
+}
+
+int64_t CpuDevice::capacity_bytes() const {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
 }
 
 absl::Status CpuDevice::CopyFromHost(void* dst, const void* host_src, size_t bytes) {

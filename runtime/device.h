@@ -16,6 +16,7 @@
 // returns the first one, and the executor synchronises at a step's end.
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,6 +40,10 @@ class Device {
   virtual Allocator* allocator() const = 0;
   // Whether the host reads and writes this device's memory directly.
   bool host_accessible() const { return kind() == DEVICE_CPU; }
+  // The bytes this device holds in all (a GPU's global memory, the host's
+  // physical memory); 0 where unknown. What `strata check` holds each rank's
+  // predicted peak against.
+  virtual int64_t capacity_bytes() const { return 0; }
 
   // Kernels enqueue on the compute stream; collectives and transfers on the
   // communication stream (the same one until a device has two).
@@ -76,6 +81,7 @@ class CpuDevice final : public Device {
   DeviceKind kind() const override { return DEVICE_CPU; }
   int ordinal() const override { return 0; }
   Allocator* allocator() const override { return allocator_; }
+  int64_t capacity_bytes() const override;
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;

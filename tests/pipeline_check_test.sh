@@ -116,4 +116,28 @@ got=$(echo "$out" | grep -A2 "^  rank 1:" | tail -n +2)
 echo "$got" | head -1 | grep -qE "^    activations [0-9.]+ KiB with recompute, [0-9.]+ [KM]iB without \([0-9]+%\)$" ||
   fail "rank 1's recompute line under dp: $got"
 echo "$got" | tail -1 | grep -q "^    dp group 1: ranks 0, 1$" || fail "rank 1's dp group line after the recompute line: $got"
+
+# 6. Memory against the device. On the CPU the ranks share the machine, so
+# their peaks add up; on GPUs each rank has its own, held against the GPU
+# strata_gpu opens or --device_memory_gib. A peak that does not fit is a
+# warning on stderr (check still succeeds), naming each rank above it.
+mem=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/dp.strategy.pbtxt" --batch_size 256 2>&1) || fail "check: $mem"
+echo "$mem" | grep -qE "^  device memory: this machine holds [0-9.]+ GiB; the 2 ranks' predicted peaks add up to" ||
+  fail "no CPU memory line: $mem"
+printf '%s\n' 'pipeline { micro_batch_size: 64 accumulate_steps: 4 }' >"$tmp/pp2.strategy.pbtxt"
+peaks() { echo "$1" | sed -n 's/^  rank \([0-9]\): predicted peak \([0-9.]* [KMG]*i*B\).*/rank \1 \2/p'; }
+out=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/pp2.strategy.pbtxt" --batch_size 256 --device gpu \
+  --device_memory_gib 0.0001 2>"$tmp/err") || fail "check --device gpu: $out"
+want="warning: predicted peak above the 104.9 KiB each GPU (--device_memory_gib 0.0001) holds: $(peaks "$out" | paste -sd, | sed 's/,/, /g'); the run would run out of memory"
+[ "$(cat "$tmp/err")" = "$want" ] || fail "expected on stderr
+$want
+got
+$(cat "$tmp/err")"
+out=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/pp2.strategy.pbtxt" --batch_size 256 --device gpu \
+  --device_memory_gib 80 2>"$tmp/err") || fail "check --device gpu: $out"
+[ -s "$tmp/err" ] && fail "a plan that fits 80 GiB warns: $(cat "$tmp/err")"
+echo "$out" | grep -qE "^  device memory: each GPU \(--device_memory_gib 80\) holds 80.00 GiB; rank [01]'s predicted peak, the largest, is" ||
+  fail "no GPU memory line: $out"
+"$strata" check "$tmp/resmlp8_pp2.pbtxt" --device_memory_gib -3 2>"$tmp/err" && fail "a negative --device_memory_gib passed"
+grep -q "^error: --device_memory_gib -3: expected a size in GiB" "$tmp/err" || fail "negative size: $(cat "$tmp/err")"
 echo "PASS"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +21,7 @@
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "tools/cli_common.h"
+#include "tools/cli_flags.h"
 #include "tools/commands.h"
 
 namespace strata {
@@ -126,11 +128,75 @@ std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, i
   return absl::StrFormat("    activations %s with recompute, %s without%s\n", Bytes(with), Bytes(it->second), share);
 }
 
+// Each rank's predicted peak held against the memory it will run in: a GPU
+// per rank (the one strata_gpu opens, or --device_memory_gib), or on the CPU
+// the machine's memory, which all its ranks share. Returns the lines to
+// print; a peak that does not fit also goes to stderr as a warning.
+std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kind) {
+  const double gib = absl::GetFlag(FLAGS_device_memory_gib);
+  int64_t capacity = 0;
+  std::string holder;
+  if (gib > 0) {
+    capacity = static_cast<int64_t>(std::llround(gib * (int64_t{1} << 30)));
+    holder = absl::StrCat(kind == DEVICE_CPU ? "the machine" : "each GPU", " (--device_memory_gib ", gib, ")");
+  } else if (kind == DEVICE_CPU) {
+    capacity = GetCpuDevice()->capacity_bytes();
+    holder = "this machine";
+  } else if (const DeviceFactory* factory = FindDeviceFactory(kind); factory != nullptr) {
+    absl::StatusOr<std::unique_ptr<Device>> device = (*factory)(0);
+    if (!device.ok()) {
+      return absl::StrCat("  device memory: unknown (", device.status().message(),
+                          "; --device_memory_gib G holds each rank against G GiB)\n");
+    }
+    capacity = (*device)->capacity_bytes();
+    holder = absl::StrCat("each GPU (", (*device)->name(), "'s size)");
+  }
+  if (capacity <= 0) {
+    return absl::StrCat("  device memory: unknown (this strata cannot open a ", DeviceKindLabel(kind),
+                        "; --device_memory_gib G holds each rank against G GiB)\n");
+  }
+  // On the CPU the ranks share the machine: their peaks add up.
+  const bool shared = kind == DEVICE_CPU;
+  int64_t need = 0;
+  const RankPlan* largest = &plans[0];
+  for (const RankPlan& plan : plans) {
+    need = shared ? need + plan.memory().peak_bytes() : std::max(need, plan.memory().peak_bytes());
+    if (plan.memory().peak_bytes() > largest->memory().peak_bytes()) largest = &plan;
+  }
+  const std::string what = shared && plans.size() > 1
+                               ? absl::StrFormat("the %d ranks' predicted peaks add up to %s", plans.size(), Bytes(need))
+                               : absl::StrFormat("rank %d's predicted peak%s is %s", largest->rank(),
+                                                 plans.size() > 1 ? ", the largest," : "", Bytes(need));
+  std::string out = absl::StrFormat("  device memory: %s holds %s; %s (%.1f%%)\n", holder, Bytes(capacity), what,
+                                    100.0 * need / capacity);
+  if (need <= capacity) return out;
+  std::string warning;
+  if (shared) {
+    warning = absl::StrFormat("warning: %s, more than the %s %s holds; the run would run out of memory\n", what,
+                              Bytes(capacity), holder);
+  } else {
+    std::vector<std::string> over;
+    for (const RankPlan& plan : plans) {
+      if (plan.memory().peak_bytes() > capacity) {
+        over.push_back(absl::StrFormat("rank %d %s", plan.rank(), Bytes(plan.memory().peak_bytes())));
+      }
+    }
+    warning = absl::StrFormat("warning: predicted peak above the %s %s holds: %s; the run would run out of memory\n",
+                              Bytes(capacity), holder, absl::StrJoin(over, ", "));
+  }
+  std::cerr << warning;
+  return absl::StrCat(out, "  ", warning);
+}
+
 }  // namespace
 
 int CheckCommand(const std::string& path) {
   if (auto kind = DeviceKindFromFlags(); !kind.ok()) {
     std::cerr << "error: " << kind.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (const double gib = absl::GetFlag(FLAGS_device_memory_gib); !(gib >= 0 && gib < 1e9)) {
+    std::cerr << "error: --device_memory_gib " << gib << ": expected a size in GiB, 0 for the device's own\n";
     return kExitUsage;
   }
   auto result = CompileFromFlags(path);
@@ -190,6 +256,7 @@ int CheckCommand(const std::string& path) {
                 << ")\n";
     }
   }
+  std::cout << DeviceMemoryLines(result->plans, result->plans[0].device_kind());
   const Schedule& schedule = result->plans[0].schedule();
   const int dp = std::max(1, result->plans[0].topology().dp_degree());
   const int merge = std::max(1, schedule.merge_steps());

@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, data, "synthetic",
 ABSL_FLAG(std::string, eval_data, "", "run: evaluation data, e.g. fashion_mnist:test");
 ABSL_FLAG(int64_t, seed, -1, "run: seed for weights, data order and dropout (default: the program's seed, else 0)");
 ABSL_FLAG(std::string, device, "cpu", "check, compile, run: cpu or gpu (the device the plans are for)");
+ABSL_FLAG(double, device_memory_gib, 0,
+          "check: hold each rank's predicted peak against a device of this many GiB (default: the GPU strata_gpu "
+          "opens; on the CPU, the machine's memory, which all its ranks share)");
 ABSL_FLAG(std::string, metrics, "", "run: write per-step metrics as JSON lines to this file");
 ABSL_FLAG(std::string, trace, "", "run: write a Chrome trace to this file");
 ABSL_FLAG(std::string, log_dir, "", "run: folder for workerlog.R files");
@@ -80,7 +83,7 @@ namespace cli {
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
   static const auto* flags = new std::map<std::string, std::set<std::string>>{
-      {"check", {"strategy", "batch_size", "device"}},
+      {"check", {"strategy", "batch_size", "device", "device_memory_gib"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after", "device"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
                "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",

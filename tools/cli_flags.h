@@ -16,6 +16,7 @@
 ABSL_DECLARE_FLAG(std::string, strategy);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, dump_after);
+ABSL_DECLARE_FLAG(double, device_memory_gib);
 ABSL_DECLARE_FLAG(int64_t, nproc);
 ABSL_DECLARE_FLAG(int64_t, steps);
 ABSL_DECLARE_FLAG(int64_t, epochs);

@@ -77,6 +77,12 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
     return s;
   }
   std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, compute, comm));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    device->capacity_bytes_ = static_cast<int64_t>(total_bytes);
+  } else {
+    cudaGetLastError();  // unknown capacity: check then says so
+  }
   device->allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaBackend>(ordinal), compute);
   auto gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();

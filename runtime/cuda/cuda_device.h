@@ -38,6 +38,7 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DEVICE_CUDA; }
   int ordinal() const override { return ordinal_; }
   Allocator* allocator() const override { return allocator_.get(); }
+  int64_t capacity_bytes() const override { return capacity_bytes_; }
   CachingAllocator* caching_allocator() const { return allocator_.get(); }
   StreamHandle compute_stream() const override { return compute_; }
   StreamHandle comm_stream() const override { return comm_; }
@@ -65,6 +66,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   cudaStream_t compute_;
   cudaStream_t comm_;
+  int64_t capacity_bytes_ = 0;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<cuda::LtGemm> gemm_;
 };
