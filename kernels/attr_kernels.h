@@ -5,6 +5,7 @@
 // (register them with InitFactory): an op's CPU and CUDA kernels derive from
 // the same one, so both read the same attrs with the same refusals.
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -127,6 +128,24 @@ class TransposeAttrsKernel : public OpKernel {
 
  protected:
   bool ta_ = false, tb_ = false;
+};
+
+// scaled_dot_product_attention and its gradient: `causal` and `scale` (0:
+// 1/sqrt(D), resolved per call by ScaleFor).
+class AttentionAttrsKernel : public OpKernel {
+ public:
+  AttentionAttrsKernel() = default;
+  explicit AttentionAttrsKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(causal_, AttrBool(op, "causal"));
+    STRATA_ASSIGN_OR_RETURN(scale_, AttrFloat(op, "scale"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
+  bool causal_ = true;
+  double scale_ = 0;
 };
 
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "absl/status/status.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
@@ -60,22 +61,7 @@ struct Shares {
 int64_t ScratchPerShare(const AttentionDims& d, bool grad) { return (grad ? 2 : 1) * d.block_rows() * d.T; }
 int64_t ForwardItems(const AttentionDims& d) { return d.heads() * d.row_blocks(); }
 
-// Reads `causal` and `scale` (0: 1/sqrt(D), resolved per call).
-class AttentionKernelBase : public OpKernel {
- public:
-  AttentionKernelBase() = default;
-  explicit AttentionKernelBase(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(causal_, AttrBool(op, "causal"));
-    STRATA_ASSIGN_OR_RETURN(scale_, AttrFloat(op, "scale"));
-    return absl::OkStatus();
-  }
-
- protected:
-  double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
-  bool causal_ = true;
-  double scale_ = 0;
-};
+using AttentionKernelBase = AttentionAttrsKernel;
 
 AttentionDims DimsOf(const Tensor& q) { return AttentionDims{q.dim(0), q.dim(1), q.dim(2), q.dim(3)}; }
 
