@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -50,11 +51,24 @@ absl::StatusOr<DeviceKind> DeviceKindFromFlags() {
 std::string FirstOpWithoutKernel(const std::vector<RankPlan>& plans, DeviceKind kind) {
   for (const RankPlan& plan : plans) {
     const Program& p = plan.program();
+    std::map<std::string, const Var*> vars;
+    for (const Var& v : p.var()) vars[v.name()] = &v;
     for (int i = 0; i < p.op_size(); ++i) {
-      if (KernelRegistry::Global().DtypesFor(p.op(i).type(), kind).empty()) {
+      // The dtype the executor picks the kernel by (KernelDtype), from the
+      // plan's declared vars.
+      KernelDef def;
+      def.op = &p.op(i);
+      for (const std::string& in : p.op(i).input()) {
+        if (auto it = vars.find(in); it != vars.end()) def.input_types.push_back(TensorType{it->second->dtype(), {}});
+      }
+      for (const std::string& out : p.op(i).output()) {
+        if (auto it = vars.find(out); it != vars.end()) def.output_types.push_back(TensorType{it->second->dtype(), {}});
+      }
+      const DataType dtype = KernelDtype(def);
+      if (KernelRegistry::Global().Find(p.op(i).type(), kind, dtype) == nullptr) {
         return absl::StrCat("op #", i, " '", p.op(i).type(), "'",
-                            p.op(i).name().empty() ? "" : absl::StrCat(" (", p.op(i).name(), ")"), " on rank ",
-                            plan.rank());
+                            p.op(i).name().empty() ? "" : absl::StrCat(" (", p.op(i).name(), ")"), " in ",
+                            DataTypeName(dtype), " on rank ", plan.rank());
       }
     }
   }

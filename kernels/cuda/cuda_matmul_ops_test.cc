@@ -10,6 +10,7 @@
 // the same op run by the CPU kernel in F64 on the absolute values of the
 // inputs (for matmul_accumulate that includes |acc|).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -34,8 +35,8 @@ using testing::RunKernel;
 using testing::Uniform;
 
 STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
-                                                 {"matmul_shared_b_grad_a", {F32, F64}},
-                                                 {"matmul_shared_b_grad_b", {F32, F64}},
+                                                 {"matmul_shared_b_grad_a", {F32, F64, BF16}},
+                                                 {"matmul_shared_b_grad_b", {F32, F64, BF16}},
                                                  {"matmul_accumulate", {F32, F64}},
                                              });
 
@@ -117,6 +118,45 @@ TEST_F(CudaOpsTest, MatmulSharedBGradBMatchesTheCpuAndRepeatsBitForBit) {
       ExpectWithinGemmBound(db_gpu, db_cpu, Magnitude(op, {a, dy}), dtype);
       EXPECT_TRUE(BitEqual(RunGpu(op, {{"a", a}, {"dy", dy}}), db_gpu));
     }
+  }
+}
+
+// bf16 storage, FP32 products and sums, against the CPU's bf16 kernel (the
+// same bf16 inputs widened to float, one rounding on the way out): within
+// 2e-2 of the output's largest magnitude (the issue's bf16 bar). grad_b with
+// transpose_a accumulates per item in bf16 on the GPU, once in float on the
+// CPU: inside the bar too.
+TEST_F(CudaOpsTest, MatmulSharedBGradsInBf16MatchTheCpu) {
+  struct Bf16Case {
+    const char* op;
+    const char* inputs;       // quoted, for OpText
+    const char *first, *second;  // the same names
+    Shape x, y;
+    bool transpose_a, transpose_b;
+  };
+  const Bf16Case cases[] = {
+      {"matmul_shared_b_grad_a", R"("dy", "b")", "dy", "b", {8, 128, 256}, {64, 256}, false, false},
+      {"matmul_shared_b_grad_a", R"("dy", "b")", "dy", "b", {4, 33, 9}, {9, 17}, false, true},
+      {"matmul_shared_b_grad_a", R"("dy", "b")", "dy", "b", {3, 33, 9}, {9, 17}, true, true},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", "a", "dy", {8, 128, 64}, {8, 128, 32}, false, false},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", "a", "dy", {4, 6, 33, 17}, {4, 6, 33, 9}, false, true},
+      {"matmul_shared_b_grad_b", R"("a", "dy")", "a", "dy", {4, 17, 33}, {4, 33, 9}, true, false},
+  };
+  for (const Bf16Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.op, " ", ShapeString(c.x), " ", ShapeString(c.y), " ta=", c.transpose_a,
+                              " tb=", c.transpose_b));
+    const Tensor x = MakeTensor(BF16, c.x, Uniform(NumElements(c.x), 21));
+    const Tensor y = MakeTensor(BF16, c.y, Uniform(NumElements(c.y), 22));
+    const std::string op = OpText(c.op, c.inputs, "out", c.transpose_a, c.transpose_b);
+    auto both = RunBothNamed(op, {{c.first, x}, {c.second, y}}, {"out"});
+    ASSERT_EQ(both.size(), 1u);
+    const auto& [cpu, gpu] = both[0];
+    ASSERT_EQ(gpu.dtype(), BF16);
+    ASSERT_EQ(gpu.shape(), cpu.shape());
+    const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
+    double largest = 0;
+    for (double w : want) largest = std::max(largest, std::abs(w));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
   }
 }
 

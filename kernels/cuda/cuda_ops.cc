@@ -106,9 +106,10 @@ class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
     const Tensor& b = ctx.input(1);
     STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradAShape(dy.shape(), b.shape(), ta_, tb_));
     STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), s.out));
-    const T* pdy = dy.data<T>();
-    const T* pb = b.data<T>();
-    T* pda = da->data<T>();
+    using G = typename GemmType<T>::type;
+    const G* pdy = reinterpret_cast<const G*>(dy.data<T>());
+    const G* pb = reinterpret_cast<const G*>(b.data<T>());
+    G* pda = reinterpret_cast<G*>(da->data<T>());
     cuda::LtGemm& gemm = device->gemm();
     if (!ta_) return gemm.Matmul(pda, pdy, pb, s.batch * s.m, s.k, s.n, false, !tb_, device->stream());
     for (int64_t i = 0; i < s.batch; ++i) {
@@ -135,9 +136,10 @@ class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
     const Tensor& dy = ctx.input(1);
     STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradBShape(a.shape(), dy.shape(), ta_, tb_));
     STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), s.out));
-    const T* pa = a.data<T>();
-    const T* pdy = dy.data<T>();
-    T* pdb = db->data<T>();
+    using G = typename GemmType<T>::type;
+    const G* pa = reinterpret_cast<const G*>(a.data<T>());
+    const G* pdy = reinterpret_cast<const G*>(dy.data<T>());
+    G* pdb = reinterpret_cast<G*>(db->data<T>());
     cuda::LtGemm& gemm = device->gemm();
     const int64_t M = s.m, K = s.k, N = s.n;
     if (!ta_ || s.batch == 0) {
@@ -148,8 +150,8 @@ class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
     }
     // a_i is stored [K, M]: the items are not one matrix.
     for (int64_t i = 0; i < s.batch; ++i) {
-      const T* ai = pa + i * K * M;
-      const T* dyi = pdy + i * M * N;
+      const G* ai = pa + i * K * M;
+      const G* dyi = pdy + i * M * N;
       const bool accumulate = i > 0;
       STRATA_RETURN_IF_ERROR(tb_ ? gemm.Matmul(pdb, dyi, ai, N, K, M, true, true, device->stream(), accumulate)
                                  : gemm.Matmul(pdb, ai, dyi, K, N, M, false, false, device->stream(), accumulate));
@@ -191,6 +193,10 @@ STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F32, InitFactory<C
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F64, InitFactory<CudaMatmulSharedBGradAKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulSharedBGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F64, InitFactory<CudaMatmulSharedBGradBKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, BF16,
+                       InitFactory<CudaMatmulSharedBGradAKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, BF16,
+                       InitFactory<CudaMatmulSharedBGradBKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

@@ -139,10 +139,34 @@ class CudaAddNKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, first.shape()));
     std::vector<const T*> xs(inputs);
     for (int i = 0; i < inputs; ++i) xs[i] = ctx.input(i).data<T>();
-    return CudaStatus(cuda::LaunchAddN(y->data<T>(), xs.data(), inputs, first.num_elements(), device->stream()),
-                      "add_n");
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      // Float partial sums between launches, past kAddNPerLaunch inputs.
+      Tensor acc;
+      if (inputs > cuda::kAddNPerLaunch && first.num_elements() > 0) {
+        acc = Tensor::Empty(F32, Shape{first.num_elements()}, &ctx.device());
+        if (!acc.defined()) {
+          return absl::ResourceExhaustedError(absl::StrCat("add_n: out of memory for ", first.num_elements(),
+                                                           " float partial sums on ", ctx.device().name()));
+        }
+      }
+      return CudaStatus(cuda::LaunchAddN(y->data<T>(), xs.data(), inputs, first.num_elements(),
+                                         acc.defined() ? acc.data<float>() : nullptr, device->stream()),
+                        "add_n");
+    } else {
+      return CudaStatus(cuda::LaunchAddN(y->data<T>(), xs.data(), inputs, first.num_elements(), device->stream()),
+                        "add_n");
+    }
   }
 };
+
+// bf16 add_n's float partial sums, past kAddNPerLaunch inputs.
+absl::StatusOr<int64_t> AddNWorkspace(const KernelDef& def, int) {
+  if (def.input_types.size() <= static_cast<size_t>(cuda::kAddNPerLaunch) || def.input_types[0].dtype != BF16) {
+    return int64_t{0};
+  }
+  return NumElements(def.input_types[0].shape) * static_cast<int64_t>(sizeof(float));
+}
+STRATA_REGISTER_WORKSPACE("add_n", DEVICE_CUDA, AddNWorkspace);
 
 // y = x converted to D; the same dtype shares x's buffer, as on the CPU.
 template <typename S, typename D>
@@ -289,6 +313,7 @@ STRATA_REGISTER_KERNEL("scale", DEVICE_CUDA, F64, InitFactory<CudaScaleKernel<do
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F32, MakeFactory<CudaAddNKernel<float>>());
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F64, MakeFactory<CudaAddNKernel<double>>());
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, I64, MakeFactory<CudaAddNKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, BF16, MakeFactory<CudaAddNKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F32, CudaFillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F64, CudaFillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F32, MakeFactory<view_kernels::IdentityKernel>());

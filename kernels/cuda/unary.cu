@@ -126,7 +126,52 @@ cudaError_t AddN(T* y, const T* const* xs, int count, int64_t n, cudaStream_t st
   return cudaSuccess;
 }
 
+// bf16/f16 add_n as the CPU's widened kernel: every input widened to float,
+// summed in float in the CPU's order, rounded once. Past kAddNPerLaunch
+// inputs the float partial sums wait in `acc` between launches.
+template <typename S>
+__global__ void AddNWidenedKernel(S* y, AddNInputs<S> in, const float* acc_in, float* acc_out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int k = 0;
+    float s;
+    if (acc_in != nullptr) {
+      s = acc_in[i];
+    } else {
+      s = ToFloat(in.xs[0][i]);
+      k = 1;
+    }
+    for (; k < in.count; ++k) s = s + ToFloat(in.xs[k][i]);
+    if (acc_out != nullptr) {
+      acc_out[i] = s;
+    } else {
+      y[i] = Convert<S>(s);
+    }
+  }
+}
+
+template <typename S>
+cudaError_t AddNWidened(S* y, const S* const* xs, int count, int64_t n, float* acc, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (count < 2 || (count > kAddNPerLaunch && acc == nullptr)) return cudaErrorInvalidValue;
+  for (int first = 0; first < count; first += kAddNPerLaunch) {
+    AddNInputs<S> in;
+    in.accumulate = first > 0;
+    in.count = std::min(kAddNPerLaunch, count - first);
+    for (int k = 0; k < in.count; ++k) in.xs[k] = xs[first + k];
+    const bool last = first + kAddNPerLaunch >= count;
+    AddNWidenedKernel<S><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(y, in, first > 0 ? acc : nullptr,
+                                                                        last ? nullptr : acc, n);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
+
+cudaError_t LaunchAddN(bfloat16* y, const bfloat16* const* xs, int count, int64_t n, float* acc,
+                       cudaStream_t stream) {
+  return AddNWidened(y, xs, count, n, acc, stream);
+}
 
 cudaError_t LaunchUnary(UnaryOp op, float* y, const float* x, int64_t n, cudaStream_t stream) {
   return Unary(op, y, x, n, stream);
