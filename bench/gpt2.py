@@ -1,0 +1,238 @@
+"""bench/gpt2: GPT-2 training steps (forward, backward, AdamW, the loss read
+back each step), Strata against PyTorch on the same device in one run.
+
+Strata: `strata gen gpt` writes the model (tied token embedding, pre-norm
+blocks, causal scaled_dot_product_attention, 4x gelu MLP), `strata run
+--device gpu` trains it under `mixed_precision { dtype: BF16 }` on synthetic
+tokens; tokens/s from the metrics file's step_ms after the warm-up steps,
+its peak from the run's 'measured peak' line.
+
+PyTorch, the strong side: the same architecture and sizes in nn.Module form
+(nanoGPT's), bf16 autocast, F.scaled_dot_product_attention(is_causal=True),
+AdamW(fused=True) with Strata's hyper-parameters, tied embeddings, loss.item()
+every step; 'eager' and 'compile' (torch.compile of the model). TF32 off on
+both sides (Strata's float32 matmuls use none).
+
+Printed per side: median step ms over rounds, tokens/s, the ratio
+strata tokens/s / torch tokens/s (> 1: Strata faster), with the spread of the
+per-round ratios; the first step's loss on both sides (equal initial loss:
+both near ln(vocab) from the same init scheme, not the same draws); MFU
+against the GPU's dense bf16 peak (6 N + 12 L T d FLOP per token, PaLM's
+count, N without the position embedding); peak memory (Strata: allocated;
+torch: max_memory_allocated).
+
+On the GPU machine, from the repository root (strata_gpu bundled with
+../shared/tools/device-bundle):
+  python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu"
+A smoke test of the script itself on a CPU (torch 1.13: eager only, no
+fused AdamW, attention by hand):
+  /usr/bin/python3 bench/gpt2.py --strata bazel-bin/tools/strata --device cpu \
+      --blocks 2 --d_model 64 --heads 4 --seq 64 --vocab 256 --batch 4 --steps 4 --warmup 1 --rounds 1
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+# Dense bf16 tensor-core peaks (FLOP/s) by device-name substring.
+BF16_PEAK = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12)]
+
+
+def bf16_peak(name):
+    for key, peak in BF16_PEAK:
+        if key in name:
+            return peak
+    return float("nan")
+
+
+def flops_per_token(a):
+    d, L, T, V = a.d_model, a.blocks, a.seq, a.vocab
+    n = V * d + L * (12 * d * d + 13 * d) + 2 * d  # wte (tied), blocks, ln_f; wpe left out as PaLM does
+    return 6 * n + 12 * L * T * d
+
+
+def strata_side(a, workdir):
+    cmd = shlex.split(a.strata)
+    program = os.path.join(workdir, "gpt2.pbtxt")
+    with open(program, "w") as f:
+        gen = subprocess.run(cmd + ["gen", "gpt", "--blocks", str(a.blocks), "--d_model", str(a.d_model), "--heads",
+                                    str(a.heads), "--seq", str(a.seq), "--vocab", str(a.vocab)],
+                             stdout=f, stderr=subprocess.PIPE, text=True)
+    if gen.returncode != 0:
+        raise SystemExit("bench: strata gen gpt failed: " + gen.stderr)
+    strategy = os.path.join(workdir, "bf16.strategy.pbtxt")
+    with open(strategy, "w") as f:
+        f.write("mixed_precision { dtype: BF16 }\n")
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    argv = cmd + ["run", program, "--strategy", strategy, "--device", a.device, "--data", "synthetic",
+                  "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet"]
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise SystemExit("bench: %s exited with %d:\n%s" % (" ".join(argv), p.returncode, p.stdout))
+    with open(metrics) as f:
+        lines = [json.loads(l) for l in f if l.strip()]
+    steps = [l for l in lines if "step_ms" in l]
+    ms = statistics.median(l["step_ms"] for l in steps[a.warmup:])
+    peak = re.search(r"measured peak ([0-9.]+) (B|KiB|MiB|GiB)", p.stdout)
+    unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    peak_bytes = float(peak.group(1)) * unit[peak.group(2)] if peak else float("nan")
+    return ms, steps[0]["loss"], peak_bytes
+
+
+def torch_side(a, variant):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda" if a.device == "gpu" else "cpu")
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    d, H, T, V, L = a.d_model, a.heads, a.seq, a.vocab, a.blocks
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            B = x.shape[0]
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+            if sdpa is not None:
+                y = sdpa(q, k, v, is_causal=True)
+            else:  # torch < 2.0 (the CPU smoke test only)
+                s = (q @ k.transpose(-2, -1)) / math.sqrt(d // H)
+                s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+                y = s.softmax(-1) @ v
+            x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(T, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(d)
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight"):
+                    nn.init.normal_(p, std=0.02 / math.sqrt(2 * L))
+                elif p.dim() == 2:
+                    nn.init.normal_(p, std=0.02)
+                elif name.endswith("bias"):
+                    nn.init.zeros_(p)
+
+        def forward(self, tokens, targets):
+            x = self.wte(tokens) + self.wpe.weight
+            for b in self.blocks:
+                x = b(x)
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # tied
+            return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+
+    model = GPT().to(dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = {"fused": True} if dev.type == "cuda" else {}
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, **fused)
+    step_model = torch.compile(model) if variant == "compile" else model
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, V, (a.batch, T), generator=g).to(dev),
+                torch.randint(0, V, (a.batch, T), generator=g).to(dev)) for _ in range(2)]
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    import time
+    times, first_loss = [], None
+    for i in range(a.warmup + a.steps):
+        tokens, targets = batches[i % 2]
+        sync()
+        t0 = time.perf_counter()
+        with amp:
+            loss = step_model(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        value = loss.item()
+        sync()
+        if first_loss is None:
+            first_loss = value
+        if i >= a.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else float("nan")
+    return statistics.median(times), first_loss, peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True, help="command that runs strata (strata_gpu for --device gpu)")
+    ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--d_model", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="eager,compile")
+    a = ap.parse_args()
+    import torch
+    variants = a.variants.split(",")
+    for v in variants:
+        if v not in ("eager", "compile"):
+            raise SystemExit("error: --variants: unknown '%s' (expected eager,compile)" % v)
+    if a.device == "cpu":
+        variants = [v for v in variants if v == "eager" or hasattr(torch, "compile")]
+    name = torch.cuda.get_device_name(0) if a.device == "gpu" else "cpu"
+    tokens = a.batch * a.seq
+    print("gpt2: %s, torch %s, %s UTC; %d blocks, d_model %d, %d heads, seq %d, vocab %d, batch %d (%d tokens a "
+          "step); bf16 mixed precision, AdamW; %d rounds of %d steps after %d warm-up" % (
+              name, torch.__version__, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+              a.blocks, a.d_model, a.heads, a.seq, a.vocab, a.batch, tokens, a.rounds, a.steps, a.warmup))
+    s_ms, t_ms = [], {v: [] for v in variants}
+    s_loss = s_peak = None
+    t_loss, t_peak = {}, {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for _ in range(a.rounds):
+            ms, s_loss, s_peak = strata_side(a, workdir)
+            s_ms.append(ms)
+            for v in variants:
+                ms, t_loss[v], t_peak[v] = torch_side(a, v)
+                t_ms[v].append(ms)
+    peak = bf16_peak(name)
+    fpt = flops_per_token(a)
+    s = statistics.median(s_ms)
+    mfu = lambda ms: fpt * tokens / (ms * 1e-3) / peak
+    print("%-13s | %9s %10s %6s | %11s | %10s" % ("side", "step ms", "tokens/s", "MFU", "first loss", "peak"))
+    print("%-13s | %9.2f %10.0f %5.1f%% | %11.4f | %7.0f MiB" % ("strata", s, tokens / s * 1e3, 100 * mfu(s), s_loss,
+                                                            s_peak / (1 << 20)))
+    for v in variants:
+        t = statistics.median(t_ms[v])
+        print("%-13s | %9.2f %10.0f %5.1f%% | %11.4f | %7.0f MiB" % ("torch-" + v, t, tokens / t * 1e3, 100 * mfu(t),
+                                                                t_loss[v], t_peak[v] / (1 << 20)))
+    for v in variants:
+        t = statistics.median(t_ms[v])
+        ratios = [tv / sv for tv, sv in zip(t_ms[v], s_ms)]
+        print("strata/torch-%s tokens/s: %.2fx [%.2f-%.2f]" % (v, t / s, min(ratios), max(ratios)))
+        print("RESULT model=gpt2 side=%s strata_ms=%.3f torch_ms=%.3f ratio=%.3f ratio_min=%.3f ratio_max=%.3f "
+              "strata_mfu=%.4f strata_peak_mib=%.0f torch_peak_mib=%.0f" % (
+                  v, s, t, t / s, min(ratios), max(ratios), mfu(s), s_peak / (1 << 20), t_peak[v] / (1 << 20)))
+
+
+if __name__ == "__main__":
+    main()
