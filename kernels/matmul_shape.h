@@ -42,6 +42,23 @@ inline absl::StatusOr<MatmulShape> InferMatmulShape(const Shape& a, const Shape&
   return s;
 }
 
+// matmul_bias: a [..., M, K], a 2-D b ([K, N], or [N, K] with transpose_b)
+// and bias [N]; one GEMM over a's folded rows.
+inline absl::StatusOr<MatmulShape> InferMatmulBiasShape(const Shape& a, const Shape& b, const Shape& bias,
+                                                        bool transpose_b) {
+  if (b.size() != 2 || bias.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: b must be 2-D and bias 1-D, got b ",
+                                                   ShapeString(b), " and bias ", ShapeString(bias)));
+  }
+  absl::StatusOr<MatmulShape> s = InferMatmulShape(a, b, false, transpose_b);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("matmul_bias", s.status().message().substr(6)));
+  if (bias[0] != s->n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul_bias: bias ", ShapeString(bias), " must have the N=", s->n, " of y"));
+  }
+  return s;
+}
+
 // The shapes of the shared-b backward helpers and of matmul_accumulate.
 struct MatmulGradShape {
   int64_t batch = 1;  // product of the batched operand's leading dims

@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Graph>> RunProgramPasses(const Program& program, 
     if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
     graph = *std::move(g);
   }
-  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy);
+  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy, options.device_kind);
   if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
   pipeline->set_times(&result.times);
   if (auto s = pipeline->Run(*graph, ctx); !s.ok()) return s.status();

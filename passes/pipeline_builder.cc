@@ -2,6 +2,7 @@
 
 #include "compiler/autodiff.h"
 #include "passes/data_parallel.h"
+#include "passes/fuse_epilogues.h"
 #include "passes/gradient_merge.h"
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
@@ -12,12 +13,13 @@
 
 namespace strata {
 
-std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy) {
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
   if (strategy.has_mixed_precision()) pipeline->AddPass<MixedPrecisionPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
+  if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();
   return pipeline;
 }
 
@@ -31,9 +33,9 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
   return pipeline;
 }
 
-std::vector<std::string> CompilePassNames(const Strategy& strategy) {
+std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind device) {
   std::vector<std::string> names = {"validate"};
-  for (const auto& pipeline : {BuildProgramPipeline(strategy), BuildRankPipeline(strategy)}) {
+  for (const auto& pipeline : {BuildProgramPipeline(strategy, device), BuildRankPipeline(strategy)}) {
     for (std::string& name : pipeline->PassNames()) names.push_back(std::move(name));
   }
   return names;

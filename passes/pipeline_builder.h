@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "compiler/pass.h"
+#include "proto/plan.pb.h"
 #include "proto/strategy.pb.h"
 
 namespace strata {
@@ -15,12 +16,14 @@ namespace strata {
 // the per-rank pipeline runs for each rank, on a copy of its result. A pass
 // that has nothing to do for the job (the pipeline split on one stage)
 // returns unchanged; passes the strategy does not ask for are not added.
-std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy);
+// Plans for a GPU also fuse epilogues (matmul then a bias add) after
+// recompute.
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy);
 
 // Every pass a compile with `strategy` runs, "validate" first: what
 // --dump_after accepts, known before compiling.
-std::vector<std::string> CompilePassNames(const Strategy& strategy);
+std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 
 }  // namespace strata
 

@@ -61,8 +61,10 @@ std::string DeviceKindLabel(DeviceKind kind) {
 }
 
 DataType KernelDtype(const KernelDef& def) {
+  // The first floating input, 16-bit ones included: matmul_bias of BF16
+  // operands and an F32 bias is the BF16 kernel.
   for (const auto& t : def.input_types) {
-    if (IsFloating(t.dtype)) return t.dtype;
+    if (IsFloating(t.dtype) || IsHalfFloating(t.dtype)) return t.dtype;
   }
   if (!def.input_types.empty()) return def.input_types[0].dtype;
   if (!def.output_types.empty()) return def.output_types[0].dtype;

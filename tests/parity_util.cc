@@ -47,8 +47,10 @@ absl::StatusOr<Program> GenerateModel(const std::string& model, const GenOptions
 absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batch_size, const ParityOptions& options) {
   CompileOptions copts;
   copts.batch_size = batch_size;
+  copts.device_kind = options.compile_for;
   auto compiled = Compile(program, Strategy(), copts);
   if (!compiled.ok()) return compiled.status();
+  for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
   ParityRun run;
   {
     ExecutorOptions eopts;
@@ -78,8 +80,10 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
                                         const ParityOptions& options) {
   CompileOptions copts;
   copts.batch_size = options.batch_size;
+  copts.device_kind = options.compile_for;
   auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
+  for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
 
   absl::Mutex mu;
   ParityRun run;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
 #include "tools/model_gen.h"
@@ -36,6 +37,9 @@ struct ParityOptions {
   std::string load_dir;   // resume from a checkpoint
   int64_t batch_size = 0;  // TrainParallel without a pipeline: the global batch (0: the default)
   std::string trace_dir;  // each rank's Chrome trace as TRACE_DIR/rank-R.json
+  // The device the plans are compiled for (its passes: DEVICE_CUDA fuses
+  // epilogues); they run on the CPU's kernels either way.
+  DeviceKind compile_for = DEVICE_CPU;
 };
 
 // A generated model's program (strata gen MODEL), parsed.

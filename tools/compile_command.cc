@@ -49,8 +49,10 @@ int CompileCommand(const std::string& path) {
   // list. A strategy that cannot be read is the compile's error to report.
   const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
   if (!dump_after.empty()) {
-    if (auto strategy = StrategyFromFlags(); strategy.ok()) {
-      const std::vector<std::string> passes = CompilePassNames(*strategy);
+    auto strategy = StrategyFromFlags();
+    auto device = DeviceKindFromFlags();
+    if (strategy.ok() && device.ok()) {
+      const std::vector<std::string> passes = CompilePassNames(*strategy, *device);
       if (!absl::c_linear_search(passes, dump_after)) {
         std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: " << absl::StrJoin(passes, ", ")
                   << ")\n";

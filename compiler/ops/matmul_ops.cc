@@ -218,5 +218,66 @@ STRATA_REGISTER_OP(OpDef("matmul_accumulate")
                        .Doc("acc += op(a) @ op(b), in place, for 2-D a and b (weight gradients summed over "
                             "micro-batches)."));
 
+// y = a @ op(b) + bias for a [..., M, K] and a 2-D b: what the epilogue
+// fusion (passes/fuse_epilogues) makes of matmul -> add (and of matmul ->
+// cast -> add under mixed precision). bias [N] has y's dtype: a's, or F32
+// when a and b are BF16/F16 (products and sums in float, never rounded to
+// the low precision on the way).
+absl::Status MatmulBiasShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "b", 2, "[K, N] or, with transpose_b, [N, K]"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 2, "bias", 1, "[N]"));
+  const DataType a = ctx.input(0).dtype, bias = ctx.input(2).dtype;
+  if (bias != a && !(IsHalfFloating(a) && bias == F32)) {
+    return Invalid(absl::StrCat("input 'bias' is ", DataTypeName(bias), ", expected ", DataTypeName(a),
+                                IsHalfFloating(a) ? " or F32" : ""));
+  }
+  auto d = ResolveMatmul(ctx.input(0).shape, ctx.input(1).shape, false, ctx.attr_bool("transpose_b"));
+  if (!d.ok()) return d.status();
+  if (!SameSize(ctx.input(2).shape[0], d->n)) {
+    return Invalid(absl::StrCat("input 'bias' ", ctx.input(2).ToString(), " must have the N=", d->n, " of y"));
+  }
+  Shape y = d->batch;
+  y.push_back(d->m);
+  y.push_back(d->n);
+  ctx.set_output(0, TensorType{bias, y});
+  return absl::OkStatus();
+}
+
+// As matmul's for a and b (transpose_a false), and bias's the sum of dy
+// down to [N]. With low-precision a and b under a float y there is none:
+// the fusion runs after autodiff, and a program asks for one only by
+// writing such an op itself.
+absl::Status MatmulBiasGrad(GradBuilder& g) {
+  const std::string& dy = g.output_grad(0);
+  if (dy.empty()) return absl::OkStatus();
+  if (g.input_type(0).dtype != g.input_type(2).dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias of ", DataTypeName(g.input_type(0).dtype),
+                                                   " operands into ", DataTypeName(g.input_type(2).dtype),
+                                                   " has no gradient; write matmul, cast and add"));
+  }
+  STRATA_RETURN_IF_ERROR(MatmulGrad(g));
+  if (g.needs_input_grad(2)) g.Emit("sum_to_like", {dy, g.input(2)}, {g.input_grad(2)});
+  return absl::OkStatus();
+}
+
+double MatmulBiasCost(const CostContext& ctx) {
+  return MatmulCost(ctx) + ElementCount(ctx.output(0));
+}
+
+STRATA_REGISTER_OP(OpDef("matmul_bias")
+                       .Input("a")
+                       .Input("b")
+                       .Input("bias")
+                       .Output("y")
+                       .Attr("transpose_b", false)
+                       .Shape(MatmulBiasShape)
+                       .Cost(MatmulBiasCost)
+                       .Grad(MatmulBiasGrad)
+                       .Doc("y = a @ op(b) + bias: a [..., M, K], b [K, N] (or [N, K] with transpose_b) shared over "
+                            "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b). What the epilogue "
+                            "fusion makes of matmul then add on a GPU."));
+
 }  // namespace
 }  // namespace strata

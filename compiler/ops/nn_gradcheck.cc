@@ -20,6 +20,15 @@ std::vector<double> DistinctValues(int64_t n) {
 
 STRATA_REGISTER_GRAD_CHECKS({
     // matmul, 2-D, every transpose combination.
+    GradCheckCase{"matmul_bias/batched",
+                  R"pb(type: "matmul_bias" input: ["a", "b", "bias"] output: "y")pb",
+                  {GradCheckInput{"a", F64, {2, 3, 4}}, GradCheckInput{"b", F64, {4, 5}},
+                   GradCheckInput{"bias", F64, {5}}}},
+    GradCheckCase{"matmul_bias/transpose_b",
+                  R"pb(type: "matmul_bias" input: ["a", "b", "bias"] output: "y"
+                       attr { key: "transpose_b" value { b: true } })pb",
+                  {GradCheckInput{"a", F64, {3, 4}}, GradCheckInput{"b", F64, {5, 4}},
+                   GradCheckInput{"bias", F64, {5}}}},
     GradCheckCase{"matmul/2d", R"pb(type: "matmul" input: ["a", "b"] output: "y")pb",
                   {GradCheckInput{"a", F64, {3, 4}}, GradCheckInput{"b", F64, {4, 5}}}},
     GradCheckCase{"matmul/2d_transpose_a",

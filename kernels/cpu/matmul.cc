@@ -5,8 +5,10 @@
 // parallel over our pool when each is small enough for OpenBLAS to run it
 // single-threaded, and one after another (each threaded by OpenBLAS) otherwise.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "kernels/cpu/gemm.h"
@@ -179,6 +181,72 @@ class MatmulAccumulateKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
+// y = a @ op(b) + bias (passes/fuse_epilogues): the GEMM over a's folded rows
+// into y, then bias added row by row, so y has the bits of matmul then add.
+// `In` is a's and b's storage; BF16/F16 operands are widened to float first
+// (y and bias are float then: no rounding to the low precision on the way).
+template <typename In, typename T>
+class MatmulBiasKernel : public OpKernel {
+ public:
+  explicit MatmulBiasKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto tb = AttrBool(op, "transpose_b");
+    if (!tb.ok()) return tb.status();
+    tb_ = *tb;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& bias = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    const T* pa = nullptr;
+    const T* pb = nullptr;
+    Tensor wide_a, wide_b;
+    if constexpr (std::is_same_v<In, T>) {
+      pa = a.data<T>();
+      pb = b.data<T>();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(wide_a, Widen(ctx, a));
+      STRATA_ASSIGN_OR_RETURN(wide_b, Widen(ctx, b));
+      pa = wide_a.data<T>();
+      pb = wide_b.data<T>();
+    }
+    T* py = y->data<T>();
+    const int64_t rows = s.batch * s.m;
+    GemmOrScale<T>(false, tb_, rows, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), py, s.n);
+    const T* pbias = bias.data<T>();
+    ParallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.n)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* row = py + r * s.n;
+        for (int64_t j = 0; j < s.n; ++j) row[j] = row[j] + pbias[j];
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::StatusOr<Tensor> Widen(KernelContext& ctx, const Tensor& t) {
+    STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
+    const In* src = t.data<In>();
+    float* dst = wide.data<float>();
+    for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
+    return wide;
+  }
+  bool tb_ = false;
+};
+
+// The widened operands' float copies, for the memory plan.
+absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
+  int64_t elements = 0;
+  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
+    if (IsHalfFloating(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
+  }
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, InitFactory<MatmulKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F64, InitFactory<MatmulKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradAKernel<float>>());
@@ -201,6 +269,11 @@ STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F16, InitFactory<Wi
 STRATA_REGISTER_WORKSPACE("matmul", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CPU, WidenedWorkspace);
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F32, (InitFactory<MatmulBiasKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F64, (InitFactory<MatmulBiasKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, BF16, (InitFactory<MatmulBiasKernel<bfloat16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F16, (InitFactory<MatmulBiasKernel<float16, float>>()));
+STRATA_REGISTER_WORKSPACE("matmul_bias", DEVICE_CPU, MatmulBiasWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F32, InitFactory<MatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F64, InitFactory<MatmulAccumulateKernel<double>>());
 

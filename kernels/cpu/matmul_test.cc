@@ -297,5 +297,50 @@ TEST(MatmulGradTest, EmitsTheTransposesForEachLayout) {
   EXPECT_EQ(only_b->size(), 1u);
 }
 
+// matmul_bias (the GPU plans' fused matmul then add): in F32 and F64 the bits
+// of matmul then add; with BF16 operands the float product of the widened
+// values plus the bias, in F32 (never rounded to bf16); every transpose_b and
+// a batched a.
+TEST(MatmulBiasTest, EqualsMatmulThenAdd) {
+  for (DataType dtype : {F32, F64}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " transpose_b=", tb));
+      const Tensor a = Make(dtype, {2, 5, 7}, 1), b = Make(dtype, tb ? Shape{3, 7} : Shape{7, 3}, 2),
+                   bias = Make(dtype, {3}, 3);
+      std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}};
+      ASSERT_TRUE(RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"] )",
+                                             "attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }")),
+                        &env)
+                      .ok());
+      auto xw = RunBinary("matmul", a, b, false, tb);
+      ASSERT_TRUE(xw.ok()) << xw.status();
+      std::map<std::string, Tensor> add_env{{"x", *xw}, {"b", bias}};
+      ASSERT_TRUE(RunOp(ParseOp(R"(type: "add" input: ["x", "b"] output: ["y"])"), &add_env).ok());
+      EXPECT_EQ(TensorValues(env["y"]), TensorValues(add_env["y"]));
+      EXPECT_EQ(env["y"].shape(), (Shape{2, 5, 3}));
+    }
+  }
+  const Tensor a16 = Make(BF16, {4, 6}, 4), b16 = Make(BF16, {6, 5}, 5), bias = Make(F32, {5}, 6);
+  std::map<std::string, Tensor> env{{"a", a16}, {"b", b16}, {"bias", bias}};
+  auto s = RunOp(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), &env);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(env["y"].dtype(), F32);
+  const std::vector<double> av = TensorValues(a16), bv = TensorValues(b16), biasv = TensorValues(bias),
+                            got = TensorValues(env["y"]);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 5; ++j) {
+      double want = 0;
+      for (int k = 0; k < 6; ++k) want += av[i * 6 + k] * bv[k * 5 + j];
+      want += biasv[j];
+      EXPECT_NEAR(got[i * 5 + j], want, 1e-5 * (std::abs(want) + 1)) << i << ", " << j;
+    }
+  }
+  // The schema: bias [N] of y's dtype; BF16 operands take an F32 bias.
+  std::map<std::string, Tensor> bad{{"a", a16}, {"b", b16}, {"bias", Make(F32, {4}, 7)}};
+  auto refused = RunOp(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), &bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("bias"));
+}
+
 }  // namespace
 }  // namespace strata

@@ -301,8 +301,9 @@ TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulDouble) {
 TEST_F(CudaKernelsTest, GemmRejectsNegativeSizes) {
   absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  const absl::Status status = (*gemm)->Matmul(static_cast<float*>(nullptr), nullptr, nullptr, 2, -1, 3, false,
-                                              false, stream_);
+  const float* none = nullptr;
+  const absl::Status status = (*gemm)->Matmul(static_cast<float*>(nullptr), none, none, 2, -1, 3, false, false,
+                                              stream_);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
 }
 

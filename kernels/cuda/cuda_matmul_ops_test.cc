@@ -38,6 +38,7 @@ STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
                                                  {"matmul_shared_b_grad_a", {F32, F64, BF16}},
                                                  {"matmul_shared_b_grad_b", {F32, F64, BF16}},
                                                  {"matmul_accumulate", {F32, F64}},
+                                                 {"matmul_bias", {F32, F64, BF16}},
                                              });
 
 // The op's text with its two transpose attrs; `inputs` and `output` are
@@ -157,6 +158,44 @@ TEST_F(CudaOpsTest, MatmulSharedBGradsInBf16MatchTheCpu) {
     double largest = 0;
     for (double w : want) largest = std::max(largest, std::abs(w));
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+  }
+}
+
+// matmul_bias (the fusion of matmul then add): F32 through cuBLASLt's BIAS
+// epilogue (the bias added before the one rounding, where the CPU rounds the
+// product, then the sum), F64 as GEMM then the broadcast add, BF16 operands
+// into F32 (FP32 products and sums on both sides): within the GEMM bound,
+// sum |a||b| + |bias| per element as the magnitude. Batched a, both
+// transpose_b, a K that is not a multiple of anything.
+TEST_F(CudaOpsTest, MatmulBiasMatchesTheCpu) {
+  struct BiasCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const BiasCase cases[] = {{{8, 33, 100}, {100, 24}, false}, {{64, 17}, {40, 17}, true}, {{2, 128, 768}, {768, 256}, false}};
+  for (DataType dtype : {F32, F64, BF16}) {
+    for (const BiasCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " tb=",
+                                c.transpose_b));
+      const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+      const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 31));
+      const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 32));
+      const DataType out = dtype == BF16 ? F32 : dtype;
+      const Tensor bias = MakeTensor(out, {n}, Uniform(n, 33));
+      const std::string op =
+          absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: "y" attr { key: "transpose_b" value { b: )",
+                       c.transpose_b ? "true" : "false", " } }");
+      auto both = RunBothNamed(op, {{"a", a}, {"b", b}, {"bias", bias}}, {"y"});
+      ASSERT_EQ(both.size(), 1u);
+      const auto& [cpu, gpu] = both[0];
+      ASSERT_EQ(gpu.dtype(), out);
+      // sum |a||b| + |bias|: the CPU kernel on the absolute values, in F64.
+      const Tensor abs_a = testing::AbsF64(a), abs_b = testing::AbsF64(b), abs_bias = testing::AbsF64(bias);
+      const absl::StatusOr<Tensor> magnitude =
+          RunKernel(ParseOp(op), F64, {&abs_a, &abs_b, &abs_bias}, RunContext());
+      ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+      EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, *magnitude, out == F64 ? 1e-13 : 1e-5));
+    }
   }
 }
 

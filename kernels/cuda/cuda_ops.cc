@@ -8,10 +8,12 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
+#include "kernels/cuda/binary.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/relu.h"
 #include "kernels/kernel_checks.h"
@@ -182,6 +184,55 @@ class CudaMatmulAccumulateKernel : public TransposeAttrsKernel {
   }
 };
 
+// y = a @ op(b) + bias (passes/fuse_epilogues): one cuBLASLt GEMM with the
+// BIAS epilogue for float y (F32 operands, or BF16 operands into F32: FP32
+// products and sums, nothing rounded to bf16); where cuBLASLt has no such
+// algorithm for the shape, and for F64, the GEMM then the broadcast add of
+// kernels/cuda/binary.h (the unfused add's bits).
+template <typename In, typename T>
+class CudaMatmulBiasKernel : public OpKernel {
+ public:
+  explicit CudaMatmulBiasKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& bias = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    using G = typename GemmType<In>::type;
+    const G* pa = reinterpret_cast<const G*>(a.data<In>());
+    const G* pb = reinterpret_cast<const G*>(b.data<In>());
+    T* py = y->data<T>();
+    const int64_t rows = s.batch * s.m;
+    cuda::LtGemm& gemm = device->gemm();
+    if constexpr (std::is_same_v<T, float>) {
+      absl::Status fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
+    STRATA_RETURN_IF_ERROR(gemm.Matmul(py, pa, pb, rows, s.n, s.k, false, tb_, device->stream()));
+    cuda::BroadcastStrides strides;
+    strides.rank = 2;
+    strides.dims[0] = rows;
+    strides.dims[1] = s.n;
+    strides.x_strides[0] = s.n;
+    strides.x_strides[1] = 1;
+    strides.y_strides[0] = 0;
+    strides.y_strides[1] = 1;
+    return CudaStatus(cuda::LaunchBinaryBroadcast(cuda::BinaryOp::kAdd, py, py, bias.data<T>(), rows * s.n, strides,
+                                                  device->stream()),
+                      "matmul_bias");
+  }
+
+ private:
+  bool tb_ = false;
+};
+
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F64, MakeFactory<CudaReluKernel<double>>());
 STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CUDA, F32, MakeFactory<CudaReluGradKernel<float>>());
@@ -197,6 +248,9 @@ STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, BF16,
                        InitFactory<CudaMatmulSharedBGradAKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, BF16,
                        InitFactory<CudaMatmulSharedBGradBKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F32, (InitFactory<CudaMatmulBiasKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F64, (InitFactory<CudaMatmulBiasKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, BF16, (InitFactory<CudaMatmulBiasKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

@@ -92,6 +92,17 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   STRATA_LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
       "set transb");
+  if (key.bias) {
+    // cuBLASLt's bias runs along its rows: our c's columns, one per output feature.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+        "set epilogue");
+    const cudaDataType_t bias_type = key.c_type;
+    STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                             &bias_type, sizeof(bias_type)),
+                              "set bias type");
+  }
 
   // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
   // [m, k] or [k, m]; c is [m, n].
@@ -102,7 +113,7 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   absl::StatusOr<Layout> a_layout =
       key.transpose_a ? RowMajorLayout(key.type, k, m) : RowMajorLayout(key.type, m, k);
   if (!a_layout.ok()) return a_layout.status();
-  absl::StatusOr<Layout> c_layout = RowMajorLayout(key.type, m, n);
+  absl::StatusOr<Layout> c_layout = RowMajorLayout(key.c_type, m, n);
   if (!c_layout.ok()) return c_layout.status();
   plan->a_layout = *std::move(a_layout);
   plan->b_layout = *std::move(b_layout);
@@ -180,49 +191,75 @@ absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m,
                             bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // CUBLAS_COMPUTE_32F, not ..._FAST_TF32: full FP32 products, like the CPU.
-  return MatmulImpl(CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float), c, a, b,
-                    m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float),
+                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
                             bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   const double alpha = 1.0, beta = accumulate ? 1.0 : 0.0;
-  return MatmulImpl(CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, accumulate, sizeof(double), c, a, b,
-                    m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, accumulate,
+                    sizeof(double), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
                             int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   // FP32 accumulation, so alpha and beta are floats (the scale type).
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  return MatmulImpl(CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(__nv_bfloat16),
-                    c, a, b, m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate,
+                    sizeof(__nv_bfloat16), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
-absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
-                                const void* alpha, const void* beta, bool accumulate, size_t element_bytes, void* c,
-                                const void* a,
-                                const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
-                                cudaStream_t stream) {
+absl::Status LtGemm::Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n, int64_t k,
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float),
+                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
+                                int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
+                                int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, bias, m, n, k, false, transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                                cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
+                                size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
+                                int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream) {
   if (m < 0 || n < 0 || k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("GEMM sizes must be >= 0, got m=", m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
+    if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back
     if (accumulate) return absl::OkStatus();  // c += 0
-    const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * element_bytes, stream);
+    const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * c_bytes, stream);
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
 
-  const PlanKey key{type,        compute,     scale_type,   m,           n,           k,
-                    transpose_a, transpose_b, Alignment(a), Alignment(b), Alignment(c)};
+  const PlanKey key{type,        c_type,      bias != nullptr, compute,      scale_type,  m,           n,
+                    k,           transpose_a, transpose_b,     Alignment(a), Alignment(b), Alignment(c)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
     if (!plan.ok()) return plan.status();  // nothing cached: the next call tries again
     it = plans_.emplace(key, *std::move(plan)).first;
   }
-  const Plan& plan = *it->second;
+  Plan& plan = *it->second;
+  if (bias != nullptr) {
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+        "set bias pointer");
+  }
   // cuBLASLt's A is our b, its B our a, its C and D our c.
   STRATA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a,
                                            plan.a_layout.get(), beta, c, plan.c_layout.get(), c,

@@ -58,6 +58,21 @@ class LtGemm {
   absl::Status Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
                       int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
 
+  // bf16 operands into a float c: FP32 products and sums, never rounded to bf16.
+  absl::Status Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n, int64_t k,
+                      bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
+
+  // c [m, n] = op(a) @ op(b) + bias (bias [n] broadcast over the rows),
+  // the bias added in cuBLASLt's BIAS epilogue (rounded once with the
+  // product). float, or bf16 operands into a float c (FP32 products and
+  // sums, nothing rounded to bf16). Unimplemented when cuBLASLt has no
+  // algorithm with that epilogue for the shape: the caller falls back to
+  // Matmul and a separate add.
+  absl::Status MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
+                          int64_t k, bool transpose_b, cudaStream_t stream);
+  absl::Status MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
+                          int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
@@ -65,7 +80,9 @@ class LtGemm {
   // What a plan depends on: the heuristic's choice changes with the operands'
   // alignment, so a view into the middle of a buffer gets its own plan.
   struct PlanKey {
-    cudaDataType_t type;
+    cudaDataType_t type;    // of a and b
+    cudaDataType_t c_type;  // of c (and of the bias)
+    bool bias;              // the BIAS epilogue
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
     int64_t m, n, k;
@@ -73,15 +90,15 @@ class LtGemm {
     uint32_t alignment_a, alignment_b, alignment_c;
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
-      return std::tie(x.type, x.compute, x.scale_type, x.m, x.n, x.k, x.transpose_a, x.transpose_b, x.alignment_a,
-                      x.alignment_b, x.alignment_c) == std::tie(y.type, y.compute, y.scale_type, y.m, y.n, y.k,
-                                                                y.transpose_a, y.transpose_b, y.alignment_a,
-                                                                y.alignment_b, y.alignment_c);
+      return std::tie(x.type, x.c_type, x.bias, x.compute, x.scale_type, x.m, x.n, x.k, x.transpose_a,
+                      x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c) ==
+             std::tie(y.type, y.c_type, y.bias, y.compute, y.scale_type, y.m, y.n, y.k, y.transpose_a,
+                      y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
-      return H::combine(std::move(h), key.type, key.compute, key.scale_type, key.m, key.n, key.k, key.transpose_a,
-                        key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
+      return H::combine(std::move(h), key.type, key.c_type, key.bias, key.compute, key.scale_type, key.m, key.n,
+                        key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
@@ -89,11 +106,12 @@ class LtGemm {
   LtGemm(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes);
   // The descriptors for `key` and the heuristic's first algorithm.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
-  absl::Status MatmulImpl(cudaDataType_t type, cublasComputeType_t compute, cudaDataType_t scale_type,
-                          const void* alpha, const void* beta, bool accumulate, size_t element_bytes, void* c,
-                          const void* a,
-                          const void* b, int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
-                          cudaStream_t stream);
+  // c_bytes: the size of one element of c; bias: null, or the BIAS
+  // epilogue's vector (c_type's).
+  absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                          cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
+                          size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
+                          int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream);
 
   cublasLtHandle_t handle_;
   void* workspace_;

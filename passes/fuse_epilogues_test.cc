@@ -1,0 +1,168 @@
+#include "passes/fuse_epilogues.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "passes/compile.h"
+#include "passes/pipeline_builder.h"
+#include "passes/testing/pass_test_util.h"
+
+namespace strata {
+namespace {
+
+// Two linear layers: fc1 (x @ w1 + b1, then relu) and fc2 (h @ w2 + b2, the
+// logits). Whatever the test adds goes before the loss.
+std::string Mlp(const std::string& extra_vars = "", const std::string& extra_ops = "",
+                const std::string& fields = "") {
+  return absl::StrCat(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w1" dtype: F32 shape: [4, 6] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b1" dtype: F32 shape: [6] kind: PARAM }
+    var { name: "w2" dtype: F32 shape: [6, 3] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b2" dtype: F32 shape: [3] kind: PARAM }
+  )pb",
+                      extra_vars, R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["xw1"] }
+    op { type: "add" input: ["xw1", "b1"] output: ["y1"] }
+    op { type: "relu" input: ["y1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["xw2"] }
+    op { type: "add" input: ["b2", "xw2"] output: ["z"] }
+  )pb",
+                      extra_ops, R"pb(
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb",
+                      fields);
+}
+
+Program DumpAfter(const std::string& text, const Strategy& strategy, const std::string& pass,
+                  DeviceKind device = DEVICE_CUDA) {
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = pass;
+  options.device_kind = device;
+  auto result = Compile(ParseProgramOrFail(text), strategy, options);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? result->dumped : Program();
+}
+
+int Count(const Program& p, const std::string& type) {
+  return static_cast<int>(std::count_if(p.op().begin(), p.op().end(), [&](const Op& op) { return op.type() == type; }));
+}
+
+const Op* Writer(const Program& p, const std::string& var) {
+  for (const Op& op : p.op()) {
+    for (const std::string& out : op.output()) {
+      if (out == var) return &op;
+    }
+  }
+  return nullptr;
+}
+
+bool Declared(const Program& p, const std::string& var) {
+  return std::any_of(p.var().begin(), p.var().end(), [&](const Var& v) { return v.name() == var; });
+}
+
+TEST(FuseEpiloguesTest, RunsAfterAutodiffForGpuPlansOnly) {
+  const std::vector<std::string> gpu = CompilePassNames(Strategy(), DEVICE_CUDA);
+  const auto at = [&](const std::string& n) { return std::find(gpu.begin(), gpu.end(), n) - gpu.begin(); };
+  ASSERT_LT(at("fuse-epilogues"), static_cast<long>(gpu.size()));
+  EXPECT_LT(at("autodiff"), at("fuse-epilogues"));
+  EXPECT_LT(at("fuse-epilogues"), at("pipeline-split"));
+  const std::vector<std::string> cpu = CompilePassNames(Strategy());
+  EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "fuse-epilogues"), cpu.end());
+}
+
+// Both layers (the bias on either side of the add) become matmul_bias
+// writing the add's output; the products are gone, and the backward still
+// reads what it read (the gradient of y is dy's, the matmul's gradient ops
+// read x, w and dy).
+TEST(FuseEpiloguesTest, FusesMatmulThenBiasAdd) {
+  const Program before = DumpAfter(Mlp(), Strategy(), "autodiff");
+  const Program after = DumpAfter(Mlp(), Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_bias"), 2);
+  EXPECT_EQ(Count(after, "matmul"), Count(before, "matmul") - 2);
+  EXPECT_EQ(Count(after, "add"), Count(before, "add") - 2);
+  const Op* y1 = Writer(after, "y1");
+  ASSERT_NE(y1, nullptr);
+  EXPECT_EQ(y1->type(), "matmul_bias");
+  EXPECT_EQ(std::vector<std::string>(y1->input().begin(), y1->input().end()),
+            (std::vector<std::string>{"x", "w1", "b1"}));
+  const Op* z = Writer(after, "z");
+  ASSERT_NE(z, nullptr);
+  EXPECT_EQ(std::vector<std::string>(z->input().begin(), z->input().end()),
+            (std::vector<std::string>{"h", "w2", "b2"}));
+  EXPECT_FALSE(Declared(after, "xw1"));
+  EXPECT_FALSE(Declared(after, "xw2"));
+  EXPECT_EQ(after.op_size(), before.op_size() - 2);
+}
+
+// Under BF16 mixed precision: matmul (BF16) -> cast to F32 -> add becomes
+// one matmul_bias of the BF16 operands into the F32 output.
+TEST(FuseEpiloguesTest, FusesThroughTheMixedPrecisionCast) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const Program before = DumpAfter(Mlp(), bf16, "autodiff");
+  const Program after = DumpAfter(Mlp(), bf16, "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_bias"), 2);
+  const Op* y1 = Writer(after, "y1");
+  ASSERT_NE(y1, nullptr);
+  EXPECT_EQ(y1->type(), "matmul_bias");
+  EXPECT_EQ(std::vector<std::string>(y1->input().begin(), y1->input().end()),
+            (std::vector<std::string>{"x@bf16", "w1@bf16", "b1"}));
+  EXPECT_FALSE(Declared(after, "xw1"));
+  EXPECT_FALSE(Declared(after, "xw1@bf16"));
+  // The two forward casts back to F32 are gone; the input casts stay.
+  EXPECT_EQ(Count(after, "cast"), Count(before, "cast") - 2);
+}
+
+// What must stay: a product a second op reads, a
+// bias that is not [N], a transposed a, and plans for the CPU.
+TEST(FuseEpiloguesTest, LeavesWhatItCannotFuse) {
+  // xw1 and xw2 each read by a second op (a fetched mean of xw1).
+  const std::string fetched = Mlp("",
+                                  R"pb(op { type: "reduce_mean" input: ["xw1"] output: ["m1"] }
+                                       op { type: "relu" input: ["xw2"] output: ["r2"] })pb",
+                                  R"pb(fetch: "m1")pb");
+  const Program p = DumpAfter(fetched, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(p, "matmul_bias"), 0);
+  // A 2-D bias [1, 6].
+  std::string wide = Mlp();
+  wide.replace(wide.find(R"(name: "b1" dtype: F32 shape: [6])"), std::string(R"(name: "b1" dtype: F32 shape: [6])").size(),
+               R"(name: "b1" dtype: F32 shape: [1, 6])");
+  const Program q = DumpAfter(wide, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Writer(q, "y1")->type(), "add");
+  EXPECT_EQ(Writer(q, "z")->type(), "matmul_bias");
+  // transpose_a (a square feed, so x^T @ w has the shape of x @ w).
+  const std::string transposed = R"pb(
+    var { name: "x" dtype: F32 shape: [4, 4] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b" dtype: F32 shape: [4] kind: PARAM }
+    op { type: "matmul" input: ["x", "w"] output: ["xw"] attr { key: "transpose_a" value { b: true } } }
+    op { type: "add" input: ["xw", "b"] output: ["y"] }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  CompileOptions options;
+  options.dump_after = "fuse-epilogues";
+  options.device_kind = DEVICE_CUDA;
+  options.batch_size = 4;
+  auto r = Compile(ParseProgramOrFail(transposed), Strategy(), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Count(r->dumped, "matmul_bias"), 0);
+  // CPU plans are not fused at all.
+  CompileOptions cpu;
+  cpu.batch_size = 8;
+  auto plain = Compile(ParseProgramOrFail(Mlp()), Strategy(), cpu);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(Count(plain->plans[0].program(), "matmul_bias"), 0);
+}
+
+}  // namespace
+}  // namespace strata

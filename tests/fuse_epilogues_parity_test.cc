@@ -1,0 +1,128 @@
+// The epilogue fusion (passes/fuse_epilogues, on plans compiled for a GPU)
+// trains what the unfused program trains. The fused program runs here on the
+// CPU's matmul_bias kernel, which adds the bias after the GEMM: in float32
+// the per-step losses and the final weights must equal the unfused run's bit
+// for bit (resmlp and the tiny GPT, 20 and 10 steps); under a two-stage 1F1B
+// pipeline the fused GPT matches one unfused device within the pipeline
+// parity bar (1e-5 relative, float64). Under BF16 mixed precision the fused
+// op keeps the product in float where the unfused one rounds it to bf16, so
+// there the runs differ by bf16 roundings, bounded below.
+
+#include <cmath>
+#include <iostream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/parity_util.h"
+#include "tools/model_gen.h"
+
+namespace strata {
+namespace {
+
+GenOptions TinyGpt(const std::string& dtype, int stages = 1) {
+  GenOptions gen;
+  gen.blocks = 2;
+  gen.d_model = 64;
+  gen.heads = 4;
+  gen.seq = 32;
+  gen.vocab = 256;
+  gen.stages = stages;
+  gen.dtype = dtype;
+  gen.learning_rate = 2e-3;
+  return gen;
+}
+
+ParityOptions Tokens(int64_t steps, DeviceKind compile_for) {
+  ParityOptions options;
+  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  options.steps = steps;
+  options.compile_for = compile_for;
+  return options;
+}
+
+void ExpectBitIdentical(const ParityRun& fused, const ParityRun& plain) {
+  ASSERT_EQ(fused.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(fused.losses[i], plain.losses[i]) << "step " << i + 1;
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(fused, plain, &worst), 0.0) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(plain.weights, plain.initial_weights), 1e-3);  // it trained
+}
+
+TEST(FuseEpiloguesParityTest, ResMlpFusedEqualsUnfusedBitForBit) {
+  GenOptions gen;
+  gen.layers = {24, 32, 10};
+  gen.blocks = 3;
+  gen.dtype = "F32";
+  auto program = GenerateModel("resmlp", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=2048";
+  options.steps = 20;
+  auto plain = TrainSingleDevice(*program, 64, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.compile_for = DEVICE_CUDA;
+  auto fused = TrainSingleDevice(*program, 64, options);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectBitIdentical(*fused, *plain);
+}
+
+TEST(FuseEpiloguesParityTest, GptFusedEqualsUnfusedBitForBit) {
+  auto program = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto plain = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CPU));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto fused = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CUDA));
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectBitIdentical(*fused, *plain);
+  EXPECT_LT(plain->losses.back(), plain->losses.front());
+}
+
+// The fused ops are placed on their stages like the adds they replace.
+TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
+  constexpr double kTolerance = 1e-5;
+  auto program = GenerateModel("gpt", TinyGpt("F64", 2));
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(3);
+  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  auto single = TrainSingleDevice(*program, 6, Tokens(10, DEVICE_CPU));
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto fused = TrainParallel(*program, strategy, Tokens(10, DEVICE_CUDA));
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  std::string worst;
+  EXPECT_LE(MaxLossDifference(*fused, *single), kTolerance);
+  EXPECT_LE(MaxWeightDifference(*fused, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+}
+
+// BF16 mixed precision: the unfused program rounds each linear layer's
+// product to bf16 (relative error up to 2^-9) before adding the bias; the
+// fused one does not. The first step's loss comes from the same weights, so
+// it differs only through those roundings: with the logits of the tied
+// layer (not fused: it has no bias) the same on both sides up to the blocks'
+// differences, its relative difference stays within a few bf16 ulps, 2^-7.
+// Both runs train (the loss falls over the 10 steps).
+TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
+  auto program = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);
+  plain_options.batch_size = fused_options.batch_size = 4;
+  auto plain = TrainParallel(*program, bf16, plain_options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto fused = TrainParallel(*program, bf16, fused_options);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_EQ(fused->losses.size(), 10u);
+  const double first = std::abs(fused->losses[0] - plain->losses[0]) / std::abs(plain->losses[0]);
+  std::cout << "first loss " << plain->losses[0] << " unfused, " << fused->losses[0] << " fused (relative "
+            << first << "); last " << plain->losses.back() << " and " << fused->losses.back() << "\n";
+  EXPECT_LE(first, std::ldexp(1.0, -7));
+  EXPECT_NE(fused->losses[0], plain->losses[0]);  // the fused product really skips the bf16 rounding
+  EXPECT_LT(fused->losses.back(), fused->losses.front());
+  EXPECT_LT(plain->losses.back(), plain->losses.front());
+}
+
+}  // namespace
+}  // namespace strata
