@@ -301,6 +301,13 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   return run;
 }
 
+std::string Executor::OutOfMemoryDetail() const {
+  const Allocator* allocator = options_.device->allocator();
+  return absl::StrCat("; ", options_.device->name(), " held ", allocator->live_bytes(), " bytes in tensors (peak ",
+                      allocator->peak_bytes(), " this step), the plan predicted a peak of ", plan_.memory().peak_bytes(),
+                      " bytes for rank ", plan_.rank());
+}
+
 absl::Status Executor::RunSection(Section& section, int micro_batch, const RunContext& run) {
   std::vector<Tensor>& scope = scopes_[micro_batch];
   for (int index : section.prefetching) {
@@ -337,7 +344,12 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       options_.tracer->Add(p.trace_name, p.trace_category, start, Tracer::NowMicros());
     }
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message()));
+      std::string where = absl::StrCat(OpWhere(plan_.program(), p.op_index), ": ", s.message());
+      // Out of memory: what the device held and what the plan expected, so
+      // the user can tell a device too small for the plan from a plan that
+      // underestimates.
+      if (s.code() == absl::StatusCode::kResourceExhausted) absl::StrAppend(&where, OutOfMemoryDetail());
+      return absl::Status(s.code(), where);
     }
     for (size_t k = 0; k < p.output_slots.size(); ++k) {
       const int slot = p.output_slots[k];

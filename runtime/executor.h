@@ -126,6 +126,9 @@ class Executor {
   // action the memory plan releases them at; those due now are waited for.
   absl::Status HoldSends(const Section& section, int action, int micro_batch);
   absl::Status WaitSends(std::vector<std::unique_ptr<Work>>& sends, absl::Status status);
+  // "; cuda:0 held N bytes in tensors (peak P this step), the plan predicted
+  // a peak of Q bytes for rank R": appended to an op's out-of-memory error.
+  std::string OutOfMemoryDetail() const;
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
@@ -55,6 +56,46 @@ TEST(ExecutorTest, MeasuredPeakIsWithinTenPercentOfThePlan) {
     const double predicted = static_cast<double>(plan.memory().peak_bytes());
     EXPECT_NEAR(measured / predicted, 1.0, 0.10) << "batch " << batch << ": measured " << measured << " predicted " << predicted;
   }
+}
+
+// A device whose memory ends where the state ends: the first activation an
+// op allocates fails, and the error names the op, the bytes it asked for,
+// what the device held and the plan's prediction for the rank.
+class CappedAllocator : public Allocator {
+ public:
+  explicit CappedAllocator(int64_t cap) : cap_(cap) {}
+  std::string name() const override { return "capped"; }
+
+ protected:
+  void* RawAllocate(size_t bytes) override {
+    if (live_bytes() + static_cast<int64_t>(bytes) > cap_) return nullptr;
+    return GetCpuAllocator()->Allocate(bytes);
+  }
+  void RawFree(void* ptr, size_t bytes) override { GetCpuAllocator()->Free(ptr, bytes); }
+
+ private:
+  const int64_t cap_;
+};
+
+TEST(ExecutorTest, OutOfMemoryNamesTheOpTheBytesAndThePlan) {
+  RankPlan plan = CompileMlp(64);
+  const int64_t state = plan.memory().param_bytes() + plan.memory().state_bytes();
+  CappedAllocator allocator(state + 1024);
+  CpuDevice device(&allocator);
+  auto e = Executor::Create(plan, {.device = &device});
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  auto r = (*e)->TrainStep(Batch(**e, 64, 1), 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(r.status().message());
+  // The first op of the step is fc1's matmul: [64, 256] floats.
+  EXPECT_NE(message.find("op #0 'matmul'"), std::string::npos) << message;
+  EXPECT_NE(message.find("out of memory allocating F32[64, 256] (65536 bytes) on cpu:0"), std::string::npos) << message;
+  EXPECT_NE(message.find(absl::StrCat("the plan predicted a peak of ", plan.memory().peak_bytes(), " bytes for rank 0")),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find(absl::StrCat("cpu:0 held ", allocator.live_bytes())), std::string::npos) << message;
 }
 
 TEST(ExecutorTest, FreesActivationsAfterTheStep) {

@@ -9,7 +9,9 @@ absl::StatusOr<Tensor*> KernelContext::AllocateOutput(int i, DataType dtype, Sha
   Tensor t = Tensor::Empty(dtype, shape, run_->device);
   if (!t.defined()) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", DataTypeName(dtype),
-                                                     ShapeString(shape), " on ", run_->device->name()));
+                                                     ShapeString(shape), " (",
+                                                     NumElements(shape) * static_cast<int64_t>(DataTypeSize(dtype)),
+                                                     " bytes) on ", run_->device->name()));
   }
   outputs_[i] = std::move(t);
   return &outputs_[i];
