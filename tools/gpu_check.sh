@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU checks of a session with a lent GPU, as one prepared call.
+#
+# Here (the build machine, from the repository root):
+#   tools/gpu_check.sh bundle
+# builds every gpu-tagged test, strata_gpu and the GPU benchmarks, and packs
+# them with ../shared/tools/device-bundle into .device/ (ignored by git).
+#
+# There (the device tool, carry [".device"], from the repository root):
+#   bash tools/gpu_check.sh run [--bench]
+# runs every gpu-tagged test binary (each under `timeout`, its log in
+# $OUT/gpu-tests.log), one example through `strata_gpu run --device gpu`
+# against the CPU, and with --bench the GEMM and GPT-2 benchmarks; ends with
+# "N passed, N failed" for the test binaries. Logs go to $OUT (or /tmp/gpu-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+
+tests=(cuda_info_test cuda_kernels_test cuda_ops_test cuda_device_test gpu_train_test)
+
+case "$mode" in
+  bundle)
+    set -e
+    targets=$(bazel query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
+    bazel build $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
+      //bench:gemm_bench //bench:train_step_gpu
+    bins=()
+    for t in $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
+      //bench:gemm_bench //bench:train_step_gpu; do
+      p=${t#//}
+      bins+=("bazel-bin/${p/://}")
+    done
+    grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo /.device/ >>.git/info/exclude
+    rm -rf .device
+    ../shared/tools/device-bundle .device "${bins[@]}"
+    du -sh .device
+    ;;
+  run)
+    out=${OUT:-/tmp/gpu-check}
+    mkdir -p "$out"
+    export STRATA_BUNDLE_DIR=/tmp/strata-bundle-$$
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    passed=0 failed=0
+    : >"$out/gpu-tests.log"
+    for t in "${tests[@]}"; do
+      start=$(date +%s)
+      if timeout 300 bash .device/run.sh "$t" >>"$out/gpu-tests.log" 2>&1; then
+        passed=$((passed + 1)); verdict=PASS
+      else
+        failed=$((failed + 1)); verdict=FAIL
+      fi
+      echo "$verdict $t ($(($(date +%s) - start)) s)"
+    done
+    grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
+    # One example end to end: 300 steps on the GPU and on the CPU, compared.
+    timeout 120 bash .device/run.sh strata_gpu run examples/mlp_fashion.pbtxt --device gpu --data synthetic \
+      --steps 300 --metrics "$out/gpu.jsonl" --quiet 2>&1 | tail -3
+    timeout 120 bash .device/run.sh strata run examples/mlp_fashion.pbtxt --device cpu --data synthetic \
+      --steps 300 --metrics "$out/cpu.jsonl" --quiet 2>&1 | tail -3
+    python3 tools/compare_metrics.py "$out/gpu.jsonl" "$out/cpu.jsonl" 2>&1 | tail -5
+    if [ "${2:-}" = "--bench" ]; then
+      timeout 200 bash .device/run.sh gemm_bench 2>&1 | tail -20
+      PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
+        2>&1 | tee "$out/gpt2.txt" | tail -12
+    fi
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    ;;
+  *)
+    echo "usage: tools/gpu_check.sh bundle | run [--bench]" >&2
+    exit 2
+    ;;
+esac
