@@ -19,19 +19,6 @@
 namespace strata {
 namespace {
 
-GenOptions TinyGpt(const std::string& dtype, int stages = 1) {
-  GenOptions gen;
-  gen.blocks = 2;
-  gen.d_model = 64;
-  gen.heads = 4;
-  gen.seq = 32;
-  gen.vocab = 256;
-  gen.stages = stages;
-  gen.dtype = dtype;
-  gen.learning_rate = 2e-3;
-  return gen;
-}
-
 ParityOptions Tokens(int64_t steps, DeviceKind compile_for) {
   ParityOptions options;
   options.data = "tokens:path=tests/testdata/license_tokens.u16";

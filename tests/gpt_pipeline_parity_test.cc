@@ -15,21 +15,8 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-GenOptions TinyGpt(int stages) {
-  GenOptions gen;
-  gen.blocks = 2;
-  gen.d_model = 64;
-  gen.heads = 4;
-  gen.seq = 32;
-  gen.vocab = 256;
-  gen.stages = stages;
-  gen.dtype = "F64";
-  gen.learning_rate = 2e-3;
-  return gen;
-}
-
 TEST(GptPipelineParityTest, TwoStages1F1BMatchesSingleDevice) {
-  auto program = GenerateModel("gpt", TinyGpt(2));
+  auto program = GenerateModel("gpt", TinyGpt("F64", 2));
   ASSERT_TRUE(program.ok()) << program.status();
   ParityOptions options;
   options.data = "tokens:path=tests/testdata/license_tokens.u16";

@@ -38,6 +38,19 @@ TrainOptions BaseOptions(const ParityOptions& options) {
 
 }  // namespace
 
+GenOptions TinyGpt(const std::string& dtype, int stages) {
+  GenOptions gen;
+  gen.blocks = 2;
+  gen.d_model = 64;
+  gen.heads = 4;
+  gen.seq = 32;
+  gen.vocab = 256;
+  gen.stages = stages;
+  gen.dtype = dtype;
+  gen.learning_rate = 2e-3;
+  return gen;
+}
+
 absl::StatusOr<Program> GenerateModel(const std::string& model, const GenOptions& gen) {
   absl::StatusOr<std::string> text = GenerateProgram(model, gen);
   if (!text.ok()) return text.status();

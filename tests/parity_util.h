@@ -42,6 +42,10 @@ struct ParityOptions {
   DeviceKind compile_for = DEVICE_CPU;
 };
 
+// The tiny GPT the parity tests train (`strata gen gpt`: 2 blocks, d_model
+// 64, 4 heads, 32 tokens, vocab 256 for the license corpus, lr 2e-3).
+GenOptions TinyGpt(const std::string& dtype, int stages = 1);
+
 // A generated model's program (strata gen MODEL), parsed.
 absl::StatusOr<Program> GenerateModel(const std::string& model, const GenOptions& gen);
 

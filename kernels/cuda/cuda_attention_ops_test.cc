@@ -74,39 +74,45 @@ const Case kCases[] = {
     {2, 2, 65, 16, false, 0, false},  {1, 1, 1, 8, true, 0, true},      {1, 4, 130, 96, true, 1.7, false},
 };
 
-class CudaAttentionOpsTest : public CudaOpsTest {};
+class CudaAttentionOpsTest : public CudaOpsTest {
+ protected:
+  // The forward and the gradient (from the CPU's forward outputs, so both
+  // sides start equal) against the CPU; the gradient's dq and dk once more
+  // on the GPU, bit for bit (no atomics).
+  void CheckAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
+    const Shape shape{c.B, c.H, c.T, c.D}, lse_shape{c.B, c.H, c.T};
+    const Tensor q = RandomTensor(dtype, shape, seed), k = RandomTensor(dtype, shape, seed + 1),
+                 v = RandomTensor(dtype, shape, seed + 2), dy = RandomTensor(dtype, shape, seed + 3),
+                 dlse = RandomTensor(dtype, lse_shape, seed + 4);
+    auto fwd = RunBothNamed(absl::StrCat("type: \"scaled_dot_product_attention\" input: [\"q\", \"k\", \"v\"] "
+                                         "output: [\"y\", \"lse\"]",
+                                         Attrs(c)),
+                            {{"q", q}, {"k", k}, {"v", v}}, {"y", "lse"});
+    ASSERT_EQ(fwd.size(), 2u);
+    EXPECT_TRUE(Close(fwd[0].second, fwd[0].first, "y"));
+    EXPECT_TRUE(Close(fwd[1].second, fwd[1].first, "lse"));
+    const std::string inputs = c.dlse ? R"(["q", "k", "v", "y", "lse", "dy", "dlse"])"
+                                      : R"(["q", "k", "v", "y", "lse", "dy"])";
+    const std::string grad = absl::StrCat("type: \"scaled_dot_product_attention_grad\" input: ", inputs,
+                                          " output: [\"dq\", \"dk\", \"dv\"]", Attrs(c));
+    std::map<std::string, Tensor> grad_inputs{{"q", q}, {"k", k}, {"v", v}, {"y", fwd[0].first},
+                                              {"lse", fwd[1].first}, {"dy", dy}};
+    if (c.dlse) grad_inputs["dlse"] = dlse;
+    auto bwd = RunBothNamed(grad, grad_inputs, {"dq", "dk", "dv"});
+    ASSERT_EQ(bwd.size(), 3u);
+    EXPECT_TRUE(Close(bwd[0].second, bwd[0].first, "dq"));
+    EXPECT_TRUE(Close(bwd[1].second, bwd[1].first, "dk"));
+    EXPECT_TRUE(Close(bwd[2].second, bwd[2].first, "dv"));
+    EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dk"), bwd[1].second));
+    EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dq"), bwd[0].second));
+  }
+};
 
 TEST_F(CudaAttentionOpsTest, ForwardAndGradientMatchTheCpu) {
   for (DataType dtype : {F32, F64}) {
     for (const Case& c : kCases) {
       SCOPED_TRACE(Name(c, dtype));
-      const Shape shape{c.B, c.H, c.T, c.D}, lse_shape{c.B, c.H, c.T};
-      const Tensor q = RandomTensor(dtype, shape, 1), k = RandomTensor(dtype, shape, 2),
-                   v = RandomTensor(dtype, shape, 3), dy = RandomTensor(dtype, shape, 4),
-                   dlse = RandomTensor(dtype, lse_shape, 5);
-      auto fwd = RunBothNamed(absl::StrCat("type: \"scaled_dot_product_attention\" input: [\"q\", \"k\", \"v\"] "
-                                           "output: [\"y\", \"lse\"]",
-                                           Attrs(c)),
-                              {{"q", q}, {"k", k}, {"v", v}}, {"y", "lse"});
-      ASSERT_EQ(fwd.size(), 2u);
-      EXPECT_TRUE(Close(fwd[0].second, fwd[0].first, "y"));
-      EXPECT_TRUE(Close(fwd[1].second, fwd[1].first, "lse"));
-      // The gradient from the CPU's forward outputs, so both sides start equal.
-      const std::string inputs = c.dlse ? R"(["q", "k", "v", "y", "lse", "dy", "dlse"])"
-                                        : R"(["q", "k", "v", "y", "lse", "dy"])";
-      const std::string grad = absl::StrCat("type: \"scaled_dot_product_attention_grad\" input: ", inputs,
-                                            " output: [\"dq\", \"dk\", \"dv\"]", Attrs(c));
-      std::map<std::string, Tensor> grad_inputs{{"q", q},   {"k", k},     {"v", v},
-                                                {"y", fwd[0].first}, {"lse", fwd[1].first}, {"dy", dy}};
-      if (c.dlse) grad_inputs["dlse"] = dlse;
-      auto bwd = RunBothNamed(grad, grad_inputs, {"dq", "dk", "dv"});
-      ASSERT_EQ(bwd.size(), 3u);
-      EXPECT_TRUE(Close(bwd[0].second, bwd[0].first, "dq"));
-      EXPECT_TRUE(Close(bwd[1].second, bwd[1].first, "dk"));
-      EXPECT_TRUE(Close(bwd[2].second, bwd[2].first, "dv"));
-      // No atomics: a second run gives the same bits.
-      EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dk"), bwd[1].second));
-      EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dq"), bwd[0].second));
+      CheckAgainstTheCpu(c, dtype, 1);
     }
   }
 }
@@ -114,26 +120,7 @@ TEST_F(CudaAttentionOpsTest, ForwardAndGradientMatchTheCpu) {
 // A GPT-2 layer's shape (batch 2, 12 heads of 64, 1024 tokens): the tiles
 // and blocks at full length.
 TEST_F(CudaAttentionOpsTest, Gpt2SizedHeadsMatchTheCpu) {
-  const Case c{2, 12, 1024, 64, true, 0, false};
-  const Shape shape{c.B, c.H, c.T, c.D};
-  const Tensor q = RandomTensor(F32, shape, 11), k = RandomTensor(F32, shape, 12), v = RandomTensor(F32, shape, 13),
-               dy = RandomTensor(F32, shape, 14);
-  auto fwd = RunBothNamed(absl::StrCat("type: \"scaled_dot_product_attention\" input: [\"q\", \"k\", \"v\"] "
-                                       "output: [\"y\", \"lse\"]",
-                                       Attrs(c)),
-                          {{"q", q}, {"k", k}, {"v", v}}, {"y", "lse"});
-  ASSERT_EQ(fwd.size(), 2u);
-  EXPECT_TRUE(Close(fwd[0].second, fwd[0].first, "y"));
-  EXPECT_TRUE(Close(fwd[1].second, fwd[1].first, "lse"));
-  auto bwd = RunBothNamed(
-      absl::StrCat("type: \"scaled_dot_product_attention_grad\" input: [\"q\", \"k\", \"v\", \"y\", \"lse\", \"dy\"] "
-                   "output: [\"dq\", \"dk\", \"dv\"]",
-                   Attrs(c)),
-      {{"q", q}, {"k", k}, {"v", v}, {"y", fwd[0].first}, {"lse", fwd[1].first}, {"dy", dy}}, {"dq", "dk", "dv"});
-  ASSERT_EQ(bwd.size(), 3u);
-  EXPECT_TRUE(Close(bwd[0].second, bwd[0].first, "dq"));
-  EXPECT_TRUE(Close(bwd[1].second, bwd[1].first, "dk"));
-  EXPECT_TRUE(Close(bwd[2].second, bwd[2].first, "dv"));
+  CheckAgainstTheCpu(Case{2, 12, 1024, 64, true, 0, false}, F32, 11);
 }
 
 // Heads above the kernel's 128 elements: the CPU computes them, the GPU
