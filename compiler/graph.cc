@@ -74,6 +74,11 @@ int Graph::AddVar(absl::string_view name, DataType dtype, absl::Span<const int64
   return num_vars() - 1;
 }
 
+void Graph::SetInit(int v, const Initializer& init) {
+  vars_[v].init = static_cast<int32_t>(inits_.size());
+  inits_.push_back(init);
+}
+
 std::string Graph::OpLocation(int op) const {
   return strata::OpLocation(FileOf(program_fields_), position(op), schema(op).type, line(op), op_name(op));
 }

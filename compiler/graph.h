@@ -54,6 +54,9 @@ class Graph {
   bool frozen(int v) const { return vars_[v].frozen; }
   // Adds a var; -1 when the name is taken.
   int AddVar(absl::string_view name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind);
+  // The var's initial value (a compiler STATE var's constant, such as the
+  // loss scale); the executor initialises a var without one to zeros.
+  void SetInit(int v, const Initializer& init);
 
   // Ops have stable ids: an op keeps its id while others are inserted or
   // erased around it, and ids are never reused. ops() lists the live ones in

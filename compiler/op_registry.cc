@@ -158,10 +158,16 @@ bool AttrMatches(const AttrValue& v, AttrType type) {
 absl::Status CheckArgCount(const std::vector<ArgSpec>& specs, int count, const char* what) {
   bool variadic = !specs.empty() && specs.back().variadic;
   int fixed = static_cast<int>(specs.size()) - (variadic ? 1 : 0);
+  // An optional last argument: `fixed` or one fewer.
+  if (!specs.empty() && specs.back().optional && count == fixed - 1) return absl::OkStatus();
   if (variadic ? count < fixed + 1 : count != fixed) {
     std::string names;
-    for (const auto& s : specs) absl::StrAppend(&names, names.empty() ? "" : ", ", s.name, s.variadic ? "..." : "");
+    for (const auto& s : specs) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", s.name, s.variadic ? "..." : "", s.optional ? "?" : "");
+    }
+    const bool optional = !specs.empty() && specs.back().optional;
     return absl::InvalidArgumentError(absl::StrCat("expects ", variadic ? "at least " : "",
+                                                   optional ? absl::StrCat(fixed - 1, " or ") : "",
                                                    variadic ? fixed + 1 : fixed, " ", what, "s (", names,
                                                    "), got ", count));
   }

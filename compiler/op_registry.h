@@ -33,6 +33,7 @@ struct AttrSpec {
 struct ArgSpec {
   std::string name;
   bool variadic = false;  // one or more tensors (only as the last argument)
+  bool optional = false;  // zero or one tensor (only as the last input), as Paddle's SkipUpdate
 };
 
 struct OpSchema;
@@ -177,6 +178,8 @@ class OpDef {
   explicit OpDef(std::string type) { schema_.type = std::move(type); }
   OpDef& Input(std::string name) { schema_.inputs.push_back({std::move(name), false}); return *this; }
   OpDef& VariadicInput(std::string name) { schema_.inputs.push_back({std::move(name), true}); return *this; }
+  // A last input an op may be given or not (ctx.num_inputs() tells).
+  OpDef& OptionalInput(std::string name) { schema_.inputs.push_back({std::move(name), false, true}); return *this; }
   OpDef& Output(std::string name) { schema_.outputs.push_back({std::move(name), false}); return *this; }
   OpDef& VariadicOutput(std::string name) { schema_.outputs.push_back({std::move(name), true}); return *this; }
   OpDef& Attr(std::string name, AttrType type);  // required

@@ -224,6 +224,9 @@ absl::Status CheckNoCompilerFields(const Program& program, const std::string& fi
   if (program.tied_replica_size() > 0) {
     return Err(file, "tied_replica is written by the compiler (pipeline split); a program may not set it");
   }
+  if (!program.loss_scale().empty() || !program.skipped_updates().empty()) {
+    return Err(file, "loss_scale and skipped_updates are written by the compiler (loss scaling); a program may not set them");
+  }
   return absl::OkStatus();
 }
 

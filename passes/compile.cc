@@ -1,5 +1,7 @@
 #include "passes/compile.h"
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -34,6 +36,28 @@ constexpr int64_t kMaxMergeSteps = int64_t{1} << 20;
 
 absl::Status StrategyError(const std::string& file, const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", field, ": ", why));
+}
+
+// Each field 0 (GradScaler's default) or a value the scaling can run with.
+absl::Status ValidateLossScaling(const LossScaling& ls, const std::string& file) {
+  const double init = ls.init_scale(), growth = ls.growth_factor(), backoff = ls.backoff_factor();
+  if (init != 0 && !(init > 0 && init <= std::numeric_limits<float>::max())) {
+    return StrategyError(file, "mixed_precision.loss_scaling.init_scale",
+                         absl::StrCat("must be > 0 and a finite float32 (or 0 for the default 65536), got ", init));
+  }
+  if (growth != 0 && !(growth > 1 && std::isfinite(growth))) {
+    return StrategyError(file, "mixed_precision.loss_scaling.growth_factor",
+                         absl::StrCat("must be a finite value > 1 (or 0 for the default 2), got ", growth));
+  }
+  if (backoff != 0 && !(backoff > 0 && backoff < 1)) {
+    return StrategyError(file, "mixed_precision.loss_scaling.backoff_factor",
+                         absl::StrCat("must be in (0, 1) (or 0 for the default 0.5), got ", backoff));
+  }
+  if (ls.growth_interval() < 0) {
+    return StrategyError(file, "mixed_precision.loss_scaling.growth_interval",
+                         absl::StrCat("must be >= 1 (or 0 for the default 2000), got ", ls.growth_interval()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -89,12 +113,12 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   }
   if (strategy.has_mixed_precision()) {
     const DataType dtype = strategy.mixed_precision().dtype();
-    if (dtype == F16) return StrategyError(file, "mixed_precision.dtype", "F16 needs loss scaling, not built yet; use BF16");
-    if (dtype != BF16) {
+    if (dtype != BF16 && dtype != F16) {
       return StrategyError(file, "mixed_precision.dtype",
                            absl::StrCat(DataType_IsValid(dtype) ? DataType_Name(dtype) : absl::StrCat(static_cast<int>(dtype)),
-                                        " is not a mixed-precision dtype; use BF16"));
+                                        " is not a mixed-precision dtype; use BF16 or F16"));
     }
+    STRATA_RETURN_IF_ERROR(ValidateLossScaling(strategy.mixed_precision().loss_scaling(), file));
   }
   if (strategy.has_pipeline()) {
     int64_t global = strategy.pipeline().micro_batch_size() * strategy.pipeline().accumulate_steps() * dp;

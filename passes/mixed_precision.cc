@@ -14,11 +14,11 @@ namespace strata {
 absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext& ctx) {
   if (!ctx.strategy.has_mixed_precision()) return false;
   const DataType low = ctx.strategy.mixed_precision().dtype();
-  if (low != BF16) {
+  if (low != BF16 && low != F16) {
     return absl::InternalError(absl::StrCat("mixed-precision: dtype ", DataType_Name(low),
-                                            " reached the pass (ValidateStrategy admits BF16 only)"));
+                                            " reached the pass (ValidateStrategy admits BF16 and F16 only)"));
   }
-  const std::string suffix = "@bf16";
+  const std::string suffix = low == BF16 ? "@bf16" : "@f16";
   const std::vector<int> order = graph.ops();
   // (var, stage) -> its low-precision copy: one cast per var a stage reads.
   std::map<std::pair<int, int>, int> copy_of;

@@ -127,13 +127,24 @@ TEST(MixedPrecisionTest, NoOpWithoutTheSection) {
 TEST(MixedPrecisionTest, RefusesOtherDtypes) {
   const Program program = ParseProgramOrFail(kMlp);
   Strategy s;
-  s.mutable_mixed_precision()->set_dtype(F16);
-  absl::Status st = ValidateStrategy(s, program, 0, "s.pbtxt");
-  EXPECT_EQ(st.message(), "s.pbtxt: mixed_precision.dtype: F16 needs loss scaling, not built yet; use BF16");
   s.mutable_mixed_precision()->set_dtype(F64);
-  st = ValidateStrategy(s, program, 0, "s.pbtxt");
-  EXPECT_TRUE(absl::StrContains(st.message(), "mixed_precision.dtype: F64")) << st;
+  absl::Status st = ValidateStrategy(s, program, 0, "s.pbtxt");
+  EXPECT_EQ(st.message(), "s.pbtxt: mixed_precision.dtype: F64 is not a mixed-precision dtype; use BF16 or F16");
   EXPECT_TRUE(ValidateStrategy(Bf16(), program, 0, "s.pbtxt").ok());
+  s.mutable_mixed_precision()->set_dtype(F16);
+  EXPECT_TRUE(ValidateStrategy(s, program, 0, "s.pbtxt").ok());
+}
+
+TEST(MixedPrecisionTest, F16CastsAroundEveryMatmul) {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(F16);
+  const Program p = DumpAfter(s, "mixed-precision");
+  std::vector<std::string> to_f16;
+  for (const Op* c : OpsOfType(p, "cast")) {
+    if (Attr(*c, "dtype").s() == "F16") to_f16.push_back(c->output(0));
+  }
+  EXPECT_EQ(to_f16, (std::vector<std::string>{"x@f16", "w1@f16", "h@f16", "w2@f16"}));
+  for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), F16) << m->output(0);
 }
 
 }  // namespace

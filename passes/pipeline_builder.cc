@@ -4,6 +4,7 @@
 #include "passes/data_parallel.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/gradient_merge.h"
+#include "passes/loss_scaling.h"
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
@@ -27,6 +28,7 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
   auto pipeline = std::make_unique<PassPipeline>("per-rank");
   pipeline->AddPass<PipelineSplitPass>();
   pipeline->AddPass<OptimizerPass>();
+  if (UsesLossScaling(strategy)) pipeline->AddPass<LossScalingPass>();
   pipeline->AddPass<MicroBatchPass>();
   if (strategy.gradient_merge().k_steps() > 1) pipeline->AddPass<GradientMergePass>();
   if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();

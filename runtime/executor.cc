@@ -56,6 +56,16 @@ absl::Status Executor::Prepare() {
     persistent_[i] = IsPersistent(v.kind());
     checkpointed_[i] = IsCheckpointed(v.kind());
   }
+  if (!program.loss_scale().empty() || !program.skipped_updates().empty()) {
+    auto scale = slot_of_.find(program.loss_scale());
+    auto skipped = slot_of_.find(program.skipped_updates());
+    if (scale == slot_of_.end() || skipped == slot_of_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: loss_scale '", program.loss_scale(), "' or skipped_updates '",
+                                                     program.skipped_updates(), "' is not a var of the program"));
+    }
+    loss_scale_slot_ = scale->second;
+    skipped_updates_slot_ = skipped->second;
+  }
   std::vector<bool> read(num_vars, false);
   for (const Op& op : program.op()) {
     for (const auto& in : op.input()) {
@@ -148,6 +158,16 @@ absl::Status Executor::InitializeState() {
     const Var& v = program.var(i);
     if (v.kind() == PARAM) {
       // Initialised on the host (the same bits on every device), then moved.
+      auto t = InitializeParam(v, options_.seed, options_.device->host_accessible() ? options_.device->allocator()
+                                                                                      : GetCpuAllocator());
+      if (!t.ok()) return t.status();
+      if (!options_.device->host_accessible()) {
+        t = t->CopyTo(options_.device);
+        if (!t.ok()) return t.status();
+      }
+      state_[i] = std::move(*t);
+    } else if (v.kind() == STATE && v.has_init()) {
+      // A compiler state var with a constant start (the loss scale).
       auto t = InitializeParam(v, options_.seed, options_.device->host_accessible() ? options_.device->allocator()
                                                                                       : GetCpuAllocator());
       if (!t.ok()) return t.status();
@@ -418,6 +438,22 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   return TrainStep(feeds, sample_offset, plan_.schedule().micro_batch_size());
 }
 
+absl::StatusOr<double> Executor::ReadStateScalar(int slot) const {
+  Tensor t = state_[slot];
+  if (!options_.device->host_accessible()) {
+    t = t.Clone(GetCpuAllocator());
+    if (!t.defined()) return absl::ResourceExhaustedError("out of host memory reading a scalar");
+    if (absl::Status s = options_.device->Synchronize(); !s.ok()) return s;
+  }
+  switch (t.dtype()) {
+    case F32: return static_cast<double>(t.data<float>()[0]);
+    case F64: return t.data<double>()[0];
+    case I64: return static_cast<double>(t.data<int64_t>()[0]);
+    default:
+      return absl::InternalError(absl::StrCat("state scalar of dtype ", DataTypeName(t.dtype())));
+  }
+}
+
 int64_t Executor::SampleRow(int micro_batch, int64_t rows) const {
   return (int64_t{micro_batch} * dp_degree_ + dp_rank_) * rows;
 }
@@ -429,6 +465,16 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   sample_offset += (step_ % merge_steps_) * rows * micro_batches * dp_degree_;
   const bool update = UpdateStep();
   StepResult result;
+  double skipped_before = 0;
+  if (loss_scale_slot_ >= 0) {
+    absl::StatusOr<double> scale = ReadStateScalar(loss_scale_slot_);
+    absl::StatusOr<double> skipped = ReadStateScalar(skipped_updates_slot_);
+    if (!scale.ok()) return scale.status();
+    if (!skipped.ok()) return skipped.status();
+    result.has_loss_scale = true;
+    result.loss_scale = *scale;
+    skipped_before = *skipped;
+  }
   absl::Status status;
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
     const Action& action = plan_.schedule().action(i);
@@ -476,6 +522,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   result.loss /= micro_batches;
   for (auto& [name, value] : result.fetches) value /= micro_batches;
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
+  if (update && skipped_updates_slot_ >= 0) {
+    absl::StatusOr<double> skipped = ReadStateScalar(skipped_updates_slot_);
+    if (!skipped.ok()) return skipped.status();
+    result.skipped_update = *skipped > skipped_before;
+  }
   ++step_;
   return result;
 }

@@ -34,6 +34,12 @@ struct StepResult {
   // The optimizer update this step ended with (1-based; every step's, but
   // every k-th step's under gradient merge); 0 when it ran none.
   int64_t optimizer_step = 0;
+  // With dynamic loss scaling (Program.loss_scale): the scale this step's
+  // loss gradient was multiplied by, and whether its update was skipped
+  // because a gradient held an inf or nan. has_loss_scale false without.
+  bool has_loss_scale = false;
+  double loss_scale = 0;
+  bool skipped_update = false;
 };
 
 // Runs one rank's plan. Prepare (Create) resolves every op to its kernel and
@@ -133,6 +139,9 @@ class Executor {
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
+  // A persistent scalar's value, read to the host (a device sync where the
+  // state is not host-accessible).
+  absl::StatusOr<double> ReadStateScalar(int slot) const;
 
   RankPlan plan_;
   ExecutorOptions options_;
@@ -145,6 +154,8 @@ class Executor {
   std::vector<int> feed_slots_;
   Section forward_, backward_, optimize_;
   int loss_slot_ = -1;
+  int loss_scale_slot_ = -1;       // Program.loss_scale's slot, or -1
+  int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1
   std::vector<std::pair<std::string, int>> fetch_slots_;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id

@@ -350,6 +350,9 @@ std::string StepMetricsJson(const StepMetrics& m) {
     if (!line.contains(name) && name != "samples_per_sec" && name != "step_ms") line[name] = Metric(value);
   }
   if (m.optimizer_step > 0) line["optimizer_step"] = m.optimizer_step;
+  // The scale is a float32 power of the factors: written exactly, not to 10 digits.
+  if (m.has_loss_scale) line["loss_scale"] = m.loss_scale;
+  if (m.skipped_update) line["skipped_update"] = true;
   line["samples_per_sec"] = Metric(m.samples_per_sec);
   line["step_ms"] = Metric(m.step_ms);
   return JsonLine(line);
@@ -754,6 +757,9 @@ void TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r)
   m.step_ms = seconds * 1e3;
   m.samples_per_sec = batch_ / std::max(seconds, 1e-9);
   if (executor_->merge_steps() > 1) m.optimizer_step = r.optimizer_step;
+  m.has_loss_scale = r.has_loss_scale;
+  m.loss_scale = r.loss_scale;
+  m.skipped_update = r.skipped_update;
   metrics_.Line(StepMetricsJson(m));
   report_.steps.push_back(std::move(m));
 }

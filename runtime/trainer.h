@@ -53,6 +53,12 @@ struct StepMetrics {
   // Under gradient merge: the optimizer update the step ended with (1-based),
   // 0 on the steps between updates; written as "optimizer_step" when > 0.
   int64_t optimizer_step = 0;
+  // With dynamic loss scaling: the step's loss scale (written as
+  // "loss_scale", exactly) and whether its update was skipped on an inf or
+  // nan gradient (written as "skipped_update": true only then).
+  bool has_loss_scale = false;
+  double loss_scale = 0;
+  bool skipped_update = false;
 };
 
 struct EvalMetrics {

@@ -73,6 +73,14 @@ absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr)
 // ---------------------------------------------------------------------------
 // Parameter updates.
 
+// The optional last input `found_inf` (F32 scalar, nonzero: skip the
+// update), when the op has more than `fixed` inputs: loss scaling's
+// check_finite_and_unscale writes it, as Paddle's SkipUpdate.
+absl::Status ExpectOptionalFoundInf(const ShapeContext& ctx, int fixed) {
+  if (ctx.num_inputs() <= fixed) return absl::OkStatus();
+  return ExpectScalar(ctx, fixed, "found_inf", F32);
+}
+
 // The inputs every update op starts with: param, grad, then the `states`
 // (velocity, moments) shaped like param, then the scalar lr.
 absl::Status CheckUpdateInputs(const ShapeContext& ctx, std::initializer_list<const char*> states) {
@@ -92,12 +100,14 @@ absl::Status SetUpdateOutputs(ShapeContext& ctx, int num_states) {
 
 absl::Status SgdUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {}));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 3));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   return SetUpdateOutputs(ctx, 0);
 }
 
 absl::Status MomentumUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"velocity"}));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 4));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "momentum", 0.0));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   // As torch.optim.SGD: Nesterov needs a momentum to look ahead with.
@@ -110,6 +120,7 @@ absl::Status MomentumUpdateShape(ShapeContext& ctx) {
 absl::Status AdamUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"m", "v"}));
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 5, "step", I64));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 6));
   STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta1"));
   STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta2"));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
@@ -121,19 +132,21 @@ STRATA_REGISTER_OP(OpDef("sgd_update")
                        .Input("param")
                        .Input("grad")
                        .Input("lr")
+                       .OptionalInput("found_inf")
                        .Output("param")
                        .Attr("weight_decay", 0.0)
                        .Shape(SgdUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD without momentum, in place: g += weight_decay * p; p -= lr * g. "
-                            "lr is a scalar of param's dtype."));
+                            "lr is a scalar of param's dtype. With found_inf nonzero, nothing changes (a step loss scaling skips)."));
 
 STRATA_REGISTER_OP(OpDef("momentum_update")
                        .Input("param")
                        .Input("grad")
                        .Input("velocity")
                        .Input("lr")
+                       .OptionalInput("found_inf")
                        .Output("param")
                        .Output("velocity")
                        .Attr("momentum", 0.9)
@@ -144,7 +157,7 @@ STRATA_REGISTER_OP(OpDef("momentum_update")
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD with momentum (dampening 0), in place: g += weight_decay * p; "
                             "buf = momentum * buf + g; g = nesterov ? g + momentum * buf : buf; p -= lr * g. "
-                            "velocity starts at zero."));
+                            "velocity starts at zero. With found_inf nonzero, nothing changes (a step loss scaling skips)."));
 
 STRATA_REGISTER_OP(OpDef("adam_update")
                        .Input("param")
@@ -153,6 +166,7 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                        .Input("v")
                        .Input("lr")
                        .Input("step")
+                       .OptionalInput("found_inf")
                        .Output("param")
                        .Output("m")
                        .Output("v")
@@ -166,25 +180,28 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                        .NotDifferentiable()
                        .Doc("torch.optim.Adam (decoupled: AdamW, p *= 1 - lr * weight_decay first), in place. "
                             "step is the I64 1-based index of this update: m = b1 m + (1-b1) g; "
-                            "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps)."));
+                            "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps). With found_inf nonzero, nothing changes (a step loss scaling skips)."));
 
 // ---------------------------------------------------------------------------
 // Step counter and learning-rate schedule.
 
 absl::Status IncrementShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "counter", I64));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 1));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
 
 STRATA_REGISTER_OP(OpDef("increment")
                        .Input("counter")
+                       .OptionalInput("found_inf")
                        .Output("counter")
                        .Attr("by", 1)
                        .Shape(IncrementShape)
                        .Stateful()
                        .NotDifferentiable()
-                       .Doc("counter += by, in place, on an I64 scalar (the optimizer step count)."));
+                       .Doc("counter += by, in place, on an I64 scalar (the optimizer step count); with found_inf nonzero "
+                            "it stays (a skipped step is no optimizer step)."));
 
 absl::Status LrScheduleShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "step", I64));
@@ -326,6 +343,77 @@ STRATA_REGISTER_OP(OpDef("clip_coefficient")
                        .NotDifferentiable()
                        .Doc("As torch.nn.utils.clip_grad_norm_: min(1, max_norm / (sqrt(sum of the partial sums "
                             "of squares) + 1e-6)), the factor every gradient is multiplied by."));
+
+// ---------------------------------------------------------------------------
+// Dynamic loss scaling (F16 mixed precision), as PaddlePaddle's static AMP
+// names the ops and torch.cuda.amp.GradScaler computes them.
+
+absl::Status CheckFiniteAndUnscaleShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "scale", F32));
+  const int n = ctx.num_inputs() - 1;
+  if (ctx.num_outputs() != n + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expects one output 'y' per input 'x' (", n, ") after 'found_inf', got ",
+                                                   ctx.num_outputs() - 1));
+  }
+  ctx.set_output(0, TensorType{F32, {}});
+  for (int i = 1; i <= n; ++i) {
+    const TensorType& x = ctx.input(i);
+    if (x.dtype != F32 && x.dtype != F64) {
+      return absl::InvalidArgumentError(absl::StrCat("input 'x' #", i - 1, " must be F32 or F64 (master gradients), got ",
+                                                     x.ToString()));
+    }
+    ctx.set_output(i, x);
+  }
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("check_finite_and_unscale")
+                       .Input("scale")
+                       .VariadicInput("x")
+                       .Output("found_inf")
+                       .VariadicOutput("y")
+                       .Shape(CheckFiniteAndUnscaleShape)
+                       .NotDifferentiable()
+                       .Doc("Loss scaling's unscale (torch's _amp_foreach_non_finite_check_and_unscale_): "
+                            "y_i = x_i * float(1 / scale); found_inf = 1 (F32) if any element of any x_i is "
+                            "inf or nan, else 0."));
+
+absl::Status UpdateLossScalingShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 0, "found_inf", F32));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 1, "loss_scale", F32));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 2, "good_steps", I64));
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 3, "skipped_updates", I64));
+  const double growth = ctx.attr_float("growth_factor"), backoff = ctx.attr_float("backoff_factor");
+  if (!(growth > 1.0) || !std::isfinite(growth)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'growth_factor' must be a finite value > 1, got ", growth));
+  }
+  if (!(backoff > 0.0 && backoff < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'backoff_factor' must be in (0, 1), got ", backoff));
+  }
+  const int64_t interval = ctx.attr_int("growth_interval");
+  if (interval < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'growth_interval' must be >= 1, got ", interval));
+  for (int i = 0; i < 3; ++i) ctx.set_output(i, ctx.input(i + 1));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("update_loss_scaling")
+                       .Input("found_inf")
+                       .Input("loss_scale")
+                       .Input("good_steps")
+                       .Input("skipped_updates")
+                       .Output("loss_scale")
+                       .Output("good_steps")
+                       .Output("skipped_updates")
+                       .Attr("growth_factor", 2.0)
+                       .Attr("backoff_factor", 0.5)
+                       .Attr("growth_interval", 2000)
+                       .Shape(UpdateLossScalingShape)
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("GradScaler.update (torch's _amp_update_scale_), in place: with found_inf nonzero "
+                            "loss_scale *= backoff_factor, good_steps = 0, skipped_updates += 1; else "
+                            "good_steps += 1, and when it reaches growth_interval loss_scale *= growth_factor "
+                            "(kept only if finite) and good_steps = 0."));
 
 #undef STRATA_RETURN_IF_ERROR
 

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/kernel_checks.h"
+#include "kernels/loss_scaling_math.h"
 #include "kernels/optimizer_attrs.h"
 #include "kernels/optimizer_math.h"
 #include "kernels/shared_math.h"
@@ -40,6 +41,14 @@ using kernel_checks::ExpectNamedInputDtype;
 using kernel_checks::ExpectScalar;
 using kernel_checks::MutableData;
 
+// Whether the optional input `found_inf` (input i, when the op has it) says
+// this update is skipped: loss scaling found an inf or nan in the gradients.
+absl::StatusOr<bool> SkipsUpdate(const KernelContext& ctx, const char* op, int i) {
+  if (ctx.num_inputs() <= i) return false;
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "found_inf", F32));
+  return kernel_math::SkipsUpdate(ctx.input(i).data<float>()[0]);
+}
+
 // ---------------------------------------------------------------------------
 // sgd_update(param, grad, lr) -> param:  g += wd * p;  p -= lr * g.
 template <typename T>
@@ -54,6 +63,11 @@ class SgdUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
+    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "sgd_update", 3));
+    if (skip) {
+      ctx.SetOutput(0, param_tensor);
+      return absl::OkStatus();
+    }
     T* param = MutableData<T>(param_tensor);
     const T* grad = ctx.input(1).data<T>();
     const T lr = ctx.input(2).data<T>()[0];
@@ -88,6 +102,12 @@ class MomentumUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
     const Tensor& velocity_tensor = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "momentum_update", 4));
+    if (skip) {
+      ctx.SetOutput(0, param_tensor);
+      ctx.SetOutput(1, velocity_tensor);
+      return absl::OkStatus();
+    }
     T* param = MutableData<T>(param_tensor);
     T* velocity = MutableData<T>(velocity_tensor);
     const T* grad = ctx.input(1).data<T>();
@@ -128,13 +148,21 @@ class AdamUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 4, "lr", DataTypeOf<T>::value));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 5, "step", I64));
     const int64_t step = ctx.input(5).data<int64_t>()[0];
-    if (step < 1) {
+    // A skipped update's step count did not advance (it may still be 0).
+    STRATA_ASSIGN_OR_RETURN(const bool skipped, SkipsUpdate(ctx, "adam_update", 6));
+    if (step < 1 && !skipped) {
       return absl::InvalidArgumentError(
           absl::StrCat("adam_update: input 'step' is the 1-based index of this update and must be >= 1, got ", step));
     }
     const Tensor& param_tensor = ctx.input(0);
     const Tensor& m_tensor = ctx.input(2);
     const Tensor& v_tensor = ctx.input(3);
+    if (skipped) {
+      ctx.SetOutput(0, param_tensor);
+      ctx.SetOutput(1, m_tensor);
+      ctx.SetOutput(2, v_tensor);
+      return absl::OkStatus();
+    }
     T* param = MutableData<T>(param_tensor);
     T* m = MutableData<T>(m_tensor);
     T* v = MutableData<T>(v_tensor);
@@ -168,7 +196,8 @@ class IncrementKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "increment", 0, "counter", I64));
     const Tensor& counter = ctx.input(0);
-    MutableData<int64_t>(counter)[0] += by_;
+    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "increment", 1));
+    if (!skip) MutableData<int64_t>(counter)[0] += by_;
     ctx.SetOutput(0, counter);
     return absl::OkStatus();
   }
@@ -309,6 +338,8 @@ STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CPU, F64, InitFactory<MomentumU
 STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F32, InitFactory<AdamUpdateKernel<float>>());
 STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F64, InitFactory<AdamUpdateKernel<double>>());
 STRATA_REGISTER_KERNEL("increment", DEVICE_CPU, I64, InitFactory<IncrementKernel>());
+// With its F32 found_inf input, increment's kernel key (the first floating input's dtype) is F32.
+STRATA_REGISTER_KERNEL("increment", DEVICE_CPU, F32, InitFactory<IncrementKernel>());
 // lr_schedule's only input is the I64 step, so its kernel key is I64 for both output dtypes.
 STRATA_REGISTER_KERNEL("lr_schedule", DEVICE_CPU, I64, InitFactory<LrScheduleKernel>());
 STRATA_REGISTER_KERNEL("sum_squares", DEVICE_CPU, F32, InitFactory<SumSquaresKernel<float>>());
