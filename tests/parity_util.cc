@@ -79,7 +79,11 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   }
   auto report = Train(compiled->plans[0], BaseOptions(options));
   if (!report.ok()) return report.status();
-  for (const auto& s : report->steps) run.losses.push_back(s.loss);
+  for (const auto& s : report->steps) {
+    run.losses.push_back(s.loss);
+    if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
+    if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
+  }
   if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
   for (const auto& [name, values] : report->final_state) {
     if (IsParam(compiled->plans[0].program(), name)) run.weights[name] = values;
@@ -115,8 +119,15 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     }
     absl::MutexLock lock(&mu);
     if (report->reports_loss) {
-      for (const auto& s : report->steps) run.losses.push_back(s.loss);
+      for (const auto& s : report->steps) {
+        run.losses.push_back(s.loss);
+        if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
+        if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
+      }
       if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
+    }
+    for (const auto& s : report->steps) {
+      if (s.has_loss_scale) run.skipped_updates_by_rank[rank].push_back(s.skipped_update);
     }
     for (const auto& [name, values] : report->final_state) {
       if (!IsParam(plan.program(), name)) continue;

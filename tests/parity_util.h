@@ -24,6 +24,12 @@ struct ParityRun {
   double eval_loss = 0;                                    // after the run, when options.eval_data is set
   std::map<int, int64_t> measured_peak_bytes;              // per rank
   std::map<int, int64_t> predicted_peak_bytes;             // per rank
+  // With dynamic loss scaling: the scale each step used and whether its
+  // update was skipped, as the rank with the loss reports them; and each
+  // rank's own skip record (every rank must skip the same steps).
+  std::vector<double> loss_scales;
+  std::vector<bool> skipped_updates;
+  std::map<int, std::vector<bool>> skipped_updates_by_rank;
 };
 
 struct ParityOptions {

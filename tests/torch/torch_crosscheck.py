@@ -12,7 +12,9 @@ torch.optim and torch.nn.utils.clip_grad_norm_, and compares with Strata:
 
 Every error must be <= the case's tolerance (1e-9 for F64 programs, 1e-4 for
 F32, BF16 mixed precision included: a case with "mixed_precision": "BF16"
-runs torch's forward under torch.autocast("cpu", dtype=torch.bfloat16)).
+runs torch's forward under torch.autocast("cpu", dtype=torch.bfloat16)). A
+case with "F16" emulates F16 matmuls by casts and scales the loss by
+GradScaler's rule; its per-step scales and skipped steps must equal Strata's.
 Exits 1 on any mismatch, printing the worst steps and parameters.
 Run with /usr/bin/python3 (Debian's torch): python3 torch_crosscheck.py DIR
 """
@@ -82,11 +84,24 @@ def _pair(v):
     return tuple(v) if len(v) == 2 else (v[0], v[0])
 
 
+# F16 mixed precision as Strata's pass and widened kernels run it: every
+# matmul on F16 copies of its inputs, float32 math, its output rounded to F16
+# (CPU torch 1.13 has no half matmul). The casts' backward rounds the
+# gradients alike: dy to F16 before the matmul's backward, da and db after.
+_F16_MATMUL = [False]
+
+
+def _f16(t):
+    return t.half().float()
+
+
 def _matmul(op, a, b):
     if _attr(op, "transpose_a", False):
         a = a.transpose(-1, -2)
     if _attr(op, "transpose_b", False):
         b = b.transpose(-1, -2)
+    if _F16_MATMUL[0]:
+        return _f16(torch.matmul(_f16(a), _f16(b)))
     return torch.matmul(a, b)
 
 
@@ -277,10 +292,47 @@ def relative_error(got, ref):
     return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-300))
 
 
-def train_torch(program, init, batches, steps, as_float64=False, mixed_precision=""):
+class GradScalerRule:
+    """torch.cuda.amp.GradScaler's scale and skip rule (CPU torch 1.13's
+    GradScaler disables itself without CUDA, so its documented rule is
+    written out): unscale by float32(1 / double(scale)), skip the step on
+    any inf or nan, back off on a skip, grow after growth_interval good
+    steps in a row (only to a finite float32)."""
+
+    def __init__(self, cfg):
+        self.scale = np.float32(cfg["init_scale"])
+        self.growth, self.backoff = cfg["growth_factor"], cfg["backoff_factor"]
+        self.interval = int(cfg["growth_interval"])
+        self.good = 0
+
+    def unscale_(self, params):
+        """Unscales the gradients in place; returns found_inf."""
+        inv = np.float32(1.0 / float(self.scale))
+        found = False
+        for p in params:
+            found |= not bool(torch.isfinite(p.grad).all())
+            p.grad.mul_(torch.tensor(inv, dtype=p.grad.dtype))
+        return found
+
+    def update(self, found):
+        if found:
+            self.scale = np.float32(float(self.scale) * self.backoff)
+            self.good = 0
+            return
+        self.good += 1
+        if self.good == self.interval:
+            grown = np.float32(float(self.scale) * self.growth)
+            if np.isfinite(grown):
+                self.scale = grown
+            self.good = 0
+
+
+def train_torch(program, init, batches, steps, as_float64=False, mixed_precision="", loss_scaling=None,
+                scaling_log=None):
     """Trains the program in torch for `steps` steps; returns (losses, final
     parameters as numpy, steps on which clipping engaged). as_float64 runs an
-    F32 program in float64 from the same (F32) weights and batches."""
+    F32 program in float64 from the same (F32) weights and batches. With
+    loss_scaling (F16), scaling_log gets each step's (scale, skipped)."""
     if as_float64:
         program = json.loads(json.dumps(program))
         for v in program["var"]:
@@ -301,6 +353,7 @@ def train_torch(program, init, batches, steps, as_float64=False, mixed_precision
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     max_norm = float(spec.get("clip_global_norm", 0.0))
 
+    scaler = GradScalerRule(loss_scaling) if loss_scaling else None
     feed_names = [v["name"] for v in program["var"] if v.get("kind") == "FEED"]
     losses, clipped_steps = [], 0
     for step in range(steps):
@@ -315,16 +368,35 @@ def train_torch(program, init, batches, steps, as_float64=False, mixed_precision
             # their inputs, softmax and the losses in float32, as Strata's pass.
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = model.forward(feeds)
+        elif mixed_precision == "F16":
+            _F16_MATMUL[0] = True
+            try:
+                loss = model.forward(feeds)
+            finally:
+                _F16_MATMUL[0] = False
         elif mixed_precision:
             raise NotImplementedError("mixed precision %s" % mixed_precision)
         else:
             loss = model.forward(feeds)
-        loss.backward()
+        if scaler is None:
+            loss.backward()
+            found = False
+        else:
+            # The backward seed is the scale (d(loss * S)/d(loss)).
+            scale_used = float(scaler.scale)
+            loss.backward(torch.tensor(scaler.scale, dtype=loss.dtype))
+            found = scaler.unscale_(model.trainable())
         if max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(model.trainable(), max_norm)
             clipped_steps += int(float(norm) > max_norm)
-        opt.step()
-        sched.step()
+        if not found:
+            # A skipped step is no optimizer step: neither the optimizer
+            # (Adam's count) nor the lr schedule advance, as in Strata.
+            opt.step()
+            sched.step()
+        if scaler is not None:
+            scaler.update(found)
+            scaling_log.append((scale_used, found))
         losses.append(float(loss))
     final = {name: t.detach().numpy().copy() for name, t in model.params.items()}
     return losses, final, clipped_steps
@@ -341,8 +413,10 @@ def run_case(folder):
     steps = int(case["steps"])
 
     t0 = time.time()
+    scaling_log = []
     losses, final, clipped_steps = train_torch(program, init, batches, steps,
-                                               mixed_precision=case.get("mixed_precision", ""))
+                                               mixed_precision=case.get("mixed_precision", ""),
+                                               loss_scaling=case.get("loss_scaling"), scaling_log=scaling_log)
     torch_seconds = time.time() - t0
 
     tol = float(case["tolerance"])
@@ -356,6 +430,10 @@ def run_case(folder):
         "tolerance": tol, "clipped_steps": clipped_steps, "clipping": float(program.get("optimizer", {}).get(
             "clip_global_norm", 0.0)) > 0, "moved": moved, "torch_seconds": torch_seconds, "float32_floor": None,
     }
+    if case.get("loss_scaling"):
+        # Every step's scale and skip decision, exactly.
+        result["scaling"] = {"torch": scaling_log,
+                             "strata": list(zip(case["loss_scaling"]["loss_scales"], case["loss_scaling"]["skipped"]))}
     failed = max(loss_errors) > tol or max(weight_errors.values()) > tol
     if failed and case["dtype"] == "F32" and not case.get("mixed_precision"):
         # Context for the failure: how far torch's own float32 run is from a
@@ -401,6 +479,16 @@ def main():
                  "weights moved >= %.1e" % min(r["moved"].values())]
         if r["clipping"]:
             notes.append("clipped %d/%d steps" % (r["clipped_steps"], len(r["losses"])))
+        if "scaling" in r:
+            theirs, ours = r["scaling"]["torch"], r["scaling"]["strata"]
+            skipped = [i + 1 for i, (_, f) in enumerate(theirs) if f]
+            notes.append("skipped steps %s, scales %s" % (skipped, sorted(set(int(s) for s, _ in theirs))))
+            if [(float(s), bool(f)) for s, f in theirs] != [(float(s), bool(f)) for s, f in ours]:
+                failures.append("%s: loss scales/skips differ:\n  torch  %s\n  strata %s" % (name, theirs, ours))
+            grew = any(b[0] > a[0] for a, b in zip(theirs, theirs[1:]))
+            if not skipped or all(f for _, f in theirs) or not grew:
+                failures.append("%s: the case must skip some steps, make others and grow the scale: %s" %
+                                (name, theirs))
         print("%-38s %-5s %12.3e %12.3e %9.0e  %s" % (name, r["case"]["dtype"], worst_loss, worst_w, tol,
                                                      ", ".join(notes)))
         bad_steps = [(i + 1, e) for i, e in enumerate(r["loss_errors"]) if not e <= tol]

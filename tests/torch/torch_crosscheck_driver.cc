@@ -28,6 +28,7 @@
 #include "compiler/program_text.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "passes/loss_scaling.h"
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/executor.h"
@@ -54,6 +55,9 @@ struct CrossCheckCase {
   // "BF16": the strategy's mixed_precision dtype (torch runs the forward under
   // torch.autocast('cpu', dtype=torch.bfloat16)); empty: none.
   std::string mixed_precision;
+  // With "F16": the strategy's mixed_precision.loss_scaling, as proto text
+  // (torch's side runs GradScaler's rule with the same values).
+  std::string loss_scaling;
 };
 
 // Every optimizer, weight decay (L2 and decoupled), each lr schedule (with
@@ -119,6 +123,15 @@ std::vector<CrossCheckCase> Cases() {
       // from float32 by 10x on the loss and 300x on the weights.
       {"mlp2_bf16_sgd", "mlp", "F32", {784, 64, 10}, 0, "sgd { learning_rate: 0.1 }", "fashion_mnist", 32, 25,
        1e-4, "BF16"},
+      // F16 with dynamic loss scaling against torch with F16 storage and
+      // float32 math emulated by casts (CPU torch 1.13 has no half matmul)
+      // and GradScaler's rule: init_scale 2^26 overflows F16 in backward, so
+      // the first updates are skipped while the scale backs off; growth_interval 4
+      // grows it again until it overflows once more. Steps skipped and
+      // scales must be equal; losses and weights within the F32 bar.
+      {"mlp2_f16_momentum_loss_scaling", "mlp", "F32", {784, 64, 10}, 0,
+       "momentum { learning_rate: 0.05 momentum: 0.9 }", "fashion_mnist", 32, 26, 1e-4, "F16",
+       "init_scale: 67108864 growth_interval: 4"},
   };
 }
 
@@ -190,6 +203,11 @@ absl::Status RunCase(const CrossCheckCase& c, const std::string& dir) {
     DataType dtype = DT_INVALID;
     if (!DataType_Parse(c.mixed_precision, &dtype)) return absl::InvalidArgumentError(c.mixed_precision);
     strategy.mutable_mixed_precision()->set_dtype(dtype);
+    if (!c.loss_scaling.empty() &&
+        !google::protobuf::TextFormat::ParseFromString(c.loss_scaling,
+                                                        strategy.mutable_mixed_precision()->mutable_loss_scaling())) {
+      return absl::InvalidArgumentError(absl::StrCat(c.name, ": bad loss_scaling text: ", c.loss_scaling));
+    }
   }
   auto compiled = Compile(*program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
@@ -259,14 +277,27 @@ absl::Status RunCase(const CrossCheckCase& c, const std::string& dir) {
   }
   if (auto s = WriteText(dir + "/program.json", json); !s.ok()) return s;
 
-  std::vector<std::string> losses;
-  for (const StepMetrics& m : report->steps) losses.push_back(absl::StrFormat("%.17g", m.loss));
+  std::vector<std::string> losses, scales, skipped;
+  for (const StepMetrics& m : report->steps) {
+    losses.push_back(absl::StrFormat("%.17g", m.loss));
+    if (m.has_loss_scale) scales.push_back(absl::StrFormat("%.17g", m.loss_scale));
+    if (m.has_loss_scale) skipped.push_back(m.skipped_update ? "true" : "false");
+  }
+  std::string scaling = "null";
+  if (UsesLossScaling(strategy)) {
+    const LossScaling ls = EffectiveLossScaling(strategy);
+    scaling = absl::StrFormat(
+        "{\"init_scale\": %.17g, \"growth_factor\": %.17g, \"backoff_factor\": %.17g, \"growth_interval\": %d, "
+        "\"loss_scales\": [%s], \"skipped\": [%s]}",
+        ls.init_scale(), ls.growth_factor(), ls.backoff_factor(), ls.growth_interval(), absl::StrJoin(scales, ", "),
+        absl::StrJoin(skipped, ", "));
+  }
   std::string case_json = absl::StrFormat(
       "{\"name\": \"%s\", \"model\": \"%s\", \"dtype\": \"%s\", \"data\": \"%s\", \"batch_size\": %d, "
       "\"steps\": %d, \"seed\": %d, \"tolerance\": %.17g, \"threads\": %d, \"strata_seconds\": %.6f, "
-      "\"mixed_precision\": \"%s\", \"losses\": [%s]}\n",
+      "\"mixed_precision\": \"%s\", \"loss_scaling\": %s, \"losses\": [%s]}\n",
       c.name, c.model, c.dtype, c.data, c.batch, kSteps, c.seed, c.tolerance, IntraOpThreads(), report->seconds,
-      c.mixed_precision,
+      c.mixed_precision, scaling,
       absl::StrJoin(losses, ", "));
   return WriteText(dir + "/case.json", case_json);
 }
