@@ -1,14 +1,27 @@
 // Mixed precision end to end: `strata gen mlp` (F32) trained 20 steps with
-// mixed_precision { dtype: BF16 } follows the same program in float32 within
-// the bar below, and the plan's prediction bounds the measured peak.
+// mixed_precision { dtype: BF16 } (or F16 with dynamic loss scaling) follows
+// the same program in float32 within the bars below, and the plan's
+// prediction bounds the measured peak. F16's loss scaling, step by step: a
+// skipped update changes no weight, optimizer state or step count, and the
+// scale follows GradScaler's rule; the --metrics lines say so.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compiler/program_text.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "passes/compile.h"
+#include "runtime/executor.h"
+#include "runtime/trainer.h"
 #include "tests/parity_util.h"
 
 namespace strata {
@@ -55,6 +68,189 @@ TEST(MixedPrecisionTrainTest, Bf16MlpFollowsFloat32) {
   // Memory rule: measured <= predicted (the widened kernels' float32 scratch included).
   EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
   EXPECT_LE(ref->measured_peak_bytes.at(0), ref->predicted_peak_bytes.at(0));
+}
+
+TEST(MixedPrecisionTrainTest, F16MlpFollowsFloat32) {
+  auto program = GenerateModel("mlp", GenOptions());
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=2048";
+  options.steps = 20;
+  options.batch_size = 64;
+  Strategy f32;
+  Strategy f16;
+  f16.mutable_mixed_precision()->set_dtype(F16);  // GradScaler's defaults: 65536, 2000
+
+  auto ref = TrainParallel(*program, f32, options);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto mixed = TrainParallel(*program, f16, options);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  ASSERT_EQ(mixed->losses.size(), 20u);
+  // 65536 overflows nothing here: no update skipped, the scale constant.
+  EXPECT_EQ(mixed->loss_scales, std::vector<double>(20, 65536.0));
+  EXPECT_EQ(mixed->skipped_updates, std::vector<bool>(20, false));
+  // F16 keeps 11 significant bits, 8x finer than bf16's 8: the first step
+  // (the initial weights' forward) differs by 5.2e-7 relative, against
+  // bf16's 7e-6. Training then amplifies the roundings as the weights drift
+  // apart (Adam normalises every gradient element, the tiny ones too):
+  // measured (batch 64, synthetic) 4.7e-5 at step 2, 3.5e-4 at step 7, the
+  // worst 6.9e-4 at step 15, and the same 7.0e-4 with the scale set to 1,
+  // so the drift is F16's rounding, not the scaling. Bars: the issue's 2e-2
+  // per step; 1e-5 on the first step (20x the measurement); and bf16's
+  // bar, one bf16 rounding (2^-9), on the worst step (2.8x the measurement).
+  double worst = 0;
+  for (size_t i = 0; i < ref->losses.size(); ++i) {
+    const double rel = std::abs(mixed->losses[i] - ref->losses[i]) / std::abs(ref->losses[i]);
+    worst = std::max(worst, rel);
+    RecordProperty(absl::StrCat("f16_rel_diff_step_", i + 1), absl::StrFormat("%.3g", rel));
+  }
+  RecordProperty("worst_rel_diff", absl::StrFormat("%.3g", worst));
+  for (size_t i = 0; i < ref->losses.size(); ++i) {
+    EXPECT_LE(std::abs(mixed->losses[i] - ref->losses[i]), 2e-2 * std::abs(ref->losses[i])) << "step " << i + 1;
+  }
+  EXPECT_LE(std::abs(mixed->losses[0] - ref->losses[0]), 1e-5 * std::abs(ref->losses[0]));
+  EXPECT_LE(worst, std::ldexp(1.0, -9));
+  EXPECT_NE(mixed->losses, ref->losses);
+  EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
+}
+
+// A small MLP with Adam (whose moments and step count a skipped update must
+// leave alone) and clipping.
+constexpr char kAdamMlp[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 16] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [16, 32] kind: PARAM init { xavier_uniform {} } }
+  var { name: "b1" dtype: F32 shape: [32] kind: PARAM }
+  var { name: "w2" dtype: F32 shape: [32, 4] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "w1"] output: ["xw"] }
+  op { type: "add" input: ["xw", "b1"] output: ["a"] }
+  op { type: "relu" input: ["a"] output: ["h"] }
+  op { type: "matmul" input: ["h", "w2"] output: ["z"] }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+  loss: "loss"
+  optimizer { adam { learning_rate: 0.01 } clip_global_norm: 5.0 }
+)pb";
+
+std::map<std::string, std::vector<double>> Values(const std::map<std::string, Tensor>& state) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [name, t] : state) {
+    for (int64_t i = 0; i < t.num_elements(); ++i) out[name].push_back(t.ValueAt(i));
+  }
+  return out;
+}
+
+TEST(MixedPrecisionTrainTest, F16SkippedUpdatesChangeNothingAndTheScaleFollowsGradScaler) {
+  auto program = ParseProgramText(kAdamMlp, "adam_mlp.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(F16);
+  // 2^40 overflows F16 in backward: the first updates are skipped while the
+  // scale walks down; growth after 3 good steps overflows again now and then.
+  strategy.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(std::ldexp(1.0, 40));
+  strategy.mutable_mixed_precision()->mutable_loss_scaling()->set_growth_interval(3);
+  constexpr int64_t kBatch = 32;
+  CompileOptions copts;
+  copts.batch_size = kBatch;
+  auto compiled = Compile(*program, strategy, copts);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  ExecutorOptions eopts;
+  eopts.seed = 7;
+  auto executor = Executor::Create(compiled->plans[0], eopts);
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  ASSERT_TRUE((*executor)->InitializeState().ok());
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  double scale = std::ldexp(1.0, 40);  // GradScaler's rule, run beside
+  int good = 0, skipped = 0, made = 0, grown = 0;
+  for (int step = 0; step < 40; ++step) {
+    std::map<std::string, Tensor> feeds;
+    feeds["x"] = Tensor::Empty(F32, {kBatch, 16});
+    feeds["label"] = Tensor::Empty(I64, {kBatch});
+    for (int64_t i = 0; i < kBatch * 16; ++i) feeds["x"].data<float>()[i] = normal(rng);
+    for (int64_t i = 0; i < kBatch; ++i) feeds["label"].data<int64_t>()[i] = (i * 7 + step) % 4;
+    const auto before = Values((*executor)->PersistentState());
+    auto r = (*executor)->TrainStep(feeds, step * kBatch);
+    ASSERT_TRUE(r.ok()) << "step " << step + 1 << ": " << r.status();
+    const auto after = Values((*executor)->PersistentState());
+    SCOPED_TRACE(absl::StrCat("step ", step + 1));
+    EXPECT_TRUE(std::isfinite(r->loss));  // the reported loss is the unscaled forward loss
+    ASSERT_TRUE(r->has_loss_scale);
+    EXPECT_EQ(r->loss_scale, scale);
+    for (const auto& [name, values] : before) {
+      if (name == "@loss_scale" || name == "@loss_scale.good_steps" || name == "@loss_scale.skipped_updates") continue;
+      if (r->skipped_update) {
+        EXPECT_EQ(after.at(name), values) << name << " changed on a skipped update";
+      } else if (name == "w1" || name == "w2" || name == "@step") {
+        EXPECT_NE(after.at(name), values) << name << " did not change on an update";
+      }
+    }
+    EXPECT_EQ(after.at("@step")[0], static_cast<double>(made + !r->skipped_update));
+    if (r->skipped_update) {
+      scale *= 0.5;
+      good = 0;
+      ++skipped;
+    } else {
+      ++made;
+      if (++good == 3) {
+        scale *= 2;
+        good = 0;
+        ++grown;
+      }
+    }
+    EXPECT_EQ(after.at("@loss_scale")[0], scale);
+    EXPECT_EQ(after.at("@loss_scale.skipped_updates")[0], skipped);
+    if (step == 0) {
+      EXPECT_TRUE(r->skipped_update) << "2^40 must overflow F16";
+    }
+  }
+  RecordProperty("skipped", skipped);
+  RecordProperty("final_scale", absl::StrFormat("%.17g", scale));
+  EXPECT_GE(skipped, 10);  // the walk down from 2^40
+  EXPECT_GE(made, 10);
+  EXPECT_GE(grown, 2);
+}
+
+TEST(MixedPrecisionTrainTest, F16MetricsLinesCarryTheScaleAndTheSkips) {
+  auto program = GenerateModel("mlp", GenOptions());
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(F16);
+  strategy.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(std::ldexp(1.0, 30));
+  CompileOptions copts;
+  copts.batch_size = 32;
+  auto compiled = Compile(*program, strategy, copts);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp ? tmp : "/tmp", "/f16_metrics.jsonl");
+  TrainOptions topts;
+  topts.data = "synthetic:classes=10,size=512";
+  topts.steps = 12;
+  topts.seed = 1;
+  topts.progress = false;
+  topts.metrics_path = path;
+  auto report = Train(compiled->plans[0], topts);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0, skipped = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("step") || j.contains("eval") || j.contains("summary")) continue;
+    const StepMetrics& m = report->steps.at(steps++);
+    ASSERT_TRUE(j.contains("loss_scale")) << line;
+    EXPECT_EQ(j["loss_scale"].get<double>(), m.loss_scale) << line;
+    EXPECT_TRUE(j["loss"].is_number()) << line;  // finite: a skipped step is no divergence
+    if (m.skipped_update) {
+      ++skipped;
+      EXPECT_EQ(j["skipped_update"], true) << line;
+    } else {
+      EXPECT_FALSE(j.contains("skipped_update")) << line;
+    }
+  }
+  EXPECT_EQ(steps, 12);
+  EXPECT_GE(skipped, 1);  // 2^30 overflows at first
+  EXPECT_EQ(report->steps.front().loss_scale, std::ldexp(1.0, 30));
 }
 
 }  // namespace
