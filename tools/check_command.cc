@@ -115,6 +115,27 @@ std::string DataParallelLines(const RankPlan& plan) {
   return out;
 }
 
+// What the loss-scaling pass inserted, read from the plan: the scale's
+// start and its update's factors.
+std::string LossScalingLine(const Program& program) {
+  double init = 0, growth = 0, backoff = 0;
+  int64_t interval = 0;
+  for (const Var& v : program.var()) {
+    if (v.name() == program.loss_scale()) init = v.init().constant().value();
+  }
+  for (const Op& op : program.op()) {
+    if (op.type() != "update_loss_scaling") continue;
+    growth = op.attr().at("growth_factor").f();
+    backoff = op.attr().at("backoff_factor").f();
+    interval = op.attr().at("growth_interval").i();
+  }
+  return absl::StrFormat(
+      "  loss scaling: the loss gradient times %s (from %g); before the optimizer every gradient is unscaled and "
+      "checked (check_finite_and_unscale), an inf or nan on any rank skips the update and scales by %g, %d good "
+      "updates in a row by %g (update_loss_scaling)\n",
+      program.loss_scale(), init, backoff, interval, growth);
+}
+
 // The line under a rank's "rank N:" line when the strategy asks for
 // recompute: its activation peak with and without it.
 std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, int rank,
@@ -268,6 +289,7 @@ int CheckCommand(const std::string& path) {
     std::cout << absl::StrFormat("  gradient merge: the optimizer runs once every %d steps, on %d samples\n", merge,
                                  result->batch_size * merge);
   }
+  if (!first.loss_scale().empty()) std::cout << LossScalingLine(first);
   for (const auto& [stage, n] : stage_ops) {
     // On a pipeline: the cost model's share of the work, to balance stages by.
     const std::string work =
