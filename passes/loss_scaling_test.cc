@@ -198,6 +198,38 @@ TEST(LossScalingTest, StagesAgreeOnTheFlagThroughAnAllreduce) {
   EXPECT_EQ(seeds, 1);
 }
 
+// The loss alone on the last stage: no gradients there, but the seed and
+// both stages' allreduces (the flag's, then clipping's) in the same order.
+constexpr char kLossOnlyStage[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F32 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w1"] output: ["z"] device: "gpu:0" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } clip_global_norm: 1.0 }
+)pb";
+
+TEST(LossScalingTest, AStageWithoutGradientsJoinsTheFlagsAllreduce) {
+  Strategy s = F16Strategy();
+  s.mutable_pipeline()->set_micro_batch_size(2);
+  s.mutable_pipeline()->set_accumulate_steps(2);
+  auto result = Compile(ParseProgramOrFail(kLossOnlyStage), s, CompileOptions());
+  ASSERT_TRUE(result.ok()) << result.status();  // the schedule verifier matched the collectives
+  ASSERT_EQ(result->plans.size(), 2u);
+  const Program& last = result->plans[1].program();
+  EXPECT_TRUE(OpsOfType(last, "check_finite_and_unscale").empty());
+  ASSERT_EQ(OpsWriting(last, "@found_inf").size(), 1u);
+  EXPECT_EQ(OpsWriting(last, "@found_inf")[0]->type(), "fill_scalar");
+  const std::vector<const Op*> reduces = OpsOfType(last, "allreduce");
+  ASSERT_EQ(reduces.size(), 2u);
+  EXPECT_EQ(reduces[0]->input(0), "@found_inf");
+  EXPECT_EQ(reduces[1]->input(0), "@grad_sumsq");
+  ASSERT_EQ(OpsOfType(last, "update_loss_scaling").size(), 1u);
+  EXPECT_FALSE(OpsWriting(last, last.loss_grad() + "@scaled").empty());
+  EXPECT_FALSE(OpsOfType(result->plans[0].program(), "check_finite_and_unscale").empty());
+}
+
 TEST(LossScalingTest, DataParallelReplicasCheckTheSummedGradients) {
   Strategy s = F16Strategy();
   s.mutable_data_parallel()->set_degree(2);
