@@ -35,10 +35,10 @@ using testing::RunKernel;
 using testing::Uniform;
 
 STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
-                                                 {"matmul_shared_b_grad_a", {F32, F64, BF16}},
-                                                 {"matmul_shared_b_grad_b", {F32, F64, BF16}},
+                                                 {"matmul_shared_b_grad_a", {F32, F64, BF16, F16}},
+                                                 {"matmul_shared_b_grad_b", {F32, F64, BF16, F16}},
                                                  {"matmul_accumulate", {F32, F64}},
-                                                 {"matmul_bias", {F32, F64, BF16}},
+                                                 {"matmul_bias", {F32, F64, BF16, F16}},
                                              });
 
 // The op's text with its two transpose attrs; `inputs` and `output` are
@@ -122,12 +122,12 @@ TEST_F(CudaOpsTest, MatmulSharedBGradBMatchesTheCpuAndRepeatsBitForBit) {
   }
 }
 
-// bf16 storage, FP32 products and sums, against the CPU's bf16 kernel (the
-// same bf16 inputs widened to float, one rounding on the way out): within
+// bf16 and fp16 storage, FP32 products and sums, against the CPU's kernel (the
+// same 16-bit inputs widened to float, one rounding on the way out): within
 // 2e-2 of the output's largest magnitude (the issue's bf16 bar). grad_b with
 // transpose_a accumulates per item in bf16 on the GPU, once in float on the
 // CPU: inside the bar too.
-TEST_F(CudaOpsTest, MatmulSharedBGradsInBf16MatchTheCpu) {
+TEST_F(CudaOpsTest, MatmulSharedBGradsInBf16AndF16MatchTheCpu) {
   struct Bf16Case {
     const char* op;
     const char* inputs;       // quoted, for OpText
@@ -143,21 +143,23 @@ TEST_F(CudaOpsTest, MatmulSharedBGradsInBf16MatchTheCpu) {
       {"matmul_shared_b_grad_b", R"("a", "dy")", "a", "dy", {4, 6, 33, 17}, {4, 6, 33, 9}, false, true},
       {"matmul_shared_b_grad_b", R"("a", "dy")", "a", "dy", {4, 17, 33}, {4, 33, 9}, true, false},
   };
-  for (const Bf16Case& c : cases) {
-    SCOPED_TRACE(absl::StrCat(c.op, " ", ShapeString(c.x), " ", ShapeString(c.y), " ta=", c.transpose_a,
-                              " tb=", c.transpose_b));
-    const Tensor x = MakeTensor(BF16, c.x, Uniform(NumElements(c.x), 21));
-    const Tensor y = MakeTensor(BF16, c.y, Uniform(NumElements(c.y), 22));
-    const std::string op = OpText(c.op, c.inputs, "out", c.transpose_a, c.transpose_b);
-    auto both = RunBothNamed(op, {{c.first, x}, {c.second, y}}, {"out"});
-    ASSERT_EQ(both.size(), 1u);
-    const auto& [cpu, gpu] = both[0];
-    ASSERT_EQ(gpu.dtype(), BF16);
-    ASSERT_EQ(gpu.shape(), cpu.shape());
-    const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
-    double largest = 0;
-    for (double w : want) largest = std::max(largest, std::abs(w));
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+  for (DataType half : {BF16, F16}) {
+    for (const Bf16Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(half), " ", c.op, " ", ShapeString(c.x), " ", ShapeString(c.y),
+                                " ta=", c.transpose_a, " tb=", c.transpose_b));
+      const Tensor x = MakeTensor(half, c.x, Uniform(NumElements(c.x), 21));
+      const Tensor y = MakeTensor(half, c.y, Uniform(NumElements(c.y), 22));
+      const std::string op = OpText(c.op, c.inputs, "out", c.transpose_a, c.transpose_b);
+      auto both = RunBothNamed(op, {{c.first, x}, {c.second, y}}, {"out"});
+      ASSERT_EQ(both.size(), 1u);
+      const auto& [cpu, gpu] = both[0];
+      ASSERT_EQ(gpu.dtype(), half);
+      ASSERT_EQ(gpu.shape(), cpu.shape());
+      const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
+      double largest = 0;
+      for (double w : want) largest = std::max(largest, std::abs(w));
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+    }
   }
 }
 
@@ -173,14 +175,14 @@ TEST_F(CudaOpsTest, MatmulBiasMatchesTheCpu) {
     bool transpose_b;
   };
   const BiasCase cases[] = {{{8, 33, 100}, {100, 24}, false}, {{64, 17}, {40, 17}, true}, {{2, 128, 768}, {768, 256}, false}};
-  for (DataType dtype : {F32, F64, BF16}) {
+  for (DataType dtype : {F32, F64, BF16, F16}) {
     for (const BiasCase& c : cases) {
       SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " tb=",
                                 c.transpose_b));
       const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
       const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 31));
       const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 32));
-      const DataType out = dtype == BF16 ? F32 : dtype;
+      const DataType out = IsHalfFloating(dtype) ? F32 : dtype;
       const Tensor bias = MakeTensor(out, {n}, Uniform(n, 33));
       const std::string op =
           absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: "y" attr { key: "transpose_b" value { b: )",

@@ -6,6 +6,7 @@
 // synchronisation.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -62,6 +63,10 @@ struct GemmType {
 template <>
 struct GemmType<bfloat16> {
   using type = __nv_bfloat16;  // the same 16 bits
+};
+template <>
+struct GemmType<float16> {
+  using type = __half;  // the same 16 bits
 };
 
 // y = op(a) @ op(b), as kernels/cpu/matmul.cc: x @ W with a batched x and a
@@ -240,6 +245,7 @@ STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CUDA, F64, MakeFactory<CudaReluGradKe
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, F32, InitFactory<CudaMatmulKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, F64, InitFactory<CudaMatmulKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, BF16, InitFactory<CudaMatmulKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CUDA, F16, InitFactory<CudaMatmulKernel<float16>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F32, InitFactory<CudaMatmulSharedBGradAKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F64, InitFactory<CudaMatmulSharedBGradAKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulSharedBGradBKernel<float>>());
@@ -248,9 +254,12 @@ STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, BF16,
                        InitFactory<CudaMatmulSharedBGradAKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, BF16,
                        InitFactory<CudaMatmulSharedBGradBKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CUDA, F16, InitFactory<CudaMatmulSharedBGradAKernel<float16>>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CUDA, F16, InitFactory<CudaMatmulSharedBGradBKernel<float16>>());
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F32, (InitFactory<CudaMatmulBiasKernel<float, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F64, (InitFactory<CudaMatmulBiasKernel<double, double>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, BF16, (InitFactory<CudaMatmulBiasKernel<bfloat16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F16, (InitFactory<CudaMatmulBiasKernel<float16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

@@ -38,14 +38,14 @@ using testing::Uniform;
 STRATA_CUDA_OPS_TESTED(cuda_ops_test, {
                                           {"relu", {F32, F64}},
                                           {"relu_grad", {F32, F64}},
-                                          {"matmul", {F32, F64, BF16}},
+                                          {"matmul", {F32, F64, BF16, F16}},
                                           {"add", {F32, F64, I64}},
                                           {"sub", {F32, F64, I64}},
                                           {"mul", {F32, F64, I64}},
                                           {"div", {F32, F64}},
                                           {"sum_to_like", {F32, F64, I64}},
                                           {"fill_like", {F32, F64, I64, I32, BOOL}},
-                                          {"increment", {I64}},
+                                          {"increment", {I64, F32}},
                                           {"lr_schedule", {I64}},
                                           {"adam_update", {F32, F64}},
                                           {"sgd_update", {F32, F64}},
@@ -177,27 +177,30 @@ TEST_F(CudaOpsTest, MatmulRefusesWhatTheCpuRefusesWithTheSameWords) {
 // precision (issue 18), so the kernel runs directly.
 TEST_F(CudaOpsTest, MatmulBf16MatchesTheCpuFloatProductOfTheSameInputs) {
   const Shape as{4, 33, 100}, bs{100, 24};
-  const Tensor a16 = MakeTensor(BF16, as, Uniform(NumElements(as), 7));
-  const Tensor b16 = MakeTensor(BF16, bs, Uniform(NumElements(bs), 8));
-  const Tensor a_gpu = *a16.CopyTo(device_.get()), b_gpu = *b16.CopyTo(device_.get());
-  const Op op = ParseOp(
-      R"pb(type: "matmul" input: [ "a", "b" ] output: "y"
-           attr { key: "transpose_a" value { b: false } }
-           attr { key: "transpose_b" value { b: false } })pb");
-  const absl::StatusOr<Tensor> y = RunKernel(op, BF16, {&a_gpu, &b_gpu}, gpu_);
-  ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_EQ(y->dtype(), BF16);
-  EXPECT_EQ(y->shape(), (Shape{4, 33, 24}));
-  const std::vector<double> got = TensorValues(*y);
-  // The reference in float over the same (already bf16-rounded) values.
-  const Tensor a32 = MakeTensor(F32, as, TensorValues(a16)), b32 = MakeTensor(F32, bs, TensorValues(b16));
-  const absl::StatusOr<Tensor> want_t = RunKernel(op, F32, {&a32, &b32}, RunContext());
-  ASSERT_TRUE(want_t.ok()) << want_t.status();
-  const std::vector<double> want = TensorValues(*want_t);
-  ASSERT_EQ(got.size(), want.size());
-  double largest = 0;
-  for (double w : want) largest = std::max(largest, std::abs(w));
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+  for (DataType half : {BF16, F16}) {
+    SCOPED_TRACE(DataTypeName(half));
+    const Tensor a16 = MakeTensor(half, as, Uniform(NumElements(as), 7));
+    const Tensor b16 = MakeTensor(half, bs, Uniform(NumElements(bs), 8));
+    const Tensor a_gpu = *a16.CopyTo(device_.get()), b_gpu = *b16.CopyTo(device_.get());
+    const Op op = ParseOp(
+        R"pb(type: "matmul" input: [ "a", "b" ] output: "y"
+             attr { key: "transpose_a" value { b: false } }
+             attr { key: "transpose_b" value { b: false } })pb");
+    const absl::StatusOr<Tensor> y = RunKernel(op, half, {&a_gpu, &b_gpu}, gpu_);
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->dtype(), half);
+    EXPECT_EQ(y->shape(), (Shape{4, 33, 24}));
+    const std::vector<double> got = TensorValues(*y);
+    // The reference in float over the same (already bf16-rounded) values.
+    const Tensor a32 = MakeTensor(F32, as, TensorValues(a16)), b32 = MakeTensor(F32, bs, TensorValues(b16));
+    const absl::StatusOr<Tensor> want_t = RunKernel(op, F32, {&a32, &b32}, RunContext());
+    ASSERT_TRUE(want_t.ok()) << want_t.status();
+    const std::vector<double> want = TensorValues(*want_t);
+    ASSERT_EQ(got.size(), want.size());
+    double largest = 0;
+    for (double w : want) largest = std::max(largest, std::abs(w));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+  }
   EXPECT_TRUE(device_->Synchronize().ok());
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/loss_scaling.h"
 #include "kernels/cuda/optimizers.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/optimizer_attrs.h"
@@ -25,6 +26,14 @@ using kernel_checks::ExpectLike;
 using kernel_checks::ExpectScalar;
 using kernel_checks::MutableData;
 
+// Loss scaling's optional found_inf (input i, when the op has it): the device
+// flag the launch reads, or null.
+absl::StatusOr<const float*> FoundInf(const KernelContext& ctx, const char* op, int i) {
+  if (ctx.num_inputs() <= i) return nullptr;
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "found_inf", F32));
+  return ctx.input(i).data<float>();
+}
+
 // increment(counter) -> counter, in place: counter += by.
 class CudaIncrementKernel : public OpKernel {
  public:
@@ -37,8 +46,9 @@ class CudaIncrementKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "increment", 0, "counter", I64));
     const Tensor& counter = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchIncrement(MutableData<int64_t>(counter), by_, device->stream()), "increment"));
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "increment", 1));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchIncrement(MutableData<int64_t>(counter), by_, found_inf, device->stream()), "increment"));
     ctx.SetOutput(0, counter);
     return absl::OkStatus();
   }
@@ -96,10 +106,11 @@ class CudaAdamUpdateKernel : public OpKernel {
     const Tensor& param = ctx.input(0);
     const Tensor& m = ctx.input(2);
     const Tensor& v = ctx.input(3);
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "adam_update", 6));
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v), ctx.input(1).data<T>(),
                                ctx.input(4).data<T>(), ctx.input(5).data<int64_t>(), attrs_, param.num_elements(),
-                               device->stream()),
+                               found_inf, device->stream()),
         "adam_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, m);
@@ -126,9 +137,10 @@ class CudaSgdUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "sgd_update", 3));
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(), ctx.input(2).data<T>(),
-                              static_cast<T>(attrs_.weight_decay), param.num_elements(), device->stream()),
+                              static_cast<T>(attrs_.weight_decay), param.num_elements(), found_inf, device->stream()),
         "sgd_update"));
     ctx.SetOutput(0, param);
     return absl::OkStatus();
@@ -155,11 +167,12 @@ class CudaMomentumUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
     const Tensor& velocity = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "momentum_update", 4));
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
                                    ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
                                    static_cast<T>(attrs_.weight_decay), attrs_.nesterov, param.num_elements(),
-                                   device->stream()),
+                                   found_inf, device->stream()),
         "momentum_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, velocity);
@@ -170,7 +183,81 @@ class CudaMomentumUpdateKernel : public OpKernel {
   kernel_math::MomentumAttrs attrs_;
 };
 
+// check_finite_and_unscale(scale, x...) -> (found_inf, y...): each gradient
+// unscaled and checked by kernels/cuda/loss_scaling.cu into one device flag
+// (an int of scratch), then the flag as the F32 found_inf. The CPU kernel's
+// checks and words.
+class CudaCheckFiniteAndUnscaleKernel : public OpKernel {
+ public:
+  explicit CudaCheckFiniteAndUnscaleKernel(const KernelDef&) {}
+  absl::Status Init(const Op&) { return absl::OkStatus(); }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "check_finite_and_unscale", 0, "scale", F32));
+    const float* scale = ctx.input(0).data<float>();
+    Tensor flag = Tensor::Empty(I32, Shape{}, &ctx.device());
+    if (!flag.defined()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("check_finite_and_unscale: out of memory for its flag on ", ctx.device().name()));
+    }
+    int* pflag = flag.data<int32_t>();
+    STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchClearFlag(pflag, device->stream()), "check_finite_and_unscale"));
+    for (int i = 1; i < ctx.num_inputs(); ++i) {
+      const Tensor& x = ctx.input(i);
+      if (x.dtype() != F32 && x.dtype() != F64) {
+        return absl::InvalidArgumentError(absl::StrCat("check_finite_and_unscale: input 'x' #", i - 1,
+                                                       " must be F32 or F64, got ", DataTypeName(x.dtype())));
+      }
+      STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(i, x.dtype(), x.shape()));
+      const cudaError_t e =
+          x.dtype() == F32
+              ? cuda::LaunchUnscaleAndCheck(y->data<float>(), x.data<float>(), x.num_elements(), scale, pflag,
+                                            device->stream())
+              : cuda::LaunchUnscaleAndCheck(y->data<double>(), x.data<double>(), x.num_elements(), scale, pflag,
+                                            device->stream());
+      STRATA_RETURN_IF_ERROR(CudaStatus(e, "check_finite_and_unscale"));
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * found_inf, ctx.AllocateOutput(0, F32, {}));
+    return CudaStatus(cuda::LaunchFlagToFoundInf(found_inf->data<float>(), pflag, device->stream()),
+                      "check_finite_and_unscale");
+  }
+};
+
+// update_loss_scaling(found_inf, loss_scale, good_steps, skipped_updates) ->
+// (loss_scale, good_steps, skipped_updates), in place, on the device.
+class CudaUpdateLossScalingKernel : public OpKernel {
+ public:
+  explicit CudaUpdateLossScalingKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(attrs_.growth_factor, AttrFloat(op, "growth_factor"));
+    STRATA_ASSIGN_OR_RETURN(attrs_.backoff_factor, AttrFloat(op, "backoff_factor"));
+    STRATA_ASSIGN_OR_RETURN(attrs_.growth_interval, AttrInt(op, "growth_interval"));
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "update_loss_scaling", 0, "found_inf", F32));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "update_loss_scaling", 1, "loss_scale", F32));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "update_loss_scaling", 2, "good_steps", I64));
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "update_loss_scaling", 3, "skipped_updates", I64));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchUpdateLossScaling(ctx.input(0).data<float>(), MutableData<float>(ctx.input(1)),
+                                      MutableData<int64_t>(ctx.input(2)), MutableData<int64_t>(ctx.input(3)), attrs_,
+                                      device->stream()),
+        "update_loss_scaling"));
+    for (int k = 0; k < 3; ++k) ctx.SetOutput(k, ctx.input(k + 1));
+    return absl::OkStatus();
+  }
+
+ private:
+  kernel_math::LossScalingAttrs attrs_;
+};
+
 STRATA_REGISTER_KERNEL("increment", DEVICE_CUDA, I64, InitFactory<CudaIncrementKernel>());
+// With its F32 found_inf input, increment's kernel key is F32 (the CPU's too).
+STRATA_REGISTER_KERNEL("increment", DEVICE_CUDA, F32, InitFactory<CudaIncrementKernel>());
+STRATA_REGISTER_KERNEL("check_finite_and_unscale", DEVICE_CUDA, F32, InitFactory<CudaCheckFiniteAndUnscaleKernel>());
+STRATA_REGISTER_KERNEL("update_loss_scaling", DEVICE_CUDA, F32, InitFactory<CudaUpdateLossScalingKernel>());
 // lr_schedule's only input is the I64 step, so its kernel key is I64 for both output dtypes.
 STRATA_REGISTER_KERNEL("lr_schedule", DEVICE_CUDA, I64, InitFactory<CudaLrScheduleKernel>());
 STRATA_REGISTER_KERNEL("adam_update", DEVICE_CUDA, F32, InitFactory<CudaAdamUpdateKernel<float>>());

@@ -139,7 +139,7 @@ class CudaAddNKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, first.shape()));
     std::vector<const T*> xs(inputs);
     for (int i = 0; i < inputs; ++i) xs[i] = ctx.input(i).data<T>();
-    if constexpr (std::is_same_v<T, bfloat16>) {
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
       // Float partial sums between launches, past kAddNPerLaunch inputs.
       Tensor acc;
       if (inputs > cuda::kAddNPerLaunch && first.num_elements() > 0) {
@@ -159,9 +159,10 @@ class CudaAddNKernel : public OpKernel {
   }
 };
 
-// bf16 add_n's float partial sums, past kAddNPerLaunch inputs.
+// bf16 and fp16 add_n's float partial sums, past kAddNPerLaunch inputs.
 absl::StatusOr<int64_t> AddNWorkspace(const KernelDef& def, int) {
-  if (def.input_types.size() <= static_cast<size_t>(cuda::kAddNPerLaunch) || def.input_types[0].dtype != BF16) {
+  if (def.input_types.size() <= static_cast<size_t>(cuda::kAddNPerLaunch) ||
+      !IsHalfFloating(def.input_types[0].dtype)) {
     return int64_t{0};
   }
   return NumElements(def.input_types[0].shape) * static_cast<int64_t>(sizeof(float));
@@ -314,6 +315,7 @@ STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F32, MakeFactory<CudaAddNKernel<flo
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F64, MakeFactory<CudaAddNKernel<double>>());
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, I64, MakeFactory<CudaAddNKernel<int64_t>>());
 STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, BF16, MakeFactory<CudaAddNKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("add_n", DEVICE_CUDA, F16, MakeFactory<CudaAddNKernel<float16>>());
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F32, CudaFillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("fill_scalar", DEVICE_CUDA, F64, CudaFillScalarKernel::Create);
 STRATA_REGISTER_KERNEL("identity", DEVICE_CUDA, F32, MakeFactory<view_kernels::IdentityKernel>());

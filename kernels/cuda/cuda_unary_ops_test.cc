@@ -57,7 +57,7 @@ STRATA_CUDA_OPS_TESTED(cuda_unary_ops_test, {
                                                 {"sigmoid_grad", {F32, F64}},
                                                 {"tanh", {F32, F64}},
                                                 {"tanh_grad", {F32, F64}},
-                                                {"add_n", {F32, F64, I64, BF16}},
+                                                {"add_n", {F32, F64, I64, BF16, F16}},
                                                 {"fill_scalar", {F32, F64}},
                                                 {"identity", {F32, F64, I64, I32, BOOL}},
                                                 {"accumulate", {F32, F64}},
@@ -350,11 +350,11 @@ std::string AddNText(int count) {
 }
 
 // The CPU's order, ((x0 + x1) + x2) + ..., also past one launch's 16 inputs:
-// bit for bit, and the same bits on a second run. BF16 as the CPU's widened
+// bit for bit, and the same bits on a second run. BF16 and F16 as the CPU's widened
 // kernel: summed in float in that order (partial sums kept in float between
 // launches), rounded once.
 TEST_F(CudaOpsTest, AddNEqualsTheCpuBitForBitInItsOrder) {
-  for (DataType dtype : {F32, F64, I64, BF16}) {
+  for (DataType dtype : {F32, F64, I64, BF16, F16}) {
     for (const Shape& shape : ElementwiseShapes()) {
       for (int count : {1, 2, 3, 16, 17, 33}) {
         SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " ", ShapeString(shape), " ", count, " inputs"));

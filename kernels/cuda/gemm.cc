@@ -217,6 +217,27 @@ absl::Status LtGemm::Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat1
                     c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
+absl::Status LtGemm::Matmul(__half* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k,
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate,
+                    sizeof(__half), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+}
+
+absl::Status LtGemm::Matmul(float* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k,
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float),
+                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+}
+
+absl::Status LtGemm::MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
+                                int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, bias, m, n, k, false, transpose_b, stream);
+}
+
 absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
                                 int64_t k, bool transpose_b, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;

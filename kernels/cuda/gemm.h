@@ -15,6 +15,7 @@
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -61,6 +62,11 @@ class LtGemm {
   // bf16 operands into a float c: FP32 products and sums, never rounded to bf16.
   absl::Status Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n, int64_t k,
                       bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
+  // The same two for fp16 (F16 mixed precision): FP32 products and sums.
+  absl::Status Matmul(__half* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                      bool transpose_b, cudaStream_t stream, bool accumulate = false);
+  absl::Status Matmul(float* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                      bool transpose_b, cudaStream_t stream, bool accumulate = false);
 
   // c [m, n] = op(a) @ op(b) + bias (bias [n] broadcast over the rows),
   // the bias added in cuBLASLt's BIAS epilogue (rounded once with the
@@ -72,6 +78,8 @@ class LtGemm {
                           int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
                           int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
+                          int64_t k, bool transpose_b, cudaStream_t stream);
 
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }

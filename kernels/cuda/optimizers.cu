@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/optimizers.h"
+#include "kernels/loss_scaling_math.h"
 #include "kernels/optimizer_math.h"
 
 namespace strata {
@@ -29,7 +30,14 @@ constexpr int64_t kMaxBlocks = 65536;
 
 int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock); }
 
-__global__ void IncrementKernel(int64_t* counter, int64_t by) { counter[0] += by; }
+// Whether loss scaling's flag (null: none) skips this update.
+__device__ inline bool Skipped(const float* found_inf) {
+  return found_inf != nullptr && kernel_math::SkipsUpdate(found_inf[0]);
+}
+
+__global__ void IncrementKernel(int64_t* counter, int64_t by, const float* found_inf) {
+  if (!Skipped(found_inf)) counter[0] += by;
+}
 
 template <typename T>
 __global__ void LrScheduleKernel(T* lr, const int64_t* step, LrSchedule schedule, int64_t total_steps) {
@@ -40,7 +48,8 @@ __global__ void LrScheduleKernel(T* lr, const int64_t* step, LrSchedule schedule
 
 template <typename T>
 __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, AdamAttrs attrs,
-                           int64_t n) {
+                           int64_t n, const float* found_inf) {
+  if (Skipped(found_inf)) return;
   __shared__ AdamScalars<T> scalars;
   __shared__ bool bad_step;
   if (threadIdx.x == 0) {
@@ -60,7 +69,8 @@ __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, con
 }
 
 template <typename T>
-__global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n) {
+__global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf) {
+  if (Skipped(found_inf)) return;
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     SgdElement(rate, weight_decay, grad[i], &param[i]);
@@ -69,7 +79,8 @@ __global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, 
 
 template <typename T>
 __global__ void MomentumKernel(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay,
-                               bool nesterov, int64_t n) {
+                               bool nesterov, int64_t n, const float* found_inf) {
+  if (Skipped(found_inf)) return;
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     MomentumElement(rate, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
@@ -85,32 +96,33 @@ cudaError_t LrSchedule1(T* lr, const int64_t* step, const LrSchedule& schedule, 
 
 template <typename T>
 cudaError_t Adam(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, const AdamAttrs& attrs,
-                 int64_t n, cudaStream_t stream) {
+                 int64_t n, const float* found_inf, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  AdamKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, m, v, grad, lr, step, attrs, n);
+  AdamKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, m, v, grad, lr, step, attrs, n, found_inf);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t Sgd(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, cudaStream_t stream) {
+cudaError_t Sgd(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf,
+               cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  SgdKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, grad, lr, weight_decay, n);
+  SgdKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, grad, lr, weight_decay, n, found_inf);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t Momentum(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay, bool nesterov,
-                     int64_t n, cudaStream_t stream) {
+                     int64_t n, const float* found_inf, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   MomentumKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, velocity, grad, lr, momentum,
-                                                                      weight_decay, nesterov, n);
+                                                                      weight_decay, nesterov, n, found_inf);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t LaunchIncrement(int64_t* counter, int64_t by, cudaStream_t stream) {
-  IncrementKernel<<<1, 1, 0, stream>>>(counter, by);
+cudaError_t LaunchIncrement(int64_t* counter, int64_t by, const float* found_inf, cudaStream_t stream) {
+  IncrementKernel<<<1, 1, 0, stream>>>(counter, by, found_inf);
   return cudaGetLastError();
 }
 
@@ -124,31 +136,34 @@ cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const LrSchedule& 
 }
 
 cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr,
-                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream) {
-  return Adam(param, m, v, grad, lr, step, attrs, n, stream);
+                             const int64_t* step, const AdamAttrs& attrs, int64_t n, const float* found_inf,
+                             cudaStream_t stream) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream);
 }
 cudaError_t LaunchAdamUpdate(double* param, double* m, double* v, const double* grad, const double* lr,
-                             const int64_t* step, const AdamAttrs& attrs, int64_t n, cudaStream_t stream) {
-  return Adam(param, m, v, grad, lr, step, attrs, n, stream);
+                             const int64_t* step, const AdamAttrs& attrs, int64_t n, const float* found_inf,
+                             cudaStream_t stream) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream);
 }
 
 cudaError_t LaunchSgdUpdate(float* param, const float* grad, const float* lr, float weight_decay, int64_t n,
-                            cudaStream_t stream) {
-  return Sgd(param, grad, lr, weight_decay, n, stream);
+                            const float* found_inf, cudaStream_t stream) {
+  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream);
 }
 cudaError_t LaunchSgdUpdate(double* param, const double* grad, const double* lr, double weight_decay, int64_t n,
-                            cudaStream_t stream) {
-  return Sgd(param, grad, lr, weight_decay, n, stream);
+                            const float* found_inf, cudaStream_t stream) {
+  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream);
 }
 
 cudaError_t LaunchMomentumUpdate(float* param, float* velocity, const float* grad, const float* lr, float momentum,
-                                 float weight_decay, bool nesterov, int64_t n, cudaStream_t stream) {
-  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, stream);
+                                 float weight_decay, bool nesterov, int64_t n, const float* found_inf,
+                                 cudaStream_t stream) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream);
 }
 cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr,
                                  double momentum, double weight_decay, bool nesterov, int64_t n,
-                                 cudaStream_t stream) {
-  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, stream);
+                                 const float* found_inf, cudaStream_t stream) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream);
 }
 
 }  // namespace cuda

@@ -172,6 +172,9 @@ cudaError_t LaunchAddN(bfloat16* y, const bfloat16* const* xs, int count, int64_
                        cudaStream_t stream) {
   return AddNWidened(y, xs, count, n, acc, stream);
 }
+cudaError_t LaunchAddN(float16* y, const float16* const* xs, int count, int64_t n, float* acc, cudaStream_t stream) {
+  return AddNWidened(y, xs, count, n, acc, stream);
+}
 
 cudaError_t LaunchUnary(UnaryOp op, float* y, const float* x, int64_t n, cudaStream_t stream) {
   return Unary(op, y, x, n, stream);

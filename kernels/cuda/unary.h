@@ -42,11 +42,12 @@ inline constexpr int kAddNPerLaunch = 16;
 cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream);
 cudaError_t LaunchAddN(double* y, const double* const* xs, int count, int64_t n, cudaStream_t stream);
 cudaError_t LaunchAddN(int64_t* y, const int64_t* const* xs, int count, int64_t n, cudaStream_t stream);
-// bf16 as the CPU's widened kernel: the inputs summed in float, rounded once.
+// bf16 and fp16 as the CPU's widened kernel: the inputs summed in float, rounded once.
 // More than kAddNPerLaunch inputs keep float partial sums in `acc` (n floats;
 // may be null up to kAddNPerLaunch inputs).
 cudaError_t LaunchAddN(bfloat16* y, const bfloat16* const* xs, int count, int64_t n, float* acc,
                        cudaStream_t stream);
+cudaError_t LaunchAddN(float16* y, const float16* const* xs, int count, int64_t n, float* acc, cudaStream_t stream);
 
 // y[n] = x[n] converted to D, as kernels/cpu/cast.cc converts it. Defined
 // (explicitly instantiated in unary.cu) for every S and D among float,
