@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
 #include "passes/pass_helpers.h"
 
 namespace strata {
@@ -73,6 +74,10 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext&)
     AttrValue tb;
     tb.set_b(BoolAttr(graph, m, "transpose_b"));
     (*fused.mutable_attr())["transpose_b"] = tb;
+    // The schema's defaults for the rest (allow_tf32), as every op in a plan has them.
+    if (auto s = CanonicalizeOp(*OpRegistry::Global().Find("matmul_bias"), &fused); !s.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: matmul_bias: ", s.message()));
+    }
     if (auto s = graph.ReplaceOp(add, fused); !s.ok()) {
       return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(add), ": ", s.message()));
     }

@@ -93,6 +93,9 @@ TEST(FuseEpiloguesTest, FusesMatmulThenBiasAdd) {
   EXPECT_EQ(y1->type(), "matmul_bias");
   EXPECT_EQ(std::vector<std::string>(y1->input().begin(), y1->input().end()),
             (std::vector<std::string>{"x", "w1", "b1"}));
+  // Every attr of the schema, as the kernels read them.
+  EXPECT_FALSE(y1->attr().at("transpose_b").b());
+  EXPECT_FALSE(y1->attr().at("allow_tf32").b());
   const Op* z = Writer(after, "z");
   ASSERT_NE(z, nullptr);
   EXPECT_EQ(std::vector<std::string>(z->input().begin(), z->input().end()),

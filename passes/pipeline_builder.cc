@@ -11,6 +11,7 @@
 #include "passes/pipeline_split.h"
 #include "passes/placement.h"
 #include "passes/recompute.h"
+#include "passes/tf32.h"
 
 namespace strata {
 
@@ -21,6 +22,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();
+  if (device == DEVICE_CUDA && strategy.allow_tf32()) pipeline->AddPass<Tf32Pass>();
   return pipeline;
 }
 

@@ -201,6 +201,20 @@ TEST_F(CudaOpsTest, MatmulBiasMatchesTheCpu) {
   }
 }
 
+// allow_tf32 (passes/tf32): operands rounded to TF32's 10-bit mantissa
+// (unit roundoff 2^-11 each, so a product within about 2^-10 of exact): the
+// GEMM bound at 2e-3 instead of 1e-5, and not the FP32 GEMM's bits.
+TEST_F(CudaOpsTest, MatmulAllowTf32StaysWithinTf32Rounding) {
+  const Shape as{8, 64, 256}, bs{256, 96};
+  const Tensor a = MakeTensor(F32, as, Uniform(NumElements(as), 41)), b = MakeTensor(F32, bs, Uniform(NumElements(bs), 42));
+  const std::string fp32 = OpText("matmul", R"("a", "b")", "y", false, false);
+  const std::string tf32 = absl::StrCat(fp32, R"( attr { key: "allow_tf32" value { b: true } })");
+  auto [cpu, gpu] = RunBoth(tf32, {{"a", a}, {"b", b}});
+  EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, Magnitude(fp32, {a, b}), 2e-3));
+  auto [cpu32, gpu32] = RunBoth(fp32, {{"a", a}, {"b", b}});
+  EXPECT_FALSE(BitEqual(gpu, gpu32)) << "allow_tf32 gave the FP32 GEMM's bits";
+}
+
 struct AccumulateCase {
   Shape a, b;
   bool transpose_a, transpose_b;

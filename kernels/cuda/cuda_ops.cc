@@ -69,10 +69,36 @@ struct GemmType<float16> {
   using type = __half;  // the same 16 bits
 };
 
+// The matmul family's attrs on the GPU: the transposes, and allow_tf32 (the
+// strategy's allow_tf32, set by passes/tf32 on F32 GEMMs of GPU plans).
+class CudaGemmAttrsKernel : public TransposeAttrsKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(TransposeAttrsKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool tf32_ = false;
+};
+
+// One LtGemm call; tf32 reaches cuBLASLt for float operands and output only
+// (the other types have no TF32 mode).
+template <typename C, typename G>
+absl::Status Gemm(cuda::LtGemm& gemm, C* c, const G* a, const G* b, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                  cudaStream_t stream, bool accumulate, bool tf32) {
+  if constexpr (std::is_same_v<C, float> && std::is_same_v<G, float>) {
+    return gemm.Matmul(c, a, b, m, n, k, ta, tb, stream, accumulate, tf32);
+  } else {
+    return gemm.Matmul(c, a, b, m, n, k, ta, tb, stream, accumulate);
+  }
+}
+
 // y = op(a) @ op(b), as kernels/cpu/matmul.cc: x @ W with a batched x and a
 // 2-D W is one GEMM over the folded rows; other batches are one GEMM per item.
 template <typename T>
-class CudaMatmulKernel : public TransposeAttrsKernel {
+class CudaMatmulKernel : public CudaGemmAttrsKernel {
  public:
   explicit CudaMatmulKernel(const KernelDef&) {}
 
@@ -88,11 +114,12 @@ class CudaMatmulKernel : public TransposeAttrsKernel {
     G* py = reinterpret_cast<G*>(y->data<T>());
     cuda::LtGemm& gemm = device->gemm();
     if (!s.b_batched && !ta_) {
-      return gemm.Matmul(py, pa, pb, s.batch * s.m, s.n, s.k, false, tb_, device->stream());
+      return Gemm(gemm, py, pa, pb, s.batch * s.m, s.n, s.k, false, tb_, device->stream(), false, tf32_);
     }
     for (int64_t i = 0; i < s.batch; ++i) {
-      STRATA_RETURN_IF_ERROR(gemm.Matmul(py + i * s.m * s.n, pa + i * s.m * s.k, s.b_batched ? pb + i * s.k * s.n : pb,
-                                         s.m, s.n, s.k, ta_, tb_, device->stream()));
+      STRATA_RETURN_IF_ERROR(Gemm(gemm, py + i * s.m * s.n, pa + i * s.m * s.k,
+                                  s.b_batched ? pb + i * s.k * s.n : pb, s.m, s.n, s.k, ta_, tb_, device->stream(), false,
+                                  tf32_));
     }
     return absl::OkStatus();
   }
@@ -103,7 +130,7 @@ class CudaMatmulKernel : public TransposeAttrsKernel {
 // da [batch*M, K] = dy [batch*M, N] @ op(b)^T; with it one GEMM per item,
 // da_i [K, M] = op(b) [K, N] @ dy_i^T.
 template <typename T>
-class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
+class CudaMatmulSharedBGradAKernel : public CudaGemmAttrsKernel {
  public:
   explicit CudaMatmulSharedBGradAKernel(const KernelDef&) {}
 
@@ -118,10 +145,10 @@ class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
     const G* pb = reinterpret_cast<const G*>(b.data<T>());
     G* pda = reinterpret_cast<G*>(da->data<T>());
     cuda::LtGemm& gemm = device->gemm();
-    if (!ta_) return gemm.Matmul(pda, pdy, pb, s.batch * s.m, s.k, s.n, false, !tb_, device->stream());
+    if (!ta_) return Gemm(gemm, pda, pdy, pb, s.batch * s.m, s.k, s.n, false, !tb_, device->stream(), false, tf32_);
     for (int64_t i = 0; i < s.batch; ++i) {
-      STRATA_RETURN_IF_ERROR(gemm.Matmul(pda + i * s.k * s.m, pb, pdy + i * s.m * s.n, s.k, s.m, s.n, tb_, true,
-                                         device->stream()));
+      STRATA_RETURN_IF_ERROR(Gemm(gemm, pda + i * s.k * s.m, pb, pdy + i * s.m * s.n, s.k, s.m, s.n, tb_, true,
+                                  device->stream(), false, tf32_));
     }
     return absl::OkStatus();
   }
@@ -133,7 +160,7 @@ class CudaMatmulSharedBGradAKernel : public TransposeAttrsKernel {
 // dy^T @ a); with it one GEMM per item, each after the first accumulating
 // into db (beta = 1) on the stream in item order.
 template <typename T>
-class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
+class CudaMatmulSharedBGradBKernel : public CudaGemmAttrsKernel {
  public:
   explicit CudaMatmulSharedBGradBKernel(const KernelDef&) {}
 
@@ -152,16 +179,16 @@ class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
     if (!ta_ || s.batch == 0) {
       // An empty batch is an empty sum: a GEMM with k = 0 zeroes db.
       const int64_t inner = s.batch * M;
-      return tb_ ? gemm.Matmul(pdb, pdy, pa, N, K, inner, true, false, device->stream())
-                 : gemm.Matmul(pdb, pa, pdy, K, N, inner, true, false, device->stream());
+      return tb_ ? Gemm(gemm, pdb, pdy, pa, N, K, inner, true, false, device->stream(), false, tf32_)
+                 : Gemm(gemm, pdb, pa, pdy, K, N, inner, true, false, device->stream(), false, tf32_);
     }
     // a_i is stored [K, M]: the items are not one matrix.
     for (int64_t i = 0; i < s.batch; ++i) {
       const G* ai = pa + i * K * M;
       const G* dyi = pdy + i * M * N;
       const bool accumulate = i > 0;
-      STRATA_RETURN_IF_ERROR(tb_ ? gemm.Matmul(pdb, dyi, ai, N, K, M, true, true, device->stream(), accumulate)
-                                 : gemm.Matmul(pdb, ai, dyi, K, N, M, false, false, device->stream(), accumulate));
+      STRATA_RETURN_IF_ERROR(tb_ ? Gemm(gemm, pdb, dyi, ai, N, K, M, true, true, device->stream(), accumulate, tf32_)
+                                 : Gemm(gemm, pdb, ai, dyi, K, N, M, false, false, device->stream(), accumulate, tf32_));
     }
     return absl::OkStatus();
   }
@@ -170,7 +197,7 @@ class CudaMatmulSharedBGradBKernel : public TransposeAttrsKernel {
 // acc [M, N] += op(a) @ op(b) for 2-D a and b, as kernels/cpu/matmul.cc: one
 // GEMM with beta = 1 into the persistent buffer, in place (the output is acc).
 template <typename T>
-class CudaMatmulAccumulateKernel : public TransposeAttrsKernel {
+class CudaMatmulAccumulateKernel : public CudaGemmAttrsKernel {
  public:
   explicit CudaMatmulAccumulateKernel(const KernelDef&) {}
 
@@ -182,8 +209,8 @@ class CudaMatmulAccumulateKernel : public TransposeAttrsKernel {
     STRATA_ASSIGN_OR_RETURN(MatmulGradShape s,
                             InferMatmulAccumulateShape(a.shape(), b.shape(), acc.shape(), ta_, tb_));
     T* pacc = const_cast<T*>(acc.data<T>());  // stateful: updates the persistent buffer in place
-    STRATA_RETURN_IF_ERROR(device->gemm().Matmul(pacc, a.data<T>(), b.data<T>(), s.m, s.n, s.k, ta_, tb_,
-                                                 device->stream(), /*accumulate=*/true));
+    STRATA_RETURN_IF_ERROR(Gemm(device->gemm(), pacc, a.data<T>(), b.data<T>(), s.m, s.n, s.k, ta_, tb_,
+                                device->stream(), /*accumulate=*/true, tf32_));
     ctx.SetOutput(0, acc);
     return absl::OkStatus();
   }
@@ -200,6 +227,7 @@ class CudaMatmulBiasKernel : public OpKernel {
   explicit CudaMatmulBiasKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
     return absl::OkStatus();
   }
 
@@ -217,10 +245,15 @@ class CudaMatmulBiasKernel : public OpKernel {
     const int64_t rows = s.batch * s.m;
     cuda::LtGemm& gemm = device->gemm();
     if constexpr (std::is_same_v<T, float>) {
-      absl::Status fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+      absl::Status fused;
+      if constexpr (std::is_same_v<In, float>) {
+        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), tf32_);
+      } else {
+        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+      }
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
-    STRATA_RETURN_IF_ERROR(gemm.Matmul(py, pa, pb, rows, s.n, s.k, false, tb_, device->stream()));
+    STRATA_RETURN_IF_ERROR(Gemm(gemm, py, pa, pb, rows, s.n, s.k, false, tb_, device->stream(), false, tf32_));
     cuda::BroadcastStrides strides;
     strides.rank = 2;
     strides.dims[0] = rows;
@@ -236,6 +269,7 @@ class CudaMatmulBiasKernel : public OpKernel {
 
  private:
   bool tb_ = false;
+  bool tf32_ = false;
 };
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());

@@ -188,11 +188,12 @@ LtGemm::~LtGemm() {
 }
 
 absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
-                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
+                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate, bool tf32) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  // CUBLAS_COMPUTE_32F, not ..._FAST_TF32: full FP32 products, like the CPU.
-  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float),
-                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+  // CUBLAS_COMPUTE_32F unless asked: full FP32 products, like the CPU.
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, accumulate, sizeof(float), c, a, b, nullptr, m, n, k, transpose_a, transpose_b,
+                    stream);
 }
 
 absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
@@ -239,10 +240,10 @@ absl::Status LtGemm::MatmulBias(float* c, const __half* a, const __half* b, cons
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
-                                int64_t k, bool transpose_b, cudaStream_t stream) {
+                                int64_t k, bool transpose_b, cudaStream_t stream, bool tf32) {
   const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
-                    b, bias, m, n, k, false, transpose_b, stream);
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,

@@ -48,8 +48,10 @@ class LtGemm {
   // `accumulate` c += op(a) @ op(b) in place (beta = 1; c is cuBLASLt's C and
   // D both). Sizes of 0 are fine (k == 0 zeroes c, or leaves it as it is when
   // accumulating); negative sizes are InvalidArgument.
+  // tf32: CUBLAS_COMPUTE_32F_FAST_TF32 (operands rounded to TF32 on tensor
+  // cores; the strategy's allow_tf32), else full FP32 products.
   absl::Status Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
-                      bool transpose_b, cudaStream_t stream, bool accumulate = false);
+                      bool transpose_b, cudaStream_t stream, bool accumulate = false, bool tf32 = false);
   absl::Status Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
                       bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
   // bf16 operands and result, FP32 products and sums (CUBLAS_COMPUTE_32F),
@@ -75,7 +77,7 @@ class LtGemm {
   // algorithm with that epilogue for the shape: the caller falls back to
   // Matmul and a separate add.
   absl::Status MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
-                          int64_t k, bool transpose_b, cudaStream_t stream);
+                          int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
   absl::Status MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
                           int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
