@@ -78,4 +78,27 @@ const DeviceFactory* FindDeviceFactory(DeviceKind kind) {
   return it == DeviceFactories().end() ? nullptr : &it->second;
 }
 
+namespace {
+
+std::map<DeviceKind, DeviceCounter>& DeviceCounters() {
+  static auto* counters = new std::map<DeviceKind, DeviceCounter>;
+  return *counters;
+}
+
+}  // namespace
+
+bool RegisterDeviceCounter(DeviceKind kind, DeviceCounter counter) {
+  DeviceCounters()[kind] = std::move(counter);
+  return true;
+}
+
+absl::StatusOr<int> CountDevices(DeviceKind kind) {
+  if (kind == DEVICE_CPU) return 1;
+  auto it = DeviceCounters().find(kind);
+  if (it == DeviceCounters().end()) {
+    return absl::FailedPreconditionError(absl::StrCat("this binary cannot count devices of kind ", DeviceKind_Name(kind)));
+  }
+  return it->second();
+}
+
 }  // namespace strata

@@ -58,6 +58,14 @@ class Device {
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int byte, size_t bytes) = 0;
 
+  // Host memory for buffers that stage this device's tensors through the
+  // host (StagedCommunicator): page-locked on a GPU, so copies run at full
+  // speed, and freed in stream order there (a block is handed out again
+  // only once the copies enqueued before its free have finished, so a
+  // CopyFromHost out of it may still be running when it is freed). On the
+  // CPU, the host allocator.
+  virtual Allocator* staging_allocator() const { return GetCpuAllocator(); }
+
   // Waits for the device's work; returns the first error noted since the
   // last call (and clears it), else the synchronisation's own status.
   absl::Status Synchronize();
@@ -105,6 +113,14 @@ using DeviceFactory = std::function<absl::StatusOr<std::unique_ptr<Device>>(int 
 bool RegisterDeviceFactory(DeviceKind kind, DeviceFactory factory);
 // The factory of `kind`, or nullptr when this binary has none.
 const DeviceFactory* FindDeviceFactory(DeviceKind kind);
+
+// How many devices of a kind this machine has, from the same binary that
+// registers the kind's factory (a GPU runtime counts its GPUs); the host has
+// one. FailedPrecondition when the binary has no counter for the kind, or the
+// runtime cannot count (no driver).
+using DeviceCounter = std::function<absl::StatusOr<int>()>;
+bool RegisterDeviceCounter(DeviceKind kind, DeviceCounter counter);
+absl::StatusOr<int> CountDevices(DeviceKind kind);
 
 }  // namespace strata
 

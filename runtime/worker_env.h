@@ -50,6 +50,22 @@ absl::StatusOr<std::optional<WorkerEnv>> WorkerEnvFromEnvironment();
 using EnvLookup = std::function<const char*(const char* name)>;
 absl::StatusOr<std::optional<WorkerEnv>> WorkerEnvFromLookup(const EnvLookup& lookup);
 
+// Where a rank of a GPU job runs and how it reaches its peers.
+struct GpuPlacement {
+  int ordinal = 0;  // local_rank % gpus
+  // Another rank of this machine uses the same GPU (more local ranks than
+  // GPUs; one machine assumed when the local world size is unknown).
+  bool shared = false;
+  // Tensors go over Gloo staged through pinned host memory: always, while
+  // NCCL is not wired into the runtime.
+  bool staged = true;
+  // The one line rank 0 logs about it, without "note: ".
+  std::string note;
+};
+
+// Rank `local_rank` of `local_world` ranks on a machine with `gpus` GPUs (> 0).
+GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus);
+
 }  // namespace strata
 
 #endif  // STRATA_RUNTIME_WORKER_ENV_H_

@@ -168,5 +168,21 @@ TEST(WorkerEnvTest, ReadsTheProcessEnvironment) {
   EXPECT_EQ((*env)->world_size, 3);
 }
 
+TEST(PlaceOnGpuTest, RanksTakeGpusRoundRobinAndStageThroughTheHost) {
+  const GpuPlacement shared = PlaceOnGpu(3, 4, 1);
+  EXPECT_EQ(shared.ordinal, 0);
+  EXPECT_TRUE(shared.shared);
+  EXPECT_TRUE(shared.staged);
+  EXPECT_EQ(shared.note,
+            "--device gpu: 4 rank(s) on 1 GPU(s), rank r on GPU r % 1; ranks sharing a GPU exchange tensors over "
+            "Gloo, staged through pinned host memory");
+  EXPECT_EQ(PlaceOnGpu(5, 8, 3).ordinal, 2);
+  const GpuPlacement own = PlaceOnGpu(1, 2, 8);
+  EXPECT_EQ(own.ordinal, 1);
+  EXPECT_FALSE(own.shared);
+  EXPECT_TRUE(own.staged) << "NCCL is not wired into the runtime yet";
+  EXPECT_NE(own.note.find("NCCL, which is not wired into the runtime yet"), std::string::npos) << own.note;
+}
+
 }  // namespace
 }  // namespace strata

@@ -18,6 +18,7 @@
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/cuda/cuda_test_util.h"
 #include "runtime/trainer.h"
+#include "tests/parity_util.h"
 #include "tools/model_gen.h"
 
 namespace strata {
@@ -110,6 +111,54 @@ TEST_F(GpuTrainTest, TwoGpuRunsGiveTheSameBits) {
   ASSERT_EQ(a->steps.size(), b->steps.size());
   for (size_t i = 0; i < a->steps.size(); ++i) EXPECT_EQ(a->steps[i].loss, b->steps[i].loss) << "step " << i + 1;
   EXPECT_EQ(a->final_state, b->final_state);
+}
+
+// Several ranks on the one GPU (issue 18, section 4): each rank a CudaDevice
+// on GPU 0, tensors between ranks over Gloo staged through pinned host
+// memory. The same layout on the CPU is the reference; float64 keeps
+// summation order out of the comparison (1e-9).
+ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun* cpu) {
+  GenOptions gen;
+  gen.dtype = "F64";
+  gen.stages = stages;
+  auto program = GenerateModel("mlp", gen);
+  EXPECT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 10;
+  options.batch_size = 16;
+  auto on_cpu = TrainParallel(*program, strategy, options);
+  EXPECT_TRUE(on_cpu.ok()) << on_cpu.status();
+  if (on_cpu.ok()) *cpu = *on_cpu;
+  options.device_kind = DEVICE_CUDA;
+  options.make_device = [](int) -> absl::StatusOr<std::unique_ptr<Device>> {
+    absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(0);
+    if (!device.ok()) return device.status();
+    return std::unique_ptr<Device>(*std::move(device));
+  };
+  auto on_gpu = TrainParallel(*program, strategy, options);
+  EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
+  return on_gpu.ok() ? *on_gpu : ParityRun();
+}
+
+TEST_F(GpuTrainTest, TwoPipelineStagesSharingTheGpuTrainLikeTheCpu) {
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(4);
+  strategy.mutable_pipeline()->set_accumulate_steps(4);
+  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  ParityRun cpu;
+  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 2, &cpu);
+  EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-9);
+  EXPECT_LE(MaxWeightDifference(gpu, cpu), 1e-9);
+}
+
+TEST_F(GpuTrainTest, TwoDataParallelReplicasSharingTheGpuTrainLikeTheCpu) {
+  Strategy strategy;
+  strategy.mutable_data_parallel()->set_degree(2);
+  ParityRun cpu;
+  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 1, &cpu);
+  EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-9);
+  EXPECT_LE(MaxWeightDifference(gpu, cpu), 1e-9);
 }
 
 }  // namespace

@@ -97,10 +97,14 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
                                         const ParityOptions& options) {
   CompileOptions copts;
   copts.batch_size = options.batch_size;
-  copts.device_kind = options.compile_for;
+  // On make_device's devices the plans are theirs; else compiled for
+  // compile_for and run on the CPU's kernels.
+  copts.device_kind = options.make_device ? options.device_kind : options.compile_for;
   auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
-  for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
+  if (!options.make_device) {
+    for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
+  }
 
   absl::Mutex mu;
   ParityRun run;
@@ -111,8 +115,14 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     topts.comms = comms;
     if (!options.trace_dir.empty()) topts.trace_path = absl::StrCat(options.trace_dir, "/rank-", rank, ".json");
     CpuAllocator allocator;  // per rank: its own byte counters
-    CpuDevice device(&allocator);
-    topts.device = &device;
+    CpuDevice cpu(&allocator);
+    std::unique_ptr<Device> other;
+    if (options.make_device) {
+      absl::StatusOr<std::unique_ptr<Device>> made = options.make_device(rank);
+      if (!made.ok()) return made.status();
+      other = *std::move(made);
+    }
+    topts.device = other != nullptr ? other.get() : &cpu;
     auto report = Train(plan, topts);
     if (!report.ok()) {
       return absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));
@@ -147,7 +157,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     run.measured_peak_bytes[rank] = report->measured_peak_bytes;
     run.predicted_peak_bytes[rank] = report->predicted_peak_bytes;
     return absl::OkStatus();
-  });
+  }, absl::Seconds(60), /*stage_device_tensors=*/options.make_device != nullptr);
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
   }

@@ -5,7 +5,9 @@
 // strategy (ranks as threads over an in-memory store and Gloo on loopback),
 // and compares per-step losses and final weights.
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
+#include "runtime/device.h"
 #include "tools/model_gen.h"
 
 namespace strata {
@@ -43,9 +46,14 @@ struct ParityOptions {
   std::string load_dir;   // resume from a checkpoint
   int64_t batch_size = 0;  // TrainParallel without a pipeline: the global batch (0: the default)
   std::string trace_dir;  // each rank's Chrome trace as TRACE_DIR/rank-R.json
-  // The device the plans are compiled for (its passes: DEVICE_CUDA fuses
-  // epilogues); they run on the CPU's kernels either way.
+  // Without make_device: the device the plans are compiled for (its passes:
+  // DEVICE_CUDA fuses epilogues); they run on the CPU's kernels either way.
   DeviceKind compile_for = DEVICE_CPU;
+  // TrainParallel on another device: the plans compiled for `device_kind`,
+  // rank r training on make_device(r), its communicators staging device
+  // tensors through host memory. Unset: each rank on a CpuDevice.
+  DeviceKind device_kind = DEVICE_CPU;
+  std::function<absl::StatusOr<std::unique_ptr<Device>>(int rank)> make_device;
 };
 
 // The tiny GPT the parity tests train (`strata gen gpt`: 2 blocks, d_model

@@ -334,8 +334,10 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
     return kExitError;
   }
   // A plan for a GPU runs in a binary that links a GPU runtime and a kernel
-  // for each of its ops (strata_gpu); one rank for now: several ranks on
-  // GPUs need NCCL or staged Gloo (issue 18).
+  // for each of its ops (strata_gpu). One process opens GPU 0; a worker opens
+  // GPU local_rank % count and exchanges tensors over Gloo staged through
+  // pinned host memory (runtime/comm/staged_communicator.h); the launcher
+  // itself opens none.
   std::unique_ptr<Device> gpu;
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
     const DeviceFactory* factory = FindDeviceFactory(kind);
@@ -349,17 +351,29 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
                 << " kernel in this strata; run it with --device cpu\n";
       return kExitUsage;
     }
-    if (worker->has_value() || result->plans.size() > 1 || absl::GetFlag(FLAGS_nproc) > 1) {
-      std::cerr << "error: --device gpu: runs one rank for now (" << result->plans.size()
-                << " in this layout); several ranks on GPUs need NCCL (issue 18)\n";
-      return kExitUsage;
+    int ordinal = 0;
+    std::string who;
+    if (worker->has_value()) {
+      const WorkerEnv& env = **worker;
+      who = absl::StrCat("rank ", env.rank, ": ");
+      absl::StatusOr<int> count = CountDevices(kind);
+      if (!count.ok()) {
+        std::cerr << "error: " << who << "--device gpu: " << count.status().message() << "\n";
+        return kExitError;
+      }
+      // One machine assumed: its local ranks are the world's.
+      const GpuPlacement placement = PlaceOnGpu(env.local_rank, env.world_size, *count);
+      ordinal = placement.ordinal;
+      if (env.rank == 0) std::cerr << "note: " << placement.note << "\n";
     }
-    absl::StatusOr<std::unique_ptr<Device>> opened = (*factory)(0);
-    if (!opened.ok()) {
-      std::cerr << "error: --device gpu: " << opened.status().message() << "\n";
-      return kExitError;
+    if (worker->has_value() || result->plans.size() == 1) {
+      absl::StatusOr<std::unique_ptr<Device>> opened = (*factory)(ordinal);
+      if (!opened.ok()) {
+        std::cerr << "error: " << who << "--device gpu: " << opened.status().message() << "\n";
+        return kExitError;
+      }
+      gpu = *std::move(opened);
     }
-    gpu = *std::move(opened);
   }
   if (const int k = result->plans[0].schedule().merge_steps(); k > 1 && absl::GetFlag(FLAGS_steps) % k != 0) {
     const int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -373,7 +387,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
     return rc;
   }
-  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given);
+  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get());
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   return RunLauncher(path, *result, argc, argv);

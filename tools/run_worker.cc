@@ -122,7 +122,7 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
 }  // namespace
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given) {
+              const std::set<std::string>& given, Device* device) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
@@ -133,6 +133,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   const RankPlan& plan = result.plans[env.rank];
   RendezvousOptions ropts;
   if (int rc = FillRendezvousOptions(env, plan, &ropts); rc != 0) return rc;
+  ropts.stage_device_tensors = device != nullptr && !device->host_accessible();
   auto store = OpenStore(ropts.store_spec, ropts.serve_store, ropts.timeout);
   if (!store.ok()) {
     std::cerr << "error: rank " << env.rank << ": " << store.status().message() << "\n";
@@ -158,6 +159,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
 
   TrainOptions options = TrainOptionsFromFlags(program_seed);
   options.comms = &comms;
+  if (device != nullptr) options.device = device;
   if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
   // One note for the job: the launcher relays rank 0's stderr.
   if (env.rank == 0) NoteSyntheticData(given);

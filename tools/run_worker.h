@@ -9,6 +9,7 @@
 #include <string>
 
 #include "passes/compile.h"
+#include "runtime/device.h"
 #include "runtime/worker_env.h"
 
 namespace strata {
@@ -16,9 +17,11 @@ namespace cli {
 
 // A worker: this rank's plan, its communicator, then the same training loop.
 // Every error after the store is open is recorded there before the rank
-// exits, so the launcher names the first failure in time. Returns the exit code.
+// exits, so the launcher names the first failure in time. `device` is the
+// rank's GPU, or null for the host; on a GPU the communicators stage device
+// tensors through pinned host memory. Returns the exit code.
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given);
+              const std::set<std::string>& given, Device* device = nullptr);
 
 }  // namespace cli
 }  // namespace strata

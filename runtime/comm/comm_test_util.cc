@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectRank(int rank, int world, c
 
 std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
                                             const std::function<absl::Status(int rank, CommunicatorSet* comms)>& fn,
-                                            absl::Duration timeout) {
+                                            absl::Duration timeout, bool stage_device_tensors) {
   const int world = static_cast<int>(plans.size());
   std::vector<absl::Status> results(world);
   const std::string spec = UniqueMemorySpec();
@@ -72,6 +72,7 @@ std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
     options.fingerprint = plans[rank].fingerprint();
     options.timeout = timeout;
     options.op_timeout = timeout;
+    options.stage_device_tensors = stage_device_tensors;
     auto store = OpenStore(spec, false, timeout);
     if (!store.ok()) {
       results[rank] = store.status();

@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +15,7 @@
 #include "proto/plan.pb.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/communicator_set.h"
+#include "runtime/device.h"
 
 namespace strata {
 namespace testing {
@@ -36,9 +39,62 @@ std::vector<std::unique_ptr<Communicator>> ConnectRanks(
 // rendezvous of all ranks over a fresh in-memory store and of the groups of
 // each rank's plan (ConnectGroups); rank r presents plans[r]'s fingerprint.
 // Element r is rank r's result: fn's, or the rendezvous error.
+// With `stage_device_tensors` the communicators stage tensors of a GPU (or
+// FakeAccelerator) through host memory (RendezvousOptions).
 std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
                                             const std::function<absl::Status(int rank, CommunicatorSet* comms)>& fn,
-                                            absl::Duration timeout = absl::Seconds(60));
+                                            absl::Duration timeout = absl::Seconds(60),
+                                            bool stage_device_tensors = false);
+
+// A device the host cannot address, as far as the runtime knows (kind
+// DEVICE_CUDA, so Tensor::on_host() is false and GlooCommunicator refuses its
+// tensors), whose memory is host memory and whose copies are memcpy: what
+// staging through the host is tested on without a GPU. It counts its copies;
+// `fail_copies` makes every copy fail, as a device error would.
+class FakeAccelerator final : public Device {
+ public:
+  explicit FakeAccelerator(int ordinal = 0) : ordinal_(ordinal) {}
+  DeviceKind kind() const override { return DEVICE_CUDA; }
+  int ordinal() const override { return ordinal_; }
+  Allocator* allocator() const override { return &memory_; }
+  Allocator* staging_allocator() const override { return &staging_; }
+  // Two distinct handles (nothing runs on them): what a fake NCCL tells
+  // this device's streams apart by.
+  StreamHandle compute_stream() const override { return const_cast<char*>(&streams_[0]); }
+  StreamHandle comm_stream() const override { return const_cast<char*>(&streams_[1]); }
+  CpuAllocator& staging() { return staging_; }
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override {
+    ++copies_from_host;
+    return Copy(dst, host_src, bytes);
+  }
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    ++copies_to_host;
+    return Copy(host_dst, src, bytes);
+  }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override { return Copy(dst, src, bytes); }
+  absl::Status Memset(void* dst, int byte, size_t bytes) override {
+    if (bytes > 0) std::memset(dst, byte, bytes);
+    return absl::OkStatus();
+  }
+
+  std::atomic<int> copies_to_host{0};
+  std::atomic<int> copies_from_host{0};
+  std::atomic<bool> fail_copies{false};
+
+ protected:
+  absl::Status WaitForWork() override { return absl::OkStatus(); }
+
+ private:
+  absl::Status Copy(void* dst, const void* src, size_t bytes) {
+    if (fail_copies) return absl::InternalError("injected copy failure");
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  int ordinal_;
+  char streams_[2] = {0, 0};
+  mutable CpuAllocator memory_;
+  mutable CpuAllocator staging_;
+};
 
 // A loopback TCP port nobody listens on right now.
 int PickFreePort();

@@ -108,6 +108,14 @@ absl::Status GuardGloo(const std::string& what, F&& body) {
   }
 }
 
+// Gloo reads and writes the bytes on the host: a tensor on a GPU is refused
+// here, with what to use instead, rather than dereferenced.
+std::string NotOnHost(const Tensor& t) {
+  if (!t.defined() || t.on_host()) return "";
+  return absl::StrCat("the tensor is on ", t.device()->name(),
+                      ", which Gloo cannot address: stage it through the host (StagedCommunicator)");
+}
+
 bool IsReducible(DataType dtype) {
   return dtype == F32 || dtype == F64 || dtype == I64 || dtype == I32;
 }
@@ -492,6 +500,9 @@ class GlooCommunicator::CollectiveQueue {
       absl::Status status = core_->Usable();
       if (status.ok()) status = task.body();
       if (!status.ok()) core_->MarkBroken(status);
+      // The body holds the op's tensors: they go before its Work says done,
+      // not when the next collective comes.
+      task.body = nullptr;
       task.state->Finish(std::move(status));
     }
   }
@@ -541,6 +552,9 @@ std::unique_ptr<Work> GlooCommunicator::PostTransfer(CommOpType op, const Tensor
     return fail(absl::InvalidArgumentError(
         absl::StrCat(what, is_send ? ": the tensor is undefined"
                                    : ": the destination must be allocated with its shape")));
+  }
+  if (std::string problem = NotOnHost(tensor); !problem.empty()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(what, ": ", problem)));
   }
   absl::Status usable = core_->Usable();
   if (!usable.ok())
@@ -602,6 +616,7 @@ std::unique_ptr<Work> GlooCommunicator::AllReduce(Tensor* tensor, ReduceOp op) {
   signature.dtype = t.dtype();
   signature.bytes = t.bytes();
   signature.suffix = absl::StrCat(" (", ReduceOpName(op), ", ", Describe(t), ")");
+  if (std::string problem = NotOnHost(t); !problem.empty()) return queue_->Reject(signature, problem);
   if (!IsReducible(t.dtype())) {
     return queue_->Reject(signature, "only F32, F64, I64 and I32 tensors can be reduced");
   }
@@ -635,6 +650,7 @@ std::unique_ptr<Work> GlooCommunicator::Broadcast(Tensor* tensor, int root) {
     return queue_->Reject(signature,
                           absl::StrCat("root ", root, " is not in a group of ", size(), " ranks"));
   }
+  if (std::string problem = NotOnHost(t); !problem.empty()) return queue_->Reject(signature, problem);
   std::shared_ptr<Core> core = core_;
   return queue_->Enqueue(signature, [core, t, root](uint32_t tag, const std::string& what) mutable {
     if (t.bytes() == 0) return absl::OkStatus();
@@ -659,6 +675,9 @@ std::unique_ptr<Work> GlooCommunicator::AllGather(const Tensor& in, Tensor* out)
     return queue_->Reject(
         signature, absl::StrCat("the output must be ", DataTypeName(in.dtype()), " with ", size(),
                                 " x ", in.num_elements(), " elements, got ", Describe(*out)));
+  }
+  for (const Tensor* t : {&in, static_cast<const Tensor*>(out)}) {
+    if (std::string problem = NotOnHost(*t); !problem.empty()) return queue_->Reject(signature, problem);
   }
   Tensor input = in;
   Tensor output = *out;
@@ -696,6 +715,9 @@ std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const Tensor& in, Tensor* 
   }
   if (op == ReduceOp::kAvg && !IsFloating(in.dtype())) {
     return queue_->Reject(signature, "avg needs a floating dtype");
+  }
+  for (const Tensor* t : {&in, static_cast<const Tensor*>(out)}) {
+    if (std::string problem = NotOnHost(*t); !problem.empty()) return queue_->Reject(signature, problem);
   }
   Tensor input = in;
   Tensor output = *out;

@@ -26,6 +26,7 @@
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
 #include "runtime/comm/gloo_communicator.h"
+#include "runtime/comm/staged_communicator.h"
 
 namespace strata {
 namespace {
@@ -268,6 +269,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
                                                : absl::Milliseconds(1));
     if (!s.ok()) return Prefixed(where, s);
   }
+  if (options.stage_device_tensors) return std::unique_ptr<Communicator>(new StagedCommunicator(std::move(comm)));
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 

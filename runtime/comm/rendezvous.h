@@ -35,6 +35,10 @@ struct RendezvousOptions {
   absl::Duration timeout = absl::Seconds(300);
   // Bounds each collective inside Gloo (--comm_timeout_s).
   absl::Duration op_timeout = absl::Seconds(300);
+  // The communicators move tensors of any device, staging those the host
+  // cannot address through host memory (StagedCommunicator): several ranks
+  // on one GPU. Off, Gloo refuses a GPU tensor.
+  bool stage_device_tensors = false;
 };
 
 // The address this rank's connections listen on, as PyTorch's Gloo backend

@@ -45,6 +45,46 @@ class CudaBackend final : public CachingAllocator::Backend {
   int ordinal_;
 };
 
+// Page-locked host memory for staging buffers, with the compute stream's
+// events: StagingAllocator reuses a freed block once the stream passed it.
+class PinnedHostBackend final : public CachingAllocator::Backend {
+ public:
+  PinnedHostBackend(int ordinal, cudaStream_t stream) : ordinal_(ordinal), stream_(stream) {}
+  std::string name() const override { return absl::StrCat("cuda:", ordinal_, " pinned host"); }
+  void* Malloc(size_t bytes) override {
+    void* ptr = nullptr;
+    if (cudaSetDevice(ordinal_) != cudaSuccess || cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFreeHost(ptr); }
+  void* RecordEvent(StreamHandle stream) override {
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+    if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      cudaEventDestroy(event);
+      return nullptr;
+    }
+    return event;
+  }
+  bool EventDone(void* event) override {
+    return event != nullptr && cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaSuccess;
+  }
+  void DestroyEvent(void* event) override {
+    if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  void Synchronize() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+  }
+
+ private:
+  int ordinal_;
+  cudaStream_t stream_;
+};
+
 }  // namespace
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
@@ -84,6 +124,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
     cudaGetLastError();  // unknown capacity: check then says so
   }
   device->allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaBackend>(ordinal), compute);
+  device->staging_ = std::make_unique<StagingAllocator>(std::make_unique<PinnedHostBackend>(ordinal, compute), compute);
   auto gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
   device->gemm_ = *std::move(gemm);
@@ -95,6 +136,7 @@ CudaDevice::~CudaDevice() {
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
   gemm_.reset();
+  staging_.reset();
   allocator_.reset();  // returns its segments after a device synchronisation
   cudaStreamDestroy(comm_);
   cudaStreamDestroy(compute_);
@@ -104,6 +146,8 @@ absl::Status CudaDevice::CopyFromHost(void* dst, const void* host_src, size_t by
   if (bytes == 0) return absl::OkStatus();
   // From pageable memory, cudaMemcpyAsync returns once the source is staged,
   // so the caller may reuse it; the copy itself stays ordered on the stream.
+  // From the staging allocator's page-locked memory it returns at once, and
+  // that allocator reuses the block only after the stream passed its free.
   return CudaStatus(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, compute_), "copy to device");
 }
 

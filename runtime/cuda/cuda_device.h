@@ -23,6 +23,7 @@
 #include "runtime/caching_allocator.h"
 #include "runtime/device.h"
 #include "runtime/kernel.h"
+#include "runtime/staging_allocator.h"
 
 namespace strata {
 
@@ -40,6 +41,8 @@ class CudaDevice final : public Device {
   Allocator* allocator() const override { return allocator_.get(); }
   int64_t capacity_bytes() const override { return capacity_bytes_; }
   CachingAllocator* caching_allocator() const { return allocator_.get(); }
+  // Page-locked host memory (cudaHostAlloc), freed in compute-stream order.
+  Allocator* staging_allocator() const override { return staging_.get(); }
   StreamHandle compute_stream() const override { return compute_; }
   StreamHandle comm_stream() const override { return comm_; }
   cudaStream_t stream() const { return compute_; }
@@ -68,6 +71,7 @@ class CudaDevice final : public Device {
   cudaStream_t comm_;
   int64_t capacity_bytes_ = 0;
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<StagingAllocator> staging_;
   std::unique_ptr<cuda::LtGemm> gemm_;
 };
 
