@@ -1,0 +1,451 @@
+#include "runtime/comm/nccl_communicator.h"
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace strata {
+
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl_unique_id";
+
+std::string Describe(const Tensor& t) { return absl::StrCat(DataTypeName(t.dtype()), ShapeString(t.shape())); }
+
+bool IsReducible(DataType dtype) { return dtype == F32 || dtype == F64 || dtype == I64 || dtype == I32; }
+
+class DoneWork : public Work {
+ public:
+  DoneWork(CommOpType op, int64_t sequence, absl::Status status)
+      : op_(op), sequence_(sequence), status_(std::move(status)) {}
+  bool IsCompleted() override { return true; }
+  absl::Status Wait(absl::Duration) override { return status_; }
+  CommOpType op_type() const override { return op_; }
+  int64_t sequence_number() const override { return sequence_; }
+
+ private:
+  CommOpType op_;
+  int64_t sequence_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+// An issued op: its tensors, kept until the completion event has passed.
+struct PendingOp {
+  std::vector<Tensor> tensors;
+  NcclApi::Event done = nullptr;
+};
+
+struct NcclCommunicator::Core {
+  std::shared_ptr<NcclApi> api;
+  NcclApi::Comm comm = nullptr;
+  Device* device = nullptr;
+  int rank = 0;
+  int size = 1;
+
+  std::mutex mu;  // every call that names `comm`, and what follows
+  absl::Status broken;                              // guarded by mu: the first error
+  bool aborted = false;                             // guarded by mu
+  bool closed = false;                              // guarded by mu: destroyed or aborted
+  std::vector<std::shared_ptr<PendingOp>> dropped;  // guarded by mu: ops whose Work went first
+
+  absl::Status UsableLocked() {
+    if (closed && broken.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("the NCCL communicator of rank ", rank, " was destroyed"));
+    }
+    if (broken.ok()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("the NCCL communicator of rank ", rank,
+                                                      " was aborted after an earlier error: ", broken.message()));
+  }
+
+  // ncclCommAbort once; `why` becomes the first error if there was none.
+  void AbortLocked(const absl::Status& why) {
+    if (broken.ok()) broken = why;
+    if (!closed) {
+      api->CommAbort(comm).IgnoreError();
+      aborted = true;
+      closed = true;
+    }
+  }
+
+  void Abort(const absl::Status& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    AbortLocked(why);
+  }
+
+  // The communicator's async error, unless it is already closed.
+  absl::Status AsyncError() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return absl::OkStatus();
+    return api->CommGetAsyncError(comm);
+  }
+};
+
+namespace {
+
+using Core = NcclCommunicator::Core;
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<Core> core, CommOpType op, int64_t sequence, std::string what,
+           std::shared_ptr<PendingOp> pending)
+      : core_(std::move(core)), op_(op), sequence_(sequence), what_(std::move(what)), pending_(std::move(pending)) {}
+
+  ~NcclWork() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_ == nullptr) return;
+    std::lock_guard<std::mutex> core_lock(core_->mu);
+    core_->dropped.push_back(std::move(pending_));
+  }
+
+  bool IsCompleted() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return true;
+    absl::StatusOr<bool> done = core_->api->EventDone(pending_->done);
+    if (!done.ok() || *done) return true;
+    if (!core_->AsyncError().ok()) return true;
+    std::lock_guard<std::mutex> core_lock(core_->mu);
+    return !core_->broken.ok();
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return status_;
+    const absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+    absl::Duration nap = absl::Microseconds(20);
+    for (;;) {
+      {
+        // After an abort the op's event passes too (its kernel was stopped):
+        // the error decides, not the event.
+        std::lock_guard<std::mutex> core_lock(core_->mu);
+        if (!core_->broken.ok()) {
+          return Finish(absl::FailedPreconditionError(
+              absl::StrCat(what_, " aborted: the communicator was aborted by an earlier error: ", core_->broken.message())));
+        }
+      }
+      absl::StatusOr<bool> done = core_->api->EventDone(pending_->done);
+      if (!done.ok()) {
+        absl::Status s(done.status().code(), absl::StrCat(what_, " failed on the device: ", done.status().message()));
+        core_->Abort(s);
+        return Finish(s);
+      }
+      if (*done) {
+        // Kernels the caller enqueues after this Wait run after the op.
+        absl::Status s = core_->api->StreamWaitEvent(core_->device->compute_stream(), pending_->done);
+        if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(what_, ": ordering the compute stream: ", s.message()));
+        return Finish(s);
+      }
+      if (absl::Status async = core_->AsyncError(); !async.ok()) {
+        absl::Status s(async.code(), absl::StrCat(what_, " failed: ", async.message(), "; the communicator is aborted"));
+        core_->Abort(s);
+        return Finish(s);
+      }
+      {
+        std::lock_guard<std::mutex> core_lock(core_->mu);
+        if (core_->closed) {
+          return Finish(absl::CancelledError(absl::StrCat(what_, " cancelled: the communicator was destroyed first")));
+        }
+      }
+      if (absl::Now() >= deadline) {
+        absl::Status s = absl::DeadlineExceededError(
+            absl::StrCat(what_, " timed out after ", absl::FormatDuration(timeout),
+                         ": a rank did not issue the same op (order, size) or died; the communicator is aborted"));
+        core_->Abort(s);
+        return Finish(s);
+      }
+      absl::SleepFor(std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+
+  CommOpType op_type() const override { return op_; }
+  int64_t sequence_number() const override { return sequence_; }
+
+ private:
+  absl::Status Finish(absl::Status s) {
+    finished_ = true;
+    status_ = std::move(s);
+    if (pending_ != nullptr) {
+      core_->api->DestroyEvent(pending_->done);
+      pending_.reset();
+    }
+    return status_;
+  }
+
+  const std::shared_ptr<Core> core_;
+  const CommOpType op_;
+  const int64_t sequence_;
+  const std::string what_;
+  std::mutex mu_;
+  bool finished_ = false;               // guarded by mu_
+  absl::Status status_;                 // guarded by mu_
+  std::shared_ptr<PendingOp> pending_;  // guarded by mu_
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(std::shared_ptr<NcclApi> api,
+                                                                          Store& group_store, Device* device,
+                                                                          int rank, int size,
+                                                                          absl::Duration timeout) {
+  const std::string where = absl::StrCat("NCCL communicator of rank ", rank, " of ", size);
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the rank must lie in [0, size)"));
+  }
+  if (device == nullptr || device->host_accessible()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": NCCL needs a GPU, not ",
+                                                   device == nullptr ? "no device" : device->name()));
+  }
+  std::string id;
+  if (rank == 0) {
+    absl::StatusOr<std::string> made = api->GetUniqueId();
+    if (!made.ok()) return absl::Status(made.status().code(), absl::StrCat(where, ": ", made.status().message()));
+    id = *std::move(made);
+    if (absl::Status s = group_store.Set(kUniqueIdKey, id); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(where, ": publishing the NCCL id: ", s.message()));
+    }
+  } else {
+    absl::StatusOr<std::string> got = group_store.Get(kUniqueIdKey, timeout);
+    if (!got.ok()) {
+      return absl::Status(got.status().code(), absl::StrCat(where, ": waiting for rank 0's NCCL id: ",
+                                                            got.status().message()));
+    }
+    id = *std::move(got);
+  }
+  if (id.size() != NcclApi::kUniqueIdBytes) {
+    return absl::DataLossError(absl::StrCat(where, ": the NCCL id in the store has ", id.size(), " bytes, not ",
+                                            NcclApi::kUniqueIdBytes));
+  }
+  absl::StatusOr<NcclApi::Comm> comm = api->CommInitRank(device->ordinal(), size, id, rank);
+  if (!comm.ok()) return absl::Status(comm.status().code(), absl::StrCat(where, ": ", comm.status().message()));
+  auto core = std::make_shared<Core>();
+  core->api = std::move(api);
+  core->comm = *comm;
+  core->device = device;
+  core->rank = rank;
+  core->size = size;
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(core), rank, size));
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<Core> core, int rank, int size)
+    : core_(std::move(core)), rank_(rank), size_(size) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  if (core_->closed) return;
+  // Ops still running (their Works dropped, or kept past this) would hang a
+  // destroy: abort instead.
+  bool all_done = true;
+  for (const auto& op : core_->dropped) {
+    absl::StatusOr<bool> done = core_->api->EventDone(op->done);
+    all_done = all_done && done.ok() && *done;
+  }
+  if (all_done && core_->api->CommGetAsyncError(core_->comm).ok()) {
+    core_->api->CommDestroy(core_->comm).IgnoreError();
+  } else {
+    core_->api->CommAbort(core_->comm).IgnoreError();
+    core_->aborted = true;
+  }
+  core_->closed = true;
+  for (const auto& op : core_->dropped) core_->api->DestroyEvent(op->done);
+  core_->dropped.clear();
+}
+
+bool NcclCommunicator::aborted() const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  return core_->aborted;
+}
+
+std::string NcclCommunicator::NotOnDevice(const Tensor& t, const std::string& name) const {
+  if (!t.defined()) return absl::StrCat(name, " is undefined");
+  if (t.device() != core_->device) {
+    return absl::StrCat(name, " is on ", t.device()->name(), ": NCCL moves tensors of this rank's GPU, ",
+                        core_->device->name(), ", only");
+  }
+  return "";
+}
+
+std::unique_ptr<Work> NcclCommunicator::Reject(CommOpType op, bool collective, const std::string& what_suffix,
+                                               const std::string& problem) {
+  const int64_t sequence = collective ? next_collective_.load() : next_transfer_.load();
+  return std::make_unique<DoneWork>(
+      op, sequence,
+      absl::InvalidArgumentError(absl::StrCat(CommOpTypeName(op), collective ? absl::StrCat(" #", sequence) : "",
+                                              what_suffix, " on rank ", rank_, " of ", size_, ": ", problem)));
+}
+
+std::unique_ptr<Work> NcclCommunicator::Issue(
+    CommOpType op, bool collective, const std::string& what_suffix, std::vector<Tensor> tensors,
+    const std::function<absl::Status(NcclApi&, NcclApi::Comm, StreamHandle)>& enqueue) {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  // Taken under the lock: the issue order is the sequence order.
+  const int64_t sequence = collective ? next_collective_++ : next_transfer_++;
+  const std::string what = absl::StrCat(CommOpTypeName(op), collective ? absl::StrCat(" #", sequence) : "",
+                                        what_suffix, " on rank ", rank_, " of ", size_);
+  if (absl::Status usable = core_->UsableLocked(); !usable.ok()) {
+    return std::make_unique<DoneWork>(op, sequence,
+                                      absl::Status(usable.code(), absl::StrCat(what, ": ", usable.message())));
+  }
+  NcclApi& api = *core_->api;
+  const StreamHandle compute = core_->device->compute_stream();
+  const StreamHandle comm_stream = core_->device->comm_stream();
+  auto fail = [&](const absl::Status& s) {
+    absl::Status named(s.code(), absl::StrCat(what, ": ", s.message(), "; the communicator is aborted"));
+    // A peer may already be inside its half of the op: abort so it fails too.
+    core_->AbortLocked(named);
+    return std::make_unique<DoneWork>(op, sequence, named);
+  };
+  // The inputs were produced by kernels enqueued on the compute stream.
+  absl::StatusOr<NcclApi::Event> produced = api.RecordEvent(compute);
+  if (!produced.ok()) return fail(produced.status());
+  absl::Status s = api.StreamWaitEvent(comm_stream, *produced);
+  api.DestroyEvent(*produced);  // released once the wait has passed it
+  if (!s.ok()) return fail(s);
+  if (absl::Status e = enqueue(api, core_->comm, comm_stream); !e.ok()) return fail(e);
+  absl::StatusOr<NcclApi::Event> done = api.RecordEvent(comm_stream);
+  if (!done.ok()) return fail(done.status());
+  auto pending = std::make_shared<PendingOp>();
+  pending->tensors = std::move(tensors);
+  pending->done = *done;
+  return std::make_unique<NcclWork>(core_, op, sequence, what, std::move(pending));
+}
+
+std::unique_ptr<Work> NcclCommunicator::Send(const Tensor& tensor, int dst, int64_t tag) {
+  const std::string suffix = absl::StrCat(" to rank ", dst, " (tag ", tag, tensor.defined() ? ", " : "",
+                                          tensor.defined() ? Describe(tensor) : "", ")");
+  if (std::string problem = NotOnDevice(tensor, "the tensor"); !problem.empty()) {
+    return Reject(CommOpType::kSend, false, suffix, problem);
+  }
+  if (dst < 0 || dst >= size_ || dst == rank_) {
+    return Reject(CommOpType::kSend, false, suffix, absl::StrCat("rank ", dst, " is not a peer in a group of ", size_));
+  }
+  return Issue(CommOpType::kSend, false, suffix, {tensor},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) -> absl::Status {
+                 if (absl::Status s = api.GroupStart(); !s.ok()) return s;
+                 absl::Status sent = api.Send(tensor.raw_data(), tensor.bytes(), dst, comm, stream);
+                 absl::Status ended = api.GroupEnd();
+                 return !sent.ok() ? sent : ended;
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::Recv(Tensor* into, int src, int64_t tag) {
+  const Tensor t = into != nullptr ? *into : Tensor();
+  const std::string suffix =
+      absl::StrCat(" from rank ", src, " (tag ", tag, t.defined() ? ", " : "", t.defined() ? Describe(t) : "", ")");
+  if (std::string problem = NotOnDevice(t, "the destination"); !problem.empty()) {
+    return Reject(CommOpType::kRecv, false, suffix, problem);
+  }
+  if (src < 0 || src >= size_ || src == rank_) {
+    return Reject(CommOpType::kRecv, false, suffix, absl::StrCat("rank ", src, " is not a peer in a group of ", size_));
+  }
+  return Issue(CommOpType::kRecv, false, suffix, {t},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) -> absl::Status {
+                 if (absl::Status s = api.GroupStart(); !s.ok()) return s;
+                 absl::Status got = api.Recv(const_cast<void*>(t.raw_data()), t.bytes(), src, comm, stream);
+                 absl::Status ended = api.GroupEnd();
+                 return !got.ok() ? got : ended;
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::AllReduce(Tensor* tensor, ReduceOp op) {
+  const Tensor t = tensor != nullptr ? *tensor : Tensor();
+  const std::string suffix =
+      absl::StrCat(" (", ReduceOpName(op), t.defined() ? absl::StrCat(", ", Describe(t)) : "", ")");
+  if (std::string problem = NotOnDevice(t, "the tensor"); !problem.empty()) {
+    return Reject(CommOpType::kAllReduce, true, suffix, problem);
+  }
+  if (!IsReducible(t.dtype())) {
+    return Reject(CommOpType::kAllReduce, true, suffix, "only F32, F64, I64 and I32 tensors can be reduced");
+  }
+  if (op == ReduceOp::kAvg && !IsFloating(t.dtype())) {
+    return Reject(CommOpType::kAllReduce, true, suffix, "avg needs a floating dtype");
+  }
+  return Issue(CommOpType::kAllReduce, true, suffix, {t},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) {
+                 void* data = const_cast<void*>(t.raw_data());
+                 return api.AllReduce(data, data, static_cast<size_t>(t.num_elements()), t.dtype(), op, comm, stream);
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::Broadcast(Tensor* tensor, int root) {
+  const Tensor t = tensor != nullptr ? *tensor : Tensor();
+  const std::string suffix =
+      absl::StrCat(" (root ", root, t.defined() ? absl::StrCat(", ", Describe(t)) : "", ")");
+  if (std::string problem = NotOnDevice(t, "the tensor"); !problem.empty()) {
+    return Reject(CommOpType::kBroadcast, true, suffix, problem);
+  }
+  if (root < 0 || root >= size_) {
+    return Reject(CommOpType::kBroadcast, true, suffix,
+                  absl::StrCat("root ", root, " is not in a group of ", size_, " ranks"));
+  }
+  return Issue(CommOpType::kBroadcast, true, suffix, {t},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) {
+                 void* data = const_cast<void*>(t.raw_data());
+                 return api.Broadcast(data, data, t.bytes(), root, comm, stream);
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::AllGather(const Tensor& in, Tensor* out) {
+  const Tensor o = out != nullptr ? *out : Tensor();
+  const std::string suffix = absl::StrCat(" (", in.defined() ? Describe(in) : "undefined", ")");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&in, "the input"}, {&o, "the output"}}) {
+    if (std::string problem = NotOnDevice(*t, name); !problem.empty()) {
+      return Reject(CommOpType::kAllGather, true, suffix, problem);
+    }
+  }
+  if (o.dtype() != in.dtype() || o.num_elements() != in.num_elements() * size_) {
+    return Reject(CommOpType::kAllGather, true, suffix,
+                  absl::StrCat("the output must be ", DataTypeName(in.dtype()), " with ", size_, " x ",
+                               in.num_elements(), " elements, got ", Describe(o)));
+  }
+  return Issue(CommOpType::kAllGather, true, suffix, {in, o},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) {
+                 return api.AllGather(in.raw_data(), const_cast<void*>(o.raw_data()), in.bytes(), comm, stream);
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) {
+  const Tensor o = out != nullptr ? *out : Tensor();
+  const std::string suffix =
+      absl::StrCat(" (", ReduceOpName(op), in.defined() ? absl::StrCat(", ", Describe(in)) : "", ")");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&in, "the input"}, {&o, "the output"}}) {
+    if (std::string problem = NotOnDevice(*t, name); !problem.empty()) {
+      return Reject(CommOpType::kReduceScatter, true, suffix, problem);
+    }
+  }
+  if (o.dtype() != in.dtype() || in.num_elements() != o.num_elements() * size_) {
+    return Reject(CommOpType::kReduceScatter, true, suffix,
+                  absl::StrCat("the input must hold ", size_, " chunks of the output's ", DataTypeName(o.dtype()),
+                               " elements, got input ", Describe(in), " and output ", Describe(o)));
+  }
+  if (!IsReducible(in.dtype())) {
+    return Reject(CommOpType::kReduceScatter, true, suffix, "only F32, F64, I64 and I32 tensors can be reduced");
+  }
+  if (op == ReduceOp::kAvg && !IsFloating(in.dtype())) {
+    return Reject(CommOpType::kReduceScatter, true, suffix, "avg needs a floating dtype");
+  }
+  return Issue(CommOpType::kReduceScatter, true, suffix, {in, o},
+               [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) {
+                 return api.ReduceScatter(in.raw_data(), const_cast<void*>(o.raw_data()),
+                                          static_cast<size_t>(o.num_elements()), in.dtype(), op, comm, stream);
+               });
+}
+
+std::unique_ptr<Work> NcclCommunicator::Barrier() {
+  Tensor token = Tensor::Zeros(I32, {1}, core_->device);
+  if (!token.defined()) {
+    return Reject(CommOpType::kBarrier, true, "", absl::StrCat("out of memory on ", core_->device->name()));
+  }
+  return Issue(CommOpType::kBarrier, true, "", {token}, [&](NcclApi& api, NcclApi::Comm comm, StreamHandle stream) {
+    void* data = token.raw_data();
+    return api.AllReduce(data, data, 1, I32, ReduceOp::kSum, comm, stream);
+  });
+}
+
+}  // namespace strata

@@ -1,0 +1,232 @@
+// NcclCommunicator's logic over FakeNccl, an in-process transport: ranks as
+// threads, tensors on FakeAccelerator, the unique id through a real
+// in-memory store. What the GPU adds (libnccl, CUDA events) is the real
+// NcclApi's, tested on a GPU by runtime/cuda:nccl_communicator_gpu_test.
+
+#include "runtime/comm/nccl_communicator.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/comm/comm_test_util.h"
+#include "runtime/comm/fake_nccl.h"
+#include "runtime/comm/store.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::FakeAccelerator;
+using ::strata::testing::FakeNccl;
+using ::strata::testing::RunRanks;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+Tensor OnDevice(Device* device, std::vector<float> values) {
+  Tensor t = Tensor::Empty(F32, {static_cast<int64_t>(values.size())}, device);
+  std::copy(values.begin(), values.end(), t.data<float>());  // FakeAccelerator's memory is host memory
+  return t;
+}
+
+std::vector<float> ValuesOf(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.num_elements()}; }
+
+// `world` ranks over one FakeNccl, their ids exchanged through one memory://
+// store under the group prefix "strata/job/g1".
+struct Group {
+  explicit Group(int world) : devices(world), comms(world) {
+    spec = testing::UniqueMemorySpec();
+    RunRanks(world, [&](int rank) {
+      auto store = OpenStore(spec);
+      ASSERT_TRUE(store.ok()) << store.status();
+      std::unique_ptr<Store> view = (*store)->WithPrefix("strata/job/g1");
+      auto comm = NcclCommunicator::Create(api, *view, &devices[rank], rank, world, kWait);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      comms[rank] = *std::move(comm);
+    });
+  }
+  std::shared_ptr<FakeNccl> api = std::make_shared<FakeNccl>();
+  std::string spec;
+  std::vector<FakeAccelerator> devices;
+  std::vector<std::unique_ptr<NcclCommunicator>> comms;
+};
+
+TEST(NcclCommunicatorTest, RankZerosIdReachesTheOthersThroughTheGroupsPrefix) {
+  Group group(3);
+  EXPECT_EQ(group.api->unique_ids_made(), 1);
+  auto store = OpenStore(group.spec);
+  ASSERT_TRUE(store.ok());
+  auto id = (*store)->Get("strata/job/g1/nccl_unique_id", absl::Seconds(1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->size(), NcclApi::kUniqueIdBytes);
+  EXPECT_EQ(group.comms[2]->backend(), "nccl");
+  EXPECT_EQ(group.comms[2]->rank(), 2);
+  EXPECT_EQ(group.comms[2]->size(), 3);
+}
+
+TEST(NcclCommunicatorTest, ARankWithoutRankZerosIdTimesOutNamingIt) {
+  FakeAccelerator device;
+  auto store = OpenStore(testing::UniqueMemorySpec());
+  ASSERT_TRUE(store.ok());
+  auto comm = NcclCommunicator::Create(std::make_shared<FakeNccl>(), **store, &device, 1, 2, absl::Milliseconds(100));
+  ASSERT_FALSE(comm.ok());
+  EXPECT_THAT(comm.status().message(), HasSubstr("rank 1 of 2: waiting for rank 0's NCCL id"));
+}
+
+TEST(NcclCommunicatorTest, CollectivesMoveTheBytesAndOrderTheStreams) {
+  constexpr int kWorld = 3;
+  Group group(kWorld);
+  RunRanks(kWorld, [&](int rank) {
+    NcclCommunicator& comm = *group.comms[rank];
+    Device* device = &group.devices[rank];
+    const float r = static_cast<float>(rank);
+    Tensor sum = OnDevice(device, {r, 10 * r});
+    std::unique_ptr<Work> work = comm.AllReduce(&sum, ReduceOp::kSum);
+    ASSERT_TRUE(work->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(sum), (std::vector<float>{3, 30}));
+    EXPECT_EQ(work->op_type(), CommOpType::kAllReduce);
+    EXPECT_EQ(work->sequence_number(), 0);
+
+    Tensor avg = OnDevice(device, {3 * r});
+    ASSERT_TRUE(comm.AllReduce(&avg, ReduceOp::kAvg)->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(avg), (std::vector<float>{3}));
+
+    Tensor bcast = OnDevice(device, {r, r});
+    ASSERT_TRUE(comm.Broadcast(&bcast, 1)->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(bcast), (std::vector<float>{1, 1}));
+
+    Tensor in = OnDevice(device, {r});
+    Tensor gathered = OnDevice(device, {-1, -1, -1});
+    ASSERT_TRUE(comm.AllGather(in, &gathered)->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(gathered), (std::vector<float>{0, 1, 2}));
+
+    Tensor chunks = OnDevice(device, {r, r + 1, r + 2});
+    Tensor mine = OnDevice(device, {0});
+    std::unique_ptr<Work> scatter = comm.ReduceScatter(chunks, &mine, ReduceOp::kSum);
+    ASSERT_TRUE(scatter->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(mine), (std::vector<float>{3.0f + 3 * r}));
+    EXPECT_EQ(scatter->sequence_number(), 4);
+    std::unique_ptr<Work> barrier = comm.Barrier();
+    EXPECT_TRUE(barrier->Wait(kWait).ok());
+    EXPECT_EQ(barrier->sequence_number(), 5);
+  });
+  for (FakeAccelerator& device : group.devices) {
+    // Before each of the 6 ops the comm stream waited for the compute
+    // stream; after each, the compute stream for the op.
+    EXPECT_EQ(group.api->stream_waits(device.comm_stream()), 6);
+    EXPECT_EQ(group.api->stream_waits(device.compute_stream()), 6);
+  }
+  EXPECT_EQ(group.api->live_events(), 0);
+}
+
+// Point-to-point ops are each issued inside ncclGroupStart/End, take their
+// own sequence numbers, and match per pair in issue order.
+TEST(NcclCommunicatorTest, SendAndRecvAreGroupedAndMatchInIssueOrder) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    NcclCommunicator& comm = *group.comms[rank];
+    Device* device = &group.devices[rank];
+    if (rank == 0) {
+      std::unique_ptr<Work> a = comm.Send(OnDevice(device, {1, 2}), 1, 5);
+      std::unique_ptr<Work> b = comm.Send(OnDevice(device, {3}), 1, 6);
+      EXPECT_EQ(a->sequence_number(), 0);
+      EXPECT_EQ(b->sequence_number(), 1);
+      EXPECT_TRUE(a->Wait(kWait).ok());
+      EXPECT_TRUE(b->Wait(kWait).ok());
+    } else {
+      Tensor first = OnDevice(device, {0, 0});
+      Tensor second = OnDevice(device, {0});
+      std::unique_ptr<Work> a = comm.Recv(&first, 0, 5);
+      std::unique_ptr<Work> b = comm.Recv(&second, 0, 6);
+      ASSERT_TRUE(b->Wait(kWait).ok());
+      ASSERT_TRUE(a->Wait(kWait).ok());
+      EXPECT_EQ(ValuesOf(first), (std::vector<float>{1, 2}));
+      EXPECT_EQ(ValuesOf(second), (std::vector<float>{3}));
+    }
+    std::unique_ptr<Work> after = comm.Barrier();
+    EXPECT_EQ(after->sequence_number(), 0) << "collectives count apart from transfers";
+    EXPECT_TRUE(after->Wait(kWait).ok());
+  });
+  EXPECT_EQ(group.api->ungrouped_transfers(), 0);
+}
+
+TEST(NcclCommunicatorTest, AnAsyncErrorAbortsAndNamesTheFirstError) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    NcclCommunicator& comm = *group.comms[rank];
+    Tensor t = OnDevice(&group.devices[rank], {1});
+    if (rank == 1) {
+      // Rank 1's part never comes; its NCCL reports a remote error instead.
+      group.api->InjectAsyncError(1, absl::UnavailableError("NCCL remote error (connection lost)"));
+      Tensor other = OnDevice(&group.devices[rank], {1, 2});
+      std::unique_ptr<Work> work = comm.Broadcast(&other, 0);  // does not match rank 0's allreduce
+      absl::Status s = work->Wait(kWait);
+      EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+      EXPECT_THAT(s.message(), HasSubstr("broadcast #0 (root 0, F32[2]) on rank 1 of 2 failed: NCCL remote error"));
+      EXPECT_TRUE(comm.aborted());
+      EXPECT_EQ(group.api->aborts(1), 1);
+      absl::Status later = comm.AllReduce(&t, ReduceOp::kSum)->Wait(kWait);
+      EXPECT_TRUE(absl::IsFailedPrecondition(later)) << later;
+      EXPECT_THAT(later.message(), HasSubstr("aborted after an earlier error: broadcast #0"));
+    } else {
+      // The peer is gone: rank 0 times out, aborts, and does not hang.
+      const absl::Time start = absl::Now();
+      absl::Status s = comm.AllReduce(&t, ReduceOp::kSum)->Wait(absl::Milliseconds(300));
+      EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+      EXPECT_THAT(s.message(), HasSubstr("allreduce #0 (sum, F32[1]) on rank 0 of 2 timed out after 300ms"));
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+      EXPECT_TRUE(comm.aborted());
+      EXPECT_EQ(group.api->aborts(0), 1);
+      EXPECT_TRUE(absl::IsFailedPrecondition(comm.Send(t, 1, 0)->Wait(kWait)));
+    }
+  });
+}
+
+TEST(NcclCommunicatorTest, BadArgumentsFailAtOnceWithoutTakingASequenceNumber) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    NcclCommunicator& comm = *group.comms[rank];
+    Device* device = &group.devices[rank];
+    Tensor host = Tensor::Zeros(F32, {2});
+    absl::Status s = comm.AllReduce(&host, ReduceOp::kSum)->Wait(kWait);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("the tensor is on cpu:0: NCCL moves tensors of this rank's GPU, cuda:0, only"));
+    Tensor in = OnDevice(device, {1});
+    Tensor wrong = OnDevice(device, {0, 0, 0});
+    s = comm.AllGather(in, &wrong)->Wait(kWait);
+    EXPECT_THAT(s.message(), HasSubstr("the output must be F32 with 2 x 1 elements, got F32[3]"));
+    EXPECT_THAT(comm.Send(in, rank, 0)->Wait(kWait).message(), HasSubstr("is not a peer"));
+    Tensor ints = Tensor::Zeros(I32, {1}, device);
+    EXPECT_THAT(comm.AllReduce(&ints, ReduceOp::kAvg)->Wait(kWait).message(), HasSubstr("avg needs a floating dtype"));
+    std::unique_ptr<Work> ok = comm.AllReduce(&in, ReduceOp::kSum);
+    EXPECT_EQ(ok->sequence_number(), 0);
+    EXPECT_TRUE(ok->Wait(kWait).ok());
+    EXPECT_FALSE(comm.aborted());
+  });
+}
+
+// Destroyed with every op done: ncclCommDestroy. With an op still running
+// (its Work dropped): ncclCommAbort, which a destroy would hang on.
+TEST(NcclCommunicatorTest, DestroysWhenIdleAndAbortsWithAnOpRunning) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    Tensor t = OnDevice(&group.devices[rank], {1});
+    EXPECT_TRUE(group.comms[rank]->AllReduce(&t, ReduceOp::kSum)->Wait(kWait).ok());
+  });
+  Tensor t = OnDevice(&group.devices[0], {1});
+  group.comms[0]->AllReduce(&t, ReduceOp::kSum).reset();  // rank 1 never joins it
+  group.comms[0].reset();
+  group.comms[1].reset();
+  EXPECT_EQ(group.api->aborts(0), 1);
+  EXPECT_EQ(group.api->destroys(0), 0);
+  EXPECT_EQ(group.api->destroys(1), 1);
+  EXPECT_EQ(group.api->aborts(1), 0);
+  EXPECT_EQ(group.api->live_events(), 0);
+}
+
+}  // namespace
+}  // namespace strata
