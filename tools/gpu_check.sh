@@ -16,8 +16,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 
-tests=(cuda_info_test cuda_kernels_test cuda_ops_test cuda_device_test gpu_train_test)
-
 case "$mode" in
   bundle)
     set -e
@@ -33,6 +31,8 @@ case "$mode" in
     grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo /.device/ >>.git/info/exclude
     rm -rf .device
     ../shared/tools/device-bundle .device "${bins[@]}"
+    # The test binaries run there: every gpu-tagged test, and cuda_info_test.
+    for t in $targets //kernels/cuda:cuda_info_test; do echo "${t##*:}"; done >.device/tests.txt
     du -sh .device
     ;;
   run)
@@ -42,6 +42,7 @@ case "$mode" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
     passed=0 failed=0
     : >"$out/gpu-tests.log"
+    mapfile -t tests <.device/tests.txt
     for t in "${tests[@]}"; do
       start=$(date +%s)
       if timeout 300 bash .device/run.sh "$t" >>"$out/gpu-tests.log" 2>&1; then
