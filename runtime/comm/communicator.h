@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -77,6 +78,23 @@ class Work {
   // every rank for the same call (ranks out of step show up here).
   // Send/Recv: the n-th point-to-point op this rank issued.
   virtual int64_t sequence_number() const = 0;
+};
+
+// A Work that finished before it started (argument errors, a closed or
+// aborted communicator): completed, with `status`, at once.
+class DoneWork : public Work {
+ public:
+  DoneWork(CommOpType op, int64_t sequence, absl::Status status)
+      : op_(op), sequence_(sequence), status_(std::move(status)) {}
+  bool IsCompleted() override { return true; }
+  absl::Status Wait(absl::Duration) override { return status_; }
+  CommOpType op_type() const override { return op_; }
+  int64_t sequence_number() const override { return sequence_; }
+
+ private:
+  CommOpType op_;
+  int64_t sequence_;
+  absl::Status status_;
 };
 
 // A group of `size()` ranks that exchange host tensors. Every method returns

@@ -214,22 +214,6 @@ void DispatchReducible(DataType dtype, F&& fn) {
   }
 }
 
-// A Work that finished before it started: argument errors, closed communicator.
-class DoneWork : public Work {
- public:
-  DoneWork(CommOpType op, int64_t sequence, absl::Status status)
-      : op_(op), sequence_(sequence), status_(std::move(status)) {}
-  bool IsCompleted() override { return true; }
-  absl::Status Wait(absl::Duration) override { return status_; }
-  CommOpType op_type() const override { return op_; }
-  int64_t sequence_number() const override { return sequence_; }
-
- private:
-  CommOpType op_;
-  int64_t sequence_;
-  absl::Status status_;
-};
-
 }  // namespace
 
 namespace gloo_internal {

@@ -19,21 +19,6 @@ std::string Describe(const Tensor& t) { return absl::StrCat(DataTypeName(t.dtype
 
 bool IsReducible(DataType dtype) { return dtype == F32 || dtype == F64 || dtype == I64 || dtype == I32; }
 
-class DoneWork : public Work {
- public:
-  DoneWork(CommOpType op, int64_t sequence, absl::Status status)
-      : op_(op), sequence_(sequence), status_(std::move(status)) {}
-  bool IsCompleted() override { return true; }
-  absl::Status Wait(absl::Duration) override { return status_; }
-  CommOpType op_type() const override { return op_; }
-  int64_t sequence_number() const override { return sequence_; }
-
- private:
-  CommOpType op_;
-  int64_t sequence_;
-  absl::Status status_;
-};
-
 }  // namespace
 
 // An issued op: its tensors, kept until the completion event has passed.

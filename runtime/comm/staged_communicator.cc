@@ -33,22 +33,9 @@ absl::StatusOr<Tensor> ToHost(const Tensor& t, bool copy) {
   return host;
 }
 
-class FailedWork : public Work {
- public:
-  FailedWork(CommOpType op, absl::Status status) : op_(op), status_(std::move(status)) {}
-  bool IsCompleted() override { return true; }
-  absl::Status Wait(absl::Duration) override { return status_; }
-  CommOpType op_type() const override { return op_; }
-  int64_t sequence_number() const override { return -1; }
-
- private:
-  CommOpType op_;
-  absl::Status status_;
-};
-
 std::unique_ptr<Work> Fail(CommOpType op, int rank, const absl::Status& status) {
-  return std::make_unique<FailedWork>(
-      op, absl::Status(status.code(), absl::StrCat(CommOpTypeName(op), " on rank ", rank, ": ", status.message())));
+  return std::make_unique<DoneWork>(
+      op, -1, absl::Status(status.code(), absl::StrCat(CommOpTypeName(op), " on rank ", rank, ": ", status.message())));
 }
 
 // A device tensor and the host buffer the op writes its result into.
