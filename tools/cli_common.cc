@@ -17,7 +17,7 @@ namespace cli {
 
 const char kUsage[] =
     "usage:\n"
-    "  strata check   PROGRAM [--strategy S] [--batch_size B] [--device cpu|gpu]\n"
+    "  strata check   PROGRAM [--strategy S] [--batch_size B] [--device cpu|gpu] [--device_memory_gib G]\n"
     "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS] [--device cpu|gpu]\n"
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
