@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "proto/roles.h"
@@ -368,7 +369,11 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       // Out of memory: what the device held and what the plan expected, so
       // the user can tell a device too small for the plan from a plan that
       // underestimates.
-      if (s.code() == absl::StatusCode::kResourceExhausted) absl::StrAppend(&where, OutOfMemoryDetail());
+      // Only for this device's memory (not, say, host staging memory).
+      if (s.code() == absl::StatusCode::kResourceExhausted &&
+          absl::StrContains(s.message(), options_.device->name())) {
+        absl::StrAppend(&where, OutOfMemoryDetail());
+      }
       return absl::Status(s.code(), where);
     }
     for (size_t k = 0; k < p.output_slots.size(); ++k) {

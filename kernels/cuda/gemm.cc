@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,8 +21,11 @@ namespace strata {
 namespace cuda {
 namespace {
 
+// NOT_SUPPORTED (no algorithm or attribute for these types or this epilogue)
+// is Unimplemented, which MatmulBias's callers answer with GEMM + add.
 absl::Status LtError(cublasStatus_t status, const char* what) {
-  return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed: ", cublasLtGetStatusString(status)));
+  const std::string message = absl::StrCat("cuBLASLt ", what, " failed: ", cublasLtGetStatusString(status));
+  return status == CUBLAS_STATUS_NOT_SUPPORTED ? absl::UnimplementedError(message) : absl::InternalError(message);
 }
 
 absl::Status CudaError(cudaError_t error, const char* what) {

@@ -60,20 +60,34 @@ class PinnedHostBackend final : public CachingAllocator::Backend {
     return ptr;
   }
   void Free(void* ptr) override { cudaFreeHost(ptr); }
+  // Frees come from the Gloo and send-waiter threads too: each call names the
+  // rank's GPU first (a thread's current device defaults to 0, and a fresh
+  // context there would cost GPU 0 memory), and clears a failure it leaves,
+  // so no later WaitForWork reports it as a kernel's.
   void* RecordEvent(StreamHandle stream) override {
     cudaEvent_t event = nullptr;
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+    if (cudaSetDevice(ordinal_) != cudaSuccess ||
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
     if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      cudaGetLastError();
       cudaEventDestroy(event);
       return nullptr;
     }
     return event;
   }
   bool EventDone(void* event) override {
-    return event != nullptr && cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaSuccess;
+    if (event == nullptr || cudaSetDevice(ordinal_) != cudaSuccess) return false;
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e != cudaSuccess) cudaGetLastError();  // cudaErrorNotReady included: not an error of anyone's work
+    return e == cudaSuccess;
   }
   void DestroyEvent(void* event) override {
-    if (event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    if (event == nullptr) return;
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
   void Synchronize() override {
     cudaSetDevice(ordinal_);
