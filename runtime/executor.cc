@@ -352,6 +352,12 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
     const bool traced_transfer = options_.tracer != nullptr && p.is_transfer;
     const int64_t cpu_start = traced_transfer ? Tracer::ThreadCpuMicros() : 0;
     absl::Status s = p.kernel->Compute(ctx);
+    // On a device with its own stream the kernel only queued work: a trace
+    // waits for it, so each op's event is its device time (the run is then
+    // serialized, as under CUDA_LAUNCH_BLOCKING).
+    if (s.ok() && options_.tracer != nullptr && !p.is_transfer && options_.device->compute_stream() != nullptr) {
+      s = options_.device->Synchronize();
+    }
     if (timed) {
       const double seconds = (Tracer::NowMicros() - start) * 1e-6;
       (p.is_transfer ? wait_seconds_ : busy_seconds_) += seconds;

@@ -24,7 +24,9 @@ struct ExecutorOptions {
   // The rank's communicators (pipeline transfers, collectives); null on a single device.
   const CommunicatorSet* comms = nullptr;
   double comm_timeout_s = 300;
-  Tracer* tracer = nullptr;      // records every action, op and transfer when set
+  // Records every action, op and transfer when set. On a GPU each op's event
+  // waits for its kernels, so it shows device time, and the step runs slower.
+  Tracer* tracer = nullptr;
 };
 
 struct StepResult {

@@ -3,12 +3,22 @@
 // (kernels/cpu/attention.cc). Tagged gpu: without a CUDA device every test
 // FAILS (never skips).
 //
-// Bars: issue 18's, |gpu - cpu| <= 1e-5 |cpu| + 1e-6 in F32 (1e-12 |cpu| +
-// 1e-13 in F64). The two devices sum in other orders (the CPU by GEMMs over a
-// row block's scores, the GPU a key tile at a time with FlashAttention's
-// running max), so bits differ; the GPU's own runs repeat bit for bit.
+// Bars: the two devices sum in other orders (the CPU by GEMMs over a row
+// block's scores, the GPU a key tile at a time with FlashAttention's running
+// max), so bits differ; the GPU's own runs repeat bit for bit. How far apart
+// they may be depends on the problem's conditioning (large scores make exp
+// amplify the rounding of q.k), so each case measures its scale with the
+// same values through the CPU kernels in F64 and in F32. In F32 the scale is
+// the CPU's largest F32 error against the F64 result; in F64 it is the F32
+// run's largest distance from F64, times 2^-29 (F64's rounding unit over
+// F32's). Either is at least one rounding unit of the output's largest
+// magnitude. The GPU may be kAccuracyFactor scales off: against the F64
+// result in F32, against the CPU in F64. On an H200 (2026-11-26) the cases
+// came to at most 4.4 scales (dv of the GPT-2-sized case).
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -34,20 +44,36 @@ STRATA_CUDA_OPS_TESTED(cuda_attention_ops_test, {
                                                     {"scaled_dot_product_attention_grad", {F32, F64}},
                                                 });
 
-::testing::AssertionResult Close(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
-  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape()) {
-    return ::testing::AssertionFailure() << what << ": " << TypeOf(gpu).ToString() << " vs " << TypeOf(cpu).ToString();
-  }
-  const double rel = gpu.dtype() == F32 ? 1e-5 : 1e-12, abs = gpu.dtype() == F32 ? 1e-6 : 1e-13;
-  const std::vector<double> g = TensorValues(gpu), c = TensorValues(cpu);
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (!(std::abs(g[i] - c[i]) <= rel * std::abs(c[i]) + abs)) {
-      return ::testing::AssertionFailure() << what << " element " << i << ": gpu " << g[i] << ", cpu " << c[i]
-                                           << ", |diff| " << std::abs(g[i] - c[i]);
-    }
-  }
-  return ::testing::AssertionSuccess();
+constexpr double kAccuracyFactor = 8;
+
+double MaxAbs(const Tensor& t) {
+  double m = 0;
+  for (double x : TensorValues(t)) m = std::max(m, std::abs(x));
+  return m;
 }
+
+double MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = TensorValues(a), vb = TensorValues(b);
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+
+::testing::AssertionResult Within(const Tensor& gpu, const Tensor& want, double bar, double scale,
+                                  const std::string& what) {
+  if (gpu.dtype() != want.dtype() || gpu.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << what << ": " << TypeOf(gpu).ToString() << " vs "
+                                         << TypeOf(want).ToString();
+  }
+  const double diff = MaxAbsDiff(gpu, want);
+  // Printed on success too: the margins the bar leaves, case by case.
+  std::cout << "  " << what << ": max |diff| " << diff << ", bar " << bar << " (" << diff / scale
+            << " x the measured scale)\n";
+  if (diff <= bar) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max |diff| " << diff << " over the bar " << bar;
+}
+
+Tensor Retyped(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
 
 struct Case {
   int64_t B, H, T, D;
@@ -76,35 +102,64 @@ const Case kCases[] = {
 
 class CudaAttentionOpsTest : public CudaOpsTest {
  protected:
-  // The forward and the gradient (from the CPU's forward outputs, so both
-  // sides start equal) against the CPU; the gradient's dq and dk once more
-  // on the GPU, bit for bit (no atomics).
-  void CheckAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
-    const Shape shape{c.B, c.H, c.T, c.D}, lse_shape{c.B, c.H, c.T};
-    const Tensor q = RandomTensor(dtype, shape, seed), k = RandomTensor(dtype, shape, seed + 1),
-                 v = RandomTensor(dtype, shape, seed + 2), dy = RandomTensor(dtype, shape, seed + 3),
-                 dlse = RandomTensor(dtype, lse_shape, seed + 4);
-    auto fwd = RunBothNamed(absl::StrCat("type: \"scaled_dot_product_attention\" input: [\"q\", \"k\", \"v\"] "
-                                         "output: [\"y\", \"lse\"]",
-                                         Attrs(c)),
-                            {{"q", q}, {"k", k}, {"v", v}}, {"y", "lse"});
-    ASSERT_EQ(fwd.size(), 2u);
-    EXPECT_TRUE(Close(fwd[0].second, fwd[0].first, "y"));
-    EXPECT_TRUE(Close(fwd[1].second, fwd[1].first, "lse"));
+  // The forward, then the gradient from that device's forward outputs, on
+  // the CPU in `dtype`: {y, lse, dq, dk, dv}.
+  static std::vector<Tensor> RunCpu(const Case& c, DataType dtype, const std::map<std::string, Tensor>& in) {
+    std::map<std::string, Tensor> env;
+    for (const auto& [name, t] : in) env[name] = Retyped(dtype, t);
+    absl::Status s = RunOp(ParseOp(ForwardText(c)), &env);
+    if (s.ok()) s = RunOp(ParseOp(GradText(c)), &env);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return {};
+    return {env["y"], env["lse"], env["dq"], env["dk"], env["dv"]};
+  }
+
+  static std::string ForwardText(const Case& c) {
+    return absl::StrCat(R"(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])",
+                        Attrs(c));
+  }
+
+  static std::string GradText(const Case& c) {
     const std::string inputs = c.dlse ? R"(["q", "k", "v", "y", "lse", "dy", "dlse"])"
                                       : R"(["q", "k", "v", "y", "lse", "dy"])";
-    const std::string grad = absl::StrCat("type: \"scaled_dot_product_attention_grad\" input: ", inputs,
-                                          " output: [\"dq\", \"dk\", \"dv\"]", Attrs(c));
-    std::map<std::string, Tensor> grad_inputs{{"q", q}, {"k", k}, {"v", v}, {"y", fwd[0].first},
-                                              {"lse", fwd[1].first}, {"dy", dy}};
-    if (c.dlse) grad_inputs["dlse"] = dlse;
-    auto bwd = RunBothNamed(grad, grad_inputs, {"dq", "dk", "dv"});
+    return absl::StrCat(R"(type: "scaled_dot_product_attention_grad" input: )", inputs,
+                        R"( output: ["dq", "dk", "dv"])", Attrs(c));
+  }
+
+  // Both devices in `dtype` (the gradient from the CPU's forward outputs, so
+  // both start equal) against the bars above; the gradient's dq and dk once
+  // more on the GPU, bit for bit (no atomics).
+  void CheckAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
+    const Shape shape{c.B, c.H, c.T, c.D}, lse_shape{c.B, c.H, c.T};
+    std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, shape, seed)},
+                                     {"k", RandomTensor(dtype, shape, seed + 1)},
+                                     {"v", RandomTensor(dtype, shape, seed + 2)},
+                                     {"dy", RandomTensor(dtype, shape, seed + 3)}};
+    if (c.dlse) in["dlse"] = RandomTensor(dtype, lse_shape, seed + 4);
+    auto fwd = RunBothNamed(ForwardText(c), in, {"y", "lse"});
+    ASSERT_EQ(fwd.size(), 2u);
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = fwd[0].first;
+    grad_in["lse"] = fwd[1].first;
+    auto bwd = RunBothNamed(GradText(c), grad_in, {"dq", "dk", "dv"});
     ASSERT_EQ(bwd.size(), 3u);
-    EXPECT_TRUE(Close(bwd[0].second, bwd[0].first, "dq"));
-    EXPECT_TRUE(Close(bwd[1].second, bwd[1].first, "dk"));
-    EXPECT_TRUE(Close(bwd[2].second, bwd[2].first, "dv"));
-    EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dk"), bwd[1].second));
-    EXPECT_TRUE(BitEqual(RunGpu(grad, grad_inputs, "dq"), bwd[0].second));
+    const std::vector<Tensor> wide = RunCpu(c, F64, in), narrow = RunCpu(c, F32, in);
+    ASSERT_EQ(wide.size(), 5u);
+    ASSERT_EQ(narrow.size(), 5u);
+    const std::pair<Tensor, Tensor>* both[] = {&fwd[0], &fwd[1], &bwd[0], &bwd[1], &bwd[2]};
+    const char* names[] = {"y", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; ++i) {
+      const auto& [cpu, gpu] = *both[i];
+      if (dtype == F32) {
+        const double scale = std::max(MaxAbsDiff(cpu, wide[i]), 0x1p-24 * MaxAbs(wide[i]));
+        EXPECT_TRUE(Within(Retyped(F64, gpu), wide[i], kAccuracyFactor * scale, scale, names[i]));
+      } else {
+        const double scale = std::max(MaxAbsDiff(narrow[i], wide[i]) * 0x1p-29, 0x1p-53 * MaxAbs(cpu));
+        EXPECT_TRUE(Within(gpu, cpu, kAccuracyFactor * scale, scale, names[i]));
+      }
+    }
+    EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dk"), bwd[1].second));
+    EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dq"), bwd[0].second));
   }
 };
 
