@@ -4,9 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/block_reduce.cuh"
 
 namespace strata {
 namespace cuda {
@@ -302,7 +304,121 @@ cudaError_t Grad(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const 
                  : GradD<T, 128>(dq, dk, dv, q, k, v, lse, dy, di, heads, T_, d, s, causal, stream);
 }
 
+// The GEMM path's row-wise kernels (see attention.h).
+
+constexpr int kSoftmaxThreads = 256;
+
+// A block per score row (grid: heads * T), in the row's element type; the
+// max and the sum of exponentials combined in double by a fixed tree, so
+// runs repeat bit for bit.
+template <typename T>
+__global__ void AttentionSoftmax(T* p, T* lse, int64_t T_, bool causal) {
+  __shared__ double shared[kSoftmaxThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t n = causal ? row % T_ + 1 : T_;
+  T* s = p + row * T_;
+  double m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += kSoftmaxThreads) m = MaxOp()(m, static_cast<double>(s[j]));
+  m = BlockReduce<kSoftmaxThreads>(m, shared, MaxOp());
+  const T row_max = static_cast<T>(m);
+  double l = 0;
+  for (int64_t j = threadIdx.x; j < n; j += kSoftmaxThreads) l += Exp(s[j] - row_max);
+  l = BlockReduce<kSoftmaxThreads>(l, shared, SumOp());
+  const T row_lse = static_cast<T>(m + log(l));
+  for (int64_t j = threadIdx.x; j < T_; j += kSoftmaxThreads) s[j] = j < n ? Exp(s[j] - row_lse) : T(0);
+  if (threadIdx.x == 0) lse[row] = row_lse;
+}
+
+int64_t ElementwiseBlocks(int64_t total) {
+  return std::min<int64_t>((total + kSoftmaxThreads - 1) / kSoftmaxThreads, int64_t{1} << 16);
+}
+
+template <typename T>
+__global__ void AttentionProbs(T* p, const T* lse, int64_t T_, int64_t total, bool causal) {
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / T_;
+    p[idx] = causal && idx % T_ > row % T_ ? T(0) : Exp(p[idx] - lse[row]);
+  }
+}
+
+template <typename T>
+__global__ void AttentionScoreGrad(T* ds, const T* p, const T* di, int64_t T_, int64_t total) {
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    ds[idx] = p[idx] * (ds[idx] - di[idx / T_]);
+  }
+}
+
+template <typename T>
+cudaError_t Softmax(T* p, T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
+  const int64_t rows = heads * T_;
+  if (rows == 0) return cudaSuccess;
+  if (rows > INT32_MAX) return cudaErrorInvalidConfiguration;
+  AttentionSoftmax<T><<<static_cast<unsigned>(rows), kSoftmaxThreads, 0, stream>>>(p, lse, T_, causal);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Probs(T* p, const T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
+  const int64_t total = heads * T_ * T_;
+  if (total == 0) return cudaSuccess;
+  AttentionProbs<T><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(p, lse, T_,
+                                                                                                   total, causal);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t ScoreGrad(T* ds, const T* p, const T* di, int64_t heads, int64_t T_, cudaStream_t stream) {
+  const int64_t total = heads * T_ * T_;
+  if (total == 0) return cudaSuccess;
+  AttentionScoreGrad<T><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(ds, p, di,
+                                                                                                       T_, total);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t RowDots(T* di, const T* y, const T* dy, const T* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  AttentionDi<T><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      di, y, dy, dlse, rows, static_cast<int>(D));
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t LaunchAttentionSoftmax(float* p, float* lse, int64_t heads, int64_t T, bool causal, cudaStream_t stream) {
+  return Softmax(p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionSoftmax(double* p, double* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream) {
+  return Softmax(p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionProbs(float* p, const float* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream) {
+  return Probs(p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionProbs(double* p, const double* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream) {
+  return Probs(p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionRowDots(float* di, const float* y, const float* dy, const float* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream) {
+  return RowDots(di, y, dy, dlse, rows, D, stream);
+}
+cudaError_t LaunchAttentionRowDots(double* di, const double* y, const double* dy, const double* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream) {
+  return RowDots(di, y, dy, dlse, rows, D, stream);
+}
+cudaError_t LaunchAttentionScoreGrad(float* ds, const float* p, const float* di, int64_t heads, int64_t T,
+                                     cudaStream_t stream) {
+  return ScoreGrad(ds, p, di, heads, T, stream);
+}
+cudaError_t LaunchAttentionScoreGrad(double* ds, const double* p, const double* di, int64_t heads, int64_t T,
+                                     cudaStream_t stream) {
+  return ScoreGrad(ds, p, di, heads, T, stream);
+}
 
 cudaError_t LaunchAttention(float* y, float* lse, const float* q, const float* k, const float* v, int64_t heads,
                             int64_t T, int64_t D, double scale, bool causal, cudaStream_t stream) {

@@ -20,9 +20,18 @@
 //
 // D <= kMaxHeadDim; larger heads are refused by the registration. Shared
 // memory beyond 48 KiB (D = 128 in the backward) is opted into per kernel.
+//
+// Those kernels run a thread per row on CUDA cores, so where a chunk of
+// heads' [T, T] scores fits a workspace the op kernels
+// (cuda_attention_ops.cc) take the GEMM path instead, as PyTorch's math
+// backend does: per chunk, cuBLASLt strided batches for S = scale q k^T and
+// y = P v (backward: dv = P^T dy, dP = dy v^T, dq = scale dS k,
+// dk = scale dS^T q), and the row-wise launchers below in between.
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace strata {
@@ -47,6 +56,47 @@ cudaError_t LaunchAttentionGrad(float* dq, float* dk, float* dv, const float* q,
 cudaError_t LaunchAttentionGrad(double* dq, double* dk, double* dv, const double* q, const double* k, const double* v,
                                 const double* y, const double* lse, const double* dy, const double* dlse, double* di,
                                 int64_t heads, int64_t T, int64_t D, double scale, bool causal, cudaStream_t stream);
+
+// Bytes of [T, T] score buffers the GEMM path holds at once: 256 MiB unless
+// a test sets less (0 sends every shape to the flash kernels).
+inline constexpr int64_t kDefaultAttentionScoreBudget = int64_t{256} << 20;
+inline std::atomic<int64_t>& AttentionScoreBudget() {
+  static std::atomic<int64_t> bytes{kDefaultAttentionScoreBudget};
+  return bytes;
+}
+
+// Heads per chunk of the GEMM path when each head needs `buffers` [T, T]
+// matrices of `elem` bytes: as many as the budget holds, at least one; 0
+// (the flash kernels) when one head needs more than four budgets.
+inline int64_t AttentionChunkHeads(int64_t heads, int64_t T, int64_t elem, int buffers) {
+  const int64_t per_head = T * T * elem * buffers;
+  const int64_t budget = AttentionScoreBudget().load();
+  if (heads <= 0 || per_head <= 0 || per_head > 4 * budget) return 0;
+  return std::clamp<int64_t>(budget / per_head, 1, heads);
+}
+
+// The GEMM path's row-wise steps on `heads` [T, T] score matrices p.
+// Softmax: p holds scale q k^T and becomes the probabilities (0 above the
+// diagonal when causal); lse [heads, T] gets each row's logsumexp.
+cudaError_t LaunchAttentionSoftmax(float* p, float* lse, int64_t heads, int64_t T, bool causal, cudaStream_t stream);
+cudaError_t LaunchAttentionSoftmax(double* p, double* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream);
+// Probs: p holds scale q k^T and becomes exp(p - lse) (0 above the diagonal
+// when causal), the forward's probabilities again.
+cudaError_t LaunchAttentionProbs(float* p, const float* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream);
+cudaError_t LaunchAttentionProbs(double* p, const double* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream);
+// di [rows] = rowsum(dy * y) - dlse (dlse may be null), y and dy [rows, D].
+cudaError_t LaunchAttentionRowDots(float* di, const float* y, const float* dy, const float* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream);
+cudaError_t LaunchAttentionRowDots(double* di, const double* y, const double* dy, const double* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream);
+// ScoreGrad: ds holds dP = dy v^T and becomes p * (dP - di) per row.
+cudaError_t LaunchAttentionScoreGrad(float* ds, const float* p, const float* di, int64_t heads, int64_t T,
+                                     cudaStream_t stream);
+cudaError_t LaunchAttentionScoreGrad(double* ds, const double* p, const double* di, int64_t heads, int64_t T,
+                                     cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace strata

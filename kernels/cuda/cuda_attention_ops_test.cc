@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_op_test_util.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -163,19 +164,62 @@ class CudaAttentionOpsTest : public CudaOpsTest {
   }
 };
 
+// Sets attention.h's score budget for one scope.
+class ScopedScoreBudget {
+ public:
+  explicit ScopedScoreBudget(int64_t bytes) : saved_(cuda::AttentionScoreBudget().exchange(bytes)) {}
+  ~ScopedScoreBudget() { cuda::AttentionScoreBudget().store(saved_); }
+
+ private:
+  int64_t saved_;
+};
+
+// Each path of the op kernels: the GEMM path with every head in one chunk
+// (the default budget), in chunks of two heads' forward scores (the
+// gradient's two buffers a head: chunks of one), and the flash kernels.
+struct Path {
+  const char* name;
+  int64_t budget_per_head_score;  // budget in [T, T] matrices: 0 flash, -1 the default
+};
+constexpr Path kPaths[] = {{"GEMM path, one chunk", -1}, {"GEMM path, chunks", 2}, {"flash kernels", 0}};
+
+int64_t Budget(const Path& path, const Case& c, DataType dtype) {
+  if (path.budget_per_head_score < 0) return cuda::kDefaultAttentionScoreBudget;
+  return path.budget_per_head_score * c.T * c.T * static_cast<int64_t>(DataTypeSize(dtype));
+}
+
 TEST_F(CudaAttentionOpsTest, ForwardAndGradientMatchTheCpu) {
-  for (DataType dtype : {F32, F64}) {
-    for (const Case& c : kCases) {
-      SCOPED_TRACE(Name(c, dtype));
-      CheckAgainstTheCpu(c, dtype, 1);
+  for (const Path& path : kPaths) {
+    for (DataType dtype : {F32, F64}) {
+      for (const Case& c : kCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
+        ScopedScoreBudget budget(Budget(path, c, dtype));
+        CheckAgainstTheCpu(c, dtype, 1);
+      }
     }
   }
 }
 
+// The path choice at the default budget: GPT-2's heads take the GEMM path in
+// one chunk; 8k tokens' gradient (512 MiB a head) one head at a time; 16k
+// tokens' gradient (2 GiB a head, over four budgets) the flash kernels.
+TEST_F(CudaAttentionOpsTest, TheDefaultBudgetChoosesThePath) {
+  EXPECT_EQ(cuda::AttentionChunkHeads(96, 1024, 4, 1), 64);
+  EXPECT_EQ(cuda::AttentionChunkHeads(24, 1024, 4, 2), 24);
+  EXPECT_EQ(cuda::AttentionChunkHeads(96, 8192, 4, 2), 1);
+  EXPECT_EQ(cuda::AttentionChunkHeads(96, 16384, 4, 2), 0);
+  EXPECT_EQ(cuda::AttentionChunkHeads(0, 1024, 4, 1), 0);
+}
+
 // A GPT-2 layer's shape (batch 2, 12 heads of 64, 1024 tokens): the tiles
-// and blocks at full length.
+// and blocks at full length, on both paths.
 TEST_F(CudaAttentionOpsTest, Gpt2SizedHeadsMatchTheCpu) {
-  CheckAgainstTheCpu(Case{2, 12, 1024, 64, true, 0, false}, F32, 11);
+  for (const Path& path : {kPaths[0], kPaths[2]}) {
+    SCOPED_TRACE(path.name);
+    const Case c{2, 12, 1024, 64, true, 0, false};
+    ScopedScoreBudget budget(Budget(path, c, F32));
+    CheckAgainstTheCpu(c, F32, 11);
+  }
 }
 
 // Heads above the kernel's 128 elements: the CPU computes them, the GPU

@@ -73,6 +73,18 @@ uint32_t Alignment(const void* p) {
   return alignment;
 }
 
+// Bytes of one element of a cuBLASLt operand type.
+int64_t TypeBytes(cudaDataType_t type) {
+  switch (type) {
+    case CUDA_R_64F:
+      return 8;
+    case CUDA_R_32F:
+      return 4;
+    default:
+      return 2;  // CUDA_R_16BF, CUDA_R_16F
+  }
+}
+
 }  // namespace
 
 // Everything cublasLtMatmul needs besides the pointers, for one PlanKey.
@@ -122,6 +134,20 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   plan->a_layout = *std::move(a_layout);
   plan->b_layout = *std::move(b_layout);
   plan->c_layout = *std::move(c_layout);
+  if (key.batch > 1) {
+    // Each operand's items one after another.
+    const int32_t count = static_cast<int32_t>(key.batch);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {
+        {plan->a_layout.get(), m * k}, {plan->b_layout.get(), k * n}, {plan->c_layout.get(), m * n}};
+    for (const auto& [layout, stride] : strided) {
+      STRATA_LT_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+          "set batch count");
+      STRATA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                                 &stride, sizeof(stride)),
+                                "set batch stride");
+    }
+  }
 
   // The preference only steers the heuristic; the plan does not keep it.
   cublasLtMatmulPreference_t raw_preference = nullptr;
@@ -257,23 +283,62 @@ absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfl
                     a, b, bias, m, n, k, false, transpose_b, stream);
 }
 
+absl::Status LtGemm::BatchedMatmul(float* c, const float* a, const float* b, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream,
+                                   bool tf32) {
+  const float beta = 0.0f;
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, false, sizeof(float), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream,
+                    batch);
+}
+
+absl::Status LtGemm::BatchedMatmul(double* c, const double* a, const double* b, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, bool transpose_a, bool transpose_b, double alpha, cudaStream_t stream) {
+  const double beta = 0.0;
+  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, false, sizeof(double), c,
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+}
+
 absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
-                                int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream) {
-  if (m < 0 || n < 0 || k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("GEMM sizes must be >= 0, got m=", m, " n=", n, " k=", k));
+                                int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
+                                int64_t batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
   }
-  if (m == 0 || n == 0) return absl::OkStatus();
+  if (batch > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("GEMM batch over 2^31 - 1: ", batch));
+  if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
     if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back
     if (accumulate) return absl::OkStatus();  // c += 0
-    const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(m * n) * c_bytes, stream);
+    const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * c_bytes, stream);
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
 
-  const PlanKey key{type,        c_type,      bias != nullptr, compute,      scale_type,  m,           n,
-                    k,           transpose_a, transpose_b,     Alignment(a), Alignment(b), Alignment(c)};
+  // A batch's later items start a stride further on: each is only as aligned
+  // as the first item and the stride both allow.
+  const auto aligned = [batch](const void* p, int64_t stride_bytes) {
+    if (batch <= 1) return Alignment(p);
+    return Alignment(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) |
+                                                   static_cast<uintptr_t>(stride_bytes)));
+  };
+  const int64_t ab_bytes = TypeBytes(type), cb = static_cast<int64_t>(c_bytes);
+  const PlanKey key{type,
+                    c_type,
+                    bias != nullptr,
+                    compute,
+                    scale_type,
+                    batch,
+                    m,
+                    n,
+                    k,
+                    transpose_a,
+                    transpose_b,
+                    aligned(a, m * k * ab_bytes),
+                    aligned(b, k * n * ab_bytes),
+                    aligned(c, m * n * cb)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);

@@ -83,6 +83,15 @@ class LtGemm {
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_b, cudaStream_t stream);
 
+  // `batch` products in one cuBLASLt call (its strided batch), each operand's
+  // items one after another: c_i = alpha op(a_i) @ op(b_i) with a_i at
+  // a + i*m*k, b_i at b + i*k*n and c_i at c + i*m*n. Float in FP32 (TF32 on
+  // request), double in FP64.
+  absl::Status BatchedMatmul(float* c, const float* a, const float* b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                             bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream, bool tf32 = false);
+  absl::Status BatchedMatmul(double* c, const double* a, const double* b, int64_t batch, int64_t m, int64_t n,
+                             int64_t k, bool transpose_a, bool transpose_b, double alpha, cudaStream_t stream);
+
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
@@ -95,19 +104,20 @@ class LtGemm {
     bool bias;              // the BIAS epilogue
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
-    int64_t m, n, k;
+    int64_t batch, m, n, k;  // batch 1: one product
     bool transpose_a, transpose_b;
     uint32_t alignment_a, alignment_b, alignment_c;
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
-      return std::tie(x.type, x.c_type, x.bias, x.compute, x.scale_type, x.m, x.n, x.k, x.transpose_a,
+      return std::tie(x.type, x.c_type, x.bias, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
                       x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c) ==
-             std::tie(y.type, y.c_type, y.bias, y.compute, y.scale_type, y.m, y.n, y.k, y.transpose_a,
+             std::tie(y.type, y.c_type, y.bias, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
                       y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
-      return H::combine(std::move(h), key.type, key.c_type, key.bias, key.compute, key.scale_type, key.m, key.n,
+      return H::combine(std::move(h), key.type, key.c_type, key.bias, key.compute, key.scale_type, key.batch, key.m,
+                        key.n,
                         key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
     }
   };
@@ -121,7 +131,8 @@ class LtGemm {
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
-                          int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream);
+                          int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
+                          int64_t batch = 1);
 
   cublasLtHandle_t handle_;
   void* workspace_;
