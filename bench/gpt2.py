@@ -11,7 +11,9 @@ PyTorch, the strong side: the same architecture and sizes in nn.Module form
 (nanoGPT's), bf16 autocast, F.scaled_dot_product_attention(is_causal=True),
 AdamW(fused=True) with Strata's hyper-parameters, tied embeddings, loss.item()
 every step; 'eager' and 'compile' (torch.compile of the model). TF32 off on
-both sides (Strata's float32 matmuls use none).
+both sides, or with --tf32 allowed on both (Strata's strategy gets
+allow_tf32: true, which under bf16 reaches attention's float32 products;
+torch.backends.cuda.matmul.allow_tf32).
 
 Printed per side: median step ms over rounds, tokens/s, the ratio
 strata tokens/s / torch tokens/s (> 1: Strata faster), with the spread of the
@@ -70,7 +72,7 @@ def strata_side(a, workdir):
         raise SystemExit("bench: strata gen gpt failed: " + gen.stderr)
     strategy = os.path.join(workdir, "bf16.strategy.pbtxt")
     with open(strategy, "w") as f:
-        f.write("mixed_precision { dtype: BF16 }\n")
+        f.write("mixed_precision { dtype: BF16 }\n" + ("allow_tf32: true\n" if a.tf32 else ""))
     metrics = os.path.join(workdir, "metrics.jsonl")
     argv = cmd + ["run", program, "--strategy", strategy, "--device", a.device, "--data", "synthetic",
                   "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet"]
@@ -94,8 +96,8 @@ def torch_side(a, variant):
 
     dev = torch.device("cuda" if a.device == "gpu" else "cpu")
     if dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
     torch.manual_seed(0)
     d, H, T, V, L = a.d_model, a.heads, a.seq, a.vocab, a.blocks
     sdpa = getattr(F, "scaled_dot_product_attention", None)
@@ -190,6 +192,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="eager,compile")
+    ap.add_argument("--tf32", action="store_true",
+                    help="allow TF32 on both sides (Strata's allow_tf32: attention's float32 products; "
+                         "torch.backends.cuda.matmul.allow_tf32)")
     a = ap.parse_args()
     import torch
     variants = a.variants.split(",")
@@ -201,9 +206,10 @@ def main():
     name = torch.cuda.get_device_name(0) if a.device == "gpu" else "cpu"
     tokens = a.batch * a.seq
     print("gpt2: %s, torch %s, %s UTC; %d blocks, d_model %d, %d heads, seq %d, vocab %d, batch %d (%d tokens a "
-          "step); bf16 mixed precision, AdamW; %d rounds of %d steps after %d warm-up" % (
+          "step); bf16 mixed precision, AdamW, TF32 %s on both sides; %d rounds of %d steps after %d warm-up" % (
               name, torch.__version__, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-              a.blocks, a.d_model, a.heads, a.seq, a.vocab, a.batch, tokens, a.rounds, a.steps, a.warmup))
+              a.blocks, a.d_model, a.heads, a.seq, a.vocab, a.batch, tokens, "allowed" if a.tf32 else "off",
+              a.rounds, a.steps, a.warmup))
     s_ms, t_ms = [], {v: [] for v in variants}
     s_loss = s_peak = None
     t_loss, t_peak = {}, {}

@@ -9,8 +9,13 @@ namespace strata {
 
 absl::StatusOr<bool> Tf32Pass::Run(Graph& graph, const CompileContext& ctx) {
   if (!ctx.strategy.allow_tf32()) return false;
-  static const std::set<std::string> kFamily = {"matmul", "matmul_shared_b_grad_a", "matmul_shared_b_grad_b",
-                                                "matmul_accumulate", "matmul_bias"};
+  static const std::set<std::string> kFamily = {"matmul",
+                                                "matmul_shared_b_grad_a",
+                                                "matmul_shared_b_grad_b",
+                                                "matmul_accumulate",
+                                                "matmul_bias",
+                                                "scaled_dot_product_attention",
+                                                "scaled_dot_product_attention_grad"};
   bool changed = false;
   for (int op : std::vector<int>(graph.ops())) {
     if (kFamily.count(graph.schema(op).type) == 0 || graph.inputs(op).empty()) continue;

@@ -11,8 +11,13 @@
 namespace strata {
 namespace {
 
-const std::set<std::string> kFamily = {"matmul", "matmul_shared_b_grad_a", "matmul_shared_b_grad_b",
-                                       "matmul_accumulate", "matmul_bias"};
+const std::set<std::string> kFamily = {"matmul",
+                                       "matmul_shared_b_grad_a",
+                                       "matmul_shared_b_grad_b",
+                                       "matmul_accumulate",
+                                       "matmul_bias",
+                                       "scaled_dot_product_attention",
+                                       "scaled_dot_product_attention_grad"};
 
 // (GEMMs marked allow_tf32, GEMMs not) over every rank's program.
 std::pair<int, int> Marked(const CompileResult& r) {
@@ -27,13 +32,18 @@ std::pair<int, int> Marked(const CompileResult& r) {
   return {marked, plain};
 }
 
-CompileResult CompileResMlp(const Strategy& strategy, DeviceKind device, int stages = 1) {
+CompileResult CompileGenerated(const std::string& model, const Strategy& strategy, DeviceKind device,
+                               int stages = 1) {
   GenOptions gen;
   gen.layers = {24, 32, 10};
   gen.blocks = 2;
   gen.stages = stages;
   gen.dtype = "F32";
-  auto text = GenerateProgram("resmlp", gen);
+  gen.d_model = 32;
+  gen.heads = 4;
+  gen.seq = 16;
+  gen.vocab = 64;
+  auto text = GenerateProgram(model, gen);
   EXPECT_TRUE(text.ok()) << text.status();
   CompileOptions options;
   options.batch_size = 32;
@@ -41,6 +51,28 @@ CompileResult CompileResMlp(const Strategy& strategy, DeviceKind device, int sta
   auto r = Compile(ParseProgramOrFail(*text), strategy, options);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? *std::move(r) : CompileResult();
+}
+
+CompileResult CompileResMlp(const Strategy& strategy, DeviceKind device, int stages = 1) {
+  return CompileGenerated("resmlp", strategy, device, stages);
+}
+
+// Attention and its gradient too (their F32 products), with the GEMMs of
+// a GPT's blocks.
+TEST(Tf32Test, MarksAttentionOfGpuPlansWhenAsked) {
+  Strategy tf32;
+  tf32.set_allow_tf32(true);
+  const CompileResult r = CompileGenerated("gpt", tf32, DEVICE_CUDA);
+  ASSERT_FALSE(r.plans.empty());
+  int attention = 0;
+  for (const Op& op : r.plans[0].program().op()) {
+    if (op.type().rfind("scaled_dot_product_attention", 0) != 0) continue;
+    ++attention;
+    EXPECT_TRUE(op.attr().at("allow_tf32").b()) << op.ShortDebugString();
+  }
+  EXPECT_EQ(attention, 4);  // two blocks, forward and gradient
+  EXPECT_EQ(Marked(r).second, 0);
+  EXPECT_EQ(Marked(CompileGenerated("gpt", Strategy(), DEVICE_CUDA)).first, 0);
 }
 
 // Every F32 GEMM of a GPU plan, the gradients and, under a pipeline's

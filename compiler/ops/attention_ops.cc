@@ -85,13 +85,16 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention")
                        .Output("lse")
                        .Attr("causal", true)
                        .Attr("scale", 0.0)
+                       .Attr("allow_tf32", false)
                        .Shape(AttentionShape)
                        .Cost([](const CostContext& c) { return AttentionFlops(c, 2); })
                        .Grad(AttentionGrad)
                        .Doc("y = softmax(scale * q k^T + mask) v per (batch, head); q, k, v [B, H, T, D] of "
                             "one type. causal: query t sees keys <= t. scale 0 means 1/sqrt(D). Output 1, "
                             "lse [B, H, T], is each row's logsumexp of the (scaled, masked) scores, kept for "
-                            "the backward op so that the [T, T] probabilities are never stored."));
+                            "the backward op so that the [T, T] probabilities are never stored. allow_tf32 "
+                            "(set by passes/tf32 on GPU plans): a GPU's products of F32 q, k, v may round them "
+                            "to TF32."));
 
 absl::Status AttentionGradShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
@@ -125,6 +128,7 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
                        .Output("dv")
                        .Attr("causal", true)
                        .Attr("scale", 0.0)
+                       .Attr("allow_tf32", false)
                        .Shape(AttentionGradShape)
                        .Cost([](const CostContext& c) { return AttentionFlops(c, 5); })
                        .NotDifferentiable()

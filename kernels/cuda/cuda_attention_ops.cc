@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -44,10 +45,37 @@ absl::StatusOr<Tensor> Scratch(KernelContext& ctx, DataType dtype, int64_t eleme
   return t;
 }
 
-template <typename T>
-class CudaAttentionKernel : public AttentionAttrsKernel {
+// The CPU's attrs, and allow_tf32 (passes/tf32 on GPU plans when the
+// strategy allows TF32): the GEMM path's float products then run on tensor
+// cores with q, k, v, P and dS rounded to TF32.
+class CudaAttentionAttrsKernel : public AttentionAttrsKernel {
  public:
   using AttentionAttrsKernel::AttentionAttrsKernel;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(AttentionAttrsKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // One strided batch of c_i = alpha op(a_i) @ op(b_i); TF32 reaches float only.
+  template <typename T>
+  absl::Status Batched(cuda::LtGemm& gemm, T* c, const T* a, const T* b, int64_t batch, int64_t m, int64_t n,
+                       int64_t k, bool ta, bool tb, T alpha, cudaStream_t stream) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return gemm.BatchedMatmul(c, a, b, batch, m, n, k, ta, tb, alpha, stream, tf32_);
+    } else {
+      return gemm.BatchedMatmul(c, a, b, batch, m, n, k, ta, tb, alpha, stream);
+    }
+  }
+
+  bool tf32_ = false;
+};
+
+template <typename T>
+class CudaAttentionKernel : public CudaAttentionAttrsKernel {
+ public:
+  using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
     constexpr char kOp[] = "scaled_dot_product_attention";
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false));
@@ -70,21 +98,21 @@ class CudaAttentionKernel : public AttentionAttrsKernel {
     const cudaStream_t stream = device->stream();
     for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
       const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(s, pq + off, pk + off, c, T_, T_, D, false, true,
+      STRATA_RETURN_IF_ERROR(Batched(gemm, s, pq + off, pk + off, c, T_, T_, D, false, true,
                                                 static_cast<T>(ScaleFor(D)), stream));
       STRATA_RETURN_IF_ERROR(
           CudaStatus(cuda::LaunchAttentionSoftmax(s, lse->data<T>() + h0 * T_, c, T_, causal_, stream), kOp));
       STRATA_RETURN_IF_ERROR(
-          gemm.BatchedMatmul(y->data<T>() + off, s, pv + off, c, T_, D, T_, false, false, T(1), stream));
+          Batched(gemm, y->data<T>() + off, s, pv + off, c, T_, D, T_, false, false, T(1), stream));
     }
     return absl::OkStatus();
   }
 };
 
 template <typename T>
-class CudaAttentionGradKernel : public AttentionAttrsKernel {
+class CudaAttentionGradKernel : public CudaAttentionAttrsKernel {
  public:
-  using AttentionAttrsKernel::AttentionAttrsKernel;
+  using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
     constexpr char kOp[] = "scaled_dot_product_attention_grad";
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true));
@@ -118,15 +146,15 @@ class CudaAttentionGradKernel : public AttentionAttrsKernel {
     for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
       const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
       // P again from the forward's lse; dv = P^T dy; dS = P (dy v^T - di).
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(p, pq + off, pk + off, c, T_, T_, D, false, true, scale, stream));
+      STRATA_RETURN_IF_ERROR(Batched(gemm, p, pq + off, pk + off, c, T_, T_, D, false, true, scale, stream));
       STRATA_RETURN_IF_ERROR(
           CudaStatus(cuda::LaunchAttentionProbs(p, plse + h0 * T_, c, T_, causal_, stream), kOp));
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(dv + off, p, pdy + off, c, T_, D, T_, true, false, T(1), stream));
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(ds, pdy + off, pv + off, c, T_, T_, D, false, true, T(1), stream));
+      STRATA_RETURN_IF_ERROR(Batched(gemm, dv + off, p, pdy + off, c, T_, D, T_, true, false, T(1), stream));
+      STRATA_RETURN_IF_ERROR(Batched(gemm, ds, pdy + off, pv + off, c, T_, T_, D, false, true, T(1), stream));
       STRATA_RETURN_IF_ERROR(
           CudaStatus(cuda::LaunchAttentionScoreGrad(ds, p, pdi + h0 * T_, c, T_, stream), kOp));
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(dq + off, ds, pk + off, c, T_, D, T_, false, false, scale, stream));
-      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(dk + off, ds, pq + off, c, T_, D, T_, true, false, scale, stream));
+      STRATA_RETURN_IF_ERROR(Batched(gemm, dq + off, ds, pk + off, c, T_, D, T_, false, false, scale, stream));
+      STRATA_RETURN_IF_ERROR(Batched(gemm, dk + off, ds, pq + off, c, T_, D, T_, true, false, scale, stream));
     }
     return absl::OkStatus();
   }

@@ -80,18 +80,20 @@ struct Case {
   int64_t B, H, T, D;
   bool causal;
   double scale;  // 0: 1/sqrt(D)
-  bool dlse;     // a gradient reaches lse too
+  bool dlse;          // a gradient reaches lse too
+  bool tf32 = false;  // allow_tf32: F32 products on tensor cores
 };
 
 std::string Attrs(const Case& c) {
   return absl::StrCat(" attr { key: \"causal\" value { b: ", c.causal ? "true" : "false", " } }",
-                      " attr { key: \"scale\" value { f: ", c.scale, " } }");
+                      " attr { key: \"scale\" value { f: ", c.scale, " } }",
+                      c.tf32 ? " attr { key: \"allow_tf32\" value { b: true } }" : "");
 }
 
 std::string Name(const Case& c, DataType dtype) {
   return absl::StrCat(DataTypeName(dtype), " [", c.B, ", ", c.H, ", ", c.T, ", ", c.D, "]",
                       c.causal ? " causal" : "", c.scale != 0 ? absl::StrCat(" scale ", c.scale) : "",
-                      c.dlse ? " with dlse" : "");
+                      c.dlse ? " with dlse" : "", c.tf32 ? " tf32" : "");
 }
 
 // Head sizes on both template paths (<= 64, <= 128), rows not a multiple of
@@ -152,7 +154,10 @@ class CudaAttentionOpsTest : public CudaOpsTest {
     for (int i = 0; i < 5; ++i) {
       const auto& [cpu, gpu] = *both[i];
       if (dtype == F32) {
-        const double scale = std::max(MaxAbsDiff(cpu, wide[i]), 0x1p-24 * MaxAbs(wide[i]));
+        // TF32 keeps 10 of float's 23 mantissa bits: its rounding unit is
+        // 2^13 times float's, and so is the scale (the CPU has no TF32).
+        const double unit_ratio = c.tf32 ? 0x1p13 : 1;
+        const double scale = std::max(MaxAbsDiff(cpu, wide[i]) * unit_ratio, 0x1p-24 * unit_ratio * MaxAbs(wide[i]));
         EXPECT_TRUE(Within(Retyped(F64, gpu), wide[i], kAccuracyFactor * scale, scale, names[i]));
       } else {
         const double scale = std::max(MaxAbsDiff(narrow[i], wide[i]) * 0x1p-29, 0x1p-53 * MaxAbs(cpu));
@@ -209,6 +214,16 @@ TEST_F(CudaAttentionOpsTest, TheDefaultBudgetChoosesThePath) {
   EXPECT_EQ(cuda::AttentionChunkHeads(96, 8192, 4, 2), 1);
   EXPECT_EQ(cuda::AttentionChunkHeads(96, 16384, 4, 2), 0);
   EXPECT_EQ(cuda::AttentionChunkHeads(0, 1024, 4, 1), 0);
+}
+
+// allow_tf32 on the GEMM path: within TF32's rounding (the scale above
+// times 2^13), and still bit for bit from run to run.
+TEST_F(CudaAttentionOpsTest, Tf32ProductsStayWithinTf32Rounding) {
+  for (const Case& c : {Case{2, 3, 100, 64, true, 0, false, true}, Case{1, 2, 77, 32, false, 0.3, true, true},
+                        Case{2, 12, 1024, 64, true, 0, false, true}}) {
+    SCOPED_TRACE(Name(c, F32));
+    CheckAgainstTheCpu(c, F32, 21);
+  }
 }
 
 // A GPT-2 layer's shape (batch 2, 12 heads of 64, 1024 tokens): the tiles
