@@ -202,12 +202,15 @@ inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char*
   const char* names[] = {"q", "k", "v", "y", "lse", "dy", "dlse"};
   const Shape lse{q.dim(0), q.dim(1), q.dim(2)};
   const int n = grad ? ctx.num_inputs() : 3;
+  // lse and dlse are float32 for 16-bit q (the schema's LseType).
+  const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();
   for (int i = 1; i < n; ++i) {
     const Tensor& t = ctx.input(i);
     const bool is_lse = i == 4 || i == 6;
-    if (t.dtype() != q.dtype() || t.shape() != (is_lse ? lse : q.shape())) {
+    const DataType want = is_lse ? lse_dtype : q.dtype();
+    if (t.dtype() != want || t.shape() != (is_lse ? lse : q.shape())) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": input '", names[i], "' is ", DataTypeName(t.dtype()),
-                                                     ShapeString(t.shape()), ", expected ", DataTypeName(q.dtype()),
+                                                     ShapeString(t.shape()), ", expected ", DataTypeName(want),
                                                      ShapeString(is_lse ? lse : q.shape())));
     }
   }

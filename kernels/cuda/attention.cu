@@ -2,10 +2,13 @@
 // element type and on kD, the head size rounded up to 64 or 128, so each
 // thread's accumulators are registers (loops over kD unroll; d < D guards).
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/block_reduce.cuh"
@@ -25,6 +28,24 @@ __device__ inline int64_t MinI64(int64_t a, int64_t b) { return a < b ? a : b; }
 template <typename T>
 __device__ inline T NegInf() {
   return -static_cast<T>(INFINITY);
+}
+
+__device__ inline double ToDouble(float x) { return x; }
+__device__ inline double ToDouble(double x) { return x; }
+__device__ inline double ToDouble(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline double ToDouble(__half x) { return __half2float(x); }
+
+// x in the storage type P: itself where P is x's type, else rounded to
+// nearest even from float.
+template <typename P, typename T>
+__device__ inline P Store(T x) {
+  if constexpr (std::is_same_v<P, T>) {
+    return x;
+  } else if constexpr (std::is_same_v<P, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(x));
+  } else {
+    return __float2half_rn(static_cast<float>(x));
+  }
 }
 
 // a . b over D elements, in index order (a: the thread's row, b: shared).
@@ -115,14 +136,15 @@ __global__ void AttentionForward(T* y, T* lse, const T* q, const T* k, const T* 
 }
 
 // di = rowsum(dy * y) - dlse, a thread per (head, row), in double as the CPU.
-template <typename T>
-__global__ void AttentionDi(T* di, const T* y, const T* dy, const T* dlse, int64_t rows, int D) {
+// (y and dy may be 16-bit, di and dlse then float.)
+template <typename T, typename A>
+__global__ void AttentionDi(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int D) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows) return;
   double dot = 0;
-  for (int d = 0; d < D; ++d) dot += static_cast<double>(dy[i * D + d]) * y[i * D + d];
+  for (int d = 0; d < D; ++d) dot += ToDouble(dy[i * D + d]) * ToDouble(y[i * D + d]);
   if (dlse != nullptr) dot -= dlse[i];
-  di[i] = static_cast<T>(dot);
+  di[i] = static_cast<A>(dot);
 }
 
 // grid (key blocks, heads), kRows threads, a key row each. Shared: k and v
@@ -295,7 +317,7 @@ cudaError_t Grad(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const 
   const int64_t rows = heads * T_;
   if (rows == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  AttentionDi<T><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+  AttentionDi<T, T><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       di, y, dy, dlse, rows, static_cast<int>(D));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const T s = static_cast<T>(scale);
@@ -311,12 +333,13 @@ constexpr int kSoftmaxThreads = 256;
 // A block per score row (grid: heads * T), in the row's element type; the
 // max and the sum of exponentials combined in double by a fixed tree, so
 // runs repeat bit for bit.
-template <typename T>
-__global__ void AttentionSoftmax(T* p, T* lse, int64_t T_, bool causal) {
+template <typename T, typename P>
+__global__ void AttentionSoftmax(const T* scores, P* probs, T* lse, int64_t T_, bool causal) {
   __shared__ double shared[kSoftmaxThreads];
   const int64_t row = blockIdx.x;
   const int64_t n = causal ? row % T_ + 1 : T_;
-  T* s = p + row * T_;
+  const T* s = scores + row * T_;
+  P* p = probs + row * T_;  // may be s itself: each thread writes only what it read
   double m = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += kSoftmaxThreads) m = MaxOp()(m, static_cast<double>(s[j]));
   m = BlockReduce<kSoftmaxThreads>(m, shared, MaxOp());
@@ -325,7 +348,7 @@ __global__ void AttentionSoftmax(T* p, T* lse, int64_t T_, bool causal) {
   for (int64_t j = threadIdx.x; j < n; j += kSoftmaxThreads) l += Exp(s[j] - row_max);
   l = BlockReduce<kSoftmaxThreads>(l, shared, SumOp());
   const T row_lse = static_cast<T>(m + log(l));
-  for (int64_t j = threadIdx.x; j < T_; j += kSoftmaxThreads) s[j] = j < n ? Exp(s[j] - row_lse) : T(0);
+  for (int64_t j = threadIdx.x; j < T_; j += kSoftmaxThreads) p[j] = Store<P>(j < n ? Exp(s[j] - row_lse) : T(0));
   if (threadIdx.x == 0) lse[row] = row_lse;
 }
 
@@ -333,55 +356,59 @@ int64_t ElementwiseBlocks(int64_t total) {
   return std::min<int64_t>((total + kSoftmaxThreads - 1) / kSoftmaxThreads, int64_t{1} << 16);
 }
 
-template <typename T>
-__global__ void AttentionProbs(T* p, const T* lse, int64_t T_, int64_t total, bool causal) {
+// p in place, and into `copy` (null: none) in its storage type.
+template <typename T, typename H>
+__global__ void AttentionProbs(T* p, H* copy, const T* lse, int64_t T_, int64_t total, bool causal) {
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = idx / T_;
-    p[idx] = causal && idx % T_ > row % T_ ? T(0) : Exp(p[idx] - lse[row]);
+    const T v = causal && idx % T_ > row % T_ ? T(0) : Exp(p[idx] - lse[row]);
+    p[idx] = v;
+    if (copy != nullptr) copy[idx] = Store<H>(v);
   }
 }
 
-template <typename T>
-__global__ void AttentionScoreGrad(T* ds, const T* p, const T* di, int64_t T_, int64_t total) {
+// ds = p * (dp - di) in ds's storage type (ds may be dp itself).
+template <typename T, typename O>
+__global__ void AttentionScoreGrad(O* ds, const T* dp, const T* p, const T* di, int64_t T_, int64_t total) {
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    ds[idx] = p[idx] * (ds[idx] - di[idx / T_]);
+    ds[idx] = Store<O>(p[idx] * (dp[idx] - di[idx / T_]));
   }
 }
 
-template <typename T>
-cudaError_t Softmax(T* p, T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
+template <typename T, typename P>
+cudaError_t Softmax(const T* s, P* p, T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
   const int64_t rows = heads * T_;
   if (rows == 0) return cudaSuccess;
   if (rows > INT32_MAX) return cudaErrorInvalidConfiguration;
-  AttentionSoftmax<T><<<static_cast<unsigned>(rows), kSoftmaxThreads, 0, stream>>>(p, lse, T_, causal);
+  AttentionSoftmax<T, P><<<static_cast<unsigned>(rows), kSoftmaxThreads, 0, stream>>>(s, p, lse, T_, causal);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t Probs(T* p, const T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
+template <typename T, typename H>
+cudaError_t Probs(T* p, H* copy, const T* lse, int64_t heads, int64_t T_, bool causal, cudaStream_t stream) {
   const int64_t total = heads * T_ * T_;
   if (total == 0) return cudaSuccess;
-  AttentionProbs<T><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(p, lse, T_,
-                                                                                                   total, causal);
+  AttentionProbs<T, H><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(
+      p, copy, lse, T_, total, causal);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t ScoreGrad(T* ds, const T* p, const T* di, int64_t heads, int64_t T_, cudaStream_t stream) {
+template <typename T, typename O>
+cudaError_t ScoreGrad(O* ds, const T* dp, const T* p, const T* di, int64_t heads, int64_t T_, cudaStream_t stream) {
   const int64_t total = heads * T_ * T_;
   if (total == 0) return cudaSuccess;
-  AttentionScoreGrad<T><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(ds, p, di,
-                                                                                                       T_, total);
+  AttentionScoreGrad<T, O><<<static_cast<unsigned>(ElementwiseBlocks(total)), kSoftmaxThreads, 0, stream>>>(
+      ds, dp, p, di, T_, total);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t RowDots(T* di, const T* y, const T* dy, const T* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
+template <typename T, typename A>
+cudaError_t RowDots(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  AttentionDi<T><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+  AttentionDi<T, A><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       di, y, dy, dlse, rows, static_cast<int>(D));
   return cudaGetLastError();
 }
@@ -389,19 +416,35 @@ cudaError_t RowDots(T* di, const T* y, const T* dy, const T* dlse, int64_t rows,
 }  // namespace
 
 cudaError_t LaunchAttentionSoftmax(float* p, float* lse, int64_t heads, int64_t T, bool causal, cudaStream_t stream) {
-  return Softmax(p, lse, heads, T, causal, stream);
+  return Softmax(p, p, lse, heads, T, causal, stream);
 }
 cudaError_t LaunchAttentionSoftmax(double* p, double* lse, int64_t heads, int64_t T, bool causal,
                                    cudaStream_t stream) {
-  return Softmax(p, lse, heads, T, causal, stream);
+  return Softmax(p, p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionSoftmax(const float* s, __nv_bfloat16* p, float* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream) {
+  return Softmax(s, p, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionSoftmax(const float* s, __half* p, float* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream) {
+  return Softmax(s, p, lse, heads, T, causal, stream);
 }
 cudaError_t LaunchAttentionProbs(float* p, const float* lse, int64_t heads, int64_t T, bool causal,
                                  cudaStream_t stream) {
-  return Probs(p, lse, heads, T, causal, stream);
+  return Probs(p, static_cast<float*>(nullptr), lse, heads, T, causal, stream);
 }
 cudaError_t LaunchAttentionProbs(double* p, const double* lse, int64_t heads, int64_t T, bool causal,
                                  cudaStream_t stream) {
-  return Probs(p, lse, heads, T, causal, stream);
+  return Probs(p, static_cast<double*>(nullptr), lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionProbs(float* p, __nv_bfloat16* copy, const float* lse, int64_t heads, int64_t T,
+                                 bool causal, cudaStream_t stream) {
+  return Probs(p, copy, lse, heads, T, causal, stream);
+}
+cudaError_t LaunchAttentionProbs(float* p, __half* copy, const float* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream) {
+  return Probs(p, copy, lse, heads, T, causal, stream);
 }
 cudaError_t LaunchAttentionRowDots(float* di, const float* y, const float* dy, const float* dlse, int64_t rows,
                                    int64_t D, cudaStream_t stream) {
@@ -411,13 +454,29 @@ cudaError_t LaunchAttentionRowDots(double* di, const double* y, const double* dy
                                    int64_t D, cudaStream_t stream) {
   return RowDots(di, y, dy, dlse, rows, D, stream);
 }
+cudaError_t LaunchAttentionRowDots(float* di, const __nv_bfloat16* y, const __nv_bfloat16* dy, const float* dlse,
+                                   int64_t rows, int64_t D, cudaStream_t stream) {
+  return RowDots(di, y, dy, dlse, rows, D, stream);
+}
+cudaError_t LaunchAttentionRowDots(float* di, const __half* y, const __half* dy, const float* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream) {
+  return RowDots(di, y, dy, dlse, rows, D, stream);
+}
 cudaError_t LaunchAttentionScoreGrad(float* ds, const float* p, const float* di, int64_t heads, int64_t T,
                                      cudaStream_t stream) {
-  return ScoreGrad(ds, p, di, heads, T, stream);
+  return ScoreGrad(ds, ds, p, di, heads, T, stream);
 }
 cudaError_t LaunchAttentionScoreGrad(double* ds, const double* p, const double* di, int64_t heads, int64_t T,
                                      cudaStream_t stream) {
-  return ScoreGrad(ds, p, di, heads, T, stream);
+  return ScoreGrad(ds, ds, p, di, heads, T, stream);
+}
+cudaError_t LaunchAttentionScoreGrad(__nv_bfloat16* ds, const float* dp, const float* p, const float* di,
+                                     int64_t heads, int64_t T, cudaStream_t stream) {
+  return ScoreGrad(ds, dp, p, di, heads, T, stream);
+}
+cudaError_t LaunchAttentionScoreGrad(__half* ds, const float* dp, const float* p, const float* di, int64_t heads,
+                                     int64_t T, cudaStream_t stream) {
+  return ScoreGrad(ds, dp, p, di, heads, T, stream);
 }
 
 cudaError_t LaunchAttention(float* y, float* lse, const float* q, const float* k, const float* v, int64_t heads,

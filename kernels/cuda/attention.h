@@ -28,6 +28,8 @@
 // y = P v (backward: dv = P^T dy, dP = dy v^T, dq = scale dS k,
 // dk = scale dS^T q), and the row-wise launchers below in between.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -97,6 +99,26 @@ cudaError_t LaunchAttentionScoreGrad(float* ds, const float* p, const float* di,
                                      cudaStream_t stream);
 cudaError_t LaunchAttentionScoreGrad(double* ds, const double* p, const double* di, int64_t heads, int64_t T,
                                      cudaStream_t stream);
+
+// 16-bit q, k, v (the GEMM path only): the scores, lse, di and the dP
+// buffer in float; the probabilities for P v and P^T dy, and dS for its two
+// products, in q's type.
+cudaError_t LaunchAttentionSoftmax(const float* s, __nv_bfloat16* p, float* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream);
+cudaError_t LaunchAttentionSoftmax(const float* s, __half* p, float* lse, int64_t heads, int64_t T, bool causal,
+                                   cudaStream_t stream);
+cudaError_t LaunchAttentionProbs(float* p, __nv_bfloat16* copy, const float* lse, int64_t heads, int64_t T,
+                                 bool causal, cudaStream_t stream);
+cudaError_t LaunchAttentionProbs(float* p, __half* copy, const float* lse, int64_t heads, int64_t T, bool causal,
+                                 cudaStream_t stream);
+cudaError_t LaunchAttentionRowDots(float* di, const __nv_bfloat16* y, const __nv_bfloat16* dy, const float* dlse,
+                                   int64_t rows, int64_t D, cudaStream_t stream);
+cudaError_t LaunchAttentionRowDots(float* di, const __half* y, const __half* dy, const float* dlse, int64_t rows,
+                                   int64_t D, cudaStream_t stream);
+cudaError_t LaunchAttentionScoreGrad(__nv_bfloat16* ds, const float* dp, const float* p, const float* di,
+                                     int64_t heads, int64_t T, cudaStream_t stream);
+cudaError_t LaunchAttentionScoreGrad(__half* ds, const float* dp, const float* p, const float* di, int64_t heads,
+                                     int64_t T, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace strata

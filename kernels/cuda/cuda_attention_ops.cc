@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,8 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
+#include "proto/types.h"
+#include "runtime/float16.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
 
@@ -72,6 +75,27 @@ class CudaAttentionAttrsKernel : public AttentionAttrsKernel {
   bool tf32_ = false;
 };
 
+// The GEMM path's [T, T] buffers, in bytes per score element: the scores
+// (P in place) and, for the gradient, dP; for 16-bit q both in float plus
+// one in q's type (P for P v and P^T dy, then dS for its two products).
+int64_t ScoreBytes(DataType dtype, bool grad) {
+  if (IsHalfFloating(dtype)) return grad ? 10 : 6;
+  return static_cast<int64_t>(DataTypeSize(dtype)) * (grad ? 2 : 1);
+}
+
+// Heads per chunk of the GEMM path; 0: the flash kernels (F32, F64).
+int64_t ChunkHeads(DataType dtype, bool grad, int64_t heads, int64_t T) {
+  return cuda::AttentionChunkHeads(heads, T, ScoreBytes(dtype, grad), 1);
+}
+
+// The scratch tensor the GEMM path allocates for `chunk` heads: float for
+// 16-bit q (its half-typed buffer in the last elements).
+std::pair<DataType, int64_t> ScoreScratch(DataType dtype, bool grad, int64_t chunk, int64_t T) {
+  const int64_t n = chunk * T * T;
+  if (IsHalfFloating(dtype)) return {F32, (grad ? 2 * n : n) + (n + 1) / 2};
+  return {dtype, grad ? 2 * n : n};
+}
+
 template <typename T>
 class CudaAttentionKernel : public CudaAttentionAttrsKernel {
  public:
@@ -86,7 +110,7 @@ class CudaAttentionKernel : public CudaAttentionAttrsKernel {
     STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, q.dtype(), Shape{q.dim(0), q.dim(1), q.dim(2)}));
     const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
     const T *pq = q.data<T>(), *pk = ctx.input(1).data<T>(), *pv = ctx.input(2).data<T>();
-    const int64_t chunk = cuda::AttentionChunkHeads(heads, T_, sizeof(T), 1);
+    const int64_t chunk = ChunkHeads(q.dtype(), false, heads, T_);
     if (chunk == 0) {
       return CudaStatus(cuda::LaunchAttention(y->data<T>(), lse->data<T>(), pq, pk, pv, heads, T_, D,
                                               ScaleFor(D), causal_, device->stream()),
@@ -131,7 +155,7 @@ class CudaAttentionGradKernel : public CudaAttentionAttrsKernel {
     T* pdi = di.defined() ? di.data<T>() : nullptr;
     T *dq = out[0]->data<T>(), *dk = out[1]->data<T>(), *dv = out[2]->data<T>();
     const cudaStream_t stream = device->stream();
-    const int64_t chunk = cuda::AttentionChunkHeads(heads, T_, sizeof(T), 2);
+    const int64_t chunk = ChunkHeads(q.dtype(), true, heads, T_);
     if (chunk == 0) {
       return CudaStatus(cuda::LaunchAttentionGrad(dq, dk, dv, pq, pk, pv, py, plse, pdy, dlse, pdi, heads, T_, D,
                                                   ScaleFor(D), causal_, stream),
@@ -160,22 +184,143 @@ class CudaAttentionGradKernel : public CudaAttentionAttrsKernel {
   }
 };
 
+// The CUDA type of a 16-bit storage type.
+template <typename T>
+struct CudaHalf;
+template <>
+struct CudaHalf<bfloat16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct CudaHalf<float16> {
+  using type = __half;
+};
+
+absl::Status RefuseLongHalf(const char* op, int64_t T) {
+  return absl::UnimplementedError(absl::StrCat(op, ": the CUDA kernel takes 16-bit heads whose [T, T] scores fit the ",
+                                               "GEMM path's budget (", cuda::AttentionScoreBudget().load(),
+                                               " bytes, four times for one head), got T = ", T));
+}
+
+// bf16 or fp16 q, k, v (mixed precision): the GEMM path, its products on
+// tensor cores with float sums; scores, softmax and lse in float, P rounded
+// to q's type for P v (as FlashAttention does), y rounded once.
+template <typename T>
+class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
+ public:
+  using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
+  absl::Status Compute(KernelContext& ctx) override {
+    using G = typename CudaHalf<T>::type;
+    constexpr char kOp[] = "scaled_dot_product_attention";
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false));
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& q = ctx.input(0);
+    STRATA_RETURN_IF_ERROR(CheckLimits(q, kOp));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, q.dtype(), q.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, Shape{q.dim(0), q.dim(1), q.dim(2)}));
+    const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
+    if (heads * T_ == 0) return absl::OkStatus();
+    const int64_t chunk = ChunkHeads(q.dtype(), false, heads, T_);
+    if (chunk == 0) return RefuseLongHalf(kOp, T_);
+    const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), false, chunk, T_);
+    STRATA_ASSIGN_OR_RETURN(Tensor scratch, Scratch(ctx, scratch_dtype, elements, kOp));
+    float* s = scratch.data<float>();
+    G* p = reinterpret_cast<G*>(s + chunk * T_ * T_);
+    const G* pq = reinterpret_cast<const G*>(q.data<T>());
+    const G* pk = reinterpret_cast<const G*>(ctx.input(1).data<T>());
+    const G* pv = reinterpret_cast<const G*>(ctx.input(2).data<T>());
+    G* py = reinterpret_cast<G*>(y->data<T>());
+    const float scale = static_cast<float>(ScaleFor(D));
+    cuda::LtGemm& gemm = device->gemm();
+    const cudaStream_t stream = device->stream();
+    for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
+      const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
+      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(s, pq + off, pk + off, c, T_, T_, D, false, true, scale, stream));
+      STRATA_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchAttentionSoftmax(s, p, lse->data<float>() + h0 * T_, c, T_, causal_, stream), kOp));
+      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(py + off, p, pv + off, c, T_, D, T_, false, false, 1.0f, stream));
+    }
+    return absl::OkStatus();
+  }
+};
+
+// Its gradient: di and dP in float, dS = P (dP - di) in float rounded to q's
+// type for dq = scale dS k and dk = scale dS^T q; dv = P^T dy from P in q's
+// type.
+template <typename T>
+class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
+ public:
+  using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
+  absl::Status Compute(KernelContext& ctx) override {
+    using G = typename CudaHalf<T>::type;
+    constexpr char kOp[] = "scaled_dot_product_attention_grad";
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true));
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& q = ctx.input(0);
+    STRATA_RETURN_IF_ERROR(CheckLimits(q, kOp));
+    G* out[3];
+    for (int i = 0; i < 3; ++i) {
+      STRATA_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, q.dtype(), q.shape()));
+      out[i] = reinterpret_cast<G*>(t->data<T>());
+    }
+    const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
+    if (heads * T_ == 0) return absl::OkStatus();
+    const int64_t chunk = ChunkHeads(q.dtype(), true, heads, T_);
+    if (chunk == 0) return RefuseLongHalf(kOp, T_);
+    const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
+    const G *pq = at(0), *pk = at(1), *pv = at(2), *py = at(3), *pdy = at(5);
+    const float* plse = ctx.input(4).data<float>();
+    const float* dlse = ctx.num_inputs() > 6 ? ctx.input(6).data<float>() : nullptr;
+    STRATA_ASSIGN_OR_RETURN(Tensor di, Scratch(ctx, F32, cuda::AttentionGradScratch(heads, T_), kOp));
+    const cudaStream_t stream = device->stream();
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchAttentionRowDots(di.data<float>(), py, pdy, dlse, heads * T_, D, stream), kOp));
+    const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), true, chunk, T_);
+    STRATA_ASSIGN_OR_RETURN(Tensor scratch, Scratch(ctx, scratch_dtype, elements, kOp));
+    const int64_t n = chunk * T_ * T_;
+    float* p = scratch.data<float>();
+    float* dp = p + n;
+    G* h = reinterpret_cast<G*>(p + 2 * n);
+    const float scale = static_cast<float>(ScaleFor(D));
+    cuda::LtGemm& gemm = device->gemm();
+    for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
+      const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
+      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(p, pq + off, pk + off, c, T_, T_, D, false, true, scale, stream));
+      STRATA_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchAttentionProbs(p, h, plse + h0 * T_, c, T_, causal_, stream), kOp));
+      STRATA_RETURN_IF_ERROR(
+          gemm.BatchedMatmul(out[2] + off, h, pdy + off, c, T_, D, T_, true, false, 1.0f, stream));
+      STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(dp, pdy + off, pv + off, c, T_, T_, D, false, true, 1.0f, stream));
+      STRATA_RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchAttentionScoreGrad(h, dp, p, di.data<float>() + h0 * T_, c, T_, stream), kOp));
+      STRATA_RETURN_IF_ERROR(
+          gemm.BatchedMatmul(out[0] + off, h, pk + off, c, T_, D, T_, false, false, scale, stream));
+      STRATA_RETURN_IF_ERROR(
+          gemm.BatchedMatmul(out[1] + off, h, pq + off, c, T_, D, T_, true, false, scale, stream));
+    }
+    return absl::OkStatus();
+  }
+};
+
 // Scratch for the memory plan: the forward's scores on the GEMM path; the
 // gradient's di (one element per query row) and, on the GEMM path, P and dS.
-absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int) {
+absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
-  return cuda::AttentionChunkHeads(s[0] * s[1], s[2], elem, 1) * s[2] * s[2] * elem;
+  const DataType dtype = def.input_types[0].dtype;
+  const int64_t heads = s[0] * s[1], T = s[2];
+  // di, in lse's type (float for 16-bit q).
+  const DataType lse = IsHalfFloating(dtype) ? F32 : dtype;
+  int64_t bytes = grad ? cuda::AttentionGradScratch(heads, T) * static_cast<int64_t>(DataTypeSize(lse)) : 0;
+  const int64_t chunk = ChunkHeads(dtype, grad, heads, T);
+  if (chunk > 0) {
+    const auto [scratch_dtype, elements] = ScoreScratch(dtype, grad, chunk, T);
+    bytes += elements * static_cast<int64_t>(DataTypeSize(scratch_dtype));
+  }
+  return bytes;
 }
-absl::StatusOr<int64_t> AttentionGradWorkspace(const KernelDef& def, int) {
-  if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
-  const Shape& s = def.input_types[0].shape;
-  const int64_t elem = static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
-  return (cuda::AttentionGradScratch(s[0] * s[1], s[2]) +
-          2 * cuda::AttentionChunkHeads(s[0] * s[1], s[2], elem, 2) * s[2] * s[2]) *
-         elem;
-}
+absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, false); }
+absl::StatusOr<int64_t> AttentionGradWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, true); }
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention", DEVICE_CUDA, AttentionWorkspace);
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_grad", DEVICE_CUDA, AttentionGradWorkspace);
 
@@ -185,6 +330,14 @@ STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, F32,
                        InitFactory<CudaAttentionGradKernel<float>>());
 STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, F64,
                        InitFactory<CudaAttentionGradKernel<double>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CUDA, BF16,
+                       InitFactory<CudaHalfAttentionKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CUDA, F16,
+                       InitFactory<CudaHalfAttentionKernel<float16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, BF16,
+                       InitFactory<CudaHalfAttentionGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, F16,
+                       InitFactory<CudaHalfAttentionGradKernel<float16>>());
 
 }  // namespace
 }  // namespace strata

@@ -41,8 +41,8 @@ using testing::RandomTensor;
 using testing::RunKernel;
 
 STRATA_CUDA_OPS_TESTED(cuda_attention_ops_test, {
-                                                    {"scaled_dot_product_attention", {F32, F64}},
-                                                    {"scaled_dot_product_attention_grad", {F32, F64}},
+                                                    {"scaled_dot_product_attention", {F32, F64, BF16, F16}},
+                                                    {"scaled_dot_product_attention_grad", {F32, F64, BF16, F16}},
                                                 });
 
 constexpr double kAccuracyFactor = 8;
@@ -223,6 +223,48 @@ TEST_F(CudaAttentionOpsTest, Tf32ProductsStayWithinTf32Rounding) {
                         Case{2, 12, 1024, 64, true, 0, false, true}}) {
     SCOPED_TRACE(Name(c, F32));
     CheckAgainstTheCpu(c, F32, 21);
+  }
+}
+
+::testing::AssertionResult WithinOfLargest(const Tensor& gpu, const Tensor& cpu, double fraction,
+                                           const std::string& what) {
+  if (gpu.dtype() != cpu.dtype() || gpu.shape() != cpu.shape()) {
+    return ::testing::AssertionFailure() << what << ": " << TypeOf(gpu).ToString() << " vs " << TypeOf(cpu).ToString();
+  }
+  return Within(gpu, cpu, fraction * MaxAbs(cpu), std::max(MaxAbs(cpu), 1e-300), what);
+}
+
+// bf16 and fp16 q, k, v (mixed precision; the GEMM path only) against the
+// CPU's widened kernels on the same values: y, dq, dk, dv within 2e-2 of
+// the tensor's largest magnitude (issue 18's bf16 bar; the GPU rounds P and
+// dS to 16 bits for their products, the CPU keeps them in float); lse is
+// float on both and depends on float sums of exact products only: within
+// 1e-4 of its largest magnitude. dq and dk repeat bit for bit.
+TEST_F(CudaAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
+  for (DataType dtype : {BF16, F16}) {
+    for (const Case& c : {Case{2, 3, 100, 64, true, 0, false}, Case{1, 2, 77, 32, false, 0.3, true},
+                          Case{1, 4, 130, 96, true, 1.7, false}, Case{2, 12, 1024, 64, true, 0, false}}) {
+      SCOPED_TRACE(Name(c, dtype));
+      std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 31)},
+                                       {"k", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 32)},
+                                       {"v", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 33)},
+                                       {"dy", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 34)}};
+      if (c.dlse) in["dlse"] = RandomTensor(F32, {c.B, c.H, c.T}, 35);
+      auto fwd = RunBothNamed(ForwardText(c), in, {"y", "lse"});
+      ASSERT_EQ(fwd.size(), 2u);
+      EXPECT_EQ(fwd[1].second.dtype(), F32);
+      EXPECT_TRUE(WithinOfLargest(fwd[0].second, fwd[0].first, 2e-2, "y"));
+      EXPECT_TRUE(WithinOfLargest(fwd[1].second, fwd[1].first, 1e-4, "lse"));
+      std::map<std::string, Tensor> grad_in = in;
+      grad_in["y"] = fwd[0].first;
+      grad_in["lse"] = fwd[1].first;
+      auto bwd = RunBothNamed(GradText(c), grad_in, {"dq", "dk", "dv"});
+      ASSERT_EQ(bwd.size(), 3u);
+      const char* names[] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(WithinOfLargest(bwd[i].second, bwd[i].first, 2e-2, names[i]));
+      EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dk"), bwd[1].second));
+      EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dq"), bwd[0].second));
+    }
   }
 }
 

@@ -299,6 +299,36 @@ absl::Status LtGemm::BatchedMatmul(double* c, const double* a, const double* b, 
                     a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
 }
 
+absl::Status LtGemm::BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
+                                   int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+                                   cudaStream_t stream) {
+  const float beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+}
+
+absl::Status LtGemm::BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
+                                   int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+                                   cudaStream_t stream) {
+  const float beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+}
+
+absl::Status LtGemm::BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
+  const float beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+}
+
+absl::Status LtGemm::BatchedMatmul(__half* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
+  const float beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c,
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+}
+
 absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,

@@ -92,6 +92,19 @@ class LtGemm {
   absl::Status BatchedMatmul(double* c, const double* a, const double* b, int64_t batch, int64_t m, int64_t n,
                              int64_t k, bool transpose_a, bool transpose_b, double alpha, cudaStream_t stream);
 
+  // The same with bf16 or fp16 operands (FP32 products and sums): into a
+  // float c, or into a c of the operands' type rounded once.
+  absl::Status BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch, int64_t m,
+                             int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+                             cudaStream_t stream);
+  absl::Status BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
+                             int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+                             cudaStream_t stream);
+  absl::Status BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
+                             int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream);
+  absl::Status BatchedMatmul(__half* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
+                             int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream);
+
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
