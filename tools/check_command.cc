@@ -149,14 +149,22 @@ std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, i
   return absl::StrFormat("    activations %s with recompute, %s without%s\n", Bytes(with), Bytes(it->second), share);
 }
 
-// Each rank's predicted peak held against the memory it will run in: a GPU
-// per rank (the one strata_gpu opens, or --device_memory_gib), or on the CPU
-// the machine's memory, which all its ranks share. Returns the lines to
-// print; a peak that does not fit also goes to stderr as a warning.
+// Each rank's predicted peak held against the memory it will run in: on
+// GPUs the one `run` places it on (rank r on GPU r % count, as PlaceOnGpu;
+// ranks that share a GPU add up), each the size of the first (or
+// --device_memory_gib, one GPU per rank unless this strata can count them);
+// on the CPU the machine's memory, which all its ranks share. Returns the
+// lines to print; a peak that does not fit also goes to stderr as a warning.
 std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kind) {
   const double gib = absl::GetFlag(FLAGS_device_memory_gib);
   int64_t capacity = 0;
   std::string holder;
+  const int ranks = static_cast<int>(plans.size());
+  // GPUs the ranks spread over (one each unless fewer are here).
+  int gpus = ranks;
+  if (kind != DEVICE_CPU) {
+    if (absl::StatusOr<int> count = CountDevices(kind); count.ok() && *count > 0) gpus = std::min(ranks, *count);
+  }
   if (gib > 0) {
     capacity = static_cast<int64_t>(std::llround(gib * (int64_t{1} << 30)));
     holder = absl::StrCat(kind == DEVICE_CPU ? "the machine" : "each GPU", " (--device_memory_gib ", gib, ")");
@@ -176,18 +184,29 @@ std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kin
     return absl::StrCat("  device memory: unknown (this strata cannot open a ", DeviceKindLabel(kind),
                         "; --device_memory_gib G holds each rank against G GiB)\n");
   }
-  // On the CPU the ranks share the machine: their peaks add up.
+  // On the CPU the ranks share the machine: their peaks add up; so do
+  // those of ranks that share a GPU.
   const bool shared = kind == DEVICE_CPU;
-  int64_t need = 0;
-  const RankPlan* largest = &plans[0];
+  const int devices = shared ? 1 : gpus;
+  std::vector<int64_t> held(devices, 0);
+  std::vector<std::vector<int>> on(devices);
   for (const RankPlan& plan : plans) {
-    need = shared ? need + plan.memory().peak_bytes() : std::max(need, plan.memory().peak_bytes());
-    if (plan.memory().peak_bytes() > largest->memory().peak_bytes()) largest = &plan;
+    const int d = plan.rank() % devices;
+    held[d] += plan.memory().peak_bytes();
+    on[d].push_back(plan.rank());
   }
-  const std::string what = shared && plans.size() > 1
-                               ? absl::StrFormat("the %d ranks' predicted peaks add up to %s", plans.size(), Bytes(need))
-                               : absl::StrFormat("rank %d's predicted peak%s is %s", largest->rank(),
-                                                 plans.size() > 1 ? ", the largest," : "", Bytes(need));
+  const int fullest = static_cast<int>(std::max_element(held.begin(), held.end()) - held.begin());
+  const int64_t need = held[fullest];
+  std::string what;
+  if (shared && ranks > 1) {
+    what = absl::StrFormat("the %d ranks' predicted peaks add up to %s", ranks, Bytes(need));
+  } else if (on[fullest].size() > 1) {
+    what = absl::StrFormat("ranks %s share GPU %d (%d GPUs for %d ranks); their predicted peaks add up to %s",
+                           absl::StrJoin(on[fullest], ", "), fullest, devices, ranks, Bytes(need));
+  } else {
+    what = absl::StrFormat("rank %d's predicted peak%s is %s", on[fullest][0], ranks > 1 ? ", the largest," : "",
+                           Bytes(need));
+  }
   std::string out = absl::StrFormat("  device memory: %s holds %s; %s (%.1f%%)\n", holder, Bytes(capacity), what,
                                     100.0 * need / capacity);
   if (need <= capacity) return out;
@@ -197,10 +216,11 @@ std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kin
                               Bytes(capacity), holder);
   } else {
     std::vector<std::string> over;
-    for (const RankPlan& plan : plans) {
-      if (plan.memory().peak_bytes() > capacity) {
-        over.push_back(absl::StrFormat("rank %d %s", plan.rank(), Bytes(plan.memory().peak_bytes())));
-      }
+    for (int d = 0; d < devices; ++d) {
+      if (held[d] <= capacity) continue;
+      over.push_back(on[d].size() == 1
+                         ? absl::StrFormat("rank %d %s", on[d][0], Bytes(held[d]))
+                         : absl::StrFormat("GPU %d (ranks %s) %s", d, absl::StrJoin(on[d], ", "), Bytes(held[d])));
     }
     warning = absl::StrFormat("warning: predicted peak above the %s %s holds: %s; the run would run out of memory\n",
                               Bytes(capacity), holder, absl::StrJoin(over, ", "));
