@@ -193,7 +193,8 @@ inline absl::Status CheckLayerNormDy(const Tensor& x, const Tensor& dy) {
 }
 
 // scaled_dot_product_attention(_grad): q, k, v (and y, dy) are one
-// [B, H, T, D] shape; lse (and dlse) are [B, H, T].
+// [B, H, T, D] type; lse (and dlse) are [B, H, T], F32 when q is BF16 or F16
+// (the schema's LseType), else q's dtype.
 inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char* op, bool grad) {
   const Tensor& q = ctx.input(0);
   if (q.rank() != 4) {
@@ -201,6 +202,7 @@ inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char*
   }
   const char* names[] = {"q", "k", "v", "y", "lse", "dy", "dlse"};
   const Shape lse{q.dim(0), q.dim(1), q.dim(2)};
+  const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();
   const int n = grad ? ctx.num_inputs() : 3;
   // lse and dlse are float32 for 16-bit q (the schema's LseType).
   const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();

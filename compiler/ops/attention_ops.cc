@@ -17,15 +17,16 @@ namespace {
 
 using nn_shape_checks::Dims;
 using nn_shape_checks::DimsString;
-using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectComputeFloatingArg;
 using nn_shape_checks::ExpectRankArg;
 using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::ExpectStaticDims;
 using nn_shape_checks::Invalid;
 
-// q, k, v (inputs 0-2) are one type [B, H, T, D] (B may be -1), and the attrs are sane.
+// q, k, v (inputs 0-2) are one type [B, H, T, D] (B may be -1; F32, F64, or
+// BF16 / F16 under mixed precision), and the attrs are sane.
 absl::Status CheckQkv(const ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "q"));
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "q"));
   STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "q", 4, "[B, H, T, D]"));
   STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "q", 1));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
@@ -37,8 +38,12 @@ absl::Status CheckQkv(const ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-// The per-row logsumexp's type: q's dtype, [B, H, T].
-TensorType LseType(const TensorType& q) { return TensorType{q.dtype, Dims(q.shape.begin(), q.shape.end() - 1)}; }
+// The per-row logsumexp's type, [B, H, T]: F32 when q is BF16 or F16 (an lse
+// near 7 would be off by bf16's spacing there, 0.03, and every recomputed
+// probability exp(s - lse) by 3%), else q's dtype.
+TensorType LseType(const TensorType& q) {
+  return TensorType{IsHalfFloating(q.dtype) ? F32 : q.dtype, Dims(q.shape.begin(), q.shape.end() - 1)};
+}
 
 absl::Status AttentionShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
@@ -90,9 +95,11 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention")
                        .Cost([](const CostContext& c) { return AttentionFlops(c, 2); })
                        .Grad(AttentionGrad)
                        .Doc("y = softmax(scale * q k^T + mask) v per (batch, head); q, k, v [B, H, T, D] of "
-                            "one type. causal: query t sees keys <= t. scale 0 means 1/sqrt(D). Output 1, "
-                            "lse [B, H, T], is each row's logsumexp of the (scaled, masked) scores, kept for "
-                            "the backward op so that the [T, T] probabilities are never stored. allow_tf32 "
+                            "one type (F32, F64, or BF16 / F16 under mixed precision); y has q's type. causal: "
+                            "query t sees keys <= t. scale 0 means 1/sqrt(D). Output 1, lse [B, H, T], is each "
+                            "row's logsumexp of the (scaled, masked) scores, kept for the backward op so that "
+                            "the [T, T] probabilities are never stored; it is F32 when q is BF16 or F16, else "
+                            "q's type. allow_tf32 "
                             "(set by passes/tf32 on GPU plans): a GPU's products of F32 q, k, v may round them "
                             "to TF32."));
 
@@ -134,7 +141,9 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
                        .NotDifferentiable()
                        .Doc("Backward of scaled_dot_product_attention: grads are dy, then dlse when lse has a "
                             "gradient. Recomputes P = exp(scale q k^T - lse) per row block; dS = P * (dy v^T - "
-                            "rowsum(dy * y) + dlse); dq = scale dS k, dk = scale dS^T q, dv = P^T dy."));
+                            "rowsum(dy * y) + dlse); dq = scale dS k, dk = scale dS^T q, dv = P^T dy. lse and "
+                            "dlse are F32 when q is BF16 or F16 (as the forward's lse), else q's type; y, dy "
+                            "and dq, dk, dv have q's type."));
 
 }  // namespace
 }  // namespace strata

@@ -224,7 +224,7 @@ TEST(AttentionShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
   const TensorType ints{I64, {2, 3, 4, 5}};
   auto int_q = Infer(text, {ints, ints, ints});
   ASSERT_FALSE(int_q.ok());
-  EXPECT_THAT(int_q.status().message(), HasSubstr("F32 or F64"));
+  EXPECT_THAT(int_q.status().message(), HasSubstr("F32, F64, BF16 or F16"));
   auto bad_scale = Infer(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
                               attr { key: "scale" value { f: -1 } })pb",
                          {qkv, qkv, qkv});
@@ -247,6 +247,44 @@ TEST(AttentionShapeTest, GradChecksLseAndGradients) {
                         {qkv, qkv, qkv, qkv, lse, qkv, qkv});
   ASSERT_FALSE(bad_dlse.ok());
   EXPECT_THAT(bad_dlse.status().message(), HasSubstr("dlse"));
+}
+
+// Under mixed precision q, k, v, y are BF16 (or F16) and the logsumexp stays F32.
+TEST(AttentionShapeTest, HalfQGivesHalfYAndF32Lse) {
+  const char* text = R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb";
+  for (DataType half : {BF16, F16}) {
+    const TensorType qkv{half, {-1, 4, 16, 8}};
+    auto ok = Infer(text, {qkv, qkv, qkv});
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ((*ok)[0], qkv);
+    EXPECT_EQ((*ok)[1], (TensorType{F32, {-1, 4, 16}}));
+  }
+  const TensorType mixed{F32, {2, 4, 16, 8}};
+  auto bad_k = Infer(text, {{BF16, {2, 4, 16, 8}}, mixed, {BF16, {2, 4, 16, 8}}});
+  ASSERT_FALSE(bad_k.ok());
+  EXPECT_THAT(bad_k.status().message(), HasSubstr("input 'k' must have the type of 'q'"));
+}
+
+TEST(AttentionShapeTest, GradTakesF32LseForHalfQ) {
+  const char* text = R"pb(type: "scaled_dot_product_attention_grad" input: ["q", "k", "v", "y", "lse", "dy"]
+                          output: ["dq", "dk", "dv"])pb";
+  const char* with_dlse = R"pb(type: "scaled_dot_product_attention_grad"
+                               input: ["q", "k", "v", "y", "lse", "dy", "dlse"] output: ["dq", "dk", "dv"])pb";
+  const TensorType qkv{BF16, {2, 3, 4, 5}}, lse{F32, {2, 3, 4}}, half_lse{BF16, {2, 3, 4}};
+  auto ok = Infer(text, {qkv, qkv, qkv, qkv, lse, qkv});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 3u);
+  for (const TensorType& t : *ok) EXPECT_EQ(t, qkv);
+  auto ok_dlse = Infer(with_dlse, {qkv, qkv, qkv, qkv, lse, qkv, lse});
+  ASSERT_TRUE(ok_dlse.ok()) << ok_dlse.status();
+
+  auto bf16_lse = Infer(text, {qkv, qkv, qkv, qkv, half_lse, qkv});
+  ASSERT_FALSE(bf16_lse.ok());
+  EXPECT_THAT(bf16_lse.status().message(), HasSubstr("input 'lse' must be F32[2, 3, 4]"));
+  EXPECT_THAT(bf16_lse.status().message(), HasSubstr("got BF16[2, 3, 4]"));
+  auto bf16_dlse = Infer(with_dlse, {qkv, qkv, qkv, qkv, lse, qkv, half_lse});
+  ASSERT_FALSE(bf16_dlse.ok());
+  EXPECT_THAT(bf16_dlse.status().message(), HasSubstr("input 'grads[1]' (dlse) must be F32[2, 3, 4]"));
 }
 
 // A run-time batch that disagrees between q and k (a plan the compiler never checked).
