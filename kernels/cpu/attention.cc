@@ -16,9 +16,11 @@
 #include <limits>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/widened.h"
 #include "kernels/kernel_checks.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
@@ -194,15 +196,22 @@ class AttentionGradKernel : public AttentionKernelBase {
 };
 
 // The shares' scratch blocks, for the memory plan (a batch dim still -1
-// counts as enough heads for every thread).
+// counts as enough heads for every thread). BF16 and F16 run the float32
+// kernel (WidenedKernel): its blocks are float32, and the widened copies of
+// the inputs and outputs come on top.
 absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int threads) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
+  const DataType dtype = def.input_types[0].dtype;
+  const bool half = IsHalfFloating(dtype);
   const bool grad = def.op->type() == "scaled_dot_product_attention_grad";
   AttentionDims d{s[0], s[1], s[2], s[3]};
   const int64_t items = d.B < 0 ? threads : grad ? d.heads() : ForwardItems(d);
   const Shares sh(items, threads);
-  return sh.parts * ScratchPerShare(d, grad) * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
+  const int64_t blocks = sh.parts * ScratchPerShare(d, grad) * static_cast<int64_t>(DataTypeSize(half ? F32 : dtype));
+  if (!half) return blocks;
+  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
+  return blocks + copies;
 }
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention", DEVICE_CPU, AttentionWorkspace);
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_grad", DEVICE_CPU, AttentionWorkspace);
@@ -213,6 +222,31 @@ STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, F32,
                        InitFactory<AttentionGradKernel<float>>());
 STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, F64,
                        InitFactory<AttentionGradKernel<double>>());
+
+// BF16 and F16 (mixed precision): the float32 kernels on widened q, k, v (y,
+// dy); lse and dlse are F32 already and pass as they are, and the forward's
+// lse comes back F32, the other outputs rounded to the low dtype. The
+// operands are checked before widening, which would hide a half lse.
+template <typename Half, typename Inner, bool kGrad>
+class CheckedWidenedAttention : public WidenedKernel<Half, Inner> {
+ public:
+  using WidenedKernel<Half, Inner>::WidenedKernel;
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(
+        ctx, kGrad ? "scaled_dot_product_attention_grad" : "scaled_dot_product_attention", kGrad));
+    return WidenedKernel<Half, Inner>::Compute(ctx);
+  }
+};
+template <typename Half>
+using WidenedAttention = CheckedWidenedAttention<Half, AttentionKernel<float>, false>;
+template <typename Half>
+using WidenedAttentionGrad = CheckedWidenedAttention<Half, AttentionGradKernel<float>, true>;
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CPU, BF16, InitFactory<WidenedAttention<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CPU, F16, InitFactory<WidenedAttention<float16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, BF16,
+                       InitFactory<WidenedAttentionGrad<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CPU, F16,
+                       InitFactory<WidenedAttentionGrad<float16>>());
 
 }  // namespace
 }  // namespace strata

@@ -32,10 +32,12 @@
 // run(False, 0.8, True)
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/testing/op_test_util.h"
 #include "gmock/gmock.h"
@@ -196,6 +198,84 @@ TEST(AttentionTest, LargeScoresStayFinite) {
   for (const char* name : {"y", "lse"}) {
     for (double x : TensorValues(env[name])) EXPECT_TRUE(std::isfinite(x)) << name;
   }
+}
+
+// Bit equality of two tensors of one type and shape.
+::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << "got " << DataTypeName(got.dtype()) << ShapeString(got.shape())
+                                         << ", want " << DataTypeName(want.dtype()) << ShapeString(want.shape());
+  }
+  if (std::memcmp(got.raw_data(), want.raw_data(), got.bytes()) != 0) {
+    const std::vector<double> g = TensorValues(got), w = TensorValues(want);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << w[i];
+    }
+    return ::testing::AssertionFailure() << "bytes differ";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The same values in another dtype (exact where they are representable; else rounded to nearest even).
+Tensor As(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
+
+// BF16 and F16 attention (mixed precision) run the F32 kernels on the widened
+// values: y, dq, dk, dv are the F32 results rounded to the low dtype, bit for
+// bit, and lse is F32, the F32 kernel's own. T = 70 spans two row blocks.
+TEST(AttentionTest, HalfKernelsAreTheF32KernelsRounded) {
+  const Shape qkv{2, 2, 70, 8}, rows{2, 2, 70};
+  const char* attrs[] = {"", R"pb(attr { key: "causal" value { b: false } } attr { key: "scale" value { f: 0.3 } })pb"};
+  for (DataType half : {BF16, F16}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(half), " variant ", variant));
+      const bool with_dlse = variant == 1;
+      std::map<std::string, Tensor> low{{"q", Make(half, qkv, 0.1, 2.0)},
+                                        {"k", Make(half, qkv, 0.5, 1.5)},
+                                        {"v", Make(half, qkv, 0.9)},
+                                        {"dy", Make(half, qkv, 1.3)}};
+      std::map<std::string, Tensor> ref;
+      for (const auto& [name, t] : low) ref[name] = As(F32, t);  // the same values, widened
+      if (with_dlse) low["dlse"] = ref["dlse"] = Make(F32, rows, 2.1);
+      const std::string fwd = absl::StrCat(
+          R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"] )pb", attrs[variant]);
+      ASSERT_TRUE(RunOps({ParseOp(fwd)}, &low).ok());
+      ASSERT_TRUE(RunOps({ParseOp(fwd)}, &ref).ok());
+      EXPECT_EQ(low["lse"].dtype(), F32);
+      EXPECT_TRUE(SameBits(low["y"], As(half, ref["y"])));
+      EXPECT_TRUE(SameBits(low["lse"], ref["lse"]));
+
+      // The backward from the low-precision forward's y (widened for the reference).
+      ref["y"] = As(F32, low["y"]);
+      const std::string grads = with_dlse ? R"pb("dy", "dlse")pb" : R"pb("dy")pb";
+      const std::string bwd = absl::StrCat(R"pb(type: "scaled_dot_product_attention_grad" input: ["q", "k", "v", "y", "lse", )pb",
+                                           grads, R"pb(] output: ["dq", "dk", "dv"] )pb", attrs[variant]);
+      absl::Status s = RunOps({ParseOp(bwd)}, &low);
+      ASSERT_TRUE(s.ok()) << s;
+      s = RunOps({ParseOp(bwd)}, &ref);
+      ASSERT_TRUE(s.ok()) << s;
+      for (const char* g : {"dq", "dk", "dv"}) {
+        SCOPED_TRACE(g);
+        EXPECT_EQ(low[g].dtype(), half);
+        EXPECT_TRUE(SameBits(low[g], As(half, ref[g])));
+        double norm = 0;  // and they are gradients, not zeros
+        for (double v : TensorValues(low[g])) norm += v * v;
+        EXPECT_GT(norm, 1e-4);
+      }
+    }
+  }
+}
+
+// The planned lse must be F32 for a BF16 q: the kernel refuses a BF16 one.
+TEST(AttentionTest, HalfGradKernelRefusesHalfLse) {
+  const Shape qkv{1, 1, 4, 2};
+  std::map<std::string, Tensor> env{{"q", Make(BF16, qkv, 0.1)}, {"k", Make(BF16, qkv, 0.5)},
+                                    {"v", Make(BF16, qkv, 0.9)}, {"y", Make(BF16, qkv, 0.2)},
+                                    {"lse", Make(BF16, {1, 1, 4}, 0.3)}, {"dy", Make(BF16, qkv, 1.3)}};
+  auto s = RunKernelOnly(ParseOp(R"pb(type: "scaled_dot_product_attention_grad"
+                                      input: ["q", "k", "v", "y", "lse", "dy"] output: ["dq", "dk", "dv"])pb"),
+                         env);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("input 'lse' is BF16[1, 1, 4], expected F32[1, 1, 4]"));
 }
 
 constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)

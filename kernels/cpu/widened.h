@@ -3,16 +3,21 @@
 
 // BF16 and F16 on the CPU: storage only (DESIGN.md, mixed precision), the
 // math in float32. A widened kernel converts its low-precision inputs to
-// float32 scratch, runs the op's float32 kernel on them and rounds its
-// outputs back to nearest even, as PyTorch's CPU autocast does for bf16
-// matmul. WidenedWorkspace tells the memory plan what the scratch costs.
+// float32 scratch (inputs of any other dtype, such as attention's F32 lse,
+// go to the inner kernel as they are), runs the op's float32 kernel on them
+// and rounds the outputs planned in the low dtype back to nearest even, as
+// PyTorch's CPU autocast does for bf16 matmul; outputs planned as F32 (such
+// as attention's lse) are copied through unrounded. WidenedWorkspace tells
+// the memory plan what the scratch costs.
 
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "proto/status_macros.h"
 #include "runtime/float16.h"
@@ -35,6 +40,8 @@ class WidenedKernel : public OpKernel {
     } else {
       inner_ = std::make_unique<Inner>();
     }
+    out_dtypes_.reserve(def.output_types.size());
+    for (const TensorType& t : def.output_types) out_dtypes_.push_back(t.dtype);
   }
   absl::Status Init(const Op& op) { return inner_->Init(op); }
 
@@ -58,6 +65,22 @@ class WidenedKernel : public OpKernel {
     wide.clear();  // the float32 inputs go before the outputs are rounded
     for (int i = 0; i < ctx.num_outputs(); ++i) {
       const Tensor& y = outputs[i];
+      if (y.dtype() != F32) {
+        return absl::InternalError(absl::StrCat("widened ", DataTypeName(HalfDtype<Half>()),
+                                                " kernel: the float32 kernel's output ", i, " is ",
+                                                DataTypeName(y.dtype()), ", expected F32"));
+      }
+      const DataType planned = OutputDtype(i);
+      if (planned == F32) {
+        STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, F32, y.shape()));
+        std::copy(y.data<float>(), y.data<float>() + y.num_elements(), out->data<float>());
+        continue;
+      }
+      if (planned != HalfDtype<Half>()) {
+        return absl::InternalError(absl::StrCat("widened ", DataTypeName(HalfDtype<Half>()), " kernel: output ", i,
+                                                " is planned as ", DataTypeName(planned), ", expected ",
+                                                DataTypeName(HalfDtype<Half>()), " or F32"));
+      }
       STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, HalfDtype<Half>(), y.shape()));
       const float* src = y.data<float>();
       Half* dst = out->data<Half>();
@@ -67,6 +90,13 @@ class WidenedKernel : public OpKernel {
   }
 
  private:
+  // Output i's planned dtype. A kernel built without output types (run
+  // directly, as some tests do) rounds every output to the low dtype: right
+  // for the ops whose outputs all have their inputs' type (matmul, add_n),
+  // not for attention's F32 lse, whose callers must plan the types.
+  DataType OutputDtype(int i) const {
+    return out_dtypes_.empty() ? HalfDtype<Half>() : out_dtypes_.at(static_cast<size_t>(i));
+  }
   static Half FromFloat(float f) {
     if constexpr (std::is_same_v<Half, bfloat16>) {
       return ToBfloat16(f);
@@ -75,6 +105,7 @@ class WidenedKernel : public OpKernel {
     }
   }
   std::unique_ptr<Inner> inner_;
+  std::vector<DataType> out_dtypes_;  // def.output_types' dtypes; empty when unplanned
 };
 
 // The float32 copies a widened kernel holds at once: its low-precision
