@@ -1,15 +1,100 @@
 #include "passes/mixed_precision.h"
 
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "compiler/op_registry.h"
 #include "passes/pass_helpers.h"
 #include "proto/roles.h"
+#include "proto/status_macros.h"
 
 namespace strata {
+namespace {
+
+// The ops mixed precision runs in the low dtype: which inputs are cast down
+// and which outputs come back up (the others keep their dtype, as attention's
+// lse stays F32 by its schema).
+struct LowOp {
+  int inputs = 0;            // inputs [0, inputs) are cast
+  std::vector<int> outputs;  // outputs written in the low dtype, cast back to F32
+  size_t num_outputs = 0;    // the op's output count
+};
+
+const LowOp* LowOpFor(absl::string_view type) {
+  static const LowOp kMatmul{2, {0}, 1};
+  static const LowOp kAttention{3, {0}, 2};  // q, k, v; y (lse stays F32)
+  if (type == "matmul") return &kMatmul;
+  if (type == "scaled_dot_product_attention") return &kAttention;
+  return nullptr;
+}
+
+// (var, stage) -> its low-precision copy: one cast per var a stage reads.
+using CopyMap = std::map<std::pair<int, int>, int>;
+
+// Runs `op` in `low`: its cast inputs read `<var><suffix>` copies (made on
+// first use per stage) and its cast outputs write `<y><suffix>`, with a cast
+// back to F32 into `y` right after the op.
+absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, const std::string& suffix,
+                      CopyMap& copy_of) {
+  Op lowered = graph.AsOp(op);
+  const std::vector<int> inputs(graph.inputs(op).begin(), graph.inputs(op).end());
+  for (int k = 0; k < spec.inputs; ++k) {
+    const int in = inputs[k];
+    auto [it, fresh] = copy_of.try_emplace({in, graph.stage(op)}, -1);
+    if (fresh) {
+      std::string name = absl::StrCat(graph.var_name(in), suffix);
+      if (graph.stage(op) != 0 && graph.FindVar(name) >= 0) name = absl::StrCat(name, "@stage", graph.stage(op));
+      const int v = graph.AddVar(name, low, graph.shape(in), ACTIVATION);
+      if (v < 0) return absl::InternalError(absl::StrCat("mixed-precision: var '", name, "' exists already"));
+      Op cast = OpPlacedLike(graph, op, "cast", graph.role(op));
+      cast.add_input(std::string(graph.var_name(in)));
+      cast.add_output(name);
+      (*cast.mutable_attr())["dtype"] = StringAttr(DataType_Name(low));
+      if (auto added = graph.InsertOpBefore(op, cast); !added.ok()) return added.status();
+      it->second = v;
+    }
+    lowered.set_input(k, std::string(graph.var_name(it->second)));
+  }
+  std::vector<Op> backs;
+  for (int i : spec.outputs) {
+    const int out = graph.outputs(op)[i];
+    const std::string out_name(graph.var_name(out));
+    const std::string low_name = absl::StrCat(out_name, suffix);
+    if (graph.AddVar(low_name, low, graph.shape(out), ACTIVATION) < 0) {
+      return absl::InternalError(absl::StrCat("mixed-precision: var '", low_name, "' exists already"));
+    }
+    lowered.set_output(i, low_name);
+    Op back = OpPlacedLike(graph, op, "cast", graph.role(op));
+    back.add_input(low_name);
+    back.add_output(out_name);
+    (*back.mutable_attr())["dtype"] = StringAttr(DataType_Name(F32));
+    backs.push_back(std::move(back));
+  }
+  if (auto s = graph.ReplaceOp(op, lowered); !s.ok()) return s;
+  // Inserted in reverse right after the op, so the casts back run in output order.
+  for (auto it = backs.rbegin(); it != backs.rend(); ++it) {
+    if (auto added = graph.InsertOpAfter(op, *it); !added.ok()) return added.status();
+  }
+  return absl::OkStatus();
+}
+
+// The op's cast inputs and outputs are all F32 (so it is the program's own
+// float32 op, not one already lowered).
+bool AllF32(const Graph& graph, int op, const LowOp& spec) {
+  if (graph.outputs(op).size() != spec.num_outputs || static_cast<int>(graph.inputs(op).size()) < spec.inputs) {
+    return false;
+  }
+  bool f32 = true;
+  for (int k = 0; k < spec.inputs; ++k) f32 &= graph.dtype(graph.inputs(op)[k]) == F32;
+  for (int i : spec.outputs) f32 &= graph.dtype(graph.outputs(op)[i]) == F32;
+  return f32;
+}
+
+}  // namespace
 
 absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext& ctx) {
   if (!ctx.strategy.has_mixed_precision()) return false;
@@ -20,46 +105,12 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
   }
   const std::string suffix = low == BF16 ? "@bf16" : "@f16";
   const std::vector<int> order = graph.ops();
-  // (var, stage) -> its low-precision copy: one cast per var a stage reads.
-  std::map<std::pair<int, int>, int> copy_of;
+  CopyMap copy_of;
   bool changed = false;
   for (int op : order) {
-    if (graph.schema(op).type != "matmul" || graph.outputs(op).size() != 1) continue;
-    bool f32 = true;
-    for (int in : graph.inputs(op)) f32 &= graph.dtype(in) == F32;
-    if (!f32 || graph.dtype(graph.outputs(op)[0]) != F32) continue;
-    Op matmul = graph.AsOp(op);
-    const std::vector<int> inputs(graph.inputs(op).begin(), graph.inputs(op).end());
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      const int in = inputs[k];
-      auto [it, fresh] = copy_of.try_emplace({in, graph.stage(op)}, -1);
-      if (fresh) {
-        std::string name = absl::StrCat(graph.var_name(in), suffix);
-        if (graph.stage(op) != 0 && graph.FindVar(name) >= 0) name = absl::StrCat(name, "@stage", graph.stage(op));
-        const int v = graph.AddVar(name, low, graph.shape(in), ACTIVATION);
-        if (v < 0) return absl::InternalError(absl::StrCat("mixed-precision: var '", name, "' exists already"));
-        Op cast = OpPlacedLike(graph, op, "cast", graph.role(op));
-        cast.add_input(std::string(graph.var_name(in)));
-        cast.add_output(name);
-        (*cast.mutable_attr())["dtype"] = StringAttr(DataType_Name(low));
-        if (auto added = graph.InsertOpBefore(op, cast); !added.ok()) return added.status();
-        it->second = v;
-      }
-      matmul.set_input(static_cast<int>(k), std::string(graph.var_name(it->second)));
-    }
-    const int out = graph.outputs(op)[0];
-    const std::string out_name(graph.var_name(out));
-    const std::string low_name = absl::StrCat(out_name, suffix);
-    if (graph.AddVar(low_name, low, graph.shape(out), ACTIVATION) < 0) {
-      return absl::InternalError(absl::StrCat("mixed-precision: var '", low_name, "' exists already"));
-    }
-    matmul.set_output(0, low_name);
-    if (auto s = graph.ReplaceOp(op, matmul); !s.ok()) return s;
-    Op back = OpPlacedLike(graph, op, "cast", graph.role(op));
-    back.add_input(low_name);
-    back.add_output(out_name);
-    (*back.mutable_attr())["dtype"] = StringAttr(DataType_Name(F32));
-    if (auto added = graph.InsertOpAfter(op, back); !added.ok()) return added.status();
+    const LowOp* spec = LowOpFor(graph.schema(op).type);
+    if (spec == nullptr || !AllF32(graph, op, *spec)) continue;
+    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, copy_of));
     changed = true;
   }
   return changed;

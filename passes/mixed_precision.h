@@ -10,18 +10,20 @@ namespace strata {
 
 // Mixed precision (the strategy's `mixed_precision { dtype: BF16 }` or F16),
 // on the forward program after placement and before autodiff (DESIGN.md's
-// order). Every `matmul` whose inputs are F32 reads BF16 (F16: `@f16`) copies
-// instead: one `cast` per input var and stage, named `<var>@bf16` (`<var>@bf16@stage<k>` for a
-// second stage's copy, so no bf16 copy crosses stages) and placed before the
-// first matmul that reads it, so a weight read twice is cast once. The matmul
-// writes `<y>@bf16` and a `cast` back to F32 writes its original output `y`,
-// so every other op (softmax, layer_norm, the losses, the adds) still runs in
-// float32, and the parameters stay F32 master copies the optimizer updates.
-// Autodiff differentiates through the casts, so the weight gradients arrive
-// in F32 too. Only matmul for now: conv2d and scaled_dot_product_attention
-// have no BF16 CPU kernels yet (their casts come with those kernels). F16's
-// loss scaling is the loss-scaling pass's (passes/loss_scaling.h), after the
-// pipeline split.
+// order). Every `matmul` whose inputs are F32, and every
+// `scaled_dot_product_attention` whose q, k, v are F32, reads BF16 (F16:
+// `@f16`) copies instead: one `cast` per input var and stage, named
+// `<var>@bf16` (`<var>@bf16@stage<k>` for a second stage's copy, so no bf16
+// copy crosses stages) and placed before the first such op that reads it, so
+// a weight read twice is cast once. The op writes `<y>@bf16` and a `cast`
+// back to F32 writes its original output `y` right after it; attention's
+// second output, the logsumexp, is F32 by its schema for BF16/F16 q and is
+// left as it is. Every other op (softmax, layer_norm, the losses, the adds)
+// still runs in float32, and the parameters stay F32 master copies the
+// optimizer updates. Autodiff differentiates through the casts, so the weight
+// gradients arrive in F32 too. conv2d is not cast yet (it has no BF16 CPU
+// kernel). F16's loss scaling is the loss-scaling pass's
+// (passes/loss_scaling.h), after the pipeline split.
 class MixedPrecisionPass : public Pass {
  public:
   std::string name() const override { return "mixed-precision"; }

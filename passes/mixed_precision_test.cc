@@ -10,6 +10,7 @@
 #include "passes/compile.h"
 #include "passes/pipeline_builder.h"
 #include "passes/testing/pass_test_util.h"
+#include "tools/model_gen.h"
 
 namespace strata {
 namespace {
@@ -145,6 +146,89 @@ TEST(MixedPrecisionTest, F16CastsAroundEveryMatmul) {
   }
   EXPECT_EQ(to_f16, (std::vector<std::string>{"x@f16", "w1@f16", "h@f16", "w2@f16"}));
   for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), F16) << m->output(0);
+}
+
+// A small GPT: attention runs in the low dtype too (q, k, v cast, y written
+// in BF16 and cast back), its logsumexp stays F32, and the compiled program's
+// attention gradient reads BF16 q.
+Program SmallGpt() {
+  GenOptions gen;
+  gen.blocks = 2;
+  gen.d_model = 32;
+  gen.heads = 4;
+  gen.seq = 16;
+  gen.vocab = 64;
+  gen.dtype = "F32";
+  auto text = GenerateProgram("gpt", gen);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? ParseProgramOrFail(*text) : Program();
+}
+
+TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = "mixed-precision";
+  auto dumped = Compile(SmallGpt(), Bf16(), options);
+  ASSERT_TRUE(dumped.ok()) << dumped.status();
+  const Program& p = dumped->dumped;
+  const std::vector<const Op*> attention = OpsOfType(p, "scaled_dot_product_attention");
+  ASSERT_EQ(attention.size(), 2u);
+  for (const Op* a : attention) {
+    ASSERT_EQ(a->input_size(), 3);
+    for (const auto& in : a->input()) {
+      EXPECT_EQ(FindVar(p, in)->dtype(), BF16) << in;
+      EXPECT_TRUE(absl::EndsWith(in, "@bf16")) << in;
+      ASSERT_EQ(OpsWriting(p, in).size(), 1u) << in;
+      EXPECT_EQ(OpsWriting(p, in)[0]->type(), "cast") << in;
+    }
+    ASSERT_EQ(a->output_size(), 2);
+    const std::string& y = a->output(0);
+    EXPECT_EQ(FindVar(p, y)->dtype(), BF16) << y;
+    ASSERT_TRUE(absl::EndsWith(y, "@bf16")) << y;
+    EXPECT_EQ(FindVar(p, a->output(1))->dtype(), F32) << a->output(1);
+    EXPECT_FALSE(absl::StrContains(a->output(1), "@bf16")) << a->output(1);
+    // The cast back writes the original name, in F32, right after the op.
+    const std::string f32_y = y.substr(0, y.size() - std::string("@bf16").size());
+    EXPECT_EQ(FindVar(p, f32_y)->dtype(), F32) << f32_y;
+    ASSERT_EQ(OpsWriting(p, f32_y).size(), 1u) << f32_y;
+    const Op* back = OpsWriting(p, f32_y)[0];
+    EXPECT_EQ(back->type(), "cast");
+    EXPECT_EQ(back->input(0), y);
+    EXPECT_EQ(IndexOf(p, back), IndexOf(p, a) + 1);
+  }
+  // The matmuls are still cast as before.
+  for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
+
+  options.dump_after.clear();
+  auto compiled = Compile(SmallGpt(), Bf16(), options);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int grads = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    const Program& rank = plan.program();
+    for (const Op& op : rank.op()) {
+      if (op.type() != "scaled_dot_product_attention_grad") continue;
+      ++grads;
+      EXPECT_EQ(FindVar(rank, op.input(0))->dtype(), BF16) << op.input(0);
+      EXPECT_EQ(FindVar(rank, op.input(4))->dtype(), F32) << op.input(4);  // lse
+      for (const auto& out : op.output()) EXPECT_EQ(FindVar(rank, out)->dtype(), BF16) << out;
+    }
+  }
+  EXPECT_EQ(grads, 2);
+}
+
+TEST(MixedPrecisionTest, F16AttentionKeepsF32Lse) {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(F16);
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = "mixed-precision";
+  auto dumped = Compile(SmallGpt(), s, options);
+  ASSERT_TRUE(dumped.ok()) << dumped.status();
+  for (const Op* a : OpsOfType(dumped->dumped, "scaled_dot_product_attention")) {
+    for (const auto& in : a->input()) EXPECT_EQ(FindVar(dumped->dumped, in)->dtype(), F16) << in;
+    EXPECT_EQ(FindVar(dumped->dumped, a->output(0))->dtype(), F16);
+    EXPECT_EQ(FindVar(dumped->dumped, a->output(1))->dtype(), F32);
+  }
 }
 
 }  // namespace
