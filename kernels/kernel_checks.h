@@ -202,7 +202,6 @@ inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char*
   }
   const char* names[] = {"q", "k", "v", "y", "lse", "dy", "dlse"};
   const Shape lse{q.dim(0), q.dim(1), q.dim(2)};
-  const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();
   const int n = grad ? ctx.num_inputs() : 3;
   // lse and dlse are float32 for 16-bit q (the schema's LseType).
   const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();
