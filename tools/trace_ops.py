@@ -1,8 +1,12 @@
 """Sums a `strata run --trace` file's op events by op type: the time each
-type took over the run, its count and its share, largest first. On a GPU the
-trace waits for each op's kernels, so these are device times.
+type took, its count and its share, largest first. On a GPU the trace waits
+for each op's kernels, so these are device times.
 
-  python3 tools/trace_ops.py TRACE.json [--top N]
+  python3 tools/trace_ops.py TRACE.json [--top N] [--skip_steps K]
+
+--skip_steps K drops the ops of the first K steps (a step ends with its
+optimizer action, OPT): the first step pays for plans and allocations. Times
+are then per step over the steps left, when the trace has OPT actions.
 """
 
 import argparse
@@ -15,25 +19,42 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--skip_steps", type=int, default=0)
     a = ap.parse_args()
     try:
         with open(a.trace) as f:
             events = json.load(f)["traceEvents"]
     except (OSError, ValueError, KeyError) as e:
         sys.exit("trace_ops: %s: %s" % (a.trace, e))
+    # Step ends per track (pid, tid): where each OPT action ends.
+    ends = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "action" and e.get("name") == "OPT":
+            ends[(e.get("pid"), e.get("tid"))].append(e["ts"] + e["dur"])
+    for v in ends.values():
+        v.sort()
+    steps = min((len(v) for v in ends.values()), default=0)
+    if a.skip_steps < 0 or (a.skip_steps > 0 and a.skip_steps >= steps):
+        sys.exit("trace_ops: --skip_steps %d: the trace has %d steps" % (a.skip_steps, steps))
     total = collections.Counter()
     count = collections.Counter()
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("op", "comm"):
-            total[e["name"]] += e["dur"]
-            count[e["name"]] += 1
+        if e.get("ph") != "X" or e.get("cat") not in ("op", "comm"):
+            continue
+        track = ends.get((e.get("pid"), e.get("tid")))
+        if a.skip_steps and track and e["ts"] < track[a.skip_steps - 1]:
+            continue
+        total[e["name"]] += e["dur"]
+        count[e["name"]] += 1
     whole = sum(total.values())
     if whole == 0:
         sys.exit("trace_ops: %s holds no op events" % a.trace)
-    print("%-40s %10s %7s %6s" % ("op", "ms", "count", "share"))
+    per = steps - a.skip_steps if steps else 1
+    unit = "ms/step" if steps else "ms"
+    print("%-40s %10s %7s %6s   (%s over %d step%s)" % ("op", unit, "count", "share", unit, per, "" if per == 1 else "s"))
     for name, us in total.most_common(a.top):
-        print("%-40s %10.2f %7d %5.1f%%" % (name, us / 1e3, count[name], 100.0 * us / whole))
-    print("%-40s %10.2f %7d" % ("all ops", whole / 1e3, sum(count.values())))
+        print("%-40s %10.2f %7.1f %5.1f%%" % (name, us / 1e3 / per, count[name] / per, 100.0 * us / whole))
+    print("%-40s %10.2f %7.1f" % ("all ops", whole / 1e3 / per, sum(count.values()) / per))
 
 
 if __name__ == "__main__":
