@@ -27,6 +27,23 @@
 namespace strata {
 namespace {
 
+// bf16 losses beside float32 ones: the bar, 2e-2 relative per step,
+// and one bf16 rounding (2^-9) on the worst step; each step's difference is
+// recorded as a test property (`prefix`rel_diff_step_N, `prefix`worst_rel_diff).
+void ExpectFollowsWithinOneBf16Rounding(const std::vector<double>& ref, const std::vector<double>& mixed,
+                                        const std::string& prefix) {
+  ASSERT_EQ(mixed.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double rel = std::abs(mixed[i] - ref[i]) / std::abs(ref[i]);
+    worst = std::max(worst, rel);
+    ::testing::Test::RecordProperty(absl::StrCat(prefix, "rel_diff_step_", i + 1), absl::StrFormat("%.3g", rel));
+    EXPECT_LE(rel, 2e-2) << "step " << i + 1 << ": f32 " << ref[i] << ", bf16 " << mixed[i];
+  }
+  ::testing::Test::RecordProperty(absl::StrCat(prefix, "worst_rel_diff"), absl::StrFormat("%.3g", worst));
+  EXPECT_LE(worst, std::ldexp(1.0, -9));
+}
+
 TEST(MixedPrecisionTrainTest, Bf16MlpFollowsFloat32) {
   auto program = GenerateModel("mlp", GenOptions());
   ASSERT_TRUE(program.ok()) << program.status();
@@ -54,15 +71,7 @@ TEST(MixedPrecisionTrainTest, Bf16MlpFollowsFloat32) {
   // check below, one bf16 rounding (2^-9) on the worst step, is what the
   // measurements justify (5x the worst seen) and would catch a matmul left
   // in float32 no more than a cast lost.
-  double worst = 0;
-  for (size_t i = 0; i < ref->losses.size(); ++i) {
-    const double rel = std::abs(mixed->losses[i] - ref->losses[i]) / std::abs(ref->losses[i]);
-    worst = std::max(worst, rel);
-    RecordProperty(absl::StrCat("rel_diff_step_", i + 1), std::to_string(rel));
-    EXPECT_LE(rel, 2e-2) << "step " << i + 1 << ": f32 " << ref->losses[i] << ", bf16 " << mixed->losses[i];
-  }
-  RecordProperty("worst_rel_diff", std::to_string(worst));
-  EXPECT_LE(worst, std::ldexp(1.0, -9));
+  ExpectFollowsWithinOneBf16Rounding(ref->losses, mixed->losses, "");
   // Not bit-identical: the casts do run.
   EXPECT_NE(mixed->losses, ref->losses);
   // Memory rule: measured <= predicted (the widened kernels' float32 scratch included).
@@ -92,15 +101,7 @@ TEST(MixedPrecisionTrainTest, Bf16GptFollowsFloat32) {
   auto mixed = TrainParallel(*program, bf16, options);
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   ASSERT_EQ(mixed->losses.size(), 10u);
-  double worst = 0;
-  for (size_t i = 0; i < ref->losses.size(); ++i) {
-    const double rel = std::abs(mixed->losses[i] - ref->losses[i]) / std::abs(ref->losses[i]);
-    worst = std::max(worst, rel);
-    RecordProperty(absl::StrCat("gpt_rel_diff_step_", i + 1), absl::StrFormat("%.3g", rel));
-    EXPECT_LE(rel, 2e-2) << "step " << i + 1 << ": f32 " << ref->losses[i] << ", bf16 " << mixed->losses[i];
-  }
-  RecordProperty("gpt_worst_rel_diff", absl::StrFormat("%.3g", worst));
-  EXPECT_LE(worst, std::ldexp(1.0, -9));
+  ExpectFollowsWithinOneBf16Rounding(ref->losses, mixed->losses, "gpt_");
   EXPECT_NE(mixed->losses, ref->losses);
   EXPECT_LT(mixed->losses.back(), mixed->losses.front());
   EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
