@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "compiler/op_registry.h"
+#include "kernels/attention_budget.h"
 #include "passes/pass_helpers.h"
 #include "proto/roles.h"
 #include "proto/status_macros.h"
@@ -110,6 +111,11 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
   for (int op : order) {
     const LowOp* spec = LowOpFor(graph.schema(op).type);
     if (spec == nullptr || !AllF32(graph, op, *spec)) continue;
+    if (device_ == DEVICE_CUDA && graph.schema(op).type == "scaled_dot_product_attention") {
+      // q [B, H, T, D]: a T the 16-bit GPU kernels cannot hold stays float32.
+      const auto& q = graph.shape(graph.inputs(op)[0]);
+      if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[2])) continue;
+    }
     STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, copy_of));
     changed = true;
   }

@@ -5,6 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "compiler/pass.h"
+#include "proto/plan.pb.h"
 
 namespace strata {
 
@@ -22,12 +23,18 @@ namespace strata {
 // still runs in float32, and the parameters stay F32 master copies the
 // optimizer updates. Autodiff differentiates through the casts, so the weight
 // gradients arrive in F32 too. conv2d is not cast yet (it has no BF16 CPU
-// kernel). F16's loss scaling is the loss-scaling pass's
+// kernel). On GPU plans attention whose 16-bit scores would not fit the
+// GPU kernels' budget (kernels/attention_budget.h: T above 10362) stays in
+// float32, where the flash kernels take any length. F16's loss scaling is the loss-scaling pass's
 // (passes/loss_scaling.h), after the pipeline split.
 class MixedPrecisionPass : public Pass {
  public:
+  explicit MixedPrecisionPass(DeviceKind device = DEVICE_CPU) : device_(device) {}
   std::string name() const override { return "mixed-precision"; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+
+ private:
+  DeviceKind device_;  // the plans' device
 };
 
 }  // namespace strata

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/attention_budget.h"
 #include "passes/compile.h"
 #include "passes/pipeline_builder.h"
 #include "passes/testing/pass_test_util.h"
@@ -151,12 +153,12 @@ TEST(MixedPrecisionTest, F16CastsAroundEveryMatmul) {
 // A small GPT: attention runs in the low dtype too (q, k, v cast, y written
 // in BF16 and cast back), its logsumexp stays F32, and the compiled program's
 // attention gradient reads BF16 q.
-Program SmallGpt() {
+Program SmallGpt(int64_t seq = 16) {
   GenOptions gen;
   gen.blocks = 2;
   gen.d_model = 32;
   gen.heads = 4;
-  gen.seq = 16;
+  gen.seq = seq;
   gen.vocab = 64;
   gen.dtype = "F32";
   auto text = GenerateProgram("gpt", gen);
@@ -228,6 +230,32 @@ TEST(MixedPrecisionTest, F16AttentionKeepsF32Lse) {
     for (const auto& in : a->input()) EXPECT_EQ(FindVar(dumped->dumped, in)->dtype(), F16) << in;
     EXPECT_EQ(FindVar(dumped->dumped, a->output(0))->dtype(), F16);
     EXPECT_EQ(FindVar(dumped->dumped, a->output(1))->dtype(), F32);
+  }
+}
+
+// On GPU plans, a sequence whose 16-bit scores the GPU kernels cannot hold
+// (kernels/attention_budget.h: the gradient's 10 T^2 bytes a head over four
+// 256 MiB budgets, T > 10362) keeps attention in float32 and its matmuls in
+// bf16; at 10362 it is cast; CPU plans cast any length.
+TEST(MixedPrecisionTest, GpuPlansKeepAttentionTooLongFor16BitInFloat32) {
+  EXPECT_TRUE(HalfAttentionFitsOnGpu(10362));
+  EXPECT_FALSE(HalfAttentionFitsOnGpu(10363));
+  for (const auto& [seq, device, want] : {std::tuple{10363, DEVICE_CUDA, F32}, std::tuple{10362, DEVICE_CUDA, BF16},
+                                          std::tuple{10363, DEVICE_CPU, BF16}}) {
+    SCOPED_TRACE(absl::StrCat("seq ", seq, ", ", DeviceKind_Name(device)));
+    CompileOptions options;
+    options.batch_size = 1;
+    options.device_kind = device;
+    options.dump_after = "mixed-precision";
+    auto dumped = Compile(SmallGpt(seq), Bf16(), options);
+    ASSERT_TRUE(dumped.ok()) << dumped.status();
+    const Program& p = dumped->dumped;
+    const std::vector<const Op*> attention = OpsOfType(p, "scaled_dot_product_attention");
+    ASSERT_EQ(attention.size(), 2u);
+    for (const Op* a : attention) {
+      for (const auto& in : a->input()) EXPECT_EQ(FindVar(p, in)->dtype(), want) << in;
+    }
+    for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
   }
 }
 

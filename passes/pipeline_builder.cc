@@ -18,7 +18,7 @@ namespace strata {
 std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
-  if (strategy.has_mixed_precision()) pipeline->AddPass<MixedPrecisionPass>();
+  if (strategy.has_mixed_precision()) pipeline->AddPass<MixedPrecisionPass>(device);
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();

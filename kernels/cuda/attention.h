@@ -36,6 +36,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/attention_budget.h"
+
 namespace strata {
 namespace cuda {
 
@@ -59,9 +61,9 @@ cudaError_t LaunchAttentionGrad(double* dq, double* dk, double* dv, const double
                                 const double* y, const double* lse, const double* dy, const double* dlse, double* di,
                                 int64_t heads, int64_t T, int64_t D, double scale, bool causal, cudaStream_t stream);
 
-// Bytes of [T, T] score buffers the GEMM path holds at once: 256 MiB unless
-// a test sets less (0 sends every shape to the flash kernels).
-inline constexpr int64_t kDefaultAttentionScoreBudget = int64_t{256} << 20;
+// Bytes of [T, T] score buffers the GEMM path holds at once:
+// kDefaultAttentionScoreBudget (kernels/attention_budget.h) unless a test
+// sets less (0 sends every shape to the flash kernels).
 inline std::atomic<int64_t>& AttentionScoreBudget() {
   static std::atomic<int64_t> bytes{kDefaultAttentionScoreBudget};
   return bytes;
@@ -69,11 +71,11 @@ inline std::atomic<int64_t>& AttentionScoreBudget() {
 
 // Heads per chunk of the GEMM path when each head needs `buffers` [T, T]
 // matrices of `elem` bytes: as many as the budget holds, at least one; 0
-// (the flash kernels) when one head needs more than four budgets.
+// (the flash kernels) when one head needs more than kAttentionHeadBudgets.
 inline int64_t AttentionChunkHeads(int64_t heads, int64_t T, int64_t elem, int buffers) {
   const int64_t per_head = T * T * elem * buffers;
   const int64_t budget = AttentionScoreBudget().load();
-  if (heads <= 0 || per_head <= 0 || per_head > 4 * budget) return 0;
+  if (heads <= 0 || per_head <= 0 || per_head > kAttentionHeadBudgets * budget) return 0;
   return std::clamp<int64_t>(budget / per_head, 1, heads);
 }
 

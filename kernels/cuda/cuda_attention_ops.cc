@@ -75,12 +75,10 @@ class CudaAttentionAttrsKernel : public AttentionAttrsKernel {
   bool tf32_ = false;
 };
 
-// The GEMM path's [T, T] buffers, in bytes per score element: the scores
-// (P in place) and, for the gradient, dP; for 16-bit q both in float plus
-// one in q's type (P for P v and P^T dy, then dS for its two products).
+// The GEMM path's [T, T] buffers, in bytes per score element
+// (kernels/attention_budget.h).
 int64_t ScoreBytes(DataType dtype, bool grad) {
-  if (IsHalfFloating(dtype)) return grad ? 10 : 6;
-  return static_cast<int64_t>(DataTypeSize(dtype)) * (grad ? 2 : 1);
+  return AttentionScoreBytes(IsHalfFloating(dtype), static_cast<int64_t>(DataTypeSize(dtype)), grad);
 }
 
 // Heads per chunk of the GEMM path; 0: the flash kernels (F32, F64).
@@ -215,7 +213,7 @@ class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(CheckLimits(q, kOp));
+    // No head-size or head-count limit: the GEMM path has neither (CheckLimits is the flash kernels').
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, q.dtype(), q.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, Shape{q.dim(0), q.dim(1), q.dim(2)}));
     const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
@@ -257,7 +255,7 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
-    STRATA_RETURN_IF_ERROR(CheckLimits(q, kOp));
+    // No head-size or head-count limit: the GEMM path has neither (CheckLimits is the flash kernels').
     G* out[3];
     for (int i = 0; i < 3; ++i) {
       STRATA_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, q.dtype(), q.shape()));

@@ -189,7 +189,7 @@ struct Path {
 constexpr Path kPaths[] = {{"GEMM path, one chunk", -1}, {"GEMM path, chunks", 2}, {"flash kernels", 0}};
 
 int64_t Budget(const Path& path, const Case& c, DataType dtype) {
-  if (path.budget_per_head_score < 0) return cuda::kDefaultAttentionScoreBudget;
+  if (path.budget_per_head_score < 0) return kDefaultAttentionScoreBudget;
   return path.budget_per_head_score * c.T * c.T * static_cast<int64_t>(DataTypeSize(dtype));
 }
 
