@@ -152,7 +152,10 @@ std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, i
 // Each rank's predicted peak held against the memory it will run in: on
 // GPUs the one `run` places it on (rank r on GPU r % count, as PlaceOnGpu;
 // ranks that share a GPU add up), each the size of the first (or
-// --device_memory_gib, one GPU per rank unless this strata can count them);
+// --device_memory_gib, one GPU per rank unless this strata can count them;
+// one machine assumed, as `run` assumes for its local ranks, so ranks spread
+// over several hosts are held against fewer GPUs than they have: an
+// over-warning, never an under-warning);
 // on the CPU the machine's memory, which all its ranks share. Returns the
 // lines to print; a peak that does not fit also goes to stderr as a warning.
 std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kind) {
