@@ -10,11 +10,20 @@ the wall times are printed beside them. Rounds alternate the sides as in
 train_step (bench_common.run_round); the figure is the median over rounds.
 
   bazel run //bench:dispatch -- [--threads N] [--rounds R]
+
+On a GPU (--device gpu, with dispatch_bench_gpu): the same chain on GPU 0
+from a feed already there, every op a kernel launch, one synchronisation per
+chain on both sides (Strata reads its loss back, torch calls .item()); the
+ratio uses wall time there, which is what launch overhead costs. No CUDA
+graphs yet on Strata's side.
+
+  python3 bench/dispatch.py --device gpu --strata "bash .device/run.sh dispatch_bench_gpu"
 """
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -26,20 +35,21 @@ CHAIN = 1000
 BIAS = 0.001
 
 
-def torch_side(threads, reps):
+def torch_side(threads, reps, device="cpu"):
     import torch
 
     torch.set_num_threads(threads)
-    x0 = torch.ones(1, 8)
+    x0 = torch.ones(1, 8, device="cuda" if device == "gpu" else "cpu")
 
     def chain():
         x = x0
         for _ in range(CHAIN):
             x = torch.add(x, BIAS)
-        return x.mean()
+        y = x.mean()
+        return y.item() if device == "gpu" else y  # on a GPU, the one synchronisation, as Strata's loss read
 
     with torch.no_grad():
-        got = chain().item()  # validate before timing: 1 + 1000 * 0.001
+        got = float(chain())  # validate before timing: 1 + 1000 * 0.001
         want = 1 + CHAIN * BIAS
         if abs(got - want) > 1e-4 * want:
             raise SystemExit("torch validation: %g, want %g" % (got, want))
@@ -56,7 +66,7 @@ def torch_side(threads, reps):
 
 
 def strata_side(binary, threads):
-    p = subprocess.run([binary, "--benchmark_format=json", "--benchmark_repetitions=5",
+    p = subprocess.run(shlex.split(binary) + ["--benchmark_format=json", "--benchmark_repetitions=5",
                         "--benchmark_report_aggregates_only=true"],
                        env=bench_common.child_env(threads), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -78,24 +88,29 @@ def main():
     ap.add_argument("--strata", help="path of dispatch_bench (the sh_binary passes it)")
     ap.add_argument("--threads", type=int, default=bench_common.default_threads())
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                    help="gpu: --strata runs dispatch_bench_gpu; torch on CUDA; ratios of wall time")
     ap.add_argument("--torch_side", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--reps", type=int, default=200, help=argparse.SUPPRESS)
     args = ap.parse_args()
     bench_common.line_buffered()
     if args.torch_side:
-        torch_side(args.threads, args.reps)
+        torch_side(args.threads, args.reps, args.device)
         return
     if not args.strata:
         raise SystemExit("--strata PATH is required (run through bazel run //bench:dispatch)")
 
-    print("dispatch: chain of %d ops on a [1, 8] tensor, %d threads, %d rounds, load average %.2f"
-          % (CHAIN, args.threads, args.rounds, bench_common.load_average()))
+    print("dispatch: chain of %d ops on a [1, 8] tensor, %s, %d threads, %d rounds, load average %.2f"
+          % (CHAIN, args.device, args.threads, args.rounds, bench_common.load_average()))
+    # On a GPU the cost is the launches' wall time; on the CPU both chains are single-threaded CPU work.
+    key = "ns_per_op" if args.device == "gpu" else "cpu_ns_per_op"
     strata_cpu, strata_wall, torch_cpu, torch_wall = [], [], [], []
     for r in range(args.rounds):
         s, t, config = bench_common.run_round(
             lambda: strata_side(args.strata, args.threads),
-            [sys.executable, os.path.abspath(__file__), "--torch_side", "--threads=%d" % args.threads],
-            args.threads, "cpu_ns_per_op")
+            [sys.executable, os.path.abspath(__file__), "--torch_side", "--threads=%d" % args.threads,
+             "--device=" + args.device],
+            args.threads, key)
         strata_cpu.append(s["cpu_ns_per_op"])
         strata_wall.append(s["ns_per_op"])
         torch_cpu.append(t["cpu_ns_per_op"])
@@ -103,12 +118,19 @@ def main():
         print("  round %d: strata %7.1f ns/op CPU (%7.1f wall, %d ops)  torch eager %7.1f ns/op CPU (%7.1f wall, %s)  "
               "ratio %.2f  load %.1f"
               % (r + 1, s["cpu_ns_per_op"], s["ns_per_op"], s["ops"], t["cpu_ns_per_op"], t["ns_per_op"], config,
-                 t["cpu_ns_per_op"] / s["cpu_ns_per_op"], bench_common.load_average()))
+                 t[key] / s[key], bench_common.load_average()))
     m = bench_common.median
+    if args.device == "gpu":
+        sm, tm = m(strata_wall), m(torch_wall)
+        print("dispatch (gpu): strata %.1f ns/op wall (%.1f CPU)  torch eager %.1f ns/op wall (%.1f CPU)  "
+              "torch/strata %.2f" % (sm, m(strata_cpu), tm, m(torch_cpu), tm / sm))
+        print("RESULT bench=dispatch device=gpu strata_ns_per_op=%.1f torch_ns_per_op=%.1f ratio=%.3f" % (sm, tm, tm / sm))
+        return
     sm, tm = m(strata_cpu), m(torch_cpu)
     print("dispatch: strata %.1f ns/op CPU (%.1f wall)  torch eager %.1f ns/op CPU (%.1f wall)  torch/strata %.2f  "
           "(goal strata <= 500 ns/op: %s)"
           % (sm, m(strata_wall), tm, m(torch_wall), tm / sm, "PASS" if sm <= 500 else "MISS"))
+
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,9 @@
 // forward-only through Executor::Evaluate, plus a reduce_mean as the loss.
 // Time per op = Evaluate's wall time / ops run (feed binding and the loss
 // read-out included, so the figure is an upper bound on pure dispatch).
+// Built as dispatch_bench_gpu (STRATA_DISPATCH_GPU), the same chain runs on
+// GPU 0 from a feed already there: each op a kernel launch, the loss's read
+// back the one synchronisation per chain (no CUDA graphs yet).
 //
 //   dispatch_bench [--benchmark_format=json] [--benchmark_repetitions=5]
 
@@ -12,6 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "bench/bench_util.h"
+#ifdef STRATA_DISPATCH_GPU
+#include "runtime/cuda/cuda_device.h"
+#endif
 
 namespace strata {
 namespace bench {
@@ -35,14 +41,30 @@ std::string ChainProgram(int chain_length) {
 
 void BM_StrataDispatch(benchmark::State& state) {
   const int chain_length = static_cast<int>(state.range(0));
-  auto plan = CompileText(ChainProgram(chain_length), /*batch_size=*/1);
+#ifdef STRATA_DISPATCH_GPU
+  auto device = CudaDevice::Create(0);
+  if (!device.ok()) return state.SkipWithError(std::string(device.status().message()).c_str());
+  const DeviceKind kind = DEVICE_CUDA;
+#else
+  const DeviceKind kind = DEVICE_CPU;
+#endif
+  auto plan = CompileText(ChainProgram(chain_length), /*batch_size=*/1, kind);
   if (!plan.ok()) return state.SkipWithError(std::string(plan.status().message()).c_str());
-  auto executor = Executor::Create(*plan, ExecutorOptions());
+  ExecutorOptions options;
+#ifdef STRATA_DISPATCH_GPU
+  options.device = device->get();
+#endif
+  auto executor = Executor::Create(*plan, options);
   if (!executor.ok()) return state.SkipWithError(std::string(executor.status().message()).c_str());
   Executor& e = **executor;
   if (!e.InitializeState().ok()) return state.SkipWithError("InitializeState failed");
   Tensor x = Tensor::Empty(F32, {1, 8});
   x.Fill(1.0);
+#ifdef STRATA_DISPATCH_GPU
+  auto on_gpu = x.CopyTo(device->get());
+  if (!on_gpu.ok()) return state.SkipWithError(std::string(on_gpu.status().message()).c_str());
+  x = *on_gpu;
+#endif
   std::map<std::string, Tensor> feeds = {{"x", x}};
 
   // Validate before timing: every element is 1 + chain_length * 0.001.

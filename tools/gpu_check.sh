@@ -10,7 +10,7 @@
 #   bash tools/gpu_check.sh run [--bench]
 # runs every gpu-tagged test binary (each under `timeout`, its log in
 # $OUT/gpu-tests.log), one example through `strata_gpu run --device gpu`
-# against the CPU, and with --bench the GEMM and GPT-2 benchmarks; ends with
+# against the CPU, and with --bench the GEMM, dispatch and GPT-2 benchmarks; ends with
 # "N passed, N failed" for the test binaries. Logs go to $OUT (or /tmp/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,10 @@ case "$mode" in
     set -e
     targets=$(bazel query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
     bazel build $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
-      //bench:gemm_bench //bench:train_step_gpu
+      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu
     bins=()
     for t in $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
-      //bench:gemm_bench //bench:train_step_gpu; do
+      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu; do
       p=${t#//}
       bins+=("bazel-bin/${p/://}")
     done
@@ -61,6 +61,8 @@ case "$mode" in
     python3 tools/compare_metrics.py "$out/gpu.jsonl" "$out/cpu.jsonl" 2>&1 | tail -5
     if [ "${2:-}" = "--bench" ]; then
       timeout 200 bash .device/run.sh gemm_bench 2>&1 | tail -20
+      PYTHONUNBUFFERED=1 timeout 120 python3 bench/dispatch.py --device gpu --rounds 3 \
+        --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5
       PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
         2>&1 | tee "$out/gpt2.txt" | tail -12
     fi
