@@ -154,6 +154,7 @@ absl::Status Executor::Prepare() {
 }
 
 absl::Status Executor::InitializeState() {
+  loss_scale_state_.reset();
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
     const Var& v = program.var(i);
@@ -207,6 +208,7 @@ absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
 }
 
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
+  loss_scale_state_.reset();
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
     if (!checkpointed_[i]) continue;
@@ -449,20 +451,45 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   return TrainStep(feeds, sample_offset, plan_.schedule().micro_batch_size());
 }
 
-absl::StatusOr<double> Executor::ReadStateScalar(int slot) const {
-  Tensor t = state_[slot];
+absl::StatusOr<std::vector<double>> Executor::ReadStateScalars(const std::vector<int>& slots) const {
+  std::vector<Tensor> host;
+  for (int slot : slots) {
+    Tensor t = state_[slot];
+    if (!options_.device->host_accessible()) {
+      t = t.Clone(GetCpuAllocator());
+      if (!t.defined()) return absl::ResourceExhaustedError("out of host memory reading a scalar");
+    }
+    host.push_back(std::move(t));
+  }
   if (!options_.device->host_accessible()) {
-    t = t.Clone(GetCpuAllocator());
-    if (!t.defined()) return absl::ResourceExhaustedError("out of host memory reading a scalar");
     if (absl::Status s = options_.device->Synchronize(); !s.ok()) return s;
   }
-  switch (t.dtype()) {
-    case F32: return static_cast<double>(t.data<float>()[0]);
-    case F64: return t.data<double>()[0];
-    case I64: return static_cast<double>(t.data<int64_t>()[0]);
-    default:
-      return absl::InternalError(absl::StrCat("state scalar of dtype ", DataTypeName(t.dtype())));
+  std::vector<double> values;
+  for (const Tensor& t : host) {
+    switch (t.dtype()) {
+      case F32:
+        values.push_back(static_cast<double>(t.data<float>()[0]));
+        break;
+      case F64:
+        values.push_back(t.data<double>()[0]);
+        break;
+      case I64:
+        values.push_back(static_cast<double>(t.data<int64_t>()[0]));
+        break;
+      default:
+        return absl::InternalError(absl::StrCat("state scalar of dtype ", DataTypeName(t.dtype())));
+    }
   }
+  return values;
+}
+
+absl::StatusOr<std::pair<double, double>> Executor::LossScaleState() {
+  if (!loss_scale_state_.has_value()) {
+    absl::StatusOr<std::vector<double>> v = ReadStateScalars({loss_scale_slot_, skipped_updates_slot_});
+    if (!v.ok()) return v.status();
+    loss_scale_state_ = std::make_pair((*v)[0], (*v)[1]);
+  }
+  return *loss_scale_state_;
 }
 
 int64_t Executor::SampleRow(int micro_batch, int64_t rows) const {
@@ -478,13 +505,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   StepResult result;
   double skipped_before = 0;
   if (loss_scale_slot_ >= 0) {
-    absl::StatusOr<double> scale = ReadStateScalar(loss_scale_slot_);
-    absl::StatusOr<double> skipped = ReadStateScalar(skipped_updates_slot_);
-    if (!scale.ok()) return scale.status();
-    if (!skipped.ok()) return skipped.status();
+    absl::StatusOr<std::pair<double, double>> scale_state = LossScaleState();
+    if (!scale_state.ok()) return scale_state.status();
     result.has_loss_scale = true;
-    result.loss_scale = *scale;
-    skipped_before = *skipped;
+    result.loss_scale = scale_state->first;
+    skipped_before = scale_state->second;
   }
   absl::Status status;
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
@@ -529,14 +554,20 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     }
   }
   status = FinishStep(status);
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    loss_scale_state_.reset();  // the step may have updated them before it failed
+    return status;
+  }
   result.loss /= micro_batches;
   for (auto& [name, value] : result.fetches) value /= micro_batches;
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
-  if (update && skipped_updates_slot_ >= 0) {
-    absl::StatusOr<double> skipped = ReadStateScalar(skipped_updates_slot_);
-    if (!skipped.ok()) return skipped.status();
-    result.skipped_update = *skipped > skipped_before;
+  if (update && loss_scale_slot_ >= 0) {
+    // The update may have changed both: one read for this step's verdict
+    // and the next step's scale.
+    loss_scale_state_.reset();
+    absl::StatusOr<std::pair<double, double>> scale_state = LossScaleState();
+    if (!scale_state.ok()) return scale_state.status();
+    result.skipped_update = scale_state->second > skipped_before;
   }
   ++step_;
   return result;

@@ -4,7 +4,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -141,9 +143,14 @@ class Executor {
   void Accumulate(int micro_batch, StepResult* result);
   absl::Status FinishStep(absl::Status status);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
-  // A persistent scalar's value, read to the host (a device sync where the
-  // state is not host-accessible).
-  absl::StatusOr<double> ReadStateScalar(int slot) const;
+  // Persistent scalars' values, read to the host (one device sync for all
+  // of them where the state is not host-accessible).
+  absl::StatusOr<std::vector<double>> ReadStateScalars(const std::vector<int>& slots) const;
+  // The loss scale and the skipped-update count as the last step (or the
+  // first read) left them, so a step reads them once, at its end, and the
+  // next step starts from them without another sync. Cleared wherever the
+  // state changes outside TrainStep (initialize, load, a failed step).
+  absl::StatusOr<std::pair<double, double>> LossScaleState();
 
   RankPlan plan_;
   ExecutorOptions options_;
@@ -158,6 +165,7 @@ class Executor {
   int loss_slot_ = -1;
   int loss_scale_slot_ = -1;       // Program.loss_scale's slot, or -1
   int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1
+  std::optional<std::pair<double, double>> loss_scale_state_;  // (scale, skipped updates); see LossScaleState
   std::vector<std::pair<std::string, int>> fetch_slots_;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
