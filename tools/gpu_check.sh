@@ -20,11 +20,11 @@ case "$mode" in
   bundle)
     set -e
     targets=$(bazel query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
-    bazel build $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
-      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu
+    extra="//kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata
+      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu"
+    bazel build $targets $extra
     bins=()
-    for t in $targets //kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata \
-      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu; do
+    for t in $targets $extra; do
       p=${t#//}
       bins+=("bazel-bin/${p/://}")
     done

@@ -309,6 +309,15 @@ cudaError_t GradD(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const
                 causal);
 }
 
+template <typename T, typename A>
+cudaError_t RowDots(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  AttentionDi<T, A><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      di, y, dy, dlse, rows, static_cast<int>(D));
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t Grad(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const T* y, const T* lse, const T* dy,
                  const T* dlse, T* di, int64_t heads, int64_t T_, int64_t D, double scale, bool causal,
@@ -316,10 +325,7 @@ cudaError_t Grad(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const 
   if (D <= 0 || D > kMaxHeadDim) return cudaErrorInvalidValue;
   const int64_t rows = heads * T_;
   if (rows == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  AttentionDi<T, T><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      di, y, dy, dlse, rows, static_cast<int>(D));
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (cudaError_t e = RowDots(di, y, dy, dlse, rows, D, stream); e != cudaSuccess) return e;
   const T s = static_cast<T>(scale);
   const int d = static_cast<int>(D);
   return D <= 64 ? GradD<T, 64>(dq, dk, dv, q, k, v, lse, dy, di, heads, T_, d, s, causal, stream)
@@ -404,14 +410,6 @@ cudaError_t ScoreGrad(O* ds, const T* dp, const T* p, const T* di, int64_t heads
   return cudaGetLastError();
 }
 
-template <typename T, typename A>
-cudaError_t RowDots(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  AttentionDi<T, A><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      di, y, dy, dlse, rows, static_cast<int>(D));
-  return cudaGetLastError();
-}
 
 }  // namespace
 

@@ -114,7 +114,8 @@ class CudaAttentionKernel : public CudaAttentionAttrsKernel {
                                               ScaleFor(D), causal_, device->stream()),
                         kOp);
     }
-    STRATA_ASSIGN_OR_RETURN(Tensor scores, Scratch(ctx, q.dtype(), chunk * T_ * T_, kOp));
+    const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), false, chunk, T_);
+    STRATA_ASSIGN_OR_RETURN(Tensor scores, Scratch(ctx, scratch_dtype, elements, kOp));
     T* s = scores.data<T>();
     cuda::LtGemm& gemm = device->gemm();
     const cudaStream_t stream = device->stream();
@@ -160,7 +161,8 @@ class CudaAttentionGradKernel : public CudaAttentionAttrsKernel {
                         kOp);
     }
     STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchAttentionRowDots(pdi, py, pdy, dlse, heads * T_, D, stream), kOp));
-    STRATA_ASSIGN_OR_RETURN(Tensor work, Scratch(ctx, q.dtype(), 2 * chunk * T_ * T_, kOp));
+    const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), true, chunk, T_);
+    STRATA_ASSIGN_OR_RETURN(Tensor work, Scratch(ctx, scratch_dtype, elements, kOp));
     T* p = work.data<T>();
     T* ds = p + chunk * T_ * T_;
     const T scale = static_cast<T>(ScaleFor(D));
