@@ -20,13 +20,17 @@ int64_t BytesOf(const Graph& graph, int v, int64_t batch) {
   return n * static_cast<int64_t>(DataTypeSize(graph.dtype(v)));
 }
 
-// keep[v]: the var is never freed, as the loss and the fetches are reported.
+// keep[v]: the var is never freed, as the loss and the fetches are reported
+// (from their host copies where the host-transfers pass made them).
 std::vector<char> KeptVars(const Graph& graph) {
   std::vector<char> keep(graph.num_vars(), 0);
-  if (int v = graph.FindVar(graph.loss()); v >= 0) keep[v] = 1;
-  for (const auto& f : graph.program_fields().fetch()) {
-    if (int v = graph.FindVar(f); v >= 0) keep[v] = 1;
-  }
+  const auto& host_copy = graph.program_fields().host_copy();
+  auto kept = [&](const std::string& name) {
+    auto copy = host_copy.find(name);
+    if (int v = graph.FindVar(copy != host_copy.end() ? copy->second : name); v >= 0) keep[v] = 1;
+  };
+  kept(graph.loss());
+  for (const auto& f : graph.program_fields().fetch()) kept(f);
   return keep;
 }
 
@@ -150,11 +154,12 @@ void RecordFrees(const Graph& graph, const std::vector<std::vector<int>>& frees,
   }
 }
 
-// The feeds some op reads: every forward action allocates them.
+// The feeds some op reads in device memory: every forward action allocates
+// them (a host feed's copy is its copy_to_device's output).
 std::vector<int> ReadFeeds(const Graph& graph, const OpTable& ops) {
   std::vector<int> feeds;
   for (int v = 0; v < graph.num_vars(); ++v) {
-    if (graph.kind(v) == FEED && ops.read[v]) feeds.push_back(v);
+    if (graph.kind(v) == FEED && ops.read[v] && !graph.host_memory(v)) feeds.push_back(v);
   }
   return feeds;
 }
@@ -244,7 +249,7 @@ class ScheduleSimulator {
   void AllocateOutputs(const OpInfo& o, int mb, std::vector<int>& mine) {
     for (int k = 0; k < o.num_outputs; ++k) {
       const int v = ops_.output_ids[o.first_output + k];
-      if (IsPersistent(graph_.kind(v))) continue;
+      if (IsPersistent(graph_.kind(v)) || graph_.host_memory(v)) continue;  // host memory is not the device's
       if (o.recv && mine[v] >= 0) continue;  // allocated when the action started
       if (k == 0 && o.aliases && o.input0 >= 0) {
         const int src = mine[o.input0];

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Graph>> Graph::FromProgram(const Program& program
     VarRec& r = g.vars_[id];
     r.line = v.line();
     r.frozen = v.frozen();
+    r.host_memory = v.host_memory();
     if (v.has_init()) {
       r.init = static_cast<int32_t>(g.inits_.size());
       g.inits_.push_back(v.init());
@@ -403,6 +404,7 @@ Program Graph::ToProgram() const {
     out->set_kind(r.kind);
     if (r.init >= 0) *out->mutable_init() = inits_[r.init];
     out->set_frozen(r.frozen);
+    out->set_host_memory(r.host_memory);
     out->set_line(r.line);
   }
   p.mutable_op()->Reserve(num_ops());

@@ -52,6 +52,9 @@ class Graph {
   }
   TensorType type(int v) const;
   bool frozen(int v) const { return vars_[v].frozen; }
+  // Var.host_memory: lives in host memory on an accelerator's plan.
+  bool host_memory(int v) const { return vars_[v].host_memory; }
+  void set_host_memory(int v, bool host) { vars_[v].host_memory = host; }
   // Adds a var; -1 when the name is taken.
   int AddVar(absl::string_view name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind);
   // The var's initial value (a compiler STATE var's constant, such as the
@@ -153,6 +156,7 @@ class Graph {
     int32_t line = 0;
     int32_t init = -1;  // index into inits_
     bool frozen = false;
+    bool host_memory = false;
   };
   struct OpRec {
     const OpSchema* schema = nullptr;

@@ -3,7 +3,8 @@
 
 // The communication ops' kernels, one for every device: they hand tensors to
 // the rank's communicators (which stage device tensors through the host, or
-// move them with NCCL) and touch tensor memory only through ctx.device(), so
+// move them with NCCL), or copy between host and device memory, and touch
+// tensor memory only through ctx.device(), so
 // kernels/cpu/send_recv.cc, kernels/cpu/allreduce.cc and
 // kernels/cuda/cuda_comm_ops.cc register these same kernels.
 
@@ -20,6 +21,11 @@ KernelFactory RecvKernelFactory();
 KernelFactory AllReduceKernelFactory();
 KernelFactory BucketAllReduceKernelFactory();
 KernelFactory BucketWaitKernelFactory();
+
+// copy_to_device, copy_to_host (host_copy.cc): the host-transfers pass's
+// copies between host and device memory.
+KernelFactory CopyToDeviceKernelFactory();
+KernelFactory CopyToHostKernelFactory();
 
 }  // namespace strata
 

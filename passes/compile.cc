@@ -215,7 +215,7 @@ absl::StatusOr<RankPlan> CompileRank(int rank, Graph& graph, const Layout& layou
   const CompileContext& ctx = layout.ctx;
   CompileContext rank_ctx = ctx;
   rank_ctx.rank = rank;
-  std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy);
+  std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy, options.device_kind);
   if (!options.dump_after.empty()) per_rank->set_dump_after(options.dump_after);
   per_rank->set_times(&result.times);
   if (auto s = per_rank->Run(graph, rank_ctx); !s.ok()) return s.status();

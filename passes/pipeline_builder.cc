@@ -4,6 +4,7 @@
 #include "passes/data_parallel.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/gradient_merge.h"
+#include "passes/host_transfers.h"
 #include "passes/loss_scaling.h"
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
@@ -26,7 +27,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   return pipeline;
 }
 
-std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
+std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, DeviceKind device) {
   auto pipeline = std::make_unique<PassPipeline>("per-rank");
   pipeline->AddPass<PipelineSplitPass>();
   pipeline->AddPass<OptimizerPass>();
@@ -34,12 +35,13 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy) {
   pipeline->AddPass<MicroBatchPass>();
   if (strategy.gradient_merge().k_steps() > 1) pipeline->AddPass<GradientMergePass>();
   if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();
+  if (device == DEVICE_CUDA) pipeline->AddPass<HostTransfersPass>();
   return pipeline;
 }
 
 std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind device) {
   std::vector<std::string> names = {"validate"};
-  for (const auto& pipeline : {BuildProgramPipeline(strategy, device), BuildRankPipeline(strategy)}) {
+  for (const auto& pipeline : {BuildProgramPipeline(strategy, device), BuildRankPipeline(strategy, device)}) {
     for (std::string& name : pipeline->PassNames()) names.push_back(std::move(name));
   }
   return names;

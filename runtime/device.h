@@ -55,6 +55,15 @@ class Device {
   // CopyFromHost once `host_src` may be reused.
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // The device-to-host copy without the wait: ordered on the compute stream,
+  // it returns at once, and the bytes are on the host once the stream has
+  // got there (after the next Synchronize). host_dst must stay allocated
+  // until then, as a block of staging_allocator() does, which is handed out
+  // again only after the stream passed its free. The host (and any device
+  // without streams) copies before returning.
+  virtual absl::Status EnqueueCopyToHost(void* host_dst, const void* src, size_t bytes) {
+    return CopyToHost(host_dst, src, bytes);
+  }
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int byte, size_t bytes) = 0;
 

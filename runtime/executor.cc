@@ -80,15 +80,24 @@ absl::Status Executor::Prepare() {
       feed_slots_.push_back(i);
     }
   }
+  // The loss and fetches are read from their host copies where the plan
+  // made them (Program.host_copy), after the step's end synchronisation.
+  auto metric_slot = [&](const std::string& name, const char* what) -> absl::StatusOr<int> {
+    auto copy = program.host_copy().find(name);
+    const std::string& var = copy != program.host_copy().end() ? copy->second : name;
+    auto it = slot_of_.find(var);
+    if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", what, " '", var, "' has no var"));
+    return it->second;
+  };
   if (!program.loss().empty()) {
-    auto loss = slot_of_.find(program.loss());
-    if (loss == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: loss '", program.loss(), "' has no var"));
-    loss_slot_ = loss->second;
+    absl::StatusOr<int> slot = metric_slot(program.loss(), "loss");
+    if (!slot.ok()) return slot.status();
+    loss_slot_ = *slot;
   }
   for (const auto& f : program.fetch()) {
-    auto it = slot_of_.find(f);
-    if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: fetch '", f, "' has no var"));
-    fetch_slots_.push_back({f, it->second});
+    absl::StatusOr<int> slot = metric_slot(f, "fetch");
+    if (!slot.ok()) return slot.status();
+    fetch_slots_.push_back({f, *slot});
   }
 
   const auto& frees = plan_.memory().frees_after_op();
@@ -109,6 +118,10 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads undeclared var '", in, "'"));
       p.input_slots.push_back(it->second);
       const Var& v = program.var(it->second);
+      if (v.host_memory() && op.type() != "copy_to_device") {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads host var '", in,
+                                                       "' (only copy_to_device may)"));
+      }
       def.input_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
     p.inputs.resize(op.input_size());
@@ -117,6 +130,10 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes undeclared var '", out, "'"));
       p.output_slots.push_back(it->second);
       const Var& v = program.var(it->second);
+      if (v.host_memory() && op.type() != "copy_to_host") {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes host var '", out,
+                                                       "' (only copy_to_host may)"));
+      }
       def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
     p.outputs.resize(op.output_size());
@@ -233,17 +250,29 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
 absl::Status Executor::PlaceFeeds(const std::map<std::string, Tensor>& feeds, std::vector<Tensor>& scope) {
   for (size_t f = 0; f < feeds_.size(); ++f) {
     const Tensor& t = feeds.at(feeds_[f]->name());
-    // Host feeds serve a host device as they are (whatever host allocator
-    // made them); a GPU gets its own copy.
-    if (t.device() == options_.device || (t.on_host() && options_.device->host_accessible())) {
+    // A host feed (Var.host_memory: the plan copies it to the device with an
+    // op, on the device where the caller put it there) and any feed of a
+    // host device are used as they are (whatever host allocator made them);
+    // else the device gets its own copy here (a plan made before the
+    // host-transfers pass).
+    Device* where = FeedDevice(*feeds_[f]);
+    if (t.device() == where || (t.on_host() && where->host_accessible()) ||
+        (feeds_[f]->host_memory() && t.device() == options_.device)) {
       scope[feed_slots_[f]] = t;
       continue;
     }
-    absl::StatusOr<Tensor> copy = t.CopyTo(options_.device);
-    if (!copy.ok()) return copy.status();
+    absl::StatusOr<Tensor> copy = t.CopyTo(where);
+    if (!copy.ok()) {
+      return absl::Status(copy.status().code(), absl::StrCat("feed '", feeds_[f]->name(), "' to ", where->name(), ": ",
+                                                             copy.status().message()));
+    }
     scope[feed_slots_[f]] = std::move(*copy);
   }
   return absl::OkStatus();
+}
+
+Device* Executor::FeedDevice(const Var& feed) const {
+  return feed.host_memory() ? GetCpuDevice() : options_.device;
 }
 
 absl::StatusOr<int64_t> Executor::CheckFeeds(const std::map<std::string, Tensor>& feeds) const {
@@ -393,15 +422,27 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
   return absl::OkStatus();
 }
 
-void Executor::Accumulate(int micro_batch, StepResult* result) {
+void Executor::HoldMetrics(int micro_batch) {
   const std::vector<Tensor>& scope = scopes_[micro_batch];
-  if (loss_slot_ >= 0 && scope[loss_slot_].defined()) {
-    result->has_loss = true;
-    result->loss += ScalarValue(scope[loss_slot_]);
+  if (loss_slot_ >= 0 && scope[loss_slot_].defined()) held_metrics_.push_back({-1, scope[loss_slot_]});
+  for (size_t f = 0; f < fetch_slots_.size(); ++f) {
+    const Tensor& t = scope[fetch_slots_[f].second];
+    if (t.defined()) held_metrics_.push_back({static_cast<int>(f), t});
   }
-  for (const auto& [name, slot] : fetch_slots_) {
-    if (scope[slot].defined()) result->fetches[name] += ScalarValue(scope[slot]);
+}
+
+void Executor::SumMetrics(StepResult* result) {
+  // After the step's synchronisation a host copy holds its bytes; a device
+  // tensor (a plan without host copies) is read here, one copy each.
+  for (const auto& [index, t] : held_metrics_) {
+    if (index < 0) {
+      result->has_loss = true;
+      result->loss += ScalarValue(t);
+    } else {
+      result->fetches[fetch_slots_[index].first] += ScalarValue(t);
+    }
   }
+  held_metrics_.clear();
 }
 
 absl::Status Executor::FinishStep(absl::Status status) {
@@ -440,7 +481,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tenso
         // The feeds are this rank's share: micro-batch first / stride of it.
         std::map<std::string, Tensor> slice;
         for (const Var* v : feeds_) {
-          slice[v->name()] = SliceRows(feeds.at(v->name()), first / stride * n, n, options_.device);
+          slice[v->name()] = SliceRows(feeds.at(v->name()), first / stride * n, n, FeedDevice(*v));
         }
         return slice;
       },
@@ -541,7 +582,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
         if (!status.ok()) break;
       }
       status = RunSection(section, mb, run);
-      if (status.ok()) Accumulate(mb, &result);
+      if (status.ok()) HoldMetrics(mb);
     } else if (action.kind() != Action::OPTIMIZE || update) {
       status = RunSection(section, mb, run);
     }
@@ -555,9 +596,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   }
   status = FinishStep(status);
   if (!status.ok()) {
+    held_metrics_.clear();
     loss_scale_state_.reset();  // the step may have updated them before it failed
     return status;
   }
+  SumMetrics(&result);
   result.loss /= micro_batches;
   for (auto& [name, value] : result.fetches) value /= micro_batches;
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
@@ -588,10 +631,14 @@ absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor
   if (status.ok()) {
     RunContext run = MakeRunContext(sample_offset, false, 1, rows);
     status = RunSection(forward_, 0, run);
-    if (status.ok()) Accumulate(0, &result);
+    if (status.ok()) HoldMetrics(0);
   }
   status = FinishStep(status);
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    held_metrics_.clear();
+    return status;
+  }
+  SumMetrics(&result);
   return result;
 }
 

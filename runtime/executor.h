@@ -140,7 +140,13 @@ class Executor {
   // a peak of Q bytes for rank R": appended to an op's out-of-memory error.
   std::string OutOfMemoryDetail() const;
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
-  void Accumulate(int micro_batch, StepResult* result);
+  // Holds micro-batch `micro_batch`'s loss and fetch tensors (host copies
+  // on a GPU plan, whose bytes arrive with the step's end synchronisation)
+  // until SumMetrics adds them into the result, after that synchronisation.
+  void HoldMetrics(int micro_batch);
+  void SumMetrics(StepResult* result);
+  // Where a feed's tensor goes: the host for a host_memory feed, else the device.
+  Device* FeedDevice(const Var& feed) const;
   absl::Status FinishStep(absl::Status status);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
   // Persistent scalars' values, read to the host (one device sync for all
@@ -167,6 +173,8 @@ class Executor {
   int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1
   std::optional<std::pair<double, double>> loss_scale_state_;  // (scale, skipped updates); see LossScaleState
   std::vector<std::pair<std::string, int>> fetch_slots_;
+  // This step's metric tensors: (-1 for the loss, else an index into fetch_slots_, tensor).
+  std::vector<std::pair<int, Tensor>> held_metrics_;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
   int dp_degree_ = 1;

@@ -696,8 +696,9 @@ void TrainSession::StartPrefetcher() {
   });
 }
 
-// Rows [first, first + rows) of the step's global batch, on this rank's
-// device; the prefetcher starts loading this rank's micro-batch after them
+// Rows [first, first + rows) of the step's global batch, in this rank's
+// memory (a GPU plan's feeds in host memory: its copy_to_device ops copy
+// them in); the prefetcher starts loading this rank's micro-batch after them
 // (of the next step after the last).
 absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int64_t step, int64_t first,
                                                                             int64_t rows) {
@@ -711,10 +712,14 @@ absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int6
   }
   auto feeds = prefetcher_->Get({step, first, rows}, next);
   if (!feeds.ok()) return feeds.status();
-  for (auto& [name, t] : *feeds) {
-    absl::StatusOr<Tensor> copy = t.CopyTo(options_.device);
-    if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", name));
-    t = *std::move(copy);
+  // Into the rank's own memory, where its plan counts them; a GPU plan's
+  // host feeds stay where the loader put them, for its copy_to_device ops.
+  for (const Var* v : executor_->feeds()) {
+    auto it = feeds->find(v->name());
+    if (v->host_memory() || it == feeds->end()) continue;
+    absl::StatusOr<Tensor> copy = it->second.CopyTo(options_.device);
+    if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", v->name()));
+    it->second = *std::move(copy);
   }
   return feeds;
 }

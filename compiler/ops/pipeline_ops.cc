@@ -144,6 +144,22 @@ STRATA_REGISTER_OP(OpDef("bucket_wait").Input("bucket").VariadicOutput("grads")
     .Doc("Waits for bucket_allreduce `bucket` and copies the summed gradients out of it; attr `shapes` "
          "gives each output's rank, then its dims."));
 
+// Host <-> device copies, placed by the host-transfers pass on plans for an
+// accelerator, so that no tensor crosses between host and device memory
+// except through an op the program shows.
+STRATA_REGISTER_OP(OpDef("copy_to_device").Input("x").Output("y")
+    .Shape(SameAsInput(0))
+    .NotDifferentiable()
+    .Doc("y = x, copied from host memory (x is a host_memory var: a feed as the data loader hands it "
+         "over) into the device's, ordered on the compute stream."));
+
+STRATA_REGISTER_OP(OpDef("copy_to_host").Input("x").Output("y")
+    .Shape(SameAsInput(0))
+    .NotDifferentiable()
+    .Doc("y = x, copied from the device into host memory (y is a host_memory var, page-locked on a "
+         "GPU) without waiting: the bytes are there once the step's work has finished, when the "
+         "executor reads the loss and fetches from them."));
+
 STRATA_REGISTER_OP(OpDef("accumulate").Input("acc").Input("x").Output("acc").Stateful()
     .Shape(AccumulateShape)
     .Doc("acc += x, in place (gradients summed over micro-batches)."));

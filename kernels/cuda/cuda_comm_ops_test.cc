@@ -1,5 +1,5 @@
-// send, recv, allreduce, bucket_allreduce and bucket_wait registered for
-// DEVICE_CUDA: two ranks as threads, each with its own CudaDevice on GPU 0
+// copy_to_device and copy_to_host registered for DEVICE_CUDA, on one
+// CudaDevice; send, recv, allreduce, bucket_allreduce and bucket_wait: two ranks as threads, each with its own CudaDevice on GPU 0
 // (two ranks sharing a GPU), over Gloo staged through pinned host memory
 // (StagedCommunicator), run through the kernel registry as the executor
 // runs them. Moved bytes must arrive bit for bit; the sums of two ranks'
@@ -34,6 +34,8 @@ STRATA_CUDA_OPS_TESTED(cuda_comm_ops_test, {
                                                {"allreduce", {F32, F64}},
                                                {"bucket_allreduce", {F32, F64}},
                                                {"bucket_wait", {F32, F64}},
+                                               {"copy_to_device", {F32, F64, I64, I32, BOOL, BF16, F16}},
+                                               {"copy_to_host", {F32, F64, I64, I32, BOOL, BF16, F16}},
                                            });
 
 std::unique_ptr<OpKernel> MakeKernel(const Op& op, DataType dtype, std::vector<TensorType> ins,
@@ -73,6 +75,53 @@ bool Connect(Ranks* ranks) {
   ranks->comms = testing::ConnectRanks(2);
   for (auto& comm : ranks->comms) comm = std::make_unique<StagedCommunicator>(std::move(comm));
   return true;
+}
+
+// A host tensor up to the device and back through the host-transfers ops:
+// the copy back is not waited for, so its bytes are compared only after the
+// device has synchronised.
+TEST(CudaCommOpsTest, CopiesToTheDeviceAndBackMoveEveryDtypeBitForBit) {
+  std::unique_ptr<CudaDevice> device = testing::CudaDeviceOrFail();
+  ASSERT_NE(device, nullptr);
+  for (DataType dtype : {F32, F64, I64, I32, BOOL, BF16, F16}) {
+    SCOPED_TRACE(DataTypeName(dtype));
+    Op to_device, to_host;
+    to_device.set_type("copy_to_device");
+    to_host.set_type("copy_to_host");
+    const Shape shape{3, 5};
+    const TensorType type{dtype, {-1, 5}};
+    const Tensor host = dtype == BOOL ? Tensor::Zeros(BOOL, shape) : RandomTensor(dtype, shape, 11);
+    RunContext run;
+    run.device = device.get();
+    run.micro_batch_size = 3;
+    auto up = MakeKernel(to_device, dtype, {type}, {type});
+    auto down = MakeKernel(to_host, dtype, {type}, {type});
+    ASSERT_NE(up, nullptr);
+    ASSERT_NE(down, nullptr);
+    std::vector<Tensor> on_device(1), back(1);
+    const Tensor* host_in[] = {&host};
+    KernelContext up_ctx(&run, host_in, absl::MakeSpan(on_device));
+    absl::Status s = up->Compute(up_ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(on_device[0].device(), device.get());
+    const Tensor* device_in[] = {&on_device[0]};
+    KernelContext down_ctx(&run, device_in, absl::MakeSpan(back));
+    s = down->Compute(down_ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(back[0].on_host());
+    ASSERT_TRUE(device->Synchronize().ok());
+    EXPECT_TRUE(BitEqual(back[0], host));
+    // A feed its caller already put on the device is copied there.
+    std::vector<Tensor> again(1);
+    KernelContext again_ctx(&run, device_in, absl::MakeSpan(again));
+    s = up->Compute(again_ctx);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(again[0].device(), device.get());
+    EXPECT_NE(again[0].raw_data(), on_device[0].raw_data());
+    absl::StatusOr<Tensor> again_back = again[0].CopyTo(GetCpuDevice());
+    ASSERT_TRUE(again_back.ok()) << again_back.status();
+    EXPECT_TRUE(BitEqual(*again_back, host));
+  }
 }
 
 TEST(CudaCommOpsTest, SendAndRecvMoveEveryDtypeBitForBitBetweenRanksSharingAGpu) {

@@ -175,6 +175,11 @@ absl::Status CudaDevice::CopyToHost(void* host_dst, const void* src, size_t byte
   return CudaStatus(cudaStreamSynchronize(compute_), "copy to host (wait)");
 }
 
+absl::Status CudaDevice::EnqueueCopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, compute_), "copy to host");
+}
+
 absl::Status CudaDevice::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_), "device copy");

@@ -51,6 +51,7 @@ class CudaDevice final : public Device {
 
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status EnqueueCopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int byte, size_t bytes) override;
 
