@@ -112,6 +112,17 @@ inline absl::StatusOr<MatmulGradShape> InferMatmulSharedBGradBShape(const Shape&
   return s;
 }
 
+// matmul_bias_grad_b: matmul_shared_b_grad_b's a and dy without
+// transpose_a (a of rank >= 2, one GEMM over its folded rows); dbias is [n].
+inline absl::StatusOr<MatmulGradShape> InferMatmulBiasGradBShape(const Shape& a, const Shape& dy, bool transpose_b) {
+  absl::StatusOr<MatmulGradShape> s = InferMatmulSharedBGradBShape(a, dy, false, transpose_b);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias_grad_b: a ", ShapeString(a), " does not match dy ",
+                                                   ShapeString(dy)));
+  }
+  return s;
+}
+
 // matmul_accumulate: 2-D a, b and acc with acc [M, N] = op(a) @ op(b).
 inline absl::StatusOr<MatmulGradShape> InferMatmulAccumulateShape(const Shape& a, const Shape& b, const Shape& acc,
                                                                    bool transpose_a, bool transpose_b) {

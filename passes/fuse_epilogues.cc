@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "passes/pass_helpers.h"
+#include "proto/status_macros.h"
 
 namespace strata {
 namespace {
@@ -30,9 +31,134 @@ bool SamePlace(const Graph& graph, int a, int b) {
   return graph.stage(a) == graph.stage(b) && graph.role(a) == graph.role(b);
 }
 
-}  // namespace
+// A weight-gradient GEMM over (x, dy): the forward's a and what it reads as
+// the product's gradient.
+struct WeightGrad {
+  int op = -1;
+  int x = -1;
+  bool transpose_b = false;  // dW laid out [N, K]
+};
 
-absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext&) {
+// Whether op `g` is a weight-gradient GEMM reading `d` as its dy, and over
+// which x: matmul_shared_b_grad_b(x, d) without transpose_a (the GEMM over
+// x's folded rows), or a 2-D matmul with transpose_a only, x^T @ d (dW
+// [K, N]) or d^T @ x (dW [N, K]).
+WeightGrad AsWeightGrad(const Graph& graph, int g, int d) {
+  WeightGrad w;
+  if (graph.erased(g) || graph.inputs(g).size() != 2 || graph.outputs(g).size() != 1) return w;
+  const int p = graph.inputs(g)[0], q = graph.inputs(g)[1];
+  if (p == q) return w;
+  const std::string& type = graph.schema(g).type;
+  if (type == "matmul_shared_b_grad_b") {
+    if (q != d || BoolAttr(graph, g, "transpose_a")) return w;
+    w.op = g;
+    w.x = p;
+    w.transpose_b = BoolAttr(graph, g, "transpose_b");
+  } else if (type == "matmul") {
+    if (!BoolAttr(graph, g, "transpose_a") || BoolAttr(graph, g, "transpose_b") || graph.shape(p).size() != 2 ||
+        graph.shape(q).size() != 2) {
+      return w;
+    }
+    w.op = g;
+    w.x = q == d ? p : q;
+    w.transpose_b = p == d;
+  }
+  return w;
+}
+
+// The bias gradient fused into the weight gradient's GEMM: for each
+// sum_to_like(dy, bias) summing to a 1-D [N], a weight-gradient GEMM in the
+// same stage and role over dy (or, under mixed precision, over dy's cast to
+// BF16/F16, with its product cast back to F32 and read by that cast alone)
+// becomes one matmul_bias_grad_b writing the GEMM's output (or the cast's)
+// and the sum's. It takes the GEMM's place, so it is fused only when every
+// reader of the sum comes after the GEMM. When the plan sums gradients over
+// micro-batches or merged steps (`accumulating`), a 2-D F32/F64 matmul's
+// weight gradient is left to the micro-batch pass, which makes it a
+// matmul_accumulate (the GEMM adds into the buffer): one fusion or the other.
+absl::StatusOr<bool> FuseBiasGradients(Graph& graph, bool accumulating) {
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  std::vector<bool> keep(graph.num_vars(), true);
+  bool changed = false;
+  const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias_grad_b");
+  for (int s : std::vector<int>(graph.ops())) {
+    if (graph.erased(s) || graph.schema(s).type != "sum_to_like" || graph.outputs(s).size() != 1) continue;
+    const int dy = graph.inputs(s)[0], like = graph.inputs(s)[1], dbias = graph.outputs(s)[0];
+    const auto& ds = graph.shape(dy);
+    const DataType dt = graph.dtype(dy);
+    if ((dt != F32 && dt != F64) || ds.size() < 2 || graph.shape(like).size() != 1 || graph.shape(like)[0] != ds.back() ||
+        ds.back() < 0 || graph.type(dbias) != graph.type(like)) {
+      continue;
+    }
+    // The GEMM's dy: dy itself, or its cast to a 16-bit float (F32 dy).
+    std::vector<int> operands = {dy};
+    if (dt == F32) {
+      for (int c : readers[dy]) {
+        if (!graph.erased(c) && graph.schema(c).type == "cast" && graph.outputs(c).size() == 1 &&
+            IsHalfFloating(graph.dtype(graph.outputs(c)[0])) && SamePlace(graph, c, s)) {
+          operands.push_back(graph.outputs(c)[0]);
+        }
+      }
+    }
+    for (int d : operands) {
+      WeightGrad w;
+      for (int g : readers[d]) {
+        if (!SamePlace(graph, g, s)) continue;
+        w = AsWeightGrad(graph, g, d);
+        if (w.op >= 0) break;
+      }
+      if (w.op < 0 || (accumulating && d == dy && graph.schema(w.op).type == "matmul")) continue;
+      const int product = graph.outputs(w.op)[0];
+      int dw = product;
+      int widen = -1;  // the cast of a 16-bit product to F32, absorbed
+      if (d != dy) {
+        widen = SoleReader(graph, readers, product);
+        if (widen < 0 || graph.schema(widen).type != "cast" || !SamePlace(graph, widen, w.op) ||
+            graph.dtype(graph.outputs(widen)[0]) != F32) {
+          continue;
+        }
+        dw = graph.outputs(widen)[0];
+      }
+      bool later = true;
+      for (int r : readers[dbias]) later = later && graph.position(r) > graph.position(w.op);
+      if (!later) continue;
+      Op fused = OpPlacedLike(graph, w.op, "matmul_bias_grad_b", graph.role(w.op));
+      fused.add_input(std::string(graph.var_name(w.x)));
+      fused.add_input(std::string(graph.var_name(d)));
+      fused.add_output(std::string(graph.var_name(dw)));
+      fused.add_output(std::string(graph.var_name(dbias)));
+      AttrValue tb, tf32;
+      tb.set_b(w.transpose_b);
+      tf32.set_b(BoolAttr(graph, w.op, "allow_tf32"));
+      (*fused.mutable_attr())["transpose_b"] = tb;
+      (*fused.mutable_attr())["allow_tf32"] = tf32;
+      if (auto st = CanonicalizeOp(schema, &fused); !st.ok()) {
+        return absl::InternalError(absl::StrCat("fuse-epilogues: matmul_bias_grad_b: ", st.message()));
+      }
+      // The fused op must write what the two wrote: same shapes and dtypes.
+      auto types = InferOutputTypes(schema, fused, {graph.type(w.x), graph.type(d)});
+      if (!types.ok() || (*types)[0] != graph.type(dw) || (*types)[1] != graph.type(dbias)) continue;
+      if (auto st = graph.ReplaceOp(w.op, fused); !st.ok()) {
+        return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(w.op), ": ", st.message()));
+      }
+      graph.EraseOp(s);
+      if (widen >= 0) {
+        graph.EraseOp(widen);
+        keep[product] = false;
+      }
+      changed = true;
+      break;
+    }
+  }
+  if (changed) {
+    if (auto st = graph.RetainVars(keep); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: ", st.message()));
+    }
+  }
+  return changed;
+}
+
+absl::StatusOr<bool> FuseBiasAdds(Graph& graph) {
   const std::vector<std::vector<int>> readers = graph.Readers();
   std::vector<bool> keep(graph.num_vars(), true);
   bool changed = false;
@@ -89,6 +215,17 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext&)
     if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fuse-epilogues: ", s.message()));
   }
   return changed;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& ctx) {
+  const Strategy& strategy = ctx.strategy;
+  const bool accumulating = (strategy.has_pipeline() && strategy.pipeline().accumulate_steps() > 1) ||
+                            strategy.gradient_merge().k_steps() > 1;
+  STRATA_ASSIGN_OR_RETURN(const bool adds, FuseBiasAdds(graph));
+  STRATA_ASSIGN_OR_RETURN(const bool grads, FuseBiasGradients(graph, accumulating));
+  return adds || grads;
 }
 
 }  // namespace strata

@@ -24,6 +24,22 @@ namespace strata {
 // fusion changes no other op. On the CPU the fused kernel adds the bias after
 // the GEMM, the bits of matmul then add (the fusion test's parity holds bit
 // for bit there).
+//
+// The bias gradient goes into the weight gradient's GEMM the same way (after
+// the forward fusion): sum_to_like(dy, bias) to a 1-D [N] and the weight
+// gradient's GEMM over the same dy (matmul_shared_b_grad_b(x, dy) without
+// transpose_a, or a 2-D matmul with transpose_a alone, x^T @ dy or
+// dy^T @ x), in one stage and role, become one matmul_bias_grad_b writing
+// both outputs (cuBLASLt's BGRAD epilogue sums the dy operand it reads).
+// Under mixed precision the GEMM reads dy's cast to BF16/F16 and its
+// product is cast back to F32: the fused op takes the 16-bit x and dy to
+// F32 dW and dbias, so dW is no longer rounded to 16 bits, and dbias sums
+// the 16-bit dy (in float) where the unfused sum read the F32 dy. Fused only
+// where every reader of the bias gradient comes after the GEMM (the fused op
+// takes the GEMM's place), and not for a 2-D F32/F64 matmul's weight
+// gradient when the plan sums gradients over micro-batches or merged steps
+// (the micro-batch pass makes that GEMM a matmul_accumulate). On the CPU the fused kernel runs the unfused
+// ops' GEMM and sum: in float32 the bits of the unfused program.
 class FuseEpiloguesPass : public Pass {
  public:
   std::string name() const override { return "fuse-epilogues"; }

@@ -284,5 +284,41 @@ STRATA_REGISTER_OP(OpDef("matmul_bias")
                             "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b). What the epilogue "
                             "fusion makes of matmul then add on a GPU."));
 
+// The weight and bias gradients of y = a @ op(b) + bias, from the forward's
+// a [..., M, K] and dy [..., M, N] (a's batch dims): db = the sum over a's
+// folded rows of a^T @ dy, laid out as b ([K, N], or [N, K] with
+// transpose_b), and dbias [N] = dy summed over every dim but the last. What
+// the epilogue fusion (passes/fuse_epilogues) makes of the weight-gradient
+// GEMM and the bias's sum_to_like over the same dy (cuBLASLt's BGRAD
+// epilogue). With BF16/F16 a and dy both outputs are F32: the GEMM's sums
+// never rounded to the low precision, the bias's sum over dy as given.
+absl::Status MatmulBiasGradBShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(MatmulSharedBGradBShape(ctx));  // transpose_a: none, so false
+  const DataType a = ctx.input(0).dtype;
+  const DataType out = IsHalfFloating(a) ? F32 : a;
+  const int64_t n = ctx.input(1).shape.back();
+  ctx.set_output(0, TensorType{out, ctx.outputs()[0].shape});
+  ctx.set_output(1, TensorType{out, Dims{n}});
+  return absl::OkStatus();
+}
+
+// The GEMM's, plus the sum over dy.
+double MatmulBiasGradBCost(const CostContext& ctx) { return MatmulCost(ctx) + ElementCount(ctx.input(1)); }
+
+STRATA_REGISTER_OP(OpDef("matmul_bias_grad_b")
+                       .Input("a")
+                       .Input("dy")
+                       .Output("db")
+                       .Output("dbias")
+                       .Attr("transpose_b", false)
+                       .Attr("allow_tf32", false)
+                       .Shape(MatmulBiasGradBShape)
+                       .Cost(MatmulBiasGradBCost)
+                       .NotDifferentiable()
+                       .Doc("Backward of y = a @ op(b) + bias for a [..., M, K] and a 2-D b: db = a^T @ dy summed "
+                            "over a's batch, laid out as b, and dbias [N] = dy summed over every dim but the last. "
+                            "F32 outputs for BF16/F16 a and dy. What the epilogue fusion makes of the weight "
+                            "gradient's GEMM and the bias gradient's sum_to_like on a GPU."));
+
 }  // namespace
 }  // namespace strata

@@ -11,10 +11,12 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/cpu/widened.h"
 #include "kernels/matmul_shape.h"
+#include "proto/shape_rules.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -247,6 +249,53 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   return elements * static_cast<int64_t>(sizeof(float));
 }
 
+// db, dbias for y = a @ op(b) + bias (passes/fuse_epilogues): db as
+// matmul_shared_b_grad_b computes it without transpose_a (the same GEMM
+// call), dbias as sum_to_like sums dy to [N] (the same ReduceSum), so both
+// have the unfused ops' bits. BF16/F16 run widened (WidenedKernel): both
+// outputs are planned F32 and copied through unrounded.
+template <typename T>
+class MatmulBiasGradBKernel : public OpKernel {
+ public:
+  explicit MatmulBiasGradBKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    auto tb = AttrBool(op, "transpose_b");
+    if (!tb.ok()) return tb.status();
+    tb_ = *tb;
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulBiasGradBShape(a.shape(), dy.shape(), tb_));
+    const int64_t M = s.m, K = s.k, N = s.n, batch = s.batch;
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), s.out));
+    const T* pa = a.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdb = db->data<T>();
+    if (!tb_) {
+      GemmOrScale<T>(true, false, K, N, batch * M, T(1), pa, K, pdy, N, T(0), pdb, N);
+    } else {
+      GemmOrScale<T>(true, false, N, K, batch * M, T(1), pdy, N, pa, K, T(0), pdb, K);
+    }
+    const Shape like = {N};
+    bool any = false;
+    STRATA_ASSIGN_OR_RETURN(const std::vector<bool> reduced, SumToLikeDims(dy.shape(), like, &any));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dbias, ctx.AllocateOutput(1, dy.dtype(), like));
+    if (!any) {
+      // One row: sum_to_like passes dy through (a reshape), so copy it as it is.
+      std::memcpy(dbias->data<T>(), pdy, dbias->bytes());
+    } else {
+      ReduceSum(pdy, dy.shape(), reduced, dbias->data<T>(), AccumulatorOf<T>(1));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  bool tb_ = false;
+};
+
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, InitFactory<MatmulKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F64, InitFactory<MatmulKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradAKernel<float>>());
@@ -274,6 +323,13 @@ STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F64, (InitFactory<MatmulBiasKe
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, BF16, (InitFactory<MatmulBiasKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F16, (InitFactory<MatmulBiasKernel<float16, float>>()));
 STRATA_REGISTER_WORKSPACE("matmul_bias", DEVICE_CPU, MatmulBiasWorkspace);
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F32, InitFactory<MatmulBiasGradBKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F64, InitFactory<MatmulBiasGradBKernel<double>>());
+template <typename Half>
+using WidenedMatmulBiasGradB = WidenedKernel<Half, MatmulBiasGradBKernel<float>>;
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, BF16, InitFactory<WidenedMatmulBiasGradB<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F16, InitFactory<WidenedMatmulBiasGradB<float16>>());
+STRATA_REGISTER_WORKSPACE("matmul_bias_grad_b", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F32, InitFactory<MatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CPU, F64, InitFactory<MatmulAccumulateKernel<double>>());
 

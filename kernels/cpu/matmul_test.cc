@@ -342,5 +342,87 @@ TEST(MatmulBiasTest, EqualsMatmulThenAdd) {
   EXPECT_THAT(refused.message(), HasSubstr("bias"));
 }
 
+// matmul_bias_grad_b (the GPU plans' weight-gradient GEMM fused with the
+// bias's sum): in F32 and F64 db has the bits of matmul_shared_b_grad_b (and
+// of the 2-D transposed matmul autodiff writes for a 2-D a) and dbias those of
+// sum_to_like over the same dy. With BF16 a and dy both are F32: db rounded
+// to bf16 is the BF16 weight gradient, dbias the sum of the bf16 dy widened.
+std::map<std::string, Tensor> RunBiasGradB(const Tensor& a, const Tensor& dy, bool tb) {
+  std::map<std::string, Tensor> env{{"a", a}, {"dy", dy}};
+  const absl::Status s = RunOp(
+      ParseOp(absl::StrCat(R"(type: "matmul_bias_grad_b" input: ["a", "dy"] output: ["db", "dbias"] )",
+                           "attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }")),
+      &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env;
+}
+
+Tensor SumToLike(const Tensor& x, const Tensor& like) {
+  std::map<std::string, Tensor> env{{"x", x}, {"like", like}};
+  const absl::Status s = RunOp(ParseOp(R"(type: "sum_to_like" input: ["x", "like"] output: ["y"])"), &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env["y"];
+}
+
+Tensor Cast(const Tensor& x, const std::string& dtype) {
+  std::map<std::string, Tensor> env{{"x", x}};
+  const absl::Status s = RunOp(
+      ParseOp(absl::StrCat(R"(type: "cast" input: ["x"] output: ["y"] attr { key: "dtype" value { s: ")", dtype,
+                           R"(" } })")),
+      &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env["y"];
+}
+
+TEST(MatmulBiasGradBTest, EqualsTheUnfusedGemmAndSum) {
+  struct Case {
+    Shape a, dy;
+  };
+  // A batched a, a 2-D one, one row (sum_to_like passes dy through), and
+  // enough rows that the sum runs in K chunks.
+  const std::vector<Case> cases = {{{2, 5, 7}, {2, 5, 3}}, {{6, 7}, {6, 3}}, {{1, 1, 4}, {1, 1, 5}},
+                                   {{4, 300, 6}, {4, 300, 2}}};
+  for (DataType dtype : {F32, F64}) {
+    for (bool tb : {false, true}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " transpose_b=", tb, " a ", ShapeString(c.a)));
+        const Tensor a = Make(dtype, c.a, 1), dy = Make(dtype, c.dy, 2);
+        const int64_t n = c.dy.back();
+        std::map<std::string, Tensor> fused = RunBiasGradB(a, dy, tb);
+        auto db = RunBinary("matmul_shared_b_grad_b", a, dy, false, tb);
+        ASSERT_TRUE(db.ok()) << db.status();
+        EXPECT_EQ(fused["db"].shape(), db->shape());
+        EXPECT_EQ(TensorValues(fused["db"]), TensorValues(*db));
+        if (c.a.size() == 2) {
+          // What autodiff writes for a 2-D a: x^T @ dy, or dy^T @ x.
+          auto mm = tb ? RunBinary("matmul", dy, a, true, false) : RunBinary("matmul", a, dy, true, false);
+          ASSERT_TRUE(mm.ok()) << mm.status();
+          EXPECT_EQ(TensorValues(fused["db"]), TensorValues(*mm));
+        }
+        const Tensor dbias = SumToLike(dy, Make(dtype, {n}, 3));
+        EXPECT_EQ(fused["dbias"].shape(), (Shape{n}));
+        EXPECT_EQ(fused["dbias"].dtype(), dtype);
+        EXPECT_EQ(TensorValues(fused["dbias"]), TensorValues(dbias));
+      }
+    }
+  }
+  for (bool tb : {false, true}) {
+    SCOPED_TRACE(absl::StrCat("BF16 transpose_b=", tb));
+    const Tensor a = Make(BF16, {2, 9, 7}, 4), dy = Make(BF16, {2, 9, 3}, 5);
+    std::map<std::string, Tensor> fused = RunBiasGradB(a, dy, tb);
+    ASSERT_EQ(fused["db"].dtype(), F32);
+    ASSERT_EQ(fused["dbias"].dtype(), F32);
+    auto db16 = RunBinary("matmul_shared_b_grad_b", a, dy, false, tb);
+    ASSERT_TRUE(db16.ok()) << db16.status();
+    EXPECT_EQ(TensorValues(Cast(fused["db"], "BF16")), TensorValues(*db16));
+    EXPECT_EQ(TensorValues(fused["dbias"]), TensorValues(SumToLike(Cast(dy, "F32"), Make(F32, {3}, 6))));
+  }
+  // The schema: dy's rows must be a's.
+  std::map<std::string, Tensor> bad{{"a", Make(F32, {2, 5, 7}, 1)}, {"dy", Make(F32, {2, 4, 3}, 2)}};
+  auto refused = RunOp(ParseOp(R"(type: "matmul_bias_grad_b" input: ["a", "dy"] output: ["db", "dbias"])"), &bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("M=5"));
+}
+
 }  // namespace
 }  // namespace strata
