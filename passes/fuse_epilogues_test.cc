@@ -171,5 +171,143 @@ TEST(FuseEpiloguesTest, LeavesWhatItCannotFuse) {
   EXPECT_EQ(Count(plain->plans[0].program(), "matmul_bias"), 0);
 }
 
+std::vector<std::string> Inputs(const Op& op) { return {op.input().begin(), op.input().end()}; }
+std::vector<std::string> Outputs(const Op& op) { return {op.output().begin(), op.output().end()}; }
+
+// The weight gradient's GEMM and the bias's sum over the same dy become one
+// matmul_bias_grad_b writing both: for a 2-D x (autodiff's x^T @ dy matmul),
+// both layers; no sum_to_like is left.
+TEST(FuseEpiloguesTest, FusesTheBiasGradientIntoTheWeightGradient) {
+  const Program before = DumpAfter(Mlp(), Strategy(), "autodiff");
+  const Program after = DumpAfter(Mlp(), Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(before, "sum_to_like"), 2);
+  EXPECT_EQ(Count(after, "sum_to_like"), 0);
+  const Op* w1 = Writer(after, "w1@grad");
+  ASSERT_NE(w1, nullptr);
+  EXPECT_EQ(w1->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Inputs(*w1)[0], "x");
+  EXPECT_EQ(Outputs(*w1), (std::vector<std::string>{"w1@grad", "b1@grad"}));
+  EXPECT_FALSE(w1->attr().at("transpose_b").b());
+  EXPECT_FALSE(w1->attr().at("allow_tf32").b());
+  EXPECT_EQ(w1->role(), BACKWARD);
+  // dy is what the sum read and the GEMM read.
+  const Op* sum = nullptr;
+  for (const Op& op : before.op()) {
+    if (op.type() == "sum_to_like" && op.output(0) == "b1@grad") sum = &op;
+  }
+  ASSERT_NE(sum, nullptr);
+  EXPECT_EQ(Inputs(*w1)[1], sum->input(0));
+  const Op* w2 = Writer(after, "w2@grad");
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(w2->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Outputs(*w2), (std::vector<std::string>{"w2@grad", "b2@grad"}));
+}
+
+// A batched x (matmul_shared_b_grad_b) and a transposed weight [N, K] (the
+// GEMM dy^T @ x: transpose_b on the fused op).
+TEST(FuseEpiloguesTest, FusesBatchedAndTransposedWeightGradients) {
+  const std::string batched = R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 5, 4] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 6] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b" dtype: F32 shape: [6] kind: PARAM }
+    var { name: "v" dtype: F32 shape: [3, 6] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "c" dtype: F32 shape: [3] kind: PARAM }
+    op { type: "matmul" input: ["x", "w"] output: ["xw"] }
+    op { type: "add" input: ["xw", "b"] output: ["y"] }
+    op { type: "relu" input: ["y"] output: ["h"] }
+    op { type: "matmul" input: ["h", "v"] output: ["hv"] attr { key: "transpose_b" value { b: true } } }
+    op { type: "add" input: ["hv", "c"] output: ["z"] }
+    op { type: "reduce_mean" input: ["z"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  const Program after = DumpAfter(batched, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_shared_b_grad_b"), 0);
+  EXPECT_EQ(Count(after, "sum_to_like"), 0);
+  const Op* w = Writer(after, "w@grad");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Outputs(*w), (std::vector<std::string>{"w@grad", "b@grad"}));
+  EXPECT_FALSE(w->attr().at("transpose_b").b());
+  const Op* v = Writer(after, "v@grad");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Inputs(*v)[0], "h");
+  EXPECT_EQ(Outputs(*v), (std::vector<std::string>{"v@grad", "c@grad"}));
+  EXPECT_TRUE(v->attr().at("transpose_b").b());
+}
+
+// Under BF16 mixed precision the GEMM reads dy's BF16 cast and its product is
+// cast to F32: the fused op takes the BF16 x and dy to the F32 gradients, the
+// product and its cast gone (dy's cast stays: the input gradient's GEMM
+// reads it too).
+TEST(FuseEpiloguesTest, FusesTheBiasGradientThroughTheMixedPrecisionCasts) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const Program after = DumpAfter(Mlp(), bf16, "fuse-epilogues");
+  const Op* w2 = Writer(after, "w2@grad");
+  ASSERT_NE(w2, nullptr);
+  EXPECT_EQ(w2->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Inputs(*w2)[0], "h@bf16");
+  EXPECT_EQ(Outputs(*w2), (std::vector<std::string>{"w2@grad", "b2@grad"}));
+  const Op* dy = Writer(after, Inputs(*w2)[1]);
+  ASSERT_NE(dy, nullptr);
+  EXPECT_EQ(dy->type(), "cast");
+  EXPECT_FALSE(Declared(after, "w2@bf16@grad"));
+  EXPECT_EQ(Count(after, "sum_to_like"), 0);
+}
+
+// What must stay: a bias that is not 1-D, CPU plans, a reader of the sum
+// before the GEMM (the fused op would take the GEMM's place), and a 2-D
+// matmul's weight gradient when the plan sums gradients over micro-batches
+// (matmul_accumulate's).
+TEST(FuseEpiloguesTest, LeavesTheBiasGradientsItCannotFuse) {
+  std::string wide = Mlp();
+  wide.replace(wide.find(R"(name: "b1" dtype: F32 shape: [6])"), std::string(R"(name: "b1" dtype: F32 shape: [6])").size(),
+               R"(name: "b1" dtype: F32 shape: [1, 6])");
+  const Program q = DumpAfter(wide, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Writer(q, "b1@grad")->type(), "sum_to_like");
+  EXPECT_NE(Writer(q, "w1@grad")->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Writer(q, "w2@grad")->type(), "matmul_bias_grad_b");
+
+  CompileOptions cpu;
+  cpu.batch_size = 8;
+  auto plain = Compile(ParseProgramOrFail(Mlp()), Strategy(), cpu);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(Count(plain->plans[0].program(), "matmul_bias_grad_b"), 0);
+
+  // A forward sum and GEMM over the same feed h: fused when the sum's reader
+  // comes after the GEMM, not when it comes before.
+  const auto ordered = [](bool reader_first) {
+    const std::string reader = R"pb(op { type: "reduce_mean" input: ["s"] output: ["rs"] })pb";
+    return absl::StrCat(R"pb(
+      var { name: "x" dtype: F32 shape: [8, 4] kind: FEED }
+      var { name: "h" dtype: F32 shape: [8, 6] kind: FEED }
+      var { name: "b" dtype: F32 shape: [6] kind: FEED }
+      var { name: "w" dtype: F32 shape: [4, 6] kind: PARAM init { normal { std: 0.5 } } }
+      op { type: "sum_to_like" input: ["h", "b"] output: ["s"] }
+    )pb",
+                        reader_first ? reader : "", R"pb(
+      op { type: "matmul" input: ["x", "h"] output: ["g"] attr { key: "transpose_a" value { b: true } } }
+    )pb",
+                        reader_first ? "" : reader, R"pb(
+      op { type: "add" input: ["g", "w"] output: ["z"] }
+      op { type: "reduce_mean" input: ["z"] output: ["loss"] }
+      loss: "loss"
+      fetch: "rs"
+      optimizer { sgd { learning_rate: 0.1 } }
+    )pb");
+  };
+  EXPECT_EQ(Writer(DumpAfter(ordered(false), Strategy(), "fuse-epilogues"), "s")->type(), "matmul_bias_grad_b");
+  EXPECT_EQ(Writer(DumpAfter(ordered(true), Strategy(), "fuse-epilogues"), "s")->type(), "sum_to_like");
+
+  Strategy pipelined;
+  pipelined.mutable_pipeline()->set_micro_batch_size(4);
+  pipelined.mutable_pipeline()->set_accumulate_steps(2);
+  const Program p = DumpAfter(Mlp(), pipelined, "fuse-epilogues");
+  EXPECT_EQ(Count(p, "matmul_bias_grad_b"), 0);
+  EXPECT_EQ(Count(p, "sum_to_like"), 2);
+}
+
 }  // namespace
 }  // namespace strata

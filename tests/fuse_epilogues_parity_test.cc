@@ -7,12 +7,17 @@
 // parity bar (1e-5 relative, float64). Under BF16 mixed precision the fused
 // op keeps the product in float where the unfused one rounds it to bf16, so
 // there the runs differ by bf16 roundings, bounded below.
+//
+// The same runs cover the bias gradient's fusion into the weight gradient's
+// GEMM (matmul_bias_grad_b, whose CPU kernel runs the unfused GEMM and sum):
+// each test first checks that the GPU plans it trains have the fused ops.
 
 #include <cmath>
 #include <iostream>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "passes/compile.h"
 #include "tests/parity_util.h"
 #include "tools/model_gen.h"
 
@@ -25,6 +30,21 @@ ParityOptions Tokens(int64_t steps, DeviceKind compile_for) {
   options.steps = steps;
   options.compile_for = compile_for;
   return options;
+}
+
+// How many ops of `type` the GPU plans of `program` hold, over every rank.
+int FusedOps(const Program& program, const Strategy& strategy, int64_t batch_size, const std::string& type) {
+  CompileOptions options;
+  options.batch_size = batch_size;
+  options.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(program, strategy, options);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  if (!compiled.ok()) return 0;
+  int count = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Op& op : plan.program().op()) count += op.type() == type ? 1 : 0;
+  }
+  return count;
 }
 
 void ExpectBitIdentical(const ParityRun& fused, const ParityRun& plain) {
@@ -42,6 +62,7 @@ TEST(FuseEpiloguesParityTest, ResMlpFusedEqualsUnfusedBitForBit) {
   gen.dtype = "F32";
   auto program = GenerateModel("resmlp", gen);
   ASSERT_TRUE(program.ok()) << program.status();
+  EXPECT_GT(FusedOps(*program, Strategy(), 64, "matmul_bias_grad_b"), 0);
   ParityOptions options;
   options.data = "synthetic:classes=10,size=2048";
   options.steps = 20;
@@ -56,6 +77,9 @@ TEST(FuseEpiloguesParityTest, ResMlpFusedEqualsUnfusedBitForBit) {
 TEST(FuseEpiloguesParityTest, GptFusedEqualsUnfusedBitForBit) {
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
+  // Every linear layer of every block: qkv, the attention's projection, fc and proj.
+  EXPECT_GE(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), 4);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), FusedOps(*program, Strategy(), 4, "matmul_bias"));
   auto plain = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(plain.ok()) << plain.status();
   auto fused = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CUDA));
@@ -73,6 +97,7 @@ TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
   strategy.mutable_pipeline()->set_micro_batch_size(2);
   strategy.mutable_pipeline()->set_accumulate_steps(3);
   strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  EXPECT_GT(FusedOps(*program, strategy, 6, "matmul_bias_grad_b"), 0);
   auto single = TrainSingleDevice(*program, 6, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(single.ok()) << single.status();
   auto fused = TrainParallel(*program, strategy, Tokens(10, DEVICE_CUDA));
@@ -95,6 +120,7 @@ TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
   ASSERT_TRUE(program.ok()) << program.status();
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
+  EXPECT_GT(FusedOps(*program, bf16, 4, "matmul_bias_grad_b"), 0);
   ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);
   plain_options.batch_size = fused_options.batch_size = 4;
   auto plain = TrainParallel(*program, bf16, plain_options);

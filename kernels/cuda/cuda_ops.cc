@@ -15,10 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cuda/binary.h"
+#include "kernels/cuda/fill.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/reduce.h"
 #include "kernels/cuda/relu.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/matmul_shape.h"
+#include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
@@ -272,6 +275,96 @@ class CudaMatmulBiasKernel : public OpKernel {
   bool tf32_ = false;
 };
 
+// db and dbias for y = a @ op(b) + bias (passes/fuse_epilogues): one
+// cuBLASLt GEMM over a's folded rows whose bias-gradient epilogue sums the dy
+// operand it reads (db [K, N] = a^T @ dy with dy as b, BGRADA; with
+// transpose_b db [N, K] = dy^T @ a with dy as a, BGRADB). F32 operands, or
+// BF16/F16 into F32 db and dbias (FP32 products and sums, the 16-bit dy's
+// elements summed in float). Where cuBLASLt has no such algorithm for the
+// shape, and for F64: matmul_shared_b_grad_b's GEMM, then sum_to_like's
+// reduction (F32/F64), or for 16-bit dy a second GEMM, dbias = ones @ dy
+// (which sums the 16-bit elements in float as the epilogue does).
+template <typename In>
+class CudaMatmulBiasGradBKernel : public OpKernel {
+ public:
+  using T = std::conditional_t<std::is_same_v<In, double>, double, float>;
+  explicit CudaMatmulBiasGradBKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulBiasGradBShape(a.shape(), dy.shape(), tb_));
+    const int64_t K = s.k, N = s.n, rows = s.batch * s.m;
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.out));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dbias, ctx.AllocateOutput(1, DataTypeOf<T>::value, Shape{N}));
+    using G = typename GemmType<In>::type;
+    const G* pa = reinterpret_cast<const G*>(a.data<In>());
+    const G* pdy = reinterpret_cast<const G*>(dy.data<In>());
+    T* pdb = db->data<T>();
+    T* pbias = dbias->data<T>();
+    cuda::LtGemm& gemm = device->gemm();
+    cudaStream_t stream = device->stream();
+    using Of = cuda::LtGemm::BiasGradOf;
+    if constexpr (!std::is_same_v<In, double>) {
+      absl::Status fused;
+      if constexpr (std::is_same_v<In, float>) {
+        fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream, tf32_)
+                    : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream, tf32_);
+      } else {
+        fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream)
+                    : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream);
+      }
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
+    // Unfused: the weight gradient's GEMM (k = 0 zeroes db), then dbias.
+    STRATA_RETURN_IF_ERROR(tb_ ? Gemm(gemm, pdb, pdy, pa, N, K, rows, true, false, stream, false, tf32_)
+                               : Gemm(gemm, pdb, pa, pdy, K, N, rows, true, false, stream, false, tf32_));
+    if constexpr (std::is_same_v<In, T>) {
+      bool any = false;
+      STRATA_ASSIGN_OR_RETURN(const std::vector<bool> reduced, SumToLikeDims(dy.shape(), Shape{N}, &any));
+      if (!any) {
+        return CudaStatus(cudaMemcpyAsync(pbias, pdy, dbias->bytes(), cudaMemcpyDeviceToDevice, stream),
+                          "matmul_bias_grad_b");
+      }
+      cuda::ReducePlan plan;
+      if (!cuda::MakeReducePlan(dy.rank(), dy.shape().data(), reduced, &plan)) {
+        return absl::InternalError("matmul_bias_grad_b: no reduction plan for dy");  // [..., N] to [N] always has one
+      }
+      return CudaStatus(cuda::LaunchReduceSum(pbias, pdy, plan, stream), "matmul_bias_grad_b");
+    } else {
+      // dbias [1, N] = ones [1, rows] @ dy [rows, N], FP32 products and sums.
+      if (rows == 0) return gemm.Matmul(pbias, pdy, pdy, 1, N, 0, false, false, stream);  // zeroes dbias
+      Tensor ones = Tensor::Empty(dy.dtype(), Shape{rows}, &ctx.device());
+      if (!ones.defined()) {
+        return absl::ResourceExhaustedError(absl::StrCat("matmul_bias_grad_b: out of memory allocating ", rows,
+                                                         " elements of scratch on ", ctx.device().name()));
+      }
+      const uint64_t one = std::is_same_v<In, bfloat16> ? 0x3F80 : 0x3C00;  // 1.0 in bf16 / fp16
+      STRATA_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchFill(ones.data<In>(), sizeof(In), one, rows, stream), "matmul_bias_grad_b"));
+      return gemm.Matmul(pbias, reinterpret_cast<const G*>(ones.data<In>()), pdy, 1, N, rows, false, false, stream);
+    }
+  }
+
+ private:
+  bool tb_ = false;
+  bool tf32_ = false;
+};
+
+// The 16-bit fallback's ones vector, one element per row of dy.
+absl::StatusOr<int64_t> MatmulBiasGradBWorkspace(const KernelDef& def, int) {
+  if (def.input_types.size() < 2 || !IsHalfFloating(def.input_types[1].dtype)) return int64_t{0};
+  const Shape& dy = def.input_types[1].shape;
+  const int64_t n = NumElements(dy);
+  return dy.empty() || dy.back() == 0 ? int64_t{0} : n / dy.back() * 2;
+}
+
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F64, MakeFactory<CudaReluKernel<double>>());
 STRATA_REGISTER_KERNEL("relu_grad", DEVICE_CUDA, F32, MakeFactory<CudaReluGradKernel<float>>());
@@ -294,6 +387,11 @@ STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F32, (InitFactory<CudaMatmulB
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F64, (InitFactory<CudaMatmulBiasKernel<double, double>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, BF16, (InitFactory<CudaMatmulBiasKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F16, (InitFactory<CudaMatmulBiasKernel<float16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulBiasGradBKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F64, InitFactory<CudaMatmulBiasGradBKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, BF16, InitFactory<CudaMatmulBiasGradBKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F16, InitFactory<CudaMatmulBiasGradBKernel<float16>>());
+STRATA_REGISTER_WORKSPACE("matmul_bias_grad_b", DEVICE_CUDA, MatmulBiasGradBWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

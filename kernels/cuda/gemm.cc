@@ -108,9 +108,11 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   STRATA_LT_RETURN_IF_ERROR(
       cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
       "set transb");
-  if (key.bias) {
-    // cuBLASLt's bias runs along its rows: our c's columns, one per output feature.
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    // BIAS: cuBLASLt's bias runs along its rows, our c's columns, one per
+    // output feature. BGRADA sums its A (our b) over k, one per row of its
+    // D (our n); BGRADB its B (our a), one per column of its D (our m).
+    const cublasLtEpilogue_t epilogue = key.epilogue;
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
         "set epilogue");
@@ -283,6 +285,37 @@ absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfl
                     a, b, bias, m, n, k, false, transpose_b, stream);
 }
 
+namespace {
+cublasLtEpilogue_t BiasGradEpilogue(LtGemm::BiasGradOf of) {
+  // cuBLASLt's A is our b, its B our a.
+  return of == LtGemm::BiasGradOf::kA ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA;
+}
+}  // namespace
+
+absl::Status LtGemm::MatmulBiasGrad(float* c, float* bias_grad, const float* a, const float* b, int64_t m, int64_t n,
+                                    int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of, cudaStream_t stream,
+                                    bool tf32) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, false, sizeof(float), c, a, b, bias_grad, m, n, k, transpose_a, transpose_b, stream,
+                    1, BiasGradEpilogue(of));
+}
+
+absl::Status LtGemm::MatmulBiasGrad(float* c, float* bias_grad, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
+}
+
+absl::Status LtGemm::MatmulBiasGrad(float* c, float* bias_grad, const __half* a, const __half* b, int64_t m, int64_t n,
+                                    int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
+                    a, b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
+}
+
 absl::Status LtGemm::BatchedMatmul(float* c, const float* a, const float* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream,
                                    bool tf32) {
@@ -333,7 +366,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                                int64_t batch) {
+                                int64_t batch, cublasLtEpilogue_t epilogue) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
@@ -357,7 +390,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   const int64_t ab_bytes = TypeBytes(type), cb = static_cast<int64_t>(c_bytes);
   const PlanKey key{type,
                     c_type,
-                    bias != nullptr,
+                    bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT,
                     compute,
                     scale_type,
                     batch,

@@ -83,6 +83,26 @@ class LtGemm {
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_b, cudaStream_t stream);
 
+  // c [m, n] = op(a) @ op(b) and, from the same GEMM, bias_grad = the sums
+  // over k of one operand (cuBLASLt's bias-gradient epilogues): of op(a),
+  // bias_grad [m] (kA, BGRADB in cuBLASLt's terms, whose B is our a), or of
+  // op(b), bias_grad [n] (kB, BGRADA). bias_grad has c's type: float, also
+  // for bf16/fp16 operands (FP32 products and sums, the 16-bit operand's
+  // elements summed in float). The weight and bias gradients of
+  // y = x @ W + bias in one GEMM: dW = x^T @ dy with dy as b (kB), or
+  // dW^T = dy^T @ x with dy as a (kA). Unimplemented when cuBLASLt has no
+  // algorithm with that epilogue for the shape (or k = 0): the caller runs
+  // Matmul and a separate sum.
+  enum class BiasGradOf { kA, kB };
+  absl::Status MatmulBiasGrad(float* c, float* bias_grad, const float* a, const float* b, int64_t m, int64_t n,
+                              int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of, cudaStream_t stream,
+                              bool tf32 = false);
+  absl::Status MatmulBiasGrad(float* c, float* bias_grad, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m,
+                              int64_t n, int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of,
+                              cudaStream_t stream);
+  absl::Status MatmulBiasGrad(float* c, float* bias_grad, const __half* a, const __half* b, int64_t m, int64_t n,
+                              int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of, cudaStream_t stream);
+
   // `batch` products in one cuBLASLt call (its strided batch), each operand's
   // items one after another: c_i = alpha op(a_i) @ op(b_i) with a_i at
   // a + i*m*k, b_i at b + i*k*n and c_i at c + i*m*n. Float in FP32 (TF32 on
@@ -113,8 +133,8 @@ class LtGemm {
   // alignment, so a view into the middle of a buffer gets its own plan.
   struct PlanKey {
     cudaDataType_t type;    // of a and b
-    cudaDataType_t c_type;  // of c (and of the bias)
-    bool bias;              // the BIAS epilogue
+    cudaDataType_t c_type;  // of c (and of the bias or bias gradient)
+    cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, BGRADA or BGRADB
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
     int64_t batch, m, n, k;  // batch 1: one product
@@ -122,14 +142,14 @@ class LtGemm {
     uint32_t alignment_a, alignment_b, alignment_c;
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
-      return std::tie(x.type, x.c_type, x.bias, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
+      return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
                       x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c) ==
-             std::tie(y.type, y.c_type, y.bias, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
+             std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
                       y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
-      return H::combine(std::move(h), key.type, key.c_type, key.bias, key.compute, key.scale_type, key.batch, key.m,
+      return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
                         key.n,
                         key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
     }
@@ -139,13 +159,13 @@ class LtGemm {
   LtGemm(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes);
   // The descriptors for `key` and the heuristic's first algorithm.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
-  // c_bytes: the size of one element of c; bias: null, or the BIAS
-  // epilogue's vector (c_type's).
+  // c_bytes: the size of one element of c; bias: null, or the vector of
+  // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                           int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                          int64_t batch = 1);
+                          int64_t batch = 1, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS);
 
   cublasLtHandle_t handle_;
   void* workspace_;
