@@ -101,6 +101,8 @@ TEST(CostModelTest, MatmulGradientsCostTheForwardsMultiplyAdds) {
   EXPECT_DOUBLE_EQ(Flops("matmul", {a, b}, {y}), forward);
   EXPECT_DOUBLE_EQ(Flops("matmul_shared_b_grad_a", {y, b}, {a}), forward);
   EXPECT_DOUBLE_EQ(Flops("matmul_shared_b_grad_b", {a, y}, {b}), forward);
+  // The weight gradient's GEMM and the bias's sum over dy (one add per element).
+  EXPECT_DOUBLE_EQ(Flops("matmul_bias_grad_b", {a, y}, {b, TensorType{F32, {4}}}), forward + 2 * 5 * 4);
   const TensorType a2{F32, {5, 3}}, y2{F32, {5, 4}};
   EXPECT_DOUBLE_EQ(Flops("matmul_accumulate", {a2, b, y2}, {y2}), 2 * 5 * 3 * 4);
 }
