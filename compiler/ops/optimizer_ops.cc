@@ -183,6 +183,89 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                             "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps). With found_inf nonzero, nothing changes (a step loss scaling skips)."));
 
 // ---------------------------------------------------------------------------
+// Multi-tensor updates (the fuse-optimizer pass makes them for GPU plans):
+// one op updating n parameters with the single op's math, apex's
+// multi_tensor_apply / torch's fused AdamW the static-graph way. The inputs
+// are the single op's, each tensor role n wide: n params, n grads, n of each
+// state, then the single op's scalars once (lr; adam: step) and its optional
+// found_inf. The outputs are n params, then n of each state, in place.
+
+// The single op's shape function run on member i's inputs and outputs:
+// every member is checked exactly as its single op would be.
+absl::Status MultiUpdateShape(ShapeContext& ctx, int num_states, int num_scalars,
+                              absl::Status (*single)(ShapeContext&)) {
+  const int64_t n = ctx.attr_int("n");
+  const int tensors = 2 + num_states;  // param, grad, states
+  if (n < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'n' must be >= 1, got ", n));
+  const int64_t fixed = tensors * n + num_scalars;
+  if (ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expects ", tensors, " * n + ", num_scalars, " inputs (n = ", n,
+                                                   "), plus an optional found_inf: ", fixed, " or ", fixed + 1,
+                                                   ", got ", ctx.num_inputs()));
+  }
+  if (ctx.num_outputs() != (1 + num_states) * n) {
+    return absl::InvalidArgumentError(absl::StrCat("expects ", 1 + num_states, " * n outputs (n = ", n,
+                                                   "): ", (1 + num_states) * n, ", got ", ctx.num_outputs()));
+  }
+  const int scalars_from = static_cast<int>(tensors * n);
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<TensorType> in;
+    for (int k = 0; k < tensors; ++k) in.push_back(ctx.input(static_cast<int>(k * n + i)));
+    for (int k = scalars_from; k < ctx.num_inputs(); ++k) in.push_back(ctx.input(k));
+    Op member;
+    member.mutable_attr()->insert(ctx.op().attr().begin(), ctx.op().attr().end());
+    for (int k = 0; k < 1 + num_states; ++k) member.add_output("");
+    ShapeContext sub(member, std::move(in));
+    if (absl::Status s = single(sub); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tensor #", i, " of ", n, ": ", s.message()));
+    }
+    for (int k = 0; k < 1 + num_states; ++k) ctx.set_output(static_cast<int>(k * n + i), sub.outputs()[k]);
+  }
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("sgd_update_multi")
+                       .VariadicInput("tensors")
+                       .VariadicOutput("updated")
+                       .Attr("n", AttrType::kInt)
+                       .Attr("weight_decay", 0.0)
+                       .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 0, 1, SgdUpdateShape); })
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("n sgd_updates in one op: inputs param[n], grad[n], lr, optional found_inf; outputs "
+                            "param[n], in place. Each tensor gets sgd_update's math exactly."));
+
+STRATA_REGISTER_OP(OpDef("momentum_update_multi")
+                       .VariadicInput("tensors")
+                       .VariadicOutput("updated")
+                       .Attr("n", AttrType::kInt)
+                       .Attr("momentum", 0.9)
+                       .Attr("nesterov", false)
+                       .Attr("weight_decay", 0.0)
+                       .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 1, 1, MomentumUpdateShape); })
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("n momentum_updates in one op: inputs param[n], grad[n], velocity[n], lr, optional "
+                            "found_inf; outputs param[n], velocity[n], in place. Each tensor gets momentum_update's "
+                            "math exactly."));
+
+STRATA_REGISTER_OP(OpDef("adam_update_multi")
+                       .VariadicInput("tensors")
+                       .VariadicOutput("updated")
+                       .Attr("n", AttrType::kInt)
+                       .Attr("beta1", 0.9)
+                       .Attr("beta2", 0.999)
+                       .Attr("epsilon", 1e-8)
+                       .Attr("weight_decay", 0.0)
+                       .Attr("decoupled", false)
+                       .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 2, 2, AdamUpdateShape); })
+                       .Stateful()
+                       .NotDifferentiable()
+                       .Doc("n adam_updates in one op (torch's fused Adam/AdamW): inputs param[n], grad[n], m[n], "
+                            "v[n], lr, step, optional found_inf; outputs param[n], m[n], v[n], in place. Each tensor "
+                            "gets adam_update's math exactly."));
+
+// ---------------------------------------------------------------------------
 // Step counter and learning-rate schedule.
 
 absl::Status IncrementShape(ShapeContext& ctx) {

@@ -1,5 +1,5 @@
 // CPU kernels of the optimizer family (compiler/ops/optimizer_ops.cc):
-// sgd_update, momentum_update, adam_update, increment, lr_schedule,
+// sgd_update, momentum_update, adam_update (and their _multi forms), increment, lr_schedule,
 // sum_squares, sum_squares_grad and clip_coefficient.
 //
 // Update kernels write the param and moment buffers in place and hand the
@@ -185,6 +185,69 @@ class AdamUpdateKernel : public OpKernel {
 };
 
 // ---------------------------------------------------------------------------
+// sgd_update_multi, momentum_update_multi, adam_update_multi: n updates in
+// one op (the fuse-optimizer pass's, for GPU plans; the CPU runs them for the
+// parity tests and hand-built plans). Each member runs through the single
+// op's kernel, its inputs and outputs picked out of the op's: the same
+// checks, skip and per-element math, so the results are the unfused ops' bit
+// for bit. Inputs: param[n], grad[n], then each of the `kStates` states [n],
+// then `kScalars` scalars (lr; adam: step) and the optional found_inf.
+// Outputs: param[n], then each state [n].
+template <typename Single, int kStates, int kScalars>
+class MultiUpdateKernel : public OpKernel {
+ public:
+  MultiUpdateKernel(const char* name) : name_(name) {}
+
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
+    if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
+    return single_.Init(op);
+  }
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const int n = static_cast<int>(n_);
+    const int tensors = 2 + kStates, fixed = tensors * n + kScalars;
+    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
+                                                     " outputs do not fit n = ", n));
+    }
+    std::vector<const Tensor*> in(tensors + ctx.num_inputs() - tensors * n);
+    std::vector<Tensor> out(1 + kStates);
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k < tensors; ++k) in[k] = &ctx.input(k * n + i);
+      for (int k = tensors * n; k < ctx.num_inputs(); ++k) in[tensors + k - tensors * n] = &ctx.input(k);
+      KernelContext member(&ctx.run(), in, absl::MakeSpan(out));
+      if (absl::Status s = single_.Compute(member); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(name_, ": tensor #", i, " of ", n, ": ", s.message()));
+      }
+      for (int k = 0; k < 1 + kStates; ++k) ctx.SetOutput(k * n + i, std::move(out[k]));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const char* name_;
+  int64_t n_ = 0;
+  Single single_;
+};
+
+template <typename T>
+class SgdUpdateMultiKernel : public MultiUpdateKernel<SgdUpdateKernel<T>, 0, 1> {
+ public:
+  SgdUpdateMultiKernel() : MultiUpdateKernel<SgdUpdateKernel<T>, 0, 1>("sgd_update_multi") {}
+};
+template <typename T>
+class MomentumUpdateMultiKernel : public MultiUpdateKernel<MomentumUpdateKernel<T>, 1, 1> {
+ public:
+  MomentumUpdateMultiKernel() : MultiUpdateKernel<MomentumUpdateKernel<T>, 1, 1>("momentum_update_multi") {}
+};
+template <typename T>
+class AdamUpdateMultiKernel : public MultiUpdateKernel<AdamUpdateKernel<T>, 2, 2> {
+ public:
+  AdamUpdateMultiKernel() : MultiUpdateKernel<AdamUpdateKernel<T>, 2, 2>("adam_update_multi") {}
+};
+
+// ---------------------------------------------------------------------------
 // increment(counter) -> counter, in place: counter += by.
 class IncrementKernel : public OpKernel {
  public:
@@ -337,6 +400,12 @@ STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CPU, F32, InitFactory<MomentumU
 STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CPU, F64, InitFactory<MomentumUpdateKernel<double>>());
 STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F32, InitFactory<AdamUpdateKernel<float>>());
 STRATA_REGISTER_KERNEL("adam_update", DEVICE_CPU, F64, InitFactory<AdamUpdateKernel<double>>());
+STRATA_REGISTER_KERNEL("sgd_update_multi", DEVICE_CPU, F32, InitFactory<SgdUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("sgd_update_multi", DEVICE_CPU, F64, InitFactory<SgdUpdateMultiKernel<double>>());
+STRATA_REGISTER_KERNEL("momentum_update_multi", DEVICE_CPU, F32, InitFactory<MomentumUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("momentum_update_multi", DEVICE_CPU, F64, InitFactory<MomentumUpdateMultiKernel<double>>());
+STRATA_REGISTER_KERNEL("adam_update_multi", DEVICE_CPU, F32, InitFactory<AdamUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("adam_update_multi", DEVICE_CPU, F64, InitFactory<AdamUpdateMultiKernel<double>>());
 STRATA_REGISTER_KERNEL("increment", DEVICE_CPU, I64, InitFactory<IncrementKernel>());
 // With its F32 found_inf input, increment's kernel key (the first floating input's dtype) is F32.
 STRATA_REGISTER_KERNEL("increment", DEVICE_CPU, F32, InitFactory<IncrementKernel>());
