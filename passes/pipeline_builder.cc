@@ -3,6 +3,7 @@
 #include "compiler/autodiff.h"
 #include "passes/data_parallel.h"
 #include "passes/fuse_epilogues.h"
+#include "passes/fuse_optimizer.h"
 #include "passes/gradient_merge.h"
 #include "passes/host_transfers.h"
 #include "passes/loss_scaling.h"
@@ -35,6 +36,8 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, Device
   pipeline->AddPass<MicroBatchPass>();
   if (strategy.gradient_merge().k_steps() > 1) pipeline->AddPass<GradientMergePass>();
   if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();
+  // Last: every pass before it may add, rewire or reorder the update ops.
+  if (device == DEVICE_CUDA) pipeline->AddPass<FuseOptimizerPass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<HostTransfersPass>();
   return pipeline;
 }

@@ -17,8 +17,9 @@ namespace strata {
 // that has nothing to do for the job (the pipeline split on one stage)
 // returns unchanged; passes the strategy does not ask for are not added.
 // Plans for a GPU also fuse epilogues (matmul then a bias add) after
-// recompute, and end each rank with the host transfers (feeds copied in,
-// the loss and fetches copied out, as ops).
+// recompute, and end each rank with the per-parameter optimizer updates
+// grouped into multi-tensor ones (fuse-optimizer) and then the host
+// transfers (feeds copied in, the loss and fetches copied out, as ops).
 std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 
