@@ -1,5 +1,6 @@
 // CUDA kernels of the optimizer family (kernels/cuda/optimizers.cu):
-// increment, lr_schedule, adam_update, sgd_update, momentum_update. Attrs
+// increment, lr_schedule, adam_update, sgd_update, momentum_update (and their
+// _multi forms). Attrs
 // (kernels/optimizer_attrs.h), metadata checks and their messages are the
 // CPU kernels'. The step and lr are read on the device, never on the host, so
 // a step enqueues without waiting; the checks the CPU makes on their values (step >= 1 for
@@ -7,6 +8,7 @@
 // (kernels/cuda/optimizers.h).
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -183,6 +185,150 @@ class CudaMomentumUpdateKernel : public OpKernel {
   kernel_math::MomentumAttrs attrs_;
 };
 
+// sgd_update_multi, momentum_update_multi, adam_update_multi: n updates in
+// one or a few launches (kernels/cuda/optimizers.h). Inputs param[n],
+// grad[n], each of kStates states [n], kScalars scalars (lr; adam: step),
+// the optional found_inf; outputs param[n], then each state [n], in place.
+// Every member is checked with the single kernel's checks and words.
+template <typename T, int kStates, int kScalars>
+class CudaMultiUpdateKernel : public OpKernel {
+ public:
+  CudaMultiUpdateKernel(const char* name) : name_(name) {}
+
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
+    if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // Checks the operands; fills the pointer lists (param, grad, states) and sizes.
+  absl::Status Gather(const KernelContext& ctx, std::vector<T*> (&ptrs)[2 + kStates], std::vector<int64_t>* sizes,
+                      const float** found_inf) const {
+    static const char* const kStateNames[2][2] = {{"velocity", ""}, {"m", "v"}};
+    const int n = static_cast<int>(n_), tensors = 2 + kStates, fixed = tensors * n + kScalars;
+    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
+                                                     " outputs do not fit n = ", n));
+    }
+    for (int i = 0; i < n; ++i) {
+      STRATA_RETURN_IF_ERROR(ExpectLike(ctx, name_, n + i, "grad", i, "param"));
+      for (int k = 0; k < kStates; ++k) {
+        STRATA_RETURN_IF_ERROR(
+            ExpectLike(ctx, name_, (2 + k) * n + i, kStateNames[kStates > 0 ? kStates - 1 : 0][k], i, "param"));
+      }
+      for (int k = 0; k < tensors; ++k) ptrs[k].push_back(MutableData<T>(ctx.input(k * n + i)));
+      sizes->push_back(ctx.input(i).num_elements());
+    }
+    STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n, "lr", DataTypeOf<T>::value));
+    if (kScalars > 1) STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n + 1, "step", I64));
+    STRATA_ASSIGN_OR_RETURN(*found_inf, FoundInf(ctx, name_, fixed));
+    return absl::OkStatus();
+  }
+
+  // Outputs: each param and state is its input, updated in place.
+  void SetOutputs(KernelContext& ctx) const {
+    const int n = static_cast<int>(n_);
+    for (int i = 0; i < n; ++i) {
+      ctx.SetOutput(i, ctx.input(i));
+      for (int k = 0; k < kStates; ++k) ctx.SetOutput((1 + k) * n + i, ctx.input((2 + k) * n + i));
+    }
+  }
+
+  const char* name_;
+  int64_t n_ = 0;
+};
+
+template <typename T>
+class CudaAdamUpdateMultiKernel : public CudaMultiUpdateKernel<T, 2, 2> {
+ public:
+  explicit CudaAdamUpdateMultiKernel(const KernelDef&) : CudaMultiUpdateKernel<T, 2, 2>("adam_update_multi") {}
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR((CudaMultiUpdateKernel<T, 2, 2>::Init(op)));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    std::vector<T*> ptrs[4];
+    std::vector<int64_t> sizes;
+    const float* found_inf = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    const int n = static_cast<int>(this->n_);
+    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchAdamUpdateMulti(ptrs[0].data(), ptrs[2].data(), ptrs[3].data(), grad.data(), sizes.data(), n,
+                                    ctx.input(4 * n).data<T>(), ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf,
+                                    device->stream()),
+        this->name_));
+    this->SetOutputs(ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  kernel_math::AdamAttrs attrs_;
+};
+
+template <typename T>
+class CudaSgdUpdateMultiKernel : public CudaMultiUpdateKernel<T, 0, 1> {
+ public:
+  explicit CudaSgdUpdateMultiKernel(const KernelDef&) : CudaMultiUpdateKernel<T, 0, 1>("sgd_update_multi") {}
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR((CudaMultiUpdateKernel<T, 0, 1>::Init(op)));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    std::vector<T*> ptrs[2];
+    std::vector<int64_t> sizes;
+    const float* found_inf = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    const int n = static_cast<int>(this->n_);
+    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSgdUpdateMulti(ptrs[0].data(), grad.data(), sizes.data(), n, ctx.input(2 * n).data<T>(),
+                                              static_cast<T>(attrs_.weight_decay), found_inf, device->stream()),
+                   this->name_));
+    this->SetOutputs(ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  kernel_math::SgdAttrs attrs_;
+};
+
+template <typename T>
+class CudaMomentumUpdateMultiKernel : public CudaMultiUpdateKernel<T, 1, 1> {
+ public:
+  explicit CudaMomentumUpdateMultiKernel(const KernelDef&) : CudaMultiUpdateKernel<T, 1, 1>("momentum_update_multi") {}
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR((CudaMultiUpdateKernel<T, 1, 1>::Init(op)));
+    STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    std::vector<T*> ptrs[3];
+    std::vector<int64_t> sizes;
+    const float* found_inf = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    const int n = static_cast<int>(this->n_);
+    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMomentumUpdateMulti(ptrs[0].data(), ptrs[2].data(), grad.data(), sizes.data(), n,
+                                                   ctx.input(3 * n).data<T>(), static_cast<T>(attrs_.momentum),
+                                                   static_cast<T>(attrs_.weight_decay), attrs_.nesterov, found_inf,
+                                                   device->stream()),
+                   this->name_));
+    this->SetOutputs(ctx);
+    return absl::OkStatus();
+  }
+
+ private:
+  kernel_math::MomentumAttrs attrs_;
+};
+
 // check_finite_and_unscale(scale, x...) -> (found_inf, y...): each gradient
 // unscaled and checked by kernels/cuda/loss_scaling.cu into one device flag
 // (an int of scratch), then the flag as the F32 found_inf. The CPU kernel's
@@ -266,6 +412,12 @@ STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CUDA, F32, InitFactory<CudaSgdUpdate
 STRATA_REGISTER_KERNEL("sgd_update", DEVICE_CUDA, F64, InitFactory<CudaSgdUpdateKernel<double>>());
 STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CUDA, F32, InitFactory<CudaMomentumUpdateKernel<float>>());
 STRATA_REGISTER_KERNEL("momentum_update", DEVICE_CUDA, F64, InitFactory<CudaMomentumUpdateKernel<double>>());
+STRATA_REGISTER_KERNEL("adam_update_multi", DEVICE_CUDA, F32, InitFactory<CudaAdamUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("adam_update_multi", DEVICE_CUDA, F64, InitFactory<CudaAdamUpdateMultiKernel<double>>());
+STRATA_REGISTER_KERNEL("sgd_update_multi", DEVICE_CUDA, F32, InitFactory<CudaSgdUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("sgd_update_multi", DEVICE_CUDA, F64, InitFactory<CudaSgdUpdateMultiKernel<double>>());
+STRATA_REGISTER_KERNEL("momentum_update_multi", DEVICE_CUDA, F32, InitFactory<CudaMomentumUpdateMultiKernel<float>>());
+STRATA_REGISTER_KERNEL("momentum_update_multi", DEVICE_CUDA, F64, InitFactory<CudaMomentumUpdateMultiKernel<double>>());
 
 }  // namespace
 }  // namespace strata

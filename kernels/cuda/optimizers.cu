@@ -1,6 +1,7 @@
 // increment, lr_schedule: one thread each (scalars). adam, sgd, momentum: a
 // grid-stride loop over the elements, 256 threads a block, at most
-// kMaxBlocks blocks; for adam, thread 0 of each block computes the scalars
+// kMaxBlocks blocks (their _multi forms: one block per chunk of one tensor,
+// below); for adam, thread 0 of each block computes the scalars
 // that depend on lr and step (in double, kernels/optimizer_math.h) into
 // shared memory once, and the block's threads read them from there.
 
@@ -119,6 +120,159 @@ cudaError_t Momentum(T* param, T* velocity, const T* grad, const T* lr, T moment
   return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------------------
+// Multi-tensor updates. A table of up to kMultiTensorMax tensors, passed by
+// value as a kernel parameter: ptr[d][k] is tensor k's param (d = 0), grad
+// (d = 1) and states (d = 2...); block_start[k] its first block. kDepth
+// pointers a tensor, 8 bytes each, plus its size and first block: about
+// 3 KiB at kDepth 4, under the 4 KiB of kernel parameters.
+template <typename T, int kDepth>
+struct TensorTable {
+  T* ptr[kDepth][kMultiTensorMax];
+  int64_t n[kMultiTensorMax];
+  int64_t block_start[kMultiTensorMax + 1];
+  int count;
+};
+static_assert(sizeof(TensorTable<double, 4>) + 128 <= 4096, "kernel parameters over 4 KiB");
+
+// The tensor block `b` works on (the tables are small: a linear scan).
+template <typename T, int kDepth>
+__device__ inline int TensorOfBlock(const TensorTable<T, kDepth>& t, int64_t b) {
+  int k = 0;
+  while (k + 1 < t.count && t.block_start[k + 1] <= b) ++k;
+  return k;
+}
+
+// The element range [lo, hi) of tensor k that this block updates.
+template <typename T, int kDepth>
+__device__ inline void BlockRange(const TensorTable<T, kDepth>& t, int k, int64_t* lo, int64_t* hi) {
+  *lo = (blockIdx.x - t.block_start[k]) * kMultiTensorChunk;
+  *hi = *lo + kMultiTensorChunk < t.n[k] ? *lo + kMultiTensorChunk : t.n[k];
+}
+
+template <typename T>
+__global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int64_t* step, AdamAttrs attrs,
+                                const float* found_inf) {
+  if (Skipped(found_inf)) return;
+  __shared__ AdamScalars<T> scalars;
+  __shared__ bool bad_step;
+  if (threadIdx.x == 0) {
+    const int64_t s = step[0];
+    bad_step = s < 1;
+    scalars = MakeAdamScalars<T>(attrs, lr[0], s);
+  }
+  __syncthreads();
+  const AdamScalars<T> s = scalars;
+  const int k = TensorOfBlock(table, blockIdx.x);
+  int64_t lo, hi;
+  BlockRange(table, k, &lo, &hi);
+  T* param = table.ptr[0][k];
+  const T* grad = table.ptr[1][k];
+  T* m = table.ptr[2][k];
+  T* v = table.ptr[3][k];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    if (bad_step) {
+      param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
+      continue;
+    }
+    AdamElement(s, grad[i], &param[i], &m[i], &v[i]);
+  }
+}
+
+template <typename T>
+__global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_decay, const float* found_inf) {
+  if (Skipped(found_inf)) return;
+  const T rate = lr[0];
+  const int k = TensorOfBlock(table, blockIdx.x);
+  int64_t lo, hi;
+  BlockRange(table, k, &lo, &hi);
+  T* param = table.ptr[0][k];
+  const T* grad = table.ptr[1][k];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) SgdElement(rate, weight_decay, grad[i], &param[i]);
+}
+
+template <typename T>
+__global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T momentum, T weight_decay, bool nesterov,
+                                    const float* found_inf) {
+  if (Skipped(found_inf)) return;
+  const T rate = lr[0];
+  const int k = TensorOfBlock(table, blockIdx.x);
+  int64_t lo, hi;
+  BlockRange(table, k, &lo, &hi);
+  T* param = table.ptr[0][k];
+  const T* grad = table.ptr[1][k];
+  T* velocity = table.ptr[2][k];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    MomentumElement(rate, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+  }
+}
+
+// Packs the tensors (lists[d][i]: tensor i's pointer d) into tables and
+// launches `launch(table, blocks)` for each full table and the last one.
+// Empty tensors take no block.
+template <typename T, int kDepth, typename Launch>
+cudaError_t ForEachTable(const T* const* const (&lists)[kDepth], const int64_t* n, int count, Launch launch) {
+  constexpr int64_t kMaxGrid = 0x7fffffff;
+  TensorTable<T, kDepth> table;
+  table.count = 0;
+  table.block_start[0] = 0;
+  const auto flush = [&]() -> cudaError_t {
+    if (table.count == 0) return cudaSuccess;
+    launch(table, table.block_start[table.count]);
+    table.count = 0;
+    return cudaGetLastError();
+  };
+  for (int i = 0; i < count; ++i) {
+    if (n[i] <= 0) continue;
+    const int64_t blocks = (n[i] + kMultiTensorChunk - 1) / kMultiTensorChunk;
+    if (blocks > kMaxGrid) return cudaErrorInvalidValue;
+    if (table.block_start[table.count] + blocks > kMaxGrid) {
+      if (cudaError_t e = flush(); e != cudaSuccess) return e;
+    }
+    const int k = table.count;
+    for (int d = 0; d < kDepth; ++d) table.ptr[d][k] = const_cast<T*>(lists[d][i]);
+    table.n[k] = n[i];
+    table.block_start[k + 1] = table.block_start[k] + blocks;
+    ++table.count;
+    if (table.count == kMultiTensorMax) {
+      if (cudaError_t e = flush(); e != cudaSuccess) return e;
+    }
+  }
+  return flush();
+}
+
+template <typename T>
+cudaError_t AdamMulti(T* const* param, T* const* m, T* const* v, const T* const* grad, const int64_t* n, int count,
+                      const T* lr, const int64_t* step, const AdamAttrs& attrs, const float* found_inf,
+                      cudaStream_t stream) {
+  const T* const* lists[4] = {param, grad, m, v};
+  return ForEachTable<T, 4>(lists, n, count, [&](const TensorTable<T, 4>& table, int64_t blocks) {
+    AdamMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, step, attrs,
+                                                                                        found_inf);
+  });
+}
+
+template <typename T>
+cudaError_t SgdMulti(T* const* param, const T* const* grad, const int64_t* n, int count, const T* lr, T weight_decay,
+                     const float* found_inf, cudaStream_t stream) {
+  const T* const* lists[2] = {param, grad};
+  return ForEachTable<T, 2>(lists, n, count, [&](const TensorTable<T, 2>& table, int64_t blocks) {
+    SgdMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, weight_decay,
+                                                                                       found_inf);
+  });
+}
+
+template <typename T>
+cudaError_t MomentumMulti(T* const* param, T* const* velocity, const T* const* grad, const int64_t* n, int count,
+                          const T* lr, T momentum, T weight_decay, bool nesterov, const float* found_inf,
+                          cudaStream_t stream) {
+  const T* const* lists[3] = {param, grad, velocity};
+  return ForEachTable<T, 3>(lists, n, count, [&](const TensorTable<T, 3>& table, int64_t blocks) {
+    MomentumMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
+        table, lr, momentum, weight_decay, nesterov, found_inf);
+  });
+}
+
 }  // namespace
 
 cudaError_t LaunchIncrement(int64_t* counter, int64_t by, const float* found_inf, cudaStream_t stream) {
@@ -164,6 +318,39 @@ cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* 
                                  double momentum, double weight_decay, bool nesterov, int64_t n,
                                  const float* found_inf, cudaStream_t stream) {
   return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream);
+}
+
+cudaError_t LaunchAdamUpdateMulti(float* const* param, float* const* m, float* const* v, const float* const* grad,
+                                  const int64_t* n, int count, const float* lr, const int64_t* step,
+                                  const AdamAttrs& attrs, const float* found_inf, cudaStream_t stream) {
+  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream);
+}
+cudaError_t LaunchAdamUpdateMulti(double* const* param, double* const* m, double* const* v,
+                                  const double* const* grad, const int64_t* n, int count, const double* lr,
+                                  const int64_t* step, const AdamAttrs& attrs, const float* found_inf,
+                                  cudaStream_t stream) {
+  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream);
+}
+
+cudaError_t LaunchSgdUpdateMulti(float* const* param, const float* const* grad, const int64_t* n, int count,
+                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream) {
+  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream);
+}
+cudaError_t LaunchSgdUpdateMulti(double* const* param, const double* const* grad, const int64_t* n, int count,
+                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream) {
+  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream);
+}
+
+cudaError_t LaunchMomentumUpdateMulti(float* const* param, float* const* velocity, const float* const* grad,
+                                      const int64_t* n, int count, const float* lr, float momentum, float weight_decay,
+                                      bool nesterov, const float* found_inf, cudaStream_t stream) {
+  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream);
+}
+cudaError_t LaunchMomentumUpdateMulti(double* const* param, double* const* velocity, const double* const* grad,
+                                      const int64_t* n, int count, const double* lr, double momentum,
+                                      double weight_decay, bool nesterov, const float* found_inf,
+                                      cudaStream_t stream) {
+  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream);
 }
 
 }  // namespace cuda

@@ -58,6 +58,37 @@ cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* 
                                  double momentum, double weight_decay, bool nesterov, int64_t n,
                                  const float* found_inf, cudaStream_t stream);
 
+// Multi-tensor updates (adam_update_multi, sgd_update_multi,
+// momentum_update_multi): `count` tensors, tensor i of n[i] elements, its
+// param, grad and state pointers at index i of each array (host arrays; the
+// tensors on the device). apex's multi_tensor_apply: the launcher packs up to
+// kMultiTensorMax tensors' pointers and sizes into a table passed as a kernel
+// parameter (under the 4 KiB every device takes), each block one chunk of
+// kMultiTensorChunk elements of one tensor; more tensors take more launches
+// (ceil(count / kMultiTensorMax)). Each element gets the single kernels'
+// math (the same functions, the same --fmad=false), lr and step read on the
+// device, every block skipping on found_inf; adam with step < 1 writes NaN
+// into every param element as the single kernel does.
+inline constexpr int kMultiTensorMax = 64;
+inline constexpr int64_t kMultiTensorChunk = 16384;
+
+cudaError_t LaunchAdamUpdateMulti(float* const* param, float* const* m, float* const* v, const float* const* grad,
+                                  const int64_t* n, int count, const float* lr, const int64_t* step,
+                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream);
+cudaError_t LaunchAdamUpdateMulti(double* const* param, double* const* m, double* const* v, const double* const* grad,
+                                  const int64_t* n, int count, const double* lr, const int64_t* step,
+                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream);
+cudaError_t LaunchSgdUpdateMulti(float* const* param, const float* const* grad, const int64_t* n, int count,
+                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream);
+cudaError_t LaunchSgdUpdateMulti(double* const* param, const double* const* grad, const int64_t* n, int count,
+                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream);
+cudaError_t LaunchMomentumUpdateMulti(float* const* param, float* const* velocity, const float* const* grad,
+                                      const int64_t* n, int count, const float* lr, float momentum, float weight_decay,
+                                      bool nesterov, const float* found_inf, cudaStream_t stream);
+cudaError_t LaunchMomentumUpdateMulti(double* const* param, double* const* velocity, const double* const* grad,
+                                      const int64_t* n, int count, const double* lr, double momentum,
+                                      double weight_decay, bool nesterov, const float* found_inf, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace strata
 
