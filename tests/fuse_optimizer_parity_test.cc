@@ -6,7 +6,7 @@
 // for AdamW with global-norm clipping on the tiny GPT, Adam and SGD with
 // Nesterov momentum, weight decay and clipping on a residual MLP, and
 // momentum under two data-parallel ranks (the fusion after data parallel's
-// bucketed allreduce). The GPU plan also fuses epilogues, which keeps float32
+// bucketed allreduce; with gradient merge too), and AdamW with clipping on a two-stage pipeline. The GPU plan also fuses epilogues, which keeps float32
 // bit for bit (tests/fuse_epilogues_parity_test.cc).
 
 #include <string>
@@ -113,21 +113,53 @@ TEST(FuseOptimizerParityTest, GptAdamWClippedFusedEqualsUnfusedBitForBit) {
   EXPECT_LT(plain->losses.back(), plain->losses.front());
 }
 
-// Two data-parallel ranks: the fused updates read the allreduced gradients.
+// Two data-parallel ranks: the fused updates read the allreduced gradients;
+// then with gradient merge over two steps as well (they read the merge
+// buffers, every other step).
 TEST(FuseOptimizerParityTest, DataParallelMomentumFusedEqualsUnfusedBitForBit) {
   auto program = ResMlp("momentum", 0, 0.5);
   ASSERT_TRUE(program.ok()) << program.status();
   Strategy dp2;
   dp2.mutable_data_parallel()->set_degree(2);
-  ExpectFusedOnlyForTheGpu(*program, dp2, 64);
+  Strategy merged = dp2;
+  merged.mutable_gradient_merge()->set_k_steps(2);
+  for (const Strategy& strategy : {dp2, merged}) {
+    SCOPED_TRACE(strategy.ShortDebugString());
+    ExpectFusedOnlyForTheGpu(*program, strategy, 64);
+    ParityOptions options;
+    options.data = "synthetic:classes=10,size=2048";
+    options.steps = 8;
+    options.batch_size = 64;
+    auto plain = TrainParallel(*program, strategy, options);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    options.compile_for = DEVICE_CUDA;
+    auto fused = TrainParallel(*program, strategy, options);
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    ExpectBitIdentical(*fused, *plain);
+  }
+}
+
+// A two-stage 1F1B pipeline of three micro-batches: each stage's updates
+// read its micro-batch accumulators, and clipping sums the stages' partial
+// norms over the pipeline group before either stage's fused update.
+TEST(FuseOptimizerParityTest, PipelinedGptAdamWClippedFusedEqualsUnfusedBitForBit) {
+  GenOptions gen = TinyGpt("F32", 2);
+  gen.optimizer = "adamw";
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  program->mutable_optimizer()->set_clip_global_norm(0.5);
+  Strategy pp2;
+  pp2.mutable_pipeline()->set_micro_batch_size(2);
+  pp2.mutable_pipeline()->set_accumulate_steps(3);
+  pp2.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  ExpectFusedOnlyForTheGpu(*program, pp2, 6);
   ParityOptions options;
-  options.data = "synthetic:classes=10,size=2048";
-  options.steps = 8;
-  options.batch_size = 64;
-  auto plain = TrainParallel(*program, dp2, options);
+  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  options.steps = 6;
+  auto plain = TrainParallel(*program, pp2, options);
   ASSERT_TRUE(plain.ok()) << plain.status();
   options.compile_for = DEVICE_CUDA;
-  auto fused = TrainParallel(*program, dp2, options);
+  auto fused = TrainParallel(*program, pp2, options);
   ASSERT_TRUE(fused.ok()) << fused.status();
   ExpectBitIdentical(*fused, *plain);
 }
