@@ -10,6 +10,7 @@
 // and kernels/optimizer_math.h, which the CUDA kernels share.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -196,7 +197,7 @@ class AdamUpdateKernel : public OpKernel {
 template <typename Single, int kStates, int kScalars>
 class MultiUpdateKernel : public OpKernel {
  public:
-  MultiUpdateKernel(const char* name) : name_(name) {}
+  explicit MultiUpdateKernel(const char* name) : name_(name) {}
 
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
@@ -211,12 +212,14 @@ class MultiUpdateKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
                                                      " outputs do not fit n = ", n));
     }
-    std::vector<const Tensor*> in(tensors + ctx.num_inputs() - tensors * n);
-    std::vector<Tensor> out(1 + kStates);
+    // A member's inputs: its param, grad and states, then the shared scalars.
+    const int num_in = tensors + ctx.num_inputs() - tensors * n;
+    std::array<const Tensor*, 2 + kStates + kScalars + 1> in;
+    std::array<Tensor, 1 + kStates> out;
+    for (int k = tensors * n; k < ctx.num_inputs(); ++k) in[tensors + k - tensors * n] = &ctx.input(k);
     for (int i = 0; i < n; ++i) {
       for (int k = 0; k < tensors; ++k) in[k] = &ctx.input(k * n + i);
-      for (int k = tensors * n; k < ctx.num_inputs(); ++k) in[tensors + k - tensors * n] = &ctx.input(k);
-      KernelContext member(&ctx.run(), in, absl::MakeSpan(out));
+      KernelContext member(&ctx.run(), absl::MakeConstSpan(in.data(), num_in), absl::MakeSpan(out));
       if (absl::Status s = single_.Compute(member); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(name_, ": tensor #", i, " of ", n, ": ", s.message()));
       }

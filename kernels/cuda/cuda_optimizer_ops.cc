@@ -189,22 +189,26 @@ class CudaMomentumUpdateKernel : public OpKernel {
 // one or a few launches (kernels/cuda/optimizers.h). Inputs param[n],
 // grad[n], each of kStates states [n], kScalars scalars (lr; adam: step),
 // the optional found_inf; outputs param[n], then each state [n], in place.
-// Every member is checked with the single kernel's checks and words.
+// Every member is checked with the single kernel's checks and words. The
+// pointer lists are sized once, at Init.
 template <typename T, int kStates, int kScalars>
 class CudaMultiUpdateKernel : public OpKernel {
  public:
-  CudaMultiUpdateKernel(const char* name) : name_(name) {}
+  explicit CudaMultiUpdateKernel(const char* name) : name_(name) {}
 
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
     if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
+    for (auto& list : updated_) list.resize(n_);
+    grad_.resize(n_);
+    sizes_.resize(n_);
     return absl::OkStatus();
   }
 
  protected:
-  // Checks the operands; fills the pointer lists (param, grad, states) and sizes.
-  absl::Status Gather(const KernelContext& ctx, std::vector<T*> (&ptrs)[2 + kStates], std::vector<int64_t>* sizes,
-                      const float** found_inf) const {
+  // Checks the operands and fills the lists: updated_[0] the params,
+  // updated_[1 + k] state k, grad_ the gradients, sizes_ their elements.
+  absl::Status Gather(const KernelContext& ctx, const float** found_inf) {
     static const char* const kStateNames[2][2] = {{"velocity", ""}, {"m", "v"}};
     const int n = static_cast<int>(n_), tensors = 2 + kStates, fixed = tensors * n + kScalars;
     if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
@@ -213,12 +217,14 @@ class CudaMultiUpdateKernel : public OpKernel {
     }
     for (int i = 0; i < n; ++i) {
       STRATA_RETURN_IF_ERROR(ExpectLike(ctx, name_, n + i, "grad", i, "param"));
+      updated_[0][i] = MutableData<T>(ctx.input(i));
+      grad_[i] = ctx.input(n + i).data<T>();
       for (int k = 0; k < kStates; ++k) {
         STRATA_RETURN_IF_ERROR(
             ExpectLike(ctx, name_, (2 + k) * n + i, kStateNames[kStates > 0 ? kStates - 1 : 0][k], i, "param"));
+        updated_[1 + k][i] = MutableData<T>(ctx.input((2 + k) * n + i));
       }
-      for (int k = 0; k < tensors; ++k) ptrs[k].push_back(MutableData<T>(ctx.input(k * n + i)));
-      sizes->push_back(ctx.input(i).num_elements());
+      sizes_[i] = ctx.input(i).num_elements();
     }
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n, "lr", DataTypeOf<T>::value));
     if (kScalars > 1) STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n + 1, "step", I64));
@@ -237,6 +243,9 @@ class CudaMultiUpdateKernel : public OpKernel {
 
   const char* name_;
   int64_t n_ = 0;
+  std::vector<T*> updated_[1 + kStates];
+  std::vector<const T*> grad_;
+  std::vector<int64_t> sizes_;
 };
 
 template <typename T>
@@ -250,16 +259,13 @@ class CudaAdamUpdateMultiKernel : public CudaMultiUpdateKernel<T, 2, 2> {
   }
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    std::vector<T*> ptrs[4];
-    std::vector<int64_t> sizes;
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
     const int n = static_cast<int>(this->n_);
-    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
     STRATA_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchAdamUpdateMulti(ptrs[0].data(), ptrs[2].data(), ptrs[3].data(), grad.data(), sizes.data(), n,
-                                    ctx.input(4 * n).data<T>(), ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf,
-                                    device->stream()),
+        cuda::LaunchAdamUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->updated_[2].data(),
+                                    this->grad_.data(), this->sizes_.data(), n, ctx.input(4 * n).data<T>(),
+                                    ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf, device->stream()),
         this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
@@ -280,15 +286,13 @@ class CudaSgdUpdateMultiKernel : public CudaMultiUpdateKernel<T, 0, 1> {
   }
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    std::vector<T*> ptrs[2];
-    std::vector<int64_t> sizes;
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
     const int n = static_cast<int>(this->n_);
-    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
     STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSgdUpdateMulti(ptrs[0].data(), grad.data(), sizes.data(), n, ctx.input(2 * n).data<T>(),
-                                              static_cast<T>(attrs_.weight_decay), found_inf, device->stream()),
+        CudaStatus(cuda::LaunchSgdUpdateMulti(this->updated_[0].data(), this->grad_.data(), this->sizes_.data(), n,
+                                              ctx.input(2 * n).data<T>(), static_cast<T>(attrs_.weight_decay),
+                                              found_inf, device->stream()),
                    this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
@@ -309,18 +313,15 @@ class CudaMomentumUpdateMultiKernel : public CudaMultiUpdateKernel<T, 1, 1> {
   }
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    std::vector<T*> ptrs[3];
-    std::vector<int64_t> sizes;
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, ptrs, &sizes, &found_inf));
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
     const int n = static_cast<int>(this->n_);
-    std::vector<const T*> grad(ptrs[1].begin(), ptrs[1].end());
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchMomentumUpdateMulti(ptrs[0].data(), ptrs[2].data(), grad.data(), sizes.data(), n,
-                                                   ctx.input(3 * n).data<T>(), static_cast<T>(attrs_.momentum),
-                                                   static_cast<T>(attrs_.weight_decay), attrs_.nesterov, found_inf,
-                                                   device->stream()),
-                   this->name_));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchMomentumUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->grad_.data(),
+                                        this->sizes_.data(), n, ctx.input(3 * n).data<T>(),
+                                        static_cast<T>(attrs_.momentum), static_cast<T>(attrs_.weight_decay),
+                                        attrs_.nesterov, found_inf, device->stream()),
+        this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
   }
