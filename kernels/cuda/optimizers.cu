@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/optimizers.h"
 #include "kernels/loss_scaling_math.h"
+#include "kernels/multi_tensor_table.h"
 #include "kernels/optimizer_math.h"
 
 namespace strata {
@@ -121,34 +122,9 @@ cudaError_t Momentum(T* param, T* velocity, const T* grad, const T* lr, T moment
 }
 
 // ---------------------------------------------------------------------------
-// Multi-tensor updates. A table of up to kMultiTensorMax tensors, passed by
-// value as a kernel parameter: ptr[d][k] is tensor k's param (d = 0), grad
-// (d = 1) and states (d = 2...); block_start[k] its first block. kDepth
-// pointers a tensor, 8 bytes each, plus its size and first block: about
-// 3 KiB at kDepth 4, under the 4 KiB of kernel parameters.
-template <typename T, int kDepth>
-struct TensorTable {
-  T* ptr[kDepth][kMultiTensorMax];
-  int64_t n[kMultiTensorMax];
-  int64_t block_start[kMultiTensorMax + 1];
-  int count;
-};
+// Multi-tensor updates: tables of tensors (kernels/multi_tensor_table.h)
+// passed by value, each block one chunk of one tensor.
 static_assert(sizeof(TensorTable<double, 4>) + 128 <= 4096, "kernel parameters over 4 KiB");
-
-// The tensor block `b` works on (the tables are small: a linear scan).
-template <typename T, int kDepth>
-__device__ inline int TensorOfBlock(const TensorTable<T, kDepth>& t, int64_t b) {
-  int k = 0;
-  while (k + 1 < t.count && t.block_start[k + 1] <= b) ++k;
-  return k;
-}
-
-// The element range [lo, hi) of tensor k that this block updates.
-template <typename T, int kDepth>
-__device__ inline void BlockRange(const TensorTable<T, kDepth>& t, int k, int64_t* lo, int64_t* hi) {
-  *lo = (blockIdx.x - t.block_start[k]) * kMultiTensorChunk;
-  *hi = *lo + kMultiTensorChunk < t.n[k] ? *lo + kMultiTensorChunk : t.n[k];
-}
 
 template <typename T>
 __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int64_t* step, AdamAttrs attrs,
@@ -165,7 +141,7 @@ __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int6
   const AdamScalars<T> s = scalars;
   const int k = TensorOfBlock(table, blockIdx.x);
   int64_t lo, hi;
-  BlockRange(table, k, &lo, &hi);
+  ChunkOfBlock(table, k, blockIdx.x, &lo, &hi);
   T* param = table.ptr[0][k];
   const T* grad = table.ptr[1][k];
   T* m = table.ptr[2][k];
@@ -185,7 +161,7 @@ __global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_de
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
   int64_t lo, hi;
-  BlockRange(table, k, &lo, &hi);
+  ChunkOfBlock(table, k, blockIdx.x, &lo, &hi);
   T* param = table.ptr[0][k];
   const T* grad = table.ptr[1][k];
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) SgdElement(rate, weight_decay, grad[i], &param[i]);
@@ -198,7 +174,7 @@ __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T mome
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
   int64_t lo, hi;
-  BlockRange(table, k, &lo, &hi);
+  ChunkOfBlock(table, k, blockIdx.x, &lo, &hi);
   T* param = table.ptr[0][k];
   const T* grad = table.ptr[1][k];
   T* velocity = table.ptr[2][k];
@@ -207,48 +183,15 @@ __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T mome
   }
 }
 
-// Packs the tensors (lists[d][i]: tensor i's pointer d) into tables and
-// launches `launch(table, blocks)` for each full table and the last one.
-// Empty tensors take no block.
-template <typename T, int kDepth, typename Launch>
-cudaError_t ForEachTable(const T* const* const (&lists)[kDepth], const int64_t* n, int count, Launch launch) {
-  constexpr int64_t kMaxGrid = 0x7fffffff;
-  TensorTable<T, kDepth> table;
-  table.count = 0;
-  table.block_start[0] = 0;
-  const auto flush = [&]() -> cudaError_t {
-    if (table.count == 0) return cudaSuccess;
-    launch(table, table.block_start[table.count]);
-    table.count = 0;
-    return cudaGetLastError();
-  };
-  for (int i = 0; i < count; ++i) {
-    if (n[i] <= 0) continue;
-    const int64_t blocks = (n[i] + kMultiTensorChunk - 1) / kMultiTensorChunk;
-    if (blocks > kMaxGrid) return cudaErrorInvalidValue;
-    if (table.block_start[table.count] + blocks > kMaxGrid) {
-      if (cudaError_t e = flush(); e != cudaSuccess) return e;
-    }
-    const int k = table.count;
-    for (int d = 0; d < kDepth; ++d) table.ptr[d][k] = const_cast<T*>(lists[d][i]);
-    table.n[k] = n[i];
-    table.block_start[k + 1] = table.block_start[k] + blocks;
-    ++table.count;
-    if (table.count == kMultiTensorMax) {
-      if (cudaError_t e = flush(); e != cudaSuccess) return e;
-    }
-  }
-  return flush();
-}
-
 template <typename T>
 cudaError_t AdamMulti(T* const* param, T* const* m, T* const* v, const T* const* grad, const int64_t* n, int count,
                       const T* lr, const int64_t* step, const AdamAttrs& attrs, const float* found_inf,
                       cudaStream_t stream) {
   const T* const* lists[4] = {param, grad, m, v};
-  return ForEachTable<T, 4>(lists, n, count, [&](const TensorTable<T, 4>& table, int64_t blocks) {
+  return ForEachTensorTable<T, 4>(lists, n, count, [&](const TensorTable<T, 4>& table, int64_t blocks) {
     AdamMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, step, attrs,
                                                                                         found_inf);
+    return cudaGetLastError();
   });
 }
 
@@ -256,9 +199,10 @@ template <typename T>
 cudaError_t SgdMulti(T* const* param, const T* const* grad, const int64_t* n, int count, const T* lr, T weight_decay,
                      const float* found_inf, cudaStream_t stream) {
   const T* const* lists[2] = {param, grad};
-  return ForEachTable<T, 2>(lists, n, count, [&](const TensorTable<T, 2>& table, int64_t blocks) {
+  return ForEachTensorTable<T, 2>(lists, n, count, [&](const TensorTable<T, 2>& table, int64_t blocks) {
     SgdMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, weight_decay,
                                                                                        found_inf);
+    return cudaGetLastError();
   });
 }
 
@@ -267,9 +211,10 @@ cudaError_t MomentumMulti(T* const* param, T* const* velocity, const T* const* g
                           const T* lr, T momentum, T weight_decay, bool nesterov, const float* found_inf,
                           cudaStream_t stream) {
   const T* const* lists[3] = {param, grad, velocity};
-  return ForEachTable<T, 3>(lists, n, count, [&](const TensorTable<T, 3>& table, int64_t blocks) {
+  return ForEachTensorTable<T, 3>(lists, n, count, [&](const TensorTable<T, 3>& table, int64_t blocks) {
     MomentumMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
         table, lr, momentum, weight_decay, nesterov, found_inf);
+    return cudaGetLastError();
   });
 }
 
