@@ -64,10 +64,11 @@ cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* 
 // tensors on the device). apex's multi_tensor_apply: the launcher packs up to
 // 64 tensors' pointers and sizes into a table passed as a kernel parameter,
 // each block one chunk of 16384 elements of one tensor
-// (kernels/multi_tensor_table.h); more tensors take more launches. Each element gets the single kernels'
-// math (the same functions, the same --fmad=false), lr and step read on the
-// device, every block skipping on found_inf; adam with step < 1 writes NaN
-// into every param element as the single kernel does.
+// (kernels/multi_tensor_table.h); more tensors take more launches. Each
+// element gets the single kernels' math (the same functions, the same
+// --fmad=false), lr and step read on the device, every block skipping on
+// found_inf; adam with step < 1 writes NaN into every param element as the
+// single kernel does.
 cudaError_t LaunchAdamUpdateMulti(float* const* param, float* const* m, float* const* v, const float* const* grad,
                                   const int64_t* n, int count, const float* lr, const int64_t* step,
                                   const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream);
