@@ -51,6 +51,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/cuda/cuda_info.h"
 #include "kernels/cuda/gemm.h"
+#include "runtime/allocator.h"
 
 ABSL_FLAG(std::string, dtype, "both", "f32 (FP32, no TF32), bf16 (bf16 in and out, FP32 accumulate) or both");
 ABSL_FLAG(int, repeats, 3, "how many times the whole measurement runs; the spread is over these");
@@ -58,6 +59,9 @@ ABSL_FLAG(int, warmup, 5, "untimed calls of each side before each timing");
 ABSL_FLAG(int, min_iters, 20, "each timing runs at least this many back-to-back calls");
 ABSL_FLAG(double, min_ms, 20, "... and enough of them to last at least this many milliseconds");
 ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to run (default: all), e.g. qkv.fwd,lm_head.dw");
+ABSL_FLAG(bool, staging, true,
+          "Strata's side stages operands whose rows are not 16-byte multiples through padded scratch, as "
+          "its kernels on a CudaDevice do (kernels/gemm_staging.h); false: the operands as they are");
 
 namespace strata {
 namespace bench {
@@ -339,6 +343,35 @@ absl::StatusOr<double> TimePerCallMs(const Call& call, int iterations, cudaStrea
   return static_cast<double>(ms) / iterations;
 }
 
+// Staging scratch for Strata's LtGemm as the device's caching allocator
+// serves it in a training step's steady state: one block, kept and handed
+// out again (every call is on the one stream, so reuse is in stream order),
+// grown with a device synchronisation when a larger one is asked for.
+class KeptBlockAllocator : public Allocator {
+ public:
+  ~KeptBlockAllocator() override {
+    if (block_ != nullptr) cudaFree(block_);
+  }
+  std::string name() const override { return "kept block"; }
+
+ protected:
+  void* RawAllocate(size_t bytes) override {
+    if (bytes > size_) {
+      if (block_ != nullptr) cudaFree(block_);
+      block_ = nullptr;
+      size_ = 0;
+      if (cudaMalloc(&block_, bytes) != cudaSuccess) return nullptr;
+      size_ = bytes;
+    }
+    return block_;
+  }
+  void RawFree(void*, size_t) override {}
+
+ private:
+  void* block_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct ShapeResult {
   GemmShape shape;
   int iterations = 0;
@@ -442,6 +475,8 @@ absl::Status Runner::Run(const std::vector<GemmShape>& shapes, int repeats, std:
   // Strata's side: one LtGemm, as a kernel context holds one per stream.
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
+  KeptBlockAllocator scratch;
+  if (absl::GetFlag(FLAGS_staging)) (*gemm)->set_scratch_allocator(&scratch);
   // The baseline's own handle and a workspace of the same size.
   const size_t workspace_bytes = cuda::LtGemm::kDefaultWorkspaceBytes;
   absl::StatusOr<DeviceBuffer> workspace = DeviceBuffer::Allocate(workspace_bytes, "the baseline's workspace");

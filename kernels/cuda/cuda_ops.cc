@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -19,6 +20,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/relu.h"
+#include "kernels/gemm_staging.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/matmul_shape.h"
 #include "proto/shape_rules.h"
@@ -357,12 +359,82 @@ class CudaMatmulBiasGradBKernel : public OpKernel {
   bool tf32_ = false;
 };
 
-// The 16-bit fallback's ones vector, one element per row of dy.
+// The memory plan's scratch for the matmul family on the GPU: what LtGemm
+// stages (kernels/gemm_staging.h) for the GEMMs each kernel above issues,
+// with the same sizes (one GEMM's at a time: each frees its own).
+int64_t Staged(int64_t m, int64_t n, int64_t k, bool ta, bool tb, DataType ab, DataType c) {
+  return cuda::PlanGemmStaging(m, n, k, ta, tb, DataTypeSize(ab), DataTypeSize(c)).scratch_bytes;
+}
+
+absl::StatusOr<bool> BoolAttrOr(const KernelDef& def, const char* name) {
+  if (def.op == nullptr) return absl::InternalError("workspace without an op");
+  return AttrBool(*def.op, name);
+}
+
+absl::StatusOr<int64_t> MatmulWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool ta, BoolAttrOr(def, "transpose_a"));
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulShape(def.input_types[0].shape, def.input_types[1].shape, ta, tb));
+  if (!s.b_batched && !ta) return Staged(s.batch * s.m, s.n, s.k, false, tb, t, t);
+  return s.batch == 0 ? int64_t{0} : Staged(s.m, s.n, s.k, ta, tb, t, t);
+}
+
+absl::StatusOr<int64_t> MatmulSharedBGradAWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool ta, BoolAttrOr(def, "transpose_a"));
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradAShape(def.input_types[0].shape,
+                                                                          def.input_types[1].shape, ta, tb));
+  if (!ta) return Staged(s.batch * s.m, s.k, s.n, false, !tb, t, t);
+  return s.batch == 0 ? int64_t{0} : Staged(s.k, s.m, s.n, tb, true, t, t);
+}
+
+absl::StatusOr<int64_t> MatmulSharedBGradBWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool ta, BoolAttrOr(def, "transpose_a"));
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradBShape(def.input_types[0].shape,
+                                                                          def.input_types[1].shape, ta, tb));
+  if (!ta || s.batch == 0) {
+    return tb ? Staged(s.n, s.k, s.batch * s.m, true, false, t, t) : Staged(s.k, s.n, s.batch * s.m, true, false, t, t);
+  }
+  return tb ? Staged(s.n, s.k, s.m, true, true, t, t) : Staged(s.k, s.n, s.m, false, false, t, t);
+}
+
+absl::StatusOr<int64_t> MatmulAccumulateWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool ta, BoolAttrOr(def, "transpose_a"));
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulAccumulateShape(def.input_types[0].shape,
+                                                                        def.input_types[1].shape,
+                                                                        def.input_types[2].shape, ta, tb));
+  return Staged(s.m, s.n, s.k, ta, tb, t, t);
+}
+
+absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  const DataType y = def.output_types.empty() ? t : def.output_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(def.input_types[0].shape, def.input_types[1].shape,
+                                                              def.input_types[2].shape, tb));
+  return Staged(s.batch * s.m, s.n, s.k, false, tb, t, y);
+}
+
+// The weight gradient's GEMM (fused or not), and the 16-bit fallback's ones
+// vector (one element per row of dy) with its second GEMM.
 absl::StatusOr<int64_t> MatmulBiasGradBWorkspace(const KernelDef& def, int) {
-  if (def.input_types.size() < 2 || !IsHalfFloating(def.input_types[1].dtype)) return int64_t{0};
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  const DataType t = def.input_types[0].dtype;
+  const DataType out = t == F64 ? F64 : F32;
+  STRATA_ASSIGN_OR_RETURN(MatmulGradShape s,
+                          InferMatmulBiasGradBShape(def.input_types[0].shape, def.input_types[1].shape, tb));
+  const int64_t rows = s.batch * s.m;
+  const int64_t gemm = tb ? Staged(s.n, s.k, rows, true, false, t, out) : Staged(s.k, s.n, rows, true, false, t, out);
+  if (!IsHalfFloating(def.input_types[1].dtype)) return gemm;
   const Shape& dy = def.input_types[1].shape;
-  const int64_t n = NumElements(dy);
-  return dy.empty() || dy.back() == 0 ? int64_t{0} : n / dy.back() * 2;
+  const int64_t ones = dy.empty() || dy.back() == 0 ? 0 : NumElements(dy) / dy.back() * 2;
+  return std::max(gemm, ones + Staged(1, s.n, rows, false, false, t, out));
 }
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CUDA, F32, MakeFactory<CudaReluKernel<float>>());
@@ -392,6 +464,11 @@ STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F64, InitFactory<CudaM
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, BF16, InitFactory<CudaMatmulBiasGradBKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F16, InitFactory<CudaMatmulBiasGradBKernel<float16>>());
 STRATA_REGISTER_WORKSPACE("matmul_bias_grad_b", DEVICE_CUDA, MatmulBiasGradBWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul", DEVICE_CUDA, MatmulWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CUDA, MatmulSharedBGradAWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CUDA, MatmulSharedBGradBWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_accumulate", DEVICE_CUDA, MatmulAccumulateWorkspace);
+STRATA_REGISTER_WORKSPACE("matmul_bias", DEVICE_CUDA, MatmulBiasWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

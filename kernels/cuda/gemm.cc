@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/allocator.h"
 
 namespace strata {
 namespace cuda {
@@ -54,11 +55,12 @@ using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter
 using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
 using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
 
-// The column-major layout of a contiguous row-major [rows, cols] matrix.
-absl::StatusOr<Layout> RowMajorLayout(cudaDataType_t type, int64_t rows, int64_t cols) {
+// The column-major layout of a row-major [rows, cols] matrix whose rows
+// start `pitch` elements apart (cols: contiguous).
+absl::StatusOr<Layout> RowMajorLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t pitch) {
   cublasLtMatrixLayout_t raw = nullptr;
   STRATA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(cols),
-                                                       static_cast<uint64_t>(rows), cols),
+                                                       static_cast<uint64_t>(rows), pitch),
                             "matrix layout");
   return Layout(raw);
 }
@@ -84,6 +86,45 @@ int64_t TypeBytes(cudaDataType_t type) {
       return 2;  // CUDA_R_16BF, CUDA_R_16F
   }
 }
+
+// The copies into and out of a GEMM's staging scratch, on its stream: each
+// staged operand takes the next kStagingOffsetAlign-aligned slot, in the
+// order a, b, c (PlanGemmStaging's sum). The first failure is kept.
+struct ScratchCopies {
+  char* next;
+  cudaStream_t stream;
+  absl::Status status;
+
+  char* Slot(int64_t rows, int64_t pitch, int64_t bytes) {
+    char* slot = next;
+    next += RoundUp(rows * pitch * bytes, kStagingOffsetAlign);
+    return slot;
+  }
+  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t cols,
+              int64_t bytes) {
+    if (!status.ok()) return;
+    const cudaError_t error =
+        cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch * bytes), src, static_cast<size_t>(src_pitch * bytes),
+                          static_cast<size_t>(cols * bytes), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream);
+    if (error != cudaSuccess) status = CudaError(error, "GEMM staging copy");
+  }
+  // A [rows, cols] operand copied into padded rows.
+  const void* In(const void* src, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes) {
+    char* slot = Slot(rows, pitch, bytes);
+    Copy2D(slot, pitch, src, cols, rows, cols, bytes);
+    return slot;
+  }
+  // c's padded slot; its present values copied in when the GEMM adds to them.
+  void* Out(void* c, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes, bool accumulate) {
+    char* slot = Slot(rows, pitch, bytes);
+    if (accumulate) Copy2D(slot, pitch, c, cols, rows, cols, bytes);
+    return slot;
+  }
+  absl::Status Back(void* c, const void* slot, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes) {
+    Copy2D(c, cols, slot, pitch, rows, cols, bytes);
+    return status;
+  }
+};
 
 }  // namespace
 
@@ -126,12 +167,12 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   // [m, k] or [k, m]; c is [m, n].
   const int64_t m = key.m, n = key.n, k = key.k;
   absl::StatusOr<Layout> b_layout =
-      key.transpose_b ? RowMajorLayout(key.type, n, k) : RowMajorLayout(key.type, k, n);
+      key.transpose_b ? RowMajorLayout(key.type, n, k, key.pitch_b) : RowMajorLayout(key.type, k, n, key.pitch_b);
   if (!b_layout.ok()) return b_layout.status();
   absl::StatusOr<Layout> a_layout =
-      key.transpose_a ? RowMajorLayout(key.type, k, m) : RowMajorLayout(key.type, m, k);
+      key.transpose_a ? RowMajorLayout(key.type, k, m, key.pitch_a) : RowMajorLayout(key.type, m, k, key.pitch_a);
   if (!a_layout.ok()) return a_layout.status();
-  absl::StatusOr<Layout> c_layout = RowMajorLayout(key.c_type, m, n);
+  absl::StatusOr<Layout> c_layout = RowMajorLayout(key.c_type, m, n, key.pitch_c);
   if (!c_layout.ok()) return c_layout.status();
   plan->a_layout = *std::move(a_layout);
   plan->b_layout = *std::move(b_layout);
@@ -380,6 +421,39 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
 
+  const int64_t ab_bytes = TypeBytes(type), cb = static_cast<int64_t>(c_bytes);
+  // Operands whose rows are not 16-byte multiples go through scratch with
+  // padded rows (kernels/gemm_staging.h), one product at a time.
+  // (Zero element sizes: the pitches of the operands as they are, nothing staged.)
+  const bool may_stage = batch == 1 && scratch_ != nullptr;
+  GemmStaging staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, may_stage ? ab_bytes : 0,
+                                        may_stage ? cb : 0, staging_min_flops_);
+  char* scratch = nullptr;
+  if (staging.any()) {
+    scratch = static_cast<char*>(scratch_->Allocate(static_cast<size_t>(staging.scratch_bytes)));
+    if (scratch == nullptr) staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, 0, 0);  // run unstaged
+  }
+  ScratchCopies copies{scratch, stream};
+  const int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
+  const int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
+  const void* a_used = staging.stage_a ? copies.In(a, a_rows, a_cols, staging.a_pitch, ab_bytes) : a;
+  const void* b_used = staging.stage_b ? copies.In(b, b_rows, b_cols, staging.b_pitch, ab_bytes) : b;
+  void* c_used = staging.stage_c ? copies.Out(c, m, n, staging.c_pitch, cb, accumulate) : c;
+  absl::Status status = copies.status;
+  if (status.ok()) {
+    status = RunGemm(type, c_type, compute, scale_type, alpha, beta, c_used, a_used, b_used, bias, m, n, k, transpose_a,
+                     transpose_b, stream, batch, epilogue, staging.a_pitch, staging.b_pitch, staging.c_pitch);
+  }
+  if (status.ok() && staging.stage_c) status = copies.Back(c, c_used, m, n, staging.c_pitch, cb);
+  if (scratch != nullptr) scratch_->Free(scratch, static_cast<size_t>(staging.scratch_bytes));
+  return status;
+}
+
+absl::Status LtGemm::RunGemm(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                             cudaDataType_t scale_type, const void* alpha, const void* beta, void* c, const void* a,
+                             const void* b, const void* bias, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                             bool transpose_b, cudaStream_t stream, int64_t batch, cublasLtEpilogue_t epilogue,
+                             int64_t pitch_a, int64_t pitch_b, int64_t pitch_c) {
   // A batch's later items start a stride further on: each is only as aligned
   // as the first item and the stride both allow.
   const auto aligned = [batch](const void* p, int64_t stride_bytes) {
@@ -387,7 +461,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
     return Alignment(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) |
                                                    static_cast<uintptr_t>(stride_bytes)));
   };
-  const int64_t ab_bytes = TypeBytes(type), cb = static_cast<int64_t>(c_bytes);
+  const int64_t ab_bytes = TypeBytes(type), cb = TypeBytes(c_type);
   const PlanKey key{type,
                     c_type,
                     bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT,
@@ -401,7 +475,10 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                     transpose_b,
                     aligned(a, m * k * ab_bytes),
                     aligned(b, k * n * ab_bytes),
-                    aligned(c, m * n * cb)};
+                    aligned(c, m * n * cb),
+                    pitch_a,
+                    pitch_b,
+                    pitch_c};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);

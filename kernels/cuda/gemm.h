@@ -27,8 +27,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/gemm_staging.h"
 
 namespace strata {
+
+class Allocator;  // runtime/allocator.h
+
 namespace cuda {
 
 // Owns a cuBLASLt handle, its workspace on the current device and the plans
@@ -128,6 +132,19 @@ class LtGemm {
   // How many shapes have a plan (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
+  // Scratch for one-product GEMMs with a row not a multiple of 16 bytes
+  // (kernels/gemm_staging.h): such an operand is copied into scratch with
+  // padded rows, the GEMM runs on the aligned copy, and a staged c is copied
+  // back, all on the GEMM's stream; the scratch is freed after (the
+  // allocator must reuse it only for work the stream runs later, as the
+  // device's caching allocator does). CudaDevice sets its allocator; without
+  // one, or when the allocation fails, the GEMM runs on the operands as they
+  // are. The memory plan counts the scratch (the matmul family's workspace
+  // functions call PlanGemmStaging with the same sizes).
+  void set_scratch_allocator(Allocator* allocator) { scratch_ = allocator; }
+  // GEMMs of fewer FLOPs (2 m n k) are not staged; tests lower it to 0.
+  void set_staging_min_flops(double flops) { staging_min_flops_ = flops; }
+
  private:
   // What a plan depends on: the heuristic's choice changes with the operands'
   // alignment, so a view into the middle of a buffer gets its own plan.
@@ -140,18 +157,19 @@ class LtGemm {
     int64_t batch, m, n, k;  // batch 1: one product
     bool transpose_a, transpose_b;
     uint32_t alignment_a, alignment_b, alignment_c;
+    int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
       return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
-                      x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c) ==
+                      x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c) ==
              std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
-                      y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c);
+                      y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
       return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
-                        key.n,
-                        key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b, key.alignment_c);
+                        key.n, key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b,
+                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
@@ -167,9 +185,19 @@ class LtGemm {
                           int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
                           int64_t batch = 1, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS);
 
+  // The cublasLtMatmul call itself, on operands whose rows start pitch_*
+  // elements apart (batch 1 for pitches other than the rows' lengths).
+  absl::Status RunGemm(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                       cudaDataType_t scale_type, const void* alpha, const void* beta, void* c, const void* a,
+                       const void* b, const void* bias, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                       bool transpose_b, cudaStream_t stream, int64_t batch, cublasLtEpilogue_t epilogue,
+                       int64_t pitch_a, int64_t pitch_b, int64_t pitch_c);
+
   cublasLtHandle_t handle_;
   void* workspace_;
   size_t workspace_bytes_;
+  Allocator* scratch_ = nullptr;
+  double staging_min_flops_ = kStagingMinFlops;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
 };
 

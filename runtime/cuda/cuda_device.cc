@@ -142,6 +142,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
   auto gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
   device->gemm_ = *std::move(gemm);
+  // Misaligned operands of large GEMMs are staged through the device's own
+  // memory, counted as the op's scratch (kernels/gemm_staging.h).
+  device->gemm_->set_scratch_allocator(device->allocator_.get());
   return device;
 }
 
