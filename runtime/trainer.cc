@@ -712,11 +712,22 @@ absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int6
   }
   auto feeds = prefetcher_->Get({step, first, rows}, next);
   if (!feeds.ok()) return feeds.status();
-  // Into the rank's own memory, where its plan counts them; a GPU plan's
-  // host feeds stay where the loader put them, for its copy_to_device ops.
+  // Into the rank's own memory, where its plan counts them. A GPU plan's host
+  // feeds go to page-locked memory instead (the device's staging allocator,
+  // which reuses a block only once the stream has passed its free), so its
+  // copy_to_device ops enqueue without the host waiting for the copy.
   for (const Var* v : executor_->feeds()) {
     auto it = feeds->find(v->name());
-    if (v->host_memory() || it == feeds->end()) continue;
+    if (it == feeds->end()) continue;
+    if (v->host_memory()) {
+      if (options_.device->host_accessible()) continue;
+      Tensor pinned = it->second.Clone(options_.device->staging_allocator());
+      if (!pinned.defined()) {
+        return absl::ResourceExhaustedError(absl::StrCat("out of page-locked host memory for feed ", v->name()));
+      }
+      it->second = std::move(pinned);
+      continue;
+    }
     absl::StatusOr<Tensor> copy = it->second.CopyTo(options_.device);
     if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", v->name()));
     it->second = *std::move(copy);
