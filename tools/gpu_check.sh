@@ -61,6 +61,9 @@ case "$mode" in
     python3 tools/compare_metrics.py "$out/gpu.jsonl" "$out/cpu.jsonl" 2>&1 | tail -5
     if [ "${2:-}" = "--bench" ]; then
       timeout 200 bash .device/run.sh gemm_bench 2>&1 | tail -20
+      # The LM head unstaged too: the padding's gain (kernels/gemm_staging.h) against the old path.
+      timeout 100 bash .device/run.sh gemm_bench --dtype=bf16 --staging=false --repeats=1 \
+        --shapes=lm_head.fwd,lm_head.dx,lm_head.dw 2>&1 | tail -8
       PYTHONUNBUFFERED=1 timeout 120 python3 bench/dispatch.py --device gpu --rounds 3 \
         --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5
       PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
