@@ -28,7 +28,9 @@ struct LowOp {
 const LowOp* LowOpFor(absl::string_view type) {
   static const LowOp kMatmul{2, {0}, 1};
   static const LowOp kAttention{3, {0}, 2};  // q, k, v; y (lse stays F32)
+  static const LowOp kConv2d{2, {0}, 1};     // x, w; y (conv2d has no bias input: the add stays F32)
   if (type == "matmul") return &kMatmul;
+  if (type == "conv2d") return &kConv2d;
   if (type == "scaled_dot_product_attention") return &kAttention;
   return nullptr;
 }

@@ -11,7 +11,7 @@ namespace strata {
 
 // Mixed precision (the strategy's `mixed_precision { dtype: BF16 }` or F16),
 // on the forward program after placement and before autodiff (DESIGN.md's
-// order). Every `matmul` whose inputs are F32, and every
+// order). Every `matmul` and `conv2d` whose inputs are F32, and every
 // `scaled_dot_product_attention` whose q, k, v are F32, reads BF16 (F16:
 // `@f16`) copies instead: one `cast` per input var and stage, named
 // `<var>@bf16` (`<var>@bf16@stage<k>` for a second stage's copy, so no bf16
@@ -22,8 +22,9 @@ namespace strata {
 // left as it is. Every other op (softmax, layer_norm, the losses, the adds)
 // still runs in float32, and the parameters stay F32 master copies the
 // optimizer updates. Autodiff differentiates through the casts, so the weight
-// gradients arrive in F32 too. conv2d is not cast yet (it has no BF16 CPU
-// kernel). On GPU plans attention whose 16-bit scores would not fit the
+// gradients arrive in F32 too; conv2d's gradients (conv2d_grad_input,
+// conv2d_grad_filter) run in the low dtype as matmul's do, and its bias
+// `add` stays F32 (conv2d has no bias input). On GPU plans attention whose 16-bit scores would not fit the
 // GPU kernels' budget (kernels/attention_budget.h: T above 10362) stays in
 // float32, where the flash kernels take any length. F16's loss scaling is the loss-scaling pass's
 // (passes/loss_scaling.h), after the pipeline split.

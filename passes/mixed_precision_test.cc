@@ -259,5 +259,118 @@ TEST(MixedPrecisionTest, GpuPlansKeepAttentionTooLongFor16BitInFloat32) {
   }
 }
 
+// The generated convnet (two conv2d layers, each with a bias add, relu and
+// max pooling, then two matmuls): conv2d runs in the low dtype like matmul.
+Program SmallConvnet() {
+  GenOptions gen;
+  gen.dtype = "F32";
+  auto text = GenerateProgram("convnet", gen);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? ParseProgramOrFail(*text) : Program();
+}
+
+TEST(MixedPrecisionTest, ConvnetRunsItsConvolutionsInBf16) {
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = "mixed-precision";
+  auto dumped = Compile(SmallConvnet(), Bf16(), options);
+  ASSERT_TRUE(dumped.ok()) << dumped.status();
+  const Program& p = dumped->dumped;
+  const std::vector<const Op*> convs = OpsOfType(p, "conv2d");
+  ASSERT_EQ(convs.size(), 2u);
+  for (const Op* c : convs) {
+    // x and w read BF16 casts; the output is written in BF16 as `<y>@bf16`.
+    ASSERT_EQ(c->input_size(), 2);
+    for (const auto& in : c->input()) {
+      EXPECT_EQ(FindVar(p, in)->dtype(), BF16) << in;
+      EXPECT_TRUE(absl::EndsWith(in, "@bf16")) << in;
+      ASSERT_EQ(OpsWriting(p, in).size(), 1u) << in;
+      EXPECT_EQ(OpsWriting(p, in)[0]->type(), "cast") << in;
+      EXPECT_LT(IndexOf(p, OpsWriting(p, in)[0]), IndexOf(p, c)) << in;
+    }
+    const std::string& y = c->output(0);
+    EXPECT_EQ(FindVar(p, y)->dtype(), BF16) << y;
+    ASSERT_TRUE(absl::EndsWith(y, "@bf16")) << y;
+    // The cast back writes the original name, in F32, right after the op.
+    const std::string f32_y = y.substr(0, y.size() - std::string("@bf16").size());
+    EXPECT_EQ(FindVar(p, f32_y)->dtype(), F32) << f32_y;
+    ASSERT_EQ(OpsWriting(p, f32_y).size(), 1u) << f32_y;
+    const Op* back = OpsWriting(p, f32_y)[0];
+    EXPECT_EQ(back->type(), "cast");
+    EXPECT_EQ(back->input(0), y);
+    EXPECT_EQ(Attr(*back, "dtype").s(), "F32");
+    EXPECT_EQ(IndexOf(p, back), IndexOf(p, c) + 1);
+  }
+  EXPECT_EQ(convs[0]->input(0), "image@bf16");
+  EXPECT_EQ(convs[0]->input(1), "conv1.w@bf16");
+  EXPECT_EQ(convs[1]->input(1), "conv2.w@bf16");
+  // The bias adds, relus, pools and the loss stay float32; the params stay F32 masters.
+  for (const std::string type : {"add", "relu", "max_pool2d", "softmax_cross_entropy"}) {
+    ASSERT_FALSE(OpsOfType(p, type).empty()) << type;
+    for (const Op* op : OpsOfType(p, type)) {
+      for (const auto& in : op->input()) EXPECT_NE(FindVar(p, in)->dtype(), BF16) << type << " reads " << in;
+    }
+  }
+  for (const Var& v : p.var()) {
+    if (v.kind() == PARAM) EXPECT_EQ(v.dtype(), F32) << v.name();
+  }
+  // The matmuls are still cast as before.
+  for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
+
+  // After autodiff: the conv gradients run in BF16 on the BF16 copies, and
+  // every weight gradient arrives as an F32 master gradient.
+  options.dump_after = "autodiff";
+  auto diffed = Compile(SmallConvnet(), Bf16(), options);
+  ASSERT_TRUE(diffed.ok()) << diffed.status();
+  const Program& d = diffed->dumped;
+  const std::vector<const Op*> grad_filter = OpsOfType(d, "conv2d_grad_filter");
+  const std::vector<const Op*> grad_input = OpsOfType(d, "conv2d_grad_input");
+  EXPECT_EQ(grad_filter.size(), 2u);
+  EXPECT_EQ(grad_input.size(), 1u);  // the image needs no gradient
+  for (const std::vector<const Op*>* ops : {&grad_filter, &grad_input}) {
+    for (const Op* g : *ops) {
+      for (const auto& in : g->input()) EXPECT_EQ(FindVar(d, in)->dtype(), BF16) << g->type() << " reads " << in;
+      EXPECT_EQ(FindVar(d, g->output(0))->dtype(), BF16) << g->type() << " writes " << g->output(0);
+    }
+  }
+  ASSERT_EQ(d.param_grad().size(), 8);  // two convs' w and b, two linear layers' w and b
+  for (const auto& [param, grad] : d.param_grad()) {
+    EXPECT_EQ(FindVar(d, param)->dtype(), F32) << param;
+    EXPECT_EQ(FindVar(d, grad)->dtype(), F32) << grad;
+  }
+
+  // And the whole pipeline compiles and plans (the CPU has BF16 conv kernels).
+  options.dump_after.clear();
+  auto compiled = Compile(SmallConvnet(), Bf16(), options);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int bf16_convs = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Op& op : plan.program().op()) {
+      if (absl::StartsWith(op.type(), "conv2d")) bf16_convs += FindVar(plan.program(), op.output(0))->dtype() == BF16;
+    }
+  }
+  EXPECT_EQ(bf16_convs, 5);
+}
+
+TEST(MixedPrecisionTest, F16ConvnetCastsItsConvolutions) {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(F16);
+  CompileOptions options;
+  options.batch_size = 8;
+  options.dump_after = "mixed-precision";
+  auto dumped = Compile(SmallConvnet(), s, options);
+  ASSERT_TRUE(dumped.ok()) << dumped.status();
+  const std::vector<const Op*> convs = OpsOfType(dumped->dumped, "conv2d");
+  ASSERT_EQ(convs.size(), 2u);
+  for (const Op* c : convs) {
+    for (const auto& in : c->input()) EXPECT_EQ(FindVar(dumped->dumped, in)->dtype(), F16) << in;
+    EXPECT_EQ(FindVar(dumped->dumped, c->output(0))->dtype(), F16);
+    EXPECT_TRUE(absl::EndsWith(c->output(0), "@f16")) << c->output(0);
+  }
+  options.dump_after.clear();
+  auto compiled = Compile(SmallConvnet(), s, options);  // with loss scaling
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+}
+
 }  // namespace
 }  // namespace strata

@@ -17,7 +17,7 @@ namespace {
 
 using nn_shape_checks::Dims;
 using nn_shape_checks::DimsString;
-using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectComputeFloatingArg;
 using nn_shape_checks::ExpectRankArg;
 using nn_shape_checks::ExpectSameDtypeArg;
 using nn_shape_checks::ExpectStaticDims;
@@ -39,9 +39,10 @@ struct ConvArg {
 constexpr ConvArg kConvX{"x", "[N, C, H, W]", true}, kConvW{"w", "[O, C/groups, kh, kw]", false},
     kConvDy{"dy", "[N, O, Ho, Wo]", true};
 
-// Inputs 0 and 1 of a conv op: one floating dtype, each of its ConvArg form.
+// Inputs 0 and 1 of a conv op: one floating dtype (F32, F64, or BF16 / F16
+// under mixed precision), each of its ConvArg form.
 absl::Status CheckConvInputs(const ShapeContext& ctx, const ConvArg& a, const ConvArg& b) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, a.name));
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, a.name));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, b.name, 0, a.name));
   STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, a.name, 4, a.layout));
   STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, b.name, 4, b.layout));
@@ -140,7 +141,8 @@ STRATA_REGISTER_OP(WithConvAttrs(OpDef("conv2d").Input("x").Input("w").Output("y
                        .Cost([](const CostContext& c) { return ConvFlops(c.output(0), c.input(1)); })
                        .Grad(Conv2dGrad)
                        .Doc("2-D cross-correlation, NCHW: x [N, C, H, W], w [O, C/groups, kh, kw] -> "
-                            "[N, O, Ho, Wo]; symmetric zero padding. No bias: add a [O, 1, 1] one."));
+                            "[N, O, Ho, Wo]; symmetric zero padding. No bias: add a [O, 1, 1] one. F32, F64, or "
+                            "BF16 / F16 under mixed precision (float32 math); y has x's type."));
 
 absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvDy, kConvW));

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/widened.h"
 #include "kernels/conv2d_geometry.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
@@ -358,11 +359,18 @@ class Conv2dGradFilterKernel : public ConvKernel {
 };
 
 // The scratch of each conv kernel for the memory plan, from the same
-// geometry and thread shares the kernels compute.
+// geometry and thread shares the kernels compute. BF16 and F16 run the
+// float32 kernel (WidenedKernel): its columns are float32, and the widened
+// copies of the inputs and outputs come on top.
 absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
   STRATA_ASSIGN_OR_RETURN(ConvGeometry g, conv2d::DefGeometry(def));
   const ConvScratch s = ScratchOf(g, Shares(g, threads), def.op->type() == "conv2d_grad_filter");
-  return s.total() * static_cast<int64_t>(DataTypeSize(def.input_types[0].dtype));
+  const DataType dtype = def.input_types[0].dtype;
+  const bool half = IsHalfFloating(dtype);
+  const int64_t columns = s.total() * static_cast<int64_t>(DataTypeSize(half ? F32 : dtype));
+  if (!half) return columns;
+  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
+  return columns + copies;
 }
 
 STRATA_REGISTER_WORKSPACE("conv2d", DEVICE_CPU, ConvWorkspace);
@@ -375,6 +383,21 @@ STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, F32, InitFactory<Conv2dG
 STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, F64, InitFactory<Conv2dGradInputKernel<double>>());
 STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, F32, InitFactory<Conv2dGradFilterKernel<float>>());
 STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, F64, InitFactory<Conv2dGradFilterKernel<double>>());
+
+// BF16 and F16 (mixed precision): the float32 kernels on widened copies of
+// the inputs, the output rounded to the low dtype once (kernels/cpu/widened.h).
+template <typename Half>
+using WidenedConv2d = WidenedKernel<Half, Conv2dKernel<float>>;
+template <typename Half>
+using WidenedConv2dGradInput = WidenedKernel<Half, Conv2dGradInputKernel<float>>;
+template <typename Half>
+using WidenedConv2dGradFilter = WidenedKernel<Half, Conv2dGradFilterKernel<float>>;
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CPU, BF16, InitFactory<WidenedConv2d<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CPU, F16, InitFactory<WidenedConv2d<float16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, BF16, InitFactory<WidenedConv2dGradInput<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CPU, F16, InitFactory<WidenedConv2dGradInput<float16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, BF16, InitFactory<WidenedConv2dGradFilter<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CPU, F16, InitFactory<WidenedConv2dGradFilter<float16>>());
 
 }  // namespace
 }  // namespace strata

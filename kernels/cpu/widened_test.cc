@@ -1,9 +1,10 @@
-// BF16 and F16 matmuls on the CPU (mixed precision's storage, float32 math):
-// each equals the float32 kernel run on the widened inputs with its result
-// rounded to nearest even, bit for bit, for the plain product and the
-// shared-weight gradients; and the memory plan's workspace counts the float32
-// copies.
+// BF16 and F16 matmuls and convolutions on the CPU (mixed precision's
+// storage, float32 math): each equals the float32 kernel run on the widened
+// inputs with its result rounded to nearest even, bit for bit, for the plain
+// product and the shared-weight gradients, conv2d and its two gradients; and
+// the memory plan's workspace counts the float32 copies.
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -88,6 +89,102 @@ TEST(WidenedMatmulTest, WorkspaceCountsTheFloatCopies) {
   bytes = (*ws)(def, 1);
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(*bytes, 0);  // float32 needs no copies
+}
+
+// conv2d and its two gradients in BF16 and F16: each equals the float32
+// kernel on the widened inputs with its output rounded, bit for bit, for
+// plain, padded-strided, dilated-grouped and batch-chunked (several images
+// per thread share) convolutions.
+struct ConvCase {
+  std::string attrs;  // strides, paddings, dilations, groups
+  Shape x, w, y;
+};
+
+std::string ConvOp(const std::string& type, const ConvCase& c) {
+  std::string text = absl::StrCat(R"(type: ")", type, R"(" input: ["a", "b"] output: "y" )", c.attrs);
+  if (type == "conv2d_grad_input") {
+    absl::StrAppend(&text, R"( attr { key: "input_size" value { list { i: [)", c.x[2], ", ", c.x[3], "] } } }");
+  }
+  if (type == "conv2d_grad_filter") {
+    absl::StrAppend(&text, R"( attr { key: "filter_size" value { list { i: [)", c.w[2], ", ", c.w[3], "] } } }");
+  }
+  return text;
+}
+
+class WidenedConvTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WidenedConvTest, EqualsTheFloatKernelOnWidenedInputsRounded) {
+  const std::string dtype = GetParam();
+  const std::vector<ConvCase> cases = {
+      {"", {2, 3, 6, 6}, {4, 3, 3, 3}, {2, 4, 4, 4}},
+      {R"(attr { key: "strides" value { list { i: [2, 2] } } } attr { key: "paddings" value { list { i: [1, 1] } } })",
+       {3, 2, 7, 8}, {5, 2, 3, 3}, {3, 5, 4, 4}},
+      {R"(attr { key: "dilations" value { list { i: [2, 2] } } } attr { key: "groups" value { i: 2 } })",
+       {2, 4, 9, 9}, {6, 2, 3, 3}, {2, 6, 5, 5}},
+      {R"(attr { key: "paddings" value { list { i: [1, 1] } } })", {16, 1, 8, 8}, {3, 1, 3, 3}, {16, 3, 8, 8}},
+  };
+  for (const ConvCase& c : cases) {
+    const Tensor x32 = MakeTensor(F32, c.x, Ramp(NumElements(c.x), 1.3));
+    const Tensor w32 = MakeTensor(F32, c.w, Ramp(NumElements(c.w), 0.7));
+    const Tensor dy32 = MakeTensor(F32, c.y, Ramp(NumElements(c.y), 0.9));
+    const Tensor x = Cast(x32, dtype), w = Cast(w32, dtype), dy = Cast(dy32, dtype);
+    struct Pass {
+      std::string type;
+      const Tensor *a, *b;
+    };
+    for (const Pass& pass : {Pass{"conv2d", &x, &w}, Pass{"conv2d_grad_input", &dy, &w},
+                             Pass{"conv2d_grad_filter", &x, &dy}}) {
+      const std::string op = ConvOp(pass.type, c);
+      SCOPED_TRACE(op);
+      const Tensor y = RunText(op, {{"a", *pass.a}, {"b", *pass.b}});
+      ASSERT_TRUE(y.defined());
+      EXPECT_EQ(DataTypeName(y.dtype()), dtype);
+      const Tensor want =
+          Cast(RunText(op, {{"a", Cast(*pass.a, "F32")}, {"b", Cast(*pass.b, "F32")}}), dtype);
+      ASSERT_EQ(y.shape(), want.shape());
+      ASSERT_EQ(y.bytes(), want.bytes());
+      EXPECT_EQ(std::memcmp(y.raw_data(), want.raw_data(), y.bytes()), 0);
+      double norm = 0;
+      for (double v : TensorValues(y)) norm += v * v;
+      EXPECT_GT(norm, 1.0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, WidenedConvTest, ::testing::Values("BF16", "F16"));
+
+// The conv workspace in BF16: the float32 kernel's columns (as in F32) plus
+// the widened copies of both inputs and the output.
+TEST(WidenedConvTest, WorkspaceAddsTheFloatCopiesToTheColumns) {
+  for (const std::string type : {"conv2d", "conv2d_grad_input", "conv2d_grad_filter"}) {
+    SCOPED_TRACE(type);
+    const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(type, DEVICE_CPU);
+    ASSERT_NE(ws, nullptr);
+    // Every attr spelled out: the workspace reads the op as the compiler left it, defaults filled in.
+    const ConvCase c{R"(attr { key: "strides" value { list { i: [1, 1] } } })"
+                     R"( attr { key: "paddings" value { list { i: [1, 1] } } })"
+                     R"( attr { key: "dilations" value { list { i: [1, 1] } } })"
+                     R"( attr { key: "groups" value { i: 1 } })",
+                     {8, 3, 10, 10}, {4, 3, 3, 3}, {8, 4, 10, 10}};
+    Op op = ParseOp(ConvOp(type, c));
+    const Shape& a = type == "conv2d_grad_input" ? c.y : c.x;
+    const Shape& b = type == "conv2d_grad_filter" ? c.y : c.w;
+    const Shape& out = type == "conv2d" ? c.y : type == "conv2d_grad_input" ? c.x : c.w;
+    KernelDef def;
+    def.op = &op;
+    def.input_types = {{F32, a}, {F32, b}};
+    def.output_types = {{F32, out}};
+    auto f32 = (*ws)(def, 2);
+    ASSERT_TRUE(f32.ok()) << f32.status();
+    EXPECT_GT(*f32, 0);
+    for (DataType half : {BF16, F16}) {
+      def.input_types = {{half, a}, {half, b}};
+      def.output_types = {{half, out}};
+      auto bytes = (*ws)(def, 2);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      EXPECT_EQ(*bytes, *f32 + (NumElements(a) + NumElements(b) + NumElements(out)) * 4) << DataTypeName(half);
+    }
+  }
 }
 
 }  // namespace
