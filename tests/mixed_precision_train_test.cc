@@ -1,7 +1,9 @@
 // Mixed precision end to end: `strata gen mlp` (F32) trained 20 steps with
 // mixed_precision { dtype: BF16 } (or F16 with dynamic loss scaling) follows
 // the same program in float32 within the bars below, and the plan's
-// prediction bounds the measured peak. F16's loss scaling, step by step: a
+// prediction bounds the measured peak; so do the tiny GPT and `strata gen
+// convnet` (its conv2d in bf16), and a BF16 convnet under a 2-stage pipeline
+// or data parallelism matches the single-device BF16 run. F16's loss scaling, step by step: a
 // skipped update changes no weight, optimizer state or step count, and the
 // scale follows GradScaler's rule; the --metrics lines say so.
 
@@ -106,6 +108,137 @@ TEST(MixedPrecisionTrainTest, Bf16GptFollowsFloat32) {
   EXPECT_LT(mixed->losses.back(), mixed->losses.front());
   EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
 }
+
+// The generated convnet (two 3x3 conv2d layers of 32 and 64 channels with
+// bias, relu and max pooling, then fc 128 and the 10-way head) under BF16:
+// the convolutions and their gradients run in bf16 as the matmuls do
+// (widened float32 kernels on the CPU), beside the same program in float32.
+GenOptions ConvnetGen(int stages = 1) {
+  GenOptions gen;
+  gen.stages = stages;
+  gen.optimizer = "momentum";
+  gen.learning_rate = 0.05;
+  gen.cosine = false;
+  return gen;
+}
+
+TEST(MixedPrecisionTrainTest, Bf16ConvnetFollowsFloat32) {
+  GenOptions gen = ConvnetGen();
+  gen.optimizer = "adam";  // Adam's default lr
+  gen.learning_rate = 0;
+  auto program = GenerateModel("convnet", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=64";
+  options.steps = 10;
+  options.batch_size = 16;
+  Strategy f32;
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  auto ref = TrainParallel(*program, f32, options);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  auto mixed = TrainParallel(*program, bf16, options);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  ASSERT_EQ(mixed->losses.size(), 10u);
+  for (size_t i = 0; i < ref->losses.size(); ++i) {
+    RecordProperty(absl::StrCat("convnet_f32_loss_", i + 1), absl::StrFormat("%.6g", ref->losses[i]));
+    RecordProperty(absl::StrCat("convnet_bf16_loss_", i + 1), absl::StrFormat("%.6g", mixed->losses[i]));
+  }
+  // Bars. The first step runs the same initial weights on the same batch,
+  // so its difference is the forward's roundings alone: each conv and matmul
+  // rounds its inputs and its output once (2^-9 relative) and sums in float.
+  // Measured (batch 16, synthetic size 64, Adam): 1.5e-4 relative on step 1;
+  // then training drifts the weights apart, and the worst over 10 steps was
+  // 1.7e-3 (step 5), about one bf16 rounding. (An earlier variant, momentum
+  // on 512 samples, measured 3.8e-5 and 2.5e-3.) That is 4x the MLP's and 20x
+  // the GPT's worst: the convnet's pre-activations are sums of 9-288 bf16
+  // products over 28x28 maps, and a relu/max-pool flips where a rounded value
+  // crosses a boundary, so the drift is larger than the MLP's; the MLP's
+  // one-rounding bar would hold with no room. So the bars are the issue's,
+  // 2e-2 per step (12x the measurement), 1e-3 on the first step (7x), and
+  // four bf16 roundings (2^-7 = 7.8e-3) on the worst step (4.7x), which a
+  // conv left in float32 would not trip but a cast to the wrong var or a
+  // kernel reading garbage would.
+  double worst = 0;
+  for (size_t i = 0; i < ref->losses.size(); ++i) {
+    const double rel = std::abs(mixed->losses[i] - ref->losses[i]) / std::abs(ref->losses[i]);
+    worst = std::max(worst, rel);
+    RecordProperty(absl::StrCat("convnet_rel_diff_step_", i + 1), absl::StrFormat("%.3g", rel));
+    EXPECT_LE(rel, 2e-2) << "step " << i + 1 << ": f32 " << ref->losses[i] << ", bf16 " << mixed->losses[i];
+  }
+  RecordProperty("convnet_worst_rel_diff", absl::StrFormat("%.3g", worst));
+  EXPECT_LE(std::abs(mixed->losses[0] - ref->losses[0]), 1e-3 * std::abs(ref->losses[0]));
+  EXPECT_LE(worst, std::ldexp(1.0, -7));
+  EXPECT_NE(mixed->losses, ref->losses);  // the casts do run
+  EXPECT_LT(mixed->losses.back(), mixed->losses.front());  // and it trains
+  EXPECT_LT(ref->losses.back(), ref->losses.front());
+  // Memory rule: measured <= predicted, the widened conv kernels' float32
+  // copies and columns included.
+  EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
+  EXPECT_LE(ref->measured_peak_bytes.at(0), ref->predicted_peak_bytes.at(0));
+}
+
+// A BF16 convnet under a 2-stage pipeline, and under data parallelism, trains
+// what one device trains in BF16: per-step losses and final weights within
+// 1e-5 relative over 6 steps. The single device runs the same micro-batches
+// (a pipeline section on one stage with accumulate_steps = micro-batches x
+// dp): a bf16 conv2d_grad_filter rounds its sum over the micro-batch's
+// images once, so a gradient summed over 8 images and one summed over two
+// halves of 4 differ by a bf16 rounding (2^-9); partitioned alike, every
+// bf16 rounding is the same and only the float32 order in which the parts
+// are added differs (as in loss_scaling_parity_test).
+struct ConvLayout {
+  std::string name;
+  int stages;
+  int dp;
+  int micro_batches;  // per rank
+};
+
+class Bf16ConvnetParityTest : public ::testing::TestWithParam<ConvLayout> {};
+
+TEST_P(Bf16ConvnetParityTest, MatchesSingleDeviceBf16) {
+  const ConvLayout& c = GetParam();
+  constexpr int kMicroBatchSize = 4;
+  auto single_program = GenerateModel("convnet", ConvnetGen());
+  ASSERT_TRUE(single_program.ok()) << single_program.status();
+  auto program = GenerateModel("convnet", ConvnetGen(c.stages));
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto layout = [&](bool single) {
+    Strategy s;
+    s.mutable_mixed_precision()->set_dtype(BF16);
+    s.mutable_pipeline()->set_micro_batch_size(kMicroBatchSize);
+    s.mutable_pipeline()->set_accumulate_steps(single ? c.micro_batches * c.dp : c.micro_batches);
+    if (!single && c.dp > 1) s.mutable_data_parallel()->set_degree(c.dp);
+    return s;
+  };
+  ParityOptions options;
+  // One global batch's worth of samples, seen again and again: the loss falls.
+  options.data = absl::StrCat("synthetic:classes=10,size=", kMicroBatchSize * c.micro_batches * c.dp);
+  options.steps = 6;
+  auto single = TrainParallel(*single_program, layout(true), options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(*program, layout(false), options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  ASSERT_EQ(parallel->losses.size(), 6u);
+  const double loss_diff = MaxLossDifference(*parallel, *single);
+  std::string worst;
+  const double weight_diff = MaxWeightDifference(*parallel, *single, &worst);
+  RecordProperty("max_loss_diff", absl::StrFormat("%.3g", loss_diff));
+  RecordProperty("max_weight_diff", absl::StrFormat("%.3g", weight_diff));
+  EXPECT_LE(loss_diff, 1e-5);
+  EXPECT_LE(weight_diff, 1e-5) << "worst parameter: " << worst;
+  for (size_t i = 0; i < single->losses.size(); ++i) {
+    RecordProperty(absl::StrCat("loss_", i + 1), absl::StrFormat("%.6g", single->losses[i]));
+  }
+  // It trains (momentum at lr 0.05 oscillates on so few samples; the lowest
+  // loss measured 1.56 and 1.69 from 2.26 and 2.28), so equal weights mean
+  // equal training.
+  EXPECT_LT(*std::min_element(single->losses.begin(), single->losses.end()), 0.9 * single->losses.front());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Bf16ConvnetParityTest,
+                         ::testing::Values(ConvLayout{"pp2", 2, 1, 2}, ConvLayout{"dp2", 1, 2, 2}),
+                         [](const ::testing::TestParamInfo<ConvLayout>& info) { return info.param.name; });
 
 TEST(MixedPrecisionTrainTest, F16MlpFollowsFloat32) {
   auto program = GenerateModel("mlp", GenOptions());

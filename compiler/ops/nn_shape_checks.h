@@ -36,8 +36,8 @@ inline absl::Status ExpectFloatingArg(const ShapeContext& ctx, int i, const char
   return absl::OkStatus();
 }
 
-// The ops mixed precision runs in a low precision (the matmul family) also
-// take BF16 and F16.
+// The ops mixed precision runs in a low precision (the matmul and conv2d
+// families, attention) also take BF16 and F16.
 inline absl::Status ExpectComputeFloatingArg(const ShapeContext& ctx, int i, const char* name) {
   if (!IsFloating(ctx.input(i).dtype) && !IsHalfFloating(ctx.input(i).dtype)) {
     return Invalid(absl::StrCat("input '", name, "' must be F32, F64, BF16 or F16, got ", ctx.input(i).ToString()));
