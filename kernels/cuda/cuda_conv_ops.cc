@@ -8,7 +8,12 @@
 // (kernels/conv2d_geometry.h). Deterministic algorithms only: forward
 // IMPLICIT_PRECOMP_GEMM (IMPLICIT_GEMM where cuDNN does not support it for
 // the shape), backward data ALGO_1, backward filter ALGO_1; CUDNN_FMA_MATH
-// (no TF32 or other tensor-core rounding). One cuDNN handle per kernel, set
+// in F32 and F64 (no TF32 or other tensor-core rounding). BF16 and F16
+// (mixed precision) store x, w, y and the gradients in 16 bits with the
+// convolution's compute type CUDNN_DATA_FLOAT (products and sums in float,
+// one rounding on the way out, as the CPU's widened kernels) and
+// CUDNN_TENSOR_OP_MATH: tensor cores take 16-bit operands exactly, so they
+// add no rounding of their own. One cuDNN handle per kernel, set
 // to the device's stream at each call; the workspace cuDNN asks for is drawn
 // from the device's allocator and declared to the memory plan.
 
@@ -17,6 +22,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +32,7 @@
 #include "kernels/pool2d_attrs.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/float16.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -176,7 +183,19 @@ absl::Status Describe(cudnnHandle_t handle, const ConvGeometry& g, DataType dtyp
                       ConvDescriptors* d) {
   const char* op = PassName(pass);
   if (!FitsInt(g)) return absl::InvalidArgumentError(absl::StrCat(op, ": a dimension exceeds cuDNN's int range"));
-  const cudnnDataType_t type = dtype == F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  cudnnDataType_t type;  // of x, w and y
+  switch (dtype) {
+    case F64: type = CUDNN_DATA_DOUBLE; break;
+    case F32: type = CUDNN_DATA_FLOAT; break;
+    case BF16: type = CUDNN_DATA_BFLOAT16; break;
+    case F16: type = CUDNN_DATA_HALF; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": cuDNN convolutions take F32, F64, BF16 or F16, got ", DataTypeName(dtype)));
+  }
+  const bool half = dtype == BF16 || dtype == F16;
+  // The 16-bit types multiply and sum in float; F32 and F64 in their own type.
+  const cudnnDataType_t compute = dtype == F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   STRATA_CUDNN(cudnnCreateTensorDescriptor(&d->x), op);
   STRATA_CUDNN(cudnnCreateTensorDescriptor(&d->y), op);
   STRATA_CUDNN(cudnnCreateFilterDescriptor(&d->w), op);
@@ -194,9 +213,9 @@ absl::Status Describe(cudnnHandle_t handle, const ConvGeometry& g, DataType dtyp
   STRATA_CUDNN(cudnnSetConvolution2dDescriptor(d->conv, static_cast<int>(g.ph), static_cast<int>(g.pw),
                                                static_cast<int>(g.sh), static_cast<int>(g.sw),
                                                static_cast<int>(g.dh), static_cast<int>(g.dw),
-                                               CUDNN_CROSS_CORRELATION, type),
+                                               CUDNN_CROSS_CORRELATION, compute),
                op);
-  STRATA_CUDNN(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH), op);
+  STRATA_CUDNN(cudnnSetConvolutionMathType(d->conv, half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH), op);
   STRATA_CUDNN(cudnnSetConvolutionGroupCount(d->conv, static_cast<int>(g.groups)), op);
   switch (pass) {
     case ConvPass::kForward: {
@@ -311,7 +330,9 @@ class CudaConvKernel : public OpKernel {
       }
     }
     void* ws = d.workspace_bytes > 0 ? workspace.raw_data() : nullptr;
-    const T one = 1, zero = 0;
+    // cuDNN's alpha and beta are double for double data, float otherwise (the 16-bit types included).
+    using Scale = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const Scale one = 1, zero = 0;
     if (kPass == ConvPass::kForward) {
       STRATA_CUDNN(cudnnConvolutionForward(handle_, &one, d.x, a.data<T>(), d.w, b.data<T>(), d.conv, d.fwd, ws,
                                            d.workspace_bytes, &zero, d.y, out->data<T>()),
@@ -349,6 +370,12 @@ STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, F32, InitFactory<CudaCo
 STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, F64, InitFactory<CudaConv2dGradInputKernel<double>>());
 STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, F32, InitFactory<CudaConv2dGradFilterKernel<float>>());
 STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, F64, InitFactory<CudaConv2dGradFilterKernel<double>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CUDA, BF16, InitFactory<CudaConv2dKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d", DEVICE_CUDA, F16, InitFactory<CudaConv2dKernel<float16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, BF16, InitFactory<CudaConv2dGradInputKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_input", DEVICE_CUDA, F16, InitFactory<CudaConv2dGradInputKernel<float16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, BF16, InitFactory<CudaConv2dGradFilterKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("conv2d_grad_filter", DEVICE_CUDA, F16, InitFactory<CudaConv2dGradFilterKernel<float16>>());
 
 }  // namespace
 }  // namespace strata

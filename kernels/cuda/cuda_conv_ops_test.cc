@@ -14,7 +14,13 @@
 // filter gradient of the first case): the worst-case bound of two orders,
 // about 2 K u m, is 1.9e-5 m in F32 (u = 6e-8) and 3.6e-14 m in F64; the
 // F32 tol is below that worst case but ~10x the typical sqrt(K) u error.
+// BF16 and F16 (mixed precision's storage, float products and sums on both
+// sides: cuDNN with compute type FLOAT, the CPU's float32 kernel on widened
+// copies): within 2e-2 of the output's largest magnitude, the bf16
+// bar, as cuda_matmul_ops_test's 16-bit GEMMs; one rounding of the output
+// (2^-9 in bf16, 2^-12 in f16, relative) plus float sums is far inside it.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -44,9 +50,9 @@ STRATA_CUDA_OPS_TESTED(cuda_conv_ops_test, {
                                                {"max_pool2d_grad", {F32, F64}},
                                                {"avg_pool2d", {F32, F64}},
                                                {"avg_pool2d_grad", {F32, F64}},
-                                               {"conv2d", {F32, F64}},
-                                               {"conv2d_grad_input", {F32, F64}},
-                                               {"conv2d_grad_filter", {F32, F64}},
+                                               {"conv2d", {F32, F64, BF16, F16}},
+                                               {"conv2d_grad_input", {F32, F64, BF16, F16}},
+                                               {"conv2d_grad_filter", {F32, F64, BF16, F16}},
                                            });
 
 std::string Ints(const std::vector<int64_t>& v) {
@@ -319,20 +325,57 @@ TEST_F(CudaOpsTest, ConvsAreWithinTheGemmBarOfTheCpu) {
   }
 }
 
+// Every case of ConvCases in BF16 and F16, each pass, against the CPU's
+// widened kernel: within 2e-2 of the largest |cpu| (the bf16 bar).
+TEST_F(CudaOpsTest, ConvsInBf16AndF16MatchTheCpu) {
+  for (DataType half : {BF16, F16}) {
+    uint32_t seed = 700;
+    for (const Conv& c : ConvCases()) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(half), " x ", ShapeString(c.x), " w ", ShapeString(c.w), " s ",
+                                Ints(c.strides), " p ", Ints(c.paddings), " d ", Ints(c.dilations), " g ", c.groups));
+      const Tensor x = MakeTensor(half, c.x, Uniform(NumElements(c.x), ++seed));
+      const Tensor w = MakeTensor(half, c.w, Uniform(NumElements(c.w), ++seed));
+      const Shape ys = ConvY(c);
+      const Tensor dy = MakeTensor(half, ys, Uniform(NumElements(ys), ++seed));
+      struct Pass {
+        std::string type;
+        std::string a_name, b_name;
+        const Tensor *a, *b;
+      };
+      for (const Pass& pass : {Pass{"conv2d", "x", "w", &x, &w}, Pass{"conv2d_grad_input", "dy", "w", &dy, &w},
+                               Pass{"conv2d_grad_filter", "x", "dy", &x, &dy}}) {
+        SCOPED_TRACE(pass.type);
+        auto [cpu, gpu] = RunBoth(ConvText(pass.type, c), {{pass.a_name, *pass.a}, {pass.b_name, *pass.b}});
+        ASSERT_EQ(gpu.dtype(), half);
+        ASSERT_EQ(cpu.dtype(), half);
+        ASSERT_EQ(gpu.shape(), cpu.shape());
+        const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
+        double largest = 0;
+        for (double v : want) largest = std::max(largest, std::abs(v));
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+        if (NumElements(cpu.shape()) > 0 && pass.a->num_elements() > 0) EXPECT_GT(largest, 0.0);  // not zeros
+      }
+    }
+  }
+}
+
+// The deterministic algorithms, in float32 and in the 16-bit types.
 TEST_F(CudaOpsTest, ConvRunsAreBitIdentical) {
   const Conv c{{4, 16, 20, 20}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1};
-  const Tensor x = testing::RandomTensor(F32, c.x, 41);
-  const Tensor w = testing::RandomTensor(F32, c.w, 42);
-  const Tensor dy = testing::RandomTensor(F32, ConvY(c), 43);
-  const std::vector<std::pair<std::string, std::map<std::string, Tensor>>> passes = {
-      {"conv2d", {{"x", x}, {"w", w}}},
-      {"conv2d_grad_input", {{"dy", dy}, {"w", w}}},
-      {"conv2d_grad_filter", {{"x", x}, {"dy", dy}}},
-  };
-  for (const auto& [type, inputs] : passes) {
-    const Tensor a = RunGpu(ConvText(type, c), inputs);
-    const Tensor b = RunGpu(ConvText(type, c), inputs);
-    EXPECT_TRUE(BitEqual(a, b)) << type;
+  for (DataType dtype : {F32, BF16, F16}) {
+    const Tensor x = MakeTensor(dtype, c.x, Uniform(NumElements(c.x), 41));
+    const Tensor w = MakeTensor(dtype, c.w, Uniform(NumElements(c.w), 42));
+    const Tensor dy = MakeTensor(dtype, ConvY(c), Uniform(NumElements(ConvY(c)), 43));
+    const std::vector<std::pair<std::string, std::map<std::string, Tensor>>> passes = {
+        {"conv2d", {{"x", x}, {"w", w}}},
+        {"conv2d_grad_input", {{"dy", dy}, {"w", w}}},
+        {"conv2d_grad_filter", {{"x", x}, {"dy", dy}}},
+    };
+    for (const auto& [type, inputs] : passes) {
+      const Tensor a = RunGpu(ConvText(type, c), inputs);
+      const Tensor b = RunGpu(ConvText(type, c), inputs);
+      EXPECT_TRUE(BitEqual(a, b)) << DataTypeName(dtype) << " " << type;
+    }
   }
 }
 
