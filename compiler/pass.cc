@@ -1,5 +1,6 @@
 #include "compiler/pass.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -40,12 +41,12 @@ ScopedPhase::~ScopedPhase() {
   if (times_ != nullptr) times_->Add(phase_, (NowNs() - start_ns_) * 1e-9);
 }
 
-std::vector<std::string> PassPipeline::PassNames() const {
+std::vector<std::string> PassPipeline::PassNames(bool optional_only) const {
   std::vector<std::string> names;
   for (const auto& p : passes_) {
     if (const auto* nested = dynamic_cast<const PassPipeline*>(p.get())) {
-      for (auto& n : nested->PassNames()) names.push_back(std::move(n));
-    } else {
+      for (auto& n : nested->PassNames(optional_only)) names.push_back(std::move(n));
+    } else if (!optional_only || p->optional()) {
       names.push_back(p->name());
     }
   }
@@ -69,7 +70,9 @@ absl::StatusOr<bool> PassPipeline::Run(Graph& graph, const CompileContext& ctx) 
     if (nested != nullptr) {
       nested->set_dump_after(dump_after_);
       nested->set_times(times_);
+      nested->set_disabled(disabled_);
     }
+    if (pass->optional() && std::find(disabled_.begin(), disabled_.end(), pass->name()) != disabled_.end()) continue;
     absl::StatusOr<bool> changed;
     {
       // A nested pipeline times its own passes.

@@ -70,6 +70,10 @@ class Pass {
  public:
   virtual ~Pass() = default;
   virtual std::string name() const = 0;  // kebab case: "pipeline-split"
+  // An optimization the plans are correct without (a fusion): one that
+  // CompileOptions.disabled_passes may leave out, as XLA's
+  // --xla_disable_hlo_passes does, so a test can compare with and without.
+  virtual bool optional() const { return false; }
   virtual absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) = 0;
 };
 
@@ -96,13 +100,16 @@ class PassPipeline : public Pass {
     return added;
   }
   void set_dump_after(std::string pass_name) { dump_after_ = std::move(pass_name); }
+  // Optional passes (Pass::optional) with these names are skipped.
+  void set_disabled(std::vector<std::string> names) { disabled_ = std::move(names); }
   // Each pass's and the verifier's time is added here.
   void set_times(PhaseTimes* times) { times_ = times; }
   // The program after the dump_after pass, if it ran (in this pipeline or
   // one nested in it).
   const Program* dumped() const;
-  // The passes' names, those of nested pipelines in their place.
-  std::vector<std::string> PassNames() const;
+  // The passes' names, those of nested pipelines in their place; with
+  // optional_only, just the optional passes' (Pass::optional).
+  std::vector<std::string> PassNames(bool optional_only = false) const;
 
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 
@@ -110,6 +117,7 @@ class PassPipeline : public Pass {
   std::string name_;
   std::vector<std::unique_ptr<Pass>> passes_;
   std::string dump_after_;
+  std::vector<std::string> disabled_;
   PhaseTimes* times_ = nullptr;
   Program dumped_;
   bool dumped_valid_ = false;

@@ -1,5 +1,6 @@
 #include "passes/compile.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "analysis/cost_model.h"
 #include "analysis/memory_plan.h"
 #include "analysis/schedule.h"
@@ -154,6 +156,13 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   result.pass_names = {"validate"};
   if (options.dump_after == "validate") result.dumped = program;
   STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
+  const std::vector<std::string> optional = OptionalPassNames(strategy, options.device_kind);
+  for (const std::string& name : options.disabled_passes) {
+    if (std::find(optional.begin(), optional.end(), name) == optional.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot disable pass '", name, "': the optional passes here are ",
+                                                     optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -171,6 +180,7 @@ absl::StatusOr<std::unique_ptr<Graph>> RunProgramPasses(const Program& program, 
   }
   std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy, options.device_kind);
   if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
+  pipeline->set_disabled(options.disabled_passes);
   pipeline->set_times(&result.times);
   if (auto s = pipeline->Run(*graph, ctx); !s.ok()) return s.status();
   for (const auto& n : pipeline->PassNames()) result.pass_names.push_back(n);
@@ -217,6 +227,7 @@ absl::StatusOr<RankPlan> CompileRank(int rank, Graph& graph, const Layout& layou
   rank_ctx.rank = rank;
   std::unique_ptr<PassPipeline> per_rank = BuildRankPipeline(strategy, options.device_kind);
   if (!options.dump_after.empty()) per_rank->set_dump_after(options.dump_after);
+  per_rank->set_disabled(options.disabled_passes);
   per_rank->set_times(&result.times);
   if (auto s = per_rank->Run(graph, rank_ctx); !s.ok()) return s.status();
   if (rank == 0) {

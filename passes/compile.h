@@ -18,6 +18,10 @@ struct CompileOptions {
   // The device the plans are for (--device): recorded in each plan, and the
   // memory plan counts that kind's kernel scratch.
   DeviceKind device_kind = DEVICE_CPU;
+  // Optional passes (fusions: Pass::optional) to leave out, by name, so a
+  // test can compare a program with and without one; naming a pass that is
+  // not optional is an error.
+  std::vector<std::string> disabled_passes;
 };
 
 struct CompileResult {

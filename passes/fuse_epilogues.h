@@ -43,6 +43,7 @@ namespace strata {
 class FuseEpiloguesPass : public Pass {
  public:
   std::string name() const override { return "fuse-epilogues"; }
+  bool optional() const override { return true; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 };
 

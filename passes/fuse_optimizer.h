@@ -32,6 +32,7 @@ class FuseOptimizerPass : public Pass {
   // max_group_size: at most this many updates in one multi op (0: no bound).
   explicit FuseOptimizerPass(int max_group_size = 0) : max_group_size_(max_group_size) {}
   std::string name() const override { return "fuse-optimizer"; }
+  bool optional() const override { return true; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 
  private:

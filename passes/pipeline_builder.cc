@@ -1,6 +1,7 @@
 #include "passes/pipeline_builder.h"
 
 #include "compiler/autodiff.h"
+#include "passes/commute_casts.h"
 #include "passes/data_parallel.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/fuse_optimizer.h"
@@ -20,7 +21,10 @@ namespace strata {
 std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
-  if (strategy.has_mixed_precision()) pipeline->AddPass<MixedPrecisionPass>(device);
+  if (strategy.has_mixed_precision()) {
+    pipeline->AddPass<MixedPrecisionPass>(device);
+    pipeline->AddPass<CommuteCastsPass>();
+  }
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();
@@ -40,6 +44,14 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, Device
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseOptimizerPass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<HostTransfersPass>();
   return pipeline;
+}
+
+std::vector<std::string> OptionalPassNames(const Strategy& strategy, DeviceKind device) {
+  std::vector<std::string> names;
+  for (const auto& pipeline : {BuildProgramPipeline(strategy, device), BuildRankPipeline(strategy, device)}) {
+    for (std::string& name : pipeline->PassNames(/*optional_only=*/true)) names.push_back(std::move(name));
+  }
+  return names;
 }
 
 std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind device) {

@@ -26,6 +26,8 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, Device
 // Every pass a compile with `strategy` runs, "validate" first: what
 // --dump_after accepts, known before compiling.
 std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
+// The optional ones among them (fusions), which CompileOptions.disabled_passes may name.
+std::vector<std::string> OptionalPassNames(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 
 }  // namespace strata
 

@@ -61,6 +61,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   CompileOptions copts;
   copts.batch_size = batch_size;
   copts.device_kind = options.compile_for;
+  copts.disabled_passes = options.disabled_passes;
   auto compiled = Compile(program, Strategy(), copts);
   if (!compiled.ok()) return compiled.status();
   for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
@@ -100,6 +101,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
   // On make_device's devices the plans are theirs; else compiled for
   // compile_for and run on the CPU's kernels.
   copts.device_kind = options.make_device ? options.device_kind : options.compile_for;
+  copts.disabled_passes = options.disabled_passes;
   auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
   if (!options.make_device) {

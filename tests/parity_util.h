@@ -49,6 +49,8 @@ struct ParityOptions {
   // Without make_device: the device the plans are compiled for (its passes:
   // DEVICE_CUDA fuses epilogues); they run on the CPU's kernels either way.
   DeviceKind compile_for = DEVICE_CPU;
+  // Optional passes to leave out (CompileOptions.disabled_passes).
+  std::vector<std::string> disabled_passes;
   // TrainParallel on another device: the plans compiled for `device_kind`,
   // rank r training on make_device(r), its communicators staging device
   // tensors through host memory. Unset: each rank on a CpuDevice.

@@ -358,6 +358,26 @@ STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, F32, Factory<SplitGradKernel<fl
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, F64, Factory<SplitGradKernel<double>>());
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, I64, Factory<SplitGradKernel<int64_t>>());
 
+// The moves a mixed-precision program makes in its low dtype (passes/
+// commute_casts: q, k and v split and transposed in bf16, and their
+// gradients concatenated): bytes moved, the same code for 2-byte elements.
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, BF16, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F16, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, BF16, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CPU, F16, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, BF16, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CPU, F16, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, BF16, Factory<TransposeKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CPU, F16, Factory<TransposeKernel<float16>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CPU, BF16, Factory<ConcatKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CPU, F16, Factory<ConcatKernel<float16>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CPU, BF16, Factory<ConcatGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CPU, F16, Factory<ConcatGradKernel<float16>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CPU, BF16, Factory<SplitKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CPU, F16, Factory<SplitKernel<float16>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, BF16, Factory<SplitGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CPU, F16, Factory<SplitGradKernel<float16>>());
+
 STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, F32, Factory<SliceKernel<float>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, F64, Factory<SliceKernel<double>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, I64, Factory<SliceKernel<int64_t>>());

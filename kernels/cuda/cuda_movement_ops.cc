@@ -503,6 +503,18 @@ STRATA_REGISTER_KERNEL("split", DEVICE_CUDA, I64, InitFactory<CudaSplitKernel<in
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, F32, InitFactory<CudaSplitGradKernel<float>>());
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, F64, InitFactory<CudaSplitGradKernel<double>>());
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, I64, InitFactory<CudaSplitGradKernel<int64_t>>());
+// The moves of a mixed-precision program's low dtype (passes/commute_casts):
+// the same byte copies for 2-byte elements.
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CUDA, BF16, InitFactory<CudaTransposeKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("transpose", DEVICE_CUDA, F16, InitFactory<CudaTransposeKernel<float16>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CUDA, BF16, InitFactory<CudaConcatKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("concat", DEVICE_CUDA, F16, InitFactory<CudaConcatKernel<float16>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CUDA, BF16, InitFactory<CudaConcatGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("concat_grad", DEVICE_CUDA, F16, InitFactory<CudaConcatGradKernel<float16>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CUDA, BF16, InitFactory<CudaSplitKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("split", DEVICE_CUDA, F16, InitFactory<CudaSplitKernel<float16>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, BF16, InitFactory<CudaSplitGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, F16, InitFactory<CudaSplitGradKernel<float16>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, F32, InitFactory<CudaSliceKernel<float>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, F64, InitFactory<CudaSliceKernel<double>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, I64, InitFactory<CudaSliceKernel<int64_t>>());

@@ -343,6 +343,12 @@ STRATA_REGISTER_KERNEL("flatten", DEVICE_CUDA, I64, InitFactory<view_kernels::Fl
 STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CUDA, F32, InitFactory<view_kernels::ReshapeLikeKernel>());
 STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CUDA, F64, InitFactory<view_kernels::ReshapeLikeKernel>());
 STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CUDA, I64, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CUDA, BF16, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("reshape", DEVICE_CUDA, F16, InitFactory<view_kernels::ReshapeKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CUDA, BF16, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("flatten", DEVICE_CUDA, F16, InitFactory<view_kernels::FlattenKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CUDA, BF16, InitFactory<view_kernels::ReshapeLikeKernel>());
+STRATA_REGISTER_KERNEL("reshape_like", DEVICE_CUDA, F16, InitFactory<view_kernels::ReshapeLikeKernel>());
 
 }  // namespace
 }  // namespace strata

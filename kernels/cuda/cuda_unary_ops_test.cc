@@ -63,9 +63,9 @@ STRATA_CUDA_OPS_TESTED(cuda_unary_ops_test, {
                                                 {"accumulate", {F32, F64}},
                                                 {"fill_zero", {F32, F64}},
                                                 {"cast", {F32, F64, I64, I32, BOOL, BF16, F16}},
-                                                {"reshape", {F32, F64, I64}},
-                                                {"reshape_like", {F32, F64, I64}},
-                                                {"flatten", {F32, F64, I64}},
+                                                {"reshape", {F32, F64, I64, BF16, F16}},
+                                                {"reshape_like", {F32, F64, I64, BF16, F16}},
+                                                {"flatten", {F32, F64, I64, BF16, F16}},
                                             });
 
 // Shapes for every elementwise op: rank 0, empty, odd sizes.
@@ -584,7 +584,7 @@ constexpr char kReshapeLike[] = R"pb(type: "reshape_like"
 
 // Views: the CPU's shapes and values, and the output is x's own buffer.
 TEST_F(CudaOpsTest, ReshapeFlattenAndReshapeLikeShareTheInputsBuffer) {
-  for (DataType dtype : {F32, F64, I64}) {
+  for (DataType dtype : {F32, F64, I64, BF16, F16}) {
     SCOPED_TRACE(DataTypeName(dtype));
     const Tensor x = RandomTensor(dtype, {2, 3, 4}, 98), like = RandomTensor(dtype, {4, 6}, 99);
     for (const char* text : {kReshape, kFlatten, kReshapeLike}) {
