@@ -363,14 +363,15 @@ absl::Status LtGemm::BatchedMatmul(float* c, const float* a, const float* b, int
   const float beta = 0.0f;
   return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
                     &alpha, &beta, false, sizeof(float), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream,
-                    batch);
+                    batch, CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(double* c, const double* a, const double* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, double alpha, cudaStream_t stream) {
   const double beta = 0.0;
   return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, false, sizeof(double), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
@@ -378,7 +379,8 @@ absl::Status LtGemm::BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_
                                    cudaStream_t stream) {
   const float beta = 0.0f;
   return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
@@ -386,28 +388,31 @@ absl::Status LtGemm::BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, con
                                    cudaStream_t stream) {
   const float beta = 0.0f;
   return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
-                    sizeof(__nv_bfloat16), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+                    sizeof(__nv_bfloat16), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
   const float beta = 0.0f;
   return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(__half* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
   const float beta = 0.0f;
   return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch);
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
 }
 
 absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                                int64_t batch, cublasLtEpilogue_t epilogue) {
+                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
@@ -425,7 +430,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   // Operands whose rows are not 16-byte multiples go through scratch with
   // padded rows (kernels/gemm_staging.h), one product at a time.
   // (Zero element sizes: the pitches of the operands as they are, nothing staged.)
-  const bool may_stage = batch == 1 && scratch_ != nullptr;
+  const bool may_stage = stage && batch == 1 && scratch_ != nullptr;
   GemmStaging staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, may_stage ? ab_bytes : 0,
                                         may_stage ? cb : 0, staging_min_flops_);
   char* scratch = nullptr;

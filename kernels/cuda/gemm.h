@@ -178,12 +178,16 @@ class LtGemm {
   // The descriptors for `key` and the heuristic's first algorithm.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
   // c_bytes: the size of one element of c; bias: null, or the vector of
-  // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it.
+  // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it. stage:
+  // misaligned rows may go through scratch (set_scratch_allocator); the
+  // batched calls (attention's, whose workspace counts no such scratch) pass
+  // false.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                           int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                          int64_t batch = 1, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS);
+                          int64_t batch = 1, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
+                          bool stage = true);
 
   // The cublasLtMatmul call itself, on operands whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).
