@@ -20,8 +20,8 @@ class CopyToDeviceKernel : public OpKernel {
     const Tensor& x = ctx.input(0);
     const bool on_this_device = x.device() == &ctx.device();
     if (!x.on_host() && !on_this_device) {
-      return absl::InternalError(absl::StrCat("copy_to_device: input is on ", x.device()->name(), ", not the host or ",
-                                              ctx.device().name()));
+      return absl::InternalError(
+          absl::StrCat("copy_to_device: input is on ", x.device()->name(), ", not the host or ", ctx.device().name()));
     }
     auto y = ctx.AllocateOutput(0, x.dtype(), x.shape());
     if (!y.ok()) return y.status();

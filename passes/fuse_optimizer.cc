@@ -39,8 +39,9 @@ std::string GroupKey(const Graph& graph, int op, const UpdateKind& kind) {
   for (const auto& [name, value] : attrs) absl::StrAppend(&key, "|", name, "=", value);
   const absl::Span<const int> in = graph.inputs(op);
   for (size_t k = 2 + kind.states; k < in.size(); ++k) absl::StrAppend(&key, "|in", in[k]);
-  absl::StrAppend(&key, "|dtype", graph.dtype(in[0]), "|stage", graph.stage(op), "|role", graph.role(op), "|",
-                  graph.device(op));
+  // The param's, the grad's and every state's dtype: one kernel, picked by one dtype, runs the group.
+  for (int k = 0; k < 2 + kind.states; ++k) absl::StrAppend(&key, "|dtype", graph.dtype(in[k]));
+  absl::StrAppend(&key, "|stage", graph.stage(op), "|role", graph.role(op), "|", graph.device(op));
   return key;
 }
 

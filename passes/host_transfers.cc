@@ -67,6 +67,10 @@ absl::StatusOr<bool> CopyMetricsOut(Graph& graph) {
     if (!seen.insert(name).second || graph.program_fields().host_copy().contains(name)) continue;
     const int v = graph.FindVar(name);
     if (v < 0 || graph.kind(v) != ACTIVATION || graph.host_memory(v) || last_writer[v] < 0) continue;
+    // The executor reports what the forward writes (it reads the metrics
+    // after each forward action); a var written later is not copied.
+    const OpRole role = graph.role(last_writer[v]);
+    if (role != FORWARD && role != LOSS) continue;
     const std::string host_name = name + "@host";
     STRATA_ASSIGN_OR_RETURN(const int host, AddCopyVar(graph, v, host_name, /*host=*/true));
     const int writer = last_writer[v];

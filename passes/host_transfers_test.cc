@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "passes/compile.h"
 #include "passes/testing/pass_test_util.h"
+#include "runtime/comm/comm_test_util.h"
 #include "runtime/executor.h"
 #include "runtime/tensor.h"
 
@@ -186,6 +187,47 @@ TEST(HostTransfersTest, AGpuPlanOnCpuKernelsTrainsWhatTheCpuPlanTrains) {
       ASSERT_TRUE(eb.ok()) << eb.status();
       EXPECT_EQ(ea->loss, eb->loss);
     }
+  }
+}
+
+// Two micro-batches of feeds a caller put on the device (a benchmark's
+// fixed batch): each micro-batch's rows are sliced on that device and
+// copied there by copy_to_device; the run trains what host feeds train.
+// The device is a FakeAccelerator (DEVICE_CUDA to the runtime, host memory
+// underneath), so the CPU's kernels run on it.
+TEST(HostTransfersTest, FeedsAlreadyOnTheDeviceAreSlicedAndCopiedThere) {
+  Strategy micro_batches;
+  micro_batches.mutable_pipeline()->set_micro_batch_size(2);
+  micro_batches.mutable_pipeline()->set_accumulate_steps(2);
+  CompileResult gpu = CompileFor(OneStage(), micro_batches, DEVICE_CUDA);
+  ASSERT_EQ(gpu.plans.size(), 1u);
+  ASSERT_EQ(gpu.plans[0].schedule().micro_batches(), 2);
+  gpu.plans[0].set_device_kind(DEVICE_CPU);
+  testing::FakeAccelerator device;
+  ExecutorOptions on_device;
+  on_device.device = &device;
+  auto host = Executor::Create(gpu.plans[0], ExecutorOptions());
+  auto fake = Executor::Create(gpu.plans[0], on_device);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_TRUE(fake.ok()) << fake.status();
+  ASSERT_TRUE((*host)->InitializeState().ok());
+  ASSERT_TRUE((*fake)->InitializeState().ok());
+  for (int step = 0; step < 2; ++step) {
+    std::map<std::string, Tensor> feeds, device_feeds;
+    feeds["x"] = Tensor::Empty(F64, {4, 4});
+    feeds["label"] = Tensor::Empty(I64, {4});
+    for (int i = 0; i < 16; ++i) feeds["x"].data<double>()[i] = 0.1 * ((i * 5 + step) % 9) - 0.4;
+    for (int i = 0; i < 4; ++i) feeds["label"].data<int64_t>()[i] = (i + 2 * step) % 3;
+    for (const auto& [name, t] : feeds) {
+      absl::StatusOr<Tensor> moved = t.CopyTo(&device);
+      ASSERT_TRUE(moved.ok()) << moved.status();
+      device_feeds[name] = *moved;
+    }
+    auto a = (*host)->TrainStep(feeds, step * 4);
+    auto b = (*fake)->TrainStep(device_feeds, step * 4);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->loss, b->loss) << "step " << step;
   }
 }
 

@@ -19,14 +19,18 @@ std::string OpWhere(const Program& program, int i) {
 
 // Rows [begin, begin + n) of a host tensor whose first dimension is the
 // batch, copied onto `device`.
+// Rows [begin, begin + n) of t: from host memory into `device`'s, or, for a
+// t already on a device (a caller's fixed batch), a copy on that device.
 Tensor SliceRows(const Tensor& t, int64_t begin, int64_t n, Device* device) {
   Shape shape = t.shape();
   const size_t row_bytes = shape[0] == 0 ? 0 : t.bytes() / shape[0];
   shape[0] = n;
-  Tensor out = Tensor::Empty(t.dtype(), shape, device);
+  Device* where = t.on_host() ? device : t.device();
+  Tensor out = Tensor::Empty(t.dtype(), shape, where);
   if (out.defined() && n > 0) {
-    device->NoteError(device->CopyFromHost(out.raw_data(), static_cast<const char*>(t.raw_data()) + begin * row_bytes,
-                                           n * row_bytes));
+    const void* rows = static_cast<const char*>(t.raw_data()) + begin * row_bytes;
+    where->NoteError(t.on_host() ? where->CopyFromHost(out.raw_data(), rows, n * row_bytes)
+                                 : where->CopyOnDevice(out.raw_data(), rows, n * row_bytes));
   }
   return out;
 }
@@ -84,9 +88,14 @@ absl::Status Executor::Prepare() {
   // made them (Program.host_copy), after the step's end synchronisation.
   auto metric_slot = [&](const std::string& name, const char* what) -> absl::StatusOr<int> {
     auto copy = program.host_copy().find(name);
-    const std::string& var = copy != program.host_copy().end() ? copy->second : name;
+    const bool copied = copy != program.host_copy().end();
+    const std::string& var = copied ? copy->second : name;
     auto it = slot_of_.find(var);
     if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", what, " '", var, "' has no var"));
+    if (copied && !program.var(it->second).host_memory()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: host copy '", var, "' of ", what, " '", name,
+                                                     "' is not a host var"));
+    }
     return it->second;
   };
   if (!program.loss().empty()) {
@@ -118,9 +127,11 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads undeclared var '", in, "'"));
       p.input_slots.push_back(it->second);
       const Var& v = program.var(it->second);
-      if (v.host_memory() && op.type() != "copy_to_device") {
-        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads host var '", in,
-                                                       "' (only copy_to_device may)"));
+      if (v.host_memory() != (op.type() == "copy_to_device")) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads ",
+                                                       v.host_memory() ? "host" : "device", " var '", in, "' (",
+                                                       v.host_memory() ? "only copy_to_device may" : "it copies from the host",
+                                                       ")"));
       }
       def.input_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
@@ -130,9 +141,11 @@ absl::Status Executor::Prepare() {
       if (it == slot_of_.end()) return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes undeclared var '", out, "'"));
       p.output_slots.push_back(it->second);
       const Var& v = program.var(it->second);
-      if (v.host_memory() && op.type() != "copy_to_host") {
-        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes host var '", out,
-                                                       "' (only copy_to_host may)"));
+      if (v.host_memory() != (op.type() == "copy_to_host")) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " writes ",
+                                                       v.host_memory() ? "host" : "device", " var '", out, "' (",
+                                                       v.host_memory() ? "only copy_to_host may" : "it copies to the host",
+                                                       ")"));
       }
       def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }

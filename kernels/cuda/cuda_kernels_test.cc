@@ -25,8 +25,9 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_info.h"
 #include "kernels/cuda/gemm.h"
-#include "runtime/allocator.h"
 #include "kernels/cuda/relu.h"
+#include "kernels/gemm_staging.h"
+#include "runtime/allocator.h"
 #include "runtime/float16.h"
 #include "runtime/tensor.h"
 
@@ -362,42 +363,98 @@ TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulBf16) {
   for (const GemmCase& c : cases) CheckGemmBf16(gemm->get(), stream_, c);
 }
 
-// Device memory for LtGemm's staging scratch: cudaMalloc and cudaFree (which
-// waits for the device, so a block freed right after the GEMM that used it
-// is safe), counting the allocations.
-class CudaMallocAllocator : public Allocator {
+// Device memory for LtGemm's staging scratch as the device's caching
+// allocator serves it in a step's steady state: one block handed straight
+// back (no synchronisation at the free; every GEMM is on the one stream),
+// grown when a larger one is asked for. Counts the allocations.
+class KeptBlockAllocator : public Allocator {
  public:
-  std::string name() const override { return "cudaMalloc"; }
+  ~KeptBlockAllocator() override {
+    if (block_ != nullptr) cudaFree(block_);
+  }
+  std::string name() const override { return "kept block"; }
 
  protected:
   void* RawAllocate(size_t bytes) override {
-    void* p = nullptr;
-    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+    if (bytes > size_) {
+      if (block_ != nullptr) cudaFree(block_);
+      block_ = nullptr;
+      size_ = 0;
+      if (cudaMalloc(&block_, bytes) != cudaSuccess) return nullptr;
+      size_ = bytes;
+    }
+    return block_;
   }
-  void RawFree(void* p, size_t) override { cudaFree(p); }
+  void RawFree(void*, size_t) override {}
+
+ private:
+  void* block_ = nullptr;
+  size_t size_ = 0;
 };
 
 // Every case again with every misaligned operand staged (the threshold at
 // 0): copied into padded rows, the GEMM on the copies, c copied back. The
-// integer cases must still equal the CPU exactly; the 1000 x 1001 x 999 bf16
-// and the 7 x 5 x 3 ones stage a, b and c.
+// integer cases must still equal the CPU exactly; each case allocates
+// scratch exactly when PlanGemmStaging stages one of its operands (7 x 5 x
+// 3 stages a, b and c; the 1000 x 1001 x 999 bf16 ones too).
 TEST_F(CudaKernelsTest, GemmStagesMisalignedRowsThroughScratch) {
   absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  CudaMallocAllocator scratch;
+  KeptBlockAllocator scratch;
   (*gemm)->set_scratch_allocator(&scratch);
   (*gemm)->set_staging_min_flops(0);
+  auto expect_staged = [&](const GemmCase& c, int64_t bytes, int64_t before) {
+    const bool staged = PlanGemmStaging(c.m, c.n, c.k, c.transpose_a, c.transpose_b, bytes, bytes, 0).any();
+    EXPECT_EQ(scratch.total_allocations() - before, staged ? 1 : 0) << Describe(c);
+  };
   for (const GemmCase& c : GemmCases()) {
+    int64_t before = scratch.total_allocations();
     CheckGemm<float>(gemm->get(), stream_, c);
+    expect_staged(c, 4, before);
+    before = scratch.total_allocations();
     CheckGemm<double>(gemm->get(), stream_, c);
+    expect_staged(c, 8, before);
   }
   std::vector<GemmCase> bf16 = GemmCases();
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) bf16.push_back({1000, 1001, 999, ta, tb, false});
   }
-  for (const GemmCase& c : bf16) CheckGemmBf16(gemm->get(), stream_, c);
-  EXPECT_GT(scratch.total_allocations(), 0);
+  for (const GemmCase& c : bf16) {
+    const int64_t before = scratch.total_allocations();
+    CheckGemmBf16(gemm->get(), stream_, c);
+    expect_staged(c, 2, before);
+  }
   EXPECT_EQ(scratch.live_bytes(), 0);
+}
+
+// c += op(a) @ op(b) with every operand's rows misaligned: c's present
+// values go into the padded copy first, so the sum keeps them (integers:
+// exact).
+TEST_F(CudaKernelsTest, StagedGemmAccumulatesIntoC) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  KeptBlockAllocator scratch;
+  (*gemm)->set_scratch_allocator(&scratch);
+  (*gemm)->set_staging_min_flops(0);
+  const GemmCase c{33, 9, 17, false, false, true};
+  std::mt19937 rng(5);
+  const std::vector<float> a = GemmInput<float>(c.m * c.k, true, &rng);
+  const std::vector<float> b = GemmInput<float>(c.k * c.n, true, &rng);
+  const std::vector<float> c0 = GemmInput<float>(c.m * c.n, true, &rng);
+  const std::vector<float> product = CpuMatmul(c, a, b);
+  DeviceArray<float> a_dev(c.m * c.k), b_dev(c.k * c.n), c_dev(c.m * c.n);
+  for (auto* d : {&a_dev, &b_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(b_dev.Upload(b));
+  ASSERT_CUDA_OK(c_dev.Upload(c0));
+  const absl::Status status = (*gemm)->Matmul(c_dev.get(), a_dev.get(), b_dev.get(), c.m, c.n, c.k, false, false,
+                                              stream_, /*accumulate=*/true);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  std::vector<float> got(c.m * c.n);
+  ASSERT_CUDA_OK(c_dev.Download(&got));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], c0[i] + product[i]) << "c[" << i << "]";
+  EXPECT_EQ(scratch.total_allocations(), 1);
 }
 
 // A training step calls the same shapes every step: the second call of a

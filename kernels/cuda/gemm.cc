@@ -33,12 +33,12 @@ absl::Status CudaError(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", cudaGetErrorString(error)));
 }
 
-#define STRATA_LT_RETURN_IF_ERROR(expr, what)                 \
-  do {                                                        \
-    const cublasStatus_t strata_lt_status = (expr);           \
-    if (strata_lt_status != CUBLAS_STATUS_SUCCESS) {          \
-      return LtError(strata_lt_status, what);                 \
-    }                                                         \
+#define STRATA_LT_RETURN_IF_ERROR(expr, what)        \
+  do {                                               \
+    const cublasStatus_t strata_lt_status = (expr);  \
+    if (strata_lt_status != CUBLAS_STATUS_SUCCESS) { \
+      return LtError(strata_lt_status, what);        \
+    }                                                \
   } while (false)
 
 // Owners of the descriptors, so every early return frees them.
@@ -59,9 +59,9 @@ using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceD
 // start `pitch` elements apart (cols: contiguous).
 absl::StatusOr<Layout> RowMajorLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t pitch) {
   cublasLtMatrixLayout_t raw = nullptr;
-  STRATA_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(cols),
-                                                       static_cast<uint64_t>(rows), pitch),
-                            "matrix layout");
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(cols), static_cast<uint64_t>(rows), pitch),
+      "matrix layout");
   return Layout(raw);
 }
 
@@ -87,44 +87,14 @@ int64_t TypeBytes(cudaDataType_t type) {
   }
 }
 
-// The copies into and out of a GEMM's staging scratch, on its stream: each
-// staged operand takes the next kStagingOffsetAlign-aligned slot, in the
-// order a, b, c (PlanGemmStaging's sum). The first failure is kept.
-struct ScratchCopies {
-  char* next;
-  cudaStream_t stream;
-  absl::Status status;
-
-  char* Slot(int64_t rows, int64_t pitch, int64_t bytes) {
-    char* slot = next;
-    next += RoundUp(rows * pitch * bytes, kStagingOffsetAlign);
-    return slot;
-  }
-  void Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t cols,
-              int64_t bytes) {
-    if (!status.ok()) return;
-    const cudaError_t error =
-        cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch * bytes), src, static_cast<size_t>(src_pitch * bytes),
-                          static_cast<size_t>(cols * bytes), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream);
-    if (error != cudaSuccess) status = CudaError(error, "GEMM staging copy");
-  }
-  // A [rows, cols] operand copied into padded rows.
-  const void* In(const void* src, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes) {
-    char* slot = Slot(rows, pitch, bytes);
-    Copy2D(slot, pitch, src, cols, rows, cols, bytes);
-    return slot;
-  }
-  // c's padded slot; its present values copied in when the GEMM adds to them.
-  void* Out(void* c, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes, bool accumulate) {
-    char* slot = Slot(rows, pitch, bytes);
-    if (accumulate) Copy2D(slot, pitch, c, cols, rows, cols, bytes);
-    return slot;
-  }
-  absl::Status Back(void* c, const void* slot, int64_t rows, int64_t cols, int64_t pitch, int64_t bytes) {
-    Copy2D(c, cols, slot, pitch, rows, cols, bytes);
-    return status;
-  }
-};
+// A [rows, cols] block between row pitches (in elements), on `stream`.
+absl::Status Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t rows, int64_t cols,
+                    int64_t bytes, cudaStream_t stream) {
+  const cudaError_t error =
+      cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch * bytes), src, static_cast<size_t>(src_pitch * bytes),
+                        static_cast<size_t>(cols * bytes), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream);
+  return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "GEMM staging copy");
+}
 
 }  // namespace
 
@@ -144,11 +114,9 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   const cublasOperation_t op_a = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)),
-      "set transa");
+      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "set transa");
   STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)),
-      "set transb");
+      cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "set transb");
   if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     // BIAS: cuBLASLt's bias runs along its rows, our c's columns, one per
     // output feature. BGRADA sums its A (our b) over k, one per row of its
@@ -198,8 +166,8 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   Preference preference(raw_preference);
   const uint64_t max_workspace = workspace_bytes_;
   STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &max_workspace, sizeof(max_workspace)),
+      cublasLtMatmulPreferenceSetAttribute(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                           sizeof(max_workspace)),
       "set workspace preference");
   // cuBLASLt's A is our b, its B our a, its C and D our c.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
@@ -216,15 +184,13 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
 
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc.get(), plan->b_layout.get(), plan->a_layout.get(),
-                                     plan->c_layout.get(), plan->c_layout.get(), preference.get(), 1, &heuristic,
-                                     &found),
-      "algorithm heuristic");
+  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+                                handle_, plan->desc.get(), plan->b_layout.get(), plan->a_layout.get(),
+                                plan->c_layout.get(), plan->c_layout.get(), preference.get(), 1, &heuristic, &found),
+                            "algorithm heuristic");
   if (found == 0) {
     return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k,
-                                                 " transpose_a=", key.transpose_a,
-                                                 " transpose_b=", key.transpose_b));
+                                                 " transpose_a=", key.transpose_a, " transpose_b=", key.transpose_b));
   }
   plan->algo = heuristic.algo;
   return plan;
@@ -260,8 +226,8 @@ LtGemm::~LtGemm() {
   cublasLtDestroy(handle_);
 }
 
-absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
-                            bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate, bool tf32) {
+absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                            bool transpose_b, cudaStream_t stream, bool accumulate, bool tf32) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // CUBLAS_COMPUTE_32F unless asked: full FP32 products, like the CPU.
   return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
@@ -272,8 +238,8 @@ absl::Status LtGemm::Matmul(float* c, const float* a, const float* b, int64_t m,
 absl::Status LtGemm::Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
                             bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   const double alpha = 1.0, beta = accumulate ? 1.0 : 0.0;
-  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, accumulate,
-                    sizeof(double), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, accumulate, sizeof(double),
+                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
@@ -294,22 +260,22 @@ absl::Status LtGemm::Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat1
 absl::Status LtGemm::Matmul(__half* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k,
                             bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate,
-                    sizeof(__half), c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(__half),
+                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::Matmul(float* c, const __half* a, const __half* b, int64_t m, int64_t n, int64_t k,
                             bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float),
-                    c, a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, accumulate, sizeof(float), c,
+                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                                 int64_t k, bool transpose_b, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, bias, m, n, k, false, transpose_b, stream);
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
@@ -319,11 +285,11 @@ absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const 
                     &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream);
 }
 
-absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
-                                int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
+                                int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, bias, m, n, k, false, transpose_b, stream);
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream);
 }
 
 namespace {
@@ -346,15 +312,15 @@ absl::Status LtGemm::MatmulBiasGrad(float* c, float* bias_grad, const __nv_bfloa
                                     int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of,
                                     cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
 }
 
 absl::Status LtGemm::MatmulBiasGrad(float* c, float* bias_grad, const __half* a, const __half* b, int64_t m, int64_t n,
                                     int64_t k, bool transpose_a, bool transpose_b, BiasGradOf of, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias_grad, m, n, k, transpose_a, transpose_b, stream, 1, BiasGradEpilogue(of));
 }
 
 absl::Status LtGemm::BatchedMatmul(float* c, const float* a, const float* b, int64_t batch, int64_t m, int64_t n,
@@ -369,18 +335,18 @@ absl::Status LtGemm::BatchedMatmul(float* c, const float* a, const float* b, int
 absl::Status LtGemm::BatchedMatmul(double* c, const double* a, const double* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, double alpha, cudaStream_t stream) {
   const double beta = 0.0;
-  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, false, sizeof(double), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
-                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
+  return MatmulImpl(CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F, &alpha, &beta, false, sizeof(double), c, a,
+                    b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch, CUBLASLT_EPILOGUE_BIAS,
+                    /*stage=*/false);
 }
 
-absl::Status LtGemm::BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
-                                   int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+absl::Status LtGemm::BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch, int64_t m,
+                                   int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
                                    cudaStream_t stream) {
   const float beta = 0.0f;
-  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
-                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch, CUBLASLT_EPILOGUE_BIAS,
+                    /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
@@ -395,17 +361,17 @@ absl::Status LtGemm::BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, con
 absl::Status LtGemm::BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
   const float beta = 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
-                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch, CUBLASLT_EPILOGUE_BIAS,
+                    /*stage=*/false);
 }
 
 absl::Status LtGemm::BatchedMatmul(__half* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
                                    int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream) {
   const float beta = 0.0f;
-  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c,
-                    a, b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch,
-                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/false);
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, nullptr, m, n, k, transpose_a, transpose_b, stream, batch, CUBLASLT_EPILOGUE_BIAS,
+                    /*stage=*/false);
 }
 
 absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
@@ -421,86 +387,116 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
     if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back
-    if (accumulate) return absl::OkStatus();  // c += 0
+    if (accumulate) return absl::OkStatus();                                                      // c += 0
     const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * c_bytes, stream);
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
 
   const int64_t ab_bytes = TypeBytes(type), cb = static_cast<int64_t>(c_bytes);
   // Operands whose rows are not 16-byte multiples go through scratch with
-  // padded rows (kernels/gemm_staging.h), one product at a time.
-  // (Zero element sizes: the pitches of the operands as they are, nothing staged.)
+  // padded rows (kernels/gemm_staging.h), one product at a time. (Zero
+  // element sizes: the operands' own pitches, nothing staged.)
   const bool may_stage = stage && batch == 1 && scratch_ != nullptr;
-  GemmStaging staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, may_stage ? ab_bytes : 0,
-                                        may_stage ? cb : 0, staging_min_flops_);
+  GemmStaging staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, may_stage ? ab_bytes : 0, may_stage ? cb : 0,
+                                        staging_min_flops_);
   char* scratch = nullptr;
   if (staging.any()) {
     scratch = static_cast<char*>(scratch_->Allocate(static_cast<size_t>(staging.scratch_bytes)));
     if (scratch == nullptr) staging = PlanGemmStaging(m, n, k, transpose_a, transpose_b, 0, 0);  // run unstaged
   }
-  ScratchCopies copies{scratch, stream};
+  // Each staged operand's slot, in the order a, b, c (PlanGemmStaging's sum).
+  char* next = scratch;
+  auto slot = [&next](int64_t rows, int64_t pitch, int64_t bytes) {
+    char* at = next;
+    next += RoundUp(rows * pitch * bytes, kStagingOffsetAlign);
+    return at;
+  };
   const int64_t a_rows = transpose_a ? k : m, a_cols = transpose_a ? m : k;
   const int64_t b_rows = transpose_b ? n : k, b_cols = transpose_b ? k : n;
-  const void* a_used = staging.stage_a ? copies.In(a, a_rows, a_cols, staging.a_pitch, ab_bytes) : a;
-  const void* b_used = staging.stage_b ? copies.In(b, b_rows, b_cols, staging.b_pitch, ab_bytes) : b;
-  void* c_used = staging.stage_c ? copies.Out(c, m, n, staging.c_pitch, cb, accumulate) : c;
-  absl::Status status = copies.status;
-  if (status.ok()) {
-    status = RunGemm(type, c_type, compute, scale_type, alpha, beta, c_used, a_used, b_used, bias, m, n, k, transpose_a,
-                     transpose_b, stream, batch, epilogue, staging.a_pitch, staging.b_pitch, staging.c_pitch);
-  }
-  if (status.ok() && staging.stage_c) status = copies.Back(c, c_used, m, n, staging.c_pitch, cb);
+  const void* a_used = staging.stage_a ? slot(a_rows, staging.a_pitch, ab_bytes) : a;
+  const void* b_used = staging.stage_b ? slot(b_rows, staging.b_pitch, ab_bytes) : b;
+  void* c_used = staging.stage_c ? slot(m, staging.c_pitch, cb) : c;
+
+  // The plan first: where cuBLASLt has no algorithm (an epilogue the caller
+  // then runs apart) nothing has been copied.
+  absl::StatusOr<Plan*> plan = GetPlan(
+      KeyFor(type, c_type, compute, scale_type, bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT, batch, m, n, k,
+             transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch));
+  absl::Status status = plan.status();
+  if (status.ok() && staging.stage_a)
+    status = Copy2D(const_cast<void*>(a_used), staging.a_pitch, a, a_cols, a_rows, a_cols, ab_bytes, stream);
+  if (status.ok() && staging.stage_b)
+    status = Copy2D(const_cast<void*>(b_used), staging.b_pitch, b, b_cols, b_rows, b_cols, ab_bytes, stream);
+  if (status.ok() && staging.stage_c && accumulate) status = Copy2D(c_used, staging.c_pitch, c, n, m, n, cb, stream);
+  if (status.ok()) status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, stream);
+  if (status.ok() && staging.stage_c) status = Copy2D(c, n, c_used, staging.c_pitch, m, n, cb, stream);
   if (scratch != nullptr) scratch_->Free(scratch, static_cast<size_t>(staging.scratch_bytes));
   return status;
 }
 
-absl::Status LtGemm::RunGemm(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
-                             cudaDataType_t scale_type, const void* alpha, const void* beta, void* c, const void* a,
-                             const void* b, const void* bias, int64_t m, int64_t n, int64_t k, bool transpose_a,
-                             bool transpose_b, cudaStream_t stream, int64_t batch, cublasLtEpilogue_t epilogue,
-                             int64_t pitch_a, int64_t pitch_b, int64_t pitch_c) {
+LtGemm::PlanKey LtGemm::KeyFor(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                               cudaDataType_t scale_type, cublasLtEpilogue_t epilogue, int64_t batch, int64_t m,
+                               int64_t n, int64_t k, bool transpose_a, bool transpose_b, const void* a, const void* b,
+                               const void* c, int64_t pitch_a, int64_t pitch_b, int64_t pitch_c) {
   // A batch's later items start a stride further on: each is only as aligned
   // as the first item and the stride both allow.
   const auto aligned = [batch](const void* p, int64_t stride_bytes) {
     if (batch <= 1) return Alignment(p);
-    return Alignment(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) |
-                                                   static_cast<uintptr_t>(stride_bytes)));
+    return Alignment(
+        reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride_bytes)));
   };
   const int64_t ab_bytes = TypeBytes(type), cb = TypeBytes(c_type);
-  const PlanKey key{type,
-                    c_type,
-                    bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT,
-                    compute,
-                    scale_type,
-                    batch,
-                    m,
-                    n,
-                    k,
-                    transpose_a,
-                    transpose_b,
-                    aligned(a, m * k * ab_bytes),
-                    aligned(b, k * n * ab_bytes),
-                    aligned(c, m * n * cb),
-                    pitch_a,
-                    pitch_b,
-                    pitch_c};
+  return PlanKey{type,
+                 c_type,
+                 epilogue,
+                 compute,
+                 scale_type,
+                 batch,
+                 m,
+                 n,
+                 k,
+                 transpose_a,
+                 transpose_b,
+                 aligned(a, m * k * ab_bytes),
+                 aligned(b, k * n * ab_bytes),
+                 aligned(c, m * n * cb),
+                 pitch_a,
+                 pitch_b,
+                 pitch_c};
+}
+
+absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
-    if (!plan.ok()) return plan.status();  // nothing cached: the next call tries again
+    if (!plan.ok()) {
+      // No algorithm is the shape's answer, kept so a step does not ask the
+      // heuristic again; any other failure may pass, and is not kept.
+      if (plan.status().code() == absl::StatusCode::kUnimplemented) plans_.emplace(key, nullptr);
+      return plan.status();
+    }
     it = plans_.emplace(key, *std::move(plan)).first;
   }
-  Plan& plan = *it->second;
+  if (it->second == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k,
+                                                 " transpose_a=", key.transpose_a, " transpose_b=", key.transpose_b,
+                                                 " with epilogue ", static_cast<int>(key.epilogue)));
+  }
+  return it->second.get();
+}
+
+absl::Status LtGemm::Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
+                            const void* bias, cudaStream_t stream) {
   if (bias != nullptr) {
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
         "set bias pointer");
   }
   // cuBLASLt's A is our b, its B our a, its C and D our c.
-  STRATA_LT_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a,
-                                           plan.a_layout.get(), beta, c, plan.c_layout.get(), c,
-                                           plan.c_layout.get(), &plan.algo, workspace_, workspace_bytes_, stream),
-                            "matmul");
+  STRATA_LT_RETURN_IF_ERROR(
+      cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a, plan.a_layout.get(), beta, c,
+                     plan.c_layout.get(), c, plan.c_layout.get(), &plan.algo, workspace_, workspace_bytes_, stream),
+      "matmul");
   return absl::OkStatus();
 }
 

@@ -56,14 +56,14 @@ class LtGemm {
   // cores; the strategy's allow_tf32), else full FP32 products.
   absl::Status Matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
                       bool transpose_b, cudaStream_t stream, bool accumulate = false, bool tf32 = false);
-  absl::Status Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k,
-                      bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
+  absl::Status Matmul(double* c, const double* a, const double* b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+                      bool transpose_b, cudaStream_t stream, bool accumulate = false);
   // bf16 operands and result, FP32 products and sums (CUBLAS_COMPUTE_32F),
   // rounded to bf16 on the way out; as under PyTorch's defaults, a split-K
   // algorithm may round its partial sums too. A buffer of strata::bfloat16
   // (runtime/float16.h) holds the same 16 bits: reinterpret_cast its pointer.
-  absl::Status Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n,
-                      int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
+  absl::Status Matmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n, int64_t k,
+                      bool transpose_a, bool transpose_b, cudaStream_t stream, bool accumulate = false);
 
   // bf16 operands into a float c: FP32 products and sums, never rounded to bf16.
   absl::Status Matmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t m, int64_t n, int64_t k,
@@ -80,8 +80,8 @@ class LtGemm {
   // sums, nothing rounded to bf16). Unimplemented when cuBLASLt has no
   // algorithm with that epilogue for the shape: the caller falls back to
   // Matmul and a separate add.
-  absl::Status MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
-                          int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
+  absl::Status MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n, int64_t k,
+                          bool transpose_b, cudaStream_t stream, bool tf32 = false);
   absl::Status MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
                           int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
@@ -121,15 +121,15 @@ class LtGemm {
   absl::Status BatchedMatmul(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch, int64_t m,
                              int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
                              cudaStream_t stream);
-  absl::Status BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch,
-                             int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
+  absl::Status BatchedMatmul(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t batch, int64_t m,
+                             int64_t n, int64_t k, bool transpose_a, bool transpose_b, float alpha,
                              cudaStream_t stream);
-  absl::Status BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
-                             int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream);
+  absl::Status BatchedMatmul(float* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                             bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream);
   absl::Status BatchedMatmul(__half* c, const __half* a, const __half* b, int64_t batch, int64_t m, int64_t n,
                              int64_t k, bool transpose_a, bool transpose_b, float alpha, cudaStream_t stream);
 
-  // How many shapes have a plan (for tests).
+  // How many shapes have a plan, or a remembered "no algorithm" (for tests).
   size_t cached_plans() const { return plans_.size(); }
 
   // Scratch for one-product GEMMs with a row not a multiple of 16 bytes
@@ -149,12 +149,12 @@ class LtGemm {
   // What a plan depends on: the heuristic's choice changes with the operands'
   // alignment, so a view into the middle of a buffer gets its own plan.
   struct PlanKey {
-    cudaDataType_t type;    // of a and b
-    cudaDataType_t c_type;  // of c (and of the bias or bias gradient)
+    cudaDataType_t type;          // of a and b
+    cudaDataType_t c_type;        // of c (and of the bias or bias gradient)
     cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, BGRADA or BGRADB
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
-    int64_t batch, m, n, k;  // batch 1: one product
+    int64_t batch, m, n, k;     // batch 1: one product
     bool transpose_a, transpose_b;
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
@@ -184,18 +184,22 @@ class LtGemm {
   // false.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
-                          size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
-                          int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                          int64_t batch = 1, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS,
-                          bool stage = true);
+                          size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m, int64_t n,
+                          int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, int64_t batch = 1,
+                          cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true);
 
-  // The cublasLtMatmul call itself, on operands whose rows start pitch_*
+  // The plan key of a GEMM on these operands, whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).
-  absl::Status RunGemm(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
-                       cudaDataType_t scale_type, const void* alpha, const void* beta, void* c, const void* a,
-                       const void* b, const void* bias, int64_t m, int64_t n, int64_t k, bool transpose_a,
-                       bool transpose_b, cudaStream_t stream, int64_t batch, cublasLtEpilogue_t epilogue,
-                       int64_t pitch_a, int64_t pitch_b, int64_t pitch_c);
+  static PlanKey KeyFor(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
+                        cudaDataType_t scale_type, cublasLtEpilogue_t epilogue, int64_t batch, int64_t m, int64_t n,
+                        int64_t k, bool transpose_a, bool transpose_b, const void* a, const void* b, const void* c,
+                        int64_t pitch_a, int64_t pitch_b, int64_t pitch_c);
+  // The key's plan, made on first use. A key cuBLASLt has no algorithm for
+  // is remembered as such (Unimplemented, every call, without asking again).
+  absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
+  // The cublasLtMatmul call itself.
+  absl::Status Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
+                      const void* bias, cudaStream_t stream);
 
   cublasLtHandle_t handle_;
   void* workspace_;
