@@ -22,6 +22,10 @@ struct CompileOptions {
   // test can compare a program with and without one; naming a pass that is
   // not optional is an error.
   std::vector<std::string> disabled_passes;
+  // Tests only: false makes mixed precision keep the float32 logits and their
+  // casts before softmax_cross_entropy (the form before the loss read 16-bit
+  // logits), to compare the two; no flag or strategy field sets it.
+  bool mixed_precision_fold_losses = true;
 };
 
 struct CompileResult {

@@ -1,5 +1,6 @@
 #include "passes/mixed_precision.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -38,11 +39,37 @@ const LowOp* LowOpFor(absl::string_view type) {
 // (var, stage) -> its low-precision copy: one cast per var a stage reads.
 using CopyMap = std::map<std::pair<int, int>, int>;
 
+// The softmax_cross_entropy that is the only reader of `var` (an output of
+// the low op `op`), reading it as its logits on `op`'s stage, or -1. A var
+// any other op reads, or the program fetches (or names as its loss), keeps
+// its float32 form.
+int SoleLossReader(const Graph& graph, int op, int var) {
+  const std::string name(graph.var_name(var));
+  if (graph.loss() == name) return -1;
+  for (const std::string& fetch : graph.program_fields().fetch()) {
+    if (fetch == name) return -1;
+  }
+  int reader = -1;
+  for (int r : graph.ops()) {
+    const absl::Span<const int> in = graph.inputs(r);
+    const int reads = static_cast<int>(std::count(in.begin(), in.end(), var));
+    if (reads == 0) continue;
+    if (reader >= 0 || reads != 1 || in[0] != var) return -1;
+    reader = r;
+  }
+  if (reader < 0 || graph.schema(reader).type != "softmax_cross_entropy") return -1;
+  if (graph.stage(reader) != graph.stage(op)) return -1;  // no 16-bit logits cross stages
+  return reader;
+}
+
 // Runs `op` in `low`: its cast inputs read `<var><suffix>` copies (made on
 // first use per stage) and its cast outputs write `<y><suffix>`, with a cast
-// back to F32 into `y` right after the op.
+// back to F32 into `y` right after the op. With `fold_losses`, an output
+// whose only reader is softmax_cross_entropy's logits gets no cast back: the
+// loss reads `<y><suffix>` itself, and `y`'s id goes to `dropped` (the F32
+// var no op uses now, removed at the pass's end).
 absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, const std::string& suffix,
-                      CopyMap& copy_of) {
+                      bool fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped) {
   Op lowered = graph.AsOp(op);
   const std::vector<int> inputs(graph.inputs(op).begin(), graph.inputs(op).end());
   for (int k = 0; k < spec.inputs; ++k) {
@@ -63,6 +90,7 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
     lowered.set_input(k, std::string(graph.var_name(it->second)));
   }
   std::vector<Op> backs;
+  std::vector<std::pair<int, std::string>> losses;  // (softmax_cross_entropy, the low logits it reads)
   for (int i : spec.outputs) {
     const int out = graph.outputs(op)[i];
     const std::string out_name(graph.var_name(out));
@@ -71,6 +99,11 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
       return absl::InternalError(absl::StrCat("mixed-precision: var '", low_name, "' exists already"));
     }
     lowered.set_output(i, low_name);
+    if (const int loss = fold_losses ? SoleLossReader(graph, op, out) : -1; loss >= 0) {
+      losses.emplace_back(loss, low_name);
+      dropped.push_back(out_name);
+      continue;
+    }
     Op back = OpPlacedLike(graph, op, "cast", graph.role(op));
     back.add_input(low_name);
     back.add_output(out_name);
@@ -78,6 +111,11 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
     backs.push_back(std::move(back));
   }
   if (auto s = graph.ReplaceOp(op, lowered); !s.ok()) return s;
+  for (const auto& [loss, logits] : losses) {
+    Op reads_low = graph.AsOp(loss);
+    reads_low.set_input(0, logits);
+    if (auto s = graph.ReplaceOp(loss, reads_low); !s.ok()) return s;
+  }
   // Inserted in reverse right after the op, so the casts back run in output order.
   for (auto it = backs.rbegin(); it != backs.rend(); ++it) {
     if (auto added = graph.InsertOpAfter(op, *it); !added.ok()) return added.status();
@@ -109,6 +147,7 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
   const std::string suffix = low == BF16 ? "@bf16" : "@f16";
   const std::vector<int> order = graph.ops();
   CopyMap copy_of;
+  std::vector<std::string> dropped;  // F32 logits the losses no longer read
   bool changed = false;
   for (int op : order) {
     const LowOp* spec = LowOpFor(graph.schema(op).type);
@@ -118,8 +157,13 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
       const auto& q = graph.shape(graph.inputs(op)[0]);
       if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[2])) continue;
     }
-    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, copy_of));
+    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, fold_losses_, copy_of, dropped));
     changed = true;
+  }
+  if (!dropped.empty()) {
+    std::vector<bool> keep(graph.num_vars(), true);
+    for (const std::string& name : dropped) keep[graph.FindVar(name)] = false;
+    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("mixed-precision: ", s.message()));
   }
   return changed;
 }

@@ -19,8 +19,16 @@ namespace strata {
 // a weight read twice is cast once. The op writes `<y>@bf16` and a `cast`
 // back to F32 writes its original output `y` right after it; attention's
 // second output, the logsumexp, is F32 by its schema for BF16/F16 q and is
-// left as it is. Every other op (softmax, layer_norm, the losses, the adds)
-// still runs in float32, and the parameters stay F32 master copies the
+// left as it is. A low op's output whose only reader is a
+// softmax_cross_entropy (its logits, on the op's stage; not fetched) gets no
+// cast back: the loss reads `<y>@bf16` directly and computes in float32 (its
+// loss stays F32 by its schema), the F32 `y` is dropped, and autodiff's
+// softmax_cross_entropy_grad writes the 16-bit gradient the op's backward
+// reads, so a GPT's float32 logits and their gradient never exist; the
+// results are the casts' bit for bit (widening is exact, the gradient is
+// rounded once either way). Every other op (softmax, layer_norm, mse_loss,
+// a cross-entropy on logits something else reads, the adds) still runs in
+// float32, and the parameters stay F32 master copies the
 // optimizer updates. Autodiff differentiates through the casts, so the weight
 // gradients arrive in F32 too; conv2d's gradients (conv2d_grad_input,
 // conv2d_grad_filter) run in the low dtype as matmul's do, and its bias
@@ -30,12 +38,17 @@ namespace strata {
 // (passes/loss_scaling.h), after the pipeline split.
 class MixedPrecisionPass : public Pass {
  public:
-  explicit MixedPrecisionPass(DeviceKind device = DEVICE_CPU) : device_(device) {}
+  // fold_losses false keeps every cast back, the loss reading the F32
+  // logits (the form before the losses read 16-bit logits): for tests that
+  // compare the two.
+  explicit MixedPrecisionPass(DeviceKind device = DEVICE_CPU, bool fold_losses = true)
+      : device_(device), fold_losses_(fold_losses) {}
   std::string name() const override { return "mixed-precision"; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
 
  private:
   DeviceKind device_;  // the plans' device
+  bool fold_losses_;   // softmax_cross_entropy reads a sole-reader low output directly
 };
 
 }  // namespace strata

@@ -40,11 +40,13 @@ Strategy Bf16() {
   return s;
 }
 
-Program DumpAfter(const Strategy& strategy, const std::string& pass) {
+Program DumpAfter(const Strategy& strategy, const std::string& pass, const std::string& program = kMlp,
+                  bool fold_losses = true) {
   CompileOptions options;
   options.batch_size = 8;
   options.dump_after = pass;
-  auto result = Compile(ParseProgramOrFail(kMlp), strategy, options);
+  options.mixed_precision_fold_losses = fold_losses;
+  auto result = Compile(ParseProgramOrFail(program), strategy, options);
   EXPECT_TRUE(result.ok()) << result.status();
   return result.ok() ? result->dumped : Program();
 }
@@ -69,23 +71,28 @@ TEST(MixedPrecisionTest, CastsAroundEveryMatmul) {
     }
     EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
   }
-  // One cast per var: x, w1 (read twice), h, w2 to BF16; a, b, z back.
+  // One cast per var: x, w1 (read twice), h, w2 to BF16; a, b back. z's
+  // only reader is the loss, which reads z@bf16 itself: no cast, no F32 z.
   std::vector<std::string> to_bf16, to_f32;
   for (const Op* c : OpsOfType(p, "cast")) {
     (Attr(*c, "dtype").s() == "BF16" ? to_bf16 : to_f32).push_back(c->input(0));
   }
   EXPECT_EQ(to_bf16, (std::vector<std::string>{"x", "w1", "h", "w2"}));
-  EXPECT_EQ(to_f32, (std::vector<std::string>{"a@bf16", "b@bf16", "z@bf16"}));
+  EXPECT_EQ(to_f32, (std::vector<std::string>{"a@bf16", "b@bf16"}));
   EXPECT_EQ(OpsWriting(p, "w1@bf16").size(), 1u);
+  EXPECT_FALSE(HasVar(p, "z"));
+  ASSERT_EQ(OpsOfType(p, "softmax_cross_entropy").size(), 1u);
+  EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "z@bf16");
+  EXPECT_EQ(FindVar(p, "loss")->dtype(), F32);
   // The outputs keep their names and float32, written by the casts back.
-  for (const std::string name : {"a", "b", "z"}) {
+  for (const std::string name : {"a", "b"}) {
     EXPECT_EQ(FindVar(p, name)->dtype(), F32) << name;
     ASSERT_EQ(OpsWriting(p, name).size(), 1u) << name;
     EXPECT_EQ(OpsWriting(p, name)[0]->type(), "cast") << name;
     EXPECT_LT(IndexOf(p, OpsWriting(p, absl::StrCat(name, "@bf16"))[0]), IndexOf(p, OpsWriting(p, name)[0]));
   }
   // Every other op as it was, in float32; the params stay F32.
-  for (const std::string type : {"add", "relu", "softmax_cross_entropy"}) {
+  for (const std::string type : {"add", "relu"}) {
     ASSERT_EQ(OpsOfType(p, type).size(), 1u) << type;
     for (const auto& in : OpsOfType(p, type)[0]->input()) EXPECT_NE(FindVar(p, in)->dtype(), BF16) << type;
   }
@@ -148,6 +155,64 @@ TEST(MixedPrecisionTest, F16CastsAroundEveryMatmul) {
   }
   EXPECT_EQ(to_f16, (std::vector<std::string>{"x@f16", "w1@f16", "h@f16", "w2@f16"}));
   for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), F16) << m->output(0);
+  ASSERT_EQ(OpsOfType(p, "softmax_cross_entropy").size(), 1u);
+  EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "z@f16");
+  EXPECT_FALSE(HasVar(p, "z"));
+}
+
+// The loss's backward under the fold: softmax_cross_entropy_grad reads the
+// BF16 logits and the F32 seed and writes the BF16 gradient the matmul's
+// backward reads; no cast touches the logits or their gradient.
+TEST(MixedPrecisionTest, TheLossGradientIsBf16WithoutCasts) {
+  const Program p = DumpAfter(Bf16(), "autodiff");
+  const std::vector<const Op*> grads = OpsOfType(p, "softmax_cross_entropy_grad");
+  ASSERT_EQ(grads.size(), 1u);
+  const Op& g = *grads[0];
+  EXPECT_EQ(g.input(0), "z@bf16");
+  EXPECT_EQ(FindVar(p, g.input(2))->dtype(), F32) << g.input(2);
+  EXPECT_EQ(g.output(0), "z@bf16@grad");
+  EXPECT_EQ(FindVar(p, g.output(0))->dtype(), BF16);
+  EXPECT_FALSE(HasVar(p, "z@grad"));
+  for (const Op* c : OpsOfType(p, "cast")) {
+    EXPECT_FALSE(absl::StartsWith(c->input(0), "z@") || absl::StartsWith(c->output(0), "z@")) << c->input(0);
+  }
+  bool read = false;  // by the matmul's backward
+  for (const Op& op : p.op()) {
+    if (&op == &g) continue;
+    for (const auto& in : op.input()) read |= in == "z@bf16@grad";
+  }
+  EXPECT_TRUE(read);
+}
+
+// The F32 logits stay, with their cast, when anything but the loss reads
+// them: another op (accuracy, F32 only, fetched as a metric; a softmax), or
+// the loss on another pipeline stage than the matmul; and when the fold is
+// off (the compile option the end-to-end bit-identity test uses). (A fetch
+// is a scalar, so logits [N, C] are never fetched themselves.)
+TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
+  const std::string softmax = absl::StrCat(
+      kMlp, R"pb(op { type: "softmax" input: ["z"] output: ["p"] } op { type: "reduce_mean" input: ["p"] output: ["pm"] } fetch: "pm")pb");
+  const std::string metric = absl::StrCat(
+      kMlp, R"pb(op { type: "accuracy" input: ["z", "label"] output: ["acc"] } fetch: "acc")pb");
+  // Every op on stage 0 but the loss, on stage 1.
+  std::string staged = kMlp;
+  for (size_t at = staged.find("] }"); at != std::string::npos; at = staged.find("] }", at + 1)) {
+    const bool loss = staged.rfind("softmax_cross_entropy", at) > staged.rfind("op {", at) &&
+                      staged.rfind("softmax_cross_entropy", at) != std::string::npos;
+    staged.replace(at, 3, loss ? R"(] device: "gpu:1" })" : R"(] device: "gpu:0" })");
+  }
+  const std::vector<std::tuple<std::string, std::string, bool>> cases = {
+      {"softmax", softmax, true}, {"metric", metric, true}, {"other stage", staged, true}, {"fold off", kMlp, false}};
+  for (const auto& [what, text, fold] : cases) {
+    SCOPED_TRACE(what);
+    const Program p = DumpAfter(Bf16(), "mixed-precision", text, fold);
+    ASSERT_TRUE(HasVar(p, "z"));
+    EXPECT_EQ(FindVar(p, "z")->dtype(), F32);
+    ASSERT_EQ(OpsWriting(p, "z").size(), 1u);
+    EXPECT_EQ(OpsWriting(p, "z")[0]->type(), "cast");
+    ASSERT_EQ(OpsOfType(p, "softmax_cross_entropy").size(), 1u);
+    EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "z");
+  }
 }
 
 // A small GPT: attention runs in the low dtype too (q, k, v cast, y written
@@ -200,6 +265,13 @@ TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
   }
   // The matmuls are still cast as before.
   for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);
+  // The loss reads the LM head's bf16 logits: no F32 logits, no cast up.
+  ASSERT_EQ(OpsOfType(p, "softmax_cross_entropy").size(), 1u);
+  EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "logits@bf16");
+  EXPECT_FALSE(HasVar(p, "logits"));
+  for (const Op& op : p.op()) {
+    for (const auto& in : op.input()) EXPECT_NE(in, "logits") << op.type();
+  }
 
   options.dump_after.clear();
   auto compiled = Compile(SmallGpt(), Bf16(), options);
@@ -214,6 +286,23 @@ TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
       EXPECT_EQ(FindVar(rank, op.input(4))->dtype(), F32) << op.input(4);  // lse
       for (const auto& out : op.output()) EXPECT_EQ(FindVar(rank, out)->dtype(), BF16) << out;
     }
+    // The loss's gradient is written in bf16 for the LM head's backward: no
+    // F32 logits gradient, no cast down after it.
+    EXPECT_FALSE(HasVar(rank, "logits"));
+    EXPECT_FALSE(HasVar(rank, "logits@grad"));
+    int loss_grads = 0;
+    for (const Op& op : rank.op()) {
+      if (op.type() == "cast") {
+        EXPECT_NE(op.input(0), "logits@grad");
+        EXPECT_NE(op.output(0), "logits@bf16@grad");
+      }
+      if (op.type() != "softmax_cross_entropy_grad") continue;
+      ++loss_grads;
+      EXPECT_EQ(op.input(0), "logits@bf16");
+      EXPECT_EQ(op.output(0), "logits@bf16@grad");
+      EXPECT_EQ(FindVar(rank, op.output(0))->dtype(), BF16);
+    }
+    EXPECT_EQ(loss_grads, 1);
   }
   EXPECT_EQ(grads, 2);
 }

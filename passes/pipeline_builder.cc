@@ -18,11 +18,11 @@
 
 namespace strata {
 
-std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device) {
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device, bool fold_losses) {
   auto pipeline = std::make_unique<PassPipeline>("program");
   pipeline->AddPass<PlacementPass>();
   if (strategy.has_mixed_precision()) {
-    pipeline->AddPass<MixedPrecisionPass>(device);
+    pipeline->AddPass<MixedPrecisionPass>(device, fold_losses);
     pipeline->AddPass<CommuteCastsPass>();
   }
   pipeline->AddPass<AutodiffPass>();

@@ -20,7 +20,10 @@ namespace strata {
 // recompute, and end each rank with the per-parameter optimizer updates
 // grouped into multi-tensor ones (fuse-optimizer) and then the host
 // transfers (feeds copied in, the loss and fetches copied out, as ops).
-std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
+// fold_losses false: the mixed-precision pass keeps the cast back before
+// softmax_cross_entropy (CompileOptions::mixed_precision_fold_losses; tests).
+std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU,
+                                                   bool fold_losses = true);
 std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 
 // Every pass a compile with `strategy` runs, "validate" first: what

@@ -14,16 +14,19 @@ namespace {
 
 using nn_shape_checks::Dims;
 using nn_shape_checks::DimsString;
+using nn_shape_checks::ExpectComputeFloatingArg;
 using nn_shape_checks::ExpectDtypeArg;
 using nn_shape_checks::ExpectFloatingArg;
 using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::ExpectScalarArg;
 using nn_shape_checks::Invalid;
 
-// Losses and metrics over logits [..., C] and I64 labels [...].
+// Losses and metrics over logits [..., C] and I64 labels [...]. `half`:
+// the op also takes BF16 / F16 logits (softmax_cross_entropy and its
+// backward, which mixed precision lets read the LM head's 16-bit output).
 
-absl::Status CheckLogitsAndLabel(const ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, 0, "logits"));
+absl::Status CheckLogitsAndLabel(const ShapeContext& ctx, bool half = false) {
+  STRATA_RETURN_IF_ERROR(half ? ExpectComputeFloatingArg(ctx, 0, "logits") : ExpectFloatingArg(ctx, 0, "logits"));
   const Dims& logits = ctx.input(0).shape;
   if (logits.size() < 2 || logits.back() <= 0) {
     return Invalid(absl::StrCat("input 'logits' must be [N, C] with a known number of classes C, got ",
@@ -38,9 +41,14 @@ absl::Status CheckLogitsAndLabel(const ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status ScalarLossShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
-  ctx.set_output(0, TensorType{ctx.input(0).dtype, {}});
+// The loss's (and the backward's dloss) type: F32 when the logits are BF16
+// or F16 (the math is float32, as attention's lse stays F32 for 16-bit q),
+// else the logits' dtype.
+DataType LossDtype(DataType logits) { return IsHalfFloating(logits) ? F32 : logits; }
+
+absl::Status CrossEntropyShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx, /*half=*/true));
+  ctx.set_output(0, TensorType{LossDtype(ctx.input(0).dtype), {}});
   return absl::OkStatus();
 }
 
@@ -55,14 +63,16 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy")
                        .Input("logits")
                        .Input("label")
                        .Output("loss")
-                       .Shape(ScalarLossShape)
+                       .Shape(CrossEntropyShape)
                        .Grad(SoftmaxCrossEntropyGrad)
                        .Doc("Mean over samples of -log softmax(logits)[label]; logits [N, C], label [N] I64 in "
-                            "[0, C) (checked at run time)."));
+                            "[0, C) (checked at run time). Logits F32, F64, or BF16 / F16 under mixed precision "
+                            "(read as they are, the math in float32); the loss is F32 for BF16 / F16 logits, else "
+                            "the logits' type."));
 
 absl::Status SoftmaxCrossEntropyGradShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));
-  STRATA_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", ctx.input(0).dtype));
+  STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx, /*half=*/true));
+  STRATA_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", LossDtype(ctx.input(0).dtype)));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
 }
@@ -74,7 +84,9 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy_grad")
                        .Output("dlogits")
                        .Shape(SoftmaxCrossEntropyGradShape)
                        .NotDifferentiable()
-                       .Doc("Backward of softmax_cross_entropy: (softmax(logits) - onehot(label)) / N * dloss."));
+                       .Doc("Backward of softmax_cross_entropy: (softmax(logits) - onehot(label)) / N * dloss. "
+                            "dloss is F32 for BF16 / F16 logits (the loss's type); dlogits has the logits' type, "
+                            "computed in float32 and rounded once."));
 
 absl::Status AccuracyShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/widened.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/shared_math.h"
 #include "runtime/kernel.h"
@@ -218,9 +219,14 @@ class AccuracyKernel : public OpKernel {
 
 // The losses' per-row (softmax_cross_entropy) and per-block (mse_loss)
 // double sums, for the memory plan.
-absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int) {
+// BF16 / F16 logits run the float32 kernel on a widened copy (WidenedKernel),
+// whose float32 copies of the logits and outputs come on top. The backward
+// draws no scratch of its own.
+absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int threads) {
   if (def.input_types.empty() || def.input_types[0].shape.empty()) return int64_t{0};
-  return def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
+  const int64_t rows = def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
+  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
+  return rows + copies;
 }
 absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty()) return int64_t{0};
@@ -228,6 +234,7 @@ absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   return (n + kSumBlock - 1) / kSumBlock * static_cast<int64_t>(sizeof(double));
 }
 STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", DEVICE_CPU, SoftmaxCrossEntropyWorkspace);
+STRATA_REGISTER_WORKSPACE("softmax_cross_entropy_grad", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_WORKSPACE("mse_loss", DEVICE_CPU, MseLossWorkspace);
 
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
@@ -236,6 +243,22 @@ STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F32,
                        InitFactory<SoftmaxCrossEntropyGradKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F64,
                        InitFactory<SoftmaxCrossEntropyGradKernel<double>>());
+// BF16 / F16 logits (mixed precision): the float32 kernels on widened logits
+// (exact), the F32 dloss as it is; the loss comes back F32 unrounded and
+// dlogits rounded once to the logits' dtype, which is the float32 kernel's
+// result cast down, bit for bit.
+template <typename Half>
+using WidenedCrossEntropy = WidenedKernel<Half, SoftmaxCrossEntropyKernel<float>>;
+template <typename Half>
+using WidenedCrossEntropyGrad = WidenedKernel<Half, SoftmaxCrossEntropyGradKernel<float>>;
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, BF16,
+                       InitFactory<WidenedCrossEntropy<bfloat16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F16,
+                       InitFactory<WidenedCrossEntropy<float16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, BF16,
+                       InitFactory<WidenedCrossEntropyGrad<bfloat16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F16,
+                       InitFactory<WidenedCrossEntropyGrad<float16>>());
 STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F32, InitFactory<MseLossKernel<float>>());
 STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F64, InitFactory<MseLossKernel<double>>());
 STRATA_REGISTER_KERNEL("mse_loss_grad", DEVICE_CPU, F32, InitFactory<MseLossGradKernel<float>>());

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -51,6 +52,67 @@ TEST(SoftmaxCrossEntropyTest, BackwardMatchesTorch) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_TRUE(TensorNear(env["dlogits"], {4, 5}, want, dt == F64 ? 1e-11 : 1e-6));
   }
+}
+
+// Bit equality of two tensors of one type and shape.
+::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << "got " << DataTypeName(got.dtype()) << ShapeString(got.shape())
+                                         << ", want " << DataTypeName(want.dtype()) << ShapeString(want.shape());
+  }
+  if (std::memcmp(got.raw_data(), want.raw_data(), got.bytes()) != 0) {
+    const std::vector<double> g = TensorValues(got), w = TensorValues(want);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << w[i];
+    }
+    return ::testing::AssertionFailure() << "bytes differ";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The same values in another dtype (exact where representable, else rounded to nearest even).
+Tensor As(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
+
+// BF16 / F16 logits (mixed precision: the loss reads the LM head's 16-bit
+// output): the loss is F32 and bit-equal to the F32 kernel's on the widened
+// logits; dlogits (from an F32 dloss) has the logits' dtype and is the F32
+// kernel's gradient rounded, bit for bit, which is what the cast down after
+// an F32 gradient gave. Rows over [3, 2, 37] with labels all over the classes.
+TEST(SoftmaxCrossEntropyTest, HalfLogitsAreTheF32KernelsOnWidenedLogits) {
+  const Shape shape{3, 2, 37};
+  std::vector<double> values(3 * 2 * 37);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 6.0 * std::sin(0.731 * i + 0.2) + 0.01 * i;
+  for (DataType half : {BF16, F16}) {
+    SCOPED_TRACE(DataTypeName(half));
+    const Tensor label = MakeTensor(I64, {3, 2}, {0, 36, 5, 17, 36, 2});
+    std::map<std::string, Tensor> low{{"logits", MakeTensor(half, shape, values)}, {"label", label},
+                                      {"dloss", MakeTensor(F32, {}, {0.37})}};
+    std::map<std::string, Tensor> ref{{"logits", As(F32, low["logits"])}, {"label", label},
+                                      {"dloss", low["dloss"]}};
+    absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad)}, &low);
+    ASSERT_TRUE(s.ok()) << s;
+    s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad)}, &ref);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(low["loss"].dtype(), F32);
+    EXPECT_TRUE(SameBits(low["loss"], ref["loss"]));
+    EXPECT_GT(TensorValues(low["loss"])[0], 1.0);
+    EXPECT_EQ(low["dlogits"].dtype(), half);
+    EXPECT_TRUE(SameBits(low["dlogits"], As(half, ref["dlogits"])));
+    double norm = 0;  // a gradient, not zeros
+    for (double v : TensorValues(low["dlogits"])) norm += v * v;
+    EXPECT_GT(norm, 1e-4);
+  }
+}
+
+// The schema: 16-bit logits give an F32 loss and take an F32 dloss; a dloss
+// of the logits' 16-bit type is refused.
+TEST(SoftmaxCrossEntropyTest, HalfLogitsTakeAnF32Dloss) {
+  std::map<std::string, Tensor> env{{"logits", MakeTensor(BF16, {2, 3}, {1, 2, 3, 4, 5, 6})},
+                                    {"label", MakeTensor(I64, {2}, {0, 2})},
+                                    {"dloss", MakeTensor(BF16, {}, {1})}};
+  absl::Status s = RunOp(ParseOp(kCrossEntropyGrad), &env);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("'dloss' must be a F32 scalar"));
 }
 
 TEST(SoftmaxCrossEntropyTest, HugeLogitsStayFinite) {

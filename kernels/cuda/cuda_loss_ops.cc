@@ -3,9 +3,12 @@
 // and dtype checks and their messages are kernels/cpu/losses.cc's; the
 // labels' values live on the device and are not read on the host, so a label
 // outside [0, C) gives NaN rather than the CPU's InvalidArgument
-// (kernels/cuda/losses.h).
+// (kernels/cuda/losses.h). softmax_cross_entropy and its backward also take
+// BF16 / F16 logits (mixed precision): the loss and dloss are F32, dlogits
+// the logits' type.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +36,16 @@ absl::StatusOr<Tensor> RowScratch(const KernelContext& ctx, int64_t rows) {
   return t;
 }
 
+// The loss's (and dloss's) C++ type for logits of type T: float for 16-bit
+// logits, else T (the schema's rule).
+template <typename T>
+using LossType = std::conditional_t<std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>, float, T>;
+
+template <typename T>
+constexpr DataType LossDtypeOf() {
+  return std::is_same_v<LossType<T>, double> ? F64 : F32;
+}
+
 template <typename T>
 class CudaSoftmaxCrossEntropyKernel : public OpKernel {
  public:
@@ -42,9 +55,9 @@ class CudaSoftmaxCrossEntropyKernel : public OpKernel {
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
     STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
-    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, LossDtypeOf<T>(), Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_loss, RowScratch(ctx, R));
-    return CudaStatus(cuda::LaunchSoftmaxCrossEntropy(loss->data<T>(), logits.data<T>(),
+    return CudaStatus(cuda::LaunchSoftmaxCrossEntropy(loss->data<LossType<T>>(), logits.data<T>(),
                                                       ctx.input(1).data<int64_t>(), R, C, row_loss.data<double>(),
                                                       device->stream()),
                       "softmax_cross_entropy");
@@ -65,9 +78,15 @@ class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
     }
+    if (dloss.dtype() != LossDtypeOf<T>()) {
+      return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be ",
+                                                     DataTypeName(LossDtypeOf<T>()), " for ",
+                                                     DataTypeName(logits.dtype()), " logits, got ",
+                                                     DataTypeName(dloss.dtype())));
+    }
     STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
     return CudaStatus(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits->data<T>(), logits.data<T>(),
-                                                          ctx.input(1).data<int64_t>(), dloss.data<T>(), R, C,
+                                                          ctx.input(1).data<int64_t>(), dloss.data<LossType<T>>(), R, C,
                                                           device->stream()),
                       "softmax_cross_entropy_grad");
   }
@@ -116,6 +135,14 @@ STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F32,
                        MakeFactory<CudaSoftmaxCrossEntropyGradKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F64,
                        MakeFactory<CudaSoftmaxCrossEntropyGradKernel<double>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, BF16,
+                       MakeFactory<CudaSoftmaxCrossEntropyKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, F16,
+                       MakeFactory<CudaSoftmaxCrossEntropyKernel<float16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, BF16,
+                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F16,
+                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<float16>>());
 STRATA_REGISTER_KERNEL("accuracy", DEVICE_CUDA, F32, InitFactory<CudaAccuracyKernel<float>>());
 STRATA_REGISTER_KERNEL("accuracy", DEVICE_CUDA, F64, InitFactory<CudaAccuracyKernel<double>>());
 

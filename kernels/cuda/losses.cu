@@ -5,12 +5,23 @@
 // shared-memory tree. The batch mean is one block of kThreads threads over
 // the R row values, the same way. Nothing depends on timing, so two runs give
 // the same bits.
+//
+// The cross-entropy kernels are templates on the logits' storage type T:
+// bf16 / f16 logits (mixed precision) are widened as they are loaded (exact)
+// and the math is the float kernel's, in the same order; the loss is written
+// F32 and each dlogits value is the float kernel's float rounded once to T
+// (round to nearest even, runtime/float16.h, as the cast kernel and the
+// CPU's widened kernel round), so the 16-bit kernels give the float kernels'
+// results cast down.
 
 #include <algorithm>
 #include <cstdint>
 
+#include <type_traits>
+
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/losses.h"
+#include "runtime/float16.h"
 
 namespace strata {
 namespace cuda {
@@ -19,14 +30,40 @@ namespace {
 constexpr int kThreads = 256;  // a power of two: the trees halve it
 constexpr int64_t kMaxBlocks = 65536;
 
+template <typename T>
+inline constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+// A logit as double: 16-bit ones through float (both exact).
+template <typename T>
+__device__ double Wide(T x) {
+  if constexpr (kHalf<T>) {
+    return static_cast<double>(ToFloat(x));
+  } else {
+    return static_cast<double>(x);
+  }
+}
+
+// A dlogits value as T: 16-bit ones as the float kernel's float rounded to
+// nearest even (the float kernel's result, then the cast's rounding).
+template <typename T>
+__device__ T Narrow(double v) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return ToBfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, float16>) {
+    return ToFloat16(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
 // max and log(sum(exp(x - max))) of row xr [C], as RowLogSumExp on the CPU.
 template <typename T>
 __device__ void RowLogSumExp(const T* xr, int64_t C, double* shared, double* max, double* log_sum) {
   double m = -__longlong_as_double(0x7ff0000000000000LL);  // -inf
-  for (int64_t j = threadIdx.x; j < C; j += kThreads) m = MaxOp()(m, static_cast<double>(xr[j]));
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) m = MaxOp()(m, Wide(xr[j]));
   m = BlockReduce<kThreads>(m, shared, MaxOp());
   double s = 0;
-  for (int64_t j = threadIdx.x; j < C; j += kThreads) s += exp(static_cast<double>(xr[j]) - m);
+  for (int64_t j = threadIdx.x; j < C; j += kThreads) s += exp(Wide(xr[j]) - m);
   s = BlockReduce<kThreads>(s, shared, SumOp());
   *max = m;
   *log_sum = log(s);
@@ -41,7 +78,7 @@ __global__ void RowLossKernel(double* row_loss, const T* logits, const int64_t* 
     RowLogSumExp(xr, C, shared, &max, &log_sum);
     if (threadIdx.x == 0) {
       const int64_t l = label[r];
-      row_loss[r] = l < 0 || l >= C ? QuietNaN() : max + log_sum - static_cast<double>(xr[l]);
+      row_loss[r] = l < 0 || l >= C ? QuietNaN() : max + log_sum - Wide(xr[l]);
     }
   }
 }
@@ -56,8 +93,9 @@ __global__ void MeanKernel(T* out, const double* values, int64_t R) {
   if (threadIdx.x == 0) out[0] = static_cast<T>(s / static_cast<double>(R));
 }
 
-template <typename T>
-__global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, const T* dloss, int64_t R, int64_t C) {
+// L: dloss's type (F32 for 16-bit logits, else T).
+template <typename T, typename L>
+__global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, const L* dloss, int64_t R, int64_t C) {
   __shared__ double shared[kThreads];
   const double scale = static_cast<double>(dloss[0]) / static_cast<double>(R);
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
@@ -69,8 +107,8 @@ __global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, co
     const int64_t l = label[r];
     const bool bad = l < 0 || l >= C;
     for (int64_t j = threadIdx.x; j < C; j += kThreads) {
-      const double p = exp(static_cast<double>(xr[j]) - lse);
-      dr[j] = static_cast<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
+      const double p = exp(Wide(xr[j]) - lse);
+      dr[j] = Narrow<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
     }
   }
 }
@@ -95,22 +133,23 @@ __global__ void RowCorrectKernel(double* row_correct, const T* logits, const int
 
 int64_t RowBlocks(int64_t R) { return std::min(kMaxBlocks, R); }
 
-template <typename T>
-cudaError_t SoftmaxCrossEntropy(T* loss, const T* logits, const int64_t* label, int64_t R, int64_t C,
+// L: the loss's type (F32 for 16-bit logits, else T).
+template <typename T, typename L>
+cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, int64_t R, int64_t C,
                                 double* row_scratch, cudaStream_t stream) {
   if (R > 0) {
     RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
-  MeanKernel<T><<<1, kThreads, 0, stream>>>(loss, row_scratch, R);  // R == 0: 0 / 0, NaN as on the CPU
+  MeanKernel<L><<<1, kThreads, 0, stream>>>(loss, row_scratch, R);  // R == 0: 0 / 0, NaN as on the CPU
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* label, const T* dloss, int64_t R,
+template <typename T, typename L>
+cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* label, const L* dloss, int64_t R,
                                     int64_t C, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
-  GradKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C);
+  GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C);
   return cudaGetLastError();
 }
 
@@ -136,12 +175,30 @@ cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const 
   return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
 }
 
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+}
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+}
+
 cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label,
                                           const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
   return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
 }
 cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
                                           const double* dloss, int64_t R, int64_t C, cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+}
+
+cudaError_t LaunchSoftmaxCrossEntropyGrad(bfloat16* dlogits, const bfloat16* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+}
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float16* dlogits, const float16* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
   return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
 }
 

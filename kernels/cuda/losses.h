@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "runtime/float16.h"
+
 namespace strata {
 namespace cuda {
 
@@ -30,6 +32,19 @@ cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, c
                                           const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
 cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
                                           const double* dloss, int64_t R, int64_t C, cudaStream_t stream);
+
+// BF16 / F16 logits (mixed precision): loaded widened, the math the float
+// overloads' in their order; the loss and dloss are F32 and each dlogits
+// value is the float overload's float rounded once to the logits' type
+// (round to nearest even, runtime/float16.h, as the cast kernel rounds).
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R,
+                                      int64_t C, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropyGrad(bfloat16* dlogits, const bfloat16* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float16* dlogits, const float16* logits, const int64_t* label,
+                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
 
 // accuracy[0] = fraction of rows whose label has fewer than k logits strictly
 // above it. row_scratch: R doubles.
