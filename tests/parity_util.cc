@@ -102,6 +102,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
   // compile_for and run on the CPU's kernels.
   copts.device_kind = options.make_device ? options.device_kind : options.compile_for;
   copts.disabled_passes = options.disabled_passes;
+  copts.mixed_precision_fold_losses = options.mixed_precision_fold_losses;
   auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
   if (!options.make_device) {

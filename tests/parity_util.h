@@ -51,6 +51,9 @@ struct ParityOptions {
   DeviceKind compile_for = DEVICE_CPU;
   // Optional passes to leave out (CompileOptions.disabled_passes).
   std::vector<std::string> disabled_passes;
+  // TrainParallel: CompileOptions::mixed_precision_fold_losses (false: the
+  // loss reads F32 logits cast up from the LM head's 16-bit output).
+  bool mixed_precision_fold_losses = true;
   // TrainParallel on another device: the plans compiled for `device_kind`,
   // rank r training on make_device(r), its communicators staging device
   // tensors through host memory. Unset: each rank on a CpuDevice.
