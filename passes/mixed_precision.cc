@@ -42,10 +42,13 @@ using CopyMap = std::map<std::pair<int, int>, int>;
 // The softmax_cross_entropy that is the only reader of `var` (an output of
 // the low op `op`), reading it as its logits on `op`'s stage, or -1. A var
 // any other op reads, or the program fetches (or names as its loss), keeps
-// its float32 form.
-int SoleLossReader(const Graph& graph, int op, int var) {
+// its float32 form, as does a recompute checkpoint (the strategy names it).
+int SoleLossReader(const Graph& graph, const Strategy& strategy, int op, int var) {
   const std::string name(graph.var_name(var));
   if (graph.loss() == name) return -1;
+  for (const std::string& checkpoint : strategy.recompute().checkpoints()) {
+    if (checkpoint == name) return -1;
+  }
   for (const std::string& fetch : graph.program_fields().fetch()) {
     if (fetch == name) return -1;
   }
@@ -64,12 +67,13 @@ int SoleLossReader(const Graph& graph, int op, int var) {
 
 // Runs `op` in `low`: its cast inputs read `<var><suffix>` copies (made on
 // first use per stage) and its cast outputs write `<y><suffix>`, with a cast
-// back to F32 into `y` right after the op. With `fold_losses`, an output
+// back to F32 into `y` right after the op. With `fold_losses` (the
+// strategy; null: no folding), an output
 // whose only reader is softmax_cross_entropy's logits gets no cast back: the
 // loss reads `<y><suffix>` itself, and `y`'s id goes to `dropped` (the F32
 // var no op uses now, removed at the pass's end).
 absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, const std::string& suffix,
-                      bool fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped) {
+                      const Strategy* fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped) {
   Op lowered = graph.AsOp(op);
   const std::vector<int> inputs(graph.inputs(op).begin(), graph.inputs(op).end());
   for (int k = 0; k < spec.inputs; ++k) {
@@ -99,7 +103,7 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
       return absl::InternalError(absl::StrCat("mixed-precision: var '", low_name, "' exists already"));
     }
     lowered.set_output(i, low_name);
-    if (const int loss = fold_losses ? SoleLossReader(graph, op, out) : -1; loss >= 0) {
+    if (const int loss = fold_losses != nullptr ? SoleLossReader(graph, *fold_losses, op, out) : -1; loss >= 0) {
       losses.emplace_back(loss, low_name);
       dropped.push_back(out_name);
       continue;
@@ -157,7 +161,7 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
       const auto& q = graph.shape(graph.inputs(op)[0]);
       if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[2])) continue;
     }
-    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, fold_losses_, copy_of, dropped));
+    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of, dropped));
     changed = true;
   }
   if (!dropped.empty()) {

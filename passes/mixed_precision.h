@@ -20,19 +20,19 @@ namespace strata {
 // back to F32 writes its original output `y` right after it; attention's
 // second output, the logsumexp, is F32 by its schema for BF16/F16 q and is
 // left as it is. A low op's output whose only reader is a
-// softmax_cross_entropy (its logits, on the op's stage; not fetched) gets no
-// cast back: the loss reads `<y>@bf16` directly and computes in float32 (its
-// loss stays F32 by its schema), the F32 `y` is dropped, and autodiff's
-// softmax_cross_entropy_grad writes the 16-bit gradient the op's backward
-// reads, so a GPT's float32 logits and their gradient never exist; the
-// results are the casts' bit for bit (widening is exact, the gradient is
-// rounded once either way). Every other op (softmax, layer_norm, mse_loss,
-// a cross-entropy on logits something else reads, the adds) still runs in
-// float32, and the parameters stay F32 master copies the
-// optimizer updates. Autodiff differentiates through the casts, so the weight
-// gradients arrive in F32 too; conv2d's gradients (conv2d_grad_input,
-// conv2d_grad_filter) run in the low dtype as matmul's do, and its bias
-// `add` stays F32 (conv2d has no bias input). On GPU plans attention whose 16-bit scores would not fit the
+// softmax_cross_entropy (its logits, on the op's stage; not fetched, not a
+// recompute checkpoint) gets no cast back: the loss reads `<y>@bf16`
+// directly and computes in float32 (its loss stays F32 by its schema), the
+// F32 `y` is dropped, and autodiff's softmax_cross_entropy_grad writes the
+// 16-bit gradient the op's backward reads, so a GPT's float32 logits and
+// their gradient never exist; the results are the casts' bit for bit
+// (widening is exact, the gradient is rounded once either way). Every other
+// op (softmax, layer_norm, mse_loss, a cross-entropy on logits something
+// else reads, the adds) still runs in float32, and the parameters stay F32
+// master copies the optimizer updates. Autodiff differentiates through the
+// casts, so the weight gradients arrive in F32 too; conv2d's gradients
+// (conv2d_grad_input, conv2d_grad_filter) run in the low dtype as matmul's
+// do, and its bias `add` stays F32 (conv2d has no bias input). On GPU plans attention whose 16-bit scores would not fit the
 // GPU kernels' budget (kernels/attention_budget.h: T above 10362) stays in
 // float32, where the flash kernels take any length. F16's loss scaling is the loss-scaling pass's
 // (passes/loss_scaling.h), after the pipeline split.

@@ -187,8 +187,9 @@ TEST(MixedPrecisionTest, TheLossGradientIsBf16WithoutCasts) {
 // The F32 logits stay, with their cast, when anything but the loss reads
 // them: another op (accuracy, F32 only, fetched as a metric; a softmax), or
 // the loss on another pipeline stage than the matmul; and when the fold is
-// off (the compile option the end-to-end bit-identity test uses). (A fetch
-// is a scalar, so logits [N, C] are never fetched themselves.)
+// off (the compile option the end-to-end bit-identity test uses), or when
+// they are a recompute checkpoint. (A fetch is a scalar, so logits [N, C]
+// are never fetched themselves.)
 TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
   const std::string softmax = absl::StrCat(
       kMlp, R"pb(op { type: "softmax" input: ["z"] output: ["p"] } op { type: "reduce_mean" input: ["p"] output: ["pm"] } fetch: "pm")pb");
@@ -213,6 +214,12 @@ TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
     ASSERT_EQ(OpsOfType(p, "softmax_cross_entropy").size(), 1u);
     EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "z");
   }
+  // A recompute checkpoint on the logits: the strategy names z, which stays.
+  Strategy checkpointed = Bf16();
+  checkpointed.mutable_recompute()->add_checkpoints("z");
+  const Program p = DumpAfter(checkpointed, "mixed-precision");
+  ASSERT_TRUE(HasVar(p, "z"));
+  EXPECT_EQ(OpsOfType(p, "softmax_cross_entropy")[0]->input(0), "z");
 }
 
 // A small GPT: attention runs in the low dtype too (q, k, v cast, y written
