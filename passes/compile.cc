@@ -178,7 +178,8 @@ absl::StatusOr<std::unique_ptr<Graph>> RunProgramPasses(const Program& program, 
     if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
     graph = *std::move(g);
   }
-  std::unique_ptr<PassPipeline> pipeline = BuildProgramPipeline(strategy, options.device_kind, options.mixed_precision_fold_losses);
+  std::unique_ptr<PassPipeline> pipeline =
+      BuildProgramPipeline(strategy, options.device_kind, options.mixed_precision_fold_losses);
   if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);
   pipeline->set_disabled(options.disabled_passes);
   pipeline->set_times(&result.times);

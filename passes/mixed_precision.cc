@@ -67,11 +67,11 @@ int SoleLossReader(const Graph& graph, const Strategy& strategy, int op, int var
 
 // Runs `op` in `low`: its cast inputs read `<var><suffix>` copies (made on
 // first use per stage) and its cast outputs write `<y><suffix>`, with a cast
-// back to F32 into `y` right after the op. With `fold_losses` (the
-// strategy; null: no folding), an output
-// whose only reader is softmax_cross_entropy's logits gets no cast back: the
-// loss reads `<y><suffix>` itself, and `y`'s id goes to `dropped` (the F32
-// var no op uses now, removed at the pass's end).
+// back to F32 into `y` right after the op. With `fold_losses` (the strategy;
+// null: no folding), an output whose only reader is softmax_cross_entropy's
+// logits gets no cast back: the loss reads `<y><suffix>` itself, and `y`'s
+// name goes to `dropped` (the F32 var no op uses now, removed at the pass's
+// end, when no var id is held any more).
 absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, const std::string& suffix,
                       const Strategy* fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped) {
   Op lowered = graph.AsOp(op);
@@ -161,13 +161,16 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
       const auto& q = graph.shape(graph.inputs(op)[0]);
       if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[2])) continue;
     }
-    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of, dropped));
+    STRATA_RETURN_IF_ERROR(
+        RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of, dropped));
     changed = true;
   }
   if (!dropped.empty()) {
     std::vector<bool> keep(graph.num_vars(), true);
     for (const std::string& name : dropped) keep[graph.FindVar(name)] = false;
-    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("mixed-precision: ", s.message()));
+    if (auto s = graph.RetainVars(keep); !s.ok()) {
+      return absl::InternalError(absl::StrCat("mixed-precision: ", s.message()));
+    }
   }
   return changed;
 }

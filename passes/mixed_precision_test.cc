@@ -192,7 +192,9 @@ TEST(MixedPrecisionTest, TheLossGradientIsBf16WithoutCasts) {
 // are never fetched themselves.)
 TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
   const std::string softmax = absl::StrCat(
-      kMlp, R"pb(op { type: "softmax" input: ["z"] output: ["p"] } op { type: "reduce_mean" input: ["p"] output: ["pm"] } fetch: "pm")pb");
+      kMlp, R"pb(op { type: "softmax" input: ["z"] output: ["p"] }
+                 op { type: "reduce_mean" input: ["p"] output: ["pm"] }
+                 fetch: "pm")pb");
   const std::string metric = absl::StrCat(
       kMlp, R"pb(op { type: "accuracy" input: ["z", "label"] output: ["acc"] } fetch: "acc")pb");
   // Every op on stage 0 but the loss, on stage 1.

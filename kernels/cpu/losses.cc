@@ -8,13 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nn_kernel_util.h"
-#include "kernels/cpu/widened.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/shared_math.h"
+#include "runtime/float16.h"
 #include "runtime/kernel.h"
 #include "runtime/thread_pool.h"
 
@@ -41,13 +42,48 @@ absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Te
   return absl::OkStatus();
 }
 
+// The cross-entropy kernels take F32, F64, and BF16 / F16 logits (mixed
+// precision: the loss reads the LM head's 16-bit output). 16-bit logits are
+// widened as they are read (exact) and the math is the float kernel's, in
+// double as for every dtype; the loss (and dloss) is F32, and each dlogits
+// value is the float kernel's float rounded once to nearest even
+// (runtime/float16.h, the cast's rounding). So the 16-bit kernels give the
+// float kernel's loss and its gradient cast down, bit for bit, with no
+// float32 copy of the logits or the gradient.
+template <typename T>
+constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+// The loss's and dloss's type for logits of type T: float for 16-bit logits.
+template <typename T>
+using LossType = std::conditional_t<kHalf<T>, float, T>;
+
+template <typename T>
+double Wide(T x) {
+  if constexpr (kHalf<T>) {
+    return static_cast<double>(ToFloat(x));
+  } else {
+    return static_cast<double>(x);
+  }
+}
+
+template <typename T>
+T Narrow(double v) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return ToBfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, float16>) {
+    return ToFloat16(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
 // max and log(sum(exp(x - max))) of one row: log-sum-exp = max + the second.
 template <typename T>
 void RowLogSumExp(const T* x, int64_t c, double* max, double* log_sum) {
-  double m = x[0];
-  for (int64_t j = 1; j < c; ++j) m = std::max<double>(m, x[j]);
+  double m = Wide(x[0]);
+  for (int64_t j = 1; j < c; ++j) m = std::max<double>(m, Wide(x[j]));
   double s = 0;
-  for (int64_t j = 0; j < c; ++j) s += std::exp(x[j] - m);
+  for (int64_t j = 0; j < c; ++j) s += std::exp(Wide(x[j]) - m);
   *max = m;
   *log_sum = std::log(s);
 }
@@ -63,7 +99,7 @@ class SoftmaxCrossEntropyKernel : public OpKernel {
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
     STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
-    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, logits.dtype(), Shape{}));
+    STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, DataTypeOf<LossType<T>>::value, Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_loss, Scratch(ctx, F64, R));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
@@ -73,12 +109,12 @@ class SoftmaxCrossEntropyKernel : public OpKernel {
         const T* xr = px + r * C;
         double max, log_sum;
         RowLogSumExp(xr, C, &max, &log_sum);
-        prl[r] = max + log_sum - xr[pl[r]];
+        prl[r] = max + log_sum - Wide(xr[pl[r]]);
       }
     });
     double sum = 0;
     for (int64_t r = 0; r < R; ++r) sum += prl[r];
-    loss->data<T>()[0] = static_cast<T>(sum / static_cast<double>(R));
+    loss->data<LossType<T>>()[0] = static_cast<LossType<T>>(sum / static_cast<double>(R));
     return absl::OkStatus();
   }
 };
@@ -99,11 +135,16 @@ class SoftmaxCrossEntropyGradKernel : public OpKernel {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
     }
+    if (dloss.dtype() != DataTypeOf<LossType<T>>::value) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "softmax_cross_entropy_grad: dloss must be ", DataTypeName(DataTypeOf<LossType<T>>::value), " for ",
+          DataTypeName(logits.dtype()), " logits, got ", DataTypeName(dloss.dtype())));
+    }
     STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     T* pd = dlogits->data<T>();
-    const double scale = static_cast<double>(dloss.data<T>()[0]) / static_cast<double>(R);
+    const double scale = static_cast<double>(dloss.data<LossType<T>>()[0]) / static_cast<double>(R);
     ParallelFor(R, MinChunk(4 * C), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = px + r * C;
@@ -111,8 +152,8 @@ class SoftmaxCrossEntropyGradKernel : public OpKernel {
         double max, log_sum;
         RowLogSumExp(xr, C, &max, &log_sum);
         const double lse = max + log_sum;
-        for (int64_t j = 0; j < C; ++j) dr[j] = static_cast<T>(std::exp(xr[j] - lse) * scale);
-        dr[pl[r]] = static_cast<T>((std::exp(xr[pl[r]] - lse) - 1.0) * scale);
+        for (int64_t j = 0; j < C; ++j) dr[j] = Narrow<T>(std::exp(Wide(xr[j]) - lse) * scale);
+        dr[pl[r]] = Narrow<T>((std::exp(Wide(xr[pl[r]]) - lse) - 1.0) * scale);
       }
     });
     return absl::OkStatus();
@@ -219,14 +260,9 @@ class AccuracyKernel : public OpKernel {
 
 // The losses' per-row (softmax_cross_entropy) and per-block (mse_loss)
 // double sums, for the memory plan.
-// BF16 / F16 logits run the float32 kernel on a widened copy (WidenedKernel),
-// whose float32 copies of the logits and outputs come on top. The backward
-// draws no scratch of its own.
-absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int threads) {
+absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty() || def.input_types[0].shape.empty()) return int64_t{0};
-  const int64_t rows = def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
-  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
-  return rows + copies;
+  return def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
 }
 absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty()) return int64_t{0};
@@ -234,7 +270,6 @@ absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   return (n + kSumBlock - 1) / kSumBlock * static_cast<int64_t>(sizeof(double));
 }
 STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", DEVICE_CPU, SoftmaxCrossEntropyWorkspace);
-STRATA_REGISTER_WORKSPACE("softmax_cross_entropy_grad", DEVICE_CPU, WidenedWorkspace);
 STRATA_REGISTER_WORKSPACE("mse_loss", DEVICE_CPU, MseLossWorkspace);
 
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F32, InitFactory<SoftmaxCrossEntropyKernel<float>>());
@@ -243,22 +278,13 @@ STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F32,
                        InitFactory<SoftmaxCrossEntropyGradKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F64,
                        InitFactory<SoftmaxCrossEntropyGradKernel<double>>());
-// BF16 / F16 logits (mixed precision): the float32 kernels on widened logits
-// (exact), the F32 dloss as it is; the loss comes back F32 unrounded and
-// dlogits rounded once to the logits' dtype, which is the float32 kernel's
-// result cast down, bit for bit.
-template <typename Half>
-using WidenedCrossEntropy = WidenedKernel<Half, SoftmaxCrossEntropyKernel<float>>;
-template <typename Half>
-using WidenedCrossEntropyGrad = WidenedKernel<Half, SoftmaxCrossEntropyGradKernel<float>>;
-STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, BF16,
-                       InitFactory<WidenedCrossEntropy<bfloat16>>());
-STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F16,
-                       InitFactory<WidenedCrossEntropy<float16>>());
+// BF16 / F16 logits (mixed precision): read as they are, no float32 copies.
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, BF16, InitFactory<SoftmaxCrossEntropyKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CPU, F16, InitFactory<SoftmaxCrossEntropyKernel<float16>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, BF16,
-                       InitFactory<WidenedCrossEntropyGrad<bfloat16>>());
+                       InitFactory<SoftmaxCrossEntropyGradKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CPU, F16,
-                       InitFactory<WidenedCrossEntropyGrad<float16>>());
+                       InitFactory<SoftmaxCrossEntropyGradKernel<float16>>());
 STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F32, InitFactory<MseLossKernel<float>>());
 STRATA_REGISTER_KERNEL("mse_loss", DEVICE_CPU, F64, InitFactory<MseLossKernel<double>>());
 STRATA_REGISTER_KERNEL("mse_loss_grad", DEVICE_CPU, F32, InitFactory<MseLossGradKernel<float>>());

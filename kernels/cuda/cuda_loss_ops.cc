@@ -85,10 +85,10 @@ class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
                                                      DataTypeName(dloss.dtype())));
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
-    return CudaStatus(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits->data<T>(), logits.data<T>(),
-                                                          ctx.input(1).data<int64_t>(), dloss.data<LossType<T>>(), R, C,
-                                                          device->stream()),
-                      "softmax_cross_entropy_grad");
+    return CudaStatus(
+        cuda::LaunchSoftmaxCrossEntropyGrad(dlogits->data<T>(), logits.data<T>(), ctx.input(1).data<int64_t>(),
+                                            dloss.data<LossType<T>>(), R, C, device->stream()),
+        "softmax_cross_entropy_grad");
   }
 };
 

@@ -495,7 +495,7 @@ TEST_F(CudaOpsTest, SoftmaxCrossEntropyItsGradientAndAccuracyMatchTheCpu) {
 // output). The GPU's 16-bit kernels run the float kernels' math on the
 // widened logits in the same order, so against the GPU's own F32 kernels on
 // the widened logits the loss is bit-equal and dlogits is their F32 result
-// rounded (nearest even), bit for bit. Against the CPU (the widened F32
+// rounded (nearest even), bit for bit. Against the CPU (its 16-bit
 // kernels): the loss within the F32 bar (1e-6), dlogits within one rounding
 // of the low dtype of each element (the F32 values agree within 1e-6, which
 // can move a value across a rounding boundary) and the bar, 2e-2 of

@@ -11,12 +11,11 @@
 // and the math is the float kernel's, in the same order; the loss is written
 // F32 and each dlogits value is the float kernel's float rounded once to T
 // (round to nearest even, runtime/float16.h, as the cast kernel and the
-// CPU's widened kernel round), so the 16-bit kernels give the float kernels'
+// CPU's 16-bit kernels round), so the 16-bit kernels give the float kernels'
 // results cast down.
 
 #include <algorithm>
 #include <cstdint>
-
 #include <type_traits>
 
 #include "kernels/cuda/block_reduce.cuh"
