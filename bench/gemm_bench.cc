@@ -51,7 +51,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/cuda/cuda_info.h"
 #include "kernels/cuda/gemm.h"
-#include "runtime/allocator.h"
+#include "kernels/cuda/kept_block_allocator.h"
 
 ABSL_FLAG(std::string, dtype, "both", "f32 (FP32, no TF32), bf16 (bf16 in and out, FP32 accumulate) or both");
 ABSL_FLAG(int, repeats, 3, "how many times the whole measurement runs; the spread is over these");
@@ -343,35 +343,6 @@ absl::StatusOr<double> TimePerCallMs(const Call& call, int iterations, cudaStrea
   return static_cast<double>(ms) / iterations;
 }
 
-// Staging scratch for Strata's LtGemm as the device's caching allocator
-// serves it in a training step's steady state: one block, kept and handed
-// out again (every call is on the one stream, so reuse is in stream order),
-// grown with a device synchronisation when a larger one is asked for.
-class KeptBlockAllocator : public Allocator {
- public:
-  ~KeptBlockAllocator() override {
-    if (block_ != nullptr) cudaFree(block_);
-  }
-  std::string name() const override { return "kept block"; }
-
- protected:
-  void* RawAllocate(size_t bytes) override {
-    if (bytes > size_) {
-      if (block_ != nullptr) cudaFree(block_);
-      block_ = nullptr;
-      size_ = 0;
-      if (cudaMalloc(&block_, bytes) != cudaSuccess) return nullptr;
-      size_ = bytes;
-    }
-    return block_;
-  }
-  void RawFree(void*, size_t) override {}
-
- private:
-  void* block_ = nullptr;
-  size_t size_ = 0;
-};
-
 struct ShapeResult {
   GemmShape shape;
   int iterations = 0;
@@ -475,7 +446,7 @@ absl::Status Runner::Run(const std::vector<GemmShape>& shapes, int repeats, std:
   // Strata's side: one LtGemm, as a kernel context holds one per stream.
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
-  KeptBlockAllocator scratch;
+  cuda::KeptBlockAllocator scratch;  // as the caching allocator serves it
   if (absl::GetFlag(FLAGS_staging)) (*gemm)->set_scratch_allocator(&scratch);
   // The baseline's own handle and a workspace of the same size.
   const size_t workspace_bytes = cuda::LtGemm::kDefaultWorkspaceBytes;

@@ -25,9 +25,9 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_info.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kept_block_allocator.h"
 #include "kernels/cuda/relu.h"
 #include "kernels/gemm_staging.h"
-#include "runtime/allocator.h"
 #include "runtime/float16.h"
 #include "runtime/tensor.h"
 
@@ -363,35 +363,6 @@ TEST_F(CudaKernelsTest, GemmMatchesCpuMatmulBf16) {
   for (const GemmCase& c : cases) CheckGemmBf16(gemm->get(), stream_, c);
 }
 
-// Device memory for LtGemm's staging scratch as the device's caching
-// allocator serves it in a step's steady state: one block handed straight
-// back (no synchronisation at the free; every GEMM is on the one stream),
-// grown when a larger one is asked for. Counts the allocations.
-class KeptBlockAllocator : public Allocator {
- public:
-  ~KeptBlockAllocator() override {
-    if (block_ != nullptr) cudaFree(block_);
-  }
-  std::string name() const override { return "kept block"; }
-
- protected:
-  void* RawAllocate(size_t bytes) override {
-    if (bytes > size_) {
-      if (block_ != nullptr) cudaFree(block_);
-      block_ = nullptr;
-      size_ = 0;
-      if (cudaMalloc(&block_, bytes) != cudaSuccess) return nullptr;
-      size_ = bytes;
-    }
-    return block_;
-  }
-  void RawFree(void*, size_t) override {}
-
- private:
-  void* block_ = nullptr;
-  size_t size_ = 0;
-};
-
 // Every case again with every misaligned operand staged (the threshold at
 // 0): copied into padded rows, the GEMM on the copies, c copied back. The
 // integer cases must still equal the CPU exactly; each case allocates
@@ -400,7 +371,7 @@ class KeptBlockAllocator : public Allocator {
 TEST_F(CudaKernelsTest, GemmStagesMisalignedRowsThroughScratch) {
   absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  KeptBlockAllocator scratch;
+  cuda::KeptBlockAllocator scratch;
   (*gemm)->set_scratch_allocator(&scratch);
   (*gemm)->set_staging_min_flops(0);
   auto expect_staged = [&](const GemmCase& c, int64_t bytes, int64_t before) {
@@ -433,7 +404,7 @@ TEST_F(CudaKernelsTest, GemmStagesMisalignedRowsThroughScratch) {
 TEST_F(CudaKernelsTest, StagedGemmAccumulatesIntoC) {
   absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
   ASSERT_TRUE(gemm.ok()) << gemm.status();
-  KeptBlockAllocator scratch;
+  cuda::KeptBlockAllocator scratch;
   (*gemm)->set_scratch_allocator(&scratch);
   (*gemm)->set_staging_min_flops(0);
   const GemmCase c{33, 9, 17, false, false, true};
