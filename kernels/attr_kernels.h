@@ -130,6 +130,20 @@ class TransposeAttrsKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
+// The ops with a shared b's transpose only (matmul_bias, matmul_bias_grad_b).
+class TransposeBAttrKernel : public OpKernel {
+ public:
+  TransposeBAttrKernel() = default;
+  explicit TransposeBAttrKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool tb_ = false;
+};
+
 // scaled_dot_product_attention and its gradient: `causal` and `scale` (0:
 // 1/sqrt(D), resolved per call by ScaleFor).
 class AttentionAttrsKernel : public OpKernel {

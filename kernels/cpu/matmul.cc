@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
@@ -188,15 +189,9 @@ class MatmulAccumulateKernel : public OpKernel {
 // `In` is a's and b's storage; BF16/F16 operands are widened to float first
 // (y and bias are float then: no rounding to the low precision on the way).
 template <typename In, typename T>
-class MatmulBiasKernel : public OpKernel {
+class MatmulBiasKernel : public TransposeBAttrKernel {
  public:
   explicit MatmulBiasKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    auto tb = AttrBool(op, "transpose_b");
-    if (!tb.ok()) return tb.status();
-    tb_ = *tb;
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -237,7 +232,6 @@ class MatmulBiasKernel : public OpKernel {
     for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
     return wide;
   }
-  bool tb_ = false;
 };
 
 // The widened operands' float copies, for the memory plan.
@@ -255,15 +249,9 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
 // have the unfused ops' bits. BF16/F16 run widened (WidenedKernel): both
 // outputs are planned F32 and copied through unrounded.
 template <typename T>
-class MatmulBiasGradBKernel : public OpKernel {
+class MatmulBiasGradBKernel : public TransposeBAttrKernel {
  public:
   explicit MatmulBiasGradBKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    auto tb = AttrBool(op, "transpose_b");
-    if (!tb.ok()) return tb.status();
-    tb_ = *tb;
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -291,9 +279,6 @@ class MatmulBiasGradBKernel : public OpKernel {
     }
     return absl::OkStatus();
   }
-
- private:
-  bool tb_ = false;
 };
 
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, InitFactory<MatmulKernel<float>>());

@@ -221,20 +221,29 @@ class CudaMatmulAccumulateKernel : public CudaGemmAttrsKernel {
   }
 };
 
+// The epilogue-fused GEMMs' attrs on the GPU: the shared b's transpose and
+// allow_tf32 (F32 operands only; passes/tf32).
+class CudaBiasGemmAttrsKernel : public TransposeBAttrKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(TransposeBAttrKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool tf32_ = false;
+};
+
 // y = a @ op(b) + bias (passes/fuse_epilogues): one cuBLASLt GEMM with the
 // BIAS epilogue for float y (F32 operands, or BF16 operands into F32: FP32
 // products and sums, nothing rounded to bf16); where cuBLASLt has no such
 // algorithm for the shape, and for F64, the GEMM then the broadcast add of
 // kernels/cuda/binary.h (the unfused add's bits).
 template <typename In, typename T>
-class CudaMatmulBiasKernel : public OpKernel {
+class CudaMatmulBiasKernel : public CudaBiasGemmAttrsKernel {
  public:
   explicit CudaMatmulBiasKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -272,9 +281,6 @@ class CudaMatmulBiasKernel : public OpKernel {
                       "matmul_bias");
   }
 
- private:
-  bool tb_ = false;
-  bool tf32_ = false;
 };
 
 // db and dbias for y = a @ op(b) + bias (passes/fuse_epilogues): one
@@ -287,15 +293,10 @@ class CudaMatmulBiasKernel : public OpKernel {
 // reduction (F32/F64), or for 16-bit dy a second GEMM, dbias = ones @ dy
 // (which sums the 16-bit elements in float as the epilogue does).
 template <typename In>
-class CudaMatmulBiasGradBKernel : public OpKernel {
+class CudaMatmulBiasGradBKernel : public CudaBiasGemmAttrsKernel {
  public:
   using T = std::conditional_t<std::is_same_v<In, double>, double, float>;
   explicit CudaMatmulBiasGradBKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_ASSIGN_OR_RETURN(tb_, AttrBool(op, "transpose_b"));
-    STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -354,9 +355,6 @@ class CudaMatmulBiasGradBKernel : public OpKernel {
     }
   }
 
- private:
-  bool tb_ = false;
-  bool tf32_ = false;
 };
 
 // The memory plan's scratch for the matmul family on the GPU: what LtGemm
