@@ -546,6 +546,40 @@ absl::StatusOr<std::pair<double, double>> Executor::LossScaleState() {
   return *loss_scale_state_;
 }
 
+absl::Status Executor::WriteRandomCounters(int64_t sample_offset, int64_t rows) {
+  const int micro_batches = static_cast<int>(scopes_.size());
+  Device* device = options_.device;
+  int64_t* counters = nullptr;
+  if (device->host_accessible()) {
+    counters_on_host_.resize(2 * micro_batches);
+    counters = counters_on_host_.data();
+  } else {
+    if (!counters_host_.defined()) {
+      counters_host_ = Tensor::Empty(I64, {micro_batches, 2}, device->staging_allocator());
+      counters_device_ = Tensor::Empty(I64, {micro_batches, 2}, device);
+      if (!counters_host_.defined() || !counters_device_.defined()) {
+        counters_host_ = counters_device_ = Tensor();
+        return absl::ResourceExhaustedError(absl::StrCat("out of memory on ", device->name(), " for the random counters"));
+      }
+    }
+    counters = counters_host_.data<int64_t>();
+  }
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    counters[2 * mb] = step_ / merge_steps_;
+    counters[2 * mb + 1] = sample_offset + SampleRow(mb, rows);
+  }
+  if (device->host_accessible()) return absl::OkStatus();
+  // The previous step's copy finished at its end synchronisation, so the
+  // host may rewrite the page-locked source.
+  return device->CopyFromHost(counters_device_.raw_data(), counters_host_.raw_data(), counters_host_.bytes());
+}
+
+const int64_t* Executor::RandomCounters(int micro_batch) const {
+  const int64_t* base =
+      options_.device->host_accessible() ? counters_on_host_.data() : counters_device_.data<int64_t>();
+  return base + 2 * micro_batch;
+}
+
 int64_t Executor::SampleRow(int micro_batch, int64_t rows) const {
   return (int64_t{micro_batch} * dp_degree_ + dp_rank_) * rows;
 }
@@ -565,12 +599,13 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     result.loss_scale = scale_state->first;
     skipped_before = scale_state->second;
   }
-  absl::Status status;
+  absl::Status status = WriteRandomCounters(sample_offset, rows);
   for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
     const Action& action = plan_.schedule().action(i);
     const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
     RunContext run = MakeRunContext(sample_offset + SampleRow(mb, rows), true, micro_batches, rows);
     run.micro_batch = mb;
+    run.random_counters = RandomCounters(mb);
     const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
     const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
     Section& section = action.kind() == Action::FORWARD    ? forward_

@@ -149,6 +149,11 @@ class Executor {
   Device* FeedDevice(const Var& feed) const;
   absl::Status FinishStep(absl::Status status);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
+  // Writes each micro-batch's {step, sample_offset} of the coming step (the
+  // RunContext's random_counters) and enqueues their copy to the device.
+  absl::Status WriteRandomCounters(int64_t sample_offset, int64_t rows);
+  // Micro-batch `micro_batch`'s counters on the device.
+  const int64_t* RandomCounters(int micro_batch) const;
   // Persistent scalars' values, read to the host (one device sync for all
   // of them where the state is not host-accessible).
   absl::StatusOr<std::vector<double>> ReadStateScalars(const std::vector<int>& slots) const;
@@ -184,6 +189,12 @@ class Executor {
   // (their buffers freed), as the plan's send_waits say; the rest at the step's end.
   std::map<int, std::vector<std::unique_ptr<Work>>> held_sends_;
   std::map<std::pair<int64_t, int>, int> send_wait_action_;  // (channel id, micro-batch) -> action
+  // RandomCounters' storage: on the host, counters_on_host_ (outside the
+  // rank's counted allocator, so its bytes stay the plan's); on a GPU,
+  // written into page-locked counters_host_ and copied to counters_device_.
+  std::vector<int64_t> counters_on_host_;
+  Tensor counters_host_;
+  Tensor counters_device_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
   double busy_seconds_ = 0;

@@ -36,6 +36,12 @@ struct RunContext {
   uint64_t seed = 0;
   int64_t step = 0;           // optimizer steps taken before this one
   int64_t sample_offset = 0;  // global index of this micro-batch's first sample
+  // {step, sample_offset} of this action in the device's memory, written by
+  // the executor before the step's first kernel; null outside a training
+  // step (kernel tests, evaluation). Random kernels read their counters from
+  // here where it is set, so a step captured as a CUDA graph draws the masks
+  // of the step it replays as, not those of the step it was captured in.
+  const int64_t* random_counters = nullptr;
   int64_t total_steps = 0;    // of the whole run (cosine decay), 0 if unknown
   bool training = true;
   // Where the rank's tensors live and its kernels run.

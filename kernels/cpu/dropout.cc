@@ -5,7 +5,8 @@
 // Stream: key = MixKey(run.seed, op.uid()); element e of global sample s has
 // linear index L = s * elements_per_sample + e (s = run.sample_offset + row
 // along dim 0), and takes lane L % 4 of Philox.Uniform4(hi = run.step,
-// lo = L / 4). It is kept when that uniform is >= p.
+// lo = L / 4). It is kept when that uniform is >= p. In a training step the
+// executor's RunContext::random_counters carry (step, sample_offset).
 //
 // Threads: parallel over element ranges; each element's mask is a pure
 // function of its index, so the split does not matter.
@@ -27,9 +28,9 @@ using nn_kernels::InitFactory;
 
 // out[i] = in[i] * keep(base + i) / (1 - p) for i in [0, n).
 template <typename T>
-void ApplyMask(const RunContext& run, int64_t uid, double p, int64_t base, int64_t n, const T* in, T* out) {
+void ApplyMask(const RunContext& run, int64_t uid, double p, uint64_t step, int64_t base, int64_t n, const T* in,
+               T* out) {
   const Philox philox(MixKey(run.seed, static_cast<uint64_t>(uid)));
-  const uint64_t step = static_cast<uint64_t>(run.step);
   const T scale = static_cast<T>(1.0 / (1.0 - p));
   ParallelFor(n, nn_kernels::kParallelGrain, [&](int64_t begin, int64_t end) {
     int64_t i = begin;
@@ -61,7 +62,13 @@ class DropoutKernel : public DropoutAttrsKernel {
     const int64_t n = x.num_elements();
     if (n == 0) return absl::OkStatus();
     const int64_t per_sample = x.rank() == 0 ? 1 : n / x.dim(0);
-    ApplyMask<T>(run, uid_, p_, run.sample_offset * per_sample, n, x.data<T>(), y->data<T>());
+    // The executor's counters where it wrote them (the host's memory here),
+    // as the CUDA kernel reads them; the RunContext's fields otherwise.
+    const int64_t* counters = run.random_counters;
+    const int64_t step = counters != nullptr ? counters[0] : run.step;
+    const int64_t sample_offset = counters != nullptr ? counters[1] : run.sample_offset;
+    ApplyMask<T>(run, uid_, p_, static_cast<uint64_t>(step), sample_offset * per_sample, n, x.data<T>(),
+                 y->data<T>());
     return absl::OkStatus();
   }
 };

@@ -141,8 +141,12 @@ class CudaDropoutKernel : public DropoutAttrsKernel {
     if (n == 0) return absl::OkStatus();
     const int64_t per_sample = x.rank() == 0 ? 1 : n / x.dim(0);
     const uint64_t key = MixKey(run.seed, static_cast<uint64_t>(uid_));
-    const uint64_t base = static_cast<uint64_t>(run.sample_offset * per_sample);
-    return CudaStatus(cuda::LaunchDropout(y->data<T>(), x.data<T>(), n, key, static_cast<uint64_t>(run.step), base, p_,
+    cuda::DropoutCounters counters;
+    counters.device = run.random_counters;
+    counters.step = static_cast<uint64_t>(run.step);
+    counters.base = static_cast<uint64_t>(run.sample_offset * per_sample);
+    counters.per_sample = static_cast<uint64_t>(per_sample);
+    return CudaStatus(cuda::LaunchDropout(y->data<T>(), x.data<T>(), n, key, counters, p_,
                                           static_cast<T>(1.0 / (1.0 - p_)), device->stream()),
                       name_.c_str());
   }

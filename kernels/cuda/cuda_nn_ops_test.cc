@@ -297,6 +297,7 @@ std::pair<Tensor, Tensor> RunDropoutBoth(CudaDevice* device, const std::string& 
   std::map<std::string, Tensor> cpu_env{{"x", x}}, gpu_env{{"x", *x.CopyTo(device)}};
   RunContext cpu = settings, gpu = settings;
   cpu.device = GetCpuDevice();
+  cpu.random_counters = nullptr;  // the GPU's counters, when given, are in device memory: the CPU reads the fields
   gpu.device = device;
   const Op op = ParseOp(text);
   const absl::Status c = RunOp(op, &cpu_env, cpu), g = RunOp(op, &gpu_env, gpu);
@@ -346,6 +347,34 @@ TEST_F(CudaOpsTest, DropoutMasksEqualTheCpuBitForBit) {
       auto [cpu, gpu] = RunDropoutBoth(device_.get(), DropoutText("dropout", d.p, 12), x, run);
       EXPECT_TRUE(BitEqual(gpu, cpu));
     }
+  }
+}
+
+// In a training step the executor hands {step, sample_offset} in device
+// memory (RunContext::random_counters), which a CUDA graph replays with the
+// current step's values: the kernel reads them there, not the RunContext's
+// fields, and draws the CPU's bits for them.
+TEST_F(CudaOpsTest, DropoutReadsTheCountersFromDeviceMemory) {
+  const std::vector<std::pair<int64_t, int64_t>> counters = {{0, 0}, {5, 3}, {123456, 17}, {int64_t{1} << 33, 1 << 20}};
+  for (const auto& [step, sample_offset] : counters) {
+    SCOPED_TRACE(absl::StrCat("step ", step, " offset ", sample_offset));
+    RunContext cpu;
+    cpu.seed = 42;
+    cpu.step = step;
+    cpu.sample_offset = sample_offset;
+    cpu.training = true;
+    RunContext gpu = cpu;
+    gpu.step = step + 1;  // stale values a captured launch would have frozen: must not be read
+    gpu.sample_offset = sample_offset + 7;
+    const Tensor on_host = MakeTensor(I64, {2}, {static_cast<double>(step), static_cast<double>(sample_offset)});
+    absl::StatusOr<Tensor> on_device = on_host.CopyTo(device_.get());
+    ASSERT_TRUE(on_device.ok()) << on_device.status();
+    gpu.random_counters = on_device->data<int64_t>();
+    const Tensor x = MakeTensor(F32, {7, 13}, Uniform(7 * 13, 25));
+    auto [want, unused] = RunDropoutBoth(device_.get(), DropoutText("dropout", 0.3, 12), x, cpu);
+    auto [stale, got] = RunDropoutBoth(device_.get(), DropoutText("dropout", 0.3, 12), x, gpu);
+    EXPECT_TRUE(BitEqual(got, want));
+    EXPECT_FALSE(BitEqual(stale, want));  // the CPU run of the stale fields draws another mask
   }
 }
 

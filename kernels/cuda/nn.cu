@@ -259,8 +259,12 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
 // dropout: one thread per Philox block (four linear indices), as the CPU's ApplyMask.
 
 template <typename T>
-__global__ void DropoutKernel(T* out, const T* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p,
-                              T scale) {
+__global__ void DropoutKernel(T* out, const T* in, int64_t n, uint64_t key, const int64_t* counters, uint64_t step,
+                              uint64_t base, uint64_t per_sample, double p, T scale) {
+  if (counters != nullptr) {
+    step = static_cast<uint64_t>(counters[0]);
+    base = static_cast<uint64_t>(counters[1]) * per_sample;
+  }
   const uint64_t first_group = base / 4, groups = (base + n - 1) / 4 - first_group + 1;
   for (uint64_t g = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; g < groups;
        g += uint64_t{gridDim.x} * blockDim.x) {
@@ -277,10 +281,12 @@ __global__ void DropoutKernel(T* out, const T* in, int64_t n, uint64_t key, uint
 }
 
 template <typename T>
-cudaError_t Dropout(T* out, const T* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p, T scale,
+cudaError_t Dropout(T* out, const T* in, int64_t n, uint64_t key, const DropoutCounters& c, double p, T scale,
                     cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  DropoutKernel<T><<<Blocks(n / 4 + 2), kThreads, 0, stream>>>(out, in, n, key, step, base, p, scale);
+  // The grid depends on n alone, so a graph replayed with other counters covers the same groups.
+  DropoutKernel<T><<<Blocks(n / 4 + 2), kThreads, 0, stream>>>(out, in, n, key, c.device, c.step, c.base,
+                                                                c.per_sample, p, scale);
   return cudaGetLastError();
 }
 
@@ -451,13 +457,13 @@ cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const
   return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
 }
 
-cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p,
-                          float scale, cudaStream_t stream) {
-  return Dropout(out, in, n, key, step, base, p, scale, stream);
+cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, const DropoutCounters& counters,
+                          double p, float scale, cudaStream_t stream) {
+  return Dropout(out, in, n, key, counters, p, scale, stream);
 }
-cudaError_t LaunchDropout(double* out, const double* in, int64_t n, uint64_t key, uint64_t step, uint64_t base,
+cudaError_t LaunchDropout(double* out, const double* in, int64_t n, uint64_t key, const DropoutCounters& counters,
                           double p, double scale, cudaStream_t stream) {
-  return Dropout(out, in, n, key, step, base, p, scale, stream);
+  return Dropout(out, in, n, key, counters, p, scale, stream);
 }
 
 cudaError_t LaunchEmbedding(float* y, const float* table, const int64_t* ids, int64_t n, int64_t V, int64_t D,

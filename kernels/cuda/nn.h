@@ -56,11 +56,23 @@ cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const
                                 const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
                                 cudaStream_t stream);
 
+// Where dropout's step and first linear index come from: `device`, when
+// set, points at {step, first sample} in device memory (the executor's
+// counters, read when the kernel runs, so a CUDA graph replays with the
+// current step's), and base = first sample * per_sample; else `step` and
+// `base` as given.
+struct DropoutCounters {
+  const int64_t* device = nullptr;
+  uint64_t step = 0;
+  uint64_t base = 0;
+  uint64_t per_sample = 1;
+};
+
 // out[i] = in[i] * scale if PhiloxUniform(lane (base + i) % 4 of
 // PhiloxUniformBits(key, step, (base + i) / 4)) >= p, else 0; i < n.
-cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, uint64_t step, uint64_t base, double p,
-                          float scale, cudaStream_t stream);
-cudaError_t LaunchDropout(double* out, const double* in, int64_t n, uint64_t key, uint64_t step, uint64_t base,
+cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, const DropoutCounters& counters,
+                          double p, float scale, cudaStream_t stream);
+cudaError_t LaunchDropout(double* out, const double* in, int64_t n, uint64_t key, const DropoutCounters& counters,
                           double p, double scale, cudaStream_t stream);
 
 // y [n, D] = table [V, D] rows at ids [n].
