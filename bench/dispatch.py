@@ -14,8 +14,9 @@ train_step (bench_common.run_round); the figure is the median over rounds.
 On a GPU (--device gpu, with dispatch_bench_gpu): the same chain on GPU 0
 from a feed already there, every op a kernel launch, one synchronisation per
 chain on both sides (Strata reads its loss back, torch calls .item()); the
-ratio uses wall time there, which is what launch overhead costs. No CUDA
-graphs yet on Strata's side.
+ratio uses wall time there, which is what launch overhead costs. There the
+chain also runs as a Strata training step (forward, backward, SGD), eager
+and as one CUDA graph replayed (--cuda_graph), per op of the step.
 
   python3 bench/dispatch.py --device gpu --strata "bash .device/run.sh dispatch_bench_gpu"
 """
@@ -73,14 +74,23 @@ def strata_side(binary, threads):
         sys.stderr.write(p.stdout + p.stderr)
         raise SystemExit("bench: dispatch_bench exited with %d" % p.returncode)
     report = json.loads(p.stdout)
+    medians = {}
     for b in report["benchmarks"]:
         if b.get("error_occurred"):
             raise SystemExit("dispatch_bench: " + b.get("error_message", "error"))
         if b.get("aggregate_name") == "median":
             assert b["time_unit"] == "us", b["time_unit"]
-            return {"ns_per_op": b["real_time"] * 1e3 / b["ops"], "cpu_ns_per_op": b["cpu_time"] * 1e3 / b["ops"],
-                    "ops": int(b["ops"])}
-    raise SystemExit("dispatch_bench: no median in its JSON output")
+            medians[b["run_name"]] = {"ns_per_op": b["real_time"] * 1e3 / b["ops"],
+                                      "cpu_ns_per_op": b["cpu_time"] * 1e3 / b["ops"], "ops": int(b["ops"])}
+    chain = [v for k, v in medians.items() if k.startswith("BM_StrataDispatch/")]
+    if not chain:
+        raise SystemExit("dispatch_bench: no median in its JSON output")
+    result = dict(chain[0])
+    # On a GPU: the chain as a training step, eager and as a CUDA graph replayed.
+    for k, v in medians.items():
+        if k.startswith("BM_StrataTrainStepDispatch/"):
+            result["step_graph" if "graph:1" in k else "step_eager"] = v
+    return result
 
 
 def main():
@@ -125,6 +135,14 @@ def main():
         print("dispatch (gpu): strata %.1f ns/op wall (%.1f CPU)  torch eager %.1f ns/op wall (%.1f CPU)  "
               "torch/strata %.2f" % (sm, m(strata_cpu), tm, m(torch_cpu), tm / sm))
         print("RESULT bench=dispatch device=gpu strata_ns_per_op=%.1f torch_ns_per_op=%.1f ratio=%.3f" % (sm, tm, tm / sm))
+        if "step_graph" in s and "step_eager" in s:
+            # The last round's training-step figures (dispatch_bench's own median of 5 repetitions).
+            ge, gg = s["step_eager"]["ns_per_op"], s["step_graph"]["ns_per_op"]
+            print("train step as %d ops (forward, backward, SGD): strata eager %.1f ns/op wall, CUDA graph %.1f "
+                  "ns/op wall (eager/graph %.2f); torch eager forward chain %.1f ns/op (torch/graph %.2f)"
+                  % (s["step_graph"]["ops"], ge, gg, ge / gg, tm, tm / gg))
+            print("RESULT bench=dispatch_step device=gpu eager_ns_per_op=%.1f graph_ns_per_op=%.1f eager_over_graph=%.3f "
+                  "torch_over_graph=%.3f" % (ge, gg, ge / gg, tm / gg))
         return
     sm, tm = m(strata_cpu), m(torch_cpu)
     print("dispatch: strata %.1f ns/op CPU (%.1f wall)  torch eager %.1f ns/op CPU (%.1f wall)  torch/strata %.2f  "

@@ -5,7 +5,9 @@
 // read-out included, so the figure is an upper bound on pure dispatch).
 // Built as dispatch_bench_gpu (STRATA_DISPATCH_GPU), the same chain runs on
 // GPU 0 from a feed already there: each op a kernel launch, the loss's read
-// back the one synchronisation per chain (no CUDA graphs yet).
+// back the one synchronisation per chain. There, BM_StrataTrainStepDispatch
+// also runs the chain as a training step (forward, backward, update), eager
+// and as one CUDA graph replayed.
 //
 //   dispatch_bench [--benchmark_format=json] [--benchmark_repetitions=5]
 
@@ -86,6 +88,62 @@ void BM_StrataDispatch(benchmark::State& state) {
                                                 benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_StrataDispatch)->Arg(1000)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+#ifdef STRATA_DISPATCH_GPU
+// The same chain as a training step (a bias parameter b added first, SGD
+// with learning rate 0 so every step computes the same loss): the step's
+// forward, backward and update ops, eager (graph 0) or captured once as a
+// CUDA graph and replayed (graph 1). Per op = step wall time / the plan's ops.
+void BM_StrataTrainStepDispatch(benchmark::State& state) {
+  const int chain_length = static_cast<int>(state.range(0));
+  const bool graph = state.range(1) != 0;
+  auto device = CudaDevice::Create(0);
+  if (!device.ok()) return state.SkipWithError(std::string(device.status().message()).c_str());
+  std::string text = ChainProgram(chain_length);
+  text.replace(text.find("var {"), 0,
+               "var { name: \"b\" dtype: F32 shape: [8] kind: PARAM init { constant { value: 0 } } }\n");
+  text.replace(text.find("input: [\"x\"]"), 12, "input: [\"xb\"]");
+  text.replace(text.find("op {"), 0, "op { type: \"add\" input: [\"x\", \"b\"] output: [\"xb\"] }\n");
+  absl::StrAppend(&text, "optimizer { sgd { learning_rate: 0 } }\n");
+  auto plan = CompileText(text, /*batch_size=*/1, DEVICE_CUDA);
+  if (!plan.ok()) return state.SkipWithError(std::string(plan.status().message()).c_str());
+  ExecutorOptions options;
+  options.device = device->get();
+  options.cuda_graph = graph;
+  auto executor = Executor::Create(*plan, options);
+  if (!executor.ok()) return state.SkipWithError(std::string(executor.status().message()).c_str());
+  Executor& e = **executor;
+  if (!e.InitializeState().ok()) return state.SkipWithError("InitializeState failed");
+  Tensor x = Tensor::Empty(F32, {1, 8});
+  x.Fill(1.0);
+  std::map<std::string, Tensor> feeds = {{"x", x}};
+  const double want = 1.0 + chain_length * kBias;
+  // Validate before timing, past the eager warm-up and the capture.
+  for (int i = 0; i < 3; ++i) {
+    auto r = e.TrainStep(feeds, 0);
+    if (!r.ok() || std::fabs(r->loss - want) > 1e-4 * want) {
+      return state.SkipWithError(
+          absl::StrCat("validation: ", r.ok() ? absl::StrCat("loss ", r->loss, ", want ", want)
+                                              : std::string(r.status().message())).c_str());
+    }
+  }
+  if (graph && e.graphs() != 1) return state.SkipWithError(absl::StrCat("not captured: ", e.graph_note()).c_str());
+  for (auto _ : state) {
+    auto result = e.TrainStep(feeds, 0);
+    benchmark::DoNotOptimize(result);
+  }
+  const int ops = plan->program().op_size();
+  state.counters["ops"] = ops;
+  state.counters["per_op"] = benchmark::Counter(static_cast<double>(ops) * state.iterations(),
+                                                benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_StrataTrainStepDispatch)
+    ->Args({1000, 0})
+    ->Args({1000, 1})
+    ->ArgNames({"chain", "graph"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+#endif
 
 }  // namespace
 }  // namespace bench

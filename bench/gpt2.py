@@ -75,7 +75,8 @@ def strata_side(a, workdir):
         f.write("mixed_precision { dtype: BF16 }\n" + ("allow_tf32: true\n" if a.tf32 else ""))
     metrics = os.path.join(workdir, "metrics.jsonl")
     argv = cmd + ["run", program, "--strategy", strategy, "--device", a.device, "--data", "synthetic",
-                  "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet"]
+                  "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet",
+                  "--cuda_graph=%s" % ("false" if a.no_cuda_graph else "true")]
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         raise SystemExit("bench: %s exited with %d:\n%s" % (" ".join(argv), p.returncode, p.stdout))
@@ -83,6 +84,8 @@ def strata_side(a, workdir):
         lines = [json.loads(l) for l in f if l.strip()]
     steps = [l for l in lines if "step_ms" in l]
     ms = statistics.median(l["step_ms"] for l in steps[a.warmup:])
+    for note in re.findall(r"note: --cuda_graph: .*", p.stdout):
+        print("strata " + note)
     peak = re.search(r"measured peak ([0-9.]+) (B|KiB|MiB|GiB)", p.stdout)
     unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
     peak_bytes = float(peak.group(1)) * unit[peak.group(2)] if peak else float("nan")
@@ -192,6 +195,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", default="eager,compile")
+    ap.add_argument("--no_cuda_graph", action="store_true",
+                    help="Strata's steps eager (--cuda_graph=false) instead of one captured step replayed")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 on both sides (Strata's allow_tf32: attention's float32 products; "
                          "torch.backends.cuda.matmul.allow_tf32)")

@@ -24,11 +24,22 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/plan.pb.h"
 #include "runtime/allocator.h"
 
 namespace strata {
+
+// A device's work captured once and replayed as one launch (a CUDA graph):
+// the same kernels on the same buffers, with whatever those buffers hold
+// when it runs. Destroying it waits for its replays and returns its memory.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Enqueues one replay on the compute stream.
+  virtual absl::Status Launch() = 0;
+};
 
 class Device {
  public:
@@ -74,6 +85,25 @@ class Device {
   // CopyFromHost out of it may still be running when it is freed). On the
   // CPU, the host allocator.
   virtual Allocator* staging_allocator() const { return GetCpuAllocator(); }
+
+  // Graphs. "" when this device captures its compute stream's work, else
+  // why it cannot.
+  virtual std::string GraphUnsupported() const { return absl::StrCat(name(), " has no graphs"); }
+  // From BeginCapture to EndCapture the compute stream's work is recorded,
+  // not run, and every allocation of the device (and of its staging
+  // allocator) comes from a pool of the graph's own, which no work outside
+  // it is handed until the graph is gone; `share_memory_with`, when set,
+  // lends its pool instead (graphs that never run at the same time). Nothing
+  // may synchronise with the device in between.
+  virtual absl::Status BeginCapture(const DeviceGraph* share_memory_with) {
+    return absl::UnimplementedError(GraphUnsupported());
+  }
+  // Ends the capture BeginCapture started, successful or not: the graph
+  // ready to Launch, or why the capture failed (then nothing was recorded
+  // and the device is out of capture).
+  virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() {
+    return absl::UnimplementedError(GraphUnsupported());
+  }
 
   // Waits for the device's work; returns the first error noted since the
   // last call (and clears it), else the synchronisation's own status.

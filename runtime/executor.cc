@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "proto/roles.h"
 #include "runtime/initializers.h"
+#include "runtime/step_graph.h"
 
 namespace strata {
 namespace {
@@ -51,6 +52,12 @@ absl::Status Executor::Prepare() {
   dp_degree_ = std::max(1, plan_.topology().dp_degree());
   dp_rank_ = plan_.topology().dp_rank();
   merge_steps_ = std::max(1, plan_.schedule().merge_steps());
+  StepGraphConditions graph_conditions;
+  graph_conditions.requested = options_.cuda_graph;
+  graph_conditions.device_unsupported = options_.device->GraphUnsupported();
+  graph_conditions.tracing = options_.tracer != nullptr;
+  graph_blocker_ = StepGraphBlocker(plan_, graph_conditions);
+  if (options_.cuda_graph && !graph_blocker_.empty()) graph_note_ = absl::StrCat("not used: ", graph_blocker_);
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
   state_.resize(num_vars);
@@ -184,6 +191,7 @@ absl::Status Executor::Prepare() {
 }
 
 absl::Status Executor::InitializeState() {
+  DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
@@ -238,6 +246,7 @@ absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
 }
 
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
+  DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
@@ -428,7 +437,16 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
     }
     for (size_t k = 0; k < p.output_slots.size(); ++k) {
       const int slot = p.output_slots[k];
-      (persistent_[slot] ? state_[slot] : scope[slot]) = std::move(p.outputs[k]);
+      if (!persistent_[slot]) {
+        scope[slot] = std::move(p.outputs[k]);
+        continue;
+      }
+      if (moved_state_.empty() && run.training && state_[slot].defined() &&
+          p.outputs[k].raw_data() != state_[slot].raw_data()) {
+        moved_state_ = absl::StrCat(OpWhere(plan_.program(), p.op_index), " writes persistent var '",
+                                    plan_.program().var(slot).name(), "' into a new buffer, not in place");
+      }
+      state_[slot] = std::move(p.outputs[k]);
     }
     for (int slot : p.frees) scope[slot] = Tensor();
   }
@@ -568,10 +586,15 @@ absl::Status Executor::WriteRandomCounters(int64_t sample_offset, int64_t rows) 
     counters[2 * mb] = step_ / merge_steps_;
     counters[2 * mb + 1] = sample_offset + SampleRow(mb, rows);
   }
-  if (device->host_accessible()) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status Executor::EnqueueRandomCounters() {
+  if (options_.device->host_accessible()) return absl::OkStatus();
   // The previous step's copy finished at its end synchronisation, so the
   // host may rewrite the page-locked source.
-  return device->CopyFromHost(counters_device_.raw_data(), counters_host_.raw_data(), counters_host_.bytes());
+  return options_.device->CopyFromHost(counters_device_.raw_data(), counters_host_.raw_data(),
+                                       counters_host_.bytes());
 }
 
 const int64_t* Executor::RandomCounters(int micro_batch) const {
@@ -599,49 +622,17 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     result.loss_scale = scale_state->first;
     skipped_before = scale_state->second;
   }
-  absl::Status status = WriteRandomCounters(sample_offset, rows);
-  for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
-    const Action& action = plan_.schedule().action(i);
-    const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
-    RunContext run = MakeRunContext(sample_offset + SampleRow(mb, rows), true, micro_batches, rows);
-    run.micro_batch = mb;
-    run.random_counters = RandomCounters(mb);
-    const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
-    const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
-    Section& section = action.kind() == Action::FORWARD    ? forward_
-                       : action.kind() == Action::BACKWARD ? backward_
-                                                           : optimize_;
-    if (action.kind() == Action::FORWARD) {
-      if (!feeds_.empty()) {
-        auto loaded = feeds(SampleRow(mb, rows), rows);
-        if (!loaded.ok()) {
-          status = loaded.status();
-          break;
-        }
-        auto got = CheckFeeds(*loaded);
-        if (got.ok() && *got != rows) {
-          got = absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb, " has ", *got, " rows, expected ", rows));
-        }
-        if (!got.ok()) {
-          status = got.status();
-          break;
-        }
-        status = PlaceFeeds(*loaded, scopes_[mb]);
-        if (!status.ok()) break;
-      }
-      status = RunSection(section, mb, run);
-      if (status.ok()) HoldMetrics(mb);
-    } else if (action.kind() != Action::OPTIMIZE || update) {
-      status = RunSection(section, mb, run);
+  const MicroBatchFeeds load = [&](int mb) -> absl::StatusOr<std::map<std::string, Tensor>> {
+    auto loaded = feeds(SampleRow(mb, rows), rows);
+    if (!loaded.ok()) return loaded.status();
+    auto got = CheckFeeds(*loaded);
+    if (got.ok() && *got != rows) {
+      got = absl::InvalidArgumentError(absl::StrCat("micro-batch ", mb, " has ", *got, " rows, expected ", rows));
     }
-    if (status.ok()) status = HoldSends(section, i, mb);
-    if (options_.tracer) {
-      options_.tracer->Add(action.kind() == Action::FORWARD    ? absl::StrCat("F", mb)
-                           : action.kind() == Action::BACKWARD ? absl::StrCat("B", mb)
-                                                               : std::string("OPT"),
-                           "action", action_start, Tracer::NowMicros(), Tracer::ThreadCpuMicros() - action_cpu);
-    }
-  }
+    if (!got.ok()) return got.status();
+    return loaded;
+  };
+  absl::Status status = RunStep(load, sample_offset, rows, update);
   status = FinishStep(status);
   if (!status.ok()) {
     held_metrics_.clear();
@@ -662,6 +653,173 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   }
   ++step_;
   return result;
+}
+
+absl::Status Executor::RunActions(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update) {
+  const int micro_batches = std::max(1, plan_.schedule().micro_batches());
+  moved_state_.clear();
+  absl::Status status = WriteRandomCounters(sample_offset, rows);
+  if (status.ok()) status = EnqueueRandomCounters();
+  for (int i = 0; status.ok() && i < plan_.schedule().action_size(); ++i) {
+    const Action& action = plan_.schedule().action(i);
+    const int mb = action.kind() == Action::OPTIMIZE ? 0 : action.micro_batch();
+    RunContext run = MakeRunContext(sample_offset + SampleRow(mb, rows), true, micro_batches, rows);
+    run.micro_batch = mb;
+    run.random_counters = RandomCounters(mb);
+    const int64_t action_start = options_.tracer ? Tracer::NowMicros() : 0;
+    const int64_t action_cpu = options_.tracer ? Tracer::ThreadCpuMicros() : 0;
+    Section& section = action.kind() == Action::FORWARD    ? forward_
+                       : action.kind() == Action::BACKWARD ? backward_
+                                                           : optimize_;
+    if (action.kind() == Action::FORWARD) {
+      if (!feeds_.empty()) {
+        auto loaded = load(mb);
+        if (!loaded.ok()) {
+          status = loaded.status();
+          break;
+        }
+        status = PlaceFeeds(*loaded, scopes_[mb]);
+        if (!status.ok()) break;
+      }
+      status = RunSection(section, mb, run);
+      if (status.ok()) HoldMetrics(mb);
+    } else if (action.kind() != Action::OPTIMIZE || update) {
+      status = RunSection(section, mb, run);
+    }
+    if (status.ok()) status = HoldSends(section, i, mb);
+    if (options_.tracer) {
+      options_.tracer->Add(action.kind() == Action::FORWARD    ? absl::StrCat("F", mb)
+                           : action.kind() == Action::BACKWARD ? absl::StrCat("B", mb)
+                                                               : std::string("OPT"),
+                           "action", action_start, Tracer::NowMicros(), Tracer::ThreadCpuMicros() - action_cpu);
+    }
+  }
+  return status;
+}
+
+absl::Status Executor::RunStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update) {
+  if (!options_.cuda_graph || !graph_blocker_.empty()) return RunActions(load, sample_offset, rows, update);
+  if (graph_rows_ < 0) graph_rows_ = rows;
+  // Another batch size (a last, partial batch) runs eagerly.
+  if (rows != graph_rows_) return RunActions(load, sample_offset, rows, update);
+  auto graph = graphs_.find(update);
+  if (graph != graphs_.end()) return ReplayStep(graph->second, load, sample_offset, rows);
+  if (warmed_.count(update) == 0) {
+    // The first step of its shape runs eagerly: kernels build their plans,
+    // the allocators their segments, outside any capture.
+    absl::Status status = RunActions(load, sample_offset, rows, update);
+    if (!status.ok()) return status;
+    if (!moved_state_.empty()) {
+      DisableGraphs(absl::StrCat("a replayed step would not follow its state: ", moved_state_));
+    } else {
+      warmed_.insert(update);
+    }
+    return status;
+  }
+  return CaptureStep(load, sample_offset, rows, update);
+}
+
+absl::Status Executor::FillGraphFeeds(int micro_batch, const std::map<std::string, Tensor>& feeds) {
+  graph_feeds_.resize(scopes_.size());
+  for (const Var* v : feeds_) {
+    const Tensor& t = feeds.at(v->name());
+    Tensor& fixed = graph_feeds_[micro_batch][v->name()];
+    if (!fixed.defined()) {
+      fixed = t.on_host() ? Tensor::Empty(t.dtype(), t.shape(), options_.device->staging_allocator())
+                          : Tensor::Empty(t.dtype(), t.shape(), t.device());
+      if (!fixed.defined()) {
+        return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed '", v->name(), "''s graph buffer on ",
+                                                         t.on_host() ? "the host" : t.device()->name()));
+      }
+    }
+    if (fixed.raw_data() == t.raw_data()) continue;
+    if (fixed.dtype() != t.dtype() || fixed.shape() != t.shape() || fixed.on_host() != t.on_host() ||
+        (!t.on_host() && fixed.device() != t.device())) {
+      return absl::InvalidArgumentError(absl::StrCat("feed '", v->name(), "' is ", DataTypeName(t.dtype()),
+                                                     ShapeString(t.shape()), " on ", t.device()->name(),
+                                                     ", its captured buffer ", DataTypeName(fixed.dtype()),
+                                                     ShapeString(fixed.shape()), " on ", fixed.device()->name()));
+    }
+    if (t.on_host()) {
+      // The last replay that read it ended with its step.
+      std::memcpy(fixed.raw_data(), t.raw_data(), t.bytes());
+    } else if (absl::Status s = t.device()->CopyOnDevice(fixed.raw_data(), t.raw_data(), t.bytes()); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update) {
+  if (!feeds_.empty()) {
+    for (int mb = 0; mb < static_cast<int>(scopes_.size()); ++mb) {
+      auto loaded = load(mb);
+      if (!loaded.ok()) return loaded.status();
+      if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
+    }
+  }
+  const MicroBatchFeeds fixed = [this](int mb) -> absl::StatusOr<std::map<std::string, Tensor>> {
+    return graph_feeds_[mb];
+  };
+  // A capture runs nothing: if it fails, the step runs eagerly from the
+  // state it found.
+  const std::vector<Tensor> state_before = state_;
+  const DeviceGraph* share = graphs_.empty() ? nullptr : graphs_.begin()->second.graph.get();
+  if (absl::Status s = options_.device->BeginCapture(share); !s.ok()) {
+    DisableGraphs(absl::StrCat("the device could not capture: ", s.message()));
+    return RunActions(fixed, sample_offset, rows, update);
+  }
+  absl::Status status = RunActions(fixed, sample_offset, rows, update);
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> graph = options_.device->EndCapture();
+  std::string why;
+  if (!status.ok()) {
+    why = absl::StrCat("an op failed under capture: ", status.message());
+  } else if (!graph.ok()) {
+    why = absl::StrCat("the device refused the capture: ", graph.status().message());
+  } else if (!moved_state_.empty()) {
+    why = absl::StrCat("a replayed step would not follow its state: ", moved_state_);
+  }
+  for (auto& scope : scopes_) {
+    for (Tensor& t : scope) t = Tensor();
+  }
+  if (!why.empty()) {
+    state_ = state_before;
+    held_metrics_.clear();
+    DisableGraphs(why);
+    return RunActions(fixed, sample_offset, rows, update);
+  }
+  StepGraph& captured = graphs_[update];
+  captured.graph = *std::move(graph);
+  captured.metrics = held_metrics_;
+  graph_note_ = absl::StrCat("step ", step_ + 1, " captured as a graph (", update ? "with" : "without",
+                             " the optimizer update) and replayed from now on");
+  return captured.graph->Launch();
+}
+
+absl::Status Executor::ReplayStep(StepGraph& graph, const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows) {
+  if (!feeds_.empty()) {
+    for (int mb = 0; mb < static_cast<int>(scopes_.size()); ++mb) {
+      auto loaded = load(mb);
+      if (!loaded.ok()) return loaded.status();
+      if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
+    }
+  }
+  // The graph copies the counters to the device itself.
+  if (absl::Status s = WriteRandomCounters(sample_offset, rows); !s.ok()) return s;
+  if (absl::Status s = graph.graph->Launch(); !s.ok()) return s;
+  held_metrics_ = graph.metrics;
+  return absl::OkStatus();
+}
+
+void Executor::DisableGraphs(const std::string& reason) {
+  graph_blocker_ = reason;
+  graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", reason);
+  graphs_.clear();
+  graph_feeds_.clear();
+}
+
+void Executor::DropGraphs() {
+  graphs_.clear();  // each waits for its replays
 }
 
 absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset,

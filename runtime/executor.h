@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "proto/plan.pb.h"
 #include "runtime/comm/communicator_set.h"
+#include "runtime/device.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
@@ -29,6 +31,9 @@ struct ExecutorOptions {
   // Records every action, op and transfer when set. On a GPU each op's event
   // waits for its kernels, so it shows device time, and the step runs slower.
   Tracer* tracer = nullptr;
+  // Capture the steady-state training step as a device graph and replay it
+  // (runtime/step_graph.h says when and why not); eager steps otherwise.
+  bool cuda_graph = false;
 };
 
 struct StepResult {
@@ -107,6 +112,16 @@ class Executor {
   Allocator* allocator() const { return options_.device->allocator(); }
   const RankPlan& plan() const { return plan_; }
 
+  // What --cuda_graph has to say: "" while nothing, else why the step is not
+  // captured, or which step was; it changes when the executor decides.
+  const std::string& graph_note() const { return graph_note_; }
+  // Graphs captured and in use now (one per step shape).
+  int graphs() const { return static_cast<int>(graphs_.size()); }
+  // The first op of the last training step that wrote a persistent var
+  // into a new buffer instead of in place (which a replayed graph could not
+  // follow), as a message; "" when none did.
+  const std::string& moved_state() const { return moved_state_; }
+
  private:
   struct PreparedOp {
     std::unique_ptr<OpKernel> kernel;
@@ -126,6 +141,15 @@ class Executor {
     std::vector<int64_t> send_channels;  // the channel of each send, in the order they post
   };
 
+  // A captured step: its graph, and the host copies of the loss and fetches
+  // it writes (HoldMetrics' tensors as the capture made them).
+  struct StepGraph {
+    std::unique_ptr<DeviceGraph> graph;
+    std::vector<std::pair<int, Tensor>> metrics;
+  };
+  // Micro-batch m's feeds, checked against the program and the rows.
+  using MicroBatchFeeds = std::function<absl::StatusOr<std::map<std::string, Tensor>>(int micro_batch)>;
+
   Executor(const RankPlan& plan, const ExecutorOptions& options) : plan_(plan), options_(options) {}
   absl::Status Prepare();
   // Checks the feeds against the program; returns their batch rows.
@@ -140,6 +164,22 @@ class Executor {
   // a peak of Q bytes for rank R": appended to an op's out-of-memory error.
   std::string OutOfMemoryDetail() const;
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
+  // A training step's work on the device, eager or as a graph (captured or
+  // replayed); FinishStep ends it.
+  absl::Status RunStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update);
+  // The schedule's actions, each kernel called.
+  absl::Status RunActions(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update);
+  // Captures the step (falling back to RunActions, for good, when that fails) and launches it.
+  absl::Status CaptureStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update);
+  absl::Status ReplayStep(StepGraph& graph, const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows);
+  // Copies micro-batch `micro_batch`'s feeds into the fixed buffers the
+  // graphs read (allocated the first time: page-locked for host feeds).
+  absl::Status FillGraphFeeds(int micro_batch, const std::map<std::string, Tensor>& feeds);
+  // No graphs from now on, and why.
+  void DisableGraphs(const std::string& reason);
+  // Drops the captured graphs (their buffers' state was replaced); the next
+  // step captures again.
+  void DropGraphs();
   // Holds micro-batch `micro_batch`'s loss and fetch tensors (host copies
   // on a GPU plan, whose bytes arrive with the step's end synchronisation)
   // until SumMetrics adds them into the result, after that synchronisation.
@@ -150,8 +190,10 @@ class Executor {
   absl::Status FinishStep(absl::Status status);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
   // Writes each micro-batch's {step, sample_offset} of the coming step (the
-  // RunContext's random_counters) and enqueues their copy to the device.
+  // RunContext's random_counters) on the host; EnqueueRandomCounters copies
+  // them to the device (a replayed graph does that copy itself).
   absl::Status WriteRandomCounters(int64_t sample_offset, int64_t rows);
+  absl::Status EnqueueRandomCounters();
   // Micro-batch `micro_batch`'s counters on the device.
   const int64_t* RandomCounters(int micro_batch) const;
   // Persistent scalars' values, read to the host (one device sync for all
@@ -197,6 +239,15 @@ class Executor {
   Tensor counters_device_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
+  // CUDA graphs (runtime/step_graph.h). Declared after the state they
+  // write, so they are destroyed (after their replays end) first.
+  std::string graph_blocker_;  // "" while graphs may be used
+  std::string graph_note_;
+  std::map<bool, StepGraph> graphs_;  // by whether the step runs the optimizer
+  std::set<bool> warmed_;             // step shapes run eagerly once
+  std::vector<std::map<std::string, Tensor>> graph_feeds_;  // by micro-batch: the buffers graphs read feeds from
+  int64_t graph_rows_ = -1;           // rows per micro-batch the graphs are for
+  std::string moved_state_;
   double busy_seconds_ = 0;
   double wait_seconds_ = 0;
 };

@@ -479,6 +479,8 @@ absl::Status TrainSession::CreateExecutor() {
     eopts.tracer = tracer_.get();
   }
   eopts.comm_timeout_s = options_.comm_timeout_s;
+  // The host runs kernels as they are called: there is nothing to capture.
+  eopts.cuda_graph = options_.cuda_graph && !options_.device->host_accessible();
   STRATA_ASSIGN_OR_RETURN(executor_, Executor::Create(plan_, eopts));
   STRATA_ASSIGN_OR_RETURN(dp_, DataParallelCommunicator(plan_, options_.comms));
   return absl::OkStatus();
@@ -745,6 +747,11 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
       },
       0);
   report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
+  if (executor_->graph_note() != report_.cuda_graph_note) {
+    report_.cuda_graph_note = executor_->graph_note();
+    if (reporter_) std::fprintf(stderr, "note: --cuda_graph: %s\n", report_.cuda_graph_note.c_str());
+  }
+  report_.cuda_graphs = executor_->graphs();
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
   if (holds_loss_ && dp_ != nullptr) {
     // Each replica's loss and fetches are means over its equal share of the

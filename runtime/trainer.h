@@ -41,6 +41,9 @@ struct TrainOptions {
   // process each get their own.
   Device* device = GetCpuDevice();
   std::string trace_path;  // a Chrome trace of this rank's steps (--trace)
+  // --cuda_graph: on a device with graphs, capture the steady-state step
+  // once and replay it (runtime/step_graph.h); ignored on the host.
+  bool cuda_graph = false;
 };
 
 struct StepMetrics {
@@ -81,6 +84,10 @@ struct TrainReport {
   int stop_signal = 0;            // the signal (on any rank) that ended the run early; 0: it ran to the end
   std::string loaded_from;        // the checkpoint resumed from, e.g. "ckpt/step-20 (latest)"
   std::string last_saved;         // the last step folder saved
+  // --cuda_graph: graphs in use at the end, and the executor's last note
+  // (why not, or which step was captured); "" when not asked.
+  int cuda_graphs = 0;
+  std::string cuda_graph_note;
 };
 
 // The step of a checkpoint (its metadata) if a run of `total_steps` steps

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
@@ -111,6 +112,71 @@ TEST_F(GpuTrainTest, TwoGpuRunsGiveTheSameBits) {
   ASSERT_EQ(a->steps.size(), b->steps.size());
   for (size_t i = 0; i < a->steps.size(); ++i) EXPECT_EQ(a->steps[i].loss, b->steps[i].loss) << "step " << i + 1;
   EXPECT_EQ(a->final_state, b->final_state);
+}
+
+// --cuda_graph: the steady-state step captured once and replayed trains
+// the bits of eager steps. Gradient merge over two micro-batches makes two
+// step shapes (with and without the optimizer update), so two graphs, the
+// second sharing the first's memory; dropout draws its masks from the
+// executor's counters in device memory, which a replay reads afresh.
+absl::StatusOr<TrainReport> TrainGraphCase(const std::string& model, const GenOptions& gen, const Strategy& strategy,
+                                           bool cuda_graph, Device* device) {
+  auto text = GenerateProgram(model, gen);
+  if (!text.ok()) return text.status();
+  auto program = ParseProgramText(*text, model + ".pbtxt");
+  if (!program.ok()) return program.status();
+  CompileOptions copts;
+  copts.batch_size = 16;
+  copts.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(*program, strategy, copts);
+  if (!compiled.ok()) return compiled.status();
+  TrainOptions options;
+  options.data = model == "gpt" ? "synthetic:vocab=256,size=512" : "synthetic:classes=10,size=512";
+  options.steps = 8;
+  options.seed = 5;
+  options.progress = false;
+  options.device = device;
+  options.cuda_graph = cuda_graph;
+  return Train(compiled->plans[0], options);
+}
+
+void ExpectGraphsTrainTheEagerBits(const std::string& model, const GenOptions& gen, const Strategy& strategy,
+                                   int want_graphs, Device* device) {
+  auto eager = TrainGraphCase(model, gen, strategy, false, device);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  auto graphed = TrainGraphCase(model, gen, strategy, true, device);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  EXPECT_EQ(graphed->cuda_graphs, want_graphs) << graphed->cuda_graph_note;
+  EXPECT_TRUE(absl::StrContains(graphed->cuda_graph_note, "captured")) << graphed->cuda_graph_note;
+  EXPECT_EQ(eager->cuda_graphs, 0);
+  ASSERT_EQ(graphed->steps.size(), eager->steps.size());
+  for (size_t i = 0; i < eager->steps.size(); ++i) {
+    EXPECT_EQ(graphed->steps[i].loss, eager->steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_EQ(graphed->final_state, eager->final_state);
+}
+
+TEST_F(GpuTrainTest, CudaGraphStepsTrainTheEagerBits) {
+  GenOptions gen;
+  gen.layers = {784, 64, 10};
+  gen.dropout = 0.2;
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(8);
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  strategy.mutable_gradient_merge()->set_k_steps(2);
+  ExpectGraphsTrainTheEagerBits("mlp", gen, strategy, 2, device_.get());
+}
+
+TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptTrainTheEagerBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 1, device_.get());
+}
+
+TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingTrainTheEagerBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(F16);
+  ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 1, device_.get());
 }
 
 // Several ranks on the one GPU (issue 18, section 4): each rank a CudaDevice

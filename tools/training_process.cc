@@ -42,6 +42,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.progress = !absl::GetFlag(FLAGS_quiet);
   options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
   options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
+  options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
   return options;
 }
 

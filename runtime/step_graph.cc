@@ -1,0 +1,28 @@
+#include "runtime/step_graph.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace strata {
+
+bool IsCommunicationOp(const Op& op) {
+  if (op.has_channel()) return true;
+  const std::string& t = op.type();
+  return t == "send" || t == "recv" || t == "allreduce" || t == "bucket_allreduce" || t == "bucket_wait";
+}
+
+std::string StepGraphBlocker(const RankPlan& plan, const StepGraphConditions& conditions) {
+  if (!conditions.requested) return "--cuda_graph=false";
+  if (!conditions.device_unsupported.empty()) return conditions.device_unsupported;
+  if (conditions.tracing) return "--trace times every op on its own, which a replayed step cannot";
+  const Program& program = plan.program();
+  for (const Op& op : program.op()) {
+    if (IsCommunicationOp(op)) {
+      return absl::StrCat("rank ", plan.rank(), "'s step communicates (op '", op.name(), "' of type '", op.type(),
+                          "'), and its transfers go over Gloo, staged through host memory, which a graph cannot "
+                          "capture (NCCL, which could be, is not wired into the runtime yet)");
+    }
+  }
+  return "";
+}
+
+}  // namespace strata
