@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 
 namespace strata {
@@ -12,6 +13,7 @@ struct CachingAllocator::Block {
   char* ptr = nullptr;
   size_t size = 0;
   bool small = false;  // which pool it belongs to
+  int64_t pool_id = 0;  // its segment's capture pool; 0: the general cache
   // True from allocation until the block is back in its pool, so while it
   // waits for events it is neither handed out nor merged into.
   bool allocated = false;
@@ -59,13 +61,18 @@ CachingAllocator::~CachingAllocator() {
 std::string CachingAllocator::name() const { return backend_->name(); }
 
 CachingAllocator::Pool& CachingAllocator::PoolOf(const Block* block) {
-  return block->small ? small_blocks_ : large_blocks_;
+  if (block->pool_id == 0) return block->small ? small_blocks_ : large_blocks_;
+  // A capture pool stays in capture_pools_ while it holds a segment.
+  CapturePool& pool = *capture_pools_.at(block->pool_id);
+  return block->small ? pool.small_blocks : pool.large_blocks;
 }
 
-CachingAllocator::Block* CachingAllocator::FindFreeBlock(bool small, size_t size) {
-  Pool& pool = small ? small_blocks_ : large_blocks_;
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(int64_t pool_id, bool small, size_t size) {
   Block key;
   key.size = size;
+  key.small = small;
+  key.pool_id = pool_id;
+  Pool& pool = PoolOf(&key);
   auto it = pool.lower_bound(&key);
   if (it == pool.end()) return nullptr;
   // Every later block is bigger still: a huge block would be nibbled away by
@@ -76,18 +83,35 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlock(bool small, size_t size
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::MallocSegment(bool small, size_t segment_size) {
+CachingAllocator::Block* CachingAllocator::MallocSegment(int64_t pool_id, bool small, size_t segment_size) {
   void* ptr = backend_->Malloc(segment_size);
   if (ptr == nullptr) return nullptr;
   Block* block = new Block;
   block->ptr = static_cast<char*>(ptr);
   block->size = segment_size;
   block->small = small;
+  block->pool_id = pool_id;
   segments_.insert(block);
   ++stats_.segment_allocations;
   stats_.reserved_bytes += static_cast<int64_t>(segment_size);
   stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  if (pool_id != 0) {
+    ++capture_pools_.at(pool_id)->segments;
+    stats_.pool_reserved_bytes += static_cast<int64_t>(segment_size);
+  }
   return block;
+}
+
+void CachingAllocator::FreeSegment(Block* block) {
+  backend_->Free(block->ptr);
+  segments_.erase(block);
+  ++stats_.segment_frees;
+  stats_.reserved_bytes -= static_cast<int64_t>(block->size);
+  if (block->pool_id != 0) {
+    --capture_pools_.at(block->pool_id)->segments;
+    stats_.pool_reserved_bytes -= static_cast<int64_t>(block->size);
+  }
+  delete block;
 }
 
 void* CachingAllocator::RawAllocate(size_t bytes) {
@@ -98,17 +122,20 @@ void* CachingAllocator::RawAllocate(size_t bytes) {
   }
   const size_t size = RoundUp(bytes, kMinBlockSize);
   const bool small = size <= kSmallRequest;
-  ProcessEvents();
-  Block* block = FindFreeBlock(small, size);
+  // While capturing, every block comes from the capture's pool, and the
+  // device is neither queried nor synchronized (see BeginCapture).
+  const int64_t pool_id = capture_pool_;
+  if (pool_id == 0) ProcessEvents();
+  Block* block = FindFreeBlock(pool_id, small, size);
   if (block != nullptr) {
     ++stats_.cache_hits;
   } else {
     const size_t segment_size = small ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
-    block = MallocSegment(small, segment_size);
-    if (block == nullptr) {
+    block = MallocSegment(pool_id, small, segment_size);
+    if (block == nullptr && pool_id == 0) {
       // The cache may hold what the device lacks.
       SynchronizeAndReleaseCache();
-      block = MallocSegment(small, segment_size);
+      block = MallocSegment(pool_id, small, segment_size);
     }
     if (block == nullptr) {
       ++stats_.out_of_memory;
@@ -123,6 +150,7 @@ void* CachingAllocator::RawAllocate(size_t bytes) {
     rest->ptr = block->ptr + size;
     rest->size = remainder;
     rest->small = small;
+    rest->pool_id = block->pool_id;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) rest->next->prev = rest;
@@ -143,6 +171,22 @@ void CachingAllocator::RawFree(void* ptr, size_t /*bytes: the block knows its si
   if (it == allocated_blocks_.end()) return;
   Block* block = it->second;
   allocated_blocks_.erase(it);
+  if (capture_pool_ != 0) {
+    // A capture pool's block with no other stream's uses goes back to its
+    // pool now: the capture's own (reused later in the capture, in stream
+    // order) or another's (whose next capture is after this one). Anything
+    // else would need an event now: it waits for EndCapture.
+    if (block->pool_id != 0 && block->stream_uses.empty()) {
+      FreeBlock(block);
+    } else {
+      capture_deferred_frees_.push_back(block);
+    }
+    return;
+  }
+  ReleaseBlock(block);
+}
+
+void CachingAllocator::ReleaseBlock(Block* block) {
   if (block->stream_uses.empty()) {
     // Later work on the allocator's stream runs after the work that used the
     // block, so it may reuse it at once.
@@ -176,6 +220,16 @@ void CachingAllocator::FreeBlock(Block* block) {
     if (block->next != nullptr) block->next->prev = block;
     delete next;
   }
+  if (block->pool_id != 0 && block->prev == nullptr && block->next == nullptr && capture_pool_ == 0) {
+    // The last block of a released pool's segment: the segment goes back.
+    // (While capturing, a backend Free must wait: EndCapture sweeps.)
+    auto it = capture_pools_.find(block->pool_id);
+    if (it->second->released) {
+      FreeSegment(block);
+      if (it->second->segments == 0) capture_pools_.erase(it);
+      return;
+    }
+  }
   PoolOf(block).insert(block);
 }
 
@@ -207,6 +261,8 @@ void CachingAllocator::SynchronizeAndReleaseCache() {
     }
   }
   pending_events_.clear();
+  // Only the general cache: a capture pool keeps its segments until
+  // ReleasePool, since its graphs hard-code their addresses.
   for (Pool* pool : {&small_blocks_, &large_blocks_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* block = *it;
@@ -215,11 +271,33 @@ void CachingAllocator::SynchronizeAndReleaseCache() {
         continue;
       }
       it = pool->erase(it);
-      backend_->Free(block->ptr);
-      segments_.erase(block);
-      ++stats_.segment_frees;
-      stats_.reserved_bytes -= static_cast<int64_t>(block->size);
-      delete block;
+      FreeSegment(block);
+    }
+  }
+}
+
+void CachingAllocator::SweepReleasedPools() {
+  for (auto pool_it = capture_pools_.begin(); pool_it != capture_pools_.end();) {
+    CapturePool& pool = *pool_it->second;
+    if (!pool.released) {
+      ++pool_it;
+      continue;
+    }
+    for (Pool* blocks : {&pool.small_blocks, &pool.large_blocks}) {
+      for (auto it = blocks->begin(); it != blocks->end();) {
+        Block* block = *it;
+        if (block->prev != nullptr || block->next != nullptr) {
+          ++it;
+          continue;
+        }
+        it = blocks->erase(it);
+        FreeSegment(block);
+      }
+    }
+    if (pool.segments == 0) {
+      capture_pools_.erase(pool_it++);
+    } else {
+      ++pool_it;
     }
   }
 }
@@ -235,7 +313,67 @@ void CachingAllocator::RecordStream(void* ptr, StreamHandle stream) {
 
 void CachingAllocator::EmptyCache() {
   absl::MutexLock lock(&mu_);
+  if (capture_pool_ != 0) return;  // Synchronize would break the capture
   SynchronizeAndReleaseCache();
+}
+
+int64_t CachingAllocator::BeginCapture(int64_t pool) {
+  absl::MutexLock lock(&mu_);
+  if (capture_pool_ != 0) {
+    std::fprintf(stderr, "warning: %s: BeginCapture(%lld) while capturing into pool %lld; capture goes on there\n",
+                 backend_->name().c_str(), static_cast<long long>(pool), static_cast<long long>(capture_pool_));
+    return capture_pool_;
+  }
+  if (pool != 0) {
+    auto it = capture_pools_.find(pool);
+    if (it == capture_pools_.end() || it->second->released) {
+      std::fprintf(stderr, "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); using a new pool\n",
+                   backend_->name().c_str(), static_cast<long long>(pool));
+      pool = 0;
+    }
+  }
+  if (pool == 0) {
+    pool = next_pool_id_++;
+    capture_pools_[pool] = std::make_unique<CapturePool>();
+  }
+  capture_pool_ = pool;
+  return pool;
+}
+
+void CachingAllocator::EndCapture() {
+  absl::MutexLock lock(&mu_);
+  if (capture_pool_ == 0) return;
+  const int64_t pool = capture_pool_;
+  capture_pool_ = 0;
+  for (Block* block : capture_deferred_frees_) {
+    if (block->pool_id == pool) {
+      // Its uses on other streams were captured into the graph, which orders them.
+      block->stream_uses.clear();
+      FreeBlock(block);
+    } else {
+      ReleaseBlock(block);
+    }
+  }
+  capture_deferred_frees_.clear();
+  SweepReleasedPools();
+}
+
+void CachingAllocator::ReleasePool(int64_t pool) {
+  absl::MutexLock lock(&mu_);
+  auto it = capture_pools_.find(pool);
+  if (it == capture_pools_.end() || it->second->released) return;
+  if (pool == capture_pool_) {
+    std::fprintf(stderr, "warning: %s: ReleasePool(%lld) while capturing into it; the pool is kept\n",
+                 backend_->name().c_str(), static_cast<long long>(pool));
+    return;
+  }
+  it->second->released = true;
+  if (capture_pool_ == 0) SweepReleasedPools();
+}
+
+bool CachingAllocator::capturing() const {
+  absl::MutexLock lock(&mu_);
+  return capture_pool_ != 0;
 }
 
 CachingAllocator::Stats CachingAllocator::stats() const {

@@ -48,6 +48,9 @@ class CachingAllocator : public Allocator {
     int64_t cache_hits = 0;     // allocations served without a backend Malloc
     int64_t out_of_memory = 0;  // requests that failed even after emptying the cache
     int64_t pending_frees = 0;  // blocks now waiting for other streams' events
+    // Bytes of segments held by capture pools, released ones still holding
+    // live blocks included; part of reserved_bytes too.
+    int64_t pool_reserved_bytes = 0;
   };
 
   // Sizes are rounded up to this; it is also the smallest block a split leaves.
@@ -73,8 +76,47 @@ class CachingAllocator : public Allocator {
   void RecordStream(void* ptr, StreamHandle stream);
   // Returns every wholly free segment to the backend (after Synchronize, which
   // also releases the blocks waiting for events).
+  // Does nothing while capturing: it would synchronize the device.
   void EmptyCache();
   Stats stats() const;
+
+  // Capture pools (PyTorch's graph private pools, torch.cuda.graph's `pool`).
+  // A CUDA graph hard-codes every address its kernels touch, so from
+  // BeginCapture until EndCapture every allocation is served from pool `pool`
+  // (0: a new pool, whose id (> 0) is returned; an id returned before: share
+  // that pool, as graphs that never replay at the same time may), in segments
+  // of its own, never from the general cache. A block of a pool, freed during
+  // or after the capture, goes back to that pool only: later captures into
+  // the pool reuse it (the graph keeps the stream's order, so reuse within
+  // one capture is safe too), nothing else does, until ReleasePool.
+  //
+  // While capturing, nothing here synchronizes or queries the device: no
+  // Synchronize (a failed Malloc returns nullptr without emptying the cache;
+  // EmptyCache does nothing), no EventDone (the blocks waiting for events
+  // wait until after EndCapture), no RecordEvent and no backend Free. A block
+  // freed during the capture with uses on other streams (RecordStream), and
+  // every block of the general cache freed during it, is held until
+  // EndCapture: a block of the captured pool then goes back to the pool with
+  // no event (the graph orders its uses), any other block is freed as it
+  // would have been at its Free. The caller's rule: captured work must not
+  // use a general block after the capture's Free of it, at replay included
+  // (the graph does not keep it alive; keep the tensor alive instead).
+  //
+  // Capture on the allocator's stream only, one capture at a time: a
+  // BeginCapture while capturing is ignored and returns the current pool,
+  // an id never returned or already released starts a new pool (both are
+  // programmer errors, reported on stderr; nothing aborts).
+  int64_t BeginCapture(int64_t pool = 0);
+  // Does nothing when not capturing.
+  void EndCapture();
+  // The pool's blocks go back to general use: its free segments are returned
+  // to the backend now (no Synchronize needed: the caller has synchronised
+  // or destroyed the graph), blocks still allocated when their Free comes.
+  // The id is never handed out again. While capturing, the backend Frees
+  // wait for EndCapture; releasing the pool being captured into, or an
+  // unknown pool, does nothing.
+  void ReleasePool(int64_t pool);
+  bool capturing() const;
 
  protected:
   void* RawAllocate(size_t bytes) override;
@@ -87,14 +129,33 @@ class CachingAllocator : public Allocator {
     bool operator()(const Block* a, const Block* b) const;
   };
   using Pool = std::set<Block*, BlockLess>;
+  // The free blocks of one capture pool (0 is the general cache, kept in
+  // small_blocks_ and large_blocks_).
+  struct CapturePool {
+    Pool small_blocks;
+    Pool large_blocks;
+    int64_t segments = 0;  // held from the backend, free or not
+    bool released = false;
+  };
 
   Pool& PoolOf(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The smallest free block of the pool that fits `size`, or nullptr.
-  Block* FindFreeBlock(bool small, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A fresh segment from the backend, not in any pool yet; nullptr when Malloc fails.
-  Block* MallocSegment(bool small, size_t segment_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Merges `block` with its free neighbours and puts the result in its pool.
+  // The smallest free block of the pool (`pool_id`, small or large) that fits `size`, or nullptr.
+  Block* FindFreeBlock(int64_t pool_id, bool small, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A fresh segment from the backend for pool `pool_id`, not in any free set
+  // yet; nullptr when Malloc fails.
+  Block* MallocSegment(int64_t pool_id, bool small, size_t segment_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns a wholly free segment (a block with no neighbours, in no free set) to the backend.
+  void FreeSegment(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges `block` with its free neighbours and puts the result in its pool;
+  // a whole segment of a released capture pool goes back to the backend
+  // instead (after the capture, if one runs).
   void FreeBlock(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A freed block (no longer in allocated_blocks_) that nothing holds back:
+  // free it, or record events for its uses on other streams.
+  void ReleaseBlock(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the free segments of released capture pools and forgets the
+  // pools that hold none. Not while capturing.
+  void SweepReleasedPools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the blocks whose events are all done.
   void ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Synchronizes, releases every pending block, returns every wholly free segment.
@@ -112,6 +173,13 @@ class CachingAllocator : public Allocator {
   // (event, block) for freed blocks used on other streams.
   std::vector<std::pair<void*, Block*>> pending_events_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // Capture pools by id; a released pool stays until its last segment is gone.
+  absl::flat_hash_map<int64_t, std::unique_ptr<CapturePool>> capture_pools_ ABSL_GUARDED_BY(mu_);
+  int64_t next_pool_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The pool being captured into; 0 when not capturing.
+  int64_t capture_pool_ ABSL_GUARDED_BY(mu_) = 0;
+  // Blocks freed during the capture that wait for EndCapture (see BeginCapture).
+  std::vector<Block*> capture_deferred_frees_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata
