@@ -31,6 +31,7 @@ struct FakeDevice {
   int live_segments = 0;
   int synchronizes = 0;
   int events_recorded = 0;
+  int event_queries = 0;  // EventDone calls
   std::set<Event*> live_events;
   std::set<void*> segments;
 
@@ -73,7 +74,10 @@ class FakeBackend : public CachingAllocator::Backend {
     ++device_->events_recorded;
     return event;
   }
-  bool EventDone(void* event) override { return static_cast<FakeDevice::Event*>(event)->done; }
+  bool EventDone(void* event) override {
+    ++device_->event_queries;
+    return static_cast<FakeDevice::Event*>(event)->done;
+  }
   void DestroyEvent(void* event) override {
     auto* e = static_cast<FakeDevice::Event*>(event);
     EXPECT_EQ(device_->live_events.erase(e), 1u) << "not a live event";
@@ -409,6 +413,299 @@ TEST(CachingAllocatorTest, UnknownPointersAreIgnored) {
   EXPECT_EQ(allocator->Allocate(1000), p);
   EXPECT_EQ(device.events_recorded, 0);
   allocator->Free(p, 1000);
+}
+
+// What a capture must never do: synchronize, query or record events. Taken
+// before BeginCapture and compared before EndCapture.
+struct DeviceCalls {
+  int synchronizes;
+  int event_queries;
+  int events_recorded;
+  int frees;
+  explicit DeviceCalls(const FakeDevice& device)
+      : synchronizes(device.synchronizes),
+        event_queries(device.event_queries),
+        events_recorded(device.events_recorded),
+        frees(device.frees) {}
+};
+
+void ExpectNoDeviceCallsSince(const FakeDevice& device, const DeviceCalls& before) {
+  EXPECT_EQ(device.synchronizes, before.synchronizes);
+  EXPECT_EQ(device.event_queries, before.event_queries);
+  EXPECT_EQ(device.events_recorded, before.events_recorded);
+  EXPECT_EQ(device.frees, before.frees);
+}
+
+TEST(CachingAllocatorCaptureTest, CaptureAllocatesFromSegmentsOfItsOwn) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  // The general cache holds a free small block and a free 8 MiB segment.
+  void* general_small = allocator->Allocate(1000);
+  void* general_large = allocator->Allocate(8 * kMiB);
+  allocator->Free(general_small, 1000);
+  allocator->Free(general_large, 8 * kMiB);
+  ASSERT_EQ(device.mallocs, 2);
+  EXPECT_FALSE(allocator->capturing());
+
+  const DeviceCalls before(device);
+  const int64_t pool = allocator->BeginCapture();
+  EXPECT_GT(pool, 0);
+  EXPECT_TRUE(allocator->capturing());
+  void* small = allocator->Allocate(1000);
+  void* large = allocator->Allocate(8 * kMiB);
+  ASSERT_NE(small, nullptr);
+  ASSERT_NE(large, nullptr);
+  EXPECT_NE(small, general_small);
+  EXPECT_NE(large, general_large);
+  EXPECT_EQ(device.mallocs, 4);
+  // Later small requests of the capture share its small segment.
+  EXPECT_EQ(allocator->Allocate(2000), At(small, 1024));
+  ExpectNoDeviceCallsSince(device, before);
+  allocator->EndCapture();
+  EXPECT_FALSE(allocator->capturing());
+
+  CachingAllocator::Stats stats = allocator->stats();
+  EXPECT_EQ(stats.reserved_bytes, static_cast<int64_t>(20 * kMiB));
+  EXPECT_EQ(stats.pool_reserved_bytes, static_cast<int64_t>(10 * kMiB));
+  allocator->Free(small, 1000);
+  allocator->Free(large, 8 * kMiB);
+  allocator->Free(At(small, 1024), 2000);
+
+  // EmptyCache returns the general cache's segments only: graphs hold the pool's addresses.
+  allocator->EmptyCache();
+  stats = allocator->stats();
+  EXPECT_EQ(stats.reserved_bytes, static_cast<int64_t>(10 * kMiB));
+  EXPECT_EQ(stats.pool_reserved_bytes, static_cast<int64_t>(10 * kMiB));
+  EXPECT_EQ(device.live_segments, 2);
+}
+
+TEST(CachingAllocatorCaptureTest, PoolBlocksAreReusedOnlyByCapturesIntoTheirPool) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  const int64_t pool = allocator->BeginCapture();
+  void* x = allocator->Allocate(4 * kMiB);
+  allocator->Free(x, 4 * kMiB);
+  // Freed within the capture: the same capture reuses it (stream order).
+  EXPECT_EQ(allocator->Allocate(4 * kMiB), x);
+  allocator->EndCapture();
+  allocator->Free(x, 4 * kMiB);  // after the capture: back to the pool
+  EXPECT_EQ(device.mallocs, 1);
+
+  // Not for an allocation outside a capture.
+  void* general = allocator->Allocate(4 * kMiB);
+  EXPECT_NE(general, x);
+  EXPECT_EQ(device.mallocs, 2);
+  // Not for a capture into another pool.
+  const int64_t other = allocator->BeginCapture();
+  EXPECT_NE(other, pool);
+  void* y = allocator->Allocate(4 * kMiB);
+  EXPECT_NE(y, x);
+  EXPECT_NE(y, general);
+  allocator->Free(y, 4 * kMiB);
+  allocator->EndCapture();
+  EXPECT_EQ(device.mallocs, 3);
+  // A capture sharing the pool does.
+  EXPECT_EQ(allocator->BeginCapture(pool), pool);
+  EXPECT_EQ(allocator->Allocate(4 * kMiB), x);
+  allocator->EndCapture();
+  EXPECT_EQ(device.mallocs, 3);
+  EXPECT_EQ(allocator->stats().pool_reserved_bytes, static_cast<int64_t>(8 * kMiB));
+  allocator->Free(x, 4 * kMiB);
+  allocator->Free(general, 4 * kMiB);
+}
+
+TEST(CachingAllocatorCaptureTest, GeneralBlocksFreedDuringCaptureWaitForEndCapture) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  void* a = allocator->Allocate(1000);
+  void* b = allocator->Allocate(1000);
+  allocator->RecordStream(a, kCommStream);
+
+  const DeviceCalls before(device);
+  allocator->BeginCapture();
+  allocator->Free(a, 1000);
+  allocator->Free(b, 1000);
+  EXPECT_EQ(allocator->live_bytes(), 0);
+  EXPECT_EQ(allocator->stats().pending_frees, 0);  // no event yet
+  void* captured = allocator->Allocate(1000);
+  EXPECT_NE(captured, a);
+  EXPECT_NE(captured, b);
+  ExpectNoDeviceCallsSince(device, before);
+  allocator->EndCapture();
+
+  // Now freed as at their Free: a waits for the comm stream, b is free.
+  EXPECT_EQ(device.events_recorded, 1);
+  EXPECT_EQ(allocator->stats().pending_frees, 1);
+  EXPECT_EQ(allocator->Allocate(1000), b);
+  void* c = allocator->Allocate(1000);  // the rest of a's segment, not a
+  EXPECT_NE(c, a);
+  device.FinishStream(kCommStream);
+  allocator->Free(c, 1000);
+  EXPECT_EQ(allocator->Allocate(1000), a);
+  EXPECT_EQ(allocator->stats().pending_frees, 0);
+  allocator->Free(a, 1000);
+  allocator->Free(b, 1000);
+  allocator->Free(captured, 1000);
+}
+
+TEST(CachingAllocatorCaptureTest, CaptureBlockUsedOnAnotherStreamGoesBackToThePoolAtEndCapture) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  const DeviceCalls before(device);
+  allocator->BeginCapture();
+  void* p = allocator->Allocate(1000);
+  allocator->RecordStream(p, kCommStream);
+  allocator->Free(p, 1000);
+  // Held: the capture does not reuse it, and records no event for it.
+  void* q = allocator->Allocate(1000);
+  EXPECT_EQ(q, At(p, 1024));
+  ExpectNoDeviceCallsSince(device, before);
+  allocator->EndCapture();
+  // Back in the pool with no event: the graph orders the comm stream's use.
+  EXPECT_EQ(device.events_recorded, 0);
+  EXPECT_EQ(allocator->stats().pending_frees, 0);
+  allocator->Free(q, 1000);
+  EXPECT_EQ(device.mallocs, 1);
+}
+
+TEST(CachingAllocatorCaptureTest, OutOfMemoryDuringCaptureReturnsNullWithoutTouchingTheDevice) {
+  FakeDevice device;
+  device.capacity = 6 * kMiB;
+  auto allocator = MakeAllocator(&device);
+  // The general cache holds a free 4 MiB segment and a small block waiting for an event.
+  void* large = allocator->Allocate(3 * kMiB);
+  allocator->Free(large, 3 * kMiB);
+  void* p = allocator->Allocate(1000);
+  allocator->RecordStream(p, kCommStream);
+  allocator->Free(p, 1000);
+  device.FinishStream(kCommStream);
+
+  const DeviceCalls before(device);
+  allocator->BeginCapture();
+  EXPECT_EQ(allocator->Allocate(1000), nullptr);
+  allocator->EmptyCache();  // would synchronize: does nothing while capturing
+  ExpectNoDeviceCallsSince(device, before);
+  CachingAllocator::Stats stats = allocator->stats();
+  EXPECT_EQ(stats.out_of_memory, 1);
+  EXPECT_EQ(stats.pending_frees, 1);
+  EXPECT_EQ(stats.reserved_bytes, static_cast<int64_t>(6 * kMiB));
+  EXPECT_EQ(device.failed_mallocs, 1);
+  EXPECT_EQ(allocator->total_allocations(), 2);
+  allocator->EndCapture();
+
+  // Outside the capture, the block whose event is done is reused again.
+  void* q = allocator->Allocate(1000);
+  EXPECT_EQ(q, p);
+  allocator->Free(q, 1000);
+}
+
+TEST(CachingAllocatorCaptureTest, ReleasePoolReturnsFreeSegmentsNowAndTheRestWhenFreed) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  const int64_t pool = allocator->BeginCapture();
+  void* small = allocator->Allocate(1000);
+  void* large = allocator->Allocate(4 * kMiB);
+  allocator->Free(large, 4 * kMiB);
+  allocator->EndCapture();
+  ASSERT_EQ(allocator->stats().pool_reserved_bytes, static_cast<int64_t>(6 * kMiB));
+
+  allocator->ReleasePool(pool);
+  CachingAllocator::Stats stats = allocator->stats();
+  EXPECT_EQ(device.frees, 1);
+  EXPECT_EQ(stats.segment_frees, 1);
+  EXPECT_EQ(stats.pool_reserved_bytes, static_cast<int64_t>(2 * kMiB));
+  EXPECT_EQ(stats.reserved_bytes, static_cast<int64_t>(2 * kMiB));
+  allocator->ReleasePool(pool);  // twice: nothing more
+  EXPECT_EQ(device.frees, 1);
+
+  allocator->Free(small, 1000);  // the last block of its segment
+  stats = allocator->stats();
+  EXPECT_EQ(device.frees, 2);
+  EXPECT_EQ(device.live_segments, 0);
+  EXPECT_EQ(stats.pool_reserved_bytes, 0);
+  EXPECT_EQ(stats.reserved_bytes, 0);
+  EXPECT_EQ(device.synchronizes, 0);
+
+  // A released id is not handed out again: capturing into it starts a new pool.
+  const int64_t next = allocator->BeginCapture(pool);
+  EXPECT_NE(next, pool);
+  EXPECT_GT(next, 0);
+  // So does an id never returned.
+  allocator->EndCapture();
+  const int64_t unknown = allocator->BeginCapture(next + 100);
+  EXPECT_NE(unknown, next + 100);
+  EXPECT_NE(unknown, next);
+  allocator->EndCapture();
+}
+
+TEST(CachingAllocatorCaptureTest, ReleasingDuringAnotherCaptureFreesSegmentsAtEndCapture) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  const int64_t first = allocator->BeginCapture();
+  void* a = allocator->Allocate(4 * kMiB);
+  void* b = allocator->Allocate(1000);
+  allocator->Free(a, 4 * kMiB);
+  allocator->EndCapture();
+
+  const DeviceCalls before(device);
+  const int64_t second = allocator->BeginCapture();
+  EXPECT_NE(second, first);
+  allocator->ReleasePool(first);
+  allocator->Free(b, 1000);
+  allocator->ReleasePool(second);  // the pool being captured into: kept
+  void* c = allocator->Allocate(1000);
+  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c, b);  // never a released pool's block
+  ExpectNoDeviceCallsSince(device, before);
+  EXPECT_EQ(allocator->stats().pool_reserved_bytes, static_cast<int64_t>(8 * kMiB));
+  allocator->EndCapture();
+
+  CachingAllocator::Stats stats = allocator->stats();
+  EXPECT_EQ(device.frees, 2);
+  EXPECT_EQ(stats.pool_reserved_bytes, static_cast<int64_t>(2 * kMiB));
+  allocator->Free(c, 1000);
+  // The second pool was not released: its segment stays.
+  EXPECT_EQ(allocator->BeginCapture(second), second);
+  EXPECT_EQ(allocator->Allocate(1000), c);
+  allocator->EndCapture();
+  allocator->Free(c, 1000);
+}
+
+TEST(CachingAllocatorCaptureTest, NestedBeginCaptureKeepsTheCurrentPool) {
+  FakeDevice device;
+  auto allocator = MakeAllocator(&device);
+  const int64_t pool = allocator->BeginCapture();
+  EXPECT_EQ(allocator->BeginCapture(), pool);
+  allocator->EndCapture();
+  EXPECT_FALSE(allocator->capturing());
+  allocator->EndCapture();  // not capturing: nothing
+  EXPECT_FALSE(allocator->capturing());
+}
+
+TEST(CachingAllocatorCaptureTest, DestructorReturnsPoolSegmentsToo) {
+  FakeDevice device;
+  {
+    auto allocator = MakeAllocator(&device);
+    void* general = allocator->Allocate(1000);
+    const int64_t pool = allocator->BeginCapture();
+    void* live = allocator->Allocate(1000);
+    void* freed = allocator->Allocate(4 * kMiB);
+    allocator->Free(freed, 4 * kMiB);
+    allocator->EndCapture();
+    allocator->BeginCapture(pool);
+    void* deferred = allocator->Allocate(2000);
+    allocator->RecordStream(deferred, kCommStream);
+    allocator->Free(deferred, 2000);
+    allocator->Free(general, 1000);
+    allocator->EndCapture();
+    allocator->BeginCapture();
+    allocator->Allocate(8 * kMiB);  // still capturing, still allocated
+    EXPECT_NE(live, nullptr);
+    EXPECT_EQ(device.live_segments, 4);
+  }
+  EXPECT_EQ(device.live_segments, 0);
+  EXPECT_EQ(device.frees, 4);
+  EXPECT_TRUE(device.live_events.empty());
 }
 
 }  // namespace
