@@ -12,7 +12,7 @@ namespace strata {
 struct CachingAllocator::Block {
   char* ptr = nullptr;
   size_t size = 0;
-  bool small = false;  // which pool it belongs to
+  bool small = false;   // which pool it belongs to
   int64_t pool_id = 0;  // its segment's capture pool; 0: the general cache
   // True from allocation until the block is back in its pool, so while it
   // waits for events it is neither handed out nor merged into.
@@ -327,7 +327,9 @@ int64_t CachingAllocator::BeginCapture(int64_t pool) {
   if (pool != 0) {
     auto it = capture_pools_.find(pool);
     if (it == capture_pools_.end() || it->second->released) {
-      std::fprintf(stderr, "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); using a new pool\n",
+      std::fprintf(stderr,
+                   "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); "
+                   "using a new pool\n",
                    backend_->name().c_str(), static_cast<long long>(pool));
       pool = 0;
     }

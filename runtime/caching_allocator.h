@@ -46,7 +46,7 @@ class CachingAllocator : public Allocator {
     int64_t segment_allocations = 0;  // backend Malloc calls that succeeded
     int64_t segment_frees = 0;
     int64_t cache_hits = 0;     // allocations served without a backend Malloc
-    int64_t out_of_memory = 0;  // requests that failed even after emptying the cache
+    int64_t out_of_memory = 0;  // requests that failed even after emptying the cache (while capturing: not emptied)
     int64_t pending_frees = 0;  // blocks now waiting for other streams' events
     // Bytes of segments held by capture pools, released ones still holding
     // live blocks included; part of reserved_bytes too.

@@ -160,7 +160,9 @@ int64_t StagingAllocator::BeginCapture(int64_t pool) {
   if (pool != 0) {
     auto it = capture_pools_.find(pool);
     if (it == capture_pools_.end() || it->second->released) {
-      std::fprintf(stderr, "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); using a new pool\n",
+      std::fprintf(stderr,
+                   "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); "
+                   "using a new pool\n",
                    name().c_str(), static_cast<long long>(pool));
       pool = 0;
     }

@@ -69,7 +69,8 @@ class StagingAllocator final : public Allocator {
     size_t bytes;
   };
   struct CapturePool {
-    absl::flat_hash_map<size_t, std::vector<void*>> cache;  // by exact size
+    // Free blocks by exact size.
+    absl::flat_hash_map<size_t, std::vector<void*>> cache;
     int64_t blocks = 0;  // held from the backend: live or cached
     bool released = false;
   };

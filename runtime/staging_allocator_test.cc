@@ -19,7 +19,7 @@ struct FakeStream {
   int frees = 0;
   int synchronizes = 0;
   int events_recorded = 0;
-  int event_queries = 0;  // EventDone calls
+  int event_queries = 0;              // EventDone calls
   size_t capacity = size_t{1} << 40;  // bytes Malloc may hand out at once
   size_t used = 0;
   void Pass() {
