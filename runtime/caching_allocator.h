@@ -75,8 +75,8 @@ class CachingAllocator : public Allocator {
   // the free. The allocator's own stream needs no record.
   void RecordStream(void* ptr, StreamHandle stream);
   // Returns every wholly free segment to the backend (after Synchronize, which
-  // also releases the blocks waiting for events).
-  // Does nothing while capturing: it would synchronize the device.
+  // also releases the blocks waiting for events); does nothing while
+  // capturing, where Synchronize would break the capture.
   void EmptyCache();
   Stats stats() const;
 
@@ -102,7 +102,9 @@ class CachingAllocator : public Allocator {
   // use a general block after the capture's Free of it, at replay included
   // (the graph does not keep it alive; keep the tensor alive instead).
   //
-  // Capture on the allocator's stream only, one capture at a time: a
+  // Allocate takes no stream, so an allocation from any thread during the
+  // capture comes from the pool too. Capture on the allocator's stream
+  // only, one capture at a time: a
   // BeginCapture while capturing is ignored and returns the current pool,
   // an id never returned or already released starts a new pool (both are
   // programmer errors, reported on stderr; nothing aborts).
