@@ -103,11 +103,11 @@ class CachingAllocator : public Allocator {
   // (the graph does not keep it alive; keep the tensor alive instead).
   //
   // Allocate takes no stream, so an allocation from any thread during the
-  // capture comes from the pool too. Capture on the allocator's stream
-  // only, one capture at a time: a
-  // BeginCapture while capturing is ignored and returns the current pool,
-  // an id never returned or already released starts a new pool (both are
-  // programmer errors, reported on stderr; nothing aborts).
+  // capture comes from the pool too. Capture on the allocator's stream only,
+  // one capture at a time: a BeginCapture while capturing is ignored and
+  // returns the current pool, and an id never returned or already released
+  // starts a new pool (both programmer errors, reported on stderr; nothing
+  // aborts).
   int64_t BeginCapture(int64_t pool = 0);
   // Does nothing when not capturing.
   void EndCapture();
