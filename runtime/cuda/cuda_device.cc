@@ -1,5 +1,6 @@
 #include "runtime/cuda/cuda_device.h"
 
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -211,6 +212,97 @@ absl::Status CudaDevice::WaitForWork() {
   // A kernel's own fault (an illegal address) shows up here as well.
   absl::Status launch = CudaStatus(cudaGetLastError(), "kernel");
   return !s.ok() ? s : !c.ok() ? c : launch;
+}
+
+// The pools a capture drew from: given back once the last graph captured
+// into them is gone (after its replays finished).
+struct CudaDevice::CapturePools {
+  CapturePools(CudaDevice* device, int64_t device_pool, int64_t staging_pool)
+      : device(device), device_pool(device_pool), staging_pool(staging_pool) {}
+  ~CapturePools() {
+    cudaSetDevice(device->ordinal());
+    cudaStreamSynchronize(device->stream());
+    device->caching_allocator()->ReleasePool(device_pool);
+    device->staging_->ReleasePool(staging_pool);
+  }
+  CudaDevice* device;
+  const int64_t device_pool;
+  const int64_t staging_pool;
+};
+
+namespace {
+
+class CudaGraph final : public DeviceGraph {
+ public:
+  CudaGraph(int ordinal, cudaGraphExec_t exec, cudaStream_t stream, std::shared_ptr<CudaDevice::CapturePools> pools)
+      : pools_(std::move(pools)), ordinal_(ordinal), exec_(exec), stream_(stream) {}
+  ~CudaGraph() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);  // its replays end before its memory goes back
+    cudaGraphExecDestroy(exec_);
+  }
+  absl::Status Launch() override {
+    if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "set device"); !s.ok()) return s;
+    return CudaStatus(cudaGraphLaunch(exec_, stream_), "graph launch");
+  }
+  const std::shared_ptr<CudaDevice::CapturePools>& pools() const { return pools_; }
+
+ private:
+  std::shared_ptr<CudaDevice::CapturePools> pools_;  // first member: released last
+  int ordinal_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+absl::Status CudaDevice::BeginCapture(const DeviceGraph* share_memory_with) {
+  if (capturing_ != nullptr) return absl::FailedPreconditionError(absl::StrCat(name(), " is already capturing"));
+  std::shared_ptr<CapturePools> shared;
+  if (share_memory_with != nullptr) {
+    const auto* graph = dynamic_cast<const CudaGraph*>(share_memory_with);
+    if (graph == nullptr || graph->pools()->device != this) {
+      return absl::InvalidArgumentError(absl::StrCat("a graph of another device cannot lend its memory to ", name()));
+    }
+    shared = graph->pools();
+  }
+  if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "set device"); !s.ok()) return s;
+  const int64_t device_pool = allocator_->BeginCapture(shared ? shared->device_pool : 0);
+  const int64_t staging_pool = staging_->BeginCapture(shared ? shared->staging_pool : 0);
+  std::shared_ptr<CapturePools> pools = shared ? shared : std::make_shared<CapturePools>(this, device_pool, staging_pool);
+  if (absl::Status s =
+          CudaStatus(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeRelaxed), "stream begin capture");
+      !s.ok()) {
+    allocator_->EndCapture();
+    staging_->EndCapture();
+    return s;
+  }
+  capturing_ = std::move(pools);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceGraph>> CudaDevice::EndCapture() {
+  if (capturing_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(name(), " is not capturing"));
+  cudaSetDevice(ordinal_);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
+  allocator_->EndCapture();
+  staging_->EndCapture();
+  std::shared_ptr<CapturePools> pools = std::move(capturing_);
+  capturing_ = nullptr;
+  if (ended != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the invalidated capture's error is this status, not the next kernel's
+    return CudaStatus(ended != cudaSuccess ? ended : cudaErrorStreamCaptureInvalidated, "stream capture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (instantiated != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(instantiated, "graph instantiate");
+  }
+  return std::unique_ptr<DeviceGraph>(new CudaGraph(ordinal_, exec, compute_, std::move(pools)));
 }
 
 absl::StatusOr<CudaDevice*> CudaDeviceOf(const KernelContext& ctx) {

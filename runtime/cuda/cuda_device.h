@@ -55,6 +55,16 @@ class CudaDevice final : public Device {
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int byte, size_t bytes) override;
 
+  // CUDA graphs: the compute stream captured in relaxed mode (the caching
+  // allocator may cudaMalloc a segment of the graph's pool meanwhile), the
+  // allocations from BeginCapture to EndCapture served from the graph's
+  // private pools (CachingAllocator::BeginCapture, as PyTorch's graph pools).
+  std::string GraphUnsupported() const override { return ""; }
+  absl::Status BeginCapture(const DeviceGraph* share_memory_with) override;
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() override;
+  // The pools of a capture; shared by the graphs captured into them.
+  struct CapturePools;
+
   // The block at `ptr` is read or written by work on `stream` too.
   void RecordUse(void* ptr, cudaStream_t stream) { allocator_->RecordStream(ptr, stream); }
   // The compute stream waits for the work enqueued so far on the comm stream (an event).
@@ -74,6 +84,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<StagingAllocator> staging_;
   std::unique_ptr<cuda::LtGemm> gemm_;
+  std::shared_ptr<CapturePools> capturing_;  // set from BeginCapture to EndCapture
 };
 
 // "CUDA <what> failed: <error string>" as an Internal status; OK for cudaSuccess.
