@@ -2,6 +2,7 @@
 #define STRATA_PASSES_COMMUTE_CASTS_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "compiler/pass.h"
@@ -28,11 +29,23 @@ namespace strata {
 // up, transpose, reshape and cast down for the projection become a bf16
 // transpose and reshape. Autodiff then writes their gradients in bf16 too.
 // The loss, fetches and persistent vars are never rewritten.
+//
+// On a GPU plan under mixed precision it runs a second time, as
+// "commute-casts-backward", after the epilogue fusion: autodiff writes the
+// gradient of each cast as a cast back, so a bf16 gradient cast up to float
+// for a bias add's sum (the qkv projection's) and down again for the
+// matmul's gradient is a round trip once the fusion sums the bias from the
+// bf16 gradient itself; the same rules drop it and move the backward's
+// casts above its moves.
 class CommuteCastsPass : public Pass {
  public:
-  std::string name() const override { return "commute-casts"; }
+  explicit CommuteCastsPass(std::string name = "commute-casts") : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   bool optional() const override { return true; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+
+ private:
+  std::string name_;
 };
 
 }  // namespace strata

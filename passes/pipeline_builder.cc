@@ -28,6 +28,9 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();
+  if (device == DEVICE_CUDA && strategy.has_mixed_precision()) {
+    pipeline->AddPass<CommuteCastsPass>("commute-casts-backward");
+  }
   if (device == DEVICE_CUDA && strategy.allow_tf32()) pipeline->AddPass<Tf32Pass>();
   return pipeline;
 }

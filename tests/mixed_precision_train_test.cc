@@ -136,6 +136,49 @@ TEST(MixedPrecisionTrainTest, CommutedCastsTrainTheSameBits) {
   EXPECT_LT(commuted->losses.back(), commuted->losses.front());
 }
 
+// On a GPU plan commute-casts runs again after the epilogue fusion
+// ("commute-casts-backward"): the bias add's gradient no longer needs the
+// float copy of the qkv projection's bf16 gradient, so its cast up and the
+// matmul gradient's cast down cancel. The GPU plan, run on the CPU's
+// kernels, trains the same bits with and without it, with two casts fewer
+// a block.
+TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) {
+  auto program = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  auto casts = [&](const std::vector<std::string>& disabled) {
+    CompileOptions copts;
+    copts.batch_size = 4;
+    copts.device_kind = DEVICE_CUDA;
+    copts.disabled_passes = disabled;
+    auto compiled = Compile(*program, bf16, copts);
+    EXPECT_TRUE(compiled.ok()) << compiled.status();
+    int n = 0;
+    if (compiled.ok()) {
+      for (const Op& op : compiled->plans[0].program().op()) n += op.type() == "cast";
+    }
+    return n;
+  };
+  EXPECT_EQ(casts({"commute-casts-backward"}) - casts({}), 2 * TinyGpt("F32").blocks);
+  ParityOptions options;
+  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  options.steps = 6;
+  options.batch_size = 4;
+  options.compile_for = DEVICE_CUDA;
+  options.disabled_passes = {"commute-casts-backward"};
+  auto plain = TrainParallel(*program, bf16, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.disabled_passes.clear();
+  auto commuted = TrainParallel(*program, bf16, options);
+  ASSERT_TRUE(commuted.ok()) << commuted.status();
+  ASSERT_EQ(commuted->losses.size(), 6u);
+  EXPECT_EQ(commuted->losses, plain->losses);
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(*commuted, *plain, &worst), 0.0) << worst;
+  EXPECT_LT(commuted->losses.back(), commuted->losses.front());
+}
+
 // The generated convnet (two 3x3 conv2d layers of 32 and 64 channels with
 // bias, relu and max pooling, then fc 128 and the 10-way head) under BF16:
 // the convolutions and their gradients run in bf16 as the matmuls do
