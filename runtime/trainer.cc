@@ -162,7 +162,9 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
 absl::StatusOr<Communicator*> DataParallelCommunicator(const RankPlan& plan, const CommunicatorSet* comms) {
   if (comms == nullptr || plan.topology().dp_degree() <= 1) return nullptr;
   for (const CommGroup& g : plan.topology().group()) {
-    if (g.axis_size() == 1 && g.axis(0) == "dp") return comms->Get(g.id());
+    // Host values (losses, evaluation sums): the host's transport, even
+    // where the kernels' collectives go over NCCL.
+    if (g.axis_size() == 1 && g.axis(0) == "dp") return comms->GetHost(g.id());
   }
   return absl::InternalError("the plan has a data-parallel degree but no dp group");
 }

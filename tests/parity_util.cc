@@ -105,7 +105,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
   copts.mixed_precision_fold_losses = options.mixed_precision_fold_losses;
   auto compiled = Compile(program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
-  if (!options.make_device) {
+  if (!options.make_device || options.cpu_kernels) {
     for (RankPlan& plan : compiled->plans) plan.set_device_kind(DEVICE_CPU);
   }
 
@@ -126,6 +126,11 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
       other = *std::move(made);
     }
     topts.device = other != nullptr ? other.get() : &cpu;
+    if (options.connect_device) {
+      if (absl::Status s = options.connect_device(rank, plan, topts.device, comms); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("rank ", rank, ": ", s.message()));
+      }
+    }
     auto report = Train(plan, topts);
     if (!report.ok()) {
       return absl::Status(report.status().code(), absl::StrCat("rank ", rank, ": ", report.status().message()));

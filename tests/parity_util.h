@@ -15,6 +15,7 @@
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 #include "proto/strategy.pb.h"
+#include "runtime/comm/communicator_set.h"
 #include "runtime/device.h"
 #include "tools/model_gen.h"
 
@@ -59,6 +60,13 @@ struct ParityOptions {
   // tensors through host memory. Unset: each rank on a CpuDevice.
   DeviceKind device_kind = DEVICE_CPU;
   std::function<absl::StatusOr<std::unique_ptr<Device>>(int rank)> make_device;
+  // With make_device: the plans (compiled for device_kind) run the CPU's
+  // kernels on those devices, whose memory must then be the host's (a
+  // FakeAccelerator's), to test the runtime around the kernels.
+  bool cpu_kernels = false;
+  // Called on each rank's thread with its connected communicators and its
+  // device before it trains (device transports over a fake NCCL, in tests).
+  std::function<absl::Status(int rank, const RankPlan& plan, Device* device, CommunicatorSet* comms)> connect_device;
 };
 
 // The tiny GPT the parity tests train (`strata gen gpt`: 2 blocks, d_model

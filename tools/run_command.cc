@@ -339,6 +339,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   // pinned host memory (runtime/comm/staged_communicator.h); the launcher
   // itself opens none.
   std::unique_ptr<Device> gpu;
+  bool nccl_collectives = false;  // a GPU per rank: the collectives over NCCL
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
     const DeviceFactory* factory = FindDeviceFactory(kind);
     if (factory == nullptr) {
@@ -364,6 +365,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
       // One machine assumed: its local ranks are the world's.
       const GpuPlacement placement = PlaceOnGpu(env.local_rank, env.world_size, *count);
       ordinal = placement.ordinal;
+      nccl_collectives = placement.nccl_collectives;
       if (env.rank == 0) std::cerr << "note: " << placement.note << "\n";
     }
     if (worker->has_value() || result->plans.size() == 1) {
@@ -387,7 +389,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
     return rc;
   }
-  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get());
+  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), nccl_collectives);
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   return RunLauncher(path, *result, argc, argv);

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "runtime/comm/device_collectives.h"
 #include "runtime/comm/health.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/store.h"
@@ -122,7 +123,7 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
 }  // namespace
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given, Device* device) {
+              const std::set<std::string>& given, Device* device, bool nccl_collectives) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
@@ -154,6 +155,17 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (!world_comm.ok()) return fail(world_comm.status());
   CommunicatorSet comms(*std::move(world_comm));
   if (auto s = ConnectGroups(ropts, **store, plan.topology().group(), &comms); !s.ok()) return fail(s);
+  if (nccl_collectives && device != nullptr && !CollectiveGroups(plan).empty()) {
+    if (std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi(); nccl != nullptr) {
+      std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
+      if (auto s = ConnectDeviceCollectives(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
+        return fail(s);
+      }
+    } else if (env.rank == 0) {
+      std::cerr << "note: this strata links no NCCL: the collectives go over Gloo, staged through pinned host "
+                   "memory\n";
+    }
+  }
   auto monitor = HeartbeatMonitor::Start(HeartbeatOptions(env, ropts));
   if (!monitor.ok()) return fail(monitor.status());
 

@@ -34,7 +34,33 @@ absl::Status CommunicatorSet::Add(const CommGroup& group, std::unique_ptr<Commun
   return absl::OkStatus();
 }
 
+absl::Status CommunicatorSet::SetDeviceTransport(int id, std::unique_ptr<Communicator> comm) {
+  auto it = groups_.find(id);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("a device transport for group ", id, ", which rank ", world_->rank(),
+                                            " has not registered"));
+  }
+  if (comm == nullptr) return absl::InvalidArgumentError(absl::StrCat("a null device transport for group ", id));
+  if (device_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("group ", id, " has a device transport already"));
+  }
+  const Communicator* host = it->second.second;
+  if (comm->size() != host->size() || comm->rank() != host->rank()) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", id, "'s device transport (", comm->backend(), ") has ",
+                                                   comm->size(), " ranks with this one at ", comm->rank(),
+                                                   ", the group ", host->size(), " with this one at ", host->rank()));
+  }
+  device_.emplace(id, std::move(comm));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Communicator*> CommunicatorSet::Get(int id) const {
+  auto device = device_.find(id);
+  if (device != device_.end()) return device->second.get();
+  return GetHost(id);
+}
+
+absl::StatusOr<Communicator*> CommunicatorSet::GetHost(int id) const {
   auto it = groups_.find(id);
   if (it != groups_.end()) return it->second.second;
   std::vector<int> ids;

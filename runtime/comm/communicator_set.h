@@ -40,9 +40,21 @@ class CommunicatorSet {
   // group's.
   absl::Status Add(const CommGroup& group, std::unique_ptr<Communicator> comm);
 
-  // Group `id`'s communicator; NotFound naming the id and the groups there
-  // are when this rank has no such group.
+  // A device transport for group `id`'s collectives (NCCL between the
+  // ranks' GPUs), for a group registered already: Get then hands it to the
+  // kernels, whose tensors are on the device, while GetHost keeps serving
+  // the host values the trainer agrees on. Errors: an unknown group, a
+  // second transport, a size or rank that does not match the group's.
+  absl::Status SetDeviceTransport(int id, std::unique_ptr<Communicator> comm);
+
+  // Group `id`'s communicator for device tensors: its device transport
+  // where it has one, else the host's; NotFound naming the id and the
+  // groups there are when this rank has no such group.
   absl::StatusOr<Communicator*> Get(int id) const;
+  // Group `id`'s communicator for host tensors (Gloo), whatever Get serves.
+  absl::StatusOr<Communicator*> GetHost(int id) const;
+  // Groups with a device transport.
+  int device_transports() const { return static_cast<int>(device_.size()); }
 
   // The group as registered (its axes and ranks, for messages); null if unknown.
   const CommGroup* group(int id) const;
@@ -55,6 +67,7 @@ class CommunicatorSet {
   std::unique_ptr<Communicator> owned_world_;
   std::vector<std::unique_ptr<Communicator>> owned_;
   absl::flat_hash_map<int, std::pair<CommGroup, Communicator*>> groups_;
+  absl::flat_hash_map<int, std::unique_ptr<Communicator>> device_;
 };
 
 }  // namespace strata

@@ -125,6 +125,59 @@ TEST(CommunicatorSetTest, AnUnknownGroupIsNotFoundNamingTheRanksGroups) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
 
+// A transport that only says who it is, for the registry's checks.
+class NamedComm : public Communicator {
+ public:
+  NamedComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "named"; }
+  std::unique_ptr<Work> Send(const Tensor&, int, int64_t) override { return Done(CommOpType::kSend); }
+  std::unique_ptr<Work> Recv(Tensor*, int, int64_t) override { return Done(CommOpType::kRecv); }
+  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return Done(CommOpType::kAllReduce); }
+  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return Done(CommOpType::kBroadcast); }
+  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return Done(CommOpType::kAllGather); }
+  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
+    return Done(CommOpType::kReduceScatter);
+  }
+  std::unique_ptr<Work> Barrier() override { return Done(CommOpType::kBarrier); }
+
+ private:
+  static std::unique_ptr<Work> Done(CommOpType op) { return std::make_unique<DoneWork>(op, 0, absl::OkStatus()); }
+  int rank_, size_;
+};
+
+// A group's device transport (NCCL on GPUs) serves the kernels (Get), the
+// host's keeps serving host values (GetHost); a transport for an unknown
+// group, a second one, or one of another shape is refused.
+TEST(CommunicatorSetTest, ADeviceTransportServesGetAndTheHostsGetHost) {
+  absl::StatusOr<Mesh> mesh = Mesh::Create({{"dp", 2}, {"pp", 2}});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const std::vector<RankPlan> plans = PlansFor(*mesh);
+  NamedComm world(0, 4);
+  CommunicatorSet comms(&world);
+  for (const CommGroup& g : plans[0].topology().group()) {
+    ASSERT_TRUE(comms.Add(g, g.rank_size() == 4 ? nullptr : std::make_unique<NamedComm>(0, g.rank_size())).ok());
+  }
+  const int dp = plans[0].topology().group(1).id();
+  absl::StatusOr<Communicator*> host = comms.Get(dp);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto device = std::make_unique<NamedComm>(0, 2);
+  Communicator* device_ptr = device.get();
+  ASSERT_TRUE(comms.SetDeviceTransport(dp, std::move(device)).ok());
+  EXPECT_EQ(comms.device_transports(), 1);
+  EXPECT_EQ(*comms.Get(dp), device_ptr);
+  EXPECT_EQ(*comms.GetHost(dp), *host);
+  EXPECT_EQ(comms.SetDeviceTransport(dp, std::make_unique<NamedComm>(0, 2)).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(comms.SetDeviceTransport(99, std::make_unique<NamedComm>(0, 2)).code(), absl::StatusCode::kNotFound);
+  const int pp = plans[0].topology().group(2).id();
+  absl::Status mismatched = comms.SetDeviceTransport(pp, std::make_unique<NamedComm>(1, 2));
+  EXPECT_EQ(mismatched.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mismatched.message(), HasSubstr("with this one at 1"));
+  EXPECT_EQ(comms.GetHost(99).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(CommunicatorSetTest, AGroupWithoutThisRankIsRefused) {
   absl::StatusOr<Mesh> mesh = Mesh::Create({{"dp", 2}, {"pp", 2}});
   ASSERT_TRUE(mesh.ok()) << mesh.status();

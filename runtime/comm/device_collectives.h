@@ -1,0 +1,59 @@
+#ifndef STRATA_RUNTIME_COMM_DEVICE_COLLECTIVES_H_
+#define STRATA_RUNTIME_COMM_DEVICE_COLLECTIVES_H_
+
+// NCCL for the collectives of ranks that each have a GPU of their own.
+//
+// A rank's groups are connected over Gloo first (rendezvous, ConnectGroups):
+// that transport carries what the host agrees on (fingerprints, losses,
+// evaluation sums, checkpoints' agreement) and the pipeline's sends and
+// receives. Where each rank has a GPU of its own, every group a collective
+// op of the plan names (the data-parallel gradient buckets, loss scaling's
+// overflow vote) also gets an NcclCommunicator, registered as the group's
+// device transport (CommunicatorSet::SetDeviceTransport): the kernels' device
+// tensors then go GPU to GPU instead of through pinned host memory.
+//
+// The sends and receives stay on Gloo, staged: NCCL matches point-to-point
+// transfers between two ranks by issue order on one communicator and runs
+// them in order on one stream, and the executor posts a stage's receives
+// early (recv kernels prefetch), so a receive waiting on its peer would hold
+// back the send that peer waits for. PyTorch's pipelines group each schedule
+// step's transfers (batch_isend_irecv) for the same reason; the compiler's
+// schedule could, and that is what NCCL point-to-point waits on.
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/plan.pb.h"
+#include "runtime/comm/communicator_set.h"
+#include "runtime/comm/nccl_api.h"
+#include "runtime/comm/store.h"
+#include "runtime/device.h"
+
+namespace strata {
+
+// The ids of the groups the plan's collective ops name (sorted, once each).
+std::vector<int> CollectiveGroups(const RankPlan& plan);
+
+// Registers an NcclCommunicator over `api` on `device` as the device
+// transport of each of CollectiveGroups(plan) with more than one rank, in id
+// order (every rank of a group joins in the same order, since
+// ncclCommInitRank blocks until all of them have). Each group meets under
+// "nccl/g<id>" of `job_store`, this job's view of the store. Errors name the
+// group.
+absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
+                                      Device* device, absl::Duration timeout, CommunicatorSet* set);
+
+// The NcclApi a binary links: the real one where runtime/cuda's
+// cuda_nccl_api_factory is linked in, else null (and GPU ranks' collectives
+// stay on Gloo).
+using NcclApiFactory = std::function<std::shared_ptr<NcclApi>()>;
+// At static initialisation; returns true so it can initialise a static.
+bool RegisterNcclApiFactory(NcclApiFactory factory);
+std::shared_ptr<NcclApi> NewRegisteredNcclApi();
+
+}  // namespace strata
+
+#endif  // STRATA_RUNTIME_COMM_DEVICE_COLLECTIVES_H_
