@@ -55,7 +55,7 @@ class SendKernel : public OpKernel {
       return absl::FailedPreconditionError(absl::StrCat("send on ", Describe(channel_, run), " without a communicator"));
     }
     run.pending_sends->push_back(std::make_unique<ChannelWork>(
-        run.comms->world()->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)), Describe(channel_, run)));
+        run.comms->transfers()->Send(ctx.input(0), channel_.dst_rank(), Tag(channel_, run)), Describe(channel_, run)));
     return absl::OkStatus();
   }
 
@@ -82,7 +82,7 @@ class RecvKernel : public OpKernel {
     if (!p.buffer.defined()) {
       return absl::ResourceExhaustedError(absl::StrCat("out of memory for recv on ", Describe(channel_, run)));
     }
-    p.work = run.comms->world()->Recv(&p.buffer, channel_.src_rank(), Tag(channel_, run));
+    p.work = run.comms->transfers()->Recv(&p.buffer, channel_.src_rank(), Tag(channel_, run));
     return absl::OkStatus();
   }
 

@@ -18,8 +18,8 @@ std::string StepGraphBlocker(const RankPlan& plan, const StepGraphConditions& co
   for (const Op& op : program.op()) {
     if (IsCommunicationOp(op)) {
       return absl::StrCat("rank ", plan.rank(), "'s step communicates (op '", op.name(), "' of type '", op.type(),
-                          "'), and its transfers go over Gloo, staged through host memory, or NCCL, whose "
-                          "completion the executor polls on the host: neither is captured yet");
+                          "'), over Gloo staged through host memory or over NCCL, whose completion the executor "
+                          "polls on the host: neither is captured yet");
     }
   }
   return "";

@@ -16,10 +16,10 @@
 //
 // Refused before the first step (this decision, testable anywhere):
 // --cuda_graph=false; a device without graphs (the host); --trace, which
-// times every op; a step that communicates: its sends and receives go over
-// Gloo staged through host memory (on the host, outside any stream), and its
-// collectives over Gloo or NCCL, whose Works the executor polls on the host
-// (an event query, illegal under capture). Refused at run time, after
+// times every op; a step that communicates: over Gloo staged through host
+// memory (on the host, outside any stream) where ranks share a GPU, over
+// NCCL with a GPU each, whose Works the executor polls on the host (an
+// event query, illegal under capture). Refused at run time, after
 // which the step runs eagerly for good, with the reason logged: an op that
 // writes a persistent var into a new buffer rather than in place (a replay
 // would write the captured buffer and read the stale one; the executor

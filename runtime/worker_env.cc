@@ -112,15 +112,14 @@ GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus) {
   GpuPlacement p;
   p.ordinal = local_rank % gpus;
   p.shared = local_world > gpus;
-  p.staged = true;
+  p.staged = p.shared;
   p.nccl_collectives = !p.shared;
   const std::string where =
       absl::StrCat("--device gpu: ", local_world, " rank(s) on ", gpus, " GPU(s), rank r on GPU r % ", gpus, "; ");
   p.note = p.shared ? absl::StrCat(where,
                                    "ranks sharing a GPU exchange tensors over Gloo, staged through pinned host memory")
                     : absl::StrCat(where,
-                                   "one GPU per rank: collectives over NCCL, sends and receives over Gloo, staged "
-                                   "through pinned host memory");
+                                   "one GPU per rank: collectives, sends and receives over NCCL");
   return p;
 }
 

@@ -56,11 +56,11 @@ struct GpuPlacement {
   // Another rank of this machine uses the same GPU (more local ranks than
   // GPUs; one machine assumed when the local world size is unknown).
   bool shared = false;
-  // Sends and receives go over Gloo staged through pinned host memory:
-  // always (runtime/comm/device_collectives.h says why).
+  // Tensors between ranks go over Gloo staged through pinned host memory
+  // (ranks sharing a GPU, which NCCL refuses).
   bool staged = true;
-  // Collectives go over NCCL (each rank has a GPU of its own), where the
-  // binary links NCCL; over Gloo, staged, otherwise.
+  // Collectives and transfers go over NCCL (each rank has a GPU of its
+  // own), where the binary links NCCL (runtime/comm/device_collectives.h).
   bool nccl_collectives = false;
   // The one line rank 0 logs about it, without "note: ".
   std::string note;

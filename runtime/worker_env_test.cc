@@ -180,10 +180,10 @@ TEST(PlaceOnGpuTest, RanksTakeGpusRoundRobinAndStageThroughTheHost) {
   const GpuPlacement own = PlaceOnGpu(1, 2, 8);
   EXPECT_EQ(own.ordinal, 1);
   EXPECT_FALSE(own.shared);
-  EXPECT_TRUE(own.staged) << "sends and receives stay on Gloo";
+  EXPECT_FALSE(own.staged);
   EXPECT_TRUE(own.nccl_collectives);
   EXPECT_FALSE(shared.nccl_collectives);
-  EXPECT_NE(own.note.find("collectives over NCCL"), std::string::npos) << own.note;
+  EXPECT_NE(own.note.find("collectives, sends and receives over NCCL"), std::string::npos) << own.note;
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
-// Ranks with a GPU each run their collectives over NCCL
-// (runtime/comm/device_collectives.h) and their sends and receives over
-// Gloo, staged through host memory. Here every rank is a FakeAccelerator
-// (a device the runtime cannot address from the host, whose memory is the
-// host's) running the CPU's kernels, its groups' collectives over an
-// in-process fake NCCL: data parallelism alone and under a 2-stage 1F1B
-// pipeline train what one device trains on the same global batch (float64,
-// within the parity bar, 1e-5 relative, against a real single-device run in
-// the same test), and the gradient buckets did go over the fake NCCL.
+// Ranks with a GPU each run their collectives and their sends and receives
+// over NCCL (runtime/comm/device_collectives.h): the collectives per group,
+// the transfers over a 2-rank communicator and stream per ordered pair of
+// ranks. Here every rank is a FakeAccelerator (a device the runtime cannot
+// address from the host, whose memory is the host's) running the CPU's
+// kernels, over an in-process fake NCCL: data parallelism, a 2-stage 1F1B
+// pipeline (whose early-posted receives would deadlock on one shared
+// communicator and stream) and the two together train what one device
+// trains on the same global batch (float64, within the parity bar, 1e-5
+// relative, against a real single-device run in the same test), the
+// gradient buckets and the stages' tensors did go over the fake NCCL, and
+// the pairs' streams are gone after the run.
 
 #include <memory>
 #include <mutex>
@@ -28,6 +31,8 @@ struct NcclRun {
   ParityRun run;
   int device_transports = 0;  // over all ranks
   int comm_stream_waits = 0;  // ops the NcclCommunicators put on the devices' communication streams
+  int transfers = 0;          // sends and receives over the fake NCCL
+  int live_streams = 0;       // the transfer pairs' streams left after the run
 };
 
 absl::StatusOr<NcclRun> TrainOverFakeNccl(const Program& program, const Strategy& strategy,
@@ -50,6 +55,11 @@ absl::StatusOr<NcclRun> TrainOverFakeNccl(const Program& program, const Strategy
     if (absl::Status s = ConnectDeviceCollectives(api, *job, plan, device, absl::Seconds(30), comms); !s.ok()) {
       return s;
     }
+    if (!TransferPeers(plan).empty()) {
+      if (absl::Status s = ConnectDeviceTransfers(api, *job, plan, device, absl::Seconds(30), comms); !s.ok()) {
+        return s;
+      }
+    }
     std::lock_guard<std::mutex> lock(mu);
     result.device_transports += comms->device_transports();
     comm_streams.push_back(device->comm_stream());
@@ -58,6 +68,8 @@ absl::StatusOr<NcclRun> TrainOverFakeNccl(const Program& program, const Strategy
   absl::StatusOr<ParityRun> run = TrainParallel(program, strategy, options);
   if (!run.ok()) return run.status();
   result.run = *std::move(run);
+  result.transfers = api->transfers();
+  result.live_streams = api->live_streams();
   for (StreamHandle stream : comm_streams) result.comm_stream_waits += api->stream_waits(stream);
   return result;
 }
@@ -89,24 +101,47 @@ TEST(DeviceCollectivesTest, DataParallelBucketsOverNcclTrainLikeOneDevice) {
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_EQ(nccl->device_transports, 2);  // the dp group on each rank
   EXPECT_GT(nccl->comm_stream_waits, 0) << "no collective went over the fake NCCL";
+  EXPECT_EQ(nccl->transfers, 0);
   EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
   EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
 }
 
-TEST(DeviceCollectivesTest, PipelineTransfersOverGlooAndBucketsOverNcclTrainLikeOneDevice) {
+Strategy OneFOneB() {
+  Strategy s;
+  s.mutable_pipeline()->set_micro_batch_size(4);
+  s.mutable_pipeline()->set_accumulate_steps(4);
+  s.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  return s;
+}
+
+TEST(DeviceCollectivesTest, PipelineTransfersOverNcclPairsTrainLikeOneDevice) {
   auto program = GenerateModel("mlp", Mlp(2));
   ASSERT_TRUE(program.ok()) << program.status();
   auto single = TrainSingleDevice(*program, 16, Options());
   ASSERT_TRUE(single.ok()) << single.status();
-  Strategy hybrid;
+  auto nccl = TrainOverFakeNccl(*program, OneFOneB(), Options());
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  // 8 steps x 4 micro-batches x (an activation forward, its gradient back), sent and received.
+  EXPECT_GE(nccl->transfers, 8 * 4 * 2 * 2);
+  EXPECT_EQ(nccl->live_streams, 0);
+  EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
+  EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
+}
+
+TEST(DeviceCollectivesTest, PipelineAndDataParallelOverNcclTrainLikeOneDevice) {
+  auto program = GenerateModel("mlp", Mlp(2));
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto single = TrainSingleDevice(*program, 16, Options());
+  ASSERT_TRUE(single.ok()) << single.status();
+  Strategy hybrid = OneFOneB();
   hybrid.mutable_data_parallel()->set_degree(2);
-  hybrid.mutable_pipeline()->set_micro_batch_size(4);
   hybrid.mutable_pipeline()->set_accumulate_steps(2);
-  hybrid.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
   auto nccl = TrainOverFakeNccl(*program, hybrid, Options());
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_EQ(nccl->device_transports, 4);  // each rank's dp group
   EXPECT_GT(nccl->comm_stream_waits, 0);
+  EXPECT_GT(nccl->transfers, 0);
+  EXPECT_EQ(nccl->live_streams, 0);
   EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
   EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
 }

@@ -155,14 +155,20 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (!world_comm.ok()) return fail(world_comm.status());
   CommunicatorSet comms(*std::move(world_comm));
   if (auto s = ConnectGroups(ropts, **store, plan.topology().group(), &comms); !s.ok()) return fail(s);
-  if (nccl_collectives && device != nullptr && !CollectiveGroups(plan).empty()) {
+  // A GPU per rank: collectives and transfers over NCCL (device_collectives.h).
+  if (nccl_collectives && device != nullptr && (!CollectiveGroups(plan).empty() || !TransferPeers(plan).empty())) {
     if (std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi(); nccl != nullptr) {
       std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
       if (auto s = ConnectDeviceCollectives(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
         return fail(s);
       }
+      if (!TransferPeers(plan).empty()) {
+        if (auto s = ConnectDeviceTransfers(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
+          return fail(s);
+        }
+      }
     } else if (env.rank == 0) {
-      std::cerr << "note: this strata links no NCCL: the collectives go over Gloo, staged through pinned host "
+      std::cerr << "note: this strata links no NCCL: tensors between ranks go over Gloo, staged through pinned host "
                    "memory\n";
     }
   }

@@ -19,8 +19,9 @@ namespace cli {
 // Every error after the store is open is recorded there before the rank
 // exits, so the launcher names the first failure in time. `device` is the
 // rank's GPU, or null for the host; on a GPU the communicators stage device
-// tensors through pinned host memory, except, with `nccl_collectives` (a GPU
-// per rank) and NCCL linked in, the collectives' (device_collectives.h).
+// tensors through pinned host memory, except with `nccl_collectives` (a GPU
+// per rank) and NCCL linked in, when collectives and transfers go over NCCL
+// (runtime/comm/device_collectives.h).
 // Returns the exit code.
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
               const std::set<std::string>& given, Device* device = nullptr, bool nccl_collectives = false);

@@ -54,6 +54,19 @@ absl::Status CommunicatorSet::SetDeviceTransport(int id, std::unique_ptr<Communi
   return absl::OkStatus();
 }
 
+absl::Status CommunicatorSet::SetTransfers(std::unique_ptr<Communicator> transfers) {
+  if (transfers == nullptr) return absl::InvalidArgumentError("a null transfer transport");
+  if (transfers_ != nullptr) return absl::AlreadyExistsError("the transfers have a transport already");
+  if (transfers->size() != world_->size() || transfers->rank() != world_->rank()) {
+    return absl::InvalidArgumentError(absl::StrCat("the transfer transport (", transfers->backend(), ") has ",
+                                                   transfers->size(), " ranks with this one at ", transfers->rank(),
+                                                   ", the world ", world_->size(), " with this one at ",
+                                                   world_->rank()));
+  }
+  transfers_ = std::move(transfers);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Communicator*> CommunicatorSet::Get(int id) const {
   auto device = device_.find(id);
   if (device != device_.end()) return device->second.get();

@@ -56,6 +56,13 @@ class CommunicatorSet {
   // Groups with a device transport.
   int device_transports() const { return static_cast<int>(device_.size()); }
 
+  // The transport of the pipeline's sends and receives (point-to-point
+  // pairs over NCCL on GPUs), in place of the world's; world size and this
+  // rank as the world's.
+  absl::Status SetTransfers(std::unique_ptr<Communicator> transfers);
+  // Where send and recv kernels go: the transfer transport, else the world.
+  Communicator* transfers() const { return transfers_ != nullptr ? transfers_.get() : world_; }
+
   // The group as registered (its axes and ranks, for messages); null if unknown.
   const CommGroup* group(int id) const;
 
@@ -68,6 +75,7 @@ class CommunicatorSet {
   std::vector<std::unique_ptr<Communicator>> owned_;
   absl::flat_hash_map<int, std::pair<CommGroup, Communicator*>> groups_;
   absl::flat_hash_map<int, std::unique_ptr<Communicator>> device_;
+  std::unique_ptr<Communicator> transfers_;
 };
 
 }  // namespace strata

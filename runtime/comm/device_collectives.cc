@@ -1,6 +1,7 @@
 #include "runtime/comm/device_collectives.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -52,6 +53,107 @@ absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_s
     if (absl::Status s = set->SetDeviceTransport(id, *std::move(comm)); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Send and Recv over one NcclCommunicator per ordered pair of ranks (the
+// first the sender, rank 0 in it), each on a stream of its own.
+class PairwiseTransfers : public Communicator {
+ public:
+  PairwiseTransfers(std::shared_ptr<NcclApi> api, int rank, int size) : api_(std::move(api)), rank_(rank), size_(size) {}
+  ~PairwiseTransfers() override {
+    pairs_.clear();  // the communicators before their streams
+    for (StreamHandle stream : streams_) api_->DestroyStream(stream);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  // The pair (src -> dst)'s communicator and its stream, which this object owns.
+  void AddPair(int src, int dst, std::unique_ptr<NcclCommunicator> comm, StreamHandle stream) {
+    pairs_[{src, dst}] = std::move(comm);
+    streams_.push_back(stream);
+  }
+
+  std::unique_ptr<Work> Send(const Tensor& tensor, int dst, int64_t tag) override {
+    auto it = pairs_.find({rank_, dst});
+    if (it == pairs_.end()) return NoPair(CommOpType::kSend, "to", dst);
+    return it->second->Send(tensor, 1, tag);
+  }
+  std::unique_ptr<Work> Recv(Tensor* into, int src, int64_t tag) override {
+    auto it = pairs_.find({src, rank_});
+    if (it == pairs_.end()) return NoPair(CommOpType::kRecv, "from", src);
+    return it->second->Recv(into, 0, tag);
+  }
+  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return NoCollective(CommOpType::kAllReduce); }
+  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return NoCollective(CommOpType::kBroadcast); }
+  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return NoCollective(CommOpType::kAllGather); }
+  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
+    return NoCollective(CommOpType::kReduceScatter);
+  }
+  std::unique_ptr<Work> Barrier() override { return NoCollective(CommOpType::kBarrier); }
+
+ private:
+  std::unique_ptr<Work> NoPair(CommOpType op, const char* direction, int peer) const {
+    return std::make_unique<DoneWork>(
+        op, -1,
+        absl::InvalidArgumentError(absl::StrCat(CommOpTypeName(op), " ", direction, " rank ", peer, " on rank ", rank_,
+                                                ": the plan has no transfer with that rank, so it was not connected")));
+  }
+  std::unique_ptr<Work> NoCollective(CommOpType op) const {
+    return std::make_unique<DoneWork>(op, -1,
+                                      absl::UnimplementedError(absl::StrCat(CommOpTypeName(op),
+                                                                            ": the NCCL transfer pairs carry sends "
+                                                                            "and receives only")));
+  }
+
+  std::shared_ptr<NcclApi> api_;
+  const int rank_;
+  const int size_;
+  std::map<std::pair<int, int>, std::unique_ptr<NcclCommunicator>> pairs_;
+  std::vector<StreamHandle> streams_;
+};
+
+}  // namespace
+
+std::vector<int> TransferPeers(const RankPlan& plan) {
+  std::set<int> peers;
+  for (const Op& op : plan.program().op()) {
+    if (!op.has_channel()) continue;
+    const Channel& c = op.channel();
+    if (c.src_rank() == plan.rank() && c.dst_rank() != plan.rank()) peers.insert(c.dst_rank());
+    if (c.dst_rank() == plan.rank() && c.src_rank() != plan.rank()) peers.insert(c.src_rank());
+  }
+  return std::vector<int>(peers.begin(), peers.end());
+}
+
+absl::Status ConnectDeviceTransfers(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
+                                    Device* device, absl::Duration timeout, CommunicatorSet* set) {
+  if (api == nullptr) return absl::InvalidArgumentError("no NCCL to connect the transfers with");
+  const int me = plan.rank();
+  auto transfers = std::make_unique<PairwiseTransfers>(api, me, set->world()->size());
+  // Pairs in (lower, higher) rank order, each pair's two directions lower
+  // rank's sends first: a global order, so every pair's two ranks reach it
+  // (ncclCommInitRank blocks until both have) without waiting on each other.
+  for (int peer : TransferPeers(plan)) {
+    const int low = std::min(me, peer), high = std::max(me, peer);
+    for (const auto& [src, dst] : {std::make_pair(low, high), std::make_pair(high, low)}) {
+      absl::StatusOr<StreamHandle> stream = api->CreateStream(device->ordinal());
+      if (!stream.ok()) return stream.status();
+      std::unique_ptr<Store> pair_store = job_store.WithPrefix(absl::StrCat("nccl/p2p/", src, "-", dst));
+      absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+          NcclCommunicator::Create(api, *pair_store, device, src == me ? 0 : 1, 2, timeout, *stream);
+      if (!comm.ok()) {
+        api->DestroyStream(*stream);
+        return absl::Status(comm.status().code(), absl::StrCat("connecting rank ", src, "'s sends to rank ", dst,
+                                                               " over NCCL: ", comm.status().message()));
+      }
+      transfers->AddPair(src, dst, *std::move(comm), *stream);
+    }
+  }
+  return set->SetTransfers(std::move(transfers));
 }
 
 bool RegisterNcclApiFactory(NcclApiFactory factory) {

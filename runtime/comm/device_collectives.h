@@ -12,13 +12,18 @@
 // device transport (CommunicatorSet::SetDeviceTransport): the kernels' device
 // tensors then go GPU to GPU instead of through pinned host memory.
 //
-// The sends and receives stay on Gloo, staged: NCCL matches point-to-point
-// transfers between two ranks by issue order on one communicator and runs
-// them in order on one stream, and the executor posts a stage's receives
-// early (recv kernels prefetch), so a receive waiting on its peer would hold
-// back the send that peer waits for. PyTorch's pipelines group each schedule
-// step's transfers (batch_isend_irecv) for the same reason; the compiler's
-// schedule could, and that is what NCCL point-to-point waits on.
+// The sends and receives (ConnectDeviceTransfers) go over NCCL too, but not
+// on one communicator: NCCL matches two ranks' transfers by issue order and
+// runs one communicator's work in order on one stream, and the executor
+// posts a stage's receives early (recv kernels prefetch), so on one shared
+// communicator a receive waiting for its peer's send would hold back the
+// send that peer's own early receive waits for. Each ordered pair of ranks
+// that talk gets a 2-rank communicator on a stream of its own, which only
+// the first rank sends on: the sends on it follow the sender's schedule and
+// the receives the receiver's, and both schedules visit a channel's
+// micro-batches in the same order (the same ops in the same order in every
+// micro-batch), which is what NCCL's matching needs. (PyTorch's pipelines
+// instead group each schedule step's transfers with batch_isend_irecv.)
 
 #include <functional>
 #include <memory>
@@ -45,6 +50,18 @@ std::vector<int> CollectiveGroups(const RankPlan& plan);
 // group.
 absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
                                       Device* device, absl::Duration timeout, CommunicatorSet* set);
+
+// The ranks `plan`'s sends go to and its receives come from.
+std::vector<int> TransferPeers(const RankPlan& plan);
+
+// Registers, as `set`'s transfer transport (CommunicatorSet::SetTransfers),
+// a communicator whose Send(dst) and Recv(src) go over NCCL, one 2-rank
+// communicator and stream per ordered pair of this rank and each of
+// TransferPeers(plan), connected in the order of the pairs (lower rank,
+// higher rank), which no two ranks can disagree on. Its collectives are
+// refused.
+absl::Status ConnectDeviceTransfers(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
+                                    Device* device, absl::Duration timeout, CommunicatorSet* set);
 
 // The NcclApi a binary links: the real one where runtime/cuda's
 // cuda_nccl_api_factory is linked in, else null (and GPU ranks' collectives

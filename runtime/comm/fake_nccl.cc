@@ -140,11 +140,13 @@ absl::Status FakeNccl::Post(FakeComm* comm, StreamHandle stream, std::shared_ptr
   Clique& clique = *comm->clique;
   switch (op->kind) {
     case Op::kSend:
+      ++transfers_;
       if (group_depth == 0) ++ungrouped_;
       clique.sends[{comm->rank, op->peer}].push_back(op);
       MatchTransfers(clique, comm->rank, op->peer);
       break;
     case Op::kRecv:
+      ++transfers_;
       if (group_depth == 0) ++ungrouped_;
       clique.recvs[{op->peer, comm->rank}].push_back(op);
       MatchTransfers(clique, op->peer, comm->rank);
@@ -338,6 +340,28 @@ absl::Status FakeNccl::StreamWaitEvent(StreamHandle stream, Event) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stream_waits_[stream];
   return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> FakeNccl::CreateStream(int) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++live_streams_;
+  return static_cast<StreamHandle>(new char);  // a fresh address, as a stream handle
+}
+
+void FakeNccl::DestroyStream(StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --live_streams_;
+  delete static_cast<char*>(stream);
+}
+
+int FakeNccl::transfers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return transfers_;
+}
+
+int FakeNccl::live_streams() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_streams_;
 }
 
 void FakeNccl::InjectAsyncError(int rank, absl::Status error) {

@@ -49,6 +49,12 @@ class FakeNccl : public NcclApi {
   absl::StatusOr<bool> EventDone(Event event) override;
   void DestroyEvent(Event event) override;
   absl::Status StreamWaitEvent(StreamHandle stream, Event event) override;
+  absl::StatusOr<StreamHandle> CreateStream(int ordinal) override;
+  void DestroyStream(StreamHandle stream) override;
+  // Send and Recv calls, over every communicator.
+  int transfers();
+  // Streams made by CreateStream and not destroyed.
+  int live_streams();
 
   // Test hooks and counters, by rank of the clique made from `unique_id`
   // (every FakeNccl test makes one clique at a time, so: the latest).
@@ -79,6 +85,8 @@ class FakeNccl : public NcclApi {
   std::condition_variable joined_;
   int ids_ = 0;
   int ungrouped_ = 0;
+  int transfers_ = 0;
+  int live_streams_ = 0;
   std::map<std::string, std::shared_ptr<Clique>> cliques_;
   std::shared_ptr<Clique> latest_;
   std::vector<std::unique_ptr<FakeComm>> comms_;

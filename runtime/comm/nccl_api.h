@@ -65,6 +65,11 @@ class NcclApi {
   virtual void DestroyEvent(Event event) = 0;
   // cudaStreamWaitEvent: work enqueued on `stream` later runs after `event`.
   virtual absl::Status StreamWaitEvent(StreamHandle stream, Event event) = 0;
+  // A non-blocking stream of its own on device `ordinal`, for a communicator
+  // whose transfers must not queue behind another's (point-to-point pairs);
+  // DestroyStream once its communicator is gone.
+  virtual absl::StatusOr<StreamHandle> CreateStream(int ordinal) = 0;
+  virtual void DestroyStream(StreamHandle stream) = 0;
 };
 
 }  // namespace strata

@@ -31,6 +31,7 @@ struct NcclCommunicator::Core {
   std::shared_ptr<NcclApi> api;
   NcclApi::Comm comm = nullptr;
   Device* device = nullptr;
+  StreamHandle stream = nullptr;  // where the ops run
   int rank = 0;
   int size = 1;
 
@@ -178,7 +179,8 @@ class NcclWork : public Work {
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(std::shared_ptr<NcclApi> api,
                                                                           Store& group_store, Device* device,
                                                                           int rank, int size,
-                                                                          absl::Duration timeout) {
+                                                                          absl::Duration timeout,
+                                                                          StreamHandle stream) {
   const std::string where = absl::StrCat("NCCL communicator of rank ", rank, " of ", size);
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the rank must lie in [0, size)"));
@@ -213,6 +215,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(std::
   core->api = std::move(api);
   core->comm = *comm;
   core->device = device;
+  core->stream = stream != nullptr ? stream : device->comm_stream();
   core->rank = rank;
   core->size = size;
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(core), rank, size));
@@ -279,7 +282,7 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
   }
   NcclApi& api = *core_->api;
   const StreamHandle compute = core_->device->compute_stream();
-  const StreamHandle comm_stream = core_->device->comm_stream();
+  const StreamHandle comm_stream = core_->stream;
   auto fail = [&](const absl::Status& s) {
     absl::Status named(s.code(), absl::StrCat(what, ": ", s.message(), "; the communicator is aborted"));
     // A peer may already be inside its half of the op: abort so it fails too.

@@ -43,10 +43,14 @@ namespace strata {
 class NcclCommunicator : public Communicator {
  public:
   // `group_store`: this group's view of the job's store (Store::WithPrefix).
-  // `device`: this rank's GPU; its tensors alone are accepted.
+  // `device`: this rank's GPU; its tensors alone are accepted. `stream`:
+  // where its ops run, the device's communication stream when null (a
+  // stream of its own keeps its ops from queueing behind another
+  // communicator's; the caller destroys it after the communicator).
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(std::shared_ptr<NcclApi> api, Store& group_store,
                                                                   Device* device, int rank, int size,
-                                                                  absl::Duration timeout);
+                                                                  absl::Duration timeout,
+                                                                  StreamHandle stream = nullptr);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;

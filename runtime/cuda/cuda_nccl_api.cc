@@ -119,6 +119,20 @@ class CudaNcclApi final : public NcclApi {
   absl::Status CommAbort(Comm comm) override { return NcclStatus(ncclCommAbort(C(comm)), "ncclCommAbort"); }
   absl::Status CommDestroy(Comm comm) override { return NcclStatus(ncclCommDestroy(C(comm)), "ncclCommDestroy"); }
 
+  absl::StatusOr<StreamHandle> CreateStream(int ordinal) override {
+    if (absl::Status s = CudaCallStatus(cudaSetDevice(ordinal), "set device"); !s.ok()) return s;
+    cudaStream_t stream = nullptr;
+    if (absl::Status s = CudaCallStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream create");
+        !s.ok()) {
+      return s;
+    }
+    return static_cast<StreamHandle>(stream);
+  }
+  void DestroyStream(StreamHandle stream) override {
+    cudaStreamSynchronize(S(stream));
+    cudaStreamDestroy(S(stream));
+  }
+
   absl::StatusOr<Event> RecordEvent(StreamHandle stream) override {
     cudaEvent_t event = nullptr;
     if (absl::Status s = CudaCallStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event create");
