@@ -758,8 +758,11 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
       if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
     }
   }
-  const MicroBatchFeeds fixed = [this](int mb) -> absl::StatusOr<std::map<std::string, Tensor>> {
-    return graph_feeds_[mb];
+  // The step's feeds, whether it is captured or, after a failure (which
+  // drops graph_feeds_), run eagerly.
+  const std::vector<std::map<std::string, Tensor>> step_feeds = graph_feeds_;
+  const MicroBatchFeeds fixed = [&step_feeds](int mb) -> absl::StatusOr<std::map<std::string, Tensor>> {
+    return step_feeds.at(mb);
   };
   // A capture runs nothing: if it fails, the step runs eagerly from the
   // state it found.
@@ -785,6 +788,9 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
   if (!why.empty()) {
     state_ = state_before;
     held_metrics_.clear();
+    // An error a helper noted on the device under the failed capture is
+    // the capture's, not the eager step's.
+    options_.device->Synchronize().IgnoreError();
     DisableGraphs(why);
     return RunActions(fixed, sample_offset, rows, update);
   }

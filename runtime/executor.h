@@ -243,9 +243,9 @@ class Executor {
   // write, so they are destroyed (after their replays end) first.
   std::string graph_blocker_;  // "" while graphs may be used
   std::string graph_note_;
+  std::vector<std::map<std::string, Tensor>> graph_feeds_;  // by micro-batch: the buffers graphs read feeds from
   std::map<bool, StepGraph> graphs_;  // by whether the step runs the optimizer
   std::set<bool> warmed_;             // step shapes run eagerly once
-  std::vector<std::map<std::string, Tensor>> graph_feeds_;  // by micro-batch: the buffers graphs read feeds from
   int64_t graph_rows_ = -1;           // rows per micro-batch the graphs are for
   std::string moved_state_;
   double busy_seconds_ = 0;

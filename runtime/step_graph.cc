@@ -5,9 +5,8 @@
 namespace strata {
 
 bool IsCommunicationOp(const Op& op) {
-  if (op.has_channel()) return true;
-  const std::string& t = op.type();
-  return t == "send" || t == "recv" || t == "allreduce" || t == "bucket_allreduce" || t == "bucket_wait";
+  // A transfer names its channel and a collective its group, whatever its type.
+  return op.has_channel() || op.has_group();
 }
 
 std::string StepGraphBlocker(const RankPlan& plan, const StepGraphConditions& conditions) {

@@ -16,8 +16,10 @@
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
+#include "runtime/comm/comm_test_util.h"
 #include "runtime/dataset.h"
 #include "runtime/executor.h"
+#include "runtime/trainer.h"
 #include "tools/model_gen.h"
 
 namespace strata {
@@ -199,6 +201,56 @@ TEST(PersistentWritesTest, AnOutOfPlaceWriteIsNamed) {
     EXPECT_TRUE(absl::StrContains(m, absl::StrCat("'", param, "'"))) << m;
     EXPECT_TRUE(absl::StrContains(m, "not in place")) << m;
   }
+}
+
+// A device that says it has graphs but refuses every capture: the
+// executor's fallback, which no host device reaches (it has no graphs) and
+// a GPU reaches only when something goes wrong, on the CPU's kernels.
+class RefusingAccelerator : public testing::FakeAccelerator {
+ public:
+  std::string GraphUnsupported() const override { return ""; }
+  absl::Status BeginCapture(const DeviceGraph*) override {
+    ++captures;
+    return absl::InternalError("the test device refuses to capture");
+  }
+  int captures = 0;
+};
+
+TEST(StepGraphFallbackTest, ARefusedCaptureLeavesTheRunEagerAndSaysWhy) {
+  GenOptions gen = SmallMlp("adam");
+  gen.dropout = 0.25;
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(4);
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  std::vector<RankPlan> plans = CompilePlans("mlp", gen, strategy, 8);
+  ASSERT_EQ(plans.size(), 1u);
+  plans[0].set_device_kind(DEVICE_CPU);  // the CPU's kernels on the fake device
+  auto train = [&](Device* device, bool cuda_graph) {
+    TrainOptions options;
+    options.data = "synthetic:classes=10,size=256";
+    options.steps = 5;
+    options.seed = 3;
+    options.progress = false;
+    options.device = device;
+    options.cuda_graph = cuda_graph;
+    return Train(plans[0], options);
+  };
+  testing::FakeAccelerator plain;
+  auto eager = train(&plain, false);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  RefusingAccelerator refusing;
+  auto fallen = train(&refusing, true);
+  ASSERT_TRUE(fallen.ok()) << fallen.status();
+  EXPECT_EQ(refusing.captures, 1) << "a refused capture is not tried again";
+  EXPECT_EQ(fallen->cuda_graphs, 0);
+  EXPECT_TRUE(absl::StrContains(fallen->cuda_graph_note, "not used from step 2")) << fallen->cuda_graph_note;
+  EXPECT_TRUE(absl::StrContains(fallen->cuda_graph_note, "the test device refuses to capture"))
+      << fallen->cuda_graph_note;
+  ASSERT_EQ(fallen->steps.size(), eager->steps.size());
+  for (size_t i = 0; i < eager->steps.size(); ++i) {
+    EXPECT_EQ(fallen->steps[i].loss, eager->steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_EQ(fallen->final_state, eager->final_state);
 }
 
 }  // namespace

@@ -85,6 +85,15 @@ absl::StatusOr<WorkerEnv> ReadFlavour(const Flavour& f, const EnvLookup& lookup)
     env.master_port = *parsed;
   }
   if (const char* store = lookup(kEnvStore)) env.store_spec = store;
+  // torchrun's ranks on this machine (several machines: fewer than the world).
+  if (&f == &kTorchrun) {
+    if (const char* local = lookup("LOCAL_WORLD_SIZE")) {
+      auto parsed = ParseInt("LOCAL_WORLD_SIZE", local, 1, env.world_size,
+                             absl::StrCat("1 <= local world size <= ", f.world_size, "=", env.world_size).c_str());
+      if (!parsed.ok()) return parsed.status();
+      env.local_world_size = *parsed;
+    }
+  }
   return env;
 }
 

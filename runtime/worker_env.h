@@ -23,6 +23,7 @@ struct WorkerEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;       // index on this machine (picks the GPU)
+  int local_world_size = 0;  // ranks on this machine (torchrun's LOCAL_WORLD_SIZE); 0: unknown, one machine assumed
   std::string master_addr;  // "" when not given
   int master_port = 0;      // 0 when not given
   // Rendezvous store, e.g. "file:///tmp/strata_store.XXXX"; "" when not given
@@ -34,7 +35,8 @@ struct WorkerEnv {
 // Reads the worker environment, first match wins:
 //   1. STRATA_RANK, STRATA_WORLD_SIZE, STRATA_LOCAL_RANK, STRATA_STORE,
 //      STRATA_MASTER_ADDR, STRATA_MASTER_PORT (our launcher);
-//   2. torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+//   2. torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//      MASTER_PORT;
 //   3. Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, plus
 //      MASTER_ADDR / MASTER_PORT.
 // A flavour is present when its rank or world-size variable is set (for Slurm

@@ -86,6 +86,20 @@ TEST(WorkerEnvTest, ReadsTorchrunVariables) {
   EXPECT_EQ(w.master_port, 29400);
   EXPECT_EQ(w.store_spec, "");
   EXPECT_FALSE(w.from_launcher);
+  EXPECT_EQ(w.local_world_size, 0);  // not given: one machine assumed
+}
+
+// Two machines of 4 ranks: rank 5 is the second machine's rank 1, and its
+// placement counts that machine's ranks, not the world's.
+TEST(WorkerEnvTest, ReadsTorchrunsLocalWorldSize) {
+  auto env = FromVars({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  ASSERT_TRUE(env->has_value());
+  EXPECT_EQ((**env).local_world_size, 4);
+  EXPECT_FALSE(PlaceOnGpu((**env).local_rank, (**env).local_world_size, 4).shared);
+  auto bad = FromVars({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "9"}});
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("LOCAL_WORLD_SIZE=9"), std::string::npos) << bad.status();
 }
 
 TEST(WorkerEnvTest, TorchrunTakesAStoreFromStrataStore) {

@@ -52,7 +52,8 @@ absl::StatusOr<NcclRun> TrainOverFakeNccl(const Program& program, const Strategy
     auto store = OpenStore(spec, false, absl::Seconds(30));
     if (!store.ok()) return store.status();
     std::unique_ptr<Store> job = (*store)->WithPrefix("job");
-    if (absl::Status s = ConnectDeviceCollectives(api, *job, plan, device, absl::Seconds(30), comms); !s.ok()) {
+    if (absl::Status s = ConnectDeviceCollectives(api, *job, CollectiveGroups(plan), device, absl::Seconds(30), comms);
+        !s.ok()) {
       return s;
     }
     if (!TransferPeers(plan).empty()) {

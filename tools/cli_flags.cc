@@ -52,9 +52,12 @@ ABSL_FLAG(std::string, load, "",
           "run: resume from DIR's latest checkpoint, or from DIR/step-N (with --save DIR too: start fresh when DIR "
           "has none yet)");
 ABSL_FLAG(bool, quiet, false, "run: no progress lines");
-ABSL_FLAG(bool, cuda_graph, true,
+ABSL_FLAG(bool, cuda_graph, false,
           "run --device gpu: capture the steady-state training step as a CUDA graph and replay it (falls back to "
-          "eager steps, with a note saying why, where it cannot)");
+          "eager steps, with a note saying why, where it cannot); off by default until it has run on a GPU");
+ABSL_FLAG(bool, nccl, true,
+          "run --nproc N --device gpu with a GPU per rank: tensors between ranks over NCCL (false: over Gloo, "
+          "staged through pinned host memory, as for ranks sharing a GPU)");
 ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel");
 ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
 ABSL_FLAG(std::string, socket_ifname, "",

@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(int64_t, keep_checkpoints);
 ABSL_DECLARE_FLAG(std::string, load);
 ABSL_DECLARE_FLAG(bool, quiet);
 ABSL_DECLARE_FLAG(bool, cuda_graph);
+ABSL_DECLARE_FLAG(bool, nccl);
 ABSL_DECLARE_FLAG(double, comm_timeout_s);
 ABSL_DECLARE_FLAG(std::string, store);
 ABSL_DECLARE_FLAG(std::string, socket_ifname);

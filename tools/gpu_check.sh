@@ -59,6 +59,10 @@ case "$mode" in
     timeout 120 bash .device/run.sh strata run examples/mlp_fashion.pbtxt --device cpu --data synthetic \
       --steps 300 --metrics "$out/cpu.jsonl" --quiet 2>&1 | tail -3
     python3 tools/compare_metrics.py "$out/gpu.jsonl" "$out/cpu.jsonl" 2>&1 | tail -5
+    # The same 300 steps as one captured CUDA graph replayed (--cuda_graph), against the eager GPU run.
+    timeout 120 bash .device/run.sh strata_gpu run examples/mlp_fashion.pbtxt --device gpu --data synthetic \
+      --steps 300 --metrics "$out/gpu_graph.jsonl" --quiet --cuda_graph 2>&1 | tail -4
+    python3 tools/compare_metrics.py "$out/gpu_graph.jsonl" "$out/gpu.jsonl" 2>&1 | tail -5
     if [ "${2:-}" = "--bench" ]; then
       timeout 200 bash .device/run.sh gemm_bench 2>&1 | tail -20
       # The LM head unstaged too: the padding's gain (kernels/gemm_staging.h) against the old path.

@@ -362,8 +362,11 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
         std::cerr << "error: " << who << "--device gpu: " << count.status().message() << "\n";
         return kExitError;
       }
-      // One machine assumed: its local ranks are the world's.
-      const GpuPlacement placement = PlaceOnGpu(env.local_rank, env.world_size, *count);
+      // The machine's ranks: torchrun's LOCAL_WORLD_SIZE, else one machine
+      // (its local ranks the world's). A rank that sees one GPU
+      // (CUDA_VISIBLE_DEVICES set per rank) counts as sharing it.
+      const GpuPlacement placement =
+          PlaceOnGpu(env.local_rank, env.local_world_size > 0 ? env.local_world_size : env.world_size, *count);
       ordinal = placement.ordinal;
       nccl_collectives = placement.nccl_collectives;
       if (env.rank == 0) std::cerr << "note: " << placement.note << "\n";

@@ -155,25 +155,28 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (!world_comm.ok()) return fail(world_comm.status());
   CommunicatorSet comms(*std::move(world_comm));
   if (auto s = ConnectGroups(ropts, **store, plan.topology().group(), &comms); !s.ok()) return fail(s);
-  // A GPU per rank: collectives and transfers over NCCL (device_collectives.h).
-  if (nccl_collectives && device != nullptr && (!CollectiveGroups(plan).empty() || !TransferPeers(plan).empty())) {
-    if (std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi(); nccl != nullptr) {
-      std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
-      if (auto s = ConnectDeviceCollectives(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
-        return fail(s);
-      }
-      if (!TransferPeers(plan).empty()) {
-        if (auto s = ConnectDeviceTransfers(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
-          return fail(s);
-        }
-      }
-    } else if (env.rank == 0) {
-      std::cerr << "note: this strata links no NCCL: tensors between ranks go over Gloo, staged through pinned host "
-                   "memory\n";
-    }
-  }
+  // Before NCCL's inits, which block without a deadline: a peer that dies
+  // first then ends this rank through its heartbeat.
   auto monitor = HeartbeatMonitor::Start(HeartbeatOptions(env, ropts));
   if (!monitor.ok()) return fail(monitor.status());
+  // A GPU per rank: collectives and transfers over NCCL (device_collectives.h).
+  // Every plan's collectives decide the groups, so all members of a group
+  // agree on joining it.
+  const std::vector<int> nccl_groups = CollectiveGroups(result.plans, env.rank);
+  if (nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl) &&
+      (!nccl_groups.empty() || !TransferPeers(plan).empty())) {
+    std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
+    if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
+    std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
+    if (auto s = ConnectDeviceCollectives(nccl, *job_store, nccl_groups, device, ropts.timeout, &comms); !s.ok()) {
+      return fail(s);
+    }
+    if (!TransferPeers(plan).empty()) {
+      if (auto s = ConnectDeviceTransfers(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
+        return fail(s);
+      }
+    }
+  }
 
   TrainOptions options = TrainOptionsFromFlags(program_seed);
   options.comms = &comms;

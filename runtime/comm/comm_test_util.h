@@ -51,7 +51,7 @@ std::vector<absl::Status> RunConnectedPlans(const std::vector<RankPlan>& plans,
 // tensors), whose memory is host memory and whose copies are memcpy: what
 // staging through the host is tested on without a GPU. It counts its copies;
 // `fail_copies` makes every copy fail, as a device error would.
-class FakeAccelerator final : public Device {
+class FakeAccelerator : public Device {
  public:
   explicit FakeAccelerator(int ordinal = 0) : ordinal_(ordinal) {}
   DeviceKind kind() const override { return DEVICE_CUDA; }

@@ -28,19 +28,37 @@ std::vector<int> CollectiveGroups(const RankPlan& plan) {
   return std::vector<int>(ids.begin(), ids.end());
 }
 
-absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
-                                      Device* device, absl::Duration timeout, CommunicatorSet* set) {
+std::vector<int> CollectiveGroups(const std::vector<RankPlan>& plans, int rank) {
+  std::set<int> mine;
+  if (rank >= 0 && rank < static_cast<int>(plans.size())) {
+    for (const CommGroup& g : plans[rank].topology().group()) mine.insert(g.id());
+  }
+  std::set<int> ids;
+  for (const RankPlan& plan : plans) {
+    for (int id : CollectiveGroups(plan)) {
+      if (mine.count(id) > 0) ids.insert(id);
+    }
+  }
+  return std::vector<int>(ids.begin(), ids.end());
+}
+
+absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store,
+                                      const std::vector<int>& group_ids, Device* device, absl::Duration timeout,
+                                      CommunicatorSet* set) {
   if (api == nullptr) return absl::InvalidArgumentError("no NCCL to connect the collectives with");
-  for (int id : CollectiveGroups(plan)) {
+  const int rank = set->world()->rank();
+  std::vector<int> sorted = group_ids;
+  std::sort(sorted.begin(), sorted.end());
+  for (int id : sorted) {
     const CommGroup* group = set->group(id);
     if (group == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", plan.rank(), "'s collectives name group ", id,
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, "'s collectives name group ", id,
                                                      ", which it has not connected"));
     }
     if (group->rank_size() <= 1) continue;
-    const auto me = std::find(group->rank().begin(), group->rank().end(), plan.rank());
+    const auto me = std::find(group->rank().begin(), group->rank().end(), rank);
     if (me == group->rank().end()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", plan.rank(), " is not a member of group ", id));
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not a member of group ", id));
     }
     std::unique_ptr<Store> group_store = job_store.WithPrefix(absl::StrCat("nccl/g", id));
     absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =

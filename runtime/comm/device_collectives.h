@@ -41,15 +41,19 @@ namespace strata {
 
 // The ids of the groups the plan's collective ops name (sorted, once each).
 std::vector<int> CollectiveGroups(const RankPlan& plan);
+// Those of every rank's plan that rank `rank` belongs to: what all members
+// of a group agree on, even if one member's plan had no collective of it.
+std::vector<int> CollectiveGroups(const std::vector<RankPlan>& plans, int rank);
 
 // Registers an NcclCommunicator over `api` on `device` as the device
-// transport of each of CollectiveGroups(plan) with more than one rank, in id
+// transport of each group of `group_ids` with more than one rank, in id
 // order (every rank of a group joins in the same order, since
 // ncclCommInitRank blocks until all of them have). Each group meets under
 // "nccl/g<id>" of `job_store`, this job's view of the store. Errors name the
 // group.
-absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
-                                      Device* device, absl::Duration timeout, CommunicatorSet* set);
+absl::Status ConnectDeviceCollectives(std::shared_ptr<NcclApi> api, Store& job_store,
+                                      const std::vector<int>& group_ids, Device* device, absl::Duration timeout,
+                                      CommunicatorSet* set);
 
 // The ranks `plan`'s sends go to and its receives come from.
 std::vector<int> TransferPeers(const RankPlan& plan);

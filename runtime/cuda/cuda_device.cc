@@ -267,6 +267,10 @@ absl::Status CudaDevice::BeginCapture(const DeviceGraph* share_memory_with) {
     shared = graph->pools();
   }
   if (absl::Status s = CudaStatus(cudaSetDevice(ordinal_), "set device"); !s.ok()) return s;
+  // A new pool takes no block of the general cache, where the eager steps'
+  // segments sit free: give those back first (legal: nothing captures yet),
+  // or a plan near the device's size has room for only one of the two.
+  if (shared == nullptr) allocator_->EmptyCache();
   const int64_t device_pool = allocator_->BeginCapture(shared ? shared->device_pool : 0);
   const int64_t staging_pool = staging_->BeginCapture(shared ? shared->staging_pool : 0);
   std::shared_ptr<CapturePools> pools = shared ? shared : std::make_shared<CapturePools>(this, device_pool, staging_pool);

@@ -69,6 +69,8 @@ class InjectingNcclApi : public NcclApi {
   }
   void DestroyEvent(Event e) override { real_->DestroyEvent(e); }
   absl::Status StreamWaitEvent(StreamHandle s, Event e) override { return real_->StreamWaitEvent(s, e); }
+  absl::StatusOr<StreamHandle> CreateStream(int ordinal) override { return real_->CreateStream(ordinal); }
+  void DestroyStream(StreamHandle s) override { real_->DestroyStream(s); }
 
  private:
   std::shared_ptr<NcclApi> real_;
