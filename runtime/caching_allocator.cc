@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "runtime/capture_pool_ids.h"
+
 namespace strata {
 
 // One piece of a segment. The blocks of a segment form a doubly linked list in
@@ -319,27 +321,8 @@ void CachingAllocator::EmptyCache() {
 
 int64_t CachingAllocator::BeginCapture(int64_t pool) {
   absl::MutexLock lock(&mu_);
-  if (capture_pool_ != 0) {
-    std::fprintf(stderr, "warning: %s: BeginCapture(%lld) while capturing into pool %lld; capture goes on there\n",
-                 backend_->name().c_str(), static_cast<long long>(pool), static_cast<long long>(capture_pool_));
-    return capture_pool_;
-  }
-  if (pool != 0) {
-    auto it = capture_pools_.find(pool);
-    if (it == capture_pools_.end() || it->second->released) {
-      std::fprintf(stderr,
-                   "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); "
-                   "using a new pool\n",
-                   backend_->name().c_str(), static_cast<long long>(pool));
-      pool = 0;
-    }
-  }
-  if (pool == 0) {
-    pool = next_pool_id_++;
-    capture_pools_[pool] = std::make_unique<CapturePool>();
-  }
-  capture_pool_ = pool;
-  return pool;
+  capture_pool_ = ChooseCapturePool(backend_->name(), pool, capture_pool_, capture_pools_, next_pool_id_);
+  return capture_pool_;
 }
 
 void CachingAllocator::EndCapture() {

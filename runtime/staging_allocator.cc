@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/capture_pool_ids.h"
 
 namespace strata {
 
@@ -152,27 +153,8 @@ void StagingAllocator::SweepReleasedPools() {
 
 int64_t StagingAllocator::BeginCapture(int64_t pool) {
   absl::MutexLock lock(&mu_);
-  if (capture_pool_ != 0) {
-    std::fprintf(stderr, "warning: %s: BeginCapture(%lld) while capturing into pool %lld; capture goes on there\n",
-                 name().c_str(), static_cast<long long>(pool), static_cast<long long>(capture_pool_));
-    return capture_pool_;
-  }
-  if (pool != 0) {
-    auto it = capture_pools_.find(pool);
-    if (it == capture_pools_.end() || it->second->released) {
-      std::fprintf(stderr,
-                   "warning: %s: BeginCapture(%lld): no such pool (never returned, or released); "
-                   "using a new pool\n",
-                   name().c_str(), static_cast<long long>(pool));
-      pool = 0;
-    }
-  }
-  if (pool == 0) {
-    pool = next_pool_id_++;
-    capture_pools_[pool] = std::make_unique<CapturePool>();
-  }
-  capture_pool_ = pool;
-  return pool;
+  capture_pool_ = ChooseCapturePool(name(), pool, capture_pool_, capture_pools_, next_pool_id_);
+  return capture_pool_;
 }
 
 void StagingAllocator::EndCapture() {
