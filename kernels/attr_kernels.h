@@ -115,6 +115,31 @@ class EpsilonAttrKernel : public OpKernel {
   double epsilon_ = 1e-5;
 };
 
+// gelu's form, for gelu, gelu_grad and matmul_bias_gelu: true for approximate
+// "tanh", false for "none" (or no attr: an op built by hand); anything else
+// is InvalidArgument naming the op (the schema refuses it first in a plan).
+inline absl::StatusOr<bool> GeluIsTanh(const Op& op) {
+  auto it = op.attr().find("approximate");
+  if (it == op.attr().end() || it->second.s() == "none") return false;
+  if (it->second.s() == "tanh") return true;
+  return absl::InvalidArgumentError(absl::StrCat(op.type(), ": attr 'approximate' must be \"none\" or \"tanh\", got \"",
+                                                 it->second.s(), "\""));
+}
+
+// gelu and gelu_grad: `approximate`.
+class GeluAttrKernel : public OpKernel {
+ public:
+  GeluAttrKernel() = default;
+  explicit GeluAttrKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(tanh_, GeluIsTanh(op));
+    return absl::OkStatus();
+  }
+
+ protected:
+  bool tanh_ = false;
+};
+
 // The matmul family: `transpose_a` and `transpose_b`.
 class TransposeAttrsKernel : public OpKernel {
  public:

@@ -51,6 +51,12 @@ STRATA_REGISTER_GRAD_CHECKS({
                   {GradCheckInput{"x", F64, {2, 4}, 0.0, 0.0, {-1.5, 0.3, 2.0, -0.2, 0.7, -0.9, 1.1, 0.05}}}},
     GradCheckCase{"gelu/wide_range", R"pb(type: "gelu" input: "x" output: "y")pb",
                   {GradCheckInput{"x", F64, {3, 4}, -4.0, 4.0}}},
+    GradCheckCase{"gelu/tanh_form", R"pb(type: "gelu" input: "x" output: "y"
+                                         attr { key: "approximate" value { s: "tanh" } })pb",
+                  {GradCheckInput{"x", F64, {3, 4}, -4.0, 4.0}}},
+    GradCheckCase{"gelu/tanh_form_near_zero", R"pb(type: "gelu" input: "x" output: "y"
+                                                   attr { key: "approximate" value { s: "tanh" } })pb",
+                  {GradCheckInput{"x", F64, {2, 4}, 0.0, 0.0, {-0.5, -0.1, -0.01, 0.0, 0.02, 0.3, 1.2, -2.5}}}},
     GradCheckCase{"tanh/wide_range", R"pb(type: "tanh" input: "x" output: "y")pb",
                   {GradCheckInput{"x", F64, {3, 4}, -3.0, 3.0}}},
     GradCheckCase{"sigmoid/wide_range", R"pb(type: "sigmoid" input: "x" output: "y")pb",

@@ -283,6 +283,30 @@ GradFn UnaryGrad(std::string type, std::vector<std::string> args,
   };
 }
 
+// gelu's two forms: "none" (erf) or "tanh". Anything else is refused here,
+// at shape inference, so a bad program fails at compile time naming the op.
+ShapeFn GeluShape(ShapeFn inner) {
+  return [inner](ShapeContext& ctx) -> absl::Status {
+    const std::string approximate = ctx.attr_string("approximate");  // "" when absent: the default
+    if (!approximate.empty() && approximate != "none" && approximate != "tanh") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attr 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\""));
+    }
+    return inner(ctx);
+  };
+}
+
+// y = gelu(x): dx = gelu_grad(x, dy) of the same form.
+absl::Status GeluGrad(GradBuilder& g) {
+  std::string dy = g.output_grad(0);
+  if (dy.empty() || !g.needs_input_grad(0)) return absl::OkStatus();
+  const auto& attrs = g.op().attr();
+  auto it = attrs.find("approximate");
+  const std::string approximate = it == attrs.end() ? "none" : it->second.s();
+  g.Emit("gelu_grad", {g.input(0), dy}, {g.input_grad(0)}, {{"approximate", StringAttr(approximate)}});
+  return absl::OkStatus();
+}
+
 // y = scale * x + bias: dx = scale * dy.
 absl::Status ScaleGrad(GradBuilder& g) {
   std::string dy = g.output_grad(0);
@@ -389,13 +413,18 @@ STRATA_REGISTER_OP(OpDef("relu_grad").Input("y").Input("dy").Output("dx")
                        .NotDifferentiable()
                        .Doc("dx = dy where y > 0, else 0 (y: relu's output)."));
 STRATA_REGISTER_OP(OpDef("gelu").Input("x").Output("y")
-                       .Shape(UnaryFloatShape)
-                       .Grad(UnaryGrad("gelu_grad", {"$x", "$dy"}))
-                       .Doc("y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form."));
+                       .Attr("approximate", "none")
+                       .Shape(GeluShape(UnaryFloatShape))
+                       .Grad(GeluGrad)
+                       .Doc("y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form (approximate \"none\"), "
+                            "or with approximate \"tanh\" 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), "
+                            "PyTorch's F.gelu(approximate='tanh') and GPT-2's gelu_new."));
 STRATA_REGISTER_OP(OpDef("gelu_grad").Input("x").Input("dy").Output("dx")
-                       .Shape(PairGradShape("x"))
+                       .Attr("approximate", "none")
+                       .Shape(GeluShape(PairGradShape("x")))
                        .NotDifferentiable()
-                       .Doc("dx = dy * (Phi(x) + x * phi(x))."));
+                       .Doc("dx = dy * (Phi(x) + x * phi(x)), or the tanh form's derivative with approximate "
+                            "\"tanh\" (as gelu's)."));
 STRATA_REGISTER_OP(OpDef("tanh").Input("x").Output("y")
                        .Shape(UnaryFloatShape)
                        .Grad(UnaryGrad("tanh_grad", {"$y", "$dy"}))

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/testing/op_test_util.h"
 #include "gmock/gmock.h"
@@ -54,6 +55,14 @@ TEST_P(ActivationTest, ForwardMatchesTorch) {
                      (std::vector<double>{-0.045500263896358417, -0.15426876936299344, 0, 0.14967658142073093,
                                           0.84134474606854304, 2.9959503059051098}),
                      tol);
+  // F.gelu(x, approximate='tanh')
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "gelu" input: "x" output: "y"
+                                  attr { key: "approximate" value { s: "tanh" } })pb",
+                              {{"x", MakeTensor(dt, {2, 3}, kX)}}),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-0.04540230591222494, -0.15428599017485606, 0, 0.149675350701685,
+                                          0.8411919906082768, 2.996362607918227}),
+                     tol);
   EXPECT_VALUES_NEAR(Unary("tanh", dt, kX), (std::vector<int64_t>{2, 3}),
                      (std::vector<double>{-0.9640275800758169, -0.46211715726000974, 0, 0.24491866240370913,
                                           0.76159415595576485, 0.99505475368673046}),
@@ -94,6 +103,14 @@ TEST_P(ActivationTest, BackwardHelpersMatchTorchAutograd) {
                      (std::vector<int64_t>{2, 3}),
                      (std::vector<double>{-0.085231801078196917, -0.26500975068767424, 0.25, 2.0861200646509079,
                                           -1.6249732058815296, 0.75895923540313792}),
+                     tol);
+  // torch autograd through F.gelu(x, approximate='tanh')
+  EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "gelu_grad" input: ["x", "dy"] output: "dx"
+                                  attr { key: "approximate" value { s: "tanh" } })pb",
+                              {{"x", x}, {"dy", dy}}, "dx"),
+                     (std::vector<int64_t>{2, 3}),
+                     (std::vector<double>{-0.0860992566236183, -0.2652601929307153, 0.25, 2.086062285453181,
+                                          -1.624446125768674, 0.7586881249732271}),
                      tol);
   EXPECT_VALUES_NEAR(RunNamed(R"pb(type: "tanh_grad" input: ["y", "dy"] output: "dx")pb",
                          {{"y", Unary("tanh", dt, kX)}, {"dy", dy}}, "dx"),
@@ -159,6 +176,41 @@ TEST(UnaryTest, LargeTensorRunsAcrossThreads) {
 }
 
 constexpr auto Infer = InferTypes;  // shape inference through the registry (op_test_util)
+
+TEST(UnaryTest, GeluTanhFormMatchesItsFormulaInDouble) {
+  std::vector<double> x(1001);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -6.0 + 0.012 * i;
+  Tensor y = RunNamed(R"pb(type: "gelu" input: "x" output: "y" attr { key: "approximate" value { s: "tanh" } })pb",
+                      {{"x", MakeTensor(F64, {static_cast<int64_t>(x.size())}, x)}});
+  std::vector<double> got = TensorValues(y);
+  for (size_t i = 0; i < x.size(); ++i) {
+    double want = 0.5 * x[i] * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+    ASSERT_NEAR(got[i], want, 1e-15 * std::max(1.0, std::abs(want))) << i;
+  }
+}
+
+TEST(ActivationShapeTest, GeluRefusesAnUnknownApproximation) {
+  for (const char* op : {"gelu", "gelu_grad"}) {
+    SCOPED_TRACE(op);
+    const std::string text = absl::StrCat("type: \"", op, "\" input: [\"x\"", std::string(op) == "gelu" ? "" : ", \"dy\"",
+                                          "] output: \"y\" attr { key: \"approximate\" value { s: \"sigmoid\" } }");
+    std::vector<TensorType> in(std::string(op) == "gelu" ? 1 : 2, TensorType{F32, {2, 3}});
+    auto bad = Infer(text, in);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.status().message(), HasSubstr("attr 'approximate' must be \"none\" or \"tanh\", got \"sigmoid\""));
+    // Run as the executor's callers run it: the message names the op.
+    std::map<std::string, Tensor> env{{"x", MakeTensor(F32, {2, 3}, kX)}, {"dy", MakeTensor(F32, {2, 3}, kDy)}};
+    absl::Status run = RunOp(ParseOp(text), &env);
+    ASSERT_FALSE(run.ok());
+    EXPECT_EQ(run.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(run.message(), HasSubstr(op));
+    EXPECT_THAT(run.message(), HasSubstr("attr 'approximate' must be"));
+  }
+  auto ok = Infer(R"pb(type: "gelu" input: "x" output: "y" attr { key: "approximate" value { s: "none" } })pb",
+                  {{F32, {-1, 16}}});
+  EXPECT_TRUE(ok.ok()) << ok.status().message();
+}
 
 TEST(ActivationShapeTest, KeepsBatchDimAndRejectsIntegers) {
   auto out = Infer(R"pb(type: "gelu" input: "x" output: "y")pb", {{F32, {-1, 16}}});

@@ -1,5 +1,5 @@
 // CUDA kernels of the elementwise unary ops and the utilities around them:
-// exp, log, neg, sqrt, square, scale, gelu, tanh, sigmoid and the gradients
+// exp, log, neg, sqrt, square, scale, gelu (both forms), tanh, sigmoid and the gradients
 // sqrt_grad, gelu_grad, tanh_grad, sigmoid_grad (kernels/cuda/unary.cu over
 // unary_math.h's functors, the CPU kernels' own math); add_n, cast,
 // accumulate, fill_zero, fill_scalar; identity and the views reshape,
@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cuda/binary.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/unary.h"
@@ -43,6 +44,7 @@ const char* UnaryOpName(cuda::UnaryOp op) {
     case cuda::UnaryOp::kSquare:
       return "square";
     case cuda::UnaryOp::kGelu:
+    case cuda::UnaryOp::kGeluTanh:
       return "gelu";
     case cuda::UnaryOp::kTanh:
       return "tanh";
@@ -57,6 +59,7 @@ const char* UnaryGradOpName(cuda::UnaryGradOp op) {
     case cuda::UnaryGradOp::kSqrtGrad:
       return "sqrt_grad";
     case cuda::UnaryGradOp::kGeluGrad:
+    case cuda::UnaryGradOp::kGeluTanhGrad:
       return "gelu_grad";
     case cuda::UnaryGradOp::kTanhGrad:
       return "tanh_grad";
@@ -94,6 +97,38 @@ class CudaUnaryGradKernel : public OpKernel {
     return CudaStatus(
         cuda::LaunchUnaryGrad(kOp, dx->data<T>(), a.data<T>(), dy.data<T>(), a.num_elements(), device->stream()),
         UnaryGradOpName(kOp));
+  }
+};
+
+// gelu and gelu_grad: the form (approximate) read once at prepare time, then
+// as CudaUnaryKernel and CudaUnaryGradKernel.
+template <typename T>
+class CudaGeluKernel : public GeluAttrKernel {
+ public:
+  using GeluAttrKernel::GeluAttrKernel;
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& x = ctx.input(0);
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+    const cuda::UnaryOp op = tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu;
+    return CudaStatus(cuda::LaunchUnary(op, y->data<T>(), x.data<T>(), x.num_elements(), device->stream()), "gelu");
+  }
+};
+
+template <typename T>
+class CudaGeluGradKernel : public GeluAttrKernel {
+ public:
+  using GeluAttrKernel::GeluAttrKernel;
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& x = ctx.input(0);
+    const Tensor& dy = ctx.input(1);
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+    const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
+    return CudaStatus(
+        cuda::LaunchUnaryGrad(op, dx->data<T>(), x.data<T>(), dy.data<T>(), x.num_elements(), device->stream()),
+        "gelu_grad");
   }
 };
 
@@ -286,8 +321,8 @@ STRATA_REGISTER_KERNEL("sqrt", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<fl
 STRATA_REGISTER_KERNEL("sqrt", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kSqrt>>()));
 STRATA_REGISTER_KERNEL("square", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kSquare>>()));
 STRATA_REGISTER_KERNEL("square", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kSquare>>()));
-STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kGelu>>()));
-STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kGelu>>()));
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F32, InitFactory<CudaGeluKernel<float>>());
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F64, InitFactory<CudaGeluKernel<double>>());
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kTanh>>()));
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kTanh>>()));
 STRATA_REGISTER_KERNEL("sigmoid", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kSigmoid>>()));
@@ -296,10 +331,8 @@ STRATA_REGISTER_KERNEL("sqrt_grad", DEVICE_CUDA, F32,
                        (MakeFactory<CudaUnaryGradKernel<float, UnaryGradOp::kSqrtGrad>>()));
 STRATA_REGISTER_KERNEL("sqrt_grad", DEVICE_CUDA, F64,
                        (MakeFactory<CudaUnaryGradKernel<double, UnaryGradOp::kSqrtGrad>>()));
-STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F32,
-                       (MakeFactory<CudaUnaryGradKernel<float, UnaryGradOp::kGeluGrad>>()));
-STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F64,
-                       (MakeFactory<CudaUnaryGradKernel<double, UnaryGradOp::kGeluGrad>>()));
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F32, InitFactory<CudaGeluGradKernel<float>>());
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F64, InitFactory<CudaGeluGradKernel<double>>());
 STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CUDA, F32,
                        (MakeFactory<CudaUnaryGradKernel<float, UnaryGradOp::kTanhGrad>>()));
 STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CUDA, F64,

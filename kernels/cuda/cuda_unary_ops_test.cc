@@ -313,6 +313,44 @@ TEST_F(CudaOpsTest, GeluAndItsGradientAreWithinTheBoundsFromErfAndExp) {
   }
 }
 
+// gelu's tanh form: u = beta (x + kappa x^3) has the same bits on both sides
+// (plain IEEE operations, no FMA), t = tanh(u) differs by k eps |t|. Then as
+// for erf: |gpu - cpu| <= |0.5 x| (k eps |t| + eps |1 + t|) + eps |y|.
+// gelu_grad's tanh form: dy (L + R D), L = 0.5 (1 + t), R = 0.5 x (1 - t^2),
+// D = beta (1 + 3 kappa x^2) (same bits). L differs by 0.5 (k eps |t| + eps
+// |1 + t|); t^2 by 2 k eps t^2 + eps t^2, 1 - t^2 by that + eps |1 - t^2|, R
+// by |0.5 x| times that + eps |R|; R D by |D| times R's + eps |R D|; then one
+// rounding for the sum and one for the product with dy.
+TEST_F(CudaOpsTest, GeluTanhFormAndItsGradientAreWithinTheBoundsFromTanh) {
+  const double beta = std::sqrt(2 / M_PI), kappa = 0.044715;
+  const std::string attr = R"pb( attr { key: "approximate" value { s: "tanh" } })pb";
+  for (DataType dtype : {F32, F64}) {
+    for (const Shape& shape : ElementwiseShapes()) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " ", ShapeString(shape)));
+      const int64_t n = NumElements(shape);
+      const std::vector<double> xv = Scaled(Uniform(n, 47), 4), dyv = Uniform(n, 48);
+      const Tensor x = MakeTensor(dtype, shape, xv), dy = MakeTensor(dtype, shape, dyv);
+      const std::vector<double> xs = TensorValues(x), dys = TensorValues(dy);
+      const double eps = Eps(dtype), k_tanh = TanhUlps(dtype) * eps;
+      auto [y_cpu, y_gpu] = RunBoth(UnaryOpText("gelu") + attr, {{"x", x}});
+      ExpectWithin(y_gpu, y_cpu, [&](size_t i, double want, double got) {
+        const double t = std::tanh(beta * (xs[i] + kappa * xs[i] * xs[i] * xs[i]));
+        return std::abs(0.5 * xs[i]) * (k_tanh * std::abs(t) + eps * std::abs(1 + t)) +
+               eps * std::max(std::abs(want), std::abs(got));
+      });
+      auto [dx_cpu, dx_gpu] = RunBoth(GradOpText("gelu_grad") + attr, {{"a", x}, {"dy", dy}});
+      ExpectWithin(dx_gpu, dx_cpu, [&](size_t i, double want, double got) {
+        const double v = xs[i], t = std::tanh(beta * (v + kappa * v * v * v));
+        const double l = 0.5 * (1 + t), r = 0.5 * v * (1 - t * t), d = beta * (1 + 3 * kappa * v * v);
+        const double dl = 0.5 * (k_tanh * std::abs(t) + eps * std::abs(1 + t));
+        const double dr = std::abs(0.5 * v) * ((2 * k_tanh + eps) * t * t + eps * std::abs(1 - t * t)) + eps * std::abs(r);
+        const double sum = dl + std::abs(d) * dr + eps * std::abs(r * d) + eps * (std::abs(l) + std::abs(r * d));
+        return std::abs(dys[i]) * sum + eps * std::max(std::abs(want), std::abs(got));
+      });
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, UnaryLaunchersCoverTensorsLargerThanTheGrid) {
   const Tensor x = RandomTensor(F32, kBig, 51), dy = RandomTensor(F32, kBig, 52);
   auto [neg_cpu, neg_gpu] = RunBoth(UnaryOpText("neg"), {{"x", x}});

@@ -62,6 +62,8 @@ cudaError_t Unary(UnaryOp op, T* y, const T* x, int64_t n, cudaStream_t stream) 
       return Map(y, x, n, SquareFn(), stream);
     case UnaryOp::kGelu:
       return Map(y, x, n, GeluFn(), stream);
+    case UnaryOp::kGeluTanh:
+      return Map(y, x, n, GeluTanhFn(), stream);
     case UnaryOp::kTanh:
       return Map(y, x, n, TanhFn(), stream);
     case UnaryOp::kSigmoid:
@@ -77,6 +79,8 @@ cudaError_t UnaryGrad(UnaryGradOp op, T* dx, const T* a, const T* dy, int64_t n,
       return Map2(dx, a, dy, n, SqrtGradFn(), stream);
     case UnaryGradOp::kGeluGrad:
       return Map2(dx, a, dy, n, GeluGradFn(), stream);
+    case UnaryGradOp::kGeluTanhGrad:
+      return Map2(dx, a, dy, n, GeluTanhGradFn(), stream);
     case UnaryGradOp::kTanhGrad:
       return Map2(dx, a, dy, n, TanhGradFn(), stream);
     case UnaryGradOp::kSigmoidGrad:

@@ -18,7 +18,8 @@
 namespace strata {
 namespace cuda {
 
-enum class UnaryOp { kExp, kLog, kNeg, kSqrt, kSquare, kGelu, kTanh, kSigmoid };
+// kGelu: the erf form; kGeluTanh: gelu's approximate "tanh".
+enum class UnaryOp { kExp, kLog, kNeg, kSqrt, kSquare, kGelu, kGeluTanh, kTanh, kSigmoid };
 
 // y[n] = f(x[n]).
 cudaError_t LaunchUnary(UnaryOp op, float* y, const float* x, int64_t n, cudaStream_t stream);
@@ -30,7 +31,7 @@ cudaError_t LaunchScale(double* y, const double* x, double scale, double bias, i
 
 // dx[n] = f(a[n], dy[n]); a is the forward op's input for gelu, its output
 // for the others.
-enum class UnaryGradOp { kSqrtGrad, kGeluGrad, kTanhGrad, kSigmoidGrad };
+enum class UnaryGradOp { kSqrtGrad, kGeluGrad, kGeluTanhGrad, kTanhGrad, kSigmoidGrad };
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, float* dx, const float* a, const float* dy, int64_t n, cudaStream_t stream);
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const double* dy, int64_t n,
                             cudaStream_t stream);

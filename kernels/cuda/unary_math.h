@@ -67,13 +67,25 @@ struct ScaleFn {
   STRATA_HOST_DEVICE T operator()(T x) const { return scale * x + bias; }
 };
 
-// gelu, tanh, sigmoid (kernels/cpu/activations.cc).
+// gelu (both forms), tanh, sigmoid (kernels/cpu/activations.cc).
 
 // The exact (erf) form, torch.nn.functional.gelu's default.
 struct GeluFn {
   template <typename T>
   STRATA_HOST_DEVICE T operator()(T x) const {
     return T(0.5) * x * (T(1) + Erf(x * T(M_SQRT1_2)));
+  }
+};
+// The tanh form (gelu's approximate "tanh"): PyTorch's
+// F.gelu(approximate='tanh'), GPT-2's gelu_new, and what cuBLASLt's GELU
+// epilogue computes. Written as PyTorch's CPU kernel writes it.
+inline constexpr double kGeluTanhBeta = M_SQRT2 * M_2_SQRTPI * 0.5;  // sqrt(2 / pi)
+inline constexpr double kGeluTanhKappa = 0.044715;
+struct GeluTanhFn {
+  template <typename T>
+  STRATA_HOST_DEVICE T operator()(T x) const {
+    const T inner = T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * (x * x * x));
+    return T(0.5) * x * (T(1) + Tanh(inner));
   }
 };
 struct TanhFn {
@@ -108,6 +120,22 @@ struct GeluGradFn {
     const T cdf = T(0.5) * (T(1) + Erf(x * T(M_SQRT1_2)));
     const T pdf = Exp(T(-0.5) * x * x) * T(0.5 * M_2_SQRTPI * M_SQRT1_2);
     return dy * (cdf + x * pdf);
+  }
+};
+// The tanh form's derivative: with t = tanh(u), u = beta (x + kappa x^3),
+// 0.5 (1 + t) + 0.5 x (1 - t^2) beta (1 + 3 kappa x^2), as PyTorch writes it.
+struct GeluTanhGradFn {
+  template <typename T>
+  STRATA_HOST_DEVICE T operator()(T x, T dy) const {
+    const T x_sq = x * x;
+    const T inner = T(kGeluTanhBeta) * (x + T(kGeluTanhKappa) * (x_sq * x));
+    const T t = Tanh(inner);
+    const T left = T(0.5) * x;
+    const T right = T(1) + t;
+    const T left_derivative = T(0.5) * right;
+    const T right_derivative = left * (T(1) - t * t);
+    const T inner_derivative = T(kGeluTanhBeta) * (T(1) + T(3 * kGeluTanhKappa) * x_sq);
+    return dy * (left_derivative + right_derivative * inner_derivative);
   }
 };
 struct TanhGradFn {
