@@ -2,7 +2,8 @@
 back each step), Strata against PyTorch on the same device in one run.
 
 Strata: `strata gen gpt` writes the model (tied token embedding, pre-norm
-blocks, causal scaled_dot_product_attention, 4x gelu MLP), `strata run
+blocks, causal scaled_dot_product_attention, 4x gelu MLP in GPT-2's tanh
+form), `strata run
 --device gpu` trains it under `mixed_precision { dtype: BF16 }` on synthetic
 tokens; tokens/s from the metrics file's step_ms after the warm-up steps,
 its peak from the run's 'measured peak' line.
@@ -66,7 +67,7 @@ def strata_side(a, workdir):
     program = os.path.join(workdir, "gpt2.pbtxt")
     with open(program, "w") as f:
         gen = subprocess.run(cmd + ["gen", "gpt", "--blocks", str(a.blocks), "--d_model", str(a.d_model), "--heads",
-                                    str(a.heads), "--seq", str(a.seq), "--vocab", str(a.vocab)],
+                                    str(a.heads), "--seq", str(a.seq), "--vocab", str(a.vocab), "--gelu", "tanh"],
                              stdout=f, stderr=subprocess.PIPE, text=True)
     if gen.returncode != 0:
         raise SystemExit("bench: strata gen gpt failed: " + gen.stderr)
@@ -123,7 +124,8 @@ def torch_side(a, variant):
                 s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
                 y = s.softmax(-1) @ v
             x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
-            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+            # GPT-2's gelu_new, as `strata gen gpt --gelu tanh` writes it.
+            return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
         def __init__(self):

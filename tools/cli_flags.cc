@@ -83,6 +83,8 @@ ABSL_FLAG(int64_t, d_model, 768, "gen gpt: model width");
 ABSL_FLAG(int64_t, heads, 12, "gen gpt: attention heads (they divide --d_model)");
 ABSL_FLAG(int64_t, seq, 1024, "gen gpt: tokens per sample (the tokens and targets feeds' length)");
 ABSL_FLAG(int64_t, vocab, 50257, "gen gpt: vocabulary size (rows of the tied token embedding)");
+ABSL_FLAG(std::string, gelu, "tanh",
+          "gen gpt: the MLP's gelu, tanh (GPT-2's; cuBLASLt's GELU epilogue fuses it) or erf (the exact form)");
 
 namespace strata {
 namespace cli {
@@ -96,7 +98,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
                "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
                "bind_cores"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype", "d_model", "heads", "seq",
-               "vocab"}},
+               "vocab", "gelu"}},
   };
   return *flags;
 }

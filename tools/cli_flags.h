@@ -54,6 +54,7 @@ ABSL_DECLARE_FLAG(int64_t, d_model);
 ABSL_DECLARE_FLAG(int64_t, heads);
 ABSL_DECLARE_FLAG(int64_t, seq);
 ABSL_DECLARE_FLAG(int64_t, vocab);
+ABSL_DECLARE_FLAG(std::string, gelu);
 namespace strata {
 namespace cli {
 

@@ -45,6 +45,7 @@ int GenCommand(const std::vector<std::string>& args) {
   o.heads = absl::GetFlag(FLAGS_heads);
   o.seq = absl::GetFlag(FLAGS_seq);
   o.vocab = absl::GetFlag(FLAGS_vocab);
+  o.gelu = absl::GetFlag(FLAGS_gelu);
   if (!(o.learning_rate >= 0) || !std::isfinite(o.learning_rate)) {
     std::cerr << "error: --lr must be > 0 and finite (0: the optimizer's default)\n";
     return kExitUsage;

@@ -284,6 +284,9 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--heads ", heads, " must be >= 1 and divide --d_model ", d));
   }
   if (t < 1 || t > (1 << 20)) return absl::InvalidArgumentError("--seq must be in 1..1048576");
+  if (o.gelu != "tanh" && o.gelu != "erf") {
+    return absl::InvalidArgumentError(absl::StrCat("--gelu '", o.gelu, "': expected tanh or erf"));
+  }
   if (v < 1 || v > 65536)
     return absl::InvalidArgumentError("--vocab must be in 1..65536 (token files hold uint16 ids)");
   const int n = o.blocks + 2;
@@ -357,7 +360,8 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
     w.Op(layer, "add", {h, a}, {p + ".h"});
     x = layer_norm(layer, p + ".h", p + ".ln2");
     std::string f = linear(layer, x, p + ".mlp.fc", d, 4 * d, normal);
-    w.Op(layer, "gelu", {f}, {p + ".mlp.g"});
+    w.Op(layer, "gelu", {f}, {p + ".mlp.g"},
+         o.gelu == "tanh" ? "attr { key: \"approximate\" value { s: \"tanh\" } }" : "");
     std::string m = linear(layer, p + ".mlp.g", p + ".mlp.proj", 4 * d, d, residual);
     dropout(layer, &m);
     const std::string next = absl::StrCat("h", b + 1);
@@ -368,9 +372,9 @@ absl::StatusOr<std::string> Gpt(const GenOptions& o) {
   w.Op(n - 1, "matmul", {x, "wte"}, {"logits"}, "attr { key: \"transpose_b\" value { b: true } }");  // tied to wte
   w.Op(n - 1, "softmax_cross_entropy", {"logits", "targets"}, {"loss"});
   const std::string header = absl::StrFormat(
-      "# GPT: %d blocks, d_model %d, %d heads, seq %d, vocab %d; logits tied to wte (strata gen gpt)\n"
+      "# GPT: %d blocks, d_model %d, %d heads, seq %d, vocab %d, gelu %s; logits tied to wte (strata gen gpt)\n"
       "name: \"gpt\"\n",
-      o.blocks, d, heads, t, v);
+      o.blocks, d, heads, t, v, o.gelu);
   // nanoGPT's GPT-2 recipe: AdamW lr 6e-4, weight decay 0.1, cosine to lr/10.
   return w.Text(header, "loss: \"loss\"\n", 6e-4, 0.1, " alpha: 0.1 ");
 }

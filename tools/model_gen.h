@@ -22,6 +22,10 @@ struct GenOptions {
   int64_t heads = 12;
   int64_t seq = 1024;      // tokens per sample (the tokens and targets feeds' T)
   int64_t vocab = 50257;
+  // gpt: the MLP's activation, "tanh" (GPT-2's own gelu_new, and what
+  // cuBLASLt's GELU epilogue computes, so fuse-epilogues can fuse it) or
+  // "erf" (the exact form, torch's nn.GELU() default).
+  std::string gelu = "tanh";
 };
 
 // Program text for a model family: mlp, convnet, alexnet, resmlp, gpt.

@@ -141,6 +141,40 @@ TEST(ModelGenTest, GptTiesWteAcrossTheFirstAndLastStage) {
   EXPECT_EQ(wte_devices, (std::set<std::string>{"gpu:0", "gpu:3"}));
 }
 
+TEST(ModelGenTest, GptGeluIsTheTanhFormUnlessAskedForErf) {
+  GenOptions o;
+  o.blocks = 2;
+  o.d_model = 64;
+  o.heads = 4;
+  o.seq = 32;
+  o.vocab = 256;
+  for (const std::string form : {"tanh", "erf"}) {
+    SCOPED_TRACE(form);
+    o.gelu = form;
+    auto text = GenerateProgram("gpt", o);
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto program = ParseProgramText(*text, "gpt.pbtxt");
+    ASSERT_TRUE(program.ok()) << program.status();
+    int gelus = 0;
+    for (const Op& op : program->op()) {
+      if (op.type() != "gelu") continue;
+      ++gelus;
+      auto it = op.attr().find("approximate");
+      if (form == "tanh") {
+        ASSERT_TRUE(it != op.attr().end());
+        EXPECT_EQ(it->second.s(), "tanh");
+      } else {
+        EXPECT_TRUE(it == op.attr().end());  // the default: the erf form
+      }
+    }
+    EXPECT_EQ(gelus, 2);
+  }
+  o.gelu = "relu";
+  auto bad = GenerateProgram("gpt", o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "--gelu 'relu'")) << bad.status();
+}
+
 TEST(ModelGenTest, GptRejectsBadSizes) {
   GenOptions o;
   o.blocks = 2;

@@ -192,7 +192,8 @@ TEST(UnaryTest, GeluTanhFormMatchesItsFormulaInDouble) {
 TEST(ActivationShapeTest, GeluRefusesAnUnknownApproximation) {
   for (const char* op : {"gelu", "gelu_grad"}) {
     SCOPED_TRACE(op);
-    const std::string text = absl::StrCat("type: \"", op, "\" input: [\"x\"", std::string(op) == "gelu" ? "" : ", \"dy\"",
+    const std::string inputs = std::string(op) == "gelu" ? "\"x\"" : "\"x\", \"dy\"";
+    const std::string text = absl::StrCat("type: \"", op, "\" input: [", inputs,
                                           "] output: \"y\" attr { key: \"approximate\" value { s: \"sigmoid\" } }");
     std::vector<TensorType> in(std::string(op) == "gelu" ? 1 : 2, TensorType{F32, {2, 3}});
     auto bad = Infer(text, in);

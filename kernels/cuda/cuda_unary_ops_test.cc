@@ -343,7 +343,8 @@ TEST_F(CudaOpsTest, GeluTanhFormAndItsGradientAreWithinTheBoundsFromTanh) {
         const double v = xs[i], t = std::tanh(beta * (v + kappa * v * v * v));
         const double l = 0.5 * (1 + t), r = 0.5 * v * (1 - t * t), d = beta * (1 + 3 * kappa * v * v);
         const double dl = 0.5 * (k_tanh * std::abs(t) + eps * std::abs(1 + t));
-        const double dr = std::abs(0.5 * v) * ((2 * k_tanh + eps) * t * t + eps * std::abs(1 - t * t)) + eps * std::abs(r);
+        const double dr =
+            std::abs(0.5 * v) * ((2 * k_tanh + eps) * t * t + eps * std::abs(1 - t * t)) + eps * std::abs(r);
         const double sum = dl + std::abs(d) * dr + eps * std::abs(r * d) + eps * (std::abs(l) + std::abs(r * d));
         return std::abs(dys[i]) * sum + eps * std::max(std::abs(want), std::abs(got));
       });

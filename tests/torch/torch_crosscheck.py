@@ -156,7 +156,7 @@ OPS = {
     "div": lambda op, x, y: x / y,
     "scale": lambda op, x: x * _attr(op, "scale", 1.0) + _attr(op, "bias", 0.0),
     "relu": lambda op, x: torch.relu(x),
-    "gelu": lambda op, x: F.gelu(x),  # the erf form
+    "gelu": lambda op, x: F.gelu(x, approximate=_attr(op, "approximate", "none")),  # "none": the erf form
     "tanh": lambda op, x: torch.tanh(x),
     "sigmoid": lambda op, x: torch.sigmoid(x),
     "identity": lambda op, x: x,
