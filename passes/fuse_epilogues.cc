@@ -217,6 +217,69 @@ absl::StatusOr<bool> FuseBiasAdds(Graph& graph) {
   return changed;
 }
 
+// Whether op `g` is a gelu of the tanh form (or, with `grad`, a gelu_grad of
+// that form reading `z` as its x).
+bool IsTanhGelu(const Graph& graph, int g, bool grad, int z) {
+  if (graph.erased(g) || graph.schema(g).type != (grad ? "gelu_grad" : "gelu")) return false;
+  if (grad && (graph.inputs(g).size() != 2 || graph.inputs(g)[0] != z || graph.inputs(g)[1] == z)) return false;
+  auto it = graph.attrs(g).find("approximate");
+  return it != graph.attrs(g).end() && it->second.s() == "tanh";
+}
+
+// matmul_bias -> gelu (tanh form) becomes one matmul_bias_gelu writing the
+// gelu's output y and the pre-activation z (cuBLASLt's GELU_AUX_BIAS, whose
+// GELU is the tanh form; the erf form is a different function, left as it
+// is). z may have other readers only if they are the backward's gelu_grad of
+// the same form reading it as x: the fused op still writes z for them. It
+// takes the matmul_bias's place (z's readers all come after it).
+absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  bool changed = false;
+  const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias_gelu");
+  for (int m : std::vector<int>(graph.ops())) {
+    if (graph.erased(m) || graph.schema(m).type != "matmul_bias" || graph.outputs(m).size() != 1) continue;
+    const int z = graph.outputs(m)[0];
+    if (graph.kind(z) != ACTIVATION || graph.var_name(z) == graph.loss()) continue;
+    bool fetched = false;
+    for (const std::string& f : graph.program_fields().fetch()) fetched = fetched || f == graph.var_name(z);
+    if (fetched) continue;
+    int gelu = -1;
+    bool others = false;  // a reader that is neither the one gelu nor a gelu_grad
+    for (int r : readers[z]) {
+      if (IsTanhGelu(graph, r, /*grad=*/false, z) && gelu < 0 && SamePlace(graph, m, r)) {
+        gelu = r;
+      } else if (!IsTanhGelu(graph, r, /*grad=*/true, z)) {
+        others = true;
+      }
+    }
+    if (gelu < 0 || others || graph.outputs(gelu).size() != 1) continue;
+    const int y = graph.outputs(gelu)[0];
+    Op fused = OpPlacedLike(graph, m, "matmul_bias_gelu", graph.role(m));
+    for (int in : graph.inputs(m)) fused.add_input(std::string(graph.var_name(in)));
+    fused.add_output(std::string(graph.var_name(y)));
+    fused.add_output(std::string(graph.var_name(z)));
+    for (const char* attr : {"transpose_b", "allow_tf32"}) {
+      AttrValue v;
+      v.set_b(BoolAttr(graph, m, attr));
+      (*fused.mutable_attr())[attr] = v;
+    }
+    if (auto st = CanonicalizeOp(schema, &fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: matmul_bias_gelu: ", st.message()));
+    }
+    // The fused op must write what the two wrote (F32/F64 z: gelu's dtypes).
+    std::vector<TensorType> in_types;
+    for (int in : graph.inputs(m)) in_types.push_back(graph.type(in));
+    auto types = InferOutputTypes(schema, fused, in_types);
+    if (!types.ok() || (*types)[0] != graph.type(y) || (*types)[1] != graph.type(z)) continue;
+    if (auto st = graph.ReplaceOp(m, fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
+    }
+    graph.EraseOp(gelu);
+    changed = true;
+  }
+  return changed;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& ctx) {
@@ -224,8 +287,9 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& 
   const bool accumulating = (strategy.has_pipeline() && strategy.pipeline().accumulate_steps() > 1) ||
                             strategy.gradient_merge().k_steps() > 1;
   STRATA_ASSIGN_OR_RETURN(const bool adds, FuseBiasAdds(graph));
+  STRATA_ASSIGN_OR_RETURN(const bool gelus, FuseBiasGelus(graph));
   STRATA_ASSIGN_OR_RETURN(const bool grads, FuseBiasGradients(graph, accumulating));
-  return adds || grads;
+  return adds || gelus || grads;
 }
 
 }  // namespace strata

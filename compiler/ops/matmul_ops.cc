@@ -320,5 +320,39 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_grad_b")
                             "F32 outputs for BF16/F16 a and dy. What the epilogue fusion makes of the weight "
                             "gradient's GEMM and the bias gradient's sum_to_like on a GPU."));
 
+// (y, z) = (gelu(z), a @ op(b) + bias), gelu's tanh form: what the epilogue
+// fusion makes of matmul_bias (or matmul -> add) -> gelu(approximate "tanh")
+// on a GPU (cuBLASLt's GELU_AUX_BIAS, whose GELU is that form). z is the
+// pre-activation the backward's gelu_grad reads; both have matmul_bias's y
+// type, which must be F32 or F64 (gelu's).
+absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(MatmulBiasShape(ctx));
+  const TensorType z = ctx.outputs()[0];
+  if (z.dtype != F32 && z.dtype != F64) {
+    return Invalid(absl::StrCat("y and z would be ", DataTypeName(z.dtype), ": gelu needs F32 or F64 (input 'bias')"));
+  }
+  ctx.set_output(1, z);
+  return absl::OkStatus();
+}
+
+// matmul_bias's, plus the gelu's pass over the output.
+double MatmulBiasGeluCost(const CostContext& ctx) { return MatmulBiasCost(ctx) + ElementCount(ctx.output(0)); }
+
+STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
+                       .Input("a")
+                       .Input("b")
+                       .Input("bias")
+                       .Output("y")
+                       .Output("z")
+                       .Attr("transpose_b", false)
+                       .Attr("allow_tf32", false)
+                       .Shape(MatmulBiasGeluShape)
+                       .Cost(MatmulBiasGeluCost)
+                       .NotDifferentiable()
+                       .Doc("z = a @ op(b) + bias as matmul_bias computes it, and y = gelu(z) in the tanh form "
+                            "(gelu's approximate \"tanh\"): a [..., M, K], a 2-D b, bias [N]; y and z F32 or F64. "
+                            "What the epilogue fusion makes of matmul, add and a tanh-form gelu on a GPU, after "
+                            "autodiff (z stays for the backward's gelu_grad)."));
+
 }  // namespace
 }  // namespace strata

@@ -16,6 +16,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/cpu/widened.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/matmul_shape.h"
 #include "proto/shape_rules.h"
 #include "runtime/kernel.h"
@@ -199,6 +200,15 @@ class MatmulBiasKernel : public TransposeBAttrKernel {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    return MatmulBiasInto(ctx, s, y);
+  }
+
+ protected:
+  // y = a @ op(b) + bias for the op's inputs, y allocated by the caller.
+  absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y) {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& bias = ctx.input(2);
     const T* pa = nullptr;
     const T* pb = nullptr;
     Tensor wide_a, wide_b;
@@ -231,6 +241,26 @@ class MatmulBiasKernel : public TransposeBAttrKernel {
     float* dst = wide.data<float>();
     for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
     return wide;
+  }
+};
+
+// (y, z) = (gelu(z), a @ op(b) + bias), gelu's tanh form
+// (passes/fuse_epilogues): z exactly as matmul_bias computes it, then y with
+// the gelu kernel's own function (cuda::GeluTanhFn over UnaryMap), so both
+// have the bits of matmul_bias (or matmul then add) then gelu.
+template <typename In, typename T>
+class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
+ public:
+  explicit MatmulBiasGeluKernel(const KernelDef& def) : MatmulBiasKernel<In, T>(def) {}
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(
+        MatmulShape s, InferMatmulBiasShape(ctx.input(0).shape(), ctx.input(1).shape(), ctx.input(2).shape(), this->tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
+    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(ctx, s, z));
+    UnaryMap(z->num_elements(), z->data<T>(), y->data<T>(), cuda::GeluTanhFn());
+    return absl::OkStatus();
   }
 };
 
@@ -308,6 +338,11 @@ STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F64, (InitFactory<MatmulBiasKe
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, BF16, (InitFactory<MatmulBiasKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F16, (InitFactory<MatmulBiasKernel<float16, float>>()));
 STRATA_REGISTER_WORKSPACE("matmul_bias", DEVICE_CPU, MatmulBiasWorkspace);
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, F32, (InitFactory<MatmulBiasGeluKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, F64, (InitFactory<MatmulBiasGeluKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, BF16, (InitFactory<MatmulBiasGeluKernel<bfloat16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, F16, (InitFactory<MatmulBiasGeluKernel<float16, float>>()));
+STRATA_REGISTER_WORKSPACE("matmul_bias_gelu", DEVICE_CPU, MatmulBiasWorkspace);
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F32, InitFactory<MatmulBiasGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F64, InitFactory<MatmulBiasGradBKernel<double>>());
 template <typename Half>

@@ -20,6 +20,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/reduce.h"
 #include "kernels/cuda/relu.h"
+#include "kernels/cuda/unary.h"
 #include "kernels/gemm_staging.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/matmul_shape.h"
@@ -252,10 +253,16 @@ class CudaMatmulBiasKernel : public CudaBiasGemmAttrsKernel {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    return MatmulBiasInto(device, a, b, bias, s, y->data<T>());
+  }
+
+ protected:
+  // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs.
+  absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
+                              const MatmulShape& s, T* py) {
     using G = typename GemmType<In>::type;
     const G* pa = reinterpret_cast<const G*>(a.data<In>());
     const G* pb = reinterpret_cast<const G*>(b.data<In>());
-    T* py = y->data<T>();
     const int64_t rows = s.batch * s.m;
     cuda::LtGemm& gemm = device->gemm();
     if constexpr (std::is_same_v<T, float>) {
@@ -280,7 +287,49 @@ class CudaMatmulBiasKernel : public CudaBiasGemmAttrsKernel {
                                                   device->stream()),
                       "matmul_bias");
   }
+};
 
+// (y, z) = (gelu(z), a @ op(b) + bias) with gelu's tanh form
+// (passes/fuse_epilogues): one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue
+// for float y and z (F32 operands, or BF16/F16 operands into F32), z its aux
+// output. Where cuBLASLt has no such algorithm for the shape (or N is not a
+// multiple of 8, the aux's leading dimension), and for F64: matmul_bias's
+// kernel into z, then the gelu kernel's tanh form (unary.cu) into y, the
+// unfused ops' bits.
+template <typename In, typename T>
+class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
+ public:
+  explicit CudaMatmulBiasGeluKernel(const KernelDef& def) : CudaMatmulBiasKernel<In, T>(def) {}
+
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& bias = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), this->tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
+    T* py = y->data<T>();
+    T* pz = z->data<T>();
+    const int64_t rows = s.batch * s.m;
+    if constexpr (std::is_same_v<T, float>) {
+      using G = typename GemmType<In>::type;
+      const G* pa = reinterpret_cast<const G*>(a.data<In>());
+      const G* pb = reinterpret_cast<const G*>(b.data<In>());
+      cuda::LtGemm& gemm = device->gemm();
+      absl::Status fused;
+      if constexpr (std::is_same_v<In, float>) {
+        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream(),
+                                    this->tf32_);
+      } else {
+        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream());
+      }
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
+    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, pz));
+    return CudaStatus(cuda::LaunchUnary(cuda::UnaryOp::kGeluTanh, py, pz, rows * s.n, device->stream()),
+                      "matmul_bias_gelu");
+  }
 };
 
 // db and dbias for y = a @ op(b) + bias (passes/fuse_epilogues): one
@@ -457,6 +506,12 @@ STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F32, (InitFactory<CudaMatmulB
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F64, (InitFactory<CudaMatmulBiasKernel<double, double>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, BF16, (InitFactory<CudaMatmulBiasKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CUDA, F16, (InitFactory<CudaMatmulBiasKernel<float16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, F32, (InitFactory<CudaMatmulBiasGeluKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, F64,
+                       (InitFactory<CudaMatmulBiasGeluKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, BF16,
+                       (InitFactory<CudaMatmulBiasGeluKernel<bfloat16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, F16, (InitFactory<CudaMatmulBiasGeluKernel<float16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulBiasGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F64, InitFactory<CudaMatmulBiasGradBKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, BF16, InitFactory<CudaMatmulBiasGradBKernel<bfloat16>>());
@@ -467,6 +522,8 @@ STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CUDA, MatmulSharedBGr
 STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CUDA, MatmulSharedBGradBWorkspace);
 STRATA_REGISTER_WORKSPACE("matmul_accumulate", DEVICE_CUDA, MatmulAccumulateWorkspace);
 STRATA_REGISTER_WORKSPACE("matmul_bias", DEVICE_CUDA, MatmulBiasWorkspace);
+// The same GEMM (fused or the fallback's), the same staging scratch.
+STRATA_REGISTER_WORKSPACE("matmul_bias_gelu", DEVICE_CUDA, MatmulBiasWorkspace);
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F32, InitFactory<CudaMatmulAccumulateKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_accumulate", DEVICE_CUDA, F64, InitFactory<CudaMatmulAccumulateKernel<double>>());
 

@@ -130,6 +130,22 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
                                                              &bias_type, sizeof(bias_type)),
                               "set bias type");
   }
+  if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // The aux (z) is laid out as c, unstaged: its leading dimension is our
+    // n (cuBLASLt's rows), a multiple of 8 (MatmulImpl checked). Its type
+    // defaults to D's (c_type): float z for float c, bf16 operands included.
+    const int64_t aux_ld = key.n;
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+        "set aux ld");
+    // The heuristic does not dereference the aux pointer, only reads its
+    // alignment (cublasLt.h): a stand-in address with the real one's
+    // alignment picks the algorithm; Launch sets the real pointer.
+    const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(key.alignment_aux));
+    STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                             &stand_in, sizeof(stand_in)),
+                              "set aux pointer");
+  }
 
   // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
   // [m, k] or [k, m]; c is [m, n].
@@ -292,6 +308,31 @@ absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfl
                     b, bias, m, n, k, false, transpose_b, stream);
 }
 
+absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,
+                                    int64_t n, int64_t k, bool transpose_b, cudaStream_t stream, bool tf32) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true,
+                    z);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const __half* a, const __half* b, const float* bias, int64_t m,
+                                    int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true,
+                    z);
+}
+
 namespace {
 cublasLtEpilogue_t BiasGradEpilogue(LtGemm::BiasGradOf of) {
   // cuBLASLt's A is our b, its B our a.
@@ -378,13 +419,18 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage) {
+                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
   }
   if (batch > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("GEMM batch over 2^31 - 1: ", batch));
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
+  if (aux != nullptr && (n % 8 != 0 || Alignment(aux) < 16 || bias == nullptr || batch != 1)) {
+    // cuBLASLt's aux leading dimension must be a multiple of 8; the caller falls back.
+    return absl::UnimplementedError(absl::StrCat("GELU_AUX_BIAS epilogue for n=", n, " (aux ld must be a multiple of 8)",
+                                                 " or an aux not 16-byte aligned"));
+  }
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
     if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back
     if (accumulate) return absl::OkStatus();                                                      // c += 0
@@ -419,16 +465,18 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
 
   // The plan first: where cuBLASLt has no algorithm (an epilogue the caller
   // then runs apart) nothing has been copied.
-  absl::StatusOr<Plan*> plan = GetPlan(
+  PlanKey key =
       KeyFor(type, c_type, compute, scale_type, bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT, batch, m, n, k,
-             transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch));
+             transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch);
+  if (aux != nullptr) key.alignment_aux = Alignment(aux);
+  absl::StatusOr<Plan*> plan = GetPlan(key);
   absl::Status status = plan.status();
   if (status.ok() && staging.stage_a)
     status = Copy2D(const_cast<void*>(a_used), staging.a_pitch, a, a_cols, a_rows, a_cols, ab_bytes, stream);
   if (status.ok() && staging.stage_b)
     status = Copy2D(const_cast<void*>(b_used), staging.b_pitch, b, b_cols, b_rows, b_cols, ab_bytes, stream);
   if (status.ok() && staging.stage_c && accumulate) status = Copy2D(c_used, staging.c_pitch, c, n, m, n, cb, stream);
-  if (status.ok()) status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, stream);
+  if (status.ok()) status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream);
   if (status.ok() && staging.stage_c) status = Copy2D(c, n, c_used, staging.c_pitch, m, n, cb, stream);
   if (scratch != nullptr) scratch_->Free(scratch, static_cast<size_t>(staging.scratch_bytes));
   return status;
@@ -486,11 +534,16 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
 }
 
 absl::Status LtGemm::Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
-                            const void* bias, cudaStream_t stream) {
+                            const void* bias, void* aux, cudaStream_t stream) {
   if (bias != nullptr) {
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
         "set bias pointer");
+  }
+  if (aux != nullptr) {
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+        "set aux pointer");
   }
   // cuBLASLt's A is our b, its B our a, its C and D our c.
   STRATA_LT_RETURN_IF_ERROR(

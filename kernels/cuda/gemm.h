@@ -87,6 +87,21 @@ class LtGemm {
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_b, cudaStream_t stream);
 
+  // c [m, n] = gelu(z) and z [m, n] = op(a) @ op(b) + bias from one GEMM
+  // (cuBLASLt's GELU_AUX_BIAS epilogue, z its aux output, the pre-activation
+  // the backward's gelu_grad reads). cuBLASLt's GELU is the tanh form
+  // (gelu's approximate "tanh"). float, or bf16/fp16 operands into float c
+  // and z (FP32 products and sums; the aux takes c's type). Unimplemented
+  // where cuBLASLt has no such algorithm for the shape, or n is not a
+  // multiple of 8 (the aux's leading dimension must be) or z is not 16-byte
+  // aligned: the caller falls back to MatmulBias and a separate gelu.
+  absl::Status MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,
+                              int64_t n, int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
+  absl::Status MatmulBiasGelu(float* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
+                              int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  absl::Status MatmulBiasGelu(float* c, float* z, const __half* a, const __half* b, const float* bias, int64_t m,
+                              int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+
   // c [m, n] = op(a) @ op(b) and, from the same GEMM, bias_grad = the sums
   // over k of one operand (cuBLASLt's bias-gradient epilogues): of op(a),
   // bias_grad [m] (kA, BGRADB in cuBLASLt's terms, whose B is our a), or of
@@ -151,25 +166,28 @@ class LtGemm {
   struct PlanKey {
     cudaDataType_t type;          // of a and b
     cudaDataType_t c_type;        // of c (and of the bias or bias gradient)
-    cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, BGRADA or BGRADB
+    cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, GELU_AUX_BIAS, BGRADA or BGRADB
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
     int64_t batch, m, n, k;     // batch 1: one product
     bool transpose_a, transpose_b;
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
+    uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's z (the heuristic reads the aux pointer's alignment)
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
       return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
-                      x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c) ==
+                      x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c,
+                      x.alignment_aux) ==
              std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
-                      y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c);
+                      y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c,
+                      y.alignment_aux);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
       return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
                         key.n, key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b,
-                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c);
+                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
@@ -181,12 +199,13 @@ class LtGemm {
   // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it. stage:
   // misaligned rows may go through scratch (set_scratch_allocator); the
   // batched calls (attention's, whose workspace counts no such scratch) pass
-  // false.
+  // false. aux: GELU_AUX_BIAS's z ([m, n], rows n apart), else null.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, int64_t batch = 1,
-                          cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true);
+                          cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true,
+                          void* aux = nullptr);
 
   // The plan key of a GEMM on these operands, whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).
@@ -199,7 +218,7 @@ class LtGemm {
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
   // The cublasLtMatmul call itself.
   absl::Status Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
-                      const void* bias, cudaStream_t stream);
+                      const void* bias, void* aux, cudaStream_t stream);
 
   cublasLtHandle_t handle_;
   void* workspace_;
