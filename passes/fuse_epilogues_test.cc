@@ -68,6 +68,18 @@ bool Declared(const Program& p, const std::string& var) {
   return std::any_of(p.var().begin(), p.var().end(), [&](const Var& v) { return v.name() == var; });
 }
 
+// Mlp with fc1's relu replaced by a gelu of the given form ("" for no attr).
+std::string GeluMlp(const std::string& approximate, const std::string& extra_ops = "",
+                    const std::string& fields = "") {
+  std::string text = Mlp("", extra_ops, fields);
+  const std::string relu = R"pb(op { type: "relu" input: ["y1"] output: ["h"] })pb";
+  const std::string attr =
+      approximate.empty() ? "" : absl::StrCat(R"pb( attr { key: "approximate" value { s: ")pb", approximate, "\" } }");
+  const std::string gelu = absl::StrCat(R"pb(op { type: "gelu" input: ["y1"] output: ["h"])pb", attr, " }");
+  text.replace(text.find(relu), relu.size(), gelu);
+  return text;
+}
+
 TEST(FuseEpiloguesTest, RunsAfterAutodiffForGpuPlansOnly) {
   const std::vector<std::string> gpu = CompilePassNames(Strategy(), DEVICE_CUDA);
   const auto at = [&](const std::string& n) { return std::find(gpu.begin(), gpu.end(), n) - gpu.begin(); };
@@ -105,6 +117,70 @@ TEST(FuseEpiloguesTest, FusesMatmulThenBiasAdd) {
   EXPECT_FALSE(Declared(after, "xw1"));
   EXPECT_FALSE(Declared(after, "xw2"));
   EXPECT_EQ(after.op_size(), before.op_size() - 4);
+}
+
+// matmul -> add -> gelu (tanh form) becomes one matmul_bias_gelu writing the
+// gelu's output and the pre-activation, which the backward's gelu_grad still
+// reads; nothing else in the program changes.
+TEST(FuseEpiloguesTest, FusesMatmulBiasThenTanhGelu) {
+  const Program before = DumpAfter(GeluMlp("tanh"), Strategy(), "autodiff");
+  const Program after = DumpAfter(GeluMlp("tanh"), Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_bias_gelu"), 1);
+  EXPECT_EQ(Count(after, "matmul_bias"), 1);  // fc2: no gelu after it
+  EXPECT_EQ(Count(after, "gelu"), 0);
+  EXPECT_EQ(Count(after, "gelu_grad"), 1);
+  const Op* h = Writer(after, "h");
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->type(), "matmul_bias_gelu");
+  EXPECT_EQ(std::vector<std::string>(h->input().begin(), h->input().end()),
+            (std::vector<std::string>{"x", "w1", "b1"}));
+  EXPECT_EQ(std::vector<std::string>(h->output().begin(), h->output().end()), (std::vector<std::string>{"h", "y1"}));
+  EXPECT_FALSE(h->attr().at("transpose_b").b());
+  EXPECT_FALSE(h->attr().at("allow_tf32").b());
+  EXPECT_TRUE(Declared(after, "y1"));
+  for (const Op& op : after.op()) {
+    if (op.type() == "gelu_grad") {
+      EXPECT_EQ(op.input(0), "y1");
+      EXPECT_EQ(op.attr().at("approximate").s(), "tanh");
+    }
+  }
+  // matmul and add of fc1 and fc2 (4 ops) and the gelu go; one matmul_bias and
+  // one matmul_bias_gelu come; the backward's two GEMM + sum pairs fuse too.
+  EXPECT_EQ(after.op_size(), before.op_size() - 5 + 2 - 2);
+}
+
+// Under BF16 the F32 gelu reads matmul_bias's F32 output (the BF16 product
+// never rounded): the same fusion, with BF16 operands.
+TEST(FuseEpiloguesTest, FusesTheTanhGeluUnderMixedPrecision) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const Program after = DumpAfter(GeluMlp("tanh"), bf16, "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_bias_gelu"), 1);
+  EXPECT_EQ(Count(after, "gelu"), 0);
+  const Op* h = Writer(after, "h");
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->type(), "matmul_bias_gelu");
+  EXPECT_NE(h->input(0), "x");  // x's BF16 cast
+}
+
+// Not fused: the erf form (cuBLASLt's GELU is the tanh one), a pre-activation
+// with a reader other than the gelu and its gelu_grad.
+TEST(FuseEpiloguesTest, LeavesGelusItCannotFuse) {
+  for (const std::string form : {"", "none"}) {
+    SCOPED_TRACE(form);
+    const Program after = DumpAfter(GeluMlp(form), Strategy(), "fuse-epilogues");
+    EXPECT_EQ(Count(after, "matmul_bias_gelu"), 0);
+    EXPECT_EQ(Count(after, "matmul_bias"), 2);
+    EXPECT_EQ(Count(after, "gelu"), 1);
+  }
+  const Program read = DumpAfter(
+      GeluMlp("tanh", R"pb(op { type: "reduce_mean" input: ["y1"] output: ["y1_mean"] })pb", R"pb(fetch: "y1_mean")pb"),
+      Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(read, "matmul_bias_gelu"), 0);
+  EXPECT_EQ(Count(read, "gelu"), 1);
+  const Op* y1 = Writer(read, "y1");
+  ASSERT_NE(y1, nullptr);
+  EXPECT_EQ(y1->type(), "matmul_bias");
 }
 
 // Under BF16 mixed precision: matmul (BF16) -> cast to F32 -> add becomes

@@ -8,6 +8,10 @@
 // op keeps the product in float where the unfused one rounds it to bf16, so
 // there the runs differ by bf16 roundings, bounded below.
 //
+// The tiny GPT's MLP (matmul -> add -> gelu in the tanh form, strata gen
+// gpt's default) becomes matmul_bias_gelu, whose CPU kernel computes z as
+// matmul_bias does and y with the gelu kernel's function: the same bits.
+//
 // The same runs cover the bias gradient's fusion into the weight gradient's
 // GEMM (matmul_bias_grad_b, whose CPU kernel runs the unfused GEMM and sum):
 // each test first checks that the GPU plans it trains have the fused ops.
@@ -77,15 +81,35 @@ TEST(FuseEpiloguesParityTest, ResMlpFusedEqualsUnfusedBitForBit) {
 TEST(FuseEpiloguesParityTest, GptFusedEqualsUnfusedBitForBit) {
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
-  // Every linear layer of every block: qkv, the attention's projection, fc and proj.
+  // Every linear layer of every block: qkv, the attention's projection, fc and proj;
+  // fc with its tanh-form gelu (strata gen gpt's default) as matmul_bias_gelu.
   EXPECT_GE(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), 4);
-  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), FusedOps(*program, Strategy(), 4, "matmul_bias"));
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 2);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 0);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"),
+            FusedOps(*program, Strategy(), 4, "matmul_bias") + FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"));
   auto plain = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(plain.ok()) << plain.status();
   auto fused = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CUDA));
   ASSERT_TRUE(fused.ok()) << fused.status();
   ExpectBitIdentical(*fused, *plain);
   EXPECT_LT(plain->losses.back(), plain->losses.front());
+}
+
+// The erf form is not cuBLASLt's GELU: its matmul -> add still fuses to
+// matmul_bias, the gelu stays, and the run is the unfused one's bit for bit.
+TEST(FuseEpiloguesParityTest, GptWithErfGeluKeepsItsGeluAndTrainsBitForBit) {
+  GenOptions gen = TinyGpt("F32");
+  gen.gelu = "erf";
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 0);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 2);
+  auto plain = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CPU));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto fused = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CUDA));
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectBitIdentical(*fused, *plain);
 }
 
 // The fused ops are placed on their stages like the adds they replace.
@@ -98,6 +122,7 @@ TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
   strategy.mutable_pipeline()->set_accumulate_steps(3);
   strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
   EXPECT_GT(FusedOps(*program, strategy, 6, "matmul_bias_grad_b"), 0);
+  EXPECT_EQ(FusedOps(*program, strategy, 6, "matmul_bias_gelu"), 2);  // F64, one per stage's block
   auto single = TrainSingleDevice(*program, 6, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(single.ok()) << single.status();
   auto fused = TrainParallel(*program, strategy, Tokens(10, DEVICE_CUDA));
@@ -121,6 +146,8 @@ TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
   EXPECT_GT(FusedOps(*program, bf16, 4, "matmul_bias_grad_b"), 0);
+  // The BF16 product goes to the F32 pre-activation, which the F32 gelu reads: fused too.
+  EXPECT_EQ(FusedOps(*program, bf16, 4, "matmul_bias_gelu"), 2);
   ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);
   plain_options.batch_size = fused_options.batch_size = 4;
   auto plain = TrainParallel(*program, bf16, plain_options);

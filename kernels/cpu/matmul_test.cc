@@ -342,6 +342,44 @@ TEST(MatmulBiasTest, EqualsMatmulThenAdd) {
   EXPECT_THAT(refused.message(), HasSubstr("bias"));
 }
 
+// matmul_bias_gelu (the GPU plans' matmul_bias fused with a tanh-form gelu):
+// z has matmul_bias's bits and y the gelu kernel's over z, in F32, F64 and
+// with BF16 operands (F32 y and z).
+TEST(MatmulBiasGeluTest, EqualsMatmulBiasThenTanhGelu) {
+  for (DataType dtype : {F32, F64, BF16}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " transpose_b=", tb));
+      const DataType out = dtype == BF16 ? F32 : dtype;
+      const Tensor a = Make(dtype, {2, 5, 7}, 1), b = Make(dtype, tb ? Shape{3, 7} : Shape{7, 3}, 2),
+                   bias = Make(out, {3}, 3);
+      const std::string tb_attr =
+          absl::StrCat("attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
+      std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}};
+      const std::string fused = R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"] )";
+      ASSERT_TRUE(RunOp(ParseOp(absl::StrCat(fused, tb_attr)), &env).ok());
+      std::map<std::string, Tensor> ref{{"a", a}, {"b", b}, {"bias", bias}};
+      ASSERT_TRUE(
+          RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["z"] )", tb_attr)), &ref)
+              .ok());
+      ASSERT_TRUE(RunOp(ParseOp(R"(type: "gelu" input: ["z"] output: ["y"]
+                                   attr { key: "approximate" value { s: "tanh" } })"),
+                        &ref)
+                      .ok());
+      EXPECT_EQ(env["z"].dtype(), out);
+      EXPECT_EQ(env["y"].dtype(), out);
+      EXPECT_EQ(env["y"].shape(), (Shape{2, 5, 3}));
+      EXPECT_EQ(TensorValues(env["z"]), TensorValues(ref["z"]));
+      EXPECT_EQ(TensorValues(env["y"]), TensorValues(ref["y"]));
+    }
+  }
+  // gelu has F32 and F64 kernels only: an F16 bias (F16 y) is refused by the schema.
+  std::map<std::string, Tensor> bad{
+      {"a", Make(F16, {4, 6}, 4)}, {"b", Make(F16, {6, 5}, 5)}, {"bias", Make(F16, {5}, 6)}};
+  auto refused = RunOp(ParseOp(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])"), &bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("gelu needs F32 or F64"));
+}
+
 // matmul_bias_grad_b (the GPU plans' weight-gradient GEMM fused with the
 // bias's sum): in F32 and F64 db has the bits of matmul_shared_b_grad_b (and
 // of the 2-D transposed matmul autodiff writes for a 2-D a) and dbias those of
