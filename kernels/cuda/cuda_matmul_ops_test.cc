@@ -1,5 +1,6 @@
-// The CUDA kernels of matmul_shared_b_grad_a, matmul_shared_b_grad_b and
-// matmul_accumulate (kernels/cuda/cuda_ops.cc, through cuBLASLt) against the
+// The CUDA kernels of matmul_shared_b_grad_a, matmul_shared_b_grad_b,
+// matmul_accumulate and the epilogue-fused matmul_bias, matmul_bias_gelu and
+// matmul_bias_grad_b (kernels/cuda/cuda_ops.cc, through cuBLASLt) against the
 // CPU kernels (kernels/cpu/matmul.cc, through OpenBLAS). Tagged gpu: without
 // a CUDA device every test FAILS (never skips).
 //
@@ -39,6 +40,7 @@ STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
                                                  {"matmul_shared_b_grad_b", {F32, F64, BF16, F16}},
                                                  {"matmul_accumulate", {F32, F64}},
                                                  {"matmul_bias", {F32, F64, BF16, F16}},
+                                                 {"matmul_bias_gelu", {F32, F64, BF16, F16}},
                                                  {"matmul_bias_grad_b", {F32, F64, BF16, F16}},
                                              });
 
@@ -198,6 +200,65 @@ TEST_F(CudaOpsTest, MatmulBiasMatchesTheCpu) {
           RunKernel(ParseOp(op), F64, {&abs_a, &abs_b, &abs_bias}, RunContext());
       ASSERT_TRUE(magnitude.ok()) << magnitude.status();
       EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, *magnitude, out == F64 ? 1e-13 : 1e-5));
+    }
+  }
+}
+
+// matmul_bias_gelu (matmul_bias fused with a tanh-form gelu): F32 and
+// BF16/F16 operands through cuBLASLt's GELU_AUX_BIAS (z its aux output) where
+// N is a multiple of 8, else (N = 13 below) and for F64 matmul_bias's kernel
+// then unary.cu's gelu. z within matmul_bias's GEMM bound. y = gelu(z):
+// |gelu'| <= 1.13, so z's difference carries over times 1.13; and cuBLASLt's
+// epilogue may evaluate tanh with a hardware approximation (PTX tanh.approx's
+// relative error is about 2^-11, an assumption about what the library uses,
+// not its documentation), hence 0.5 |z| 2^-10 more in F32 and BF16/F16.
+TEST_F(CudaOpsTest, MatmulBiasGeluMatchesTheCpu) {
+  struct GeluCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const GeluCase cases[] = {{{8, 33, 100}, {100, 24}, false},
+                            {{64, 17}, {40, 17}, true},
+                            {{5, 12}, {12, 13}, false},
+                            {{2, 128, 256}, {256, 1024}, false}};
+  for (DataType dtype : {F32, F64, BF16, F16}) {
+    for (const GeluCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " tb=",
+                                c.transpose_b));
+      const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+      const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 41));
+      const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 42));
+      const DataType out = IsHalfFloating(dtype) ? F32 : dtype;
+      const Tensor bias = MakeTensor(out, {n}, Uniform(n, 43));
+      const std::string tb = absl::StrCat(" attr { key: \"transpose_b\" value { b: ", c.transpose_b ? "true" : "false",
+                                          " } }");
+      const std::string op =
+          absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])", tb);
+      auto both = RunBothNamed(op, {{"a", a}, {"b", b}, {"bias", bias}}, {"y", "z"});
+      ASSERT_EQ(both.size(), 2u);
+      const auto& [y_cpu, y_gpu] = both[0];
+      const auto& [z_cpu, z_gpu] = both[1];
+      ASSERT_EQ(y_gpu.dtype(), out);
+      ASSERT_EQ(z_gpu.dtype(), out);
+      const Tensor abs_a = testing::AbsF64(a), abs_b = testing::AbsF64(b), abs_bias = testing::AbsF64(bias);
+      const absl::StatusOr<Tensor> magnitude =
+          RunKernel(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: "y")", tb)), F64,
+                    {&abs_a, &abs_b, &abs_bias}, RunContext());
+      ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+      const double tol = out == F64 ? 1e-13 : 1e-5;
+      EXPECT_TRUE(testing::WithinErrorBound(z_gpu, z_cpu, *magnitude, tol));
+      const std::vector<double> yc = TensorValues(y_cpu), yg = TensorValues(y_gpu), zc = TensorValues(z_cpu),
+                                mag = TensorValues(*magnitude);
+      const double tanh_rel = out == F64 ? 0 : std::ldexp(1.0, -10);
+      int bad = 0;
+      for (size_t i = 0; i < yc.size(); ++i) {
+        const double bound = 1.13 * (tol * mag[i] + 1e-6) + 0.5 * std::abs(zc[i]) * tanh_rel + tol * std::abs(yc[i]);
+        if (!(std::abs(yg[i] - yc[i]) <= bound) && bad++ < 5) {
+          ADD_FAILURE() << "y[" << i << "]: gpu " << yg[i] << " cpu " << yc[i] << " (z " << zc[i] << "), bound "
+                        << bound;
+        }
+      }
+      EXPECT_EQ(bad, 0);
     }
   }
 }
