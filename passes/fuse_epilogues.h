@@ -25,6 +25,14 @@ namespace strata {
 // the GEMM, the bits of matmul then add (the fusion test's parity holds bit
 // for bit there).
 //
+// A matmul_bias whose output z only a tanh-form gelu reads (besides the
+// backward's gelu_grad of that form) becomes, with the gelu, one
+// matmul_bias_gelu writing the gelu's y and z, cuBLASLt's GELU_AUX_BIAS
+// epilogue (its GELU is the tanh form; the erf form is left as it is). z
+// keeps its name for the gelu_grad. Under mixed precision the F32 gelu reads
+// the fused matmul_bias's F32 output, so it fuses the same way. On the CPU
+// the fused kernel is matmul_bias's then gelu's: the unfused bits.
+//
 // The bias gradient goes into the weight gradient's GEMM the same way (after
 // the forward fusion): sum_to_like(dy, bias) to a 1-D [N] and the weight
 // gradient's GEMM over the same dy (matmul_shared_b_grad_b(x, dy) without

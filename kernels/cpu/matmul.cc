@@ -254,8 +254,8 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
   explicit MatmulBiasGeluKernel(const KernelDef& def) : MatmulBiasKernel<In, T>(def) {}
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_ASSIGN_OR_RETURN(
-        MatmulShape s, InferMatmulBiasShape(ctx.input(0).shape(), ctx.input(1).shape(), ctx.input(2).shape(), this->tb_));
+    const Shape &a = ctx.input(0).shape(), &b = ctx.input(1).shape(), &bias = ctx.input(2).shape();
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a, b, bias, this->tb_));
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
     STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(ctx, s, z));

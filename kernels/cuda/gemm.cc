@@ -142,9 +142,10 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
     // alignment (cublasLt.h): a stand-in address with the real one's
     // alignment picks the algorithm; Launch sets the real pointer.
     const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(key.alignment_aux));
-    STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                             &stand_in, sizeof(stand_in)),
-                              "set aux pointer");
+    STRATA_LT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &stand_in,
+                                       sizeof(stand_in)),
+        "set aux pointer");
   }
 
   // Stored shapes (row-major): b is [k, n] or, transposed, [n, k]; a is
@@ -426,10 +427,10 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   }
   if (batch > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("GEMM batch over 2^31 - 1: ", batch));
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
-  if (aux != nullptr && (n % 8 != 0 || Alignment(aux) < 16 || bias == nullptr || batch != 1)) {
-    // cuBLASLt's aux leading dimension must be a multiple of 8; the caller falls back.
-    return absl::UnimplementedError(absl::StrCat("GELU_AUX_BIAS epilogue for n=", n, " (aux ld must be a multiple of 8)",
-                                                 " or an aux not 16-byte aligned"));
+  if (aux != nullptr && (n % 8 != 0 || bias == nullptr || batch != 1)) {
+    // cuBLASLt's aux leading dimension (our n) must be a multiple of 8; the caller falls back.
+    return absl::UnimplementedError(
+        absl::StrCat("GELU_AUX_BIAS epilogue for n=", n, ": the aux leading dimension must be a multiple of 8"));
   }
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
     if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back

@@ -92,9 +92,9 @@ class LtGemm {
   // the backward's gelu_grad reads). cuBLASLt's GELU is the tanh form
   // (gelu's approximate "tanh"). float, or bf16/fp16 operands into float c
   // and z (FP32 products and sums; the aux takes c's type). Unimplemented
-  // where cuBLASLt has no such algorithm for the shape, or n is not a
-  // multiple of 8 (the aux's leading dimension must be) or z is not 16-byte
-  // aligned: the caller falls back to MatmulBias and a separate gelu.
+  // where cuBLASLt has no such algorithm for the shape (its heuristic also
+  // sees z's alignment), or n is not a multiple of 8 (the aux's leading
+  // dimension must be): the caller falls back to MatmulBias and a gelu.
   absl::Status MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,
                               int64_t n, int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
   absl::Status MatmulBiasGelu(float* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
