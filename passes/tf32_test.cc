@@ -16,6 +16,7 @@ const std::set<std::string> kFamily = {"matmul",
                                        "matmul_shared_b_grad_b",
                                        "matmul_accumulate",
                                        "matmul_bias",
+                                       "matmul_bias_gelu",
                                        "matmul_bias_grad_b",
                                        "scaled_dot_product_attention",
                                        "scaled_dot_product_attention_grad"};
