@@ -10,8 +10,8 @@ namespace strata {
 
 // The strategy's `allow_tf32: true`, for plans made for a GPU: every matmul
 // of the family (matmul, its shared-b gradients, matmul_accumulate,
-// matmul_bias, matmul_bias_gelu) whose operands are F32 gets `allow_tf32: true`, and its CUDA
-// kernel asks cuBLASLt for CUBLAS_COMPUTE_32F_FAST_TF32. A per-op precision,
+// matmul_bias, matmul_bias_gelu) whose operands are F32 gets `allow_tf32:
+// true`, and its CUDA kernel asks cuBLASLt for CUBLAS_COMPUTE_32F_FAST_TF32. A per-op precision,
 // as XLA's dot carries its PrecisionConfig: the plan says which GEMMs may
 // round, where PyTorch's flag is process-wide. Runs last in the program
 // pipeline, so the gradients autodiff made are marked too (the micro-batch
