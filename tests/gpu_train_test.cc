@@ -131,7 +131,10 @@ absl::StatusOr<TrainReport> TrainGraphCase(const std::string& model, const GenOp
   auto compiled = Compile(*program, strategy, copts);
   if (!compiled.ok()) return compiled.status();
   TrainOptions options;
-  options.data = model == "gpt" ? "synthetic:vocab=256,size=512" : "synthetic:classes=10,size=512";
+  // The MLP's epochs are 4 steps, each ending with an evaluation between
+  // the replays (eager, on the general memory pool).
+  options.data = model == "gpt" ? "synthetic:vocab=256,size=512" : "synthetic:classes=10,size=64";
+  if (model != "gpt") options.eval_data = "synthetic:classes=10,size=64,test";
   options.steps = 8;
   options.seed = 5;
   options.progress = false;
@@ -154,6 +157,8 @@ void ExpectGraphsTrainTheEagerBits(const std::string& model, const GenOptions& g
     EXPECT_EQ(graphed->steps[i].loss, eager->steps[i].loss) << "step " << i + 1;
   }
   EXPECT_EQ(graphed->final_state, eager->final_state);
+  ASSERT_EQ(graphed->evals.size(), eager->evals.size());
+  for (size_t i = 0; i < eager->evals.size(); ++i) EXPECT_EQ(graphed->evals[i].loss, eager->evals[i].loss);
 }
 
 TEST_F(GpuTrainTest, CudaGraphStepsTrainTheEagerBits) {
