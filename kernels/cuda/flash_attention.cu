@@ -1,0 +1,504 @@
+// Tensor-core flash attention for 16-bit q, k, v: see flash_attention.h.
+// WMMA fragments are opaque, so each warp's scores go through its own float
+// scratch in shared memory, where a lane pair owns a row (lane / 2, half the
+// columns each) for the row-wise softmax; the forward's output rows are float
+// registers in the same layout, so the per-row rescale needs no fragment map.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_math.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+using namespace nvcuda;  // NOLINT: wmma's fragment names read better unqualified
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpRows = 16;              // rows a warp owns, one WMMA tile tall
+constexpr int kBlock = flash::kBlockRows;  // = kWarps * kWarpRows
+constexpr int kTile = flash::kTileRows;    // columns of a warp's score tile
+constexpr int kTileHalf = kTile / 2;       // score columns a lane owns
+constexpr int kLdP = kTile + 8;            // 16-bit P and dS tiles (padded against bank conflicts)
+constexpr int kLdDp = kTile + 4;           // float dP tiles
+static_assert(kBlock == kWarps * kWarpRows, "a warp owns 16 of the block's rows");
+
+// Row strides (elements) of the [rows, kD] 16-bit tiles and of a warp's float
+// scratch (scores, then output rows). WMMA wants 32-byte aligned tile starts
+// and strides of 16 bytes: every offset below is a multiple of 16 rows or
+// 16 columns of these.
+template <int kD>
+constexpr int kLd = kD + 8;
+template <int kD>
+constexpr int kLdF = (kD > kTile ? kD : kTile) + 4;
+
+template <typename G>
+__device__ inline G FromFloat(float x);
+template <>
+__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ inline __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+template <typename G>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, G, wmma::row_major>;
+template <typename G>
+using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, G, wmma::row_major>;
+// A row-major [n, kD] tile read as its transpose [kD, n].
+template <typename G>
+using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, G, wmma::col_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Rows [row0, row0 + kBlock) of a [T, kD] matrix into shared `dst` (stride
+// kLd<kD>), zeros past T; by the whole block. `vec`: src is 16-byte aligned,
+// so rows move as 16-byte words.
+template <typename G, int kD>
+__device__ inline void LoadRows(G* dst, const G* src, int64_t row0, int64_t T, bool vec) {
+  constexpr int ld = kLd<kD>;
+  if (vec) {
+    constexpr int kWords = kD / 8;
+    for (int idx = threadIdx.x; idx < kBlock * kWords; idx += kThreads) {
+      const int r = idx / kWords, w = idx % kWords;
+      uint4 word = make_uint4(0, 0, 0, 0);
+      if (row0 + r < T) word = *reinterpret_cast<const uint4*>(src + (row0 + r) * kD + w * 8);
+      *reinterpret_cast<uint4*>(dst + r * ld + w * 8) = word;
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kBlock * kD; idx += kThreads) {
+      const int r = idx / kD, d = idx % kD;
+      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * kD + d] : FromFloat<G>(0.0f);
+    }
+  }
+}
+
+// A warp's 16 x kD float rows in `f` (stride kLdF) to rows [row0, row0 + 16)
+// of a [T, kD] matrix, times `factor`, rounded once; rows past T dropped.
+template <typename G, int kD>
+__device__ inline void StoreRows(G* dst, const float* f, int64_t row0, int64_t T, float factor) {
+  constexpr int ldf = kLdF<kD>;
+  const int lane = threadIdx.x % 32;
+  for (int idx = lane; idx < kWarpRows * kD; idx += 32) {
+    const int r = idx / kD, d = idx % kD;
+    if (row0 + r < T) dst[(row0 + r) * kD + d] = FromFloat<G>(f[r * ldf + d] * factor);
+  }
+}
+
+constexpr size_t ForwardShared(int kD) {
+  return sizeof(uint16_t) * (2 * kTile * (kD + 8) + kWarps * kWarpRows * kLdP) +
+         sizeof(float) * kWarps * kWarpRows * ((kD > kTile ? kD : kTile) + 4);
+}
+
+// grid (query blocks, heads), kThreads. Shared: the k and v tiles [kTile][kLd]
+// (q passes through the k tile once, into each warp's fragments), a warp's P
+// [16][kLdP] and float scratch [16][kLdF].
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec) {
+  constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
+  constexpr int kOut = kD / 2;  // output columns a lane owns
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* ks = reinterpret_cast<G*>(smem);
+  G* vs = ks + kTile * ld;
+  G* ps = vs + kTile * ld;
+  float* fs = reinterpret_cast<float*>(ps + kWarps * kWarpRows * kLdP);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 2, half = lane % 2;  // the lane's row of the warp, and which half of its columns
+  G* pw = ps + warp * kWarpRows * kLdP;
+  float* fw = fs + warp * kWarpRows * ldf;
+  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
+
+  LoadRows<G, kD>(ks, q + off, q0, T, vec);
+  __syncthreads();
+  FragA<G> qf[kD / 16];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) wmma::load_matrix_sync(qf[kk], ks + warp * kWarpRows * ld + kk * 16, ld);
+
+  float o[kOut];
+#pragma unroll
+  for (int c = 0; c < kOut; ++c) o[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int64_t end = flash::KeyEnd(q0, T, causal);
+  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous tiles (and q)
+    LoadRows<G, kD>(ks, k + off, k0, T, vec);
+    LoadRows<G, kD>(vs, v + off, k0, T, vec);
+    __syncthreads();
+    // S = q k^T, the warp's 16 x kTile.
+#pragma unroll
+    for (int n = 0; n < kTile / 16; ++n) {
+      FragAcc acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        FragBCol<G> kf;
+        wmma::load_matrix_sync(kf, ks + n * 16 * ld + kk * 16, ld);
+        wmma::mma_sync(acc, qf[kk], kf, acc);
+      }
+      wmma::store_matrix_sync(fw + n * 16, acc, ldf, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Scale and mask in float, then the online softmax; the lane pair of a
+    // row combines its halves with one shuffle each.
+    float s[kTileHalf];
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int t = 0; t < kTileHalf; ++t) {
+      const int c = half * kTileHalf + t;
+      s[t] = flash::Visible(i, k0 + c, T, causal) ? scale * fw[r * ldf + c] : -INFINITY;
+      tile_max = fmaxf(tile_max, s[t]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    const float new_m = flash::NewMax(m, tile_max);
+    const float correction = flash::Rescale(m, new_m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kTileHalf; ++t) {
+      const float p = flash::Prob(s[t], new_m);
+      sum += p;  // l sums the float probabilities, P v their 16-bit roundings (FlashAttention's)
+      pw[r * kLdP + half * kTileHalf + t] = FromFloat<G>(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * correction + sum;
+    m = new_m;
+    __syncwarp();
+    // The tile's P v, 16 x kD, into the scratch (the scores are spent).
+#pragma unroll
+    for (int n = 0; n < kD / 16; ++n) {
+      FragAcc acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        FragA<G> pf;
+        FragBRow<G> vf;
+        wmma::load_matrix_sync(pf, pw + kk * 16, kLdP);
+        wmma::load_matrix_sync(vf, vs + kk * 16 * ld + n * 16, ld);
+        wmma::mma_sync(acc, pf, vf, acc);
+      }
+      wmma::store_matrix_sync(fw + n * 16, acc, ldf, wmma::mem_row_major);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < kOut; ++c) o[c] = o[c] * correction + fw[r * ldf + half * kOut + c];
+    __syncwarp();  // the next tile's scores overwrite the scratch
+  }
+  if (i >= T) return;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int c = 0; c < kOut; ++c) y[off + i * kD + half * kOut + c] = FromFloat<G>(o[c] * inv);
+  if (half == 0) lse[head * T + i] = flash::Lse(m, l);
+}
+
+// The backward's shared memory: four [kTile][kLd] 16-bit tiles, lse and di of
+// a query tile (dk/dv kernel), a warp's P and dS [16][kLdP], its float
+// scratch [16][kLdF] and dP [16][kLdDp].
+constexpr size_t GradShared(int kD) {
+  return sizeof(uint16_t) * (4 * kTile * (kD + 8) + 2 * kWarps * kWarpRows * kLdP) + sizeof(float) * 2 * kTile +
+         sizeof(float) * kWarps * kWarpRows * ((kD > kTile ? kD : kTile) + 4 + kLdDp);
+}
+
+// S (in fw) and dP (in dpw) of a warp: a_rows x b_rows^T and c_rows x
+// d_rows^T, 16 x kTile each, a and c the warp's 16 rows of [.][kLd] tiles, b
+// and d [kTile][kLd] tiles.
+template <typename G, int kD>
+__device__ inline void ScoresAndScoreGrads(float* fw, float* dpw, const G* a, const G* b, const G* c, const G* d) {
+  constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
+#pragma unroll
+  for (int n = 0; n < kTile / 16; ++n) {
+    FragAcc s, dp;
+    wmma::fill_fragment(s, 0.0f);
+    wmma::fill_fragment(dp, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      FragA<G> af, cf;
+      FragBCol<G> bf, df;
+      wmma::load_matrix_sync(af, a + kk * 16, ld);
+      wmma::load_matrix_sync(bf, b + n * 16 * ld + kk * 16, ld);
+      wmma::mma_sync(s, af, bf, s);
+      wmma::load_matrix_sync(cf, c + kk * 16, ld);
+      wmma::load_matrix_sync(df, d + n * 16 * ld + kk * 16, ld);
+      wmma::mma_sync(dp, cf, df, dp);
+    }
+    wmma::store_matrix_sync(fw + n * 16, s, ldf, wmma::mem_row_major);
+    wmma::store_matrix_sync(dpw + n * 16, dp, kLdDp, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += a (the warp's [16][kLdP] 16-bit tile) x b ([kTile][kLd] tile), n
+// over kD's 16-column blocks.
+template <typename G, int kD>
+__device__ inline void AccumulateProduct(FragAcc* acc, const G* a, const G* b) {
+  constexpr int ld = kLd<kD>;
+#pragma unroll
+  for (int n = 0; n < kD / 16; ++n) {
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragA<G> af;
+      FragBRow<G> bf;
+      wmma::load_matrix_sync(af, a + kk * 16, kLdP);
+      wmma::load_matrix_sync(bf, b + kk * 16 * ld + n * 16, ld);
+      wmma::mma_sync(acc[n], af, bf, acc[n]);
+    }
+  }
+}
+
+// The warp's float accumulators through its scratch to rows [row0, row0 + 16)
+// of dst, times factor.
+template <typename G, int kD>
+__device__ inline void StoreAccumulators(G* dst, FragAcc* acc, float* fw, int64_t row0, int64_t T, float factor) {
+  constexpr int ldf = kLdF<kD>;
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < kD / 16; ++n) wmma::store_matrix_sync(fw + n * 16, acc[n], ldf, wmma::mem_row_major);
+  __syncwarp();
+  StoreRows<G, kD>(dst, fw, row0, T, factor);
+  __syncwarp();
+}
+
+// grid (key blocks, heads), kThreads; a warp owns 16 keys. Per query tile:
+// S^T = k q^T and dP^T = v dy^T, P^T = exp(scale S^T - lse) and
+// dS^T = P^T (dP^T - di) rounded to G, dv += P^T dy, dk += dS^T q.
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashGradKV(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                int64_t T, float scale, bool causal, bool vec) {
+  constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* ks = reinterpret_cast<G*>(smem);
+  G* vs = ks + kTile * ld;
+  G* qs = vs + kTile * ld;
+  G* dys = qs + kTile * ld;
+  G* ps = dys + kTile * ld;
+  G* dss = ps + kWarps * kWarpRows * kLdP;
+  float* lses = reinterpret_cast<float*>(dss + kWarps * kWarpRows * kLdP);
+  float* dis = lses + kTile;
+  float* fs = dis + kTile;
+  float* dps = fs + kWarps * kWarpRows * ldf;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 2, half = lane % 2;
+  G* pw = ps + warp * kWarpRows * kLdP;
+  G* dsw = dss + warp * kWarpRows * kLdP;
+  float* fw = fs + warp * kWarpRows * ldf;
+  float* dpw = dps + warp * kWarpRows * kLdDp;
+  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t j = k0 + warp * kWarpRows + r;  // the lane's key row
+
+  LoadRows<G, kD>(ks, k + off, k0, T, vec);
+  LoadRows<G, kD>(vs, v + off, k0, T, vec);
+  FragAcc dk_acc[kD / 16], dv_acc[kD / 16];
+#pragma unroll
+  for (int n = 0; n < kD / 16; ++n) {
+    wmma::fill_fragment(dk_acc[n], 0.0f);
+    wmma::fill_fragment(dv_acc[n], 0.0f);
+  }
+  for (int64_t i0 = flash::QueryBegin(k0, causal); i0 < T; i0 += kTile) {
+    __syncthreads();  // every warp is done with the previous query tile
+    LoadRows<G, kD>(qs, q + off, i0, T, vec);
+    LoadRows<G, kD>(dys, dy + off, i0, T, vec);
+    for (int t = threadIdx.x; t < kTile; t += kThreads) {
+      lses[t] = i0 + t < T ? lse[head * T + i0 + t] : 0.0f;
+      dis[t] = i0 + t < T ? di[head * T + i0 + t] : 0.0f;
+    }
+    __syncthreads();
+    ScoresAndScoreGrads<G, kD>(fw, dpw, ks + warp * kWarpRows * ld, qs, vs + warp * kWarpRows * ld, dys);
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < kTileHalf; ++t) {
+      const int c = half * kTileHalf + t;
+      const float p =
+          flash::Visible(i0 + c, j, T, causal) ? flash::BackwardProb(scale * fw[r * ldf + c], lses[c]) : 0.0f;
+      pw[r * kLdP + c] = FromFloat<G>(p);
+      dsw[r * kLdP + c] = FromFloat<G>(flash::ScoreGrad(p, dpw[r * kLdDp + c], dis[c]));
+    }
+    __syncwarp();
+    AccumulateProduct<G, kD>(dv_acc, pw, dys);
+    AccumulateProduct<G, kD>(dk_acc, dsw, qs);
+  }
+  const int64_t row0 = k0 + warp * kWarpRows;
+  StoreAccumulators<G, kD>(dk + off, dk_acc, fw, row0, T, scale);
+  StoreAccumulators<G, kD>(dv + off, dv_acc, fw, row0, T, 1.0f);
+}
+
+// grid (query blocks, heads), kThreads; a warp owns 16 queries. Per key tile:
+// S = q k^T and dP = dy v^T, dS = exp(scale S - lse) (dP - di) rounded to G,
+// dq += dS k.
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashGradQ(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
+               float scale, bool causal, bool vec) {
+  constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* qs = reinterpret_cast<G*>(smem);
+  G* dys = qs + kTile * ld;
+  G* ks = dys + kTile * ld;
+  G* vs = ks + kTile * ld;
+  G* dss = vs + kTile * ld + kWarps * kWarpRows * kLdP;  // the layout of GradShared; P's tile unused here
+  float* fs = reinterpret_cast<float*>(dss + kWarps * kWarpRows * kLdP) + 2 * kTile;
+  float* dps = fs + kWarps * kWarpRows * ldf;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 2, half = lane % 2;
+  G* dsw = dss + warp * kWarpRows * kLdP;
+  float* fw = fs + warp * kWarpRows * ldf;
+  float* dpw = dps + warp * kWarpRows * kLdDp;
+  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
+  const float row_lse = i < T ? lse[head * T + i] : 0.0f;
+  const float row_di = i < T ? di[head * T + i] : 0.0f;
+
+  LoadRows<G, kD>(qs, q + off, q0, T, vec);
+  LoadRows<G, kD>(dys, dy + off, q0, T, vec);
+  FragAcc dq_acc[kD / 16];
+#pragma unroll
+  for (int n = 0; n < kD / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
+  const int64_t end = flash::KeyEnd(q0, T, causal);
+  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
+    __syncthreads();
+    LoadRows<G, kD>(ks, k + off, k0, T, vec);
+    LoadRows<G, kD>(vs, v + off, k0, T, vec);
+    __syncthreads();
+    ScoresAndScoreGrads<G, kD>(fw, dpw, qs + warp * kWarpRows * ld, ks, dys + warp * kWarpRows * ld, vs);
+    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < kTileHalf; ++t) {
+      const int c = half * kTileHalf + t;
+      const float p =
+          flash::Visible(i, k0 + c, T, causal) ? flash::BackwardProb(scale * fw[r * ldf + c], row_lse) : 0.0f;
+      dsw[r * kLdP + c] = FromFloat<G>(flash::ScoreGrad(p, dpw[r * kLdDp + c], row_di));
+    }
+    __syncwarp();
+    AccumulateProduct<G, kD>(dq_acc, dsw, ks);
+  }
+  StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale);
+}
+
+// Opts `kernel` into `shared` bytes of dynamic shared memory on the current
+// device, once per device (`done`: a bit per device), so launches inside a
+// CUDA-graph capture make no attribute call after the first eager run.
+template <typename Kernel>
+cudaError_t AllowShared(Kernel kernel, size_t shared, std::atomic<uint64_t>& done) {
+  if (shared <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+      e != cudaSuccess) {
+    return e;
+  }
+  done.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
+dim3 Grid(int64_t T, int64_t heads) {
+  return dim3(static_cast<unsigned>((T + kBlock - 1) / kBlock), static_cast<unsigned>(heads));
+}
+
+// Whether every pointer is 16-byte aligned (rows then move as 16-byte words:
+// kD is a multiple of 8).
+template <typename... P>
+bool Aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
+template <typename G, int kD>
+cudaError_t ForwardD(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, float scale,
+                     bool causal, cudaStream_t stream) {
+  static std::atomic<uint64_t> done{0};
+  constexpr size_t shared = ForwardShared(kD);
+  if (cudaError_t e = AllowShared(FlashForward<G, kD>, shared, done); e != cudaSuccess) return e;
+  FlashForward<G, kD>
+      <<<Grid(T, heads), kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, Aligned16(q, k, v));
+  return cudaGetLastError();
+}
+
+template <typename G>
+cudaError_t Forward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, int64_t D,
+                    float scale, bool causal, cudaStream_t stream) {
+  if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
+  if (heads == 0 || T == 0) return cudaSuccess;
+  switch (D) {
+    case 32:
+      return ForwardD<G, 32>(y, lse, q, k, v, heads, T, scale, causal, stream);
+    case 64:
+      return ForwardD<G, 64>(y, lse, q, k, v, heads, T, scale, causal, stream);
+    default:
+      return ForwardD<G, 128>(y, lse, q, k, v, heads, T, scale, causal, stream);
+  }
+}
+
+template <typename G, int kD>
+cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy,
+                  const float* di, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream) {
+  static std::atomic<uint64_t> kv_done{0}, q_done{0};
+  constexpr size_t shared = GradShared(kD);
+  const bool vec = Aligned16(q, k, v, dy);
+  if (cudaError_t e = AllowShared(FlashGradKV<G, kD>, shared, kv_done); e != cudaSuccess) return e;
+  FlashGradKV<G, kD><<<Grid(T, heads), kThreads, shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (cudaError_t e = AllowShared(FlashGradQ<G, kD>, shared, q_done); e != cudaSuccess) return e;
+  FlashGradQ<G, kD><<<Grid(T, heads), kThreads, shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec);
+  return cudaGetLastError();
+}
+
+template <typename G>
+cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const G* y, const float* lse, const G* dy,
+                 const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
+                 cudaStream_t stream) {
+  if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
+  if (heads == 0 || T == 0) return cudaSuccess;
+  if (cudaError_t e = LaunchAttentionRowDots(di, y, dy, dlse, heads * T, D, stream); e != cudaSuccess) return e;
+  switch (D) {
+    case 32:
+      return GradD<G, 32>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+    case 64:
+      return GradD<G, 64>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+    default:
+      return GradD<G, 128>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchFlashAttention(__nv_bfloat16* y, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                 const __nv_bfloat16* v, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
+                                 cudaStream_t stream) {
+  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream);
+}
+cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const __half* k, const __half* v,
+                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream) {
+  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream);
+}
+
+cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* q,
+                                     const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
+                                     const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
+                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal,
+                                     cudaStream_t stream) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream);
+}
+cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
+                                     const __half* v, const __half* y, const float* lse, const __half* dy,
+                                     const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
+                                     bool causal, cudaStream_t stream) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream);
+}
+
+}  // namespace cuda
+}  // namespace strata

@@ -1,0 +1,74 @@
+#ifndef STRATA_KERNELS_CUDA_FLASH_ATTENTION_H_
+#define STRATA_KERNELS_CUDA_FLASH_ATTENTION_H_
+
+// scaled_dot_product_attention and its gradient for bf16 and fp16 q, k, v on
+// tensor cores, FlashAttention-2's way: the [T, T] scores never reach memory.
+// Layout as attention.h: q, k, v, y, dy [heads, T, D] row-major; lse, dlse
+// and di [heads, T] in float. Head sizes 32, 64 and 128 (others keep the GEMM
+// path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
+//
+// - Forward: a block of 4 warps owns 64 query rows (16 a warp, their q held in
+//   WMMA fragments) and walks 64-key tiles of k and v in shared memory, up to
+//   the diagonal when causal. Per tile a warp computes S = q k^T (16x16x16
+//   WMMA, float sums) into shared memory, scales and masks it in float, moves
+//   each row's running max m and sum l (two lanes a row), rounds
+//   P = exp(S - m) to q's type for P v, and rescales its float output rows.
+//   y = acc / l is rounded once; lse = m + log(l) in float.
+// - Backward, without atomics (runs repeat bit for bit): di = rowsum(dy * y)
+//   - dlse (attention.h's LaunchAttentionRowDots, in double); a kernel over
+//   64-key blocks (a warp owns 16 keys, walks the query tiles that see them,
+//   recomputes P = exp(scale k q^T - lse) and dS = P (dP - di), accumulates
+//   dv += P^T dy and dk += dS^T q in WMMA fragments); a kernel over 64-query
+//   blocks for dq = scale dS k the same way. P (for dv) and dS are rounded to
+//   q's type for their products, as on the GEMM path.
+//
+// Shared memory: 36 to 76 KiB forward, 73 to 137 KiB backward; above 48 KiB
+// each kernel opts in once per device.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace strata {
+namespace cuda {
+
+// Whether bf16 and fp16 attention takes these kernels where the head size
+// allows (the default); false sends it to the GEMM path (attention.h), so the
+// tests can run every case on both.
+inline std::atomic<bool>& FlashTensorCoreAttention() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// Head sizes with a kernel instantiation.
+inline bool FlashTensorCoreHeadDim(int64_t D) { return D == 32 || D == 64 || D == 128; }
+
+// At most this many heads (grid.y).
+inline constexpr int64_t kFlashMaxHeads = 65535;
+
+// y, lse [heads, T] (float) from q, k, v. scale: the scores' factor.
+cudaError_t LaunchFlashAttention(__nv_bfloat16* y, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                 const __nv_bfloat16* v, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
+                                 cudaStream_t stream);
+cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const __half* k, const __half* v,
+                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream);
+
+// dq, dk, dv from q, k, v, y, lse, dy and dlse (null: no gradient reaches
+// lse). `di`: scratch of attention.h's AttentionGradScratch(heads, T) floats.
+cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* q,
+                                     const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
+                                     const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
+                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal,
+                                     cudaStream_t stream);
+cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
+                                     const __half* v, const __half* y, const float* lse, const __half* dy,
+                                     const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
+                                     bool causal, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CUDA_FLASH_ATTENTION_H_

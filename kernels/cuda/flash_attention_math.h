@@ -1,0 +1,65 @@
+#ifndef STRATA_KERNELS_CUDA_FLASH_ATTENTION_MATH_H_
+#define STRATA_KERNELS_CUDA_FLASH_ATTENTION_MATH_H_
+
+// The tensor-core flash attention's (flash_attention.cu) tile bounds, causal
+// mask and online-softmax steps as __host__ __device__ functions: the kernels
+// call exactly these, and flash_attention_math_test.cc checks them on the CPU
+// (the kernels themselves need a GPU).
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/host_device.h"
+
+namespace strata {
+namespace cuda {
+namespace flash {
+
+// Rows a block owns (queries in the forward and dq, keys in dk and dv) and
+// rows of the shared-memory tiles it walks (keys, resp. queries). Equal, so a
+// causal block's diagonal tile starts at its own first row.
+inline constexpr int kBlockRows = 64;
+inline constexpr int kTileRows = 64;
+
+// Keys [0, end) the query block starting at q0 sees: all T, or when causal up
+// to its last row (every later tile lies above the diagonal and is skipped).
+STRATA_HOST_DEVICE inline int64_t KeyEnd(int64_t q0, int64_t T, bool causal) {
+  if (!causal) return T;
+  return q0 + kBlockRows < T ? q0 + kBlockRows : T;
+}
+
+// The first query tile that sees any key of the key block starting at k0:
+// earlier tiles lie above the diagonal when causal.
+STRATA_HOST_DEVICE inline int64_t QueryBegin(int64_t k0, bool causal) {
+  return causal ? k0 / kTileRows * kTileRows : 0;
+}
+
+// Whether query i sees key j: both real rows (tiles are zero-padded past T),
+// and j <= i when causal. Every other score is masked.
+STRATA_HOST_DEVICE inline bool Visible(int64_t i, int64_t j, int64_t T, bool causal) {
+  return i < T && j < T && (!causal || j <= i);
+}
+
+// Online softmax (FlashAttention's): a row keeps its running max m and sum l
+// of exp(s - m); a tile with max tile_max moves m to max(m, tile_max) and
+// multiplies l and the output accumulator by Rescale(m, new_m). A row that has
+// seen only masked scores keeps m = -inf and factor 1 (no -inf - -inf NaN).
+STRATA_HOST_DEVICE inline float NewMax(float m, float tile_max) { return m > tile_max ? m : tile_max; }
+STRATA_HOST_DEVICE inline float Rescale(float m, float new_m) {
+  return new_m == -INFINITY ? 1.0f : kernel_math::Exp(m - new_m);
+}
+// One score's unnormalized probability under the running max (masked: 0).
+STRATA_HOST_DEVICE inline float Prob(float s, float m) { return s == -INFINITY ? 0.0f : kernel_math::Exp(s - m); }
+// The row's logsumexp at the end (the backward's P = exp(s - lse)).
+STRATA_HOST_DEVICE inline float Lse(float m, float l) { return m + kernel_math::Log(l); }
+
+// The backward's probability again from the forward's lse, and dS: as the
+// GEMM path (attention.cu's AttentionProbs, AttentionScoreGrad) in float.
+STRATA_HOST_DEVICE inline float BackwardProb(float s, float lse) { return kernel_math::Exp(s - lse); }
+STRATA_HOST_DEVICE inline float ScoreGrad(float p, float dp, float di) { return p * (dp - di); }
+
+}  // namespace flash
+}  // namespace cuda
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CUDA_FLASH_ATTENTION_MATH_H_
