@@ -1,6 +1,8 @@
 // CUDA kernels of scaled_dot_product_attention and its gradient
 // (kernels/cuda/attention.cu): the GEMM path over chunks of heads where their
-// scores fit the budget of attention.h, else the flash kernels; with the attrs, operand checks and messages of
+// scores fit the budget of attention.h, else the flash kernels; bf16 and fp16
+// heads of 32, 64 or 128 take the tensor-core flash kernels
+// (flash_attention.h); with the attrs, operand checks and messages of
 // kernels/cpu/attention.cc. Heads of 0 or more than cuda::kMaxHeadDim elements,
 // and more than 65535 (batch x heads), are refused naming the limit.
 
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
@@ -84,6 +87,13 @@ int64_t ScoreBytes(DataType dtype, bool grad) {
 // Heads per chunk of the GEMM path; 0: the flash kernels (F32, F64).
 int64_t ChunkHeads(DataType dtype, bool grad, int64_t heads, int64_t T) {
   return cuda::AttentionChunkHeads(heads, T, ScoreBytes(dtype, grad), 1);
+}
+
+// Whether 16-bit q [.., heads, .., D] takes the tensor-core flash kernels
+// (else the GEMM path): one rule for the kernels and the workspace.
+bool FlashTensorCorePath(DataType dtype, int64_t heads, int64_t D) {
+  return IsHalfFloating(dtype) && cuda::FlashTensorCoreAttention().load() && cuda::FlashTensorCoreHeadDim(D) &&
+         heads <= cuda::kFlashMaxHeads;
 }
 
 // The scratch tensor the GEMM path allocates for `chunk` heads: float for
@@ -202,9 +212,10 @@ absl::Status RefuseLongHalf(const char* op, int64_t T) {
                                                " bytes, four times for one head), got T = ", T));
 }
 
-// bf16 or fp16 q, k, v (mixed precision): the GEMM path, its products on
-// tensor cores with float sums; scores, softmax and lse in float, P rounded
-// to q's type for P v (as FlashAttention does), y rounded once.
+// bf16 or fp16 q, k, v (mixed precision): the tensor-core flash kernels
+// where they take the head size, else the GEMM path, its products on tensor
+// cores with float sums; on both, scores, softmax and lse in float, P
+// rounded to q's type for P v (as FlashAttention does), y rounded once.
 template <typename T>
 class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
  public:
@@ -220,19 +231,24 @@ class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
     STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, Shape{q.dim(0), q.dim(1), q.dim(2)}));
     const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
     if (heads * T_ == 0) return absl::OkStatus();
+    const G* pq = reinterpret_cast<const G*>(q.data<T>());
+    const G* pk = reinterpret_cast<const G*>(ctx.input(1).data<T>());
+    const G* pv = reinterpret_cast<const G*>(ctx.input(2).data<T>());
+    G* py = reinterpret_cast<G*>(y->data<T>());
+    const float scale = static_cast<float>(ScaleFor(D));
+    const cudaStream_t stream = device->stream();
+    if (FlashTensorCorePath(q.dtype(), heads, D)) {
+      return CudaStatus(cuda::LaunchFlashAttention(py, lse->data<float>(), pq, pk, pv, heads, T_, D, scale, causal_,
+                                                   stream),
+                        kOp);
+    }
     const int64_t chunk = ChunkHeads(q.dtype(), false, heads, T_);
     if (chunk == 0) return RefuseLongHalf(kOp, T_);
     const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), false, chunk, T_);
     STRATA_ASSIGN_OR_RETURN(Tensor scratch, Scratch(ctx, scratch_dtype, elements, kOp));
     float* s = scratch.data<float>();
     G* p = reinterpret_cast<G*>(s + chunk * T_ * T_);
-    const G* pq = reinterpret_cast<const G*>(q.data<T>());
-    const G* pk = reinterpret_cast<const G*>(ctx.input(1).data<T>());
-    const G* pv = reinterpret_cast<const G*>(ctx.input(2).data<T>());
-    G* py = reinterpret_cast<G*>(y->data<T>());
-    const float scale = static_cast<float>(ScaleFor(D));
     cuda::LtGemm& gemm = device->gemm();
-    const cudaStream_t stream = device->stream();
     for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
       const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
       STRATA_RETURN_IF_ERROR(gemm.BatchedMatmul(s, pq + off, pk + off, c, T_, T_, D, false, true, scale, stream));
@@ -244,9 +260,9 @@ class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
   }
 };
 
-// Its gradient: di and dP in float, dS = P (dP - di) in float rounded to q's
-// type for dq = scale dS k and dk = scale dS^T q; dv = P^T dy from P in q's
-// type.
+// Its gradient, on the forward's path: di and dP in float, dS = P (dP - di)
+// in float rounded to q's type for dq = scale dS k and dk = scale dS^T q;
+// dv = P^T dy from P in q's type.
 template <typename T>
 class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
  public:
@@ -265,14 +281,21 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     }
     const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
     if (heads * T_ == 0) return absl::OkStatus();
-    const int64_t chunk = ChunkHeads(q.dtype(), true, heads, T_);
-    if (chunk == 0) return RefuseLongHalf(kOp, T_);
+    const bool flash = FlashTensorCorePath(q.dtype(), heads, D);
+    const int64_t chunk = flash ? 0 : ChunkHeads(q.dtype(), true, heads, T_);
+    if (!flash && chunk == 0) return RefuseLongHalf(kOp, T_);
     const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
     const G *pq = at(0), *pk = at(1), *pv = at(2), *py = at(3), *pdy = at(5);
     const float* plse = ctx.input(4).data<float>();
     const float* dlse = ctx.num_inputs() > 6 ? ctx.input(6).data<float>() : nullptr;
     STRATA_ASSIGN_OR_RETURN(Tensor di, Scratch(ctx, F32, cuda::AttentionGradScratch(heads, T_), kOp));
     const cudaStream_t stream = device->stream();
+    const float scale = static_cast<float>(ScaleFor(D));
+    if (flash) {
+      return CudaStatus(cuda::LaunchFlashAttentionGrad(out[0], out[1], out[2], pq, pk, pv, py, plse, pdy, dlse,
+                                                       di.data<float>(), heads, T_, D, scale, causal_, stream),
+                        kOp);
+    }
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchAttentionRowDots(di.data<float>(), py, pdy, dlse, heads * T_, D, stream), kOp));
     const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), true, chunk, T_);
@@ -281,7 +304,6 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     float* p = scratch.data<float>();
     float* dp = p + n;
     G* h = reinterpret_cast<G*>(p + 2 * n);
-    const float scale = static_cast<float>(ScaleFor(D));
     cuda::LtGemm& gemm = device->gemm();
     for (int64_t h0 = 0; h0 < heads; h0 += chunk) {
       const int64_t c = std::min(chunk, heads - h0), off = h0 * T_ * D;
@@ -304,6 +326,7 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
 
 // Scratch for the memory plan: the forward's scores on the GEMM path; the
 // gradient's di (one element per query row) and, on the GEMM path, P and dS.
+// The tensor-core flash kernels (FlashTensorCorePath) need di only.
 absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
@@ -312,7 +335,7 @@ absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   // di, in lse's type (float for 16-bit q).
   const DataType lse = IsHalfFloating(dtype) ? F32 : dtype;
   int64_t bytes = grad ? cuda::AttentionGradScratch(heads, T) * static_cast<int64_t>(DataTypeSize(lse)) : 0;
-  const int64_t chunk = ChunkHeads(dtype, grad, heads, T);
+  const int64_t chunk = FlashTensorCorePath(dtype, heads, s[3]) ? 0 : ChunkHeads(dtype, grad, heads, T);
   if (chunk > 0) {
     const auto [scratch_dtype, elements] = ScoreScratch(dtype, grad, chunk, T);
     bytes += elements * static_cast<int64_t>(DataTypeSize(scratch_dtype));

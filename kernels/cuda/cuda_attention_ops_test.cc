@@ -28,6 +28,7 @@
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/cuda_op_test_util.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -234,38 +235,158 @@ TEST_F(CudaAttentionOpsTest, Tf32ProductsStayWithinTf32Rounding) {
   return Within(gpu, cpu, fraction * MaxAbs(cpu), std::max(MaxAbs(cpu), 1e-300), what);
 }
 
-// bf16 and fp16 q, k, v (mixed precision; the GEMM path only) against the
-// CPU's widened kernels on the same values: y, dq, dk, dv within 2e-2 of
-// the tensor's largest magnitude (issue 18's bf16 bar; the GPU rounds P and
-// dS to 16 bits for their products, the CPU keeps them in float); lse is
-// float on both and depends on float sums of exact products only: within
-// 1e-4 of its largest magnitude. dq and dk repeat bit for bit.
-TEST_F(CudaAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
-  for (DataType dtype : {BF16, F16}) {
-    for (const Case& c : {Case{2, 3, 100, 64, true, 0, false}, Case{1, 2, 77, 32, false, 0.3, true},
-                          Case{1, 4, 130, 96, true, 1.7, false}, Case{2, 12, 1024, 64, true, 0, false}}) {
-      SCOPED_TRACE(Name(c, dtype));
-      std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 31)},
-                                       {"k", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 32)},
-                                       {"v", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 33)},
-                                       {"dy", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, 34)}};
-      if (c.dlse) in["dlse"] = RandomTensor(F32, {c.B, c.H, c.T}, 35);
-      auto fwd = RunBothNamed(ForwardText(c), in, {"y", "lse"});
-      ASSERT_EQ(fwd.size(), 2u);
-      EXPECT_EQ(fwd[1].second.dtype(), F32);
-      EXPECT_TRUE(WithinOfLargest(fwd[0].second, fwd[0].first, 2e-2, "y"));
-      EXPECT_TRUE(WithinOfLargest(fwd[1].second, fwd[1].first, 1e-4, "lse"));
-      std::map<std::string, Tensor> grad_in = in;
-      grad_in["y"] = fwd[0].first;
-      grad_in["lse"] = fwd[1].first;
-      auto bwd = RunBothNamed(GradText(c), grad_in, {"dq", "dk", "dv"});
-      ASSERT_EQ(bwd.size(), 3u);
-      const char* names[] = {"dq", "dk", "dv"};
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(WithinOfLargest(bwd[i].second, bwd[i].first, 2e-2, names[i]));
-      EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dk"), bwd[1].second));
-      EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dq"), bwd[0].second));
+// Sets flash_attention.h's switch for one scope: bf16 and fp16 on the
+// tensor-core flash kernels (true, the default) or the GEMM path.
+class ScopedFlashTensorCore {
+ public:
+  explicit ScopedFlashTensorCore(bool on) : saved_(cuda::FlashTensorCoreAttention().exchange(on)) {}
+  ~ScopedFlashTensorCore() { cuda::FlashTensorCoreAttention().store(saved_); }
+
+ private:
+  bool saved_;
+};
+
+// The two 16-bit paths. Head sizes other than 32, 64 and 128 take the GEMM
+// path under either.
+struct HalfPath {
+  const char* name;
+  bool flash_tensor_cores;
+};
+constexpr HalfPath kHalfPaths[] = {{"tensor-core flash kernels", true}, {"GEMM path", false}};
+
+// 16-bit cases: head sizes 32, 64, 128 (the flash instantiations) and 96
+// (GEMM only), rows not a multiple of the 64-row blocks and tiles (1, 17,
+// 100, 257), causal and not, with and without dlse, several heads.
+const Case kHalfCases[] = {
+    {2, 3, 100, 64, true, 0, false},  {1, 2, 77, 32, false, 0.3, true}, {1, 4, 130, 96, true, 1.7, false},
+    {2, 12, 1024, 64, true, 0, false}, {1, 1, 1, 64, true, 0, true},     {1, 3, 17, 128, false, 0, true},
+    {2, 2, 257, 64, false, 0, false},  {1, 2, 257, 128, true, 0, true},  {1, 2, 100, 32, true, 0, false},
+    {1, 2, 200, 128, false, 0.05, false},
+};
+
+// Random 16-bit q, k, v, dy (and float dlse) for a case.
+std::map<std::string, Tensor> HalfInputs(const Case& c, DataType dtype, uint32_t seed) {
+  std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed)},
+                                   {"k", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 1)},
+                                   {"v", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 2)},
+                                   {"dy", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 3)}};
+  if (c.dlse) in["dlse"] = RandomTensor(F32, {c.B, c.H, c.T}, seed + 4);
+  return in;
+}
+
+class CudaHalfAttentionOpsTest : public CudaAttentionOpsTest {
+ protected:
+  // bf16 or fp16 on the path set now against the CPU's widened kernels on the
+  // same values: y, dq, dk, dv within 2e-2 of the tensor's largest magnitude
+  // (issue 18's bf16 bar; the GPU rounds P and dS to 16 bits for their
+  // products, the CPU keeps them in float); lse is float on both and depends
+  // on float sums of exact products only: within 1e-4 of its largest
+  // magnitude. The gradient (from the CPU's forward outputs) and the forward
+  // repeat bit for bit.
+  void CheckHalfAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
+    const std::map<std::string, Tensor> in = HalfInputs(c, dtype, seed);
+    auto fwd = RunBothNamed(ForwardText(c), in, {"y", "lse"});
+    ASSERT_EQ(fwd.size(), 2u);
+    EXPECT_EQ(fwd[1].second.dtype(), F32);
+    EXPECT_TRUE(WithinOfLargest(fwd[0].second, fwd[0].first, 2e-2, "y"));
+    EXPECT_TRUE(WithinOfLargest(fwd[1].second, fwd[1].first, 1e-4, "lse"));
+    EXPECT_TRUE(BitEqual(RunGpu(ForwardText(c), in, "y"), fwd[0].second));
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = fwd[0].first;
+    grad_in["lse"] = fwd[1].first;
+    auto bwd = RunBothNamed(GradText(c), grad_in, {"dq", "dk", "dv"});
+    ASSERT_EQ(bwd.size(), 3u);
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(WithinOfLargest(bwd[i].second, bwd[i].first, 2e-2, names[i]));
+    EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dk"), bwd[1].second));
+    EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dq"), bwd[0].second));
+    EXPECT_TRUE(BitEqual(RunGpu(GradText(c), grad_in, "dv"), bwd[2].second));
+  }
+
+  // {y, lse, dq, dk, dv} on the GPU's path set now, the gradient from the
+  // given forward outputs.
+  std::vector<Tensor> RunGpuHalf(const Case& c, const std::map<std::string, Tensor>& in, const Tensor& y,
+                                 const Tensor& lse) {
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = y;
+    grad_in["lse"] = lse;
+    return {RunGpu(ForwardText(c), in, "y"), RunGpu(ForwardText(c), in, "lse"), RunGpu(GradText(c), grad_in, "dq"),
+            RunGpu(GradText(c), grad_in, "dk"), RunGpu(GradText(c), grad_in, "dv")};
+  }
+};
+
+// Every 16-bit case on both paths against the CPU.
+TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
+  for (const HalfPath& path : kHalfPaths) {
+    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    for (DataType dtype : {BF16, F16}) {
+      for (const Case& c : kHalfCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
+        CheckHalfAgainstTheCpu(c, dtype, 31);
+      }
     }
   }
+}
+
+// The tensor-core flash kernels and the GEMM path on the same inputs (the
+// gradient from the same forward outputs): within the bf16 bar of each other.
+TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreAndGemmPathsAgree) {
+  for (DataType dtype : {BF16, F16}) {
+    for (const Case& c : kHalfCases) {
+      SCOPED_TRACE(Name(c, dtype));
+      const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 41);
+      std::vector<Tensor> gemm, flash;
+      {
+        ScopedFlashTensorCore path(false);
+        const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+        gemm = RunGpuHalf(c, in, y, lse);
+        ScopedFlashTensorCore on(true);
+        flash = RunGpuHalf(c, in, y, lse);
+      }
+      const char* names[] = {"y", "lse", "dq", "dk", "dv"};
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_TRUE(WithinOfLargest(flash[i], gemm[i], i == 1 ? 1e-4 : 2e-2, names[i]));
+      }
+    }
+  }
+}
+
+// A GPT-2 124M layer's attention as bench/gpt2.py runs it (batch 8, 12 heads
+// of 64, 1024 tokens, causal, bf16) on the tensor-core flash kernels.
+TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreGpt2LayerMatchesTheCpu) {
+  ScopedFlashTensorCore flash(true);
+  CheckHalfAgainstTheCpu(Case{8, 12, 1024, 64, true, 0, false}, BF16, 51);
+}
+
+// The memory plan counts the path's scratch: di only on the tensor-core
+// flash kernels, the [T, T] buffers too on the GEMM path (D = 96).
+TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreScratchIsDiOnly) {
+  ASSERT_TRUE(cuda::FlashTensorCoreAttention().load());  // the default
+  const WorkspaceFn* fwd = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention", DEVICE_CUDA);
+  const WorkspaceFn* grad = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention_grad", DEVICE_CUDA);
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(grad, nullptr);
+  KernelDef def;
+  def.input_types = {TensorType{BF16, {8, 12, 1024, 64}}};
+  EXPECT_EQ(*(*fwd)(def, 1), 0);
+  EXPECT_EQ(*(*grad)(def, 1), 8 * 12 * 1024 * 4);
+  def.input_types = {TensorType{F16, {8, 12, 1024, 96}}};
+  EXPECT_GT(*(*fwd)(def, 1), int64_t{8} * 12 * 1024 * 1024);
+  EXPECT_GT(*(*grad)(def, 1), int64_t{8} * 12 * 1024 * 1024);
+}
+
+// Past the GEMM path's budget (a 16-bit head over T = 10362 is refused
+// there), the tensor-core flash kernels still run: finite y, and a gradient.
+TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreTakesHeadsTooLongForTheGemmPath) {
+  const Case c{1, 1, 12000, 64, true, 0, false};
+  const std::map<std::string, Tensor> in = HalfInputs(c, BF16, 61);
+  const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+  for (double x : TensorValues(y)) ASSERT_TRUE(std::isfinite(x));
+  std::map<std::string, Tensor> grad_in = in;
+  grad_in["y"] = y;
+  grad_in["lse"] = lse;
+  const Tensor dq = RunGpu(GradText(c), grad_in, "dq");
+  for (double x : TensorValues(dq)) ASSERT_TRUE(std::isfinite(x));
 }
 
 // A GPT-2 layer's shape (batch 2, 12 heads of 64, 1024 tokens): the tiles
