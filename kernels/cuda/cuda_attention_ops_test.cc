@@ -361,7 +361,7 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreGpt2LayerMatchesTheCpu) {
 // The memory plan counts the path's scratch: di only on the tensor-core
 // flash kernels, the [T, T] buffers too on the GEMM path (D = 96).
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreScratchIsDiOnly) {
-  ASSERT_TRUE(cuda::FlashTensorCoreAttention().load());  // the default
+  ScopedFlashTensorCore flash(true);
   const WorkspaceFn* fwd = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention", DEVICE_CUDA);
   const WorkspaceFn* grad = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention_grad", DEVICE_CUDA);
   ASSERT_NE(fwd, nullptr);
@@ -378,6 +378,7 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreScratchIsDiOnly) {
 // Past the GEMM path's budget (a 16-bit head over T = 10362 is refused
 // there), the tensor-core flash kernels still run: finite y, and a gradient.
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreTakesHeadsTooLongForTheGemmPath) {
+  ScopedFlashTensorCore flash(true);
   const Case c{1, 1, 12000, 64, true, 0, false};
   const std::map<std::string, Tensor> in = HalfInputs(c, BF16, 61);
   const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
