@@ -109,6 +109,30 @@ TEST(MixedPrecisionTrainTest, Bf16GptFollowsFloat32) {
   EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
 }
 
+// The tiny GPT's program under BF16, compiled for `compile_for` (run on the
+// CPU's kernels) with and without the optional pass `pass`, trains the same
+// bits for 6 steps, and trains.
+void ExpectTheSameBitsWithoutPass(const Program& program, DeviceKind compile_for, const std::string& pass) {
+  ParityOptions options;
+  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  options.steps = 6;
+  options.batch_size = 4;
+  options.compile_for = compile_for;
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  options.disabled_passes = {pass};
+  auto plain = TrainParallel(program, bf16, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.disabled_passes.clear();
+  auto with = TrainParallel(program, bf16, options);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_EQ(with->losses.size(), 6u);
+  EXPECT_EQ(with->losses, plain->losses);
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(*with, *plain, &worst), 0.0) << worst;
+  EXPECT_LT(with->losses.back(), with->losses.front());
+}
+
 // passes/commute_casts moves the casts of q, k and v above their split and
 // transposes, and cancels the attention output's cast up and down around
 // its transpose: the same roundings of the same values, so the tiny GPT
@@ -117,23 +141,7 @@ TEST(MixedPrecisionTrainTest, Bf16GptFollowsFloat32) {
 TEST(MixedPrecisionTrainTest, CommutedCastsTrainTheSameBits) {
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
-  ParityOptions options;
-  options.data = "tokens:path=tests/testdata/license_tokens.u16";
-  options.steps = 6;
-  options.batch_size = 4;
-  Strategy bf16;
-  bf16.mutable_mixed_precision()->set_dtype(BF16);
-  options.disabled_passes = {"commute-casts"};
-  auto plain = TrainParallel(*program, bf16, options);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  options.disabled_passes.clear();
-  auto commuted = TrainParallel(*program, bf16, options);
-  ASSERT_TRUE(commuted.ok()) << commuted.status();
-  ASSERT_EQ(commuted->losses.size(), 6u);
-  EXPECT_EQ(commuted->losses, plain->losses);
-  std::string worst;
-  EXPECT_EQ(MaxWeightDifference(*commuted, *plain, &worst), 0.0) << worst;
-  EXPECT_LT(commuted->losses.back(), commuted->losses.front());
+  ExpectTheSameBitsWithoutPass(*program, DEVICE_CPU, "commute-casts");
 }
 
 // On a GPU plan commute-casts runs again after the epilogue fusion
@@ -161,22 +169,7 @@ TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) 
     return n;
   };
   EXPECT_EQ(casts({"commute-casts-backward"}) - casts({}), 2 * TinyGpt("F32").blocks);
-  ParityOptions options;
-  options.data = "tokens:path=tests/testdata/license_tokens.u16";
-  options.steps = 6;
-  options.batch_size = 4;
-  options.compile_for = DEVICE_CUDA;
-  options.disabled_passes = {"commute-casts-backward"};
-  auto plain = TrainParallel(*program, bf16, options);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  options.disabled_passes.clear();
-  auto commuted = TrainParallel(*program, bf16, options);
-  ASSERT_TRUE(commuted.ok()) << commuted.status();
-  ASSERT_EQ(commuted->losses.size(), 6u);
-  EXPECT_EQ(commuted->losses, plain->losses);
-  std::string worst;
-  EXPECT_EQ(MaxWeightDifference(*commuted, *plain, &worst), 0.0) << worst;
-  EXPECT_LT(commuted->losses.back(), commuted->losses.front());
+  ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "commute-casts-backward");
 }
 
 // The generated convnet (two 3x3 conv2d layers of 32 and 64 channels with
