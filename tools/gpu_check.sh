@@ -72,6 +72,10 @@ case "$mode" in
         --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5
       PYTHONUNBUFFERED=1 timeout 400 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
         2>&1 | tee "$out/gpt2.txt" | tail -12
+      # The tensor-core flash attention (off by default until cuda_ops_test has passed on a GPU): Strata's side
+      # against eager once more, to time it against the GEMM path's run above.
+      STRATA_TENSOR_CORE_ATTENTION=1 PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpt2.py \
+        --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager 2>&1 | tee "$out/gpt2_tc.txt" | tail -6
     fi
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]
