@@ -32,6 +32,7 @@ struct NcclRun {
   int device_transports = 0;  // over all ranks
   int comm_stream_waits = 0;  // ops the NcclCommunicators put on the devices' communication streams
   int transfers = 0;          // sends and receives over the fake NCCL
+  int collective_ops = 0;     // ops of the ranks' plans that name a group
   int live_streams = 0;       // the transfer pairs' streams left after the run
 };
 
@@ -63,6 +64,7 @@ absl::StatusOr<NcclRun> TrainOverFakeNccl(const Program& program, const Strategy
     }
     std::lock_guard<std::mutex> lock(mu);
     result.device_transports += comms->device_transports();
+    for (const Op& op : plan.program().op()) result.collective_ops += op.has_group() ? 1 : 0;
     comm_streams.push_back(device->comm_stream());
     return absl::OkStatus();
   };
@@ -101,7 +103,9 @@ TEST(DeviceCollectivesTest, DataParallelBucketsOverNcclTrainLikeOneDevice) {
   auto nccl = TrainOverFakeNccl(*program, dp, Options());
   ASSERT_TRUE(nccl.ok()) << nccl.status();
   EXPECT_EQ(nccl->device_transports, 2);  // the dp group on each rank
-  EXPECT_GT(nccl->comm_stream_waits, 0) << "no collective went over the fake NCCL";
+  // Each bucket's allreduce once a step, every one over the fake NCCL.
+  EXPECT_GT(nccl->collective_ops, 0);
+  EXPECT_EQ(nccl->comm_stream_waits, Options().steps * nccl->collective_ops);
   EXPECT_EQ(nccl->transfers, 0);
   EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
   EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
