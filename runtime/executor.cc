@@ -719,6 +719,16 @@ absl::Status Executor::RunStep(const MicroBatchFeeds& load, int64_t sample_offse
   return CaptureStep(load, sample_offset, rows, update);
 }
 
+absl::Status Executor::FillGraphFeeds(const MicroBatchFeeds& load) {
+  if (feeds_.empty()) return absl::OkStatus();
+  for (int mb = 0; mb < static_cast<int>(scopes_.size()); ++mb) {
+    auto loaded = load(mb);
+    if (!loaded.ok()) return loaded.status();
+    if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Executor::FillGraphFeeds(int micro_batch, const std::map<std::string, Tensor>& feeds) {
   graph_feeds_.resize(scopes_.size());
   for (const Var* v : feeds_) {
@@ -751,13 +761,7 @@ absl::Status Executor::FillGraphFeeds(int micro_batch, const std::map<std::strin
 }
 
 absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update) {
-  if (!feeds_.empty()) {
-    for (int mb = 0; mb < static_cast<int>(scopes_.size()); ++mb) {
-      auto loaded = load(mb);
-      if (!loaded.ok()) return loaded.status();
-      if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
-    }
-  }
+  if (absl::Status s = FillGraphFeeds(load); !s.ok()) return s;
   // The step's feeds, whether it is captured or, after a failure (which
   // drops graph_feeds_), run eagerly.
   const std::vector<std::map<std::string, Tensor>> step_feeds = graph_feeds_;
@@ -803,13 +807,7 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
 }
 
 absl::Status Executor::ReplayStep(StepGraph& graph, const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows) {
-  if (!feeds_.empty()) {
-    for (int mb = 0; mb < static_cast<int>(scopes_.size()); ++mb) {
-      auto loaded = load(mb);
-      if (!loaded.ok()) return loaded.status();
-      if (absl::Status s = FillGraphFeeds(mb, *loaded); !s.ok()) return s;
-    }
-  }
+  if (absl::Status s = FillGraphFeeds(load); !s.ok()) return s;
   // The graph copies the counters to the device itself.
   if (absl::Status s = WriteRandomCounters(sample_offset, rows); !s.ok()) return s;
   if (absl::Status s = graph.graph->Launch(); !s.ok()) return s;

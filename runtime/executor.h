@@ -175,6 +175,8 @@ class Executor {
   // Copies micro-batch `micro_batch`'s feeds into the fixed buffers the
   // graphs read (allocated the first time: page-locked for host feeds).
   absl::Status FillGraphFeeds(int micro_batch, const std::map<std::string, Tensor>& feeds);
+  // Every micro-batch's, as `load` gives them.
+  absl::Status FillGraphFeeds(const MicroBatchFeeds& load);
   // No graphs from now on, and why.
   void DisableGraphs(const std::string& reason);
   // Drops the captured graphs (their buffers' state was replaced); the next

@@ -163,15 +163,15 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // Every plan's collectives decide the groups, so all members of a group
   // agree on joining it.
   const std::vector<int> nccl_groups = CollectiveGroups(result.plans, env.rank);
-  if (nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl) &&
-      (!nccl_groups.empty() || !TransferPeers(plan).empty())) {
+  const bool transfers = !TransferPeers(plan).empty();
+  if (nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl) && (!nccl_groups.empty() || transfers)) {
     std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
     if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
     std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
     if (auto s = ConnectDeviceCollectives(nccl, *job_store, nccl_groups, device, ropts.timeout, &comms); !s.ok()) {
       return fail(s);
     }
-    if (!TransferPeers(plan).empty()) {
+    if (transfers) {
       if (auto s = ConnectDeviceTransfers(nccl, *job_store, plan, device, ropts.timeout, &comms); !s.ok()) {
         return fail(s);
       }

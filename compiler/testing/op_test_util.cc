@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -325,6 +326,23 @@ namespace {
 }
 
 }  // namespace
+
+::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << "got " << DataTypeName(got.dtype()) << ShapeString(got.shape())
+                                         << ", want " << DataTypeName(want.dtype()) << ShapeString(want.shape());
+  }
+  if (std::memcmp(got.raw_data(), want.raw_data(), got.bytes()) != 0) {
+    const std::vector<double> g = TensorValues(got), w = TensorValues(want);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << w[i];
+    }
+    return ::testing::AssertionFailure() << "bytes differ";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+Tensor As(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
 
 ::testing::AssertionResult TensorNear(const Tensor& actual, const Tensor& expected, double rel_tol) {
   if (!actual.defined()) return ::testing::AssertionFailure() << "actual tensor is undefined";

@@ -67,6 +67,14 @@ TensorType TypeOf(const Tensor& t);
 ::testing::AssertionResult TensorNear(const Tensor& actual, const std::vector<int64_t>& shape,
                                       const std::vector<double>& expected, double rel_tol);
 
+// Same dtype, same shape and the same bytes (the first differing element
+// named otherwise).
+::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want);
+
+// The same values in another dtype (exact where representable, else rounded
+// to nearest even).
+Tensor As(DataType dtype, const Tensor& t);
+
 #define EXPECT_TENSOR_NEAR(actual, expected, rel_tol) \
   EXPECT_TRUE(::strata::TensorNear((actual), (expected), (rel_tol)))
 

@@ -200,25 +200,6 @@ TEST(AttentionTest, LargeScoresStayFinite) {
   }
 }
 
-// Bit equality of two tensors of one type and shape.
-::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want) {
-  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
-    return ::testing::AssertionFailure() << "got " << DataTypeName(got.dtype()) << ShapeString(got.shape())
-                                         << ", want " << DataTypeName(want.dtype()) << ShapeString(want.shape());
-  }
-  if (std::memcmp(got.raw_data(), want.raw_data(), got.bytes()) != 0) {
-    const std::vector<double> g = TensorValues(got), w = TensorValues(want);
-    for (size_t i = 0; i < g.size(); ++i) {
-      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << w[i];
-    }
-    return ::testing::AssertionFailure() << "bytes differ";
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// The same values in another dtype (exact where they are representable; else rounded to nearest even).
-Tensor As(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
-
 // BF16 and F16 attention (mixed precision) run the F32 kernels on the widened
 // values: y, dq, dk, dv are the F32 results rounded to the low dtype, bit for
 // bit, and lse is F32, the F32 kernel's own. T = 70 spans two row blocks.

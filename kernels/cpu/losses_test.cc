@@ -54,25 +54,6 @@ TEST(SoftmaxCrossEntropyTest, BackwardMatchesTorch) {
   }
 }
 
-// Bit equality of two tensors of one type and shape.
-::testing::AssertionResult SameBits(const Tensor& got, const Tensor& want) {
-  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
-    return ::testing::AssertionFailure() << "got " << DataTypeName(got.dtype()) << ShapeString(got.shape())
-                                         << ", want " << DataTypeName(want.dtype()) << ShapeString(want.shape());
-  }
-  if (std::memcmp(got.raw_data(), want.raw_data(), got.bytes()) != 0) {
-    const std::vector<double> g = TensorValues(got), w = TensorValues(want);
-    for (size_t i = 0; i < g.size(); ++i) {
-      if (g[i] != w[i]) return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << w[i];
-    }
-    return ::testing::AssertionFailure() << "bytes differ";
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// The same values in another dtype (exact where representable, else rounded to nearest even).
-Tensor As(DataType dtype, const Tensor& t) { return MakeTensor(dtype, t.shape(), TensorValues(t)); }
-
 // BF16 / F16 logits (mixed precision: the loss reads the LM head's 16-bit
 // output): the loss is F32 and bit-equal to the F32 kernel's on the widened
 // logits; dlogits (from an F32 dloss) has the logits' dtype and is the F32

@@ -69,18 +69,35 @@ const char* UnaryGradOpName(cuda::UnaryGradOp op) {
   return "unary_grad";
 }
 
+// y = op(x) for the kernels below.
+template <typename T>
+absl::Status RunUnary(KernelContext& ctx, cuda::UnaryOp op) {
+  STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+  const Tensor& x = ctx.input(0);
+  STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+  return CudaStatus(cuda::LaunchUnary(op, y->data<T>(), x.data<T>(), x.num_elements(), device->stream()),
+                    UnaryOpName(op));
+}
+
+// dx = op(a, dy) for the kernels below.
+template <typename T>
+absl::Status RunUnaryGrad(KernelContext& ctx, cuda::UnaryGradOp op) {
+  STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+  const Tensor& a = ctx.input(0);
+  const Tensor& dy = ctx.input(1);
+  STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(a, dy));
+  STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<T>::value, a.shape()));
+  return CudaStatus(
+      cuda::LaunchUnaryGrad(op, dx->data<T>(), a.data<T>(), dy.data<T>(), a.num_elements(), device->stream()),
+      UnaryGradOpName(op));
+}
+
 // y = f(x), as kernels/cpu/elementwise.h's UnaryKernel.
 template <typename T, cuda::UnaryOp kOp>
 class CudaUnaryKernel : public OpKernel {
  public:
   explicit CudaUnaryKernel(const KernelDef&) {}
-  absl::Status Compute(KernelContext& ctx) override {
-    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
-    return CudaStatus(cuda::LaunchUnary(kOp, y->data<T>(), x.data<T>(), x.num_elements(), device->stream()),
-                      UnaryOpName(kOp));
-  }
+  absl::Status Compute(KernelContext& ctx) override { return RunUnary<T>(ctx, kOp); }
 };
 
 // dx = f(a, dy), as kernels/cpu/elementwise.h's SameShapeBinaryKernel.
@@ -88,16 +105,7 @@ template <typename T, cuda::UnaryGradOp kOp>
 class CudaUnaryGradKernel : public OpKernel {
  public:
   explicit CudaUnaryGradKernel(const KernelDef&) {}
-  absl::Status Compute(KernelContext& ctx) override {
-    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    const Tensor& a = ctx.input(0);
-    const Tensor& dy = ctx.input(1);
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(a, dy));
-    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<T>::value, a.shape()));
-    return CudaStatus(
-        cuda::LaunchUnaryGrad(kOp, dx->data<T>(), a.data<T>(), dy.data<T>(), a.num_elements(), device->stream()),
-        UnaryGradOpName(kOp));
-  }
+  absl::Status Compute(KernelContext& ctx) override { return RunUnaryGrad<T>(ctx, kOp); }
 };
 
 // gelu and gelu_grad: the form (approximate) read once at prepare time, then
@@ -107,11 +115,7 @@ class CudaGeluKernel : public GeluAttrKernel {
  public:
   using GeluAttrKernel::GeluAttrKernel;
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
-    const cuda::UnaryOp op = tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu;
-    return CudaStatus(cuda::LaunchUnary(op, y->data<T>(), x.data<T>(), x.num_elements(), device->stream()), "gelu");
+    return RunUnary<T>(ctx, tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu);
   }
 };
 
@@ -120,15 +124,7 @@ class CudaGeluGradKernel : public GeluAttrKernel {
  public:
   using GeluAttrKernel::GeluAttrKernel;
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    const Tensor& x = ctx.input(0);
-    const Tensor& dy = ctx.input(1);
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
-    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
-    const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
-    return CudaStatus(
-        cuda::LaunchUnaryGrad(op, dx->data<T>(), x.data<T>(), dy.data<T>(), x.num_elements(), device->stream()),
-        "gelu_grad");
+    return RunUnaryGrad<T>(ctx, tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad);
   }
 };
 
