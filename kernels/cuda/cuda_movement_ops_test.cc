@@ -233,6 +233,12 @@ TEST_F(CudaOpsTest, TransposeEqualsTheCpuBitForBit) {
       {{6, 7, 8}, {1, 2, 0}},
       {{70000, 2, 2}, {0, 2, 1}},
       {{33, 1, 1, 31}, {3, 1, 2, 0}},
+      // Heads in and out of attention: the last dim contiguous in both,
+      // moved in 16-, 8- or 4-byte chunks (kernels/copy_plan.h).
+      {{2, 16, 3, 64}, {0, 2, 1, 3}},
+      {{2, 3, 16, 64}, {0, 2, 1, 3}},
+      {{2, 5, 3, 4}, {0, 2, 1, 3}},
+      {{2, 5, 3, 3}, {0, 2, 1, 3}},
   };
   for (DataType dtype : kMoveDtypes) {
     for (const TransposeCase& c : cases) {
@@ -261,6 +267,8 @@ const PiecesCase kPiecesCases[] = {
     {{{40, 3000}, {40, 1000}}, -1}, {{{3, 0, 4}, {3, 5, 4}}, 1},
     {{{5}, {0}, {7}}, 0},           {{{2, 3, 4}, {2, 3, 4}, {2, 3, 1}}, 2},
     {{{0, 4}, {0, 4}}, 0},          {{{4, 3, 2, 5}, {4, 1, 2, 5}}, -3},
+    // q, k, v out of one projection: column blocks on 16-byte boundaries.
+    {{{2, 16, 64}, {2, 16, 64}, {2, 16, 64}}, -1},
 };
 
 std::vector<std::string> Names(const char* prefix, size_t n) {

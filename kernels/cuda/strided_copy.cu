@@ -1,7 +1,12 @@
 // Strided copies.
 // Blocks: the general kernel is a grid-stride loop over the box's elements
-// in dst's row-major order (256 threads a block, at most kMaxBlocks blocks,
-// 64-bit indices), each thread turning its index into the two offsets. When
+// in dst's row-major order (256 threads a block, at most kMaxBlocks blocks),
+// each thread turning its index into the two offsets, in 32-bit arithmetic
+// where every offset fits (kernels/copy_plan.h's CopyPlanFitsInt32) and
+// 64-bit otherwise. A run contiguous in both sides moves in chunks of up to
+// 16 bytes (CopyChunkBytes, WidenCopyPlan), so a bf16 transpose that keeps
+// the last dim (q, k, v between [B, T, H, D] and [B, H, T, D]) copies 8
+// elements a thread. When
 // the innermost dim is contiguous in dst but the next one out is the
 // contiguous one in src (a transpose of the last two dims, after merging),
 // 32 x 32 tiles go through shared memory instead, so reads and writes are
@@ -23,24 +28,28 @@ constexpr int kTileRows = 8;  // threads along a tile's second dim
 
 int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreads - 1) / kThreads); }
 
-// Offsets in dst and src of the box element with row-major index i.
-__device__ void Offsets(const CopyPlan& p, int64_t i, int64_t* dst, int64_t* src) {
-  int64_t d = 0, s = 0;
+// Offsets in dst and src of the box element with row-major index i, in
+// index type I (int32_t where CopyPlanFitsInt32, else int64_t).
+template <typename I>
+__device__ void Offsets(const CopyPlan& p, I i, I* dst, I* src) {
+  I d = 0, s = 0;
   for (int k = p.rank - 1; k >= 0; --k) {
-    const int64_t index = i % p.dims[k];
-    i /= p.dims[k];
-    d += index * p.dst_strides[k];
-    s += index * p.src_strides[k];
+    const I dim = static_cast<I>(p.dims[k]);
+    const I index = i % dim;
+    i /= dim;
+    d += index * static_cast<I>(p.dst_strides[k]);
+    s += index * static_cast<I>(p.src_strides[k]);
   }
   *dst = d;
   *src = s;
 }
 
-template <typename E>
+template <typename E, typename I>
 __global__ void StridedCopyKernel(E* dst, const E* src, CopyPlan p) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.count; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t d, s;
-    Offsets(p, i, &d, &s);
+  const I count = static_cast<I>(p.count);
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    I d, s;
+    Offsets<I>(p, i, &d, &s);
     dst[d] = src[s];
   }
 }
@@ -49,7 +58,7 @@ template <typename T>
 __global__ void StridedScaleKernel(T* y, const T* x, T factor, CopyPlan p) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.count; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t d, s;
-    Offsets(p, i, &d, &s);
+    Offsets<int64_t>(p, i, &d, &s);
     y[d] = x[s] * factor;  // the CPU's BroadcastBinary(a * b)
   }
 }
@@ -96,10 +105,24 @@ cudaError_t Copy(E* dst, const E* src, const CopyPlan& p, cudaStream_t stream) {
     const int64_t tiles = p.count / (p.dims[r - 2] * p.dims[r - 1]) * tiles_a * tiles_b;
     TiledTransposeKernel<E>
         <<<std::min(kMaxBlocks, tiles), dim3(kTile, kTileRows), 0, stream>>>(dst, src, p, tiles_a, tiles_b, tiles);
+  } else if (CopyPlanFitsInt32(p)) {
+    StridedCopyKernel<E, int32_t><<<NumBlocks(p.count), kThreads, 0, stream>>>(dst, src, p);
   } else {
-    StridedCopyKernel<E><<<NumBlocks(p.count), kThreads, 0, stream>>>(dst, src, p);
+    StridedCopyKernel<E, int64_t><<<NumBlocks(p.count), kThreads, 0, stream>>>(dst, src, p);
   }
   return cudaGetLastError();
+}
+
+// The copy in chunks of chunk_bytes (CopyChunkBytes of the plan).
+cudaError_t CopyInChunks(void* dst, const void* src, int chunk_bytes, const CopyPlan& p, cudaStream_t stream) {
+  switch (chunk_bytes) {
+    case 1: return Copy(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), p, stream);
+    case 2: return Copy(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), p, stream);
+    case 4: return Copy(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), p, stream);
+    case 8: return Copy(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), p, stream);
+    case 16: return Copy(static_cast<uint4*>(dst), static_cast<const uint4*>(src), p, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename T>
@@ -112,47 +135,13 @@ cudaError_t Scale(T* y, const T* x, T factor, const CopyPlan& p, cudaStream_t st
 
 }  // namespace
 
-bool MakeCopyPlan(int rank, const int64_t* box, const int64_t* dst_strides, const int64_t* src_strides,
-                  CopyPlan* plan) {
-  *plan = CopyPlan();
-  // Innermost first while merging; reversed at the end.
-  CopyPlan inner_first;
-  int n = 0;
-  for (int d = rank - 1; d >= 0; --d) {
-    if (box[d] == 0) {
-      plan->count = 0;
-      return true;
-    }
-    if (box[d] == 1) continue;
-    if (n > 0 && dst_strides[d] == inner_first.dst_strides[n - 1] * inner_first.dims[n - 1] &&
-        src_strides[d] == inner_first.src_strides[n - 1] * inner_first.dims[n - 1]) {
-      inner_first.dims[n - 1] *= box[d];  // contiguous in both: one dim
-      continue;
-    }
-    if (n == kMaxCopyDims) return false;
-    inner_first.dims[n] = box[d];
-    inner_first.dst_strides[n] = dst_strides[d];
-    inner_first.src_strides[n] = src_strides[d];
-    ++n;
-  }
-  plan->rank = n;
-  for (int k = 0; k < n; ++k) {
-    plan->dims[k] = inner_first.dims[n - 1 - k];
-    plan->dst_strides[k] = inner_first.dst_strides[n - 1 - k];
-    plan->src_strides[k] = inner_first.src_strides[n - 1 - k];
-    plan->count *= plan->dims[k];
-  }
-  return true;
-}
-
 cudaError_t LaunchStridedCopy(void* dst, const void* src, int element_size, const CopyPlan& plan, cudaStream_t stream) {
   if (plan.rank < 0 || plan.rank > kMaxCopyDims) return cudaErrorInvalidValue;
-  if (element_size != 4 && element_size != 8) return cudaErrorInvalidValue;
+  if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8) return cudaErrorInvalidValue;
   if (plan.count <= 0) return cudaSuccess;
-  if (element_size == 4) {
-    return Copy(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), plan, stream);
-  }
-  return Copy(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), plan, stream);
+  const int chunk = CopyChunkBytes(plan, element_size, reinterpret_cast<uintptr_t>(dst),
+                                   reinterpret_cast<uintptr_t>(src));
+  return CopyInChunks(dst, src, chunk, WidenCopyPlan(plan, element_size, chunk), stream);
 }
 
 cudaError_t LaunchStridedScale(float* y, const float* x, float factor, const CopyPlan& plan, cudaStream_t stream) {
