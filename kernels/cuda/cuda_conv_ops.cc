@@ -222,7 +222,8 @@ absl::Status Describe(cudnnHandle_t handle, const ConvGeometry& g, DataType dtyp
       d->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
       cudnnStatus_t st =
           cudnnGetConvolutionForwardWorkspaceSize(handle, d->x, d->w, d->conv, d->y, d->fwd, &d->workspace_bytes);
-      if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+      // cuDNN 9 refines NOT_SUPPORTED into sub-codes (3001-3014: data type, layout, shape, ...).
+      if (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED) {
         d->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
         st = cudnnGetConvolutionForwardWorkspaceSize(handle, d->x, d->w, d->conv, d->y, d->fwd, &d->workspace_bytes);
       }
