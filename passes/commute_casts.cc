@@ -12,31 +12,6 @@ namespace {
 
 bool IsMove(absl::string_view type) { return type == "transpose" || type == "reshape" || type == "flatten"; }
 
-// The dtype a cast op converts to (DT_INVALID when unreadable).
-DataType CastTo(const Graph& graph, int op) {
-  auto it = graph.attrs(op).find("dtype");
-  DataType dtype = DT_INVALID;
-  if (it == graph.attrs(op).end() || !DataType_Parse(it->second.s(), &dtype)) return DT_INVALID;
-  return dtype;
-}
-
-bool IsCastDown(const Graph& graph, int op) {
-  if (graph.schema(op).type != "cast") return false;
-  const DataType to = CastTo(graph, op);
-  return (to == BF16 || to == F16) && graph.dtype(graph.inputs(op)[0]) == F32;
-}
-
-// A var the pass may drop or retype: an activation the program does not report.
-bool Rewritable(const Graph& graph, int v) {
-  if (graph.kind(v) != ACTIVATION) return false;
-  const absl::string_view name = graph.var_name(v);
-  if (name == graph.loss()) return false;
-  for (const std::string& f : graph.program_fields().fetch()) {
-    if (f == name) return false;
-  }
-  return true;
-}
-
 class Commuter {
  public:
   explicit Commuter(Graph& graph) : graph_(graph), keep_(graph.num_vars(), true) {}
@@ -49,7 +24,7 @@ class Commuter {
       if (!IsCastDown(graph_, op)) continue;
       const int x = graph_.inputs(op)[0], y = graph_.outputs(op)[0];
       const int producer = writers[x];
-      if (producer < 0 || graph_.stage(producer) != graph_.stage(op) || !Rewritable(graph_, y)) continue;
+      if (producer < 0 || graph_.stage(producer) != graph_.stage(op) || !IsUnreportedActivation(graph_, y)) continue;
       const absl::string_view type = graph_.schema(producer).type;
       // cast_down(cast_up(w)) == w.
       if (type == "cast" && graph_.dtype(graph_.inputs(producer)[0]) == graph_.dtype(y)) {
@@ -57,13 +32,13 @@ class Commuter {
         if (auto replaced = graph_.ReplaceAllUsesWith(y, w); !replaced.ok()) return replaced.status();
         graph_.EraseOp(op);
         keep_[y] = false;
-        if (readers[x].size() == 1 && Rewritable(graph_, x)) {
+        if (readers[x].size() == 1 && IsUnreportedActivation(graph_, x)) {
           graph_.EraseOp(producer);
           keep_[x] = false;
         }
         return true;
       }
-      if (!Rewritable(graph_, x) || readers[x].size() != 1) continue;
+      if (!IsUnreportedActivation(graph_, x) || readers[x].size() != 1) continue;
       if (IsMove(type) && graph_.outputs(producer).size() == 1) {
         STRATA_RETURN_IF_ERROR(MoveAbove(producer, {op}));
         return true;
@@ -72,10 +47,10 @@ class Commuter {
         // Every output read by one cast to the same dtype, nothing else.
         std::vector<int> casts;
         for (int out : graph_.outputs(producer)) {
-          if (!Rewritable(graph_, out) || readers[out].size() != 1) break;
+          if (!IsUnreportedActivation(graph_, out) || readers[out].size() != 1) break;
           const int c = readers[out][0];
-          if (!IsCastDown(graph_, c) || CastTo(graph_, c) != CastTo(graph_, op) ||
-              graph_.stage(c) != graph_.stage(producer) || !Rewritable(graph_, graph_.outputs(c)[0])) {
+          if (!IsCastDown(graph_, c) || CastTarget(graph_, c) != CastTarget(graph_, op) ||
+              graph_.stage(c) != graph_.stage(producer) || !IsUnreportedActivation(graph_, graph_.outputs(c)[0])) {
             break;
           }
           casts.push_back(c);
@@ -95,7 +70,7 @@ class Commuter {
   // `casts` (one per output, in order); the casts and the old outputs go.
   absl::Status MoveAbove(int mover, const std::vector<int>& casts) {
     const int u = graph_.inputs(mover)[0];
-    const DataType low = CastTo(graph_, casts[0]);
+    const DataType low = CastTarget(graph_, casts[0]);
     const std::string suffix = low == BF16 ? "@bf16" : "@f16";
     std::string name = absl::StrCat(graph_.var_name(u), suffix);
     for (int n = 2; graph_.FindVar(name) >= 0; ++n) name = absl::StrCat(graph_.var_name(u), suffix, "@", n);

@@ -33,4 +33,33 @@ absl::Status ScaleLossSeed(Graph& graph, double factor, absl::string_view pass) 
   return graph.ReplaceOp(op, seed);
 }
 
+DataType CastTarget(const Graph& graph, int op) {
+  auto it = graph.attrs(op).find("dtype");
+  DataType dtype = DT_INVALID;
+  if (it == graph.attrs(op).end() || !DataType_Parse(it->second.s(), &dtype)) return DT_INVALID;
+  return dtype;
+}
+
+bool IsCastDown(const Graph& graph, int op) {
+  if (graph.schema(op).type != "cast") return false;
+  const DataType to = CastTarget(graph, op);
+  return (to == BF16 || to == F16) && graph.dtype(graph.inputs(op)[0]) == F32;
+}
+
+bool IsCastUp(const Graph& graph, int op) {
+  if (graph.schema(op).type != "cast") return false;
+  const DataType from = graph.dtype(graph.inputs(op)[0]);
+  return (from == BF16 || from == F16) && CastTarget(graph, op) == F32;
+}
+
+bool IsUnreportedActivation(const Graph& graph, int v) {
+  if (graph.kind(v) != ACTIVATION) return false;
+  const absl::string_view name = graph.var_name(v);
+  if (name == graph.loss()) return false;
+  for (const std::string& f : graph.program_fields().fetch()) {
+    if (f == name) return false;
+  }
+  return true;
+}
+
 }  // namespace strata

@@ -24,6 +24,16 @@ Op OpPlacedLike(const Graph& graph, int like, const std::string& type, OpRole ro
 // caller in errors.
 absl::Status ScaleLossSeed(Graph& graph, double factor, absl::string_view pass);
 
+// The mixed-precision cast rewrites (commute-casts, fold-casts):
+// The dtype a cast op converts to (DT_INVALID when unreadable).
+DataType CastTarget(const Graph& graph, int op);
+// A cast from F32 to BF16 / F16 (down) or from BF16 / F16 to F32 (up).
+bool IsCastDown(const Graph& graph, int op);
+bool IsCastUp(const Graph& graph, int op);
+// A var such a pass may drop or retype: an activation the program does not
+// report (not the loss, not fetched).
+bool IsUnreportedActivation(const Graph& graph, int v);
+
 }  // namespace strata
 
 #endif  // STRATA_PASSES_PASS_HELPERS_H_

@@ -3,6 +3,7 @@
 #include "compiler/autodiff.h"
 #include "passes/commute_casts.h"
 #include "passes/data_parallel.h"
+#include "passes/fold_casts.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/fuse_optimizer.h"
 #include "passes/gradient_merge.h"
@@ -31,6 +32,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   if (device == DEVICE_CUDA && strategy.has_mixed_precision()) {
     pipeline->AddPass<CommuteCastsPass>("commute-casts-backward");
   }
+  if (strategy.has_mixed_precision()) pipeline->AddPass<FoldCastsPass>();
   if (device == DEVICE_CUDA && strategy.allow_tf32()) pipeline->AddPass<Tf32Pass>();
   return pipeline;
 }

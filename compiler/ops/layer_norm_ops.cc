@@ -1,6 +1,7 @@
 // The normalization family: layer_norm and its backward op.
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,9 +15,11 @@ namespace {
 
 using nn_shape_checks::Dims;
 using nn_shape_checks::ExpectFloatingArg;
+using nn_shape_checks::ExpectSameDtypeOrHalfArg;
 using nn_shape_checks::ExpectSameDtypeArg;
 using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::Invalid;
+using nn_shape_checks::StoredOutputDtype;
 
 absl::Status CheckLayerNormArgs(const ShapeContext& ctx, int x, int gamma) {
   STRATA_RETURN_IF_ERROR(ExpectFloatingArg(ctx, x, "x"));
@@ -45,7 +48,8 @@ absl::Status LayerNormShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "beta", 1, "gamma"));
   STRATA_RETURN_IF_ERROR(ExpectEpsilon(ctx));
-  ctx.set_output(0, ctx.input(0));
+  STRATA_ASSIGN_OR_RETURN(const DataType y_dtype, StoredOutputDtype(ctx, 0, "x"));
+  ctx.set_output(0, TensorType{y_dtype, ctx.input(0).shape});
   return absl::OkStatus();
 }
 
@@ -58,7 +62,9 @@ absl::Status LayerNormGrad(GradBuilder& g) {
   std::vector<std::string> outs;
   const char* hints[] = {"layer_norm_dx", "layer_norm_dgamma", "layer_norm_dbeta"};
   for (int i = 0; i < 3; ++i) outs.push_back(g.needs_input_grad(i) ? g.input_grad(i) : g.Temp(hints[i]));
-  g.Emit("layer_norm_grad", {g.input(0), g.input(1), dy}, outs, g.ForwardAttrs());
+  std::map<std::string, AttrValue> attrs = g.ForwardAttrs();
+  attrs.erase("out_dtype");  // dx is x's type; a 16-bit dy is read widened
+  g.Emit("layer_norm_grad", {g.input(0), g.input(1), dy}, outs, attrs);
   return absl::OkStatus();
 }
 
@@ -68,13 +74,20 @@ STRATA_REGISTER_OP(OpDef("layer_norm")
                        .Input("beta")
                        .Output("y")
                        .Attr("epsilon", 1e-5)
+                       .Attr("out_dtype", "")
                        .Shape(LayerNormShape)
                        .Grad(LayerNormGrad)
-                       .Doc("y = (x - mean) / sqrt(var + epsilon) * gamma + beta over x's last dim (biased var)."));
+                       .Doc("y = (x - mean) / sqrt(var + epsilon) * gamma + beta over x's last dim (biased var). "
+                            "out_dtype \"BF16\" or \"F16\" (F32 x only) stores y rounded to that type, as a cast "
+                            "after the op would (passes/fold_casts)."));
 
 absl::Status LayerNormGradShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLayerNormArgs(ctx, 0, 1));
-  STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "dy", 0, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeOrHalfArg(ctx, 2, "dy", 0, "x"));
+  if (ctx.input(2).shape != ctx.input(0).shape) {
+    return Invalid(absl::StrCat("input 'dy' must have the shape of 'x' (", ctx.input(0).ToString(), "), got ",
+                                ctx.input(2).ToString()));
+  }
   STRATA_RETURN_IF_ERROR(ExpectEpsilon(ctx));
   ctx.set_output(0, ctx.input(0));
   ctx.set_output(1, ctx.input(1));
@@ -92,7 +105,8 @@ STRATA_REGISTER_OP(OpDef("layer_norm_grad")
                        .Attr("epsilon", 1e-5)
                        .Shape(LayerNormGradShape)
                        .NotDifferentiable()
-                       .Doc("Backward of layer_norm, recomputing mean and rstd from x."));
+                       .Doc("Backward of layer_norm, recomputing mean and rstd from x. dy may be BF16 or F16 "
+                            "for an F32 x (read widened: passes/fold_casts)."));
 
 }  // namespace
 }  // namespace strata

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
+#include "compiler/ops/nn_shape_checks.h"
 #include "proto/shape_rules.h"
 
 namespace strata {
@@ -98,6 +99,22 @@ ShapeFn PairGradShape(const char* a_name) {
     ctx.set_output(0, ctx.input(0));
     return absl::OkStatus();
   };
+}
+
+// gelu_grad(x, dy) -> dx: PairGradShape's rules, except that for an F32 x
+// dy may be BF16 / F16 and out_dtype may store dx in BF16 / F16: the
+// float32 math on the widened dy, dx rounded as a cast would round it
+// (passes/fold_casts folds the casts around it under mixed precision).
+absl::Status GeluGradPairShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectFloat(ctx, 0, "x"));
+  STRATA_RETURN_IF_ERROR(nn_shape_checks::ExpectSameDtypeOrHalfArg(ctx, 1, "dy", 0, "x"));
+  if (ctx.input(0).shape != ctx.input(1).shape) {
+    return absl::InvalidArgumentError(absl::StrCat("input 'x' ", ShapeString(ctx.input(0).shape), " and 'dy' ",
+                                                   ShapeString(ctx.input(1).shape), " must have the same shape"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const DataType dx_dtype, nn_shape_checks::StoredOutputDtype(ctx, 0, "x"));
+  ctx.set_output(0, TensorType{dx_dtype, ctx.input(0).shape});
+  return absl::OkStatus();
 }
 
 absl::Status SoftmaxShape(ShapeContext& ctx) {
@@ -421,10 +438,12 @@ STRATA_REGISTER_OP(OpDef("gelu").Input("x").Output("y")
                             "PyTorch's F.gelu(approximate='tanh') and GPT-2's gelu_new."));
 STRATA_REGISTER_OP(OpDef("gelu_grad").Input("x").Input("dy").Output("dx")
                        .Attr("approximate", "none")
-                       .Shape(GeluShape(PairGradShape("x")))
+                       .Attr("out_dtype", "")
+                       .Shape(GeluShape(GeluGradPairShape))
                        .NotDifferentiable()
                        .Doc("dx = dy * (Phi(x) + x * phi(x)), or the tanh form's derivative with approximate "
-                            "\"tanh\" (as gelu's)."));
+                            "\"tanh\" (as gelu's). For an F32 x, dy may be BF16 or F16 (read widened) and "
+                            "out_dtype \"BF16\" or \"F16\" stores dx rounded to that type (passes/fold_casts)."));
 STRATA_REGISTER_OP(OpDef("tanh").Input("x").Output("y")
                        .Shape(UnaryFloatShape)
                        .Grad(UnaryGrad("tanh_grad", {"$y", "$dy"}))

@@ -69,6 +69,35 @@ inline absl::Status ExpectSameTypeArg(const ShapeContext& ctx, int i, const char
   return absl::OkStatus();
 }
 
+// Ops that compute in float32 and may keep one side in 16 bits, where
+// passes/fold_casts folds a mixed-precision cast into them: input i has the
+// dtype of input `like`, or BF16 / F16 when that is F32 (read widened,
+// which is exact).
+inline absl::Status ExpectSameDtypeOrHalfArg(const ShapeContext& ctx, int i, const char* name, int like,
+                                             const char* like_name) {
+  if (ctx.input(i).dtype == ctx.input(like).dtype) return absl::OkStatus();
+  if (ctx.input(like).dtype == F32 && IsHalfFloating(ctx.input(i).dtype)) return absl::OkStatus();
+  return Invalid(absl::StrCat("input '", name, "' (", ctx.input(i).ToString(), ") must have the dtype of '",
+                              like_name, "' (", ctx.input(like).ToString(), "), or BF16 / F16 where that is F32"));
+}
+
+// The dtype attr `out_dtype` gives such an op's output: "" (the default)
+// for input `like`'s dtype; "BF16" or "F16" for an F32 `like`, the float32
+// result rounded to nearest even as a cast rounds it.
+inline absl::StatusOr<DataType> StoredOutputDtype(const ShapeContext& ctx, int like, const char* like_name) {
+  const std::string name = ctx.attr_string("out_dtype");
+  if (name.empty()) return ctx.input(like).dtype;
+  DataType dtype = DT_INVALID;
+  if (!DataType_Parse(name, &dtype) || !IsHalfFloating(dtype)) {
+    return Invalid(absl::StrCat("attr 'out_dtype' must be \"\", \"BF16\" or \"F16\", got \"", name, "\""));
+  }
+  if (ctx.input(like).dtype != F32) {
+    return Invalid(absl::StrCat("attr 'out_dtype' ", name, " needs an F32 '", like_name, "', got ",
+                                ctx.input(like).ToString()));
+  }
+  return dtype;
+}
+
 inline absl::Status ExpectRankArg(const ShapeContext& ctx, int i, const char* name, int rank, const char* layout) {
   if (static_cast<int>(ctx.input(i).shape.size()) != rank) {
     return Invalid(absl::StrCat("input '", name, "' must have rank ", rank, " ", layout, ", got ",

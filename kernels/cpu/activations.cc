@@ -3,6 +3,7 @@
 // chunks of kElementwiseMinChunk or more.
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
@@ -50,22 +51,66 @@ class GeluKernel : public GeluAttrKernel {
   }
 };
 
+// gelu_grad: for an F32 x, dy may be BF16 / F16 (read widened) and
+// out_dtype may store dx in BF16 / F16 (the float result rounded as the cast
+// kernel rounds it), so the op equals cast, gelu_grad, cast bit for bit
+// (passes/fold_casts).
 template <typename T>
 class GeluGradKernel : public GeluAttrKernel {
  public:
   using GeluAttrKernel::GeluAttrKernel;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(GeluAttrKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
+    return absl::OkStatus();
+  }
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
-    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+    if constexpr (std::is_same_v<T, float>) {
+      if (dy.dtype() == BF16) return WithDy<bfloat16>(ctx, x, dy);
+      if (dy.dtype() == F16) return WithDy<float16>(ctx, x, dy);
+    }
+    if (dy.dtype() != x.dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gelu_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
+    }
+    return WithDy<T>(ctx, x, dy);
+  }
+
+ private:
+  template <typename DY>
+  absl::Status WithDy(KernelContext& ctx, const Tensor& x, const Tensor& dy) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (out_dtype_ == BF16) return Run<DY, bfloat16>(ctx, x, dy);
+      if (out_dtype_ == F16) return Run<DY, float16>(ctx, x, dy);
+    }
+    if (out_dtype_ != DT_INVALID) {
+      return absl::InvalidArgumentError(absl::StrCat("gelu_grad: out_dtype ", DataTypeName(out_dtype_),
+                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
+    }
+    return Run<DY, T>(ctx, x, dy);
+  }
+
+  template <typename DY, typename DX>
+  absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& dy) {
+    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
     if (tanh_) {
-      BinaryMap(x.num_elements(), x.data<T>(), dy.data<T>(), dx->data<T>(), GeluTanhGradFn());
+      BinaryMap(x.num_elements(), x.data<T>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluTanhGradFn()));
     } else {
-      BinaryMap(x.num_elements(), x.data<T>(), dy.data<T>(), dx->data<T>(), GeluGradFn());
+      BinaryMap(x.num_elements(), x.data<T>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluGradFn()));
     }
     return absl::OkStatus();
   }
+
+  // f on dy widened to T, its result stored as DX (for DY = DX = T, f itself).
+  template <typename DX, typename F>
+  static auto Stored(F f) {
+    return [f](T x, auto dy) { return cuda::Convert<DX>(f(x, cuda::Convert<T>(dy))); };
+  }
+
+  DataType out_dtype_ = DT_INVALID;
 };
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, ReluFn>>()));

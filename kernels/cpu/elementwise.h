@@ -58,8 +58,8 @@ inline void UnaryLoop(int64_t n, const T* __restrict x, U* __restrict y, F f) {
 }
 
 // z[i] = f(x[i], y[i]) over ranges z does not overlap.
-template <typename T, typename U, typename F>
-inline void BinaryLoop(int64_t n, const T* __restrict x, const T* __restrict y, U* __restrict z, F f) {
+template <typename T, typename V, typename U, typename F>
+inline void BinaryLoop(int64_t n, const T* __restrict x, const V* __restrict y, U* __restrict z, F f) {
   int64_t i = 0;
   for (; i + kMapBlock <= n; i += kMapBlock) {
     for (int64_t k = 0; k < kMapBlock; ++k) z[i + k] = f(x[i + k], y[i + k]);
@@ -82,10 +82,11 @@ void UnaryMap(int64_t n, const T* x, U* y, F f) {
   });
 }
 
-// z[i] = f(x[i], y[i]) for i in [0, n): same-shape binary map. z may be x or
-// y (in-place accumulation); that case takes the plain loop.
-template <typename T, typename U, typename F>
-void BinaryMap(int64_t n, const T* x, const T* y, U* z, F f) {
+// z[i] = f(x[i], y[i]) for i in [0, n): same-shape binary map (x and y may
+// be stored in different types). z may be x or y (in-place accumulation);
+// that case takes the plain loop.
+template <typename T, typename V, typename U, typename F>
+void BinaryMap(int64_t n, const T* x, const V* y, U* z, F f) {
   const bool overlap = internal::Overlap(x, n, z, n) || internal::Overlap(y, n, z, n);
   ParallelFor(n, kElementwiseMinChunk, [&](int64_t begin, int64_t end) {
     if (overlap) {

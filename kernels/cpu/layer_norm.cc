@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/work_split.h"
@@ -55,11 +57,20 @@ void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rst
 // Base of layer_norm and its backward: reads epsilon.
 using LayerNormBase = EpsilonAttrKernel;
 
-// y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all leading dims).
+// y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all
+// leading dims). With out_dtype (F32 x only; passes/fold_casts) y is stored
+// in BF16 / F16, each value the float one rounded as the cast kernel rounds
+// it, so the op equals layer_norm then cast bit for bit.
 template <typename T>
 class LayerNormKernel : public LayerNormBase {
  public:
   using LayerNormBase::LayerNormBase;
+
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(LayerNormBase::Init(op));
+    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
+    return absl::OkStatus();
+  }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -67,28 +78,45 @@ class LayerNormKernel : public LayerNormBase {
     const Tensor& beta = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, beta));
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    if constexpr (std::is_same_v<T, float>) {
+      if (out_dtype_ == BF16) return Run<bfloat16>(ctx, x, gamma, beta);
+      if (out_dtype_ == F16) return Run<float16>(ctx, x, gamma, beta);
+    }
+    if (out_dtype_ != DT_INVALID) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm: out_dtype ", DataTypeName(out_dtype_),
+                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
+    }
+    return Run<T>(ctx, x, gamma, beta);
+  }
+
+ private:
+  template <typename Y>
+  absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta) {
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<Y>::value, x.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     const T* px = x.data<T>();
     const T* pg = gamma.data<T>();
     const T* pb = beta.data<T>();
-    T* py = y->data<T>();
+    Y* py = y->data<Y>();
     const double eps = epsilon_;
     ParallelFor(R, MinChunk(4 * D), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = px + r * D;
-        T* yr = py + r * D;
+        Y* yr = py + r * D;
         double mean, rstd;
         RowMoments(xr, D, eps, &mean, &rstd);
         const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
-        for (int64_t j = 0; j < D; ++j) yr[j] = (xr[j] - m) * rs * pg[j] + pb[j];
+        for (int64_t j = 0; j < D; ++j) yr[j] = cuda::Convert<Y>((xr[j] - m) * rs * pg[j] + pb[j]);
       }
     });
     return absl::OkStatus();
   }
+
+  DataType out_dtype_ = DT_INVALID;
 };
 
-// With xhat = (x - mean) * rstd and g = dy * gamma, per row:
+// With xhat = (x - mean) * rstd and g = dy * gamma, per row (dy may be
+// BF16 / F16 for an F32 x, read widened: passes/fold_casts):
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
 template <typename T>
 class LayerNormGradKernel : public LayerNormBase {
@@ -101,6 +129,21 @@ class LayerNormGradKernel : public LayerNormBase {
     const Tensor& dy = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
+    if constexpr (std::is_same_v<T, float>) {
+      if (dy.dtype() == BF16) return Run<bfloat16>(ctx, x, gamma, dy);
+      if (dy.dtype() == F16) return Run<float16>(ctx, x, gamma, dy);
+    }
+    if (dy.dtype() != x.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ",
+                                                     DataTypeName(x.dtype()), " x"));
+    }
+    return Run<T>(ctx, x, gamma, dy);
+  }
+
+ private:
+  // dy stored as DY (T, or BF16 / F16 for an F32 x: read widened, exactly).
+  template <typename DY>
+  absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& dy) {
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
@@ -111,7 +154,7 @@ class LayerNormGradKernel : public LayerNormBase {
     STRATA_ASSIGN_OR_RETURN(Tensor partial, Scratch(ctx, F64, blocks * 2 * D));
     const T* px = x.data<T>();
     const T* pg = gamma.data<T>();
-    const T* pdy = dy.data<T>();
+    const DY* pdy = dy.data<DY>();
     T* pdx = dx->data<T>();
     double* pp = partial.data<double>();
     const double eps = epsilon_;
@@ -123,18 +166,17 @@ class LayerNormGradKernel : public LayerNormBase {
         const int64_t r_end = std::min(R, (b + 1) * rows_per_block);
         for (int64_t r = b * rows_per_block; r < r_end; ++r) {
           const T* xr = px + r * D;
-          const T* dyr = pdy + r * D;
+          const DY* dyr = pdy + r * D;
           T* dxr = pdx + r * D;
           double mean, rstd;
           RowMoments(xr, D, eps, &mean, &rstd);
-          const double mean_g = LaneSum(D, [&](int64_t j) { return static_cast<double>(dyr[j]) * pg[j]; }) / D;
-          const double mean_gx = LaneSum(D, [&](int64_t j) {
-                                   return static_cast<double>(dyr[j]) * pg[j] * ((xr[j] - mean) * rstd);
-                                 }) / D;
+          const auto dy_at = [dyr](int64_t j) { return static_cast<double>(cuda::Convert<T>(dyr[j])); };
+          const double mean_g = LaneSum(D, [&](int64_t j) { return dy_at(j) * pg[j]; }) / D;
+          const double mean_gx = LaneSum(D, [&](int64_t j) { return dy_at(j) * pg[j] * ((xr[j] - mean) * rstd); }) / D;
           for (int64_t j = 0; j < D; ++j) {
-            const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * pg[j];
-            dgamma_b[j] += static_cast<double>(dyr[j]) * xhat;
-            dbeta_b[j] += dyr[j];
+            const double xhat = (xr[j] - mean) * rstd, g = dy_at(j) * pg[j];
+            dgamma_b[j] += dy_at(j) * xhat;
+            dbeta_b[j] += dy_at(j);
             dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
           }
         }

@@ -7,6 +7,7 @@
 // than the CPU's InvalidArgument.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -75,10 +76,16 @@ class CudaSoftmaxKernel : public OpKernel {
 
 using CudaLayerNormBase = EpsilonAttrKernel;
 
+// y may be stored in BF16 / F16 for an F32 x (out_dtype: passes/fold_casts).
 template <typename T>
 class CudaLayerNormKernel : public CudaLayerNormBase {
  public:
   using CudaLayerNormBase::CudaLayerNormBase;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(CudaLayerNormBase::Init(op));
+    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
+    return absl::OkStatus();
+  }
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& x = ctx.input(0);
@@ -86,14 +93,31 @@ class CudaLayerNormKernel : public CudaLayerNormBase {
     const Tensor& beta = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, beta));
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, x.dtype(), x.shape()));
+    if constexpr (std::is_same_v<T, float>) {
+      if (out_dtype_ == BF16) return Run<bfloat16>(ctx, device, x, gamma, beta);
+      if (out_dtype_ == F16) return Run<float16>(ctx, device, x, gamma, beta);
+    }
+    if (out_dtype_ != DT_INVALID) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm: out_dtype ", DataTypeName(out_dtype_),
+                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
+    }
+    return Run<T>(ctx, device, x, gamma, beta);
+  }
+
+ private:
+  template <typename Y>
+  absl::Status Run(KernelContext& ctx, CudaDevice* device, const Tensor& x, const Tensor& gamma, const Tensor& beta) {
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<Y>::value, x.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
-    return CudaStatus(cuda::LaunchLayerNorm(y->data<T>(), x.data<T>(), gamma.data<T>(), beta.data<T>(), R, D, epsilon_,
+    return CudaStatus(cuda::LaunchLayerNorm(y->data<Y>(), x.data<T>(), gamma.data<T>(), beta.data<T>(), R, D, epsilon_,
                                             device->stream()),
                       "layer_norm");
   }
+
+  DataType out_dtype_ = DT_INVALID;
 };
 
+// dy may be BF16 / F16 for an F32 x (read widened: passes/fold_casts).
 template <typename T>
 class CudaLayerNormGradKernel : public CudaLayerNormBase {
  public:
@@ -105,13 +129,27 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     const Tensor& dy = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
+    if constexpr (std::is_same_v<T, float>) {
+      if (dy.dtype() == BF16) return Run<bfloat16>(ctx, device, x, gamma, dy);
+      if (dy.dtype() == F16) return Run<float16>(ctx, device, x, gamma, dy);
+    }
+    if (dy.dtype() != x.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ",
+                                                     DataTypeName(x.dtype()), " x"));
+    }
+    return Run<T>(ctx, device, x, gamma, dy);
+  }
+
+ private:
+  template <typename DY>
+  absl::Status Run(KernelContext& ctx, CudaDevice* device, const Tensor& x, const Tensor& gamma, const Tensor& dy) {
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     STRATA_ASSIGN_OR_RETURN(Tensor scratch, DeviceScratch(ctx, F64, cuda::LayerNormGradScratchDoubles(R, D)));
     return CudaStatus(cuda::LaunchLayerNormGrad(dx->data<T>(), dgamma->data<T>(), dbeta->data<T>(), x.data<T>(),
-                                                gamma.data<T>(), dy.data<T>(), R, D, epsilon_,
+                                                gamma.data<T>(), dy.data<DY>(), R, D, epsilon_,
                                                 scratch.defined() ? scratch.data<double>() : nullptr, device->stream()),
                       "layer_norm_grad");
   }

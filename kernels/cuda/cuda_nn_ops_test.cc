@@ -250,6 +250,43 @@ TEST_F(CudaOpsTest, LayerNormAndItsGradientEqualTheCpuBitForBit) {
   }
 }
 
+// passes/fold_casts: layer_norm storing a 16-bit y is the F32 kernel then
+// the cast, and layer_norm_grad reading a 16-bit dy is the F32 kernel on the
+// widened dy, bit for bit on the GPU; and each equals the CPU's folded
+// kernel bit for bit (the F32 kernels are the CPU's bits).
+TEST_F(CudaOpsTest, LayerNormWithFoldedCastsIsTheCastsAroundTheFloatKernel) {
+  for (DataType low : {BF16, F16}) {
+    for (const Shape& shape : std::vector<Shape>{{5, 768}, {33, 1001}, {2, 3, 37}}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(low), ShapeString(shape)));
+      const int64_t n = NumElements(shape), d = shape.back();
+      std::vector<double> xv = Uniform(n, 19);
+      for (double& v : xv) v = 3 * v + 1;
+      const Tensor x = MakeTensor(F32, shape, xv);
+      const Tensor gamma = MakeTensor(F32, {d}, Uniform(d, 20));
+      const Tensor beta = MakeTensor(F32, {d}, Uniform(d, 21));
+      const Tensor dy_low = MakeTensor(low, shape, Uniform(n, 22));
+      const Tensor dy_wide = MakeTensor(F32, shape, TensorValues(dy_low));  // exact
+      const std::string cast = absl::StrCat(R"(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: ")",
+                                            DataTypeName(low), R"(" } })");
+      const std::string folded_ln =
+          absl::StrCat(kLayerNorm, R"( attr { key: "out_dtype" value { s: ")", DataTypeName(low), R"(" } })");
+      const Tensor y_f32 = RunGpu(kLayerNorm, {{"x", x}, {"gamma", gamma}, {"beta", beta}});
+      const Tensor want = RunGpu(cast, {{"x", y_f32}});
+      auto y = RunBothNamed(folded_ln, {{"x", x}, {"gamma", gamma}, {"beta", beta}}, {"y"});
+      ASSERT_EQ(y.size(), 1u);
+      EXPECT_TRUE(BitEqual(y[0].second, want));
+      EXPECT_TRUE(BitEqual(y[0].second, y[0].first));
+      for (const char* out : {"dx", "dgamma", "dbeta"}) {
+        const Tensor want_g = RunGpu(kLayerNormGrad, {{"x", x}, {"gamma", gamma}, {"dy", dy_wide}}, out);
+        EXPECT_TRUE(BitEqual(RunGpu(kLayerNormGrad, {{"x", x}, {"gamma", gamma}, {"dy", dy_low}}, out), want_g)) << out;
+      }
+      auto g = RunBothNamed(kLayerNormGrad, {{"x", x}, {"gamma", gamma}, {"dy", dy_low}}, {"dx", "dgamma", "dbeta"});
+      ASSERT_EQ(g.size(), 3u);
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(BitEqual(g[i].second, g[i].first)) << "output " << i;
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, LayerNormGradRunsAreBitIdenticalAndItsScratchIsPlanned) {
   const Tensor x = MakeTensor(F32, {8192, 768}, Uniform(8192 * 768, 17));
   const Tensor gamma = MakeTensor(F32, {768}, Uniform(768, 18));

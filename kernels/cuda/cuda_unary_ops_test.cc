@@ -352,6 +352,44 @@ TEST_F(CudaOpsTest, GeluTanhFormAndItsGradientAreWithinTheBoundsFromTanh) {
   }
 }
 
+// passes/fold_casts: gelu_grad reading a 16-bit dy and storing a 16-bit dx
+// is, on the GPU, gelu_grad of the widened dy followed by the cast, bit for
+// bit (both forms, both 16-bit types, dy and dx folded alone and together).
+std::string CastText(DataType to) {
+  return absl::StrCat("type: \"cast\" input: \"x\" output: \"y\" attr { key: \"dtype\" value { s: \"",
+                      DataTypeName(to), "\" } }");
+}
+
+TEST_F(CudaOpsTest, GeluGradWithFoldedCastsIsTheCastsAroundTheFloatKernel) {
+  const Shape shape = {3, 1000, 7};
+  const int64_t n = NumElements(shape);
+  const Tensor x = MakeTensor(F32, shape, Scaled(Uniform(n, 53), 4));
+  for (const char* form : {"none", "tanh"}) {
+    for (DataType low : {BF16, F16}) {
+      const Tensor dy_low = MakeTensor(low, shape, Uniform(n, 54));
+      const Tensor dy_wide = MakeTensor(F32, shape, TensorValues(dy_low));  // exact
+      const std::string grad =
+          absl::StrCat(GradOpText("gelu_grad"), " attr { key: \"approximate\" value { s: \"", form, "\" } }");
+      const std::string out = absl::StrCat(" attr { key: \"out_dtype\" value { s: \"", DataTypeName(low), "\" } }");
+      const Tensor want_f32 = RunGpu(grad, {{"a", x}, {"dy", dy_wide}});
+      const Tensor want_low = RunGpu(CastText(low), {{"x", want_f32}});
+      SCOPED_TRACE(absl::StrCat(form, " ", DataTypeName(low)));
+      EXPECT_TRUE(BitEqual(RunGpu(grad, {{"a", x}, {"dy", dy_low}}), want_f32)) << "dy folded";
+      EXPECT_TRUE(BitEqual(RunGpu(grad + out, {{"a", x}, {"dy", dy_wide}}), want_low)) << "dx folded";
+      EXPECT_TRUE(BitEqual(RunGpu(grad + out, {{"a", x}, {"dy", dy_low}}), want_low)) << "both";
+      // And the CPU's folded kernel within the bounds of the float kernels (one 16-bit rounding apart at most).
+      auto [cpu, gpu] = RunBoth(grad + out, {{"a", x}, {"dy", dy_low}});
+      EXPECT_EQ(gpu.dtype(), low);
+      const std::vector<double> c = TensorValues(cpu), g = TensorValues(gpu);
+      const double ulp = low == BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+      for (int64_t i = 0; i < n; ++i) {
+        // One 16-bit spacing: relative for normals, 2^-24 (F16's subnormal step) near zero.
+        ASSERT_LE(std::abs(c[i] - g[i]), ulp * std::max(std::abs(c[i]), std::abs(g[i])) + std::ldexp(1.0, -24)) << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, UnaryLaunchersCoverTensorsLargerThanTheGrid) {
   const Tensor x = RandomTensor(F32, kBig, 51), dy = RandomTensor(F32, kBig, 52);
   auto [neg_cpu, neg_gpu] = RunBoth(UnaryOpText("neg"), {{"x", x}});

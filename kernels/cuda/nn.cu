@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/nn.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/host_device.h"
 #include "kernels/work_split.h"
 #include "runtime/philox.h"
@@ -146,8 +147,10 @@ __device__ void RowMoments(const T* x, int64_t d, int64_t D, double epsilon, dou
   *rstd = 1.0 / sqrt(sq / D + epsilon);
 }
 
-template <typename T>
-__global__ void LayerNormKernel(T* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon) {
+// y stored as Y: T, or BF16 / F16 for an F32 x (each value the float one
+// rounded by the cast kernel's conversion: passes/fold_casts).
+template <typename T, typename Y>
+__global__ void LayerNormKernel(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
   for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
@@ -157,27 +160,33 @@ __global__ void LayerNormKernel(T* y, const T* x, const T* gamma, const T* beta,
     RowMoments(xr, valid ? D : 0, D, epsilon, &mean, &rstd);
     if (!valid) continue;
     const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
-    T* yr = y + r * D;
-    for (int64_t j = k; j < D; j += kLanes) yr[j] = (xr[j] - m) * rs * gamma[j] + beta[j];
+    Y* yr = y + r * D;
+    for (int64_t j = k; j < D; j += kLanes) yr[j] = Convert<Y>((xr[j] - m) * rs * gamma[j] + beta[j]);
   }
 }
 
+// dy stored as DY (T, or BF16 / F16 for an F32 x), read widened to T (exact).
+template <typename T, typename DY>
+__device__ double WideDy(const DY* dy, int64_t i) {
+  return static_cast<double>(Convert<T>(dy[i]));
+}
+
 // dx per row (the CPU's formula), and each row's mean and rstd for the sums below.
-template <typename T>
+template <typename T, typename DY>
 __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma,
-                                        const T* dy, int64_t R, int64_t D, double epsilon) {
+                                        const DY* dy, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
   for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
     const bool valid = r < R;
     const int64_t d = valid ? D : 0;
     const T* xr = x + (valid ? r : 0) * D;
-    const T* dyr = dy + (valid ? r : 0) * D;
+    const DY* dyr = dy + (valid ? r : 0) * D;
     double mean, rstd;
     RowMoments(xr, d, D, epsilon, &mean, &rstd);
-    const double mean_g = LaneSum(d, [&](int64_t j) { return static_cast<double>(dyr[j]) * gamma[j]; }) / D;
+    const double mean_g = LaneSum(d, [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j]; }) / D;
     const double mean_gx =
-        LaneSum(d, [&](int64_t j) { return static_cast<double>(dyr[j]) * gamma[j] * ((xr[j] - mean) * rstd); }) / D;
+        LaneSum(d, [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd); }) / D;
     if (!valid) continue;
     if (k == 0) {
       row_mean[r] = mean;
@@ -185,7 +194,7 @@ __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rst
     }
     T* dxr = dx + r * D;
     for (int64_t j = k; j < D; j += kLanes) {
-      const double xhat = (xr[j] - mean) * rstd, g = static_cast<double>(dyr[j]) * gamma[j];
+      const double xhat = (xr[j] - mean) * rstd, g = WideDy<T>(dyr, j) * gamma[j];
       dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
     }
   }
@@ -193,9 +202,9 @@ __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rst
 
 // partial[b * 2D + j] (dgamma) and partial[b * 2D + D + j] (dbeta): block b's
 // rows added in row order, one thread per (b, j).
-template <typename T>
+template <typename T, typename DY>
 __global__ void LayerNormGradPartialKernel(double* partial, const double* row_mean, const double* row_rstd, const T* x,
-                                           const T* dy, int64_t R, int64_t D, int64_t rows_per_block, int64_t blocks) {
+                                           const DY* dy, int64_t R, int64_t D, int64_t rows_per_block, int64_t blocks) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < blocks * D;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t b = e / D, j = e % D;
@@ -203,8 +212,8 @@ __global__ void LayerNormGradPartialKernel(double* partial, const double* row_me
     double dg = 0, db = 0;
     for (int64_t r = b * rows_per_block; r < r_end; ++r) {
       const double xhat = (x[r * D + j] - row_mean[r]) * row_rstd[r];
-      dg += static_cast<double>(dy[r * D + j]) * xhat;
-      db += dy[r * D + j];
+      dg += WideDy<T>(dy, r * D + j) * xhat;
+      db += WideDy<T>(dy, r * D + j);
     }
     partial[b * 2 * D + j] = dg;
     partial[b * 2 * D + D + j] = db;
@@ -224,16 +233,16 @@ __global__ void LayerNormGradSumKernel(T* dgamma, T* dbeta, const double* partia
   }
 }
 
-template <typename T>
-cudaError_t LayerNorm(T* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
+template <typename T, typename Y>
+cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
                       cudaStream_t stream) {
   if (R == 0 || D == 0) return cudaSuccess;
-  LayerNormKernel<T><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
+  LayerNormKernel<T, Y><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const T* dy, int64_t R, int64_t D,
+template <typename T, typename DY>
+cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const DY* dy, int64_t R, int64_t D,
                           double epsilon, double* scratch, cudaStream_t stream) {
   if (D == 0) return cudaSuccess;
   if (R == 0) {  // no rows: dgamma = dbeta = 0, as the CPU's empty sums
@@ -245,10 +254,10 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  LayerNormGradRowsKernel<T>
+  LayerNormGradRowsKernel<T, DY>
       <<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(dx, row_mean, row_rstd, x, gamma, dy, R, D, epsilon);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  LayerNormGradPartialKernel<T>
+  LayerNormGradPartialKernel<T, DY>
       <<<Blocks(blocks * D), kThreads, 0, stream>>>(partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradSumKernel<T><<<Blocks(D), kThreads, 0, stream>>>(dgamma, dbeta, partial, D, blocks);
@@ -441,6 +450,14 @@ cudaError_t LaunchLayerNorm(double* y, const double* x, const double* gamma, con
                             double epsilon, cudaStream_t stream) {
   return LayerNorm(y, x, gamma, beta, R, D, epsilon, stream);
 }
+cudaError_t LaunchLayerNorm(bfloat16* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream) {
+  return LayerNorm(y, x, gamma, beta, R, D, epsilon, stream);
+}
+cudaError_t LaunchLayerNorm(float16* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream) {
+  return LayerNorm(y, x, gamma, beta, R, D, epsilon, stream);
+}
 
 int64_t LayerNormGradScratchDoubles(int64_t R, int64_t D) {
   if (R == 0 || D == 0) return 0;
@@ -453,6 +470,16 @@ cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const fl
 }
 cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const double* x, const double* gamma,
                                 const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+}
+cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
+                                const bfloat16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+}
+cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
+                                const float16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
                                 cudaStream_t stream) {
   return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
 }

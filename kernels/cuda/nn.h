@@ -30,6 +30,8 @@
 
 #include <cstdint>
 
+#include "runtime/float16.h"
+
 namespace strata {
 namespace cuda {
 
@@ -46,6 +48,12 @@ cudaError_t LaunchLayerNorm(float* y, const float* x, const float* gamma, const 
                             double epsilon, cudaStream_t stream);
 cudaError_t LaunchLayerNorm(double* y, const double* x, const double* gamma, const double* beta, int64_t R, int64_t D,
                             double epsilon, cudaStream_t stream);
+// An F32 x with y stored in BF16 / F16 (passes/fold_casts): each value the
+// float kernel's, rounded as the cast kernel rounds it.
+cudaError_t LaunchLayerNorm(bfloat16* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream);
+cudaError_t LaunchLayerNorm(float16* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon, cudaStream_t stream);
 
 // Doubles of scratch LaunchLayerNormGrad needs for x [R, D].
 int64_t LayerNormGradScratchDoubles(int64_t R, int64_t D);
@@ -54,6 +62,13 @@ cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const fl
                                 cudaStream_t stream);
 cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const double* x, const double* gamma,
                                 const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream);
+// An F32 x with dy stored in BF16 / F16, read widened (exact).
+cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
+                                const bfloat16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
+                                cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
+                                const float16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
                                 cudaStream_t stream);
 
 // Where dropout's step and first linear index come from: `device`, when

@@ -89,6 +89,20 @@ cudaError_t UnaryGrad(UnaryGradOp op, T* dx, const T* a, const T* dy, int64_t n,
   return cudaErrorInvalidValue;
 }
 
+template <typename DY, typename DX, typename F>
+__global__ void GeluGradStoredKernel(DX* dx, const float* a, const DY* dy, int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    dx[i] = Convert<DX>(f(a[i], Convert<float>(dy[i])));
+  }
+}
+
+template <typename DY, typename DX, typename F>
+cudaError_t GeluGradStored(DX* dx, const float* a, const DY* dy, int64_t n, F f, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  GeluGradStoredKernel<DY, DX, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(dx, a, dy, n, f);
+  return cudaGetLastError();
+}
+
 // Up to kAddNPerLaunch input pointers, passed by value. With `accumulate`,
 // y's own value is the first term.
 template <typename T>
@@ -202,6 +216,32 @@ cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const d
                             cudaStream_t stream) {
   return UnaryGrad(op, dx, a, dy, n, stream);
 }
+
+template <typename DY, typename DX>
+cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream) {
+  switch (op) {
+    case UnaryGradOp::kGeluGrad:
+      return GeluGradStored(dx, a, dy, n, GeluGradFn(), stream);
+    case UnaryGradOp::kGeluTanhGrad:
+      return GeluGradStored(dx, a, dy, n, GeluTanhGradFn(), stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+#define STRATA_GELU_GRAD_STORED(DY, DX)                                                                     \
+  template cudaError_t LaunchGeluGradStored<DY, DX>(UnaryGradOp, DX*, const float*, const DY*, int64_t, \
+                                                     cudaStream_t);
+STRATA_GELU_GRAD_STORED(float, float)
+STRATA_GELU_GRAD_STORED(float, bfloat16)
+STRATA_GELU_GRAD_STORED(float, float16)
+STRATA_GELU_GRAD_STORED(bfloat16, float)
+STRATA_GELU_GRAD_STORED(bfloat16, bfloat16)
+STRATA_GELU_GRAD_STORED(bfloat16, float16)
+STRATA_GELU_GRAD_STORED(float16, float)
+STRATA_GELU_GRAD_STORED(float16, bfloat16)
+STRATA_GELU_GRAD_STORED(float16, float16)
+#undef STRATA_GELU_GRAD_STORED
 
 cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream) {
   return AddN(y, xs, count, n, stream);

@@ -35,6 +35,12 @@ enum class UnaryGradOp { kSqrtGrad, kGeluGrad, kGeluTanhGrad, kTanhGrad, kSigmoi
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, float* dx, const float* a, const float* dy, int64_t n, cudaStream_t stream);
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const double* dy, int64_t n,
                             cudaStream_t stream);
+// gelu_grad (op kGeluGrad or kGeluTanhGrad) of an F32 a with dy and dx each
+// stored as float, bfloat16 or float16 (passes/fold_casts): dy widened as
+// loaded (exact), the float functor, dx rounded by the cast's conversion.
+// Instantiated for DY, DX in {float, bfloat16, float16}.
+template <typename DY, typename DX>
+cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream);
 
 // y[n] = ((xs[0][n] + xs[1][n]) + xs[2][n]) + ..., the CPU's order: at most
 // kAddNPerLaunch inputs a launch, later launches adding the next ones to y.

@@ -1,0 +1,38 @@
+#ifndef STRATA_PASSES_FOLD_CASTS_H_
+#define STRATA_PASSES_FOLD_CASTS_H_
+
+#include "absl/status/statusor.h"
+#include "compiler/pass.h"
+
+namespace strata {
+
+// Mixed precision's casts folded into the float32 ops beside them, after
+// autodiff (and on GPU plans after the epilogue fusion and the backward's
+// cast commuting), so a 16-bit value goes straight into or out of the op
+// that computes in float32 without a float32 copy in memory:
+//
+//   - layer_norm -> cast down: layer_norm writes the 16-bit y itself
+//     (out_dtype), the float32 y rounded as the cast rounds it;
+//   - gelu_grad -> cast down: gelu_grad writes the 16-bit dx (out_dtype);
+//   - cast up -> gelu_grad's dy or layer_norm_grad's dy: the op reads the
+//     16-bit value and widens it as it loads (exact).
+//
+// Each fold needs the float32 var to be an activation the program does not
+// report, written once, read only by the cast (or only by the op, once), on
+// the op's stage. The kernels compute in float32 as before and round
+// through the cast kernel's own conversion, so the program computes the
+// same bits (MixedPrecisionTrainTest checks losses and weights with and
+// without). A BF16 GPT block loses six casts: layer_norm's two, gelu_grad's
+// two, and layer_norm_grad's two; the float32 copies of the layer-norm
+// outputs, the MLP's activation gradient and the layer-norm input gradients
+// never exist.
+class FoldCastsPass : public Pass {
+ public:
+  std::string name() const override { return "fold-casts"; }
+  bool optional() const override { return true; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_FOLD_CASTS_H_

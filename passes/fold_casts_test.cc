@@ -1,0 +1,165 @@
+#include "passes/fold_casts.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "passes/compile.h"
+#include "passes/pipeline_builder.h"
+#include "passes/testing/pass_test_util.h"
+#include "tools/model_gen.h"
+
+namespace strata {
+namespace {
+
+constexpr int kBlocks = 2;
+
+std::string TinyGptText() {
+  GenOptions gen;
+  gen.blocks = kBlocks;
+  gen.d_model = 32;
+  gen.heads = 4;
+  gen.seq = 16;
+  gen.vocab = 64;
+  auto text = GenerateProgram("gpt", gen);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
+}
+
+Strategy Mixed(DataType dtype) {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(dtype);
+  return s;
+}
+
+// The rank's program after compiling for `device`, with `disabled` passes off.
+Program Compiled(const Strategy& strategy, DeviceKind device, std::vector<std::string> disabled = {}) {
+  CompileOptions options;
+  options.batch_size = 4;
+  options.device_kind = device;
+  options.disabled_passes = std::move(disabled);
+  auto r = Compile(ParseProgramOrFail(TinyGptText()), strategy, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->plans[0].program() : Program();
+}
+
+int Count(const Program& p, const std::string& type) {
+  return static_cast<int>(std::count_if(p.op().begin(), p.op().end(), [&](const Op& op) { return op.type() == type; }));
+}
+
+DataType VarDtype(const Program& p, const std::string& name) {
+  for (const Var& v : p.var()) {
+    if (v.name() == name) return v.dtype();
+  }
+  return DT_INVALID;
+}
+
+std::string OutDtype(const Op& op) {
+  auto it = op.attr().find("out_dtype");
+  return it == op.attr().end() ? "" : it->second.s();
+}
+
+TEST(FoldCastsTest, RunsAfterTheBackwardRewritesUnderMixedPrecisionOnly) {
+  for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+    const std::vector<std::string> names = CompilePassNames(Mixed(BF16), device);
+    auto fold = std::find(names.begin(), names.end(), "fold-casts");
+    ASSERT_NE(fold, names.end());
+    const char* before = device == DEVICE_CUDA ? "commute-casts-backward" : "autodiff";
+    EXPECT_LT(std::find(names.begin(), names.end(), before), fold) << before;
+    const std::vector<std::string> f32 = CompilePassNames(Strategy(), device);
+    EXPECT_EQ(std::find(f32.begin(), f32.end(), "fold-casts"), f32.end());
+  }
+}
+
+// Every layer_norm (two a block and the final one) writes its 16-bit output
+// and every layer_norm_grad reads its 16-bit dy; gelu_grad reads its 16-bit
+// dy, and on GPU plans, where the bias gradient comes from the 16-bit
+// gradient in the GEMM's epilogue, writes 16 bits too (on the CPU a float
+// sum_to_like still reads its float dx).
+TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGeluGradCasts) {
+  for (DataType low : {BF16, F16}) {
+    for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(low), " ", DeviceKind_Name(device)));
+      const Program folded = Compiled(Mixed(low), device);
+      const Program plain = Compiled(Mixed(low), device, {"fold-casts"});
+      const int per_block = device == DEVICE_CUDA ? 6 : 5;
+      const int folds = per_block * kBlocks + 2;  // and the final layer_norm's forward and backward
+      EXPECT_EQ(Count(plain, "cast") - Count(folded, "cast"), folds);
+      EXPECT_EQ(folded.op_size(), plain.op_size() - folds);
+      int layer_norms = 0, low_dy = 0, gelu_grads = 0;
+      for (const Op& op : folded.op()) {
+        if (op.type() == "layer_norm") {
+          ++layer_norms;
+          EXPECT_EQ(OutDtype(op), DataTypeName(low)) << op.output(0);
+          EXPECT_EQ(VarDtype(folded, op.output(0)), low) << op.output(0);
+        }
+        if (op.type() == "layer_norm_grad") {
+          low_dy += VarDtype(folded, op.input(2)) == low;
+        }
+        if (op.type() == "gelu_grad") {
+          ++gelu_grads;
+          EXPECT_EQ(VarDtype(folded, op.input(1)), low);
+          if (device == DEVICE_CUDA) {
+            EXPECT_EQ(OutDtype(op), DataTypeName(low));
+            EXPECT_EQ(VarDtype(folded, op.output(0)), low);
+          }
+        }
+      }
+      EXPECT_EQ(layer_norms, 2 * kBlocks + 1);
+      EXPECT_EQ(low_dy, 2 * kBlocks + 1);
+      EXPECT_EQ(gelu_grads, kBlocks);
+      // The float32 copies are gone from the plan.
+      EXPECT_LT(folded.var_size(), plain.var_size());
+    }
+  }
+}
+
+// A float32 value anything else reads keeps its cast; the same value read
+// by the cast alone is folded. (Fetches are scalars, never such a value.)
+TEST(FoldCastsTest, KeepsCastsOfValuesReadElsewhere) {
+  const std::string head = R"pb(
+    name: "ln"
+    var { name: "x" dtype: F32 shape: [-1, 8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "g" dtype: F32 shape: [8] kind: PARAM init { constant { value: 1 } } }
+    var { name: "b" dtype: F32 shape: [8] kind: PARAM init { constant { value: 0 } } }
+    var { name: "w" dtype: F32 shape: [8, 8] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
+    op { type: "layer_norm" input: ["x", "g", "b"] output: ["y"] }
+    op { type: "matmul" input: ["y", "w"] output: ["z"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  struct Case {
+    std::string tail;
+    bool folds;
+  };
+  const Case cases[] = {
+      // The residual add reads y in float32 too.
+      {R"pb(op { type: "add" input: ["z", "y"] output: ["s"] }
+            op { type: "softmax_cross_entropy" input: ["s", "label"] output: ["loss"] })pb",
+       false},
+      // Only the matmul's cast reads y.
+      {R"pb(op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] })pb", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tail);
+    CompileOptions options;
+    options.batch_size = 4;
+    auto r = Compile(ParseProgramOrFail(head + c.tail), Mixed(BF16), options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    int layer_norms = 0;
+    for (const Op& op : r->plans[0].program().op()) {
+      if (op.type() != "layer_norm") continue;
+      ++layer_norms;
+      EXPECT_EQ(OutDtype(op), c.folds ? "BF16" : "");
+      EXPECT_EQ(op.output(0), c.folds ? "y@bf16" : "y");
+    }
+    EXPECT_EQ(layer_norms, 1);
+  }
+}
+
+}  // namespace
+}  // namespace strata
