@@ -13,6 +13,14 @@ CommunicatorSet::CommunicatorSet(std::unique_ptr<Communicator> world)
 
 CommunicatorSet::CommunicatorSet(Communicator* world) : world_(world) {}
 
+CommunicatorSet::~CommunicatorSet() {
+  transfers_.reset();
+  std::vector<int> ids;
+  for (const auto& [id, comm] : device_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (int id : ids) device_.at(id).reset();
+}
+
 absl::Status CommunicatorSet::Add(const CommGroup& group, std::unique_ptr<Communicator> comm) {
   if (groups_.contains(group.id())) {
     return absl::AlreadyExistsError(absl::StrCat("communication group ", group.id(), " is registered twice"));

@@ -27,6 +27,11 @@ class CommunicatorSet {
   explicit CommunicatorSet(std::unique_ptr<Communicator> world);
   // Borrows `world`, which must outlive the set.
   explicit CommunicatorSet(Communicator* world);
+  // The transfer transport first, then the device transports by group id:
+  // NCCL's destroy communicates with the communicator's other ranks (NCCL
+  // 2.23 on), so every rank must tear its communicators down in one order,
+  // which a hash map's iteration (seeded per process) does not give.
+  ~CommunicatorSet();
 
   CommunicatorSet(const CommunicatorSet&) = delete;
   CommunicatorSet& operator=(const CommunicatorSet&) = delete;
