@@ -178,6 +178,42 @@ TEST(CommunicatorSetTest, ADeviceTransportServesGetAndTheHostsGetHost) {
   EXPECT_EQ(comms.GetHost(99).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A transport that notes its own destruction, by name.
+class NotingComm : public NamedComm {
+ public:
+  NotingComm(int rank, int size, std::string name, std::vector<std::string>* destroyed)
+      : NamedComm(rank, size), name_(std::move(name)), destroyed_(destroyed) {}
+  ~NotingComm() override { destroyed_->push_back(name_); }
+
+ private:
+  std::string name_;
+  std::vector<std::string>* destroyed_;
+};
+
+// NCCL's destroy communicates with the other ranks, so every rank tears its
+// transports down in one order: the transfers, then the groups by id.
+TEST(CommunicatorSetTest, TransportsAreDestroyedTransfersFirstThenByGroupId) {
+  std::vector<std::string> destroyed;
+  {
+    NamedComm world(0, 8);
+    CommunicatorSet comms(&world);
+    const std::vector<int> ids = {7, 2, 11, 5, 3, 9};
+    for (int id : ids) {
+      CommGroup g;
+      g.set_id(id);
+      g.add_rank(0);
+      g.add_rank(1);
+      ASSERT_TRUE(comms.Add(g, std::make_unique<NamedComm>(0, 2)).ok());
+    }
+    for (int id : ids) {
+      ASSERT_TRUE(
+          comms.SetDeviceTransport(id, std::make_unique<NotingComm>(0, 2, absl::StrCat("g", id), &destroyed)).ok());
+    }
+    ASSERT_TRUE(comms.SetTransfers(std::make_unique<NotingComm>(0, 8, "transfers", &destroyed)).ok());
+  }
+  EXPECT_THAT(destroyed, ::testing::ElementsAre("transfers", "g2", "g3", "g5", "g7", "g9", "g11"));
+}
+
 TEST(CommunicatorSetTest, AGroupWithoutThisRankIsRefused) {
   absl::StatusOr<Mesh> mesh = Mesh::Create({{"dp", 2}, {"pp", 2}});
   ASSERT_TRUE(mesh.ok()) << mesh.status();
