@@ -1,0 +1,268 @@
+// flash_attention.cu's kernels on the CPU: the part of the file above its
+// launchers (the genrule flash_attention_kernels_emulated cuts it out),
+// compiled with g++ against testing/cuda_stand_in/ and run a block at a time
+// with a std::thread per CUDA thread, against a direct attention in double
+// on the same 16-bit values. It checks what a GPU run would show first and
+// the GPU tests cannot tell apart: the shared-memory layout, the WMMA
+// operand layouts, strides and alignment, the masks, the online softmax and
+// the backward's products; not the hardware's rounding or timing.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+
+namespace strata {
+namespace cuda {
+namespace {
+// The kernels' `extern __shared__ unsigned char smem[]`: one block runs at a
+// time. 232448 bytes: an H100's opt-in limit per block.
+constexpr size_t kSharedLimit = 232448;
+alignas(128) unsigned char smem[256 * 1024];
+}  // namespace
+}  // namespace cuda
+}  // namespace strata
+
+#include "kernels/cuda/flash_attention_kernels_emulated.inc"
+
+namespace strata {
+namespace cuda {
+namespace {
+
+// Runs kernel(args...) on grid (bx, by) of kThreads threads with `shared`
+// bytes of dynamic shared memory (filled with NaN bytes first: reading what
+// no thread wrote shows); checks that nothing past `shared` was written.
+template <typename Kernel, typename... Args>
+void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args... args) {
+  ASSERT_LE(shared, kSharedLimit);
+  for (int64_t by = 0; by < grid_y; ++by) {
+    for (int64_t bx = 0; bx < grid_x; ++bx) {
+      std::memset(smem, 0xff, sizeof(smem));
+      cuda_stand_in::Barrier block(kThreads);
+      cuda_stand_in::Barrier warps[kWarps] = {cuda_stand_in::Barrier(32), cuda_stand_in::Barrier(32),
+                                              cuda_stand_in::Barrier(32), cuda_stand_in::Barrier(32)};
+      std::vector<float> shuffle(kThreads);
+      cuda_stand_in::current = {&block, warps, shuffle.data(), smem, shared};
+      std::vector<std::thread> threads;
+      for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
+        threads.emplace_back([&, t] {
+          threadIdx = {t, 0, 0};
+          blockIdx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), 0};
+          kernel(args...);
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      cuda_stand_in::current = {};
+      for (size_t b = shared; b < sizeof(smem); ++b) {
+        ASSERT_EQ(smem[b], 0xff) << "block (" << bx << ", " << by << ") wrote shared byte " << b << " of "
+                                 << shared;
+      }
+    }
+  }
+  ASSERT_EQ(cuda_stand_in::errors.load(), 0);
+}
+
+template <typename G>
+G Round(double x) {
+  if constexpr (std::is_same_v<G, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(x));
+  } else {
+    return __float2half_rn(static_cast<float>(x));
+  }
+}
+
+template <typename G>
+std::vector<G> Random(int64_t n, double range, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-range, range);
+  std::vector<G> out(n);
+  for (G& x : out) x = Round<G>(u(rng));
+  return out;
+}
+
+template <typename G>
+std::vector<double> Wide(const std::vector<G>& x) {
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = StandInToFloat(x[i]);
+  return out;
+}
+
+struct Reference {
+  std::vector<double> y, lse, dq, dk, dv;
+};
+
+// Direct attention in double on [heads, T, D]; the gradient from the given
+// y (rounded as the kernel's) and lse, with dlse.
+Reference Direct(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                 const std::vector<double>& dy, const std::vector<double>& dlse, int64_t heads, int64_t T, int64_t D,
+                 double scale, bool causal) {
+  Reference r;
+  r.y.assign(heads * T * D, 0);
+  r.lse.assign(heads * T, 0);
+  r.dq.assign(heads * T * D, 0);
+  r.dk.assign(heads * T * D, 0);
+  r.dv.assign(heads * T * D, 0);
+  std::vector<double> s(T), p(T), dp(T);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t off = h * T * D;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = causal ? i + 1 : T;
+      double m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += q[off + i * D + d] * k[off + j * D + d];
+        s[j] = scale * dot;
+        m = std::max(m, s[j]);
+      }
+      double l = 0;
+      for (int64_t j = 0; j < n; ++j) l += std::exp(s[j] - m);
+      const double lse = m + std::log(l);
+      r.lse[h * T + i] = lse;
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = std::exp(s[j] - lse);
+        for (int64_t d = 0; d < D; ++d) r.y[off + i * D + d] += p[j] * v[off + j * D + d];
+      }
+      double di = -dlse[h * T + i];
+      for (int64_t d = 0; d < D; ++d) di += dy[off + i * D + d] * r.y[off + i * D + d];
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += dy[off + i * D + d] * v[off + j * D + d];
+        const double ds = p[j] * (dot - di);
+        for (int64_t d = 0; d < D; ++d) {
+          r.dq[off + i * D + d] += scale * ds * k[off + j * D + d];
+          r.dk[off + j * D + d] += scale * ds * q[off + i * D + d];
+          r.dv[off + j * D + d] += p[j] * dy[off + i * D + d];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+template <typename X>
+::testing::AssertionResult Near(const std::vector<X>& got, const std::vector<double>& want, double fraction,
+                                const char* what) {
+  double largest = 0, worst = 0;
+  size_t at = 0;
+  for (double w : want) largest = std::max(largest, std::abs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = StandInToFloat(got[i]), diff = std::abs(g - want[i]);
+    if (!(diff <= worst)) {  // NaN too
+      worst = std::isnan(diff) ? INFINITY : diff;
+      at = i;
+    }
+  }
+  if (worst <= fraction * largest) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": max |diff| " << worst << " at element " << at << " (got "
+                                       << StandInToFloat(got[at]) << ", want " << want[at] << "), bar "
+                                       << fraction * largest;
+}
+
+struct Case {
+  int64_t heads, T;
+  bool causal;
+  double scale;  // 0: 1/sqrt(D)
+  double range;  // q and k uniform in [-range, range]
+};
+
+// The kernels as the launchers run them, the gradient from the reference's y
+// (rounded) and lse; di as LaunchAttentionRowDots computes it.
+template <typename G, int kD>
+void Check(const Case& c, bool vec, double bar) {
+  const int64_t n = c.heads * c.T * kD;
+  const double scale = c.scale != 0 ? c.scale : 1 / std::sqrt(static_cast<double>(kD));
+  const std::vector<G> q = Random<G>(n, c.range, 1), k = Random<G>(n, c.range, 2), v = Random<G>(n, 1, 3),
+                       dy = Random<G>(n, 1, 4);
+  std::vector<double> dlse(c.heads * c.T);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (double& x : dlse) x = static_cast<float>(u(rng));
+  const std::vector<double> wq = Wide(q), wk = Wide(k), wv = Wide(v), wdy = Wide(dy);
+  const Reference want = Direct(wq, wk, wv, wdy, dlse, c.heads, c.T, kD, scale, c.causal);
+  const int64_t blocks = (c.T + kBlock - 1) / kBlock;
+
+  std::vector<G> y(n, Round<G>(12345));
+  std::vector<float> lse(c.heads * c.T, 12345.0f);
+  Launch(blocks, c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
+         v.data(), c.T, static_cast<float>(scale), c.causal, vec);
+  EXPECT_TRUE(Near(y, want.y, bar, "y"));
+  EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
+
+  // The gradient from the reference's forward outputs, as the GPU tests feed it.
+  std::vector<G> y_in(n);
+  for (int64_t i = 0; i < n; ++i) y_in[i] = Round<G>(want.y[i]);
+  std::vector<float> lse_in(want.lse.begin(), want.lse.end()), di(c.heads * c.T);
+  for (int64_t row = 0; row < c.heads * c.T; ++row) {
+    double dot = 0;
+    for (int64_t d = 0; d < kD; ++d) dot += wdy[row * kD + d] * StandInToFloat(y_in[row * kD + d]);
+    di[row] = static_cast<float>(dot - dlse[row]);
+  }
+  std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
+  Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(), v.data(),
+         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec);
+  Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(),
+         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec);
+  EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
+  EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
+  EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
+}
+
+// T: one row, not a multiple of the 64-row blocks, exactly one and two
+// blocks; scale and range: large scores, where the running max moves.
+const Case kCases[] = {
+    {1, 1, true, 0, 1},     {2, 17, false, 0, 1},  {1, 64, true, 0, 1},    {1, 65, false, 0.3, 1},
+    {1, 130, true, 0, 1},   {1, 128, false, 0, 1}, {1, 150, true, 1.7, 3}, {1, 150, false, 1.7, 3},
+    {3, 100, true, 0, 1},
+};
+
+// bf16 rounds P and dS to 8 bits (relative 2^-9) for their products, fp16
+// to 11: within 1e-2 resp. 2e-3 of each tensor's largest magnitude.
+template <typename G, int kD>
+void CheckAll(double bar) {
+  for (const Case& c : kCases) {
+    for (bool vec : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "D " << kD << " heads " << c.heads << " T " << c.T
+                                        << (c.causal ? " causal" : "") << " scale " << c.scale << " range "
+                                        << c.range << (vec ? " 16-byte loads" : " element loads"));
+      Check<G, kD>(c, vec, bar);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// The stand-in's 16-bit types encode as the hardware's (the reference reads
+// the same bits back, so a consistent misencoding would pass unnoticed).
+TEST(FlashAttentionEmulationTest, StandInRoundsLikeCuda) {
+  EXPECT_EQ(__float2bfloat16_rn(1.0f).bits, 0x3f80);
+  EXPECT_EQ(__float2bfloat16_rn(-2.5f).bits, 0xc020);
+  EXPECT_EQ(__float2bfloat16_rn(1.0f + 0x1p-8f).bits, 0x3f80);  // a tie: to even
+  EXPECT_EQ(__float2bfloat16_rn(1.0f + 0x1p-7f + 0x1p-8f).bits, 0x3f82);
+  EXPECT_EQ(__float2half_rn(1.0f).bits, 0x3c00);
+  EXPECT_EQ(__float2half_rn(-2.5f).bits, 0xc100);
+  EXPECT_EQ(__float2half_rn(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(__float2half_rn(65536.0f).bits, 0x7c00);
+  EXPECT_EQ(__float2half_rn(0x1p-24f).bits, 0x0001);
+  EXPECT_EQ(__float2half_rn(0x1p-14f).bits, 0x0400);
+  EXPECT_EQ(__float2half_rn(1.0f + 0x1p-11f).bits, 0x3c00);  // a tie: to even
+  for (float x : {0.1f, -3.7f, 1e-5f, 300.25f}) {
+    EXPECT_EQ(StandInToFloat(__float2half_rn(x)), static_cast<float>(static_cast<_Float16>(x)));
+  }
+  EXPECT_EQ(StandInToFloat(__float2bfloat16_rn(0.1f)), 0.10009765625f);
+}
+
+TEST(FlashAttentionEmulationTest, Bf16Head32) { CheckAll<__nv_bfloat16, 32>(1e-2); }
+TEST(FlashAttentionEmulationTest, Bf16Head64) { CheckAll<__nv_bfloat16, 64>(1e-2); }
+TEST(FlashAttentionEmulationTest, Bf16Head128) { CheckAll<__nv_bfloat16, 128>(1e-2); }
+TEST(FlashAttentionEmulationTest, Fp16Head32) { CheckAll<__half, 32>(2e-3); }
+TEST(FlashAttentionEmulationTest, Fp16Head64) { CheckAll<__half, 64>(2e-3); }
+TEST(FlashAttentionEmulationTest, Fp16Head128) { CheckAll<__half, 128>(2e-3); }
+
+}  // namespace
+}  // namespace cuda
+}  // namespace strata
