@@ -13,6 +13,21 @@
 namespace strata {
 namespace {
 
+// One element from src to dst over the pair's new communicator, waited for.
+// NCCL (2.15 on) sets a point-to-point connection up at the first transfer
+// between two ranks, and that setup needs both of them there: the sender's
+// host blocks in its first send until the receiver posts its first receive.
+// Inside a step the receiver may be busy elsewhere (its host waiting on
+// another peer), so each pair makes its first transfer here, in the same
+// global order as the communicators' creation (PaddlePaddle does the same
+// with an all-to-all at group creation, PR 54431).
+absl::Status WarmUpPair(NcclCommunicator& comm, bool sender, Device* device, absl::Duration timeout) {
+  Tensor probe = Tensor::Zeros(F32, Shape{1}, device);
+  if (!probe.defined()) return absl::ResourceExhaustedError("out of memory for a 4-byte probe");
+  std::unique_ptr<Work> work = sender ? comm.Send(probe, 1, 0) : comm.Recv(&probe, 0, 0);
+  return work->Wait(timeout);
+}
+
 NcclApiFactory& RegisteredFactory() {
   static NcclApiFactory* factory = new NcclApiFactory();
   return *factory;
@@ -167,6 +182,12 @@ absl::Status ConnectDeviceTransfers(std::shared_ptr<NcclApi> api, Store& job_sto
         api->DestroyStream(*stream);
         return absl::Status(comm.status().code(), absl::StrCat("connecting rank ", src, "'s sends to rank ", dst,
                                                                " over NCCL: ", comm.status().message()));
+      }
+      if (auto s = WarmUpPair(**comm, src == me, device, timeout); !s.ok()) {
+        comm->reset();
+        api->DestroyStream(*stream);
+        return absl::Status(s.code(), absl::StrCat("the first transfer from rank ", src, " to rank ", dst,
+                                                   " over NCCL: ", s.message()));
       }
       transfers->AddPair(src, dst, *std::move(comm), *stream);
     }

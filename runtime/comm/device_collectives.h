@@ -62,8 +62,10 @@ std::vector<int> TransferPeers(const RankPlan& plan);
 // a communicator whose Send(dst) and Recv(src) go over NCCL, one 2-rank
 // communicator and stream per ordered pair of this rank and each of
 // TransferPeers(plan), connected in the order of the pairs (lower rank,
-// higher rank), which no two ranks can disagree on. Its collectives are
-// refused.
+// higher rank), which no two ranks can disagree on; each direction makes
+// its first transfer (one element) as it is connected, since NCCL sets a
+// pair's connection up at its first transfer and needs both ranks there.
+// Its collectives are refused.
 absl::Status ConnectDeviceTransfers(std::shared_ptr<NcclApi> api, Store& job_store, const RankPlan& plan,
                                     Device* device, absl::Duration timeout, CommunicatorSet* set);
 
