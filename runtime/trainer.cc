@@ -228,6 +228,33 @@ absl::Status AgreeAllRanks(Communicator& comm, const absl::Status& mine, double 
   return absl::OkStatus();
 }
 
+// How often the ranks agree whether to stop: a collective per step would
+// cost a pipeline's small steps about a tenth of their time.
+constexpr double kStopCheckPeriodSeconds = 0.5;
+
+// Whether any rank caught a stop signal (the largest signal number any rank
+// caught, agreed by every rank), and the step after which they next check:
+// each rank proposes one about kStopCheckPeriodSeconds of its steps ahead
+// and the furthest wins, so all check after the same steps.
+struct StopCheck {
+  int signal = 0;
+  int64_t next_check = 0;
+};
+
+absl::StatusOr<StopCheck> AgreeOnStop(int mine, int64_t proposed_next_check, Communicator* comm, double timeout_s) {
+  if (comm == nullptr || comm->size() <= 1) return StopCheck{mine, proposed_next_check};
+  Tensor flags = Tensor::Empty(I64, {2});
+  if (!flags.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
+  flags.data<int64_t>()[0] = mine;
+  flags.data<int64_t>()[1] = proposed_next_check;
+  if (auto s = comm->AllReduce(&flags, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("agreeing whether to stop: ", s.message()));
+  }
+  return StopCheck{static_cast<int>(flags.data<int64_t>()[0]), flags.data<int64_t>()[1]};
+}
+
+}  // namespace
+
 // Ranks started by hand can be given different settings; training on them
 // would hang (different step counts) or silently train the wrong model
 // (different seeds or data). Every rank sends its settings to every other and
@@ -279,31 +306,6 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
   return absl::OkStatus();
 }
 
-// How often the ranks agree whether to stop: a collective per step would
-// cost a pipeline's small steps about a tenth of their time.
-constexpr double kStopCheckPeriodSeconds = 0.5;
-
-// Whether any rank caught a stop signal (the largest signal number any rank
-// caught, agreed by every rank), and the step after which they next check:
-// each rank proposes one about kStopCheckPeriodSeconds of its steps ahead
-// and the furthest wins, so all check after the same steps.
-struct StopCheck {
-  int signal = 0;
-  int64_t next_check = 0;
-};
-absl::StatusOr<StopCheck> AgreeOnStop(int mine, int64_t proposed_next_check, Communicator* comm, double timeout_s) {
-  if (comm == nullptr || comm->size() <= 1) return StopCheck{mine, proposed_next_check};
-  Tensor flags = Tensor::Empty(I64, {2});
-  if (!flags.defined()) return absl::ResourceExhaustedError("out of memory agreeing on a stop");
-  flags.data<int64_t>()[0] = mine;
-  flags.data<int64_t>()[1] = proposed_next_check;
-  if (auto s = comm->AllReduce(&flags, ReduceOp::kMax)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("agreeing whether to stop: ", s.message()));
-  }
-  return StopCheck{static_cast<int>(flags.data<int64_t>()[0]), flags.data<int64_t>()[1]};
-}
-
-}  // namespace
 
 // The checkpoint's step, if this run may resume from it: the same batch and
 // seed (both decide the data order and dropout masks), and steps left to run.

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 namespace strata {
 
+class Communicator;
 class CommunicatorSet;
 
 struct TrainOptions {
@@ -108,6 +110,13 @@ absl::Status CheckWritableFile(const std::string& path, const std::string& flag)
 // significant digits; NaN and the infinities are written as null.
 std::string StepMetricsJson(const StepMetrics& m);
 std::string EvalMetricsJson(const EvalMetrics& m, int64_t step);
+
+// Every rank sends its (name, value) settings to every other; all refuse,
+// FailedPrecondition naming the first setting and rank that differ from
+// rank 0's, when any does. Ranks started by hand can be given different
+// settings, and training on them would hang or train the wrong model.
+absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings,
+                             double timeout_s);
 
 // Trains one rank's plan on one device: data in (seed, epoch) order, one
 // global mini-batch per step, metrics and progress as DESIGN.md says,

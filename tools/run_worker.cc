@@ -164,7 +164,17 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // agree on joining it.
   const std::vector<int> nccl_groups = CollectiveGroups(result.plans, env.rank);
   const bool transfers = !TransferPeers(plan).empty();
-  if (nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl) && (!nccl_groups.empty() || transfers)) {
+  // Each machine decides from its own GPUs and ranks (PlaceOnGpu); ranks on
+  // machines that decided differently would wait in NCCL's init for peers
+  // that never come, so they agree first and a difference is one error.
+  const bool nccl = nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl);
+  if (auto s = AgreeOnSettings(*comms.world(),
+                               {{"device transport", nccl ? "NCCL (a GPU per rank)" : "Gloo (host memory)"}},
+                               absl::GetFlag(FLAGS_comm_timeout_s));
+      !s.ok()) {
+    return fail(s);
+  }
+  if (nccl && (!nccl_groups.empty() || transfers)) {
     std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
     if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
     std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
