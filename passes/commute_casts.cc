@@ -103,19 +103,7 @@ class Commuter {
 
 absl::StatusOr<bool> CommuteCastsPass::Run(Graph& graph, const CompileContext&) {
   Commuter commuter(graph);
-  bool changed = false;
-  while (true) {
-    absl::StatusOr<bool> step = commuter.Step();
-    if (!step.ok()) return step.status();
-    if (!*step) break;
-    changed = true;
-  }
-  if (changed) {
-    if (auto s = graph.RetainVars(commuter.keep()); !s.ok()) {
-      return absl::InternalError(absl::StrCat("commute-casts: ", s.message()));
-    }
-  }
-  return changed;
+  return RewriteUntilDone(graph, commuter, name_);
 }
 
 }  // namespace strata

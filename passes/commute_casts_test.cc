@@ -12,19 +12,7 @@
 namespace strata {
 namespace {
 
-constexpr int kBlocks = 2;
-
-std::string TinyGptText() {
-  GenOptions gen;
-  gen.blocks = kBlocks;
-  gen.d_model = 32;
-  gen.heads = 4;
-  gen.seq = 16;
-  gen.vocab = 64;
-  auto text = GenerateProgram("gpt", gen);
-  EXPECT_TRUE(text.ok()) << text.status();
-  return text.ok() ? *text : "";
-}
+constexpr int kBlocks = kTinyGptBlocks;
 
 Strategy Bf16() {
   Strategy s;

@@ -99,19 +99,7 @@ class Folder {
 
 absl::StatusOr<bool> FoldCastsPass::Run(Graph& graph, const CompileContext&) {
   Folder folder(graph);
-  bool changed = false;
-  while (true) {
-    absl::StatusOr<bool> step = folder.Step();
-    if (!step.ok()) return step.status();
-    if (!*step) break;
-    changed = true;
-  }
-  if (changed) {
-    if (auto s = graph.RetainVars(folder.keep()); !s.ok()) {
-      return absl::InternalError(absl::StrCat("fold-casts: ", s.message()));
-    }
-  }
-  return changed;
+  return RewriteUntilDone(graph, folder, "fold-casts");
 }
 
 }  // namespace strata

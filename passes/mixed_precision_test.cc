@@ -227,18 +227,7 @@ TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
 // A small GPT: attention runs in the low dtype too (q, k, v cast, y written
 // in BF16 and cast back), its logsumexp stays F32, and the compiled program's
 // attention gradient reads BF16 q.
-Program SmallGpt(int64_t seq = 16) {
-  GenOptions gen;
-  gen.blocks = 2;
-  gen.d_model = 32;
-  gen.heads = 4;
-  gen.seq = seq;
-  gen.vocab = 64;
-  gen.dtype = "F32";
-  auto text = GenerateProgram("gpt", gen);
-  EXPECT_TRUE(text.ok()) << text.status();
-  return text.ok() ? ParseProgramOrFail(*text) : Program();
-}
+Program SmallGpt(int64_t seq = 16) { return ParseProgramOrFail(TinyGptText(seq)); }
 
 TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
   CompileOptions options;

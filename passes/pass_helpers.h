@@ -1,9 +1,11 @@
 #ifndef STRATA_PASSES_PASS_HELPERS_H_
 #define STRATA_PASSES_PASS_HELPERS_H_
 
-#include "absl/status/status.h"
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "compiler/graph.h"
 
@@ -33,6 +35,26 @@ bool IsCastUp(const Graph& graph, int op);
 // A var such a pass may drop or retype: an activation the program does not
 // report (not the loss, not fetched).
 bool IsUnreportedActivation(const Graph& graph, int v);
+
+// Runs `rewriter.Step()` (one rewrite, false when none applies) until none
+// does, then drops the vars `rewriter.keep()` marks false; `pass` names the
+// caller in errors. Whether anything changed.
+template <typename Rewriter>
+absl::StatusOr<bool> RewriteUntilDone(Graph& graph, Rewriter& rewriter, absl::string_view pass) {
+  bool changed = false;
+  while (true) {
+    absl::StatusOr<bool> step = rewriter.Step();
+    if (!step.ok()) return step.status();
+    if (!*step) break;
+    changed = true;
+  }
+  if (changed) {
+    if (auto s = graph.RetainVars(rewriter.keep()); !s.ok()) {
+      return absl::InternalError(absl::StrCat(pass, ": ", s.message()));
+    }
+  }
+  return changed;
+}
 
 }  // namespace strata
 

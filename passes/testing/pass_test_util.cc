@@ -1,5 +1,7 @@
 #include "passes/testing/pass_test_util.h"
 
+#include "tools/model_gen.h"
+
 #include "passes/compile.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
@@ -99,6 +101,19 @@ const AttrValue& Attr(const Op& op, const std::string& key) {
     return AttrValue::default_instance();
   }
   return it->second;
+}
+
+std::string TinyGptText(int64_t seq) {
+  GenOptions gen;
+  gen.blocks = kTinyGptBlocks;
+  gen.d_model = 32;
+  gen.heads = 4;
+  gen.seq = seq;
+  gen.vocab = 64;
+  gen.dtype = "F32";
+  auto text = GenerateProgram("gpt", gen);
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *text : "";
 }
 
 }  // namespace strata
