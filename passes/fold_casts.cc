@@ -1,5 +1,6 @@
 #include "passes/fold_casts.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,86 +21,89 @@ int ReadsLowInput(absl::string_view type) {
   return -1;
 }
 
+// The folds, found in one sweep: each takes its own cast and its own
+// float32 var, so none changes whether another applies. gelu_grad may take
+// two (its dy and its dx), edited into one replacement op.
 class Folder {
  public:
-  explicit Folder(Graph& graph) : graph_(graph), keep_(graph.num_vars(), true) {}
-
-  // One fold, if any applies; false when none does.
-  absl::StatusOr<bool> Step() {
-    const std::vector<std::vector<int>> readers = graph_.Readers();
-    std::vector<int> writes(graph_.num_vars(), 0), writer(graph_.num_vars(), -1);
+  explicit Folder(Graph& graph)
+      : graph_(graph), readers_(graph.Readers()), writes_(graph.num_vars(), 0), writer_(graph.num_vars(), -1) {
     for (int op : graph_.ops()) {
       for (int v : graph_.outputs(op)) {
-        ++writes[v];
-        writer[v] = op;
+        ++writes_[v];
+        writer_[v] = op;
       }
     }
-    // The float32 var between the cast and the op: dropped by the fold.
-    const auto foldable = [&](int v, int reader) {
-      return IsUnreportedActivation(graph_, v) && writes[v] == 1 && readers[v].size() == 1 &&
-             readers[v][0] == reader && graph_.stage(writer[v]) == graph_.stage(reader);
+  }
+
+  absl::StatusOr<bool> Run() {
+    std::vector<bool> keep(graph_.num_vars(), true);
+    std::map<int, Op> edited;  // op id -> its replacement
+    std::vector<int> casts;    // folded, to erase
+    const auto edit = [&](int op) -> Op& {
+      auto it = edited.find(op);
+      if (it == edited.end()) it = edited.emplace(op, graph_.AsOp(op)).first;
+      return it->second;
     };
-    for (int op : std::vector<int>(graph_.ops())) {
+    for (int op : graph_.ops()) {
       if (IsCastDown(graph_, op)) {
-        const int x = graph_.inputs(op)[0], producer = writer[x];
-        if (producer < 0 || !foldable(x, op) || !StoresOutputLow(graph_.schema(producer).type) ||
+        const int x = graph_.inputs(op)[0], producer = writer_[x];
+        if (producer < 0 || !Foldable(x, op) || !StoresOutputLow(graph_.schema(producer).type) ||
             graph_.outputs(producer)[0] != x || graph_.dtype(graph_.inputs(producer)[0]) != F32) {
           continue;
         }
         auto set = graph_.attrs(producer).find("out_dtype");
         if (set != graph_.attrs(producer).end() && !set->second.s().empty()) continue;
-        Op folded = graph_.AsOp(producer);
+        Op& folded = edit(producer);
         folded.set_output(0, std::string(graph_.var_name(graph_.outputs(op)[0])));
         (*folded.mutable_attr())["out_dtype"].set_s(DataType_Name(CastTarget(graph_, op)));
-        STRATA_RETURN_IF_ERROR(Replace(producer, folded));
-        graph_.EraseOp(op);
-        keep_[x] = false;
-        return true;
-      }
-      if (IsCastUp(graph_, op)) {
+        casts.push_back(op);
+        keep[x] = false;
+      } else if (IsCastUp(graph_, op)) {
         const int v = graph_.outputs(op)[0];
-        if (readers[v].size() != 1) continue;
-        const int reader = readers[v][0];
+        if (readers_[v].size() != 1) continue;
+        const int reader = readers_[v][0];
         const int k = ReadsLowInput(graph_.schema(reader).type);
-        if (k < 0 || !foldable(v, reader) || graph_.inputs(reader)[k] != v ||
-            graph_.dtype(graph_.inputs(reader)[0]) != F32) {
-          continue;
-        }
-        bool read_once = true;  // v is the op's dy and nothing else of it
+        if (k < 0 || !Foldable(v, reader) || graph_.dtype(graph_.inputs(reader)[0]) != F32) continue;
+        bool only_k = true;  // v is the op's dy and nothing else of it
         for (int i = 0; i < static_cast<int>(graph_.inputs(reader).size()); ++i) {
-          read_once = read_once && (i == k || graph_.inputs(reader)[i] != v);
+          only_k = only_k && (graph_.inputs(reader)[i] == v) == (i == k);
         }
-        if (!read_once) continue;
-        Op folded = graph_.AsOp(reader);
-        folded.set_input(k, std::string(graph_.var_name(graph_.inputs(op)[0])));
-        STRATA_RETURN_IF_ERROR(Replace(reader, folded));
-        graph_.EraseOp(op);
-        keep_[v] = false;
-        return true;
+        if (!only_k) continue;
+        edit(reader).set_input(k, std::string(graph_.var_name(graph_.inputs(op)[0])));
+        casts.push_back(op);
+        keep[v] = false;
       }
     }
-    return false;
+    if (casts.empty()) return false;
+    for (const auto& [id, op] : edited) {
+      if (auto s = graph_.ReplaceOp(id, op); !s.ok()) {
+        return absl::InternalError(absl::StrCat("fold-casts: ", graph_.OpLocation(id), ": ", s.message()));
+      }
+    }
+    for (int c : casts) graph_.EraseOp(c);
+    if (auto s = graph_.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fold-casts: ", s.message()));
+    return true;
   }
 
-  const std::vector<bool>& keep() const { return keep_; }
-
  private:
-  absl::Status Replace(int id, const Op& op) {
-    if (auto s = graph_.ReplaceOp(id, op); !s.ok()) {
-      return absl::InternalError(absl::StrCat("fold-casts: ", graph_.OpLocation(id), ": ", s.message()));
-    }
-    return absl::OkStatus();
+  // The float32 var between a cast and the op it folds into: an activation
+  // the program does not report, written once, read by `reader` alone, on
+  // the writer's stage.
+  bool Foldable(int v, int reader) const {
+    return IsUnreportedActivation(graph_, v) && writes_[v] == 1 && readers_[v].size() == 1 &&
+           readers_[v][0] == reader && graph_.stage(writer_[v]) == graph_.stage(reader);
   }
 
   Graph& graph_;
-  std::vector<bool> keep_;
+  const std::vector<std::vector<int>> readers_;
+  std::vector<int> writes_, writer_;
 };
 
 }  // namespace
 
 absl::StatusOr<bool> FoldCastsPass::Run(Graph& graph, const CompileContext&) {
-  Folder folder(graph);
-  return RewriteUntilDone(graph, folder, "fold-casts");
+  return Folder(graph).Run();
 }
 
 }  // namespace strata
