@@ -192,6 +192,16 @@ inline absl::Status CheckLayerNormDy(const Tensor& x, const Tensor& dy) {
   return absl::OkStatus();
 }
 
+// layer_norm_grad's optional residual: x's type.
+inline absl::Status CheckLayerNormResidual(const Tensor& x, const Tensor& residual) {
+  if (residual.shape() != x.shape() || residual.dtype() != x.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: residual ", DataTypeName(residual.dtype()),
+                                                   ShapeString(residual.shape()), " does not match x ",
+                                                   DataTypeName(x.dtype()), ShapeString(x.shape())));
+  }
+  return absl::OkStatus();
+}
+
 // scaled_dot_product_attention(_grad): q, k, v (and y, dy) are one
 // [B, H, T, D] type; lse (and dlse) are [B, H, T], F32 when q is BF16 or F16
 // (the schema's LseType), else q's dtype.

@@ -82,7 +82,9 @@ class Folder {
       }
     }
     for (int c : casts) graph_.EraseOp(c);
-    if (auto s = graph_.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fold-casts: ", s.message()));
+    if (auto s = graph_.RetainVars(keep); !s.ok()) {
+      return absl::InternalError(absl::StrCat("fold-casts: ", s.message()));
+    }
     return true;
   }
 
@@ -102,8 +104,6 @@ class Folder {
 
 }  // namespace
 
-absl::StatusOr<bool> FoldCastsPass::Run(Graph& graph, const CompileContext&) {
-  return Folder(graph).Run();
-}
+absl::StatusOr<bool> FoldCastsPass::Run(Graph& graph, const CompileContext&) { return Folder(graph).Run(); }
 
 }  // namespace strata

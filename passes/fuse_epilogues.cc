@@ -18,12 +18,7 @@ bool BoolAttr(const Graph& graph, int op, const char* name) {
 // The one op reading var `v`, or -1 (none, several, or a var the program
 // names as its loss or a fetch, which must stay).
 int SoleReader(const Graph& graph, const std::vector<std::vector<int>>& readers, int v) {
-  if (graph.kind(v) != ACTIVATION || readers[v].size() != 1) return -1;
-  const absl::string_view name = graph.var_name(v);
-  if (name == graph.loss()) return -1;
-  for (const std::string& f : graph.program_fields().fetch()) {
-    if (f == name) return -1;
-  }
+  if (!IsUnreportedActivation(graph, v) || readers[v].size() != 1) return -1;
   return readers[v][0];
 }
 
@@ -280,6 +275,55 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
   return changed;
 }
 
+// add_n(r, p) where p is a layer_norm_grad's dx that nothing else reads:
+// the layer_norm_grad takes r as its residual and writes the sum itself (a
+// residual connection's gradient, summed where the layer norm's part is
+// written instead of by a second pass over both). Only where r is written
+// once, before the layer_norm_grad, so the op can read it where it stands.
+absl::StatusOr<bool> FuseResidualGrads(Graph& graph) {
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  std::vector<int> writes(graph.num_vars(), 0), writer(graph.num_vars(), -1);
+  for (int op : graph.ops()) {
+    for (int v : graph.outputs(op)) {
+      ++writes[v];
+      writer[v] = op;
+    }
+  }
+  std::vector<bool> keep(graph.num_vars(), true);
+  bool changed = false;
+  for (int sum : std::vector<int>(graph.ops())) {
+    if (graph.schema(sum).type != "add_n" || graph.inputs(sum).size() != 2) continue;
+    for (int i = 0; i < 2; ++i) {
+      const int part = graph.inputs(sum)[i], r = graph.inputs(sum)[1 - i];
+      const int ln = writer[part];
+      if (ln < 0 || r == part || writes[part] != 1 || SoleReader(graph, readers, part) != sum) continue;
+      if (graph.schema(ln).type != "layer_norm_grad" || graph.inputs(ln).size() != 3 ||
+          graph.outputs(ln)[0] != part || !SamePlace(graph, ln, sum)) {
+        continue;
+      }
+      if (graph.type(r) != graph.type(part) || writes[r] != 1 || writer[r] < 0 ||
+          graph.position(writer[r]) >= graph.position(ln)) {
+        continue;
+      }
+      Op fused = graph.AsOp(ln);
+      fused.add_input(std::string(graph.var_name(r)));
+      fused.set_output(0, std::string(graph.var_name(graph.outputs(sum)[0])));
+      if (auto s = graph.ReplaceOp(ln, fused); !s.ok()) {
+        return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(ln), ": ", s.message()));
+      }
+      writer[graph.outputs(sum)[0]] = ln;  // a later sum's r may be this one's output
+      graph.EraseOp(sum);
+      keep[part] = false;
+      changed = true;
+      break;
+    }
+  }
+  if (changed) {
+    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fuse-epilogues: ", s.message()));
+  }
+  return changed;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& ctx) {
@@ -289,7 +333,8 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& 
   STRATA_ASSIGN_OR_RETURN(const bool adds, FuseBiasAdds(graph));
   STRATA_ASSIGN_OR_RETURN(const bool gelus, FuseBiasGelus(graph));
   STRATA_ASSIGN_OR_RETURN(const bool grads, FuseBiasGradients(graph, accumulating));
-  return adds || gelus || grads;
+  STRATA_ASSIGN_OR_RETURN(const bool residuals, FuseResidualGrads(graph));
+  return adds || gelus || grads || residuals;
 }
 
 }  // namespace strata

@@ -48,6 +48,13 @@ namespace strata {
 // gradient when the plan sums gradients over micro-batches or merged steps
 // (the micro-batch pass makes that GEMM a matmul_accumulate). On the CPU the fused kernel runs the unfused
 // ops' GEMM and sum: in float32 the bits of the unfused program.
+//
+// A residual connection's gradient sum, add_n(r, p) where p is a
+// layer_norm_grad's dx that nothing else reads, becomes that
+// layer_norm_grad's `residual` input: it writes r + its dx, the add_n's sum
+// in the add_n's type (the same bits), instead of a second pass reading
+// both. Only where r is written once and before the layer_norm_grad. A GPT
+// block's two layer-norm gradients both take the residual stream's.
 class FuseEpiloguesPass : public Pass {
  public:
   std::string name() const override { return "fuse-epilogues"; }

@@ -387,3 +387,79 @@ TEST(FuseEpiloguesTest, LeavesTheBiasGradientsItCannotFuse) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A layer norm on a residual connection, h = x + layer_norm(x) with x itself
+// computed (so it has a gradient): backward sums x's two gradients, and that
+// add_n becomes the layer_norm_grad's residual. With `branch_first`, x also
+// feeds a matmul that runs before the layer norm, so its gradient part is
+// written after the layer_norm_grad: that sum cannot move into it.
+std::string ResidualLayerNorm(bool branch_first) {
+  const std::string branch = R"pb(op { type: "matmul" input: ["x", "wb"] output: ["b"] })pb";
+  return absl::StrCat(R"pb(
+    var { name: "in" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "wb" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "g" dtype: F32 shape: [4] kind: PARAM init { constant { value: 1 } } }
+    var { name: "beta" dtype: F32 shape: [4] kind: PARAM }
+    op { type: "matmul" input: ["in", "w0"] output: ["x"] }
+  )pb",
+                      branch_first ? branch : "", R"pb(
+    op { type: "layer_norm" input: ["x", "g", "beta"] output: ["y"] }
+  )pb",
+                      branch_first ? R"pb(op { type: "add" input: ["b", "y"] output: ["h"] })pb"
+                                   : R"pb(op { type: "add" input: ["x", "y"] output: ["h"] })pb",
+                      R"pb(
+    op { type: "softmax_cross_entropy" input: ["h", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+}
+
+TEST(FuseEpiloguesTest, FusesTheResidualGradientSumIntoTheLayerNormGradient) {
+  const Program before = DumpAfter(ResidualLayerNorm(false), Strategy(), "autodiff");
+  const Program after = DumpAfter(ResidualLayerNorm(false), Strategy(), "fuse-epilogues");
+  ASSERT_EQ(Count(before, "add_n"), 1);
+  EXPECT_EQ(Count(after, "add_n"), 0);
+  const Op* dx = Writer(after, "x@grad");
+  ASSERT_NE(dx, nullptr);
+  EXPECT_EQ(dx->type(), "layer_norm_grad");
+  ASSERT_EQ(dx->input_size(), 4);
+  EXPECT_EQ(dx->input(3), "h@grad");  // the add's gradient of x is h's
+  EXPECT_EQ(after.op_size(), before.op_size() - 1);
+  // The layer norm's own part is gone.
+  for (const Op& op : before.op()) {
+    if (op.type() == "layer_norm_grad") EXPECT_FALSE(Declared(after, op.output(0))) << op.output(0);
+  }
+}
+
+TEST(FuseEpiloguesTest, LeavesAResidualSumWhosePartComesAfterTheLayerNormGradient) {
+  const Program before = DumpAfter(ResidualLayerNorm(true), Strategy(), "autodiff");
+  const Program after = DumpAfter(ResidualLayerNorm(true), Strategy(), "fuse-epilogues");
+  ASSERT_EQ(Count(before, "add_n"), 1);
+  EXPECT_EQ(Count(after, "add_n"), 1);
+  for (const Op& op : after.op()) {
+    if (op.type() == "layer_norm_grad") EXPECT_EQ(op.input_size(), 3);
+  }
+}
+
+// Every block of the tiny GPT: both layer norms' gradients take the
+// residual stream's gradient, and the only add_n left sums the tied
+// embedding's two parts.
+TEST(FuseEpiloguesTest, EveryGptLayerNormGradientTakesTheResidualSum) {
+  for (bool mixed : {false, true}) {
+    Strategy strategy;
+    if (mixed) strategy.mutable_mixed_precision()->set_dtype(BF16);
+    const Program after = DumpAfter(TinyGptText(), strategy, "fuse-epilogues");
+    int with_residual = 0;
+    for (const Op& op : after.op()) with_residual += op.type() == "layer_norm_grad" && op.input_size() == 4;
+    EXPECT_EQ(with_residual, 2 * kTinyGptBlocks) << (mixed ? "BF16" : "F32");
+    EXPECT_EQ(Count(after, "add_n"), 1) << (mixed ? "BF16" : "F32");
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -89,6 +89,7 @@ absl::Status LayerNormGradShape(ShapeContext& ctx) {
                                 ctx.input(2).ToString()));
   }
   STRATA_RETURN_IF_ERROR(ExpectEpsilon(ctx));
+  if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 3, "residual", 0, "x"));
   ctx.set_output(0, ctx.input(0));
   ctx.set_output(1, ctx.input(1));
   ctx.set_output(2, ctx.input(1));
@@ -99,6 +100,7 @@ STRATA_REGISTER_OP(OpDef("layer_norm_grad")
                        .Input("x")
                        .Input("gamma")
                        .Input("dy")
+                       .OptionalInput("residual")
                        .Output("dx")
                        .Output("dgamma")
                        .Output("dbeta")
@@ -106,7 +108,9 @@ STRATA_REGISTER_OP(OpDef("layer_norm_grad")
                        .Shape(LayerNormGradShape)
                        .NotDifferentiable()
                        .Doc("Backward of layer_norm, recomputing mean and rstd from x. dy may be BF16 or F16 "
-                            "for an F32 x (read widened: passes/fold_casts)."));
+                            "for an F32 x (read widened: passes/fold_casts). With `residual` (x's type), dx is "
+                            "residual + the layer norm's dx, summed in x's type as add_n sums them: the gradient "
+                            "around a residual connection added where it is written (passes/fuse_epilogues)."));
 
 }  // namespace
 }  // namespace strata

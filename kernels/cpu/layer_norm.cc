@@ -14,8 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
-#include "kernels/cuda/unary_math.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/work_split.h"
 #include "runtime/kernel.h"
@@ -116,7 +116,8 @@ class LayerNormKernel : public LayerNormBase {
 };
 
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row (dy may be
-// BF16 / F16 for an F32 x, read widened: passes/fold_casts):
+// BF16 / F16 for an F32 x, read widened: passes/fold_casts; an optional
+// residual is added to dx in T, as add_n would: passes/fuse_epilogues):
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
 template <typename T>
 class LayerNormGradKernel : public LayerNormBase {
@@ -129,13 +130,14 @@ class LayerNormGradKernel : public LayerNormBase {
     const Tensor& dy = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
+    if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
     if constexpr (std::is_same_v<T, float>) {
       if (dy.dtype() == BF16) return Run<bfloat16>(ctx, x, gamma, dy);
       if (dy.dtype() == F16) return Run<float16>(ctx, x, gamma, dy);
     }
     if (dy.dtype() != x.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ",
-                                                     DataTypeName(x.dtype()), " x"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
     }
     return Run<T>(ctx, x, gamma, dy);
   }
@@ -155,6 +157,7 @@ class LayerNormGradKernel : public LayerNormBase {
     const T* px = x.data<T>();
     const T* pg = gamma.data<T>();
     const DY* pdy = dy.data<DY>();
+    const T* pres = ctx.num_inputs() > 3 ? ctx.input(3).data<T>() : nullptr;
     T* pdx = dx->data<T>();
     double* pp = partial.data<double>();
     const double eps = epsilon_;
@@ -168,6 +171,7 @@ class LayerNormGradKernel : public LayerNormBase {
           const T* xr = px + r * D;
           const DY* dyr = pdy + r * D;
           T* dxr = pdx + r * D;
+          const T* resr = pres != nullptr ? pres + r * D : nullptr;
           double mean, rstd;
           RowMoments(xr, D, eps, &mean, &rstd);
           const auto dy_at = [dyr](int64_t j) { return static_cast<double>(cuda::Convert<T>(dyr[j])); };
@@ -177,7 +181,8 @@ class LayerNormGradKernel : public LayerNormBase {
             const double xhat = (xr[j] - mean) * rstd, g = dy_at(j) * pg[j];
             dgamma_b[j] += dy_at(j) * xhat;
             dbeta_b[j] += dy_at(j);
-            dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+            const T v = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+            dxr[j] = resr != nullptr ? resr[j] + v : v;  // add_n's sum of the two, in T
           }
         }
       }

@@ -129,13 +129,14 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     const Tensor& dy = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
+    if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
     if constexpr (std::is_same_v<T, float>) {
       if (dy.dtype() == BF16) return Run<bfloat16>(ctx, device, x, gamma, dy);
       if (dy.dtype() == F16) return Run<float16>(ctx, device, x, gamma, dy);
     }
     if (dy.dtype() != x.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ",
-                                                     DataTypeName(x.dtype()), " x"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
     }
     return Run<T>(ctx, device, x, gamma, dy);
   }
@@ -148,10 +149,11 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     STRATA_ASSIGN_OR_RETURN(Tensor scratch, DeviceScratch(ctx, F64, cuda::LayerNormGradScratchDoubles(R, D)));
-    return CudaStatus(cuda::LaunchLayerNormGrad(dx->data<T>(), dgamma->data<T>(), dbeta->data<T>(), x.data<T>(),
-                                                gamma.data<T>(), dy.data<DY>(), R, D, epsilon_,
-                                                scratch.defined() ? scratch.data<double>() : nullptr, device->stream()),
-                      "layer_norm_grad");
+    return CudaStatus(
+        cuda::LaunchLayerNormGrad(dx->data<T>(), dgamma->data<T>(), dbeta->data<T>(), x.data<T>(), gamma.data<T>(),
+                                  dy.data<DY>(), ctx.num_inputs() > 3 ? ctx.input(3).data<T>() : nullptr, R, D,
+                                  epsilon_, scratch.defined() ? scratch.data<double>() : nullptr, device->stream()),
+        "layer_norm_grad");
   }
 };
 

@@ -283,6 +283,19 @@ TEST_F(CudaOpsTest, LayerNormWithFoldedCastsIsTheCastsAroundTheFloatKernel) {
       auto g = RunBothNamed(kLayerNormGrad, {{"x", x}, {"gamma", gamma}, {"dy", dy_low}}, {"dx", "dgamma", "dbeta"});
       ASSERT_EQ(g.size(), 3u);
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(BitEqual(g[i].second, g[i].first)) << "output " << i;
+      // With the residual connection's gradient (passes/fuse_epilogues): dx is
+      // add_n(residual, dx) on the GPU, and the CPU's, bit for bit.
+      std::string with_residual = kLayerNormGrad;
+      with_residual.replace(with_residual.find("\"dy\" ]"), 6, "\"dy\", \"residual\" ]");
+      const Tensor residual = MakeTensor(F32, shape, Uniform(n, 23));
+      const std::string add_n = R"(type: "add_n" input: [ "a", "b" ] output: "y")";
+      const Tensor want_dx = RunGpu(add_n, {{"a", residual}, {"b", RunGpu(kLayerNormGrad, {{"x", x}, {"gamma", gamma},
+                                                                                          {"dy", dy_low}}, "dx")}});
+      auto r = RunBothNamed(with_residual, {{"x", x}, {"gamma", gamma}, {"dy", dy_low}, {"residual", residual}},
+                            {"dx", "dgamma", "dbeta"});
+      ASSERT_EQ(r.size(), 3u);
+      EXPECT_TRUE(BitEqual(r[0].second, want_dx));
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(BitEqual(r[i].second, r[i].first)) << "residual, output " << i;
     }
   }
 }

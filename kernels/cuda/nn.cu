@@ -43,7 +43,8 @@ __global__ void SoftmaxKernel(T* out, const T* a, const T* b, int64_t M, int64_t
         const T v = a[base + k * N];
         max = max < v ? v : max;
       }
-      max = static_cast<T>(BlockReduce<kThreads>(static_cast<double>(max), shared, MaxOp()));  // exact: T -> double -> T
+      max =
+          static_cast<T>(BlockReduce<kThreads>(static_cast<double>(max), shared, MaxOp()));  // exact: T -> double -> T
       double sum = 0;
       for (int64_t k = threadIdx.x; k < K; k += kThreads) {
         const T e = Exp(static_cast<T>(a[base + k * N] - max));
@@ -174,7 +175,7 @@ __device__ double WideDy(const DY* dy, int64_t i) {
 // dx per row (the CPU's formula), and each row's mean and rstd for the sums below.
 template <typename T, typename DY>
 __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma,
-                                        const DY* dy, int64_t R, int64_t D, double epsilon) {
+                                        const DY* dy, const T* residual, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
   for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
@@ -195,7 +196,8 @@ __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rst
     T* dxr = dx + r * D;
     for (int64_t j = k; j < D; j += kLanes) {
       const double xhat = (xr[j] - mean) * rstd, g = WideDy<T>(dyr, j) * gamma[j];
-      dxr[j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+      const T v = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+      dxr[j] = residual != nullptr ? residual[r * D + j] + v : v;  // add_n's sum, in T
     }
   }
 }
@@ -242,8 +244,8 @@ cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R
 }
 
 template <typename T, typename DY>
-cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const DY* dy, int64_t R, int64_t D,
-                          double epsilon, double* scratch, cudaStream_t stream) {
+cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const DY* dy, const T* residual,
+                          int64_t R, int64_t D, double epsilon, double* scratch, cudaStream_t stream) {
   if (D == 0) return cudaSuccess;
   if (R == 0) {  // no rows: dgamma = dbeta = 0, as the CPU's empty sums
     if (cudaError_t e = cudaMemsetAsync(dgamma, 0, D * sizeof(T), stream); e != cudaSuccess) return e;
@@ -254,8 +256,8 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  LayerNormGradRowsKernel<T, DY>
-      <<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(dx, row_mean, row_rstd, x, gamma, dy, R, D, epsilon);
+  LayerNormGradRowsKernel<T, DY><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(dx, row_mean, row_rstd, x, gamma,
+                                                                                    dy, residual, R, D, epsilon);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradPartialKernel<T, DY>
       <<<Blocks(blocks * D), kThreads, 0, stream>>>(partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
@@ -294,8 +296,8 @@ cudaError_t Dropout(T* out, const T* in, int64_t n, uint64_t key, const DropoutC
                     cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   // The grid depends on n alone, so a graph replayed with other counters covers the same groups.
-  DropoutKernel<T><<<Blocks(n / 4 + 2), kThreads, 0, stream>>>(out, in, n, key, c.device, c.step, c.base,
-                                                                c.per_sample, p, scale);
+  DropoutKernel<T>
+      <<<Blocks(n / 4 + 2), kThreads, 0, stream>>>(out, in, n, key, c.device, c.step, c.base, c.per_sample, p, scale);
   return cudaGetLastError();
 }
 
@@ -464,24 +466,24 @@ int64_t LayerNormGradScratchDoubles(int64_t R, int64_t D) {
   return 2 * R + nn_kernels::LayerNormGradBlocks(R, D) * 2 * D;
 }
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const float* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream) {
-  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+                                const float* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream);
 }
 cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const double* x, const double* gamma,
-                                const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream) {
-  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+                                const double* dy, const double* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream);
 }
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const bfloat16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream) {
-  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+                                const bfloat16* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream);
 }
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const float16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream) {
-  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, R, D, epsilon, scratch, stream);
+                                const float16* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream) {
+  return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream);
 }
 
 cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, const DropoutCounters& counters,

@@ -55,21 +55,23 @@ cudaError_t LaunchLayerNorm(bfloat16* y, const float* x, const float* gamma, con
 cudaError_t LaunchLayerNorm(float16* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
                             double epsilon, cudaStream_t stream);
 
-// Doubles of scratch LaunchLayerNormGrad needs for x [R, D].
+// Doubles of scratch LaunchLayerNormGrad needs for x [R, D]. With a
+// residual (x's type; null for none) dx is residual + the layer norm's dx,
+// summed in x's type as add_n sums them.
 int64_t LayerNormGradScratchDoubles(int64_t R, int64_t D);
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const float* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream);
+                                const float* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream);
 cudaError_t LaunchLayerNormGrad(double* dx, double* dgamma, double* dbeta, const double* x, const double* gamma,
-                                const double* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream);
+                                const double* dy, const double* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream);
 // An F32 x with dy stored in BF16 / F16, read widened (exact).
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const bfloat16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream);
+                                const bfloat16* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream);
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
-                                const float16* dy, int64_t R, int64_t D, double epsilon, double* scratch,
-                                cudaStream_t stream);
+                                const float16* dy, const float* residual, int64_t R, int64_t D, double epsilon,
+                                double* scratch, cudaStream_t stream);
 
 // Where dropout's step and first linear index come from: `device`, when
 // set, points at {step, first sample} in device memory (the executor's
