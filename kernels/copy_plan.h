@@ -87,18 +87,22 @@ inline int CopyChunkBytes(const CopyPlan& plan, int element_size, uint64_t dst_a
 }
 
 // `plan` in units of chunk_bytes (a value CopyChunkBytes returned for it):
-// the innermost dim and every stride divided by chunk_bytes / element_size.
+// the innermost dim and every stride divided by chunk_bytes / element_size,
+// then merged again, so a run that became one chunk wide joins the dim
+// outside it (a concat of [N, 8] bf16 parts into [N, 16] is one dim of N
+// chunks, not [N, 1], which the tiled transpose would take).
 inline CopyPlan WidenCopyPlan(const CopyPlan& plan, int element_size, int chunk_bytes) {
-  CopyPlan wide = plan;
   const int64_t k = chunk_bytes / element_size;
-  if (k <= 1 || plan.rank == 0) return wide;
+  if (k <= 1 || plan.rank == 0) return plan;
   const int r = plan.rank;
-  wide.dims[r - 1] /= k;
+  int64_t dims[kMaxCopyDims], dst[kMaxCopyDims], src[kMaxCopyDims];
   for (int d = 0; d < r; ++d) {
-    wide.dst_strides[d] = d == r - 1 ? 1 : plan.dst_strides[d] / k;
-    wide.src_strides[d] = d == r - 1 ? 1 : plan.src_strides[d] / k;
+    dims[d] = d == r - 1 ? plan.dims[d] / k : plan.dims[d];
+    dst[d] = d == r - 1 ? 1 : plan.dst_strides[d] / k;
+    src[d] = d == r - 1 ? 1 : plan.src_strides[d] / k;
   }
-  wide.count = plan.count / k;
+  CopyPlan wide;
+  MakeCopyPlan(r, dims, dst, src, &wide);  // no more dims than it had: cannot fail
   return wide;
 }
 
@@ -108,8 +112,9 @@ inline CopyPlan WidenCopyPlan(const CopyPlan& plan, int element_size, int chunk_
 // last increment (at most 2^24 threads a grid) without overflow.
 inline bool CopyPlanFitsInt32(const CopyPlan& plan) {
   constexpr int64_t kMax = int64_t{1} << 30;
-  int64_t dst_last = 0, src_last = 0;  // offsets of the last element
+  int64_t dst_last = 0, src_last = 0;  // offsets of the last element, the largest with strides >= 0
   for (int d = 0; d < plan.rank; ++d) {
+    if (plan.dst_strides[d] < 0 || plan.src_strides[d] < 0) return false;
     if (plan.dims[d] <= 0) continue;
     dst_last += (plan.dims[d] - 1) * plan.dst_strides[d];
     src_last += (plan.dims[d] - 1) * plan.src_strides[d];

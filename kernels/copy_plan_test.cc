@@ -168,6 +168,7 @@ TEST(CopyPlanTest, WideElementsWidenToo) {
   EXPECT_EQ(CopyChunkBytes(plan, 4, 0, 0), 16);
   EXPECT_EQ(CopyChunkBytes(plan, 8, 0, 0), 16);
   const CopyPlan wide = WidenCopyPlan(plan, 4, 16);
+  ASSERT_EQ(wide.rank, 3);
   EXPECT_EQ(wide.dims[2], 2);
   EXPECT_EQ(wide.count, plan.count / 4);
   EXPECT_EQ(wide.dst_strides[0], 4);
@@ -178,6 +179,31 @@ TEST(CopyPlanTest, WideElementsWidenToo) {
   const int64_t odd_src[] = {8, 18, 1};
   ASSERT_TRUE(MakeCopyPlan(3, box, dst, odd_src, &plan));
   EXPECT_EQ(CopyChunkBytes(plan, 4, 0, 0), 8);
+}
+
+// A run that widens to one chunk joins the dim outside it: no size-1 dims
+// are left for the tiled transpose to mistake for a transpose (a concat of
+// [N, 8] bf16 parts into [N, 16] is N chunks 2 apart, read 1 apart).
+TEST(CopyPlanTest, WideningMergesARunOfOneChunk) {
+  const int64_t box[] = {5, 8}, dst[] = {16, 1}, src[] = {8, 1};
+  CopyPlan plan;
+  ASSERT_TRUE(MakeCopyPlan(2, box, dst, src, &plan));
+  ASSERT_EQ(CopyChunkBytes(plan, 2, 0, 0), 16);
+  const CopyPlan wide = WidenCopyPlan(plan, 2, 16);
+  ASSERT_EQ(wide.rank, 1);
+  EXPECT_EQ(wide.dims[0], 5);
+  EXPECT_EQ(wide.dst_strides[0], 2);
+  EXPECT_EQ(wide.src_strides[0], 1);
+  EXPECT_EQ(wide.count, 5);
+  // And the copy is right.
+  Aligned whole(5 * 16 * 2), part(5 * 8 * 2);
+  auto* p = reinterpret_cast<uint16_t*>(part.at(0));
+  for (int i = 0; i < 40; ++i) p[i] = static_cast<uint16_t>(7 * i + 1);
+  EXPECT_EQ(CopyLikeTheLauncher(2, box, dst, src, 2, whole.at(0), part.at(0)), 16);
+  const auto* w = reinterpret_cast<const uint16_t*>(whole.at(0));
+  for (int r = 0; r < 5; ++r) {
+    for (int c = 0; c < 8; ++c) ASSERT_EQ(w[r * 16 + c], p[r * 8 + c]) << r << ", " << c;
+  }
 }
 
 TEST(CopyPlanTest, Int32IndexingOnlyWhereEveryOffsetFits) {
@@ -193,6 +219,14 @@ TEST(CopyPlanTest, Int32IndexingOnlyWhereEveryOffsetFits) {
   const int64_t far[] = {2, 4}, far_dst[] = {4, 1}, far_src[] = {int64_t{1} << 31, 1};
   ASSERT_TRUE(MakeCopyPlan(2, far, far_dst, far_src, &plan));
   EXPECT_FALSE(CopyPlanFitsInt32(plan));
+  // A negative stride (none of the callers makes one): not assumed to fit.
+  CopyPlan backwards;
+  backwards.rank = 1;
+  backwards.dims[0] = 4;
+  backwards.dst_strides[0] = 1;
+  backwards.src_strides[0] = -1;
+  backwards.count = 4;
+  EXPECT_FALSE(CopyPlanFitsInt32(backwards));
 }
 
 }  // namespace

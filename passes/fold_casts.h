@@ -22,10 +22,11 @@ namespace strata {
 // the op's stage. The kernels compute in float32 as before and round
 // through the cast kernel's own conversion, so the program computes the
 // same bits (MixedPrecisionTrainTest checks losses and weights with and
-// without). A BF16 GPT block loses six casts: layer_norm's two, gelu_grad's
-// two, and layer_norm_grad's two; the float32 copies of the layer-norm
-// outputs, the MLP's activation gradient and the layer-norm input gradients
-// never exist.
+// without). A BF16 GPT block on a GPU plan loses six casts: layer_norm's
+// two, gelu_grad's two, and layer_norm_grad's two; the float32 copies of
+// the layer-norm outputs, the MLP's activation gradient and the layer-norm
+// input gradients never exist. On a CPU plan five: gelu_grad's float dx
+// also feeds the bias gradient's sum_to_like there.
 class FoldCastsPass : public Pass {
  public:
   std::string name() const override { return "fold-casts"; }

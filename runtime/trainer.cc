@@ -306,7 +306,6 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
   return absl::OkStatus();
 }
 
-
 // The checkpoint's step, if this run may resume from it: the same batch and
 // seed (both decide the data order and dropout masks), and steps left to run.
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,

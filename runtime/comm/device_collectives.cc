@@ -20,7 +20,11 @@ namespace {
 // Inside a step the receiver may be busy elsewhere (its host waiting on
 // another peer), so each pair makes its first transfer here, in the same
 // global order as the communicators' creation (PaddlePaddle does the same
-// with an all-to-all at group creation, PR 54431).
+// with an all-to-all at group creation, PR 54431). Both ranks of the pair
+// come here right after its init, so it adds no wait the init did not
+// have; as with the init, NCCL may block the host inside the send itself,
+// before the timeout applies, and a peer that dies there ends this rank
+// through the heartbeat monitor.
 absl::Status WarmUpPair(NcclCommunicator& comm, bool sender, Device* device, absl::Duration timeout) {
   Tensor probe = Tensor::Zeros(F32, Shape{1}, device);
   if (!probe.defined()) return absl::ResourceExhaustedError("out of memory for a 4-byte probe");
@@ -96,7 +100,11 @@ class PairwiseTransfers : public Communicator {
  public:
   PairwiseTransfers(std::shared_ptr<NcclApi> api, int rank, int size) : api_(std::move(api)), rank_(rank), size_(size) {}
   ~PairwiseTransfers() override {
-    pairs_.clear();  // the communicators before their streams
+    // The communicators before their streams, in (src, dst) order on every
+    // rank: ncclCommDestroy talks to the peer, and the standard does not
+    // say in which order a map's clear() destroys its elements.
+    for (auto& [pair, comm] : pairs_) comm.reset();
+    pairs_.clear();
     for (StreamHandle stream : streams_) api_->DestroyStream(stream);
   }
 
