@@ -482,8 +482,9 @@ absl::Status TrainSession::CreateExecutor() {
     eopts.tracer = tracer_.get();
   }
   eopts.comm_timeout_s = options_.comm_timeout_s;
-  // The host runs kernels as they are called: there is nothing to capture.
-  eopts.cuda_graph = options_.cuda_graph && !options_.device->host_accessible();
+  // On the host, which runs kernels as they are called, the executor
+  // captures nothing and its note says so (StepGraphBlocker).
+  eopts.cuda_graph = options_.cuda_graph;
   STRATA_ASSIGN_OR_RETURN(executor_, Executor::Create(plan_, eopts));
   STRATA_ASSIGN_OR_RETURN(dp_, DataParallelCommunicator(plan_, options_.comms));
   return absl::OkStatus();

@@ -96,7 +96,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
                "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",
                "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
-               "bind_cores"}},
+               "bind_cores", "cuda_graph", "nccl"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype", "d_model", "heads", "seq",
                "vocab", "gelu"}},
   };

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Every flag tools/cli_flags.cc defines is one some command takes: a flag
+# missing from CommandFlags() is refused as unknown by every command (as
+# --cuda_graph and --nccl were until 2026-11-27, which bench/gpt2.py and
+# tools/gpu_check.sh pass). And `strata run --cuda_graph` on the CPU runs,
+# saying in one note why no graph is used.
+set -uo pipefail
+strata=$1
+flags_cc=$2
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for c in check compile run gen; do "$strata" "$c" --help >>"$tmp/help" 2>&1; done
+names=$(grep -oE '^ABSL_FLAG\([^,]+, *[a-z_0-9]+' "$flags_cc" | sed -E 's/.*, *//')
+[ -n "$names" ] || fail "no ABSL_FLAG found in $flags_cc"
+count=0
+for n in $names; do
+  grep -qE "^  --$n( |$)" "$tmp/help" || fail "--$n is defined but no command's --help lists it"
+  count=$((count + 1))
+done
+echo "ok: $count flags, each taken by a command"
+
+program=$(dirname "$flags_cc")/../examples/mlp_fashion.pbtxt
+out=$("$strata" run "$program" --data synthetic --steps 2 --quiet --cuda_graph --nccl=false 2>&1) ||
+  fail "run --cuda_graph --nccl=false on the CPU: $out"
+echo "$out" | grep -q "note: --cuda_graph: not used" || fail "no note saying why no CUDA graph: $out"
+echo "ok: run --cuda_graph on the CPU: $(echo "$out" | grep 'note: --cuda_graph')"
