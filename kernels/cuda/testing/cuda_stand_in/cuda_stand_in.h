@@ -10,15 +10,29 @@
 // stores split among the lanes). Loads and stores check what the hardware
 // requires: 256-bit aligned pointers and 16-byte strides, inside the
 // launch's dynamic shared memory when they address it.
+//
+// For whole .cu files with their launchers (testing/emulate_launches.pl
+// rewrites `Kernel<<<grid, block, shared, stream>>>(args)` into
+// `::cuda_stand_in::Launch(grid, block, shared, stream)(Kernel, args)`):
+// dim3, blockDim and gridDim, __shfl_sync with a width, cudaGetLastError
+// (a launch whose configuration CUDA would refuse sets
+// cudaErrorInvalidConfiguration and runs nothing), cudaMemsetAsync (at once)
+// and the bit casts. Launch runs the blocks one after another, each with a
+// std::thread per CUDA thread.
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <thread>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -34,6 +48,10 @@ using cudaStream_t = CUstream_st*;
 
 struct uint3 {
   unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct uint4 {
   unsigned x, y, z, w;
@@ -98,7 +116,9 @@ namespace cuda_stand_in {
 
 class Barrier {
  public:
+  Barrier() = default;
   explicit Barrier(int n) : n_(n) {}
+  void SetCount(int n) { n_ = n; }
   void Wait() {
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t gen = gen_;
@@ -114,7 +134,7 @@ class Barrier {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  int n_, count_ = 0;
+  int n_ = 0, count_ = 0;
   uint64_t gen_ = 0;
 };
 
@@ -126,6 +146,7 @@ struct Block {
   float* shuffle = nullptr;  // 32 per warp
   const unsigned char* shared = nullptr;
   size_t shared_bytes = 0;
+  uint64_t* wide_shuffle = nullptr;  // 32 per warp, for __shfl_sync
 };
 inline Block current;
 inline std::atomic<int> errors{0};
@@ -138,17 +159,155 @@ inline void Fail(const char* what, const void* p, unsigned ldm) {
 
 inline thread_local uint3 threadIdx{0, 0, 0};
 inline thread_local uint3 blockIdx{0, 0, 0};
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+namespace cuda_stand_in {
+// The thread's index in its block (x fastest), which fixes its warp and lane.
+inline unsigned LinearThread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+}  // namespace cuda_stand_in
 
 inline void __syncthreads() { cuda_stand_in::current.block->Wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { cuda_stand_in::current.warps[threadIdx.x / 32].Wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  cuda_stand_in::current.warps[cuda_stand_in::LinearThread() / 32].Wait();
+}
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  float* slots = cuda_stand_in::current.shuffle + threadIdx.x / 32 * 32;
-  const unsigned lane = threadIdx.x % 32;
+  float* slots = cuda_stand_in::current.shuffle + cuda_stand_in::LinearThread() / 32 * 32;
+  const unsigned lane = cuda_stand_in::LinearThread() % 32;
   slots[lane] = v;
   __syncwarp();
   const float got = slots[lane ^ static_cast<unsigned>(mask)];
   __syncwarp();
   return got;
+}
+
+// v of lane (lane / width) * width + src % width: every lane of the warp
+// must call it (the warp's barrier waits for all of them).
+template <typename T>
+T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "a value of at most 8 bytes");
+  const unsigned t = cuda_stand_in::LinearThread(), lane = t % 32;
+  uint64_t* slots = cuda_stand_in::current.wide_shuffle + t / 32 * 32;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  slots[lane] = bits;
+  __syncwarp();
+  const unsigned w = static_cast<unsigned>(width);
+  T got;
+  std::memcpy(&got, &slots[lane / w * w + static_cast<unsigned>(src) % w], sizeof(T));
+  __syncwarp();
+  return got;
+}
+
+inline double __longlong_as_double(long long x) {
+  double d;
+  std::memcpy(&d, &x, 8);
+  return d;
+}
+inline long long __double_as_longlong(double d) {
+  long long x;
+  std::memcpy(&x, &d, 8);
+  return x;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+namespace cuda_stand_in {
+inline cudaError_t last_error = cudaSuccess;
+inline int64_t launches = 0;  // launches run so far
+inline size_t largest_dynamic_shared = 0;
+
+// The running block's dynamic shared memory (`extern __shared__ T name[]`,
+// rewritten by emulate_launches.pl).
+inline unsigned char* DynamicShared() { return const_cast<unsigned char*>(current.shared); }
+
+// Launch(grid, block, shared, stream)(kernel, args...): the kernel's
+// parameters are initialized from args (converted as CUDA converts them),
+// then every block runs, one after another, with a std::thread per CUDA
+// thread, its dynamic shared memory filled with 0xff bytes first.
+class Launcher {
+ public:
+  Launcher(dim3 grid, dim3 block, size_t shared)
+      : grid_(grid), block_(block), shared_(shared) {}
+
+  template <typename... P, typename... A>
+  void operator()(void (*kernel)(P...), A&&... args) const {
+    static_assert(sizeof...(P) == sizeof...(A), "a kernel's arguments, one for each parameter");
+    const uint64_t threads = uint64_t{block_.x} * block_.y * block_.z;
+    if (threads == 0 || threads > 1024 || block_.x > 1024 || block_.y > 1024 || block_.z > 64 || grid_.x == 0 ||
+        grid_.y == 0 || grid_.z == 0 || grid_.x > 0x7fffffffu || grid_.y > 65535 || grid_.z > 65535 ||
+        shared_ > 48 * 1024) {
+      if (errors.fetch_add(1) < 20) {
+        std::fprintf(stderr, "stand-in launch refused: grid (%u, %u, %u), block (%u, %u, %u), %zu shared bytes\n",
+                     grid_.x, grid_.y, grid_.z, block_.x, block_.y, block_.z, shared_);
+      }
+      last_error = cudaErrorInvalidConfiguration;
+      return;
+    }
+    ++launches;
+    if (shared_ > largest_dynamic_shared) largest_dynamic_shared = shared_;
+    const auto params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...);
+    const unsigned n = static_cast<unsigned>(threads), warps = (n + 31) / 32;
+    std::vector<unsigned char> shared(shared_ + 16, 0xff);
+    for (unsigned bz = 0; bz < grid_.z; ++bz) {
+      for (unsigned by = 0; by < grid_.y; ++by) {
+        for (unsigned bx = 0; bx < grid_.x; ++bx) {
+          std::fill(shared.begin(), shared.end(), 0xff);
+          Barrier block(static_cast<int>(n));
+          std::unique_ptr<Barrier[]> warp(new Barrier[warps]);
+          for (unsigned w = 0; w < warps; ++w) warp[w].SetCount(static_cast<int>(std::min(32u, n - 32 * w)));
+          std::vector<float> shuffle(32 * warps);
+          std::vector<uint64_t> wide(32 * warps);
+          current = {&block, warp.get(), shuffle.data(), shared.data(), shared_, wide.data()};
+          std::vector<std::thread> team;
+          team.reserve(n);
+          for (unsigned t = 0; t < n; ++t) {
+            team.emplace_back([&, t] {
+              blockDim = block_;
+              gridDim = grid_;
+              threadIdx = {t % block_.x, t / block_.x % block_.y, t / block_.x / block_.y};
+              blockIdx = {bx, by, bz};
+              std::apply([&](const auto&... p) { kernel(p...); }, params);
+            });
+          }
+          for (std::thread& t : team) t.join();
+          current = {};
+          for (size_t b = shared_; b < shared.size(); ++b) {
+            if (shared[b] != 0xff && errors.fetch_add(1) < 20) {
+              std::fprintf(stderr, "stand-in launch: a block wrote past its %zu dynamic shared bytes\n", shared_);
+              break;
+            }
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  dim3 grid_, block_;
+  size_t shared_;
+};
+inline Launcher Launch(dim3 grid, dim3 block, size_t shared = 0, cudaStream_t = nullptr) {
+  return Launcher(grid, block, shared);
+}
+}  // namespace cuda_stand_in
+
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = cuda_stand_in::last_error;
+  cuda_stand_in::last_error = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
 }
 
 namespace nvcuda {
