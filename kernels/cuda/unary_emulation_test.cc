@@ -1,0 +1,200 @@
+// unary.cu's casts between float and the 16-bit floats, its gelu_grad with
+// folded casts (LaunchGeluGradStored) and its widened bf16 / f16 add_n,
+// launchers included, on the CPU: the genrule unary_emulated_src rewrites the
+// file's <<<>>> launches into calls of testing/cuda_stand_in/'s Launch, and
+// g++ compiles it against the stand-ins. Each must give the registered CPU
+// kernel's bits (run through the registry); in the emulation the device
+// functors call the host's libm, as the CPU kernels do, so gelu_grad is bit
+// for bit here too (on a GPU CUDA's erf and exp may differ in the last bits:
+// cuda_unary_ops_test bounds that). No FMA (-ffp-contract=off), as nvcc's
+// --fmad=false.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compiler/testing/op_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/unary.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kN = 1500;  // six blocks of 256 threads
+
+std::vector<double> Uniform(int64_t n, uint32_t seed, double range) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-range, range);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+template <typename T>
+::testing::AssertionResult Same(const std::vector<T>& got, const Tensor& want, const char* what) {
+  if (static_cast<int64_t>(got.size()) != want.num_elements()) {
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, want " << want.num_elements();
+  }
+  const T* w = want.data<T>();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &w[i], sizeof(T)) != 0) {
+      return ::testing::AssertionFailure() << what << ": element " << i << " of " << got.size()
+                                           << " differs from the CPU's";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+template <typename T>
+std::vector<T> Filled(int64_t n) {
+  std::vector<T> v(n);
+  std::memset(static_cast<void*>(v.data()), 0x7f, n * sizeof(T));
+  return v;
+}
+
+Tensor RunCpu(const std::string& text, std::map<std::string, Tensor> env) {
+  const absl::Status s = RunOp(ParseOp(text), &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env["y"];
+}
+
+void ExpectCleanLaunches() {
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
+}
+
+// Values that exercise the conversions: random ones over many binades, ties
+// of both 16-bit types, F16's subnormals and overflow, signed zeros,
+// infinities and NaNs.
+std::vector<double> CastValues() {
+  std::vector<double> v;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> mantissa(-1, 1);
+  std::uniform_int_distribution<int> exponent(-30, 20);
+  for (int i = 0; i < 900; ++i) v.push_back(std::ldexp(mantissa(rng), exponent(rng)));
+  for (int k = 0; k < 64; ++k) {
+    v.push_back(1 + (2 * k + 1) * std::ldexp(1.0, -8));    // bf16 ties
+    v.push_back(1 + (2 * k + 1) * std::ldexp(1.0, -11));   // f16 ties
+    v.push_back(k * std::ldexp(1.0, -25));                 // f16 subnormals and their ties
+    v.push_back(65504 + k * 8);                            // f16's largest and past it
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double x : {0.0, -0.0, inf, -inf, std::nan(""), -std::nan(""), 3.4e38, -3.4e38, 1e-40, -1e-45}) v.push_back(x);
+  return v;
+}
+
+std::string CastText(DataType to) {
+  return std::string(R"pb(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: ")pb") +
+         DataTypeName(to) + "\" } }";
+}
+
+template <typename S, typename D>
+void CheckCast(DataType from, DataType to) {
+  SCOPED_TRACE(testing::Message() << "cast " << DataTypeName(from) << " -> " << DataTypeName(to));
+  const std::vector<double> values = CastValues();
+  const Tensor x = MakeTensor(from, {static_cast<int64_t>(values.size())}, values);
+  const Tensor want = RunCpu(CastText(to), {{"x", x}});
+  std::vector<D> y = Filled<D>(x.num_elements());
+  ASSERT_EQ((cuda::LaunchCast<S, D>(y.data(), x.data<S>(), x.num_elements(), nullptr)), cudaSuccess);
+  ExpectCleanLaunches();
+  EXPECT_TRUE(Same(y, want, "y"));
+}
+
+TEST(UnaryEmulation, CastBetweenFloatAndSixteenBits) {
+  CheckCast<float, bfloat16>(F32, BF16);
+  CheckCast<float, float16>(F32, F16);
+  CheckCast<bfloat16, float>(BF16, F32);
+  CheckCast<float16, float>(F16, F32);
+  CheckCast<double, bfloat16>(F64, BF16);
+  CheckCast<double, float16>(F64, F16);
+  CheckCast<bfloat16, float16>(BF16, F16);
+  CheckCast<float16, bfloat16>(F16, BF16);
+}
+
+// gelu_grad of a float x with dy stored in DY and dx in DX (passes/fold_casts).
+template <typename DY, typename DX>
+void CheckGeluGradStored(DataType dy_dtype, DataType dx_dtype) {
+  for (const char* form : {"none", "tanh"}) {
+    SCOPED_TRACE(testing::Message() << "gelu_grad " << form << ", dy " << DataTypeName(dy_dtype) << ", dx "
+                                    << DataTypeName(dx_dtype));
+    const Tensor a = MakeTensor(F32, {kN}, Uniform(kN, 21, 5));
+    const Tensor dy = MakeTensor(dy_dtype, {kN}, Uniform(kN, 22, 2));
+    std::string text = std::string(R"pb(type: "gelu_grad" input: [ "a", "dy" ] output: "y")pb") +
+                       R"( attr { key: "approximate" value { s: ")" + form + "\" } }";
+    if (dx_dtype != F32) text += std::string(R"( attr { key: "out_dtype" value { s: ")") + DataTypeName(dx_dtype) + "\" } }";
+    const Tensor want = RunCpu(text, {{"a", a}, {"dy", dy}});
+    std::vector<DX> dx = Filled<DX>(kN);
+    const cuda::UnaryGradOp op = std::string(form) == "tanh" ? cuda::UnaryGradOp::kGeluTanhGrad
+                                                               : cuda::UnaryGradOp::kGeluGrad;
+    ASSERT_EQ((cuda::LaunchGeluGradStored<DY, DX>(op, dx.data(), a.data<float>(), dy.data<DY>(), kN, nullptr)),
+              cudaSuccess);
+    ExpectCleanLaunches();
+    EXPECT_TRUE(Same(dx, want, "dx"));
+  }
+}
+
+TEST(UnaryEmulation, GeluGradWithFoldedCasts) {
+  CheckGeluGradStored<float, float>(F32, F32);
+  CheckGeluGradStored<float, bfloat16>(F32, BF16);
+  CheckGeluGradStored<float, float16>(F32, F16);
+  CheckGeluGradStored<bfloat16, float>(BF16, F32);
+  CheckGeluGradStored<bfloat16, bfloat16>(BF16, BF16);
+  CheckGeluGradStored<bfloat16, float16>(BF16, F16);
+  CheckGeluGradStored<float16, float>(F16, F32);
+  CheckGeluGradStored<float16, bfloat16>(F16, BF16);
+  CheckGeluGradStored<float16, float16>(F16, F16);
+}
+
+TEST(UnaryEmulation, GeluGradStoredRefusesOtherOps) {
+  std::vector<float> a(4, 1.0f), dy(4, 1.0f), dx(4);
+  EXPECT_EQ((cuda::LaunchGeluGradStored<float, float>(cuda::UnaryGradOp::kTanhGrad, dx.data(), a.data(), dy.data(), 4,
+                                                      nullptr)),
+            cudaErrorInvalidValue);
+}
+
+// add_n of `count` bf16 / f16 inputs as the CPU's widened kernel: float sums
+// in the CPU's order, past 16 inputs kept in `acc` between launches.
+template <typename S>
+void CheckAddN(DataType dtype, int count) {
+  SCOPED_TRACE(testing::Message() << "add_n " << DataTypeName(dtype) << ", " << count << " inputs");
+  std::map<std::string, Tensor> env;
+  std::string inputs;
+  std::vector<const S*> xs;
+  for (int i = 0; i < count; ++i) {
+    const std::string name = "x" + std::to_string(i);
+    // Magnitudes far apart, so the order and the single rounding show.
+    env[name] = MakeTensor(dtype, {kN}, Uniform(kN, 100 + i, std::ldexp(1.0, i % 7 * 2 - 6)));
+    inputs += (i ? ", \"" : "\"") + name + "\"";
+  }
+  for (int i = 0; i < count; ++i) xs.push_back(env["x" + std::to_string(i)].data<S>());
+  const Tensor want = RunCpu(R"pb(type: "add_n" input: [)pb" + inputs + R"pb(] output: "y")pb", env);
+  std::vector<S> y = Filled<S>(kN);
+  std::vector<float> acc(kN, std::nanf(""));
+  const int64_t launches = cuda_stand_in::launches;
+  ASSERT_EQ(cuda::LaunchAddN(y.data(), xs.data(), count, kN, count > cuda::kAddNPerLaunch ? acc.data() : nullptr,
+                             nullptr),
+            cudaSuccess);
+  ExpectCleanLaunches();
+  EXPECT_EQ(cuda_stand_in::launches - launches, (count + cuda::kAddNPerLaunch - 1) / cuda::kAddNPerLaunch);
+  EXPECT_TRUE(Same(y, want, "y"));
+}
+
+TEST(UnaryEmulation, WidenedAddN) {
+  for (int count : {2, 3, 16, 17, 33}) {
+    CheckAddN<bfloat16>(BF16, count);
+    CheckAddN<float16>(F16, count);
+  }
+  // More than one launch's inputs need the float partial sums.
+  std::vector<bfloat16> x(4), y(4);
+  std::vector<const bfloat16*> xs(17, x.data());
+  EXPECT_EQ(cuda::LaunchAddN(y.data(), xs.data(), 17, 4, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace strata
