@@ -17,8 +17,11 @@
 // dim3, blockDim and gridDim, __shfl_sync with a width, cudaGetLastError
 // (a launch whose configuration CUDA would refuse sets
 // cudaErrorInvalidConfiguration and runs nothing), cudaMemsetAsync (at once)
-// and the bit casts. Launch runs the blocks one after another, each with a
-// std::thread per CUDA thread.
+// and the bit casts. Launch runs the blocks one after another, each block's
+// CUDA threads as fibers on the calling thread (ucontext: resumed in turn,
+// a barrier yields until all have arrived; a deadlock aborts), or with
+// CUDA_STAND_IN_OS_THREADS set in the environment a std::thread each (for
+// ThreadSanitizer, which does not follow fibers).
 
 #include <algorithm>
 #include <atomic>
@@ -26,12 +29,15 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <ucontext.h>
 #include <vector>
 
 #define __global__
@@ -114,12 +120,44 @@ inline __half __float2half_rn(float f) {
 
 namespace cuda_stand_in {
 
+// The CUDA threads of a block as fibers (ucontext) on the calling thread,
+// resumed in turn; a barrier yields until its generation changes. Set while
+// Launch runs a block so.
+struct Fibers {
+  ucontext_t main;
+  std::vector<ucontext_t> context;
+  std::vector<char> done;
+  unsigned current = 0;
+  const std::function<void(unsigned)>* body = nullptr;
+  uint64_t progress = 0;  // barrier arrivals and finished fibers
+};
+inline thread_local Fibers* fibers = nullptr;
+
+inline void FiberEntry() {
+  Fibers* f = fibers;
+  (*f->body)(f->current);
+  f->done[f->current] = 1;
+  ++f->progress;
+}
+inline void FiberYield() { swapcontext(&fibers->context[fibers->current], &fibers->main); }
+
 class Barrier {
  public:
   Barrier() = default;
   explicit Barrier(int n) : n_(n) {}
   void SetCount(int n) { n_ = n; }
   void Wait() {
+    if (fibers != nullptr) {
+      const uint64_t gen = gen_;
+      ++fibers->progress;
+      if (++count_ == n_) {
+        count_ = 0;
+        ++gen_;
+      } else {
+        while (gen_ == gen) FiberYield();
+      }
+      return;
+    }
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t gen = gen_;
     if (++count_ == n_) {
@@ -229,6 +267,42 @@ inline size_t largest_dynamic_shared = 0;
 // rewritten by emulate_launches.pl).
 inline unsigned char* DynamicShared() { return const_cast<unsigned char*>(current.shared); }
 
+// Runs body(t) for t < n as fibers, enter(t) setting the thread's
+// variables before each resumption; false on a deadlock (a full round with no
+// barrier arrival and no fiber finished: a barrier some threads never reach).
+inline bool RunFibers(unsigned n, const std::function<void(unsigned)>& enter,
+                      const std::function<void(unsigned)>& body) {
+  constexpr size_t kStack = 256 * 1024;
+  static thread_local std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() < n) stacks.emplace_back(new char[kStack]);
+  Fibers f;
+  f.context.resize(n);
+  f.done.assign(n, 0);
+  f.body = &body;
+  for (unsigned t = 0; t < n; ++t) {
+    getcontext(&f.context[t]);
+    f.context[t].uc_stack.ss_sp = stacks[t].get();
+    f.context[t].uc_stack.ss_size = kStack;
+    f.context[t].uc_link = &f.main;
+    makecontext(&f.context[t], FiberEntry, 0);
+  }
+  fibers = &f;
+  unsigned left = n;
+  while (left > 0) {
+    const uint64_t before = f.progress;
+    for (unsigned t = 0; t < n; ++t) {
+      if (f.done[t]) continue;
+      f.current = t;
+      enter(t);
+      swapcontext(&f.main, &f.context[t]);
+      if (f.done[t]) --left;
+    }
+    if (left > 0 && f.progress == before) break;
+  }
+  fibers = nullptr;
+  return left == 0;
+}
+
 // Launch(grid, block, shared, stream)(kernel, args...): the kernel's
 // parameters are initialized from args (converted as CUDA converts them),
 // then every block runs, one after another, with a std::thread per CUDA
@@ -256,6 +330,7 @@ class Launcher {
     if (shared_ > largest_dynamic_shared) largest_dynamic_shared = shared_;
     const auto params = std::tuple<std::decay_t<P>...>(std::forward<A>(args)...);
     const unsigned n = static_cast<unsigned>(threads), warps = (n + 31) / 32;
+    const bool os_threads = std::getenv("CUDA_STAND_IN_OS_THREADS") != nullptr;
     std::vector<unsigned char> shared(shared_ + 16, 0xff);
     for (unsigned bz = 0; bz < grid_.z; ++bz) {
       for (unsigned by = 0; by < grid_.y; ++by) {
@@ -267,18 +342,32 @@ class Launcher {
           std::vector<float> shuffle(32 * warps);
           std::vector<uint64_t> wide(32 * warps);
           current = {&block, warp.get(), shuffle.data(), shared.data(), shared_, wide.data()};
-          std::vector<std::thread> team;
-          team.reserve(n);
-          for (unsigned t = 0; t < n; ++t) {
-            team.emplace_back([&, t] {
-              blockDim = block_;
-              gridDim = grid_;
-              threadIdx = {t % block_.x, t / block_.x % block_.y, t / block_.x / block_.y};
-              blockIdx = {bx, by, bz};
-              std::apply([&](const auto&... p) { kernel(p...); }, params);
-            });
+          const std::function<void(unsigned)> enter = [&](unsigned t) {
+            blockDim = block_;
+            gridDim = grid_;
+            threadIdx = {t % block_.x, t / block_.x % block_.y, t / block_.x / block_.y};
+            blockIdx = {bx, by, bz};
+          };
+          const std::function<void(unsigned)> body = [&](unsigned) {
+            std::apply([&](const auto&... p) { kernel(p...); }, params);
+          };
+          if (os_threads) {
+            std::vector<std::thread> team;
+            team.reserve(n);
+            for (unsigned t = 0; t < n; ++t) {
+              team.emplace_back([&, t] {
+                enter(t);
+                body(t);
+              });
+            }
+            for (std::thread& t : team) t.join();
+          } else if (!RunFibers(n, enter, body)) {
+            if (errors.fetch_add(1) < 20) {
+              std::fprintf(stderr, "stand-in launch: block (%u, %u, %u) deadlocked at a barrier\n", bx, by, bz);
+            }
+            std::fflush(stderr);
+            std::abort();  // the deadlocked fibers' frames cannot be unwound
           }
-          for (std::thread& t : team) t.join();
           current = {};
           for (size_t b = shared_; b < shared.size(); ++b) {
             if (shared[b] != 0xff && errors.fetch_add(1) < 20) {
