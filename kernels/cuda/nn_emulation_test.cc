@@ -1,21 +1,26 @@
 // nn.cu's layer_norm family, launchers included, on the CPU: the genrule
 // nn_emulated_src rewrites the file's <<<>>> launches into calls of
 // testing/cuda_stand_in/'s Launch, and g++ compiles it against the stand-ins
-// (a std::thread per CUDA thread, blocks one after another, __shfl_sync with
-// width 8 through a per-warp exchange and barrier). LaunchLayerNorm and
+// (blocks one after another, a block's CUDA threads as fibers, __shfl_sync
+// with width 8 through a per-warp exchange and barrier). LaunchLayerNorm and
 // LaunchLayerNormGrad must give the registered CPU kernels' (kernels/cpu/
 // layer_norm.cc, run through the registry) bits exactly: the row groups'
 // lanes, the shuffles and the fixed combining order reproduce the CPU's
 // LaneSum, and the dgamma/dbeta partial sums its blocks of rows. Shapes with
 // D not a multiple of 8 (the tail), D < 8, rows not filling a block, and a
-// layer_norm_grad with several blocks of rows. The emulated compile uses no
-// FMA (-ffp-contract=off), as nvcc's --fmad=false.
+// layer_norm_grad with several blocks of rows. Also the softmax family
+// (within a few ulps: its fixed tree adds in another order than the CPU) and
+// embedding / embedding_grad (the bitonic sort of the keys: bit for bit).
+// The emulated compile uses no FMA (-ffp-contract=off), as nvcc's
+// --fmad=false.
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compiler/testing/op_test_util.h"
@@ -161,6 +166,99 @@ TEST(NnEmulation, LayerNormGradNoRowsZeroesTheParameterGradients) {
             cudaSuccess);
   EXPECT_EQ(dgamma, std::vector<float>(6, 0.0f));
   EXPECT_EQ(dbeta, std::vector<float>(6, 0.0f));
+}
+
+// softmax family on [M, K, N] (axis 1), K past one block's 256 threads: the
+// GPU's fixed tree adds the double sums in another order than the CPU's
+// index order, so within a few ulps of the result's type.
+template <typename T>
+void CheckSoftmax(DataType dtype, cuda::SoftmaxMode mode, const char* type, bool grad, int64_t M, int64_t K,
+                  int64_t N) {
+  SCOPED_TRACE(testing::Message() << type << " " << DataTypeName(dtype) << " [" << M << ", " << K << ", " << N
+                                  << "]");
+  const Tensor x = Random(dtype, {M, K, N}, 8, 4), dy = Random(dtype, {M, K, N}, 9);
+  const std::string attr = R"( attr { key: "axis" value { i: 1 } })";
+  std::map<std::string, Tensor> env{{"x", x}, {"dy", dy}};
+  Tensor a = x;
+  if (grad) {  // the gradients read y: the forward's output (CPU's), as a plan would feed them
+    const std::string forward = std::string(mode == cuda::SoftmaxMode::kSoftmaxGrad ? "softmax" : "log_softmax");
+    const absl::Status s = RunOp(ParseOp("type: \"" + forward + "\" input: \"x\" output: \"y\"" + attr), &env);
+    ASSERT_TRUE(s.ok()) << s;
+    a = env["y"];
+  }
+  const std::string text = grad ? "type: \"" + std::string(type) + "\" input: [\"y\", \"dy\"] output: \"out\"" + attr
+                                : "type: \"" + std::string(type) + "\" input: \"x\" output: \"out\"" + attr;
+  const absl::Status s = RunOp(ParseOp(text), &env);
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<T> out = Filled<T>(M * K * N);
+  ASSERT_EQ(cuda::LaunchSoftmax(mode, out.data(), a.data<T>(), grad ? dy.data<T>() : nullptr, M, K, N, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<double> got(out.begin(), out.end());
+  EXPECT_TRUE(TensorNear(MakeTensor(dtype, {M, K, N}, got), env["out"], dtype == F32 ? 4e-7 : 1e-15));
+}
+
+TEST(NnEmulation, SoftmaxFamilyWithinUlpsOfTheCpu) {
+  using M = cuda::SoftmaxMode;
+  for (auto [m, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{3, 300, 2}, {2, 7, 1}}) {
+    CheckSoftmax<float>(F32, M::kSoftmax, "softmax", false, m, k, n);
+    CheckSoftmax<double>(F64, M::kSoftmax, "softmax", false, m, k, n);
+    CheckSoftmax<float>(F32, M::kLogSoftmax, "log_softmax", false, m, k, n);
+    CheckSoftmax<double>(F64, M::kLogSoftmax, "log_softmax", false, m, k, n);
+    CheckSoftmax<float>(F32, M::kSoftmaxGrad, "softmax_grad", true, m, k, n);
+    CheckSoftmax<double>(F64, M::kSoftmaxGrad, "softmax_grad", true, m, k, n);
+    CheckSoftmax<float>(F32, M::kLogSoftmaxGrad, "log_softmax_grad", true, m, k, n);
+    CheckSoftmax<double>(F64, M::kLogSoftmaxGrad, "log_softmax_grad", true, m, k, n);
+  }
+  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
+}
+
+// embedding and embedding_grad of n ids (repeats) into [V, D]: the bitonic
+// sort of the keys (tiles of 2048 in dynamic shared memory, global stages
+// past one tile) then each id's rows in position order: the CPU's bits.
+template <typename T>
+void CheckEmbedding(DataType dtype, int64_t n, int64_t V, int64_t D) {
+  SCOPED_TRACE(testing::Message() << "embedding " << DataTypeName(dtype) << " n " << n << ", [" << V << ", " << D
+                                  << "]");
+  std::mt19937 rng(10);
+  std::uniform_int_distribution<int64_t> id(0, V - 1);
+  std::vector<double> ids(n);
+  for (double& i : ids) i = static_cast<double>(id(rng));
+  std::map<std::string, Tensor> env{{"ids", MakeTensor(I64, {n}, ids)},
+                                    {"table", Random(dtype, {V, D}, 11)},
+                                    {"dy", Random(dtype, {n, D}, 12)}};
+  absl::Status s = RunOp(ParseOp(R"pb(type: "embedding" input: ["ids", "table"] output: "y")pb"), &env);
+  ASSERT_TRUE(s.ok()) << s;
+  s = RunOp(ParseOp(R"pb(type: "embedding_grad" input: ["ids", "dy"] output: "dtable" attr { key: "num_embeddings" value { i: )pb" +
+                    std::to_string(V) + " } }"),
+            &env);
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<T> y = Filled<T>(n * D), dtable = Filled<T>(V * D);
+  std::vector<int64_t> keys(cuda::EmbeddingGradScratchKeys(n));
+  ASSERT_EQ(cuda::LaunchEmbedding(y.data(), env["table"].data<T>(), env["ids"].data<int64_t>(), n, V, D, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchEmbeddingGrad(dtable.data(), env["dy"].data<T>(), env["ids"].data<int64_t>(), n, V, D,
+                                      keys.data(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
+  EXPECT_TRUE(Same(y, env["y"], "y"));
+  EXPECT_TRUE(Same(dtable, env["dtable"], "dtable"));
+}
+
+TEST(NnEmulation, EmbeddingAndItsGradient) {
+  CheckEmbedding<float>(F32, 5, 4, 3);       // 8 keys: one tile
+  CheckEmbedding<double>(F64, 300, 17, 6);   // 512 keys
+  CheckEmbedding<float>(F32, 3000, 50, 5);   // 4096 keys: two tiles and a global stage
+}
+
+TEST(NnEmulation, EmbeddingGradOfABadIdIsAllNan) {
+  const std::vector<int64_t> ids = {1, 7, 0};  // 7 is outside [0, 4)
+  std::vector<float> dy(3 * 2, 1.0f), dtable(4 * 2, 0.0f);
+  std::vector<int64_t> keys(cuda::EmbeddingGradScratchKeys(3));
+  ASSERT_EQ(cuda::LaunchEmbeddingGrad(dtable.data(), dy.data(), ids.data(), 3, 4, 2, keys.data(), nullptr),
+            cudaSuccess);
+  for (float v : dtable) EXPECT_TRUE(std::isnan(v));
 }
 
 }  // namespace

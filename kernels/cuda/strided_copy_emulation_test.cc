@@ -1,7 +1,7 @@
 // strided_copy.cu, launchers included, on the CPU: the genrule
 // strided_copy_emulated_src rewrites its <<<>>> launches into calls of
 // testing/cuda_stand_in/'s Launch, and g++ compiles it against the stand-ins
-// (a std::thread per CUDA thread, blocks one after another). Each copy runs
+// (blocks one after another, a block's CUDA threads as fibers). Each copy runs
 // through LaunchStridedCopy as a GPU plan would call it, against a direct
 // host copy of the box element by element: every byte of dst, inside the box
 // and around it, must match. Covers element sizes 1, 2, 4 and 8, the chunked
