@@ -1,0 +1,158 @@
+// losses.cu, launchers included, on the CPU: the genrule losses_emulated_src
+// rewrites the file's <<<>>> launches into calls of testing/cuda_stand_in/'s
+// Launch, and g++ compiles it against the stand-ins (blocks one after
+// another, a block's CUDA threads as fibers). softmax_cross_entropy, its
+// gradient and accuracy in F32 and F64 against the registered CPU kernels
+// (run through the registry): the row sums and the batch mean go through
+// fixed trees, so within a few ulps (accuracy exactly); the BF16 / F16 logits
+// path (mixed precision) against the emulated float path on the widened
+// logits bit for bit, as losses.h promises (the loss the float kernel's, each
+// dlogits value its float rounded once); a label outside [0, C) gives NaN.
+// No FMA (-ffp-contract=off), as nvcc's --fmad=false.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "compiler/testing/op_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/losses.h"
+#include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/unary_math.h"
+
+namespace strata {
+namespace {
+
+constexpr char kCrossEntropy[] = R"pb(type: "softmax_cross_entropy" input: ["logits", "label"] output: "loss")pb";
+constexpr char kCrossEntropyGrad[] =
+    R"pb(type: "softmax_cross_entropy_grad" input: ["logits", "label", "dloss"] output: "dlogits")pb";
+
+std::vector<double> Uniform(int64_t n, uint32_t seed, double range) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-range, range);
+  std::vector<double> v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<int64_t> Labels(int64_t R, int64_t C) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> u(0, C - 1);
+  std::vector<int64_t> v(R);
+  for (int64_t& x : v) x = u(rng);
+  v[0] = 0;
+  v[R - 1] = C - 1;
+  return v;
+}
+
+Tensor LabelTensor(const std::vector<int64_t>& labels) {
+  return MakeTensor(I64, {static_cast<int64_t>(labels.size())}, std::vector<double>(labels.begin(), labels.end()));
+}
+
+void ExpectClean() {
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
+}
+
+template <typename T>
+void CheckAgainstCpu(DataType dtype, int64_t R, int64_t C) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, C);
+  std::map<std::string, Tensor> env{{"logits", MakeTensor(dtype, {R, C}, Uniform(R * C, 1, 6))},
+                                    {"label", LabelTensor(labels)},
+                                    {"dloss", MakeTensor(dtype, {}, {0.37})}};
+  absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad),
+                           ParseOp(R"pb(type: "accuracy" input: ["logits", "label"] output: "acc"
+                                        attr { key: "k" value { i: 3 } })pb")},
+                          &env);
+  ASSERT_TRUE(s.ok()) << s;
+  const T* logits = env["logits"].data<T>();
+  std::vector<double> scratch(R);
+  T loss = T(-1), accuracy = T(-1);
+  std::vector<T> dlogits(R * C, T(12345));
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits, labels.data(), R, C, scratch.data(), nullptr), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits, labels.data(), env["dloss"].data<T>(), R, C,
+                                                nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchAccuracy(&accuracy, logits, labels.data(), R, C, 3, scratch.data(), nullptr), cudaSuccess);
+  ExpectClean();
+  const double tol = dtype == F32 ? 1e-6 : 1e-14;
+  EXPECT_TRUE(TensorNear(MakeTensor(dtype, {}, {static_cast<double>(loss)}), env["loss"], tol));
+  EXPECT_TRUE(TensorNear(MakeTensor(dtype, {R, C}, std::vector<double>(dlogits.begin(), dlogits.end())),
+                         env["dlogits"], tol));
+  EXPECT_EQ(static_cast<double>(accuracy), TensorValues(env["acc"])[0]);
+  EXPECT_GT(accuracy, 0);
+}
+
+TEST(LossesEmulation, FloatAndDoubleWithinUlpsOfTheCpu) {
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{70, 300}, {3, 5}, {300, 40}}) {
+    CheckAgainstCpu<float>(F32, R, C);
+    CheckAgainstCpu<double>(F64, R, C);
+  }
+}
+
+// 16-bit logits: the float path's numbers on the widened logits, bit for bit.
+template <typename H>
+void CheckHalf(DataType dtype, int64_t R, int64_t C) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, C);
+  const Tensor low = MakeTensor(dtype, {R, C}, Uniform(R * C, 2, 6));
+  const std::vector<double> values = TensorValues(low);
+  const std::vector<float> wide(values.begin(), values.end());  // exact
+  const float dloss = 0.37f;
+  std::vector<double> scratch(R);
+  float loss_low = -1, loss_wide = -2;
+  std::vector<H> dlogits_low(R * C);
+  std::vector<float> dlogits_wide(R * C);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_low, low.data<H>(), labels.data(), R, C, scratch.data(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_wide, wide.data(), labels.data(), R, C, scratch.data(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_low.data(), low.data<H>(), labels.data(), &dloss, R, C,
+                                                nullptr),
+            cudaSuccess);
+  ASSERT_EQ(
+      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_wide.data(), wide.data(), labels.data(), &dloss, R, C, nullptr),
+      cudaSuccess);
+  ExpectClean();
+  EXPECT_EQ(std::memcmp(&loss_low, &loss_wide, sizeof(float)), 0) << loss_low << " vs " << loss_wide;
+  for (int64_t i = 0; i < R * C; ++i) {
+    const H want = cuda::Convert<H>(dlogits_wide[i]);
+    ASSERT_EQ(dlogits_low[i].bits, want.bits) << "dlogits element " << i;
+  }
+  // And the CPU's 16-bit kernels within the float kernels' ulps.
+  std::map<std::string, Tensor> env{
+      {"logits", low}, {"label", LabelTensor(labels)}, {"dloss", MakeTensor(F32, {}, {dloss})}};
+  const absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad)}, &env);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(TensorNear(MakeTensor(F32, {}, {loss_low}), env["loss"], 1e-6));
+}
+
+TEST(LossesEmulation, SixteenBitLogitsAreTheFloatPathOnWidenedLogits) {
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{70, 300}, {3, 5}}) {
+    CheckHalf<bfloat16>(BF16, R, C);
+    CheckHalf<float16>(F16, R, C);
+  }
+}
+
+TEST(LossesEmulation, ALabelOutOfRangeGivesNan) {
+  const std::vector<float> logits = {1, 2, 3, 4, 5, 6};
+  const std::vector<int64_t> labels = {0, 3};  // C = 3
+  std::vector<double> scratch(2);
+  float loss = 0, dloss = 1;
+  std::vector<float> dlogits(6);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits.data(), labels.data(), 2, 3, scratch.data(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(
+      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits.data(), labels.data(), &dloss, 2, 3, nullptr),
+      cudaSuccess);
+  EXPECT_TRUE(std::isnan(loss));
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(std::isnan(dlogits[i])) << i;
+}
+
+}  // namespace
+}  // namespace strata
