@@ -10,7 +10,8 @@
 // D not a multiple of 8 (the tail), D < 8, rows not filling a block, and a
 // layer_norm_grad with several blocks of rows. Also the softmax family
 // (within a few ulps: its fixed tree adds in another order than the CPU) and
-// embedding / embedding_grad (the bitonic sort of the keys: bit for bit).
+// embedding / embedding_grad (the bitonic sort of the keys: bit for bit),
+// and dropout (the CPU's Philox mask, also from counters in device memory).
 // The emulated compile uses no FMA (-ffp-contract=off), as nvcc's
 // --fmad=false.
 
@@ -28,6 +29,7 @@
 #include "kernels/cuda/nn.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
 #include "kernels/work_split.h"
+#include "proto/fnv1a.h"
 
 namespace strata {
 namespace {
@@ -259,6 +261,59 @@ TEST(NnEmulation, EmbeddingGradOfABadIdIsAllNan) {
   ASSERT_EQ(cuda::LaunchEmbeddingGrad(dtable.data(), dy.data(), ids.data(), 3, 4, 2, keys.data(), nullptr),
             cudaSuccess);
   for (float v : dtable) EXPECT_TRUE(std::isnan(v));
+}
+
+// dropout: the CPU's Philox mask bit for bit, with step and sample offset
+// from the host and (the CUDA-graph path, not yet run on a GPU) read from the
+// executor's counters in device memory; samples of 15 elements, so the
+// pieces start mid-group of four.
+template <typename T>
+void CheckDropout(DataType dtype, double p) {
+  SCOPED_TRACE(testing::Message() << "dropout " << DataTypeName(dtype) << " p " << p);
+  const int64_t N = 70, per_sample = 15, n = N * per_sample;
+  const uint64_t seed = 99;
+  const int64_t uid = 11, step = 7, sample_offset = 5;
+  RunContext run;
+  run.seed = seed;
+  run.step = step;
+  run.sample_offset = sample_offset;
+  run.training = true;
+  std::map<std::string, Tensor> env{{"x", Random(dtype, {N, per_sample}, 13, 2)}};
+  const absl::Status s = RunOp(ParseOp("type: \"dropout\" input: \"x\" output: \"y\" uid: " + std::to_string(uid) +
+                                       " attr { key: \"p\" value { f: " + std::to_string(p) + " } }"),
+                               &env, run);
+  ASSERT_TRUE(s.ok()) << s;
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  const uint64_t key = MixKey(seed, static_cast<uint64_t>(uid));
+  std::vector<T> host = Filled<T>(n), device = Filled<T>(n);
+  cuda::DropoutCounters from_host;
+  from_host.step = step;
+  from_host.base = sample_offset * per_sample;
+  from_host.per_sample = per_sample;
+  ASSERT_EQ(cuda::LaunchDropout(host.data(), env["x"].data<T>(), n, key, from_host, p, scale, nullptr), cudaSuccess);
+  const int64_t counters[2] = {step, sample_offset};
+  cuda::DropoutCounters from_device;
+  from_device.device = counters;
+  from_device.step = 12345;  // ignored: the counters win
+  from_device.base = 678;
+  from_device.per_sample = per_sample;
+  ASSERT_EQ(cuda::LaunchDropout(device.data(), env["x"].data<T>(), n, key, from_device, p, scale, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_TRUE(Same(host, env["y"], "y (step from the host)"));
+  EXPECT_TRUE(Same(device, env["y"], "y (counters in device memory)"));
+  // A mask, not all or nothing.
+  int64_t dropped = 0;
+  for (T v : host) dropped += v == T(0);
+  EXPECT_GT(dropped, 0);
+  EXPECT_LT(dropped, n);
+}
+
+TEST(NnEmulation, DropoutIsTheCpuMask) {
+  for (double p : {0.1, 0.5}) {
+    CheckDropout<float>(F32, p);
+    CheckDropout<double>(F64, p);
+  }
 }
 
 }  // namespace
