@@ -305,8 +305,9 @@ inline bool RunFibers(unsigned n, const std::function<void(unsigned)>& enter,
 
 // Launch(grid, block, shared, stream)(kernel, args...): the kernel's
 // parameters are initialized from args (converted as CUDA converts them),
-// then every block runs, one after another, with a std::thread per CUDA
-// thread, its dynamic shared memory filled with 0xff bytes first.
+// then every block runs, one after another, its CUDA threads as fibers (or
+// std::threads, CUDA_STAND_IN_OS_THREADS), its dynamic shared memory filled
+// with 0xff bytes first and checked for writes past its end afterwards.
 class Launcher {
  public:
   Launcher(dim3 grid, dim3 block, size_t shared)
