@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/block_sums.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 
 namespace strata {
 namespace {
@@ -29,18 +30,6 @@ Tensor Random(DataType dtype, Shape shape, uint32_t seed) {
   std::vector<double> v(NumElements(shape));
   for (double& x : v) x = u(rng);
   return MakeTensor(dtype, shape, v);
-}
-
-template <typename T>
-::testing::AssertionResult Same(const T* got, const Tensor& want, const char* what) {
-  const T* w = want.data<T>();
-  for (int64_t i = 0; i < want.num_elements(); ++i) {
-    if (std::memcmp(&got[i], &w[i], sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << what << ": element " << i << " differs from the CPU's (" << got[i]
-                                           << " vs " << w[i] << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 template <typename T>
@@ -82,15 +71,14 @@ void Check(DataType dtype) {
   ASSERT_EQ(cuda::LaunchMseLossGrad(dpred.data(), env["pred"].data<T>(), env["target"].data<T>(),
                                     env["dloss"].data<T>(), big, nullptr),
             cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-  EXPECT_TRUE(Same(&s0, env["s0"], "sum_squares of two tensors"));
-  EXPECT_TRUE(Same(&s1, env["s1"], "sum_squares of one"));
-  EXPECT_TRUE(Same(&coef, env["coef"], "clip_coefficient"));
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(&s0, 1, env["s0"], "sum_squares of two tensors"));
+  EXPECT_TRUE(emulation::SameBits(&s1, 1, env["s1"], "sum_squares of one"));
+  EXPECT_TRUE(emulation::SameBits(&coef, 1, env["coef"], "clip_coefficient"));
   EXPECT_LT(coef, 1);  // clipping
-  EXPECT_TRUE(Same(dx.data(), env["dx"], "sum_squares_grad"));
-  EXPECT_TRUE(Same(&loss, env["loss"], "mse_loss"));
-  EXPECT_TRUE(Same(dpred.data(), env["dpred"], "mse_loss_grad"));
+  EXPECT_TRUE(emulation::SameBits(dx, env["dx"], "sum_squares_grad"));
+  EXPECT_TRUE(emulation::SameBits(&loss, 1, env["loss"], "mse_loss"));
+  EXPECT_TRUE(emulation::SameBits(dpred, env["dpred"], "mse_loss_grad"));
 }
 
 TEST(BlockSumsEmulation, FloatAndDoubleAreTheCpuBits) {

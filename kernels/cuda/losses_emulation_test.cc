@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/losses.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 #include "kernels/cuda/unary_math.h"
 
 namespace strata {
@@ -30,14 +31,6 @@ namespace {
 constexpr char kCrossEntropy[] = R"pb(type: "softmax_cross_entropy" input: ["logits", "label"] output: "loss")pb";
 constexpr char kCrossEntropyGrad[] =
     R"pb(type: "softmax_cross_entropy_grad" input: ["logits", "label", "dloss"] output: "dlogits")pb";
-
-std::vector<double> Uniform(int64_t n, uint32_t seed, double range) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(-range, range);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
 
 std::vector<int64_t> Labels(int64_t R, int64_t C) {
   std::mt19937 rng(7);
@@ -53,16 +46,11 @@ Tensor LabelTensor(const std::vector<int64_t>& labels) {
   return MakeTensor(I64, {static_cast<int64_t>(labels.size())}, std::vector<double>(labels.begin(), labels.end()));
 }
 
-void ExpectClean() {
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-}
-
 template <typename T>
 void CheckAgainstCpu(DataType dtype, int64_t R, int64_t C) {
   SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << C << "]");
   const std::vector<int64_t> labels = Labels(R, C);
-  std::map<std::string, Tensor> env{{"logits", MakeTensor(dtype, {R, C}, Uniform(R * C, 1, 6))},
+  std::map<std::string, Tensor> env{{"logits", MakeTensor(dtype, {R, C}, emulation::UniformValues(R * C, 1, 6))},
                                     {"label", LabelTensor(labels)},
                                     {"dloss", MakeTensor(dtype, {}, {0.37})}};
   absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad),
@@ -79,7 +67,7 @@ void CheckAgainstCpu(DataType dtype, int64_t R, int64_t C) {
                                                 nullptr),
             cudaSuccess);
   ASSERT_EQ(cuda::LaunchAccuracy(&accuracy, logits, labels.data(), R, C, 3, scratch.data(), nullptr), cudaSuccess);
-  ExpectClean();
+  emulation::ExpectCleanLaunches();
   const double tol = dtype == F32 ? 1e-6 : 1e-14;
   EXPECT_TRUE(TensorNear(MakeTensor(dtype, {}, {static_cast<double>(loss)}), env["loss"], tol));
   EXPECT_TRUE(TensorNear(MakeTensor(dtype, {R, C}, std::vector<double>(dlogits.begin(), dlogits.end())),
@@ -100,7 +88,7 @@ template <typename H>
 void CheckHalf(DataType dtype, int64_t R, int64_t C) {
   SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << C << "]");
   const std::vector<int64_t> labels = Labels(R, C);
-  const Tensor low = MakeTensor(dtype, {R, C}, Uniform(R * C, 2, 6));
+  const Tensor low = MakeTensor(dtype, {R, C}, emulation::UniformValues(R * C, 2, 6));
   const std::vector<double> values = TensorValues(low);
   const std::vector<float> wide(values.begin(), values.end());  // exact
   const float dloss = 0.37f;
@@ -118,7 +106,7 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C) {
   ASSERT_EQ(
       cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_wide.data(), wide.data(), labels.data(), &dloss, R, C, nullptr),
       cudaSuccess);
-  ExpectClean();
+  emulation::ExpectCleanLaunches();
   EXPECT_EQ(std::memcmp(&loss_low, &loss_wide, sizeof(float)), 0) << loss_low << " vs " << loss_wide;
   for (int64_t i = 0; i < R * C; ++i) {
     const H want = cuda::Convert<H>(dlogits_wide[i]);

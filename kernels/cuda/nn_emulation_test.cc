@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/nn.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 #include "kernels/work_split.h"
 #include "proto/fnv1a.h"
 
@@ -46,28 +47,6 @@ Tensor Random(DataType dtype, Shape shape, uint32_t seed, double scale = 1, doub
   return MakeTensor(dtype, shape, v);
 }
 
-template <typename T>
-std::vector<T> Filled(int64_t n) {
-  std::vector<T> v(n);
-  std::memset(static_cast<void*>(v.data()), 0x7f, n * sizeof(T));  // what no kernel would write
-  return v;
-}
-
-template <typename T>
-::testing::AssertionResult Same(const std::vector<T>& got, const Tensor& want, const char* what) {
-  if (static_cast<int64_t>(got.size()) != want.num_elements()) {
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, want " << want.num_elements();
-  }
-  const T* w = want.data<T>();
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &w[i], sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << what << ": element " << i << " differs from the CPU's (of "
-                                           << got.size() << ")";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 const char* DtypeName(DataType dt) { return dt == BF16 ? "BF16" : dt == F16 ? "F16" : ""; }
 
 // layer_norm of x [R, D] in T, y stored in Y (T, or BF16 / F16 for an F32 x).
@@ -83,13 +62,12 @@ void CheckLayerNorm(DataType x_dtype, DataType y_dtype, int64_t R, int64_t D) {
   if (y_dtype != x_dtype) text += std::string(R"( attr { key: "out_dtype" value { s: ")") + DtypeName(y_dtype) + "\" } }";
   const absl::Status s = RunOp(ParseOp(text), &env);
   ASSERT_TRUE(s.ok()) << s;
-  std::vector<Y> y = Filled<Y>(R * D);
+  std::vector<Y> y = emulation::Poisoned<Y>(R * D);
   ASSERT_EQ(cuda::LaunchLayerNorm(y.data(), env["x"].data<T>(), env["gamma"].data<T>(), env["beta"].data<T>(), R, D,
                                   kEpsilon, nullptr),
             cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-  EXPECT_TRUE(Same(y, env["y"], "y"));
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(y, env["y"], "y"));
 }
 
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{70, 37}, {33, 64}, {5, 5}, {1, 8}, {40, 1}};
@@ -122,18 +100,17 @@ void CheckLayerNormGrad(DataType x_dtype, DataType dy_dtype, int64_t R, int64_t 
                            (residual ? R"(, "res")" : "") + R"(] output: ["dx", "dgamma", "dbeta"])" + kEpsilonAttr;
   const absl::Status s = RunOp(ParseOp(text), &env);
   ASSERT_TRUE(s.ok()) << s;
-  std::vector<T> dx = Filled<T>(R * D), dgamma = Filled<T>(D), dbeta = Filled<T>(D);
+  std::vector<T> dx = emulation::Poisoned<T>(R * D), dgamma = emulation::Poisoned<T>(D), dbeta = emulation::Poisoned<T>(D);
   std::vector<double> scratch(cuda::LayerNormGradScratchDoubles(R, D));
   ASSERT_EQ(cuda::LaunchLayerNormGrad(dx.data(), dgamma.data(), dbeta.data(), env["x"].data<T>(),
                                       env["gamma"].data<T>(), env["dy"].data<DY>(),
                                       residual ? env["res"].data<T>() : nullptr, R, D, kEpsilon, scratch.data(),
                                       nullptr),
             cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-  EXPECT_TRUE(Same(dx, env["dx"], "dx"));
-  EXPECT_TRUE(Same(dgamma, env["dgamma"], "dgamma"));
-  EXPECT_TRUE(Same(dbeta, env["dbeta"], "dbeta"));
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(dx, env["dx"], "dx"));
+  EXPECT_TRUE(emulation::SameBits(dgamma, env["dgamma"], "dgamma"));
+  EXPECT_TRUE(emulation::SameBits(dbeta, env["dbeta"], "dbeta"));
 }
 
 // [250, 20]: three blocks of rows for dgamma and dbeta.
@@ -192,7 +169,7 @@ void CheckSoftmax(DataType dtype, cuda::SoftmaxMode mode, const char* type, bool
                                 : "type: \"" + std::string(type) + "\" input: \"x\" output: \"out\"" + attr;
   const absl::Status s = RunOp(ParseOp(text), &env);
   ASSERT_TRUE(s.ok()) << s;
-  std::vector<T> out = Filled<T>(M * K * N);
+  std::vector<T> out = emulation::Poisoned<T>(M * K * N);
   ASSERT_EQ(cuda::LaunchSoftmax(mode, out.data(), a.data<T>(), grad ? dy.data<T>() : nullptr, M, K, N, nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -235,17 +212,16 @@ void CheckEmbedding(DataType dtype, int64_t n, int64_t V, int64_t D) {
                     std::to_string(V) + " } }"),
             &env);
   ASSERT_TRUE(s.ok()) << s;
-  std::vector<T> y = Filled<T>(n * D), dtable = Filled<T>(V * D);
+  std::vector<T> y = emulation::Poisoned<T>(n * D), dtable = emulation::Poisoned<T>(V * D);
   std::vector<int64_t> keys(cuda::EmbeddingGradScratchKeys(n));
   ASSERT_EQ(cuda::LaunchEmbedding(y.data(), env["table"].data<T>(), env["ids"].data<int64_t>(), n, V, D, nullptr),
             cudaSuccess);
   ASSERT_EQ(cuda::LaunchEmbeddingGrad(dtable.data(), env["dy"].data<T>(), env["ids"].data<int64_t>(), n, V, D,
                                       keys.data(), nullptr),
             cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-  EXPECT_TRUE(Same(y, env["y"], "y"));
-  EXPECT_TRUE(Same(dtable, env["dtable"], "dtable"));
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(y, env["y"], "y"));
+  EXPECT_TRUE(emulation::SameBits(dtable, env["dtable"], "dtable"));
 }
 
 TEST(NnEmulation, EmbeddingAndItsGradient) {
@@ -285,7 +261,7 @@ void CheckDropout(DataType dtype, double p) {
   ASSERT_TRUE(s.ok()) << s;
   const T scale = static_cast<T>(1.0 / (1.0 - p));
   const uint64_t key = MixKey(seed, static_cast<uint64_t>(uid));
-  std::vector<T> host = Filled<T>(n), device = Filled<T>(n);
+  std::vector<T> host = emulation::Poisoned<T>(n), device = emulation::Poisoned<T>(n);
   cuda::DropoutCounters from_host;
   from_host.step = step;
   from_host.base = sample_offset * per_sample;
@@ -300,8 +276,8 @@ void CheckDropout(DataType dtype, double p) {
   ASSERT_EQ(cuda::LaunchDropout(device.data(), env["x"].data<T>(), n, key, from_device, p, scale, nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_TRUE(Same(host, env["y"], "y (step from the host)"));
-  EXPECT_TRUE(Same(device, env["y"], "y (counters in device memory)"));
+  EXPECT_TRUE(emulation::SameBits(host, env["y"], "y (step from the host)"));
+  EXPECT_TRUE(emulation::SameBits(device, env["y"], "y (counters in device memory)"));
   // A mask, not all or nothing.
   int64_t dropped = 0;
   for (T v : host) dropped += v == T(0);

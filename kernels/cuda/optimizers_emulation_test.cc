@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/optimizers.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 
 namespace strata {
 namespace {
@@ -61,11 +62,6 @@ template <typename T>
   return ::testing::AssertionSuccess();
 }
 
-void ExpectClean() {
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
-}
-
 template <typename T>
 void CheckAdam(int64_t step, float found_inf, bool decoupled) {
   SCOPED_TRACE(testing::Message() << "adam step " << step << " found_inf " << found_inf
@@ -87,7 +83,7 @@ void CheckAdam(int64_t step, float found_inf, bool decoupled) {
   ASSERT_EQ(cuda::LaunchAdamUpdateMulti(p2.ptrs.data(), m2.ptrs.data(), v2.ptrs.data(), g.cptrs.data(), n.data(),
                                         static_cast<int>(n.size()), &lr, &step, attrs, &found_inf, nullptr),
             cudaSuccess);
-  ExpectClean();
+  emulation::ExpectCleanLaunches();
   EXPECT_EQ(cuda_stand_in::launches - launches, 2);  // 70 tensors: 64, then 6
   EXPECT_TRUE(SameBits(p1, p2, "param"));
   EXPECT_TRUE(SameBits(m1, m2, "m"));
@@ -129,7 +125,7 @@ void CheckSgdAndMomentum(float found_inf, bool nesterov) {
   ASSERT_EQ(cuda::LaunchMomentumUpdateMulti(q2.ptrs.data(), w2.ptrs.data(), g.cptrs.data(), n.data(), count, &lr, mom,
                                             wd, nesterov, &found_inf, nullptr),
             cudaSuccess);
-  ExpectClean();
+  emulation::ExpectCleanLaunches();
   EXPECT_TRUE(SameBits(p1, p2, "sgd param"));
   EXPECT_TRUE(SameBits(q1, q2, "momentum param"));
   EXPECT_TRUE(SameBits(w1, w2, "velocity"));

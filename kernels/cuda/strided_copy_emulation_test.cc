@@ -20,6 +20,7 @@
 #include "kernels/copy_plan.h"
 #include "kernels/cuda/strided_copy.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 
 namespace strata {
 namespace cuda {

@@ -21,6 +21,7 @@
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/testing/cuda_stand_in/cuda_stand_in.h"
+#include "kernels/cuda/testing/emulation_test_util.h"
 #include "kernels/cuda/unary.h"
 
 namespace strata {
@@ -28,45 +29,10 @@ namespace {
 
 constexpr int64_t kN = 1500;  // six blocks of 256 threads
 
-std::vector<double> Uniform(int64_t n, uint32_t seed, double range) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(-range, range);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-template <typename T>
-::testing::AssertionResult Same(const std::vector<T>& got, const Tensor& want, const char* what) {
-  if (static_cast<int64_t>(got.size()) != want.num_elements()) {
-    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, want " << want.num_elements();
-  }
-  const T* w = want.data<T>();
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &w[i], sizeof(T)) != 0) {
-      return ::testing::AssertionFailure() << what << ": element " << i << " of " << got.size()
-                                           << " differs from the CPU's";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-template <typename T>
-std::vector<T> Filled(int64_t n) {
-  std::vector<T> v(n);
-  std::memset(static_cast<void*>(v.data()), 0x7f, n * sizeof(T));
-  return v;
-}
-
 Tensor RunCpu(const std::string& text, std::map<std::string, Tensor> env) {
   const absl::Status s = RunOp(ParseOp(text), &env);
   EXPECT_TRUE(s.ok()) << s;
   return env["y"];
-}
-
-void ExpectCleanLaunches() {
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  EXPECT_EQ(cuda_stand_in::errors.load(), 0);
 }
 
 // Values that exercise the conversions: random ones over many binades, ties
@@ -100,10 +66,10 @@ void CheckCast(DataType from, DataType to) {
   const std::vector<double> values = CastValues();
   const Tensor x = MakeTensor(from, {static_cast<int64_t>(values.size())}, values);
   const Tensor want = RunCpu(CastText(to), {{"x", x}});
-  std::vector<D> y = Filled<D>(x.num_elements());
+  std::vector<D> y = emulation::Poisoned<D>(x.num_elements());
   ASSERT_EQ((cuda::LaunchCast<S, D>(y.data(), x.data<S>(), x.num_elements(), nullptr)), cudaSuccess);
-  ExpectCleanLaunches();
-  EXPECT_TRUE(Same(y, want, "y"));
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(y, want, "y"));
 }
 
 TEST(UnaryEmulation, CastBetweenFloatAndSixteenBits) {
@@ -123,19 +89,19 @@ void CheckGeluGradStored(DataType dy_dtype, DataType dx_dtype) {
   for (const char* form : {"none", "tanh"}) {
     SCOPED_TRACE(testing::Message() << "gelu_grad " << form << ", dy " << DataTypeName(dy_dtype) << ", dx "
                                     << DataTypeName(dx_dtype));
-    const Tensor a = MakeTensor(F32, {kN}, Uniform(kN, 21, 5));
-    const Tensor dy = MakeTensor(dy_dtype, {kN}, Uniform(kN, 22, 2));
+    const Tensor a = MakeTensor(F32, {kN}, emulation::UniformValues(kN, 21, 5));
+    const Tensor dy = MakeTensor(dy_dtype, {kN}, emulation::UniformValues(kN, 22, 2));
     std::string text = std::string(R"pb(type: "gelu_grad" input: [ "a", "dy" ] output: "y")pb") +
                        R"( attr { key: "approximate" value { s: ")" + form + "\" } }";
     if (dx_dtype != F32) text += std::string(R"( attr { key: "out_dtype" value { s: ")") + DataTypeName(dx_dtype) + "\" } }";
     const Tensor want = RunCpu(text, {{"a", a}, {"dy", dy}});
-    std::vector<DX> dx = Filled<DX>(kN);
+    std::vector<DX> dx = emulation::Poisoned<DX>(kN);
     const cuda::UnaryGradOp op = std::string(form) == "tanh" ? cuda::UnaryGradOp::kGeluTanhGrad
                                                                : cuda::UnaryGradOp::kGeluGrad;
     ASSERT_EQ((cuda::LaunchGeluGradStored<DY, DX>(op, dx.data(), a.data<float>(), dy.data<DY>(), kN, nullptr)),
               cudaSuccess);
-    ExpectCleanLaunches();
-    EXPECT_TRUE(Same(dx, want, "dx"));
+    emulation::ExpectCleanLaunches();
+    EXPECT_TRUE(emulation::SameBits(dx, want, "dx"));
   }
 }
 
@@ -169,20 +135,20 @@ void CheckAddN(DataType dtype, int count) {
   for (int i = 0; i < count; ++i) {
     const std::string name = "x" + std::to_string(i);
     // Magnitudes far apart, so the order and the single rounding show.
-    env[name] = MakeTensor(dtype, {kN}, Uniform(kN, 100 + i, std::ldexp(1.0, i % 7 * 2 - 6)));
+    env[name] = MakeTensor(dtype, {kN}, emulation::UniformValues(kN, 100 + i, std::ldexp(1.0, i % 7 * 2 - 6)));
     inputs += (i ? ", \"" : "\"") + name + "\"";
   }
   for (int i = 0; i < count; ++i) xs.push_back(env["x" + std::to_string(i)].data<S>());
   const Tensor want = RunCpu(R"pb(type: "add_n" input: [)pb" + inputs + R"pb(] output: "y")pb", env);
-  std::vector<S> y = Filled<S>(kN);
+  std::vector<S> y = emulation::Poisoned<S>(kN);
   std::vector<float> acc(kN, std::nanf(""));
   const int64_t launches = cuda_stand_in::launches;
   ASSERT_EQ(cuda::LaunchAddN(y.data(), xs.data(), count, kN, count > cuda::kAddNPerLaunch ? acc.data() : nullptr,
                              nullptr),
             cudaSuccess);
-  ExpectCleanLaunches();
+  emulation::ExpectCleanLaunches();
   EXPECT_EQ(cuda_stand_in::launches - launches, (count + cuda::kAddNPerLaunch - 1) / cuda::kAddNPerLaunch);
-  EXPECT_TRUE(Same(y, want, "y"));
+  EXPECT_TRUE(emulation::SameBits(y, want, "y"));
 }
 
 TEST(UnaryEmulation, WidenedAddN) {
