@@ -7,6 +7,7 @@
 set -uo pipefail
 strata=$1
 flags_cc=$2
+program=$3
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -14,6 +15,8 @@ trap 'rm -rf "$tmp"' EXIT
 for c in check compile run gen; do "$strata" "$c" --help >>"$tmp/help" 2>&1; done
 names=$(grep -oE '^ABSL_FLAG\([^,]+, *[a-z_0-9]+' "$flags_cc" | sed -E 's/.*, *//')
 [ -n "$names" ] || fail "no ABSL_FLAG found in $flags_cc"
+# Every definition's name was read (none split over lines or typed with a comma).
+[ "$(wc -w <<<"$names")" -eq "$(grep -c '^ABSL_FLAG(' "$flags_cc")" ] || fail "could not read every ABSL_FLAG's name"
 count=0
 for n in $names; do
   grep -qE "^  --$n( |$)" "$tmp/help" || fail "--$n is defined but no command's --help lists it"
@@ -21,8 +24,7 @@ for n in $names; do
 done
 echo "ok: $count flags, each taken by a command"
 
-program=$(dirname "$flags_cc")/../examples/mlp_fashion.pbtxt
 out=$("$strata" run "$program" --data synthetic --steps 2 --quiet --cuda_graph --nccl=false 2>&1) ||
   fail "run --cuda_graph --nccl=false on the CPU: $out"
-echo "$out" | grep -q "note: --cuda_graph: not used" || fail "no note saying why no CUDA graph: $out"
-echo "ok: run --cuda_graph on the CPU: $(echo "$out" | grep 'note: --cuda_graph')"
+grep -q "note: --cuda_graph: not used" <<<"$out" || fail "no note saying why no CUDA graph: $out"
+echo "ok: run --cuda_graph on the CPU: $(grep 'note: --cuda_graph' <<<"$out")"
