@@ -18,14 +18,15 @@ namespace cli {
 const char kUsage[] =
     "usage:\n"
     "  strata check   PROGRAM [--strategy S] [--batch_size B] [--device cpu|gpu] [--device_memory_gib G]\n"
-    "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS] [--device cpu|gpu]\n"
+    "                 [--disable_passes P,...]\n"
+    "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS] [--device cpu|gpu] [--disable_passes P,...]\n"
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist|synthetic[:classes=K]] [--eval_data fashion_mnist:test]\n"
     "                 [--seed N] [--device cpu|gpu] [--metrics FILE.jsonl] [--trace FILE.json]\n"
     "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
     "                 [--quiet] [--comm_timeout_s S] [--heartbeat_timeout_s S] [--job_id ID]\n"
     "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--socket_ifname IF] [--compare_single] [--bind_cores]\n"
-    "                 [--cuda_graph] [--nccl=false]\n"
+    "                 [--cuda_graph] [--nccl=false] [--disable_passes P,...]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet|gpt [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
     "strata COMMAND --help lists the command's flags.\n";
 
@@ -97,6 +98,7 @@ absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path, 
   options.device_kind = *device_kind;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
+  options.disabled_passes = absl::GetFlag(FLAGS_disable_passes);
   return Compile(*program, *strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
 }
 

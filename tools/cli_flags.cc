@@ -23,6 +23,9 @@
 ABSL_FLAG(std::string, strategy, "", "strategy file (protobuf text)");
 ABSL_FLAG(std::string, out, "", "compile: output folder for rank_<r>.pbtxt plans");
 ABSL_FLAG(std::string, dump_after, "", "compile: also write the program after this pass");
+ABSL_FLAG(std::vector<std::string>, disable_passes, {},
+          "check, compile, run: optional passes (the fusions) to leave out, comma-separated, as XLA's "
+          "--xla_disable_hlo_passes; an unknown or required pass is refused naming the optional ones");
 ABSL_FLAG(int64_t, nproc, 1, "run: number of worker processes");
 ABSL_FLAG(int64_t, steps, 0, "run: total steps, each of one global batch (give --steps or --epochs, not both); under gradient_merge the "
           "optimizer runs every k_steps-th step, so --steps counts steps, not optimizer steps, and must be a multiple "
@@ -91,12 +94,12 @@ namespace cli {
 
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
   static const auto* flags = new std::map<std::string, std::set<std::string>>{
-      {"check", {"strategy", "batch_size", "device", "device_memory_gib"}},
-      {"compile", {"strategy", "batch_size", "out", "dump_after", "device"}},
+      {"check", {"strategy", "batch_size", "device", "device_memory_gib", "disable_passes"}},
+      {"compile", {"strategy", "batch_size", "out", "dump_after", "device", "disable_passes"}},
       {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "seed", "device", "metrics",
                "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",
                "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
-               "bind_cores", "cuda_graph", "nccl"}},
+               "bind_cores", "cuda_graph", "nccl", "disable_passes"}},
       {"gen", {"layers", "stages", "blocks", "optimizer", "lr", "cosine", "dropout", "dtype", "d_model", "heads", "seq",
                "vocab", "gelu"}},
   };

@@ -16,6 +16,7 @@
 ABSL_DECLARE_FLAG(std::string, strategy);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, dump_after);
+ABSL_DECLARE_FLAG(std::vector<std::string>, disable_passes);
 ABSL_DECLARE_FLAG(double, device_memory_gib);
 ABSL_DECLARE_FLAG(int64_t, nproc);
 ABSL_DECLARE_FLAG(int64_t, steps);
