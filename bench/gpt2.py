@@ -77,7 +77,7 @@ def strata_side(a, workdir):
     metrics = os.path.join(workdir, "metrics.jsonl")
     argv = cmd + ["run", program, "--strategy", strategy, "--device", a.device, "--data", "synthetic",
                   "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet",
-                  "--cuda_graph=%s" % ("false" if a.no_cuda_graph else "true")]
+                  "--cuda_graph=%s" % ("false" if a.no_cuda_graph else "true")] + shlex.split(a.strata_flags)
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
         raise SystemExit("bench: %s exited with %d:\n%s" % (" ".join(argv), p.returncode, p.stdout))
@@ -199,6 +199,8 @@ def main():
     ap.add_argument("--variants", default="eager,compile")
     ap.add_argument("--no_cuda_graph", action="store_true",
                     help="Strata's steps eager (--cuda_graph=false) instead of one captured step replayed")
+    ap.add_argument("--strata_flags", default="",
+                    help="more flags for strata run, e.g. '--disable_passes fold-casts' (shell words)")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 on both sides (Strata's allow_tf32: attention's float32 products; "
                          "torch.backends.cuda.matmul.allow_tf32)")
