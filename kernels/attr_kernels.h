@@ -7,13 +7,16 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "proto/program.pb.h"
 #include "proto/status_macros.h"
+#include "runtime/float16.h"
 #include "runtime/kernel.h"
+#include "runtime/tensor.h"
 
 namespace strata {
 
@@ -200,6 +203,43 @@ class AttentionAttrsKernel : public OpKernel {
   double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
   bool causal_ = true;
   double scale_ = 0;
+};
+
+// Calls f(S{}) with S the C++ storage of `dtype`: T's own, or bfloat16 /
+// float16 for BF16 / F16 when T is float (what the ops fold-casts folds a
+// cast into read or write). Another dtype is InvalidArgument naming the op
+// and the tensor ("gelu_grad: dy BF16 for an F64 x").
+template <typename T, typename F>
+absl::Status WithStorage(DataType dtype, const char* op, const char* what, F&& f) {
+  if (dtype == DataTypeOf<T>::value) return f(T{});
+  if constexpr (std::is_same_v<T, float>) {
+    if (dtype == BF16) return f(bfloat16{});
+    if (dtype == F16) return f(float16{});
+  }
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " ", DataTypeName(dtype), " for an ",
+                                                 DataTypeName(DataTypeOf<T>::value), " x"));
+}
+
+// Base of the kernels of the ops that store an output in 16 bits with
+// out_dtype (layer_norm, gelu_grad): Base's attrs and out_dtype.
+template <typename Base>
+class StoredOutKernel : public Base {
+ public:
+  using Base::Base;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(Base::Init(op));
+    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // The output's dtype for an input of T: out_dtype, or T's when none.
+  template <typename T>
+  DataType OutDtype() const {
+    return out_dtype_ == DT_INVALID ? DataTypeOf<T>::value : out_dtype_;
+  }
+
+  DataType out_dtype_ = DT_INVALID;
 };
 
 }  // namespace strata

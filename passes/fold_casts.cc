@@ -26,15 +26,7 @@ int ReadsLowInput(absl::string_view type) {
 // two (its dy and its dx), edited into one replacement op.
 class Folder {
  public:
-  explicit Folder(Graph& graph)
-      : graph_(graph), readers_(graph.Readers()), writes_(graph.num_vars(), 0), writer_(graph.num_vars(), -1) {
-    for (int op : graph_.ops()) {
-      for (int v : graph_.outputs(op)) {
-        ++writes_[v];
-        writer_[v] = op;
-      }
-    }
-  }
+  explicit Folder(Graph& graph) : graph_(graph), readers_(graph.Readers()), writers_(CountWriters(graph)) {}
 
   absl::StatusOr<bool> Run() {
     std::vector<bool> keep(graph_.num_vars(), true);
@@ -47,7 +39,7 @@ class Folder {
     };
     for (int op : graph_.ops()) {
       if (IsCastDown(graph_, op)) {
-        const int x = graph_.inputs(op)[0], producer = writer_[x];
+        const int x = graph_.inputs(op)[0], producer = writers_.last[x];
         if (producer < 0 || !Foldable(x, op) || !StoresOutputLow(graph_.schema(producer).type) ||
             graph_.outputs(producer)[0] != x || graph_.dtype(graph_.inputs(producer)[0]) != F32) {
           continue;
@@ -93,13 +85,13 @@ class Folder {
   // the program does not report, written once, read by `reader` alone, on
   // the writer's stage.
   bool Foldable(int v, int reader) const {
-    return IsUnreportedActivation(graph_, v) && writes_[v] == 1 && readers_[v].size() == 1 &&
-           readers_[v][0] == reader && graph_.stage(writer_[v]) == graph_.stage(reader);
+    return IsUnreportedActivation(graph_, v) && writers_.count[v] == 1 && readers_[v].size() == 1 &&
+           readers_[v][0] == reader && graph_.stage(writers_.last[v]) == graph_.stage(reader);
   }
 
   Graph& graph_;
   const std::vector<std::vector<int>> readers_;
-  std::vector<int> writes_, writer_;
+  const VarWriters writers_;
 };
 
 }  // namespace

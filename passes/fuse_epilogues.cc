@@ -282,13 +282,9 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
 // once, before the layer_norm_grad, so the op can read it where it stands.
 absl::StatusOr<bool> FuseResidualGrads(Graph& graph) {
   const std::vector<std::vector<int>> readers = graph.Readers();
-  std::vector<int> writes(graph.num_vars(), 0), writer(graph.num_vars(), -1);
-  for (int op : graph.ops()) {
-    for (int v : graph.outputs(op)) {
-      ++writes[v];
-      writer[v] = op;
-    }
-  }
+  VarWriters writers = CountWriters(graph);
+  const std::vector<int>& writes = writers.count;
+  std::vector<int>& writer = writers.last;
   std::vector<bool> keep(graph.num_vars(), true);
   bool changed = false;
   for (int sum : std::vector<int>(graph.ops())) {

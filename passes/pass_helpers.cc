@@ -52,6 +52,17 @@ bool IsCastUp(const Graph& graph, int op) {
   return (from == BF16 || from == F16) && CastTarget(graph, op) == F32;
 }
 
+VarWriters CountWriters(const Graph& graph) {
+  VarWriters w{std::vector<int>(graph.num_vars(), 0), std::vector<int>(graph.num_vars(), -1)};
+  for (int op : graph.ops()) {
+    for (int v : graph.outputs(op)) {
+      ++w.count[v];
+      w.last[v] = op;
+    }
+  }
+  return w;
+}
+
 bool IsUnreportedActivation(const Graph& graph, int v) {
   if (graph.kind(v) != ACTIVATION) return false;
   const absl::string_view name = graph.var_name(v);

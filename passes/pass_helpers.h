@@ -2,6 +2,7 @@
 #define STRATA_PASSES_PASS_HELPERS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,13 @@ bool IsCastUp(const Graph& graph, int op);
 // A var such a pass may drop or retype: an activation the program does not
 // report (not the loss, not fetched).
 bool IsUnreportedActivation(const Graph& graph, int v);
+
+// By var id: how many live ops write it, and the last of them (-1: none).
+struct VarWriters {
+  std::vector<int> count;
+  std::vector<int> last;
+};
+VarWriters CountWriters(const Graph& graph);
 
 // Runs `rewriter.Step()` (one rewrite, false when none applies) until none
 // does, then drops the vars `rewriter.keep()` marks false; `pass` names the

@@ -56,43 +56,20 @@ class GeluKernel : public GeluAttrKernel {
 // kernel rounds it), so the op equals cast, gelu_grad, cast bit for bit
 // (passes/fold_casts).
 template <typename T>
-class GeluGradKernel : public GeluAttrKernel {
+class GeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
  public:
-  using GeluAttrKernel::GeluAttrKernel;
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(GeluAttrKernel::Init(op));
-    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
-    return absl::OkStatus();
-  }
+  using StoredOutKernel<GeluAttrKernel>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
-    if constexpr (std::is_same_v<T, float>) {
-      if (dy.dtype() == BF16) return WithDy<bfloat16>(ctx, x, dy);
-      if (dy.dtype() == F16) return WithDy<float16>(ctx, x, dy);
-    }
-    if (dy.dtype() != x.dtype()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gelu_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
-    }
-    return WithDy<T>(ctx, x, dy);
+    return WithStorage<T>(dy.dtype(), "gelu_grad", "dy", [&](auto d) {
+      return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
+                            [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, x, dy); });
+    });
   }
 
  private:
-  template <typename DY>
-  absl::Status WithDy(KernelContext& ctx, const Tensor& x, const Tensor& dy) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (out_dtype_ == BF16) return Run<DY, bfloat16>(ctx, x, dy);
-      if (out_dtype_ == F16) return Run<DY, float16>(ctx, x, dy);
-    }
-    if (out_dtype_ != DT_INVALID) {
-      return absl::InvalidArgumentError(absl::StrCat("gelu_grad: out_dtype ", DataTypeName(out_dtype_),
-                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
-    }
-    return Run<DY, T>(ctx, x, dy);
-  }
-
   template <typename DY, typename DX>
   absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& dy) {
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
@@ -109,8 +86,6 @@ class GeluGradKernel : public GeluAttrKernel {
   static auto Stored(F f) {
     return [f](T x, auto dy) { return cuda::Convert<DX>(f(x, cuda::Convert<T>(dy))); };
   }
-
-  DataType out_dtype_ = DT_INVALID;
 };
 
 STRATA_REGISTER_KERNEL("relu", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, ReluFn>>()));

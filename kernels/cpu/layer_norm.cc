@@ -62,15 +62,9 @@ using LayerNormBase = EpsilonAttrKernel;
 // in BF16 / F16, each value the float one rounded as the cast kernel rounds
 // it, so the op equals layer_norm then cast bit for bit.
 template <typename T>
-class LayerNormKernel : public LayerNormBase {
+class LayerNormKernel : public StoredOutKernel<LayerNormBase> {
  public:
-  using LayerNormBase::LayerNormBase;
-
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(LayerNormBase::Init(op));
-    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
-    return absl::OkStatus();
-  }
+  using StoredOutKernel<LayerNormBase>::StoredOutKernel;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -78,15 +72,8 @@ class LayerNormKernel : public LayerNormBase {
     const Tensor& beta = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, beta));
-    if constexpr (std::is_same_v<T, float>) {
-      if (out_dtype_ == BF16) return Run<bfloat16>(ctx, x, gamma, beta);
-      if (out_dtype_ == F16) return Run<float16>(ctx, x, gamma, beta);
-    }
-    if (out_dtype_ != DT_INVALID) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_norm: out_dtype ", DataTypeName(out_dtype_),
-                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
-    }
-    return Run<T>(ctx, x, gamma, beta);
+    return WithStorage<T>(this->template OutDtype<T>(), "layer_norm", "out_dtype",
+                          [&](auto y) { return Run<decltype(y)>(ctx, x, gamma, beta); });
   }
 
  private:
@@ -98,7 +85,7 @@ class LayerNormKernel : public LayerNormBase {
     const T* pg = gamma.data<T>();
     const T* pb = beta.data<T>();
     Y* py = y->data<Y>();
-    const double eps = epsilon_;
+    const double eps = this->epsilon_;
     ParallelFor(R, MinChunk(4 * D), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = px + r * D;
@@ -111,8 +98,6 @@ class LayerNormKernel : public LayerNormBase {
     });
     return absl::OkStatus();
   }
-
-  DataType out_dtype_ = DT_INVALID;
 };
 
 // With xhat = (x - mean) * rstd and g = dy * gamma, per row (dy may be
@@ -131,15 +116,8 @@ class LayerNormGradKernel : public LayerNormBase {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
     if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
-    if constexpr (std::is_same_v<T, float>) {
-      if (dy.dtype() == BF16) return Run<bfloat16>(ctx, x, gamma, dy);
-      if (dy.dtype() == F16) return Run<float16>(ctx, x, gamma, dy);
-    }
-    if (dy.dtype() != x.dtype()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
-    }
-    return Run<T>(ctx, x, gamma, dy);
+    return WithStorage<T>(dy.dtype(), "layer_norm_grad", "dy",
+                          [&](auto d) { return Run<decltype(d)>(ctx, x, gamma, dy); });
   }
 
  private:

@@ -78,14 +78,9 @@ using CudaLayerNormBase = EpsilonAttrKernel;
 
 // y may be stored in BF16 / F16 for an F32 x (out_dtype: passes/fold_casts).
 template <typename T>
-class CudaLayerNormKernel : public CudaLayerNormBase {
+class CudaLayerNormKernel : public StoredOutKernel<CudaLayerNormBase> {
  public:
-  using CudaLayerNormBase::CudaLayerNormBase;
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(CudaLayerNormBase::Init(op));
-    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
-    return absl::OkStatus();
-  }
+  using StoredOutKernel<CudaLayerNormBase>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& x = ctx.input(0);
@@ -93,15 +88,8 @@ class CudaLayerNormKernel : public CudaLayerNormBase {
     const Tensor& beta = ctx.input(2);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm", x, beta));
-    if constexpr (std::is_same_v<T, float>) {
-      if (out_dtype_ == BF16) return Run<bfloat16>(ctx, device, x, gamma, beta);
-      if (out_dtype_ == F16) return Run<float16>(ctx, device, x, gamma, beta);
-    }
-    if (out_dtype_ != DT_INVALID) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_norm: out_dtype ", DataTypeName(out_dtype_),
-                                                     " needs an F32 x, got ", DataTypeName(x.dtype())));
-    }
-    return Run<T>(ctx, device, x, gamma, beta);
+    return WithStorage<T>(OutDtype<T>(), "layer_norm", "out_dtype",
+                          [&](auto y) { return Run<decltype(y)>(ctx, device, x, gamma, beta); });
   }
 
  private:
@@ -113,8 +101,6 @@ class CudaLayerNormKernel : public CudaLayerNormBase {
                                             device->stream()),
                       "layer_norm");
   }
-
-  DataType out_dtype_ = DT_INVALID;
 };
 
 // dy may be BF16 / F16 for an F32 x (read widened: passes/fold_casts).
@@ -130,15 +116,8 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
     if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
-    if constexpr (std::is_same_v<T, float>) {
-      if (dy.dtype() == BF16) return Run<bfloat16>(ctx, device, x, gamma, dy);
-      if (dy.dtype() == F16) return Run<float16>(ctx, device, x, gamma, dy);
-    }
-    if (dy.dtype() != x.dtype()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer_norm_grad: dy is ", DataTypeName(dy.dtype()), " for an ", DataTypeName(x.dtype()), " x"));
-    }
-    return Run<T>(ctx, device, x, gamma, dy);
+    return WithStorage<T>(dy.dtype(), "layer_norm_grad", "dy",
+                          [&](auto d) { return Run<decltype(d)>(ctx, device, x, gamma, dy); });
   }
 
  private:

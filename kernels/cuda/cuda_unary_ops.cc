@@ -122,52 +122,35 @@ class CudaGeluKernel : public GeluAttrKernel {
 // For an F32 x, dy may be BF16 / F16 and out_dtype may store dx in BF16 /
 // F16 (passes/fold_casts), as the CPU kernel.
 template <typename T>
-class CudaGeluGradKernel : public GeluAttrKernel {
+class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
  public:
-  using GeluAttrKernel::GeluAttrKernel;
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(GeluAttrKernel::Init(op));
-    STRATA_ASSIGN_OR_RETURN(out_dtype_, StoredOutDtype(op));
-    return absl::OkStatus();
-  }
+  using StoredOutKernel<GeluAttrKernel>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
-    const Tensor& dy = ctx.input(1);
-    if constexpr (std::is_same_v<T, float>) {
-      if (dy.dtype() == BF16) return WithDy<bfloat16>(ctx, op);
-      if (dy.dtype() == F16) return WithDy<float16>(ctx, op);
-      if (out_dtype_ != DT_INVALID) return WithDy<float>(ctx, op);
-    }
-    if (dy.dtype() != ctx.input(0).dtype() || out_dtype_ != DT_INVALID) {
-      return absl::InvalidArgumentError(absl::StrCat("gelu_grad: dy ", DataTypeName(dy.dtype()),
-                                                     (out_dtype_ != DT_INVALID ? " and out_dtype " : ""),
-                                                     (out_dtype_ != DT_INVALID ? DataTypeName(out_dtype_) : ""),
-                                                     " for an ", DataTypeName(ctx.input(0).dtype()), " x"));
-    }
-    return RunUnaryGrad<T>(ctx, op);
+    return WithStorage<T>(ctx.input(1).dtype(), "gelu_grad", "dy", [&](auto d) {
+      return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
+                            [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, op); });
+    });
   }
 
  private:
-  template <typename DY>
-  absl::Status WithDy(KernelContext& ctx, cuda::UnaryGradOp op) {
-    if (out_dtype_ == BF16) return Run<DY, bfloat16>(ctx, op);
-    if (out_dtype_ == F16) return Run<DY, float16>(ctx, op);
-    return Run<DY, float>(ctx, op);
-  }
-
+  // dy stored as DY, dx as DX: T's own kernel for both T, else (an F32 x)
+  // the storage-templated one.
   template <typename DY, typename DX>
   absl::Status Run(KernelContext& ctx, cuda::UnaryGradOp op) {
-    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
-    const Tensor& x = ctx.input(0);
-    const Tensor& dy = ctx.input(1);
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
-    STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
-    return CudaStatus(cuda::LaunchGeluGradStored<DY, DX>(op, dx->data<DX>(), x.data<float>(), dy.data<DY>(),
-                                                         x.num_elements(), device->stream()),
-                      "gelu_grad");
+    if constexpr (std::is_same_v<DY, T> && std::is_same_v<DX, T>) {
+      return RunUnaryGrad<T>(ctx, op);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+      const Tensor& x = ctx.input(0);
+      const Tensor& dy = ctx.input(1);
+      STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
+      STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
+      return CudaStatus(cuda::LaunchGeluGradStored<DY, DX>(op, dx->data<DX>(), x.data<float>(), dy.data<DY>(),
+                                                           x.num_elements(), device->stream()),
+                        "gelu_grad");
+    }
   }
-
-  DataType out_dtype_ = DT_INVALID;
 };
 
 // y = scale * x + bias; the attrs read once and rounded to T, as on the CPU.

@@ -26,8 +26,9 @@ __global__ void MapKernel(D* y, const S* x, int64_t n, F f) {
   }
 }
 
-template <typename T, typename F>
-__global__ void Map2Kernel(T* z, const T* a, const T* b, int64_t n, F f) {
+// a, b and z may be stored in different types (f converts).
+template <typename A, typename B, typename Z, typename F>
+__global__ void Map2Kernel(Z* z, const A* a, const B* b, int64_t n, F f) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     z[i] = f(a[i], b[i]);
   }
@@ -40,10 +41,10 @@ cudaError_t Map(D* y, const S* x, int64_t n, F f, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, typename F>
-cudaError_t Map2(T* z, const T* a, const T* b, int64_t n, F f, cudaStream_t stream) {
+template <typename A, typename B, typename Z, typename F>
+cudaError_t Map2(Z* z, const A* a, const B* b, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  Map2Kernel<T, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(z, a, b, n, f);
+  Map2Kernel<A, B, Z, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(z, a, b, n, f);
   return cudaGetLastError();
 }
 
@@ -89,19 +90,16 @@ cudaError_t UnaryGrad(UnaryGradOp op, T* dx, const T* a, const T* dy, int64_t n,
   return cudaErrorInvalidValue;
 }
 
-template <typename DY, typename DX, typename F>
-__global__ void GeluGradStoredKernel(DX* dx, const float* a, const DY* dy, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    dx[i] = Convert<DX>(f(a[i], Convert<float>(dy[i])));
+// f(a, dy) on a float a and dy widened from its storage, the result stored
+// as DX by the cast's conversion (passes/fold_casts' gelu_grad).
+template <typename DX, typename F>
+struct StoredGradFn {
+  F f;
+  template <typename DY>
+  __device__ DX operator()(float a, DY dy) const {
+    return Convert<DX>(f(a, Convert<float>(dy)));
   }
-}
-
-template <typename DY, typename DX, typename F>
-cudaError_t GeluGradStored(DX* dx, const float* a, const DY* dy, int64_t n, F f, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  GeluGradStoredKernel<DY, DX, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(dx, a, dy, n, f);
-  return cudaGetLastError();
-}
+};
 
 // Up to kAddNPerLaunch input pointers, passed by value. With `accumulate`,
 // y's own value is the first term.
@@ -221,9 +219,9 @@ template <typename DY, typename DX>
 cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream) {
   switch (op) {
     case UnaryGradOp::kGeluGrad:
-      return GeluGradStored(dx, a, dy, n, GeluGradFn(), stream);
+      return Map2(dx, a, dy, n, StoredGradFn<DX, GeluGradFn>{GeluGradFn()}, stream);
     case UnaryGradOp::kGeluTanhGrad:
-      return GeluGradStored(dx, a, dy, n, GeluTanhGradFn(), stream);
+      return Map2(dx, a, dy, n, StoredGradFn<DX, GeluTanhGradFn>{GeluTanhGradFn()}, stream);
     default:
       return cudaErrorInvalidValue;
   }
