@@ -104,6 +104,16 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() {
     return absl::UnimplementedError(GraphUnsupported());
   }
+  // Whether a capture is under way (between BeginCapture and EndCapture):
+  // work enqueued now is recorded, not run, so nothing may wait for it on
+  // the host (a transport's Work then only orders the compute stream).
+  virtual bool capturing() const { return false; }
+
+  // Whether every piece of work enqueued so far has finished, without
+  // waiting (cudaStreamQuery): how the host watches a replayed graph whose
+  // communication could hang, instead of blocking in Synchronize. An error
+  // of that work is the status. The host (no streams) is always done.
+  virtual absl::StatusOr<bool> WorkDone() { return true; }
 
   // Waits for the device's work; returns the first error noted since the
   // last call (and clears it), else the synchronisation's own status.

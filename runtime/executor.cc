@@ -5,8 +5,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/roles.h"
+#include "runtime/comm/waiting_for.h"
 #include "runtime/initializers.h"
 #include "runtime/step_graph.h"
 
@@ -56,7 +58,13 @@ absl::Status Executor::Prepare() {
   graph_conditions.requested = options_.cuda_graph;
   graph_conditions.device_unsupported = options_.device->GraphUnsupported();
   graph_conditions.tracing = options_.tracer != nullptr;
+  graph_conditions.comms = options_.comms;
   graph_blocker_ = StepGraphBlocker(plan_, graph_conditions);
+  if (graph_blocker_.empty()) {
+    absl::StatusOr<std::vector<Communicator*>> comms = StepCommunicators(plan_, options_.comms);
+    if (!comms.ok()) return comms.status();
+    graph_comms_ = *std::move(comms);
+  }
   if (options_.cuda_graph && !graph_blocker_.empty()) graph_note_ = absl::StrCat("not used: ", graph_blocker_);
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
@@ -492,8 +500,45 @@ absl::Status Executor::FinishStep(absl::Status status) {
     for (Tensor& t : scope) t = Tensor();
   }
   // Errors of work queued on the device surface here, once a step.
-  absl::Status synced = options_.device->Synchronize();
+  absl::Status synced = launched_graph_ && !graph_comms_.empty() ? WaitForReplay() : options_.device->Synchronize();
+  launched_graph_ = false;
   return status.ok() ? synced : status;
+}
+
+absl::Status Executor::WaitForReplay() {
+  // NCCL's own timeouts do not cover a graph's kernels; a replay takes about
+  // an eager step's time, and a wait in it at most --comm_timeout_s.
+  const absl::Duration limit = absl::Seconds(options_.comm_timeout_s) + absl::Seconds(eager_step_seconds_);
+  const absl::Time deadline = absl::Now() + limit;
+  ScopedWaitingFor waiting(absl::StrCat("the transfers and collectives of step ", step_ + 1, "'s replayed graph"));
+  absl::Duration nap = absl::Microseconds(10);
+  for (;;) {
+    absl::StatusOr<bool> done = options_.device->WorkDone();
+    if (!done.ok() || *done) {
+      absl::Status synced = options_.device->Synchronize();
+      return done.ok() ? synced : done.status();
+    }
+    absl::Status failed;
+    for (Communicator* comm : graph_comms_) {
+      failed = comm->CheckHealth();
+      if (!failed.ok()) break;
+    }
+    if (failed.ok() && absl::Now() >= deadline) {
+      failed = absl::DeadlineExceededError(absl::StrCat(
+          "did not finish within ", absl::FormatDuration(limit),
+          " (--comm_timeout_s plus an eager step's time): a rank died, stalled or issued other transfers"));
+    }
+    if (!failed.ok()) {
+      failed = absl::Status(failed.code(), absl::StrCat("step ", step_ + 1, "'s replayed graph: ", failed.message(),
+                                                        "; its communicators are aborted"));
+      // Aborted, the NCCL kernels return, and so does the wait.
+      for (Communicator* comm : graph_comms_) comm->Abort(failed);
+      options_.device->Synchronize().IgnoreError();
+      return failed;
+    }
+    absl::SleepFor(nap);
+    nap = std::min(nap * 2, absl::Microseconds(100));
+  }
 }
 
 absl::StatusOr<StepResult> Executor::TrainStep(const std::map<std::string, Tensor>& feeds, int64_t sample_offset) {
@@ -706,8 +751,11 @@ absl::Status Executor::RunStep(const MicroBatchFeeds& load, int64_t sample_offse
   if (graph != graphs_.end()) return ReplayStep(graph->second, load, sample_offset, rows);
   if (warmed_.count(update) == 0) {
     // The first step of its shape runs eagerly: kernels build their plans,
-    // the allocators their segments, outside any capture.
+    // the allocators their segments, NCCL its connections, outside any
+    // capture.
+    const absl::Time start = absl::Now();
     absl::Status status = RunActions(load, sample_offset, rows, update);
+    eager_step_seconds_ = std::max(eager_step_seconds_, absl::ToDoubleSeconds(absl::Now() - start));
     if (!status.ok()) return status;
     if (!moved_state_.empty()) {
       DisableGraphs(absl::StrCat("a replayed step would not follow its state: ", moved_state_));
@@ -802,7 +850,9 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
   captured.graph = *std::move(graph);
   captured.metrics = held_metrics_;
   graph_note_ = absl::StrCat("step ", step_ + 1, " captured as a graph (", update ? "with" : "without",
-                             " the optimizer update) and replayed from now on");
+                             " the optimizer update", graph_comms_.empty() ? "" : " and its communication",
+                             ") and replayed from now on");
+  launched_graph_ = true;
   return captured.graph->Launch();
 }
 
@@ -810,6 +860,7 @@ absl::Status Executor::ReplayStep(StepGraph& graph, const MicroBatchFeeds& load,
   if (absl::Status s = FillGraphFeeds(load); !s.ok()) return s;
   // The graph copies the counters to the device itself.
   if (absl::Status s = WriteRandomCounters(sample_offset, rows); !s.ok()) return s;
+  launched_graph_ = true;
   if (absl::Status s = graph.graph->Launch(); !s.ok()) return s;
   held_metrics_ = graph.metrics;
   return absl::OkStatus();

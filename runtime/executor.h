@@ -190,6 +190,12 @@ class Executor {
   // Where a feed's tensor goes: the host for a host_memory feed, else the device.
   Device* FeedDevice(const Var& feed) const;
   absl::Status FinishStep(absl::Status status);
+  // The end of a replayed step that communicates: no Work watches the
+  // graph's transfers and collectives, so instead of blocking in
+  // Synchronize the host polls the device, checks the step's transports,
+  // and aborts them when one failed or the replay ran out of time, which
+  // ends NCCL kernels waiting for a dead or stalled peer.
+  absl::Status WaitForReplay();
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
   // Writes each micro-batch's {step, sample_offset} of the coming step (the
   // RunContext's random_counters) on the host; EnqueueRandomCounters copies
@@ -249,6 +255,11 @@ class Executor {
   std::map<bool, StepGraph> graphs_;  // by whether the step runs the optimizer
   std::set<bool> warmed_;             // step shapes run eagerly once
   int64_t graph_rows_ = -1;           // rows per micro-batch the graphs are for
+  // The transports the step's communication ops go through; a replay is
+  // watched through them (WaitForReplay).
+  std::vector<Communicator*> graph_comms_;
+  bool launched_graph_ = false;     // this step's work is a graph's launch
+  double eager_step_seconds_ = 0;   // the longest eager warm-up step, added to a replay's time limit
   std::string moved_state_;
   double busy_seconds_ = 0;
   double wait_seconds_ = 0;

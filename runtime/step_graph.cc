@@ -1,6 +1,9 @@
 #include "runtime/step_graph.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "runtime/comm/communicator_set.h"
 
 namespace strata {
 
@@ -9,16 +12,46 @@ bool IsCommunicationOp(const Op& op) {
   return op.has_channel() || op.has_group();
 }
 
+namespace {
+
+// The communicator `op` goes through: the transfer transport for a
+// transfer, its group's for a collective.
+absl::StatusOr<Communicator*> OpCommunicator(const RankPlan& plan, const Op& op, const CommunicatorSet* comms) {
+  if (comms == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("op '", op.name(), "' communicates, but rank ", plan.rank(), " has no communicators"));
+  }
+  if (op.has_channel()) return comms->transfers();
+  absl::StatusOr<Communicator*> got = comms->Get(op.group());
+  if (!got.ok()) return absl::Status(got.status().code(), absl::StrCat("op '", op.name(), "': ", got.status().message()));
+  return got;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Communicator*>> StepCommunicators(const RankPlan& plan, const CommunicatorSet* comms) {
+  std::vector<Communicator*> used;
+  for (const Op& op : plan.program().op()) {
+    if (!IsCommunicationOp(op)) continue;
+    absl::StatusOr<Communicator*> comm = OpCommunicator(plan, op, comms);
+    if (!comm.ok()) return comm.status();
+    if (std::find(used.begin(), used.end(), *comm) == used.end()) used.push_back(*comm);
+  }
+  return used;
+}
+
 std::string StepGraphBlocker(const RankPlan& plan, const StepGraphConditions& conditions) {
   if (!conditions.requested) return "--cuda_graph=false";
   if (!conditions.device_unsupported.empty()) return conditions.device_unsupported;
   if (conditions.tracing) return "--trace times every op on its own, which a replayed step cannot";
-  const Program& program = plan.program();
-  for (const Op& op : program.op()) {
-    if (IsCommunicationOp(op)) {
+  for (const Op& op : plan.program().op()) {
+    if (!IsCommunicationOp(op)) continue;
+    absl::StatusOr<Communicator*> comm = OpCommunicator(plan, op, conditions.comms);
+    const std::string why = comm.ok() ? (*comm)->GraphBlocker()
+                                      : absl::StrCat("no communicator serves it (", comm.status().message(), ")");
+    if (!why.empty()) {
       return absl::StrCat("rank ", plan.rank(), "'s step communicates (op '", op.name(), "' of type '", op.type(),
-                          "'), over Gloo staged through host memory or over NCCL, whose completion the executor "
-                          "polls on the host: neither is captured yet");
+                          "') and ", why, ": only NCCL's device streams are captured");
     }
   }
   return "";

@@ -16,10 +16,13 @@
 //
 // Refused before the first step (this decision, testable anywhere):
 // --cuda_graph=false; a device without graphs (the host); --trace, which
-// times every op; a step that communicates: over Gloo staged through host
-// memory (on the host, outside any stream) where ranks share a GPU, over
-// NCCL with a GPU each, whose Works the executor polls on the host (an
-// event query, illegal under capture). Refused at run time, after
+// times every op; a step that communicates over a transport that runs on the
+// host (Gloo, staged through host memory where ranks share a GPU:
+// Communicator::GraphBlocker). A step that communicates over NCCL (a GPU
+// each) is captured with its transfers and collectives: their Works only
+// order the compute stream under the capture, and the host watches each
+// replay (the transports' health, --comm_timeout_s) in place of the Works
+// (Executor). Refused at run time, after
 // which the step runs eagerly for good, with the reason logged: an op that
 // writes a persistent var into a new buffer rather than in place (a replay
 // would write the captured buffer and read the stale one; the executor
@@ -27,15 +30,24 @@
 // refused (an op that synchronises, or any CUDA error under capture).
 
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "proto/plan.pb.h"
 
 namespace strata {
 
+class Communicator;
+class CommunicatorSet;
+
 struct StepGraphConditions {
   bool requested = false;          // --cuda_graph
   std::string device_unsupported;  // Device::GraphUnsupported()
   bool tracing = false;            // --trace
+  // The rank's communicators, which serve the plan's transfers and
+  // collectives; null where the plan has none.
+  const CommunicatorSet* comms = nullptr;
 };
 
 // "" when the executor may try to capture `plan`'s training step, else why
@@ -44,6 +56,11 @@ std::string StepGraphBlocker(const RankPlan& plan, const StepGraphConditions& co
 
 // Whether `op` talks to other ranks (a pipeline transfer or a collective).
 bool IsCommunicationOp(const Op& op);
+
+// The communicators `plan`'s communication ops go through (the transfer
+// transport for transfers, each group's Get for collectives), once each,
+// in the order of the ops; an error names an op whose group `comms` lacks.
+absl::StatusOr<std::vector<Communicator*>> StepCommunicators(const RankPlan& plan, const CommunicatorSet* comms);
 
 }  // namespace strata
 

@@ -9,10 +9,16 @@
 
 #include "runtime/step_graph.h"
 
+#include <atomic>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
@@ -84,25 +90,131 @@ TEST(StepGraphBlockerTest, SaysWhyNot) {
   EXPECT_TRUE(absl::StrContains(StepGraphBlocker(plans[0], traced), "--trace")) << StepGraphBlocker(plans[0], traced);
 }
 
-TEST(StepGraphBlockerTest, AStepThatCommunicatesOverGlooIsNotCaptured) {
+// A communicator whose peers are not there: every op is done at once, as
+// if the other ranks had issued their parts. It is capturable, as NCCL is,
+// unless the test sets `blocker`, and its health and aborts are the test's.
+// Enough to drive the executor's watch over replays that communicate on
+// the CPU; what NCCL does under a capture is nccl_communicator_test's.
+class ScriptedCommunicator : public Communicator {
+ public:
+  ScriptedCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "scripted"; }
+  std::unique_ptr<Work> Send(const Tensor&, int, int64_t) override { return Done(CommOpType::kSend); }
+  std::unique_ptr<Work> Recv(Tensor*, int, int64_t) override { return Done(CommOpType::kRecv); }
+  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return Done(CommOpType::kAllReduce); }
+  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return Done(CommOpType::kBroadcast); }
+  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return Done(CommOpType::kAllGather); }
+  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
+    return Done(CommOpType::kReduceScatter);
+  }
+  std::unique_ptr<Work> Barrier() override { return Done(CommOpType::kBarrier); }
+  std::string GraphBlocker() const override { return blocker; }
+  absl::Status CheckHealth() override {
+    ++health_checks;
+    return health;
+  }
+  void Abort(const absl::Status& why) override { aborts.push_back(why); }
+
+  std::string blocker;
+  absl::Status health;
+  int health_checks = 0;
+  std::vector<absl::Status> aborts;
+
+ private:
+  std::unique_ptr<Work> Done(CommOpType op) { return std::make_unique<DoneWork>(op, ops_++, absl::OkStatus()); }
+  const int rank_;
+  const int size_;
+  int64_t ops_ = 0;
+};
+
+// Rank `plan.rank()`'s communicators, every one of them `world` (a world of
+// 2 ranks: each group spans it).
+std::unique_ptr<CommunicatorSet> SetOver(Communicator* world, const RankPlan& plan) {
+  auto set = std::make_unique<CommunicatorSet>(world);
+  for (const CommGroup& group : plan.topology().group()) {
+    absl::Status s = set->Add(group, nullptr);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return set;
+}
+
+std::vector<RankPlan> TwoStagePlans() {
   GenOptions gen = SmallMlp("adam");
   gen.stages = 2;
   Strategy pipeline;
   pipeline.mutable_pipeline()->set_micro_batch_size(4);
   pipeline.mutable_pipeline()->set_accumulate_steps(2);
-  for (const RankPlan& plan : CompilePlans("mlp", gen, pipeline, 8)) {
-    const std::string why = StepGraphBlocker(plan, Wanted());
-    EXPECT_TRUE(absl::StrContains(why, "communicates")) << why;
-    EXPECT_TRUE(absl::StrContains(why, "Gloo")) << why;
-    EXPECT_TRUE(absl::StrContains(why, plan.rank() == 0 ? "send" : "recv")) << why;
-  }
+  return CompilePlans("mlp", gen, pipeline, 8);
+}
+
+std::vector<RankPlan> DataParallelPlans() {
   Strategy data_parallel;
   data_parallel.mutable_data_parallel()->set_degree(2);
-  for (const RankPlan& plan : CompilePlans("mlp", SmallMlp("adam"), data_parallel, 8)) {
-    const std::string why = StepGraphBlocker(plan, Wanted());
-    EXPECT_TRUE(absl::StrContains(why, "allreduce")) << why;
+  return CompilePlans("mlp", SmallMlp("adam"), data_parallel, 8);
+}
+
+TEST(StepGraphBlockerTest, AStepThatCommunicatesOverGlooIsNotCaptured) {
+  for (const auto& plans : {TwoStagePlans(), DataParallelPlans()}) {
+    ASSERT_EQ(plans.size(), 2u);
+    std::vector<std::unique_ptr<Communicator>> gloo = testing::ConnectRanks(2);
+    for (const RankPlan& plan : plans) {
+      std::unique_ptr<CommunicatorSet> comms = SetOver(gloo[plan.rank()].get(), plan);
+      StepGraphConditions conditions = Wanted();
+      conditions.comms = comms.get();
+      const std::string why = StepGraphBlocker(plan, conditions);
+      EXPECT_TRUE(absl::StrContains(why, absl::StrCat("rank ", plan.rank(), "'s step communicates"))) << why;
+      EXPECT_TRUE(absl::StrContains(why, "gloo moves tensors on the host")) << why;
+      const bool pipeline = plan.topology().num_stages() > 1;
+      EXPECT_TRUE(absl::StrContains(why, !pipeline ? "allreduce" : plan.rank() == 0 ? "send" : "recv")) << why;
+    }
   }
 }
+
+TEST(StepGraphBlockerTest, AStepThatCommunicatesOverADeviceTransportMayBeCaptured) {
+  for (const auto& plans : {TwoStagePlans(), DataParallelPlans()}) {
+    ASSERT_EQ(plans.size(), 2u);
+    for (const RankPlan& plan : plans) {
+      ScriptedCommunicator capturable(plan.rank(), 2);
+      std::unique_ptr<CommunicatorSet> comms = SetOver(&capturable, plan);
+      StepGraphConditions conditions = Wanted();
+      conditions.comms = comms.get();
+      EXPECT_EQ(StepGraphBlocker(plan, conditions), "") << "rank " << plan.rank();
+      auto used = StepCommunicators(plan, comms.get());
+      ASSERT_TRUE(used.ok()) << used.status();
+      EXPECT_EQ(*used, std::vector<Communicator*>{&capturable});
+    }
+  }
+  // Without communicators the plan's communication has nowhere to go.
+  const std::string why = StepGraphBlocker(DataParallelPlans()[0], Wanted());
+  EXPECT_TRUE(absl::StrContains(why, "no communicator serves it")) << why;
+}
+
+// Synthetic feeds for `executor`'s plan: TrainStep's feed function.
+class SyntheticFeeds {
+ public:
+  explicit SyntheticFeeds(const Executor& executor) {
+    for (const Var* v : executor.feeds()) specs_.push_back({v->name(), v->dtype(), {v->shape().begin(), v->shape().end()}});
+    auto data = OpenDataset("synthetic:vocab=32", specs_, 5);
+    EXPECT_TRUE(data.ok()) << data.status();
+    if (data.ok()) data_ = *std::move(data);
+  }
+  absl::StatusOr<std::map<std::string, Tensor>> operator()(int64_t first, int64_t rows) const {
+    if (data_ == nullptr) return absl::InternalError("no dataset");
+    std::vector<int64_t> idx(rows);
+    for (int64_t i = 0; i < rows; ++i) idx[i] = first + i;
+    std::vector<Tensor> tensors;
+    if (absl::Status s = data_->GetBatch(idx, &tensors); !s.ok()) return s;
+    std::map<std::string, Tensor> feeds;
+    for (size_t i = 0; i < specs_.size(); ++i) feeds[specs_[i].name] = tensors[i];
+    return feeds;
+  }
+
+ private:
+  std::vector<FeedSpec> specs_;
+  std::shared_ptr<Dataset> data_;  // shared: std::function copies its target
+};
 
 // Trains `plan` (a GPU plan, on the CPU's kernels) for `steps` steps and
 // returns the executor's moved_state() after each ("" when every persistent
@@ -113,24 +225,10 @@ std::vector<std::string> MovedStatePerStep(RankPlan plan, int steps) {
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return {};
   EXPECT_TRUE((*e)->InitializeState().ok());
-  std::vector<FeedSpec> specs;
-  for (const Var* v : (*e)->feeds()) specs.push_back({v->name(), v->dtype(), {v->shape().begin(), v->shape().end()}});
-  auto data = OpenDataset("synthetic:vocab=32", specs, 5);
-  EXPECT_TRUE(data.ok()) << data.status();
-  if (!data.ok()) return {};
+  const SyntheticFeeds feeds(**e);
   std::vector<std::string> moved;
   for (int step = 0; step < steps; ++step) {
-    auto r = (*e)->TrainStep(
-        [&](int64_t first, int64_t rows) -> absl::StatusOr<std::map<std::string, Tensor>> {
-          std::vector<int64_t> idx(rows);
-          for (int64_t i = 0; i < rows; ++i) idx[i] = first + i;
-          std::vector<Tensor> tensors;
-          if (absl::Status s = (*data)->GetBatch(idx, &tensors); !s.ok()) return s;
-          std::map<std::string, Tensor> feeds;
-          for (size_t i = 0; i < specs.size(); ++i) feeds[specs[i].name] = tensors[i];
-          return feeds;
-        },
-        0);
+    auto r = (*e)->TrainStep(feeds, 0);
     EXPECT_TRUE(r.ok()) << r.status();
     moved.push_back((*e)->moved_state());
   }
@@ -251,6 +349,136 @@ TEST(StepGraphFallbackTest, ARefusedCaptureLeavesTheRunEagerAndSaysWhy) {
     EXPECT_EQ(fallen->steps[i].loss, eager->steps[i].loss) << "step " << i + 1;
   }
   EXPECT_EQ(fallen->final_state, eager->final_state);
+}
+
+// A device whose captures record nothing (the captured step ran as its
+// kernels were called) and whose graphs' replays do nothing; a replay has
+// finished unless the test holds it (`hang`), as a graph whose NCCL kernel
+// waits for a dead peer would.
+class ReplayingAccelerator : public testing::FakeAccelerator {
+ public:
+  std::string GraphUnsupported() const override { return ""; }
+  absl::Status BeginCapture(const DeviceGraph*) override {
+    ++captures;
+    capture = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() override {
+    capture = false;
+    return std::unique_ptr<DeviceGraph>(new Graph(this));
+  }
+  absl::StatusOr<bool> WorkDone() override { return !hang; }
+
+  int captures = 0;
+  int launches = 0;
+  std::atomic<bool> hang{false};
+
+ private:
+  class Graph : public DeviceGraph {
+   public:
+    explicit Graph(ReplayingAccelerator* device) : device_(device) {}
+    absl::Status Launch() override {
+      ++device_->launches;
+      return absl::OkStatus();
+    }
+
+   private:
+    ReplayingAccelerator* device_;
+  };
+};
+
+// Rank 0 of a data-parallel pair, alone: its allreduces go to a scripted
+// communicator, its graphs to the replaying device.
+struct LoneDataParallelRank {
+  explicit LoneDataParallelRank(double comm_timeout_s) : comm(0, 2) {
+    plan = DataParallelPlans().at(0);
+    plan.set_device_kind(DEVICE_CPU);  // the CPU's kernels on the fake device
+    comms = SetOver(&comm, plan);
+    ExecutorOptions options;
+    options.device = &device;
+    options.comms = comms.get();
+    options.cuda_graph = true;
+    options.comm_timeout_s = comm_timeout_s;
+    auto e = Executor::Create(plan, options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return;
+    executor = *std::move(e);
+    EXPECT_TRUE(executor->InitializeState().ok());
+    feeds = std::make_unique<SyntheticFeeds>(*executor);
+  }
+  absl::Status Step() {
+    if (executor == nullptr) return absl::InternalError("no executor");
+    return executor->TrainStep(*feeds, 0).status();
+  }
+
+  RankPlan plan;
+  ReplayingAccelerator device;
+  ScriptedCommunicator comm;
+  std::unique_ptr<CommunicatorSet> comms;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<SyntheticFeeds> feeds;
+};
+
+TEST(StepGraphReplayTest, AStepThatCommunicatesIsCapturedWithItsCommunication) {
+  LoneDataParallelRank rank(30);
+  for (int step = 1; step <= 4; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
+  EXPECT_EQ(rank.device.captures, 1);
+  EXPECT_EQ(rank.device.launches, 3) << "step 2 captured and launched, steps 3 and 4 replayed";
+  EXPECT_EQ(rank.executor->graphs(), 1);
+  EXPECT_TRUE(absl::StrContains(rank.executor->graph_note(), "step 2 captured as a graph (with the optimizer update "
+                                                             "and its communication)"))
+      << rank.executor->graph_note();
+  EXPECT_TRUE(rank.comm.aborts.empty());
+}
+
+TEST(StepGraphReplayTest, AFailedTransportEndsTheReplayAndIsAborted) {
+  LoneDataParallelRank rank(30);
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
+  rank.device.hang = true;
+  rank.comm.health = absl::UnavailableError("NCCL remote error (connection lost)");
+  const absl::Time start = absl::Now();
+  absl::Status s = rank.Step();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the failure ends the wait, not the time limit";
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "step 4's replayed graph: NCCL remote error (connection lost); its "
+                                             "communicators are aborted"))
+      << s;
+  ASSERT_EQ(rank.comm.aborts.size(), 1u);
+  EXPECT_EQ(rank.comm.aborts[0], s);
+}
+
+TEST(StepGraphReplayTest, AReplayThatRunsOutOfTimeIsAborted) {
+  LoneDataParallelRank rank(0.2);
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
+  rank.device.hang = true;  // a peer that never issues its part; the transport sees nothing wrong
+  const absl::Time start = absl::Now();
+  absl::Status s = rank.Step();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "step 4's replayed graph: did not finish within")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--comm_timeout_s plus an eager step's time")) << s;
+  EXPECT_GT(rank.comm.health_checks, 0);
+  ASSERT_EQ(rank.comm.aborts.size(), 1u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(rank.comm.aborts[0]));
+}
+
+TEST(StepGraphReplayTest, AStepOverAHostTransportStaysEager) {
+  LoneDataParallelRank rank(30);
+  rank.comm.blocker = "scripted moves tensors on the host";
+  // The decision is made at Create: a fresh executor sees the blocker.
+  ExecutorOptions options;
+  options.device = &rank.device;
+  options.comms = rank.comms.get();
+  options.cuda_graph = true;
+  auto e = Executor::Create(rank.plan, options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  const SyntheticFeeds feeds(**e);
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*e)->TrainStep(feeds, 0).ok()) << "step " << step;
+  EXPECT_EQ(rank.device.captures, 0);
+  EXPECT_TRUE(absl::StrContains((*e)->graph_note(), "not used: rank 0's step communicates (op '")) << (*e)->graph_note();
+  EXPECT_TRUE(absl::StrContains((*e)->graph_note(), "scripted moves tensors on the host")) << (*e)->graph_note();
 }
 
 }  // namespace

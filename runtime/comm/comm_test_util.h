@@ -77,9 +77,14 @@ class FakeAccelerator : public Device {
     return absl::OkStatus();
   }
 
+  // What capturing() says: a test sets it around ops it would have a
+  // graph record (nothing is recorded; work still runs as it is called).
+  bool capturing() const override { return capture; }
+
   std::atomic<int> copies_to_host{0};
   std::atomic<int> copies_from_host{0};
   std::atomic<bool> fail_copies{false};
+  std::atomic<bool> capture{false};
 
  protected:
   absl::Status WaitForWork() override { return absl::OkStatus(); }

@@ -1,5 +1,7 @@
 #include "runtime/comm/communicator.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace strata {
 
 std::string CommOpTypeName(CommOpType op) {
@@ -34,6 +36,10 @@ std::string ReduceOpName(ReduceOp op) {
       return "avg";
   }
   return "unknown";
+}
+
+std::string Communicator::GraphBlocker() const {
+  return absl::StrCat(backend(), " moves tensors on the host, outside the device's streams");
 }
 
 }  // namespace strata

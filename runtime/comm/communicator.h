@@ -135,6 +135,20 @@ class Communicator {
 
   // Completes once every rank issued its Barrier.
   virtual std::unique_ptr<Work> Barrier() = 0;
+
+  // Device graphs (runtime/step_graph.h). "" when this transport's ops can
+  // be captured into one: they run on the device's streams, and a Work
+  // issued and waited on under a capture (Device::capturing) only orders the
+  // compute stream after its op, without asking the host whether it
+  // finished. Else why not, as a clause ("gloo moves tensors on the host").
+  virtual std::string GraphBlocker() const;
+  // While the host waits for a replayed graph that holds this transport's
+  // ops, which no Work watches: OK, or the transport's asynchronous error.
+  virtual absl::Status CheckHealth() { return absl::OkStatus(); }
+  // Stops this transport's work in flight (ncclCommAbort), so a replay that
+  // waits on a dead or stalled peer returns; later ops fail naming `why`.
+  // Transports whose ops the host waits for itself have nothing to stop.
+  virtual void Abort(const absl::Status& why) {}
 };
 
 }  // namespace strata

@@ -136,6 +136,17 @@ class PairwiseTransfers : public Communicator {
   }
   std::unique_ptr<Work> Barrier() override { return NoCollective(CommOpType::kBarrier); }
 
+  std::string GraphBlocker() const override { return ""; }
+  absl::Status CheckHealth() override {
+    for (auto& [pair, comm] : pairs_) {
+      if (absl::Status s = comm->CheckHealth(); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  void Abort(const absl::Status& why) override {
+    for (auto& [pair, comm] : pairs_) comm->Abort(why);
+  }
+
  private:
   std::unique_ptr<Work> NoPair(CommOpType op, const char* direction, int peer) const {
     return std::make_unique<DoneWork>(

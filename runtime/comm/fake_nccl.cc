@@ -324,10 +324,16 @@ absl::StatusOr<NcclApi::Event> FakeNccl::RecordEvent(StreamHandle stream) {
 
 absl::StatusOr<bool> FakeNccl::EventDone(Event event) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++event_queries_;
   for (const auto& op : static_cast<FakeEvent*>(event)->before) {
     if (!op->done) return false;
   }
   return true;
+}
+
+int FakeNccl::event_queries() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return event_queries_;
 }
 
 void FakeNccl::DestroyEvent(Event event) {

@@ -67,6 +67,8 @@ class FakeNccl : public NcclApi {
   // StreamWaitEvent calls per stream.
   int stream_waits(StreamHandle stream);
   int live_events();
+  // EventDone calls (cudaEventQuery), which a capture forbids.
+  int event_queries();
 
  private:
   struct Op;
@@ -93,6 +95,7 @@ class FakeNccl : public NcclApi {
   std::map<StreamHandle, std::vector<std::shared_ptr<Op>>> streams_;
   std::map<StreamHandle, int> stream_waits_;
   int live_events_ = 0;
+  int event_queries_ = 0;
 };
 
 }  // namespace testing

@@ -25,6 +25,7 @@ bool IsReducible(DataType dtype) { return dtype == F32 || dtype == F64 || dtype 
 struct PendingOp {
   std::vector<Tensor> tensors;
   NcclApi::Event done = nullptr;
+  bool captured = false;  // issued under a capture: recorded into a graph, not run
 };
 
 struct NcclCommunicator::Core {
@@ -93,6 +94,8 @@ class NcclWork : public Work {
   bool IsCompleted() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return true;
+    // A recorded op runs at the graph's replays: nothing to ask the event.
+    if (pending_->captured) return false;
     absl::StatusOr<bool> done = core_->api->EventDone(pending_->done);
     if (!done.ok() || *done) return true;
     if (!core_->AsyncError().ok()) return true;
@@ -103,6 +106,19 @@ class NcclWork : public Work {
   absl::Status Wait(absl::Duration timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return status_;
+    if (pending_->captured != core_->device->capturing()) {
+      // The op may still be running (or be replayed): the communicator keeps
+      // its tensors, as for a Work dropped early.
+      finished_ = true;
+      status_ = absl::FailedPreconditionError(absl::StrCat(
+          what_, pending_->captured ? " was issued under a capture that ended before its wait"
+                                    : " was issued before the capture began and waited on under it: a graph cannot "
+                                      "wait for work outside it"));
+      std::lock_guard<std::mutex> core_lock(core_->mu);
+      core_->dropped.push_back(std::move(pending_));
+      return status_;
+    }
+    if (pending_->captured) return Finish(WaitUnderCapture());
     const absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
     absl::Duration nap = absl::Microseconds(20);
     for (;;) {
@@ -154,6 +170,23 @@ class NcclWork : public Work {
   int64_t sequence_number() const override { return sequence_; }
 
  private:
+  // A Wait where the op, or the wait, is recorded into a graph: the compute
+  // stream's later work follows the op's completion event (which rejoins
+  // the communication stream to the capture), and the tensors go back in
+  // the compute stream's order. The event is never queried.
+  absl::Status WaitUnderCapture() {
+    {
+      std::lock_guard<std::mutex> core_lock(core_->mu);
+      if (!core_->broken.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what_, " aborted: the communicator was aborted by an earlier error: ", core_->broken.message()));
+      }
+    }
+    absl::Status s = core_->api->StreamWaitEvent(core_->device->compute_stream(), pending_->done);
+    if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(what_, ": ordering the compute stream: ", s.message()));
+    return s;
+  }
+
   absl::Status Finish(absl::Status s) {
     finished_ = true;
     status_ = std::move(s);
@@ -231,6 +264,8 @@ NcclCommunicator::~NcclCommunicator() {
   // destroy: abort instead.
   bool all_done = true;
   for (const auto& op : core_->dropped) {
+    // A recorded op's replays ended with its graph, which goes first.
+    if (op->captured) continue;
     absl::StatusOr<bool> done = core_->api->EventDone(op->done);
     all_done = all_done && done.ok() && *done;
   }
@@ -244,6 +279,19 @@ NcclCommunicator::~NcclCommunicator() {
   for (const auto& op : core_->dropped) core_->api->DestroyEvent(op->done);
   core_->dropped.clear();
 }
+
+absl::Status NcclCommunicator::CheckHealth() {
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (!core_->broken.ok()) return core_->broken;
+  }
+  absl::Status async = core_->AsyncError();
+  if (async.ok()) return async;
+  return absl::Status(async.code(), absl::StrCat("the NCCL communicator of rank ", rank_, " of ", size_,
+                                                 " failed: ", async.message()));
+}
+
+void NcclCommunicator::Abort(const absl::Status& why) { core_->Abort(why); }
 
 bool NcclCommunicator::aborted() const {
   std::lock_guard<std::mutex> lock(core_->mu);
@@ -301,6 +349,7 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
   auto pending = std::make_shared<PendingOp>();
   pending->tensors = std::move(tensors);
   pending->done = *done;
+  pending->captured = core_->device->capturing();
   return std::make_unique<NcclWork>(core_, op, sequence, what, std::move(pending));
 }
 

@@ -40,6 +40,17 @@ namespace strata {
 //   - A Work keeps its tensors until the op is done; one dropped early hands
 //     them to the communicator. The destructor destroys the NCCL
 //     communicator when all its ops are done and aborts it otherwise.
+//   - Under a capture (Device::capturing, a CUDA graph being recorded), the
+//     same calls are recorded into the graph: the communication stream
+//     joins the capture through the compute stream's event, and a Work
+//     issued under the capture, when waited on, only makes the compute
+//     stream wait for its completion event (rejoining the capture) and
+//     lets its tensors go in stream order, never querying the event, which
+//     a capture forbids. Nobody watches such an op at its replays: the
+//     replaying host polls CheckHealth and calls Abort when the replay runs
+//     out of time (Executor). A Work issued before a capture and waited on
+//     under it, or the other way round, fails (the capture then fails and
+//     the step runs eagerly).
 class NcclCommunicator : public Communicator {
  public:
   // `group_store`: this group's view of the job's store (Store::WithPrefix).
@@ -69,6 +80,14 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) override;
   // An allreduce of one int32 on the device (NCCL has no barrier).
   std::unique_ptr<Work> Barrier() override;
+
+  // Its ops can be captured: see the class comment's "Under a capture".
+  std::string GraphBlocker() const override { return ""; }
+  // ncclCommGetAsyncError (OK once closed without an error); the first
+  // error after an abort.
+  absl::Status CheckHealth() override;
+  // ncclCommAbort, once; `why` becomes the error later ops and Waits name.
+  void Abort(const absl::Status& why) override;
 
   // Shared with outstanding Works; defined in the .cc.
   struct Core;

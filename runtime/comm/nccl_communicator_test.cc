@@ -228,5 +228,81 @@ TEST(NcclCommunicatorTest, DestroysWhenIdleAndAbortsWithAnOpRunning) {
   EXPECT_EQ(group.api->live_events(), 0);
 }
 
+// Under a capture (a CUDA graph being recorded) nothing may ask an event
+// whether it passed: a Wait only makes the compute stream wait for the op,
+// which rejoins the communication stream to the capture. The fake runs the
+// op when both ranks issued it, as a replay would.
+TEST(NcclCommunicatorTest, UnderACaptureAWaitOrdersTheComputeStreamWithoutQueryingTheEvent) {
+  Group group(2);
+  std::vector<Tensor> sums(2);
+  RunRanks(2, [&](int rank) {
+    FakeAccelerator& device = group.devices[rank];
+    sums[rank] = OnDevice(&device, {static_cast<float>(rank + 1)});
+    device.capture = true;
+    std::unique_ptr<Work> work = group.comms[rank]->AllReduce(&sums[rank], ReduceOp::kSum);
+    EXPECT_FALSE(work->IsCompleted()) << "a recorded op has not run when its Wait returns";
+    EXPECT_TRUE(work->Wait(kWait).ok());
+    EXPECT_TRUE(work->IsCompleted());
+    device.capture = false;
+  });
+  EXPECT_EQ(group.api->event_queries(), 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(ValuesOf(sums[rank]), (std::vector<float>{3}));
+    EXPECT_EQ(group.api->stream_waits(group.devices[rank].comm_stream()), 1);
+    EXPECT_EQ(group.api->stream_waits(group.devices[rank].compute_stream()), 1);
+  }
+  EXPECT_EQ(group.api->live_events(), 0);
+}
+
+// A graph cannot wait for work outside it, nor an op it recorded be waited
+// for after it ended: both are errors (the capture then fails, and the
+// executor runs the step eagerly), never an event query under a capture.
+TEST(NcclCommunicatorTest, AWorkThatCrossesACapturesEdgeFails) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    FakeAccelerator& device = group.devices[rank];
+    Tensor before = OnDevice(&device, {1});
+    std::unique_ptr<Work> eager = group.comms[rank]->AllReduce(&before, ReduceOp::kSum);
+    device.capture = true;
+    Tensor during = OnDevice(&device, {1});
+    std::unique_ptr<Work> recorded = group.comms[rank]->AllReduce(&during, ReduceOp::kSum);
+    absl::Status s = eager->Wait(kWait);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("allreduce #0 (sum, F32[1]) on rank " + std::to_string(rank) +
+                                       " of 2 was issued before the capture began"));
+    device.capture = false;
+    s = recorded->Wait(kWait);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("allreduce #1 (sum, F32[1]) on rank " + std::to_string(rank) +
+                                       " of 2 was issued under a capture that ended"));
+  });
+  EXPECT_EQ(group.api->event_queries(), 0);
+}
+
+// What the host watches a replay through, which no Work watches: the
+// communicator's async error, and the abort that ends its kernels.
+TEST(NcclCommunicatorTest, CheckHealthReportsTheAsyncErrorAndAbortEndsTheCommunicator) {
+  Group group(2);
+  EXPECT_EQ(group.comms[0]->GraphBlocker(), "");
+  EXPECT_TRUE(group.comms[0]->CheckHealth().ok());
+  group.api->InjectAsyncError(1, absl::UnavailableError("NCCL remote error (connection lost)"));
+  absl::Status health = group.comms[1]->CheckHealth();
+  EXPECT_TRUE(absl::IsUnavailable(health)) << health;
+  EXPECT_THAT(health.message(), HasSubstr("NCCL communicator of rank 1 of 2 failed: NCCL remote error"));
+  EXPECT_FALSE(group.comms[1]->aborted()) << "checking does not abort; the host decides";
+
+  group.comms[0]->Abort(absl::DeadlineExceededError("step 3's replayed graph did not finish"));
+  EXPECT_TRUE(group.comms[0]->aborted());
+  EXPECT_EQ(group.api->aborts(0), 1);
+  group.comms[0]->Abort(absl::InternalError("a second abort"));
+  EXPECT_EQ(group.api->aborts(0), 1) << "ncclCommAbort once";
+  health = group.comms[0]->CheckHealth();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(health)) << health;
+  Tensor t = OnDevice(&group.devices[0], {1});
+  absl::Status later = group.comms[0]->AllReduce(&t, ReduceOp::kSum)->Wait(kWait);
+  EXPECT_TRUE(absl::IsFailedPrecondition(later)) << later;
+  EXPECT_THAT(later.message(), HasSubstr("step 3's replayed graph did not finish"));
+}
+
 }  // namespace
 }  // namespace strata

@@ -214,6 +214,15 @@ absl::Status CudaDevice::WaitForWork() {
   return !s.ok() ? s : !c.ok() ? c : launch;
 }
 
+absl::StatusOr<bool> CudaDevice::WorkDone() {
+  for (cudaStream_t stream : {compute_, comm_}) {
+    const cudaError_t queried = cudaStreamQuery(stream);
+    if (queried == cudaErrorNotReady) return false;
+    if (queried != cudaSuccess) return CudaStatus(queried, "stream query");
+  }
+  return true;
+}
+
 // The pools a capture drew from: given back once the last graph captured
 // into them is gone (after its replays finished).
 struct CudaDevice::CapturePools {
@@ -282,6 +291,7 @@ absl::Status CudaDevice::BeginCapture(const DeviceGraph* share_memory_with) {
     return s;
   }
   capturing_ = std::move(pools);
+  capture_active_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -294,6 +304,7 @@ absl::StatusOr<std::unique_ptr<DeviceGraph>> CudaDevice::EndCapture() {
   staging_->EndCapture();
   std::shared_ptr<CapturePools> pools = std::move(capturing_);
   capturing_ = nullptr;
+  capture_active_.store(false, std::memory_order_release);
   if (ended != cudaSuccess || graph == nullptr) {
     if (graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();  // the invalidated capture's error is this status, not the next kernel's

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -62,6 +63,9 @@ class CudaDevice final : public Device {
   std::string GraphUnsupported() const override { return ""; }
   absl::Status BeginCapture(const DeviceGraph* share_memory_with) override;
   absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() override;
+  bool capturing() const override { return capture_active_.load(std::memory_order_acquire); }
+  // cudaStreamQuery of both streams (a graph replays on the compute stream).
+  absl::StatusOr<bool> WorkDone() override;
   // The pools of a capture; shared by the graphs captured into them.
   struct CapturePools;
 
@@ -85,6 +89,9 @@ class CudaDevice final : public Device {
   std::unique_ptr<StagingAllocator> staging_;
   std::unique_ptr<cuda::LtGemm> gemm_;
   std::shared_ptr<CapturePools> capturing_;  // set from BeginCapture to EndCapture
+  // Whether capturing_ is set, for threads other than the capturing one
+  // (a communicator's Work may be waited on anywhere).
+  std::atomic<bool> capture_active_{false};
 };
 
 // "CUDA <what> failed: <error string>" as an Internal status; OK for cudaSuccess.

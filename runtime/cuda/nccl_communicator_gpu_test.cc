@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/comm/nccl_communicator.h"
@@ -154,6 +155,48 @@ TEST(NcclCommunicatorGpuTest, ATimedOutWaitAbortsTheRealCommunicator) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_TRUE(comm->aborted());
   EXPECT_EQ(api->aborts, 1);
+}
+
+// A CUDA graph holds NCCL's ops as the executor captures a step that
+// communicates: issued and waited on under the capture, recorded rather
+// than run, and run at each replay on what the buffers hold then.
+TEST(NcclCommunicatorGpuTest, OpsCapturedIntoAGraphRunAtEachReplay) {
+  std::unique_ptr<CudaDevice> device = testing::CudaDeviceOrFail();
+  ASSERT_NE(device, nullptr);
+  std::unique_ptr<NcclCommunicator> comm = Connect(NewCudaNcclApi(), device.get());
+  ASSERT_NE(comm, nullptr);
+  Tensor src = OnGpu(device.get(), {1, 2, 3});
+  Tensor gathered = OnGpu(device.get(), {0, 0, 0});
+  // NCCL sets a communicator up at its first op: outside the capture, as the
+  // executor's eager first step does.
+  ASSERT_TRUE(comm->AllGather(src, &gathered)->Wait(kWait).ok());
+  ASSERT_TRUE(device->Memset(gathered.raw_data(), 0, gathered.bytes()).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+
+  ASSERT_TRUE(device->BeginCapture(nullptr).ok());
+  EXPECT_TRUE(device->capturing());
+  std::unique_ptr<Work> work = comm->AllGather(src, &gathered);
+  absl::Status waited = work->Wait(kWait);
+  absl::StatusOr<std::unique_ptr<DeviceGraph>> graph = device->EndCapture();
+  ASSERT_TRUE(waited.ok()) << waited;
+  ASSERT_TRUE(graph.ok()) << graph.status() << " (every stream the op used must rejoin the capture)";
+  EXPECT_FALSE(device->capturing());
+  EXPECT_EQ(Back(gathered), (std::vector<float>{0, 0, 0})) << "recorded, not run";
+
+  for (const std::vector<float>& values : {std::vector<float>{1, 2, 3}, std::vector<float>{4, 5, 6}}) {
+    ASSERT_TRUE(device->CopyFromHost(src.raw_data(), values.data(), src.bytes()).ok());
+    ASSERT_TRUE((*graph)->Launch().ok());
+    absl::StatusOr<bool> done = false;
+    const absl::Time deadline = absl::Now() + kWait;
+    while (done.ok() && !*done && absl::Now() < deadline) done = device->WorkDone();
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_TRUE(*done) << "the replay did not finish";
+    EXPECT_EQ(Back(gathered), values);
+  }
+  EXPECT_TRUE(comm->CheckHealth().ok());
+  EXPECT_FALSE(comm->aborted());
+  graph->reset();
+  EXPECT_TRUE(device->Synchronize().ok());
 }
 
 }  // namespace
