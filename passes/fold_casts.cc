@@ -11,8 +11,19 @@
 namespace strata {
 namespace {
 
-// Ops that write output 0 in 16 bits with out_dtype.
-bool StoresOutputLow(absl::string_view type) { return type == "layer_norm" || type == "gelu_grad"; }
+// Whether `op` can write its output 0 in 16-bit `target` with out_dtype:
+// the float ops (layer_norm, gelu_grad) from an F32 x; the GEMMs with a bias
+// epilogue (matmul_bias, matmul_bias_gelu's gelu output) from operands of
+// that very type over an F32 bias, in float until the one rounding.
+bool StoresOutputLow(const Graph& graph, int op, DataType target) {
+  const std::string& type = graph.schema(op).type;
+  const absl::Span<const int> in = graph.inputs(op);
+  if (type == "layer_norm" || type == "gelu_grad") return graph.dtype(in[0]) == F32;
+  if (type == "matmul_bias" || type == "matmul_bias_gelu") {
+    return graph.dtype(in[0]) == target && graph.dtype(in[2]) == F32;
+  }
+  return false;
+}
 
 // The input an op reads widened from 16 bits (its dy), or -1.
 int ReadsLowInput(absl::string_view type) {
@@ -40,8 +51,8 @@ class Folder {
     for (int op : graph_.ops()) {
       if (IsCastDown(graph_, op)) {
         const int x = graph_.inputs(op)[0], producer = writers_.last[x];
-        if (producer < 0 || !Foldable(x, op) || !StoresOutputLow(graph_.schema(producer).type) ||
-            graph_.outputs(producer)[0] != x || graph_.dtype(graph_.inputs(producer)[0]) != F32) {
+        if (producer < 0 || !Foldable(x, op) || !StoresOutputLow(graph_, producer, CastTarget(graph_, op)) ||
+            graph_.outputs(producer)[0] != x) {
           continue;
         }
         auto set = graph_.attrs(producer).find("out_dtype");

@@ -14,6 +14,11 @@ namespace strata {
 //   - layer_norm -> cast down: layer_norm writes the 16-bit y itself
 //     (out_dtype), the float32 y rounded as the cast rounds it;
 //   - gelu_grad -> cast down: gelu_grad writes the 16-bit dx (out_dtype);
+//   - matmul_bias -> cast down, and matmul_bias_gelu's gelu output -> cast
+//     down (GPU plans, whose epilogue fusion made them; 16-bit operands, F32
+//     bias): the GEMM stores its float result rounded once to the operands'
+//     type (out_dtype; cuBLASLt's D in that type), matmul_bias_gelu's
+//     pre-activation z staying float for gelu_grad;
 //   - cast up -> gelu_grad's dy or layer_norm_grad's dy: the op reads the
 //     16-bit value and widens it as it loads (exact).
 //
@@ -22,11 +27,13 @@ namespace strata {
 // the op's stage. The kernels compute in float32 as before and round
 // through the cast kernel's own conversion, so the program computes the
 // same bits (MixedPrecisionTrainTest checks losses and weights with and
-// without). A BF16 GPT block on a GPU plan loses six casts: layer_norm's
-// two, gelu_grad's two, and layer_norm_grad's two; the float32 copies of
-// the layer-norm outputs, the MLP's activation gradient and the layer-norm
-// input gradients never exist. On a CPU plan five: gelu_grad's float dx
-// also feeds the bias gradient's sum_to_like there.
+// without). A BF16 GPT block on a GPU plan loses eight casts: layer_norm's
+// two, gelu_grad's two, layer_norm_grad's two, the qkv projection's and
+// the MLP activation's; the float32 copies of the layer-norm outputs, of
+// q, k and v, of the MLP's activation and of its gradient, and the
+// layer-norm input gradients never exist. On a CPU plan five: gelu_grad's
+// float dx also feeds the bias gradient's sum_to_like there, and there is
+// no matmul_bias.
 class FoldCastsPass : public Pass {
  public:
   std::string name() const override { return "fold-casts"; }

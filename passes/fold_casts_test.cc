@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
@@ -66,19 +67,34 @@ TEST(FoldCastsTest, RunsAfterTheBackwardRewritesUnderMixedPrecisionOnly) {
 // and every layer_norm_grad reads its 16-bit dy; gelu_grad reads its 16-bit
 // dy, and on GPU plans, where the bias gradient comes from the 16-bit
 // gradient in the GEMM's epilogue, writes 16 bits too (on the CPU a float
-// sum_to_like still reads its float dx).
-TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGeluGradCasts) {
+// sum_to_like still reads its float dx). On GPU plans the qkv projection's
+// matmul_bias and the MLP's matmul_bias_gelu store their 16-bit outputs
+// (the gelu's; its float pre-activation stays for gelu_grad); the attention
+// and MLP output projections' float results feed the float residual adds
+// and keep their type.
+TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
   for (DataType low : {BF16, F16}) {
     for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
       SCOPED_TRACE(absl::StrCat(DataTypeName(low), " ", DeviceKind_Name(device)));
       const Program folded = Compiled(Mixed(low), device);
       const Program plain = Compiled(Mixed(low), device, {"fold-casts"});
-      const int per_block = device == DEVICE_CUDA ? 6 : 5;
+      const int per_block = device == DEVICE_CUDA ? 8 : 5;
       const int folds = per_block * kBlocks + 2;  // and the final layer_norm's forward and backward
       EXPECT_EQ(Count(plain, "cast") - Count(folded, "cast"), folds);
       EXPECT_EQ(folded.op_size(), plain.op_size() - folds);
-      int layer_norms = 0, low_dy = 0, gelu_grads = 0;
+      int layer_norms = 0, low_dy = 0, gelu_grads = 0, low_gemms = 0, float_gemms = 0;
       for (const Op& op : folded.op()) {
+        if (op.type() == "matmul_bias" || op.type() == "matmul_bias_gelu") {
+          const bool stored = !OutDtype(op).empty();
+          (stored ? low_gemms : float_gemms) += 1;
+          EXPECT_EQ(VarDtype(folded, op.output(0)), stored ? low : F32) << op.output(0);
+          if (stored) {
+            EXPECT_EQ(OutDtype(op), DataTypeName(low)) << op.output(0);
+            const bool qkv = absl::StrContains(op.output(0), ".attn.qkv.");
+            EXPECT_TRUE(qkv || op.type() == "matmul_bias_gelu") << op.output(0);
+          }
+          if (op.type() == "matmul_bias_gelu") EXPECT_EQ(VarDtype(folded, op.output(1)), F32) << op.output(1);
+        }
         if (op.type() == "layer_norm") {
           ++layer_norms;
           EXPECT_EQ(OutDtype(op), DataTypeName(low)) << op.output(0);
@@ -99,6 +115,8 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGeluGradCasts) {
       EXPECT_EQ(layer_norms, 2 * kBlocks + 1);
       EXPECT_EQ(low_dy, 2 * kBlocks + 1);
       EXPECT_EQ(gelu_grads, kBlocks);
+      EXPECT_EQ(low_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);
+      EXPECT_EQ(float_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);
       // The float32 copies are gone from the plan.
       EXPECT_LT(folded.var_size(), plain.var_size());
     }

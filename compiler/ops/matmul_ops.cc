@@ -21,6 +21,7 @@ using nn_shape_checks::ExpectRankArg;
 using nn_shape_checks::ExpectSameDtypeArg;
 using nn_shape_checks::Invalid;
 using nn_shape_checks::SameSize;
+using nn_shape_checks::StoredOutputDtype;
 
 // Sizes of y = op(a) @ op(b) where op transposes the last two dims when asked
 // (the rule is proto/shape_rules.h's, shared with the kernels); the dtypes
@@ -249,6 +250,27 @@ absl::Status MatmulBiasShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
+// out_dtype "BF16" / "F16" (passes/fold_casts): y computed as without it,
+// in float from 16-bit a and b and an F32 bias, then stored rounded to a's
+// 16-bit type, as the cast it replaces would round it. Output `stored`'s
+// dtype becomes that type.
+absl::Status StoreOutputLow(ShapeContext& ctx, int stored) {
+  const std::string name = ctx.attr_string("out_dtype");
+  if (name.empty()) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(const DataType dtype, StoredOutputDtype(ctx, 2, "bias"));
+  if (dtype != ctx.input(0).dtype) {
+    return Invalid(absl::StrCat("attr 'out_dtype' ", name, " must be the 16-bit type of 'a' and 'b', got ",
+                                ctx.input(0).ToString()));
+  }
+  ctx.set_output(stored, TensorType{dtype, ctx.outputs()[stored].shape});
+  return absl::OkStatus();
+}
+
+absl::Status MatmulBiasStoredShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(MatmulBiasShape(ctx));
+  return StoreOutputLow(ctx, 0);
+}
+
 // As matmul's for a and b (transpose_a false), and bias's the sum of dy
 // down to [N]. With low-precision a and b under a float y there is none:
 // the fusion runs after autodiff, and a program asks for one only by
@@ -256,6 +278,10 @@ absl::Status MatmulBiasShape(ShapeContext& ctx) {
 absl::Status MatmulBiasGrad(GradBuilder& g) {
   const std::string& dy = g.output_grad(0);
   if (dy.empty()) return absl::OkStatus();
+  if (auto stored = g.op().attr().find("out_dtype"); stored != g.op().attr().end() && !stored->second.s().empty()) {
+    return absl::InvalidArgumentError(
+        "matmul_bias with out_dtype has no gradient: fold-casts sets it after autodiff; write matmul_bias then cast");
+  }
   if (g.input_type(0).dtype != g.input_type(2).dtype) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias of ", DataTypeName(g.input_type(0).dtype),
                                                    " operands into ", DataTypeName(g.input_type(2).dtype),
@@ -277,12 +303,15 @@ STRATA_REGISTER_OP(OpDef("matmul_bias")
                        .Output("y")
                        .Attr("transpose_b", false)
                        .Attr("allow_tf32", false)
-                       .Shape(MatmulBiasShape)
+                       .Attr("out_dtype", "")
+                       .Shape(MatmulBiasStoredShape)
                        .Cost(MatmulBiasCost)
                        .Grad(MatmulBiasGrad)
                        .Doc("y = a @ op(b) + bias: a [..., M, K], b [K, N] (or [N, K] with transpose_b) shared over "
                             "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b). What the epilogue "
-                            "fusion makes of matmul then add on a GPU."));
+                            "fusion makes of matmul then add on a GPU. out_dtype \"BF16\" or \"F16\" (a's 16-bit "
+                            "type, F32 bias) stores y rounded to that type, as a cast after it would "
+                            "(passes/fold_casts)."));
 
 // The weight and bias gradients of y = a @ op(b) + bias, from the forward's
 // a [..., M, K] and dy [..., M, N] (a's batch dims): db = the sum over a's
@@ -332,7 +361,7 @@ absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
     return Invalid(absl::StrCat("y and z would be ", DataTypeName(z.dtype), ": gelu needs F32 or F64 (input 'bias')"));
   }
   ctx.set_output(1, z);
-  return absl::OkStatus();
+  return StoreOutputLow(ctx, 0);  // y only: z stays float for gelu_grad
 }
 
 // matmul_bias's, plus the gelu's pass over the output.
@@ -346,13 +375,15 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
                        .Output("z")
                        .Attr("transpose_b", false)
                        .Attr("allow_tf32", false)
+                       .Attr("out_dtype", "")
                        .Shape(MatmulBiasGeluShape)
                        .Cost(MatmulBiasGeluCost)
                        .NotDifferentiable()
                        .Doc("z = a @ op(b) + bias as matmul_bias computes it, and y = gelu(z) in the tanh form "
                             "(gelu's approximate \"tanh\"): a [..., M, K], a 2-D b, bias [N]; y and z F32 or F64. "
                             "What the epilogue fusion makes of matmul, add and a tanh-form gelu on a GPU, after "
-                            "autodiff (z stays for the backward's gelu_grad)."));
+                            "autodiff (z stays for the backward's gelu_grad). out_dtype \"BF16\" or \"F16\" (a's "
+                            "16-bit type) stores y, not z, rounded to that type (passes/fold_casts)."));
 
 }  // namespace
 }  // namespace strata

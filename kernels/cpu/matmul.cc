@@ -189,8 +189,12 @@ class MatmulAccumulateKernel : public OpKernel {
 // into y, then bias added row by row, so y has the bits of matmul then add.
 // `In` is a's and b's storage; BF16/F16 operands are widened to float first
 // (y and bias are float then: no rounding to the low precision on the way).
+//
+// out_dtype (passes/fold_casts; 16-bit a and b only): y computed as above
+// into float scratch, then stored as In, each value rounded as the cast
+// kernel rounds it, so the op equals matmul_bias then cast bit for bit.
 template <typename In, typename T>
-class MatmulBiasKernel : public TransposeBAttrKernel {
+class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
  public:
   explicit MatmulBiasKernel(const KernelDef&) {}
 
@@ -199,12 +203,25 @@ class MatmulBiasKernel : public TransposeBAttrKernel {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    if constexpr (!std::is_same_v<In, T>) {
+      if (StoresLow()) {
+        STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, NumElements(s.y)));
+        STRATA_RETURN_IF_ERROR(MatmulBiasInto(ctx, s, &wide));
+        STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+        UnaryMap(wide.num_elements(), wide.data<T>(), y->data<In>(), [](T v) { return cuda::Convert<In>(v); });
+        return absl::OkStatus();
+      }
+    }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     return MatmulBiasInto(ctx, s, y);
   }
 
  protected:
   // y = a @ op(b) + bias for the op's inputs, y allocated by the caller.
+  // Whether out_dtype stores the output in a's 16-bit type (the schema
+  // allows no other).
+  bool StoresLow() const { return out_dtype_ != DT_INVALID && out_dtype_ == DataTypeOf<In>::value; }
+
   absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
@@ -247,7 +264,8 @@ class MatmulBiasKernel : public TransposeBAttrKernel {
 // (y, z) = (gelu(z), a @ op(b) + bias), gelu's tanh form
 // (passes/fuse_epilogues): z exactly as matmul_bias computes it, then y with
 // the gelu kernel's own function (cuda::GeluTanhFn over UnaryMap), so both
-// have the bits of matmul_bias (or matmul then add) then gelu.
+// have the bits of matmul_bias (or matmul then add) then gelu. out_dtype
+// stores y (not z) as In, rounded as a cast after the gelu would round it.
 template <typename In, typename T>
 class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
  public:
@@ -256,19 +274,32 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
   absl::Status Compute(KernelContext& ctx) override {
     const Shape &a = ctx.input(0).shape(), &b = ctx.input(1).shape(), &bias = ctx.input(2).shape();
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a, b, bias, this->tb_));
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
     STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(ctx, s, z));
+    if constexpr (!std::is_same_v<In, T>) {
+      if (this->StoresLow()) {
+        STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+        const cuda::GeluTanhFn gelu;
+        UnaryMap(z->num_elements(), z->data<T>(), y->data<In>(), [gelu](T v) { return cuda::Convert<In>(gelu(v)); });
+        return absl::OkStatus();
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     UnaryMap(z->num_elements(), z->data<T>(), y->data<T>(), cuda::GeluTanhFn());
     return absl::OkStatus();
   }
 };
 
-// The widened operands' float copies, for the memory plan.
+// The widened operands' float copies, for the memory plan, and matmul_bias's
+// float y before its 16-bit store (out_dtype: a 16-bit y over an F32 bias).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   int64_t elements = 0;
   for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
     if (IsHalfFloating(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
+  }
+  if (def.op != nullptr && def.op->type() == "matmul_bias" && !def.output_types.empty() &&
+      IsHalfFloating(def.output_types[0].dtype) && def.input_types.size() > 2 && def.input_types[2].dtype == F32) {
+    elements += NumElements(def.output_types[0].shape);
   }
   return elements * static_cast<int64_t>(sizeof(float));
 }

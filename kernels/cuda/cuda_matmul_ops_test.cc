@@ -263,6 +263,71 @@ TEST_F(CudaOpsTest, MatmulBiasGeluMatchesTheCpu) {
   }
 }
 
+// out_dtype (passes/fold_casts): matmul_bias's y and matmul_bias_gelu's y
+// stored in the operands' 16-bit type, over an F32 bias, z float: through
+// cuBLASLt with a 16-bit D and a float bias (and aux), or where this
+// cuBLASLt refuses that, the float result and a cast. Bar: the float
+// results' bars above, plus one unit in the last place of the 16-bit type
+// (|y| 2^-7 in BF16, 2^-10 in F16), where GPU and CPU land on either side
+// of a rounding boundary.
+TEST_F(CudaOpsTest, MatmulBiasStoredInSixteenBitsMatchesTheCpu) {
+  struct StoredCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const StoredCase cases[] = {{{8, 33, 96}, {96, 24}, false}, {{64, 17}, {40, 17}, true}, {{5, 12}, {12, 13}, false},
+                              {{2, 128, 768}, {768, 2304}, false}};
+  for (DataType dtype : {BF16, F16}) {
+    const double ulp = dtype == BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+    for (const char* type : {"matmul_bias", "matmul_bias_gelu"}) {
+      for (const StoredCase& c : cases) {
+        SCOPED_TRACE(absl::StrCat(type, " ", DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b),
+                                  " tb=", c.transpose_b));
+        const bool gelu = std::string(type) == "matmul_bias_gelu";
+        const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+        const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 51));
+        const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 52));
+        const Tensor bias = MakeTensor(F32, {n}, Uniform(n, 53));
+        const std::string attrs = absl::StrCat(" attr { key: \"transpose_b\" value { b: ",
+                                               c.transpose_b ? "true" : "false", " } } attr { key: \"out_dtype\" value { s: \"",
+                                               DataTypeName(dtype), "\" } }");
+        const std::string op = absl::StrCat("type: \"", type, "\" input: [\"a\", \"b\", \"bias\"] output: ",
+                                            gelu ? "[\"y\", \"z\"]" : "\"y\"", attrs);
+        auto both = RunBothNamed(op, {{"a", a}, {"b", b}, {"bias", bias}}, gelu ? std::vector<std::string>{"y", "z"}
+                                                                                  : std::vector<std::string>{"y"});
+        ASSERT_EQ(both.size(), gelu ? 2u : 1u);
+        const auto& [y_cpu, y_gpu] = both[0];
+        ASSERT_EQ(y_gpu.dtype(), dtype);
+        ASSERT_EQ(y_cpu.dtype(), dtype);
+        const Tensor abs_a = testing::AbsF64(a), abs_b = testing::AbsF64(b), abs_bias = testing::AbsF64(bias);
+        const std::string plain = absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: "y")",
+                                               " attr { key: \"transpose_b\" value { b: ",
+                                               c.transpose_b ? "true" : "false", " } }");
+        const absl::StatusOr<Tensor> magnitude = RunKernel(ParseOp(plain), F64, {&abs_a, &abs_b, &abs_bias}, RunContext());
+        ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+        const std::vector<double> yc = TensorValues(y_cpu), yg = TensorValues(y_gpu), mag = TensorValues(*magnitude);
+        std::vector<double> zc(yc.size(), 0.0);
+        if (gelu) {
+          const auto& [z_cpu, z_gpu] = both[1];
+          ASSERT_EQ(z_gpu.dtype(), F32);
+          EXPECT_TRUE(testing::WithinErrorBound(z_gpu, z_cpu, *magnitude, 1e-5));
+          zc = TensorValues(z_cpu);
+        }
+        int bad = 0;
+        for (size_t i = 0; i < yc.size(); ++i) {
+          const double gemm = (gelu ? 1.13 : 1.0) * (1e-5 * mag[i] + 1e-6);
+          const double tanh = gelu ? 0.5 * std::abs(zc[i]) * std::ldexp(1.0, -10) : 0.0;
+          const double bound = gemm + tanh + ulp * std::abs(yc[i]);
+          if (!(std::abs(yg[i] - yc[i]) <= bound) && bad++ < 5) {
+            ADD_FAILURE() << "y[" << i << "]: gpu " << yg[i] << " cpu " << yc[i] << ", bound " << bound;
+          }
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
 // matmul_bias_grad_b (the weight-gradient GEMM fused with the bias's sum):
 // F32 and BF16/F16 through cuBLASLt's BGRADA (dy as its A) or, with
 // transpose_b, BGRADB (dy as its B); F64, and an empty batch, as the GEMM then

@@ -241,8 +241,14 @@ class CudaBiasGemmAttrsKernel : public TransposeBAttrKernel {
 // products and sums, nothing rounded to bf16); where cuBLASLt has no such
 // algorithm for the shape, and for F64, the GEMM then the broadcast add of
 // kernels/cuda/binary.h (the unfused add's bits).
+//
+// out_dtype (passes/fold_casts; 16-bit a and b over an F32 bias): y stored
+// in a's type, rounded once from the float epilogue's value (cuBLASLt's D in
+// that type, a float bias); where cuBLASLt takes no float bias beside a
+// 16-bit D, the float y into scratch, then the cast kernel: the unfolded
+// ops' bits either way, up to the GEMM's summation order.
 template <typename In, typename T>
-class CudaMatmulBiasKernel : public CudaBiasGemmAttrsKernel {
+class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
  public:
   explicit CudaMatmulBiasKernel(const KernelDef&) {}
 
@@ -252,11 +258,33 @@ class CudaMatmulBiasKernel : public CudaBiasGemmAttrsKernel {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    if constexpr (!std::is_same_v<In, T>) {
+      if (StoresLow()) {
+        STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+        using G = typename GemmType<In>::type;
+        const int64_t rows = s.batch * s.m;
+        absl::Status fused = device->gemm().MatmulBias(
+            reinterpret_cast<G*>(y->data<In>()), reinterpret_cast<const G*>(a.data<In>()),
+            reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+        if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+        Tensor wide = Tensor::Empty(F32, Shape{rows * s.n}, &ctx.device());
+        if (!wide.defined() && rows * s.n > 0) {
+          return absl::ResourceExhaustedError(absl::StrCat("matmul_bias: out of memory allocating ", rows * s.n,
+                                                           " float elements of scratch on ", ctx.device().name()));
+        }
+        STRATA_RETURN_IF_ERROR(MatmulBiasInto(device, a, b, bias, s, wide.data<float>()));
+        return CudaStatus(cuda::LaunchCast<float, In>(y->data<In>(), wide.data<float>(), rows * s.n, device->stream()),
+                          "matmul_bias");
+      }
+    }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     return MatmulBiasInto(device, a, b, bias, s, y->data<T>());
   }
 
  protected:
+  // Whether out_dtype stores y in a's 16-bit type (the schema allows no other).
+  bool StoresLow() const { return out_dtype_ != DT_INVALID && out_dtype_ == DataTypeOf<In>::value; }
+
   // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs.
   absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
                               const MatmulShape& s, T* py) {
@@ -307,6 +335,9 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), this->tb_));
+    if constexpr (!std::is_same_v<In, T>) {
+      if (this->StoresLow()) return Stored(ctx, device, a, b, bias, s);
+    }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
     T* py = y->data<T>();
@@ -328,6 +359,26 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     }
     STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, pz));
     return CudaStatus(cuda::LaunchUnary(cuda::UnaryOp::kGeluTanh, py, pz, rows * s.n, device->stream()),
+                      "matmul_bias_gelu");
+  }
+
+ private:
+  // out_dtype: y in a's 16-bit type, z float. One GEMM whose D is 16-bit
+  // and whose aux and bias are float; where cuBLASLt takes no such
+  // combination, matmul_bias's float z, then the gelu stored in 16 bits in
+  // one pass (gelu then cast's bits).
+  absl::Status Stored(KernelContext& ctx, CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
+                      const MatmulShape& s) {
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+    STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, F32, s.y));
+    using G = typename GemmType<In>::type;
+    const int64_t rows = s.batch * s.m;
+    absl::Status fused = device->gemm().MatmulBiasGelu(
+        reinterpret_cast<G*>(y->data<In>()), z->data<float>(), reinterpret_cast<const G*>(a.data<In>()),
+        reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream());
+    if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, z->data<float>()));
+    return CudaStatus(cuda::LaunchGeluTanhStored<In>(y->data<In>(), z->data<float>(), rows * s.n, device->stream()),
                       "matmul_bias_gelu");
   }
 };
@@ -459,13 +510,21 @@ absl::StatusOr<int64_t> MatmulAccumulateWorkspace(const KernelDef& def, int) {
   return Staged(s.m, s.n, s.k, ta, tb, t, t);
 }
 
+// The GEMM's staging scratch. With out_dtype (a 16-bit y over an F32 bias)
+// the fused GEMM stages a 16-bit c, the fallback a float one (matmul_bias's
+// into a float y's scratch, counted too; matmul_bias_gelu's into its z).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
   const DataType t = def.input_types[0].dtype;
   const DataType y = def.output_types.empty() ? t : def.output_types[0].dtype;
   STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(def.input_types[0].shape, def.input_types[1].shape,
                                                               def.input_types[2].shape, tb));
-  return Staged(s.batch * s.m, s.n, s.k, false, tb, t, y);
+  const int64_t rows = s.batch * s.m;
+  const bool stored = IsHalfFloating(y) && def.input_types[2].dtype == F32;
+  if (!stored) return Staged(rows, s.n, s.k, false, tb, t, y);
+  const bool gelu = def.op != nullptr && def.op->type() == "matmul_bias_gelu";
+  const int64_t wide_y = gelu ? 0 : rows * s.n * static_cast<int64_t>(sizeof(float));
+  return std::max(Staged(rows, s.n, s.k, false, tb, t, y), wide_y + Staged(rows, s.n, s.k, false, tb, t, F32));
 }
 
 // The weight gradient's GEMM (fused or not), and the 16-bit fallback's ones

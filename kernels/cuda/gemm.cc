@@ -125,15 +125,24 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
         "set epilogue");
-    const cudaDataType_t bias_type = key.c_type;
+    const cudaDataType_t bias_type = key.float_epilogue ? CUDA_R_32F : key.c_type;
     STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                              &bias_type, sizeof(bias_type)),
                               "set bias type");
   }
+  if (key.float_epilogue && key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // z stays float for gelu_grad, whatever D's type.
+    const cudaDataType_t aux_type = CUDA_R_32F;
+    STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(),
+                                                             CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                                             sizeof(aux_type)),
+                              "set aux type");
+  }
   if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     // The aux (z) is laid out as c, unstaged: its leading dimension is our
     // n (cuBLASLt's rows), a multiple of 8 (MatmulImpl checked). Its type
-    // defaults to D's (c_type): float z for float c, bf16 operands included.
+    // defaults to D's (c_type): float z for float c, bf16 operands included;
+    // float_epilogue makes it float beside a 16-bit c (above).
     const int64_t aux_ld = key.n;
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
@@ -309,6 +318,39 @@ absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfl
                     b, bias, m, n, k, false, transpose_b, stream);
 }
 
+absl::Status LtGemm::MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
+                                int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/true, /*aux=*/nullptr, /*float_epilogue=*/true);
+}
+
+absl::Status LtGemm::MatmulBias(__half* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
+                                int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS, /*stage=*/true,
+                    /*aux=*/nullptr, /*float_epilogue=*/true);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__nv_bfloat16* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z, /*float_epilogue=*/true);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__half* c, float* z, const __half* a, const __half* b, const float* bias,
+                                    int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true,
+                    z, /*float_epilogue=*/true);
+}
+
 absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,
                                     int64_t n, int64_t k, bool transpose_b, cudaStream_t stream, bool tf32) {
   const float alpha = 1.0f, beta = 0.0f;
@@ -420,7 +462,8 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux) {
+                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux,
+                                bool float_epilogue) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
@@ -470,6 +513,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
       KeyFor(type, c_type, compute, scale_type, bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT, batch, m, n, k,
              transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch);
   if (aux != nullptr) key.alignment_aux = Alignment(aux);
+  key.float_epilogue = float_epilogue;
   absl::StatusOr<Plan*> plan = GetPlan(key);
   absl::Status status = plan.status();
   if (status.ok() && staging.stage_a)
@@ -477,7 +521,15 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   if (status.ok() && staging.stage_b)
     status = Copy2D(const_cast<void*>(b_used), staging.b_pitch, b, b_cols, b_rows, b_cols, ab_bytes, stream);
   if (status.ok() && staging.stage_c && accumulate) status = Copy2D(c_used, staging.c_pitch, c, n, m, n, cb, stream);
-  if (status.ok()) status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream);
+  if (status.ok()) {
+    status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream);
+    if (!status.ok() && float_epilogue) {
+      // Refused at the call rather than at the plan: remembered the same way.
+      plans_[key] = nullptr;
+      status = absl::UnimplementedError(
+          absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
+    }
+  }
   if (status.ok() && staging.stage_c) status = Copy2D(c, n, c_used, staging.c_pitch, m, n, cb, stream);
   if (scratch != nullptr) scratch_->Free(scratch, static_cast<size_t>(staging.scratch_bytes));
   return status;
@@ -518,6 +570,13 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
+    if (!plan.ok() && key.float_epilogue && plan.status().code() != absl::StatusCode::kUnimplemented) {
+      // A float bias or aux beside a 16-bit D that this cuBLASLt refuses
+      // (its headers: INVALID_VALUE for an unsupported type combination)
+      // is the shape's "no algorithm": the caller stores in two passes.
+      plan = absl::UnimplementedError(absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ",
+                                                   plan.status().message()));
+    }
     if (!plan.ok()) {
       // No algorithm is the shape's answer, kept so a step does not ask the
       // heuristic again; any other failure may pass, and is not kept.

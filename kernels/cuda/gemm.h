@@ -86,6 +86,16 @@ class LtGemm {
                           int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_b, cudaStream_t stream);
+  // The same into a c of the operands' 16-bit type (passes/fold_casts'
+  // out_dtype): FP32 products, sums and bias (a float bias vector,
+  // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), rounded once to c's type on the
+  // way out. Unimplemented where this cuBLASLt takes no float bias for a
+  // 16-bit D or has no algorithm (remembered per shape): the caller computes
+  // a float c and casts it.
+  absl::Status MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
+                          int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  absl::Status MatmulBias(__half* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
+                          int64_t k, bool transpose_b, cudaStream_t stream);
 
   // c [m, n] = gelu(z) and z [m, n] = op(a) @ op(b) + bias from one GEMM
   // (cuBLASLt's GELU_AUX_BIAS epilogue, z its aux output, the pre-activation
@@ -100,6 +110,15 @@ class LtGemm {
   absl::Status MatmulBiasGelu(float* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
                               int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBiasGelu(float* c, float* z, const __half* a, const __half* b, const float* bias, int64_t m,
+                              int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  // gelu(z) rounded once into a c of the operands' 16-bit type, z and the
+  // bias float (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE and
+  // BIAS_DATA_TYPE); Unimplemented as above where cuBLASLt takes no float
+  // aux or bias beside a 16-bit D: the caller computes z and stores the gelu.
+  absl::Status MatmulBiasGelu(__nv_bfloat16* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                              const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                              cudaStream_t stream);
+  absl::Status MatmulBiasGelu(__half* c, float* z, const __half* a, const __half* b, const float* bias, int64_t m,
                               int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
 
   // c [m, n] = op(a) @ op(b) and, from the same GEMM, bias_grad = the sums
@@ -174,20 +193,22 @@ class LtGemm {
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
     uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's z (the heuristic reads the aux pointer's alignment)
+    bool float_epilogue = false;        // bias and aux float beside a 16-bit c
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
       return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
                       x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c,
-                      x.alignment_aux) ==
+                      x.alignment_aux, x.float_epilogue) ==
              std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
                       y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c,
-                      y.alignment_aux);
+                      y.alignment_aux, y.float_epilogue);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
       return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
                         key.n, key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b,
-                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux);
+                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux,
+                        key.float_epilogue);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
@@ -200,12 +221,15 @@ class LtGemm {
   // misaligned rows may go through scratch (set_scratch_allocator); the
   // batched calls (attention's, whose workspace counts no such scratch) pass
   // false. aux: GELU_AUX_BIAS's z ([m, n], rows n apart), else null.
+  // float_epilogue: the bias (and aux) are float beside a 16-bit c; where
+  // cuBLASLt refuses that, at the plan or at the call, Unimplemented, and
+  // the shape is remembered as having no algorithm.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, int64_t batch = 1,
                           cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true,
-                          void* aux = nullptr);
+                          void* aux = nullptr, bool float_epilogue = false);
 
   // The plan key of a GEMM on these operands, whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).

@@ -101,6 +101,14 @@ struct StoredGradFn {
   }
 };
 
+// f(x) on a float x, the result stored as Y by the cast's conversion
+// (passes/fold_casts' matmul_bias_gelu fallback).
+template <typename Y, typename F>
+struct StoredFn {
+  F f;
+  __device__ Y operator()(float x) const { return Convert<Y>(f(x)); }
+};
+
 // Up to kAddNPerLaunch input pointers, passed by value. With `accumulate`,
 // y's own value is the first term.
 template <typename T>
@@ -226,6 +234,13 @@ cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const D
       return cudaErrorInvalidValue;
   }
 }
+
+template <typename Y>
+cudaError_t LaunchGeluTanhStored(Y* y, const float* x, int64_t n, cudaStream_t stream) {
+  return Map(y, x, n, StoredFn<Y, GeluTanhFn>{GeluTanhFn()}, stream);
+}
+template cudaError_t LaunchGeluTanhStored<bfloat16>(bfloat16*, const float*, int64_t, cudaStream_t);
+template cudaError_t LaunchGeluTanhStored<float16>(float16*, const float*, int64_t, cudaStream_t);
 
 #define STRATA_GELU_GRAD_STORED(DY, DX)                                                                     \
   template cudaError_t LaunchGeluGradStored<DY, DX>(UnaryGradOp, DX*, const float*, const DY*, int64_t, \

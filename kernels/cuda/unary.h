@@ -42,6 +42,12 @@ cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const d
 template <typename DY, typename DX>
 cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream);
 
+// y = gelu(x) in the tanh form of a float x, stored as Y (bfloat16 or
+// float16) by the cast's conversion: gelu then cast in one pass
+// (matmul_bias_gelu with out_dtype, where cuBLASLt has no such epilogue).
+template <typename Y>
+cudaError_t LaunchGeluTanhStored(Y* y, const float* x, int64_t n, cudaStream_t stream);
+
 // y[n] = ((xs[0][n] + xs[1][n]) + xs[2][n]) + ..., the CPU's order: at most
 // kAddNPerLaunch inputs a launch, later launches adding the next ones to y.
 // `xs` (count >= 2 device pointers) is a host array.

@@ -1,5 +1,6 @@
 // unary.cu's casts between float and the 16-bit floats, its gelu_grad with
-// folded casts (LaunchGeluGradStored) and its widened bf16 / f16 add_n,
+// folded casts (LaunchGeluGradStored), its gelu stored in 16 bits
+// (LaunchGeluTanhStored) and its widened bf16 / f16 add_n,
 // launchers included, on the CPU: the genrule unary_emulated_src rewrites the
 // file's <<<>>> launches into calls of testing/cuda_stand_in/'s Launch, and
 // g++ compiles it against the stand-ins. Each must give the registered CPU
@@ -122,6 +123,26 @@ TEST(UnaryEmulation, GeluGradStoredRefusesOtherOps) {
   EXPECT_EQ((cuda::LaunchGeluGradStored<float, float>(cuda::UnaryGradOp::kTanhGrad, dx.data(), a.data(), dy.data(), 4,
                                                       nullptr)),
             cudaErrorInvalidValue);
+}
+
+// matmul_bias_gelu's stored output where cuBLASLt has no epilogue for it:
+// gelu's tanh form then a cast, in one pass, with the CPU ops' bits.
+template <typename Y>
+void CheckGeluTanhStored(DataType y_dtype) {
+  SCOPED_TRACE(DataTypeName(y_dtype));
+  const Tensor x = MakeTensor(F32, {kN}, emulation::UniformValues(kN, 23, 6));
+  const Tensor gelu =
+      RunCpu(R"pb(type: "gelu" input: "x" output: "y" attr { key: "approximate" value { s: "tanh" } })pb", {{"x", x}});
+  const Tensor want = RunCpu(CastText(y_dtype), {{"x", gelu}});
+  std::vector<Y> y = emulation::Poisoned<Y>(kN);
+  ASSERT_EQ(cuda::LaunchGeluTanhStored<Y>(y.data(), x.data<float>(), kN, nullptr), cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(y, want, "y"));
+}
+
+TEST(UnaryEmulation, GeluTanhStoredAsACastAfterTheGelu) {
+  CheckGeluTanhStored<bfloat16>(BF16);
+  CheckGeluTanhStored<float16>(F16);
 }
 
 // add_n of `count` bf16 / f16 inputs as the CPU's widened kernel: float sums
