@@ -59,6 +59,9 @@ ABSL_FLAG(int, warmup, 5, "untimed calls of each side before each timing");
 ABSL_FLAG(int, min_iters, 20, "each timing runs at least this many back-to-back calls");
 ABSL_FLAG(double, min_ms, 20, "... and enough of them to last at least this many milliseconds");
 ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to run (default: all), e.g. qkv.fwd,lm_head.dw");
+ABSL_FLAG(int64_t, vocab, 50257,
+          "the LM head's vocabulary: GPT-2's 50257, or 50304 for the head passes/pad_vocab makes of it (rows of "
+          "16-byte multiples, the loss reading the first 50257)");
 ABSL_FLAG(bool, staging, true,
           "Strata's side stages operands whose rows are not 16-byte multiples through padded scratch, as "
           "its kernels on a CudaDevice do (kernels/gemm_staging.h); false: the operands as they are");
@@ -87,7 +90,8 @@ struct GemmShape {
 // Attention's batched GEMMs (q k^T, p v) are not here.
 std::vector<GemmShape> Gpt2TrainingShapes() {
   constexpr int64_t kRows = 8 * 1024;  // batch 8 x 1024 tokens
-  constexpr int64_t kModel = 768, kVocab = 50257;
+  constexpr int64_t kModel = 768;
+  const int64_t kVocab = absl::GetFlag(FLAGS_vocab);
   constexpr int kLayers = 12;
   std::vector<GemmShape> shapes;
   auto linear = [&](const std::string& name, int64_t in, int64_t out) {

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "proto/program.pb.h"
+#include "proto/shape_rules.h"
 #include "proto/status_macros.h"
 #include "runtime/float16.h"
 #include "runtime/kernel.h"
@@ -67,6 +68,35 @@ class SliceAttrsKernel : public OpKeepingKernel {
 
  protected:
   std::vector<int64_t> axes_, starts_, ends_;
+};
+
+// pad: `axis` and `after`, and the padded shape of an x (errors name the op).
+class PadAttrsKernel : public OpKeepingKernel {
+ public:
+  using OpKeepingKernel::OpKeepingKernel;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(OpKeepingKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(axis_, AttrInt(op, "axis"));
+    STRATA_ASSIGN_OR_RETURN(after_, AttrInt(op, "after"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // x's shape with the padded axis `after` longer; *axis its index.
+  absl::StatusOr<Shape> PaddedShape(const Tensor& x, int* axis) const {
+    auto a = NormalizeAxis(axis_, x.rank(), "attr 'axis'");
+    if (!a.ok() || after_ < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pad '", op_.name(), "': ",
+                                                     a.ok() ? absl::StrCat("attr 'after' ", after_, " is negative")
+                                                            : std::string(a.status().message())));
+    }
+    *axis = *a;
+    Shape y = x.shape();
+    y[*a] += after_;
+    return y;
+  }
+  int64_t axis_ = 0;
+  int64_t after_ = 0;
 };
 
 // dropout and its gradient: `p` (validated to [0, 1) by the schema) and the
@@ -203,6 +233,30 @@ class AttentionAttrsKernel : public OpKernel {
   double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
   bool causal_ = true;
   double scale_ = 0;
+};
+
+// Base of softmax_cross_entropy(_grad)'s kernels: the `classes` attr (0:
+// every column of the logits is a class; else the first `classes`, the
+// rest padding of a row-aligned LM head, never read).
+class ClassesAttrKernel : public OpKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(classes_, AttrInt(op, "classes"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // The classes among C columns; InvalidArgument naming `op` when the attr
+  // asks for more than C (or fewer than 0).
+  absl::StatusOr<int64_t> Classes(const char* op, int64_t C) const {
+    if (classes_ == 0) return C;
+    if (classes_ < 0 || classes_ > C) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": attr 'classes' ", classes_, " must be in [1, ", C, "] (the logits' columns)"));
+    }
+    return classes_;
+  }
+  int64_t classes_ = 0;
 };
 
 // Calls f(S{}) with S the C++ storage of `dtype`: T's own, or bfloat16 /

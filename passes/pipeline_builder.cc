@@ -12,6 +12,7 @@
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
+#include "passes/pad_vocab.h"
 #include "passes/pipeline_split.h"
 #include "passes/placement.h"
 #include "passes/recompute.h"
@@ -26,6 +27,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
     pipeline->AddPass<MixedPrecisionPass>(device, fold_losses);
     pipeline->AddPass<CommuteCastsPass>();
   }
+  if (device == DEVICE_CUDA) pipeline->AddPass<PadVocabPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();

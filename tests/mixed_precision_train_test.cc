@@ -172,6 +172,76 @@ TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) 
   ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "commute-casts-backward");
 }
 
+// passes/pad_vocab pads a GPU plan's LM head whose logits' rows are not a
+// multiple of 16 bytes (vocab 16411 here, as GPT-2's 50257) to 16448
+// columns, the loss reading the first 16411 (its `classes`): the other
+// columns are the same dot products and the loss the same sums, but the
+// GEMMs of the wider shape may take other kernels at the edges (OpenBLAS's
+// remainder kernels, the pool's panels), so the plans agree to rounding:
+// in F64 on two pipeline stages (the tied embedding's last-stage replica
+// padded) within 1e-12 of the loss and 1e-9 of every weight, and under BF16
+// within the bound a bf16 rounding flip allows (as BF16 against F32 above).
+TEST(MixedPrecisionTrainTest, PaddedVocabTrainsWhatTheUnpaddedHeadTrains) {
+  GenOptions gen = TinyGpt("F64", /*stages=*/2);
+  gen.vocab = 16411;  // 2^20 weights and more: a head the pass pads
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  CompileOptions copts;
+  copts.device_kind = DEVICE_CUDA;
+  Strategy pipeline;
+  pipeline.mutable_pipeline()->set_micro_batch_size(2);
+  pipeline.mutable_pipeline()->set_accumulate_steps(2);
+  auto compiled = Compile(*program, pipeline, copts);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int pads = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Op& op : plan.program().op()) {
+      if (op.type() != "pad") continue;
+      ++pads;
+      EXPECT_EQ(plan.topology().stage(), 1) << "the last stage's replica";
+      EXPECT_EQ(op.attr().at("after").i(), 16448 - 16411);
+    }
+  }
+  EXPECT_EQ(pads, 1);
+
+  ParityOptions options;
+  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  options.steps = 4;
+  options.compile_for = DEVICE_CUDA;
+  options.disabled_passes = {"pad-vocab"};
+  auto plain = TrainParallel(*program, pipeline, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.disabled_passes.clear();
+  auto padded = TrainParallel(*program, pipeline, options);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  ASSERT_EQ(padded->losses.size(), 4u);
+  for (size_t i = 0; i < padded->losses.size(); ++i) {
+    EXPECT_NEAR(padded->losses[i], plain->losses[i], 1e-12 * std::abs(plain->losses[i])) << "step " << i + 1;
+  }
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*padded, *plain, &worst), 1e-9) << worst;
+
+  GenOptions one_stage = TinyGpt("F32");
+  one_stage.vocab = 16411;
+  auto bf16_program = GenerateModel("gpt", one_stage);
+  ASSERT_TRUE(bf16_program.ok()) << bf16_program.status();
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  ParityOptions bf16_options;
+  bf16_options.data = options.data;
+  bf16_options.steps = 6;
+  bf16_options.batch_size = 4;
+  bf16_options.compile_for = DEVICE_CUDA;
+  bf16_options.disabled_passes = {"pad-vocab"};
+  auto bf16_plain = TrainParallel(*bf16_program, bf16, bf16_options);
+  ASSERT_TRUE(bf16_plain.ok()) << bf16_plain.status();
+  bf16_options.disabled_passes.clear();
+  auto bf16_padded = TrainParallel(*bf16_program, bf16, bf16_options);
+  ASSERT_TRUE(bf16_padded.ok()) << bf16_padded.status();
+  ExpectFollowsWithinOneBf16Rounding(bf16_plain->losses, bf16_padded->losses, "pad_vocab_");
+  EXPECT_LT(bf16_padded->losses.back(), bf16_padded->losses.front());
+}
+
 // passes/fold_casts folds mixed precision's casts into the float32 ops
 // beside them: layer_norm writes its 16-bit output, layer_norm_grad and
 // gelu_grad read their 16-bit dy widened, and on GPU plans (where the MLP's

@@ -46,8 +46,19 @@ absl::Status CheckLogitsAndLabel(const ShapeContext& ctx, bool half = false) {
 // else the logits' dtype.
 DataType LossDtype(DataType logits) { return IsHalfFloating(logits) ? F32 : logits; }
 
+// The `classes` attr: 0 (every column a class) or 1..C, the first columns
+// (the rest padding of a row-aligned LM head, never read; passes/pad_vocab).
+absl::Status CheckClasses(const ShapeContext& ctx) {
+  const int64_t classes = ctx.attr_int("classes"), c = ctx.input(0).shape.back();
+  if (classes < 0 || classes > c) {
+    return Invalid(absl::StrCat("attr 'classes' must be 0 (every column) or in [1, ", c, "], got ", classes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CrossEntropyShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx, /*half=*/true));
+  STRATA_RETURN_IF_ERROR(CheckClasses(ctx));
   ctx.set_output(0, TensorType{LossDtype(ctx.input(0).dtype), {}});
   return absl::OkStatus();
 }
@@ -55,7 +66,8 @@ absl::Status CrossEntropyShape(ShapeContext& ctx) {
 // dlogits = (softmax(logits) - onehot(label)) / N * dloss
 absl::Status SoftmaxCrossEntropyGrad(GradBuilder& g) {
   if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
-  g.Emit("softmax_cross_entropy_grad", {g.input(0), g.input(1), g.output_grad(0)}, {g.input_grad(0)});
+  g.Emit("softmax_cross_entropy_grad", {g.input(0), g.input(1), g.output_grad(0)}, {g.input_grad(0)},
+         g.ForwardAttrs());
   return absl::OkStatus();
 }
 
@@ -63,15 +75,18 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy")
                        .Input("logits")
                        .Input("label")
                        .Output("loss")
+                       .Attr("classes", 0)
                        .Shape(CrossEntropyShape)
                        .Grad(SoftmaxCrossEntropyGrad)
                        .Doc("Mean over samples of -log softmax(logits)[label]; logits [N, C], label [N] I64 in "
                             "[0, C) (checked at run time). Logits F32, F64, or BF16 / F16 under mixed precision "
                             "(read as they are, the math in float32); the loss is F32 for BF16 / F16 logits, else "
-                            "the logits' type."));
+                            "the logits' type. classes V > 0: only the first V columns are classes (labels in "
+                            "[0, V)); the rest are padding that is never read (passes/pad_vocab)."));
 
 absl::Status SoftmaxCrossEntropyGradShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx, /*half=*/true));
+  STRATA_RETURN_IF_ERROR(CheckClasses(ctx));
   STRATA_RETURN_IF_ERROR(ExpectScalarArg(ctx, 2, "dloss", LossDtype(ctx.input(0).dtype)));
   ctx.set_output(0, ctx.input(0));
   return absl::OkStatus();
@@ -82,11 +97,13 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy_grad")
                        .Input("label")
                        .Input("dloss")
                        .Output("dlogits")
+                       .Attr("classes", 0)
                        .Shape(SoftmaxCrossEntropyGradShape)
                        .NotDifferentiable()
                        .Doc("Backward of softmax_cross_entropy: (softmax(logits) - onehot(label)) / N * dloss. "
                             "dloss is F32 for BF16 / F16 logits (the loss's type); dlogits has the logits' type, "
-                            "computed in float32 and rounded once."));
+                            "computed in float32 and rounded once. classes V > 0: dlogits' padding columns [V, C) "
+                            "are zero."));
 
 absl::Status AccuracyShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));

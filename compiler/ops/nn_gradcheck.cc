@@ -159,6 +159,13 @@ STRATA_REGISTER_GRAD_CHECKS({
                   {GradCheckInput{"logits", F64, {3, 4}, 0.0, 0.0,
                                   {500.0, 501.0, 499.5, 500.2, -300.0, -299.0, -301.0, -300.5, 0.1, 0.2, 0.3, 0.4}},
                    GradCheckInput{"label", I64, {3}, 0.0, 0.0, {1, 3, 0}, /*check_grad=*/false}}},
+    // A row-aligned LM head's padded logits (passes/pad_vocab): the last 3
+    // of 8 columns are padding, whose gradient is zero.
+    GradCheckCase{"softmax_cross_entropy/padded_classes",
+                  R"pb(type: "softmax_cross_entropy" input: ["logits", "label"] output: "loss"
+                       attr { key: "classes" value { i: 5 } })pb",
+                  {GradCheckInput{"logits", F64, {4, 8}, -3.0, 3.0},
+                   GradCheckInput{"label", I64, {4}, 0.0, 0.0, {0, 4, 2, 2}, /*check_grad=*/false}}},
     GradCheckCase{"mse_loss/both_inputs", R"pb(type: "mse_loss" input: ["pred", "target"] output: "loss")pb",
                   {GradCheckInput{"pred", F64, {3, 4}}, GradCheckInput{"target", F64, {3, 4}}}},
     GradCheckCase{"mse_loss/only_pred", R"pb(type: "mse_loss" input: ["pred", "target"] output: "loss")pb",

@@ -75,6 +75,15 @@ STRATA_REGISTER_GRAD_CHECKS({
                        attr { key: "starts" value { list { i: [0] } } }
                        attr { key: "ends" value { list { i: [-1] } } })pb",
                   {{"x", F64, {2, 3, 4}}}},
+    GradCheckCase{"pad/rows",
+                  R"pb(type: "pad" input: "x" output: "y"
+                       attr { key: "after" value { i: 3 } })pb",
+                  {{"x", F64, {5, 4}}}},
+    GradCheckCase{"pad/last_axis",
+                  R"pb(type: "pad" input: "x" output: "y"
+                       attr { key: "axis" value { i: -1 } }
+                       attr { key: "after" value { i: 2 } })pb",
+                  {{"x", F64, {2, 3, 4}}}},
     GradCheckCase{"slice/empty_window",
                   R"pb(type: "slice" input: "x" output: "y"
                        attr { key: "axes" value { list { i: [1] } } }

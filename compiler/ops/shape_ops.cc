@@ -391,5 +391,51 @@ STRATA_REGISTER_OP(OpDef("slice_grad")
                        .NotDifferentiable()
                        .Doc("Zeros shaped like x with dy in the window slice(x) read (the gradient of slice)."));
 
+// ---- pad --------------------------------------------------------------------
+
+// y = x with `after` zeros appended along `axis` (np.pad with (0, after) on
+// that axis): what passes/pad_vocab makes of an LM head's weight so that the
+// logits' rows start 16-byte aligned. The padded dim must be known.
+absl::Status PadShape(ShapeContext& ctx) {
+  const TensorType& x = ctx.input(0);
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank == 0) return Invalid(absl::StrCat(Describe(ctx, 0), " is a scalar; pad needs rank 1 or more"));
+  auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
+  if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", axis.status().message()));
+  const int64_t after = ctx.attr_int("after");
+  if (after < 0) return Invalid(absl::StrCat("attr 'after' must be >= 0, got ", after));
+  if (x.shape[*axis] < 0) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ": the padded axis ", *axis, " must have a known size"));
+  }
+  Shape y = x.shape;
+  y[*axis] += after;
+  ctx.set_output(0, TensorType{x.dtype, y});
+  return absl::OkStatus();
+}
+
+// dx = dy's first x-size entries along the axis.
+absl::Status PadGrad(GradBuilder& g) {
+  if (g.output_grad(0).empty() || !g.needs_input_grad(0)) return absl::OkStatus();
+  const TensorType& x = g.input_type(0);
+  const int rank = static_cast<int>(x.shape.size());
+  const auto set = g.op().attr().find("axis");
+  auto axis = NormalizeAxis(set == g.op().attr().end() ? 0 : set->second.i(), rank, "attr 'axis'");
+  if (!axis.ok()) return axis.status();
+  const int64_t axes[] = {*axis}, starts[] = {0}, ends[] = {x.shape[*axis]};
+  g.Emit("slice", {g.output_grad(0)}, {g.input_grad(0)},
+         {{"axes", IntsAttr(axes)}, {"starts", IntsAttr(starts)}, {"ends", IntsAttr(ends)}});
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("pad")
+                       .Input("x")
+                       .Output("y")
+                       .Attr("axis", 0)
+                       .Attr("after", AttrType::kInt)
+                       .Shape(PadShape)
+                       .Grad(PadGrad)
+                       .Doc("y = x with `after` zeros appended along `axis` (of known size): np.pad with (0, after) "
+                            "on that axis. Its gradient is a slice of dy."));
+
 }  // namespace
 }  // namespace strata

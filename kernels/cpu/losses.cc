@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/shared_math.h"
@@ -27,20 +28,38 @@ using nn_kernels::InitFactory;
 using nn_kernels::MinChunk;
 using nn_kernels::Scratch;
 
-// Rows R and classes C of logits [..., C] with labels [...]; checks every
-// label is in [0, C) so that no kernel indexes out of bounds.
-absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Tensor& label, int64_t* rows,
-                                  int64_t* classes) {
-  STRATA_RETURN_IF_ERROR(kernel_checks::CheckLogitsAndLabelShapes(op, logits, label, rows, classes));
+// Checks every label is in [0, V) so that no kernel indexes out of bounds.
+absl::Status CheckLabelsBelow(const char* op, const Tensor& label, int64_t rows, int64_t V) {
   const int64_t* pl = label.data<int64_t>();
-  for (int64_t i = 0; i < *rows; ++i) {
-    if (pl[i] < 0 || pl[i] >= *classes) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": label ", pl[i], " at index ", i,
-                                                     " is outside the classes [0, ", *classes, ")"));
+  for (int64_t i = 0; i < rows; ++i) {
+    if (pl[i] < 0 || pl[i] >= V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": label ", pl[i], " at index ", i, " is outside the classes [0, ", V, ")"));
     }
   }
   return absl::OkStatus();
 }
+
+// Rows R and classes C of logits [..., C] with labels [...]; checks every
+// label is in [0, C).
+absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Tensor& label, int64_t* rows,
+                                  int64_t* classes) {
+  STRATA_RETURN_IF_ERROR(kernel_checks::CheckLogitsAndLabelShapes(op, logits, label, rows, classes));
+  return CheckLabelsBelow(op, label, *rows, *classes);
+}
+
+// The base of the cross-entropy kernels: rows R, row length C and classes V
+// (the `classes` attr: the first V columns, the rest padding, never read),
+// the labels checked against V.
+class CrossEntropyKernelBase : public ClassesAttrKernel {
+ protected:
+  absl::Status CheckClasses(const char* op, const Tensor& logits, const Tensor& label, int64_t* R, int64_t* C,
+                            int64_t* V) const {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLogitsAndLabelShapes(op, logits, label, R, C));
+    STRATA_ASSIGN_OR_RETURN(*V, Classes(op, *C));
+    return CheckLabelsBelow(op, label, *R, *V);
+  }
+};
 
 // The cross-entropy kernels take F32, F64, and BF16 / F16 logits (mixed
 // precision: the loss reads the LM head's 16-bit output). 16-bit logits are
@@ -89,16 +108,17 @@ void RowLogSumExp(const T* x, int64_t c, double* max, double* log_sum) {
 }
 
 // loss [] = mean over rows of logsumexp(logits[r]) - logits[r][label[r]].
+// With `classes` V < C the rows are C apart and only their first V columns
+// are read.
 template <typename T>
-class SoftmaxCrossEntropyKernel : public OpKernel {
+class SoftmaxCrossEntropyKernel : public CrossEntropyKernelBase {
  public:
   explicit SoftmaxCrossEntropyKernel(const KernelDef&) {}
-  absl::Status Init(const Op&) { return absl::OkStatus(); }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
-    int64_t R, C;
-    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
+    int64_t R, C, V;
+    STRATA_RETURN_IF_ERROR(CheckClasses("softmax_cross_entropy", logits, ctx.input(1), &R, &C, &V));
     STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, DataTypeOf<LossType<T>>::value, Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_loss, Scratch(ctx, F64, R));
     const T* px = logits.data<T>();
@@ -108,7 +128,7 @@ class SoftmaxCrossEntropyKernel : public OpKernel {
       for (int64_t r = begin; r < end; ++r) {
         const T* xr = px + r * C;
         double max, log_sum;
-        RowLogSumExp(xr, C, &max, &log_sum);
+        RowLogSumExp(xr, V, &max, &log_sum);
         prl[r] = max + log_sum - Wide(xr[pl[r]]);
       }
     });
@@ -120,17 +140,17 @@ class SoftmaxCrossEntropyKernel : public OpKernel {
 };
 
 // dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss / R.
+// With `classes` V < C the padding columns [V, C) of dlogits are zero.
 template <typename T>
-class SoftmaxCrossEntropyGradKernel : public OpKernel {
+class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
  public:
   explicit SoftmaxCrossEntropyGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op&) { return absl::OkStatus(); }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
     const Tensor& dloss = ctx.input(2);
-    int64_t R, C;
-    STRATA_RETURN_IF_ERROR(CheckLogitsAndLabels("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
+    int64_t R, C, V;
+    STRATA_RETURN_IF_ERROR(CheckClasses("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C, &V));
     if (dloss.num_elements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
@@ -150,9 +170,10 @@ class SoftmaxCrossEntropyGradKernel : public OpKernel {
         const T* xr = px + r * C;
         T* dr = pd + r * C;
         double max, log_sum;
-        RowLogSumExp(xr, C, &max, &log_sum);
+        RowLogSumExp(xr, V, &max, &log_sum);
         const double lse = max + log_sum;
-        for (int64_t j = 0; j < C; ++j) dr[j] = Narrow<T>(std::exp(Wide(xr[j]) - lse) * scale);
+        for (int64_t j = 0; j < V; ++j) dr[j] = Narrow<T>(std::exp(Wide(xr[j]) - lse) * scale);
+        for (int64_t j = V; j < C; ++j) dr[j] = Narrow<T>(0.0);
         dr[pl[r]] = Narrow<T>((std::exp(Wide(xr[pl[r]]) - lse) - 1.0) * scale);
       }
     });

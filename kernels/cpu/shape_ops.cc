@@ -330,6 +330,25 @@ class SliceGradKernel : public SliceBase {
   }
 };
 
+// pad: zeros shaped like y with x in its leading box.
+template <typename T>
+class PadKernel : public PadAttrsKernel {
+ public:
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    int axis = 0;
+    STRATA_ASSIGN_OR_RETURN(const Shape y_shape, PaddedShape(x, &axis));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, AllocateZeros(ctx, 0, x.dtype(), y_shape));
+    PutBox<T>(y, Zeros(x.rank()), x);
+    return absl::OkStatus();
+  }
+};
+
+STRATA_REGISTER_KERNEL("pad", DEVICE_CPU, F32, Factory<PadKernel<float>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CPU, F64, Factory<PadKernel<double>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CPU, I64, Factory<PadKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CPU, BF16, Factory<PadKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CPU, F16, Factory<PadKernel<float16>>());
 STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F32, InitFactory<view_kernels::ReshapeKernel>());
 STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, F64, InitFactory<view_kernels::ReshapeKernel>());
 STRATA_REGISTER_KERNEL("reshape", DEVICE_CPU, I64, InitFactory<view_kernels::ReshapeKernel>());
@@ -384,6 +403,11 @@ STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, I64, Factory<SliceKernel<int64_t>>()
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, F32, Factory<SliceGradKernel<float>>());
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, F64, Factory<SliceGradKernel<double>>());
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, I64, Factory<SliceGradKernel<int64_t>>());
+// 16-bit slices: the pad op's gradient under mixed precision (passes/pad_vocab).
+STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, BF16, Factory<SliceKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("slice", DEVICE_CPU, F16, Factory<SliceKernel<float16>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, BF16, Factory<SliceGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CPU, F16, Factory<SliceGradKernel<float16>>());
 
 }  // namespace
 }  // namespace strata

@@ -125,6 +125,21 @@ TEST(ShapeKernels, RefuseWhatTheSchemaRefusesWithItsWords) {
             "slice: attr 'axes' [1, -1] names axis 1 twice");
 }
 
+TEST(Pad, AppendsZerosAlongTheAxis) {
+  auto env = RunOne(R"pb(type: "pad" input: "x" output: "y" attr { key: "axis" value { i: 1 } }
+                         attr { key: "after" value { i: 2 } })pb",
+                    {{"x", MakeTensor(F32, {2, 3}, Iota(6))}});
+  EXPECT_TRUE(TensorNear(env["y"], {2, 5}, {0, 1, 2, 0, 0, 3, 4, 5, 0, 0}, 0));
+  env = RunOne(R"pb(type: "pad" input: "x" output: "y" attr { key: "after" value { i: 1 } })pb",
+               {{"x", MakeTensor(BF16, {2, 2}, Iota(4))}});
+  EXPECT_TRUE(TensorNear(env["y"], {3, 2}, {0, 1, 2, 3, 0, 0}, 0));
+  EXPECT_EQ(env["y"].dtype(), BF16);
+  EXPECT_EQ(InferredShape(R"pb(type: "pad" input: "x" output: "y" attr { key: "axis" value { i: 1 } }
+                               attr { key: "after" value { i: 7 } })pb",
+                          {{F32, {-1, 50257}}}),
+            (std::vector<int64_t>{-1, 50264}));
+}
+
 TEST(Flatten, MergesTheGivenAxes) {
   auto env = RunOne(R"pb(type: "flatten" input: "x" output: "y")pb", {{"x", MakeTensor(F32, {2, 3, 4}, Iota(24))}});
   EXPECT_TRUE(TensorNear(env["y"], {2, 12}, Iota(24), 0));

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "kernels/cuda/losses.h"
 #include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
@@ -47,7 +48,7 @@ constexpr DataType LossDtypeOf() {
 }
 
 template <typename T>
-class CudaSoftmaxCrossEntropyKernel : public OpKernel {
+class CudaSoftmaxCrossEntropyKernel : public ClassesAttrKernel {
  public:
   explicit CudaSoftmaxCrossEntropyKernel(const KernelDef&) {}
   absl::Status Compute(KernelContext& ctx) override {
@@ -55,17 +56,18 @@ class CudaSoftmaxCrossEntropyKernel : public OpKernel {
     const Tensor& logits = ctx.input(0);
     int64_t R, C;
     STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("softmax_cross_entropy", logits, ctx.input(1), &R, &C));
+    STRATA_ASSIGN_OR_RETURN(const int64_t V, Classes("softmax_cross_entropy", C));
     STRATA_ASSIGN_OR_RETURN(Tensor * loss, ctx.AllocateOutput(0, LossDtypeOf<T>(), Shape{}));
     STRATA_ASSIGN_OR_RETURN(Tensor row_loss, RowScratch(ctx, R));
     return CudaStatus(cuda::LaunchSoftmaxCrossEntropy(loss->data<LossType<T>>(), logits.data<T>(),
-                                                      ctx.input(1).data<int64_t>(), R, C, row_loss.data<double>(),
+                                                      ctx.input(1).data<int64_t>(), R, C, V, row_loss.data<double>(),
                                                       device->stream()),
                       "softmax_cross_entropy");
   }
 };
 
 template <typename T>
-class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
+class CudaSoftmaxCrossEntropyGradKernel : public ClassesAttrKernel {
  public:
   explicit CudaSoftmaxCrossEntropyGradKernel(const KernelDef&) {}
   absl::Status Compute(KernelContext& ctx) override {
@@ -74,6 +76,7 @@ class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
     const Tensor& dloss = ctx.input(2);
     int64_t R, C;
     STRATA_RETURN_IF_ERROR(CheckLogitsAndLabelShapes("softmax_cross_entropy_grad", logits, ctx.input(1), &R, &C));
+    STRATA_ASSIGN_OR_RETURN(const int64_t V, Classes("softmax_cross_entropy_grad", C));
     if (dloss.num_elements() != 1) {
       return absl::InvalidArgumentError(absl::StrCat("softmax_cross_entropy_grad: dloss must be a scalar, got ",
                                                      ShapeString(dloss.shape())));
@@ -87,7 +90,7 @@ class CudaSoftmaxCrossEntropyGradKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
     return CudaStatus(
         cuda::LaunchSoftmaxCrossEntropyGrad(dlogits->data<T>(), logits.data<T>(), ctx.input(1).data<int64_t>(),
-                                            dloss.data<LossType<T>>(), R, C, device->stream()),
+                                            dloss.data<LossType<T>>(), R, C, V, device->stream()),
         "softmax_cross_entropy_grad");
   }
 };
@@ -128,21 +131,21 @@ STRATA_REGISTER_WORKSPACE("softmax_cross_entropy", DEVICE_CUDA, RowScratchWorksp
 STRATA_REGISTER_WORKSPACE("accuracy", DEVICE_CUDA, RowScratchWorkspace);
 
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, F32,
-                       MakeFactory<CudaSoftmaxCrossEntropyKernel<float>>());
+                       InitFactory<CudaSoftmaxCrossEntropyKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, F64,
-                       MakeFactory<CudaSoftmaxCrossEntropyKernel<double>>());
+                       InitFactory<CudaSoftmaxCrossEntropyKernel<double>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F32,
-                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<float>>());
+                       InitFactory<CudaSoftmaxCrossEntropyGradKernel<float>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F64,
-                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<double>>());
+                       InitFactory<CudaSoftmaxCrossEntropyGradKernel<double>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, BF16,
-                       MakeFactory<CudaSoftmaxCrossEntropyKernel<bfloat16>>());
+                       InitFactory<CudaSoftmaxCrossEntropyKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy", DEVICE_CUDA, F16,
-                       MakeFactory<CudaSoftmaxCrossEntropyKernel<float16>>());
+                       InitFactory<CudaSoftmaxCrossEntropyKernel<float16>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, BF16,
-                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<bfloat16>>());
+                       InitFactory<CudaSoftmaxCrossEntropyGradKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("softmax_cross_entropy_grad", DEVICE_CUDA, F16,
-                       MakeFactory<CudaSoftmaxCrossEntropyGradKernel<float16>>());
+                       InitFactory<CudaSoftmaxCrossEntropyGradKernel<float16>>());
 STRATA_REGISTER_KERNEL("accuracy", DEVICE_CUDA, F32, InitFactory<CudaAccuracyKernel<float>>());
 STRATA_REGISTER_KERNEL("accuracy", DEVICE_CUDA, F64, InitFactory<CudaAccuracyKernel<double>>());
 

@@ -1,7 +1,7 @@
 // CUDA kernels of the reductions and data-movement ops: reduce_sum,
 // reduce_mean and broadcast_like (kernels/cuda/reduce.cu, strided_copy.cu);
-// transpose, concat, concat_grad, split, split_grad, slice and slice_grad
-// (strided_copy.cu: bit-for-bit element copies); sum_squares,
+// transpose, concat, concat_grad, split, split_grad, slice, slice_grad and
+// pad (strided_copy.cu: bit-for-bit element copies); sum_squares,
 // sum_squares_grad, clip_coefficient, mse_loss and mse_loss_grad
 // (block_sums.cu: the CPU's fixed-block sums, bit for bit). Attrs, checks
 // and messages are the CPU kernels' (kernels/shape_op_checks.h,
@@ -515,12 +515,36 @@ STRATA_REGISTER_KERNEL("split", DEVICE_CUDA, BF16, InitFactory<CudaSplitKernel<b
 STRATA_REGISTER_KERNEL("split", DEVICE_CUDA, F16, InitFactory<CudaSplitKernel<float16>>());
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, BF16, InitFactory<CudaSplitGradKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("split_grad", DEVICE_CUDA, F16, InitFactory<CudaSplitGradKernel<float16>>());
+// pad: zeros shaped like y with x in its leading box, as the CPU's.
+template <typename T>
+class CudaPadKernel : public PadAttrsKernel {
+ public:
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& x = ctx.input(0);
+    int axis = 0;
+    STRATA_ASSIGN_OR_RETURN(const Shape y_shape, PaddedShape(x, &axis));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, AllocateZeros(ctx, device, op_, 0, x.dtype(), y_shape));
+    return PutBox(device, op_, y, std::vector<int64_t>(x.rank(), 0), x);
+  }
+};
+
+STRATA_REGISTER_KERNEL("pad", DEVICE_CUDA, F32, InitFactory<CudaPadKernel<float>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CUDA, F64, InitFactory<CudaPadKernel<double>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CUDA, I64, InitFactory<CudaPadKernel<int64_t>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CUDA, BF16, InitFactory<CudaPadKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("pad", DEVICE_CUDA, F16, InitFactory<CudaPadKernel<float16>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, F32, InitFactory<CudaSliceKernel<float>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, F64, InitFactory<CudaSliceKernel<double>>());
 STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, I64, InitFactory<CudaSliceKernel<int64_t>>());
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CUDA, F32, InitFactory<CudaSliceGradKernel<float>>());
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CUDA, F64, InitFactory<CudaSliceGradKernel<double>>());
 STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CUDA, I64, InitFactory<CudaSliceGradKernel<int64_t>>());
+// 16-bit slices: the pad op's gradient under mixed precision (passes/pad_vocab).
+STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, BF16, InitFactory<CudaSliceKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("slice", DEVICE_CUDA, F16, InitFactory<CudaSliceKernel<float16>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CUDA, BF16, InitFactory<CudaSliceGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("slice_grad", DEVICE_CUDA, F16, InitFactory<CudaSliceGradKernel<float16>>());
 
 STRATA_REGISTER_KERNEL("sum_squares", DEVICE_CUDA, F32, InitFactory<CudaSumSquaresKernel<float>>());
 STRATA_REGISTER_KERNEL("sum_squares", DEVICE_CUDA, F64, InitFactory<CudaSumSquaresKernel<double>>());

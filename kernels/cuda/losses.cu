@@ -68,16 +68,19 @@ __device__ void RowLogSumExp(const T* xr, int64_t C, double* shared, double* max
   *log_sum = log(s);
 }
 
+// Rows C apart, of which the first V columns are the classes (V < C: the
+// padding columns of a row-aligned LM head, never read).
 template <typename T>
-__global__ void RowLossKernel(double* row_loss, const T* logits, const int64_t* label, int64_t R, int64_t C) {
+__global__ void RowLossKernel(double* row_loss, const T* logits, const int64_t* label, int64_t R, int64_t C,
+                              int64_t V) {
   __shared__ double shared[kThreads];
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const T* xr = logits + r * C;
     double max, log_sum;
-    RowLogSumExp(xr, C, shared, &max, &log_sum);
+    RowLogSumExp(xr, V, shared, &max, &log_sum);
     if (threadIdx.x == 0) {
       const int64_t l = label[r];
-      row_loss[r] = l < 0 || l >= C ? QuietNaN() : max + log_sum - Wide(xr[l]);
+      row_loss[r] = l < 0 || l >= V ? QuietNaN() : max + log_sum - Wide(xr[l]);
     }
   }
 }
@@ -93,22 +96,25 @@ __global__ void MeanKernel(T* out, const double* values, int64_t R) {
 }
 
 // L: dloss's type (F32 for 16-bit logits, else T).
+// The padding columns (j >= V) get zeros.
 template <typename T, typename L>
-__global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, const L* dloss, int64_t R, int64_t C) {
+__global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, const L* dloss, int64_t R, int64_t C,
+                           int64_t V) {
   __shared__ double shared[kThreads];
   const double scale = static_cast<double>(dloss[0]) / static_cast<double>(R);
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const T* xr = logits + r * C;
     T* dr = dlogits + r * C;
     double max, log_sum;
-    RowLogSumExp(xr, C, shared, &max, &log_sum);
+    RowLogSumExp(xr, V, shared, &max, &log_sum);
     const double lse = max + log_sum;
     const int64_t l = label[r];
-    const bool bad = l < 0 || l >= C;
-    for (int64_t j = threadIdx.x; j < C; j += kThreads) {
+    const bool bad = l < 0 || l >= V;
+    for (int64_t j = threadIdx.x; j < V; j += kThreads) {
       const double p = exp(Wide(xr[j]) - lse);
       dr[j] = Narrow<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
     }
+    for (int64_t j = V + threadIdx.x; j < C; j += kThreads) dr[j] = Narrow<T>(0.0);
   }
 }
 
@@ -134,10 +140,11 @@ int64_t RowBlocks(int64_t R) { return std::min(kMaxBlocks, R); }
 
 // L: the loss's type (F32 for 16-bit logits, else T).
 template <typename T, typename L>
-cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, int64_t R, int64_t C,
+cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, int64_t R, int64_t C, int64_t V,
                                 double* row_scratch, cudaStream_t stream) {
+  if (V < 1 || V > C) return cudaErrorInvalidValue;
   if (R > 0) {
-    RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C);
+    RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   MeanKernel<L><<<1, kThreads, 0, stream>>>(loss, row_scratch, R);  // R == 0: 0 / 0, NaN as on the CPU
@@ -146,9 +153,10 @@ cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, 
 
 template <typename T, typename L>
 cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* label, const L* dloss, int64_t R,
-                                    int64_t C, cudaStream_t stream) {
+                                    int64_t C, int64_t V, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
-  GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C);
+  if (V < 1 || V > C) return cudaErrorInvalidValue;
+  GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
   return cudaGetLastError();
 }
 
@@ -166,43 +174,46 @@ cudaError_t Accuracy(T* accuracy, const T* logits, const int64_t* label, int64_t
 }  // namespace
 
 cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float* logits, const int64_t* label, int64_t R, int64_t C,
-                                      double* row_scratch, cudaStream_t stream) {
-  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+                                      int64_t classes, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, classes, row_scratch, stream);
 }
-cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream) {
-  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
-}
-
-cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream) {
-  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
-}
-cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream) {
-  return SoftmaxCrossEntropy(loss, logits, label, R, C, row_scratch, stream);
+cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, classes, row_scratch, stream);
 }
 
-cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
-  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, classes, row_scratch, stream);
+}
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream) {
+  return SoftmaxCrossEntropy(loss, logits, label, R, C, classes, row_scratch, stream);
+}
+
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label, const float* dloss,
+                                          int64_t R, int64_t C, int64_t classes, cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, classes, stream);
 }
 cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
-                                          const double* dloss, int64_t R, int64_t C, cudaStream_t stream) {
-  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+                                          const double* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, classes, stream);
 }
 
 cudaError_t LaunchSoftmaxCrossEntropyGrad(bfloat16* dlogits, const bfloat16* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
-  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+                                          const float* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, classes, stream);
 }
 cudaError_t LaunchSoftmaxCrossEntropyGrad(float16* dlogits, const float16* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream) {
-  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, stream);
+                                          const float* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream) {
+  return SoftmaxCrossEntropyGrad(dlogits, logits, label, dloss, R, C, classes, stream);
 }
 
-cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C,
-                           int64_t k, double* row_scratch, cudaStream_t stream) {
+cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C, int64_t k,
+                           double* row_scratch, cudaStream_t stream) {
   return Accuracy(accuracy, logits, label, R, C, k, row_scratch, stream);
 }
 cudaError_t LaunchAccuracy(double* accuracy, const double* logits, const int64_t* label, int64_t R, int64_t C,

@@ -21,35 +21,42 @@ namespace strata {
 namespace cuda {
 
 // loss[0] = mean over rows of logsumexp(logits[r]) - logits[r][label[r]].
-// row_scratch: R doubles of device memory the call may overwrite.
+// Rows are C apart; the first `classes` (1..C) columns of each are the
+// classes, the rest padding that is never read (softmax_cross_entropy's
+// `classes` attr; dlogits' padding columns are written 0). A bad `classes`
+// is cudaErrorInvalidValue. row_scratch: R doubles of device memory the
+// call may overwrite.
 cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float* logits, const int64_t* label, int64_t R, int64_t C,
-                                      double* row_scratch, cudaStream_t stream);
-cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream);
+                                      int64_t classes, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream);
 
 // dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss[0] / R.
-cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label, const float* dloss,
+                                          int64_t R, int64_t C, int64_t classes, cudaStream_t stream);
 cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,
-                                          const double* dloss, int64_t R, int64_t C, cudaStream_t stream);
+                                          const double* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream);
 
 // BF16 / F16 logits (mixed precision): loaded widened, the math the float
 // overloads' in their order; the loss and dloss are F32 and each dlogits
 // value is the float overload's float rounded once to the logits' type
 // (round to nearest even, runtime/float16.h, as the cast kernel rounds).
-cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream);
-cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R,
-                                      int64_t C, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const bfloat16* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchSoftmaxCrossEntropy(float* loss, const float16* logits, const int64_t* label, int64_t R, int64_t C,
+                                      int64_t classes, double* row_scratch, cudaStream_t stream);
 cudaError_t LaunchSoftmaxCrossEntropyGrad(bfloat16* dlogits, const bfloat16* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
+                                          const float* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream);
 cudaError_t LaunchSoftmaxCrossEntropyGrad(float16* dlogits, const float16* logits, const int64_t* label,
-                                          const float* dloss, int64_t R, int64_t C, cudaStream_t stream);
+                                          const float* dloss, int64_t R, int64_t C, int64_t classes,
+                                          cudaStream_t stream);
 
 // accuracy[0] = fraction of rows whose label has fewer than k logits strictly
 // above it. row_scratch: R doubles.
-cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C,
-                           int64_t k, double* row_scratch, cudaStream_t stream);
+cudaError_t LaunchAccuracy(float* accuracy, const float* logits, const int64_t* label, int64_t R, int64_t C, int64_t k,
+                           double* row_scratch, cudaStream_t stream);
 cudaError_t LaunchAccuracy(double* accuracy, const double* logits, const int64_t* label, int64_t R, int64_t C,
                            int64_t k, double* row_scratch, cudaStream_t stream);
 

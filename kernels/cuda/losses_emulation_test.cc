@@ -16,8 +16,10 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/losses.h"
@@ -62,8 +64,8 @@ void CheckAgainstCpu(DataType dtype, int64_t R, int64_t C) {
   std::vector<double> scratch(R);
   T loss = T(-1), accuracy = T(-1);
   std::vector<T> dlogits(R * C, T(12345));
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits, labels.data(), R, C, scratch.data(), nullptr), cudaSuccess);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits, labels.data(), env["dloss"].data<T>(), R, C,
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits, labels.data(), R, C, C, scratch.data(), nullptr), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits, labels.data(), env["dloss"].data<T>(), R, C, C,
                                                 nullptr),
             cudaSuccess);
   ASSERT_EQ(cuda::LaunchAccuracy(&accuracy, logits, labels.data(), R, C, 3, scratch.data(), nullptr), cudaSuccess);
@@ -96,15 +98,15 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C) {
   float loss_low = -1, loss_wide = -2;
   std::vector<H> dlogits_low(R * C);
   std::vector<float> dlogits_wide(R * C);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_low, low.data<H>(), labels.data(), R, C, scratch.data(), nullptr),
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_low, low.data<H>(), labels.data(), R, C, C, scratch.data(), nullptr),
             cudaSuccess);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_wide, wide.data(), labels.data(), R, C, scratch.data(), nullptr),
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_wide, wide.data(), labels.data(), R, C, C, scratch.data(), nullptr),
             cudaSuccess);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_low.data(), low.data<H>(), labels.data(), &dloss, R, C,
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_low.data(), low.data<H>(), labels.data(), &dloss, R, C, C,
                                                 nullptr),
             cudaSuccess);
   ASSERT_EQ(
-      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_wide.data(), wide.data(), labels.data(), &dloss, R, C, nullptr),
+      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_wide.data(), wide.data(), labels.data(), &dloss, R, C, C, nullptr),
       cudaSuccess);
   emulation::ExpectCleanLaunches();
   EXPECT_EQ(std::memcmp(&loss_low, &loss_wide, sizeof(float)), 0) << loss_low << " vs " << loss_wide;
@@ -133,13 +135,83 @@ TEST(LossesEmulation, ALabelOutOfRangeGivesNan) {
   std::vector<double> scratch(2);
   float loss = 0, dloss = 1;
   std::vector<float> dlogits(6);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits.data(), labels.data(), 2, 3, scratch.data(), nullptr),
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, logits.data(), labels.data(), 2, 3, 3, scratch.data(), nullptr),
             cudaSuccess);
   ASSERT_EQ(
-      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits.data(), labels.data(), &dloss, 2, 3, nullptr),
+      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), logits.data(), labels.data(), &dloss, 2, 3, 3, nullptr),
       cudaSuccess);
   EXPECT_TRUE(std::isnan(loss));
   for (int i = 3; i < 6; ++i) EXPECT_TRUE(std::isnan(dlogits[i])) << i;
+}
+
+// Rows C apart of which the first V columns are classes (a row-aligned LM
+// head's padding, passes/pad_vocab): the loss and the first V columns of
+// dlogits are the unpadded rows' bit for bit whatever the padding holds (NaN
+// here), the padding columns of dlogits are zero; on the CPU's kernels with
+// the `classes` attr too.
+template <typename T>
+void CheckPadded(DataType dtype, int64_t R, int64_t V, int64_t C) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << V << " of " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, V);
+  const Tensor dense = MakeTensor(dtype, {R, V}, emulation::UniformValues(R * V, 3, 6));
+  std::vector<double> values = TensorValues(dense), padded_values;
+  for (int64_t r = 0; r < R; ++r) {
+    padded_values.insert(padded_values.end(), values.begin() + r * V, values.begin() + (r + 1) * V);
+    padded_values.insert(padded_values.end(), C - V, std::nan(""));
+  }
+  const Tensor padded = MakeTensor(dtype, {R, C}, padded_values);
+  using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const L dloss = static_cast<L>(0.37);
+  std::vector<double> scratch(R);
+  L loss_dense = -1, loss_padded = -2;
+  std::vector<T> d_dense(R * V), d_padded(R * C, cuda::Convert<T>(7.0f));
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_dense, dense.data<T>(), labels.data(), R, V, V, scratch.data(),
+                                            nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_padded, padded.data<T>(), labels.data(), R, C, V, scratch.data(),
+                                            nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(d_dense.data(), dense.data<T>(), labels.data(), &dloss, R, V, V,
+                                                nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(d_padded.data(), padded.data<T>(), labels.data(), &dloss, R, C, V,
+                                                nullptr),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  EXPECT_EQ(std::memcmp(&loss_dense, &loss_padded, sizeof(L)), 0) << loss_dense << " vs " << loss_padded;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < C; ++j) {
+      const T got = d_padded[r * C + j];
+      const T want = j < V ? d_dense[r * V + j] : cuda::Convert<T>(0.0f);
+      ASSERT_EQ(std::memcmp(&got, &want, sizeof(T)), 0) << "dlogits[" << r << ", " << j << "]";
+    }
+  }
+  // The CPU's kernels: the attr on the padded rows gives the dense rows' bits.
+  const std::string classes = absl::StrCat(" attr { key: \"classes\" value { i: ", V, " } }");
+  std::map<std::string, Tensor> dense_env{
+      {"logits", dense}, {"label", LabelTensor(labels)}, {"dloss", MakeTensor(DataTypeOf<L>::value, {}, {0.37})}};
+  std::map<std::string, Tensor> padded_env = dense_env;
+  padded_env["logits"] = padded;
+  absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad)}, &dense_env);
+  ASSERT_TRUE(s.ok()) << s;
+  s = RunOps({ParseOp(std::string(kCrossEntropy) + classes),
+                                 ParseOp(std::string(kCrossEntropyGrad) + classes)},
+                                &padded_env);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(TensorValues(padded_env["loss"]), TensorValues(dense_env["loss"]));
+  const std::vector<double> dd = TensorValues(dense_env["dlogits"]), dp = TensorValues(padded_env["dlogits"]);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < C; ++j) {
+      EXPECT_EQ(dp[r * C + j], j < V ? dd[r * V + j] : 0.0) << "CPU dlogits[" << r << ", " << j << "]";
+    }
+  }
+}
+
+TEST(LossesEmulation, PaddedRowsGiveTheDenseRowsBits) {
+  CheckPadded<float>(F32, 70, 300, 320);
+  CheckPadded<double>(F64, 3, 5, 8);
+  CheckPadded<bfloat16>(BF16, 70, 257, 320);
+  CheckPadded<float16>(F16, 9, 37, 64);
 }
 
 }  // namespace
