@@ -95,21 +95,9 @@ TEST(StepGraphBlockerTest, SaysWhyNot) {
 // unless the test sets `blocker`, and its health and aborts are the test's.
 // Enough to drive the executor's watch over replays that communicate on
 // the CPU; what NCCL does under a capture is nccl_communicator_test's.
-class ScriptedCommunicator : public Communicator {
+class ScriptedCommunicator : public testing::InstantCommunicator {
  public:
-  ScriptedCommunicator(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string backend() const override { return "scripted"; }
-  std::unique_ptr<Work> Send(const Tensor&, int, int64_t) override { return Done(CommOpType::kSend); }
-  std::unique_ptr<Work> Recv(Tensor*, int, int64_t) override { return Done(CommOpType::kRecv); }
-  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return Done(CommOpType::kAllReduce); }
-  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return Done(CommOpType::kBroadcast); }
-  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return Done(CommOpType::kAllGather); }
-  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
-    return Done(CommOpType::kReduceScatter);
-  }
-  std::unique_ptr<Work> Barrier() override { return Done(CommOpType::kBarrier); }
+  ScriptedCommunicator(int rank, int size) : InstantCommunicator(rank, size, "scripted") {}
   std::string GraphBlocker() const override { return blocker; }
   absl::Status CheckHealth() override {
     ++health_checks;
@@ -121,12 +109,6 @@ class ScriptedCommunicator : public Communicator {
   absl::Status health;
   int health_checks = 0;
   std::vector<absl::Status> aborts;
-
- private:
-  std::unique_ptr<Work> Done(CommOpType op) { return std::make_unique<DoneWork>(op, ops_++, absl::OkStatus()); }
-  const int rank_;
-  const int size_;
-  int64_t ops_ = 0;
 };
 
 // Rank `plan.rank()`'s communicators, every one of them `world` (a world of

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -109,24 +110,40 @@ TEST(MixedPrecisionTrainTest, Bf16GptFollowsFloat32) {
   EXPECT_LE(mixed->measured_peak_bytes.at(0), mixed->predicted_peak_bytes.at(0));
 }
 
-// The tiny GPT's program under BF16, compiled for `compile_for` (run on the
-// CPU's kernels) with and without the optional pass `pass`, trains the same
-// bits for 6 steps, and trains.
-void ExpectTheSameBitsWithoutPass(const Program& program, DeviceKind compile_for, const std::string& pass) {
+// `program` trained as `options` say (its disabled_passes ignored) without
+// and then with the optional pass `pass`; both runs of options.steps steps.
+void TrainWithoutAndWith(const Program& program, const Strategy& strategy, ParityOptions options,
+                         const std::string& pass, std::optional<ParityRun>* without, std::optional<ParityRun>* with) {
+  options.disabled_passes = {pass};
+  auto plain = TrainParallel(program, strategy, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  options.disabled_passes.clear();
+  auto passed = TrainParallel(program, strategy, options);
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  ASSERT_EQ(passed->losses.size(), static_cast<size_t>(options.steps));
+  *without = *std::move(plain);
+  *with = *std::move(passed);
+}
+
+// The tiny GPT's tokens, 6 steps of 4 sequences, plans compiled for `device`.
+ParityOptions TokenRun(DeviceKind device) {
   ParityOptions options;
   options.data = "tokens:path=tests/testdata/license_tokens.u16";
   options.steps = 6;
   options.batch_size = 4;
-  options.compile_for = compile_for;
+  options.compile_for = device;
+  return options;
+}
+
+// The tiny GPT's program under BF16, compiled for `compile_for` (run on the
+// CPU's kernels) with and without the optional pass `pass`, trains the same
+// bits for 6 steps, and trains.
+void ExpectTheSameBitsWithoutPass(const Program& program, DeviceKind compile_for, const std::string& pass) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
-  options.disabled_passes = {pass};
-  auto plain = TrainParallel(program, bf16, options);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  options.disabled_passes.clear();
-  auto with = TrainParallel(program, bf16, options);
-  ASSERT_TRUE(with.ok()) << with.status();
-  ASSERT_EQ(with->losses.size(), 6u);
+  std::optional<ParityRun> plain, with;
+  TrainWithoutAndWith(program, bf16, TokenRun(compile_for), pass, &plain, &with);
+  ASSERT_TRUE(plain && with);
   EXPECT_EQ(with->losses, plain->losses);
   std::string worst;
   EXPECT_EQ(MaxWeightDifference(*with, *plain, &worst), 0.0) << worst;
@@ -204,17 +221,12 @@ TEST(MixedPrecisionTrainTest, PaddedVocabTrainsWhatTheUnpaddedHeadTrains) {
   }
   EXPECT_EQ(pads, 1);
 
-  ParityOptions options;
-  options.data = "tokens:path=tests/testdata/license_tokens.u16";
+  ParityOptions options = TokenRun(DEVICE_CUDA);
   options.steps = 4;
-  options.compile_for = DEVICE_CUDA;
-  options.disabled_passes = {"pad-vocab"};
-  auto plain = TrainParallel(*program, pipeline, options);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  options.disabled_passes.clear();
-  auto padded = TrainParallel(*program, pipeline, options);
-  ASSERT_TRUE(padded.ok()) << padded.status();
-  ASSERT_EQ(padded->losses.size(), 4u);
+  options.batch_size = 0;  // the pipeline's
+  std::optional<ParityRun> plain, padded;
+  TrainWithoutAndWith(*program, pipeline, options, "pad-vocab", &plain, &padded);
+  ASSERT_TRUE(plain && padded);
   for (size_t i = 0; i < padded->losses.size(); ++i) {
     EXPECT_NEAR(padded->losses[i], plain->losses[i], 1e-12 * std::abs(plain->losses[i])) << "step " << i + 1;
   }
@@ -227,17 +239,9 @@ TEST(MixedPrecisionTrainTest, PaddedVocabTrainsWhatTheUnpaddedHeadTrains) {
   ASSERT_TRUE(bf16_program.ok()) << bf16_program.status();
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
-  ParityOptions bf16_options;
-  bf16_options.data = options.data;
-  bf16_options.steps = 6;
-  bf16_options.batch_size = 4;
-  bf16_options.compile_for = DEVICE_CUDA;
-  bf16_options.disabled_passes = {"pad-vocab"};
-  auto bf16_plain = TrainParallel(*bf16_program, bf16, bf16_options);
-  ASSERT_TRUE(bf16_plain.ok()) << bf16_plain.status();
-  bf16_options.disabled_passes.clear();
-  auto bf16_padded = TrainParallel(*bf16_program, bf16, bf16_options);
-  ASSERT_TRUE(bf16_padded.ok()) << bf16_padded.status();
+  std::optional<ParityRun> bf16_plain, bf16_padded;
+  TrainWithoutAndWith(*bf16_program, bf16, TokenRun(DEVICE_CUDA), "pad-vocab", &bf16_plain, &bf16_padded);
+  ASSERT_TRUE(bf16_plain && bf16_padded);
   ExpectFollowsWithinOneBf16Rounding(bf16_plain->losses, bf16_padded->losses, "pad_vocab_");
   EXPECT_LT(bf16_padded->losses.back(), bf16_padded->losses.front());
 }
@@ -262,18 +266,9 @@ TEST(MixedPrecisionTrainTest, FoldedCastsTrainTheSameBits) {
       // With the second block recomputed in backward (BF16): its recomputed
       // layer norms fold as the first block's originals do.
       if (low == BF16) strategy.mutable_recompute()->add_checkpoints("h1");
-      ParityOptions options;
-      options.data = "tokens:path=tests/testdata/license_tokens.u16";
-      options.steps = 6;
-      options.batch_size = 4;
-      options.compile_for = device;
-      options.disabled_passes = {"fold-casts"};
-      auto casts = TrainParallel(*program, strategy, options);
-      ASSERT_TRUE(casts.ok()) << casts.status();
-      options.disabled_passes.clear();
-      auto folded = TrainParallel(*program, strategy, options);
-      ASSERT_TRUE(folded.ok()) << folded.status();
-      ASSERT_EQ(folded->losses.size(), 6u);
+      std::optional<ParityRun> casts, folded;
+      TrainWithoutAndWith(*program, strategy, TokenRun(device), "fold-casts", &casts, &folded);
+      ASSERT_TRUE(casts && folded);
       EXPECT_EQ(folded->losses, casts->losses);
       std::string worst;
       EXPECT_EQ(MaxWeightDifference(*folded, *casts, &worst), 0.0) << worst;

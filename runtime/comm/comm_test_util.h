@@ -101,6 +101,35 @@ class FakeAccelerator : public Device {
   mutable CpuAllocator staging_;
 };
 
+// A transport whose peers are never waited for: every op is done at once,
+// OK, as if the other ranks had issued their parts (tensors untouched).
+// Rank, size and backend as given; tests derive from it for what they
+// script (a registry's checks, a capturable transport's health).
+class InstantCommunicator : public Communicator {
+ public:
+  InstantCommunicator(int rank, int size, std::string backend = "instant")
+      : rank_(rank), size_(size), backend_(std::move(backend)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return backend_; }
+  std::unique_ptr<Work> Send(const Tensor&, int, int64_t) override { return Done(CommOpType::kSend); }
+  std::unique_ptr<Work> Recv(Tensor*, int, int64_t) override { return Done(CommOpType::kRecv); }
+  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return Done(CommOpType::kAllReduce); }
+  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return Done(CommOpType::kBroadcast); }
+  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return Done(CommOpType::kAllGather); }
+  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
+    return Done(CommOpType::kReduceScatter);
+  }
+  std::unique_ptr<Work> Barrier() override { return Done(CommOpType::kBarrier); }
+
+ private:
+  std::unique_ptr<Work> Done(CommOpType op) { return std::make_unique<DoneWork>(op, ops_++, absl::OkStatus()); }
+  const int rank_;
+  const int size_;
+  const std::string backend_;
+  int64_t ops_ = 0;
+};
+
 // A loopback TCP port nobody listens on right now.
 int PickFreePort();
 

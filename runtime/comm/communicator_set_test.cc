@@ -126,25 +126,9 @@ TEST(CommunicatorSetTest, AnUnknownGroupIsNotFoundNamingTheRanksGroups) {
 }
 
 // A transport that only says who it is, for the registry's checks.
-class NamedComm : public Communicator {
+class NamedComm : public testing::InstantCommunicator {
  public:
-  NamedComm(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string backend() const override { return "named"; }
-  std::unique_ptr<Work> Send(const Tensor&, int, int64_t) override { return Done(CommOpType::kSend); }
-  std::unique_ptr<Work> Recv(Tensor*, int, int64_t) override { return Done(CommOpType::kRecv); }
-  std::unique_ptr<Work> AllReduce(Tensor*, ReduceOp) override { return Done(CommOpType::kAllReduce); }
-  std::unique_ptr<Work> Broadcast(Tensor*, int) override { return Done(CommOpType::kBroadcast); }
-  std::unique_ptr<Work> AllGather(const Tensor&, Tensor*) override { return Done(CommOpType::kAllGather); }
-  std::unique_ptr<Work> ReduceScatter(const Tensor&, Tensor*, ReduceOp) override {
-    return Done(CommOpType::kReduceScatter);
-  }
-  std::unique_ptr<Work> Barrier() override { return Done(CommOpType::kBarrier); }
-
- private:
-  static std::unique_ptr<Work> Done(CommOpType op) { return std::make_unique<DoneWork>(op, 0, absl::OkStatus()); }
-  int rank_, size_;
+  NamedComm(int rank, int size) : InstantCommunicator(rank, size, "named") {}
 };
 
 // A group's device transport (NCCL on GPUs) serves the kernels (Get), the
