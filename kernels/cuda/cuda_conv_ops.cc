@@ -252,7 +252,10 @@ absl::StatusOr<cudnnHandle_t> PlanHandle() {
   static cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   std::call_once(once, [] { status = cudnnCreate(&handle); });
   if (status != CUDNN_STATUS_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cudnnCreate: ", cudnnGetErrorString(status)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudnnCreate: ", cudnnGetErrorString(status),
+                     " (cuDNN sizes a convolution's workspace on a GPU: plan on the GPU machine, or with strata, "
+                     "which leaves the kernels' scratch out)"));
   }
   return handle;
 }
