@@ -111,7 +111,10 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
       if (table.last_use[v] < 0) table.last_use[v] = i;  // produced, maybe never read
     }
     if (!ins.empty()) o.input0 = ins[0];
-    o.aliases = schema.output_aliases_input;
+    // An op told to write output 0 over input 0 (its last reader:
+    // softmax_cross_entropy_grad's in_place, passes/in_place_loss_grad).
+    const auto in_place = graph.attrs(id).find("in_place");
+    o.aliases = schema.output_aliases_input || (in_place != graph.attrs(id).end() && in_place->second.b());
     o.send = schema.type == "send";
     o.recv = schema.type == "recv";
     if (const Channel* c = graph.channel(id)) o.channel = c->id();

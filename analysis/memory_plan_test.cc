@@ -51,9 +51,16 @@ std::map<std::pair<int64_t, int>, int> SendWaits(const RankPlan& plan) {
   return waits;
 }
 
-RankPlan CompileOneDevice(const std::string& text, int64_t batch_size) {
+// The hand counts below keep the logits and their gradient apart; the
+// in-place loss gradient (passes/in_place_loss_grad), which shares them, has
+// its own test.
+const std::vector<std::string> kApart = {"in-place-loss-gradient"};
+
+RankPlan CompileOneDevice(const std::string& text, int64_t batch_size,
+                          const std::vector<std::string>& disabled = kApart) {
   CompileOptions options;
   options.batch_size = batch_size;
+  options.disabled_passes = disabled;
   auto result = Compile(ParseProgramOrFail(text), Strategy(), options);
   if (!result.ok()) {
     ADD_FAILURE() << result.status();
@@ -117,6 +124,24 @@ TEST(MemoryPlanTest, OneDevicePeakIsTheLiveSetAtTheLossGradient) {
   EXPECT_TRUE(m.send_waits().empty());
 }
 
+// With the loss gradient written over the logits, z@grad takes z's buffer:
+// the gradient's live set is x 128 + label 64 + z (= z@grad) 96 + loss 4 +
+// loss@grad 4 = 296 at batch 8, below the forward loss's x 128 + label 64
+// + z 96 + loss 4 + its F64 row sums (8 a row) 64 = 356, now the peak; at
+// batch 1000 that is 44 a row + 4.
+TEST(MemoryPlanTest, TheInPlaceLossGradientSharesTheLogitsBuffer) {
+  const RankPlan plan = CompileOneDevice(kOneLayer, 8, /*disabled=*/{});
+  const MemoryPlan& m = plan.memory();
+  EXPECT_EQ(m.activation_peak_bytes(), 356);
+  EXPECT_EQ(m.peak_bytes(), 356 + 48 + 56);
+  EXPECT_EQ(CompileOneDevice(kOneLayer, 1000, {}).memory().activation_peak_bytes(), 44 * 1000 + 4);
+  // z is freed after the gradient as before; its buffer lives on as z@grad
+  // to the weight gradient.
+  const std::map<std::string, int> freed = FreedAfter(plan);
+  EXPECT_EQ(freed.at("z"), Writer(plan.program(), "z@grad"));
+  EXPECT_EQ(freed.at("z@grad"), Writer(plan.program(), "w@grad"));
+}
+
 TEST(MemoryPlanTest, OneDevicePeakMovesToTheWeightGradientForTinyBatches) {
   // At softmax_cross_entropy_grad the live set is 48 bytes a row (x 16 +
   // label 8 + z 12 + z@grad 12) plus loss and loss@grad (8); at the weight
@@ -131,7 +156,7 @@ TEST(MemoryPlanTest, OneDevicePeakMovesToTheWeightGradientForTinyBatches) {
 // z@grad 24. The weight gradient goes into the SCRATCH accumulator
 // w@grad@acc (matmul_accumulate), persistent like the optimizer state.
 TEST(MemoryPlanTest, MicroBatchesOneFOneBHoldOneMicroBatchAndTheEarlierLoss) {
-  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, ONE_F_ONE_B);
+  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, ONE_F_ONE_B, kApart);
   ASSERT_EQ(plans.size(), 1u);
   const MemoryPlan& m = plans[0].memory();
   // F0 B0 F1 B1 OPT. After B0 only loss(0) 4 is left (the loss lives to the
@@ -155,7 +180,7 @@ TEST(MemoryPlanTest, MicroBatchesOneFOneBHoldOneMicroBatchAndTheEarlierLoss) {
 }
 
 TEST(MemoryPlanTest, MicroBatchesFThenBHoldEveryForwardUntilTheBackwards) {
-  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, F_THEN_B);
+  const std::vector<RankPlan> plans = CompilePipeline(kOneLayer, 2, F_THEN_B, kApart);
   ASSERT_EQ(plans.size(), 1u);
   // F0 F1 B0 B1 OPT. At B0's softmax_cross_entropy_grad both forwards are
   // alive: micro-batch 1's x 32 + label 16 + z 24 + loss 4 = 76, micro-batch

@@ -85,10 +85,12 @@ class PadAttrsKernel : public OpKeepingKernel {
   // x's shape with the padded axis `after` longer; *axis its index.
   absl::StatusOr<Shape> PaddedShape(const Tensor& x, int* axis) const {
     auto a = NormalizeAxis(axis_, x.rank(), "attr 'axis'");
-    if (!a.ok() || after_ < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("pad '", op_.name(), "': ",
-                                                     a.ok() ? absl::StrCat("attr 'after' ", after_, " is negative")
-                                                            : std::string(a.status().message())));
+    constexpr int64_t kMaxPaddedDim = int64_t{1} << 40;  // the schema's bound
+    if (!a.ok() || after_ < 0 || after_ > kMaxPaddedDim - x.dim(*a)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pad '", op_.name(), "': ",
+                       a.ok() ? absl::StrCat("attr 'after' ", after_, " is negative or passes 2^40 elements")
+                              : std::string(a.status().message())));
     }
     *axis = *a;
     Shape y = x.shape();

@@ -8,6 +8,7 @@
 #include "passes/fuse_optimizer.h"
 #include "passes/gradient_merge.h"
 #include "passes/host_transfers.h"
+#include "passes/in_place_loss_grad.h"
 #include "passes/loss_scaling.h"
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
@@ -30,6 +31,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   if (device == DEVICE_CUDA) pipeline->AddPass<PadVocabPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
+  pipeline->AddPass<InPlaceLossGradPass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseEpiloguesPass>();
   if (device == DEVICE_CUDA && strategy.has_mixed_precision()) {
     pipeline->AddPass<CommuteCastsPass>("commute-casts-backward");

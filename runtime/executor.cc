@@ -1,7 +1,11 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -531,9 +535,7 @@ absl::Status Executor::WaitForReplay() {
     if (!failed.ok()) {
       failed = absl::Status(failed.code(), absl::StrCat("step ", step_ + 1, "'s replayed graph: ", failed.message(),
                                                         "; its communicators are aborted"));
-      // Aborted, the NCCL kernels return, and so does the wait.
-      for (Communicator* comm : graph_comms_) comm->Abort(failed);
-      options_.device->Synchronize().IgnoreError();
+      AbortReplay(failed);
       return failed;
     }
     absl::SleepFor(nap);
@@ -840,6 +842,12 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
   if (!why.empty()) {
     state_ = state_before;
     held_metrics_.clear();
+    // A step the capture stopped part-way left Works of recorded ops
+    // (never run) queued: drop them unwaited (a transport keeps their
+    // tensors) so the eager step starts clean.
+    pending_sends_.clear();
+    held_sends_.clear();
+    pending_buckets_.clear();
     // An error a helper noted on the device under the failed capture is
     // the capture's, not the eager step's.
     options_.device->Synchronize().IgnoreError();
@@ -864,6 +872,43 @@ absl::Status Executor::ReplayStep(StepGraph& graph, const MicroBatchFeeds& load,
   if (absl::Status s = graph.graph->Launch(); !s.ok()) return s;
   held_metrics_ = graph.metrics;
   return absl::OkStatus();
+}
+
+void Executor::AbortReplay(const absl::Status& why) {
+  // ncclCommAbort stops the communicators' kernels at once, but since NCCL
+  // 2.26 it returns only when no CUDA graph holds their ops any more (the
+  // graph's destruction gives back NCCL's references), and destroying a
+  // graph waits for its replay, which waits for those kernels. So: abort
+  // on a thread of its own, wait (bounded) for the device to drain, drop
+  // the graphs, then wait (bounded) for the abort. Bounded, because a
+  // transport that does not return must not hang the rank that reports the
+  // failure; such a thread is left behind, and the rank ends with its error.
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> aborted = done->get_future();
+  std::thread([comms = graph_comms_, why, done] {
+    for (Communicator* comm : comms) comm->Abort(why);
+    done->set_value();
+  }).detach();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool drained = false;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<bool> work_done = options_.device->WorkDone();
+    if (!work_done.ok() || *work_done) {
+      drained = true;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (drained) {
+    DisableGraphs(std::string(why.message()));  // destroys the graphs
+    options_.device->Synchronize().IgnoreError();
+  } else {
+    // The kernels did not stop: a graph's destruction would wait for them.
+    // Keep it (it is never launched again) and leave the rank to end.
+    graph_blocker_ = std::string(why.message());
+    graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", why.message());
+  }
+  aborted.wait_for(std::chrono::seconds(10));
 }
 
 void Executor::DisableGraphs(const std::string& reason) {

@@ -196,6 +196,10 @@ class Executor {
   // and aborts them when one failed or the replay ran out of time, which
   // ends NCCL kernels waiting for a dead or stalled peer.
   absl::Status WaitForReplay();
+  // Aborts the step's communicators after a replay failed or ran out of
+  // time, and drops the graphs (NCCL's abort returns only once they are
+  // gone), each wait bounded; from then on the steps run eagerly.
+  void AbortReplay(const absl::Status& why);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
   // Writes each micro-batch's {step, sample_offset} of the coming step (the
   // RunContext's random_counters) on the host; EnqueueRandomCounters copies

@@ -10,6 +10,7 @@
 #include "runtime/step_graph.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -103,11 +104,17 @@ class ScriptedCommunicator : public testing::InstantCommunicator {
     ++health_checks;
     return health;
   }
-  void Abort(const absl::Status& why) override { aborts.push_back(why); }
+  // On the executor's abort thread: runs on_abort (a test's stand-in for
+  // what ncclCommAbort does), then records the abort.
+  void Abort(const absl::Status& why) override {
+    if (on_abort) on_abort();
+    aborts.push_back(why);
+  }
 
   std::string blocker;
   absl::Status health;
   int health_checks = 0;
+  std::function<void()> on_abort;
   std::vector<absl::Status> aborts;
 };
 
@@ -354,11 +361,13 @@ class ReplayingAccelerator : public testing::FakeAccelerator {
   int captures = 0;
   int launches = 0;
   std::atomic<bool> hang{false};
+  std::atomic<int> live_graphs{0};
 
  private:
   class Graph : public DeviceGraph {
    public:
-    explicit Graph(ReplayingAccelerator* device) : device_(device) {}
+    explicit Graph(ReplayingAccelerator* device) : device_(device) { ++device_->live_graphs; }
+    ~Graph() override { --device_->live_graphs; }
     absl::Status Launch() override {
       ++device_->launches;
       return absl::OkStatus();
@@ -413,8 +422,21 @@ TEST(StepGraphReplayTest, AStepThatCommunicatesIsCapturedWithItsCommunication) {
   EXPECT_TRUE(rank.comm.aborts.empty());
 }
 
+// What ncclCommAbort does, as NCCL 2.26 on does it: the kernels stop (the
+// held replay finishes), and the call returns only once no graph holds the
+// communicator's ops (bounded here, so a broken executor fails the test
+// rather than hanging it).
+void AbortLikeNccl(LoneDataParallelRank& rank) {
+  rank.comm.on_abort = [&rank] {
+    rank.device.hang = false;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (rank.device.live_graphs > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  };
+}
+
 TEST(StepGraphReplayTest, AFailedTransportEndsTheReplayAndIsAborted) {
   LoneDataParallelRank rank(30);
+  AbortLikeNccl(rank);
   for (int step = 1; step <= 3; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
   rank.device.hang = true;
   rank.comm.health = absl::UnavailableError("NCCL remote error (connection lost)");
@@ -427,10 +449,15 @@ TEST(StepGraphReplayTest, AFailedTransportEndsTheReplayAndIsAborted) {
       << s;
   ASSERT_EQ(rank.comm.aborts.size(), 1u);
   EXPECT_EQ(rank.comm.aborts[0], s);
+  // The graph is gone (the abort could return) and never launched again.
+  EXPECT_EQ(rank.device.live_graphs, 0);
+  EXPECT_EQ(rank.executor->graphs(), 0);
+  EXPECT_TRUE(absl::StrContains(rank.executor->graph_note(), "not used from step 4")) << rank.executor->graph_note();
 }
 
 TEST(StepGraphReplayTest, AReplayThatRunsOutOfTimeIsAborted) {
   LoneDataParallelRank rank(0.2);
+  AbortLikeNccl(rank);
   for (int step = 1; step <= 3; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
   rank.device.hang = true;  // a peer that never issues its part; the transport sees nothing wrong
   const absl::Time start = absl::Now();
@@ -443,6 +470,55 @@ TEST(StepGraphReplayTest, AReplayThatRunsOutOfTimeIsAborted) {
   EXPECT_GT(rank.comm.health_checks, 0);
   ASSERT_EQ(rank.comm.aborts.size(), 1u);
   EXPECT_TRUE(absl::IsDeadlineExceeded(rank.comm.aborts[0]));
+  EXPECT_EQ(rank.device.live_graphs, 0);
+}
+
+// A capture that an op fails part-way (here the first bucket's allreduce,
+// refused under the capture, fails its wait while the other buckets are
+// posted) leaves Works queued: the step reruns eagerly from a clean slate
+// (without it: "posted twice in one step"), trains, and stays eager.
+TEST(StepGraphReplayTest, ACaptureThatFailsPartWayRunsTheStepEagerly) {
+  class FailingUnderCapture : public ScriptedCommunicator {
+   public:
+    explicit FailingUnderCapture(Device* device) : ScriptedCommunicator(0, 2), device_(device) {}
+    std::unique_ptr<Work> AllReduce(Tensor* t, ReduceOp op) override {
+      if (device_->capturing() && ++captured_allreduces_ == 1) {
+        return std::make_unique<DoneWork>(CommOpType::kAllReduce, 0,
+                                          absl::InternalError("refused under the capture (injected)"));
+      }
+      return ScriptedCommunicator::AllReduce(t, op);
+    }
+
+   private:
+    Device* device_;
+    int captured_allreduces_ = 0;
+  };
+  Strategy small_buckets;
+  small_buckets.mutable_data_parallel()->set_degree(2);
+  small_buckets.mutable_data_parallel()->set_bucket_mb(0.001);
+  RankPlan plan = CompilePlans("mlp", SmallMlp("adam"), small_buckets, 8).at(0);
+  plan.set_device_kind(DEVICE_CPU);
+  int buckets = 0;
+  for (const Op& op : plan.program().op()) buckets += op.type() == "bucket_allreduce";
+  ASSERT_GE(buckets, 2) << "the failure needs a bucket posted before it";
+  ReplayingAccelerator device;
+  FailingUnderCapture comm(&device);
+  std::unique_ptr<CommunicatorSet> comms = SetOver(&comm, plan);
+  ExecutorOptions options;
+  options.device = &device;
+  options.comms = comms.get();
+  options.cuda_graph = true;
+  auto e = Executor::Create(plan, options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  const SyntheticFeeds feeds(**e);
+  for (int step = 1; step <= 3; ++step) {
+    auto r = (*e)->TrainStep(feeds, 0);
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+  }
+  EXPECT_EQ(device.captures, 1);
+  EXPECT_EQ((*e)->graphs(), 0);
+  EXPECT_TRUE(absl::StrContains((*e)->graph_note(), "refused under the capture")) << (*e)->graph_note();
 }
 
 TEST(StepGraphReplayTest, AStepOverAHostTransportStaysEager) {

@@ -239,11 +239,58 @@ TEST(MixedPrecisionTrainTest, PaddedVocabTrainsWhatTheUnpaddedHeadTrains) {
   ASSERT_TRUE(bf16_program.ok()) << bf16_program.status();
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
+  CompileOptions bf16_copts;
+  bf16_copts.batch_size = 4;
+  bf16_copts.device_kind = DEVICE_CUDA;
+  auto bf16_compiled = Compile(*bf16_program, bf16, bf16_copts);
+  ASSERT_TRUE(bf16_compiled.ok()) << bf16_compiled.status();
+  int bf16_pads = 0;
+  for (const Op& op : bf16_compiled->plans[0].program().op()) bf16_pads += op.type() == "pad";
+  EXPECT_EQ(bf16_pads, 1);
   std::optional<ParityRun> bf16_plain, bf16_padded;
   TrainWithoutAndWith(*bf16_program, bf16, TokenRun(DEVICE_CUDA), "pad-vocab", &bf16_plain, &bf16_padded);
   ASSERT_TRUE(bf16_plain && bf16_padded);
   ExpectFollowsWithinOneBf16Rounding(bf16_plain->losses, bf16_padded->losses, "pad_vocab_");
   EXPECT_LT(bf16_padded->losses.back(), bf16_padded->losses.front());
+}
+
+// passes/in_place_loss_grad writes the loss gradient over the logits (their
+// last reader): the kernels read each value before writing it, so the tiny
+// GPT trains the same bits with and without the pass, on CPU and GPU plans;
+// and GPT-2 124M's GPU plan, whose peak is the loss gradient's (logits and
+// their gradient both alive), predicts the logits' bytes less.
+TEST(MixedPrecisionTrainTest, InPlaceLossGradientTrainsTheSameBitsInLessMemory) {
+  GenOptions gen = TinyGpt("F32");
+  gen.vocab = 16411;
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  ExpectTheSameBitsWithoutPass(*program, DEVICE_CPU, "in-place-loss-gradient");
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  std::optional<ParityRun> apart, in_place;
+  TrainWithoutAndWith(*program, bf16, TokenRun(DEVICE_CUDA), "in-place-loss-gradient", &apart, &in_place);
+  ASSERT_TRUE(apart && in_place);
+  EXPECT_EQ(in_place->losses, apart->losses);
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(*in_place, *apart, &worst), 0.0) << worst;
+  EXPECT_LE(in_place->predicted_peak_bytes.at(0), apart->predicted_peak_bytes.at(0));
+
+  auto gpt2 = GenerateModel("gpt", GenOptions());  // 124M, vocab 50257 (padded to 50304 on a GPU)
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  auto peak = [&](const std::vector<std::string>& disabled) -> int64_t {
+    CompileOptions copts;
+    copts.batch_size = 8;
+    copts.device_kind = DEVICE_CUDA;
+    copts.disabled_passes = disabled;
+    auto compiled = Compile(*gpt2, bf16, copts);
+    EXPECT_TRUE(compiled.ok()) << compiled.status();
+    return compiled.ok() ? compiled->plans[0].memory().peak_bytes() : 0;
+  };
+  const int64_t logits_bytes = int64_t{8} * 1024 * 50304 * 2;
+  const int64_t with = peak({}), without = peak({"in-place-loss-gradient"});
+  RecordProperty("gpt2_predicted_peak_in_place", static_cast<int>(with >> 20));
+  RecordProperty("gpt2_predicted_peak_apart", static_cast<int>(without >> 20));
+  EXPECT_LE(with, without - logits_bytes * 9 / 10) << with << " vs " << without;
 }
 
 // passes/fold_casts folds mixed precision's casts into the float32 ops

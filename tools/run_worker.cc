@@ -175,6 +175,11 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
     return fail(s);
   }
   if (nccl && (!nccl_groups.empty() || transfers)) {
+    // A captured step's NCCL ops must not register buffers with the peers
+    // while being captured (NCCL_GRAPH_REGISTER, on by default: a host
+    // exchange a rank whose capture failed, running eagerly, never joins).
+    // The user's own setting wins; read by NCCL at its first init, below.
+    if (absl::GetFlag(FLAGS_cuda_graph)) setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
     std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
     if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
     std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));

@@ -98,12 +98,14 @@ STRATA_REGISTER_OP(OpDef("softmax_cross_entropy_grad")
                        .Input("dloss")
                        .Output("dlogits")
                        .Attr("classes", 0)
+                       .Attr("in_place", false)
                        .Shape(SoftmaxCrossEntropyGradShape)
                        .NotDifferentiable()
                        .Doc("Backward of softmax_cross_entropy: (softmax(logits) - onehot(label)) / N * dloss. "
                             "dloss is F32 for BF16 / F16 logits (the loss's type); dlogits has the logits' type, "
                             "computed in float32 and rounded once. classes V > 0: dlogits' padding columns [V, C) "
-                            "are zero."));
+                            "are zero. in_place: dlogits is written over the logits' buffer (the logits' last "
+                            "reader; passes/in_place_loss_grad), which the memory plan then counts once."));
 
 absl::Status AccuracyShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckLogitsAndLabel(ctx));

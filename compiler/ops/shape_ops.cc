@@ -403,9 +403,16 @@ absl::Status PadShape(ShapeContext& ctx) {
   auto axis = NormalizeAxis(ctx.attr_int("axis"), rank, "attr 'axis'");
   if (!axis.ok()) return Invalid(absl::StrCat(Describe(ctx, 0), ": ", axis.status().message()));
   const int64_t after = ctx.attr_int("after");
-  if (after < 0) return Invalid(absl::StrCat("attr 'after' must be >= 0, got ", after));
+  // The padded size must fit a dim (2^40 elements is far past any tensor).
+  constexpr int64_t kMaxPaddedDim = int64_t{1} << 40;
+  if (after < 0 || after > kMaxPaddedDim) {
+    return Invalid(absl::StrCat("attr 'after' must be in [0, 2^40], got ", after));
+  }
   if (x.shape[*axis] < 0) {
     return Invalid(absl::StrCat(Describe(ctx, 0), ": the padded axis ", *axis, " must have a known size"));
+  }
+  if (x.shape[*axis] > kMaxPaddedDim - after) {
+    return Invalid(absl::StrCat(Describe(ctx, 0), ": axis ", *axis, " padded by ", after, " passes 2^40"));
   }
   Shape y = x.shape;
   y[*axis] += after;

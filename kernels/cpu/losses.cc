@@ -141,10 +141,17 @@ class SoftmaxCrossEntropyKernel : public CrossEntropyKernelBase {
 
 // dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss / R.
 // With `classes` V < C the padding columns [V, C) of dlogits are zero.
+// in_place: dlogits over the logits' buffer, each value read before it is
+// written (the same numbers).
 template <typename T>
 class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
  public:
   explicit SoftmaxCrossEntropyGradKernel(const KernelDef&) {}
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(CrossEntropyKernelBase::Init(op));
+    STRATA_ASSIGN_OR_RETURN(in_place_, AttrBool(op, "in_place"));
+    return absl::OkStatus();
+  }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
@@ -160,7 +167,13 @@ class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
           "softmax_cross_entropy_grad: dloss must be ", DataTypeName(DataTypeOf<LossType<T>>::value), " for ",
           DataTypeName(logits.dtype()), " logits, got ", DataTypeName(dloss.dtype())));
     }
-    STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
+    Tensor* dlogits = nullptr;
+    if (in_place_) {
+      ctx.SetOutput(0, logits);  // over the logits: each value read before it is written
+      dlogits = ctx.output(0);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
+    }
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     T* pd = dlogits->data<T>();
@@ -172,13 +185,19 @@ class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
         double max, log_sum;
         RowLogSumExp(xr, V, &max, &log_sum);
         const double lse = max + log_sum;
-        for (int64_t j = 0; j < V; ++j) dr[j] = Narrow<T>(std::exp(Wide(xr[j]) - lse) * scale);
+        const int64_t l = pl[r];
+        for (int64_t j = 0; j < V; ++j) {
+          const double p = std::exp(Wide(xr[j]) - lse);
+          dr[j] = Narrow<T>(j == l ? (p - 1.0) * scale : p * scale);
+        }
         for (int64_t j = V; j < C; ++j) dr[j] = Narrow<T>(0.0);
-        dr[pl[r]] = Narrow<T>((std::exp(Wide(xr[pl[r]]) - lse) - 1.0) * scale);
       }
     });
     return absl::OkStatus();
   }
+
+ private:
+  bool in_place_ = false;
 };
 
 // Elements per block of the mse sum: fixed, so the order of additions is too.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -266,7 +267,8 @@ TEST_F(CudaOpsTest, MatmulBiasGeluMatchesTheCpu) {
 // out_dtype (passes/fold_casts): matmul_bias's y and matmul_bias_gelu's y
 // stored in the operands' 16-bit type, over an F32 bias, z float: through
 // cuBLASLt with a 16-bit D and a float bias (and aux), or where this
-// cuBLASLt refuses that, the float result and a cast. Bar: the float
+// cuBLASLt refuses that, the float result and a cast; the test records
+// which (float_epilogue_refusals, printed and in the XML). Bar: the float
 // results' bars above, plus one unit in the last place of the 16-bit type
 // (|y| 2^-7 in BF16, 2^-10 in F16), where GPU and CPU land on either side
 // of a rounding boundary.
@@ -326,6 +328,10 @@ TEST_F(CudaOpsTest, MatmulBiasStoredInSixteenBitsMatchesTheCpu) {
       }
     }
   }
+  const int64_t refusals = device_->gemm().float_epilogue_refusals();
+  std::cout << "cuBLASLt refused a float bias or aux beside a 16-bit D " << refusals
+            << " times (0: every stored GEMM ran fused)\n";
+  RecordProperty("float_epilogue_refusals", static_cast<int>(refusals));
 }
 
 // matmul_bias_grad_b (the weight-gradient GEMM fused with the bias's sum):

@@ -23,10 +23,21 @@ namespace cuda {
 namespace {
 
 // NOT_SUPPORTED (no algorithm or attribute for these types or this epilogue)
-// is Unimplemented, which MatmulBias's callers answer with GEMM + add.
+// is Unimplemented, which MatmulBias's callers answer with GEMM + add;
+// INVALID_VALUE (cublasLt.h's answer to an unsupported type combination) is
+// InvalidArgument, which a float epilogue beside a 16-bit D takes as a
+// refusal too (MatmulImpl); anything else is Internal.
 absl::Status LtError(cublasStatus_t status, const char* what) {
   const std::string message = absl::StrCat("cuBLASLt ", what, " failed: ", cublasLtGetStatusString(status));
-  return status == CUBLAS_STATUS_NOT_SUPPORTED ? absl::UnimplementedError(message) : absl::InternalError(message);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return absl::UnimplementedError(message);
+  if (status == CUBLAS_STATUS_INVALID_VALUE) return absl::InvalidArgumentError(message);
+  return absl::InternalError(message);
+}
+
+// Whether a float bias or aux beside a 16-bit D was refused (rather than the
+// GEMM failing for another reason, which must surface).
+bool RefusedCombination(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnimplemented || s.code() == absl::StatusCode::kInvalidArgument;
 }
 
 absl::Status CudaError(cudaError_t error, const char* what) {
@@ -516,6 +527,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   key.float_epilogue = float_epilogue;
   absl::StatusOr<Plan*> plan = GetPlan(key);
   absl::Status status = plan.status();
+  if (!status.ok() && float_epilogue && status.code() == absl::StatusCode::kUnimplemented) ++float_epilogue_refusals_;
   if (status.ok() && staging.stage_a)
     status = Copy2D(const_cast<void*>(a_used), staging.a_pitch, a, a_cols, a_rows, a_cols, ab_bytes, stream);
   if (status.ok() && staging.stage_b)
@@ -523,7 +535,8 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   if (status.ok() && staging.stage_c && accumulate) status = Copy2D(c_used, staging.c_pitch, c, n, m, n, cb, stream);
   if (status.ok()) {
     status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream);
-    if (!status.ok() && float_epilogue) {
+    if (!status.ok() && float_epilogue && RefusedCombination(status)) {
+      ++float_epilogue_refusals_;
       // Refused at the call rather than at the plan: remembered the same way.
       plans_[key] = nullptr;
       status = absl::UnimplementedError(
@@ -570,7 +583,7 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
-    if (!plan.ok() && key.float_epilogue && plan.status().code() != absl::StatusCode::kUnimplemented) {
+    if (!plan.ok() && key.float_epilogue && plan.status().code() == absl::StatusCode::kInvalidArgument) {
       // A float bias or aux beside a 16-bit D that this cuBLASLt refuses
       // (its headers: INVALID_VALUE for an unsupported type combination)
       // is the shape's "no algorithm": the caller stores in two passes.

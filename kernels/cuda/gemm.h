@@ -165,6 +165,9 @@ class LtGemm {
 
   // How many shapes have a plan, or a remembered "no algorithm" (for tests).
   size_t cached_plans() const { return plans_.size(); }
+  // How many times cuBLASLt refused a float bias or aux beside a 16-bit D
+  // (the callers then took their two-pass fallback): which path ran.
+  int64_t float_epilogue_refusals() const { return float_epilogue_refusals_; }
 
   // Scratch for one-product GEMMs with a row not a multiple of 16 bytes
   // (kernels/gemm_staging.h): such an operand is copied into scratch with
@@ -250,6 +253,7 @@ class LtGemm {
   Allocator* scratch_ = nullptr;
   double staging_min_flops_ = kStagingMinFlops;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
+  int64_t float_epilogue_refusals_ = 0;
 };
 
 }  // namespace cuda

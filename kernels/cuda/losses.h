@@ -32,6 +32,8 @@ cudaError_t LaunchSoftmaxCrossEntropy(double* loss, const double* logits, const 
                                       int64_t classes, double* row_scratch, cudaStream_t stream);
 
 // dlogits [R, C] = (softmax(logits) - onehot(label)) * dloss[0] / R.
+// dlogits may be logits (in place): each value is read before it is
+// written, after the row's sums, by the thread that writes it.
 cudaError_t LaunchSoftmaxCrossEntropyGrad(float* dlogits, const float* logits, const int64_t* label, const float* dloss,
                                           int64_t R, int64_t C, int64_t classes, cudaStream_t stream);
 cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits, const int64_t* label,

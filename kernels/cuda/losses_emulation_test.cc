@@ -207,6 +207,48 @@ void CheckPadded(DataType dtype, int64_t R, int64_t V, int64_t C) {
   }
 }
 
+// in_place (passes/in_place_loss_grad): dlogits written over the logits
+// gives the out-of-place gradient's bits, on the device and on the CPU's
+// kernels.
+template <typename T>
+void CheckInPlace(DataType dtype, int64_t R, int64_t V, int64_t C) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << V << " of " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, V);
+  const Tensor logits = MakeTensor(dtype, {R, C}, emulation::UniformValues(R * C, 4, 6));
+  using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const L dloss = static_cast<L>(0.37);
+  std::vector<T> apart(R * C);
+  std::vector<T> over(logits.data<T>(), logits.data<T>() + R * C);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(apart.data(), logits.data<T>(), labels.data(), &dloss, R, C, V,
+                                                nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(over.data(), over.data(), labels.data(), &dloss, R, C, V, nullptr),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  ASSERT_EQ(std::memcmp(apart.data(), over.data(), sizeof(T) * R * C), 0) << "device, in place";
+  const std::string attrs = absl::StrCat(" attr { key: \"classes\" value { i: ", V, " } }");
+  std::map<std::string, Tensor> env{{"logits", logits.Clone(GetCpuAllocator())},
+                                    {"label", LabelTensor(labels)},
+                                    {"dloss", MakeTensor(DataTypeOf<L>::value, {}, {0.37})}};
+  std::map<std::string, Tensor> in_place_env = env;
+  in_place_env["logits"] = logits.Clone(GetCpuAllocator());
+  absl::Status s = RunOps({ParseOp(std::string(kCrossEntropyGrad) + attrs)}, &env);
+  ASSERT_TRUE(s.ok()) << s;
+  s = RunOps({ParseOp(std::string(kCrossEntropyGrad) + attrs + " attr { key: \"in_place\" value { b: true } }")},
+             &in_place_env);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(in_place_env["dlogits"].raw_data(), in_place_env["logits"].raw_data()) << "written over the logits";
+  EXPECT_EQ(std::memcmp(env["dlogits"].raw_data(), in_place_env["dlogits"].raw_data(), env["dlogits"].bytes()), 0)
+      << "CPU, in place";
+}
+
+TEST(LossesEmulation, InPlaceGradientGivesTheOutOfPlaceBits) {
+  CheckInPlace<float>(F32, 70, 300, 300);
+  CheckInPlace<double>(F64, 3, 5, 8);
+  CheckInPlace<bfloat16>(BF16, 70, 257, 320);
+  CheckInPlace<float16>(F16, 9, 37, 37);
+}
+
 TEST(LossesEmulation, PaddedRowsGiveTheDenseRowsBits) {
   CheckPadded<float>(F32, 70, 300, 320);
   CheckPadded<double>(F64, 3, 5, 8);

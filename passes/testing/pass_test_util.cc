@@ -40,13 +40,16 @@ Strategy PipelineStrategy(int micro_batches, ScheduleKind schedule) {
   return strategy;
 }
 
-std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches, ScheduleKind schedule) {
+std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches, ScheduleKind schedule,
+                                      std::vector<std::string> disabled_passes) {
   auto program = ParseProgramText(text, "pipeline.pbtxt");
   if (!program.ok()) {
     ADD_FAILURE() << program.status();
     return {};
   }
-  auto result = Compile(*program, PipelineStrategy(micro_batches, schedule), CompileOptions());
+  CompileOptions options;
+  options.disabled_passes = std::move(disabled_passes);
+  auto result = Compile(*program, PipelineStrategy(micro_batches, schedule), options);
   if (!result.ok()) {
     ADD_FAILURE() << result.status();
     return {};

@@ -63,11 +63,13 @@ Program ParseProgramOrFail(const std::string& text, const std::string& filename 
 // order of `schedule`.
 Strategy PipelineStrategy(int micro_batches, ScheduleKind schedule = ONE_F_ONE_B);
 
-// Parses `text` and compiles it with PipelineStrategy(micro_batches, schedule):
-// one plan per rank (a program without devices gives one). On a parse or
-// compile error, fails the running test with it and returns no plans.
+// Parses `text` and compiles it with PipelineStrategy(micro_batches, schedule),
+// without the optional `disabled_passes`: one plan per rank (a program
+// without devices gives one). On a parse or compile error, fails the running
+// test with it and returns no plans.
 std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches = 1,
-                                      ScheduleKind schedule = ONE_F_ONE_B);
+                                      ScheduleKind schedule = ONE_F_ONE_B,
+                                      std::vector<std::string> disabled_passes = {});
 
 // The ops of `type`, in program order.
 std::vector<const Op*> OpsOfType(const Program& p, const std::string& type);

@@ -313,6 +313,9 @@ absl::Status FakeNccl::CommDestroy(Comm comm) {
 }
 
 absl::StatusOr<NcclApi::Event> FakeNccl::RecordEvent(StreamHandle stream) {
+  if (fail_event_records) {
+    return absl::InternalError("CUDA event record failed: operation not permitted when stream is capturing (injected)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto* event = new FakeEvent;
   for (const auto& op : streams_[stream]) {

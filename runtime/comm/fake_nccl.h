@@ -10,6 +10,7 @@
 // Streams are opaque handles: an event recorded on a stream passes once every
 // op enqueued on it before has completed. Failures are injected by hand.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -69,6 +70,9 @@ class FakeNccl : public NcclApi {
   int live_events();
   // EventDone calls (cudaEventQuery), which a capture forbids.
   int event_queries();
+  // While set, RecordEvent fails (as cudaEventRecord on a stream whose
+  // capture an earlier call invalidated).
+  std::atomic<bool> fail_event_records{false};
 
  private:
   struct Op;

@@ -331,7 +331,16 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
   NcclApi& api = *core_->api;
   const StreamHandle compute = core_->device->compute_stream();
   const StreamHandle comm_stream = core_->stream;
+  const bool capturing = core_->device->capturing();
   auto fail = [&](const absl::Status& s) {
+    if (capturing) {
+      // Nothing ran (a failed capture, say one an earlier op invalidated):
+      // no peer is inside its half, and the step reruns eagerly on this
+      // communicator, so it stays usable, its sequence number given back.
+      --(collective ? next_collective_ : next_transfer_);
+      return std::make_unique<DoneWork>(op, sequence,
+                                        absl::Status(s.code(), absl::StrCat(what, " under a capture: ", s.message())));
+    }
     absl::Status named(s.code(), absl::StrCat(what, ": ", s.message(), "; the communicator is aborted"));
     // A peer may already be inside its half of the op: abort so it fails too.
     core_->AbortLocked(named);
@@ -349,7 +358,7 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
   auto pending = std::make_shared<PendingOp>();
   pending->tensors = std::move(tensors);
   pending->done = *done;
-  pending->captured = core_->device->capturing();
+  pending->captured = capturing;
   return std::make_unique<NcclWork>(core_, op, sequence, what, std::move(pending));
 }
 

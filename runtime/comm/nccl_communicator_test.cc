@@ -279,6 +279,38 @@ TEST(NcclCommunicatorTest, AWorkThatCrossesACapturesEdgeFails) {
   EXPECT_EQ(group.api->event_queries(), 0);
 }
 
+// An op that cannot be issued under a capture (its event record fails,
+// as on a capture an earlier call invalidated) ran nowhere: its Work fails
+// and the communicator is not aborted, so the step's eager rerun can use it.
+TEST(NcclCommunicatorTest, AnIssueFailingUnderACaptureDoesNotAbort) {
+  Group group(2);
+  RunRanks(2, [&](int rank) {
+    FakeAccelerator& device = group.devices[rank];
+    Tensor t = OnDevice(&device, {static_cast<float>(rank + 1)});
+    device.capture = true;
+    if (rank == 0) group.api->fail_event_records = true;
+    std::unique_ptr<Work> failed = rank == 0 ? group.comms[rank]->AllReduce(&t, ReduceOp::kSum) : nullptr;
+    device.capture = false;
+    if (rank == 0) {
+      absl::Status s = failed->Wait(kWait);
+      EXPECT_FALSE(s.ok());
+      EXPECT_THAT(s.message(), HasSubstr("allreduce #0 (sum, F32[1]) on rank 0 of 2 under a capture"));
+      EXPECT_FALSE(group.comms[rank]->aborted());
+      group.api->fail_event_records = false;
+    }
+  });
+  EXPECT_EQ(group.api->aborts(0), 0);
+  // The eager rerun's allreduce completes, numbered #0 on both ranks (the
+  // failed op gave its number back).
+  RunRanks(2, [&](int rank) {
+    Tensor t = OnDevice(&group.devices[rank], {static_cast<float>(rank + 1)});
+    std::unique_ptr<Work> work = group.comms[rank]->AllReduce(&t, ReduceOp::kSum);
+    EXPECT_EQ(work->sequence_number(), 0);
+    EXPECT_TRUE(work->Wait(kWait).ok());
+    EXPECT_EQ(ValuesOf(t), (std::vector<float>{3}));
+  });
+}
+
 // What the host watches a replay through, which no Work watches: the
 // communicator's async error, and the abort that ends its kernels.
 TEST(NcclCommunicatorTest, CheckHealthReportsTheAsyncErrorAndAbortEndsTheCommunicator) {
