@@ -219,8 +219,18 @@ class TransposeBAttrKernel : public OpKernel {
   bool tb_ = false;
 };
 
+// scaled_dot_product_attention(_grad)'s layout attr; an op built by hand
+// (kernel tests) may lack it: "bhtd".
+inline absl::StatusOr<AttentionLayout> AttentionLayoutAttr(const Op& op) {
+  const auto layout = op.attr().find("layout");
+  if (layout == op.attr().end()) return AttentionLayout::kBhtd;
+  absl::StatusOr<AttentionLayout> parsed = ParseAttentionLayout(layout->second.s());
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(op.type(), ": ", parsed.status().message()));
+  return *parsed;
+}
+
 // scaled_dot_product_attention and its gradient: `causal` and `scale` (0:
-// 1/sqrt(D), resolved per call by ScaleFor).
+// 1/sqrt(D), resolved per call by ScaleFor), and `layout`.
 class AttentionAttrsKernel : public OpKernel {
  public:
   AttentionAttrsKernel() = default;
@@ -228,13 +238,16 @@ class AttentionAttrsKernel : public OpKernel {
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(causal_, AttrBool(op, "causal"));
     STRATA_ASSIGN_OR_RETURN(scale_, AttrFloat(op, "scale"));
+    STRATA_ASSIGN_OR_RETURN(layout_, AttentionLayoutAttr(op));
     return absl::OkStatus();
   }
 
  protected:
   double ScaleFor(int64_t D) const { return scale_ != 0 ? scale_ : 1.0 / std::sqrt(static_cast<double>(D)); }
+  bool bthd() const { return layout_ == AttentionLayout::kBthd; }
   bool causal_ = true;
   double scale_ = 0;
+  AttentionLayout layout_ = AttentionLayout::kBhtd;
 };
 
 // Base of softmax_cross_entropy(_grad)'s kernels: the `classes` attr (0:

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "proto/shape_rules.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
@@ -203,15 +204,19 @@ inline absl::Status CheckLayerNormResidual(const Tensor& x, const Tensor& residu
 }
 
 // scaled_dot_product_attention(_grad): q, k, v (and y, dy) are one
-// [B, H, T, D] type; lse (and dlse) are [B, H, T], F32 when q is BF16 or F16
+// [B, H, T, D] type ([B, T, H, D] for layout "bthd"); lse (and dlse) are
+// [B, H, T] in both layouts, F32 when q is BF16 or F16
 // (the schema's LseType), else q's dtype.
-inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char* op, bool grad) {
+inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char* op, bool grad,
+                                           AttentionLayout layout = AttentionLayout::kBhtd) {
   const Tensor& q = ctx.input(0);
+  const bool bthd = layout == AttentionLayout::kBthd;
   if (q.rank() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": q must be [B, H, T, D], got ", ShapeString(q.shape())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": q must be ", bthd ? "[B, T, H, D]" : "[B, H, T, D]", ", got ", ShapeString(q.shape())));
   }
   const char* names[] = {"q", "k", "v", "y", "lse", "dy", "dlse"};
-  const Shape lse{q.dim(0), q.dim(1), q.dim(2)};
+  const Shape lse = bthd ? Shape{q.dim(0), q.dim(2), q.dim(1)} : Shape{q.dim(0), q.dim(1), q.dim(2)};
   const int n = grad ? ctx.num_inputs() : 3;
   // lse and dlse are float32 for 16-bit q (the schema's LseType).
   const DataType lse_dtype = IsHalfFloating(q.dtype()) ? F32 : q.dtype();

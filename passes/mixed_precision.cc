@@ -157,9 +157,12 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
     const LowOp* spec = LowOpFor(graph.schema(op).type);
     if (spec == nullptr || !AllF32(graph, op, *spec)) continue;
     if (device_ == DEVICE_CUDA && graph.schema(op).type == "scaled_dot_product_attention") {
-      // q [B, H, T, D]: a T the 16-bit GPU kernels cannot hold stays float32.
+      // q [B, H, T, D] ([B, T, H, D] for layout "bthd"): a T the 16-bit GPU
+      // kernels cannot hold stays float32.
       const auto& q = graph.shape(graph.inputs(op)[0]);
-      if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[2])) continue;
+      const auto layout = graph.attrs(op).find("layout");
+      const bool bthd = layout != graph.attrs(op).end() && layout->second.s() == "bthd";
+      if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[bthd ? 1 : 2])) continue;
     }
     STRATA_RETURN_IF_ERROR(
         RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of, dropped));

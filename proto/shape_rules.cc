@@ -326,4 +326,13 @@ absl::StatusOr<std::vector<bool>> SumToLikeDims(absl::Span<const int64_t> x, abs
   return reduced;
 }
 
+// ---- scaled_dot_product_attention ---------------------------------------------
+
+absl::StatusOr<AttentionLayout> ParseAttentionLayout(absl::string_view layout) {
+  if (layout == "bhtd") return AttentionLayout::kBhtd;
+  if (layout == "bthd") return AttentionLayout::kBthd;
+  return Invalid(absl::StrCat("attr 'layout' must be \"bhtd\" ([B, H, T, D]) or \"bthd\" ([B, T, H, D]), got \"",
+                              layout, "\""));
+}
+
 }  // namespace strata

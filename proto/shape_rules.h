@@ -114,6 +114,27 @@ struct SliceWindow {
 absl::StatusOr<SliceWindow> ResolveSlice(absl::Span<const int64_t> in, absl::Span<const int64_t> axes,
                                          absl::Span<const int64_t> starts, absl::Span<const int64_t> ends);
 
+// ---- scaled_dot_product_attention ---------------------------------------------
+
+// The order of q, k, v, y and their gradients' dims (attr 'layout'): kBhtd
+// "bhtd" [B, H, T, D] (the default) or kBthd "bthd" [B, T, H, D], the
+// layout of a [B, T, H * D] projection split into heads without a
+// transpose. lse is [B, H, T] in both.
+enum class AttentionLayout { kBhtd, kBthd };
+
+// The layout attr's value; another string is refused naming the two
+// ("attr 'layout' must be "bhtd" ([B, H, T, D]) or "bthd" ...").
+absl::StatusOr<AttentionLayout> ParseAttentionLayout(absl::string_view layout);
+
+// B, H, T, D of a rank-4 q in `layout`.
+struct AttentionShape {
+  int64_t B = 0, H = 0, T = 0, D = 0;
+};
+inline AttentionShape AttentionDimsOf(absl::Span<const int64_t> q, AttentionLayout layout) {
+  return layout == AttentionLayout::kBthd ? AttentionShape{q[0], q[2], q[1], q[3]}
+                                          : AttentionShape{q[0], q[1], q[2], q[3]};
+}
+
 // Output extent of a convolution or pooling window (kernel, stride, pad,
 // dilation) sliding over an input extent `in` (floor mode, as torch's
 // ceil_mode=False); 0 when the dilated window exceeds the padded input. The

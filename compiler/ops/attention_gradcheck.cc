@@ -1,6 +1,7 @@
 // Gradient checks for scaled_dot_product_attention: causal and not, a given
 // scale, one position, odd sizes, more rows than one kernel row block (64),
-// and each output alone carrying a gradient (the lse-only path fills dy with 0).
+// and each output alone carrying a gradient (the lse-only path fills dy with 0);
+// layout "bthd" ([B, T, H, D]) causal and not, over two row blocks, with lse.
 
 #include "compiler/testing/grad_check.h"
 
@@ -69,6 +70,29 @@ STRATA_REGISTER_GRAD_CHECKS({
     GradCheckCase{"scaled_dot_product_attention/self_attention",
                   R"pb(type: "scaled_dot_product_attention" input: ["x", "x", "x"] output: ["y", "lse"])pb",
                   {Qkv("x", {2, 1, 4, 3})}},
+    // Layout "bthd": q, k, v [B, T, H, D] (B = 2, T = 5, H = 3, D = 2 all
+    // differ, so a mixed-up axis shows), causal and not, two row blocks, and
+    // only lse carrying a gradient.
+    GradCheckCase{"scaled_dot_product_attention/bthd",
+                  R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                       attr { key: "layout" value { s: "bthd" } })pb",
+                  {Qkv("q", {2, 5, 3, 2}), Qkv("k", {2, 5, 3, 2}), Qkv("v", {2, 5, 3, 2})}},
+    GradCheckCase{"scaled_dot_product_attention/bthd_not_causal_scale",
+                  R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                       attr { key: "layout" value { s: "bthd" } }
+                       attr { key: "causal" value { b: false } }
+                       attr { key: "scale" value { f: 0.7 } })pb",
+                  {Qkv("q", {2, 5, 3, 2}), Qkv("k", {2, 5, 3, 2}), Qkv("v", {2, 5, 3, 2})}},
+    GradCheckCase{"scaled_dot_product_attention/bthd_two_row_blocks",
+                  R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                       attr { key: "layout" value { s: "bthd" } })pb",
+                  {Qkv("q", {1, 70, 2, 2}), Qkv("k", {1, 70, 2, 2}), Qkv("v", {1, 70, 2, 2})}},
+    GradCheckCase{"scaled_dot_product_attention/bthd_lse_only",
+                  R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                       attr { key: "layout" value { s: "bthd" } })pb",
+                  {Qkv("q", {2, 4, 3, 2}), Qkv("k", {2, 4, 3, 2}), Qkv("v", {2, 4, 3, 2})},
+                  1e-6,
+                  /*outputs_without_grad=*/{0}},
 });
 
 }  // namespace

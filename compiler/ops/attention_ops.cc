@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/ops/nn_shape_checks.h"
+#include "proto/shape_rules.h"
 
 namespace strata {
 namespace {
@@ -23,11 +24,20 @@ using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::ExpectStaticDims;
 using nn_shape_checks::Invalid;
 
-// q, k, v (inputs 0-2) are one type [B, H, T, D] (B may be -1; F32, F64, or
-// BF16 / F16 under mixed precision), and the attrs are sane.
+// The layout attr; an op without one (built by hand) is "bhtd".
+absl::StatusOr<AttentionLayout> LayoutOf(const ShapeContext& ctx) {
+  const std::string layout = ctx.attr_string("layout");
+  return ParseAttentionLayout(layout.empty() ? "bhtd" : layout);
+}
+
+// q, k, v (inputs 0-2) are one type [B, H, T, D], or [B, T, H, D] for layout
+// "bthd" (B may be -1; F32, F64, or BF16 / F16 under mixed precision), and
+// the attrs are sane.
 absl::Status CheckQkv(const ShapeContext& ctx) {
+  STRATA_ASSIGN_OR_RETURN(const AttentionLayout layout, LayoutOf(ctx));
   STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "q"));
-  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "q", 4, "[B, H, T, D]"));
+  STRATA_RETURN_IF_ERROR(
+      ExpectRankArg(ctx, 0, "q", 4, layout == AttentionLayout::kBthd ? "[B, T, H, D]" : "[B, H, T, D]"));
   STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "q", 1));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "v", 0, "q"));
@@ -38,17 +48,19 @@ absl::Status CheckQkv(const ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
-// The per-row logsumexp's type, [B, H, T]: F32 when q is BF16 or F16 (an lse
-// near 7 would be off by bf16's spacing there, 0.03, and every recomputed
-// probability exp(s - lse) by 3%), else q's dtype.
-TensorType LseType(const TensorType& q) {
-  return TensorType{IsHalfFloating(q.dtype) ? F32 : q.dtype, Dims(q.shape.begin(), q.shape.end() - 1)};
+// The per-row logsumexp's type, [B, H, T] in both layouts: F32 when q is
+// BF16 or F16 (an lse near 7 would be off by bf16's spacing there, 0.03, and
+// every recomputed probability exp(s - lse) by 3%), else q's dtype.
+TensorType LseType(const TensorType& q, AttentionLayout layout) {
+  const AttentionShape d = AttentionDimsOf(q.shape, layout);
+  return TensorType{IsHalfFloating(q.dtype) ? F32 : q.dtype, Dims{d.B, d.H, d.T}};
 }
 
-absl::Status AttentionShape(ShapeContext& ctx) {
+absl::Status AttentionShapeFn(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
+  STRATA_ASSIGN_OR_RETURN(const AttentionLayout layout, LayoutOf(ctx));
   ctx.set_output(0, ctx.input(0));
-  ctx.set_output(1, LseType(ctx.input(0)));
+  ctx.set_output(1, LseType(ctx.input(0), layout));
   return absl::OkStatus();
 }
 
@@ -56,7 +68,10 @@ absl::Status AttentionShape(ShapeContext& ctx) {
 // when causal (T (T + 1) / 2 of T^2); the softmax's exps count as bytes.
 double AttentionFlops(const CostContext& c, double gemms) {
   const TensorType& q = c.input(0);
-  const double b = q.shape[0], h = q.shape[1], t = q.shape[2], d = q.shape[3];
+  const auto layout_attr = c.op().attr().find("layout");
+  const bool bthd = layout_attr != c.op().attr().end() && layout_attr->second.s() == "bthd";
+  const AttentionShape dims = AttentionDimsOf(q.shape, bthd ? AttentionLayout::kBthd : AttentionLayout::kBhtd);
+  const double b = dims.B, h = dims.H, t = dims.T, d = dims.D;
   const bool causal = c.op().attr().at("causal").b();
   const double pairs = causal ? t * (t + 1) / 2 : t * t;
   return gemms * 2 * b * h * pairs * d;
@@ -91,7 +106,8 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention")
                        .Attr("causal", true)
                        .Attr("scale", 0.0)
                        .Attr("allow_tf32", false)
-                       .Shape(AttentionShape)
+                       .Attr("layout", "bhtd")
+                       .Shape(AttentionShapeFn)
                        .Cost([](const CostContext& c) { return AttentionFlops(c, 2); })
                        .Grad(AttentionGrad)
                        .Doc("y = softmax(scale * q k^T + mask) v per (batch, head); q, k, v [B, H, T, D] of "
@@ -101,14 +117,17 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention")
                             "the [T, T] probabilities are never stored; it is F32 when q is BF16 or F16, else "
                             "q's type. allow_tf32 "
                             "(set by passes/tf32 on GPU plans): a GPU's products of F32 q, k, v may round them "
-                            "to TF32."));
+                            "to TF32. layout \"bthd\" (set by passes/attention_layout): q, k, v and y are "
+                            "[B, T, H, D] (a [B, T, H * D] projection's heads, read without a transpose); lse "
+                            "stays [B, H, T]."));
 
 absl::Status AttentionGradShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckQkv(ctx));
+  STRATA_ASSIGN_OR_RETURN(const AttentionLayout layout, LayoutOf(ctx));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 3, "y", 0, "q"));
-  const TensorType lse = LseType(ctx.input(0));
+  const TensorType lse = LseType(ctx.input(0), layout);
   if (ctx.input(4) != lse) {
-    return Invalid(absl::StrCat("input 'lse' must be ", lse.ToString(), " (q without its last dim), got ",
+    return Invalid(absl::StrCat("input 'lse' must be ", lse.ToString(), " ([B, H, T] of q), got ",
                                 ctx.input(4).ToString()));
   }
   if (ctx.num_inputs() > 7) {
@@ -136,6 +155,7 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
                        .Attr("causal", true)
                        .Attr("scale", 0.0)
                        .Attr("allow_tf32", false)
+                       .Attr("layout", "bhtd")
                        .Shape(AttentionGradShape)
                        .Cost([](const CostContext& c) { return AttentionFlops(c, 5); })
                        .NotDifferentiable()
@@ -143,7 +163,8 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
                             "gradient. Recomputes P = exp(scale q k^T - lse) per row block; dS = P * (dy v^T - "
                             "rowsum(dy * y) + dlse); dq = scale dS k, dk = scale dS^T q, dv = P^T dy. lse and "
                             "dlse are F32 when q is BF16 or F16 (as the forward's lse), else q's type; y, dy "
-                            "and dq, dk, dv have q's type."));
+                            "and dq, dk, dv have q's type. layout as the forward's (its gradient maker "
+                            "passes it on): \"bthd\" makes y, dy, dq, dk, dv [B, T, H, D] too."));
 
 }  // namespace
 }  // namespace strata

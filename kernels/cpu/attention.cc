@@ -1,5 +1,7 @@
 // scaled_dot_product_attention and its backward, per (batch, head) over
-// q, k, v [B, H, T, D], in blocks of kRowBlock query rows: a block's scores
+// q, k, v [B, H, T, D] (or [B, T, H, D] for layout "bthd": the same work
+// reading a head's rows with a stride of H * D instead of D, so both layouts
+// do the same arithmetic in the same order), in blocks of kRowBlock query rows: a block's scores
 // S = scale * Q_blk K^T (only keys up to the block's last row when causal)
 // go through a max-subtracted softmax in a [kRowBlock, T] scratch, so the
 // [T, T] matrix is never whole; the forward keeps each row's logsumexp
@@ -35,7 +37,12 @@ constexpr int64_t kRowBlock = 64;
 
 struct AttentionDims {
   int64_t B = 0, H = 0, T = 0, D = 0;
+  bool bthd = false;
   int64_t heads() const { return B * H; }
+  // Where head `head` (b * H + h) starts in q, k, v, y and their gradients,
+  // and the stride between its rows.
+  int64_t offset(int64_t head) const { return bthd ? (head / H) * T * H * D + (head % H) * D : head * T * D; }
+  int64_t ld() const { return bthd ? H * D : D; }
   int64_t row_blocks() const { return (T + kRowBlock - 1) / kRowBlock; }
   int64_t block_rows() const { return std::min(T, kRowBlock); }
 };
@@ -65,24 +72,30 @@ int64_t ForwardItems(const AttentionDims& d) { return d.heads() * d.row_blocks()
 
 using AttentionKernelBase = AttentionAttrsKernel;
 
-AttentionDims DimsOf(const Tensor& q) { return AttentionDims{q.dim(0), q.dim(1), q.dim(2), q.dim(3)}; }
-
-// Rows [r0, r1) of one head's scores, s[r - r0][0, c1) = scale * q_r . k_c (ld c1).
-template <typename T>
-void Scores(const T* q, const T* k, int64_t r0, int64_t r1, int64_t c1, int64_t D, T scale, T* s) {
-  SerialGemmOrScale(false, true, r1 - r0, c1, D, scale, q + r0 * D, D, k, D, T(0), s, c1);
+AttentionDims DimsOf(const Shape& q, AttentionLayout layout) {
+  const AttentionShape s = AttentionDimsOf(q, layout);
+  return AttentionDims{s.B, s.H, s.T, s.D, layout == AttentionLayout::kBthd};
 }
 
-// y [B, H, T, D], lse [B, H, T] from q, k, v [B, H, T, D].
+// Rows [r0, r1) of one head's scores, s[r - r0][0, c1) = scale * q_r . k_c
+// (ld c1); a head's rows of q and k lie ld apart.
+template <typename T>
+void Scores(const T* q, const T* k, int64_t r0, int64_t r1, int64_t c1, int64_t D, int64_t ld, T scale, T* s) {
+  SerialGemmOrScale(false, true, r1 - r0, c1, D, scale, q + r0 * ld, ld, k, ld, T(0), s, c1);
+}
+
+// y [B, H, T, D], lse [B, H, T] from q, k, v [B, H, T, D] (y, q, k, v
+// [B, T, H, D] for "bthd").
 template <typename T>
 class AttentionKernel : public AttentionKernelBase {
  public:
   using AttentionKernelBase::AttentionKernelBase;
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention", false));
+    STRATA_RETURN_IF_ERROR(
+        kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention", false, layout_));
     const Tensor& q = ctx.input(0);
-    const AttentionDims d = DimsOf(q);
+    const AttentionDims d = DimsOf(q.shape(), layout_);
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, q.dtype(), q.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, q.dtype(), Shape{d.B, d.H, d.T}));
     const int64_t items = ForwardItems(d);
@@ -97,13 +110,13 @@ class AttentionKernel : public AttentionKernelBase {
     T* ps = scratch.data<T>();
     const T scale = static_cast<T>(ScaleFor(d.D));
     const bool causal = causal_;
-    const int64_t T_ = d.T, D = d.D, nb = d.row_blocks();
+    const int64_t T_ = d.T, D = d.D, nb = d.row_blocks(), ld = d.ld();
     sh.ForEach(items, [&](int64_t share, int64_t item) {
       const int64_t head = item / nb, r0 = (item % nb) * kRowBlock, r1 = std::min(T_, r0 + kRowBlock);
       const int64_t c1 = causal ? r1 : T_;
-      const int64_t off = head * T_ * D;
+      const int64_t off = d.offset(head);
       T* s = ps + share * per_share;
-      Scores(pq + off, pk + off, r0, r1, c1, D, scale, s);
+      Scores(pq + off, pk + off, r0, r1, c1, D, ld, scale, s);
       for (int64_t r = r0; r < r1; ++r) {
         T* row = s + (r - r0) * c1;
         const int64_t n = causal ? r + 1 : T_;
@@ -119,7 +132,7 @@ class AttentionKernel : public AttentionKernelBase {
         std::fill(row + n, row + c1, T(0));
         plse[head * T_ + r] = static_cast<T>(max + std::log(sum));
       }
-      SerialGemmOrScale(false, false, r1 - r0, D, c1, T(1), s, c1, pv + off, D, T(0), py + off + r0 * D, D);
+      SerialGemmOrScale(false, false, r1 - r0, D, c1, T(1), s, c1, pv + off, ld, T(0), py + off + r0 * ld, ld);
     });
     return absl::OkStatus();
   }
@@ -132,9 +145,10 @@ class AttentionGradKernel : public AttentionKernelBase {
   using AttentionKernelBase::AttentionKernelBase;
 
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention_grad", true));
+    STRATA_RETURN_IF_ERROR(
+        kernel_checks::CheckAttentionOperands(ctx, "scaled_dot_product_attention_grad", true, layout_));
     const Tensor& q = ctx.input(0);
-    const AttentionDims d = DimsOf(q);
+    const AttentionDims d = DimsOf(q.shape(), layout_);
     Tensor* out[3];
     for (int i = 0; i < 3; ++i) {
       STRATA_ASSIGN_OR_RETURN(out[i], ctx.AllocateOutput(i, q.dtype(), q.shape()));
@@ -155,27 +169,29 @@ class AttentionGradKernel : public AttentionKernelBase {
     T* ps = scratch.data<T>();
     const T scale = static_cast<T>(ScaleFor(d.D));
     const bool causal = causal_;
-    const int64_t T_ = d.T, D = d.D, block = d.block_rows();
+    const int64_t T_ = d.T, D = d.D, block = d.block_rows(), ld = d.ld();
     sh.ForEach(d.heads(), [&](int64_t share, int64_t head) {
-      const int64_t off = head * T_ * D;
+      const int64_t off = d.offset(head);
       const T *q = pq + off, *k = pk + off, *v = pv + off, *y = py + off, *dy = pdy + off;
       T *dq = pdq + off, *dk = pdk + off, *dv = pdv + off;
-      std::fill(dk, dk + T_ * D, T(0));
-      std::fill(dv, dv + T_ * D, T(0));
+      for (int64_t t = 0; t < T_; ++t) {
+        std::fill(dk + t * ld, dk + t * ld + D, T(0));
+        std::fill(dv + t * ld, dv + t * ld + D, T(0));
+      }
       T* p = ps + share * per_share;
       T* dp = p + block * T_;
       for (int64_t r0 = 0; r0 < T_; r0 += kRowBlock) {
         const int64_t r1 = std::min(T_, r0 + kRowBlock), rows = r1 - r0;
         const int64_t c1 = causal ? r1 : T_;
-        Scores(q, k, r0, r1, c1, D, scale, p);
-        SerialGemmOrScale(false, true, rows, c1, D, T(1), dy + r0 * D, D, v, D, T(0), dp, c1);
+        Scores(q, k, r0, r1, c1, D, ld, scale, p);
+        SerialGemmOrScale(false, true, rows, c1, D, T(1), dy + r0 * ld, ld, v, ld, T(0), dp, c1);
         for (int64_t r = r0; r < r1; ++r) {
           T* prow = p + (r - r0) * c1;
           T* dprow = dp + (r - r0) * c1;
           const int64_t n = causal ? r + 1 : T_;
           const T row_lse = plse[head * T_ + r];
           double dot = 0;  // rowsum(dy * y), less dlse
-          for (int64_t j = 0; j < D; ++j) dot += static_cast<double>(dy[r * D + j]) * y[r * D + j];
+          for (int64_t j = 0; j < D; ++j) dot += static_cast<double>(dy[r * ld + j]) * y[r * ld + j];
           if (pdlse != nullptr) dot -= pdlse[head * T_ + r];
           const T di = static_cast<T>(dot);
           for (int64_t c = 0; c < n; ++c) {
@@ -186,9 +202,9 @@ class AttentionGradKernel : public AttentionKernelBase {
           std::fill(dprow + n, dprow + c1, T(0));
         }
         // dq_blk = scale dS K;  dk[0, c1) += scale dS^T Q_blk;  dv[0, c1) += P^T dY_blk.
-        SerialGemmOrScale(false, false, rows, D, c1, scale, dp, c1, k, D, T(0), dq + r0 * D, D);
-        SerialGemmOrScale(true, false, c1, D, rows, scale, dp, c1, q + r0 * D, D, T(1), dk, D);
-        SerialGemmOrScale(true, false, c1, D, rows, T(1), p, c1, dy + r0 * D, D, T(1), dv, D);
+        SerialGemmOrScale(false, false, rows, D, c1, scale, dp, c1, k, ld, T(0), dq + r0 * ld, ld);
+        SerialGemmOrScale(true, false, c1, D, rows, scale, dp, c1, q + r0 * ld, ld, T(1), dk, ld);
+        SerialGemmOrScale(true, false, c1, D, rows, T(1), p, c1, dy + r0 * ld, ld, T(1), dv, ld);
       }
     });
     return absl::OkStatus();
@@ -205,7 +221,8 @@ absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int threads) {
   const DataType dtype = def.input_types[0].dtype;
   const bool half = IsHalfFloating(dtype);
   const bool grad = def.op->type() == "scaled_dot_product_attention_grad";
-  AttentionDims d{s[0], s[1], s[2], s[3]};
+  STRATA_ASSIGN_OR_RETURN(const AttentionLayout layout, AttentionLayoutAttr(*def.op));
+  const AttentionDims d = DimsOf(s, layout);
   const int64_t items = d.B < 0 ? threads : grad ? d.heads() : ForwardItems(d);
   const Shares sh(items, threads);
   const int64_t blocks = sh.parts * ScratchPerShare(d, grad) * static_cast<int64_t>(DataTypeSize(half ? F32 : dtype));
@@ -233,9 +250,17 @@ class CheckedWidenedAttention : public WidenedKernel<Half, Inner> {
   using WidenedKernel<Half, Inner>::WidenedKernel;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(
-        ctx, kGrad ? "scaled_dot_product_attention_grad" : "scaled_dot_product_attention", kGrad));
+        ctx, kGrad ? "scaled_dot_product_attention_grad" : "scaled_dot_product_attention", kGrad, layout_));
     return WidenedKernel<Half, Inner>::Compute(ctx);
   }
+  absl::Status Init(const Op& op) {
+    STRATA_ASSIGN_OR_RETURN(layout_, AttentionLayoutAttr(op));
+    return WidenedKernel<Half, Inner>::Init(op);
+  }
+
+ private:
+  // The layout, for the checks before widening (the inner kernel reads its own).
+  AttentionLayout layout_ = AttentionLayout::kBhtd;
 };
 template <typename Half>
 using WidenedAttention = CheckedWidenedAttention<Half, AttentionKernel<float>, false>;

@@ -360,5 +360,123 @@ TEST(AttentionTest, KernelRefusesMismatchedOperands) {
   EXPECT_THAT(s.message(), HasSubstr("input 'k' is F32[1, 1, 3, 2], expected F32[2, 1, 3, 2]"));
 }
 
+// Layout "bthd" ([B, T, H, D] q, k, v, y and gradients) gives the bits of
+// transposing to [B, H, T, D], running "bhtd" and transposing back: the
+// kernels read a head's rows H * D apart and do the same sums in the same
+// order. T = 70 spans two row blocks; F64, F32 and the BF16 / F16 storage
+// variants, causal and not, with and without dlse.
+TEST(AttentionTest, BthdLayoutIsBhtdBetweenTransposesBitForBit) {
+  const int64_t B = 2, T = 70, H = 3, D = 8;
+  const Shape bthd{B, T, H, D}, rows{B, H, T};
+  const char* attrs[] = {"", R"pb(attr { key: "causal" value { b: false } } attr { key: "scale" value { f: 0.3 } })pb"};
+  const std::string to_bhtd = R"pb(type: "transpose" attr { key: "perm" value { list { i: [0, 2, 1, 3] } } })pb";
+  const auto transpose = [&](const std::string& in, const std::string& out) {
+    Op op = ParseOp(to_bhtd);
+    op.add_input(in);
+    op.add_output(out);
+    return op;
+  };
+  for (DataType dt : {F64, F32, BF16, F16}) {
+    const DataType lse_dt = IsHalfFloating(dt) ? F32 : dt;
+    for (int variant = 0; variant < 2; ++variant) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dt), " variant ", variant));
+      const bool with_dlse = variant == 1;
+      std::map<std::string, Tensor> env{{"q", Make(dt, bthd, 0.1, 2.0)},
+                                        {"k", Make(dt, bthd, 0.5, 1.5)},
+                                        {"v", Make(dt, bthd, 0.9)},
+                                        {"dy", Make(dt, bthd, 1.3)}};
+      if (with_dlse) env["dlse"] = Make(lse_dt, rows, 2.1);
+      const std::string grads = with_dlse ? R"pb(, "dlse")pb" : "";
+      const std::string bthd_attr = R"pb(attr { key: "layout" value { s: "bthd" } } )pb";
+      // Directly in [B, T, H, D].
+      const std::vector<Op> direct = {
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                    output: ["y", "lse"] )pb",
+                               bthd_attr, attrs[variant])),
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention_grad"
+                                    input: ["q", "k", "v", "y", "lse", "dy")pb",
+                               grads, R"pb(] output: ["dq", "dk", "dv"] )pb", bthd_attr, attrs[variant]))};
+      // Through [B, H, T, D] and back (perm (0, 2, 1, 3) is its own inverse).
+      std::vector<Op> around = {transpose("q", "tq"), transpose("k", "tk"), transpose("v", "tv"),
+                                transpose("dy", "tdy"),
+                                ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention"
+                                                          input: ["tq", "tk", "tv"] output: ["ty", "rlse"] )pb",
+                                                     attrs[variant])),
+                                ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention_grad"
+                                                          input: ["tq", "tk", "tv", "ty", "rlse", "tdy")pb",
+                                                     grads, R"pb(] output: ["tdq", "tdk", "tdv"] )pb",
+                                                     attrs[variant]))};
+      for (const char* name : {"y", "dq", "dk", "dv"}) around.push_back(transpose(absl::StrCat("t", name),
+                                                                                   absl::StrCat("r", name)));
+      absl::Status s = RunOps(direct, &env);
+      ASSERT_TRUE(s.ok()) << s;
+      s = RunOps(around, &env);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(env["y"].shape(), bthd);
+      EXPECT_EQ(env["lse"].shape(), rows);
+      EXPECT_EQ(env["lse"].dtype(), lse_dt);
+      EXPECT_TRUE(SameBits(env["lse"], env["rlse"]));
+      for (const char* name : {"y", "dq", "dk", "dv"}) {
+        SCOPED_TRACE(name);
+        EXPECT_EQ(env[name].dtype(), dt);
+        EXPECT_TRUE(SameBits(env[name], env[absl::StrCat("r", name)]));
+        double norm = 0;  // and they are results, not zeros
+        for (double v : TensorValues(env[name])) norm += v * v;
+        EXPECT_GT(norm, 1e-4);
+      }
+    }
+  }
+}
+
+// The layout attr is checked where it is read: the schema and the kernels
+// refuse another string naming the two, and a "bthd" q's lse is [B, H, T].
+TEST(AttentionShapeTest, LayoutAttrPicksTheDimsAndRefusesOtherStrings) {
+  const TensorType qkv{F32, {-1, 128, 12, 64}};
+  auto ok = Infer(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                       attr { key: "layout" value { s: "bthd" } })pb",
+                  {qkv, qkv, qkv});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0], qkv);
+  EXPECT_EQ((*ok)[1], (TensorType{F32, {-1, 12, 128}}));
+  const TensorType lse{F32, {-1, 12, 128}};
+  auto grad = Infer(R"pb(type: "scaled_dot_product_attention_grad" input: ["q", "k", "v", "y", "lse", "dy", "dlse"]
+                         output: ["dq", "dk", "dv"] attr { key: "layout" value { s: "bthd" } })pb",
+                    {qkv, qkv, qkv, qkv, lse, qkv, lse});
+  ASSERT_TRUE(grad.ok()) << grad.status();
+  for (const TensorType& t : *grad) EXPECT_EQ(t, qkv);
+  // A [B, T, H] lse is the wrong way round for "bthd".
+  auto bad_lse = Infer(R"pb(type: "scaled_dot_product_attention_grad" input: ["q", "k", "v", "y", "lse", "dy"]
+                            output: ["dq", "dk", "dv"] attr { key: "layout" value { s: "bthd" } })pb",
+                       {qkv, qkv, qkv, qkv, {F32, {-1, 128, 12}}, qkv});
+  ASSERT_FALSE(bad_lse.ok());
+  EXPECT_THAT(bad_lse.status().message(), HasSubstr("input 'lse' must be F32[-1, 12, 128]"));
+  auto rank3 = Infer(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
+                          attr { key: "layout" value { s: "bthd" } })pb",
+                     {{F32, {2, 3, 4}}, {F32, {2, 3, 4}}, {F32, {2, 3, 4}}});
+  ASSERT_FALSE(rank3.ok());
+  EXPECT_THAT(rank3.status().message(), HasSubstr("rank 4 [B, T, H, D]"));
+  for (const char* op : {"scaled_dot_product_attention", "scaled_dot_product_attention_grad"}) {
+    const bool grad_op = std::string(op) == "scaled_dot_product_attention_grad";
+    Op bad = ParseOp(grad_op ? R"pb(input: ["q", "k", "v", "y", "lse", "dy"] output: ["dq", "dk", "dv"])pb"
+                             : R"pb(input: ["q", "k", "v"] output: ["y", "lse"])pb");
+    bad.set_type(op);
+    (*bad.mutable_attr())["layout"].set_s("tbhd");
+    std::vector<TensorType> types = {qkv, qkv, qkv};
+    if (grad_op) types = {qkv, qkv, qkv, qkv, lse, qkv};
+    auto refused = Infer(bad.DebugString(), types);
+    ASSERT_FALSE(refused.ok()) << op;
+    EXPECT_THAT(refused.status().message(), HasSubstr(R"(attr 'layout' must be "bhtd")"));
+    EXPECT_THAT(refused.status().message(), HasSubstr(R"(got "tbhd")"));
+    // The kernel, given such an op directly, refuses it at Init.
+    const Shape shape{1, 2, 3, 4};
+    std::map<std::string, Tensor> env{{"q", Make(F32, shape, 0.1)}, {"k", Make(F32, shape, 0.5)},
+                                      {"v", Make(F32, shape, 0.9)}, {"y", Make(F32, shape, 0.2)},
+                                      {"lse", Make(F32, {1, 3, 2}, 0.3)}, {"dy", Make(F32, shape, 1.3)}};
+    absl::Status s = RunKernelOnly(bad, env);
+    ASSERT_FALSE(s.ok()) << op;
+    EXPECT_THAT(s.message(), HasSubstr(R"(attr 'layout' must be "bhtd")"));
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -62,6 +62,7 @@ class CudaAttentionAttrsKernel : public AttentionAttrsKernel {
   absl::Status Init(const Op& op) {
     STRATA_RETURN_IF_ERROR(AttentionAttrsKernel::Init(op));
     STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
+    if (bthd()) return absl::UnimplementedError(absl::StrCat(op.type(), ": the CUDA kernels take layout \"bhtd\" only"));
     return absl::OkStatus();
   }
 
