@@ -1,6 +1,7 @@
 #include "passes/pipeline_builder.h"
 
 #include "compiler/autodiff.h"
+#include "passes/attention_layout.h"
 #include "passes/commute_casts.h"
 #include "passes/data_parallel.h"
 #include "passes/fold_casts.h"
@@ -29,6 +30,8 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
     pipeline->AddPass<CommuteCastsPass>();
   }
   if (device == DEVICE_CUDA) pipeline->AddPass<PadVocabPass>();
+  // On the final forward ops, so autodiff writes no transposes around attention's gradient.
+  pipeline->AddPass<AttentionLayoutPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   pipeline->AddPass<InPlaceLossGradPass>();
