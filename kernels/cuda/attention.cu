@@ -137,12 +137,16 @@ __global__ void AttentionForward(T* y, T* lse, const T* q, const T* k, const T* 
 
 // di = rowsum(dy * y) - dlse, a thread per (head, row), in double as the CPU.
 // (y and dy may be 16-bit, di and dlse then float.)
+// `layout`: where row i of y and dy lies ([B, T, H, D] for "bthd"; di and
+// dlse are [heads, T] always).
 template <typename T, typename A>
-__global__ void AttentionDi(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int D) {
+__global__ void AttentionDi(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int D, int64_t T_,
+                            HeadLayout layout) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows) return;
+  const int64_t at = layout.Row(i, T_) * D;
   double dot = 0;
-  for (int d = 0; d < D; ++d) dot += ToDouble(dy[i * D + d]) * ToDouble(y[i * D + d]);
+  for (int d = 0; d < D; ++d) dot += ToDouble(dy[at + d]) * ToDouble(y[at + d]);
   if (dlse != nullptr) dot -= dlse[i];
   di[i] = static_cast<A>(dot);
 }
@@ -310,11 +314,13 @@ cudaError_t GradD(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const
 }
 
 template <typename T, typename A>
-cudaError_t RowDots(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int64_t D, cudaStream_t stream) {
+cudaError_t RowDots(A* di, const T* y, const T* dy, const A* dlse, int64_t rows, int64_t D, cudaStream_t stream,
+                    int64_t T_ = 1, HeadLayout layout = {}) {
   if (rows == 0) return cudaSuccess;
+  if (layout.bthd && (T_ <= 0 || layout.H <= 0)) return cudaErrorInvalidValue;
   constexpr int kThreads = 256;
   AttentionDi<T, A><<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      di, y, dy, dlse, rows, static_cast<int>(D));
+      di, y, dy, dlse, rows, static_cast<int>(D), T_, layout);
   return cudaGetLastError();
 }
 
@@ -453,12 +459,12 @@ cudaError_t LaunchAttentionRowDots(double* di, const double* y, const double* dy
   return RowDots(di, y, dy, dlse, rows, D, stream);
 }
 cudaError_t LaunchAttentionRowDots(float* di, const __nv_bfloat16* y, const __nv_bfloat16* dy, const float* dlse,
-                                   int64_t rows, int64_t D, cudaStream_t stream) {
-  return RowDots(di, y, dy, dlse, rows, D, stream);
+                                   int64_t rows, int64_t D, cudaStream_t stream, int64_t T, HeadLayout layout) {
+  return RowDots(di, y, dy, dlse, rows, D, stream, T, layout);
 }
 cudaError_t LaunchAttentionRowDots(float* di, const __half* y, const __half* dy, const float* dlse, int64_t rows,
-                                   int64_t D, cudaStream_t stream) {
-  return RowDots(di, y, dy, dlse, rows, D, stream);
+                                   int64_t D, cudaStream_t stream, int64_t T, HeadLayout layout) {
+  return RowDots(di, y, dy, dlse, rows, D, stream, T, layout);
 }
 cudaError_t LaunchAttentionScoreGrad(float* ds, const float* p, const float* di, int64_t heads, int64_t T,
                                      cudaStream_t stream) {

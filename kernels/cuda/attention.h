@@ -37,11 +37,29 @@
 #include <cstdint>
 
 #include "kernels/attention_budget.h"
+#include "kernels/host_device.h"
 
 namespace strata {
 namespace cuda {
 
 inline constexpr int kMaxHeadDim = 128;
+
+// Where head `head` (b * H + h) of q, k, v, y and their gradients starts and
+// the stride between its rows: [B, H, T, D] (the default; H = 1 reads as the
+// [heads, T, D] above) or, for the op's layout "bthd", [B, T, H, D], a head's
+// rows H * D apart. lse, dlse and di are [B, H, T] ([heads, T]) in both.
+struct HeadLayout {
+  int64_t H = 1;
+  bool bthd = false;
+  STRATA_HOST_DEVICE int64_t Offset(int64_t head, int64_t T, int64_t D) const {
+    return bthd ? (head / H) * T * H * D + (head % H) * D : head * T * D;
+  }
+  STRATA_HOST_DEVICE int64_t RowStride(int64_t D) const { return bthd ? H * D : D; }
+  // Row `row` of [heads, T] (lse's order) in units of rows of D.
+  STRATA_HOST_DEVICE int64_t Row(int64_t row, int64_t T) const {
+    return bthd ? ((row / T / H) * T + row % T) * H + (row / T) % H : row;
+  }
+};
 
 // y, lse from q, k, v. scale: the scores' factor (already resolved from 0).
 cudaError_t LaunchAttention(float* y, float* lse, const float* q, const float* k, const float* v, int64_t heads,
@@ -113,10 +131,13 @@ cudaError_t LaunchAttentionProbs(float* p, __nv_bfloat16* copy, const float* lse
                                  bool causal, cudaStream_t stream);
 cudaError_t LaunchAttentionProbs(float* p, __half* copy, const float* lse, int64_t heads, int64_t T, bool causal,
                                  cudaStream_t stream);
+// (`layout`: y and dy's; the flash kernels pass "bthd" through, di stays
+// [heads, T] with rows = heads * T.)
 cudaError_t LaunchAttentionRowDots(float* di, const __nv_bfloat16* y, const __nv_bfloat16* dy, const float* dlse,
-                                   int64_t rows, int64_t D, cudaStream_t stream);
+                                   int64_t rows, int64_t D, cudaStream_t stream, int64_t T = 1,
+                                   HeadLayout layout = {});
 cudaError_t LaunchAttentionRowDots(float* di, const __half* y, const __half* dy, const float* dlse, int64_t rows,
-                                   int64_t D, cudaStream_t stream);
+                                   int64_t D, cudaStream_t stream, int64_t T = 1, HeadLayout layout = {});
 cudaError_t LaunchAttentionScoreGrad(__nv_bfloat16* ds, const float* dp, const float* p, const float* di,
                                      int64_t heads, int64_t T, cudaStream_t stream);
 cudaError_t LaunchAttentionScoreGrad(__half* ds, const float* dp, const float* p, const float* di, int64_t heads,

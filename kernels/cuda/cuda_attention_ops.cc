@@ -5,13 +5,25 @@
 // (flash_attention.h); with the attrs, operand checks and messages of
 // kernels/cpu/attention.cc. Heads of 0 or more than cuda::kMaxHeadDim elements,
 // and more than 65535 (batch x heads), are refused naming the limit.
+//
+// Layout "bthd" ([B, T, H, D] q, k, v, y and gradients): the tensor-core
+// flash kernels read and write it in place (cuda::HeadLayout). The GEMM
+// path cannot: its cuBLASLt strided batches (kernels/cuda/gemm.h) take one
+// batch stride per operand and no leading dimension, and a bthd head's rows
+// lie H * D apart; nor do the F32/F64 kernels of attention.h take strides.
+// Those paths transpose q, k, v (y, dy) into [B, H, T, D] scratch, run as
+// for "bhtd" and transpose the outputs back (ViaBhtd): the graph's
+// transposes moved into the kernel, the same traffic, bit for bit the
+// "bhtd" results.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +31,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/strided_copy.h"
 #include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
 #include "proto/types.h"
@@ -29,7 +42,8 @@
 namespace strata {
 namespace {
 
-// The GPU kernels' limits on q [B, H, T, D].
+// The GPU kernels' limits on q [B, H, T, D] (or [B, T, H, D]: the product
+// of dims 0 and 1 is the heads either way).
 absl::Status CheckLimits(const Tensor& q, const char* op) {
   if (q.dim(3) == 0 || q.dim(3) > cuda::kMaxHeadDim) {
     return absl::UnimplementedError(absl::StrCat(op, ": the CUDA kernel takes heads of 1 to ", cuda::kMaxHeadDim,
@@ -53,6 +67,31 @@ absl::StatusOr<Tensor> Scratch(KernelContext& ctx, DataType dtype, int64_t eleme
   return t;
 }
 
+// dst [a, c, b, d] = src [a, b, c, d] with its dims 1 and 2 swapped
+// (perm (0, 2, 1, 3), its own inverse): [B, T, H, D] <-> [B, H, T, D].
+absl::Status SwapInto(Tensor& dst, const Tensor& src, const char* op, cudaStream_t stream) {
+  const Shape& s = src.shape();
+  const int64_t box[4] = {s[0], s[2], s[1], s[3]};
+  const int64_t dst_strides[4] = {s[1] * s[2] * s[3], s[1] * s[3], s[3], 1};
+  const int64_t src_strides[4] = {s[1] * s[2] * s[3], s[3], s[2] * s[3], 1};
+  cuda::CopyPlan plan;
+  if (!cuda::MakeCopyPlan(4, box, dst_strides, src_strides, &plan)) {
+    return absl::InternalError(absl::StrCat(op, ": no copy plan for ", ShapeString(s)));
+  }
+  return CudaStatus(
+      cuda::LaunchStridedCopy(dst.raw_data(), src.raw_data(), static_cast<int>(DataTypeSize(src.dtype())), plan, stream),
+      op);
+}
+
+// A scratch copy of `t` with its dims 1 and 2 swapped.
+absl::StatusOr<Tensor> SwapHeadsAndTime(KernelContext& ctx, const Tensor& t, const char* op, cudaStream_t stream) {
+  const Shape& s = t.shape();
+  STRATA_ASSIGN_OR_RETURN(Tensor swapped, Scratch(ctx, t.dtype(), t.num_elements(), op));
+  swapped = swapped.Reshaped(Shape{s[0], s[2], s[1], s[3]});
+  STRATA_RETURN_IF_ERROR(SwapInto(swapped, t, op, stream));
+  return swapped;
+}
+
 // The CPU's attrs, and allow_tf32 (passes/tf32 on GPU plans when the
 // strategy allows TF32): the GEMM path's float products then run on tensor
 // cores with q, k, v, P and dS rounded to TF32.
@@ -62,11 +101,55 @@ class CudaAttentionAttrsKernel : public AttentionAttrsKernel {
   absl::Status Init(const Op& op) {
     STRATA_RETURN_IF_ERROR(AttentionAttrsKernel::Init(op));
     STRATA_ASSIGN_OR_RETURN(tf32_, AttrBool(op, "allow_tf32"));
-    if (bthd()) return absl::UnimplementedError(absl::StrCat(op.type(), ": the CUDA kernels take layout \"bhtd\" only"));
     return absl::OkStatus();
   }
 
  protected:
+  // Layout "bthd" on a path without strided kernels (see the file comment):
+  // q, k, v (y, dy) transposed into [B, H, T, D] scratch, `run` (the "bhtd"
+  // kernel) on a context of those, y (dq, dk, dv) transposed back; lse and
+  // dlse are [B, H, T] in both layouts and pass as they are.
+  absl::Status ViaBhtd(KernelContext& ctx, bool grad, const char* op,
+                       const std::function<absl::Status(KernelContext&)>& run) const {
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const cudaStream_t stream = device->stream();
+    const Tensor& q = ctx.input(0);
+    if (q.num_elements() == 0) {  // nothing to compute: the outputs' shapes only
+      for (int i = 0; i < ctx.num_outputs(); ++i) {
+        const bool lse = !grad && i == 1;
+        const DataType dtype = lse && IsHalfFloating(q.dtype()) ? F32 : q.dtype();
+        STRATA_RETURN_IF_ERROR(
+            ctx.AllocateOutput(i, dtype, lse ? Shape{q.dim(0), q.dim(2), q.dim(1)} : q.shape()).status());
+      }
+      return absl::OkStatus();
+    }
+    const int n = ctx.num_inputs();
+    std::vector<Tensor> swapped(n);
+    std::vector<const Tensor*> inputs(n);
+    for (int i = 0; i < n; ++i) {
+      const Tensor& t = ctx.input(i);
+      inputs[i] = &t;
+      if (i == 4 || i == 6) continue;  // lse, dlse
+      STRATA_ASSIGN_OR_RETURN(swapped[i], SwapHeadsAndTime(ctx, t, op, stream));
+      inputs[i] = &swapped[i];
+    }
+    std::vector<Tensor> outputs(ctx.num_outputs());
+    KernelContext inner(&ctx.run(), inputs, absl::MakeSpan(outputs));
+    STRATA_RETURN_IF_ERROR(run(inner));
+    swapped.clear();
+    for (int i = 0; i < ctx.num_outputs(); ++i) {
+      if (!grad && i == 1) {
+        ctx.SetOutput(1, std::move(outputs[1]));  // lse
+        continue;
+      }
+      const Tensor& t = outputs[i];
+      const Shape& s = t.shape();
+      STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, t.dtype(), Shape{s[0], s[2], s[1], s[3]}));
+      STRATA_RETURN_IF_ERROR(SwapInto(*out, t, op, stream));
+    }
+    return absl::OkStatus();
+  }
+
   // One strided batch of c_i = alpha op(a_i) @ op(b_i); TF32 reaches float only.
   template <typename T>
   absl::Status Batched(cuda::LtGemm& gemm, T* c, const T* a, const T* b, int64_t batch, int64_t m, int64_t n,
@@ -122,7 +205,14 @@ class CudaAttentionKernel : public CudaAttentionAttrsKernel {
  public:
   using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
-    constexpr char kOp[] = "scaled_dot_product_attention";
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false, layout_));
+    if (bthd()) return ViaBhtd(ctx, false, kOp, [this](KernelContext& c) { return ComputeBhtd(c); });
+    return ComputeBhtd(ctx);
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention";
+  absl::Status ComputeBhtd(KernelContext& ctx) {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
@@ -160,7 +250,14 @@ class CudaAttentionGradKernel : public CudaAttentionAttrsKernel {
  public:
   using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
-    constexpr char kOp[] = "scaled_dot_product_attention_grad";
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true, layout_));
+    if (bthd()) return ViaBhtd(ctx, true, kOp, [this](KernelContext& c) { return ComputeBhtd(c); });
+    return ComputeBhtd(ctx);
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention_grad";
+  absl::Status ComputeBhtd(KernelContext& ctx) {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
@@ -234,15 +331,28 @@ class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
  public:
   using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false, layout_));
+    const Tensor& q = ctx.input(0);
+    if (bthd() && !FlashTensorCorePath(q.dtype(), q.dim(0) * q.dim(2), q.dim(3))) {
+      return ViaBhtd(ctx, false, kOp, [this](KernelContext& c) { return ComputeIn(c, cuda::HeadLayout{}); });
+    }
+    return ComputeIn(ctx, bthd() ? cuda::HeadLayout{q.dim(2), true} : cuda::HeadLayout{});
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention";
+  // `layout` "bthd" on the flash kernels only.
+  absl::Status ComputeIn(KernelContext& ctx, const cuda::HeadLayout& layout) {
     using G = typename CudaHalf<T>::type;
-    constexpr char kOp[] = "scaled_dot_product_attention";
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false));
+    const AttentionLayout attention_layout = layout.bthd ? AttentionLayout::kBthd : AttentionLayout::kBhtd;
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, false, attention_layout));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
+    const AttentionShape dims = AttentionDimsOf(q.shape(), attention_layout);
     // No head-size or head-count limit: the GEMM path has neither (CheckLimits is the flash kernels').
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, q.dtype(), q.shape()));
-    STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, Shape{q.dim(0), q.dim(1), q.dim(2)}));
-    const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
+    STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, Shape{dims.B, dims.H, dims.T}));
+    const int64_t heads = dims.B * dims.H, T_ = dims.T, D = dims.D;
     if (heads * T_ == 0) return absl::OkStatus();
     const G* pq = reinterpret_cast<const G*>(q.data<T>());
     const G* pk = reinterpret_cast<const G*>(ctx.input(1).data<T>());
@@ -252,9 +362,10 @@ class CudaHalfAttentionKernel : public CudaAttentionAttrsKernel {
     const cudaStream_t stream = device->stream();
     if (FlashTensorCorePath(q.dtype(), heads, D)) {
       return CudaStatus(cuda::LaunchFlashAttention(py, lse->data<float>(), pq, pk, pv, heads, T_, D, scale, causal_,
-                                                   stream),
+                                                   stream, layout),
                         kOp);
     }
+    if (layout.bthd) return absl::InternalError(absl::StrCat(kOp, ": layout \"bthd\" reached the GEMM path"));
     const int64_t chunk = ChunkHeads(q.dtype(), false, heads, T_);
     if (chunk == 0) return RefuseLongHalf(kOp, T_);
     const auto [scratch_dtype, elements] = ScoreScratch(q.dtype(), false, chunk, T_);
@@ -281,20 +392,36 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
  public:
   using CudaAttentionAttrsKernel::CudaAttentionAttrsKernel;
   absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true, layout_));
+    const Tensor& q = ctx.input(0);
+    if (bthd() && !FlashTensorCorePath(q.dtype(), q.dim(0) * q.dim(2), q.dim(3))) {
+      return ViaBhtd(ctx, true, kOp, [this](KernelContext& c) { return ComputeIn(c, cuda::HeadLayout{}); });
+    }
+    return ComputeIn(ctx, bthd() ? cuda::HeadLayout{q.dim(2), true} : cuda::HeadLayout{});
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention_grad";
+  // `layout` "bthd" on the flash kernels only.
+  absl::Status ComputeIn(KernelContext& ctx, const cuda::HeadLayout& layout) {
     using G = typename CudaHalf<T>::type;
-    constexpr char kOp[] = "scaled_dot_product_attention_grad";
-    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true));
+    const AttentionLayout attention_layout = layout.bthd ? AttentionLayout::kBthd : AttentionLayout::kBhtd;
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckAttentionOperands(ctx, kOp, true, attention_layout));
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& q = ctx.input(0);
+    const AttentionShape dims = AttentionDimsOf(q.shape(), attention_layout);
     // No head-size or head-count limit: the GEMM path has neither (CheckLimits is the flash kernels').
     G* out[3];
     for (int i = 0; i < 3; ++i) {
       STRATA_ASSIGN_OR_RETURN(Tensor * t, ctx.AllocateOutput(i, q.dtype(), q.shape()));
       out[i] = reinterpret_cast<G*>(t->data<T>());
     }
-    const int64_t heads = q.dim(0) * q.dim(1), T_ = q.dim(2), D = q.dim(3);
+    const int64_t heads = dims.B * dims.H, T_ = dims.T, D = dims.D;
     if (heads * T_ == 0) return absl::OkStatus();
     const bool flash = FlashTensorCorePath(q.dtype(), heads, D);
+    if (layout.bthd && !flash) {
+      return absl::InternalError(absl::StrCat(kOp, ": layout \"bthd\" reached the GEMM path"));
+    }
     const int64_t chunk = flash ? 0 : ChunkHeads(q.dtype(), true, heads, T_);
     if (!flash && chunk == 0) return RefuseLongHalf(kOp, T_);
     const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
@@ -306,7 +433,8 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     const float scale = static_cast<float>(ScaleFor(D));
     if (flash) {
       return CudaStatus(cuda::LaunchFlashAttentionGrad(out[0], out[1], out[2], pq, pk, pv, py, plse, pdy, dlse,
-                                                       di.data<float>(), heads, T_, D, scale, causal_, stream),
+                                                       di.data<float>(), heads, T_, D, scale, causal_, stream,
+                                                       layout),
                         kOp);
     }
     STRATA_RETURN_IF_ERROR(
@@ -340,18 +468,29 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
 // Scratch for the memory plan: the forward's scores on the GEMM path; the
 // gradient's di (one element per query row) and, on the GEMM path, P and dS.
 // The tensor-core flash kernels (FlashTensorCorePath) need di only.
+// Layout "bthd" off the flash kernels adds ViaBhtd's copies: q, k, v (y, dy)
+// and y (dq, dk, dv) in [B, H, T, D].
 absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
   const DataType dtype = def.input_types[0].dtype;
-  const int64_t heads = s[0] * s[1], T = s[2];
+  AttentionLayout layout = AttentionLayout::kBhtd;  // a def without its op (tests) is "bhtd"
+  if (def.op != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(layout, AttentionLayoutAttr(*def.op));
+  }
+  const AttentionShape dims = AttentionDimsOf(s, layout);
+  const int64_t heads = dims.B * dims.H, T = dims.T;
   // di, in lse's type (float for 16-bit q).
   const DataType lse = IsHalfFloating(dtype) ? F32 : dtype;
   int64_t bytes = grad ? cuda::AttentionGradScratch(heads, T) * static_cast<int64_t>(DataTypeSize(lse)) : 0;
-  const int64_t chunk = FlashTensorCorePath(dtype, heads, s[3]) ? 0 : ChunkHeads(dtype, grad, heads, T);
+  const bool flash = FlashTensorCorePath(dtype, heads, s[3]);
+  const int64_t chunk = flash ? 0 : ChunkHeads(dtype, grad, heads, T);
   if (chunk > 0) {
     const auto [scratch_dtype, elements] = ScoreScratch(dtype, grad, chunk, T);
     bytes += elements * static_cast<int64_t>(DataTypeSize(scratch_dtype));
+  }
+  if (layout == AttentionLayout::kBthd && !flash) {
+    bytes += (grad ? 8 : 4) * NumElements(s) * static_cast<int64_t>(DataTypeSize(dtype));
   }
   return bytes;
 }

@@ -83,18 +83,23 @@ struct Case {
   double scale;  // 0: 1/sqrt(D)
   bool dlse;          // a gradient reaches lse too
   bool tf32 = false;  // allow_tf32: F32 products on tensor cores
+  bool bthd = false;  // layout "bthd": q, k, v, y and gradients [B, T, H, D]
 };
+
+// q's shape (and y's, dy's) in the case's layout.
+Shape QShape(const Case& c) { return c.bthd ? Shape{c.B, c.T, c.H, c.D} : Shape{c.B, c.H, c.T, c.D}; }
 
 std::string Attrs(const Case& c) {
   return absl::StrCat(" attr { key: \"causal\" value { b: ", c.causal ? "true" : "false", " } }",
                       " attr { key: \"scale\" value { f: ", c.scale, " } }",
-                      c.tf32 ? " attr { key: \"allow_tf32\" value { b: true } }" : "");
+                      c.tf32 ? " attr { key: \"allow_tf32\" value { b: true } }" : "",
+                      c.bthd ? " attr { key: \"layout\" value { s: \"bthd\" } }" : "");
 }
 
 std::string Name(const Case& c, DataType dtype) {
   return absl::StrCat(DataTypeName(dtype), " [", c.B, ", ", c.H, ", ", c.T, ", ", c.D, "]",
                       c.causal ? " causal" : "", c.scale != 0 ? absl::StrCat(" scale ", c.scale) : "",
-                      c.dlse ? " with dlse" : "", c.tf32 ? " tf32" : "");
+                      c.dlse ? " with dlse" : "", c.tf32 ? " tf32" : "", c.bthd ? " bthd" : "");
 }
 
 // Head sizes on both template paths (<= 64, <= 128), rows not a multiple of
@@ -134,7 +139,7 @@ class CudaAttentionOpsTest : public CudaOpsTest {
   // both start equal) against the bars above; the gradient's dq and dk once
   // more on the GPU, bit for bit (no atomics).
   void CheckAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
-    const Shape shape{c.B, c.H, c.T, c.D}, lse_shape{c.B, c.H, c.T};
+    const Shape shape = QShape(c), lse_shape{c.B, c.H, c.T};
     std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, shape, seed)},
                                      {"k", RandomTensor(dtype, shape, seed + 1)},
                                      {"v", RandomTensor(dtype, shape, seed + 2)},
@@ -266,10 +271,10 @@ const Case kHalfCases[] = {
 
 // Random 16-bit q, k, v, dy (and float dlse) for a case.
 std::map<std::string, Tensor> HalfInputs(const Case& c, DataType dtype, uint32_t seed) {
-  std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed)},
-                                   {"k", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 1)},
-                                   {"v", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 2)},
-                                   {"dy", RandomTensor(dtype, {c.B, c.H, c.T, c.D}, seed + 3)}};
+  std::map<std::string, Tensor> in{{"q", RandomTensor(dtype, QShape(c), seed)},
+                                   {"k", RandomTensor(dtype, QShape(c), seed + 1)},
+                                   {"v", RandomTensor(dtype, QShape(c), seed + 2)},
+                                   {"dy", RandomTensor(dtype, QShape(c), seed + 3)}};
   if (c.dlse) in["dlse"] = RandomTensor(F32, {c.B, c.H, c.T}, seed + 4);
   return in;
 }
@@ -415,6 +420,108 @@ TEST_F(CudaAttentionOpsTest, RefusesHeadsAbove128) {
             "scaled_dot_product_attention: the CUDA kernel takes heads of 1 to 128 elements, got D = 129");
   RunContext cpu;
   EXPECT_TRUE(RunKernel(op, F32, {&q, &q, &q}, cpu).ok());
+}
+
+// Layout "bthd" (passes/attention_layout's): every path against the CPU's
+// "bthd" kernels with the bars above (the GEMM path and the F32/F64 kernels
+// through [B, H, T, D] scratch, the tensor-core flash kernels in place).
+const Case kBthdCases[] = {
+    {2, 3, 100, 64, true, 0, false, false, true}, {1, 2, 77, 32, false, 0.3, true, false, true},
+    {2, 2, 65, 128, false, 0, true, false, true}, {2, 12, 256, 64, true, 0, false, false, true},
+};
+
+TEST_F(CudaAttentionOpsTest, BthdMatchesTheCpu) {
+  for (const Path& path : kPaths) {
+    for (DataType dtype : {F32, F64}) {
+      for (const Case& c : kBthdCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
+        ScopedScoreBudget budget(Budget(path, c, dtype));
+        CheckAgainstTheCpu(c, dtype, 71);
+      }
+    }
+  }
+}
+
+TEST_F(CudaHalfAttentionOpsTest, BthdHalfHeadsMatchTheCpuWidenedKernels) {
+  for (const HalfPath& path : kHalfPaths) {
+    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    for (DataType dtype : {BF16, F16}) {
+      for (const Case& c : kBthdCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
+        CheckHalfAgainstTheCpu(c, dtype, 81);
+      }
+    }
+  }
+}
+
+// On the GPU too "bthd" is "bhtd" between transposes, bit for bit: the flash
+// kernels load the same tiles from other addresses, the other paths run
+// "bhtd" on transposed copies. (The transposes run on the CPU: moves only.)
+TEST_F(CudaHalfAttentionOpsTest, BthdIsBhtdBetweenTransposesBitForBit) {
+  const auto swap = [](const Tensor& t) {
+    std::map<std::string, Tensor> env{{"x", t}};
+    EXPECT_TRUE(RunOp(ParseOp(R"pb(type: "transpose" input: "x" output: "y"
+                                   attr { key: "perm" value { list { i: [0, 2, 1, 3] } } })pb"),
+                      &env)
+                    .ok());
+    return env["y"];
+  };
+  for (const HalfPath& path : kHalfPaths) {
+    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    for (DataType dtype : {F32, BF16, F16}) {
+      for (Case c : kBthdCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
+        // F32 takes bf16 values widened (dlse is F32 for every dtype).
+        const std::map<std::string, Tensor> in = HalfInputs(c, dtype == F32 ? BF16 : dtype, 91);
+        std::map<std::string, Tensor> bthd_in, bhtd_in;
+        for (const auto& [name, t] : in) {
+          bthd_in[name] = name == "dlse" ? t : Retyped(dtype, t);
+          bhtd_in[name] = name == "dlse" ? t : swap(bthd_in[name]);
+        }
+        Case bhtd = c;
+        bhtd.bthd = false;
+        const Tensor y = RunGpu(ForwardText(c), bthd_in, "y"), lse = RunGpu(ForwardText(c), bthd_in, "lse");
+        const Tensor y0 = RunGpu(ForwardText(bhtd), bhtd_in, "y"), lse0 = RunGpu(ForwardText(bhtd), bhtd_in, "lse");
+        EXPECT_TRUE(BitEqual(y, swap(y0)));
+        EXPECT_TRUE(BitEqual(lse, lse0));
+        bthd_in["y"] = y;
+        bthd_in["lse"] = lse;
+        bhtd_in["y"] = y0;
+        bhtd_in["lse"] = lse0;
+        for (const char* g : {"dq", "dk", "dv"}) {
+          SCOPED_TRACE(g);
+          EXPECT_TRUE(BitEqual(RunGpu(GradText(c), bthd_in, g), swap(RunGpu(GradText(bhtd), bhtd_in, g))));
+        }
+      }
+    }
+  }
+}
+
+// The memory plan counts the transposed copies where a path takes them: none
+// on the tensor-core flash kernels, four (eight for the gradient) q-sized
+// copies on the GEMM path.
+TEST_F(CudaHalfAttentionOpsTest, BthdScratchCountsTheTransposedCopies) {
+  const WorkspaceFn* fwd = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention", DEVICE_CUDA);
+  const WorkspaceFn* grad = KernelRegistry::Global().FindWorkspace("scaled_dot_product_attention_grad", DEVICE_CUDA);
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(grad, nullptr);
+  Op bhtd = ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb");
+  Op bthd = bhtd;
+  (*bthd.mutable_attr())["layout"].set_s("bthd");
+  KernelDef bhtd_def, bthd_def;
+  bhtd_def.op = &bhtd;
+  bthd_def.op = &bthd;
+  bhtd_def.input_types = {TensorType{BF16, {8, 12, 1024, 64}}};
+  bthd_def.input_types = {TensorType{BF16, {8, 1024, 12, 64}}};
+  const int64_t copy = int64_t{8} * 1024 * 12 * 64 * 2;
+  {
+    ScopedFlashTensorCore flash(true);
+    EXPECT_EQ(*(*fwd)(bthd_def, 1), *(*fwd)(bhtd_def, 1));
+    EXPECT_EQ(*(*grad)(bthd_def, 1), *(*grad)(bhtd_def, 1));
+  }
+  ScopedFlashTensorCore flash(false);
+  EXPECT_EQ(*(*fwd)(bthd_def, 1), *(*fwd)(bhtd_def, 1) + 4 * copy);
+  EXPECT_EQ(*(*grad)(bthd_def, 1), *(*grad)(bhtd_def, 1) + 8 * copy);
 }
 
 }  // namespace

@@ -62,37 +62,39 @@ template <typename G>
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, G, wmma::col_major>;
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Rows [row0, row0 + kBlock) of a [T, kD] matrix into shared `dst` (stride
+// Rows [row0, row0 + kBlock) of a [T, kD] matrix whose rows lie `rs`
+// elements apart (kD, or H * kD for "bthd") into shared `dst` (stride
 // kLd<kD>), zeros past T; by the whole block. `vec`: src is 16-byte aligned,
-// so rows move as 16-byte words.
+// so rows move as 16-byte words (rs is a multiple of kD, so of 8).
 template <typename G, int kD>
-__device__ inline void LoadRows(G* dst, const G* src, int64_t row0, int64_t T, bool vec) {
+__device__ inline void LoadRows(G* dst, const G* src, int64_t row0, int64_t T, bool vec, int64_t rs) {
   constexpr int ld = kLd<kD>;
   if (vec) {
     constexpr int kWords = kD / 8;
     for (int idx = threadIdx.x; idx < kBlock * kWords; idx += kThreads) {
       const int r = idx / kWords, w = idx % kWords;
       uint4 word = make_uint4(0, 0, 0, 0);
-      if (row0 + r < T) word = *reinterpret_cast<const uint4*>(src + (row0 + r) * kD + w * 8);
+      if (row0 + r < T) word = *reinterpret_cast<const uint4*>(src + (row0 + r) * rs + w * 8);
       *reinterpret_cast<uint4*>(dst + r * ld + w * 8) = word;
     }
   } else {
     for (int idx = threadIdx.x; idx < kBlock * kD; idx += kThreads) {
       const int r = idx / kD, d = idx % kD;
-      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * kD + d] : FromFloat<G>(0.0f);
+      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
     }
   }
 }
 
 // A warp's 16 x kD float rows in `f` (stride kLdF) to rows [row0, row0 + 16)
-// of a [T, kD] matrix, times `factor`, rounded once; rows past T dropped.
+// of a [T, kD] matrix whose rows lie `rs` apart, times `factor`, rounded
+// once; rows past T dropped.
 template <typename G, int kD>
-__device__ inline void StoreRows(G* dst, const float* f, int64_t row0, int64_t T, float factor) {
+__device__ inline void StoreRows(G* dst, const float* f, int64_t row0, int64_t T, float factor, int64_t rs) {
   constexpr int ldf = kLdF<kD>;
   const int lane = threadIdx.x % 32;
   for (int idx = lane; idx < kWarpRows * kD; idx += 32) {
     const int r = idx / kD, d = idx % kD;
-    if (row0 + r < T) dst[(row0 + r) * kD + d] = FromFloat<G>(f[r * ldf + d] * factor);
+    if (row0 + r < T) dst[(row0 + r) * rs + d] = FromFloat<G>(f[r * ldf + d] * factor);
   }
 }
 
@@ -103,10 +105,12 @@ constexpr size_t ForwardShared(int kD) {
 
 // grid (query blocks, heads), kThreads. Shared: the k and v tiles [kTile][kLd]
 // (q passes through the k tile once, into each warp's fragments), a warp's P
-// [16][kLdP] and float scratch [16][kLdF].
+// [16][kLdP] and float scratch [16][kLdF]. `layout`: where a head's rows lie
+// in q, k, v and y (attention.h).
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
-    FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec) {
+    FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
+                 HeadLayout layout) {
   constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
   constexpr int kOut = kD / 2;  // output columns a lane owns
   extern __shared__ __align__(128) unsigned char smem[];
@@ -118,11 +122,11 @@ __global__ void __launch_bounds__(kThreads)
   const int r = lane / 2, half = lane % 2;  // the lane's row of the warp, and which half of its columns
   G* pw = ps + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
-  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
 
-  LoadRows<G, kD>(ks, q + off, q0, T, vec);
+  LoadRows<G, kD>(ks, q + off, q0, T, vec, rs);
   __syncthreads();
   FragA<G> qf[kD / 16];
 #pragma unroll
@@ -135,8 +139,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = flash::KeyEnd(q0, T, causal);
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous tiles (and q)
-    LoadRows<G, kD>(ks, k + off, k0, T, vec);
-    LoadRows<G, kD>(vs, v + off, k0, T, vec);
+    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
+    LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
     __syncthreads();
     // S = q k^T, the warp's 16 x kTile.
 #pragma unroll
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kThreads)
   if (i >= T) return;
   const float inv = 1.0f / l;
 #pragma unroll
-  for (int c = 0; c < kOut; ++c) y[off + i * kD + half * kOut + c] = FromFloat<G>(o[c] * inv);
+  for (int c = 0; c < kOut; ++c) y[off + i * rs + half * kOut + c] = FromFloat<G>(o[c] * inv);
   if (half == 0) lse[head * T + i] = flash::Lse(m, l);
 }
 
@@ -259,13 +263,14 @@ __device__ inline void AccumulateProduct(FragAcc* acc, const G* a, const G* b) {
 // The warp's float accumulators through its scratch to rows [row0, row0 + 16)
 // of dst, times factor.
 template <typename G, int kD>
-__device__ inline void StoreAccumulators(G* dst, FragAcc* acc, float* fw, int64_t row0, int64_t T, float factor) {
+__device__ inline void StoreAccumulators(G* dst, FragAcc* acc, float* fw, int64_t row0, int64_t T, float factor,
+                                         int64_t rs) {
   constexpr int ldf = kLdF<kD>;
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n) wmma::store_matrix_sync(fw + n * 16, acc[n], ldf, wmma::mem_row_major);
   __syncwarp();
-  StoreRows<G, kD>(dst, fw, row0, T, factor);
+  StoreRows<G, kD>(dst, fw, row0, T, factor, rs);
   __syncwarp();
 }
 
@@ -275,7 +280,7 @@ __device__ inline void StoreAccumulators(G* dst, FragAcc* acc, float* fw, int64_
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradKV(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
-                int64_t T, float scale, bool causal, bool vec) {
+                int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
   constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
   extern __shared__ __align__(128) unsigned char smem[];
   G* ks = reinterpret_cast<G*>(smem);
@@ -294,12 +299,12 @@ __global__ void __launch_bounds__(kThreads)
   G* dsw = dss + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
   float* dpw = dps + warp * kWarpRows * kLdDp;
-  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t j = k0 + warp * kWarpRows + r;  // the lane's key row
 
-  LoadRows<G, kD>(ks, k + off, k0, T, vec);
-  LoadRows<G, kD>(vs, v + off, k0, T, vec);
+  LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
+  LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
   FragAcc dk_acc[kD / 16], dv_acc[kD / 16];
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n) {
@@ -308,8 +313,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i0 = flash::QueryBegin(k0, causal); i0 < T; i0 += kTile) {
     __syncthreads();  // every warp is done with the previous query tile
-    LoadRows<G, kD>(qs, q + off, i0, T, vec);
-    LoadRows<G, kD>(dys, dy + off, i0, T, vec);
+    LoadRows<G, kD>(qs, q + off, i0, T, vec, rs);
+    LoadRows<G, kD>(dys, dy + off, i0, T, vec, rs);
     for (int t = threadIdx.x; t < kTile; t += kThreads) {
       lses[t] = i0 + t < T ? lse[head * T + i0 + t] : 0.0f;
       dis[t] = i0 + t < T ? di[head * T + i0 + t] : 0.0f;
@@ -330,8 +335,8 @@ __global__ void __launch_bounds__(kThreads)
     AccumulateProduct<G, kD>(dk_acc, dsw, qs);
   }
   const int64_t row0 = k0 + warp * kWarpRows;
-  StoreAccumulators<G, kD>(dk + off, dk_acc, fw, row0, T, scale);
-  StoreAccumulators<G, kD>(dv + off, dv_acc, fw, row0, T, 1.0f);
+  StoreAccumulators<G, kD>(dk + off, dk_acc, fw, row0, T, scale, rs);
+  StoreAccumulators<G, kD>(dv + off, dv_acc, fw, row0, T, 1.0f, rs);
 }
 
 // grid (query blocks, heads), kThreads; a warp owns 16 queries. Per key tile:
@@ -340,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradQ(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
-               float scale, bool causal, bool vec) {
+               float scale, bool causal, bool vec, HeadLayout layout) {
   constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
   extern __shared__ __align__(128) unsigned char smem[];
   G* qs = reinterpret_cast<G*>(smem);
@@ -355,22 +360,22 @@ __global__ void __launch_bounds__(kThreads)
   G* dsw = dss + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
   float* dpw = dps + warp * kWarpRows * kLdDp;
-  const int64_t head = blockIdx.y, off = head * T * kD;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
   const float row_lse = i < T ? lse[head * T + i] : 0.0f;
   const float row_di = i < T ? di[head * T + i] : 0.0f;
 
-  LoadRows<G, kD>(qs, q + off, q0, T, vec);
-  LoadRows<G, kD>(dys, dy + off, q0, T, vec);
+  LoadRows<G, kD>(qs, q + off, q0, T, vec, rs);
+  LoadRows<G, kD>(dys, dy + off, q0, T, vec, rs);
   FragAcc dq_acc[kD / 16];
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
   const int64_t end = flash::KeyEnd(q0, T, causal);
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();
-    LoadRows<G, kD>(ks, k + off, k0, T, vec);
-    LoadRows<G, kD>(vs, v + off, k0, T, vec);
+    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
+    LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
     __syncthreads();
     ScoresAndScoreGrads<G, kD>(fw, dpw, qs + warp * kWarpRows * ld, ks, dys + warp * kWarpRows * ld, vs);
     __syncwarp();
@@ -384,7 +389,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     AccumulateProduct<G, kD>(dq_acc, dsw, ks);
   }
-  StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale);
+  StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale, rs);
 }
 
 // Opts `kernel` into `shared` bytes of dynamic shared memory on the current
@@ -419,58 +424,65 @@ bool Aligned16(const P*... p) {
 
 template <typename G, int kD>
 cudaError_t ForwardD(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, float scale,
-                     bool causal, cudaStream_t stream) {
+                     bool causal, cudaStream_t stream, HeadLayout layout) {
   static std::atomic<uint64_t> done{0};
   constexpr size_t shared = ForwardShared(kD);
   if (cudaError_t e = AllowShared(FlashForward<G, kD>, shared, done); e != cudaSuccess) return e;
   FlashForward<G, kD>
-      <<<Grid(T, heads), kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, Aligned16(q, k, v));
+      <<<Grid(T, heads), kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, Aligned16(q, k, v), layout);
   return cudaGetLastError();
 }
 
 template <typename G>
 cudaError_t Forward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, int64_t D,
-                    float scale, bool causal, cudaStream_t stream) {
+                    float scale, bool causal, cudaStream_t stream, HeadLayout layout) {
   if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
+  if (layout.bthd && (layout.H <= 0 || heads % layout.H != 0)) return cudaErrorInvalidValue;
   if (heads == 0 || T == 0) return cudaSuccess;
   switch (D) {
     case 32:
-      return ForwardD<G, 32>(y, lse, q, k, v, heads, T, scale, causal, stream);
+      return ForwardD<G, 32>(y, lse, q, k, v, heads, T, scale, causal, stream, layout);
     case 64:
-      return ForwardD<G, 64>(y, lse, q, k, v, heads, T, scale, causal, stream);
+      return ForwardD<G, 64>(y, lse, q, k, v, heads, T, scale, causal, stream, layout);
     default:
-      return ForwardD<G, 128>(y, lse, q, k, v, heads, T, scale, causal, stream);
+      return ForwardD<G, 128>(y, lse, q, k, v, heads, T, scale, causal, stream, layout);
   }
 }
 
 template <typename G, int kD>
 cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy,
-                  const float* di, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream) {
+                  const float* di, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream,
+                  HeadLayout layout) {
   static std::atomic<uint64_t> kv_done{0}, q_done{0};
   constexpr size_t shared = GradShared(kD);
   const bool vec = Aligned16(q, k, v, dy);
   if (cudaError_t e = AllowShared(FlashGradKV<G, kD>, shared, kv_done); e != cudaSuccess) return e;
-  FlashGradKV<G, kD><<<Grid(T, heads), kThreads, shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec);
+  FlashGradKV<G, kD>
+      <<<Grid(T, heads), kThreads, shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (cudaError_t e = AllowShared(FlashGradQ<G, kD>, shared, q_done); e != cudaSuccess) return e;
-  FlashGradQ<G, kD><<<Grid(T, heads), kThreads, shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec);
+  FlashGradQ<G, kD>
+      <<<Grid(T, heads), kThreads, shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
   return cudaGetLastError();
 }
 
 template <typename G>
 cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const G* y, const float* lse, const G* dy,
                  const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, HeadLayout layout) {
   if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
+  if (layout.bthd && (layout.H <= 0 || heads % layout.H != 0)) return cudaErrorInvalidValue;
   if (heads == 0 || T == 0) return cudaSuccess;
-  if (cudaError_t e = LaunchAttentionRowDots(di, y, dy, dlse, heads * T, D, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = LaunchAttentionRowDots(di, y, dy, dlse, heads * T, D, stream, T, layout); e != cudaSuccess) {
+    return e;
+  }
   switch (D) {
     case 32:
-      return GradD<G, 32>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+      return GradD<G, 32>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
     case 64:
-      return GradD<G, 64>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+      return GradD<G, 64>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
     default:
-      return GradD<G, 128>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream);
+      return GradD<G, 128>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
   }
 }
 
@@ -478,26 +490,27 @@ cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const 
 
 cudaError_t LaunchFlashAttention(__nv_bfloat16* y, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                 cudaStream_t stream) {
-  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream);
+                                 cudaStream_t stream, HeadLayout layout) {
+  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream, layout);
 }
 cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const __half* k, const __half* v,
-                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream) {
-  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream);
+                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream,
+                                 HeadLayout layout) {
+  return Forward(y, lse, q, k, v, heads, T, D, scale, causal, stream, layout);
 }
 
 cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* q,
                                      const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
                                      const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
                                      int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                     cudaStream_t stream) {
-  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream);
+                                     cudaStream_t stream, HeadLayout layout) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream, layout);
 }
 cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
                                      const __half* v, const __half* y, const float* lse, const __half* dy,
                                      const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
-                                     bool causal, cudaStream_t stream) {
-  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream);
+                                     bool causal, cudaStream_t stream, HeadLayout layout) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream, layout);
 }
 
 }  // namespace cuda

@@ -3,8 +3,9 @@
 
 // scaled_dot_product_attention and its gradient for bf16 and fp16 q, k, v on
 // tensor cores, FlashAttention-2's way: the [T, T] scores never reach memory.
-// Layout as attention.h: q, k, v, y, dy [heads, T, D] row-major; lse, dlse
-// and di [heads, T] in float. Head sizes 32, 64 and 128 (others keep the GEMM
+// Layout as attention.h: q, k, v, y, dy [heads, T, D] row-major, or with a
+// HeadLayout of "bthd" [B, T, H, D] (the rows of a head H * D apart, read and
+// written in place: no transposes); lse, dlse and di [heads, T] in float. Head sizes 32, 64 and 128 (others keep the GEMM
 // path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
 //
 // - Forward: a block of 4 warps owns 64 query rows (16 a warp, their q held in
@@ -32,6 +33,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/attention.h"
+
 namespace strata {
 namespace cuda {
 
@@ -51,11 +54,13 @@ inline bool FlashTensorCoreHeadDim(int64_t D) { return D == 32 || D == 64 || D =
 inline constexpr int64_t kFlashMaxHeads = 65535;
 
 // y, lse [heads, T] (float) from q, k, v. scale: the scores' factor.
+// layout: where a head's rows lie (attention.h; "bthd" needs heads % H == 0).
 cudaError_t LaunchFlashAttention(__nv_bfloat16* y, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, HeadLayout layout = {});
 cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const __half* k, const __half* v,
-                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream);
+                                 int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream,
+                                 HeadLayout layout = {});
 
 // dq, dk, dv from q, k, v, y, lse, dy and dlse (null: no gradient reaches
 // lse). `di`: scratch of attention.h's AttentionGradScratch(heads, T) floats.
@@ -63,11 +68,11 @@ cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_
                                      const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
                                      const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
                                      int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                     cudaStream_t stream);
+                                     cudaStream_t stream, HeadLayout layout = {});
 cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
                                      const __half* v, const __half* y, const float* lse, const __half* dy,
                                      const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
-                                     bool causal, cudaStream_t stream);
+                                     bool causal, cudaStream_t stream, HeadLayout layout = {});
 
 }  // namespace cuda
 }  // namespace strata

@@ -194,7 +194,7 @@ void Check(const Case& c, bool vec, double bar) {
   std::vector<G> y(n, Round<G>(12345));
   std::vector<float> lse(c.heads * c.T, 12345.0f);
   Launch(blocks, c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
-         v.data(), c.T, static_cast<float>(scale), c.causal, vec);
+         v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
   EXPECT_TRUE(Near(y, want.y, bar, "y"));
   EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
 
@@ -209,9 +209,9 @@ void Check(const Case& c, bool vec, double bar) {
   }
   std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
   Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(), v.data(),
-         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec);
+         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
   Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(),
-         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec);
+         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
   EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
   EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
   EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
@@ -259,6 +259,118 @@ TEST(FlashAttentionEmulationTest, StandInRoundsLikeCuda) {
   }
   EXPECT_EQ(StandInToFloat(__float2bfloat16_rn(0.1f)), 0.10009765625f);
 }
+
+// [B, H, T, D] -> [B, T, H, D] (to_bthd) or back.
+template <typename X>
+std::vector<X> SwapTH(const std::vector<X>& x, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd) {
+  std::vector<X> out(x.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bhtd = ((b * H + h) * T + t) * D, bthd = ((b * T + t) * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          if (to_bthd) {
+            out[bthd + d] = x[bhtd + d];
+          } else {
+            out[bhtd + d] = x[bthd + d];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+template <typename X>
+::testing::AssertionResult SameBits(const std::vector<X>& got, const std::vector<X>& want, const char* what) {
+  if (got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(X)) == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(X)) != 0) {
+      return ::testing::AssertionFailure() << what << ": element " << i << " is " << StandInToFloat(got[i])
+                                           << ", want " << StandInToFloat(want[i]);
+    }
+  }
+  return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, want " << want.size();
+}
+
+// Layout "bthd" (HeadLayout{H, true}: q, k, v, y, dy and the gradients
+// [B, T, H, D], read and written in place) gives the bits of the [B, H, T, D]
+// run on the transposed operands, transposed back: the same tiles reach
+// shared memory, so the same products and sums follow. lse stays [B, H, T].
+// HeadLayout::Row, which the row dots (di) read y and dy by, names the same
+// rows. The [B, H, T, D] run itself is checked against the reference above.
+template <typename G, int kD>
+void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
+  const int64_t heads = B * H, n = heads * T * kD, blocks = (T + kBlock - 1) / kBlock;
+  const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(kD)));
+  const std::vector<G> q = Random<G>(n, 1, 11), k = Random<G>(n, 1, 12), v = Random<G>(n, 1, 13),
+                       dy = Random<G>(n, 1, 14);
+  std::vector<float> di(heads * T);
+  std::mt19937 rng(15);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (float& x : di) x = static_cast<float>(u(rng));
+  const HeadLayout bhtd{}, bthd{H, true};
+  struct Run {
+    std::vector<G> y, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  // Both gradients take the [B, H, T, D] forward's lse (and the same di).
+  const auto run = [&](const std::vector<G>& q, const std::vector<G>& k, const std::vector<G>& v,
+                       const std::vector<G>& dy, const std::vector<float>* lse_in, const HeadLayout& layout) {
+    Run r{std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)),
+          std::vector<G>(n, Round<G>(12345)), std::vector<float>(heads * T, 12345.0f)};
+    Launch(blocks, heads, ForwardShared(kD), FlashForward<G, kD>, r.y.data(), r.lse.data(), q.data(), k.data(),
+           v.data(), T, scale, causal, vec, layout);
+    const std::vector<float>& lse = lse_in != nullptr ? *lse_in : r.lse;
+    Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
+           v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+    Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, r.dq.data(), q.data(), k.data(), v.data(), lse.data(),
+           dy.data(), di.data(), T, scale, causal, vec, layout);
+    return r;
+  };
+  const Run want = run(q, k, v, dy, nullptr, bhtd);
+  if (::testing::Test::HasFatalFailure()) return;
+  const auto to_bthd = [&](const std::vector<G>& x) { return SwapTH(x, B, H, T, kD, true); };
+  const Run got = run(to_bthd(q), to_bthd(k), to_bthd(v), to_bthd(dy), &want.lse, bthd);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_TRUE(SameBits(got.lse, want.lse, "lse"));
+  EXPECT_TRUE(SameBits(SwapTH(got.y, B, H, T, kD, false), want.y, "y"));
+  EXPECT_TRUE(SameBits(SwapTH(got.dq, B, H, T, kD, false), want.dq, "dq"));
+  EXPECT_TRUE(SameBits(SwapTH(got.dk, B, H, T, kD, false), want.dk, "dk"));
+  EXPECT_TRUE(SameBits(SwapTH(got.dv, B, H, T, kD, false), want.dv, "dv"));
+  // Row r of [heads, T] (di's) is row bthd.Row(r, T) of the [B, T, H, D] y.
+  bool rows_match = true;
+  for (int64_t r = 0; r < heads * T && rows_match; ++r) {
+    rows_match = std::memcmp(&got.y[bthd.Row(r, T) * kD], &want.y[r * kD], kD * sizeof(G)) == 0;
+    EXPECT_TRUE(rows_match) << "row " << r;
+  }
+  // The last head's last row ends the tensor.
+  EXPECT_EQ(bthd.Offset(heads - 1, T, kD) + (T - 1) * bthd.RowStride(kD) + kD, n);
+}
+
+// B x H heads of T rows (not a multiple of the 64-row blocks, one and two
+// blocks), causal and not, 16-byte and element loads.
+template <typename G, int kD>
+void CheckAllBthd() {
+  struct Shape {
+    int64_t B, H, T;
+    bool causal;
+  };
+  for (const Shape& c : {Shape{2, 3, 17, false}, Shape{1, 2, 70, true}, Shape{2, 2, 64, false}}) {
+    for (bool vec : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
+                                        << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads"));
+      CheckBthd<G, kD>(c.B, c.H, c.T, c.causal, vec);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(FlashAttentionEmulationTest, Bf16Head32Bthd) { CheckAllBthd<__nv_bfloat16, 32>(); }
+TEST(FlashAttentionEmulationTest, Fp16Head64Bthd) { CheckAllBthd<__half, 64>(); }
+TEST(FlashAttentionEmulationTest, Bf16Head128Bthd) { CheckAllBthd<__nv_bfloat16, 128>(); }
 
 TEST(FlashAttentionEmulationTest, Bf16Head32) { CheckAll<__nv_bfloat16, 32>(1e-2); }
 TEST(FlashAttentionEmulationTest, Bf16Head64) { CheckAll<__nv_bfloat16, 64>(1e-2); }
