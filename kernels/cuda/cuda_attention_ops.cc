@@ -42,8 +42,8 @@
 namespace strata {
 namespace {
 
-// The GPU kernels' limits on q [B, H, T, D] (or [B, T, H, D]: the product
-// of dims 0 and 1 is the heads either way).
+// The GPU kernels' limits on q [B, H, T, D] (layout "bthd" reaches the
+// kernels that check them through ViaBhtd's [B, H, T, D] copies).
 absl::Status CheckLimits(const Tensor& q, const char* op) {
   if (q.dim(3) == 0 || q.dim(3) > cuda::kMaxHeadDim) {
     return absl::UnimplementedError(absl::StrCat(op, ": the CUDA kernel takes heads of 1 to ", cuda::kMaxHeadDim,
@@ -78,9 +78,8 @@ absl::Status SwapInto(Tensor& dst, const Tensor& src, const char* op, cudaStream
   if (!cuda::MakeCopyPlan(4, box, dst_strides, src_strides, &plan)) {
     return absl::InternalError(absl::StrCat(op, ": no copy plan for ", ShapeString(s)));
   }
-  return CudaStatus(
-      cuda::LaunchStridedCopy(dst.raw_data(), src.raw_data(), static_cast<int>(DataTypeSize(src.dtype())), plan, stream),
-      op);
+  const int element_size = static_cast<int>(DataTypeSize(src.dtype()));
+  return CudaStatus(cuda::LaunchStridedCopy(dst.raw_data(), src.raw_data(), element_size, plan, stream), op);
 }
 
 // A scratch copy of `t` with its dims 1 and 2 swapped.

@@ -5,8 +5,8 @@
 // tensor cores, FlashAttention-2's way: the [T, T] scores never reach memory.
 // Layout as attention.h: q, k, v, y, dy [heads, T, D] row-major, or with a
 // HeadLayout of "bthd" [B, T, H, D] (the rows of a head H * D apart, read and
-// written in place: no transposes); lse, dlse and di [heads, T] in float. Head sizes 32, 64 and 128 (others keep the GEMM
-// path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
+// written in place: no transposes); lse, dlse and di [heads, T] in float.
+// Head sizes 32, 64 and 128 (others keep the GEMM path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
 //
 // - Forward: a block of 4 warps owns 64 query rows (16 a warp, their q held in
 //   WMMA fragments) and walks 64-key tiles of k and v in shared memory, up to
