@@ -124,7 +124,7 @@ TEST(CostModelTest, AttentionCostsTheSameInBothLayouts) {
   for (const char* layout : {"bhtd", "bthd"}) {
     SCOPED_TRACE(layout);
     const bool bthd = std::string(layout) == "bthd";
-    const TensorType q{F32, bthd ? std::vector<int64_t>{2, 5, 3, 4} : std::vector<int64_t>{2, 3, 5, 4}};
+    const TensorType q{F32, bthd ? Shape{2, 5, 3, 4} : Shape{2, 3, 5, 4}};
     const TensorType lse{F32, {2, 3, 5}};
     for (const char* type : {"scaled_dot_product_attention", "scaled_dot_product_attention_grad"}) {
       const bool grad = std::string(type) == "scaled_dot_product_attention_grad";
