@@ -181,10 +181,41 @@ TEST(AttentionLayoutTest, RewritesTheHeadSplitProgram) {
   EXPECT_EQ(OpsOfType(after, "transpose").size(), 0u);
 }
 
+// q, k and v one transposed var (attention of a projection with itself):
+// its one transpose goes, and the "bthd" op reads the input three times.
+TEST(AttentionLayoutTest, RewritesQkvReadFromOneTranspose) {
+  const Program after = After(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 128] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "wq" dtype: F32 shape: [16, 16] kind: PARAM init { uniform { low: -0.25 high: 0.25 } } }
+    var { name: "wo" dtype: F32 shape: [128, 10] kind: PARAM init { uniform { low: -0.09 high: 0.09 } } }
+    op { type: "reshape" input: "x" output: "xt" attr { key: "shape" value { list { i: [-1, 8, 16] } } } }
+    op { type: "matmul" input: ["xt", "wq"] output: "q2" }
+    op { type: "reshape" input: "q2" output: "q3" attr { key: "shape" value { list { i: [-1, 8, 2, 8] } } } }
+    op { type: "transpose" input: "q3" output: "q" attr { key: "perm" value { list { i: [0, 2, 1, 3] } } } }
+    op { type: "scaled_dot_product_attention" input: ["q", "q", "q"] output: ["att", "att_lse"] }
+    op { type: "transpose" input: "att" output: "att_t" attr { key: "perm" value { list { i: [0, 2, 1, 3] } } } }
+    op { type: "reshape" input: "att_t" output: "h" attr { key: "shape" value { list { i: [-1, 128] } } } }
+    op { type: "matmul" input: ["h", "wo"] output: "logits" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: "loss" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb",
+                              Strategy(), "attention-layout");
+  const std::vector<const Op*> attention = OpsOfType(after, "scaled_dot_product_attention");
+  ASSERT_EQ(attention.size(), 1u);
+  EXPECT_EQ(Layout(*attention[0]), "bthd");
+  EXPECT_EQ(std::vector<std::string>(attention[0]->input().begin(), attention[0]->input().end()),
+            (std::vector<std::string>{"q3", "q3", "q3"}));
+  EXPECT_EQ(attention[0]->output(0), "att_t");
+  EXPECT_EQ(OpsOfType(after, "transpose").size(), 0u);
+  EXPECT_TRUE(VerifyProgram(after).ok()) << VerifyProgram(after);
+}
+
 // What it leaves alone: a transposed input another op reads too, an output
 // transpose of another perm, an output another op reads. The program is
 // then exactly the one before the pass.
-TEST(AttentionLayoutTest, LeavesOtherReadersFetchesAndOtherPermsAlone) {
+TEST(AttentionLayoutTest, LeavesOtherReadersAndOtherPermsAlone) {
   struct Case {
     const char* name;
     std::string text;
