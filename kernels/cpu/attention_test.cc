@@ -478,5 +478,20 @@ TEST(AttentionShapeTest, LayoutAttrPicksTheDimsAndRefusesOtherStrings) {
   }
 }
 
+// A "bthd" kernel given a [B, T, H] lse (the plan's would be [B, H, T])
+// refuses it naming both.
+TEST(AttentionTest, BthdGradKernelRefusesALseOfTheWrongOrder) {
+  const Shape qkv{1, 4, 2, 3};
+  std::map<std::string, Tensor> env{{"q", Make(F32, qkv, 0.1)}, {"k", Make(F32, qkv, 0.5)},
+                                    {"v", Make(F32, qkv, 0.9)}, {"y", Make(F32, qkv, 0.2)},
+                                    {"lse", Make(F32, {1, 4, 2}, 0.3)}, {"dy", Make(F32, qkv, 1.3)}};
+  auto s = RunKernelOnly(ParseOp(R"pb(type: "scaled_dot_product_attention_grad"
+                                      input: ["q", "k", "v", "y", "lse", "dy"] output: ["dq", "dk", "dv"]
+                                      attr { key: "layout" value { s: "bthd" } })pb"),
+                         env);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("input 'lse' is F32[1, 4, 2], expected F32[1, 2, 4]"));
+}
+
 }  // namespace
 }  // namespace strata
