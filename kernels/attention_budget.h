@@ -6,9 +6,28 @@
 // too: mixed precision keeps attention in float32 on a GPU where a 16-bit
 // head would not fit (the 16-bit kernels have no flash-style fallback).
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace strata {
+
+// Whether this process sends 16-bit attention on a GPU to the tensor-core
+// flash kernels (kernels/cuda/flash_attention.h) rather than the GEMM path:
+// off until those kernels have run on a GPU (they were written without
+// one); STRATA_TENSOR_CORE_ATTENTION=1 in the environment turns it on. In
+// plain C++ because the compiler asks too: attention's [B, T, H, D] layout
+// (passes/attention_layout) saves memory traffic only on the flash kernels,
+// while the GEMM path copies such operands through [B, H, T, D] scratch, so
+// GPU plans take that pass only where this is on.
+inline std::atomic<bool>& TensorCoreAttention() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("STRATA_TENSOR_CORE_ATTENTION");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }()};
+  return on;
+}
 
 // Bytes of score buffers the GEMM path holds at once; a head needing more
 // than kAttentionHeadBudgets of them takes the flash kernels.

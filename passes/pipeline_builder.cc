@@ -1,6 +1,7 @@
 #include "passes/pipeline_builder.h"
 
 #include "compiler/autodiff.h"
+#include "kernels/attention_budget.h"
 #include "passes/attention_layout.h"
 #include "passes/commute_casts.h"
 #include "passes/data_parallel.h"
@@ -30,8 +31,10 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
     pipeline->AddPass<CommuteCastsPass>();
   }
   if (device == DEVICE_CUDA) pipeline->AddPass<PadVocabPass>();
-  // On the final forward ops, so autodiff writes no transposes around attention's gradient.
-  pipeline->AddPass<AttentionLayoutPass>();
+  // On the final forward ops, so autodiff writes no transposes around
+  // attention's gradient. GPU plans only where the tensor-core attention
+  // (the one GPU path that reads the layout in place) is on.
+  if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<AttentionLayoutPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   pipeline->AddPass<InPlaceLossGradPass>();

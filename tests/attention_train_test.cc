@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
+#include "kernels/attention_budget.h"
 #include "passes/compile.h"
 #include "proto/strategy.pb.h"
 #include "tests/parity_util.h"
@@ -113,9 +114,11 @@ int CountOps(const Program& program, const Strategy& strategy, DeviceKind device
 // (q, k, v, y [B, T, H, D]), dropping its four transposes and, through
 // autodiff, the backward's four; the "bthd" kernels do the "bhtd" sums in
 // the same order, so the tiny GPT, in float32 and under BF16, compiled for
-// the CPU and for a GPU (run on the CPU's kernels), trains the same bits
-// for 6 steps with and without the pass, and trains.
+// the CPU and for a GPU (run on the CPU's kernels; the pass is in GPU plans
+// where the tensor-core attention is on, which the test turns on), trains
+// the same bits for 6 steps with and without the pass, and trains.
 TEST(AttentionTrainTest, BthdLayoutTrainsTheSameBitsAsTransposes) {
+  const bool tensor_core_before = TensorCoreAttention().exchange(true);
   const int blocks = TinyGpt("F32").blocks;
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
@@ -151,6 +154,7 @@ TEST(AttentionTrainTest, BthdLayoutTrainsTheSameBitsAsTransposes) {
       }
     }
   }
+  TensorCoreAttention().store(tensor_core_before);
 }
 
 }  // namespace

@@ -174,16 +174,6 @@ int64_t ChunkHeads(DataType dtype, bool grad, int64_t heads, int64_t T) {
   return cuda::AttentionChunkHeads(heads, T, ScoreBytes(dtype, grad), 1);
 }
 
-// STRATA_TENSOR_CORE_ATTENTION=1 in the environment turns the tensor-core
-// flash kernels on for the process (they are off until they have run on a
-// GPU), so a GPU session can try them in strata_gpu and bench/gpt2.py
-// without a rebuild.
-const bool kTensorCoreFromEnv = [] {
-  const char* on = std::getenv("STRATA_TENSOR_CORE_ATTENTION");
-  if (on != nullptr && std::string(on) == "1") cuda::FlashTensorCoreAttention().store(true);
-  return true;
-}();
-
 // Whether 16-bit q [.., heads, .., D] takes the tensor-core flash kernels
 // (else the GEMM path): one rule for the kernels and the workspace.
 bool FlashTensorCorePath(DataType dtype, int64_t heads, int64_t D) {

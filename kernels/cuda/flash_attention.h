@@ -41,11 +41,9 @@ namespace cuda {
 // Whether bf16 and fp16 attention takes these kernels where the head size
 // allows; false (the default until they have run on a GPU: they were
 // written without one) sends it to the GEMM path (attention.h). The tests
-// run every case on both.
-inline std::atomic<bool>& FlashTensorCoreAttention() {
-  static std::atomic<bool> on{false};
-  return on;
-}
+// run every case on both. The one switch the compiler reads too
+// (kernels/attention_budget.h, STRATA_TENSOR_CORE_ATTENTION).
+inline std::atomic<bool>& FlashTensorCoreAttention() { return TensorCoreAttention(); }
 
 // Head sizes with a kernel instantiation.
 inline bool FlashTensorCoreHeadDim(int64_t D) { return D == 32 || D == 64 || D == 128; }
