@@ -242,6 +242,10 @@ absl::StatusOr<const OpSchema*> CheckUserOp(const std::string& file, int i, cons
   if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
   if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
   if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
+  if (auto in_place = op->attr().find("in_place"); in_place != op->attr().end() && in_place->second.b()) {
+    // Only the compiler can prove nothing reads the overwritten input later.
+    return Err(where, "attr 'in_place' is written by the compiler (in-place-loss-gradient); leave it out");
+  }
   if (auto s = CanonicalizeOp(*schema, op); !s.ok()) return Err(where, std::string(s.message()));
   return schema;
 }

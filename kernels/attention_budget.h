@@ -29,6 +29,18 @@ inline std::atomic<bool>& TensorCoreAttention() {
   return on;
 }
 
+// Sets TensorCoreAttention() for its lifetime (tests), then restores it.
+class ScopedTensorCoreAttention {
+ public:
+  explicit ScopedTensorCoreAttention(bool on) : before_(TensorCoreAttention().exchange(on)) {}
+  ~ScopedTensorCoreAttention() { TensorCoreAttention().store(before_); }
+  ScopedTensorCoreAttention(const ScopedTensorCoreAttention&) = delete;
+  ScopedTensorCoreAttention& operator=(const ScopedTensorCoreAttention&) = delete;
+
+ private:
+  const bool before_;
+};
+
 // Bytes of score buffers the GEMM path holds at once; a head needing more
 // than kAttentionHeadBudgets of them takes the flash kernels.
 inline constexpr int64_t kDefaultAttentionScoreBudget = int64_t{256} << 20;

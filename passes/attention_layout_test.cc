@@ -100,18 +100,17 @@ std::string AttentionText(const std::string& extra = "", const std::string& out_
 // would copy the layout through scratch): off by default until it has run
 // on a GPU (kernels/attention_budget.h).
 TEST(AttentionLayoutTest, OnGpuPlansOnlyWithTheTensorCoreAttention) {
-  const bool before = TensorCoreAttention().exchange(false);
+  const ScopedTensorCoreAttention tensor_core(false);
   for (const Strategy& strategy : {Strategy(), Bf16()}) {
     const std::vector<std::string> names = CompilePassNames(strategy, DEVICE_CUDA);
     EXPECT_EQ(std::find(names.begin(), names.end(), "attention-layout"), names.end());
     const std::vector<std::string> cpu = CompilePassNames(strategy, DEVICE_CPU);
     EXPECT_NE(std::find(cpu.begin(), cpu.end(), "attention-layout"), cpu.end());
   }
-  TensorCoreAttention().store(before);
 }
 
 TEST(AttentionLayoutTest, RunsBeforeAutodiffAfterTheCastsOnEveryDeviceAndIsOptional) {
-  const bool tensor_core_before = TensorCoreAttention().exchange(true);
+  const ScopedTensorCoreAttention tensor_core(true);
   for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
     for (const Strategy& strategy : {Strategy(), Bf16()}) {
       const std::vector<std::string> names = CompilePassNames(strategy, device);
@@ -125,7 +124,6 @@ TEST(AttentionLayoutTest, RunsBeforeAutodiffAfterTheCastsOnEveryDeviceAndIsOptio
       EXPECT_NE(std::find(optional.begin(), optional.end(), "attention-layout"), optional.end());
     }
   }
-  TensorCoreAttention().store(tensor_core_before);
 }
 
 // The tiny GPT: each block's attention reads the reshapes' [B, T, H, D]

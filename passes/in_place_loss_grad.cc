@@ -8,6 +8,19 @@
 
 namespace strata {
 
+namespace {
+
+// Ops whose kernels always write output 0 into a buffer of their own (some
+// kernels hand their input's buffer on in special cases: a same-dtype
+// cast, dropout with nothing to drop, add_n of one input, reshape views):
+// the logits' producers the gradient may write over.
+bool OwnsItsOutput(absl::string_view type) { return type == "matmul" || type == "matmul_bias" || type == "add"; }
+
+// Readers that keep no alias of what they read (their outputs are their own).
+bool KeepsNoAlias(absl::string_view type) { return type == "softmax_cross_entropy" || type == "accuracy"; }
+
+}  // namespace
+
 absl::StatusOr<bool> InPlaceLossGradPass::Run(Graph& graph, const CompileContext&) {
   const std::vector<std::vector<int>> readers = graph.Readers();
   const VarWriters writers = CountWriters(graph);
@@ -20,11 +33,11 @@ absl::StatusOr<bool> InPlaceLossGradPass::Run(Graph& graph, const CompileContext
     if (set != graph.attrs(op).end() && set->second.b()) continue;
     const int logits = graph.inputs(op)[0];
     if (!IsUnreportedActivation(graph, logits) || writers.count[logits] != 1) continue;
-    if (graph.schema(writers.last[logits]).output_aliases_input) continue;  // a view of another var
+    if (!OwnsItsOutput(graph.schema(writers.last[logits]).type)) continue;  // may share another var's buffer
     bool last = true;
     for (int reader : readers[logits]) {
       if (reader == op) continue;
-      last = last && position.at(reader) < position.at(op) && !graph.schema(reader).output_aliases_input;
+      last = last && position.at(reader) < position.at(op) && KeepsNoAlias(graph.schema(reader).type);
     }
     // The gradient's other inputs must not be the logits (label, dloss).
     for (size_t k = 1; k < graph.inputs(op).size(); ++k) last = last && graph.inputs(op)[k] != logits;

@@ -15,9 +15,12 @@ namespace strata {
 // buffer holds the logits, then their gradient, and the memory plan counts
 // it once (an op with in_place aliases output 0 to input 0, as reshape
 // does). Runs after autodiff (and recompute), on CPU and GPU plans. Marks
-// an op only when its logits are an unreported activation written by an op
-// that is not itself a view, every other reader of them comes before it in
-// program order, and none of them is a view either; the kernels read each
+// an op only when its logits are an unreported activation written once by
+// an op whose kernel always writes a buffer of its own (matmul,
+// matmul_bias, add: not a view, not a same-dtype cast or an identity
+// dropout, which pass their input's buffer on), and every other reader
+// comes before it and keeps no alias (the loss, accuracy). Programs may not
+// set in_place themselves (validate refuses it). The kernels read each
 // value before they write it, so the numbers are unchanged
 // (InPlaceLossGradTest, MixedPrecisionTrainTest).
 class InPlaceLossGradPass : public Pass {

@@ -878,17 +878,22 @@ void Executor::AbortReplay(const absl::Status& why) {
   // ncclCommAbort stops the communicators' kernels at once, but since NCCL
   // 2.26 it returns only when no CUDA graph holds their ops any more (the
   // graph's destruction gives back NCCL's references), and destroying a
-  // graph waits for its replay, which waits for those kernels. So: abort
-  // on a thread of its own, wait (bounded) for the device to drain, drop
-  // the graphs, then wait (bounded) for the abort. Bounded, because a
-  // transport that does not return must not hang the rank that reports the
-  // failure; such a thread is left behind, and the rank ends with its error.
-  auto done = std::make_shared<std::promise<void>>();
-  std::future<void> aborted = done->get_future();
-  std::thread([comms = graph_comms_, why, done] {
-    for (Communicator* comm : comms) comm->Abort(why);
-    done->set_value();
-  }).detach();
+  // graph waits for its replay, which waits for every communicator's
+  // kernels. So: abort each communicator on a thread of its own, all at
+  // once (one after another, the first would wait for graphs that wait for
+  // the second's kernels), wait (bounded) for the device to drain, drop the
+  // graphs, then wait (bounded) for the aborts. The threads hold their
+  // communicators' pointers: the rank ends with its error (the worker exits
+  // without tearing them down) before they could go.
+  std::vector<std::future<void>> aborted;
+  for (Communicator* comm : graph_comms_) {
+    auto done = std::make_shared<std::promise<void>>();
+    aborted.push_back(done->get_future());
+    std::thread([comm, why, done] {
+      comm->Abort(why);
+      done->set_value();
+    }).detach();
+  }
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   bool drained = false;
   while (absl::Now() < deadline) {
@@ -899,16 +904,21 @@ void Executor::AbortReplay(const absl::Status& why) {
     }
     absl::SleepFor(absl::Milliseconds(1));
   }
-  if (drained) {
-    DisableGraphs(std::string(why.message()));  // destroys the graphs
-    options_.device->Synchronize().IgnoreError();
-  } else {
-    // The kernels did not stop: a graph's destruction would wait for them.
-    // Keep it (it is never launched again) and leave the rank to end.
-    graph_blocker_ = std::string(why.message());
-    graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", why.message());
+  graph_blocker_ = std::string(why.message());
+  graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", why.message());
+  graph_feeds_.clear();
+  if (!drained) {
+    // The kernels did not stop, and destroying a graph would wait for them
+    // for good: let the graphs go undestroyed (leaked, never launched
+    // again), and do not wait for aborts that cannot return while they
+    // exist.
+    for (auto& [update, graph] : graphs_) (void)graph.graph.release();
+    graphs_.clear();
+    return;
   }
-  aborted.wait_for(std::chrono::seconds(10));
+  graphs_.clear();  // destroyed: NCCL's references go back
+  options_.device->Synchronize().IgnoreError();
+  for (std::future<void>& f : aborted) f.wait_for(std::chrono::seconds(10));
 }
 
 void Executor::DisableGraphs(const std::string& reason) {

@@ -118,7 +118,7 @@ int CountOps(const Program& program, const Strategy& strategy, DeviceKind device
 // where the tensor-core attention is on, which the test turns on), trains
 // the same bits for 6 steps with and without the pass, and trains.
 TEST(AttentionTrainTest, BthdLayoutTrainsTheSameBitsAsTransposes) {
-  const bool tensor_core_before = TensorCoreAttention().exchange(true);
+  const ScopedTensorCoreAttention tensor_core(true);
   const int blocks = TinyGpt("F32").blocks;
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
@@ -154,7 +154,6 @@ TEST(AttentionTrainTest, BthdLayoutTrainsTheSameBitsAsTransposes) {
       }
     }
   }
-  TensorCoreAttention().store(tensor_core_before);
 }
 
 }  // namespace

@@ -264,9 +264,30 @@ TEST(MixedPrecisionTrainTest, InPlaceLossGradientTrainsTheSameBitsInLessMemory) 
   gen.vocab = 16411;
   auto program = GenerateModel("gpt", gen);
   ASSERT_TRUE(program.ok()) << program.status();
-  ExpectTheSameBitsWithoutPass(*program, DEVICE_CPU, "in-place-loss-gradient");
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
+  // The pass marks the gradient on every plan trained below.
+  for (const Strategy& strategy : {Strategy(), bf16}) {
+    for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+      CompileOptions copts;
+      copts.batch_size = 4;
+      copts.device_kind = device;
+      auto compiled = Compile(*program, strategy, copts);
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
+      int marked = 0;
+      for (const Op& op : compiled->plans[0].program().op()) {
+        auto it = op.attr().find("in_place");
+        marked += op.type() == "softmax_cross_entropy_grad" && it != op.attr().end() && it->second.b();
+      }
+      EXPECT_EQ(marked, 1) << DeviceKind_Name(device) << (strategy.has_mixed_precision() ? " BF16" : " F32");
+    }
+  }
+  ExpectTheSameBitsWithoutPass(*program, DEVICE_CPU, "in-place-loss-gradient");
+  std::optional<ParityRun> f32_apart, f32_in_place;
+  TrainWithoutAndWith(*program, Strategy(), TokenRun(DEVICE_CPU), "in-place-loss-gradient", &f32_apart,
+                      &f32_in_place);
+  ASSERT_TRUE(f32_apart && f32_in_place);
+  EXPECT_EQ(f32_in_place->losses, f32_apart->losses);
   std::optional<ParityRun> apart, in_place;
   TrainWithoutAndWith(*program, bf16, TokenRun(DEVICE_CUDA), "in-place-loss-gradient", &apart, &in_place);
   ASSERT_TRUE(apart && in_place);

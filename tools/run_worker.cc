@@ -125,6 +125,13 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
               const std::set<std::string>& given, Device* device, bool nccl_collectives) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  // A captured step's NCCL ops must not register buffers with the peers
+  // while being captured (NCCL_GRAPH_REGISTER, on by default: a host
+  // exchange a rank whose capture failed, running eagerly, never joins).
+  // The user's own setting wins; NCCL reads it at its first init. Set
+  // first, before this rank starts threads (setenv beside a getenv on
+  // another thread is undefined).
+  if (absl::GetFlag(FLAGS_cuda_graph)) setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
     std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
@@ -175,11 +182,6 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
     return fail(s);
   }
   if (nccl && (!nccl_groups.empty() || transfers)) {
-    // A captured step's NCCL ops must not register buffers with the peers
-    // while being captured (NCCL_GRAPH_REGISTER, on by default: a host
-    // exchange a rank whose capture failed, running eagerly, never joins).
-    // The user's own setting wins; read by NCCL at its first init, below.
-    if (absl::GetFlag(FLAGS_cuda_graph)) setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
     std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
     if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
     std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
