@@ -29,6 +29,11 @@ inline std::atomic<bool>& TensorCoreAttention() {
   return on;
 }
 
+// Whether attention of 16-bit (`half`) q with heads of D takes the
+// tensor-core flash kernels when TensorCoreAttention() is on (the kernels'
+// instantiations; kernels/cuda/flash_attention.h asks the same).
+inline bool FlashEligible(bool half, int64_t D) { return half && (D == 32 || D == 64 || D == 128); }
+
 // Sets TensorCoreAttention() for its lifetime (tests), then restores it.
 class ScopedTensorCoreAttention {
  public:

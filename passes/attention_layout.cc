@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention_budget.h"
 #include "passes/pass_helpers.h"
 #include "proto/status_macros.h"
 
@@ -29,7 +30,7 @@ bool IsBhtdAttention(const Graph& graph, int op) {
 
 class Relayouter {
  public:
-  explicit Relayouter(Graph& graph) : graph_(graph), keep_(graph.num_vars(), true) {}
+  Relayouter(Graph& graph, DeviceKind device) : graph_(graph), device_(device), keep_(graph.num_vars(), true) {}
 
   // One rewrite, if any applies; false when none does.
   absl::StatusOr<bool> Step() {
@@ -41,6 +42,12 @@ class Relayouter {
     const auto only_reader_is = [&](int v, int op) { return readers[v].size() == 1 && readers[v][0] == op; };
     for (int att : std::vector<int>(graph_.ops())) {
       if (!IsBhtdAttention(graph_, att)) continue;
+      if (device_ == DEVICE_CUDA) {
+        // Only where the flash kernels read the layout in place.
+        const int q = graph_.inputs(att)[0];
+        const absl::Span<const int64_t> q_shape = graph_.shape(q);
+        if (q_shape.size() != 4 || !FlashEligible(IsHalfFloating(graph_.dtype(q)), q_shape[3])) continue;
+      }
       const int stage = graph_.stage(att);
       // q, k, v: each a head transpose's output that only `att` reads (q, k
       // and v may be one var).
@@ -83,13 +90,14 @@ class Relayouter {
 
  private:
   Graph& graph_;
+  const DeviceKind device_;
   std::vector<bool> keep_;
 };
 
 }  // namespace
 
 absl::StatusOr<bool> AttentionLayoutPass::Run(Graph& graph, const CompileContext&) {
-  Relayouter relayouter(graph);
+  Relayouter relayouter(graph, device_);
   return RewriteUntilDone(graph, relayouter, kPass);
 }
 

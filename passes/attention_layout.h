@@ -3,6 +3,7 @@
 
 #include "absl/status/statusor.h"
 #include "compiler/pass.h"
+#include "proto/program.pb.h"
 
 namespace strata {
 
@@ -21,11 +22,20 @@ namespace strata {
 // layouts) keeps its readers. Vars the program reports (the loss, fetches)
 // and persistent vars are never dropped, so a transpose writing one stays
 // and so does its attention's layout.
+//
+// On GPU plans only the attention the tensor-core flash kernels take is
+// rewritten (16-bit q, k, v with heads of 32, 64 or 128: FlashEligible in
+// kernels/attention_budget.h); the other paths would copy the layout
+// through scratch.
 class AttentionLayoutPass : public Pass {
  public:
+  explicit AttentionLayoutPass(DeviceKind device = DEVICE_CPU) : device_(device) {}
   std::string name() const override { return "attention-layout"; }
   bool optional() const override { return true; }
   absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+
+ private:
+  DeviceKind device_;
 };
 
 }  // namespace strata

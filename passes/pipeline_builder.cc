@@ -34,7 +34,7 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   // On the final forward ops, so autodiff writes no transposes around
   // attention's gradient. GPU plans only where the tensor-core attention
   // (the one GPU path that reads the layout in place) is on.
-  if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<AttentionLayoutPass>();
+  if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<AttentionLayoutPass>(device);
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   pipeline->AddPass<InPlaceLossGradPass>();

@@ -46,7 +46,7 @@ namespace cuda {
 inline std::atomic<bool>& FlashTensorCoreAttention() { return TensorCoreAttention(); }
 
 // Head sizes with a kernel instantiation.
-inline bool FlashTensorCoreHeadDim(int64_t D) { return D == 32 || D == 64 || D == 128; }
+inline bool FlashTensorCoreHeadDim(int64_t D) { return FlashEligible(true, D); }
 
 // At most this many heads (grid.y).
 inline constexpr int64_t kFlashMaxHeads = 65535;
