@@ -18,24 +18,6 @@ namespace {
 
 constexpr int kBlocks = kTinyGptBlocks;
 
-Strategy Bf16() {
-  Strategy s;
-  s.mutable_mixed_precision()->set_dtype(BF16);
-  return s;
-}
-
-// The program after `pass` (the whole compile's dump).
-Program After(const std::string& text, const Strategy& strategy, const std::string& pass,
-              std::vector<std::string> disabled = {}) {
-  CompileOptions options;
-  options.batch_size = 4;
-  options.dump_after = pass;
-  options.disabled_passes = std::move(disabled);
-  auto r = Compile(ParseProgramOrFail(text), strategy, options);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->dumped : Program();
-}
-
 // The forward program attention-layout sees: after the pass before it.
 Program Before(const std::string& text, const Strategy& strategy) {
   const std::vector<std::string> names = CompilePassNames(strategy);

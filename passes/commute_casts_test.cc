@@ -14,24 +14,6 @@ namespace {
 
 constexpr int kBlocks = kTinyGptBlocks;
 
-Strategy Bf16() {
-  Strategy s;
-  s.mutable_mixed_precision()->set_dtype(BF16);
-  return s;
-}
-
-// The program after `pass` (the whole compile's dump).
-Program After(const std::string& text, const Strategy& strategy, const std::string& pass,
-              std::vector<std::string> disabled = {}) {
-  CompileOptions options;
-  options.batch_size = 4;
-  options.dump_after = pass;
-  options.disabled_passes = std::move(disabled);
-  auto r = Compile(ParseProgramOrFail(text), strategy, options);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? r->dumped : Program();
-}
-
 const Op* Writer(const Program& p, const std::string& var) {
   const std::vector<const Op*> ops = OpsWriting(p, var);
   return ops.size() == 1 ? ops[0] : nullptr;

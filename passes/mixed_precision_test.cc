@@ -34,12 +34,6 @@ constexpr char kMlp[] = R"pb(
   optimizer { sgd { learning_rate: 0.1 } }
 )pb";
 
-Strategy Bf16() {
-  Strategy s;
-  s.mutable_mixed_precision()->set_dtype(BF16);
-  return s;
-}
-
 Program DumpAfter(const Strategy& strategy, const std::string& pass, const std::string& program = kMlp,
                   bool fold_losses = true) {
   CompileOptions options;

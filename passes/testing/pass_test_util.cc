@@ -40,6 +40,23 @@ Strategy PipelineStrategy(int micro_batches, ScheduleKind schedule) {
   return strategy;
 }
 
+Strategy Bf16() {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(BF16);
+  return s;
+}
+
+Program After(const std::string& text, const Strategy& strategy, const std::string& pass,
+              std::vector<std::string> disabled) {
+  CompileOptions options;
+  options.batch_size = 4;
+  options.dump_after = pass;
+  options.disabled_passes = std::move(disabled);
+  auto r = Compile(ParseProgramOrFail(text), strategy, options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->dumped : Program();
+}
+
 std::vector<RankPlan> CompilePipeline(const std::string& text, int micro_batches, ScheduleKind schedule,
                                       std::vector<std::string> disabled_passes) {
   auto program = ParseProgramText(text, "pipeline.pbtxt");

@@ -59,6 +59,15 @@ inline constexpr char kThreeStagesWithTiedWeight[] = R"pb(
 // returns an empty program.
 Program ParseProgramOrFail(const std::string& text, const std::string& filename = "test.pbtxt");
 
+// The strategy of mixed precision in BF16 and nothing else.
+Strategy Bf16();
+
+// `text` compiled (batch 4, for the CPU) without the optional `disabled`
+// passes, as the program was right after `pass` (the compile's dump); an
+// empty program, and a test failure, on a compile error.
+Program After(const std::string& text, const Strategy& strategy, const std::string& pass,
+              std::vector<std::string> disabled = {});
+
 // Micro-batches of 2 examples, `micro_batches` of them per step, run in the
 // order of `schedule`.
 Strategy PipelineStrategy(int micro_batches, ScheduleKind schedule = ONE_F_ONE_B);
