@@ -9,6 +9,7 @@
 
 #include "runtime/step_graph.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -471,6 +472,73 @@ TEST(StepGraphReplayTest, AReplayThatRunsOutOfTimeIsAborted) {
   ASSERT_EQ(rank.comm.aborts.size(), 1u);
   EXPECT_TRUE(absl::IsDeadlineExceeded(rank.comm.aborts[0]));
   EXPECT_EQ(rank.device.live_graphs, 0);
+}
+
+// Every transport of the step is aborted at once: NCCL's abort returns only
+// when no graph holds the communicator's ops, and the graph drains only
+// when every communicator's kernels stop, so aborting one transport after
+// another would wait 10 s for nothing and leave the graphs undestroyed.
+// Rank 0 of a 2-stage pipeline x 2-way data parallel step: its transfers and
+// its data-parallel group are two transports; only the second's abort stops
+// the held replay, and each abort returns once the graphs are gone.
+TEST(StepGraphReplayTest, EveryTransportIsAbortedAtOnce) {
+  GenOptions gen = SmallMlp("adam");
+  gen.stages = 2;
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(4);
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  strategy.mutable_data_parallel()->set_degree(2);
+  std::vector<RankPlan> plans = CompilePlans("mlp", gen, strategy, 16);
+  ASSERT_EQ(plans.size(), 4u);
+  RankPlan plan = plans[0];
+  plan.set_device_kind(DEVICE_CPU);
+  ReplayingAccelerator device;
+  ScriptedCommunicator world(0, 4);
+  CommunicatorSet comms(&world);
+  ScriptedCommunicator* group_comm = nullptr;
+  for (const CommGroup& group : plan.topology().group()) {
+    if (group.rank_size() == 4) {
+      ASSERT_TRUE(comms.Add(group, nullptr).ok());
+      continue;
+    }
+    const int me = static_cast<int>(std::find(group.rank().begin(), group.rank().end(), 0) - group.rank().begin());
+    auto comm = std::make_unique<ScriptedCommunicator>(me, group.rank_size());
+    if (std::find(group.axis().begin(), group.axis().end(), "dp") != group.axis().end()) group_comm = comm.get();
+    ASSERT_TRUE(comms.Add(group, std::move(comm)).ok());
+  }
+  ASSERT_NE(group_comm, nullptr) << "no data-parallel group";
+  auto transfers_owned = std::make_unique<ScriptedCommunicator>(0, 4);
+  ScriptedCommunicator* transfers = transfers_owned.get();
+  ASSERT_TRUE(comms.SetTransfers(std::move(transfers_owned)).ok());
+  auto wait_for_graphs = [&device] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (device.live_graphs > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  };
+  transfers->on_abort = wait_for_graphs;
+  group_comm->on_abort = [&device, wait_for_graphs] {
+    device.hang = false;
+    wait_for_graphs();
+  };
+  ExecutorOptions options;
+  options.device = &device;
+  options.comms = &comms;
+  options.cuda_graph = true;
+  options.comm_timeout_s = 30;
+  auto e = Executor::Create(plan, options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  const SyntheticFeeds feeds(**e);
+  for (int step = 1; step <= 3; ++step) ASSERT_TRUE((*e)->TrainStep(feeds, 0).ok()) << "step " << step;
+  ASSERT_EQ(device.live_graphs, 1);
+  device.hang = true;
+  transfers->health = absl::UnavailableError("NCCL remote error (connection lost)");
+  const absl::Time start = absl::Now();
+  absl::Status s = (*e)->TrainStep(feeds, 0).status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "aborted one after another, the drain would wait 10 s";
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_EQ(device.live_graphs, 0);
+  EXPECT_EQ(transfers->aborts.size(), 1u);
+  EXPECT_EQ(group_comm->aborts.size(), 1u);
 }
 
 // A capture that an op fails part-way (here the first bucket's allreduce,
