@@ -274,6 +274,27 @@ class ClassesAttrKernel : public OpKernel {
   int64_t classes_ = 0;
 };
 
+// softmax_cross_entropy_grad's kernels: `classes`, and `in_place`
+// (passes/in_place_loss_grad), where dlogits takes the logits' buffer.
+class CrossEntropyGradAttrsKernel : public ClassesAttrKernel {
+ public:
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(ClassesAttrKernel::Init(op));
+    STRATA_ASSIGN_OR_RETURN(in_place_, AttrBool(op, "in_place"));
+    return absl::OkStatus();
+  }
+
+ protected:
+  // dlogits: the logits' own buffer with in_place (the kernel reads each
+  // value before it writes it), else a new output shaped like them.
+  static absl::StatusOr<Tensor*> Dlogits(KernelContext& ctx, const Tensor& logits, bool in_place) {
+    if (!in_place) return ctx.AllocateOutput(0, logits.dtype(), logits.shape());
+    ctx.SetOutput(0, logits);
+    return ctx.output(0);
+  }
+  bool in_place_ = false;
+};
+
 // Calls f(S{}) with S the C++ storage of `dtype`: T's own, or bfloat16 /
 // float16 for BF16 / F16 when T is float (what the ops fold-casts folds a
 // cast into read or write). Another dtype is InvalidArgument naming the op
@@ -306,6 +327,11 @@ class StoredOutKernel : public Base {
   template <typename T>
   DataType OutDtype() const {
     return out_dtype_ == DT_INVALID ? DataTypeOf<T>::value : out_dtype_;
+  }
+  // Whether out_dtype asks the output be stored as S.
+  template <typename S>
+  bool StoresAs() const {
+    return out_dtype_ != DT_INVALID && out_dtype_ == DataTypeOf<S>::value;
   }
 
   DataType out_dtype_ = DT_INVALID;

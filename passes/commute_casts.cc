@@ -72,8 +72,7 @@ class Commuter {
     const int u = graph_.inputs(mover)[0];
     const DataType low = CastTarget(graph_, casts[0]);
     const std::string suffix = low == BF16 ? "@bf16" : "@f16";
-    std::string name = absl::StrCat(graph_.var_name(u), suffix);
-    for (int n = 2; graph_.FindVar(name) >= 0; ++n) name = absl::StrCat(graph_.var_name(u), suffix, "@", n);
+    const std::string name = FreshVarName(graph_, graph_.var_name(u), suffix);
     const int u_low = graph_.AddVar(name, low, graph_.shape(u), ACTIVATION);
     if (u_low < 0) return absl::InternalError(absl::StrCat("commute-casts: var '", name, "' exists already"));
     keep_.push_back(true);

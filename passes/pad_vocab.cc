@@ -22,13 +22,6 @@ bool BoolAttr(const Graph& graph, int op, const char* name) {
   return it != graph.attrs(op).end() && it->second.b();
 }
 
-// A var name not taken yet: `base`@pad, or @pad@2, ...
-std::string FreshName(const Graph& graph, absl::string_view base) {
-  std::string name = absl::StrCat(base, "@pad");
-  for (int n = 2; graph.FindVar(name) >= 0; ++n) name = absl::StrCat(base, "@pad@", n);
-  return name;
-}
-
 class Padder {
  public:
   explicit Padder(Graph& graph) : graph_(graph), readers_(graph.Readers()), keep_(graph.num_vars(), true) {}
@@ -67,14 +60,14 @@ class Padder {
     const int64_t padded = PaddedVocab(v);
     std::vector<int64_t> w_shape(graph_.shape(w).begin(), graph_.shape(w).end());
     w_shape[axis] = padded;
-    const std::string w_pad = FreshName(graph_, graph_.var_name(w));
+    const std::string w_pad = FreshVarName(graph_, graph_.var_name(w), "@pad");
     if (graph_.AddVar(w_pad, graph_.dtype(w), w_shape, ACTIVATION) < 0) {
       return absl::InternalError(absl::StrCat("pad-vocab: var '", w_pad, "' exists already"));
     }
     keep_.push_back(true);
     std::vector<int64_t> y_shape(graph_.shape(y).begin(), graph_.shape(y).end());
     y_shape.back() = padded;
-    const std::string y_pad = FreshName(graph_, graph_.var_name(y));
+    const std::string y_pad = FreshVarName(graph_, graph_.var_name(y), "@pad");
     if (graph_.AddVar(y_pad, graph_.dtype(y), y_shape, ACTIVATION) < 0) {
       return absl::InternalError(absl::StrCat("pad-vocab: var '", y_pad, "' exists already"));
     }

@@ -63,6 +63,12 @@ VarWriters CountWriters(const Graph& graph) {
   return w;
 }
 
+std::string FreshVarName(const Graph& graph, absl::string_view base, absl::string_view suffix) {
+  std::string name = absl::StrCat(base, suffix);
+  for (int n = 2; graph.FindVar(name) >= 0; ++n) name = absl::StrCat(base, suffix, "@", n);
+  return name;
+}
+
 bool IsUnreportedActivation(const Graph& graph, int v) {
   if (graph.kind(v) != ACTIVATION) return false;
   const absl::string_view name = graph.var_name(v);

@@ -37,6 +37,10 @@ bool IsCastUp(const Graph& graph, int op);
 // report (not the loss, not fetched).
 bool IsUnreportedActivation(const Graph& graph, int v);
 
+// A var name the graph does not have yet: base + suffix, else
+// base + suffix + "@2", "@3", ...
+std::string FreshVarName(const Graph& graph, absl::string_view base, absl::string_view suffix);
+
 // By var id: how many live ops write it, and the last of them (-1: none).
 struct VarWriters {
   std::vector<int> count;

@@ -904,19 +904,14 @@ void Executor::AbortReplay(const absl::Status& why) {
     }
     absl::SleepFor(absl::Milliseconds(1));
   }
-  graph_blocker_ = std::string(why.message());
-  graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", why.message());
-  graph_feeds_.clear();
+  // The kernels did not stop, and destroying a graph would wait for them
+  // for good: let the graphs go undestroyed (leaked, never launched again),
+  // and do not wait for aborts that cannot return while they exist.
   if (!drained) {
-    // The kernels did not stop, and destroying a graph would wait for them
-    // for good: let the graphs go undestroyed (leaked, never launched
-    // again), and do not wait for aborts that cannot return while they
-    // exist.
     for (auto& [update, graph] : graphs_) (void)graph.graph.release();
-    graphs_.clear();
-    return;
   }
-  graphs_.clear();  // destroyed: NCCL's references go back
+  DisableGraphs(std::string(why.message()));  // drained: destroyed, NCCL's references go back
+  if (!drained) return;
   options_.device->Synchronize().IgnoreError();
   for (std::future<void>& f : aborted) f.wait_for(std::chrono::seconds(10));
 }

@@ -51,12 +51,13 @@ absl::Status CheckLogitsAndLabels(const char* op, const Tensor& logits, const Te
 // The base of the cross-entropy kernels: rows R, row length C and classes V
 // (the `classes` attr: the first V columns, the rest padding, never read),
 // the labels checked against V.
-class CrossEntropyKernelBase : public ClassesAttrKernel {
+template <typename Base>
+class CrossEntropyKernelBase : public Base {
  protected:
   absl::Status CheckClasses(const char* op, const Tensor& logits, const Tensor& label, int64_t* R, int64_t* C,
                             int64_t* V) const {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLogitsAndLabelShapes(op, logits, label, R, C));
-    STRATA_ASSIGN_OR_RETURN(*V, Classes(op, *C));
+    STRATA_ASSIGN_OR_RETURN(*V, this->Classes(op, *C));
     return CheckLabelsBelow(op, label, *R, *V);
   }
 };
@@ -111,7 +112,7 @@ void RowLogSumExp(const T* x, int64_t c, double* max, double* log_sum) {
 // With `classes` V < C the rows are C apart and only their first V columns
 // are read.
 template <typename T>
-class SoftmaxCrossEntropyKernel : public CrossEntropyKernelBase {
+class SoftmaxCrossEntropyKernel : public CrossEntropyKernelBase<ClassesAttrKernel> {
  public:
   explicit SoftmaxCrossEntropyKernel(const KernelDef&) {}
 
@@ -144,14 +145,9 @@ class SoftmaxCrossEntropyKernel : public CrossEntropyKernelBase {
 // in_place: dlogits over the logits' buffer, each value read before it is
 // written (the same numbers).
 template <typename T>
-class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
+class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase<CrossEntropyGradAttrsKernel> {
  public:
   explicit SoftmaxCrossEntropyGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(CrossEntropyKernelBase::Init(op));
-    STRATA_ASSIGN_OR_RETURN(in_place_, AttrBool(op, "in_place"));
-    return absl::OkStatus();
-  }
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& logits = ctx.input(0);
@@ -167,13 +163,7 @@ class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
           "softmax_cross_entropy_grad: dloss must be ", DataTypeName(DataTypeOf<LossType<T>>::value), " for ",
           DataTypeName(logits.dtype()), " logits, got ", DataTypeName(dloss.dtype())));
     }
-    Tensor* dlogits = nullptr;
-    if (in_place_) {
-      ctx.SetOutput(0, logits);  // over the logits: each value read before it is written
-      dlogits = ctx.output(0);
-    } else {
-      STRATA_ASSIGN_OR_RETURN(dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
-    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, Dlogits(ctx, logits, this->in_place_));
     const T* px = logits.data<T>();
     const int64_t* pl = ctx.input(1).data<int64_t>();
     T* pd = dlogits->data<T>();
@@ -195,9 +185,6 @@ class SoftmaxCrossEntropyGradKernel : public CrossEntropyKernelBase {
     });
     return absl::OkStatus();
   }
-
- private:
-  bool in_place_ = false;
 };
 
 // Elements per block of the mse sum: fixed, so the order of additions is too.

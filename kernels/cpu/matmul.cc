@@ -204,7 +204,7 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
     if constexpr (!std::is_same_v<In, T>) {
-      if (StoresLow()) {
+      if (StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, NumElements(s.y)));
         STRATA_RETURN_IF_ERROR(MatmulBiasInto(ctx, s, &wide));
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
@@ -218,10 +218,6 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
 
  protected:
   // y = a @ op(b) + bias for the op's inputs, y allocated by the caller.
-  // Whether out_dtype stores the output in a's 16-bit type (the schema
-  // allows no other).
-  bool StoresLow() const { return out_dtype_ != DT_INVALID && out_dtype_ == DataTypeOf<In>::value; }
-
   absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
@@ -277,7 +273,7 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
     STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(ctx, s, z));
     if constexpr (!std::is_same_v<In, T>) {
-      if (this->StoresLow()) {
+      if (this->template StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
         const cuda::GeluTanhFn gelu;
         UnaryMap(z->num_elements(), z->data<T>(), y->data<In>(), [gelu](T v) { return cuda::Convert<In>(gelu(v)); });

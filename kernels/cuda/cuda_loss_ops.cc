@@ -70,14 +70,9 @@ class CudaSoftmaxCrossEntropyKernel : public ClassesAttrKernel {
 // before it writes it, after the row's sums (losses.cu), so the numbers are
 // the out-of-place ones.
 template <typename T>
-class CudaSoftmaxCrossEntropyGradKernel : public ClassesAttrKernel {
+class CudaSoftmaxCrossEntropyGradKernel : public CrossEntropyGradAttrsKernel {
  public:
   explicit CudaSoftmaxCrossEntropyGradKernel(const KernelDef&) {}
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(ClassesAttrKernel::Init(op));
-    STRATA_ASSIGN_OR_RETURN(in_place_, AttrBool(op, "in_place"));
-    return absl::OkStatus();
-  }
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& logits = ctx.input(0);
@@ -95,21 +90,12 @@ class CudaSoftmaxCrossEntropyGradKernel : public ClassesAttrKernel {
                                                      DataTypeName(logits.dtype()), " logits, got ",
                                                      DataTypeName(dloss.dtype())));
     }
-    Tensor* dlogits = nullptr;
-    if (in_place_) {
-      ctx.SetOutput(0, logits);
-      dlogits = ctx.output(0);
-    } else {
-      STRATA_ASSIGN_OR_RETURN(dlogits, ctx.AllocateOutput(0, logits.dtype(), logits.shape()));
-    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * dlogits, Dlogits(ctx, logits, in_place_));
     return CudaStatus(
         cuda::LaunchSoftmaxCrossEntropyGrad(dlogits->data<T>(), logits.data<T>(), ctx.input(1).data<int64_t>(),
                                             dloss.data<LossType<T>>(), R, C, V, device->stream()),
         "softmax_cross_entropy_grad");
   }
-
- private:
-  bool in_place_ = false;
 };
 
 template <typename T>

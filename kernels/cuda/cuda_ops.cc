@@ -259,7 +259,7 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
     if constexpr (!std::is_same_v<In, T>) {
-      if (StoresLow()) {
+      if (StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
         using G = typename GemmType<In>::type;
         const int64_t rows = s.batch * s.m;
@@ -282,9 +282,6 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
   }
 
  protected:
-  // Whether out_dtype stores y in a's 16-bit type (the schema allows no other).
-  bool StoresLow() const { return out_dtype_ != DT_INVALID && out_dtype_ == DataTypeOf<In>::value; }
-
   // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs.
   absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
                               const MatmulShape& s, T* py) {
@@ -336,7 +333,7 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), this->tb_));
     if constexpr (!std::is_same_v<In, T>) {
-      if (this->StoresLow()) return Stored(ctx, device, a, b, bias, s);
+      if (this->template StoresAs<In>()) return Stored(ctx, device, a, b, bias, s);
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
