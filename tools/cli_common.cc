@@ -26,7 +26,7 @@ const char kUsage[] =
     "                 [--log_dir DIR] [--save DIR [--save_every N] [--keep_checkpoints K]] [--load DIR]\n"
     "                 [--quiet] [--comm_timeout_s S] [--heartbeat_timeout_s S] [--job_id ID]\n"
     "                 [--store redis://HOST:PORT|tcp://HOST:PORT] [--socket_ifname IF] [--compare_single] [--bind_cores]\n"
-    "                 [--cuda_graph] [--nccl=false] [--disable_passes P,...]\n"
+    "                 [--cuda_graph=false] [--nccl=false] [--disable_passes P,...]\n"
     "  strata gen     mlp|resmlp|convnet|alexnet|gpt [--layers 784,256,10] [--stages K] [--optimizer adam] ...\n"
     "strata COMMAND --help lists the command's flags.\n";
 

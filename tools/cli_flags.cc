@@ -55,9 +55,9 @@ ABSL_FLAG(std::string, load, "",
           "run: resume from DIR's latest checkpoint, or from DIR/step-N (with --save DIR too: start fresh when DIR "
           "has none yet)");
 ABSL_FLAG(bool, quiet, false, "run: no progress lines");
-ABSL_FLAG(bool, cuda_graph, false,
+ABSL_FLAG(bool, cuda_graph, true,
           "run --device gpu: capture the steady-state training step as a CUDA graph and replay it (falls back to "
-          "eager steps, with a note saying why, where it cannot); off by default until it has run on a GPU");
+          "eager steps, with a note saying why, where it cannot); --cuda_graph=false runs every step eagerly");
 ABSL_FLAG(bool, nccl, true,
           "run --nproc N --device gpu with a GPU per rank: tensors between ranks over NCCL (false: over Gloo, "
           "staged through pinned host memory, as for ranks sharing a GPU)");

@@ -28,10 +28,10 @@ benches() {
   # to 555 s, inside one device call's 600.
   PYTHONUNBUFFERED=1 timeout 330 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
     2>&1 | tee "$out/gpt2.txt" | tail -12 || status=1
-  # The tensor-core flash attention (off by default until cuda_ops_test has passed on a GPU): Strata's side
-  # against eager once more, to time it against the GEMM path's run above.
-  STRATA_TENSOR_CORE_ATTENTION=1 PYTHONUNBUFFERED=1 timeout 85 python3 bench/gpt2.py \
-    --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager 2>&1 | tee "$out/gpt2_tc.txt" | tail -6 ||
+  # Attention on the GEMM path (the tensor-core flash kernels off): Strata's side against eager once
+  # more, to time it against the default run above.
+  STRATA_TENSOR_CORE_ATTENTION=0 PYTHONUNBUFFERED=1 timeout 85 python3 bench/gpt2.py \
+    --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager 2>&1 | tee "$out/gpt2_gemm_attention.txt" | tail -6 ||
     status=1
   timeout 50 bash .device/run.sh gemm_bench 2>&1 | tail -20 || status=1
   # The LM head unstaged too: the padding's gain (kernels/gemm_staging.h) against the old path.
@@ -43,6 +43,23 @@ benches() {
   PYTHONUNBUFFERED=1 timeout 45 python3 bench/dispatch.py --device gpu --rounds 3 \
     --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5 || status=1
   echo "benchmarks: $([ "$status" -eq 0 ] && echo "all ran" || echo "some failed or timed out (see above)")"
+  return "$status"
+}
+
+# The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
+# the variants a session with little device time needs: Strata's defaults,
+# attention on the GEMM path, the captured step off, the padded vocabulary
+# off. About 3 minutes; each run's output in $1.
+quick_benches() {
+  local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
+  export PYTHONUNBUFFERED=1
+  timeout 60 "${g[@]}" 2>&1 | tee "$out/gpt2_default.txt" | tail -4 || status=1
+  STRATA_TENSOR_CORE_ATTENTION=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_gemm_attention.txt" | tail -4 ||
+    status=1
+  timeout 50 "${g[@]}" --no_cuda_graph 2>&1 | tee "$out/gpt2_eager_steps.txt" | tail -4 || status=1
+  timeout 50 "${g[@]}" --strata_flags "--disable_passes pad-vocab" 2>&1 | tee "$out/gpt2_nopad.txt" | tail -4 ||
+    status=1
+  echo "quick benchmarks: $([ "$status" -eq 0 ] && echo "all ran" || echo "some failed or timed out (see above)")"
   return "$status"
 }
 
@@ -75,7 +92,7 @@ case "$mode" in
     mapfile -t tests <.device/tests.txt
     for t in "${tests[@]}"; do
       start=$(date +%s)
-      if timeout 300 bash .device/run.sh "$t" >>"$out/gpu-tests.log" 2>&1; then
+      if timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh "$t" >>"$out/gpu-tests.log" 2>&1; then
         passed=$((passed + 1)); verdict=PASS
       else
         failed=$((failed + 1)); verdict=FAIL
@@ -95,6 +112,7 @@ case "$mode" in
       --steps 300 --metrics "$out/gpu_graph.jsonl" --quiet --cuda_graph 2>&1 | tail -4
     python3 tools/compare_metrics.py "$out/gpu_graph.jsonl" "$out/gpu.jsonl" 2>&1 | tail -5
     if [ "${2:-}" = "--bench" ]; then benches "$out"; fi
+    if [ "${2:-}" = "--quick-bench" ]; then quick_benches "$out"; fi
     [ "$failed" -eq 0 ]
     ;;
   bench)
@@ -105,7 +123,7 @@ case "$mode" in
     benches "$out"
     ;;
   *)
-    echo "usage: tools/gpu_check.sh bundle | run [--bench] | bench" >&2
+    echo "usage: tools/gpu_check.sh bundle | run [--bench | --quick-bench] | bench" >&2
     exit 2
     ;;
 esac

@@ -131,7 +131,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // The user's own setting wins; NCCL reads it at its first init. Set
   // first, before this rank starts threads (setenv beside a getenv on
   // another thread is undefined).
-  if (absl::GetFlag(FLAGS_cuda_graph)) setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
+  if (absl::GetFlag(FLAGS_cuda_graph) && absl::GetFlag(FLAGS_device) == "gpu") setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
     std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "

@@ -42,7 +42,9 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.progress = !absl::GetFlag(FLAGS_quiet);
   options.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout_s);
   options.trace_path = UserPath(absl::GetFlag(FLAGS_trace));
-  options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
+  // Only GPU runs capture (the host has no graphs): a CPU run says nothing
+  // about a flag that is on by default.
+  options.cuda_graph = absl::GetFlag(FLAGS_cuda_graph) && absl::GetFlag(FLAGS_device) == "gpu";
   return options;
 }
 
