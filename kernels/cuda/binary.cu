@@ -2,29 +2,22 @@
 // Blocks: a grid-stride loop over the output, 256 threads a block, at most
 // kMaxBlocks blocks; a thread finds its inputs' elements by splitting its
 // output index over the dims (outermost first) and summing index * stride.
-// The same-shape path skips the index arithmetic.
+// The same-shape path skips the index arithmetic and moves 16-byte packs
+// where its operands are aligned (elementwise.cuh).
 
 #include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/binary.h"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/kernel_math.h"
 
 namespace strata {
 namespace cuda {
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
-constexpr int64_t kMaxBlocks = 65536;
-
-int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock); }
-
-template <typename T, typename F>
-__global__ void SameShapeKernel(T* z, const T* x, const T* y, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    z[i] = f(x[i], y[i]);
-  }
-}
+using elementwise::kThreadsPerBlock;
+using elementwise::NumBlocks;
 
 template <typename T, typename F>
 __global__ void BroadcastKernel(T* z, const T* x, const T* y, int64_t n, BroadcastStrides s, F f) {
@@ -40,10 +33,24 @@ __global__ void BroadcastKernel(T* z, const T* x, const T* y, int64_t n, Broadca
   }
 }
 
+// z[i] = f(x[i], y[i]): packs of 16 bytes where aligned (elementwise.cuh), the rest one by one.
 template <typename T, typename F>
 cudaError_t SameShape(F f, T* z, const T* x, const T* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  SameShapeKernel<T, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(z, x, y, n, f);
+  constexpr int N = elementwise::PackWidth<T>();
+  int64_t done = 0;
+  if (N > 1 && elementwise::PacksAligned<N>(x, y, static_cast<const T*>(z))) {
+    const int64_t packs = n / N;
+    if (packs > 0) {
+      elementwise::Map2PackKernel<N, T, T, T, F><<<NumBlocks(packs), kThreadsPerBlock, 0, stream>>>(z, x, y, packs,
+                                                                                                   f);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    done = packs * N;
+  }
+  if (done == n) return cudaSuccess;
+  elementwise::Map2Kernel<T, T, T, F><<<NumBlocks(n - done), kThreadsPerBlock, 0, stream>>>(
+      z + done, x + done, y + done, n - done, f);
   return cudaGetLastError();
 }
 

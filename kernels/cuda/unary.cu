@@ -1,11 +1,11 @@
-// The unary ops, their gradients, scale, add_n and cast: one grid-stride
-// kernel template per arity over unary_math.h's functors.
-// Blocks: 256 threads a block, at most kMaxBlocks blocks; each thread handles
-// every (grid size)-th element, so any n, including n > 2^31, is covered.
+// The unary ops, their gradients, scale, add_n and cast: elementwise.cuh's
+// grid-stride kernels (16-byte packs where aligned) over unary_math.h's
+// functors.
 
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/unary.h"
 #include "kernels/cuda/unary_math.h"
 
@@ -13,38 +13,47 @@ namespace strata {
 namespace cuda {
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
-constexpr int64_t kMaxBlocks = 65536;
+using elementwise::kThreadsPerBlock;
+using elementwise::NumBlocks;
 
-int64_t NumBlocks(int64_t n) { return std::min(kMaxBlocks, (n + kThreadsPerBlock - 1) / kThreadsPerBlock); }
-
-// No __restrict__: y may alias x (each element is read, then written, by one thread).
-template <typename S, typename D, typename F>
-__global__ void MapKernel(D* y, const S* x, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    y[i] = f(x[i]);
-  }
-}
-
-// a, b and z may be stored in different types (f converts).
-template <typename A, typename B, typename Z, typename F>
-__global__ void Map2Kernel(Z* z, const A* a, const B* b, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    z[i] = f(a[i], b[i]);
-  }
-}
-
+// y[i] = f(x[i]): packs of 16 bytes where aligned (elementwise.cuh), the rest one by one.
 template <typename S, typename D, typename F>
 cudaError_t Map(D* y, const S* x, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  MapKernel<S, D, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(y, x, n, f);
+  constexpr int N = elementwise::PackWidth<S, D>();
+  int64_t done = 0;
+  if (N > 1 && elementwise::PacksAligned<N>(x, static_cast<const D*>(y))) {
+    const int64_t packs = n / N;
+    if (packs > 0) {
+      elementwise::MapPackKernel<N, S, D, F><<<NumBlocks(packs), kThreadsPerBlock, 0, stream>>>(y, x, packs, f);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    done = packs * N;
+  }
+  if (done == n) return cudaSuccess;
+  elementwise::MapKernel<S, D, F><<<NumBlocks(n - done), kThreadsPerBlock, 0, stream>>>(y + done, x + done,
+                                                                                       n - done, f);
   return cudaGetLastError();
 }
 
+// z[i] = f(a[i], b[i]); a, b and z may be stored in different types (f converts).
 template <typename A, typename B, typename Z, typename F>
 cudaError_t Map2(Z* z, const A* a, const B* b, int64_t n, F f, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  Map2Kernel<A, B, Z, F><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(z, a, b, n, f);
+  constexpr int N = elementwise::PackWidth<A, B, Z>();
+  int64_t done = 0;
+  if (N > 1 && elementwise::PacksAligned<N>(a, b, static_cast<const Z*>(z))) {
+    const int64_t packs = n / N;
+    if (packs > 0) {
+      elementwise::Map2PackKernel<N, A, B, Z, F><<<NumBlocks(packs), kThreadsPerBlock, 0, stream>>>(z, a, b, packs,
+                                                                                                   f);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    }
+    done = packs * N;
+  }
+  if (done == n) return cudaSuccess;
+  elementwise::Map2Kernel<A, B, Z, F><<<NumBlocks(n - done), kThreadsPerBlock, 0, stream>>>(
+      z + done, a + done, b + done, n - done, f);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // unary.cu's casts between float and the 16-bit floats, its gelu_grad with
 // folded casts (LaunchGeluGradStored), its gelu stored in 16 bits
-// (LaunchGeluTanhStored) and its widened bf16 / f16 add_n,
+// (LaunchGeluTanhStored) and its widened bf16 / f16 add_n, and
+// elementwise.cuh's 16-byte packs against its one-element loop,
 // launchers included, on the CPU: the genrule unary_emulated_src rewrites the
 // file's <<<>>> launches into calls of testing/cuda_stand_in/'s Launch, and
 // g++ compiles it against the stand-ins. Each must give the registered CPU
@@ -181,6 +182,44 @@ TEST(UnaryEmulation, WidenedAddN) {
   std::vector<bfloat16> x(4), y(4);
   std::vector<const bfloat16*> xs(17, x.data());
   EXPECT_EQ(cuda::LaunchAddN(y.data(), xs.data(), 17, 4, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// elementwise.cuh's paths: 16-byte packs where every operand is aligned for
+// one (then the tail one by one), else element by element; the same bits
+// either way. The cast and the stored gelu_grad against the CPU on operands
+// moved off their alignment by one element, n of one pack plus 3, in place.
+TEST(UnaryEmulation, PacksAndSingleElementsGiveTheSameBits) {
+  for (int64_t offset : {0, 1}) {
+    for (int64_t n : {int64_t{3}, int64_t{11}, kN - 1}) {
+      SCOPED_TRACE(testing::Message() << "offset " << offset << ", n " << n);
+      const Tensor x = MakeTensor(F32, {n}, emulation::UniformValues(n, 31, 8));
+      const Tensor want = RunCpu(CastText(BF16), {{"x", x}});
+      std::vector<float> xs(n + 1);
+      std::memcpy(xs.data() + offset, x.data<float>(), n * sizeof(float));
+      std::vector<bfloat16> y = emulation::Poisoned<bfloat16>(n + 1);
+      const int64_t launches = cuda_stand_in::launches;
+      ASSERT_EQ((cuda::LaunchCast<float, bfloat16>(y.data() + offset, xs.data() + offset, n, nullptr)), cudaSuccess);
+      emulation::ExpectCleanLaunches();
+      // Aligned: packs of 4 and a tail (n % 4 of 3); else one loop.
+      EXPECT_EQ(cuda_stand_in::launches - launches, offset == 0 && n >= 4 ? 2 : 1);
+      EXPECT_TRUE(emulation::SameBits(y.data() + offset, n, want, "y"));
+
+      // gelu_grad in place over a float dy (dx aliases dy), stored as float.
+      const Tensor a = MakeTensor(F32, {n}, emulation::UniformValues(n, 32, 5));
+      const Tensor dy = MakeTensor(F32, {n}, emulation::UniformValues(n, 33, 2));
+      const Tensor grad = RunCpu(
+          R"pb(type: "gelu_grad" input: [ "a", "dy" ] output: "y" attr { key: "approximate" value { s: "tanh" } })pb",
+          {{"a", a}, {"dy", dy}});
+      std::vector<float> as(n + 1), dys(n + 1);
+      std::memcpy(as.data() + offset, a.data<float>(), n * sizeof(float));
+      std::memcpy(dys.data() + offset, dy.data<float>(), n * sizeof(float));
+      ASSERT_EQ((cuda::LaunchGeluGradStored<float, float>(cuda::UnaryGradOp::kGeluTanhGrad, dys.data() + offset,
+                                                          as.data() + offset, dys.data() + offset, n, nullptr)),
+                cudaSuccess);
+      emulation::ExpectCleanLaunches();
+      EXPECT_TRUE(emulation::SameBits(dys.data() + offset, n, grad, "dx"));
+    }
+  }
 }
 
 }  // namespace
