@@ -126,6 +126,18 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
       o.workspace = *bytes;
     }
   }
+  // An op told to write over its input 0 (in_place) must be that var's last
+  // reader: passes after in-place-loss-gradient could have added a reader
+  // after it, which would then read the gradient.
+  for (int i = 0; i < n; ++i) {
+    const OpInfo& o = table.info[i];
+    if (!o.aliases || graph.schema(order[i]).output_aliases_input) continue;
+    if (const int last = table.last_use[o.input0]; last != i) {
+      return absl::InternalError(absl::StrCat("memory plan: op #", i, " '", graph.schema(order[i]).type,
+                                              "' writes over '", graph.var_name(o.input0), "' (in_place), but op #", last,
+                                              " '", graph.schema(order[last]).type, "' reads it after"));
+    }
+  }
   return table;
 }
 

@@ -142,6 +142,27 @@ TEST(MemoryPlanTest, TheInPlaceLossGradientSharesTheLogitsBuffer) {
   EXPECT_EQ(freed.at("z@grad"), Writer(plan.program(), "w@grad"));
 }
 
+// The in_place gradient must stay the logits' last reader: a plan where a
+// later op reads z (here the weight gradient, made to read z for z@grad) is
+// refused naming both ops, rather than planned with z's buffer reused.
+TEST(MemoryPlanTest, AReaderAfterTheInPlaceGradientIsRefused) {
+  RankPlan plan = CompileOneDevice(kOneLayer, 8, /*disabled=*/{});
+  const int grad = Writer(plan.program(), "z@grad"), weight_grad = Writer(plan.program(), "w@grad");
+  ASSERT_GE(grad, 0);
+  ASSERT_GT(weight_grad, grad);
+  Op* late = plan.mutable_program()->mutable_op(weight_grad);
+  for (std::string& in : *late->mutable_input()) {
+    if (in == "z@grad") in = "z";
+  }
+  auto graph = Graph::FromProgram(plan.program());
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const auto replanned = PlanMemory(**graph, plan.schedule(), 8);
+  ASSERT_FALSE(replanned.ok());
+  EXPECT_THAT(replanned.status().message(),
+              ::testing::HasSubstr(absl::StrCat("op #", grad, " 'softmax_cross_entropy_grad' writes over 'z' (in_place), "
+                                                "but op #", weight_grad, " 'matmul' reads it after")));
+}
+
 TEST(MemoryPlanTest, OneDevicePeakMovesToTheWeightGradientForTinyBatches) {
   // At softmax_cross_entropy_grad the live set is 48 bytes a row (x 16 +
   // label 8 + z 12 + z@grad 12) plus loss and loss@grad (8); at the weight

@@ -228,7 +228,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     if (fingerprints[i] != fingerprints[0]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", i, " compiled program set ", fingerprints[i], " but rank 0 compiled ",
-          fingerprints[0], ": every rank must run the same compiled programs (", where, ")"));
+          fingerprints[0], ": every rank must run the same compiled programs (the same program, strategy, "
+          "--batch_size, --device, --disable_passes and STRATA_TENSOR_CORE_ATTENTION) (", where, ")"));
     }
   }
 
