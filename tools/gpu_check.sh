@@ -25,8 +25,8 @@ mode=${1:-}
 benches() {
   local out=$1 status=0
   # GPT-2 first: the figure the issue's goals are about. The timeouts add up
-  # to 555 s, inside one device call's 600.
-  PYTHONUNBUFFERED=1 timeout 330 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
+  # to 565 s, inside one device call's 600.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 2 \
     2>&1 | tee "$out/gpt2.txt" | tail -12 || status=1
   # Attention on the GEMM path (the tensor-core flash kernels off): Strata's side against eager once
   # more, to time it against the default run above.
@@ -40,6 +40,7 @@ benches() {
   # And the head passes/pad_vocab makes of it: 50304 rows, nothing staged.
   timeout 20 bash .device/run.sh gemm_bench --dtype=bf16 --vocab=50304 --repeats=1 \
     --shapes=lm_head.fwd,lm_head.dx,lm_head.dw 2>&1 | tail -8 || status=1
+  timeout 40 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 | tail -12 || status=1
   PYTHONUNBUFFERED=1 timeout 45 python3 bench/dispatch.py --device gpu --rounds 3 \
     --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5 || status=1
   echo "benchmarks: $([ "$status" -eq 0 ] && echo "all ran" || echo "some failed or timed out (see above)")"
@@ -49,7 +50,8 @@ benches() {
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs: Strata's defaults,
 # attention on the GEMM path, the captured step off, the padded vocabulary
-# off. About 3 minutes; each run's output in $1.
+# off; then bench/attention.py and a traced GPT-2 run summed by op type
+# (tools/trace_ops.py). About 4 minutes; each run's output in $1.
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
@@ -59,6 +61,15 @@ quick_benches() {
   timeout 50 "${g[@]}" --no_cuda_graph 2>&1 | tee "$out/gpt2_eager_steps.txt" | tail -4 || status=1
   timeout 50 "${g[@]}" --strata_flags "--disable_passes pad-vocab" 2>&1 | tee "$out/gpt2_nopad.txt" | tail -4 ||
     status=1
+  # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
+  # GPT-2 run (each op waited for) summed by op type.
+  timeout 40 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
+    tee "$out/attention.txt" | tail -12 || status=1
+  bash .device/run.sh strata_gpu gen gpt --blocks 12 --d_model 768 --heads 12 --seq 1024 --vocab 50257 \
+    --gelu tanh >"$out/gpt2.pbtxt" && echo 'mixed_precision { dtype: BF16 }' >"$out/bf16.pbtxt" &&
+    timeout 40 bash .device/run.sh strata_gpu run "$out/gpt2.pbtxt" --strategy "$out/bf16.pbtxt" --device gpu \
+      --data synthetic --steps 6 --batch_size 8 --quiet --trace "$out/gpt2_trace.json" 2>&1 | tail -2 &&
+    python3 tools/trace_ops.py "$out/gpt2_trace.json" --skip_steps 2 --top 22 || status=1
   echo "quick benchmarks: $([ "$status" -eq 0 ] && echo "all ran" || echo "some failed or timed out (see above)")"
   return "$status"
 }
@@ -68,7 +79,7 @@ case "$mode" in
     set -e
     targets=$(bazel query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
     extra="//kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata
-      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu"
+      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu //bench:attention_bench"
     bazel build $targets $extra
     bins=()
     for t in $targets $extra; do
