@@ -4,7 +4,8 @@ gradient apart, at a GPT-2 124M layer's shape by default (batch 8, 12 heads
 of 64, 1024 tokens, causal, bf16).
 
 Strata: //bench:attention_bench (kernels/cuda/flash_attention.h, both head
-layouts). PyTorch: SDPA on [B, H, T, D] bf16 tensors with its default
+layouts; the forward on WMMA, the default, and on mma.sync,
+STRATA_MMA_ATTENTION=1). PyTorch: SDPA on [B, H, T, D] bf16 tensors with its default
 backend choice and with each backend it has here (flash, cuDNN, memory
 efficient); the forward timed alone, the gradient as (forward + backward) -
 forward, each over back-to-back calls between CUDA events. FLOPs as
@@ -116,10 +117,16 @@ def main():
             continue
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("strata " + layout, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
+        mf = strata.get(("mma_fwd", layout))
+        if mf is not None:
+            print("%-22s | %9.4f %8.1f |" % ("strata mma.sync " + layout, mf, tflops(mf, flops)))
     for backend, (f, b) in torch_results.items():
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("torch " + backend, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
     sf, sb = strata.get(("flash_fwd", "bthd")), strata.get(("flash_bwd", "bthd"))
+    mf = strata.get(("mma_fwd", "bthd"))
+    if mf is not None:
+        print("strata mma.sync forward / WMMA forward (bthd): %.2fx faster" % (sf / mf))
     for backend, (f, b) in torch_results.items():
         print("torch-%s / strata bthd: forward %.2fx, gradient %.2fx" % (backend, f / sf, b / sb))
         print("RESULT attention side=%s strata_fwd_ms=%.4f strata_bwd_ms=%.4f torch_fwd_ms=%.4f torch_bwd_ms=%.4f "

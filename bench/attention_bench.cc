@@ -1,5 +1,6 @@
 // bench/attention_bench: Strata's tensor-core flash attention
-// (kernels/cuda/flash_attention.h) on one GPU, forward and gradient apart,
+// (kernels/cuda/flash_attention.h) on one GPU, forward (both kernels: WMMA,
+// and mma.sync behind STRATA_MMA_ATTENTION) and gradient apart,
 // at a GPT-2 124M layer's shape by default (batch 8, 12 heads of 64, 1024
 // tokens, causal, bf16), in both head layouts ([B, H, T, D] and the
 // [B, T, H, D] of passes/attention_layout). bench/attention.py runs it beside
@@ -130,9 +131,14 @@ int main(int argc, char** argv) {
     layout.H = H;
     layout.bthd = bthd;
     const char* name = bthd ? "bthd" : "bhtd";
-    Time("flash_fwd", name, forward_flops, [&] {
-      return strata::cuda::LaunchFlashAttention(y, lse, q, k, v, B * H, T, D, scale, causal, nullptr, layout);
-    });
+    // The WMMA forward (the default) and the mma.sync one (STRATA_MMA_ATTENTION=1).
+    for (const bool mma : {false, true}) {
+      strata::cuda::MmaFlashAttention().store(mma);
+      Time(mma ? "mma_fwd" : "flash_fwd", name, forward_flops, [&] {
+        return strata::cuda::LaunchFlashAttention(y, lse, q, k, v, B * H, T, D, scale, causal, nullptr, layout);
+      });
+    }
+    strata::cuda::MmaFlashAttention().store(false);
     Time("flash_bwd", name, 2.5 * forward_flops, [&] {
       return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D, scale,
                                                     causal, nullptr, layout);

@@ -12,10 +12,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_math.h"
+#include "kernels/cuda/mma_m16n8k16.h"
 
 namespace strata {
 namespace cuda {
@@ -98,18 +100,20 @@ __device__ inline void StoreRows(G* dst, const float* f, int64_t row0, int64_t T
   }
 }
 
-constexpr size_t ForwardShared(int kD) {
+constexpr size_t WmmaForwardShared(int kD) {
   return sizeof(uint16_t) * (2 * kTile * (kD + 8) + kWarps * kWarpRows * kLdP) +
          sizeof(float) * kWarps * kWarpRows * ((kD > kTile ? kD : kTile) + 4);
 }
 
-// grid (query blocks, heads), kThreads. Shared: the k and v tiles [kTile][kLd]
+// The WMMA forward, the default until FlashForward (mma.sync, below) has run
+// on a GPU (MmaFlashAttention()). grid (query blocks, heads), kThreads.
+// Shared: the k and v tiles [kTile][kLd]
 // (q passes through the k tile once, into each warp's fragments), a warp's P
 // [16][kLdP] and float scratch [16][kLdF]. `layout`: where a head's rows lie
 // in q, k, v and y (attention.h).
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
-    FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
+    FlashForwardWmma(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
                  HeadLayout layout) {
   constexpr int ld = kLd<kD>, ldf = kLdF<kD>;
   constexpr int kOut = kD / 2;  // output columns a lane owns
@@ -205,6 +209,168 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int c = 0; c < kOut; ++c) y[off + i * rs + half * kOut + c] = FromFloat<G>(o[c] * inv);
   if (half == 0) lse[head * T + i] = flash::Lse(m, l);
+}
+
+// Rows [row0, row0 + kTile) of a [T, kD] matrix whose rows lie `rs` apart,
+// transposed into shared `dst` [kD][kLdT] (dst[d * kLdT + r] = row r's
+// element d), zeros past T; by the whole block. Consecutive threads take
+// consecutive rows, so their 16-bit stores fall in consecutive words.
+constexpr int kLdT = kTile + 8;
+template <typename G, int kD>
+__device__ inline void LoadTransposed(G* dst, const G* src, int64_t row0, int64_t T, bool vec, int64_t rs) {
+  if (vec) {
+    constexpr int kWords = kD / 8;
+    for (int idx = threadIdx.x; idx < kTile * kWords; idx += kThreads) {
+      const int r = idx % kTile, w = idx / kTile;
+      uint4 word = make_uint4(0, 0, 0, 0);
+      if (row0 + r < T) word = *reinterpret_cast<const uint4*>(src + (row0 + r) * rs + w * 8);
+      G e[8];
+      memcpy(e, &word, sizeof(word));  // not a G* into the word: that would break strict aliasing
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[(w * 8 + j) * kLdT + r] = e[j];
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kTile * kD; idx += kThreads) {
+      const int r = idx % kTile, d = idx / kTile;
+      dst[d * kLdT + r] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
+    }
+  }
+}
+
+// The forward's shared memory: q's rows, then each tile's k rows [kTile][kLd],
+// and v transposed [kD][kLdT].
+constexpr size_t ForwardShared(int kD) { return sizeof(uint16_t) * (kTile * (kD + 8) + kD * kLdT); }
+
+// grid (query blocks, heads), kThreads; a warp owns 16 query rows. The
+// products go through mma.sync (mma_m16n8k16.h), whose fragments keep a
+// lane's scores, probabilities and output in registers: lane 4 g + t holds
+// rows g and g + 8 of the warp, columns 2t and 2t + 1 of each 8-column
+// block. The scores' tile becomes P v's A operand where it lies (its C
+// fragments of keys 16 kk.. are the A fragment of key step kk), and the
+// online softmax's row max and sum combine the four lanes of a row (t) by
+// shuffles. Shared memory holds only the operands: q once (its fragments
+// then stay in registers), each tile's k rows and v transposed (so every B
+// fragment is one 32-bit word of a row, rows kLd or kLdT elements apart:
+// the eight g of a warp fall on different banks). `layout`: where a head's
+// rows lie in q, k, v and y (attention.h).
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
+                 HeadLayout layout) {
+  constexpr int ld = kLd<kD>;
+  constexpr int kSteps = kD / 16;       // key-dimension steps of S = q k^T
+  constexpr int kKeyBlocks = kTile / 8;  // 8-key blocks of S
+  constexpr int kOutBlocks = kD / 8;     // 8-column blocks of the output
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* ks = reinterpret_cast<G*>(smem);  // q's rows, then each tile's k rows
+  G* vt = ks + kTile * ld;              // v^T of the tile
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t rows[2] = {q0 + warp * kWarpRows + g, q0 + warp * kWarpRows + g + 8};  // the lane's query rows
+
+  LoadRows<G, kD>(ks, q + off, q0, T, vec, rs);
+  __syncthreads();
+  uint32_t qa[kSteps][4];
+  {
+    const G* qw = ks + warp * kWarpRows * ld;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      qa[kk][0] = mma::Word(qw + g * ld + kk * 16 + 2 * t);
+      qa[kk][1] = mma::Word(qw + (g + 8) * ld + kk * 16 + 2 * t);
+      qa[kk][2] = mma::Word(qw + g * ld + kk * 16 + 2 * t + 8);
+      qa[kk][3] = mma::Word(qw + (g + 8) * ld + kk * 16 + 2 * t + 8);
+    }
+  }
+  float o[kOutBlocks][4];
+#pragma unroll
+  for (int n = 0; n < kOutBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int64_t end = flash::KeyEnd(q0, T, causal);
+  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous tiles (and q)
+    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
+    LoadTransposed<G, kD>(vt, v + off, k0, T, vec, rs);
+    __syncthreads();
+    // S = q k^T, the warp's 16 x kTile: B of key block n is k's rows n * 8 + g.
+    float s[kKeyBlocks][4];
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      const G* kr = ks + (n * 8 + g) * ld + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const uint32_t b[2] = {mma::Word(kr + kk * 16), mma::Word(kr + kk * 16 + 8)};
+        mma::Mma16816<G>(s[n], qa[kk], b);
+      }
+    }
+    // Scale and mask in float, then the online softmax over each row's four lanes.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + n * 8 + 2 * t + e % 2;
+        s[n][e] = flash::Visible(rows[e / 2], key, T, causal) ? scale * s[n][e] : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+      }
+    }
+    float correction[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_m = flash::NewMax(m[r], tile_max[r]);
+      correction[r] = flash::Rescale(m[r], new_m);
+      m[r] = new_m;
+    }
+    // P rounded to G as P v's A operand: key block n is half of key step n / 2.
+    uint32_t pa[kTile / 16][4];
+#pragma unroll
+    for (int n = 0; n < kKeyBlocks; ++n) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = flash::Prob(s[n][e], m[e / 2]);
+        sum[e / 2] += p[e];  // l sums the float probabilities, P v their 16-bit roundings (FlashAttention's)
+      }
+      pa[n / 2][(n % 2) * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
+      pa[n / 2][(n % 2) * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * correction[r] + sum[r];
+    }
+    // o = o * correction + P v: B of output block n is v^T's rows n * 8 + g.
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      o[n][0] *= correction[0];
+      o[n][1] *= correction[0];
+      o[n][2] *= correction[1];
+      o[n][3] *= correction[1];
+      const G* vr = vt + (n * 8 + g) * kLdT + 2 * t;
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        const uint32_t b[2] = {mma::Word(vr + kk * 16), mma::Word(vr + kk * 16 + 8)};
+        mma::Mma16816<G>(o[n], pa[kk], b);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= T) continue;
+    const float inv = 1.0f / l[r];
+    G* yr = y + off + rows[r] * rs + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      yr[n * 8] = FromFloat<G>(o[n][2 * r] * inv);
+      yr[n * 8 + 1] = FromFloat<G>(o[n][2 * r + 1] * inv);
+    }
+    if (t == 0) lse[head * T + rows[r]] = flash::Lse(m[r], l[r]);
+  }
 }
 
 // The backward's shared memory: four [kTile][kLd] 16-bit tiles, lse and di of
@@ -425,11 +591,18 @@ bool Aligned16(const P*... p) {
 template <typename G, int kD>
 cudaError_t ForwardD(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, float scale,
                      bool causal, cudaStream_t stream, HeadLayout layout) {
+  const bool vec = Aligned16(q, k, v);
+  if (MmaFlashAttention().load()) {
+    static_assert(ForwardShared(kD) <= 48 * 1024, "the mma.sync forward needs no opt-in");
+    FlashForward<G, kD>
+        <<<Grid(T, heads), kThreads, ForwardShared(kD), stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
+    return cudaGetLastError();
+  }
   static std::atomic<uint64_t> done{0};
-  constexpr size_t shared = ForwardShared(kD);
-  if (cudaError_t e = AllowShared(FlashForward<G, kD>, shared, done); e != cudaSuccess) return e;
-  FlashForward<G, kD>
-      <<<Grid(T, heads), kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, Aligned16(q, k, v), layout);
+  constexpr size_t shared = WmmaForwardShared(kD);
+  if (cudaError_t e = AllowShared(FlashForwardWmma<G, kD>, shared, done); e != cudaSuccess) return e;
+  FlashForwardWmma<G, kD>
+      <<<Grid(T, heads), kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
   return cudaGetLastError();
 }
 

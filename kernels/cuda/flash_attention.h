@@ -31,6 +31,8 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
@@ -44,6 +46,20 @@ namespace cuda {
 // run every case on both. The one switch the compiler reads too
 // (kernels/attention_budget.h, STRATA_TENSOR_CORE_ATTENTION).
 inline std::atomic<bool>& FlashTensorCoreAttention() { return TensorCoreAttention(); }
+
+// Whether the forward runs on mma.sync with the scores, probabilities and
+// output in registers (FlashForward, mma_m16n8k16.h) rather than through
+// WMMA and shared memory (FlashForwardWmma): off until it has run on a GPU
+// (written 2026-11-27 without one, checked in flash_attention_emulation_test
+// against the PTX ISA's fragment layouts); STRATA_MMA_ATTENTION=1 turns it
+// on for a process.
+inline std::atomic<bool>& MmaFlashAttention() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("STRATA_MMA_ATTENTION");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }()};
+  return on;
+}
 
 // Head sizes with a kernel instantiation.
 inline bool FlashTensorCoreHeadDim(int64_t D) { return FlashEligible(true, D); }

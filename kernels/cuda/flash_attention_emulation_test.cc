@@ -191,12 +191,21 @@ void Check(const Case& c, bool vec, double bar) {
   const Reference want = Direct(wq, wk, wv, wdy, dlse, c.heads, c.T, kD, scale, c.causal);
   const int64_t blocks = (c.T + kBlock - 1) / kBlock;
 
-  std::vector<G> y(n, Round<G>(12345));
-  std::vector<float> lse(c.heads * c.T, 12345.0f);
-  Launch(blocks, c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
-         v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
-  EXPECT_TRUE(Near(y, want.y, bar, "y"));
-  EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
+  // Both forwards: mma.sync in registers, and WMMA through shared memory.
+  for (const bool mma : {true, false}) {
+    SCOPED_TRACE(mma ? "mma.sync forward" : "WMMA forward");
+    std::vector<G> y(n, Round<G>(12345));
+    std::vector<float> lse(c.heads * c.T, 12345.0f);
+    if (mma) {
+      Launch(blocks, c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
+             v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    } else {
+      Launch(blocks, c.heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, y.data(), lse.data(), q.data(),
+             k.data(), v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    }
+    EXPECT_TRUE(Near(y, want.y, bar, "y"));
+    EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
+  }
 
   // The gradient from the reference's forward outputs, as the GPU tests feed it.
   std::vector<G> y_in(n);
@@ -260,6 +269,42 @@ TEST(FlashAttentionEmulationTest, StandInRoundsLikeCuda) {
   EXPECT_EQ(StandInToFloat(__float2bfloat16_rn(0.1f)), 0.10009765625f);
 }
 
+// The stand-in's mma.sync (mma_m16n8k16.h) against a direct product: every
+// lane forms its fragments of A [16][16] and B [16][8] by the PTX ISA's
+// layouts, and its four outputs must be rows g, g + 8, columns 2t, 2t + 1 of
+// A B (small integers: exact in bf16 and in float sums).
+__global__ void MmaLayoutKernel(float* d_out, const float* a, const float* b) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const auto pair = [](float lo, float hi) {
+    return mma::Pair(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+  };
+  const uint32_t af[4] = {pair(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
+                          pair(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]),
+                          pair(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]),
+                          pair(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9])};
+  const uint32_t bf[2] = {pair(b[(2 * t) * 8 + g], b[(2 * t + 1) * 8 + g]),
+                          pair(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g])};
+  float d[4] = {1, 1, 1, 1};
+  mma::Mma16816<__nv_bfloat16>(d, af, bf);
+  if (threadIdx.x < 32) {
+    for (int i = 0; i < 4; ++i) d_out[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + i % 2] = d[i];
+  }
+}
+
+TEST(FlashAttentionEmulationTest, StandInMmaFollowsThePtxLayouts) {
+  std::vector<float> a(16 * 16), b(16 * 8), d(16 * 8, -1);
+  for (int i = 0; i < 256; ++i) a[i] = static_cast<float>(i % 7 - 3);
+  for (int i = 0; i < 128; ++i) b[i] = static_cast<float>(i % 5 - 2);
+  Launch(1, 1, 0, MmaLayoutKernel, d.data(), a.data(), b.data());
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 8; ++c) {
+      float want = 1;
+      for (int k = 0; k < 16; ++k) want += a[r * 16 + k] * b[k * 8 + c];
+      EXPECT_EQ(d[r * 8 + c], want) << "row " << r << " column " << c;
+    }
+  }
+}
+
 // [B, H, T, D] -> [B, T, H, D] (to_bthd) or back.
 template <typename X>
 std::vector<X> SwapTH(const std::vector<X>& x, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd) {
@@ -302,7 +347,7 @@ template <typename X>
 // HeadLayout::Row, which the row dots (di) read y and dy by, names the same
 // rows. The [B, H, T, D] run itself is checked against the reference above.
 template <typename G, int kD>
-void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
+void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma) {
   const int64_t heads = B * H, n = heads * T * kD, blocks = (T + kBlock - 1) / kBlock;
   const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(kD)));
   const std::vector<G> q = Random<G>(n, 1, 11), k = Random<G>(n, 1, 12), v = Random<G>(n, 1, 13),
@@ -321,8 +366,13 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
                        const std::vector<G>& dy, const std::vector<float>* lse_in, const HeadLayout& layout) {
     Run r{std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)),
           std::vector<G>(n, Round<G>(12345)), std::vector<float>(heads * T, 12345.0f)};
-    Launch(blocks, heads, ForwardShared(kD), FlashForward<G, kD>, r.y.data(), r.lse.data(), q.data(), k.data(),
-           v.data(), T, scale, causal, vec, layout);
+    if (mma) {
+      Launch(blocks, heads, ForwardShared(kD), FlashForward<G, kD>, r.y.data(), r.lse.data(), q.data(), k.data(),
+             v.data(), T, scale, causal, vec, layout);
+    } else {
+      Launch(blocks, heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, r.y.data(), r.lse.data(), q.data(),
+             k.data(), v.data(), T, scale, causal, vec, layout);
+    }
     const std::vector<float>& lse = lse_in != nullptr ? *lse_in : r.lse;
     Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
            v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
@@ -360,10 +410,13 @@ void CheckAllBthd() {
   };
   for (const Shape& c : {Shape{2, 3, 17, false}, Shape{1, 2, 70, true}, Shape{2, 2, 64, false}}) {
     for (bool vec : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
-                                        << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads"));
-      CheckBthd<G, kD>(c.B, c.H, c.T, c.causal, vec);
-      if (::testing::Test::HasFatalFailure()) return;
+      for (bool mma : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
+                                          << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads")
+                                          << (mma ? ", mma.sync forward" : ", WMMA forward"));
+        CheckBthd<G, kD>(c.B, c.H, c.T, c.causal, vec, mma);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
     }
   }
 }

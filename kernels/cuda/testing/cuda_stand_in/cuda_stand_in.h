@@ -258,7 +258,53 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 
+// kernels/cuda/mma_m16n8k16.h calls the stand-in below where it is compiled
+// against these headers.
+#define CUDA_STAND_IN 1
+
 namespace cuda_stand_in {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 of a warp:
+// d += A B, every lane passing its registers in the PTX ISA's fragment
+// layouts ("Matrix Fragments for mma.m16n8k16"; lane = 4 g + t, the lower 16
+// bits of a word the even column or row):
+//   A [16][16] (row major): a[0] (g, 2t..2t+1), a[1] (g + 8, 2t..),
+//                           a[2] (g, 2t + 8..), a[3] (g + 8, 2t + 8..);
+//   B [16][8] (col major):  b[0] (k 2t..2t+1, n g), b[1] (k 2t + 8.., n g);
+//   C, D [16][8]:           d[0], d[1] (g, 2t, 2t + 1), d[2], d[3] (g + 8, ...).
+// The lanes meet in per-warp slots (blocks run one at a time); each sums its
+// own four outputs in float in k order (the hardware's order and rounding
+// differ: tests compare within bounds).
+inline uint32_t mma_slots[32][32][6];  // [warp][lane][a0..a3, b0, b1]
+template <typename G>
+void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const unsigned thread = LinearThread(), warp = thread / 32, lane = thread % 32;
+  uint32_t* mine = mma_slots[warp][lane];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  __syncwarp();
+  const auto element = [](uint32_t word, int index) {
+    G x;
+    x.bits = static_cast<uint16_t>(index % 2 != 0 ? word >> 16 : word & 0xffffu);
+    return StandInToFloat(x);
+  };
+  const auto at_a = [&](int row, int k) {
+    return element(mma_slots[warp][(row % 8) * 4 + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+  };
+  const auto at_b = [&](int k, int n) { return element(mma_slots[warp][n * 4 + (k % 8) / 2][k >= 8 ? 5 : 4], k); };
+  const int g = static_cast<int>(lane) / 4, t = static_cast<int>(lane) % 4;
+  float out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum += at_a(row, k) * at_b(k, col);
+    out[i] = sum;
+  }
+  __syncwarp();
+  for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
 inline cudaError_t last_error = cudaSuccess;
 inline int64_t launches = 0;  // launches run so far
 inline size_t largest_dynamic_shared = 0;

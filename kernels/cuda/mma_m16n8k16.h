@@ -1,0 +1,86 @@
+#ifndef STRATA_KERNELS_CUDA_MMA_M16N8K16_H_
+#define STRATA_KERNELS_CUDA_MMA_M16N8K16_H_
+
+// Warp-wide 16 x 8 x 16 tensor-core products with float accumulators through
+// PTX's mma.sync (sm_80 and later), whose register fragments the PTX ISA
+// documents ("Matrix Fragments for mma.m16n8k16"; lane = 4 g + t):
+//   A [16][16], row major, 16-bit pairs: a[0] row g, columns 2t and 2t + 1;
+//     a[1] row g + 8, the same columns; a[2] row g, columns 2t + 8, 2t + 9;
+//     a[3] row g + 8, those columns;
+//   B [16][8], column major: b[0] rows (k) 2t, 2t + 1 of column g; b[1]
+//     rows 2t + 8, 2t + 9 of it;
+//   C and D [16][8] floats: d[0], d[1] row g, columns 2t, 2t + 1; d[2], d[3]
+//     row g + 8.
+// A pair's lower 16 bits hold the even column (or row), as two consecutive
+// elements in memory read as one 32-bit word. So a warp's scores, softmax
+// and output rows stay in registers, where WMMA's fragments are opaque and
+// must pass through shared memory (flash_attention.cu). Compiled against
+// testing/cuda_stand_in/ (g++, CUDA_STAND_IN) the product is the stand-in's
+// warp-level emulation of the same layouts.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace strata {
+namespace cuda {
+namespace mma {
+
+// d += a b of the warp: every lane of the warp calls it.
+template <typename G>
+__device__ inline void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
+template <>
+__device__ inline void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::Mma16816<__nv_bfloat16>(d, a, b);
+#endif
+}
+
+template <>
+__device__ inline void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::Mma16816<__half>(d, a, b);
+#endif
+}
+
+// The 32-bit word of elements p[0] (low half) and p[1]; p 4-byte aligned.
+template <typename G>
+__device__ inline uint32_t Word(const G* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+#endif
+}
+
+// The word of lo (low half) and hi.
+template <typename G>
+__device__ inline uint32_t Pair(G lo, G hi) {
+  uint16_t a, b;
+  std::memcpy(&a, &lo, sizeof(a));
+  std::memcpy(&b, &hi, sizeof(b));
+  return static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
+}
+
+}  // namespace mma
+}  // namespace cuda
+}  // namespace strata
+
+#endif  // STRATA_KERNELS_CUDA_MMA_M16N8K16_H_
