@@ -111,9 +111,106 @@ cudaError_t Softmax(SoftmaxMode mode, T* out, const T* a, const T* b, int64_t M,
 // ---------------------------------------------------------------------------
 // layer_norm and layer_norm_grad: eight threads per row (a row group); thread
 // k of a group adds the CPU's lane k of LaneSum (kernels/cpu/layer_norm.cc).
+//
+// Speed without a changed bit: a block of `rows` row groups first copies its
+// rows of x (and dy) into shared memory, 16 bytes a thread where aligned,
+// each row padded so the four row groups of a warp read different banks;
+// the passes then read shared memory. Every serial sum takes its terms in
+// batches of kBatch independent loads into registers, then adds them in the
+// original order (the same doubles, the same order: the same bits). Rows
+// too long for 48 KiB (fewer than four a block) are read from global
+// memory, in the same batches.
 
 constexpr int kLanes = 8;
-constexpr int kRowsPerBlock = kThreads / kLanes;
+constexpr int kRowsPerBlock = kThreads / kLanes;  // blocks reading global memory
+constexpr int kMaxStagedRows = 16;                // rows of a block staging them
+constexpr int64_t kMaxShared = 48 * 1024;
+constexpr int kBatch = 8;
+
+// How the rows kernels split rows into blocks. `stride`: elements between
+// staged rows (D rounded up to 32, plus 8: the next row starts 8 words,
+// or 4 for 16-bit, 16 for double, further round the 32 banks).
+struct RowTiling {
+  int rows;       // rows per block: 8 * rows threads, a multiple of 4 (whole warps)
+  bool staged;    // rows copied to shared memory
+  int64_t stride;
+  int64_t shared;  // dynamic shared memory bytes
+};
+
+RowTiling TileRows(int64_t D, int64_t bytes_per_element) {
+  const int64_t stride = (D + 31) / 32 * 32 + 8;
+  const int64_t rows = std::min<int64_t>(kMaxStagedRows, kMaxShared / (stride * bytes_per_element)) / 4 * 4;
+  if (rows < 4) return {kRowsPerBlock, false, D, 0};
+  return {static_cast<int>(rows), true, stride, rows * stride * bytes_per_element};
+}
+
+// Copies rows [0, n) of src (D elements a row, contiguous) to dst (`stride`
+// elements a row), by the whole block: 16-byte chunks where src and the
+// rows are 16-byte aligned, else element by element. dst is 16-byte aligned.
+template <typename V>
+__device__ void StageRows(V* dst, int64_t stride, const V* src, int n, int64_t D) {
+  constexpr int kCopyBatch = 4;
+  const int step = static_cast<int>(blockDim.x);
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && (D * sizeof(V)) % 16 == 0) {
+    const int per_row = static_cast<int>(D * sizeof(V) / 16), dst_row = static_cast<int>(stride * sizeof(V) / 16);
+    const int total = n * per_row;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (int i = threadIdx.x; i < total; i += kCopyBatch * step) {
+      uint4 v[kCopyBatch];
+#pragma unroll
+      for (int u = 0; u < kCopyBatch; ++u) {
+        if (i + u * step < total) v[u] = s[i + u * step];
+      }
+#pragma unroll
+      for (int u = 0; u < kCopyBatch; ++u) {
+        const int q = i + u * step;
+        if (q < total) d[q / per_row * dst_row + q % per_row] = v[u];
+      }
+    }
+  } else {
+    const int per_row = static_cast<int>(D), total = n * per_row;
+    for (int i = threadIdx.x; i < total; i += kCopyBatch * step) {
+      V v[kCopyBatch];
+#pragma unroll
+      for (int u = 0; u < kCopyBatch; ++u) {
+        if (i + u * step < total) v[u] = src[i + u * step];
+      }
+#pragma unroll
+      for (int u = 0; u < kCopyBatch; ++u) {
+        const int q = i + u * step;
+        if (q < total) dst[q / per_row * stride + q % per_row] = v[u];
+      }
+    }
+  }
+}
+
+// Lane k's sum of f(k), f(k + 8), ... below `full`, in that order: the terms
+// of kBatch steps evaluated first (independent loads), then added in order.
+template <typename F>
+__device__ double LaneChain(int64_t full, const F& f) {
+  const int k = threadIdx.x % kLanes;
+  double lane = 0;
+  int64_t j = k;
+  for (; j + kLanes * (kBatch - 1) < full; j += kLanes * kBatch) {
+    double v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = f(j + kLanes * u);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) lane += v[u];
+  }
+  for (; j < full; j += kLanes) lane += f(j);
+  return lane;
+}
+
+// The eight lanes of a row group (and lane 0's tail) combined in the CPU's fixed order.
+__device__ double CombineLanes(double lane, double tail) {
+  double l[kLanes];
+#pragma unroll
+  for (int q = 0; q < kLanes; ++q) l[q] = __shfl_sync(0xffffffffu, lane, q, kLanes);
+  tail = __shfl_sync(0xffffffffu, tail, 0, kLanes);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])) + tail;
+}
 
 // LaneSum(d, f) of the CPU, by the eight threads of a row group: lane k sums
 // f(k), f(k + 8), ... over the full groups of eight; lane 0 the tail; the
@@ -121,19 +218,48 @@ constexpr int kRowsPerBlock = kThreads / kLanes;
 // it (shuffles); threads of a group past the last row pass d = 0.
 template <typename F>
 __device__ double LaneSum(int64_t d, const F& f) {
-  const int k = threadIdx.x % kLanes;
   const int64_t full = d - d % kLanes;
-  double lane = 0;
-  for (int64_t j = k; j < full; j += kLanes) lane += f(j);
+  const double lane = LaneChain(full, f);
   double tail = 0;
-  if (k == 0) {
+  if (threadIdx.x % kLanes == 0) {
     for (int64_t j = full; j < d; ++j) tail += f(j);
   }
-  double l[kLanes];
+  return CombineLanes(lane, tail);
+}
+
+// Two LaneSums at once (two independent chains, each in its own order).
+template <typename F, typename G>
+__device__ void LaneSum2(int64_t d, const F& f, const G& g, double* sum_f, double* sum_g) {
+  const int k = threadIdx.x % kLanes;
+  const int64_t full = d - d % kLanes;
+  double lane_f = 0, lane_g = 0;
+  int64_t j = k;
+  for (; j + kLanes * (kBatch - 1) < full; j += kLanes * kBatch) {
+    double vf[kBatch], vg[kBatch];
 #pragma unroll
-  for (int q = 0; q < kLanes; ++q) l[q] = __shfl_sync(0xffffffffu, lane, q, kLanes);
-  tail = __shfl_sync(0xffffffffu, tail, 0, kLanes);
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])) + tail;
+    for (int u = 0; u < kBatch; ++u) {
+      vf[u] = f(j + kLanes * u);
+      vg[u] = g(j + kLanes * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      lane_f += vf[u];
+      lane_g += vg[u];
+    }
+  }
+  for (; j < full; j += kLanes) {
+    lane_f += f(j);
+    lane_g += g(j);
+  }
+  double tail_f = 0, tail_g = 0;
+  if (k == 0) {
+    for (int64_t t = full; t < d; ++t) {
+      tail_f += f(t);
+      tail_g += g(t);
+    }
+  }
+  *sum_f = CombineLanes(lane_f, tail_f);
+  *sum_g = CombineLanes(lane_g, tail_g);
 }
 
 // The CPU's RowMoments: mean and 1 / sqrt(biased variance + epsilon), in double.
@@ -151,18 +277,38 @@ __device__ void RowMoments(const T* x, int64_t d, int64_t D, double epsilon, dou
 // y stored as Y: T, or BF16 / F16 for an F32 x (each value the float one
 // rounded by the cast kernel's conversion: passes/fold_casts).
 template <typename T, typename Y>
-__global__ void LayerNormKernel(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon) {
+__global__ void LayerNormKernel(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
+                                RowTiling tiling) {
+  extern __shared__ uint4 layer_norm_rows[];  // the staged rows of x
   const int k = threadIdx.x % kLanes;
-  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+  T* sx = reinterpret_cast<T*>(layer_norm_rows);
+  for (int64_t first = blockIdx.x * int64_t{tiling.rows}; first < R; first += gridDim.x * int64_t{tiling.rows}) {
     const int64_t r = first + threadIdx.x / kLanes;
     const bool valid = r < R;
     const T* xr = x + (valid ? r : 0) * D;
+    if (tiling.staged) {
+      __syncthreads();  // the previous rows' reads are done
+      StageRows(sx, tiling.stride, x + first * D, static_cast<int>(R - first < tiling.rows ? R - first : tiling.rows), D);
+      __syncthreads();
+      xr = sx + threadIdx.x / kLanes * tiling.stride;
+    }
     double mean, rstd;
     RowMoments(xr, valid ? D : 0, D, epsilon, &mean, &rstd);
     if (!valid) continue;
     const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
     Y* yr = y + r * D;
-    for (int64_t j = k; j < D; j += kLanes) yr[j] = Convert<Y>((xr[j] - m) * rs * gamma[j] + beta[j]);
+    int64_t j = k;
+    for (; j + kLanes * (kBatch - 1) < D; j += kLanes * kBatch) {
+      Y v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t i = j + kLanes * u;
+        v[u] = Convert<Y>((xr[i] - m) * rs * gamma[i] + beta[i]);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) yr[j + kLanes * u] = v[u];
+    }
+    for (; j < D; j += kLanes) yr[j] = Convert<Y>((xr[j] - m) * rs * gamma[j] + beta[j]);
   }
 }
 
@@ -172,38 +318,74 @@ __device__ double WideDy(const DY* dy, int64_t i) {
   return static_cast<double>(Convert<T>(dy[i]));
 }
 
-// dx per row (the CPU's formula), and each row's mean and rstd for the sums below.
+// dx per row (the CPU's formula), and each row's mean and rstd for the sums
+// below. dx is written after its row's reads, each residual element read
+// just before its dx element is written (by the same thread).
 template <typename T, typename DY>
 __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma,
-                                        const DY* dy, const T* residual, int64_t R, int64_t D, double epsilon) {
+                                        const DY* dy, const T* residual, int64_t R, int64_t D, double epsilon,
+                                        RowTiling tiling) {
+  extern __shared__ uint4 layer_norm_rows[];  // the staged rows of x, then of dy
   const int k = threadIdx.x % kLanes;
-  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+  T* sx = reinterpret_cast<T*>(layer_norm_rows);
+  DY* sdy = reinterpret_cast<DY*>(sx + tiling.rows * tiling.stride);
+  for (int64_t first = blockIdx.x * int64_t{tiling.rows}; first < R; first += gridDim.x * int64_t{tiling.rows}) {
     const int64_t r = first + threadIdx.x / kLanes;
     const bool valid = r < R;
     const int64_t d = valid ? D : 0;
     const T* xr = x + (valid ? r : 0) * D;
     const DY* dyr = dy + (valid ? r : 0) * D;
+    if (tiling.staged) {
+      __syncthreads();  // the previous rows' reads are done
+      const int n = static_cast<int>(R - first < tiling.rows ? R - first : tiling.rows);
+      StageRows(sx, tiling.stride, x + first * D, n, D);
+      StageRows(sdy, tiling.stride, dy + first * D, n, D);
+      __syncthreads();
+      xr = sx + threadIdx.x / kLanes * tiling.stride;
+      dyr = sdy + threadIdx.x / kLanes * tiling.stride;
+    }
     double mean, rstd;
     RowMoments(xr, d, D, epsilon, &mean, &rstd);
-    const double mean_g = LaneSum(d, [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j]; }) / D;
-    const double mean_gx =
-        LaneSum(d, [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd); }) / D;
+    double sum_g, sum_gx;
+    LaneSum2(
+        d, [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j]; },
+        [&](int64_t j) { return WideDy<T>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd); }, &sum_g, &sum_gx);
+    const double mean_g = sum_g / D, mean_gx = sum_gx / D;
     if (!valid) continue;
     if (k == 0) {
       row_mean[r] = mean;
       row_rstd[r] = rstd;
     }
     T* dxr = dx + r * D;
-    for (int64_t j = k; j < D; j += kLanes) {
+    const T* res = residual != nullptr ? residual + r * D : nullptr;
+    const auto dx_at = [&](int64_t j) {
       const double xhat = (xr[j] - mean) * rstd, g = WideDy<T>(dyr, j) * gamma[j];
-      const T v = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
-      dxr[j] = residual != nullptr ? residual[r * D + j] + v : v;  // add_n's sum, in T
+      return static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+    };
+    int64_t j = k;
+    for (; j + kLanes * (kBatch - 1) < D; j += kLanes * kBatch) {
+      T v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[u] = dx_at(j + kLanes * u);
+      if (res != nullptr) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) v[u] = res[j + kLanes * u] + v[u];  // add_n's sum, in T
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) dxr[j + kLanes * u] = v[u];
+    }
+    for (; j < D; j += kLanes) {
+      const T v = dx_at(j);
+      dxr[j] = res != nullptr ? res[j] + v : v;
     }
   }
 }
 
 // partial[b * 2D + j] (dgamma) and partial[b * 2D + D + j] (dbeta): block b's
-// rows added in row order, one thread per (b, j).
+// rows added in row order, one thread per (b, j); kBatch2 rows' terms loaded
+// and computed ahead of their adds.
+constexpr int kBatch2 = 16;
+
 template <typename T, typename DY>
 __global__ void LayerNormGradPartialKernel(double* partial, const double* row_mean, const double* row_rstd, const T* x,
                                            const DY* dy, int64_t R, int64_t D, int64_t rows_per_block, int64_t blocks) {
@@ -212,7 +394,22 @@ __global__ void LayerNormGradPartialKernel(double* partial, const double* row_me
     const int64_t b = e / D, j = e % D;
     const int64_t r_end = (b + 1) * rows_per_block < R ? (b + 1) * rows_per_block : R;
     double dg = 0, db = 0;
-    for (int64_t r = b * rows_per_block; r < r_end; ++r) {
+    int64_t r = b * rows_per_block;
+    for (; r + kBatch2 <= r_end; r += kBatch2) {
+      double w[kBatch2], xhat[kBatch2];
+#pragma unroll
+      for (int u = 0; u < kBatch2; ++u) {
+        const int64_t i = (r + u) * D + j;
+        w[u] = WideDy<T>(dy, i);
+        xhat[u] = (x[i] - row_mean[r + u]) * row_rstd[r + u];
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch2; ++u) {
+        dg += w[u] * xhat[u];
+        db += w[u];
+      }
+    }
+    for (; r < r_end; ++r) {
       const double xhat = (x[r * D + j] - row_mean[r]) * row_rstd[r];
       dg += WideDy<T>(dy, r * D + j) * xhat;
       db += WideDy<T>(dy, r * D + j);
@@ -222,16 +419,26 @@ __global__ void LayerNormGradPartialKernel(double* partial, const double* row_me
   }
 }
 
+// dgamma (e < D) and dbeta (e >= D): one thread each, the blocks' partials in
+// block order, kBatch2 loads ahead.
 template <typename T>
 __global__ void LayerNormGradSumKernel(T* dgamma, T* dbeta, const double* partial, int64_t D, int64_t blocks) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < D; j += int64_t{gridDim.x} * blockDim.x) {
-    double sg = 0, sb = 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      sg += partial[b * 2 * D + j];
-      sb += partial[b * 2 * D + D + j];
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < 2 * D; e += int64_t{gridDim.x} * blockDim.x) {
+    double s = 0;
+    int64_t b = 0;
+    for (; b + kBatch2 <= blocks; b += kBatch2) {
+      double v[kBatch2];
+#pragma unroll
+      for (int u = 0; u < kBatch2; ++u) v[u] = partial[(b + u) * 2 * D + e];
+#pragma unroll
+      for (int u = 0; u < kBatch2; ++u) s += v[u];
     }
-    dgamma[j] = static_cast<T>(sg);
-    dbeta[j] = static_cast<T>(sb);
+    for (; b < blocks; ++b) s += partial[b * 2 * D + e];
+    if (e < D) {
+      dgamma[e] = static_cast<T>(s);
+    } else {
+      dbeta[e - D] = static_cast<T>(s);
+    }
   }
 }
 
@@ -239,7 +446,9 @@ template <typename T, typename Y>
 cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
                       cudaStream_t stream) {
   if (R == 0 || D == 0) return cudaSuccess;
-  LayerNormKernel<T, Y><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
+  const RowTiling tiling = TileRows(D, sizeof(T));
+  LayerNormKernel<T, Y><<<Blocks(R, tiling.rows), kLanes * tiling.rows, tiling.shared, stream>>>(
+      y, x, gamma, beta, R, D, epsilon, tiling);
   return cudaGetLastError();
 }
 
@@ -256,13 +465,14 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  LayerNormGradRowsKernel<T, DY><<<Blocks(R, kRowsPerBlock), kThreads, 0, stream>>>(dx, row_mean, row_rstd, x, gamma,
-                                                                                    dy, residual, R, D, epsilon);
+  const RowTiling tiling = TileRows(D, sizeof(T) + sizeof(DY));
+  LayerNormGradRowsKernel<T, DY><<<Blocks(R, tiling.rows), kLanes * tiling.rows, tiling.shared, stream>>>(
+      dx, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon, tiling);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradPartialKernel<T, DY>
       <<<Blocks(blocks * D), kThreads, 0, stream>>>(partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  LayerNormGradSumKernel<T><<<Blocks(D), kThreads, 0, stream>>>(dgamma, dbeta, partial, D, blocks);
+  LayerNormGradSumKernel<T><<<Blocks(2 * D), kThreads, 0, stream>>>(dgamma, dbeta, partial, D, blocks);
   return cudaGetLastError();
 }
 
