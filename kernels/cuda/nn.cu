@@ -112,78 +112,21 @@ cudaError_t Softmax(SoftmaxMode mode, T* out, const T* a, const T* b, int64_t M,
 // layer_norm and layer_norm_grad: eight threads per row (a row group); thread
 // k of a group adds the CPU's lane k of LaneSum (kernels/cpu/layer_norm.cc).
 //
-// Speed without a changed bit: a block of `rows` row groups first copies its
-// rows of x (and dy) into shared memory, 16 bytes a thread where aligned,
-// each row padded so the four row groups of a warp read different banks;
-// the passes then read shared memory. Every serial sum takes its terms in
-// batches of kBatch independent loads into registers, then adds them in the
-// original order (the same doubles, the same order: the same bits). Rows
-// too long for 48 KiB (fewer than four a block) are read from global
-// memory, in the same batches.
+// Speed without a changed bit: every serial sum takes its terms kBatch at a
+// time, loaded and computed into registers ahead of the adds, which then
+// run in the original order (the same doubles, the same order: the same
+// bits); the outputs go kOutBatch at a time, their loads first. Blocks of
+// kRowsPerBlock rows, at most 128 registers a thread, so eight blocks fit
+// an SM: GPT-2's 8192 rows in one wave on 132 SMs. (Staging the rows in
+// shared memory instead was slower on an H200: 48 KiB an SM's worth of rows
+// is fewer rows at a time.)
 
 constexpr int kLanes = 8;
-constexpr int kRowsPerBlock = kThreads / kLanes;  // blocks reading global memory
-constexpr int kMaxStagedRows = 16;                // rows of a block staging them
-constexpr int64_t kMaxShared = 48 * 1024;
-constexpr int kBatch = 8;
-
-// How the rows kernels split rows into blocks. `stride`: elements between
-// staged rows (D rounded up to 32, plus 8: the next row starts 8 words,
-// or 4 for 16-bit, 16 for double, further round the 32 banks).
-struct RowTiling {
-  int rows;       // rows per block: 8 * rows threads, a multiple of 4 (whole warps)
-  bool staged;    // rows copied to shared memory
-  int64_t stride;
-  int64_t shared;  // dynamic shared memory bytes
-};
-
-RowTiling TileRows(int64_t D, int64_t bytes_per_element) {
-  const int64_t stride = (D + 31) / 32 * 32 + 8;
-  const int64_t rows = std::min<int64_t>(kMaxStagedRows, kMaxShared / (stride * bytes_per_element)) / 4 * 4;
-  if (rows < 4) return {kRowsPerBlock, false, D, 0};
-  return {static_cast<int>(rows), true, stride, rows * stride * bytes_per_element};
-}
-
-// Copies rows [0, n) of src (D elements a row, contiguous) to dst (`stride`
-// elements a row), by the whole block: 16-byte chunks where src and the
-// rows are 16-byte aligned, else element by element. dst is 16-byte aligned.
-template <typename V>
-__device__ void StageRows(V* dst, int64_t stride, const V* src, int n, int64_t D) {
-  constexpr int kCopyBatch = 4;
-  const int step = static_cast<int>(blockDim.x);
-  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && (D * sizeof(V)) % 16 == 0) {
-    const int per_row = static_cast<int>(D * sizeof(V) / 16), dst_row = static_cast<int>(stride * sizeof(V) / 16);
-    const int total = n * per_row;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (int i = threadIdx.x; i < total; i += kCopyBatch * step) {
-      uint4 v[kCopyBatch];
-#pragma unroll
-      for (int u = 0; u < kCopyBatch; ++u) {
-        if (i + u * step < total) v[u] = s[i + u * step];
-      }
-#pragma unroll
-      for (int u = 0; u < kCopyBatch; ++u) {
-        const int q = i + u * step;
-        if (q < total) d[q / per_row * dst_row + q % per_row] = v[u];
-      }
-    }
-  } else {
-    const int per_row = static_cast<int>(D), total = n * per_row;
-    for (int i = threadIdx.x; i < total; i += kCopyBatch * step) {
-      V v[kCopyBatch];
-#pragma unroll
-      for (int u = 0; u < kCopyBatch; ++u) {
-        if (i + u * step < total) v[u] = src[i + u * step];
-      }
-#pragma unroll
-      for (int u = 0; u < kCopyBatch; ++u) {
-        const int q = i + u * step;
-        if (q < total) dst[q / per_row * stride + q % per_row] = v[u];
-      }
-    }
-  }
-}
+constexpr int kRowsPerBlock = 8;
+constexpr int kRowThreads = kLanes * kRowsPerBlock;
+constexpr int kRowBlocksPerSm = 8;  // __launch_bounds__: 65536 / (64 * 8) = 128 registers
+constexpr int kBatch = 12;          // terms of a lane sum in flight
+constexpr int kOutBatch = 12;       // outputs of a row group's thread in flight
 
 // Lane k's sum of f(k), f(k + 8), ... below `full`, in that order: the terms
 // of kBatch steps evaluated first (independent loads), then added in order.
@@ -277,36 +220,28 @@ __device__ void RowMoments(const T* x, int64_t d, int64_t D, double epsilon, dou
 // y stored as Y: T, or BF16 / F16 for an F32 x (each value the float one
 // rounded by the cast kernel's conversion: passes/fold_casts).
 template <typename T, typename Y>
-__global__ void LayerNormKernel(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
-                                RowTiling tiling) {
-  extern __shared__ uint4 layer_norm_rows[];  // the staged rows of x
+__global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
+    LayerNormKernel(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
-  T* sx = reinterpret_cast<T*>(layer_norm_rows);
-  for (int64_t first = blockIdx.x * int64_t{tiling.rows}; first < R; first += gridDim.x * int64_t{tiling.rows}) {
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
     const bool valid = r < R;
     const T* xr = x + (valid ? r : 0) * D;
-    if (tiling.staged) {
-      __syncthreads();  // the previous rows' reads are done
-      StageRows(sx, tiling.stride, x + first * D, static_cast<int>(R - first < tiling.rows ? R - first : tiling.rows), D);
-      __syncthreads();
-      xr = sx + threadIdx.x / kLanes * tiling.stride;
-    }
     double mean, rstd;
     RowMoments(xr, valid ? D : 0, D, epsilon, &mean, &rstd);
     if (!valid) continue;
     const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
     Y* yr = y + r * D;
     int64_t j = k;
-    for (; j + kLanes * (kBatch - 1) < D; j += kLanes * kBatch) {
-      Y v[kBatch];
+    for (; j + kLanes * (kOutBatch - 1) < D; j += kLanes * kOutBatch) {
+      Y v[kOutBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
+      for (int u = 0; u < kOutBatch; ++u) {
         const int64_t i = j + kLanes * u;
         v[u] = Convert<Y>((xr[i] - m) * rs * gamma[i] + beta[i]);
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) yr[j + kLanes * u] = v[u];
+      for (int u = 0; u < kOutBatch; ++u) yr[j + kLanes * u] = v[u];
     }
     for (; j < D; j += kLanes) yr[j] = Convert<Y>((xr[j] - m) * rs * gamma[j] + beta[j]);
   }
@@ -319,31 +254,19 @@ __device__ double WideDy(const DY* dy, int64_t i) {
 }
 
 // dx per row (the CPU's formula), and each row's mean and rstd for the sums
-// below. dx is written after its row's reads, each residual element read
-// just before its dx element is written (by the same thread).
+// below. Each residual element is read just before its dx element is
+// written, by the same thread.
 template <typename T, typename DY>
-__global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma,
-                                        const DY* dy, const T* residual, int64_t R, int64_t D, double epsilon,
-                                        RowTiling tiling) {
-  extern __shared__ uint4 layer_norm_rows[];  // the staged rows of x, then of dy
+__global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
+    LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma, const DY* dy,
+                            const T* residual, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
-  T* sx = reinterpret_cast<T*>(layer_norm_rows);
-  DY* sdy = reinterpret_cast<DY*>(sx + tiling.rows * tiling.stride);
-  for (int64_t first = blockIdx.x * int64_t{tiling.rows}; first < R; first += gridDim.x * int64_t{tiling.rows}) {
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
     const bool valid = r < R;
     const int64_t d = valid ? D : 0;
     const T* xr = x + (valid ? r : 0) * D;
     const DY* dyr = dy + (valid ? r : 0) * D;
-    if (tiling.staged) {
-      __syncthreads();  // the previous rows' reads are done
-      const int n = static_cast<int>(R - first < tiling.rows ? R - first : tiling.rows);
-      StageRows(sx, tiling.stride, x + first * D, n, D);
-      StageRows(sdy, tiling.stride, dy + first * D, n, D);
-      __syncthreads();
-      xr = sx + threadIdx.x / kLanes * tiling.stride;
-      dyr = sdy + threadIdx.x / kLanes * tiling.stride;
-    }
     double mean, rstd;
     RowMoments(xr, d, D, epsilon, &mean, &rstd);
     double sum_g, sum_gx;
@@ -363,16 +286,16 @@ __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rst
       return static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
     };
     int64_t j = k;
-    for (; j + kLanes * (kBatch - 1) < D; j += kLanes * kBatch) {
-      T v[kBatch];
+    for (; j + kLanes * (kOutBatch - 1) < D; j += kLanes * kOutBatch) {
+      T v[kOutBatch];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) v[u] = dx_at(j + kLanes * u);
+      for (int u = 0; u < kOutBatch; ++u) v[u] = dx_at(j + kLanes * u);
       if (res != nullptr) {
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) v[u] = res[j + kLanes * u] + v[u];  // add_n's sum, in T
+        for (int u = 0; u < kOutBatch; ++u) v[u] = res[j + kLanes * u] + v[u];  // add_n's sum, in T
       }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) dxr[j + kLanes * u] = v[u];
+      for (int u = 0; u < kOutBatch; ++u) dxr[j + kLanes * u] = v[u];
     }
     for (; j < D; j += kLanes) {
       const T v = dx_at(j);
@@ -384,7 +307,8 @@ __global__ void LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rst
 // partial[b * 2D + j] (dgamma) and partial[b * 2D + D + j] (dbeta): block b's
 // rows added in row order, one thread per (b, j); kBatch2 rows' terms loaded
 // and computed ahead of their adds.
-constexpr int kBatch2 = 16;
+constexpr int kBatch2 = 32;
+constexpr int kPartialThreads = 128;  // registers for kBatch2 rows: one wave of blocks
 
 template <typename T, typename DY>
 __global__ void LayerNormGradPartialKernel(double* partial, const double* row_mean, const double* row_rstd, const T* x,
@@ -446,9 +370,7 @@ template <typename T, typename Y>
 cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
                       cudaStream_t stream) {
   if (R == 0 || D == 0) return cudaSuccess;
-  const RowTiling tiling = TileRows(D, sizeof(T));
-  LayerNormKernel<T, Y><<<Blocks(R, tiling.rows), kLanes * tiling.rows, tiling.shared, stream>>>(
-      y, x, gamma, beta, R, D, epsilon, tiling);
+  LayerNormKernel<T, Y><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
   return cudaGetLastError();
 }
 
@@ -465,12 +387,11 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  const RowTiling tiling = TileRows(D, sizeof(T) + sizeof(DY));
-  LayerNormGradRowsKernel<T, DY><<<Blocks(R, tiling.rows), kLanes * tiling.rows, tiling.shared, stream>>>(
-      dx, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon, tiling);
+  LayerNormGradRowsKernel<T, DY><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
+      dx, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  LayerNormGradPartialKernel<T, DY>
-      <<<Blocks(blocks * D), kThreads, 0, stream>>>(partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
+  LayerNormGradPartialKernel<T, DY><<<Blocks(blocks * D, kPartialThreads), kPartialThreads, 0, stream>>>(
+      partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradSumKernel<T><<<Blocks(2 * D), kThreads, 0, stream>>>(dgamma, dbeta, partial, D, blocks);
   return cudaGetLastError();

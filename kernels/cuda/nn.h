@@ -15,6 +15,9 @@
 //   (kernels/cpu/layer_norm.cc's LaneSum) in its order, so every double and
 //   every output equals the CPU's bit for bit; dgamma/dbeta summed per block
 //   of nn_kernels::LayerNormGradRowsPerBlock rows, then over blocks, as the CPU.
+//   For speed every serial sum loads its terms in batches ahead of adding
+//   them in that same order, and the partial dgamma/dbeta sums one thread a
+//   column 32 rows ahead.
 // - dropout: runtime/philox.h's arithmetic on the device: the CPU's mask.
 // - embedding_grad: a sort of (id, position) (a bitonic sort of the unique
 //   keys id * n + position, so the result does not depend on the sort), then

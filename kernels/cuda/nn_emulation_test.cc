@@ -70,9 +70,8 @@ void CheckLayerNorm(DataType x_dtype, DataType y_dtype, int64_t R, int64_t D) {
   EXPECT_TRUE(emulation::SameBits(y, env["y"], "y"));
 }
 
-// [300, 768]: GPT-2's D, rows staged in shared memory (16-byte copies for
-// F32 and F64) by many blocks, the last one partial; [6, 3000]: F64 rows too
-// long to stage (read from global memory), F32 rows staged four a block.
+// [300, 768]: GPT-2's D (batches of 12 terms a lane, no rest) over many
+// blocks of rows, the last one partial; [6, 3000]: long rows.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{70, 37}, {33, 64},   {5, 5},   {1, 8},
                                                           {40, 1},  {300, 768}, {6, 3000}};
 
@@ -118,19 +117,18 @@ void CheckLayerNormGrad(DataType x_dtype, DataType dy_dtype, int64_t R, int64_t 
 }
 
 // [250, 20]: three blocks of rows for dgamma and dbeta. [300, 768]: GPT-2's
-// D, staged rows (F64: too long, read from global memory), 60 blocks of 5
-// rows (the sum over blocks in batches of 16 and a rest). [1100, 128]: 62
-// blocks of 18 rows (the rows of a block in a batch of 16 and a rest), the
-// last of 2. [6, 3000]: rows too long to stage, read from global memory.
+// D, 60 blocks of 5 rows (the sum over blocks in a batch of 32 and a rest).
+// [2200, 64]: 63 blocks of 35 rows (the rows of a block in a batch of 32
+// and a rest), the last of 30. [6, 3000]: long rows.
 const std::vector<std::pair<int64_t, int64_t>> kGradShapes = {{70, 37},  {250, 20},   {5, 5},   {9, 64},
-                                                              {300, 768}, {1100, 128}, {6, 3000}};
+                                                              {300, 768}, {2200, 64},  {6, 3000}};
 
 TEST(NnEmulation, LayerNormGradSeveralBlocksOfRows) {
   ASSERT_EQ(nn_kernels::LayerNormGradBlocks(250, 20), 3);
   ASSERT_EQ(nn_kernels::LayerNormGradRowsPerBlock(300, 768), 5);
   ASSERT_EQ(nn_kernels::LayerNormGradBlocks(300, 768), 60);
-  ASSERT_EQ(nn_kernels::LayerNormGradRowsPerBlock(1100, 128), 18);
-  ASSERT_EQ(nn_kernels::LayerNormGradBlocks(1100, 128), 62);
+  ASSERT_EQ(nn_kernels::LayerNormGradRowsPerBlock(2200, 64), 35);
+  ASSERT_EQ(nn_kernels::LayerNormGradBlocks(2200, 64), 63);
 }
 
 TEST(NnEmulation, LayerNormGradFloatAndDouble) {
