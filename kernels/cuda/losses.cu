@@ -6,13 +6,12 @@
 // the R row values, the same way. Nothing depends on timing, so two runs give
 // the same bits.
 //
-// The cross-entropy kernels are templates on the logits' storage type T:
-// bf16 / f16 logits (mixed precision) are widened as they are loaded (exact)
-// and the math is the float kernel's, in the same order; the loss is written
-// F32 and each dlogits value is the float kernel's float rounded once to T
-// (round to nearest even, runtime/float16.h, as the cast kernel and the
-// CPU's 16-bit kernels round), so the 16-bit kernels give the float kernels'
-// results cast down.
+// The cross-entropy kernels are templates on the logits' storage type T.
+// F32 / F64 logits: the math in double as above (kThreads a block). BF16 /
+// F16 logits (mixed precision) take their own kernels below (HalfRowLoss-
+// Kernel, HalfGradKernel): float math where the cost is, 16-byte loads into
+// registers, one read of the row for the loss and a read and a write for
+// the gradient; losses.h states their bounds against the CPU's kernels.
 
 #include <algorithm>
 #include <cstdint>
@@ -32,27 +31,10 @@ constexpr int64_t kMaxBlocks = 65536;
 template <typename T>
 inline constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
-// A logit as double: 16-bit ones through float (both exact).
+// A logit (F32 / F64) as double.
 template <typename T>
 __device__ double Wide(T x) {
-  if constexpr (kHalf<T>) {
-    return static_cast<double>(ToFloat(x));
-  } else {
-    return static_cast<double>(x);
-  }
-}
-
-// A dlogits value as T: 16-bit ones as the float kernel's float rounded to
-// nearest even (the float kernel's result, then the cast's rounding).
-template <typename T>
-__device__ T Narrow(double v) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    return ToBfloat16(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, float16>) {
-    return ToFloat16(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
+  return static_cast<double>(x);
 }
 
 // max and log(sum(exp(x - max))) of row xr [C], as RowLogSumExp on the CPU.
@@ -112,9 +94,9 @@ __global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, co
     const bool bad = l < 0 || l >= V;
     for (int64_t j = threadIdx.x; j < V; j += kThreads) {
       const double p = exp(Wide(xr[j]) - lse);
-      dr[j] = Narrow<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
+      dr[j] = static_cast<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
     }
-    for (int64_t j = V + threadIdx.x; j < C; j += kThreads) dr[j] = Narrow<T>(0.0);
+    for (int64_t j = V + threadIdx.x; j < C; j += kThreads) dr[j] = T(0);
   }
 }
 
@@ -136,6 +118,281 @@ __global__ void RowCorrectKernel(double* row_correct, const T* logits, const int
   }
 }
 
+// ---------------------------------------------------------------------------
+// BF16 / F16 logits (mixed precision): float math where the cost is.
+//
+// One block of kHalfThreads threads per row. A row's classes are taken as
+// groups of 8 (the last group short when 8 does not divide V): thread t
+// takes the groups t, t + kHalfThreads, ... in order. When the row start is
+// 16-byte aligned, C a multiple of 8 and the classes fit kHalfVecs groups a
+// thread, each group is one 16-byte load into registers, read from memory
+// once for the loss and once for the gradient (which stores its 16-byte
+// groups over the same places); otherwise the same groups are read as
+// scalars from memory in each pass. Both give the same bits: the numbers
+// depend on the classes' values only, not on C, the alignment or the path.
+//
+// The math, element by element:
+//   M = the row's max (float: exact);
+//   S = the number of classes equal to M, plus the sum over the others of
+//       expf(x - M) (x - M in float: exact unless x is tiny beside M); a
+//       group's 8 terms added pairwise in float, the groups' sums in double
+//       in order in each thread, then the count, then the threads' doubles
+//       by a fixed tree;
+//   row loss = (M - x_l) + log(S) in double (M - x_l exact, so a dominant
+//       label's small loss keeps its digits);
+//   dlogits_j = T(expf(x_j - M) * float(scale / S)) for j != l, and
+//   dlogits_l = T(float(expm1((x_l - M) - log(S)) * scale)) in double, so
+//       p_l - 1 keeps its digits when the label's logit dominates.
+// No atomics, a fixed assignment of elements to threads and fixed trees:
+// two runs give the same bits. losses.h states the bounds against the CPU's
+// kernels (double math).
+
+constexpr int kHalfThreads = 1024;  // a multiple of 32
+constexpr int kHalfWarps = kHalfThreads / 32;
+constexpr int kHalfVecs = 8;  // cached groups a thread: rows of up to 65536 classes
+constexpr int64_t kHalfCached = int64_t{kHalfVecs} * 8 * kHalfThreads;
+
+// Value e (0..7) of a 16-byte vector of 16-bit values, as float (exact).
+template <typename T>
+__device__ __forceinline__ float Lane(const uint4& v, int e) {
+  const unsigned w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+  T h;
+  h.bits = static_cast<uint16_t>((e & 1) ? w >> 16 : w & 0xffffu);
+  return ToFloat(h);
+}
+
+template <typename T>
+__device__ __forceinline__ T Narrow16(float v) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return ToBfloat16(v);
+  } else {
+    return ToFloat16(v);
+  }
+}
+
+// The block's values of v combined by a fixed tree: lane i of warp 0
+// combines the values of threads i, i + 32, ... in order, then a butterfly
+// over its 32 lanes; every thread gets lane 0's result. Three barriers and
+// shuffles in one warp only (cheap on the GPU; the emulation's fibers pay
+// per barrier and shuffle). Ends with a barrier, so `shared` may be reused
+// at once.
+template <typename V>
+struct HalfReduceShared {
+  V value[kHalfThreads];
+  V result;
+};
+template <typename V, typename F>
+__device__ __forceinline__ V HalfBlockReduce(V v, HalfReduceShared<V>* shared, F f) {
+  const int tid = threadIdx.x;
+  shared->value[tid] = v;
+  __syncthreads();
+  if (tid < 32) {
+    v = shared->value[tid];
+    for (int k = 1; k < kHalfWarps; ++k) v = f(v, shared->value[tid + 32 * k]);
+    for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_sync(0xffffffffu, v, tid ^ o));
+    if (tid == 0) shared->result = v;
+  }
+  __syncthreads();
+  v = shared->result;
+  __syncthreads();
+  return v;
+}
+
+union HalfShared {
+  HalfReduceShared<float> max;
+  HalfReduceShared<double> sum;
+};
+
+__device__ __forceinline__ float NegInf() { return __uint_as_float(0xff800000u); }
+
+struct FloatMax {
+  __device__ float operator()(float a, float b) const { return a < b ? b : a; }  // NaNs never win
+};
+
+// One group of n (1..8) classes, as float: x[e] for e >= n is not used.
+struct Group {
+  float x[8];
+  int n;
+};
+
+// Group g of row xr (V classes): from the cache's 16-byte vector, or read.
+template <typename T>
+__device__ __forceinline__ Group FromVector(const uint4& v, int64_t g, int64_t V) {
+  Group group;
+  group.n = static_cast<int>(V - g * 8 < 8 ? V - g * 8 : 8);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) group.x[e] = Lane<T>(v, e);
+  return group;
+}
+template <typename T>
+__device__ __forceinline__ Group Read(const T* xr, int64_t g, int64_t V) {
+  Group group;
+  group.n = static_cast<int>(V - g * 8 < 8 ? V - g * 8 : 8);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) group.x[e] = e < group.n ? ToFloat(xr[g * 8 + e]) : 0.0f;
+  return group;
+}
+
+__device__ __forceinline__ void GroupMax(const Group& group, float* m) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (e < group.n && group.x[e] > *m) *m = group.x[e];
+  }
+}
+
+// Adds the group's share of S: the terms other than the max's pairwise in
+// float, then in double; the maxima counted apart (exactly 1 each), so S's
+// error is relative to the other terms.
+__device__ __forceinline__ void GroupSum(const Group& group, float m, double* s, int* ones) {
+  float t[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const bool in = e < group.n;
+    t[e] = in && group.x[e] != m ? expf(group.x[e] - m) : 0.0f;
+    *ones += in && group.x[e] == m ? 1 : 0;
+  }
+  *s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+}
+
+// Whether rows are read as 16-byte vectors into registers.
+template <typename T>
+bool HalfCached(const T* logits, int64_t C, int64_t V) {
+  return reinterpret_cast<uintptr_t>(logits) % 16 == 0 && C % 8 == 0 && V <= kHalfCached;
+}
+
+// The row's max M and S over its first V values, from memory into the cache
+// (cached) or read as scalars. Every read of the row is before its last
+// barrier.
+template <bool kCached, typename T>
+__device__ __forceinline__ void HalfRowStats(const T* xr, int64_t V, uint4 (&cache)[kHalfVecs],
+                                             HalfShared* shared, float* max, double* sum) {
+  const int64_t groups = (V + 7) / 8;
+  float m = NegInf();
+  double s = 0;
+  int ones = 0;
+  if constexpr (kCached) {
+    const uint4* xv = reinterpret_cast<const uint4*>(xr);
+#pragma unroll
+    for (int k = 0; k < kHalfVecs; ++k) {
+      const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
+      if (g < groups) cache[k] = xv[g];
+    }
+#pragma unroll
+    for (int k = 0; k < kHalfVecs; ++k) {
+      const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
+      if (g < groups) GroupMax(FromVector<T>(cache[k], g, V), &m);
+    }
+    m = HalfBlockReduce(m, &shared->max, FloatMax());
+#pragma unroll
+    for (int k = 0; k < kHalfVecs; ++k) {
+      const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
+      if (g < groups) GroupSum(FromVector<T>(cache[k], g, V), m, &s, &ones);
+    }
+  } else {
+    for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) GroupMax(Read(xr, g, V), &m);
+    m = HalfBlockReduce(m, &shared->max, FloatMax());
+    for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) GroupSum(Read(xr, g, V), m, &s, &ones);
+  }
+  s += static_cast<double>(ones);
+  *max = m;
+  *sum = HalfBlockReduce(s, &shared->sum, SumOp());
+}
+
+template <typename T, bool kCached>
+__global__ void __launch_bounds__(kHalfThreads)
+    HalfRowLossKernel(double* row_loss, const T* logits, const int64_t* label, int64_t R, int64_t C, int64_t V) {
+  __shared__ HalfShared shared;
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = logits + r * C;
+    // Thread 0's label and its logit, read along with the row.
+    int64_t l = 0;
+    float x_label = 0;
+    if (threadIdx.x == 0) {
+      l = label[r];
+      if (l >= 0 && l < V) x_label = ToFloat(xr[l]);
+    }
+    uint4 cache[kHalfVecs];
+    float m;
+    double s;
+    HalfRowStats<kCached>(xr, V, cache, &shared, &m, &s);
+    if (threadIdx.x == 0) {
+      row_loss[r] = l < 0 || l >= V ? QuietNaN() : (static_cast<double>(m) - static_cast<double>(x_label)) + log(s);
+    }
+  }
+}
+
+// dlogits of a class j != l with logit x, in bits: NaN for a bad row, else
+// expf(x - M) * float(scale / S) rounded once.
+template <typename T>
+__device__ __forceinline__ uint16_t HalfGrad(float x, float m, float c, bool bad) {
+  return Narrow16<T>(bad ? __uint_as_float(0x7fc00000u) : expf(x - m) * c).bits;
+}
+
+template <typename T, bool kCached>
+__global__ void __launch_bounds__(kHalfThreads)
+    HalfGradKernel(T* dlogits, const T* logits, const int64_t* label, const float* dloss, int64_t R, int64_t C,
+                   int64_t V) {
+  __shared__ HalfShared shared;
+  const int64_t groups = (V + 7) / 8;
+  const double scale = static_cast<double>(dloss[0]) / static_cast<double>(R);
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = logits + r * C;
+    T* dr = dlogits + r * C;
+    const int64_t l = label[r];
+    const bool bad = l < 0 || l >= V;
+    // The label's class belongs to the thread that takes its group: that
+    // thread reads its logit (before any write) and writes its dlogits.
+    const bool owner = !bad && (l / 8) % kHalfThreads == threadIdx.x;
+    const float x_label = owner ? ToFloat(xr[l]) : 0.0f;
+    uint4 cache[kHalfVecs];
+    float m;
+    double s;
+    // Every read of the row is before HalfRowStats' last barrier and every
+    // write after it, but the scalar path's, which reads each value itself
+    // before writing it: dlogits may be the logits.
+    HalfRowStats<kCached>(xr, V, cache, &shared, &m, &s);
+    const float c = static_cast<float>(scale / s);
+    // p_l - 1 = expm1((x_l - M) - log(S)), in double: its digits survive a
+    // dominant label (p_l near 1).
+    const uint16_t d_label =
+        owner ? Narrow16<T>(static_cast<float>(
+                    expm1((static_cast<double>(x_label) - static_cast<double>(m)) - log(s)) * scale)).bits
+              : 0;
+    if constexpr (kCached) {
+      uint4* dv = reinterpret_cast<uint4*>(dr);
+#pragma unroll
+      for (int k = 0; k < kHalfVecs; ++k) {
+        const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
+        if (g < groups) {
+          const int n = static_cast<int>(V - g * 8 < 8 ? V - g * 8 : 8);
+          const int64_t at = l - g * 8;  // the label's place in the group, if in [0, 8)
+          unsigned w[4];
+#pragma unroll
+          for (int e = 0; e < 8; e += 2) {
+            // The padding past the classes: +0.
+            const unsigned lo = e < n ? (at == e ? d_label : HalfGrad<T>(Lane<T>(cache[k], e), m, c, bad)) : 0u;
+            const unsigned hi =
+                e + 1 < n ? (at == e + 1 ? d_label : HalfGrad<T>(Lane<T>(cache[k], e + 1), m, c, bad)) : 0u;
+            w[e / 2] = lo | (hi << 16);
+          }
+          dv[g] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      for (int64_t g = groups + threadIdx.x; g < C / 8; g += kHalfThreads) dv[g] = make_uint4(0, 0, 0, 0);
+    } else {
+      for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) {
+        const Group group = Read(xr, g, V);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int64_t j = g * 8 + e;
+          if (e < group.n) dr[j].bits = j == l && !bad ? d_label : HalfGrad<T>(group.x[e], m, c, bad);
+        }
+      }
+      for (int64_t j = V + threadIdx.x; j < C; j += kHalfThreads) dr[j] = Narrow16<T>(0.0f);
+    }
+  }
+}
+
 int64_t RowBlocks(int64_t R) { return std::min(kMaxBlocks, R); }
 
 // L: the loss's type (F32 for 16-bit logits, else T).
@@ -144,7 +401,15 @@ cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, 
                                 double* row_scratch, cudaStream_t stream) {
   if (C > 0 && (V < 1 || V > C)) return cudaErrorInvalidValue;
   if (R > 0) {
-    RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
+    if constexpr (kHalf<T>) {
+      if (HalfCached(logits, C, V)) {
+        HalfRowLossKernel<T, true><<<RowBlocks(R), kHalfThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
+      } else {
+        HalfRowLossKernel<T, false><<<RowBlocks(R), kHalfThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
+      }
+    } else {
+      RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
+    }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   MeanKernel<L><<<1, kThreads, 0, stream>>>(loss, row_scratch, R);  // R == 0: 0 / 0, NaN as on the CPU
@@ -156,7 +421,15 @@ cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* 
                                     int64_t C, int64_t V, cudaStream_t stream) {
   if (R <= 0 || C <= 0) return cudaSuccess;
   if (C > 0 && (V < 1 || V > C)) return cudaErrorInvalidValue;
-  GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
+  if constexpr (kHalf<T>) {
+    if (HalfCached(logits, C, V) && reinterpret_cast<uintptr_t>(dlogits) % 16 == 0) {
+      HalfGradKernel<T, true><<<RowBlocks(R), kHalfThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
+    } else {
+      HalfGradKernel<T, false><<<RowBlocks(R), kHalfThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
+    }
+  } else {
+    GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
+  }
   return cudaGetLastError();
 }
 

@@ -10,8 +10,11 @@
 // dlogits value its float rounded once); a label outside [0, C) gives NaN.
 // No FMA (-ffp-contract=off), as nvcc's --fmad=false.
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -85,48 +88,166 @@ TEST(LossesEmulation, FloatAndDoubleWithinUlpsOfTheCpu) {
   }
 }
 
-// 16-bit logits: the float path's numbers on the widened logits, bit for bit.
-template <typename H>
-void CheckHalf(DataType dtype, int64_t R, int64_t C) {
-  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << C << "]");
-  const std::vector<int64_t> labels = Labels(R, C);
-  const Tensor low = MakeTensor(dtype, {R, C}, emulation::UniformValues(R * C, 2, 6));
-  const std::vector<double> values = TensorValues(low);
-  const std::vector<float> wide(values.begin(), values.end());  // exact
-  const float dloss = 0.37f;
-  std::vector<double> scratch(R);
-  float loss_low = -1, loss_wide = -2;
-  std::vector<H> dlogits_low(R * C);
-  std::vector<float> dlogits_wide(R * C);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_low, low.data<H>(), labels.data(), R, C, C, scratch.data(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss_wide, wide.data(), labels.data(), R, C, C, scratch.data(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_low.data(), low.data<H>(), labels.data(), &dloss, R, C, C,
-                                                nullptr),
-            cudaSuccess);
-  ASSERT_EQ(
-      cuda::LaunchSoftmaxCrossEntropyGrad(dlogits_wide.data(), wide.data(), labels.data(), &dloss, R, C, C, nullptr),
-      cudaSuccess);
-  emulation::ExpectCleanLaunches();
-  EXPECT_EQ(std::memcmp(&loss_low, &loss_wide, sizeof(float)), 0) << loss_low << " vs " << loss_wide;
-  for (int64_t i = 0; i < R * C; ++i) {
-    const H want = cuda::Convert<H>(dlogits_wide[i]);
-    ASSERT_EQ(dlogits_low[i].bits, want.bits) << "dlogits element " << i;
-  }
-  // And the CPU's 16-bit kernels within the float kernels' ulps.
-  std::map<std::string, Tensor> env{
-      {"logits", low}, {"label", LabelTensor(labels)}, {"dloss", MakeTensor(F32, {}, {dloss})}};
-  const absl::Status s = RunOps({ParseOp(kCrossEntropy), ParseOp(kCrossEntropyGrad)}, &env);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(TensorNear(MakeTensor(F32, {}, {loss_low}), env["loss"], 1e-6));
+// 16-bit logits (losses.h): float math where the cost is, so against the
+// CPU's 16-bit kernels (double math) the loss within LossBound and each
+// dlogits value within one spacing of the 16-bit type; two runs the same
+// bits.
+//
+// S's relative error (losses.h): expf within 2 ulps (2^-22; glibc's, which
+// the emulation calls, within 1), a group's 8 terms added pairwise in float
+// (3 roundings of 2^-24), and x - M rounded (2^-24 |x - M| for a term
+// e^(x - M), which weighted by the terms sums to at most 2^-24 (ln V + 1));
+// the doubles' roundings are below 1e-14.
+double SumBound(int64_t V) {
+  return std::ldexp(1.0, -22) + 3 * std::ldexp(1.0, -24) + std::ldexp(1.0, -24) * (std::log(V) + 1) + 1e-14;
 }
 
-TEST(LossesEmulation, SixteenBitLogitsAreTheFloatPathOnWidenedLogits) {
-  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{70, 300}, {3, 5}}) {
-    CheckHalf<bfloat16>(BF16, R, C);
-    CheckHalf<float16>(F16, R, C);
+// log(S) is then off by at most SumBound (1 %), the row loss (M - x_l) +
+// log(S) as much, their mean too; both sides round the mean to float.
+double LossBound(int64_t V, double loss) { return 1.01 * SumBound(V) + std::ldexp(1.0, -23) * std::abs(loss); }
+
+// The 16-bit type's spacing at magnitude v (its subnormals' below the least
+// normal).
+template <typename H>
+double Spacing(double v) {
+  constexpr int kDigits = std::is_same_v<H, bfloat16> ? 8 : 11;
+  constexpr int kMinExponent = std::is_same_v<H, bfloat16> ? -126 : -14;
+  const int e = v == 0 ? kMinExponent : std::max(std::ilogb(v), kMinExponent);
+  return std::ldexp(1.0, e - (kDigits - 1));
+}
+
+template <typename H>
+struct HalfRun {
+  float loss = -1;
+  std::vector<H> dlogits;
+};
+
+template <typename H>
+HalfRun<H> RunHalf(const H* logits, const std::vector<int64_t>& labels, int64_t R, int64_t C, int64_t V) {
+  const float dloss = 0.37f;
+  HalfRun<H> run;
+  run.dlogits.assign(R * C, cuda::Convert<H>(7.0f));
+  std::vector<double> scratch(R);
+  EXPECT_EQ(cuda::LaunchSoftmaxCrossEntropy(&run.loss, logits, labels.data(), R, C, V, scratch.data(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(run.dlogits.data(), logits, labels.data(), &dloss, R, C, V, nullptr),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  return run;
+}
+
+// Rows of V classes C apart (padding NaN, never read): r % 6 picks the kind.
+// 0: U(-30, 30); 1: U(-30, 0) and the label's logit D (a dominant label);
+// 2: U(-30, 0) and another class at D (p_l tiny); 3: U(-1, 1); 4: U(-8, 8);
+// 5: {0, 1, 2} (ties of the max). D = min(30, ln(sum of the others' e^x) +
+// 20.7) leaves 1 - p_l about 1e-9 (D = 28 at V = 50257), far above the
+// CPU's own rounding of it (p_l from exp(x_l - lse) in double: ~2^-52 |lse|,
+// 7e-15): past that the CPU's p_l - 1 is rounding noise and no bar against
+// it means anything.
+std::vector<double> HalfRows(int64_t R, int64_t C, int64_t V, const std::vector<int64_t>& labels) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<double> v(R * C, std::nan(""));
+  for (int64_t r = 0; r < R; ++r) {
+    double* row = v.data() + r * C;
+    for (int64_t j = 0; j < V; ++j) {
+      const double x = u(rng);
+      switch (r % 6) {
+        case 0: row[j] = 60 * x - 30; break;
+        case 1:
+        case 2: row[j] = -30 * x; break;
+        case 3: row[j] = 2 * x - 1; break;
+        case 4: row[j] = 16 * x - 8; break;
+        default: row[j] = std::floor(3 * x); break;
+      }
+    }
+    if (r % 6 == 1 || r % 6 == 2) {
+      const int64_t top = r % 6 == 1 ? labels[r] : (labels[r] + V / 2) % V;
+      double others = 0;
+      for (int64_t j = 0; j < V; ++j) others += j == top ? 0 : std::exp(row[j]);
+      row[top] = std::min(30.0, std::log(others) + 20.7);
+    }
   }
+  return v;
+}
+
+template <typename H>
+void CheckHalf(DataType dtype, int64_t R, int64_t C, int64_t V) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << V << " of " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, V);
+  const Tensor logits = MakeTensor(dtype, {R, C}, HalfRows(R, C, V, labels));
+  const HalfRun<H> run = RunHalf(logits.data<H>(), labels, R, C, V);
+  const HalfRun<H> again = RunHalf(logits.data<H>(), labels, R, C, V);
+  EXPECT_EQ(std::memcmp(&run.loss, &again.loss, sizeof(float)), 0) << "two runs";
+  ASSERT_EQ(std::memcmp(run.dlogits.data(), again.dlogits.data(), sizeof(H) * R * C), 0) << "two runs";
+  const std::string classes = V < C ? absl::StrCat(" attr { key: \"classes\" value { i: ", V, " } }") : "";
+  std::map<std::string, Tensor> env{
+      {"logits", logits}, {"label", LabelTensor(labels)}, {"dloss", MakeTensor(F32, {}, {0.37})}};
+  const absl::Status s = RunOps(
+      {ParseOp(std::string(kCrossEntropy) + classes), ParseOp(std::string(kCrossEntropyGrad) + classes)}, &env);
+  ASSERT_TRUE(s.ok()) << s;
+  const double want = TensorValues(env["loss"])[0];
+  EXPECT_LE(std::abs(run.loss - want), LossBound(V, want)) << run.loss << " vs the CPU's " << want;
+  const std::vector<double> cpu = TensorValues(env["dlogits"]);
+  int64_t off = 0, bad = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t i = r * C + j;
+      const double g = ToFloat(run.dlogits[i]), w = cpu[i];
+      if (j >= V) {
+        if (run.dlogits[i].bits != 0 && ++bad <= 10) ADD_FAILURE() << "padding dlogits[" << r << ", " << j << "] " << g;
+        continue;
+      }
+      off += g != w;
+      if (!(std::abs(g - w) <= Spacing<H>(std::max(std::abs(g), std::abs(w)))) && ++bad <= 10) {
+        ADD_FAILURE() << "dlogits[" << r << ", " << j << "] " << g << " vs the CPU's " << w;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  std::printf("%s [%lld, %lld of %lld]: loss %.9g, the CPU's %.9g (off %.3g, bound %.3g); %lld of %lld dlogits "
+              "one spacing off\n",
+              DataTypeName(dtype).c_str(), static_cast<long long>(R), static_cast<long long>(V),
+              static_cast<long long>(C), run.loss, want, std::abs(run.loss - want), LossBound(V, want),
+              static_cast<long long>(off), static_cast<long long>(R * V));
+}
+
+TEST(LossesEmulation, SixteenBitLogitsWithinTheBoundsOfTheCpu) {
+  CheckHalf<bfloat16>(BF16, 6, 50304, 50257);  // GPT-2's padded LM head: 16-byte groups in registers
+  CheckHalf<float16>(F16, 6, 50304, 50257);
+  for (auto [R, C, V] : std::vector<std::array<int64_t, 3>>{
+           {20, 300, 300},     // 8 does not divide C: scalars
+           {3, 5, 5},          // under one group
+           {12, 304, 304},     // 16-byte groups
+           {2, 65536, 65536},  // the most classes the registers take
+           {2, 70000, 70000},  // more: scalars
+       }) {
+    CheckHalf<bfloat16>(BF16, R, C, V);
+    CheckHalf<float16>(F16, R, C, V);
+  }
+}
+
+// The numbers depend on the classes' values only: rows read as 16-byte
+// groups into registers and the same rows at an address 16 bytes do not
+// divide (read as scalars) give the same bits.
+template <typename H>
+void CheckPathsAgree(DataType dtype, int64_t R, int64_t C, int64_t V) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << V << " of " << C << "]");
+  const std::vector<int64_t> labels = Labels(R, V);
+  const Tensor logits = MakeTensor(dtype, {R, C}, HalfRows(R, C, V, labels));
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(logits.data<H>()) % 16, 0u);
+  std::vector<H> buffer(R * C + 8);
+  H* shifted = buffer.data() + (reinterpret_cast<uintptr_t>(buffer.data()) % 16 == 0 ? 1 : 0);
+  std::memcpy(shifted, logits.data<H>(), sizeof(H) * R * C);
+  const HalfRun<H> aligned = RunHalf(logits.data<H>(), labels, R, C, V);
+  const HalfRun<H> scalars = RunHalf(static_cast<const H*>(shifted), labels, R, C, V);
+  EXPECT_EQ(std::memcmp(&aligned.loss, &scalars.loss, sizeof(float)), 0) << aligned.loss << " vs " << scalars.loss;
+  EXPECT_EQ(std::memcmp(aligned.dlogits.data(), scalars.dlogits.data(), sizeof(H) * R * C), 0);
+}
+
+TEST(LossesEmulation, SixteenBitGroupsInRegistersOrScalarsGiveTheSameBits) {
+  CheckPathsAgree<bfloat16>(BF16, 6, 50304, 50257);
+  CheckPathsAgree<float16>(F16, 6, 1000, 997);
 }
 
 TEST(LossesEmulation, ALabelOutOfRangeGivesNan) {
