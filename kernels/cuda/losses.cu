@@ -133,11 +133,12 @@ __global__ void RowCorrectKernel(double* row_correct, const T* logits, const int
 //
 // The math, element by element:
 //   M = the row's max (float: exact);
-//   S = the number of classes equal to M, plus the sum over the others of
-//       expf(x - M) (x - M in float: exact unless x is tiny beside M); a
-//       group's 8 terms added pairwise in float, the groups' sums in double
-//       in order in each thread, then the count, then the threads' doubles
-//       by a fixed tree;
+//   S = the sum of expf(x - M) (x - M in float: exact unless x is tiny
+//       beside M; the max's terms exactly 1): a group's 8 terms added
+//       pairwise in float, or in double when the group holds a max (which
+//       then absorbs none of the others' digits), the groups' sums in
+//       double in order in each thread, then the threads' doubles by a
+//       fixed tree;
 //   row loss = (M - x_l) + log(S) in double (M - x_l exact, so a dominant
 //       label's small loss keeps its digits);
 //   dlogits_j = T(expf(x_j - M) * float(scale / S)) for j != l, and
@@ -234,24 +235,42 @@ __device__ __forceinline__ Group Read(const T* xr, int64_t g, int64_t V) {
 }
 
 __device__ __forceinline__ void GroupMax(const Group& group, float* m) {
+  if (group.n == 8) {
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    if (e < group.n && group.x[e] > *m) *m = group.x[e];
+    for (int e = 0; e < 8; ++e) *m = group.x[e] > *m ? group.x[e] : *m;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) *m = e < group.n && group.x[e] > *m ? group.x[e] : *m;
   }
 }
 
-// Adds the group's share of S: the terms other than the max's pairwise in
-// float, then in double; the maxima counted apart (exactly 1 each), so S's
-// error is relative to the other terms.
-__device__ __forceinline__ void GroupSum(const Group& group, float m, double* s, int* ones) {
+// Adds the group's share of S: its terms added pairwise in float, or, when
+// the group holds a max (its term exactly 1), in order in double, so that
+// term absorbs none of the others and S's error is relative to theirs.
+__device__ __forceinline__ void GroupSum(const Group& group, float m, double* s) {
   float t[8];
+  bool holds_max = false;
+  if (group.n == 8) {
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const bool in = e < group.n;
-    t[e] = in && group.x[e] != m ? expf(group.x[e] - m) : 0.0f;
-    *ones += in && group.x[e] == m ? 1 : 0;
+    for (int e = 0; e < 8; ++e) {
+      t[e] = expf(group.x[e] - m);
+      holds_max = holds_max || group.x[e] == m;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      t[e] = e < group.n ? expf(group.x[e] - m) : 0.0f;
+      holds_max = holds_max || (e < group.n && group.x[e] == m);
+    }
   }
-  *s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+  if (holds_max) {
+    double d = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d += static_cast<double>(t[e]);
+    *s += d;
+  } else {
+    *s += static_cast<double>(((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7])));
+  }
 }
 
 // Whether rows are read as 16-byte vectors into registers.
@@ -269,7 +288,6 @@ __device__ __forceinline__ void HalfRowStats(const T* xr, int64_t V, uint4 (&cac
   const int64_t groups = (V + 7) / 8;
   float m = NegInf();
   double s = 0;
-  int ones = 0;
   if constexpr (kCached) {
     const uint4* xv = reinterpret_cast<const uint4*>(xr);
 #pragma unroll
@@ -286,14 +304,13 @@ __device__ __forceinline__ void HalfRowStats(const T* xr, int64_t V, uint4 (&cac
 #pragma unroll
     for (int k = 0; k < kHalfVecs; ++k) {
       const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
-      if (g < groups) GroupSum(FromVector<T>(cache[k], g, V), m, &s, &ones);
+      if (g < groups) GroupSum(FromVector<T>(cache[k], g, V), m, &s);
     }
   } else {
     for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) GroupMax(Read(xr, g, V), &m);
     m = HalfBlockReduce(m, &shared->max, FloatMax());
-    for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) GroupSum(Read(xr, g, V), m, &s, &ones);
+    for (int64_t g = threadIdx.x; g < groups; g += kHalfThreads) GroupSum(Read(xr, g, V), m, &s);
   }
-  s += static_cast<double>(ones);
   *max = m;
   *sum = HalfBlockReduce(s, &shared->sum, SumOp());
 }

@@ -119,6 +119,7 @@ double Spacing(double v) {
 template <typename H>
 struct HalfRun {
   float loss = -1;
+  std::vector<double> row_loss;  // the kernel's per-row losses (its scratch)
   std::vector<H> dlogits;
 };
 
@@ -127,8 +128,8 @@ HalfRun<H> RunHalf(const H* logits, const std::vector<int64_t>& labels, int64_t 
   const float dloss = 0.37f;
   HalfRun<H> run;
   run.dlogits.assign(R * C, cuda::Convert<H>(7.0f));
-  std::vector<double> scratch(R);
-  EXPECT_EQ(cuda::LaunchSoftmaxCrossEntropy(&run.loss, logits, labels.data(), R, C, V, scratch.data(), nullptr),
+  run.row_loss.assign(R, -1);
+  EXPECT_EQ(cuda::LaunchSoftmaxCrossEntropy(&run.loss, logits, labels.data(), R, C, V, run.row_loss.data(), nullptr),
             cudaSuccess);
   EXPECT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(run.dlogits.data(), logits, labels.data(), &dloss, R, C, V, nullptr),
             cudaSuccess);
@@ -188,6 +189,21 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C, int64_t V) {
   ASSERT_TRUE(s.ok()) << s;
   const double want = TensorValues(env["loss"])[0];
   EXPECT_LE(std::abs(run.loss - want), LossBound(V, want)) << run.loss << " vs the CPU's " << want;
+  // Each row's loss (the kernel's scratch, before the mean and its float
+  // rounding) against the CPU kernel's formula in double: within
+  // 1.01 SumBound (the double math's own error, ~1e-14, aside).
+  const std::vector<double> x = TensorValues(logits);
+  double worst_row = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const double* row = x.data() + r * C;
+    double m = row[0], sum = 0;
+    for (int64_t j = 1; j < V; ++j) m = std::max(m, row[j]);
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - m);
+    const double want_row = m + std::log(sum) - row[labels[r]];
+    worst_row = std::max(worst_row, std::abs(run.row_loss[r] - want_row));
+    EXPECT_LE(std::abs(run.row_loss[r] - want_row), 1.01 * SumBound(V) + 1e-13)
+        << "row " << r << ": " << run.row_loss[r] << " vs " << want_row;
+  }
   const std::vector<double> cpu = TensorValues(env["dlogits"]);
   int64_t off = 0, bad = 0;
   for (int64_t r = 0; r < R; ++r) {
@@ -205,11 +221,11 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C, int64_t V) {
     }
   }
   EXPECT_EQ(bad, 0);
-  std::printf("%s [%lld, %lld of %lld]: loss %.9g, the CPU's %.9g (off %.3g, bound %.3g); %lld of %lld dlogits "
-              "one spacing off\n",
+  std::printf("%s [%lld, %lld of %lld]: loss %.9g, the CPU's %.9g (off %.3g, bound %.3g); rows off at most %.3g "
+              "(bound %.3g); %lld of %lld dlogits one spacing off\n",
               DataTypeName(dtype).c_str(), static_cast<long long>(R), static_cast<long long>(V),
-              static_cast<long long>(C), run.loss, want, std::abs(run.loss - want), LossBound(V, want),
-              static_cast<long long>(off), static_cast<long long>(R * V));
+              static_cast<long long>(C), run.loss, want, std::abs(run.loss - want), LossBound(V, want), worst_row,
+              1.01 * SumBound(V), static_cast<long long>(off), static_cast<long long>(R * V));
 }
 
 TEST(LossesEmulation, SixteenBitLogitsWithinTheBoundsOfTheCpu) {
