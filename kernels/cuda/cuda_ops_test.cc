@@ -523,7 +523,9 @@ Tensor DominantRows(DataType half, int64_t R, int64_t C, int64_t V, const std::v
   std::vector<double> v(R * C, std::nan(""));
   for (int64_t r = 0; r < R; ++r) {
     double* row = v.data() + r * C;
-    for (int64_t j = 0; j < V; ++j) row[j] = r % 4 == 0 ? 60 * u(rng) - 30 : r % 4 == 3 ? 16 * u(rng) - 8 : -30 * u(rng);
+    for (int64_t j = 0; j < V; ++j) {
+      row[j] = r % 4 == 0 ? 60 * u(rng) - 30 : r % 4 == 3 ? 16 * u(rng) - 8 : -30 * u(rng);
+    }
     const int64_t l = static_cast<int64_t>(labels[r]);
     if (r % 4 == 1) row[l] = 30;
     if (r % 4 == 2) row[(l + V / 2) % V] = 30;
