@@ -404,15 +404,24 @@ __global__ void __launch_bounds__(kHalfThreads)
         const int64_t g = threadIdx.x + int64_t{k} * kHalfThreads;
         if (g < groups) {
           const int n = static_cast<int>(V - g * 8 < 8 ? V - g * 8 : 8);
-          const int64_t at = l - g * 8;  // the label's place in the group, if in [0, 8)
+          // The label's place in the group, or -1.
+          const int at = l >= g * 8 && l < g * 8 + 8 ? static_cast<int>(l - g * 8) : -1;
           unsigned w[4];
+          if (n == 8 && at < 0) {  // most groups: 8 classes, none the label's
 #pragma unroll
-          for (int e = 0; e < 8; e += 2) {
-            // The padding past the classes: +0.
-            const unsigned lo = e < n ? (at == e ? d_label : HalfGrad<T>(Lane<T>(cache[k], e), m, c, bad)) : 0u;
-            const unsigned hi =
-                e + 1 < n ? (at == e + 1 ? d_label : HalfGrad<T>(Lane<T>(cache[k], e + 1), m, c, bad)) : 0u;
-            w[e / 2] = lo | (hi << 16);
+            for (int e = 0; e < 8; e += 2) {
+              w[e / 2] = static_cast<unsigned>(HalfGrad<T>(Lane<T>(cache[k], e), m, c, bad)) |
+                         (static_cast<unsigned>(HalfGrad<T>(Lane<T>(cache[k], e + 1), m, c, bad)) << 16);
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+              // The padding past the classes: +0.
+              const unsigned lo = e < n ? (at == e ? d_label : HalfGrad<T>(Lane<T>(cache[k], e), m, c, bad)) : 0u;
+              const unsigned hi =
+                  e + 1 < n ? (at == e + 1 ? d_label : HalfGrad<T>(Lane<T>(cache[k], e + 1), m, c, bad)) : 0u;
+              w[e / 2] = lo | (hi << 16);
+            }
           }
           dv[g] = make_uint4(w[0], w[1], w[2], w[3]);
         }
