@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -45,6 +46,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -59,6 +61,10 @@ ABSL_FLAG(int, warmup, 5, "untimed calls of each side before each timing");
 ABSL_FLAG(int, min_iters, 20, "each timing runs at least this many back-to-back calls");
 ABSL_FLAG(double, min_ms, 20, "... and enough of them to last at least this many milliseconds");
 ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to run (default: all), e.g. qkv.fwd,lm_head.dw");
+ABSL_FLAG(bool, epilogues, false,
+          "bf16 only: also time the forward linears with their fused epilogues as the plan runs them (matmul_bias "
+          "and, for mlp.fc, matmul_bias_gelu, each storing bf16 beside a float bias and aux) and the weight "
+          "gradients with the bias gradient fused (matmul_bias_grad_b), against the plain GEMM of the same shape");
 ABSL_FLAG(int64_t, vocab, 50257,
           "the LM head's vocabulary: GPT-2's 50257, or 50304 for the head passes/pad_vocab makes of it (rows of "
           "16-byte multiples, the loss reading the first 50257)");
@@ -602,6 +608,100 @@ std::string UtcNow() {
   return text;
 }
 
+// --epilogues: each forward linear (bf16 operands, bf16 out) as a plain
+// GEMM, with the bias epilogue (matmul_bias's call under mixed precision:
+// a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (float
+// aux z); each weight gradient (float dW) plain and with the bias gradient
+// (BGRADB). Prints ms a call and the fused call's time over the plain one,
+// and how often cuBLASLt refused a float bias beside a 16-bit D (the kernel
+// then runs the float GEMM and a cast: a fused row slower than its plain
+// GEMM by far points there).
+absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cudaStream_t stream, cudaEvent_t start,
+                           cudaEvent_t stop) {
+  int64_t max_a = 0, max_b = 0, max_c = 0, max_n = 0;
+  for (const GemmShape& s : shapes) {
+    max_a = std::max(max_a, ElementsA(s));
+    max_b = std::max(max_b, ElementsB(s));
+    max_c = std::max(max_c, ElementsC(s));
+    max_n = std::max({max_n, s.n, s.m});
+  }
+  absl::StatusOr<DeviceBuffer> a = DeviceBuffer::Allocate(max_a * 2, "a");
+  if (!a.ok()) return a.status();
+  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(max_b * 2, "b");
+  if (!b.ok()) return b.status();
+  absl::StatusOr<DeviceBuffer> c = DeviceBuffer::Allocate(max_c * 4, "c");
+  if (!c.ok()) return c.status();
+  absl::StatusOr<DeviceBuffer> z = DeviceBuffer::Allocate(max_c * 4, "z");
+  if (!z.ok()) return z.status();
+  absl::StatusOr<DeviceBuffer> bias = DeviceBuffer::Allocate(max_n * 4, "bias");
+  if (!bias.ok()) return bias.status();
+  BENCH_RETURN_IF_ERROR(FillDevice(a->as<__nv_bfloat16>(), max_a, kSeedA));
+  BENCH_RETURN_IF_ERROR(FillDevice(b->as<__nv_bfloat16>(), max_b, kSeedB));
+  BENCH_RETURN_IF_ERROR(FillDevice(bias->as<float>(), max_n, kSeedA + 7));
+  absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
+  if (!gemm.ok()) return gemm.status();
+  cuda::LtGemm& g = **gemm;
+  const auto* A = a->as<__nv_bfloat16>();
+  const auto* B = b->as<__nv_bfloat16>();
+  const auto median_ms = [&](const auto& call) -> absl::StatusOr<double> {
+    for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) BENCH_RETURN_IF_ERROR(call());
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) {
+      absl::StatusOr<double> t = TimePerCallMs(call, absl::GetFlag(FLAGS_min_iters), stream, start, stop);
+      if (!t.ok()) return t.status();
+      ms.push_back(*t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  std::printf("\n== bf16 epilogues as the plan runs them: ms a call (median of %d), fused / plain ==\n", repeats);
+  std::printf("%-16s %-20s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");
+  for (const GemmShape& s : shapes) {
+    const bool fwd = absl::EndsWith(s.name, ".fwd") && !absl::StartsWith(s.name, "lm_head");
+    const bool dw = absl::EndsWith(s.name, ".dw") && !absl::StartsWith(s.name, "lm_head");
+    if (!fwd && !dw) continue;
+    std::vector<std::pair<std::string, std::function<absl::Status()>>> fused;
+    std::function<absl::Status()> plain;
+    if (fwd) {
+      auto* c16 = c->as<__nv_bfloat16>();
+      plain = [&, c16] { return g.Matmul(c16, A, B, s.m, s.n, s.k, false, false, stream); };
+      fused.push_back({"matmul_bias", [&, c16] {
+                         return g.MatmulBias(c16, A, B, bias->as<float>(), s.m, s.n, s.k, false, stream);
+                       }});
+      if (s.name == "mlp.fc.fwd") {
+        fused.push_back({"matmul_bias_gelu", [&, c16] {
+                           return g.MatmulBiasGelu(c16, z->as<float>(), A, B, bias->as<float>(), s.m, s.n, s.k, false,
+                                                   stream);
+                         }});
+      }
+    } else {
+      auto* c32 = c->as<float>();
+      plain = [&, c32] { return g.Matmul(c32, A, B, s.m, s.n, s.k, true, false, stream); };
+      fused.push_back({"matmul_bias_grad_b", [&, c32] {
+                         return g.MatmulBiasGrad(c32, bias->as<float>(), A, B, s.m, s.n, s.k, true, false,
+                                                 cuda::LtGemm::BiasGradOf::kB, stream);
+                       }});
+    }
+    absl::StatusOr<double> plain_ms = median_ms(plain);
+    if (!plain_ms.ok()) return plain_ms.status();
+    for (const auto& [what, call] : fused) {
+      absl::StatusOr<double> fused_ms = median_ms(call);
+      if (!fused_ms.ok()) {
+        std::printf("%-16s %-20s %9.4f %9s   (%s)\n", s.name.c_str(), what.c_str(), *plain_ms, "-",
+                    std::string(fused_ms.status().message()).substr(0, 80).c_str());
+        continue;
+      }
+      std::printf("%-16s %-20s %9.4f %9.4f %6.2fx\n", s.name.c_str(), what.c_str(), *plain_ms, *fused_ms,
+                  *fused_ms / *plain_ms);
+      std::printf("RESULT epilogue shape=%s op=%s plain_ms=%.5f fused_ms=%.5f ratio=%.3f\n", s.name.c_str(),
+                  what.c_str(), *plain_ms, *fused_ms, *fused_ms / *plain_ms);
+    }
+  }
+  std::printf("cuBLASLt refused a float bias or aux beside a 16-bit D %lld times\n",
+              static_cast<long long>(g.float_epilogue_refusals()));
+  return absl::OkStatus();
+}
+
 absl::Status Main(const std::vector<char*>& positional) {
   if (positional.size() > 1) return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", positional[1]));
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
@@ -676,6 +776,7 @@ absl::Status Main(const std::vector<char*>& positional) {
     BENCH_RETURN_IF_ERROR(runner.Run<__nv_bfloat16>(shapes, repeats, &results));
     PrintTable(TypeInfo<__nv_bfloat16>::kName, TypeInfo<__nv_bfloat16>::kDescription, results, repeats);
   }
+  if (absl::GetFlag(FLAGS_epilogues)) BENCH_RETURN_IF_ERROR(TimeEpilogues(shapes, repeats, stream, start, stop));
   return absl::OkStatus();
 }
 

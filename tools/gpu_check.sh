@@ -50,8 +50,9 @@ benches() {
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs: Strata's defaults,
 # attention on the GEMM path, the captured step off, the padded vocabulary
-# off; then bench/attention.py and a traced GPT-2 run summed by op type
-# (tools/trace_ops.py). About 4 minutes; each run's output in $1.
+# off, the mma.sync attention forward on; the fused epilogues against plain
+# GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
+# (tools/trace_ops.py). About 5 minutes; each run's output in $1.
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
@@ -61,6 +62,11 @@ quick_benches() {
   timeout 50 "${g[@]}" --no_cuda_graph 2>&1 | tee "$out/gpt2_eager_steps.txt" | tail -4 || status=1
   timeout 50 "${g[@]}" --strata_flags "--disable_passes pad-vocab" 2>&1 | tee "$out/gpt2_nopad.txt" | tail -4 ||
     status=1
+  STRATA_MMA_ATTENTION=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_attention.txt" | tail -4 || status=1
+  # The forward linears' fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain
+  # one: cuBLASLt's epilogue, or its refusal and the float fallback).
+  timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
+    --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw 2>&1 | tail -11 || status=1
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
   timeout 40 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
@@ -110,6 +116,15 @@ case "$mode" in
       fi
       echo "$verdict $t ($(($(date +%s) - start)) s)"
     done
+    # Kernels behind a switch until they have run on a GPU (kernels/cuda/README.md, "What waits for a
+    # GPU"): their tests again with the switch on, counted apart.
+    if STRATA_MMA_ATTENTION=1 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh cuda_ops_test \
+      --gtest_filter='*Attention*' >"$out/gpu-tests-mma.log" 2>&1; then
+      echo "PASS cuda_ops_test --gtest_filter='*Attention*' with STRATA_MMA_ATTENTION=1 (not counted below)"
+    else
+      echo "FAIL cuda_ops_test --gtest_filter='*Attention*' with STRATA_MMA_ATTENTION=1 (not counted below; $out/gpu-tests-mma.log)"
+      grep -E '^\[  FAILED  \]' "$out/gpu-tests-mma.log" | sort -u | head -10
+    fi
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
     echo "$passed passed, $failed failed (test binaries)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.
