@@ -126,16 +126,34 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
       o.workspace = *bytes;
     }
   }
-  // An op told to write over its input 0 (in_place) must be that var's last
-  // reader: passes after in-place-loss-gradient could have added a reader
-  // after it, which would then read the gradient.
+  // An op told to write over its input 0 (in_place) must be the last reader
+  // of that buffer: of the var and of every view of it (reshape and the
+  // other ops whose output 0 shares input 0's buffer, followed from view to
+  // view). Checked on the final program, so a pass after
+  // in-place-loss-gradient that added a reader after it is caught here.
+  std::vector<int> root(graph.num_vars());
+  for (int v = 0; v < graph.num_vars(); ++v) root[v] = v;
+  std::vector<int> last_read(graph.num_vars(), -1);  // by root: the last op reading the buffer
+  for (int i = 0; i < n; ++i) {
+    const int id = order[i];
+    for (int v : graph.inputs(id)) last_read[root[v]] = i;
+    if (graph.schema(id).output_aliases_input && !graph.inputs(id).empty() && !graph.outputs(id).empty()) {
+      root[graph.outputs(id)[0]] = root[graph.inputs(id)[0]];
+    }
+  }
   for (int i = 0; i < n; ++i) {
     const OpInfo& o = table.info[i];
     if (!o.aliases || graph.schema(order[i]).output_aliases_input) continue;
-    if (const int last = table.last_use[o.input0]; last != i) {
-      return absl::InternalError(absl::StrCat("memory plan: op #", i, " '", graph.schema(order[i]).type,
-                                              "' writes over '", graph.var_name(o.input0), "' (in_place), but op #", last,
-                                              " '", graph.schema(order[last]).type, "' reads it after"));
+    const int buffer = root[o.input0];
+    if (const int last = last_read[buffer]; last != i) {
+      int reader = -1;  // the var the later op reads: the input itself or a view of it
+      for (int v : graph.inputs(order[last])) {
+        if (root[v] == buffer) reader = v;
+      }
+      return absl::InternalError(absl::StrCat(
+          "memory plan: op #", i, " '", graph.schema(order[i]).type, "' writes over '", graph.var_name(o.input0),
+          "' (in_place), but op #", last, " '", graph.schema(order[last]).type, "' reads ",
+          reader == o.input0 ? "it" : absl::StrCat("'", graph.var_name(reader), "', a view of it,"), " after"));
     }
   }
   return table;

@@ -1,5 +1,6 @@
 #include "analysis/memory_plan.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -161,6 +162,37 @@ TEST(MemoryPlanTest, AReaderAfterTheInPlaceGradientIsRefused) {
   EXPECT_THAT(replanned.status().message(),
               ::testing::HasSubstr(absl::StrCat("op #", grad, " 'softmax_cross_entropy_grad' writes over 'z' (in_place), "
                                                 "but op #", weight_grad, " 'matmul' reads it after")));
+}
+
+// And a view of the logits: identity(z) -> zv (sharing z's buffer) made
+// before the gradient, read by the weight gradient after it.
+TEST(MemoryPlanTest, AViewReadAfterTheInPlaceGradientIsRefused) {
+  RankPlan plan = CompileOneDevice(kOneLayer, 8, /*disabled=*/{});
+  const int grad = Writer(plan.program(), "z@grad");
+  ASSERT_GE(grad, 0);
+  Program* p = plan.mutable_program();
+  Op view;
+  view.set_type("identity");
+  view.add_input("z");
+  view.add_output("zv");
+  view.set_role(p->op(grad).role());
+  p->mutable_op()->Add(std::move(view));
+  for (int i = p->op_size() - 1; i > grad; --i) p->mutable_op()->SwapElements(i, i - 1);  // just before the gradient
+  Var* zv = p->add_var();
+  *zv = *std::find_if(p->var().begin(), p->var().end(), [](const Var& v) { return v.name() == "z"; });
+  zv->set_name("zv");
+  const int weight_grad = Writer(*p, "w@grad");
+  for (std::string& in : *p->mutable_op(weight_grad)->mutable_input()) {
+    if (in == "z@grad") in = "zv";
+  }
+  auto graph = Graph::FromProgram(*p);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const auto replanned = PlanMemory(**graph, plan.schedule(), 8);
+  ASSERT_FALSE(replanned.ok());
+  EXPECT_THAT(replanned.status().message(),
+              ::testing::HasSubstr(absl::StrCat("op #", grad + 1, " 'softmax_cross_entropy_grad' writes over 'z' "
+                                                "(in_place), but op #", weight_grad, " 'matmul' reads 'zv', a view of "
+                                                "it, after")));
 }
 
 TEST(MemoryPlanTest, OneDevicePeakMovesToTheWeightGradientForTinyBatches) {

@@ -4,8 +4,8 @@ gradient apart, at a GPT-2 124M layer's shape by default (batch 8, 12 heads
 of 64, 1024 tokens, causal, bf16).
 
 Strata: //bench:attention_bench (kernels/cuda/flash_attention.h, both head
-layouts; the forward on WMMA, the default, and on mma.sync,
-STRATA_MMA_ATTENTION=1). PyTorch: SDPA on [B, H, T, D] bf16 tensors with its default
+layouts; WMMA, the default, and mma.sync, STRATA_MMA_ATTENTION=1, timed
+last). PyTorch: SDPA on [B, H, T, D] bf16 tensors with its default
 backend choice and with each backend it has here (flash, cuDNN, memory
 efficient); the forward timed alone, the gradient as (forward + backward) -
 forward, each over back-to-back calls between CUDA events. FLOPs as
@@ -33,7 +33,9 @@ def strata_side(a):
                                     "--iters=%d" % a.iters, "--repeats=%d" % a.repeats]
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
-        raise SystemExit("bench: %s exited with %d:\n%s" % (" ".join(argv), p.returncode, p.stdout))
+        # Keep what it timed before failing (the kernels not yet run on a GPU come last) and go on to torch.
+        print("bench: %s exited with %d (the rows it printed are kept):\n%s" % (
+            " ".join(argv), p.returncode, "\n".join(p.stdout.splitlines()[-5:])))
     results = {}
     for m in re.finditer(r"RESULT kernel=(\S+) layout=(\S+) ms=([0-9.]+)", p.stdout):
         results[(m.group(1), m.group(2))] = float(m.group(3))
@@ -117,16 +119,25 @@ def main():
             continue
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("strata " + layout, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
-        mf = strata.get(("mma_fwd", layout))
+        mf, mb = strata.get(("mma_fwd", layout)), strata.get(("mma_bwd", layout))
         if mf is not None:
-            print("%-22s | %9.4f %8.1f |" % ("strata mma.sync " + layout, mf, tflops(mf, flops)))
+            print("%-22s | %9.4f %8.1f | %9s %8s" % (
+                "strata mma.sync " + layout, mf, tflops(mf, flops), "%.4f" % mb if mb else "-",
+                "%.1f" % tflops(mb, 2.5 * flops) if mb else "-"))
     for backend, (f, b) in torch_results.items():
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("torch " + backend, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
     sf, sb = strata.get(("flash_fwd", "bthd")), strata.get(("flash_bwd", "bthd"))
-    mf = strata.get(("mma_fwd", "bthd"))
+    if sf is None or sb is None:
+        raise SystemExit("bench: no Strata figures for the bthd layout")
+    mf, mb = strata.get(("mma_fwd", "bthd")), strata.get(("mma_bwd", "bthd"))
     if mf is not None:
-        print("strata mma.sync forward / WMMA forward (bthd): %.2fx faster" % (sf / mf))
+        print("strata mma.sync / WMMA (bthd): forward %.2fx faster%s" % (
+            sf / mf, ", gradient %.2fx faster" % (sb / mb) if mb else ""))
+    for backend, (f, b) in torch_results.items():
+        if mf is not None and mb is not None:
+            print("RESULT attention_mma side=%s strata_fwd_ms=%.4f strata_bwd_ms=%.4f fwd_ratio=%.3f bwd_ratio=%.3f" % (
+                backend, mf, mb, f / mf, b / mb))
     for backend, (f, b) in torch_results.items():
         print("torch-%s / strata bthd: forward %.2fx, gradient %.2fx" % (backend, f / sf, b / sb))
         print("RESULT attention side=%s strata_fwd_ms=%.4f strata_bwd_ms=%.4f torch_fwd_ms=%.4f torch_bwd_ms=%.4f "

@@ -1,6 +1,6 @@
 // bench/attention_bench: Strata's tensor-core flash attention
-// (kernels/cuda/flash_attention.h) on one GPU, forward (both kernels: WMMA,
-// and mma.sync behind STRATA_MMA_ATTENTION) and gradient apart,
+// (kernels/cuda/flash_attention.h) on one GPU, forward and gradient apart,
+// on WMMA (the default) and on mma.sync (behind STRATA_MMA_ATTENTION),
 // at a GPT-2 124M layer's shape by default (batch 8, 12 heads of 64, 1024
 // tokens, causal, bf16), in both head layouts ([B, H, T, D] and the
 // [B, T, H, D] of passes/attention_layout). bench/attention.py runs it beside
@@ -126,23 +126,24 @@ int main(int argc, char** argv) {
   std::printf("attention_bench: %s, batch %lld, %lld heads of %lld, %lld tokens, %s, bf16\n", prop.name,
               static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(D),
               static_cast<long long>(T), causal ? "causal" : "not causal");
-  for (const bool bthd : {false, true}) {
-    strata::cuda::HeadLayout layout;
-    layout.H = H;
-    layout.bthd = bthd;
-    const char* name = bthd ? "bthd" : "bhtd";
-    // The WMMA forward (the default) and the mma.sync one (STRATA_MMA_ATTENTION=1).
-    for (const bool mma : {false, true}) {
-      strata::cuda::MmaFlashAttention().store(mma);
+  // The WMMA kernels (the default) first, both layouts; then the mma.sync
+  // ones (STRATA_MMA_ATTENTION=1), not yet run on a GPU when this was
+  // written: last, so a fault there (Fail exits) loses only their rows.
+  for (const bool mma : {false, true}) {
+    strata::cuda::MmaFlashAttention().store(mma);
+    for (const bool bthd : {false, true}) {
+      strata::cuda::HeadLayout layout;
+      layout.H = H;
+      layout.bthd = bthd;
+      const char* name = bthd ? "bthd" : "bhtd";
       Time(mma ? "mma_fwd" : "flash_fwd", name, forward_flops, [&] {
         return strata::cuda::LaunchFlashAttention(y, lse, q, k, v, B * H, T, D, scale, causal, nullptr, layout);
       });
+      Time(mma ? "mma_bwd" : "flash_bwd", name, 2.5 * forward_flops, [&] {
+        return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D,
+                                                      scale, causal, nullptr, layout);
+      });
     }
-    strata::cuda::MmaFlashAttention().store(false);
-    Time("flash_bwd", name, 2.5 * forward_flops, [&] {
-      return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D, scale,
-                                                    causal, nullptr, layout);
-    });
   }
   return 0;
 }

@@ -612,10 +612,10 @@ std::string UtcNow() {
 // GEMM, with the bias epilogue (matmul_bias's call under mixed precision:
 // a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (float
 // aux z); each weight gradient (float dW) plain and with the bias gradient
-// (BGRADB). Prints ms a call and the fused call's time over the plain one,
-// and how often cuBLASLt refused a float bias beside a 16-bit D (the kernel
-// then runs the float GEMM and a cast: a fused row slower than its plain
-// GEMM by far points there).
+// (BGRADA, as cuda_ops.cc calls it). Prints ms a call and the fused call's
+// time over the plain one; where cuBLASLt refuses the fused call (a float
+// bias beside a 16-bit D, counted and printed at the end) the row shows "-"
+// and the reason, and the op's kernel would run the float GEMM and a cast.
 absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cudaStream_t stream, cudaEvent_t start,
                            cudaEvent_t stop) {
   int64_t max_a = 0, max_b = 0, max_c = 0, max_n = 0;

@@ -50,7 +50,8 @@ benches() {
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs: Strata's defaults,
 # attention on the GEMM path, the captured step off, the padded vocabulary
-# off, the mma.sync attention forward on; the fused epilogues against plain
+# off, the kernels not yet run on a GPU on (STRATA_MMA_ATTENTION,
+# STRATA_FAST_HALF_LOSS); the fused epilogues against plain
 # GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
 # (tools/trace_ops.py). About 5 minutes; each run's output in $1.
 quick_benches() {
@@ -62,7 +63,8 @@ quick_benches() {
   timeout 50 "${g[@]}" --no_cuda_graph 2>&1 | tee "$out/gpt2_eager_steps.txt" | tail -4 || status=1
   timeout 50 "${g[@]}" --strata_flags "--disable_passes pad-vocab" 2>&1 | tee "$out/gpt2_nopad.txt" | tail -4 ||
     status=1
-  STRATA_MMA_ATTENTION=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_attention.txt" | tail -4 || status=1
+  STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_untried_kernels.txt" |
+    tail -4 || status=1
   # The forward linears' fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain
   # one: cuBLASLt's epilogue, or its refusal and the float fallback).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
@@ -118,18 +120,18 @@ case "$mode" in
     done
     # Kernels behind a switch until they have run on a GPU (kernels/cuda/README.md, "What waits for a
     # GPU"): their tests again with the switch on, counted apart.
-    if STRATA_MMA_ATTENTION=1 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh cuda_ops_test \
-      --gtest_filter='*Attention*' >"$out/gpu-tests-mma.log" 2>&1; then
-      echo "PASS cuda_ops_test --gtest_filter='*Attention*' with STRATA_MMA_ATTENTION=1 (not counted below)"
+    if STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
+      bash .device/run.sh cuda_ops_test --gtest_filter='*Attention*:*CrossEntropy*' >"$out/gpu-tests-untried.log" 2>&1; then
+      echo "PASS cuda_ops_test's attention and cross-entropy cases with STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 (not counted below)"
     else
-      echo "FAIL cuda_ops_test --gtest_filter='*Attention*' with STRATA_MMA_ATTENTION=1 (not counted below; $out/gpu-tests-mma.log)"
-      grep -E '^\[  FAILED  \]' "$out/gpu-tests-mma.log" | sort -u | head -10
+      echo "FAIL cuda_ops_test's attention and cross-entropy cases with STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 (not counted below; $out/gpu-tests-untried.log)"
+      grep -E '^\[  FAILED  \]' "$out/gpu-tests-untried.log" | sort -u | head -10
     fi
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
     echo "$passed passed, $failed failed (test binaries)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.
     timeout 120 bash .device/run.sh strata_gpu run examples/mlp_fashion.pbtxt --device gpu --data synthetic \
-      --steps 300 --metrics "$out/gpu.jsonl" --quiet 2>&1 | tail -3
+      --steps 300 --metrics "$out/gpu.jsonl" --quiet --cuda_graph=false 2>&1 | tail -3
     timeout 120 bash .device/run.sh strata run examples/mlp_fashion.pbtxt --device cpu --data synthetic \
       --steps 300 --metrics "$out/cpu.jsonl" --quiet 2>&1 | tail -3
     python3 tools/compare_metrics.py "$out/gpu.jsonl" "$out/cpu.jsonl" 2>&1 | tail -5

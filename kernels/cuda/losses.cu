@@ -31,10 +31,29 @@ constexpr int64_t kMaxBlocks = 65536;
 template <typename T>
 inline constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
-// A logit (F32 / F64) as double.
+// A logit as double: 16-bit ones through float (both exact).
 template <typename T>
 __device__ double Wide(T x) {
-  return static_cast<double>(x);
+  if constexpr (kHalf<T>) {
+    return static_cast<double>(ToFloat(x));
+  } else {
+    return static_cast<double>(x);
+  }
+}
+
+// A dlogits value as T: 16-bit ones as the float kernel's float rounded to
+// nearest even (the float kernel's result, then the cast's rounding): the
+// widened path of 16-bit logits, the default until the kernels below
+// (HalfRowLossKernel, HalfGradKernel) have run on a GPU.
+template <typename T>
+__device__ T Narrow(double v) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return ToBfloat16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, float16>) {
+    return ToFloat16(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
 }
 
 // max and log(sum(exp(x - max))) of row xr [C], as RowLogSumExp on the CPU.
@@ -94,9 +113,9 @@ __global__ void GradKernel(T* dlogits, const T* logits, const int64_t* label, co
     const bool bad = l < 0 || l >= V;
     for (int64_t j = threadIdx.x; j < V; j += kThreads) {
       const double p = exp(Wide(xr[j]) - lse);
-      dr[j] = static_cast<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
+      dr[j] = Narrow<T>(bad ? QuietNaN() : (j == l ? (p - 1.0) * scale : p * scale));
     }
-    for (int64_t j = V + threadIdx.x; j < C; j += kThreads) dr[j] = T(0);
+    for (int64_t j = V + threadIdx.x; j < C; j += kThreads) dr[j] = Narrow<T>(0.0);
   }
 }
 
@@ -450,7 +469,9 @@ cudaError_t SoftmaxCrossEntropy(L* loss, const T* logits, const int64_t* label, 
   if (C > 0 && (V < 1 || V > C)) return cudaErrorInvalidValue;
   if (R > 0) {
     if constexpr (kHalf<T>) {
-      if (HalfCached(logits, C, V)) {
+      if (!FastHalfLoss().load()) {
+        RowLossKernel<T><<<RowBlocks(R), kThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
+      } else if (HalfCached(logits, C, V)) {
         HalfRowLossKernel<T, true><<<RowBlocks(R), kHalfThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
       } else {
         HalfRowLossKernel<T, false><<<RowBlocks(R), kHalfThreads, 0, stream>>>(row_scratch, logits, label, R, C, V);
@@ -470,7 +491,9 @@ cudaError_t SoftmaxCrossEntropyGrad(T* dlogits, const T* logits, const int64_t* 
   if (R <= 0 || C <= 0) return cudaSuccess;
   if (C > 0 && (V < 1 || V > C)) return cudaErrorInvalidValue;
   if constexpr (kHalf<T>) {
-    if (HalfCached(logits, C, V) && reinterpret_cast<uintptr_t>(dlogits) % 16 == 0) {
+    if (!FastHalfLoss().load()) {
+      GradKernel<T, L><<<RowBlocks(R), kThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
+    } else if (HalfCached(logits, C, V) && reinterpret_cast<uintptr_t>(dlogits) % 16 == 0) {
       HalfGradKernel<T, true><<<RowBlocks(R), kHalfThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);
     } else {
       HalfGradKernel<T, false><<<RowBlocks(R), kHalfThreads, 0, stream>>>(dlogits, logits, label, dloss, R, C, V);

@@ -14,7 +14,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/float16.h"
 
@@ -41,15 +44,44 @@ cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits,
                                           const double* dloss, int64_t R, int64_t C, int64_t classes,
                                           cudaStream_t stream);
 
+// Whether BF16 / F16 logits take the fast kernels described next rather than
+// the widened path (each 16-bit logit widened as loaded, the F32 kernels'
+// double math in their order, dlogits the float kernel's float rounded once
+// to T: bit for bit the F32 kernels on the widened logits, which ran on an
+// H200 on 2026-11-27). Off until the fast kernels have run on a GPU
+// (written 2026-11-27 without one; emulated in losses_emulation_test);
+// STRATA_FAST_HALF_LOSS=1 turns them on for a process. Both paths meet the
+// bounds below (the widened one far inside them).
+inline std::atomic<bool>& FastHalfLoss() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("STRATA_FAST_HALF_LOSS");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }()};
+  return on;
+}
+
+// Sets FastHalfLoss() for its lifetime (tests), then restores it.
+class ScopedFastHalfLoss {
+ public:
+  explicit ScopedFastHalfLoss(bool on) : before_(FastHalfLoss().exchange(on)) {}
+  ~ScopedFastHalfLoss() { FastHalfLoss().store(before_); }
+  ScopedFastHalfLoss(const ScopedFastHalfLoss&) = delete;
+  ScopedFastHalfLoss& operator=(const ScopedFastHalfLoss&) = delete;
+
+ private:
+  const bool before_;
+};
+
 // BF16 / F16 logits (mixed precision; the loss and dloss F32, dlogits the
-// logits' type): float math where the cost is (losses.cu), one read of the
+// logits' type), the fast kernels: float math where the cost is (losses.cu), one read of the
 // row for the loss and a read and a write for the gradient when rows are
 // 16-byte aligned and C a multiple of 8. With M the row's max, S the sum of
 // expf(x - M) over the classes (float terms, double sums):
 //   loss = mean of (M - x_l) + log(S), in double, rounded to float;
 //   dlogits_j = expf(x_j - M) * float(dloss / R / S) rounded once to T
 //   (nearest even, runtime/float16.h), j != l; dlogits_l =
-//   expm1((x_l - M) - log(S)) * dloss / R in double, rounded once.
+//   expm1((x_l - M) - log(S)) * dloss / R in double, rounded to float,
+//   then to T (two roundings, within the one-spacing bound below).
 // S is within eps_S = 2^-22 (expf's 2 ulps) + 3 * 2^-24 (a group of 8 terms
 // added pairwise in float) + 2^-24 (ln V + 1) (x - M rounded in float,
 // weighted by the terms) of the exact sum, relative: 1.1e-6 at V = 50257.

@@ -228,19 +228,59 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C, int64_t V) {
               1.01 * SumBound(V), static_cast<long long>(off), static_cast<long long>(R * V));
 }
 
+// Both paths of 16-bit logits meet the bounds: the fast kernels
+// (STRATA_FAST_HALF_LOSS) and the widened default.
 TEST(LossesEmulation, SixteenBitLogitsWithinTheBoundsOfTheCpu) {
-  CheckHalf<bfloat16>(BF16, 6, 50304, 50257);  // GPT-2's padded LM head: 16-byte groups in registers
-  CheckHalf<float16>(F16, 6, 50304, 50257);
-  for (auto [R, C, V] : std::vector<std::array<int64_t, 3>>{
-           {8, 300, 300},      // 8 does not divide C: scalars
-           {3, 5, 5},          // under one group
-           {12, 304, 304},     // 16-byte groups
-           {2, 65536, 65536},  // the most classes the registers take
-           {2, 70000, 70000},  // more: scalars
-       }) {
-    CheckHalf<bfloat16>(BF16, R, C, V);
-    CheckHalf<float16>(F16, R, C, V);
+  for (const bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast kernels" : "widened path");
+    const cuda::ScopedFastHalfLoss path(fast);
+    CheckHalf<bfloat16>(BF16, 6, 50304, 50257);  // GPT-2's padded LM head: 16-byte groups in registers
+    CheckHalf<float16>(F16, 6, 50304, 50257);
+    for (auto [R, C, V] : std::vector<std::array<int64_t, 3>>{
+             {8, 300, 300},      // 8 does not divide C: scalars
+             {3, 5, 5},          // under one group
+             {12, 304, 304},     // 16-byte groups
+             {2, 65536, 65536},  // the most classes the registers take
+             {2, 70000, 70000},  // more: scalars
+         }) {
+      CheckHalf<bfloat16>(BF16, R, C, V);
+      CheckHalf<float16>(F16, R, C, V);
+    }
   }
+}
+
+// The widened path (the default) is the F32 kernels on the widened logits,
+// the loss bit for bit and each dlogits value their float rounded once.
+template <typename H>
+void CheckWidened(DataType dtype, int64_t R, int64_t C, int64_t V) {
+  SCOPED_TRACE(testing::Message() << DataTypeName(dtype) << " [" << R << ", " << V << " of " << C << "]");
+  const cuda::ScopedFastHalfLoss path(false);
+  const std::vector<int64_t> labels = Labels(R, V);
+  const Tensor logits = MakeTensor(dtype, {R, C}, HalfRows(R, C, V, labels));
+  std::vector<float> wide(R * C);
+  for (int64_t i = 0; i < R * C; ++i) wide[i] = cuda::Convert<float>(logits.data<H>()[i]);
+  const HalfRun<H> half = RunHalf(logits.data<H>(), labels, R, C, V);
+  const float dloss = 0.37f;
+  float loss = -1;
+  std::vector<double> row_loss(R);
+  std::vector<float> dlogits(R * C);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropy(&loss, wide.data(), labels.data(), R, C, V, row_loss.data(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmaxCrossEntropyGrad(dlogits.data(), wide.data(), labels.data(), &dloss, R, C, V, nullptr),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  EXPECT_EQ(std::memcmp(&loss, &half.loss, sizeof(float)), 0) << loss << " vs " << half.loss;
+  int64_t differ = 0;
+  for (int64_t i = 0; i < R * C; ++i) {
+    const H want = cuda::Convert<H>(dlogits[i]);
+    differ += std::memcmp(&want, &half.dlogits[i], sizeof(H)) != 0;
+  }
+  EXPECT_EQ(differ, 0) << "dlogits values off the float kernel's rounded";
+}
+
+TEST(LossesEmulation, WidenedSixteenBitPathIsTheFloatKernelsRounded) {
+  CheckWidened<bfloat16>(BF16, 6, 320, 301);
+  CheckWidened<float16>(F16, 6, 300, 300);
 }
 
 // The numbers depend on the classes' values only: rows read as 16-byte
@@ -262,6 +302,7 @@ void CheckPathsAgree(DataType dtype, int64_t R, int64_t C, int64_t V) {
 }
 
 TEST(LossesEmulation, SixteenBitGroupsInRegistersOrScalarsGiveTheSameBits) {
+  const cuda::ScopedFastHalfLoss path(true);
   CheckPathsAgree<bfloat16>(BF16, 6, 50304, 50257);
   CheckPathsAgree<float16>(F16, 6, 1000, 997);
 }
@@ -382,15 +423,23 @@ void CheckInPlace(DataType dtype, int64_t R, int64_t V, int64_t C) {
 TEST(LossesEmulation, InPlaceGradientGivesTheOutOfPlaceBits) {
   CheckInPlace<float>(F32, 70, 300, 300);
   CheckInPlace<double>(F64, 3, 5, 8);
-  CheckInPlace<bfloat16>(BF16, 70, 257, 320);
-  CheckInPlace<float16>(F16, 9, 37, 37);
+  for (const bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast kernels" : "widened path");
+    const cuda::ScopedFastHalfLoss path(fast);
+    CheckInPlace<bfloat16>(BF16, 70, 257, 320);
+    CheckInPlace<float16>(F16, 9, 37, 37);
+  }
 }
 
 TEST(LossesEmulation, PaddedRowsGiveTheDenseRowsBits) {
   CheckPadded<float>(F32, 70, 300, 320);
   CheckPadded<double>(F64, 3, 5, 8);
-  CheckPadded<bfloat16>(BF16, 70, 257, 320);
-  CheckPadded<float16>(F16, 9, 37, 64);
+  for (const bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast kernels" : "widened path");
+    const cuda::ScopedFastHalfLoss path(fast);
+    CheckPadded<bfloat16>(BF16, 70, 257, 320);
+    CheckPadded<float16>(F16, 9, 37, 64);
+  }
 }
 
 }  // namespace
