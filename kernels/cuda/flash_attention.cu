@@ -558,6 +558,238 @@ __global__ void __launch_bounds__(kThreads)
   StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale, rs);
 }
 
+// The mma.sync backward's shared memory (FlashGradKVMma): a query tile's q
+// and dy rows [kTile][kLd] and the same transposed [kD][kLdT], then lse and
+// di of its rows; k's and v's rows pass through the first two tiles once.
+constexpr size_t GradKVShared(int kD) {
+  return sizeof(uint16_t) * (2 * kTile * (kD + 8) + 2 * kD * kLdT) + sizeof(float) * 2 * kTile;
+}
+// FlashGradQMma's: a key tile's k and v rows [kTile][kLd] and k transposed
+// [kD][kLdT]; q's and dy's rows pass through the first two once.
+constexpr size_t GradQShared(int kD) { return sizeof(uint16_t) * (2 * kTile * (kD + 8) + kD * kLdT); }
+
+// The A fragments of a warp's 16 rows of a [.][kLd] tile (`rows`: its first
+// row), kD / 16 steps of 16 columns, as FlashForward reads q.
+template <typename G, int kD>
+__device__ inline void LoadA(uint32_t (&a)[kD / 16][4], const G* rows, int g, int t) {
+  constexpr int ld = kLd<kD>;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    a[kk][0] = mma::Word(rows + g * ld + kk * 16 + 2 * t);
+    a[kk][1] = mma::Word(rows + (g + 8) * ld + kk * 16 + 2 * t);
+    a[kk][2] = mma::Word(rows + g * ld + kk * 16 + 2 * t + 8);
+    a[kk][3] = mma::Word(rows + (g + 8) * ld + kk * 16 + 2 * t + 8);
+  }
+}
+
+// c[n] = a b^T for 8-row blocks n0, n0 + 1 of b: a the warp's A fragments
+// (16 rows x kD), b a [kTile][kLd] tile whose rows are the product's columns
+// (B of block n: words of b's rows n * 8 + g).
+template <typename G, int kD>
+__device__ inline void RowProducts(float (&c)[2][4], const uint32_t (&a)[kD / 16][4], const G* b, int n0, int g,
+                                   int t) {
+  constexpr int ld = kLd<kD>;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    const G* br = b + ((n0 + n) * 8 + g) * ld + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t bw[2] = {mma::Word(br + kk * 16), mma::Word(br + kk * 16 + 8)};
+      mma::Mma16816<G>(c[n], a[kk], bw);
+    }
+  }
+}
+
+// acc[n] += a x the 16 rows (the product's k) 16 s.. of a tile stored
+// transposed in bt [kD][kLdT]: B of output block n is words of bt's rows
+// n * 8 + g, columns 16 s + 2 t (+ 8).
+template <typename G, int kD>
+__device__ inline void AccumulateTransposed(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* bt, int s,
+                                            int g, int t) {
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    const G* br = bt + (n * 8 + g) * kLdT + s * 16 + 2 * t;
+    const uint32_t bw[2] = {mma::Word(br), mma::Word(br + 8)};
+    mma::Mma16816<G>(acc[n], a, bw);
+  }
+}
+
+// A warp's C fragments acc [kD / 8][4] (rows row0 + g and + 8, columns
+// n * 8 + 2 t, + 1) times factor, rounded once, into rows [row0, row0 + 16)
+// of dst whose rows lie rs apart; rows past T dropped.
+template <typename G, int kD>
+__device__ inline void StoreFragments(G* dst, const float (&acc)[kD / 8][4], int64_t row0, int64_t T, float factor,
+                                      int64_t rs, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + g + 8 * r;
+    if (row >= T) continue;
+    G* out = dst + row * rs + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      out[n * 8] = FromFloat<G>(acc[n][2 * r] * factor);
+      out[n * 8 + 1] = FromFloat<G>(acc[n][2 * r + 1] * factor);
+    }
+  }
+}
+
+// FlashGradKV on mma.sync (mma_m16n8k16.h), selected by MmaFlashAttention():
+// grid (key blocks, heads), kThreads; a warp owns 16 keys, whose k and v rows
+// stay A fragments in registers. Per 64-query tile (q and dy rows, and both
+// transposed, in shared), per 16-query step: S^T = k q^T and dP^T = v dy^T
+// in C fragments (B: words of q's, dy's rows), P^T = exp(scale S^T - lse)
+// and dS^T = P^T (dP^T - di) per query column, rounded to G where they lie as
+// the A fragments of dv += P^T dy and dk += dS^T q (B: words of dy^T's, q^T's
+// rows), as FlashForward turns S into P's A fragments. Steps wholly above the
+// diagonal (causal) are skipped: their P^T is 0.
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashGradKVMma(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                   int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
+  constexpr int ld = kLd<kD>;
+  constexpr int kSteps = kD / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* qs = reinterpret_cast<G*>(smem);
+  G* dys = qs + kTile * ld;
+  G* qt = dys + kTile * ld;
+  G* dyt = qt + kD * kLdT;
+  float* lses = reinterpret_cast<float*>(dyt + kD * kLdT);
+  float* dis = lses + kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t kw0 = k0 + warp * kWarpRows;                // the warp's first key
+  const int64_t keys[2] = {kw0 + g, kw0 + g + 8};          // the lane's key rows
+
+  LoadRows<G, kD>(qs, k + off, k0, T, vec, rs);
+  LoadRows<G, kD>(dys, v + off, k0, T, vec, rs);
+  __syncthreads();
+  uint32_t ka[kSteps][4], va[kSteps][4];
+  LoadA<G, kD>(ka, qs + warp * kWarpRows * ld, g, t);
+  LoadA<G, kD>(va, dys + warp * kWarpRows * ld, g, t);
+  float dk_acc[kD / 8][4], dv_acc[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  }
+  for (int64_t i0 = flash::QueryBegin(k0, causal); i0 < T; i0 += kTile) {
+    __syncthreads();  // every warp is done with the previous query tile (and k, v)
+    LoadRows<G, kD>(qs, q + off, i0, T, vec, rs);
+    LoadRows<G, kD>(dys, dy + off, i0, T, vec, rs);
+    LoadTransposed<G, kD>(qt, q + off, i0, T, vec, rs);
+    LoadTransposed<G, kD>(dyt, dy + off, i0, T, vec, rs);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      lses[r] = i0 + r < T ? lse[head * T + i0 + r] : 0.0f;
+      dis[r] = i0 + r < T ? di[head * T + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int s = 0; s < kTile / 16; ++s) {
+      if (causal && i0 + s * 16 + 15 < kw0) continue;  // every query before every key of the warp
+      float st[2][4], dpt[2][4];
+      RowProducts<G, kD>(st, ka, qs, 2 * s, g, t);
+      RowProducts<G, kD>(dpt, va, dys, 2 * s, g, t);
+      // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
+      uint32_t pa[4], dsa[4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float p[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
+          p[e] = flash::Visible(i0 + c, keys[e / 2], T, causal) ? flash::BackwardProb(scale * st[n][e], lses[c])
+                                                                 : 0.0f;
+          ds[e] = flash::ScoreGrad(p[e], dpt[n][e], dis[c]);
+        }
+        pa[n * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
+        pa[n * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
+        dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
+        dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
+      }
+      AccumulateTransposed<G, kD>(dv_acc, pa, dyt, s, g, t);
+      AccumulateTransposed<G, kD>(dk_acc, dsa, qt, s, g, t);
+    }
+  }
+  StoreFragments<G, kD>(dk + off, dk_acc, kw0, T, scale, rs, g, t);
+  StoreFragments<G, kD>(dv + off, dv_acc, kw0, T, 1.0f, rs, g, t);
+}
+
+// FlashGradQ on mma.sync, selected by MmaFlashAttention(): grid (query
+// blocks, heads), kThreads; a warp owns 16 queries, whose q and dy rows stay
+// A fragments in registers, lse and di of its rows g, g + 8 in registers. Per
+// 64-key tile (k and v rows, k transposed, in shared), per 16-key step: S =
+// q k^T and dP = dy v^T in C fragments, dS = exp(scale S - lse) (dP - di)
+// rounded to G as the A fragment of dq += dS k (B: words of k^T's rows).
+// Steps wholly above the diagonal (causal) are skipped.
+template <typename G, int kD>
+__global__ void __launch_bounds__(kThreads)
+    FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                  int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
+  constexpr int ld = kLd<kD>;
+  constexpr int kSteps = kD / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* ks = reinterpret_cast<G*>(smem);
+  G* vs = ks + kTile * ld;
+  G* kt = vs + kTile * ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t qw0 = q0 + warp * kWarpRows;  // the warp's first query
+  const int64_t rows[2] = {qw0 + g, qw0 + g + 8};  // the lane's query rows
+  float row_lse[2], row_di[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_lse[r] = rows[r] < T ? lse[head * T + rows[r]] : 0.0f;
+    row_di[r] = rows[r] < T ? di[head * T + rows[r]] : 0.0f;
+  }
+
+  LoadRows<G, kD>(ks, q + off, q0, T, vec, rs);
+  LoadRows<G, kD>(vs, dy + off, q0, T, vec, rs);
+  __syncthreads();
+  uint32_t qa[kSteps][4], dya[kSteps][4];
+  LoadA<G, kD>(qa, ks + warp * kWarpRows * ld, g, t);
+  LoadA<G, kD>(dya, vs + warp * kWarpRows * ld, g, t);
+  float dq_acc[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
+  const int64_t end = flash::KeyEnd(q0, T, causal);
+  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
+    __syncthreads();  // every warp is done with the previous key tile (and q, dy)
+    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
+    LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
+    LoadTransposed<G, kD>(kt, k + off, k0, T, vec, rs);
+    __syncthreads();
+#pragma unroll 1
+    for (int s = 0; s < kTile / 16; ++s) {
+      if (causal && k0 + s * 16 > qw0 + 15) continue;  // every key after every query of the warp
+      float sc[2][4], dp[2][4];
+      RowProducts<G, kD>(sc, qa, ks, 2 * s, g, t);
+      RowProducts<G, kD>(dp, dya, vs, 2 * s, g, t);
+      uint32_t dsa[4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = k0 + s * 16 + n * 8 + 2 * t + e % 2;
+          const float p = flash::Visible(rows[e / 2], key, T, causal)
+                              ? flash::BackwardProb(scale * sc[n][e], row_lse[e / 2])
+                              : 0.0f;
+          ds[e] = flash::ScoreGrad(p, dp[n][e], row_di[e / 2]);
+        }
+        dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
+        dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
+      }
+      AccumulateTransposed<G, kD>(dq_acc, dsa, kt, s, g, t);
+    }
+  }
+  StoreFragments<G, kD>(dq + off, dq_acc, qw0, T, scale, rs, g, t);
+}
+
 // Opts `kernel` into `shared` bytes of dynamic shared memory on the current
 // device, once per device (`done`: a bit per device), so launches inside a
 // CUDA-graph capture make no attribute call after the first eager run.
@@ -626,9 +858,22 @@ template <typename G, int kD>
 cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy,
                   const float* di, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream,
                   HeadLayout layout) {
+  const bool vec = Aligned16(q, k, v, dy);
+  if (MmaFlashAttention().load()) {
+    static_assert(GradKVShared(64) <= 48 * 1024 && GradQShared(64) <= 48 * 1024, "no opt-in at D = 64");
+    static std::atomic<uint64_t> mma_kv_done{0}, mma_q_done{0};
+    constexpr size_t kv_shared = GradKVShared(kD), q_shared = GradQShared(kD);
+    if (cudaError_t e = AllowShared(FlashGradKVMma<G, kD>, kv_shared, mma_kv_done); e != cudaSuccess) return e;
+    FlashGradKVMma<G, kD><<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale,
+                                                                           causal, vec, layout);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (cudaError_t e = AllowShared(FlashGradQMma<G, kD>, q_shared, mma_q_done); e != cudaSuccess) return e;
+    FlashGradQMma<G, kD>
+        <<<Grid(T, heads), kThreads, q_shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
+    return cudaGetLastError();
+  }
   static std::atomic<uint64_t> kv_done{0}, q_done{0};
   constexpr size_t shared = GradShared(kD);
-  const bool vec = Aligned16(q, k, v, dy);
   if (cudaError_t e = AllowShared(FlashGradKV<G, kD>, shared, kv_done); e != cudaSuccess) return e;
   FlashGradKV<G, kD>
       <<<Grid(T, heads), kThreads, shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);

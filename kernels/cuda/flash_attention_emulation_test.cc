@@ -216,14 +216,27 @@ void Check(const Case& c, bool vec, double bar) {
     for (int64_t d = 0; d < kD; ++d) dot += wdy[row * kD + d] * StandInToFloat(y_in[row * kD + d]);
     di[row] = static_cast<float>(dot - dlse[row]);
   }
-  std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
-  Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(), v.data(),
-         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
-  Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(),
-         lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
-  EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
-  EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
-  EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
+  // Both gradients: mma.sync in registers, and WMMA through shared memory.
+  for (const bool mma : {true, false}) {
+    SCOPED_TRACE(mma ? "mma.sync gradient" : "WMMA gradient");
+    std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
+    if (mma) {
+      Launch(blocks, c.heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk.data(), dv.data(), q.data(), k.data(),
+             v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec,
+             HeadLayout{});
+      Launch(blocks, c.heads, GradQShared(kD), FlashGradQMma<G, kD>, dq.data(), q.data(), k.data(), v.data(),
+             lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    } else {
+      Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(),
+             v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec,
+             HeadLayout{});
+      Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(),
+             lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    }
+    EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
+    EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
+    EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
+  }
 }
 
 // T: one row, not a multiple of the 64-row blocks, exactly one and two
@@ -374,10 +387,17 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma)
              k.data(), v.data(), T, scale, causal, vec, layout);
     }
     const std::vector<float>& lse = lse_in != nullptr ? *lse_in : r.lse;
-    Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
-           v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
-    Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, r.dq.data(), q.data(), k.data(), v.data(), lse.data(),
-           dy.data(), di.data(), T, scale, causal, vec, layout);
+    if (mma) {
+      Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
+             v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+      Launch(blocks, heads, GradQShared(kD), FlashGradQMma<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
+             lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+    } else {
+      Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
+             v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+      Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
+             lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+    }
     return r;
   };
   const Run want = run(q, k, v, dy, nullptr, bhtd);
@@ -413,7 +433,7 @@ void CheckAllBthd() {
       for (bool mma : {true, false}) {
         SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
                                           << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads")
-                                          << (mma ? ", mma.sync forward" : ", WMMA forward"));
+                                          << (mma ? ", mma.sync kernels" : ", WMMA kernels"));
         CheckBthd<G, kD>(c.B, c.H, c.T, c.causal, vec, mma);
         if (::testing::Test::HasFatalFailure()) return;
       }
