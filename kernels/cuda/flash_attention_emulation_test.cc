@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -41,10 +43,13 @@ namespace {
 
 // Runs kernel(args...) on grid (bx, by) of kThreads threads with `shared`
 // bytes of dynamic shared memory (filled with NaN bytes first: reading what
-// no thread wrote shows); checks that nothing past `shared` was written.
+// no thread wrote shows); checks that nothing past `shared` was written. The
+// threads of a block are fibers on the calling thread (the stand-in's
+// RunFibers), or with CUDA_STAND_IN_OS_THREADS set a std::thread each.
 template <typename Kernel, typename... Args>
 void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args... args) {
   ASSERT_LE(shared, kSharedLimit);
+  static const bool os_threads = std::getenv("CUDA_STAND_IN_OS_THREADS") != nullptr;
   for (int64_t by = 0; by < grid_y; ++by) {
     for (int64_t bx = 0; bx < grid_x; ++bx) {
       std::memset(smem, 0xff, sizeof(smem));
@@ -53,15 +58,27 @@ void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args..
                                               cuda_stand_in::Barrier(32), cuda_stand_in::Barrier(32)};
       std::vector<float> shuffle(kThreads);
       cuda_stand_in::current = {&block, warps, shuffle.data(), smem, shared};
-      std::vector<std::thread> threads;
-      for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
-        threads.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
-          blockIdx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), 0};
-          kernel(args...);
-        });
+      const auto enter = [&](unsigned t) {
+        threadIdx = {t, 0, 0};
+        blockIdx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), 0};
+      };
+      if (os_threads) {
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < static_cast<unsigned>(kThreads); ++t) {
+          threads.emplace_back([&, t] {
+            enter(t);
+            kernel(args...);
+          });
+        }
+        for (std::thread& t : threads) t.join();
+      } else {
+        const bool finished = cuda_stand_in::RunFibers(kThreads, enter, [&](unsigned) { kernel(args...); });
+        if (!finished) {
+          std::fprintf(stderr, "block (%lld, %lld) deadlocked at a barrier\n", static_cast<long long>(bx),
+                       static_cast<long long>(by));
+          std::abort();  // the deadlocked fibers' frames cannot be unwound
+        }
       }
-      for (std::thread& t : threads) t.join();
       cuda_stand_in::current = {};
       for (size_t b = shared; b < sizeof(smem); ++b) {
         ASSERT_EQ(smem[b], 0xff) << "block (" << bx << ", " << by << ") wrote shared byte " << b << " of "
