@@ -1,8 +1,20 @@
 // Tensor-core flash attention for 16-bit q, k, v: see flash_attention.h.
-// WMMA fragments are opaque, so each warp's scores go through its own float
-// scratch in shared memory, where a lane pair owns a row (lane / 2, half the
-// columns each) for the row-wise softmax; the forward's output rows are float
-// registers in the same layout, so the per-row rescale needs no fragment map.
+// Every kernel exists twice:
+// - on WMMA (FlashForwardWmma, FlashGradKV, FlashGradQ: the default). WMMA
+//   fragments are opaque, so each warp's scores go through its own float
+//   scratch in shared memory, where a lane pair owns a row (lane / 2, half
+//   the columns each) for the row-wise softmax; the forward's output rows are
+//   float registers in the same layout, so the per-row rescale needs no
+//   fragment map. ncu on an H200: shared-memory bound.
+// - on PTX mma.sync m16n8k16 (FlashForward, FlashGradKVMma, FlashGradQMma;
+//   mma_m16n8k16.h), whose documented fragments keep the scores,
+//   probabilities, score gradients and accumulators in registers; shared
+//   memory holds only the operand tiles (rows, and rows transposed where a
+//   product's B runs along them). Written 2026-11-27 without a GPU and
+//   checked only in flash_attention_emulation_test (the stand-in emulates
+//   mma.sync in the PTX ISA's layouts), so they run only with
+//   STRATA_MMA_ATTENTION=1 (MmaFlashAttention(), both the forward and the
+//   gradient) until they have run on a GPU.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -440,6 +452,7 @@ __device__ inline void StoreAccumulators(G* dst, FragAcc* acc, float* fw, int64_
   __syncwarp();
 }
 
+// The WMMA dk and dv (the default; FlashGradKVMma below on mma.sync):
 // grid (key blocks, heads), kThreads; a warp owns 16 keys. Per query tile:
 // S^T = k q^T and dP^T = v dy^T, P^T = exp(scale S^T - lse) and
 // dS^T = P^T (dP^T - di) rounded to G, dv += P^T dy, dk += dS^T q.
@@ -505,7 +518,8 @@ __global__ void __launch_bounds__(kThreads)
   StoreAccumulators<G, kD>(dv + off, dv_acc, fw, row0, T, 1.0f, rs);
 }
 
-// grid (query blocks, heads), kThreads; a warp owns 16 queries. Per key tile:
+// The WMMA dq (the default; FlashGradQMma below on mma.sync): grid (query
+// blocks, heads), kThreads; a warp owns 16 queries. Per key tile:
 // S = q k^T and dP = dy v^T, dS = exp(scale S - lse) (dP - di) rounded to G,
 // dq += dS k.
 template <typename G, int kD>
@@ -558,11 +572,19 @@ __global__ void __launch_bounds__(kThreads)
   StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale, rs);
 }
 
+// From which D FlashGradKVMma reads v's A fragments from shared memory at every
+// step rather than holding them in registers: at D = 128 k's and v's
+// fragments and the dk and dv accumulators alone take 192 registers, and
+// ptxas spilled.
+constexpr int kGradKVVInSharedFrom = 128;
+
 // The mma.sync backward's shared memory (FlashGradKVMma): a query tile's q
-// and dy rows [kTile][kLd] and the same transposed [kD][kLdT], then lse and
-// di of its rows; k's and v's rows pass through the first two tiles once.
+// and dy rows [kTile][kLd] and the same transposed [kD][kLdT], lse and di of
+// its rows, then at D = 128 v's rows [kBlock][kLd]; k's (and below D = 128
+// v's) rows pass through the first two tiles once.
 constexpr size_t GradKVShared(int kD) {
-  return sizeof(uint16_t) * (2 * kTile * (kD + 8) + 2 * kD * kLdT) + sizeof(float) * 2 * kTile;
+  return sizeof(uint16_t) * (2 * kTile * (kD + 8) + 2 * kD * kLdT) + sizeof(float) * 2 * kTile +
+         (kD >= kGradKVVInSharedFrom ? sizeof(uint16_t) * kBlock * (kD + 8) : 0);
 }
 // FlashGradQMma's: a key tile's k and v rows [kTile][kLd] and k transposed
 // [kD][kLdT]; q's and dy's rows pass through the first two once.
@@ -656,19 +678,20 @@ __global__ void __launch_bounds__(kThreads)
   G* dyt = qt + kD * kLdT;
   float* lses = reinterpret_cast<float*>(dyt + kD * kLdT);
   float* dis = lses + kTile;
+  constexpr bool kVShared = kD >= kGradKVVInSharedFrom;
+  G* vs = kVShared ? reinterpret_cast<G*>(dis + kTile) : dys;  // v's rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
-  const int64_t kw0 = k0 + warp * kWarpRows;                // the warp's first key
-  const int64_t keys[2] = {kw0 + g, kw0 + g + 8};          // the lane's key rows
+  const int64_t kw0 = k0 + warp * kWarpRows;  // the warp's first key; the lane's are kw0 + g and + 8
 
   LoadRows<G, kD>(qs, k + off, k0, T, vec, rs);
-  LoadRows<G, kD>(dys, v + off, k0, T, vec, rs);
+  LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
   __syncthreads();
-  uint32_t ka[kSteps][4], va[kSteps][4];
+  uint32_t ka[kSteps][4], va[kVShared ? 1 : kSteps][4];
   LoadA<G, kD>(ka, qs + warp * kWarpRows * ld, g, t);
-  LoadA<G, kD>(va, dys + warp * kWarpRows * ld, g, t);
+  if constexpr (!kVShared) LoadA<G, kD>(va, vs + warp * kWarpRows * ld, g, t);
   float dk_acc[kD / 8][4], dv_acc[kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
@@ -691,7 +714,13 @@ __global__ void __launch_bounds__(kThreads)
       if (causal && i0 + s * 16 + 15 < kw0) continue;  // every query before every key of the warp
       float st[2][4], dpt[2][4];
       RowProducts<G, kD>(st, ka, qs, 2 * s, g, t);
-      RowProducts<G, kD>(dpt, va, dys, 2 * s, g, t);
+      if constexpr (kVShared) {
+        uint32_t vsa[kSteps][4];  // read at every step, as each mma needs it
+        LoadA<G, kD>(vsa, vs + warp * kWarpRows * ld, g, t);
+        RowProducts<G, kD>(dpt, vsa, dys, 2 * s, g, t);
+      } else {
+        RowProducts<G, kD>(dpt, va, dys, 2 * s, g, t);
+      }
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
       uint32_t pa[4], dsa[4];
 #pragma unroll
@@ -700,7 +729,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-          p[e] = flash::Visible(i0 + c, keys[e / 2], T, causal) ? flash::BackwardProb(scale * st[n][e], lses[c])
+          p[e] = flash::Visible(i0 + c, kw0 + g + 8 * (e / 2), T, causal) ? flash::BackwardProb(scale * st[n][e], lses[c])
                                                                  : 0.0f;
           ds[e] = flash::ScoreGrad(p[e], dpt[n][e], dis[c]);
         }
