@@ -1,15 +1,19 @@
 // flash_attention.cu's kernels on the CPU: the part of the file above its
 // launchers (the genrule flash_attention_kernels_emulated cuts it out),
 // compiled with g++ against testing/cuda_stand_in/ and run a block at a time
-// with a std::thread per CUDA thread, against a direct attention in double
-// on the same 16-bit values. It checks what a GPU run would show first and
-// the GPU tests cannot tell apart: the shared-memory layout, the WMMA
-// operand layouts, strides and alignment, the masks, the online softmax and
-// the backward's products; not the hardware's rounding or timing. Built
-// with --copt=-fsanitize=thread --linkopt=-fsanitize=thread it also finds a
+// with a fiber per CUDA thread, against a direct attention in double on the
+// same 16-bit values. Both versions of each kernel: WMMA (the default) and
+// mma.sync (STRATA_MMA_ATTENTION=1: FlashForward, FlashGradKVMma,
+// FlashGradQMma, written without a GPU; this test is all that has checked
+// them). It checks what a GPU run would show first and the GPU tests cannot
+// tell apart: the shared-memory layout, the WMMA and mma.sync operand
+// layouts, strides and alignment, the masks, the online softmax and the
+// backward's products; not the hardware's rounding or timing. With
+// CUDA_STAND_IN_OS_THREADS=1 (a std::thread per CUDA thread) and built with
+// --copt=-fsanitize=thread --linkopt=-fsanitize=thread it also finds a
 // missing __syncthreads or __syncwarp (ThreadSanitizer reports the race on
 // shared memory; Bf16Head32, Bf16Head128 and Fp16Head64 ran clean so on
-// 2026-11-27, a few minutes each on two cores).
+// 2026-11-27 before the mma.sync gradient, a few minutes each on two cores).
 
 #include <algorithm>
 #include <cmath>
