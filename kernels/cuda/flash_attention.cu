@@ -627,8 +627,8 @@ __device__ inline void RowProducts(float (&c)[2][4], const uint32_t (&a)[kD / 16
 // transposed in bt [kD][kLdT]: B of output block n is words of bt's rows
 // n * 8 + g, columns 16 s + 2 t (+ 8).
 template <typename G, int kD>
-__device__ inline void AccumulateTransposed(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* bt, int s,
-                                            int g, int t) {
+__device__ inline void AccumulateTransposed(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* bt, int s, int g,
+                                            int t) {
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
     const G* br = bt + (n * 8 + g) * kLdT + s * 16 + 2 * t;
@@ -729,8 +729,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-          p[e] = flash::Visible(i0 + c, kw0 + g + 8 * (e / 2), T, causal) ? flash::BackwardProb(scale * st[n][e], lses[c])
-                                                                 : 0.0f;
+          p[e] = flash::Visible(i0 + c, kw0 + g + 8 * (e / 2), T, causal)
+                     ? flash::BackwardProb(scale * st[n][e], lses[c])
+                     : 0.0f;
           ds[e] = flash::ScoreGrad(p[e], dpt[n][e], dis[c]);
         }
         pa[n * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
@@ -755,8 +756,8 @@ __global__ void __launch_bounds__(kThreads)
 // Steps wholly above the diagonal (causal) are skipped.
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
-    FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
-                  int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
+    FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
+                  float scale, bool causal, bool vec, HeadLayout layout) {
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -767,7 +768,7 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
-  const int64_t qw0 = q0 + warp * kWarpRows;  // the warp's first query
+  const int64_t qw0 = q0 + warp * kWarpRows;       // the warp's first query
   const int64_t rows[2] = {qw0 + g, qw0 + g + 8};  // the lane's query rows
   float row_lse[2], row_di[2];
 #pragma unroll
@@ -893,8 +894,8 @@ cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const
     static std::atomic<uint64_t> mma_kv_done{0}, mma_q_done{0};
     constexpr size_t kv_shared = GradKVShared(kD), q_shared = GradQShared(kD);
     if (cudaError_t e = AllowShared(FlashGradKVMma<G, kD>, kv_shared, mma_kv_done); e != cudaSuccess) return e;
-    FlashGradKVMma<G, kD><<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale,
-                                                                           causal, vec, layout);
+    FlashGradKVMma<G, kD>
+        <<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (cudaError_t e = AllowShared(FlashGradQMma<G, kD>, q_shared, mma_q_done); e != cudaSuccess) return e;
     FlashGradQMma<G, kD>

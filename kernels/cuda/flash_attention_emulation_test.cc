@@ -248,11 +248,10 @@ void Check(const Case& c, bool vec, double bar) {
       Launch(blocks, c.heads, GradQShared(kD), FlashGradQMma<G, kD>, dq.data(), q.data(), k.data(), v.data(),
              lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     } else {
-      Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(),
-             v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec,
-             HeadLayout{});
-      Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(),
+      Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(), v.data(),
              lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+      Launch(blocks, c.heads, GradShared(kD), FlashGradQ<G, kD>, dq.data(), q.data(), k.data(), v.data(), lse_in.data(),
+             dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     }
     EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
     EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
@@ -414,10 +413,10 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma)
       Launch(blocks, heads, GradQShared(kD), FlashGradQMma<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
              lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
     } else {
-      Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
-             v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
-      Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
+      Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(), v.data(),
              lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+      Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, r.dq.data(), q.data(), k.data(), v.data(), lse.data(),
+             dy.data(), di.data(), T, scale, causal, vec, layout);
     }
     return r;
   };
@@ -452,9 +451,9 @@ void CheckAllBthd() {
   for (const Shape& c : {Shape{2, 3, 17, false}, Shape{1, 2, 70, true}, Shape{2, 2, 64, false}}) {
     for (bool vec : {true, false}) {
       for (bool mma : {true, false}) {
-        SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
-                                          << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads")
-                                          << (mma ? ", mma.sync kernels" : ", WMMA kernels"));
+        SCOPED_TRACE(::testing::Message()
+                     << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T << (c.causal ? " causal" : "")
+                     << (vec ? " 16-byte loads" : " element loads") << (mma ? ", mma.sync kernels" : ", WMMA kernels"));
         CheckBthd<G, kD>(c.B, c.H, c.T, c.causal, vec, mma);
         if (::testing::Test::HasFatalFailure()) return;
       }
