@@ -572,22 +572,24 @@ __global__ void __launch_bounds__(kThreads)
   StoreAccumulators<G, kD>(dq + off, dq_acc, fw, q0 + warp * kWarpRows, T, scale, rs);
 }
 
-// From which D FlashGradKVMma reads v's A fragments from shared memory at every
-// step rather than holding them in registers: at D = 128 k's and v's
+// From this D on, FlashGradKVMma reads v's A fragments from shared memory at
+// every step rather than holding them in registers: at D = 128 k's and v's
 // fragments and the dk and dv accumulators alone take 192 registers, and
-// ptxas spilled.
+// ptxas spilled (92 bytes at 255 registers; none so).
 constexpr int kGradKVVInSharedFrom = 128;
 
 // The mma.sync backward's shared memory (FlashGradKVMma): a query tile's q
 // and dy rows [kTile][kLd] and the same transposed [kD][kLdT], lse and di of
 // its rows, then at D = 128 v's rows [kBlock][kLd]; k's (and below D = 128
-// v's) rows pass through the first two tiles once.
+// v's) rows pass through the first two tiles once. 19.5, 36.5 and 87.5 KiB
+// at D = 32, 64, 128 (the last with the opt-in).
 constexpr size_t GradKVShared(int kD) {
   return sizeof(uint16_t) * (2 * kTile * (kD + 8) + 2 * kD * kLdT) + sizeof(float) * 2 * kTile +
          (kD >= kGradKVVInSharedFrom ? sizeof(uint16_t) * kBlock * (kD + 8) : 0);
 }
 // FlashGradQMma's: a key tile's k and v rows [kTile][kLd] and k transposed
-// [kD][kLdT]; q's and dy's rows pass through the first two once.
+// [kD][kLdT]; q's and dy's rows pass through the first two once. 14.5, 27
+// and 52 KiB (the last with the opt-in).
 constexpr size_t GradQShared(int kD) { return sizeof(uint16_t) * (2 * kTile * (kD + 8) + kD * kLdT); }
 
 // The A fragments of a warp's 16 rows of a [.][kLd] tile (`rows`: its first
@@ -658,13 +660,15 @@ __device__ inline void StoreFragments(G* dst, const float (&acc)[kD / 8][4], int
 
 // FlashGradKV on mma.sync (mma_m16n8k16.h), selected by MmaFlashAttention():
 // grid (key blocks, heads), kThreads; a warp owns 16 keys, whose k and v rows
-// stay A fragments in registers. Per 64-query tile (q and dy rows, and both
-// transposed, in shared), per 16-query step: S^T = k q^T and dP^T = v dy^T
-// in C fragments (B: words of q's, dy's rows), P^T = exp(scale S^T - lse)
-// and dS^T = P^T (dP^T - di) per query column, rounded to G where they lie as
-// the A fragments of dv += P^T dy and dk += dS^T q (B: words of dy^T's, q^T's
-// rows), as FlashForward turns S into P's A fragments. Steps wholly above the
-// diagonal (causal) are skipped: their P^T is 0.
+// stay A fragments in registers (v's at D = 128 are read from shared memory
+// at each step: kGradKVVInSharedFrom). Per 64-query tile (q and dy rows, and
+// both transposed, in shared), per 16-query step: S^T = k q^T and
+// dP^T = v dy^T in C fragments (B: words of q's, dy's rows),
+// P^T = exp(scale S^T - lse) (0 where not Visible) and
+// dS^T = P^T (dP^T - di) per query column, rounded to G where they lie as
+// the A fragments of dv += P^T dy and dk += dS^T q (B: words of dy^T's,
+// q^T's rows), as FlashForward turns S into P's A fragments. Steps wholly
+// above the diagonal (causal) are skipped: their P^T is 0.
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradKVMma(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
