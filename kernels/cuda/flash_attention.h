@@ -47,12 +47,13 @@ namespace cuda {
 // (kernels/attention_budget.h, STRATA_TENSOR_CORE_ATTENTION).
 inline std::atomic<bool>& FlashTensorCoreAttention() { return TensorCoreAttention(); }
 
-// Whether the forward runs on mma.sync with the scores, probabilities and
-// output in registers (FlashForward, mma_m16n8k16.h) rather than through
-// WMMA and shared memory (FlashForwardWmma): off until it has run on a GPU
-// (written 2026-11-27 without one, checked in flash_attention_emulation_test
-// against the PTX ISA's fragment layouts); STRATA_MMA_ATTENTION=1 turns it
-// on for a process.
+// Whether attention runs on mma.sync with the scores, probabilities and
+// outputs in registers (FlashForward, FlashGradKVMma, FlashGradQMma;
+// mma_m16n8k16.h) rather than through WMMA and shared memory
+// (FlashForwardWmma, FlashGradKV, FlashGradQ): off until they have run on a
+// GPU (written 2026-11-27 without one, checked in
+// flash_attention_emulation_test under the PTX ISA's fragment layouts);
+// STRATA_MMA_ATTENTION=1 turns it on for a process.
 inline std::atomic<bool>& MmaFlashAttention() {
   static std::atomic<bool> on{[] {
     const char* env = std::getenv("STRATA_MMA_ATTENTION");
