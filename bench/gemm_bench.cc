@@ -651,8 +651,7 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
       if (!t.ok()) return t.status();
       ms.push_back(*t);
     }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    return Median(std::move(ms));
   };
   std::printf("\n== bf16 epilogues as the plan runs them: ms a call (median of %d), fused / plain ==\n", repeats);
   std::printf("%-16s %-20s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");

@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+
+#include "kernels/env_switch.h"
 
 namespace strata {
 
@@ -23,10 +23,7 @@ namespace strata {
 // while the GEMM path copies such operands through [B, H, T, D] scratch, so
 // GPU plans take that pass only where this is on.
 inline std::atomic<bool>& TensorCoreAttention() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("STRATA_TENSOR_CORE_ATTENTION");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }()};
+  static std::atomic<bool> on{EnvSwitch("STRATA_TENSOR_CORE_ATTENTION", /*default_on=*/true)};
   return on;
 }
 
@@ -36,15 +33,9 @@ inline std::atomic<bool>& TensorCoreAttention() {
 inline bool FlashEligible(bool half, int64_t D) { return half && (D == 32 || D == 64 || D == 128); }
 
 // Sets TensorCoreAttention() for its lifetime (tests), then restores it.
-class ScopedTensorCoreAttention {
+class ScopedTensorCoreAttention : public ScopedSwitch {
  public:
-  explicit ScopedTensorCoreAttention(bool on) : before_(TensorCoreAttention().exchange(on)) {}
-  ~ScopedTensorCoreAttention() { TensorCoreAttention().store(before_); }
-  ScopedTensorCoreAttention(const ScopedTensorCoreAttention&) = delete;
-  ScopedTensorCoreAttention& operator=(const ScopedTensorCoreAttention&) = delete;
-
- private:
-  const bool before_;
+  explicit ScopedTensorCoreAttention(bool on) : ScopedSwitch(TensorCoreAttention(), on) {}
 };
 
 // Bytes of score buffers the GEMM path holds at once; a head needing more

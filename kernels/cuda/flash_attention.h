@@ -31,11 +31,10 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/env_switch.h"
 
 namespace strata {
 namespace cuda {
@@ -55,10 +54,7 @@ inline std::atomic<bool>& FlashTensorCoreAttention() { return TensorCoreAttentio
 // flash_attention_emulation_test under the PTX ISA's fragment layouts);
 // STRATA_MMA_ATTENTION=1 turns it on for a process.
 inline std::atomic<bool>& MmaFlashAttention() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("STRATA_MMA_ATTENTION");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }()};
+  static std::atomic<bool> on{EnvSwitch("STRATA_MMA_ATTENTION", /*default_on=*/false)};
   return on;
 }
 

@@ -16,9 +16,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "kernels/env_switch.h"
 #include "runtime/float16.h"
 
 namespace strata {
@@ -53,23 +52,14 @@ cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits,
 // STRATA_FAST_HALF_LOSS=1 turns them on for a process. Both paths meet the
 // bounds below (the widened one far inside them).
 inline std::atomic<bool>& FastHalfLoss() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("STRATA_FAST_HALF_LOSS");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }()};
+  static std::atomic<bool> on{EnvSwitch("STRATA_FAST_HALF_LOSS", /*default_on=*/false)};
   return on;
 }
 
 // Sets FastHalfLoss() for its lifetime (tests), then restores it.
-class ScopedFastHalfLoss {
+class ScopedFastHalfLoss : public ScopedSwitch {
  public:
-  explicit ScopedFastHalfLoss(bool on) : before_(FastHalfLoss().exchange(on)) {}
-  ~ScopedFastHalfLoss() { FastHalfLoss().store(before_); }
-  ScopedFastHalfLoss(const ScopedFastHalfLoss&) = delete;
-  ScopedFastHalfLoss& operator=(const ScopedFastHalfLoss&) = delete;
-
- private:
-  const bool before_;
+  explicit ScopedFastHalfLoss(bool on) : ScopedSwitch(FastHalfLoss(), on) {}
 };
 
 // BF16 / F16 logits (mixed precision; the loss and dloss F32, dlogits the
