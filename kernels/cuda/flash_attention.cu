@@ -9,8 +9,11 @@
 // - on PTX mma.sync m16n8k16 (FlashForward, FlashGradKVMma, FlashGradQMma;
 //   mma_m16n8k16.h), whose documented fragments keep the scores,
 //   probabilities, score gradients and accumulators in registers; shared
-//   memory holds only the operand tiles (rows, and rows transposed where a
-//   product's B runs along them). Written 2026-11-27 without a GPU and
+//   memory holds only the operand tiles (the gradients: rows, and rows
+//   transposed where a product's B runs along them; the forward: rows fed by
+//   cp.async two stages deep, read by ldmatrix, transposed on the way for
+//   P v, with 32 query rows a warp at D <= 64 so that each B fragment feeds
+//   two products). Written 2026-11-27 without a GPU and
 //   checked only in flash_attention_emulation_test (the stand-in emulates
 //   mma.sync in the PTX ISA's layouts), so they run only with
 //   STRATA_MMA_ATTENTION=1 (MmaFlashAttention(), both the forward and the
@@ -249,139 +252,230 @@ __device__ inline void LoadTransposed(G* dst, const G* src, int64_t row0, int64_
   }
 }
 
-// The forward's shared memory: q's rows, then each tile's k rows [kTile][kLd],
-// and v transposed [kD][kLdT].
-constexpr size_t ForwardShared(int kD) { return sizeof(uint16_t) * (kTile * (kD + 8) + kD * kLdT); }
+// Rows [row0, row0 + kRows) of a [T, kD] matrix whose rows lie `rs` apart
+// into shared `dst` (stride kLd<kD>), zeros past T; by the whole block. With
+// `vec` (src 16-byte aligned) as cp.async copies of 16 bytes that land at the
+// issuing thread's CpAsyncWait (the caller commits and waits); otherwise
+// element by element at once.
+template <typename G, int kD, int kRows>
+__device__ inline void IssueRows(G* dst, const G* src, int64_t row0, int64_t T, bool vec, int64_t rs) {
+  constexpr int ld = kLd<kD>;
+  if (vec) {
+    constexpr int kWords = kD / 8;
+    for (int idx = threadIdx.x; idx < kRows * kWords; idx += kThreads) {
+      const int r = idx / kWords, w = idx % kWords;
+      const bool real = row0 + r < T;
+      // A row past T is zero-filled and not read: it points at row0, a real row.
+      mma::CpAsync16(dst + r * ld + w * 8, src + (real ? row0 + r : row0) * rs + w * 8, real);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * kD; idx += kThreads) {
+      const int r = idx / kD, d = idx % kD;
+      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
+    }
+  }
+}
 
-// grid (query blocks, heads), kThreads; a warp owns 16 query rows. The
-// products go through mma.sync (mma_m16n8k16.h), whose fragments keep a
-// lane's scores, probabilities and output in registers: lane 4 g + t holds
-// rows g and g + 8 of the warp, columns 2t and 2t + 1 of each 8-column
-// block. The scores' tile becomes P v's A operand where it lies (its C
-// fragments of keys 16 kk.. are the A fragment of key step kk), and the
-// online softmax's row max and sum combine the four lanes of a row (t) by
-// shuffles. Shared memory holds only the operands: q once (its fragments
-// then stay in registers), each tile's k rows and v transposed (so every B
-// fragment is one 32-bit word of a row, rows kLd or kLdT elements apart:
-// the eight g of a warp fall on different banks). `layout`: where a head's
-// rows lie in q, k, v and y (attention.h).
+// The mma.sync forward (FlashForward) at head size kD: a warp owns kFwdTiles
+// 16-row tiles of queries, so that each B fragment read from shared memory
+// feeds kFwdTiles products (at D = 128 the output accumulators of two tiles
+// would not fit in registers beside the scores); a block owns kFwdRows.
+template <int kD>
+constexpr int kFwdTiles = kD <= 64 ? 2 : 1;
+template <int kD>
+constexpr int kFwdRows = kWarps * kWarpRows * kFwdTiles<kD>;
+// Its shared memory: two stages of a key tile's k and v rows [kTile][kLd]
+// each (stage s at s * 2 kTile rows: k, then v); q's kFwdRows rows pass
+// through stage 1 once, before the first tile lands there. 20, 36 and 68 KiB
+// at D = 32, 64, 128 (the last with the opt-in).
+constexpr size_t ForwardShared(int kD) { return sizeof(uint16_t) * 4 * kTile * (kD + 8); }
+static_assert(kFwdRows<64> <= 2 * kTile && kFwdRows<128> <= 2 * kTile, "q's rows fit in one stage");
+
+// The forward's blocks along T.
+template <int kD>
+int64_t ForwardBlocks(int64_t T) {
+  return (T + kFwdRows<kD> - 1) / kFwdRows<kD>;
+}
+
+// grid (ForwardBlocks(T), heads), kThreads; FlashAttention-2's forward on
+// mma.sync (mma_m16n8k16.h): a warp's kFwdTiles x 16 query rows keep their q
+// as A fragments, and their scores, probabilities and outputs as C fragments
+// in registers (lane 4 g + t holds rows g and g + 8 of each 16-row tile,
+// columns 2t and 2t + 1 of each 8-column block). The scores' C fragments of
+// keys 16 kk.. are P v's A fragment of key step kk once rounded, and the
+// online softmax's row max and sum combine a row's four lanes (t) by
+// shuffles. Shared memory holds only operand tiles, fed by cp.async two
+// stages deep (the next key tile's k and v land while this one's products
+// run); B fragments come by ldmatrix, k's rows as they lie (S = q k^T) and
+// v's rows transposed on the way (P v), so no tile is copied transposed. A
+// warp skips a tile whose keys all follow its last query (causal).
+// `layout`: where a head's rows lie in q, k, v and y (attention.h).
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
                  HeadLayout layout) {
   constexpr int ld = kLd<kD>;
-  constexpr int kSteps = kD / 16;       // key-dimension steps of S = q k^T
+  constexpr int kMT = kFwdTiles<kD>;
+  constexpr int kWarpQueries = kMT * kWarpRows;
+  constexpr int kSteps = kD / 16;        // key-dimension steps of S = q k^T
   constexpr int kKeyBlocks = kTile / 8;  // 8-key blocks of S
   constexpr int kOutBlocks = kD / 8;     // 8-column blocks of the output
   extern __shared__ __align__(128) unsigned char smem[];
-  G* ks = reinterpret_cast<G*>(smem);  // q's rows, then each tile's k rows
-  G* vt = ks + kTile * ld;              // v^T of the tile
+  G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile rows on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
-  const int64_t rows[2] = {q0 + warp * kWarpRows + g, q0 + warp * kWarpRows + g + 8};  // the lane's query rows
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kFwdRows<kD>;
+  const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
+  const int64_t end = flash::KeyEnd(q0, T, causal, kFwdRows<kD>);
+  // ldmatrix row addresses of the lane: x4 over 16 rows x 16 columns (an A
+  // fragment: rows lane % 16, columns 8 (lane / 16)); over 8 rows x 32
+  // columns (two key steps of k's B fragments: row lane % 8, columns
+  // 8 (lane / 8)); transposed, 16 rows x 16 columns (v's B fragments of two
+  // output blocks: rows lane % 16, columns 8 (lane / 16)).
+  const int a_row = lane % 16, a_col = 8 * (lane / 16);
+  const int kb_row = lane % 8, kb_col = 8 * (lane / 8);
 
-  LoadRows<G, kD>(ks, q + off, q0, T, vec, rs);
+  // q's rows through stage 1, the first key tile into stage 0.
+  IssueRows<G, kD, kFwdRows<kD>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
+  mma::CpAsyncCommit();
+  IssueRows<G, kD, kTile>(tiles, k + off, 0, T, vec, rs);
+  IssueRows<G, kD, kTile>(tiles + kTile * ld, v + off, 0, T, vec, rs);
+  mma::CpAsyncCommit();
+  mma::CpAsyncWait<1>();
   __syncthreads();
-  uint32_t qa[kSteps][4];
-  {
-    const G* qw = ks + warp * kWarpRows * ld;
+  uint32_t qa[kMT][kSteps][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) {
-      qa[kk][0] = mma::Word(qw + g * ld + kk * 16 + 2 * t);
-      qa[kk][1] = mma::Word(qw + (g + 8) * ld + kk * 16 + 2 * t);
-      qa[kk][2] = mma::Word(qw + g * ld + kk * 16 + 2 * t + 8);
-      qa[kk][3] = mma::Word(qw + (g + 8) * ld + kk * 16 + 2 * t + 8);
+      mma::LdMatrixX4<false>(qa[mt][kk],
+                             tiles + 2 * kTile * ld + (warp * kWarpQueries + mt * 16 + a_row) * ld + kk * 16 + a_col);
     }
   }
-  float o[kOutBlocks][4];
+  float o[kMT][kOutBlocks][4];
 #pragma unroll
-  for (int n = 0; n < kOutBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t end = flash::KeyEnd(q0, T, causal);
-  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous tiles (and q)
-    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
-    LoadTransposed<G, kD>(vt, v + off, k0, T, vec, rs);
-    __syncthreads();
-    // S = q k^T, the warp's 16 x kTile: B of key block n is k's rows n * 8 + g.
-    float s[kKeyBlocks][4];
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+  }
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+
+  for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
+    __syncthreads();  // every warp is done with the other stage (the last tile, or q)
+    if (k0 + kTile < end) {
+      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
+      IssueRows<G, kD, kTile>(next, k + off, k0 + kTile, T, vec, rs);
+      IssueRows<G, kD, kTile>(next + kTile * ld, v + off, k0 + kTile, T, vec, rs);
+    }
+    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
+    mma::CpAsyncWait<1>();
+    __syncthreads();  // this tile, from every thread's copies
+    if (causal && k0 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
+    const G* ks = tiles + stage * 2 * kTile * ld;
+    const G* vs = ks + kTile * ld;
+    // S = q k^T, the warp's kWarpQueries x kTile: B of key block n is k's rows n * 8 + g.
+    float s[kMT][kKeyBlocks][4];
 #pragma unroll
     for (int n = 0; n < kKeyBlocks; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-      const G* kr = ks + (n * 8 + g) * ld + 2 * t;
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        const uint32_t b[2] = {mma::Word(kr + kk * 16), mma::Word(kr + kk * 16 + 8)};
-        mma::Mma16816<G>(s[n], qa[kk], b);
+      for (int mt = 0; mt < kMT; ++mt) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kSteps; kk += 2) {
+        uint32_t b[4];  // b[0], b[1]: key step kk; b[2], b[3]: kk + 1
+        mma::LdMatrixX4<false>(b, ks + (n * 8 + kb_row) * ld + kk * 16 + kb_col);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::Mma16816<G>(s[mt][n], qa[mt][kk], {b[0], b[1]});
+          mma::Mma16816<G>(s[mt][n], qa[mt][kk + 1], {b[2], b[3]});
+        }
       }
     }
-    // Scale and mask in float, then the online softmax over each row's four lanes.
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    // Scale and mask in float, then the online softmax over each row's four
+    // lanes, and P rounded to G as P v's A operand: key block n is half of
+    // key step n / 2.
+    uint32_t pa[kMT][kTile / 16][4];
 #pragma unroll
-    for (int n = 0; n < kKeyBlocks; ++n) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      const int64_t rows[2] = {qw0 + mt * 16 + g, qw0 + mt * 16 + g + 8};  // the lane's query rows
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + n * 8 + 2 * t + e % 2;
-        s[n][e] = flash::Visible(rows[e / 2], key, T, causal) ? scale * s[n][e] : -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+      for (int n = 0; n < kKeyBlocks; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = k0 + n * 8 + 2 * t + e % 2;
+          s[mt][n][e] = flash::Visible(rows[e / 2], key, T, causal) ? scale * s[mt][n][e] : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][n][e]);
+        }
+      }
+      float correction[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float new_m = flash::NewMax(m[mt][r], tile_max[r]);
+        correction[r] = flash::Rescale(m[mt][r], new_m);
+        m[mt][r] = new_m;
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyBlocks; ++n) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[e] = flash::Prob(s[mt][n][e], m[mt][e / 2]);
+          sum[e / 2] += p[e];  // l sums the float probabilities, P v their 16-bit roundings (FlashAttention's)
+        }
+        pa[mt][n / 2][(n % 2) * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
+        pa[mt][n / 2][(n % 2) * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        l[mt][r] = l[mt][r] * correction[r] + sum[r];
+      }
+#pragma unroll
+      for (int n = 0; n < kOutBlocks; ++n) {
+        o[mt][n][0] *= correction[0];
+        o[mt][n][1] *= correction[0];
+        o[mt][n][2] *= correction[1];
+        o[mt][n][3] *= correction[1];
       }
     }
-    float correction[2], sum[2] = {0.0f, 0.0f};
+    // o += P v: B of output blocks n, n + 1 at key step kk are v's rows
+    // 16 kk.. (the product's k), columns 8 n.., transposed by ldmatrix.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float new_m = flash::NewMax(m[r], tile_max[r]);
-      correction[r] = flash::Rescale(m[r], new_m);
-      m[r] = new_m;
-    }
-    // P rounded to G as P v's A operand: key block n is half of key step n / 2.
-    uint32_t pa[kTile / 16][4];
-#pragma unroll
-    for (int n = 0; n < kKeyBlocks; ++n) {
-      float p[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[e] = flash::Prob(s[n][e], m[e / 2]);
-        sum[e / 2] += p[e];  // l sums the float probabilities, P v their 16-bit roundings (FlashAttention's)
-      }
-      pa[n / 2][(n % 2) * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
-      pa[n / 2][(n % 2) * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * correction[r] + sum[r];
-    }
-    // o = o * correction + P v: B of output block n is v^T's rows n * 8 + g.
-#pragma unroll
-    for (int n = 0; n < kOutBlocks; ++n) {
-      o[n][0] *= correction[0];
-      o[n][1] *= correction[0];
-      o[n][2] *= correction[1];
-      o[n][3] *= correction[1];
-      const G* vr = vt + (n * 8 + g) * kLdT + 2 * t;
+    for (int n = 0; n < kOutBlocks; n += 2) {
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        const uint32_t b[2] = {mma::Word(vr + kk * 16), mma::Word(vr + kk * 16 + 8)};
-        mma::Mma16816<G>(o[n], pa[kk], b);
+        uint32_t b[4];  // b[0], b[1]: output block n; b[2], b[3]: n + 1
+        mma::LdMatrixX4<true>(b, vs + (kk * 16 + a_row) * ld + n * 8 + a_col);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma::Mma16816<G>(o[mt][n], pa[mt][kk], {b[0], b[1]});
+          mma::Mma16816<G>(o[mt][n + 1], pa[mt][kk], {b[2], b[3]});
+        }
       }
     }
   }
+  mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= T) continue;
-    const float inv = 1.0f / l[r];
-    G* yr = y + off + rows[r] * rs + 2 * t;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < kOutBlocks; ++n) {
-      yr[n * 8] = FromFloat<G>(o[n][2 * r] * inv);
-      yr[n * 8 + 1] = FromFloat<G>(o[n][2 * r + 1] * inv);
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = qw0 + mt * 16 + g + 8 * r;
+      if (row >= T) continue;
+      const float inv = 1.0f / l[mt][r];
+      G* yr = y + off + row * rs + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kOutBlocks; ++n) {
+        yr[n * 8] = FromFloat<G>(o[mt][n][2 * r] * inv);
+        yr[n * 8 + 1] = FromFloat<G>(o[mt][n][2 * r + 1] * inv);
+      }
+      if (t == 0) lse[head * T + row] = flash::Lse(m[mt][r], l[mt][r]);
     }
-    if (t == 0) lse[head * T + rows[r]] = flash::Lse(m[r], l[r]);
   }
 }
 
@@ -859,9 +953,12 @@ cudaError_t ForwardD(G* y, float* lse, const G* q, const G* k, const G* v, int64
                      bool causal, cudaStream_t stream, HeadLayout layout) {
   const bool vec = Aligned16(q, k, v);
   if (MmaFlashAttention().load()) {
-    static_assert(ForwardShared(kD) <= 48 * 1024, "the mma.sync forward needs no opt-in");
-    FlashForward<G, kD>
-        <<<Grid(T, heads), kThreads, ForwardShared(kD), stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
+    static_assert(ForwardShared(64) <= 48 * 1024, "no opt-in at D = 64");
+    static std::atomic<uint64_t> mma_done{0};
+    constexpr size_t shared = ForwardShared(kD);
+    if (cudaError_t e = AllowShared(FlashForward<G, kD>, shared, mma_done); e != cudaSuccess) return e;
+    const dim3 grid(static_cast<unsigned>(ForwardBlocks<kD>(T)), static_cast<unsigned>(heads));
+    FlashForward<G, kD><<<grid, kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
     return cudaGetLastError();
   }
   static std::atomic<uint64_t> done{0};

@@ -84,6 +84,7 @@ void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args..
         }
       }
       cuda_stand_in::current = {};
+      ASSERT_EQ(cuda_stand_in::DropPendingCopies(), 0) << "cp.async copies never waited for";
       for (size_t b = shared; b < sizeof(smem); ++b) {
         ASSERT_EQ(smem[b], 0xff) << "block (" << bx << ", " << by << ") wrote shared byte " << b << " of "
                                  << shared;
@@ -218,7 +219,7 @@ void Check(const Case& c, bool vec, double bar) {
     std::vector<G> y(n, Round<G>(12345));
     std::vector<float> lse(c.heads * c.T, 12345.0f);
     if (mma) {
-      Launch(blocks, c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
+      Launch(ForwardBlocks<kD>(c.T), c.heads, ForwardShared(kD), FlashForward<G, kD>, y.data(), lse.data(), q.data(), k.data(),
              v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     } else {
       Launch(blocks, c.heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, y.data(), lse.data(), q.data(),
@@ -400,7 +401,7 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma)
     Run r{std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)), std::vector<G>(n, Round<G>(12345)),
           std::vector<G>(n, Round<G>(12345)), std::vector<float>(heads * T, 12345.0f)};
     if (mma) {
-      Launch(blocks, heads, ForwardShared(kD), FlashForward<G, kD>, r.y.data(), r.lse.data(), q.data(), k.data(),
+      Launch(ForwardBlocks<kD>(T), heads, ForwardShared(kD), FlashForward<G, kD>, r.y.data(), r.lse.data(), q.data(), k.data(),
              v.data(), T, scale, causal, vec, layout);
     } else {
       Launch(blocks, heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, r.y.data(), r.lse.data(), q.data(),

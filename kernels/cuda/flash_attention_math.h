@@ -21,11 +21,12 @@ namespace flash {
 inline constexpr int kBlockRows = 64;
 inline constexpr int kTileRows = 64;
 
-// Keys [0, end) the query block starting at q0 sees: all T, or when causal up
-// to its last row (every later tile lies above the diagonal and is skipped).
-STRATA_HOST_DEVICE inline int64_t KeyEnd(int64_t q0, int64_t T, bool causal) {
+// Keys [0, end) the query block of `rows` rows starting at q0 sees: all T,
+// or when causal up to its last row (every later tile lies above the
+// diagonal and is skipped).
+STRATA_HOST_DEVICE inline int64_t KeyEnd(int64_t q0, int64_t T, bool causal, int64_t rows = kBlockRows) {
   if (!causal) return T;
-  return q0 + kBlockRows < T ? q0 + kBlockRows : T;
+  return q0 + rows < T ? q0 + rows : T;
 }
 
 // The first query tile that sees any key of the key block starting at k0:

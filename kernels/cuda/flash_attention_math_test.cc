@@ -33,14 +33,17 @@ class PairCounts {
   std::vector<int> counts_;
 };
 
-int64_t Padded(int64_t T) { return (T + kBlockRows - 1) / kBlockRows * kBlockRows; }
+// T rounded up to whole blocks of kBlockRows and of the mma.sync forward's
+// 2 kBlockRows.
+int64_t Padded(int64_t T) { return (T + 2 * kBlockRows - 1) / (2 * kBlockRows) * (2 * kBlockRows); }
 
-// The forward's and dq's loops: query blocks, then key tiles up to KeyEnd.
-PairCounts QueryBlockVisits(int64_t T, bool causal) {
+// The forward's and dq's loops: query blocks of `rows`, then key tiles up to
+// KeyEnd (the mma.sync forward's blocks are 2 kBlockRows at D <= 64).
+PairCounts QueryBlockVisits(int64_t T, bool causal, int64_t rows = kBlockRows) {
   PairCounts counts(Padded(T));
-  for (int64_t q0 = 0; q0 < T; q0 += kBlockRows) {
-    for (int64_t k0 = 0; k0 < KeyEnd(q0, T, causal); k0 += kTileRows) {
-      for (int64_t i = q0; i < q0 + kBlockRows; ++i) {
+  for (int64_t q0 = 0; q0 < T; q0 += rows) {
+    for (int64_t k0 = 0; k0 < KeyEnd(q0, T, causal, rows); k0 += kTileRows) {
+      for (int64_t i = q0; i < q0 + rows; ++i) {
         for (int64_t j = k0; j < k0 + kTileRows; ++j) {
           if (Visible(i, j, T, causal)) counts.Visit(i, j);
         }
@@ -69,12 +72,14 @@ TEST(FlashAttentionMathTest, TileLoopsVisitEveryVisiblePairOnce) {
   for (int64_t T : kLengths) {
     for (bool causal : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "T " << T << (causal ? " causal" : ""));
-      const PairCounts by_query = QueryBlockVisits(T, causal), by_key = KeyBlockVisits(T, causal);
+      const PairCounts by_query = QueryBlockVisits(T, causal), by_key = KeyBlockVisits(T, causal),
+                       by_wide_query = QueryBlockVisits(T, causal, 2 * kBlockRows);
       for (int64_t i = 0; i < Padded(T); ++i) {
         for (int64_t j = 0; j < Padded(T); ++j) {
           const int want = i < T && j < T && (!causal || j <= i) ? 1 : 0;
           ASSERT_EQ(by_query.At(i, j), want) << i << ", " << j;
           ASSERT_EQ(by_key.At(i, j), want) << i << ", " << j;
+          ASSERT_EQ(by_wide_query.At(i, j), want) << i << ", " << j << " (128-row blocks)";
         }
       }
     }
@@ -87,6 +92,8 @@ TEST(FlashAttentionMathTest, CausalLoopsSkipTilesAboveTheDiagonal) {
   EXPECT_EQ(KeyEnd(960, 1024, true), 1024);
   EXPECT_EQ(KeyEnd(256, 300, true), 300);
   EXPECT_EQ(KeyEnd(256, 300, false), 300);
+  EXPECT_EQ(KeyEnd(0, 1024, true, 128), 128);
+  EXPECT_EQ(KeyEnd(896, 1000, true, 128), 1000);
   EXPECT_EQ(QueryBegin(192, true), 192);
   EXPECT_EQ(QueryBegin(192, false), 0);
 }

@@ -58,6 +58,72 @@ __device__ inline void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], c
 #endif
 }
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 of a warp: four 8 x 8
+// matrices of 16-bit elements from shared memory, every lane of the warp
+// calling it. Lane l passes the address of row l % 8 of matrix l / 8 (16
+// bytes, 16-byte aligned). r[i] receives matrix i's elements (row l / 4,
+// columns 2 (l % 4) and + 1) as one word, the even column in the low half:
+// an A fragment (mma_m16n8k16's a[i], rows g, columns 2t..) or, from rows
+// that are the product's columns, a B fragment (b[0] of column g). With
+// kTrans the matrix comes transposed: r[i] holds (rows 2 (l % 4) and + 1,
+// column l / 4), a B fragment (k 2t.., column g) of a row-major [k][n] tile,
+// so a tile whose rows run along a product's k needs no transposed copy.
+// The PTX ISA's "Warp-level matrix load instruction: ldmatrix";
+// CUTLASS's SM75_U32x4_LDSM_N and SM75_U16x8_LDSM_T.
+template <bool kTrans>
+__device__ inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::LdMatrixX4(r, row, kTrans);
+#endif
+}
+
+// cp.async.cg.shared.global of 16 bytes (sm_80 and later): src to shared dst
+// without passing through registers, both 16-byte aligned; with !valid the
+// 16 bytes are zeros and nothing is read (src must still be a valid
+// address). Lands after the thread's CpAsyncWait that covers its group,
+// and is visible to the block after a __syncthreads that follows that wait.
+__device__ inline void CpAsync16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::CpAsync16(dst, src, valid);
+#endif
+}
+
+// cp.async.commit_group: the thread's copies since the last commit become
+// one group (an empty one if there were none).
+__device__ inline void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::CpAsyncCommit();
+#endif
+}
+
+// cp.async.wait_group kPending: waits until at most the kPending newest of
+// the thread's groups are still in flight.
+template <int kPending>
+__device__ inline void CpAsyncWait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::CpAsyncWait(kPending);
+#endif
+}
+
 // The 32-bit word of elements p[0] (low half) and p[1]; p 4-byte aligned.
 template <typename G>
 __device__ inline uint32_t Word(const G* p) {

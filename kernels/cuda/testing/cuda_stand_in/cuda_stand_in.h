@@ -305,6 +305,101 @@ void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
+// Whether [p, p + 16) is a 16-byte aligned span of the running block's
+// dynamic shared memory; reports what is wrong otherwise.
+inline bool SharedRow(const void* p, const char* what) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    if (errors.fetch_add(1) < 20) std::fprintf(stderr, "stand-in %s: address %p not 16-byte aligned\n", what, p);
+    return false;
+  }
+  if (current.shared == nullptr || c < current.shared || c + 16 > current.shared + current.shared_bytes) {
+    if (errors.fetch_add(1) < 20) {
+      std::fprintf(stderr, "stand-in %s: address %p outside the launch's %zu dynamic shared bytes\n", what, p,
+                   current.shared_bytes);
+    }
+    return false;
+  }
+  return true;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 of a warp: lane l passes
+// the address of row l % 8 of matrix l / 8 (16 bytes of 8 elements); r[i]
+// receives matrix i's (row l / 4, columns 2 (l % 4), + 1), or with trans
+// (rows 2 (l % 4), + 1 of column l / 4), the lower half the first. The PTX
+// ISA's "Warp-level matrix load instruction: ldmatrix".
+inline const unsigned char* ldmatrix_slots[32][32];  // [warp][lane]: the row each lane passed
+inline void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
+  const unsigned thread = LinearThread(), warp = thread / 32, lane = thread % 32;
+  SharedRow(row, "ldmatrix");
+  ldmatrix_slots[warp][lane] = static_cast<const unsigned char*>(row);
+  __syncwarp();
+  const auto element = [&](int matrix, int r_, int c) {
+    uint16_t e = 0;
+    const unsigned char* base = ldmatrix_slots[warp][matrix * 8 + r_];
+    if (SharedRow(base, "ldmatrix")) std::memcpy(&e, base + 2 * c, 2);
+    return static_cast<uint32_t>(e);
+  };
+  uint32_t out[4];
+  for (int i = 0; i < 4; ++i) {
+    const int a = static_cast<int>(lane) / 4, b = 2 * (static_cast<int>(lane) % 4);
+    out[i] = trans ? element(i, b, a) | element(i, b + 1, a) << 16 : element(i, a, b) | element(i, a, b + 1) << 16;
+  }
+  __syncwarp();
+  for (int i = 0; i < 4; ++i) r[i] = out[i];
+}
+
+// cp.async of 16 bytes: queued per CUDA thread and performed only at the
+// thread's CpAsyncWait that covers its group, so a kernel that reads a tile
+// before waiting for it (or before the __syncthreads after the waits) reads
+// what was there before. DropPendingCopies, after each block, counts (and
+// discards) copies a block never waited for.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+struct ThreadCopies {
+  std::vector<std::vector<PendingCopy>> groups;  // committed, oldest first
+  std::vector<PendingCopy> open;                 // since the last commit
+};
+inline ThreadCopies async_copies[1024];
+inline void CpAsync16(void* dst, const void* src, bool valid) {
+  SharedRow(dst, "cp.async");
+  if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0 && errors.fetch_add(1) < 20) {
+    std::fprintf(stderr, "stand-in cp.async: source %p not 16-byte aligned\n", src);
+  }
+  async_copies[LinearThread()].open.push_back({dst, src, valid});
+}
+inline void CpAsyncCommit() {
+  ThreadCopies& c = async_copies[LinearThread()];
+  c.groups.push_back(std::move(c.open));
+  c.open.clear();
+}
+inline void CpAsyncWait(int pending) {
+  ThreadCopies& c = async_copies[LinearThread()];
+  while (static_cast<int>(c.groups.size()) > pending) {
+    for (const PendingCopy& p : c.groups.front()) {
+      if (p.valid) {
+        std::memcpy(p.dst, p.src, 16);
+      } else {
+        std::memset(p.dst, 0, 16);
+      }
+    }
+    c.groups.erase(c.groups.begin());
+  }
+}
+inline int DropPendingCopies() {
+  int dropped = 0;
+  for (ThreadCopies& c : async_copies) {
+    dropped += static_cast<int>(c.open.size());
+    for (const auto& g : c.groups) dropped += static_cast<int>(g.size());
+    c.groups.clear();
+    c.open.clear();
+  }
+  return dropped;
+}
+
 inline cudaError_t last_error = cudaSuccess;
 inline int64_t launches = 0;  // launches run so far
 inline size_t largest_dynamic_shared = 0;
@@ -416,6 +511,10 @@ class Launcher {
             std::abort();  // the deadlocked fibers' frames cannot be unwound
           }
           current = {};
+          if (const int dropped = DropPendingCopies(); dropped > 0 && errors.fetch_add(1) < 20) {
+            std::fprintf(stderr, "stand-in launch: block (%u, %u, %u) ended with %d cp.async copies never waited for\n",
+                         bx, by, bz, dropped);
+          }
           for (size_t b = shared_; b < shared.size(); ++b) {
             if (shared[b] != 0xff && errors.fetch_add(1) < 20) {
               std::fprintf(stderr, "stand-in launch: a block wrote past its %zu dynamic shared bytes\n", shared_);
