@@ -9,11 +9,12 @@
 // - on PTX mma.sync m16n8k16 (FlashForward, FlashGradKVMma, FlashGradQMma;
 //   mma_m16n8k16.h), whose documented fragments keep the scores,
 //   probabilities, score gradients and accumulators in registers; shared
-//   memory holds only the operand tiles (the gradients: rows, and rows
-//   transposed where a product's B runs along them; the forward: rows fed by
-//   cp.async two stages deep, read by ldmatrix, transposed on the way for
-//   P v, with 32 query rows a warp at D <= 64 so that each B fragment feeds
-//   two products). Written 2026-11-27 without a GPU and
+//   memory holds only operand rows, fed by cp.async two stages deep (the
+//   next tile lands while this one's products run) and read by ldmatrix,
+//   transposed on the way where a product's k runs along them (P v, P^T dy,
+//   dS^T q, dS k), so no tile is copied transposed; the forward's warps own
+//   32 query rows at D <= 64, so that each B fragment feeds two products.
+//   Written 2026-11-27 without a GPU and
 //   checked only in flash_attention_emulation_test (the stand-in emulates
 //   mma.sync in the PTX ISA's layouts), so they run only with
 //   STRATA_MMA_ATTENTION=1 (MmaFlashAttention(), both the forward and the
@@ -224,32 +225,6 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int c = 0; c < kOut; ++c) y[off + i * rs + half * kOut + c] = FromFloat<G>(o[c] * inv);
   if (half == 0) lse[head * T + i] = flash::Lse(m, l);
-}
-
-// Rows [row0, row0 + kTile) of a [T, kD] matrix whose rows lie `rs` apart,
-// transposed into shared `dst` [kD][kLdT] (dst[d * kLdT + r] = row r's
-// element d), zeros past T; by the whole block. Consecutive threads take
-// consecutive rows, so their 16-bit stores fall in consecutive words.
-constexpr int kLdT = kTile + 8;
-template <typename G, int kD>
-__device__ inline void LoadTransposed(G* dst, const G* src, int64_t row0, int64_t T, bool vec, int64_t rs) {
-  if (vec) {
-    constexpr int kWords = kD / 8;
-    for (int idx = threadIdx.x; idx < kTile * kWords; idx += kThreads) {
-      const int r = idx % kTile, w = idx / kTile;
-      uint4 word = make_uint4(0, 0, 0, 0);
-      if (row0 + r < T) word = *reinterpret_cast<const uint4*>(src + (row0 + r) * rs + w * 8);
-      G e[8];
-      memcpy(e, &word, sizeof(word));  // not a G* into the word: that would break strict aliasing
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dst[(w * 8 + j) * kLdT + r] = e[j];
-    }
-  } else {
-    for (int idx = threadIdx.x; idx < kTile * kD; idx += kThreads) {
-      const int r = idx % kTile, d = idx / kTile;
-      dst[d * kLdT + r] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
-    }
-  }
 }
 
 // Rows [row0, row0 + kRows) of a [T, kD] matrix whose rows lie `rs` apart
@@ -672,64 +647,65 @@ __global__ void __launch_bounds__(kThreads)
 // ptxas spilled (92 bytes at 255 registers; none so).
 constexpr int kGradKVVInSharedFrom = 128;
 
-// The mma.sync backward's shared memory (FlashGradKVMma): a query tile's q
-// and dy rows [kTile][kLd] and the same transposed [kD][kLdT], lse and di of
-// its rows, then at D = 128 v's rows [kBlock][kLd]; k's (and below D = 128
-// v's) rows pass through the first two tiles once. 19.5, 36.5 and 87.5 KiB
-// at D = 32, 64, 128 (the last with the opt-in).
+// The mma.sync gradients' shared memory: two stages of a tile's two operand
+// row tiles [kTile][kLd] (FlashGradKVMma: a query tile's q and dy rows;
+// FlashGradQMma: a key tile's k and v rows), the first operand at
+// s * 2 kTile rows, the second kTile rows on; the block's own rows pass
+// through stage 1 once. FlashGradKVMma then keeps two stages of lse and di
+// of the query tile (kTile floats each), and at D = 128 v's rows
+// [kBlock][kLd]. 21, 37 and 86 KiB (KV), 20, 36 and 68 KiB (Q) at D = 32,
+// 64, 128 (the last with the opt-in).
+constexpr size_t GradStages(int kD) { return sizeof(uint16_t) * 4 * kTile * (kD + 8); }
 constexpr size_t GradKVShared(int kD) {
-  return sizeof(uint16_t) * (2 * kTile * (kD + 8) + 2 * kD * kLdT) + sizeof(float) * 2 * kTile +
+  return GradStages(kD) + sizeof(float) * 4 * kTile +
          (kD >= kGradKVVInSharedFrom ? sizeof(uint16_t) * kBlock * (kD + 8) : 0);
 }
-// FlashGradQMma's: a key tile's k and v rows [kTile][kLd] and k transposed
-// [kD][kLdT]; q's and dy's rows pass through the first two once. 14.5, 27
-// and 52 KiB (the last with the opt-in).
-constexpr size_t GradQShared(int kD) { return sizeof(uint16_t) * (2 * kTile * (kD + 8) + kD * kLdT); }
+constexpr size_t GradQShared(int kD) { return GradStages(kD); }
 
 // The A fragments of a warp's 16 rows of a [.][kLd] tile (`rows`: its first
-// row), kD / 16 steps of 16 columns, as FlashForward reads q.
+// row), kD / 16 steps of 16 columns, by ldmatrix (lane: row lane % 16,
+// columns 8 (lane / 16) of each step).
 template <typename G, int kD>
-__device__ inline void LoadA(uint32_t (&a)[kD / 16][4], const G* rows, int g, int t) {
+__device__ inline void LoadA(uint32_t (&a)[kD / 16][4], const G* rows, int lane) {
   constexpr int ld = kLd<kD>;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) mma::LdMatrixX4<false>(a[kk], rows + (lane % 16) * ld + kk * 16 + 8 * (lane / 16));
+}
+
+// c[0], c[1] = a b^T for b's rows row0.. and row0 + 8..: a the warp's A
+// fragments (16 rows x kD), b a [.][kLd] tile whose rows are the product's
+// columns. ldmatrix x4 per key step: b[0], b[1] of rows row0.. (lanes 0-15:
+// rows lane % 8, columns 8 ((lane / 8) % 2)), then of rows row0 + 8.. (lanes
+// 16-31).
+template <typename G, int kD>
+__device__ inline void RowProducts(float (&c)[2][4], const uint32_t (&a)[kD / 16][4], const G* b, int row0,
+                                   int lane) {
+  constexpr int ld = kLd<kD>;
+  const G* row = b + (row0 + lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
-    a[kk][0] = mma::Word(rows + g * ld + kk * 16 + 2 * t);
-    a[kk][1] = mma::Word(rows + (g + 8) * ld + kk * 16 + 2 * t);
-    a[kk][2] = mma::Word(rows + g * ld + kk * 16 + 2 * t + 8);
-    a[kk][3] = mma::Word(rows + (g + 8) * ld + kk * 16 + 2 * t + 8);
+    uint32_t w[4];
+    mma::LdMatrixX4<false>(w, row + kk * 16);
+    mma::Mma16816<G>(c[0], a[kk], {w[0], w[1]});
+    mma::Mma16816<G>(c[1], a[kk], {w[2], w[3]});
   }
 }
 
-// c[n] = a b^T for 8-row blocks n0, n0 + 1 of b: a the warp's A fragments
-// (16 rows x kD), b a [kTile][kLd] tile whose rows are the product's columns
-// (B of block n: words of b's rows n * 8 + g).
+// acc[n] += a x rows 16 s.. of a [.][kLd] tile (the product's k along its
+// rows, its columns the output's): B of output blocks n, n + 1 by one
+// ldmatrix x4 .trans (lane: row 16 s + lane % 16, columns 8 n + 8 (lane / 16)).
 template <typename G, int kD>
-__device__ inline void RowProducts(float (&c)[2][4], const uint32_t (&a)[kD / 16][4], const G* b, int n0, int g,
-                                   int t) {
+__device__ inline void AccumulateRows(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* b, int s, int lane) {
   constexpr int ld = kLd<kD>;
+  const G* row = b + (16 * s + lane % 16) * ld + 8 * (lane / 16);
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
-    const G* br = b + ((n0 + n) * 8 + g) * ld + 2 * t;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t bw[2] = {mma::Word(br + kk * 16), mma::Word(br + kk * 16 + 8)};
-      mma::Mma16816<G>(c[n], a[kk], bw);
-    }
-  }
-}
-
-// acc[n] += a x the 16 rows (the product's k) 16 s.. of a tile stored
-// transposed in bt [kD][kLdT]: B of output block n is words of bt's rows
-// n * 8 + g, columns 16 s + 2 t (+ 8).
-template <typename G, int kD>
-__device__ inline void AccumulateTransposed(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* bt, int s, int g,
-                                            int t) {
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-    const G* br = bt + (n * 8 + g) * kLdT + s * 16 + 2 * t;
-    const uint32_t bw[2] = {mma::Word(br), mma::Word(br + 8)};
-    mma::Mma16816<G>(acc[n], a, bw);
+  for (int n = 0; n < kD / 8; n += 2) {
+    uint32_t w[4];
+    mma::LdMatrixX4<true>(w, row + n * 8);
+    mma::Mma16816<G>(acc[n], a, {w[0], w[1]});
+    mma::Mma16816<G>(acc[n + 1], a, {w[2], w[3]});
   }
 }
 
@@ -755,14 +731,14 @@ __device__ inline void StoreFragments(G* dst, const float (&acc)[kD / 8][4], int
 // FlashGradKV on mma.sync (mma_m16n8k16.h), selected by MmaFlashAttention():
 // grid (key blocks, heads), kThreads; a warp owns 16 keys, whose k and v rows
 // stay A fragments in registers (v's at D = 128 are read from shared memory
-// at each step: kGradKVVInSharedFrom). Per 64-query tile (q and dy rows, and
-// both transposed, in shared), per 16-query step: S^T = k q^T and
-// dP^T = v dy^T in C fragments (B: words of q's, dy's rows),
-// P^T = exp(scale S^T - lse) (0 where not Visible) and
+// at each step: kGradKVVInSharedFrom). Query tiles of q and dy rows come by
+// cp.async two stages deep (lse and di beside them); per 16-query step:
+// S^T = k q^T and dP^T = v dy^T in C fragments (B: ldmatrix of q's and dy's
+// rows), P^T = exp(scale S^T - lse) (0 where not Visible) and
 // dS^T = P^T (dP^T - di) per query column, rounded to G where they lie as
-// the A fragments of dv += P^T dy and dk += dS^T q (B: words of dy^T's,
-// q^T's rows), as FlashForward turns S into P's A fragments. Steps wholly
-// above the diagonal (causal) are skipped: their P^T is 0.
+// the A fragments of dv += P^T dy and dk += dS^T q (B: the same rows by
+// ldmatrix .trans), as FlashForward turns S into P's A fragments. Steps
+// wholly above the diagonal (causal) are skipped: their P^T is 0.
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradKVMma(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
@@ -770,54 +746,72 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
   extern __shared__ __align__(128) unsigned char smem[];
-  G* qs = reinterpret_cast<G*>(smem);
-  G* dys = qs + kTile * ld;
-  G* qt = dys + kTile * ld;
-  G* dyt = qt + kD * kLdT;
-  float* lses = reinterpret_cast<float*>(dyt + kD * kLdT);
-  float* dis = lses + kTile;
+  G* const tiles = reinterpret_cast<G*>(smem);  // stage s: q rows at s * 2 kTile rows, dy rows kTile on
+  float* const stats = reinterpret_cast<float*>(tiles + 4 * kTile * ld);  // stage s: lse at s * 2 kTile, di kTile on
   constexpr bool kVShared = kD >= kGradKVVInSharedFrom;
-  G* vs = kVShared ? reinterpret_cast<G*>(dis + kTile) : dys;  // v's rows
+  G* const vs = kVShared ? reinterpret_cast<G*>(stats + 4 * kTile) : tiles + 3 * kTile * ld;  // v's rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t kw0 = k0 + warp * kWarpRows;  // the warp's first key; the lane's are kw0 + g and + 8
+  const int64_t begin = flash::QueryBegin(k0, causal);
+  // lse and di of query rows [i0, i0 + kTile) into stage `stage`, at once.
+  const auto load_stats = [&](int64_t i0, int stage) {
+    float* s = stats + stage * 2 * kTile;
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      s[r] = i0 + r < T ? lse[head * T + i0 + r] : 0.0f;
+      s[kTile + r] = i0 + r < T ? di[head * T + i0 + r] : 0.0f;
+    }
+  };
 
-  LoadRows<G, kD>(qs, k + off, k0, T, vec, rs);
-  LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
+  // k's (and v's) rows through stage 1, the first query tile into stage 0.
+  IssueRows<G, kD, kBlock>(tiles + 2 * kTile * ld, k + off, k0, T, vec, rs);
+  IssueRows<G, kD, kBlock>(vs, v + off, k0, T, vec, rs);
+  mma::CpAsyncCommit();
+  if (begin < T) {
+    IssueRows<G, kD, kTile>(tiles, q + off, begin, T, vec, rs);
+    IssueRows<G, kD, kTile>(tiles + kTile * ld, dy + off, begin, T, vec, rs);
+    load_stats(begin, 0);
+  }
+  mma::CpAsyncCommit();
+  mma::CpAsyncWait<1>();
   __syncthreads();
   uint32_t ka[kSteps][4], va[kVShared ? 1 : kSteps][4];
-  LoadA<G, kD>(ka, qs + warp * kWarpRows * ld, g, t);
-  if constexpr (!kVShared) LoadA<G, kD>(va, vs + warp * kWarpRows * ld, g, t);
+  LoadA<G, kD>(ka, tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
+  if constexpr (!kVShared) LoadA<G, kD>(va, vs + warp * kWarpRows * ld, lane);
   float dk_acc[kD / 8][4], dv_acc[kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
   }
-  for (int64_t i0 = flash::QueryBegin(k0, causal); i0 < T; i0 += kTile) {
-    __syncthreads();  // every warp is done with the previous query tile (and k, v)
-    LoadRows<G, kD>(qs, q + off, i0, T, vec, rs);
-    LoadRows<G, kD>(dys, dy + off, i0, T, vec, rs);
-    LoadTransposed<G, kD>(qt, q + off, i0, T, vec, rs);
-    LoadTransposed<G, kD>(dyt, dy + off, i0, T, vec, rs);
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      lses[r] = i0 + r < T ? lse[head * T + i0 + r] : 0.0f;
-      dis[r] = i0 + r < T ? di[head * T + i0 + r] : 0.0f;
+  for (int64_t i0 = begin, stage = 0; i0 < T; i0 += kTile, stage ^= 1) {
+    __syncthreads();  // every warp is done with the other stage (the last tile, or k and v)
+    if (i0 + kTile < T) {
+      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
+      IssueRows<G, kD, kTile>(next, q + off, i0 + kTile, T, vec, rs);
+      IssueRows<G, kD, kTile>(next + kTile * ld, dy + off, i0 + kTile, T, vec, rs);
+      load_stats(i0 + kTile, static_cast<int>(stage ^ 1));
     }
-    __syncthreads();
+    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
+    mma::CpAsyncWait<1>();
+    __syncthreads();  // this tile, from every thread's copies
+    const G* qs = tiles + stage * 2 * kTile * ld;
+    const G* dys = qs + kTile * ld;
+    const float* lses = stats + stage * 2 * kTile;
+    const float* dis = lses + kTile;
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
       if (causal && i0 + s * 16 + 15 < kw0) continue;  // every query before every key of the warp
       float st[2][4], dpt[2][4];
-      RowProducts<G, kD>(st, ka, qs, 2 * s, g, t);
+      RowProducts<G, kD>(st, ka, qs, 16 * s, lane);
       if constexpr (kVShared) {
         uint32_t vsa[kSteps][4];  // read at every step, as each mma needs it
-        LoadA<G, kD>(vsa, vs + warp * kWarpRows * ld, g, t);
-        RowProducts<G, kD>(dpt, vsa, dys, 2 * s, g, t);
+        LoadA<G, kD>(vsa, vs + warp * kWarpRows * ld, lane);
+        RowProducts<G, kD>(dpt, vsa, dys, 16 * s, lane);
       } else {
-        RowProducts<G, kD>(dpt, va, dys, 2 * s, g, t);
+        RowProducts<G, kD>(dpt, va, dys, 16 * s, lane);
       }
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
       uint32_t pa[4], dsa[4];
@@ -837,21 +831,23 @@ __global__ void __launch_bounds__(kThreads)
         dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
         dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
       }
-      AccumulateTransposed<G, kD>(dv_acc, pa, dyt, s, g, t);
-      AccumulateTransposed<G, kD>(dk_acc, dsa, qt, s, g, t);
+      AccumulateRows<G, kD>(dv_acc, pa, dys, s, lane);
+      AccumulateRows<G, kD>(dk_acc, dsa, qs, s, lane);
     }
   }
+  mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
   StoreFragments<G, kD>(dk + off, dk_acc, kw0, T, scale, rs, g, t);
   StoreFragments<G, kD>(dv + off, dv_acc, kw0, T, 1.0f, rs, g, t);
 }
 
 // FlashGradQ on mma.sync, selected by MmaFlashAttention(): grid (query
 // blocks, heads), kThreads; a warp owns 16 queries, whose q and dy rows stay
-// A fragments in registers, lse and di of its rows g, g + 8 in registers. Per
-// 64-key tile (k and v rows, k transposed, in shared), per 16-key step: S =
-// q k^T and dP = dy v^T in C fragments, dS = exp(scale S - lse) (dP - di)
-// rounded to G as the A fragment of dq += dS k (B: words of k^T's rows).
-// Steps wholly above the diagonal (causal) are skipped.
+// A fragments in registers, lse and di of its rows g, g + 8 in registers. Key
+// tiles of k and v rows come by cp.async two stages deep; per 16-key step:
+// S = q k^T and dP = dy v^T in C fragments (B: ldmatrix of k's and v's
+// rows), dS = exp(scale S - lse) (dP - di) rounded to G as the A fragment of
+// dq += dS k (B: k's rows by ldmatrix .trans). Steps wholly above the
+// diagonal (causal) are skipped.
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
@@ -859,9 +855,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
   extern __shared__ __align__(128) unsigned char smem[];
-  G* ks = reinterpret_cast<G*>(smem);
-  G* vs = ks + kTile * ld;
-  G* kt = vs + kTile * ld;
+  G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
@@ -874,29 +868,41 @@ __global__ void __launch_bounds__(kThreads)
     row_lse[r] = rows[r] < T ? lse[head * T + rows[r]] : 0.0f;
     row_di[r] = rows[r] < T ? di[head * T + rows[r]] : 0.0f;
   }
+  const int64_t end = flash::KeyEnd(q0, T, causal);
 
-  LoadRows<G, kD>(ks, q + off, q0, T, vec, rs);
-  LoadRows<G, kD>(vs, dy + off, q0, T, vec, rs);
+  // q's and dy's rows through stage 1, the first key tile into stage 0.
+  IssueRows<G, kD, kBlock>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
+  IssueRows<G, kD, kBlock>(tiles + 3 * kTile * ld, dy + off, q0, T, vec, rs);
+  mma::CpAsyncCommit();
+  IssueRows<G, kD, kTile>(tiles, k + off, 0, T, vec, rs);
+  IssueRows<G, kD, kTile>(tiles + kTile * ld, v + off, 0, T, vec, rs);
+  mma::CpAsyncCommit();
+  mma::CpAsyncWait<1>();
   __syncthreads();
   uint32_t qa[kSteps][4], dya[kSteps][4];
-  LoadA<G, kD>(qa, ks + warp * kWarpRows * ld, g, t);
-  LoadA<G, kD>(dya, vs + warp * kWarpRows * ld, g, t);
+  LoadA<G, kD>(qa, tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
+  LoadA<G, kD>(dya, tiles + (3 * kTile + warp * kWarpRows) * ld, lane);
   float dq_acc[kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
-  const int64_t end = flash::KeyEnd(q0, T, causal);
-  for (int64_t k0 = 0; k0 < end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous key tile (and q, dy)
-    LoadRows<G, kD>(ks, k + off, k0, T, vec, rs);
-    LoadRows<G, kD>(vs, v + off, k0, T, vec, rs);
-    LoadTransposed<G, kD>(kt, k + off, k0, T, vec, rs);
-    __syncthreads();
+  for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
+    __syncthreads();  // every warp is done with the other stage (the last tile, or q and dy)
+    if (k0 + kTile < end) {
+      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
+      IssueRows<G, kD, kTile>(next, k + off, k0 + kTile, T, vec, rs);
+      IssueRows<G, kD, kTile>(next + kTile * ld, v + off, k0 + kTile, T, vec, rs);
+    }
+    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
+    mma::CpAsyncWait<1>();
+    __syncthreads();  // this tile, from every thread's copies
+    const G* ks = tiles + stage * 2 * kTile * ld;
+    const G* vs = ks + kTile * ld;
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
       if (causal && k0 + s * 16 > qw0 + 15) continue;  // every key after every query of the warp
       float sc[2][4], dp[2][4];
-      RowProducts<G, kD>(sc, qa, ks, 2 * s, g, t);
-      RowProducts<G, kD>(dp, dya, vs, 2 * s, g, t);
+      RowProducts<G, kD>(sc, qa, ks, 16 * s, lane);
+      RowProducts<G, kD>(dp, dya, vs, 16 * s, lane);
       uint32_t dsa[4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
@@ -912,9 +918,10 @@ __global__ void __launch_bounds__(kThreads)
         dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
         dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
       }
-      AccumulateTransposed<G, kD>(dq_acc, dsa, kt, s, g, t);
+      AccumulateRows<G, kD>(dq_acc, dsa, ks, s, lane);
     }
   }
+  mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
   StoreFragments<G, kD>(dq + off, dq_acc, qw0, T, scale, rs, g, t);
 }
 

@@ -339,6 +339,52 @@ TEST(FlashAttentionEmulationTest, StandInMmaFollowsThePtxLayouts) {
   }
 }
 
+// The stand-in's ldmatrix x4 (mma_m16n8k16.h) against the PTX ISA's
+// fragment layouts, lane by lane: a [16][16] tile of distinct 16-bit values
+// in shared memory (rows padded to 24 elements, 48 bytes); without .trans
+// lane l's word i holds elements (row 8 (i % 2) + l / 4, columns
+// 8 (i / 2) + 2 (l % 4), + 1) of the four 8 x 8 quadrants the lanes address
+// (lane l: row l % 16, column 8 (l / 16): mma's A fragment a[i]); with
+// .trans (rows 8 (i % 2) + 2 (l % 4), + 1 of column 8 (i / 2) + l / 4).
+__global__ void LdMatrixKernel(uint32_t* out, const uint16_t* tile) {
+  constexpr int ld = 24;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint16_t* s = reinterpret_cast<uint16_t*>(smem);
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < 16; ++r) {
+      for (int c = 0; c < 16; ++c) s[r * ld + c] = tile[r * 16 + c];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    uint32_t plain[4], trans[4];
+    mma::LdMatrixX4<false>(plain, s + (lane % 16) * ld + 8 * (lane / 16));
+    mma::LdMatrixX4<true>(trans, s + (lane % 16) * ld + 8 * (lane / 16));
+    for (int i = 0; i < 4; ++i) {
+      out[lane * 8 + i] = plain[i];
+      out[lane * 8 + 4 + i] = trans[i];
+    }
+  }
+}
+
+TEST(FlashAttentionEmulationTest, StandInLdMatrixFollowsThePtxLayouts) {
+  std::vector<uint16_t> tile(256);
+  for (int i = 0; i < 256; ++i) tile[i] = static_cast<uint16_t>(0x1000 + i);
+  std::vector<uint32_t> out(32 * 8, 0);
+  Launch(1, 1, 16 * 24 * 2, LdMatrixKernel, out.data(), tile.data());
+  const auto at = [&](int r, int c) { return static_cast<uint32_t>(tile[r * 16 + c]); };
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) {
+      const int r0 = 8 * (i % 2), c0 = 8 * (i / 2);
+      const uint32_t plain = at(r0 + lane / 4, c0 + 2 * (lane % 4)) | at(r0 + lane / 4, c0 + 2 * (lane % 4) + 1) << 16;
+      const uint32_t trans = at(r0 + 2 * (lane % 4), c0 + lane / 4) | at(r0 + 2 * (lane % 4) + 1, c0 + lane / 4) << 16;
+      EXPECT_EQ(out[lane * 8 + i], plain) << "lane " << lane << " word " << i;
+      EXPECT_EQ(out[lane * 8 + 4 + i], trans) << "lane " << lane << " word " << i << " (.trans)";
+    }
+  }
+}
+
 // [B, H, T, D] -> [B, T, H, D] (to_bthd) or back.
 template <typename X>
 std::vector<X> SwapTH(const std::vector<X>& x, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd) {
