@@ -251,6 +251,27 @@ __device__ inline void IssueRows(G* dst, const G* src, int64_t row0, int64_t T, 
   }
 }
 
+// The two-stage pipeline's turn at a tile (every thread of the block calls
+// it): once every warp is done with the other stage, the next tile's rows of
+// a and b (rows `next`.., if has_next) are issued into it and `also` runs
+// (the stats FlashGradKVMma loads beside them); then this tile's copies are
+// waited for and the block meets, after which the tile in `stage` is whole.
+template <typename G, int kD, typename Also>
+__device__ inline void NextStage(G* tiles, int64_t stage, const G* a, const G* b, int64_t next, bool has_next,
+                                 int64_t T, bool vec, int64_t rs, const Also& also) {
+  constexpr int ld = kLd<kD>;
+  __syncthreads();  // every warp is done with the other stage (the last tile, or the block's own rows)
+  if (has_next) {
+    G* dst = tiles + (stage ^ 1) * 2 * kTile * ld;
+    IssueRows<G, kD, kTile>(dst, a, next, T, vec, rs);
+    IssueRows<G, kD, kTile>(dst + kTile * ld, b, next, T, vec, rs);
+    also();
+  }
+  mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
+  mma::CpAsyncWait<1>();
+  __syncthreads();  // this tile, from every thread's copies
+}
+
 // The mma.sync forward (FlashForward) at head size kD: a warp owns kFwdTiles
 // 16-row tiles of queries, so that each B fragment read from shared memory
 // feeds kFwdTiles products (at D = 128 the output accumulators of two tiles
@@ -339,15 +360,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
-    __syncthreads();  // every warp is done with the other stage (the last tile, or q)
-    if (k0 + kTile < end) {
-      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
-      IssueRows<G, kD, kTile>(next, k + off, k0 + kTile, T, vec, rs);
-      IssueRows<G, kD, kTile>(next + kTile * ld, v + off, k0 + kTile, T, vec, rs);
-    }
-    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
-    mma::CpAsyncWait<1>();
-    __syncthreads();  // this tile, from every thread's copies
+    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
     if (causal && k0 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
@@ -787,16 +800,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
   }
   for (int64_t i0 = begin, stage = 0; i0 < T; i0 += kTile, stage ^= 1) {
-    __syncthreads();  // every warp is done with the other stage (the last tile, or k and v)
-    if (i0 + kTile < T) {
-      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
-      IssueRows<G, kD, kTile>(next, q + off, i0 + kTile, T, vec, rs);
-      IssueRows<G, kD, kTile>(next + kTile * ld, dy + off, i0 + kTile, T, vec, rs);
-      load_stats(i0 + kTile, static_cast<int>(stage ^ 1));
-    }
-    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
-    mma::CpAsyncWait<1>();
-    __syncthreads();  // this tile, from every thread's copies
+    NextStage<G, kD>(tiles, stage, q + off, dy + off, i0 + kTile, i0 + kTile < T, T, vec, rs,
+                     [&] { load_stats(i0 + kTile, static_cast<int>(stage ^ 1)); });
     const G* qs = tiles + stage * 2 * kTile * ld;
     const G* dys = qs + kTile * ld;
     const float* lses = stats + stage * 2 * kTile;
@@ -886,15 +891,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
-    __syncthreads();  // every warp is done with the other stage (the last tile, or q and dy)
-    if (k0 + kTile < end) {
-      G* next = tiles + (stage ^ 1) * 2 * kTile * ld;
-      IssueRows<G, kD, kTile>(next, k + off, k0 + kTile, T, vec, rs);
-      IssueRows<G, kD, kTile>(next + kTile * ld, v + off, k0 + kTile, T, vec, rs);
-    }
-    mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
-    mma::CpAsyncWait<1>();
-    __syncthreads();  // this tile, from every thread's copies
+    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
 #pragma unroll 1
