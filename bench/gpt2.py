@@ -85,7 +85,7 @@ def strata_side(a, workdir):
         lines = [json.loads(l) for l in f if l.strip()]
     steps = [l for l in lines if "step_ms" in l]
     ms = statistics.median(l["step_ms"] for l in steps[a.warmup:])
-    for note in re.findall(r"note: --cuda_graph: .*", p.stdout):
+    for note in re.findall(r"note: (?:--cuda_graph: |cuBLASLt ).*", p.stdout):
         print("strata " + note)
     peak = re.search(r"measured peak ([0-9.]+) (B|KiB|MiB|GiB)", p.stdout)
     unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -104,6 +105,12 @@ class Device {
   virtual absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() {
     return absl::UnimplementedError(GraphUnsupported());
   }
+  // Where the device's libraries ran part of the plan less fused than the
+  // plan asked (CUDA: a cuBLASLt epilogue run as two passes, one line per
+  // GEMM shape), the lines from index `from` on, in the order found; a run
+  // prints each once as a note ("note: LINE"). Lines are only ever added.
+  virtual std::vector<std::string> KernelFallbacks(size_t from) const { return {}; }
+
   // Whether a capture is under way (between BeginCapture and EndCapture):
   // work enqueued now is recorded, not run, so nothing may wait for it on
   // the host (a transport's Work then only orders the compute stream).

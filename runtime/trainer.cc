@@ -756,6 +756,10 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
     if (reporter_) std::fprintf(stderr, "note: --cuda_graph: %s\n", report_.cuda_graph_note.c_str());
   }
   report_.cuda_graphs = executor_->graphs();
+  for (std::string& line : options_.device->KernelFallbacks(report_.kernel_fallbacks.size())) {
+    if (reporter_) std::fprintf(stderr, "note: %s\n", line.c_str());
+    report_.kernel_fallbacks.push_back(std::move(line));
+  }
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
   if (holds_loss_ && dp_ != nullptr) {
     // Each replica's loss and fetches are means over its equal share of the

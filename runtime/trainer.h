@@ -90,6 +90,8 @@ struct TrainReport {
   // (why not, or which step was captured); "" when not asked.
   int cuda_graphs = 0;
   std::string cuda_graph_note;
+  // The device's kernel fallbacks noted so far (Device::KernelFallbacks).
+  std::vector<std::string> kernel_fallbacks;
 };
 
 // The step of a checkpoint (its metadata) if a run of `total_steps` steps

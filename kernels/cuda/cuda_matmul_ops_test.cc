@@ -332,6 +332,13 @@ TEST_F(CudaOpsTest, MatmulBiasStoredInSixteenBitsMatchesTheCpu) {
   std::cout << "cuBLASLt refused a float bias or aux beside a 16-bit D " << refusals
             << " times (0: every stored GEMM ran fused)\n";
   RecordProperty("float_epilogue_refusals", static_cast<int>(refusals));
+  // Each refusal's shape has its line (what strata run reports as a note).
+  const std::vector<std::string>& fallbacks = device_->gemm().epilogue_fallbacks();
+  for (const std::string& line : fallbacks) std::cout << "  " << line << "\n";
+  if (refusals > 0) {
+    EXPECT_TRUE(std::any_of(fallbacks.begin(), fallbacks.end(),
+                            [](const std::string& l) { return l.find("refused") != std::string::npos; }));
+  }
 }
 
 // matmul_bias_grad_b (the weight-gradient GEMM fused with the bias's sum):

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/allocator.h"
 
@@ -538,7 +539,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
     if (!status.ok() && float_epilogue && RefusedCombination(status)) {
       ++float_epilogue_refusals_;
       // Refused at the call rather than at the plan: remembered the same way.
-      plans_[key] = nullptr;
+      RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
     }
@@ -579,6 +580,50 @@ LtGemm::PlanKey LtGemm::KeyFor(cudaDataType_t type, cudaDataType_t c_type, cubla
                  pitch_c};
 }
 
+namespace {
+
+const char* EpilogueName(cublasLtEpilogue_t epilogue) {
+  switch (epilogue) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_BGRADA:
+      return "BGRADA";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "an epilogue";
+  }
+}
+
+const char* TypeName(cudaDataType_t type) {
+  switch (type) {
+    case CUDA_R_32F:
+      return "float";
+    case CUDA_R_16BF:
+      return "bf16";
+    case CUDA_R_16F:
+      return "fp16";
+    case CUDA_R_64F:
+      return "double";
+    default:
+      return "another type";
+  }
+}
+
+}  // namespace
+
+void LtGemm::RememberNoPlan(const PlanKey& key, bool refused) {
+  plans_[key] = nullptr;
+  if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT) return;
+  epilogue_fallbacks_.push_back(absl::StrCat(
+      "cuBLASLt ", refused ? "refused " : "has no algorithm for ", EpilogueName(key.epilogue), " (", TypeName(key.type),
+      " a and b, ", TypeName(key.c_type), " D", key.float_epilogue ? " with a float bias and aux" : "",
+      key.batch > 1 ? absl::StrCat(", batch ", key.batch) : "", ", m=", key.m, " n=", key.n, " k=", key.k,
+      "): the GEMM and its epilogue ran as two passes"));
+}
+
 absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
@@ -593,7 +638,10 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
     if (!plan.ok()) {
       // No algorithm is the shape's answer, kept so a step does not ask the
       // heuristic again; any other failure may pass, and is not kept.
-      if (plan.status().code() == absl::StatusCode::kUnimplemented) plans_.emplace(key, nullptr);
+      if (plan.status().code() == absl::StatusCode::kUnimplemented) {
+        RememberNoPlan(key, /*refused=*/key.float_epilogue &&
+                                absl::StrContains(plan.status().message(), "refused a float bias or aux"));
+      }
       return plan.status();
     }
     it = plans_.emplace(key, *std::move(plan)).first;

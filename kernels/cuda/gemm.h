@@ -21,8 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -168,6 +170,14 @@ class LtGemm {
   // How many times cuBLASLt refused a float bias or aux beside a 16-bit D
   // (the callers then took their two-pass fallback): which path ran.
   int64_t float_epilogue_refusals() const { return float_epilogue_refusals_; }
+  // The fused-epilogue GEMMs this LtGemm ran as two passes, one line per
+  // shape in the order found: no algorithm for the epilogue, or a float bias
+  // or aux beside a 16-bit D refused (e.g. "cuBLASLt refused GELU_AUX_BIAS
+  // (bf16 a and b, bf16 D with a float bias and aux, m=8192 n=3072 k=768):
+  // the GEMM and its epilogue ran as two passes"), for a run to report where
+  // cuBLASLt did not take the fusion its plan asked for. Grows as plans are
+  // made; lines are never removed.
+  const std::vector<std::string>& epilogue_fallbacks() const { return epilogue_fallbacks_; }
 
   // Scratch for one-product GEMMs with a row not a multiple of 16 bytes
   // (kernels/gemm_staging.h): such an operand is copied into scratch with
@@ -254,6 +264,10 @@ class LtGemm {
   double staging_min_flops_ = kStagingMinFlops;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans_;
   int64_t float_epilogue_refusals_ = 0;
+  std::vector<std::string> epilogue_fallbacks_;
+  // Remembers `key` as having no plan (its epilogue runs apart), with its
+  // line in epilogue_fallbacks_ where it has an epilogue.
+  void RememberNoPlan(const PlanKey& key, bool refused);
 };
 
 }  // namespace cuda

@@ -1,8 +1,10 @@
 #include "runtime/cuda/cuda_device.h"
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -187,6 +189,12 @@ absl::Status CudaDevice::EnqueueCopyToHost(void* host_dst, const void* src, size
 absl::Status CudaDevice::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_), "device copy");
+}
+
+std::vector<std::string> CudaDevice::KernelFallbacks(size_t from) const {
+  const std::vector<std::string>& all = gemm_->epilogue_fallbacks();
+  if (from >= all.size()) return {};
+  return std::vector<std::string>(all.begin() + static_cast<std::ptrdiff_t>(from), all.end());
 }
 
 absl::Status CudaDevice::Memset(void* dst, int byte, size_t bytes) {

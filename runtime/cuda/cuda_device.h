@@ -16,7 +16,10 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +66,7 @@ class CudaDevice final : public Device {
   std::string GraphUnsupported() const override { return ""; }
   absl::Status BeginCapture(const DeviceGraph* share_memory_with) override;
   absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() override;
+  std::vector<std::string> KernelFallbacks(size_t from) const override;
   bool capturing() const override { return capture_active_.load(std::memory_order_acquire); }
   // cudaStreamQuery of both streams (a graph replays on the compute stream).
   absl::StatusOr<bool> WorkDone() override;
