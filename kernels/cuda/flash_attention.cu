@@ -685,40 +685,53 @@ __device__ inline void LoadA(uint32_t (&a)[kD / 16][4], const G* rows, int lane)
   for (int kk = 0; kk < kD / 16; ++kk) mma::LdMatrixX4<false>(a[kk], rows + (lane % 16) * ld + kk * 16 + 8 * (lane / 16));
 }
 
-// c[0], c[1] = a b^T for b's rows row0.. and row0 + 8..: a the warp's A
-// fragments (16 rows x kD), b a [.][kLd] tile whose rows are the product's
-// columns. ldmatrix x4 per key step: b[0], b[1] of rows row0.. (lanes 0-15:
-// rows lane % 8, columns 8 ((lane / 8) % 2)), then of rows row0 + 8.. (lanes
-// 16-31).
-template <typename G, int kD>
-__device__ inline void RowProducts(float (&c)[2][4], const uint32_t (&a)[kD / 16][4], const G* b, int row0,
+// c[mt][0], c[mt][1] = a[mt] b^T for b's rows row0.. and row0 + 8.., for
+// each of the warp's kMT 16-row tiles: a[mt] a tile's A fragments (16 rows x
+// kD), b a [.][kLd] tile whose rows are the product's columns; each B
+// fragment, read once, feeds the kMT products. ldmatrix x4 per key step:
+// b[0], b[1] of rows row0.. (lanes 0-15: rows lane % 8, columns
+// 8 ((lane / 8) % 2)), then of rows row0 + 8.. (lanes 16-31).
+template <typename G, int kD, int kMT>
+__device__ inline void RowProducts(float (&c)[kMT][2][4], const uint32_t (&a)[kMT][kD / 16][4], const G* b, int row0,
                                    int lane) {
   constexpr int ld = kLd<kD>;
   const G* row = b + (row0 + lane % 8 + 8 * (lane / 16)) * ld + 8 * ((lane / 8) % 2);
 #pragma unroll
-  for (int n = 0; n < 2; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) c[mt][n][0] = c[mt][n][1] = c[mt][n][2] = c[mt][n][3] = 0.0f;
+  }
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t w[4];
     mma::LdMatrixX4<false>(w, row + kk * 16);
-    mma::Mma16816<G>(c[0], a[kk], {w[0], w[1]});
-    mma::Mma16816<G>(c[1], a[kk], {w[2], w[3]});
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma::Mma16816<G>(c[mt][0], a[mt][kk], {w[0], w[1]});
+      mma::Mma16816<G>(c[mt][1], a[mt][kk], {w[2], w[3]});
+    }
   }
 }
 
-// acc[n] += a x rows 16 s.. of a [.][kLd] tile (the product's k along its
-// rows, its columns the output's): B of output blocks n, n + 1 by one
-// ldmatrix x4 .trans (lane: row 16 s + lane % 16, columns 8 n + 8 (lane / 16)).
-template <typename G, int kD>
-__device__ inline void AccumulateRows(float (&acc)[kD / 8][4], const uint32_t (&a)[4], const G* b, int s, int lane) {
+// acc[mt][n] += a[mt] x rows 16 s.. of a [.][kLd] tile (the product's k
+// along its rows, its columns the output's), for each of the warp's kMT
+// 16-row tiles: B of output blocks n, n + 1 by one ldmatrix x4 .trans (lane:
+// row 16 s + lane % 16, columns 8 n + 8 (lane / 16)), feeding the kMT
+// products.
+template <typename G, int kD, int kMT>
+__device__ inline void AccumulateRows(float (&acc)[kMT][kD / 8][4], const uint32_t (&a)[kMT][4], const G* b, int s,
+                                      int lane) {
   constexpr int ld = kLd<kD>;
   const G* row = b + (16 * s + lane % 16) * ld + 8 * (lane / 16);
 #pragma unroll
   for (int n = 0; n < kD / 8; n += 2) {
     uint32_t w[4];
     mma::LdMatrixX4<true>(w, row + n * 8);
-    mma::Mma16816<G>(acc[n], a, {w[0], w[1]});
-    mma::Mma16816<G>(acc[n + 1], a, {w[2], w[3]});
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma::Mma16816<G>(acc[mt][n], a[mt], {w[0], w[1]});
+      mma::Mma16816<G>(acc[mt][n + 1], a[mt], {w[2], w[3]});
+    }
   }
 }
 
@@ -790,14 +803,14 @@ __global__ void __launch_bounds__(kThreads)
   mma::CpAsyncCommit();
   mma::CpAsyncWait<1>();
   __syncthreads();
-  uint32_t ka[kSteps][4], va[kVShared ? 1 : kSteps][4];
-  LoadA<G, kD>(ka, tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
-  if constexpr (!kVShared) LoadA<G, kD>(va, vs + warp * kWarpRows * ld, lane);
-  float dk_acc[kD / 8][4], dv_acc[kD / 8][4];
+  uint32_t ka[1][kSteps][4], va[1][kVShared ? 1 : kSteps][4];
+  LoadA<G, kD>(ka[0], tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
+  if constexpr (!kVShared) LoadA<G, kD>(va[0], vs + warp * kWarpRows * ld, lane);
+  float dk_acc[1][kD / 8][4], dv_acc[1][kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) dk_acc[0][n][e] = dv_acc[0][n][e] = 0.0f;
   }
   for (int64_t i0 = begin, stage = 0; i0 < T; i0 += kTile, stage ^= 1) {
     NextStage<G, kD>(tiles, stage, q + off, dy + off, i0 + kTile, i0 + kTile < T, T, vec, rs,
@@ -809,17 +822,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
       if (causal && i0 + s * 16 + 15 < kw0) continue;  // every query before every key of the warp
-      float st[2][4], dpt[2][4];
-      RowProducts<G, kD>(st, ka, qs, 16 * s, lane);
+      float st[1][2][4], dpt[1][2][4];
+      RowProducts<G, kD, 1>(st, ka, qs, 16 * s, lane);
       if constexpr (kVShared) {
-        uint32_t vsa[kSteps][4];  // read at every step, as each mma needs it
-        LoadA<G, kD>(vsa, vs + warp * kWarpRows * ld, lane);
-        RowProducts<G, kD>(dpt, vsa, dys, 16 * s, lane);
+        uint32_t vsa[1][kSteps][4];  // read at every step, as each mma needs it
+        LoadA<G, kD>(vsa[0], vs + warp * kWarpRows * ld, lane);
+        RowProducts<G, kD, 1>(dpt, vsa, dys, 16 * s, lane);
       } else {
-        RowProducts<G, kD>(dpt, va, dys, 16 * s, lane);
+        RowProducts<G, kD, 1>(dpt, va, dys, 16 * s, lane);
       }
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
-      uint32_t pa[4], dsa[4];
+      uint32_t pa[1][4], dsa[1][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         float p[4], ds[4];
@@ -827,99 +840,129 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) {
           const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
           p[e] = flash::Visible(i0 + c, kw0 + g + 8 * (e / 2), T, causal)
-                     ? flash::BackwardProb(scale * st[n][e], lses[c])
+                     ? flash::BackwardProb(scale * st[0][n][e], lses[c])
                      : 0.0f;
-          ds[e] = flash::ScoreGrad(p[e], dpt[n][e], dis[c]);
+          ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
         }
-        pa[n * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
-        pa[n * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
-        dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
-        dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
+        pa[0][n * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
+        pa[0][n * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
+        dsa[0][n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
+        dsa[0][n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
       }
-      AccumulateRows<G, kD>(dv_acc, pa, dys, s, lane);
-      AccumulateRows<G, kD>(dk_acc, dsa, qs, s, lane);
+      AccumulateRows<G, kD, 1>(dv_acc, pa, dys, s, lane);
+      AccumulateRows<G, kD, 1>(dk_acc, dsa, qs, s, lane);
     }
   }
   mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
-  StoreFragments<G, kD>(dk + off, dk_acc, kw0, T, scale, rs, g, t);
-  StoreFragments<G, kD>(dv + off, dv_acc, kw0, T, 1.0f, rs, g, t);
+  StoreFragments<G, kD>(dk + off, dk_acc[0], kw0, T, scale, rs, g, t);
+  StoreFragments<G, kD>(dv + off, dv_acc[0], kw0, T, 1.0f, rs, g, t);
 }
 
-// FlashGradQ on mma.sync, selected by MmaFlashAttention(): grid (query
-// blocks, heads), kThreads; a warp owns 16 queries, whose q and dy rows stay
-// A fragments in registers, lse and di of its rows g, g + 8 in registers. Key
-// tiles of k and v rows come by cp.async two stages deep; per 16-key step:
-// S = q k^T and dP = dy v^T in C fragments (B: ldmatrix of k's and v's
-// rows), dS = exp(scale S - lse) (dP - di) rounded to G as the A fragment of
-// dq += dS k (B: k's rows by ldmatrix .trans). Steps wholly above the
-// diagonal (causal) are skipped.
+// FlashGradQMma's warps own kDqTiles 16-row tiles of queries (each B
+// fragment then feeds kDqTiles products; at D = 128 the dq accumulators of
+// two would not fit beside the rest), its blocks kDqRows.
+template <int kD>
+constexpr int kDqTiles = kD <= 64 ? 2 : 1;
+template <int kD>
+constexpr int kDqRows = kWarps * kWarpRows * kDqTiles<kD>;
+template <int kD>
+int64_t GradQBlocks(int64_t T) {
+  return (T + kDqRows<kD> - 1) / kDqRows<kD>;
+}
+static_assert(kDqRows<64> <= 2 * kTile && kDqRows<128> <= 2 * kTile, "q's, then dy's rows fit in a stage");
+
+// FlashGradQ on mma.sync, selected by MmaFlashAttention(): grid
+// (GradQBlocks(T), heads), kThreads; a warp owns kDqTiles x 16 queries, whose
+// q and dy rows stay A fragments in registers, lse and di of its rows in
+// registers. Key tiles of k and v rows come by cp.async two stages deep; per
+// 16-key step: S = q k^T and dP = dy v^T in C fragments (B: ldmatrix of k's
+// and v's rows), dS = exp(scale S - lse) (dP - di) rounded to G as the A
+// fragment of dq += dS k (B: k's rows by ldmatrix .trans). Steps wholly
+// above the diagonal (causal) are skipped.
 template <typename G, int kD>
 __global__ void __launch_bounds__(kThreads)
     FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
                   float scale, bool causal, bool vec, HeadLayout layout) {
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
+  constexpr int kMT = kDqTiles<kD>;
+  constexpr int kWarpQueries = kMT * kWarpRows;
   extern __shared__ __align__(128) unsigned char smem[];
   G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
-  const int64_t qw0 = q0 + warp * kWarpRows;       // the warp's first query
-  const int64_t rows[2] = {qw0 + g, qw0 + g + 8};  // the lane's query rows
-  float row_lse[2], row_di[2];
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kDqRows<kD>;
+  const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
+  float row_lse[kMT][2], row_di[kMT][2];         // of the lane's rows qw0 + 16 mt + g (+ 8)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_lse[r] = rows[r] < T ? lse[head * T + rows[r]] : 0.0f;
-    row_di[r] = rows[r] < T ? di[head * T + rows[r]] : 0.0f;
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t row = qw0 + 16 * mt + g + 8 * r;
+      row_lse[mt][r] = row < T ? lse[head * T + row] : 0.0f;
+      row_di[mt][r] = row < T ? di[head * T + row] : 0.0f;
+    }
   }
-  const int64_t end = flash::KeyEnd(q0, T, causal);
+  const int64_t end = flash::KeyEnd(q0, T, causal, kDqRows<kD>);
 
-  // q's and dy's rows through stage 1, the first key tile into stage 0.
-  IssueRows<G, kD, kBlock>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
-  IssueRows<G, kD, kBlock>(tiles + 3 * kTile * ld, dy + off, q0, T, vec, rs);
+  // q's rows through stage 1 and dy's through stage 0 (kDqRows each), into
+  // A fragments; then the first key tile into stage 0.
+  IssueRows<G, kD, kDqRows<kD>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
+  IssueRows<G, kD, kDqRows<kD>>(tiles, dy + off, q0, T, vec, rs);
   mma::CpAsyncCommit();
+  mma::CpAsyncWait<0>();
+  __syncthreads();
+  uint32_t qa[kMT][kSteps][4], dya[kMT][kSteps][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    LoadA<G, kD>(qa[mt], tiles + (2 * kTile + warp * kWarpQueries + 16 * mt) * ld, lane);
+    LoadA<G, kD>(dya[mt], tiles + (warp * kWarpQueries + 16 * mt) * ld, lane);
+  }
+  __syncthreads();  // every warp has its fragments: stage 0 takes the first tile
   IssueRows<G, kD, kTile>(tiles, k + off, 0, T, vec, rs);
   IssueRows<G, kD, kTile>(tiles + kTile * ld, v + off, 0, T, vec, rs);
   mma::CpAsyncCommit();
-  mma::CpAsyncWait<1>();
-  __syncthreads();
-  uint32_t qa[kSteps][4], dya[kSteps][4];
-  LoadA<G, kD>(qa, tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
-  LoadA<G, kD>(dya, tiles + (3 * kTile + warp * kWarpRows) * ld, lane);
-  float dq_acc[kD / 8][4];
+  float dq_acc[kMT][kD / 8][4];
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) dq_acc[mt][n][0] = dq_acc[mt][n][1] = dq_acc[mt][n][2] = dq_acc[mt][n][3] = 0.0f;
+  }
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
     NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
-      if (causal && k0 + s * 16 > qw0 + 15) continue;  // every key after every query of the warp
-      float sc[2][4], dp[2][4];
-      RowProducts<G, kD>(sc, qa, ks, 16 * s, lane);
-      RowProducts<G, kD>(dp, dya, vs, 16 * s, lane);
-      uint32_t dsa[4];
+      if (causal && k0 + s * 16 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
+      float sc[kMT][2][4], dp[kMT][2][4];
+      RowProducts<G, kD, kMT>(sc, qa, ks, 16 * s, lane);
+      RowProducts<G, kD, kMT>(dp, dya, vs, 16 * s, lane);
+      uint32_t dsa[kMT][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float ds[4];
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = k0 + s * 16 + n * 8 + 2 * t + e % 2;
-          const float p = flash::Visible(rows[e / 2], key, T, causal)
-                              ? flash::BackwardProb(scale * sc[n][e], row_lse[e / 2])
-                              : 0.0f;
-          ds[e] = flash::ScoreGrad(p, dp[n][e], row_di[e / 2]);
+        for (int n = 0; n < 2; ++n) {
+          float ds[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t row = qw0 + 16 * mt + g + 8 * (e / 2), key = k0 + s * 16 + n * 8 + 2 * t + e % 2;
+            const float p = flash::Visible(row, key, T, causal)
+                                ? flash::BackwardProb(scale * sc[mt][n][e], row_lse[mt][e / 2])
+                                : 0.0f;
+            ds[e] = flash::ScoreGrad(p, dp[mt][n][e], row_di[mt][e / 2]);
+          }
+          dsa[mt][n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
+          dsa[mt][n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
         }
-        dsa[n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
-        dsa[n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
       }
-      AccumulateRows<G, kD>(dq_acc, dsa, ks, s, lane);
+      AccumulateRows<G, kD, kMT>(dq_acc, dsa, ks, s, lane);
     }
   }
   mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
-  StoreFragments<G, kD>(dq + off, dq_acc, qw0, T, scale, rs, g, t);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) StoreFragments<G, kD>(dq + off, dq_acc[mt], qw0 + 16 * mt, T, scale, rs, g, t);
 }
 
 // Opts `kernel` into `shared` bytes of dynamic shared memory on the current
@@ -1003,8 +1046,8 @@ cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const
         <<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     if (cudaError_t e = AllowShared(FlashGradQMma<G, kD>, q_shared, mma_q_done); e != cudaSuccess) return e;
-    FlashGradQMma<G, kD>
-        <<<Grid(T, heads), kThreads, q_shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
+    const dim3 q_grid(static_cast<unsigned>(GradQBlocks<kD>(T)), static_cast<unsigned>(heads));
+    FlashGradQMma<G, kD><<<q_grid, kThreads, q_shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
     return cudaGetLastError();
   }
   static std::atomic<uint64_t> kv_done{0}, q_done{0};

@@ -246,7 +246,7 @@ void Check(const Case& c, bool vec, double bar) {
       Launch(blocks, c.heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk.data(), dv.data(), q.data(), k.data(),
              v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec,
              HeadLayout{});
-      Launch(blocks, c.heads, GradQShared(kD), FlashGradQMma<G, kD>, dq.data(), q.data(), k.data(), v.data(),
+      Launch(GradQBlocks<kD>(c.T), c.heads, GradQShared(kD), FlashGradQMma<G, kD>, dq.data(), q.data(), k.data(), v.data(),
              lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     } else {
       Launch(blocks, c.heads, GradShared(kD), FlashGradKV<G, kD>, dk.data(), dv.data(), q.data(), k.data(), v.data(),
@@ -457,7 +457,7 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma)
     if (mma) {
       Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
              v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
-      Launch(blocks, heads, GradQShared(kD), FlashGradQMma<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
+      Launch(GradQBlocks<kD>(T), heads, GradQShared(kD), FlashGradQMma<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
              lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
     } else {
       Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(), v.data(),

@@ -349,10 +349,11 @@ inline void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   for (int i = 0; i < 4; ++i) r[i] = out[i];
 }
 
-// cp.async of 16 bytes: queued per CUDA thread and performed only at the
-// thread's CpAsyncWait that covers its group, so a kernel that reads a tile
-// before waiting for it (or before the __syncthreads after the waits) reads
-// what was there before. DropPendingCopies, after each block, counts (and
+// cp.async of 16 bytes: the destination poisoned (NaN bytes) at once, the
+// copy queued per CUDA thread and performed only at the thread's CpAsyncWait
+// that covers its group, so a kernel that reads a tile before waiting for it
+// (or before the __syncthreads after the waits), or issues the next tile
+// into a stage another warp still reads, reads NaNs. DropPendingCopies, after each block, counts (and
 // discards) copies a block never waited for.
 struct PendingCopy {
   void* dst;
@@ -369,6 +370,10 @@ inline void CpAsync16(void* dst, const void* src, bool valid) {
   if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0 && errors.fetch_add(1) < 20) {
     std::fprintf(stderr, "stand-in cp.async: source %p not 16-byte aligned\n", src);
   }
+  // The destination reads as NaN bytes until the copy lands: a tile read
+  // before its wait, or overwritten while another warp still reads it (a
+  // missing barrier before the next tile's copies), shows.
+  std::memset(dst, 0xff, 16);
   async_copies[LinearThread()].open.push_back({dst, src, valid});
 }
 inline void CpAsyncCommit() {
