@@ -331,6 +331,7 @@ __global__ void __launch_bounds__(kThreads)
   // output blocks: rows lane % 16, columns 8 (lane / 16)).
   const int a_row = lane % 16, a_col = 8 * (lane / 16);
   const int kb_row = lane % 8, kb_col = 8 * (lane / 8);
+  const float scale_log2 = scale * flash::kLog2e;
 
   // q's rows through stage 1, the first key tile into stage 0.
   IssueRows<G, kD, kFwdRows<kD>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
@@ -381,30 +382,40 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    // Scale and mask in float, then the online softmax over each row's four
-    // lanes, and P rounded to G as P v's A operand: key block n is half of
-    // key step n / 2.
+    // Scale into base 2 (flash_attention_math.h's Exp2), mask only where the
+    // tile needs it (a warp-uniform test: the diagonal, or keys past T; rows
+    // past T run unmasked on their zero q rows and are never stored), then
+    // the online softmax over each row's four lanes, and P rounded to G as
+    // P v's A operand: key block n is half of key step n / 2.
+    const bool masked = (causal && k0 + kTile - 1 > qw0) || k0 + kTile > T;
+    const int keys_left = static_cast<int>(T - k0 < kTile ? T - k0 : kTile);
+    // Key column c of the tile lies after the warp's query row r when c - r > diag.
+    const int diag = static_cast<int>(qw0 - k0 < kTile ? qw0 - k0 : kTile);
     uint32_t pa[kMT][kTile / 16][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      const int64_t rows[2] = {qw0 + mt * 16 + g, qw0 + mt * 16 + g + 8};  // the lane's query rows
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kKeyBlocks; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t key = k0 + n * 8 + 2 * t + e % 2;
-          s[mt][n][e] = flash::Visible(rows[e / 2], key, T, causal) ? scale * s[mt][n][e] : -INFINITY;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][n][e]);
+          float x = s[mt][n][e] * scale_log2;
+          if (masked) {
+            const int c = n * 8 + 2 * t + e % 2, r = mt * 16 + g + 8 * (e / 2);
+            if (c >= keys_left || (causal && c - r > diag)) x = -INFINITY;
+          }
+          s[mt][n][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
       }
-      float correction[2], sum[2] = {0.0f, 0.0f};
+      float correction[2], m_use[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float new_m = flash::NewMax(m[mt][r], tile_max[r]);
-        correction[r] = flash::Rescale(m[mt][r], new_m);
+        const float new_m = fmaxf(m[mt][r], tile_max[r]);
+        m_use[r] = flash::Base2Max(new_m);
+        correction[r] = flash::Exp2(m[mt][r] - m_use[r]);  // 0 from m = -inf: o and l are 0 then
         m[mt][r] = new_m;
       }
 #pragma unroll
@@ -412,11 +423,11 @@ __global__ void __launch_bounds__(kThreads)
         float p[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          p[e] = flash::Prob(s[mt][n][e], m[mt][e / 2]);
+          p[e] = flash::Exp2(s[mt][n][e] - m_use[e / 2]);
           sum[e / 2] += p[e];  // l sums the float probabilities, P v their 16-bit roundings (FlashAttention's)
         }
-        pa[mt][n / 2][(n % 2) * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
-        pa[mt][n / 2][(n % 2) * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
+        pa[mt][n / 2][(n % 2) * 2] = mma::RoundPair<G>(p[0], p[1]);
+        pa[mt][n / 2][(n % 2) * 2 + 1] = mma::RoundPair<G>(p[2], p[3]);
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -459,10 +470,9 @@ __global__ void __launch_bounds__(kThreads)
       G* yr = y + off + row * rs + 2 * t;
 #pragma unroll
       for (int n = 0; n < kOutBlocks; ++n) {
-        yr[n * 8] = FromFloat<G>(o[mt][n][2 * r] * inv);
-        yr[n * 8 + 1] = FromFloat<G>(o[mt][n][2 * r + 1] * inv);
+        mma::StorePair(yr + n * 8, mma::RoundPair<G>(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv));
       }
-      if (t == 0) lse[head * T + row] = flash::Lse(m[mt][r], l[mt][r]);
+      if (t == 0) lse[head * T + row] = flash::Lse(m[mt][r] * flash::kLn2, l[mt][r]);
     }
   }
 }
@@ -748,8 +758,7 @@ __device__ inline void StoreFragments(G* dst, const float (&acc)[kD / 8][4], int
     G* out = dst + row * rs + 2 * t;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
-      out[n * 8] = FromFloat<G>(acc[n][2 * r] * factor);
-      out[n * 8 + 1] = FromFloat<G>(acc[n][2 * r + 1] * factor);
+      mma::StorePair(out + n * 8, mma::RoundPair<G>(acc[n][2 * r] * factor, acc[n][2 * r + 1] * factor));
     }
   }
 }
@@ -781,12 +790,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t kw0 = k0 + warp * kWarpRows;  // the warp's first key; the lane's are kw0 + g and + 8
+  const float scale_log2 = scale * flash::kLog2e;
   const int64_t begin = flash::QueryBegin(k0, causal);
   // lse and di of query rows [i0, i0 + kTile) into stage `stage`, at once.
   const auto load_stats = [&](int64_t i0, int stage) {
     float* s = stats + stage * 2 * kTile;
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      s[r] = i0 + r < T ? lse[head * T + i0 + r] : 0.0f;
+      s[r] = i0 + r < T ? lse[head * T + i0 + r] * flash::kLog2e : 0.0f;  // lse in base 2
       s[kTile + r] = i0 + r < T ? di[head * T + i0 + r] : 0.0f;
     }
   };
@@ -819,6 +829,8 @@ __global__ void __launch_bounds__(kThreads)
     const G* dys = qs + kTile * ld;
     const float* lses = stats + stage * 2 * kTile;
     const float* dis = lses + kTile;
+    // The warp's key row kr lies after the tile's query row c when kr - c > diag.
+    const int diag = static_cast<int>(i0 - kw0 < kTile ? i0 - kw0 : kTile);
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
       if (causal && i0 + s * 16 + 15 < kw0) continue;  // every query before every key of the warp
@@ -831,7 +843,11 @@ __global__ void __launch_bounds__(kThreads)
       } else {
         RowProducts<G, kD, 1>(dpt, va, dys, 16 * s, lane);
       }
+      // P^T = Exp2(S^T scale log2(e) - lse log2(e)), masked only on steps
+      // that cross the diagonal (a query row past T has lse 0 and zero q and
+      // dy rows, so it adds nothing; a key row past T is never stored).
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
+      const bool masked = causal && i0 + s * 16 < kw0 + 15;
       uint32_t pa[1][4], dsa[1][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
@@ -839,15 +855,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-          p[e] = flash::Visible(i0 + c, kw0 + g + 8 * (e / 2), T, causal)
-                     ? flash::BackwardProb(scale * st[0][n][e], lses[c])
-                     : 0.0f;
+          p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c]);
+          if (masked && g + 8 * (e / 2) - c > diag) p[e] = 0.0f;  // the key after the query
           ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
         }
-        pa[0][n * 2] = mma::Pair(FromFloat<G>(p[0]), FromFloat<G>(p[1]));
-        pa[0][n * 2 + 1] = mma::Pair(FromFloat<G>(p[2]), FromFloat<G>(p[3]));
-        dsa[0][n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
-        dsa[0][n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
+        pa[0][n * 2] = mma::RoundPair<G>(p[0], p[1]);
+        pa[0][n * 2 + 1] = mma::RoundPair<G>(p[2], p[3]);
+        dsa[0][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
+        dsa[0][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
       }
       AccumulateRows<G, kD, 1>(dv_acc, pa, dys, s, lane);
       AccumulateRows<G, kD, 1>(dk_acc, dsa, qs, s, lane);
@@ -900,11 +915,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = qw0 + 16 * mt + g + 8 * r;
-      row_lse[mt][r] = row < T ? lse[head * T + row] : 0.0f;
+      row_lse[mt][r] = row < T ? lse[head * T + row] * flash::kLog2e : 0.0f;  // lse in base 2
       row_di[mt][r] = row < T ? di[head * T + row] : 0.0f;
     }
   }
   const int64_t end = flash::KeyEnd(q0, T, causal, kDqRows<kD>);
+  const float scale_log2 = scale * flash::kLog2e;
 
   // q's rows through stage 1 and dy's through stage 0 (kDqRows each), into
   // A fragments; then the first key tile into stage 0.
@@ -933,12 +949,21 @@ __global__ void __launch_bounds__(kThreads)
     NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
+    const int keys_left = static_cast<int>(T - k0 < kTile ? T - k0 : kTile);
+    // Key column c of the tile lies after the warp's query row r when c - r > diag.
+    const int diag = static_cast<int>(qw0 - k0 < kTile ? qw0 - k0 : kTile);
 #pragma unroll 1
     for (int s = 0; s < kTile / 16; ++s) {
       if (causal && k0 + s * 16 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
       float sc[kMT][2][4], dp[kMT][2][4];
       RowProducts<G, kD, kMT>(sc, qa, ks, 16 * s, lane);
       RowProducts<G, kD, kMT>(dp, dya, vs, 16 * s, lane);
+      // P = Exp2(S scale log2(e) - lse log2(e)), masked only on steps that
+      // cross the diagonal or reach past T (a key row past T is zero, and
+      // its score 0 need not be below a row's lse); a query row past T has
+      // lse 0 and zero dy and is never stored.
+      const int col0 = s * 16;  // the step's first key column of the tile
+      const bool masked = (causal && k0 + col0 + 15 > qw0) || k0 + col0 + 16 > T;
       uint32_t dsa[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -947,14 +972,15 @@ __global__ void __launch_bounds__(kThreads)
           float ds[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int64_t row = qw0 + 16 * mt + g + 8 * (e / 2), key = k0 + s * 16 + n * 8 + 2 * t + e % 2;
-            const float p = flash::Visible(row, key, T, causal)
-                                ? flash::BackwardProb(scale * sc[mt][n][e], row_lse[mt][e / 2])
-                                : 0.0f;
+            float p = flash::Exp2(sc[mt][n][e] * scale_log2 - row_lse[mt][e / 2]);
+            if (masked) {
+              const int c = col0 + n * 8 + 2 * t + e % 2, r = 16 * mt + g + 8 * (e / 2);
+              if (c >= keys_left || (causal && c - r > diag)) p = 0.0f;
+            }
             ds[e] = flash::ScoreGrad(p, dp[mt][n][e], row_di[mt][e / 2]);
           }
-          dsa[mt][n * 2] = mma::Pair(FromFloat<G>(ds[0]), FromFloat<G>(ds[1]));
-          dsa[mt][n * 2 + 1] = mma::Pair(FromFloat<G>(ds[2]), FromFloat<G>(ds[3]));
+          dsa[mt][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
+          dsa[mt][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
         }
       }
       AccumulateRows<G, kD, kMT>(dq_acc, dsa, ks, s, lane);

@@ -195,6 +195,10 @@ struct Case {
   bool causal;
   double scale;  // 0: 1/sqrt(D)
   double range;  // q and k uniform in [-range, range]
+  // q all +range and k all -range instead: every score -range^2 D scale, so
+  // every row's lse is far below 0 and a zero-padded key's score 0 is far
+  // above it (exp(0 - lse) overflows float where it is not masked).
+  bool opposed = false;
 };
 
 // The kernels as the launchers run them, the gradient from the reference's y
@@ -203,7 +207,9 @@ template <typename G, int kD>
 void Check(const Case& c, bool vec, double bar) {
   const int64_t n = c.heads * c.T * kD;
   const double scale = c.scale != 0 ? c.scale : 1 / std::sqrt(static_cast<double>(kD));
-  const std::vector<G> q = Random<G>(n, c.range, 1), k = Random<G>(n, c.range, 2), v = Random<G>(n, 1, 3),
+  const std::vector<G> q = c.opposed ? std::vector<G>(n, Round<G>(c.range)) : Random<G>(n, c.range, 1),
+                       k = c.opposed ? std::vector<G>(n, Round<G>(-c.range)) : Random<G>(n, c.range, 2),
+                       v = Random<G>(n, 1, 3),
                        dy = Random<G>(n, 1, 4);
   std::vector<double> dlse(c.heads * c.T);
   std::mt19937 rng(5);
@@ -265,7 +271,7 @@ void Check(const Case& c, bool vec, double bar) {
 const Case kCases[] = {
     {1, 1, true, 0, 1},     {2, 17, false, 0, 1},  {1, 64, true, 0, 1},    {1, 65, false, 0.3, 1},
     {1, 130, true, 0, 1},   {1, 128, false, 0, 1}, {1, 150, true, 1.7, 3}, {1, 150, false, 1.7, 3},
-    {3, 100, true, 0, 1},
+    {3, 100, true, 0, 1},   {1, 100, true, 1.5, 2, true}, {1, 100, false, 1.5, 2, true},
 };
 
 // bf16 rounds P and dS to 8 bits (relative 2^-9) for their products, fp16

@@ -59,6 +59,27 @@ STRATA_HOST_DEVICE inline float Lse(float m, float l) { return m + kernel_math::
 STRATA_HOST_DEVICE inline float BackwardProb(float s, float lse) { return kernel_math::Exp(s - lse); }
 STRATA_HOST_DEVICE inline float ScoreGrad(float p, float dp, float di) { return p * (dp - di); }
 
+// The mma.sync kernels' softmax works in base 2, FlashAttention-2's way: a
+// score s becomes x = s * scale * log2(e) (one multiply), its probability
+// Exp2(x - m) (a subtract and the hardware's ex2.approx), m the running max
+// of x; lse = m ln(2) + log(l). Exp2 is ex2.approx.ftz.f32 on the GPU
+// (relative error within 2^-22, subnormal results flushed to 0; -inf gives
+// 0) and std::exp2 on the host, where the emulation runs.
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+STRATA_HOST_DEVICE inline float Exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+// The max a row's probabilities are taken against: m, or 0 while the row has
+// seen only masked scores (m = -inf), so that Exp2(-inf - m) is 0, not NaN.
+STRATA_HOST_DEVICE inline float Base2Max(float m) { return m == -INFINITY ? 0.0f : m; }
+
 }  // namespace flash
 }  // namespace cuda
 }  // namespace strata

@@ -136,6 +136,24 @@ __device__ inline uint32_t Word(const G* p) {
 #endif
 }
 
+// The word's two 16-bit elements (the lower half first) to p[0] and p[1]:
+// one 32-bit store where p is 4-byte aligned, else two.
+template <typename G>
+__device__ inline void StorePair(G* p, uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
+    *reinterpret_cast<uint32_t*>(p) = w;
+    return;
+  }
+#endif
+  std::memcpy(p, &w, sizeof(w));
+}
+
+// The word of lo and hi rounded to G (round to nearest even), lo in the low
+// half: one cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32 on the GPU.
+template <typename G>
+__device__ inline uint32_t RoundPair(float lo, float hi);
+
 // The word of lo (low half) and hi.
 template <typename G>
 __device__ inline uint32_t Pair(G lo, G hi) {
@@ -143,6 +161,25 @@ __device__ inline uint32_t Pair(G lo, G hi) {
   std::memcpy(&a, &lo, sizeof(a));
   std::memcpy(&b, &hi, sizeof(b));
   return static_cast<uint32_t>(a) | (static_cast<uint32_t>(b) << 16);
+}
+
+template <>
+__device__ inline uint32_t RoundPair<__nv_bfloat16>(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+#else
+  return Pair(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+#endif
+}
+template <>
+__device__ inline uint32_t RoundPair<__half>(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+#else
+  return Pair(__float2half_rn(lo), __float2half_rn(hi));
+#endif
 }
 
 }  // namespace mma
