@@ -792,15 +792,17 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t kw0 = k0 + warp * kWarpRows;  // the warp's first key; the lane's are kw0 + g and + 8
   const float scale_log2 = scale * flash::kLog2e;
   const int64_t begin = flash::QueryBegin(k0, causal);
-  // lse and di of query rows [i0, i0 + kTile) into stage `stage`, at once.
+  // lse and di of query rows [i0, i0 + kTile) into stage `stage` by cp.async
+  // (4 bytes a row; zeros past T), in the group of the tile's rows.
   const auto load_stats = [&](int64_t i0, int stage) {
     float* s = stats + stage * 2 * kTile;
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      s[r] = i0 + r < T ? lse[head * T + i0 + r] * flash::kLog2e : 0.0f;  // lse in base 2
-      s[kTile + r] = i0 + r < T ? di[head * T + i0 + r] : 0.0f;
+    for (int idx = threadIdx.x; idx < 2 * kTile; idx += kThreads) {
+      const int r = idx % kTile;
+      const bool real = i0 + r < T;
+      const float* src = (idx < kTile ? lse : di) + head * T + (real ? i0 + r : 0);
+      mma::CpAsync4(s + idx, src, real);
     }
   };
-
   // k's (and v's) rows through stage 1, the first query tile into stage 0.
   IssueRows<G, kD, kBlock>(tiles + 2 * kTile * ld, k + off, k0, T, vec, rs);
   IssueRows<G, kD, kBlock>(vs, v + off, k0, T, vec, rs);
@@ -855,7 +857,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-          p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c]);
+          p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c] * flash::kLog2e);
           if (masked && g + 8 * (e / 2) - c > diag) p[e] = 0.0f;  // the key after the query
           ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
         }

@@ -99,7 +99,19 @@ __device__ inline void CpAsync16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 #elif defined(CUDA_STAND_IN)
-  ::cuda_stand_in::CpAsync16(dst, src, valid);
+  ::cuda_stand_in::CpAsync(dst, src, valid, 16);
+#endif
+}
+
+// cp.async.ca.shared.global of 4 bytes (one float): as CpAsync16, both
+// addresses 4-byte aligned.
+__device__ inline void CpAsync4(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+#elif defined(CUDA_STAND_IN)
+  ::cuda_stand_in::CpAsync(dst, src, valid, 4);
 #endif
 }
 

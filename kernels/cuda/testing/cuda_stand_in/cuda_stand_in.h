@@ -305,15 +305,15 @@ void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
-// Whether [p, p + 16) is a 16-byte aligned span of the running block's
+// Whether [p, p + bytes) is a `bytes`-aligned span of the running block's
 // dynamic shared memory; reports what is wrong otherwise.
-inline bool SharedRow(const void* p, const char* what) {
+inline bool SharedRow(const void* p, const char* what, size_t bytes = 16) {
   const auto* c = static_cast<const unsigned char*>(p);
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    if (errors.fetch_add(1) < 20) std::fprintf(stderr, "stand-in %s: address %p not 16-byte aligned\n", what, p);
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
+    if (errors.fetch_add(1) < 20) std::fprintf(stderr, "stand-in %s: address %p not %zu-byte aligned\n", what, p, bytes);
     return false;
   }
-  if (current.shared == nullptr || c < current.shared || c + 16 > current.shared + current.shared_bytes) {
+  if (current.shared == nullptr || c < current.shared || c + bytes > current.shared + current.shared_bytes) {
     if (errors.fetch_add(1) < 20) {
       std::fprintf(stderr, "stand-in %s: address %p outside the launch's %zu dynamic shared bytes\n", what, p,
                    current.shared_bytes);
@@ -349,7 +349,7 @@ inline void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   for (int i = 0; i < 4; ++i) r[i] = out[i];
 }
 
-// cp.async of 16 bytes: the destination poisoned (NaN bytes) at once, the
+// cp.async (16 or 4 bytes): the destination poisoned (NaN bytes) at once, the
 // copy queued per CUDA thread and performed only at the thread's CpAsyncWait
 // that covers its group, so a kernel that reads a tile before waiting for it
 // (or before the __syncthreads after the waits), or issues the next tile
@@ -359,22 +359,24 @@ struct PendingCopy {
   void* dst;
   const void* src;
   bool valid;
+  size_t bytes;
 };
 struct ThreadCopies {
   std::vector<std::vector<PendingCopy>> groups;  // committed, oldest first
   std::vector<PendingCopy> open;                 // since the last commit
 };
 inline ThreadCopies async_copies[1024];
-inline void CpAsync16(void* dst, const void* src, bool valid) {
-  SharedRow(dst, "cp.async");
-  if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0 && errors.fetch_add(1) < 20) {
-    std::fprintf(stderr, "stand-in cp.async: source %p not 16-byte aligned\n", src);
+// cp.async of `bytes` (16: .cg, 4: .ca), both addresses `bytes`-aligned.
+inline void CpAsync(void* dst, const void* src, bool valid, size_t bytes) {
+  SharedRow(dst, "cp.async", bytes);
+  if (valid && reinterpret_cast<uintptr_t>(src) % bytes != 0 && errors.fetch_add(1) < 20) {
+    std::fprintf(stderr, "stand-in cp.async: source %p not %zu-byte aligned\n", src, bytes);
   }
   // The destination reads as NaN bytes until the copy lands: a tile read
   // before its wait, or overwritten while another warp still reads it (a
   // missing barrier before the next tile's copies), shows.
-  std::memset(dst, 0xff, 16);
-  async_copies[LinearThread()].open.push_back({dst, src, valid});
+  std::memset(dst, 0xff, bytes);
+  async_copies[LinearThread()].open.push_back({dst, src, valid, bytes});
 }
 inline void CpAsyncCommit() {
   ThreadCopies& c = async_copies[LinearThread()];
@@ -386,9 +388,9 @@ inline void CpAsyncWait(int pending) {
   while (static_cast<int>(c.groups.size()) > pending) {
     for (const PendingCopy& p : c.groups.front()) {
       if (p.valid) {
-        std::memcpy(p.dst, p.src, 16);
+        std::memcpy(p.dst, p.src, p.bytes);
       } else {
-        std::memset(p.dst, 0, 16);
+        std::memset(p.dst, 0, p.bytes);
       }
     }
     c.groups.erase(c.groups.begin());
