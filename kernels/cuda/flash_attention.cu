@@ -321,7 +321,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kFwdRows<kD>;
+  // The last query blocks first: causal, they walk the most key tiles, and
+  // starting them first shortens the tail of the last wave.
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kFwdRows<kD>;
   const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
   const int64_t end = flash::KeyEnd(q0, T, causal, kFwdRows<kD>);
   // ldmatrix row addresses of the lane: x4 over 16 rows x 16 columns (an A
@@ -909,7 +911,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kDqRows<kD>;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kDqRows<kD>;  // the longest first
   const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
   float row_lse[kMT][2], row_di[kMT][2];         // of the lane's rows qw0 + 16 mt + g (+ 8)
 #pragma unroll

@@ -65,6 +65,8 @@ void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args..
       const auto enter = [&](unsigned t) {
         threadIdx = {t, 0, 0};
         blockIdx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), 0};
+        blockDim = dim3(kThreads);
+        gridDim = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
       };
       if (os_threads) {
         std::vector<std::thread> threads;
