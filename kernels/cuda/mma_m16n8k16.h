@@ -89,14 +89,15 @@ __device__ inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
 }
 
 // cp.async.cg.shared.global of 16 bytes (sm_80 and later): src to shared dst
-// without passing through registers, both 16-byte aligned; with !valid the
+// without passing through registers, both 16-byte aligned, L2 fetching the
+// 128-byte line around it (.L2::128B, as CUTLASS's SM80 copies); with !valid the
 // 16 bytes are zeros and nothing is read (src must still be a valid
 // address). Lands after the thread's CpAsyncWait that covers its group,
 // and is visible to the block after a __syncthreads that follows that wait.
 __device__ inline void CpAsync16(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__)
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 #elif defined(CUDA_STAND_IN)
   ::cuda_stand_in::CpAsync(dst, src, valid, 16);
