@@ -59,6 +59,23 @@ inline absl::StatusOr<MatmulShape> InferMatmulBiasShape(const Shape& a, const Sh
   return s;
 }
 
+// matmul_bias's optional residual (passes/fuse_epilogues): y's shape and its
+// float type `y_dtype` (F32 or F64), and y not stored in 16 bits
+// (`stored_low`, out_dtype), as the schema has it.
+inline absl::Status CheckMatmulBiasResidual(const MatmulShape& s, DataType y_dtype, const Tensor& residual,
+                                            bool stored_low) {
+  if (stored_low || (y_dtype != F32 && y_dtype != F64)) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: a residual needs an F32 or F64 y and no out_dtype, "
+                                                   "got y ", DataTypeName(y_dtype), stored_low ? " with out_dtype" : ""));
+  }
+  if (residual.shape() != s.y || residual.dtype() != y_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: residual ", DataTypeName(residual.dtype()),
+                                                   ShapeString(residual.shape()), " does not match y ",
+                                                   DataTypeName(y_dtype), ShapeString(s.y)));
+  }
+  return absl::OkStatus();
+}
+
 // The shapes of the shared-b backward helpers and of matmul_accumulate.
 struct MatmulGradShape {
   int64_t batch = 1;  // product of the batched operand's leading dims

@@ -14,13 +14,15 @@ namespace {
 // Whether `op` can write its output 0 in 16-bit `target` with out_dtype:
 // the float ops (layer_norm, gelu_grad) from an F32 x; the GEMMs with a bias
 // epilogue (matmul_bias, matmul_bias_gelu's gelu output) from operands of
-// that very type over an F32 bias, in float until the one rounding.
+// that very type over an F32 bias, in float until the one rounding (not a
+// matmul_bias with a residual: its sum stays float, cuBLASLt's C and D of
+// one type).
 bool StoresOutputLow(const Graph& graph, int op, DataType target) {
   const std::string& type = graph.schema(op).type;
   const absl::Span<const int> in = graph.inputs(op);
   if (type == "layer_norm" || type == "gelu_grad") return graph.dtype(in[0]) == F32;
   if (type == "matmul_bias" || type == "matmul_bias_gelu") {
-    return graph.dtype(in[0]) == target && graph.dtype(in[2]) == F32;
+    return in.size() == 3 && graph.dtype(in[0]) == target && graph.dtype(in[2]) == F32;
   }
   return false;
 }

@@ -232,7 +232,10 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
   bool changed = false;
   const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias_gelu");
   for (int m : std::vector<int>(graph.ops())) {
-    if (graph.erased(m) || graph.schema(m).type != "matmul_bias" || graph.outputs(m).size() != 1) continue;
+    if (graph.erased(m) || graph.schema(m).type != "matmul_bias" || graph.inputs(m).size() != 3 ||
+        graph.outputs(m).size() != 1) {
+      continue;
+    }
     const int z = graph.outputs(m)[0];
     if (graph.kind(z) != ACTIVATION || graph.var_name(z) == graph.loss()) continue;
     bool fetched = false;
@@ -271,6 +274,62 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
     }
     graph.EraseOp(gelu);
     changed = true;
+  }
+  return changed;
+}
+
+// matmul_bias -> add(r, y) or add(y, r), y an F32/F64 activation the
+// program does not report, written once and read by that add alone, r of
+// y's exact type (no broadcasting): the matmul_bias takes r as its residual
+// and writes the add's output (cuBLASLt's C with beta 1: a residual
+// connection's add summed in the GEMM's epilogue, not by a second pass over
+// y and r). Only where r is written once, by an op before the matmul_bias
+// (the fused op reads it where the matmul_bias stands), the add's output is
+// written once, and the two share stage and role. After the gelu fusion
+// (matmul_bias_gelu takes a matmul_bias of three inputs). No gradient op
+// reads y (the add's gradient is its dy itself), so the backward stays as
+// it is.
+absl::StatusOr<bool> FuseResidualAdds(Graph& graph) {
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  const VarWriters writers = CountWriters(graph);
+  std::vector<bool> keep(graph.num_vars(), true);
+  bool changed = false;
+  const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias");
+  for (int m : std::vector<int>(graph.ops())) {
+    if (graph.erased(m) || graph.schema(m).type != "matmul_bias" || graph.inputs(m).size() != 3 ||
+        graph.outputs(m).size() != 1) {
+      continue;
+    }
+    if (auto set = graph.attrs(m).find("out_dtype"); set != graph.attrs(m).end() && !set->second.s().empty()) continue;
+    const int y = graph.outputs(m)[0];
+    if ((graph.dtype(y) != F32 && graph.dtype(y) != F64) || writers.count[y] != 1) continue;
+    const int add = SoleReader(graph, readers, y);
+    if (add < 0 || graph.schema(add).type != "add" || graph.inputs(add).size() != 2 || graph.outputs(add).size() != 1 ||
+        !SamePlace(graph, m, add)) {
+      continue;
+    }
+    const int r = graph.inputs(add)[0] == y ? graph.inputs(add)[1] : graph.inputs(add)[0];
+    const int out = graph.outputs(add)[0];
+    if (r == y || graph.type(r) != graph.type(y) || graph.type(out) != graph.type(y) || writers.count[out] != 1) continue;
+    if (writers.count[r] != 1 || writers.last[r] < 0 || graph.position(writers.last[r]) >= graph.position(m)) continue;
+    Op fused = graph.AsOp(m);
+    fused.add_input(std::string(graph.var_name(r)));
+    fused.set_output(0, std::string(graph.var_name(out)));
+    // The fused op must write what the add wrote.
+    std::vector<TensorType> in_types;
+    for (int in : graph.inputs(m)) in_types.push_back(graph.type(in));
+    in_types.push_back(graph.type(r));
+    auto types = InferOutputTypes(schema, fused, in_types);
+    if (!types.ok() || (*types)[0] != graph.type(out)) continue;
+    if (auto st = graph.ReplaceOp(m, fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
+    }
+    graph.EraseOp(add);
+    keep[y] = false;
+    changed = true;
+  }
+  if (changed) {
+    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fuse-epilogues: ", s.message()));
   }
   return changed;
 }
@@ -328,9 +387,10 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& 
                             strategy.gradient_merge().k_steps() > 1;
   STRATA_ASSIGN_OR_RETURN(const bool adds, FuseBiasAdds(graph));
   STRATA_ASSIGN_OR_RETURN(const bool gelus, FuseBiasGelus(graph));
+  STRATA_ASSIGN_OR_RETURN(const bool residual_adds, FuseResidualAdds(graph));
   STRATA_ASSIGN_OR_RETURN(const bool grads, FuseBiasGradients(graph, accumulating));
   STRATA_ASSIGN_OR_RETURN(const bool residuals, FuseResidualGrads(graph));
-  return adds || gelus || grads || residuals;
+  return adds || gelus || residual_adds || grads || residuals;
 }
 
 }  // namespace strata

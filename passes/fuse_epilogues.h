@@ -33,6 +33,22 @@ namespace strata {
 // the fused matmul_bias's F32 output, so it fuses the same way. On the CPU
 // the fused kernel is matmul_bias's then gelu's: the unfused bits.
 //
+// A residual connection's add goes into the GEMM too (after the gelu
+// fusion): a matmul_bias whose F32/F64 output y only an add(r, y) or
+// add(y, r) reads, r of y's exact shape and dtype (no broadcasting), becomes
+// a matmul_bias with r as its optional `residual` input, writing the add's
+// output (cuBLASLt's C with beta 1: D = a @ op(b) + bias + r in one GEMM
+// where the add made a second pass over y and r). Only where r is written
+// once, by an op before the matmul_bias (the fused op reads it where the
+// matmul_bias stands), y is an activation the program does not report, the
+// add's output is written once, and the two ops share stage and role; not
+// with out_dtype (fold-casts leaves a matmul_bias with a residual float).
+// Under mixed precision the BF16 projections' F32 y fuse the same way. The
+// backward is untouched: no gradient op reads y (the add's gradient is its
+// dy itself). On the CPU the fused kernel adds r + y in y's type after the
+// bias: the bits of matmul_bias then add. A GPT block's attention and MLP
+// output projections both take the residual stream's add.
+//
 // The bias gradient goes into the weight gradient's GEMM the same way (after
 // the forward fusion): sum_to_like(dy, bias) to a 1-D [N] and the weight
 // gradient's GEMM over the same dy (matmul_shared_b_grad_b(x, dy) without

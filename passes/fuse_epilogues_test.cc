@@ -463,3 +463,113 @@ TEST(FuseEpiloguesTest, EveryGptLayerNormGradientTakesTheResidualSum) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A linear layer on a residual connection, h = x + (x @ w1 + b1) with x
+// itself computed (written before the linear layer): the add of the
+// residual goes into the matmul_bias that the bias add made. `residual_op`
+// replaces that add (its output must be "h").
+std::string ResidualLinear(const std::string& residual_op = R"pb(op { type: "add" input: ["x", "y"] output: ["h"] })pb",
+                           const std::string& extra_ops = "") {
+  return absl::StrCat(R"pb(
+    var { name: "in" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w1" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b1" dtype: F32 shape: [4] kind: PARAM }
+    op { type: "matmul" input: ["in", "w0"] output: ["x"] }
+    op { type: "matmul" input: ["x", "w1"] output: ["xw"] }
+    op { type: "add" input: ["xw", "b1"] output: ["y"] }
+  )pb",
+                      extra_ops, residual_op, R"pb(
+    op { type: "softmax_cross_entropy" input: ["h", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb");
+}
+
+TEST(FuseEpiloguesTest, FusesTheResidualAddIntoTheMatmulBias) {
+  for (const char* order : {R"pb(op { type: "add" input: ["x", "y"] output: ["h"] })pb",
+                            R"pb(op { type: "add" input: ["y", "x"] output: ["h"] })pb"}) {
+    SCOPED_TRACE(order);
+    const Program before = DumpAfter(ResidualLinear(order), Strategy(), "autodiff");
+    const Program after = DumpAfter(ResidualLinear(order), Strategy(), "fuse-epilogues");
+    ASSERT_EQ(Count(before, "add"), 2);
+    EXPECT_EQ(Count(after, "add"), 0);
+    const Op* h = Writer(after, "h");
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(h->type(), "matmul_bias");
+    ASSERT_EQ(h->input_size(), 4);
+    EXPECT_EQ(h->input(0), "x");
+    EXPECT_EQ(h->input(2), "b1");
+    EXPECT_EQ(h->input(3), "x");
+    EXPECT_FALSE(Declared(after, "y"));
+    EXPECT_FALSE(Declared(after, "xw"));
+    // The backward is autodiff's: x's two gradient parts still summed, the bias's still one.
+    EXPECT_EQ(Count(after, "add_n"), Count(before, "add_n"));
+    EXPECT_EQ(Count(after, "matmul_bias_grad_b"), 1);
+  }
+}
+
+TEST(FuseEpiloguesTest, LeavesTheResidualAddsItCannotFuse) {
+  struct Case {
+    const char* what;
+    std::string text;
+  };
+  const Case cases[] = {
+      // r written after the matmul_bias: the fused op could not read it where it stands.
+      {"residual written after",
+       ResidualLinear(R"pb(op { type: "relu" input: ["x"] output: ["r"] }
+                           op { type: "add" input: ["y", "r"] output: ["h"] })pb")},
+      // A broadcast residual: not y's shape.
+      {"broadcast residual", ResidualLinear(R"pb(op { type: "add" input: ["y", "b1"] output: ["h"] })pb")},
+      // y read by another op too.
+      {"y read twice", ResidualLinear(R"pb(op { type: "add" input: ["x", "y"] output: ["s"] }
+                                          op { type: "add" input: ["s", "y"] output: ["h"] })pb")},
+      // y + y.
+      {"y + y", ResidualLinear(R"pb(op { type: "add" input: ["y", "y"] output: ["h"] })pb")},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Program p = DumpAfter(c.text, Strategy(), "fuse-epilogues");
+    for (const Op& op : p.op()) {
+      if (op.type() == "matmul_bias") {
+        EXPECT_EQ(op.input_size(), 3);
+      }
+    }
+    EXPECT_EQ(Count(p, "matmul_bias"), 1);  // the bias add still fused
+  }
+  // Not on CPU plans.
+  const Program cpu = DumpAfter(ResidualLinear(), Strategy(), "fuse-epilogues", DEVICE_CPU);
+  EXPECT_EQ(Count(cpu, "matmul_bias"), 0);
+}
+
+// Every block of the tiny GPT: the attention projection's and the MLP
+// projection's residual adds go into their matmul_bias, in F32 and under
+// BF16 mixed precision (the F32 y of BF16 operands), and the only add left
+// sums the token and position embeddings; fold-casts (BF16) leaves them
+// float.
+TEST(FuseEpiloguesTest, EveryGptProjectionTakesItsResidualAdd) {
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "BF16" : "F32");
+    Strategy strategy;
+    if (mixed) strategy.mutable_mixed_precision()->set_dtype(BF16);
+    const Program before = DumpAfter(TinyGptText(), strategy, "autodiff");
+    const Program after = DumpAfter(TinyGptText(), strategy, mixed ? "fold-casts" : "fuse-epilogues");
+    int with_residual = 0;
+    for (const Op& op : after.op()) {
+      if (op.type() != "matmul_bias" || op.input_size() != 4) continue;
+      ++with_residual;
+      const auto out_dtype = op.attr().find("out_dtype");
+      EXPECT_TRUE(out_dtype == op.attr().end() || out_dtype->second.s().empty()) << op.output(0);
+    }
+    EXPECT_EQ(with_residual, 2 * kTinyGptBlocks);
+    EXPECT_EQ(Count(after, "add"), 1);
+    EXPECT_GE(Count(before, "add"), 2 * kTinyGptBlocks);
+  }
+}
+
+}  // namespace
+}  // namespace strata

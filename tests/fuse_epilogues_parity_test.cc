@@ -13,8 +13,11 @@
 // matmul_bias does and y with the gelu kernel's function: the same bits.
 //
 // The same runs cover the bias gradient's fusion into the weight gradient's
-// GEMM (matmul_bias_grad_b, whose CPU kernel runs the unfused GEMM and sum):
-// each test first checks that the GPU plans it trains have the fused ops.
+// GEMM (matmul_bias_grad_b, whose CPU kernel runs the unfused GEMM and sum)
+// and the residual connection's add fused into the matmul_bias before it
+// (its `residual`, whose CPU kernel adds r + y in the same type: the add's
+// bits): each test first checks that the GPU plans it trains have the fused
+// ops.
 
 #include <cmath>
 #include <iostream>
@@ -51,6 +54,21 @@ int FusedOps(const Program& program, const Strategy& strategy, int64_t batch_siz
   return count;
 }
 
+// How many matmul_bias ops of the GPU plans take a residual (a fused add).
+int ResidualMatmulBiases(const Program& program, const Strategy& strategy, int64_t batch_size) {
+  CompileOptions options;
+  options.batch_size = batch_size;
+  options.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(program, strategy, options);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  if (!compiled.ok()) return 0;
+  int count = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Op& op : plan.program().op()) count += op.type() == "matmul_bias" && op.input_size() == 4 ? 1 : 0;
+  }
+  return count;
+}
+
 void ExpectBitIdentical(const ParityRun& fused, const ParityRun& plain) {
   ASSERT_EQ(fused.losses.size(), plain.losses.size());
   for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(fused.losses[i], plain.losses[i]) << "step " << i + 1;
@@ -67,6 +85,7 @@ TEST(FuseEpiloguesParityTest, ResMlpFusedEqualsUnfusedBitForBit) {
   auto program = GenerateModel("resmlp", gen);
   ASSERT_TRUE(program.ok()) << program.status();
   EXPECT_GT(FusedOps(*program, Strategy(), 64, "matmul_bias_grad_b"), 0);
+  EXPECT_EQ(ResidualMatmulBiases(*program, Strategy(), 64), 3);  // each block's fc2 and its residual add
   ParityOptions options;
   options.data = "synthetic:classes=10,size=2048";
   options.steps = 20;
@@ -86,6 +105,8 @@ TEST(FuseEpiloguesParityTest, GptFusedEqualsUnfusedBitForBit) {
   EXPECT_GE(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), 4);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 2);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 0);
+  // Each block's two residual adds, into the attention's and the MLP's projections.
+  EXPECT_EQ(ResidualMatmulBiases(*program, Strategy(), 4), 4);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"),
             FusedOps(*program, Strategy(), 4, "matmul_bias") + FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"));
   auto plain = TrainSingleDevice(*program, 4, Tokens(10, DEVICE_CPU));
@@ -105,6 +126,7 @@ TEST(FuseEpiloguesParityTest, GptWithErfGeluKeepsItsGeluAndTrainsBitForBit) {
   ASSERT_TRUE(program.ok()) << program.status();
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 0);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 2);
+  EXPECT_EQ(ResidualMatmulBiases(*program, Strategy(), 4), 4);
   auto plain = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CPU));
   ASSERT_TRUE(plain.ok()) << plain.status();
   auto fused = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CUDA));
@@ -148,6 +170,7 @@ TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
   EXPECT_GT(FusedOps(*program, bf16, 4, "matmul_bias_grad_b"), 0);
   // The BF16 product goes to the F32 pre-activation, which the F32 gelu reads: fused too.
   EXPECT_EQ(FusedOps(*program, bf16, 4, "matmul_bias_gelu"), 2);
+  EXPECT_EQ(ResidualMatmulBiases(*program, bf16, 4), 4);  // the F32 y of BF16 operands
   ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);
   plain_options.batch_size = fused_options.batch_size = 4;
   auto plain = TrainParallel(*program, bf16, plain_options);

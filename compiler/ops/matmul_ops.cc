@@ -266,8 +266,27 @@ absl::Status StoreOutputLow(ShapeContext& ctx, int stored) {
   return absl::OkStatus();
 }
 
+// matmul_bias's optional `residual` (passes/fuse_epilogues): y's type
+// exactly (no broadcasting), a float y (F32 or F64), and no out_dtype (the
+// sum is the float y; cuBLASLt's C has D's type).
+absl::Status ExpectResidual(ShapeContext& ctx) {
+  const TensorType& y = ctx.outputs()[0];
+  if (ctx.input(3) != y) {
+    return Invalid(absl::StrCat("input 'residual' must have the type of y (", y.ToString(), "), got ",
+                                ctx.input(3).ToString()));
+  }
+  if (y.dtype != F32 && y.dtype != F64) {
+    return Invalid(absl::StrCat("input 'residual' needs an F32 or F64 y, got ", y.ToString()));
+  }
+  if (!ctx.attr_string("out_dtype").empty()) {
+    return Invalid("input 'residual' and attr 'out_dtype' do not go together: the sum is stored in y's float type");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MatmulBiasStoredShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(MatmulBiasShape(ctx));
+  if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(ExpectResidual(ctx));
   return StoreOutputLow(ctx, 0);
 }
 
@@ -282,6 +301,11 @@ absl::Status MatmulBiasGrad(GradBuilder& g) {
     return absl::InvalidArgumentError(
         "matmul_bias with out_dtype has no gradient: fold-casts sets it after autodiff; write matmul_bias then cast");
   }
+  if (g.op().input_size() > 3) {
+    return absl::InvalidArgumentError(
+        "matmul_bias with a residual has no gradient: fuse-epilogues sets it after autodiff; write matmul_bias then "
+        "add");
+  }
   if (g.input_type(0).dtype != g.input_type(2).dtype) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias of ", DataTypeName(g.input_type(0).dtype),
                                                    " operands into ", DataTypeName(g.input_type(2).dtype),
@@ -293,13 +317,15 @@ absl::Status MatmulBiasGrad(GradBuilder& g) {
 }
 
 double MatmulBiasCost(const CostContext& ctx) {
-  return MatmulCost(ctx) + ElementCount(ctx.output(0));
+  // The epilogue's pass over y, and the residual's (read as cuBLASLt's C).
+  return MatmulCost(ctx) + ElementCount(ctx.output(0)) * (ctx.num_inputs() > 3 ? 2 : 1);
 }
 
 STRATA_REGISTER_OP(OpDef("matmul_bias")
                        .Input("a")
                        .Input("b")
                        .Input("bias")
+                       .OptionalInput("residual")
                        .Output("y")
                        .Attr("transpose_b", false)
                        .Attr("allow_tf32", false)
@@ -311,7 +337,9 @@ STRATA_REGISTER_OP(OpDef("matmul_bias")
                             "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b). What the epilogue "
                             "fusion makes of matmul then add on a GPU. out_dtype \"BF16\" or \"F16\" (a's 16-bit "
                             "type, F32 bias) stores y rounded to that type, as a cast after it would "
-                            "(passes/fold_casts)."));
+                            "(passes/fold_casts). With `residual` (y's type, F32 or F64; no out_dtype), y is "
+                            "residual + (a @ op(b) + bias), the add after it summed in the epilogue: a residual "
+                            "connection's add (passes/fuse_epilogues; no gradient, the fusion runs after autodiff)."));
 
 // The weight and bias gradients of y = a @ op(b) + bias, from the forward's
 // a [..., M, K] and dy [..., M, N] (a's batch dims): db = the sum over a's

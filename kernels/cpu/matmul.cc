@@ -190,6 +190,10 @@ class MatmulAccumulateKernel : public OpKernel {
 // `In` is a's and b's storage; BF16/F16 operands are widened to float first
 // (y and bias are float then: no rounding to the low precision on the way).
 //
+// With the optional residual r (y's float type; passes/fuse_epilogues), each
+// element then becomes r + y in T, in the same row pass: the bits of
+// matmul_bias then add(r, y) (or add(y, r): one IEEE sum either way).
+//
 // out_dtype (passes/fold_casts; 16-bit a and b only): y computed as above
 // into float scratch, then stored as In, each value rounded as the cast
 // kernel rounds it, so the op equals matmul_bias then cast bit for bit.
@@ -203,6 +207,12 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    const T* residual = nullptr;
+    if (ctx.num_inputs() > 3) {
+      STRATA_RETURN_IF_ERROR(
+          CheckMatmulBiasResidual(s, DataTypeOf<T>::value, ctx.input(3), out_dtype_ != DT_INVALID));
+      residual = ctx.input(3).data<T>();
+    }
     if constexpr (!std::is_same_v<In, T>) {
       if (StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, NumElements(s.y)));
@@ -213,12 +223,13 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
       }
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
-    return MatmulBiasInto(ctx, s, y);
+    return MatmulBiasInto(ctx, s, y, residual);
   }
 
  protected:
-  // y = a @ op(b) + bias for the op's inputs, y allocated by the caller.
-  absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y) {
+  // y = a @ op(b) + bias for the op's inputs, y allocated by the caller; with
+  // `residual` (y's shape), y = residual + (a @ op(b) + bias).
+  absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y, const T* residual = nullptr) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
@@ -242,6 +253,10 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
       for (int64_t r = begin; r < end; ++r) {
         T* row = py + r * s.n;
         for (int64_t j = 0; j < s.n; ++j) row[j] = row[j] + pbias[j];
+        if (residual != nullptr) {
+          const T* res = residual + r * s.n;
+          for (int64_t j = 0; j < s.n; ++j) row[j] = res[j] + row[j];
+        }
       }
     });
     return absl::OkStatus();

@@ -342,6 +342,67 @@ TEST(MatmulBiasTest, EqualsMatmulThenAdd) {
   EXPECT_THAT(refused.message(), HasSubstr("bias"));
 }
 
+// matmul_bias with a residual (the GPU plans' matmul_bias fused with the
+// residual connection's add): the bits of matmul_bias then add(r, y), in F32
+// and F64 and for BF16 operands into F32, batched a and both transpose_b.
+// The schema and the kernel refuse a residual of another shape or dtype, a
+// 16-bit y (out_dtype), and the op with a residual has no gradient.
+TEST(MatmulBiasTest, WithAResidualEqualsMatmulBiasThenAdd) {
+  for (DataType dtype : {F32, F64, BF16}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " transpose_b=", tb));
+      const DataType out = dtype == BF16 ? F32 : dtype;
+      const Tensor a = Make(dtype, {2, 5, 7}, 1), b = Make(dtype, tb ? Shape{3, 7} : Shape{7, 3}, 2),
+                   bias = Make(out, {3}, 3), r = Make(out, {2, 5, 3}, 4);
+      const std::string attr = absl::StrCat("attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
+      std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}, {"r", r}};
+      auto fused = RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"] )", attr)),
+                         &env);
+      ASSERT_TRUE(fused.ok()) << fused;
+      auto plain = RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"] )", attr)),
+                         &env);
+      ASSERT_TRUE(plain.ok()) << plain;
+      ASSERT_TRUE(RunOp(ParseOp(R"(type: "add" input: ["r", "y"] output: ["ry"])"), &env).ok());
+      ASSERT_TRUE(RunOp(ParseOp(R"(type: "add" input: ["y", "r"] output: ["yr"])"), &env).ok());
+      EXPECT_EQ(env["h"].dtype(), out);
+      EXPECT_EQ(env["h"].shape(), (Shape{2, 5, 3}));
+      EXPECT_EQ(TensorValues(env["h"]), TensorValues(env["ry"]));
+      EXPECT_EQ(TensorValues(env["h"]), TensorValues(env["yr"]));
+      EXPECT_NE(TensorValues(env["h"]), TensorValues(env["y"]));  // the residual was added
+    }
+  }
+  const std::string op = R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"])";
+  const Tensor a = Make(F32, {4, 6}, 4), b = Make(F32, {6, 5}, 5), bias = Make(F32, {5}, 6);
+  for (const Tensor& r : {Make(F32, {5}, 7), Make(F32, {4, 1}, 7), Make(F64, {4, 5}, 7)}) {
+    SCOPED_TRACE(absl::StrCat("residual ", DataTypeName(r.dtype()), ShapeString(r.shape())));
+    std::map<std::string, Tensor> bad{{"a", a}, {"b", b}, {"bias", bias}, {"r", r}};
+    auto refused = RunOp(ParseOp(op), &bad);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(refused.message(), HasSubstr("residual"));
+    // The kernel itself, without the schema's shape function.
+    auto kernel = RunKernelOnly(ParseOp(op), bad);
+    ASSERT_FALSE(kernel.ok());
+    EXPECT_THAT(kernel.message(), HasSubstr("residual"));
+  }
+  // BF16 operands stored in BF16 (out_dtype): no residual.
+  std::map<std::string, Tensor> low{
+      {"a", Make(BF16, {4, 6}, 4)}, {"b", Make(BF16, {6, 5}, 5)}, {"bias", bias}, {"r", Make(F32, {4, 5}, 7)}};
+  const std::string stored = absl::StrCat(op, R"( attr { key: "out_dtype" value { s: "BF16" } })");
+  auto refused = RunOp(ParseOp(stored), &low);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("out_dtype"));
+  auto kernel = RunKernelOnly(ParseOp(stored), low);
+  ASSERT_FALSE(kernel.ok());
+  EXPECT_THAT(kernel.message(), HasSubstr("out_dtype"));
+  // No gradient: the fusion runs after autodiff.
+  std::vector<std::string> names;
+  const std::map<std::string, TensorType> types{
+      {"a", TypeOf(a)}, {"b", TypeOf(b)}, {"bias", TypeOf(bias)}, {"r", {F32, {4, 5}}}, {"h", {F32, {4, 5}}}};
+  auto grads = MakeGradOps(ParseOp(op), types, {true, true, true, true}, &names);
+  ASSERT_FALSE(grads.ok());
+  EXPECT_THAT(grads.status().message(), HasSubstr("residual"));
+}
+
 // matmul_bias_gelu (the GPU plans' matmul_bias fused with a tanh-form gelu):
 // z has matmul_bias's bits and y the gelu kernel's over z, in F32, F64 and
 // with BF16 operands (F32 y and z).

@@ -205,6 +205,53 @@ TEST_F(CudaOpsTest, MatmulBiasMatchesTheCpu) {
   }
 }
 
+// matmul_bias with a residual (the fusion of matmul_bias then the residual
+// connection's add): F32 and BF16/F16 operands into F32 through cuBLASLt's
+// BIAS epilogue with the residual as C (beta 1), F64 as GEMM, broadcast add
+// and same-shape add (the CPU's bits of the GEMM aside): within the GEMM
+// bound, sum |a||b| + |bias| + |residual| per element as the magnitude (the
+// CPU kernel on the absolute values). N = 24, 40 and 768 (rows of 16-byte
+// multiples) and 13 (rows of 52 bytes, which MatmulImpl may stage: then the
+// residual is copied into the staged c, cuBLASLt's C and D).
+TEST_F(CudaOpsTest, MatmulBiasWithAResidualMatchesTheCpu) {
+  struct ResidualCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const ResidualCase cases[] = {{{8, 33, 100}, {100, 24}, false},
+                                {{64, 17}, {40, 17}, true},
+                                {{5, 12}, {12, 13}, false},
+                                {{2, 128, 768}, {768, 768}, false}};
+  for (DataType dtype : {F32, F64, BF16, F16}) {
+    for (const ResidualCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " tb=",
+                                c.transpose_b));
+      const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+      Shape y = c.a;
+      y.back() = n;
+      const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 61));
+      const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 62));
+      const DataType out = IsHalfFloating(dtype) ? F32 : dtype;
+      const Tensor bias = MakeTensor(out, {n}, Uniform(n, 63));
+      const Tensor residual = MakeTensor(out, y, Uniform(NumElements(y), 64));
+      const std::string op = absl::StrCat(
+          R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: "y" attr { key: "transpose_b" value { b: )",
+          c.transpose_b ? "true" : "false", " } }");
+      auto both = RunBothNamed(op, {{"a", a}, {"b", b}, {"bias", bias}, {"r", residual}}, {"y"});
+      ASSERT_EQ(both.size(), 1u);
+      const auto& [cpu, gpu] = both[0];
+      ASSERT_EQ(gpu.dtype(), out);
+      ASSERT_EQ(gpu.shape(), y);
+      const Tensor abs_a = testing::AbsF64(a), abs_b = testing::AbsF64(b), abs_bias = testing::AbsF64(bias),
+                   abs_r = testing::AbsF64(residual);
+      const absl::StatusOr<Tensor> magnitude =
+          RunKernel(ParseOp(op), F64, {&abs_a, &abs_b, &abs_bias, &abs_r}, RunContext());
+      ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+      EXPECT_TRUE(testing::WithinErrorBound(gpu, cpu, *magnitude, out == F64 ? 1e-13 : 1e-5));
+    }
+  }
+}
+
 // matmul_bias_gelu (matmul_bias fused with a tanh-form gelu): F32 and
 // BF16/F16 operands through cuBLASLt's GELU_AUX_BIAS (z its aux output) where
 // N is a multiple of 8, else (N = 13 below) and for F64 matmul_bias's kernel

@@ -247,6 +247,12 @@ class CudaBiasGemmAttrsKernel : public TransposeBAttrKernel {
 // that type, a float bias); where cuBLASLt takes no float bias beside a
 // 16-bit D, the float y into scratch, then the cast kernel: the unfolded
 // ops' bits either way, up to the GEMM's summation order.
+//
+// residual (passes/fuse_epilogues; float y, no out_dtype): y = residual +
+// (a @ op(b) + bias), the residual read as cuBLASLt's C with beta 1 in the
+// same GEMM (F32 y: F32 operands, or BF16/F16 into F32); where cuBLASLt has
+// no algorithm, and for F64, the fallback above then binary.cu's same-shape
+// add of the residual (the unfused matmul_bias then add).
 template <typename In, typename T>
 class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
  public:
@@ -258,6 +264,12 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    const T* residual = nullptr;
+    if (ctx.num_inputs() > 3) {
+      STRATA_RETURN_IF_ERROR(
+          CheckMatmulBiasResidual(s, DataTypeOf<T>::value, ctx.input(3), out_dtype_ != DT_INVALID));
+      residual = ctx.input(3).data<T>();
+    }
     if constexpr (!std::is_same_v<In, T>) {
       if (StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
@@ -278,13 +290,14 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
       }
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
-    return MatmulBiasInto(device, a, b, bias, s, y->data<T>());
+    return MatmulBiasInto(device, a, b, bias, s, y->data<T>(), residual);
   }
 
  protected:
-  // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs.
+  // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs; with
+  // `residual` ([rows, N]), py = residual + (a @ op(b) + bias).
   absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
-                              const MatmulShape& s, T* py) {
+                              const MatmulShape& s, T* py, const T* residual = nullptr) {
     using G = typename GemmType<In>::type;
     const G* pa = reinterpret_cast<const G*>(a.data<In>());
     const G* pb = reinterpret_cast<const G*>(b.data<In>());
@@ -293,9 +306,10 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     if constexpr (std::is_same_v<T, float>) {
       absl::Status fused;
       if constexpr (std::is_same_v<In, float>) {
-        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), tf32_);
+        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), tf32_,
+                                residual);
       } else {
-        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), residual);
       }
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
@@ -308,9 +322,13 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     strides.x_strides[1] = 1;
     strides.y_strides[0] = 0;
     strides.y_strides[1] = 1;
-    return CudaStatus(cuda::LaunchBinaryBroadcast(cuda::BinaryOp::kAdd, py, py, bias.data<T>(), rows * s.n, strides,
-                                                  device->stream()),
-                      "matmul_bias");
+    STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchBinaryBroadcast(cuda::BinaryOp::kAdd, py, py, bias.data<T>(),
+                                                                  rows * s.n, strides, device->stream()),
+                                      "matmul_bias"));
+    if (residual == nullptr) return absl::OkStatus();
+    return CudaStatus(
+        cuda::LaunchBinarySameShape(cuda::BinaryOp::kAdd, py, residual, py, rows * s.n, device->stream()),
+        "matmul_bias");
   }
 };
 

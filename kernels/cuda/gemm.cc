@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/gemm.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -310,24 +311,27 @@ absl::Status LtGemm::Matmul(float* c, const __half* a, const __half* b, int64_t 
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
-                                int64_t k, bool transpose_b, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = 0.0f;
+                                int64_t k, bool transpose_b, cudaStream_t stream, const float* residual) {
+  const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
-                    b, bias, m, n, k, false, transpose_b, stream);
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS, /*stage=*/true,
+                    /*aux=*/nullptr, /*float_epilogue=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
-                                int64_t k, bool transpose_b, cudaStream_t stream, bool tf32) {
-  const float alpha = 1.0f, beta = 0.0f;
+                                int64_t k, bool transpose_b, cudaStream_t stream, bool tf32, const float* residual) {
+  const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
-                    &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream);
+                    &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/true, /*aux=*/nullptr, /*float_epilogue=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
-                                int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = 0.0f;
+                                int64_t n, int64_t k, bool transpose_b, cudaStream_t stream, const float* residual) {
+  const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
-                    b, bias, m, n, k, false, transpose_b, stream);
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS, /*stage=*/true,
+                    /*aux=*/nullptr, /*float_epilogue=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
@@ -475,7 +479,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
                                 int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux,
-                                bool float_epilogue) {
+                                bool float_epilogue, const void* c_in) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
@@ -524,6 +528,8 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   PlanKey key =
       KeyFor(type, c_type, compute, scale_type, bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT, batch, m, n, k,
              transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch);
+  // A separate C read in place of c (unstaged): the heuristic sees the lesser alignment of the two.
+  if (c_in != nullptr && !staging.stage_c) key.alignment_c = std::min(key.alignment_c, Alignment(c_in));
   if (aux != nullptr) key.alignment_aux = Alignment(aux);
   key.float_epilogue = float_epilogue;
   absl::StatusOr<Plan*> plan = GetPlan(key);
@@ -533,9 +539,12 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
     status = Copy2D(const_cast<void*>(a_used), staging.a_pitch, a, a_cols, a_rows, a_cols, ab_bytes, stream);
   if (status.ok() && staging.stage_b)
     status = Copy2D(const_cast<void*>(b_used), staging.b_pitch, b, b_cols, b_rows, b_cols, ab_bytes, stream);
-  if (status.ok() && staging.stage_c && accumulate) status = Copy2D(c_used, staging.c_pitch, c, n, m, n, cb, stream);
+  if (status.ok() && staging.stage_c && (accumulate || c_in != nullptr)) {
+    status = Copy2D(c_used, staging.c_pitch, c_in != nullptr ? c_in : c, n, m, n, cb, stream);
+  }
   if (status.ok()) {
-    status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream);
+    // A staged c holds c_in's copy: cuBLASLt's C is then the staged c itself.
+    status = Launch(**plan, alpha, beta, c_used, a_used, b_used, bias, aux, stream, staging.stage_c ? nullptr : c_in);
     if (!status.ok() && float_epilogue && RefusedCombination(status)) {
       ++float_epilogue_refusals_;
       // Refused at the call rather than at the plan: remembered the same way.
@@ -655,7 +664,7 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
 }
 
 absl::Status LtGemm::Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
-                            const void* bias, void* aux, cudaStream_t stream) {
+                            const void* bias, void* aux, cudaStream_t stream, const void* c_in) {
   if (bias != nullptr) {
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
@@ -666,9 +675,10 @@ absl::Status LtGemm::Launch(Plan& plan, const void* alpha, const void* beta, voi
         cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
         "set aux pointer");
   }
-  // cuBLASLt's A is our b, its B our a, its C and D our c.
+  // cuBLASLt's A is our b, its B our a, its C and D our c (C c_in where given).
+  const void* c_read = c_in != nullptr ? c_in : c;
   STRATA_LT_RETURN_IF_ERROR(
-      cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a, plan.a_layout.get(), beta, c,
+      cublasLtMatmul(handle_, plan.desc.get(), alpha, b, plan.b_layout.get(), a, plan.a_layout.get(), beta, c_read,
                      plan.c_layout.get(), c, plan.c_layout.get(), &plan.algo, workspace_, workspace_bytes_, stream),
       "matmul");
   return absl::OkStatus();

@@ -82,12 +82,17 @@ class LtGemm {
   // sums, nothing rounded to bf16). Unimplemented when cuBLASLt has no
   // algorithm with that epilogue for the shape: the caller falls back to
   // Matmul and a separate add.
+  // residual (matmul_bias's, passes/fuse_epilogues): c = op(a) @ op(b) +
+  // bias + residual, residual [m, n] read as cuBLASLt's C with beta = 1 (C
+  // and D of one type and layout; residual may be c itself); it may be
+  // staged with c. Unimplemented as above: the caller adds it after.
   absl::Status MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n, int64_t k,
-                          bool transpose_b, cudaStream_t stream, bool tf32 = false);
+                          bool transpose_b, cudaStream_t stream, bool tf32 = false, const float* residual = nullptr);
   absl::Status MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
-                          int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+                          int64_t n, int64_t k, bool transpose_b, cudaStream_t stream,
+                          const float* residual = nullptr);
   absl::Status MatmulBias(float* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
-                          int64_t k, bool transpose_b, cudaStream_t stream);
+                          int64_t k, bool transpose_b, cudaStream_t stream, const float* residual = nullptr);
   // The same into a c of the operands' 16-bit type (passes/fold_casts'
   // out_dtype): FP32 products, sums and bias (a float bias vector,
   // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), rounded once to c's type on the
@@ -236,13 +241,16 @@ class LtGemm {
   // false. aux: GELU_AUX_BIAS's z ([m, n], rows n apart), else null.
   // float_epilogue: the bias (and aux) are float beside a 16-bit c; where
   // cuBLASLt refuses that, at the plan or at the call, Unimplemented, and
-  // the shape is remembered as having no algorithm.
+  // the shape is remembered as having no algorithm. c_in: null, or
+  // cuBLASLt's C when it is not c (D): laid out as c, beta 1 (c = product +
+  // bias + c_in); a staged c is first copied from it, as `accumulate` copies
+  // c itself. The plan key takes the lesser alignment of c and c_in.
   absl::Status MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute,
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, int64_t batch = 1,
                           cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true,
-                          void* aux = nullptr, bool float_epilogue = false);
+                          void* aux = nullptr, bool float_epilogue = false, const void* c_in = nullptr);
 
   // The plan key of a GEMM on these operands, whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).
@@ -253,9 +261,9 @@ class LtGemm {
   // The key's plan, made on first use. A key cuBLASLt has no algorithm for
   // is remembered as such (Unimplemented, every call, without asking again).
   absl::StatusOr<Plan*> GetPlan(const PlanKey& key);
-  // The cublasLtMatmul call itself.
+  // The cublasLtMatmul call itself; c_in is cuBLASLt's C (null: c, D).
   absl::Status Launch(Plan& plan, const void* alpha, const void* beta, void* c, const void* a, const void* b,
-                      const void* bias, void* aux, cudaStream_t stream);
+                      const void* bias, void* aux, cudaStream_t stream, const void* c_in = nullptr);
 
   cublasLtHandle_t handle_;
   void* workspace_;
