@@ -65,8 +65,9 @@ inline absl::StatusOr<MatmulShape> InferMatmulBiasShape(const Shape& a, const Sh
 inline absl::Status CheckMatmulBiasResidual(const MatmulShape& s, DataType y_dtype, const Tensor& residual,
                                             bool stored_low) {
   if (stored_low || (y_dtype != F32 && y_dtype != F64)) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: a residual needs an F32 or F64 y and no out_dtype, "
-                                                   "got y ", DataTypeName(y_dtype), stored_low ? " with out_dtype" : ""));
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: a residual needs an F32 or F64 y and no ",
+                                                   "out_dtype, got y ", DataTypeName(y_dtype),
+                                                   stored_low ? " with out_dtype" : ""));
   }
   if (residual.shape() != s.y || residual.dtype() != y_dtype) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias: residual ", DataTypeName(residual.dtype()),

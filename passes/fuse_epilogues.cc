@@ -310,7 +310,9 @@ absl::StatusOr<bool> FuseResidualAdds(Graph& graph) {
     }
     const int r = graph.inputs(add)[0] == y ? graph.inputs(add)[1] : graph.inputs(add)[0];
     const int out = graph.outputs(add)[0];
-    if (r == y || graph.type(r) != graph.type(y) || graph.type(out) != graph.type(y) || writers.count[out] != 1) continue;
+    if (r == y || graph.type(r) != graph.type(y) || graph.type(out) != graph.type(y) || writers.count[out] != 1) {
+      continue;
+    }
     if (writers.count[r] != 1 || writers.last[r] < 0 || graph.position(writers.last[r]) >= graph.position(m)) continue;
     Op fused = graph.AsOp(m);
     fused.add_input(std::string(graph.var_name(r)));

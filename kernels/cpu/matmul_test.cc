@@ -356,8 +356,8 @@ TEST(MatmulBiasTest, WithAResidualEqualsMatmulBiasThenAdd) {
                    bias = Make(out, {3}, 3), r = Make(out, {2, 5, 3}, 4);
       const std::string attr = absl::StrCat("attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
       std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}, {"r", r}};
-      auto fused = RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"] )", attr)),
-                         &env);
+      auto fused = RunOp(
+          ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"] )", attr)), &env);
       ASSERT_TRUE(fused.ok()) << fused;
       auto plain = RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"] )", attr)),
                          &env);
