@@ -181,6 +181,8 @@ class OpDef {
   // A last input an op may be given or not (ctx.num_inputs() tells).
   OpDef& OptionalInput(std::string name) { schema_.inputs.push_back({std::move(name), false, true}); return *this; }
   OpDef& Output(std::string name) { schema_.outputs.push_back({std::move(name), false}); return *this; }
+  // A last output an op may write or not (ctx.num_outputs() tells).
+  OpDef& OptionalOutput(std::string name) { schema_.outputs.push_back({std::move(name), false, true}); return *this; }
   OpDef& VariadicOutput(std::string name) { schema_.outputs.push_back({std::move(name), true}); return *this; }
   OpDef& Attr(std::string name, AttrType type);  // required
   OpDef& Attr(std::string name, int64_t default_value);

@@ -193,6 +193,18 @@ inline absl::Status CheckLayerNormDy(const Tensor& x, const Tensor& dy) {
   return absl::OkStatus();
 }
 
+// layer_norm_grad's out_dtype (`low`, DT_INVALID for none) and its output
+// dx_low go together, and only for an F32 x.
+inline absl::Status CheckLayerNormDxLow(const Tensor& x, DataType low, int num_outputs) {
+  if ((low != DT_INVALID) != (num_outputs > 3) || (low != DT_INVALID && x.dtype() != F32)) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_norm_grad: out_dtype ",
+                                                   low == DT_INVALID ? "unset" : DataTypeName(low), " with ",
+                                                   num_outputs, " outputs for an ", DataTypeName(x.dtype()),
+                                                   " x: dx_low needs out_dtype BF16 or F16 and an F32 x"));
+  }
+  return absl::OkStatus();
+}
+
 // layer_norm_grad's optional residual: x's type.
 inline absl::Status CheckLayerNormResidual(const Tensor& x, const Tensor& residual) {
   if (residual.shape() != x.shape() || residual.dtype() != x.dtype()) {

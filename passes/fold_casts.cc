@@ -53,6 +53,16 @@ class Folder {
     for (int op : graph_.ops()) {
       if (IsCastDown(graph_, op)) {
         const int x = graph_.inputs(op)[0], producer = writers_.last[x];
+        if (producer >= 0 && StoresDxLow(x, op, producer) &&
+            (edited.count(producer) == 0 || edited.at(producer).output_size() == 3)) {
+          // layer_norm_grad's dx, which other ops read in float32 too: the op
+          // also writes the 16-bit copy (dx_low), and dx stays.
+          Op& folded = edit(producer);
+          folded.add_output(std::string(graph_.var_name(graph_.outputs(op)[0])));
+          (*folded.mutable_attr())["out_dtype"].set_s(DataType_Name(CastTarget(graph_, op)));
+          casts.push_back(op);
+          continue;
+        }
         if (producer < 0 || !Foldable(x, op) || !StoresOutputLow(graph_, producer, CastTarget(graph_, op)) ||
             graph_.outputs(producer)[0] != x) {
           continue;
@@ -100,6 +110,16 @@ class Folder {
   bool Foldable(int v, int reader) const {
     return IsUnreportedActivation(graph_, v) && writers_.count[v] == 1 && readers_[v].size() == 1 &&
            readers_[v][0] == reader && graph_.stage(writers_.last[v]) == graph_.stage(reader);
+  }
+
+  // Whether cast `cast` of `dx` is a layer_norm_grad's (`ln`) float32 dx,
+  // written once, read by other ops too (else nothing would read the
+  // float32 dx the op still writes), the cast on the op's stage: the op can
+  // write the cast's output as its dx_low.
+  bool StoresDxLow(int dx, int cast, int ln) const {
+    return graph_.schema(ln).type == "layer_norm_grad" && graph_.outputs(ln).size() == 3 &&
+           graph_.outputs(ln)[0] == dx && graph_.dtype(dx) == F32 && writers_.count[dx] == 1 &&
+           readers_[dx].size() > 1 && graph_.stage(ln) == graph_.stage(cast);
   }
 
   Graph& graph_;

@@ -20,20 +20,31 @@ namespace strata {
 //     type (out_dtype; cuBLASLt's D in that type), matmul_bias_gelu's
 //     pre-activation z staying float for gelu_grad;
 //   - cast up -> gelu_grad's dy or layer_norm_grad's dy: the op reads the
-//     16-bit value and widens it as it loads (exact).
+//     16-bit value and widens it as it loads (exact);
+//   - layer_norm_grad's dx -> cast down where other ops read the float32 dx
+//     too (the residual stream's gradient, cast for the GEMMs while the
+//     next layer_norm_grad reads it as its residual): the op writes both,
+//     dx and its 16-bit copy (out_dtype and a fourth output, dx_low), in
+//     the same pass over the rows.
 //
 // Each fold needs the float32 var to be an activation the program does not
 // report, written once, read only by the cast (or only by the op, once), on
-// the op's stage. The kernels compute in float32 as before and round
-// through the cast kernel's own conversion, so the program computes the
-// same bits (MixedPrecisionTrainTest checks losses and weights with and
-// without). A BF16 GPT block on a GPU plan loses eight casts: layer_norm's
-// two, gelu_grad's two, layer_norm_grad's two, the qkv projection's and
-// the MLP activation's; the float32 copies of the layer-norm outputs, of
-// q, k and v, of the MLP's activation and of its gradient, and the
-// layer-norm input gradients never exist. On a CPU plan five: gelu_grad's
-// float dx also feeds the bias gradient's sum_to_like there, and there is
-// no matmul_bias.
+// the op's stage; layer_norm_grad's dx instead must be written once and
+// read by other ops too (it stays; the cast on the op's stage). The kernels
+// compute in float32 as before and round through the cast kernel's own
+// conversion, so the program computes the same bits
+// (MixedPrecisionTrainTest checks losses and weights with and without). A
+// BF16 GPT block on a GPU plan loses ten casts: layer_norm's two,
+// gelu_grad's two, layer_norm_grad's two dy casts and two dx casts (the
+// residual stream's gradient for the output projections' GEMMs; not the
+// first block's first layer norm's, whose dx only the embeddings read), the
+// qkv projection's and the MLP activation's; the float32 copies of the
+// layer-norm outputs, of q, k and v, of the MLP's activation and of its
+// gradient, and the layer-norm input gradients never exist, and the
+// residual stream's gradient is not read a second time for its cast. On a
+// CPU plan five, and the final layer norm's dx once: gelu_grad's float dx
+// also feeds the bias gradient's sum_to_like there, there is no
+// matmul_bias, and the other layer-norm gradients feed add_n alone.
 class FoldCastsPass : public Pass {
  public:
   std::string name() const override { return "fold-casts"; }

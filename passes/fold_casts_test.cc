@@ -71,7 +71,12 @@ TEST(FoldCastsTest, RunsAfterTheBackwardRewritesUnderMixedPrecisionOnly) {
 // matmul_bias and the MLP's matmul_bias_gelu store their 16-bit outputs
 // (the gelu's; its float pre-activation stays for gelu_grad); the attention
 // and MLP output projections' float results feed the float residual adds
-// and keep their type.
+// and keep their type. A layer_norm_grad whose float dx is cast for the
+// GEMMs and read in float too (the residual stream's gradient) writes the
+// 16-bit copy as well (out_dtype, dx_low): on GPU plans, where fuse-epilogues
+// gave the layer_norm_grads their residual sums, every one but the first
+// block's first layer norm's (whose dx goes to the embeddings); on the CPU
+// only the final layer norm's (the others' dx feeds an add_n alone).
 TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
   for (DataType low : {BF16, F16}) {
     for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
@@ -79,10 +84,12 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
       const Program folded = Compiled(Mixed(low), device);
       const Program plain = Compiled(Mixed(low), device, {"fold-casts"});
       const int per_block = device == DEVICE_CUDA ? 8 : 5;
-      const int folds = per_block * kBlocks + 2;  // and the final layer_norm's forward and backward
+      const int dx_low = device == DEVICE_CUDA ? 2 * kBlocks : 1;
+      // And the final layer_norm's forward and backward, and the dx_low stores.
+      const int folds = per_block * kBlocks + 2 + dx_low;
       EXPECT_EQ(Count(plain, "cast") - Count(folded, "cast"), folds);
       EXPECT_EQ(folded.op_size(), plain.op_size() - folds);
-      int layer_norms = 0, low_dy = 0, gelu_grads = 0, low_gemms = 0, float_gemms = 0;
+      int layer_norms = 0, low_dy = 0, gelu_grads = 0, low_gemms = 0, float_gemms = 0, low_dx = 0;
       for (const Op& op : folded.op()) {
         if (op.type() == "matmul_bias" || op.type() == "matmul_bias_gelu") {
           const bool stored = !OutDtype(op).empty();
@@ -102,6 +109,12 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
         }
         if (op.type() == "layer_norm_grad") {
           low_dy += VarDtype(folded, op.input(2)) == low;
+          EXPECT_EQ(OutDtype(op), op.output_size() == 4 ? DataTypeName(low) : "") << op.output(0);
+          if (op.output_size() == 4) {
+            ++low_dx;
+            EXPECT_EQ(VarDtype(folded, op.output(0)), F32) << op.output(0);
+            EXPECT_EQ(VarDtype(folded, op.output(3)), low) << op.output(3);
+          }
         }
         if (op.type() == "gelu_grad") {
           ++gelu_grads;
@@ -114,6 +127,7 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
       }
       EXPECT_EQ(layer_norms, 2 * kBlocks + 1);
       EXPECT_EQ(low_dy, 2 * kBlocks + 1);
+      EXPECT_EQ(low_dx, dx_low);
       EXPECT_EQ(gelu_grads, kBlocks);
       EXPECT_EQ(low_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);
       EXPECT_EQ(float_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);

@@ -93,6 +93,14 @@ absl::Status LayerNormGradShape(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input(0));
   ctx.set_output(1, ctx.input(1));
   ctx.set_output(2, ctx.input(1));
+  // dx_low: dx stored again in out_dtype's 16-bit type; one without the other is refused.
+  STRATA_ASSIGN_OR_RETURN(const DataType low, StoredOutputDtype(ctx, 0, "x"));
+  const bool stored = low != ctx.input(0).dtype;
+  if (stored != (ctx.num_outputs() > 3)) {
+    return Invalid(stored ? "attr 'out_dtype' needs output 'dx_low' (dx stored again in that type)"
+                          : "output 'dx_low' needs attr 'out_dtype' \"BF16\" or \"F16\"");
+  }
+  if (stored) ctx.set_output(3, TensorType{low, ctx.input(0).shape});
   return absl::OkStatus();
 }
 
@@ -104,13 +112,18 @@ STRATA_REGISTER_OP(OpDef("layer_norm_grad")
                        .Output("dx")
                        .Output("dgamma")
                        .Output("dbeta")
+                       .OptionalOutput("dx_low")
                        .Attr("epsilon", 1e-5)
+                       .Attr("out_dtype", "")
                        .Shape(LayerNormGradShape)
                        .NotDifferentiable()
                        .Doc("Backward of layer_norm, recomputing mean and rstd from x. dy may be BF16 or F16 "
                             "for an F32 x (read widened: passes/fold_casts). With `residual` (x's type), dx is "
                             "residual + the layer norm's dx, summed in x's type as add_n sums them: the gradient "
-                            "around a residual connection added where it is written (passes/fuse_epilogues)."));
+                            "around a residual connection added where it is written (passes/fuse_epilogues). "
+                            "With out_dtype \"BF16\" or \"F16\" (F32 x) and output `dx_low`, dx is also "
+                            "stored in that type, each value rounded as a cast of dx would round it: the cast "
+                            "for the 16-bit GEMMs, where the float dx flows on too (passes/fold_casts)."));
 
 }  // namespace
 }  // namespace strata

@@ -104,10 +104,13 @@ class LayerNormKernel : public StoredOutKernel<LayerNormBase> {
 // BF16 / F16 for an F32 x, read widened: passes/fold_casts; an optional
 // residual is added to dx in T, as add_n would: passes/fuse_epilogues):
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));  dgamma = sum_rows dy * xhat;  dbeta = sum_rows dy.
+// With out_dtype (F32 x; passes/fold_casts) dx is also stored as dx_low in
+// BF16 / F16, each value rounded as the cast kernel rounds it: the bits of
+// the cast of dx it replaces.
 template <typename T>
-class LayerNormGradKernel : public LayerNormBase {
+class LayerNormGradKernel : public StoredOutKernel<LayerNormBase> {
  public:
-  using LayerNormBase::LayerNormBase;
+  using StoredOutKernel<LayerNormBase>::StoredOutKernel;
 
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -116,6 +119,7 @@ class LayerNormGradKernel : public LayerNormBase {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
     if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDxLow(x, out_dtype_, ctx.num_outputs()));
     return WithStorage<T>(dy.dtype(), "layer_norm_grad", "dy",
                           [&](auto d) { return Run<decltype(d)>(ctx, x, gamma, dy); });
   }
@@ -124,9 +128,24 @@ class LayerNormGradKernel : public LayerNormBase {
   // dy stored as DY (T, or BF16 / F16 for an F32 x: read widened, exactly).
   template <typename DY>
   absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& dy) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (StoresAs<bfloat16>()) return RunStored<DY, bfloat16>(ctx, x, gamma, dy);
+      if (StoresAs<float16>()) return RunStored<DY, float16>(ctx, x, gamma, dy);
+    }
+    return RunStored<DY, T>(ctx, x, gamma, dy);
+  }
+
+  // dx also stored as L in output 3 (dx_low), unless L is T (no such output).
+  template <typename DY, typename L>
+  absl::Status RunStored(KernelContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& dy) {
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, x.dtype(), x.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dgamma, ctx.AllocateOutput(1, x.dtype(), gamma.shape()));
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
+    L* pdx_low = nullptr;
+    if constexpr (!std::is_same_v<L, T>) {
+      STRATA_ASSIGN_OR_RETURN(Tensor * dx_low, ctx.AllocateOutput(3, DataTypeOf<L>::value, x.shape()));
+      pdx_low = dx_low->data<L>();
+    }
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     const int64_t rows_per_block = nn_kernels::LayerNormGradRowsPerBlock(R, D);
     const int64_t blocks = nn_kernels::LayerNormGradBlocks(R, D);
@@ -160,7 +179,9 @@ class LayerNormGradKernel : public LayerNormBase {
             dgamma_b[j] += dy_at(j) * xhat;
             dbeta_b[j] += dy_at(j);
             const T v = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
-            dxr[j] = resr != nullptr ? resr[j] + v : v;  // add_n's sum of the two, in T
+            const T sum = resr != nullptr ? resr[j] + v : v;  // add_n's sum of the two, in T
+            dxr[j] = sum;
+            if constexpr (!std::is_same_v<L, T>) pdx_low[r * D + j] = cuda::Convert<L>(sum);  // the cast's rounding
           }
         }
       }

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -110,6 +111,60 @@ TEST(LayerNormShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
                        {{F32, {2, 4}}, {F32, {4}}, {F32, {4}}});
   ASSERT_FALSE(bad_eps.ok());
   EXPECT_THAT(bad_eps.status().message(), HasSubstr("attr 'epsilon'"));
+}
+
+// out_dtype and dx_low (passes/fold_casts): dx, dgamma and dbeta as without
+// them, and dx_low the cast kernel's rounding of dx, bit for bit, for each
+// 16-bit type, with a residual (dx the sum) and a 16-bit dy. The schema and
+// the kernel refuse one without the other, and an F64 x.
+TEST(LayerNormGradTest, StoresDxAgainInSixteenBitsAsTheCastWould) {
+  for (DataType low : {BF16, F16}) {
+    for (bool residual : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << DataTypeName(low) << (residual ? " with a residual" : ""));
+      std::map<std::string, Tensor> env{{"x", Make(F32, {7, 12}, 0.2, 3, 0.5)},
+                                        {"g", Make(F32, {12}, 1, 0.5, 1)},
+                                        {"dy", Make(low, {7, 12}, 3, 40)},
+                                        {"r", Make(F32, {7, 12}, 4, 100)}};
+      const std::string ins = residual ? R"(["x", "g", "dy", "r"])" : R"(["x", "g", "dy"])";
+      const std::string plain = "type: \"layer_norm_grad\" input: " + ins + R"( output: ["dx", "dg", "db"])";
+      const std::string stored = "type: \"layer_norm_grad\" input: " + ins +
+                                 R"( output: ["sx", "sg", "sb", "sl"] attr { key: "out_dtype" value { s: ")" +
+                                 DataTypeName(low) + "\" } }";
+      ASSERT_TRUE(RunOp(ParseOp(plain), &env).ok());
+      const absl::Status s = RunOp(ParseOp(stored), &env);
+      ASSERT_TRUE(s.ok()) << s;
+      const std::string cast = std::string(R"(type: "cast" input: "dx" output: "cast")") +
+                               R"( attr { key: "dtype" value { s: ")" + DataTypeName(low) + "\" } }";
+      ASSERT_TRUE(RunOp(ParseOp(cast), &env).ok());
+      EXPECT_EQ(env["sl"].dtype(), low);
+      for (const auto& [got, want] : {std::pair<const char*, const char*>{"sx", "dx"}, {"sg", "dg"}, {"sb", "db"},
+                                      {"sl", "cast"}}) {
+        ASSERT_EQ(env[got].bytes(), env[want].bytes()) << got;
+        EXPECT_EQ(std::memcmp(env[got].raw_data(), env[want].raw_data(), env[want].bytes()), 0)
+            << got << " vs " << want;
+      }
+    }
+  }
+  std::map<std::string, Tensor> env{{"x", Make(F32, {3, 4}, 0.2)},   {"g", Make(F32, {4}, 1)},
+                                    {"dy", Make(F32, {3, 4}, 3)},    {"x64", Make(F64, {3, 4}, 0.2)},
+                                    {"g64", Make(F64, {4}, 1)},      {"dy64", Make(F64, {3, 4}, 3)}};
+  const char* refused[] = {
+      // dx_low without out_dtype, out_dtype without dx_low, an F64 x.
+      R"(type: "layer_norm_grad" input: ["x", "g", "dy"] output: ["a", "b", "c", "d"])",
+      R"(type: "layer_norm_grad" input: ["x", "g", "dy"] output: ["a", "b", "c"]
+         attr { key: "out_dtype" value { s: "BF16" } })",
+      R"(type: "layer_norm_grad" input: ["x64", "g64", "dy64"] output: ["a", "b", "c", "d"]
+         attr { key: "out_dtype" value { s: "BF16" } })",
+  };
+  for (const char* text : refused) {
+    SCOPED_TRACE(text);
+    auto schema = RunOp(ParseOp(text), &env);
+    ASSERT_FALSE(schema.ok());
+    EXPECT_THAT(schema.message(), HasSubstr("out_dtype"));
+    auto kernel = RunKernelOnly(ParseOp(text), env);
+    ASSERT_FALSE(kernel.ok());
+    EXPECT_THAT(kernel.message(), HasSubstr("out_dtype"));
+  }
 }
 
 TEST(LayerNormGradTest, EmitsOneHelperAndOnlyNamesWhatIsNeeded) {

@@ -103,11 +103,13 @@ class CudaLayerNormKernel : public StoredOutKernel<CudaLayerNormBase> {
   }
 };
 
-// dy may be BF16 / F16 for an F32 x (read widened: passes/fold_casts).
+// dy may be BF16 / F16 for an F32 x (read widened: passes/fold_casts); with
+// out_dtype (F32 x) dx is also stored in BF16 / F16 as output 3, dx_low, by
+// the same kernel (the cast of dx it replaces, bit for bit).
 template <typename T>
-class CudaLayerNormGradKernel : public CudaLayerNormBase {
+class CudaLayerNormGradKernel : public StoredOutKernel<CudaLayerNormBase> {
  public:
-  using CudaLayerNormBase::CudaLayerNormBase;
+  using StoredOutKernel<CudaLayerNormBase>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& x = ctx.input(0);
@@ -116,6 +118,7 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormParam("layer_norm_grad", x, gamma));
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDy(x, dy));
     if (ctx.num_inputs() > 3) STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormResidual(x, ctx.input(3)));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckLayerNormDxLow(x, out_dtype_, ctx.num_outputs()));
     return WithStorage<T>(dy.dtype(), "layer_norm_grad", "dy",
                           [&](auto d) { return Run<decltype(d)>(ctx, device, x, gamma, dy); });
   }
@@ -128,11 +131,24 @@ class CudaLayerNormGradKernel : public CudaLayerNormBase {
     STRATA_ASSIGN_OR_RETURN(Tensor * dbeta, ctx.AllocateOutput(2, x.dtype(), gamma.shape()));
     const int64_t D = x.dim(x.rank() - 1), R = D == 0 ? 0 : x.num_elements() / D;
     STRATA_ASSIGN_OR_RETURN(Tensor scratch, DeviceScratch(ctx, F64, cuda::LayerNormGradScratchDoubles(R, D)));
-    return CudaStatus(
-        cuda::LaunchLayerNormGrad(dx->data<T>(), dgamma->data<T>(), dbeta->data<T>(), x.data<T>(), gamma.data<T>(),
-                                  dy.data<DY>(), ctx.num_inputs() > 3 ? ctx.input(3).data<T>() : nullptr, R, D,
-                                  epsilon_, scratch.defined() ? scratch.data<double>() : nullptr, device->stream()),
-        "layer_norm_grad");
+    const T* residual = ctx.num_inputs() > 3 ? ctx.input(3).data<T>() : nullptr;
+    double* pscratch = scratch.defined() ? scratch.data<double>() : nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      if (out_dtype_ != DT_INVALID) {
+        STRATA_ASSIGN_OR_RETURN(Tensor * dx_low, ctx.AllocateOutput(3, out_dtype_, x.shape()));
+        const auto launch = [&](auto* low) {
+          return CudaStatus(cuda::LaunchLayerNormGrad(dx->data<T>(), low, dgamma->data<T>(), dbeta->data<T>(),
+                                                      x.data<T>(), gamma.data<T>(), dy.data<DY>(), residual, R, D,
+                                                      epsilon_, pscratch, device->stream()),
+                            "layer_norm_grad");
+        };
+        return out_dtype_ == BF16 ? launch(dx_low->data<bfloat16>()) : launch(dx_low->data<float16>());
+      }
+    }
+    return CudaStatus(cuda::LaunchLayerNormGrad(dx->data<T>(), dgamma->data<T>(), dbeta->data<T>(), x.data<T>(),
+                                                gamma.data<T>(), dy.data<DY>(), residual, R, D, epsilon_, pscratch,
+                                                device->stream()),
+                      "layer_norm_grad");
   }
 };
 

@@ -296,6 +296,17 @@ TEST_F(CudaOpsTest, LayerNormWithFoldedCastsIsTheCastsAroundTheFloatKernel) {
       ASSERT_EQ(r.size(), 3u);
       EXPECT_TRUE(BitEqual(r[0].second, want_dx));
       for (int i = 0; i < 3; ++i) EXPECT_TRUE(BitEqual(r[i].second, r[i].first)) << "residual, output " << i;
+      // dx also stored in 16 bits (out_dtype, dx_low; passes/fold_casts): the
+      // cast of that dx on the GPU, and the CPU's, bit for bit; dx unchanged.
+      std::string stored = with_residual;
+      stored.replace(stored.find("\"dbeta\" ]"), 9, "\"dbeta\", \"dx_low\" ]");
+      stored += absl::StrCat(R"( attr { key: "out_dtype" value { s: ")", DataTypeName(low), R"(" } })");
+      auto l = RunBothNamed(stored, {{"x", x}, {"gamma", gamma}, {"dy", dy_low}, {"residual", residual}},
+                            {"dx", "dgamma", "dbeta", "dx_low"});
+      ASSERT_EQ(l.size(), 4u);
+      EXPECT_TRUE(BitEqual(l[0].second, want_dx));
+      EXPECT_TRUE(BitEqual(l[3].second, RunGpu(cast, {{"x", want_dx}})));
+      for (int i = 0; i < 4; ++i) EXPECT_TRUE(BitEqual(l[i].second, l[i].first)) << "dx_low, output " << i;
     }
   }
 }

@@ -256,11 +256,12 @@ __device__ double WideDy(const DY* dy, int64_t i) {
 
 // dx per row (the CPU's formula), and each row's mean and rstd for the sums
 // below. Each residual element is read just before its dx element is
-// written, by the same thread.
-template <typename T, typename DY>
+// written, by the same thread. dx_low (L, BF16 / F16; null, and L = T, for
+// none): each dx element also stored rounded as the cast kernel rounds it.
+template <typename T, typename DY, typename L>
 __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
-    LayerNormGradRowsKernel(T* dx, double* row_mean, double* row_rstd, const T* x, const T* gamma, const DY* dy,
-                            const T* residual, int64_t R, int64_t D, double epsilon) {
+    LayerNormGradRowsKernel(T* dx, L* dx_low, double* row_mean, double* row_rstd, const T* x, const T* gamma,
+                            const DY* dy, const T* residual, int64_t R, int64_t D, double epsilon) {
   const int k = threadIdx.x % kLanes;
   for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
     const int64_t r = first + threadIdx.x / kLanes;
@@ -281,6 +282,7 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
       row_rstd[r] = rstd;
     }
     T* dxr = dx + r * D;
+    L* dxlr = dx_low != nullptr ? dx_low + r * D : nullptr;
     const T* res = residual != nullptr ? residual + r * D : nullptr;
     const auto dx_at = [&](int64_t j) {
       const double xhat = (xr[j] - mean) * rstd, g = WideDy<T>(dyr, j) * gamma[j];
@@ -297,10 +299,16 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
       }
 #pragma unroll
       for (int u = 0; u < kOutBatch; ++u) dxr[j + kLanes * u] = v[u];
+      if (dxlr != nullptr) {
+#pragma unroll
+        for (int u = 0; u < kOutBatch; ++u) dxlr[j + kLanes * u] = Convert<L>(v[u]);
+      }
     }
     for (; j < D; j += kLanes) {
       const T v = dx_at(j);
-      dxr[j] = res != nullptr ? res[j] + v : v;
+      const T sum = res != nullptr ? res[j] + v : v;
+      dxr[j] = sum;
+      if (dxlr != nullptr) dxlr[j] = Convert<L>(sum);
     }
   }
 }
@@ -375,9 +383,10 @@ cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R
   return cudaGetLastError();
 }
 
-template <typename T, typename DY>
+template <typename T, typename DY, typename L = T>
 cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma, const DY* dy, const T* residual,
-                          int64_t R, int64_t D, double epsilon, double* scratch, cudaStream_t stream) {
+                          int64_t R, int64_t D, double epsilon, double* scratch, cudaStream_t stream,
+                          L* dx_low = nullptr) {
   if (D == 0) return cudaSuccess;
   if (R == 0) {  // no rows: dgamma = dbeta = 0, as the CPU's empty sums
     if (cudaError_t e = cudaMemsetAsync(dgamma, 0, D * sizeof(T), stream); e != cudaSuccess) return e;
@@ -388,8 +397,8 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  LayerNormGradRowsKernel<T, DY><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
-      dx, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
+  LayerNormGradRowsKernel<T, DY, L><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
+      dx, dx_low, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradPartialKernel<T, DY><<<Blocks(blocks * D, kPartialThreads), kPartialThreads, 0, stream>>>(
       partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);
@@ -617,6 +626,19 @@ cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const fl
                                 double* scratch, cudaStream_t stream) {
   return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream);
 }
+#define STRATA_LAYER_NORM_GRAD_LOW(DY, L)                                                                              \
+  cudaError_t LaunchLayerNormGrad(float* dx, L* dx_low, float* dgamma, float* dbeta, const float* x,                  \
+                                  const float* gamma, const DY* dy, const float* residual, int64_t R, int64_t D,      \
+                                  double epsilon, double* scratch, cudaStream_t stream) {                             \
+    return LayerNormGrad(dx, dgamma, dbeta, x, gamma, dy, residual, R, D, epsilon, scratch, stream, dx_low);          \
+  }
+STRATA_LAYER_NORM_GRAD_LOW(float, bfloat16)
+STRATA_LAYER_NORM_GRAD_LOW(bfloat16, bfloat16)
+STRATA_LAYER_NORM_GRAD_LOW(float16, bfloat16)
+STRATA_LAYER_NORM_GRAD_LOW(float, float16)
+STRATA_LAYER_NORM_GRAD_LOW(bfloat16, float16)
+STRATA_LAYER_NORM_GRAD_LOW(float16, float16)
+#undef STRATA_LAYER_NORM_GRAD_LOW
 
 cudaError_t LaunchDropout(float* out, const float* in, int64_t n, uint64_t key, const DropoutCounters& counters,
                           double p, float scale, cudaStream_t stream) {

@@ -75,6 +75,27 @@ cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const fl
 cudaError_t LaunchLayerNormGrad(float* dx, float* dgamma, float* dbeta, const float* x, const float* gamma,
                                 const float16* dy, const float* residual, int64_t R, int64_t D, double epsilon,
                                 double* scratch, cudaStream_t stream);
+// The same (dy F32, BF16 or F16) with dx also stored in dx_low [R, D] in
+// BF16 / F16, each value rounded as the cast kernel rounds it (layer_norm_grad's
+// out_dtype, passes/fold_casts: the cast of dx for the 16-bit GEMMs).
+cudaError_t LaunchLayerNormGrad(float* dx, bfloat16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const float* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, bfloat16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const bfloat16* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, bfloat16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const float16* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, float16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const float* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, float16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const bfloat16* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
+cudaError_t LaunchLayerNormGrad(float* dx, float16* dx_low, float* dgamma, float* dbeta, const float* x,
+                                const float* gamma, const float16* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon, double* scratch, cudaStream_t stream);
 
 // Where dropout's step and first linear index come from: `device`, when
 // set, points at {step, first sample} in device memory (the executor's

@@ -8,7 +8,8 @@
 // lanes, the shuffles and the fixed combining order reproduce the CPU's
 // LaneSum, and the dgamma/dbeta partial sums its blocks of rows. Shapes with
 // D not a multiple of 8 (the tail), D < 8, rows not filling a block, and a
-// layer_norm_grad with several blocks of rows. Also the softmax family
+// layer_norm_grad with several blocks of rows, and one storing dx in 16 bits
+// too (dx_low, the cast kernel's rounding). Also the softmax family
 // (within a few ulps: its fixed tree adds in another order than the CPU) and
 // embedding / embedding_grad (the bitonic sort of the keys: bit for bit),
 // and dropout (the CPU's Philox mask, also from counters in device memory).
@@ -145,6 +146,51 @@ TEST(NnEmulation, LayerNormGradSixteenBitDy) {
     for (bool residual : {false, true}) {
       CheckLayerNormGrad<float, bfloat16>(F32, BF16, R, D, residual);
       CheckLayerNormGrad<float, float16>(F32, F16, R, D, residual);
+    }
+  }
+}
+
+// layer_norm_grad with out_dtype: dx also stored as L (dx_low) by the rows
+// kernel, against the CPU kernel's dx_low (the cast kernel's rounding of dx)
+// and dx, dgamma, dbeta, bit for bit; every dy storage, with and without a
+// residual.
+template <typename DY, typename L>
+void CheckLayerNormGradStored(DataType dy_dtype, DataType low, int64_t R, int64_t D, bool residual) {
+  SCOPED_TRACE(testing::Message() << "layer_norm_grad F32, dy " << DataTypeName(dy_dtype) << ", dx_low "
+                                  << DataTypeName(low) << " [" << R << ", " << D << "]"
+                                  << (residual ? " with a residual" : ""));
+  std::map<std::string, Tensor> env{{"x", Random(F32, {R, D}, 4, 2, -0.3)},
+                                    {"gamma", Random(F32, {D}, 5, 0.5, 1)},
+                                    {"dy", Random(dy_dtype, {R, D}, 6, 30)},
+                                    {"res", Random(F32, {R, D}, 7, 50)}};
+  const std::string text = std::string(R"pb(type: "layer_norm_grad" input: ["x", "gamma", "dy")pb") +
+                           (residual ? R"(, "res")" : "") + R"(] output: ["dx", "dgamma", "dbeta", "dx_low"])" +
+                           kEpsilonAttr + R"( attr { key: "out_dtype" value { s: ")" + DtypeName(low) + "\" } }";
+  const absl::Status s = RunOp(ParseOp(text), &env);
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> dx = emulation::Poisoned<float>(R * D), dgamma = emulation::Poisoned<float>(D),
+                     dbeta = emulation::Poisoned<float>(D);
+  std::vector<L> dx_low = emulation::Poisoned<L>(R * D);
+  std::vector<double> scratch(cuda::LayerNormGradScratchDoubles(R, D));
+  ASSERT_EQ(cuda::LaunchLayerNormGrad(dx.data(), dx_low.data(), dgamma.data(), dbeta.data(), env["x"].data<float>(),
+                                      env["gamma"].data<float>(), env["dy"].data<DY>(),
+                                      residual ? env["res"].data<float>() : nullptr, R, D, kEpsilon, scratch.data(),
+                                      nullptr),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(dx, env["dx"], "dx"));
+  EXPECT_TRUE(emulation::SameBits(dx_low, env["dx_low"], "dx_low"));
+  EXPECT_TRUE(emulation::SameBits(dgamma, env["dgamma"], "dgamma"));
+  EXPECT_TRUE(emulation::SameBits(dbeta, env["dbeta"], "dbeta"));
+}
+
+TEST(NnEmulation, LayerNormGradStoresDxAgainInSixteenBits) {
+  for (auto [R, D] : kGradShapes) {
+    for (bool residual : {false, true}) {
+      CheckLayerNormGradStored<float, bfloat16>(F32, BF16, R, D, residual);
+      CheckLayerNormGradStored<bfloat16, bfloat16>(BF16, BF16, R, D, residual);
+      CheckLayerNormGradStored<float16, float16>(F16, F16, R, D, residual);
+      CheckLayerNormGradStored<float, float16>(F32, F16, R, D, residual);
     }
   }
 }
