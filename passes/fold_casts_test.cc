@@ -181,5 +181,48 @@ TEST(FoldCastsTest, KeepsCastsOfValuesReadElsewhere) {
   }
 }
 
+// A matmul_bias with a residual (passes/fuse_epilogues) keeps its float
+// output even where a cast down is its only reader: its sum is float
+// (cuBLASLt's C and D of one type), so the cast stays, and on a GPU plan
+// the program compiles with it.
+TEST(FoldCastsTest, LeavesTheCastOfAMatmulBiasWithAResidual) {
+  const std::string text = R"pb(
+    name: "residual"
+    var { name: "in" dtype: F32 shape: [-1, 8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F32 shape: [8, 8] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
+    var { name: "w1" dtype: F32 shape: [8, 8] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
+    var { name: "b1" dtype: F32 shape: [8] kind: PARAM }
+    var { name: "w2" dtype: F32 shape: [8, 8] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
+    op { type: "matmul" input: ["in", "w0"] output: ["x0"] }
+    op { type: "relu" input: ["x0"] output: ["x"] }
+    op { type: "matmul" input: ["x", "w1"] output: ["xw"] }
+    op { type: "add" input: ["xw", "b1"] output: ["y"] }
+    op { type: "add" input: ["x", "y"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["z"] }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  CompileOptions options;
+  options.batch_size = 4;
+  options.device_kind = DEVICE_CUDA;
+  auto r = Compile(ParseProgramOrFail(text), Mixed(BF16), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const Program& p = r->plans[0].program();
+  int with_residual = 0, casts_of_h = 0;
+  for (const Op& op : p.op()) {
+    if (op.type() == "matmul_bias" && op.input_size() == 4) {
+      ++with_residual;
+      EXPECT_EQ(OutDtype(op), "");
+      EXPECT_EQ(op.output(0), "h");
+      EXPECT_EQ(VarDtype(p, "h"), F32);
+    }
+    casts_of_h += op.type() == "cast" && op.input(0) == "h";
+  }
+  EXPECT_EQ(with_residual, 1);
+  EXPECT_EQ(casts_of_h, 1);
+}
+
 }  // namespace
 }  // namespace strata
