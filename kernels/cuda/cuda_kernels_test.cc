@@ -428,6 +428,59 @@ TEST_F(CudaKernelsTest, StagedGemmAccumulatesIntoC) {
   EXPECT_EQ(scratch.total_allocations(), 1);
 }
 
+// MatmulBias with a residual (matmul_bias's, passes/fuse_epilogues): c =
+// a @ b + bias + residual, the residual read as cuBLASLt's C with beta 1;
+// rows of 36 bytes (n = 9: c staged through scratch, the residual copied
+// into it first), rows of 64 bytes (not staged: C read where it is), and the
+// residual in c itself (in place). Integers: exact, whatever the order. Where
+// cuBLASLt has no algorithm (Unimplemented: the op's kernel then adds after
+// the GEMM, which cuda_matmul_ops_test covers) it says so and c is untouched.
+TEST_F(CudaKernelsTest, MatmulBiasAddsTheResidualAsC) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> gemm = LtGemm::Create();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::KeptBlockAllocator scratch;
+  (*gemm)->set_scratch_allocator(&scratch);
+  (*gemm)->set_staging_min_flops(0);
+  for (const GemmCase& c : {GemmCase{33, 9, 17, false, false, true}, GemmCase{32, 16, 24, false, false, true}}) {
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(Describe(c), in_place ? " in place" : ""));
+      std::mt19937 rng(7);
+      const std::vector<float> a = GemmInput<float>(c.m * c.k, true, &rng);
+      const std::vector<float> b = GemmInput<float>(c.k * c.n, true, &rng);
+      const std::vector<float> bias = GemmInput<float>(c.n, true, &rng);
+      const std::vector<float> r = GemmInput<float>(c.m * c.n, true, &rng);
+      const std::vector<float> product = CpuMatmul(c, a, b);
+      DeviceArray<float> a_dev(c.m * c.k), b_dev(c.k * c.n), bias_dev(c.n), r_dev(c.m * c.n), c_dev(c.m * c.n);
+      for (auto* d : {&a_dev, &b_dev, &bias_dev, &r_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+      ASSERT_CUDA_OK(a_dev.Upload(a));
+      ASSERT_CUDA_OK(b_dev.Upload(b));
+      ASSERT_CUDA_OK(bias_dev.Upload(bias));
+      ASSERT_CUDA_OK(r_dev.Upload(r));
+      ASSERT_CUDA_OK(c_dev.Upload(in_place ? r : std::vector<float>(c.m * c.n, 1000.0f)));
+      const float* residual = in_place ? c_dev.get() : r_dev.get();
+      const int64_t before = scratch.total_allocations();
+      const absl::Status status = (*gemm)->MatmulBias(c_dev.get(), a_dev.get(), b_dev.get(), bias_dev.get(), c.m,
+                                                      c.n, c.k, false, stream_, /*tf32=*/false, residual);
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+      std::vector<float> got(c.m * c.n);
+      ASSERT_CUDA_OK(c_dev.Download(&got));
+      if (status.code() == absl::StatusCode::kUnimplemented) {
+        std::printf("no cuBLASLt algorithm for the residual: %s\n", status.ToString().c_str());
+        RecordProperty(absl::StrCat("residual_unimplemented_n", c.n), 1);
+        EXPECT_EQ(got, in_place ? r : std::vector<float>(c.m * c.n, 1000.0f));
+        continue;
+      }
+      ASSERT_TRUE(status.ok()) << status;
+      for (int64_t i = 0; i < c.m * c.n; ++i) {
+        EXPECT_EQ(got[i], r[i] + (product[i] + bias[i % c.n])) << "c[" << i << "]";
+      }
+      const bool staged = PlanGemmStaging(c.m, c.n, c.k, false, false, 4, 4, 0).any();
+      EXPECT_EQ(scratch.total_allocations() - before, staged ? 1 : 0);
+    }
+  }
+  EXPECT_EQ(scratch.live_bytes(), 0);
+}
+
 // A training step calls the same shapes every step: the second call of a
 // shape runs the plan of the first (no new descriptors, no heuristic) and
 // gives the same bits; a new shape, transpose, alignment or type is a new plan.
