@@ -35,8 +35,10 @@ int ReadsLowInput(absl::string_view type) {
 }
 
 // The folds, found in one sweep: each takes its own cast and its own
-// float32 var, so none changes whether another applies. gelu_grad may take
-// two (its dy and its dx), edited into one replacement op.
+// float32 var (layer_norm_grad's dx_low keeps its float32 dx, which no
+// other fold takes), so none changes whether another applies. gelu_grad
+// may take two (its dy and its dx), edited into one replacement op, and
+// layer_norm_grad two (its dy and its dx_low).
 class Folder {
  public:
   explicit Folder(Graph& graph) : graph_(graph), readers_(graph.Readers()), writers_(CountWriters(graph)) {}

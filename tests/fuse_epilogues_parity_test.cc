@@ -145,6 +145,7 @@ TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
   strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
   EXPECT_GT(FusedOps(*program, strategy, 6, "matmul_bias_grad_b"), 0);
   EXPECT_EQ(FusedOps(*program, strategy, 6, "matmul_bias_gelu"), 2);  // F64, one per stage's block
+  EXPECT_EQ(ResidualMatmulBiases(*program, strategy, 6), 4);          // each block's two, on its stage
   auto single = TrainSingleDevice(*program, 6, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(single.ok()) << single.status();
   auto fused = TrainParallel(*program, strategy, Tokens(10, DEVICE_CUDA));
