@@ -99,7 +99,8 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
     const int out = graph.outputs(op)[i];
     const std::string out_name(graph.var_name(out));
     const std::string low_name = absl::StrCat(out_name, suffix);
-    if (graph.AddVar(low_name, low, graph.shape(out), ACTIVATION) < 0) {
+    const int low_var = graph.AddVar(low_name, low, graph.shape(out), ACTIVATION);
+    if (low_var < 0) {
       return absl::InternalError(absl::StrCat("mixed-precision: var '", low_name, "' exists already"));
     }
     lowered.set_output(i, low_name);
@@ -108,6 +109,10 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
       dropped.push_back(out_name);
       continue;
     }
+    // A later low op on this stage reading y reads this 16-bit y: the cast
+    // back and a cast down again would give its bits exactly (widening is
+    // exact), and a second `<y>@bf16` cannot be named.
+    copy_of.insert_or_assign({out, graph.stage(op)}, low_var);
     Op back = OpPlacedLike(graph, op, "cast", graph.role(op));
     back.add_input(low_name);
     back.add_output(out_name);

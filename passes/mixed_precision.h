@@ -17,7 +17,9 @@ namespace strata {
 // `<var>@bf16` (`<var>@bf16@stage<k>` for a second stage's copy, so no bf16
 // copy crosses stages) and placed before the first such op that reads it, so
 // a weight read twice is cast once. The op writes `<y>@bf16` and a `cast`
-// back to F32 writes its original output `y` right after it; attention's
+// back to F32 writes its original output `y` right after it; a later low op
+// on the same stage that reads y (a matmul feeding a matmul) reads
+// `<y>@bf16` itself, the bits a cast down of y would give; attention's
 // second output, the logsumexp, is F32 by its schema for BF16/F16 q and is
 // left as it is. A low op's output whose only reader is a
 // softmax_cross_entropy (its logits, on the op's stage; not fetched, not a

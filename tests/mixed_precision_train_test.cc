@@ -556,6 +556,69 @@ TEST(MixedPrecisionTrainTest, LossOn16BitLogitsTrainsBitForBitAsWithTheCasts) {
   }
 }
 
+// A factorized layer (image @ u, then @ v: a matmul reading a matmul's
+// output) compiles under mixed precision, and the second matmul reads the
+// first's 16-bit output itself: the same bits as with an identity between
+// them, where the float output is cast down again (widening is exact, so the
+// round trip is too). Before, the pass stopped at "var 'fc.uv@bf16' exists
+// already".
+TEST(MixedPrecisionTrainTest, AMatmulReadingAMatmulReadsIts16BitOutput) {
+  const auto program_with = [](bool identity) {
+    return absl::StrCat(R"pb(
+      var { name: "image" dtype: F32 shape: [-1, 784] kind: FEED }
+      var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+      var { name: "u" dtype: F32 shape: [784, 16] kind: PARAM init { normal { std: 0.05 } } }
+      var { name: "v" dtype: F32 shape: [16, 10] kind: PARAM init { normal { std: 0.2 } } }
+      op { type: "matmul" input: ["image", "u"] output: ["fc.u"] }
+    )pb",
+                        identity ? R"pb(op { type: "identity" input: ["fc.u"] output: ["fc.u2"] }
+                                        op { type: "matmul" input: ["fc.u2", "v"] output: ["logits"] })pb"
+                                 : R"pb(op { type: "matmul" input: ["fc.u", "v"] output: ["logits"] })pb",
+                        R"pb(
+      op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+      loss: "loss"
+      optimizer { sgd { learning_rate: 0.1 } }
+    )pb");
+  };
+  for (DataType low : {BF16, F16}) {
+    SCOPED_TRACE(DataTypeName(low));
+    Strategy strategy;
+    strategy.mutable_mixed_precision()->set_dtype(low);
+    const std::string suffix = low == BF16 ? "@bf16" : "@f16";
+    absl::StatusOr<Program> direct = ParseProgramText(program_with(false), "factorized.pbtxt");
+    absl::StatusOr<Program> via_identity = ParseProgramText(program_with(true), "factorized_identity.pbtxt");
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    ASSERT_TRUE(via_identity.ok()) << via_identity.status();
+    CompileOptions copts;
+    copts.batch_size = 8;
+    copts.dump_after = "mixed-precision";
+    auto compiled = Compile(*direct, strategy, copts);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    bool reads_low = false, casts_down = false;
+    for (const Op& op : compiled->dumped.op()) {
+      if (op.type() == "matmul" && op.output(0) == absl::StrCat("logits", suffix)) {
+        reads_low = op.input(0) == absl::StrCat("fc.u", suffix);
+      }
+      casts_down |= op.type() == "cast" && op.input(0) == "fc.u";
+    }
+    EXPECT_TRUE(reads_low);
+    EXPECT_FALSE(casts_down);
+
+    ParityOptions options;
+    options.data = "synthetic:classes=10,size=512";
+    options.steps = 5;
+    options.batch_size = 32;
+    auto a = TrainParallel(*direct, strategy, options);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = TrainParallel(*via_identity, strategy, options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(a->losses.size(), 5u);
+    EXPECT_EQ(a->losses, b->losses);
+    EXPECT_EQ(a->weights, b->weights);
+    EXPECT_FALSE(a->weights.empty());
+  }
+}
+
 TEST(MixedPrecisionTrainTest, F16MlpFollowsFloat32) {
   auto program = GenerateModel("mlp", GenOptions());
   ASSERT_TRUE(program.ok()) << program.status();
