@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/flash_attention.h"
@@ -393,6 +394,30 @@ __global__ void __launch_bounds__(kThreads)
     const int keys_left = static_cast<int>(T - k0 < kTile ? T - k0 : kTile);
     // Key column c of the tile lies after the warp's query row r when c - r > diag.
     const int diag = static_cast<int>(qw0 - k0 < kTile ? qw0 - k0 : kTile);
+    // Two bodies, so that a tile with no mask runs none of its tests (a
+    // test inside one loop is if-converted into every element's work).
+    const auto to_base2 = [&](auto with_mask) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kKeyBlocks; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[mt][n][e] * scale_log2;
+            if constexpr (decltype(with_mask)::value) {
+              const int c = n * 8 + 2 * t + e % 2, r = mt * 16 + g + 8 * (e / 2);
+              if (c >= keys_left || (causal && c - r > diag)) x = -INFINITY;
+            }
+            s[mt][n][e] = x;
+          }
+        }
+      }
+    };
+    if (masked) {
+      to_base2(std::true_type{});
+    } else {
+      to_base2(std::false_type{});
+    }
     uint32_t pa[kMT][kTile / 16][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -400,15 +425,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < kKeyBlocks; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[mt][n][e] * scale_log2;
-          if (masked) {
-            const int c = n * 8 + 2 * t + e % 2, r = mt * 16 + g + 8 * (e / 2);
-            if (c >= keys_left || (causal && c - r > diag)) x = -INFINITY;
-          }
-          s[mt][n][e] = x;
-          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-        }
+        for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][n][e]);
       }
       float correction[2], m_use[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -853,20 +870,29 @@ __global__ void __launch_bounds__(kThreads)
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
       const bool masked = causal && i0 + s * 16 < kw0 + 15;
       uint32_t pa[1][4], dsa[1][4];
+      const auto probs = [&](auto with_mask) {  // two bodies, as the forward's to_base2
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        float p[4], ds[4];
+        for (int n = 0; n < 2; ++n) {
+          float p[4], ds[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-          p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c] * flash::kLog2e);
-          if (masked && g + 8 * (e / 2) - c > diag) p[e] = 0.0f;  // the key after the query
-          ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
+          for (int e = 0; e < 4; ++e) {
+            const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
+            p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c] * flash::kLog2e);
+            if constexpr (decltype(with_mask)::value) {
+              if (g + 8 * (e / 2) - c > diag) p[e] = 0.0f;  // the key after the query
+            }
+            ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
+          }
+          pa[0][n * 2] = mma::RoundPair<G>(p[0], p[1]);
+          pa[0][n * 2 + 1] = mma::RoundPair<G>(p[2], p[3]);
+          dsa[0][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
+          dsa[0][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
         }
-        pa[0][n * 2] = mma::RoundPair<G>(p[0], p[1]);
-        pa[0][n * 2 + 1] = mma::RoundPair<G>(p[2], p[3]);
-        dsa[0][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
-        dsa[0][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
+      };
+      if (masked) {
+        probs(std::true_type{});
+      } else {
+        probs(std::false_type{});
       }
       AccumulateRows<G, kD, 1>(dv_acc, pa, dys, s, lane);
       AccumulateRows<G, kD, 1>(dk_acc, dsa, qs, s, lane);
@@ -969,23 +995,30 @@ __global__ void __launch_bounds__(kThreads)
       const int col0 = s * 16;  // the step's first key column of the tile
       const bool masked = (causal && k0 + col0 + 15 > qw0) || k0 + col0 + 16 > T;
       uint32_t dsa[kMT][4];
+      const auto score_grads = [&](auto with_mask) {  // two bodies, as the forward's to_base2
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
+        for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          float ds[4];
+          for (int n = 0; n < 2; ++n) {
+            float ds[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float p = flash::Exp2(sc[mt][n][e] * scale_log2 - row_lse[mt][e / 2]);
-            if (masked) {
-              const int c = col0 + n * 8 + 2 * t + e % 2, r = 16 * mt + g + 8 * (e / 2);
-              if (c >= keys_left || (causal && c - r > diag)) p = 0.0f;
+            for (int e = 0; e < 4; ++e) {
+              float p = flash::Exp2(sc[mt][n][e] * scale_log2 - row_lse[mt][e / 2]);
+              if constexpr (decltype(with_mask)::value) {
+                const int c = col0 + n * 8 + 2 * t + e % 2, r = 16 * mt + g + 8 * (e / 2);
+                if (c >= keys_left || (causal && c - r > diag)) p = 0.0f;
+              }
+              ds[e] = flash::ScoreGrad(p, dp[mt][n][e], row_di[mt][e / 2]);
             }
-            ds[e] = flash::ScoreGrad(p, dp[mt][n][e], row_di[mt][e / 2]);
+            dsa[mt][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
+            dsa[mt][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
           }
-          dsa[mt][n * 2] = mma::RoundPair<G>(ds[0], ds[1]);
-          dsa[mt][n * 2 + 1] = mma::RoundPair<G>(ds[2], ds[3]);
         }
+      };
+      if (masked) {
+        score_grads(std::true_type{});
+      } else {
+        score_grads(std::false_type{});
       }
       AccumulateRows<G, kD, kMT>(dq_acc, dsa, ks, s, lane);
     }

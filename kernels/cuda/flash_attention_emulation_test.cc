@@ -274,6 +274,7 @@ const Case kCases[] = {
     {1, 1, true, 0, 1},     {2, 17, false, 0, 1},  {1, 64, true, 0, 1},    {1, 65, false, 0.3, 1},
     {1, 130, true, 0, 1},   {1, 128, false, 0, 1}, {1, 150, true, 1.7, 3}, {1, 150, false, 1.7, 3},
     {3, 100, true, 0, 1},   {1, 100, true, 1.5, 2, true}, {1, 100, false, 1.5, 2, true},
+    {1, 300, true, 1.5, 2, true},  // three 128-query blocks, the last partial
 };
 
 // bf16 rounds P and dS to 8 bits (relative 2^-9) for their products, fp16

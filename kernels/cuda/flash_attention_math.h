@@ -63,8 +63,9 @@ STRATA_HOST_DEVICE inline float ScoreGrad(float p, float dp, float di) { return 
 // score s becomes x = s * scale * log2(e) (one multiply), its probability
 // Exp2(x - m) (a subtract and the hardware's ex2.approx), m the running max
 // of x; lse = m ln(2) + log(l). Exp2 is ex2.approx.ftz.f32 on the GPU
-// (relative error within 2^-22, subnormal results flushed to 0; -inf gives
-// 0) and std::exp2 on the host, where the emulation runs.
+// (at most 2 ulp off over the full range, the PTX ISA says; subnormals
+// flushed to 0; -inf gives +0, NaN NaN) and std::exp2 on the host, where
+// the emulation runs.
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 STRATA_HOST_DEVICE inline float Exp2(float x) {

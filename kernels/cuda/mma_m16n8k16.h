@@ -151,15 +151,21 @@ __device__ inline uint32_t Word(const G* p) {
 
 // The word's two 16-bit elements (the lower half first) to p[0] and p[1]:
 // one 32-bit store where p is 4-byte aligned, else two.
+// (Two explicit 16-bit stores, not a memcpy: nvcc 13 merged a memcpy
+// fallback with the aligned store into one unconditional access, a review
+// found, byte stores in one kernel and an unchecked 32-bit store in another.)
 template <typename G>
 __device__ inline void StorePair(G* p, uint32_t w) {
 #if defined(__CUDA_ARCH__)
   if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) {
     *reinterpret_cast<uint32_t*>(p) = w;
-    return;
+  } else {
+    reinterpret_cast<uint16_t*>(p)[0] = static_cast<uint16_t>(w & 0xffffu);
+    reinterpret_cast<uint16_t*>(p)[1] = static_cast<uint16_t>(w >> 16);
   }
-#endif
+#else
   std::memcpy(p, &w, sizeof(w));
+#endif
 }
 
 // The word of lo and hi rounded to G (round to nearest even), lo in the low
@@ -179,8 +185,10 @@ __device__ inline uint32_t Pair(G lo, G hi) {
 template <>
 __device__ inline uint32_t RoundPair<__nv_bfloat16>(float lo, float hi) {
 #if defined(__CUDA_ARCH__)
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo the low half (cvt.rn.bf16x2.f32 d, hi, lo)
+  uint32_t w;
+  std::memcpy(&w, &v, sizeof(w));
+  return w;
 #else
   return Pair(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
 #endif
@@ -189,7 +197,9 @@ template <>
 __device__ inline uint32_t RoundPair<__half>(float lo, float hi) {
 #if defined(__CUDA_ARCH__)
   const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+  uint32_t w;
+  std::memcpy(&w, &v, sizeof(w));
+  return w;
 #else
   return Pair(__float2half_rn(lo), __float2half_rn(hi));
 #endif
