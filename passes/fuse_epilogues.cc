@@ -354,8 +354,9 @@ absl::StatusOr<bool> FuseResidualGrads(Graph& graph) {
       const int part = graph.inputs(sum)[i], r = graph.inputs(sum)[1 - i];
       const int ln = writer[part];
       if (ln < 0 || r == part || writes[part] != 1 || SoleReader(graph, readers, part) != sum) continue;
+      // Not one that writes dx_low too (out_dtype): that copy would become the sum's.
       if (graph.schema(ln).type != "layer_norm_grad" || graph.inputs(ln).size() != 3 ||
-          graph.outputs(ln)[0] != part || !SamePlace(graph, ln, sum)) {
+          graph.outputs(ln).size() != 3 || graph.outputs(ln)[0] != part || !SamePlace(graph, ln, sum)) {
         continue;
       }
       if (graph.type(r) != graph.type(part) || writes[r] != 1 || writer[r] < 0 ||

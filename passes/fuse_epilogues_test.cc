@@ -446,6 +446,40 @@ TEST(FuseEpiloguesTest, LeavesAResidualSumWhosePartComesAfterTheLayerNormGradien
   }
 }
 
+// A layer_norm_grad that writes dx_low too (out_dtype; fold-casts makes
+// them, after this pass, and a program may write one) keeps its residual sum
+// apart: taking the residual would make dx_low the sum's copy, not dx's.
+TEST(FuseEpiloguesTest, LeavesTheResidualSumOfALayerNormGradientWritingDxLow) {
+  constexpr char kProgram[] = R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 8] kind: FEED }
+    var { name: "dyf" dtype: F32 shape: [-1, 8] kind: FEED }
+    var { name: "gam" dtype: F32 shape: [8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w2" dtype: F32 shape: [8, 4] kind: PARAM init { normal { std: 0.1 } } }
+    op { type: "relu" input: ["x"] output: ["r"] }
+    op { type: "tanh" input: ["x"] output: ["h"] }
+    op {
+      type: "layer_norm_grad"
+      input: ["h", "gam", "dyf"]
+      output: ["dx", "dg", "db", "dxl"]
+      attr { key: "out_dtype" value { s: "BF16" } }
+    }
+    op { type: "add_n" input: ["r", "dx"] output: ["s"] }
+    op { type: "cast" input: ["dxl"] output: ["q"] attr { key: "dtype" value { s: "F32" } } }
+    op { type: "add" input: ["s", "q"] output: ["t"] }
+    op { type: "matmul" input: ["t", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  const Program after = DumpAfter(kProgram, Strategy(), "fuse-epilogues");
+  const Op* ln = Writer(after, "dxl");
+  ASSERT_NE(ln, nullptr);
+  EXPECT_EQ(ln->type(), "layer_norm_grad");
+  EXPECT_EQ(ln->input_size(), 3);
+  EXPECT_EQ(Count(after, "add_n"), 1);
+}
+
 // Every block of the tiny GPT: both layer norms' gradients take the
 // residual stream's gradient, and the only add_n left sums the tied
 // embedding's two parts.
