@@ -43,15 +43,21 @@ using CopyMap = std::map<std::pair<int, int>, int>;
 // the low op `op`), reading it as its logits on `op`'s stage, or -1. A var
 // any other op reads, or the program fetches (or names as its loss), keeps
 // its float32 form, as does a recompute checkpoint (the strategy names it).
-int SoleLossReader(const Graph& graph, const Strategy& strategy, int op, int var) {
-  const std::string name(graph.var_name(var));
-  if (graph.loss() == name) return -1;
+// Whether `name` must stay a float32 var: the loss, a fetch, or a recompute
+// checkpoint (which the backward reads again).
+bool KeptInFloat(const Graph& graph, const Strategy& strategy, const std::string& name) {
+  if (graph.loss() == name) return true;
   for (const std::string& checkpoint : strategy.recompute().checkpoints()) {
-    if (checkpoint == name) return -1;
+    if (checkpoint == name) return true;
   }
   for (const std::string& fetch : graph.program_fields().fetch()) {
-    if (fetch == name) return -1;
+    if (fetch == name) return true;
   }
+  return false;
+}
+
+int SoleLossReader(const Graph& graph, const Strategy& strategy, int op, int var) {
+  if (KeptInFloat(graph, strategy, std::string(graph.var_name(var)))) return -1;
   int reader = -1;
   for (int r : graph.ops()) {
     const absl::Span<const int> in = graph.inputs(r);
@@ -73,7 +79,8 @@ int SoleLossReader(const Graph& graph, const Strategy& strategy, int op, int var
 // name goes to `dropped` (the F32 var no op uses now, removed at the pass's
 // end, when no var id is held any more).
 absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, const std::string& suffix,
-                      const Strategy* fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped) {
+                      const Strategy* fold_losses, CopyMap& copy_of, std::vector<std::string>& dropped,
+                      std::vector<std::string>& cast_back) {
   Op lowered = graph.AsOp(op);
   const std::vector<int> inputs(graph.inputs(op).begin(), graph.inputs(op).end());
   for (int k = 0; k < spec.inputs; ++k) {
@@ -111,8 +118,12 @@ absl::Status RunInLow(Graph& graph, int op, const LowOp& spec, DataType low, con
     }
     // A later low op on this stage reading y reads this 16-bit y: the cast
     // back and a cast down again would give its bits exactly (widening is
-    // exact), and a second `<y>@bf16` cannot be named.
+    // exact), and a second `<y>@bf16` cannot be named. (For a recompute
+    // checkpoint y, the float y stays, and the recompute pass then redoes
+    // this op for the later one, which reads no checkpoint: a cast down of
+    // y afresh would be cheaper, but commute-casts would fold it back.)
     copy_of.insert_or_assign({out, graph.stage(op)}, low_var);
+    cast_back.push_back(out_name);
     Op back = OpPlacedLike(graph, op, "cast", graph.role(op));
     back.add_input(low_name);
     back.add_output(out_name);
@@ -156,7 +167,8 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
   const std::string suffix = low == BF16 ? "@bf16" : "@f16";
   const std::vector<int> order = graph.ops();
   CopyMap copy_of;
-  std::vector<std::string> dropped;  // F32 logits the losses no longer read
+  std::vector<std::string> dropped;    // F32 logits the losses no longer read
+  std::vector<std::string> cast_back;  // float outputs the low ops' casts back write
   bool changed = false;
   for (int op : order) {
     const LowOp* spec = LowOpFor(graph.schema(op).type);
@@ -169,9 +181,23 @@ absl::StatusOr<bool> MixedPrecisionPass::Run(Graph& graph, const CompileContext&
       const bool bthd = layout != graph.attrs(op).end() && layout->second.s() == "bthd";
       if (q.size() == 4 && !HalfAttentionFitsOnGpu(q[bthd ? 1 : 2])) continue;
     }
-    STRATA_RETURN_IF_ERROR(
-        RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of, dropped));
+    STRATA_RETURN_IF_ERROR(RunInLow(graph, op, *spec, low, suffix, fold_losses_ ? &ctx.strategy : nullptr, copy_of,
+                                    dropped, cast_back));
     changed = true;
+  }
+  // A cast back whose float output nothing reads now (its readers were low
+  // ops, which read the 16-bit output itself) goes, with that output.
+  if (!cast_back.empty()) {
+    const std::vector<std::vector<int>> readers = graph.Readers();
+    const std::vector<int> writers = graph.FirstWriters();
+    for (const std::string& name : cast_back) {
+      const int v = graph.FindVar(name);
+      if (v < 0 || !readers[v].empty() || KeptInFloat(graph, ctx.strategy, name)) continue;
+      const int w = writers[v];
+      if (w < 0 || graph.schema(w).type != "cast") continue;
+      graph.EraseOp(w);
+      dropped.push_back(name);
+    }
   }
   if (!dropped.empty()) {
     std::vector<bool> keep(graph.num_vars(), true);

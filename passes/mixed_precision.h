@@ -19,7 +19,9 @@ namespace strata {
 // a weight read twice is cast once. The op writes `<y>@bf16` and a `cast`
 // back to F32 writes its original output `y` right after it; a later low op
 // on the same stage that reads y (a matmul feeding a matmul) reads
-// `<y>@bf16` itself, the bits a cast down of y would give; attention's
+// `<y>@bf16` itself, the bits a cast down of y would give, and a cast back
+// whose y nothing else reads goes (not a recompute checkpoint's, the loss's
+// or a fetch's); attention's
 // second output, the logsumexp, is F32 by its schema for BF16/F16 q and is
 // left as it is. A low op's output whose only reader is a
 // softmax_cross_entropy (its logits, on the op's stage; not fetched, not a

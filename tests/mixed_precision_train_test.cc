@@ -560,8 +560,8 @@ TEST(MixedPrecisionTrainTest, LossOn16BitLogitsTrainsBitForBitAsWithTheCasts) {
 // output) compiles under mixed precision, and the second matmul reads the
 // first's 16-bit output itself: the same bits as with an identity between
 // them, where the float output is cast down again (widening is exact, so the
-// round trip is too). Before, the pass stopped at "var 'fc.uv@bf16' exists
-// already".
+// round trip is too), and no cast back writes a float output nothing reads.
+// Before, the pass stopped at "var 'fc.u@bf16' exists already".
 TEST(MixedPrecisionTrainTest, AMatmulReadingAMatmulReadsIts16BitOutput) {
   const auto program_with = [](bool identity) {
     return absl::StrCat(R"pb(
@@ -594,15 +594,26 @@ TEST(MixedPrecisionTrainTest, AMatmulReadingAMatmulReadsIts16BitOutput) {
     copts.dump_after = "mixed-precision";
     auto compiled = Compile(*direct, strategy, copts);
     ASSERT_TRUE(compiled.ok()) << compiled.status();
-    bool reads_low = false, casts_down = false;
+    bool reads_low = false, casts_down = false, float_fc_u = false;
     for (const Op& op : compiled->dumped.op()) {
       if (op.type() == "matmul" && op.output(0) == absl::StrCat("logits", suffix)) {
         reads_low = op.input(0) == absl::StrCat("fc.u", suffix);
       }
       casts_down |= op.type() == "cast" && op.input(0) == "fc.u";
     }
+    for (const Var& v : compiled->dumped.var()) float_fc_u |= v.name() == "fc.u";
     EXPECT_TRUE(reads_low);
     EXPECT_FALSE(casts_down);
+    EXPECT_FALSE(float_fc_u);  // nothing reads a float fc.u: no cast back writes one
+    // A recompute checkpoint keeps its float var (the cast back stays), and
+    // the plan compiles.
+    Strategy checkpointed = strategy;
+    checkpointed.mutable_recompute()->add_checkpoints("fc.u");
+    auto with_checkpoint = Compile(*direct, checkpointed, copts);
+    ASSERT_TRUE(with_checkpoint.ok()) << with_checkpoint.status();
+    bool kept = false;
+    for (const Var& v : with_checkpoint->dumped.var()) kept |= v.name() == "fc.u";
+    EXPECT_TRUE(kept);
 
     ParityOptions options;
     options.data = "synthetic:classes=10,size=512";
