@@ -39,8 +39,9 @@ ParityOptions Tokens(int64_t steps, DeviceKind compile_for) {
   return options;
 }
 
-// How many ops of `type` the GPU plans of `program` hold, over every rank.
-int FusedOps(const Program& program, const Strategy& strategy, int64_t batch_size, const std::string& type) {
+// How many ops of the GPU plans of `program`, over every rank, `counts`.
+template <typename Pred>
+int CountPlanOps(const Program& program, const Strategy& strategy, int64_t batch_size, Pred counts) {
   CompileOptions options;
   options.batch_size = batch_size;
   options.device_kind = DEVICE_CUDA;
@@ -49,24 +50,20 @@ int FusedOps(const Program& program, const Strategy& strategy, int64_t batch_siz
   if (!compiled.ok()) return 0;
   int count = 0;
   for (const RankPlan& plan : compiled->plans) {
-    for (const Op& op : plan.program().op()) count += op.type() == type ? 1 : 0;
+    for (const Op& op : plan.program().op()) count += counts(op) ? 1 : 0;
   }
   return count;
 }
 
+// How many ops of `type` the GPU plans of `program` hold, over every rank.
+int FusedOps(const Program& program, const Strategy& strategy, int64_t batch_size, const std::string& type) {
+  return CountPlanOps(program, strategy, batch_size, [&](const Op& op) { return op.type() == type; });
+}
+
 // How many matmul_bias ops of the GPU plans take a residual (a fused add).
 int ResidualMatmulBiases(const Program& program, const Strategy& strategy, int64_t batch_size) {
-  CompileOptions options;
-  options.batch_size = batch_size;
-  options.device_kind = DEVICE_CUDA;
-  auto compiled = Compile(program, strategy, options);
-  EXPECT_TRUE(compiled.ok()) << compiled.status();
-  if (!compiled.ok()) return 0;
-  int count = 0;
-  for (const RankPlan& plan : compiled->plans) {
-    for (const Op& op : plan.program().op()) count += op.type() == "matmul_bias" && op.input_size() == 4 ? 1 : 0;
-  }
-  return count;
+  return CountPlanOps(program, strategy, batch_size,
+                      [](const Op& op) { return op.type() == "matmul_bias" && op.input_size() == 4; });
 }
 
 void ExpectBitIdentical(const ParityRun& fused, const ParityRun& plain) {
