@@ -16,6 +16,7 @@
 # Logs go to $OUT (or /tmp/gpu-check). `run` takes a few minutes and the
 # benchmarks about eight (torch.compile's warm-up included), so within one
 # call's 600 s they are two calls: `run` (timeout_s 400), then `bench`.
+# `bash tools/gpu_check.sh profile` runs ncu on the attention kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -146,6 +147,23 @@ case "$mode" in
     if [ "${2:-}" = "--quick-bench" ]; then quick_benches "$out"; fi
     [ "$failed" -eq 0 ]
     ;;
+  profile)
+    # ncu on the attention kernels, WMMA and mma.sync, forward and gradient, both layouts (one short
+    # attention_bench run: 1 warm-up and 2 timed calls each): throughput, occupancy, shared-memory and
+    # issue figures, to say what bounds them. About 2 minutes; the report in $OUT/attention.ncu-rep too.
+    out=${OUT:-/tmp/gpu-check}
+    mkdir -p "$out"
+    export STRATA_BUNDLE_DIR=/tmp/strata-bundle-$$
+    ncu=${NCU:-/usr/local/cuda/bin/ncu}
+    timeout 300 "$ncu" --target-processes all --kernel-name regex:'Flash' --launch-count 24 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      --section ComputeWorkloadAnalysis --section WarpStateStats -o "$out/attention" -f \
+      bash .device/run.sh attention_bench --warmup=1 --iters=2 --repeats=1 >"$out/ncu.log" 2>&1
+    echo "ncu exited with $?"
+    "$ncu" --import "$out/attention.ncu-rep" --page details --print-units base 2>/dev/null |
+      grep -E '^  [A-Za-z].*Flash|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Cache Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|Stall' |
+      head -150
+    ;;
   bench)
     out=${OUT:-/tmp/gpu-check}
     mkdir -p "$out"
@@ -154,7 +172,7 @@ case "$mode" in
     benches "$out"
     ;;
   *)
-    echo "usage: tools/gpu_check.sh bundle | run [--bench | --quick-bench] | bench" >&2
+    echo "usage: tools/gpu_check.sh bundle | run [--bench | --quick-bench] | bench | profile" >&2
     exit 2
     ;;
 esac
