@@ -5,8 +5,8 @@ of 64, 1024 tokens, causal, bf16).
 
 Strata: //bench:attention_bench (kernels/cuda/flash_attention.h, both head
 layouts; WMMA, the default, and mma.sync, STRATA_MMA_ATTENTION=1, timed
-last). PyTorch: SDPA on [B, H, T, D] bf16 tensors with its default
-backend choice and with each backend it has here (flash, cuDNN, memory
+last, with 32-row warps and, as "mma16", with 16-row ones). PyTorch: SDPA
+on [B, H, T, D] bf16 tensors with its default backend choice and with each backend it has here (flash, cuDNN, memory
 efficient); the forward timed alone, the gradient as (forward + backward) -
 forward, each over back-to-back calls between CUDA events. FLOPs as
 FlashAttention's papers count them (forward 4 B H T^2 D, halved when causal;
@@ -119,11 +119,12 @@ def main():
             continue
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("strata " + layout, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
-        mf, mb = strata.get(("mma_fwd", layout)), strata.get(("mma_bwd", layout))
-        if mf is not None:
-            print("%-22s | %9.4f %8.1f | %9s %8s" % (
-                "strata mma.sync " + layout, mf, tflops(mf, flops), "%.4f" % mb if mb else "-",
-                "%.1f" % tflops(mb, 2.5 * flops) if mb else "-"))
+        for kernel, label in (("mma", "strata mma.sync "), ("mma16", "strata mma16 ")):
+            mf, mb = strata.get((kernel + "_fwd", layout)), strata.get((kernel + "_bwd", layout))
+            if mf is not None:
+                print("%-22s | %9.4f %8.1f | %9s %8s" % (
+                    label + layout, mf, tflops(mf, flops), "%.4f" % mb if mb else "-",
+                    "%.1f" % tflops(mb, 2.5 * flops) if mb else "-"))
     for backend, (f, b) in torch_results.items():
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("torch " + backend, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))

@@ -1,6 +1,7 @@
 // bench/attention_bench: Strata's tensor-core flash attention
 // (kernels/cuda/flash_attention.h) on one GPU, forward and gradient apart,
-// on WMMA (the default) and on mma.sync (behind STRATA_MMA_ATTENTION),
+// on WMMA (the default) and on mma.sync (behind STRATA_MMA_ATTENTION; with
+// 32-row warps, and with 16-row ones as "mma16": STRATA_MMA_WIDE_WARPS=0),
 // at a GPT-2 124M layer's shape by default (batch 8, 12 heads of 64, 1024
 // tokens, causal, bf16), in both head layouts ([B, H, T, D] and the
 // [B, T, H, D] of passes/attention_layout). bench/attention.py runs it beside
@@ -129,17 +130,26 @@ int main(int argc, char** argv) {
   // The WMMA kernels (the default) first, both layouts; then the mma.sync
   // ones (STRATA_MMA_ATTENTION=1), not yet run on a GPU when this was
   // written: last, so a fault there (Fail exits) loses only their rows.
-  for (const bool mma : {false, true}) {
-    strata::cuda::MmaFlashAttention().store(mma);
+  // The mma.sync kernels twice: 32-row warps (the default) and 16-row ones
+  // (STRATA_MMA_WIDE_WARPS=0; the forward and dq differ, dk/dv do not).
+  const struct {
+    bool mma, wide;
+    const char *fwd, *bwd;
+  } variants[] = {{false, true, "flash_fwd", "flash_bwd"},
+                  {true, true, "mma_fwd", "mma_bwd"},
+                  {true, false, "mma16_fwd", "mma16_bwd"}};
+  for (const auto& variant : variants) {
+    strata::cuda::MmaFlashAttention().store(variant.mma);
+    strata::cuda::MmaWideWarps().store(variant.wide);
     for (const bool bthd : {false, true}) {
       strata::cuda::HeadLayout layout;
       layout.H = H;
       layout.bthd = bthd;
       const char* name = bthd ? "bthd" : "bhtd";
-      Time(mma ? "mma_fwd" : "flash_fwd", name, forward_flops, [&] {
+      Time(variant.fwd, name, forward_flops, [&] {
         return strata::cuda::LaunchFlashAttention(y, lse, q, k, v, B * H, T, D, scale, causal, nullptr, layout);
       });
-      Time(mma ? "mma_bwd" : "flash_bwd", name, 2.5 * forward_flops, [&] {
+      Time(variant.bwd, name, 2.5 * forward_flops, [&] {
         return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D,
                                                       scale, causal, nullptr, layout);
       });

@@ -273,14 +273,15 @@ __device__ inline void NextStage(G* tiles, int64_t stage, const G* a, const G* b
   __syncthreads();  // this tile, from every thread's copies
 }
 
-// The mma.sync forward (FlashForward) at head size kD: a warp owns kFwdTiles
+// The mma.sync forward (FlashForward) at head size kD: a warp owns kMT
 // 16-row tiles of queries, so that each B fragment read from shared memory
-// feeds kFwdTiles products (at D = 128 the output accumulators of two tiles
-// would not fit in registers beside the scores); a block owns kFwdRows.
+// feeds kMT products; kFwdTiles, 2 at D <= 64 (at D = 128 the output
+// accumulators of two tiles would not fit in registers beside the scores),
+// unless MmaWideWarps() is off. A block owns kFwdRows.
 template <int kD>
 constexpr int kFwdTiles = kD <= 64 ? 2 : 1;
-template <int kD>
-constexpr int kFwdRows = kWarps * kWarpRows * kFwdTiles<kD>;
+template <int kD, int kMT = kFwdTiles<kD>>
+constexpr int kFwdRows = kWarps * kWarpRows * kMT;
 // Its shared memory: two stages of a key tile's k and v rows [kTile][kLd]
 // each (stage s at s * 2 kTile rows: k, then v); q's kFwdRows rows pass
 // through stage 1 once, before the first tile lands there. 20, 36 and 68 KiB
@@ -289,9 +290,9 @@ constexpr size_t ForwardShared(int kD) { return sizeof(uint16_t) * 4 * kTile * (
 static_assert(kFwdRows<64> <= 2 * kTile && kFwdRows<128> <= 2 * kTile, "q's rows fit in one stage");
 
 // The forward's blocks along T.
-template <int kD>
+template <int kD, int kMT = kFwdTiles<kD>>
 int64_t ForwardBlocks(int64_t T) {
-  return (T + kFwdRows<kD> - 1) / kFwdRows<kD>;
+  return (T + kFwdRows<kD, kMT> - 1) / kFwdRows<kD, kMT>;
 }
 
 // grid (ForwardBlocks(T), heads), kThreads; FlashAttention-2's forward on
@@ -307,12 +308,11 @@ int64_t ForwardBlocks(int64_t T) {
 // v's rows transposed on the way (P v), so no tile is copied transposed. A
 // warp skips a tile whose keys all follow its last query (causal).
 // `layout`: where a head's rows lie in q, k, v and y (attention.h).
-template <typename G, int kD>
+template <typename G, int kD, int kMT = kFwdTiles<kD>>
 __global__ void __launch_bounds__(kThreads)
     FlashForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t T, float scale, bool causal, bool vec,
                  HeadLayout layout) {
   constexpr int ld = kLd<kD>;
-  constexpr int kMT = kFwdTiles<kD>;
   constexpr int kWarpQueries = kMT * kWarpRows;
   constexpr int kSteps = kD / 16;        // key-dimension steps of S = q k^T
   constexpr int kKeyBlocks = kTile / 8;  // 8-key blocks of S
@@ -324,9 +324,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
   // The last query blocks first: causal, they walk the most key tiles, and
   // starting them first shortens the tail of the last wave.
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kFwdRows<kD>;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kFwdRows<kD, kMT>;
   const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
-  const int64_t end = flash::KeyEnd(q0, T, causal, kFwdRows<kD>);
+  const int64_t end = flash::KeyEnd(q0, T, causal, kFwdRows<kD, kMT>);
   // ldmatrix row addresses of the lane: x4 over 16 rows x 16 columns (an A
   // fragment: rows lane % 16, columns 8 (lane / 16)); over 8 rows x 32
   // columns (two key steps of k's B fragments: row lane % 8, columns
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads)
   const float scale_log2 = scale * flash::kLog2e;
 
   // q's rows through stage 1, the first key tile into stage 0.
-  IssueRows<G, kD, kFwdRows<kD>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
+  IssueRows<G, kD, kFwdRows<kD, kMT>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
   mma::CpAsyncCommit();
   IssueRows<G, kD, kTile>(tiles, k + off, 0, T, vec, rs);
   IssueRows<G, kD, kTile>(tiles + kTile * ld, v + off, 0, T, vec, rs);
@@ -903,16 +903,17 @@ __global__ void __launch_bounds__(kThreads)
   StoreFragments<G, kD>(dv + off, dv_acc[0], kw0, T, 1.0f, rs, g, t);
 }
 
-// FlashGradQMma's warps own kDqTiles 16-row tiles of queries (each B
-// fragment then feeds kDqTiles products; at D = 128 the dq accumulators of
-// two would not fit beside the rest), its blocks kDqRows.
+// FlashGradQMma's warps own kMT 16-row tiles of queries (each B fragment
+// then feeds kMT products): kDqTiles, 2 at D <= 64 (at D = 128 the dq
+// accumulators of two would not fit beside the rest) unless MmaWideWarps()
+// is off; its blocks kDqRows.
 template <int kD>
 constexpr int kDqTiles = kD <= 64 ? 2 : 1;
-template <int kD>
-constexpr int kDqRows = kWarps * kWarpRows * kDqTiles<kD>;
-template <int kD>
+template <int kD, int kMT = kDqTiles<kD>>
+constexpr int kDqRows = kWarps * kWarpRows * kMT;
+template <int kD, int kMT = kDqTiles<kD>>
 int64_t GradQBlocks(int64_t T) {
-  return (T + kDqRows<kD> - 1) / kDqRows<kD>;
+  return (T + kDqRows<kD, kMT> - 1) / kDqRows<kD, kMT>;
 }
 static_assert(kDqRows<64> <= 2 * kTile && kDqRows<128> <= 2 * kTile, "q's, then dy's rows fit in a stage");
 
@@ -924,20 +925,19 @@ static_assert(kDqRows<64> <= 2 * kTile && kDqRows<128> <= 2 * kTile, "q's, then 
 // and v's rows), dS = exp(scale S - lse) (dP - di) rounded to G as the A
 // fragment of dq += dS k (B: k's rows by ldmatrix .trans). Steps wholly
 // above the diagonal (causal) are skipped.
-template <typename G, int kD>
+template <typename G, int kD, int kMT = kDqTiles<kD>>
 __global__ void __launch_bounds__(kThreads)
     FlashGradQMma(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di, int64_t T,
                   float scale, bool causal, bool vec, HeadLayout layout) {
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
-  constexpr int kMT = kDqTiles<kD>;
   constexpr int kWarpQueries = kMT * kWarpRows;
   extern __shared__ __align__(128) unsigned char smem[];
   G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kDqRows<kD>;  // the longest first
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kDqRows<kD, kMT>;  // the longest first
   const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
   float row_lse[kMT][2], row_di[kMT][2];         // of the lane's rows qw0 + 16 mt + g (+ 8)
 #pragma unroll
@@ -949,13 +949,13 @@ __global__ void __launch_bounds__(kThreads)
       row_di[mt][r] = row < T ? di[head * T + row] : 0.0f;
     }
   }
-  const int64_t end = flash::KeyEnd(q0, T, causal, kDqRows<kD>);
+  const int64_t end = flash::KeyEnd(q0, T, causal, kDqRows<kD, kMT>);
   const float scale_log2 = scale * flash::kLog2e;
 
   // q's rows through stage 1 and dy's through stage 0 (kDqRows each), into
   // A fragments; then the first key tile into stage 0.
-  IssueRows<G, kD, kDqRows<kD>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
-  IssueRows<G, kD, kDqRows<kD>>(tiles, dy + off, q0, T, vec, rs);
+  IssueRows<G, kD, kDqRows<kD, kMT>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
+  IssueRows<G, kD, kDqRows<kD, kMT>>(tiles, dy + off, q0, T, vec, rs);
   mma::CpAsyncCommit();
   mma::CpAsyncWait<0>();
   __syncthreads();
@@ -1058,18 +1058,42 @@ bool Aligned16(const P*... p) {
   return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
 
+template <typename G, int kD, int kMT>
+cudaError_t MmaForward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, float scale,
+                       bool causal, cudaStream_t stream, HeadLayout layout, bool vec) {
+  static_assert(ForwardShared(64) <= 48 * 1024, "no opt-in at D = 64");
+  static std::atomic<uint64_t> done{0};
+  constexpr size_t shared = ForwardShared(kD);
+  if (cudaError_t e = AllowShared(FlashForward<G, kD, kMT>, shared, done); e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(ForwardBlocks<kD, kMT>(T)), static_cast<unsigned>(heads));
+  FlashForward<G, kD, kMT><<<grid, kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
+  return cudaGetLastError();
+}
+
+// dq on mma.sync with kMT 16-row tiles a warp.
+template <typename G, int kD, int kMT>
+cudaError_t MmaGradQ(G* dq, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                     int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream, HeadLayout layout,
+                     bool vec) {
+  static std::atomic<uint64_t> done{0};
+  constexpr size_t shared = GradQShared(kD);
+  if (cudaError_t e = AllowShared(FlashGradQMma<G, kD, kMT>, shared, done); e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(GradQBlocks<kD, kMT>(T)), static_cast<unsigned>(heads));
+  FlashGradQMma<G, kD, kMT><<<grid, kThreads, shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
+  return cudaGetLastError();
+}
+
 template <typename G, int kD>
 cudaError_t ForwardD(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, float scale,
                      bool causal, cudaStream_t stream, HeadLayout layout) {
   const bool vec = Aligned16(q, k, v);
   if (MmaFlashAttention().load()) {
-    static_assert(ForwardShared(64) <= 48 * 1024, "no opt-in at D = 64");
-    static std::atomic<uint64_t> mma_done{0};
-    constexpr size_t shared = ForwardShared(kD);
-    if (cudaError_t e = AllowShared(FlashForward<G, kD>, shared, mma_done); e != cudaSuccess) return e;
-    const dim3 grid(static_cast<unsigned>(ForwardBlocks<kD>(T)), static_cast<unsigned>(heads));
-    FlashForward<G, kD><<<grid, kThreads, shared, stream>>>(y, lse, q, k, v, T, scale, causal, vec, layout);
-    return cudaGetLastError();
+    if constexpr (kFwdTiles<kD> > 1) {
+      if (MmaWideWarps().load()) {
+        return MmaForward<G, kD, kFwdTiles<kD>>(y, lse, q, k, v, heads, T, scale, causal, stream, layout, vec);
+      }
+    }
+    return MmaForward<G, kD, 1>(y, lse, q, k, v, heads, T, scale, causal, stream, layout, vec);
   }
   static std::atomic<uint64_t> done{0};
   constexpr size_t shared = WmmaForwardShared(kD);
@@ -1102,16 +1126,18 @@ cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const
   const bool vec = Aligned16(q, k, v, dy);
   if (MmaFlashAttention().load()) {
     static_assert(GradKVShared(64) <= 48 * 1024 && GradQShared(64) <= 48 * 1024, "no opt-in at D = 64");
-    static std::atomic<uint64_t> mma_kv_done{0}, mma_q_done{0};
-    constexpr size_t kv_shared = GradKVShared(kD), q_shared = GradQShared(kD);
+    static std::atomic<uint64_t> mma_kv_done{0};
+    constexpr size_t kv_shared = GradKVShared(kD);
     if (cudaError_t e = AllowShared(FlashGradKVMma<G, kD>, kv_shared, mma_kv_done); e != cudaSuccess) return e;
     FlashGradKVMma<G, kD>
         <<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    if (cudaError_t e = AllowShared(FlashGradQMma<G, kD>, q_shared, mma_q_done); e != cudaSuccess) return e;
-    const dim3 q_grid(static_cast<unsigned>(GradQBlocks<kD>(T)), static_cast<unsigned>(heads));
-    FlashGradQMma<G, kD><<<q_grid, kThreads, q_shared, stream>>>(dq, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
-    return cudaGetLastError();
+    if constexpr (kDqTiles<kD> > 1) {
+      if (MmaWideWarps().load()) {
+        return MmaGradQ<G, kD, kDqTiles<kD>>(dq, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout, vec);
+      }
+    }
+    return MmaGradQ<G, kD, 1>(dq, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout, vec);
   }
   static std::atomic<uint64_t> kv_done{0}, q_done{0};
   constexpr size_t shared = GradShared(kD);

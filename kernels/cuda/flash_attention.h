@@ -58,6 +58,17 @@ inline std::atomic<bool>& MmaFlashAttention() {
   return on;
 }
 
+// Whether the mma.sync forward's and dq's warps own 32 query rows at head
+// sizes up to 64 (each B fragment read from shared memory then feeds two
+// products, at about 230-255 registers: 2 blocks an SM) rather than 16 (half
+// the shared-memory reads a product, more blocks an SM). On by default;
+// STRATA_MMA_WIDE_WARPS=0 turns it off for a process, so a GPU run can time
+// both (bench/attention_bench does).
+inline std::atomic<bool>& MmaWideWarps() {
+  static std::atomic<bool> on{EnvSwitch("STRATA_MMA_WIDE_WARPS", /*default_on=*/true)};
+  return on;
+}
+
 // Head sizes with a kernel instantiation.
 inline bool FlashTensorCoreHeadDim(int64_t D) { return FlashEligible(true, D); }
 

@@ -236,6 +236,17 @@ void Check(const Case& c, bool vec, double bar) {
     EXPECT_TRUE(Near(y, want.y, bar, "y"));
     EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
   }
+  // The mma.sync forward and dq with 16-row warps (STRATA_MMA_WIDE_WARPS=0)
+  // where the default is 32.
+  if constexpr (kFwdTiles<kD> > 1) {
+    SCOPED_TRACE("mma.sync forward, 16-row warps");
+    std::vector<G> y(n, Round<G>(12345));
+    std::vector<float> lse(c.heads * c.T, 12345.0f);
+    Launch(ForwardBlocks<kD, 1>(c.T), c.heads, ForwardShared(kD), FlashForward<G, kD, 1>, y.data(), lse.data(),
+           q.data(), k.data(), v.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    EXPECT_TRUE(Near(y, want.y, bar, "y"));
+    EXPECT_TRUE(Near(lse, want.lse, 1e-5, "lse"));
+  }
 
   // The gradient from the reference's forward outputs, as the GPU tests feed it.
   std::vector<G> y_in(n);
@@ -265,6 +276,13 @@ void Check(const Case& c, bool vec, double bar) {
     EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
     EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
     EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
+  }
+  if constexpr (kDqTiles<kD> > 1) {
+    SCOPED_TRACE("mma.sync dq, 16-row warps");
+    std::vector<G> dq(n, Round<G>(12345));
+    Launch(GradQBlocks<kD, 1>(c.T), c.heads, GradQShared(kD), FlashGradQMma<G, kD, 1>, dq.data(), q.data(), k.data(),
+           v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
   }
 }
 
