@@ -304,6 +304,38 @@ class RefusingAccelerator : public testing::FakeAccelerator {
   int captures = 0;
 };
 
+// A device whose kernels fell back from what the plan asked (as cuBLASLt's
+// refused epilogues do on a GPU, Device::KernelFallbacks): a line known
+// from the first step, a second from the third. The run reports each once,
+// in order, however many steps follow.
+class FallingBackAccelerator : public testing::FakeAccelerator {
+ public:
+  std::vector<std::string> KernelFallbacks(size_t from) const override {
+    ++calls;
+    std::vector<std::string> all = {"first fallback"};
+    if (calls >= 3) all.push_back("second fallback");
+    if (from >= all.size()) return {};
+    return std::vector<std::string>(all.begin() + static_cast<std::ptrdiff_t>(from), all.end());
+  }
+  mutable int calls = 0;
+};
+
+TEST(KernelFallbackNotesTest, EachLineIsReportedOnceInOrder) {
+  std::vector<RankPlan> plans = CompilePlans("mlp", SmallMlp("adam"), Strategy(), 8);
+  ASSERT_EQ(plans.size(), 1u);
+  plans[0].set_device_kind(DEVICE_CPU);  // the CPU's kernels on the fake device
+  FallingBackAccelerator device;
+  TrainOptions options;
+  options.data = "synthetic:classes=10,size=256";
+  options.steps = 5;
+  options.progress = false;
+  options.device = &device;
+  auto report = Train(plans[0], options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->kernel_fallbacks, (std::vector<std::string>{"first fallback", "second fallback"}));
+  EXPECT_EQ(device.calls, 5);  // asked after every step
+}
+
 TEST(StepGraphFallbackTest, ARefusedCaptureLeavesTheRunEagerAndSaysWhy) {
   GenOptions gen = SmallMlp("adam");
   gen.dropout = 0.25;
