@@ -41,7 +41,7 @@ benches() {
   # And the head passes/pad_vocab makes of it: 50304 rows, nothing staged.
   timeout 20 bash .device/run.sh gemm_bench --dtype=bf16 --vocab=50304 --repeats=1 \
     --shapes=lm_head.fwd,lm_head.dx,lm_head.dw 2>&1 | tail -8 || status=1
-  timeout 40 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 | tail -12 || status=1
+  timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 | tail -16 || status=1
   PYTHONUNBUFFERED=1 timeout 45 python3 bench/dispatch.py --device gpu --rounds 3 \
     --strata "bash .device/run.sh dispatch_bench_gpu" 2>&1 | tail -5 || status=1
   echo "benchmarks: $([ "$status" -eq 0 ] && echo "all ran" || echo "some failed or timed out (see above)")"
@@ -75,7 +75,7 @@ quick_benches() {
     --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw 2>&1 | tail -11 || status=1
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
-  timeout 40 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
+  timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
     tee "$out/attention.txt" | tail -12 || status=1
   bash .device/run.sh strata_gpu gen gpt --blocks 12 --d_model 768 --heads 12 --seq 1024 --vocab 50257 \
     --gelu tanh >"$out/gpt2.pbtxt" && echo 'mixed_precision { dtype: BF16 }' >"$out/bf16.pbtxt" &&
