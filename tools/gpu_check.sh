@@ -76,7 +76,7 @@ quick_benches() {
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
   timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
-    tee "$out/attention.txt" | tail -12 || status=1
+    tee "$out/attention.txt" | tail -16 || status=1
   bash .device/run.sh strata_gpu gen gpt --blocks 12 --d_model 768 --heads 12 --seq 1024 --vocab 50257 \
     --gelu tanh >"$out/gpt2.pbtxt" && echo 'mixed_precision { dtype: BF16 }' >"$out/bf16.pbtxt" &&
     timeout 40 bash .device/run.sh strata_gpu run "$out/gpt2.pbtxt" --strategy "$out/bf16.pbtxt" --device gpu \
