@@ -131,6 +131,15 @@ case "$mode" in
       echo "FAIL cuda_ops_test's attention and cross-entropy cases with STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 (not counted below; $out/gpu-tests-untried.log)"
       grep -E '^\[  FAILED  \]' "$out/gpu-tests-untried.log" | sort -u | head -10
     fi
+    # The mma.sync attention with 16-row warps too (STRATA_MMA_WIDE_WARPS=0), the other width the
+    # benchmarks time.
+    if STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
+      bash .device/run.sh cuda_ops_test --gtest_filter='*Attention*' >"$out/gpu-tests-untried-16.log" 2>&1; then
+      echo "PASS cuda_ops_test's attention cases with STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 (not counted below)"
+    else
+      echo "FAIL cuda_ops_test's attention cases with STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 (not counted below; $out/gpu-tests-untried-16.log)"
+      grep -E '^\[  FAILED  \]' "$out/gpu-tests-untried-16.log" | sort -u | head -10
+    fi
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
     echo "$passed passed, $failed failed (test binaries)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.
