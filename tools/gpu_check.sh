@@ -86,6 +86,20 @@ quick_benches() {
   return "$status"
 }
 
+# cuda_ops_test's cases matching $2 with the environment $4.. set, its log in $1, said PASS or FAIL
+# with $3 naming the cases (not counted in the run's total).
+untried_tests() {
+  local log=$1 filter=$2 what=$3
+  shift 3
+  if env "$@" timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh cuda_ops_test --gtest_filter="$filter" \
+    >"$log" 2>&1; then
+    echo "PASS cuda_ops_test's $what cases with $* (not counted below)"
+  else
+    echo "FAIL cuda_ops_test's $what cases with $* (not counted below; $log)"
+    grep -E '^\[  FAILED  \]' "$log" | sort -u | head -10
+  fi
+}
+
 case "$mode" in
   bundle)
     set -e
@@ -123,23 +137,12 @@ case "$mode" in
       echo "$verdict $t ($(($(date +%s) - start)) s)"
     done
     # Kernels behind a switch until they have run on a GPU (kernels/cuda/README.md, "What waits for a
-    # GPU"): their tests again with the switch on, counted apart.
-    if STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
-      bash .device/run.sh cuda_ops_test --gtest_filter='*Attention*:*CrossEntropy*' >"$out/gpu-tests-untried.log" 2>&1; then
-      echo "PASS cuda_ops_test's attention and cross-entropy cases with STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 (not counted below)"
-    else
-      echo "FAIL cuda_ops_test's attention and cross-entropy cases with STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 (not counted below; $out/gpu-tests-untried.log)"
-      grep -E '^\[  FAILED  \]' "$out/gpu-tests-untried.log" | sort -u | head -10
-    fi
-    # The mma.sync attention with 16-row warps too (STRATA_MMA_WIDE_WARPS=0), the other width the
-    # benchmarks time.
-    if STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" \
-      bash .device/run.sh cuda_ops_test --gtest_filter='*Attention*' >"$out/gpu-tests-untried-16.log" 2>&1; then
-      echo "PASS cuda_ops_test's attention cases with STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 (not counted below)"
-    else
-      echo "FAIL cuda_ops_test's attention cases with STRATA_MMA_ATTENTION=1 STRATA_MMA_WIDE_WARPS=0 (not counted below; $out/gpu-tests-untried-16.log)"
-      grep -E '^\[  FAILED  \]' "$out/gpu-tests-untried-16.log" | sort -u | head -10
-    fi
+    # GPU"): their tests again with the switches on, counted apart; the mma.sync attention also with
+    # 16-row warps (STRATA_MMA_WIDE_WARPS=0), the other width the benchmarks time.
+    untried_tests "$out/gpu-tests-untried.log" '*Attention*:*CrossEntropy*' "attention and cross-entropy" \
+      STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1
+    untried_tests "$out/gpu-tests-untried-16.log" '*Attention*' attention STRATA_MMA_ATTENTION=1 \
+      STRATA_MMA_WIDE_WARPS=0
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
     echo "$passed passed, $failed failed (test binaries)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.

@@ -85,6 +85,17 @@ using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // elements apart (kD, or H * kD for "bthd") into shared `dst` (stride
 // kLd<kD>), zeros past T; by the whole block. `vec`: src is 16-byte aligned,
 // so rows move as 16-byte words (rs is a multiple of kD, so of 8).
+// Rows [row0, row0 + kRows) as LoadRows's, element by element (any
+// alignment), by the whole block.
+template <typename G, int kD, int kRows>
+__device__ inline void LoadRowElements(G* dst, const G* src, int64_t row0, int64_t T, int64_t rs) {
+  constexpr int ld = kLd<kD>;
+  for (int idx = threadIdx.x; idx < kRows * kD; idx += kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
+  }
+}
+
 template <typename G, int kD>
 __device__ inline void LoadRows(G* dst, const G* src, int64_t row0, int64_t T, bool vec, int64_t rs) {
   constexpr int ld = kLd<kD>;
@@ -97,10 +108,7 @@ __device__ inline void LoadRows(G* dst, const G* src, int64_t row0, int64_t T, b
       *reinterpret_cast<uint4*>(dst + r * ld + w * 8) = word;
     }
   } else {
-    for (int idx = threadIdx.x; idx < kBlock * kD; idx += kThreads) {
-      const int r = idx / kD, d = idx % kD;
-      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
-    }
+    LoadRowElements<G, kD, kBlock>(dst, src, row0, T, rs);
   }
 }
 
@@ -245,10 +253,7 @@ __device__ inline void IssueRows(G* dst, const G* src, int64_t row0, int64_t T, 
       mma::CpAsync16(dst + r * ld + w * 8, src + (real ? row0 + r : row0) * rs + w * 8, real);
     }
   } else {
-    for (int idx = threadIdx.x; idx < kRows * kD; idx += kThreads) {
-      const int r = idx / kD, d = idx % kD;
-      dst[r * ld + d] = row0 + r < T ? src[(row0 + r) * rs + d] : FromFloat<G>(0.0f);
-    }
+    LoadRowElements<G, kD, kRows>(dst, src, row0, T, rs);
   }
 }
 
