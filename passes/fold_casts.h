@@ -13,12 +13,17 @@ namespace strata {
 //
 //   - layer_norm -> cast down: layer_norm writes the 16-bit y itself
 //     (out_dtype), the float32 y rounded as the cast rounds it;
-//   - gelu_grad -> cast down: gelu_grad writes the 16-bit dx (out_dtype);
+//   - gelu_grad -> cast down: gelu_grad writes the 16-bit dx (out_dtype;
+//     a float32 gelu's: mixed precision runs gelu in the low dtype, so this
+//     and gelu_grad's dy fold below are for a program's own casts around a
+//     float32 gelu);
 //   - matmul_bias -> cast down, and matmul_bias_gelu's gelu output -> cast
 //     down (GPU plans, whose epilogue fusion made them; 16-bit operands, F32
 //     bias): the GEMM stores its float result rounded once to the operands'
 //     type (out_dtype; cuBLASLt's D in that type), matmul_bias_gelu's
-//     pre-activation z staying float for gelu_grad;
+//     pre-activation z staying float for gelu_grad (the gelu fusion itself
+//     writes a 16-bit y and z where mixed precision ran the gelu in 16
+//     bits);
 //   - cast up -> gelu_grad's dy or layer_norm_grad's dy: the op reads the
 //     16-bit value and widens it as it loads (exact);
 //   - layer_norm_grad's dx -> cast down where other ops read the float32 dx
@@ -34,17 +39,16 @@ namespace strata {
 // compute in float32 as before and round through the cast kernel's own
 // conversion, so the program computes the same bits
 // (MixedPrecisionTrainTest checks losses and weights with and without). A
-// BF16 GPT block on a GPU plan loses ten casts: layer_norm's two,
-// gelu_grad's two, layer_norm_grad's two dy casts and two dx casts (the
-// residual stream's gradient for the output projections' GEMMs; not the
-// first block's first layer norm's, whose dx only the embeddings read), the
-// qkv projection's and the MLP activation's; the float32 copies of the
-// layer-norm outputs, of q, k and v, of the MLP's activation and of its
-// gradient, and the layer-norm input gradients never exist, and the
-// residual stream's gradient is not read a second time for its cast. On a
-// CPU plan five, and the final layer norm's dx once: gelu_grad's float dx
-// also feeds the bias gradient's sum_to_like there, there is no
-// matmul_bias, and the other layer-norm gradients feed add_n alone.
+// BF16 GPT block on a GPU plan loses seven casts: layer_norm's two,
+// layer_norm_grad's two dy casts and two dx casts (the residual stream's
+// gradient for the output projections' GEMMs; not the first block's first
+// layer norm's, whose dx only the embeddings read) and the qkv
+// projection's; the float32 copies of the layer-norm outputs, of q, k and
+// v, and the layer-norm input gradients never exist, and the residual
+// stream's gradient is not read a second time for its cast. On a CPU plan
+// four, and the final layer norm's dx once: there is no matmul_bias, and
+// the other layer-norm gradients feed add_n alone. (The MLP's gelu and
+// gelu_grad read and write 16 bits themselves: no casts.)
 class FoldCastsPass : public Pass {
  public:
   std::string name() const override { return "fold-casts"; }

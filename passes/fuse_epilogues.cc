@@ -221,14 +221,51 @@ bool IsTanhGelu(const Graph& graph, int g, bool grad, int z) {
   return it != graph.attrs(g).end() && it->second.s() == "tanh";
 }
 
+// The var a gelu of matmul_bias `m`'s output reads when mixed precision
+// runs it in the low dtype: the output's one reader is a cast to a's 16-bit
+// type (a, b 16-bit, bias F32), on m's stage and role, whose output is an
+// activation; that output, or -1 (also for the F32 gelu reading z itself).
+int GeluReadsLowZ(const Graph& graph, const std::vector<std::vector<int>>& readers, int m, int z) {
+  if (readers[z].size() != 1) return -1;
+  const int cast = readers[z][0];
+  if (graph.erased(cast) || graph.schema(cast).type != "cast" || graph.outputs(cast).size() != 1 ||
+      !SamePlace(graph, m, cast)) {
+    return -1;
+  }
+  const int low = graph.outputs(cast)[0];
+  const DataType a = graph.dtype(graph.inputs(m)[0]);
+  if (!IsHalfFloating(a) || graph.dtype(low) != a || graph.dtype(graph.inputs(m)[2]) != F32 ||
+      graph.kind(low) != ACTIVATION) {
+    return -1;
+  }
+  return low;
+}
+
+// Whether var `v` is the loss or a fetch.
+bool Reported(const Graph& graph, int v) {
+  if (graph.var_name(v) == graph.loss()) return true;
+  for (const std::string& f : graph.program_fields().fetch()) {
+    if (f == graph.var_name(v)) return true;
+  }
+  return false;
+}
+
 // matmul_bias -> gelu (tanh form) becomes one matmul_bias_gelu writing the
 // gelu's output y and the pre-activation z (cuBLASLt's GELU_AUX_BIAS, whose
 // GELU is the tanh form; the erf form is a different function, left as it
 // is). z may have other readers only if they are the backward's gelu_grad of
 // the same form reading it as x: the fused op still writes z for them. It
 // takes the matmul_bias's place (z's readers all come after it).
+//
+// Under mixed precision the gelu runs in the low dtype: matmul_bias -> cast
+// to a's 16-bit type -> gelu, the gelu_grads reading the cast's output. The
+// fused op writes that 16-bit z (z_dtype) and the gelu's 16-bit y
+// (out_dtype); the F32 z and the cast go. Its y is the gelu of the float z,
+// not of the rounded one: the fusion drops that rounding (cuBLASLt's
+// epilogue computes the GELU before it stores D and aux, both in D's type).
 absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
   const std::vector<std::vector<int>> readers = graph.Readers();
+  std::vector<bool> keep(graph.num_vars(), true);
   bool changed = false;
   const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias_gelu");
   for (int m : std::vector<int>(graph.ops())) {
@@ -236,11 +273,11 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
         graph.outputs(m).size() != 1) {
       continue;
     }
-    const int z = graph.outputs(m)[0];
-    if (graph.kind(z) != ACTIVATION || graph.var_name(z) == graph.loss()) continue;
-    bool fetched = false;
-    for (const std::string& f : graph.program_fields().fetch()) fetched = fetched || f == graph.var_name(z);
-    if (fetched) continue;
+    const int wide = graph.outputs(m)[0];
+    if (graph.kind(wide) != ACTIVATION || Reported(graph, wide)) continue;
+    const int low = GeluReadsLowZ(graph, readers, m, wide);
+    const int z = low >= 0 ? low : wide;  // what the gelu and gelu_grads read
+    if (low >= 0 && Reported(graph, low)) continue;
     int gelu = -1;
     bool others = false;  // a reader that is neither the one gelu nor a gelu_grad
     for (int r : readers[z]) {
@@ -261,19 +298,32 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
       v.set_b(BoolAttr(graph, m, attr));
       (*fused.mutable_attr())[attr] = v;
     }
+    if (low >= 0) {
+      const std::string stored = DataType_Name(graph.dtype(low));
+      (*fused.mutable_attr())["z_dtype"] = StringAttr(stored);
+      if (graph.dtype(y) == graph.dtype(low)) (*fused.mutable_attr())["out_dtype"] = StringAttr(stored);
+    }
     if (auto st = CanonicalizeOp(schema, &fused); !st.ok()) {
       return absl::InternalError(absl::StrCat("fuse-epilogues: matmul_bias_gelu: ", st.message()));
     }
-    // The fused op must write what the two wrote (F32/F64 z: gelu's dtypes).
+    // The fused op must write what the two wrote (F32/F64 z: gelu's dtypes;
+    // under mixed precision the 16-bit y and z).
     std::vector<TensorType> in_types;
     for (int in : graph.inputs(m)) in_types.push_back(graph.type(in));
     auto types = InferOutputTypes(schema, fused, in_types);
     if (!types.ok() || (*types)[0] != graph.type(y) || (*types)[1] != graph.type(z)) continue;
+    if (low >= 0) {
+      graph.EraseOp(readers[wide][0]);  // the cast
+      keep[wide] = false;
+    }
     if (auto st = graph.ReplaceOp(m, fused); !st.ok()) {
       return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
     }
     graph.EraseOp(gelu);
     changed = true;
+  }
+  if (changed) {
+    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fuse-epilogues: ", s.message()));
   }
   return changed;
 }

@@ -29,9 +29,15 @@ namespace strata {
 // backward's gelu_grad of that form) becomes, with the gelu, one
 // matmul_bias_gelu writing the gelu's y and z, cuBLASLt's GELU_AUX_BIAS
 // epilogue (its GELU is the tanh form; the erf form is left as it is). z
-// keeps its name for the gelu_grad. Under mixed precision the F32 gelu reads
-// the fused matmul_bias's F32 output, so it fuses the same way. On the CPU
-// the fused kernel is matmul_bias's then gelu's: the unfused bits.
+// keeps its name for the gelu_grad. On the CPU the fused kernel is
+// matmul_bias's then gelu's: the unfused bits. Under mixed precision the
+// gelu runs in 16 bits (passes/mixed_precision): matmul_bias's F32 output
+// is cast down for it and for the backward's gelu_grad. The fused op then
+// writes the gelu's 16-bit y and the 16-bit z (out_dtype and z_dtype:
+// cuBLASLt's D and aux in one type, the only aux type it takes beside a
+// 16-bit D), and the F32 z and its cast go; y becomes the gelu of the float
+// z rather than of its rounding (one bf16 rounding fewer, as the fused
+// GEMMs drop the product's).
 //
 // A residual connection's add goes into the GEMM too (after the gelu
 // fusion): a matmul_bias whose F32/F64 output y only an add(r, y) or

@@ -149,18 +149,39 @@ TEST(FuseEpiloguesTest, FusesMatmulBiasThenTanhGelu) {
   EXPECT_EQ(after.op_size(), before.op_size() - 5 + 2 - 2);
 }
 
-// Under BF16 the F32 gelu reads matmul_bias's F32 output (the BF16 product
-// never rounded): the same fusion, with BF16 operands.
+// Under BF16 mixed precision runs the gelu in bf16: matmul_bias (BF16
+// operands, F32 output) -> cast to BF16 -> gelu, and gelu_grad reading the
+// cast's output. The fusion writes the gelu's bf16 output and that bf16
+// pre-activation (out_dtype and z_dtype BF16, cuBLASLt's D and aux in one
+// type); the float pre-activation and its cast go.
 TEST(FuseEpiloguesTest, FusesTheTanhGeluUnderMixedPrecision) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const Program before = DumpAfter(GeluMlp("tanh"), bf16, "autodiff");
+  const Op* cast = Writer(before, "y1@bf16");
+  ASSERT_NE(cast, nullptr);
+  EXPECT_EQ(cast->type(), "cast");
   const Program after = DumpAfter(GeluMlp("tanh"), bf16, "fuse-epilogues");
   EXPECT_EQ(Count(after, "matmul_bias_gelu"), 1);
   EXPECT_EQ(Count(after, "gelu"), 0);
-  const Op* h = Writer(after, "h");
+  // y1's cast, fc1's and fc2's casts back (matmul_bias), the weight
+  // gradients' casts up (matmul_bias_grad_b writes F32 dW).
+  EXPECT_EQ(Count(after, "cast"), Count(before, "cast") - 5);
+  const Op* h = Writer(after, "h@bf16");
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->type(), "matmul_bias_gelu");
-  EXPECT_NE(h->input(0), "x");  // x's BF16 cast
+  EXPECT_EQ(std::vector<std::string>(h->input().begin(), h->input().end()),
+            (std::vector<std::string>{"x@bf16", "w1@bf16", "b1"}));
+  EXPECT_EQ(std::vector<std::string>(h->output().begin(), h->output().end()),
+            (std::vector<std::string>{"h@bf16", "y1@bf16"}));
+  EXPECT_EQ(h->attr().at("out_dtype").s(), "BF16");
+  EXPECT_EQ(h->attr().at("z_dtype").s(), "BF16");
+  EXPECT_FALSE(Declared(after, "y1"));
+  for (const Op& op : after.op()) {
+    if (op.type() == "gelu_grad") {
+      EXPECT_EQ(op.input(0), "y1@bf16");
+    }
+  }
 }
 
 // Not fused: the erf form (cuBLASLt's GELU is the tanh one), a pre-activation

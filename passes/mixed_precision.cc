@@ -30,7 +30,9 @@ const LowOp* LowOpFor(absl::string_view type) {
   static const LowOp kMatmul{2, {0}, 1};
   static const LowOp kAttention{3, {0}, 2};  // q, k, v; y (lse stays F32)
   static const LowOp kConv2d{2, {0}, 1};     // x, w; y (conv2d has no bias input: the add stays F32)
+  static const LowOp kGelu{1, {0}, 1};       // x; y (float math on the widened x)
   if (type == "matmul") return &kMatmul;
+  if (type == "gelu") return &kGelu;
   if (type == "conv2d") return &kConv2d;
   if (type == "scaled_dot_product_attention") return &kAttention;
   return nullptr;

@@ -11,7 +11,10 @@ namespace strata {
 
 // Mixed precision (the strategy's `mixed_precision { dtype: BF16 }` or F16),
 // on the forward program after placement and before autodiff (DESIGN.md's
-// order). Every `matmul` and `conv2d` whose inputs are F32, and every
+// order). Every `matmul` and `conv2d` whose inputs are F32, every `gelu`
+// whose x is F32 (as torch autocast runs gelu on the bf16 output of a
+// linear layer; the kernels widen x and compute in float32, so only the
+// stored x and y are 16-bit, and gelu_grad reads the 16-bit x), and every
 // `scaled_dot_product_attention` whose q, k, v are F32, reads BF16 (F16:
 // `@f16`) copies instead: one `cast` per input var and stage, named
 // `<var>@bf16` (`<var>@bf16@stage<k>` for a second stage's copy, so no bf16
@@ -30,9 +33,15 @@ namespace strata {
 // F32 `y` is dropped, and autodiff's softmax_cross_entropy_grad writes the
 // 16-bit gradient the op's backward reads, so a GPT's float32 logits and
 // their gradient never exist; the results are the casts' bit for bit
-// (widening is exact, the gradient is rounded once either way). Every other
-// op (softmax, layer_norm, mse_loss, a cross-entropy on logits something
-// else reads, the adds) still runs in float32, and the parameters stay F32
+// (widening is exact, the gradient is rounded once either way). A GPT's MLP
+// becomes matmul -> cast up -> bias add -> cast down -> gelu in bf16 -> the
+// next matmul reading the gelu's bf16 output: its pre-activation, which the
+// backward's gelu_grad reads, is stored in 16 bits, half the bytes, and on
+// GPU plans fuse-epilogues makes one GEMM of it with cuBLASLt's
+// GELU_AUX_BIAS (D and aux both 16-bit, the one aux type cuBLASLt takes
+// beside a 16-bit D). Every other op (softmax, layer_norm, mse_loss, a
+// cross-entropy on logits something else reads, the adds, relu) still runs
+// in float32, and the parameters stay F32
 // master copies the optimizer updates. Autodiff differentiates through the
 // casts, so the weight gradients arrive in F32 too; conv2d's gradients
 // (conv2d_grad_input, conv2d_grad_filter) run in the low dtype as matmul's

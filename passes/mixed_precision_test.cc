@@ -107,6 +107,56 @@ TEST(MixedPrecisionTest, WeightGradientsArriveInFloat32) {
   EXPECT_TRUE(summed);
 }
 
+// gelu runs in the low dtype as torch autocast runs it: the bias add's F32
+// output is cast down, the gelu writes bf16 and the next matmul reads that
+// bf16 output itself (the cast back goes: nothing reads the F32 h). After
+// autodiff gelu_grad reads the bf16 pre-activation and a bf16 dy and writes
+// a bf16 dx. relu (kMlp's) stays F32.
+TEST(MixedPrecisionTest, GeluRunsInTheLowDtype) {
+  const std::string gelu_mlp = R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w1" dtype: F32 shape: [4, 8] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b1" dtype: F32 shape: [8] kind: PARAM init { constant { value: 0.1 } } }
+    var { name: "w2" dtype: F32 shape: [8, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w1"] output: ["xw"] }
+    op { type: "add" input: ["xw", "b1"] output: ["z1"] }
+    op { type: "gelu" input: ["z1"] output: ["h"] attr { key: "approximate" value { s: "tanh" } } }
+    op { type: "matmul" input: ["h", "w2"] output: ["z"] }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  for (DataType low : {BF16, F16}) {
+    SCOPED_TRACE(DataTypeName(low));
+    Strategy strategy;
+    strategy.mutable_mixed_precision()->set_dtype(low);
+    const std::string suffix = low == BF16 ? "@bf16" : "@f16";
+    const Program p = DumpAfter(strategy, "mixed-precision", gelu_mlp);
+    const std::vector<const Op*> gelus = OpsOfType(p, "gelu");
+    ASSERT_EQ(gelus.size(), 1u);
+    EXPECT_EQ(gelus[0]->input(0), "z1" + suffix);
+    EXPECT_EQ(gelus[0]->output(0), "h" + suffix);
+    EXPECT_EQ(FindVar(p, "h" + suffix)->dtype(), low);
+    EXPECT_EQ(Attr(*gelus[0], "approximate").s(), "tanh");
+    EXPECT_FALSE(HasVar(p, "h"));  // only the matmul read it: the cast back went
+    const std::vector<const Op*> second = OpsWriting(p, "z" + suffix);
+    ASSERT_EQ(second.size(), 1u);
+    EXPECT_EQ(second[0]->input(0), "h" + suffix);
+    const Program grads = DumpAfter(strategy, "autodiff", gelu_mlp);
+    const std::vector<const Op*> gelu_grads = OpsOfType(grads, "gelu_grad");
+    ASSERT_EQ(gelu_grads.size(), 1u);
+    EXPECT_EQ(gelu_grads[0]->input(0), "z1" + suffix);
+    for (const std::string& v : {gelu_grads[0]->input(1), gelu_grads[0]->output(0)}) {
+      EXPECT_EQ(FindVar(grads, v)->dtype(), low) << v;
+    }
+  }
+  // kMlp's relu keeps F32.
+  const Program relu = DumpAfter(Bf16(), "mixed-precision");
+  ASSERT_EQ(OpsOfType(relu, "relu").size(), 1u);
+  EXPECT_EQ(FindVar(relu, OpsOfType(relu, "relu")[0]->input(0))->dtype(), F32);
+}
+
 TEST(MixedPrecisionTest, CompilesAndPlansWithMicroBatches) {
   Strategy s = Bf16();
   s.mutable_pipeline()->set_micro_batch_size(4);

@@ -162,11 +162,12 @@ TEST(MixedPrecisionTrainTest, CommutedCastsTrainTheSameBits) {
 }
 
 // On a GPU plan commute-casts runs again after the epilogue fusion
-// ("commute-casts-backward"): the bias add's gradient no longer needs the
-// float copy of the qkv projection's bf16 gradient, so its cast up and the
-// matmul gradient's cast down cancel. The GPU plan, run on the CPU's
-// kernels, trains the same bits with and without it, with two casts fewer
-// a block.
+// ("commute-casts-backward"): the bias adds' gradients no longer need the
+// float copies of the qkv projection's and the MLP's first projection's
+// bf16 gradients (the latter gelu_grad's output, the gelu running in bf16),
+// so each one's cast up and the matmul gradient's cast down cancel. The GPU
+// plan, run on the CPU's kernels, trains the same bits with and without it,
+// with four casts fewer a block.
 TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) {
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
@@ -185,7 +186,7 @@ TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) 
     }
     return n;
   };
-  EXPECT_EQ(casts({"commute-casts-backward"}) - casts({}), 2 * TinyGpt("F32").blocks);
+  EXPECT_EQ(casts({"commute-casts-backward"}) - casts({}), 4 * TinyGpt("F32").blocks);
   ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "commute-casts-backward");
 }
 
@@ -315,14 +316,15 @@ TEST(MixedPrecisionTrainTest, InPlaceLossGradientTrainsTheSameBitsInLessMemory) 
 }
 
 // passes/fold_casts folds mixed precision's casts into the float32 ops
-// beside them: layer_norm writes its 16-bit output, layer_norm_grad and
-// gelu_grad read their 16-bit dy widened, and on GPU plans (where the MLP's
-// bias gradient comes from the 16-bit gradient in the GEMM) gelu_grad
-// writes its 16-bit dx. The kernels compute in float32 as before and round
-// through the cast kernel's conversion, so the tiny GPT, compiled for the
-// CPU and for a GPU (run on the CPU's kernels), trains the same bits with
-// and without the pass, in BF16 and in F16 with dynamic loss scaling, with
-// five (CPU) or six (GPU) casts fewer a block.
+// beside them: layer_norm writes its 16-bit output, layer_norm_grad reads
+// its 16-bit dy widened, and on GPU plans the qkv projection's GEMM stores
+// its 16-bit output and layer_norm_grad writes the 16-bit copy of dx the
+// GEMMs read. The kernels compute in float32 as before and round through
+// the cast kernel's conversion, so the tiny GPT, compiled for the CPU and
+// for a GPU (run on the CPU's kernels), trains the same bits with and
+// without the pass, in BF16 and in F16 with dynamic loss scaling, with four
+// (CPU) or five (GPU) casts fewer a block (passes/fold_casts_test counts
+// them).
 TEST(MixedPrecisionTrainTest, FoldedCastsTrainTheSameBits) {
   auto program = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(program.ok()) << program.status();
@@ -347,12 +349,16 @@ TEST(MixedPrecisionTrainTest, FoldedCastsTrainTheSameBits) {
         EXPECT_EQ(folded->skipped_updates, casts->skipped_updates);
       }
       // The memory rule holds for the CPU plan; a GPU plan's prediction is
-      // for the CUDA kernels' scratch, not the CPU's, and drops with the
-      // float32 copies (the tiny GPT's BF16 plan: 2804488 -> 2690060 bytes).
+      // for the CUDA kernels' scratch, not the CPU's, and never grows with
+      // the folds. (Since the gelu runs in the low dtype, its float32
+      // pre-activation and gradient are gone with or without the pass, and
+      // the float32 copies the pass still removes are not alive at the tiny
+      // GPT's peak: 2297864 bytes either way for its BF16 plan, 2363400
+      // folded and 2478088 not when the gelu ran in float32.)
       if (device == DEVICE_CPU) {
         EXPECT_LE(folded->measured_peak_bytes.at(0), folded->predicted_peak_bytes.at(0));
       } else {
-        EXPECT_LT(folded->predicted_peak_bytes.at(0), casts->predicted_peak_bytes.at(0));
+        EXPECT_LE(folded->predicted_peak_bytes.at(0), casts->predicted_peak_bytes.at(0));
       }
       RecordProperty(absl::StrCat(DataTypeName(low), "_", DeviceKind_Name(device), "_predicted_peak_casts"),
                      casts->predicted_peak_bytes.at(0));

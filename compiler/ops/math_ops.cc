@@ -85,6 +85,14 @@ absl::Status UnaryFloatShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
+// y = f(x) for floating x, or a BF16 / F16 x computed in float and rounded
+// once to x's type (gelu under mixed precision).
+absl::Status UnaryFloatOrHalfShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectDtype(ctx, 0, "x", {F32, F64, BF16, F16}));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
 // Backward helpers (a, dy) -> dx: `a` (the forward input or output) and dy
 // have the same floating type, and so does dx.
 ShapeFn PairGradShape(const char* a_name) {
@@ -106,7 +114,7 @@ ShapeFn PairGradShape(const char* a_name) {
 // float32 math on the widened dy, dx rounded as a cast would round it
 // (passes/fold_casts folds the casts around it under mixed precision).
 absl::Status GeluGradPairShape(ShapeContext& ctx) {
-  STRATA_RETURN_IF_ERROR(ExpectFloat(ctx, 0, "x"));
+  STRATA_RETURN_IF_ERROR(ExpectDtype(ctx, 0, "x", {F32, F64, BF16, F16}));
   STRATA_RETURN_IF_ERROR(nn_shape_checks::ExpectSameDtypeOrHalfArg(ctx, 1, "dy", 0, "x"));
   if (ctx.input(0).shape != ctx.input(1).shape) {
     return absl::InvalidArgumentError(absl::StrCat("input 'x' ", ShapeString(ctx.input(0).shape), " and 'dy' ",
@@ -431,7 +439,7 @@ STRATA_REGISTER_OP(OpDef("relu_grad").Input("y").Input("dy").Output("dx")
                        .Doc("dx = dy where y > 0, else 0 (y: relu's output)."));
 STRATA_REGISTER_OP(OpDef("gelu").Input("x").Output("y")
                        .Attr("approximate", "none")
-                       .Shape(GeluShape(UnaryFloatShape))
+                       .Shape(GeluShape(UnaryFloatOrHalfShape))
                        .Grad(GeluGrad)
                        .Doc("y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), the exact form (approximate \"none\"), "
                             "or with approximate \"tanh\" 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), "
@@ -443,7 +451,9 @@ STRATA_REGISTER_OP(OpDef("gelu_grad").Input("x").Input("dy").Output("dx")
                        .NotDifferentiable()
                        .Doc("dx = dy * (Phi(x) + x * phi(x)), or the tanh form's derivative with approximate "
                             "\"tanh\" (as gelu's). For an F32 x, dy may be BF16 or F16 (read widened) and "
-                            "out_dtype \"BF16\" or \"F16\" stores dx rounded to that type (passes/fold_casts)."));
+                            "out_dtype \"BF16\" or \"F16\" stores dx rounded to that type (passes/fold_casts). A BF16 "
+                            "or F16 x takes a dy of its type and gives dx in it, the math in F32 on the widened "
+                            "values."));
 STRATA_REGISTER_OP(OpDef("tanh").Input("x").Output("y")
                        .Shape(UnaryFloatShape)
                        .Grad(UnaryGrad("tanh_grad", {"$y", "$dy"}))

@@ -389,7 +389,20 @@ absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
     return Invalid(absl::StrCat("y and z would be ", DataTypeName(z.dtype), ": gelu needs F32 or F64 (input 'bias')"));
   }
   ctx.set_output(1, z);
-  return StoreOutputLow(ctx, 0);  // y only: z stays float for gelu_grad
+  STRATA_RETURN_IF_ERROR(StoreOutputLow(ctx, 0));  // y
+  // z_dtype "BF16" / "F16" (passes/fuse_epilogues, for a gelu mixed
+  // precision runs in the low dtype): z stored rounded to a's 16-bit type,
+  // y still the gelu of the float z.
+  const std::string z_dtype = ctx.attr_string("z_dtype");
+  if (z_dtype.empty()) return absl::OkStatus();
+  DataType stored = DT_INVALID;
+  if (!DataType_Parse(z_dtype, &stored) || stored != ctx.input(0).dtype || ctx.input(2).dtype != F32) {
+    return Invalid(absl::StrCat("attr 'z_dtype' must be \"\" or the 16-bit type of 'a' and 'b' over an F32 'bias', "
+                                "got \"", z_dtype, "\" for ", ctx.input(0).ToString(), " and bias ",
+                                ctx.input(2).ToString()));
+  }
+  ctx.set_output(1, TensorType{stored, z.shape});
+  return absl::OkStatus();
 }
 
 // matmul_bias's, plus the gelu's pass over the output.
@@ -404,6 +417,7 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
                        .Attr("transpose_b", false)
                        .Attr("allow_tf32", false)
                        .Attr("out_dtype", "")
+                       .Attr("z_dtype", "")
                        .Shape(MatmulBiasGeluShape)
                        .Cost(MatmulBiasGeluCost)
                        .NotDifferentiable()
@@ -411,7 +425,8 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
                             "(gelu's approximate \"tanh\"): a [..., M, K], a 2-D b, bias [N]; y and z F32 or F64. "
                             "What the epilogue fusion makes of matmul, add and a tanh-form gelu on a GPU, after "
                             "autodiff (z stays for the backward's gelu_grad). out_dtype \"BF16\" or \"F16\" (a's "
-                            "16-bit type) stores y, not z, rounded to that type (passes/fold_casts)."));
+                            "16-bit type) stores y rounded to that type (passes/fold_casts); z_dtype, the same type, stores z "
+                            "rounded (y stays the gelu of the float z: cuBLASLt's aux in D's type)."));
 
 }  // namespace
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/unary_math.h"
@@ -34,28 +35,39 @@ using cuda::SigmoidGradFn;
 using cuda::TanhFn;
 using cuda::TanhGradFn;
 
-// gelu's form is read once at prepare time.
-template <typename T>
+// gelu's form is read once at prepare time. X: x's and y's storage; a
+// BF16 / F16 x (mixed precision runs gelu in the low dtype) is widened, the
+// float functor applied and y rounded once as the cast kernel rounds.
+template <typename T, typename X = T>
 class GeluKernel : public GeluAttrKernel {
  public:
   using GeluAttrKernel::GeluAttrKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<X>::value, x.shape()));
     if (tanh_) {
-      UnaryMap(x.num_elements(), x.data<T>(), y->data<T>(), GeluTanhFn());
+      UnaryMap(x.num_elements(), x.data<X>(), y->data<X>(), Widened(GeluTanhFn()));
     } else {
-      UnaryMap(x.num_elements(), x.data<T>(), y->data<T>(), GeluFn());
+      UnaryMap(x.num_elements(), x.data<X>(), y->data<X>(), Widened(GeluFn()));
     }
     return absl::OkStatus();
+  }
+
+ private:
+  // f on x widened to T, stored as X (for X = T, f itself).
+  template <typename F>
+  static auto Widened(F f) {
+    return [f](X x) { return cuda::Convert<X>(f(cuda::Convert<T>(x))); };
   }
 };
 
 // gelu_grad: for an F32 x, dy may be BF16 / F16 (read widened) and
 // out_dtype may store dx in BF16 / F16 (the float result rounded as the cast
 // kernel rounds it), so the op equals cast, gelu_grad, cast bit for bit
-// (passes/fold_casts).
-template <typename T>
+// (passes/fold_casts). X: x's storage; a BF16 / F16 x takes a dy of its
+// type and gives dx in it (the schema's rule), the math in T on the widened
+// values.
+template <typename T, typename X = T>
 class GeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
  public:
   using StoredOutKernel<GeluAttrKernel>::StoredOutKernel;
@@ -63,10 +75,19 @@ class GeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
     const Tensor& x = ctx.input(0);
     const Tensor& dy = ctx.input(1);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
-    return WithStorage<T>(dy.dtype(), "gelu_grad", "dy", [&](auto d) {
-      return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
-                            [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, x, dy); });
-    });
+    if constexpr (!std::is_same_v<X, T>) {
+      if (dy.dtype() != x.dtype() || out_dtype_ != DT_INVALID) {
+        return absl::InvalidArgumentError(absl::StrCat("gelu_grad: a ", DataTypeName(x.dtype()),
+                                                       " x takes a dy of its type and no out_dtype, got dy ",
+                                                       DataTypeName(dy.dtype())));
+      }
+      return Run<X, X>(ctx, x, dy);
+    } else {
+      return WithStorage<T>(dy.dtype(), "gelu_grad", "dy", [&](auto d) {
+        return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
+                              [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, x, dy); });
+      });
+    }
   }
 
  private:
@@ -74,17 +95,18 @@ class GeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
   absl::Status Run(KernelContext& ctx, const Tensor& x, const Tensor& dy) {
     STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
     if (tanh_) {
-      BinaryMap(x.num_elements(), x.data<T>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluTanhGradFn()));
+      BinaryMap(x.num_elements(), x.data<X>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluTanhGradFn()));
     } else {
-      BinaryMap(x.num_elements(), x.data<T>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluGradFn()));
+      BinaryMap(x.num_elements(), x.data<X>(), dy.data<DY>(), dx->data<DX>(), Stored<DX>(GeluGradFn()));
     }
     return absl::OkStatus();
   }
 
-  // f on dy widened to T, its result stored as DX (for DY = DX = T, f itself).
+  // f on x and dy widened to T, its result stored as DX (for X = DY = DX =
+  // T, f itself).
   template <typename DX, typename F>
   static auto Stored(F f) {
-    return [f](T x, auto dy) { return cuda::Convert<DX>(f(x, cuda::Convert<T>(dy))); };
+    return [f](X x, auto dy) { return cuda::Convert<DX>(f(cuda::Convert<T>(x), cuda::Convert<T>(dy))); };
   }
 };
 
@@ -96,6 +118,10 @@ STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, F32, InitFactory<GeluKernel<float>>()
 STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, F64, InitFactory<GeluKernel<double>>());
 STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, F32, InitFactory<GeluGradKernel<float>>());
 STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, F64, InitFactory<GeluGradKernel<double>>());
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, BF16, (InitFactory<GeluKernel<float, bfloat16>>()));
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CPU, F16, (InitFactory<GeluKernel<float, float16>>()));
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, BF16, (InitFactory<GeluGradKernel<float, bfloat16>>()));
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CPU, F16, (InitFactory<GeluGradKernel<float, float16>>()));
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CPU, F32, (MakeFactory<UnaryKernel<float, TanhFn>>()));
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CPU, F64, (MakeFactory<UnaryKernel<double, TanhFn>>()));
 STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CPU, F32, (MakeFactory<SameShapeBinaryKernel<float, TanhGradFn>>()));

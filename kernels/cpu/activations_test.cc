@@ -213,6 +213,55 @@ TEST(ActivationShapeTest, GeluRefusesAnUnknownApproximation) {
   EXPECT_TRUE(ok.ok()) << ok.status().message();
 }
 
+// gelu and gelu_grad on BF16 / F16 (mixed precision runs gelu in the low
+// dtype): the float32 kernels on the widened values, rounded once, so each
+// equals cast up, the F32 kernel, cast down bit for bit, in both forms.
+TEST(UnaryTest, SixteenBitGeluIsTheCastsAroundTheFloatKernel) {
+  std::vector<double> x(257), dy(257);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = -7.0 + 0.055 * i;
+    dy[i] = std::cos(0.37 * i) * 3.0;
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DataType low : {BF16, F16}) {
+    for (const char* form : {"none", "tanh"}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(low), " ", form));
+      const std::string attr = absl::StrCat(" attr { key: \"approximate\" value { s: \"", form, "\" } }");
+      const std::string down = absl::StrCat(" attr { key: \"dtype\" value { s: \"", DataTypeName(low), "\" } }");
+      const std::string up = R"( attr { key: "dtype" value { s: "F32" } })";
+      std::map<std::string, Tensor> env{{"x", MakeTensor(low, {n}, x)}, {"dy", MakeTensor(low, {n}, dy)}};
+      for (const std::string& text :
+           {absl::StrCat(R"(type: "gelu" input: "x" output: "y")", attr),
+            absl::StrCat(R"(type: "gelu_grad" input: ["x", "dy"] output: "dx")", attr),
+            absl::StrCat(R"(type: "cast" input: "x" output: "xf")", up),
+            absl::StrCat(R"(type: "cast" input: "dy" output: "dyf")", up),
+            absl::StrCat(R"(type: "gelu" input: "xf" output: "yf")", attr),
+            absl::StrCat(R"(type: "gelu_grad" input: ["xf", "dyf"] output: "dxf")", attr),
+            absl::StrCat(R"(type: "cast" input: "yf" output: "y_ref")", down),
+            absl::StrCat(R"(type: "cast" input: "dxf" output: "dx_ref")", down)}) {
+        const absl::Status s = RunOp(ParseOp(text), &env);
+        ASSERT_TRUE(s.ok()) << text << ": " << s;
+      }
+      EXPECT_EQ(env["y"].dtype(), low);
+      EXPECT_EQ(env["dx"].dtype(), low);
+      EXPECT_EQ(TensorValues(env["y"]), TensorValues(env["y_ref"]));
+      EXPECT_EQ(TensorValues(env["dx"]), TensorValues(env["dx_ref"]));
+    }
+  }
+  // A 16-bit x takes a dy of its type and no out_dtype.
+  auto f32_dy = Infer(R"pb(type: "gelu_grad" input: ["x", "dy"] output: "dx")pb", {{BF16, {4}}, {F32, {4}}});
+  ASSERT_FALSE(f32_dy.ok());
+  EXPECT_THAT(f32_dy.status().message(), HasSubstr("input 'dy'"));
+  auto stored = Infer(R"pb(type: "gelu_grad" input: ["x", "dy"] output: "dx"
+                           attr { key: "out_dtype" value { s: "BF16" } })pb",
+                      {{BF16, {4}}, {BF16, {4}}});
+  ASSERT_FALSE(stored.ok());
+  EXPECT_THAT(stored.status().message(), HasSubstr("attr 'out_dtype' BF16 needs an F32 'x'"));
+  auto half = Infer(R"pb(type: "gelu_grad" input: ["x", "dy"] output: "dx")pb", {{F16, {4}}, {F16, {4}}});
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_EQ((*half)[0], (TensorType{F16, {4}}));
+}
+
 TEST(ActivationShapeTest, KeepsBatchDimAndRejectsIntegers) {
   auto out = Infer(R"pb(type: "gelu" input: "x" output: "y")pb", {{F32, {-1, 16}}});
   ASSERT_TRUE(out.ok()) << out.status().message();

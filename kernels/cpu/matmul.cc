@@ -276,18 +276,41 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
 // (passes/fuse_epilogues): z exactly as matmul_bias computes it, then y with
 // the gelu kernel's own function (cuda::GeluTanhFn over UnaryMap), so both
 // have the bits of matmul_bias (or matmul then add) then gelu. out_dtype
-// stores y (not z) as In, rounded as a cast after the gelu would round it.
+// stores y as In, rounded as a cast after the gelu would round it; z_dtype
+// stores z as In the same way, y staying the gelu of the float z (what
+// cuBLASLt's GELU_AUX_BIAS gives with its aux in D's 16-bit type).
 template <typename In, typename T>
 class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
  public:
   explicit MatmulBiasGeluKernel(const KernelDef& def) : MatmulBiasKernel<In, T>(def) {}
 
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR((MatmulBiasKernel<In, T>::Init(op)));
+    STRATA_ASSIGN_OR_RETURN(z_dtype_, StoredDtypeAttr(op, "z_dtype"));
+    return absl::OkStatus();
+  }
+
   absl::Status Compute(KernelContext& ctx) override {
     const Shape &a = ctx.input(0).shape(), &b = ctx.input(1).shape(), &bias = ctx.input(2).shape();
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a, b, bias, this->tb_));
-    STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
+    Tensor wide;  // the float z when z is stored in 16 bits
+    Tensor* z = nullptr;
+    if (z_dtype_ != DT_INVALID) {
+      if (z_dtype_ != DataTypeOf<In>::value) {
+        return absl::InvalidArgumentError(absl::StrCat("matmul_bias_gelu: attr 'z_dtype' ", DataTypeName(z_dtype_),
+                                                       " for ", DataTypeName(DataTypeOf<In>::value), " a and b"));
+      }
+      STRATA_ASSIGN_OR_RETURN(wide, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, NumElements(s.y)));
+      z = &wide;
+    } else {
+      STRATA_ASSIGN_OR_RETURN(z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
+    }
     STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(ctx, s, z));
     if constexpr (!std::is_same_v<In, T>) {
+      if (z == &wide) {
+        STRATA_ASSIGN_OR_RETURN(Tensor * stored, ctx.AllocateOutput(1, DataTypeOf<In>::value, s.y));
+        UnaryMap(wide.num_elements(), wide.data<T>(), stored->data<In>(), [](T v) { return cuda::Convert<In>(v); });
+      }
       if (this->template StoresAs<In>()) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
         const cuda::GeluTanhFn gelu;
@@ -299,6 +322,9 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
     UnaryMap(z->num_elements(), z->data<T>(), y->data<T>(), cuda::GeluTanhFn());
     return absl::OkStatus();
   }
+
+ private:
+  DataType z_dtype_ = DT_INVALID;  // z_dtype's type, or none: z in T
 };
 
 // The widened operands' float copies, for the memory plan, and matmul_bias's
@@ -311,6 +337,11 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   if (def.op != nullptr && def.op->type() == "matmul_bias" && !def.output_types.empty() &&
       IsHalfFloating(def.output_types[0].dtype) && def.input_types.size() > 2 && def.input_types[2].dtype == F32) {
     elements += NumElements(def.output_types[0].shape);
+  }
+  // matmul_bias_gelu's float z before its 16-bit store (z_dtype).
+  if (def.op != nullptr && def.op->type() == "matmul_bias_gelu" && def.output_types.size() > 1 &&
+      IsHalfFloating(def.output_types[1].dtype)) {
+    elements += NumElements(def.output_types[1].shape);
   }
   return elements * static_cast<int64_t>(sizeof(float));
 }

@@ -433,12 +433,52 @@ TEST(MatmulBiasGeluTest, EqualsMatmulBiasThenTanhGelu) {
       EXPECT_EQ(TensorValues(env["y"]), TensorValues(ref["y"]));
     }
   }
-  // gelu has F32 and F64 kernels only: an F16 bias (F16 y) is refused by the schema.
+  // An F16 bias (the product summed into F16) is refused by the schema: the
+  // fused GEMM's gelu needs a float z.
   std::map<std::string, Tensor> bad{
       {"a", Make(F16, {4, 6}, 4)}, {"b", Make(F16, {6, 5}, 5)}, {"bias", Make(F16, {5}, 6)}};
   auto refused = RunOp(ParseOp(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])"), &bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.message(), HasSubstr("gelu needs F32 or F64"));
+}
+
+// z_dtype (mixed precision's gelu in bf16, fused): z is matmul_bias's
+// float z rounded as out_dtype rounds it, and y the gelu of the float z, as
+// without z_dtype (cuBLASLt's GELU_AUX_BIAS with D and aux in bf16): the same
+// y bits, BF16 with out_dtype and F32 without.
+TEST(MatmulBiasGeluTest, ZDtypeStoresTheRoundedPreActivation) {
+  const Tensor a = Make(BF16, {2, 5, 7}, 1), b = Make(BF16, {7, 16}, 2), bias = Make(F32, {16}, 3);
+  auto run = [&](const std::string& attrs) {
+    std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}};
+    const absl::Status s = RunOp(
+        ParseOp(absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"] )", attrs)),
+        &env);
+    EXPECT_TRUE(s.ok()) << s;
+    return env;
+  };
+  const std::string z_bf16 = R"(attr { key: "z_dtype" value { s: "BF16" } })";
+  const std::string y_bf16 = R"(attr { key: "out_dtype" value { s: "BF16" } })";
+  std::map<std::string, Tensor> rounded{{"a", a}, {"b", b}, {"bias", bias}};
+  ASSERT_TRUE(RunOp(ParseOp(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["z"] )", y_bf16)),
+                    &rounded)
+                  .ok());
+  for (bool stored_y : {true, false}) {
+    SCOPED_TRACE(stored_y ? "bf16 y" : "float y");
+    auto fused = run(stored_y ? absl::StrCat(z_bf16, " ", y_bf16) : z_bf16);
+    auto plain = run(stored_y ? y_bf16 : "");
+    EXPECT_EQ(fused["z"].dtype(), BF16);
+    EXPECT_EQ(TensorValues(fused["z"]), TensorValues(rounded["z"]));
+    EXPECT_EQ(fused["y"].dtype(), stored_y ? BF16 : F32);
+    EXPECT_EQ(TensorValues(fused["y"]), TensorValues(plain["y"]));
+    EXPECT_EQ(plain["z"].dtype(), F32);
+  }
+  // Only a's 16-bit type over an F32 bias.
+  std::map<std::string, Tensor> bad{{"a", a}, {"b", b}, {"bias", bias}};
+  auto refused = RunOp(ParseOp(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"]
+                                  attr { key: "z_dtype" value { s: "F16" } })"),
+                       &bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("attr 'z_dtype'"));
 }
 
 // matmul_bias_grad_b (the GPU plans' weight-gradient GEMM fused with the
