@@ -1,6 +1,7 @@
 // CUDA kernels of the elementwise unary ops and the utilities around them:
 // exp, log, neg, sqrt, square, scale, gelu (both forms), tanh, sigmoid and the gradients
-// sqrt_grad, gelu_grad, tanh_grad, sigmoid_grad (kernels/cuda/unary.cu over
+// sqrt_grad, gelu_grad, tanh_grad, sigmoid_grad (gelu and gelu_grad also in
+// BF16 / F16, mixed precision's; kernels/cuda/unary.cu over
 // unary_math.h's functors, the CPU kernels' own math); add_n, cast,
 // accumulate, fill_zero, fill_scalar; identity and the views reshape,
 // flatten and reshape_like, which share the input's buffer as on the CPU
@@ -108,37 +109,79 @@ class CudaUnaryGradKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override { return RunUnaryGrad<T>(ctx, kOp); }
 };
 
+// Whether T is one of the 16-bit floats (storage of BF16 and F16 tensors).
+template <typename T>
+inline constexpr bool kIsHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
 // gelu and gelu_grad: the form (approximate) read once at prepare time, then
-// as CudaUnaryKernel and CudaUnaryGradKernel.
+// as CudaUnaryKernel and CudaUnaryGradKernel. A BF16 / F16 x (mixed
+// precision's gelu in 16 bits, as torch autocast runs it): y of x's type,
+// each element widened to float, the float functor, rounded once.
 template <typename T>
 class CudaGeluKernel : public GeluAttrKernel {
  public:
   using GeluAttrKernel::GeluAttrKernel;
   absl::Status Compute(KernelContext& ctx) override {
-    return RunUnary<T>(ctx, tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu);
+    const cuda::UnaryOp op = tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu;
+    if constexpr (kIsHalf<T>) {
+      STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+      const Tensor& x = ctx.input(0);
+      STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
+      return CudaStatus(cuda::LaunchGeluWidened<T>(op, y->data<T>(), x.data<T>(), x.num_elements(), device->stream()),
+                        "gelu");
+    } else {
+      return RunUnary<T>(ctx, op);
+    }
   }
 };
 
+// Calls f(S{}) with S the C++ storage of a 16-bit x's dy: x's own type, or
+// float for an F32 dy (widened as loaded). Another is InvalidArgument in
+// WithStorage's words.
+template <typename T, typename F>
+absl::Status WithHalfXDy(DataType dtype, F&& f) {
+  if (dtype == DataTypeOf<T>::value) return f(T{});
+  if (dtype == F32) return f(float{});
+  return absl::InvalidArgumentError(
+      absl::StrCat("gelu_grad: dy ", DataTypeName(dtype), " for an ", DataTypeName(DataTypeOf<T>::value), " x"));
+}
+
+// Calls f(S{}) with S bfloat16 or float16 for a 16-bit dx's dtype.
+template <typename F>
+absl::Status WithHalfDx(DataType dtype, F&& f) {
+  if (dtype == BF16) return f(bfloat16{});
+  if (dtype == F16) return f(float16{});
+  return absl::InvalidArgumentError(
+      absl::StrCat("gelu_grad: dx ", DataTypeName(dtype), " for a 16-bit x (BF16 or F16 only)"));
+}
+
 // For an F32 x, dy may be BF16 / F16 and out_dtype may store dx in BF16 /
-// F16 (passes/fold_casts), as the CPU kernel.
+// F16 (passes/fold_casts), as the CPU kernel. For a BF16 / F16 x (mixed
+// precision), dy of x's type or F32, dx of x's type or out_dtype's.
 template <typename T>
 class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
  public:
   using StoredOutKernel<GeluAttrKernel>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
-    return WithStorage<T>(ctx.input(1).dtype(), "gelu_grad", "dy", [&](auto d) {
-      return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
-                            [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, op); });
-    });
+    if constexpr (kIsHalf<T>) {
+      return WithHalfXDy<T>(ctx.input(1).dtype(), [&](auto d) {
+        return WithHalfDx(OutDtype<T>(), [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, op); });
+      });
+    } else {
+      return WithStorage<T>(ctx.input(1).dtype(), "gelu_grad", "dy", [&](auto d) {
+        return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",
+                              [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, op); });
+      });
+    }
   }
 
  private:
-  // dy stored as DY, dx as DX: T's own kernel for both T, else (an F32 x)
-  // the storage-templated one.
+  // dy stored as DY, dx as DX: T's own kernel for a float or double T with
+  // nothing stored apart, else the storage-templated one.
   template <typename DY, typename DX>
   absl::Status Run(KernelContext& ctx, cuda::UnaryGradOp op) {
-    if constexpr (std::is_same_v<DY, T> && std::is_same_v<DX, T>) {
+    if constexpr (!kIsHalf<T> && std::is_same_v<DY, T> && std::is_same_v<DX, T>) {
       return RunUnaryGrad<T>(ctx, op);
     } else {
       STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -146,8 +189,11 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
       const Tensor& dy = ctx.input(1);
       STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
       STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
-      return CudaStatus(cuda::LaunchGeluGradStored<DY, DX>(op, dx->data<DX>(), x.data<float>(), dy.data<DY>(),
-                                                           x.num_elements(), device->stream()),
+      // T for a 16-bit x; float else (F64 takes the branch above: WithStorage
+      // stores nothing apart for it).
+      using X = std::conditional_t<kIsHalf<T>, T, float>;
+      return CudaStatus(cuda::LaunchGeluGradStored<X, DY, DX>(op, dx->data<DX>(), x.data<X>(), dy.data<DY>(),
+                                                              x.num_elements(), device->stream()),
                         "gelu_grad");
     }
   }
@@ -344,6 +390,8 @@ STRATA_REGISTER_KERNEL("square", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<
 STRATA_REGISTER_KERNEL("square", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kSquare>>()));
 STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F32, InitFactory<CudaGeluKernel<float>>());
 STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F64, InitFactory<CudaGeluKernel<double>>());
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, BF16, InitFactory<CudaGeluKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("gelu", DEVICE_CUDA, F16, InitFactory<CudaGeluKernel<float16>>());
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kTanh>>()));
 STRATA_REGISTER_KERNEL("tanh", DEVICE_CUDA, F64, (MakeFactory<CudaUnaryKernel<double, UnaryOp::kTanh>>()));
 STRATA_REGISTER_KERNEL("sigmoid", DEVICE_CUDA, F32, (MakeFactory<CudaUnaryKernel<float, UnaryOp::kSigmoid>>()));
@@ -354,6 +402,8 @@ STRATA_REGISTER_KERNEL("sqrt_grad", DEVICE_CUDA, F64,
                        (MakeFactory<CudaUnaryGradKernel<double, UnaryGradOp::kSqrtGrad>>()));
 STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F32, InitFactory<CudaGeluGradKernel<float>>());
 STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F64, InitFactory<CudaGeluGradKernel<double>>());
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, BF16, InitFactory<CudaGeluGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("gelu_grad", DEVICE_CUDA, F16, InitFactory<CudaGeluGradKernel<float16>>());
 STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CUDA, F32,
                        (MakeFactory<CudaUnaryGradKernel<float, UnaryGradOp::kTanhGrad>>()));
 STRATA_REGISTER_KERNEL("tanh_grad", DEVICE_CUDA, F64,

@@ -16,6 +16,7 @@
 // that difference through their arithmetic, with the bound derived per
 // element below.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,8 +52,8 @@ STRATA_CUDA_OPS_TESTED(cuda_unary_ops_test, {
                                                 {"sqrt", {F32, F64}},
                                                 {"sqrt_grad", {F32, F64}},
                                                 {"square", {F32, F64}},
-                                                {"gelu", {F32, F64}},
-                                                {"gelu_grad", {F32, F64}},
+                                                {"gelu", {F32, F64, BF16, F16}},
+                                                {"gelu_grad", {F32, F64, BF16, F16}},
                                                 {"sigmoid", {F32, F64}},
                                                 {"sigmoid_grad", {F32, F64}},
                                                 {"tanh", {F32, F64}},
@@ -385,6 +386,62 @@ TEST_F(CudaOpsTest, GeluGradWithFoldedCastsIsTheCastsAroundTheFloatKernel) {
       for (int64_t i = 0; i < n; ++i) {
         // One 16-bit spacing: relative for normals, 2^-24 (F16's subnormal step) near zero.
         ASSERT_LE(std::abs(c[i] - g[i]), ulp * std::max(std::abs(c[i]), std::abs(g[i])) + std::ldexp(1.0, -24)) << i;
+      }
+    }
+  }
+}
+
+// Mixed precision's gelu and gelu_grad of a 16-bit x (as torch autocast runs
+// them): on the GPU, the float kernels on the widened operands followed by
+// the cast, bit for bit (both forms, both 16-bit types; dy of x's type or
+// F32, dx of x's type or, by out_dtype, the other 16-bit one). Against the
+// CPU's 16-bit kernels, which round the same float functors once: the float
+// results differ by the bounds above (a few float ulps), so the 16-bit ones
+// are equal or one 16-bit spacing apart.
+TEST_F(CudaOpsTest, SixteenBitGeluAndItsGradientAreTheFloatKernelsRoundedOnce) {
+  for (const Shape& shape : std::vector<Shape>{{}, {0}, {37, 29}, {3, 1000, 7}}) {
+    const int64_t n = NumElements(shape);
+    for (DataType low : {BF16, F16}) {
+      const DataType other = low == BF16 ? F16 : BF16;
+      const Tensor x = MakeTensor(low, shape, Scaled(Uniform(n, 55), 4));
+      const Tensor x_wide = MakeTensor(F32, shape, TensorValues(x));  // exact
+      const Tensor dy_low = MakeTensor(low, shape, Uniform(n, 56));
+      const Tensor dy_wide = MakeTensor(F32, shape, TensorValues(dy_low));  // exact
+      const Tensor dy_f32 = MakeTensor(F32, shape, Uniform(n, 57));         // not a 16-bit value
+      for (const char* form : {"none", "tanh"}) {
+        SCOPED_TRACE(absl::StrCat(ShapeString(shape), " ", DataTypeName(low), " ", form));
+        const std::string attr = absl::StrCat(" attr { key: \"approximate\" value { s: \"", form, "\" } }");
+        // One 16-bit spacing of dtype: relative for normals, 2^-24 (F16's subnormal step) near zero.
+        auto expect_one_spacing = [&](const Tensor& gpu, const Tensor& cpu, DataType dtype) {
+          ASSERT_EQ(gpu.dtype(), dtype);
+          ASSERT_EQ(cpu.dtype(), dtype);
+          const double ulp = dtype == BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+          ExpectWithin(gpu, cpu, [ulp](size_t, double want, double got) {
+            return ulp * std::max(std::abs(want), std::abs(got)) + std::ldexp(1.0, -24);
+          });
+        };
+
+        const Tensor y_float = RunGpu(UnaryOpText("gelu") + attr, {{"x", x_wide}});
+        const Tensor y = RunGpu(UnaryOpText("gelu") + attr, {{"x", x}});
+        EXPECT_TRUE(BitEqual(y, RunGpu(CastText(low), {{"x", y_float}}))) << "gelu";
+        auto [y_cpu, y_gpu] = RunBoth(UnaryOpText("gelu") + attr, {{"x", x}});
+        expect_one_spacing(y_gpu, y_cpu, low);
+
+        const std::string grad = GradOpText("gelu_grad") + attr;
+        for (const Tensor* dy : {&dy_low, &dy_f32}) {
+          const Tensor& dy_float = dy == &dy_low ? dy_wide : dy_f32;
+          const Tensor dx_float = RunGpu(grad, {{"a", x_wide}, {"dy", dy_float}});
+          for (DataType dx_dtype : {low, other}) {
+            SCOPED_TRACE(absl::StrCat("dy ", DataTypeName(dy->dtype()), ", dx ", DataTypeName(dx_dtype)));
+            const std::string op = dx_dtype == low ? grad
+                                                   : absl::StrCat(grad, " attr { key: \"out_dtype\" value { s: \"",
+                                                                  DataTypeName(dx_dtype), "\" } }");
+            const Tensor dx = RunGpu(op, {{"a", x}, {"dy", *dy}});
+            EXPECT_TRUE(BitEqual(dx, RunGpu(CastText(dx_dtype), {{"x", dx_float}}))) << "gelu_grad";
+            auto [dx_cpu, dx_gpu] = RunBoth(op, {{"a", x}, {"dy", *dy}});
+            expect_one_spacing(dx_gpu, dx_cpu, dx_dtype);
+          }
+        }
       }
     }
   }

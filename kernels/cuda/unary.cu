@@ -99,23 +99,28 @@ cudaError_t UnaryGrad(UnaryGradOp op, T* dx, const T* a, const T* dy, int64_t n,
   return cudaErrorInvalidValue;
 }
 
-// f(a, dy) on a float a and dy widened from its storage, the result stored
-// as DX by the cast's conversion (passes/fold_casts' gelu_grad).
+// f(a, dy) in float on a and dy widened from their storage (exact; a float
+// passes as it is), the result stored as DX by the cast's conversion
+// (passes/fold_casts' gelu_grad, and mixed precision's 16-bit gelu_grad).
 template <typename DX, typename F>
 struct StoredGradFn {
   F f;
-  template <typename DY>
-  __device__ DX operator()(float a, DY dy) const {
-    return Convert<DX>(f(a, Convert<float>(dy)));
+  template <typename A, typename DY>
+  __device__ DX operator()(A a, DY dy) const {
+    return Convert<DX>(f(Convert<float>(a), Convert<float>(dy)));
   }
 };
 
-// f(x) on a float x, the result stored as Y by the cast's conversion
-// (passes/fold_casts' matmul_bias_gelu fallback).
+// f(x) in float on x widened from its storage (a float passes as it is), the
+// result stored as Y by the cast's conversion (passes/fold_casts'
+// matmul_bias_gelu fallback, and mixed precision's 16-bit gelu).
 template <typename Y, typename F>
 struct StoredFn {
   F f;
-  __device__ Y operator()(float x) const { return Convert<Y>(f(x)); }
+  template <typename X>
+  __device__ Y operator()(X x) const {
+    return Convert<Y>(f(Convert<float>(x)));
+  }
 };
 
 // Up to kAddNPerLaunch input pointers, passed by value. With `accumulate`,
@@ -232,8 +237,8 @@ cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const d
   return UnaryGrad(op, dx, a, dy, n, stream);
 }
 
-template <typename DY, typename DX>
-cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream) {
+template <typename X, typename DY, typename DX>
+cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const X* a, const DY* dy, int64_t n, cudaStream_t stream) {
   switch (op) {
     case UnaryGradOp::kGeluGrad:
       return Map2(dx, a, dy, n, StoredGradFn<DX, GeluGradFn>{GeluGradFn()}, stream);
@@ -244,6 +249,20 @@ cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const D
   }
 }
 
+template <typename X>
+cudaError_t LaunchGeluWidened(UnaryOp op, X* y, const X* x, int64_t n, cudaStream_t stream) {
+  switch (op) {
+    case UnaryOp::kGelu:
+      return Map(y, x, n, StoredFn<X, GeluFn>{GeluFn()}, stream);
+    case UnaryOp::kGeluTanh:
+      return Map(y, x, n, StoredFn<X, GeluTanhFn>{GeluTanhFn()}, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+template cudaError_t LaunchGeluWidened<bfloat16>(UnaryOp, bfloat16*, const bfloat16*, int64_t, cudaStream_t);
+template cudaError_t LaunchGeluWidened<float16>(UnaryOp, float16*, const float16*, int64_t, cudaStream_t);
+
 template <typename Y>
 cudaError_t LaunchGeluTanhStored(Y* y, const float* x, int64_t n, cudaStream_t stream) {
   return Map(y, x, n, StoredFn<Y, GeluTanhFn>{GeluTanhFn()}, stream);
@@ -251,18 +270,27 @@ cudaError_t LaunchGeluTanhStored(Y* y, const float* x, int64_t n, cudaStream_t s
 template cudaError_t LaunchGeluTanhStored<bfloat16>(bfloat16*, const float*, int64_t, cudaStream_t);
 template cudaError_t LaunchGeluTanhStored<float16>(float16*, const float*, int64_t, cudaStream_t);
 
-#define STRATA_GELU_GRAD_STORED(DY, DX)                                                                     \
-  template cudaError_t LaunchGeluGradStored<DY, DX>(UnaryGradOp, DX*, const float*, const DY*, int64_t, \
-                                                     cudaStream_t);
-STRATA_GELU_GRAD_STORED(float, float)
-STRATA_GELU_GRAD_STORED(float, bfloat16)
-STRATA_GELU_GRAD_STORED(float, float16)
-STRATA_GELU_GRAD_STORED(bfloat16, float)
-STRATA_GELU_GRAD_STORED(bfloat16, bfloat16)
-STRATA_GELU_GRAD_STORED(bfloat16, float16)
-STRATA_GELU_GRAD_STORED(float16, float)
-STRATA_GELU_GRAD_STORED(float16, bfloat16)
-STRATA_GELU_GRAD_STORED(float16, float16)
+#define STRATA_GELU_GRAD_STORED(X, DY, DX) \
+  template cudaError_t LaunchGeluGradStored<X, DY, DX>(UnaryGradOp, DX*, const X*, const DY*, int64_t, cudaStream_t);
+// An F32 x: dy and dx each float, bf16 or f16 (passes/fold_casts).
+STRATA_GELU_GRAD_STORED(float, float, float)
+STRATA_GELU_GRAD_STORED(float, float, bfloat16)
+STRATA_GELU_GRAD_STORED(float, float, float16)
+STRATA_GELU_GRAD_STORED(float, bfloat16, float)
+STRATA_GELU_GRAD_STORED(float, bfloat16, bfloat16)
+STRATA_GELU_GRAD_STORED(float, bfloat16, float16)
+STRATA_GELU_GRAD_STORED(float, float16, float)
+STRATA_GELU_GRAD_STORED(float, float16, bfloat16)
+STRATA_GELU_GRAD_STORED(float, float16, float16)
+// A 16-bit x (mixed precision): dy x's type or float, dx bf16 or f16.
+STRATA_GELU_GRAD_STORED(bfloat16, bfloat16, bfloat16)
+STRATA_GELU_GRAD_STORED(bfloat16, bfloat16, float16)
+STRATA_GELU_GRAD_STORED(bfloat16, float, bfloat16)
+STRATA_GELU_GRAD_STORED(bfloat16, float, float16)
+STRATA_GELU_GRAD_STORED(float16, float16, float16)
+STRATA_GELU_GRAD_STORED(float16, float16, bfloat16)
+STRATA_GELU_GRAD_STORED(float16, float, float16)
+STRATA_GELU_GRAD_STORED(float16, float, bfloat16)
 #undef STRATA_GELU_GRAD_STORED
 
 cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream) {

@@ -35,12 +35,21 @@ enum class UnaryGradOp { kSqrtGrad, kGeluGrad, kGeluTanhGrad, kTanhGrad, kSigmoi
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, float* dx, const float* a, const float* dy, int64_t n, cudaStream_t stream);
 cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const double* dy, int64_t n,
                             cudaStream_t stream);
-// gelu_grad (op kGeluGrad or kGeluTanhGrad) of an F32 a with dy and dx each
-// stored as float, bfloat16 or float16 (passes/fold_casts): dy widened as
-// loaded (exact), the float functor, dx rounded by the cast's conversion.
-// Instantiated for DY, DX in {float, bfloat16, float16}.
-template <typename DY, typename DX>
-cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const float* a, const DY* dy, int64_t n, cudaStream_t stream);
+// gelu_grad (op kGeluGrad or kGeluTanhGrad) of an a stored as X, dy as DY
+// and dx as DX: a and dy widened as loaded (exact), the float functor, dx
+// rounded once by the cast's conversion. Instantiated for an F32 a with DY,
+// DX in {float, bfloat16, float16} (passes/fold_casts), and for a bfloat16
+// or float16 a (mixed precision's gelu_grad in 16 bits) with DY X's type or
+// float and DX in {bfloat16, float16} (X's type, or out_dtype's).
+template <typename X, typename DY, typename DX>
+cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const X* a, const DY* dy, int64_t n, cudaStream_t stream);
+
+// gelu (op kGelu or kGeluTanh) of a bfloat16 or float16 x into a y of x's
+// type (mixed precision's gelu, as torch autocast runs it): each element
+// widened to float (exact), the float functor, rounded once by the cast's
+// conversion. Other ops: cudaErrorInvalidValue.
+template <typename X>
+cudaError_t LaunchGeluWidened(UnaryOp op, X* y, const X* x, int64_t n, cudaStream_t stream);
 
 // y = gelu(x) in the tanh form of a float x, stored as Y (bfloat16 or
 // float16) by the cast's conversion: gelu then cast in one pass

@@ -1,6 +1,7 @@
 // unary.cu's casts between float and the 16-bit floats, its gelu_grad with
-// folded casts (LaunchGeluGradStored), its gelu stored in 16 bits
-// (LaunchGeluTanhStored) and its widened bf16 / f16 add_n, and
+// folded casts and of a 16-bit x (LaunchGeluGradStored), its gelu stored in
+// 16 bits (LaunchGeluTanhStored) and of a 16-bit x (LaunchGeluWidened), its
+// widened bf16 / f16 add_n, and
 // elementwise.cuh's 16-byte packs against its one-element loop,
 // launchers included, on the CPU: the genrule unary_emulated_src rewrites the
 // file's <<<>>> launches into calls of testing/cuda_stand_in/'s Launch, and
@@ -100,7 +101,7 @@ void CheckGeluGradStored(DataType dy_dtype, DataType dx_dtype) {
     std::vector<DX> dx = emulation::Poisoned<DX>(kN);
     const cuda::UnaryGradOp op = std::string(form) == "tanh" ? cuda::UnaryGradOp::kGeluTanhGrad
                                                                : cuda::UnaryGradOp::kGeluGrad;
-    ASSERT_EQ((cuda::LaunchGeluGradStored<DY, DX>(op, dx.data(), a.data<float>(), dy.data<DY>(), kN, nullptr)),
+    ASSERT_EQ((cuda::LaunchGeluGradStored<float, DY, DX>(op, dx.data(), a.data<float>(), dy.data<DY>(), kN, nullptr)),
               cudaSuccess);
     emulation::ExpectCleanLaunches();
     EXPECT_TRUE(emulation::SameBits(dx, want, "dx"));
@@ -119,10 +120,13 @@ TEST(UnaryEmulation, GeluGradWithFoldedCasts) {
   CheckGeluGradStored<float16, float16>(F16, F16);
 }
 
-TEST(UnaryEmulation, GeluGradStoredRefusesOtherOps) {
+TEST(UnaryEmulation, GeluLaunchersRefuseOtherOps) {
   std::vector<float> a(4, 1.0f), dy(4, 1.0f), dx(4);
-  EXPECT_EQ((cuda::LaunchGeluGradStored<float, float>(cuda::UnaryGradOp::kTanhGrad, dx.data(), a.data(), dy.data(), 4,
-                                                      nullptr)),
+  EXPECT_EQ((cuda::LaunchGeluGradStored<float, float, float>(cuda::UnaryGradOp::kTanhGrad, dx.data(), a.data(),
+                                                             dy.data(), 4, nullptr)),
+            cudaErrorInvalidValue);
+  std::vector<bfloat16> x16(4), y16(4);
+  EXPECT_EQ(cuda::LaunchGeluWidened<bfloat16>(cuda::UnaryOp::kTanh, y16.data(), x16.data(), 4, nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -144,6 +148,70 @@ void CheckGeluTanhStored(DataType y_dtype) {
 TEST(UnaryEmulation, GeluTanhStoredAsACastAfterTheGelu) {
   CheckGeluTanhStored<bfloat16>(BF16);
   CheckGeluTanhStored<float16>(F16);
+}
+
+std::string GeluText(const char* op, const std::string& inputs, const char* form) {
+  return std::string("type: \"") + op + "\" input: " + inputs + " output: \"y\"" +
+         R"( attr { key: "approximate" value { s: ")" + form + "\" } }";
+}
+
+// Mixed precision's gelu of a 16-bit x: the float kernel on the widened x,
+// rounded once to x's type; the CPU's cast, gelu (F32) and cast give those
+// bits.
+template <typename X>
+void CheckGeluWidened(DataType dtype) {
+  for (const char* form : {"none", "tanh"}) {
+    SCOPED_TRACE(testing::Message() << "gelu " << form << ", x " << DataTypeName(dtype));
+    const Tensor x = MakeTensor(dtype, {kN}, emulation::UniformValues(kN, 24, 6));
+    const Tensor wide = RunCpu(CastText(F32), {{"x", x}});
+    const Tensor gelu = RunCpu(GeluText("gelu", "\"x\"", form), {{"x", wide}});
+    const Tensor want = RunCpu(CastText(dtype), {{"x", gelu}});
+    std::vector<X> y = emulation::Poisoned<X>(kN);
+    const cuda::UnaryOp op = std::string(form) == "tanh" ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu;
+    ASSERT_EQ(cuda::LaunchGeluWidened<X>(op, y.data(), x.data<X>(), kN, nullptr), cudaSuccess);
+    emulation::ExpectCleanLaunches();
+    EXPECT_TRUE(emulation::SameBits(y, want, "y"));
+  }
+}
+
+TEST(UnaryEmulation, SixteenBitGeluIsTheFloatGeluRoundedOnce) {
+  CheckGeluWidened<bfloat16>(BF16);
+  CheckGeluWidened<float16>(F16);
+}
+
+// Mixed precision's gelu_grad of a 16-bit x, dy of x's type or F32, dx of
+// x's type or the other 16-bit one (out_dtype): the CPU's float gelu_grad
+// of the widened x (its folded dy and dx doing the rest) gives the bits.
+template <typename X, typename DY, typename DX>
+void CheckGeluGradWidened(DataType x_dtype, DataType dy_dtype, DataType dx_dtype) {
+  for (const char* form : {"none", "tanh"}) {
+    SCOPED_TRACE(testing::Message() << "gelu_grad " << form << ", x " << DataTypeName(x_dtype) << ", dy "
+                                    << DataTypeName(dy_dtype) << ", dx " << DataTypeName(dx_dtype));
+    const Tensor a = MakeTensor(x_dtype, {kN}, emulation::UniformValues(kN, 25, 5));
+    const Tensor dy = MakeTensor(dy_dtype, {kN}, emulation::UniformValues(kN, 26, 2));
+    const Tensor wide = RunCpu(CastText(F32), {{"x", a}});
+    const std::string text = GeluText("gelu_grad", R"([ "a", "dy" ])", form) +
+                             R"( attr { key: "out_dtype" value { s: ")" + DataTypeName(dx_dtype) + "\" } }";
+    const Tensor want = RunCpu(text, {{"a", wide}, {"dy", dy}});
+    std::vector<DX> dx = emulation::Poisoned<DX>(kN);
+    const cuda::UnaryGradOp op =
+        std::string(form) == "tanh" ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
+    ASSERT_EQ((cuda::LaunchGeluGradStored<X, DY, DX>(op, dx.data(), a.data<X>(), dy.data<DY>(), kN, nullptr)),
+              cudaSuccess);
+    emulation::ExpectCleanLaunches();
+    EXPECT_TRUE(emulation::SameBits(dx, want, "dx"));
+  }
+}
+
+TEST(UnaryEmulation, SixteenBitGeluGradIsTheFloatGradRoundedOnce) {
+  CheckGeluGradWidened<bfloat16, bfloat16, bfloat16>(BF16, BF16, BF16);
+  CheckGeluGradWidened<bfloat16, bfloat16, float16>(BF16, BF16, F16);
+  CheckGeluGradWidened<bfloat16, float, bfloat16>(BF16, F32, BF16);
+  CheckGeluGradWidened<bfloat16, float, float16>(BF16, F32, F16);
+  CheckGeluGradWidened<float16, float16, float16>(F16, F16, F16);
+  CheckGeluGradWidened<float16, float16, bfloat16>(F16, F16, BF16);
+  CheckGeluGradWidened<float16, float, float16>(F16, F32, F16);
+  CheckGeluGradWidened<float16, float, bfloat16>(F16, F32, BF16);
 }
 
 // add_n of `count` bf16 / f16 inputs as the CPU's widened kernel: float sums
@@ -186,8 +254,9 @@ TEST(UnaryEmulation, WidenedAddN) {
 
 // elementwise.cuh's paths: 16-byte packs where every operand is aligned for
 // one (then the tail one by one), else element by element; the same bits
-// either way. The cast and the stored gelu_grad against the CPU on operands
-// moved off their alignment by one element, n of one pack plus 3, in place.
+// either way. The cast, the stored gelu_grad (in place) and the bf16 gelu
+// against the CPU on operands moved off their alignment by one element, n
+// of one pack plus 3.
 TEST(UnaryEmulation, PacksAndSingleElementsGiveTheSameBits) {
   for (int64_t offset : {0, 1}) {
     for (int64_t n : {int64_t{3}, int64_t{11}, kN - 1}) {
@@ -213,11 +282,24 @@ TEST(UnaryEmulation, PacksAndSingleElementsGiveTheSameBits) {
       std::vector<float> as(n + 1), dys(n + 1);
       std::memcpy(as.data() + offset, a.data<float>(), n * sizeof(float));
       std::memcpy(dys.data() + offset, dy.data<float>(), n * sizeof(float));
-      ASSERT_EQ((cuda::LaunchGeluGradStored<float, float>(cuda::UnaryGradOp::kGeluTanhGrad, dys.data() + offset,
-                                                          as.data() + offset, dys.data() + offset, n, nullptr)),
+      ASSERT_EQ((cuda::LaunchGeluGradStored<float, float, float>(cuda::UnaryGradOp::kGeluTanhGrad, dys.data() + offset,
+                                                                 as.data() + offset, dys.data() + offset, n, nullptr)),
                 cudaSuccess);
       emulation::ExpectCleanLaunches();
       EXPECT_TRUE(emulation::SameBits(dys.data() + offset, n, grad, "dx"));
+
+      // gelu of a bf16 x (mixed precision), into a bf16 y: packs of 8.
+      const Tensor xb = MakeTensor(BF16, {n}, emulation::UniformValues(n, 34, 6));
+      const Tensor wide = RunCpu(CastText(F32), {{"x", xb}});
+      const Tensor gelu = RunCpu(CastText(BF16), {{"x", RunCpu(GeluText("gelu", "\"x\"", "tanh"), {{"x", wide}})}});
+      std::vector<bfloat16> xbs(n + 1);
+      std::memcpy(xbs.data() + offset, xb.data<bfloat16>(), n * sizeof(bfloat16));
+      std::vector<bfloat16> ybs = emulation::Poisoned<bfloat16>(n + 1);
+      ASSERT_EQ(cuda::LaunchGeluWidened<bfloat16>(cuda::UnaryOp::kGeluTanh, ybs.data() + offset, xbs.data() + offset, n,
+                                                  nullptr),
+                cudaSuccess);
+      emulation::ExpectCleanLaunches();
+      EXPECT_TRUE(emulation::SameBits(ybs.data() + offset, n, gelu, "gelu"));
     }
   }
 }
