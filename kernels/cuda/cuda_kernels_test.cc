@@ -481,6 +481,70 @@ TEST_F(CudaKernelsTest, MatmulBiasAddsTheResidualAsC) {
   EXPECT_EQ(scratch.live_bytes(), 0);
 }
 
+// MatmulBiasGelu with bf16 operands and D beside a float bias: a float aux
+// (matmul_bias_gelu's z by default) and a bf16 aux (its z_dtype "BF16") are
+// two plans of one shape (the aux's type is in the plan key). Each either
+// runs or says Unimplemented (refused, or no algorithm: the op's kernel then
+// runs two passes, which cuda_matmul_ops_test covers), and each refusal has
+// its line in epilogue_fallbacks(). Small integers: z is exact in float and,
+// below 256 in magnitude, in bf16, so a bf16 z that ran equals the exact z.
+TEST_F(CudaKernelsTest, MatmulBiasGeluKeepsAFloatAndABf16AuxApart) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> created = LtGemm::Create();
+  ASSERT_TRUE(created.ok()) << created.status();
+  LtGemm& gemm = **created;
+  const int64_t m = 64, n = 64, k = 32;
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> small_int(-2, 2);
+  std::vector<bfloat16> a(m * k), b(k * n);
+  std::vector<float> bias(n);
+  for (bfloat16& e : a) e = ToBfloat16(static_cast<float>(small_int(rng)));
+  for (bfloat16& e : b) e = ToBfloat16(static_cast<float>(small_int(rng)));
+  for (float& e : bias) e = static_cast<float>(4 * small_int(rng));
+  std::vector<float> exact(m * n);  // |z| <= 2 * 2 * 32 + 8
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = bias[j];
+      for (int64_t p = 0; p < k; ++p) sum += ToFloat(a[i * k + p]) * ToFloat(b[p * n + j]);
+      exact[i * n + j] = sum;
+    }
+  }
+  DeviceArray<bfloat16> a_dev(m * k), b_dev(k * n), c_dev(m * n), z16_dev(m * n);
+  DeviceArray<float> bias_dev(n), z32_dev(m * n);
+  for (auto* d : {&a_dev, &b_dev, &c_dev, &z16_dev}) ASSERT_CUDA_OK(d->error());
+  for (auto* d : {&bias_dev, &z32_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(b_dev.Upload(b));
+  ASSERT_CUDA_OK(bias_dev.Upload(bias));
+  auto* c = reinterpret_cast<__nv_bfloat16*>(c_dev.get());
+  const auto* pa = reinterpret_cast<const __nv_bfloat16*>(a_dev.get());
+  const auto* pb = reinterpret_cast<const __nv_bfloat16*>(b_dev.get());
+
+  const absl::Status float_aux = gemm.MatmulBiasGelu(c, z32_dev.get(), pa, pb, bias_dev.get(), m, n, k, false, stream_);
+  EXPECT_TRUE(float_aux.ok() || float_aux.code() == absl::StatusCode::kUnimplemented) << float_aux;
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  const absl::Status bf16_aux = gemm.MatmulBiasGelu(c, reinterpret_cast<__nv_bfloat16*>(z16_dev.get()), pa, pb,
+                                                    bias_dev.get(), m, n, k, false, stream_);
+  EXPECT_TRUE(bf16_aux.ok() || bf16_aux.code() == absl::StatusCode::kUnimplemented) << bf16_aux;
+  EXPECT_EQ(gemm.cached_plans(), 2u) << "a bf16 aux took the float aux's plan";
+  std::printf("GELU_AUX_BIAS, bf16 D and a float bias: float aux %s, bf16 aux %s\n", float_aux.ok() ? "ran" : "refused",
+              bf16_aux.ok() ? "ran" : "refused");
+  RecordProperty("gelu_float_aux_ran", float_aux.ok() ? 1 : 0);
+  RecordProperty("gelu_bf16_aux_ran", bf16_aux.ok() ? 1 : 0);
+  EXPECT_EQ(gemm.epilogue_fallbacks().size(), (float_aux.ok() ? 0u : 1u) + (bf16_aux.ok() ? 0u : 1u));
+  for (const std::string& line : gemm.epilogue_fallbacks()) std::printf("  %s\n", line.c_str());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  if (bf16_aux.ok()) {
+    std::vector<bfloat16> z(m * n);
+    ASSERT_CUDA_OK(z16_dev.Download(&z));
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(ToFloat(z[i]), exact[i]) << "z[" << i << "]";
+  }
+  if (float_aux.ok()) {
+    std::vector<float> z(m * n);
+    ASSERT_CUDA_OK(z32_dev.Download(&z));
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(z[i], exact[i]) << "z[" << i << "]";
+  }
+}
+
 // A training step calls the same shapes every step: the second call of a
 // shape runs the plan of the first (no new descriptors, no heuristic) and
 // gives the same bits; a new shape, transpose, alignment or type is a new plan.

@@ -143,8 +143,8 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
                                                              &bias_type, sizeof(bias_type)),
                               "set bias type");
   }
-  if (key.float_epilogue && key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-    // z stays float for gelu_grad, whatever D's type.
+  if (key.float_aux && key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // z stays float for a float gelu_grad, whatever D's type.
     const cudaDataType_t aux_type = CUDA_R_32F;
     STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(),
                                                              CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
@@ -154,8 +154,9 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
   if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     // The aux (z) is laid out as c, unstaged: its leading dimension is our
     // n (cuBLASLt's rows), a multiple of 8 (MatmulImpl checked). Its type
-    // defaults to D's (c_type): float z for float c, bf16 operands included;
-    // float_epilogue makes it float beside a 16-bit c (above).
+    // defaults to D's (c_type): float z for float c, bf16 operands included,
+    // and a 16-bit z beside a 16-bit c (z_dtype); float_aux makes it float
+    // beside a 16-bit c (above).
     const int64_t aux_ld = key.n;
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
@@ -315,7 +316,7 @@ absl::Status LtGemm::MatmulBias(float* c, const __half* a, const __half* b, cons
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
                     b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS, /*stage=*/true,
-                    /*aux=*/nullptr, /*float_epilogue=*/false, residual);
+                    /*aux=*/nullptr, /*float_epilogue=*/false, /*float_aux=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const float* bias, int64_t m, int64_t n,
@@ -323,7 +324,8 @@ absl::Status LtGemm::MatmulBias(float* c, const float* a, const float* b, const 
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
                     &alpha, &beta, false, sizeof(float), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
-                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/true, /*aux=*/nullptr, /*float_epilogue=*/false, residual);
+                    CUBLASLT_EPILOGUE_BIAS, /*stage=*/true, /*aux=*/nullptr, /*float_epilogue=*/false,
+                    /*float_aux=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias, int64_t m,
@@ -331,7 +333,7 @@ absl::Status LtGemm::MatmulBias(float* c, const __nv_bfloat16* a, const __nv_bfl
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   return MatmulImpl(CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(float), c, a,
                     b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS, /*stage=*/true,
-                    /*aux=*/nullptr, /*float_epilogue=*/false, residual);
+                    /*aux=*/nullptr, /*float_epilogue=*/false, /*float_aux=*/false, residual);
 }
 
 absl::Status LtGemm::MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* bias,
@@ -356,15 +358,32 @@ absl::Status LtGemm::MatmulBiasGelu(__nv_bfloat16* c, float* z, const __nv_bfloa
   const float alpha = 1.0f, beta = 0.0f;
   return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
                     sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
-                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z, /*float_epilogue=*/true);
+                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z, /*float_epilogue=*/true, /*float_aux=*/true);
 }
 
 absl::Status LtGemm::MatmulBiasGelu(__half* c, float* z, const __half* a, const __half* b, const float* bias,
                                     int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
   return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
-                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true,
-                    z, /*float_epilogue=*/true);
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z,
+                    /*float_epilogue=*/true, /*float_aux=*/true);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__nv_bfloat16* c, __nv_bfloat16* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z, /*float_epilogue=*/true, /*float_aux=*/false);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const float* bias,
+                                    int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z,
+                    /*float_epilogue=*/true, /*float_aux=*/false);
 }
 
 absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,
@@ -478,8 +497,8 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
                                 cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                                 size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m,
                                 int64_t n, int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream,
-                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux,
-                                bool float_epilogue, const void* c_in) {
+                                int64_t batch, cublasLtEpilogue_t epilogue, bool stage, void* aux, bool float_epilogue,
+                                bool float_aux, const void* c_in) {
   if (m < 0 || n < 0 || k < 0 || batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("GEMM sizes must be >= 0, got batch=", batch, " m=", m, " n=", n, " k=", k));
@@ -532,6 +551,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   if (c_in != nullptr && !staging.stage_c) key.alignment_c = std::min(key.alignment_c, Alignment(c_in));
   if (aux != nullptr) key.alignment_aux = Alignment(aux);
   key.float_epilogue = float_epilogue;
+  key.float_aux = float_epilogue && float_aux && aux != nullptr;
   absl::StatusOr<Plan*> plan = GetPlan(key);
   absl::Status status = plan.status();
   if (!status.ok() && float_epilogue && status.code() == absl::StatusCode::kUnimplemented) ++float_epilogue_refusals_;
@@ -626,11 +646,18 @@ const char* TypeName(cudaDataType_t type) {
 void LtGemm::RememberNoPlan(const PlanKey& key, bool refused) {
   plans_[key] = nullptr;
   if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT) return;
+  // What stood beside a 16-bit D: a float bias, and GELU_AUX_BIAS's aux float or of D's type.
+  std::string beside;
+  if (key.float_epilogue) {
+    beside = " with a float bias";
+    if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+      absl::StrAppend(&beside, key.float_aux ? " and aux" : absl::StrCat(" and a ", TypeName(key.c_type), " aux"));
+    }
+  }
   epilogue_fallbacks_.push_back(absl::StrCat(
       "cuBLASLt ", refused ? "refused " : "has no algorithm for ", EpilogueName(key.epilogue), " (", TypeName(key.type),
-      " a and b, ", TypeName(key.c_type), " D", key.float_epilogue ? " with a float bias and aux" : "",
-      key.batch > 1 ? absl::StrCat(", batch ", key.batch) : "", ", m=", key.m, " n=", key.n, " k=", key.k,
-      "): the GEMM and its epilogue ran as two passes"));
+      " a and b, ", TypeName(key.c_type), " D", beside, key.batch > 1 ? absl::StrCat(", batch ", key.batch) : "",
+      ", m=", key.m, " n=", key.n, " k=", key.k, "): the GEMM and its epilogue ran as two passes"));
 }
 
 absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {

@@ -127,6 +127,18 @@ class LtGemm {
                               cudaStream_t stream);
   absl::Status MatmulBiasGelu(__half* c, float* z, const __half* a, const __half* b, const float* bias, int64_t m,
                               int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  // z too in the operands' 16-bit type (matmul_bias_gelu's z_dtype, mixed
+  // precision's 16-bit gelu_grad reading it): the aux takes D's type, as
+  // cuBLASLt documents for every aux but fp8's, the bias float. c =
+  // gelu(z) from the float z before z is rounded, each rounded once.
+  // Unimplemented as above where cuBLASLt takes no float bias beside a
+  // 16-bit D, or has no algorithm: the caller computes a float z and
+  // stores the gelu and z in 16 bits.
+  absl::Status MatmulBiasGelu(__nv_bfloat16* c, __nv_bfloat16* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                              const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                              cudaStream_t stream);
+  absl::Status MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const float* bias, int64_t m,
+                              int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
 
   // c [m, n] = op(a) @ op(b) and, from the same GEMM, bias_grad = the sums
   // over k of one operand (cuBLASLt's bias-gradient epilogues): of op(a),
@@ -211,22 +223,23 @@ class LtGemm {
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
     uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's z (the heuristic reads the aux pointer's alignment)
-    bool float_epilogue = false;        // bias and aux float beside a 16-bit c
+    bool float_epilogue = false;        // the bias float beside a 16-bit c
+    bool float_aux = false;             // and GELU_AUX_BIAS's aux float too (else c's type)
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
       return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
                       x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c,
-                      x.alignment_aux, x.float_epilogue) ==
+                      x.alignment_aux, x.float_epilogue, x.float_aux) ==
              std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
                       y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c,
-                      y.alignment_aux, y.float_epilogue);
+                      y.alignment_aux, y.float_epilogue, y.float_aux);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
       return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
                         key.n, key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b,
-                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux,
-                        key.float_epilogue);
+                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux, key.float_epilogue,
+                        key.float_aux);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
@@ -239,7 +252,8 @@ class LtGemm {
   // misaligned rows may go through scratch (set_scratch_allocator); the
   // batched calls (attention's, whose workspace counts no such scratch) pass
   // false. aux: GELU_AUX_BIAS's z ([m, n], rows n apart), else null.
-  // float_epilogue: the bias (and aux) are float beside a 16-bit c; where
+  // float_epilogue: the bias is float beside a 16-bit c, and with
+  // float_aux GELU_AUX_BIAS's aux too (else the aux has c's type); where
   // cuBLASLt refuses that, at the plan or at the call, Unimplemented, and
   // the shape is remembered as having no algorithm. c_in: null, or
   // cuBLASLt's C when it is not c (D): laid out as c, beta 1 (c = product +
@@ -249,8 +263,8 @@ class LtGemm {
                           cudaDataType_t scale_type, const void* alpha, const void* beta, bool accumulate,
                           size_t c_bytes, void* c, const void* a, const void* b, const void* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b, cudaStream_t stream, int64_t batch = 1,
-                          cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true,
-                          void* aux = nullptr, bool float_epilogue = false, const void* c_in = nullptr);
+                          cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS, bool stage = true, void* aux = nullptr,
+                          bool float_epilogue = false, bool float_aux = false, const void* c_in = nullptr);
 
   // The plan key of a GEMM on these operands, whose rows start pitch_*
   // elements apart (batch 1 for pitches other than the rows' lengths).
