@@ -388,6 +388,101 @@ TEST_F(CudaOpsTest, MatmulBiasStoredInSixteenBitsMatchesTheCpu) {
   }
 }
 
+// z_dtype (mixed precision, whose 16-bit gelu_grad reads z): z stored in the
+// operands' 16-bit type, rounded once from the float z; y = gelu of the
+// float z, stored in 16 bits with out_dtype, else float. With a 16-bit y,
+// through cuBLASLt with a 16-bit D and aux beside a float bias, or where
+// this cuBLASLt refuses that or has no algorithm (always for N = 13, not a
+// multiple of 8), the float z into scratch, then the gelu stored in 16 bits
+// and the cast; a float y takes the float GEMM (fused or not) and the cast.
+// Bars: the float bars of MatmulBiasGeluMatchesTheCpu plus one 16-bit ulp
+// of each rounded output. Where the GEMM cannot be fused (N = 13) the GPU
+// runs matmul_bias's own GEMM, so z and y are, bit for bit, matmul_bias's
+// float y on the GPU cast, and gelu then cast.
+TEST_F(CudaOpsTest, MatmulBiasGeluWithASixteenBitZMatchesTheCpu) {
+  struct ZCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const ZCase cases[] = {{{8, 33, 96}, {96, 24}, false},
+                         {{64, 17}, {40, 17}, true},
+                         {{5, 12}, {12, 13}, false},
+                         {{2, 64, 768}, {768, 3072}, false}};
+  const int64_t refusals_before = device_->gemm().float_epilogue_refusals();
+  for (DataType dtype : {BF16, F16}) {
+    const double ulp = dtype == BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+    for (bool low_y : {true, false}) {
+      for (const ZCase& c : cases) {
+        SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), low_y ? " y 16-bit" : " y F32", " a", ShapeString(c.a), " b",
+                                  ShapeString(c.b), " tb=", c.transpose_b));
+        const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+        const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 71));
+        const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 72));
+        const Tensor bias = MakeTensor(F32, {n}, Uniform(n, 73));
+        const std::string tb =
+            absl::StrCat(" attr { key: \"transpose_b\" value { b: ", c.transpose_b ? "true" : "false", " } }");
+        std::string attrs = absl::StrCat(tb, " attr { key: \"z_dtype\" value { s: \"", DataTypeName(dtype), "\" } }");
+        if (low_y) absl::StrAppend(&attrs, " attr { key: \"out_dtype\" value { s: \"", DataTypeName(dtype), "\" } }");
+        const std::string op =
+            absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])", attrs);
+        const std::map<std::string, Tensor> inputs = {{"a", a}, {"b", b}, {"bias", bias}};
+        auto both = RunBothNamed(op, inputs, {"y", "z"});
+        ASSERT_EQ(both.size(), 2u);
+        const auto& [y_cpu, y_gpu] = both[0];
+        const auto& [z_cpu, z_gpu] = both[1];
+        const DataType y_dtype = low_y ? dtype : F32;
+        ASSERT_EQ(y_gpu.dtype(), y_dtype);
+        ASSERT_EQ(y_cpu.dtype(), y_dtype);
+        ASSERT_EQ(z_gpu.dtype(), dtype);
+        ASSERT_EQ(z_cpu.dtype(), dtype);
+        const Tensor abs_a = testing::AbsF64(a), abs_b = testing::AbsF64(b), abs_bias = testing::AbsF64(bias);
+        const std::string plain = absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: "y")", tb);
+        const absl::StatusOr<Tensor> magnitude =
+            RunKernel(ParseOp(plain), F64, {&abs_a, &abs_b, &abs_bias}, RunContext());
+        ASSERT_TRUE(magnitude.ok()) << magnitude.status();
+        const std::vector<double> yc = TensorValues(y_cpu), yg = TensorValues(y_gpu), zc = TensorValues(z_cpu),
+                                  zg = TensorValues(z_gpu), mag = TensorValues(*magnitude);
+        const double y_ulp = low_y ? ulp : 1e-5;
+        int bad = 0;
+        for (size_t i = 0; i < yc.size(); ++i) {
+          const double gemm = 1e-5 * mag[i] + 1e-6;
+          const double z_bound = gemm + ulp * std::max(std::abs(zc[i]), std::abs(zg[i]));
+          if (!(std::abs(zg[i] - zc[i]) <= z_bound) && bad++ < 5) {
+            ADD_FAILURE() << "z[" << i << "]: gpu " << zg[i] << " cpu " << zc[i] << ", bound " << z_bound;
+          }
+          // |z| within one 16-bit spacing of the float z the gelu read.
+          const double y_bound = 1.13 * gemm + 0.5 * std::abs(zc[i]) * (1 + ulp) * std::ldexp(1.0, -10) +
+                                 y_ulp * std::max(std::abs(yc[i]), std::abs(yg[i]));
+          if (!(std::abs(yg[i] - yc[i]) <= y_bound) && bad++ < 5) {
+            ADD_FAILURE() << "y[" << i << "]: gpu " << yg[i] << " cpu " << yc[i] << " (z " << zc[i] << "), bound "
+                          << y_bound;
+          }
+        }
+        EXPECT_EQ(bad, 0);
+
+        if (n % 8 != 0) {
+          // Never fused: matmul_bias's GEMM on the GPU, then the gelu and the casts.
+          const Tensor wide = RunGpu(plain, inputs);
+          ASSERT_EQ(wide.dtype(), F32);
+          const std::string cast = absl::StrCat(
+              R"(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: ")", DataTypeName(dtype), "\" } }");
+          EXPECT_TRUE(BitEqual(z_gpu, RunGpu(cast, {{"x", wide}}))) << "z";
+          const Tensor gelu = RunGpu(
+              R"(type: "gelu" input: "x" output: "y" attr { key: "approximate" value { s: "tanh" } })", {{"x", wide}});
+          EXPECT_TRUE(BitEqual(y_gpu, low_y ? RunGpu(cast, {{"x", gelu}}) : gelu)) << "y";
+        }
+      }
+    }
+  }
+  const int64_t refusals = device_->gemm().float_epilogue_refusals() - refusals_before;
+  std::cout << "cuBLASLt refused a float bias beside a 16-bit D and aux " << refusals
+            << " times (0: every 16-bit y and z with N a multiple of 8 ran fused)\n";
+  RecordProperty("sixteen_bit_aux_refusals", static_cast<int>(refusals));
+  for (const std::string& line : device_->gemm().epilogue_fallbacks()) {
+    if (line.find(" aux") != std::string::npos) std::cout << "  " << line << "\n";
+  }
+}
+
 // matmul_bias_grad_b (the weight-gradient GEMM fused with the bias's sum):
 // F32 and BF16/F16 through cuBLASLt's BGRADA (dy as its A) or, with
 // transpose_b, BGRADB (dy as its B); F64, and an empty batch, as the GEMM then

@@ -332,6 +332,26 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
   }
 };
 
+// matmul_bias_gelu's `z_dtype` (mixed precision, whose gelu_grad reads a
+// 16-bit z): "" (or no attr: an op built by hand) keeps z float (F64 for
+// F64 operands); else a's 16-bit type, for BF16 / F16 operands only.
+// Anything else is InvalidArgument naming the op (the schema refuses it
+// first in a plan).
+template <typename In>
+absl::StatusOr<DataType> MatmulBiasGeluZDtype(const Op& op) {
+  auto it = op.attr().find("z_dtype");
+  if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
+  constexpr bool kHalf = std::is_same_v<In, bfloat16> || std::is_same_v<In, float16>;
+  DataType dtype = DT_INVALID;
+  if (!kHalf || !DataType_Parse(it->second.s(), &dtype) || dtype != DataTypeOf<In>::value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.type(), ": attr 'z_dtype' must be \"\"",
+                     kHalf ? absl::StrCat(" or \"", DataTypeName(DataTypeOf<In>::value), "\"") : std::string(), " for ",
+                     DataTypeName(DataTypeOf<In>::value), " a and b, got \"", it->second.s(), "\""));
+  }
+  return dtype;
+}
+
 // (y, z) = (gelu(z), a @ op(b) + bias) with gelu's tanh form
 // (passes/fuse_epilogues): one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue
 // for float y and z (F32 operands, or BF16/F16 operands into F32), z its aux
@@ -344,6 +364,13 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
  public:
   explicit CudaMatmulBiasGeluKernel(const KernelDef& def) : CudaMatmulBiasKernel<In, T>(def) {}
 
+  absl::Status Init(const Op& op) {
+    using Base = CudaMatmulBiasKernel<In, T>;
+    STRATA_RETURN_IF_ERROR(Base::Init(op));
+    STRATA_ASSIGN_OR_RETURN(z_dtype_, MatmulBiasGeluZDtype<In>(op));
+    return absl::OkStatus();
+  }
+
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const Tensor& a = ctx.input(0);
@@ -351,12 +378,20 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), this->tb_));
     if constexpr (!std::is_same_v<In, T>) {
+      if (z_dtype_ != DT_INVALID) return SixteenBitZ(ctx, device, a, b, bias, s);
       if (this->template StoresAs<In>()) return Stored(ctx, device, a, b, bias, s);
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
-    T* py = y->data<T>();
-    T* pz = z->data<T>();
+    return GeluInto(device, a, b, bias, s, y->data<T>(), z->data<T>());
+  }
+
+ private:
+  // py = gelu(pz) and pz = a @ op(b) + bias, both [rows, N] of T: the fused
+  // GEMM, or where it has no algorithm (and for F64) matmul_bias's kernel
+  // then unary.cu's gelu.
+  absl::Status GeluInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias, const MatmulShape& s,
+                        T* py, T* pz) {
     const int64_t rows = s.batch * s.m;
     if constexpr (std::is_same_v<T, float>) {
       using G = typename GemmType<In>::type;
@@ -377,7 +412,6 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
                       "matmul_bias_gelu");
   }
 
- private:
   // out_dtype: y in a's 16-bit type, z float. One GEMM whose D is 16-bit
   // and whose aux and bias are float; where cuBLASLt takes no such
   // combination, matmul_bias's float z, then the gelu stored in 16 bits in
@@ -396,6 +430,45 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     return CudaStatus(cuda::LaunchGeluTanhStored<In>(y->data<In>(), z->data<float>(), rows * s.n, device->stream()),
                       "matmul_bias_gelu");
   }
+
+  // z_dtype: z in a's 16-bit type, the float z = a @ op(b) + bias rounded
+  // once; y = gelu of the float z (not of the rounded one), stored per
+  // out_dtype. A 16-bit y: one GEMM whose D and aux are 16-bit beside a
+  // float bias (the aux in D's type, cuBLASLt's default). Where cuBLASLt
+  // refuses that or has no algorithm (N not a multiple of 8 included), and
+  // for a float y: the float z into scratch (a float y's own fused GEMM
+  // writing it as the aux), y from it, then z cast from it.
+  absl::Status SixteenBitZ(KernelContext& ctx, CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
+                           const MatmulShape& s) {
+    using G = typename GemmType<In>::type;
+    const bool low_y = this->template StoresAs<In>();
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, low_y ? DataTypeOf<In>::value : F32, s.y));
+    STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<In>::value, s.y));
+    const int64_t rows = s.batch * s.m, count = rows * s.n;
+    if (low_y) {
+      absl::Status fused = device->gemm().MatmulBiasGelu(
+          reinterpret_cast<G*>(y->data<In>()), reinterpret_cast<G*>(z->data<In>()),
+          reinterpret_cast<const G*>(a.data<In>()), reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows,
+          s.n, s.k, this->tb_, device->stream());
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
+    Tensor wide = Tensor::Empty(F32, Shape{count}, &ctx.device());
+    if (!wide.defined() && count > 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("matmul_bias_gelu: out of memory allocating ", count,
+                                                       " float elements of scratch for z on ", ctx.device().name()));
+    }
+    float* wide_z = wide.data<float>();
+    if (low_y) {
+      STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, wide_z));
+      STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchGeluTanhStored<In>(y->data<In>(), wide_z, count, device->stream()),
+                                        "matmul_bias_gelu"));
+    } else {
+      STRATA_RETURN_IF_ERROR(GeluInto(device, a, b, bias, s, y->data<float>(), wide_z));
+    }
+    return CudaStatus(cuda::LaunchCast<float, In>(z->data<In>(), wide_z, count, device->stream()), "matmul_bias_gelu");
+  }
+
+  DataType z_dtype_ = DT_INVALID;
 };
 
 // db and dbias for y = a @ op(b) + bias (passes/fuse_epilogues): one
@@ -528,6 +601,9 @@ absl::StatusOr<int64_t> MatmulAccumulateWorkspace(const KernelDef& def, int) {
 // The GEMM's staging scratch. With out_dtype (a 16-bit y over an F32 bias)
 // the fused GEMM stages a 16-bit c, the fallback a float one (matmul_bias's
 // into a float y's scratch, counted too; matmul_bias_gelu's into its z).
+// matmul_bias_gelu with a 16-bit z (z_dtype): the fused GEMM's c as y's
+// type, or the float z's scratch and a float c (the fallback, and a float
+// y's fused GEMM).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
   const DataType t = def.input_types[0].dtype;
@@ -535,11 +611,12 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(def.input_types[0].shape, def.input_types[1].shape,
                                                               def.input_types[2].shape, tb));
   const int64_t rows = s.batch * s.m;
-  const bool stored = IsHalfFloating(y) && def.input_types[2].dtype == F32;
-  if (!stored) return Staged(rows, s.n, s.k, false, tb, t, y);
   const bool gelu = def.op != nullptr && def.op->type() == "matmul_bias_gelu";
-  const int64_t wide_y = gelu ? 0 : rows * s.n * static_cast<int64_t>(sizeof(float));
-  return std::max(Staged(rows, s.n, s.k, false, tb, t, y), wide_y + Staged(rows, s.n, s.k, false, tb, t, F32));
+  const bool stored = IsHalfFloating(y) && def.input_types[2].dtype == F32;
+  const bool low_z = gelu && def.output_types.size() > 1 && IsHalfFloating(def.output_types[1].dtype);
+  if (!stored && !low_z) return Staged(rows, s.n, s.k, false, tb, t, y);
+  const int64_t wide = gelu && !low_z ? 0 : rows * s.n * static_cast<int64_t>(sizeof(float));
+  return std::max(Staged(rows, s.n, s.k, false, tb, t, y), wide + Staged(rows, s.n, s.k, false, tb, t, F32));
 }
 
 // The weight gradient's GEMM (fused or not), and the 16-bit fallback's ones
