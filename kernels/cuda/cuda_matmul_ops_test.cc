@@ -2,7 +2,9 @@
 // matmul_accumulate and the epilogue-fused matmul_bias, matmul_bias_gelu and
 // matmul_bias_grad_b (kernels/cuda/cuda_ops.cc, through cuBLASLt) against the
 // CPU kernels (kernels/cpu/matmul.cc, through OpenBLAS). Tagged gpu: without
-// a CUDA device every test FAILS (never skips).
+// a CUDA device every test FAILS (never skips), but those of
+// CudaMatmulOpsWithoutADevice, which only make kernels and ask for their
+// workspace.
 //
 // Bar: GPU and CPU GEMMs sum in different orders, so an element whose terms
 // cancel carries the rounding of its terms, not of itself: |gpu - cpu| <=
@@ -16,7 +18,9 @@
 #include <cstdint>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -480,6 +484,60 @@ TEST_F(CudaOpsTest, MatmulBiasGeluWithASixteenBitZMatchesTheCpu) {
   RecordProperty("sixteen_bit_aux_refusals", static_cast<int>(refusals));
   for (const std::string& line : device_->gemm().epilogue_fallbacks()) {
     if (line.find(" aux") != std::string::npos) std::cout << "  " << line << "\n";
+  }
+}
+
+// z_dtype is read once, when the kernel is made: "" or a's own 16-bit type,
+// anything else refused naming the op and the attr (an F32 or F64 a takes
+// none). Needs no GPU (making a kernel touches no device).
+TEST(CudaMatmulOpsWithoutADevice, MatmulBiasGeluTakesOnlyItsOperandsSixteenBitTypeAsZDtype) {
+  for (const auto& [dtype, z_dtype, ok] :
+       {std::tuple{BF16, "BF16", true}, std::tuple{F16, "F16", true}, std::tuple{BF16, "", true},
+        std::tuple{F32, "", true}, std::tuple{BF16, "F16", false}, std::tuple{F16, "F32", false},
+        std::tuple{F32, "BF16", false}, std::tuple{F64, "F16", false}, std::tuple{BF16, "bf16", false}}) {
+    SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a, z_dtype \"", z_dtype, "\""));
+    const Op op = ParseOp(absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])",
+                                       R"( attr { key: "transpose_b" value { b: false } })",
+                                       R"( attr { key: "allow_tf32" value { b: false } })",
+                                       R"( attr { key: "z_dtype" value { s: ")", z_dtype, "\" } }"));
+    const KernelFactory* factory = KernelRegistry::Global().Find("matmul_bias_gelu", DEVICE_CUDA, dtype);
+    ASSERT_NE(factory, nullptr);
+    KernelDef def;
+    def.op = &op;
+    const absl::StatusOr<std::unique_ptr<OpKernel>> kernel = (*factory)(def);
+    if (ok) {
+      EXPECT_TRUE(kernel.ok()) << kernel.status();
+    } else {
+      ASSERT_FALSE(kernel.ok());
+      EXPECT_EQ(kernel.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(kernel.status().message().find("matmul_bias_gelu: attr 'z_dtype'"), absl::string_view::npos)
+          << kernel.status();
+    }
+  }
+}
+
+// The float z a 16-bit z is rounded from (the fallback's, and a float y's
+// fused GEMM's aux) is scratch the memory plan counts: rows * N floats, with
+// a 16-bit y or a float one; a float z (out_dtype alone) draws none. Rows
+// of 16-byte multiples and a small GEMM: nothing staged. Needs no GPU (the
+// workspace function reads the op and the types only).
+TEST(CudaMatmulOpsWithoutADevice, MatmulBiasGeluCountsTheFloatZOfASixteenBitZ) {
+  const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace("matmul_bias_gelu", DEVICE_CUDA);
+  ASSERT_NE(ws, nullptr);
+  const Op op = ParseOp(
+      R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"] attr { key: "transpose_b" value { b: false } })");
+  for (DataType low : {BF16, F16}) {
+    for (const auto& [y, z, bytes] :
+         {std::tuple{low, low, 4 * 24 * 4}, std::tuple{F32, low, 4 * 24 * 4}, std::tuple{low, F32, 0}}) {
+      SCOPED_TRACE(absl::StrCat("y ", DataTypeName(y), ", z ", DataTypeName(z)));
+      KernelDef def;
+      def.op = &op;
+      def.input_types = {TensorType{low, {4, 16}}, TensorType{low, {16, 24}}, TensorType{F32, {24}}};
+      def.output_types = {TensorType{y, {4, 24}}, TensorType{z, {4, 24}}};
+      const absl::StatusOr<int64_t> got = (*ws)(def, 1);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, bytes);
+    }
   }
 }
 
