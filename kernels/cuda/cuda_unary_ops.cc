@@ -135,29 +135,10 @@ class CudaGeluKernel : public GeluAttrKernel {
   }
 };
 
-// Calls f(S{}) with S the C++ storage of a 16-bit x's dy: x's own type, or
-// float for an F32 dy (widened as loaded). Another is InvalidArgument in
-// WithStorage's words.
-template <typename T, typename F>
-absl::Status WithHalfXDy(DataType dtype, F&& f) {
-  if (dtype == DataTypeOf<T>::value) return f(T{});
-  if (dtype == F32) return f(float{});
-  return absl::InvalidArgumentError(
-      absl::StrCat("gelu_grad: dy ", DataTypeName(dtype), " for an ", DataTypeName(DataTypeOf<T>::value), " x"));
-}
-
-// Calls f(S{}) with S bfloat16 or float16 for a 16-bit dx's dtype.
-template <typename F>
-absl::Status WithHalfDx(DataType dtype, F&& f) {
-  if (dtype == BF16) return f(bfloat16{});
-  if (dtype == F16) return f(float16{});
-  return absl::InvalidArgumentError(
-      absl::StrCat("gelu_grad: dx ", DataTypeName(dtype), " for a 16-bit x (BF16 or F16 only)"));
-}
-
 // For an F32 x, dy may be BF16 / F16 and out_dtype may store dx in BF16 /
-// F16 (passes/fold_casts), as the CPU kernel. For a BF16 / F16 x (mixed
-// precision), dy of x's type or F32, dx of x's type or out_dtype's.
+// F16 (passes/fold_casts), as the CPU kernel. A BF16 / F16 x (mixed
+// precision) takes a dy of its type and gives dx in it (the schema's rule;
+// the CPU kernel refuses the rest alike).
 template <typename T>
 class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
  public:
@@ -165,9 +146,12 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
     if constexpr (kIsHalf<T>) {
-      return WithHalfXDy<T>(ctx.input(1).dtype(), [&](auto d) {
-        return WithHalfDx(OutDtype<T>(), [&](auto o) { return Run<decltype(d), decltype(o)>(ctx, op); });
-      });
+      if (ctx.input(1).dtype() != DataTypeOf<T>::value || out_dtype_ != DT_INVALID) {
+        return absl::InvalidArgumentError(absl::StrCat("gelu_grad: a ", DataTypeName(DataTypeOf<T>::value),
+                                                       " x takes a dy of its type and no out_dtype, got dy ",
+                                                       DataTypeName(ctx.input(1).dtype())));
+      }
+      return Run<T, T>(ctx, op);
     } else {
       return WithStorage<T>(ctx.input(1).dtype(), "gelu_grad", "dy", [&](auto d) {
         return WithStorage<T>(OutDtype<T>(), "gelu_grad", "out_dtype",

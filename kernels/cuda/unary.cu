@@ -282,15 +282,9 @@ STRATA_GELU_GRAD_STORED(float, bfloat16, float16)
 STRATA_GELU_GRAD_STORED(float, float16, float)
 STRATA_GELU_GRAD_STORED(float, float16, bfloat16)
 STRATA_GELU_GRAD_STORED(float, float16, float16)
-// A 16-bit x (mixed precision): dy x's type or float, dx bf16 or f16.
+// A 16-bit x (mixed precision): dy and dx of its type.
 STRATA_GELU_GRAD_STORED(bfloat16, bfloat16, bfloat16)
-STRATA_GELU_GRAD_STORED(bfloat16, bfloat16, float16)
-STRATA_GELU_GRAD_STORED(bfloat16, float, bfloat16)
-STRATA_GELU_GRAD_STORED(bfloat16, float, float16)
 STRATA_GELU_GRAD_STORED(float16, float16, float16)
-STRATA_GELU_GRAD_STORED(float16, float16, bfloat16)
-STRATA_GELU_GRAD_STORED(float16, float, float16)
-STRATA_GELU_GRAD_STORED(float16, float, bfloat16)
 #undef STRATA_GELU_GRAD_STORED
 
 cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream) {

@@ -39,8 +39,8 @@ cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const d
 // and dx as DX: a and dy widened as loaded (exact), the float functor, dx
 // rounded once by the cast's conversion. Instantiated for an F32 a with DY,
 // DX in {float, bfloat16, float16} (passes/fold_casts), and for a bfloat16
-// or float16 a (mixed precision's gelu_grad in 16 bits) with DY X's type or
-// float and DX in {bfloat16, float16} (X's type, or out_dtype's).
+// or float16 a (mixed precision's gelu_grad in 16 bits) with DY and DX of
+// X's type (the schema's rule).
 template <typename X, typename DY, typename DX>
 cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const X* a, const DY* dy, int64_t n, cudaStream_t stream);
 

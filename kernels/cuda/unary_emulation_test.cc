@@ -179,9 +179,9 @@ TEST(UnaryEmulation, SixteenBitGeluIsTheFloatGeluRoundedOnce) {
   CheckGeluWidened<float16>(F16);
 }
 
-// Mixed precision's gelu_grad of a 16-bit x, dy of x's type or F32, dx of
-// x's type or the other 16-bit one (out_dtype): the CPU's float gelu_grad
-// of the widened x (its folded dy and dx doing the rest) gives the bits.
+// Mixed precision's gelu_grad of a 16-bit x, dy and dx of its type: the
+// CPU's float gelu_grad of the widened x (its folded dy and dx doing the
+// rest) gives the bits.
 template <typename X, typename DY, typename DX>
 void CheckGeluGradWidened(DataType x_dtype, DataType dy_dtype, DataType dx_dtype) {
   for (const char* form : {"none", "tanh"}) {
@@ -205,13 +205,7 @@ void CheckGeluGradWidened(DataType x_dtype, DataType dy_dtype, DataType dx_dtype
 
 TEST(UnaryEmulation, SixteenBitGeluGradIsTheFloatGradRoundedOnce) {
   CheckGeluGradWidened<bfloat16, bfloat16, bfloat16>(BF16, BF16, BF16);
-  CheckGeluGradWidened<bfloat16, bfloat16, float16>(BF16, BF16, F16);
-  CheckGeluGradWidened<bfloat16, float, bfloat16>(BF16, F32, BF16);
-  CheckGeluGradWidened<bfloat16, float, float16>(BF16, F32, F16);
   CheckGeluGradWidened<float16, float16, float16>(F16, F16, F16);
-  CheckGeluGradWidened<float16, float16, bfloat16>(F16, F16, BF16);
-  CheckGeluGradWidened<float16, float, float16>(F16, F32, F16);
-  CheckGeluGradWidened<float16, float, bfloat16>(F16, F32, BF16);
 }
 
 // add_n of `count` bf16 / f16 inputs as the CPU's widened kernel: float sums
