@@ -610,8 +610,9 @@ std::string UtcNow() {
 
 // --epilogues: each forward linear (bf16 operands, bf16 out) as a plain
 // GEMM, with the bias epilogue (matmul_bias's call under mixed precision:
-// a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (float
-// aux z); each weight gradient (float dW) plain and with the bias gradient
+// a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (a
+// bf16 aux z, as the plan asks since gelu runs in bf16, and a float one);
+// each weight gradient (float dW) plain and with the bias gradient
 // (BGRADA, as cuda_ops.cc calls it). Prints ms a call and the fused call's
 // time over the plain one; where cuBLASLt refuses the fused call (a float
 // bias beside a 16-bit D, counted and printed at the end) the row shows "-"
@@ -668,9 +669,16 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
                          return g.MatmulBias(c16, A, B, bias->as<float>(), s.m, s.n, s.k, false, stream);
                        }});
       if (s.name == "mlp.fc.fwd") {
-        fused.push_back({"matmul_bias_gelu", [&, c16] {
+        // The float aux z (before mixed precision ran gelu in bf16; cuBLASLt
+        // documents the aux in D's type only) and the bf16 aux the plan's
+        // matmul_bias_gelu now asks for (z_dtype).
+        fused.push_back({"matmul_bias_gelu/f32z", [&, c16] {
                            return g.MatmulBiasGelu(c16, z->as<float>(), A, B, bias->as<float>(), s.m, s.n, s.k, false,
                                                    stream);
+                         }});
+        fused.push_back({"matmul_bias_gelu", [&, c16] {
+                           return g.MatmulBiasGelu(c16, z->as<__nv_bfloat16>(), A, B, bias->as<float>(), s.m, s.n,
+                                                   s.k, false, stream);
                          }});
       }
     } else {
