@@ -63,7 +63,8 @@ ABSL_FLAG(double, min_ms, 20, "... and enough of them to last at least this many
 ABSL_FLAG(std::string, shapes, "", "comma-separated shape names to run (default: all), e.g. qkv.fwd,lm_head.dw");
 ABSL_FLAG(bool, epilogues, false,
           "bf16 only: also time the forward linears with their fused epilogues as the plan runs them (matmul_bias "
-          "and, for mlp.fc, matmul_bias_gelu, each storing bf16 beside a float bias and aux) and the weight "
+          "and, for mlp.fc, matmul_bias_gelu with a bf16 aux and with a float one, each storing bf16 beside a float "
+          "bias) and the weight "
           "gradients with the bias gradient fused (matmul_bias_grad_b), against the plain GEMM of the same shape");
 ABSL_FLAG(int64_t, vocab, 50257,
           "the LM head's vocabulary: GPT-2's 50257, or 50304 for the head passes/pad_vocab makes of it (rows of "
@@ -655,7 +656,7 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
     return Median(std::move(ms));
   };
   std::printf("\n== bf16 epilogues as the plan runs them: ms a call (median of %d), fused / plain ==\n", repeats);
-  std::printf("%-16s %-20s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");
+  std::printf("%-16s %-22s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");
   for (const GemmShape& s : shapes) {
     const bool fwd = absl::EndsWith(s.name, ".fwd") && !absl::StartsWith(s.name, "lm_head");
     const bool dw = absl::EndsWith(s.name, ".dw") && !absl::StartsWith(s.name, "lm_head");
@@ -694,11 +695,11 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
     for (const auto& [what, call] : fused) {
       absl::StatusOr<double> fused_ms = median_ms(call);
       if (!fused_ms.ok()) {
-        std::printf("%-16s %-20s %9.4f %9s   (%s)\n", s.name.c_str(), what.c_str(), *plain_ms, "-",
+        std::printf("%-16s %-22s %9.4f %9s   (%s)\n", s.name.c_str(), what.c_str(), *plain_ms, "-",
                     std::string(fused_ms.status().message()).substr(0, 80).c_str());
         continue;
       }
-      std::printf("%-16s %-20s %9.4f %9.4f %6.2fx\n", s.name.c_str(), what.c_str(), *plain_ms, *fused_ms,
+      std::printf("%-16s %-22s %9.4f %9.4f %6.2fx\n", s.name.c_str(), what.c_str(), *plain_ms, *fused_ms,
                   *fused_ms / *plain_ms);
       std::printf("RESULT epilogue shape=%s op=%s plain_ms=%.5f fused_ms=%.5f ratio=%.3f\n", s.name.c_str(),
                   what.c_str(), *plain_ms, *fused_ms, *fused_ms / *plain_ms);

@@ -245,6 +245,20 @@ inline absl::Status CheckAttentionOperands(const KernelContext& ctx, const char*
   return absl::OkStatus();
 }
 
+// gelu_grad of a BF16 / F16 x (mixed precision's gelu in 16 bits): a dy of
+// x's type and no out_dtype (dx has x's type), the schema's rule.
+inline absl::Status CheckHalfGeluGrad(DataType x, DataType dy, bool out_dtype) {
+  if (dy != x) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gelu_grad: a ", DataTypeName(x), " x takes a dy of its type, got ", DataTypeName(dy)));
+  }
+  if (out_dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gelu_grad: a ", DataTypeName(x), " x takes no out_dtype (dx has x's type)"));
+  }
+  return absl::OkStatus();
+}
+
 // embedding(_grad): ids are I64. Their values (each in [0, V)) are the
 // caller's to check where it can read them.
 inline absl::Status CheckIdsDtype(const char* op, const Tensor& ids) {

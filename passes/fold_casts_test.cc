@@ -76,7 +76,7 @@ TEST(FoldCastsTest, RunsAfterTheBackwardRewritesUnderMixedPrecisionOnly) {
 // layer_norm_grads their residual sums, every one but the first block's
 // first layer norm's (whose dx goes to the embeddings); on the CPU only the
 // final layer norm's (the others' dx feeds an add_n alone).
-TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormGeluGradAndGemmCasts) {
+TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGemmCasts) {
   for (DataType low : {BF16, F16}) {
     for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
       SCOPED_TRACE(absl::StrCat(DataTypeName(low), " ", DeviceKind_Name(device)));

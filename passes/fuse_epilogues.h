@@ -34,8 +34,8 @@ namespace strata {
 // gelu runs in 16 bits (passes/mixed_precision): matmul_bias's F32 output
 // is cast down for it and for the backward's gelu_grad. The fused op then
 // writes the gelu's 16-bit y and the 16-bit z (out_dtype and z_dtype:
-// cuBLASLt's D and aux in one type, the only aux type it takes beside a
-// 16-bit D), and the F32 z and its cast go; y becomes the gelu of the float
+// cuBLASLt's D and aux in one type, the only aux type it documents beside
+// a 16-bit D), and the F32 z and its cast go; y becomes the gelu of the float
 // z rather than of its rounding (one bf16 rounding fewer, as the fused
 // GEMMs drop the product's).
 //

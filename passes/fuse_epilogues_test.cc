@@ -177,10 +177,38 @@ TEST(FuseEpiloguesTest, FusesTheTanhGeluUnderMixedPrecision) {
   EXPECT_EQ(h->attr().at("out_dtype").s(), "BF16");
   EXPECT_EQ(h->attr().at("z_dtype").s(), "BF16");
   EXPECT_FALSE(Declared(after, "y1"));
+  EXPECT_EQ(Count(after, "gelu_grad"), 1);
   for (const Op& op : after.op()) {
     if (op.type() == "gelu_grad") {
       EXPECT_EQ(op.input(0), "y1@bf16");
     }
+  }
+}
+
+// Under BF16 too, not fused: the erf form (its cast and bf16 gelu stay), an
+// F32 pre-activation that a reduce_mean reads beside its cast, and a bf16
+// copy that a second gelu reads too (mixed precision casts y1 once for both).
+TEST(FuseEpiloguesTest, LeavesBf16GelusItCannotFuse) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const Program erf = DumpAfter(GeluMlp("none"), bf16, "fuse-epilogues");
+  EXPECT_EQ(Count(erf, "matmul_bias_gelu"), 0);
+  EXPECT_EQ(Count(erf, "gelu"), 1);
+  const Op* y1 = Writer(erf, "y1");
+  ASSERT_NE(y1, nullptr);
+  EXPECT_EQ(y1->type(), "matmul_bias");
+  for (const std::string& extra :
+       {std::string(R"pb(op { type: "reduce_mean" input: ["y1"] output: ["y1_mean"] })pb"),
+        std::string(R"pb(op { type: "gelu" input: ["y1"] output: ["y1_again"]
+                          attr { key: "approximate" value { s: "tanh" } } }
+                         op { type: "reduce_mean" input: ["y1_again"] output: ["y1_mean"] })pb")}) {
+    SCOPED_TRACE(extra);
+    const Program read = DumpAfter(GeluMlp("tanh", extra, R"pb(fetch: "y1_mean")pb"), bf16, "fuse-epilogues");
+    EXPECT_EQ(Count(read, "matmul_bias_gelu"), 0);
+    EXPECT_GE(Count(read, "gelu"), 1);
+    const Op* kept = Writer(read, "y1");
+    ASSERT_NE(kept, nullptr);
+    EXPECT_EQ(kept->type(), "matmul_bias");
   }
 }
 

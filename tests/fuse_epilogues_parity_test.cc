@@ -155,7 +155,9 @@ TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
 
 // BF16 mixed precision: the unfused program rounds each linear layer's
 // product to bf16 (relative error up to 2^-9) before adding the bias; the
-// fused one does not. The first step's loss comes from the same weights, so
+// fused one does not, and its MLP's gelu reads the float pre-activation
+// where the unfused gelu reads its bf16 rounding (the fused z is that
+// rounding, for the backward). The first step's loss comes from the same weights, so
 // it differs only through those roundings: with the logits of the tied
 // layer (not fused: it has no bias) the same on both sides up to the blocks'
 // differences, its relative difference stays within a few bf16 ulps, 2^-7.
@@ -166,7 +168,8 @@ TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
   EXPECT_GT(FusedOps(*program, bf16, 4, "matmul_bias_grad_b"), 0);
-  // The BF16 product goes to the F32 pre-activation, which the F32 gelu reads: fused too.
+  // The BF16 product goes to the F32 pre-activation, whose bf16 cast the bf16 gelu reads: fused too
+  // (matmul_bias_gelu with z_dtype).
   EXPECT_EQ(FusedOps(*program, bf16, 4, "matmul_bias_gelu"), 2);
   EXPECT_EQ(ResidualMatmulBiases(*program, bf16, 4), 4);  // the F32 y of BF16 operands
   ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <type_traits>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/kernel_checks.h"
 #include "kernels/cuda/unary_math.h"
 
 namespace strata {
@@ -76,11 +76,7 @@ class GeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
     const Tensor& dy = ctx.input(1);
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckSameShapes(x, dy));
     if constexpr (!std::is_same_v<X, T>) {
-      if (dy.dtype() != x.dtype() || out_dtype_ != DT_INVALID) {
-        return absl::InvalidArgumentError(absl::StrCat("gelu_grad: a ", DataTypeName(x.dtype()),
-                                                       " x takes a dy of its type and no out_dtype, got dy ",
-                                                       DataTypeName(dy.dtype())));
-      }
+      STRATA_RETURN_IF_ERROR(kernel_checks::CheckHalfGeluGrad(x.dtype(), dy.dtype(), out_dtype_ != DT_INVALID));
       return Run<X, X>(ctx, x, dy);
     } else {
       return WithStorage<T>(dy.dtype(), "gelu_grad", "dy", [&](auto d) {

@@ -146,11 +146,8 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
     if constexpr (kIsHalf<T>) {
-      if (ctx.input(1).dtype() != DataTypeOf<T>::value || out_dtype_ != DT_INVALID) {
-        return absl::InvalidArgumentError(absl::StrCat("gelu_grad: a ", DataTypeName(DataTypeOf<T>::value),
-                                                       " x takes a dy of its type and no out_dtype, got dy ",
-                                                       DataTypeName(ctx.input(1).dtype())));
-      }
+      STRATA_RETURN_IF_ERROR(kernel_checks::CheckHalfGeluGrad(DataTypeOf<T>::value, ctx.input(1).dtype(),
+                                                              out_dtype_ != DT_INVALID));
       return Run<T, T>(ctx, op);
     } else {
       return WithStorage<T>(ctx.input(1).dtype(), "gelu_grad", "dy", [&](auto d) {
