@@ -259,6 +259,32 @@ inline absl::Status CheckHalfGeluGrad(DataType x, DataType dy, bool out_dtype) {
   return absl::OkStatus();
 }
 
+// scaled_dot_product_attention_qkv(_grad): qkv [B, T, 3, H, D]; y and dy
+// [B, T, H, D] of its type, lse and dlse [B, H, T] (F32 for 16-bit qkv).
+inline absl::Status CheckPackedAttentionOperands(const KernelContext& ctx, const char* op, bool grad) {
+  const Tensor& qkv = ctx.input(0);
+  if (qkv.rank() != 5 || qkv.dim(2) != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": qkv must be [B, T, 3, H, D], got ", ShapeString(qkv.shape())));
+  }
+  if (!grad) return absl::OkStatus();
+  const char* names[] = {"qkv", "y", "lse", "dy", "dlse"};
+  const Shape y{qkv.dim(0), qkv.dim(1), qkv.dim(3), qkv.dim(4)};
+  const Shape lse{qkv.dim(0), qkv.dim(3), qkv.dim(1)};
+  const DataType lse_dtype = IsHalfFloating(qkv.dtype()) ? F32 : qkv.dtype();
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    const bool is_lse = i == 2 || i == 4;
+    const DataType want = is_lse ? lse_dtype : qkv.dtype();
+    if (t.dtype() != want || t.shape() != (is_lse ? lse : y)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": input '", names[i], "' is ", DataTypeName(t.dtype()),
+                                                     ShapeString(t.shape()), ", expected ", DataTypeName(want),
+                                                     ShapeString(is_lse ? lse : y)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // embedding(_grad): ids are I64. Their values (each in [0, V)) are the
 // caller's to check where it can read them.
 inline absl::Status CheckIdsDtype(const char* op, const Tensor& ids) {

@@ -15,6 +15,7 @@
 #include "passes/micro_batch.h"
 #include "passes/mixed_precision.h"
 #include "passes/optimizer.h"
+#include "passes/pack_qkv.h"
 #include "passes/pad_vocab.h"
 #include "passes/pipeline_split.h"
 #include "passes/placement.h"
@@ -35,6 +36,9 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   // attention's gradient. GPU plans only where the tensor-core attention
   // (the one GPU path that reads the layout in place) is on.
   if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<AttentionLayoutPass>(device);
+  // Then the split into q, k, v and its gradients' concat, where the flash
+  // kernels read the projection in place.
+  if (device == DEVICE_CUDA && TensorCoreAttention().load()) pipeline->AddPass<PackQkvPass>();
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   pipeline->AddPass<InPlaceLossGradPass>();

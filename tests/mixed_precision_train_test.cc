@@ -150,6 +150,23 @@ void ExpectTheSameBitsWithoutPass(const Program& program, DeviceKind compile_for
   EXPECT_LT(with->losses.back(), with->losses.front());
 }
 
+// How many ops of `type` the first rank's plan of `program` compiled for a
+// GPU (batch 4) holds with the optional passes `disabled` left out.
+int GpuPlanOps(const Program& program, const Strategy& strategy, const std::vector<std::string>& disabled,
+               const std::string& type) {
+  CompileOptions copts;
+  copts.batch_size = 4;
+  copts.device_kind = DEVICE_CUDA;
+  copts.disabled_passes = disabled;
+  auto compiled = Compile(program, strategy, copts);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  int n = 0;
+  if (compiled.ok()) {
+    for (const Op& op : compiled->plans[0].program().op()) n += op.type() == type;
+  }
+  return n;
+}
+
 // passes/commute_casts moves the casts of q, k and v above their split and
 // transposes, and cancels the attention output's cast up and down around
 // its transpose: the same roundings of the same values, so the tiny GPT
@@ -173,21 +190,73 @@ TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) 
   ASSERT_TRUE(program.ok()) << program.status();
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
-  auto casts = [&](const std::vector<std::string>& disabled) {
-    CompileOptions copts;
-    copts.batch_size = 4;
-    copts.device_kind = DEVICE_CUDA;
-    copts.disabled_passes = disabled;
-    auto compiled = Compile(*program, bf16, copts);
-    EXPECT_TRUE(compiled.ok()) << compiled.status();
-    int n = 0;
-    if (compiled.ok()) {
-      for (const Op& op : compiled->plans[0].program().op()) n += op.type() == "cast";
-    }
-    return n;
-  };
-  EXPECT_EQ(casts({"commute-casts-backward"}) - casts({}), 4 * TinyGpt("F32").blocks);
+  EXPECT_EQ(GpuPlanOps(*program, bf16, {"commute-casts-backward"}, "cast") - GpuPlanOps(*program, bf16, {}, "cast"),
+            4 * TinyGpt("F32").blocks);
   ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "commute-casts-backward");
+}
+
+// passes/pack_qkv has the flash kernels read the qkv projection in place:
+// on a GPU plan of a GPT with heads of 32 (the tensor-core kernels' size;
+// the tiny GPT's 16 keeps its split), each block's split, reshapes and
+// concat go and scaled_dot_product_attention_qkv and its gradient come.
+// The plan, run on the CPU's kernels, trains the same bits with and without
+// the pass.
+TEST(MixedPrecisionTrainTest, PackedQkvTrainsTheSameBits) {
+  GenOptions gen = TinyGpt("F32");
+  gen.heads = 2;  // D = 32
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  const auto count = [&](const std::vector<std::string>& disabled, const std::string& type) {
+    return GpuPlanOps(*program, bf16, disabled, type);
+  };
+  EXPECT_EQ(count({}, "scaled_dot_product_attention_qkv"), gen.blocks);
+  EXPECT_EQ(count({}, "scaled_dot_product_attention_qkv_grad"), gen.blocks);
+  EXPECT_EQ(count({}, "split"), 0);
+  EXPECT_EQ(count({}, "concat"), 0);
+  EXPECT_EQ(count({"pack-qkv"}, "split"), gen.blocks);
+  EXPECT_EQ(count({"pack-qkv"}, "scaled_dot_product_attention_qkv"), 0);
+  ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "pack-qkv");
+}
+
+// The same on two pipeline stages (1F1B, 2 micro-batches; the packed
+// attention of each block on its stage) with the second block recomputed
+// in the backward (its packed attention redone from the checkpoint h1):
+// the same bits with and without the pass.
+TEST(MixedPrecisionTrainTest, PackedQkvTrainsTheSameBitsOnAPipelineWithRecompute) {
+  GenOptions gen = TinyGpt("F32", /*stages=*/2);
+  gen.heads = 2;  // D = 32
+  auto program = GenerateModel("gpt", gen);
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  strategy.mutable_recompute()->add_checkpoints("h1");
+  CompileOptions copts;
+  copts.batch_size = 4;
+  copts.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(*program, strategy, copts);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int packed = 0, grads = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Op& op : plan.program().op()) {
+      packed += op.type() == "scaled_dot_product_attention_qkv";
+      grads += op.type() == "scaled_dot_product_attention_qkv_grad";
+    }
+  }
+  // Each block's forward (the plans run it once a micro-batch), the second
+  // block's again (recomputed) before its gradient.
+  EXPECT_EQ(packed, gen.blocks + 1);
+  EXPECT_EQ(grads, gen.blocks);
+  std::optional<ParityRun> plain, with;
+  TrainWithoutAndWith(*program, strategy, TokenRun(DEVICE_CUDA), "pack-qkv", &plain, &with);
+  ASSERT_TRUE(plain && with);
+  EXPECT_EQ(with->losses, plain->losses);
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(*with, *plain, &worst), 0.0) << worst;
+  EXPECT_LT(with->losses.back(), with->losses.front());
 }
 
 // passes/pad_vocab pads a GPU plan's LM head whose logits' rows are not a

@@ -50,23 +50,25 @@ benches() {
 
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs: Strata's defaults
-# (with cuBLASLt's notes of epilogues it ran as two passes), attention on the
-# GEMM path, the fused epilogues off, the padded vocabulary off, the kernels not yet run on a GPU on (STRATA_MMA_ATTENTION,
-# STRATA_FAST_HALF_LOSS); the fused epilogues against plain
+# (with cuBLASLt's notes of epilogues it ran as two passes), the fused
+# epilogues off, the padded vocabulary off, the packed qkv off, the kernels
+# not yet run on a GPU on (STRATA_MMA_ATTENTION, STRATA_FAST_HALF_LOSS);
+# attention on the GEMM path was last timed 2026-11-27 (49.00 ms). The fused epilogues against plain
 # GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
 # (tools/trace_ops.py). About 5 minutes; each run's output in $1.
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
   timeout 60 "${g[@]}" 2>&1 | tee "$out/gpt2_default.txt" | tail -4 || status=1
-  STRATA_TENSOR_CORE_ATTENTION=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_gemm_attention.txt" | tail -4 ||
-    status=1
   # The fused epilogues off (plain GEMMs, separate bias adds, gelu and sums): whether cuBLASLt's epilogues
   # (or their refusal notes' two-pass fallbacks) cost more than they save.
   timeout 50 "${g[@]}" --strata_flags "--disable_passes fuse-epilogues" 2>&1 |
     tee "$out/gpt2_no_epilogues.txt" | tail -4 || status=1
   timeout 50 "${g[@]}" --strata_flags "--disable_passes pad-vocab" 2>&1 | tee "$out/gpt2_nopad.txt" | tail -4 ||
     status=1
+  # q, k, v split from the projection and their gradients concatenated (the packed attention off).
+  timeout 50 "${g[@]}" --strata_flags "--disable_passes pack-qkv" 2>&1 | tee "$out/gpt2_unpacked_qkv.txt" |
+    tail -4 || status=1
   STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_untried_kernels.txt" |
     tail -4 || status=1
   # The forward linears' fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain

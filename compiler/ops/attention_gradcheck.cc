@@ -1,7 +1,8 @@
 // Gradient checks for scaled_dot_product_attention: causal and not, a given
 // scale, one position, odd sizes, more rows than one kernel row block (64),
 // and each output alone carrying a gradient (the lse-only path fills dy with 0);
-// layout "bthd" ([B, T, H, D]) causal and not, over two row blocks, with lse.
+// layout "bthd" ([B, T, H, D]) causal and not, over two row blocks, with lse;
+// the packed scaled_dot_product_attention_qkv the same way.
 
 #include "compiler/testing/grad_check.h"
 
@@ -91,6 +92,29 @@ STRATA_REGISTER_GRAD_CHECKS({
                   R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"]
                        attr { key: "layout" value { s: "bthd" } })pb",
                   {Qkv("q", {2, 4, 3, 2}), Qkv("k", {2, 4, 3, 2}), Qkv("v", {2, 4, 3, 2})},
+                  1e-6,
+                  /*outputs_without_grad=*/{0}},
+    // The packed form, qkv [B, T, 3, H, D]: causal and not, two row blocks,
+    // each output alone.
+    GradCheckCase{"scaled_dot_product_attention_qkv/causal",
+                  R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                  {Qkv("qkv", {2, 5, 3, 3, 2})}},
+    GradCheckCase{"scaled_dot_product_attention_qkv/not_causal_scale",
+                  R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"]
+                       attr { key: "causal" value { b: false } }
+                       attr { key: "scale" value { f: 0.7 } })pb",
+                  {Qkv("qkv", {2, 5, 3, 3, 2})}},
+    GradCheckCase{"scaled_dot_product_attention_qkv/two_row_blocks",
+                  R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                  {Qkv("qkv", {1, 70, 3, 2, 2})}},
+    GradCheckCase{"scaled_dot_product_attention_qkv/y_only",
+                  R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                  {Qkv("qkv", {2, 4, 3, 3, 2})},
+                  1e-6,
+                  /*outputs_without_grad=*/{1}},
+    GradCheckCase{"scaled_dot_product_attention_qkv/lse_only",
+                  R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                  {Qkv("qkv", {2, 4, 3, 3, 2})},
                   1e-6,
                   /*outputs_without_grad=*/{0}},
 });

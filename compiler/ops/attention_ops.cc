@@ -166,5 +166,124 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
                             "and dq, dk, dv have q's type. layout as the forward's (its gradient maker "
                             "passes it on): \"bthd\" makes y, dy, dq, dk, dv [B, T, H, D] too."));
 
+// ---------------------------------------------------------------------------
+// The packed form (FlashAttention's qkvpacked): one qkv [B, T, 3, H, D], the
+// layout a [B, T, 3 * H * D] projection writes, read in place instead of
+// split into q, k, v and their gradients concatenated back
+// (passes/attention_layout makes it on GPU plans).
+
+// qkv (input 0) [B, T, 3, H, D] (B may be -1; F32, F64, BF16 or F16) and sane attrs.
+absl::Status CheckPackedQkv(const ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "qkv"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 0, "qkv", 5, "[B, T, 3, H, D]"));
+  STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "qkv", 1));
+  if (ctx.input(0).shape[2] != 3) {
+    return Invalid(absl::StrCat("input 'qkv' must be [B, T, 3, H, D] (q, k, v in dim 2), got ",
+                                ctx.input(0).ToString()));
+  }
+  const double scale = ctx.attr_float("scale");
+  if (!std::isfinite(scale) || scale < 0) {
+    return Invalid(absl::StrCat("attr 'scale' must be finite and >= 0 (0: 1/sqrt(D)), got ", scale));
+  }
+  return absl::OkStatus();
+}
+
+// y's type: [B, T, H, D] of qkv's dtype (q's type in the "bthd" layout).
+TensorType PackedYType(const TensorType& qkv) {
+  const Dims& s = qkv.shape;
+  return TensorType{qkv.dtype, Dims{s[0], s[1], s[3], s[4]}};
+}
+
+absl::Status PackedAttentionShapeFn(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(CheckPackedQkv(ctx));
+  const TensorType y = PackedYType(ctx.input(0));
+  ctx.set_output(0, y);
+  ctx.set_output(1, LseType(y, AttentionLayout::kBthd));
+  return absl::OkStatus();
+}
+
+// As AttentionFlops, from qkv's dims.
+double PackedAttentionFlops(const CostContext& c, double gemms) {
+  const Dims& s = c.input(0).shape;
+  const double b = s[0], t = s[1], h = s[3], d = s[4];
+  const bool causal = c.op().attr().at("causal").b();
+  const double pairs = causal ? t * (t + 1) / 2 : t * t;
+  return gemms * 2 * b * h * pairs * d;
+}
+
+// The gradient as AttentionGrad's, packed: one dqkv.
+absl::Status PackedAttentionGrad(GradBuilder& g) {
+  std::string dy = g.output_grad(0);
+  const std::string& dlse = g.output_grad(1);
+  if ((dy.empty() && dlse.empty()) || !g.needs_input_grad(0)) return absl::OkStatus();
+  if (dy.empty()) {
+    dy = g.Temp("attention_zero_dy");
+    g.Emit("fill_like", {g.output(0)}, {dy}, {{"value", FloatAttr(0.0)}});
+  }
+  std::vector<std::string> inputs = {g.input(0), g.output(0), g.output(1), dy};
+  if (!dlse.empty()) inputs.push_back(dlse);
+  g.Emit("scaled_dot_product_attention_qkv_grad", std::move(inputs), {g.input_grad(0)}, g.ForwardAttrs());
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_qkv")
+                       .Input("qkv")
+                       .Output("y")
+                       .Output("lse")
+                       .Attr("causal", true)
+                       .Attr("scale", 0.0)
+                       .Attr("allow_tf32", false)
+                       .Shape(PackedAttentionShapeFn)
+                       .Cost([](const CostContext& c) { return PackedAttentionFlops(c, 2); })
+                       .Grad(PackedAttentionGrad)
+                       .Doc("scaled_dot_product_attention of layout \"bthd\" on q, k, v packed in one qkv "
+                            "[B, T, 3, H, D] (q = qkv[:, :, 0], k = qkv[:, :, 1], v = qkv[:, :, 2]: the "
+                            "[B, T, 3 * H * D] output of a qkv projection, FlashAttention's qkvpacked form), "
+                            "read in place. y [B, T, H, D] has qkv's type; lse [B, H, T] is F32 for BF16 or F16 "
+                            "qkv, else qkv's type. The same bits as the unpacked op. passes/attention_layout "
+                            "makes it on GPU plans from split -> reshape -> attention."));
+
+absl::Status PackedAttentionGradShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(CheckPackedQkv(ctx));
+  const TensorType y = PackedYType(ctx.input(0));
+  const TensorType lse = LseType(y, AttentionLayout::kBthd);
+  if (ctx.input(1) != y) {
+    return Invalid(absl::StrCat("input 'y' must be ", y.ToString(), " ([B, T, H, D] of qkv), got ",
+                                ctx.input(1).ToString()));
+  }
+  if (ctx.input(2) != lse) {
+    return Invalid(absl::StrCat("input 'lse' must be ", lse.ToString(), " ([B, H, T] of qkv), got ",
+                                ctx.input(2).ToString()));
+  }
+  if (ctx.num_inputs() < 4 || ctx.num_inputs() > 5) {
+    return Invalid(absl::StrCat("takes dy and at most dlse after lse, got ", ctx.num_inputs() - 3, " gradients"));
+  }
+  if (ctx.input(3) != y) {
+    return Invalid(absl::StrCat("input 'grads[0]' (dy) must be ", y.ToString(), ", got ", ctx.input(3).ToString()));
+  }
+  if (ctx.num_inputs() == 5 && ctx.input(4) != lse) {
+    return Invalid(absl::StrCat("input 'grads[1]' (dlse) must be ", lse.ToString(), ", got ",
+                                ctx.input(4).ToString()));
+  }
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_qkv_grad")
+                       .Input("qkv")
+                       .Input("y")
+                       .Input("lse")
+                       .VariadicInput("grads")
+                       .Output("dqkv")
+                       .Attr("causal", true)
+                       .Attr("scale", 0.0)
+                       .Attr("allow_tf32", false)
+                       .Shape(PackedAttentionGradShape)
+                       .Cost([](const CostContext& c) { return PackedAttentionFlops(c, 5); })
+                       .NotDifferentiable()
+                       .Doc("Backward of scaled_dot_product_attention_qkv: grads are dy, then dlse when lse has "
+                            "a gradient; dqkv [B, T, 3, H, D] holds dq, dk, dv in q's, k's and v's slots, the "
+                            "bits of scaled_dot_product_attention_grad's."));
+
 }  // namespace
 }  // namespace strata

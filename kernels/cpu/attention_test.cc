@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
 #include "compiler/testing/op_test_util.h"
 #include "gmock/gmock.h"
@@ -426,6 +427,106 @@ TEST(AttentionTest, BthdLayoutIsBhtdBetweenTransposesBitForBit) {
       }
     }
   }
+}
+
+// scaled_dot_product_attention_qkv reads q, k, v in place from qkv
+// [B, T, 3, H, D] and writes dq, dk, dv into dqkv's slots: the bits of
+// splitting qkv's [B, T, 3 * H * D] view into three, running the "bthd" ops
+// and concatenating the gradients (what the pass rewrites). T = 70 spans two
+// row blocks; F64, F32, BF16, F16, causal and not, with and without dlse.
+TEST(AttentionTest, PackedQkvIsTheSplitAndConcatBitForBit) {
+  const int64_t B = 2, T = 70, H = 3, D = 8, C = H * D;
+  const Shape packed{B, T, 3, H, D}, flat{B, T, 3 * C}, bthd{B, T, H, D}, rows{B, H, T};
+  const char* attrs[] = {"", R"pb(attr { key: "causal" value { b: false } } attr { key: "scale" value { f: 0.3 } })pb"};
+  const auto reshape = [](const std::string& in, const std::string& out, const Shape& shape) {
+    return ParseOp(absl::StrCat("type: \"reshape\" input: \"", in, "\" output: \"", out,
+                                "\" attr { key: \"shape\" value { list { i: [", absl::StrJoin(shape, ", "),
+                                "] } } }"));
+  };
+  for (DataType dt : {F64, F32, BF16, F16}) {
+    const DataType lse_dt = IsHalfFloating(dt) ? F32 : dt;
+    for (int variant = 0; variant < 2; ++variant) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dt), " variant ", variant));
+      const bool with_dlse = variant == 1;
+      std::map<std::string, Tensor> env{{"qkv", Make(dt, packed, 0.1, 2.0)}, {"dy", Make(dt, bthd, 1.3)}};
+      if (with_dlse) env["dlse"] = Make(lse_dt, rows, 2.1);
+      const std::string grads = with_dlse ? R"pb(, "dlse")pb" : "";
+      const std::vector<Op> direct = {
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"]
+                                    output: ["y", "lse"] )pb",
+                               attrs[variant])),
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention_qkv_grad" input: ["qkv", "y", "lse", "dy")pb",
+                               grads, R"pb(] output: ["dqkv"] )pb", attrs[variant]))};
+      const std::string bthd_attr = R"pb(attr { key: "layout" value { s: "bthd" } } )pb";
+      std::vector<Op> split = {
+          reshape("qkv", "flat", flat),
+          ParseOp(absl::StrCat(R"pb(type: "split" input: ["flat"] output: ["q2", "k2", "v2"]
+                                    attr { key: "axis" value { i: 2 } }
+                                    attr { key: "sections" value { list { i: [)pb",
+                               C, ", ", C, ", ", C, "] } } }")),
+          reshape("q2", "q", bthd), reshape("k2", "k", bthd), reshape("v2", "v", bthd),
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"]
+                                    output: ["ry", "rlse"] )pb",
+                               bthd_attr, attrs[variant])),
+          ParseOp(absl::StrCat(R"pb(type: "scaled_dot_product_attention_grad"
+                                    input: ["q", "k", "v", "ry", "rlse", "dy")pb",
+                               grads, R"pb(] output: ["dq", "dk", "dv"] )pb", bthd_attr, attrs[variant])),
+          reshape("dq", "dq2", Shape{B, T, C}), reshape("dk", "dk2", Shape{B, T, C}),
+          reshape("dv", "dv2", Shape{B, T, C}),
+          ParseOp(R"pb(type: "concat" input: ["dq2", "dk2", "dv2"] output: ["dflat"]
+                       attr { key: "axis" value { i: 2 } })pb"),
+          reshape("dflat", "rdqkv", packed)};
+      absl::Status st = RunOps(direct, &env);
+      ASSERT_TRUE(st.ok()) << st;
+      st = RunOps(split, &env);
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(env["y"].shape(), bthd);
+      EXPECT_EQ(env["lse"].shape(), rows);
+      EXPECT_EQ(env["lse"].dtype(), lse_dt);
+      EXPECT_EQ(env["dqkv"].shape(), packed);
+      EXPECT_TRUE(SameBits(env["lse"], env["rlse"]));
+      for (const auto& [name, ref] : {std::pair<std::string, std::string>{"y", "ry"}, {"dqkv", "rdqkv"}}) {
+        SCOPED_TRACE(name);
+        EXPECT_EQ(env[name].dtype(), dt);
+        EXPECT_TRUE(SameBits(env[name], env[ref]));
+        double norm = 0;  // and they are results, not zeros
+        for (double v : TensorValues(env[name])) norm += v * v;
+        EXPECT_GT(norm, 1e-4);
+      }
+    }
+  }
+}
+
+// The packed ops' shapes: y [B, T, H, D], lse [B, H, T] (F32 for 16-bit
+// qkv), dqkv qkv's type; a qkv without 3 in dim 2, or a y, lse or dy of the
+// wrong type, is refused naming the op and the input.
+TEST(AttentionShapeTest, PackedQkvShapesAndRefusals) {
+  auto fwd = InferTypes(R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                        {{BF16, {-1, 16, 3, 4, 8}}});
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ((*fwd)[0], (TensorType{BF16, {-1, 16, 4, 8}}));
+  EXPECT_EQ((*fwd)[1], (TensorType{F32, {-1, 4, 16}}));
+  auto two = InferTypes(R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb",
+                        {{F32, {2, 16, 2, 4, 8}}});
+  ASSERT_FALSE(two.ok());
+  EXPECT_THAT(two.status().message(), HasSubstr("input 'qkv' must be [B, T, 3, H, D]"));
+  const std::string grad = R"pb(type: "scaled_dot_product_attention_qkv_grad" input: ["qkv", "y", "lse", "dy"]
+                                output: ["dqkv"])pb";
+  auto ok = InferTypes(grad, {{F32, {2, 16, 3, 4, 8}}, {F32, {2, 16, 4, 8}}, {F32, {2, 4, 16}}, {F32, {2, 16, 4, 8}}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0], (TensorType{F32, {2, 16, 3, 4, 8}}));
+  auto bad_lse =
+      InferTypes(grad, {{F32, {2, 16, 3, 4, 8}}, {F32, {2, 16, 4, 8}}, {F32, {2, 16, 4}}, {F32, {2, 16, 4, 8}}});
+  ASSERT_FALSE(bad_lse.ok());
+  EXPECT_THAT(bad_lse.status().message(), HasSubstr("input 'lse' must be F32[2, 4, 16]"));
+  std::map<std::string, Tensor> env{{"qkv", Make(F32, {1, 5, 3, 2, 4}, 0.1)},
+                                    {"y", Make(F32, {1, 5, 2, 4}, 0.2)},
+                                    {"lse", Make(F32, {1, 5, 2}, 0.3)},
+                                    {"dy", Make(F32, {1, 5, 2, 4}, 0.4)}};
+  const absl::Status run = RunOp(ParseOp(grad), &env);
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.message(), HasSubstr("scaled_dot_product_attention_qkv_grad"));
+  EXPECT_THAT(run.message(), HasSubstr("input 'lse' must be F32[1, 2, 5]"));
 }
 
 // The layout attr is checked where it is read: the schema and the kernels

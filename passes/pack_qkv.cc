@@ -1,0 +1,130 @@
+#include "passes/pack_qkv.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/attention_budget.h"
+#include "passes/pass_helpers.h"
+#include "proto/status_macros.h"
+
+namespace strata {
+namespace {
+
+constexpr char kPass[] = "pack-qkv";
+
+bool IsBthdAttention(const Graph& graph, int op) {
+  if (graph.erased(op) || graph.schema(op).type != "scaled_dot_product_attention") return false;
+  const auto layout = graph.attrs(op).find("layout");
+  return layout != graph.attrs(op).end() && layout->second.s() == "bthd";
+}
+
+// The ints of attr `name` of op `op` (empty when absent).
+std::vector<int64_t> IntsAttr(const Graph& graph, int op, const char* name) {
+  const auto it = graph.attrs(op).find(name);
+  if (it == graph.attrs(op).end()) return {};
+  return std::vector<int64_t>(it->second.list().i().begin(), it->second.list().i().end());
+}
+
+class Packer {
+ public:
+  Packer(Graph& graph, const Strategy& strategy)
+      : graph_(graph),
+        checkpoints_(strategy.recompute().checkpoints().begin(), strategy.recompute().checkpoints().end()),
+        keep_(graph.num_vars(), true) {}
+
+  // One rewrite, if any applies; false when none does.
+  absl::StatusOr<bool> Step() {
+    const std::vector<std::vector<int>> readers = graph_.Readers();
+    const std::vector<int> writers = graph_.FirstWriters();
+    const VarWriters counts = CountWriters(graph_);
+    // `v` is written once, read by `op` alone, an unreported activation.
+    const auto only_for = [&](int v, int op) {
+      return counts.count[v] == 1 && readers[v].size() == 1 && readers[v][0] == op &&
+             IsUnreportedActivation(graph_, v) && !checkpoints_.contains(std::string(graph_.var_name(v)));
+    };
+    for (int att : std::vector<int>(graph_.ops())) {
+      if (!IsBthdAttention(graph_, att) || graph_.inputs(att).size() != 3) continue;
+      const int stage = graph_.stage(att);
+      const absl::Span<const int64_t> q = graph_.shape(graph_.inputs(att)[0]);
+      if (q.size() != 4 || !FlashEligible(IsHalfFloating(graph_.dtype(graph_.inputs(att)[0])), q[3])) continue;
+      // q, k, v: reshapes of the split's outputs 0, 1, 2.
+      int split = -1;
+      bool ok = true;
+      std::vector<int> reshapes;
+      for (int i = 0; i < 3 && ok; ++i) {
+        const int x = graph_.inputs(att)[i];
+        const int r = writers[x];
+        ok = r >= 0 && graph_.schema(r).type == "reshape" && graph_.stage(r) == stage && only_for(x, att) &&
+             graph_.inputs(r).size() == 1;
+        if (!ok) break;
+        const int part = graph_.inputs(r)[0];
+        const int s = writers[part];
+        ok = s >= 0 && graph_.schema(s).type == "split" && (split < 0 || s == split) && graph_.stage(s) == stage &&
+             graph_.outputs(s).size() == 3 && graph_.outputs(s)[i] == part && only_for(part, r);
+        split = s;
+        reshapes.push_back(r);
+      }
+      if (!ok) continue;
+      // X [B, T, 3 * H * D] split along its last axis into three H * D.
+      const int x = graph_.inputs(split)[0];
+      const absl::Span<const int64_t> xs = graph_.shape(x);
+      const int64_t hd = q[2] * q[3];
+      const std::vector<int64_t> axis = {graph_.attrs(split).count("axis") ? graph_.attrs(split).at("axis").i() : 0};
+      const std::vector<int64_t> sections = IntsAttr(graph_, split, "sections");
+      if (xs.size() != 3 || (axis[0] != 2 && axis[0] != -1) || sections != std::vector<int64_t>{hd, hd, hd} ||
+          xs[1] != q[1] || xs[2] != 3 * hd || graph_.dtype(x) != graph_.dtype(graph_.inputs(att)[0])) {
+        continue;
+      }
+
+      const std::string packed_name = FreshVarName(graph_, graph_.var_name(x), "@qkv");
+      const std::vector<int64_t> packed_shape = {xs[0], q[1], 3, q[2], q[3]};
+      if (graph_.AddVar(packed_name, graph_.dtype(x), packed_shape, ACTIVATION) < 0) {
+        return absl::InternalError(absl::StrCat(kPass, ": var '", packed_name, "' exists already"));
+      }
+      keep_.resize(graph_.num_vars(), true);
+      Op view = OpPlacedLike(graph_, split, "reshape", graph_.role(split));
+      view.add_input(std::string(graph_.var_name(x)));
+      view.add_output(packed_name);
+      AttrValue shape;
+      for (int64_t d : packed_shape) shape.mutable_list()->add_i(d);
+      (*view.mutable_attr())["shape"] = shape;
+      Op packed = OpPlacedLike(graph_, att, "scaled_dot_product_attention_qkv", graph_.role(att));
+      packed.add_input(packed_name);
+      for (int out : graph_.outputs(att)) packed.add_output(std::string(graph_.var_name(out)));
+      for (const char* attr : {"causal", "scale", "allow_tf32"}) {
+        if (const auto it = graph_.attrs(att).find(attr); it != graph_.attrs(att).end()) {
+          (*packed.mutable_attr())[attr] = it->second;
+        }
+      }
+      for (int v : graph_.inputs(att)) keep_[v] = false;
+      for (int v : graph_.outputs(split)) keep_[v] = false;
+      if (auto s = graph_.ReplaceOp(att, packed); !s.ok()) {
+        return absl::InternalError(absl::StrCat(kPass, ": ", graph_.OpLocation(att), ": ", s.message()));
+      }
+      if (auto s = graph_.ReplaceOp(split, view); !s.ok()) {
+        return absl::InternalError(absl::StrCat(kPass, ": ", graph_.OpLocation(split), ": ", s.message()));
+      }
+      for (int r : reshapes) graph_.EraseOp(r);
+      return true;
+    }
+    return false;
+  }
+
+  const std::vector<bool>& keep() const { return keep_; }
+
+ private:
+  Graph& graph_;
+  const absl::flat_hash_set<std::string> checkpoints_;  // the recompute pass's: they must stay
+  std::vector<bool> keep_;
+};
+
+}  // namespace
+
+absl::StatusOr<bool> PackQkvPass::Run(Graph& graph, const CompileContext& ctx) {
+  Packer packer(graph, ctx.strategy);
+  return RewriteUntilDone(graph, packer, kPass);
+}
+
+}  // namespace strata

@@ -1,0 +1,43 @@
+#ifndef STRATA_PASSES_PACK_QKV_H_
+#define STRATA_PASSES_PACK_QKV_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "compiler/pass.h"
+
+namespace strata {
+
+// Attention reads the qkv projection in place (FlashAttention's qkvpacked
+// form), on the forward program of a GPU plan after attention-layout and
+// before autodiff: a scaled_dot_product_attention of layout "bthd" whose q,
+// k and v are the reshapes to [B, T, H, D] of outputs 0, 1 and 2 of one
+// `split` of X [B, T, 3 * H * D] along its last axis into three equal
+// sections becomes a `reshape` of X to [B, T, 3, H, D] (a view: no copy)
+// and one scaled_dot_product_attention_qkv reading it, writing the same y
+// and lse. The split and the three reshapes go. Autodiff then writes one
+// scaled_dot_product_attention_qkv_grad whose dqkv is X's gradient's view,
+// so the backward's three reshapes and the concat of dq, dk and dv go too:
+// a GPT block loses a copy of its q, k and v each way (the split and the
+// concat; 0.9 ms of GPT-2 124M's step on an H200, 2026-11-27). The packed
+// kernels do the unpacked ones' arithmetic in the same order on rows
+// 3 * H * D apart, so the program computes the same bits.
+//
+// Only where the split's outputs and the reshapes' outputs are each read
+// by that one op, written once, activations the program does not report
+// and no recompute checkpoint, all on the attention's stage; and only for the attention the tensor-core
+// flash kernels take (16-bit q with heads of 32, 64 or 128, the switch on:
+// FlashEligible in kernels/attention_budget.h), which read the packed
+// layout in place (the other GPU paths would unpack it through scratch). A
+// GPT's attention (nanoGPT's split -> view -> transpose, after
+// attention-layout dropped the transposes) is that pattern.
+class PackQkvPass : public Pass {
+ public:
+  std::string name() const override { return "pack-qkv"; }
+  bool optional() const override { return true; }
+  absl::StatusOr<bool> Run(Graph& graph, const CompileContext& ctx) override;
+};
+
+}  // namespace strata
+
+#endif  // STRATA_PASSES_PACK_QKV_H_
