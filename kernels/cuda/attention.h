@@ -48,13 +48,29 @@ inline constexpr int kMaxHeadDim = 128;
 // the stride between its rows: [B, H, T, D] (the default; H = 1 reads as the
 // [heads, T, D] above) or, for the op's layout "bthd", [B, T, H, D], a head's
 // rows H * D apart. lse, dlse and di are [B, H, T] ([heads, T]) in both.
+//
+// `pack` ("bthd" only): q, k, v (and dq, dk, dv) are slots of one
+// [B, T, pack, H, D] buffer, scaled_dot_product_attention_qkv's qkv (pack 3,
+// slot 0 q, 1 k, 2 v): the caller passes k = q + H * D, v = q + 2 H * D, and
+// a head's rows lie pack * H * D apart (QkvOffset, QkvRowStride). y and dy
+// keep [B, T, H, D] (Offset, RowStride), so the qkv form writes its y and
+// reads its dy as the "bthd" op does. pack 1: the two pairs agree.
 struct HeadLayout {
   int64_t H = 1;
   bool bthd = false;
+  int64_t pack = 1;
+  // Of y and dy (and of q, k, v and their gradients when pack is 1).
   STRATA_HOST_DEVICE int64_t Offset(int64_t head, int64_t T, int64_t D) const {
     return bthd ? (head / H) * T * H * D + (head % H) * D : head * T * D;
   }
   STRATA_HOST_DEVICE int64_t RowStride(int64_t D) const { return bthd ? H * D : D; }
+  // Of q, k, v, dq, dk and dv, each from its own slot's pointer.
+  STRATA_HOST_DEVICE int64_t QkvOffset(int64_t head, int64_t T, int64_t D) const {
+    return bthd ? (head / H) * T * pack * H * D + (head % H) * D : head * T * D;
+  }
+  STRATA_HOST_DEVICE int64_t QkvRowStride(int64_t D) const { return bthd ? pack * H * D : D; }
+  // Whether the fields describe a layout: "bthd" with H >= 1 and pack >= 1, or pack 1.
+  STRATA_HOST_DEVICE bool Valid() const { return bthd ? H >= 1 && pack >= 1 : pack == 1; }
   // Row `row` of [heads, T] (lse's order) in units of rows of D.
   STRATA_HOST_DEVICE int64_t Row(int64_t row, int64_t T) const {
     return bthd ? ((row / T / H) * T + row % T) * H + (row / T) % H : row;

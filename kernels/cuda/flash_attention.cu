@@ -151,7 +151,8 @@ __global__ void __launch_bounds__(kThreads)
   const int r = lane / 2, half = lane % 2;  // the lane's row of the warp, and which half of its columns
   G* pw = ps + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
 
@@ -231,8 +232,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (i >= T) return;
   const float inv = 1.0f / l;
+  G* const yr = y + layout.Offset(head, T, kD) + i * layout.RowStride(kD);  // y: [B, T, H, D] however q is packed
 #pragma unroll
-  for (int c = 0; c < kOut; ++c) y[off + i * rs + half * kOut + c] = FromFloat<G>(o[c] * inv);
+  for (int c = 0; c < kOut; ++c) yr[half * kOut + c] = FromFloat<G>(o[c] * inv);
   if (half == 0) lse[head * T + i] = flash::Lse(m, l);
 }
 
@@ -246,6 +248,12 @@ __device__ inline void IssueRows(G* dst, const G* src, int64_t row0, int64_t T, 
   constexpr int ld = kLd<kD>;
   if (vec) {
     constexpr int kWords = kD / 8;
+    // Not unrolled: unrolled, ptxas kept more registers live across the tile
+    // loops once two operands' rows could lie different strides apart
+    // (HeadLayout's pack: q and dy in FlashGradKVMma, 168 -> 208 at D = 64, a
+    // block fewer an SM); so every mma.sync kernel takes at most what it took
+    // before pack (ptxas -O3, sm_90, 2026-11-27).
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < kRows * kWords; idx += kThreads) {
       const int r = idx / kWords, w = idx % kWords;
       const bool real = row0 + r < T;
@@ -259,18 +267,19 @@ __device__ inline void IssueRows(G* dst, const G* src, int64_t row0, int64_t T, 
 
 // The two-stage pipeline's turn at a tile (every thread of the block calls
 // it): once every warp is done with the other stage, the next tile's rows of
-// a and b (rows `next`.., if has_next) are issued into it and `also` runs
+// a and b (rows `next`.., if has_next; their rows a_rs and b_rs apart) are
+// issued into it and `also` runs
 // (the stats FlashGradKVMma loads beside them); then this tile's copies are
 // waited for and the block meets, after which the tile in `stage` is whole.
 template <typename G, int kD, typename Also>
 __device__ inline void NextStage(G* tiles, int64_t stage, const G* a, const G* b, int64_t next, bool has_next,
-                                 int64_t T, bool vec, int64_t rs, const Also& also) {
+                                 int64_t T, bool vec, int64_t a_rs, int64_t b_rs, const Also& also) {
   constexpr int ld = kLd<kD>;
   __syncthreads();  // every warp is done with the other stage (the last tile, or the block's own rows)
   if (has_next) {
     G* dst = tiles + (stage ^ 1) * 2 * kTile * ld;
-    IssueRows<G, kD, kTile>(dst, a, next, T, vec, rs);
-    IssueRows<G, kD, kTile>(dst + kTile * ld, b, next, T, vec, rs);
+    IssueRows<G, kD, kTile>(dst, a, next, T, vec, a_rs);
+    IssueRows<G, kD, kTile>(dst + kTile * ld, b, next, T, vec, b_rs);
     also();
   }
   mma::CpAsyncCommit();  // possibly empty: the wait below then still means this tile
@@ -326,7 +335,8 @@ __global__ void __launch_bounds__(kThreads)
   G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile rows on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   // The last query blocks first: causal, they walk the most key tiles, and
   // starting them first shortens the tail of the last wave.
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kFwdRows<kD, kMT>;
@@ -369,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
-    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
+    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, rs, [] {});
     if (causal && k0 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
@@ -484,6 +494,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
+  const int64_t y_off = layout.Offset(head, T, kD), y_rs = layout.RowStride(kD);  // however q is packed
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -491,7 +502,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = qw0 + mt * 16 + g + 8 * r;
       if (row >= T) continue;
       const float inv = 1.0f / l[mt][r];
-      G* yr = y + off + row * rs + 2 * t;
+      G* yr = y + y_off + row * y_rs + 2 * t;
 #pragma unroll
       for (int n = 0; n < kOutBlocks; ++n) {
         mma::StorePair(yr + n * 8, mma::RoundPair<G>(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv));
@@ -594,7 +605,8 @@ __global__ void __launch_bounds__(kThreads)
   G* dsw = dss + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
   float* dpw = dps + warp * kWarpRows * kLdDp;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t j = k0 + warp * kWarpRows + r;  // the lane's key row
 
@@ -609,7 +621,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i0 = flash::QueryBegin(k0, causal); i0 < T; i0 += kTile) {
     __syncthreads();  // every warp is done with the previous query tile
     LoadRows<G, kD>(qs, q + off, i0, T, vec, rs);
-    LoadRows<G, kD>(dys, dy + off, i0, T, vec, rs);
+    LoadRows<G, kD>(dys, dy + layout.Offset(head, T, kD), i0, T, vec, layout.RowStride(kD));
     for (int t = threadIdx.x; t < kTile; t += kThreads) {
       lses[t] = i0 + t < T ? lse[head * T + i0 + t] : 0.0f;
       dis[t] = i0 + t < T ? di[head * T + i0 + t] : 0.0f;
@@ -656,14 +668,15 @@ __global__ void __launch_bounds__(kThreads)
   G* dsw = dss + warp * kWarpRows * kLdP;
   float* fw = fs + warp * kWarpRows * ldf;
   float* dpw = dps + warp * kWarpRows * kLdDp;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int64_t i = q0 + warp * kWarpRows + r;  // the lane's query row
   const float row_lse = i < T ? lse[head * T + i] : 0.0f;
   const float row_di = i < T ? di[head * T + i] : 0.0f;
 
   LoadRows<G, kD>(qs, q + off, q0, T, vec, rs);
-  LoadRows<G, kD>(dys, dy + off, q0, T, vec, rs);
+  LoadRows<G, kD>(dys, dy + layout.Offset(head, T, kD), q0, T, vec, layout.RowStride(kD));  // however q is packed
   FragAcc dq_acc[kD / 16];
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
@@ -811,8 +824,10 @@ __global__ void __launch_bounds__(kThreads)
   G* const vs = kVShared ? reinterpret_cast<G*>(stats + 4 * kTile) : tiles + 3 * kTile * ld;  // v's rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int64_t dy_off = layout.Offset(head, T, kD), dy_rs = layout.RowStride(kD);  // however q is packed
   const int64_t kw0 = k0 + warp * kWarpRows;  // the warp's first key; the lane's are kw0 + g and + 8
   const float scale_log2 = scale * flash::kLog2e;
   const int64_t begin = flash::QueryBegin(k0, causal);
@@ -833,7 +848,7 @@ __global__ void __launch_bounds__(kThreads)
   mma::CpAsyncCommit();
   if (begin < T) {
     IssueRows<G, kD, kTile>(tiles, q + off, begin, T, vec, rs);
-    IssueRows<G, kD, kTile>(tiles + kTile * ld, dy + off, begin, T, vec, rs);
+    IssueRows<G, kD, kTile>(tiles + kTile * ld, dy + dy_off, begin, T, vec, dy_rs);
     load_stats(begin, 0);
   }
   mma::CpAsyncCommit();
@@ -849,7 +864,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 4; ++e) dk_acc[0][n][e] = dv_acc[0][n][e] = 0.0f;
   }
   for (int64_t i0 = begin, stage = 0; i0 < T; i0 += kTile, stage ^= 1) {
-    NextStage<G, kD>(tiles, stage, q + off, dy + off, i0 + kTile, i0 + kTile < T, T, vec, rs,
+    NextStage<G, kD>(tiles, stage, q + off, dy + dy_off, i0 + kTile, i0 + kTile < T, T, vec, rs, dy_rs,
                      [&] { load_stats(i0 + kTile, static_cast<int>(stage ^ 1)); });
     const G* qs = tiles + stage * 2 * kTile * ld;
     const G* dys = qs + kTile * ld;
@@ -941,7 +956,8 @@ __global__ void __launch_bounds__(kThreads)
   G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * 2 kTile rows, v rows kTile on
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t head = blockIdx.y, off = layout.Offset(head, T, kD), rs = layout.RowStride(kD);
+  // q, k, v and their gradients: slots of a packed qkv when layout.pack > 1 (y, dy: layout.Offset, RowStride).
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kDqRows<kD, kMT>;  // the longest first
   const int64_t qw0 = q0 + warp * kWarpQueries;  // the warp's first query
   float row_lse[kMT][2], row_di[kMT][2];         // of the lane's rows qw0 + 16 mt + g (+ 8)
@@ -960,7 +976,7 @@ __global__ void __launch_bounds__(kThreads)
   // q's rows through stage 1 and dy's through stage 0 (kDqRows each), into
   // A fragments; then the first key tile into stage 0.
   IssueRows<G, kD, kDqRows<kD, kMT>>(tiles + 2 * kTile * ld, q + off, q0, T, vec, rs);
-  IssueRows<G, kD, kDqRows<kD, kMT>>(tiles, dy + off, q0, T, vec, rs);
+  IssueRows<G, kD, kDqRows<kD, kMT>>(tiles, dy + layout.Offset(head, T, kD), q0, T, vec, layout.RowStride(kD));
   mma::CpAsyncCommit();
   mma::CpAsyncWait<0>();
   __syncthreads();
@@ -981,7 +997,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kD / 8; ++n) dq_acc[mt][n][0] = dq_acc[mt][n][1] = dq_acc[mt][n][2] = dq_acc[mt][n][3] = 0.0f;
   }
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
-    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, [] {});
+    NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, rs, [] {});
     const G* ks = tiles + stage * 2 * kTile * ld;
     const G* vs = ks + kTile * ld;
     const int keys_left = static_cast<int>(T - k0 < kTile ? T - k0 : kTile);
@@ -1112,7 +1128,7 @@ template <typename G>
 cudaError_t Forward(G* y, float* lse, const G* q, const G* k, const G* v, int64_t heads, int64_t T, int64_t D,
                     float scale, bool causal, cudaStream_t stream, HeadLayout layout) {
   if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
-  if (layout.bthd && (layout.H <= 0 || heads % layout.H != 0)) return cudaErrorInvalidValue;
+  if (!layout.Valid() || (layout.bthd && heads % layout.H != 0)) return cudaErrorInvalidValue;
   if (heads == 0 || T == 0) return cudaSuccess;
   switch (D) {
     case 32:
@@ -1161,7 +1177,7 @@ cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const 
                  const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
                  cudaStream_t stream, HeadLayout layout) {
   if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
-  if (layout.bthd && (layout.H <= 0 || heads % layout.H != 0)) return cudaErrorInvalidValue;
+  if (!layout.Valid() || (layout.bthd && heads % layout.H != 0)) return cudaErrorInvalidValue;
   if (heads == 0 || T == 0) return cudaSuccess;
   if (cudaError_t e = LaunchAttentionRowDots(di, y, dy, dlse, heads * T, D, stream, T, layout); e != cudaSuccess) {
     return e;

@@ -5,7 +5,9 @@
 // tensor cores, FlashAttention-2's way: the [T, T] scores never reach memory.
 // Layout as attention.h: q, k, v, y, dy [heads, T, D] row-major, or with a
 // HeadLayout of "bthd" [B, T, H, D] (the rows of a head H * D apart, read and
-// written in place: no transposes); lse, dlse and di [heads, T] in float.
+// written in place: no transposes), q, k, v and their gradients possibly the
+// slots of one [B, T, 3, H, D] qkv (HeadLayout's pack: rows 3 H D apart);
+// lse, dlse and di [heads, T] in float.
 // Head sizes 32, 64 and 128 (others keep the GEMM path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
 //
 // - Forward: a block of 4 warps owns 64 query rows (16 a warp, their q held in
@@ -76,7 +78,8 @@ inline bool FlashTensorCoreHeadDim(int64_t D) { return FlashEligible(true, D); }
 inline constexpr int64_t kFlashMaxHeads = 65535;
 
 // y, lse [heads, T] (float) from q, k, v. scale: the scores' factor.
-// layout: where a head's rows lie (attention.h; "bthd" needs heads % H == 0).
+// layout: where a head's rows lie (attention.h; "bthd" needs heads % H == 0;
+// with pack 3, k = q + H * D and v = q + 2 H * D, dk and dv likewise).
 cudaError_t LaunchFlashAttention(__nv_bfloat16* y, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
                                  cudaStream_t stream, HeadLayout layout = {});

@@ -535,6 +535,129 @@ void CheckAllBthd() {
   }
 }
 
+// Which kernels a packed run takes: WMMA, mma.sync at the default warp width,
+// or mma.sync with 16-row warps (STRATA_MMA_WIDE_WARPS=0) where the default is 32.
+enum class Kernels { kWmma, kMma, kMmaNarrow };
+
+// Layout "bthd" with pack 3 (HeadLayout{H, true, 3}: q, k, v and dq, dk, dv
+// the slots of one [B, T, 3, H, D] qkv, scaled_dot_product_attention_qkv's)
+// gives the bits of the same kernels on separate [B, T, H, D] q, k, v: only
+// the row stride (3 H D) and the slots' pointers differ, so the same tiles
+// reach shared memory. y and dy stay [B, T, H, D]; lse [B, H, T].
+template <typename G, int kD, Kernels kKernels>
+void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
+  const int64_t heads = B * H, n = heads * T * kD, blocks = (T + kBlock - 1) / kBlock;
+  constexpr int kFwdMT = kKernels == Kernels::kMmaNarrow ? 1 : kFwdTiles<kD>;
+  constexpr int kDqMT = kKernels == Kernels::kMmaNarrow ? 1 : kDqTiles<kD>;
+  const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(kD)));
+  const std::vector<G> q = Random<G>(n, 1, 21), k = Random<G>(n, 1, 22), v = Random<G>(n, 1, 23),
+                       dy = Random<G>(n, 1, 24);
+  std::vector<float> di(heads * T);
+  std::mt19937 rng(25);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (float& x : di) x = static_cast<float>(u(rng));
+  struct Run {
+    std::vector<G> y, dq, dk, dv;
+    std::vector<float> lse;
+  };
+  // y and lse, then dq, dk and dv into `grads` (poisoned first) at offsets
+  // dq_at, dk_at and dv_at, from q, k, v, dy and di (the gradient from lse_in
+  // where given, else from the run's own lse).
+  const auto run = [&](const G* q, const G* k, const G* v, std::vector<G>& grads, int64_t dq_at, int64_t dk_at,
+                       int64_t dv_at, const std::vector<float>* lse_in, const HeadLayout& layout) {
+    Run r{std::vector<G>(n, Round<G>(12345)), {}, {}, {}, std::vector<float>(heads * T, 12345.0f)};
+    std::fill(grads.begin(), grads.end(), Round<G>(12345));
+    G *const dq = grads.data() + dq_at, *const dk = grads.data() + dk_at, *const dv = grads.data() + dv_at;
+    if constexpr (kKernels == Kernels::kWmma) {
+      Launch(blocks, heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, r.y.data(), r.lse.data(), q, k, v, T,
+             scale, causal, vec, layout);
+    } else {
+      Launch(ForwardBlocks<kD, kFwdMT>(T), heads, ForwardShared(kD), FlashForward<G, kD, kFwdMT>, r.y.data(),
+             r.lse.data(), q, k, v, T, scale, causal, vec, layout);
+    }
+    const std::vector<float>& lse = lse_in != nullptr ? *lse_in : r.lse;
+    if constexpr (kKernels == Kernels::kWmma) {
+      Launch(blocks, heads, GradShared(kD), FlashGradKV<G, kD>, dk, dv, q, k, v, lse.data(), dy.data(), di.data(), T,
+             scale, causal, vec, layout);
+      Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, dq, q, k, v, lse.data(), dy.data(), di.data(), T,
+             scale, causal, vec, layout);
+    } else {
+      Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk, dv, q, k, v, lse.data(), dy.data(),
+             di.data(), T, scale, causal, vec, layout);
+      Launch(GradQBlocks<kD, kDqMT>(T), heads, GradQShared(kD), FlashGradQMma<G, kD, kDqMT>, dq, q, k, v, lse.data(),
+             dy.data(), di.data(), T, scale, causal, vec, layout);
+    }
+    return r;
+  };
+  // Separate [B, T, H, D] tensors, the gradients in one buffer of three.
+  std::vector<G> separate_grads(3 * n);
+  Run want = run(q.data(), k.data(), v.data(), separate_grads, 0, n, 2 * n, nullptr, HeadLayout{H, true});
+  if (::testing::Test::HasFatalFailure()) return;
+  want.dq.assign(separate_grads.begin(), separate_grads.begin() + n);
+  want.dk.assign(separate_grads.begin() + n, separate_grads.begin() + 2 * n);
+  want.dv.assign(separate_grads.begin() + 2 * n, separate_grads.end());
+  // qkv [B, T, 3, H, D]: row (b, t) holds q's, k's and v's rows (b, t).
+  const int64_t HD = H * kD;
+  std::vector<G> qkv(3 * n);
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    std::copy_n(q.begin() + bt * HD, HD, qkv.begin() + (3 * bt + 0) * HD);
+    std::copy_n(k.begin() + bt * HD, HD, qkv.begin() + (3 * bt + 1) * HD);
+    std::copy_n(v.begin() + bt * HD, HD, qkv.begin() + (3 * bt + 2) * HD);
+  }
+  std::vector<G> dqkv(3 * n);
+  const HeadLayout packed{H, true, 3};
+  const Run got = run(qkv.data(), qkv.data() + HD, qkv.data() + 2 * HD, dqkv, 0, HD, 2 * HD, &want.lse, packed);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_TRUE(SameBits(got.lse, want.lse, "lse"));
+  EXPECT_TRUE(SameBits(got.y, want.y, "y"));
+  // dqkv's slots, every element of it (none left poisoned).
+  std::vector<G> slot[3] = {std::vector<G>(n), std::vector<G>(n), std::vector<G>(n)};
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    for (int s = 0; s < 3; ++s) std::copy_n(dqkv.begin() + (3 * bt + s) * HD, HD, slot[s].begin() + bt * HD);
+  }
+  EXPECT_TRUE(SameBits(slot[0], want.dq, "dq"));
+  EXPECT_TRUE(SameBits(slot[1], want.dk, "dk"));
+  EXPECT_TRUE(SameBits(slot[2], want.dv, "dv"));
+  // The last head's last row of the v slot ends qkv; y's offsets are pack 1's.
+  EXPECT_EQ(2 * HD + packed.QkvOffset(heads - 1, T, kD) + (T - 1) * packed.QkvRowStride(kD) + kD, 3 * n);
+  const HeadLayout unpacked{H, true};
+  EXPECT_EQ(packed.Offset(heads - 1, T, kD), unpacked.Offset(heads - 1, T, kD));
+  EXPECT_EQ(packed.RowStride(kD), HD);
+}
+
+// B x H heads of T rows (T off the 64- and 128-row blocks, one and several
+// blocks), causal and not, 16-byte and element loads, each set of kernels.
+template <typename G, int kD>
+void CheckAllQkvPacked() {
+  struct Shape {
+    int64_t B, H, T;
+    bool causal;
+  };
+  for (const Shape& c : {Shape{2, 2, 100, true}, Shape{1, 2, 100, false}, Shape{1, 1, 300, true}}) {
+    for (bool vec : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "D " << kD << " B " << c.B << " H " << c.H << " T " << c.T
+                                        << (c.causal ? " causal" : "") << (vec ? " 16-byte loads" : " element loads"));
+      {
+        SCOPED_TRACE("WMMA kernels");
+        CheckQkvPacked<G, kD, Kernels::kWmma>(c.B, c.H, c.T, c.causal, vec);
+      }
+      {
+        SCOPED_TRACE("mma.sync kernels");
+        CheckQkvPacked<G, kD, Kernels::kMma>(c.B, c.H, c.T, c.causal, vec);
+      }
+      if constexpr (kFwdTiles<kD> > 1 || kDqTiles<kD> > 1) {
+        SCOPED_TRACE("mma.sync kernels, 16-row warps");
+        CheckQkvPacked<G, kD, Kernels::kMmaNarrow>(c.B, c.H, c.T, c.causal, vec);
+      }
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(FlashAttentionEmulationTest, Bf16Head32QkvPacked) { CheckAllQkvPacked<__nv_bfloat16, 32>(); }
+TEST(FlashAttentionEmulationTest, Fp16Head64QkvPacked) { CheckAllQkvPacked<__half, 64>(); }
+TEST(FlashAttentionEmulationTest, Bf16Head128QkvPacked) { CheckAllQkvPacked<__nv_bfloat16, 128>(); }
+
 TEST(FlashAttentionEmulationTest, Bf16Head32Bthd) { CheckAllBthd<__nv_bfloat16, 32>(); }
 TEST(FlashAttentionEmulationTest, Fp16Head64Bthd) { CheckAllBthd<__half, 64>(); }
 TEST(FlashAttentionEmulationTest, Bf16Head128Bthd) { CheckAllBthd<__nv_bfloat16, 128>(); }
