@@ -15,6 +15,16 @@
 // for "bhtd" and transpose the outputs back (ViaBhtd): the graph's
 // transposes moved into the kernel, the same traffic, bit for bit the
 // "bhtd" results.
+//
+// scaled_dot_product_attention_qkv and its gradient take q, k, v as the
+// slots of one qkv [B, T, 3, H, D] (the qkv projection's output as it lies)
+// and give dq, dk, dv as the slots of one dqkv, so that GPT-2's split and
+// concat around attention go; y, dy [B, T, H, D] and lse [B, H, T] as for
+// "bthd". The tensor-core flash kernels read and write the slots in place
+// (cuda::HeadLayout's pack 3); every other path copies each slot into
+// [B, H, T, D] scratch, runs the "bhtd" kernel and copies its outputs back,
+// as ViaBhtd does for "bthd": the same values reach the same kernels, so
+// both ops give the bits of the "bthd" op on q, k, v = the slots.
 
 #include <algorithm>
 #include <cstdint>
@@ -42,19 +52,22 @@
 namespace strata {
 namespace {
 
-// The GPU kernels' limits on q [B, H, T, D] (layout "bthd" reaches the
-// kernels that check them through ViaBhtd's [B, H, T, D] copies).
-absl::Status CheckLimits(const Tensor& q, const char* op) {
-  if (q.dim(3) == 0 || q.dim(3) > cuda::kMaxHeadDim) {
-    return absl::UnimplementedError(absl::StrCat(op, ": the CUDA kernel takes heads of 1 to ", cuda::kMaxHeadDim,
-                                                 " elements, got D = ", q.dim(3)));
+// The GPU kernels' limits on B batches of H heads of D elements.
+absl::Status CheckHeadLimits(int64_t B, int64_t H, int64_t D, const char* op) {
+  if (D == 0 || D > cuda::kMaxHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": the CUDA kernel takes heads of 1 to ", cuda::kMaxHeadDim, " elements, got D = ", D));
   }
-  if (q.dim(0) * q.dim(1) > 65535) {
-    return absl::UnimplementedError(absl::StrCat(op, ": the CUDA kernel takes at most 65535 (batch x heads), got ",
-                                                 q.dim(0), " x ", q.dim(1)));
+  if (B * H > 65535) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": the CUDA kernel takes at most 65535 (batch x heads), got ", B, " x ", H));
   }
   return absl::OkStatus();
 }
+
+// The same on q [B, H, T, D] (layout "bthd" reaches the kernels that check
+// them through ViaBhtd's [B, H, T, D] copies).
+absl::Status CheckLimits(const Tensor& q, const char* op) { return CheckHeadLimits(q.dim(0), q.dim(1), q.dim(3), op); }
 
 // A scratch tensor of `elements` on the op's device, freed (stream-ordered)
 // when the kernel returns.
@@ -454,39 +467,280 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
   }
 };
 
+// The qkv ops' dims: qkv [B, T, 3, H, D].
+struct QkvDims {
+  int64_t B, T, H, D;
+  int64_t heads() const { return B * H; }
+  Shape y() const { return Shape{B, T, H, D}; }    // y, dy
+  Shape lse() const { return Shape{B, H, T}; }     // lse, dlse
+  Shape bhtd() const { return Shape{B, H, T, D}; }  // a slot's copy off the flash kernels
+};
+QkvDims QkvDimsOf(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(3), qkv.dim(4)}; }
+
+// scaled_dot_product_attention_qkv(_grad)'s operands: qkv [B, T, 3, H, D];
+// for the gradient y and dy [B, T, H, D] in qkv's type, lse and dlse
+// [B, H, T], F32 when qkv is BF16 or F16, else qkv's type (as
+// CheckAttentionOperands for "bthd").
+absl::Status CheckQkvOperands(const KernelContext& ctx, const char* op, bool grad) {
+  const Tensor& qkv = ctx.input(0);
+  if (qkv.rank() != 5 || qkv.dim(2) != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": qkv must be [B, T, 3, H, D], got ", ShapeString(qkv.shape())));
+  }
+  if (!grad) return absl::OkStatus();
+  if (ctx.num_inputs() != 4 && ctx.num_inputs() != 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": takes qkv, y, lse, dy and optionally dlse, got ", ctx.num_inputs(), " inputs"));
+  }
+  const QkvDims dims = QkvDimsOf(qkv);
+  const char* names[] = {"qkv", "y", "lse", "dy", "dlse"};
+  const DataType lse_dtype = IsHalfFloating(qkv.dtype()) ? F32 : qkv.dtype();
+  for (int i = 1; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    const bool is_lse = i == 2 || i == 4;
+    const DataType want = is_lse ? lse_dtype : qkv.dtype();
+    const Shape shape = is_lse ? dims.lse() : dims.y();
+    if (t.dtype() != want || t.shape() != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": input '", names[i], "' is ", DataTypeName(t.dtype()),
+                                                     ShapeString(t.shape()), ", expected ", DataTypeName(want),
+                                                     ShapeString(shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Between slot `slot` of qkv [B, T, 3, H, D] and a [B, H, T, D] tensor:
+// `dst` = `src` over the box [B, H, T, D], the slot's strides qkv's with T
+// and H swapped (into_slot: dst is the slot, else src).
+absl::Status CopySlot(void* dst, const void* src, const Tensor& qkv, int slot, bool into_slot, const char* op,
+                      cudaStream_t stream) {
+  const QkvDims d = QkvDimsOf(qkv);
+  const int64_t box[4] = {d.B, d.H, d.T, d.D};
+  const int64_t slot_strides[4] = {d.T * 3 * d.H * d.D, d.D, 3 * d.H * d.D, 1};
+  const int64_t bhtd_strides[4] = {d.H * d.T * d.D, d.T * d.D, d.D, 1};
+  cuda::CopyPlan plan;
+  if (!cuda::MakeCopyPlan(4, box, into_slot ? slot_strides : bhtd_strides, into_slot ? bhtd_strides : slot_strides,
+                          &plan)) {
+    return absl::InternalError(absl::StrCat(op, ": no copy plan for slot ", slot, " of ", ShapeString(qkv.shape())));
+  }
+  const int element_size = static_cast<int>(DataTypeSize(qkv.dtype()));
+  return CudaStatus(cuda::LaunchStridedCopy(dst, src, element_size, plan, stream), op);
+}
+
+// Bytes from the start of qkv [B, T, 3, H, D] to slot `slot`'s first element.
+int64_t SlotOffset(const Tensor& qkv, int slot) {
+  return slot * qkv.dim(3) * qkv.dim(4) * static_cast<int64_t>(DataTypeSize(qkv.dtype()));
+}
+
+// Slot `slot` of qkv into `bhtd` [B, H, T, D].
+absl::Status UnpackSlot(Tensor& bhtd, const Tensor& qkv, int slot, const char* op, cudaStream_t stream) {
+  const char* from = static_cast<const char*>(qkv.raw_data()) + SlotOffset(qkv, slot);
+  return CopySlot(bhtd.raw_data(), from, qkv, slot, false, op, stream);
+}
+
+// `bhtd` [B, H, T, D] into slot `slot` of qkv.
+absl::Status PackSlot(Tensor& qkv, const Tensor& bhtd, int slot, const char* op, cudaStream_t stream) {
+  char* to = static_cast<char*>(qkv.raw_data()) + SlotOffset(qkv, slot);
+  return CopySlot(to, bhtd.raw_data(), qkv, slot, true, op, stream);
+}
+
+// The "bhtd" kernel's failures, named for the qkv op that ran it on copies.
+absl::Status OnCopies(const absl::Status& s, const char* op) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(op, " (on [B, H, T, D] copies of the slots): ", s.message()));
+}
+
+template <typename T>
+constexpr bool kHalfType = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+// The limits of the paths off the tensor-core flash kernels, checked before
+// any copy so that a refusal names the qkv op: F32 and F64 those of
+// CheckLimits; 16-bit the GEMM path's budget.
+absl::Status CheckQkvLimits(DataType dtype, const QkvDims& d, bool grad, const char* op) {
+  if (!IsHalfFloating(dtype)) return CheckHeadLimits(d.B, d.H, d.D, op);
+  if (ChunkHeads(dtype, grad, d.heads(), d.T) == 0) return RefuseLongHalf(op, d.T);
+  return absl::OkStatus();
+}
+
+// scaled_dot_product_attention_qkv for storage type T: `Bhtd` is the
+// "bhtd" kernel the copies run on (its attrs are the op's; the qkv ops have
+// no layout attr, so it reads "bhtd").
+template <typename T, typename Bhtd>
+class CudaAttentionQkvKernel : public Bhtd {
+ public:
+  using Bhtd::Bhtd;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(Bhtd::Init(op));
+    this->layout_ = AttentionLayout::kBhtd;  // the copies' layout (the ops have no layout attr: qkv's is fixed)
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(CheckQkvOperands(ctx, kOp, false));
+    const Tensor& qkv = ctx.input(0);
+    const QkvDims d = QkvDimsOf(qkv);
+    const DataType lse_dtype = IsHalfFloating(qkv.dtype()) ? F32 : qkv.dtype();
+    if (qkv.num_elements() == 0) {  // nothing to compute: the outputs' shapes only
+      STRATA_RETURN_IF_ERROR(ctx.AllocateOutput(0, qkv.dtype(), d.y()).status());
+      return ctx.AllocateOutput(1, lse_dtype, d.lse()).status();
+    }
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const cudaStream_t stream = device->stream();
+    if constexpr (kHalfType<T>) {
+      if (FlashTensorCorePath(qkv.dtype(), d.heads(), d.D)) {
+        using G = typename CudaHalf<T>::type;
+        STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, qkv.dtype(), d.y()));
+        STRATA_ASSIGN_OR_RETURN(Tensor * lse, ctx.AllocateOutput(1, F32, d.lse()));
+        const G* q = reinterpret_cast<const G*>(qkv.data<T>());
+        const int64_t slot = d.H * d.D;  // k's and v's slots start this far after q's
+        return CudaStatus(cuda::LaunchFlashAttention(reinterpret_cast<G*>(y->data<T>()), lse->data<float>(), q,
+                                                     q + slot, q + 2 * slot, d.heads(), d.T, d.D,
+                                                     static_cast<float>(this->ScaleFor(d.D)), this->causal_, stream,
+                                                     cuda::HeadLayout{d.H, true, 3}),
+                          kOp);
+      }
+    }
+    STRATA_RETURN_IF_ERROR(CheckQkvLimits(qkv.dtype(), d, false, kOp));
+    Tensor slots[3];
+    for (int i = 0; i < 3; ++i) {
+      STRATA_ASSIGN_OR_RETURN(slots[i], Scratch(ctx, qkv.dtype(), NumElements(d.bhtd()), kOp));
+      slots[i] = slots[i].Reshaped(d.bhtd());
+      STRATA_RETURN_IF_ERROR(UnpackSlot(slots[i], qkv, i, kOp, stream));
+    }
+    const Tensor* inputs[3] = {&slots[0], &slots[1], &slots[2]};
+    std::vector<Tensor> outputs(2);
+    KernelContext inner(&ctx.run(), inputs, absl::MakeSpan(outputs));
+    STRATA_RETURN_IF_ERROR(OnCopies(Bhtd::Compute(inner), kOp));
+    for (Tensor& t : slots) t = Tensor();
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, qkv.dtype(), d.y()));
+    STRATA_RETURN_IF_ERROR(SwapInto(*y, outputs[0], kOp, stream));
+    ctx.SetOutput(1, std::move(outputs[1]));  // lse: [B, H, T] in both
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention_qkv";
+};
+
+// Its gradient: inputs qkv, y, lse, dy [, dlse]; dqkv [B, T, 3, H, D] holds
+// dq, dk, dv in q's, k's and v's slots.
+template <typename T, typename Bhtd>
+class CudaAttentionQkvGradKernel : public Bhtd {
+ public:
+  using Bhtd::Bhtd;
+  absl::Status Init(const Op& op) {
+    STRATA_RETURN_IF_ERROR(Bhtd::Init(op));
+    this->layout_ = AttentionLayout::kBhtd;  // the copies' layout (the ops have no layout attr: qkv's is fixed)
+    return absl::OkStatus();
+  }
+  absl::Status Compute(KernelContext& ctx) override {
+    STRATA_RETURN_IF_ERROR(CheckQkvOperands(ctx, kOp, true));
+    const Tensor& qkv = ctx.input(0);
+    const QkvDims d = QkvDimsOf(qkv);
+    if (qkv.num_elements() == 0) return ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()).status();
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const cudaStream_t stream = device->stream();
+    if constexpr (kHalfType<T>) {
+      if (FlashTensorCorePath(qkv.dtype(), d.heads(), d.D)) {
+        using G = typename CudaHalf<T>::type;
+        STRATA_ASSIGN_OR_RETURN(Tensor * dqkv, ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()));
+        STRATA_ASSIGN_OR_RETURN(Tensor di, Scratch(ctx, F32, cuda::AttentionGradScratch(d.heads(), d.T), kOp));
+        const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
+        const G *q = at(0), *y = at(1), *dy = at(3);
+        G* dq = reinterpret_cast<G*>(dqkv->data<T>());
+        const float* lse = ctx.input(2).data<float>();
+        const float* dlse = ctx.num_inputs() > 4 ? ctx.input(4).data<float>() : nullptr;
+        const int64_t slot = d.H * d.D;  // k's and v's slots start this far after q's
+        return CudaStatus(
+            cuda::LaunchFlashAttentionGrad(dq, dq + slot, dq + 2 * slot, q, q + slot, q + 2 * slot, y, lse, dy, dlse,
+                                           di.data<float>(), d.heads(), d.T, d.D,
+                                           static_cast<float>(this->ScaleFor(d.D)), this->causal_, stream,
+                                           cuda::HeadLayout{d.H, true, 3}),
+            kOp);
+      }
+    }
+    STRATA_RETURN_IF_ERROR(CheckQkvLimits(qkv.dtype(), d, true, kOp));
+    // The "bhtd" kernel's inputs: q, k, v, y, lse, dy [, dlse], the
+    // [B, T, H, D] ones as [B, H, T, D] copies.
+    const int n = ctx.num_inputs() + 2;
+    std::vector<Tensor> copies(n);
+    std::vector<const Tensor*> inputs(n);
+    for (int i = 0; i < 3; ++i) {
+      STRATA_ASSIGN_OR_RETURN(copies[i], Scratch(ctx, qkv.dtype(), NumElements(d.bhtd()), kOp));
+      copies[i] = copies[i].Reshaped(d.bhtd());
+      STRATA_RETURN_IF_ERROR(UnpackSlot(copies[i], qkv, i, kOp, stream));
+      inputs[i] = &copies[i];
+    }
+    for (int i = 3; i < n; ++i) {
+      const Tensor& t = ctx.input(i - 2);  // y, lse, dy, dlse
+      inputs[i] = &t;
+      if (i == 4 || i == 6) continue;  // lse, dlse: [B, H, T] in both
+      STRATA_ASSIGN_OR_RETURN(copies[i], SwapHeadsAndTime(ctx, t, kOp, stream));
+      inputs[i] = &copies[i];
+    }
+    std::vector<Tensor> outputs(3);
+    KernelContext inner(&ctx.run(), inputs, absl::MakeSpan(outputs));
+    STRATA_RETURN_IF_ERROR(OnCopies(Bhtd::Compute(inner), kOp));
+    copies.clear();
+    STRATA_ASSIGN_OR_RETURN(Tensor * dqkv, ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()));
+    for (int i = 0; i < 3; ++i) STRATA_RETURN_IF_ERROR(PackSlot(*dqkv, outputs[i], i, kOp, stream));
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr char kOp[] = "scaled_dot_product_attention_qkv_grad";
+};
+
 // Scratch for the memory plan: the forward's scores on the GEMM path; the
 // gradient's di (one element per query row) and, on the GEMM path, P and dS.
-// The tensor-core flash kernels (FlashTensorCorePath) need di only.
-// Layout "bthd" off the flash kernels adds ViaBhtd's copies: q, k, v (y, dy)
-// and y (dq, dk, dv) in [B, H, T, D].
-absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
-  if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
-  const Shape& s = def.input_types[0].shape;
-  const DataType dtype = def.input_types[0].dtype;
-  AttentionLayout layout = AttentionLayout::kBhtd;  // a def without its op (tests) is "bhtd"
-  if (def.op != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(layout, AttentionLayoutAttr(*def.op));
-  }
-  const AttentionShape dims = AttentionDimsOf(s, layout);
-  const int64_t heads = dims.B * dims.H, T = dims.T;
+// The tensor-core flash kernels (FlashTensorCorePath) need di only. Off
+// them, `copies` elements more: ViaBhtd's [B, H, T, D] copies for layout
+// "bthd" (q, k, v (y, dy) and y (dq, dk, dv)), or the qkv ops' of the same.
+int64_t PathWorkspace(DataType dtype, bool grad, int64_t heads, int64_t T, int64_t D, int64_t copies) {
   // di, in lse's type (float for 16-bit q).
   const DataType lse = IsHalfFloating(dtype) ? F32 : dtype;
   int64_t bytes = grad ? cuda::AttentionGradScratch(heads, T) * static_cast<int64_t>(DataTypeSize(lse)) : 0;
-  const bool flash = FlashTensorCorePath(dtype, heads, s[3]);
+  const bool flash = FlashTensorCorePath(dtype, heads, D);
   const int64_t chunk = flash ? 0 : ChunkHeads(dtype, grad, heads, T);
   if (chunk > 0) {
     const auto [scratch_dtype, elements] = ScoreScratch(dtype, grad, chunk, T);
     bytes += elements * static_cast<int64_t>(DataTypeSize(scratch_dtype));
   }
-  if (layout == AttentionLayout::kBthd && !flash) {
-    bytes += (grad ? 8 : 4) * NumElements(s) * static_cast<int64_t>(DataTypeSize(dtype));
-  }
+  if (!flash) bytes += copies * static_cast<int64_t>(DataTypeSize(dtype));
   return bytes;
+}
+
+// Four copies the size of q (eight for the gradient): q, k, v and y (q, k,
+// v, y, dy and dq, dk, dv).
+int64_t CopiesOfQ(int64_t q_elements, bool grad) { return (grad ? 8 : 4) * q_elements; }
+
+absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
+  if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
+  const Shape& s = def.input_types[0].shape;
+  AttentionLayout layout = AttentionLayout::kBhtd;  // a def without its op (tests) is "bhtd"
+  if (def.op != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(layout, AttentionLayoutAttr(*def.op));
+  }
+  const AttentionShape dims = AttentionDimsOf(s, layout);
+  const int64_t copies = layout == AttentionLayout::kBthd ? CopiesOfQ(NumElements(s), grad) : 0;
+  return PathWorkspace(def.input_types[0].dtype, grad, dims.B * dims.H, dims.T, s[3], copies);
 }
 absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, false); }
 absl::StatusOr<int64_t> AttentionGradWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, true); }
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention", DEVICE_CUDA, AttentionWorkspace);
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_grad", DEVICE_CUDA, AttentionGradWorkspace);
+
+// The qkv ops': the same rule on qkv [B, T, 3, H, D]; off the tensor-core
+// flash kernels, the slots', y's (dy's) and outputs' [B, H, T, D] copies.
+absl::StatusOr<int64_t> QkvWorkspace(const KernelDef& def, bool grad) {
+  if (def.input_types.empty() || def.input_types[0].shape.size() != 5) return int64_t{0};
+  const Shape& s = def.input_types[0].shape;
+  const int64_t B = s[0], T = s[1], H = s[3], D = s[4];
+  return PathWorkspace(def.input_types[0].dtype, grad, B * H, T, D, CopiesOfQ(B * T * H * D, grad));
+}
+absl::StatusOr<int64_t> AttentionQkvWorkspace(const KernelDef& def, int) { return QkvWorkspace(def, false); }
+absl::StatusOr<int64_t> AttentionQkvGradWorkspace(const KernelDef& def, int) { return QkvWorkspace(def, true); }
+STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_qkv", DEVICE_CUDA, AttentionQkvWorkspace);
+STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_qkv_grad", DEVICE_CUDA, AttentionQkvGradWorkspace);
 
 STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CUDA, F32, InitFactory<CudaAttentionKernel<float>>());
 STRATA_REGISTER_KERNEL("scaled_dot_product_attention", DEVICE_CUDA, F64, InitFactory<CudaAttentionKernel<double>>());
@@ -502,6 +756,28 @@ STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, BF16,
                        InitFactory<CudaHalfAttentionGradKernel<bfloat16>>());
 STRATA_REGISTER_KERNEL("scaled_dot_product_attention_grad", DEVICE_CUDA, F16,
                        InitFactory<CudaHalfAttentionGradKernel<float16>>());
+
+// The qkv ops' kernels run the "bhtd" ones on the copies (the macro takes no
+// commas: one name each).
+template <typename T>
+using QkvKernel = CudaAttentionQkvKernel<T, CudaAttentionKernel<T>>;
+template <typename T>
+using HalfQkvKernel = CudaAttentionQkvKernel<T, CudaHalfAttentionKernel<T>>;
+template <typename T>
+using QkvGradKernel = CudaAttentionQkvGradKernel<T, CudaAttentionGradKernel<T>>;
+template <typename T>
+using HalfQkvGradKernel = CudaAttentionQkvGradKernel<T, CudaHalfAttentionGradKernel<T>>;
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv", DEVICE_CUDA, F32, InitFactory<QkvKernel<float>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv", DEVICE_CUDA, F64, InitFactory<QkvKernel<double>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv", DEVICE_CUDA, BF16, InitFactory<HalfQkvKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv", DEVICE_CUDA, F16, InitFactory<HalfQkvKernel<float16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv_grad", DEVICE_CUDA, F32, InitFactory<QkvGradKernel<float>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv_grad", DEVICE_CUDA, F64,
+                       InitFactory<QkvGradKernel<double>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv_grad", DEVICE_CUDA, BF16,
+                       InitFactory<HalfQkvGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("scaled_dot_product_attention_qkv_grad", DEVICE_CUDA, F16,
+                       InitFactory<HalfQkvGradKernel<float16>>());
 
 }  // namespace
 }  // namespace strata

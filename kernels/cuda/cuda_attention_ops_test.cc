@@ -44,6 +44,8 @@ using testing::RunKernel;
 STRATA_CUDA_OPS_TESTED(cuda_attention_ops_test, {
                                                     {"scaled_dot_product_attention", {F32, F64, BF16, F16}},
                                                     {"scaled_dot_product_attention_grad", {F32, F64, BF16, F16}},
+                                                    {"scaled_dot_product_attention_qkv", {F32, F64, BF16, F16}},
+                                                    {"scaled_dot_product_attention_qkv_grad", {F32, F64, BF16, F16}},
                                                 });
 
 constexpr double kAccuracyFactor = 8;
@@ -522,6 +524,266 @@ TEST_F(CudaHalfAttentionOpsTest, BthdScratchCountsTheTransposedCopies) {
   ScopedFlashTensorCore flash(false);
   EXPECT_EQ(*(*fwd)(bthd_def, 1), *(*fwd)(bhtd_def, 1) + 4 * copy);
   EXPECT_EQ(*(*grad)(bthd_def, 1), *(*grad)(bhtd_def, 1) + 8 * copy);
+}
+
+// scaled_dot_product_attention_qkv and its gradient: q, k, v the slots of
+// one qkv [B, T, 3, H, D], dq, dk, dv those of dqkv; y, dy [B, T, H, D]. A
+// case's `bthd` is ignored (the layout is fixed).
+Shape QkvShape(const Case& c) { return Shape{c.B, c.T, 3, c.H, c.D}; }
+
+std::string QkvForwardText(const Case& c) {
+  Case attrs = c;
+  attrs.bthd = false;  // no layout attr
+  return absl::StrCat(R"(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])",
+                      Attrs(attrs));
+}
+
+std::string QkvGradText(const Case& c) {
+  Case attrs = c;
+  attrs.bthd = false;
+  const std::string inputs = c.dlse ? R"(["qkv", "y", "lse", "dy", "dlse"])" : R"(["qkv", "y", "lse", "dy"])";
+  return absl::StrCat(R"(type: "scaled_dot_product_attention_qkv_grad" input: )", inputs, R"( output: ["dqkv"])",
+                      Attrs(attrs));
+}
+
+// qkv [B, T, 3, H, D] from q, k, v [B, T, H, D] (host tensors), and slot
+// `slot` of it back, by values (exact: the same dtype both ways).
+Tensor Pack(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Shape& s = q.shape();
+  const int64_t rows = s[0] * s[1], row = s[2] * s[3];
+  const std::vector<double> slots[3] = {TensorValues(q), TensorValues(k), TensorValues(v)};
+  std::vector<double> out(3 * rows * row);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < 3; ++i) std::copy_n(slots[i].begin() + r * row, row, out.begin() + (3 * r + i) * row);
+  }
+  return MakeTensor(q.dtype(), Shape{s[0], s[1], 3, s[2], s[3]}, out);
+}
+
+Tensor Slot(const Tensor& qkv, int slot) {
+  const Shape& s = qkv.shape();
+  const int64_t rows = s[0] * s[1], row = s[3] * s[4];
+  const std::vector<double> all = TensorValues(qkv);
+  std::vector<double> out(rows * row);
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(all.begin() + (3 * r + slot) * row, row, out.begin() + r * row);
+  return MakeTensor(qkv.dtype(), Shape{s[0], s[1], s[3], s[4]}, out);
+}
+
+// Head sizes on the F32/F64 kernels' two template paths and the three
+// 16-bit flash instantiations, 96 (16-bit: the GEMM path only); rows off the
+// 64-row blocks; causal and not, with and without dlse, a scale.
+const Case kQkvCases[] = {
+    {2, 3, 100, 64, true, 0, false},   {1, 2, 77, 32, false, 0.3, true}, {2, 2, 65, 128, false, 0, true},
+    {1, 4, 130, 96, true, 1.7, false}, {2, 12, 256, 64, true, 0, false},
+};
+
+class CudaQkvAttentionOpsTest : public CudaHalfAttentionOpsTest {
+ protected:
+  // The CPU's qkv forward, then its gradient from those outputs, in `dtype`:
+  // {y, lse, dqkv}.
+  static std::vector<Tensor> RunCpuQkv(const Case& c, DataType dtype, const std::map<std::string, Tensor>& in) {
+    std::map<std::string, Tensor> env;
+    for (const auto& [name, t] : in) env[name] = Retyped(dtype, t);
+    absl::Status s = RunOp(ParseOp(QkvForwardText(c)), &env);
+    if (s.ok()) s = RunOp(ParseOp(QkvGradText(c)), &env);
+    EXPECT_TRUE(s.ok()) << s;
+    if (!s.ok()) return {};
+    return {env["y"], env["lse"], env["dqkv"]};
+  }
+
+  // F32 or F64: the CUDA qkv ops against the CPU's with the bars of
+  // CheckAgainstTheCpu (the scale measured from the CPU's own F32 and F64
+  // runs), and the gradient twice bit for bit.
+  void CheckQkvAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
+    std::map<std::string, Tensor> in{{"qkv", RandomTensor(dtype, QkvShape(c), seed)},
+                                     {"dy", RandomTensor(dtype, QShape(Bthd(c)), seed + 1)}};
+    if (c.dlse) in["dlse"] = RandomTensor(dtype, {c.B, c.H, c.T}, seed + 2);
+    auto fwd = RunBothNamed(QkvForwardText(c), in, {"y", "lse"});
+    ASSERT_EQ(fwd.size(), 2u);
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = fwd[0].first;
+    grad_in["lse"] = fwd[1].first;
+    auto bwd = RunBothNamed(QkvGradText(c), grad_in, {"dqkv"});
+    ASSERT_EQ(bwd.size(), 1u);
+    const std::vector<Tensor> wide = RunCpuQkv(c, F64, in), narrow = RunCpuQkv(c, F32, in);
+    ASSERT_EQ(wide.size(), 3u);
+    ASSERT_EQ(narrow.size(), 3u);
+    const std::pair<Tensor, Tensor>* both[] = {&fwd[0], &fwd[1], &bwd[0]};
+    const char* names[] = {"y", "lse", "dqkv"};
+    for (int i = 0; i < 3; ++i) {
+      const auto& [cpu, gpu] = *both[i];
+      if (dtype == F32) {
+        const double scale = std::max(MaxAbsDiff(cpu, wide[i]), 0x1p-24 * MaxAbs(wide[i]));
+        EXPECT_TRUE(Within(Retyped(F64, gpu), wide[i], kAccuracyFactor * scale, scale, names[i]));
+      } else {
+        const double scale = std::max(MaxAbsDiff(narrow[i], wide[i]) * 0x1p-29, 0x1p-53 * MaxAbs(cpu));
+        EXPECT_TRUE(Within(gpu, cpu, kAccuracyFactor * scale, scale, names[i]));
+      }
+    }
+    EXPECT_TRUE(BitEqual(RunGpu(QkvGradText(c), grad_in, "dqkv"), bwd[0].second));
+  }
+
+  // BF16 or F16 on the path set now: the CUDA qkv ops against the CPU's
+  // (widened) with CheckHalfAgainstTheCpu's bars, and bit for bit run to run.
+  void CheckHalfQkvAgainstTheCpu(const Case& c, DataType dtype, uint32_t seed) {
+    std::map<std::string, Tensor> in{{"qkv", RandomTensor(dtype, QkvShape(c), seed)},
+                                     {"dy", RandomTensor(dtype, QShape(Bthd(c)), seed + 1)}};
+    if (c.dlse) in["dlse"] = RandomTensor(F32, {c.B, c.H, c.T}, seed + 2);
+    auto fwd = RunBothNamed(QkvForwardText(c), in, {"y", "lse"});
+    ASSERT_EQ(fwd.size(), 2u);
+    EXPECT_EQ(fwd[1].second.dtype(), F32);
+    EXPECT_TRUE(WithinOfLargest(fwd[0].second, fwd[0].first, 2e-2, "y"));
+    EXPECT_TRUE(WithinOfLargest(fwd[1].second, fwd[1].first, 1e-4, "lse"));
+    EXPECT_TRUE(BitEqual(RunGpu(QkvForwardText(c), in, "y"), fwd[0].second));
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = fwd[0].first;
+    grad_in["lse"] = fwd[1].first;
+    auto bwd = RunBothNamed(QkvGradText(c), grad_in, {"dqkv"});
+    ASSERT_EQ(bwd.size(), 1u);
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(WithinOfLargest(Slot(bwd[0].second, i), Slot(bwd[0].first, i), 2e-2, names[i]));
+    }
+    EXPECT_TRUE(BitEqual(RunGpu(QkvGradText(c), grad_in, "dqkv"), bwd[0].second));
+  }
+
+  static Case Bthd(Case c) {
+    c.bthd = true;
+    return c;
+  }
+};
+
+// F32 and F64 (always through [B, H, T, D] copies) on every path of the
+// "bhtd" kernels they run.
+TEST_F(CudaQkvAttentionOpsTest, QkvMatchesTheCpu) {
+  for (const Path& path : kPaths) {
+    for (DataType dtype : {F32, F64}) {
+      for (const Case& c : kQkvCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", qkv ", Name(c, dtype)));
+        ScopedScoreBudget budget(Budget(path, c, dtype));
+        CheckQkvAgainstTheCpu(c, dtype, 101);
+      }
+    }
+  }
+}
+
+// BF16 and F16 on both 16-bit paths: in place on the tensor-core flash
+// kernels (D = 32, 64, 128), through copies on the GEMM path (and D = 96).
+TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
+  for (const HalfPath& path : kHalfPaths) {
+    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    for (DataType dtype : {BF16, F16}) {
+      for (const Case& c : kQkvCases) {
+        SCOPED_TRACE(absl::StrCat(path.name, ", qkv ", Name(c, dtype)));
+        CheckHalfQkvAgainstTheCpu(c, dtype, 111);
+      }
+    }
+  }
+}
+
+// The contract: the qkv ops give the bits of the "bthd" ops on q, k, v =
+// qkv's slots (y and lse; dq, dk, dv = dqkv's slots), on every path, for
+// every dtype (the mma.sync kernels too where STRATA_MMA_ATTENTION is set).
+TEST_F(CudaQkvAttentionOpsTest, QkvIsBthdOnTheSlotsBitForBit) {
+  const std::vector<std::pair<const char*, bool>> switches = {{"tensor-core flash kernels", true}, {"GEMM path", false}};
+  for (const auto& [name, on] : switches) {
+    ScopedFlashTensorCore flash(on);
+    for (DataType dtype : {F32, F64, BF16, F16}) {
+      for (const Case& c : kQkvCases) {
+        SCOPED_TRACE(absl::StrCat(name, ", ", Name(c, dtype)));
+        const DataType lse_dtype = dtype == BF16 || dtype == F16 ? F32 : dtype;
+        const Case bthd = Bthd(c);
+        std::map<std::string, Tensor> bthd_in{{"q", RandomTensor(dtype, QShape(bthd), 121)},
+                                              {"k", RandomTensor(dtype, QShape(bthd), 122)},
+                                              {"v", RandomTensor(dtype, QShape(bthd), 123)},
+                                              {"dy", RandomTensor(dtype, QShape(bthd), 124)}};
+        if (c.dlse) bthd_in["dlse"] = RandomTensor(lse_dtype, {c.B, c.H, c.T}, 125);
+        std::map<std::string, Tensor> qkv_in{{"qkv", Pack(bthd_in["q"], bthd_in["k"], bthd_in["v"])},
+                                             {"dy", bthd_in["dy"]}};
+        if (c.dlse) qkv_in["dlse"] = bthd_in["dlse"];
+        const Tensor y = RunGpu(QkvForwardText(c), qkv_in, "y"), lse = RunGpu(QkvForwardText(c), qkv_in, "lse");
+        const Tensor y0 = RunGpu(ForwardText(bthd), bthd_in, "y"), lse0 = RunGpu(ForwardText(bthd), bthd_in, "lse");
+        EXPECT_TRUE(BitEqual(y, y0));
+        EXPECT_TRUE(BitEqual(lse, lse0));
+        qkv_in["y"] = bthd_in["y"] = y0;
+        qkv_in["lse"] = bthd_in["lse"] = lse0;
+        const Tensor dqkv = RunGpu(QkvGradText(c), qkv_in, "dqkv");
+        ASSERT_EQ(dqkv.shape(), QkvShape(c));
+        const char* grads[] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; ++i) {
+          SCOPED_TRACE(grads[i]);
+          EXPECT_TRUE(BitEqual(Slot(dqkv, i), RunGpu(GradText(bthd), bthd_in, grads[i])));
+        }
+      }
+    }
+  }
+}
+
+// The memory plan: the qkv ops draw what the "bthd" ops draw for the same
+// B, T, H, D (di only on the tensor-core flash kernels; the copies and the
+// GEMM path's buffers off them).
+TEST_F(CudaQkvAttentionOpsTest, QkvScratchIsTheBthdOpsScratch) {
+  const auto find = [](const char* op) { return KernelRegistry::Global().FindWorkspace(op, DEVICE_CUDA); };
+  const WorkspaceFn *fwd = find("scaled_dot_product_attention"), *grad = find("scaled_dot_product_attention_grad"),
+                    *qkv_fwd = find("scaled_dot_product_attention_qkv"),
+                    *qkv_grad = find("scaled_dot_product_attention_qkv_grad");
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(grad, nullptr);
+  ASSERT_NE(qkv_fwd, nullptr);
+  ASSERT_NE(qkv_grad, nullptr);
+  Op bthd = ParseOp(R"pb(type: "scaled_dot_product_attention" input: ["q", "k", "v"] output: ["y", "lse"])pb");
+  (*bthd.mutable_attr())["layout"].set_s("bthd");
+  Op qkv = ParseOp(R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb");
+  for (const bool on : {true, false}) {
+    ScopedFlashTensorCore flash(on);
+    for (DataType dtype : {BF16, F32}) {
+      for (const int64_t D : {64, 96}) {
+        SCOPED_TRACE(absl::StrCat(on ? "flash on, " : "flash off, ", DataTypeName(dtype), " D ", D));
+        KernelDef bthd_def, qkv_def;
+        bthd_def.op = &bthd;
+        qkv_def.op = &qkv;
+        bthd_def.input_types = {TensorType{dtype, {8, 1024, 12, D}}};
+        qkv_def.input_types = {TensorType{dtype, {8, 1024, 3, 12, D}}};
+        EXPECT_EQ(*(*qkv_fwd)(qkv_def, 1), *(*fwd)(bthd_def, 1));
+        EXPECT_EQ(*(*qkv_grad)(qkv_def, 1), *(*grad)(bthd_def, 1));
+      }
+    }
+  }
+  ScopedFlashTensorCore flash(true);
+  KernelDef def;
+  def.op = &qkv;
+  def.input_types = {TensorType{BF16, {8, 1024, 3, 12, 64}}};
+  EXPECT_EQ(*(*qkv_fwd)(def, 1), 0);
+  EXPECT_EQ(*(*qkv_grad)(def, 1), 8 * 12 * 1024 * 4);  // di, float
+}
+
+// Operands the kernels refuse, naming the op: a qkv that is not
+// [B, T, 3, H, D]; F32 heads above 128 elements (checked before any copy).
+TEST_F(CudaQkvAttentionOpsTest, QkvRefusesBadShapesNamingTheOp) {
+  const Op op = ParseOp(R"pb(type: "scaled_dot_product_attention_qkv" input: ["qkv"] output: ["y", "lse"])pb");
+  for (const Shape& shape : {Shape{1, 4, 2, 2, 8}, Shape{1, 4, 3, 16}}) {
+    Tensor on_gpu = *RandomTensor(BF16, shape, 1).CopyTo(device_.get());
+    absl::StatusOr<Tensor> gpu = RunKernel(op, BF16, {&on_gpu}, gpu_);
+    ASSERT_FALSE(gpu.ok());
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(gpu.status().message(), absl::StrCat("scaled_dot_product_attention_qkv: qkv must be [B, T, 3, H, D], got ",
+                                                   ShapeString(shape)));
+  }
+  Tensor big = *RandomTensor(F32, Shape{1, 4, 3, 1, 129}, 1).CopyTo(device_.get());
+  absl::StatusOr<Tensor> gpu = RunKernel(op, F32, {&big}, gpu_);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(gpu.status().message(),
+            "scaled_dot_product_attention_qkv: the CUDA kernel takes heads of 1 to 128 elements, got D = 129");
+  const Op grad = ParseOp(
+      R"pb(type: "scaled_dot_product_attention_qkv_grad" input: ["qkv", "y", "lse", "dy"] output: ["dqkv"])pb");
+  Tensor qkv = *RandomTensor(BF16, Shape{1, 4, 3, 2, 32}, 1).CopyTo(device_.get());
+  Tensor y = *RandomTensor(BF16, Shape{1, 4, 2, 32}, 2).CopyTo(device_.get());
+  Tensor bad_lse = *RandomTensor(BF16, Shape{1, 2, 4}, 3).CopyTo(device_.get());  // F32 for BF16 qkv
+  absl::StatusOr<Tensor> refused = RunKernel(grad, BF16, {&qkv, &y, &bad_lse, &y}, gpu_);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "scaled_dot_product_attention_qkv_grad: input 'lse' is BF16[1, 2, 4], expected F32[1, 2, 4]");
 }
 
 }  // namespace
