@@ -268,6 +268,10 @@ inline absl::Status CheckPackedAttentionOperands(const KernelContext& ctx, const
         absl::StrCat(op, ": qkv must be [B, T, 3, H, D], got ", ShapeString(qkv.shape())));
   }
   if (!grad) return absl::OkStatus();
+  if (ctx.num_inputs() != 4 && ctx.num_inputs() != 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": takes qkv, y, lse, dy and optionally dlse, got ", ctx.num_inputs(), " inputs"));
+  }
   const char* names[] = {"qkv", "y", "lse", "dy", "dlse"};
   const Shape y{qkv.dim(0), qkv.dim(1), qkv.dim(3), qkv.dim(4)};
   const Shape lse{qkv.dim(0), qkv.dim(3), qkv.dim(1)};

@@ -477,38 +477,6 @@ struct QkvDims {
 };
 QkvDims QkvDimsOf(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(3), qkv.dim(4)}; }
 
-// scaled_dot_product_attention_qkv(_grad)'s operands: qkv [B, T, 3, H, D];
-// for the gradient y and dy [B, T, H, D] in qkv's type, lse and dlse
-// [B, H, T], F32 when qkv is BF16 or F16, else qkv's type (as
-// CheckAttentionOperands for "bthd").
-absl::Status CheckQkvOperands(const KernelContext& ctx, const char* op, bool grad) {
-  const Tensor& qkv = ctx.input(0);
-  if (qkv.rank() != 5 || qkv.dim(2) != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": qkv must be [B, T, 3, H, D], got ", ShapeString(qkv.shape())));
-  }
-  if (!grad) return absl::OkStatus();
-  if (ctx.num_inputs() != 4 && ctx.num_inputs() != 5) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": takes qkv, y, lse, dy and optionally dlse, got ", ctx.num_inputs(), " inputs"));
-  }
-  const QkvDims dims = QkvDimsOf(qkv);
-  const char* names[] = {"qkv", "y", "lse", "dy", "dlse"};
-  const DataType lse_dtype = IsHalfFloating(qkv.dtype()) ? F32 : qkv.dtype();
-  for (int i = 1; i < ctx.num_inputs(); ++i) {
-    const Tensor& t = ctx.input(i);
-    const bool is_lse = i == 2 || i == 4;
-    const DataType want = is_lse ? lse_dtype : qkv.dtype();
-    const Shape shape = is_lse ? dims.lse() : dims.y();
-    if (t.dtype() != want || t.shape() != shape) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": input '", names[i], "' is ", DataTypeName(t.dtype()),
-                                                     ShapeString(t.shape()), ", expected ", DataTypeName(want),
-                                                     ShapeString(shape)));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Between slot `slot` of qkv [B, T, 3, H, D] and a [B, H, T, D] tensor:
 // `dst` = `src` over the box [B, H, T, D], the slot's strides qkv's with T
 // and H swapped (into_slot: dst is the slot, else src).
@@ -575,7 +543,7 @@ class CudaAttentionQkvKernel : public Bhtd {
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR(CheckQkvOperands(ctx, kOp, false));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckPackedAttentionOperands(ctx, kOp, false));
     const Tensor& qkv = ctx.input(0);
     const QkvDims d = QkvDimsOf(qkv);
     const DataType lse_dtype = IsHalfFloating(qkv.dtype()) ? F32 : qkv.dtype();
@@ -633,7 +601,7 @@ class CudaAttentionQkvGradKernel : public Bhtd {
     return absl::OkStatus();
   }
   absl::Status Compute(KernelContext& ctx) override {
-    STRATA_RETURN_IF_ERROR(CheckQkvOperands(ctx, kOp, true));
+    STRATA_RETURN_IF_ERROR(kernel_checks::CheckPackedAttentionOperands(ctx, kOp, true));
     const Tensor& qkv = ctx.input(0);
     const QkvDims d = QkvDimsOf(qkv);
     if (qkv.num_elements() == 0) return ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()).status();
