@@ -73,7 +73,9 @@ class Packer {
       const int64_t hd = q[2] * q[3];
       const std::vector<int64_t> axis = {graph_.attrs(split).count("axis") ? graph_.attrs(split).at("axis").i() : 0};
       const std::vector<int64_t> sections = IntsAttr(graph_, split, "sections");
-      if (xs.size() != 3 || (axis[0] != 2 && axis[0] != -1) || sections != std::vector<int64_t>{hd, hd, hd} ||
+      // Three equal sections: named, or none (the split's equal parts).
+      const bool thirds = sections.empty() || sections == std::vector<int64_t>{hd, hd, hd};
+      if (xs.size() != 3 || (axis[0] != 2 && axis[0] != -1) || !thirds ||
           xs[1] != q[1] || xs[2] != 3 * hd || graph_.dtype(x) != graph_.dtype(graph_.inputs(att)[0])) {
         continue;
       }

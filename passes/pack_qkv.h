@@ -28,7 +28,8 @@ namespace strata {
 // and no recompute checkpoint, all on the attention's stage; and only for the attention the tensor-core
 // flash kernels take (16-bit q with heads of 32, 64 or 128, the switch on:
 // FlashEligible in kernels/attention_budget.h), which read the packed
-// layout in place (the other GPU paths would unpack it through scratch). A
+// layout in place (the other GPU paths, and more than 65535 batch x heads,
+// unpack it through scratch: correct, the split's copies again). A
 // GPT's attention (nanoGPT's split -> view -> transpose, after
 // attention-layout dropped the transposes) is that pattern.
 class PackQkvPass : public Pass {

@@ -107,8 +107,8 @@ TEST(PackQkvTest, GptAttentionReadsTheProjectionInPlace) {
 }
 
 // Left alone: heads the tensor-core kernels do not take (16 wide), float32
-// attention (no mixed precision), a CPU plan, and a q whose split output
-// something else reads too.
+// attention (no mixed precision), a CPU plan, a k whose split output
+// something else reads too (under BF16), and a recompute checkpoint.
 TEST(PackQkvTest, LeavesWhatTheFlashKernelsWouldNotReadInPlace) {
   const ScopedTensorCoreAttention tensor_core(true);
   EXPECT_EQ(OpsOfType(DumpAfter(Gpt(/*heads=*/4), Bf16(), "pack-qkv"), "split").size(), 2u);
@@ -118,9 +118,7 @@ TEST(PackQkvTest, LeavesWhatTheFlashKernelsWouldNotReadInPlace) {
   // block 1 packs.
   std::string text = Gpt();
   text += "\nop { type: \"reduce_mean\" input: [\"block0.k2\"] output: [\"k2_mean\"] }\nfetch: \"k2_mean\"\n";
-  const Program after = DumpAfter(text, Strategy(), "pack-qkv");
   const Program low = DumpAfter(text, Bf16(), "pack-qkv");
-  EXPECT_EQ(OpsOfType(after, "split").size(), 2u);
   EXPECT_EQ(OpsOfType(low, "split").size(), 1u);
   EXPECT_EQ(OpsOfType(low, "scaled_dot_product_attention_qkv").size(), 1u);
   // Block 1's q a recompute checkpoint: it stays, and so does that split.
@@ -135,6 +133,39 @@ TEST(PackQkvTest, LeavesWhatTheFlashKernelsWouldNotReadInPlace) {
   EXPECT_EQ(OpsOfType(kept, "split").size(), 1u);
   EXPECT_EQ(OpsOfType(kept, "scaled_dot_product_attention_qkv").size(), 1u);
   EXPECT_NE(FindVar(kept, "block1.q3@bf16"), nullptr);
+}
+
+// Hand-made variants of the program the pass sees: block 1's attention
+// reading k and v the other way round (the split's outputs out of order:
+// left alone), block 0's split without `sections` (equal thirds: packed).
+TEST(PackQkvTest, ChecksTheSplitsOrderAndSections) {
+  const ScopedTensorCoreAttention tensor_core(true);
+  Program variant = DumpAfter(Gpt(), Bf16(), "attention-layout");
+  int swapped = 0, unsectioned = 0;
+  for (Op& op : *variant.mutable_op()) {
+    if (op.type() == "scaled_dot_product_attention" && op.input(1) == "block1.k3@bf16") {
+      op.set_input(1, "block1.v3@bf16");
+      op.set_input(2, "block1.k3@bf16");
+      ++swapped;
+    }
+    if (op.type() == "split" && op.input(0) == "block0.attn.qkv.y@bf16") {
+      op.mutable_attr()->erase("sections");
+      ++unsectioned;
+    }
+  }
+  ASSERT_EQ(swapped, 1);
+  ASSERT_EQ(unsectioned, 1);
+  CompileContext ctx;
+  ctx.strategy = Bf16();
+  auto changed = RunOnProgram(PackQkvPass(), variant, ctx);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  const std::vector<const Op*> packed = OpsOfType(variant, "scaled_dot_product_attention_qkv");
+  ASSERT_EQ(packed.size(), 1u);
+  EXPECT_EQ(packed[0]->input(0), "block0.attn.qkv.y@bf16@qkv");
+  const std::vector<const Op*> splits = OpsOfType(variant, "split");
+  ASSERT_EQ(splits.size(), 1u);
+  EXPECT_EQ(splits[0]->input(0), "block1.attn.qkv.y@bf16");
 }
 
 // A second run changes nothing.

@@ -17,7 +17,9 @@ absl::StatusOr<bool> Tf32Pass::Run(Graph& graph, const CompileContext& ctx) {
                                                 "matmul_bias_gelu",
                                                 "matmul_bias_grad_b",
                                                 "scaled_dot_product_attention",
-                                                "scaled_dot_product_attention_grad"};
+                                                "scaled_dot_product_attention_grad",
+                                                "scaled_dot_product_attention_qkv",
+                                                "scaled_dot_product_attention_qkv_grad"};
   bool changed = false;
   for (int op : std::vector<int>(graph.ops())) {
     if (kFamily.count(graph.schema(op).type) == 0 || graph.inputs(op).empty()) continue;

@@ -170,7 +170,7 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_grad")
 // The packed form (FlashAttention's qkvpacked): one qkv [B, T, 3, H, D], the
 // layout a [B, T, 3 * H * D] projection writes, read in place instead of
 // split into q, k, v and their gradients concatenated back
-// (passes/attention_layout makes it on GPU plans).
+// (passes/pack_qkv makes it on GPU plans).
 
 // qkv (input 0) [B, T, 3, H, D] (B may be -1; F32, F64, BF16 or F16) and sane attrs.
 absl::Status CheckPackedQkv(const ShapeContext& ctx) {
@@ -240,7 +240,7 @@ STRATA_REGISTER_OP(OpDef("scaled_dot_product_attention_qkv")
                             "[B, T, 3, H, D] (q = qkv[:, :, 0], k = qkv[:, :, 1], v = qkv[:, :, 2]: the "
                             "[B, T, 3 * H * D] output of a qkv projection, FlashAttention's qkvpacked form), "
                             "read in place. y [B, T, H, D] has qkv's type; lse [B, H, T] is F32 for BF16 or F16 "
-                            "qkv, else qkv's type. The same bits as the unpacked op. passes/attention_layout "
+                            "qkv, else qkv's type. The same bits as the unpacked op. passes/pack_qkv "
                             "makes it on GPU plans from split -> reshape -> attention."));
 
 absl::Status PackedAttentionGradShape(ShapeContext& ctx) {

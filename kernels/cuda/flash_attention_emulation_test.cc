@@ -560,13 +560,14 @@ void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
     std::vector<G> y, dq, dk, dv;
     std::vector<float> lse;
   };
-  // y and lse, then dq, dk and dv into `grads` (poisoned first) at offsets
-  // dq_at, dk_at and dv_at, from q, k, v, dy and di (the gradient from lse_in
-  // where given, else from the run's own lse).
+  // y and lse, then dq, dk and dv into `grads` (all poisoned first with
+  // `poison`, a different value a run, so an element neither run writes
+  // cannot match) at offsets dq_at, dk_at and dv_at, from q, k, v, dy and
+  // di (the gradient from lse_in where given, else from the run's own lse).
   const auto run = [&](const G* q, const G* k, const G* v, std::vector<G>& grads, int64_t dq_at, int64_t dk_at,
-                       int64_t dv_at, const std::vector<float>* lse_in, const HeadLayout& layout) {
-    Run r{std::vector<G>(n, Round<G>(12345)), {}, {}, {}, std::vector<float>(heads * T, 12345.0f)};
-    std::fill(grads.begin(), grads.end(), Round<G>(12345));
+                       int64_t dv_at, const std::vector<float>* lse_in, const HeadLayout& layout, float poison) {
+    Run r{std::vector<G>(n, Round<G>(poison)), {}, {}, {}, std::vector<float>(heads * T, poison)};
+    std::fill(grads.begin(), grads.end(), Round<G>(poison));
     G *const dq = grads.data() + dq_at, *const dk = grads.data() + dk_at, *const dv = grads.data() + dv_at;
     if constexpr (kKernels == Kernels::kWmma) {
       Launch(blocks, heads, WmmaForwardShared(kD), FlashForwardWmma<G, kD>, r.y.data(), r.lse.data(), q, k, v, T,
@@ -591,7 +592,7 @@ void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
   };
   // Separate [B, T, H, D] tensors, the gradients in one buffer of three.
   std::vector<G> separate_grads(3 * n);
-  Run want = run(q.data(), k.data(), v.data(), separate_grads, 0, n, 2 * n, nullptr, HeadLayout{H, true});
+  Run want = run(q.data(), k.data(), v.data(), separate_grads, 0, n, 2 * n, nullptr, HeadLayout{H, true}, 12345.0f);
   if (::testing::Test::HasFatalFailure()) return;
   want.dq.assign(separate_grads.begin(), separate_grads.begin() + n);
   want.dk.assign(separate_grads.begin() + n, separate_grads.begin() + 2 * n);
@@ -606,7 +607,8 @@ void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
   }
   std::vector<G> dqkv(3 * n);
   const HeadLayout packed{H, true, 3};
-  const Run got = run(qkv.data(), qkv.data() + HD, qkv.data() + 2 * HD, dqkv, 0, HD, 2 * HD, &want.lse, packed);
+  const Run got =
+      run(qkv.data(), qkv.data() + HD, qkv.data() + 2 * HD, dqkv, 0, HD, 2 * HD, &want.lse, packed, -54321.0f);
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_TRUE(SameBits(got.lse, want.lse, "lse"));
   EXPECT_TRUE(SameBits(got.y, want.y, "y"));
