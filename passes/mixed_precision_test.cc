@@ -270,7 +270,7 @@ TEST(MixedPrecisionTest, LogitsReadElsewhereKeepTheirCast) {
 
 // A small GPT: attention runs in the low dtype too (q, k, v cast, y written
 // in BF16 and cast back), its logsumexp stays F32, and the compiled program's
-// attention gradient reads BF16 q.
+// attention gradient (packed by pack-qkv) reads the BF16 qkv.
 Program SmallGpt(int64_t seq = 16) { return ParseProgramOrFail(TinyGptText(seq)); }
 
 TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
@@ -322,10 +322,11 @@ TEST(MixedPrecisionTest, AttentionRunsInBf16WithF32Lse) {
   for (const RankPlan& plan : compiled->plans) {
     const Program& rank = plan.program();
     for (const Op& op : rank.op()) {
-      if (op.type() != "scaled_dot_product_attention_grad") continue;
+      // The packed form (passes/pack_qkv): qkv, y, lse, dy in; dqkv out.
+      if (op.type() != "scaled_dot_product_attention_qkv_grad") continue;
       ++grads;
       EXPECT_EQ(FindVar(rank, op.input(0))->dtype(), BF16) << op.input(0);
-      EXPECT_EQ(FindVar(rank, op.input(4))->dtype(), F32) << op.input(4);  // lse
+      EXPECT_EQ(FindVar(rank, op.input(2))->dtype(), F32) << op.input(2);  // lse
       for (const auto& out : op.output()) EXPECT_EQ(FindVar(rank, out)->dtype(), BF16) << out;
     }
     // The loss's gradient is written in bf16 for the LM head's backward: no

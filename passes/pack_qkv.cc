@@ -29,8 +29,9 @@ std::vector<int64_t> IntsAttr(const Graph& graph, int op, const char* name) {
 
 class Packer {
  public:
-  Packer(Graph& graph, const Strategy& strategy)
+  Packer(Graph& graph, const Strategy& strategy, DeviceKind device)
       : graph_(graph),
+        device_(device),
         checkpoints_(strategy.recompute().checkpoints().begin(), strategy.recompute().checkpoints().end()),
         keep_(graph.num_vars(), true) {}
 
@@ -48,7 +49,8 @@ class Packer {
       if (!IsBthdAttention(graph_, att) || graph_.inputs(att).size() != 3) continue;
       const int stage = graph_.stage(att);
       const absl::Span<const int64_t> q = graph_.shape(graph_.inputs(att)[0]);
-      if (q.size() != 4 || !FlashEligible(IsHalfFloating(graph_.dtype(graph_.inputs(att)[0])), q[3])) continue;
+      if (q.size() != 4) continue;
+      if (device_ == DEVICE_CUDA && !FlashEligible(IsHalfFloating(graph_.dtype(graph_.inputs(att)[0])), q[3])) continue;
       // q, k, v: reshapes of the split's outputs 0, 1, 2.
       int split = -1;
       bool ok = true;
@@ -118,6 +120,7 @@ class Packer {
 
  private:
   Graph& graph_;
+  const DeviceKind device_;
   const absl::flat_hash_set<std::string> checkpoints_;  // the recompute pass's: they must stay
   std::vector<bool> keep_;
 };
@@ -125,7 +128,7 @@ class Packer {
 }  // namespace
 
 absl::StatusOr<bool> PackQkvPass::Run(Graph& graph, const CompileContext& ctx) {
-  Packer packer(graph, ctx.strategy);
+  Packer packer(graph, ctx.strategy, device_);
   return RewriteUntilDone(graph, packer, kPass);
 }
 

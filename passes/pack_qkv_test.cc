@@ -43,23 +43,25 @@ Program DumpAfter(const std::string& text, const Strategy& strategy, const std::
   return result.ok() ? result->dumped : Program();
 }
 
-TEST(PackQkvTest, RunsAfterAttentionLayoutOnGpuPlansWithTheTensorCoreAttention) {
+TEST(PackQkvTest, RunsAfterAttentionLayoutWhereThatRuns) {
   {
     const ScopedTensorCoreAttention tensor_core(true);
-    const std::vector<std::string> names = CompilePassNames(Bf16(), DEVICE_CUDA);
-    auto pass = std::find(names.begin(), names.end(), "pack-qkv");
-    ASSERT_NE(pass, names.end());
-    ASSERT_NE(pass, names.begin());
-    EXPECT_EQ(*(pass - 1), "attention-layout");
-    EXPECT_LT(pass, std::find(names.begin(), names.end(), "autodiff"));
-    const std::vector<std::string> optional = OptionalPassNames(Bf16(), DEVICE_CUDA);
-    EXPECT_NE(std::find(optional.begin(), optional.end(), "pack-qkv"), optional.end());
-    const std::vector<std::string> cpu = CompilePassNames(Bf16(), DEVICE_CPU);
-    EXPECT_EQ(std::find(cpu.begin(), cpu.end(), "pack-qkv"), cpu.end());
+    for (DeviceKind device : {DEVICE_CUDA, DEVICE_CPU}) {
+      const std::vector<std::string> names = CompilePassNames(Bf16(), device);
+      auto pass = std::find(names.begin(), names.end(), "pack-qkv");
+      ASSERT_NE(pass, names.end());
+      ASSERT_NE(pass, names.begin());
+      EXPECT_EQ(*(pass - 1), "attention-layout");
+      EXPECT_LT(pass, std::find(names.begin(), names.end(), "autodiff"));
+      const std::vector<std::string> optional = OptionalPassNames(Bf16(), device);
+      EXPECT_NE(std::find(optional.begin(), optional.end(), "pack-qkv"), optional.end());
+    }
   }
   const ScopedTensorCoreAttention off(false);
   const std::vector<std::string> names = CompilePassNames(Bf16(), DEVICE_CUDA);
   EXPECT_EQ(std::find(names.begin(), names.end(), "pack-qkv"), names.end());
+  const std::vector<std::string> cpu = CompilePassNames(Bf16(), DEVICE_CPU);
+  EXPECT_NE(std::find(cpu.begin(), cpu.end(), "pack-qkv"), cpu.end());
 }
 
 // Each block's split of the qkv projection and the three reshapes become
@@ -106,14 +108,18 @@ TEST(PackQkvTest, GptAttentionReadsTheProjectionInPlace) {
   EXPECT_EQ(grads.op_size() + 12, unpacked.op_size());  // and the backward's 3 reshape_likes and concat
 }
 
-// Left alone: heads the tensor-core kernels do not take (16 wide), float32
-// attention (no mixed precision), a CPU plan, a k whose split output
-// something else reads too (under BF16), and a recompute checkpoint.
+// Left alone on GPU plans: heads the tensor-core kernels do not take (16
+// wide) and float32 attention (no mixed precision), both of which a CPU
+// plan packs (its kernel reads any packed qkv in place); and anywhere, a k
+// whose split output something else reads too (under BF16), and a
+// recompute checkpoint.
 TEST(PackQkvTest, LeavesWhatTheFlashKernelsWouldNotReadInPlace) {
   const ScopedTensorCoreAttention tensor_core(true);
   EXPECT_EQ(OpsOfType(DumpAfter(Gpt(/*heads=*/4), Bf16(), "pack-qkv"), "split").size(), 2u);
   EXPECT_EQ(OpsOfType(DumpAfter(Gpt(), Strategy(), "pack-qkv"), "split").size(), 2u);
-  EXPECT_EQ(OpsOfType(DumpAfter(Gpt(), Bf16(), "autodiff", DEVICE_CPU), "split").size(), 2u);
+  EXPECT_EQ(OpsOfType(DumpAfter(Gpt(/*heads=*/4), Bf16(), "pack-qkv", DEVICE_CPU), "split").size(), 0u);
+  EXPECT_EQ(OpsOfType(DumpAfter(Gpt(), Strategy(), "pack-qkv", DEVICE_CPU), "scaled_dot_product_attention_qkv").size(),
+            2u);
   // Block 0's k2 also read by a fetched mean: that block keeps its split,
   // block 1 packs.
   std::string text = Gpt();

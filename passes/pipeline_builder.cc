@@ -36,9 +36,9 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
   // attention's gradient. GPU plans only where the tensor-core attention
   // (the one GPU path that reads the layout in place) is on.
   if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<AttentionLayoutPass>(device);
-  // Then the split into q, k, v and its gradients' concat, where the flash
-  // kernels read the projection in place.
-  if (device == DEVICE_CUDA && TensorCoreAttention().load()) pipeline->AddPass<PackQkvPass>();
+  // Then the split into q, k, v and its gradients' concat, where the kernels
+  // read the projection in place (on GPU plans, the flash kernels).
+  if (device != DEVICE_CUDA || TensorCoreAttention().load()) pipeline->AddPass<PackQkvPass>(device);
   pipeline->AddPass<AutodiffPass>();
   if (strategy.recompute().checkpoints_size() > 0) pipeline->AddPass<RecomputePass>();
   pipeline->AddPass<InPlaceLossGradPass>();

@@ -18,14 +18,14 @@ import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
 print(sum(1 for e in ev if e.get("ph") == "X" and e.get("cat") in ("op", "comm")))' "$tmp/trace.json")
 all=$(/usr/bin/python3 "$tool" "$tmp/trace.json" --top 100) || fail "trace_ops: $all"
-echo "$all" | head -1 | grep -q "over 3 steps" || fail "no step count: $all"
+head -1 <<<"$all" | grep -q "over 3 steps" || fail "no step count: $all"
 got=$(echo "$all" | awk '/^all ops/ {print $NF}')
 # count per step over 3 steps, times 3: the trace's own op events
 /usr/bin/python3 -c "import sys; sys.exit(abs(float('$got') * 3 - $want) > 1e-6)" ||
   fail "op events: trace_ops counts $got a step, the trace holds $want"
-echo "$all" | grep -qE "^matmul +[0-9.]+ " || fail "no matmul row: $all"
+grep -qE "^matmul +[0-9.]+ " <<<"$all" || fail "no matmul row: $all"
 skipped=$(/usr/bin/python3 "$tool" "$tmp/trace.json" --skip_steps 1) || fail "--skip_steps 1: $skipped"
-echo "$skipped" | head -1 | grep -q "over 2 steps" || fail "--skip_steps 1: $skipped"
+head -1 <<<"$skipped" | grep -q "over 2 steps" || fail "--skip_steps 1: $skipped"
 if out=$(/usr/bin/python3 "$tool" "$tmp/trace.json" --skip_steps 3 2>&1); then fail "--skip_steps 3 passed: $out"; fi
-echo "$out" | grep -q "the trace has 3 steps" || fail "--skip_steps 3: $out"
+grep -q "the trace has 3 steps" <<<"$out" || fail "--skip_steps 3: $out"
 echo PASS
