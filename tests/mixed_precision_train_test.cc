@@ -200,7 +200,7 @@ TEST(MixedPrecisionTrainTest, BackwardCastsCommutedAfterFusionTrainTheSameBits) 
 // the tiny GPT's 16 keeps its split), each block's split, reshapes and
 // concat go and scaled_dot_product_attention_qkv and its gradient come.
 // The plan, run on the CPU's kernels, trains the same bits with and without
-// the pass.
+// the pass; so does a CPU plan, which packs any head size.
 TEST(MixedPrecisionTrainTest, PackedQkvTrainsTheSameBits) {
   GenOptions gen = TinyGpt("F32");
   gen.heads = 2;  // D = 32
@@ -218,6 +218,10 @@ TEST(MixedPrecisionTrainTest, PackedQkvTrainsTheSameBits) {
   EXPECT_EQ(count({"pack-qkv"}, "split"), gen.blocks);
   EXPECT_EQ(count({"pack-qkv"}, "scaled_dot_product_attention_qkv"), 0);
   ExpectTheSameBitsWithoutPass(*program, DEVICE_CUDA, "pack-qkv");
+  // A CPU plan packs the tiny GPT's 16-wide heads too: the same bits.
+  auto tiny = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  ExpectTheSameBitsWithoutPass(*tiny, DEVICE_CPU, "pack-qkv");
 }
 
 // The same on two pipeline stages (1F1B, 2 micro-batches; the packed
