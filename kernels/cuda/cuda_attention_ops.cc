@@ -530,18 +530,27 @@ absl::Status CheckQkvLimits(DataType dtype, const QkvDims& d, bool grad, const c
   return absl::OkStatus();
 }
 
-// scaled_dot_product_attention_qkv for storage type T: `Bhtd` is the
-// "bhtd" kernel the copies run on (its attrs are the op's; the qkv ops have
-// no layout attr, so it reads "bhtd").
-template <typename T, typename Bhtd>
-class CudaAttentionQkvKernel : public Bhtd {
+// The qkv ops' kernels over `Bhtd`, the "bhtd" kernel their unpacked
+// copies run on: its attrs are the op's (causal, scale), its layout
+// "bhtd" (the qkv ops have no layout attr: theirs is fixed).
+template <typename Bhtd>
+class QkvOnBhtd : public Bhtd {
  public:
   using Bhtd::Bhtd;
   absl::Status Init(const Op& op) {
     STRATA_RETURN_IF_ERROR(Bhtd::Init(op));
-    this->layout_ = AttentionLayout::kBhtd;  // the copies' layout (the ops have no layout attr: qkv's is fixed)
+    this->layout_ = AttentionLayout::kBhtd;
     return absl::OkStatus();
   }
+};
+
+// scaled_dot_product_attention_qkv for storage type T: `Bhtd` is the
+// "bhtd" kernel the copies run on (its attrs are the op's; the qkv ops have
+// no layout attr, so it reads "bhtd").
+template <typename T, typename Bhtd>
+class CudaAttentionQkvKernel : public QkvOnBhtd<Bhtd> {
+ public:
+  using QkvOnBhtd<Bhtd>::QkvOnBhtd;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckPackedAttentionOperands(ctx, kOp, false));
     const Tensor& qkv = ctx.input(0);
@@ -592,14 +601,9 @@ class CudaAttentionQkvKernel : public Bhtd {
 // Its gradient: inputs qkv, y, lse, dy [, dlse]; dqkv [B, T, 3, H, D] holds
 // dq, dk, dv in q's, k's and v's slots.
 template <typename T, typename Bhtd>
-class CudaAttentionQkvGradKernel : public Bhtd {
+class CudaAttentionQkvGradKernel : public QkvOnBhtd<Bhtd> {
  public:
-  using Bhtd::Bhtd;
-  absl::Status Init(const Op& op) {
-    STRATA_RETURN_IF_ERROR(Bhtd::Init(op));
-    this->layout_ = AttentionLayout::kBhtd;  // the copies' layout (the ops have no layout attr: qkv's is fixed)
-    return absl::OkStatus();
-  }
+  using QkvOnBhtd<Bhtd>::QkvOnBhtd;
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_RETURN_IF_ERROR(kernel_checks::CheckPackedAttentionOperands(ctx, kOp, true));
     const Tensor& qkv = ctx.input(0);
