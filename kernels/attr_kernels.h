@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -150,22 +151,40 @@ class EpsilonAttrKernel : public OpKernel {
   double epsilon_ = 1e-5;
 };
 
-// A 16-bit storage attr: `out_dtype` of the ops a mixed-precision cast
-// folds into (layer_norm's y, gelu_grad's dx; passes/fold_casts), or
-// matmul_bias_gelu's `z_dtype`: BF16 or F16, or DT_INVALID for "" or no
-// attr (the input's dtype). Anything else is InvalidArgument naming the op
-// and attr (the schema refuses it first in a plan).
-inline absl::StatusOr<DataType> StoredDtypeAttr(const Op& op, const char* attr) {
-  auto it = op.attr().find(attr);
+// `out_dtype` of the ops a mixed-precision cast folds into (layer_norm's y,
+// gelu_grad's dx; passes/fold_casts): BF16 or F16, or DT_INVALID for ""
+// or no attr (the input's dtype). Anything else is InvalidArgument naming
+// the op (the schema refuses it first in a plan).
+inline absl::StatusOr<DataType> StoredOutDtype(const Op& op) {
+  auto it = op.attr().find("out_dtype");
   if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
   DataType dtype = DT_INVALID;
   if (!DataType_Parse(it->second.s(), &dtype) || (dtype != BF16 && dtype != F16)) {
-    return absl::InvalidArgumentError(absl::StrCat(op.type(), ": attr '", attr,
-                                                   "' must be \"\", \"BF16\" or \"F16\", got \"", it->second.s(), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.type(), ": attr 'out_dtype' must be \"\", \"BF16\" or \"F16\", got \"", it->second.s(), "\""));
   }
   return dtype;
 }
-inline absl::StatusOr<DataType> StoredOutDtype(const Op& op) { return StoredDtypeAttr(op, "out_dtype"); }
+
+// matmul_bias_gelu's `z_dtype` (mixed precision, whose gelu_grad reads a
+// 16-bit z): "" (or no attr: an op built by hand) keeps z float (F64 for
+// F64 operands); else a's 16-bit type, for BF16 / F16 operands only.
+// Anything else is InvalidArgument naming the op (the schema refuses it
+// first in a plan).
+template <typename In>
+absl::StatusOr<DataType> MatmulBiasGeluZDtype(const Op& op) {
+  auto it = op.attr().find("z_dtype");
+  if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
+  constexpr bool kHalf = std::is_same_v<In, bfloat16> || std::is_same_v<In, float16>;
+  DataType dtype = DT_INVALID;
+  if (!kHalf || !DataType_Parse(it->second.s(), &dtype) || dtype != DataTypeOf<In>::value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.type(), ": attr 'z_dtype' must be \"\"",
+                     kHalf ? absl::StrCat(" or \"", DataTypeName(DataTypeOf<In>::value), "\"") : std::string(), " for ",
+                     DataTypeName(DataTypeOf<In>::value), " a and b, got \"", it->second.s(), "\""));
+  }
+  return dtype;
+}
 
 // gelu's form, for gelu, gelu_grad and matmul_bias_gelu: true for approximate
 // "tanh", false for "none" (or no attr: an op built by hand); anything else

@@ -224,7 +224,8 @@ bool IsTanhGelu(const Graph& graph, int g, bool grad, int z) {
 // The var a gelu of matmul_bias `m`'s output reads when mixed precision
 // runs it in the low dtype: the output's one reader is a cast to a's 16-bit
 // type (a, b 16-bit, bias F32), on m's stage and role, whose output is an
-// activation; that output, or -1 (also for the F32 gelu reading z itself).
+// activation the program does not report; that output, or -1 (also for the
+// F32 gelu reading z itself).
 int GeluReadsLowZ(const Graph& graph, const std::vector<std::vector<int>>& readers, int m, int z) {
   if (readers[z].size() != 1) return -1;
   const int cast = readers[z][0];
@@ -235,19 +236,10 @@ int GeluReadsLowZ(const Graph& graph, const std::vector<std::vector<int>>& reade
   const int low = graph.outputs(cast)[0];
   const DataType a = graph.dtype(graph.inputs(m)[0]);
   if (!IsHalfFloating(a) || graph.dtype(low) != a || graph.dtype(graph.inputs(m)[2]) != F32 ||
-      graph.kind(low) != ACTIVATION) {
+      !IsUnreportedActivation(graph, low)) {
     return -1;
   }
   return low;
-}
-
-// Whether var `v` is the loss or a fetch.
-bool Reported(const Graph& graph, int v) {
-  if (graph.var_name(v) == graph.loss()) return true;
-  for (const std::string& f : graph.program_fields().fetch()) {
-    if (f == graph.var_name(v)) return true;
-  }
-  return false;
 }
 
 // matmul_bias -> gelu (tanh form) becomes one matmul_bias_gelu writing the
@@ -274,10 +266,9 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
       continue;
     }
     const int wide = graph.outputs(m)[0];
-    if (graph.kind(wide) != ACTIVATION || Reported(graph, wide)) continue;
+    if (!IsUnreportedActivation(graph, wide)) continue;
     const int low = GeluReadsLowZ(graph, readers, m, wide);
     const int z = low >= 0 ? low : wide;  // what the gelu and gelu_grads read
-    if (low >= 0 && Reported(graph, low)) continue;
     int gelu = -1;
     bool others = false;  // a reader that is neither the one gelu nor a gelu_grad
     for (int r : readers[z]) {

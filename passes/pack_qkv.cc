@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
 #include "kernels/attention_budget.h"
 #include "passes/pass_helpers.h"
 #include "proto/status_macros.h"
@@ -21,7 +22,7 @@ bool IsBthdAttention(const Graph& graph, int op) {
 }
 
 // The ints of attr `name` of op `op` (empty when absent).
-std::vector<int64_t> IntsAttr(const Graph& graph, int op, const char* name) {
+std::vector<int64_t> IntsOf(const Graph& graph, int op, const char* name) {
   const auto it = graph.attrs(op).find(name);
   if (it == graph.attrs(op).end()) return {};
   return std::vector<int64_t>(it->second.list().i().begin(), it->second.list().i().end());
@@ -73,11 +74,12 @@ class Packer {
       const int x = graph_.inputs(split)[0];
       const absl::Span<const int64_t> xs = graph_.shape(x);
       const int64_t hd = q[2] * q[3];
-      const std::vector<int64_t> axis = {graph_.attrs(split).count("axis") ? graph_.attrs(split).at("axis").i() : 0};
-      const std::vector<int64_t> sections = IntsAttr(graph_, split, "sections");
+      const auto axis_attr = graph_.attrs(split).find("axis");
+      const int64_t axis = axis_attr == graph_.attrs(split).end() ? 0 : axis_attr->second.i();
+      const std::vector<int64_t> sections = IntsOf(graph_, split, "sections");
       // Three equal sections: named, or none (the split's equal parts).
       const bool thirds = sections.empty() || sections == std::vector<int64_t>{hd, hd, hd};
-      if (xs.size() != 3 || (axis[0] != 2 && axis[0] != -1) || !thirds ||
+      if (xs.size() != 3 || (axis != 2 && axis != -1) || !thirds ||
           xs[1] != q[1] || xs[2] != 3 * hd || graph_.dtype(x) != graph_.dtype(graph_.inputs(att)[0])) {
         continue;
       }
@@ -91,9 +93,7 @@ class Packer {
       Op view = OpPlacedLike(graph_, split, "reshape", graph_.role(split));
       view.add_input(std::string(graph_.var_name(x)));
       view.add_output(packed_name);
-      AttrValue shape;
-      for (int64_t d : packed_shape) shape.mutable_list()->add_i(d);
-      (*view.mutable_attr())["shape"] = shape;
+      (*view.mutable_attr())["shape"] = IntsAttr(packed_shape);
       Op packed = OpPlacedLike(graph_, att, "scaled_dot_product_attention_qkv", graph_.role(att));
       packed.add_input(packed_name);
       for (int out : graph_.outputs(att)) packed.add_output(std::string(graph_.var_name(out)));

@@ -286,7 +286,7 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
 
   absl::Status Init(const Op& op) {
     STRATA_RETURN_IF_ERROR((MatmulBiasKernel<In, T>::Init(op)));
-    STRATA_ASSIGN_OR_RETURN(z_dtype_, StoredDtypeAttr(op, "z_dtype"));
+    STRATA_ASSIGN_OR_RETURN(z_dtype_, MatmulBiasGeluZDtype<In>(op));
     return absl::OkStatus();
   }
 
@@ -296,10 +296,6 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
     Tensor wide;  // the float z when z is stored in 16 bits
     Tensor* z = nullptr;
     if (z_dtype_ != DT_INVALID) {
-      if (z_dtype_ != DataTypeOf<In>::value) {
-        return absl::InvalidArgumentError(absl::StrCat("matmul_bias_gelu: attr 'z_dtype' ", DataTypeName(z_dtype_),
-                                                       " for ", DataTypeName(DataTypeOf<In>::value), " a and b"));
-      }
       STRATA_ASSIGN_OR_RETURN(wide, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, NumElements(s.y)));
       z = &wide;
     } else {
@@ -324,7 +320,7 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
   }
 
  private:
-  DataType z_dtype_ = DT_INVALID;  // z_dtype's type, or none: z in T
+  DataType z_dtype_ = DT_INVALID;  // z_dtype's type (In's, checked in Init), or none: z in T
 };
 
 // The widened operands' float copies, for the memory plan, and matmul_bias's

@@ -42,6 +42,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/strided_copy.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/kernel_checks.h"
 #include "proto/status_macros.h"
 #include "proto/types.h"
@@ -518,9 +519,6 @@ absl::Status OnCopies(const absl::Status& s, const char* op) {
   return absl::Status(s.code(), absl::StrCat(op, " (on [B, H, T, D] copies of the slots): ", s.message()));
 }
 
-template <typename T>
-constexpr bool kHalfType = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
-
 // The limits of the paths off the tensor-core flash kernels, checked before
 // any copy so that a refusal names the qkv op: F32 and F64 those of
 // CheckLimits; 16-bit the GEMM path's budget.
@@ -562,7 +560,7 @@ class CudaAttentionQkvKernel : public QkvOnBhtd<Bhtd> {
     }
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const cudaStream_t stream = device->stream();
-    if constexpr (kHalfType<T>) {
+    if constexpr (cuda::kIsHalf<T>) {
       if (FlashTensorCorePath(qkv.dtype(), d.heads(), d.D)) {
         using G = typename CudaHalf<T>::type;
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, qkv.dtype(), d.y()));
@@ -611,7 +609,7 @@ class CudaAttentionQkvGradKernel : public QkvOnBhtd<Bhtd> {
     if (qkv.num_elements() == 0) return ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()).status();
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const cudaStream_t stream = device->stream();
-    if constexpr (kHalfType<T>) {
+    if constexpr (cuda::kIsHalf<T>) {
       if (FlashTensorCorePath(qkv.dtype(), d.heads(), d.D)) {
         using G = typename CudaHalf<T>::type;
         STRATA_ASSIGN_OR_RETURN(Tensor * dqkv, ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()));

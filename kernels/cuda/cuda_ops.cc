@@ -332,26 +332,6 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
   }
 };
 
-// matmul_bias_gelu's `z_dtype` (mixed precision, whose gelu_grad reads a
-// 16-bit z): "" (or no attr: an op built by hand) keeps z float (F64 for
-// F64 operands); else a's 16-bit type, for BF16 / F16 operands only.
-// Anything else is InvalidArgument naming the op (the schema refuses it
-// first in a plan).
-template <typename In>
-absl::StatusOr<DataType> MatmulBiasGeluZDtype(const Op& op) {
-  auto it = op.attr().find("z_dtype");
-  if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
-  constexpr bool kHalf = std::is_same_v<In, bfloat16> || std::is_same_v<In, float16>;
-  DataType dtype = DT_INVALID;
-  if (!kHalf || !DataType_Parse(it->second.s(), &dtype) || dtype != DataTypeOf<In>::value) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op.type(), ": attr 'z_dtype' must be \"\"",
-                     kHalf ? absl::StrCat(" or \"", DataTypeName(DataTypeOf<In>::value), "\"") : std::string(), " for ",
-                     DataTypeName(DataTypeOf<In>::value), " a and b, got \"", it->second.s(), "\""));
-  }
-  return dtype;
-}
-
 // (y, z) = (gelu(z), a @ op(b) + bias) with gelu's tanh form
 // (passes/fuse_epilogues): one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue
 // for float y and z (F32 operands, or BF16/F16 operands into F32), z its aux

@@ -23,6 +23,7 @@
 #include "kernels/cuda/binary.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/unary.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/view_kernels.h"
 #include "proto/status_macros.h"
@@ -109,10 +110,6 @@ class CudaUnaryGradKernel : public OpKernel {
   absl::Status Compute(KernelContext& ctx) override { return RunUnaryGrad<T>(ctx, kOp); }
 };
 
-// Whether T is one of the 16-bit floats (storage of BF16 and F16 tensors).
-template <typename T>
-inline constexpr bool kIsHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
-
 // gelu and gelu_grad: the form (approximate) read once at prepare time, then
 // as CudaUnaryKernel and CudaUnaryGradKernel. A BF16 / F16 x (mixed
 // precision's gelu in 16 bits, as torch autocast runs it): y of x's type,
@@ -123,7 +120,7 @@ class CudaGeluKernel : public GeluAttrKernel {
   using GeluAttrKernel::GeluAttrKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryOp op = tanh_ ? cuda::UnaryOp::kGeluTanh : cuda::UnaryOp::kGelu;
-    if constexpr (kIsHalf<T>) {
+    if constexpr (cuda::kIsHalf<T>) {
       STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
       const Tensor& x = ctx.input(0);
       STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, x.shape()));
@@ -145,7 +142,7 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
   using StoredOutKernel<GeluAttrKernel>::StoredOutKernel;
   absl::Status Compute(KernelContext& ctx) override {
     const cuda::UnaryGradOp op = tanh_ ? cuda::UnaryGradOp::kGeluTanhGrad : cuda::UnaryGradOp::kGeluGrad;
-    if constexpr (kIsHalf<T>) {
+    if constexpr (cuda::kIsHalf<T>) {
       STRATA_RETURN_IF_ERROR(kernel_checks::CheckHalfGeluGrad(DataTypeOf<T>::value, ctx.input(1).dtype(),
                                                               out_dtype_ != DT_INVALID));
       return Run<T, T>(ctx, op);
@@ -162,7 +159,7 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
   // nothing stored apart, else the storage-templated one.
   template <typename DY, typename DX>
   absl::Status Run(KernelContext& ctx, cuda::UnaryGradOp op) {
-    if constexpr (!kIsHalf<T> && std::is_same_v<DY, T> && std::is_same_v<DX, T>) {
+    if constexpr (!cuda::kIsHalf<T> && std::is_same_v<DY, T> && std::is_same_v<DX, T>) {
       return RunUnaryGrad<T>(ctx, op);
     } else {
       STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
@@ -172,7 +169,7 @@ class CudaGeluGradKernel : public StoredOutKernel<GeluAttrKernel> {
       STRATA_ASSIGN_OR_RETURN(Tensor * dx, ctx.AllocateOutput(0, DataTypeOf<DX>::value, x.shape()));
       // T for a 16-bit x; float else (F64 takes the branch above: WithStorage
       // stores nothing apart for it).
-      using X = std::conditional_t<kIsHalf<T>, T, float>;
+      using X = std::conditional_t<cuda::kIsHalf<T>, T, float>;
       return CudaStatus(cuda::LaunchGeluGradStored<X, DY, DX>(op, dx->data<DX>(), x.data<X>(), dy.data<DY>(),
                                                               x.num_elements(), device->stream()),
                         "gelu_grad");
