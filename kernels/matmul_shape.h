@@ -59,6 +59,22 @@ inline absl::StatusOr<MatmulShape> InferMatmulBiasShape(const Shape& a, const Sh
   return s;
 }
 
+// matmul_gelu_grad: a [..., M, K], a 2-D b ([K, N], or [N, K] with
+// transpose_b) and z of the product's shape; one GEMM over a's folded rows.
+inline absl::StatusOr<MatmulShape> InferMatmulGeluGradShape(const Shape& a, const Shape& b, const Shape& z,
+                                                            bool transpose_b) {
+  if (b.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_gelu_grad: b must be 2-D, got ", ShapeString(b)));
+  }
+  absl::StatusOr<MatmulShape> s = InferMatmulShape(a, b, false, transpose_b);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("matmul_gelu_grad", s.status().message().substr(6)));
+  if (z != s->y) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_gelu_grad: z ", ShapeString(z),
+                                                   " must have the shape of a @ op(b) ", ShapeString(s->y)));
+  }
+  return s;
+}
+
 // matmul_bias's optional residual (passes/fuse_epilogues): y's shape and its
 // float type `y_dtype` (F32 or F64), and y not stored in 16 bits
 // (`stored_low`, out_dtype), as the schema has it.

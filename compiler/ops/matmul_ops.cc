@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compiler/op_registry.h"
 #include "compiler/ops/nn_shape_checks.h"
 
@@ -427,6 +428,53 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
                             "autodiff (z stays for the backward's gelu_grad). out_dtype \"BF16\" or \"F16\" (a's "
                             "16-bit type) stores y rounded to that type (passes/fold_casts); z_dtype, the same type, stores z "
                             "rounded (y stays the gelu of the float z: cuBLASLt's aux in D's type)."));
+
+// dz = gelu'(z) * (a @ op(b)), gelu's tanh form, for a [..., M, K], a 2-D b
+// and z [..., M, N] of a's dtype: what the epilogue fusion makes of the
+// GEMM of a gelu's output gradient (matmul(dy, W, transpose_b) in the
+// backward of W's layer) and the gelu_grad(z, ·) reading it alone, on a GPU
+// cuBLASLt's DGELU epilogue (its aux z). The product stays in the
+// accumulation type (float for BF16/F16 operands, never rounded to 16 bits
+// before the derivative multiplies it); dz has z's type, rounded once.
+absl::Status MatmulGeluGradShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 2, "z", 0, "a"));
+  STRATA_RETURN_IF_ERROR(ExpectRankArg(ctx, 1, "b", 2, "[K, N] or, with transpose_b, [N, K]"));
+  auto d = ResolveMatmul(ctx.input(0).shape, ctx.input(1).shape, false, ctx.attr_bool("transpose_b"));
+  if (!d.ok()) return d.status();
+  Shape y = d->batch;
+  y.push_back(d->m);
+  y.push_back(d->n);
+  const Dims& z = ctx.input(2).shape;
+  bool same = z.size() == y.size();
+  for (size_t i = 0; same && i < z.size(); ++i) same = SameSize(z[i], y[i]);
+  if (!same) {
+    return Invalid(absl::StrCat("input 'z' ", ctx.input(2).ToString(), " must have the shape of a @ op(b) [",
+                                absl::StrJoin(y, ", "), "]"));
+  }
+  ctx.set_output(0, TensorType{ctx.input(0).dtype, y});
+  return absl::OkStatus();
+}
+
+// The GEMM's, plus the derivative's pass over z.
+double MatmulGeluGradCost(const CostContext& ctx) { return MatmulCost(ctx) + ElementCount(ctx.input(2)); }
+
+STRATA_REGISTER_OP(OpDef("matmul_gelu_grad")
+                       .Input("a")
+                       .Input("b")
+                       .Input("z")
+                       .Output("dz")
+                       .Attr("transpose_b", false)
+                       .Attr("allow_tf32", false)
+                       .Shape(MatmulGeluGradShape)
+                       .Cost(MatmulGeluGradCost)
+                       .NotDifferentiable()
+                       .Doc("dz = gelu_grad(z, a @ op(b)) in the tanh form (gelu's approximate \"tanh\"): a [..., M, "
+                            "K], a 2-D b, z [..., M, N]; a, b, z and dz of one dtype. The product is kept in the "
+                            "accumulation type (float for BF16/F16) and dz rounded once. What the epilogue fusion "
+                            "makes of a GEMM whose output only a tanh-form gelu_grad reads, after autodiff "
+                            "(cuBLASLt's DGELU epilogue on a GPU)."));
 
 }  // namespace
 }  // namespace strata

@@ -185,6 +185,16 @@ class MatmulAccumulateKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
+// A 16-bit tensor's float copy in the kernel's scratch.
+template <typename In>
+absl::StatusOr<Tensor> WidenToScratch(KernelContext& ctx, const Tensor& t) {
+  STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
+  const In* src = t.data<In>();
+  float* dst = wide.data<float>();
+  for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
+  return wide;
+}
+
 // y = a @ op(b) + bias (passes/fuse_epilogues): the GEMM over a's folded rows
 // into y, then bias added row by row, so y has the bits of matmul then add.
 // `In` is a's and b's storage; BF16/F16 operands are widened to float first
@@ -240,8 +250,8 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
       pa = a.data<T>();
       pb = b.data<T>();
     } else {
-      STRATA_ASSIGN_OR_RETURN(wide_a, Widen(ctx, a));
-      STRATA_ASSIGN_OR_RETURN(wide_b, Widen(ctx, b));
+      STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
+      STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
       pa = wide_a.data<T>();
       pb = wide_b.data<T>();
     }
@@ -262,14 +272,6 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     return absl::OkStatus();
   }
 
- private:
-  static absl::StatusOr<Tensor> Widen(KernelContext& ctx, const Tensor& t) {
-    STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
-    const In* src = t.data<In>();
-    float* dst = wide.data<float>();
-    for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
-    return wide;
-  }
 };
 
 // (y, z) = (gelu(z), a @ op(b) + bias), gelu's tanh form
@@ -322,6 +324,63 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
  private:
   DataType z_dtype_ = DT_INVALID;  // z_dtype's type (In's, checked in Init), or none: z in T
 };
+
+// dz = gelu'(z) * (a @ op(b)), the tanh form (passes/fuse_epilogues): the
+// GEMM over a's folded rows into T scratch (BF16/F16 operands widened to
+// float first, as matmul's widened kernel runs them), then gelu_grad's own
+// function (cuda::GeluTanhGradFn) on z widened to T and the unrounded
+// product, dz rounded once to In. For F32/F64 the bits of matmul then
+// gelu_grad; for BF16/F16 those of the float ops on widened operands, then
+// a cast (the unfused 16-bit ops also round the product to 16 bits).
+template <typename In, typename T>
+class MatmulGeluGradKernel : public TransposeBAttrKernel {
+ public:
+  explicit MatmulGeluGradKernel(const KernelDef&) {}
+
+  absl::Status Compute(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& z = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulGeluGradShape(a.shape(), b.shape(), z.shape(), tb_));
+    const T* pa = nullptr;
+    const T* pb = nullptr;
+    Tensor wide_a, wide_b;
+    if constexpr (std::is_same_v<In, T>) {
+      pa = a.data<T>();
+      pb = b.data<T>();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
+      STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
+      pa = wide_a.data<T>();
+      pb = wide_b.data<T>();
+    }
+    const int64_t rows = s.batch * s.m, count = rows * s.n;
+    STRATA_ASSIGN_OR_RETURN(Tensor product, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, count));
+    T* pp = product.data<T>();
+    GemmOrScale<T>(false, tb_, rows, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), pp, s.n);
+    STRATA_ASSIGN_OR_RETURN(Tensor * dz, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+    const In* pz = z.data<In>();
+    In* pdz = dz->data<In>();
+    const cuda::GeluTanhGradFn grad;
+    ParallelFor(count, 16384, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pdz[i] = cuda::Convert<In>(grad(cuda::Convert<T>(pz[i]), pp[i]));
+    });
+    return absl::OkStatus();
+  }
+};
+
+// The widened operands and the product in T.
+absl::StatusOr<int64_t> MatmulGeluGradWorkspace(const KernelDef& def, int) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
+    if (IsHalfFloating(def.input_types[i].dtype)) bytes += NumElements(def.input_types[i].shape) * 4;
+  }
+  if (!def.output_types.empty()) {
+    const DataType t = def.output_types[0].dtype == F64 ? F64 : F32;
+    bytes += NumElements(def.output_types[0].shape) * static_cast<int64_t>(DataTypeSize(t));
+  }
+  return bytes;
+}
 
 // The widened operands' float copies, for the memory plan, and matmul_bias's
 // float y before its 16-bit store (out_dtype: a 16-bit y over an F32 bias).
@@ -412,6 +471,11 @@ STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, F64, (InitFactory<MatmulB
 STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, BF16, (InitFactory<MatmulBiasGeluKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CPU, F16, (InitFactory<MatmulBiasGeluKernel<float16, float>>()));
 STRATA_REGISTER_WORKSPACE("matmul_bias_gelu", DEVICE_CPU, MatmulBiasWorkspace);
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CPU, F32, (InitFactory<MatmulGeluGradKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CPU, F64, (InitFactory<MatmulGeluGradKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CPU, BF16, (InitFactory<MatmulGeluGradKernel<bfloat16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CPU, F16, (InitFactory<MatmulGeluGradKernel<float16, float>>()));
+STRATA_REGISTER_WORKSPACE("matmul_gelu_grad", DEVICE_CPU, MatmulGeluGradWorkspace);
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F32, InitFactory<MatmulBiasGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CPU, F64, InitFactory<MatmulBiasGradBKernel<double>>());
 template <typename Half>

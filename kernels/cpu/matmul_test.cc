@@ -481,6 +481,97 @@ TEST(MatmulBiasGeluTest, ZDtypeStoresTheRoundedPreActivation) {
   EXPECT_THAT(refused.message(), HasSubstr("attr 'z_dtype'"));
 }
 
+// matmul_gelu_grad (a gelu's output-gradient GEMM fused with the tanh-form
+// gelu_grad reading it): in F32 and F64 the bits of matmul then gelu_grad;
+// with BF16 / F16 operands those of the float ops on the widened operands,
+// cast once (the product is never rounded to 16 bits), which is one
+// rounding fewer than the unfused 16-bit ops, within a 16-bit spacing of
+// them.
+std::map<std::string, Tensor> RunMatmulGeluGrad(const Tensor& a, const Tensor& b, const Tensor& z, bool tb) {
+  std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"z", z}};
+  const absl::Status s = RunOp(
+      ParseOp(absl::StrCat(R"(type: "matmul_gelu_grad" input: ["a", "b", "z"] output: ["dz"] )",
+                           "attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }")),
+      &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env;
+}
+
+Tensor MatmulThenGeluGrad(const Tensor& a, const Tensor& b, const Tensor& z, bool tb) {
+  std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"z", z}};
+  EXPECT_TRUE(RunOp(ParseOp(absl::StrCat(R"(type: "matmul" input: ["a", "b"] output: ["g"] )", Attrs(false, tb))), &env)
+                  .ok());
+  const absl::Status s = RunOp(ParseOp(R"(type: "gelu_grad" input: ["z", "g"] output: ["dz"]
+                                          attr { key: "approximate" value { s: "tanh" } })"),
+                               &env);
+  EXPECT_TRUE(s.ok()) << s;
+  return env["dz"];
+}
+
+Tensor Cast(const Tensor& x, const std::string& dtype);
+
+TEST(MatmulGeluGradTest, EqualsMatmulThenTanhGeluGrad) {
+  for (DataType dtype : {F32, F64}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " transpose_b=", tb));
+      // z spans the derivative's range: negative, near 0, past 3.
+      const Tensor a = Make(dtype, {2, 5, 7}, 1), b = Make(dtype, tb ? Shape{16, 7} : Shape{7, 16}, 2);
+      std::vector<double> zs(2 * 5 * 16);
+      for (size_t i = 0; i < zs.size(); ++i) zs[i] = 4.0 * std::sin(0.91 * i + 0.3);
+      const Tensor z = MakeTensor(dtype, {2, 5, 16}, zs);
+      std::map<std::string, Tensor> fused = RunMatmulGeluGrad(a, b, z, tb);
+      EXPECT_EQ(fused["dz"].dtype(), dtype);
+      EXPECT_EQ(fused["dz"].shape(), (Shape{2, 5, 16}));
+      EXPECT_EQ(TensorValues(fused["dz"]), TensorValues(MatmulThenGeluGrad(a, b, z, tb)));
+    }
+  }
+  for (const char* half : {"BF16", "F16"}) {
+    SCOPED_TRACE(half);
+    DataType dtype = DT_INVALID;
+    ASSERT_TRUE(DataType_Parse(half, &dtype));
+    const Tensor a = Cast(Make(F32, {3, 4, 9}, 1), half), b = Cast(Make(F32, {9, 24}, 2), half);
+    std::vector<double> zs(3 * 4 * 24);
+    for (size_t i = 0; i < zs.size(); ++i) zs[i] = 4.0 * std::sin(0.91 * i + 0.3);
+    const Tensor z = Cast(MakeTensor(F32, {3, 4, 24}, zs), half);
+    std::map<std::string, Tensor> fused = RunMatmulGeluGrad(a, b, z, false);
+    EXPECT_EQ(fused["dz"].dtype(), dtype);
+    const Tensor wide = Cast(MatmulThenGeluGrad(Cast(a, "F32"), Cast(b, "F32"), Cast(z, "F32"), false), half);
+    EXPECT_EQ(TensorValues(fused["dz"]), TensorValues(wide));
+    // The unfused 16-bit ops round the product first: at most one 16-bit
+    // spacing of the value apart (2^-7 relative for BF16, 2^-10 for F16),
+    // and not the same bits everywhere.
+    const std::vector<double> got = TensorValues(fused["dz"]), unfused = TensorValues(MatmulThenGeluGrad(a, b, z, false));
+    const double ulp = dtype == BF16 ? 1.0 / 128 : 1.0 / 1024;
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(std::abs(got[i] - unfused[i]), 2 * ulp * std::abs(unfused[i]) + 1e-30) << i;
+      differ += got[i] != unfused[i];
+    }
+    EXPECT_GT(differ, 0);
+  }
+}
+
+TEST(MatmulGeluGradTest, RefusesMismatchedOperands) {
+  const std::string op = R"(type: "matmul_gelu_grad" input: ["a", "b", "z"] output: ["dz"])";
+  auto infer = [&](const std::vector<TensorType>& in) { return Infer(op, in); };
+  EXPECT_TRUE(infer({{F32, {-1, 5, 7}}, {F32, {7, 3}}, {F32, {-1, 5, 3}}}).ok());
+  auto z_shape = infer({{F32, {2, 5, 7}}, {F32, {7, 3}}, {F32, {2, 5, 4}}});
+  ASSERT_FALSE(z_shape.ok());
+  EXPECT_THAT(z_shape.status().message(), HasSubstr("input 'z'"));
+  auto z_dtype = infer({{BF16, {2, 5, 7}}, {BF16, {7, 3}}, {F32, {2, 5, 3}}});
+  ASSERT_FALSE(z_dtype.ok());
+  EXPECT_THAT(z_dtype.status().message(), HasSubstr("'z'"));
+  auto batched_b = infer({{F32, {2, 5, 7}}, {F32, {2, 7, 3}}, {F32, {2, 5, 3}}});
+  ASSERT_FALSE(batched_b.ok());
+  EXPECT_THAT(batched_b.status().message(), HasSubstr("'b'"));
+  // The kernel refuses what the schema does, in its words.
+  std::map<std::string, Tensor> bad{{"a", Make(F32, {2, 5, 7}, 1)}, {"b", Make(F32, {7, 3}, 2)},
+                                    {"z", Make(F32, {2, 5, 4}, 3)}};
+  auto refused = RunKernelOnly(ParseOp(op), bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("matmul_gelu_grad: z"));
+}
+
 // matmul_bias_grad_b (the GPU plans' weight-gradient GEMM fused with the
 // bias's sum): in F32 and F64 db has the bits of matmul_shared_b_grad_b (and
 // of the 2-D transposed matmul autodiff writes for a 2-D a) and dbias those of
