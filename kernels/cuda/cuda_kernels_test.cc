@@ -27,6 +27,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kept_block_allocator.h"
 #include "kernels/cuda/relu.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/gemm_staging.h"
 #include "runtime/float16.h"
 #include "runtime/tensor.h"
@@ -543,6 +544,74 @@ TEST_F(CudaKernelsTest, MatmulBiasGeluKeepsAFloatAndABf16AuxApart) {
     ASSERT_CUDA_OK(z32_dev.Download(&z));
     for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(z[i], exact[i]) << "z[" << i << "]";
   }
+}
+
+// MatmulGeluGrad (cuBLASLt's DGELU, z its aux input in D's type): bf16
+// operands of small integers, so the product is exact in float, and z over
+// the derivative's range. Where it runs, c is gelu'(z) * product rounded
+// once to bf16: within one bf16 spacing of the host's float formula, plus
+// an allowance for a hardware tanh approximation in the epilogue (relative
+// 2^-11 in t, carried through gelu'; an assumption, as
+// MatmulBiasGeluMatchesTheCpu's). Where it has no algorithm it says
+// Unimplemented and its line is in epilogue_fallbacks(). N not a multiple
+// of 8, and k = 0, are Unimplemented without a plan.
+TEST_F(CudaKernelsTest, MatmulGeluGradScalesTheProductByGeluPrime) {
+  absl::StatusOr<std::unique_ptr<LtGemm>> created = LtGemm::Create();
+  ASSERT_TRUE(created.ok()) << created.status();
+  LtGemm& gemm = **created;
+  const int64_t m = 64, n = 64, k = 32;
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> small_int(-2, 2);
+  std::vector<bfloat16> a(m * k), b(n * k), z(m * n);  // b stored [n, k]: transpose_b
+  for (bfloat16& e : a) e = ToBfloat16(static_cast<float>(small_int(rng)));
+  for (bfloat16& e : b) e = ToBfloat16(static_cast<float>(small_int(rng)));
+  for (int64_t i = 0; i < m * n; ++i) z[i] = ToBfloat16(static_cast<float>(4.0 * std::sin(0.91 * i + 0.3)));
+  DeviceArray<bfloat16> a_dev(m * k), b_dev(n * k), z_dev(m * n), c_dev(m * n);
+  for (auto* d : {&a_dev, &b_dev, &z_dev, &c_dev}) ASSERT_CUDA_OK(d->error());
+  ASSERT_CUDA_OK(a_dev.Upload(a));
+  ASSERT_CUDA_OK(b_dev.Upload(b));
+  ASSERT_CUDA_OK(z_dev.Upload(z));
+  auto* c = reinterpret_cast<__nv_bfloat16*>(c_dev.get());
+  const auto* pa = reinterpret_cast<const __nv_bfloat16*>(a_dev.get());
+  const auto* pb = reinterpret_cast<const __nv_bfloat16*>(b_dev.get());
+  const auto* pz = reinterpret_cast<const __nv_bfloat16*>(z_dev.get());
+
+  const absl::Status unaligned = gemm.MatmulGeluGrad(c, pa, pb, pz, m, 12, k, true, stream_);
+  EXPECT_EQ(unaligned.code(), absl::StatusCode::kUnimplemented) << unaligned;
+  const absl::Status empty = gemm.MatmulGeluGrad(c, pa, pb, pz, m, n, 0, true, stream_);
+  EXPECT_EQ(empty.code(), absl::StatusCode::kUnimplemented) << empty;
+  EXPECT_EQ(gemm.cached_plans(), 0u);
+  EXPECT_TRUE(gemm.epilogue_fallbacks().empty());
+
+  const absl::Status ran = gemm.MatmulGeluGrad(c, pa, pb, pz, m, n, k, true, stream_);
+  EXPECT_TRUE(ran.ok() || ran.code() == absl::StatusCode::kUnimplemented) << ran;
+  EXPECT_EQ(gemm.cached_plans(), 1u);
+  std::printf("DGELU, bf16 a, b, D and aux: %s\n", ran.ok() ? "ran" : "no algorithm");
+  RecordProperty("dgelu_bf16_ran", ran.ok() ? 1 : 0);
+  EXPECT_EQ(gemm.epilogue_fallbacks().size(), ran.ok() ? 0u : 1u);
+  for (const std::string& line : gemm.epilogue_fallbacks()) std::printf("  %s\n", line.c_str());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(stream_));
+  if (!ran.ok()) return;
+  std::vector<bfloat16> got(m * n);
+  ASSERT_CUDA_OK(c_dev.Download(&got));
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float product = 0;
+      for (int64_t p = 0; p < k; ++p) product += ToFloat(a[i * k + p]) * ToFloat(b[j * k + p]);
+      const float zf = ToFloat(z[i * n + j]);
+      const double want = GeluTanhGradFn()(zf, product);
+      const double du = 0.7978845608 * (1 + 3 * 0.044715 * zf * zf);
+      const double bound = std::ldexp(1.0, -7) * std::abs(want) +
+                           std::abs(product) * std::ldexp(1.0, -10) * (0.5 + std::abs(zf) * du) + 1e-6;
+      const double g = ToFloat(got[i * n + j]);
+      if (!(std::abs(g - want) <= bound) && bad++ < 5) {
+        ADD_FAILURE() << "c[" << i << ", " << j << "]: " << g << ", want " << want << " (z " << zf << ", product "
+                      << product << "), bound " << bound;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
 }
 
 // A training step calls the same shapes every step: the second call of a

@@ -1,7 +1,8 @@
 // The CUDA kernels of matmul_shared_b_grad_a, matmul_shared_b_grad_b,
-// matmul_accumulate and the epilogue-fused matmul_bias, matmul_bias_gelu and
-// matmul_bias_grad_b (kernels/cuda/cuda_ops.cc, through cuBLASLt) against the
-// CPU kernels (kernels/cpu/matmul.cc, through OpenBLAS). Tagged gpu: without
+// matmul_accumulate and the epilogue-fused matmul_bias, matmul_bias_gelu,
+// matmul_gelu_grad and matmul_bias_grad_b (kernels/cuda/cuda_ops.cc, through
+// cuBLASLt) against the CPU kernels (kernels/cpu/matmul.cc, through
+// OpenBLAS). Tagged gpu: without
 // a CUDA device every test FAILS (never skips), but those of
 // CudaMatmulOpsWithoutADevice, which only make kernels and ask for their
 // workspace.
@@ -46,6 +47,7 @@ STRATA_CUDA_OPS_TESTED(cuda_matmul_ops_test, {
                                                  {"matmul_accumulate", {F32, F64}},
                                                  {"matmul_bias", {F32, F64, BF16, F16}},
                                                  {"matmul_bias_gelu", {F32, F64, BF16, F16}},
+                                                 {"matmul_gelu_grad", {F32, F64, BF16, F16}},
                                                  {"matmul_bias_grad_b", {F32, F64, BF16, F16}},
                                              });
 
@@ -485,6 +487,139 @@ TEST_F(CudaOpsTest, MatmulBiasGeluWithASixteenBitZMatchesTheCpu) {
   RecordProperty("sixteen_bit_aux_refusals", static_cast<int>(refusals));
   for (const std::string& line : device_->gemm().epilogue_fallbacks()) {
     if (line.find(" aux") != std::string::npos) std::cout << "  " << line << "\n";
+  }
+}
+
+// matmul_gelu_grad (a gelu's output-gradient GEMM fused with the tanh-form
+// gelu_grad reading it): F32, BF16 and F16 through cuBLASLt's DGELU (z its
+// aux input) where N is a multiple of 8, else (N = 13 below) and for F64 the
+// GEMM then unary.cu's gelu_grad. Batched a, both transpose_b, a GPT-2
+// sized MLP backward (N = 3072). z spans the derivative's range (negative,
+// near 0, past 3).
+// Bars: F32 and F64, the GEMM bound of the product through gelu' (at most
+// 1.13), gelu_grad's own rounding (tol |dz|), and for the fused F32 GEMM an
+// allowance for cuBLASLt evaluating tanh with a hardware approximation
+// (relative error about 2^-11, as MatmulBiasGeluMatchesTheCpu assumes: an
+// assumption about the library, not its documentation), carried through
+// gelu' = 0.5 (1 + t) + 0.5 z (1 - t^2) u', u = c (z + 0.044715 z^3):
+// |p| 2^-10 (0.5 + |z| u'(z)). BF16/F16: within 2e-2 of dz's largest
+// magnitude. Where the GEMM is never fused (N = 13) F32 and F64 are, bit
+// for bit, the GPU's matmul then gelu_grad. Which path ran is recorded:
+// every shape cuBLASLt has no DGELU algorithm for has its line in
+// epilogue_fallbacks().
+TEST_F(CudaOpsTest, MatmulGeluGradMatchesTheCpu) {
+  struct GeluGradCase {
+    Shape a, b;
+    bool transpose_b;
+  };
+  const GeluGradCase cases[] = {{{8, 33, 96}, {96, 24}, false},
+                                {{64, 17}, {40, 17}, true},
+                                {{5, 12}, {12, 13}, false},
+                                {{3, 7, 12}, {13, 12}, true},
+                                {{2, 64, 768}, {3072, 768}, true}};
+  int fused_shapes = 0, dgelu_shapes = 0;
+  for (DataType dtype : {F32, F64, BF16, F16}) {
+    for (const GeluGradCase& c : cases) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " b", ShapeString(c.b), " tb=",
+                                c.transpose_b));
+      const int64_t n = c.transpose_b ? c.b[0] : c.b[1];
+      Shape y = c.a;
+      y.back() = n;
+      std::vector<double> zs(NumElements(y));
+      for (size_t i = 0; i < zs.size(); ++i) zs[i] = 4.0 * std::sin(0.91 * i + 0.3);
+      const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 81));
+      const Tensor b = MakeTensor(dtype, c.b, Uniform(NumElements(c.b), 82));
+      const Tensor z = MakeTensor(dtype, y, zs);
+      const std::string tb =
+          absl::StrCat(" attr { key: \"transpose_b\" value { b: ", c.transpose_b ? "true" : "false", " } }");
+      const std::string op = absl::StrCat(R"(type: "matmul_gelu_grad" input: ["a", "b", "z"] output: "dz")", tb);
+      const std::map<std::string, Tensor> inputs = {{"a", a}, {"b", b}, {"z", z}};
+      const size_t fallbacks_before = device_->gemm().epilogue_fallbacks().size();
+      auto both = RunBothNamed(op, inputs, {"dz"});
+      ASSERT_EQ(both.size(), 1u);
+      const auto& [cpu, gpu] = both[0];
+      ASSERT_EQ(gpu.dtype(), dtype);
+      ASSERT_EQ(gpu.shape(), y);
+      const bool may_fuse = dtype != F64 && n % 8 == 0;
+      if (may_fuse) {
+        ++dgelu_shapes;
+        // A shape cuBLASLt has no DGELU algorithm for gets its line; none: the fused GEMM ran.
+        if (device_->gemm().epilogue_fallbacks().size() == fallbacks_before) ++fused_shapes;
+      }
+      const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
+      if (IsHalfFloating(dtype)) {
+        double largest = 0;
+        for (double w : want) largest = std::max(largest, std::abs(w));
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+        continue;
+      }
+      const std::string matmul = OpText("matmul", R"("a", "b")", "y", false, c.transpose_b);
+      const Tensor magnitude = Magnitude(matmul, {a, b});
+      const absl::StatusOr<Tensor> product = RunKernel(ParseOp(matmul), dtype, {&a, &b}, RunContext());
+      ASSERT_TRUE(product.ok()) << product.status();
+      const std::vector<double> mag = TensorValues(magnitude), p = TensorValues(*product), zv = TensorValues(z);
+      const double tol = dtype == F64 ? 1e-13 : 1e-5;
+      const double tanh_rel = may_fuse ? std::ldexp(1.0, -10) : 0.0;
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double du = 0.7978845608 * (1 + 3 * 0.044715 * zv[i] * zv[i]);
+        const double bound = 1.13 * (tol * mag[i] + 1e-6) + tol * std::abs(want[i]) +
+                             std::abs(p[i]) * tanh_rel * (0.5 + std::abs(zv[i]) * du);
+        if (!(std::abs(got[i] - want[i]) <= bound) && bad++ < 5) {
+          ADD_FAILURE() << "dz[" << i << "]: gpu " << got[i] << " cpu " << want[i] << " (z " << zv[i] << ", product "
+                        << p[i] << "), bound " << bound;
+        }
+      }
+      EXPECT_EQ(bad, 0);
+      if (!may_fuse) {
+        // Never fused: the GPU's matmul then gelu_grad, bit for bit.
+        const Tensor g = RunGpu(matmul, {{"a", a}, {"b", b}});
+        const Tensor unfused = RunGpu(
+            R"(type: "gelu_grad" input: ["z", "g"] output: "y" attr { key: "approximate" value { s: "tanh" } })",
+            {{"z", z}, {"g", g}});
+        EXPECT_TRUE(BitEqual(gpu, unfused));
+      }
+    }
+  }
+  std::cout << "matmul_gelu_grad ran cuBLASLt's DGELU for " << fused_shapes << " of " << dgelu_shapes
+            << " shapes with N a multiple of 8 (the rest: the GEMM then gelu_grad)\n";
+  RecordProperty("dgelu_fused_shapes", fused_shapes);
+  RecordProperty("dgelu_shapes", dgelu_shapes);
+  for (const std::string& line : device_->gemm().epilogue_fallbacks()) {
+    if (line.find("DGELU") != std::string::npos) std::cout << "  " << line << "\n";
+  }
+}
+
+// matmul_gelu_grad's workspace: the GEMM's staging (nothing for rows of
+// 16-byte multiples and a small GEMM), and for BF16/F16 the fallback's float
+// product, rows * N floats. Needs no GPU.
+TEST(CudaMatmulOpsWithoutADevice, MatmulGeluGradCountsTheFloatProductOfSixteenBitOperands) {
+  const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace("matmul_gelu_grad", DEVICE_CUDA);
+  ASSERT_NE(ws, nullptr);
+  const Op op = ParseOp(
+      R"(type: "matmul_gelu_grad" input: ["a", "b", "z"] output: "dz" attr { key: "transpose_b" value { b: false } })");
+  for (const auto& [dtype, bytes] :
+       {std::tuple{F32, 0}, std::tuple{F64, 0}, std::tuple{BF16, 2 * 4 * 24 * 4}, std::tuple{F16, 2 * 4 * 24 * 4}}) {
+    SCOPED_TRACE(DataTypeName(dtype));
+    KernelDef def;
+    def.op = &op;
+    def.input_types = {TensorType{dtype, {2, 4, 16}}, TensorType{dtype, {16, 24}}, TensorType{dtype, {2, 4, 24}}};
+    def.output_types = {TensorType{dtype, {2, 4, 24}}};
+    const absl::StatusOr<int64_t> got = (*ws)(def, 1);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, bytes);
+  }
+  // Every dtype has a kernel (making one touches no device).
+  for (DataType dtype : {F32, F64, BF16, F16}) {
+    const KernelFactory* factory = KernelRegistry::Global().Find("matmul_gelu_grad", DEVICE_CUDA, dtype);
+    ASSERT_NE(factory, nullptr) << DataTypeName(dtype);
+    const Op full = ParseOp(absl::StrCat(R"(type: "matmul_gelu_grad" input: ["a", "b", "z"] output: "dz")",
+                                         R"( attr { key: "transpose_b" value { b: true } })",
+                                         R"( attr { key: "allow_tf32" value { b: false } })"));
+    KernelDef def;
+    def.op = &full;
+    const absl::StatusOr<std::unique_ptr<OpKernel>> kernel = (*factory)(def);
+    EXPECT_TRUE(kernel.ok()) << kernel.status();
   }
 }
 

@@ -451,6 +451,66 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
   DataType z_dtype_ = DT_INVALID;
 };
 
+// dz = gelu'(z) * (a @ op(b)), gelu's tanh form (matmul_gelu_grad,
+// passes/fuse_epilogues: a gelu's output-gradient GEMM and the gelu_grad
+// reading it): one GEMM over a's folded rows. F32, BF16 and F16 through
+// cuBLASLt's DGELU epilogue, z its aux input and dz its D, both of a's type
+// (FP32 products and sums; the product is not rounded to 16 bits before
+// gelu' multiplies it, dz is rounded once). Where cuBLASLt has no such
+// algorithm for the shape (N not a multiple of 8 included: the aux's
+// leading dimension), and for F64: the GEMM, then unary.cu's tanh-form
+// gelu_grad, for F32/F64 in place over dz (the unfused matmul and
+// gelu_grad's bits), for BF16/F16 over the float product in scratch with
+// dz rounded once (the CPU kernel's formula).
+template <typename In>
+class CudaMatmulGeluGradKernel : public CudaBiasGemmAttrsKernel {
+ public:
+  explicit CudaMatmulGeluGradKernel(const KernelDef&) {}
+
+  absl::Status Compute(KernelContext& ctx) override {
+    using G = typename GemmType<In>::type;
+    STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor& z = ctx.input(2);
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulGeluGradShape(a.shape(), b.shape(), z.shape(), tb_));
+    STRATA_ASSIGN_OR_RETURN(Tensor * dz, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
+    const G* pa = reinterpret_cast<const G*>(a.data<In>());
+    const G* pb = reinterpret_cast<const G*>(b.data<In>());
+    const G* pz = reinterpret_cast<const G*>(z.data<In>());
+    G* pdz = reinterpret_cast<G*>(dz->data<In>());
+    const int64_t rows = s.batch * s.m, count = rows * s.n;
+    cuda::LtGemm& gemm = device->gemm();
+    cudaStream_t stream = device->stream();
+    if constexpr (!std::is_same_v<In, double>) {
+      absl::Status fused;
+      if constexpr (std::is_same_v<In, float>) {
+        fused = gemm.MatmulGeluGrad(pdz, pa, pb, pz, rows, s.n, s.k, tb_, stream, tf32_);
+      } else {
+        fused = gemm.MatmulGeluGrad(pdz, pa, pb, pz, rows, s.n, s.k, tb_, stream);
+      }
+      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+    }
+    if constexpr (std::is_same_v<In, float> || std::is_same_v<In, double>) {
+      // Each element is read, then written, by one thread: dx may be dy.
+      STRATA_RETURN_IF_ERROR(Gemm(gemm, pdz, pa, pb, rows, s.n, s.k, false, tb_, stream, false, tf32_));
+      return CudaStatus(cuda::LaunchUnaryGrad(cuda::UnaryGradOp::kGeluTanhGrad, pdz, pz, pdz, count, stream),
+                        "matmul_gelu_grad");
+    } else {
+      Tensor product = Tensor::Empty(F32, Shape{count}, &ctx.device());
+      if (!product.defined() && count > 0) {
+        return absl::ResourceExhaustedError(absl::StrCat("matmul_gelu_grad: out of memory allocating ", count,
+                                                         " float elements of scratch for the product on ",
+                                                         ctx.device().name()));
+      }
+      STRATA_RETURN_IF_ERROR(gemm.Matmul(product.data<float>(), pa, pb, rows, s.n, s.k, false, tb_, stream));
+      return CudaStatus(cuda::LaunchGeluGradStored<In, float, In>(cuda::UnaryGradOp::kGeluTanhGrad, dz->data<In>(),
+                                                                  z.data<In>(), product.data<float>(), count, stream),
+                        "matmul_gelu_grad");
+    }
+  }
+};
+
 // db and dbias for y = a @ op(b) + bias (passes/fuse_epilogues): one
 // cuBLASLt GEMM over a's folded rows whose bias-gradient epilogue sums the dy
 // operand it reads (db [K, N] = a^T @ dy with dy as b, BGRADA; with
@@ -599,6 +659,22 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   return std::max(Staged(rows, s.n, s.k, false, tb, t, y), wide + Staged(rows, s.n, s.k, false, tb, t, F32));
 }
 
+// matmul_gelu_grad's GEMM over a's folded rows, fused (c of a's type) or
+// not; for BF16/F16 the fallback's float product (rows * N floats) and its
+// GEMM's staging with a float c.
+absl::StatusOr<int64_t> MatmulGeluGradWorkspace(const KernelDef& def, int) {
+  STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
+  if (def.input_types.size() < 3) return absl::InternalError("matmul_gelu_grad workspace without its three inputs");
+  const DataType t = def.input_types[0].dtype;
+  STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulGeluGradShape(def.input_types[0].shape, def.input_types[1].shape,
+                                                                  def.input_types[2].shape, tb));
+  const int64_t rows = s.batch * s.m;
+  const int64_t fused = Staged(rows, s.n, s.k, false, tb, t, t);
+  if (!IsHalfFloating(t)) return fused;
+  const int64_t product = rows * s.n * static_cast<int64_t>(sizeof(float));
+  return std::max(fused, product + Staged(rows, s.n, s.k, false, tb, t, F32));
+}
+
 // The weight gradient's GEMM (fused or not), and the 16-bit fallback's ones
 // vector (one element per row of dy) with its second GEMM.
 absl::StatusOr<int64_t> MatmulBiasGradBWorkspace(const KernelDef& def, int) {
@@ -643,6 +719,11 @@ STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, F64,
 STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, BF16,
                        (InitFactory<CudaMatmulBiasGeluKernel<bfloat16, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias_gelu", DEVICE_CUDA, F16, (InitFactory<CudaMatmulBiasGeluKernel<float16, float>>()));
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CUDA, F32, InitFactory<CudaMatmulGeluGradKernel<float>>());
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CUDA, F64, InitFactory<CudaMatmulGeluGradKernel<double>>());
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CUDA, BF16, InitFactory<CudaMatmulGeluGradKernel<bfloat16>>());
+STRATA_REGISTER_KERNEL("matmul_gelu_grad", DEVICE_CUDA, F16, InitFactory<CudaMatmulGeluGradKernel<float16>>());
+STRATA_REGISTER_WORKSPACE("matmul_gelu_grad", DEVICE_CUDA, MatmulGeluGradWorkspace);
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F32, InitFactory<CudaMatmulBiasGradBKernel<float>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, F64, InitFactory<CudaMatmulBiasGradBKernel<double>>());
 STRATA_REGISTER_KERNEL("matmul_bias_grad_b", DEVICE_CUDA, BF16, InitFactory<CudaMatmulBiasGradBKernel<bfloat16>>());

@@ -88,6 +88,41 @@ uint32_t Alignment(const void* p) {
   return alignment;
 }
 
+// Whether `epilogue` reads or writes CUBLASLT_MATMUL_DESC_BIAS_POINTER (and
+// so has a BIAS_DATA_TYPE), and whether it reads or writes the aux matrix
+// (EPILOGUE_AUX_POINTER, laid out as c). DGELU has an aux and no bias.
+bool EpilogueUsesBias(cublasLtEpilogue_t epilogue) {
+  switch (epilogue) {
+    case CUBLASLT_EPILOGUE_BIAS:
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+    case CUBLASLT_EPILOGUE_BGRADA:
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return true;
+    default:
+      return false;
+  }
+}
+bool EpilogueUsesAux(cublasLtEpilogue_t epilogue) {
+  return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
+}
+
+const char* EpilogueName(cublasLtEpilogue_t epilogue) {
+  switch (epilogue) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU:
+      return "DGELU";
+    case CUBLASLT_EPILOGUE_BGRADA:
+      return "BGRADA";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "an epilogue";
+  }
+}
+
 // Bytes of one element of a cuBLASLt operand type.
 int64_t TypeBytes(cudaDataType_t type) {
   switch (type) {
@@ -138,10 +173,12 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
         "set epilogue");
-    const cudaDataType_t bias_type = key.float_epilogue ? CUDA_R_32F : key.c_type;
-    STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                             &bias_type, sizeof(bias_type)),
-                              "set bias type");
+    if (EpilogueUsesBias(epilogue)) {
+      const cudaDataType_t bias_type = key.float_epilogue ? CUDA_R_32F : key.c_type;
+      STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                               &bias_type, sizeof(bias_type)),
+                                "set bias type");
+    }
   }
   if (key.float_aux && key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     // z stays float for a float gelu_grad, whatever D's type.
@@ -151,12 +188,13 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
                                                              sizeof(aux_type)),
                               "set aux type");
   }
-  if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-    // The aux (z) is laid out as c, unstaged: its leading dimension is our
-    // n (cuBLASLt's rows), a multiple of 8 (MatmulImpl checked). Its type
-    // defaults to D's (c_type): float z for float c, bf16 operands included,
-    // and a 16-bit z beside a 16-bit c (z_dtype); float_aux makes it float
-    // beside a 16-bit c (above).
+  if (EpilogueUsesAux(key.epilogue)) {
+    // The aux (z: GELU_AUX_BIAS writes it, DGELU reads it) is laid out as
+    // c, unstaged: its leading dimension is our n (cuBLASLt's rows), a
+    // multiple of 8 (MatmulImpl checked). Its type defaults to D's
+    // (c_type): float z for float c, bf16 operands included, and a 16-bit z
+    // beside a 16-bit c (z_dtype, and DGELU's 16-bit z); float_aux makes
+    // GELU_AUX_BIAS's float beside a 16-bit c (above).
     const int64_t aux_ld = key.n;
     STRATA_LT_RETURN_IF_ERROR(
         cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
@@ -411,6 +449,32 @@ absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const __half* a, const _
                     z);
 }
 
+// z is DGELU's aux input: MatmulImpl's aux is not written through for it.
+absl::Status LtGemm::MatmulGeluGrad(float* c, const float* a, const float* b, const float* z, int64_t m, int64_t n,
+                                    int64_t k, bool transpose_b, cudaStream_t stream, bool tf32) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_32F, CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                    &alpha, &beta, false, sizeof(float), c, a, b, /*bias=*/nullptr, m, n, k, false, transpose_b, stream,
+                    1, CUBLASLT_EPILOGUE_DGELU, /*stage=*/true, const_cast<float*>(z));
+}
+
+absl::Status LtGemm::MatmulGeluGrad(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    const __nv_bfloat16* z, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, /*bias=*/nullptr, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_DGELU, /*stage=*/true, const_cast<__nv_bfloat16*>(z));
+}
+
+absl::Status LtGemm::MatmulGeluGrad(__half* c, const __half* a, const __half* b, const __half* z, int64_t m,
+                                    int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, /*bias=*/nullptr, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_DGELU,
+                    /*stage=*/true, const_cast<__half*>(z));
+}
+
 namespace {
 cublasLtEpilogue_t BiasGradEpilogue(LtGemm::BiasGradOf of) {
   // cuBLASLt's A is our b, its B our a.
@@ -505,14 +569,21 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   }
   if (batch > INT32_MAX) return absl::InvalidArgumentError(absl::StrCat("GEMM batch over 2^31 - 1: ", batch));
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
-  if (aux != nullptr && (n % 8 != 0 || bias == nullptr || batch != 1)) {
+  // The epilogue runs where its operand is given: one with a bias where
+  // bias is (the plain GEMMs pass the default BIAS and none), DGELU (no
+  // bias) where its aux is. Else the plain GEMM.
+  const bool applies = EpilogueUsesBias(epilogue) ? bias != nullptr : EpilogueUsesAux(epilogue) && aux != nullptr;
+  const cublasLtEpilogue_t applied = applies ? epilogue : CUBLASLT_EPILOGUE_DEFAULT;
+  if (aux != nullptr && (n % 8 != 0 || !EpilogueUsesAux(applied) || batch != 1)) {
     // cuBLASLt's aux leading dimension (our n) must be a multiple of 8; the caller falls back.
-    return absl::UnimplementedError(
-        absl::StrCat("GELU_AUX_BIAS epilogue for n=", n, ": the aux leading dimension must be a multiple of 8"));
+    return absl::UnimplementedError(absl::StrCat(EpilogueName(epilogue), " epilogue for n=", n,
+                                                 ": the aux leading dimension must be a multiple of 8"));
   }
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
-    if (bias != nullptr) return absl::UnimplementedError("GEMM with a bias epilogue and k = 0");  // caller falls back
-    if (accumulate) return absl::OkStatus();                                                      // c += 0
+    if (applied != CUBLASLT_EPILOGUE_DEFAULT) {  // the caller falls back
+      return absl::UnimplementedError(absl::StrCat("GEMM with the ", EpilogueName(applied), " epilogue and k = 0"));
+    }
+    if (accumulate) return absl::OkStatus();  // c += 0
     const cudaError_t error = cudaMemsetAsync(c, 0, static_cast<size_t>(batch * m * n) * c_bytes, stream);
     return error == cudaSuccess ? absl::OkStatus() : CudaError(error, "memset");
   }
@@ -544,9 +615,8 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
 
   // The plan first: where cuBLASLt has no algorithm (an epilogue the caller
   // then runs apart) nothing has been copied.
-  PlanKey key =
-      KeyFor(type, c_type, compute, scale_type, bias != nullptr ? epilogue : CUBLASLT_EPILOGUE_DEFAULT, batch, m, n, k,
-             transpose_a, transpose_b, a_used, b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch);
+  PlanKey key = KeyFor(type, c_type, compute, scale_type, applied, batch, m, n, k, transpose_a, transpose_b, a_used,
+                       b_used, c_used, staging.a_pitch, staging.b_pitch, staging.c_pitch);
   // A separate C read in place of c (unstaged): the heuristic sees the lesser alignment of the two.
   if (c_in != nullptr && !staging.stage_c) key.alignment_c = std::min(key.alignment_c, Alignment(c_in));
   if (aux != nullptr) key.alignment_aux = Alignment(aux);
@@ -611,21 +681,6 @@ LtGemm::PlanKey LtGemm::KeyFor(cudaDataType_t type, cudaDataType_t c_type, cubla
 
 namespace {
 
-const char* EpilogueName(cublasLtEpilogue_t epilogue) {
-  switch (epilogue) {
-    case CUBLASLT_EPILOGUE_BIAS:
-      return "BIAS";
-    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
-      return "GELU_AUX_BIAS";
-    case CUBLASLT_EPILOGUE_BGRADA:
-      return "BGRADA";
-    case CUBLASLT_EPILOGUE_BGRADB:
-      return "BGRADB";
-    default:
-      return "an epilogue";
-  }
-}
-
 const char* TypeName(cudaDataType_t type) {
   switch (type) {
     case CUDA_R_32F:
@@ -646,8 +701,10 @@ const char* TypeName(cudaDataType_t type) {
 void LtGemm::RememberNoPlan(const PlanKey& key, bool refused) {
   plans_[key] = nullptr;
   if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT) return;
-  // What stood beside a 16-bit D: a float bias, and GELU_AUX_BIAS's aux float or of D's type.
+  // What stood beside a 16-bit D: a float bias, and GELU_AUX_BIAS's aux float or of D's type;
+  // DGELU's aux (read) has D's type.
   std::string beside;
+  if (key.epilogue == CUBLASLT_EPILOGUE_DGELU) beside = absl::StrCat(" with a ", TypeName(key.c_type), " aux");
   if (key.float_epilogue) {
     beside = " with a float bias";
     if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {

@@ -140,6 +140,25 @@ class LtGemm {
   absl::Status MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const float* bias, int64_t m,
                               int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
 
+  // c [m, n] = gelu'(z) * (op(a) @ op(b)) with gelu's tanh form
+  // (matmul_gelu_grad: a gelu's output-gradient GEMM fused with the
+  // gelu_grad reading it), through cuBLASLt's DGELU epilogue, z [m, n] its
+  // aux input: the pre-activation, laid out as c (rows n apart, unstaged)
+  // and of c's type (cuBLASLt's default aux type, as llm.c and
+  // TransformerEngine pass it). FP32 products and sums; the product is not
+  // rounded to 16 bits before the derivative multiplies it, c is rounded
+  // once. No bias. Unimplemented where cuBLASLt has no such algorithm for
+  // the shape (its heuristic also sees z's alignment), n is not a multiple
+  // of 8 (the aux's leading dimension must be), or k = 0: the caller runs
+  // Matmul and a gelu_grad.
+  absl::Status MatmulGeluGrad(float* c, const float* a, const float* b, const float* z, int64_t m, int64_t n,
+                              int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
+  absl::Status MatmulGeluGrad(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                              const __nv_bfloat16* z, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                              cudaStream_t stream);
+  absl::Status MatmulGeluGrad(__half* c, const __half* a, const __half* b, const __half* z, int64_t m, int64_t n,
+                              int64_t k, bool transpose_b, cudaStream_t stream);
+
   // c [m, n] = op(a) @ op(b) and, from the same GEMM, bias_grad = the sums
   // over k of one operand (cuBLASLt's bias-gradient epilogues): of op(a),
   // bias_grad [m] (kA, BGRADB in cuBLASLt's terms, whose B is our a), or of
@@ -215,14 +234,14 @@ class LtGemm {
   struct PlanKey {
     cudaDataType_t type;          // of a and b
     cudaDataType_t c_type;        // of c (and of the bias or bias gradient)
-    cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, GELU_AUX_BIAS, BGRADA or BGRADB
+    cublasLtEpilogue_t epilogue;  // DEFAULT, BIAS, GELU_AUX_BIAS, DGELU, BGRADA or BGRADB
     cublasComputeType_t compute;
     cudaDataType_t scale_type;  // of alpha and beta
     int64_t batch, m, n, k;     // batch 1: one product
     bool transpose_a, transpose_b;
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
-    uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's z (the heuristic reads the aux pointer's alignment)
+    uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's or DGELU's z (the heuristic reads its alignment)
     bool float_epilogue = false;        // the bias float beside a 16-bit c
     bool float_aux = false;             // and GELU_AUX_BIAS's aux float too (else c's type)
 
@@ -248,10 +267,13 @@ class LtGemm {
   // The descriptors for `key` and the heuristic's first algorithm.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const PlanKey& key) const;
   // c_bytes: the size of one element of c; bias: null, or the vector of
-  // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it. stage:
-  // misaligned rows may go through scratch (set_scratch_allocator); the
-  // batched calls (attention's, whose workspace counts no such scratch) pass
-  // false. aux: GELU_AUX_BIAS's z ([m, n], rows n apart), else null.
+  // `epilogue` (c_type's): BIAS reads it, BGRADA/BGRADB write it. An
+  // epilogue with a bias applies only when bias is given, DGELU (no bias)
+  // only when aux is; else the plain GEMM runs. stage: misaligned rows may
+  // go through scratch (set_scratch_allocator); the batched calls
+  // (attention's, whose workspace counts no such scratch) pass false. aux:
+  // GELU_AUX_BIAS's z (written) or DGELU's (read), [m, n] with rows n
+  // apart, else null.
   // float_epilogue: the bias is float beside a 16-bit c, and with
   // float_aux GELU_AUX_BIAS's aux too (else the aux has c's type); where
   // cuBLASLt refuses that, at the plan or at the call, Unimplemented, and

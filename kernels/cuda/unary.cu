@@ -285,6 +285,10 @@ STRATA_GELU_GRAD_STORED(float, float16, float16)
 // A 16-bit x (mixed precision): dy and dx of its type.
 STRATA_GELU_GRAD_STORED(bfloat16, bfloat16, bfloat16)
 STRATA_GELU_GRAD_STORED(float16, float16, float16)
+// A 16-bit x and dx over a float dy: matmul_gelu_grad's fallback, whose
+// GEMM product stays float (never rounded to 16 bits) until dx.
+STRATA_GELU_GRAD_STORED(bfloat16, float, bfloat16)
+STRATA_GELU_GRAD_STORED(float16, float, float16)
 #undef STRATA_GELU_GRAD_STORED
 
 cudaError_t LaunchAddN(float* y, const float* const* xs, int count, int64_t n, cudaStream_t stream) {

@@ -38,9 +38,11 @@ cudaError_t LaunchUnaryGrad(UnaryGradOp op, double* dx, const double* a, const d
 // gelu_grad (op kGeluGrad or kGeluTanhGrad) of an a stored as X, dy as DY
 // and dx as DX: a and dy widened as loaded (exact), the float functor, dx
 // rounded once by the cast's conversion. Instantiated for an F32 a with DY,
-// DX in {float, bfloat16, float16} (passes/fold_casts), and for a bfloat16
-// or float16 a (mixed precision's gelu_grad in 16 bits) with DY and DX of
-// X's type (the schema's rule).
+// DX in {float, bfloat16, float16} (passes/fold_casts), for a bfloat16 or
+// float16 a (mixed precision's gelu_grad in 16 bits) with DY and DX of X's
+// type (the schema's rule), and for a bfloat16 or float16 a and dx over a
+// float dy (matmul_gelu_grad's fallback: the float GEMM product, not
+// rounded to 16 bits, times gelu' of the widened z, rounded once).
 template <typename X, typename DY, typename DX>
 cudaError_t LaunchGeluGradStored(UnaryGradOp op, DX* dx, const X* a, const DY* dy, int64_t n, cudaStream_t stream);
 

@@ -1,5 +1,6 @@
 // unary.cu's casts between float and the 16-bit floats, its gelu_grad with
-// folded casts and of a 16-bit x (LaunchGeluGradStored), its gelu stored in
+// folded casts and of a 16-bit x over a 16-bit or float dy
+// (LaunchGeluGradStored; the float dy is matmul_gelu_grad's fallback), its gelu stored in
 // 16 bits (LaunchGeluTanhStored) and of a 16-bit x (LaunchGeluWidened), its
 // widened bf16 / f16 add_n, and
 // elementwise.cuh's 16-byte packs against its one-element loop,
@@ -206,6 +207,34 @@ void CheckGeluGradWidened(DataType x_dtype, DataType dy_dtype, DataType dx_dtype
 TEST(UnaryEmulation, SixteenBitGeluGradIsTheFloatGradRoundedOnce) {
   CheckGeluGradWidened<bfloat16, bfloat16, bfloat16>(BF16, BF16, BF16);
   CheckGeluGradWidened<float16, float16, float16>(F16, F16, F16);
+}
+
+// matmul_gelu_grad's 16-bit fallback: a 16-bit z and dz over the GEMM's
+// float product (never rounded to 16 bits): the CPU's float gelu_grad of the
+// widened z with out_dtype gives the bits; and so does the CPU's
+// matmul_gelu_grad kernel, whose per-element formula this is, on a GEMM that
+// is exact in float (a [n, 1] of the 16-bit dy values, b = [[1]]).
+template <typename X>
+void CheckMatmulGeluGradFallback(DataType dtype) {
+  CheckGeluGradWidened<X, float, X>(dtype, F32, dtype);
+  SCOPED_TRACE(testing::Message() << "matmul_gelu_grad " << DataTypeName(dtype));
+  const Tensor z = MakeTensor(dtype, {kN, 1}, emulation::UniformValues(kN, 27, 5));
+  const Tensor a = MakeTensor(dtype, {kN, 1}, emulation::UniformValues(kN, 28, 2));
+  const Tensor b = MakeTensor(dtype, {1, 1}, {1.0});
+  const Tensor want = RunCpu(R"pb(type: "matmul_gelu_grad" input: [ "a", "b", "z" ] output: "y")pb",
+                             {{"a", a}, {"b", b}, {"z", z}});
+  const Tensor dy = RunCpu(CastText(F32), {{"x", a}});  // the exact float product
+  std::vector<X> dz = emulation::Poisoned<X>(kN);
+  ASSERT_EQ((cuda::LaunchGeluGradStored<X, float, X>(cuda::UnaryGradOp::kGeluTanhGrad, dz.data(), z.data<X>(),
+                                                     dy.data<float>(), kN, nullptr)),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  EXPECT_TRUE(emulation::SameBits(dz, want, "dz"));
+}
+
+TEST(UnaryEmulation, MatmulGeluGradFallbackRoundsTheFloatProductOnce) {
+  CheckMatmulGeluGradFallback<bfloat16>(BF16);
+  CheckMatmulGeluGradFallback<float16>(F16);
 }
 
 // add_n of `count` bf16 / f16 inputs as the CPU's widened kernel: float sums
