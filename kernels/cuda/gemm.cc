@@ -641,6 +641,12 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
+    } else if (!status.ok() && EpilogueUsesAux(applied) && !EpilogueUsesBias(applied) && RefusedCombination(status)) {
+      // DGELU refused at the call though its plan was made: remembered as
+      // the shape's "no algorithm" with its line, so the caller's two passes
+      // run from then on without asking again, and a run reports it.
+      RememberNoPlan(key, /*refused=*/true);
+      status = absl::UnimplementedError(absl::StrCat("cuBLASLt refused ", EpilogueName(applied), ": ", status.message()));
     }
   }
   if (status.ok() && staging.stage_c) status = Copy2D(c, n, c_used, staging.c_pitch, m, n, cb, stream);

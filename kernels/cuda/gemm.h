@@ -148,9 +148,10 @@ class LtGemm {
   // TransformerEngine pass it). FP32 products and sums; the product is not
   // rounded to 16 bits before the derivative multiplies it, c is rounded
   // once. No bias. Unimplemented where cuBLASLt has no such algorithm for
-  // the shape (its heuristic also sees z's alignment), n is not a multiple
-  // of 8 (the aux's leading dimension must be), or k = 0: the caller runs
-  // Matmul and a gelu_grad.
+  // the shape (its heuristic also sees z's alignment) or refuses it at the
+  // call (both remembered per shape, with a line in epilogue_fallbacks()),
+  // n is not a multiple of 8 (the aux's leading dimension must be), or
+  // k = 0: the caller runs Matmul and a gelu_grad.
   absl::Status MatmulGeluGrad(float* c, const float* a, const float* b, const float* z, int64_t m, int64_t n,
                               int64_t k, bool transpose_b, cudaStream_t stream, bool tf32 = false);
   absl::Status MatmulGeluGrad(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b,
