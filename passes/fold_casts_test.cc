@@ -88,7 +88,8 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGemmCasts) {
       const int folds = per_block * kBlocks + 2 + dx_low;
       EXPECT_EQ(Count(plain, "cast") - Count(folded, "cast"), folds);
       EXPECT_EQ(folded.op_size(), plain.op_size() - folds);
-      int layer_norms = 0, low_dy = 0, gelu_grads = 0, low_gemms = 0, float_gemms = 0, low_dx = 0;
+      int layer_norms = 0, low_dy = 0, gelu_grads = 0, fused_gelu_grads = 0, low_gemms = 0, float_gemms = 0,
+          low_dx = 0;
       for (const Op& op : folded.op()) {
         if (op.type() == "matmul_bias" || op.type() == "matmul_bias_gelu") {
           const bool stored = !OutDtype(op).empty();
@@ -122,11 +123,19 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGemmCasts) {
           EXPECT_EQ(OutDtype(op), "");
           EXPECT_EQ(VarDtype(folded, op.output(0)), low);
         }
+        // On GPU plans fused with the GEMM of its dy (fuse-epilogues): the
+        // 16-bit operands and z, the 16-bit dz.
+        if (op.type() == "matmul_gelu_grad") {
+          ++fused_gelu_grads;
+          for (const std::string& in : op.input()) EXPECT_EQ(VarDtype(folded, in), low) << in;
+          EXPECT_EQ(VarDtype(folded, op.output(0)), low);
+        }
       }
       EXPECT_EQ(layer_norms, 2 * kBlocks + 1);
       EXPECT_EQ(low_dy, 2 * kBlocks + 1);
       EXPECT_EQ(low_dx, dx_low);
-      EXPECT_EQ(gelu_grads, kBlocks);
+      EXPECT_EQ(gelu_grads, device == DEVICE_CUDA ? 0 : kBlocks);
+      EXPECT_EQ(fused_gelu_grads, device == DEVICE_CUDA ? kBlocks : 0);
       EXPECT_EQ(low_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);
       EXPECT_EQ(float_gemms, device == DEVICE_CUDA ? 2 * kBlocks : 0);
       // The float32 copies are gone from the plan.

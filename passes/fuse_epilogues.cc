@@ -319,6 +319,77 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
   return changed;
 }
 
+// matmul(a, b) -> gelu_grad(z, g) of the tanh form, g the GEMM's output
+// and read by that gelu_grad alone: one matmul_gelu_grad(a, b, z) writing
+// the gelu_grad's dz (cuBLASLt's DGELU epilogue, z its aux: the GEMM of a
+// gelu's output gradient applies the gelu's derivative before it stores,
+// and g is never written). The backward of an MLP's second layer under a
+// tanh-form gelu. Only for a matmul with a 2-D b and no transpose_a (the
+// GEMM over a's folded rows), a gelu_grad with no out_dtype whose z, g and
+// dz share a's dtype (F32, F64, or under mixed precision the 16-bit type
+// mixed precision runs the gelu in), the two on one stage and role, z
+// written once before the matmul and dz once by the gelu_grad. The fused op
+// takes the matmul's place, where a and b are read as they were. After the
+// forward's gelu fusion, which looks for gelu_grads among z's readers. For
+// 16-bit operands the product is no longer rounded to 16 bits before the
+// derivative multiplies it (one rounding fewer, as the other fused GEMMs).
+absl::StatusOr<bool> FuseGeluGrads(Graph& graph) {
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  const VarWriters writers = CountWriters(graph);
+  std::vector<bool> keep(graph.num_vars(), true);
+  bool changed = false;
+  const OpSchema& schema = *OpRegistry::Global().Find("matmul_gelu_grad");
+  for (int g : std::vector<int>(graph.ops())) {
+    if (graph.erased(g) || graph.schema(g).type != "gelu_grad" || graph.inputs(g).size() != 2 ||
+        graph.outputs(g).size() != 1) {
+      continue;
+    }
+    const int z = graph.inputs(g)[0], d = graph.inputs(g)[1], dz = graph.outputs(g)[0];
+    if (!IsTanhGelu(graph, g, /*grad=*/true, z)) continue;
+    if (auto set = graph.attrs(g).find("out_dtype"); set != graph.attrs(g).end() && !set->second.s().empty()) continue;
+    const int m = writers.last[d];
+    if (m < 0 || writers.count[d] != 1 || SoleReader(graph, readers, d) != g || graph.erased(m) ||
+        graph.schema(m).type != "matmul" || graph.inputs(m).size() != 2 || graph.outputs(m).size() != 1 ||
+        BoolAttr(graph, m, "transpose_a") || graph.shape(graph.inputs(m)[1]).size() != 2 || !SamePlace(graph, m, g)) {
+      continue;
+    }
+    const DataType dtype = graph.dtype(graph.inputs(m)[0]);
+    if (graph.dtype(z) != dtype || graph.dtype(d) != dtype || graph.dtype(dz) != dtype) continue;
+    if (writers.count[z] != 1 || writers.last[z] < 0 || graph.position(writers.last[z]) >= graph.position(m) ||
+        writers.count[dz] != 1) {
+      continue;
+    }
+    Op fused = OpPlacedLike(graph, m, "matmul_gelu_grad", graph.role(m));
+    for (int in : graph.inputs(m)) fused.add_input(std::string(graph.var_name(in)));
+    fused.add_input(std::string(graph.var_name(z)));
+    fused.add_output(std::string(graph.var_name(dz)));
+    for (const char* attr : {"transpose_b", "allow_tf32"}) {
+      AttrValue v;
+      v.set_b(BoolAttr(graph, m, attr));
+      (*fused.mutable_attr())[attr] = v;
+    }
+    if (auto st = CanonicalizeOp(schema, &fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: matmul_gelu_grad: ", st.message()));
+    }
+    // The fused op must write what the gelu_grad wrote.
+    std::vector<TensorType> in_types;
+    for (int in : graph.inputs(m)) in_types.push_back(graph.type(in));
+    in_types.push_back(graph.type(z));
+    auto types = InferOutputTypes(schema, fused, in_types);
+    if (!types.ok() || (*types)[0] != graph.type(dz)) continue;
+    if (auto st = graph.ReplaceOp(m, fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
+    }
+    graph.EraseOp(g);
+    keep[d] = false;
+    changed = true;
+  }
+  if (changed) {
+    if (auto s = graph.RetainVars(keep); !s.ok()) return absl::InternalError(absl::StrCat("fuse-epilogues: ", s.message()));
+  }
+  return changed;
+}
+
 // matmul_bias -> add(r, y) or add(y, r), y an F32/F64 activation the
 // program does not report, written once and read by that add alone, r of
 // y's exact type (no broadcasting): the matmul_bias takes r as its residual
@@ -431,10 +502,11 @@ absl::StatusOr<bool> FuseEpiloguesPass::Run(Graph& graph, const CompileContext& 
                             strategy.gradient_merge().k_steps() > 1;
   STRATA_ASSIGN_OR_RETURN(const bool adds, FuseBiasAdds(graph));
   STRATA_ASSIGN_OR_RETURN(const bool gelus, FuseBiasGelus(graph));
+  STRATA_ASSIGN_OR_RETURN(const bool gelu_grads, FuseGeluGrads(graph));
   STRATA_ASSIGN_OR_RETURN(const bool residual_adds, FuseResidualAdds(graph));
   STRATA_ASSIGN_OR_RETURN(const bool grads, FuseBiasGradients(graph, accumulating));
   STRATA_ASSIGN_OR_RETURN(const bool residuals, FuseResidualGrads(graph));
-  return adds || gelus || residual_adds || grads || residuals;
+  return adds || gelus || gelu_grads || residual_adds || grads || residuals;
 }
 
 }  // namespace strata

@@ -39,6 +39,18 @@ namespace strata {
 // z rather than of its rounding (one bf16 rounding fewer, as the fused
 // GEMMs drop the product's).
 //
+// Its backward fuses too: a tanh-form gelu_grad(z, g) whose dy g is the
+// output of a matmul (a 2-D b, no transpose_a: the GEMM of the gelu's
+// output gradient, dh = dy @ W^T) that nothing else reads becomes one
+// matmul_gelu_grad(a, b, z) in the matmul's place, cuBLASLt's DGELU
+// epilogue (the derivative applied to the product before it is stored, z
+// its aux), and g is never written. z, g and the gelu_grad's output share
+// the matmul's dtype (F32, F64, or mixed precision's 16-bit gelu), the
+// gelu_grad has no out_dtype, z is written once before the matmul. On the
+// CPU the fused kernel keeps the product in T and applies gelu_grad's
+// function: in F32/F64 the unfused bits; for 16-bit operands the product
+// is no longer rounded to 16 bits first.
+//
 // A residual connection's add goes into the GEMM too (after the gelu
 // fusion): a matmul_bias whose F32/F64 output y only an add(r, y) or
 // add(y, r) reads, r of y's exact shape and dtype (no broadcasting), becomes

@@ -120,15 +120,14 @@ TEST(FuseEpiloguesTest, FusesMatmulThenBiasAdd) {
 }
 
 // matmul -> add -> gelu (tanh form) becomes one matmul_bias_gelu writing the
-// gelu's output and the pre-activation, which the backward's gelu_grad still
-// reads; nothing else in the program changes.
+// gelu's output and the pre-activation, which the backward still reads: its
+// gelu_grad, fused in turn with the GEMM of dh (matmul_gelu_grad, below).
 TEST(FuseEpiloguesTest, FusesMatmulBiasThenTanhGelu) {
   const Program before = DumpAfter(GeluMlp("tanh"), Strategy(), "autodiff");
   const Program after = DumpAfter(GeluMlp("tanh"), Strategy(), "fuse-epilogues");
   EXPECT_EQ(Count(after, "matmul_bias_gelu"), 1);
   EXPECT_EQ(Count(after, "matmul_bias"), 1);  // fc2: no gelu after it
   EXPECT_EQ(Count(after, "gelu"), 0);
-  EXPECT_EQ(Count(after, "gelu_grad"), 1);
   const Op* h = Writer(after, "h");
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->type(), "matmul_bias_gelu");
@@ -138,15 +137,15 @@ TEST(FuseEpiloguesTest, FusesMatmulBiasThenTanhGelu) {
   EXPECT_FALSE(h->attr().at("transpose_b").b());
   EXPECT_FALSE(h->attr().at("allow_tf32").b());
   EXPECT_TRUE(Declared(after, "y1"));
-  for (const Op& op : after.op()) {
-    if (op.type() == "gelu_grad") {
-      EXPECT_EQ(op.input(0), "y1");
-      EXPECT_EQ(op.attr().at("approximate").s(), "tanh");
-    }
-  }
+  EXPECT_EQ(Count(after, "gelu_grad"), 0);
+  const Op* dy1 = Writer(after, "y1@grad");
+  ASSERT_NE(dy1, nullptr);
+  EXPECT_EQ(dy1->type(), "matmul_gelu_grad");
+  EXPECT_EQ(dy1->input(2), "y1");
   // matmul and add of fc1 and fc2 (4 ops) and the gelu go; one matmul_bias and
-  // one matmul_bias_gelu come; the backward's two GEMM + sum pairs fuse too.
-  EXPECT_EQ(after.op_size(), before.op_size() - 5 + 2 - 2);
+  // one matmul_bias_gelu come; the backward's two GEMM + sum pairs fuse too,
+  // and dh's GEMM with the gelu_grad.
+  EXPECT_EQ(after.op_size(), before.op_size() - 5 + 2 - 2 - 1);
 }
 
 // Under BF16 mixed precision runs the gelu in bf16: matmul_bias (BF16
@@ -177,12 +176,77 @@ TEST(FuseEpiloguesTest, FusesTheTanhGeluUnderMixedPrecision) {
   EXPECT_EQ(h->attr().at("out_dtype").s(), "BF16");
   EXPECT_EQ(h->attr().at("z_dtype").s(), "BF16");
   EXPECT_FALSE(Declared(after, "y1"));
-  EXPECT_EQ(Count(after, "gelu_grad"), 1);
-  for (const Op& op : after.op()) {
-    if (op.type() == "gelu_grad") {
-      EXPECT_EQ(op.input(0), "y1@bf16");
+  // The backward reads the bf16 pre-activation: its gelu_grad, fused with
+  // the bf16 GEMM of dh (matmul_gelu_grad, z the bf16 y1).
+  EXPECT_EQ(Count(after, "gelu_grad"), 0);
+  const Op* dy1 = Writer(after, "y1@bf16@grad");
+  ASSERT_NE(dy1, nullptr);
+  EXPECT_EQ(dy1->type(), "matmul_gelu_grad");
+  EXPECT_EQ(dy1->input(2), "y1@bf16");
+}
+
+// The gelu_grad of the tanh form and the GEMM writing its dy, which only it
+// reads, become one matmul_gelu_grad (cuBLASLt's DGELU) in the GEMM's place:
+// dh = dz @ w2^T, dy1 = gelu'(y1) dh, dh never written. F32, and under BF16
+// mixed precision with the bf16 operands and pre-activation.
+TEST(FuseEpiloguesTest, FusesTheGeluGradIntoTheGemmOfItsDy) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f32");
+    Strategy strategy;
+    if (bf16) strategy.mutable_mixed_precision()->set_dtype(BF16);
+    const std::string low = bf16 ? "@bf16" : "";
+    const Program before = DumpAfter(GeluMlp("tanh"), strategy, "autodiff");
+    const Op* dh = Writer(before, absl::StrCat("h", low, "@grad"));
+    ASSERT_NE(dh, nullptr);
+    ASSERT_EQ(dh->type(), "matmul");
+    const Program after = DumpAfter(GeluMlp("tanh"), strategy, "fuse-epilogues");
+    EXPECT_EQ(Count(after, "matmul_gelu_grad"), 1);
+    EXPECT_EQ(Count(after, "gelu_grad"), 0);
+    EXPECT_FALSE(Declared(after, absl::StrCat("h", low, "@grad")));
+    const Op* fused = Writer(after, absl::StrCat("y1", low, "@grad"));
+    ASSERT_NE(fused, nullptr);
+    EXPECT_EQ(fused->type(), "matmul_gelu_grad");
+    EXPECT_EQ(std::vector<std::string>(fused->input().begin(), fused->input().end()),
+              (std::vector<std::string>{dh->input(0), dh->input(1), absl::StrCat("y1", low)}));
+    EXPECT_EQ(fused->attr().at("transpose_b").b(), dh->attr().at("transpose_b").b());
+    EXPECT_TRUE(fused->attr().at("transpose_b").b());  // dz @ w2^T
+    EXPECT_FALSE(fused->attr().at("allow_tf32").b());
+    EXPECT_EQ(fused->role(), BACKWARD);
+    // In the GEMM's place: before fc2's weight gradient, which followed it.
+    int at_fused = -1, at_dw2 = -1;
+    for (int i = 0; i < after.op_size(); ++i) {
+      if (&after.op(i) == fused) at_fused = i;
+      for (const std::string& out : after.op(i).output()) {
+        if (out == "w2@grad") at_dw2 = i;
+      }
     }
+    ASSERT_GE(at_dw2, 0);
+    EXPECT_LT(at_fused, at_dw2);
   }
+}
+
+// Not fused: the erf form's gelu_grad (DGELU is the tanh form's), a dy the
+// GEMM writes that something else reads too, and a gelu_grad whose dy is
+// not a GEMM's (a relu's output gradient, here a scaled one).
+TEST(FuseEpiloguesTest, LeavesGeluGradsItCannotFuse) {
+  for (const std::string form : {"", "none"}) {
+    SCOPED_TRACE(form);
+    const Program after = DumpAfter(GeluMlp(form), Strategy(), "fuse-epilogues");
+    EXPECT_EQ(Count(after, "matmul_gelu_grad"), 0);
+    EXPECT_EQ(Count(after, "gelu_grad"), 1);
+  }
+  // h read by a second op: its gradient is a sum, add_n(dh from fc2, dh from
+  // the mean), which the gelu_grad reads; the GEMM's output is not its dy.
+  std::string text = GeluMlp("tanh");
+  const std::string logits = R"pb(op { type: "add" input: ["b2", "xw2"] output: ["z"] })pb";
+  ASSERT_NE(text.find(logits), std::string::npos);
+  text.replace(text.find(logits), logits.size(),
+               R"pb(op { type: "add" input: ["b2", "xw2"] output: ["z0"] }
+                    op { type: "reduce_mean" input: ["h"] output: ["h_mean"] }
+                    op { type: "add" input: ["z0", "h_mean"] output: ["z"] })pb");
+  const Program summed = DumpAfter(text, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(summed, "matmul_gelu_grad"), 0);
+  EXPECT_EQ(Count(summed, "gelu_grad"), 1);
 }
 
 // Under BF16 too, not fused: the erf form (its cast and bf16 gelu stay), an

@@ -15,6 +15,7 @@ absl::StatusOr<bool> Tf32Pass::Run(Graph& graph, const CompileContext& ctx) {
                                                 "matmul_accumulate",
                                                 "matmul_bias",
                                                 "matmul_bias_gelu",
+                                                "matmul_gelu_grad",
                                                 "matmul_bias_grad_b",
                                                 "scaled_dot_product_attention",
                                                 "scaled_dot_product_attention_grad",

@@ -10,7 +10,7 @@ namespace strata {
 
 // The strategy's `allow_tf32: true`, for plans made for a GPU: every matmul
 // of the family (matmul, its shared-b gradients, matmul_accumulate,
-// matmul_bias, matmul_bias_gelu) whose operands are F32 gets `allow_tf32:
+// matmul_bias, matmul_bias_gelu, matmul_gelu_grad) whose operands are F32 gets `allow_tf32:
 // true`, and its CUDA kernel asks cuBLASLt for CUBLAS_COMPUTE_32F_FAST_TF32. A per-op precision,
 // as XLA's dot carries its PrecisionConfig: the plan says which GEMMs may
 // round, where PyTorch's flag is process-wide. Runs last in the program

@@ -17,6 +17,7 @@ const std::set<std::string> kFamily = {"matmul",
                                        "matmul_accumulate",
                                        "matmul_bias",
                                        "matmul_bias_gelu",
+                                       "matmul_gelu_grad",
                                        "matmul_bias_grad_b",
                                        "scaled_dot_product_attention",
                                        "scaled_dot_product_attention_grad"};

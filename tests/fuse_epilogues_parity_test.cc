@@ -11,6 +11,10 @@
 // The tiny GPT's MLP (matmul -> add -> gelu in the tanh form, strata gen
 // gpt's default) becomes matmul_bias_gelu, whose CPU kernel computes z as
 // matmul_bias does and y with the gelu kernel's function: the same bits.
+// Its backward's gelu_grad and the GEMM of its dy become matmul_gelu_grad,
+// whose CPU kernel keeps the product in float32 and applies gelu_grad's
+// function: the same bits too (under BF16 one rounding of the product
+// fewer).
 //
 // The same runs cover the bias gradient's fusion into the weight gradient's
 // GEMM (matmul_bias_grad_b, whose CPU kernel runs the unfused GEMM and sum)
@@ -102,6 +106,8 @@ TEST(FuseEpiloguesParityTest, GptFusedEqualsUnfusedBitForBit) {
   EXPECT_GE(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"), 4);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 2);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 0);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_gelu_grad"), 2);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu_grad"), 0);
   // Each block's two residual adds, into the attention's and the MLP's projections.
   EXPECT_EQ(ResidualMatmulBiases(*program, Strategy(), 4), 4);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_grad_b"),
@@ -123,6 +129,7 @@ TEST(FuseEpiloguesParityTest, GptWithErfGeluKeepsItsGeluAndTrainsBitForBit) {
   ASSERT_TRUE(program.ok()) << program.status();
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_bias_gelu"), 0);
   EXPECT_EQ(FusedOps(*program, Strategy(), 4, "gelu"), 2);
+  EXPECT_EQ(FusedOps(*program, Strategy(), 4, "matmul_gelu_grad"), 0);
   EXPECT_EQ(ResidualMatmulBiases(*program, Strategy(), 4), 4);
   auto plain = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CPU));
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -142,6 +149,7 @@ TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
   strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
   EXPECT_GT(FusedOps(*program, strategy, 6, "matmul_bias_grad_b"), 0);
   EXPECT_EQ(FusedOps(*program, strategy, 6, "matmul_bias_gelu"), 2);  // F64, one per stage's block
+  EXPECT_EQ(FusedOps(*program, strategy, 6, "matmul_gelu_grad"), 2);  // and its backward
   EXPECT_EQ(ResidualMatmulBiases(*program, strategy, 6), 4);          // each block's two, on its stage
   auto single = TrainSingleDevice(*program, 6, Tokens(10, DEVICE_CPU));
   ASSERT_TRUE(single.ok()) << single.status();
@@ -171,6 +179,8 @@ TEST(FuseEpiloguesParityTest, Bf16FusedStaysWithinBf16RoundingOfUnfused) {
   // The BF16 product goes to the F32 pre-activation, whose bf16 cast the bf16 gelu reads: fused too
   // (matmul_bias_gelu with z_dtype).
   EXPECT_EQ(FusedOps(*program, bf16, 4, "matmul_bias_gelu"), 2);
+  // Its bf16 gelu_grad with the bf16 GEMM of its dy (the product kept in float).
+  EXPECT_EQ(FusedOps(*program, bf16, 4, "matmul_gelu_grad"), 2);
   EXPECT_EQ(ResidualMatmulBiases(*program, bf16, 4), 4);  // the F32 y of BF16 operands
   ParityOptions plain_options = Tokens(10, DEVICE_CPU), fused_options = Tokens(10, DEVICE_CUDA);
   plain_options.batch_size = fused_options.batch_size = 4;
