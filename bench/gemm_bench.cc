@@ -614,7 +614,8 @@ std::string UtcNow() {
 // a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (a
 // bf16 aux z, as the plan asks since gelu runs in bf16, and a float one);
 // each weight gradient (float dW) plain and with the bias gradient
-// (BGRADA, as cuda_ops.cc calls it). Prints ms a call and the fused call's
+// (BGRADA, as cuda_ops.cc calls it); mlp.proj's dx plain and with the
+// gelu's derivative (DGELU, matmul_gelu_grad's GEMM). Prints ms a call and the fused call's
 // time over the plain one; where cuBLASLt refuses the fused call (a float
 // bias beside a 16-bit D, counted and printed at the end) the row shows "-"
 // and the reason, and the op's kernel would run the float GEMM and a cast.
@@ -640,6 +641,7 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
   BENCH_RETURN_IF_ERROR(FillDevice(a->as<__nv_bfloat16>(), max_a, kSeedA));
   BENCH_RETURN_IF_ERROR(FillDevice(b->as<__nv_bfloat16>(), max_b, kSeedB));
   BENCH_RETURN_IF_ERROR(FillDevice(bias->as<float>(), max_n, kSeedA + 7));
+  BENCH_RETURN_IF_ERROR(FillDevice(z->as<__nv_bfloat16>(), max_c, kSeedB + 7));  // DGELU's aux input
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
   cuda::LtGemm& g = **gemm;
@@ -660,7 +662,8 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
   for (const GemmShape& s : shapes) {
     const bool fwd = absl::EndsWith(s.name, ".fwd") && !absl::StartsWith(s.name, "lm_head");
     const bool dw = absl::EndsWith(s.name, ".dw") && !absl::StartsWith(s.name, "lm_head");
-    if (!fwd && !dw) continue;
+    const bool dgelu = s.name == "mlp.proj.dx";  // dh = dy @ W^T, whose reader is the gelu's gradient
+    if (!fwd && !dw && !dgelu) continue;
     std::vector<std::pair<std::string, std::function<absl::Status()>>> fused;
     std::function<absl::Status()> plain;
     if (fwd) {
@@ -682,6 +685,14 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
                                                    s.k, false, stream);
                          }});
       }
+    } else if (dgelu) {
+      // matmul_gelu_grad: DGELU with the bf16 pre-activation as its aux
+      // (the plain GEMM leaves out the gelu_grad pass the unfused plan adds).
+      auto* c16 = c->as<__nv_bfloat16>();
+      plain = [&, c16] { return g.Matmul(c16, A, B, s.m, s.n, s.k, false, true, stream); };
+      fused.push_back({"matmul_gelu_grad", [&, c16] {
+                         return g.MatmulGeluGrad(c16, A, B, z->as<__nv_bfloat16>(), s.m, s.n, s.k, true, stream);
+                       }});
     } else {
       auto* c32 = c->as<float>();
       plain = [&, c32] { return g.Matmul(c32, A, B, s.m, s.n, s.k, true, false, stream); };

@@ -71,11 +71,14 @@ def strata_side(a, workdir):
                              stdout=f, stderr=subprocess.PIPE, text=True)
     if gen.returncode != 0:
         raise SystemExit("bench: strata gen gpt failed: " + gen.stderr)
-    strategy = os.path.join(workdir, "bf16.strategy.pbtxt")
-    with open(strategy, "w") as f:
-        f.write("mixed_precision { dtype: BF16 }\n" + ("allow_tf32: true\n" if a.tf32 else ""))
+    fields = ("mixed_precision { dtype: BF16 }\n" if a.dtype == "bf16" else "") + ("allow_tf32: true\n" if a.tf32 else "")
+    strategy = []  # float32 without TF32: no strategy file (an empty one is refused)
+    if fields:
+        strategy = ["--strategy", os.path.join(workdir, "strategy.pbtxt")]
+        with open(strategy[1], "w") as f:
+            f.write(fields)
     metrics = os.path.join(workdir, "metrics.jsonl")
-    argv = cmd + ["run", program, "--strategy", strategy, "--device", a.device, "--data", "synthetic",
+    argv = cmd + ["run", program] + strategy + ["--device", a.device, "--data", "synthetic",
                   "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet",
                   "--cuda_graph=%s" % ("false" if a.no_cuda_graph else "true")] + shlex.split(a.strata_flags)
     p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -99,6 +102,8 @@ def torch_side(a, variant):
     import torch.nn.functional as F
 
     dev = torch.device("cuda" if a.device == "gpu" else "cpu")
+    if dev.type == "cpu":
+        torch.set_num_threads(os.cpu_count())  # Debian's torch starts with 1; strata run uses every core
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = a.tf32
         torch.backends.cudnn.allow_tf32 = a.tf32
@@ -158,7 +163,7 @@ def torch_side(a, variant):
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randint(0, V, (a.batch, T), generator=g).to(dev),
                 torch.randint(0, V, (a.batch, T), generator=g).to(dev)) for _ in range(2)]
-    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -201,6 +206,8 @@ def main():
                     help="Strata's steps eager (--cuda_graph=false) instead of one captured step replayed")
     ap.add_argument("--strata_flags", default="",
                     help="more flags for strata run, e.g. '--disable_passes fold-casts' (shell words)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"],
+                    help="bf16: mixed_precision { dtype: BF16 } against bf16 autocast; f32: float32 on both sides")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 on both sides (Strata's allow_tf32: attention's float32 products; "
                          "torch.backends.cuda.matmul.allow_tf32)")
@@ -215,9 +222,10 @@ def main():
     name = torch.cuda.get_device_name(0) if a.device == "gpu" else "cpu"
     tokens = a.batch * a.seq
     print("gpt2: %s, torch %s, %s UTC; %d blocks, d_model %d, %d heads, seq %d, vocab %d, batch %d (%d tokens a "
-          "step); bf16 mixed precision, AdamW, TF32 %s on both sides; %d rounds of %d steps after %d warm-up" % (
+          "step); %s, AdamW, TF32 %s on both sides; %d rounds of %d steps after %d warm-up" % (
               name, torch.__version__, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-              a.blocks, a.d_model, a.heads, a.seq, a.vocab, a.batch, tokens, "allowed" if a.tf32 else "off",
+              a.blocks, a.d_model, a.heads, a.seq, a.vocab, a.batch, tokens,
+              "bf16 mixed precision" if a.dtype == "bf16" else "float32", "allowed" if a.tf32 else "off",
               a.rounds, a.steps, a.warmup))
     s_ms, t_ms = [], {v: [] for v in variants}
     s_loss = s_peak = None
