@@ -100,7 +100,9 @@ TEST(FoldCastsTest, GptBlocksLoseTheirLayerNormAndGemmCasts) {
             const bool qkv = absl::StrContains(op.output(0), ".attn.qkv.");
             EXPECT_TRUE(qkv || op.type() == "matmul_bias_gelu") << op.output(0);
           }
-          if (op.type() == "matmul_bias_gelu") EXPECT_EQ(VarDtype(folded, op.output(1)), low) << op.output(1);
+          if (op.type() == "matmul_bias_gelu") {
+            EXPECT_EQ(VarDtype(folded, op.output(1)), low) << op.output(1);
+          }
         }
         if (op.type() == "layer_norm") {
           ++layer_norms;

@@ -545,7 +545,9 @@ TEST(FuseEpiloguesTest, FusesTheResidualGradientSumIntoTheLayerNormGradient) {
   EXPECT_EQ(after.op_size(), before.op_size() - 1);
   // The layer norm's own part is gone.
   for (const Op& op : before.op()) {
-    if (op.type() == "layer_norm_grad") EXPECT_FALSE(Declared(after, op.output(0))) << op.output(0);
+    if (op.type() == "layer_norm_grad") {
+      EXPECT_FALSE(Declared(after, op.output(0))) << op.output(0);
+    }
   }
 }
 
@@ -555,7 +557,9 @@ TEST(FuseEpiloguesTest, LeavesAResidualSumWhosePartComesAfterTheLayerNormGradien
   ASSERT_EQ(Count(before, "add_n"), 1);
   EXPECT_EQ(Count(after, "add_n"), 1);
   for (const Op& op : after.op()) {
-    if (op.type() == "layer_norm_grad") EXPECT_EQ(op.input_size(), 3);
+    if (op.type() == "layer_norm_grad") {
+      EXPECT_EQ(op.input_size(), 3);
+    }
   }
 }
 

@@ -353,7 +353,9 @@ TEST_F(CudaOpsTest, ConvsInBf16AndF16MatchTheCpu) {
         double largest = 0;
         for (double v : want) largest = std::max(largest, std::abs(v));
         for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
-        if (NumElements(cpu.shape()) > 0 && pass.a->num_elements() > 0) EXPECT_GT(largest, 0.0);  // not zeros
+        if (NumElements(cpu.shape()) > 0 && pass.a->num_elements() > 0) {  // not zeros
+          EXPECT_GT(largest, 0.0);
+        }
       }
     }
   }

@@ -110,12 +110,16 @@ TEST_F(CudaOpsTest, UpdatesSkipOnFoundInf) {
         {{"p", p}, {"g", g}, {"m", m}, {"v", v}, {"lr", lr}, {"step", step}, {"f", f}}, {"p", "m", "v"});
     ASSERT_EQ(adam.size(), 3u);
     for (const auto& [cpu, gpu] : adam) EXPECT_TRUE(BitEqual(gpu, cpu));
-    if (found != 0) EXPECT_TRUE(BitEqual(adam[0].second, p));
+    if (found != 0) {
+      EXPECT_TRUE(BitEqual(adam[0].second, p));
+    }
     auto sgd = RunBothNamed(R"pb(type: "sgd_update" input: ["p", "g", "lr", "f"] output: ["p"])pb",
                             {{"p", p}, {"g", g}, {"lr", lr}, {"f", f}}, {"p"});
     ASSERT_EQ(sgd.size(), 1u);
     EXPECT_TRUE(BitEqual(sgd[0].second, sgd[0].first));
-    if (found != 0) EXPECT_TRUE(BitEqual(sgd[0].second, p));
+    if (found != 0) {
+      EXPECT_TRUE(BitEqual(sgd[0].second, p));
+    }
     auto momentum = RunBothNamed(
         R"pb(type: "momentum_update" input: ["p", "g", "m", "lr", "f"] output: ["p", "m"]
              attr { key: "momentum" value { f: 0.9 } })pb",
