@@ -191,7 +191,7 @@ absl::StatusOr<Tensor> WidenToScratch(KernelContext& ctx, const Tensor& t) {
   STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
   const In* src = t.data<In>();
   float* dst = wide.data<float>();
-  for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
+  UnaryMap(t.num_elements(), src, dst, [](In h) { return ToFloat(h); });
   return wide;
 }
 

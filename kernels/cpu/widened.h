@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "proto/status_macros.h"
 #include "runtime/float16.h"
@@ -55,7 +56,7 @@ class WidenedKernel : public OpKernel {
       STRATA_ASSIGN_OR_RETURN(wide[i], nn_kernels::Scratch(ctx, F32, t.num_elements()));
       const Half* src = t.data<Half>();
       float* dst = wide[i].data<float>();
-      for (int64_t j = 0; j < t.num_elements(); ++j) dst[j] = ToFloat(src[j]);
+      UnaryMap(t.num_elements(), src, dst, [](Half h) { return ToFloat(h); });
       wide[i] = wide[i].Reshaped(t.shape());
       inputs[i] = &wide[i];
     }
@@ -73,7 +74,7 @@ class WidenedKernel : public OpKernel {
       const DataType planned = OutputDtype(i);
       if (planned == F32) {
         STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, F32, y.shape()));
-        std::copy(y.data<float>(), y.data<float>() + y.num_elements(), out->data<float>());
+        UnaryMap(y.num_elements(), y.data<float>(), out->data<float>(), [](float v) { return v; });
         continue;
       }
       if (planned != HalfDtype<Half>()) {
@@ -84,7 +85,7 @@ class WidenedKernel : public OpKernel {
       STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(i, HalfDtype<Half>(), y.shape()));
       const float* src = y.data<float>();
       Half* dst = out->data<Half>();
-      for (int64_t j = 0; j < y.num_elements(); ++j) dst[j] = FromFloat(src[j]);
+      UnaryMap(y.num_elements(), src, dst, [](float v) { return FromFloat(v); });
     }
     return absl::OkStatus();
   }
