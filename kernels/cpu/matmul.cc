@@ -195,6 +195,29 @@ absl::StatusOr<Tensor> WidenToScratch(KernelContext& ctx, const Tensor& t) {
   return wide;
 }
 
+// out [rows, N] = a @ op(b) over a's folded rows (a, b: the kernel's inputs
+// 0 and 1; b 2-D), as matmul's kernel calls the GEMM; 16-bit In operands
+// are widened to T in scratch first, as matmul's widened kernel runs them.
+template <typename In, typename T>
+absl::Status FoldedGemmInto(KernelContext& ctx, const MatmulShape& s, bool transpose_b, T* out) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  const T* pa = nullptr;
+  const T* pb = nullptr;
+  Tensor wide_a, wide_b;
+  if constexpr (std::is_same_v<In, T>) {
+    pa = a.data<T>();
+    pb = b.data<T>();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
+    STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
+    pa = wide_a.data<T>();
+    pb = wide_b.data<T>();
+  }
+  GemmOrScale<T>(false, transpose_b, s.batch * s.m, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), out, s.n);
+  return absl::OkStatus();
+}
+
 // y = a @ op(b) + bias (passes/fuse_epilogues): the GEMM over a's folded rows
 // into y, then bias added row by row, so y has the bits of matmul then add.
 // `In` is a's and b's storage; BF16/F16 operands are widened to float first
@@ -240,24 +263,10 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
   // y = a @ op(b) + bias for the op's inputs, y allocated by the caller; with
   // `residual` (y's shape), y = residual + (a @ op(b) + bias).
   absl::Status MatmulBiasInto(KernelContext& ctx, const MatmulShape& s, Tensor* y, const T* residual = nullptr) {
-    const Tensor& a = ctx.input(0);
-    const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
-    const T* pa = nullptr;
-    const T* pb = nullptr;
-    Tensor wide_a, wide_b;
-    if constexpr (std::is_same_v<In, T>) {
-      pa = a.data<T>();
-      pb = b.data<T>();
-    } else {
-      STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
-      STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
-      pa = wide_a.data<T>();
-      pb = wide_b.data<T>();
-    }
     T* py = y->data<T>();
     const int64_t rows = s.batch * s.m;
-    GemmOrScale<T>(false, tb_, rows, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), py, s.n);
+    STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, py)));
     const T* pbias = bias.data<T>();
     ParallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.n)), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -338,26 +347,13 @@ class MatmulGeluGradKernel : public TransposeBAttrKernel {
   explicit MatmulGeluGradKernel(const KernelDef&) {}
 
   absl::Status Compute(KernelContext& ctx) override {
-    const Tensor& a = ctx.input(0);
-    const Tensor& b = ctx.input(1);
     const Tensor& z = ctx.input(2);
-    STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulGeluGradShape(a.shape(), b.shape(), z.shape(), tb_));
-    const T* pa = nullptr;
-    const T* pb = nullptr;
-    Tensor wide_a, wide_b;
-    if constexpr (std::is_same_v<In, T>) {
-      pa = a.data<T>();
-      pb = b.data<T>();
-    } else {
-      STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
-      STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
-      pa = wide_a.data<T>();
-      pb = wide_b.data<T>();
-    }
+    STRATA_ASSIGN_OR_RETURN(MatmulShape s,
+                            InferMatmulGeluGradShape(ctx.input(0).shape(), ctx.input(1).shape(), z.shape(), tb_));
     const int64_t rows = s.batch * s.m, count = rows * s.n;
     STRATA_ASSIGN_OR_RETURN(Tensor product, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, count));
     T* pp = product.data<T>();
-    GemmOrScale<T>(false, tb_, rows, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), pp, s.n);
+    STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, pp)));
     STRATA_ASSIGN_OR_RETURN(Tensor * dz, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
     const In* pz = z.data<In>();
     In* pdz = dz->data<In>();
