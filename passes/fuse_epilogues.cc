@@ -328,8 +328,10 @@ absl::StatusOr<bool> FuseBiasGelus(Graph& graph) {
 // GEMM over a's folded rows), a gelu_grad with no out_dtype whose z, g and
 // dz share a's dtype (F32, F64, or under mixed precision the 16-bit type
 // mixed precision runs the gelu in), the two on one stage and role, z
-// written once before the matmul and dz once by the gelu_grad. The fused op
-// takes the matmul's place, where a and b are read as they were. After the
+// and dz each written once. The fused op takes the matmul's place, where a
+// and b are read as they were; where z is written after it (recomputed
+// just before its first backward reader), the gelu_grad's, if a and b are
+// not written between the two. After the
 // forward's gelu fusion, which looks for gelu_grads among z's readers. For
 // 16-bit operands the product is no longer rounded to 16 bits before the
 // derivative multiplies it (one rounding fewer, as the other fused GEMMs).
@@ -355,9 +357,20 @@ absl::StatusOr<bool> FuseGeluGrads(Graph& graph) {
     }
     const DataType dtype = graph.dtype(graph.inputs(m)[0]);
     if (graph.dtype(z) != dtype || graph.dtype(d) != dtype || graph.dtype(dz) != dtype) continue;
-    if (writers.count[z] != 1 || writers.last[z] < 0 || graph.position(writers.last[z]) >= graph.position(m) ||
-        writers.count[dz] != 1) {
-      continue;
+    if (writers.count[z] != 1 || writers.last[z] < 0 || writers.count[dz] != 1) continue;
+    // In the GEMM's place where z is written by then; else (a recomputed z,
+    // which the recompute pass writes just before its first backward reader,
+    // here after the GEMM) in the gelu_grad's, if a and b hold there what
+    // the GEMM read: each written at most once, not between the two ops.
+    const bool at_gemm = graph.position(writers.last[z]) < graph.position(m);
+    if (!at_gemm) {
+      bool held = true;
+      for (int in : graph.inputs(m)) {
+        const int w = writers.last[in];
+        held = held && writers.count[in] <= 1 &&
+               (w < 0 || graph.position(w) < graph.position(m) || graph.position(w) > graph.position(g));
+      }
+      if (!held) continue;
     }
     Op fused = OpPlacedLike(graph, m, "matmul_gelu_grad", graph.role(m));
     for (int in : graph.inputs(m)) fused.add_input(std::string(graph.var_name(in)));
@@ -377,10 +390,11 @@ absl::StatusOr<bool> FuseGeluGrads(Graph& graph) {
     in_types.push_back(graph.type(z));
     auto types = InferOutputTypes(schema, fused, in_types);
     if (!types.ok() || (*types)[0] != graph.type(dz)) continue;
-    if (auto st = graph.ReplaceOp(m, fused); !st.ok()) {
-      return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
+    const int place = at_gemm ? m : g;
+    if (auto st = graph.ReplaceOp(place, fused); !st.ok()) {
+      return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(place), ": ", st.message()));
     }
-    graph.EraseOp(g);
+    graph.EraseOp(at_gemm ? g : m);
     keep[d] = false;
     changed = true;
   }

@@ -46,7 +46,8 @@ namespace strata {
 // epilogue (the derivative applied to the product before it is stored, z
 // its aux), and g is never written. z, g and the gelu_grad's output share
 // the matmul's dtype (F32, F64, or mixed precision's 16-bit gelu), the
-// gelu_grad has no out_dtype, z is written once before the matmul. On the
+// gelu_grad has no out_dtype, z is written once (before the matmul, or,
+// recomputed, after it: then the fused op takes the gelu_grad's place). On the
 // CPU the fused kernel keeps the product in T and applies gelu_grad's
 // function: in F32/F64 the unfused bits; for 16-bit operands the product
 // is no longer rounded to 16 bits first.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
@@ -225,9 +226,37 @@ TEST(FuseEpiloguesTest, FusesTheGeluGradIntoTheGemmOfItsDy) {
   }
 }
 
-// Not fused: the erf form's gelu_grad (DGELU is the tanh form's), a dy the
-// GEMM writes that something else reads too, and a gelu_grad whose dy is
-// not a GEMM's (a relu's output gradient, here a scaled one).
+// Under recompute the pre-activation is written again just before its
+// first backward reader, the weight gradient after dh's GEMM: the fused op
+// takes the gelu_grad's place there (after the GEMM's inputs are written,
+// not rewritten), one per block as without recompute, and reads the
+// recomputed z.
+TEST(FuseEpiloguesTest, FusesTheGeluGradOfARecomputedBlock) {
+  Strategy strategy;
+  for (int b = 0; b < kTinyGptBlocks; ++b) strategy.mutable_recompute()->add_checkpoints(absl::StrCat("h", b));
+  const Program after = DumpAfter(TinyGptText(), strategy, "fuse-epilogues");
+  EXPECT_EQ(Count(after, "matmul_gelu_grad"), kTinyGptBlocks);
+  EXPECT_EQ(Count(after, "gelu_grad"), 0);
+  int recomputed = 0;
+  for (int i = 0; i < after.op_size(); ++i) {
+    const Op& op = after.op(i);
+    if (op.type() != "matmul_gelu_grad") continue;
+    recomputed += absl::StrContains(op.input(2), "@recompute");
+    // Every input written before it.
+    for (const std::string& in : op.input()) {
+      for (int j = i; j < after.op_size(); ++j) {
+        for (const std::string& out : after.op(j).output()) EXPECT_NE(out, in) << "written at op " << j;
+      }
+    }
+  }
+  // Each segment between two checkpoints is recomputed (block 0, h0 -> h1);
+  // the last one, from the last checkpoint to the loss, is not.
+  EXPECT_EQ(recomputed, kTinyGptBlocks - 1);
+}
+
+// Not fused: the erf form's gelu_grad (DGELU is the tanh form's), and a
+// gelu_grad whose dy is not a GEMM's output but autodiff's sum of the
+// gradients of the gelu's two readers.
 TEST(FuseEpiloguesTest, LeavesGeluGradsItCannotFuse) {
   for (const std::string form : {"", "none"}) {
     SCOPED_TRACE(form);

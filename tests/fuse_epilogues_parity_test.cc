@@ -138,6 +138,26 @@ TEST(FuseEpiloguesParityTest, GptWithErfGeluKeepsItsGeluAndTrainsBitForBit) {
   ExpectBitIdentical(*fused, *plain);
 }
 
+// Under recompute the MLP's pre-activation is recomputed after the GEMM of
+// its gradient's dy, and matmul_gelu_grad takes the gelu_grad's place: the
+// fused, recomputed run trains the plain one's bits.
+TEST(FuseEpiloguesParityTest, RecomputedGptFusedEqualsUnfusedBitForBit) {
+  auto program = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy recompute;
+  recompute.mutable_recompute()->add_checkpoints("h0");
+  recompute.mutable_recompute()->add_checkpoints("h1");
+  EXPECT_EQ(FusedOps(*program, recompute, 4, "matmul_gelu_grad"), 2);
+  EXPECT_EQ(FusedOps(*program, recompute, 4, "gelu_grad"), 0);
+  auto plain = TrainSingleDevice(*program, 4, Tokens(5, DEVICE_CPU));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ParityOptions options = Tokens(5, DEVICE_CUDA);
+  options.batch_size = 4;
+  auto fused = TrainParallel(*program, recompute, options);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectBitIdentical(*fused, *plain);
+}
+
 // The fused ops are placed on their stages like the adds they replace.
 TEST(FuseEpiloguesParityTest, FusedGptPipelineMatchesOneUnfusedDevice) {
   constexpr double kTolerance = 1e-5;

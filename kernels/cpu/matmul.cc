@@ -335,8 +335,9 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
 };
 
 // dz = gelu'(z) * (a @ op(b)), the tanh form (passes/fuse_epilogues): the
-// GEMM over a's folded rows into T scratch (BF16/F16 operands widened to
-// float first, as matmul's widened kernel runs them), then gelu_grad's own
+// GEMM over a's folded rows into dz (F32/F64) or float scratch (BF16/F16
+// operands, widened to float first as matmul's widened kernel runs them),
+// then gelu_grad's own
 // function (cuda::GeluTanhGradFn) on z widened to T and the unrounded
 // product, dz rounded once to In. For F32/F64 the bits of matmul then
 // gelu_grad; for BF16/F16 those of the float ops on widened operands, then
@@ -351,31 +352,31 @@ class MatmulGeluGradKernel : public TransposeBAttrKernel {
     STRATA_ASSIGN_OR_RETURN(MatmulShape s,
                             InferMatmulGeluGradShape(ctx.input(0).shape(), ctx.input(1).shape(), z.shape(), tb_));
     const int64_t rows = s.batch * s.m, count = rows * s.n;
-    STRATA_ASSIGN_OR_RETURN(Tensor product, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, count));
-    T* pp = product.data<T>();
-    STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, pp)));
     STRATA_ASSIGN_OR_RETURN(Tensor * dz, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
-    const In* pz = z.data<In>();
-    In* pdz = dz->data<In>();
     const cuda::GeluTanhGradFn grad;
-    ParallelFor(count, 16384, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) pdz[i] = cuda::Convert<In>(grad(cuda::Convert<T>(pz[i]), pp[i]));
-    });
+    if constexpr (std::is_same_v<In, T>) {
+      // The product into dz, then gelu_grad over it in place (BinaryMap's
+      // aliasing path: each element read, then written).
+      STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, dz->data<T>())));
+      BinaryMap(count, z.data<T>(), dz->data<T>(), dz->data<T>(), grad);
+    } else {
+      STRATA_ASSIGN_OR_RETURN(Tensor product, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, count));
+      STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, product.data<T>())));
+      BinaryMap(count, z.data<In>(), product.data<T>(), dz->data<In>(),
+                [grad](In x, T dy) { return cuda::Convert<In>(grad(cuda::Convert<T>(x), dy)); });
+    }
     return absl::OkStatus();
   }
 };
 
-// The widened operands and the product in T.
+// For 16-bit operands their float copies and the float product (F32 and
+// F64 run in dz itself).
 absl::StatusOr<int64_t> MatmulGeluGradWorkspace(const KernelDef& def, int) {
-  int64_t bytes = 0;
-  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
-    if (IsHalfFloating(def.input_types[i].dtype)) bytes += NumElements(def.input_types[i].shape) * 4;
-  }
-  if (!def.output_types.empty()) {
-    const DataType t = def.output_types[0].dtype == F64 ? F64 : F32;
-    bytes += NumElements(def.output_types[0].shape) * static_cast<int64_t>(DataTypeSize(t));
-  }
-  return bytes;
+  if (def.input_types.empty() || !IsHalfFloating(def.input_types[0].dtype)) return 0;
+  int64_t elements = 0;
+  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) elements += NumElements(def.input_types[i].shape);
+  if (!def.output_types.empty()) elements += NumElements(def.output_types[0].shape);
+  return elements * static_cast<int64_t>(sizeof(float));
 }
 
 // The widened operands' float copies, for the memory plan, and matmul_bias's

@@ -641,10 +641,13 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
-    } else if (!status.ok() && EpilogueUsesAux(applied) && !EpilogueUsesBias(applied) && RefusedCombination(status)) {
-      // DGELU refused at the call though its plan was made: remembered as
-      // the shape's "no algorithm" with its line, so the caller's two passes
-      // run from then on without asking again, and a run reports it.
+    } else if (!status.ok() && EpilogueUsesAux(applied) && !EpilogueUsesBias(applied) &&
+               status.code() == absl::StatusCode::kUnimplemented) {
+      // DGELU refused at the call (NOT_SUPPORTED) though its plan was made:
+      // remembered as the shape's "no algorithm" with its line, so the
+      // caller's two passes run from then on without asking again, and a
+      // run reports it. INVALID_VALUE (a misuse: an aux pointer or leading
+      // dimension it rejects) surfaces as the error it is.
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(absl::StrCat("cuBLASLt refused ", EpilogueName(applied), ": ", status.message()));
     }
