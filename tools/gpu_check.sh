@@ -71,10 +71,10 @@ quick_benches() {
     tail -4 || status=1
   STRATA_MMA_ATTENTION=1 STRATA_FAST_HALF_LOSS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_untried_kernels.txt" |
     tail -4 || status=1
-  # The forward linears' fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain
-  # one: cuBLASLt's epilogue, or its refusal and the float fallback).
+  # The fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain one: cuBLASLt's
+  # epilogue, or its refusal and the float fallback); mlp.proj.dx with DGELU (matmul_gelu_grad).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
-    --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw 2>&1 | tail -11 || status=1
+    --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw,mlp.proj.dx 2>&1 | tail -12 || status=1
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
   timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
