@@ -185,16 +185,6 @@ class MatmulAccumulateKernel : public OpKernel {
   bool ta_ = false, tb_ = false;
 };
 
-// A 16-bit tensor's float copy in the kernel's scratch.
-template <typename In>
-absl::StatusOr<Tensor> WidenToScratch(KernelContext& ctx, const Tensor& t) {
-  STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
-  const In* src = t.data<In>();
-  float* dst = wide.data<float>();
-  UnaryMap(t.num_elements(), src, dst, [](In h) { return ToFloat(h); });
-  return wide;
-}
-
 // out [rows, N] = a @ op(b) over a's folded rows (a, b: the kernel's inputs
 // 0 and 1; b 2-D), as matmul's kernel calls the GEMM; 16-bit In operands
 // are widened to T in scratch first, as matmul's widened kernel runs them.

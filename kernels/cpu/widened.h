@@ -31,6 +31,15 @@ constexpr DataType HalfDtype() {
   return std::is_same_v<Half, bfloat16> ? BF16 : F16;
 }
 
+// A 16-bit tensor's float copy in the kernel's scratch (flat), converted on
+// the thread pool.
+template <typename Half>
+absl::StatusOr<Tensor> WidenToScratch(const KernelContext& ctx, const Tensor& t) {
+  STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, t.num_elements()));
+  UnaryMap(t.num_elements(), t.data<Half>(), wide.data<float>(), [](Half h) { return ToFloat(h); });
+  return wide;
+}
+
 // `Inner` is the float32 kernel class of the same op.
 template <typename Half, typename Inner>
 class WidenedKernel : public OpKernel {
@@ -53,10 +62,7 @@ class WidenedKernel : public OpKernel {
       const Tensor& t = ctx.input(i);
       inputs[i] = &t;
       if (t.dtype() != HalfDtype<Half>()) continue;
-      STRATA_ASSIGN_OR_RETURN(wide[i], nn_kernels::Scratch(ctx, F32, t.num_elements()));
-      const Half* src = t.data<Half>();
-      float* dst = wide[i].data<float>();
-      UnaryMap(t.num_elements(), src, dst, [](Half h) { return ToFloat(h); });
+      STRATA_ASSIGN_OR_RETURN(wide[i], WidenToScratch<Half>(ctx, t));
       wide[i] = wide[i].Reshaped(t.shape());
       inputs[i] = &wide[i];
     }

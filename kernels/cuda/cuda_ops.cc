@@ -75,6 +75,18 @@ struct GemmType<float16> {
   using type = __half;  // the same 16 bits
 };
 
+// Float scratch of `count` elements on the kernel's device for `op`'s
+// two-pass fallback (`what` says for what), or one ResourceExhausted line
+// naming the op.
+absl::StatusOr<Tensor> FloatScratch(const KernelContext& ctx, int64_t count, const char* op, const char* what = "") {
+  Tensor t = Tensor::Empty(F32, Shape{count}, &ctx.device());
+  if (!t.defined() && count > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": out of memory allocating ", count,
+                                                     " float elements of scratch", what, " on ", ctx.device().name()));
+  }
+  return t;
+}
+
 // The matmul family's attrs on the GPU: the transposes, and allow_tf32 (the
 // strategy's allow_tf32, set by passes/tf32 on F32 GEMMs of GPU plans).
 class CudaGemmAttrsKernel : public TransposeAttrsKernel {
@@ -279,11 +291,7 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
             reinterpret_cast<G*>(y->data<In>()), reinterpret_cast<const G*>(a.data<In>()),
             reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
         if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
-        Tensor wide = Tensor::Empty(F32, Shape{rows * s.n}, &ctx.device());
-        if (!wide.defined() && rows * s.n > 0) {
-          return absl::ResourceExhaustedError(absl::StrCat("matmul_bias: out of memory allocating ", rows * s.n,
-                                                           " float elements of scratch on ", ctx.device().name()));
-        }
+        STRATA_ASSIGN_OR_RETURN(Tensor wide, FloatScratch(ctx, rows * s.n, "matmul_bias"));
         STRATA_RETURN_IF_ERROR(MatmulBiasInto(device, a, b, bias, s, wide.data<float>()));
         return CudaStatus(cuda::LaunchCast<float, In>(y->data<In>(), wide.data<float>(), rows * s.n, device->stream()),
                           "matmul_bias");
@@ -432,11 +440,7 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
           s.n, s.k, this->tb_, device->stream());
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
-    Tensor wide = Tensor::Empty(F32, Shape{count}, &ctx.device());
-    if (!wide.defined() && count > 0) {
-      return absl::ResourceExhaustedError(absl::StrCat("matmul_bias_gelu: out of memory allocating ", count,
-                                                       " float elements of scratch for z on ", ctx.device().name()));
-    }
+    STRATA_ASSIGN_OR_RETURN(Tensor wide, FloatScratch(ctx, count, "matmul_bias_gelu", " for z"));
     float* wide_z = wide.data<float>();
     if (low_y) {
       STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, wide_z));
@@ -497,12 +501,7 @@ class CudaMatmulGeluGradKernel : public CudaBiasGemmAttrsKernel {
       return CudaStatus(cuda::LaunchUnaryGrad(cuda::UnaryGradOp::kGeluTanhGrad, pdz, pz, pdz, count, stream),
                         "matmul_gelu_grad");
     } else {
-      Tensor product = Tensor::Empty(F32, Shape{count}, &ctx.device());
-      if (!product.defined() && count > 0) {
-        return absl::ResourceExhaustedError(absl::StrCat("matmul_gelu_grad: out of memory allocating ", count,
-                                                         " float elements of scratch for the product on ",
-                                                         ctx.device().name()));
-      }
+      STRATA_ASSIGN_OR_RETURN(Tensor product, FloatScratch(ctx, count, "matmul_gelu_grad", " for the product"));
       STRATA_RETURN_IF_ERROR(gemm.Matmul(product.data<float>(), pa, pb, rows, s.n, s.k, false, tb_, stream));
       return CudaStatus(cuda::LaunchGeluGradStored<In, float, In>(cuda::UnaryGradOp::kGeluTanhGrad, dz->data<In>(),
                                                                   z.data<In>(), product.data<float>(), count, stream),
