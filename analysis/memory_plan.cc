@@ -352,9 +352,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
       FreesAfterOps(graph, static_cast<int>(ops->info.size()), ops->last_use, keep);
   RecordFrees(graph, frees, &plan);
 
-  int64_t param_bytes = 0, state_bytes = 0;
+  int64_t param_bytes = 0, copy_bytes = 0, state_bytes = 0;
   for (int v = 0; v < graph.num_vars(); ++v) {
     if (graph.kind(v) == PARAM) param_bytes += BytesOf(graph, v, 0);
+    if (graph.kind(v) == PARAM_COPY) copy_bytes += BytesOf(graph, v, 0);
     if (graph.kind(v) == STATE || graph.kind(v) == SCRATCH) state_bytes += BytesOf(graph, v, 0);
   }
   const std::vector<int> feeds = ReadFeeds(graph, *ops);
@@ -363,9 +364,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
                               &plan);
   for (int ai = 0; ai < schedule.action_size(); ++ai) simulator.RunAction(ai, schedule.action(ai));
   plan.set_param_bytes(param_bytes);
+  plan.set_param_copy_bytes(copy_bytes);
   plan.set_state_bytes(state_bytes);
   plan.set_activation_peak_bytes(simulator.peak());
-  plan.set_peak_bytes(param_bytes + state_bytes + simulator.peak());
+  plan.set_peak_bytes(param_bytes + copy_bytes + state_bytes + simulator.peak());
   plan.set_planned_batch_size(micro_batch_size * std::max(1, schedule.micro_batches()));
   return plan;
 }

@@ -56,6 +56,10 @@ absl::Status Run(const std::string& model, int64_t batch, int steps, int top) {
       slots[i] = *t;
     } else if (v.kind() == STATE || v.kind() == SCRATCH) {
       slots[i] = Tensor::Zeros(v.dtype(), Shape(v.shape().begin(), v.shape().end()));
+    } else if (v.kind() == PARAM_COPY) {
+      // Written by the optimizer's casts, which this profile runs last.
+      return absl::UnimplementedError(absl::StrCat("op_profile: '", v.name(), "' is a PARAM_COPY (a mixed-precision "
+                                                   "plan over micro-batches), which this profile does not fill"));
     } else if (v.kind() == FEED && feeds->count(v.name())) {
       slots[i] = feeds->at(v.name());
     }

@@ -47,6 +47,7 @@ class Graph {
   absl::string_view var_name(int v) const { return names_.name(v); }
   DataType dtype(int v) const { return vars_[v].dtype; }
   VarKind kind(int v) const { return vars_[v].kind; }
+  void set_kind(int v, VarKind kind) { vars_[v].kind = kind; }
   absl::Span<const int64_t> shape(int v) const {
     return absl::MakeConstSpan(dims_.data() + vars_[v].dims_begin, vars_[v].rank);
   }

@@ -205,7 +205,7 @@ absl::Status CheckDeclaredVar(const Program& program, const std::string& file, i
     if (auto s = CheckInitializer(program, v); !s.ok()) return s;
     if (!v.frozen()) declared->has_params = true;
   }
-  if (v.kind() == STATE || v.kind() == SCRATCH) {
+  if (v.kind() == STATE || v.kind() == SCRATCH || v.kind() == PARAM_COPY) {
     return Err(where, absl::StrCat("kind ", VarKind_Name(v.kind()),
                                    " is written by the compiler; declare FEED, PARAM or ACTIVATION"));
   }

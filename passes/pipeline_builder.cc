@@ -9,6 +9,7 @@
 #include "passes/fuse_epilogues.h"
 #include "passes/fuse_optimizer.h"
 #include "passes/gradient_merge.h"
+#include "passes/hoist_param_casts.h"
 #include "passes/host_transfers.h"
 #include "passes/in_place_loss_grad.h"
 #include "passes/loss_scaling.h"
@@ -59,6 +60,8 @@ std::unique_ptr<PassPipeline> BuildRankPipeline(const Strategy& strategy, Device
   pipeline->AddPass<MicroBatchPass>();
   if (strategy.gradient_merge().k_steps() > 1) pipeline->AddPass<GradientMergePass>();
   if (strategy.data_parallel().degree() > 1) pipeline->AddPass<DataParallelPass>();
+  // After every pass that adds or moves update ops: the casts go after them.
+  if (strategy.has_mixed_precision()) pipeline->AddPass<HoistParamCastsPass>();
   // Last: every pass before it may add, rewire or reorder the update ops.
   if (device == DEVICE_CUDA) pipeline->AddPass<FuseOptimizerPass>();
   if (device == DEVICE_CUDA) pipeline->AddPass<HostTransfersPass>();

@@ -18,8 +18,10 @@ inline bool ActionRuns(Action::Kind action, OpRole role) {
 }
 
 // Lives outside the micro-batch scopes, for the whole run (never freed by
-// the memory plan): PARAM, STATE or SCRATCH.
-inline bool IsPersistent(VarKind kind) { return kind == PARAM || kind == STATE || kind == SCRATCH; }
+// the memory plan): PARAM, STATE, SCRATCH or PARAM_COPY.
+inline bool IsPersistent(VarKind kind) {
+  return kind == PARAM || kind == STATE || kind == SCRATCH || kind == PARAM_COPY;
+}
 // Saved in and required from a checkpoint: PARAM and STATE, never SCRATCH.
 inline bool IsCheckpointed(VarKind kind) { return kind == PARAM || kind == STATE; }
 

@@ -72,6 +72,7 @@ absl::Status Executor::Prepare() {
   if (options_.cuda_graph && !graph_blocker_.empty()) graph_note_ = absl::StrCat("not used: ", graph_blocker_);
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
+  in_place_output_.resize(num_vars);
   state_.resize(num_vars);
   scopes_.assign(std::max(1, plan_.schedule().micro_batches()), std::vector<Tensor>(num_vars));
   for (int i = 0; i < num_vars; ++i) {
@@ -79,6 +80,7 @@ absl::Status Executor::Prepare() {
     slot_of_[v.name()] = i;
     persistent_[i] = IsPersistent(v.kind());
     checkpointed_[i] = IsCheckpointed(v.kind());
+    in_place_output_[i] = v.kind() == PARAM_COPY;
   }
   if (!program.loss_scale().empty() || !program.skipped_updates().empty()) {
     auto scale = slot_of_.find(program.loss_scale());
@@ -194,7 +196,38 @@ absl::Status Executor::Prepare() {
     }
     if (p.kernel->prefetches()) section->prefetching.push_back(static_cast<int>(section->ops.size()));
     if (op.type() == "send") section->send_channels.push_back(op.channel().id());
+    bool refreshes = section == &optimize_ && !p.output_slots.empty();
+    for (int slot : p.output_slots) refreshes = refreshes && program.var(slot).kind() == PARAM_COPY;
+    if (refreshes) {
+      // Its twin in refresh_, with a kernel of its own.
+      PreparedOp twin;
+      twin.input_slots = p.input_slots;
+      twin.inputs.resize(p.inputs.size());
+      twin.output_slots = p.output_slots;
+      twin.outputs.resize(p.outputs.size());
+      twin.op_index = p.op_index;
+      twin.trace_name = p.trace_name;
+      twin.trace_category = p.trace_category;
+      auto again = (*factory)(def);
+      if (!again.ok()) return absl::InvalidArgumentError(absl::StrCat(OpWhere(program, i), ": ", again.status().message()));
+      twin.kernel = std::move(*again);
+      refresh_.ops.push_back(std::move(twin));
+    }
     section->ops.push_back(std::move(p));
+  }
+  // Every PARAM_COPY an op reads is written by a cast refresh_ runs.
+  std::vector<bool> refreshed(num_vars, false);
+  for (const PreparedOp& p : refresh_.ops) {
+    for (int slot : p.output_slots) refreshed[slot] = true;
+  }
+  for (int i = 0; i < program.op_size(); ++i) {
+    for (const auto& in : program.op(i).input()) {
+      const int slot = slot_of_.at(in);
+      if (program.var(slot).kind() == PARAM_COPY && !refreshed[slot]) {
+        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads PARAM_COPY '", in,
+                                                       "', which no OPTIMIZE op writes"));
+      }
+    }
   }
   for (const auto& wait : plan_.memory().send_waits()) {
     send_wait_action_[{wait.channel(), wait.micro_batch()}] = wait.action();
@@ -205,6 +238,7 @@ absl::Status Executor::Prepare() {
 absl::Status Executor::InitializeState() {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
+  param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
     const Var& v = program.var(i);
@@ -260,6 +294,7 @@ absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
+  param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
     if (!checkpointed_[i]) continue;
@@ -394,6 +429,16 @@ std::string Executor::OutOfMemoryDetail() const {
                       " bytes for rank ", plan_.rank());
 }
 
+absl::Status Executor::RefreshParamCopies() {
+  if (!param_copies_stale_) return absl::OkStatus();
+  if (!refresh_.ops.empty()) {
+    const RunContext run = MakeRunContext(0, true, 1, 0);
+    if (absl::Status s = RunSection(refresh_, 0, run); !s.ok()) return s;
+  }
+  param_copies_stale_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status Executor::RunSection(Section& section, int micro_batch, const RunContext& run) {
   std::vector<Tensor>& scope = scopes_[micro_batch];
   for (int index : section.prefetching) {
@@ -407,6 +452,13 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
     for (size_t k = 0; k < p.input_slots.size(); ++k) {
       const int slot = p.input_slots[k];
       p.inputs[k] = persistent_[slot] ? &state_[slot] : &scope[slot];
+    }
+    // A PARAM_COPY's cast writes into the copy's buffer (KernelContext::AllocateOutput
+    // reuses a defined output of its type), as a replayed graph needs.
+    // Any other output starts empty (a failed call may have left one).
+    for (size_t k = 0; k < p.output_slots.size(); ++k) {
+      const int slot = p.output_slots[k];
+      p.outputs[k] = in_place_output_[slot] ? state_[slot] : Tensor();
     }
     KernelContext ctx(&run, p.inputs, absl::MakeSpan(p.outputs));
     const bool timed = options_.tracer != nullptr || options_.comms != nullptr;
@@ -679,11 +731,13 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     if (!got.ok()) return got.status();
     return loaded;
   };
-  absl::Status status = RunStep(load, sample_offset, rows, update);
+  absl::Status status = RefreshParamCopies();
+  if (status.ok()) status = RunStep(load, sample_offset, rows, update);
   status = FinishStep(status);
   if (!status.ok()) {
     held_metrics_.clear();
     loss_scale_state_.reset();  // the step may have updated them before it failed
+    param_copies_stale_ = true;  // and the weights, not their copies
     return status;
   }
   SumMetrics(&result);
@@ -939,6 +993,7 @@ absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor
     if (rows < 0) rows = *fed < 0 ? 1 : *fed;
     status = PlaceFeeds(feeds, scopes_[0]);
   }
+  if (status.ok()) status = RefreshParamCopies();
   if (status.ok()) {
     RunContext run = MakeRunContext(sample_offset, false, 1, rows);
     status = RunSection(forward_, 0, run);

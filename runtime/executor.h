@@ -201,6 +201,9 @@ class Executor {
   // gone), each wait bounded; from then on the steps run eagerly.
   void AbortReplay(const absl::Status& why);
   RunContext MakeRunContext(int64_t sample_offset, bool training, int micro_batches, int64_t micro_batch_size);
+  // Runs refresh_ where param_copies_stale_ says so (eagerly, outside any
+  // captured graph), and queues nothing otherwise.
+  absl::Status RefreshParamCopies();
   // Writes each micro-batch's {step, sample_offset} of the coming step (the
   // RunContext's random_counters) on the host; EnqueueRandomCounters copies
   // them to the device (a replayed graph does that copy itself).
@@ -227,6 +230,13 @@ class Executor {
   std::vector<const Var*> feeds_;
   std::vector<int> feed_slots_;
   Section forward_, backward_, optimize_;
+  // The ops that write PARAM_COPY vars (the optimizer action's casts of the
+  // updated weights, passes/hoist_param_casts.h), again: run before a step
+  // or an evaluation whenever the params changed outside the optimizer
+  // (initialised, loaded, a failed step) and the copies may be stale.
+  Section refresh_;
+  bool param_copies_stale_ = true;
+  std::vector<bool> in_place_output_;  // by slot: a PARAM_COPY, rewritten in its buffer
   int loss_slot_ = -1;
   int loss_scale_slot_ = -1;       // Program.loss_scale's slot, or -1
   int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1

@@ -13,7 +13,7 @@
 namespace strata {
 namespace {
 
-RankPlan CompileMlp(int64_t batch, const std::string& dtype = "F32") {
+RankPlan CompileMlp(int64_t batch, const std::string& dtype = "F32", const Strategy& strategy = Strategy()) {
   GenOptions gen;
   gen.dtype = dtype;
   auto text = GenerateProgram("mlp", gen);
@@ -22,7 +22,7 @@ RankPlan CompileMlp(int64_t batch, const std::string& dtype = "F32") {
   EXPECT_TRUE(program.ok()) << program.status();
   CompileOptions options;
   options.batch_size = batch;
-  auto result = Compile(*program, Strategy(), options);
+  auto result = Compile(*program, strategy, options);
   EXPECT_TRUE(result.ok()) << result.status();
   return result->plans[0];
 }
@@ -127,6 +127,59 @@ TEST(ExecutorTest, TrainingLowersTheLossAndEvaluationChangesNothing) {
   EXPECT_LT(after->loss, 0.5 * first->loss);
   EXPECT_EQ((*e)->step(), 30);
   EXPECT_TRUE(after->fetches.count("acc"));
+}
+
+// Mixed precision's 16-bit weight copies (PARAM_COPY, cast in the optimizer
+// action) follow the weights they cast: through training, and through a load
+// of other weights, which the executor casts before it next runs.
+TEST(ExecutorTest, ParamCopiesFollowTheWeightsTheyCast) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  bf16.mutable_gradient_merge()->set_k_steps(2);  // a weight cast twice an update without the copies
+  RankPlan plan = CompileMlp(32, "F32", bf16);
+  int copies = 0;
+  for (const Var& v : plan.program().var()) copies += v.kind() == PARAM_COPY;
+  ASSERT_GT(copies, 0);
+  auto e = Executor::Create(plan, {});
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  std::map<std::string, Tensor> initial = (*e)->PersistentState();
+  for (auto& [name, t] : initial) t = t.Clone();  // the executor updates its own in place
+  auto feeds = Batch(**e, 32, 3);
+  auto first = (*e)->Evaluate(feeds, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE((*e)->TrainStep(feeds, 0).ok());
+  EXPECT_EQ((*e)->moved_state(), "");  // the copies rewritten in their buffers
+  auto trained = (*e)->Evaluate(feeds, 0);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_LT(trained->loss, first->loss);
+  ASSERT_TRUE((*e)->LoadPersistentState(initial).ok());
+  auto reloaded = (*e)->Evaluate(feeds, 0);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  EXPECT_EQ(reloaded->loss, first->loss);
+}
+
+// A plan whose PARAM_COPY no optimizer cast writes (a hand-edited plan) is
+// refused before it runs, naming the op that reads it.
+TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  bf16.mutable_gradient_merge()->set_k_steps(2);
+  RankPlan plan = CompileMlp(32, "F32", bf16);
+  Program* program = plan.mutable_program();
+  int removed = 0;
+  for (int i = program->op_size() - 1; i >= 0; --i) {
+    if (program->op(i).type() == "cast" && program->op(i).role() == OPTIMIZE) {
+      program->mutable_op()->DeleteSubrange(i, 1);
+      ++removed;
+    }
+  }
+  ASSERT_GT(removed, 0);
+  plan.mutable_memory()->clear_frees_after_op();
+  auto e = Executor::Create(plan, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("reads PARAM_COPY"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("which no OPTIMIZE op writes"), std::string::npos) << e.status();
 }
 
 TEST(ExecutorTest, RejectsFeedsOfTheWrongShape) {

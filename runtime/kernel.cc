@@ -6,6 +6,12 @@
 namespace strata {
 
 absl::StatusOr<Tensor*> KernelContext::AllocateOutput(int i, DataType dtype, Shape shape) {
+  // The executor hands a persistent output's buffer in (a PARAM_COPY,
+  // rewritten in place): used when it fits.
+  if (outputs_[i].defined() && outputs_[i].dtype() == dtype && outputs_[i].shape() == shape &&
+      outputs_[i].device() == run_->device) {
+    return &outputs_[i];
+  }
   Tensor t = Tensor::Empty(dtype, shape, run_->device);
   if (!t.defined()) {
     return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", DataTypeName(dtype),

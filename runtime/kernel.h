@@ -83,7 +83,11 @@ class KernelContext {
   int num_inputs() const { return static_cast<int>(inputs_.size()); }
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const Tensor& input(int i) const { return *inputs_[i]; }
-  // Allocates output i on the device; ResourceExhausted if its allocator fails.
+  // Allocates output i on the device; ResourceExhausted if its allocator
+  // fails. Where the caller handed output i in already (defined, with this
+  // dtype and shape, on this device: the executor does so for a PARAM_COPY,
+  // rewritten in its buffer), returns it instead; callers that keep an
+  // outputs vector across calls clear it before each.
   absl::StatusOr<Tensor*> AllocateOutput(int i, DataType dtype, Shape shape);
   // Output i shares `t`'s buffer (reshape, identity).
   void SetOutput(int i, Tensor t) { outputs_[i] = std::move(t); }

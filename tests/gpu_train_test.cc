@@ -178,6 +178,18 @@ TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptTrainTheEagerBits) {
   ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 1, device_.get());
 }
 
+// Over micro-batches and gradient merge the bf16 weights are copies
+// (hoist-param-casts) that the captured optimizer step rewrites in their
+// buffers, and that the executor casts once before the first step.
+TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptWithWeightCopiesTrainTheEagerBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  strategy.mutable_pipeline()->set_micro_batch_size(8);  // 2 x 8 = TrainGraphCase's batch
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  strategy.mutable_gradient_merge()->set_k_steps(2);
+  ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 2, device_.get());
+}
+
 TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingTrainTheEagerBits) {
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(F16);

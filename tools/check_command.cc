@@ -342,9 +342,12 @@ int CheckCommand(const std::string& path) {
   }
   for (const RankPlan& plan : result->plans) {
     const MemoryPlan& m = plan.memory();
+    // Mixed precision's 16-bit weight copies (hoist-param-casts) beside the float32 parameters.
+    const std::string copies =
+        m.param_copy_bytes() > 0 ? absl::StrCat(", 16-bit weight copies ", Bytes(m.param_copy_bytes())) : "";
     std::cout << absl::StrFormat(
-        "  rank %d: predicted peak %s (parameters %s, optimizer state %s, activations %s), bubble %.1f%%\n",
-        plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), Bytes(m.state_bytes()),
+        "  rank %d: predicted peak %s (parameters %s%s, optimizer state %s, activations %s), bubble %.1f%%\n",
+        plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), copies, Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
     if (recompute) {
       std::cout << RecomputeLine(m.activation_peak_bytes(), activations_without, plan.rank(), without_error);
