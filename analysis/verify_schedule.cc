@@ -79,7 +79,8 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
     auto it = vars.find(v.name());
     if (it != vars.end() && it->second == nullptr) it->second = &v;
   }
-  // Once-per-update ops (gradient buckets) act in the last micro-batch's backward only.
+  // Once-per-update ops (gradient buckets) act in the last micro-batch's
+  // backward only, or in the optimizer action where they run there.
   std::vector<bool> once(p.op_size(), false);
   for (int i : transfer_ops) {
     const OpSchema* schema = OpRegistry::Global().Find(p.op(i).type());
@@ -93,7 +94,10 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
     for (int i : transfer_ops) {
       const Op& op = p.op(i);
       if (!ActionRuns(a.kind(), op.role())) continue;
-      if (once[i] && !(a.kind() == Action::BACKWARD && a.micro_batch() == last_micro_batch)) continue;
+      if (once[i] && a.kind() != Action::OPTIMIZE &&
+          !(a.kind() == Action::BACKWARD && a.micro_batch() == last_micro_batch)) {
+        continue;
+      }
       Event e;
       if (op.has_group()) {
         e.is_send = false;

@@ -87,6 +87,7 @@ class Graph {
   int stage(int op) const { return ops_[op].stage; }
   void set_stage(int op, int stage) { ops_[op].stage = stage; }
   OpRole role(int op) const { return ops_[op].role; }
+  void set_role(int op, OpRole role) { ops_[op].role = role; }
   int64_t uid(int op) const { return ops_[op].uid; }
   int32_t line(int op) const { return ops_[op].line; }
   absl::string_view device(int op) const { return strings_.name(ops_[op].device); }

@@ -66,16 +66,19 @@ std::string DescribeBucket(int64_t bucket, const Tensor& t, int gradients) {
 }
 
 // Copies the gradients into the bucket and posts its sum over the group;
-// in any backward but the last of an update step it does nothing.
+// in any backward but the last of an update step it does nothing. In the
+// optimizer action (a bucket of gradients finished there) it always posts.
 class BucketAllReduceKernel : public OpKernel {
  public:
   explicit BucketAllReduceKernel(const KernelDef& def)
-      : group_(def.op->has_group() ? def.op->group() : -1), bucket_(BucketAttr(def)) {}
+      : group_(def.op->has_group() ? def.op->group() : -1),
+        bucket_(BucketAttr(def)),
+        in_optimizer_(def.op->role() == OPTIMIZE) {}
   absl::Status Compute(KernelContext& ctx) override {
     const RunContext& run = ctx.run();
     const Tensor& bucket = ctx.input(0);
     ctx.SetOutput(0, bucket);
-    if (!run.update_step || run.micro_batch + 1 != run.micro_batches) return absl::OkStatus();
+    if (!in_optimizer_ && (!run.update_step || run.micro_batch + 1 != run.micro_batches)) return absl::OkStatus();
     char* at = static_cast<char*>(const_cast<void*>(bucket.raw_data()));  // stateful: the persistent bucket
     for (int i = 1; i < ctx.num_inputs(); ++i) {
       const Tensor& g = ctx.input(i);
@@ -107,6 +110,7 @@ class BucketAllReduceKernel : public OpKernel {
  private:
   const int group_;
   const int64_t bucket_;
+  const bool in_optimizer_;
 };
 
 // The communicator runs its collectives in the order they were posted, and

@@ -18,6 +18,7 @@ bool IsUpdate(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
 
 struct Bucket {
   DataType dtype = DT_INVALID;
+  bool late = false;  // its gradients are finished in the optimizer action
   int64_t elements = 0;
   std::vector<int> grads;  // in the order backward finishes them
 };
@@ -60,12 +61,21 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
     if (IsUpdate(graph.role(op))) continue;  // the zeroing of a buffer after the update
     for (int out : graph.outputs(op)) last_writer[out] = op;
   }
+  // A tied weight's gradient is finished in the optimizer action, where
+  // its stages exchange their parts (passes/pipeline_split.cc): by the op
+  // that writes it there first (the sum, or the replica's receive of it).
+  std::vector<bool> late(graph.num_vars(), false);
+  const std::vector<int> first_writer = graph.FirstWriters();
   std::vector<int> grads;
   absl::flat_hash_set<int> seen;
   for (const auto& [param, grad] : graph.program_fields().param_grad()) {
     const int g = graph.FindVar(grad);
     if (g < 0 || !seen.insert(g).second) continue;
-    if (last_writer[g] < 0 || graph.role(last_writer[g]) != BACKWARD) {
+    if (last_writer[g] < 0 && first_writer[g] >= 0 && graph.role(first_writer[g]) == OPTIMIZE) {
+      last_writer[g] = first_writer[g];
+      late[g] = true;
+    }
+    if (last_writer[g] < 0 || (graph.role(last_writer[g]) != BACKWARD && !late[g])) {
       return absl::InternalError(absl::StrCat("data-parallel: gradient '", grad, "' of '", param,
                                               "' is not finished by a backward op"));
     }
@@ -91,29 +101,34 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
 
   // Buckets of one dtype each, as DDP forms them: every dtype has one open
   // bucket, closed before it would pass the cap, so gradients of two dtypes
-  // finishing in turn do not cut each other's buckets short.
+  // finishing in turn do not cut each other's buckets short. The gradients
+  // finished in the optimizer action have buckets of their own, summed there.
   const int64_t cap = BucketCapBytes(ctx.strategy.data_parallel().bucket_mb());
   std::vector<Bucket> buckets;
-  std::map<DataType, size_t> open;  // dtype -> its open bucket
+  std::map<std::pair<DataType, bool>, size_t> open;  // (dtype, late) -> its open bucket
   for (int g : grads) {
     const DataType dtype = graph.dtype(g);
     const int64_t n = Elements(graph.shape(g));
-    auto it = open.find(dtype);
+    const std::pair<DataType, bool> kind(dtype, late[g]);
+    auto it = open.find(kind);
     if (it == open.end() || (buckets[it->second].elements + n) * DataTypeSize(dtype) > cap) {
-      buckets.push_back({dtype, 0, {}});
-      open[dtype] = buckets.size() - 1;
+      buckets.push_back({dtype, late[g], 0, {}});
+      open[kind] = buckets.size() - 1;
     }
-    Bucket& b = buckets[open[dtype]];
+    Bucket& b = buckets[open[kind]];
     b.elements += n;
     b.grads.push_back(g);
   }
 
   const std::vector<std::vector<int>> readers = graph.Readers();
   // An update op that reads gradient g, as the optimizer reads it (the
-  // zeroing of a gradient buffer writes it and is no reader).
+  // zeroing of a gradient buffer writes it and is no reader; a tied
+  // gradient's send to its replica stages carries this rank's sum, which
+  // each replica sums over its own group).
   auto update_reads = [&](int op, int g) {
     const absl::Span<const int> outs = graph.outputs(op);
-    return IsUpdate(graph.role(op)) && std::find(outs.begin(), outs.end(), g) == outs.end();
+    return IsUpdate(graph.role(op)) && graph.schema(op).type != "send" &&
+           std::find(outs.begin(), outs.end(), g) == outs.end();
   };
   std::map<int, int> after_anchor;  // anchor op -> the last op inserted after it
   std::map<int, int> reduced_of;    // gradient -> its sum over the group
@@ -125,7 +140,7 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
 
     // Posted after the op that finishes the bucket's last gradient.
     const int finisher = last_writer[b.grads.back()];
-    Op post = OpLike(graph, finisher, "bucket_allreduce", BACKWARD, group, static_cast<int64_t>(k));
+    Op post = OpLike(graph, finisher, "bucket_allreduce", b.late ? OPTIMIZE : BACKWARD, group, static_cast<int64_t>(k));
     post.add_input(bucket_name);
     for (int g : b.grads) post.add_input(std::string(graph.var_name(g)));
     post.add_output(bucket_name);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/graph.h"
 #include "compiler/op_registry.h"
@@ -136,11 +137,22 @@ absl::StatusOr<bool> LossScalingPass::Run(Graph& graph, const CompileContext& ct
   }
 
   // The check goes before the optimizer block's first op (at the end on a
-  // rank without one).
+  // rank without one) after every gradient is written: a tied weight's
+  // gradient is exchanged between stages in the optimizer action
+  // (passes/pipeline_split.cc), its transfers and sum before the rest.
+  const std::vector<int> order = graph.ops();
+  absl::flat_hash_set<int> grad_set(grads.begin(), grads.end());
+  size_t after = 0;  // the first position after the last writer of a gradient
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (int out : graph.outputs(order[i])) {
+      if (grad_set.contains(out)) after = i + 1;
+    }
+  }
   int anchor = -1;
-  for (int op : graph.ops()) {
-    if (IsOptimizerBlock(graph.role(op))) {
-      anchor = op;
+  for (size_t i = after; i < order.size(); ++i) {
+    const absl::string_view type = graph.schema(order[i]).type;
+    if (IsOptimizerBlock(graph.role(order[i])) && type != "send" && type != "recv") {
+      anchor = order[i];
       break;
     }
   }
@@ -182,15 +194,17 @@ absl::StatusOr<bool> LossScalingPass::Run(Graph& graph, const CompileContext& ct
     found = all;
   }
 
-  // The optimizer block reads the unscaled gradients.
+  // The optimizer block reads the unscaled gradients (a tied gradient's
+  // send to its replicas carries the scaled sum, which each unscales).
   for (size_t k = 0; k < grads.size(); ++k) {
-    auto replaced = graph.ReplaceAllUsesWith(
-        grads[k], unscaled[k], [&](int op) { return op != check_id && IsOptimizerBlock(graph.role(op)); });
+    auto replaced = graph.ReplaceAllUsesWith(grads[k], unscaled[k], [&](int op) {
+      return op != check_id && IsOptimizerBlock(graph.role(op)) && graph.schema(op).type != "send";
+    });
     if (!replaced.ok()) return replaced.status();
   }
   // Every optimizer op with an optional found_inf input skips on it.
-  const std::vector<int> order = graph.ops();
-  for (int op : order) {
+  const std::vector<int> live = graph.ops();  // a copy: the walk replaces ops
+  for (int op : live) {
     if (graph.role(op) != OPTIMIZE) continue;
     const OpSchema& schema = graph.schema(op);
     if (schema.inputs.empty() || !schema.inputs.back().optional || schema.inputs.back().name != "found_inf") continue;

@@ -88,6 +88,38 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   std::sort(tied.begin(), tied.end(),
             [&](const Tied& a, const Tied& b) { return graph.var_name(a.param) < graph.var_name(b.param); });
 
+  // The tied gradients cross stages once an update, in the optimizer
+  // action, as Megatron-LM sums the embedding's gradient between the first
+  // and last stage after the last micro-batch: each stage's part is summed
+  // over the micro-batches on its own stage (the micro-batch pass's buffers),
+  // the replicas' parts go to the home stage, whose sum of the parts (an
+  // OPTIMIZE op now) goes back to them. Exchanged in every backward instead,
+  // the home's backward of micro-batch i would wait for the replica's, and
+  // the replica's next forward for the home's sum: a 1F1B pipeline of a tied
+  // GPT ran its stages one after the other. Under gradient merge (whose
+  // buffers are the gradients the optimizer reads) the exchange stays in
+  // the backward.
+  absl::flat_hash_set<int> at_update;  // vars whose transfers run in the optimizer action
+  if (ctx.merge_steps <= 1) {
+    for (const Tied& t : tied) {
+      const int sum = producer[t.grad];
+      bool moves = graph.role(sum) == BACKWARD;
+      for (int r : readers[t.grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
+      // The parts from other stages, each read only by the sum on its stage.
+      std::vector<int> parts;
+      for (int in : graph.inputs(sum)) {
+        if (producer[in] < 0 || graph.stage(producer[in]) == t.home) continue;
+        for (int r : readers[in]) moves = moves && (r == sum || graph.stage(r) != t.home);
+        parts.push_back(in);
+      }
+      if (!moves) continue;
+      graph.set_role(sum, OPTIMIZE);
+      at_update.insert(t.grad);
+      at_update.insert(parts.begin(), parts.end());
+    }
+  }
+  auto transfer_role = [&](int var, OpRole role) { return at_update.contains(var) ? OPTIMIZE : role; };
+
   // Every cross-stage transfer of the whole program, numbered in program order.
   std::vector<Transfer> transfers;
   std::map<std::pair<int, int>, int64_t> transfer_to;  // (var, dst stage) -> id
@@ -133,7 +165,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       if (t == transfer_to.end()) {
         return absl::InternalError(absl::StrCat("pipeline-split: no transfer of '", graph.var_name(in), "'"));
       }
-      if (auto s = graph.InsertOpBefore(op, MakeTransferOp(graph, "recv", transfers[t->second], ctx, graph.role(op)));
+      if (auto s = graph.InsertOpBefore(
+              op, MakeTransferOp(graph, "recv", transfers[t->second], ctx, transfer_role(in, graph.role(op))));
           !s.ok()) {
         return s.status();
       }
@@ -146,14 +179,16 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       auto ids = transfers_of.find(out);
       if (ids == transfers_of.end()) continue;
       for (int64_t id : ids->second) {
-        absl::StatusOr<int> send = graph.InsertOpAfter(last_kept, MakeTransferOp(graph, "send", transfers[id], ctx, graph.role(op)));
+        absl::StatusOr<int> send =
+            graph.InsertOpAfter(last_kept, MakeTransferOp(graph, "send", transfers[id], ctx, transfer_role(out, graph.role(op))));
         if (!send.ok()) return send.status();
         last_kept = *send;
       }
     }
   }
 
-  // A replica's summed gradient arrives after this stage's own backward ops.
+  // A replica's summed gradient arrives after this stage's own backward ops
+  // (in the optimizer action where the sum moved there).
   std::vector<std::string> replicas;
   for (const Tied& t : tied) {
     if (!t.replicas.count(stage)) continue;
@@ -161,7 +196,10 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     if (it == transfer_to.end()) {
       return absl::InternalError(absl::StrCat("pipeline-split: no transfer of '", graph.var_name(t.grad), "'"));
     }
-    if (auto s = graph.AddOp(MakeTransferOp(graph, "recv", transfers[it->second], ctx, BACKWARD)); !s.ok()) return s;
+    if (auto s = graph.AddOp(MakeTransferOp(graph, "recv", transfers[it->second], ctx, transfer_role(t.grad, BACKWARD)));
+        !s.ok()) {
+      return s;
+    }
     replicas.emplace_back(graph.var_name(t.param));
   }
 
