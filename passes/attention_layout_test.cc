@@ -104,7 +104,9 @@ TEST(AttentionLayoutTest, RunsBeforeAutodiffAfterTheCastsOnEveryDeviceAndIsOptio
       ASSERT_LT(next, names.end());
       EXPECT_EQ(*next, "autodiff");
       // After the casts (on GPU plans pad-vocab sits between).
-      if (strategy.has_mixed_precision()) EXPECT_LT(std::find(names.begin(), names.end(), "commute-casts"), pass);
+      if (strategy.has_mixed_precision()) {
+        EXPECT_LT(std::find(names.begin(), names.end(), "commute-casts"), pass);
+      }
       const std::vector<std::string> optional = OptionalPassNames(strategy, device);
       EXPECT_NE(std::find(optional.begin(), optional.end(), "attention-layout"), optional.end());
     }

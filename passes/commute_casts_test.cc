@@ -72,7 +72,9 @@ TEST(CommuteCastsTest, AttentionMovesItsInputsAndOutputInBf16) {
     EXPECT_EQ(FindVar(after, readers[0]->output(0))->dtype(), BF16);
   }
   for (const Var& v : after.var()) {
-    if (v.kind() == PARAM) EXPECT_EQ(v.dtype(), F32) << v.name();
+    if (v.kind() == PARAM) {
+      EXPECT_EQ(v.dtype(), F32) << v.name();
+    }
   }
 }
 

@@ -14,24 +14,12 @@
 #include "passes/pipeline_builder.h"
 #include "passes/testing/pass_test_util.h"
 #include "proto/types.h"
-#include "tools/model_gen.h"
 
 namespace strata {
 namespace {
 
 // The tiny GPT over `stages` pipeline stages.
-std::string Gpt(int stages) {
-  GenOptions gen;
-  gen.blocks = 2;
-  gen.d_model = 32;
-  gen.heads = 4;
-  gen.seq = 16;
-  gen.vocab = 64;
-  gen.stages = stages;
-  auto text = GenerateProgram("gpt", gen);
-  EXPECT_TRUE(text.ok()) << text.status();
-  return text.ok() ? *text : "";
-}
+std::string Gpt(int stages) { return TinyGptText(16, stages); }
 
 // bf16 mixed precision over a 1F1B pipeline of `micro_batches`.
 Strategy Bf16Pipeline(int micro_batches) {

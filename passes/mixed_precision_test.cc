@@ -444,7 +444,9 @@ TEST(MixedPrecisionTest, ConvnetRunsItsConvolutionsInBf16) {
     }
   }
   for (const Var& v : p.var()) {
-    if (v.kind() == PARAM) EXPECT_EQ(v.dtype(), F32) << v.name();
+    if (v.kind() == PARAM) {
+      EXPECT_EQ(v.dtype(), F32) << v.name();
+    }
   }
   // The matmuls are still cast as before.
   for (const Op* m : OpsOfType(p, "matmul")) EXPECT_EQ(FindVar(p, m->output(0))->dtype(), BF16) << m->output(0);

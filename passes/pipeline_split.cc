@@ -102,14 +102,25 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   absl::flat_hash_set<int> at_update;  // vars whose transfers run in the optimizer action
   if (ctx.merge_steps <= 1) {
     for (const Tied& t : tied) {
+      // Autodiff's add_n of the parts (a weight whose gradient flows through
+      // one reader has no sum: its gradient op keeps its place), read by no
+      // forward or backward op.
       const int sum = producer[t.grad];
-      bool moves = graph.role(sum) == BACKWARD;
+      bool moves = graph.role(sum) == BACKWARD && graph.schema(sum).type == "add_n" && graph.outputs(sum).size() == 1;
       for (int r : readers[t.grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
-      // The parts from other stages, each read only by the sum on its stage.
+      // Each part a per-update value (made by a backward op, no batch dim),
+      // and each from another stage read by the sum alone off its own stage,
+      // on a replica (which takes the sum back: its part's buffer is zeroed
+      // after that receive, so after the home has taken the part).
       std::vector<int> parts;
       for (int in : graph.inputs(sum)) {
-        if (producer[in] < 0 || graph.stage(producer[in]) == t.home) continue;
-        for (int r : readers[in]) moves = moves && (r == sum || graph.stage(r) != t.home);
+        moves = moves && producer[in] >= 0 && graph.role(producer[in]) == BACKWARD;
+        for (int64_t d : graph.shape(in)) moves = moves && d >= 0;
+        if (!moves) break;
+        const int from = graph.stage(producer[in]);
+        if (from == t.home) continue;
+        moves = moves && t.replicas.count(from) > 0;
+        for (int r : readers[in]) moves = moves && (r == sum || graph.stage(r) == from);
         parts.push_back(in);
       }
       if (!moves) continue;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/parity_util.h"
 #include "tools/model_gen.h"
@@ -52,58 +53,76 @@ TEST(GptPipelineParityTest, TwoStages1F1BMatchesSingleDevice) {
 
 // The tied embedding's gradient parts cross the stages once a step, in the
 // optimizer action (passes/pipeline_split.cc), where F16 loss scaling
-// unscales and checks them too: a 2-stage 1F1B run of 4 micro-batches
-// matches the same micro-batches on one device, loss for loss, within 1e-5,
-// and skips the same updates (a scale of 2^20 overflows the first ones).
+// unscales and checks them too, and data parallelism sums them: 2-stage 1F1B
+// runs of 4 micro-batches, of 1 (the optimizer reading the backward's own
+// parts), and of 2 over 2 data-parallel replicas (the home sends its scaled
+// sum before its group sums it) match the same micro-batches on one device,
+// loss for loss within 1e-5, and skip the same updates (a scale of 2^20
+// overflows the first ones).
 TEST(GptPipelineParityTest, TiedGradientOnceAStepUnderF16LossScaling) {
   auto program = GenerateModel("gpt", TinyGpt("F32", 2));
   ASSERT_TRUE(program.ok()) << program.status();
   auto one_stage = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(one_stage.ok()) << one_stage.status();
-  Strategy strategy;
-  strategy.mutable_mixed_precision()->set_dtype(F16);
-  strategy.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(1048576);
-  strategy.mutable_pipeline()->set_micro_batch_size(2);
-  strategy.mutable_pipeline()->set_accumulate_steps(4);
-  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
-  ParityOptions options;
-  options.data = "tokens:path=tests/testdata/license_tokens.u16";
-  options.steps = 8;
-  auto single = TrainParallel(*one_stage, strategy, options);
-  ASSERT_TRUE(single.ok()) << single.status();
-  auto parallel = TrainParallel(*program, strategy, options);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  ASSERT_EQ(parallel->losses.size(), static_cast<size_t>(options.steps));
-  EXPECT_EQ(parallel->skipped_updates, single->skipped_updates);
-  int skipped = 0;
-  for (bool s : single->skipped_updates) skipped += s;
-  EXPECT_GT(skipped, 0);
-  EXPECT_LT(skipped, options.steps - 2);
-  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
-  // The weights within one F16 rounding (2^-11) of each one's largest
-  // entry. The tied gradient is summed over the micro-batches on each stage
-  // before the stages' parts are added (one device adds them first): a
-  // float32 reassociation, which may flip a rounding of the F16 weight
-  // copies, and the next steps' gradients carry it. Measured: 3.5e-5 at
-  // most (block1.mlp.fc.b), the losses within 1e-5. Left out, the keys'
-  // third of each qkv bias: a bias on the keys shifts every score of a
-  // query alike, which softmax cancels, so its gradient is zero but for
-  // rounding, and AdamW's m / sqrt(v) turns that rounding into steps the
-  // size of the learning rate (1.7e-2 of those biases' largest entry here,
-  // where every pipeline before rounded like one device).
-  const int d = TinyGpt("F32").d_model;
-  auto without_key_bias = [&](std::map<std::string, std::vector<double>> w) {
-    for (auto& [name, values] : w) {
-      if (absl::EndsWith(name, ".attn.qkv.b")) values.erase(values.begin() + d, values.begin() + 2 * d);
-    }
-    return w;
+  struct Layout {
+    int micro_batches;  // per rank
+    int dp;
   };
-  std::string worst;
-  const double weight_diff =
-      MaxWeightDifference(without_key_bias(parallel->weights), without_key_bias(single->weights), &worst);
-  std::cout << "largest relative weight difference " << weight_diff << " (" << worst << ")\n";
-  EXPECT_LE(weight_diff, std::ldexp(1.0, -11)) << worst;
-  EXPECT_LT(single->losses.back(), single->losses.front());
+  for (const Layout& l : {Layout{4, 1}, Layout{1, 1}, Layout{2, 2}}) {
+    SCOPED_TRACE(absl::StrCat(l.micro_batches, " micro-batch(es), dp ", l.dp));
+    auto layout = [&](bool single) {
+      Strategy s;
+      s.mutable_mixed_precision()->set_dtype(F16);
+      s.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(1048576);
+      s.mutable_pipeline()->set_micro_batch_size(2);
+      s.mutable_pipeline()->set_accumulate_steps(single ? l.micro_batches * l.dp : l.micro_batches);
+      s.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+      if (!single && l.dp > 1) s.mutable_data_parallel()->set_degree(l.dp);
+      return s;
+    };
+    ParityOptions options;
+    options.data = "tokens:path=tests/testdata/license_tokens.u16";
+    options.steps = 8;
+    auto single = TrainParallel(*one_stage, layout(true), options);
+    ASSERT_TRUE(single.ok()) << single.status();
+    auto parallel = TrainParallel(*program, layout(false), options);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    ASSERT_EQ(parallel->losses.size(), static_cast<size_t>(options.steps));
+    EXPECT_EQ(parallel->skipped_updates, single->skipped_updates);
+    int skipped = 0;
+    for (bool s : single->skipped_updates) skipped += s;
+    EXPECT_GT(skipped, 0);
+    EXPECT_LT(skipped, options.steps - 2);
+    EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+    // The weights within one F16 rounding (2^-11) of each one's largest
+    // entry. The tied gradient is summed over the micro-batches on each
+    // stage before the stages' parts are added (one device adds them
+    // first): a float32 reassociation, which may flip a rounding of the F16
+    // weight copies, and the next steps' gradients carry it. Measured:
+    // 3.5e-5 at most with 4 micro-batches (block1.mlp.fc.b), 1.2e-4 with 2
+    // over dp 2 (block0.attn.qkv.b's q or v third), 0 with 1 (the same sums
+    // in the same order).
+    // Left out, the keys' third of each qkv bias: a bias on the keys shifts
+    // every score of a query alike, which softmax cancels, so its gradient
+    // is zero but for rounding, and AdamW's m / sqrt(v) turns that rounding
+    // into steps the size of the learning rate (1.7e-2 of those biases'
+    // largest entry here, where every pipeline before rounded like one
+    // device).
+    const int d = TinyGpt("F32").d_model;
+    auto without_key_bias = [&](std::map<std::string, std::vector<double>> w) {
+      for (auto& [name, values] : w) {
+        if (absl::EndsWith(name, ".attn.qkv.b")) values.erase(values.begin() + d, values.begin() + 2 * d);
+      }
+      return w;
+    };
+    std::string worst;
+    const double weight_diff =
+        MaxWeightDifference(without_key_bias(parallel->weights), without_key_bias(single->weights), &worst);
+    std::cout << l.micro_batches << " micro-batch(es), dp " << l.dp << ": largest relative weight difference "
+              << weight_diff << " (" << worst << ")\n";
+    EXPECT_LE(weight_diff, std::ldexp(1.0, -11)) << worst;
+    EXPECT_LT(single->losses.back(), single->losses.front());
+  }
 }
 
 }  // namespace

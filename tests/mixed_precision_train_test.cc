@@ -610,7 +610,9 @@ TEST(MixedPrecisionTrainTest, LossOn16BitLogitsTrainsBitForBitAsWithTheCasts) {
       RecordProperty(absl::StrCat(DataTypeName(low), "_", DeviceKind_Name(device), "_predicted_peak_casts"), peak[0]);
       RecordProperty(absl::StrCat(DataTypeName(low), "_", DeviceKind_Name(device), "_predicted_peak_folded"), peak[1]);
       EXPECT_LE(peak[1], peak[0]);
-      if (device == DEVICE_CUDA) EXPECT_LT(peak[1], peak[0]);
+      if (device == DEVICE_CUDA) {
+        EXPECT_LT(peak[1], peak[0]);
+      }
     }
     ParityOptions options;
     options.data = "tokens:path=tests/testdata/license_tokens.u16";

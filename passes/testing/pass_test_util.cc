@@ -123,8 +123,9 @@ const AttrValue& Attr(const Op& op, const std::string& key) {
   return it->second;
 }
 
-std::string TinyGptText(int64_t seq) {
+std::string TinyGptText(int64_t seq, int stages) {
   GenOptions gen;
+  gen.stages = stages;
   gen.blocks = kTinyGptBlocks;
   gen.d_model = 32;
   gen.heads = 4;

@@ -94,9 +94,10 @@ const Var* FindVar(const Program& p, const std::string& name);
 inline bool HasVar(const Program& p, const std::string& name) { return FindVar(p, name) != nullptr; }
 
 // `strata gen gpt` with 2 blocks, d_model 32, 4 heads, vocab 64, float32,
-// and `seq` tokens: the tiny GPT the mixed-precision pass tests compile.
+// `seq` tokens and `stages` pipeline stages: the tiny GPT the
+// mixed-precision pass tests compile.
 inline constexpr int kTinyGptBlocks = 2;
-std::string TinyGptText(int64_t seq = 16);
+std::string TinyGptText(int64_t seq = 16, int stages = 1);
 
 // The attr `key` of `op`; fails the running test (and returns an empty value)
 // when the op has none.

@@ -74,7 +74,9 @@ TEST(StagedCommunicatorTest, SendRecvStagesDeviceTensorsThroughHostMemory) {
       EXPECT_TRUE(work->Wait(kWait).ok());
       EXPECT_EQ(device.copies_from_host, 1);
     }
-    if (rank == 0) EXPECT_TRUE(comms[0]->Barrier()->Wait(kWait).ok());
+    if (rank == 0) {
+      EXPECT_TRUE(comms[0]->Barrier()->Wait(kWait).ok());
+    }
     // Every staging buffer went back once the Works were done.
     EXPECT_EQ(device.staging().live_bytes(), 0);
     EXPECT_GT(device.staging().peak_bytes(), 0);
