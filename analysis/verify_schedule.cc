@@ -329,6 +329,33 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
                                                    ChannelName(s.channel), " micro-batch ", s.micro_batch,
                                                    " but no rank receives it"));
   }
+  // NCCL matches the messages from one rank to another by the order they
+  // are issued, not by tag (runtime/comm/nccl_communicator.h): on a GPU
+  // plan a rank must receive from a peer in the order the peer sends to it.
+  // (Gloo matches by tag, so CPU plans need not.)
+  bool gpu = false;
+  for (const RankPlan& plan : plans) gpu = gpu || plan.device_kind() == DEVICE_CUDA;
+  if (!gpu) return absl::OkStatus();
+  std::map<std::pair<int, int>, std::vector<const Event*>> sent, received;  // (src, dst) -> in issue order
+  for (int r = 0; r < n; ++r) {
+    for (const Event& e : events[r]) {
+      if (e.is_collective) continue;
+      (e.is_send ? sent : received)[{e.channel.src_rank(), e.channel.dst_rank()}].push_back(&e);
+    }
+  }
+  for (const auto& [pair, sends] : sent) {
+    const std::vector<const Event*>& recvs = received[pair];
+    for (size_t i = 0; i < sends.size() && i < recvs.size(); ++i) {
+      const Event& s = *sends[i];
+      const Event& r = *recvs[i];
+      if (s.channel.id() == r.channel.id() && s.micro_batch == r.micro_batch) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule: rank ", pair.first, "'s message ", i + 1, " to rank ", pair.second, " is ", ChannelName(s.channel),
+          " micro-batch ", s.micro_batch, " (", s.action, "), but rank ", pair.second, "'s receive ", i + 1,
+          " from it is ", ChannelName(r.channel), " micro-batch ", r.micro_batch, " (", r.action,
+          "): NCCL matches a pair's messages in the order they are issued"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -167,6 +167,51 @@ TEST(VerifyScheduleTest, TheTimelineOfATiedWeightPlacesEveryAction) {
   }
 }
 
+// NCCL matches the messages from one rank to another by issue order: a GPU
+// plan must receive each peer's messages in the order the peer sends them.
+// Two weights tied across two stages exchange their gradients in the
+// optimizer action in one order on both ends. Under gradient merge the sums
+// come back in every backward, where the first stage's next forward has
+// already sent its activation on the same pair: fine over Gloo (tags), so a
+// CPU plan compiles, but refused for a GPU plan, naming both messages.
+TEST(VerifyScheduleTest, GpuPlansReceiveEachPairsMessagesInTheOrderTheyAreSent) {
+  constexpr char kTwoTied[] = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "a" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "a"] output: ["h0"] device: "gpu:0" }
+    op { type: "matmul" input: ["h0", "b"] output: ["h1"] device: "gpu:0" }
+    op { type: "matmul" input: ["h1", "b"] output: ["h2"] device: "gpu:1" }
+    op { type: "matmul" input: ["h2", "a"] output: ["h3"] device: "gpu:1" }
+    op { type: "matmul" input: ["h3", "w2"] output: ["z"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  for (const bool merge : {false, true}) {
+    for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+      SCOPED_TRACE(absl::StrCat(merge ? "gradient merge, " : "", DeviceKind_Name(device)));
+      Strategy strategy = PipelineStrategy(2);
+      if (merge) strategy.mutable_gradient_merge()->set_k_steps(2);
+      CompileOptions options;
+      options.device_kind = device;
+      auto compiled = Compile(ParseProgramOrFail(kTwoTied), strategy, options);
+      if (merge && device == DEVICE_CUDA) {
+        ASSERT_FALSE(compiled.ok());
+        EXPECT_NE(compiled.status().message().find("NCCL matches a pair's messages in the order they are issued"),
+                  std::string::npos)
+            << compiled.status();
+        EXPECT_NE(compiled.status().message().find("rank 0's message 2 to rank 1"), std::string::npos)
+            << compiled.status();
+      } else {
+        EXPECT_TRUE(compiled.ok()) << compiled.status();
+      }
+    }
+  }
+}
+
 TEST(VerifyScheduleTest, CompiledPlansCarryTheCostModelsEstimate) {
   std::vector<RankPlan> plans = Plans(ONE_F_ONE_B, 3);
   for (const RankPlan& p : plans) {

@@ -84,9 +84,15 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
     tied.push_back(t);
   }
-  // By parameter name: the order replicas' receives are appended in.
-  std::sort(tied.begin(), tied.end(),
-            [&](const Tied& a, const Tied& b) { return graph.var_name(a.param) < graph.var_name(b.param); });
+  // In the order the program makes their gradients (the home's sums): the
+  // order replicas send their parts and receive the sums in, which is the
+  // order the homes receive and send them, as NCCL needs (it matches a
+  // pair's messages by the order they are issued, not by tag).
+  std::vector<int> position(graph.op_id_bound(), -1);
+  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
+  std::sort(tied.begin(), tied.end(), [&](const Tied& a, const Tied& b) {
+    return std::make_pair(position[producer[a.grad]], a.param) < std::make_pair(position[producer[b.grad]], b.param);
+  });
 
   // The tied gradients cross stages once an update, in the optimizer
   // action, as Megatron-LM sums the embedding's gradient between the first
@@ -100,7 +106,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   // buffers are the gradients the optimizer reads) the exchange stays in
   // the backward.
   absl::flat_hash_set<int> at_update;  // vars whose transfers run in the optimizer action
-  if (ctx.merge_steps <= 1) {
+  std::vector<std::pair<int, int>> part_transfers;  // (part, home): the replicas' parts of the sums below
+  {
     for (const Tied& t : tied) {
       // Autodiff's add_n of the parts (a weight whose gradient flows through
       // one reader has no sum: its gradient op keeps its place), read by no
@@ -124,6 +131,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
         parts.push_back(in);
       }
       if (!moves) continue;
+      for (int part : parts) part_transfers.push_back({part, t.home});
+      if (ctx.merge_steps > 1) continue;
       graph.set_role(sum, OPTIMIZE);
       at_update.insert(t.grad);
       at_update.insert(parts.begin(), parts.end());
@@ -153,6 +162,18 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       }
     }
   }
+
+  // A replica's part of a tied gradient goes to the home after the
+  // replica's own backward (with the sums coming back), in the order above,
+  // not where the part is made.
+  std::vector<int64_t> deferred;  // transfer ids, in that order
+  for (const auto& [part, home] : part_transfers) {
+    auto id = transfer_to.find({part, home});
+    if (id != transfer_to.end() && std::find(deferred.begin(), deferred.end(), id->second) == deferred.end()) {
+      deferred.push_back(id->second);
+    }
+  }
+  const absl::flat_hash_set<int64_t> is_deferred(deferred.begin(), deferred.end());
 
   // Each data-parallel replica's pipeline has its own channels, so that a
   // channel names one pair of ranks in the whole job.
@@ -190,6 +211,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       auto ids = transfers_of.find(out);
       if (ids == transfers_of.end()) continue;
       for (int64_t id : ids->second) {
+        if (is_deferred.contains(id)) continue;
         absl::StatusOr<int> send =
             graph.InsertOpAfter(last_kept, MakeTransferOp(graph, "send", transfers[id], ctx, transfer_role(out, graph.role(op))));
         if (!send.ok()) return send.status();
@@ -198,6 +220,11 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
   }
 
+  for (int64_t id : deferred) {
+    const Transfer& t = transfers[id];
+    if (t.src_stage != stage) continue;
+    if (auto s = graph.AddOp(MakeTransferOp(graph, "send", t, ctx, transfer_role(t.var, BACKWARD))); !s.ok()) return s;
+  }
   // A replica's summed gradient arrives after this stage's own backward ops
   // (in the optimizer action where the sum moved there).
   std::vector<std::string> replicas;
@@ -231,6 +258,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   }
   fields.clear_param_grad();
   for (auto& [p, g] : grads) (*fields.mutable_param_grad())[p] = g;
+  std::sort(replicas.begin(), replicas.end());
   for (const auto& r : replicas) fields.add_tied_replica(r);
   if (!used(fields.loss())) fields.clear_loss();
   if (!used(fields.loss_grad())) fields.clear_loss_grad();
