@@ -343,6 +343,13 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
       (e.is_send ? sent : received)[{e.channel.src_rank(), e.channel.dst_rank()}].push_back(&e);
     }
   }
+  // Sends go as their ops run; an action posts its receives when it starts,
+  // in channel order (Executor::Prepare).
+  for (auto& [pair, recvs] : received) {
+    std::stable_sort(recvs.begin(), recvs.end(), [](const Event* a, const Event* b) {
+      return std::make_pair(a->action_index, a->channel.id()) < std::make_pair(b->action_index, b->channel.id());
+    });
+  }
   for (const auto& [pair, sends] : sent) {
     const std::vector<const Event*>& recvs = received[pair];
     for (size_t i = 0; i < sends.size() && i < recvs.size(); ++i) {

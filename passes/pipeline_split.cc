@@ -84,10 +84,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
     tied.push_back(t);
   }
-  // In the order the program makes their gradients (the home's sums): the
-  // order replicas send their parts and receive the sums in, which is the
-  // order the homes receive and send them, as NCCL needs (it matches a
-  // pair's messages by the order they are issued, not by tag).
+  // In the order the program makes their gradients (the home's sums), the
+  // order the replicas' receives of the sums are appended in.
   std::vector<int> position(graph.op_id_bound(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
   std::sort(tied.begin(), tied.end(), [&](const Tied& a, const Tied& b) {
@@ -163,16 +161,16 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
   }
 
-  // A replica's part of a tied gradient goes to the home after the
-  // replica's own backward (with the sums coming back), in the order above,
-  // not where the part is made.
-  std::vector<int64_t> deferred;  // transfer ids, in that order
+  // A replica's part of a tied gradient exchanged in the optimizer action
+  // goes to the home after the replica's own backward, in channel order (the
+  // order the home posts its receives in), not where the part is made.
+  std::vector<int64_t> deferred;  // transfer ids, ascending
   for (const auto& [part, home] : part_transfers) {
     auto id = transfer_to.find({part, home});
-    if (id != transfer_to.end() && std::find(deferred.begin(), deferred.end(), id->second) == deferred.end()) {
-      deferred.push_back(id->second);
-    }
+    if (id != transfer_to.end() && at_update.contains(part)) deferred.push_back(id->second);
   }
+  std::sort(deferred.begin(), deferred.end());
+  deferred.erase(std::unique(deferred.begin(), deferred.end()), deferred.end());
   const absl::flat_hash_set<int64_t> is_deferred(deferred.begin(), deferred.end());
 
   // Each data-parallel replica's pipeline has its own channels, so that a

@@ -215,6 +215,17 @@ absl::Status Executor::Prepare() {
     }
     section->ops.push_back(std::move(p));
   }
+  // An action posts its receives when it starts, in channel order: the
+  // order each sender's sends to this rank go in (channel ids follow the
+  // program order of what they carry), as NCCL, which matches a pair's
+  // messages by the order they are issued, needs.
+  for (Section* section : {&forward_, &backward_, &optimize_}) {
+    std::stable_sort(section->prefetching.begin(), section->prefetching.end(), [&](int a, int b) {
+      const Op& x = program.op(section->ops[a].op_index);
+      const Op& y = program.op(section->ops[b].op_index);
+      return x.channel().id() < y.channel().id();
+    });
+  }
   // Every PARAM_COPY an op reads is written by a cast refresh_ runs.
   std::vector<bool> refreshed(num_vars, false);
   for (const PreparedOp& p : refresh_.ops) {

@@ -236,6 +236,14 @@ TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
   auto program = ParseProgramText(kPassThroughAcrossStages, "pass_through.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
   ExpectThreeStagesMatchOneDevice(*program);
+  // Stage 1's backward sends stage 0 three gradients, made in one order and
+  // read there in another: a GPU plan's receives are posted in channel
+  // order, the order they are sent in (NCCL matches a pair's messages by
+  // issue order; the schedule check refused this plan before).
+  CompileOptions gpu;
+  gpu.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(*program, Pipeline(4, 3, ONE_F_ONE_B), gpu);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
 }
 
 // Two weights each read on the first and the last stage, and a third on the
