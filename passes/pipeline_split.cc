@@ -104,8 +104,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   // buffers are the gradients the optimizer reads) the exchange stays in
   // the backward.
   absl::flat_hash_set<int> at_update;  // vars whose transfers run in the optimizer action
-  std::vector<std::pair<int, int>> part_transfers;  // (part, home): the replicas' parts of the sums below
-  {
+  if (ctx.merge_steps <= 1) {
     for (const Tied& t : tied) {
       // Autodiff's add_n of the parts (a weight whose gradient flows through
       // one reader has no sum: its gradient op keeps its place), read by no
@@ -129,8 +128,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
         parts.push_back(in);
       }
       if (!moves) continue;
-      for (int part : parts) part_transfers.push_back({part, t.home});
-      if (ctx.merge_steps > 1) continue;
       graph.set_role(sum, OPTIMIZE);
       at_update.insert(t.grad);
       at_update.insert(parts.begin(), parts.end());
@@ -160,18 +157,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       }
     }
   }
-
-  // A replica's part of a tied gradient exchanged in the optimizer action
-  // goes to the home after the replica's own backward, in channel order (the
-  // order the home posts its receives in), not where the part is made.
-  std::vector<int64_t> deferred;  // transfer ids, ascending
-  for (const auto& [part, home] : part_transfers) {
-    auto id = transfer_to.find({part, home});
-    if (id != transfer_to.end() && at_update.contains(part)) deferred.push_back(id->second);
-  }
-  std::sort(deferred.begin(), deferred.end());
-  deferred.erase(std::unique(deferred.begin(), deferred.end()), deferred.end());
-  const absl::flat_hash_set<int64_t> is_deferred(deferred.begin(), deferred.end());
 
   // Each data-parallel replica's pipeline has its own channels, so that a
   // channel names one pair of ranks in the whole job.
@@ -209,7 +194,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       auto ids = transfers_of.find(out);
       if (ids == transfers_of.end()) continue;
       for (int64_t id : ids->second) {
-        if (is_deferred.contains(id)) continue;
         absl::StatusOr<int> send =
             graph.InsertOpAfter(last_kept, MakeTransferOp(graph, "send", transfers[id], ctx, transfer_role(out, graph.role(op))));
         if (!send.ok()) return send.status();
@@ -218,11 +202,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
   }
 
-  for (int64_t id : deferred) {
-    const Transfer& t = transfers[id];
-    if (t.src_stage != stage) continue;
-    if (auto s = graph.AddOp(MakeTransferOp(graph, "send", t, ctx, transfer_role(t.var, BACKWARD))); !s.ok()) return s;
-  }
   // A replica's summed gradient arrives after this stage's own backward ops
   // (in the optimizer action where the sum moved there).
   std::vector<std::string> replicas;

@@ -20,6 +20,8 @@
 #include "runtime/comm/comm_test_util.h"
 #include "runtime/comm/device_collectives.h"
 #include "runtime/comm/fake_nccl.h"
+#include "compiler/program_text.h"
+#include "tests/hard_pipelines.h"
 #include "tests/parity_util.h"
 
 namespace strata {
@@ -152,6 +154,31 @@ TEST(DeviceCollectivesTest, PipelineAndDataParallelOverNcclTrainLikeOneDevice) {
   EXPECT_EQ(nccl->live_streams, 0);
   EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
   EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
+}
+
+// Stages that send one another several tensors in one action, and weights
+// tied across stages (several, and with crossed homes), over the fake NCCL,
+// which matches a pair's messages by issue order as NCCL does: each action
+// posts its receives in channel order, the order the sends go in, so the
+// pipelines train what one device trains. (With receives posted in the
+// order they are read, the pass-through program's three gradients from
+// stage 1 to stage 0 would arrive in each other's buffers.)
+TEST(DeviceCollectivesTest, HardPipelinesOverNcclTrainLikeOneDevice) {
+  for (const char* text : {kPassThroughAcrossStages, kThreeTiedWeights, kCrossedTiedWeights}) {
+    auto program = ParseProgramText(text, "hard.pbtxt");
+    ASSERT_TRUE(program.ok()) << program.status();
+    SCOPED_TRACE(program->var(2).name());
+    ParityOptions options = Options();
+    options.data = "synthetic:classes=10,size=512";
+    auto single = TrainSingleDevice(*program, 16, options);
+    ASSERT_TRUE(single.ok()) << single.status();
+    auto nccl = TrainOverFakeNccl(*program, OneFOneB(), options);
+    ASSERT_TRUE(nccl.ok()) << nccl.status();
+    EXPECT_GT(nccl->transfers, 0);
+    EXPECT_LE(MaxLossDifference(nccl->run, *single), kTolerance);
+    EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
+    EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  }
 }
 
 }  // namespace

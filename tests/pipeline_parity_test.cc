@@ -9,6 +9,7 @@
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 #include "passes/compile.h"
+#include "tests/hard_pipelines.h"
 #include "tests/parity_util.h"
 #include "tools/model_gen.h"
 
@@ -153,6 +154,16 @@ TEST(PipelineHardShapesTest, SkipsFanOutAndTiedWeightsMatchSingleDevice) {
 
 // A 3-stage ONE_F_ONE_B pipeline of 3 micro-batches of 4 against one device
 // with the same batch of 12, 10 steps; returns the single-device run.
+// The layout of ExpectThreeStagesMatchOneDevice compiles for a GPU, whose
+// schedule check holds every pair of ranks' messages to one order (NCCL
+// matches them by issue order).
+void ExpectGpuPlansCompile(const Program& program) {
+  CompileOptions gpu;
+  gpu.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(program, Pipeline(4, 3, ONE_F_ONE_B), gpu);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+}
+
 ParityRun ExpectThreeStagesMatchOneDevice(const Program& program) {
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
@@ -203,34 +214,6 @@ TEST(PipelineHardShapesTest, ClippingWithAStageWithoutParametersAndMixedDtypes) 
   EXPECT_GT(MaxWeightDifference(free_run->weights, single.weights), 100 * kTolerance);
 }
 
-// Gradients passed through an add on one stage but made on a later one:
-// W = P + Q on stage 0 is read on stage 1, so dW is made on stage 1 and the
-// parameters' gradients must come back to stage 0; P + P on stage 1 read on
-// stage 2, with P also read on stage 0 (a tied weight) and clipping, must be
-// counted once in the global norm. (Sharing dW as P's gradient on stage 1
-// lost the first to the split and the second to the norm, found in review.)
-constexpr char kPassThroughAcrossStages[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "A" dtype: F64 shape: [8, 8] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
-  var { name: "P" dtype: F64 shape: [8, 4] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
-  var { name: "Q" dtype: F64 shape: [8, 4] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
-  var { name: "T" dtype: F64 shape: [8, 4] kind: PARAM init { uniform { low: -0.3 high: 0.3 } } }
-  var { name: "C" dtype: F64 shape: [4, 10] kind: PARAM init { uniform { low: -0.5 high: 0.5 } } }
-  op { type: "matmul" input: ["x", "A"] output: ["h0"] device: "gpu:0" }
-  op { type: "relu" input: ["h0"] output: ["h"] device: "gpu:0" }
-  op { type: "add" input: ["P", "Q"] output: ["W"] device: "gpu:0" }
-  op { type: "reduce_mean" input: ["T"] output: ["t_mean"] device: "gpu:0" }
-  op { type: "matmul" input: ["h", "W"] output: ["y1"] device: "gpu:1" }
-  op { type: "add" input: ["T", "T"] output: ["T2"] device: "gpu:1" }
-  op { type: "matmul" input: ["h", "T2"] output: ["y2"] device: "gpu:2" }
-  op { type: "add" input: ["y1", "y2"] output: ["y"] device: "gpu:2" }
-  op { type: "matmul" input: ["y", "C"] output: ["logits"] device: "gpu:2" }
-  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:2" }
-  loss: "loss"
-  fetch: "t_mean"
-  optimizer { sgd { learning_rate: 0.5 } clip_global_norm: 0.05 }
-)pb";
 
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
   auto program = ParseProgramText(kPassThroughAcrossStages, "pass_through.pbtxt");
@@ -240,42 +223,9 @@ TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
   // read there in another: a GPU plan's receives are posted in channel
   // order, the order they are sent in (NCCL matches a pair's messages by
   // issue order; the schedule check refused this plan before).
-  CompileOptions gpu;
-  gpu.device_kind = DEVICE_CUDA;
-  auto compiled = Compile(*program, Pipeline(4, 3, ONE_F_ONE_B), gpu);
-  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  ExpectGpuPlansCompile(*program);
 }
 
-// Two weights each read on the first and the last stage, and a third on the
-// middle and the last (its home a middle stage): each replica sends its
-// parts and takes the sums back once a step, in the order the homes make
-// the sums. (Backward order on the last stage makes B's part before A's,
-// the first stage sums A before B: the sends went in the first order and
-// the receives in another, which NCCL, matching a pair's messages by issue
-// order, would have swapped.)
-constexpr char kThreeTiedWeights[] = R"pb(
-  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
-  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-  var { name: "A" dtype: F64 shape: [8, 8] kind: PARAM init { uniform { low: -0.4 high: 0.4 } } }
-  var { name: "B" dtype: F64 shape: [8, 8] kind: PARAM init { uniform { low: -0.4 high: 0.4 } } }
-  var { name: "M" dtype: F64 shape: [8, 8] kind: PARAM init { uniform { low: -0.4 high: 0.4 } } }
-  var { name: "C" dtype: F64 shape: [8, 10] kind: PARAM init { uniform { low: -0.5 high: 0.5 } } }
-  op { type: "matmul" input: ["x", "A"] output: ["a0"] device: "gpu:0" }
-  op { type: "tanh" input: ["a0"] output: ["a1"] device: "gpu:0" }
-  op { type: "matmul" input: ["a1", "B"] output: ["b0"] device: "gpu:0" }
-  op { type: "tanh" input: ["b0"] output: ["b1"] device: "gpu:0" }
-  op { type: "matmul" input: ["b1", "M"] output: ["m0"] device: "gpu:1" }
-  op { type: "tanh" input: ["m0"] output: ["m1"] device: "gpu:1" }
-  op { type: "matmul" input: ["m1", "A"] output: ["c0"] device: "gpu:2" }
-  op { type: "tanh" input: ["c0"] output: ["c1"] device: "gpu:2" }
-  op { type: "matmul" input: ["c1", "B"] output: ["d0"] device: "gpu:2" }
-  op { type: "tanh" input: ["d0"] output: ["d1"] device: "gpu:2" }
-  op { type: "matmul" input: ["d1", "M"] output: ["e0"] device: "gpu:2" }
-  op { type: "matmul" input: ["e0", "C"] output: ["logits"] device: "gpu:2" }
-  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:2" }
-  loss: "loss"
-  optimizer { sgd { learning_rate: 0.2 } }
-)pb";
 
 TEST(PipelineHardShapesTest, ThreeTiedWeightsExchangeTheirGradientsInOneOrder) {
   auto program = ParseProgramText(kThreeTiedWeights, "three_tied.pbtxt");
@@ -283,10 +233,14 @@ TEST(PipelineHardShapesTest, ThreeTiedWeightsExchangeTheirGradientsInOneOrder) {
   ExpectThreeStagesMatchOneDevice(*program);
   // A GPU plan's schedule check holds every pair's messages to one order
   // (analysis/verify_schedule.cc): the plans compile for a GPU too.
-  CompileOptions gpu;
-  gpu.device_kind = DEVICE_CUDA;
-  auto compiled = Compile(*program, Pipeline(4, 3, ONE_F_ONE_B), gpu);
-  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  ExpectGpuPlansCompile(*program);
+}
+
+TEST(PipelineHardShapesTest, CrossedTiedWeightsExchangeWithoutWaitingOnEachOther) {
+  auto program = ParseProgramText(kCrossedTiedWeights, "crossed_tied.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ExpectThreeStagesMatchOneDevice(*program);  // two stages here; the same layout
+  ExpectGpuPlansCompile(*program);
 }
 
 }  // namespace
