@@ -164,7 +164,7 @@ TEST(DeviceCollectivesTest, PipelineAndDataParallelOverNcclTrainLikeOneDevice) {
 // order they are read, the pass-through program's three gradients from
 // stage 1 to stage 0 would arrive in each other's buffers.)
 TEST(DeviceCollectivesTest, HardPipelinesOverNcclTrainLikeOneDevice) {
-  for (const char* text : {kPassThroughAcrossStages, kThreeTiedWeights, kCrossedTiedWeights}) {
+  for (const char* text : {kPassThroughAcrossStages, kThreeTiedWeights, kCrossedTiedWeights, kOnePathTiedWeight}) {
     auto program = ParseProgramText(text, "hard.pbtxt");
     ASSERT_TRUE(program.ok()) << program.status();
     SCOPED_TRACE(program->var(2).name());

@@ -236,6 +236,16 @@ TEST(PipelineHardShapesTest, ThreeTiedWeightsExchangeTheirGradientsInOneOrder) {
   ExpectGpuPlansCompile(*program);
 }
 
+// The one-path exchange stays in every backward; here the gradient goes
+// back the way the activations' gradients go (stage 1 to stage 0, in the
+// same backward), so a GPU plan compiles too.
+TEST(PipelineHardShapesTest, ATiedWeightWithOneGradientPath) {
+  auto program = ParseProgramText(kOnePathTiedWeight, "one_path_tied.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ExpectThreeStagesMatchOneDevice(*program);  // two stages here; the same layout
+  ExpectGpuPlansCompile(*program);
+}
+
 TEST(PipelineHardShapesTest, CrossedTiedWeightsExchangeWithoutWaitingOnEachOther) {
   auto program = ParseProgramText(kCrossedTiedWeights, "crossed_tied.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
