@@ -84,13 +84,10 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     }
     tied.push_back(t);
   }
-  // In the order the program makes their gradients (the home's sums), the
-  // order the replicas' receives of the sums are appended in.
-  std::vector<int> position(graph.op_id_bound(), -1);
-  for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
-  std::sort(tied.begin(), tied.end(), [&](const Tied& a, const Tied& b) {
-    return std::make_pair(position[producer[a.grad]], a.param) < std::make_pair(position[producer[b.grad]], b.param);
-  });
+  // By parameter name: the order replicas' receives are appended in (an
+  // action posts its receives in channel order whatever their places).
+  std::sort(tied.begin(), tied.end(),
+            [&](const Tied& a, const Tied& b) { return graph.var_name(a.param) < graph.var_name(b.param); });
 
   // The tied gradients cross stages once an update, in the optimizer
   // action, as Megatron-LM sums the embedding's gradient between the first
@@ -235,7 +232,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   }
   fields.clear_param_grad();
   for (auto& [p, g] : grads) (*fields.mutable_param_grad())[p] = g;
-  std::sort(replicas.begin(), replicas.end());
   for (const auto& r : replicas) fields.add_tied_replica(r);
   if (!used(fields.loss())) fields.clear_loss();
   if (!used(fields.loss_grad())) fields.clear_loss_grad();

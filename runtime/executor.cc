@@ -197,7 +197,7 @@ absl::Status Executor::Prepare() {
     if (p.kernel->prefetches()) section->prefetching.push_back(static_cast<int>(section->ops.size()));
     if (op.type() == "send") section->send_channels.push_back(op.channel().id());
     bool refreshes = section == &optimize_ && !p.output_slots.empty();
-    for (int slot : p.output_slots) refreshes = refreshes && program.var(slot).kind() == PARAM_COPY;
+    for (int slot : p.output_slots) refreshes = refreshes && in_place_output_[slot];
     if (refreshes) {
       // Its twin in refresh_, with a kernel of its own.
       PreparedOp twin;
@@ -231,12 +231,13 @@ absl::Status Executor::Prepare() {
   for (const PreparedOp& p : refresh_.ops) {
     for (int slot : p.output_slots) refreshed[slot] = true;
   }
-  for (int i = 0; i < program.op_size(); ++i) {
-    for (const auto& in : program.op(i).input()) {
-      const int slot = slot_of_.at(in);
-      if (program.var(slot).kind() == PARAM_COPY && !refreshed[slot]) {
-        return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " reads PARAM_COPY '", in,
-                                                       "', which no OPTIMIZE op writes"));
+  for (const Section* section : {&forward_, &backward_, &optimize_}) {
+    for (const PreparedOp& p : section->ops) {
+      for (int slot : p.input_slots) {
+        if (in_place_output_[slot] && !refreshed[slot]) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, p.op_index), " reads PARAM_COPY '",
+                                                         program.var(slot).name(), "', which no OPTIMIZE op writes"));
+        }
       }
     }
   }
