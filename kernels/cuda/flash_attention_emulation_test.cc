@@ -52,7 +52,8 @@ namespace {
 // bytes of dynamic shared memory (filled with NaN bytes first: reading what
 // no thread wrote shows); checks that nothing past `shared` was written. The
 // threads of a block are fibers on the calling thread (the stand-in's
-// RunFibers), or with CUDA_STAND_IN_OS_THREADS set a std::thread each.
+// RunFibers, every other block in reverse order), or with
+// CUDA_STAND_IN_OS_THREADS set a std::thread each.
 template <typename Kernel, typename... Args>
 void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args... args) {
   ASSERT_LE(shared, kSharedLimit);
@@ -64,7 +65,8 @@ void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args..
       cuda_stand_in::Barrier warps[kWarps] = {cuda_stand_in::Barrier(32), cuda_stand_in::Barrier(32),
                                               cuda_stand_in::Barrier(32), cuda_stand_in::Barrier(32)};
       std::vector<float> shuffle(kThreads);
-      cuda_stand_in::current = {&block, warps, shuffle.data(), smem, shared};
+      std::vector<uint64_t> wide(kThreads);
+      cuda_stand_in::current = {&block, warps, shuffle.data(), smem, shared, wide.data()};
       const auto enter = [&](unsigned t) {
         threadIdx = {t, 0, 0};
         blockIdx = {static_cast<unsigned>(bx), static_cast<unsigned>(by), 0};
@@ -81,7 +83,8 @@ void Launch(int64_t grid_x, int64_t grid_y, size_t shared, Kernel kernel, Args..
         }
         for (std::thread& t : threads) t.join();
       } else {
-        const bool finished = cuda_stand_in::RunFibers(kThreads, enter, [&](unsigned) { kernel(args...); });
+        const bool finished = cuda_stand_in::RunFibers(
+            kThreads, enter, [&](unsigned) { kernel(args...); }, /*reverse=*/(bx + by) % 2 == 1);
         if (!finished) {
           std::fprintf(stderr, "block (%lld, %lld) deadlocked at a barrier\n", static_cast<long long>(bx),
                        static_cast<long long>(by));

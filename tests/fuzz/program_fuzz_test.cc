@@ -516,13 +516,54 @@ std::vector<std::string> OpTypes() { return OpRegistry::Global().Names(); }
 // What one mutation checks, in process. Returns normally for OK and for any
 // error Status; a crash or a broken invariant ends the worker.
 
+[[noreturn]] void Invariant(const std::string& what) {
+  fprintf(stderr, "invariant broken: %s\n", what.c_str());
+  fflush(stderr);
+  std::abort();
+}
+
 struct Mutant {
   std::string program;   // program text (empty for a strategy mutation of a seed program)
   std::string strategy;  // strategy text, or empty
   int64_t batch_size = 0;
   std::string dump_after;
   int program_seed = -1;  // strategy mutations: the seed program they pair with
+  // Beside the CPU float32 plan every mutant gets: plans for a GPU (the
+  // passes only GPU plans run: pad-vocab, fuse-epilogues, fuse-optimizer,
+  // host-transfers) and under BF16 mixed precision (its casts, and the
+  // 16-bit CPU kernels in the training phase).
+  DeviceKind device = DEVICE_CPU;
+  bool bf16 = false;
 };
+
+// The extra settings of a mutant (Mutant::device, Mutant::bf16), from its stream.
+void PickVariant(Rng& rng, Mutant& m) {
+  m.device = rng.Percent(40) ? DEVICE_CUDA : DEVICE_CPU;
+  m.bf16 = rng.Percent(40);
+}
+
+Strategy Bf16Strategy() {
+  Strategy s;
+  s.mutable_mixed_precision()->set_dtype(BF16);
+  return s;
+}
+
+// Compile's contract for any input: an error with a message, or plans that verify.
+void CheckCompiles(const Program& program, const Strategy& strategy, const CompileOptions& options,
+                   const char* what) {
+  absl::StatusOr<CompileResult> result = Compile(program, strategy, options);
+  if (!result.ok()) {
+    if (result.status().message().empty()) Invariant(absl::StrCat(what, ": compile error without a message"));
+    return;
+  }
+  if (result->plans.empty()) Invariant(absl::StrCat(what, ": Compile returned OK with no plans"));
+  for (const RankPlan& plan : result->plans) {
+    if (absl::Status s = VerifyProgram(plan.program()); !s.ok()) {
+      Invariant(absl::StrCat(what, ": Compile returned OK but rank ", plan.rank(), "'s plan does not verify: ",
+                             s.message()));
+    }
+  }
+}
 
 Mutant MakeProgramMutant(int64_t index, const std::vector<std::string>& ops) {
   Rng rng = RngFor(index);
@@ -531,6 +572,7 @@ Mutant MakeProgramMutant(int64_t index, const std::vector<std::string>& ops) {
   m.program = Mutate(seeds[index % seeds.size()].text, rng, ops);
   m.batch_size = PickBatchSize(rng);
   m.dump_after = PickDumpAfter(rng);
+  PickVariant(rng, m);
   return m;
 }
 
@@ -541,13 +583,8 @@ Mutant MakeStrategyMutant(int64_t index, const std::vector<std::string>& ops) {
   m.strategy = Mutate(strategies[index % strategies.size()].text, rng, ops);
   m.program_seed = static_cast<int>(rng.Below(ProgramSeeds().size()));
   m.batch_size = PickBatchSize(rng);
+  PickVariant(rng, m);
   return m;
-}
-
-[[noreturn]] void Invariant(const std::string& what) {
-  fprintf(stderr, "invariant broken: %s\n", what.c_str());
-  fflush(stderr);
-  std::abort();
 }
 
 // How far a mutant got: rejected by the parser, rejected by the compiler, or compiled.
@@ -573,6 +610,11 @@ Outcome CheckProgramMutant(const Mutant& m) {
     if (absl::Status s = VerifyProgram(plan.program()); !s.ok()) {
       Invariant(absl::StrCat("Compile returned OK but the plan does not verify: ", s.message()));
     }
+  }
+  if (m.device != DEVICE_CPU || m.bf16) {
+    options.device_kind = m.device;
+    options.dump_after.clear();
+    CheckCompiles(*program, m.bf16 ? Bf16Strategy() : Strategy(), options, m.bf16 ? "BF16 plan" : "GPU plan");
   }
   return kCompiled;
 }
@@ -601,6 +643,7 @@ Outcome CheckStrategyMutant(const Mutant& m) {
   if (!program.ok()) Invariant("a seed program does not parse");
   CompileOptions options;
   options.batch_size = m.batch_size;
+  options.device_kind = m.device;
   absl::StatusOr<CompileResult> result = Compile(*program, *strategy, options, "mutant.strategy.pbtxt");
   // Compile runs ValidateStrategy itself, so it cannot accept what ValidateStrategy rejects.
   if (!valid.ok() && result.ok()) {
@@ -636,7 +679,7 @@ Outcome CheckRunMutant(const Mutant& m) {
   if (!program.ok()) return kParseError;
   CompileOptions options;
   options.batch_size = m.batch_size;
-  absl::StatusOr<CompileResult> result = Compile(*program, Strategy(), options);
+  absl::StatusOr<CompileResult> result = Compile(*program, m.bf16 ? Bf16Strategy() : Strategy(), options);
   if (!result.ok() || result->plans[0].memory().peak_bytes() > kMaxRunPeakBytes) return kParseError;
   const RankPlan& plan = result->plans[0];
   TrainOptions train;
@@ -688,6 +731,7 @@ Mutant MakeRunMutant(int64_t index, const std::vector<std::string>& ops) {
   Mutant m;
   m.program = Mutate(seeds[seed].text, rng, ops);
   m.batch_size = 1 + static_cast<int64_t>(rng.Below(3));
+  m.bf16 = rng.Percent(40);  // the training phase runs CPU plans only
   return m;
 }
 
@@ -818,13 +862,21 @@ std::string Describe(const std::vector<Failure>& failures) {
 
 TEST(ProgramFuzzTest, FindsItsSeeds) {
   // The examples and this folder's fixtures; a missing seed would quietly weaken the fuzzing.
-  EXPECT_GE(ProgramSeeds().size(), 9u);
-  EXPECT_GE(StrategySeeds().size(), 4u);
+  EXPECT_GE(ProgramSeeds().size(), 11u);
+  EXPECT_GE(StrategySeeds().size(), 6u);
   for (const SeedText& seed : ProgramSeeds()) {
     absl::StatusOr<Program> program = ParseProgramText(seed.text, seed.name);
     ASSERT_TRUE(program.ok()) << program.status();
-    absl::StatusOr<CompileResult> result = Compile(*program, Strategy(), CompileOptions());
-    EXPECT_TRUE(result.ok()) << seed.name << " should compile before mutation: " << result.status();
+    // Every variant a mutant may get compiles before mutation.
+    for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+      for (bool bf16 : {false, true}) {
+        CompileOptions options;
+        options.device_kind = device;
+        absl::StatusOr<CompileResult> result = Compile(*program, bf16 ? Bf16Strategy() : Strategy(), options);
+        EXPECT_TRUE(result.ok()) << seed.name << " should compile before mutation (" << DeviceKind_Name(device)
+                                 << (bf16 ? ", BF16" : "") << "): " << result.status();
+      }
+    }
   }
 }
 
@@ -953,6 +1005,7 @@ TEST(ProgramFuzzTest, MutatedInputsNeverCrashTheTool) {
       args.insert(args.end(), {"--strategy", scratch + "/mutant.strategy.pbtxt"});
     }
     if (rng.Percent(20)) args.push_back(absl::StrCat("--batch_size=", PickBatchSize(rng)));
+    if (rng.Percent(30)) args.insert(args.end(), {"--device", "gpu"});
     ExecResult r = RunStrata(args, scratch);
     std::string what;
     if (r.timed_out) {

@@ -209,14 +209,30 @@ inline void __syncthreads() { cuda_stand_in::current.block->Wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) {
   cuda_stand_in::current.warps[cuda_stand_in::LinearThread() / 32].Wait();
 }
-inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  float* slots = cuda_stand_in::current.shuffle + cuda_stand_in::LinearThread() / 32 * 32;
+// v of lane ^ mask, for every type CUDA overloads it for (int, float,
+// double, 64-bit integers: no value narrowed on the way).
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
+  static_assert(std::is_arithmetic<T>::value && sizeof(T) <= 8, "an arithmetic value of at most 8 bytes");
   const unsigned lane = cuda_stand_in::LinearThread() % 32;
-  slots[lane] = v;
-  __syncwarp();
-  const float got = slots[lane ^ static_cast<unsigned>(mask)];
-  __syncwarp();
-  return got;
+  if constexpr (std::is_same<T, float>::value) {
+    float* slots = cuda_stand_in::current.shuffle + cuda_stand_in::LinearThread() / 32 * 32;
+    slots[lane] = v;
+    __syncwarp();
+    const float got = slots[lane ^ static_cast<unsigned>(mask)];
+    __syncwarp();
+    return got;
+  } else {
+    uint64_t* slots = cuda_stand_in::current.wide_shuffle + cuda_stand_in::LinearThread() / 32 * 32;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    slots[lane] = bits;
+    __syncwarp();
+    T got;
+    std::memcpy(&got, &slots[lane ^ static_cast<unsigned>(mask)], sizeof(T));
+    __syncwarp();
+    return got;
+  }
 }
 
 // v of lane (lane / width) * width + src % width: every lane of the warp
@@ -418,8 +434,12 @@ inline unsigned char* DynamicShared() { return const_cast<unsigned char*>(curren
 // Runs body(t) for t < n as fibers, enter(t) setting the thread's
 // variables before each resumption; false on a deadlock (a full round with no
 // barrier arrival and no fiber finished: a barrier some threads never reach).
+// Each round resumes the fibers in order, or with `reverse` from the last:
+// a GPU runs its warps in any order, so a read one warp makes before another
+// overwrites the same shared memory with no barrier between them shows in
+// one order or the other (launches reverse every other block).
 inline bool RunFibers(unsigned n, const std::function<void(unsigned)>& enter,
-                      const std::function<void(unsigned)>& body) {
+                      const std::function<void(unsigned)>& body, bool reverse = false) {
   constexpr size_t kStack = 256 * 1024;
   static thread_local std::vector<std::unique_ptr<char[]>> stacks;
   while (stacks.size() < n) stacks.emplace_back(new char[kStack]);
@@ -438,7 +458,8 @@ inline bool RunFibers(unsigned n, const std::function<void(unsigned)>& enter,
   unsigned left = n;
   while (left > 0) {
     const uint64_t before = f.progress;
-    for (unsigned t = 0; t < n; ++t) {
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned t = reverse ? n - 1 - i : i;
       if (f.done[t]) continue;
       f.current = t;
       enter(t);
@@ -510,7 +531,7 @@ class Launcher {
               });
             }
             for (std::thread& t : team) t.join();
-          } else if (!RunFibers(n, enter, body)) {
+          } else if (!RunFibers(n, enter, body, /*reverse=*/(bx + by + bz) % 2 == 1)) {
             if (errors.fetch_add(1) < 20) {
               std::fprintf(stderr, "stand-in launch: block (%u, %u, %u) deadlocked at a barrier\n", bx, by, bz);
             }
