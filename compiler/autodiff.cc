@@ -36,7 +36,7 @@ class BackwardEmitter {
   absl::Status Emit(int like, const std::string& type, std::vector<std::string> inputs,
                     std::vector<std::string> outputs, const std::map<std::string, AttrValue>& attrs) {
     const std::string what =
-        absl::StrCat("gradient of op #", graph_->uid(like), " '", graph_->schema(like).type, "' emits '", type, "'");
+        absl::StrCat("gradient of ", graph_->OpLocation(like), " emits '", type, "'");
     const OpSchema* schema = OpRegistry::Global().Find(type);
     if (schema == nullptr) return absl::InternalError(absl::StrCat(what, ": unregistered op"));
     op_.Clear();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -149,6 +150,13 @@ class Graph {
   // loss, fetch, param_grad, tied_replica and the rest, for passes that change them.
   Program& mutable_program_fields() { return program_fields_; }
 
+  // Vars a later pass looks up by name (the strategy's recompute
+  // checkpoints): like the loss and the fetches, no rewrite may fold them
+  // away (passes/pass_helpers.h, IsUnreportedActivation). By name, so the
+  // pins outlast RetainVars' renumbering.
+  void Pin(absl::string_view name) { pinned_.insert(std::string(name)); }
+  bool pinned(absl::string_view name) const { return pinned_.contains(name); }
+
  private:
   struct VarRec {
     int32_t dims_begin = 0;
@@ -206,6 +214,7 @@ class Graph {
   mutable bool order_valid_ = true;
   // Everything of the Program but its vars and ops.
   Program program_fields_;
+  absl::flat_hash_set<std::string> pinned_;
 };
 
 // The verifier's checks over a Graph: every op's arity, every input defined

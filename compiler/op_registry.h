@@ -151,6 +151,10 @@ struct OpSchema {
   // other backward actions its kernel does nothing. The schedule verifier
   // and the memory plan count it there only.
   bool once_per_update = false;
+  // Placed by a pass (transfers, collectives, host copies), never by a user:
+  // they take fields only the compiler fills in (channels, groups, host
+  // memory), so a program that writes one is refused at validation.
+  bool compiler_only = false;
   std::string doc;
 
   const AttrSpec* FindAttr(const std::string& name) const;
@@ -199,6 +203,7 @@ class OpDef {
   // Output 0 shares input 0's buffer; the memory plan counts no new bytes for it.
   OpDef& AliasesInput() { schema_.output_aliases_input = true; return *this; }
   OpDef& OncePerUpdate() { schema_.once_per_update = true; return *this; }
+  OpDef& CompilerOnly() { schema_.compiler_only = true; return *this; }
   OpDef& Doc(std::string doc) { schema_.doc = std::move(doc); return *this; }
   OpSchema Build() && { return std::move(schema_); }
 

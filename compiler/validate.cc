@@ -239,6 +239,10 @@ absl::StatusOr<const OpSchema*> CheckUserOp(const std::string& file, int i, cons
     auto near = OpRegistry::Global().Suggest(op->type());
     return Err(where, absl::StrCat("unknown op type", near.empty() ? "" : absl::StrCat("; did you mean ", absl::StrJoin(near, ", "), "?")));
   }
+  if (schema->compiler_only) {
+    return Err(where, "is placed by the compiler (pipeline transfers, data-parallel collectives, host copies); "
+                      "remove it from the program");
+  }
   if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
   if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
   if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");

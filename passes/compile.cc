@@ -178,6 +178,9 @@ absl::StatusOr<std::unique_ptr<Graph>> RunProgramPasses(const Program& program, 
     if (!g.ok()) return absl::InternalError(absl::StrCat("validated program is not a graph: ", g.status().message()));
     graph = *std::move(g);
   }
+  // The recompute pass finds its checkpoints by name after the
+  // mixed-precision and cast passes, which must leave them in place.
+  for (const std::string& checkpoint : strategy.recompute().checkpoints()) graph->Pin(checkpoint);
   std::unique_ptr<PassPipeline> pipeline =
       BuildProgramPipeline(strategy, options.device_kind, options.mixed_precision_fold_losses);
   if (!options.dump_after.empty()) pipeline->set_dump_after(options.dump_after);

@@ -72,7 +72,7 @@ std::string FreshVarName(const Graph& graph, absl::string_view base, absl::strin
 bool IsUnreportedActivation(const Graph& graph, int v) {
   if (graph.kind(v) != ACTIVATION) return false;
   const absl::string_view name = graph.var_name(v);
-  if (name == graph.loss()) return false;
+  if (name == graph.loss() || graph.pinned(name)) return false;
   for (const std::string& f : graph.program_fields().fetch()) {
     if (f == name) return false;
   }

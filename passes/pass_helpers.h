@@ -34,7 +34,8 @@ DataType CastTarget(const Graph& graph, int op);
 bool IsCastDown(const Graph& graph, int op);
 bool IsCastUp(const Graph& graph, int op);
 // A var such a pass may drop or retype: an activation the program does not
-// report (not the loss, not fetched).
+// report (not the loss, not fetched) and no later pass looks up by name
+// (not pinned: Graph::Pin).
 bool IsUnreportedActivation(const Graph& graph, int v);
 
 // A var name the graph does not have yet: base + suffix, else

@@ -24,10 +24,11 @@ using nn_shape_checks::ExpectSameTypeArg;
 using nn_shape_checks::ExpectStaticDims;
 using nn_shape_checks::Invalid;
 
-// The layout attr; an op without one (built by hand) is "bhtd".
+// The layout attr; an op without one (built by hand) is "bhtd", and an
+// empty value a program wrote is refused, as the kernels refuse it.
 absl::StatusOr<AttentionLayout> LayoutOf(const ShapeContext& ctx) {
-  const std::string layout = ctx.attr_string("layout");
-  return ParseAttentionLayout(layout.empty() ? "bhtd" : layout);
+  if (!ctx.op().attr().contains("layout")) return AttentionLayout::kBhtd;
+  return ParseAttentionLayout(ctx.attr_string("layout"));
 }
 
 // q, k, v (inputs 0-2) are one type [B, H, T, D], or [B, T, H, D] for layout

@@ -74,7 +74,12 @@ absl::StatusOr<ConvAttrs> ReadConvAttrs(const ShapeContext& ctx) {
 // Output size of one spatial dim; an error if the dilated kernel does not fit.
 absl::StatusOr<int64_t> ConvOutSize(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation,
                                     const char* dim) {
-  const int64_t span = dilation * (kernel - 1) + 1;
+  int64_t span = 0;
+  if (__builtin_mul_overflow(dilation, kernel - 1, &span) || span > (int64_t{1} << 62)) {
+    return Invalid(absl::StrCat("the ", dim, " of the kernel, ", kernel, ", dilated by ", dilation,
+                                " does not fit in 64 bits"));
+  }
+  ++span;
   if (in + 2 * pad < span) {
     return Invalid(absl::StrCat("the ", dim, " of the (dilated) kernel, ", span, ", exceeds the padded input ", dim,
                                 " ", in, " + 2*", pad, ": the output would be empty"));

@@ -223,6 +223,15 @@ absl::Status AnyDtypeSameShape(ShapeContext& ctx) {
   return absl::OkStatus();
 }
 
+// fill_like: every dtype, the 16-bit floats too (autodiff fills the zero
+// gradient of an unread 16-bit output with it: attention's y under mixed
+// precision when only its lse reaches the loss).
+absl::Status FillLikeShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(ExpectDtype(ctx, 0, "x", {F32, F64, I64, I32, BOOL, BF16, F16}));
+  ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 // Gradient makers.
 
@@ -312,8 +321,11 @@ GradFn UnaryGrad(std::string type, std::vector<std::string> args,
 // at shape inference, so a bad program fails at compile time naming the op.
 ShapeFn GeluShape(ShapeFn inner) {
   return [inner](ShapeContext& ctx) -> absl::Status {
-    const std::string approximate = ctx.attr_string("approximate");  // "" when absent: the default
-    if (!approximate.empty() && approximate != "none" && approximate != "tanh") {
+    // Absent only on an op built by hand (validation fills in "none"); an
+    // empty value a program wrote is refused, as the kernels refuse it.
+    const bool given = ctx.op().attr().contains("approximate");
+    const std::string approximate = ctx.attr_string("approximate");
+    if (given && approximate != "none" && approximate != "tanh") {
       return absl::InvalidArgumentError(
           absl::StrCat("attr 'approximate' must be \"none\" or \"tanh\", got \"", approximate, "\""));
     }
@@ -563,7 +575,7 @@ STRATA_REGISTER_OP(OpDef("fill_scalar").Output("y")
                        .Doc("A scalar of `dtype` (F32 or F64) holding `value`."));
 STRATA_REGISTER_OP(OpDef("fill_like").Input("x").Output("y")
                        .Attr("value", 1.0)
-                       .Shape(AnyDtypeSameShape)
+                       .Shape(FillLikeShape)
                        .NotDifferentiable()
                        .Doc("A tensor of x's type filled with `value` (seeds dL/dloss)."));
 STRATA_REGISTER_OP(OpDef("identity").Input("x").Output("y")

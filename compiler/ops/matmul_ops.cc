@@ -397,7 +397,8 @@ absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
   const std::string z_dtype = ctx.attr_string("z_dtype");
   if (z_dtype.empty()) return absl::OkStatus();
   DataType stored = DT_INVALID;
-  if (!DataType_Parse(z_dtype, &stored) || stored != ctx.input(0).dtype || ctx.input(2).dtype != F32) {
+  if (!DataType_Parse(z_dtype, &stored) || (stored != BF16 && stored != F16) || stored != ctx.input(0).dtype ||
+      ctx.input(2).dtype != F32) {
     return Invalid(absl::StrCat("attr 'z_dtype' must be \"\" or the 16-bit type of 'a' and 'b' over an F32 'bias', "
                                 "got \"", z_dtype, "\" for ", ctx.input(0).ToString(), " and bias ",
                                 ctx.input(2).ToString()));

@@ -137,8 +137,12 @@ inline absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, 
   if (v.size() != 2) {
     return Invalid(absl::StrCat("attr '", attr, "' must hold 2 ints (height, width), got ", DimsString(v)));
   }
+  // Bounded above too, so the window arithmetic (in + 2 * padding, dilation
+  // * (kernel - 1)) cannot overflow: no real window comes near 2^31.
+  constexpr int64_t kMax = int64_t{1} << 31;
   for (int64_t x : v) {
     if (x < min) return Invalid(absl::StrCat("attr '", attr, "' values must be >= ", min, ", got ", DimsString(v)));
+    if (x > kMax) return Invalid(absl::StrCat("attr '", attr, "' values must be at most 2^31, got ", DimsString(v)));
   }
   return v;
 }

@@ -106,15 +106,18 @@ absl::Status BucketWaitShape(ShapeContext& ctx) {
 }  // namespace
 
 STRATA_REGISTER_OP(OpDef("send").Input("x")
+    .CompilerOnly()
     .Shape([](ShapeContext&) { return absl::OkStatus(); })
     .Doc("Posts x to the channel's destination rank; completes asynchronously."));
 
 STRATA_REGISTER_OP(OpDef("recv").Output("y")
+    .CompilerOnly()
     .Attr("shape", AttrType::kInts).Attr("dtype", AttrType::kString)
     .Shape(RecvShape)
     .Doc("Receives the channel's var from its source rank; -1 in shape is the micro-batch size."));
 
 STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
+    .CompilerOnly()
     .Attr("op", "sum")
     .Shape([](ShapeContext& ctx) -> absl::Status {
       if (ctx.attr_string("op") != "sum") {
@@ -130,6 +133,7 @@ STRATA_REGISTER_OP(OpDef("allreduce").Input("x").Output("y")
          "Topology.group; none: the world)."));
 
 STRATA_REGISTER_OP(OpDef("bucket_allreduce").Input("bucket").VariadicInput("grads").Output("bucket")
+    .CompilerOnly()
     .Attr("bucket", int64_t{0})
     .Stateful()
     .OncePerUpdate()
@@ -139,6 +143,7 @@ STRATA_REGISTER_OP(OpDef("bucket_allreduce").Input("bucket").VariadicInput("grad
          "optimizer update, in the backward of the step's last micro-batch."));
 
 STRATA_REGISTER_OP(OpDef("bucket_wait").Input("bucket").VariadicOutput("grads")
+    .CompilerOnly()
     .Attr("bucket", int64_t{0}).Attr("shapes", AttrType::kInts)
     .Shape(BucketWaitShape)
     .Doc("Waits for bucket_allreduce `bucket` and copies the summed gradients out of it; attr `shapes` "
@@ -148,12 +153,14 @@ STRATA_REGISTER_OP(OpDef("bucket_wait").Input("bucket").VariadicOutput("grads")
 // accelerator, so that no tensor crosses between host and device memory
 // except through an op the program shows.
 STRATA_REGISTER_OP(OpDef("copy_to_device").Input("x").Output("y")
+    .CompilerOnly()
     .Shape(SameAsInput(0))
     .NotDifferentiable()
     .Doc("y = x, copied from host memory (x is a host_memory var: a feed as the data loader hands it "
          "over) into the device's, ordered on the compute stream."));
 
 STRATA_REGISTER_OP(OpDef("copy_to_host").Input("x").Output("y")
+    .CompilerOnly()
     .Shape(SameAsInput(0))
     .NotDifferentiable()
     .Doc("y = x, copied from the device into host memory (y is a host_memory var, page-locked on a "

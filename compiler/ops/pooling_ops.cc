@@ -43,7 +43,7 @@ absl::StatusOr<PoolAttrs> ReadPoolAttrs(const ShapeContext& ctx) {
   a.paddings = *p;
   for (int i = 0; i < 2; ++i) {
     // As torch: a window must never lie entirely in the padding.
-    if (a.paddings[i] * 2 > a.kernel[i]) {
+    if (a.paddings[i] > a.kernel[i] / 2) {
       return Invalid(absl::StrCat("attr 'paddings' ", DimsString(a.paddings), " must be at most half of "
                                   "'kernel_size' ", DimsString(a.kernel)));
     }

@@ -95,6 +95,8 @@ STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F64, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I64, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, I32, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, BOOL, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, BF16, FillLikeKernel::Create);
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CPU, F16, FillLikeKernel::Create);
 STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F32, MakeFactory<view_kernels::IdentityKernel>());
 STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, F64, MakeFactory<view_kernels::IdentityKernel>());
 STRATA_REGISTER_KERNEL("identity", DEVICE_CPU, I64, MakeFactory<view_kernels::IdentityKernel>());

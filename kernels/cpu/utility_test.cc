@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/op_registry.h"
+#include "runtime/float16.h"
 #include "compiler/testing/op_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -125,6 +126,14 @@ TEST(FillLikeTest, FillsEveryDtype) {
                       {{"x", MakeTensor(BOOL, {2}, {1, 1})}});
   EXPECT_EQ(b.dtype(), BOOL);
   EXPECT_VALUES_NEAR(b, (std::vector<int64_t>{2}), (std::vector<double>{0, 0}), 0);
+  // 16-bit floats, rounded as a cast rounds: 0.1 is not a bfloat16 or a half.
+  for (DataType dt : {BF16, F16}) {
+    Tensor h = RunNamed(R"pb(type: "fill_like" input: "x" output: "y" attr { key: "value" value { f: 0.1 } })pb",
+                        {{"x", MakeTensor(dt, {3}, {1, 2, 3})}});
+    EXPECT_EQ(h.dtype(), dt);
+    const double want = dt == BF16 ? ToFloat(ToBfloat16(0.1f)) : ToFloat(ToFloat16(0.1f));
+    EXPECT_VALUES_NEAR(h, (std::vector<int64_t>{3}), (std::vector<double>(3, want)), 0) << DataTypeName(dt);
+  }
 }
 
 TEST(IdentityTest, SharesTheBuffer) {

@@ -153,6 +153,8 @@ STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, F64, InitFactory<CudaFillLikeKe
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, I64, InitFactory<CudaFillLikeKernel>());
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, I32, InitFactory<CudaFillLikeKernel>());
 STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, BOOL, InitFactory<CudaFillLikeKernel>());
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, BF16, InitFactory<CudaFillLikeKernel>());
+STRATA_REGISTER_KERNEL("fill_like", DEVICE_CUDA, F16, InitFactory<CudaFillLikeKernel>());
 
 }  // namespace
 }  // namespace strata

@@ -44,7 +44,7 @@ STRATA_CUDA_OPS_TESTED(cuda_ops_test, {
                                           {"mul", {F32, F64, I64}},
                                           {"div", {F32, F64}},
                                           {"sum_to_like", {F32, F64, I64}},
-                                          {"fill_like", {F32, F64, I64, I32, BOOL}},
+                                          {"fill_like", {F32, F64, I64, I32, BOOL, BF16, F16}},
                                           {"increment", {I64, F32}},
                                           {"lr_schedule", {I64}},
                                           {"adam_update", {F32, F64}},
