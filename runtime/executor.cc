@@ -70,6 +70,9 @@ absl::Status Executor::Prepare() {
     graph_comms_ = *std::move(comms);
   }
   if (options_.cuda_graph && !graph_blocker_.empty()) graph_note_ = absl::StrCat("not used: ", graph_blocker_);
+  // --cuda_graph must be the same on every rank: a rank without it never votes.
+  graph_vote_ = options_.cuda_graph && options_.comms != nullptr && options_.comms->world() != nullptr &&
+                options_.comms->world()->size() > 1;
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
   in_place_output_.resize(num_vars);
@@ -811,13 +814,20 @@ absl::Status Executor::RunActions(const MicroBatchFeeds& load, int64_t sample_of
 }
 
 absl::Status Executor::RunStep(const MicroBatchFeeds& load, int64_t sample_offset, int64_t rows, bool update) {
-  if (!options_.cuda_graph || !graph_blocker_.empty()) return RunActions(load, sample_offset, rows, update);
+  // A rank that may not capture still walks to its first warm-up, where its
+  // peers wait for its vote.
+  if (!options_.cuda_graph || (!graph_blocker_.empty() && !graph_vote_)) {
+    return RunActions(load, sample_offset, rows, update);
+  }
+  // rows (the schedule's micro-batch size) and update (the step count under
+  // gradient merge) are the same on every rank, so every rank votes at the
+  // same steps: the first of each shape, and each shape's capture.
   if (graph_rows_ < 0) graph_rows_ = rows;
   // Another batch size (a last, partial batch) runs eagerly.
   if (rows != graph_rows_) return RunActions(load, sample_offset, rows, update);
   auto graph = graphs_.find(update);
   if (graph != graphs_.end()) return ReplayStep(graph->second, load, sample_offset, rows);
-  if (warmed_.count(update) == 0) {
+  if (warmed_.count(update) == 0 || !graph_blocker_.empty()) {
     // The first step of its shape runs eagerly: kernels build their plans,
     // the allocators their segments, NCCL its connections, outside any
     // capture.
@@ -825,14 +835,35 @@ absl::Status Executor::RunStep(const MicroBatchFeeds& load, int64_t sample_offse
     absl::Status status = RunActions(load, sample_offset, rows, update);
     eager_step_seconds_ = std::max(eager_step_seconds_, absl::ToDoubleSeconds(absl::Now() - start));
     if (!status.ok()) return status;
-    if (!moved_state_.empty()) {
-      DisableGraphs(absl::StrCat("a replayed step would not follow its state: ", moved_state_));
-    } else {
+    std::string why_not = graph_blocker_;
+    if (why_not.empty() && !moved_state_.empty()) {
+      why_not = absl::StrCat("a replayed step would not follow its state: ", moved_state_);
+    }
+    absl::StatusOr<std::string> agreed = AgreeOnGraphs(why_not);
+    if (!agreed.ok()) {
+      DisableGraphs(std::string(agreed.status().message()));
+      return agreed.status();
+    }
+    if (agreed->empty()) {
       warmed_.insert(update);
+    } else if (graph_blocker_.empty()) {
+      DisableGraphs(*agreed);
+    } else {
+      graph_vote_ = false;  // its note, from Prepare, stays
     }
     return status;
   }
   return CaptureStep(load, sample_offset, rows, update);
+}
+
+absl::StatusOr<std::string> Executor::AgreeOnGraphs(const std::string& why_not) {
+  if (!graph_vote_) return why_not;
+  absl::StatusOr<StepGraphVote> vote =
+      AgreeOnStepGraphs(*options_.comms->world(), why_not, absl::Seconds(options_.comm_timeout_s));
+  if (!vote.ok()) return vote.status();
+  if (!why_not.empty()) return why_not;  // this rank's own reason, as alone
+  if (vote->rank < 0) return std::string();
+  return absl::StrCat("rank ", vote->rank, " cannot capture its step: ", vote->reason);
 }
 
 absl::Status Executor::FillGraphFeeds(const MicroBatchFeeds& load) {
@@ -889,7 +920,11 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
   const std::vector<Tensor> state_before = state_;
   const DeviceGraph* share = graphs_.empty() ? nullptr : graphs_.begin()->second.graph.get();
   if (absl::Status s = options_.device->BeginCapture(share); !s.ok()) {
-    DisableGraphs(absl::StrCat("the device could not capture: ", s.message()));
+    // Nothing was recorded, so nothing to undo; the peers' captures are
+    // dropped by the vote.
+    absl::StatusOr<std::string> agreed = AgreeOnGraphs(absl::StrCat("the device could not capture: ", s.message()));
+    DisableGraphs(std::string(agreed.ok() ? *agreed : agreed.status().message()));
+    if (!agreed.ok()) return agreed.status();
     return RunActions(fixed, sample_offset, rows, update);
   }
   absl::Status status = RunActions(fixed, sample_offset, rows, update);
@@ -905,7 +940,12 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
   for (auto& scope : scopes_) {
     for (Tensor& t : scope) t = Tensor();
   }
-  if (!why.empty()) {
+  // Launched, a graph's NCCL ops meet their peers' only if every peer
+  // launches its graph too: the capture is used only if all of them
+  // succeeded, else every rank drops its graph unlaunched.
+  absl::StatusOr<std::string> agreed = AgreeOnGraphs(why);
+  if (!agreed.ok() || !agreed->empty()) {
+    if (graph.ok()) graph->reset();
     state_ = state_before;
     held_metrics_.clear();
     // A step the capture stopped part-way left Works of recorded ops
@@ -917,7 +957,8 @@ absl::Status Executor::CaptureStep(const MicroBatchFeeds& load, int64_t sample_o
     // An error a helper noted on the device under the failed capture is
     // the capture's, not the eager step's.
     options_.device->Synchronize().IgnoreError();
-    DisableGraphs(why);
+    DisableGraphs(std::string(agreed.ok() ? *agreed : agreed.status().message()));
+    if (!agreed.ok()) return agreed.status();
     return RunActions(fixed, sample_offset, rows, update);
   }
   StepGraph& captured = graphs_[update];
@@ -979,10 +1020,17 @@ void Executor::AbortReplay(const absl::Status& why) {
   DisableGraphs(std::string(why.message()));  // drained: destroyed, NCCL's references go back
   if (!drained) return;
   options_.device->Synchronize().IgnoreError();
-  for (std::future<void>& f : aborted) f.wait_for(std::chrono::seconds(10));
+  // One deadline for all of them: they run at once.
+  const absl::Time aborts_deadline = absl::Now() + absl::Seconds(10);
+  for (std::future<void>& f : aborted) {
+    f.wait_for(absl::ToChronoNanoseconds(std::max(aborts_deadline - absl::Now(), absl::ZeroDuration())));
+  }
 }
 
 void Executor::DisableGraphs(const std::string& reason) {
+  // Every rank reaches this at the same vote (or, after AbortReplay, ends
+  // its run): from here no rank votes again.
+  graph_vote_ = false;
   graph_blocker_ = reason;
   graph_note_ = absl::StrCat("not used from step ", step_ + 1, ": ", reason);
   graphs_.clear();

@@ -177,8 +177,13 @@ class Executor {
   absl::Status FillGraphFeeds(int micro_batch, const std::map<std::string, Tensor>& feeds);
   // Every micro-batch's, as `load` gives them.
   absl::Status FillGraphFeeds(const MicroBatchFeeds& load);
-  // No graphs from now on, and why.
+  // No graphs from now on, and why; no more votes either.
   void DisableGraphs(const std::string& reason);
+  // Where the world must agree (graph_vote_), every rank's verdict given
+  // this rank's `why_not` ("" when it can use its graph): "" when every
+  // rank can, else this rank's own reason or "rank r cannot capture its
+  // step: ...". Alone, `why_not` itself.
+  absl::StatusOr<std::string> AgreeOnGraphs(const std::string& why_not);
   // Drops the captured graphs (their buffers' state was replaced); the next
   // step captures again.
   void DropGraphs();
@@ -264,6 +269,10 @@ class Executor {
   // CUDA graphs (runtime/step_graph.h). Declared after the state they
   // write, so they are destroyed (after their replays end) first.
   std::string graph_blocker_;  // "" while graphs may be used
+  // The ranks vote on graphs (runtime/step_graph.h): --cuda_graph on a
+  // world of several ranks, until graphs are off on every rank. A rank
+  // with graph_blocker_ set from Prepare still votes once, at its first step.
+  bool graph_vote_ = false;
   std::string graph_note_;
   std::vector<std::map<std::string, Tensor>> graph_feeds_;  // by micro-batch: the buffers graphs read feeds from
   std::map<bool, StepGraph> graphs_;  // by whether the step runs the optimizer

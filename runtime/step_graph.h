@@ -28,11 +28,20 @@
 // would write the captured buffer and read the stale one; the executor
 // checks every eager step, on the CPU too), and a capture the device
 // refused (an op that synchronises, or any CUDA error under capture).
+//
+// On several ranks the choice is the world's, never one rank's: NCCL holds
+// whether a launch is graph-captured to be a collective property of the
+// operation, uniform over the ranks in it, so one rank's eager allreduce
+// against its peers' replayed one is undefined (a hang). The ranks vote
+// (AgreeOnStepGraphs) after the eager warm-up of each step shape and again
+// after each capture, before its first launch; one rank that cannot turns
+// graphs off on all of them, at the same step.
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 #include "proto/plan.pb.h"
 
@@ -61,6 +70,21 @@ bool IsCommunicationOp(const Op& op);
 // transport for transfers, each group's Get for collectives), once each,
 // in the order of the ops; an error names an op whose group `comms` lacks.
 absl::StatusOr<std::vector<Communicator*>> StepCommunicators(const RankPlan& plan, const CommunicatorSet* comms);
+
+// The world's verdict on using step graphs: the lowest rank that cannot
+// and its reason, or rank -1 when every rank can.
+struct StepGraphVote {
+  int rank = -1;
+  std::string reason;
+};
+
+// Every rank of `world` calls it at the same point of the same step with
+// why it cannot capture (or keep) its step graph, "" when it can, and all
+// get the same verdict. One allgather of the reasons' lengths when every
+// rank can, a second of the reasons when one cannot; each waits at most
+// `timeout`, and an error says the vote failed.
+absl::StatusOr<StepGraphVote> AgreeOnStepGraphs(Communicator& world, const std::string& why_not,
+                                                absl::Duration timeout);
 
 }  // namespace strata
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -97,10 +98,39 @@ TEST(StepGraphBlockerTest, SaysWhyNot) {
 // unless the test sets `blocker`, and its health and aborts are the test's.
 // Enough to drive the executor's watch over replays that communicate on
 // the CPU; what NCCL does under a capture is nccl_communicator_test's.
+// As the world, it answers the executor's votes on graphs
+// (AgreeOnStepGraphs: allgathers of I64 tensors) as if every other rank
+// had voted peer_votes[v] at vote v ("": it can; past the end, "").
 class ScriptedCommunicator : public testing::InstantCommunicator {
  public:
   ScriptedCommunicator(int rank, int size) : InstantCommunicator(rank, size, "scripted") {}
   std::string GraphBlocker() const override { return blocker; }
+  std::unique_ptr<Work> AllGather(const Tensor& in, Tensor* out) override {
+    if (in.dtype() == I64) {
+      // A vote is the reasons' lengths, then, if one is not 0, the reasons.
+      const int64_t n = in.num_elements();
+      const std::string peer = reasons_next_ ? peer_reason_
+                               : votes < static_cast<int>(peer_votes.size()) ? peer_votes[votes]
+                                                                             : "";
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank()) continue;
+        int64_t* slot = out->data<int64_t>() + r * n;
+        if (!reasons_next_) {
+          slot[0] = static_cast<int64_t>(peer.size());
+        } else {
+          std::memcpy(slot, peer.data(), std::min<size_t>(peer.size(), n * sizeof(int64_t)));
+        }
+      }
+      if (reasons_next_) {
+        reasons_next_ = false;
+      } else {
+        ++votes;
+        peer_reason_ = peer;
+        reasons_next_ = !peer.empty() || in.data<int64_t>()[0] > 0;
+      }
+    }
+    return InstantCommunicator::AllGather(in, out);
+  }
   absl::Status CheckHealth() override {
     ++health_checks;
     return health;
@@ -117,6 +147,12 @@ class ScriptedCommunicator : public testing::InstantCommunicator {
   int health_checks = 0;
   std::function<void()> on_abort;
   std::vector<absl::Status> aborts;
+  std::vector<std::string> peer_votes;
+  int votes = 0;  // votes this rank took part in
+
+ private:
+  bool reasons_next_ = false;
+  std::string peer_reason_;
 };
 
 // Rank `plan.rank()`'s communicators, every one of them `world` (a world of
@@ -383,10 +419,12 @@ class ReplayingAccelerator : public testing::FakeAccelerator {
   absl::Status BeginCapture(const DeviceGraph*) override {
     ++captures;
     capture = true;
+    if (on_begin_capture) on_begin_capture();
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<DeviceGraph>> EndCapture() override {
     capture = false;
+    if (on_end_capture) on_end_capture();
     return std::unique_ptr<DeviceGraph>(new Graph(this));
   }
   absl::StatusOr<bool> WorkDone() override { return !hang; }
@@ -395,6 +433,10 @@ class ReplayingAccelerator : public testing::FakeAccelerator {
   int launches = 0;
   std::atomic<bool> hang{false};
   std::atomic<int> live_graphs{0};
+  // Around the captured step, which runs its kernels as they are called: a
+  // test that needs a capture to change nothing, as on a GPU, undoes them.
+  std::function<void()> on_begin_capture;
+  std::function<void()> on_end_capture;
 
  private:
   class Graph : public DeviceGraph {
@@ -414,14 +456,14 @@ class ReplayingAccelerator : public testing::FakeAccelerator {
 // Rank 0 of a data-parallel pair, alone: its allreduces go to a scripted
 // communicator, its graphs to the replaying device.
 struct LoneDataParallelRank {
-  explicit LoneDataParallelRank(double comm_timeout_s) : comm(0, 2) {
+  explicit LoneDataParallelRank(double comm_timeout_s, bool cuda_graph = true) : comm(0, 2) {
     plan = DataParallelPlans().at(0);
     plan.set_device_kind(DEVICE_CPU);  // the CPU's kernels on the fake device
     comms = SetOver(&comm, plan);
     ExecutorOptions options;
     options.device = &device;
     options.comms = comms.get();
-    options.cuda_graph = true;
+    options.cuda_graph = cuda_graph;
     options.comm_timeout_s = comm_timeout_s;
     auto e = Executor::Create(plan, options);
     EXPECT_TRUE(e.ok()) << e.status();
@@ -430,9 +472,10 @@ struct LoneDataParallelRank {
     EXPECT_TRUE(executor->InitializeState().ok());
     feeds = std::make_unique<SyntheticFeeds>(*executor);
   }
-  absl::Status Step() {
+  absl::Status Step() { return Train().status(); }
+  absl::StatusOr<StepResult> Train() {
     if (executor == nullptr) return absl::InternalError("no executor");
-    return executor->TrainStep(*feeds, 0).status();
+    return executor->TrainStep(*feeds, 0);
   }
 
   RankPlan plan;
@@ -637,6 +680,196 @@ TEST(StepGraphReplayTest, AStepOverAHostTransportStaysEager) {
   EXPECT_EQ(rank.device.captures, 0);
   EXPECT_TRUE(absl::StrContains((*e)->graph_note(), "not used: rank 0's step communicates (op '")) << (*e)->graph_note();
   EXPECT_TRUE(absl::StrContains((*e)->graph_note(), "scripted moves tensors on the host")) << (*e)->graph_note();
+}
+
+// The ranks' vote on graphs (AgreeOnStepGraphs) over Gloo, ranks as
+// threads: every rank gets the lowest rank that cannot and its reason, or
+// rank -1 when all can.
+TEST(StepGraphVoteTest, EveryRankLearnsTheLowestRankThatCannotAndWhy) {
+  std::vector<std::unique_ptr<Communicator>> world = testing::ConnectRanks(3);
+  const std::vector<std::vector<std::string>> rounds = {
+      {"", "rank 1's reason, longer than one word of eight bytes", "rank 2's"},
+      {"", "", ""},
+      {"x", "", "y"},
+  };
+  std::vector<std::vector<StepGraphVote>> got(3);
+  testing::RunRanks(3, [&](int rank) {
+    for (const auto& round : rounds) {
+      absl::StatusOr<StepGraphVote> vote = AgreeOnStepGraphs(*world[rank], round[rank], absl::Seconds(30));
+      ASSERT_TRUE(vote.ok()) << vote.status();
+      got[rank].push_back(*vote);
+    }
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    ASSERT_EQ(got[rank].size(), rounds.size());
+    EXPECT_EQ(got[rank][0].rank, 1);
+    EXPECT_EQ(got[rank][0].reason, rounds[0][1]);
+    EXPECT_EQ(got[rank][1].rank, -1);
+    EXPECT_EQ(got[rank][1].reason, "");
+    EXPECT_EQ(got[rank][2].rank, 0);
+    EXPECT_EQ(got[rank][2].reason, "x");
+  }
+}
+
+// A rank whose peer cannot capture (here its peer's warm-up step moved its
+// state) stays eager from the first step, tries no capture, and says which
+// rank stopped it and why: a captured rank would wait in its NCCL kernels
+// for a peer that runs its collectives eagerly.
+TEST(StepGraphAgreementTest, APeerThatCannotCaptureKeepsTheRankEagerAndSaysWhy) {
+  LoneDataParallelRank rank(30);
+  rank.comm.peer_votes = {"a replayed step would not follow its state: (scripted)"};
+  for (int step = 1; step <= 4; ++step) ASSERT_TRUE(rank.Step().ok()) << "step " << step;
+  EXPECT_EQ(rank.device.captures, 0);
+  EXPECT_EQ(rank.device.launches, 0);
+  EXPECT_EQ(rank.executor->graphs(), 0);
+  EXPECT_EQ(rank.comm.votes, 1) << "no votes once graphs are off on every rank";
+  EXPECT_EQ(rank.executor->graph_note(),
+            "not used from step 1: rank 1 cannot capture its step: a replayed step would not follow its state: "
+            "(scripted)");
+}
+
+bool SameState(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    if (it == b.end() || it->second.bytes() != t.bytes() ||
+        std::memcmp(it->second.raw_data(), t.raw_data(), t.bytes()) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A rank whose own capture succeeded but whose peer's failed drops its
+// graph unlaunched and trains the step eagerly, as an eager run does: the
+// peer reruns its step eagerly, and a launched graph's allreduces would
+// have met nothing.
+TEST(StepGraphAgreementTest, APeerWhoseCaptureFailedMakesTheRankDropItsGraph) {
+  LoneDataParallelRank eager(30, /*cuda_graph=*/false);
+  std::vector<double> eager_losses;
+  for (int step = 1; step <= 4; ++step) {
+    absl::StatusOr<StepResult> r = eager.Train();
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+    eager_losses.push_back(r->loss);
+  }
+  absl::StatusOr<std::map<std::string, Tensor>> eager_state = eager.executor->HostState();
+  ASSERT_TRUE(eager_state.ok()) << eager_state.status();
+
+  LoneDataParallelRank rank(30);
+  rank.comm.peer_votes = {"", "the device refused the capture: (scripted)"};
+  // The fake device runs the captured step's kernels; a GPU's capture runs
+  // nothing, so the state goes back to what it was.
+  std::map<std::string, Tensor> before_capture;
+  rank.device.on_begin_capture = [&] {
+    for (const auto& [name, t] : rank.executor->PersistentState()) before_capture[name] = t.Clone(GetCpuAllocator());
+  };
+  rank.device.on_end_capture = [&] {
+    for (auto& [name, t] : rank.executor->PersistentState()) {
+      std::memcpy(t.raw_data(), before_capture.at(name).raw_data(), t.bytes());
+    }
+  };
+  std::vector<double> losses;
+  for (int step = 1; step <= 4; ++step) {
+    absl::StatusOr<StepResult> r = rank.Train();
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status();
+    losses.push_back(r->loss);
+  }
+  EXPECT_EQ(rank.device.captures, 1);
+  EXPECT_EQ(rank.device.launches, 0) << "the graph is never launched";
+  EXPECT_EQ(rank.device.live_graphs, 0);
+  EXPECT_EQ(rank.executor->graphs(), 0);
+  EXPECT_EQ(rank.comm.votes, 2) << "the warm-up's and the capture's";
+  EXPECT_EQ(rank.executor->graph_note(),
+            "not used from step 2: rank 1 cannot capture its step: the device refused the capture: (scripted)");
+  EXPECT_EQ(losses, eager_losses);
+  absl::StatusOr<std::map<std::string, Tensor>> state = rank.executor->HostState();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE(SameState(*state, *eager_state));
+}
+
+// Two data-parallel ranks as threads, voting over Gloo (the world); their
+// allreduces go over scripted transports, rank 0's host-bound when
+// `rank0_blocker` is set. Keeps each rank's executor after `steps` steps.
+struct VotingPair {
+  ReplayingAccelerator devices[2];
+  std::vector<std::unique_ptr<Communicator>> world;
+  std::vector<std::unique_ptr<CommunicatorSet>> comm_sets = std::vector<std::unique_ptr<CommunicatorSet>>(2);
+  std::vector<std::unique_ptr<Executor>> executors = std::vector<std::unique_ptr<Executor>>(2);
+  std::vector<absl::Status> results = std::vector<absl::Status>(2);
+  std::vector<absl::Duration> took = std::vector<absl::Duration>(2);
+
+  void Run(const std::string& rank0_blocker, int steps) {
+    const std::vector<RankPlan> plans = DataParallelPlans();
+    ASSERT_EQ(plans.size(), 2u);
+    world = testing::ConnectRanks(2);
+    testing::RunRanks(2, [&](int r) {
+      RankPlan plan = plans[r];
+      plan.set_device_kind(DEVICE_CPU);
+      comm_sets[r] = std::make_unique<CommunicatorSet>(world[r].get());
+      for (const CommGroup& group : plan.topology().group()) {
+        auto dp = std::make_unique<ScriptedCommunicator>(r, group.rank_size());
+        if (r == 0) dp->blocker = rank0_blocker;
+        absl::Status s = comm_sets[r]->Add(group, std::move(dp));
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      ExecutorOptions options;
+      options.device = &devices[r];
+      options.comms = comm_sets[r].get();
+      options.cuda_graph = true;
+      options.comm_timeout_s = 10;
+      auto e = Executor::Create(plan, options);
+      ASSERT_TRUE(e.ok()) << e.status();
+      ASSERT_TRUE((*e)->InitializeState().ok());
+      const SyntheticFeeds feeds(**e);
+      const absl::Time start = absl::Now();
+      for (int step = 1; step <= steps && results[r].ok(); ++step) results[r] = (*e)->TrainStep(feeds, 0).status();
+      took[r] = absl::Now() - start;
+      executors[r] = *std::move(e);
+    });
+  }
+};
+
+// A rank that may not capture at all (its step's transport runs on the
+// host, decided at Prepare) still joins the first step's vote: its peer,
+// which could capture, learns why not and stays eager instead of waiting
+// for a vote that never comes, or capturing alone.
+TEST(StepGraphAgreementTest, ARankThatMayNotCaptureStillVotes) {
+  VotingPair pair;
+  pair.Run("scripted moves tensors on the host", 3);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(pair.results[r].ok()) << pair.results[r];
+    EXPECT_LT(pair.took[r], absl::Seconds(5)) << "no rank waits out a vote";
+    EXPECT_EQ(pair.devices[r].captures, 0);
+    ASSERT_NE(pair.executors[r], nullptr);
+    EXPECT_EQ(pair.executors[r]->graphs(), 0);
+  }
+  ASSERT_NE(pair.executors[0], nullptr);
+  ASSERT_NE(pair.executors[1], nullptr);
+  EXPECT_TRUE(absl::StartsWith(pair.executors[0]->graph_note(), "not used: rank 0's step communicates"))
+      << pair.executors[0]->graph_note();
+  EXPECT_TRUE(absl::StartsWith(pair.executors[1]->graph_note(),
+                               "not used from step 1: rank 0 cannot capture its step: rank 0's step communicates"))
+      << pair.executors[1]->graph_note();
+  EXPECT_TRUE(absl::StrContains(pair.executors[1]->graph_note(), "scripted moves tensors on the host"))
+      << pair.executors[1]->graph_note();
+}
+
+// Where every rank can, the votes pass: both capture step 2 and replay.
+TEST(StepGraphAgreementTest, RanksThatAllCanCaptureReplayTogether) {
+  VotingPair pair;
+  pair.Run("", 4);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_TRUE(pair.results[r].ok()) << pair.results[r];
+    EXPECT_EQ(pair.devices[r].captures, 1);
+    EXPECT_EQ(pair.devices[r].launches, 3);
+    ASSERT_NE(pair.executors[r], nullptr);
+    EXPECT_EQ(pair.executors[r]->graphs(), 1);
+    EXPECT_TRUE(absl::StartsWith(pair.executors[r]->graph_note(), "step 2 captured as a graph"))
+        << pair.executors[r]->graph_note();
+  }
 }
 
 }  // namespace

@@ -648,6 +648,9 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       // Every rank saves its share, or none does (the save is collective);
       // the paths may differ between machines that mount one filesystem.
       {"--save", options_.save_dir.empty() ? "(none)" : "(a folder)"},
+      // Whether a step is captured is decided by a vote of every rank
+      // (Executor::AgreeOnGraphs), which a rank without graphs never joins.
+      {"--cuda_graph", options_.cuda_graph ? "true" : "false"},
   };
   return AgreeOnSettings(*world_, settings, options_.comm_timeout_s);
 }

@@ -9,12 +9,17 @@
 // trains on the same global batch (float64, within the parity bar, 1e-5
 // relative, against a real single-device run in the same test), the
 // gradient buckets and the stages' tensors did go over the fake NCCL, and
-// the pairs' streams are gone after the run.
+// the pairs' streams are gone after the run. A rank's transfer pairs are
+// aborted all at once.
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "absl/time/clock.h"
 
 #include "gtest/gtest.h"
 #include "runtime/comm/comm_test_util.h"
@@ -179,6 +184,67 @@ TEST(DeviceCollectivesTest, HardPipelinesOverNcclTrainLikeOneDevice) {
     EXPECT_LE(MaxWeightDifference(nccl->run, *single), kTolerance);
     EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
   }
+}
+
+// ncclCommAbort as NCCL 2.26 on does it under a CUDA graph: it returns only
+// once the graph holding the communicator's ops is gone, which needs every
+// other communicator in the graph stopped too. Stand-in: an abort waits
+// (at most `patience`) until all `together` aborts have begun.
+class AbortReturnsOnceAllAreAborting : public testing::FakeNccl {
+ public:
+  AbortReturnsOnceAllAreAborting(int together, absl::Duration patience) : together_(together), patience_(patience) {}
+  absl::Status CommAbort(Comm comm) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++begun_;
+      all_begun_.notify_all();
+      if (!all_begun_.wait_for(lock, absl::ToChronoNanoseconds(patience_), [this] { return begun_ >= together_; })) {
+        ++waited_out;
+      }
+    }
+    return FakeNccl::CommAbort(comm);
+  }
+  int waited_out = 0;  // aborts that gave up waiting for the others (read after they return)
+
+ private:
+  const int together_;
+  const absl::Duration patience_;
+  std::mutex mu_;
+  std::condition_variable all_begun_;
+  int begun_ = 0;
+};
+
+// A rank's transfers are one 2-rank communicator per direction; aborting
+// them one after another would leave the first waiting for graphs that the
+// second's kernels keep alive, so the rank aborts them all at once.
+TEST(DeviceCollectivesTest, EveryTransferPairIsAbortedAtOnce) {
+  // Rank 0 sends to rank 1: each rank has the pairs 0 -> 1 and 1 -> 0.
+  auto api = std::make_shared<AbortReturnsOnceAllAreAborting>(2, absl::Seconds(3));
+  const std::string spec = testing::UniqueMemorySpec();
+  testing::FakeAccelerator devices[2] = {testing::FakeAccelerator(0), testing::FakeAccelerator(1)};
+  std::vector<std::unique_ptr<Communicator>> worlds;
+  std::vector<std::unique_ptr<CommunicatorSet>> sets;
+  for (int r = 0; r < 2; ++r) {
+    worlds.push_back(std::make_unique<testing::InstantCommunicator>(r, 2));
+    sets.push_back(std::make_unique<CommunicatorSet>(worlds[r].get()));
+  }
+  testing::RunRanks(2, [&](int r) {
+    RankPlan plan;
+    plan.set_rank(r);
+    Op* send = plan.mutable_program()->add_op();
+    send->set_type(r == 0 ? "send" : "recv");
+    send->mutable_channel()->set_src_rank(0);
+    send->mutable_channel()->set_dst_rank(1);
+    auto store = OpenStore(spec, false, absl::Seconds(30));
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::unique_ptr<Store> job = (*store)->WithPrefix("job");
+    absl::Status s = ConnectDeviceTransfers(api, *job, plan, &devices[r], absl::Seconds(30), sets[r].get());
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  const absl::Time start = absl::Now();
+  sets[0]->transfers()->Abort(absl::UnavailableError("a peer died (injected)"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "aborted one after another, the first abort waits 3 s";
+  EXPECT_EQ(api->waited_out, 0);
 }
 
 }  // namespace

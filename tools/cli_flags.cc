@@ -65,7 +65,8 @@ ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before 
 ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT (default: a fresh temporary FileStore)");
 ABSL_FLAG(std::string, socket_ifname, "",
           "run: network interface the ranks' connections listen on (else STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME; "
-          "default: the one whose route reaches the store's host, loopback for one machine)");
+          "default: the one whose route reaches the store's host, loopback for one machine); with --device gpu "
+          "also NCCL's NCCL_SOCKET_IFNAME unless that is set");
 ABSL_FLAG(double, heartbeat_timeout_s, 30,
           "run: a rank whose heartbeat stops this long (stalled, its machine gone) is named and the job ends");
 ABSL_FLAG(std::string, job_id, "",

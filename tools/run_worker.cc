@@ -132,6 +132,13 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // first, before this rank starts threads (setenv beside a getenv on
   // another thread is undefined).
   if (absl::GetFlag(FLAGS_cuda_graph) && absl::GetFlag(FLAGS_device) == "gpu") setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
+  // The interface --socket_ifname names carries NCCL's bootstrap and socket
+  // traffic too (NCCL_SOCKET_IFNAME), as it carries Gloo's; a user's own
+  // NCCL_SOCKET_IFNAME wins.
+  if (const std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+      !ifname.empty() && absl::GetFlag(FLAGS_device) == "gpu") {
+    setenv("NCCL_SOCKET_IFNAME", ifname.c_str(), /*overwrite=*/0);
+  }
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
     std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "

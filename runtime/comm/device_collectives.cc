@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -143,8 +144,19 @@ class PairwiseTransfers : public Communicator {
     }
     return absl::OkStatus();
   }
+  // Each pair on a thread of its own, all at once: since NCCL 2.26
+  // ncclCommAbort returns only once no CUDA graph holds the communicator's
+  // ops, and a graph drains only when every pair's kernels have stopped, so
+  // the first of aborts in turn would wait on the pairs after it (as the
+  // executor's AbortReplay aborts its transports).
   void Abort(const absl::Status& why) override {
-    for (auto& [pair, comm] : pairs_) comm->Abort(why);
+    std::vector<std::thread> aborting;
+    aborting.reserve(pairs_.size());
+    for (auto& [pair, comm] : pairs_) {
+      NcclCommunicator* c = comm.get();
+      aborting.emplace_back([c, &why] { c->Abort(why); });
+    }
+    for (std::thread& t : aborting) t.join();
   }
 
  private:

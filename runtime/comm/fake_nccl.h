@@ -30,6 +30,7 @@ class FakeNccl : public NcclApi {
   FakeNccl();
   ~FakeNccl() override;
 
+  int Version() const override { return version; }
   absl::StatusOr<std::string> GetUniqueId() override;
   absl::StatusOr<Comm> CommInitRank(int ordinal, int nranks, const std::string& unique_id, int rank) override;
   absl::Status Send(const void* buffer, size_t bytes, int peer, Comm comm, StreamHandle stream) override;
@@ -73,6 +74,8 @@ class FakeNccl : public NcclApi {
   // While set, RecordEvent fails (as cudaEventRecord on a stream whose
   // capture an earlier call invalidated).
   std::atomic<bool> fail_event_records{false};
+  // What Version() says: the NCCL this project builds against by default.
+  int version = 22809;
 
  private:
   struct Op;

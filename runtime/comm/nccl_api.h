@@ -25,6 +25,15 @@ class NcclApi {
 
   virtual ~NcclApi() = default;
 
+  // ncclGetVersion of the library loaded: major * 10000 + minor * 100 +
+  // patch (2.28.9 is 22809).
+  virtual int Version() const = 0;
+  // The oldest NCCL whose operations a CUDA graph can capture (the NCCL
+  // documentation's "Using NCCL with CUDA Graphs": 2.9.6, CUDA 11.3).
+  static constexpr int kOldestCapturable = 20906;
+  // "2.28.9" of Version()'s 22809.
+  static std::string VersionString(int version);
+
   // ncclGetUniqueId: kUniqueIdBytes opaque bytes rank 0 makes and every rank
   // passes to CommInitRank.
   static constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES

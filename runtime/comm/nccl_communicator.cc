@@ -293,6 +293,18 @@ absl::Status NcclCommunicator::CheckHealth() {
 
 void NcclCommunicator::Abort(const absl::Status& why) { core_->Abort(why); }
 
+std::string NcclApi::VersionString(int version) {
+  return absl::StrCat(version / 10000, ".", version / 100 % 100, ".", version % 100);
+}
+
+std::string NcclCommunicator::GraphBlocker() const {
+  const int version = core_->api->Version();
+  if (version >= NcclApi::kOldestCapturable) return "";
+  return absl::StrCat("NCCL ", NcclApi::VersionString(version), " is older than ",
+                      NcclApi::VersionString(NcclApi::kOldestCapturable),
+                      ", the first whose operations a CUDA graph can capture");
+}
+
 bool NcclCommunicator::aborted() const {
   std::lock_guard<std::mutex> lock(core_->mu);
   return core_->aborted;

@@ -81,8 +81,9 @@ class NcclCommunicator : public Communicator {
   // An allreduce of one int32 on the device (NCCL has no barrier).
   std::unique_ptr<Work> Barrier() override;
 
-  // Its ops can be captured: see the class comment's "Under a capture".
-  std::string GraphBlocker() const override { return ""; }
+  // Its ops can be captured (see the class comment's "Under a capture")
+  // from NCCL 2.9.6 on; an older library is named.
+  std::string GraphBlocker() const override;
   // ncclCommGetAsyncError (OK once closed without an error); the first
   // error after an abort.
   absl::Status CheckHealth() override;

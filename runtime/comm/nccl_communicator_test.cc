@@ -68,6 +68,19 @@ TEST(NcclCommunicatorTest, RankZerosIdReachesTheOthersThroughTheGroupsPrefix) {
   EXPECT_EQ(group.comms[2]->size(), 3);
 }
 
+// A CUDA graph may capture NCCL's operations from 2.9.6 on; an older
+// library keeps the step eager and is named.
+TEST(NcclCommunicatorTest, OnlyANcclThatGraphsCanCaptureLetsTheStepBeCaptured) {
+  Group group(2);
+  EXPECT_EQ(group.comms[0]->GraphBlocker(), "");
+  group.api->version = 20906;
+  EXPECT_EQ(group.comms[0]->GraphBlocker(), "");
+  group.api->version = 20905;
+  EXPECT_EQ(group.comms[1]->GraphBlocker(),
+            "NCCL 2.9.5 is older than 2.9.6, the first whose operations a CUDA graph can capture");
+  EXPECT_EQ(NcclApi::VersionString(22809), "2.28.9");
+}
+
 TEST(NcclCommunicatorTest, ARankWithoutRankZerosIdTimesOutNamingIt) {
   FakeAccelerator device;
   auto store = OpenStore(testing::UniqueMemorySpec());

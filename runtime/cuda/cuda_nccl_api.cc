@@ -63,6 +63,11 @@ cudaStream_t S(StreamHandle stream) { return static_cast<cudaStream_t>(stream); 
 
 class CudaNcclApi final : public NcclApi {
  public:
+  int Version() const override {
+    int version = 0;
+    return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+  }
+
   absl::StatusOr<std::string> GetUniqueId() override {
     ncclUniqueId id;
     if (absl::Status s = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"); !s.ok()) return s;

@@ -33,6 +33,7 @@ class InjectingNcclApi : public NcclApi {
   std::atomic<bool> fail{false};
   std::atomic<int> aborts{0};
 
+  int Version() const override { return real_->Version(); }
   absl::StatusOr<std::string> GetUniqueId() override { return real_->GetUniqueId(); }
   absl::StatusOr<Comm> CommInitRank(int o, int n, const std::string& id, int r) override {
     return real_->CommInitRank(o, n, id, r);
