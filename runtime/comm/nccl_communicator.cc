@@ -1,6 +1,8 @@
 #include "runtime/comm/nccl_communicator.h"
 
 #include <algorithm>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -51,19 +53,42 @@ struct NcclCommunicator::Core {
                                                       " was aborted after an earlier error: ", broken.message()));
   }
 
-  // ncclCommAbort once; `why` becomes the first error if there was none.
-  void AbortLocked(const absl::Status& why) {
+  // Marks the communicator aborted, `why` the first error if there was none;
+  // true for the call that must then run ncclCommAbort (RunAbort), off mu.
+  bool MarkAbortedLocked(const absl::Status& why) {
     if (broken.ok()) broken = why;
-    if (!closed) {
+    if (closed) return false;
+    aborted = true;
+    closed = true;
+    return true;
+  }
+
+  // ncclCommAbort, never under mu and never waited for without end: since
+  // NCCL 2.26 it returns only once no CUDA graph holds the communicator's
+  // ops, and the executor destroys its graphs only after the failed step
+  // returns (an eager step beside captured ones: a partial last batch, the
+  // other step of gradient merge, an evaluation), so a caller that waited
+  // would wait forever. The abort runs on a thread of its own; the caller
+  // waits for it kAbortWait at most, then goes on (the kernels are stopped
+  // either way, and the thread ends once the graphs are gone).
+  static constexpr absl::Duration kAbortWait = absl::Seconds(5);
+  void RunAbort() {
+    auto finished = std::make_shared<std::promise<void>>();
+    std::future<void> done = finished->get_future();
+    std::thread([api = api, comm = comm, finished] {
       api->CommAbort(comm).IgnoreError();
-      aborted = true;
-      closed = true;
-    }
+      finished->set_value();
+    }).detach();
+    done.wait_for(absl::ToChronoNanoseconds(kAbortWait));
   }
 
   void Abort(const absl::Status& why) {
-    std::lock_guard<std::mutex> lock(mu);
-    AbortLocked(why);
+    bool run = false;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      run = MarkAbortedLocked(why);
+    }
+    if (run) RunAbort();
   }
 
   // The communicator's async error, unless it is already closed.
@@ -71,6 +96,17 @@ struct NcclCommunicator::Core {
     std::lock_guard<std::mutex> lock(mu);
     if (closed) return absl::OkStatus();
     return api->CommGetAsyncError(comm);
+  }
+
+  // For IsCompleted, which the heartbeat's description of a stuck wait
+  // calls from its own thread: never blocks on mu, which an issue holds
+  // across NCCL calls that may wait for a dead peer (a first send's
+  // connection). Busy counts as no error yet: the op is still pending.
+  bool FailedIfIdle() {
+    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    if (!broken.ok()) return true;
+    return !closed && !api->CommGetAsyncError(comm).ok();
   }
 };
 
@@ -91,16 +127,18 @@ class NcclWork : public Work {
     core_->dropped.push_back(std::move(pending_));
   }
 
+  // Never blocks: a Wait on this Work holds mu_ for as long as it waits,
+  // and the heartbeat's description of that wait asks the other pending
+  // Works from its own thread; a Work being waited on counts as pending.
   bool IsCompleted() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
     if (finished_) return true;
     // A recorded op runs at the graph's replays: nothing to ask the event.
     if (pending_->captured) return false;
     absl::StatusOr<bool> done = core_->api->EventDone(pending_->done);
     if (!done.ok() || *done) return true;
-    if (!core_->AsyncError().ok()) return true;
-    std::lock_guard<std::mutex> core_lock(core_->mu);
-    return !core_->broken.ok();
+    return core_->FailedIfIdle();
   }
 
   absl::Status Wait(absl::Duration timeout) override {
@@ -258,7 +296,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Core> core, int rank, int siz
     : core_(std::move(core)), rank_(rank), size_(size) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  std::unique_lock<std::mutex> lock(core_->mu);
   if (core_->closed) return;
   // Ops still running (their Works dropped, or kept past this) would hang a
   // destroy: abort instead.
@@ -269,15 +307,20 @@ NcclCommunicator::~NcclCommunicator() {
     absl::StatusOr<bool> done = core_->api->EventDone(op->done);
     all_done = all_done && done.ok() && *done;
   }
+  bool abort = false;
   if (all_done && core_->api->CommGetAsyncError(core_->comm).ok()) {
     core_->api->CommDestroy(core_->comm).IgnoreError();
+    core_->closed = true;
   } else {
-    core_->api->CommAbort(core_->comm).IgnoreError();
+    // Works that outlive it say it was destroyed first (broken stays OK).
+    abort = true;
     core_->aborted = true;
+    core_->closed = true;
   }
-  core_->closed = true;
   for (const auto& op : core_->dropped) core_->api->DestroyEvent(op->done);
   core_->dropped.clear();
+  lock.unlock();
+  if (abort) core_->RunAbort();
 }
 
 absl::Status NcclCommunicator::CheckHealth() {
@@ -331,7 +374,7 @@ std::unique_ptr<Work> NcclCommunicator::Reject(CommOpType op, bool collective, c
 std::unique_ptr<Work> NcclCommunicator::Issue(
     CommOpType op, bool collective, const std::string& what_suffix, std::vector<Tensor> tensors,
     const std::function<absl::Status(NcclApi&, NcclApi::Comm, StreamHandle)>& enqueue) {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  std::unique_lock<std::mutex> lock(core_->mu);
   // Taken under the lock: the issue order is the sequence order.
   const int64_t sequence = collective ? next_collective_++ : next_transfer_++;
   const std::string what = absl::StrCat(CommOpTypeName(op), collective ? absl::StrCat(" #", sequence) : "",
@@ -355,7 +398,9 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
     }
     absl::Status named(s.code(), absl::StrCat(what, ": ", s.message(), "; the communicator is aborted"));
     // A peer may already be inside its half of the op: abort so it fails too.
-    core_->AbortLocked(named);
+    const bool run = core_->MarkAbortedLocked(named);
+    lock.unlock();
+    if (run) core_->RunAbort();
     return std::make_unique<DoneWork>(op, sequence, named);
   };
   // The inputs were produced by kernels enqueued on the compute stream.

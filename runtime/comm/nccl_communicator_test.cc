@@ -5,7 +5,9 @@
 
 #include "runtime/comm/nccl_communicator.h"
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,7 +40,8 @@ std::vector<float> ValuesOf(const Tensor& t) { return {t.data<float>(), t.data<f
 // `world` ranks over one FakeNccl, their ids exchanged through one memory://
 // store under the group prefix "strata/job/g1".
 struct Group {
-  explicit Group(int world) : devices(world), comms(world) {
+  explicit Group(int world, std::shared_ptr<FakeNccl> with = std::make_shared<FakeNccl>())
+      : api(std::move(with)), devices(world), comms(world) {
     spec = testing::UniqueMemorySpec();
     RunRanks(world, [&](int rank) {
       auto store = OpenStore(spec);
@@ -49,7 +52,7 @@ struct Group {
       comms[rank] = *std::move(comm);
     });
   }
-  std::shared_ptr<FakeNccl> api = std::make_shared<FakeNccl>();
+  std::shared_ptr<FakeNccl> api;
   std::string spec;
   std::vector<FakeAccelerator> devices;
   std::vector<std::unique_ptr<NcclCommunicator>> comms;
@@ -197,6 +200,62 @@ TEST(NcclCommunicatorTest, AnAsyncErrorAbortsAndNamesTheFirstError) {
       EXPECT_TRUE(absl::IsFailedPrecondition(comm.Send(t, 1, 0)->Wait(kWait)));
     }
   });
+}
+
+// Since NCCL 2.26 ncclCommAbort returns only once no CUDA graph holds the
+// communicator's ops, and the executor destroys its graphs only after the
+// failed step returns. So a timed-out Wait ends after a bounded wait for
+// the abort, not when the abort does, and asking another Work whether it is
+// done (the heartbeat's description of a stuck wait, from its own thread)
+// never blocks on the abort.
+TEST(NcclCommunicatorTest, AnAbortAGraphHoldsEndsTheWaitAndBlocksNoQuery) {
+  class HeldAbort : public FakeNccl {
+   public:
+    absl::Status CommAbort(Comm comm) override {
+      std::unique_lock<std::mutex> lock(mu_);
+      entered_ = true;
+      released_cv_.wait(lock, [this] { return released_; });
+      lock.unlock();
+      return FakeNccl::CommAbort(comm);
+    }
+    bool entered() {
+      std::lock_guard<std::mutex> lock(mu_);
+      return entered_;
+    }
+    void Release() {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+      released_cv_.notify_all();
+    }
+
+   private:
+    std::mutex mu_;
+    std::condition_variable released_cv_;
+    bool entered_ = false;
+    bool released_ = false;
+  };
+  auto api = std::make_shared<HeldAbort>();
+  Group group(2, api);
+  NcclCommunicator& comm = *group.comms[0];
+  Tensor t = OnDevice(&group.devices[0], {1});
+  Tensor u = OnDevice(&group.devices[0], {2});
+  std::unique_ptr<Work> stuck = comm.AllReduce(&t, ReduceOp::kSum);  // rank 1 never joins either
+  std::unique_ptr<Work> behind = comm.AllReduce(&u, ReduceOp::kSum);
+  const absl::Time start = absl::Now();
+  absl::Status s = stuck->Wait(absl::Milliseconds(200));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_LT(waited, absl::Seconds(10)) << "the Wait waited for the held abort";
+  EXPECT_TRUE(api->entered());
+  EXPECT_TRUE(comm.aborted());
+  const absl::Time asked = absl::Now();
+  EXPECT_TRUE(behind->IsCompleted()) << "an aborted communicator's ops are over";
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
+  EXPECT_EQ(api->aborts(0), 0) << "the abort is still held";
+  api->Release();  // the graphs are gone: the abort returns
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (api->aborts(0) == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(api->aborts(0), 1);
 }
 
 TEST(NcclCommunicatorTest, BadArgumentsFailAtOnceWithoutTakingASequenceNumber) {
