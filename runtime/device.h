@@ -56,6 +56,11 @@ class Device {
   // physical memory); 0 where unknown. What `strata check` holds each rank's
   // predicted peak against.
   virtual int64_t capacity_bytes() const { return 0; }
+  // Names the physical device on its machine, the same in two processes
+  // that opened one device whatever their CUDA_VISIBLE_DEVICES (a GPU's
+  // UUID); "" where unknown. Ranks compare them to tell a GPU each from
+  // GPUs shared (PlaceOnGpus).
+  virtual std::string physical_id() const { return ""; }
 
   // Kernels enqueue on the compute stream; collectives and transfers on the
   // communication stream (the same one until a device has two).

@@ -1,12 +1,10 @@
 #include "runtime/step_graph.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/comm/communicator_set.h"
 #include "runtime/comm/waiting_for.h"
-#include "runtime/tensor.h"
 
 namespace strata {
 
@@ -65,37 +63,21 @@ absl::StatusOr<StepGraphVote> AgreeOnStepGraphs(Communicator& world, const std::
   // A reason is a note's clause: a few hundred bytes; the cap keeps a
   // runaway message from sizing every rank's buffers.
   constexpr size_t kMaxReason = 4096;
-  const std::string mine = why_not.substr(0, kMaxReason);
-  const int size = world.size();
-  const int me = world.rank();
   ScopedWaitingFor waiting("the other ranks' votes on capturing the step as a graph (--cuda_graph)");
-  auto failed = [](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("agreeing with the other ranks whether to capture the step as a graph "
-                                               "(--cuda_graph): ", s.message()));
-  };
-  Tensor length = Tensor::Empty(I64, {1});
-  Tensor lengths = Tensor::Zeros(I64, {size});
-  if (!length.defined() || !lengths.defined()) return failed(absl::ResourceExhaustedError("out of host memory"));
-  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
-  lengths.data<int64_t>()[me] = static_cast<int64_t>(mine.size());
-  if (absl::Status s = world.AllGather(length, &lengths)->Wait(timeout); !s.ok()) return failed(s);
-  StepGraphVote vote;
-  int64_t words = 0;
-  for (int r = 0; r < size; ++r) {
-    const int64_t n = std::clamp<int64_t>(lengths.data<int64_t>()[r], 0, kMaxReason);
-    if (n > 0 && vote.rank < 0) vote.rank = r;
-    words = std::max(words, (n + 7) / 8);
+  absl::StatusOr<std::vector<std::string>> reasons =
+      AllGatherStrings(world, why_not.substr(0, kMaxReason), timeout);
+  if (!reasons.ok()) {
+    return absl::Status(reasons.status().code(),
+                        absl::StrCat("agreeing with the other ranks whether to capture the step as a graph "
+                                     "(--cuda_graph): ", reasons.status().message()));
   }
-  if (vote.rank < 0) return vote;
-  // Every rank saw the same lengths, so every rank gathers the reasons.
-  Tensor text = Tensor::Zeros(I64, {words});
-  Tensor texts = Tensor::Zeros(I64, {size * words});
-  if (!text.defined() || !texts.defined()) return failed(absl::ResourceExhaustedError("out of host memory"));
-  std::memcpy(text.raw_data(), mine.data(), mine.size());
-  std::memcpy(texts.data<int64_t>() + me * words, mine.data(), mine.size());
-  if (absl::Status s = world.AllGather(text, &texts)->Wait(timeout); !s.ok()) return failed(s);
-  const int64_t n = std::clamp<int64_t>(lengths.data<int64_t>()[vote.rank], 0, kMaxReason);
-  vote.reason.assign(reinterpret_cast<const char*>(texts.data<int64_t>() + vote.rank * words), n);
+  StepGraphVote vote;
+  for (int r = 0; r < static_cast<int>(reasons->size()); ++r) {
+    if ((*reasons)[r].empty()) continue;
+    vote.rank = r;
+    vote.reason = std::move((*reasons)[r]);
+    break;
+  }
   return vote;
 }
 

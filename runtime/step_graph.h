@@ -80,9 +80,8 @@ struct StepGraphVote {
 
 // Every rank of `world` calls it at the same point of the same step with
 // why it cannot capture (or keep) its step graph, "" when it can, and all
-// get the same verdict. One allgather of the reasons' lengths when every
-// rank can, a second of the reasons when one cannot; each waits at most
-// `timeout`, and an error says the vote failed.
+// get the same verdict (AllGatherStrings of the reasons; each allgather
+// waits at most `timeout`, and an error says the vote failed).
 absl::StatusOr<StepGraphVote> AgreeOnStepGraphs(Communicator& world, const std::string& why_not,
                                                 absl::Duration timeout);
 

@@ -263,28 +263,13 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
                              double timeout_s) {
   std::string mine;
   for (const auto& [name, value] : settings) absl::StrAppend(&mine, name, "=", absl::StrReplaceAll(value, {{"\n", " "}}), "\n");
-  Tensor length = Tensor::Empty(I64, {1});
-  Tensor lengths = Tensor::Empty(I64, {comm.size()});
-  if (!length.defined() || !lengths.defined()) return absl::ResourceExhaustedError("out of memory comparing settings");
-  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
-  const absl::Duration timeout = absl::Seconds(timeout_s);
-  if (auto s = comm.AllGather(length, &lengths)->Wait(timeout); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("comparing the ranks' settings: ", s.message()));
-  }
-  int64_t words = 1;
-  for (int r = 0; r < comm.size(); ++r) words = std::max(words, (lengths.data<int64_t>()[r] + 7) / 8);
-  Tensor text = Tensor::Zeros(I64, {words});
-  Tensor all = Tensor::Empty(I64, {comm.size() * words});
-  if (!text.defined() || !all.defined()) return absl::ResourceExhaustedError("out of memory comparing settings");
-  std::memcpy(text.raw_data(), mine.data(), mine.size());
-  if (auto s = comm.AllGather(text, &all)->Wait(timeout); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("comparing the ranks' settings: ", s.message()));
+  absl::StatusOr<std::vector<std::string>> all = AllGatherStrings(comm, mine, absl::Seconds(timeout_s));
+  if (!all.ok()) {
+    return absl::Status(all.status().code(), absl::StrCat("comparing the ranks' settings: ", all.status().message()));
   }
   auto settings_of = [&](int r) {
-    const char* bytes = reinterpret_cast<const char*>(all.data<int64_t>() + r * words);
     std::vector<std::pair<std::string, std::string>> out;
-    for (absl::string_view line : absl::StrSplit(absl::string_view(bytes, lengths.data<int64_t>()[r]), '\n',
-                                                 absl::SkipEmpty())) {
+    for (absl::string_view line : absl::StrSplit((*all)[r], '\n', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
       out.push_back(std::move(kv));
     }

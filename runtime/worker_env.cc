@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 #include <limits>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -129,6 +132,30 @@ GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus) {
                                    "ranks sharing a GPU exchange tensors over Gloo, staged through pinned host memory")
                     : absl::StrCat(where,
                                    "one GPU per rank: collectives, sends and receives over NCCL");
+  return p;
+}
+
+GpuPlacement PlaceOnGpus(const GpuPlacement& counted, const std::vector<std::string>& ids) {
+  std::map<std::string, int> first;  // id -> the first rank on it
+  for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+    const std::string& id = ids[r];
+    if (id.empty() || id.back() == '/') return counted;
+    auto [it, added] = first.emplace(id, r);
+    if (added) continue;
+    GpuPlacement p = counted;
+    p.shared = true;
+    p.staged = true;
+    p.nccl_collectives = false;
+    p.note = absl::StrCat("--device gpu: ranks ", it->second, " and ", r, " share GPU ", id,
+                          ", so every rank exchanges tensors over Gloo, staged through pinned host memory");
+    return p;
+  }
+  GpuPlacement p = counted;
+  p.shared = false;
+  p.staged = false;
+  p.nccl_collectives = true;
+  p.note = absl::StrCat("--device gpu: ", ids.size(), " rank(s) on ", ids.size(),
+                        " distinct GPUs (by UUID): collectives, sends and receives over NCCL");
   return p;
 }
 

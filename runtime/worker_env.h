@@ -4,6 +4,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -70,6 +71,16 @@ struct GpuPlacement {
 
 // Rank `local_rank` of `local_world` ranks on a machine with `gpus` GPUs (> 0).
 GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus);
+
+// The placement once every rank has opened its GPU and the ranks have
+// exchanged which GPU that is: ids[r] is rank r's "host/physical id"
+// (Device::physical_id), so a rank that sees one GPU through its own
+// CUDA_VISIBLE_DEVICES (Slurm's --gpus-per-task) is told from ranks that
+// share one. Two equal ids: every rank stages through the host (the device
+// transport is one choice for the world, and NCCL refuses two ranks on one
+// GPU); all distinct: NCCL. `counted` (PlaceOnGpu's guess from the GPU
+// count) stands where a rank could not name its GPU (an empty id).
+GpuPlacement PlaceOnGpus(const GpuPlacement& counted, const std::vector<std::string>& ids);
 
 }  // namespace strata
 

@@ -200,5 +200,31 @@ TEST(PlaceOnGpuTest, RanksTakeGpusRoundRobinAndStageThroughTheHost) {
   EXPECT_NE(own.note.find("collectives, sends and receives over NCCL"), std::string::npos) << own.note;
 }
 
+// Once the ranks have said which GPU they opened: four ranks that each see
+// one GPU (CUDA_VISIBLE_DEVICES per rank), counted as sharing it, have a
+// GPU each by UUID; two ranks on one UUID stage every rank's tensors; an
+// unnamed GPU leaves the count's guess.
+TEST(PlaceOnGpuTest, TheGpusUuidsDecideWhetherRanksShareOne) {
+  const GpuPlacement counted = PlaceOnGpu(2, 4, 1);
+  ASSERT_TRUE(counted.shared);
+  const GpuPlacement own = PlaceOnGpus(counted, {"n1/GPU-a", "n1/GPU-b", "n1/GPU-c", "n1/GPU-d"});
+  EXPECT_FALSE(own.shared);
+  EXPECT_FALSE(own.staged);
+  EXPECT_TRUE(own.nccl_collectives);
+  EXPECT_EQ(own.ordinal, 0) << "the ordinal is still the visible GPU's";
+  EXPECT_EQ(own.note, "--device gpu: 4 rank(s) on 4 distinct GPUs (by UUID): collectives, sends and receives over NCCL");
+  // One UUID on two machines is two GPUs.
+  EXPECT_TRUE(PlaceOnGpus(counted, {"n1/GPU-a", "n2/GPU-a"}).nccl_collectives);
+  const GpuPlacement shared = PlaceOnGpus(PlaceOnGpu(0, 2, 8), {"n1/GPU-a", "n1/GPU-b", "n1/GPU-a"});
+  EXPECT_TRUE(shared.shared);
+  EXPECT_TRUE(shared.staged);
+  EXPECT_FALSE(shared.nccl_collectives);
+  EXPECT_EQ(shared.note, "--device gpu: ranks 0 and 2 share GPU n1/GPU-a, so every rank exchanges tensors over Gloo, "
+                         "staged through pinned host memory");
+  const GpuPlacement unnamed = PlaceOnGpus(counted, {"n1/GPU-a", "n1/"});
+  EXPECT_EQ(unnamed.note, counted.note);
+  EXPECT_TRUE(unnamed.shared);
+}
+
 }  // namespace
 }  // namespace strata

@@ -339,7 +339,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   // pinned host memory (runtime/comm/staged_communicator.h); the launcher
   // itself opens none.
   std::unique_ptr<Device> gpu;
-  bool nccl_collectives = false;  // a GPU per rank: the collectives over NCCL
+  GpuPlacement placement;  // a worker's: the GPU it opens, NCCL or Gloo between them
   if (const DeviceKind kind = result->plans[0].device_kind(); kind != DEVICE_CPU) {
     const DeviceFactory* factory = FindDeviceFactory(kind);
     if (factory == nullptr) {
@@ -363,13 +363,13 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
         return kExitError;
       }
       // The machine's ranks: torchrun's LOCAL_WORLD_SIZE, else one machine
-      // (its local ranks the world's). A rank that sees one GPU
-      // (CUDA_VISIBLE_DEVICES set per rank) counts as sharing it.
-      const GpuPlacement placement =
+      // (its local ranks the world's). A guess from the count: once the
+      // ranks meet they compare their GPUs' UUIDs (PlaceOnGpus), so a rank
+      // that sees one GPU through its own CUDA_VISIBLE_DEVICES is not taken
+      // for one sharing it.
+      placement =
           PlaceOnGpu(env.local_rank, env.local_world_size > 0 ? env.local_world_size : env.world_size, *count);
       ordinal = placement.ordinal;
-      nccl_collectives = placement.nccl_collectives;
-      if (env.rank == 0) std::cerr << "note: " << placement.note << "\n";
     }
     if (worker->has_value() || result->plans.size() == 1) {
       absl::StatusOr<std::unique_ptr<Device>> opened = (*factory)(ordinal);
@@ -392,7 +392,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
     return rc;
   }
-  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), nccl_collectives);
+  if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   return RunLauncher(path, *result, argc, argv);

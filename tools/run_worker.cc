@@ -11,12 +11,14 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/comm/device_collectives.h"
 #include "runtime/comm/health.h"
 #include "runtime/comm/rendezvous.h"
@@ -123,7 +125,7 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
 }  // namespace
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given, Device* device, bool nccl_collectives) {
+              const std::set<std::string>& given, Device* device, const GpuPlacement& placement) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   // A captured step's NCCL ops must not register buffers with the peers
   // while being captured (NCCL_GRAPH_REGISTER, on by default: a host
@@ -178,9 +180,26 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // agree on joining it.
   const std::vector<int> nccl_groups = CollectiveGroups(result.plans, env.rank);
   const bool transfers = !TransferPeers(plan).empty();
-  // Each machine decides from its own GPUs and ranks (PlaceOnGpu); ranks on
-  // machines that decided differently would wait in NCCL's init for peers
-  // that never come, so they agree first and a difference is one error.
+  // Which GPU each rank opened decides NCCL or Gloo, for the world at once
+  // (PlaceOnGpus); where a rank cannot name its GPU, each machine's guess
+  // from its count stands, and ranks on machines that guessed differently
+  // would wait in NCCL's init for peers that never come, so they agree
+  // first and a difference is one error.
+  bool nccl_collectives = false;
+  if (device != nullptr) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    const std::string id = device->physical_id().empty() ? "" : absl::StrCat(host, "/", device->physical_id());
+    absl::StatusOr<std::vector<std::string>> ids =
+        AllGatherStrings(*comms.world(), id, absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)));
+    if (!ids.ok()) {
+      return fail(absl::Status(ids.status().code(),
+                               absl::StrCat("comparing the ranks' GPUs: ", ids.status().message())));
+    }
+    const GpuPlacement placed = PlaceOnGpus(placement, *ids);
+    nccl_collectives = placed.nccl_collectives;
+    if (env.rank == 0) std::cerr << "note: " << placed.note << "\n";
+  }
   const bool nccl = nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl);
   if (auto s = AgreeOnSettings(*comms.world(),
                                {{"device transport", nccl ? "NCCL (a GPU per rank)" : "Gloo (host memory)"}},

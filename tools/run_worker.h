@@ -18,13 +18,15 @@ namespace cli {
 // A worker: this rank's plan, its communicator, then the same training loop.
 // Every error after the store is open is recorded there before the rank
 // exits, so the launcher names the first failure in time. `device` is the
-// rank's GPU, or null for the host; on a GPU the communicators stage device
-// tensors through pinned host memory, except with `nccl_collectives` (a GPU
-// per rank) and NCCL linked in, when collectives and transfers go over NCCL
-// (runtime/comm/device_collectives.h).
+// rank's GPU, or null for the host; on a GPU the ranks compare their GPUs
+// (PlaceOnGpus, `placement` the count's guess where one cannot say), and
+// the communicators stage device tensors through pinned host memory unless
+// every rank has a GPU of its own and NCCL is linked in, when collectives
+// and transfers go over NCCL (runtime/comm/device_collectives.h).
 // Returns the exit code.
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given, Device* device = nullptr, bool nccl_collectives = false);
+              const std::set<std::string>& given, Device* device = nullptr,
+              const GpuPlacement& placement = GpuPlacement());
 
 }  // namespace cli
 }  // namespace strata

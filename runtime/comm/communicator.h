@@ -5,8 +5,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "runtime/tensor.h"
@@ -150,6 +152,13 @@ class Communicator {
   // Transports whose ops the host waits for itself have nothing to stop.
   virtual void Abort(const absl::Status& why) {}
 };
+
+// Every rank's `mine`, by rank, on every rank: two host allgathers over
+// `comm` (the lengths, then, unless every string is empty, the bytes
+// padded to the longest), each waited for at most `timeout`. The ranks agree on settings, on capturing steps,
+// and on which GPUs they share through it.
+absl::StatusOr<std::vector<std::string>> AllGatherStrings(Communicator& comm, const std::string& mine,
+                                                          absl::Duration timeout);
 
 }  // namespace strata
 

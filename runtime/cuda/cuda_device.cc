@@ -134,6 +134,18 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
     return s;
   }
   std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, compute, comm));
+  if (cudaDeviceProp prop; cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess) {
+    // nvidia-smi's GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+    const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::string id = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+      absl::StrAppend(&id, absl::Hex(b[i], absl::kZeroPad2));
+    }
+    device->physical_id_ = id;
+  } else {
+    cudaGetLastError();  // unknown: the ranks count GPUs instead
+  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     device->capacity_bytes_ = static_cast<int64_t>(total_bytes);

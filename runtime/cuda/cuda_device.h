@@ -44,6 +44,7 @@ class CudaDevice final : public Device {
   int ordinal() const override { return ordinal_; }
   Allocator* allocator() const override { return allocator_.get(); }
   int64_t capacity_bytes() const override { return capacity_bytes_; }
+  std::string physical_id() const override { return physical_id_; }
   CachingAllocator* caching_allocator() const { return allocator_.get(); }
   // Page-locked host memory (cudaHostAlloc), freed in compute-stream order.
   Allocator* staging_allocator() const override { return staging_.get(); }
@@ -89,6 +90,7 @@ class CudaDevice final : public Device {
   cudaStream_t compute_;
   cudaStream_t comm_;
   int64_t capacity_bytes_ = 0;
+  std::string physical_id_;  // "GPU-<uuid>", nvidia-smi's form
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<StagingAllocator> staging_;
   std::unique_ptr<cuda::LtGemm> gemm_;
