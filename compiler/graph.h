@@ -151,11 +151,13 @@ class Graph {
   Program& mutable_program_fields() { return program_fields_; }
 
   // Vars a later pass looks up by name (the strategy's recompute
-  // checkpoints): like the loss and the fetches, no rewrite may fold them
-  // away (passes/pass_helpers.h, IsUnreportedActivation). By name, so the
-  // pins outlast RetainVars' renumbering.
+  // checkpoints, until the recompute pass has found them): like the loss
+  // and the fetches, no rewrite may fold them away (passes/pass_helpers.h,
+  // IsUnreportedActivation). By name, so the pins outlast RetainVars'
+  // renumbering; a Graph made from a Program has none.
   void Pin(absl::string_view name) { pinned_.insert(std::string(name)); }
   bool pinned(absl::string_view name) const { return pinned_.contains(name); }
+  void ClearPins() { pinned_.clear(); }
 
  private:
   struct VarRec {

@@ -102,6 +102,8 @@ absl::StatusOr<bool> RecomputePass::Run(Graph& graph, const CompileContext& ctx)
     if (v < 0) return absl::InternalError(absl::StrCat("recompute: checkpoint '", n, "' has no var"));
     checkpoint.insert(v);
   }
+  // Found: the passes after this one may fold them as any other var.
+  graph.ClearPins();
   const std::vector<int> order = graph.ops();
   const std::vector<int> producer = graph.FirstWriters();
   const std::vector<std::vector<int>> readers = graph.Readers();

@@ -138,8 +138,14 @@ GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus) {
 GpuPlacement PlaceOnGpus(const GpuPlacement& counted, const std::vector<std::string>& ids) {
   std::map<std::string, int> first;  // id -> the first rank on it
   for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+    if (ids[r].empty()) {
+      GpuPlacement p = counted;
+      p.note = absl::StrCat(counted.note, " (rank ", r, " could not name its GPU, so GPUs are counted)");
+      return p;
+    }
+  }
+  for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
     const std::string& id = ids[r];
-    if (id.empty() || id.back() == '/') return counted;
     auto [it, added] = first.emplace(id, r);
     if (added) continue;
     GpuPlacement p = counted;

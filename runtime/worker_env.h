@@ -73,8 +73,8 @@ struct GpuPlacement {
 GpuPlacement PlaceOnGpu(int local_rank, int local_world, int gpus);
 
 // The placement once every rank has opened its GPU and the ranks have
-// exchanged which GPU that is: ids[r] is rank r's "host/physical id"
-// (Device::physical_id), so a rank that sees one GPU through its own
+// exchanged which GPU that is: ids[r] is rank r's Device::physical_id (a
+// UUID, unique across machines), so a rank that sees one GPU through its own
 // CUDA_VISIBLE_DEVICES (Slurm's --gpus-per-task) is told from ranks that
 // share one. Two equal ids: every rank stages through the host (the device
 // transport is one choice for the world, and NCCL refuses two ranks on one

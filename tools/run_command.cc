@@ -357,6 +357,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
     if (worker->has_value()) {
       const WorkerEnv& env = **worker;
       who = absl::StrCat("rank ", env.rank, ": ");
+      SetNcclEnvironment();  // before CUDA starts its threads
       absl::StatusOr<int> count = CountDevices(kind);
       if (!count.ok()) {
         std::cerr << "error: " << who << "--device gpu: " << count.status().message() << "\n";

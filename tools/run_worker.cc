@@ -124,23 +124,22 @@ HeartbeatMonitor::Options HeartbeatOptions(const WorkerEnv& env, const Rendezvou
 
 }  // namespace
 
-int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
-              const std::set<std::string>& given, Device* device, const GpuPlacement& placement) {
-  setvbuf(stdout, nullptr, _IOLBF, 0);
+void SetNcclEnvironment() {
+  if (absl::GetFlag(FLAGS_device) != "gpu") return;
   // A captured step's NCCL ops must not register buffers with the peers
   // while being captured (NCCL_GRAPH_REGISTER, on by default: a host
   // exchange a rank whose capture failed, running eagerly, never joins).
-  // The user's own setting wins; NCCL reads it at its first init. Set
-  // first, before this rank starts threads (setenv beside a getenv on
-  // another thread is undefined).
-  if (absl::GetFlag(FLAGS_cuda_graph) && absl::GetFlag(FLAGS_device) == "gpu") setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
+  if (absl::GetFlag(FLAGS_cuda_graph)) setenv("NCCL_GRAPH_REGISTER", "0", /*overwrite=*/0);
   // The interface --socket_ifname names carries NCCL's bootstrap and socket
-  // traffic too (NCCL_SOCKET_IFNAME), as it carries Gloo's; a user's own
-  // NCCL_SOCKET_IFNAME wins.
-  if (const std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
-      !ifname.empty() && absl::GetFlag(FLAGS_device) == "gpu") {
+  // traffic too (NCCL_SOCKET_IFNAME), as it carries Gloo's.
+  if (const std::string ifname = absl::GetFlag(FLAGS_socket_ifname); !ifname.empty()) {
     setenv("NCCL_SOCKET_IFNAME", ifname.c_str(), /*overwrite=*/0);
   }
+}
+
+int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
+              const std::set<std::string>& given, Device* device, const GpuPlacement& placement) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   const int world = static_cast<int>(result.plans.size());
   if (env.world_size != world) {
     std::cerr << "error: rank " << env.rank << ": started with world size " << env.world_size << " but the strategy needs "
@@ -187,11 +186,10 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   // first and a difference is one error.
   bool nccl_collectives = false;
   if (device != nullptr) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    const std::string id = device->physical_id().empty() ? "" : absl::StrCat(host, "/", device->physical_id());
-    absl::StatusOr<std::vector<std::string>> ids =
-        AllGatherStrings(*comms.world(), id, absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)));
+    // A UUID names one GPU across machines; containers with hostnames of
+    // their own that share a GPU still see one UUID.
+    absl::StatusOr<std::vector<std::string>> ids = AllGatherStrings(
+        *comms.world(), device->physical_id(), absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)));
     if (!ids.ok()) {
       return fail(absl::Status(ids.status().code(),
                                absl::StrCat("comparing the ranks' GPUs: ", ids.status().message())));

@@ -15,6 +15,13 @@
 namespace strata {
 namespace cli {
 
+// The NCCL settings a worker's flags imply, in its environment, unless the
+// user set them: NCCL_GRAPH_REGISTER=0 with --cuda_graph, NCCL_SOCKET_IFNAME
+// from --socket_ifname. NCCL reads them at its first init; call it before
+// the process opens its GPU, which starts CUDA's threads (a setenv beside a
+// getenv on another thread is undefined).
+void SetNcclEnvironment();
+
 // A worker: this rank's plan, its communicator, then the same training loop.
 // Every error after the store is open is recorded there before the rank
 // exits, so the launcher names the first failure in time. `device` is the

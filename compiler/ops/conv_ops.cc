@@ -153,7 +153,7 @@ absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvDy, kConvW));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
-  auto in = PairAttr(ctx, "input_size", 1);
+  auto in = PairAttr(ctx, "input_size", 1, /*window=*/false);
   if (!in.ok()) return in.status();
   const Dims& dy = ctx.input(0).shape;
   const Dims& w = ctx.input(1).shape;
@@ -179,7 +179,7 @@ absl::Status Conv2dGradFilterShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckConvInputs(ctx, kConvX, kConvDy));
   auto a = ReadConvAttrs(ctx);
   if (!a.ok()) return a.status();
-  auto k = PairAttr(ctx, "filter_size", 1);
+  auto k = PairAttr(ctx, "filter_size", 1, /*window=*/false);
   if (!k.ok()) return k.status();
   const Dims& x = ctx.input(0).shape;
   const Dims& dy = ctx.input(1).shape;

@@ -131,7 +131,10 @@ inline absl::Status ExpectScalarArg(const ShapeContext& ctx, int i, const char* 
 inline bool SameSize(int64_t a, int64_t b) { return a == b; }
 
 // A pair attr (one value per spatial dim) with every value >= `min`.
-inline absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, int64_t min) {
+// `window`: a window attr a user writes (kernel_size, strides, paddings,
+// dilations), bounded by 2^31; false for the shapes autodiff copies from
+// the forward's tensors (input_size, filter_size), bounded by those.
+inline absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, int64_t min, bool window = true) {
   const std::vector<int64_t> attr_value = ctx.attr_ints(attr);
   Dims v(attr_value.begin(), attr_value.end());
   if (v.size() != 2) {
@@ -142,7 +145,7 @@ inline absl::StatusOr<Dims> PairAttr(const ShapeContext& ctx, const char* attr, 
   constexpr int64_t kMax = int64_t{1} << 31;
   for (int64_t x : v) {
     if (x < min) return Invalid(absl::StrCat("attr '", attr, "' values must be >= ", min, ", got ", DimsString(v)));
-    if (x > kMax) return Invalid(absl::StrCat("attr '", attr, "' values must be at most 2^31, got ", DimsString(v)));
+    if (window && x > kMax) return Invalid(absl::StrCat("attr '", attr, "' values must be at most 2^31, got ", DimsString(v)));
   }
   return v;
 }

@@ -140,7 +140,7 @@ STRATA_REGISTER_OP(WithPoolAttrs(OpDef("max_pool2d_grad").Input("x").Input("dy")
 
 absl::Status AvgPool2dGradShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckPoolInput(ctx, 0, "dy"));
-  auto in = PairAttr(ctx, "input_size", 1);
+  auto in = PairAttr(ctx, "input_size", 1, /*window=*/false);
   if (!in.ok()) return in.status();
   const Dims& dy = ctx.input(0).shape;
   Dims x{dy[0], dy[1], (*in)[0], (*in)[1]};

@@ -71,24 +71,43 @@ struct NcclCommunicator::Core {
   // would wait forever. The abort runs on a thread of its own; the caller
   // waits for it kAbortWait at most, then goes on (the kernels are stopped
   // either way, and the thread ends once the graphs are gone).
+  // `release`: ops whose kernels may still run (the dropped ones, the
+  // Work whose wait failed), their tensors and events let go only once the
+  // abort has returned, so no kernel writes a block the allocator handed
+  // on. A thread still aborting at exit is ended with the process (a failed
+  // rank exits through _exit).
   static constexpr absl::Duration kAbortWait = absl::Seconds(5);
-  void RunAbort() {
+  void RunAbort(std::vector<std::shared_ptr<PendingOp>> release) {
     auto finished = std::make_shared<std::promise<void>>();
     std::future<void> done = finished->get_future();
-    std::thread([api = api, comm = comm, finished] {
+    std::thread([api = api, comm = comm, finished, release = std::move(release)]() mutable {
       api->CommAbort(comm).IgnoreError();
+      for (const auto& op : release) api->DestroyEvent(op->done);
+      release.clear();
       finished->set_value();
     }).detach();
     done.wait_for(absl::ToChronoNanoseconds(kAbortWait));
   }
 
-  void Abort(const absl::Status& why) {
+  // Marks the communicator aborted and, for the call that must abort it,
+  // takes the ops to release after the abort; empty otherwise.
+  bool TakeAbortLocked(const absl::Status& why, std::vector<std::shared_ptr<PendingOp>>* release) {
+    if (!MarkAbortedLocked(why)) return false;
+    *release = std::move(dropped);
+    dropped.clear();
+    return true;
+  }
+
+  // `keep`: the caller's op, if its kernels may still run (see RunAbort).
+  void Abort(const absl::Status& why, std::shared_ptr<PendingOp> keep = nullptr) {
+    std::vector<std::shared_ptr<PendingOp>> release;
     bool run = false;
     {
       std::lock_guard<std::mutex> lock(mu);
-      run = MarkAbortedLocked(why);
+      if (keep != nullptr) dropped.push_back(std::move(keep));
+      run = TakeAbortLocked(why, &release);
     }
-    if (run) RunAbort();
+    if (run) RunAbort(std::move(release));
   }
 
   // The communicator's async error, unless it is already closed.
@@ -172,8 +191,7 @@ class NcclWork : public Work {
       absl::StatusOr<bool> done = core_->api->EventDone(pending_->done);
       if (!done.ok()) {
         absl::Status s(done.status().code(), absl::StrCat(what_, " failed on the device: ", done.status().message()));
-        core_->Abort(s);
-        return Finish(s);
+        return AbortAndFinish(s);
       }
       if (*done) {
         // Kernels the caller enqueues after this Wait run after the op.
@@ -183,8 +201,7 @@ class NcclWork : public Work {
       }
       if (absl::Status async = core_->AsyncError(); !async.ok()) {
         absl::Status s(async.code(), absl::StrCat(what_, " failed: ", async.message(), "; the communicator is aborted"));
-        core_->Abort(s);
-        return Finish(s);
+        return AbortAndFinish(s);
       }
       {
         std::lock_guard<std::mutex> core_lock(core_->mu);
@@ -196,8 +213,7 @@ class NcclWork : public Work {
         absl::Status s = absl::DeadlineExceededError(
             absl::StrCat(what_, " timed out after ", absl::FormatDuration(timeout),
                          ": a rank did not issue the same op (order, size) or died; the communicator is aborted"));
-        core_->Abort(s);
-        return Finish(s);
+        return AbortAndFinish(s);
       }
       absl::SleepFor(std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
       nap = std::min(nap * 2, absl::Milliseconds(1));
@@ -223,6 +239,13 @@ class NcclWork : public Work {
     absl::Status s = core_->api->StreamWaitEvent(core_->device->compute_stream(), pending_->done);
     if (!s.ok()) s = absl::Status(s.code(), absl::StrCat(what_, ": ordering the compute stream: ", s.message()));
     return s;
+  }
+
+  // Aborts the communicator over this op, whose kernels may still run:
+  // its tensors and event go with the abort (Core::RunAbort).
+  absl::Status AbortAndFinish(absl::Status s) {
+    core_->Abort(s, std::move(pending_));
+    return Finish(std::move(s));
   }
 
   absl::Status Finish(absl::Status s) {
@@ -307,20 +330,21 @@ NcclCommunicator::~NcclCommunicator() {
     absl::StatusOr<bool> done = core_->api->EventDone(op->done);
     all_done = all_done && done.ok() && *done;
   }
-  bool abort = false;
   if (all_done && core_->api->CommGetAsyncError(core_->comm).ok()) {
     core_->api->CommDestroy(core_->comm).IgnoreError();
     core_->closed = true;
-  } else {
-    // Works that outlive it say it was destroyed first (broken stays OK).
-    abort = true;
-    core_->aborted = true;
-    core_->closed = true;
+    for (const auto& op : core_->dropped) core_->api->DestroyEvent(op->done);
+    core_->dropped.clear();
+    return;
   }
-  for (const auto& op : core_->dropped) core_->api->DestroyEvent(op->done);
+  // Works that outlive it say it was destroyed first (broken stays OK);
+  // the running ops' tensors go once the abort has stopped their kernels.
+  core_->aborted = true;
+  core_->closed = true;
+  std::vector<std::shared_ptr<PendingOp>> release = std::move(core_->dropped);
   core_->dropped.clear();
   lock.unlock();
-  if (abort) core_->RunAbort();
+  core_->RunAbort(std::move(release));
 }
 
 absl::Status NcclCommunicator::CheckHealth() {
@@ -398,9 +422,10 @@ std::unique_ptr<Work> NcclCommunicator::Issue(
     }
     absl::Status named(s.code(), absl::StrCat(what, ": ", s.message(), "; the communicator is aborted"));
     // A peer may already be inside its half of the op: abort so it fails too.
-    const bool run = core_->MarkAbortedLocked(named);
+    std::vector<std::shared_ptr<PendingOp>> release;
+    const bool run = core_->TakeAbortLocked(named, &release);
     lock.unlock();
-    if (run) core_->RunAbort();
+    if (run) core_->RunAbort(std::move(release));
     return std::make_unique<DoneWork>(op, sequence, named);
   };
   // The inputs were produced by kernels enqueued on the compute stream.
