@@ -208,6 +208,8 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (nccl && (!nccl_groups.empty() || transfers)) {
     std::shared_ptr<NcclApi> nccl = NewRegisteredNcclApi();
     if (nccl == nullptr) return fail(absl::FailedPreconditionError("--device gpu: this strata links no NCCL"));
+    // The library loaded, for the first report of a run on several GPUs.
+    if (env.rank == 0) std::cerr << "note: NCCL " << NcclApi::VersionString(nccl->Version()) << "\n";
     std::unique_ptr<Store> job_store = (*store)->WithPrefix(JobKeyPrefix(ropts.job_id));
     if (auto s = ConnectDeviceCollectives(nccl, *job_store, nccl_groups, device, ropts.timeout, &comms); !s.ok()) {
       return fail(s);
