@@ -135,9 +135,10 @@ void* CachingAllocator::RawAllocate(size_t bytes) {
     const size_t segment_size = small ? kSegmentGranularity : RoundUp(size, kSegmentGranularity);
     block = MallocSegment(pool_id, small, segment_size);
     if (block == nullptr && pool_id == 0) {
-      // The cache may hold what the device lacks.
-      SynchronizeAndReleaseCache();
-      block = MallocSegment(pool_id, small, segment_size);
+      // The cache may hold what the device lacks, unless the device's
+      // work does not finish within the limit (NCCL kernels waiting for a
+      // peer that waits for this rank): then the request fails.
+      if (SynchronizeAndReleaseCache(sync_limit_)) block = MallocSegment(pool_id, small, segment_size);
     }
     if (block == nullptr) {
       ++stats_.out_of_memory;
@@ -251,10 +252,19 @@ void CachingAllocator::ProcessEvents() {
   pending_events_.resize(kept);
 }
 
-void CachingAllocator::SynchronizeAndReleaseCache() {
+void CachingAllocator::set_sync_limit(absl::Duration limit) {
+  absl::MutexLock lock(&mu_);
+  sync_limit_ = limit;
+}
+
+bool CachingAllocator::SynchronizeAndReleaseCache(absl::Duration limit) {
   // Also makes sure no queued work on the allocator's own stream still uses a
   // cached block when its segment goes back.
-  backend_->Synchronize();
+  if (limit == absl::InfiniteDuration()) {
+    backend_->Synchronize();
+  } else if (!backend_->SynchronizeWithin(limit)) {
+    return false;
+  }
   for (const auto& [event, block] : pending_events_) {
     backend_->DestroyEvent(event);
     if (--block->pending_events == 0) {
@@ -276,6 +286,7 @@ void CachingAllocator::SynchronizeAndReleaseCache() {
       FreeSegment(block);
     }
   }
+  return true;
 }
 
 void CachingAllocator::SweepReleasedPools() {

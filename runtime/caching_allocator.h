@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "runtime/allocator.h"
 
 namespace strata {
@@ -38,6 +39,14 @@ class CachingAllocator : public Allocator {
     virtual void DestroyEvent(void* event) = 0;
     // Waits for all the device's work.
     virtual void Synchronize() = 0;
+    // The same, but waits at most `limit` for the streams whose work may
+    // wait on other processes (NCCL's): false, having waited for nothing
+    // else, when they did not finish in time. A backend without such
+    // streams waits for everything.
+    virtual bool SynchronizeWithin(absl::Duration limit) {
+      Synchronize();
+      return true;
+    }
   };
 
   struct Stats {
@@ -119,6 +128,12 @@ class CachingAllocator : public Allocator {
   // unknown pool, does nothing.
   void ReleasePool(int64_t pool);
   bool capturing() const;
+  // How long an allocation that misses on the device waits for the
+  // device's work before returning the cache's segments and trying again
+  // (Backend::SynchronizeWithin; unbounded by default). A rank's NCCL
+  // kernels may wait for a peer that waits for this rank: past the limit
+  // the allocation fails, naming its bytes, where the wait would hang.
+  void set_sync_limit(absl::Duration limit);
 
  protected:
   void* RawAllocate(size_t bytes) override;
@@ -161,7 +176,9 @@ class CachingAllocator : public Allocator {
   // Releases the blocks whose events are all done.
   void ProcessEvents() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Synchronizes, releases every pending block, returns every wholly free segment.
-  void SynchronizeAndReleaseCache() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False, releasing nothing, when the device's work did not finish
+  // within `limit`.
+  bool SynchronizeAndReleaseCache(absl::Duration limit = absl::InfiniteDuration()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Backend> backend_;
   const StreamHandle stream_;
@@ -169,6 +186,7 @@ class CachingAllocator : public Allocator {
   Pool small_blocks_ ABSL_GUARDED_BY(mu_);
   Pool large_blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<void*, Block*> allocated_blocks_ ABSL_GUARDED_BY(mu_);
+  absl::Duration sync_limit_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   // The first block of each segment: it keeps the segment's address through
   // splits and merges, so it names the segment.
   absl::flat_hash_set<Block*> segments_ ABSL_GUARDED_BY(mu_);

@@ -30,6 +30,10 @@ struct FakeDevice {
   int frees = 0;
   int live_segments = 0;
   int synchronizes = 0;
+  // SynchronizeWithin: the limits asked for, and whether the peer-waiting
+  // work finishes in time (false: NCCL kernels waiting for a peer).
+  std::vector<absl::Duration> sync_limits;
+  bool peers_finish = true;
   int events_recorded = 0;
   int event_queries = 0;  // EventDone calls
   std::set<Event*> live_events;
@@ -86,6 +90,12 @@ class FakeBackend : public CachingAllocator::Backend {
   void Synchronize() override {
     ++device_->synchronizes;
     for (FakeDevice::Event* event : device_->live_events) event->done = true;
+  }
+  bool SynchronizeWithin(absl::Duration limit) override {
+    device_->sync_limits.push_back(limit);
+    if (!device_->peers_finish) return false;
+    Synchronize();
+    return true;
   }
 
  private:
@@ -323,6 +333,34 @@ TEST(CachingAllocatorTest, OutOfMemoryEmptiesTheCacheAndRetries) {
   EXPECT_EQ(stats.reserved_bytes, static_cast<int64_t>(2 * kMiB));
   EXPECT_EQ(stats.peak_reserved_bytes, static_cast<int64_t>(4 * kMiB));
   EXPECT_EQ(stats.out_of_memory, 0);
+  allocator->Free(small, 1000);
+}
+
+// With a limit on the wait (set_sync_limit: the executor's comm timeout on
+// a GPU rank), a miss waits for the device's work that long at most; work
+// that does not finish (NCCL kernels waiting for a peer that waits for this
+// rank) makes the request fail, naming nothing released, where a full
+// synchronization would hang.
+TEST(CachingAllocatorTest, OutOfMemoryWaitsForTheDeviceOnlyWithinItsLimit) {
+  FakeDevice device;
+  device.capacity = 4 * kMiB;
+  auto allocator = MakeAllocator(&device);
+  allocator->set_sync_limit(absl::Seconds(7));
+  void* large = allocator->Allocate(3 * kMiB);
+  allocator->Free(large, 3 * kMiB);
+  device.peers_finish = false;
+  EXPECT_EQ(allocator->Allocate(1000), nullptr);
+  EXPECT_EQ(device.sync_limits, (std::vector<absl::Duration>{absl::Seconds(7)}));
+  EXPECT_EQ(device.synchronizes, 0);
+  EXPECT_EQ(device.frees, 0) << "nothing released while the device's work may run";
+  EXPECT_EQ(allocator->stats().out_of_memory, 1);
+  EXPECT_EQ(allocator->stats().reserved_bytes, static_cast<int64_t>(4 * kMiB));
+  // Once the peers' work finishes in time, the same miss empties the cache.
+  device.peers_finish = true;
+  void* small = allocator->Allocate(1000);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(device.frees, 1);
+  EXPECT_EQ(device.sync_limits.size(), 2u);
   allocator->Free(small, 1000);
 }
 

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/plan.pb.h"
 #include "runtime/allocator.h"
 
@@ -66,6 +67,17 @@ class Device {
   // communication stream (the same one until a device has two).
   virtual StreamHandle compute_stream() const { return nullptr; }
   virtual StreamHandle comm_stream() const { return compute_stream(); }
+
+  // Work that may wait for other processes (NCCL kernels waiting for a
+  // peer) runs on the communication stream and on streams added here (the
+  // NCCL transfer pairs' own). An allocation that misses waits for the
+  // device's work before returning the cache's segments, and with a limit
+  // set a rank whose peer waits for it fails the allocation past it rather
+  // than waiting forever (CachingAllocator::set_sync_limit). The stream
+  // stays added while the returned handle lives (it may outlive the
+  // device); null, and no-ops, where the device has no such streams.
+  virtual std::shared_ptr<void> AddPeerStream(StreamHandle stream) { return nullptr; }
+  virtual void LimitPeerWaits(absl::Duration limit) {}
 
   // Copies between host memory and this device's memory, ordered on the
   // compute stream. CopyToHost returns once the bytes are on the host;

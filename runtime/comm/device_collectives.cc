@@ -99,13 +99,15 @@ namespace {
 // first the sender, rank 0 in it), each on a stream of its own.
 class PairwiseTransfers : public Communicator {
  public:
-  PairwiseTransfers(std::shared_ptr<NcclApi> api, int rank, int size) : api_(std::move(api)), rank_(rank), size_(size) {}
+  PairwiseTransfers(std::shared_ptr<NcclApi> api, Device* device, int rank, int size)
+      : api_(std::move(api)), device_(device), rank_(rank), size_(size) {}
   ~PairwiseTransfers() override {
     // The communicators before their streams, in (src, dst) order on every
     // rank: ncclCommDestroy talks to the peer, and the standard does not
     // say in which order a map's clear() destroys its elements.
     for (auto& [pair, comm] : pairs_) comm.reset();
     pairs_.clear();
+    peer_streams_.clear();  // out of the device's list before they go
     for (StreamHandle stream : streams_) api_->DestroyStream(stream);
   }
 
@@ -114,9 +116,12 @@ class PairwiseTransfers : public Communicator {
   std::string backend() const override { return "nccl"; }
 
   // The pair (src -> dst)'s communicator and its stream, which this object owns.
+  // The pair's stream may hold kernels waiting for the peer: the device's
+  // out-of-memory retry waits for it only within its limit.
   void AddPair(int src, int dst, std::unique_ptr<NcclCommunicator> comm, StreamHandle stream) {
     pairs_[{src, dst}] = std::move(comm);
     streams_.push_back(stream);
+    peer_streams_.push_back(device_->AddPeerStream(stream));
   }
 
   std::unique_ptr<Work> Send(const Tensor& tensor, int dst, int64_t tag) override {
@@ -174,6 +179,8 @@ class PairwiseTransfers : public Communicator {
   }
 
   std::shared_ptr<NcclApi> api_;
+  Device* const device_;  // while connecting
+  std::vector<std::shared_ptr<void>> peer_streams_;  // the device's handles on streams_
   const int rank_;
   const int size_;
   std::map<std::pair<int, int>, std::unique_ptr<NcclCommunicator>> pairs_;
@@ -197,7 +204,7 @@ absl::Status ConnectDeviceTransfers(std::shared_ptr<NcclApi> api, Store& job_sto
                                     Device* device, absl::Duration timeout, CommunicatorSet* set) {
   if (api == nullptr) return absl::InvalidArgumentError("no NCCL to connect the transfers with");
   const int me = plan.rank();
-  auto transfers = std::make_unique<PairwiseTransfers>(api, me, set->world()->size());
+  auto transfers = std::make_unique<PairwiseTransfers>(api, device, me, set->world()->size());
   // Pairs in (lower, higher) rank order, each pair's two directions lower
   // rank's sends first: a global order, so every pair's two ranks reach it
   // (ncclCommInitRank blocks until both have) without waiting on each other.

@@ -1,5 +1,6 @@
 #include "runtime/cuda/cuda_device.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace strata {
 namespace {
@@ -14,7 +17,7 @@ namespace {
 // The caching allocator's view of one GPU: cudaMalloc and stream events.
 class CudaBackend final : public CachingAllocator::Backend {
  public:
-  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {}
+  CudaBackend(int ordinal, std::shared_ptr<PeerStreams> streams) : ordinal_(ordinal), streams_(std::move(streams)) {}
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
   void* Malloc(size_t bytes) override {
     void* ptr = nullptr;
@@ -43,9 +46,42 @@ class CudaBackend final : public CachingAllocator::Backend {
     cudaSetDevice(ordinal_);
     cudaDeviceSynchronize();
   }
+  // Marks every stream whose work may wait for a peer (and the compute
+  // stream, whose kernels feed them) and waits for the marks up to `limit`;
+  // then the device's remaining work, which waits for nothing outside it.
+  bool SynchronizeWithin(absl::Duration limit) override {
+    cudaSetDevice(ordinal_);
+    std::vector<cudaEvent_t> marks;
+    for (cudaStream_t stream : streams_->All()) {
+      cudaEvent_t event = nullptr;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(event, stream) != cudaSuccess) {
+        cudaGetLastError();
+        if (event != nullptr) cudaEventDestroy(event);
+        continue;  // unmarked: the device synchronization below waits for it
+      }
+      marks.push_back(event);
+    }
+    const absl::Time deadline = limit == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + limit;
+    absl::Duration nap = absl::Microseconds(20);
+    bool passed = false;
+    for (;;) {
+      passed = true;
+      for (cudaEvent_t event : marks) passed = passed && cudaEventQuery(event) == cudaSuccess;
+      if (passed || absl::Now() >= deadline) break;
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+    cudaGetLastError();  // cudaErrorNotReady is not sticky
+    for (cudaEvent_t event : marks) cudaEventDestroy(event);
+    if (!passed) return false;
+    cudaDeviceSynchronize();
+    return true;
+  }
 
  private:
   int ordinal_;
+  std::shared_ptr<PeerStreams> streams_;
 };
 
 // Page-locked host memory for staging buffers, with the compute stream's
@@ -152,7 +188,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
   } else {
     cudaGetLastError();  // unknown capacity: check then says so
   }
-  device->allocator_ = std::make_unique<CachingAllocator>(std::make_unique<CudaBackend>(ordinal), compute);
+  device->peer_streams_->Add(compute);
+  device->peer_streams_->Add(comm);
+  device->allocator_ =
+      std::make_unique<CachingAllocator>(std::make_unique<CudaBackend>(ordinal, device->peer_streams_), compute);
   device->staging_ = std::make_unique<StagingAllocator>(std::make_unique<PinnedHostBackend>(ordinal, compute), compute);
   auto gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
@@ -212,6 +251,17 @@ std::vector<std::string> CudaDevice::KernelFallbacks(size_t from) const {
 absl::Status CudaDevice::Memset(void* dst, int byte, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   return CudaStatus(cudaMemsetAsync(dst, byte, bytes, compute_), "memset");
+}
+
+void CudaDevice::LimitPeerWaits(absl::Duration limit) { allocator_->set_sync_limit(limit); }
+
+std::shared_ptr<void> CudaDevice::AddPeerStream(StreamHandle stream) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  peer_streams_->Add(s);
+  // Holds the registry, not the device: the handle may outlive either.
+  return std::shared_ptr<void>(s, [registry = peer_streams_](void* added) {
+    registry->Remove(static_cast<cudaStream_t>(added));
+  });
 }
 
 absl::Status CudaDevice::ComputeWaitsForComm() {

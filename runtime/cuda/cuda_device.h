@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <memory>
@@ -23,6 +24,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/cuda/gemm.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/device.h"
@@ -30,6 +33,29 @@
 #include "runtime/staging_allocator.h"
 
 namespace strata {
+
+// The streams of one GPU whose work may wait for other processes (and the
+// compute stream that feeds them), guarded for the threads that add and
+// remove them while an allocation marks them.
+class PeerStreams {
+ public:
+  void Add(cudaStream_t stream) {
+    absl::MutexLock lock(&mu_);
+    if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) streams_.push_back(stream);
+  }
+  void Remove(cudaStream_t stream) {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+  }
+  std::vector<cudaStream_t> All() const {
+    absl::MutexLock lock(&mu_);
+    return streams_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
+};
 
 class CudaDevice final : public Device {
  public:
@@ -45,6 +71,8 @@ class CudaDevice final : public Device {
   Allocator* allocator() const override { return allocator_.get(); }
   int64_t capacity_bytes() const override { return capacity_bytes_; }
   std::string physical_id() const override { return physical_id_; }
+  std::shared_ptr<void> AddPeerStream(StreamHandle stream) override;
+  void LimitPeerWaits(absl::Duration limit) override;
   CachingAllocator* caching_allocator() const { return allocator_.get(); }
   // Page-locked host memory (cudaHostAlloc), freed in compute-stream order.
   Allocator* staging_allocator() const override { return staging_.get(); }
@@ -91,6 +119,9 @@ class CudaDevice final : public Device {
   cudaStream_t comm_;
   int64_t capacity_bytes_ = 0;
   std::string physical_id_;  // "GPU-<uuid>", nvidia-smi's form
+  // The compute and communication streams and the ones AddPeerStream
+  // adds, shared with the allocator's backend (SynchronizeWithin).
+  std::shared_ptr<PeerStreams> peer_streams_ = std::make_shared<PeerStreams>();
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<StagingAllocator> staging_;
   std::unique_ptr<cuda::LtGemm> gemm_;
