@@ -70,16 +70,15 @@ absl::Status Executor::Prepare() {
     graph_comms_ = *std::move(comms);
   }
   if (options_.cuda_graph && !graph_blocker_.empty()) graph_note_ = absl::StrCat("not used: ", graph_blocker_);
+  const bool peers =
+      options_.comms != nullptr && options_.comms->world() != nullptr && options_.comms->world()->size() > 1;
   // --cuda_graph must be the same on every rank: a rank without it never votes.
-  graph_vote_ = options_.cuda_graph && options_.comms != nullptr && options_.comms->world() != nullptr &&
-                options_.comms->world()->size() > 1;
+  graph_vote_ = options_.cuda_graph && peers;
   // With peers, the device's kernels may wait for them: an allocation that
   // misses waits for the device's work no longer than a transfer may wait,
   // then fails naming its bytes, where a full synchronization could wait
   // for a peer that waits for this rank.
-  if (options_.comms != nullptr && options_.comms->world() != nullptr && options_.comms->world()->size() > 1) {
-    options_.device->LimitPeerWaits(absl::Seconds(options_.comm_timeout_s));
-  }
+  if (peers) options_.device->LimitPeerWaits(absl::Seconds(options_.comm_timeout_s));
   persistent_.resize(num_vars);
   checkpointed_.resize(num_vars);
   in_place_output_.resize(num_vars);

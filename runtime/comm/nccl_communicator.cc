@@ -53,16 +53,6 @@ struct NcclCommunicator::Core {
                                                       " was aborted after an earlier error: ", broken.message()));
   }
 
-  // Marks the communicator aborted, `why` the first error if there was none;
-  // true for the call that must then run ncclCommAbort (RunAbort), off mu.
-  bool MarkAbortedLocked(const absl::Status& why) {
-    if (broken.ok()) broken = why;
-    if (closed) return false;
-    aborted = true;
-    closed = true;
-    return true;
-  }
-
   // ncclCommAbort, never under mu and never waited for without end: since
   // NCCL 2.26 it returns only once no CUDA graph holds the communicator's
   // ops, and the executor destroys its graphs only after the failed step
@@ -89,10 +79,14 @@ struct NcclCommunicator::Core {
     done.wait_for(absl::ToChronoNanoseconds(kAbortWait));
   }
 
-  // Marks the communicator aborted and, for the call that must abort it,
-  // takes the ops to release after the abort; empty otherwise.
+  // Marks the communicator aborted, `why` the first error if there was
+  // none; true for the call that must then run ncclCommAbort (RunAbort, off
+  // mu), which takes the ops to release after the abort.
   bool TakeAbortLocked(const absl::Status& why, std::vector<std::shared_ptr<PendingOp>>* release) {
-    if (!MarkAbortedLocked(why)) return false;
+    if (broken.ok()) broken = why;
+    if (closed) return false;
+    aborted = true;
+    closed = true;
     *release = std::move(dropped);
     dropped.clear();
     return true;
