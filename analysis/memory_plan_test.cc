@@ -347,26 +347,38 @@ TEST(MemoryPlanTest, ViewsShareTheirInputsBuffer) {
 
 // A recv's buffer is allocated when its action starts (RecvKernel::Prefetch
 // posts the receive there), not where the recv op sits; the plan allocates it
-// at the op. On stage 0 of kThreeStagesWithTiedWeight under gradient merge
-// (which keeps the tied gradient's exchange in the backward) the backward is
-//   recv h0@grad; matmul(x, h0@grad) -> w0@grad@part@2;
-//   recv w0@grad@part (stage 2's share); add_n -> w0@grad; send w0@grad.
-// One micro-batch of 16 rows, F64: x 512, h0@grad 512, each [4, 4] 128.
-// Both recv buffers exist from the backward's start, so at the matmul:
-// x 512 + h0@grad 512 + w0@grad@part 128 + w0@grad@part@2 128 = 1280, which
-// `strata run --nproc 3` measures (1544 = 1280 + w0 128 + its merge buffer 128 +
-// @step 8). The plan
-// predicted 1152 (the second recv counted only after the matmul), below the
-// measured peak, which broke the memory rule's upper bound; it allocates an
-// action's receives at its start now.
+// at the op. On stage 0 of a pipeline where t, read on both stages, has one
+// gradient path (stage 1's matmul: its gradient crosses in the backward),
+// the backward is
+//   recv h@grad; matmul(x, h@grad) -> w0@grad; recv t@grad.
+// One micro-batch of 16 rows, F64: x 512, h@grad 512, w0@grad [4, 4] 128,
+// t@grad [4, 3] 96, the fetched tm 8. Both recv buffers exist from the
+// backward's start, so at the matmul: 512 + 512 + 128 + 96 + 8 = 1256,
+// which `strata run --nproc 2` measures (1488 = 1256 + w0 128 + t 96 +
+// @step 8). Counting the second recv only where it sits, the plan would
+// predict 1160, below the measured peak, which broke the memory rule's
+// upper bound; it allocates an action's receives at its start.
 TEST(MemoryPlanTest, RecvBuffersLiveFromTheirActionsStart) {
+  constexpr char kOnePathTiedWeight[] = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "t" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "reduce_mean" input: ["t"] output: ["tm"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "t"] output: ["z"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    fetch: "tm"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
   Strategy strategy;
   strategy.mutable_pipeline()->set_micro_batch_size(16);
   strategy.mutable_pipeline()->set_accumulate_steps(1);
-  strategy.mutable_gradient_merge()->set_k_steps(2);
-  auto result = Compile(ParseProgramOrFail(kThreeStagesWithTiedWeight), strategy, CompileOptions());
+  auto result = Compile(ParseProgramOrFail(kOnePathTiedWeight), strategy, CompileOptions());
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1280);
+  EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1256);
+  EXPECT_EQ(result->plans[0].memory().peak_bytes(), 1488);
 }
 
 }  // namespace

@@ -227,6 +227,12 @@ absl::Status CheckNoCompilerFields(const Program& program, const std::string& fi
   if (!program.loss_scale().empty() || !program.skipped_updates().empty()) {
     return Err(file, "loss_scale and skipped_updates are written by the compiler (loss scaling); a program may not set them");
   }
+  if (program.merge_buffer_size() > 0 || program.merge_part_size() > 0) {
+    return Err(file, "merge_buffer and merge_part are written by the compiler (gradient merge); a program may not set them");
+  }
+  if (!program.host_copy().empty()) {
+    return Err(file, "host_copy is written by the compiler (host transfers); a program may not set it");
+  }
   return absl::OkStatus();
 }
 

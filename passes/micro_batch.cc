@@ -14,6 +14,10 @@ namespace {
 
 bool IsUpdate(OpRole role) { return role == OPTIMIZE || role == LR_SCHEDULE; }
 
+// The buffer that sums gradient `grad` over the micro-batches (and the steps
+// of an update): one name on every layout, so checkpoints find it.
+std::string BufferName(absl::string_view grad) { return absl::StrCat(grad, "@acc"); }
+
 // An op on `buffer` in place, placed like `like`.
 Op OpLike(const Graph& graph, int like, const std::string& type, const std::string& buffer, OpRole role) {
   Op op = OpPlacedLike(graph, like, type, role);
@@ -78,7 +82,7 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
   // The buffers, declared after every var there is (in the optimizer's order).
   std::map<int, int> acc_of;  // gradient var -> its buffer
   for (int g : grads) {
-    const std::string name = absl::StrCat(graph.var_name(g), "@acc");
+    const std::string name = BufferName(graph.var_name(g));
     const int acc = graph.AddVar(name, graph.dtype(g), graph.shape(g), buffer_kind);
     if (acc < 0) return absl::InternalError(absl::StrCat("micro-batch: var '", name, "' exists already"));
     acc_of[g] = acc;
@@ -129,6 +133,17 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
     const int g = graph.FindVar(grad);
     auto it = g >= 0 ? acc_of.find(g) : acc_of.end();
     if (it != acc_of.end()) grad = std::string(graph.var_name(it->second));
+  }
+  // A tied gradient's parts under gradient merge (the pipeline split's
+  // merge_part): their buffers, and the buffer one device sums the whole in.
+  for (Program::MergePart& m : *graph.mutable_program_fields().mutable_merge_part()) {
+    const int part = graph.FindVar(m.buffer());
+    auto it = part >= 0 ? acc_of.find(part) : acc_of.end();
+    if (it == acc_of.end()) {
+      return absl::InternalError(absl::StrCat("micro-batch: the tied gradient's part '", m.buffer(), "' has no buffer"));
+    }
+    m.set_buffer(std::string(graph.var_name(it->second)));
+    m.set_whole(BufferName(m.whole()));
   }
   if (!fused.empty()) {
     // The fused gradients are written nowhere now.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -92,42 +93,47 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   // The tied gradients cross stages once an update, in the optimizer
   // action, as Megatron-LM sums the embedding's gradient between the first
   // and last stage after the last micro-batch: each stage's part is summed
-  // over the micro-batches on its own stage (the micro-batch pass's buffers),
-  // the replicas' parts go to the home stage, whose sum of the parts (an
-  // OPTIMIZE op now) goes back to them. Exchanged in every backward instead,
-  // the home's backward of micro-batch i would wait for the replica's, and
-  // the replica's next forward for the home's sum: a 1F1B pipeline of a tied
-  // GPT ran its stages one after the other. Under gradient merge (whose
-  // buffers are the gradients the optimizer reads) the exchange stays in
-  // the backward.
+  // over the micro-batches (and under gradient merge over the k steps of an
+  // update) on its own stage, in the micro-batch pass's buffers; the
+  // replicas' parts go to the home stage, whose sum of the parts (an OPTIMIZE
+  // op now) goes back to them. Exchanged in every backward instead, the
+  // home's backward of micro-batch i would wait for the replica's, and the
+  // replica's next forward for the home's sum: a 1F1B pipeline of a tied GPT
+  // ran its stages one after the other.
   absl::flat_hash_set<int> at_update;  // vars whose transfers run in the optimizer action
-  if (ctx.merge_steps <= 1) {
-    for (const Tied& t : tied) {
-      // Autodiff's add_n of the parts (a weight whose gradient flows through
-      // one reader has no sum: its gradient op keeps its place), read by no
-      // forward or backward op.
-      const int sum = producer[t.grad];
-      bool moves = graph.role(sum) == BACKWARD && graph.schema(sum).type == "add_n" && graph.outputs(sum).size() == 1;
-      for (int r : readers[t.grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
-      // Each part a per-update value (made by a backward op, no batch dim),
-      // and each from another stage read by the sum alone off its own stage,
-      // on a replica (which takes the sum back: its part's buffer is zeroed
-      // after that receive, so after the home has taken the part).
-      std::vector<int> parts;
+  // Under gradient merge, this stage's parts: (part var, whole gradient var,
+  // whether the part is its sum's first input).
+  std::vector<std::tuple<int, int, bool>> merge_parts;
+  for (const Tied& t : tied) {
+    // Autodiff's add_n of the parts (a weight whose gradient flows through
+    // one reader has no sum: its gradient op keeps its place), read by no
+    // forward or backward op.
+    const int sum = producer[t.grad];
+    bool moves = graph.role(sum) == BACKWARD && graph.schema(sum).type == "add_n" && graph.outputs(sum).size() == 1;
+    for (int r : readers[t.grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
+    // Each part a per-update value (made by a backward op, no batch dim),
+    // and each from another stage read by the sum alone off its own stage,
+    // on a replica (which takes the sum back: its part's buffer is zeroed
+    // after that receive, so after the home has taken the part).
+    std::vector<int> parts;
+    for (int in : graph.inputs(sum)) {
+      moves = moves && producer[in] >= 0 && graph.role(producer[in]) == BACKWARD;
+      for (int64_t d : graph.shape(in)) moves = moves && d >= 0;
+      if (!moves) break;
+      const int from = graph.stage(producer[in]);
+      if (from == t.home) continue;
+      moves = moves && t.replicas.count(from) > 0;
+      for (int r : readers[in]) moves = moves && (r == sum || graph.stage(r) == from);
+      parts.push_back(in);
+    }
+    if (!moves) continue;
+    graph.set_role(sum, OPTIMIZE);
+    at_update.insert(t.grad);
+    at_update.insert(parts.begin(), parts.end());
+    if (ctx.merge_steps > 1) {
       for (int in : graph.inputs(sum)) {
-        moves = moves && producer[in] >= 0 && graph.role(producer[in]) == BACKWARD;
-        for (int64_t d : graph.shape(in)) moves = moves && d >= 0;
-        if (!moves) break;
-        const int from = graph.stage(producer[in]);
-        if (from == t.home) continue;
-        moves = moves && t.replicas.count(from) > 0;
-        for (int r : readers[in]) moves = moves && (r == sum || graph.stage(r) == from);
-        parts.push_back(in);
+        if (graph.stage(producer[in]) == stage) merge_parts.push_back({in, t.grad, in == graph.inputs(sum)[0]});
       }
-      if (!moves) continue;
-      graph.set_role(sum, OPTIMIZE);
-      at_update.insert(t.grad);
-      at_update.insert(parts.begin(), parts.end());
     }
   }
   auto transfer_role = [&](int var, OpRole role) { return at_update.contains(var) ? OPTIMIZE : role; };
@@ -233,6 +239,15 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   fields.clear_param_grad();
   for (auto& [p, g] : grads) (*fields.mutable_param_grad())[p] = g;
   for (const auto& r : replicas) fields.add_tied_replica(r);
+  // The first part of each sum takes the whole gradient of a checkpoint
+  // saved under another layout (the sum's inputs are in one order on every
+  // rank); the micro-batch pass names the buffers.
+  for (const auto& [part, whole, primary] : merge_parts) {
+    Program::MergePart* m = fields.add_merge_part();
+    m->set_buffer(std::string(graph.var_name(part)));
+    m->set_whole(std::string(graph.var_name(whole)));
+    m->set_primary(primary);
+  }
   if (!used(fields.loss())) fields.clear_loss();
   if (!used(fields.loss_grad())) fields.clear_loss_grad();
   std::vector<std::string> fetch;

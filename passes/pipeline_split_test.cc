@@ -19,8 +19,10 @@
 namespace strata {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 // w is tied: read on stage 0 and on stage 2.
@@ -282,6 +284,56 @@ TEST(PipelineSplitPassTest, TiedWeightGradientIsSummedOnItsHomeStageAndSentToThe
     if (op.type() == "sgd_update" || op.role() == LR_SCHEDULE) {
       EXPECT_GT(i, recv_sum) << op.type();
     }
+  }
+}
+
+// Under gradient merge the sum moves to the optimizer action too (which
+// runs once every k steps): each stage's part is summed over the k steps'
+// micro-batches in a merge buffer of its own, which the plan names with the
+// buffer one device sums the whole gradient in (the checkpoints' name for
+// it), and the sum's first input (the home's own part) takes that whole on
+// a load under another layout.
+TEST(PipelineSplitPassTest, UnderGradientMergeEachStageSumsItsPartOfATiedGradient) {
+  Strategy strategy = PipelineStrategy(2);
+  strategy.mutable_gradient_merge()->set_k_steps(3);
+  auto result = Compile(ParseProgramOrFail(kTied), strategy, CompileOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->plans.size(), 3u);
+  const Program& home = result->plans[0].program();
+  const Program& middle = result->plans[1].program();
+  const Program& replica = result->plans[2].program();
+  const int sum_index = FirstWriter(home, "w@grad");
+  ASSERT_GE(sum_index, 0);
+  const Op& sum = home.op(sum_index);
+  EXPECT_EQ(sum.type(), "add_n");
+  EXPECT_EQ(sum.role(), OPTIMIZE);
+  ASSERT_EQ(sum.input_size(), 2);
+  for (const Program* p : {&home, &replica}) {
+    for (const std::string& var : {std::string("w@grad"), std::string("w@grad@part")}) {
+      for (const Op* t : Transfers(*p, "send", var)) EXPECT_EQ(t->role(), OPTIMIZE) << var;
+      for (const Op* t : Transfers(*p, "recv", var)) EXPECT_EQ(t->role(), OPTIMIZE) << var;
+    }
+  }
+  ASSERT_EQ(Transfers(replica, "send", "w@grad@part").size(), 1u);
+  ASSERT_EQ(Transfers(home, "send", "w@grad").size(), 1u);
+  // The parts' buffers are state, merge buffers, named in merge_part.
+  ASSERT_EQ(home.merge_part_size(), 1);
+  ASSERT_EQ(replica.merge_part_size(), 1);
+  EXPECT_EQ(middle.merge_part_size(), 0);
+  const Program::MergePart& own = home.merge_part(0);
+  const Program::MergePart& far = replica.merge_part(0);
+  EXPECT_EQ(own.whole(), "w@grad@acc");
+  EXPECT_EQ(far.whole(), "w@grad@acc");
+  EXPECT_NE(own.buffer(), far.buffer());
+  EXPECT_EQ(own.primary(), sum.input(0) == own.buffer());
+  EXPECT_EQ(far.primary(), !own.primary());
+  EXPECT_EQ(Transfers(replica, "send", "w@grad@part")[0]->input(0), far.buffer());
+  for (const auto& [p, m] : {std::pair<const Program*, const Program::MergePart*>{&home, &own}, {&replica, &far}}) {
+    const Var* buffer = FindVar(*p, m->buffer());
+    ASSERT_NE(buffer, nullptr) << m->buffer();
+    EXPECT_EQ(buffer->kind(), STATE);
+    EXPECT_THAT(p->merge_buffer(), Contains(m->buffer()));
+    EXPECT_THAT(p->merge_buffer(), Not(Contains("w@grad"))) << "the whole gradient is made or received in the update";
   }
 }
 

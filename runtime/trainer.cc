@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
@@ -851,11 +852,40 @@ absl::StatusOr<std::map<std::string, Tensor>> TrainSession::CheckpointTensors() 
   return tensors;
 }
 
+// The metadata key that says a saved buffer holds a part of a tied weight's
+// gradient (Program.merge_part); its value is the whole's buffer name.
+constexpr char kMergePartKey[] = "merge_part:";
+
+namespace {
+
+// a += b, for the gradients' float types.
+absl::Status AddHostTensor(const std::string& name, Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+    return absl::DataLossError(absl::StrCat("the parts of gradient-merge buffer '", name, "' differ in type or shape"));
+  }
+  const int64_t n = a.num_elements();
+  if (a.dtype() == F32) {
+    for (int64_t i = 0; i < n; ++i) a.data<float>()[i] += b.data<float>()[i];
+  } else if (a.dtype() == F64) {
+    for (int64_t i = 0; i < n; ++i) a.data<double>()[i] += b.data<double>()[i];
+  } else {
+    return absl::UnimplementedError(absl::StrCat("gradient-merge buffer '", name, "' is ", DataTypeName(a.dtype()),
+                                                 "; its parts add in F32 or F64 only"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // Gradient-merge buffers as this rank starts from a checkpoint at `step`:
 // the first replica of each group takes the saved sum and the others zeros
 // (their sum is the same). A checkpoint saved mid-way through an update
 // resumes only with the same k_steps; one without the buffers (saved without
-// gradient merge) only at the start of an update.
+// gradient merge) only at the start of an update. A tied weight's gradient
+// may be saved whole (one device, or a layout where one stage sums it) or
+// as its stages' parts (metadata kMergePartKey): its whole is the sum of
+// what was saved, and here it goes to this layout's whole buffer or, where
+// this layout sums it from parts, to the primary part (the others zeros).
 absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::string, std::string>& metadata,
                                              std::map<std::string, Tensor>& tensors) const {
   int64_t saved_k = 1;
@@ -868,13 +898,51 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
         "saved at step ", step, ", mid-way through an update of gradient_merge.k_steps ", saved_k,
         "; resume with the same k_steps (this run has ", k, ") or from a checkpoint at a multiple of ", saved_k));
   }
-  for (const std::string& name : plan_.program().merge_buffer()) {
-    auto it = tensors.find(name);
-    if (it == tensors.end() && step % k != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("has no gradient-merge buffer '", name, "', but step ", step,
+  std::map<std::string, std::vector<std::string>> saved_parts;  // whole -> the saved buffers of its parts
+  for (const auto& [key, whole] : metadata) {
+    if (absl::StartsWith(key, kMergePartKey)) saved_parts[whole].push_back(key.substr(sizeof(kMergePartKey) - 1));
+  }
+  // The whole sums this rank takes, read before any buffer here is replaced
+  // (a saved part may share a name with one of this layout's).
+  std::map<std::string, std::string> takes;  // this rank's buffer -> the whole it takes; "" for zeros
+  for (const std::string& name : plan_.program().merge_buffer()) takes[name] = name;
+  for (const Program::MergePart& m : plan_.program().merge_part()) takes[m.buffer()] = m.primary() ? m.whole() : "";
+  std::map<std::string, Tensor> wholes;
+  for (const auto& taken : takes) {
+    const std::string& whole = taken.second;
+    if (whole.empty() || wholes.count(whole)) continue;
+    auto parts = saved_parts.find(whole);
+    auto saved = tensors.find(whole);
+    if (parts == saved_parts.end()) {
+      if (saved != tensors.end()) wholes[whole] = saved->second;
+      continue;
+    }
+    Tensor sum;
+    if (saved != tensors.end()) sum = saved->second.Clone(GetCpuAllocator());
+    for (const std::string& part : parts->second) {
+      auto it = tensors.find(part);
+      if (it == tensors.end()) {
+        return absl::DataLossError(absl::StrCat("has no tensor '", part, "', a part of gradient-merge buffer '", whole, "'"));
+      }
+      if (!sum.defined()) {
+        sum = it->second.Clone(GetCpuAllocator());
+        if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", whole, "'"));
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(AddHostTensor(whole, sum, it->second));
+    }
+    wholes[whole] = std::move(sum);
+  }
+  for (const auto& [name, whole] : takes) {
+    auto it = whole.empty() ? wholes.end() : wholes.find(whole);
+    if (!whole.empty() && it == wholes.end() && step % k != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("has no gradient-merge buffer '", whole, "', but step ", step,
                                                         " is mid-way through an update of k_steps ", k));
     }
-    if (it != tensors.end() && plan_.topology().dp_rank() == 0) continue;
+    if (it != wholes.end() && plan_.topology().dp_rank() == 0) {
+      tensors[name] = it->second;
+      continue;
+    }
     const Var* var = nullptr;
     for (const Var& v : plan_.program().var()) {
       if (v.name() == name) var = &v;
@@ -897,6 +965,9 @@ absl::Status TrainSession::Save() {
   ckpt.metadata["seed"] = absl::StrCat(options_.seed);
   ckpt.metadata["program"] = plan_.program().name();
   ckpt.metadata["merge_steps"] = absl::StrCat(executor_->merge_steps());
+  for (const Program::MergePart& m : plan_.program().merge_part()) {
+    ckpt.metadata[absl::StrCat(kMergePartKey, m.buffer())] = m.whole();
+  }
   SaveStepOptions save_options;
   save_options.dir = options_.save_dir;
   save_options.step = executor_->step();

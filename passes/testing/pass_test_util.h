@@ -39,7 +39,7 @@ inline constexpr char kThreeStagesWithSkip[] = R"pb(
 
 // Three stages with a tied weight: w0 is read on stage 0 and again on stage 2,
 // so each of the two holds a copy; stage 2 sends its gradient part to stage 0,
-// which sends the sum back, both within a backward.
+// which sends the sum back, both in the optimizer action.
 inline constexpr char kThreeStagesWithTiedWeight[] = R"pb(
   var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
   var { name: "label" dtype: I64 shape: [-1] kind: FEED }
