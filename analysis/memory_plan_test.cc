@@ -359,23 +359,10 @@ TEST(MemoryPlanTest, ViewsShareTheirInputsBuffer) {
 // predict 1160, below the measured peak, which broke the memory rule's
 // upper bound; it allocates an action's receives at its start.
 TEST(MemoryPlanTest, RecvBuffersLiveFromTheirActionsStart) {
-  constexpr char kOnePathTiedWeight[] = R"pb(
-    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-    var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-    var { name: "t" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
-    op { type: "reduce_mean" input: ["t"] output: ["tm"] device: "gpu:0" }
-    op { type: "matmul" input: ["h", "t"] output: ["z"] device: "gpu:1" }
-    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-    loss: "loss"
-    fetch: "tm"
-    optimizer { sgd { learning_rate: 0.1 } }
-  )pb";
   Strategy strategy;
   strategy.mutable_pipeline()->set_micro_batch_size(16);
   strategy.mutable_pipeline()->set_accumulate_steps(1);
-  auto result = Compile(ParseProgramOrFail(kOnePathTiedWeight), strategy, CompileOptions());
+  auto result = Compile(ParseProgramOrFail(kOnePathTiedWeightOnTwoStages), strategy, CompileOptions());
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1256);
   EXPECT_EQ(result->plans[0].memory().peak_bytes(), 1488);

@@ -342,20 +342,7 @@ TEST(PipelineSplitPassTest, UnderGradientMergeEachStageSumsItsPartOfATiedGradien
 // reads the micro-batch's activations) stays in the backward, and so does
 // the gradient's transfer to the other stage's replica.
 TEST(PipelineSplitPassTest, ATiedWeightWithOneGradientPathKeepsItsExchangeInTheBackward) {
-  constexpr char kOnePath[] = R"pb(
-    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
-    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
-    var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
-    var { name: "t" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
-    op { type: "reduce_mean" input: ["t"] output: ["tm"] device: "gpu:0" }
-    op { type: "matmul" input: ["h", "t"] output: ["z"] device: "gpu:1" }
-    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
-    loss: "loss"
-    fetch: "tm"
-    optimizer { sgd { learning_rate: 0.1 } }
-  )pb";
-  auto plans = CompilePipeline(kOnePath, 2);
+  auto plans = CompilePipeline(kOnePathTiedWeightOnTwoStages, 2);
   ASSERT_EQ(plans.size(), 2u);
   const Program& replica = plans[0].program();
   const Program& home = plans[1].program();

@@ -55,6 +55,24 @@ inline constexpr char kThreeStagesWithTiedWeight[] = R"pb(
   optimizer { sgd { learning_rate: 0.1 } }
 )pb";
 
+// Two stages with a tied weight whose gradient has one path: t is read on
+// stage 0 only for a fetched mean (no gradient) and on stage 1 by the
+// logits' matmul, so stage 1 makes all of t's gradient and sends it to
+// stage 0's replica in every backward.
+inline constexpr char kOnePathTiedWeightOnTwoStages[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+  var { name: "t" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+  op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+  op { type: "reduce_mean" input: ["t"] output: ["tm"] device: "gpu:0" }
+  op { type: "matmul" input: ["h", "t"] output: ["z"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  fetch: "tm"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
 // Parses program text. On a parse error, fails the running test with it and
 // returns an empty program.
 Program ParseProgramOrFail(const std::string& text, const std::string& filename = "test.pbtxt");
