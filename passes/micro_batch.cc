@@ -136,11 +136,13 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
   }
   // A tied gradient's parts under gradient merge (the pipeline split's
   // merge_part): their buffers, and the buffer one device sums the whole in.
+  std::set<int> parts;
   for (Program::MergePart& m : *graph.mutable_program_fields().mutable_merge_part()) {
     const int part = graph.FindVar(m.buffer());
     auto it = part >= 0 ? acc_of.find(part) : acc_of.end();
-    if (it == acc_of.end()) {
-      return absl::InternalError(absl::StrCat("micro-batch: the tied gradient's part '", m.buffer(), "' has no buffer"));
+    if (it == acc_of.end() || !parts.insert(part).second) {
+      return absl::InternalError(
+          absl::StrCat("micro-batch: the tied gradient's part '", m.buffer(), "' has no buffer of its own"));
     }
     m.set_buffer(std::string(graph.var_name(it->second)));
     m.set_whole(BufferName(m.whole()));

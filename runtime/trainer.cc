@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -907,10 +908,15 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
   std::map<std::string, std::string> takes;  // this rank's buffer -> the whole it takes; "" for zeros
   for (const std::string& name : plan_.program().merge_buffer()) takes[name] = name;
   for (const Program::MergePart& m : plan_.program().merge_part()) takes[m.buffer()] = m.primary() ? m.whole() : "";
+  std::set<std::string> found;  // the wholes the checkpoint holds, whole or in parts
+  for (const auto& taken : takes) {
+    if (tensors.count(taken.second) || saved_parts.count(taken.second)) found.insert(taken.second);
+  }
+  // Only the first replica of each data-parallel group takes them.
   std::map<std::string, Tensor> wholes;
   for (const auto& taken : takes) {
     const std::string& whole = taken.second;
-    if (whole.empty() || wholes.count(whole)) continue;
+    if (plan_.topology().dp_rank() != 0 || !found.count(whole) || wholes.count(whole)) continue;
     auto parts = saved_parts.find(whole);
     auto saved = tensors.find(whole);
     if (parts == saved_parts.end()) {
@@ -918,7 +924,10 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
       continue;
     }
     Tensor sum;
-    if (saved != tensors.end()) sum = saved->second.Clone(GetCpuAllocator());
+    if (saved != tensors.end()) {
+      sum = saved->second.Clone(GetCpuAllocator());
+      if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", whole, "'"));
+    }
     for (const std::string& part : parts->second) {
       auto it = tensors.find(part);
       if (it == tensors.end()) {
@@ -934,12 +943,11 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
     wholes[whole] = std::move(sum);
   }
   for (const auto& [name, whole] : takes) {
-    auto it = whole.empty() ? wholes.end() : wholes.find(whole);
-    if (!whole.empty() && it == wholes.end() && step % k != 0) {
+    if (!whole.empty() && !found.count(whole) && step % k != 0) {
       return absl::FailedPreconditionError(absl::StrCat("has no gradient-merge buffer '", whole, "', but step ", step,
                                                         " is mid-way through an update of k_steps ", k));
     }
-    if (it != wholes.end() && plan_.topology().dp_rank() == 0) {
+    if (auto it = wholes.find(whole); it != wholes.end()) {
       tensors[name] = it->second;
       continue;
     }
