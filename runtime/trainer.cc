@@ -293,10 +293,15 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
   return absl::OkStatus();
 }
 
+bool ScheduleSpansRun(const Program& program) {
+  const Optimizer::LrSchedule& schedule = program.optimizer().lr_schedule();
+  return schedule.has_cosine() && schedule.cosine().decay_steps() == 0;
+}
+
 // The checkpoint's step, if this run may resume from it: the same batch and
 // seed (both decide the data order and dropout masks), and steps left to run.
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,
-                                       uint64_t seed, int64_t total_steps) {
+                                       uint64_t seed, int64_t total_steps, bool schedule_spans_run) {
   int64_t step = 0;
   auto it = metadata.find("step");
   if (it == metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
@@ -317,6 +322,15 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
   if (step >= total_steps) {
     return absl::OutOfRangeError(absl::StrCat("the checkpoint is at step ", step, " but the run ends at step ",
                                               total_steps, "; nothing left to train (--steps counts the whole run)"));
+  }
+  auto ts = metadata.find("total_steps");
+  int64_t saved_total = 0;
+  if (schedule_spans_run && ts != metadata.end() && absl::SimpleAtoi(ts->second, &saved_total) &&
+      saved_total != total_steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saved by a run of ", saved_total, " steps, over which the program's cosine learning rate decays; this run of ",
+        total_steps, " steps would decay it over those instead: resume with ", saved_total,
+        " steps (they count the whole run), or give the program a fixed lr_schedule.cosine.decay_steps"));
   }
   return step;
 }
@@ -586,7 +600,7 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   if (!ckpt.ok()) {
     return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options_.load_dir, ": ", ckpt.status().message()));
   }
-  auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_);
+  auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_, ScheduleSpansRun(plan_.program()));
   if (!step.ok()) {
     return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
   }
@@ -973,6 +987,7 @@ absl::Status TrainSession::Save() {
   ckpt.metadata["seed"] = absl::StrCat(options_.seed);
   ckpt.metadata["program"] = plan_.program().name();
   ckpt.metadata["merge_steps"] = absl::StrCat(executor_->merge_steps());
+  ckpt.metadata["total_steps"] = absl::StrCat(total_steps_);
   for (const Program::MergePart& m : plan_.program().merge_part()) {
     ckpt.metadata[absl::StrCat(kMergePartKey, m.buffer())] = m.whole();
   }

@@ -12,7 +12,7 @@
 namespace strata {
 namespace {
 
-RankPlan CompileResMlp() {
+RankPlan CompileResMlp(int64_t decay_steps = 20) {
   GenOptions gen;
   gen.layers = {16, 24, 5};
   gen.blocks = 2;
@@ -25,7 +25,7 @@ RankPlan CompileResMlp() {
   EXPECT_TRUE(program.ok()) << program.status();
   // An explicit decay length: a run-length cosine ("cosine {}") would decay over
   // whatever --steps each invocation is given.
-  program->mutable_optimizer()->mutable_lr_schedule()->mutable_cosine()->set_decay_steps(20);
+  program->mutable_optimizer()->mutable_lr_schedule()->mutable_cosine()->set_decay_steps(decay_steps);
   program->mutable_optimizer()->mutable_lr_schedule()->set_warmup_steps(3);
   CompileOptions options;
   options.batch_size = 32;
@@ -73,6 +73,50 @@ TEST(CheckpointResumeTest, TwentyStepsEqualTenSaveLoadTen) {
     ASSERT_TRUE(b->final_state.count(name)) << name;
     EXPECT_EQ(b->final_state.at(name), values) << name;
   }
+}
+
+// A cosine without decay_steps decays over the run's steps, so a run that
+// resumes with another --steps would follow another schedule than the one
+// it continues: refused naming both lengths (Megatron-LM likewise refuses
+// a scheduler whose iterations differ from its checkpoint's). The same
+// length resumes the uninterrupted run bit for bit.
+TEST(CheckpointResumeTest, ARunLengthScheduleResumesOnlyWithTheSameLength) {
+  RankPlan plan = CompileResMlp(/*decay_steps=*/0);
+  ASSERT_TRUE(ScheduleSpansRun(plan.program()));
+  EXPECT_FALSE(ScheduleSpansRun(CompileResMlp(20).program()));
+  const std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/resume_run_length";
+  std::filesystem::remove_all(dir);
+  TrainOptions base;
+  base.data = "synthetic:classes=5,size=200";
+  base.seed = 7;
+  base.progress = false;
+  TrainOptions full = base;
+  full.steps = 12;
+  auto uninterrupted = Train(plan, full);
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  TrainOptions first = base;
+  first.steps = 12;
+  first.save_dir = dir;
+  first.save_every = 5;
+  first.keep_checkpoints = 0;
+  ASSERT_TRUE(Train(plan, first).ok());
+
+  TrainOptions longer = base;
+  longer.steps = 20;
+  longer.load_dir = dir + "/step-5";
+  auto refused = Train(plan, longer);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("saved by a run of 12 steps"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("this run of 20 steps"), std::string::npos) << refused.status();
+
+  TrainOptions same = base;
+  same.steps = 12;
+  same.load_dir = dir + "/step-5";
+  auto resumed = Train(plan, same);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(resumed->steps.size(), 7u);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(resumed->steps[i].loss, uninterrupted->steps[5 + i].loss) << "step " << 6 + i;
 }
 
 }  // namespace

@@ -123,7 +123,9 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
 
 // Outputs that cannot be written, and a --load the run cannot resume from,
 // are found before the first step (or any worker starts), not after training.
-int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
+// `schedule_spans_run`: the program's learning rate decays over the run's
+// steps (a cosine without decay_steps).
+int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool schedule_spans_run) {
   const std::string save = UserPath(absl::GetFlag(FLAGS_save));
   const std::string load = UserPath(absl::GetFlag(FLAGS_load));
   if (absl::GetFlag(FLAGS_save_every) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 0 ||
@@ -153,8 +155,11 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed) {
   if (!load.empty()) {
     // --steps is known here; an --epochs run's length needs the data, so Train checks it.
     auto metadata = ReadCheckpointMetadata(load);
-    const int64_t steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps) : INT64_MAX;
-    absl::Status bad = metadata.ok() ? CheckResumable(*metadata, global_batch, seed, steps).status() : absl::OkStatus();
+    const bool given = absl::GetFlag(FLAGS_steps) > 0;
+    const int64_t steps = given ? absl::GetFlag(FLAGS_steps) : INT64_MAX;
+    absl::Status bad = metadata.ok()
+                           ? CheckResumable(*metadata, global_batch, seed, steps, given && schedule_spans_run).status()
+                           : absl::OkStatus();
     if (!bad.ok()) {
       std::cerr << "error: --load " << load << ": " << bad.message() << "\n";
       return kExitUsage;
@@ -390,7 +395,8 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   }
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
   if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
-      int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed)) {
+      int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed,
+                               ScheduleSpansRun(result->plans[0].program()))) {
     return rc;
   }
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
