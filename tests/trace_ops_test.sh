@@ -24,6 +24,8 @@ got=$(echo "$all" | awk '/^all ops/ {print $NF}')
 /usr/bin/python3 -c "import sys; sys.exit(abs(float('$got') * 3 - $want) > 1e-6)" ||
   fail "op events: trace_ops counts $got a step, the trace holds $want"
 grep -qE "^matmul +[0-9.]+ " <<<"$all" || fail "no matmul row: $all"
+# Transfers sum by type: one send row and one recv row, not a row per var and micro-batch.
+[ "$(grep -cE '^send ' <<<"$all")" = 1 ] && [ "$(grep -cE '^recv ' <<<"$all")" = 1 ] || fail "transfers not by type: $all"
 skipped=$(/usr/bin/python3 "$tool" "$tmp/trace.json" --skip_steps 1) || fail "--skip_steps 1: $skipped"
 head -1 <<<"$skipped" | grep -q "over 2 steps" || fail "--skip_steps 1: $skipped"
 if out=$(/usr/bin/python3 "$tool" "$tmp/trace.json" --skip_steps 3 2>&1); then fail "--skip_steps 3 passed: $out"; fi

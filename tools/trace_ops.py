@@ -44,8 +44,11 @@ def main():
         track = ends.get((e.get("pid"), e.get("tid")))
         if a.skip_steps and track and e["ts"] < track[a.skip_steps - 1]:
             continue
-        total[e["name"]] += e["dur"]
-        count[e["name"]] += 1
+        # A transfer's event names its var, ranks and micro-batch ("send h2
+        # 0->1 mb 0"); its type is the first word.
+        name = e["name"].split(" ", 1)[0] if e.get("cat") == "comm" else e["name"]
+        total[name] += e["dur"]
+        count[name] += 1
     whole = sum(total.values())
     if whole == 0:
         sys.exit("trace_ops: %s holds no op events" % a.trace)
