@@ -327,10 +327,16 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
   int64_t saved_total = 0;
   if (schedule_spans_run && ts != metadata.end() && absl::SimpleAtoi(ts->second, &saved_total) &&
       saved_total != total_steps) {
+    // decay_steps counts optimizer updates: under gradient merge, one every k steps.
+    int64_t saved_k = 1;
+    if (auto k = metadata.find("merge_steps"); k == metadata.end() || !absl::SimpleAtoi(k->second, &saved_k) || saved_k < 1) {
+      saved_k = 1;
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "saved by a run of ", saved_total, " steps, over which the program's cosine learning rate decays; this run of ",
-        total_steps, " steps would decay it over those instead: resume with ", saved_total,
-        " steps (they count the whole run), or give the program a fixed lr_schedule.cosine.decay_steps"));
+        total_steps, " steps would decay it over those instead. To keep the saved run's schedule, give the program's ",
+        "lr_schedule.cosine decay_steps: ", saved_total / saved_k, " (its optimizer updates)",
+        step < saved_total ? absl::StrCat(", or resume with --steps ", saved_total, " (they count the whole run)") : ""));
   }
   return step;
 }

@@ -94,17 +94,17 @@ struct TrainReport {
   std::vector<std::string> kernel_fallbacks;
 };
 
+// Whether the program's learning rate decays over the run's steps (a
+// cosine without decay_steps), so that a resumed run must have the saving
+// run's length.
+bool ScheduleSpansRun(const Program& program);
+
 // The step of a checkpoint (its metadata) if a run of `total_steps` steps
 // with this global batch and seed may resume from it: the same batch and
 // seed (they decide the data order and dropout masks), and steps left to
 // run (OutOfRange otherwise). With `schedule_spans_run` (a cosine learning
 // rate whose decay_steps is 0: it decays over the run's steps), also the
 // same run length as the saving run's, where the checkpoint says it.
-// Whether the program's learning rate decays over the run's steps (a
-// cosine without decay_steps), so that a resumed run must have the saving
-// run's length.
-bool ScheduleSpansRun(const Program& program);
-
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,
                                        uint64_t seed, int64_t total_steps, bool schedule_spans_run = false);
 

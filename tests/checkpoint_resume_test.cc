@@ -109,6 +109,9 @@ TEST(CheckpointResumeTest, ARunLengthScheduleResumesOnlyWithTheSameLength) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_NE(refused.status().message().find("saved by a run of 12 steps"), std::string::npos) << refused.status();
   EXPECT_NE(refused.status().message().find("this run of 20 steps"), std::string::npos) << refused.status();
+  // The two ways on: the saved run's 12 updates as a fixed decay, or its length.
+  EXPECT_NE(refused.status().message().find("decay_steps: 12"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("--steps 12"), std::string::npos) << refused.status();
 
   TrainOptions same = base;
   same.steps = 12;
