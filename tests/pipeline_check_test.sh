@@ -140,6 +140,21 @@ out=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/pp2.strategy.pbt
 [ -s "$tmp/err" ] && fail "a plan that fits 80 GiB warns: $(cat "$tmp/err")"
 echo "$out" | grep -qE "^  device memory: each GPU \(--device_memory_gib 80\) holds 80.00 GiB; rank [01]'s predicted peak, the largest, is" ||
   fail "no GPU memory line: $out"
+# 7. A tied weight (GPT's token embedding on stage 0, tied to the LM head on
+# stage 1) exchanges its gradient once an update, with gradient merge too:
+# each stage line counts those transfers and the bytes it sends there (the
+# [256, 64] F32 gradient, 64.0 KiB each way).
+"$strata" gen gpt --blocks 2 --d_model 64 --heads 4 --seq 32 --vocab 256 --stages 2 >"$tmp/gpt_pp2.pbtxt" ||
+  fail "gen gpt"
+printf '%s\n' 'pipeline { micro_batch_size: 2 accumulate_steps: 4 }' 'gradient_merge { k_steps: 2 }' >"$tmp/gm.strategy.pbtxt"
+for device in cpu gpu; do
+  out=$("$strata" check "$tmp/gpt_pp2.pbtxt" --strategy "$tmp/gm.strategy.pbtxt" --device $device 2>&1) ||
+    fail "check of a tied GPT under gradient merge (--device $device): $out"
+  for stage in 0 1; do
+    echo "$out" | grep -qE "^  stage $stage: .*, 4 transfers \(2 once an update, sending 64.0 KiB\)," ||
+      fail "stage $stage's line does not count the tied exchange (--device $device): $out"
+  done
+done
 "$strata" check "$tmp/resmlp8_pp2.pbtxt" --device_memory_gib -3 2>"$tmp/err" && fail "a negative --device_memory_gib passed"
 grep -q "^error: --device_memory_gib -3: expected a size in GiB" "$tmp/err" || fail "negative size: $(cat "$tmp/err")"
 echo "PASS"

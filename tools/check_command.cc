@@ -253,6 +253,10 @@ int CheckCommand(const std::string& path) {
   std::map<int, int64_t> stage_params, stage_param_bytes, stage_activation_bytes;
   std::map<int, double> stage_work;  // estimated forward + backward per micro-batch
   std::map<int, int> stage_ops, stage_forward_ops, stage_transfers;
+  // Transfers in the optimizer action (tied weights' gradients, once an
+  // update), and the bytes this stage sends there.
+  std::map<int, int> stage_update_transfers;
+  std::map<int, int64_t> stage_update_send_bytes;
   std::set<std::string> counted;  // parameter names
   for (const RankPlan& plan : result->plans) {
     if (plan.topology().dp_rank() != 0) continue;
@@ -266,9 +270,19 @@ int CheckCommand(const std::string& path) {
       params += n;
       param_bytes += n * DataTypeSize(v.dtype());
     }
+    std::map<std::string, const Var*> var_of;
+    for (const Var& v : plan.program().var()) var_of[v.name()] = &v;
     for (const Op& op : plan.program().op()) {
       if (op.type() == "send" || op.type() == "recv") {
         stage_transfers[stage]++;
+        if (op.role() != OPTIMIZE) continue;
+        stage_update_transfers[stage]++;
+        auto v = op.type() == "send" && op.input_size() == 1 ? var_of.find(op.input(0)) : var_of.end();
+        if (v != var_of.end()) {
+          stage_update_send_bytes[stage] +=
+              NumElements(std::vector<int64_t>(v->second->shape().begin(), v->second->shape().end())) *
+              DataTypeSize(v->second->dtype());
+        }
         continue;
       }
       stage_ops[stage]++;
@@ -320,10 +334,15 @@ int CheckCommand(const std::string& path) {
             ? absl::StrFormat(", %.0f%% of the work (%.3g GFLOP-eq per micro-batch)",
                               100 * stage_work[stage] / total_work, stage_work[stage] * 1e-9)
             : "";
+    const std::string at_update =
+        stage_update_transfers[stage] > 0
+            ? absl::StrFormat(" (%d once an update, sending %s)", stage_update_transfers[stage],
+                              Bytes(stage_update_send_bytes[stage]))
+            : "";
     std::cout << absl::StrFormat(
-        "  stage %d: %d ops (%d forward), %d transfers, %d parameters (%s), predicted activations %s%s\n", stage, n,
-        stage_forward_ops[stage], stage_transfers[stage], stage_params[stage], Bytes(stage_param_bytes[stage]),
-        Bytes(stage_activation_bytes[stage]), work);
+        "  stage %d: %d ops (%d forward), %d transfers%s, %d parameters (%s), predicted activations %s%s\n", stage, n,
+        stage_forward_ops[stage], stage_transfers[stage], at_update, stage_params[stage],
+        Bytes(stage_param_bytes[stage]), Bytes(stage_activation_bytes[stage]), work);
   }
   // With recompute: the same program compiled without it, so each rank can
   // show what recompute saves (activation peaks of the two memory plans).
