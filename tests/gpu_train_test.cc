@@ -8,6 +8,7 @@
 // Tagged gpu: without a CUDA device every test FAILS (never skips).
 
 #include <cmath>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -200,6 +201,21 @@ TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingTrainTheEagerBits) {
 // on GPU 0, tensors between ranks over Gloo staged through pinned host
 // memory. The same layout on the CPU is the reference; float64 keeps
 // summation order out of the comparison (1e-9).
+ParityRun TrainOnGpuAndCpu(const Program& program, const Strategy& strategy, ParityOptions options, ParityRun* cpu) {
+  auto on_cpu = TrainParallel(program, strategy, options);
+  EXPECT_TRUE(on_cpu.ok()) << on_cpu.status();
+  if (on_cpu.ok()) *cpu = *on_cpu;
+  options.device_kind = DEVICE_CUDA;
+  options.make_device = [](int) -> absl::StatusOr<std::unique_ptr<Device>> {
+    absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(0);
+    if (!device.ok()) return device.status();
+    return std::unique_ptr<Device>(*std::move(device));
+  };
+  auto on_gpu = TrainParallel(program, strategy, options);
+  EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
+  return on_gpu.ok() ? *on_gpu : ParityRun();
+}
+
 ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun* cpu) {
   GenOptions gen;
   gen.dtype = "F64";
@@ -210,18 +226,7 @@ ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun
   options.data = "synthetic:classes=10,size=512";
   options.steps = 10;
   options.batch_size = 16;
-  auto on_cpu = TrainParallel(*program, strategy, options);
-  EXPECT_TRUE(on_cpu.ok()) << on_cpu.status();
-  if (on_cpu.ok()) *cpu = *on_cpu;
-  options.device_kind = DEVICE_CUDA;
-  options.make_device = [](int) -> absl::StatusOr<std::unique_ptr<Device>> {
-    absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(0);
-    if (!device.ok()) return device.status();
-    return std::unique_ptr<Device>(*std::move(device));
-  };
-  auto on_gpu = TrainParallel(*program, strategy, options);
-  EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
-  return on_gpu.ok() ? *on_gpu : ParityRun();
+  return TrainOnGpuAndCpu(program.ok() ? *program : Program(), strategy, options, cpu);
 }
 
 TEST_F(GpuTrainTest, TwoPipelineStagesSharingTheGpuTrainLikeTheCpu) {
@@ -242,6 +247,32 @@ TEST_F(GpuTrainTest, TwoDataParallelReplicasSharingTheGpuTrainLikeTheCpu) {
   const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 1, &cpu);
   EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-9);
   EXPECT_LE(MaxWeightDifference(gpu, cpu), 1e-9);
+}
+
+// The tiny GPT over two stages sharing the GPU, its token embedding tied
+// across them, under 1F1B and gradient merge: each stage sums its part of
+// the tied gradient over the update's steps and the parts cross once an
+// update, in the optimizer action (written 2026-11-28, not yet run on a
+// GPU). Float32 against the same layout on the CPU: losses within 1e-4
+// relative a step (issue 18's bar for a GPU run against the CPU's).
+TEST_F(GpuTrainTest, ATiedGptPipelineUnderGradientMergeSharingTheGpuTrainsLikeTheCpu) {
+  auto program = GenerateModel("gpt", TinyGpt("F32", 2));
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(2);
+  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  strategy.mutable_gradient_merge()->set_k_steps(2);
+  strategy.mutable_gradient_merge()->set_average(true);
+  ParityOptions options;
+  options.data = "synthetic:vocab=256,size=512";
+  options.steps = 8;
+  ParityRun cpu;
+  const ParityRun gpu = TrainOnGpuAndCpu(*program, strategy, options, &cpu);
+  ASSERT_EQ(gpu.losses.size(), 8u);
+  EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-4);
+  std::string worst;
+  std::cout << "largest relative weight difference " << MaxWeightDifference(gpu, cpu, &worst) << " (" << worst << ")\n";
 }
 
 }  // namespace
