@@ -48,4 +48,40 @@ echo "$cmp" | tail -8
 worst=$(echo "$cmp" | sed -n 's/^max relative difference \([0-9.e+-]*\) over 6 steps$/\1/p')
 [ -n "$worst" ] || fail "no comparison over 6 steps"
 awk -v w="$worst" 'BEGIN { exit !(w < 1e-4) }' || fail "the hybrid's losses part from one device's by $worst"
+
+# --compare_single's reference has the run's arithmetic and steps:
+# (a) under F16 mixed precision it is one device in F16 too (a scale of
+#     2^100 overflows every update on both sides: the losses stay equal;
+#     a float32 reference would train and part from them);
+# (b) a run resumed from a checkpoint compares steps 4..6 with a reference
+#     resumed from the same checkpoint (one device loads the pipeline's);
+# (c) one process without --metrics compares through a temporary file.
+# (A failing --load is said once, before the workers start.)
+pp="$tmp/pp.strategy.pbtxt"
+printf '%s\n' 'pipeline { micro_batch_size: 8 accumulate_steps: 2 }' >"$pp"
+cat "$pp" - >"$tmp/f16.strategy.pbtxt" <<'EOT'
+mixed_precision { dtype: F16 loss_scaling { init_scale: 1.2676506e30 } }
+EOT
+worst_of() { sed -n "s/^max relative difference \([0-9.e+-]*\) over $2 steps\$/\1/p" <<<"$1"; }
+f16=$("$strata" run "$examples/convnet_fashion_pp2.pbtxt" --strategy "$tmp/f16.strategy.pbtxt" --nproc 2 --steps 4 \
+  --quiet --compare_single --log_dir "$tmp/log" 2>&1) || fail "F16 run: $f16"
+w=$(worst_of "$f16" 4)
+[ -n "$w" ] && awk -v w="$w" 'BEGIN { exit !(w < 1e-6) }' || fail "F16 against its reference: $f16"
+"$strata" run "$examples/convnet_fashion_pp2.pbtxt" --strategy "$pp" --nproc 2 --steps 6 --quiet \
+  --save "$tmp/ck" --save_every 3 --log_dir "$tmp/log" >/dev/null 2>&1 || fail "run saving step 3"
+resumed=$("$strata" run "$examples/convnet_fashion_pp2.pbtxt" --strategy "$pp" --nproc 2 --steps 6 --quiet \
+  --load "$tmp/ck/step-3" --compare_single --log_dir "$tmp/log" 2>&1) || fail "resumed run: $resumed"
+grep -qE "^ +4 +[0-9.]+ +[0-9.]+ " <<<"$resumed" && ! grep -qE "^ +1 +[0-9.]+ +[0-9.]+ " <<<"$resumed" ||
+  fail "the resumed comparison does not start at step 4: $resumed"
+w=$(worst_of "$resumed" 3)
+[ -n "$w" ] && awk -v w="$w" 'BEGIN { exit !(w < 1e-4) }' || fail "resumed against its reference: $resumed"
+one=$("$strata" run "$examples/convnet_fashion_pp2.pbtxt" --steps 2 --batch_size 16 --quiet --compare_single 2>&1) ||
+  fail "one process --compare_single without --metrics: $one"
+[ -n "$(worst_of "$one" 2)" ] || fail "one process printed no comparison: $one"
+
+# A --load with no checkpoint is one error line before any worker starts.
+if missing=$("$strata" run "$examples/convnet_fashion_pp2.pbtxt" --strategy "$pp" --nproc 2 --steps 2 --quiet \
+  --load "$tmp/none" --log_dir "$tmp/log" 2>&1); then fail "a missing --load folder passed"; fi
+[ "$(grep -c '^error:' <<<"$missing")" = 1 ] && ! grep -q '^\[rank' <<<"$missing" &&
+  grep -q "^error: --load $tmp/none: " <<<"$missing" || fail "a missing --load folder: $missing"
 echo "PASS"

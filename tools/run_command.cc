@@ -65,6 +65,17 @@ absl::StatusOr<std::vector<double>> LossesFromMetrics(const std::string& path) {
   return losses;
 }
 
+// A fresh temporary file for the metrics --compare_single reads when the run
+// writes none; empty if none could be made (then the comparison fails
+// naming the empty path).
+std::string TemporaryMetricsFile() {
+  char tmpl[] = "/tmp/strata-metrics-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd < 0) return "";
+  close(fd);
+  return tmpl;
+}
+
 // --compare_single: the same program on one device, same data and global
 // batch, printed beside the parallel run's losses. The reference keeps the
 // strategy's gradient_merge, so its step N merges the same samples as the
@@ -84,6 +95,11 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
   if (parallel_strategy->has_gradient_merge()) {
     *reference.mutable_gradient_merge() = parallel_strategy->gradient_merge();
   }
+  // The same arithmetic: mixed precision (with its loss scaling) and TF32.
+  if (parallel_strategy->has_mixed_precision()) {
+    *reference.mutable_mixed_precision() = parallel_strategy->mixed_precision();
+  }
+  reference.set_allow_tf32(parallel_strategy->allow_tf32());
   CompileOptions options;
   options.batch_size = global_batch;
   auto single = Compile(*program, reference, options);
@@ -95,7 +111,10 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
   t.metrics_path.clear();
   t.trace_path.clear();
   t.save_dir.clear();
-  t.load_dir.clear();
+  // A resumed run's reference resumes from the same checkpoint (one device
+  // loads any layout's), so both columns hold the same steps; where --load
+  // names a folder with nothing in it yet (a first start), both start at 0.
+  if (!t.load_dir.empty() && !ResolveCheckpoint(t.load_dir).ok()) t.load_dir.clear();
   t.eval_data.clear();
   t.progress = false;
   auto report = Train(single->plans[0], t);
@@ -114,7 +133,7 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
     const double a = report->steps[i].loss, b = (*parallel)[i];
     const double rel = std::abs(a - b) / std::max(std::abs(a), 1e-30);
     worst = std::max(worst, rel);
-    std::cout << absl::StrFormat("%6d  %14.9f  %14.9f  %10.2e\n", i + 1, a, b, rel);
+    std::cout << absl::StrFormat("%6d  %14.9f  %14.9f  %10.2e\n", report->steps[i].step, a, b, rel);
   }
   std::cout << absl::StrFormat("max relative difference %.2e over %d steps\n", worst,
                                std::min(report->steps.size(), parallel->size()));
@@ -155,11 +174,17 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
   if (!load.empty()) {
     // --steps is known here; an --epochs run's length needs the data, so Train checks it.
     auto metadata = ReadCheckpointMetadata(load);
+    if (!metadata.ok()) {
+      // --load DIR --save DIR with nothing in DIR yet is a first start (Train
+      // notes it); anything else unreadable is said once here, before the
+      // workers would each say it.
+      if (absl::IsNotFound(metadata.status()) && SameFolder(load, save)) return 0;
+      std::cerr << "error: --load " << load << ": " << metadata.status().message() << "\n";
+      return kExitError;
+    }
     const bool given = absl::GetFlag(FLAGS_steps) > 0;
     const int64_t steps = given ? absl::GetFlag(FLAGS_steps) : INT64_MAX;
-    absl::Status bad = metadata.ok()
-                           ? CheckResumable(*metadata, global_batch, seed, steps, given && schedule_spans_run).status()
-                           : absl::OkStatus();
+    absl::Status bad = CheckResumable(*metadata, global_batch, seed, steps, given && schedule_spans_run).status();
     if (!bad.ok()) {
       std::cerr << "error: --load " << load << ": " << bad.message() << "\n";
       return kExitUsage;
@@ -225,14 +250,26 @@ int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t
   InstallStopHandler();
   TrainOptions options = TrainOptionsFromFlags(program_seed);
   if (device != nullptr) options.device = device;
+  // --compare_single reads this run's losses from its metrics, a temporary
+  // file when the run writes none.
+  const bool compare = absl::GetFlag(FLAGS_compare_single);
+  std::string temp_metrics;
+  if (compare && options.metrics_path.empty()) temp_metrics = options.metrics_path = TemporaryMetricsFile();
   auto report = Train(result.plans[0], options);
+  int rc = 0;
   if (!report.ok()) {
     std::cerr << "error: " << report.status().message() << "\n";
-    return kExitError;
+    rc = kExitError;
+  } else {
+    PrintSummary(*report);
+    if (report->stop_signal != 0) {
+      rc = ReportStopped(*report);
+    } else if (compare) {
+      rc = CompareWithSingleDevice(path, result.batch_size, options.metrics_path);
+    }
   }
-  PrintSummary(*report);
-  if (report->stop_signal != 0) return ReportStopped(*report);
-  return absl::GetFlag(FLAGS_compare_single) ? CompareWithSingleDevice(path, result.batch_size, UserPath(absl::GetFlag(FLAGS_metrics))) : 0;
+  if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+  return rc;
 }
 
 // The errors the job's ranks recorded in its store, first in time first, for
@@ -288,10 +325,7 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
   std::string metrics = UserPath(absl::GetFlag(FLAGS_metrics));
   std::string temp_metrics;
   if (absl::GetFlag(FLAGS_compare_single) && metrics.empty()) {
-    char tmpl[] = "/tmp/strata-metrics-XXXXXX";
-    int fd = mkstemp(tmpl);
-    if (fd >= 0) close(fd);
-    temp_metrics = metrics = tmpl;
+    temp_metrics = metrics = TemporaryMetricsFile();
     args.push_back(absl::StrCat("--metrics=", metrics));
   }
   const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
