@@ -14,7 +14,10 @@ import sys
 
 
 def main(argv):
-    if len(argv) not in (2, 3):
+    if len(argv) in (2, 3) and argv[1] in ("-h", "--help"):
+        sys.stdout.write(__doc__)
+        return 0
+    if len(argv) not in (2, 3) or argv[1].startswith("-"):
         sys.stderr.write(__doc__)
         return 2
     out = argv[1]

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -116,11 +117,18 @@ class Writer {
 
 std::string Shape(std::initializer_list<int64_t> dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
 
-absl::StatusOr<std::string> Mlp(const GenOptions& o) {
-  if (o.layers.size() < 2) return absl::InvalidArgumentError("--layers needs at least an input and an output width");
-  for (int64_t w : o.layers) {
+// --layers for mlp and resmlp: an input and an output width at least, each
+// in 1..2^20.
+absl::Status CheckLayers(const std::vector<int64_t>& layers) {
+  if (layers.size() < 2) return absl::InvalidArgumentError("--layers needs at least an input and an output width");
+  for (int64_t w : layers) {
     if (w <= 0 || w > (1 << 20)) return absl::InvalidArgumentError(absl::StrCat("--layers: width ", w, " must be in 1..1048576"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Mlp(const GenOptions& o) {
+  if (auto s = CheckLayers(o.layers); !s.ok()) return s;
   const int n = static_cast<int>(o.layers.size()) - 1;
   if (o.stages > n) return absl::InvalidArgumentError(absl::StrCat("--stages ", o.stages, " exceeds the ", n, " layers"));
   std::vector<double> cost;
@@ -149,6 +157,7 @@ absl::StatusOr<std::string> Mlp(const GenOptions& o) {
 }
 
 absl::StatusOr<std::string> ResMlp(const GenOptions& o) {
+  if (auto s = CheckLayers(o.layers); !s.ok()) return s;
   if (o.blocks < 1 || o.blocks > 100000) return absl::InvalidArgumentError("--blocks must be in 1..100000");
   const int64_t in = o.layers.front(), width = o.layers.size() > 2 ? o.layers[1] : 128, classes = o.layers.back();
   const int n = o.blocks + 2;
@@ -389,7 +398,12 @@ absl::StatusOr<std::string> GenerateProgram(const std::string& model, const GenO
     return absl::InvalidArgumentError(absl::StrCat("--optimizer '", options.optimizer, "': expected sgd, momentum, adam or adamw"));
   }
   if (options.dtype != "F32" && options.dtype != "F64") return absl::InvalidArgumentError("--dtype must be F32 or F64");
-  if (!(options.dropout >= 0 && options.dropout < 1)) return absl::InvalidArgumentError("--dropout must be in [0, 1)");
+  // As the program writes it (%g): 0.9999999999999999 would be written as 1.
+  double written = 0;
+  if (!(options.dropout >= 0 && absl::SimpleAtod(absl::StrFormat("%g", options.dropout), &written) && written < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--dropout must be in [0, 1) as the program writes it (6 digits); got %g", options.dropout));
+  }
   if (model == "mlp") return Mlp(options);
   if (model == "resmlp") return ResMlp(options);
   if (model == "gpt") return Gpt(options);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "compiler/program_text.h"
 #include "gtest/gtest.h"
 
@@ -188,6 +189,28 @@ TEST(ModelGenTest, GptRejectsBadSizes) {
   o.vocab = 256;
   o.stages = 5;  // embeddings, 2 blocks, head
   EXPECT_FALSE(GenerateProgram("gpt", o).ok());
+}
+
+// What gen refuses it refuses itself, not through a program that check
+// then rejects: resmlp's widths as mlp's, and a dropout that its six
+// written digits would round up to 1.
+TEST(ModelGenTest, BadWidthsAndDropoutsAreRefusedByGen) {
+  for (const std::string model : {"mlp", "resmlp"}) {
+    for (const std::vector<int64_t>& layers : std::vector<std::vector<int64_t>>{{784, 0, 10}, {784, -1, 10}, {784}}) {
+      GenOptions o;
+      o.layers = layers;
+      auto text = GenerateProgram(model, o);
+      EXPECT_FALSE(text.ok()) << model << " " << absl::StrJoin(layers, ",");
+      if (!text.ok()) EXPECT_TRUE(absl::StrContains(text.status().message(), "--layers")) << text.status();
+    }
+  }
+  GenOptions o;
+  o.dropout = 0.9999999999999999;
+  auto rounded = GenerateProgram("mlp", o);
+  ASSERT_FALSE(rounded.ok());
+  EXPECT_TRUE(absl::StrContains(rounded.status().message(), "--dropout")) << rounded.status();
+  o.dropout = 0.5;
+  EXPECT_TRUE(GenerateProgram("mlp", o).ok());
 }
 
 }  // namespace
