@@ -293,6 +293,20 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
   return absl::OkStatus();
 }
 
+namespace {
+
+// The gradient_merge.k_steps of the run that saved a checkpoint (1 where its
+// metadata does not say).
+absl::StatusOr<int64_t> SavedMergeSteps(const std::map<std::string, std::string>& metadata) {
+  int64_t k = 1;
+  if (auto it = metadata.find("merge_steps"); it != metadata.end() && (!absl::SimpleAtoi(it->second, &k) || k < 1)) {
+    return absl::DataLossError(absl::StrCat("bad merge_steps '", it->second, "' in the checkpoint's metadata"));
+  }
+  return k;
+}
+
+}  // namespace
+
 bool ScheduleSpansRun(const Program& program) {
   const Optimizer::LrSchedule& schedule = program.optimizer().lr_schedule();
   return schedule.has_cosine() && schedule.cosine().decay_steps() == 0;
@@ -328,10 +342,7 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
   if (schedule_spans_run && ts != metadata.end() && absl::SimpleAtoi(ts->second, &saved_total) &&
       saved_total != total_steps) {
     // decay_steps counts optimizer updates: under gradient merge, one every k steps.
-    int64_t saved_k = 1;
-    if (auto k = metadata.find("merge_steps"); k == metadata.end() || !absl::SimpleAtoi(k->second, &saved_k) || saved_k < 1) {
-      saved_k = 1;
-    }
+    const int64_t saved_k = SavedMergeSteps(metadata).value_or(1);
     return absl::InvalidArgumentError(absl::StrCat(
         "saved by a run of ", saved_total, " steps, over which the program's cosine learning rate decays; this run of ",
         total_steps, " steps would decay it over those instead. To keep the saved run's schedule, give the program's ",
@@ -909,10 +920,7 @@ absl::Status AddHostTensor(const std::string& name, Tensor& a, const Tensor& b) 
 // this layout sums it from parts, to the primary part (the others zeros).
 absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::string, std::string>& metadata,
                                              std::map<std::string, Tensor>& tensors) const {
-  int64_t saved_k = 1;
-  if (auto it = metadata.find("merge_steps"); it != metadata.end() && (!absl::SimpleAtoi(it->second, &saved_k) || saved_k < 1)) {
-    return absl::DataLossError(absl::StrCat("bad merge_steps '", it->second, "' in the checkpoint's metadata"));
-  }
+  STRATA_ASSIGN_OR_RETURN(const int64_t saved_k, SavedMergeSteps(metadata));
   const int64_t k = executor_->merge_steps();
   if (step % saved_k != 0 && saved_k != k) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -943,23 +951,19 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
       if (saved != tensors.end()) wholes[whole] = saved->second;
       continue;
     }
-    Tensor sum;
-    if (saved != tensors.end()) {
-      sum = saved->second.Clone(GetCpuAllocator());
-      if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", whole, "'"));
-    }
+    // What was saved of it: the whole (an older layout's), then its parts.
+    std::vector<const Tensor*> pieces;
+    if (saved != tensors.end()) pieces.push_back(&saved->second);
     for (const std::string& part : parts->second) {
       auto it = tensors.find(part);
       if (it == tensors.end()) {
         return absl::DataLossError(absl::StrCat("has no tensor '", part, "', a part of gradient-merge buffer '", whole, "'"));
       }
-      if (!sum.defined()) {
-        sum = it->second.Clone(GetCpuAllocator());
-        if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", whole, "'"));
-        continue;
-      }
-      STRATA_RETURN_IF_ERROR(AddHostTensor(whole, sum, it->second));
+      pieces.push_back(&it->second);
     }
+    Tensor sum = pieces[0]->Clone(GetCpuAllocator());
+    if (!sum.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for '", whole, "'"));
+    for (size_t i = 1; i < pieces.size(); ++i) STRATA_RETURN_IF_ERROR(AddHostTensor(whole, sum, *pieces[i]));
     wholes[whole] = std::move(sum);
   }
   for (const auto& [name, whole] : takes) {
