@@ -347,25 +347,40 @@ TEST(MemoryPlanTest, ViewsShareTheirInputsBuffer) {
 
 // A recv's buffer is allocated when its action starts (RecvKernel::Prefetch
 // posts the receive there), not where the recv op sits; the plan allocates it
-// at the op. On stage 0 of a pipeline where t, read on both stages, has one
-// gradient path (stage 1's matmul: its gradient crosses in the backward),
-// the backward is
-//   recv h@grad; matmul(x, h@grad) -> w0@grad; recv t@grad.
-// One micro-batch of 16 rows, F64: x 512, h@grad 512, w0@grad [4, 4] 128,
-// t@grad [4, 3] 96, the fetched tm 8. Both recv buffers exist from the
-// backward's start, so at the matmul: 512 + 512 + 128 + 96 + 8 = 1256,
-// which `strata run --nproc 2` measures (1488 = 1256 + w0 128 + t 96 +
-// @step 8). Counting the second recv only where it sits, the plan would
-// predict 1160, below the measured peak, which broke the memory rule's
-// upper bound; it allocates an action's receives at its start.
+// at the op. Stage 0 sends two activations (h = x w0 and u = x w1), and its
+// backward receives their gradients where each is read:
+//   recv u@grad; matmul(x, u@grad) -> w1@grad; recv h@grad; matmul(x, h@grad) -> w0@grad.
+// One micro-batch of 16 rows, F64: x 512, u@grad 512, h@grad 512, each
+// weight's gradient [4, 4] 128. Both recv buffers exist from the backward's
+// start, so at the first matmul: 512 + 512 + 512 + 128 = 1664, which
+// `strata run --nproc 2` measures (1928 = 1664 + w0 128 + w1 128 + @step 8).
+// Counting the second recv only where it sits, the plan would predict 1280
+// (at the second matmul), below the measured peak, which broke the memory
+// rule's upper bound; it allocates an action's receives at its start.
 TEST(MemoryPlanTest, RecvBuffersLiveFromTheirActionsStart) {
+  constexpr char kTwoGradientsBack[] = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "t0" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "t1" dtype: F64 shape: [4, 3] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["x", "w1"] output: ["u"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "t0"] output: ["a"] device: "gpu:1" }
+    op { type: "matmul" input: ["u", "t1"] output: ["b"] device: "gpu:1" }
+    op { type: "add" input: ["a", "b"] output: ["z"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
   Strategy strategy;
   strategy.mutable_pipeline()->set_micro_batch_size(16);
   strategy.mutable_pipeline()->set_accumulate_steps(1);
-  auto result = Compile(ParseProgramOrFail(kOnePathTiedWeightOnTwoStages), strategy, CompileOptions());
+  auto result = Compile(ParseProgramOrFail(kTwoGradientsBack), strategy, CompileOptions());
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1256);
-  EXPECT_EQ(result->plans[0].memory().peak_bytes(), 1488);
+  EXPECT_EQ(result->plans[0].memory().activation_peak_bytes(), 1664);
+  EXPECT_EQ(result->plans[0].memory().peak_bytes(), 1928);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
+#include "passes/pass_helpers.h"
 #include "proto/roles.h"
 
 namespace strata {
@@ -48,10 +49,61 @@ Op MakeTransferOp(const Graph& graph, const std::string& type, const Transfer& t
   return op;
 }
 
+// A weight read on several stages whose gradient flows through one reader
+// (read elsewhere only where no gradient flows, as a fetched mean) has no
+// sum of parts: its gradient op writes the whole gradient. That op writes a
+// part instead, and a sum of that one part (add_n, a copy) makes the whole,
+// so that it crosses the stages as the other tied gradients do: once an
+// update, from a tensor of the optimizer action's own. Sent from the buffer
+// the micro-batches sum the gradient into, the send could still be reading
+// it when the buffer is zeroed for the next step; sent in every backward, a
+// gradient going the way the activations go met the home's next forward's
+// activation on the same pair of ranks, which NCCL (matching a pair's
+// messages by issue order) cannot take.
+absl::Status GiveOnePathTiedGradientsASum(Graph& graph) {
+  const std::vector<int> producer = graph.FirstWriters();
+  const std::vector<std::vector<int>> readers = graph.Readers();
+  const VarWriters writers = CountWriters(graph);
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (graph.kind(v) != PARAM) continue;
+    auto g = graph.program_fields().param_grad().find(std::string(graph.var_name(v)));
+    if (g == graph.program_fields().param_grad().end()) continue;
+    std::set<int> stages;
+    for (int c : readers[v]) stages.insert(graph.stage(c));
+    const int grad = graph.FindVar(g->second);
+    if (stages.size() < 2 || grad < 0 || producer[grad] < 0 || writers.count[grad] != 1) continue;
+    const int op = producer[grad];
+    if (graph.role(op) != BACKWARD || graph.schema(op).type == "add_n") continue;
+    bool moves = true;
+    for (int r : readers[grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
+    for (int64_t d : graph.shape(grad)) moves = moves && d >= 0;
+    if (!moves) continue;
+    const std::string part = FreshVarName(graph, graph.var_name(grad), "@part");
+    graph.AddVar(part, graph.dtype(grad), graph.shape(grad), ACTIVATION);
+    Op rewritten = graph.AsOp(op);
+    for (std::string& out : *rewritten.mutable_output()) {
+      if (out == graph.var_name(grad)) out = part;
+    }
+    if (auto s = graph.ReplaceOp(op, rewritten); !s.ok()) return s;
+    Op sum;
+    sum.set_type("add_n");
+    sum.add_input(part);
+    sum.add_output(std::string(graph.var_name(grad)));
+    sum.set_role(BACKWARD);  // moved to the update below, as autodiff's sums are
+    sum.set_stage(graph.stage(op));
+    sum.set_device(std::string(graph.device(op)));
+    sum.set_uid(-1);
+    sum.set_name(absl::StrCat("sum of ", graph.var_name(grad)));
+    if (auto s = graph.InsertOpAfter(op, sum); !s.ok()) return s.status();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& ctx) {
   if (ctx.num_stages() <= 1) return false;
+  if (auto s = GiveOnePathTiedGradientsASum(graph); !s.ok()) return s;
   const int stage = ctx.stage();
   const std::vector<int> order = graph.ops();  // the whole program, in order
   const std::vector<int> producer = graph.FirstWriters();

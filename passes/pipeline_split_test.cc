@@ -338,22 +338,69 @@ TEST(PipelineSplitPassTest, UnderGradientMergeEachStageSumsItsPartOfATiedGradien
 }
 
 // A weight read on two stages whose gradient flows through one reader has
-// no sum of parts: its gradient op (the last stage's matmul gradient, which
-// reads the micro-batch's activations) stays in the backward, and so does
-// the gradient's transfer to the other stage's replica.
-TEST(PipelineSplitPassTest, ATiedWeightWithOneGradientPathKeepsItsExchangeInTheBackward) {
-  auto plans = CompilePipeline(kOnePathTiedWeightOnTwoStages, 2);
-  ASSERT_EQ(plans.size(), 2u);
-  const Program& replica = plans[0].program();
-  const Program& home = plans[1].program();
-  EXPECT_THAT(replica.tied_replica(), ElementsAre("t"));
-  auto send = Transfers(home, "send", "t@grad");
-  auto recv = Transfers(replica, "recv", "t@grad");
-  ASSERT_EQ(send.size(), 1u);
-  ASSERT_EQ(recv.size(), 1u);
-  EXPECT_EQ(send[0]->role(), BACKWARD);
-  EXPECT_EQ(recv[0]->role(), BACKWARD);
-  for (const Op* op : OpsWriting(home, "t@grad")) EXPECT_EQ(op->role(), BACKWARD) << op->type();
+// no sum of parts from autodiff: its gradient op (the last stage's matmul
+// gradient) writes a part, summed over the micro-batches in a buffer of its
+// own, and a sum of that one part (a copy) in the optimizer action makes the
+// whole, which crosses to the other stage's replica once an update, as the
+// other tied gradients do. The copy, not the buffer, is sent: the buffer is
+// zeroed for the next step in the same action (sent from the buffer, the
+// replicas parted). Under gradient merge the part is a merge buffer, the
+// primary one of its gradient.
+TEST(PipelineSplitPassTest, ATiedWeightWithOneGradientPathCrossesOnceAnUpdateFromACopy) {
+  for (const int merge : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat("gradient merge k = ", merge));
+    Strategy strategy = PipelineStrategy(2);
+    if (merge > 1) strategy.mutable_gradient_merge()->set_k_steps(merge);
+    auto result = Compile(ParseProgramOrFail(kOnePathTiedWeightOnTwoStages), strategy, CompileOptions());
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->plans.size(), 2u);
+    const Program& replica = result->plans[0].program();
+    const Program& home = result->plans[1].program();
+    EXPECT_THAT(replica.tied_replica(), ElementsAre("t"));
+    auto send = Transfers(home, "send", "t@grad");
+    auto recv = Transfers(replica, "recv", "t@grad");
+    ASSERT_EQ(send.size(), 1u);
+    ASSERT_EQ(recv.size(), 1u);
+    EXPECT_EQ(send[0]->role(), OPTIMIZE);
+    EXPECT_EQ(recv[0]->role(), OPTIMIZE);
+    EXPECT_EQ(Key(send[0]->channel()), Key(recv[0]->channel()));
+    const int sum_index = FirstWriter(home, "t@grad");
+    ASSERT_GE(sum_index, 0);
+    const Op& sum = home.op(sum_index);
+    EXPECT_EQ(sum.type(), "add_n");
+    EXPECT_EQ(sum.role(), OPTIMIZE);
+    ASSERT_EQ(sum.input_size(), 1);
+    EXPECT_THAT(send[0]->input(), ElementsAre("t@grad"));
+    const std::string buffer = sum.input(0);
+    EXPECT_NE(buffer, "t@grad");
+    const Var* b = FindVar(home, buffer);
+    ASSERT_NE(b, nullptr) << buffer;
+    EXPECT_EQ(b->kind(), merge > 1 ? STATE : SCRATCH) << buffer;
+    // The micro-batches' gradient ops sum into the buffer in the backward;
+    // the buffer is zeroed after the sum has read it.
+    int zeroed = -1;
+    for (int i = 0; i < home.op_size(); ++i) {
+      const Op& op = home.op(i);
+      if (std::count(op.output().begin(), op.output().end(), buffer) == 0) continue;
+      if (op.type() == "fill_zero") {
+        zeroed = i;
+      } else {
+        EXPECT_EQ(op.role(), BACKWARD) << op.type();
+      }
+    }
+    EXPECT_GT(zeroed, sum_index);
+    for (const Op* op : OpsWriting(replica, "t@grad")) EXPECT_EQ(op->type(), "recv");
+    if (merge > 1) {
+      ASSERT_EQ(home.merge_part_size(), 1);
+      EXPECT_EQ(home.merge_part(0).buffer(), buffer);
+      EXPECT_EQ(home.merge_part(0).whole(), "t@grad@acc");
+      EXPECT_TRUE(home.merge_part(0).primary());
+      EXPECT_EQ(replica.merge_part_size(), 0);
+      EXPECT_THAT(home.merge_buffer(), Contains(buffer));
+    } else {
+      EXPECT_EQ(home.merge_part_size(), 0);
+    }
+  }
 }
 
 TEST(PipelineSplitPassTest, ChannelIdsAreUniquePerVarAndDestinationAndMatchOnBothEnds) {

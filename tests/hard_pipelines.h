@@ -91,11 +91,12 @@ inline constexpr char kCrossedTiedWeights[] = R"pb(
 )pb";
 
 // A weight read on two stages whose gradient has one path (stage 0 only
-// reports its mean): no sum of parts, the last stage's matmul gradient is
-// all of it, sent to stage 0's replica in every backward, beside the
-// activation's gradient. (Sent once an update instead, from the buffer the
-// micro-batches sum it into, the buffer was zeroed for the next step while
-// the send was in flight, and the replicas parted: tried and reverted.)
+// reports its mean): no sum of parts from autodiff, the last stage's matmul
+// gradient is all of it; the pipeline split gives it a sum of one part (a
+// copy) in the optimizer action, sent to stage 0's replica once an update.
+// (Sent from the buffer the micro-batches sum it into, the buffer was
+// zeroed for the next step while the send was in flight, and the replicas
+// parted.)
 inline constexpr char kOnePathTiedWeight[] = R"pb(
   var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
   var { name: "label" dtype: I64 shape: [-1] kind: FEED }
@@ -105,6 +106,26 @@ inline constexpr char kOnePathTiedWeight[] = R"pb(
   op { type: "tanh" input: ["h0"] output: ["h"] device: "gpu:0" }
   op { type: "reduce_mean" input: ["T"] output: ["t_mean"] device: "gpu:0" }
   op { type: "matmul" input: ["h", "T"] output: ["z"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  fetch: "t_mean"
+  optimizer { sgd { learning_rate: 0.2 } }
+)pb";
+
+// The same with the one gradient path on the first stage (T is read on
+// stage 1 only for a fetched mean): the gradient goes the way the
+// activations go. Sent in every backward, it met stage 0's next forward's
+// activation on the same pair of ranks, which a GPU plan (NCCL matching by
+// issue order) refused; once an update it does not.
+inline constexpr char kOnePathTiedWeightOnTheFirstStage[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "T" dtype: F64 shape: [8, 8] kind: PARAM init { normal { std: 0.3 } } }
+  var { name: "C" dtype: F64 shape: [8, 10] kind: PARAM init { normal { std: 0.3 } } }
+  op { type: "matmul" input: ["x", "T"] output: ["h0"] device: "gpu:0" }
+  op { type: "tanh" input: ["h0"] output: ["h"] device: "gpu:0" }
+  op { type: "reduce_mean" input: ["T"] output: ["t_mean"] device: "gpu:1" }
+  op { type: "matmul" input: ["h", "C"] output: ["z"] device: "gpu:1" }
   op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
   loss: "loss"
   fetch: "t_mean"

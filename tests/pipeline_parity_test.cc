@@ -236,14 +236,38 @@ TEST(PipelineHardShapesTest, ThreeTiedWeightsExchangeTheirGradientsInOneOrder) {
   ExpectGpuPlansCompile(*program);
 }
 
-// The one-path exchange stays in every backward; here the gradient goes
-// back the way the activations' gradients go (stage 1 to stage 0, in the
-// same backward), so a GPU plan compiles too.
+// A tied weight whose gradient has one path crosses once an update, from a
+// copy of the micro-batches' sum, whichever way it goes: back the way the
+// activations' gradients go (made on stage 1) or the way the activations go
+// (made on stage 0); under gradient merge too, against one device merging
+// the same steps. The replicas stay identical (TrainParallel fails where
+// they part).
 TEST(PipelineHardShapesTest, ATiedWeightWithOneGradientPath) {
-  auto program = ParseProgramText(kOnePathTiedWeight, "one_path_tied.pbtxt");
-  ASSERT_TRUE(program.ok()) << program.status();
-  ExpectThreeStagesMatchOneDevice(*program);  // two stages here; the same layout
-  ExpectGpuPlansCompile(*program);
+  for (const char* text : {kOnePathTiedWeight, kOnePathTiedWeightOnTheFirstStage}) {
+    SCOPED_TRACE(text == kOnePathTiedWeight ? "made on stage 1" : "made on stage 0");
+    auto program = ParseProgramText(text, "one_path_tied.pbtxt");
+    ASSERT_TRUE(program.ok()) << program.status();
+    ExpectThreeStagesMatchOneDevice(*program);  // two stages here; the same layout
+    ExpectGpuPlansCompile(*program);
+
+    ParityOptions options;
+    options.data = "synthetic:classes=10,size=512";
+    options.steps = 10;
+    Strategy one;
+    one.mutable_gradient_merge()->set_k_steps(2);
+    ParityOptions one_options = options;
+    one_options.batch_size = 4 * 3;
+    auto single = TrainParallel(*program, one, one_options);
+    ASSERT_TRUE(single.ok()) << single.status();
+    Strategy merged = Pipeline(4, 3, ONE_F_ONE_B);
+    merged.mutable_gradient_merge()->set_k_steps(2);
+    auto parallel = TrainParallel(*program, merged, options);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    constexpr double kFloat64Reassociation = 1e-10;
+    EXPECT_LE(MaxLossDifference(*parallel, *single), kFloat64Reassociation);
+    std::string worst;
+    EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kFloat64Reassociation) << "worst parameter: " << worst;
+  }
 }
 
 TEST(PipelineHardShapesTest, CrossedTiedWeightsExchangeWithoutWaitingOnEachOther) {

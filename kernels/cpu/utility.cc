@@ -2,6 +2,8 @@
 // Threads: add_n splits the flat element range into contiguous chunks, each
 // summing all inputs before moving on (one pass over the output per chunk).
 
+#include <algorithm>
+
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/widened.h"
 #include "kernels/kernel_checks.h"
@@ -18,15 +20,19 @@ class AddNKernel : public OpKernel {
     const Tensor& first = ctx.input(0);
     const int inputs = ctx.num_inputs();
     if (absl::Status s = kernel_checks::CheckAddNShapes(ctx); !s.ok()) return s;
-    if (inputs == 1) {
-      ctx.SetOutput(0, first);
-      return absl::OkStatus();
-    }
+    // A tensor of its own even for one input (a copy), as the memory plan
+    // counts it and the CUDA kernel writes it: the pipeline's sum of a tied
+    // gradient's one part is sent while its input, the micro-batches'
+    // buffer, is zeroed for the next step.
     absl::StatusOr<Tensor*> y = ctx.AllocateOutput(0, DataTypeOf<T>::value, first.shape());
     if (!y.ok()) return y.status();
     T* out = (*y)->data<T>();
     ParallelFor(first.num_elements(), kElementwiseMinChunk / inputs, [&](int64_t begin, int64_t end) {
       const T* a = ctx.input(0).data<T>();
+      if (inputs == 1) {
+        std::copy(a + begin, a + end, out + begin);
+        return;
+      }
       const T* b = ctx.input(1).data<T>();
       for (int64_t j = begin; j < end; ++j) out[j] = a[j] + b[j];
       for (int i = 2; i < inputs; ++i) {

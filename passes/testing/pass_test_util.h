@@ -58,7 +58,7 @@ inline constexpr char kThreeStagesWithTiedWeight[] = R"pb(
 // Two stages with a tied weight whose gradient has one path: t is read on
 // stage 0 only for a fetched mean (no gradient) and on stage 1 by the
 // logits' matmul, so stage 1 makes all of t's gradient and sends it to
-// stage 0's replica in every backward.
+// stage 0's replica once an update (a copy of the micro-batches' sum).
 inline constexpr char kOnePathTiedWeightOnTwoStages[] = R"pb(
   var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
   var { name: "label" dtype: I64 shape: [-1] kind: FEED }
