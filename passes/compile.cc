@@ -159,8 +159,14 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   const std::vector<std::string> optional = OptionalPassNames(strategy, options.device_kind);
   for (const std::string& name : options.disabled_passes) {
     if (std::find(optional.begin(), optional.end(), name) == optional.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot disable pass '", name, "': the optional passes here are ",
-                                                     optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
+      // A pass that runs here is required; one that does not may run elsewhere.
+      const std::vector<std::string> here = CompilePassNames(strategy, options.device_kind);
+      const std::string where = std::find(here.begin(), here.end(), name) == here.end()
+                                    ? WherePassRuns(name, strategy, options.device_kind)
+                                    : "";
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot disable pass '", name, "': ", where.empty() ? "" : absl::StrCat("it runs only with ", where, "; "),
+          "the optional passes here are ", optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
     }
   }
   return absl::OkStatus();

@@ -1,5 +1,9 @@
 #include "passes/compile.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "compiler/program_text.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -86,6 +90,35 @@ TEST(CompileTest, PassNamesKnownBeforeCompilingAreThoseACompileRuns) {
     auto r = Compile(*p, s, CompileOptions());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(CompilePassNames(s), r->pass_names) << s.ShortDebugString();
+  }
+}
+
+// A pass this strategy and device do not run is named with the fewest
+// settings that run it, on top of those the strategy has: what the
+// --dump_after and --disable_passes errors say.
+TEST(CompileTest, APassThatDoesNotRunHereIsNamedWithTheSettingsThatRunIt) {
+  Strategy none;
+  EXPECT_EQ(WherePassRuns("gradient-merge", none), "gradient_merge { k_steps: 2 or more } in the strategy");
+  EXPECT_EQ(WherePassRuns("data-parallel", none), "data_parallel { degree: 2 or more } in the strategy");
+  EXPECT_EQ(WherePassRuns("recompute", none), "recompute { checkpoints: ... } in the strategy");
+  EXPECT_EQ(WherePassRuns("mixed-precision", none), "mixed_precision in the strategy");
+  EXPECT_EQ(WherePassRuns("loss-scaling", none), "mixed_precision { dtype: F16 } (loss scaling) in the strategy");
+  EXPECT_EQ(WherePassRuns("fuse-optimizer", none), "--device gpu");
+  EXPECT_EQ(WherePassRuns("commute-casts-backward", none), "--device gpu and mixed_precision in the strategy");
+  EXPECT_EQ(WherePassRuns("tf32", none), "--device gpu and allow_tf32: true in the strategy");
+  EXPECT_EQ(WherePassRuns("no-such-pass", none), "");
+  // What the strategy has already is not asked for again.
+  Strategy bf16;
+  bf16.mutable_mixed_precision()->set_dtype(BF16);
+  EXPECT_EQ(WherePassRuns("commute-casts-backward", bf16), "--device gpu");
+  EXPECT_EQ(WherePassRuns("loss-scaling", bf16), "mixed_precision { dtype: F16 } (loss scaling) in the strategy");
+  EXPECT_EQ(WherePassRuns("tf32", bf16, DEVICE_CUDA), "allow_tf32: true in the strategy");
+  // None of these runs without settings, and each is named with some.
+  for (const std::string& name : {"gradient-merge", "data-parallel", "recompute", "mixed-precision", "loss-scaling",
+                                   "fuse-optimizer", "commute-casts-backward", "tf32", "host-transfers"}) {
+    const std::vector<std::string> here = CompilePassNames(none);
+    EXPECT_EQ(std::find(here.begin(), here.end(), name), here.end()) << name;
+    EXPECT_NE(WherePassRuns(name, none), "") << name;
   }
 }
 

@@ -1,5 +1,13 @@
 #include "passes/pipeline_builder.h"
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/str_join.h"
+
 #include "compiler/autodiff.h"
 #include "kernels/attention_budget.h"
 #include "passes/attention_layout.h"
@@ -82,6 +90,80 @@ std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind d
     for (std::string& name : pipeline->PassNames()) names.push_back(std::move(name));
   }
   return names;
+}
+
+std::string WherePassRuns(const std::string& name, const Strategy& strategy, DeviceKind device) {
+  struct Setting {
+    std::string said;
+    std::function<bool(Strategy&, DeviceKind&)> apply;  // false where it is there already
+  };
+  const std::vector<Setting> settings = {
+      {"--device gpu",
+       [](Strategy&, DeviceKind& d) {
+         const bool changes = d != DEVICE_CUDA;
+         d = DEVICE_CUDA;
+         return changes;
+       }},
+      {"mixed_precision in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = !s.has_mixed_precision();
+         if (changes) s.mutable_mixed_precision()->set_dtype(BF16);
+         return changes;
+       }},
+      {"mixed_precision { dtype: F16 } (loss scaling) in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = !s.has_mixed_precision() || s.mixed_precision().dtype() != F16;
+         s.mutable_mixed_precision()->set_dtype(F16);
+         return changes;
+       }},
+      {"recompute { checkpoints: ... } in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = s.recompute().checkpoints_size() == 0;
+         if (changes) s.mutable_recompute()->add_checkpoints("x");
+         return changes;
+       }},
+      {"gradient_merge { k_steps: 2 or more } in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = s.gradient_merge().k_steps() < 2;
+         if (changes) s.mutable_gradient_merge()->set_k_steps(2);
+         return changes;
+       }},
+      {"data_parallel { degree: 2 or more } in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = s.data_parallel().degree() < 2;
+         if (changes) s.mutable_data_parallel()->set_degree(2);
+         return changes;
+       }},
+      {"allow_tf32: true in the strategy",
+       [](Strategy& s, DeviceKind&) {
+         const bool changes = !s.allow_tf32();
+         s.set_allow_tf32(true);
+         return changes;
+       }},
+  };
+  auto runs = [&](const std::vector<int>& chosen) {
+    Strategy s = strategy;
+    DeviceKind d = device;
+    for (int i : chosen) {
+      if (!settings[i].apply(s, d)) return false;  // not lacking: a smaller set says it
+    }
+    return absl::c_linear_search(CompilePassNames(s, d), name);
+  };
+  auto said = [&](const std::vector<int>& chosen) {
+    std::vector<std::string> parts;
+    for (int i : chosen) parts.push_back(settings[i].said);
+    return absl::StrJoin(parts, " and ");
+  };
+  const int n = static_cast<int>(settings.size());
+  for (int i = 0; i < n; ++i) {
+    if (runs({i})) return said({i});
+  }
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      if (runs({i, j})) return said({i, j});
+    }
+  }
+  return "";
 }
 
 }  // namespace strata

@@ -32,6 +32,12 @@ std::vector<std::string> CompilePassNames(const Strategy& strategy, DeviceKind d
 // The optional ones among them (fusions), which CompileOptions.disabled_passes may name.
 std::vector<std::string> OptionalPassNames(const Strategy& strategy, DeviceKind device = DEVICE_CPU);
 
+// Where a pass that `strategy` on `device` does not run would run: the
+// fewest settings it lacks, as a user writes them ("--device gpu",
+// "gradient_merge { k_steps: 2 or more }", joined by " and "); empty for a
+// name no compile runs. Each is tried on top of what the strategy has.
+std::string WherePassRuns(const std::string& name, const Strategy& strategy, DeviceKind device = DEVICE_CPU);
+
 }  // namespace strata
 
 #endif  // STRATA_PASSES_PIPELINE_BUILDER_H_

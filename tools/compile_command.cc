@@ -54,8 +54,10 @@ int CompileCommand(const std::string& path) {
     if (strategy.ok() && device.ok()) {
       const std::vector<std::string> passes = CompilePassNames(*strategy, *device);
       if (!absl::c_linear_search(passes, dump_after)) {
-        std::cerr << "error: --dump_after '" << dump_after << "': no such pass (passes: " << absl::StrJoin(passes, ", ")
-                  << ")\n";
+        const std::string where = WherePassRuns(dump_after, *strategy, *device);
+        std::cerr << "error: --dump_after '" << dump_after << "': "
+                  << (where.empty() ? "no such pass" : absl::StrCat("that pass runs only with ", where))
+                  << " (this compile's passes: " << absl::StrJoin(passes, ", ") << ")\n";
         return kExitUsage;
       }
     }
