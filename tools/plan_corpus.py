@@ -227,7 +227,7 @@ def record_into(runner, out_dir, jobs):
     for _, program_path in inputs:
         args = ["compile", program_path, "--out", "out/passes", "--dump_after", "bogus"]
         stdout, stderr, status = runner.run(args)
-        m = re.search(rb"\(passes: ([^)]*)\)", stderr)
+        m = re.search(rb"\((?:this compile's )?passes: ([^)]*)\)", stderr)
         if m:
             break
     else:
