@@ -171,6 +171,75 @@ absl::StatusOr<Communicator*> DataParallelCommunicator(const RankPlan& plan, con
   return absl::InternalError("the plan has a data-parallel degree but no dp group");
 }
 
+// The consumer of the fewest classes among `ranks`' (the lowest rank's on a
+// tie); none where no rank has one.
+LabelConsumer TightestLabelConsumer(const std::vector<LabelConsumer>& ranks) {
+  LabelConsumer tightest;
+  for (const LabelConsumer& c : ranks) {
+    if (c.classes <= 0 || (tightest.classes > 0 && c.classes >= tightest.classes)) continue;
+    tightest = c;
+  }
+  return tightest;
+}
+
+// What this plan's own ops bound the labels and token ids by: the label
+// feed's consumer, or the token table where it takes fewer ids.
+LabelConsumer PlanLabelConsumer(const Program& program, const std::vector<FeedSpec>& feeds) {
+  LabelConsumer consumer;
+  if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
+    consumer = FindLabelConsumer(program, label_feed);
+  }
+  // Token ids index the embedding as well as the loss's classes: the tighter bounds both.
+  if (const std::string token_feed = TokenFeedName(feeds); !token_feed.empty()) {
+    const LabelConsumer table = FindTokenConsumer(program, token_feed);
+    if (table.classes > 0 && (consumer.classes <= 0 || table.classes < consumer.classes)) consumer = table;
+  }
+  return consumer;
+}
+
+// --data and --eval_data opened for `feeds` (synthetic data without
+// classes= has the program's), their labels checked against `consumer`.
+absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec>& feeds,
+                         const LabelConsumer& consumer, std::unique_ptr<Dataset>* train,
+                         std::unique_ptr<Dataset>* eval) {
+  auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
+  if (!train_data.ok()) {
+    return absl::Status(train_data.status().code(),
+                        absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
+  }
+  *train = *std::move(train_data);
+  if (!options.eval_data.empty()) {
+    auto d = OpenDataset(options.eval_data, feeds, options.seed, consumer.classes);
+    if (!d.ok()) {
+      return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
+    }
+    *eval = *std::move(d);
+  }
+  // Labels the program cannot take fail here, on every rank, before any step.
+  STRATA_RETURN_IF_ERROR(CheckLabelsFit(**train, consumer, absl::StrCat("--data ", options.data)));
+  if (*eval) STRATA_RETURN_IF_ERROR(CheckLabelsFit(**eval, consumer, absl::StrCat("--eval_data ", options.eval_data)));
+  return absl::OkStatus();
+}
+
+// The global batch a plan's step takes: micro-batches across the
+// data-parallel replicas.
+int64_t PlanBatchSize(const RankPlan& plan) {
+  return plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches()) *
+         std::max(1, plan.topology().dp_degree());
+}
+
+// An epoch's steps: whole updates of k steps (gradient merge), as the single
+// device's epoch of k-times-larger batches holds; at least one.
+absl::StatusOr<int64_t> StepsPerEpoch(const Dataset& data, const std::string& spec, int64_t batch, int64_t k) {
+  const int64_t steps = data.size() / (batch * k) * k;
+  if (steps < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--data ", spec, " has ", data.size(),
+                                                   " samples, fewer than one batch of ", batch,
+                                                   k > 1 ? absl::StrCat(" x gradient_merge.k_steps ", k) : ""));
+  }
+  return steps;
+}
+
 // Pipeline stages hold only their own ops, so the stage with the loss tells
 // the others its classes: every rank ends with the tightest consumer of all
 // ranks (the lowest rank's on a tie) and so fails the label check alike.
@@ -188,15 +257,14 @@ absl::StatusOr<LabelConsumer> ShareLabelConsumer(const LabelConsumer& mine, Comm
   if (auto s = comm.AllGather(in, &all)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("sharing the label classes between ranks: ", s.message()));
   }
-  LabelConsumer tightest;
+  std::vector<LabelConsumer> ranks(comm.size());
   for (int r = 0; r < comm.size(); ++r) {
     const int64_t* words = all.data<int64_t>() + r * kWords;
-    if (words[0] <= 0 || (tightest.classes > 0 && words[0] >= tightest.classes)) continue;
     const char* bytes = reinterpret_cast<const char*>(words + 1);
-    tightest.classes = words[0];
-    tightest.what = std::string(bytes, strnlen(bytes, kTextBytes));
+    ranks[r].classes = words[0];
+    ranks[r].what = std::string(bytes, strnlen(bytes, kTextBytes));
   }
-  return tightest;
+  return TightestLabelConsumer(ranks);
 }
 
 // What the metrics call an evaluation: its split ("test" for
@@ -440,8 +508,6 @@ class TrainSession {
   };
 
   absl::StatusOr<LabelConsumer> AgreedLabelConsumer(const std::vector<FeedSpec>& feeds) const;
-  absl::Status OpenDatasets(const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer);
-  absl::Status CheckLabels(const LabelConsumer& consumer) const;
   void StartPrefetcher();
   absl::StatusOr<std::map<std::string, Tensor>> MicroBatchFeeds(int64_t step, int64_t first, int64_t rows);
   absl::StatusOr<StepResult> RunStep(int64_t step);
@@ -509,8 +575,7 @@ absl::Status TrainSession::CreateExecutor() {
 }
 
 absl::Status TrainSession::FixBatchSize() {
-  batch_ = plan_.schedule().micro_batch_size() * std::max(1, plan_.schedule().micro_batches()) *
-           std::max(1, plan_.topology().dp_degree());
+  batch_ = PlanBatchSize(plan_);
   if (batch_ <= 0) return absl::InvalidArgumentError("the plan has no batch size");
   report_.batch_size = batch_;
   report_.predicted_peak_bytes = plan_.memory().peak_bytes();
@@ -524,8 +589,7 @@ absl::Status TrainSession::FixBatchSize() {
 absl::Status TrainSession::OpenData() {
   const std::vector<FeedSpec> feeds = FeedSpecs(plan_.program());
   STRATA_ASSIGN_OR_RETURN(const LabelConsumer consumer, AgreedLabelConsumer(feeds));
-  STRATA_RETURN_IF_ERROR(OpenDatasets(feeds, consumer));
-  STRATA_RETURN_IF_ERROR(CheckLabels(consumer));
+  STRATA_RETURN_IF_ERROR(OpenJobData(options_, feeds, consumer, &train_data_, &eval_data_));
   train_data_->set_allocator(&loader_allocator_);
   if (eval_data_) {
     eval_data_->set_allocator(options_.device->host_accessible() ? options_.device->allocator() : &loader_allocator_);
@@ -534,53 +598,16 @@ absl::Status TrainSession::OpenData() {
 }
 
 absl::StatusOr<LabelConsumer> TrainSession::AgreedLabelConsumer(const std::vector<FeedSpec>& feeds) const {
-  LabelConsumer consumer;
-  if (const std::string label_feed = LabelFeedName(feeds); !label_feed.empty()) {
-    consumer = FindLabelConsumer(plan_.program(), label_feed);
-  }
-  // Token ids index the embedding as well as the loss's classes: the tighter bounds both.
-  if (const std::string token_feed = TokenFeedName(feeds); !token_feed.empty()) {
-    const LabelConsumer table = FindTokenConsumer(plan_.program(), token_feed);
-    if (table.classes > 0 && (consumer.classes <= 0 || table.classes < consumer.classes)) consumer = table;
-  }
+  const LabelConsumer consumer = PlanLabelConsumer(plan_.program(), feeds);
   if (world_ == nullptr || world_->size() <= 1) return consumer;
   return ShareLabelConsumer(consumer, *world_, options_.comm_timeout_s);
-}
-
-// Synthetic data without classes= has the program's classes.
-absl::Status TrainSession::OpenDatasets(const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer) {
-  auto train_data = OpenDataset(options_.data, feeds, options_.seed, consumer.classes);
-  if (!train_data.ok()) return absl::Status(train_data.status().code(), absl::StrCat("--data ", options_.data, ": ", train_data.status().message()));
-  train_data_ = *std::move(train_data);
-  if (!options_.eval_data.empty()) {
-    auto d = OpenDataset(options_.eval_data, feeds, options_.seed, consumer.classes);
-    if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options_.eval_data, ": ", d.status().message()));
-    eval_data_ = std::move(*d);
-  }
-  return absl::OkStatus();
-}
-
-// Labels the program cannot take fail here, on every rank, before any step.
-absl::Status TrainSession::CheckLabels(const LabelConsumer& consumer) const {
-  if (auto s = CheckLabelsFit(*train_data_, consumer, absl::StrCat("--data ", options_.data)); !s.ok()) return s;
-  if (eval_data_) {
-    if (auto s = CheckLabelsFit(*eval_data_, consumer, absl::StrCat("--eval_data ", options_.eval_data)); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status TrainSession::CountSteps() {
   // Under gradient merge an epoch holds whole updates, as the single device's
   // epoch of k-times-larger batches does.
   const int64_t k = executor_->merge_steps();
-  steps_per_epoch_ = train_data_->size() / (batch_ * k) * k;
-  if (steps_per_epoch_ < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--data ", options_.data, " has ", train_data_->size(),
-                                                   " samples, fewer than one batch of ", batch_,
-                                                   k > 1 ? absl::StrCat(" x gradient_merge.k_steps ", k) : ""));
-  }
+  STRATA_ASSIGN_OR_RETURN(steps_per_epoch_, StepsPerEpoch(*train_data_, options_.data, batch_, k));
   if (options_.steps > 0 && options_.steps % k != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps ", options_.steps, " is not a multiple of gradient_merge.k_steps ",
                                                    k, ": --steps counts steps, and the optimizer runs once every ", k,
@@ -1116,6 +1143,17 @@ absl::Status TrainSession::WriteSummary() {
 }
 
 }  // namespace
+
+absl::Status CheckJobData(const std::vector<RankPlan>& plans, const TrainOptions& options) {
+  if (plans.empty()) return absl::OkStatus();
+  const std::vector<FeedSpec> feeds = FeedSpecs(plans[0].program());
+  std::vector<LabelConsumer> ranks;
+  for (const RankPlan& plan : plans) ranks.push_back(PlanLabelConsumer(plan.program(), FeedSpecs(plan.program())));
+  std::unique_ptr<Dataset> train, eval;
+  STRATA_RETURN_IF_ERROR(OpenJobData(options, feeds, TightestLabelConsumer(ranks), &train, &eval));
+  const int64_t k = std::max(1, plans[0].schedule().merge_steps());
+  return StepsPerEpoch(*train, options.data, PlanBatchSize(plans[0]), k).status();
+}
 
 absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& options) {
   TrainSession session(plan, options);

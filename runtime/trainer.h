@@ -127,6 +127,12 @@ std::string EvalMetricsJson(const EvalMetrics& m, int64_t step);
 absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings,
                              double timeout_s);
 
+// The data checks every rank of the job makes before its first step (--data
+// and --eval_data open, their labels and token ids within the program's
+// bounds, one batch at least), made once by a launcher before it starts its
+// workers: bad data is then one error, not one per rank.
+absl::Status CheckJobData(const std::vector<RankPlan>& plans, const TrainOptions& options);
+
 // Trains one rank's plan on one device: data in (seed, epoch) order, one
 // global mini-batch per step, metrics and progress as DESIGN.md says,
 // evaluation after each epoch (or at the end of a --steps run), checkpoints.

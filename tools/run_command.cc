@@ -436,6 +436,12 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
+  // Bad data is one error line here, before any worker starts (each would
+  // fail on it alike).
+  if (absl::Status s = CheckJobData(result->plans, TrainOptionsFromFlags(program_seed)); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitError;
+  }
   return RunLauncher(path, *result, argc, argv);
 }
 
