@@ -93,6 +93,32 @@ void DropUnreadFeeds(const Executor& executor, std::map<std::string, Tensor>* fe
   }
 }
 
+// The feeds a rank reads, loaded in the loader's memory, moved into the
+// rank's own memory, where its plan counts them. A GPU plan's host feeds go
+// to page-locked memory instead (the device's staging allocator, which
+// reuses a block only once the stream has passed its free), so its
+// copy_to_device ops enqueue without the host waiting for the copy.
+absl::Status IntoRankMemory(const Executor& executor, Device* device, std::map<std::string, Tensor>* feeds) {
+  DropUnreadFeeds(executor, feeds);
+  for (const Var* v : executor.feeds()) {
+    auto it = feeds->find(v->name());
+    if (it == feeds->end()) continue;
+    if (v->host_memory()) {
+      if (device->host_accessible()) continue;
+      Tensor pinned = it->second.Clone(device->staging_allocator());
+      if (!pinned.defined()) {
+        return absl::ResourceExhaustedError(absl::StrCat("out of page-locked host memory for feed ", v->name()));
+      }
+      it->second = std::move(pinned);
+      continue;
+    }
+    absl::StatusOr<Tensor> copy = it->second.CopyTo(device);
+    if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", v->name()));
+    it->second = *std::move(copy);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, absl::Span<const int64_t> indices) {
   std::vector<Tensor> tensors;
   if (auto s = data.GetBatch(indices, &tensors); !s.ok()) return s;
@@ -124,16 +150,19 @@ absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double 
   return absl::OkStatus();
 }
 
-// The data set in batches of `batch`; data-parallel rank d of D evaluates
-// the d-th contiguous slice of each, and the group sums what it saw, so every
-// rank reports the single device's numbers.
-absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& data, const std::string& name,
-                                          int64_t batch, const std::string& acc_fetch, Communicator* dp,
-                                          double timeout_s) {
+// The data set in batches of `batch` (0: the plan's micro-batch on each
+// replica); data-parallel rank d of D evaluates the d-th contiguous slice of
+// each, and the group sums what it saw, so every rank reports the single
+// device's numbers. Each call's feeds go into the rank's memory as a
+// training micro-batch's do, so an evaluation stays inside the plan.
+absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, const Dataset& data,
+                                          const std::string& name, int64_t batch, const std::string& acc_fetch,
+                                          Communicator* dp, double timeout_s) {
   EvalMetrics m;
   m.name = name;
   const int64_t degree = std::max(1, executor.plan().topology().dp_degree());
   const int64_t dp_rank = executor.plan().topology().dp_rank();
+  if (batch <= 0) batch = std::max<int64_t>(1, executor.plan().schedule().micro_batch_size()) * degree;
   double loss_sum = 0, acc_sum = 0;
   int64_t seen = 0;
   std::vector<int64_t> indices;
@@ -146,7 +175,7 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, const Dataset& dat
     for (int64_t i = 0; i < n; ++i) indices[i] = first + i;
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
-    DropUnreadFeeds(executor, &*feeds);
+    STRATA_RETURN_IF_ERROR(IntoRankMemory(executor, device, &*feeds));
     auto r = executor.Evaluate(*feeds, first, n);
     if (!r.ok()) return r.status();
     loss_sum += r->loss * n;
@@ -591,9 +620,7 @@ absl::Status TrainSession::OpenData() {
   STRATA_ASSIGN_OR_RETURN(const LabelConsumer consumer, AgreedLabelConsumer(feeds));
   STRATA_RETURN_IF_ERROR(OpenJobData(options_, feeds, consumer, &train_data_, &eval_data_));
   train_data_->set_allocator(&loader_allocator_);
-  if (eval_data_) {
-    eval_data_->set_allocator(options_.device->host_accessible() ? options_.device->allocator() : &loader_allocator_);
-  }
+  if (eval_data_) eval_data_->set_allocator(&loader_allocator_);
   return absl::OkStatus();
 }
 
@@ -766,26 +793,7 @@ absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int6
   }
   auto feeds = prefetcher_->Get({step, first, rows}, next);
   if (!feeds.ok()) return feeds.status();
-  // Into the rank's own memory, where its plan counts them. A GPU plan's host
-  // feeds go to page-locked memory instead (the device's staging allocator,
-  // which reuses a block only once the stream has passed its free), so its
-  // copy_to_device ops enqueue without the host waiting for the copy.
-  for (const Var* v : executor_->feeds()) {
-    auto it = feeds->find(v->name());
-    if (it == feeds->end()) continue;
-    if (v->host_memory()) {
-      if (options_.device->host_accessible()) continue;
-      Tensor pinned = it->second.Clone(options_.device->staging_allocator());
-      if (!pinned.defined()) {
-        return absl::ResourceExhaustedError(absl::StrCat("out of page-locked host memory for feed ", v->name()));
-      }
-      it->second = std::move(pinned);
-      continue;
-    }
-    absl::StatusOr<Tensor> copy = it->second.CopyTo(options_.device);
-    if (!copy.ok()) return absl::ResourceExhaustedError(absl::StrCat("out of memory for feed ", v->name()));
-    it->second = *std::move(copy);
-  }
+  STRATA_RETURN_IF_ERROR(IntoRankMemory(*executor_, options_.device, &*feeds));
   return feeds;
 }
 
@@ -1047,8 +1055,11 @@ absl::Status TrainSession::Save() {
 // With --eval_data: its metrics after `epoch`, reported by the rank with the loss.
 absl::Status TrainSession::Evaluate(int64_t epoch) {
   if (!eval_data_) return absl::OkStatus();
-  auto m = RunEvaluation(*executor_, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_, dp_,
-                         options_.comm_timeout_s);
+  // The memory rule counts an evaluation's bytes too.
+  options_.device->allocator()->ResetPeak();
+  auto m = RunEvaluation(*executor_, options_.device, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_,
+                         dp_, options_.comm_timeout_s);
+  report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
   if (!m.ok()) return m.status();
   m->epoch = epoch;
   if (!reporter_) return absl::OkStatus();

@@ -33,7 +33,9 @@ struct TrainOptions {
   // save_dir) and returns with TrainReport::stop_signal set to it.
   std::function<int()> stop_signal;
   bool progress = true;            // a progress line on stderr about once a second
-  int64_t eval_batch_size = 1000;
+  // Rows an evaluation call takes across the data-parallel group; 0: the
+  // plan's micro-batch on each replica, the rows its memory plan counts.
+  int64_t eval_batch_size = 0;
   // This rank's communicators on several ranks (null on one device), and how
   // long a transfer may wait before the step fails naming its channel.
   const CommunicatorSet* comms = nullptr;
