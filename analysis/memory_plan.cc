@@ -86,6 +86,22 @@ absl::StatusOr<int64_t> WorkspaceBytes(const WorkspaceFn& workspace, const Graph
   return *bytes;
 }
 
+// Whether op `id`'s output 0 shares input 0's buffer in the kernels at
+// `micro_batch_size` samples: the views (reshape and the like, by schema),
+// and two ops that are views only where they change nothing: a sum_to_like
+// that sums over no broadcast (every summed dim 1, as a bias gradient at
+// one sample; the same element count) and a cast to its own dtype.
+bool SharesInputBuffer(const Graph& graph, int id, int64_t micro_batch_size) {
+  const OpSchema& schema = graph.schema(id);
+  if (graph.inputs(id).empty() || graph.outputs(id).empty()) return false;
+  if (schema.output_aliases_input) return true;
+  const int x = graph.inputs(id)[0];
+  const int y = graph.outputs(id)[0];
+  if (schema.type == "sum_to_like") return BytesOf(graph, x, micro_batch_size) == BytesOf(graph, y, micro_batch_size);
+  if (schema.type == "cast") return graph.dtype(x) == graph.dtype(y);
+  return false;
+}
+
 absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size, int threads,
                                     DeviceKind device_kind) {
   const std::vector<int>& order = graph.ops();
@@ -114,7 +130,8 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
     // An op told to write output 0 over input 0 (its last reader:
     // softmax_cross_entropy_grad's in_place, passes/in_place_loss_grad).
     const auto in_place = graph.attrs(id).find("in_place");
-    o.aliases = schema.output_aliases_input || (in_place != graph.attrs(id).end() && in_place->second.b());
+    o.aliases = SharesInputBuffer(graph, id, micro_batch_size) ||
+                (in_place != graph.attrs(id).end() && in_place->second.b());
     o.send = schema.type == "send";
     o.recv = schema.type == "recv";
     if (const Channel* c = graph.channel(id)) o.channel = c->id();
@@ -137,13 +154,11 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
   for (int i = 0; i < n; ++i) {
     const int id = order[i];
     for (int v : graph.inputs(id)) last_read[root[v]] = i;
-    if (graph.schema(id).output_aliases_input && !graph.inputs(id).empty() && !graph.outputs(id).empty()) {
-      root[graph.outputs(id)[0]] = root[graph.inputs(id)[0]];
-    }
+    if (SharesInputBuffer(graph, id, micro_batch_size)) root[graph.outputs(id)[0]] = root[graph.inputs(id)[0]];
   }
   for (int i = 0; i < n; ++i) {
     const OpInfo& o = table.info[i];
-    if (!o.aliases || graph.schema(order[i]).output_aliases_input) continue;
+    if (!o.aliases || SharesInputBuffer(graph, order[i], micro_batch_size)) continue;
     const int buffer = root[o.input0];
     if (const int last = last_read[buffer]; last != i) {
       int reader = -1;  // the var the later op reads: the input itself or a view of it

@@ -316,8 +316,7 @@ absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int threads) {
   const Shares sh(items, threads);
   const int64_t blocks = sh.parts * ScratchPerShare(d, grad) * static_cast<int64_t>(DataTypeSize(half ? F32 : dtype));
   if (!half) return blocks;
-  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
-  return blocks + copies;
+  return WidenedWorkspaceOver(def, blocks);
 }
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention", DEVICE_CPU, AttentionWorkspace);
 STRATA_REGISTER_WORKSPACE("scaled_dot_product_attention_grad", DEVICE_CPU, AttentionWorkspace);

@@ -369,8 +369,7 @@ absl::StatusOr<int64_t> ConvWorkspace(const KernelDef& def, int threads) {
   const bool half = IsHalfFloating(dtype);
   const int64_t columns = s.total() * static_cast<int64_t>(DataTypeSize(half ? F32 : dtype));
   if (!half) return columns;
-  STRATA_ASSIGN_OR_RETURN(int64_t copies, WidenedWorkspace(def, threads));
-  return columns + copies;
+  return WidenedWorkspaceOver(def, columns);
 }
 
 STRATA_REGISTER_WORKSPACE("conv2d", DEVICE_CPU, ConvWorkspace);
