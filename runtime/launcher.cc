@@ -39,6 +39,15 @@ extern char** environ;
 namespace strata {
 namespace {
 
+// A line the tool writes while all is well: progress ("step 12/300 epoch 1
+// loss ..."), evaluations, notes and the end of a run's summary.
+bool IsStatusLine(absl::string_view line) {
+  for (absl::string_view prefix : {"step ", "eval ", "note:", "done", "final ", "warning:"}) {
+    if (absl::StartsWith(line, prefix)) return true;
+  }
+  return false;
+}
+
 // A line longer than this is relayed in pieces rather than buffered without bound.
 constexpr size_t kMaxLineBytes = 1 << 20;
 // After the last worker is reaped, how long its pipes may stay open (held by
@@ -592,7 +601,12 @@ class Launcher {
       }
     }
     for (Worker& w : workers_) {
-      w.outcome.last_error_line = !w.last_error_line.empty() ? w.last_error_line : w.last_stderr_line;
+      // Without an error line, the last stderr line may say why (an abort's
+      // "terminate called ..."); the tool's own progress and notes do not (a
+      // rank killed by SIGKILL was named with a stale "step 198/3000 ...").
+      const bool says_why = !IsStatusLine(w.last_stderr_line);
+      w.outcome.last_error_line =
+          !w.last_error_line.empty() ? w.last_error_line : says_why ? w.last_stderr_line : std::string();
     }
     if (failed_rank_ >= 0) {
       // The first failure in time, as the ranks recorded it in the store,

@@ -293,8 +293,10 @@ TEST_F(LaunchFixture, CrashedRankIsNamedWithItsSignal) {
   ExpectNoProcessLeft(report);
 }
 
+// A rank killed without a word is named so, not with its last progress line
+// on stderr (a stale "step 198/3000 ..." before).
 TEST_F(LaunchFixture, RankKilledMidStepEndsTheJobWithinSeconds) {
-  LaunchOptions o = Options(3, {"--print_pid", "--steps"});
+  LaunchOptions o = Options(3, {"--print_pid", "--steps", "--steps_on_stderr"});
   LaunchReport report;
   absl::Time killed_at = absl::InfiniteFuture();
   std::thread killer([&] {

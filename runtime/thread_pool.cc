@@ -77,7 +77,9 @@ int IntraOpThreads() {
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
     if (const char* env = std::getenv("STRATA_NUM_THREADS")) {
       int v;
-      if (absl::SimpleAtoi(env, &v) && v > 0) n = v;
+      // Bounded as the tool checks it (CheckNumThreadsEnv): past the bound,
+      // creating the threads could fail and abort the process.
+      if (absl::SimpleAtoi(env, &v) && v > 0 && v <= kMaxIntraOpThreads) n = v;
     }
     return std::max(n, 1);
   }();

@@ -31,7 +31,9 @@ class ThreadPool {
 };
 
 // The process-wide pool: hardware threads minus one (the caller works too).
-// STRATA_NUM_THREADS overrides the total thread count.
+// STRATA_NUM_THREADS overrides the total thread count (1 to
+// kMaxIntraOpThreads; another value is ignored here, refused by the tool).
+inline constexpr int kMaxIntraOpThreads = 1024;
 ThreadPool* GetIntraOpPool();
 // Threads Strata computes with (pool workers plus the caller).
 int IntraOpThreads();

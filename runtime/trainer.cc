@@ -59,17 +59,26 @@ class MetricsWriter {
  public:
   absl::Status Open(const std::string& path, bool append) {
     if (path.empty()) return absl::OkStatus();
+    path_ = path;
     out_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!out_) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --metrics file for writing"));
     return absl::OkStatus();
   }
-  void Line(const std::string& json) {
-    if (!out_.is_open()) return;
+  // Writes and flushes one line; a line that cannot be written (a full
+  // disk, /dev/full) is an error, not metrics silently lost.
+  absl::Status Line(const std::string& json) {
+    if (!out_.is_open()) return absl::OkStatus();
     out_ << json << "\n";
     out_.flush();
+    if (!out_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--metrics ", path_, ": write failed (", std::strerror(errno), ")"));
+    }
+    return absl::OkStatus();
   }
 
  private:
+  std::string path_;
   std::ofstream out_;
 };
 
@@ -540,7 +549,7 @@ class TrainSession {
   void StartPrefetcher();
   absl::StatusOr<std::map<std::string, Tensor>> MicroBatchFeeds(int64_t step, int64_t first, int64_t rows);
   absl::StatusOr<StepResult> RunStep(int64_t step);
-  void RecordStep(int64_t step, double seconds, const StepResult& r);
+  absl::Status RecordStep(int64_t step, double seconds, const StepResult& r);
   void ReportProgress(int64_t epoch, const StepResult& r);
   absl::StatusOr<bool> StopAgreed();
   bool PeriodicSaveDue() const;
@@ -746,7 +755,7 @@ absl::Status TrainSession::RunSteps() {
     const int64_t epoch = step / steps_per_epoch_;
     const auto t0 = Clock::now();
     STRATA_ASSIGN_OR_RETURN(const StepResult r, RunStep(step));
-    RecordStep(step, Seconds(t0, Clock::now()), r);
+    STRATA_RETURN_IF_ERROR(RecordStep(step, Seconds(t0, Clock::now()), r));
     ReportProgress(epoch, r);
     const bool epoch_end = executor_->step() % steps_per_epoch_ == 0;
     if (epoch_end && options_.steps == 0) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
@@ -835,7 +844,7 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
 }
 
 // The step's --metrics line and its entry in the report.
-void TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r) {
+absl::Status TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r) {
   StepMetrics m;
   m.step = step + 1;
   m.epoch = step / steps_per_epoch_ + 1;  // counted from 1, as the progress lines do
@@ -847,8 +856,9 @@ void TrainSession::RecordStep(int64_t step, double seconds, const StepResult& r)
   m.has_loss_scale = r.has_loss_scale;
   m.loss_scale = r.loss_scale;
   m.skipped_update = r.skipped_update;
-  metrics_.Line(StepMetricsJson(m));
+  absl::Status written = metrics_.Line(StepMetricsJson(m));
   report_.steps.push_back(std::move(m));
+  return written;
 }
 
 // A progress line about once a second, and after the last step.
@@ -1063,7 +1073,7 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   if (!m.ok()) return m.status();
   m->epoch = epoch;
   if (!reporter_) return absl::OkStatus();
-  metrics_.Line(EvalMetricsJson(*m, executor_->step()));
+  STRATA_RETURN_IF_ERROR(metrics_.Line(EvalMetricsJson(*m, executor_->step())));
   if (progress_) {
     std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name_.c_str(),
                  static_cast<long long>(executor_->step()), static_cast<long long>(epoch),
@@ -1148,7 +1158,7 @@ absl::Status TrainSession::WriteSummary() {
                                       {"measured_peak_bytes", job.peak_measured},
                                       {"predicted_peak_bytes", job.peak_predicted}};
     if (!job.ranks.empty()) summary["ranks"] = std::move(job.ranks);
-    metrics_.Line(JsonLine({{"summary", std::move(summary)}}));
+    STRATA_RETURN_IF_ERROR(metrics_.Line(JsonLine({{"summary", std::move(summary)}})));
   }
   return absl::OkStatus();
 }

@@ -29,3 +29,18 @@ out=$("$strata" run "$program" --data synthetic --steps 2 --quiet --cuda_graph -
 grep -q "note: --cuda_graph" <<<"$out" && fail "a CPU run spoke of CUDA graphs: $out"
 grep -q "final train loss" <<<"$out" || fail "run --cuda_graph on the CPU did not train: $out"
 echo "ok: run --cuda_graph on the CPU trains without a note"
+
+# STRATA_NUM_THREADS is checked as a flag is: a value past the thread limit
+# aborted the process (std::system_error creating threads), and one that is
+# not a count was ignored. Each is one error line and exit 2; a count trains.
+for v in 100000 abc 0; do
+  out=$(STRATA_NUM_THREADS=$v "$strata" run "$program" --data synthetic --steps 2 --quiet 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] || fail "STRATA_NUM_THREADS=$v: exit $rc, expected 2: $out"
+  [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q "^error: STRATA_NUM_THREADS='$v': expected a thread count from 1 to 1024$" <<<"$out" ||
+    fail "STRATA_NUM_THREADS=$v: expected one error line, got: $out"
+done
+out=$(STRATA_NUM_THREADS=3 "$strata" run "$program" --data synthetic --steps 2 --quiet 2>&1) ||
+  fail "STRATA_NUM_THREADS=3: $out"
+grep -q "final train loss" <<<"$out" || fail "STRATA_NUM_THREADS=3 did not train: $out"
+echo "ok: STRATA_NUM_THREADS out of 1..1024 or not a count is one error line, exit 2"

@@ -35,6 +35,7 @@
 #include "runtime/device.h"
 #include "runtime/kernel.h"
 #include "runtime/launcher.h"
+#include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 #include "runtime/trainer.h"
 #include "runtime/worker_env.h"
@@ -196,6 +197,16 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
 // The run flags checked before anything is compiled. 0, or the exit code once
 // it printed what is wrong.
 int CheckRunFlags() {
+  // The environment's thread count, checked as a flag would be: another
+  // value was ignored, or past the thread limit aborted the process.
+  if (const char* env = std::getenv("STRATA_NUM_THREADS")) {
+    int v = 0;
+    if (!absl::SimpleAtoi(env, &v) || v < 1 || v > kMaxIntraOpThreads) {
+      std::cerr << "error: STRATA_NUM_THREADS='" << env << "': expected a thread count from 1 to "
+                << kMaxIntraOpThreads << "\n";
+      return kExitUsage;
+    }
+  }
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
   if (nproc < 1 || nproc > 1024) {
     std::cerr << "error: --nproc must be in 1..1024, got " << nproc << "\n";

@@ -14,6 +14,7 @@
 //   --ignore_sigterm     SIGTERM does nothing
 //   --report_signals     on SIGTERM/SIGINT print "rank R got SIGNAME" and exit 128+sig
 //   --steps              print "step i" every 20 ms forever
+//   --steps_on_stderr    with --steps, also a progress line "step i/1000 epoch 1 loss 0.5" on stderr
 //   --no_newline         end with "tail R" without a newline, then exit 0
 #include <sched.h>
 #include <signal.h>
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
   if (has("steps")) {
     for (int step = 0;; ++step) {
       printf("step %d\n", step);
+      if (has("steps_on_stderr")) fprintf(stderr, "step %d/1000 epoch 1 loss 0.5\n", step);
       usleep(20000);
     }
   }
