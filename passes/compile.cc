@@ -164,9 +164,21 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
       const std::string where = std::find(here.begin(), here.end(), name) == here.end()
                                     ? WherePassRuns(name, strategy, options.device_kind)
                                     : "";
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot disable pass '", name, "': ", where.empty() ? "" : absl::StrCat("it runs only with ", where, "; "),
-          "the optional passes here are ", optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
+      // Optional where it runs (a fusion), or required there too.
+      Strategy everything = strategy;
+      everything.mutable_mixed_precision()->set_dtype(BF16);
+      everything.set_allow_tf32(true);
+      std::vector<std::string> fusions = OptionalPassNames(everything, DEVICE_CUDA);
+      for (std::string& n : OptionalPassNames(everything, DEVICE_CPU)) fusions.push_back(std::move(n));
+      const bool fusion = std::find(fusions.begin(), fusions.end(), name) != fusions.end();
+      std::string why;
+      if (!where.empty()) {
+        why = fusion ? absl::StrCat("it runs only with ", where, "; ")
+                     : absl::StrCat("it is required where it runs (with ", where, "); ");
+      }
+      return absl::InvalidArgumentError(absl::StrCat("cannot disable pass '", name, "': ", why,
+                                                     "the optional passes here are ",
+                                                     optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
     }
   }
   return absl::OkStatus();

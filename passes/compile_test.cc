@@ -102,7 +102,7 @@ TEST(CompileTest, APassThatDoesNotRunHereIsNamedWithTheSettingsThatRunIt) {
   EXPECT_EQ(WherePassRuns("data-parallel", none), "data_parallel { degree: 2 or more } in the strategy");
   EXPECT_EQ(WherePassRuns("recompute", none), "recompute { checkpoints: ... } in the strategy");
   EXPECT_EQ(WherePassRuns("mixed-precision", none), "mixed_precision in the strategy");
-  EXPECT_EQ(WherePassRuns("loss-scaling", none), "mixed_precision { dtype: F16 } (loss scaling) in the strategy");
+  EXPECT_EQ(WherePassRuns("loss-scaling", none), "mixed_precision { dtype: F16 } (or loss_scaling {}) in the strategy");
   EXPECT_EQ(WherePassRuns("fuse-optimizer", none), "--device gpu");
   EXPECT_EQ(WherePassRuns("commute-casts-backward", none), "--device gpu and mixed_precision in the strategy");
   EXPECT_EQ(WherePassRuns("tf32", none), "--device gpu and allow_tf32: true in the strategy");
@@ -111,7 +111,7 @@ TEST(CompileTest, APassThatDoesNotRunHereIsNamedWithTheSettingsThatRunIt) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
   EXPECT_EQ(WherePassRuns("commute-casts-backward", bf16), "--device gpu");
-  EXPECT_EQ(WherePassRuns("loss-scaling", bf16), "mixed_precision { dtype: F16 } (loss scaling) in the strategy");
+  EXPECT_EQ(WherePassRuns("loss-scaling", bf16), "mixed_precision { dtype: F16 } (or loss_scaling {}) in the strategy");
   EXPECT_EQ(WherePassRuns("tf32", bf16, DEVICE_CUDA), "allow_tf32: true in the strategy");
   // None of these runs without settings, and each is named with some.
   for (const std::string& name : {"gradient-merge", "data-parallel", "recompute", "mixed-precision", "loss-scaling",

@@ -110,7 +110,7 @@ std::string WherePassRuns(const std::string& name, const Strategy& strategy, Dev
          if (changes) s.mutable_mixed_precision()->set_dtype(BF16);
          return changes;
        }},
-      {"mixed_precision { dtype: F16 } (loss scaling) in the strategy",
+      {"mixed_precision { dtype: F16 } (or loss_scaling {}) in the strategy",
        [](Strategy& s, DeviceKind&) {
          const bool changes = !s.has_mixed_precision() || s.mixed_precision().dtype() != F16;
          s.mutable_mixed_precision()->set_dtype(F16);

@@ -64,6 +64,7 @@ absl::Status GiveOnePathTiedGradientsASum(Graph& graph) {
   const std::vector<int> producer = graph.FirstWriters();
   const std::vector<std::vector<int>> readers = graph.Readers();
   const VarWriters writers = CountWriters(graph);
+  absl::flat_hash_set<int> summed;  // gradients given a sum here (two tied weights may share one)
   for (int v = 0; v < graph.num_vars(); ++v) {
     if (graph.kind(v) != PARAM) continue;
     auto g = graph.program_fields().param_grad().find(std::string(graph.var_name(v)));
@@ -72,6 +73,7 @@ absl::Status GiveOnePathTiedGradientsASum(Graph& graph) {
     for (int c : readers[v]) stages.insert(graph.stage(c));
     const int grad = graph.FindVar(g->second);
     if (stages.size() < 2 || grad < 0 || producer[grad] < 0 || writers.count[grad] != 1) continue;
+    if (!summed.insert(grad).second) continue;
     const int op = producer[grad];
     if (graph.role(op) != BACKWARD || graph.schema(op).type == "add_n") continue;
     bool moves = true;
@@ -260,8 +262,11 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   // A replica's summed gradient arrives after this stage's own backward ops
   // (in the optimizer action where the sum moved there).
   std::vector<std::string> replicas;
+  absl::flat_hash_set<int> summed_here;  // one receive of a gradient two tied weights share
   for (const Tied& t : tied) {
     if (!t.replicas.count(stage)) continue;
+    replicas.emplace_back(graph.var_name(t.param));
+    if (!summed_here.insert(t.grad).second) continue;
     auto it = transfer_to.find({t.grad, stage});
     if (it == transfer_to.end()) {
       return absl::InternalError(absl::StrCat("pipeline-split: no transfer of '", graph.var_name(t.grad), "'"));
@@ -270,7 +275,6 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
         !s.ok()) {
       return s;
     }
-    replicas.emplace_back(graph.var_name(t.param));
   }
 
   // Only the vars this stage touches; feeds stay declared on every stage:

@@ -132,6 +132,29 @@ inline constexpr char kOnePathTiedWeightOnTheFirstStage[] = R"pb(
   optimizer { sgd { learning_rate: 0.2 } }
 )pb";
 
+// Two weights read on stage 0 only for fetched means and summed on stage 1:
+// autodiff gives both one gradient var (u's), so the pipeline split must
+// give it one sum and stage 0 receive it once (twice, the schedule hung;
+// the second sum read a part nothing wrote; found in review).
+inline constexpr char kTwoTiedWeightsSharingOneGradient[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "W" dtype: F64 shape: [8, 8] kind: PARAM init { normal { std: 0.3 } } }
+  var { name: "T" dtype: F64 shape: [8, 10] kind: PARAM init { normal { std: 0.3 } } }
+  var { name: "T2" dtype: F64 shape: [8, 10] kind: PARAM init { normal { std: 0.3 } } }
+  op { type: "matmul" input: ["x", "W"] output: ["h0"] device: "gpu:0" }
+  op { type: "tanh" input: ["h0"] output: ["h"] device: "gpu:0" }
+  op { type: "reduce_mean" input: ["T"] output: ["t_mean"] device: "gpu:0" }
+  op { type: "reduce_mean" input: ["T2"] output: ["t2_mean"] device: "gpu:0" }
+  op { type: "add" input: ["T", "T2"] output: ["u"] device: "gpu:1" }
+  op { type: "matmul" input: ["h", "u"] output: ["z"] device: "gpu:1" }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+  loss: "loss"
+  fetch: "t_mean"
+  fetch: "t2_mean"
+  optimizer { sgd { learning_rate: 0.2 } }
+)pb";
+
 }  // namespace strata
 
 #endif  // STRATA_TESTS_HARD_PIPELINES_H_

@@ -243,8 +243,10 @@ TEST(PipelineHardShapesTest, ThreeTiedWeightsExchangeTheirGradientsInOneOrder) {
 // the same steps. The replicas stay identical (TrainParallel fails where
 // they part).
 TEST(PipelineHardShapesTest, ATiedWeightWithOneGradientPath) {
-  for (const char* text : {kOnePathTiedWeight, kOnePathTiedWeightOnTheFirstStage}) {
-    SCOPED_TRACE(text == kOnePathTiedWeight ? "made on stage 1" : "made on stage 0");
+  for (const char* text : {kOnePathTiedWeight, kOnePathTiedWeightOnTheFirstStage, kTwoTiedWeightsSharingOneGradient}) {
+    SCOPED_TRACE(text == kOnePathTiedWeight                  ? "made on stage 1"
+                 : text == kOnePathTiedWeightOnTheFirstStage ? "made on stage 0"
+                                                              : "two weights sharing one gradient");
     auto program = ParseProgramText(text, "one_path_tied.pbtxt");
     ASSERT_TRUE(program.ok()) << program.status();
     ExpectThreeStagesMatchOneDevice(*program);  // two stages here; the same layout
