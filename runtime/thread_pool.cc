@@ -67,6 +67,13 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   done_mu.Await(absl::Condition(&all_done));
 }
 
+int NumThreadsFromEnv() {
+  const char* env = std::getenv("STRATA_NUM_THREADS");
+  if (env == nullptr) return 0;
+  int v = 0;
+  return absl::SimpleAtoi(env, &v) && v >= 1 && v <= kMaxIntraOpThreads ? v : -1;
+}
+
 int IntraOpThreads() {
   static int threads = [] {
     // The cores this process may run on (taskset, cgroups, --bind_cores),
@@ -75,12 +82,8 @@ int IntraOpThreads() {
     cpu_set_t set;
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
-    if (const char* env = std::getenv("STRATA_NUM_THREADS")) {
-      int v;
-      // Bounded as the tool checks it (CheckNumThreadsEnv): past the bound,
-      // creating the threads could fail and abort the process.
-      if (absl::SimpleAtoi(env, &v) && v > 0 && v <= kMaxIntraOpThreads) n = v;
-    }
+    // Past the bound, creating the threads could fail and abort the process.
+    if (const int v = NumThreadsFromEnv(); v > 0) n = v;
     return std::max(n, 1);
   }();
   return threads;

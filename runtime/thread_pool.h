@@ -34,6 +34,9 @@ class ThreadPool {
 // STRATA_NUM_THREADS overrides the total thread count (1 to
 // kMaxIntraOpThreads; another value is ignored here, refused by the tool).
 inline constexpr int kMaxIntraOpThreads = 1024;
+// STRATA_NUM_THREADS as a count in 1..kMaxIntraOpThreads; 0 when unset, -1
+// when it is set to anything else.
+int NumThreadsFromEnv();
 ThreadPool* GetIntraOpPool();
 // Threads Strata computes with (pool workers plus the caller).
 int IntraOpThreads();

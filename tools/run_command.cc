@@ -199,13 +199,10 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
 int CheckRunFlags() {
   // The environment's thread count, checked as a flag would be: another
   // value was ignored, or past the thread limit aborted the process.
-  if (const char* env = std::getenv("STRATA_NUM_THREADS")) {
-    int v = 0;
-    if (!absl::SimpleAtoi(env, &v) || v < 1 || v > kMaxIntraOpThreads) {
-      std::cerr << "error: STRATA_NUM_THREADS='" << env << "': expected a thread count from 1 to "
-                << kMaxIntraOpThreads << "\n";
-      return kExitUsage;
-    }
+  if (NumThreadsFromEnv() < 0) {
+    std::cerr << "error: STRATA_NUM_THREADS='" << std::getenv("STRATA_NUM_THREADS")
+              << "': expected a thread count from 1 to " << kMaxIntraOpThreads << "\n";
+    return kExitUsage;
   }
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
   if (nproc < 1 || nproc > 1024) {
