@@ -1,7 +1,6 @@
 #include "runtime/dataset.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -389,11 +388,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
 // windows of T + 1 tokens (a partial last window is dropped). Sample i is
 // window i: the tokens feed gets its first T tokens, the targets feed its last T.
 
-// A read-only mapping of a whole file, so corpora of gigabytes cost no copy.
-class MappedFile {
+// A token file read with pread, window by window: a corpus of gigabytes
+// costs no copy, and a file cut short while training (another job rewriting
+// it) is an error naming it, where a mapping would die of SIGBUS.
+class TokenFile {
  public:
-  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
-    int fd = open(path.c_str(), O_RDONLY);
+  static absl::StatusOr<std::unique_ptr<TokenFile>> Open(const std::string& path) {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       return errno == ENOENT ? absl::NotFoundError(absl::StrCat(path, ": no such file"))
                              : absl::PermissionDeniedError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
@@ -405,76 +406,116 @@ class MappedFile {
       return absl::InvalidArgumentError(absl::StrCat(path, folder ? ": is a folder" : ": is not a regular file",
                                                      ", expected a file of little-endian uint16 token ids"));
     }
-    auto file = std::unique_ptr<MappedFile>(new MappedFile);
-    file->size_ = static_cast<size_t>(st.st_size);
-    if (file->size_ > 0) {
-      void* data = mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (data == MAP_FAILED) {
-        close(fd);
-        return absl::InternalError(absl::StrCat(path, ": cannot map the file: ", std::strerror(errno)));
-      }
-      file->data_ = static_cast<const uint8_t*>(data);
-    }
-    close(fd);
-    return file;
+    return std::unique_ptr<TokenFile>(new TokenFile(fd, path, static_cast<size_t>(st.st_size)));
   }
-  ~MappedFile() {
-    if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  const uint8_t* data() const { return data_; }
+  ~TokenFile() { close(fd_); }
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  // The size when opened.
   size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Tokens [first, first + count) as int64 (little-endian whatever the host).
+  // Safe from several threads at once.
+  absl::Status Read(int64_t first, int64_t count, int64_t* out) const {
+    std::vector<uint8_t> bytes(static_cast<size_t>(count) * 2);
+    size_t done = 0;
+    const off_t offset = static_cast<off_t>(first) * 2;
+    while (done < bytes.size()) {
+      const ssize_t n = pread(fd_, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return absl::DataLossError(absl::StrCat(path_, ": cannot read: ", std::strerror(errno)));
+      if (n == 0) {
+        struct stat st;
+        const int64_t now = fstat(fd_, &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+        return absl::DataLossError(absl::StrCat(
+            path_, ": the file shrank while in use (", size_, " bytes when opened",
+            now >= 0 ? absl::StrCat(", ", now, " now") : "", "); tokens ", first, "..", first + count - 1,
+            " are gone: do not rewrite a corpus in place while a run reads it"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    for (int64_t t = 0; t < count; ++t) out[t] = bytes[2 * t] | (bytes[2 * t + 1] << 8);
+    return absl::OkStatus();
+  }
 
  private:
-  MappedFile() = default;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
+  TokenFile(int fd, std::string path, size_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  int fd_;
+  std::string path_;
+  size_t size_;
 };
+
+// What a token file's windows hold, read once when it is opened.
+struct TokenScan {
+  int64_t largest_token = -1;
+  int64_t largest_position = -1;
+  uint64_t head_hash = 0;  // of its first 64 KiB
+};
+
+absl::StatusOr<TokenScan> ScanTokens(const TokenFile& file, int64_t tokens) {
+  TokenScan scan;
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<int64_t> chunk;
+  for (int64_t first = 0; first < tokens; first += kChunk) {
+    const int64_t count = std::min(kChunk, tokens - first);
+    chunk.resize(static_cast<size_t>(count));
+    if (absl::Status s = file.Read(first, count, chunk.data()); !s.ok()) return s;
+    for (int64_t t = 0; t < count; ++t) {
+      if (chunk[t] > scan.largest_token) {
+        scan.largest_token = chunk[t];
+        scan.largest_position = first + t;
+      }
+    }
+  }
+  const int64_t head_tokens = std::min<int64_t>(static_cast<int64_t>(file.size() / 2), 32768);
+  std::vector<int64_t> ids(static_cast<size_t>(head_tokens));
+  if (absl::Status s = file.Read(0, head_tokens, ids.data()); !s.ok()) return s;
+  std::string head(static_cast<size_t>(head_tokens) * 2, '\0');
+  for (int64_t t = 0; t < head_tokens; ++t) {
+    head[2 * t] = static_cast<char>(ids[t] & 0xff);
+    head[2 * t + 1] = static_cast<char>(ids[t] >> 8);
+  }
+  scan.head_hash = Fnv1a64(head);
+  return scan;
+}
 
 class TokenDataset : public Dataset {
  public:
-  TokenDataset(std::vector<FeedSpec> feeds, FeedRoles roles, std::unique_ptr<MappedFile> file, std::string path,
-               int64_t window)
+  TokenDataset(std::vector<FeedSpec> feeds, FeedRoles roles, std::unique_ptr<TokenFile> file, int64_t window,
+               TokenScan scan)
       : Dataset(std::move(feeds), roles.label),
         roles_(std::move(roles)),
         file_(std::move(file)),
-        path_(std::move(path)),
         window_(window),
-        windows_(static_cast<int64_t>(file_->size() / 2) / window) {
-    // Every token the windows hand out, for the largest and its first position.
-    for (int64_t p = 0; p < windows_ * window_; ++p) {
-      const int64_t token = Token(p);
-      if (token > largest_token_) {
-        largest_token_ = token;
-        largest_position_ = p;
-      }
-    }
-    const uint64_t head =
-        Fnv1a64(std::string_view(reinterpret_cast<const char*>(file_->data()), std::min<size_t>(file_->size(), 65536)));
-    identity_ =
-        absl::StrFormat("tokens %d tokens %d windows of %d head %016x", file_->size() / 2, windows_, window_, head);
-  }
+        windows_(static_cast<int64_t>(file_->size() / 2) / window),
+        scan_(scan),
+        identity_(absl::StrFormat("tokens %d tokens %d windows of %d head %016x", file_->size() / 2, windows_, window_,
+                                  scan.head_hash)) {}
 
   int64_t size() const override { return windows_; }
   std::string identity() const override { return identity_; }
-  int64_t num_classes() const override { return largest_token_ + 1; }
+  int64_t num_classes() const override { return scan_.largest_token + 1; }
   LargestLabel largest_label() const override {
-    return {largest_token_, absl::StrCat("token ", largest_token_, " at position ", largest_position_, " of ", path_),
+    return {scan_.largest_token,
+            absl::StrCat("token ", scan_.largest_token, " at position ", scan_.largest_position, " of ",
+                         file_->path()),
             "", "tokens", "vocab"};
   }
-  // Position p of the file (little-endian whatever the host).
-  int64_t Token(int64_t p) const { return file_->data()[2 * p] | (file_->data()[2 * p + 1] << 8); }
-  int64_t largest_position() const { return largest_position_; }
+  int64_t largest_position() const { return scan_.largest_position; }
 
   absl::Status GetBatch(absl::Span<const int64_t> indices, std::vector<Tensor>* out) const override {
     if (absl::Status s = CheckIndices(indices, size()); !s.ok()) return s;
     if (absl::Status s = AllocateBatch(feeds(), indices.size(), allocator(), out); !s.ok()) return s;
     const int64_t seq = window_ - 1;
-    for (size_t k = 0; k < roles_.tokens.size(); ++k) {
-      int64_t* dst = (*out)[roles_.tokens[k]].data<int64_t>();
+    std::vector<int64_t> window(static_cast<size_t>(window_));
+    for (size_t b = 0; b < indices.size(); ++b) {
+      if (absl::Status s = file_->Read(indices[b] * window_, window_, window.data()); !s.ok()) return s;
       // The targets (k = 1) are the tokens shifted by one.
-      for (size_t b = 0; b < indices.size(); ++b) {
-        const int64_t first = indices[b] * window_ + static_cast<int64_t>(k);
-        for (int64_t t = 0; t < seq; ++t) dst[b * seq + t] = Token(first + t);
+      for (size_t k = 0; k < roles_.tokens.size(); ++k) {
+        int64_t* dst = (*out)[roles_.tokens[k]].data<int64_t>();
+        std::copy_n(window.begin() + static_cast<int64_t>(k), seq, dst + b * seq);
       }
     }
     return absl::OkStatus();
@@ -482,12 +523,10 @@ class TokenDataset : public Dataset {
 
  private:
   FeedRoles roles_;
-  std::unique_ptr<MappedFile> file_;
-  std::string path_;
+  std::unique_ptr<TokenFile> file_;
   int64_t window_;  // T + 1
   int64_t windows_;
-  int64_t largest_token_ = -1;
-  int64_t largest_position_ = -1;
+  TokenScan scan_;
   std::string identity_;
 };
 
@@ -515,7 +554,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenDataset(SpecArgs& args, const 
   const int64_t window = token_feed.shape[1] + 1;
 
   const std::string path = ResolveUserPath(**path_arg);
-  absl::StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+  absl::StatusOr<std::unique_ptr<TokenFile>> file = TokenFile::Open(path);
   if (!file.ok()) return file.status();
   const size_t bytes = (*file)->size();
   if (bytes % 2 != 0) {
@@ -528,7 +567,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenDataset(SpecArgs& args, const 
         path, ": ", bytes / 2, " tokens, fewer than one window of ", window, " (token feed '", token_feed.name, "' ",
         ShapeString(token_feed.shape), " plus the one-token shift of the targets)"));
   }
-  auto data = std::make_unique<TokenDataset>(feeds, *std::move(roles), *std::move(file), path, window);
+  absl::StatusOr<TokenScan> scan = ScanTokens(**file, static_cast<int64_t>(bytes / 2) / window * window);
+  if (!scan.ok()) return scan.status();
+  auto data = std::make_unique<TokenDataset>(feeds, *std::move(roles), *std::move(file), window, *scan);
   if (*vocab > 0 && data->largest_label().label >= *vocab) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": token ", data->largest_label().label, " at position ",
                                                    data->largest_position(), " is not below vocab=", *vocab));

@@ -1,6 +1,7 @@
 #include "runtime/dataset.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -684,6 +685,26 @@ TEST(TokenDatasetTest, BadFilesAreOneErrorNamingTheFile) {
     EXPECT_THAT(s.message(), HasSubstr(c.expected)) << c.spec;
   }
   EXPECT_NE(MustOpen(absl::StrCat("tokens:path=", large, ",vocab=301"), kTokenFeeds), nullptr);
+}
+
+// Another job rewriting the corpus in place while a run reads it: the
+// windows past the new end are an error naming the file (a mapping of it died
+// of SIGBUS), the windows still there read as before.
+TEST(TokenDatasetTest, AFileCutShortWhileInUseIsAnErrorNamingIt) {
+  std::vector<uint16_t> ids;
+  for (int p = 0; p < 16; ++p) ids.push_back(TokenAt(p));
+  const std::string path = WriteTokenFile("shrinks.u16", ids);
+  std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("tokens:path=", path), kTokenFeeds);
+  ASSERT_NE(ds, nullptr);
+  ASSERT_EQ(ds->size(), 4);
+  ASSERT_EQ(truncate(path.c_str(), 10), 0);  // 5 tokens: window 0 and one token of window 1
+  std::vector<Tensor> batch;
+  std::vector<int64_t> gone = {0, 3};
+  absl::Status s = ds->GetBatch(gone, &batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(path, ": the file shrank while in use (32 bytes when opened, 10 now); "
+                                                  "tokens 12..15 are gone")));
+  EXPECT_EQ(Values<int64_t>(MustBatch(*ds, {0})[0]), TokensFrom(0, 3));
 }
 
 TEST(TokenDatasetTest, FeedsOtherThanTokensAreAnError) {
