@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
 #include <thread>
@@ -253,6 +254,12 @@ absl::Status Executor::Prepare() {
   for (const auto& wait : plan_.memory().send_waits()) {
     send_wait_action_[{wait.channel(), wait.micro_batch()}] = wait.action();
   }
+  int warm_up = 0;
+  for (const Action& action : plan_.schedule().action()) {
+    if (action.kind() != Action::FORWARD) break;
+    ++warm_up;
+  }
+  eval_sends_in_flight_ = std::max(1, warm_up);
   return absl::OkStatus();
 }
 
@@ -1049,29 +1056,88 @@ void Executor::DropGraphs() {
 
 absl::StatusOr<StepResult> Executor::Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset,
                                               int64_t rows) {
-  StepResult result;
-  auto fed = CheckFeeds(feeds);
-  absl::Status status = fed.status();
-  if (status.ok() && rows >= 0 && *fed >= 0 && *fed != rows) {
-    status = absl::InvalidArgumentError(absl::StrCat("evaluation batch has ", *fed, " rows, expected ", rows));
+  if (rows < 0) {
+    auto fed = CheckFeeds(feeds);
+    if (!fed.ok()) return fed.status();
+    rows = *fed < 0 ? 1 : *fed;
   }
-  if (status.ok()) {
-    if (rows < 0) rows = *fed < 0 ? 1 : *fed;
-    status = PlaceFeeds(feeds, scopes_[0]);
+  auto results = Evaluate({{sample_offset, rows}}, [&](int) { return feeds; });
+  if (!results.ok()) return results.status();
+  return std::move(results->front());
+}
+
+absl::StatusOr<std::vector<StepResult>> Executor::Evaluate(const std::vector<EvalMicroBatch>& micro_batches,
+                                                           const EvalFeedFn& load) {
+  // Each micro-batch's sends (a stage's outputs on their way to the next)
+  // under its own tag among those in flight, so no two share one: more tags
+  // than any rank's warm-up, a count every rank agrees on.
+  const int tags = std::max(1, plan_.schedule().micro_batches()) + 1;
+  std::deque<std::vector<std::unique_ptr<Work>>> in_flight;
+  std::vector<StepResult> results(micro_batches.size());
+  // Metrics held for micro-batches [summed, summed + held_ends.size()); the
+  // k-th one's end in held_metrics_ is held_ends[k]. They are read once the
+  // device has passed them, as many micro-batches at a time as hold sends.
+  size_t summed = 0;
+  std::vector<size_t> held_ends;
+  auto sum_held = [&]() {
+    const std::vector<std::pair<int, Tensor>> held = std::move(held_metrics_);
+    size_t begin = 0;
+    for (size_t end : held_ends) {
+      held_metrics_.assign(held.begin() + begin, held.begin() + end);
+      SumMetrics(&results[summed++]);
+      begin = end;
+    }
+    held_metrics_.clear();
+    held_ends.clear();
+  };
+  absl::Status status = RefreshParamCopies();
+  for (size_t m = 0; status.ok() && m < micro_batches.size(); ++m) {
+    const int64_t rows = micro_batches[m].rows;
+    std::vector<Tensor>& scope = scopes_[0];
+    if (!feeds_.empty()) {
+      auto feeds = load(static_cast<int>(m));
+      if (!feeds.ok()) {
+        status = feeds.status();
+        break;
+      }
+      auto fed = CheckFeeds(*feeds);
+      status = fed.status();
+      if (status.ok() && *fed >= 0 && *fed != rows) {
+        status = absl::InvalidArgumentError(absl::StrCat("evaluation batch has ", *fed, " rows, expected ", rows));
+      }
+      if (status.ok()) status = PlaceFeeds(*feeds, scope);
+    }
+    if (status.ok()) {
+      RunContext run = MakeRunContext(micro_batches[m].first_sample, false, tags, rows);
+      run.micro_batch = static_cast<int>(m % tags);
+      status = RunSection(forward_, 0, run);
+    }
+    if (status.ok()) {
+      HoldMetrics(0);
+      held_ends.push_back(held_metrics_.size());
+    }
+    // What the forward kept for a backward goes now; a send holds its own
+    // buffer until the next stage takes it.
+    for (Tensor& t : scope) t = Tensor();
+    in_flight.push_back(std::move(pending_sends_));
+    pending_sends_.clear();
+    if (static_cast<int>(in_flight.size()) > eval_sends_in_flight_) {
+      status = WaitSends(in_flight.front(), status);
+      in_flight.pop_front();
+    }
+    if (status.ok() && static_cast<int>(held_ends.size()) >= eval_sends_in_flight_) {
+      status = options_.device->Synchronize();
+      if (status.ok()) sum_held();
+    }
   }
-  if (status.ok()) status = RefreshParamCopies();
-  if (status.ok()) {
-    RunContext run = MakeRunContext(sample_offset, false, 1, rows);
-    status = RunSection(forward_, 0, run);
-    if (status.ok()) HoldMetrics(0);
-  }
+  for (auto& sends : in_flight) status = WaitSends(sends, status);
   status = FinishStep(status);
   if (!status.ok()) {
     held_metrics_.clear();
     return status;
   }
-  SumMetrics(&result);
-  return result;
+  sum_held();
+  return results;
 }
 
 }  // namespace strata

@@ -86,6 +86,22 @@ class Executor {
   // for the shapes it receives); -1 takes it from the feeds.
   absl::StatusOr<StepResult> Evaluate(const std::map<std::string, Tensor>& feeds, int64_t sample_offset,
                                       int64_t rows = -1);
+  // Forward only over a run of micro-batches of any sizes, dropout off,
+  // nothing updated: micro-batch m has rows[m] rows from global sample
+  // first_sample[m], its feeds loaded by load(m) when its forward starts. On
+  // a pipeline every rank of a replica calls it with the same micro-batches,
+  // and the stages overlap as a schedule's forwards do: a stage goes on to
+  // the next micro-batch while the next stage takes its sends, holding those
+  // of at most as many micro-batches as its schedule's warm-up forwards (so
+  // it stays inside the training step's memory). One result per micro-batch,
+  // with a loss or fetch where this rank computes it.
+  struct EvalMicroBatch {
+    int64_t first_sample = 0;
+    int64_t rows = 0;
+  };
+  using EvalFeedFn = std::function<absl::StatusOr<std::map<std::string, Tensor>>(int micro_batch)>;
+  absl::StatusOr<std::vector<StepResult>> Evaluate(const std::vector<EvalMicroBatch>& micro_batches,
+                                                   const EvalFeedFn& load);
 
   // FEED vars read by the program, with their declared types.
   const std::vector<const Var*>& feeds() const { return feeds_; }
@@ -249,6 +265,9 @@ class Executor {
   std::vector<std::pair<std::string, int>> fetch_slots_;
   // This step's metric tensors: (-1 for the loss, else an index into fetch_slots_, tensor).
   std::vector<std::pair<int, Tensor>> held_metrics_;
+  // Micro-batches whose sends an evaluation holds at once: the forwards
+  // before this rank's first backward in its schedule (at least 1).
+  int eval_sends_in_flight_ = 1;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
   int dp_degree_ = 1;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 
@@ -162,8 +163,10 @@ absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double 
 // The data set in batches of `batch` (0: the plan's micro-batch on each
 // replica); data-parallel rank d of D evaluates the d-th contiguous slice of
 // each, and the group sums what it saw, so every rank reports the single
-// device's numbers. Each call's feeds go into the rank's memory as a
-// training micro-batch's do, so an evaluation stays inside the plan.
+// device's numbers. The batches run as one pipelined forward-only pass (a
+// stage goes on while the next takes its outputs); each batch's feeds go into
+// the rank's memory when its forward starts, as a training micro-batch's do,
+// so an evaluation stays inside the plan.
 absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, const Dataset& data,
                                           const std::string& name, int64_t batch, const std::string& acc_fetch,
                                           Communicator* dp, double timeout_s) {
@@ -172,23 +175,35 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
   const int64_t degree = std::max(1, executor.plan().topology().dp_degree());
   const int64_t dp_rank = executor.plan().topology().dp_rank();
   if (batch <= 0) batch = std::max<int64_t>(1, executor.plan().schedule().micro_batch_size()) * degree;
-  double loss_sum = 0, acc_sum = 0;
-  int64_t seen = 0;
-  std::vector<int64_t> indices;
+  // This replica's share of each batch, all in one pipelined run.
+  std::vector<Executor::EvalMicroBatch> micro_batches;
   for (int64_t begin = 0; begin < data.size(); begin += batch) {
     const int64_t total = std::min(batch, data.size() - begin);
     const int64_t first = begin + total * dp_rank / degree;
     const int64_t n = begin + total * (dp_rank + 1) / degree - first;
     if (n == 0) continue;  // a last batch smaller than the group (every stage of this replica skips it)
-    indices.resize(n);
-    for (int64_t i = 0; i < n; ++i) indices[i] = first + i;
+    micro_batches.push_back({first, n});
+  }
+  std::vector<int64_t> indices;
+  auto results = executor.Evaluate(micro_batches, [&](int m) -> absl::StatusOr<std::map<std::string, Tensor>> {
+    indices.resize(micro_batches[m].rows);
+    std::iota(indices.begin(), indices.end(), micro_batches[m].first_sample);
     auto feeds = LoadBatch(data, indices);
     if (!feeds.ok()) return feeds.status();
     STRATA_RETURN_IF_ERROR(IntoRankMemory(executor, device, &*feeds));
-    auto r = executor.Evaluate(*feeds, first, n);
-    if (!r.ok()) return r.status();
-    loss_sum += r->loss * n;
-    if (!acc_fetch.empty()) acc_sum += r->fetches[acc_fetch] * n;
+    return feeds;
+  });
+  if (!results.ok()) return results.status();
+  double loss_sum = 0, acc_sum = 0;
+  int64_t seen = 0;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const StepResult& r = (*results)[m];
+    const int64_t n = micro_batches[m].rows;
+    loss_sum += r.loss * n;
+    if (!acc_fetch.empty()) {
+      auto acc = r.fetches.find(acc_fetch);
+      if (acc != r.fetches.end()) acc_sum += acc->second * n;
+    }
     seen += n;
   }
   std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
