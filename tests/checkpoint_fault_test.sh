@@ -3,7 +3,9 @@
 # or before the ranks agree, or whose write hits a file-size limit, leaves
 # DIR/latest on the previous complete step, which resumes the uninterrupted
 # loss series exactly; old step folders beyond --keep_checkpoints go; SIGTERM
-# (a preemption) stops every rank after the same step, saves and exits 143.
+# (a preemption) stops every rank after the same step, saves, writes the
+# trace and exits 143, and ranks still in a step at the end of the grace are
+# killed and named.
 set -uo pipefail
 strata=$1
 strategy=$3
@@ -85,7 +87,9 @@ for nproc in 1 2; do
   if [ $nproc -eq 1 ]; then cmd=("$strata" run "$program" --data synthetic --quiet)
   else cmd=("$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet); fi
   rm -f "$tmp/term.jsonl" "$tmp/ref_term.jsonl" "$tmp/resumed_term.jsonl"
-  "${cmd[@]}" --steps 1000000 --save "$ck" --metrics "$tmp/term.jsonl" >/dev/null 2>"$tmp/err.txt" &
+  rm -f "$tmp/term_trace.json"
+  "${cmd[@]}" --steps 1000000 --save "$ck" --metrics "$tmp/term.jsonl" --trace "$tmp/term_trace.json" \
+    >/dev/null 2>"$tmp/err.txt" &
   pid=$!
   for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
   kill -TERM $pid
@@ -97,6 +101,10 @@ for nproc in 1 2; do
   [ "$(cat "$ck/latest")" = "step-$step" ] || fail "SIGTERM (nproc $nproc): latest $(cat "$ck/latest"), stopped at $step"
   [ "$(ls "$ck/step-$step" | grep -c safetensors)" -eq $nproc ] || fail "SIGTERM (nproc $nproc): files $(ls "$ck/step-$step")"
   [ "$(losses "$tmp/term.jsonl" | tail -1 | cut -d' ' -f1)" = "$step" ] || fail "SIGTERM: metrics go past step $step"
+  # The trace of a stopped job is written, each rank's part merged (a
+  # launcher left the parts unmerged).
+  grep -q '"traceEvents"' "$tmp/term_trace.json" || fail "SIGTERM (nproc $nproc): no --trace written"
+  [ -z "$(ls "$tmp"/term_trace.json.rank* 2>/dev/null)" ] || fail "SIGTERM (nproc $nproc): trace parts left unmerged"
   "${cmd[@]}" --steps $((step + 3)) --metrics "$tmp/ref_term.jsonl" >/dev/null 2>&1 || fail "SIGTERM: reference failed"
   "${cmd[@]}" --steps $((step + 3)) --load "$ck" --metrics "$tmp/resumed_term.jsonl" >/dev/null 2>&1 ||
     fail "SIGTERM: resume failed"
@@ -105,6 +113,35 @@ for nproc in 1 2; do
     fail "SIGTERM: the stopped run's losses differ from the reference"
   echo "ok: SIGTERM with nproc $nproc stopped after step $step, saved it, exit 143; the resume continues the series"
 done
+# 4b. A rank still in a step when the preemption grace ends is killed, and
+#     the job says so, naming it and the checkpoint it could not write (it
+#     ended with exit 143 and no word). STRATA_PREEMPTION_GRACE_S sets the
+#     grace (2 s here; rank 1 sleeps 60 s in step 4, and rank 0 waits for it
+#     to agree on the stop, so both are killed).
+rm -f "$tmp/grace.jsonl"
+STRATA_PREEMPTION_GRACE_S=2 STRATA_FAULT=slow_step:rank=1:step=4:seconds=60 "$strata" run "$program" \
+  --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 1000000 --save "$tmp/ck_grace" \
+  --metrics "$tmp/grace.jsonl" >/dev/null 2>"$tmp/err.txt" &
+pid=$!
+for _ in $(seq 300); do [ "$(losses "$tmp/grace.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+sleep 0.5
+start=$(date +%s)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(( $(date +%s) - start ))
+[ $rc -eq 143 ] || fail "grace: exit $rc, expected 143: $(cat "$tmp/err.txt")"
+[ $took -lt 20 ] || fail "grace: the job took ${took}s to end after SIGTERM with a 2 s grace"
+[ "$(grep -c '^error:' "$tmp/err.txt")" -eq 1 ] || fail "grace: not one error line: $(cat "$tmp/err.txt")"
+grep -q "^error: ranks 0, 1 were killed: not stopped 2s after SIGTERM, so no checkpoint of the stop is in $tmp/ck_grace" \
+  "$tmp/err.txt" || fail "grace: $(grep '^error' "$tmp/err.txt")"
+echo "ok: a rank still in its step at the end of the grace is named in ${took}s: $(grep '^error' "$tmp/err.txt")"
+STRATA_PREEMPTION_GRACE_S=abc "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1 --quiet \
+  >/dev/null 2>"$tmp/err.txt"
+rc=$?
+[ $rc -eq 2 ] && grep -q "^error: STRATA_PREEMPTION_GRACE_S='abc': expected seconds in (0, 86400]" "$tmp/err.txt" ||
+  fail "a bad STRATA_PREEMPTION_GRACE_S: exit $rc: $(cat "$tmp/err.txt")"
+
 # 5. SIGTERM to one worker only (one machine of the job preempted): every
 #    rank stops after the same step and saves it, and the job exits 143.
 ck="$tmp/ck_term_one"

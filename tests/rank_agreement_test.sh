@@ -3,7 +3,8 @@
 # changes what is trained: different --steps, --seed or --data are refused
 # on both ranks before the first step, naming the difference (before, they
 # hung until the comm timeout or trained the wrong model with exit 0); a
-# program that differs only in a comment compiles to the same plans and runs.
+# program that differs only in a comment compiles to the same plans and runs;
+# a --nproc that disagrees with torchrun's or srun's world is refused.
 set -uo pipefail
 strata=$1
 program=$2
@@ -61,4 +62,15 @@ echo "ok: the same data at two paths trains"
 two_ranks "$base --steps 3" "$tmp/commented.pbtxt --data synthetic --steps 3"
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "a program differing in a comment was refused: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
 echo "ok: a program that differs only in a comment runs with the original"
+# Under torchrun or srun the outer launcher starts the ranks: a --nproc that
+# disagrees is one error line before any rendezvous (it was ignored).
+for env in "RANK=1 WORLD_SIZE=2" "SLURM_PROCID=1 SLURM_NTASKS=2"; do
+  # shellcheck disable=SC2086
+  env $env timeout 30 "$strata" run $base --strategy "$strategy" --steps 1 --nproc 4 >/dev/null 2>"$tmp/nproc.txt"
+  rc=$?
+  [ $rc -eq 2 ] || fail "$env with --nproc 4: exit $rc: $(cat "$tmp/nproc.txt")"
+  grep -q "^error: rank 1: --nproc 4, but an outside launcher (torchrun or srun) started this process as one of 2 ranks" \
+    "$tmp/nproc.txt" || fail "$env with --nproc 4 said: $(cat "$tmp/nproc.txt")"
+done
+echo "ok: a --nproc that disagrees with torchrun's or srun's world is refused: $(cat "$tmp/nproc.txt")"
 echo "PASS"

@@ -4,7 +4,9 @@
 #include "tools/cli_flags.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -193,6 +195,17 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::string& command, int argc, char
       }
     }
     std::string error;
+    // absl reads a double past its range as 0 or inf without a word (--lr
+    // 1e-400 was the optimizer's default learning rate).
+    if (flag->IsOfType<double>()) {
+      errno = 0;
+      char* end = nullptr;
+      std::strtod(value.c_str(), &end);
+      if (errno == ERANGE && end != value.c_str()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad value '", value, "' for --", name, ": out of a double's range"));
+      }
+    }
     if (!flag->ParseFrom(value, &error)) {
       return absl::InvalidArgumentError(absl::StrCat("bad value '", value, "' for --", name, ": ", error));
     }

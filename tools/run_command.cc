@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -323,6 +324,38 @@ absl::Status MergeWorkerTraces(int world) {
   return MergeTraceFiles(parts, trace);
 }
 
+// STRATA_PREEMPTION_GRACE_S: the seconds the workers have, after a SIGTERM
+// to the launcher, to finish their step and save (a cluster's notice before
+// it kills the job: 30 s by default, as GCP's spot VMs and Kubernetes give).
+absl::StatusOr<absl::Duration> PreemptionGraceFromEnv(absl::Duration fallback) {
+  const char* text = std::getenv("STRATA_PREEMPTION_GRACE_S");
+  if (text == nullptr || *text == '\0') return fallback;
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STRATA_PREEMPTION_GRACE_S='", text, "': expected seconds in (0, 86400]"));
+  }
+  return absl::Seconds(seconds);
+}
+
+// After a stop signal: the ranks the launcher had to kill at the end of the
+// grace, which neither finished their step nor saved it ("" when none).
+std::string KilledAtTheGrace(const LaunchReport& report, absl::Duration grace) {
+  std::vector<std::string> killed;
+  for (const WorkerOutcome& w : report.workers) {
+    if (w.signal == SIGKILL) killed.push_back(absl::StrCat(w.rank));
+  }
+  if (killed.empty()) return "";
+  const bool preempted = report.interrupt_signal == SIGTERM;
+  const std::string save = absl::GetFlag(FLAGS_save);
+  return absl::StrCat(killed.size() == 1 ? "rank " : "ranks ", absl::StrJoin(killed, ", "),
+                      killed.size() == 1 ? " was" : " were", " killed: not stopped ",
+                      preempted ? absl::StrCat(absl::FormatDuration(grace), " after SIGTERM")
+                                : "after a second signal or the grace",
+                      save.empty() ? "" : absl::StrCat(", so no checkpoint of the stop is in ", save),
+                      preempted ? " (STRATA_PREEMPTION_GRACE_S sets the time a step and its save may take)" : "");
+}
+
 // The launcher: N workers of this same command, then their traces merged and
 // --compare_single's reference. Without --metrics, --compare_single reads the
 // workers' losses from a temporary file.
@@ -336,7 +369,13 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
     temp_metrics = metrics = TemporaryMetricsFile();
     args.push_back(absl::StrCat("--metrics=", metrics));
   }
-  const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
+  LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
+  absl::StatusOr<absl::Duration> grace = PreemptionGraceFromEnv(launch.preemption_grace);
+  if (!grace.ok()) {
+    std::cerr << "error: " << grace.status().message() << "\n";
+    return kExitUsage;
+  }
+  launch.preemption_grace = *grace;
   std::cout.flush();
   LaunchReport launch_report;
   auto code = LaunchWorkers(launch, &launch_report);
@@ -347,10 +386,23 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
     return kExitError;
   }
   int rc = *code;
+  if (launch_report.interrupt_signal != 0) {
+    if (const std::string killed = KilledAtTheGrace(launch_report, launch.preemption_grace); !killed.empty()) {
+      std::cerr << "error: " << killed << "\n";
+      if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
+      return rc;
+    }
+  }
   if (rc == 0) {
     if (auto s = MergeWorkerTraces(static_cast<int>(result.plans.size())); !s.ok()) {
       std::cerr << "error: " << s.message() << "\n";
       return kExitError;
+    }
+  } else if (launch_report.interrupt_signal != 0) {
+    // A job stopped by a signal, every rank having stopped cleanly, has its
+    // trace too (each rank wrote its part as it stopped).
+    if (auto s = MergeWorkerTraces(static_cast<int>(result.plans.size())); !s.ok()) {
+      std::cerr << "note: --trace not merged: " << s.message() << "\n";
     }
   }
   if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) rc = CompareWithSingleDevice(path, result.batch_size, metrics);

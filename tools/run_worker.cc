@@ -146,6 +146,15 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
               << world << " rank(s)\n";
     return kExitUsage;
   }
+  // Under torchrun or srun the outer launcher starts the ranks: a --nproc
+  // that disagrees with it was ignored without a word.
+  if (const int64_t nproc = absl::GetFlag(FLAGS_nproc);
+      !env.from_launcher && given.count("nproc") > 0 && nproc != env.world_size) {
+    std::cerr << "error: rank " << env.rank << ": --nproc " << nproc << ", but an outside launcher (torchrun or srun) "
+              << "started this process as one of " << env.world_size
+              << " ranks; under it, leave --nproc out (its ranks are the job's)\n";
+    return kExitUsage;
+  }
   const RankPlan& plan = result.plans[env.rank];
   RendezvousOptions ropts;
   if (int rc = FillRendezvousOptions(env, plan, &ropts); rc != 0) return rc;

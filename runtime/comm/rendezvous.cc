@@ -149,6 +149,25 @@ absl::StatusOr<std::string> RouteSourceAddress(const std::string& host, int port
   return address;
 }
 
+// Why a rank's first key can already be in the store, for this kind of store.
+std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& spec, int rank) {
+  const std::string job = options.job_id.empty() ? "no job id" : absl::StrCat("job id '", options.job_id, "'");
+  const std::string twice = absl::StrCat("another process started as rank ", rank, " of this job");
+  if (absl::StartsWith(spec, "tcp://")) {
+    return absl::StrCat(twice, ", or another job's rank 0 still serves ", spec,
+                        ": give each process its own rank, and each job its own port");
+  }
+  if (absl::StartsWith(spec, "redis://")) {
+    return absl::StrCat(twice, ", or an earlier job with ", job,
+                        " left its keys in this store (a failed job's expire after a day): give this job another "
+                        "--job_id, or delete them (redis-cli --scan --pattern '",
+                        options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id), "/*' | xargs redis-cli del)");
+  }
+  return absl::StrCat(twice, ", or an earlier job with ", job, " left its keys in ",
+                      spec.empty() ? "this store" : spec,
+                      ": give this job another --job_id or an empty folder");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname) {
@@ -200,12 +219,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   absl::Status published =
       group_store->Set(absl::StrCat("fingerprint/", rank), options.fingerprint);
   if (absl::IsFailedPrecondition(published)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": cannot publish this rank's fingerprint (", published.message(),
-                     "); an earlier job with ", options.job_id.empty() ? "no job id" : absl::StrCat("job id '", options.job_id, "'"),
-                     " left its keys in this store (a failed job's expire after a day): give this job another --job_id, or "
-                     "delete them (redis-cli --scan --pattern '",
-                     options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id), "/*' | xargs redis-cli del)"));
+    return absl::FailedPreconditionError(absl::StrCat(where, ": cannot publish this rank's fingerprint (",
+                                                      published.message(), "): ", KeyTakenCauses(options, store.spec(), rank)));
   }
   if (absl::IsDeadlineExceeded(published) || absl::IsUnavailable(published)) {
     return absl::DeadlineExceededError(absl::StrCat(where, ": cannot reach the store within ",

@@ -21,6 +21,7 @@ using ::strata::testing::RunRanks;
 using ::strata::testing::UniqueMemorySpec;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 
@@ -175,7 +176,28 @@ TEST(RendezvousTest, StoreServesOneRendezvousPerGroup) {
   RunRanks(2, [&](int rank) { ASSERT_TRUE(Rendezvous(Options(rank, 2, spec)).ok()); });
   absl::StatusOr<std::unique_ptr<Communicator>> again = Rendezvous(Options(0, 2, spec));
   EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
-  EXPECT_THAT(std::string(again.status().message()), HasSubstr("left its keys in this store"));
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr(absl::StrCat("another process started as rank 0 of this job, or an earlier job with no job "
+                                     "id left its keys in ", spec, ": give this job another --job_id")));
+  EXPECT_THAT(std::string(again.status().message()), Not(HasSubstr("redis-cli")));
+}
+
+// Over a tcp:// store that rank 0 serves for one job, a taken key is a rank
+// started twice (or another job's server on the port), never an earlier
+// job's keys, and no redis-cli hint.
+TEST(RendezvousTest, ATakenKeyInATcpStoreNamesARankStartedTwice) {
+  const int port = ::strata::testing::PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://127.0.0.1:", port);
+  absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(spec, /*serve=*/true, absl::Seconds(5));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->WithPrefix("strata/world")->Set("fingerprint/1", "3fa2c0de").ok());
+  absl::StatusOr<std::unique_ptr<Communicator>> second = Rendezvous(Options(1, 2, spec));
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr(absl::StrCat("another process started as rank 1 of this job, or another job's rank 0 still "
+                                     "serves ", spec, ": give each process its own rank")));
+  EXPECT_THAT(std::string(second.status().message()), Not(HasSubstr("redis-cli")));
 }
 
 TEST(RendezvousTest, BadOptionsAreInvalidArgument) {
