@@ -1103,7 +1103,8 @@ absl::StatusOr<std::vector<StepResult>> Executor::Evaluate(const std::vector<Eva
       auto fed = CheckFeeds(*feeds);
       status = fed.status();
       if (status.ok() && *fed >= 0 && *fed != rows) {
-        status = absl::InvalidArgumentError(absl::StrCat("evaluation batch has ", *fed, " rows, expected ", rows));
+        status = absl::InvalidArgumentError(
+            absl::StrCat("evaluation micro-batch ", m, " has ", *fed, " rows, expected ", rows));
       }
       if (status.ok()) status = PlaceFeeds(*feeds, scope);
     }

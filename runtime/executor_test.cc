@@ -109,6 +109,46 @@ TEST(ExecutorTest, FreesActivationsAfterTheStep) {
   EXPECT_EQ(GetCpuAllocator()->live_bytes(), before);
 }
 
+// An evaluation over a run of micro-batches of different sizes gives each
+// the loss and fetches of its own one-batch evaluation, bit for bit; a
+// micro-batch of the wrong size fails the run naming it, and leaves nothing
+// behind (the next evaluation gives the same numbers, no memory held).
+TEST(ExecutorTest, AnEvaluationOverMicroBatchesGivesEachItsOwnNumbers) {
+  RankPlan plan = CompileMlp(64, "F64");
+  auto e = Executor::Create(plan, {});
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  const std::vector<int64_t> rows = {5, 7, 3};
+  std::vector<std::map<std::string, Tensor>> feeds;
+  std::vector<Executor::EvalMicroBatch> micro_batches;
+  for (size_t m = 0; m < rows.size(); ++m) {
+    feeds.push_back(Batch(**e, rows[m], 10 + m));
+    micro_batches.push_back({static_cast<int64_t>(100 * m), rows[m]});
+  }
+  auto load = [&](int m) -> absl::StatusOr<std::map<std::string, Tensor>> { return feeds[m]; };
+  const int64_t before = GetCpuAllocator()->live_bytes();
+  auto all = (*e)->Evaluate(micro_batches, load);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(GetCpuAllocator()->live_bytes(), before);
+  ASSERT_EQ(all->size(), rows.size());
+  for (size_t m = 0; m < rows.size(); ++m) {
+    auto one = (*e)->Evaluate(feeds[m], micro_batches[m].first_sample);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_TRUE((*all)[m].has_loss);
+    EXPECT_EQ((*all)[m].loss, one->loss) << "micro-batch " << m;
+    EXPECT_EQ((*all)[m].fetches, one->fetches) << "micro-batch " << m;
+  }
+  micro_batches[1].rows = 6;
+  auto wrong = (*e)->Evaluate(micro_batches, load);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wrong.status().message(), "evaluation micro-batch 1 has 7 rows, expected 6");
+  EXPECT_EQ(GetCpuAllocator()->live_bytes(), before);
+  micro_batches[1].rows = 7;
+  auto again = (*e)->Evaluate(micro_batches, load);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (size_t m = 0; m < rows.size(); ++m) EXPECT_EQ((*again)[m].loss, (*all)[m].loss);
+}
+
 TEST(ExecutorTest, TrainingLowersTheLossAndEvaluationChangesNothing) {
   RankPlan plan = CompileMlp(64, "F64");
   auto e = Executor::Create(plan, {});

@@ -4,7 +4,8 @@
 # caused (the store's counter orders the ranks' reports); a stalled rank
 # (SIGSTOP) is named unresponsive within --heartbeat_timeout_s, not after the
 # 300 s comm timeout; a slow but live rank is not named; with a tcp:// store,
-# a stalled rank 0 (which serves the store) is named by the others.
+# a stalled rank 0 (which serves the store) is named by the others, and one
+# never started is noted after 10 s.
 set -uo pipefail
 strata=$1
 program=$2
@@ -75,6 +76,21 @@ kill -KILL $r0 2>/dev/null
 grep -q "^error: rank 1: the store stopped answering .*(rank 0 serves it)" "$tmp/r1.txt" ||
   fail "rank 1 did not name rank 0: $(cat "$tmp/r1.txt")"
 echo "ok: rank 0 stalled; rank 1 ended after ${elapsed}s: $(grep '^error' "$tmp/r1.txt")"
+
+# 4b. Rank 1 started by hand, rank 0 never: rank 1 says after 10 s that the
+#     store (which rank 0 serves) does not answer, and fails at the comm
+#     timeout naming it (it was silent until then, 300 s by default).
+port=$((20000 + RANDOM % 20000))
+start=$(date +%s)
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$strata" run "$program" --strategy "$strategy" \
+  --steps 1 --data synthetic --quiet --comm_timeout_s 12 >/dev/null 2>"$tmp/alone.txt"
+rc=$?
+took=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "rank 1 alone exited $rc"
+grep -q "^note: no answer from the store at 127.0.0.1:$port for 1[0-9]s (Connection refused); with tcp:// it is served by rank 0" \
+  "$tmp/alone.txt" || fail "rank 1 alone said no note: $(cat "$tmp/alone.txt")"
+[ "$(grep -c '^error:' "$tmp/alone.txt")" -eq 1 ] || fail "rank 1 alone: not one error line: $(cat "$tmp/alone.txt")"
+echo "ok: rank 1 alone noted the silent store and ended in ${took}s: $(grep '^note' "$tmp/alone.txt")"
 
 # 5. A SIGKILLed launcher leaves its store folder; the next run removes it,
 #    and never a live job's.

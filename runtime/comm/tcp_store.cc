@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <list>
 #include <stdexcept>
@@ -348,6 +349,11 @@ void TcpStore::Disconnect() {
 void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
   if (fd_ >= 0) return;
   std::string last_error = "no attempt";
+  // A store that does not answer (rank 0, which serves it, not started yet,
+  // or started with another port) is said on stderr after 10 s and each
+  // minute after, not only when the wait times out (300 s by default).
+  const Clock::time_point start = Clock::now();
+  Clock::time_point next_note = start + std::chrono::seconds(10);
   while (true) {
     addrinfo hints = {};
     hints.ai_family = AF_UNSPEC;
@@ -375,6 +381,14 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
     if (Clock::now() >= deadline) {
       throw gloo::IoException(absl::StrCat(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
                                            "); Wait timeout"));
+    }
+    if (const Clock::time_point now = Clock::now(); now >= next_note) {
+      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
+      std::fprintf(stderr,
+                   "note: no answer from the store at %s:%d for %llds (%s); with tcp:// it is served by rank 0: "
+                   "is rank 0 started, with the same --store or MASTER_ADDR:MASTER_PORT?\n",
+                   host_.c_str(), port_, static_cast<long long>(waited), last_error.c_str());
+      next_note = now + std::chrono::seconds(60);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, MillisLeft(deadline) + 1)));
   }
