@@ -354,6 +354,7 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
   // minute after, not only when the wait times out (300 s by default).
   const Clock::time_point start = Clock::now();
   Clock::time_point next_note = start + std::chrono::seconds(10);
+  if (never_answered_) deadline = std::min(deadline, start + std::chrono::seconds(1));
   while (true) {
     addrinfo hints = {};
     hints.ai_family = AF_UNSPEC;
@@ -377,8 +378,12 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
       }
       freeaddrinfo(found);
     }
-    if (fd_ >= 0) return;
+    if (fd_ >= 0) {
+      never_answered_ = false;
+      return;
+    }
     if (Clock::now() >= deadline) {
+      never_answered_ = true;
       throw gloo::IoException(absl::StrCat(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
                                            "); Wait timeout"));
     }

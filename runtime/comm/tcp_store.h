@@ -78,6 +78,10 @@ class TcpStore : public gloo::rendezvous::Store {
   const std::chrono::milliseconds connect_timeout_;
   std::unique_ptr<Server> server_;  // when serving: the data lives here
   int fd_ = -1;                     // when a client: the connection, opened on first use
+  // A connect that waited out its whole deadline: the next try is brief (a
+  // rank reporting its failure to a store it never reached waited the comm
+  // timeout twice). A connect that succeeds clears it.
+  bool never_answered_ = false;
 };
 
 }  // namespace strata
