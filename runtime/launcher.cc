@@ -196,6 +196,10 @@ struct Worker {
   int log_fd = -1;
   std::string last_error_line;   // last line starting with "error:"
   std::string last_stderr_line;  // last non-blank stderr line
+  // Stopped (SIGSTOP, a debugger) when the job was to stop, so killed at
+  // once: it could not finish its step or save, and its peers' errors about
+  // it are consequences.
+  bool killed_while_stopped = false;
   WorkerOutcome outcome;
 };
 
@@ -443,6 +447,7 @@ class Launcher {
       if (signo != SIGKILL && IsStopped(w.pid)) {
         kill(-w.pid, SIGKILL);
         kill(w.pid, SIGKILL);
+        w.killed_while_stopped = true;
       }
     }
   }
@@ -529,7 +534,14 @@ class Launcher {
       // signal (its save failed, say) is still a failure, unless the
       // launcher had to kill it.
       const bool clean = w.outcome.ok() || w.outcome.stopped();
-      if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0))) {
+      if (w.killed_while_stopped && w.outcome.signal == SIGKILL) {
+        // It is the cause, however its peers failed on losing it.
+        if (w.last_error_line.empty()) {
+          w.last_error_line = "it was stopped (SIGSTOP, or held by a debugger) when the job was to stop, so it "
+                              "could not finish its step or save and was killed";
+        }
+        failed.push_back(w.rank);
+      } else if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0))) {
         failed.push_back(w.rank);
       }
     }

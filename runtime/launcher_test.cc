@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -336,6 +337,48 @@ TEST_F(LaunchFixture, RankIgnoringSigtermIsKilledAfterTheGrace) {
   EXPECT_EQ(report.workers[0].signal, SIGKILL);
   EXPECT_GE(took, absl::Seconds(1));
   EXPECT_LT(took, absl::Seconds(10));
+  ExpectNoProcessLeft(report);
+}
+
+// A SIGTERM to the launcher while a worker is stopped (SIGSTOP, a debugger):
+// that worker cannot stop cleanly or save, so it is killed at once and named
+// as the failure; the others' clean stop (or their errors about losing it)
+// are not the cause. The job was named after a peer's "connection lost".
+TEST_F(LaunchFixture, AWorkerStoppedWhenTheJobIsToStopIsNamed) {
+  LaunchOptions o = Options(2, {"--print_pid", "--hang_all", "--report_signals"});
+  LaunchReport report;
+  std::thread signaller([&] {
+    pid_t frozen = -1;
+    if (WaitForFile(out_path_, [](const std::string& text) {
+          return RankLines(text, 0).size() == 2 && RankLines(text, 1).size() == 2;  // "pid P", "ready"
+        })) {
+      const std::vector<std::string> lines = RankLines(ReadFile(out_path_), 1);
+      int pid = -1;
+      if (absl::SimpleAtoi(absl::StripPrefix(lines[0], "pid "), &pid)) frozen = pid;
+    }
+    if (frozen > 0) {
+      kill(frozen, SIGSTOP);
+      for (int i = 0; i < 200; ++i) {
+        const std::string stat = ReadFile(absl::StrCat("/proc/", frozen, "/stat"));
+        const size_t paren = stat.rfind(')');
+        if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    } else {
+      ADD_FAILURE() << "workers never got ready";
+    }
+    kill(getpid(), SIGTERM);
+  });
+  auto result = LaunchWorkers(o, &report);
+  signaller.join();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(),
+            "rank 1 failed (killed by SIGKILL): it was stopped (SIGSTOP, or held by a debugger) when the job was to "
+            "stop, so it could not finish its step or save and was killed");
+  EXPECT_EQ(report.failed_rank, 1);
+  EXPECT_EQ(report.interrupt_signal, SIGTERM);
+  EXPECT_EQ(report.workers[0].exit_code, 128 + SIGTERM);
+  EXPECT_EQ(report.workers[1].signal, SIGKILL);
   ExpectNoProcessLeft(report);
 }
 
