@@ -432,7 +432,7 @@ class TokenFile {
         return absl::DataLossError(absl::StrCat(
             path_, ": the file shrank while in use (", size_, " bytes when opened",
             now >= 0 ? absl::StrCat(", ", now, " now") : "", "); tokens ", first, "..", first + count - 1,
-            " are gone: do not rewrite a corpus in place while a run reads it"));
+            " reach past its end: do not rewrite a corpus in place while a run reads it"));
       }
       done += static_cast<size_t>(n);
     }

@@ -703,7 +703,7 @@ TEST(TokenDatasetTest, AFileCutShortWhileInUseIsAnErrorNamingIt) {
   absl::Status s = ds->GetBatch(gone, &batch);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(path, ": the file shrank while in use (32 bytes when opened, 10 now); "
-                                                  "tokens 12..15 are gone")));
+                                                  "tokens 12..15 reach past its end")));
   EXPECT_EQ(Values<int64_t>(MustBatch(*ds, {0})[0]), TokensFrom(0, 3));
 }
 

@@ -254,12 +254,27 @@ absl::Status Executor::Prepare() {
   for (const auto& wait : plan_.memory().send_waits()) {
     send_wait_action_[{wait.channel(), wait.micro_batch()}] = wait.action();
   }
-  int warm_up = 0;
-  for (const Action& action : plan_.schedule().action()) {
-    if (action.kind() != Action::FORWARD) break;
-    ++warm_up;
+  // What a training step holds of its forward sends when a forward starts:
+  // the micro-batches whose sends, posted by an earlier forward, are waited
+  // at or after it (HoldSends's rule). An evaluation holds no more.
+  const int last = plan_.schedule().action_size() - 1;
+  eval_sends_in_flight_ = 0;
+  for (int i = 0; i <= last; ++i) {
+    if (plan_.schedule().action(i).kind() != Action::FORWARD) continue;
+    int held = 0;
+    for (int j = 0; j < i; ++j) {
+      const Action& earlier = plan_.schedule().action(j);
+      if (earlier.kind() != Action::FORWARD) continue;
+      for (int64_t channel : forward_.send_channels) {
+        auto it = send_wait_action_.find({channel, earlier.micro_batch()});
+        if ((it == send_wait_action_.end() ? last : std::max(j, it->second)) >= i) {
+          ++held;
+          break;
+        }
+      }
+    }
+    eval_sends_in_flight_ = std::max(eval_sends_in_flight_, held);
   }
-  eval_sends_in_flight_ = std::max(1, warm_up);
   return absl::OkStatus();
 }
 
@@ -1070,7 +1085,7 @@ absl::StatusOr<std::vector<StepResult>> Executor::Evaluate(const std::vector<Eva
                                                            const EvalFeedFn& load) {
   // Each micro-batch's sends (a stage's outputs on their way to the next)
   // under its own tag among those in flight, so no two share one: more tags
-  // than any rank's warm-up, a count every rank agrees on.
+  // than any rank holds (at most its M earlier forwards'), a count every rank agrees on.
   const int tags = std::max(1, plan_.schedule().micro_batches()) + 1;
   std::deque<std::vector<std::unique_ptr<Work>>> in_flight;
   std::vector<StepResult> results(micro_batches.size());
@@ -1122,11 +1137,11 @@ absl::StatusOr<std::vector<StepResult>> Executor::Evaluate(const std::vector<Eva
     for (Tensor& t : scope) t = Tensor();
     in_flight.push_back(std::move(pending_sends_));
     pending_sends_.clear();
-    if (static_cast<int>(in_flight.size()) > eval_sends_in_flight_) {
+    while (static_cast<int>(in_flight.size()) > eval_sends_in_flight_) {
       status = WaitSends(in_flight.front(), status);
       in_flight.pop_front();
     }
-    if (status.ok() && static_cast<int>(held_ends.size()) >= eval_sends_in_flight_) {
+    if (status.ok() && static_cast<int>(held_ends.size()) >= std::max(1, eval_sends_in_flight_)) {
       status = options_.device->Synchronize();
       if (status.ok()) sum_held();
     }

@@ -91,10 +91,10 @@ class Executor {
   // first_sample[m], its feeds loaded by load(m) when its forward starts. On
   // a pipeline every rank of a replica calls it with the same micro-batches,
   // and the stages overlap as a schedule's forwards do: a stage goes on to
-  // the next micro-batch while the next stage takes its sends, holding those
-  // of at most as many micro-batches as its schedule's warm-up forwards (so
-  // it stays inside the training step's memory). One result per micro-batch,
-  // with a loss or fetch where this rank computes it.
+  // the next micro-batch once the next stage has posted the receive of its
+  // sends, holding the sends of no more micro-batches than its training step
+  // holds when a forward starts (so it stays inside the plan). One result
+  // per micro-batch, with a loss or fetch where this rank computes it.
   struct EvalMicroBatch {
     int64_t first_sample = 0;
     int64_t rows = 0;
@@ -265,9 +265,10 @@ class Executor {
   std::vector<std::pair<std::string, int>> fetch_slots_;
   // This step's metric tensors: (-1 for the loss, else an index into fetch_slots_, tensor).
   std::vector<std::pair<int, Tensor>> held_metrics_;
-  // Micro-batches whose sends an evaluation holds at once: the forwards
-  // before this rank's first backward in its schedule (at least 1).
-  int eval_sends_in_flight_ = 1;
+  // Micro-batches whose sends an evaluation holds when it starts a forward:
+  // as many as a training step holds at the start of any of its forwards
+  // (often 0: the plan waits a send before the next forward).
+  int eval_sends_in_flight_ = 0;
   std::vector<std::unique_ptr<Work>> pending_sends_;  // posted by send kernels during an action
   std::map<int64_t, PendingCollective> pending_buckets_;  // gradient buckets being summed, by id
   int dp_degree_ = 1;

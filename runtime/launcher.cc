@@ -452,6 +452,12 @@ class Launcher {
     }
   }
 
+  // A signal the launcher never sends (SIGSEGV, SIGABRT, ...): a worker it
+  // killed is a crash, even while the job stops.
+  static bool CrashSignal(int signo) {
+    return signo != 0 && signo != SIGKILL && signo != SIGTERM && signo != SIGINT && signo != SIGHUP;
+  }
+
   // Whether /proc/PID/stat says the process is stopped ('T').
   static bool IsStopped(pid_t pid) {
     std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
@@ -541,7 +547,8 @@ class Launcher {
                               "could not finish its step or save and was killed";
         }
         failed.push_back(w.rank);
-      } else if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0))) {
+      } else if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0) ||
+                            CrashSignal(w.outcome.signal))) {
         failed.push_back(w.rank);
       }
     }

@@ -382,6 +382,36 @@ TEST_F(LaunchFixture, AWorkerStoppedWhenTheJobIsToStopIsNamed) {
   ExpectNoProcessLeft(report);
 }
 
+// A worker that crashes while the job stops (after a SIGTERM to the
+// launcher) is the job's failure, named by its signal: it was not counted,
+// and the job was named after its peer, or stopped with exit 143.
+TEST_F(LaunchFixture, AWorkerCrashingWhileTheJobStopsIsNamed) {
+  LaunchOptions o = Options(2, {"--print_pid", "--hang_all", "--ignore_sigterm"});
+  o.preemption_grace = absl::Seconds(2);
+  LaunchReport report;
+  std::thread signaller([&] {
+    pid_t victim = -1;
+    if (WaitForFile(out_path_, [](const std::string& text) {
+          return RankLines(text, 0).size() == 2 && RankLines(text, 1).size() == 2;  // "pid P", "ready"
+        })) {
+      int pid = -1;
+      if (absl::SimpleAtoi(absl::StripPrefix(RankLines(ReadFile(out_path_), 1)[0], "pid "), &pid)) victim = pid;
+    }
+    if (victim <= 0) ADD_FAILURE() << "workers never got ready";
+    kill(getpid(), SIGTERM);
+    absl::SleepFor(absl::Milliseconds(300));
+    if (victim > 0) kill(victim, SIGSEGV);
+  });
+  auto result = LaunchWorkers(o, &report);
+  signaller.join();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), "rank 1 failed (killed by SIGSEGV)");
+  EXPECT_EQ(report.failed_rank, 1);
+  EXPECT_EQ(report.workers[1].signal, SIGSEGV);
+  EXPECT_EQ(report.workers[0].signal, SIGKILL);  // it ignored the SIGTERM
+  ExpectNoProcessLeft(report);
+}
+
 TEST_F(LaunchFixture, LauncherForwardsSigtermAndStopsWorkers) {
   LaunchOptions o = Options(2, {"--hang_all", "--report_signals"});
   LaunchReport report;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -200,8 +201,9 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::string& command, int argc, char
     if (flag->IsOfType<double>()) {
       errno = 0;
       char* end = nullptr;
-      std::strtod(value.c_str(), &end);
-      if (errno == ERANGE && end != value.c_str()) {
+      const double parsed = std::strtod(value.c_str(), &end);
+      // Past the range: 0 or inf (a subnormal, also ERANGE, is a value).
+      if (errno == ERANGE && end != value.c_str() && *end == '\0' && (parsed == 0 || std::isinf(parsed))) {
         return absl::InvalidArgumentError(
             absl::StrCat("bad value '", value, "' for --", name, ": out of a double's range"));
       }

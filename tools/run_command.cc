@@ -195,6 +195,20 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
   return 0;
 }
 
+// STRATA_PREEMPTION_GRACE_S: the seconds the workers have, after a SIGTERM
+// to the launcher, to finish their step and save (a cluster's notice before
+// it kills the job: 30 s by default, as GCP's spot VMs and Kubernetes give).
+absl::StatusOr<absl::Duration> PreemptionGraceFromEnv(absl::Duration fallback) {
+  const char* text = std::getenv("STRATA_PREEMPTION_GRACE_S");
+  if (text == nullptr || *text == '\0') return fallback;
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STRATA_PREEMPTION_GRACE_S='", text, "': expected seconds in (0, 86400]"));
+  }
+  return absl::Seconds(seconds);
+}
+
 // The run flags checked before anything is compiled. 0, or the exit code once
 // it printed what is wrong.
 int CheckRunFlags() {
@@ -203,6 +217,12 @@ int CheckRunFlags() {
   if (NumThreadsFromEnv() < 0) {
     std::cerr << "error: STRATA_NUM_THREADS='" << std::getenv("STRATA_NUM_THREADS")
               << "': expected a thread count from 1 to " << kMaxIntraOpThreads << "\n";
+    return kExitUsage;
+  }
+  // Read by the launcher only, but wrong on any run (a script's one-process
+  // test of a cluster command).
+  if (absl::StatusOr<absl::Duration> grace = PreemptionGraceFromEnv(absl::Seconds(30)); !grace.ok()) {
+    std::cerr << "error: " << grace.status().message() << "\n";
     return kExitUsage;
   }
   const int64_t nproc = absl::GetFlag(FLAGS_nproc);
@@ -324,20 +344,6 @@ absl::Status MergeWorkerTraces(int world) {
   return MergeTraceFiles(parts, trace);
 }
 
-// STRATA_PREEMPTION_GRACE_S: the seconds the workers have, after a SIGTERM
-// to the launcher, to finish their step and save (a cluster's notice before
-// it kills the job: 30 s by default, as GCP's spot VMs and Kubernetes give).
-absl::StatusOr<absl::Duration> PreemptionGraceFromEnv(absl::Duration fallback) {
-  const char* text = std::getenv("STRATA_PREEMPTION_GRACE_S");
-  if (text == nullptr || *text == '\0') return fallback;
-  double seconds = 0;
-  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("STRATA_PREEMPTION_GRACE_S='", text, "': expected seconds in (0, 86400]"));
-  }
-  return absl::Seconds(seconds);
-}
-
 // After a stop signal: the ranks the launcher had to kill at the end of the
 // grace, which neither finished their step nor saved it ("" when none).
 std::string KilledAtTheGrace(const LaunchReport& report, absl::Duration grace) {
@@ -398,9 +404,10 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
       std::cerr << "error: " << s.message() << "\n";
       return kExitError;
     }
-  } else if (launch_report.interrupt_signal != 0) {
-    // A job stopped by a signal, every rank having stopped cleanly, has its
-    // trace too (each rank wrote its part as it stopped).
+  } else if (rc == 128 + SIGTERM) {
+    // A job stopped by SIGTERM (to the launcher or to one worker), every rank
+    // having stopped cleanly, has its trace too: each rank wrote its part as
+    // it stopped (SIGINT and SIGHUP end the workers without one).
     if (auto s = MergeWorkerTraces(static_cast<int>(result.plans.size())); !s.ok()) {
       std::cerr << "note: --trace not merged: " << s.message() << "\n";
     }
