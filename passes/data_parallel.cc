@@ -111,7 +111,7 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
     const int64_t n = Elements(graph.shape(g));
     const std::pair<DataType, bool> kind(dtype, late[g]);
     auto it = open.find(kind);
-    if (it == open.end() || (buckets[it->second].elements + n) * DataTypeSize(dtype) > cap) {
+    if (it == open.end() || static_cast<int64_t>((buckets[it->second].elements + n) * DataTypeSize(dtype)) > cap) {
       buckets.push_back({dtype, late[g], 0, {}});
       open[kind] = buckets.size() - 1;
     }
