@@ -453,7 +453,8 @@ class Launcher {
   }
 
   // A signal the launcher never sends (SIGSEGV, SIGABRT, ...): a worker it
-  // killed is a crash, even while the job stops.
+  // killed is a crash, even while the job stops. So is a SIGKILL before the
+  // launcher sent one (the kernel's OOM killer).
   static bool CrashSignal(int signo) {
     return signo != 0 && signo != SIGKILL && signo != SIGTERM && signo != SIGINT && signo != SIGHUP;
   }
@@ -548,7 +549,7 @@ class Launcher {
         }
         failed.push_back(w.rank);
       } else if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0) ||
-                            CrashSignal(w.outcome.signal))) {
+                            CrashSignal(w.outcome.signal) || (w.outcome.signal == SIGKILL && !killed_))) {
         failed.push_back(w.rank);
       }
     }

@@ -146,6 +146,10 @@ class LaunchFixture : public ::testing::Test {
   std::string Stdout() const { return ReadFile(out_path_); }
   std::string Stderr() const { return ReadFile(err_path_); }
 
+  // SIGTERM to the launcher, then `crash` to rank 1 while the workers (which
+  // ignore the SIGTERM) are still running.
+  void CrashWhileStopping(int crash);
+
   std::string dir_, out_path_, err_path_;
   int out_fd_ = -1, err_fd_ = -1;
 };
@@ -386,6 +390,14 @@ TEST_F(LaunchFixture, AWorkerStoppedWhenTheJobIsToStopIsNamed) {
 // launcher) is the job's failure, named by its signal: it was not counted,
 // and the job was named after its peer, or stopped with exit 143.
 TEST_F(LaunchFixture, AWorkerCrashingWhileTheJobStopsIsNamed) {
+  for (const int crash : {SIGSEGV, SIGKILL}) {  // SIGKILL: the OOM killer's
+    SCOPED_TRACE(crash);
+    CrashWhileStopping(crash);
+  }
+}
+
+void LaunchFixture::CrashWhileStopping(int crash) {
+  ASSERT_EQ(ftruncate(out_fd_, 0), 0);
   LaunchOptions o = Options(2, {"--print_pid", "--hang_all", "--ignore_sigterm"});
   o.preemption_grace = absl::Seconds(2);
   LaunchReport report;
@@ -400,14 +412,14 @@ TEST_F(LaunchFixture, AWorkerCrashingWhileTheJobStopsIsNamed) {
     if (victim <= 0) ADD_FAILURE() << "workers never got ready";
     kill(getpid(), SIGTERM);
     absl::SleepFor(absl::Milliseconds(300));
-    if (victim > 0) kill(victim, SIGSEGV);
+    if (victim > 0) kill(victim, crash);
   });
   auto result = LaunchWorkers(o, &report);
   signaller.join();
   ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.status().message(), "rank 1 failed (killed by SIGSEGV)");
+  EXPECT_EQ(result.status().message(), absl::StrCat("rank 1 failed (killed by ", crash == SIGKILL ? "SIGKILL" : "SIGSEGV", ")"));
   EXPECT_EQ(report.failed_rank, 1);
-  EXPECT_EQ(report.workers[1].signal, SIGSEGV);
+  EXPECT_EQ(report.workers[1].signal, crash);
   EXPECT_EQ(report.workers[0].signal, SIGKILL);  // it ignored the SIGTERM
   ExpectNoProcessLeft(report);
 }
