@@ -145,9 +145,9 @@ rc=$?
 # 5. SIGTERM to one worker only (one machine of the job preempted): every
 #    rank stops after the same step and saves it, and the job exits 143.
 ck="$tmp/ck_term_one"
-rm -f "$tmp/term.jsonl"
+rm -f "$tmp/term.jsonl" "$tmp/one_trace.json"
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 1000000 --save "$ck" \
-  --metrics "$tmp/term.jsonl" >/dev/null 2>"$tmp/err.txt" &
+  --metrics "$tmp/term.jsonl" --trace "$tmp/one_trace.json" >/dev/null 2>"$tmp/err.txt" &
 pid=$!
 for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
 kill -TERM "$(pgrep -P $pid | head -1)"
@@ -156,6 +156,8 @@ rc=$?
 [ $rc -eq 143 ] || fail "SIGTERM to one worker: exit $rc: $(grep -E 'error|stopped' "$tmp/err.txt")"
 [ "$(grep -c 'stopped by SIGTERM' "$tmp/err.txt")" -eq 2 ] || fail "SIGTERM to one worker: $(cat "$tmp/err.txt")"
 grep -q "(on another rank)" "$tmp/err.txt" || fail "SIGTERM to one worker: the other rank does not say why it stopped"
+grep -q '"traceEvents"' "$tmp/one_trace.json" && [ -z "$(ls "$tmp"/one_trace.json.rank* 2>/dev/null)" ] ||
+  fail "SIGTERM to one worker: the trace was not merged"
 step=$(sed -n 's/.*stopped by SIGTERM.* after step \([0-9]*\);.*/\1/p' "$tmp/err.txt" | sort -u)
 [ "$(echo "$step" | wc -l)" -eq 1 ] && [ "$(cat "$ck/latest")" = "step-$step" ] ||
   fail "SIGTERM to one worker: ranks stopped after steps $step, latest $(cat "$ck/latest")"
