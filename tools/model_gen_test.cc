@@ -201,7 +201,9 @@ TEST(ModelGenTest, BadWidthsAndDropoutsAreRefusedByGen) {
       o.layers = layers;
       auto text = GenerateProgram(model, o);
       EXPECT_FALSE(text.ok()) << model << " " << absl::StrJoin(layers, ",");
-      if (!text.ok()) EXPECT_TRUE(absl::StrContains(text.status().message(), "--layers")) << text.status();
+      if (!text.ok()) {
+        EXPECT_TRUE(absl::StrContains(text.status().message(), "--layers")) << text.status();
+      }
     }
   }
   GenOptions o;
