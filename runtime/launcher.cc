@@ -452,11 +452,12 @@ class Launcher {
     }
   }
 
-  // A signal the launcher never sends (SIGSEGV, SIGABRT, ...): a worker it
-  // killed is a crash, even while the job stops. So is a SIGKILL before the
-  // launcher sent one (the kernel's OOM killer).
-  static bool CrashSignal(int signo) {
-    return signo != 0 && signo != SIGKILL && signo != SIGTERM && signo != SIGINT && signo != SIGHUP;
+  // Whether a signal the launcher did not send killed a worker: one it never
+  // sends (SIGSEGV, SIGABRT, ...), or a SIGKILL before it sent any (the
+  // kernel's OOM killer). A crash, even while the job stops.
+  bool KilledByAnotherHand(int signo) const {
+    if (signo == SIGKILL) return !killed_;
+    return signo != 0 && signo != SIGTERM && signo != SIGINT && signo != SIGHUP;
   }
 
   // Whether /proc/PID/stat says the process is stopped ('T').
@@ -549,7 +550,7 @@ class Launcher {
         }
         failed.push_back(w.rank);
       } else if (!clean && (!stopping_ || (!killed_ && w.outcome.signal == 0 && interrupt_signal_ != 0) ||
-                            CrashSignal(w.outcome.signal) || (w.outcome.signal == SIGKILL && !killed_))) {
+                            KilledByAnotherHand(w.outcome.signal))) {
         failed.push_back(w.rank);
       }
     }

@@ -23,7 +23,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -55,13 +54,19 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// The state letter /proc/PID/stat gives (R, S, T, Z, ...); 0 when unreadable.
+char ProcessState(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
 // A dead process: gone, or a zombie waiting for a parent that is not us
 // (orphans go to pid 1, which may or may not reap here).
 bool ProcessGone(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  size_t paren = stat.rfind(')');
-  return stat.empty() || (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z');
+  const char state = ProcessState(pid);
+  return state == 0 || state == 'Z';
 }
 
 // Every worker the launcher reported is reaped (kill says no such process),
@@ -149,6 +154,18 @@ class LaunchFixture : public ::testing::Test {
   // SIGTERM to the launcher, then `crash` to rank 1 while the workers (which
   // ignore the SIGTERM) are still running.
   void CrashWhileStopping(int crash);
+
+  // Under --print_pid, once both ranks of two said "pid P" and "ready":
+  // rank `rank`'s pid; -1 (and a failure) when they never did.
+  pid_t PidOnceReady(int rank) const {
+    if (!WaitForFile(out_path_, [](const std::string& text) {
+          return RankLines(text, 0).size() == 2 && RankLines(text, 1).size() == 2;
+        })) {
+      ADD_FAILURE() << "workers never got ready";
+      return -1;
+    }
+    return FindNumber(Stdout(), rank, "pid");
+  }
 
   std::string dir_, out_path_, err_path_;
   int out_fd_ = -1, err_fd_ = -1;
@@ -352,24 +369,9 @@ TEST_F(LaunchFixture, AWorkerStoppedWhenTheJobIsToStopIsNamed) {
   LaunchOptions o = Options(2, {"--print_pid", "--hang_all", "--report_signals"});
   LaunchReport report;
   std::thread signaller([&] {
-    pid_t frozen = -1;
-    if (WaitForFile(out_path_, [](const std::string& text) {
-          return RankLines(text, 0).size() == 2 && RankLines(text, 1).size() == 2;  // "pid P", "ready"
-        })) {
-      const std::vector<std::string> lines = RankLines(ReadFile(out_path_), 1);
-      int pid = -1;
-      if (absl::SimpleAtoi(absl::StripPrefix(lines[0], "pid "), &pid)) frozen = pid;
-    }
-    if (frozen > 0) {
+    if (const pid_t frozen = PidOnceReady(1); frozen > 0) {
       kill(frozen, SIGSTOP);
-      for (int i = 0; i < 200; ++i) {
-        const std::string stat = ReadFile(absl::StrCat("/proc/", frozen, "/stat"));
-        const size_t paren = stat.rfind(')');
-        if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') break;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-    } else {
-      ADD_FAILURE() << "workers never got ready";
+      for (int i = 0; i < 200 && ProcessState(frozen) != 'T'; ++i) absl::SleepFor(absl::Milliseconds(10));
     }
     kill(getpid(), SIGTERM);
   });
@@ -402,14 +404,7 @@ void LaunchFixture::CrashWhileStopping(int crash) {
   o.preemption_grace = absl::Seconds(2);
   LaunchReport report;
   std::thread signaller([&] {
-    pid_t victim = -1;
-    if (WaitForFile(out_path_, [](const std::string& text) {
-          return RankLines(text, 0).size() == 2 && RankLines(text, 1).size() == 2;  // "pid P", "ready"
-        })) {
-      int pid = -1;
-      if (absl::SimpleAtoi(absl::StripPrefix(RankLines(ReadFile(out_path_), 1)[0], "pid "), &pid)) victim = pid;
-    }
-    if (victim <= 0) ADD_FAILURE() << "workers never got ready";
+    const pid_t victim = PidOnceReady(1);
     kill(getpid(), SIGTERM);
     absl::SleepFor(absl::Milliseconds(300));
     if (victim > 0) kill(victim, crash);

@@ -332,6 +332,8 @@ LaunchOptions LauncherOptionsFromFlags(std::vector<std::string> worker_argv) {
                                  : absl::GetFlag(FLAGS_job_id);
   launch.extra_env.push_back({"STRATA_JOB_ID", job_id});
   launch.recorded_failures = [job_id](const std::string& spec) { return RecordedFailures(spec, job_id); };
+  // CheckRunFlags refused a bad value.
+  launch.preemption_grace = PreemptionGraceFromEnv(launch.preemption_grace).value_or(launch.preemption_grace);
   return launch;
 }
 
@@ -375,13 +377,7 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
     temp_metrics = metrics = TemporaryMetricsFile();
     args.push_back(absl::StrCat("--metrics=", metrics));
   }
-  LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
-  absl::StatusOr<absl::Duration> grace = PreemptionGraceFromEnv(launch.preemption_grace);
-  if (!grace.ok()) {
-    std::cerr << "error: " << grace.status().message() << "\n";
-    return kExitUsage;
-  }
-  launch.preemption_grace = *grace;
+  const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
   std::cout.flush();
   LaunchReport launch_report;
   auto code = LaunchWorkers(launch, &launch_report);
