@@ -10,7 +10,7 @@ packages=(
   libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev redis-server
-  libopenblas-dev zlib1g-dev libgoogle-perftools-dev
+  libopenblas-dev libdnnl-dev zlib1g-dev libgoogle-perftools-dev
   nlohmann-json3-dev
   dataset-fashion-mnist
 )

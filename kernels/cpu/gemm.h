@@ -49,40 +49,40 @@ inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
               beta, c, static_cast<blasint>(std::max<int64_t>(ldc, 1)));
 }
 
+// C = beta * C for a GEMM with an empty inner size (BLAS would reject the
+// zero leading dimensions).
+template <typename T>
+void ScaleOnly(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+  }
+}
+
 // GemmOrScale on the calling thread only (for callers already inside ParallelFor).
 template <typename T>
 void SerialGemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                        int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    }
+    ScaleOnly(m, n, beta, c, ldc);
     return;
   }
   SingleThreadedBlas();
   Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A GEMM that tolerates empty sizes: nothing to do when m or n is 0, and
-// c = beta * c when k is 0 (BLAS would reject the zero leading dimensions).
-template <typename T>
-void GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    }
-    return;
-  }
-  SingleThreadedBlas();
+// Cuts a GEMM of C [m, n] with inner size k for Strata's pool: panel(r0,
+// r1, c0, c1) for C's rows [r0, r1) and columns [c0, c1), whole 16-row (or
+// column) blocks along C's longer side, one panel per thread; a GEMM of at
+// most kSingleThreadedGemmWork multiply-adds is one panel on the calling
+// thread.
+template <typename Panel>
+void ForEachGemmPanel(int64_t m, int64_t n, int64_t k, const Panel& panel) {
   const double work = static_cast<double>(m) * n * k;
   if (work <= kSingleThreadedGemmWork) {
-    Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    panel(int64_t{0}, m, int64_t{0}, n);
     return;
   }
-  // Panels of whole 16-row/column blocks along C's longer side, one per thread.
   constexpr int64_t kBlock = 16;
   const bool by_rows = m >= n;
   const int64_t blocks = ((by_rows ? m : n) + kBlock - 1) / kBlock;
@@ -90,13 +90,27 @@ void GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
       std::max<int64_t>(1, static_cast<int64_t>(kSingleThreadedGemmWork / (work / static_cast<double>(blocks))));
   ParallelFor(blocks, min_blocks, [&](int64_t begin, int64_t end) {
     if (by_rows) {
-      const int64_t r0 = begin * kBlock, r1 = std::min(m, end * kBlock);
-      Gemm(trans_a, trans_b, r1 - r0, n, k, alpha, trans_a ? a + r0 : a + r0 * lda, lda, b, ldb, beta, c + r0 * ldc,
-           ldc);
+      panel(begin * kBlock, std::min(m, end * kBlock), int64_t{0}, n);
     } else {
-      const int64_t c0 = begin * kBlock, c1 = std::min(n, end * kBlock);
-      Gemm(trans_a, trans_b, m, c1 - c0, k, alpha, a, lda, trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + c0, ldc);
+      panel(int64_t{0}, m, begin * kBlock, std::min(n, end * kBlock));
     }
+  });
+}
+
+// A GEMM that tolerates empty sizes: nothing to do when m or n is 0, and
+// c = beta * c when k is 0; cut over the pool by ForEachGemmPanel.
+template <typename T>
+void GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    ScaleOnly(m, n, beta, c, ldc);
+    return;
+  }
+  SingleThreadedBlas();
+  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    Gemm(trans_a, trans_b, r1 - r0, c1 - c0, k, alpha, trans_a ? a + r0 : a + r0 * lda, lda,
+         trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
   });
 }
 

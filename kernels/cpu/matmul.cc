@@ -1,4 +1,6 @@
-// matmul and its shared-weight backward helpers, all through OpenBLAS.
+// matmul and its shared-weight backward helpers: F32 and F64 through
+// OpenBLAS; BF16 through oneDNN's bf16 GEMM into float where the CPU has it
+// (onednn_gemm.h), else the float kernels on widened copies; F16 widened.
 //
 // Threads: a 2-D product, and x @ W with a batched x and a 2-D W, are one GEMM
 // that OpenBLAS threads itself. A batch of separate GEMMs runs the items in
@@ -11,10 +13,12 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/onednn_gemm.h"
 #include "kernels/cpu/widened.h"
 #include "kernels/cuda/unary_math.h"
 #include "kernels/matmul_shape.h"
@@ -27,15 +31,37 @@ namespace {
 
 using nn_kernels::InitFactory;
 
-// One GEMM per batch item i: c_i = op(a_i) @ op(b_i) (+ beta c_i); strides of 0 share an operand.
-template <typename T>
-void BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-                 int64_t a_stride, const T* b, int64_t ldb, int64_t b_stride, T* c, int64_t ldc,
-                 int64_t c_stride) {
+// c = op(a) @ op(b) + beta * c with a and b stored as In and c as T:
+// OpenBLAS when In is T, oneDNN's bf16 GEMM for bfloat16 into float (the
+// kernels below run that one only where NativeBf16Gemm()).
+template <typename In, typename T>
+absl::Status GemmOf(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const In* a, int64_t lda, const In* b,
+                    int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<In, T>) {
+    GemmOrScale<T>(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+    return absl::OkStatus();
+  } else {
+    static_assert(std::is_same_v<In, bfloat16> && std::is_same_v<T, float>, "bf16 operands into float only");
+    return GemmOrScale(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+// One GEMM per batch item i: c_i = op(a_i) @ op(b_i); strides of 0 share an operand.
+template <typename In, typename T>
+absl::Status BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const In* a,
+                         int64_t lda, int64_t a_stride, const In* b, int64_t ldb, int64_t b_stride, T* c,
+                         int64_t ldc, int64_t c_stride) {
+  absl::Mutex mu;
+  absl::Status first;
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      GemmOrScale<T>(ta, tb, m, n, k, T(1), a + i * a_stride, lda, b + i * b_stride, ldb, T(0), c + i * c_stride,
-                     ldc);
+      absl::Status s = GemmOf<In, T>(ta, tb, m, n, k, a + i * a_stride, lda, b + i * b_stride, ldb, T(0),
+                                     c + i * c_stride, ldc);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first.ok()) first = std::move(s);
+        return;
+      }
     }
   };
   const double work = static_cast<double>(m) * n * k;
@@ -44,6 +70,7 @@ void BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t 
   } else {
     run(0, batch);
   }
+  return first;
 }
 
 absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {
@@ -56,8 +83,12 @@ absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {
   return absl::OkStatus();
 }
 
+// The three kernels below read their operands as In and compute in T (In
+// is T, or bfloat16 into float for oneDNN's bf16 GEMM, whose float outputs
+// WidenedKernel rounds to the planned bf16).
+
 // y = op(a) @ op(b); a [..., M, K] (or [..., K, M] transposed), b [K, N] or [..., K, N].
-template <typename T>
+template <typename In, typename T>
 class MatmulKernel : public OpKernel {
  public:
   explicit MatmulKernel(const KernelDef&) {}
@@ -67,18 +98,16 @@ class MatmulKernel : public OpKernel {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulShape(a.shape(), b.shape(), ta_, tb_));
-    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, a.dtype(), s.y));
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
+    STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
+    const In* pa = a.data<In>();
+    const In* pb = b.data<In>();
     T* py = y->data<T>();
     if (!s.b_batched && !ta_) {
       // x @ W: a's batch folds into the rows of one [batch*M, K] x [K, N] GEMM.
-      GemmOrScale<T>(false, tb_, s.batch * s.m, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), py, s.n);
-    } else {
-      BatchedGemm<T>(s.batch, ta_, tb_, s.m, s.n, s.k, pa, s.lda, s.m * s.k, pb, s.ldb, s.b_batched ? s.k * s.n : 0,
-                     py, s.n, s.m * s.n);
+      return GemmOf<In, T>(false, tb_, s.batch * s.m, s.n, s.k, pa, s.lda, pb, s.ldb, T(0), py, s.n);
     }
-    return absl::OkStatus();
+    return BatchedGemm<In, T>(s.batch, ta_, tb_, s.m, s.n, s.k, pa, s.lda, s.m * s.k, pb, s.ldb,
+                              s.b_batched ? s.k * s.n : 0, py, s.n, s.m * s.n);
   }
 
  private:
@@ -87,7 +116,7 @@ class MatmulKernel : public OpKernel {
 
 // da for y = op(a) @ op(b) with a batched a and a shared 2-D b:
 //   transpose_a: da_i [K, M] = op(b) [K, N] @ dy_i^T;  else da [batch*M, K] = dy @ op(b)^T.
-template <typename T>
+template <typename In, typename T>
 class MatmulSharedBGradAKernel : public OpKernel {
  public:
   explicit MatmulSharedBGradAKernel(const KernelDef&) {}
@@ -98,17 +127,13 @@ class MatmulSharedBGradAKernel : public OpKernel {
     const Tensor& b = ctx.input(1);
     STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradAShape(dy.shape(), b.shape(), ta_, tb_));
     const int64_t M = s.m, K = s.k, N = s.n, batch = s.batch;
-    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, dy.dtype(), s.out));
-    const T* pdy = dy.data<T>();
-    const T* pb = b.data<T>();
+    STRATA_ASSIGN_OR_RETURN(Tensor * da, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.out));
+    const In* pdy = dy.data<In>();
+    const In* pb = b.data<In>();
     T* pda = da->data<T>();
     const int64_t ldb = b.dim(1);
-    if (ta_) {
-      BatchedGemm<T>(batch, tb_, true, K, M, N, pb, ldb, 0, pdy, N, M * N, pda, M, K * M);
-    } else {
-      GemmOrScale<T>(false, !tb_, batch * M, K, N, T(1), pdy, N, pb, ldb, T(0), pda, K);
-    }
-    return absl::OkStatus();
+    if (ta_) return BatchedGemm<In, T>(batch, tb_, true, K, M, N, pb, ldb, 0, pdy, N, M * N, pda, M, K * M);
+    return GemmOf<In, T>(false, !tb_, batch * M, K, N, pdy, N, pb, ldb, T(0), pda, K);
   }
 
  private:
@@ -118,7 +143,7 @@ class MatmulSharedBGradAKernel : public OpKernel {
 // db for a shared 2-D b, summed over a's batch:
 //   db [K, N] = sum_i op(a_i)^T @ dy_i   (transpose_b: db [N, K] = sum_i dy_i^T @ op(a_i)).
 // Without transpose_a the batch folds into the GEMM's inner dim: one GEMM.
-template <typename T>
+template <typename In, typename T>
 class MatmulSharedBGradBKernel : public OpKernel {
  public:
   explicit MatmulSharedBGradBKernel(const KernelDef&) {}
@@ -129,28 +154,24 @@ class MatmulSharedBGradBKernel : public OpKernel {
     const Tensor& dy = ctx.input(1);
     STRATA_ASSIGN_OR_RETURN(MatmulGradShape s, InferMatmulSharedBGradBShape(a.shape(), dy.shape(), ta_, tb_));
     const int64_t M = s.m, K = s.k, N = s.n, batch = s.batch;
-    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, a.dtype(), s.out));
-    const T* pa = a.data<T>();
-    const T* pdy = dy.data<T>();
+    STRATA_ASSIGN_OR_RETURN(Tensor * db, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.out));
+    const In* pa = a.data<In>();
+    const In* pdy = dy.data<In>();
     T* pdb = db->data<T>();
     if (!ta_) {
-      if (!tb_) {
-        GemmOrScale<T>(true, false, K, N, batch * M, T(1), pa, K, pdy, N, T(0), pdb, N);
-      } else {
-        GemmOrScale<T>(true, false, N, K, batch * M, T(1), pdy, N, pa, K, T(0), pdb, K);
-      }
-      return absl::OkStatus();
+      if (!tb_) return GemmOf<In, T>(true, false, K, N, batch * M, pa, K, pdy, N, T(0), pdb, N);
+      return GemmOf<In, T>(true, false, N, K, batch * M, pdy, N, pa, K, T(0), pdb, K);
     }
     // a_i is stored [K, M]: the items are not one matrix, so accumulate GEMM by GEMM.
     if (batch == 0) std::memset(pdb, 0, db->bytes());
     for (int64_t i = 0; i < batch; ++i) {
       const T beta = i == 0 ? T(0) : T(1);
-      const T* ai = pa + i * K * M;
-      const T* dyi = pdy + i * M * N;
+      const In* ai = pa + i * K * M;
+      const In* dyi = pdy + i * M * N;
       if (!tb_) {
-        GemmOrScale<T>(false, false, K, N, M, T(1), ai, M, dyi, N, beta, pdb, N);
+        STRATA_RETURN_IF_ERROR((GemmOf<In, T>(false, false, K, N, M, ai, M, dyi, N, beta, pdb, N)));
       } else {
-        GemmOrScale<T>(true, true, N, K, M, T(1), dyi, N, ai, M, beta, pdb, K);
+        STRATA_RETURN_IF_ERROR((GemmOf<In, T>(true, true, N, K, M, dyi, N, ai, M, beta, pdb, K)));
       }
     }
     return absl::OkStatus();
@@ -187,25 +208,28 @@ class MatmulAccumulateKernel : public OpKernel {
 
 // out [rows, N] = a @ op(b) over a's folded rows (a, b: the kernel's inputs
 // 0 and 1; b 2-D), as matmul's kernel calls the GEMM; 16-bit In operands
-// are widened to T in scratch first, as matmul's widened kernel runs them.
+// go to oneDNN's bf16 GEMM as they are where matmul's kernel runs it
+// (NativeBf16Gemm), else are widened to T in scratch first, as matmul's
+// widened kernel runs them.
 template <typename In, typename T>
 absl::Status FoldedGemmInto(KernelContext& ctx, const MatmulShape& s, bool transpose_b, T* out) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
-  const T* pa = nullptr;
-  const T* pb = nullptr;
-  Tensor wide_a, wide_b;
   if constexpr (std::is_same_v<In, T>) {
-    pa = a.data<T>();
-    pb = b.data<T>();
+    return GemmOf<T, T>(false, transpose_b, s.batch * s.m, s.n, s.k, a.data<T>(), s.lda, b.data<T>(), s.ldb, T(0),
+                        out, s.n);
   } else {
-    STRATA_ASSIGN_OR_RETURN(wide_a, WidenToScratch<In>(ctx, a));
-    STRATA_ASSIGN_OR_RETURN(wide_b, WidenToScratch<In>(ctx, b));
-    pa = wide_a.data<T>();
-    pb = wide_b.data<T>();
+    if constexpr (std::is_same_v<In, bfloat16> && std::is_same_v<T, float>) {
+      if (NativeBf16Gemm()) {
+        return GemmOf<In, T>(false, transpose_b, s.batch * s.m, s.n, s.k, a.data<In>(), s.lda, b.data<In>(), s.ldb,
+                             T(0), out, s.n);
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor wide_a, WidenToScratch<In>(ctx, a));
+    STRATA_ASSIGN_OR_RETURN(Tensor wide_b, WidenToScratch<In>(ctx, b));
+    return GemmOf<T, T>(false, transpose_b, s.batch * s.m, s.n, s.k, wide_a.data<T>(), s.lda, wide_b.data<T>(),
+                        s.ldb, T(0), out, s.n);
   }
-  GemmOrScale<T>(false, transpose_b, s.batch * s.m, s.n, s.k, T(1), pa, s.lda, pb, s.ldb, T(0), out, s.n);
-  return absl::OkStatus();
 }
 
 // y = a @ op(b) + bias (passes/fuse_epilogues): the GEMM over a's folded rows
@@ -359,22 +383,29 @@ class MatmulGeluGradKernel : public TransposeBAttrKernel {
   }
 };
 
-// For 16-bit operands their float copies and the float product (F32 and
-// F64 run in dz itself).
+// Whether FoldedGemmInto widens operands of this dtype to float scratch:
+// 16-bit ones, except BF16 where oneDNN's bf16 GEMM reads them as they are.
+bool WidensOperands(DataType dtype) { return IsHalfFloating(dtype) && !(dtype == BF16 && NativeBf16Gemm()); }
+
+// For 16-bit operands the float product, and their float copies where
+// FoldedGemmInto widens them (F32 and F64 run in dz itself).
 absl::StatusOr<int64_t> MatmulGeluGradWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty() || !IsHalfFloating(def.input_types[0].dtype)) return 0;
   int64_t elements = 0;
-  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) elements += NumElements(def.input_types[i].shape);
+  for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
+    if (WidensOperands(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
+  }
   if (!def.output_types.empty()) elements += NumElements(def.output_types[0].shape);
   return elements * static_cast<int64_t>(sizeof(float));
 }
 
-// The widened operands' float copies, for the memory plan, and matmul_bias's
-// float y before its 16-bit store (out_dtype: a 16-bit y over an F32 bias).
+// The widened operands' float copies (WidensOperands), for the memory
+// plan, and matmul_bias's float y before its 16-bit store (out_dtype: a
+// 16-bit y over an F32 bias).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   int64_t elements = 0;
   for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
-    if (IsHalfFloating(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
+    if (WidensOperands(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
   }
   if (def.op != nullptr && def.op->type() == "matmul_bias" && !def.output_types.empty() &&
       IsHalfFloating(def.output_types[0].dtype) && def.input_types.size() > 2 && def.input_types[2].dtype == F32) {
@@ -426,28 +457,40 @@ class MatmulBiasGradBKernel : public TransposeBAttrKernel {
   }
 };
 
-STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, InitFactory<MatmulKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F64, InitFactory<MatmulKernel<double>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradAKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradAKernel<double>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F32, InitFactory<MatmulSharedBGradBKernel<float>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F64, InitFactory<MatmulSharedBGradBKernel<double>>());
-// BF16 and F16 (mixed precision's storage): the float32 kernels on widened copies.
-template <typename Half>
-using WidenedMatmul = WidenedKernel<Half, MatmulKernel<float>>;
-template <typename Half>
-using WidenedMatmulGradA = WidenedKernel<Half, MatmulSharedBGradAKernel<float>>;
-template <typename Half>
-using WidenedMatmulGradB = WidenedKernel<Half, MatmulSharedBGradBKernel<float>>;
-STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, BF16, InitFactory<WidenedMatmul<bfloat16>>());
-STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F16, InitFactory<WidenedMatmul<float16>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, BF16, InitFactory<WidenedMatmulGradA<bfloat16>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F16, InitFactory<WidenedMatmulGradA<float16>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, BF16, InitFactory<WidenedMatmulGradB<bfloat16>>());
-STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F16, InitFactory<WidenedMatmulGradB<float16>>());
-STRATA_REGISTER_WORKSPACE("matmul", DEVICE_CPU, WidenedWorkspace);
-STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CPU, WidenedWorkspace);
-STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CPU, WidenedWorkspace);
+// F32 and F64 through OpenBLAS. BF16: oneDNN's bf16 GEMM on the stored
+// operands where this CPU has it (NativeBf16Gemm, asked when the kernel is
+// made), else the float32 kernel on widened copies; F16 always widened.
+// Either way the float outputs are rounded to the planned 16 bits.
+template <template <typename, typename> class K>
+KernelFactory Bf16GemmFactory() {
+  return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
+    if (NativeBf16Gemm()) return InitFactory<WidenedKernel<bfloat16, K<bfloat16, float>, false>>()(def);
+    return InitFactory<WidenedKernel<bfloat16, K<float, float>>>()(def);
+  };
+}
+
+// The memory plan's side of Bf16GemmFactory: the float outputs before they
+// are rounded, and the widened operands' float copies where they are made.
+absl::StatusOr<int64_t> GemmWorkspace(const KernelDef& def, int) {
+  const bool native = !def.input_types.empty() && def.input_types[0].dtype == BF16 && NativeBf16Gemm();
+  return WidenedWorkspaceOver(def, 0, /*widen_inputs=*/!native);
+}
+
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, (InitFactory<MatmulKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F64, (InitFactory<MatmulKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, BF16, Bf16GemmFactory<MatmulKernel>());
+STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F16, (InitFactory<WidenedKernel<float16, MatmulKernel<float, float>>>()));
+STRATA_REGISTER_WORKSPACE("matmul", DEVICE_CPU, GemmWorkspace);
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F32, (InitFactory<MatmulSharedBGradAKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F64, (InitFactory<MatmulSharedBGradAKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, BF16, Bf16GemmFactory<MatmulSharedBGradAKernel>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_a", DEVICE_CPU, F16, (InitFactory<WidenedKernel<float16, MatmulSharedBGradAKernel<float, float>>>()));
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_a", DEVICE_CPU, GemmWorkspace);
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F32, (InitFactory<MatmulSharedBGradBKernel<float, float>>()));
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F64, (InitFactory<MatmulSharedBGradBKernel<double, double>>()));
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, BF16, Bf16GemmFactory<MatmulSharedBGradBKernel>());
+STRATA_REGISTER_KERNEL("matmul_shared_b_grad_b", DEVICE_CPU, F16, (InitFactory<WidenedKernel<float16, MatmulSharedBGradBKernel<float, float>>>()));
+STRATA_REGISTER_WORKSPACE("matmul_shared_b_grad_b", DEVICE_CPU, GemmWorkspace);
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F32, (InitFactory<MatmulBiasKernel<float, float>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, F64, (InitFactory<MatmulBiasKernel<double, double>>()));
 STRATA_REGISTER_KERNEL("matmul_bias", DEVICE_CPU, BF16, (InitFactory<MatmulBiasKernel<bfloat16, float>>()));

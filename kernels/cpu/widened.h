@@ -40,8 +40,10 @@ absl::StatusOr<Tensor> WidenToScratch(const KernelContext& ctx, const Tensor& t)
   return wide;
 }
 
-// `Inner` is the float32 kernel class of the same op.
-template <typename Half, typename Inner>
+// `Inner` is the float32 kernel class of the same op. With kWidenInputs
+// false, Inner reads the 16-bit inputs as they are (oneDNN's bf16 GEMMs,
+// matmul.cc) and only its float outputs are rounded here.
+template <typename Half, typename Inner, bool kWidenInputs = true>
 class WidenedKernel : public OpKernel {
  public:
   explicit WidenedKernel(const KernelDef& def) {
@@ -61,7 +63,7 @@ class WidenedKernel : public OpKernel {
     for (int i = 0; i < ctx.num_inputs(); ++i) {
       const Tensor& t = ctx.input(i);
       inputs[i] = &t;
-      if (t.dtype() != HalfDtype<Half>()) continue;
+      if (!kWidenInputs || t.dtype() != HalfDtype<Half>()) continue;
       STRATA_ASSIGN_OR_RETURN(wide[i], WidenToScratch<Half>(ctx, t));
       wide[i] = wide[i].Reshaped(t.shape());
       inputs[i] = &wide[i];
@@ -123,13 +125,15 @@ class WidenedKernel : public OpKernel {
 // float32 inputs and the scratch are freed first). So the larger of the two
 // phases less the planned outputs: counting both copies beside the outputs
 // over-predicted a BF16 matmul head by 14% (the memory rule allows 10%).
-inline absl::StatusOr<int64_t> WidenedWorkspaceOver(const KernelDef& def, int64_t inner) {
+// widen_inputs false: a WidenedKernel that reads its 16-bit inputs as they
+// are (no float copies of them).
+inline absl::StatusOr<int64_t> WidenedWorkspaceOver(const KernelDef& def, int64_t inner, bool widen_inputs = true) {
   int64_t wide_in = 0;
   bool half = false;
   for (const TensorType& t : def.input_types) {
     if (!IsHalfFloating(t.dtype)) continue;
     half = true;
-    wide_in += NumElements(t.shape) * static_cast<int64_t>(sizeof(float));
+    if (widen_inputs) wide_in += NumElements(t.shape) * static_cast<int64_t>(sizeof(float));
   }
   if (!half) return inner;
   int64_t wide_out = 0, planned_out = 0;

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/onednn_gemm.h"
+#include "kernels/env_switch.h"
 #include "runtime/float16.h"
 #include "runtime/kernel.h"
 
@@ -43,6 +45,9 @@ struct Case {
 class WidenedMatmulTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WidenedMatmulTest, EqualsTheFloatKernelOnWidenedInputsRounded) {
+  // BF16 widened too (oneDNN's bf16 GEMM, where this CPU has it, is
+  // TheNativeBf16GemmReadsTheOperandsAsTheyAre's).
+  ScopedSwitch widened(OnednnBf16Switch(), false);
   const std::string dtype = GetParam();
   const std::vector<Case> cases = {
       {R"(type: "matmul" input: ["a", "b"] output: "y")", {5, 7}, {7, 3}},
@@ -74,6 +79,8 @@ TEST_P(WidenedMatmulTest, EqualsTheFloatKernelOnWidenedInputsRounded) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, WidenedMatmulTest, ::testing::Values("BF16", "F16"));
 
 TEST(WidenedMatmulTest, WorkspaceCountsTheFloatCopiesOfTheLargerPhase) {
+  // Widened BF16 (oneDNN's bf16 GEMM off; F16 always runs so).
+  ScopedSwitch widened(OnednnBf16Switch(), false);
   const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace("matmul", DEVICE_CPU);
   ASSERT_NE(ws, nullptr);
   Op op = ParseOp(R"(type: "matmul" input: ["a", "b"] output: "y")");
@@ -98,6 +105,58 @@ TEST(WidenedMatmulTest, WorkspaceCountsTheFloatCopiesOfTheLargerPhase) {
   bytes = (*ws)(def, 1);
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ(*bytes, 0);  // float32 needs no copies
+}
+
+// With oneDNN's bf16 GEMM the operands are read as they are: the float
+// output before it is rounded is all the workspace, and the kernel's
+// result is the widened kernel's up to the order of the float additions
+// (exact here: small integers, every sum below 2^24), on this CPU or, where
+// oneDNN has no bf16 JIT kernel, through the same widened kernel.
+TEST(WidenedMatmulTest, TheNativeBf16GemmReadsTheOperandsAsTheyAre) {
+  Op op = ParseOp(R"(type: "matmul" input: ["a", "b"] output: "y")");
+  KernelDef def;
+  def.op = &op;
+  def.input_types = {{BF16, {64, 32}}, {BF16, {32, 16}}};
+  def.output_types = {{BF16, {64, 16}}};
+  const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace("matmul", DEVICE_CPU);
+  ASSERT_NE(ws, nullptr);
+  auto bytes = (*ws)(def, 1);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  if (NativeBf16Gemm()) {
+    EXPECT_EQ(*bytes, 64 * 16 * 4);
+  } else {
+    EXPECT_EQ(*bytes, (64 * 32 + 32 * 16 + 64 * 16) * 4 - 64 * 16 * 2);
+  }
+
+  const std::vector<Case> cases = {
+      {R"(type: "matmul" input: ["a", "b"] output: "y")", {96, 200}, {200, 72}},
+      {R"(type: "matmul" input: ["a", "b"] output: "y" attr { key: "transpose_b" value { b: true } })", {3, 40, 64}, {48, 64}},
+      {R"(type: "matmul" input: ["a", "b"] output: "y" attr { key: "transpose_a" value { b: true } })", {2, 64, 40}, {2, 64, 24}},
+      {R"(type: "matmul_shared_b_grad_a" input: ["a", "b"] output: "y")", {4, 50, 24}, {70, 24}},
+      {R"(type: "matmul_shared_b_grad_b" input: ["a", "b"] output: "y")", {4, 50, 70}, {4, 50, 24}},
+      {R"(type: "matmul_shared_b_grad_b" input: ["a", "b"] output: "y" attr { key: "transpose_a" value { b: true } })", {3, 70, 50}, {3, 50, 24}},
+  };
+  auto integers = [](const Shape& shape, int salt) {
+    std::vector<double> v(NumElements(shape));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 37 + salt) % 17) - 8;
+    return MakeTensor(BF16, shape, v);
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    const Tensor a = integers(c.a, 1), b = integers(c.b, 5);
+    const Tensor native = RunText(c.op, {{"a", a}, {"b", b}});
+    Tensor widened;
+    {
+      ScopedSwitch off(OnednnBf16Switch(), false);
+      widened = RunText(c.op, {{"a", a}, {"b", b}});
+    }
+    ASSERT_TRUE(native.defined() && widened.defined());
+    ASSERT_EQ(native.shape(), widened.shape());
+    EXPECT_EQ(TensorValues(native), TensorValues(widened));
+    double norm = 0;
+    for (double v : TensorValues(native)) norm += v * v;
+    EXPECT_GT(norm, 1.0);
+  }
 }
 
 // conv2d and its two gradients in BF16 and F16: each equals the float32

@@ -1,0 +1,258 @@
+#include "kernels/cpu/onednn_gemm.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/env_switch.h"
+#include "proto/status_macros.h"
+
+namespace strata {
+namespace {
+
+// The GEMM's description: transposes, sizes, leading dimensions and beta's
+// bits (a primitive bakes in its sum post-op).
+using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t>;
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+struct Primitive {
+  dnnl_primitive_t primitive = nullptr;
+  size_t scratchpad_bytes = 0;
+  std::string impl;  // oneDNN's implementation, such as "brg:avx512_core_bf16"
+};
+
+std::string Describe(const GemmKey& key) {
+  return absl::StrCat("bf16 GEMM ", std::get<2>(key), "x", std::get<3>(key), "x", std::get<4>(key),
+                      std::get<0>(key) ? " (a transposed)" : "", std::get<1>(key) ? " (b transposed)" : "");
+}
+
+absl::Status Check(dnnl_status_t status, const char* what, const GemmKey& key) {
+  if (status == dnnl_success) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("oneDNN ", what, " failed (status ", static_cast<int>(status), ") for ",
+                                          Describe(key)));
+}
+
+dnnl_engine_t Engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) return static_cast<dnnl_engine_t>(nullptr);
+    return e;
+  }();
+  return engine;
+}
+
+// oneDNN's OpenMP team for calls from this thread: one thread, the calling
+// one (libgomp keeps the setting per thread); Strata's pool cuts the work.
+void OneOpenMpThread() {
+  thread_local const bool once = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+// Makes the matmul primitive for one GEMM (row-major; a transposed operand
+// is the same memory read with swapped strides).
+absl::StatusOr<Primitive> Make(const GemmKey& key) {
+  const auto [ta, tb, m, n, k, lda, ldb, ldc, beta_bits] = key;
+  dnnl_engine_t engine = Engine();
+  if (engine == nullptr) return absl::InternalError("oneDNN has no CPU engine");
+  const dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
+  const dnnl_dims_t a_strides = {ta ? 1 : lda, ta ? lda : 1};
+  const dnnl_dims_t b_strides = {tb ? 1 : ldb, tb ? ldb : 1};
+  const dnnl_dims_t c_strides = {ldc, 1};
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_strides), "a's desc", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_strides), "b's desc", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "c's desc", key));
+  dnnl_matmul_desc_t desc;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul desc", key));
+
+  dnnl_primitive_attr_t attr = nullptr;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_attr_create(&attr), "attr", key));
+  std::unique_ptr<dnnl_primitive_attr, dnnl_status_t (*)(dnnl_primitive_attr_t)> attr_owner(
+      attr, dnnl_primitive_attr_destroy);
+  STRATA_RETURN_IF_ERROR(
+      Check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode", key));
+  float beta;
+  std::memcpy(&beta, &beta_bits, sizeof(beta));
+  if (beta != 0.0f) {
+    dnnl_post_ops_t post_ops = nullptr;
+    STRATA_RETURN_IF_ERROR(Check(dnnl_post_ops_create(&post_ops), "post-ops", key));
+    std::unique_ptr<dnnl_post_ops, dnnl_status_t (*)(dnnl_post_ops_t)> post_ops_owner(post_ops,
+                                                                                      dnnl_post_ops_destroy);
+    STRATA_RETURN_IF_ERROR(Check(dnnl_post_ops_append_sum(post_ops, beta), "beta", key));
+    STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_attr_set_post_ops(attr, post_ops), "beta", key));
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_desc_create(&pd, &desc, attr, engine, nullptr), "matmul", key));
+  std::unique_ptr<dnnl_primitive_desc, dnnl_status_t (*)(dnnl_primitive_desc_t)> pd_owner(
+      pd, dnnl_primitive_desc_destroy);
+  Primitive p;
+  const char* impl = nullptr;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl != nullptr) {
+    p.impl = impl;
+  }
+  const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  p.scratchpad_bytes = scratch_md == nullptr ? 0 : dnnl_memory_desc_get_size(scratch_md);
+  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_create(&p.primitive, pd), "primitive", key));
+  return p;
+}
+
+// Every GEMM's primitive, made on first use and kept for the process (a
+// program has a handful of shapes).
+class PrimitiveCache {
+ public:
+  absl::StatusOr<const Primitive*> Get(const GemmKey& key) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return it->second.get();
+    }
+    // Made outside the lock (the JIT takes milliseconds); a race makes two and keeps the first.
+    STRATA_ASSIGN_OR_RETURN(Primitive made, Make(key));
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = cache_.try_emplace(key, nullptr);
+    if (inserted) {
+      it->second = std::make_unique<Primitive>(std::move(made));
+    } else {
+      dnnl_primitive_destroy(made.primitive);
+    }
+    return it->second.get();
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<GemmKey, std::unique_ptr<Primitive>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+PrimitiveCache& Cache() {
+  static PrimitiveCache* cache = new PrimitiveCache();
+  return *cache;
+}
+
+// This thread's stream and scratchpad (64-byte aligned, grown as needed).
+struct ThreadState {
+  dnnl_stream_t stream = nullptr;
+  void* scratchpad = nullptr;
+  size_t scratchpad_bytes = 0;
+  ~ThreadState() {
+    std::free(scratchpad);
+    if (stream != nullptr) dnnl_stream_destroy(stream);
+  }
+};
+
+absl::Status Execute(const GemmKey& key, const Primitive& p, const bfloat16* a, const bfloat16* b, float* c) {
+  thread_local ThreadState state;
+  dnnl_engine_t engine = Engine();
+  if (state.stream == nullptr) {
+    STRATA_RETURN_IF_ERROR(Check(dnnl_stream_create(&state.stream, engine, dnnl_stream_default_flags), "stream", key));
+  }
+  if (p.scratchpad_bytes > state.scratchpad_bytes) {
+    std::free(state.scratchpad);
+    state.scratchpad_bytes = 0;
+    const size_t bytes = (p.scratchpad_bytes + 63) / 64 * 64;
+    state.scratchpad = std::aligned_alloc(64, bytes);
+    if (state.scratchpad == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory allocating oneDNN's ", bytes, " byte scratchpad for ", Describe(key)));
+    }
+    state.scratchpad_bytes = bytes;
+  }
+  const_dnnl_primitive_desc_t pd = nullptr;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_get_primitive_desc(p.primitive, &pd), "primitive desc", key));
+  struct Memory {
+    dnnl_memory_t m = nullptr;
+    ~Memory() {
+      if (m != nullptr) dnnl_memory_destroy(m);
+    }
+  } am, bm, cm, sm;
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&am.m, dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0),
+                                                  engine, const_cast<bfloat16*>(a)),
+                               "a's memory", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&bm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0),
+                                                  engine, const_cast<bfloat16*>(b)),
+                               "b's memory", key));
+  STRATA_RETURN_IF_ERROR(
+      Check(dnnl_memory_create(&cm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0), engine, c),
+            "c's memory", key));
+  std::vector<dnnl_exec_arg_t> args = {{DNNL_ARG_SRC, am.m}, {DNNL_ARG_WEIGHTS, bm.m}, {DNNL_ARG_DST, cm.m}};
+  if (p.scratchpad_bytes > 0) {
+    STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&sm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0),
+                                                    engine, state.scratchpad),
+                                 "scratchpad memory", key));
+    args.push_back({DNNL_ARG_SCRATCHPAD, sm.m});
+  }
+  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_execute(p.primitive, state.stream, static_cast<int>(args.size()),
+                                                      args.data()),
+                               "execute", key));
+  return Check(dnnl_stream_wait(state.stream), "wait", key);
+}
+
+}  // namespace
+
+std::atomic<bool>& OnednnBf16Switch() {
+  static std::atomic<bool> on(EnvSwitch("STRATA_ONEDNN_BF16", true));
+  return on;
+}
+
+bool NativeBf16Gemm() {
+  if (!OnednnBf16Switch().load()) return false;
+  // oneDNN's choice for a small GEMM: a JIT kernel (brgemm with AVX512_BF16
+  // or AMX, or the AVX-512 gemm emulating bf16), or its reference loops on
+  // an older CPU, slower than widening to float for OpenBLAS.
+  static const bool jit = [] {
+    OneOpenMpThread();
+    const GemmKey probe{false, false, 64, 64, 64, 64, 64, 64, Bits(0.0f)};
+    absl::StatusOr<const Primitive*> p = Cache().Get(probe);
+    return p.ok() && (*p)->impl.rfind("ref", 0) != 0;
+  }();
+  return jit;
+}
+
+absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
+                        int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  OneOpenMpThread();
+  const GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(beta)};
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  return Execute(key, *p, a, b, c);
+}
+
+absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {
+    ScaleOnly(m, n, beta, c, ldc);
+    return absl::OkStatus();
+  }
+  if (alpha != 1.0f) return absl::InternalError(absl::StrCat("bf16 GEMM with alpha ", alpha, " (only 1 is built)"));
+  absl::Mutex mu;
+  absl::Status first;
+  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    absl::Status s = OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
+                                trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      if (first.ok()) first = std::move(s);
+    }
+  });
+  return first;
+}
+
+}  // namespace strata

@@ -1,0 +1,168 @@
+// oneDNN's bf16 GEMM (onednn_gemm.h) against a float64 reference: exact for
+// small-integer operands (every product and partial sum is an integer below
+// 2^24, so any order of the additions gives the same float), within the
+// float summation bound for arbitrary bf16 operands; every transpose,
+// leading dimensions wider than the rows, beta 0, 1 and 0.5, empty sizes,
+// and a GEMM cut into panels over the pool. OnednnGemm is called directly,
+// so it runs on any CPU (oneDNN's reference loops where it has no JIT
+// kernel); the matmul kernels use it only where NativeBf16Gemm().
+
+#include "kernels/cpu/onednn_gemm.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/float16.h"
+
+namespace strata {
+namespace {
+
+struct Problem {
+  bool ta = false, tb = false;
+  int64_t m = 0, n = 0, k = 0, pad = 0;  // leading dimensions are the row length + pad
+  int64_t lda() const { return (ta ? m : k) + pad; }
+  int64_t ldb() const { return (tb ? k : n) + pad; }
+  int64_t ldc() const { return n + pad; }
+  int64_t a_rows() const { return ta ? k : m; }
+  int64_t b_rows() const { return tb ? n : k; }
+  std::string Name() const {
+    return absl::StrCat(m, "x", n, "x", k, ta ? " ta" : "", tb ? " tb" : "", " pad ", pad);
+  }
+};
+
+// Operands as bf16 with their float values beside.
+struct Operands {
+  std::vector<bfloat16> a, b;
+  std::vector<float> af, bf;
+};
+
+Operands Make(const Problem& p, bool integers, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Operands o;
+  auto fill = [&](int64_t count, std::vector<bfloat16>* h, std::vector<float>* f) {
+    h->resize(count);
+    f->resize(count);
+    for (int64_t i = 0; i < count; ++i) {
+      (*h)[i] = ToBfloat16(integers ? static_cast<float>(small(rng)) : normal(rng));
+      (*f)[i] = ToFloat((*h)[i]);
+    }
+  };
+  fill(p.a_rows() * p.lda(), &o.a, &o.af);
+  fill(p.b_rows() * p.ldb(), &o.b, &o.bf);
+  return o;
+}
+
+// op(a)[i, l] and op(b)[l, j] as stored.
+float A(const Problem& p, const Operands& o, int64_t i, int64_t l) {
+  return p.ta ? o.af[l * p.lda() + i] : o.af[i * p.lda() + l];
+}
+float B(const Problem& p, const Operands& o, int64_t l, int64_t j) {
+  return p.tb ? o.bf[j * p.ldb() + l] : o.bf[l * p.ldb() + j];
+}
+
+// Runs the GEMM over c (ldc-wide rows, padding columns set to a marker) and
+// checks every element against the float64 reference: exactly, or within
+// K * 2^-23 * sum |a b| (float summation in any order) plus beta's term.
+void Check(const Problem& p, bool integers, float beta, bool panels) {
+  SCOPED_TRACE(absl::StrCat(p.Name(), integers ? " integers" : " normal", " beta ", beta,
+                            panels ? " panels" : " one call"));
+  const Operands o = Make(p, integers, static_cast<uint32_t>(p.m * 131 + p.n * 17 + p.k));
+  constexpr float kMarker = 12345.0f;
+  std::vector<float> c(static_cast<size_t>(std::max<int64_t>(p.m, 1) * p.ldc()), kMarker);
+  std::vector<float> c0(c.size());
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) c[i * p.ldc() + j] = static_cast<float>((i * 7 + j * 3) % 11 - 5);
+  }
+  c0 = c;
+  const absl::Status s =
+      panels ? GemmOrScale(p.ta, p.tb, p.m, p.n, p.k, 1.0f, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(),
+                           p.ldc())
+             : OnednnGemm(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(), p.ldc());
+  ASSERT_TRUE(s.ok()) << s;
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.ldc(); ++j) {
+      const float got = c[i * p.ldc() + j];
+      if (j >= p.n) {
+        wrong += got != kMarker;  // the padding is never written
+        continue;
+      }
+      double want = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[i * p.ldc() + j];
+      double magnitude = std::abs(want);
+      for (int64_t l = 0; l < p.k; ++l) {
+        const double prod = static_cast<double>(A(p, o, i, l)) * B(p, o, l, j);
+        want += prod;
+        magnitude += std::abs(prod);
+      }
+      const double bound = integers ? 0.0 : static_cast<double>(p.k + 1) * std::ldexp(1.0, -23) * magnitude;
+      if (std::abs(got - want) > bound) {
+        if (++wrong <= 3) ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want " << want;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(OnednnGemmTest, EveryTransposeAndLeadingDimensionMatchesTheReference) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 7, 3}, {33, 17, 65},
+                             {130, 70, 300}}) {
+        for (int64_t pad : {0, 3}) {
+          const Problem p{ta, tb, m, n, k, pad};
+          for (float beta : {0.0f, 1.0f, 0.5f}) {
+            Check(p, /*integers=*/true, beta, /*panels=*/false);
+          }
+          Check(p, /*integers=*/false, 0.0f, /*panels=*/false);
+        }
+      }
+    }
+  }
+}
+
+// Large enough to be cut (gemm.h's kSingleThreadedGemmWork): by rows when
+// m >= n, by columns otherwise; the same shapes run again on warm
+// primitives, several threads at once on one primitive.
+TEST(OnednnGemmTest, APanelledGemmMatchesTheReference) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{512, 96, 128}, {40, 1000, 96}}) {
+        const Problem p{ta, tb, m, n, k, 1};
+        for (int round = 0; round < 2; ++round) {
+          Check(p, /*integers=*/true, 0.0f, /*panels=*/true);
+          Check(p, /*integers=*/true, 1.0f, /*panels=*/true);
+          Check(p, /*integers=*/false, 0.0f, /*panels=*/true);
+        }
+      }
+    }
+  }
+}
+
+TEST(OnednnGemmTest, EmptySizesScaleOrLeaveC) {
+  std::vector<float> c = {1, 2, 3, 4};
+  const bfloat16 one = ToBfloat16(1.0f);
+  ASSERT_TRUE(GemmOrScale(false, false, 2, 2, 0, 1.0f, &one, 1, &one, 2, 0.5f, c.data(), 2).ok());
+  EXPECT_EQ(c, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  ASSERT_TRUE(GemmOrScale(false, false, 2, 2, 0, 1.0f, &one, 1, &one, 2, 0.0f, c.data(), 2).ok());
+  EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+  c = {1, 2, 3, 4};
+  ASSERT_TRUE(GemmOrScale(false, false, 0, 2, 5, 1.0f, &one, 5, &one, 2, 0.0f, c.data(), 2).ok());
+  EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(OnednnGemmTest, AnAlphaOtherThanOneIsAnError) {
+  std::vector<float> c(4);
+  const std::vector<bfloat16> x(4, ToBfloat16(1.0f));
+  const absl::Status s = GemmOrScale(false, false, 2, 2, 2, 2.0f, x.data(), 2, x.data(), 2, 0.0f, c.data(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace strata
