@@ -1,7 +1,10 @@
 #ifndef STRATA_KERNELS_CPU_GEMM_H_
 #define STRATA_KERNELS_CPU_GEMM_H_
 
-// Row-major GEMM over OpenBLAS for the nn kernels (matmul, conv2d):
+// Row-major GEMM for the nn kernels (matmul, conv2d, attention): OpenBLAS,
+// and for float32 GEMMs above a size oneDNN's f32 matmul where it has a JIT
+// kernel for the CPU (onednn_gemm.h; about 2x OpenBLAS 0.3.21 on an AMD
+// EPYC with AVX-512, where OpenBLAS runs its Haswell kernels):
 //   c[m, n] = alpha * op(a)[m, k] @ op(b)[k, n] + beta * c[m, n]
 // One overload per element type so kernels template over T.
 //
@@ -15,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/onednn_gemm.h"
 #include "runtime/thread_pool.h"
 
 namespace strata {
@@ -33,8 +37,18 @@ inline void SingleThreadedBlas() {
   (void)done;
 }
 
+// Float32 GEMMs of at least this many multiply-adds go to oneDNN where
+// OnednnF32Gemm() (a call costs about 1 us more than OpenBLAS's: below
+// about 32^3 OpenBLAS is faster).
+constexpr double kOnednnMinGemmWork = 32768.0;
+
 inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (static_cast<double>(m) * n * k >= kOnednnMinGemmWork && OnednnF32Gemm()) {
+    // oneDNN's failure (it has none for valid sizes; its scratchpad out of
+    // memory) leaves the GEMM to OpenBLAS, which needs no memory of its own.
+    if (OnednnGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc).ok()) return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(std::max<int64_t>(lda, 1)), b, static_cast<blasint>(std::max<int64_t>(ldb, 1)),

@@ -20,14 +20,34 @@
 namespace strata {
 namespace {
 
-// The GEMM's description: transposes, sizes, leading dimensions and beta's
-// bits (a primitive bakes in its sum post-op).
-using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t>;
+// The GEMM's description: the operands' type, transposes, sizes, leading
+// dimensions, and alpha's and beta's bits (a primitive bakes in its output
+// scale and sum post-op).
+struct GemmKey {
+  dnnl_data_type_t operands = dnnl_bf16;  // dnnl_bf16 or dnnl_f32; c is float
+  bool ta = false, tb = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  uint32_t alpha_bits = 0, beta_bits = 0;
+
+  auto Tie() const { return std::tie(operands, ta, tb, m, n, k, lda, ldb, ldc, alpha_bits, beta_bits); }
+  bool operator==(const GemmKey& o) const { return Tie() == o.Tie(); }
+  template <typename H>
+  friend H AbslHashValue(H h, const GemmKey& key) {
+    return H::combine(std::move(h), static_cast<int>(key.operands), key.ta, key.tb, key.m, key.n, key.k, key.lda,
+                      key.ldb, key.ldc, key.alpha_bits, key.beta_bits);
+  }
+};
 
 uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
 }
 
 struct Primitive {
@@ -37,8 +57,8 @@ struct Primitive {
 };
 
 std::string Describe(const GemmKey& key) {
-  return absl::StrCat("bf16 GEMM ", std::get<2>(key), "x", std::get<3>(key), "x", std::get<4>(key),
-                      std::get<0>(key) ? " (a transposed)" : "", std::get<1>(key) ? " (b transposed)" : "");
+  return absl::StrCat(key.operands == dnnl_f32 ? "f32" : "bf16", " GEMM ", key.m, "x", key.n, "x", key.k,
+                      key.ta ? " (a transposed)" : "", key.tb ? " (b transposed)" : "");
 }
 
 absl::Status Check(dnnl_status_t status, const char* what, const GemmKey& key) {
@@ -69,16 +89,17 @@ void OneOpenMpThread() {
 // Makes the matmul primitive for one GEMM (row-major; a transposed operand
 // is the same memory read with swapped strides).
 absl::StatusOr<Primitive> Make(const GemmKey& key) {
-  const auto [ta, tb, m, n, k, lda, ldb, ldc, beta_bits] = key;
   dnnl_engine_t engine = Engine();
   if (engine == nullptr) return absl::InternalError("oneDNN has no CPU engine");
-  const dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
-  const dnnl_dims_t a_strides = {ta ? 1 : lda, ta ? lda : 1};
-  const dnnl_dims_t b_strides = {tb ? 1 : ldb, tb ? ldb : 1};
-  const dnnl_dims_t c_strides = {ldc, 1};
+  const dnnl_dims_t a_dims = {key.m, key.k}, b_dims = {key.k, key.n}, c_dims = {key.m, key.n};
+  const dnnl_dims_t a_strides = {key.ta ? 1 : key.lda, key.ta ? key.lda : 1};
+  const dnnl_dims_t b_strides = {key.tb ? 1 : key.ldb, key.tb ? key.ldb : 1};
+  const dnnl_dims_t c_strides = {key.ldc, 1};
   dnnl_memory_desc_t a_md, b_md, c_md;
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_strides), "a's desc", key));
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_strides), "b's desc", key));
+  STRATA_RETURN_IF_ERROR(
+      Check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, key.operands, a_strides), "a's desc", key));
+  STRATA_RETURN_IF_ERROR(
+      Check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, key.operands, b_strides), "b's desc", key));
   STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "c's desc", key));
   dnnl_matmul_desc_t desc;
   STRATA_RETURN_IF_ERROR(Check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul desc", key));
@@ -89,8 +110,10 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
       attr, dnnl_primitive_attr_destroy);
   STRATA_RETURN_IF_ERROR(
       Check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode", key));
-  float beta;
-  std::memcpy(&beta, &beta_bits, sizeof(beta));
+  const float alpha = FromBits(key.alpha_bits), beta = FromBits(key.beta_bits);
+  if (alpha != 1.0f) {
+    STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "alpha", key));
+  }
   if (beta != 0.0f) {
     dnnl_post_ops_t post_ops = nullptr;
     STRATA_RETURN_IF_ERROR(Check(dnnl_post_ops_create(&post_ops), "post-ops", key));
@@ -157,7 +180,7 @@ struct ThreadState {
   }
 };
 
-absl::Status Execute(const GemmKey& key, const Primitive& p, const bfloat16* a, const bfloat16* b, float* c) {
+absl::Status Execute(const GemmKey& key, const Primitive& p, const void* a, const void* b, float* c) {
   thread_local ThreadState state;
   dnnl_engine_t engine = Engine();
   if (state.stream == nullptr) {
@@ -183,10 +206,10 @@ absl::Status Execute(const GemmKey& key, const Primitive& p, const bfloat16* a, 
     }
   } am, bm, cm, sm;
   STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&am.m, dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0),
-                                                  engine, const_cast<bfloat16*>(a)),
+                                                  engine, const_cast<void*>(a)),
                                "a's memory", key));
   STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&bm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0),
-                                                  engine, const_cast<bfloat16*>(b)),
+                                                  engine, const_cast<void*>(b)),
                                "b's memory", key));
   STRATA_RETURN_IF_ERROR(
       Check(dnnl_memory_create(&cm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0), engine, c),
@@ -204,6 +227,15 @@ absl::Status Execute(const GemmKey& key, const Primitive& p, const bfloat16* a, 
   return Check(dnnl_stream_wait(state.stream), "wait", key);
 }
 
+// Whether oneDNN picks a JIT kernel (not its reference loops) for a GEMM of
+// these operands on this CPU, asked once per type.
+bool HasJitKernel(dnnl_data_type_t operands) {
+  OneOpenMpThread();
+  GemmKey probe{operands, false, false, 64, 64, 64, 64, 64, 64, Bits(1.0f), Bits(0.0f)};
+  absl::StatusOr<const Primitive*> p = Cache().Get(probe);
+  return p.ok() && (*p)->impl.rfind("ref", 0) != 0;
+}
+
 }  // namespace
 
 std::atomic<bool>& OnednnBf16Switch() {
@@ -211,24 +243,38 @@ std::atomic<bool>& OnednnBf16Switch() {
   return on;
 }
 
+std::atomic<bool>& OnednnF32Switch() {
+  static std::atomic<bool> on(EnvSwitch("STRATA_ONEDNN_F32", true));
+  return on;
+}
+
 bool NativeBf16Gemm() {
   if (!OnednnBf16Switch().load()) return false;
-  // oneDNN's choice for a small GEMM: a JIT kernel (brgemm with AVX512_BF16
-  // or AMX, or the AVX-512 gemm emulating bf16), or its reference loops on
-  // an older CPU, slower than widening to float for OpenBLAS.
-  static const bool jit = [] {
-    OneOpenMpThread();
-    const GemmKey probe{false, false, 64, 64, 64, 64, 64, 64, Bits(0.0f)};
-    absl::StatusOr<const Primitive*> p = Cache().Get(probe);
-    return p.ok() && (*p)->impl.rfind("ref", 0) != 0;
-  }();
+  // A JIT kernel: brgemm with AVX512_BF16 or AMX, or the AVX-512 gemm
+  // emulating bf16; oneDNN's reference loops (an older CPU) are slower than
+  // widening to float for OpenBLAS.
+  static const bool jit = HasJitKernel(dnnl_bf16);
+  return jit;
+}
+
+bool OnednnF32Gemm() {
+  if (!OnednnF32Switch().load()) return false;
+  static const bool jit = HasJitKernel(dnnl_f32);
   return jit;
 }
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   OneOpenMpThread();
-  const GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(beta)};
+  const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(beta)};
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  return Execute(key, *p, a, b, c);
+}
+
+absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                        int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  OneOpenMpThread();
+  const GemmKey key{dnnl_f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
   return Execute(key, *p, a, b, c);
 }

@@ -36,11 +36,23 @@ std::atomic<bool>& OnednnBf16Switch();
 // see the same path.
 bool NativeBf16Gemm();
 
+// STRATA_ONEDNN_F32=0 keeps float32 GEMMs on OpenBLAS (gemm.h).
+std::atomic<bool>& OnednnF32Switch();
+
+// Whether gemm.h's float32 GEMMs above a size go to oneDNN: the switch is
+// on and oneDNN has a JIT kernel for float32 matmul on this CPU.
+bool OnednnF32Gemm();
+
 // c[m, n] = op(a)[m, k] @ op(b)[k, n] + beta * c[m, n], row-major, on the
-// calling thread (beta 0: c is not read). m, n, k > 0. Requires
-// NativeBf16Gemm(); a oneDNN failure is an Internal error naming the shape.
+// calling thread (beta 0: c is not read). m, n, k > 0. Runs on any CPU
+// (oneDNN's reference loops where it has no JIT kernel); a oneDNN failure
+// is an Internal error naming the shape.
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The same for float32 operands, c = alpha * op(a) @ op(b) + beta * c.
+absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                        int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // OnednnGemm over Strata's pool in panels of C (gemm.h's cut), tolerating
 // empty sizes as gemm.h's GemmOrScale does (k == 0: c = beta * c).

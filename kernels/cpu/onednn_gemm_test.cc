@@ -1,11 +1,13 @@
-// oneDNN's bf16 GEMM (onednn_gemm.h) against a float64 reference: exact for
+// oneDNN's bf16 and f32 GEMMs (onednn_gemm.h) against a float64 reference: exact for
 // small-integer operands (every product and partial sum is an integer below
 // 2^24, so any order of the additions gives the same float), within the
 // float summation bound for arbitrary bf16 operands; every transpose,
 // leading dimensions wider than the rows, beta 0, 1 and 0.5, empty sizes,
-// and a GEMM cut into panels over the pool. OnednnGemm is called directly,
-// so it runs on any CPU (oneDNN's reference loops where it has no JIT
-// kernel); the matmul kernels use it only where NativeBf16Gemm().
+// and a GEMM cut into panels over the pool (bf16; f32 through gemm.h's
+// GemmOrScale, whose GEMMs go to oneDNN above a size). OnednnGemm is called
+// directly, so it runs on any CPU (oneDNN's reference loops where it has no
+// JIT kernel); the kernels use it only where NativeBf16Gemm() or
+// OnednnF32Gemm().
 
 #include "kernels/cpu/onednn_gemm.h"
 
@@ -17,6 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/env_switch.h"
 #include "runtime/float16.h"
 
 namespace strata {
@@ -35,11 +39,15 @@ struct Problem {
   }
 };
 
-// Operands as bf16 with their float values beside.
+// Operands as bf16 with their float values beside (the f32 GEMMs read
+// those: bf16-representable floats, so the same references hold).
 struct Operands {
   std::vector<bfloat16> a, b;
   std::vector<float> af, bf;
 };
+
+// How Check runs the GEMM.
+enum class Path { kBf16, kBf16Panels, kF32, kF32Panels };
 
 Operands Make(const Problem& p, bool integers, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -70,9 +78,9 @@ float B(const Problem& p, const Operands& o, int64_t l, int64_t j) {
 // Runs the GEMM over c (ldc-wide rows, padding columns set to a marker) and
 // checks every element against the float64 reference: exactly, or within
 // K * 2^-23 * sum |a b| (float summation in any order) plus beta's term.
-void Check(const Problem& p, bool integers, float beta, bool panels) {
-  SCOPED_TRACE(absl::StrCat(p.Name(), integers ? " integers" : " normal", " beta ", beta,
-                            panels ? " panels" : " one call"));
+void Check(const Problem& p, bool integers, float beta, Path path, float alpha = 1.0f) {
+  SCOPED_TRACE(absl::StrCat(p.Name(), integers ? " integers" : " normal", " alpha ", alpha, " beta ", beta, " path ",
+                            static_cast<int>(path)));
   const Operands o = Make(p, integers, static_cast<uint32_t>(p.m * 131 + p.n * 17 + p.k));
   constexpr float kMarker = 12345.0f;
   std::vector<float> c(static_cast<size_t>(std::max<int64_t>(p.m, 1) * p.ldc()), kMarker);
@@ -81,10 +89,24 @@ void Check(const Problem& p, bool integers, float beta, bool panels) {
     for (int64_t j = 0; j < p.n; ++j) c[i * p.ldc() + j] = static_cast<float>((i * 7 + j * 3) % 11 - 5);
   }
   c0 = c;
-  const absl::Status s =
-      panels ? GemmOrScale(p.ta, p.tb, p.m, p.n, p.k, 1.0f, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(),
-                           p.ldc())
-             : OnednnGemm(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(), p.ldc());
+  absl::Status s;
+  switch (path) {
+    case Path::kBf16:
+      s = OnednnGemm(p.ta, p.tb, p.m, p.n, p.k, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(), p.ldc());
+      break;
+    case Path::kBf16Panels:
+      s = GemmOrScale(p.ta, p.tb, p.m, p.n, p.k, 1.0f, o.a.data(), p.lda(), o.b.data(), p.ldb(), beta, c.data(),
+                      p.ldc());
+      break;
+    case Path::kF32:
+      s = OnednnGemm(p.ta, p.tb, p.m, p.n, p.k, alpha, o.af.data(), p.lda(), o.bf.data(), p.ldb(), beta, c.data(),
+                     p.ldc());
+      break;
+    case Path::kF32Panels:
+      GemmOrScale<float>(p.ta, p.tb, p.m, p.n, p.k, alpha, o.af.data(), p.lda(), o.bf.data(), p.ldb(), beta,
+                         c.data(), p.ldc());
+      break;
+  }
   ASSERT_TRUE(s.ok()) << s;
   int64_t wrong = 0;
   for (int64_t i = 0; i < p.m; ++i) {
@@ -97,7 +119,7 @@ void Check(const Problem& p, bool integers, float beta, bool panels) {
       double want = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0[i * p.ldc() + j];
       double magnitude = std::abs(want);
       for (int64_t l = 0; l < p.k; ++l) {
-        const double prod = static_cast<double>(A(p, o, i, l)) * B(p, o, l, j);
+        const double prod = static_cast<double>(alpha) * A(p, o, i, l) * B(p, o, l, j);
         want += prod;
         magnitude += std::abs(prod);
       }
@@ -118,9 +140,13 @@ TEST(OnednnGemmTest, EveryTransposeAndLeadingDimensionMatchesTheReference) {
         for (int64_t pad : {0, 3}) {
           const Problem p{ta, tb, m, n, k, pad};
           for (float beta : {0.0f, 1.0f, 0.5f}) {
-            Check(p, /*integers=*/true, beta, /*panels=*/false);
+            Check(p, /*integers=*/true, beta, Path::kBf16);
+            Check(p, /*integers=*/true, beta, Path::kF32);
           }
-          Check(p, /*integers=*/false, 0.0f, /*panels=*/false);
+          Check(p, /*integers=*/false, 0.0f, Path::kBf16);
+          Check(p, /*integers=*/false, 0.0f, Path::kF32);
+          Check(p, /*integers=*/true, 1.0f, Path::kF32, /*alpha=*/0.25f);  // attention's scale
+          Check(p, /*integers=*/false, 0.0f, Path::kF32, /*alpha=*/0.125f);
         }
       }
     }
@@ -129,19 +155,33 @@ TEST(OnednnGemmTest, EveryTransposeAndLeadingDimensionMatchesTheReference) {
 
 // Large enough to be cut (gemm.h's kSingleThreadedGemmWork): by rows when
 // m >= n, by columns otherwise; the same shapes run again on warm
-// primitives, several threads at once on one primitive.
+// primitives, several threads at once on one primitive. The f32 panels go
+// to oneDNN where OnednnF32Gemm(), else to OpenBLAS (the same bound holds).
 TEST(OnednnGemmTest, APanelledGemmMatchesTheReference) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{512, 96, 128}, {40, 1000, 96}}) {
         const Problem p{ta, tb, m, n, k, 1};
         for (int round = 0; round < 2; ++round) {
-          Check(p, /*integers=*/true, 0.0f, /*panels=*/true);
-          Check(p, /*integers=*/true, 1.0f, /*panels=*/true);
-          Check(p, /*integers=*/false, 0.0f, /*panels=*/true);
+          Check(p, /*integers=*/true, 0.0f, Path::kBf16Panels);
+          Check(p, /*integers=*/true, 1.0f, Path::kBf16Panels);
+          Check(p, /*integers=*/false, 0.0f, Path::kBf16Panels);
+          Check(p, /*integers=*/true, 1.0f, Path::kF32Panels, 0.5f);
+          Check(p, /*integers=*/false, 0.0f, Path::kF32Panels);
         }
       }
     }
+  }
+}
+
+// STRATA_ONEDNN_F32=0's path, OpenBLAS, for the same float32 problems.
+TEST(OnednnGemmTest, TheF32SwitchOffGivesOpenBlasTheSameProblems) {
+  ScopedSwitch off(OnednnF32Switch(), false);
+  EXPECT_FALSE(OnednnF32Gemm());
+  for (bool ta : {false, true}) {
+    const Problem p{ta, !ta, 200, 90, 70, 2};
+    Check(p, /*integers=*/true, 1.0f, Path::kF32Panels, 0.5f);
+    Check(p, /*integers=*/false, 0.0f, Path::kF32Panels);
   }
 }
 
