@@ -114,8 +114,8 @@ TEST(CompileTest, APassThatDoesNotRunHereIsNamedWithTheSettingsThatRunIt) {
   EXPECT_EQ(WherePassRuns("loss-scaling", bf16), "mixed_precision { dtype: F16 } (or loss_scaling {}) in the strategy");
   EXPECT_EQ(WherePassRuns("tf32", bf16, DEVICE_CUDA), "allow_tf32: true in the strategy");
   // None of these runs without settings, and each is named with some.
-  for (const std::string& name : {"gradient-merge", "data-parallel", "recompute", "mixed-precision", "loss-scaling",
-                                   "fuse-optimizer", "commute-casts-backward", "tf32", "host-transfers"}) {
+  for (const char* name : {"gradient-merge", "data-parallel", "recompute", "mixed-precision", "loss-scaling",
+                            "fuse-optimizer", "commute-casts-backward", "tf32", "host-transfers"}) {
     const std::vector<std::string> here = CompilePassNames(none);
     EXPECT_EQ(std::find(here.begin(), here.end(), name), here.end()) << name;
     EXPECT_NE(WherePassRuns(name, none), "") << name;

@@ -3,7 +3,15 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
+// OneOpenMpThread keeps oneDNN to the calling thread through OpenMP; a
+// oneDNN built on TBB or a threadpool would ignore it and start its own
+// threads beside Strata's pool.
+#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP
+#error "kernels/cpu/onednn_gemm.cc expects oneDNN's OpenMP build (Debian's libdnnl-dev)"
+#endif
+
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -24,17 +32,18 @@ namespace {
 // dimensions, and alpha's and beta's bits (a primitive bakes in its output
 // scale and sum post-op).
 struct GemmKey {
-  dnnl_data_type_t operands = dnnl_bf16;  // dnnl_bf16 or dnnl_f32; c is float
+  dnnl_data_type_t operands = dnnl_bf16;  // dnnl_bf16 or dnnl_f32
   bool ta = false, tb = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;
+  dnnl_data_type_t result = dnnl_f32;  // c's type: dnnl_f32, or dnnl_bf16 (rounded to nearest even)
 
-  auto Tie() const { return std::tie(operands, ta, tb, m, n, k, lda, ldb, ldc, alpha_bits, beta_bits); }
+  auto Tie() const { return std::tie(operands, ta, tb, m, n, k, lda, ldb, ldc, alpha_bits, beta_bits, result); }
   bool operator==(const GemmKey& o) const { return Tie() == o.Tie(); }
   template <typename H>
   friend H AbslHashValue(H h, const GemmKey& key) {
     return H::combine(std::move(h), static_cast<int>(key.operands), key.ta, key.tb, key.m, key.n, key.k, key.lda,
-                      key.ldb, key.ldc, key.alpha_bits, key.beta_bits);
+                      key.ldb, key.ldc, key.alpha_bits, key.beta_bits, static_cast<int>(key.result));
   }
 };
 
@@ -58,11 +67,16 @@ struct Primitive {
 
 std::string Describe(const GemmKey& key) {
   return absl::StrCat(key.operands == dnnl_f32 ? "f32" : "bf16", " GEMM ", key.m, "x", key.n, "x", key.k,
-                      key.ta ? " (a transposed)" : "", key.tb ? " (b transposed)" : "");
+                      key.ta ? " (a transposed)" : "", key.tb ? " (b transposed)" : "",
+                      key.result == dnnl_bf16 ? " into bf16" : "");
 }
 
 absl::Status Check(dnnl_status_t status, const char* what, const GemmKey& key) {
   if (status == dnnl_success) return absl::OkStatus();
+  if (status == dnnl_unimplemented) {
+    return absl::UnimplementedError(
+        absl::StrCat("oneDNN has no ", what, " for ", Describe(key), " on this CPU"));
+  }
   return absl::InternalError(absl::StrCat("oneDNN ", what, " failed (status ", static_cast<int>(status), ") for ",
                                           Describe(key)));
 }
@@ -100,7 +114,7 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
       Check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, key.operands, a_strides), "a's desc", key));
   STRATA_RETURN_IF_ERROR(
       Check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, key.operands, b_strides), "b's desc", key));
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "c's desc", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, key.result, c_strides), "c's desc", key));
   dnnl_matmul_desc_t desc;
   STRATA_RETURN_IF_ERROR(Check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul desc", key));
 
@@ -180,7 +194,7 @@ struct ThreadState {
   }
 };
 
-absl::Status Execute(const GemmKey& key, const Primitive& p, const void* a, const void* b, float* c) {
+absl::Status Execute(const GemmKey& key, const Primitive& p, const void* a, const void* b, void* c) {
   thread_local ThreadState state;
   dnnl_engine_t engine = Engine();
   if (state.stream == nullptr) {
@@ -227,9 +241,14 @@ absl::Status Execute(const GemmKey& key, const Primitive& p, const void* a, cons
   return Check(dnnl_stream_wait(state.stream), "wait", key);
 }
 
-// Whether oneDNN picks a JIT kernel (not its reference loops) for a GEMM of
-// these operands on this CPU, asked once per type.
-bool HasJitKernel(dnnl_data_type_t operands) {
+// Whether oneDNN, on this CPU (its effective ISA: ONEDNN_MAX_CPU_ISA caps
+// it), has the instructions the path is worth taking for and makes a JIT
+// primitive (not its reference loops) for a GEMM of these operands; asked
+// once per type.
+bool HasFastKernel(dnnl_data_type_t operands, dnnl_cpu_isa_t isa) {
+  const unsigned have = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned need = static_cast<unsigned>(isa);  // the ISAs are feature bit sets
+  if ((have & need) != need) return false;
   OneOpenMpThread();
   GemmKey probe{operands, false, false, 64, 64, 64, 64, 64, 64, Bits(1.0f), Bits(0.0f)};
   absl::StatusOr<const Primitive*> p = Cache().Get(probe);
@@ -250,23 +269,34 @@ std::atomic<bool>& OnednnF32Switch() {
 
 bool NativeBf16Gemm() {
   if (!OnednnBf16Switch().load()) return false;
-  // A JIT kernel: brgemm with AVX512_BF16 or AMX, or the AVX-512 gemm
-  // emulating bf16; oneDNN's reference loops (an older CPU) are slower than
-  // widening to float for OpenBLAS.
-  static const bool jit = HasJitKernel(dnnl_bf16);
-  return jit;
+  // AVX512_BF16 (or AMX): oneDNN's bf16 brgemm, 3-4x OpenBLAS's sgemm here.
+  // On AVX-512 without it, oneDNN emulates bf16 (gemm:jit) 1.35x slower
+  // than widening to float for OpenBLAS; below AVX-512 it has no bf16
+  // matmul at all (unimplemented).
+  static const bool fast = HasFastKernel(dnnl_bf16, dnnl_cpu_isa_avx512_core_bf16);
+  return fast;
 }
 
 bool OnednnF32Gemm() {
   if (!OnednnF32Switch().load()) return false;
-  static const bool jit = HasJitKernel(dnnl_f32);
-  return jit;
+  // AVX-512: oneDNN's f32 brgemm, 1.8-2x OpenBLAS 0.3.21's sgemm on this
+  // EPYC. On AVX2 its f32 gemm was slower than OpenBLAS's Haswell kernels.
+  static const bool fast = HasFastKernel(dnnl_f32, dnnl_cpu_isa_avx512_core);
+  return fast;
 }
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   OneOpenMpThread();
   const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(beta)};
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  return Execute(key, *p, a, b, c);
+}
+
+absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
+                        int64_t lda, const bfloat16* b, int64_t ldb, bfloat16* c, int64_t ldc) {
+  OneOpenMpThread();
+  const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(0.0f), dnnl_bf16};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
   return Execute(key, *p, a, b, c);
 }
@@ -279,6 +309,26 @@ absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   return Execute(key, *p, a, b, c);
 }
 
+namespace {
+
+// call(r0, r1, c0, c1) for each of ForEachGemmPanel's panels, the first
+// failure returned.
+template <typename Call>
+absl::Status Panels(int64_t m, int64_t n, int64_t k, const Call& call) {
+  absl::Mutex mu;
+  absl::Status first;
+  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    absl::Status s = call(r0, r1, c0, c1);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu);
+      if (first.ok()) first = std::move(s);
+    }
+  });
+  return first;
+}
+
+}  // namespace
+
 absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c,
                          int64_t ldc) {
@@ -288,17 +338,28 @@ absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
     return absl::OkStatus();
   }
   if (alpha != 1.0f) return absl::InternalError(absl::StrCat("bf16 GEMM with alpha ", alpha, " (only 1 is built)"));
-  absl::Mutex mu;
-  absl::Status first;
-  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    absl::Status s = OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
-                                trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
-    if (!s.ok()) {
-      absl::MutexLock lock(&mu);
-      if (first.ok()) first = std::move(s);
-    }
+  return Panels(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    return OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
+                      trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
   });
-  return first;
+}
+
+absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, bfloat16* c,
+                         int64_t ldc) {
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (alpha != 1.0f || beta != 0.0f) {
+    return absl::InternalError(
+        absl::StrCat("bf16 GEMM into bf16 with alpha ", alpha, " and beta ", beta, " (only 1 and 0 are built)"));
+  }
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, bfloat16{});
+    return absl::OkStatus();
+  }
+  return Panels(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    return OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
+                      trans_b ? b + c0 * ldb : b + c0, ldb, c + r0 * ldc + c0, ldc);
+  });
 }
 
 }  // namespace strata

@@ -14,8 +14,9 @@
 // one thread); GemmOrScale below cuts a large GEMM into panels over
 // Strata's pool, as gemm.h does for OpenBLAS. Primitives are made once per
 // shape and kept for the process; each thread passes its own scratchpad
-// (at most a few hundred KiB, outside the allocator's counters like
-// OpenBLAS's own buffers), so one primitive runs on several threads at once.
+// (up to about 1.4 MiB at GPT-2 124M's shapes, kept by the thread and
+// outside the allocator's counters like OpenBLAS's own buffers), so one
+// primitive runs on several threads at once.
 
 #include <atomic>
 #include <cstdint>
@@ -30,8 +31,8 @@ namespace strata {
 // ScopedSwitch before they build kernels or plans.
 std::atomic<bool>& OnednnBf16Switch();
 
-// Whether bf16 matmuls run natively: the switch is on and oneDNN has a JIT
-// kernel for bf16 matmul on this CPU (not its reference loops). Kernels and
+// Whether bf16 matmuls run natively: the switch is on and the CPU has
+// AVX512_BF16 (or AMX) for oneDNN's bf16 kernels. Kernels and
 // the memory plan's workspace functions ask it when they are made, so both
 // see the same path.
 bool NativeBf16Gemm();
@@ -40,15 +41,21 @@ bool NativeBf16Gemm();
 std::atomic<bool>& OnednnF32Switch();
 
 // Whether gemm.h's float32 GEMMs above a size go to oneDNN: the switch is
-// on and oneDNN has a JIT kernel for float32 matmul on this CPU.
+// on and the CPU has AVX-512 for oneDNN's f32 kernels.
 bool OnednnF32Gemm();
 
 // c[m, n] = op(a)[m, k] @ op(b)[k, n] + beta * c[m, n], row-major, on the
-// calling thread (beta 0: c is not read). m, n, k > 0. Runs on any CPU
-// (oneDNN's reference loops where it has no JIT kernel); a oneDNN failure
-// is an Internal error naming the shape.
+// calling thread (beta 0: c is not read). m, n, k > 0. Runs wherever
+// oneDNN has the primitive (bf16: AVX-512 and up, emulated without
+// AVX512_BF16; f32: any CPU); otherwise an Unimplemented error, and any
+// other oneDNN failure an Internal one, naming the shape.
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The same into a bf16 c (beta 0): the float accumulator rounded to
+// nearest even, as the widened kernels' rounding (runtime/float16.h) does.
+absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
+                        int64_t lda, const bfloat16* b, int64_t ldb, bfloat16* c, int64_t ldc);
 
 // The same for float32 operands, c = alpha * op(a) @ op(b) + beta * c.
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -58,6 +65,12 @@ absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 // empty sizes as gemm.h's GemmOrScale does (k == 0: c = beta * c).
 absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c,
+                         int64_t ldc);
+
+// The same into a bf16 c; alpha 1 and beta 0 only (an accumulation into
+// bf16 would round every partial sum).
+absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                         const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, bfloat16* c,
                          int64_t ldc);
 
 }  // namespace strata

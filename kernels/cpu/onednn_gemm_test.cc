@@ -5,15 +5,20 @@
 // leading dimensions wider than the rows, beta 0, 1 and 0.5, empty sizes,
 // and a GEMM cut into panels over the pool (bf16; f32 through gemm.h's
 // GemmOrScale, whose GEMMs go to oneDNN above a size). OnednnGemm is called
-// directly, so it runs on any CPU (oneDNN's reference loops where it has no
-// JIT kernel); the kernels use it only where NativeBf16Gemm() or
+// directly, so the f32 cases run on any CPU and the bf16 ones wherever
+// oneDNN has a bf16 matmul (AVX-512 and up; on an older CPU they check
+// instead that it answers Unimplemented, naming the GEMM, and that the
+// kernels widen); the kernels use it only where NativeBf16Gemm() or
 // OnednnF32Gemm().
 
 #include "kernels/cpu/onednn_gemm.h"
 
+#include <oneapi/dnnl/dnnl.h>
+
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -46,8 +51,28 @@ struct Operands {
   std::vector<float> af, bf;
 };
 
+// Whether oneDNN has a bf16 matmul on this CPU; where it has none, its
+// answer must be an Unimplemented error naming the GEMM, and the kernels
+// must not take the native path.
+bool Bf16Here() {
+  static const bool here = [] {
+    const bfloat16 one = ToBfloat16(1.0f);
+    float c = 0;
+    const absl::Status s = OnednnGemm(false, false, 1, 1, 1, &one, 1, &one, 1, 0.0f, &c, 1);
+    if (s.ok()) {
+      EXPECT_EQ(c, 1.0f);
+      return true;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_NE(s.message().find("bf16 GEMM 1x1x1"), std::string::npos) << s;
+    EXPECT_FALSE(NativeBf16Gemm());
+    return false;
+  }();
+  return here;
+}
+
 // How Check runs the GEMM.
-enum class Path { kBf16, kBf16Panels, kF32, kF32Panels };
+enum class Path { kBf16, kBf16Panels, kF32, kF32Panels, kIntoBf16Panels };
 
 Operands Make(const Problem& p, bool integers, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -81,8 +106,10 @@ float B(const Problem& p, const Operands& o, int64_t l, int64_t j) {
 void Check(const Problem& p, bool integers, float beta, Path path, float alpha = 1.0f) {
   SCOPED_TRACE(absl::StrCat(p.Name(), integers ? " integers" : " normal", " alpha ", alpha, " beta ", beta, " path ",
                             static_cast<int>(path)));
+  const bool bf16 = path != Path::kF32 && path != Path::kF32Panels;
+  if (bf16 && !Bf16Here()) return;  // Bf16Here checked oneDNN's answer instead
   const Operands o = Make(p, integers, static_cast<uint32_t>(p.m * 131 + p.n * 17 + p.k));
-  constexpr float kMarker = 12345.0f;
+  constexpr float kMarker = 12288.0f;  // exact in bf16 too
   std::vector<float> c(static_cast<size_t>(std::max<int64_t>(p.m, 1) * p.ldc()), kMarker);
   std::vector<float> c0(c.size());
   for (int64_t i = 0; i < p.m; ++i) {
@@ -106,7 +133,17 @@ void Check(const Problem& p, bool integers, float beta, Path path, float alpha =
       GemmOrScale<float>(p.ta, p.tb, p.m, p.n, p.k, alpha, o.af.data(), p.lda(), o.bf.data(), p.ldb(), beta,
                          c.data(), p.ldc());
       break;
+    case Path::kIntoBf16Panels: {
+      // Into bf16 (beta 0), then widened back into c for the checks below.
+      std::vector<bfloat16> c16(c.size());
+      for (size_t i = 0; i < c.size(); ++i) c16[i] = ToBfloat16(c[i]);
+      s = GemmOrScale(p.ta, p.tb, p.m, p.n, p.k, 1.0f, o.a.data(), p.lda(), o.b.data(), p.ldb(), 0.0f, c16.data(),
+                      p.ldc());
+      for (size_t i = 0; i < c.size(); ++i) c[i] = ToFloat(c16[i]);
+      break;
+    }
   }
+  const bool into_bf16 = path == Path::kIntoBf16Panels;
   ASSERT_TRUE(s.ok()) << s;
   int64_t wrong = 0;
   for (int64_t i = 0; i < p.m; ++i) {
@@ -123,7 +160,14 @@ void Check(const Problem& p, bool integers, float beta, Path path, float alpha =
         want += prod;
         magnitude += std::abs(prod);
       }
-      const double bound = integers ? 0.0 : static_cast<double>(p.k + 1) * std::ldexp(1.0, -23) * magnitude;
+      double bound = integers ? 0.0 : static_cast<double>(p.k + 1) * std::ldexp(1.0, -23) * magnitude;
+      if (into_bf16) {
+        if (integers) {
+          want = ToFloat(ToBfloat16(static_cast<float>(want)));  // the exact sum, rounded once
+        } else {
+          bound += std::ldexp(std::abs(want), -8);  // and half a bf16 ulp
+        }
+      }
       if (std::abs(got - want) > bound) {
         if (++wrong <= 3) ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want " << want;
       }
@@ -168,6 +212,8 @@ TEST(OnednnGemmTest, APanelledGemmMatchesTheReference) {
           Check(p, /*integers=*/false, 0.0f, Path::kBf16Panels);
           Check(p, /*integers=*/true, 1.0f, Path::kF32Panels, 0.5f);
           Check(p, /*integers=*/false, 0.0f, Path::kF32Panels);
+          Check(p, /*integers=*/true, 0.0f, Path::kIntoBf16Panels);
+          Check(p, /*integers=*/false, 0.0f, Path::kIntoBf16Panels);
         }
       }
     }
@@ -183,6 +229,25 @@ TEST(OnednnGemmTest, TheF32SwitchOffGivesOpenBlasTheSameProblems) {
     Check(p, /*integers=*/true, 1.0f, Path::kF32Panels, 0.5f);
     Check(p, /*integers=*/false, 0.0f, Path::kF32Panels);
   }
+}
+
+// The native paths follow the CPU (oneDNN's effective ISA, which
+// ONEDNN_MAX_CPU_ISA caps): bf16 with AVX512_BF16 or AMX, f32 with AVX-512;
+// off with their switches.
+TEST(OnednnGemmTest, TheNativePathsFollowTheCpu) {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  auto has = [isa](dnnl_cpu_isa_t need) { return (isa & static_cast<unsigned>(need)) == static_cast<unsigned>(need); };
+  {
+    ScopedSwitch bf16(OnednnBf16Switch(), true);
+    ScopedSwitch f32(OnednnF32Switch(), true);
+    EXPECT_EQ(NativeBf16Gemm(), has(dnnl_cpu_isa_avx512_core_bf16));
+    EXPECT_EQ(OnednnF32Gemm(), has(dnnl_cpu_isa_avx512_core));
+    EXPECT_EQ(Bf16Here(), has(dnnl_cpu_isa_avx512_core));  // emulated without AVX512_BF16
+  }
+  ScopedSwitch bf16(OnednnBf16Switch(), false);
+  ScopedSwitch f32(OnednnF32Switch(), false);
+  EXPECT_FALSE(NativeBf16Gemm());
+  EXPECT_FALSE(OnednnF32Gemm());
 }
 
 TEST(OnednnGemmTest, EmptySizesScaleOrLeaveC) {
@@ -202,6 +267,28 @@ TEST(OnednnGemmTest, AnAlphaOtherThanOneIsAnError) {
   const std::vector<bfloat16> x(4, ToBfloat16(1.0f));
   const absl::Status s = GemmOrScale(false, false, 2, 2, 2, 2.0f, x.data(), 2, x.data(), 2, 0.0f, c.data(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  // Into bf16: beta 0 only.
+  std::vector<bfloat16> c16(4);
+  const absl::Status sum = GemmOrScale(false, false, 2, 2, 2, 1.0f, x.data(), 2, x.data(), 2, 1.0f, c16.data(), 2);
+  EXPECT_EQ(sum.code(), absl::StatusCode::kInternal);
+}
+
+// Rounding into bf16 is the widened kernels' ToBfloat16, ties to even: sums
+// exactly halfway between two bf16 values (1 + 2^-8 + ..., as integers
+// 256 + 1, 256 + 3) go to the even neighbour.
+TEST(OnednnGemmTest, IntoBf16RoundsTiesToEven) {
+  // c[0, j] = sum over k of a[0, k] * b[k, j] with a = [256, 1] and b's
+  // columns picking 256 + 1 = 257 (tie: 256 or 258, even mantissa 256) and
+  // 256 + 3 = 259 (tie: 258 or 260, even mantissa 260).
+  if (!Bf16Here()) return;  // it checked oneDNN's answer instead
+  const std::vector<bfloat16> a = {ToBfloat16(256.0f), ToBfloat16(1.0f)};
+  const std::vector<bfloat16> b = {ToBfloat16(1.0f), ToBfloat16(1.0f), ToBfloat16(1.0f), ToBfloat16(3.0f)};
+  std::vector<bfloat16> c(2);
+  ASSERT_TRUE(OnednnGemm(false, false, 1, 2, 2, a.data(), 2, b.data(), 2, c.data(), 2).ok());
+  EXPECT_EQ(ToFloat(c[0]), ToFloat(ToBfloat16(257.0f)));
+  EXPECT_EQ(ToFloat(c[1]), ToFloat(ToBfloat16(259.0f)));
+  EXPECT_EQ(ToFloat(c[0]), 256.0f);
+  EXPECT_EQ(ToFloat(c[1]), 260.0f);
 }
 
 }  // namespace
