@@ -31,23 +31,17 @@ namespace {
 
 using nn_kernels::InitFactory;
 
-// The type a GEMM into T accumulates and scales in: T, or float for a bf16 T.
-template <typename T>
-using GemmAcc = std::conditional_t<std::is_same_v<T, bfloat16>, float, T>;
-
 // c = op(a) @ op(b) + beta * c with a and b stored as In and c as T:
-// OpenBLAS (or oneDNN's f32, gemm.h) when In is T, oneDNN's bf16 GEMM for
-// bfloat16 into float or into bfloat16 (beta 0; the kernels below run it
-// only where NativeBf16Gemm()).
+// OpenBLAS when In is T, oneDNN's bf16 GEMM for bfloat16 into float (the
+// kernels below run that one only where NativeBf16Gemm()).
 template <typename In, typename T>
 absl::Status GemmOf(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const In* a, int64_t lda, const In* b,
-                    int64_t ldb, GemmAcc<T> beta, T* c, int64_t ldc) {
-  if constexpr (std::is_same_v<In, T> && !std::is_same_v<T, bfloat16>) {
+                    int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<In, T>) {
     GemmOrScale<T>(ta, tb, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
     return absl::OkStatus();
   } else {
-    static_assert(std::is_same_v<In, bfloat16> && (std::is_same_v<T, float> || std::is_same_v<T, bfloat16>),
-                  "bf16 operands into float or bf16 only");
+    static_assert(std::is_same_v<In, bfloat16> && std::is_same_v<T, float>, "bf16 operands into float only");
     return GemmOrScale(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   }
 }
@@ -61,8 +55,8 @@ absl::Status BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, 
   absl::Status first;
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      absl::Status s = GemmOf<In, T>(ta, tb, m, n, k, a + i * a_stride, lda, b + i * b_stride, ldb,
-                                     GemmAcc<T>(0), c + i * c_stride, ldc);
+      absl::Status s = GemmOf<In, T>(ta, tb, m, n, k, a + i * a_stride, lda, b + i * b_stride, ldb, T(0),
+                                     c + i * c_stride, ldc);
       if (!s.ok()) {
         absl::MutexLock lock(&mu);
         if (first.ok()) first = std::move(s);
@@ -89,11 +83,9 @@ absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {
   return absl::OkStatus();
 }
 
-// The three kernels below read their operands as In and write T: In is T
-// (F32, F64; or both bfloat16: oneDNN's bf16 GEMM rounding its float sums
-// into the bf16 output), or bfloat16 into float, whose float outputs
-// WidenedKernel rounds to the planned bf16 (matmul_shared_b_grad_b with
-// transpose_a, which sums GEMM after GEMM in float).
+// The three kernels below read their operands as In and compute in T (In
+// is T, or bfloat16 into float for oneDNN's bf16 GEMM, whose float outputs
+// WidenedKernel rounds to the planned bf16).
 
 // y = op(a) @ op(b); a [..., M, K] (or [..., K, M] transposed), b [K, N] or [..., K, N].
 template <typename In, typename T>
@@ -112,7 +104,7 @@ class MatmulKernel : public OpKernel {
     T* py = y->data<T>();
     if (!s.b_batched && !ta_) {
       // x @ W: a's batch folds into the rows of one [batch*M, K] x [K, N] GEMM.
-      return GemmOf<In, T>(false, tb_, s.batch * s.m, s.n, s.k, pa, s.lda, pb, s.ldb, GemmAcc<T>(0), py, s.n);
+      return GemmOf<In, T>(false, tb_, s.batch * s.m, s.n, s.k, pa, s.lda, pb, s.ldb, T(0), py, s.n);
     }
     return BatchedGemm<In, T>(s.batch, ta_, tb_, s.m, s.n, s.k, pa, s.lda, s.m * s.k, pb, s.ldb,
                               s.b_batched ? s.k * s.n : 0, py, s.n, s.m * s.n);
@@ -141,7 +133,7 @@ class MatmulSharedBGradAKernel : public OpKernel {
     T* pda = da->data<T>();
     const int64_t ldb = b.dim(1);
     if (ta_) return BatchedGemm<In, T>(batch, tb_, true, K, M, N, pb, ldb, 0, pdy, N, M * N, pda, M, K * M);
-    return GemmOf<In, T>(false, !tb_, batch * M, K, N, pdy, N, pb, ldb, GemmAcc<T>(0), pda, K);
+    return GemmOf<In, T>(false, !tb_, batch * M, K, N, pdy, N, pb, ldb, T(0), pda, K);
   }
 
  private:
@@ -167,16 +159,13 @@ class MatmulSharedBGradBKernel : public OpKernel {
     const In* pdy = dy.data<In>();
     T* pdb = db->data<T>();
     if (!ta_) {
-      if (!tb_) return GemmOf<In, T>(true, false, K, N, batch * M, pa, K, pdy, N, GemmAcc<T>(0), pdb, N);
-      return GemmOf<In, T>(true, false, N, K, batch * M, pdy, N, pa, K, GemmAcc<T>(0), pdb, K);
-    }
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      return absl::InternalError("matmul_shared_b_grad_b with transpose_a sums in float (SumsGemms: widened kernel)");
+      if (!tb_) return GemmOf<In, T>(true, false, K, N, batch * M, pa, K, pdy, N, T(0), pdb, N);
+      return GemmOf<In, T>(true, false, N, K, batch * M, pdy, N, pa, K, T(0), pdb, K);
     }
     // a_i is stored [K, M]: the items are not one matrix, so accumulate GEMM by GEMM.
     if (batch == 0) std::memset(pdb, 0, db->bytes());
     for (int64_t i = 0; i < batch; ++i) {
-      const GemmAcc<T> beta = i == 0 ? GemmAcc<T>(0) : GemmAcc<T>(1);
+      const T beta = i == 0 ? T(0) : T(1);
       const In* ai = pa + i * K * M;
       const In* dyi = pdy + i * M * N;
       if (!tb_) {
@@ -468,42 +457,23 @@ class MatmulBiasGradBKernel : public TransposeBAttrKernel {
   }
 };
 
-// Whether the kernel sums several GEMMs into its output
-// (matmul_shared_b_grad_b with transpose_a): its bf16 GEMMs write float,
-// rounded once at the end, not bf16.
-bool SumsGemms(const Op& op) {
-  if (op.type() != "matmul_shared_b_grad_b") return false;
-  absl::StatusOr<bool> ta = AttrBool(op, "transpose_a");
-  return ta.ok() && *ta;
-}
-
-// F32 and F64 through gemm.h. BF16: oneDNN's bf16 GEMM on the stored
+// F32 and F64 through OpenBLAS. BF16: oneDNN's bf16 GEMM on the stored
 // operands where this CPU has it (NativeBf16Gemm, asked when the kernel is
-// made), writing the bf16 output itself (float sums rounded once), or float
-// then rounded where the kernel sums several GEMMs; else the float32 kernel
-// on widened copies. F16 always widened.
+// made), else the float32 kernel on widened copies; F16 always widened.
+// Either way the float outputs are rounded to the planned 16 bits.
 template <template <typename, typename> class K>
 KernelFactory Bf16GemmFactory() {
   return [](const KernelDef& def) -> absl::StatusOr<std::unique_ptr<OpKernel>> {
-    if (!NativeBf16Gemm()) return InitFactory<WidenedKernel<bfloat16, K<float, float>>>()(def);
-    if (def.op != nullptr && SumsGemms(*def.op)) {
-      return InitFactory<WidenedKernel<bfloat16, K<bfloat16, float>, false>>()(def);
-    }
-    return InitFactory<K<bfloat16, bfloat16>>()(def);
+    if (NativeBf16Gemm()) return InitFactory<WidenedKernel<bfloat16, K<bfloat16, float>, false>>()(def);
+    return InitFactory<WidenedKernel<bfloat16, K<float, float>>>()(def);
   };
 }
 
-// The memory plan's side of Bf16GemmFactory: nothing beyond the output
-// natively, the float output before it is rounded where the kernel sums
-// GEMMs, and the widened operands' float copies where they are made.
+// The memory plan's side of Bf16GemmFactory: the float outputs before they
+// are rounded, and the widened operands' float copies where they are made.
 absl::StatusOr<int64_t> GemmWorkspace(const KernelDef& def, int) {
-  const bool half = !def.input_types.empty() && IsHalfFloating(def.input_types[0].dtype);
-  if (!half) return 0;
-  if (def.input_types[0].dtype == BF16 && NativeBf16Gemm()) {
-    if (def.op == nullptr || !SumsGemms(*def.op)) return 0;
-    return WidenedWorkspaceOver(def, 0, /*widen_inputs=*/false);
-  }
-  return WidenedWorkspaceOver(def, 0);
+  const bool native = !def.input_types.empty() && def.input_types[0].dtype == BF16 && NativeBf16Gemm();
+  return WidenedWorkspaceOver(def, 0, /*widen_inputs=*/!native);
 }
 
 STRATA_REGISTER_KERNEL("matmul", DEVICE_CPU, F32, (InitFactory<MatmulKernel<float, float>>()));

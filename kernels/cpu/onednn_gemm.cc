@@ -11,7 +11,6 @@
 #endif
 
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -32,18 +31,17 @@ namespace {
 // dimensions, and alpha's and beta's bits (a primitive bakes in its output
 // scale and sum post-op).
 struct GemmKey {
-  dnnl_data_type_t operands = dnnl_bf16;  // dnnl_bf16 or dnnl_f32
+  dnnl_data_type_t operands = dnnl_bf16;  // dnnl_bf16 or dnnl_f32; c is float
   bool ta = false, tb = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;
-  dnnl_data_type_t result = dnnl_f32;  // c's type: dnnl_f32, or dnnl_bf16 (rounded to nearest even)
 
-  auto Tie() const { return std::tie(operands, ta, tb, m, n, k, lda, ldb, ldc, alpha_bits, beta_bits, result); }
+  auto Tie() const { return std::tie(operands, ta, tb, m, n, k, lda, ldb, ldc, alpha_bits, beta_bits); }
   bool operator==(const GemmKey& o) const { return Tie() == o.Tie(); }
   template <typename H>
   friend H AbslHashValue(H h, const GemmKey& key) {
     return H::combine(std::move(h), static_cast<int>(key.operands), key.ta, key.tb, key.m, key.n, key.k, key.lda,
-                      key.ldb, key.ldc, key.alpha_bits, key.beta_bits, static_cast<int>(key.result));
+                      key.ldb, key.ldc, key.alpha_bits, key.beta_bits);
   }
 };
 
@@ -67,8 +65,7 @@ struct Primitive {
 
 std::string Describe(const GemmKey& key) {
   return absl::StrCat(key.operands == dnnl_f32 ? "f32" : "bf16", " GEMM ", key.m, "x", key.n, "x", key.k,
-                      key.ta ? " (a transposed)" : "", key.tb ? " (b transposed)" : "",
-                      key.result == dnnl_bf16 ? " into bf16" : "");
+                      key.ta ? " (a transposed)" : "", key.tb ? " (b transposed)" : "");
 }
 
 absl::Status Check(dnnl_status_t status, const char* what, const GemmKey& key) {
@@ -114,7 +111,7 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
       Check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, key.operands, a_strides), "a's desc", key));
   STRATA_RETURN_IF_ERROR(
       Check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, key.operands, b_strides), "b's desc", key));
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, key.result, c_strides), "c's desc", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "c's desc", key));
   dnnl_matmul_desc_t desc;
   STRATA_RETURN_IF_ERROR(Check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "matmul desc", key));
 
@@ -147,6 +144,14 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
   }
   const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   p.scratchpad_bytes = scratch_md == nullptr ? 0 : dnnl_memory_desc_get_size(scratch_md);
+  if (p.scratchpad_bytes > kMaxScratchpadBytes) {
+    // Memory the plan does not count, kept by the thread: refused, so that
+    // a float32 GEMM goes to OpenBLAS and a bf16 one fails naming it.
+    return absl::ResourceExhaustedError(absl::StrCat("oneDNN's ", p.impl, " asks a ", p.scratchpad_bytes,
+                                                     "-byte scratchpad for ", Describe(key), ", over the ",
+                                                     kMaxScratchpadBytes, " bytes a thread may keep outside the "
+                                                     "memory plan"));
+  }
   STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_create(&p.primitive, pd), "primitive", key));
   return p;
 }
@@ -293,12 +298,12 @@ absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
   return Execute(key, *p, a, b, c);
 }
 
-absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
-                        int64_t lda, const bfloat16* b, int64_t ldb, bfloat16* c, int64_t ldc) {
+absl::StatusOr<size_t> OnednnScratchpadBytes(bool f32, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                              int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
   OneOpenMpThread();
-  const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(0.0f), dnnl_bf16};
+  const GemmKey key{f32 ? dnnl_f32 : dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
-  return Execute(key, *p, a, b, c);
+  return p->scratchpad_bytes;
 }
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -341,24 +346,6 @@ absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
   return Panels(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     return OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
                       trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
-  });
-}
-
-absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                         const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, bfloat16* c,
-                         int64_t ldc) {
-  if (m == 0 || n == 0) return absl::OkStatus();
-  if (alpha != 1.0f || beta != 0.0f) {
-    return absl::InternalError(
-        absl::StrCat("bf16 GEMM into bf16 with alpha ", alpha, " and beta ", beta, " (only 1 and 0 are built)"));
-  }
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, bfloat16{});
-    return absl::OkStatus();
-  }
-  return Panels(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    return OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
-                      trans_b ? b + c0 * ldb : b + c0, ldb, c + r0 * ldc + c0, ldc);
   });
 }
 

@@ -15,13 +15,16 @@
 // Strata's pool, as gemm.h does for OpenBLAS. Primitives are made once per
 // shape and kept for the process; each thread passes its own scratchpad
 // (up to about 1.4 MiB at GPT-2 124M's shapes, kept by the thread and
-// outside the allocator's counters like OpenBLAS's own buffers), so one
+// outside the allocator's counters like OpenBLAS's own buffers; a
+// primitive asking more than kMaxScratchpadBytes is refused), so one
 // primitive runs on several threads at once.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "runtime/float16.h"
 
 namespace strata {
@@ -52,25 +55,21 @@ bool OnednnF32Gemm();
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// The same into a bf16 c (beta 0): the float accumulator rounded to
-// nearest even, as the widened kernels' rounding (runtime/float16.h) does.
-absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
-                        int64_t lda, const bfloat16* b, int64_t ldb, bfloat16* c, int64_t ldc);
-
 // The same for float32 operands, c = alpha * op(a) @ op(b) + beta * c.
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The scratchpad a thread keeps for a GEMM (outside the memory plan; a
+// primitive asking more than kMaxScratchpadBytes is refused: OnednnGemm
+// returns ResourceExhausted naming it). For tests and diagnostics.
+inline constexpr size_t kMaxScratchpadBytes = size_t{8} << 20;
+absl::StatusOr<size_t> OnednnScratchpadBytes(bool f32, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                              int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
 
 // OnednnGemm over Strata's pool in panels of C (gemm.h's cut), tolerating
 // empty sizes as gemm.h's GemmOrScale does (k == 0: c = beta * c).
 absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                          const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c,
-                         int64_t ldc);
-
-// The same into a bf16 c; alpha 1 and beta 0 only (an accumulation into
-// bf16 would round every partial sum).
-absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                         const bfloat16* a, int64_t lda, const bfloat16* b, int64_t ldb, float beta, bfloat16* c,
                          int64_t ldc);
 
 }  // namespace strata
