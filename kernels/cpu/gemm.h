@@ -9,7 +9,8 @@
 // One overload per element type so kernels template over T.
 //
 // Threads: OpenBLAS runs single-threaded; a large GEMM is cut into panels of
-// C's rows or columns over Strata's pool. OpenBLAS's own threads spin after
+// C's rows or columns over Strata's pool (CutGemm: the same panels for any
+// thread count). OpenBLAS's own threads spin after
 // each call and fought the pool for the cores (conv was often slower on 2
 // threads than on 1).
 
@@ -85,28 +86,55 @@ void SerialGemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t
   Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// Cuts a GEMM of C [m, n] with inner size k for Strata's pool: panel(r0,
-// r1, c0, c1) for C's rows [r0, r1) and columns [c0, c1), whole 16-row (or
-// column) blocks along C's longer side, one panel per thread; a GEMM of at
-// most kSingleThreadedGemmWork multiply-adds is one panel on the calling
-// thread.
+// How GemmOrScale cuts a GEMM of C [m, n] with inner size k: into `count`
+// panels of whole 16-row (or column) blocks along C's longer side, each of
+// at least 128 rows (columns) and 4 * kSingleThreadedGemmWork multiply-adds
+// (a oneDNN call costs about 1 us, and each packs its share of B again),
+// at most kMaxGemmPanels. A function of the sizes only, never
+// of the thread count: oneDNN's bits for an element depend on the panel
+// it is computed in (column panels, a transposed A), so a cut that
+// followed the threads would make results depend on STRATA_NUM_THREADS.
+struct GemmCut {
+  bool by_rows = true;
+  int64_t blocks = 0;  // 16-row (or column) blocks along the cut side
+  int64_t count = 1;   // panels; 1: the whole GEMM in one call
+  // Panel i's first and last-plus-one row (or column).
+  int64_t Begin(int64_t i, int64_t length) const { return std::min(length, i * blocks / count * kBlock); }
+  int64_t End(int64_t i, int64_t length) const { return std::min(length, (i + 1) * blocks / count * kBlock); }
+  static constexpr int64_t kBlock = 16;
+};
+constexpr int64_t kMaxGemmPanels = 64;
+constexpr int64_t kMinPanelBlocks = 8;  // 128 rows (or columns)
+
+inline GemmCut CutGemm(int64_t m, int64_t n, int64_t k) {
+  GemmCut cut;
+  const double work = static_cast<double>(m) * n * k;
+  cut.by_rows = m >= n;
+  cut.blocks = ((cut.by_rows ? m : n) + GemmCut::kBlock - 1) / GemmCut::kBlock;
+  if (work <= kSingleThreadedGemmWork) return cut;
+  const int64_t by_work = static_cast<int64_t>(work / (4 * kSingleThreadedGemmWork));
+  const int64_t by_length = cut.blocks / kMinPanelBlocks;
+  cut.count = std::max<int64_t>(1, std::min({by_length, kMaxGemmPanels, by_work}));
+  return cut;
+}
+
+// panel(r0, r1, c0, c1) for C's rows [r0, r1) and columns [c0, c1), for
+// each of CutGemm's panels, spread over Strata's pool (a single panel on
+// the calling thread).
 template <typename Panel>
 void ForEachGemmPanel(int64_t m, int64_t n, int64_t k, const Panel& panel) {
-  const double work = static_cast<double>(m) * n * k;
-  if (work <= kSingleThreadedGemmWork) {
+  const GemmCut cut = CutGemm(m, n, k);
+  if (cut.count == 1) {
     panel(int64_t{0}, m, int64_t{0}, n);
     return;
   }
-  constexpr int64_t kBlock = 16;
-  const bool by_rows = m >= n;
-  const int64_t blocks = ((by_rows ? m : n) + kBlock - 1) / kBlock;
-  const int64_t min_blocks =
-      std::max<int64_t>(1, static_cast<int64_t>(kSingleThreadedGemmWork / (work / static_cast<double>(blocks))));
-  ParallelFor(blocks, min_blocks, [&](int64_t begin, int64_t end) {
-    if (by_rows) {
-      panel(begin * kBlock, std::min(m, end * kBlock), int64_t{0}, n);
-    } else {
-      panel(int64_t{0}, m, begin * kBlock, std::min(n, end * kBlock));
+  ParallelFor(cut.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (cut.by_rows) {
+        panel(cut.Begin(i, m), cut.End(i, m), int64_t{0}, n);
+      } else {
+        panel(int64_t{0}, m, cut.Begin(i, n), cut.End(i, n));
+      }
     }
   });
 }

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -199,6 +200,53 @@ TEST(OnednnGemmTest, APanelledGemmMatchesTheReference) {
           Check(p, /*integers=*/false, 0.0f, Path::kF32Panels);
         }
       }
+    }
+  }
+}
+
+// GemmOrScale's result is its panels' (CutGemm's, a function of the sizes
+// only) computed one after another on one thread: the same bits whatever
+// the pool's thread count, for row and column cuts and transposed A (where
+// oneDNN's bits depend on the panel).
+TEST(OnednnGemmTest, APanelledGemmHasItsPanelsBitsWhateverTheThreads) {
+  for (bool ta : {false, true}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{768, 96, 512}, {96, 768, 512}, {700, 650, 300}}) {
+      const Problem p{ta, false, m, n, k, 0};
+      SCOPED_TRACE(p.Name());
+      const GemmCut cut = CutGemm(m, n, k);
+      ASSERT_GT(cut.count, 1);
+      int64_t covered = 0;
+      for (int64_t i = 0; i < cut.count; ++i) {
+        const int64_t length = cut.by_rows ? m : n;
+        ASSERT_EQ(cut.Begin(i, length), covered);
+        ASSERT_GT(cut.End(i, length), cut.Begin(i, length));
+        covered = cut.End(i, length);
+      }
+      EXPECT_EQ(covered, cut.by_rows ? m : n);
+      const Operands o = Make(p, /*integers=*/false, 7);
+      std::vector<float> pooled(m * n), serial(m * n), pooled32(m * n), serial32(m * n);
+      const bool bf16 = Bf16Here();
+      if (bf16) {
+        ASSERT_TRUE(GemmOrScale(ta, false, m, n, k, 1.0f, o.a.data(), p.lda(), o.b.data(), p.ldb(), 0.0f,
+                                pooled.data(), n)
+                        .ok());
+      }
+      GemmOrScale<float>(ta, false, m, n, k, 1.0f, o.af.data(), p.lda(), o.bf.data(), p.ldb(), 0.0f, pooled32.data(),
+                         n);
+      for (int64_t i = 0; i < cut.count; ++i) {
+        const int64_t r0 = cut.by_rows ? cut.Begin(i, m) : 0, r1 = cut.by_rows ? cut.End(i, m) : m;
+        const int64_t c0 = cut.by_rows ? 0 : cut.Begin(i, n), c1 = cut.by_rows ? n : cut.End(i, n);
+        const int64_t a_off = ta ? r0 : r0 * p.lda(), c_off = r0 * n + c0;
+        if (bf16) {
+          ASSERT_TRUE(OnednnGemm(ta, false, r1 - r0, c1 - c0, k, o.a.data() + a_off, p.lda(), o.b.data() + c0,
+                                 p.ldb(), 0.0f, serial.data() + c_off, n)
+                          .ok());
+        }
+        Gemm(ta, false, r1 - r0, c1 - c0, k, 1.0f, o.af.data() + a_off, p.lda(), o.bf.data() + c0, p.ldb(), 0.0f,
+             serial32.data() + c_off, n);
+      }
+      EXPECT_EQ(std::memcmp(pooled.data(), serial.data(), pooled.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(pooled32.data(), serial32.data(), pooled32.size() * sizeof(float)), 0);
     }
   }
 }
