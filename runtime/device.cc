@@ -1,5 +1,6 @@
 #include "runtime/device.h"
 
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace strata {
 
@@ -26,6 +28,36 @@ void Device::NoteError(absl::Status status) {
   if (status.ok()) return;
   absl::MutexLock lock(&mu_);
   if (first_error_.ok()) first_error_ = std::move(status);
+}
+
+namespace {
+
+struct CpuFallbacks {
+  absl::Mutex mu;
+  std::vector<std::string> lines ABSL_GUARDED_BY(mu);
+};
+
+CpuFallbacks& GetCpuFallbacks() {
+  static CpuFallbacks* fallbacks = new CpuFallbacks();
+  return *fallbacks;
+}
+
+}  // namespace
+
+void NoteCpuKernelFallback(const std::string& line) {
+  CpuFallbacks& f = GetCpuFallbacks();
+  absl::MutexLock lock(&f.mu);
+  for (const std::string& l : f.lines) {
+    if (l == line) return;
+  }
+  f.lines.push_back(line);
+}
+
+std::vector<std::string> CpuDevice::KernelFallbacks(size_t from) const {
+  CpuFallbacks& f = GetCpuFallbacks();
+  absl::MutexLock lock(&f.mu);
+  if (from >= f.lines.size()) return {};
+  return std::vector<std::string>(f.lines.begin() + static_cast<std::ptrdiff_t>(from), f.lines.end());
 }
 
 int64_t CpuDevice::capacity_bytes() const {

@@ -167,6 +167,8 @@ class CpuDevice final : public Device {
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int byte, size_t bytes) override;
+  // The host kernels' fallbacks (NoteCpuKernelFallback), process-wide.
+  std::vector<std::string> KernelFallbacks(size_t from) const override;
 
  protected:
   absl::Status WaitForWork() override { return absl::OkStatus(); }
@@ -174,6 +176,11 @@ class CpuDevice final : public Device {
  private:
   Allocator* allocator_;
 };
+
+// A host kernel ran part of the plan another way than planned (a oneDNN
+// GEMM refused for its scratchpad, run on widened copies): one line, noted
+// once per distinct text; every CpuDevice reports them (KernelFallbacks).
+void NoteCpuKernelFallback(const std::string& line);
 
 // The process-wide host device, on the process-wide host allocator.
 Device* GetCpuDevice();

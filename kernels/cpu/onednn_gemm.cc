@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/env_switch.h"
 #include "proto/status_macros.h"
+#include "runtime/device.h"
 
 namespace strata {
 namespace {
@@ -61,6 +63,7 @@ struct Primitive {
   dnnl_primitive_t primitive = nullptr;
   size_t scratchpad_bytes = 0;
   std::string impl;  // oneDNN's implementation, such as "brg:avx512_core_bf16"
+  absl::Status refused;  // not ok: the GEMM has no primitive (unimplemented, or its scratchpad refused)
 };
 
 std::string Describe(const GemmKey& key) {
@@ -144,13 +147,13 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
   }
   const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   p.scratchpad_bytes = scratch_md == nullptr ? 0 : dnnl_memory_desc_get_size(scratch_md);
-  if (p.scratchpad_bytes > kMaxScratchpadBytes) {
+  const size_t limit = MaxScratchpadBytes().load();
+  if (p.scratchpad_bytes > limit) {
     // Memory the plan does not count, kept by the thread: refused, so that
-    // a float32 GEMM goes to OpenBLAS and a bf16 one fails naming it.
+    // a float32 GEMM goes to OpenBLAS, a bf16 one to widened copies (noted).
     return absl::ResourceExhaustedError(absl::StrCat("oneDNN's ", p.impl, " asks a ", p.scratchpad_bytes,
                                                      "-byte scratchpad for ", Describe(key), ", over the ",
-                                                     kMaxScratchpadBytes, " bytes a thread may keep outside the "
-                                                     "memory plan"));
+                                                     limit, " bytes a thread may keep outside the memory plan"));
   }
   STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_create(&p.primitive, pd), "primitive", key));
   return p;
@@ -164,21 +167,36 @@ class PrimitiveCache {
     {
       absl::ReaderMutexLock lock(&mu_);
       auto it = cache_.find(key);
-      if (it != cache_.end()) return it->second.get();
+      if (it != cache_.end()) return Answer(*it->second);
     }
-    // Made outside the lock (the JIT takes milliseconds); a race makes two and keeps the first.
-    STRATA_ASSIGN_OR_RETURN(Primitive made, Make(key));
+    // Made outside the lock (the JIT takes milliseconds); a race makes two
+    // and keeps the first. A refusal is kept too, so a refused GEMM is not
+    // made again at every call; any other failure is not.
+    absl::StatusOr<Primitive> made = Make(key);
+    if (!made.ok() && !absl::IsResourceExhausted(made.status()) && !absl::IsUnimplemented(made.status())) {
+      return made.status();
+    }
+    Primitive entry;
+    if (made.ok()) {
+      entry = *std::move(made);
+    } else {
+      entry.refused = made.status();
+    }
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = cache_.try_emplace(key, nullptr);
     if (inserted) {
-      it->second = std::make_unique<Primitive>(std::move(made));
-    } else {
-      dnnl_primitive_destroy(made.primitive);
+      it->second = std::make_unique<Primitive>(std::move(entry));
+    } else if (entry.primitive != nullptr) {
+      dnnl_primitive_destroy(entry.primitive);
     }
-    return it->second.get();
+    return Answer(*it->second);
   }
 
  private:
+  static absl::StatusOr<const Primitive*> Answer(const Primitive& p) {
+    if (!p.refused.ok()) return p.refused;
+    return &p;
+  }
   absl::Mutex mu_;
   absl::flat_hash_map<GemmKey, std::unique_ptr<Primitive>> cache_ ABSL_GUARDED_BY(mu_);
 };
@@ -262,6 +280,11 @@ bool HasFastKernel(dnnl_data_type_t operands, dnnl_cpu_isa_t isa) {
 
 }  // namespace
 
+std::atomic<size_t>& MaxScratchpadBytes() {
+  static std::atomic<size_t> limit(kMaxScratchpadBytes);
+  return limit;
+}
+
 std::atomic<bool>& OnednnBf16Switch() {
   static std::atomic<bool> on(EnvSwitch("STRATA_ONEDNN_BF16", true));
   return on;
@@ -316,6 +339,31 @@ absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 namespace {
 
+// c = op(a) @ op(b) + beta * c on float copies of the operands' used rows
+// (a refused bf16 primitive's way out), through gemm.h's float Gemm.
+absl::Status WidenedPanel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bfloat16* a, int64_t lda,
+                          const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  // op(a) is m x k: stored rows of length k (or, transposed, k rows of m).
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  std::vector<float> wa, wb;
+  try {
+    wa.resize(static_cast<size_t>(a_rows * a_cols));
+    wb.resize(static_cast<size_t>(b_rows * b_cols));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory widening a bf16 GEMM ", m, "x", n, "x", k, " to float"));
+  }
+  for (int64_t i = 0; i < a_rows; ++i) {
+    for (int64_t j = 0; j < a_cols; ++j) wa[i * a_cols + j] = ToFloat(a[i * lda + j]);
+  }
+  for (int64_t i = 0; i < b_rows; ++i) {
+    for (int64_t j = 0; j < b_cols; ++j) wb[i * b_cols + j] = ToFloat(b[i * ldb + j]);
+  }
+  Gemm(ta, tb, m, n, k, 1.0f, wa.data(), a_cols, wb.data(), b_cols, beta, c, ldc);
+  return absl::OkStatus();
+}
+
 // call(r0, r1, c0, c1) for each of ForEachGemmPanel's panels, the first
 // failure returned.
 template <typename Call>
@@ -344,8 +392,16 @@ absl::Status GemmOrScale(bool trans_a, bool trans_b, int64_t m, int64_t n, int64
   }
   if (alpha != 1.0f) return absl::InternalError(absl::StrCat("bf16 GEMM with alpha ", alpha, " (only 1 is built)"));
   return Panels(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    return OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, trans_a ? a + r0 : a + r0 * lda, lda,
-                      trans_b ? b + c0 * ldb : b + c0, ldb, beta, c + r0 * ldc + c0, ldc);
+    const bfloat16* pa = trans_a ? a + r0 : a + r0 * lda;
+    const bfloat16* pb = trans_b ? b + c0 * ldb : b + c0;
+    absl::Status s = OnednnGemm(trans_a, trans_b, r1 - r0, c1 - c0, k, pa, lda, pb, ldb, beta, c + r0 * ldc + c0, ldc);
+    if (!absl::IsResourceExhausted(s)) return s;
+    // A primitive refused for its scratchpad (Make): this panel runs as the
+    // widened kernels run, on float copies of its operands (held only for
+    // the call, outside the plan as the scratchpad would have been), and the
+    // run says so once.
+    NoteCpuKernelFallback(absl::StrCat(s.message(), "; it ran on widened float copies instead"));
+    return WidenedPanel(trans_a, trans_b, r1 - r0, c1 - c0, k, pa, lda, pb, ldb, beta, c + r0 * ldc + c0, ldc);
   });
 }
 

@@ -61,8 +61,13 @@ absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 // The scratchpad a thread keeps for a GEMM (outside the memory plan; a
 // primitive asking more than kMaxScratchpadBytes is refused: OnednnGemm
-// returns ResourceExhausted naming it). For tests and diagnostics.
+// returns ResourceExhausted naming it, and GemmOrScale then runs that
+// panel on widened float copies, noted once through
+// NoteCpuKernelFallback). For tests and diagnostics.
 inline constexpr size_t kMaxScratchpadBytes = size_t{8} << 20;
+// The limit primitives made from now on are held to (kMaxScratchpadBytes;
+// tests lower it). A primitive is made once per GEMM, its refusal kept too.
+std::atomic<size_t>& MaxScratchpadBytes();
 absl::StatusOr<size_t> OnednnScratchpadBytes(bool f32, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                               int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta);
 

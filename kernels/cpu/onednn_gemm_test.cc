@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -29,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/env_switch.h"
+#include "runtime/device.h"
 #include "runtime/float16.h"
 
 namespace strata {
@@ -279,6 +281,44 @@ TEST(OnednnGemmTest, TheNativePathsFollowTheCpu) {
   ScopedSwitch f32(OnednnF32Switch(), false);
   EXPECT_FALSE(NativeBf16Gemm());
   EXPECT_FALSE(OnednnF32Gemm());
+}
+
+// A bf16 primitive refused for its scratchpad (the limit lowered to 1 byte
+// here) leaves the GEMM to widened float copies: the same product, the
+// refusal kept for the shape, and one note the run prints. The shapes are
+// small enough for one call (no panels) and made by no other test.
+TEST(OnednnGemmTest, ARefusedScratchpadRunsWidenedAndSaysSo) {
+  if (!Bf16Here()) return;  // it checked oneDNN's answer instead
+  const size_t before = MaxScratchpadBytes().exchange(1);
+  std::optional<Problem> refused;
+  for (bool ta : {true, false}) {
+    for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{48, 80, 64}, {32, 96, 80}, {80, 48, 64}}) {
+      const Problem p{ta, false, m, n, k, 0};
+      absl::StatusOr<size_t> bytes =
+          OnednnScratchpadBytes(false, p.ta, p.tb, p.m, p.n, p.k, p.lda(), p.ldb(), p.ldc(), 1.0f, 0.0f);
+      if (bytes.ok()) {
+        EXPECT_EQ(*bytes, 0u);  // below the 1-byte limit
+        continue;
+      }
+      EXPECT_EQ(bytes.status().code(), absl::StatusCode::kResourceExhausted) << bytes.status();
+      EXPECT_NE(bytes.status().message().find("-byte scratchpad for bf16 GEMM"), std::string::npos) << bytes.status();
+      if (!refused) refused = p;
+    }
+  }
+  MaxScratchpadBytes().store(before);
+  ASSERT_TRUE(refused.has_value()) << "no small bf16 GEMM asked for a scratchpad to refuse";
+  const Problem p = *refused;
+  // Refused once, refused at every call (kept), whatever the limit now.
+  Check(p, /*integers=*/true, 0.0f, Path::kBf16Panels);
+  Check(p, /*integers=*/true, 1.0f, Path::kBf16Panels);
+  Check(p, /*integers=*/false, 0.0f, Path::kBf16Panels);
+  const std::string gemm = absl::StrCat("bf16 GEMM ", p.m, "x", p.n, "x", p.k);
+  int found = 0;
+  for (const std::string& line : GetCpuDevice()->KernelFallbacks(0)) {
+    found += line.find(gemm) != std::string::npos &&
+             line.find("it ran on widened float copies instead") != std::string::npos;
+  }
+  EXPECT_EQ(found, 1) << gemm;  // noted once for the three calls
 }
 
 TEST(OnednnGemmTest, EmptySizesScaleOrLeaveC) {
