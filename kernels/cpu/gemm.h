@@ -17,8 +17,13 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cpu/onednn_gemm.h"
 #include "runtime/thread_pool.h"
 
@@ -117,6 +122,29 @@ inline GemmCut CutGemm(int64_t m, int64_t n, int64_t k) {
   cut.count = std::max<int64_t>(1, std::min({by_length, kMaxGemmPanels, by_work}));
   return cut;
 }
+
+// The first failure among work that ParallelFor spreads (GEMM panels,
+// batch items), noted from any thread.
+class FirstFailure {
+ public:
+  void Note(absl::Status s) {
+    if (s.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (first_.ok()) first_ = std::move(s);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  // Whether any work failed yet (no lock: asked between items).
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return first_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status first_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> failed_{false};
+};
 
 // panel(r0, r1, c0, c1) for C's rows [r0, r1) and columns [c0, c1), for
 // each of CutGemm's panels, spread over Strata's pool (a single panel on

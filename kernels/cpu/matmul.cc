@@ -13,7 +13,6 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/attr_kernels.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
@@ -51,17 +50,11 @@ template <typename In, typename T>
 absl::Status BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const In* a,
                          int64_t lda, int64_t a_stride, const In* b, int64_t ldb, int64_t b_stride, T* c,
                          int64_t ldc, int64_t c_stride) {
-  absl::Mutex mu;
-  absl::Status first;
+  FirstFailure first;
   auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      absl::Status s = GemmOf<In, T>(ta, tb, m, n, k, a + i * a_stride, lda, b + i * b_stride, ldb, T(0),
-                                     c + i * c_stride, ldc);
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu);
-        if (first.ok()) first = std::move(s);
-        return;
-      }
+    for (int64_t i = begin; i < end && !first.failed(); ++i) {
+      first.Note(GemmOf<In, T>(ta, tb, m, n, k, a + i * a_stride, lda, b + i * b_stride, ldb, T(0),
+                               c + i * c_stride, ldc));
     }
   };
   const double work = static_cast<double>(m) * n * k;
@@ -70,7 +63,7 @@ absl::Status BatchedGemm(int64_t batch, bool ta, bool tb, int64_t m, int64_t n, 
   } else {
     run(0, batch);
   }
-  return first;
+  return first.status();
 }
 
 absl::Status ReadTransposes(const Op& op, bool* ta, bool* tb) {

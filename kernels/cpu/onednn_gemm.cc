@@ -61,6 +61,9 @@ float FromBits(uint32_t u) {
 
 struct Primitive {
   dnnl_primitive_t primitive = nullptr;
+  // Its memory descriptors, kept so a call makes its memory objects without
+  // asking the primitive again.
+  dnnl_memory_desc_t a_md, b_md, c_md, scratchpad_md;
   size_t scratchpad_bytes = 0;
   std::string impl;  // oneDNN's implementation, such as "brg:avx512_core_bf16"
   absl::Status refused;  // not ok: the GEMM has no primitive (unimplemented, or its scratchpad refused)
@@ -145,8 +148,12 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
   if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl != nullptr) {
     p.impl = impl;
   }
+  p.a_md = a_md;
+  p.b_md = b_md;
+  p.c_md = c_md;
   const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   p.scratchpad_bytes = scratch_md == nullptr ? 0 : dnnl_memory_desc_get_size(scratch_md);
+  if (scratch_md != nullptr) p.scratchpad_md = *scratch_md;
   const size_t limit = MaxScratchpadBytes().load();
   if (p.scratchpad_bytes > limit) {
     // Memory the plan does not count, kept by the thread: refused, so that
@@ -206,6 +213,12 @@ PrimitiveCache& Cache() {
   return *cache;
 }
 
+// The GEMM's primitive, on a thread whose oneDNN calls stay on it.
+absl::StatusOr<const Primitive*> Lookup(const GemmKey& key) {
+  OneOpenMpThread();
+  return Cache().Get(key);
+}
+
 // This thread's stream and scratchpad (64-byte aligned, grown as needed).
 struct ThreadState {
   dnnl_stream_t stream = nullptr;
@@ -234,28 +247,19 @@ absl::Status Execute(const GemmKey& key, const Primitive& p, const void* a, cons
     }
     state.scratchpad_bytes = bytes;
   }
-  const_dnnl_primitive_desc_t pd = nullptr;
-  STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_get_primitive_desc(p.primitive, &pd), "primitive desc", key));
   struct Memory {
     dnnl_memory_t m = nullptr;
     ~Memory() {
       if (m != nullptr) dnnl_memory_destroy(m);
     }
   } am, bm, cm, sm;
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&am.m, dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0),
-                                                  engine, const_cast<void*>(a)),
-                               "a's memory", key));
-  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&bm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0),
-                                                  engine, const_cast<void*>(b)),
-                               "b's memory", key));
-  STRATA_RETURN_IF_ERROR(
-      Check(dnnl_memory_create(&cm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0), engine, c),
-            "c's memory", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&am.m, &p.a_md, engine, const_cast<void*>(a)), "a's memory", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&bm.m, &p.b_md, engine, const_cast<void*>(b)), "b's memory", key));
+  STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&cm.m, &p.c_md, engine, c), "c's memory", key));
   std::vector<dnnl_exec_arg_t> args = {{DNNL_ARG_SRC, am.m}, {DNNL_ARG_WEIGHTS, bm.m}, {DNNL_ARG_DST, cm.m}};
   if (p.scratchpad_bytes > 0) {
-    STRATA_RETURN_IF_ERROR(Check(dnnl_memory_create(&sm.m, dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0),
-                                                    engine, state.scratchpad),
-                                 "scratchpad memory", key));
+    STRATA_RETURN_IF_ERROR(
+        Check(dnnl_memory_create(&sm.m, &p.scratchpad_md, engine, state.scratchpad), "scratchpad memory", key));
     args.push_back({DNNL_ARG_SCRATCHPAD, sm.m});
   }
   STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_execute(p.primitive, state.stream, static_cast<int>(args.size()),
@@ -272,9 +276,7 @@ bool HasFastKernel(dnnl_data_type_t operands, dnnl_cpu_isa_t isa) {
   const unsigned have = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const unsigned need = static_cast<unsigned>(isa);  // the ISAs are feature bit sets
   if ((have & need) != need) return false;
-  OneOpenMpThread();
-  GemmKey probe{operands, false, false, 64, 64, 64, 64, 64, 64, Bits(1.0f), Bits(0.0f)};
-  absl::StatusOr<const Primitive*> p = Cache().Get(probe);
+  absl::StatusOr<const Primitive*> p = Lookup({operands, false, false, 64, 64, 64, 64, 64, 64, Bits(1.0f), Bits(0.0f)});
   return p.ok() && (*p)->impl.rfind("ref", 0) != 0;
 }
 
@@ -315,25 +317,22 @@ bool OnednnF32Gemm() {
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  OneOpenMpThread();
   const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(beta)};
-  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return Execute(key, *p, a, b, c);
 }
 
 absl::StatusOr<size_t> OnednnScratchpadBytes(bool f32, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                               int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
-  OneOpenMpThread();
   const GemmKey key{f32 ? dnnl_f32 : dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
-  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return p->scratchpad_bytes;
 }
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  OneOpenMpThread();
   const GemmKey key{dnnl_f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
-  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Cache().Get(key));
+  STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return Execute(key, *p, a, b, c);
 }
 
@@ -368,16 +367,9 @@ absl::Status WidenedPanel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, con
 // failure returned.
 template <typename Call>
 absl::Status Panels(int64_t m, int64_t n, int64_t k, const Call& call) {
-  absl::Mutex mu;
-  absl::Status first;
-  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    absl::Status s = call(r0, r1, c0, c1);
-    if (!s.ok()) {
-      absl::MutexLock lock(&mu);
-      if (first.ok()) first = std::move(s);
-    }
-  });
-  return first;
+  FirstFailure first;
+  ForEachGemmPanel(m, n, k, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) { first.Note(call(r0, r1, c0, c1)); });
+  return first.status();
 }
 
 }  // namespace
