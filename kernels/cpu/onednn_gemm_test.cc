@@ -384,7 +384,9 @@ TEST(OnednnGemmTest, ScratchpadsStaySmallAtGpt2Shapes) {
   }
   // The query reads real primitives: the brgemm kernels the native paths
   // use have scratchpads (AVX2's f32 gemm:jit has none, and is not used).
-  if (OnednnF32Gemm() || NativeBf16Gemm()) EXPECT_GT(largest, size_t{0});
+  if (OnednnF32Gemm() || NativeBf16Gemm()) {
+    EXPECT_GT(largest, size_t{0});
+  }
 }
 
 }  // namespace
