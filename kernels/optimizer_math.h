@@ -8,7 +8,8 @@
 // update, as plain __host__ __device__ functions. g++ compiles them into the
 // CPU kernels, nvcc into the CUDA ones; the .cu files are built with
 // --fmad=false so nvcc contracts no a * b + c into an FMA the CPU does not do
-// (x86-64 without -mfma has none to contract to). What can still differ
+// (.bazelrc's -ffp-contract=off keeps g++ from contracting either, should
+// a loop be compiled for a CPU with FMA). What can still differ
 // between the devices: pow and cos in double (CUDA's are within 2 ulp,
 // glibc's within 1), in the step and cosine schedules and Adam's bias
 // corrections.

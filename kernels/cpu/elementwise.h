@@ -50,12 +50,18 @@ inline bool Overlap(const A* a, int64_t n, const B* b, int64_t m) {
 // times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline
 // (SSE2), and the loader picks the best one the CPU runs (an ifunc), so the
 // maps below vectorize 16 floats wide where the CPU can (gelu's tanh: 0.3
-// against 1.7 ns an element on the baseline's 4). The binary stays
-// portable, and the clones compute the baseline's bits: their functors
-// are plain IEEE arithmetic, and .bazelrc's -ffp-contract=off keeps a * b
-// + c from becoming an FMA on the clones that have one
-// (ElementwiseTest.IsaClonesRoundAsTheBaseline).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// against 1.7 ns an element on the baseline's 4, on this VM). The binary
+// stays portable, and the clones compute the baseline's bits (up to the
+// sign and payload of a NaN made from two NaNs): their functors are plain
+// IEEE arithmetic, and -ffp-contract=off (.bazelrc, and kernels/cpu's
+// copts) keeps a * b + c from becoming an FMA on the clones that have one
+// (ElementwiseTest.IsaClonesRoundAsTheBaseline). The cloned functions are
+// `static`: an ifunc of a template (COMDAT) defined in an executable and
+// called from a shared library of the test build fails at load ("creates
+// an unsatisfiable circular dependency"), inline or hidden alike.
+// ThreadSanitizer builds get the plain function: GCC instruments the
+// resolver, which the loader runs before TSan is up (a crash before main).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define STRATA_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define STRATA_ISA_CLONES
