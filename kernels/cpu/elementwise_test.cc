@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -16,12 +15,6 @@
 
 namespace strata {
 namespace {
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // Which clone runs here, for the test's log.
 const char* CloneIsa() {
@@ -42,10 +35,10 @@ TEST(ElementwiseTest, IsaClonesRoundAsTheBaseline) {
   const float a = 1.0f + std::ldexp(1.0f, -12), b = -(1.0f + std::ldexp(1.0f, -11));
   std::vector<float> x(n, a), y(n, b), z(n, -1.0f);
   BinaryMap(n, x.data(), y.data(), z.data(), [](float p, float q) { return p * p + q; });
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(Bits(z[i]), Bits(0.0f)) << i;
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(z[i]), FloatBits(0.0f)) << i;
   // The same through the unary map, the addend a constant.
   UnaryMap(n, x.data(), z.data(), [b](float p) { return p * p + b; });
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(Bits(z[i]), Bits(0.0f)) << i;
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(z[i]), FloatBits(0.0f)) << i;
 }
 
 // gelu's tanh form and its gradient, the map's loop against the scalar
@@ -72,9 +65,9 @@ TEST(ElementwiseTest, TanhGeluMapsEqualTheScalarFunctorBitForBit) {
   UnaryMap(n, x.data(), gelu.data(), cuda::GeluTanhFn());
   BinaryMap(n, x.data(), dy.data(), grad.data(), cuda::GeluTanhGradFn());
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(Bits(tanh[i]), Bits(kernel_math::Tanh(x[i]))) << "tanh(" << x[i] << ")";
-    ASSERT_EQ(Bits(gelu[i]), Bits(cuda::GeluTanhFn()(x[i]))) << "gelu(" << x[i] << ")";
-    ASSERT_EQ(Bits(grad[i]), Bits(cuda::GeluTanhGradFn()(x[i], dy[i]))) << "gelu_grad(" << x[i] << ")";
+    ASSERT_EQ(FloatBits(tanh[i]), FloatBits(kernel_math::Tanh(x[i]))) << "tanh(" << x[i] << ")";
+    ASSERT_EQ(FloatBits(gelu[i]), FloatBits(cuda::GeluTanhFn()(x[i]))) << "gelu(" << x[i] << ")";
+    ASSERT_EQ(FloatBits(grad[i]), FloatBits(cuda::GeluTanhGradFn()(x[i], dy[i]))) << "gelu_grad(" << x[i] << ")";
   }
 
   std::vector<bfloat16> xh(x.size()), yh(x.size());

@@ -11,7 +11,6 @@
 #endif
 
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -25,6 +24,7 @@
 #include "kernels/env_switch.h"
 #include "proto/status_macros.h"
 #include "runtime/device.h"
+#include "runtime/float16.h"
 
 namespace strata {
 namespace {
@@ -46,18 +46,6 @@ struct GemmKey {
                       key.ldb, key.ldc, key.alpha_bits, key.beta_bits);
   }
 };
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 struct Primitive {
   dnnl_primitive_t primitive = nullptr;
@@ -127,7 +115,7 @@ absl::StatusOr<Primitive> Make(const GemmKey& key) {
       attr, dnnl_primitive_attr_destroy);
   STRATA_RETURN_IF_ERROR(
       Check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode", key));
-  const float alpha = FromBits(key.alpha_bits), beta = FromBits(key.beta_bits);
+  const float alpha = FloatFromBits(key.alpha_bits), beta = FloatFromBits(key.beta_bits);
   if (alpha != 1.0f) {
     STRATA_RETURN_IF_ERROR(Check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "alpha", key));
   }
@@ -276,7 +264,8 @@ bool HasFastKernel(dnnl_data_type_t operands, dnnl_cpu_isa_t isa) {
   const unsigned have = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const unsigned need = static_cast<unsigned>(isa);  // the ISAs are feature bit sets
   if ((have & need) != need) return false;
-  absl::StatusOr<const Primitive*> p = Lookup({operands, false, false, 64, 64, 64, 64, 64, 64, Bits(1.0f), Bits(0.0f)});
+  absl::StatusOr<const Primitive*> p =
+      Lookup({operands, false, false, 64, 64, 64, 64, 64, 64, FloatBits(1.0f), FloatBits(0.0f)});
   return p.ok() && (*p)->impl.rfind("ref", 0) != 0;
 }
 
@@ -317,21 +306,22 @@ bool OnednnF32Gemm() {
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bfloat16* a,
                         int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(1.0f), Bits(beta)};
+  const GemmKey key{dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, FloatBits(1.0f), FloatBits(beta)};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return Execute(key, *p, a, b, c);
 }
 
 absl::StatusOr<size_t> OnednnScratchpadBytes(bool f32, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                               int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
-  const GemmKey key{f32 ? dnnl_f32 : dnnl_bf16, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
+  const dnnl_data_type_t operands = f32 ? dnnl_f32 : dnnl_bf16;
+  const GemmKey key{operands, trans_a, trans_b, m, n, k, lda, ldb, ldc, FloatBits(alpha), FloatBits(beta)};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return p->scratchpad_bytes;
 }
 
 absl::Status OnednnGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                         int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const GemmKey key{dnnl_f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
+  const GemmKey key{dnnl_f32, trans_a, trans_b, m, n, k, lda, ldb, ldc, FloatBits(alpha), FloatBits(beta)};
   STRATA_ASSIGN_OR_RETURN(const Primitive* p, Lookup(key));
   return Execute(key, *p, a, b, c);
 }
