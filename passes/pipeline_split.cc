@@ -101,10 +101,71 @@ absl::Status GiveOnePathTiedGradientsASum(Graph& graph) {
   return absl::OkStatus();
 }
 
+// Whether autodiff's sum of gradient `grad` (its producer) may run once an
+// update, in the optimizer action: an add_n writing `grad` alone, which no
+// forward or backward op reads, of parts made by backward ops, each without
+// a batch dim (a per-update value, summed over the micro-batches in a buffer
+// of its own by the micro-batch pass).
+bool SummableAtUpdate(const Graph& graph, const std::vector<int>& producer,
+                      const std::vector<std::vector<int>>& readers, int grad) {
+  const int sum = producer[grad];
+  if (sum < 0 || graph.role(sum) != BACKWARD || graph.schema(sum).type != "add_n" || graph.outputs(sum).size() != 1) {
+    return false;
+  }
+  for (int r : readers[grad]) {
+    if (graph.role(r) == BACKWARD || graph.role(r) == FORWARD) return false;
+  }
+  for (int in : graph.inputs(sum)) {
+    if (producer[in] < 0 || graph.role(producer[in]) != BACKWARD) return false;
+    for (int64_t d : graph.shape(in)) {
+      if (d < 0) return false;
+    }
+  }
+  return true;
+}
+
+// With micro-batches (and no gradient merge), a weight read twice on one
+// stage (a tied weight on one device; the LM head and the token embedding
+// of `strata gen gpt`) has autodiff's sum of its gradient's two parts moved
+// to the optimizer action too: each part is summed over the micro-batches,
+// then the two once. That is the order a pipeline must sum a weight tied
+// across its stages in (each stage's part over the micro-batches, then the
+// parts, below), so one device and the pipeline add the same floats in the
+// same order and train the same bits. A part a matmul makes is summed by
+// the GEMM itself (matmul_accumulate), and the traffic is that of one sum
+// and one accumulate a micro-batch as before; the cost is one buffer of
+// the weight's size held through the step. A weight read three times or
+// more keeps its sum in the backward (a buffer a part would be a shared
+// layer's whole gradient again per use), as under gradient merge, whose
+// checkpoints hold the whole gradient's buffer on one device. Whether a
+// sum moved.
+bool SumPartsAtUpdate(Graph& graph, const CompileContext& ctx, const std::vector<int>& producer,
+                      const std::vector<std::vector<int>>& readers) {
+  if (ctx.micro_batches <= 1 || ctx.merge_steps > 1) return false;
+  const VarWriters writers = CountWriters(graph);
+  bool moved = false;
+  for (const auto& [param_name, grad_name] : graph.program_fields().param_grad()) {
+    const int param = graph.FindVar(param_name);
+    const int grad = graph.FindVar(grad_name);
+    if (param < 0 || grad < 0 || writers.count[grad] != 1 || !SummableAtUpdate(graph, producer, readers, grad)) continue;
+    const int sum = producer[grad];
+    if (graph.inputs(sum).size() != 2) continue;
+    bool one_stage = true;  // a weight tied across stages is the pipeline split's (below)
+    for (int r : readers[param]) one_stage = one_stage && graph.stage(r) == graph.stage(sum);
+    for (int in : graph.inputs(sum)) {
+      one_stage = one_stage && writers.count[in] == 1 && graph.stage(producer[in]) == graph.stage(sum);
+    }
+    if (!one_stage) continue;
+    graph.set_role(sum, OPTIMIZE);
+    moved = true;
+  }
+  return moved;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& ctx) {
-  if (ctx.num_stages() <= 1) return false;
+  if (ctx.num_stages() <= 1) return SumPartsAtUpdate(graph, ctx, graph.FirstWriters(), graph.Readers());
   if (auto s = GiveOnePathTiedGradientsASum(graph); !s.ok()) return s;
   const int stage = ctx.stage();
   const std::vector<int> order = graph.ops();  // the whole program, in order
@@ -163,16 +224,12 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     // one reader has no sum: its gradient op keeps its place), read by no
     // forward or backward op.
     const int sum = producer[t.grad];
-    bool moves = graph.role(sum) == BACKWARD && graph.schema(sum).type == "add_n" && graph.outputs(sum).size() == 1;
-    for (int r : readers[t.grad]) moves = moves && graph.role(r) != BACKWARD && graph.role(r) != FORWARD;
-    // Each part a per-update value (made by a backward op, no batch dim),
-    // and each from another stage read by the sum alone off its own stage,
+    bool moves = SummableAtUpdate(graph, producer, readers, t.grad);
+    // Each part from another stage read by the sum alone off its own stage,
     // on a replica (which takes the sum back: its part's buffer is zeroed
     // after that receive, so after the home has taken the part).
     std::vector<int> parts;
     for (int in : graph.inputs(sum)) {
-      moves = moves && producer[in] >= 0 && graph.role(producer[in]) == BACKWARD;
-      for (int64_t d : graph.shape(in)) moves = moves && d >= 0;
       if (!moves) break;
       const int from = graph.stage(producer[in]);
       if (from == t.home) continue;
@@ -190,6 +247,7 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
       }
     }
   }
+  SumPartsAtUpdate(graph, ctx, producer, readers);  // the other weights' sums, as one device sums them
   auto transfer_role = [&](int var, OpRole role) { return at_update.contains(var) ? OPTIMIZE : role; };
 
   // Every cross-stage transfer of the whole program, numbered in program order.

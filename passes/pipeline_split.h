@@ -12,7 +12,10 @@ namespace strata {
 // gradients coming back, and vars that skip stages. Each transfer carries a
 // Channel (source rank, destination rank, var, id) and the recv its type,
 // both decided here; the id is the same on both sides because every rank
-// numbers the transfers of the whole program in the same order.
+// numbers the transfers of the whole program in the same order. A weight
+// tied across stages has its gradient's parts summed once an update, in the
+// optimizer action; with micro-batches, a weight read twice on one stage
+// (one device included) does too, so every layout sums in one order.
 class PipelineSplitPass : public Pass {
  public:
   std::string name() const override { return "pipeline-split"; }

@@ -287,6 +287,102 @@ TEST(PipelineSplitPassTest, TiedWeightGradientIsSummedOnItsHomeStageAndSentToThe
   }
 }
 
+// On one device, a weight read twice (kTied's w, every op on one stage)
+// has its gradient's parts summed as a pipeline must sum them: each over
+// the micro-batches (the GEMMs accumulate into buffers of their own), then
+// the two once, in the optimizer action, in the order the pipeline's home
+// stage adds them; so one device adds the same floats in the same order as
+// the stages. With one micro-batch, and under gradient merge (whose
+// checkpoints hold the whole gradient's buffer), the sum stays in the
+// backward.
+TEST(PipelineSplitPassTest, OneDeviceSumsATiedWeightsPartsAsThePipelineDoes) {
+  std::string one_stage = kTied;
+  for (const char* stage : {"gpu:1", "gpu:2"}) {
+    for (size_t at; (at = one_stage.find(stage)) != std::string::npos;) one_stage.replace(at, 5, "gpu:0");
+  }
+  const auto sum_of_w = [](const Program& p) -> const Op* {
+    auto sums = OpsWriting(p, "w@grad");
+    return sums.size() == 1 ? sums[0] : nullptr;
+  };
+  auto unmoved = CompilePipeline(one_stage, 1);
+  ASSERT_EQ(unmoved.size(), 1u);
+  const Op* sum = sum_of_w(unmoved[0].program());
+  ASSERT_NE(sum, nullptr);
+  EXPECT_EQ(sum->role(), BACKWARD);
+
+  auto single = CompilePipeline(one_stage, 3);
+  auto pipeline = CompilePipeline(kTied, 3);
+  ASSERT_EQ(single.size(), 1u);
+  ASSERT_EQ(pipeline.size(), 3u);
+  const Program& p = single[0].program();
+  sum = sum_of_w(p);
+  const Op* home_sum = sum_of_w(pipeline[0].program());
+  ASSERT_NE(sum, nullptr);
+  ASSERT_NE(home_sum, nullptr);
+  EXPECT_EQ(sum->type(), "add_n");
+  EXPECT_EQ(sum->role(), OPTIMIZE);
+  for (const Op& op : p.op()) {
+    if (op.type() == "sgd_update" && op.input(0) == "w") {
+      EXPECT_GT(IndexOf(p, &op), IndexOf(p, sum));
+    }
+  }
+  // Each part summed over the micro-batches by its GEMM into its buffer
+  // (`<part>@acc`), and the parts in the home stage's order: the one the
+  // last stage summed and sent, then its own.
+  ASSERT_EQ(sum->input_size(), 2);
+  ASSERT_EQ(home_sum->input_size(), 2);
+  EXPECT_EQ(OpsWriting(pipeline[0].program(), home_sum->input(0))[0]->type(), "recv");
+  EXPECT_EQ(sum->input(0), home_sum->input(0) + "@acc");
+  EXPECT_EQ(sum->input(1), home_sum->input(1));
+  for (const std::string& part : sum->input()) {
+    auto writers = OpsWriting(p, part);
+    ASSERT_EQ(writers.size(), 2u) << part;
+    EXPECT_EQ(writers[0]->type(), "matmul_accumulate") << part;
+    EXPECT_EQ(writers[0]->role(), BACKWARD) << part;
+    EXPECT_EQ(writers[1]->type(), "fill_zero") << part;
+    EXPECT_GT(IndexOf(p, writers[1]), IndexOf(p, sum)) << part;
+  }
+
+  Strategy merge = PipelineStrategy(3);
+  merge.mutable_gradient_merge()->set_k_steps(2);
+  auto merged = Compile(ParseProgramOrFail(one_stage), merge, CompileOptions());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  sum = sum_of_w(merged->plans[0].program());
+  ASSERT_NE(sum, nullptr);
+  EXPECT_EQ(sum->role(), BACKWARD);
+}
+
+// w read twice on stage 0 of two: its sum moves to the optimizer action as
+// one device's does; read three times, the sum stays in the backward (each
+// part a buffer of the weight's size through the step would be too dear).
+TEST(PipelineSplitPassTest, AWeightReadTwiceOnOneStageIsSummedOnceAnUpdate) {
+  const std::string twice = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    op { type: "matmul" input: ["x", "w"] output: ["h0"] device: "gpu:0" }
+    op { type: "matmul" input: ["h0", "w"] output: ["h1"] device: "gpu:0" }
+    op { type: "matmul" input: ["h1", "w1"] output: ["z"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  std::string thrice = twice;
+  thrice.replace(thrice.find("input: [\"h1\", \"w1\"]"), 19, "input: [\"h2\", \"w1\"]");
+  thrice.replace(thrice.find("    op { type: \"matmul\" input: [\"h2\""), 0,
+                 "    op { type: \"matmul\" input: [\"h1\", \"w\"] output: [\"h2\"] device: \"gpu:0\" }\n");
+  for (const auto& [text, role] : {std::pair{twice, OPTIMIZE}, std::pair{thrice, BACKWARD}}) {
+    auto plans = CompilePipeline(text, 3);
+    ASSERT_EQ(plans.size(), 2u);
+    auto sums = OpsWriting(plans[0].program(), "w@grad");
+    ASSERT_EQ(sums.size(), 1u);
+    EXPECT_EQ(sums[0]->type(), "add_n");
+    EXPECT_EQ(sums[0]->input_size(), role == OPTIMIZE ? 2 : 3);
+    EXPECT_EQ(sums[0]->role(), role);
+  }
+}
+
 // Under gradient merge the sum moves to the optimizer action too (which
 // runs once every k steps): each stage's part is summed over the k steps'
 // micro-batches in a merge buffer of its own, which the plan names with the

@@ -2,8 +2,9 @@
 // in the optimizer action instead of in every micro-batch, hold the bits the
 // casts computed from the same weights, so every layout trains the same bits
 // with and without the pass (every step's loss, every final weight, the
-// evaluation after): a 1F1B pipeline of 4 micro-batches (which also matches
-// the single-device bf16 run), gradient merge over data parallelism (the
+// evaluation after): a 1F1B pipeline of 4 micro-batches (which also trains
+// the single-device bf16 run's bits: one device sums the tied embedding's
+// parts in the pipeline's order), gradient merge over data parallelism (the
 // copies refreshed on the k-th step only, as the optimizer runs), recompute
 // (the recomputed casts read the forward's copy), F16 with dynamic loss
 // scaling, skipped updates included. A resumed run equals the
@@ -86,14 +87,20 @@ TEST(HoistParamCastsParityTest, PipelineTrainsTheSameBitsAndWhatOneDeviceTrains)
   std::optional<ParityRun> with = ExpectTheSameBits(*program, pipeline, TokenRun());
   ASSERT_TRUE(with);
   // The same micro-batches on one device (the tiny GPT on one stage, the
-  // pipeline section there), the copies cast once too.
+  // pipeline section there), the copies cast once too: the same bits, since
+  // one device sums the tied embedding's two parts (the lookup's and the LM
+  // head's) as the stages do, each over the micro-batches and then the two.
+  // Summed per micro-batch instead, the layouts part by 1e-5 in the loss
+  // within 6 steps (bf16 copies of a weight that differs in its last float
+  // bits may round apart).
   auto one_stage = GenerateModel("gpt", TinyGpt("F32"));
   ASSERT_TRUE(one_stage.ok()) << one_stage.status();
   auto single = TrainParallel(*one_stage, pipeline, TokenRun());
   ASSERT_TRUE(single.ok()) << single.status();
   std::string worst;
-  EXPECT_LE(MaxLossDifference(*with, *single), 1e-5);
-  EXPECT_LE(MaxWeightDifference(*with, *single, &worst), 1e-5) << worst;
+  EXPECT_EQ(with->losses, single->losses);
+  EXPECT_EQ(MaxWeightDifference(*with, *single, &worst), 0.0) << worst;
+  EXPECT_EQ(with->eval_loss, single->eval_loss);
 }
 
 TEST(HoistParamCastsParityTest, GradientMergeOverDataParallelTrainsTheSameBits) {
