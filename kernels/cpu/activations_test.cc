@@ -6,7 +6,10 @@
 //   dy = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.5, 0.75], dtype=torch.float64)
 // printed with "%.17g"; gradients are xx.grad after f(xx).backward(dy).
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <string>
@@ -161,6 +164,49 @@ TEST(TanhTest, HostFloatTanhIsWithinOneAndAHalfUlp) {
   EXPECT_TRUE(std::isnan(kernel_math::Tanh(std::nanf(""))));
   EXPECT_TRUE(std::signbit(kernel_math::Tanh(-0.0f)));
   EXPECT_EQ(kernel_math::Tanh(-0.0f), 0.0f);
+}
+
+// The host's float exp without branches (kernel_math::PolyExp, the CPU
+// attention's softmax and Tanh's large side): within 1 ulp of exp in double
+// over every 61st float in [-104, 89] (denormal results in units of the
+// smallest denormal), overflow to inf, underflow to 0, NaN for NaN.
+TEST(PolyExpTest, WithinOneUlpOverTheRangeAndItsLimits) {
+  const auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  const auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  double worst = 0;
+  const auto check = [&](float x) {
+    const double want = std::exp(static_cast<double>(x));
+    const float got = kernel_math::PolyExp(x);
+    const float rounded = static_cast<float>(want);
+    if (rounded == 0.0f || std::isinf(rounded)) {
+      ASSERT_EQ(got, rounded) << x;
+      return;
+    }
+    const double ulp = rounded < std::numeric_limits<float>::min()
+                           ? std::numeric_limits<float>::denorm_min()
+                           : std::nextafter(rounded, std::numeric_limits<float>::infinity()) - rounded;
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  };
+  for (uint32_t u = 0; u <= bits(89.0f); u += 61) check(from_bits(u));
+  for (uint32_t u = bits(-0.0f); u <= bits(-104.0f); u += 61) check(from_bits(u));
+  EXPECT_LE(worst, 1.0);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(kernel_math::PolyExp(0.0f), 1.0f);
+  EXPECT_EQ(kernel_math::PolyExp(88.8f), inf);
+  EXPECT_EQ(kernel_math::PolyExp(1000.0f), inf);
+  EXPECT_EQ(kernel_math::PolyExp(inf), inf);
+  EXPECT_EQ(kernel_math::PolyExp(-104.0f), 0.0f);
+  EXPECT_EQ(kernel_math::PolyExp(-inf), 0.0f);
+  EXPECT_GT(kernel_math::PolyExp(-100.0f), 0.0f);  // a denormal, not flushed
+  EXPECT_TRUE(std::isnan(kernel_math::PolyExp(std::nanf(""))));
 }
 
 TEST(SigmoidTest, ExtremeInputsDoNotOverflow) {
