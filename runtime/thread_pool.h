@@ -1,6 +1,7 @@
 #ifndef STRATA_RUNTIME_THREAD_POOL_H_
 #define STRATA_RUNTIME_THREAD_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -27,6 +28,7 @@ class ThreadPool {
   absl::Mutex mu_;
   std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> queued_{0};  // queue_.size(), which idle workers poll without the lock
   std::vector<std::thread> workers_;
 };
 
@@ -38,6 +40,12 @@ inline constexpr int kMaxIntraOpThreads = 1024;
 // when it is set to anything else.
 int NumThreadsFromEnv();
 ThreadPool* GetIntraOpPool();
+// STRATA_SPIN_US: how long (microseconds) an idle pool thread, or a caller
+// waiting for the workers' chunks, polls before it sleeps; default 100.
+// -1 when unset, -2 when set to anything but 0..kMaxSpinMicros (ignored
+// here, refused by the tool).
+inline constexpr int kMaxSpinMicros = 1000000;
+int SpinMicrosFromEnv();
 // Threads Strata computes with (pool workers plus the caller).
 int IntraOpThreads();
 

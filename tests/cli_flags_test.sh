@@ -44,3 +44,17 @@ out=$(STRATA_NUM_THREADS=3 "$strata" run "$program" --data synthetic --steps 2 -
   fail "STRATA_NUM_THREADS=3: $out"
 grep -q "final train loss" <<<"$out" || fail "STRATA_NUM_THREADS=3 did not train: $out"
 echo "ok: STRATA_NUM_THREADS out of 1..1024 or not a count is one error line, exit 2"
+
+# STRATA_SPIN_US (how long idle threads poll before they sleep) likewise.
+for v in -1 abc 2000000; do
+  out=$(STRATA_SPIN_US=$v "$strata" run "$program" --data synthetic --steps 2 --quiet 2>&1)
+  rc=$?
+  [ "$rc" -eq 2 ] || fail "STRATA_SPIN_US=$v: exit $rc, expected 2: $out"
+  [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q "^error: STRATA_SPIN_US='$v': expected microseconds from 0 to 1000000$" <<<"$out" ||
+    fail "STRATA_SPIN_US=$v: expected one error line, got: $out"
+done
+for v in 0 100; do
+  out=$(STRATA_SPIN_US=$v "$strata" run "$program" --data synthetic --steps 2 --quiet 2>&1) || fail "STRATA_SPIN_US=$v: $out"
+  grep -q "final train loss" <<<"$out" || fail "STRATA_SPIN_US=$v did not train: $out"
+done
+echo "ok: STRATA_SPIN_US out of 0..1000000 or not a number is one error line, exit 2"

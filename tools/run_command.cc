@@ -219,6 +219,11 @@ int CheckRunFlags() {
               << "': expected a thread count from 1 to " << kMaxIntraOpThreads << "\n";
     return kExitUsage;
   }
+  if (SpinMicrosFromEnv() == -2) {
+    std::cerr << "error: STRATA_SPIN_US='" << std::getenv("STRATA_SPIN_US") << "': expected microseconds from 0 to "
+              << kMaxSpinMicros << "\n";
+    return kExitUsage;
+  }
   // Read by the launcher only, but wrong on any run (a script's one-process
   // test of a cluster command).
   if (absl::StatusOr<absl::Duration> grace = PreemptionGraceFromEnv(absl::Seconds(30)); !grace.ok()) {
