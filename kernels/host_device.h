@@ -71,11 +71,12 @@ inline float PolyExp(float x) {
   constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
   const float t = y * 1.44269504088896341f + kShifter;
   const float n = t - kShifter;
-  const int32_t n_int = static_cast<int32_t>(FloatToBits(t) - FloatToBits(kShifter));  // in [-150, 129]
+  // In [-150, 128]; any value for a NaN x, whose result is NaN whatever it is.
+  const int32_t n_int = static_cast<int32_t>(FloatToBits(t) - FloatToBits(kShifter));
   const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;
   const float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
                     1.6666665459e-1f) * r + 5.0000001201e-1f) * (r * r) + r + 1.0f;
-  const int32_t n1 = n_int / 2, n2 = n_int - n1;  // each in [-75, 65]: normal powers of two
+  const int32_t n1 = n_int / 2, n2 = n_int - n1;  // each in [-75, 64]: normal powers of two
   return p * BitsToFloat(static_cast<uint32_t>(n1 + 127) << 23) * BitsToFloat(static_cast<uint32_t>(n2 + 127) << 23);
 }
 #endif
