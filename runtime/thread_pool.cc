@@ -18,6 +18,7 @@ ThreadPool::ThreadPool(int num_threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  stop_polling_.store(true, std::memory_order_release);  // workers still polling leave at once
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -37,7 +38,10 @@ namespace {
 // KMP_BLOCKTIME of 200 ms). After the first polls each one yields the core,
 // so a thread spinning where ranks share cores gives way to one with work.
 absl::Duration SpinTime() {
-  static const absl::Duration spin = absl::Microseconds(SpinMicrosFromEnv() >= 0 ? SpinMicrosFromEnv() : 100);
+  static const absl::Duration spin = [] {
+    const int us = SpinMicrosFromEnv();
+    return absl::Microseconds(us >= 0 ? us : 100);
+  }();
   return spin;
 }
 
@@ -52,6 +56,8 @@ bool SpinUntil(const Done& done) {
     if (i < 64) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      __asm__ __volatile__("yield");
 #endif
     } else {
       if (absl::Now() > until) return false;
@@ -64,10 +70,15 @@ bool SpinUntil(const Done& done) {
 
 void ThreadPool::WorkerLoop() {
   while (true) {
-    SpinUntil([this] { return queued_.load(std::memory_order_acquire) > 0; });
+    const bool polled = SpinUntil([this] {
+      return queued_.load(std::memory_order_acquire) > 0 || stop_polling_.load(std::memory_order_acquire);
+    });
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
+      // Another thread took the task this one saw queued: poll again rather
+      // than sleep, since more of the same call's chunks may follow.
+      if (polled && queue_.empty() && !stopping_) continue;
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;
@@ -102,7 +113,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
     absl::Mutex mu;                // what a caller that stops spinning sleeps on
   };
   auto job = std::make_shared<Job>();
-  // Runs chunks until none is left; how many it ran.
+  // Runs chunks until none is left.
   auto take = [&fn, chunk, n, parts](Job& j) {
     for (int64_t p; (p = j.next.fetch_add(1, std::memory_order_relaxed)) < parts;) {
       fn(p * chunk, std::min(n, (p + 1) * chunk));

@@ -29,6 +29,7 @@ class ThreadPool {
   std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> queued_{0};  // queue_.size(), which idle workers poll without the lock
+  std::atomic<bool> stop_polling_{false};  // set first by the destructor; polling workers check it
   std::vector<std::thread> workers_;
 };
 

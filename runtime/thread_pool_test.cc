@@ -1,7 +1,7 @@
 // ThreadPool::ParallelFor: every index in exactly one chunk, the chunks
 // fixed by n and min_chunk alone, whichever thread runs them; callers on
 // several threads at once sharing one pool; a pool destroyed while its
-// workers poll for work.
+// workers poll for work; calls nested in a chunk.
 
 #include "runtime/thread_pool.h"
 
@@ -91,6 +91,20 @@ TEST(ThreadPoolTest, DestroyedRightAfterWork) {
     pool.ParallelFor(64, 1, [&](int64_t begin, int64_t end) { sum.fetch_add(end - begin); });
     EXPECT_EQ(sum.load(), 64);
   }
+}
+
+// A chunk that calls ParallelFor on its own pool: the inner caller takes
+// whatever chunks no worker has, so this ends even when every worker is
+// inside an outer chunk (a pool whose callers only waited hung here).
+TEST(ThreadPoolTest, NestedCallsEnd) {
+  ThreadPool pool(1);
+  std::atomic<int64_t> total{0};
+  for (int call = 0; call < 200; ++call) {
+    pool.ParallelFor(2, 1, [&](int64_t, int64_t) {
+      pool.ParallelFor(100, 1, [&](int64_t begin, int64_t end) { total.fetch_add(end - begin); });
+    });
+  }
+  EXPECT_EQ(total.load(), 200 * 2 * 100);
 }
 
 }  // namespace
