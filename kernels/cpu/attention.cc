@@ -23,6 +23,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nn_kernel_util.h"
+#include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/widened.h"
 #include "kernels/host_device.h"
 #include "kernels/kernel_checks.h"
@@ -34,6 +35,9 @@ namespace {
 
 using nn_kernels::InitFactory;
 using nn_kernels::Scratch;
+using softmax_rows::ExpShiftedSum;
+using softmax_rows::ProbsAndScoreGrads;
+using softmax_rows::RowMax;
 
 constexpr int64_t kRowBlock = 64;
 
@@ -86,89 +90,6 @@ using AttentionKernelBase = AttentionAttrsKernel;
 AttentionDims DimsOf(const Shape& q, AttentionLayout layout) {
   const AttentionShape s = AttentionDimsOf(q, layout);
   return AttentionDims{s.B, s.H, s.T, s.D, layout == AttentionLayout::kBthd};
-}
-
-// The softmax rows' element loops, in blocks of kLanes with one partial
-// result per lane, so -O2 vectorizes them (the float ones on AVX-512 or
-// AVX2 where the CPU has it: STRATA_ISA_CLONES, elementwise.h) and every
-// ISA sums in the same order. Float takes kernel_math::PolyExp (within 1
-// ulp; glibc's expf is a call per element and does not vectorize); double
-// keeps the library's exp (the float64 checks against PyTorch hold to
-// 1e-10).
-constexpr int64_t kLanes = 16;
-
-// The largest of row[0, n). `m < x ? x : m` is std::max's comparison
-// (a NaN x leaves m), written so that GCC vectorizes it.
-STRATA_ISA_CLONES float RowMax(const float* __restrict row, int64_t n) {
-  float lane[kLanes];
-  for (int64_t k = 0; k < kLanes; ++k) lane[k] = -std::numeric_limits<float>::infinity();
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) {
-      const float x = row[c + k];
-      lane[k] = lane[k] < x ? x : lane[k];
-    }
-  }
-  float max = lane[0];
-  for (int64_t k = 1; k < kLanes; ++k) max = max < lane[k] ? lane[k] : max;
-  for (; c < n; ++c) max = max < row[c] ? row[c] : max;
-  return max;
-}
-double RowMax(const double* row, int64_t n) {
-  double max = -std::numeric_limits<double>::infinity();
-  for (int64_t c = 0; c < n; ++c) max = std::max(max, row[c]);
-  return max;
-}
-
-// row[c] = exp(row[c] - shift) for c < n; returns their sum in double.
-STRATA_ISA_CLONES double ExpShiftedSum(float* row, int64_t n, float shift) {
-  double lane[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) {
-      row[c + k] = kernel_math::PolyExp(row[c + k] - shift);
-      lane[k] += row[c + k];
-    }
-  }
-  for (; c < n; ++c) {
-    row[c] = kernel_math::PolyExp(row[c] - shift);
-    lane[0] += row[c];
-  }
-  double sum = 0;
-  for (int64_t k = 0; k < kLanes; ++k) sum += lane[k];
-  return sum;
-}
-double ExpShiftedSum(double* row, int64_t n, double shift) {
-  double sum = 0;
-  for (int64_t c = 0; c < n; ++c) {
-    row[c] = std::exp(row[c] - shift);
-    sum += row[c];
-  }
-  return sum;
-}
-
-// The backward's row: p[c] = exp(p[c] - lse) (the forward's probabilities
-// again) and dp[c] = p[c] (dp[c] - di), dp holding dY V^T on entry (p and
-// dp apart: __restrict, or the loop would not vectorize).
-STRATA_ISA_CLONES void ProbsAndScoreGrads(float* __restrict p, float* __restrict dp, int64_t n, float lse,
-                                          float di) {
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    for (int64_t k = 0; k < kLanes; ++k) {
-      p[c + k] = kernel_math::PolyExp(p[c + k] - lse);
-      dp[c + k] = p[c + k] * (dp[c + k] - di);
-    }
-  }
-  for (; c < n; ++c) {
-    p[c] = kernel_math::PolyExp(p[c] - lse);
-    dp[c] = p[c] * (dp[c] - di);
-  }
-}
-void ProbsAndScoreGrads(double* p, double* dp, int64_t n, double lse, double di) {
-  for (int64_t c = 0; c < n; ++c) {
-    p[c] = std::exp(p[c] - lse);
-    dp[c] = p[c] * (dp[c] - di);
-  }
 }
 
 // Rows [r0, r1) of one head's scores, s[r - r0][0, c1) = scale * q_r . k_c
