@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/attr_kernels.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/nn_kernel_util.h"
 #include "kernels/cuda/unary_math.h"
 #include "kernels/kernel_checks.h"
@@ -30,8 +32,10 @@ using nn_kernels::Scratch;
 
 // Sum over j < d of f(j) in double, in 8 independent lanes so the compiler
 // can vectorize it (a single accumulator is a serial dependency chain).
+// Inlined always, so that each ISA clone of the rows below compiles it for
+// its own ISA.
 template <typename F>
-double LaneSum(int64_t d, const F& f) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline double LaneSum(int64_t d, const F& f) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= d; j += 8) {
@@ -44,7 +48,7 @@ double LaneSum(int64_t d, const F& f) {
 
 // Mean and 1/sqrt(biased variance + epsilon) of one row (two passes, in double).
 template <typename T>
-void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rstd) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rstd) {
   const double m = LaneSum(d, [x](int64_t j) { return static_cast<double>(x[j]); }) / d;
   const double sq = LaneSum(d, [x, m](int64_t j) {
     const double c = x[j] - m;
@@ -56,6 +60,53 @@ void RowMoments(const T* x, int64_t d, double epsilon, double* mean, double* rst
 
 // Base of layer_norm and its backward: reads epsilon.
 using LayerNormBase = EpsilonAttrKernel;
+
+// One row of each kernel, over pointers that do not overlap (__restrict, so
+// the element loops vectorize), compiled for AVX-512, AVX2 and the baseline
+// (STRATA_ISA_CLONES, elementwise.h): the same IEEE operations in the same
+// order on each, with no FMA contraction, so every clone computes the
+// baseline's bits (layer_norm_test.RowsEqualTheScalarFormulasBitForBit).
+
+// y = (x - mean) * rstd * gamma + beta in T, stored as Y.
+template <typename T, typename Y>
+static STRATA_ISA_CLONES void ForwardRow(int64_t D, double eps, const T* __restrict x, const T* __restrict gamma,
+                                         const T* __restrict beta, Y* __restrict y) {
+  double mean, rstd;
+  RowMoments(x, D, eps, &mean, &rstd);
+  const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
+  for (int64_t j = 0; j < D; ++j) y[j] = cuda::Convert<Y>((x[j] - m) * rs * gamma[j] + beta[j]);
+}
+
+// dx (and dx_low, unless L is T: then it is null) of one row, its dgamma and
+// dbeta terms added to the block's; res (optional) is added to dx in T.
+template <typename T, typename DY, typename L>
+static STRATA_ISA_CLONES void GradRow(int64_t D, double eps, const T* __restrict x, const T* __restrict gamma,
+                                      const DY* __restrict dy, const T* __restrict res, T* __restrict dx,
+                                      L* __restrict dx_low, double* __restrict dgamma, double* __restrict dbeta) {
+  double mean, rstd;
+  RowMoments(x, D, eps, &mean, &rstd);
+  const auto dy_at = [dy](int64_t j) { return static_cast<double>(cuda::Convert<T>(dy[j])); };
+  const double mean_g = LaneSum(D, [&](int64_t j) { return dy_at(j) * gamma[j]; }) / D;
+  const double mean_gx = LaneSum(D, [&](int64_t j) { return dy_at(j) * gamma[j] * ((x[j] - mean) * rstd); }) / D;
+  for (int64_t j = 0; j < D; ++j) {
+    const double xhat = (x[j] - mean) * rstd;
+    dgamma[j] += dy_at(j) * xhat;
+    dbeta[j] += dy_at(j);
+  }
+  // dx's own loops, the residual's case apart, so each is one straight map.
+  const auto v_at = [&](int64_t j) {
+    const double xhat = (x[j] - mean) * rstd, g = dy_at(j) * gamma[j];
+    return static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+  };
+  if (res != nullptr) {
+    for (int64_t j = 0; j < D; ++j) dx[j] = res[j] + v_at(j);  // add_n's sum of the two, in T
+  } else {
+    for (int64_t j = 0; j < D; ++j) dx[j] = v_at(j);
+  }
+  if constexpr (!std::is_same_v<L, T>) {
+    for (int64_t j = 0; j < D; ++j) dx_low[j] = cuda::Convert<L>(dx[j]);  // the cast's rounding
+  }
+}
 
 // y [R, D] = (x - mean) * rstd * gamma + beta, per row of x [R, D] (R = all
 // leading dims). With out_dtype (F32 x only; passes/fold_casts) y is stored
@@ -87,14 +138,7 @@ class LayerNormKernel : public StoredOutKernel<LayerNormBase> {
     Y* py = y->data<Y>();
     const double eps = this->epsilon_;
     ParallelFor(R, MinChunk(4 * D), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T* xr = px + r * D;
-        Y* yr = py + r * D;
-        double mean, rstd;
-        RowMoments(xr, D, eps, &mean, &rstd);
-        const T m = static_cast<T>(mean), rs = static_cast<T>(rstd);
-        for (int64_t j = 0; j < D; ++j) yr[j] = cuda::Convert<Y>((xr[j] - m) * rs * pg[j] + pb[j]);
-      }
+      for (int64_t r = begin; r < end; ++r) ForwardRow(D, eps, px + r * D, pg, pb, py + r * D);
     });
     return absl::OkStatus();
   }
@@ -165,24 +209,8 @@ class LayerNormGradKernel : public StoredOutKernel<LayerNormBase> {
         std::fill(dgamma_b, dgamma_b + 2 * D, 0.0);
         const int64_t r_end = std::min(R, (b + 1) * rows_per_block);
         for (int64_t r = b * rows_per_block; r < r_end; ++r) {
-          const T* xr = px + r * D;
-          const DY* dyr = pdy + r * D;
-          T* dxr = pdx + r * D;
-          const T* resr = pres != nullptr ? pres + r * D : nullptr;
-          double mean, rstd;
-          RowMoments(xr, D, eps, &mean, &rstd);
-          const auto dy_at = [dyr](int64_t j) { return static_cast<double>(cuda::Convert<T>(dyr[j])); };
-          const double mean_g = LaneSum(D, [&](int64_t j) { return dy_at(j) * pg[j]; }) / D;
-          const double mean_gx = LaneSum(D, [&](int64_t j) { return dy_at(j) * pg[j] * ((xr[j] - mean) * rstd); }) / D;
-          for (int64_t j = 0; j < D; ++j) {
-            const double xhat = (xr[j] - mean) * rstd, g = dy_at(j) * pg[j];
-            dgamma_b[j] += dy_at(j) * xhat;
-            dbeta_b[j] += dy_at(j);
-            const T v = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
-            const T sum = resr != nullptr ? resr[j] + v : v;  // add_n's sum of the two, in T
-            dxr[j] = sum;
-            if constexpr (!std::is_same_v<L, T>) pdx_low[r * D + j] = cuda::Convert<L>(sum);  // the cast's rounding
-          }
+          GradRow(D, eps, px + r * D, pg, pdy + r * D, pres != nullptr ? pres + r * D : nullptr, pdx + r * D,
+                  pdx_low != nullptr ? pdx_low + r * D : nullptr, dgamma_b, dbeta_b);
         }
       }
     });

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -8,6 +9,9 @@
 #include "compiler/testing/op_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/unary_math.h"
+#include "kernels/work_split.h"
+#include "runtime/float16.h"
 
 namespace strata {
 namespace {
@@ -115,6 +119,120 @@ TEST(LayerNormShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
 
 // out_dtype and dx_low (passes/fold_casts): dx, dgamma and dbeta as without
 // them, and dx_low the cast kernel's rounding of dx, bit for bit, for each
+// The kernels' formulas, one element at a time, in the kernels' order: the
+// 8-lane double sums (lane j % 8, then the tail), the moments in double,
+// the forward's affine map in float. The kernels' rows are compiled for
+// AVX-512, AVX2 and the baseline and vectorized; every one must give these
+// bits.
+double LaneSum8(int64_t d, const std::function<double(int64_t)>& f) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t blocked = d / 8 * 8;
+  for (int64_t j = 0; j < blocked; ++j) lane[j % 8] += f(j);
+  double tail = 0;
+  for (int64_t j = blocked; j < d; ++j) tail += f(j);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) + tail;
+}
+
+void Moments(const float* x, int64_t d, double eps, double* mean, double* rstd) {
+  *mean = LaneSum8(d, [x](int64_t j) { return static_cast<double>(x[j]); }) / d;
+  const double m = *mean;
+  const double sq = LaneSum8(d, [x, m](int64_t j) { return (x[j] - m) * (x[j] - m); });
+  *rstd = 1.0 / std::sqrt(sq / d + eps);
+}
+
+bool SameBits(const Tensor& t, const void* want, size_t bytes) {
+  return t.bytes() == bytes && std::memcmp(t.raw_data(), want, bytes) == 0;
+}
+
+TEST(LayerNormTest, RowsEqualTheScalarFormulasBitForBit) {
+  constexpr double kEps = 1e-5;
+  for (int64_t D : {1, 5, 8, 16, 33, 128, 200}) {
+    const int64_t R = 37;
+    SCOPED_TRACE(::testing::Message() << "D " << D);
+    const Tensor x = Make(F32, {R, D}, 0.2, 3, 0.5), g = Make(F32, {D}, 1, 0.5, 1), b = Make(F32, {D}, 2);
+    const Tensor res = Make(F32, {R, D}, 4, 100);
+    const float* px = x.data<float>();
+    const float* pg = g.data<float>();
+    const float* pb = b.data<float>();
+
+    // Forward, float y and bf16 y (out_dtype).
+    std::vector<float> y(R * D);
+    std::vector<bfloat16> y16(R * D);
+    for (int64_t r = 0; r < R; ++r) {
+      double mean, rstd;
+      Moments(px + r * D, D, kEps, &mean, &rstd);
+      const float m = static_cast<float>(mean), rs = static_cast<float>(rstd);
+      for (int64_t j = 0; j < D; ++j) {
+        y[r * D + j] = (px[r * D + j] - m) * rs * pg[j] + pb[j];
+        y16[r * D + j] = ToBfloat16(y[r * D + j]);
+      }
+    }
+    std::map<std::string, Tensor> env{{"x", x}, {"g", g}, {"b", b}, {"r", res}};
+    ASSERT_TRUE(RunOp(ParseOp(R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y")pb"), &env).ok());
+    ASSERT_TRUE(RunOp(ParseOp(R"pb(type: "layer_norm" input: ["x", "g", "b"] output: "y16"
+                                   attr { key: "out_dtype" value { s: "BF16" } })pb"),
+                      &env)
+                    .ok());
+    EXPECT_TRUE(SameBits(env["y"], y.data(), y.size() * sizeof(float)));
+    EXPECT_TRUE(SameBits(env["y16"], y16.data(), y16.size() * sizeof(bfloat16)));
+
+    // Backward: dy in F32 and in BF16, with and without the residual, dx
+    // also stored in BF16.
+    for (DataType dy_type : {F32, BF16}) {
+      for (bool with_res : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "dy " << DataTypeName(dy_type) << (with_res ? ", residual" : ""));
+        env["dy"] = Make(dy_type, {R, D}, 3, 40);
+        const Tensor& dy = env["dy"];
+        const auto dy_at = [&](int64_t i) {
+          return static_cast<double>(dy_type == F32 ? dy.data<float>()[i] : ToFloat(dy.data<bfloat16>()[i]));
+        };
+        const int64_t per_block = nn_kernels::LayerNormGradRowsPerBlock(R, D);
+        const int64_t blocks = nn_kernels::LayerNormGradBlocks(R, D);
+        std::vector<double> part(blocks * 2 * D, 0.0);
+        std::vector<float> dx(R * D);
+        std::vector<bfloat16> dx16(R * D);
+        for (int64_t r = 0; r < R; ++r) {
+          const float* xr = px + r * D;
+          double* pgam = part.data() + (r / per_block) * 2 * D;
+          double mean, rstd;
+          Moments(xr, D, kEps, &mean, &rstd);
+          const double mean_g = LaneSum8(D, [&](int64_t j) { return dy_at(r * D + j) * pg[j]; }) / D;
+          const double mean_gx =
+              LaneSum8(D, [&](int64_t j) { return dy_at(r * D + j) * pg[j] * ((xr[j] - mean) * rstd); }) / D;
+          for (int64_t j = 0; j < D; ++j) {
+            const double xhat = (xr[j] - mean) * rstd, gj = dy_at(r * D + j) * pg[j];
+            pgam[j] += dy_at(r * D + j) * xhat;
+            pgam[D + j] += dy_at(r * D + j);
+            const float v = static_cast<float>(rstd * (gj - mean_g - xhat * mean_gx));
+            dx[r * D + j] = with_res ? res.data<float>()[r * D + j] + v : v;
+            dx16[r * D + j] = ToBfloat16(dx[r * D + j]);
+          }
+        }
+        std::vector<float> dgamma(D), dbeta(D);
+        for (int64_t j = 0; j < D; ++j) {
+          double sg = 0, sb = 0;
+          for (int64_t k = 0; k < blocks; ++k) {
+            sg += part[k * 2 * D + j];
+            sb += part[k * 2 * D + D + j];
+          }
+          dgamma[j] = static_cast<float>(sg);
+          dbeta[j] = static_cast<float>(sb);
+        }
+        const std::string ins = with_res ? R"(["x", "g", "dy", "r"])" : R"(["x", "g", "dy"])";
+        ASSERT_TRUE(RunOp(ParseOp("type: \"layer_norm_grad\" input: " + ins +
+                                  R"( output: ["dx", "dg", "db", "dx16"]
+                                      attr { key: "out_dtype" value { s: "BF16" } })"),
+                          &env)
+                        .ok());
+        EXPECT_TRUE(SameBits(env["dx"], dx.data(), dx.size() * sizeof(float)));
+        EXPECT_TRUE(SameBits(env["dx16"], dx16.data(), dx16.size() * sizeof(bfloat16)));
+        EXPECT_TRUE(SameBits(env["dg"], dgamma.data(), dgamma.size() * sizeof(float)));
+        EXPECT_TRUE(SameBits(env["db"], dbeta.data(), dbeta.size() * sizeof(float)));
+      }
+    }
+  }
+}
+
 // 16-bit type, with a residual (dx the sum) and a 16-bit dy. The schema and
 // the kernel refuse one without the other, and an F64 x.
 TEST(LayerNormGradTest, StoresDxAgainInSixteenBitsAsTheCastWould) {
