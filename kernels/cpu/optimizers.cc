@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/loss_scaling_math.h"
 #include "kernels/optimizer_attrs.h"
@@ -134,6 +135,17 @@ class MomentumUpdateKernel : public OpKernel {
 // ---------------------------------------------------------------------------
 // adam_update(param, grad, m, v, lr, step) -> (param, m, v), torch.optim.Adam
 // (decoupled: AdamW). step is the 1-based index of this update.
+// Adam's element loop over arrays that do not overlap (param, m and v are
+// the op's own state tensors, updated in place; grad another tensor), the
+// case fixed at compile time and compiled per ISA (STRATA_ISA_CLONES,
+// elementwise.h): IEEE multiplies, divisions and square roots, the same
+// bits on every clone (optimizers_test.AdamLoopEqualsTheElementFormulaBitForBit).
+template <typename T, bool kDecoupled, bool kL2>
+static STRATA_ISA_CLONES void AdamLoop(int64_t n, kernel_math::AdamScalars<T> s, const T* __restrict grad,
+                                       T* __restrict param, T* __restrict m, T* __restrict v) {
+  for (int64_t i = 0; i < n; ++i) kernel_math::AdamElementAs<kDecoupled, kL2>(s, grad[i], &param[i], &m[i], &v[i]);
+}
+
 template <typename T>
 class AdamUpdateKernel : public OpKernel {
  public:
@@ -172,9 +184,16 @@ class AdamUpdateKernel : public OpKernel {
     // The scalar arithmetic of torch's _single_tensor_adam(w), in double.
     const kernel_math::AdamScalars<T> scalars = kernel_math::MakeAdamScalars<T>(attrs_, ctx.input(4).data<T>()[0], step);
     const int64_t N = param_tensor.num_elements();
-    ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) kernel_math::AdamElement(scalars, grad[i], &param[i], &m[i], &v[i]);
-    });
+    const auto run = [&](auto loop) {
+      ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
+        loop(end - begin, scalars, grad + begin, param + begin, m + begin, v + begin);
+      });
+    };
+    if (scalars.decoupled) {
+      scalars.l2 != 0 ? run(AdamLoop<T, true, true>) : run(AdamLoop<T, true, false>);
+    } else {
+      scalars.l2 != 0 ? run(AdamLoop<T, false, true>) : run(AdamLoop<T, false, false>);
+    }
     ctx.SetOutput(0, param_tensor);
     ctx.SetOutput(1, m_tensor);
     ctx.SetOutput(2, v_tensor);
