@@ -67,6 +67,15 @@ inline bool Overlap(const A* a, int64_t n, const B* b, int64_t m) {
 #define STRATA_ISA_CLONES
 #endif
 
+// The clone the loader picks on this CPU, in words (for tests' and tools' logs).
+inline const char* IsaCloneName() {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
+#endif
+  return "baseline";
+}
+
 // y[i] = f(x[i]) over non-overlapping ranges (__restrict: no alias checks,
 // so the blocked loop vectorizes).
 template <typename T, typename U, typename F>

@@ -16,21 +16,12 @@
 namespace strata {
 namespace {
 
-// Which clone runs here, for the test's log.
-const char* CloneIsa() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
-#endif
-  return "baseline";
-}
-
 // a * a + b with a = 1 + 2^-12, b = -(1 + 2^-11): a * a is 1 + 2^-11 + 2^-24,
 // a tie that rounds (to even) to 1 + 2^-11, so the sum is 0; an FMA keeps
 // the product exact and gives 2^-24. Every element of a map longer than
 // its blocks must be 0: no clone contracts.
 TEST(ElementwiseTest, IsaClonesRoundAsTheBaseline) {
-  SCOPED_TRACE(CloneIsa());
+  SCOPED_TRACE(internal::IsaCloneName());
   constexpr int64_t n = 1000;
   const float a = 1.0f + std::ldexp(1.0f, -12), b = -(1.0f + std::ldexp(1.0f, -11));
   std::vector<float> x(n, a), y(n, b), z(n, -1.0f);
@@ -47,7 +38,7 @@ TEST(ElementwiseTest, IsaClonesRoundAsTheBaseline) {
 // zeros, denormals, infinities and NaN; and through bf16 storage (the
 // conversions in the same loop).
 TEST(ElementwiseTest, TanhGeluMapsEqualTheScalarFunctorBitForBit) {
-  SCOPED_TRACE(CloneIsa());
+  SCOPED_TRACE(internal::IsaCloneName());
   std::vector<float> x;
   for (int i = -40000; i <= 40000; ++i) x.push_back(static_cast<float>(i) * 1.3e-3f);
   for (float v : {0.0f, -0.0f, 0.625f, std::nextafter(0.625f, 0.0f), 44.0f, std::nextafter(44.0f, 50.0f), 88.0f,

@@ -21,14 +21,6 @@ namespace {
 
 using softmax_rows::kLanes;
 
-const char* CloneIsa() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
-#endif
-  return "baseline";
-}
-
 // The rows' lanes, one element at a time: element c of the blocked part
 // goes to lane c % kLanes, the tail to lane 0 (RowMax's tail to the
 // total), as the kernels' loops say.
@@ -69,7 +61,7 @@ std::vector<float> Row(int64_t n, int seed) {
 const int64_t kLengths[] = {1, 2, 15, 16, 17, 31, 64, 100, 129, 1024};
 
 TEST(SoftmaxRowsTest, ForwardRowsEqualTheScalarLanesBitForBit) {
-  SCOPED_TRACE(CloneIsa());
+  SCOPED_TRACE(internal::IsaCloneName());
   for (int64_t n : kLengths) {
     for (int seed = 0; seed < 3; ++seed) {
       SCOPED_TRACE(testing::Message() << "n " << n << ", seed " << seed);
@@ -106,7 +98,7 @@ TEST(SoftmaxRowsTest, ForwardRowsAreTheSoftmaxOfStdExp) {
 }
 
 TEST(SoftmaxRowsTest, BackwardRowsEqualTheScalarLoopBitForBit) {
-  SCOPED_TRACE(CloneIsa());
+  SCOPED_TRACE(internal::IsaCloneName());
   for (int64_t n : kLengths) {
     SCOPED_TRACE(testing::Message() << "n " << n);
     std::vector<float> p = Row(n, 2), dp(n);
@@ -128,7 +120,7 @@ TEST(SoftmaxRowsTest, BackwardRowsEqualTheScalarLoopBitForBit) {
 // A NaN score (from a NaN input) leaves the max as std::max would in the
 // same lanes, and reaches the row's probabilities.
 TEST(SoftmaxRowsTest, NanScoresMatchTheScalarLanes) {
-  SCOPED_TRACE(CloneIsa());
+  SCOPED_TRACE(internal::IsaCloneName());
   for (int64_t n : {5, 16, 40}) {
     for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
       SCOPED_TRACE(testing::Message() << "n " << n << ", NaN at " << at);
