@@ -132,6 +132,12 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     }
   } else if (batch_size != 0 && batch_size % dp != 0) {
     return StrategyError(file, "data_parallel.degree", absl::StrCat("--batch_size ", batch_size, " is not divisible by the degree ", dp));
+  } else if (batch_size == 0 && kDefaultBatchSize % dp != 0) {
+    // The default batch is split as an explicit one is: never rounded down
+    // (to 0 replicas' worth past 64).
+    return StrategyError(file, "data_parallel.degree",
+                         absl::StrCat("the default --batch_size ", kDefaultBatchSize, " is not divisible by the degree ", dp,
+                                      "; give --batch_size (a multiple of ", dp, ")"));
   }
   return absl::OkStatus();
 }
@@ -227,6 +233,26 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
   layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()
                                       : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
   layout.ctx.batch_size = layout.micro_batch_size * layout.ctx.micro_batches * dp;
+  // A var's elements at this micro-batch stay within the 2^40 a shape may
+  // hold (validate.cc), so no byte count past it can overflow.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    int64_t per_sample = 1;
+    bool batched = false;
+    for (int64_t d : graph.shape(v)) {
+      if (d < 0) {
+        batched = true;
+      } else if (d > 0) {
+        per_sample *= d;
+      }
+    }
+    if (batched && layout.micro_batch_size > kMaxElements / per_sample) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          graph.program_fields().source_file(), ": var '", graph.var_name(v), "' ", ShapeString(graph.shape(v)),
+          " would hold more than 2^40 elements at a micro-batch of ", layout.micro_batch_size,
+          "; use a smaller --batch_size or micro_batch_size"));
+    }
+  }
   // Every rank sums its part of the global gradient norm in one dtype, so
   // their allreduce matches, a rank with no parameters of its own included.
   std::set<DataType> dtypes;

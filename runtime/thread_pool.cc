@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <system_error>
 #include <memory>
 
 #include "absl/strings/numbers.h"
@@ -14,17 +16,43 @@
 namespace strata {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  // std::thread throws where the system refuses a thread (a ulimit on
+  // threads or address space). Rather than let that end the process, the
+  // pool starts again with half the workers it got, leaving the process
+  // room for its other threads (the feed prefetcher, the communicators);
+  // the caller computes too, so even none works.
+  const int started = Start(num_threads);
+  if (started < num_threads) {
+    Stop();
+    Start(started / 2);
+  }
 }
 
-ThreadPool::~ThreadPool() {
+int ThreadPool::Start(int num_threads) {
+  for (int i = 0; i < num_threads; ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error&) {
+      return i;
+    }
+  }
+  return num_threads;
+}
+
+void ThreadPool::Stop() {
   stop_polling_.store(true, std::memory_order_release);  // workers still polling leave at once
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (auto& t : workers_) t.join();
+  workers_.clear();
+  absl::MutexLock lock(&mu_);
+  stopping_ = false;
+  stop_polling_.store(false, std::memory_order_release);
 }
+
+ThreadPool::~ThreadPool() { Stop(); }
 
 namespace {
 
@@ -166,7 +194,14 @@ int IntraOpThreads() {
 }
 
 ThreadPool* GetIntraOpPool() {
-  static ThreadPool* pool = new ThreadPool(IntraOpThreads() - 1);
+  static ThreadPool* pool = [] {
+    auto* p = new ThreadPool(IntraOpThreads() - 1);
+    if (p->num_threads() < IntraOpThreads() - 1) {
+      std::fprintf(stderr, "note: the system started %d of the %d intra-op threads asked for; computing with %d\n",
+                   p->num_threads() + 1, IntraOpThreads(), p->num_threads() + 1);
+    }
+    return p;
+  }();
   return pool;
 }
 

@@ -25,6 +25,10 @@ class ThreadPool {
 
  private:
   void WorkerLoop();
+  // Starts up to num_threads more workers; how many started.
+  int Start(int num_threads);
+  // Stops and joins every worker (none may have a task queued).
+  void Stop();
   absl::Mutex mu_;
   std::vector<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

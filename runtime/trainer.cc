@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -665,7 +666,12 @@ absl::Status TrainSession::CountSteps() {
                                                    " of them; use --steps ", (options_.steps / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
-  total_steps_ = options_.steps > 0 ? options_.steps : std::max<int64_t>(options_.epochs, 1) * steps_per_epoch_;
+  const int64_t epochs = std::max<int64_t>(options_.epochs, 1);
+  if (options_.steps <= 0 && epochs > std::numeric_limits<int64_t>::max() / steps_per_epoch_) {
+    return absl::InvalidArgumentError(absl::StrCat("--epochs ", epochs, " x ", steps_per_epoch_,
+                                                   " steps an epoch overflows a 64-bit step count"));
+  }
+  total_steps_ = options_.steps > 0 ? options_.steps : epochs * steps_per_epoch_;
   executor_->set_total_steps(total_steps_);
   return absl::OkStatus();
 }

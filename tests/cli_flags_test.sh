@@ -58,3 +58,14 @@ for v in 0 100; do
   grep -q "final train loss" <<<"$out" || fail "STRATA_SPIN_US=$v did not train: $out"
 done
 echo "ok: STRATA_SPIN_US out of 0..1000000 or not a number is one error line, exit 2"
+
+# Where the system refuses threads (here an address-space limit too small
+# for 1024 thread stacks), the pool starts fewer and says so, and the run
+# trains rather than aborts on std::thread's exception.
+out=$( (ulimit -v 4000000; STRATA_NUM_THREADS=1024 "$strata" run "$program" --data synthetic --steps 2 --quiet) 2>&1)
+rc=$?
+[ "$rc" -eq 0 ] || fail "1024 threads under ulimit -v: exit $rc: $out"
+grep -q "final train loss" <<<"$out" || fail "1024 threads under ulimit -v did not train: $out"
+grep -q "^note: the system started [0-9]* of the 1024 intra-op threads asked for" <<<"$out" ||
+  fail "1024 threads under ulimit -v: no note of the threads started: $out"
+echo "ok: a pool the system refuses threads to starts fewer and trains"
