@@ -105,8 +105,10 @@ void ThreadPool::WorkerLoop() {
     {
       absl::MutexLock lock(&mu_);
       // Another thread took the task this one saw queued: poll again rather
-      // than sleep, since more of the same call's chunks may follow.
-      if (polled && queue_.empty() && !stopping_) continue;
+      // than sleep, since more of the same call's chunks may follow. Not
+      // once the pool is stopping: that poll would return at once, a busy
+      // loop on the mutex until the destructor takes it.
+      if (polled && queue_.empty() && !stopping_ && !stop_polling_.load(std::memory_order_acquire)) continue;
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;

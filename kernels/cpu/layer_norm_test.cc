@@ -117,13 +117,14 @@ TEST(LayerNormShapeTest, PropagatesTheBatchDimAndRejectsMismatches) {
   EXPECT_THAT(bad_eps.status().message(), HasSubstr("attr 'epsilon'"));
 }
 
-// out_dtype and dx_low (passes/fold_casts): dx, dgamma and dbeta as without
-// them, and dx_low the cast kernel's rounding of dx, bit for bit, for each
 // The kernels' formulas, one element at a time, in the kernels' order: the
 // 8-lane double sums (lane j % 8, then the tail), the moments in double,
 // the forward's affine map in float. The kernels' rows are compiled for
 // AVX-512, AVX2 and the baseline and vectorized; every one must give these
-// bits.
+// bits. The outputs are float, so this holds the float roundings; the
+// double sums' order rarely reaches a float output (a review found no
+// input here where it does), and is held by the F64 models' checkpoints
+// instead (docs/design-notes.md).
 double LaneSum8(int64_t d, const std::function<double(int64_t)>& f) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const int64_t blocked = d / 8 * 8;
@@ -233,6 +234,8 @@ TEST(LayerNormTest, RowsEqualTheScalarFormulasBitForBit) {
   }
 }
 
+// out_dtype and dx_low (passes/fold_casts): dx, dgamma and dbeta as without
+// them, and dx_low the cast kernel's rounding of dx, bit for bit, for each
 // 16-bit type, with a residual (dx the sum) and a 16-bit dy. The schema and
 // the kernel refuse one without the other, and an F64 x.
 TEST(LayerNormGradTest, StoresDxAgainInSixteenBitsAsTheCastWould) {
