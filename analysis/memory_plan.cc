@@ -358,7 +358,7 @@ class ScheduleSimulator {
 
 absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedule, int64_t micro_batch_size,
                                       const SendRelease* send_release, int threads, DeviceKind device_kind) {
-  if (threads <= 0) threads = IntraOpThreads();
+  if (threads <= 0) threads = IntraOpThreadsAsked();
   MemoryPlan plan;
   const std::vector<char> keep = KeptVars(graph);
   absl::StatusOr<OpTable> ops = DescribeOps(graph, micro_batch_size, threads, device_kind);

@@ -17,9 +17,6 @@
 namespace strata {
 namespace {
 
-// Elements per tensor beyond which a shape is absurd (2^40: 4 TiB of F32).
-constexpr int64_t kMaxElements = int64_t{1} << 40;
-
 std::string FileOf(const Program& program) {
   return program.source_file().empty() ? program.name() : program.source_file();
 }
@@ -40,7 +37,7 @@ absl::Status CheckShape(absl::Span<const int64_t> shape, bool allow_batch, std::
       *why = absl::StrCat("dimension ", d, " in shape ", ShapeString(shape), " must be positive (or -1 for the batch)");
       return absl::InvalidArgumentError(*why);
     }
-    if (elements > kMaxElements / d) {
+    if (elements > kMaxTensorElements / d) {
       *why = absl::StrCat("shape ", ShapeString(shape), " is absurdly large (more than 2^40 elements)");
       return absl::InvalidArgumentError(*why);
     }

@@ -1,6 +1,7 @@
 #ifndef STRATA_COMPILER_VALIDATE_H_
 #define STRATA_COMPILER_VALIDATE_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -9,6 +10,11 @@
 #include "proto/program.pb.h"
 
 namespace strata {
+
+// Elements per tensor beyond which a shape is absurd (2^40: 4 TiB of F32):
+// declared shapes are held to it at validation, and a batched var at its
+// micro-batch at compile time, so no byte count past it can overflow.
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
 
 // The first compiler step over a user's program: checks every declared var
 // and every op (registered type, argument counts, attrs, definition before

@@ -233,9 +233,7 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
   layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()
                                       : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
   layout.ctx.batch_size = layout.micro_batch_size * layout.ctx.micro_batches * dp;
-  // A var's elements at this micro-batch stay within the 2^40 a shape may
-  // hold (validate.cc), so no byte count past it can overflow.
-  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  // A var's elements at this micro-batch stay within what a shape may hold.
   for (int v = 0; v < graph.num_vars(); ++v) {
     int64_t per_sample = 1;
     bool batched = false;
@@ -246,7 +244,7 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
         per_sample *= d;
       }
     }
-    if (batched && layout.micro_batch_size > kMaxElements / per_sample) {
+    if (batched && layout.micro_batch_size > kMaxTensorElements / per_sample) {
       return absl::InvalidArgumentError(absl::StrCat(
           graph.program_fields().source_file(), ": var '", graph.var_name(v), "' ", ShapeString(graph.shape(v)),
           " would hold more than 2^40 elements at a micro-batch of ", layout.micro_batch_size,

@@ -180,7 +180,7 @@ int NumThreadsFromEnv() {
   return absl::SimpleAtoi(env, &v) && v >= 1 && v <= kMaxIntraOpThreads ? v : -1;
 }
 
-int IntraOpThreads() {
+int IntraOpThreadsAsked() {
   static int threads = [] {
     // The cores this process may run on (taskset, cgroups, --bind_cores),
     // else every hardware thread.
@@ -197,14 +197,19 @@ int IntraOpThreads() {
 
 ThreadPool* GetIntraOpPool() {
   static ThreadPool* pool = [] {
-    auto* p = new ThreadPool(IntraOpThreads() - 1);
-    if (p->num_threads() < IntraOpThreads() - 1) {
+    auto* p = new ThreadPool(IntraOpThreadsAsked() - 1);
+    if (p->num_threads() < IntraOpThreadsAsked() - 1) {
       std::fprintf(stderr, "note: the system started %d of the %d intra-op threads asked for; computing with %d\n",
-                   p->num_threads() + 1, IntraOpThreads(), p->num_threads() + 1);
+                   p->num_threads() + 1, IntraOpThreadsAsked(), p->num_threads() + 1);
     }
     return p;
   }();
   return pool;
+}
+
+int IntraOpThreads() {
+  static const int threads = GetIntraOpPool()->num_threads() + 1;
+  return threads;
 }
 
 void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn) {

@@ -51,7 +51,12 @@ ThreadPool* GetIntraOpPool();
 // here, refused by the tool).
 inline constexpr int kMaxSpinMicros = 1000000;
 int SpinMicrosFromEnv();
-// Threads Strata computes with (pool workers plus the caller).
+// Threads asked for: the cores this process may run on, or
+// STRATA_NUM_THREADS. The memory plan counts its per-thread scratch with it
+// without starting the pool.
+int IntraOpThreadsAsked();
+// Threads Strata computes with (pool workers plus the caller): those asked
+// for, unless the system refused some (starts the pool).
 int IntraOpThreads();
 
 // ParallelFor on the process-wide pool; runs inline for small n.

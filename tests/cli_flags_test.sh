@@ -68,4 +68,7 @@ rc=$?
 grep -q "final train loss" <<<"$out" || fail "1024 threads under ulimit -v did not train: $out"
 grep -q "^note: the system started [0-9]* of the 1024 intra-op threads asked for" <<<"$out" ||
   fail "1024 threads under ulimit -v: no note of the threads started: $out"
+started=$(sed -n 's/^note: the system started \([0-9]*\) of the 1024.*/\1/p' <<<"$out")
+grep -q "^done: .*, $started threads)" <<<"$out" ||
+  fail "1024 threads under ulimit -v: the done line does not say the $started threads computing: $out"
 echo "ok: a pool the system refuses threads to starts fewer and trains"
