@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/cost_model.h"
 #include "analysis/memory_plan.h"
+#include "analysis/sample_forms.h"
 #include "analysis/schedule.h"
 #include "analysis/verify_schedule.h"
 #include "compiler/graph_index.h"
@@ -138,6 +139,29 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     return StrategyError(file, "data_parallel.degree",
                          absl::StrCat("the default --batch_size ", kDefaultBatchSize, " is not divisible by the degree ", dp,
                                       "; give --batch_size (a multiple of ", dp, ")"));
+  }
+  // A split batch averages its parts' losses and gradients: one device's
+  // step only for a loss that is a mean over samples.
+  std::string field, parts;
+  if (strategy.has_pipeline() && strategy.pipeline().accumulate_steps() > 1) {
+    field = "pipeline.accumulate_steps";
+    parts = absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches");
+  } else if (dp > 1) {
+    field = "data_parallel.degree";
+    parts = absl::StrCat(dp, " replicas");
+  } else if (strategy.gradient_merge().k_steps() > 1 && strategy.gradient_merge().average()) {
+    // (Without `average` the merged gradients are summed, as Paddle's
+    // avg=False: the user's choice, not one device's step.)
+    field = "gradient_merge.k_steps";
+    parts = absl::StrCat(strategy.gradient_merge().k_steps(), " merged steps");
+  }
+  if (!field.empty()) {
+    if (auto s = CheckLossIsSampleMean(program); !s.ok()) {
+      return StrategyError(file, field,
+                           absl::StrCat(parts, " average their losses and gradients, which equals one device's step "
+                                               "only for a loss that is a mean over samples; ",
+                                        s.message()));
+    }
   }
   return absl::OkStatus();
 }

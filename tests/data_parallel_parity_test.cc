@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "compiler/program_text.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "passes/compile.h"
@@ -151,6 +152,62 @@ TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
     EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
     EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
   }
+}
+
+// A loss that is not only a cross entropy: the compiler proves it a mean
+// over samples plus a weight penalty (analysis/sample_forms.h), so the
+// split batch trains what one device does; a sum over the batch is refused.
+constexpr char kAffineMeanLoss[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w" dtype: F64 shape: [8, 10] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "w"] output: ["logits"] }
+  op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+  op { type: "square" input: ["logits"] output: ["sq"] }
+  op { type: "reduce_mean" input: ["sq"] output: ["logit_size"] }
+  op { type: "square" input: ["w"] output: ["w2"] }
+  op { type: "reduce_sum" input: ["w2"] output: ["l2"] }
+  op { type: "scale" input: ["logit_size"] output: ["z_loss"] attr { key: "scale" value { f: 0.1 } } }
+  op { type: "scale" input: ["l2"] output: ["penalty"] attr { key: "scale" value { f: 0.01 } } attr { key: "bias" value { f: 0.5 } } }
+  op { type: "add_n" input: ["ce", "z_loss", "penalty"] output: ["loss"] }
+  loss: "loss"
+  optimizer { momentum { learning_rate: 0.05 momentum: 0.9 } }
+)pb";
+
+TEST(LossFormParityTest, AMeanPlusAPenaltyTrainsAsOneDeviceUnderDp2With3MicroBatches) {
+  auto program = ParseProgramText(kAffineMeanLoss, "affine.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  auto single = TrainSingleDevice(*program, 2 * 3 * 2, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+}
+
+TEST(LossFormParityTest, ASumOverTheBatchIsRefusedRatherThanTrainedDifferently) {
+  std::string text = kAffineMeanLoss;
+  const std::string mean = R"(type: "reduce_mean" input: ["sq"])";
+  text.replace(text.find(mean), mean.size(), R"(type: "reduce_sum" input: ["sq"])");
+  auto program = ParseProgramText(text, "sum.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  // One device trains it.
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 2;
+  ASSERT_TRUE(TrainSingleDevice(*program, 12, options).ok());
+  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
+  ASSERT_FALSE(parallel.ok());
+  EXPECT_THAT(std::string(parallel.status().message()),
+              ::testing::HasSubstr("pipeline.accumulate_steps: 3 micro-batches average their losses and gradients"));
+  EXPECT_THAT(std::string(parallel.status().message()),
+              ::testing::HasSubstr("the loss 'loss' changes with how the batch is split: sum.pbtxt:13: op #8 'add_n' "
+                                   "adds a mean over the batch's samples to a sum over them (sum.pbtxt:8: op #3 "
+                                   "'reduce_sum')"));
 }
 
 // Gradient merge, alone and with data parallelism, a pipeline and

@@ -1,0 +1,52 @@
+#ifndef STRATA_ANALYSIS_SAMPLE_FORMS_H_
+#define STRATA_ANALYSIS_SAMPLE_FORMS_H_
+
+// How each value of a user's program depends on the samples of its batch.
+//
+// Pipeline micro-batches, data-parallel replicas and gradient merge all
+// split a batch into parts, run the program on each part and average the
+// parts' losses and gradients. That equals one device's step on the whole
+// batch exactly when the loss is a mean over samples of per-sample terms
+// (plus anything that does not depend on the data): the average of the
+// parts' means is the whole batch's mean. A sum over samples comes out
+// divided by the number of parts, and a loss that lets samples interact (a
+// softmax along the batch axis, a batch statistic fed through a nonlinearity)
+// changes with the split. The compiler proves the form from the ops' shapes
+// and attrs before it splits anything (passes/compile.cc).
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/program.pb.h"
+
+namespace strata {
+
+enum class SampleForm {
+  kConstant,   // independent of the batch's data (params, constants)
+  kPerSample,  // carries the batch dim (-1), whose entry i is sample i's alone
+  kMean,       // an affine function of means over samples of per-sample terms
+  kSum,        // a linear function of sums over samples of per-sample terms
+  kMixed,      // anything else: samples interact
+};
+
+struct VarSampleForm {
+  SampleForm form = SampleForm::kConstant;
+  // kMean, kSum, kMixed: the op that made the form ("" for a feed), and for
+  // kMixed why the samples meet there.
+  std::string origin;
+  std::string why;
+};
+
+// The form of every var of a validated program (ValidateAndInferProgram), by
+// the var's index in program.var().
+std::vector<VarSampleForm> SampleForms(const Program& program);
+
+// OK when the program's loss is a mean over samples (or constant), so a split
+// batch trains what the whole one does; else InvalidArgument saying the
+// loss's form and the op that made it.
+absl::Status CheckLossIsSampleMean(const Program& program);
+
+}  // namespace strata
+
+#endif  // STRATA_ANALYSIS_SAMPLE_FORMS_H_

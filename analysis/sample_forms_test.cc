@@ -1,0 +1,211 @@
+#include "analysis/sample_forms.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compiler/program_text.h"
+#include "compiler/validate.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/model_gen.h"
+
+namespace strata {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// A validated program: `vars_and_ops` after a batch of x [-1, 4] and labels,
+// a weight w [4, 3] and a bias b [3]; `loss` names the loss.
+Program Validated(const std::string& text) {
+  auto program = ParseProgramText(text, "p.pbtxt");
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return Program();
+  const absl::Status s = ValidateAndInferProgram(&*program);
+  EXPECT_TRUE(s.ok()) << s;
+  return *std::move(program);
+}
+
+Program Classifier(const std::string& ops, const std::string& loss = "loss") {
+  return Validated(absl::StrCat(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { xavier_uniform {} } }
+    var { name: "b" dtype: F32 shape: [3] kind: PARAM }
+  )pb", ops, "loss: \"", loss, "\"\noptimizer { sgd { learning_rate: 0.1 } }\n"));
+}
+
+VarSampleForm Of(const Program& p, const std::string& name) {
+  const std::vector<VarSampleForm> forms = SampleForms(p);
+  for (int i = 0; i < p.var_size(); ++i) {
+    if (p.var(i).name() == name) return forms[i];
+  }
+  ADD_FAILURE() << "no var " << name;
+  return {SampleForm::kMixed};
+}
+
+SampleForm FormOf(const Program& p, const std::string& name) { return Of(p, name).form; }
+
+constexpr char kLogits[] = R"pb(
+  op { type: "matmul" input: ["x", "w"] output: ["xw"] }
+  op { type: "add" input: ["xw", "b"] output: ["logits"] }
+)pb";
+
+TEST(SampleFormsTest, CrossEntropyIsAMeanOverSamples) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "w"), SampleForm::kConstant);
+  EXPECT_EQ(FormOf(p, "x"), SampleForm::kPerSample);
+  EXPECT_EQ(FormOf(p, "logits"), SampleForm::kPerSample);
+  EXPECT_EQ(FormOf(p, "loss"), SampleForm::kMean);
+  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+}
+
+TEST(SampleFormsTest, AMeanPlusAWeightPenaltyIsStillAMean) {
+  // An affine function of a mean splits exactly: each part adds the penalty
+  // once and the parts are averaged.
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "square" input: ["w"] output: ["w2"] }
+    op { type: "reduce_sum" input: ["w2"] output: ["l2"] }
+    op { type: "scale" input: ["l2"] output: ["penalty"] attr { key: "scale" value { f: 0.01 } } }
+    op { type: "add" input: ["ce", "penalty"] output: ["sum"] }
+    op { type: "scale" input: ["sum"] output: ["loss"] attr { key: "scale" value { f: 2 } } attr { key: "bias" value { f: 1 } } }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "penalty"), SampleForm::kConstant);
+  EXPECT_EQ(FormOf(p, "loss"), SampleForm::kMean);
+  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+}
+
+TEST(SampleFormsTest, AReduceSumOverTheBatchIsASumNamedWithItsOp) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "square" input: ["logits"] output: ["sq"] }
+    op { type: "reduce_sum" input: ["sq"] output: ["total"] }
+    op { type: "scale" input: ["total"] output: ["loss"] attr { key: "scale" value { f: 0.015625 } } }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "sq"), SampleForm::kPerSample);
+  EXPECT_EQ(FormOf(p, "loss"), SampleForm::kSum);
+  EXPECT_EQ(CheckLossIsSampleMean(p).message(),
+            "the loss 'loss' is a sum over the batch's samples (p.pbtxt:11: op #3 'reduce_sum'): make it a mean "
+            "(reduce_mean)");
+}
+
+TEST(SampleFormsTest, ASumPlusAConstantIsNotASum) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "reduce_sum" input: ["logits"] output: ["total"] }
+    op { type: "scale" input: ["total"] output: ["loss"] attr { key: "bias" value { f: 1 } } }
+  )pb"));
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+              AllOf(HasSubstr("op #3 'scale'"), HasSubstr("adds a constant to a sum over the batch's samples")));
+}
+
+TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisMixesSamples) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax" input: ["logits"] output: ["sm"] attr { key: "axis" value { i: 0 } } }
+    op { type: "reduce_mean" input: ["sm"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "sm"), SampleForm::kMixed);
+  EXPECT_EQ(CheckLossIsSampleMean(p).message(),
+            "the loss 'loss' changes with how the batch is split: p.pbtxt:10: op #2 'softmax' normalizes along the "
+            "batch axis");
+  // Along the class axis it is per sample.
+  const Program ok = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax" input: ["logits"] output: ["sm"] }
+    op { type: "reduce_mean" input: ["sm"] output: ["loss"] }
+  )pb"));
+  EXPECT_TRUE(CheckLossIsSampleMean(ok).ok());
+}
+
+TEST(SampleFormsTest, CenteringOnTheBatchMeanMixesSamples) {
+  // x - mean over the batch (a batch norm's first half).
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "reduce_mean" input: ["logits"] output: ["mu"] attr { key: "axis" value { list { i: 0 } } } }
+    op { type: "sub" input: ["logits", "mu"] output: ["centered"] }
+    op { type: "softmax_cross_entropy" input: ["centered", "label"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "mu"), SampleForm::kMean);
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+              AllOf(HasSubstr("op #3 'sub'"), HasSubstr("combines per-sample values with a mean or sum")));
+}
+
+TEST(SampleFormsTest, ANonlinearityOfAMeanMixesSamples) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "square" input: ["ce"] output: ["loss"] }
+  )pb"));
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(), HasSubstr("op #3 'square' applies a nonlinearity"));
+  const Program product = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "mul" input: ["ce", "ce"] output: ["loss"] }
+  )pb"));
+  EXPECT_THAT(CheckLossIsSampleMean(product).message(), HasSubstr("multiplies two means or sums"));
+}
+
+TEST(SampleFormsTest, AReshapeKeepsSamplesApartWhileTheBatchDimLeadsAsBefore) {
+  // [B, 4] -> [B, 2, 2] -> [B, 4]: entry b is still sample b's.
+  const Program apart = Classifier(R"pb(
+    op { type: "reshape" input: ["x"] output: ["halves"] attr { key: "shape" value { list { i: [-1, 2, 2] } } } }
+    op { type: "reshape" input: ["halves"] output: ["x2"] attr { key: "shape" value { list { i: [-1, 4] } } } }
+    op { type: "matmul" input: ["x2", "w"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_EQ(FormOf(apart, "halves"), SampleForm::kPerSample);
+  EXPECT_TRUE(CheckLossIsSampleMean(apart).ok());
+  // [B, 4] -> [2, B, 2]: entry b holds halves of samples 2b/... and others.
+  const Program interleaved = Classifier(R"pb(
+    var { name: "w2" dtype: F32 shape: [2, 3] kind: PARAM }
+    op { type: "reshape" input: ["x"] output: ["split"] attr { key: "shape" value { list { i: [2, -1, 2] } } } }
+    op { type: "matmul" input: ["split", "w2"] output: ["z"] }
+    op { type: "reduce_mean" input: ["z"] output: ["loss"] }
+  )pb");
+  EXPECT_THAT(CheckLossIsSampleMean(interleaved).message(),
+              HasSubstr("op #0 'reshape' reshapes so that entries of the batch dimension hold parts of several samples"));
+}
+
+TEST(SampleFormsTest, AContractionOverTheBatchIsASum) {
+  // x^T x: [4, 4], summed over samples.
+  const Program p = Classifier(R"pb(
+    op { type: "matmul" input: ["x", "x"] output: ["gram"] attr { key: "transpose_a" value { b: true } } }
+    op { type: "matmul" input: ["gram", "w"] output: ["gw"] }
+    op { type: "reduce_mean" input: ["gw"] output: ["loss"] }
+  )pb");
+  EXPECT_EQ(FormOf(p, "gram"), SampleForm::kSum);
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(), HasSubstr("is a sum over the batch's samples (p.pbtxt:7: op #0 'matmul')"));
+}
+
+TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisAfterATransposeMixesSamples) {
+  for (const std::string op : {"softmax", "log_softmax"}) {
+    SCOPED_TRACE(op);
+    const std::string norm = absl::StrCat("op { type: \"", op, "\" input: [\"t\"] output: [\"n\"] }");
+    const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+      op { type: "transpose" input: ["logits"] output: ["t"] attr { key: "perm" value { list { i: [1, 0] } } } }
+    )pb", norm, R"pb(
+      op { type: "reduce_mean" input: ["n"] output: ["loss"] }
+    )pb"));
+    EXPECT_EQ(FormOf(p, "t"), SampleForm::kPerSample);
+    EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+                HasSubstr(absl::StrCat("op #3 '", op, "' normalizes along the batch axis")));
+  }
+}
+
+TEST(SampleFormsTest, EveryGeneratedModelsLossIsAMean) {
+  GenOptions gpt;
+  gpt.blocks = 2;
+  gpt.d_model = 64;
+  gpt.heads = 4;
+  gpt.seq = 16;
+  gpt.vocab = 256;
+  gpt.dropout = 0.1;
+  for (const std::string model : {"mlp", "convnet", "resmlp", "gpt"}) {
+    SCOPED_TRACE(model);
+    auto text = GenerateProgram(model, model == "gpt" ? gpt : GenOptions());
+    ASSERT_TRUE(text.ok()) << text.status();
+    const Program p = Validated(*text);
+    EXPECT_EQ(FormOf(p, p.loss()), SampleForm::kMean);
+  }
+}
+
+}  // namespace
+}  // namespace strata
