@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -146,10 +147,20 @@ absl::Status CheckOptimizer(const Program& program, bool has_params) {
   return absl::OkStatus();
 }
 
-// Names a user writes: valid UTF-8, and free of '@', which the compiler's own
+// Strings a user writes that errors quote: valid UTF-8 without control
+// characters (printed escaped when they have one).
+absl::Status CheckPrintable(const std::string& where, const std::string& what, const std::string& name) {
+  if (!IsValidUtf8(name)) return Err(where, absl::StrCat(what, " is not valid UTF-8"));
+  if (HasControlCharacter(name)) {
+    return Err(where, absl::StrCat(what, " '", absl::CHexEscape(name), "' contains a control character"));
+  }
+  return absl::OkStatus();
+}
+
+// Names a user writes: printable, and free of '@', which the compiler's own
 // vars (w@grad, @step, w@moment1) use so they can never collide with a user's.
 absl::Status CheckUserName(const std::string& where, const std::string& what, const std::string& name) {
-  if (!IsValidUtf8(name)) return Err(where, absl::StrCat(what, " is not valid UTF-8"));
+  if (auto s = CheckPrintable(where, what, name); !s.ok()) return s;
   if (name.find('@') != std::string::npos) {
     return Err(where, absl::StrCat(what, " '", name, "' contains '@', which is reserved for the compiler's own vars"));
   }
@@ -201,6 +212,10 @@ absl::Status CheckDeclaredVar(const Program& program, const std::string& file, i
     if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
     if (auto s = CheckInitializer(program, v); !s.ok()) return s;
     if (!v.frozen()) declared->has_params = true;
+  }
+  if (v.host_memory()) {
+    return Err(where, "host_memory is written by the compiler (host transfers place feeds and fetched scalars); "
+                      "leave it out");
   }
   if (v.kind() == STATE || v.kind() == SCRATCH || v.kind() == PARAM_COPY) {
     return Err(where, absl::StrCat("kind ", VarKind_Name(v.kind()),
@@ -277,6 +292,7 @@ absl::StatusOr<std::vector<TensorType>> InputTypes(const Program& program, int i
   for (int k = 0; k < op.input_size(); ++k) {
     const std::string& in = op.input(k);
     if (in.empty()) return Err(where, absl::StrCat("input ", k, " has an empty name"));
+    if (auto s = CheckPrintable(where, absl::StrCat("input ", k), in); !s.ok()) return s;
     auto t = defs.types.find(in);
     if (t == defs.types.end()) return UndefinedInputError(program, i, where, in, declared);
     input_types.push_back(t->second);
@@ -344,6 +360,11 @@ absl::Status ValidateAndInferOp(Program* program, const std::string& file, int i
   if (!IsValidUtf8(op->type()) || !IsValidUtf8(op->device()) || !IsValidUtf8(op->name())) {
     return Err(OpIndexLocation(file, *op, i), "has a type, device or name that is not valid UTF-8");
   }
+  for (const auto& [what, text] : {std::pair<const char*, const std::string*>{"type", &op->type()},
+                                   {"device", &op->device()},
+                                   {"name", &op->name()}}) {
+    if (auto s = CheckPrintable(OpIndexLocation(file, *op, i), what, *text); !s.ok()) return s;
+  }
   std::string where = OpLocation(*program, i);
   absl::StatusOr<const OpSchema*> schema = CheckUserOp(file, i, where, op);
   if (!schema.ok()) return schema.status();
@@ -360,6 +381,10 @@ absl::Status ValidateAndInferOp(Program* program, const std::string& file, int i
 // every fetch is a scalar var.
 absl::Status CheckLossAndFetches(Program* program, const std::string& file, const Definitions& defs) {
   if (program->loss().empty()) return Err(file, "no loss: set `loss: \"<scalar var>\"`");
+  if (auto s = CheckPrintable(file, "loss", program->loss()); !s.ok()) return s;
+  for (const auto& f : program->fetch()) {
+    if (auto s = CheckPrintable(file, "fetch", f); !s.ok()) return s;
+  }
   auto lt = defs.types.find(program->loss());
   if (lt == defs.types.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not a var of the program"));
   if (!lt->second.shape.empty() || !IsFloating(lt->second.dtype)) {
@@ -409,6 +434,10 @@ std::string VarLocation(const Program& program, const Var& var) {
 }
 
 absl::Status ValidateAndInferProgram(Program* program) {
+  if (HasControlCharacter(program->name()) || HasControlCharacter(program->source_file())) {
+    return Err(program->source_file().empty() ? "program" : absl::CHexEscape(program->source_file()),
+               absl::StrCat("the program's name '", absl::CHexEscape(program->name()), "' or file name contains a control character"));
+  }
   const std::string file = FileOf(*program);
   DeclaredVars declared;
   for (int i = 0; i < program->var_size(); ++i) {

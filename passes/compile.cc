@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -25,6 +26,7 @@
 #include "passes/recompute.h"
 #include "proto/fnv1a.h"
 #include "proto/status_macros.h"
+#include "proto/utf8.h"
 
 namespace strata {
 namespace {
@@ -106,6 +108,10 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   if (strategy.has_recompute()) {
     GraphIndex index(program);
     for (const auto& c : strategy.recompute().checkpoints()) {
+      if (HasControlCharacter(c)) {
+        return StrategyError(file, "recompute.checkpoints",
+                             absl::StrCat("var '", absl::CHexEscape(c), "' contains a control character"));
+      }
       if (index.var(c) == nullptr) return StrategyError(file, "recompute.checkpoints", absl::StrCat("var '", c, "' does not exist in ", program.source_file()));
       if (index.producer(c) < 0) return StrategyError(file, "recompute.checkpoints", absl::StrCat("var '", c, "' is not produced by an op"));
     }

@@ -37,4 +37,11 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
+bool HasControlCharacter(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7F) return true;
+  }
+  return false;
+}
+
 }  // namespace strata

@@ -9,6 +9,10 @@ namespace strata {
 // U+DFFF) or values past U+10FFFF, as proto3 strings and JSON require.
 bool IsValidUtf8(std::string_view s);
 
+// Whether s holds an ASCII control character (below 0x20, or DEL): a name
+// with one would break an error's single line or drive the terminal.
+bool HasControlCharacter(std::string_view s);
+
 }  // namespace strata
 
 #endif  // STRATA_PROTO_UTF8_H_

@@ -2,7 +2,9 @@
 
 #include <time.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -30,7 +32,7 @@ size_t Tracer::size() const {
 
 absl::Status Tracer::Write(const std::string& path) const {
   std::ofstream out(path, std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --trace file for writing"));
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("--trace ", path, ": cannot open the file for writing (", std::strerror(errno), ")"));
   absl::MutexLock lock(&mu_);
   // One event a line.
   using OrderedJson = nlohmann::ordered_json;
@@ -54,7 +56,7 @@ absl::Status Tracer::Write(const std::string& path) const {
   }
   out << "\n]}\n";
   out.flush();
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  if (!out) return absl::DataLossError(absl::StrCat("--trace ", path, ": write failed (", std::strerror(errno), ")"));
   return absl::OkStatus();
 }
 
@@ -77,9 +79,9 @@ absl::Status MergeTraceFiles(const std::vector<std::string>& parts, const std::s
     body += events;
   }
   std::ofstream out(path, std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open --trace file for writing"));
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("--trace ", path, ": cannot open the file for writing (", std::strerror(errno), ")"));
   out << "{\"traceEvents\": [" << body << "]}\n";
-  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  if (!out) return absl::DataLossError(absl::StrCat("--trace ", path, ": write failed (", std::strerror(errno), ")"));
   for (const auto& part : parts) std::remove(part.c_str());
   return absl::OkStatus();
 }

@@ -646,6 +646,7 @@ absl::Status TrainSession::OpenData() {
   STRATA_RETURN_IF_ERROR(OpenJobData(options_, feeds, consumer, &train_data_, &eval_data_));
   train_data_->set_allocator(&loader_allocator_);
   if (eval_data_) eval_data_->set_allocator(&loader_allocator_);
+  if (!options_.data_note.empty()) std::fprintf(stderr, "note: %s\n", options_.data_note.c_str());
   return absl::OkStatus();
 }
 
@@ -710,6 +711,15 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   }
   if (auto s = executor_->LoadPersistentState(ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
+  }
+  // The optimizer's update count (passes/optimizer.h kStepVar) lags the
+  // run's step under gradient merge and skipped updates, never leads it.
+  if (auto it = ckpt->tensors.find("@step"); it != ckpt->tensors.end() && it->second.num_elements() == 1) {
+    const double updates = it->second.ValueAt(0);
+    if (!(updates >= 0 && updates <= static_cast<double>(*step))) {
+      return absl::InvalidArgumentError(absl::StrCat("--load ", source.description, ": '@step' (the optimizer's update count) is ",
+                                                     updates, "; a checkpoint of step ", *step, " holds 0 to ", *step));
+    }
   }
   executor_->set_step(*step);
   report_.loaded_from = source.description;

@@ -280,9 +280,9 @@ int CheckProcessCount(const CompileResult& result) {
 // One rank: this process trains, then --compare_single trains the reference.
 int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t program_seed,
                   const std::set<std::string>& given, Device* device) {
-  NoteSyntheticData(given);
   InstallStopHandler();
   TrainOptions options = TrainOptionsFromFlags(program_seed);
+  options.data_note = SyntheticDataNote(given);
   if (device != nullptr) options.device = device;
   // --compare_single reads this run's losses from its metrics, a temporary
   // file when the run writes none.

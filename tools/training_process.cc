@@ -69,9 +69,9 @@ void PrintSummary(const TrainReport& report) {
   }
 }
 
-void NoteSyntheticData(const std::set<std::string>& given) {
-  if (given.count("data") || absl::GetFlag(FLAGS_quiet)) return;
-  std::cerr << "note: no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)\n";
+std::string SyntheticDataNote(const std::set<std::string>& given) {
+  if (given.count("data") || absl::GetFlag(FLAGS_quiet)) return "";
+  return "no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)";
 }
 
 void InstallStopHandler() {

@@ -20,8 +20,9 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed);
 void PrintSummary(const TrainReport& report);
 
 // Synthetic data is the default so that `strata run PROGRAM` is a smoke test;
-// say so, lest a user take its loss for their dataset's.
-void NoteSyntheticData(const std::set<std::string>& given);
+// say so (TrainOptions::data_note, once the data has opened), lest a user
+// take its loss for their dataset's. "" with --data or --quiet.
+std::string SyntheticDataNote(const std::set<std::string>& given);
 
 // A training process (one device, or a worker) stops at the next step
 // boundary on SIGTERM, every rank after the same step, and saves with --save:

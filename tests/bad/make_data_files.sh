@@ -167,6 +167,12 @@ checkpoint "{$(meta 64),$step,$bias,${weight/\[4,3\]/[3,4]}}" 68 > "$d/model.saf
 d=$(case_dir ckpt_missing_param)
 checkpoint "{$(meta 64),$step,$bias}" 20 > "$d/model.safetensors"
 
+# The optimizer's update count @step is -5 (the run's step is 1).
+d=$(case_dir ckpt_negative_update_count)
+header="{$(meta 64),$step,$bias,$weight}"
+{ le64 ${#header}; printf '%s' "$header"; printf '\373\377\377\377\377\377\377\377'; head -c 60 /dev/zero; } \
+  > "$d/model.safetensors"
+
 # Saved at batch 32, resumed at 64.
 d=$(case_dir ckpt_batch_mismatch)
 checkpoint "{$(meta 32),$step,$bias,$weight}" 68 > "$d/model.safetensors"
