@@ -239,8 +239,11 @@ int CheckRunFlags() {
     std::cerr << "error: --steps and --epochs must be >= 0\n";
     return kExitUsage;
   }
-  if (!(absl::GetFlag(FLAGS_comm_timeout_s) > 0)) {
-    std::cerr << "error: --comm_timeout_s must be > 0\n";
+  // Gloo counts its timeouts in whole milliseconds (1e-300 was 0, which it
+  // refuses on every rank); past 1e6 s a timeout is no longer one.
+  const double comm_timeout = absl::GetFlag(FLAGS_comm_timeout_s);
+  if (!(comm_timeout >= 1e-3 && comm_timeout <= 1e6)) {
+    std::cerr << "error: --comm_timeout_s must be in [0.001, 1e6], got " << comm_timeout << "\n";
     return kExitUsage;
   }
   // Below a second a loaded machine's scheduling alone would look like a stall.
@@ -382,6 +385,7 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
     temp_metrics = metrics = TemporaryMetricsFile();
     args.push_back(absl::StrCat("--metrics=", metrics));
   }
+  if (const int rc = CheckWorkerSetup(); rc != 0) return rc;
   const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
   std::cout.flush();
   LaunchReport launch_report;

@@ -56,14 +56,8 @@ std::string JobId() {
 // STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME names, else the one whose route
 // reaches the store's host. 0, or the exit code once it printed why not.
 int ChooseListenHostname(const WorkerEnv& env, RendezvousOptions* ropts) {
-  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
-  std::string ifname_from = "--socket_ifname";
-  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    if (ifname.empty() && std::getenv(var) != nullptr) {
-      ifname = std::getenv(var);
-      ifname_from = var;
-    }
-  }
+  std::string ifname_from;
+  const std::string ifname = SocketIfname(&ifname_from);
   auto listen = ChooseListenAddress(ropts->store_spec, ifname);
   if (!listen.ok()) {
     std::cerr << "error: rank " << env.rank << ": choosing the address to listen on"
@@ -135,6 +129,38 @@ void SetNcclEnvironment() {
   if (const std::string ifname = absl::GetFlag(FLAGS_socket_ifname); !ifname.empty()) {
     setenv("NCCL_SOCKET_IFNAME", ifname.c_str(), /*overwrite=*/0);
   }
+}
+
+std::string SocketIfname(std::string* from) {
+  std::string ifname = absl::GetFlag(FLAGS_socket_ifname);
+  *from = "--socket_ifname";
+  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (ifname.empty() && std::getenv(var) != nullptr) {
+      ifname = std::getenv(var);
+      *from = var;
+    }
+  }
+  return ifname;
+}
+
+int CheckWorkerSetup() {
+  std::string from;
+  if (const std::string ifname = SocketIfname(&from); !ifname.empty()) {
+    if (auto address = ChooseListenAddress("", ifname); !address.ok()) {
+      std::cerr << "error: " << from << " " << ifname << ": " << address.status().message() << "\n";
+      return kExitUsage;
+    }
+  }
+  // Opening a file:// store makes its folder (a tcp:// one is served by
+  // rank 0, a redis:// one the ranks reach themselves).
+  const std::string store = absl::GetFlag(FLAGS_store);
+  if (absl::StartsWith(store, "file://")) {
+    if (auto opened = OpenStore(store); !opened.ok()) {
+      std::cerr << "error: --store " << store << ": " << opened.status().message() << "\n";
+      return kExitError;
+    }
+  }
+  return 0;
 }
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,

@@ -22,6 +22,17 @@ namespace cli {
 // getenv on another thread is undefined).
 void SetNcclEnvironment();
 
+// The interface a rank listens on: --socket_ifname, else
+// STRATA_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME; "" when none is set.
+// `from` gets which of them named it.
+std::string SocketIfname(std::string* from);
+
+// What the launcher can check before it starts --nproc workers, so a bad
+// --socket_ifname or an uncreatable file:// --store is one error line, not
+// one a rank: the interface has an address here, the store's folder can be
+// made. 0, or the exit code once it printed why not.
+int CheckWorkerSetup();
+
 // A worker: this rank's plan, its communicator, then the same training loop.
 // Every error after the store is open is recorded there before the rank
 // exits, so the launcher names the first failure in time. `device` is the
