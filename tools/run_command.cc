@@ -3,6 +3,7 @@
 // (tools/run_worker.cc).
 
 #include <signal.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -268,6 +269,29 @@ int CheckRunFlags() {
   return 0;
 }
 
+// The ranks this machine runs must fit in its memory and swap: past them
+// the kernel's OOM killer ends the run with SIGKILL mid-step, nothing said.
+// `plans` are this machine's: a worker's own, else every rank (the launcher
+// starts them all here). CPU plans only: a GPU's allocator fails with an
+// error naming the op.
+int CheckPlansFitTheMachine(const std::vector<const RankPlan*>& plans) {
+  if (plans.empty() || plans[0]->device_kind() != DEVICE_CPU) return 0;
+  int64_t need = 0;
+  for (const RankPlan* plan : plans) need += plan->memory().peak_bytes();
+  struct sysinfo info = {};
+  const int64_t swap = sysinfo(&info) == 0 ? static_cast<int64_t>(info.totalswap) * info.mem_unit : 0;
+  const int64_t memory = GetCpuDevice()->capacity_bytes();
+  if (memory <= 0 || need <= memory + swap) return 0;
+  const std::string what =
+      plans.size() == 1 ? absl::StrCat("rank ", plans[0]->rank(), "'s plan predicts a peak of ", Bytes(need))
+                        : absl::StrCat("the ", plans.size(), " ranks' plans predict peaks adding up to ", Bytes(need));
+  std::cerr << "error: " << what << ", more than this machine's " << Bytes(memory) << " of memory"
+            << (swap > 0 ? absl::StrCat(" and ", Bytes(swap), " of swap") : "")
+            << ": the system would kill the run; use a smaller batch, more pipeline stages or recompute "
+               "(strata check shows each rank's peak)\n";
+  return kExitError;
+}
+
 // Started by hand (not as a worker), --nproc must give the strategy's ranks.
 int CheckProcessCount(const CompileResult& result) {
   const int world = static_cast<int>(result.plans.size());
@@ -505,6 +529,11 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
                                ScheduleSpansRun(result->plans[0].program()))) {
     return rc;
   }
+  std::vector<const RankPlan*> here;
+  for (const RankPlan& plan : result->plans) {
+    if (!worker->has_value() || plan.rank() == (*worker)->rank) here.push_back(&plan);
+  }
+  if (int rc = CheckPlansFitTheMachine(here); rc != 0) return rc;
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
   if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
