@@ -1,12 +1,13 @@
 #include "analysis/sample_forms.h"
 
 #include <algorithm>
-#include <map>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/program_text.h"
+#include "proto/types.h"
 
 namespace strata {
 namespace {
@@ -103,20 +104,30 @@ class Analyzer {
     for (const VarSampleForm* f : ins_) {
       if (f->form == Form::kMixed) return *f;  // where the samples met first
     }
-    if (std::all_of(ins_.begin(), ins_.end(), [](const VarSampleForm* f) { return f->form == Form::kConstant; })) {
-      // fill_like of a batched var is batched, though its value is constant.
-      if (op.type() == "fill_like" && op.input_size() == 1) {
-        if (const Var* x = FindVar(op.input(0)); x != nullptr && BatchAxis(*x) >= 0) return PerSample();
-      }
-      return {};
-    }
     const std::string& t = op.type();
-    static const std::set<std::string> kNonlinear = {"relu", "gelu", "tanh", "sigmoid", "exp", "log",
-                                                     "sqrt", "square", "dropout"};
-    static const std::set<std::string> kLinearUnary = {"neg", "cast", "identity", "transpose"};
+    const bool constant_inputs =
+        std::all_of(ins_.begin(), ins_.end(), [](const VarSampleForm* f) { return f->form == Form::kConstant; });
+    // Dropout numbers its mask by the sample (the input's row along dim 0,
+    // offset by the part's first sample), so every part draws another mask
+    // on a value without the batch dim first.
+    if (t == "dropout") {
+      const AttrValue* p = FindAttr(op, "p");
+      if (p != nullptr && p->f() == 0) return *ins_[0];
+      if (constant_inputs) return Mixed("draws its mask by sample on a value without the batch dim: each part draws another");
+      return RowsOf(1, /*batch_first=*/true, "");
+    }
+    if (constant_inputs) return {};
+    static const std::set<std::string> kNonlinear = {"relu", "gelu", "tanh", "sigmoid", "exp", "log", "sqrt", "square"};
+    static const std::set<std::string> kLinearUnary = {"neg", "identity", "transpose", "scale"};
     if (kNonlinear.count(t)) return Nonlinear();
-    if (kLinearUnary.count(t)) return Linear(/*adds_constant=*/false);
-    if (t == "scale") return Linear(/*adds_constant=*/FindAttr(op, "bias") != nullptr && FindAttr(op, "bias")->f() != 0);
+    if (kLinearUnary.count(t)) return Linear();
+    // A cast to an integer or BOOL rounds: not linear.
+    if (t == "cast") {
+      const AttrValue* dtype = FindAttr(op, "dtype");
+      DataType to = DT_INVALID;
+      const bool floating = dtype != nullptr && DataType_Parse(dtype->s(), &to) && IsFloating(to);
+      return floating ? Linear() : Nonlinear();
+    }
     if (t == "add" || t == "sub" || t == "add_n") return AddLike();
     if (t == "mul" || t == "div") return MulLike(/*divides=*/t == "div");
     if (t == "reduce_sum" || t == "reduce_mean") return Reduce(t == "reduce_mean" ? Form::kMean : Form::kSum);
@@ -127,7 +138,7 @@ class Analyzer {
     if (t == "layer_norm") return Nonlinear();
     // Shape inference refuses to join, split or pad along the batch axis and
     // slices it only whole, so these move each sample's values apart.
-    if (t == "split" || t == "pad" || t == "slice") return Linear(/*adds_constant=*/false);
+    if (t == "split" || t == "pad" || t == "slice") return Linear();
     if (t == "concat") return Concat();
     if (t == "reshape" || t == "flatten" || t == "reshape_like") return Reshape();
     if (t == "matmul" || t == "matmul_bias" || t == "matmul_bias_gelu") return Matmul();
@@ -140,10 +151,19 @@ class Analyzer {
     }
     if (t == "softmax_cross_entropy" || t == "accuracy" || t == "mse_loss") return MeanOverRows();
     if (t == "sum_to_like") return SumToLike();
+    // A sum over every element: over samples too.
+    if (t == "sum_squares") return AnyInput(Form::kPerSample) && OnlyForm() == Form::kPerSample ? Made(Form::kSum) : Nonlinear();
+    // Values (a per-sample one, or a constant) repeated along other axes.
+    if (t == "broadcast_like") {
+      if (ins_[0]->form == Form::kMean || ins_[0]->form == Form::kSum) {
+        return Mixed("combines per-sample values with a mean or sum over the batch");
+      }
+      return PerSample();
+    }
     if (t == "fill_like") {
       return ins_[0]->form == Form::kPerSample ? PerSample() : VarSampleForm{};
     }
-    return Mixed(absl::StrCat("is an op whose treatment of the batch's samples Strata does not know"));
+    return Mixed("is an op whose treatment of the batch's samples Strata does not know");
   }
 
   // The batch axis of input k, or -1 (not batched, or undeclared).
@@ -183,16 +203,12 @@ class Analyzer {
     return PerSample();
   }
 
-  VarSampleForm Linear(bool adds_constant) const {
-    const VarSampleForm& x = FirstVarying();
-    if (x.form == Form::kSum && adds_constant) {
-      return Mixed("adds a constant to a sum over the batch's samples, which each part would add again");
-    }
-    return x;
-  }
+  // Linear (or affine) in its one varying input: the form passes through.
+  // (A constant added to a sum leaves it a sum: still not a mean.)
+  VarSampleForm Linear() const { return FirstVarying(); }
 
   // add, sub, add_n: per-sample values with each other or constants; means
-  // with means and constants (an affine mean); sums with sums only.
+  // with means and constants (an affine mean); sums with sums or constants.
   VarSampleForm AddLike() const {
     const Form only = OnlyForm();
     if (only == Form::kMixed) {
@@ -201,22 +217,18 @@ class Analyzer {
       return Mixed(absl::StrCat("adds a mean over the batch's samples to a sum over them (", (*sum)->origin, ")"));
     }
     if (only == Form::kPerSample) return Broadcast();
-    if (only == Form::kSum && AnyInput(Form::kConstant)) {
-      return Mixed("adds a constant to a sum over the batch's samples, which each part would add again");
-    }
     return FirstVarying();
   }
 
   // mul, div: a mean or sum times (or over) a constant stays one.
   VarSampleForm MulLike(bool divides) const {
-    const Form only = OnlyForm();
-    if (only == Form::kPerSample) return Broadcast();
-    if (only == Form::kMixed) return Mixed("combines per-sample values with a mean or sum over the batch");
+    if (OnlyForm() == Form::kPerSample) return Broadcast();
+    if (AnyInput(Form::kPerSample)) return Mixed("combines per-sample values with a mean or sum over the batch");
     const int varying = static_cast<int>(std::count_if(ins_.begin(), ins_.end(), [](const VarSampleForm* f) {
       return f->form != Form::kConstant;
     }));
-    if (varying > 1) return Mixed("multiplies two means or sums over the batch's samples");
     if (divides && ins_[1]->form != Form::kConstant) return Mixed("divides by a mean or sum over the batch's samples");
+    if (varying > 1) return Mixed("multiplies two means or sums over the batch's samples");
     return FirstVarying();
   }
 
@@ -249,14 +261,11 @@ class Analyzer {
     const Form only = OnlyForm();
     if (only == Form::kMixed) return Mixed("joins per-sample values with a mean or sum over the batch");
     if (only == Form::kPerSample) return PerSample();
-    if (only == Form::kSum && AnyInput(Form::kConstant)) {
-      return Mixed("joins a sum over the batch's samples with constants, which each part would give again");
-    }
     return FirstVarying();
   }
 
   VarSampleForm Reduce(Form made) const {
-    if (ins_[0]->form != Form::kPerSample) return Linear(false);
+    if (ins_[0]->form != Form::kPerSample) return Linear();
     const int b = InputBatchAxis(0), rank = InputRank(0);
     const std::vector<int64_t> axes = IntsAttr(*op_, "axis");
     bool over_batch = axes.empty();
@@ -268,7 +277,7 @@ class Analyzer {
   // each entry one sample's when as many elements come before the batch dim
   // as did: [B, 4] -> [B, 2, 2] does, [B, 4] -> [2, B, 2] interleaves.
   VarSampleForm Reshape() const {
-    if (ins_[0]->form != Form::kPerSample) return Linear(false);
+    if (ins_[0]->form != Form::kPerSample) return Linear();
     const Var* in = FindVar(op_->input(0));
     const Var* out = op_->output_size() > 0 ? FindVar(op_->output(0)) : nullptr;
     if (in == nullptr || out == nullptr) return Mixed("has an undeclared input or output");
@@ -284,7 +293,7 @@ class Analyzer {
   // sample; a contraction over the batch dim sums over samples; a mean or
   // sum times constants stays one.
   VarSampleForm Matmul() const {
-    const bool gelu = op_->type() == "matmul_bias_gelu", bias = op_->type() != "matmul";
+    const bool gelu = op_->type() == "matmul_bias_gelu";
     const Form only = OnlyForm();
     if (only == Form::kMixed) return Mixed("multiplies per-sample values with a mean or sum over the batch");
     const int varying = static_cast<int>(std::count_if(ins_.begin(), ins_.end(), [](const VarSampleForm* f) {
@@ -293,15 +302,12 @@ class Analyzer {
     if (only != Form::kPerSample) {
       if (varying > 1) return Mixed("multiplies two means or sums over the batch's samples");
       if (gelu) return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
-      if (bias && only == Form::kSum) {
-        return Mixed("adds a bias to a sum over the batch's samples, which each part would add again");
-      }
       return FirstVarying();
     }
     const Var* out = op_->output_size() > 0 ? FindVar(op_->output(0)) : nullptr;
     if (out != nullptr && BatchAxis(*out) >= 0) return PerSample();
     // The batch dim was contracted: a sum over samples of their products.
-    if (bias || gelu) return Mixed("contracts over the batch dimension and then adds a bias");
+    if (gelu) return Mixed("contracts over the batch dimension and then applies gelu");
     return Made(Form::kSum);
   }
 
@@ -324,23 +330,23 @@ class Analyzer {
     return PerSample();
   }
 
-  // Losses and metrics: the mean over rows of per-row terms, a row a sample
-  // (batch dim first).
+  // Losses and metrics: the mean over rows (softmax_cross_entropy,
+  // accuracy: every axis but the last, the classes) or over elements
+  // (mse_loss) of per-row terms; each sample owns as many rows as another,
+  // wherever its batch dim is, unless it is the classes'.
   VarSampleForm MeanOverRows() const {
     if (AnyInput(Form::kMean) || AnyInput(Form::kSum)) {
       return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
     }
-    for (int k = 0; k < op_->input_size(); ++k) {
-      if (ins_[k]->form == Form::kPerSample && InputBatchAxis(k) != 0) {
-        return Mixed("reads the batch dimension as another axis (it must come first)");
-      }
+    if (op_->type() != "mse_loss" && ins_[0]->form == Form::kPerSample && InputBatchAxis(0) == InputRank(0) - 1) {
+      return Mixed("takes the batch dimension for its classes");
     }
     return Made(Form::kMean);
   }
 
   // The gradient of a broadcast: summing away the batch dim sums over samples.
   VarSampleForm SumToLike() const {
-    if (ins_[0]->form != Form::kPerSample) return Linear(false);
+    if (ins_[0]->form != Form::kPerSample) return Linear();
     const Var* like = FindVar(op_->input(1));
     if (like != nullptr && BatchAxis(*like) >= 0) return PerSample();
     return Made(Form::kSum);
@@ -369,12 +375,10 @@ absl::Status CheckLossIsSampleMean(const Program& program) {
       case Form::kMean:
         return absl::OkStatus();
       case Form::kSum:
-        return absl::InvalidArgumentError(
-            absl::StrCat("the loss '", program.loss(), "' is a sum over the batch's samples (",
-                         f.origin.empty() ? "a feed" : f.origin, "): make it a mean (reduce_mean)"));
-      case Form::kPerSample:
-        return absl::InvalidArgumentError(
-            absl::StrCat("the loss '", program.loss(), "' keeps the batch dimension: reduce it with reduce_mean"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the loss '", program.loss(), "' is a sum over the batch's samples (", f.origin, "): make it a mean",
+            absl::StrContains(f.origin, "'reduce_sum'") ? " (reduce_mean)" : " over them"));
+      case Form::kPerSample:  // (validation holds the loss a scalar)
       case Form::kMixed:
         return absl::InvalidArgumentError(absl::StrCat("the loss '", program.loss(),
                                                        "' changes with how the batch is split: ", f.origin, " ",

@@ -27,13 +27,14 @@ enum class SampleForm {
   kPerSample,  // carries the batch dim (-1), whose entry i is sample i's alone
   kMean,       // an affine function of means over samples of per-sample terms
   kSum,        // a linear function of sums over samples of per-sample terms
+               // (plus constants: still not a mean)
   kMixed,      // anything else: samples interact
 };
 
 struct VarSampleForm {
   SampleForm form = SampleForm::kConstant;
-  // kMean, kSum, kMixed: the op that made the form ("" for a feed), and for
-  // kMixed why the samples meet there.
+  // kMean, kSum, kMixed: where the op that made the form is ("file:line: op
+  // #i 'type'"), and for kMixed why the samples meet there.
   std::string origin;
   std::string why;
 };

@@ -92,13 +92,14 @@ TEST(SampleFormsTest, AReduceSumOverTheBatchIsASumNamedWithItsOp) {
             "(reduce_mean)");
 }
 
-TEST(SampleFormsTest, ASumPlusAConstantIsNotASum) {
+TEST(SampleFormsTest, ASumPlusAConstantIsStillNamedASum) {
   const Program p = Classifier(absl::StrCat(kLogits, R"pb(
     op { type: "reduce_sum" input: ["logits"] output: ["total"] }
     op { type: "scale" input: ["total"] output: ["loss"] attr { key: "bias" value { f: 1 } } }
   )pb"));
+  EXPECT_EQ(FormOf(p, "loss"), SampleForm::kSum);
   EXPECT_THAT(CheckLossIsSampleMean(p).message(),
-              AllOf(HasSubstr("op #3 'scale'"), HasSubstr("adds a constant to a sum over the batch's samples")));
+              HasSubstr("is a sum over the batch's samples (p.pbtxt:10: op #2 'reduce_sum'): make it a mean (reduce_mean)"));
 }
 
 TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisMixesSamples) {
@@ -172,7 +173,8 @@ TEST(SampleFormsTest, AContractionOverTheBatchIsASum) {
     op { type: "reduce_mean" input: ["gw"] output: ["loss"] }
   )pb");
   EXPECT_EQ(FormOf(p, "gram"), SampleForm::kSum);
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(), HasSubstr("is a sum over the batch's samples (p.pbtxt:7: op #0 'matmul')"));
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+              HasSubstr("is a sum over the batch's samples (p.pbtxt:7: op #0 'matmul'): make it a mean over them"));
 }
 
 TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisAfterATransposeMixesSamples) {
@@ -188,6 +190,91 @@ TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisAfterATransposeMixesSamples) {
     EXPECT_THAT(CheckLossIsSampleMean(p).message(),
                 HasSubstr(absl::StrCat("op #3 '", op, "' normalizes along the batch axis")));
   }
+}
+
+TEST(SampleFormsTest, DropoutNumbersItsMaskByTheRowsOfDimZero) {
+  // The kernel keys the mask on (part's first sample + row along dim 0):
+  // per sample only where dim 0 is the batch.
+  const Program batch_first = Classifier(R"pb(
+    op { type: "dropout" input: ["x"] output: ["d"] }
+    op { type: "matmul" input: ["d", "w"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_TRUE(CheckLossIsSampleMean(batch_first).ok());
+  const Program transposed = Classifier(R"pb(
+    op { type: "transpose" input: ["x"] output: ["xt"] attr { key: "perm" value { list { i: [1, 0] } } } }
+    op { type: "dropout" input: ["xt"] output: ["dt"] }
+    op { type: "transpose" input: ["dt"] output: ["d"] attr { key: "perm" value { list { i: [1, 0] } } } }
+    op { type: "matmul" input: ["d", "w"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_THAT(CheckLossIsSampleMean(transposed).message(),
+              HasSubstr("op #1 'dropout' reads the batch dimension as another axis"));
+  // On a weight (DropConnect) each part would draw another mask.
+  const Program weight = Classifier(R"pb(
+    op { type: "dropout" input: ["w"] output: ["wd"] }
+    op { type: "matmul" input: ["x", "wd"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_THAT(CheckLossIsSampleMean(weight).message(),
+              HasSubstr("op #0 'dropout' draws its mask by sample on a value without the batch dim"));
+  const Program no_drop = Classifier(R"pb(
+    op { type: "dropout" input: ["w"] output: ["wd"] attr { key: "p" value { f: 0 } } }
+    op { type: "matmul" input: ["x", "wd"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_EQ(FormOf(no_drop, "wd"), SampleForm::kConstant);
+}
+
+TEST(SampleFormsTest, ACastToAnIntegerIsNotLinear) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "cast" input: ["ce"] output: ["ci"] attr { key: "dtype" value { s: "I64" } } }
+    op { type: "cast" input: ["ci"] output: ["loss"] attr { key: "dtype" value { s: "F32" } } }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "ci"), SampleForm::kMixed);
+  const Program wide = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "cast" input: ["ce"] output: ["loss"] attr { key: "dtype" value { s: "F64" } } }
+  )pb"));
+  EXPECT_EQ(FormOf(wide, "loss"), SampleForm::kMean);
+}
+
+TEST(SampleFormsTest, ALossOverTimeMajorRowsIsAMean) {
+  // [T, B, C] logits: every sample owns T of the rows the loss averages.
+  const Program p = Classifier(R"pb(
+    var { name: "w6" dtype: F32 shape: [4, 6] kind: PARAM }
+    op { type: "matmul" input: ["x", "w6"] output: ["h"] }
+    op { type: "reshape" input: ["h"] output: ["h3"] attr { key: "shape" value { list { i: [-1, 2, 3] } } } }
+    op { type: "transpose" input: ["h3"] output: ["logits"] attr { key: "perm" value { list { i: [1, 0, 2] } } } }
+    op { type: "reshape" input: ["label"] output: ["l1"] attr { key: "shape" value { list { i: [1, -1] } } } }
+    op { type: "concat" input: ["l1", "l1"] output: ["labels"] attr { key: "axis" value { i: 0 } } }
+    op { type: "softmax_cross_entropy" input: ["logits", "labels"] output: ["loss"] }
+  )pb");
+  EXPECT_TRUE(CheckLossIsSampleMean(p).ok()) << CheckLossIsSampleMean(p);
+}
+
+TEST(SampleFormsTest, BroadcastLikeRepeatsPerSampleValues) {
+  // Each sample centred on its own mean over features.
+  const Program p = Classifier(R"pb(
+    op { type: "reduce_mean" input: ["x"] output: ["mu"] attr { key: "axis" value { list { i: [1] } } } }
+    op { type: "broadcast_like" input: ["mu", "x"] output: ["mub"] attr { key: "axis" value { list { i: [1] } } } }
+    op { type: "sub" input: ["x", "mub"] output: ["xc"] }
+    op { type: "matmul" input: ["xc", "w"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  EXPECT_EQ(FormOf(p, "mub"), SampleForm::kPerSample);
+  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+}
+
+TEST(SampleFormsTest, ADivisionByASumSaysItDivides) {
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "reduce_sum" input: ["logits"] output: ["s"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "div" input: ["ce", "s"] output: ["loss"] }
+  )pb"));
+  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+              HasSubstr("op #4 'div' divides by a mean or sum over the batch's samples"));
 }
 
 TEST(SampleFormsTest, EveryGeneratedModelsLossIsAMean) {

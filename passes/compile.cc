@@ -151,21 +151,21 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   std::string field, parts;
   if (strategy.has_pipeline() && strategy.pipeline().accumulate_steps() > 1) {
     field = "pipeline.accumulate_steps";
-    parts = absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches");
+    parts = absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches average their losses and gradients");
   } else if (dp > 1) {
     field = "data_parallel.degree";
-    parts = absl::StrCat(dp, " replicas");
+    parts = absl::StrCat(dp, " replicas average their losses and gradients");
   } else if (strategy.gradient_merge().k_steps() > 1 && strategy.gradient_merge().average()) {
     // (Without `average` the merged gradients are summed, as Paddle's
     // avg=False: the user's choice, not one device's step.)
     field = "gradient_merge.k_steps";
-    parts = absl::StrCat(strategy.gradient_merge().k_steps(), " merged steps");
+    parts = absl::StrCat(strategy.gradient_merge().k_steps(), " merged steps average their gradients");
   }
   if (!field.empty()) {
     if (auto s = CheckLossIsSampleMean(program); !s.ok()) {
       return StrategyError(file, field,
-                           absl::StrCat(parts, " average their losses and gradients, which equals one device's step "
-                                               "only for a loss that is a mean over samples; ",
+                           absl::StrCat(parts, ", which equals one device's step only for a loss that is a mean "
+                                               "over samples; ",
                                         s.message()));
     }
   }
