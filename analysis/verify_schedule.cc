@@ -1,6 +1,7 @@
 #include "analysis/verify_schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -247,7 +248,7 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
   // Posted sends not yet received: (channel id, micro-batch) -> send event.
   std::map<std::pair<int64_t, int>, const Event*> in_flight;
   // (communicator, rank) -> how many of its collectives on it the rank has reached.
-  std::map<std::pair<std::string, int>, int> reached;
+  absl::flat_hash_map<std::pair<std::string, int>, int> reached;
   // The first member of e's communicator that has not yet reached it, or -1.
   auto missing = [&](const Event& e) {
     for (int m : groups.by_id.at(*groups.ids_of.at(e.comm).begin())->rank()) {
@@ -256,72 +257,103 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     }
     return -1;
   };
+  // The ranks whose waits a rank's progress can end: those it sends to and
+  // its communicators' members. Each rank runs as far as it can; one that
+  // moved puts those on the work list. (Sweeping every rank until none moved
+  // took a sweep per hop of a backward pass.) The ranks' progress only
+  // grows, so where they all stop does not depend on the order.
+  std::vector<std::vector<int>> wakes(n);
+  for (int r = 0; r < n; ++r) {
+    std::set<std::string> comms;
+    for (const Event& e : events[r]) {
+      if (e.is_collective) {
+        comms.insert(e.comm);
+      } else if (e.is_send) {
+        wakes[r].push_back(static_cast<int>(e.channel.dst_rank()));
+      }
+    }
+    for (const std::string& comm : comms) {
+      for (int m : groups.by_id.at(*groups.ids_of.at(comm).begin())->rank()) wakes[r].push_back(m);
+    }
+    std::sort(wakes[r].begin(), wakes[r].end());
+    wakes[r].erase(std::unique(wakes[r].begin(), wakes[r].end()), wakes[r].end());
+  }
   std::vector<size_t> next(n, 0);
-  while (true) {
+  std::deque<int> work;
+  std::vector<bool> queued(n, true);
+  for (int r = 0; r < n; ++r) work.push_back(r);
+  while (!work.empty()) {
+    const int r = work.front();
+    work.pop_front();
+    queued[r] = false;
     bool progress = false;
-    for (int r = 0; r < n; ++r) {
-      while (next[r] < events[r].size()) {
-        const Event& e = events[r][next[r]];
-        auto key = std::make_pair(e.channel.id(), e.micro_batch);
-        if (e.is_collective) {
-          int& mine = reached[{e.comm, r}];
-          if (mine <= e.ordinal) {
-            mine = e.ordinal + 1;
-            progress = true;
-          }
-          if (missing(e) >= 0) break;  // blocked
-        } else if (e.is_send) {
-          if (in_flight.count(key)) {
-            return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, " sends ",
-                                                           ChannelName(e.channel), " micro-batch ", e.micro_batch,
-                                                           " twice before it is received"));
-          }
-          in_flight[key] = &e;
-        } else {
-          auto it = in_flight.find(key);
-          if (it == in_flight.end()) break;  // blocked
-          const Event& s = *it->second;
-          if (s.type != e.type) {
-            return absl::InvalidArgumentError(absl::StrCat("schedule: ", ChannelName(e.channel), ": rank ", s.channel.src_rank(),
-                                                           " sends ", s.type.ToString(), " in ", s.action, " but rank ", r,
-                                                           " receives ", e.type.ToString(), " in ", e.action));
-          }
-          in_flight.erase(it);
+    while (next[r] < events[r].size()) {
+      const Event& e = events[r][next[r]];
+      auto key = std::make_pair(e.channel.id(), e.micro_batch);
+      if (e.is_collective) {
+        int& mine = reached[{e.comm, r}];
+        if (mine <= e.ordinal) {
+          mine = e.ordinal + 1;
+          progress = true;
         }
-        ++next[r];
-        progress = true;
+        if (missing(e) >= 0) break;  // blocked
+      } else if (e.is_send) {
+        if (in_flight.count(key)) {
+          return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, " sends ",
+                                                         ChannelName(e.channel), " micro-batch ", e.micro_batch,
+                                                         " twice before it is received"));
+        }
+        in_flight[key] = &e;
+      } else {
+        auto it = in_flight.find(key);
+        if (it == in_flight.end()) break;  // blocked
+        const Event& s = *it->second;
+        if (s.type != e.type) {
+          return absl::InvalidArgumentError(absl::StrCat("schedule: ", ChannelName(e.channel), ": rank ", s.channel.src_rank(),
+                                                         " sends ", s.type.ToString(), " in ", s.action, " but rank ", r,
+                                                         " receives ", e.type.ToString(), " in ", e.action));
+        }
+        in_flight.erase(it);
+      }
+      ++next[r];
+      progress = true;
+    }
+    if (!progress) continue;
+    for (int q : wakes[r]) {
+      if (q != r && !queued[q]) {
+        queued[q] = true;
+        work.push_back(q);
       }
     }
-    bool done = true;
-    for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
-    if (done) break;
-    if (!progress) {
-      // Every unfinished rank waits, on a recv or in a collective: follow who
-      // waits for whom.
-      std::vector<std::string> waits;
-      std::set<int> visited;
-      int r = 0;
-      while (next[r] == events[r].size()) ++r;
-      while (r >= 0 && !visited.count(r)) {
-        visited.insert(r);
-        if (next[r] == events[r].size()) {
-          waits.push_back(absl::StrCat("rank ", r, " has finished"));
-          break;
-        }
-        const Event& e = events[r][next[r]];
-        if (e.is_collective) {
-          const int m = missing(e);
-          waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits in ", CollectiveName(e), " over ",
-                                       DescribeGroup(*groups.by_id.at(e.group)), " for rank ", m));
-          r = m;
-          continue;
-        }
-        waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits to receive ", ChannelName(e.channel),
-                                     " micro-batch ", e.micro_batch, " from rank ", e.channel.src_rank()));
-        r = e.channel.src_rank();
+  }
+  bool done = true;
+  for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
+  if (!done) {
+    // Every unfinished rank waits, on a recv or in a collective: follow who
+    // waits for whom.
+    std::vector<std::string> waits;
+    std::set<int> visited;
+    int r = 0;
+    while (next[r] == events[r].size()) ++r;
+    while (r >= 0 && !visited.count(r)) {
+      visited.insert(r);
+      if (next[r] == events[r].size()) {
+        waits.push_back(absl::StrCat("rank ", r, " has finished"));
+        break;
       }
-      return absl::InvalidArgumentError(absl::StrCat("schedule would hang: ", absl::StrJoin(waits, "; ")));
+      const Event& e = events[r][next[r]];
+      if (e.is_collective) {
+        const int m = missing(e);
+        waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits in ", CollectiveName(e), " over ",
+                                     DescribeGroup(*groups.by_id.at(e.group)), " for rank ", m));
+        r = m;
+        continue;
+      }
+      waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits to receive ", ChannelName(e.channel),
+                                   " micro-batch ", e.micro_batch, " from rank ", e.channel.src_rank()));
+      r = e.channel.src_rank();
     }
+    return absl::InvalidArgumentError(absl::StrCat("schedule would hang: ", absl::StrJoin(waits, "; ")));
   }
   if (!in_flight.empty()) {
     const Event& s = *in_flight.begin()->second;
@@ -380,19 +412,28 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
     int rank, action;
     bool late;
   };
-  std::map<std::pair<int64_t, int>, Sender> sender;
+  absl::flat_hash_map<std::pair<int64_t, int>, Sender> sender;
   // rank -> action -> the keys it receives before its work, and after a send of its own.
   struct Receives {
     std::vector<std::pair<int64_t, int>> before, after;
   };
   std::vector<std::vector<Receives>> receives(n);
+  // The ranks each rank sends to: the only ones its progress can unblock.
+  std::vector<std::vector<int>> receivers(n);
   for (int r = 0; r < n; ++r) {
     receives[r].resize(plans[r].schedule().action_size());
     for (const Event& e : Events(plans[r])) {
       auto key = std::make_pair(e.channel.id(), e.micro_batch);
-      if (e.is_send) sender[key] = {r, e.action_index, e.late};
-      else (e.late ? receives[r][e.action_index].after : receives[r][e.action_index].before).push_back(key);
+      if (e.is_send) {
+        sender[key] = {r, e.action_index, e.late};
+        const int q = static_cast<int>(e.channel.dst_rank());
+        if (q >= 0 && q < n) receivers[r].push_back(q);
+      } else {
+        (e.late ? receives[r][e.action_index].after : receives[r][e.action_index].before).push_back(key);
+      }
     }
+    std::sort(receivers[r].begin(), receivers[r].end());
+    receivers[r].erase(std::unique(receivers[r].begin(), receivers[r].end()), receivers[r].end());
     for (const Action& a : plans[r].schedule().action()) t.ranks[r].push_back({a, -1, -1, -1});
   }
   // Raises `time` to when every key has been sent; false while one is not yet.
@@ -410,30 +451,45 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   std::vector<int> next(n, 0);
   std::vector<bool> working(n, false);  // next[r] has started and waits to receive after its sends
   std::vector<double> free_at(n, 0);
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int r = 0; r < n; ++r) {
-      while (next[r] < static_cast<int>(t.ranks[r].size())) {
-        Timeline::Slot& slot = t.ranks[r][next[r]];
-        const Receives& in = receives[r][next[r]];
-        if (!working[r]) {
-          double ready = free_at[r];
-          if (!arrived(in.before, &ready)) break;
-          const double cost = slot.action.kind() == Action::FORWARD ? costs[r].first
-                              : slot.action.kind() == Action::BACKWARD ? costs[r].second : 0;
-          slot.start = ready;
-          slot.work_end = ready + cost;
-          working[r] = true;
-          progress = true;
-        }
-        double done = slot.work_end;
-        if (!arrived(in.after, &done)) break;
-        slot.end = done;
-        free_at[r] = done;
-        working[r] = false;
-        ++next[r];
+  // Each rank runs its actions in order as far as their receives allow; a
+  // rank that moved may unblock those it sends to, which go back on the
+  // work list. (Sweeping every rank until none moved took a sweep per hop
+  // of a backward pass: stages x micro-batches sweeps of every rank.) The
+  // times are the dependencies' and so do not depend on the visiting order.
+  std::deque<int> work;
+  std::vector<bool> queued(n, true);
+  for (int r = 0; r < n; ++r) work.push_back(r);
+  while (!work.empty()) {
+    const int r = work.front();
+    work.pop_front();
+    queued[r] = false;
+    bool progress = false;
+    while (next[r] < static_cast<int>(t.ranks[r].size())) {
+      Timeline::Slot& slot = t.ranks[r][next[r]];
+      const Receives& in = receives[r][next[r]];
+      if (!working[r]) {
+        double ready = free_at[r];
+        if (!arrived(in.before, &ready)) break;
+        const double cost = slot.action.kind() == Action::FORWARD ? costs[r].first
+                            : slot.action.kind() == Action::BACKWARD ? costs[r].second : 0;
+        slot.start = ready;
+        slot.work_end = ready + cost;
+        working[r] = true;
         progress = true;
+      }
+      double done = slot.work_end;
+      if (!arrived(in.after, &done)) break;
+      slot.end = done;
+      free_at[r] = done;
+      working[r] = false;
+      ++next[r];
+      progress = true;
+    }
+    if (!progress) continue;
+    for (int q : receivers[r]) {
+      if (!queued[q]) {
+        queued[q] = true;
+        work.push_back(q);
       }
     }
   }
