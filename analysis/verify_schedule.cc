@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -222,6 +223,41 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::ve
   return absl::OkStatus();
 }
 
+// Runs `advance` on every rank, then again on the ranks `wakes` lists for
+// each rank that moved (advance returned true), until none is left: each
+// rank runs as far as its receives and collectives allow, and only the
+// ranks it sends to or shares a communicator with can move after it.
+// (Sweeping every rank until none moved took a sweep per hop of a backward
+// pass: stages x micro-batches sweeps of every rank.) The ranks' progress
+// only grows, so where they stop does not depend on the order. Stops at
+// advance's first error.
+absl::Status AdvanceUntilStuck(std::vector<std::vector<int>> wakes,
+                               const std::function<absl::StatusOr<bool>(int)>& advance) {
+  const int n = static_cast<int>(wakes.size());
+  for (std::vector<int>& w : wakes) {
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+  }
+  std::deque<int> work;
+  std::vector<bool> queued(n, true);
+  for (int r = 0; r < n; ++r) work.push_back(r);
+  while (!work.empty()) {
+    const int r = work.front();
+    work.pop_front();
+    queued[r] = false;
+    absl::StatusOr<bool> moved = advance(r);
+    if (!moved.ok()) return moved.status();
+    if (!*moved) continue;
+    for (int q : wakes[r]) {
+      if (q >= 0 && q < n && q != r && !queued[q]) {
+        queued[q] = true;
+        work.push_back(q);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
@@ -258,10 +294,7 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     return -1;
   };
   // The ranks whose waits a rank's progress can end: those it sends to and
-  // its communicators' members. Each rank runs as far as it can; one that
-  // moved puts those on the work list. (Sweeping every rank until none moved
-  // took a sweep per hop of a backward pass.) The ranks' progress only
-  // grows, so where they all stop does not depend on the order.
+  // its communicators' members.
   std::vector<std::vector<int>> wakes(n);
   for (int r = 0; r < n; ++r) {
     std::set<std::string> comms;
@@ -275,17 +308,9 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     for (const std::string& comm : comms) {
       for (int m : groups.by_id.at(*groups.ids_of.at(comm).begin())->rank()) wakes[r].push_back(m);
     }
-    std::sort(wakes[r].begin(), wakes[r].end());
-    wakes[r].erase(std::unique(wakes[r].begin(), wakes[r].end()), wakes[r].end());
   }
   std::vector<size_t> next(n, 0);
-  std::deque<int> work;
-  std::vector<bool> queued(n, true);
-  for (int r = 0; r < n; ++r) work.push_back(r);
-  while (!work.empty()) {
-    const int r = work.front();
-    work.pop_front();
-    queued[r] = false;
+  auto advance = [&](int r) -> absl::StatusOr<bool> {
     bool progress = false;
     while (next[r] < events[r].size()) {
       const Event& e = events[r][next[r]];
@@ -318,14 +343,9 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
       ++next[r];
       progress = true;
     }
-    if (!progress) continue;
-    for (int q : wakes[r]) {
-      if (q != r && !queued[q]) {
-        queued[q] = true;
-        work.push_back(q);
-      }
-    }
-  }
+    return progress;
+  };
+  if (absl::Status s = AdvanceUntilStuck(std::move(wakes), advance); !s.ok()) return s;
   bool done = true;
   for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
   if (!done) {
@@ -426,14 +446,11 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
       auto key = std::make_pair(e.channel.id(), e.micro_batch);
       if (e.is_send) {
         sender[key] = {r, e.action_index, e.late};
-        const int q = static_cast<int>(e.channel.dst_rank());
-        if (q >= 0 && q < n) receivers[r].push_back(q);
+        receivers[r].push_back(static_cast<int>(e.channel.dst_rank()));
       } else {
         (e.late ? receives[r][e.action_index].after : receives[r][e.action_index].before).push_back(key);
       }
     }
-    std::sort(receivers[r].begin(), receivers[r].end());
-    receivers[r].erase(std::unique(receivers[r].begin(), receivers[r].end()), receivers[r].end());
     for (const Action& a : plans[r].schedule().action()) t.ranks[r].push_back({a, -1, -1, -1});
   }
   // Raises `time` to when every key has been sent; false while one is not yet.
@@ -451,18 +468,9 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   std::vector<int> next(n, 0);
   std::vector<bool> working(n, false);  // next[r] has started and waits to receive after its sends
   std::vector<double> free_at(n, 0);
-  // Each rank runs its actions in order as far as their receives allow; a
-  // rank that moved may unblock those it sends to, which go back on the
-  // work list. (Sweeping every rank until none moved took a sweep per hop
-  // of a backward pass: stages x micro-batches sweeps of every rank.) The
+  // Each rank runs its actions in order as far as their receives allow. The
   // times are the dependencies' and so do not depend on the visiting order.
-  std::deque<int> work;
-  std::vector<bool> queued(n, true);
-  for (int r = 0; r < n; ++r) work.push_back(r);
-  while (!work.empty()) {
-    const int r = work.front();
-    work.pop_front();
-    queued[r] = false;
+  (void)AdvanceUntilStuck(std::move(receivers), [&](int r) -> absl::StatusOr<bool> {
     bool progress = false;
     while (next[r] < static_cast<int>(t.ranks[r].size())) {
       Timeline::Slot& slot = t.ranks[r][next[r]];
@@ -485,14 +493,8 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
       ++next[r];
       progress = true;
     }
-    if (!progress) continue;
-    for (int q : receivers[r]) {
-      if (!queued[q]) {
-        queued[q] = true;
-        work.push_back(q);
-      }
-    }
-  }
+    return progress;
+  });
   for (int r = 0; r < n; ++r) t.makespan = std::max(t.makespan, free_at[r]);
   for (int r = 0; r < n; ++r) {
     double busy = 0;
