@@ -264,6 +264,15 @@ absl::StatusOr<const OpSchema*> CheckUserOp(const std::string& file, int i, cons
   if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
   if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
   if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
+  for (const auto& [key, value] : op->attr()) {
+    if (auto s = CheckPrintable(where, "attr name", key); !s.ok()) return s;
+    if (value.value_case() == AttrValue::kS) {
+      if (auto s = CheckPrintable(where, absl::StrCat("attr '", key, "' value"), value.s()); !s.ok()) return s;
+    }
+    for (const std::string& item : value.list().s()) {
+      if (auto s = CheckPrintable(where, absl::StrCat("attr '", key, "' value"), item); !s.ok()) return s;
+    }
+  }
   if (auto in_place = op->attr().find("in_place"); in_place != op->attr().end() && in_place->second.b()) {
     // Only the compiler can prove nothing reads the overwritten input later.
     return Err(where, "attr 'in_place' is written by the compiler (in-place-loss-gradient); leave it out");
@@ -434,9 +443,9 @@ std::string VarLocation(const Program& program, const Var& var) {
 }
 
 absl::Status ValidateAndInferProgram(Program* program) {
-  if (HasControlCharacter(program->name()) || HasControlCharacter(program->source_file())) {
-    return Err(program->source_file().empty() ? "program" : absl::CHexEscape(program->source_file()),
-               absl::StrCat("the program's name '", absl::CHexEscape(program->name()), "' or file name contains a control character"));
+  if (HasControlCharacter(program->name())) {
+    return Err(program->source_file().empty() ? "program" : program->source_file(),
+               absl::StrCat("the program's name '", absl::CHexEscape(program->name()), "' contains a control character"));
   }
   const std::string file = FileOf(*program);
   DeclaredVars declared;

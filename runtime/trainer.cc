@@ -646,7 +646,6 @@ absl::Status TrainSession::OpenData() {
   STRATA_RETURN_IF_ERROR(OpenJobData(options_, feeds, consumer, &train_data_, &eval_data_));
   train_data_->set_allocator(&loader_allocator_);
   if (eval_data_) eval_data_->set_allocator(&loader_allocator_);
-  if (!options_.data_note.empty()) std::fprintf(stderr, "note: %s\n", options_.data_note.c_str());
   return absl::OkStatus();
 }
 
@@ -1219,6 +1218,8 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   STRATA_RETURN_IF_ERROR(session.CheckSaveKeepsLatest());
   STRATA_RETURN_IF_ERROR(session.CheckRanksAgreeOnSettings());
   STRATA_RETURN_IF_ERROR(session.OpenMetrics());
+  // Once nothing before the first step can fail, so an error is the run's only line.
+  if (!options.data_note.empty()) std::fprintf(stderr, "note: %s\n", options.data_note.c_str());
 
   STRATA_RETURN_IF_ERROR(session.RunSteps());
 

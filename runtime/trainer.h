@@ -33,8 +33,9 @@ struct TrainOptions {
   // save_dir) and returns with TrainReport::stop_signal set to it.
   std::function<int()> stop_signal;
   bool progress = true;            // a progress line on stderr about once a second
-  // Said on stderr once the data has opened (so a bad --eval_data is the
-  // run's only line): the data is the synthetic default, not the user's.
+  // Said on stderr just before the first step (so an error before it, a bad
+  // --eval_data among them, is the run's only line): the data is the
+  // synthetic default, not the user's.
   std::string data_note;
   // Rows an evaluation call takes across the data-parallel group; 0: the
   // plan's micro-batch on each replica, the rows its memory plan counts.

@@ -72,3 +72,12 @@ started=$(sed -n 's/^note: the system started \([0-9]*\) of the 1024.*/\1/p' <<<
 grep -q "^done: .*, $started threads)" <<<"$out" ||
   fail "1024 threads under ulimit -v: the done line does not say the $started threads computing: $out"
 echo "ok: a pool the system refuses threads to starts fewer and trains"
+
+# An argument with a newline or a terminal escape is refused, quoted
+# escaped on one line (it would split the error that quotes it).
+out=$("$strata" run "$program" --data $'bo\ngus\033[2J' 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] || fail "control characters in an argument: exit $rc: $out"
+[ "$(wc -l <<<"$out")" -eq 1 ] || fail "control characters in an argument: not one line: $out"
+grep -qF "'bo\ngus\x1b[2J' contains a control character" <<<"$out" || fail "control characters in an argument: $out"
+echo "ok: an argument with control characters is one escaped error line"

@@ -400,6 +400,7 @@ std::string KilledAtTheGrace(const LaunchReport& report, absl::Duration grace) {
 // --compare_single's reference. Without --metrics, --compare_single reads the
 // workers' losses from a temporary file.
 int RunLauncher(const std::string& path, const CompileResult& result, int argc, char** argv) {
+  if (const int rc = CheckWorkerSetup(); rc != 0) return rc;
   std::vector<std::string> args(argv, argv + argc);
   args = ArgvWithoutFlag(ArgvWithoutFlag(ArgvWithoutFlag(args, "nproc"), "log_dir"), "compare_single", false);
   args = ArgvWithoutFlag(args, "bind_cores", false);
@@ -409,7 +410,6 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
     temp_metrics = metrics = TemporaryMetricsFile();
     args.push_back(absl::StrCat("--metrics=", metrics));
   }
-  if (const int rc = CheckWorkerSetup(); rc != 0) return rc;
   const LaunchOptions launch = LauncherOptionsFromFlags(std::move(args));
   std::cout.flush();
   LaunchReport launch_report;
@@ -533,9 +533,11 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   for (const RankPlan& plan : result->plans) {
     if (!worker->has_value() || plan.rank() == (*worker)->rank) here.push_back(&plan);
   }
+  if (!worker->has_value()) {
+    if (int rc = CheckProcessCount(*result); rc != 0) return rc;
+  }
   if (int rc = CheckPlansFitTheMachine(here); rc != 0) return rc;
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
-  if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   // Bad data is one error line here, before any worker starts (each would
   // fail on it alike).

@@ -3,6 +3,7 @@
 // This file picks the command and checks what all commands share; each command
 // lives in its own file (tools/commands.h).
 
+#include <algorithm>
 #include <signal.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/flags/flag.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
@@ -57,6 +59,16 @@ int Main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {
     std::cerr << kUsage;
     return argc < 2 ? kExitUsage : 0;
+  }
+  // An argument with a line break or a terminal escape (a path, a --data
+  // spec) would break the one error line that quotes it, or drive the
+  // terminal; a tab is kept.
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (std::any_of(arg.begin(), arg.end(), [](unsigned char c) { return (c < 0x20 && c != '\t') || c == 0x7F; })) {
+      std::cerr << "error: argument " << i << " '" << absl::CHexEscape(arg) << "' contains a control character\n";
+      return kExitUsage;
+    }
   }
   std::string command = argv[1];
   if (!CommandFlags().count(command)) {
