@@ -29,6 +29,7 @@ echo "$out"
 echo "$out" | grep -q "passes: .*recompute.*gradient-merge, data-parallel" || fail "recompute, gradient merge or data parallel did not run"
 echo "$out" | grep -q "global batch 32 = 2 micro-batch(es) of 8 x 2 data-parallel replicas, ONE_F_ONE_B schedule, 4 rank(s)" ||
   fail "not 4 ranks of 2 micro-batches of 8 on each of 2 replicas"
+echo "$out" | grep -q "loss: a mean over samples (proved from its ops)" || fail "the loss's form is not said"
 echo "$out" | grep -q "gradient merge: the optimizer runs once every 2 steps, on 64 samples" ||
   fail "an update does not see the single device's 64 samples"
 for r in 0 2; do echo "$out" | grep -A2 "^  rank $r:" | grep -q "dp group 1: ranks 0, 2" || fail "rank $r not in dp group 0, 2"; done
