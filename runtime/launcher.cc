@@ -59,6 +59,11 @@ constexpr int kMaxPollMs = 500;
 // load a peer's "connection lost" exit can be reaped first: a failure
 // without a signal waits this long for a crash to show before it is named.
 constexpr auto kCauseGrace = std::chrono::milliseconds(300);
+// When every failure so far says it lost a peer and the peers still run,
+// the peer that went first may only be slow to become reapable (a loaded
+// machine: its threads are still being torn down): wait this much longer
+// for it before naming a "connection lost".
+constexpr auto kLostPeerGrace = std::chrono::seconds(3);
 
 // Whether a rank's error says it failed because a peer went away (the
 // communicators' "connection lost"), not for a reason of its own.
@@ -606,9 +611,14 @@ class Launcher {
                                       [&](int r) { return workers_[r].outcome.signal != 0; });
         const bool others_running =
             std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+        auto cause = std::find_if(pending_failed.begin(), pending_failed.end(),
+                                  [&](int r) { return !LostAPeer(workers_[r].last_error_line); });
+        if (by_signal == pending_failed.end() && cause == pending_failed.end() && others_running &&
+            !lost_peer_grace_ && Clock::now() >= *decide_at) {
+          lost_peer_grace_ = true;
+          decide_at = *decide_at - kCauseGrace + kLostPeerGrace;
+        }
         if (by_signal != pending_failed.end() || !others_running || Clock::now() >= *decide_at) {
-          auto cause = std::find_if(pending_failed.begin(), pending_failed.end(),
-                                    [&](int r) { return !LostAPeer(workers_[r].last_error_line); });
           failed_rank_ = by_signal != pending_failed.end() ? *by_signal
                          : cause != pending_failed.end()   ? *cause
                                                            : pending_failed.front();
@@ -723,6 +733,7 @@ class Launcher {
   int stderr_fd_ = -1;
   bool stopping_ = false;
   bool killed_ = false;
+  bool lost_peer_grace_ = false;  // the wait for a lost peer to show has been extended once
   Clock::time_point kill_deadline_;
   int failed_rank_ = -1;
   int interrupt_signal_ = 0;

@@ -346,6 +346,20 @@ TEST_F(LaunchFixture, RankKilledMidStepEndsTheJobWithinSeconds) {
   ExpectNoProcessLeft(report);
 }
 
+// A rank that fails for its own reason but is slow to become reapable (a
+// loaded machine tearing down its threads) after a peer's "connection lost"
+// exit: the launcher waits for it rather than name the consequence.
+TEST_F(LaunchFixture, ALostPeerWaitsForTheSlowFailureThatCausedIt) {
+  LaunchOptions o = Options(2, {"--lost_peer_rank=0", "--fail_rank=1", "--delay_ms=1000", "--exit_code=86",
+                                "--error=fault injected"});
+  LaunchReport report;
+  auto result = LaunchWorkers(o, &report);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), "rank 1 failed (exit 86): fault injected");
+  EXPECT_EQ(report.failed_rank, 1);
+  ExpectNoProcessLeft(report);
+}
+
 TEST_F(LaunchFixture, RankIgnoringSigtermIsKilledAfterTheGrace) {
   LaunchOptions o = Options(2, {"--fail_rank=1", "--hang_all", "--ignore_sigterm", "--sync_dir=" + dir_});
   o.grace = absl::Seconds(1);

@@ -8,6 +8,8 @@
 //   --fail_rank=R --exit_code=C --error=MSG   rank R prints "error: MSG" and exits C
 //   --crash_rank=R       rank R raises SIGSEGV
 //   --delay_ms=T         wait T ms before failing or crashing
+//   --lost_peer_rank=R   rank R prints "error: ... connection lost ..." and exits 1 at once
+//                        (a peer's consequence of the failing rank, reaped first)
 //   --sync_dir=DIR       each rank touches DIR/ready.R once set up; a failing or
 //                        crashing rank first waits for all of them
 //   --hang_rank=R / --hang_all   sleep forever (after "ready")
@@ -98,6 +100,10 @@ int main(int argc, char** argv) {
   if (num("lines", 0) > 0) fprintf(stderr, "err %d\n", rank);
   printf("ready\n");
 
+  if (has("lost_peer_rank") && num("lost_peer_rank", -1) == rank) {
+    fprintf(stderr, "error: rank %d: allreduce failed, connection lost: peer closed\n", rank);
+    return 1;
+  }
   bool fails = has("fail_rank") && num("fail_rank", -1) == rank;
   bool crashes = has("crash_rank") && num("crash_rank", -1) == rank;
   if (has("sync_dir")) {
