@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/program_text.h"
+#include "proto/shape_rules.h"
 #include "proto/types.h"
 
 namespace strata {
@@ -28,7 +29,12 @@ int64_t DimsProduct(const Var& v, int begin, int end) {
   return p;
 }
 
-int NormalizeAxis(int64_t axis, int rank) { return static_cast<int>(axis < 0 ? axis + rank : axis); }
+// Whether `axis` of a shape of `rank` names the batch axis `b` (validation
+// has checked the axis's range).
+bool IsAxis(int64_t axis, int rank, int b) {
+  const absl::StatusOr<int> a = NormalizeAxis(axis, rank, "axis");
+  return b >= 0 && a.ok() && *a == b;
+}
 
 const AttrValue* FindAttr(const Op& op, const std::string& name) {
   auto it = op.attr().find(name);
@@ -155,10 +161,8 @@ class Analyzer {
     if (t == "sum_squares") return AnyInput(Form::kPerSample) && OnlyForm() == Form::kPerSample ? Made(Form::kSum) : Nonlinear();
     // Values (a per-sample one, or a constant) repeated along other axes.
     if (t == "broadcast_like") {
-      if (ins_[0]->form == Form::kMean || ins_[0]->form == Form::kSum) {
-        return Mixed("combines per-sample values with a mean or sum over the batch");
-      }
-      return PerSample();
+      const bool statistic = ins_[0]->form == Form::kMean || ins_[0]->form == Form::kSum;
+      return statistic ? Mixed("combines per-sample values with a mean or sum over the batch") : PerSample();
     }
     if (t == "fill_like") {
       return ins_[0]->form == Form::kPerSample ? PerSample() : VarSampleForm{};
@@ -196,12 +200,17 @@ class Analyzer {
     }
     return *ins_[0];
   }
-  VarSampleForm Nonlinear() const {
-    if (AnyInput(Form::kMean) || AnyInput(Form::kSum)) {
-      return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
-    }
-    return PerSample();
+  // Whether an input is a mean or sum over the batch's samples.
+  bool AnyStatistic() const { return AnyInput(Form::kMean) || AnyInput(Form::kSum); }
+  // How many inputs depend on the data.
+  int VaryingInputs() const {
+    return static_cast<int>(
+        std::count_if(ins_.begin(), ins_.end(), [](const VarSampleForm* f) { return f->form != Form::kConstant; }));
   }
+  VarSampleForm NonlinearOfStatistic() const {
+    return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
+  }
+  VarSampleForm Nonlinear() const { return AnyStatistic() ? NonlinearOfStatistic() : PerSample(); }
 
   // Linear (or affine) in its one varying input: the form passes through.
   // (A constant added to a sum leaves it a sum: still not a mean.)
@@ -224,11 +233,8 @@ class Analyzer {
   VarSampleForm MulLike(bool divides) const {
     if (OnlyForm() == Form::kPerSample) return Broadcast();
     if (AnyInput(Form::kPerSample)) return Mixed("combines per-sample values with a mean or sum over the batch");
-    const int varying = static_cast<int>(std::count_if(ins_.begin(), ins_.end(), [](const VarSampleForm* f) {
-      return f->form != Form::kConstant;
-    }));
     if (divides && ins_[1]->form != Form::kConstant) return Mixed("divides by a mean or sum over the batch's samples");
-    if (varying > 1) return Mixed("multiplies two means or sums over the batch's samples");
+    if (VaryingInputs() > 1) return Mixed("multiplies two means or sums over the batch's samples");
     return FirstVarying();
   }
 
@@ -249,11 +255,8 @@ class Analyzer {
 
   // Per-sample values stay so unless `axis` of input 0 is its batch axis.
   VarSampleForm AlongAxis(int64_t axis, const std::string& why) const {
-    if (AnyInput(Form::kMean) || AnyInput(Form::kSum)) {
-      return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
-    }
-    const int b = InputBatchAxis(0);
-    if (b >= 0 && NormalizeAxis(axis, InputRank(0)) == b) return Mixed(why);
+    if (AnyStatistic()) return NonlinearOfStatistic();
+    if (IsAxis(axis, InputRank(0), InputBatchAxis(0))) return Mixed(why);
     return PerSample();
   }
 
@@ -269,7 +272,7 @@ class Analyzer {
     const int b = InputBatchAxis(0), rank = InputRank(0);
     const std::vector<int64_t> axes = IntsAttr(*op_, "axis");
     bool over_batch = axes.empty();
-    for (int64_t axis : axes) over_batch |= NormalizeAxis(axis, rank) == b;
+    for (int64_t axis : axes) over_batch |= IsAxis(axis, rank, b);
     return over_batch ? Made(made) : PerSample();
   }
 
@@ -296,12 +299,9 @@ class Analyzer {
     const bool gelu = op_->type() == "matmul_bias_gelu";
     const Form only = OnlyForm();
     if (only == Form::kMixed) return Mixed("multiplies per-sample values with a mean or sum over the batch");
-    const int varying = static_cast<int>(std::count_if(ins_.begin(), ins_.end(), [](const VarSampleForm* f) {
-      return f->form != Form::kConstant;
-    }));
     if (only != Form::kPerSample) {
-      if (varying > 1) return Mixed("multiplies two means or sums over the batch's samples");
-      if (gelu) return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
+      if (VaryingInputs() > 1) return Mixed("multiplies two means or sums over the batch's samples");
+      if (gelu) return NonlinearOfStatistic();
       return FirstVarying();
     }
     const Var* out = op_->output_size() > 0 ? FindVar(op_->output(0)) : nullptr;
@@ -320,9 +320,7 @@ class Analyzer {
         if (ins_[k]->form != Form::kConstant) return Mixed(why_data_weights);
         continue;
       }
-      if (ins_[k]->form == Form::kMean || ins_[k]->form == Form::kSum) {
-        return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
-      }
+      if (ins_[k]->form == Form::kMean || ins_[k]->form == Form::kSum) return NonlinearOfStatistic();
       if (batch_first && ins_[k]->form == Form::kPerSample && InputBatchAxis(k) != 0) {
         return Mixed("reads the batch dimension as another axis (it must come first)");
       }
@@ -335,9 +333,7 @@ class Analyzer {
   // (mse_loss) of per-row terms; each sample owns as many rows as another,
   // wherever its batch dim is, unless it is the classes'.
   VarSampleForm MeanOverRows() const {
-    if (AnyInput(Form::kMean) || AnyInput(Form::kSum)) {
-      return Mixed("applies a nonlinearity to a mean or sum over the batch's samples");
-    }
+    if (AnyStatistic()) return NonlinearOfStatistic();
     if (op_->type() != "mse_loss" && ins_[0]->form == Form::kPerSample && InputBatchAxis(0) == InputRank(0) - 1) {
       return Mixed("takes the batch dimension for its classes");
     }

@@ -37,9 +37,9 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
-bool HasControlCharacter(std::string_view s) {
+bool HasControlCharacter(std::string_view s, bool allow_tab) {
   for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7F) return true;
+    if ((c < 0x20 && !(allow_tab && c == '\t')) || c == 0x7F) return true;
   }
   return false;
 }

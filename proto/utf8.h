@@ -10,8 +10,9 @@ namespace strata {
 bool IsValidUtf8(std::string_view s);
 
 // Whether s holds an ASCII control character (below 0x20, or DEL): a name
-// with one would break an error's single line or drive the terminal.
-bool HasControlCharacter(std::string_view s);
+// with one would break an error's single line or drive the terminal. A tab
+// breaks neither, and `allow_tab` lets it pass (a path may hold one).
+bool HasControlCharacter(std::string_view s, bool allow_tab = false);
 
 }  // namespace strata
 

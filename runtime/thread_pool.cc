@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <system_error>
 #include <memory>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"

@@ -114,6 +114,20 @@ std::vector<Case> Cases() {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelParityTest, ::testing::ValuesIn(Cases()), CaseName);
 
+// `program` under `strategy` against one device on the same global batch
+// of `batch`: the same losses and final weights, and the weights moved.
+void ExpectTrainsAsOneDevice(const Program& program, const Strategy& strategy, int64_t batch,
+                             const ParityOptions& options) {
+  auto single = TrainSingleDevice(program, batch, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(program, strategy, options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+}
+
 // A weight used on the first and the last stage (tied input and output
 // projections), a var that skips a stage, and clipping by the global norm,
 // under pp2 x dp2: each stage's replica group sums its copy of the tied
@@ -143,14 +157,7 @@ TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
   options.data = "synthetic:classes=10,size=512";
   for (ScheduleKind kind : {ONE_F_ONE_B, F_THEN_B}) {
     SCOPED_TRACE(ScheduleKind_Name(kind));
-    auto single = TrainSingleDevice(*program, 2 * 3 * 2, options);
-    ASSERT_TRUE(single.ok()) << single.status();
-    auto parallel = TrainParallel(*program, Layout(2, 2, 3, kind), options);
-    ASSERT_TRUE(parallel.ok()) << parallel.status();
-    EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
-    std::string worst;
-    EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
-    EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+    ExpectTrainsAsOneDevice(*program, Layout(2, 2, 3, kind), 2 * 3 * 2, options);
   }
 }
 
@@ -179,14 +186,7 @@ TEST(LossFormParityTest, AMeanPlusAPenaltyTrainsAsOneDeviceUnderDp2With3MicroBat
   ASSERT_TRUE(program.ok()) << program.status();
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
-  auto single = TrainSingleDevice(*program, 2 * 3 * 2, options);
-  ASSERT_TRUE(single.ok()) << single.status();
-  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  EXPECT_LE(MaxLossDifference(*parallel, *single), kTolerance);
-  std::string worst;
-  EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
-  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  ExpectTrainsAsOneDevice(*program, Layout(2, 2, 3, ONE_F_ONE_B), 2 * 3 * 2, options);
 }
 
 TEST(LossFormParityTest, ASumOverTheBatchIsRefusedRatherThanTrainedDifferently) {

@@ -3,7 +3,6 @@
 // This file picks the command and checks what all commands share; each command
 // lives in its own file (tools/commands.h).
 
-#include <algorithm>
 #include <signal.h>
 
 #include <cstdint>
@@ -12,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
+#include "proto/utf8.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -64,9 +64,8 @@ int Main(int argc, char** argv) {
   // spec) would break the one error line that quotes it, or drive the
   // terminal; a tab is kept.
   for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (std::any_of(arg.begin(), arg.end(), [](unsigned char c) { return (c < 0x20 && c != '\t') || c == 0x7F; })) {
-      std::cerr << "error: argument " << i << " '" << absl::CHexEscape(arg) << "' contains a control character\n";
+    if (HasControlCharacter(argv[i], /*allow_tab=*/true)) {
+      std::cerr << "error: argument " << i << " '" << absl::CHexEscape(argv[i]) << "' contains a control character\n";
       return kExitUsage;
     }
   }
