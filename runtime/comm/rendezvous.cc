@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
+#include "gloo/barrier.h"
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
@@ -259,10 +260,25 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     context = std::make_shared<gloo::rendezvous::Context>(rank, world);
     context->setTimeout(Remaining(deadline));
     context->connectFullMesh(bounded, device);
+    // Nobody leaves until every member has connected its mesh. Gloo's side
+    // of a pair that connects is done once the kernel accepts the connection,
+    // so a member could otherwise return, finish its work and close its
+    // sockets before a slow peer's event loop has seen the connection: that
+    // peer then reads end-of-file inside connectFullMesh ("Connection closed
+    // by peer"), and a member still waiting for its connect waits out the
+    // timeout (communicator_set_test failed 10 of 200 runs so under load). A
+    // tcp:// store also lives in rank 0's process, which must not close it
+    // early. The barrier runs on the bare context: the communicator's
+    // collectives count from #0 after it.
+    gloo::BarrierOptions connected(context);
+    connected.setTimeout(Remaining(deadline) > std::chrono::milliseconds(0) ? Remaining(deadline)
+                                                                            : std::chrono::milliseconds(1));
+    gloo::barrier(connected);
     context->setTimeout(absl::ToChronoMilliseconds(options.op_timeout));
   } catch (const gloo::IoException& e) {
-    // Store waits say "Wait timeout", TCP connects "Connect timeout".
-    if (absl::StrContains(e.what(), "timeout")) {
+    // Store waits say "Wait timeout", TCP connects "Connect timeout", the
+    // barrier "Timed out waiting".
+    if (absl::StrContains(e.what(), "timeout") || absl::StrContains(e.what(), "Timed out")) {
       return absl::DeadlineExceededError(absl::StrCat(
           where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
           " (a rank stopped after publishing its fingerprint?): ", e.what()));
@@ -277,14 +293,6 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     return absl::InternalError(absl::StrCat(where, ": unknown exception while connecting"));
   }
   auto comm = std::make_unique<GlooCommunicator>(std::move(context), options.op_timeout);
-  if (absl::StartsWith(store.spec(), "tcp://")) {
-    // A tcp:// store lives in one rank's process: nobody leaves (and so that
-    // rank does not close it) until every rank has connected its mesh.
-    absl::Status s = comm->Barrier()->Wait(Remaining(deadline) > std::chrono::milliseconds(0)
-                                               ? absl::FromChrono(Remaining(deadline))
-                                               : absl::Milliseconds(1));
-    if (!s.ok()) return Prefixed(where, s);
-  }
   if (options.stage_device_tensors) return std::unique_ptr<Communicator>(new StagedCommunicator(std::move(comm)));
   return std::unique_ptr<Communicator>(std::move(comm));
 }
