@@ -223,24 +223,31 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::ve
   return absl::OkStatus();
 }
 
-// Runs `advance` on every rank, then again on the ranks `wakes` lists for
-// each rank that moved (advance returned true), until none is left: each
-// rank runs as far as its receives and collectives allow, and only the
-// ranks it sends to or shares a communicator with can move after it.
+// Runs `advance` on every rank (or on `start`'s), then again on the ranks
+// `wakes` lists for each rank that moved (advance returned true), until none
+// is left: each rank runs as far as its receives and collectives allow, and
+// only the ranks it sends to or shares a communicator with can move after it.
 // (Sweeping every rank until none moved took a sweep per hop of a backward
 // pass: stages x micro-batches sweeps of every rank.) The ranks' progress
 // only grows, so where they stop does not depend on the order. Stops at
-// advance's first error.
-absl::Status AdvanceUntilStuck(std::vector<std::vector<int>> wakes,
-                               const std::function<absl::StatusOr<bool>(int)>& advance) {
+// advance's first error. `wakes` may hold duplicates and the rank itself.
+absl::Status AdvanceUntilStuck(const std::vector<std::vector<int>>& wakes,
+                               const std::function<absl::StatusOr<bool>(int)>& advance,
+                               const std::vector<int>* start = nullptr) {
   const int n = static_cast<int>(wakes.size());
-  for (std::vector<int>& w : wakes) {
-    std::sort(w.begin(), w.end());
-    w.erase(std::unique(w.begin(), w.end()), w.end());
-  }
   std::deque<int> work;
-  std::vector<bool> queued(n, true);
-  for (int r = 0; r < n; ++r) work.push_back(r);
+  std::vector<bool> queued(n, false);
+  auto push = [&](int q) {
+    if (q >= 0 && q < n && !queued[q]) {
+      queued[q] = true;
+      work.push_back(q);
+    }
+  };
+  if (start == nullptr) {
+    for (int r = 0; r < n; ++r) push(r);
+  } else {
+    for (int r : *start) push(r);
+  }
   while (!work.empty()) {
     const int r = work.front();
     work.pop_front();
@@ -249,13 +256,19 @@ absl::Status AdvanceUntilStuck(std::vector<std::vector<int>> wakes,
     if (!moved.ok()) return moved.status();
     if (!*moved) continue;
     for (int q : wakes[r]) {
-      if (q >= 0 && q < n && q != r && !queued[q]) {
-        queued[q] = true;
-        work.push_back(q);
-      }
+      if (q != r) push(q);
     }
   }
   return absl::OkStatus();
+}
+
+// Sorts each rank's list and drops repeats.
+std::vector<std::vector<int>> Deduplicated(std::vector<std::vector<int>> wakes) {
+  for (std::vector<int>& w : wakes) {
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+  }
+  return wakes;
 }
 
 }  // namespace
@@ -345,7 +358,7 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     }
     return progress;
   };
-  if (absl::Status s = AdvanceUntilStuck(std::move(wakes), advance); !s.ok()) return s;
+  if (absl::Status s = AdvanceUntilStuck(Deduplicated(std::move(wakes)), advance); !s.ok()) return s;
   bool done = true;
   for (int r = 0; r < n; ++r) done &= next[r] == events[r].size();
   if (!done) {
@@ -470,7 +483,7 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   std::vector<double> free_at(n, 0);
   // Each rank runs its actions in order as far as their receives allow. The
   // times are the dependencies' and so do not depend on the visiting order.
-  (void)AdvanceUntilStuck(std::move(receivers), [&](int r) -> absl::StatusOr<bool> {
+  (void)AdvanceUntilStuck(Deduplicated(std::move(receivers)), [&](int r) -> absl::StatusOr<bool> {
     bool progress = false;
     while (next[r] < static_cast<int>(t.ranks[r].size())) {
       Timeline::Slot& slot = t.ranks[r][next[r]];
@@ -576,6 +589,10 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
     int index = 0;  // within the phase
   };
   std::vector<Rank> ranks(n);
+  // A rank's progress can end the waits of the ranks it sends to (a receive
+  // of what it sent) and receives from (a send waiting for its receive to be
+  // posted).
+  std::vector<std::vector<int>> wakes(n);
   for (int r = 0; r < n; ++r) {
     Rank& rank = ranks[r];
     const int actions = plans[r].schedule().action_size();
@@ -583,6 +600,7 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
     rank.waits.resize(actions);
     for (const Event& e : Events(plans[r])) {
       const Key key{e.channel.id(), e.micro_batch};
+      wakes[r].push_back(static_cast<int>(e.is_send ? e.channel.dst_rank() : e.channel.src_rank()));
       rank.transfers.push_back({key, e.is_send});
       ++rank.first[e.action_index + 1];
       if (!e.is_send) continue;
@@ -596,7 +614,8 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
   // Sends posted and not yet received, receives posted and not yet waited for.
   absl::flat_hash_set<Key> sent, posted;
   // Runs a rank as far as it goes; true if it moved.
-  auto advance = [&](Rank& rank) {
+  auto advance = [&](int r) -> absl::StatusOr<bool> {
+    Rank& rank = ranks[r];
     bool moved = false;
     while (rank.action < static_cast<int>(rank.waits.size())) {
       const int first = rank.first[rank.action], last = rank.first[rank.action + 1];
@@ -633,12 +652,11 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
     }
     return moved;
   };
+  wakes = Deduplicated(std::move(wakes));
+  std::vector<int> start;
+  const std::vector<int>* first_run = nullptr;  // every rank
   while (true) {
-    bool progress = true;
-    while (progress) {
-      progress = false;
-      for (Rank& rank : ranks) progress |= advance(rank);
-    }
+    if (absl::Status s = AdvanceUntilStuck(wakes, advance, first_run); !s.ok()) return s;
     // Stuck (or done): the first rank waiting on a send before its last
     // action waits for it one action later instead, and the ranks go on.
     bool done = true, deferred = false;
@@ -653,6 +671,8 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
       rank.waits[rank.action + 1].push_back(key);
       (*releases)[r][key] = rank.action + 1;
       deferred = true;
+      start = {r};
+      first_run = &start;
     }
     if (done) return absl::OkStatus();
     if (!deferred) return absl::InternalError("send waits: the ranks would wait on one another forever");
