@@ -18,6 +18,14 @@
 namespace strata {
 namespace {
 
+std::string ActionName(const Action& a) {
+  if (a.kind() == Action::FORWARD) return absl::StrCat("F", a.micro_batch());
+  if (a.kind() == Action::BACKWARD) return absl::StrCat("B", a.micro_batch());
+  return "OPT";
+}
+
+// One transfer or collective of a rank, pointing into its plan (which must
+// outlive it): a layout of 1,024 ranks has millions.
 struct Event {
   bool is_send;
   // A collective (an op with a group): blocks until every member of its
@@ -28,22 +36,21 @@ struct Event {
   std::string comm;
   int ordinal = 0;
   int group = -1;
-  Channel channel;
-  TensorType type;
+  const Channel* channel = nullptr;  // the send or recv op's, in the plan
+  absl::string_view what;            // a collective's op type
+  const Var* var = nullptr;  // the tensor sent, received or reduced, if the plan has it
   int micro_batch;
-  std::string action;  // "F3", "B0", "OPT"
-  int action_index;    // in the rank's schedule
+  const Action* action = nullptr;
+  int action_index;  // in the rank's schedule
   // A recv after a send of its action (a tied weight's summed gradient coming
   // back for the part just sent) holds up the action's end, not its start; a
   // send after such a recv is posted at the action's end.
   bool late = false;
+
+  TensorType type() const { return var != nullptr ? TypeOf(*var) : TensorType{}; }
+  std::string action_name() const { return ActionName(*action); }  // "F3", "B0", "OPT"
 };
 
-std::string ActionName(const Action& a) {
-  if (a.kind() == Action::FORWARD) return absl::StrCat("F", a.micro_batch());
-  if (a.kind() == Action::BACKWARD) return absl::StrCat("B", a.micro_batch());
-  return "OPT";
-}
 
 std::string ChannelName(const Channel& c) {
   return absl::StrCat("channel ", c.id(), " '", c.var(), "' ", c.src_rank(), "->", c.dst_rank());
@@ -108,10 +115,10 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
         e.comm = CommunicatorOf(plan, op.group());
         e.ordinal = ordinals[e.comm]++;
         auto v = op.input_size() > 0 ? vars.find(op.input(0)) : vars.end();
-        e.type = v != vars.end() && v->second != nullptr ? TypeOf(*v->second) : TensorType{};
-        e.channel.set_var(op.type());  // for messages: what the rank enters
+        e.var = v != vars.end() ? v->second : nullptr;
+        e.what = op.type();  // for messages: what the rank enters
         e.micro_batch = a.kind() == Action::OPTIMIZE ? 0 : a.micro_batch();
-        e.action = ActionName(a);
+        e.action = &a;
         e.action_index = ai;
         events.push_back(std::move(e));
         continue;
@@ -120,11 +127,11 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
       e.late = e.is_send ? received_late : sent;
       sent |= e.is_send;
       received_late |= !e.is_send && e.late;
-      e.channel = op.channel();
+      e.channel = &op.channel();
       const Var* v = vars.at(e.is_send ? op.input(0) : op.output(0));
-      e.type = v ? TypeOf(*v) : TensorType{};
+      e.var = v;
       e.micro_batch = a.kind() == Action::OPTIMIZE ? 0 : a.micro_batch();
-      e.action = ActionName(a);
+      e.action = &a;
       e.action_index = ai;
       events.push_back(std::move(e));
     }
@@ -162,7 +169,7 @@ Groups CollectGroups(const std::vector<RankPlan>& plans) {
 }
 
 // "allreduce F64[]"
-std::string CollectiveName(const Event& e) { return absl::StrCat(e.channel.var(), " ", e.type.ToString()); }
+std::string CollectiveName(const Event& e) { return absl::StrCat(e.what, " ", e.type().ToString()); }
 
 // Every communicator's members must enter the same collectives in the same
 // order, or one waits forever in a collective another never joins (or joins
@@ -197,7 +204,7 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::ve
       if (s.empty()) return std::string("none");
       std::vector<std::string> items;
       for (const Event* e : s) {
-        items.push_back(absl::StrCat(CollectiveName(*e), " (", e->action, shared ? absl::StrCat(", group ", e->group) : "", ")"));
+        items.push_back(absl::StrCat(CollectiveName(*e), " (", e->action_name(), shared ? absl::StrCat(", group ", e->group) : "", ")"));
       }
       return absl::StrJoin(items, ", ");
     };
@@ -282,10 +289,10 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
   for (int r = 0; r < n; ++r) {
     for (const Event& e : events[r]) {
       if (e.is_collective) continue;
-      int self = e.is_send ? e.channel.src_rank() : e.channel.dst_rank();
-      int peer = e.is_send ? e.channel.dst_rank() : e.channel.src_rank();
+      int self = e.is_send ? e.channel->src_rank() : e.channel->dst_rank();
+      int peer = e.is_send ? e.channel->dst_rank() : e.channel->src_rank();
       if (self != r || peer < 0 || peer >= n || peer == r) {
-        return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, ": ", ChannelName(e.channel),
+        return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action_name(), ": ", ChannelName(*e.channel),
                                                        " does not connect this rank to another of the ", n, " ranks"));
       }
     }
@@ -315,7 +322,7 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
       if (e.is_collective) {
         comms.insert(e.comm);
       } else if (e.is_send) {
-        wakes[r].push_back(static_cast<int>(e.channel.dst_rank()));
+        wakes[r].push_back(static_cast<int>(e.channel->dst_rank()));
       }
     }
     for (const std::string& comm : comms) {
@@ -327,7 +334,6 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     bool progress = false;
     while (next[r] < events[r].size()) {
       const Event& e = events[r][next[r]];
-      auto key = std::make_pair(e.channel.id(), e.micro_batch);
       if (e.is_collective) {
         int& mine = reached[{e.comm, r}];
         if (mine <= e.ordinal) {
@@ -335,10 +341,10 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
           progress = true;
         }
         if (missing(e) >= 0) break;  // blocked
-      } else if (e.is_send) {
+      } else if (const std::pair<int64_t, int> key{e.channel->id(), e.micro_batch}; e.is_send) {
         if (in_flight.count(key)) {
-          return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action, " sends ",
-                                                         ChannelName(e.channel), " micro-batch ", e.micro_batch,
+          return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action_name(), " sends ",
+                                                         ChannelName(*e.channel), " micro-batch ", e.micro_batch,
                                                          " twice before it is received"));
         }
         in_flight[key] = &e;
@@ -346,10 +352,10 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
         auto it = in_flight.find(key);
         if (it == in_flight.end()) break;  // blocked
         const Event& s = *it->second;
-        if (s.type != e.type) {
-          return absl::InvalidArgumentError(absl::StrCat("schedule: ", ChannelName(e.channel), ": rank ", s.channel.src_rank(),
-                                                         " sends ", s.type.ToString(), " in ", s.action, " but rank ", r,
-                                                         " receives ", e.type.ToString(), " in ", e.action));
+        if (s.type() != e.type()) {
+          return absl::InvalidArgumentError(absl::StrCat("schedule: ", ChannelName(*e.channel), ": rank ", s.channel->src_rank(),
+                                                         " sends ", s.type().ToString(), " in ", s.action_name(), " but rank ", r,
+                                                         " receives ", e.type().ToString(), " in ", e.action_name()));
         }
         in_flight.erase(it);
       }
@@ -377,21 +383,21 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
       const Event& e = events[r][next[r]];
       if (e.is_collective) {
         const int m = missing(e);
-        waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits in ", CollectiveName(e), " over ",
+        waits.push_back(absl::StrCat("rank ", r, " in ", e.action_name(), " waits in ", CollectiveName(e), " over ",
                                      DescribeGroup(*groups.by_id.at(e.group)), " for rank ", m));
         r = m;
         continue;
       }
-      waits.push_back(absl::StrCat("rank ", r, " in ", e.action, " waits to receive ", ChannelName(e.channel),
-                                   " micro-batch ", e.micro_batch, " from rank ", e.channel.src_rank()));
-      r = e.channel.src_rank();
+      waits.push_back(absl::StrCat("rank ", r, " in ", e.action_name(), " waits to receive ", ChannelName(*e.channel),
+                                   " micro-batch ", e.micro_batch, " from rank ", e.channel->src_rank()));
+      r = e.channel->src_rank();
     }
     return absl::InvalidArgumentError(absl::StrCat("schedule would hang: ", absl::StrJoin(waits, "; ")));
   }
   if (!in_flight.empty()) {
     const Event& s = *in_flight.begin()->second;
-    return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", s.channel.src_rank(), " ", s.action, " sends ",
-                                                   ChannelName(s.channel), " micro-batch ", s.micro_batch,
+    return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", s.channel->src_rank(), " ", s.action_name(), " sends ",
+                                                   ChannelName(*s.channel), " micro-batch ", s.micro_batch,
                                                    " but no rank receives it"));
   }
   // NCCL matches the messages from one rank to another by the order they
@@ -405,14 +411,14 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
   for (int r = 0; r < n; ++r) {
     for (const Event& e : events[r]) {
       if (e.is_collective) continue;
-      (e.is_send ? sent : received)[{e.channel.src_rank(), e.channel.dst_rank()}].push_back(&e);
+      (e.is_send ? sent : received)[{e.channel->src_rank(), e.channel->dst_rank()}].push_back(&e);
     }
   }
   // Sends go as their ops run; an action posts its receives when it starts,
   // in channel order (Executor::Prepare).
   for (auto& [pair, recvs] : received) {
     std::stable_sort(recvs.begin(), recvs.end(), [](const Event* a, const Event* b) {
-      return std::make_pair(a->action_index, a->channel.id()) < std::make_pair(b->action_index, b->channel.id());
+      return std::make_pair(a->action_index, a->channel->id()) < std::make_pair(b->action_index, b->channel->id());
     });
   }
   for (const auto& [pair, sends] : sent) {
@@ -420,11 +426,11 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
     for (size_t i = 0; i < sends.size() && i < recvs.size(); ++i) {
       const Event& s = *sends[i];
       const Event& r = *recvs[i];
-      if (s.channel.id() == r.channel.id() && s.micro_batch == r.micro_batch) continue;
+      if (s.channel->id() == r.channel->id() && s.micro_batch == r.micro_batch) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "schedule: rank ", pair.first, "'s message ", i + 1, " to rank ", pair.second, " is ", ChannelName(s.channel),
-          " micro-batch ", s.micro_batch, " (", s.action, "), but rank ", pair.second, "'s receive ", i + 1,
-          " from it is ", ChannelName(r.channel), " micro-batch ", r.micro_batch, " (", r.action,
+          "schedule: rank ", pair.first, "'s message ", i + 1, " to rank ", pair.second, " is ", ChannelName(*s.channel),
+          " micro-batch ", s.micro_batch, " (", s.action_name(), "), but rank ", pair.second, "'s receive ", i + 1,
+          " from it is ", ChannelName(*r.channel), " micro-batch ", r.micro_batch, " (", r.action_name(),
           "): NCCL matches a pair's messages in the order they are issued"));
     }
   }
@@ -456,10 +462,10 @@ Timeline SimulateTimeline(const std::vector<RankPlan>& plans, const std::vector<
   for (int r = 0; r < n; ++r) {
     receives[r].resize(plans[r].schedule().action_size());
     for (const Event& e : Events(plans[r])) {
-      auto key = std::make_pair(e.channel.id(), e.micro_batch);
+      auto key = std::make_pair(e.channel->id(), e.micro_batch);
       if (e.is_send) {
         sender[key] = {r, e.action_index, e.late};
-        receivers[r].push_back(static_cast<int>(e.channel.dst_rank()));
+        receivers[r].push_back(static_cast<int>(e.channel->dst_rank()));
       } else {
         (e.late ? receives[r][e.action_index].after : receives[r][e.action_index].before).push_back(key);
       }
@@ -541,22 +547,22 @@ std::map<std::pair<int64_t, int>, int> SendReleaseActions(const std::vector<Rank
   // rank made the compile quadratic in the ranks.
   std::set<int> receivers;
   for (const Event& e : events) {
-    if (e.is_send) receivers.insert(e.channel.dst_rank());
+    if (e.is_send) receivers.insert(e.channel->dst_rank());
   }
   // (channel, mb) -> when the receiver takes it: at its action's start, or after its work for a late recv.
   std::map<std::pair<int64_t, int>, double> taken_at;
   for (int q : receivers) {
     for (const Event& e : Events(plans[q])) {
-      if (e.is_send || e.channel.src_rank() != rank) continue;
+      if (e.is_send || e.channel->src_rank() != rank) continue;
       const Timeline::Slot& slot = timeline.ranks[q][e.action_index];
-      taken_at[{e.channel.id(), e.micro_batch}] = e.late ? slot.work_end : slot.start;
+      taken_at[{e.channel->id(), e.micro_batch}] = e.late ? slot.work_end : slot.start;
     }
   }
   std::map<std::pair<int64_t, int>, int> out;
   const auto& mine = timeline.ranks[rank];
   for (const Event& e : events) {
     if (!e.is_send) continue;
-    auto key = std::make_pair(e.channel.id(), e.micro_batch);
+    auto key = std::make_pair(e.channel->id(), e.micro_batch);
     auto r = taken_at.find(key);
     if (r == taken_at.end()) continue;
     const double taken = r->second;
@@ -599,8 +605,8 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
     rank.first.assign(actions + 1, 0);
     rank.waits.resize(actions);
     for (const Event& e : Events(plans[r])) {
-      const Key key{e.channel.id(), e.micro_batch};
-      wakes[r].push_back(static_cast<int>(e.is_send ? e.channel.dst_rank() : e.channel.src_rank()));
+      const Key key{e.channel->id(), e.micro_batch};
+      wakes[r].push_back(static_cast<int>(e.is_send ? e.channel->dst_rank() : e.channel->src_rank()));
       rank.transfers.push_back({key, e.is_send});
       ++rank.first[e.action_index + 1];
       if (!e.is_send) continue;
