@@ -361,6 +361,42 @@ class Analyzer {
 
 std::vector<VarSampleForm> SampleForms(const Program& program) { return Analyzer(program).Run(); }
 
+namespace {
+
+// The form of each fetch, in the program's order.
+std::vector<std::pair<std::string, VarSampleForm>> FetchForms(const Program& program) {
+  const std::vector<VarSampleForm> forms = SampleForms(program);
+  absl::flat_hash_map<std::string, int> index;
+  for (int i = 0; i < program.var_size(); ++i) index.emplace(program.var(i).name(), i);
+  std::vector<std::pair<std::string, VarSampleForm>> out;
+  for (const std::string& f : program.fetch()) {
+    auto it = index.find(f);
+    if (it != index.end()) out.emplace_back(f, forms[it->second]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> SummedFetches(const Program& program) {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : FetchForms(program)) {
+    if (f.form == Form::kSum) out.push_back(name);
+  }
+  return out;
+}
+
+absl::Status CheckFetchesCombine(const Program& program) {
+  for (const auto& [name, f] : FetchForms(program)) {
+    if (f.form == Form::kMixed || f.form == Form::kPerSample) {
+      return absl::InvalidArgumentError(absl::StrCat("the fetch '", name,
+                                                     "' changes with how the batch is split: ", f.origin, " ", f.why,
+                                                     "; fetch a mean or a sum over samples, or leave it out"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLossIsSampleMean(const Program& program) {
   const std::vector<VarSampleForm> forms = SampleForms(program);
   for (int i = 0; i < program.var_size(); ++i) {

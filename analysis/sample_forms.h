@@ -48,6 +48,17 @@ std::vector<VarSampleForm> SampleForms(const Program& program);
 // loss's form and the op that made it.
 absl::Status CheckLossIsSampleMean(const Program& program);
 
+// A split batch reports each fetch (a scalar metric) combined over its
+// parts: the program's fetches that are sums over samples, whose parts' values
+// add up to the whole batch's (a count of correct predictions), in the
+// program's order. Means and constants are averaged.
+std::vector<std::string> SummedFetches(const Program& program);
+
+// OK when every fetch is a mean, a sum or a constant, so its parts combine
+// into the whole batch's value; else InvalidArgument naming the fetch, its
+// form and the op that made it (a batch statistic through a nonlinearity).
+absl::Status CheckFetchesCombine(const Program& program);
+
 }  // namespace strata
 
 #endif  // STRATA_ANALYSIS_SAMPLE_FORMS_H_

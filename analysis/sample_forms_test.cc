@@ -291,7 +291,33 @@ TEST(SampleFormsTest, EveryGeneratedModelsLossIsAMean) {
     ASSERT_TRUE(text.ok()) << text.status();
     const Program p = Validated(*text);
     EXPECT_EQ(FormOf(p, p.loss()), SampleForm::kMean);
+    // Their fetches (accuracy) are means too: averaged, and never refused.
+    EXPECT_TRUE(SummedFetches(p).empty());
+    EXPECT_TRUE(CheckFetchesCombine(p).ok()) << CheckFetchesCombine(p);
   }
+}
+
+// A split batch adds up the parts' values of a fetch that is a sum over
+// samples, averages means and constants, and refuses any other fetch.
+TEST(SampleFormsTest, FetchesThatAreSumsAreSummedAndOthersThatMixAreRefused) {
+  const std::string ops = absl::StrCat(kLogits, R"pb(
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+    op { type: "accuracy" input: ["logits", "label"] output: ["acc"] }
+    op { type: "square" input: ["logits"] output: ["sq"] }
+    op { type: "reduce_sum" input: ["sq"] output: ["energy"] }
+    op { type: "square" input: ["w"] output: ["w2"] }
+    op { type: "reduce_sum" input: ["w2"] output: ["l2"] }
+    op { type: "square" input: ["loss"] output: ["loss2"] }
+  )pb");
+  const Program combine = Classifier(absl::StrCat(ops, "fetch: \"acc\"\nfetch: \"energy\"\nfetch: \"l2\"\n"));
+  EXPECT_THAT(SummedFetches(combine), ::testing::ElementsAre("energy"));
+  EXPECT_TRUE(CheckFetchesCombine(combine).ok()) << CheckFetchesCombine(combine);
+
+  const Program mixed = Classifier(absl::StrCat(ops, "fetch: \"energy\"\nfetch: \"loss2\"\n"));
+  const absl::Status s = CheckFetchesCombine(mixed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("the fetch 'loss2' changes with how the batch is split: p.pbtxt:"),
+                                 HasSubstr("'square'"), HasSubstr("fetch a mean or a sum over samples")));
 }
 
 }  // namespace

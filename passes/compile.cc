@@ -169,6 +169,20 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
                                         s.message()));
     }
   }
+  // Micro-batches and replicas also combine the fetches each step reports
+  // (each merged step reports its own): means and constants averaged, sums
+  // added up (SummedFetches, RankPlan.summed_fetch).
+  if (field != "gradient_merge.k_steps" && !field.empty()) {
+    if (auto s = CheckFetchesCombine(program); !s.ok()) {
+      const std::string who = field == "data_parallel.degree"
+                                  ? absl::StrCat(dp, " replicas")
+                                  : absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches");
+      return StrategyError(file, field,
+                           absl::StrCat(who, " report their fetches' mean (a sum's total), the batch's value only "
+                                             "for means and sums over samples; ",
+                                        s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -449,6 +463,10 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, rank_graphs, result));
   rank_graphs.clear();
   result.batch_size = layout.ctx.batch_size;
+  {
+    const std::vector<std::string> summed = SummedFetches(program);
+    for (auto& p : result.plans) *p.mutable_summed_fetch() = {summed.begin(), summed.end()};
+  }
   // Where the program was read from is not part of what runs: ranks that read
   // the same program from different paths (other machines) must agree.
   for (auto& p : result.plans) p.mutable_program()->clear_source_file();

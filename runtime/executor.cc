@@ -569,6 +569,10 @@ void Executor::HoldMetrics(int micro_batch) {
   }
 }
 
+bool IsSummedFetch(const RankPlan& plan, const std::string& name) {
+  return std::find(plan.summed_fetch().begin(), plan.summed_fetch().end(), name) != plan.summed_fetch().end();
+}
+
 void Executor::SumMetrics(StepResult* result) {
   // After the step's synchronisation a host copy holds its bytes; a device
   // tensor (a plan without host copies) is read here, one copy each.
@@ -785,7 +789,10 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   }
   SumMetrics(&result);
   result.loss /= micro_batches;
-  for (auto& [name, value] : result.fetches) value /= micro_batches;
+  for (auto& [name, value] : result.fetches) {
+    // A sum over samples is the micro-batches' sum; the others their mean.
+    if (!IsSummedFetch(plan_, name)) value /= micro_batches;
+  }
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
   if (update && loss_scale_slot_ >= 0) {
     // The update may have changed both: one read for this step's verdict

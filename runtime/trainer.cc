@@ -858,13 +858,17 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
   if (holds_loss_ && dp_ != nullptr) {
     // Each replica's loss and fetches are means over its equal share of the
-    // global batch: their mean over the group is the global batch's.
+    // global batch: their mean over the group is the global batch's. A fetch
+    // that is a sum over samples is the replicas' sum.
     std::vector<double> values = {r->loss};
     for (const auto& [name, v] : r->fetches) values.push_back(v);
     STRATA_RETURN_IF_ERROR(SumOverGroup(dp_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s loss")));
     r->loss = values[0] / dp_->size();
     size_t k = 1;
-    for (auto& [name, v] : r->fetches) v = values[k++] / dp_->size();
+    for (auto& [name, v] : r->fetches) {
+      v = values[k++];
+      if (!IsSummedFetch(plan_, name)) v /= dp_->size();
+    }
   }
   if (r->has_loss && !std::isfinite(r->loss)) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,

@@ -210,6 +210,66 @@ TEST(LossFormParityTest, ASumOverTheBatchIsRefusedRatherThanTrainedDifferently) 
                                    "'reduce_sum')"));
 }
 
+// The metrics a split batch reports: a mean and a constant are its parts'
+// mean, a sum over samples their sum, so every fetch equals one device's
+// value each step; a metric that is neither is refused.
+std::string WithFetches(const std::string& extra_ops, const std::vector<std::string>& fetches) {
+  std::string text = kAffineMeanLoss;
+  const std::string loss = R"(  loss: "loss")";
+  std::string insert = extra_ops;
+  for (const std::string& f : fetches) absl::StrAppend(&insert, "  fetch: \"", f, "\"\n");
+  text.replace(text.find(loss), 0, insert);
+  return text;
+}
+
+TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderDp2With3MicroBatches) {
+  auto program = ParseProgramText(
+      WithFetches(R"pb(
+        op { type: "reduce_sum" input: ["sq"] output: ["energy"] }
+      )pb",
+                  {"energy", "logit_size", "l2"}),
+      "fetches.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 4;
+  auto single = TrainSingleDevice(*program, 12, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
+  for (size_t step = 0; step < single->fetches.size(); ++step) {
+    for (const std::string name : {"energy", "logit_size", "l2"}) {
+      SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
+      ASSERT_TRUE(single->fetches[step].count(name));
+      ASSERT_TRUE(parallel->fetches[step].count(name));
+      const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
+      EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
+    }
+  }
+}
+
+TEST(FetchFormParityTest, AFetchThatChangesWithTheSplitIsRefused) {
+  auto program = ParseProgramText(WithFetches(R"pb(
+                                    op { type: "square" input: ["logit_size"] output: ["size2"] }
+                                  )pb",
+                                              {"size2"}),
+                                  "size2.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 2;
+  ASSERT_TRUE(TrainSingleDevice(*program, 12, options).ok());
+  for (const Strategy& strategy : {Layout(2, 2, 3, ONE_F_ONE_B), Layout(2, 0, 0, ONE_F_ONE_B)}) {
+    auto parallel = TrainParallel(*program, strategy, options);
+    ASSERT_FALSE(parallel.ok());
+    EXPECT_THAT(std::string(parallel.status().message()),
+                ::testing::HasSubstr("report their fetches' mean (a sum's total), the batch's value only for means "
+                                     "and sums over samples; the fetch 'size2' changes with how the batch is split: "
+                                     "size2.pbtxt:"));
+  }
+}
+
 // Gradient merge, alone and with data parallelism, a pipeline and
 // recompute: k steps of batch b train as one step of batch k*b on one
 // device, dropout masks included (recomputed dropout draws them again). With average off the update sees the sum of the k steps'

@@ -82,6 +82,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   if (!report.ok()) return report.status();
   for (const auto& s : report->steps) {
     run.losses.push_back(s.loss);
+    run.fetches.push_back(s.fetches);
     if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
     if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
   }
@@ -139,6 +140,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
     if (report->reports_loss) {
       for (const auto& s : report->steps) {
         run.losses.push_back(s.loss);
+        run.fetches.push_back(s.fetches);
         if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
         if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
       }

@@ -23,6 +23,7 @@ namespace strata {
 
 struct ParityRun {
   std::vector<double> losses;                              // per step
+  std::vector<std::map<std::string, double>> fetches;      // per step, as the step reports them
   std::map<std::string, std::vector<double>> weights;      // parameters after the run
   std::map<std::string, std::vector<double>> initial_weights;  // single device only: before the run
   double eval_loss = 0;                                    // after the run, when options.eval_data is set

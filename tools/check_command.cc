@@ -325,6 +325,9 @@ int CheckCommand(const std::string& path) {
   if (schedule.micro_batches() > 1 || dp > 1) {
     // Compile refuses a split batch unless the loss is one (analysis/sample_forms.h).
     std::cout << "  loss: a mean over samples (proved from its ops), so the averaged parts train as one device's batch\n";
+    for (const std::string& f : result->plans[0].summed_fetch()) {
+      std::cout << "  fetch '" << f << "': a sum over samples, reported as the parts' total\n";
+    }
   }
   if (merge > 1) {
     std::cout << absl::StrFormat("  gradient merge: the optimizer runs once every %d steps, on %d samples\n", merge,
