@@ -10,6 +10,6 @@ def strata_sh_test(name, program = "//examples:mlp_pp2.pbtxt", strategy = "//exa
             "$(location %s)" % program,
             "$(location %s)" % strategy,
         ],
-        data = [program, strategy, "//tools:strata"],
+        data = [program, strategy, "//tools:strata", "//tests:job_lib.sh"],
         **kwargs
     )

@@ -11,7 +11,7 @@ strata=$1
 program=$2
 strategy=$3
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/job_lib.sh"
 
 # 1. A divergent loss on rank 1 (the loss's stage), eight times over.
 sed 's/learning_rate: [0-9.e-]*/learning_rate: 1e30/' "$program" > "$tmp/divergent.pbtxt"
@@ -30,11 +30,10 @@ grep '^note: then' "$tmp/nan.txt" | head -1
 # 2. A stalled rank ends the job within the heartbeat timeout, named.
 # Waits until a metrics file has N step lines: the ranks are connected and
 # heartbeating (a fixed sleep could stop a rank before it is).
-training() { for _ in $(seq 600); do [ "$(grep -c '"step"' "$1" 2>/dev/null)" -ge "$2" ] && return; sleep 0.1; done; fail "no training in $1"; }
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
   --heartbeat_timeout_s 3 --log_dir "$tmp/log" --metrics "$tmp/stall.jsonl" >/dev/null 2>"$tmp/stall.txt" &
 launcher=$!
-training "$tmp/stall.jsonl" 3
+training "$tmp/stall.jsonl" 3 "$launcher"
 victim=$(pgrep -P $launcher | sed -n 2p)
 grep -q "STRATA_RANK=1" <(tr '\0' '\n' < "/proc/$victim/environ") || victim=$(pgrep -P $launcher | sed -n 1p)
 start=$(date +%s.%N)
@@ -65,7 +64,7 @@ r0=$!
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$strata" run "$program" --strategy "$strategy" \
   --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 --metrics "$tmp/r1.jsonl" >/dev/null 2>"$tmp/r1.txt" &
 r1=$!
-training "$tmp/r1.jsonl" 3
+training "$tmp/r1.jsonl" 3 "$r1"
 kill -STOP $r0
 start=$(date +%s.%N)
 wait $r1
@@ -102,7 +101,7 @@ export TMPDIR="$tmp/tmpdir"; mkdir -p "$TMPDIR"
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
   --log_dir "$tmp/log5" --metrics "$tmp/m5.jsonl" >/dev/null 2>&1 &
 launcher=$!
-training "$tmp/m5.jsonl" 1
+training "$tmp/m5.jsonl" 1 "$launcher"
 live=$(ls -d "$TMPDIR"/strata_store.* 2>/dev/null)
 [ -n "$live" ] || fail "no store folder under $TMPDIR"
 kill -KILL $launcher
@@ -112,7 +111,7 @@ sleep 0.5  # the workers die with their parent (PR_SET_PDEATHSIG)
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
   --log_dir "$tmp/log6" --metrics "$tmp/m6.jsonl" >/dev/null 2>&1 &
 second=$!
-training "$tmp/m6.jsonl" 1
+training "$tmp/m6.jsonl" 1 "$second"
 [ -d "$live" ] && fail "the dead launcher's store folder $live is still there"
 [ "$(ls -d "$TMPDIR"/strata_store.* | wc -l)" -eq 1 ] || fail "the live job's folder was removed"
 kill -TERM $second

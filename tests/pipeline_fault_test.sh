@@ -7,17 +7,13 @@ strata=$1
 program=$2
 strategy=$3
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/job_lib.sh"
 
 # 1. Kill rank 1 while the job trains.
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --log_dir "$tmp/log" >"$tmp/out.txt" 2>"$tmp/err.txt" &
+  --log_dir "$tmp/log" --metrics "$tmp/m1.jsonl" >"$tmp/out.txt" 2>"$tmp/err.txt" &
 launcher=$!
-for _ in $(seq 100); do
-  [ -s "$tmp/log/workerlog.1" ] || [ "$(pgrep -P $launcher | wc -l)" -eq 2 ] && break
-  sleep 0.1
-done
-sleep 2  # well into training
+training "$tmp/m1.jsonl" 3 "$launcher"
 children=$(pgrep -P $launcher)
 [ "$(echo "$children" | wc -w)" -eq 2 ] || fail "expected 2 workers, found: $children"
 victim=$(echo "$children" | sed -n 2p)
@@ -60,9 +56,9 @@ grep -qi "fingerprint\|compiled" "$tmp/r1.txt" || fail "rank 1's error does not 
 # 3. A rank that stops answering: the other's receive gives up after
 #    --comm_timeout_s and the job ends naming the channel.
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --comm_timeout_s 3 --log_dir "$tmp/log3" >"$tmp/out3.txt" 2>"$tmp/err3.txt" &
+  --comm_timeout_s 3 --log_dir "$tmp/log3" --metrics "$tmp/m3.jsonl" >"$tmp/out3.txt" 2>"$tmp/err3.txt" &
 launcher=$!
-sleep 2
+training "$tmp/m3.jsonl" 3 "$launcher"
 children=$(pgrep -P $launcher)
 frozen=$(echo "$children" | sed -n 1p)
 kill -STOP "$frozen"

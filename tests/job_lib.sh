@@ -1,0 +1,18 @@
+# Helpers of the shell tests that start a job and act on it while it trains
+# (sourced).
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Waits until the metrics file $1 has $2 step lines: the ranks are past the
+# rendezvous and the settings agreement and train (a fixed sleep can act
+# before that on a loaded machine: pipeline_fault_test stopped a rank in the
+# settings check 9 times in 15 runs under load). After 60 s it kills the
+# process $3, if given (a job of a million steps), and fails.
+training() {
+  for _ in $(seq 600); do
+    [ "$(grep -c '"step"' "$1" 2>/dev/null)" -ge "$2" ] && return
+    sleep 0.1
+  done
+  [ -n "${3:-}" ] && kill "$3" 2>/dev/null
+  fail "no training in $1 within 60 s"
+}
