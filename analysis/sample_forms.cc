@@ -214,7 +214,17 @@ class Analyzer {
 
   // Linear (or affine) in its one varying input: the form passes through.
   // (A constant added to a sum leaves it a sum: still not a mean.)
-  VarSampleForm Linear() const { return FirstVarying(); }
+  VarSampleForm Linear() const {
+    VarSampleForm f = FirstVarying();
+    const AttrValue* bias = op_->type() == "scale" ? FindAttr(*op_, "bias") : nullptr;
+    if (bias != nullptr && bias->f() != 0) return WithOffset(std::move(f));
+    return f;
+  }
+  // `f`, plus a constant added here (a sum's offset; a mean stays a mean).
+  VarSampleForm WithOffset(VarSampleForm f) const {
+    if (f.form == Form::kSum && f.offset_at.empty()) f.offset_at = where_;
+    return f;
+  }
 
   // add, sub, add_n: per-sample values with each other or constants; means
   // with means and constants (an affine mean); sums with sums or constants.
@@ -226,7 +236,11 @@ class Analyzer {
       return Mixed(absl::StrCat("adds a mean over the batch's samples to a sum over them (", (*sum)->origin, ")"));
     }
     if (only == Form::kPerSample) return Broadcast();
-    return FirstVarying();
+    VarSampleForm f = FirstVarying();
+    for (const VarSampleForm* in : ins_) {
+      if (!in->offset_at.empty() && f.offset_at.empty()) f.offset_at = in->offset_at;
+    }
+    return VaryingInputs() < static_cast<int>(ins_.size()) ? WithOffset(std::move(f)) : f;
   }
 
   // mul, div: a mean or sum times (or over) a constant stays one.
@@ -381,13 +395,18 @@ std::vector<std::pair<std::string, VarSampleForm>> FetchForms(const Program& pro
 std::vector<std::string> SummedFetches(const Program& program) {
   std::vector<std::string> out;
   for (const auto& [name, f] : FetchForms(program)) {
-    if (f.form == Form::kSum) out.push_back(name);
+    if (f.form == Form::kSum && f.offset_at.empty()) out.push_back(name);
   }
   return out;
 }
 
 absl::Status CheckFetchesCombine(const Program& program) {
   for (const auto& [name, f] : FetchForms(program)) {
+    if (f.form == Form::kSum && !f.offset_at.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the fetch '", name, "' is a sum over the batch's samples (", f.origin, ") plus a constant (", f.offset_at,
+          "), which the parts' total would count once per part; fetch the sum and the constant apart"));
+    }
     if (f.form == Form::kMixed || f.form == Form::kPerSample) {
       return absl::InvalidArgumentError(absl::StrCat("the fetch '", name,
                                                      "' changes with how the batch is split: ", f.origin, " ", f.why,

@@ -37,6 +37,10 @@ struct VarSampleForm {
   // #i 'type'"), and for kMixed why the samples meet there.
   std::string origin;
   std::string why;
+  // kSum: plus a constant (a bias, a parameter's sum). Such a sum neither
+  // averages nor adds up over a split batch's parts: their total counts the
+  // constant once per part. Where the constant joined, "file:line: op #i".
+  std::string offset_at;
 };
 
 // The form of every var of a validated program (ValidateAndInferProgram), by

@@ -313,6 +313,24 @@ TEST(SampleFormsTest, FetchesThatAreSumsAreSummedAndOthersThatMixAreRefused) {
   EXPECT_THAT(SummedFetches(combine), ::testing::ElementsAre("energy"));
   EXPECT_TRUE(CheckFetchesCombine(combine).ok()) << CheckFetchesCombine(combine);
 
+  // A sum plus a constant neither averages nor adds up over parts.
+  for (const std::string shift : {R"pb(op { type: "scale" input: ["energy"] output: ["shifted"]
+                                         attr { key: "bias" value { f: 1 } } })pb",
+                                  R"pb(op { type: "add" input: ["energy", "l2"] output: ["shifted"] })pb"}) {
+    const Program offset = Classifier(absl::StrCat(ops, shift, "\nfetch: \"energy\"\nfetch: \"shifted\"\n"));
+    EXPECT_THAT(SummedFetches(offset), ::testing::ElementsAre("energy"));
+    const absl::Status s = CheckFetchesCombine(offset);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("the fetch 'shifted' is a sum over the batch's samples (p.pbtxt:"),
+                                   HasSubstr("plus a constant (p.pbtxt:"),
+                                   HasSubstr("which the parts' total would count once per part")));
+  }
+  // Scaled without a bias, it is still a sum.
+  const Program scaled = Classifier(absl::StrCat(
+      ops, R"pb(op { type: "scale" input: ["energy"] output: ["half"] attr { key: "scale" value { f: 0.5 } } })pb",
+      "\nfetch: \"half\"\n"));
+  EXPECT_THAT(SummedFetches(scaled), ::testing::ElementsAre("half"));
+
   const Program mixed = Classifier(absl::StrCat(ops, "fetch: \"energy\"\nfetch: \"loss2\"\n"));
   const absl::Status s = CheckFetchesCombine(mixed);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -402,7 +402,10 @@ absl::Status CheckLossAndFetches(Program* program, const std::string& file, cons
   auto producer = defs.producer.find(program->loss());
   if (producer == defs.producer.end()) return Err(file, absl::StrCat("loss '", program->loss(), "' is not produced by any op"));
   program->mutable_op(producer->second)->set_role(LOSS);
+  absl::flat_hash_set<absl::string_view> fetched;
   for (const auto& f : program->fetch()) {
+    // (The executor sums a step's values by name: a second entry doubled it.)
+    if (!fetched.insert(f).second) return Err(file, absl::StrCat("fetch '", f, "' is listed twice"));
     auto ft = defs.types.find(f);
     if (ft == defs.types.end()) return Err(file, absl::StrCat("fetch '", f, "' is not a var of the program"));
     if (!ft->second.shape.empty()) return Err(file, absl::StrCat("fetch '", f, "' must be a scalar, got ", ft->second.ToString()));

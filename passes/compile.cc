@@ -178,8 +178,8 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
                                   ? absl::StrCat(dp, " replicas")
                                   : absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches");
       return StrategyError(file, field,
-                           absl::StrCat(who, " report their fetches' mean (a sum's total), the batch's value only "
-                                             "for means and sums over samples; ",
+                           absl::StrCat(who, " report each fetch as the mean of their values (a sum over samples as "
+                                             "their total), the batch's value only for means and sums; ",
                                         s.message()));
     }
   }
@@ -387,6 +387,33 @@ absl::Status CompileRanks(std::unique_ptr<Graph> graph, const Layout& layout, co
   return absl::OkStatus();
 }
 
+// Only the loss's stage reports a step's metrics (the trainer's reporter):
+// a fetch made on another stage is computed there and not reported (a test
+// program may fetch a mean only to read a weight on a stage). Noted.
+std::vector<std::string> FetchesOffTheLossStage(const Program& program, const std::vector<RankPlan>& plans) {
+  int loss_stage = 0;
+  for (const RankPlan& p : plans) {
+    if (!p.program().loss().empty()) loss_stage = p.topology().stage();
+  }
+  std::vector<std::string> notes;
+  for (const std::string& f : program.fetch()) {
+    bool with_loss = false;
+    int stage = -1;
+    for (const RankPlan& p : plans) {
+      const auto& fetch = p.program().fetch();
+      if (std::find(fetch.begin(), fetch.end(), f) == fetch.end()) continue;
+      if (!p.program().loss().empty()) with_loss = true;
+      stage = p.topology().stage();
+    }
+    if (!with_loss) {
+      notes.push_back(absl::StrCat("fetch '", f, "' is made on stage ", stage, " and not reported: only the loss's stage (",
+                                   loss_stage, ") reports a step's metrics; place the ops that make it there (their "
+                                   "`device`) to see it"));
+    }
+  }
+  return notes;
+}
+
 // Verifies the schedules, places every rank's actions in time by the cost
 // model's estimate of its work (so an unbalanced placement shows in the
 // bubble and in when sent buffers go), and plans memory again with sent
@@ -460,6 +487,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   std::vector<std::unique_ptr<Graph>> rank_graphs;
   STRATA_RETURN_IF_ERROR(
       CompileRanks(std::move(graph), layout, strategy, options, program.source_file(), result, rank_graphs));
+  result.notes = FetchesOffTheLossStage(program, result.plans);
   STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, rank_graphs, result));
   rank_graphs.clear();
   result.batch_size = layout.ctx.batch_size;

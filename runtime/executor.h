@@ -51,13 +51,13 @@ struct StepResult {
   bool skipped_update = false;
 };
 
-// Runs one rank's plan. Prepare (Create) resolves every op to its kernel and
-// every var to a slot, so the per-op loop does no lookups; activations are
-// freed at their last use as the memory plan says.
 // Whether a step reports fetch `name` as the sum of its parts' values (a sum
 // over samples, RankPlan.summed_fetch) rather than their mean.
 bool IsSummedFetch(const RankPlan& plan, const std::string& name);
 
+// Runs one rank's plan. Prepare (Create) resolves every op to its kernel and
+// every var to a slot, so the per-op loop does no lookups; activations are
+// freed at their last use as the memory plan says.
 class Executor {
  public:
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const RankPlan& plan, const ExecutorOptions& options);

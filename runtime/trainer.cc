@@ -1223,7 +1223,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   STRATA_RETURN_IF_ERROR(session.CheckRanksAgreeOnSettings());
   STRATA_RETURN_IF_ERROR(session.OpenMetrics());
   // Once nothing before the first step can fail, so an error is the run's only line.
-  if (!options.data_note.empty()) std::fprintf(stderr, "note: %s\n", options.data_note.c_str());
+  for (const std::string& note : options.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
 
   STRATA_RETURN_IF_ERROR(session.RunSteps());
 

@@ -33,10 +33,11 @@ struct TrainOptions {
   // save_dir) and returns with TrainReport::stop_signal set to it.
   std::function<int()> stop_signal;
   bool progress = true;            // a progress line on stderr about once a second
-  // Said on stderr just before the first step (so an error before it, a bad
-  // --eval_data among them, is the run's only line): the data is the
+  // Said on stderr as "note: ..." lines just before the first step (so an
+  // error before it, a bad --eval_data among them, is the run's only line):
+  // the compiler's notes (CompileResult::notes), and that the data is the
   // synthetic default, not the user's.
-  std::string data_note;
+  std::vector<std::string> notes;
   // Rows an evaluation call takes across the data-parallel group; 0: the
   // plan's micro-batch on each replica, the rows its memory plan counts.
   int64_t eval_batch_size = 0;

@@ -222,7 +222,7 @@ std::string WithFetches(const std::string& extra_ops, const std::vector<std::str
   return text;
 }
 
-TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderDp2With3MicroBatches) {
+TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderReplicasAndMicroBatches) {
   auto program = ParseProgramText(
       WithFetches(R"pb(
         op { type: "reduce_sum" input: ["sq"] output: ["energy"] }
@@ -233,18 +233,24 @@ TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderDp2Wit
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
   options.steps = 4;
+  options.batch_size = 12;  // the replicas' global batch without a pipeline section
   auto single = TrainSingleDevice(*program, 12, options);
   ASSERT_TRUE(single.ok()) << single.status();
-  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
-  ASSERT_TRUE(parallel.ok()) << parallel.status();
-  ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
-  for (size_t step = 0; step < single->fetches.size(); ++step) {
-    for (const std::string name : {"energy", "logit_size", "l2"}) {
-      SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
-      ASSERT_TRUE(single->fetches[step].count(name));
-      ASSERT_TRUE(parallel->fetches[step].count(name));
-      const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
-      EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
+  // Replicas and micro-batches together, then each alone.
+  for (const Strategy& strategy : {Layout(2, 2, 3, ONE_F_ONE_B), Layout(2, 0, 0, ONE_F_ONE_B),
+                                   Layout(1, 2, 6, ONE_F_ONE_B)}) {
+    SCOPED_TRACE(strategy.ShortDebugString());
+    auto parallel = TrainParallel(*program, strategy, options);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
+    for (size_t step = 0; step < single->fetches.size(); ++step) {
+      for (const std::string name : {"energy", "logit_size", "l2"}) {
+        SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
+        ASSERT_TRUE(single->fetches[step].count(name));
+        ASSERT_TRUE(parallel->fetches[step].count(name));
+        const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
+        EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
+      }
     }
   }
 }
@@ -264,9 +270,9 @@ TEST(FetchFormParityTest, AFetchThatChangesWithTheSplitIsRefused) {
     auto parallel = TrainParallel(*program, strategy, options);
     ASSERT_FALSE(parallel.ok());
     EXPECT_THAT(std::string(parallel.status().message()),
-                ::testing::HasSubstr("report their fetches' mean (a sum's total), the batch's value only for means "
-                                     "and sums over samples; the fetch 'size2' changes with how the batch is split: "
-                                     "size2.pbtxt:"));
+                ::testing::HasSubstr("report each fetch as the mean of their values (a sum over samples as their "
+                                     "total), the batch's value only for means and sums; the fetch 'size2' changes "
+                                     "with how the batch is split: size2.pbtxt:"));
   }
 }
 

@@ -322,6 +322,7 @@ int CheckCommand(const std::string& path) {
                                result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),
                                dp > 1 ? absl::StrFormat(" x %d data-parallel replicas", dp) : "",
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
+  for (const std::string& note : result->notes) std::cout << "  note: " << note << "\n";
   if (schedule.micro_batches() > 1 || dp > 1) {
     // Compile refuses a split batch unless the loss is one (analysis/sample_forms.h).
     std::cout << "  loss: a mean over samples (proved from its ops), so the averaged parts train as one device's batch\n";

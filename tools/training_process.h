@@ -20,7 +20,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed);
 void PrintSummary(const TrainReport& report);
 
 // Synthetic data is the default so that `strata run PROGRAM` is a smoke test;
-// say so (TrainOptions::data_note, once the data has opened), lest a user
+// say so (TrainOptions::notes, once the data has opened), lest a user
 // take its loss for their dataset's. "" with --data or --quiet.
 std::string SyntheticDataNote(const std::set<std::string>& given);
 
