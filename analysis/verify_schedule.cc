@@ -4,6 +4,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -50,7 +51,6 @@ struct Event {
   TensorType type() const { return var != nullptr ? TypeOf(*var) : TensorType{}; }
   std::string action_name() const { return ActionName(*action); }  // "F3", "B0", "OPT"
 };
-
 
 std::string ChannelName(const Channel& c) {
   return absl::StrCat("channel ", c.id(), " '", c.var(), "' ", c.src_rank(), "->", c.dst_rank());
@@ -659,10 +659,10 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
     return moved;
   };
   wakes = Deduplicated(std::move(wakes));
-  std::vector<int> start;
-  const std::vector<int>* first_run = nullptr;  // every rank
+  std::vector<int> start(n);  // every rank first, then the one deferred
+  std::iota(start.begin(), start.end(), 0);
   while (true) {
-    if (absl::Status s = AdvanceUntilStuck(wakes, advance, first_run); !s.ok()) return s;
+    if (absl::Status s = AdvanceUntilStuck(wakes, advance, &start); !s.ok()) return s;
     // Stuck (or done): the first rank waiting on a send before its last
     // action waits for it one action later instead, and the ranks go on.
     bool done = true, deferred = false;
@@ -678,7 +678,6 @@ absl::Status DeferDeadlockingSendWaits(const std::vector<RankPlan>& plans,
       (*releases)[r][key] = rank.action + 1;
       deferred = true;
       start = {r};
-      first_run = &start;
     }
     if (done) return absl::OkStatus();
     if (!deferred) return absl::InternalError("send waits: the ranks would wait on one another forever");

@@ -309,8 +309,7 @@ int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t
                   const std::set<std::string>& given, Device* device) {
   InstallStopHandler();
   TrainOptions options = TrainOptionsFromFlags(program_seed);
-  options.notes = result.notes;
-  if (std::string note = SyntheticDataNote(given); !note.empty()) options.notes.push_back(std::move(note));
+  options.notes = RunNotes(result.notes, given);
   if (device != nullptr) options.device = device;
   // --compare_single reads this run's losses from its metrics, a temporary
   // file when the run writes none.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "runtime/trainer.h"
 
@@ -23,6 +24,10 @@ void PrintSummary(const TrainReport& report);
 // say so (TrainOptions::notes, once the data has opened), lest a user
 // take its loss for their dataset's. "" with --data or --quiet.
 std::string SyntheticDataNote(const std::set<std::string>& given);
+
+// The notes a run says before its first step (TrainOptions::notes): the
+// compiler's (CompileResult::notes), then the synthetic-data note.
+std::vector<std::string> RunNotes(const std::vector<std::string>& compile_notes, const std::set<std::string>& given);
 
 // A training process (one device, or a worker) stops at the next step
 // boundary on SIGTERM, every rank after the same step, and saves with --save:
