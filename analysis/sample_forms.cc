@@ -416,7 +416,7 @@ absl::Status CheckFetchesCombine(const Program& program) {
   return absl::OkStatus();
 }
 
-absl::Status CheckLossIsSampleMean(const Program& program) {
+absl::StatusOr<LossCombine> LossCombination(const Program& program) {
   const std::vector<VarSampleForm> forms = SampleForms(program);
   for (int i = 0; i < program.var_size(); ++i) {
     if (program.var(i).name() != program.loss()) continue;
@@ -424,11 +424,13 @@ absl::Status CheckLossIsSampleMean(const Program& program) {
     switch (f.form) {
       case Form::kConstant:
       case Form::kMean:
-        return absl::OkStatus();
+        return LossCombine::kAverage;
       case Form::kSum:
+        if (f.offset_at.empty()) return LossCombine::kSum;
         return absl::InvalidArgumentError(absl::StrCat(
-            "the loss '", program.loss(), "' is a sum over the batch's samples (", f.origin, "): make it a mean",
-            absl::StrContains(f.origin, "'reduce_sum'") ? " (reduce_mean)" : " over them"));
+            "the loss '", program.loss(), "' is a sum over the batch's samples (", f.origin, ") plus a constant (",
+            f.offset_at, "), which the parts' total would count once per part: make the sum a mean",
+            absl::StrContains(f.origin, "'reduce_sum'") ? " (reduce_mean)" : "", " or leave the constant out"));
       case Form::kPerSample:  // (validation holds the loss a scalar)
       case Form::kMixed:
         return absl::InvalidArgumentError(absl::StrCat("the loss '", program.loss(),
@@ -436,7 +438,7 @@ absl::Status CheckLossIsSampleMean(const Program& program) {
                                                        f.why));
     }
   }
-  return absl::OkStatus();
+  return LossCombine::kAverage;
 }
 
 }  // namespace strata

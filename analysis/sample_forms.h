@@ -4,20 +4,22 @@
 // How each value of a user's program depends on the samples of its batch.
 //
 // Pipeline micro-batches, data-parallel replicas and gradient merge all
-// split a batch into parts, run the program on each part and average the
-// parts' losses and gradients. That equals one device's step on the whole
-// batch exactly when the loss is a mean over samples of per-sample terms
-// (plus anything that does not depend on the data): the average of the
-// parts' means is the whole batch's mean. A sum over samples comes out
-// divided by the number of parts, and a loss that lets samples interact (a
-// softmax along the batch axis, a batch statistic fed through a nonlinearity)
-// changes with the split. The compiler proves the form from the ops' shapes
-// and attrs before it splits anything (passes/compile.cc).
+// split a batch into parts, run the program on each part and combine the
+// parts' losses and gradients. Averaging them equals one device's step on
+// the whole batch exactly when the loss is a mean over samples of per-sample
+// terms (plus anything that does not depend on the data): the average of the
+// parts' means is the whole batch's mean. Adding them up does for a sum over
+// samples. A sum plus a constant combines neither way, and a loss that lets
+// samples interact (a softmax along the batch axis, a batch statistic fed
+// through a nonlinearity) changes with the split. The compiler proves the
+// form from the ops' shapes and attrs before it splits anything
+// (passes/compile.cc).
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/program.pb.h"
 
 namespace strata {
@@ -47,10 +49,18 @@ struct VarSampleForm {
 // the var's index in program.var().
 std::vector<VarSampleForm> SampleForms(const Program& program);
 
-// OK when the program's loss is a mean over samples (or constant), so a split
-// batch trains what the whole one does; else InvalidArgument saying the
-// loss's form and the op that made it.
-absl::Status CheckLossIsSampleMean(const Program& program);
+// How a split batch's parts combine into the whole batch's loss and
+// gradients.
+enum class LossCombine {
+  kAverage,  // a mean over samples (or a constant): the parts' average
+  kSum,      // a sum over samples: the parts' total, with no 1/parts
+};
+
+// How the program's loss combines over a split batch: averaged for a mean
+// over samples (or a constant), added up for a sum over them; else
+// InvalidArgument saying the loss's form and the op that made it (samples
+// that meet, or a sum plus a constant, which neither combination gives).
+absl::StatusOr<LossCombine> LossCombination(const Program& program);
 
 // A split batch reports each fetch (a scalar metric) combined over its
 // parts: the program's fetches that are sums over samples, whose parts' values

@@ -47,6 +47,14 @@ VarSampleForm Of(const Program& p, const std::string& name) {
 
 SampleForm FormOf(const Program& p, const std::string& name) { return Of(p, name).form; }
 
+// Whether a split batch averages the program's loss over its parts (a mean
+// or a constant); a loss that combines neither way fails the test.
+bool Averaged(const Program& p) {
+  absl::StatusOr<LossCombine> combine = LossCombination(p);
+  EXPECT_TRUE(combine.ok()) << combine.status();
+  return combine.ok() && *combine == LossCombine::kAverage;
+}
+
 constexpr char kLogits[] = R"pb(
   op { type: "matmul" input: ["x", "w"] output: ["xw"] }
   op { type: "add" input: ["xw", "b"] output: ["logits"] }
@@ -60,7 +68,7 @@ TEST(SampleFormsTest, CrossEntropyIsAMeanOverSamples) {
   EXPECT_EQ(FormOf(p, "x"), SampleForm::kPerSample);
   EXPECT_EQ(FormOf(p, "logits"), SampleForm::kPerSample);
   EXPECT_EQ(FormOf(p, "loss"), SampleForm::kMean);
-  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+  EXPECT_TRUE(Averaged(p));
 }
 
 TEST(SampleFormsTest, AMeanPlusAWeightPenaltyIsStillAMean) {
@@ -76,7 +84,7 @@ TEST(SampleFormsTest, AMeanPlusAWeightPenaltyIsStillAMean) {
   )pb"));
   EXPECT_EQ(FormOf(p, "penalty"), SampleForm::kConstant);
   EXPECT_EQ(FormOf(p, "loss"), SampleForm::kMean);
-  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+  EXPECT_TRUE(Averaged(p));
 }
 
 TEST(SampleFormsTest, AReduceSumOverTheBatchIsASumNamedWithItsOp) {
@@ -87,9 +95,10 @@ TEST(SampleFormsTest, AReduceSumOverTheBatchIsASumNamedWithItsOp) {
   )pb"));
   EXPECT_EQ(FormOf(p, "sq"), SampleForm::kPerSample);
   EXPECT_EQ(FormOf(p, "loss"), SampleForm::kSum);
-  EXPECT_EQ(CheckLossIsSampleMean(p).message(),
-            "the loss 'loss' is a sum over the batch's samples (p.pbtxt:11: op #3 'reduce_sum'): make it a mean "
-            "(reduce_mean)");
+  // Its parts add up to the whole batch's (a scale keeps a sum a sum).
+  absl::StatusOr<LossCombine> combine = LossCombination(p);
+  ASSERT_TRUE(combine.ok()) << combine.status();
+  EXPECT_EQ(*combine, LossCombine::kSum);
 }
 
 TEST(SampleFormsTest, ASumPlusAConstantIsStillNamedASum) {
@@ -98,8 +107,11 @@ TEST(SampleFormsTest, ASumPlusAConstantIsStillNamedASum) {
     op { type: "scale" input: ["total"] output: ["loss"] attr { key: "bias" value { f: 1 } } }
   )pb"));
   EXPECT_EQ(FormOf(p, "loss"), SampleForm::kSum);
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
-              HasSubstr("is a sum over the batch's samples (p.pbtxt:10: op #2 'reduce_sum'): make it a mean (reduce_mean)"));
+  // The parts' total would count the constant once per part.
+  EXPECT_EQ(LossCombination(p).status().message(),
+            "the loss 'loss' is a sum over the batch's samples (p.pbtxt:10: op #2 'reduce_sum') plus a constant "
+            "(p.pbtxt:11: op #3 'scale'), which the parts' total would count once per part: make the sum a mean "
+            "(reduce_mean) or leave the constant out");
 }
 
 TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisMixesSamples) {
@@ -108,7 +120,7 @@ TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisMixesSamples) {
     op { type: "reduce_mean" input: ["sm"] output: ["loss"] }
   )pb"));
   EXPECT_EQ(FormOf(p, "sm"), SampleForm::kMixed);
-  EXPECT_EQ(CheckLossIsSampleMean(p).message(),
+  EXPECT_EQ(LossCombination(p).status().message(),
             "the loss 'loss' changes with how the batch is split: p.pbtxt:10: op #2 'softmax' normalizes along the "
             "batch axis");
   // Along the class axis it is per sample.
@@ -116,7 +128,7 @@ TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisMixesSamples) {
     op { type: "softmax" input: ["logits"] output: ["sm"] }
     op { type: "reduce_mean" input: ["sm"] output: ["loss"] }
   )pb"));
-  EXPECT_TRUE(CheckLossIsSampleMean(ok).ok());
+  EXPECT_TRUE(Averaged(ok));
 }
 
 TEST(SampleFormsTest, CenteringOnTheBatchMeanMixesSamples) {
@@ -127,7 +139,7 @@ TEST(SampleFormsTest, CenteringOnTheBatchMeanMixesSamples) {
     op { type: "softmax_cross_entropy" input: ["centered", "label"] output: ["loss"] }
   )pb"));
   EXPECT_EQ(FormOf(p, "mu"), SampleForm::kMean);
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+  EXPECT_THAT(LossCombination(p).status().message(),
               AllOf(HasSubstr("op #3 'sub'"), HasSubstr("combines per-sample values with a mean or sum")));
 }
 
@@ -136,12 +148,12 @@ TEST(SampleFormsTest, ANonlinearityOfAMeanMixesSamples) {
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
     op { type: "square" input: ["ce"] output: ["loss"] }
   )pb"));
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(), HasSubstr("op #3 'square' applies a nonlinearity"));
+  EXPECT_THAT(LossCombination(p).status().message(), HasSubstr("op #3 'square' applies a nonlinearity"));
   const Program product = Classifier(absl::StrCat(kLogits, R"pb(
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
     op { type: "mul" input: ["ce", "ce"] output: ["loss"] }
   )pb"));
-  EXPECT_THAT(CheckLossIsSampleMean(product).message(), HasSubstr("multiplies two means or sums"));
+  EXPECT_THAT(LossCombination(product).status().message(), HasSubstr("multiplies two means or sums"));
 }
 
 TEST(SampleFormsTest, AReshapeKeepsSamplesApartWhileTheBatchDimLeadsAsBefore) {
@@ -153,7 +165,7 @@ TEST(SampleFormsTest, AReshapeKeepsSamplesApartWhileTheBatchDimLeadsAsBefore) {
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
   )pb");
   EXPECT_EQ(FormOf(apart, "halves"), SampleForm::kPerSample);
-  EXPECT_TRUE(CheckLossIsSampleMean(apart).ok());
+  EXPECT_TRUE(Averaged(apart));
   // [B, 4] -> [2, B, 2]: entry b holds halves of samples 2b/... and others.
   const Program interleaved = Classifier(R"pb(
     var { name: "w2" dtype: F32 shape: [2, 3] kind: PARAM }
@@ -161,7 +173,7 @@ TEST(SampleFormsTest, AReshapeKeepsSamplesApartWhileTheBatchDimLeadsAsBefore) {
     op { type: "matmul" input: ["split", "w2"] output: ["z"] }
     op { type: "reduce_mean" input: ["z"] output: ["loss"] }
   )pb");
-  EXPECT_THAT(CheckLossIsSampleMean(interleaved).message(),
+  EXPECT_THAT(LossCombination(interleaved).status().message(),
               HasSubstr("op #0 'reshape' reshapes so that entries of the batch dimension hold parts of several samples"));
 }
 
@@ -173,8 +185,11 @@ TEST(SampleFormsTest, AContractionOverTheBatchIsASum) {
     op { type: "reduce_mean" input: ["gw"] output: ["loss"] }
   )pb");
   EXPECT_EQ(FormOf(p, "gram"), SampleForm::kSum);
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
-              HasSubstr("is a sum over the batch's samples (p.pbtxt:7: op #0 'matmul'): make it a mean over them"));
+  // A mean over its entries is linear in the sum: the parts add up.
+  EXPECT_EQ(FormOf(p, "loss"), SampleForm::kSum);
+  absl::StatusOr<LossCombine> combine = LossCombination(p);
+  ASSERT_TRUE(combine.ok()) << combine.status();
+  EXPECT_EQ(*combine, LossCombine::kSum);
 }
 
 TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisAfterATransposeMixesSamples) {
@@ -187,7 +202,7 @@ TEST(SampleFormsTest, ASoftmaxAlongTheBatchAxisAfterATransposeMixesSamples) {
       op { type: "reduce_mean" input: ["n"] output: ["loss"] }
     )pb"));
     EXPECT_EQ(FormOf(p, "t"), SampleForm::kPerSample);
-    EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+    EXPECT_THAT(LossCombination(p).status().message(),
                 HasSubstr(absl::StrCat("op #3 '", op, "' normalizes along the batch axis")));
   }
 }
@@ -200,7 +215,7 @@ TEST(SampleFormsTest, DropoutNumbersItsMaskByTheRowsOfDimZero) {
     op { type: "matmul" input: ["d", "w"] output: ["logits"] }
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
   )pb");
-  EXPECT_TRUE(CheckLossIsSampleMean(batch_first).ok());
+  EXPECT_TRUE(Averaged(batch_first));
   const Program transposed = Classifier(R"pb(
     op { type: "transpose" input: ["x"] output: ["xt"] attr { key: "perm" value { list { i: [1, 0] } } } }
     op { type: "dropout" input: ["xt"] output: ["dt"] }
@@ -208,7 +223,7 @@ TEST(SampleFormsTest, DropoutNumbersItsMaskByTheRowsOfDimZero) {
     op { type: "matmul" input: ["d", "w"] output: ["logits"] }
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
   )pb");
-  EXPECT_THAT(CheckLossIsSampleMean(transposed).message(),
+  EXPECT_THAT(LossCombination(transposed).status().message(),
               HasSubstr("op #1 'dropout' reads the batch dimension as another axis"));
   // On a weight (DropConnect) each part would draw another mask.
   const Program weight = Classifier(R"pb(
@@ -216,7 +231,7 @@ TEST(SampleFormsTest, DropoutNumbersItsMaskByTheRowsOfDimZero) {
     op { type: "matmul" input: ["x", "wd"] output: ["logits"] }
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
   )pb");
-  EXPECT_THAT(CheckLossIsSampleMean(weight).message(),
+  EXPECT_THAT(LossCombination(weight).status().message(),
               HasSubstr("op #0 'dropout' draws its mask by sample on a value without the batch dim"));
   const Program no_drop = Classifier(R"pb(
     op { type: "dropout" input: ["w"] output: ["wd"] attr { key: "p" value { f: 0 } } }
@@ -251,7 +266,7 @@ TEST(SampleFormsTest, ALossOverTimeMajorRowsIsAMean) {
     op { type: "concat" input: ["l1", "l1"] output: ["labels"] attr { key: "axis" value { i: 0 } } }
     op { type: "softmax_cross_entropy" input: ["logits", "labels"] output: ["loss"] }
   )pb");
-  EXPECT_TRUE(CheckLossIsSampleMean(p).ok()) << CheckLossIsSampleMean(p);
+  EXPECT_TRUE(Averaged(p));
 }
 
 TEST(SampleFormsTest, BroadcastLikeRepeatsPerSampleValues) {
@@ -264,7 +279,7 @@ TEST(SampleFormsTest, BroadcastLikeRepeatsPerSampleValues) {
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
   )pb");
   EXPECT_EQ(FormOf(p, "mub"), SampleForm::kPerSample);
-  EXPECT_TRUE(CheckLossIsSampleMean(p).ok());
+  EXPECT_TRUE(Averaged(p));
 }
 
 TEST(SampleFormsTest, ADivisionByASumSaysItDivides) {
@@ -273,7 +288,7 @@ TEST(SampleFormsTest, ADivisionByASumSaysItDivides) {
     op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
     op { type: "div" input: ["ce", "s"] output: ["loss"] }
   )pb"));
-  EXPECT_THAT(CheckLossIsSampleMean(p).message(),
+  EXPECT_THAT(LossCombination(p).status().message(),
               HasSubstr("op #4 'div' divides by a mean or sum over the batch's samples"));
 }
 

@@ -22,6 +22,10 @@ struct CompileContext {
   int64_t batch_size = 0;  // global mini-batch; 0 when not known
   int micro_batches = 1;   // per step, per data-parallel rank
   int merge_steps = 1;     // gradient merge: steps per optimizer update
+  // The loss is a sum over the batch's samples (analysis/sample_forms.h): a
+  // split batch's parts add their gradients up, where a mean's are averaged
+  // (the loss's seed is not scaled by 1/parts).
+  bool summed_loss = false;
   // The dtype the global gradient norm is summed in on every rank: the
   // trainable parameters' dtype, F64 when they mix. DT_INVALID: the pass
   // decides from the parameters it sees (a pass run on its own).

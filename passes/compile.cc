@@ -146,15 +146,16 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
                          absl::StrCat("the default --batch_size ", kDefaultBatchSize, " is not divisible by the degree ", dp,
                                       "; give --batch_size (a multiple of ", dp, ")"));
   }
-  // A split batch averages its parts' losses and gradients: one device's
-  // step only for a loss that is a mean over samples.
+  // A split batch combines its parts' losses and gradients: averaged for a
+  // loss that is a mean over samples, added up for a sum over them; one
+  // device's step for no other loss.
   std::string field, parts;
   if (strategy.has_pipeline() && strategy.pipeline().accumulate_steps() > 1) {
     field = "pipeline.accumulate_steps";
-    parts = absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches average their losses and gradients");
+    parts = absl::StrCat(strategy.pipeline().accumulate_steps(), " micro-batches combine their losses and gradients");
   } else if (dp > 1) {
     field = "data_parallel.degree";
-    parts = absl::StrCat(dp, " replicas average their losses and gradients");
+    parts = absl::StrCat(dp, " replicas combine their losses and gradients");
   } else if (strategy.gradient_merge().k_steps() > 1 && strategy.gradient_merge().average()) {
     // (Without `average` the merged gradients are summed, as Paddle's
     // avg=False: the user's choice, not one device's step.)
@@ -162,11 +163,22 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
     parts = absl::StrCat(strategy.gradient_merge().k_steps(), " merged steps average their gradients");
   }
   if (!field.empty()) {
-    if (auto s = CheckLossIsSampleMean(program); !s.ok()) {
+    absl::StatusOr<LossCombine> combine = LossCombination(program);
+    if (!combine.ok()) {
       return StrategyError(file, field,
                            absl::StrCat(parts, ", which equals one device's step only for a loss that is a mean "
-                                               "over samples; ",
-                                        s.message()));
+                                               "or a sum over samples; ",
+                                        combine.status().message()));
+    }
+    if (*combine == LossCombine::kSum && strategy.gradient_merge().k_steps() > 1 &&
+        strategy.gradient_merge().average()) {
+      // k merged steps of a sum are one step of k times the batch when
+      // their gradients add up; averaged, they train another step, silently.
+      return StrategyError(file, "gradient_merge.average",
+                           absl::StrCat(strategy.gradient_merge().k_steps(),
+                                        " merged steps average their gradients, but the loss '", program.loss(),
+                                        "' is a sum over the batch's samples, whose merged step adds them up: set "
+                                        "average: false"));
     }
   }
   // Micro-batches and replicas also combine the fetches each step reports
@@ -482,6 +494,11 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   STRATA_RETURN_IF_ERROR(ValidateInputs(program, strategy, options, strategy_file, result));
   CompileContext ctx;
   ctx.strategy = strategy;
+  {
+    // (ValidateStrategy has refused a loss that combines neither way under a split.)
+    absl::StatusOr<LossCombine> combine = LossCombination(program);
+    ctx.summed_loss = combine.ok() && *combine == LossCombine::kSum;
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, RunProgramPasses(program, strategy, options, ctx, result));
   STRATA_ASSIGN_OR_RETURN(const Layout layout, MakeLayout(*graph, strategy, options, strategy_file, std::move(ctx)));
   std::vector<std::unique_ptr<Graph>> rank_graphs;
@@ -493,7 +510,10 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   result.batch_size = layout.ctx.batch_size;
   {
     const std::vector<std::string> summed = SummedFetches(program);
-    for (auto& p : result.plans) *p.mutable_summed_fetch() = {summed.begin(), summed.end()};
+    for (auto& p : result.plans) {
+      *p.mutable_summed_fetch() = {summed.begin(), summed.end()};
+      p.set_summed_loss(layout.ctx.summed_loss);
+    }
   }
   // Where the program was read from is not part of what runs: ranks that read
   // the same program from different paths (other machines) must agree.

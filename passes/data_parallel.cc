@@ -51,8 +51,11 @@ absl::StatusOr<bool> DataParallelPass::Run(Graph& graph, const CompileContext& c
   const std::vector<int> order = graph.ops();
   std::vector<int> position(graph.op_id_bound(), -1);
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int>(i);
-  // Each rank's loss is the mean over its own share of the global batch.
-  if (auto s = ScaleLossSeed(graph, 1.0 / degree, "data-parallel"); !s.ok()) return s;
+  // Each rank's loss is the mean over its own share of the global batch (or
+  // a sum, whose shares add up as they are).
+  if (!ctx.summed_loss) {
+    if (auto s = ScaleLossSeed(graph, 1.0 / degree, "data-parallel"); !s.ok()) return s;
+  }
 
   // The gradients the optimizer reads (two parameters may share one), each
   // with the op that finishes it: its last writer before the update.

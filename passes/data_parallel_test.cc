@@ -174,6 +174,29 @@ TEST(DataParallelPassTest, SeedIsScaledOnlyOnTheLossStage) {
   }
 }
 
+TEST(DataParallelPassTest, ASumOverSamplesKeepsItsSeedSoThePartsAddUp) {
+  // The loss sums over the batch: replicas and micro-batches add their
+  // gradients up as they are, with no 1/parts (analysis/sample_forms.h).
+  constexpr char kSumLoss[] = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 4] kind: FEED }
+    var { name: "w1" dtype: F64 shape: [4, 4] kind: PARAM init { xavier_uniform {} } }
+    var { name: "w2" dtype: F64 shape: [4, 3] kind: PARAM init { xavier_uniform {} } }
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w2"] output: ["y"] device: "gpu:1" }
+    op { type: "square" input: ["y"] output: ["sq"] device: "gpu:1" }
+    op { type: "reduce_sum" input: ["sq"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  std::vector<RankPlan> plans = Plans(kSumLoss, DataParallel(2, 0, 2));
+  ASSERT_EQ(plans.size(), 4u);
+  for (const RankPlan& plan : plans) {
+    EXPECT_TRUE(plan.summed_loss()) << "rank " << plan.rank();
+    if (plan.topology().stage() == 1) EXPECT_DOUBLE_EQ(SeedValue(plan.program()), 1.0) << "rank " << plan.rank();
+  }
+  for (const RankPlan& plan : Plans(TwoStagesProgram(), DataParallel(2, 0, 2))) EXPECT_FALSE(plan.summed_loss());
+}
+
 TEST(DataParallelPassTest, BucketCapBytesDefaultsTo25MiB) {
   EXPECT_EQ(BucketCapBytes(0), int64_t{25} << 20);
   EXPECT_EQ(BucketCapBytes(1), int64_t{1} << 20);

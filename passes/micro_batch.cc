@@ -39,7 +39,7 @@ absl::StatusOr<bool> MicroBatchPass::Run(Graph& graph, const CompileContext& ctx
   // Each micro-batch's loss is the mean over its own samples, so 1/M makes
   // the summed gradient that of the global mean.
   const std::vector<int> producer = graph.FirstWriters();
-  if (m > 1) {
+  if (m > 1 && !ctx.summed_loss) {  // (a sum's parts add up as they are)
     if (auto s = ScaleLossSeed(graph, 1.0 / m, "micro-batch"); !s.ok()) return s;
   }
 

@@ -788,7 +788,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     return status;
   }
   SumMetrics(&result);
-  result.loss /= micro_batches;
+  if (!plan_.summed_loss()) result.loss /= micro_batches;  // a sum over samples: their total
   for (auto& [name, value] : result.fetches) {
     // A sum over samples is the micro-batches' sum; the others their mean.
     if (!IsSummedFetch(plan_, name)) value /= micro_batches;

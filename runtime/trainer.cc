@@ -195,12 +195,17 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
     return feeds;
   });
   if (!results.ok()) return results.status();
+  // A loss that is a mean over samples: each batch's weighted by its
+  // samples. A sum over them: the set's total, reported per sample times the
+  // training step's global batch, so it reads as a step's loss does and no
+  // split of the evaluation's batches changes it.
+  const bool summed_loss = executor.plan().summed_loss();
   double loss_sum = 0, acc_sum = 0;
   int64_t seen = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const StepResult& r = (*results)[m];
     const int64_t n = micro_batches[m].rows;
-    loss_sum += r.loss * n;
+    loss_sum += summed_loss ? r.loss : r.loss * n;
     if (!acc_fetch.empty()) {
       auto acc = r.fetches.find(acc_fetch);
       if (acc != r.fetches.end()) acc_sum += acc->second * n;
@@ -210,6 +215,10 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
   std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
   STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation"));
   m.loss = sums[0] / std::max(sums[2], 1.0);
+  if (summed_loss) {
+    const Schedule& schedule = executor.plan().schedule();
+    m.loss *= std::max<int64_t>(1, schedule.micro_batch_size()) * std::max(1, schedule.micro_batches()) * degree;
+  }
   m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
   return m;
 }
@@ -858,12 +867,12 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
   if (holds_loss_ && dp_ != nullptr) {
     // Each replica's loss and fetches are means over its equal share of the
-    // global batch: their mean over the group is the global batch's. A fetch
-    // that is a sum over samples is the replicas' sum.
+    // global batch: their mean over the group is the global batch's. A loss
+    // or fetch that is a sum over samples is the replicas' sum.
     std::vector<double> values = {r->loss};
     for (const auto& [name, v] : r->fetches) values.push_back(v);
     STRATA_RETURN_IF_ERROR(SumOverGroup(dp_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s loss")));
-    r->loss = values[0] / dp_->size();
+    r->loss = plan_.summed_loss() ? values[0] : values[0] / dp_->size();
     size_t k = 1;
     for (auto& [name, v] : r->fetches) {
       v = values[k++];

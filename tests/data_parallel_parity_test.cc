@@ -126,6 +126,10 @@ void ExpectTrainsAsOneDevice(const Program& program, const Strategy& strategy, i
   std::string worst;
   EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
   EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  if (!options.eval_data.empty()) {
+    EXPECT_GT(single->eval_loss, 0);
+    EXPECT_NEAR(parallel->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
+  }
 }
 
 // A weight used on the first and the last stage (tied input and output
@@ -163,7 +167,8 @@ TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
 
 // A loss that is not only a cross entropy: the compiler proves it a mean
 // over samples plus a weight penalty (analysis/sample_forms.h), so the
-// split batch trains what one device does; a sum over the batch is refused.
+// split batch trains what one device does; a mean plus a sum over the batch
+// is refused.
 constexpr char kAffineMeanLoss[] = R"pb(
   var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
   var { name: "label" dtype: I64 shape: [-1] kind: FEED }
@@ -189,7 +194,76 @@ TEST(LossFormParityTest, AMeanPlusAPenaltyTrainsAsOneDeviceUnderDp2With3MicroBat
   ExpectTrainsAsOneDevice(*program, Layout(2, 2, 3, ONE_F_ONE_B), 2 * 3 * 2, options);
 }
 
-TEST(LossFormParityTest, ASumOverTheBatchIsRefusedRatherThanTrainedDifferently) {
+// A loss that is a sum over the batch's samples: a split batch adds its
+// parts' losses and gradients up (no 1/parts), reports their total each step
+// and, for an evaluation, the set's mean per sample times the step's batch.
+constexpr char kSumLoss[] = R"pb(
+  var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+  var { name: "w1" dtype: F64 shape: [8, 16] kind: PARAM init { xavier_uniform {} } }
+  var { name: "w2" dtype: F64 shape: [16, 10] kind: PARAM init { xavier_uniform {} } }
+  op { type: "matmul" input: ["x", "w1"] output: ["h"] device: "gpu:0" }
+  op { type: "tanh" input: ["h"] output: ["a"] device: "gpu:0" }
+  op { type: "matmul" input: ["a", "w2"] output: ["logits"] device: "gpu:1" }
+  op { type: "log_softmax" input: ["logits"] output: ["logp"] device: "gpu:1" }
+  op { type: "square" input: ["logp"] output: ["sq"] device: "gpu:1" }
+  op { type: "reduce_sum" input: ["sq"] output: ["total"] device: "gpu:1" }
+  op { type: "scale" input: ["total"] output: ["loss"] attr { key: "scale" value { f: 0.01 } } device: "gpu:1" }
+  loss: "loss"
+  optimizer { momentum { learning_rate: 0.02 momentum: 0.9 } clip_global_norm: 5 }
+)pb";
+
+TEST(LossFormParityTest, ASumOverTheBatchTrainsAsOneDeviceUnderReplicasMicroBatchesAndStages) {
+  auto program = ParseProgramText(kSumLoss, "sum.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
+  options.batch_size = 12;  // the replicas' global batch without a pipeline section
+  // Two stages x two replicas x three micro-batches (both schedules), then
+  // replicas alone and micro-batches alone.
+  for (const Strategy& strategy : {Layout(2, 2, 3, ONE_F_ONE_B), Layout(2, 2, 3, F_THEN_B),
+                                   Layout(2, 0, 0, ONE_F_ONE_B), Layout(1, 2, 6, ONE_F_ONE_B)}) {
+    SCOPED_TRACE(strategy.ShortDebugString());
+    ExpectTrainsAsOneDevice(*program, strategy, 12, options);
+  }
+}
+
+TEST(LossFormParityTest, ASumOverTheBatchMergedWithoutAveragingTrainsAsOneStepOfKTimesTheBatch) {
+  auto program = ParseProgramText(kSumLoss, "sum.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 6;
+  auto single = TrainSingleDevice(*program, 3 * 12, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  Strategy s = Layout(2, 2, 3, ONE_F_ONE_B);
+  s.mutable_gradient_merge()->set_k_steps(3);
+  s.mutable_gradient_merge()->set_average(false);
+  ParityOptions merged_options = options;
+  merged_options.steps = 3 * options.steps;
+  auto merged = TrainParallel(*program, s, merged_options);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_EQ(merged->losses.size(), 3 * single->losses.size());
+  // Each update's loss is the sum of its three steps'.
+  for (size_t u = 0; u < single->losses.size(); ++u) {
+    const double total = merged->losses[3 * u] + merged->losses[3 * u + 1] + merged->losses[3 * u + 2];
+    EXPECT_NEAR(total, single->losses[u], kTolerance * single->losses[u]) << "update " << u + 1;
+  }
+  std::string worst;
+  EXPECT_LE(MaxWeightDifference(*merged, *single, &worst), kTolerance) << "worst parameter: " << worst;
+  EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  // Averaged, the merged step would be a third of one device's: refused.
+  s.mutable_gradient_merge()->set_average(true);
+  auto averaged = TrainParallel(*program, s, merged_options);
+  ASSERT_FALSE(averaged.ok());
+  EXPECT_THAT(std::string(averaged.status().message()),
+              ::testing::HasSubstr("gradient_merge.average: 3 merged steps average their gradients, but the loss "
+                                   "'loss' is a sum over the batch's samples, whose merged step adds them up: set "
+                                   "average: false"));
+}
+
+TEST(LossFormParityTest, AMeanPlusASumIsRefusedRatherThanTrainedDifferently) {
   std::string text = kAffineMeanLoss;
   const std::string mean = R"(type: "reduce_mean" input: ["sq"])";
   text.replace(text.find(mean), mean.size(), R"(type: "reduce_sum" input: ["sq"])");
@@ -203,7 +277,7 @@ TEST(LossFormParityTest, ASumOverTheBatchIsRefusedRatherThanTrainedDifferently) 
   auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), options);
   ASSERT_FALSE(parallel.ok());
   EXPECT_THAT(std::string(parallel.status().message()),
-              ::testing::HasSubstr("pipeline.accumulate_steps: 3 micro-batches average their losses and gradients"));
+              ::testing::HasSubstr("pipeline.accumulate_steps: 3 micro-batches combine their losses and gradients"));
   EXPECT_THAT(std::string(parallel.status().message()),
               ::testing::HasSubstr("the loss 'loss' changes with how the batch is split: sum.pbtxt:13: op #8 'add_n' "
                                    "adds a mean over the batch's samples to a sum over them (sum.pbtxt:8: op #3 "

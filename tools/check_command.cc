@@ -324,8 +324,12 @@ int CheckCommand(const std::string& path) {
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
   for (const std::string& note : result->notes) std::cout << "  note: " << note << "\n";
   if (schedule.micro_batches() > 1 || dp > 1) {
-    // Compile refuses a split batch unless the loss is one (analysis/sample_forms.h).
-    std::cout << "  loss: a mean over samples (proved from its ops), so the averaged parts train as one device's batch\n";
+    // Compile refuses a split batch unless the loss is a mean or a sum (analysis/sample_forms.h).
+    std::cout << (result->plans[0].summed_loss()
+                      ? "  loss: a sum over samples (proved from its ops), so the parts added up train as one "
+                        "device's batch, and a step reports their total\n"
+                      : "  loss: a mean over samples (proved from its ops), so the averaged parts train as one "
+                        "device's batch\n");
     for (const std::string& f : result->plans[0].summed_fetch()) {
       std::cout << "  fetch '" << f << "': a sum over samples, reported as the parts' total\n";
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compares two `strata run --metrics` files step by step.
 
-    python3 tools/compare_metrics.py A.jsonl B.jsonl
+    python3 tools/compare_metrics.py A.jsonl B.jsonl [--summed_loss]
 
 Prints the steps both have, whether their losses are bit-identical, the
 largest relative difference (and the first step above 1e-4), each eval's
@@ -11,9 +11,17 @@ Used to set a GPU run beside the CPU run of the same program and seed.
 A run under gradient merge (its update steps carry "optimizer_step") is
 compared per optimizer update: the mean of the losses of the k steps that
 one update merged, against the other run's update of that number (a run
-without gradient merge updates on every step).
+without gradient merge updates on every step). With --summed_loss (a loss
+that is a sum over samples, as `strata check` says) an update's loss is the
+sum of its k steps' losses, one device's sum over the merged batch.
 """
 import json, sys
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+flags = [a for a in sys.argv[1:] if a.startswith("--")]
+if len(args) != 2 or any(f != "--summed_loss" for f in flags):
+    sys.exit("usage: compare_metrics.py A.jsonl B.jsonl [--summed_loss]")
+summed = "--summed_loss" in flags
+sys.argv = [sys.argv[0]] + args
 def load(p):
     steps, evals, summ, updates, pending, merged = {}, [], None, {}, [], False
     for line in open(p):
@@ -25,14 +33,14 @@ def load(p):
             pending.append(r["loss"])
             if "optimizer_step" in r:
                 merged = True
-                updates[r["optimizer_step"]] = sum(pending) / len(pending)
+                updates[r["optimizer_step"]] = sum(pending) / (1 if summed else len(pending))
                 pending = []
     return steps, evals, summ, (updates if merged else None)
 a, ea, sa, ua = load(sys.argv[1]); b, eb, sb, ub = load(sys.argv[2])
 if ua is not None or ub is not None:
     for name, steps, u in ((sys.argv[1], a, ua), (sys.argv[2], b, ub)):
         if u is not None:
-            print(f"{name}: gradient merge, {len(steps)} steps, {len(u)} updates; each update's loss is the mean of its {len(steps) // max(len(u), 1)} steps' losses")
+            print(f"{name}: gradient merge, {len(steps)} steps, {len(u)} updates; each update's loss is the {'sum' if summed else 'mean'} of its {len(steps) // max(len(u), 1)} steps' losses")
     if ua is not None: a = ua
     if ub is not None: b = ub
 unit = "updates" if ua is not None or ub is not None else "steps"
@@ -44,5 +52,8 @@ for s in common:
     if first_over is None and rel > 1e-4: first_over = s
 same = all(a[s] == b[s] for s in common)
 print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} {unit}, bit-identical={same}, max rel diff {worst:.3g} at {unit[:-1]} {worst_step}, first {unit[:-1]} over 1e-4: {first_over}")
-for x, y in zip(ea, eb): print(f"  eval {x['eval']} step {x['step']}: loss {x['loss']:.6f} vs {y['loss']:.6f}, accuracy {x['accuracy']:.4f} vs {y['accuracy']:.4f}")
+for x, y in zip(ea, eb):
+    # (accuracy only where the program fetches one)
+    acc = f", accuracy {x['accuracy']:.4f} vs {y['accuracy']:.4f}" if "accuracy" in x and "accuracy" in y else ""
+    print(f"  eval {x['eval']} step {x['step']}: loss {x['loss']:.6f} vs {y['loss']:.6f}{acc}")
 if sa and sb: print(f"  seconds {sa['seconds']:.2f} vs {sb['seconds']:.2f}; measured peak {sa['measured_peak_bytes']} vs {sb['measured_peak_bytes']}; predicted {sa['predicted_peak_bytes']} vs {sb['predicted_peak_bytes']}")
