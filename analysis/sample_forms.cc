@@ -46,6 +46,11 @@ int64_t IntAttr(const Op& op, const std::string& name, int64_t fallback) {
   return a != nullptr && a->value_case() == AttrValue::kI ? a->i() : fallback;
 }
 
+bool BoolAttr(const Op& op, const std::string& name) {
+  const AttrValue* a = FindAttr(op, name);
+  return a != nullptr && a->value_case() == AttrValue::kB && a->b();
+}
+
 std::vector<int64_t> IntsAttr(const Op& op, const std::string& name) {
   const AttrValue* a = FindAttr(op, name);
   if (a == nullptr || a->value_case() != AttrValue::kList) return {};
@@ -162,7 +167,13 @@ class Analyzer {
     // Values (a per-sample one, or a constant) repeated along other axes.
     if (t == "broadcast_like") {
       const bool statistic = ins_[0]->form == Form::kMean || ins_[0]->form == Form::kSum;
-      return statistic ? Mixed("combines per-sample values with a mean or sum over the batch") : PerSample();
+      if (statistic) return Mixed("combines per-sample values with a mean or sum over the batch");
+      // With `mean` it divides by the count of the dims it repeats over: the
+      // part's batch size among them, where those take in x's batch axis.
+      if (BoolAttr(op, "mean") && RepeatsOverBatch()) {
+        return Mixed("divides by the number of samples (mean: true over the batch axis), which each part has its own of");
+      }
+      return PerSample();
     }
     if (t == "fill_like") {
       return ins_[0]->form == Form::kPerSample ? PerSample() : VarSampleForm{};
@@ -178,6 +189,15 @@ class Analyzer {
   int InputRank(int k) const {
     const Var* v = FindVar(op_->input(k));
     return v == nullptr ? 0 : v->shape_size();
+  }
+  // broadcast_like(dy, x, axis): whether the dims it repeats dy over (every
+  // dim of x when `axis` is empty) take in x's batch axis.
+  bool RepeatsOverBatch() const {
+    const int b = InputBatchAxis(1), rank = InputRank(1);
+    if (b < 0) return false;
+    const std::vector<int64_t> axes = IntsAttr(*op_, "axis");
+    if (axes.empty()) return true;
+    return std::any_of(axes.begin(), axes.end(), [&](int64_t a) { return IsAxis(a, rank, b); });
   }
   bool AnyInput(Form form) const {
     return std::any_of(ins_.begin(), ins_.end(), [form](const VarSampleForm* f) { return f->form == form; });
@@ -236,6 +256,13 @@ class Analyzer {
       return Mixed(absl::StrCat("adds a mean over the batch's samples to a sum over them (", (*sum)->origin, ")"));
     }
     if (only == Form::kPerSample) return Broadcast();
+    return Joined();
+  }
+
+  // Means or sums of one kind joined with each other and with constants (an
+  // add, a concat): a sum beside a constant carries it as an offset, which
+  // the parts' total would count once per part.
+  VarSampleForm Joined() const {
     VarSampleForm f = FirstVarying();
     for (const VarSampleForm* in : ins_) {
       if (!in->offset_at.empty() && f.offset_at.empty()) f.offset_at = in->offset_at;
@@ -278,7 +305,7 @@ class Analyzer {
     const Form only = OnlyForm();
     if (only == Form::kMixed) return Mixed("joins per-sample values with a mean or sum over the batch");
     if (only == Form::kPerSample) return PerSample();
-    return FirstVarying();
+    return Joined();
   }
 
   VarSampleForm Reduce(Form made) const {
@@ -313,16 +340,19 @@ class Analyzer {
     const bool gelu = op_->type() == "matmul_bias_gelu";
     const Form only = OnlyForm();
     if (only == Form::kMixed) return Mixed("multiplies per-sample values with a mean or sum over the batch");
+    // matmul_bias adds its bias (or, where the bias is the statistic, the
+    // constant product): a sum's offset.
+    const bool biased = op_->type() == "matmul_bias";
     if (only != Form::kPerSample) {
       if (VaryingInputs() > 1) return Mixed("multiplies two means or sums over the batch's samples");
       if (gelu) return NonlinearOfStatistic();
-      return FirstVarying();
+      return biased ? WithOffset(FirstVarying()) : FirstVarying();
     }
     const Var* out = op_->output_size() > 0 ? FindVar(op_->output(0)) : nullptr;
     if (out != nullptr && BatchAxis(*out) >= 0) return PerSample();
     // The batch dim was contracted: a sum over samples of their products.
     if (gelu) return Mixed("contracts over the batch dimension and then applies gelu");
-    return Made(Form::kSum);
+    return biased ? WithOffset(Made(Form::kSum)) : Made(Form::kSum);
   }
 
   // Ops that treat each sample on its own when the first `data_inputs`

@@ -282,6 +282,87 @@ TEST(SampleFormsTest, BroadcastLikeRepeatsPerSampleValues) {
   EXPECT_TRUE(Averaged(p));
 }
 
+TEST(SampleFormsTest, BroadcastLikeWithMeanOverTheBatchDividesByThePartsSize) {
+  // mean: true divides by the count of the dims repeated over: a constant
+  // spread over the batch axis becomes c / (B x 3), which each part has
+  // its own of (a fuzzing helper's loss, 0.8 apart under dp2).
+  const Program p = Classifier(absl::StrCat(kLogits, R"pb(
+    var { name: "c" dtype: F32 shape: [] kind: PARAM }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["ce"] }
+    op { type: "broadcast_like" input: ["c", "logits"] output: ["per"] attr { key: "mean" value { b: true } } }
+    op { type: "mul" input: ["per", "logits"] output: ["prod"] }
+    op { type: "reduce_mean" input: ["prod"] output: ["pen"] }
+    op { type: "add" input: ["ce", "pen"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(p, "per"), SampleForm::kMixed);
+  EXPECT_THAT(LossCombination(p).status().message(),
+              HasSubstr("op #3 'broadcast_like' divides by the number of samples (mean: true over the batch axis)"));
+  // Over the class axis alone it divides by 3 on every layout; without mean
+  // it repeats.
+  const Program classes = Classifier(absl::StrCat(kLogits, R"pb(
+    op { type: "reduce_mean" input: ["logits"] output: ["row"] attr { key: "axis" value { list { i: [1] } } } attr { key: "keepdim" value { b: true } } }
+    op { type: "broadcast_like" input: ["row", "logits"] output: ["per"] attr { key: "axis" value { list { i: [1] } } } attr { key: "keepdim" value { b: true } } attr { key: "mean" value { b: true } } }
+    op { type: "reduce_mean" input: ["per"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(classes, "per"), SampleForm::kPerSample);
+  EXPECT_TRUE(Averaged(classes));
+  const Program repeated = Classifier(absl::StrCat(kLogits, R"pb(
+    var { name: "c" dtype: F32 shape: [] kind: PARAM }
+    op { type: "broadcast_like" input: ["c", "logits"] output: ["per"] }
+    op { type: "mul" input: ["per", "logits"] output: ["prod"] }
+    op { type: "reduce_mean" input: ["prod"] output: ["loss"] }
+  )pb"));
+  EXPECT_EQ(FormOf(repeated, "per"), SampleForm::kPerSample);
+  EXPECT_TRUE(Averaged(repeated));
+}
+
+TEST(SampleFormsTest, ASumBesideAConstantInAConcatOrABiasedMatmulCarriesItsOffset) {
+  // Found by a fuzzing helper: the replicas' total counted the bias (the
+  // concatenated constant) once per replica, 222.13 against one device's
+  // 122.13.
+  auto with_ce = [](const std::string& ops) {
+    return Classifier(absl::StrCat(kLogits, R"pb(
+      op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+      op { type: "reduce_sum" input: ["x"] output: ["colsum"] attr { key: "axis" value { list { i: [0] } } } attr { key: "keepdim" value { b: true } } }
+    )pb", ops));
+  };
+  const Program biased = with_ce(R"pb(
+    var { name: "v" dtype: F32 shape: [4, 1] kind: PARAM }
+    var { name: "bias" dtype: F32 shape: [1] kind: PARAM }
+    op { type: "matmul_bias" input: ["colsum", "v", "bias"] output: ["proj"] }
+    op { type: "reduce_sum" input: ["proj"] output: ["total"] }
+    fetch: "total"
+  )pb");
+  EXPECT_EQ(FormOf(biased, "total"), SampleForm::kSum);
+  EXPECT_THAT(Of(biased, "total").offset_at, HasSubstr("op #4 'matmul_bias'"));
+  EXPECT_THAT(CheckFetchesCombine(biased).message(), HasSubstr("op #4 'matmul_bias'), which the parts' total would count"));
+  // Without the bias the product stays a sum.
+  const Program plain = with_ce(R"pb(
+    var { name: "v" dtype: F32 shape: [4, 1] kind: PARAM }
+    op { type: "matmul" input: ["colsum", "v"] output: ["proj"] }
+  )pb");
+  EXPECT_EQ(FormOf(plain, "proj"), SampleForm::kSum);
+  EXPECT_EQ(Of(plain, "proj").offset_at, "");
+  // A contraction over the batch with a bias: a sum plus the bias.
+  const Program contracted = with_ce(R"pb(
+    var { name: "bias4" dtype: F32 shape: [4] kind: PARAM }
+    op { type: "transpose" input: ["x"] output: ["xt"] attr { key: "perm" value { list { i: [1, 0] } } } }
+    op { type: "matmul_bias" input: ["xt", "x", "bias4"] output: ["gram"] }
+  )pb");
+  EXPECT_EQ(FormOf(contracted, "gram"), SampleForm::kSum);
+  EXPECT_THAT(Of(contracted, "gram").offset_at, HasSubstr("op #5 'matmul_bias'"));
+  // A concat of a sum and a constant, then of two sums.
+  const Program joined = with_ce(R"pb(
+    var { name: "c" dtype: F32 shape: [1, 2] kind: PARAM }
+    op { type: "concat" input: ["colsum", "c"] output: ["joined"] attr { key: "axis" value { i: 1 } } }
+    op { type: "concat" input: ["colsum", "colsum"] output: ["sums"] attr { key: "axis" value { i: 1 } } }
+  )pb");
+  EXPECT_EQ(FormOf(joined, "joined"), SampleForm::kSum);
+  EXPECT_THAT(Of(joined, "joined").offset_at, HasSubstr("op #4 'concat'"));
+  EXPECT_EQ(FormOf(joined, "sums"), SampleForm::kSum);
+  EXPECT_EQ(Of(joined, "sums").offset_at, "");
+}
+
 TEST(SampleFormsTest, ADivisionByASumSaysItDivides) {
   const Program p = Classifier(absl::StrCat(kLogits, R"pb(
     op { type: "reduce_sum" input: ["logits"] output: ["s"] }
