@@ -362,7 +362,19 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
     m->set_whole(std::string(graph.var_name(whole)));
     m->set_primary(primary);
   }
-  if (!used(fields.loss())) fields.clear_loss();
+  // The loss belongs to the stage that makes it: a later stage that
+  // receives it (an op there reads it) neither seeds its gradient nor
+  // reports it (two reporters wrote one metrics file).
+  auto made_here = [&](const std::string& name) {
+    const int v = graph.FindVar(name);
+    if (v < 0) return false;
+    for (int op : graph.ops()) {
+      const absl::Span<const int> outs = graph.outputs(op);
+      if (graph.channel(op) == nullptr && std::find(outs.begin(), outs.end(), v) != outs.end()) return true;
+    }
+    return false;
+  };
+  if (!used(fields.loss()) || !made_here(fields.loss())) fields.clear_loss();
   if (!used(fields.loss_grad())) fields.clear_loss_grad();
   std::vector<std::string> fetch;
   for (const auto& f : fields.fetch()) {

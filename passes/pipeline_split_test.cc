@@ -203,6 +203,29 @@ TEST(PipelineSplitPassTest, FeedsReachOnlyTheStagesThatReadThem) {
   }
 }
 
+TEST(PipelineSplitPassTest, TheLossBelongsToTheStageThatMakesItNotToOneThatReadsIt) {
+  // A later stage reads the loss (a fuzzing helper's program): it receives
+  // the value but neither seeds the loss's gradient nor reports it, where
+  // both ranks used to report and write one metrics file at once.
+  auto plans = CompilePipeline(R"pb(
+    var { name: "x" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F32 shape: [4, 3] kind: PARAM init { xavier_uniform {} } }
+    op { type: "matmul" input: ["x", "w"] output: ["logits"] device: "gpu:0" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:0" }
+    op { type: "identity" input: ["loss"] output: ["l2"] device: "gpu:1" }
+    loss: "loss"
+    fetch: "l2"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb", 2);
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_EQ(plans[0].program().loss(), "loss");
+  EXPECT_FALSE(plans[0].program().loss_grad().empty());
+  EXPECT_EQ(plans[1].program().loss(), "");
+  EXPECT_EQ(plans[1].program().loss_grad(), "");
+  EXPECT_THAT(Transfers(plans[1].program(), "recv", "loss"), Not(IsEmpty()));
+}
+
 TEST(PipelineSplitPassTest, TiedWeightGradientIsSummedOnItsHomeStageAndSentToTheReplica) {
   auto plans = CompilePipeline(kTied);
   ASSERT_EQ(plans.size(), 3u);
