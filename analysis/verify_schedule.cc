@@ -30,11 +30,11 @@ std::string ActionName(const Action& a) {
 struct Event {
   bool is_send;
   // A collective (an op with a group): blocks until every member of its
-  // communicator has reached it. `comm` names the communicator by its
-  // members (groups with the same members share one, CommunicatorSet);
-  // `ordinal` counts the rank's earlier collectives on it.
+  // communicator has reached it. `comm` names the communicator: the lowest
+  // id of the groups with the same members (they share one,
+  // CommunicatorSet); `ordinal` counts the rank's earlier collectives on it.
   bool is_collective = false;
-  std::string comm;
+  int comm = -1;
   int ordinal = 0;
   int group = -1;
   const Channel* channel = nullptr;  // the send or recv op's, in the plan
@@ -56,12 +56,26 @@ std::string ChannelName(const Channel& c) {
   return absl::StrCat("channel ", c.id(), " '", c.var(), "' ", c.src_rank(), "->", c.dst_rank());
 }
 
-// The communicator that serves group `id` on this rank, named by its members.
-std::string CommunicatorOf(const RankPlan& plan, int id) {
-  for (const CommGroup& g : plan.topology().group()) {
-    if (g.id() == id) return absl::StrJoin(g.rank(), ",");
+bool SameMembers(const CommGroup& a, const CommGroup& b) {
+  return a.rank_size() == b.rank_size() && std::equal(a.rank().begin(), a.rank().end(), b.rank().begin());
+}
+
+// The communicator that serves each group of a plan: the lowest id among
+// the plan's groups with the group's members. Every member of a group lists
+// every group it belongs to (Mesh::GroupsOf), so its members agree on it.
+// (A key by id, not by the member list: a world of 4,096 ranks made every
+// collective's key 20 KB, and checking such a layout took minutes.)
+absl::flat_hash_map<int, int> CommunicatorIds(const RankPlan& plan) {
+  absl::flat_hash_map<int, int> comm;
+  const auto& groups = plan.topology().group();
+  for (const CommGroup& g : groups) {
+    int lowest = g.id();
+    for (const CommGroup& h : groups) {
+      if (h.id() < lowest && SameMembers(g, h)) lowest = h.id();
+    }
+    comm.emplace(g.id(), lowest);
   }
-  return absl::StrCat("unknown group ", id);
+  return comm;
 }
 
 // The transfers a rank performs, in order, and with `collectives` its
@@ -96,7 +110,8 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
     once[i] = schema != nullptr && schema->once_per_update;
   }
   const int last_micro_batch = std::max(1, plan.schedule().micro_batches()) - 1;
-  std::map<std::string, int> ordinals;  // communicator -> collectives entered so far
+  const absl::flat_hash_map<int, int> comm_of = collectives ? CommunicatorIds(plan) : absl::flat_hash_map<int, int>{};
+  absl::flat_hash_map<int, int> ordinals;  // communicator -> collectives entered so far
   for (int ai = 0; ai < plan.schedule().action_size(); ++ai) {
     const Action& a = plan.schedule().action(ai);
     bool sent = false, received_late = false;
@@ -112,7 +127,9 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
         e.is_send = false;
         e.is_collective = true;
         e.group = op.group();
-        e.comm = CommunicatorOf(plan, op.group());
+        // (A group the plan does not list keeps its id: VerifyCollectives names it.)
+        auto c = comm_of.find(op.group());
+        e.comm = c != comm_of.end() ? c->second : op.group();
         e.ordinal = ordinals[e.comm]++;
         auto v = op.input_size() > 0 ? vars.find(op.input(0)) : vars.end();
         e.var = v != vars.end() ? v->second : nullptr;
@@ -154,15 +171,18 @@ std::string DescribeGroup(const CommGroup& g, const std::set<int>& also = {}) {
 // The groups of every plan, by id as each records it, and by communicator.
 struct Groups {
   std::map<int, const CommGroup*> by_id;
-  std::map<std::string, std::set<int>> ids_of;  // communicator -> the groups it serves
+  std::map<int, std::set<int>> ids_of;  // communicator (Event::comm) -> the groups it serves
+  // The members of a communicator.
+  const CommGroup& members(int comm) const { return *by_id.at(comm); }
 };
 
 Groups CollectGroups(const std::vector<RankPlan>& plans) {
   Groups groups;
   for (const RankPlan& plan : plans) {
+    const absl::flat_hash_map<int, int> comm_of = CommunicatorIds(plan);
     for (const CommGroup& g : plan.topology().group()) {
-      groups.by_id.emplace(g.id(), &g);
-      groups.ids_of[absl::StrJoin(g.rank(), ",")].insert(g.id());
+      if (!groups.by_id.emplace(g.id(), &g).second) continue;  // (every member lists it alike)
+      groups.ids_of[comm_of.at(g.id())].insert(g.id());
     }
   }
   return groups;
@@ -177,7 +197,7 @@ std::string CollectiveName(const Event& e) { return absl::StrCat(e.what, " ", e.
 // so their collectives form one sequence.
 absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::vector<std::vector<Event>>& events,
                                const Groups& groups) {
-  std::map<std::string, std::map<int, std::vector<const Event*>>> entered;  // comm -> rank -> in order
+  std::map<int, std::map<int, std::vector<const Event*>>> entered;  // comm -> rank -> in order
   for (size_t r = 0; r < plans.size(); ++r) {
     for (const Event& e : events[r]) {
       if (!e.is_collective) continue;
@@ -191,7 +211,8 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::ve
   for (const auto& [comm, by_rank] : entered) {
     if (!groups.ids_of.count(comm)) {
       return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", by_rank.begin()->first,
-                                                     " enters a collective of a group its plan does not list (", comm, ")"));
+                                                     " enters a collective of a group its plan does not list (group ",
+                                                     comm, ")"));
     }
     // The groups these collectives are of (one, unless groups with the same
     // members both have some): messages name them.
@@ -304,10 +325,12 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
   // Posted sends not yet received: (channel id, micro-batch) -> send event.
   std::map<std::pair<int64_t, int>, const Event*> in_flight;
   // (communicator, rank) -> how many of its collectives on it the rank has reached.
-  absl::flat_hash_map<std::pair<std::string, int>, int> reached;
+  absl::flat_hash_map<std::pair<int, int>, int> reached;
+  // (communicator, ordinal) -> how many members have reached that collective.
+  absl::flat_hash_map<std::pair<int, int>, int> arrived;
   // The first member of e's communicator that has not yet reached it, or -1.
   auto missing = [&](const Event& e) {
-    for (int m : groups.by_id.at(*groups.ids_of.at(e.comm).begin())->rank()) {
+    for (int m : groups.members(e.comm).rank()) {
       auto it = reached.find({e.comm, m});
       if (it == reached.end() || it->second <= e.ordinal) return m;
     }
@@ -317,7 +340,7 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
   // its communicators' members.
   std::vector<std::vector<int>> wakes(n);
   for (int r = 0; r < n; ++r) {
-    std::set<std::string> comms;
+    std::set<int> comms;
     for (const Event& e : events[r]) {
       if (e.is_collective) {
         comms.insert(e.comm);
@@ -325,8 +348,8 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
         wakes[r].push_back(static_cast<int>(e.channel->dst_rank()));
       }
     }
-    for (const std::string& comm : comms) {
-      for (int m : groups.by_id.at(*groups.ids_of.at(comm).begin())->rank()) wakes[r].push_back(m);
+    for (int comm : comms) {
+      for (int m : groups.members(comm).rank()) wakes[r].push_back(m);
     }
   }
   std::vector<size_t> next(n, 0);
@@ -338,9 +361,10 @@ absl::Status VerifySchedules(const std::vector<RankPlan>& plans) {
         int& mine = reached[{e.comm, r}];
         if (mine <= e.ordinal) {
           mine = e.ordinal + 1;
+          ++arrived[{e.comm, e.ordinal}];
           progress = true;
         }
-        if (missing(e) >= 0) break;  // blocked
+        if (arrived[{e.comm, e.ordinal}] < groups.members(e.comm).rank_size()) break;  // blocked
       } else if (const std::pair<int64_t, int> key{e.channel->id(), e.micro_batch}; e.is_send) {
         if (in_flight.count(key)) {
           return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " ", e.action_name(), " sends ",
