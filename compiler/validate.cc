@@ -13,6 +13,7 @@
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
+#include "proto/metrics_keys.h"
 #include "proto/utf8.h"
 
 namespace strata {
@@ -409,6 +410,12 @@ absl::Status CheckLossAndFetches(Program* program, const std::string& file, cons
     auto ft = defs.types.find(f);
     if (ft == defs.types.end()) return Err(file, absl::StrCat("fetch '", f, "' is not a var of the program"));
     if (!ft->second.shape.empty()) return Err(file, absl::StrCat("fetch '", f, "' must be a scalar, got ", ft->second.ToString()));
+    // (The loss itself may be fetched: it is the line's "loss".)
+    if (IsMetricsLineKey(f) && f != program->loss()) {
+      return Err(file, absl::StrCat("fetch '", f, "' is named like a key of the --metrics lines (",
+                                    absl::StrJoin(kMetricsLineKeys, ", "),
+                                    "), which would hide its value or be read as the line's own; rename the var"));
+    }
   }
   return absl::OkStatus();
 }

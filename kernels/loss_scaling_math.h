@@ -36,6 +36,12 @@ STRATA_HOST_DEVICE inline T UnscaleElement(T x, T inv_scale, bool* found) {
   return x * inv_scale;
 }
 
+// The smallest scale a back-off leaves: float32's least normal value
+// (2^-126), whose reciprocal float32 still holds; below it the unscaled
+// gradients would be inf (or 0 x inf), an update of NaN weights rather than
+// a skipped one. Torch lets its scale reach 0.
+constexpr float kMinLossScale = 1.17549435e-38f;
+
 struct LossScalingAttrs {
   double growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
@@ -49,7 +55,8 @@ struct LossScalingAttrs {
 STRATA_HOST_DEVICE inline void UpdateLossScale(const LossScalingAttrs& a, bool found_inf, float* scale,
                                                int64_t* good_steps, int64_t* skipped_updates) {
   if (found_inf) {
-    *scale = static_cast<float>(static_cast<double>(*scale) * a.backoff_factor);
+    const float backed = static_cast<float>(static_cast<double>(*scale) * a.backoff_factor);
+    *scale = backed >= kMinLossScale ? backed : kMinLossScale;
     *good_steps = 0;
     *skipped_updates += 1;
     return;

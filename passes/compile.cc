@@ -46,9 +46,12 @@ absl::Status StrategyError(const std::string& file, const std::string& field, co
 // Each field 0 (GradScaler's default) or a value the scaling can run with.
 absl::Status ValidateLossScaling(const LossScaling& ls, const std::string& file) {
   const double init = ls.init_scale(), growth = ls.growth_factor(), backoff = ls.backoff_factor();
-  if (init != 0 && !(init > 0 && init <= std::numeric_limits<float>::max())) {
+  // At least float32's least normal value, whose reciprocal (the gradients'
+  // unscaling factor) float32 still holds.
+  if (init != 0 && !(init >= std::numeric_limits<float>::min() && init <= std::numeric_limits<float>::max())) {
     return StrategyError(file, "mixed_precision.loss_scaling.init_scale",
-                         absl::StrCat("must be > 0 and a finite float32 (or 0 for the default 65536), got ", init));
+                         absl::StrCat("must be a float32 in [2^-126, its largest] (or 0 for the default 65536), "
+                                      "whose reciprocal float32 holds, got ", init));
   }
   if (growth != 0 && !(growth > 1 && std::isfinite(growth))) {
     return StrategyError(file, "mixed_precision.loss_scaling.growth_factor",

@@ -1,6 +1,7 @@
 #include "passes/loss_scaling.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -271,10 +272,14 @@ TEST(LossScalingTest, RefusesBadFieldsNamingThem) {
     return std::string(ValidateStrategy(s, program, 0, "s.pbtxt").message());
   };
   EXPECT_EQ(refusal([](LossScaling* l) { l->set_init_scale(-1); }),
-            "s.pbtxt: mixed_precision.loss_scaling.init_scale: must be > 0 and a finite float32 (or 0 for the "
-            "default 65536), got -1");
+            "s.pbtxt: mixed_precision.loss_scaling.init_scale: must be a float32 in [2^-126, its largest] (or 0 "
+            "for the default 65536), whose reciprocal float32 holds, got -1");
   EXPECT_TRUE(absl::StrContains(refusal([](LossScaling* l) { l->set_init_scale(1e39); }),
-                                "mixed_precision.loss_scaling.init_scale: must be > 0 and a finite float32"));
+                                "mixed_precision.loss_scaling.init_scale: must be a float32 in [2^-126"));
+  // Its reciprocal, the gradients' unscaling factor, would be inf.
+  EXPECT_TRUE(absl::StrContains(refusal([](LossScaling* l) { l->set_init_scale(1e-39); }),
+                                "mixed_precision.loss_scaling.init_scale: must be a float32 in [2^-126"));
+  EXPECT_EQ(refusal([](LossScaling* l) { l->set_init_scale(std::numeric_limits<float>::min()); }), "");
   EXPECT_EQ(refusal([](LossScaling* l) { l->set_growth_factor(1); }),
             "s.pbtxt: mixed_precision.loss_scaling.growth_factor: must be a finite value > 1 (or 0 for the "
             "default 2), got 1");

@@ -448,8 +448,15 @@ absl::Status WriteSafetensorsFile(const std::string& path, const Checkpoint& ckp
 
 namespace {
 
-// The whole file, or (header_only) its metadata alone.
-absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_only) {
+// How much of a file ReadSafetensors reads.
+enum class ReadExtent {
+  kMetadata,  // the header's metadata alone
+  kLayout,    // the header, and that its tensors tile the data section (no data read)
+  kAll,
+};
+
+// The whole file, or less of it (ReadExtent).
+absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, ReadExtent extent) {
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -509,7 +516,7 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_
     if (!entry.ok()) return entry.status();
     entries.push_back(*std::move(entry));
   }
-  if (header_only) return ckpt;
+  if (extent == ReadExtent::kMetadata) return ckpt;
 
   // The tensors must tile the data section exactly: no gap, no overlap, nothing after.
   const uint64_t data_size = file_size - 8 - header_len;
@@ -538,6 +545,8 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_
                                             data_size));
   }
 
+  if (extent == ReadExtent::kLayout) return ckpt;
+
   // Data in file order: one forward pass through the file.
   for (const TensorEntry* e : by_offset) {
     Tensor t = Tensor::Empty(e->dtype, e->shape);
@@ -565,7 +574,7 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, bool header_
 
 }  // namespace
 
-absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) { return ReadSafetensors(path, false); }
+absl::StatusOr<Checkpoint> ReadSafetensorsFile(const std::string& path) { return ReadSafetensors(path, ReadExtent::kAll); }
 
 absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt) {
   return SaveCheckpointShard(dir, kCheckpointFileName, ckpt);
@@ -849,9 +858,21 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
   std::error_code ec;
   const std::vector<std::string> files = SafetensorsFiles(resolved->folder, &ec);
   if (files.empty()) return absl::NotFoundError(absl::StrCat(resolved->folder, ": no *.safetensors checkpoint files"));
-  absl::StatusOr<Checkpoint> header = ReadSafetensors(files[0], true);
+  absl::StatusOr<Checkpoint> header = ReadSafetensors(files[0], ReadExtent::kMetadata);
   if (!header.ok()) return header.status();
   return header->metadata;
+}
+
+absl::Status CheckCheckpointFiles(const std::string& path) {
+  absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
+  if (!resolved.ok()) return resolved.status();
+  std::error_code ec;
+  for (const std::string& file : SafetensorsFiles(resolved->folder, &ec)) {
+    if (absl::StatusOr<Checkpoint> layout = ReadSafetensors(file, ReadExtent::kLayout); !layout.ok()) {
+      return layout.status();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source) {

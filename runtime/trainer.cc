@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "proto/metrics_keys.h"
 #include "proto/status_macros.h"
 #include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
@@ -497,9 +498,9 @@ absl::Status CheckWritableFile(const std::string& path, const std::string& flag)
 std::string StepMetricsJson(const StepMetrics& m) {
   nlohmann::ordered_json line = {{"step", m.step}, {"epoch", m.epoch}, {"loss", Metric(m.loss)}};
   for (const auto& [name, value] : m.fetches) {
-    // A fetch named like one of the line's own keys (a fetched "loss") would
-    // repeat that key, which JSON readers resolve differently: the line's own wins.
-    if (!line.contains(name) && name != "samples_per_sec" && name != "step_ms") line[name] = Metric(value);
+    // Validation refuses a fetch named like one of the line's own keys
+    // (proto/metrics_keys.h) but the loss's own: the line's "loss" is it.
+    if (!IsMetricsLineKey(name)) line[name] = Metric(value);
   }
   if (m.optimizer_step > 0) line["optimizer_step"] = m.optimizer_step;
   // The scale is a float32 power of the factors: written exactly, not to 10 digits.

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "runtime/checkpoint.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/device_collectives.h"
 #include "runtime/comm/health.h"
@@ -32,6 +33,8 @@
 namespace strata {
 namespace cli {
 namespace {
+
+constexpr absl::Duration kMinRendezvousTimeout = absl::Seconds(5);
 
 // The job's id: --job_id, else what the launcher or torchrun set (their run
 // id), else Slurm's job; "default" for ranks started by hand without one.
@@ -91,7 +94,10 @@ int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, Rendezvous
   ropts->serve_store = absl::StartsWith(ropts->store_spec, "tcp://") && env.rank == 0;
   if (int rc = ChooseListenHostname(env, ropts); rc != 0) return rc;
   ropts->fingerprint = plan.fingerprint();
-  ropts->timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
+  // The rendezvous also waits for ranks still starting (compiling their
+  // plans) and for TCP connects, so it waits at least kMinRendezvousTimeout
+  // however short --comm_timeout_s is (0.001 failed every job in its mesh).
+  ropts->timeout = std::max(absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s)), kMinRendezvousTimeout);
   ropts->op_timeout = absl::Seconds(absl::GetFlag(FLAGS_comm_timeout_s));
   return 0;
 }
@@ -157,6 +163,14 @@ int CheckWorkerSetup() {
   if (absl::StartsWith(store, "file://")) {
     if (auto opened = OpenStore(store); !opened.ok()) {
       std::cerr << "error: --store " << store << ": " << opened.status().message() << "\n";
+      return kExitError;
+    }
+  }
+  // A damaged checkpoint file (truncated, not safetensors) every rank would
+  // fail on alike; a folder with no checkpoint yet is the ranks' to note.
+  if (const std::string load = absl::GetFlag(FLAGS_load); !load.empty()) {
+    if (absl::Status s = CheckCheckpointFiles(UserPath(load)); s.code() == absl::StatusCode::kDataLoss) {
+      std::cerr << "error: --load " << load << ": " << s.message() << "\n";
       return kExitError;
     }
   }

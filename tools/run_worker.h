@@ -28,9 +28,10 @@ void SetNcclEnvironment();
 std::string SocketIfname(std::string* from);
 
 // What the launcher can check before it starts --nproc workers, so a bad
-// --socket_ifname or an uncreatable file:// --store is one error line, not
-// one a rank: the interface has an address here, the store's folder can be
-// made. 0, or the exit code once it printed why not.
+// --socket_ifname, an uncreatable file:// --store or a damaged --load file
+// is one error line, not one a rank: the interface has an address here, the
+// store's folder can be made, the checkpoint's files hold their headers and
+// data sections whole. 0, or the exit code once it printed why not.
 int CheckWorkerSetup();
 
 // A worker: this rank's plan, its communicator, then the same training loop.

@@ -146,6 +146,18 @@ TEST(UpdateLossScalingTest, KeepsTheScaleWhenGrowingWouldOverflow) {
   EXPECT_EQ(scales, (std::vector<double>{static_cast<float>(big), static_cast<float>(big)}));
 }
 
+TEST(UpdateLossScalingTest, BacksOffNoLowerThanTheLeastNormalFloat) {
+  // Whose reciprocal, the unscaling factor, float32 still holds. A back-off
+  // of 1e-30 used to leave 0, then NaN weights (a fuzzing helper's run).
+  const double least = std::numeric_limits<float>::min();
+  const std::vector<double> scales =
+      ScaleSequence(1e-20, R"pb(attr { key: "backoff_factor" value { f: 1e-30 } })pb", {1, 1, 0});
+  EXPECT_EQ(scales, (std::vector<double>{least, least, least}));
+  EXPECT_TRUE(std::isfinite(1.0f / static_cast<float>(scales[0])));
+  // Just above it, a back-off lands where it would.
+  EXPECT_EQ(ScaleSequence(4 * least, "", {1})[0], 2 * least);
+}
+
 TEST(UpdateLossScalingTest, ShapeFunctionRefusesBadAttrs) {
   const std::vector<TensorType> in = {TensorType{F32, {}}, TensorType{F32, {}}, TensorType{I64, {}},
                                       TensorType{I64, {}}};

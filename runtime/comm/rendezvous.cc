@@ -283,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
           where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
           " (a rank stopped after publishing its fingerprint?): ", e.what()));
     }
-    if (absl::StrContains(e.what(), "closed by peer")) {
+    if (absl::StrContains(e.what(), "closed by peer") || absl::StrContains(e.what(), "reset by peer")) {
       // The peer connected, then left: it failed (or timed out) first.
       return absl::UnavailableError(absl::StrCat(where, ": a peer left while the TCP mesh connected (its own error "
                                                  "comes first): ", e.what()));
