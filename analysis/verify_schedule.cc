@@ -127,9 +127,10 @@ std::vector<Event> Events(const RankPlan& plan, bool collectives = false) {
         e.is_send = false;
         e.is_collective = true;
         e.group = op.group();
-        // (A group the plan does not list keeps its id: VerifyCollectives names it.)
+        // A group the plan does not list gets a communicator no group has
+        // (-1 - id), which VerifyCollectives refuses.
         auto c = comm_of.find(op.group());
-        e.comm = c != comm_of.end() ? c->second : op.group();
+        e.comm = c != comm_of.end() ? c->second : -1 - op.group();
         e.ordinal = ordinals[e.comm]++;
         auto v = op.input_size() > 0 ? vars.find(op.input(0)) : vars.end();
         e.var = v != vars.end() ? v->second : nullptr;
@@ -209,10 +210,20 @@ absl::Status VerifyCollectives(const std::vector<RankPlan>& plans, const std::ve
     }
   }
   for (const auto& [comm, by_rank] : entered) {
-    if (!groups.ids_of.count(comm)) {
+    if (comm < 0 || !groups.ids_of.count(comm)) {
+      const Event& e = *by_rank.begin()->second.front();
       return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", by_rank.begin()->first,
-                                                     " enters a collective of a group its plan does not list (group ",
-                                                     comm, ")"));
+                                                     " enters a collective of a group its plan does not list (",
+                                                     DescribeGroup(*groups.by_id.at(e.group)), ")"));
+    }
+    // Only members enter (a rank that is not one would be counted as one).
+    const auto& members = groups.members(comm).rank();
+    for (const auto& [r, s] : by_rank) {
+      if (std::find(members.begin(), members.end(), r) == members.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("schedule: rank ", r, " enters a collective of ",
+                                                       DescribeGroup(*groups.by_id.at(s.front()->group)),
+                                                       ", which it is not a member of"));
+      }
     }
     // The groups these collectives are of (one, unless groups with the same
     // members both have some): messages name them.

@@ -415,6 +415,27 @@ TEST(VerifyScheduleTest, CollectivesOfDifferentGroupsWaitingInACycleHang) {
   EXPECT_TRUE(VerifySchedules(ordered).ok()) << VerifySchedules(ordered);
 }
 
+// A rank that enters a collective of a group it is not in would be counted
+// as one of its members, releasing them before the last one arrives.
+TEST(VerifyScheduleTest, ACollectiveOfAGroupTheRankIsNotInIsRefused) {
+  // Rank 0 is not in group 2 (dp: ranks 1, 3), and its plan does not list it.
+  std::vector<RankPlan> plans = {CollectivesPlan(0, {2}), CollectivesPlan(1, {2}), CollectivesPlan(2, {}),
+                                 CollectivesPlan(3, {2})};
+  absl::Status s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "schedule: rank 0 enters a collective of a group its plan does not list (group 2 (dp: ranks 1, 3))");
+  // Its plan lists the group, wrongly: still not a member.
+  absl::StatusOr<Mesh> mesh = Mesh::Create({{"dp", 2}, {"pp", 2}});
+  ASSERT_TRUE(mesh.ok());
+  for (const CommGroup& g : mesh->GroupsOf(1)) {
+    if (g.id() == 2) *plans[0].mutable_topology()->add_group() = g;
+  }
+  s = VerifySchedules(plans);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "schedule: rank 0 enters a collective of group 2 (dp: ranks 1, 3), which it is not a member of");
+}
+
 // Groups with the same members share one communicator (the world and the
 // pipeline without data parallelism): their collectives are one sequence, and
 // the members must agree on each one's group, or one group's tensor would be

@@ -168,9 +168,10 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   if (!field.empty()) {
     absl::StatusOr<LossCombine> combine = LossCombination(program);
     if (!combine.ok()) {
+      // (Averaged merged steps suit a mean alone: a sum is refused below.)
       return StrategyError(file, field,
-                           absl::StrCat(parts, ", which equals one device's step only for a loss that is a mean "
-                                               "or a sum over samples; ",
+                           absl::StrCat(parts, ", which equals one device's step only for a loss that is a mean ",
+                                        field == "gradient_merge.k_steps" ? "" : "or a sum ", "over samples; ",
                                         combine.status().message()));
     }
     if (*combine == LossCombine::kSum && strategy.gradient_merge().k_steps() > 1 &&
@@ -403,14 +404,10 @@ absl::Status CompileRanks(std::unique_ptr<Graph> graph, const Layout& layout, co
 }
 
 // Only the loss's stage reports a step's metrics (the trainer's reporter):
-// a fetch made on another stage is computed there and not reported (a test
-// program may fetch a mean only to read a weight on a stage). Noted.
-std::vector<std::string> FetchesOffTheLossStage(const Program& program, const std::vector<RankPlan>& plans) {
-  int loss_stage = 0;
-  for (const RankPlan& p : plans) {
-    if (!p.program().loss().empty()) loss_stage = p.topology().stage();
-  }
-  std::vector<std::string> notes;
+// a fetch made on another stage is sent to it each step from the first stage
+// that has it (RankPlan.relayed_fetch), in the program's order.
+void RelayFetchesOffTheLossStage(const Program& program, std::vector<RankPlan>& plans) {
+  std::vector<RankPlan::RelayedFetch> relayed;
   for (const std::string& f : program.fetch()) {
     bool with_loss = false;
     int stage = -1;
@@ -418,15 +415,14 @@ std::vector<std::string> FetchesOffTheLossStage(const Program& program, const st
       const auto& fetch = p.program().fetch();
       if (std::find(fetch.begin(), fetch.end(), f) == fetch.end()) continue;
       if (!p.program().loss().empty()) with_loss = true;
-      stage = p.topology().stage();
+      if (stage < 0 || p.topology().stage() < stage) stage = p.topology().stage();
     }
-    if (!with_loss) {
-      notes.push_back(absl::StrCat("fetch '", f, "' is made on stage ", stage, " and not reported: only the loss's stage (",
-                                   loss_stage, ") reports a step's metrics; place the ops that make it there (their "
-                                   "`device`) to see it"));
-    }
+    if (with_loss || stage < 0) continue;
+    RankPlan::RelayedFetch& r = relayed.emplace_back();
+    r.set_name(f);
+    r.set_stage(stage);
   }
-  return notes;
+  for (RankPlan& p : plans) *p.mutable_relayed_fetch() = {relayed.begin(), relayed.end()};
 }
 
 // Verifies the schedules, places every rank's actions in time by the cost
@@ -507,7 +503,7 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   std::vector<std::unique_ptr<Graph>> rank_graphs;
   STRATA_RETURN_IF_ERROR(
       CompileRanks(std::move(graph), layout, strategy, options, program.source_file(), result, rank_graphs));
-  result.notes = FetchesOffTheLossStage(program, result.plans);
+  RelayFetchesOffTheLossStage(program, result.plans);
   STRATA_RETURN_IF_ERROR(PlaceInTime(layout, options, rank_graphs, result));
   rank_graphs.clear();
   result.batch_size = layout.ctx.batch_size;

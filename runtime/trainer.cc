@@ -198,8 +198,9 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
   if (!results.ok()) return results.status();
   // A loss that is a mean over samples: each batch's weighted by its
   // samples. A sum over them: the set's total, reported per sample times the
-  // training step's global batch, so it reads as a step's loss does and no
-  // split of the evaluation's batches changes it.
+  // samples of an update (the global batch, times gradient merge's steps),
+  // so no split of the evaluation's batches changes it and it equals the
+  // evaluation of one device training on the update's batch.
   const bool summed_loss = executor.plan().summed_loss();
   double loss_sum = 0, acc_sum = 0;
   int64_t seen = 0;
@@ -218,7 +219,8 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
   m.loss = sums[0] / std::max(sums[2], 1.0);
   if (summed_loss) {
     const Schedule& schedule = executor.plan().schedule();
-    m.loss *= std::max<int64_t>(1, schedule.micro_batch_size()) * std::max(1, schedule.micro_batches()) * degree;
+    m.loss *= std::max<int64_t>(1, schedule.micro_batch_size()) * std::max(1, schedule.micro_batches()) * degree *
+              std::max(1, schedule.merge_steps());
   }
   m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
   return m;
@@ -233,6 +235,16 @@ absl::StatusOr<Communicator*> DataParallelCommunicator(const RankPlan& plan, con
     if (g.axis_size() == 1 && g.axis(0) == "dp") return comms->GetHost(g.id());
   }
   return absl::InternalError("the plan has a data-parallel degree but no dp group");
+}
+
+// This rank's pipeline group's communicator where the plan relays fetches
+// to the loss's stage (RankPlan.relayed_fetch); null otherwise.
+absl::StatusOr<Communicator*> RelayCommunicator(const RankPlan& plan, const CommunicatorSet* comms) {
+  if (comms == nullptr || plan.relayed_fetch().empty() || plan.topology().num_stages() <= 1) return nullptr;
+  for (const CommGroup& g : plan.topology().group()) {
+    if (g.axis_size() == 1 && g.axis(0) == "pp") return comms->GetHost(g.id());
+  }
+  return absl::InternalError("the plan relays fetches between stages but has no pp group");
 }
 
 // The consumer of the fewest classes among `ranks`' (the lowest rank's on a
@@ -597,6 +609,7 @@ class TrainSession {
   // writes the metrics and the progress lines.
   const bool reporter_;
   Communicator* dp_ = nullptr;  // the data-parallel group's communicator, if any
+  Communicator* relay_ = nullptr;  // the pipeline group's, where fetches cross to the loss's stage
   const bool progress_;
   const std::string acc_fetch_;
   const std::string eval_name_;
@@ -635,6 +648,7 @@ absl::Status TrainSession::CreateExecutor() {
   eopts.cuda_graph = options_.cuda_graph;
   STRATA_ASSIGN_OR_RETURN(executor_, Executor::Create(plan_, eopts));
   STRATA_ASSIGN_OR_RETURN(dp_, DataParallelCommunicator(plan_, options_.comms));
+  STRATA_ASSIGN_OR_RETURN(relay_, RelayCommunicator(plan_, options_.comms));
   return absl::OkStatus();
 }
 
@@ -866,6 +880,20 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
     report_.kernel_fallbacks.push_back(std::move(line));
   }
   if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat("step ", step + 1, ": ", r.status().message()));
+  if (relay_ != nullptr) {
+    // The fetches made off the loss's stage: their stage's values, summed
+    // over the pipeline group (every other stage adds 0), reach the loss's.
+    std::vector<double> values;
+    for (const RankPlan::RelayedFetch& f : plan_.relayed_fetch()) {
+      auto it = r->fetches.find(f.name());
+      values.push_back(f.stage() == plan_.topology().stage() && it != r->fetches.end() ? it->second : 0.0);
+    }
+    STRATA_RETURN_IF_ERROR(
+        SumOverGroup(relay_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s fetches")));
+    if (holds_loss_) {
+      for (int k = 0; k < plan_.relayed_fetch_size(); ++k) r->fetches[plan_.relayed_fetch(k).name()] = values[k];
+    }
+  }
   if (holds_loss_ && dp_ != nullptr) {
     // Each replica's loss and fetches are means over its equal share of the
     // global batch: their mean over the group is the global batch's. A loss
@@ -879,6 +907,16 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
       v = values[k++];
       if (!IsSummedFetch(plan_, name)) v /= dp_->size();
     }
+  }
+  // A back-off stops at float32's least normal scale (kernels/
+  // loss_scaling_math.h): a step that overflows even there (its scale is the
+  // one it ran with) has gradients that are not finite at any scale, and
+  // would skip every update to the end of the run.
+  if (r->has_loss_scale && r->skipped_update && r->loss_scale <= std::numeric_limits<float>::min()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step + 1, ": the gradients are not finite even at the least loss scale (2^-126): training "
+        "diverged (lower the learning rate?), or an op's gradient is infinite where it is taken (sqrt or log "
+        "at 0)"));
   }
   if (r->has_loss && !std::isfinite(r->loss)) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,

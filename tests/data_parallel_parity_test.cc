@@ -234,6 +234,7 @@ TEST(LossFormParityTest, ASumOverTheBatchMergedWithoutAveragingTrainsAsOneStepOf
   ASSERT_TRUE(program.ok()) << program.status();
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";
   options.steps = 6;
   auto single = TrainSingleDevice(*program, 3 * 12, options);
   ASSERT_TRUE(single.ok()) << single.status();
@@ -253,6 +254,9 @@ TEST(LossFormParityTest, ASumOverTheBatchMergedWithoutAveragingTrainsAsOneStepOf
   std::string worst;
   EXPECT_LE(MaxWeightDifference(*merged, *single, &worst), kTolerance) << "worst parameter: " << worst;
   EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  // The evaluation: the set's mean per sample times an update's 36 samples.
+  EXPECT_GT(single->eval_loss, 0);
+  EXPECT_NEAR(merged->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
   // Averaged, the merged step would be a third of one device's: refused.
   s.mutable_gradient_merge()->set_average(true);
   auto averaged = TrainParallel(*program, s, merged_options);
@@ -323,6 +327,43 @@ TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderReplic
         ASSERT_TRUE(single->fetches[step].count(name));
         ASSERT_TRUE(parallel->fetches[step].count(name));
         const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
+        EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
+      }
+    }
+  }
+}
+
+TEST(FetchFormParityTest, AFetchMadeOffTheLossStageReachesItAndReportsOneDevicesValue) {
+  // A mean and a sum made on stage 0, where the loss is on stage 1: each
+  // step stage 0 sends its values to the loss's stage, which reports them
+  // (they used to be noted as not reported).
+  std::string text = kSumLoss;
+  const std::string loss = R"(  loss: "loss")";
+  text.replace(text.find(loss), 0, R"pb(
+    op { type: "reduce_mean" input: ["a"] output: ["a_mean"] device: "gpu:0" }
+    op { type: "reduce_sum" input: ["h"] output: ["h_total"] device: "gpu:0" }
+    fetch: "a_mean"
+    fetch: "h_total"
+  )pb");
+  auto program = ParseProgramText(text, "relayed.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 4;
+  auto single = TrainSingleDevice(*program, 12, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  for (const Strategy& strategy : {Layout(1, 2, 6, ONE_F_ONE_B), Layout(2, 2, 3, F_THEN_B)}) {
+    SCOPED_TRACE(strategy.ShortDebugString());
+    auto parallel = TrainParallel(*program, strategy, options);
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
+    for (size_t step = 0; step < single->fetches.size(); ++step) {
+      for (const std::string name : {"a_mean", "h_total"}) {
+        SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
+        ASSERT_TRUE(single->fetches[step].count(name));
+        ASSERT_TRUE(parallel->fetches[step].count(name));
+        const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
+        EXPECT_NE(one, 0);
         EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
       }
     }

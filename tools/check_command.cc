@@ -323,6 +323,16 @@ int CheckCommand(const std::string& path) {
                                dp > 1 ? absl::StrFormat(" x %d data-parallel replicas", dp) : "",
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
   for (const std::string& note : result->notes) std::cout << "  note: " << note << "\n";
+  if (!result->plans[0].relayed_fetch().empty()) {
+    int loss_stage = 0;
+    for (const RankPlan& p : result->plans) {
+      if (!p.program().loss().empty()) loss_stage = p.topology().stage();
+    }
+    for (const RankPlan::RelayedFetch& r : result->plans[0].relayed_fetch()) {
+      std::cout << "  fetch '" << r.name() << "': made on stage " << r.stage() << ", sent to the loss's stage ("
+                << loss_stage << ") each step, which reports it\n";
+    }
+  }
   if (schedule.micro_batches() > 1 || dp > 1) {
     // Compile refuses a split batch unless the loss is a mean or a sum (analysis/sample_forms.h).
     std::cout << (result->plans[0].summed_loss()
@@ -335,8 +345,15 @@ int CheckCommand(const std::string& path) {
     }
   }
   if (merge > 1) {
-    std::cout << absl::StrFormat("  gradient merge: the optimizer runs once every %d steps, on %d samples\n", merge,
-                                 result->batch_size * merge);
+    // Summed without `average` (Paddle's avg=False): one device's step of a
+    // sum loss, k times a mean's.
+    const bool averaged = result->plans[0].strategy().gradient_merge().average();
+    std::cout << absl::StrFormat(
+        "  gradient merge: the optimizer runs once every %d steps, on %d samples, their gradients %s\n", merge,
+        result->batch_size * merge,
+        averaged ? "averaged"
+                 : (result->plans[0].summed_loss() ? "summed (the loss is a sum over samples: one device's step)"
+                                                   : "summed (average: false), not averaged"));
   }
   if (!first.loss_scale().empty()) std::cout << LossScalingLine(first);
   for (const auto& [stage, n] : stage_ops) {

@@ -381,7 +381,8 @@ class CollectiveWork : public Work {
     } else if (!state_->finished.wait_for(lock, ToChronoTimeout(timeout), done)) {
       return absl::DeadlineExceededError(
           absl::StrCat(what_, " not finished after ", absl::FormatDuration(timeout),
-                       ": every rank must issue the same collectives in the same order"));
+                       " (a peer stalled or slower than the timeout allows, or the ranks issue different "
+                       "collectives)"));
     }
     return state_->status;
   }
