@@ -300,6 +300,22 @@ std::string WithFetches(const std::string& extra_ops, const std::vector<std::str
   return text;
 }
 
+// Each step's `names` fetched by the split run equal one device's (which are
+// nonzero, so equal values say something).
+void ExpectFetchesEqual(const ParityRun& split, const ParityRun& one, const std::vector<std::string>& names) {
+  ASSERT_EQ(split.fetches.size(), one.fetches.size());
+  for (size_t step = 0; step < one.fetches.size(); ++step) {
+    for (const std::string& name : names) {
+      SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
+      ASSERT_TRUE(one.fetches[step].count(name));
+      ASSERT_TRUE(split.fetches[step].count(name));
+      const double expected = one.fetches[step].at(name), got = split.fetches[step].at(name);
+      EXPECT_NE(expected, 0);
+      EXPECT_LE(std::abs(got - expected), kTolerance * std::abs(expected));
+    }
+  }
+}
+
 TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderReplicasAndMicroBatches) {
   auto program = ParseProgramText(
       WithFetches(R"pb(
@@ -320,16 +336,7 @@ TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderReplic
     SCOPED_TRACE(strategy.ShortDebugString());
     auto parallel = TrainParallel(*program, strategy, options);
     ASSERT_TRUE(parallel.ok()) << parallel.status();
-    ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
-    for (size_t step = 0; step < single->fetches.size(); ++step) {
-      for (const std::string name : {"energy", "logit_size", "l2"}) {
-        SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
-        ASSERT_TRUE(single->fetches[step].count(name));
-        ASSERT_TRUE(parallel->fetches[step].count(name));
-        const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
-        EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
-      }
-    }
+    ExpectFetchesEqual(*parallel, *single, {"energy", "logit_size", "l2"});
   }
 }
 
@@ -356,17 +363,7 @@ TEST(FetchFormParityTest, AFetchMadeOffTheLossStageReachesItAndReportsOneDevices
     SCOPED_TRACE(strategy.ShortDebugString());
     auto parallel = TrainParallel(*program, strategy, options);
     ASSERT_TRUE(parallel.ok()) << parallel.status();
-    ASSERT_EQ(parallel->fetches.size(), single->fetches.size());
-    for (size_t step = 0; step < single->fetches.size(); ++step) {
-      for (const std::string name : {"a_mean", "h_total"}) {
-        SCOPED_TRACE(absl::StrCat("step ", step + 1, ", fetch ", name));
-        ASSERT_TRUE(single->fetches[step].count(name));
-        ASSERT_TRUE(parallel->fetches[step].count(name));
-        const double one = single->fetches[step].at(name), split = parallel->fetches[step].at(name);
-        EXPECT_NE(one, 0);
-        EXPECT_LE(std::abs(split - one), kTolerance * std::abs(one));
-      }
-    }
+    ExpectFetchesEqual(*parallel, *single, {"a_mean", "h_total"});
   }
 }
 
