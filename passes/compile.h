@@ -36,9 +36,6 @@ struct CompileResult {
   Program dumped;
   std::vector<Program> dumped_ranks;
   std::vector<std::string> pass_names;
-  // What the user should know about the plans though nothing is wrong: `check`
-  // prints them, `run` writes them to stderr as notes before the first step.
-  std::vector<std::string> notes;
   int64_t batch_size = 0;       // the global mini-batch the plans were made for
   PhaseTimes times;             // seconds per pass and phase, summed over ranks
 };

@@ -367,12 +367,8 @@ absl::StatusOr<bool> PipelineSplitPass::Run(Graph& graph, const CompileContext& 
   // reports it (two reporters wrote one metrics file).
   auto made_here = [&](const std::string& name) {
     const int v = graph.FindVar(name);
-    if (v < 0) return false;
-    for (int op : graph.ops()) {
-      const absl::Span<const int> outs = graph.outputs(op);
-      if (graph.channel(op) == nullptr && std::find(outs.begin(), outs.end(), v) != outs.end()) return true;
-    }
-    return false;
+    const int writer = v >= 0 ? graph.FirstWriters()[v] : -1;
+    return writer >= 0 && graph.channel(writer) == nullptr;  // not a recv
   };
   if (!used(fields.loss()) || !made_here(fields.loss())) fields.clear_loss();
   if (!used(fields.loss_grad())) fields.clear_loss_grad();

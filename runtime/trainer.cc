@@ -149,6 +149,13 @@ std::string AccuracyFetch(const Program& program) {
   return "";
 }
 
+// The global batch a plan's step takes: micro-batches across the
+// data-parallel replicas.
+int64_t PlanBatchSize(const RankPlan& plan) {
+  return plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches()) *
+         std::max(1, plan.topology().dp_degree());
+}
+
 // Sums `values` over the data-parallel group, in place (a no-op without one).
 absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double timeout_s, const std::string& what) {
   if (dp == nullptr || values.empty()) return absl::OkStatus();
@@ -217,11 +224,7 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
   std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
   STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation"));
   m.loss = sums[0] / std::max(sums[2], 1.0);
-  if (summed_loss) {
-    const Schedule& schedule = executor.plan().schedule();
-    m.loss *= std::max<int64_t>(1, schedule.micro_batch_size()) * std::max(1, schedule.micro_batches()) * degree *
-              std::max(1, schedule.merge_steps());
-  }
+  if (summed_loss) m.loss *= PlanBatchSize(executor.plan()) * std::max(1, executor.plan().schedule().merge_steps());
   m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
   return m;
 }
@@ -295,13 +298,6 @@ absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec
   STRATA_RETURN_IF_ERROR(CheckLabelsFit(**train, consumer, absl::StrCat("--data ", options.data)));
   if (*eval) STRATA_RETURN_IF_ERROR(CheckLabelsFit(**eval, consumer, absl::StrCat("--eval_data ", options.eval_data)));
   return absl::OkStatus();
-}
-
-// The global batch a plan's step takes: micro-batches across the
-// data-parallel replicas.
-int64_t PlanBatchSize(const RankPlan& plan) {
-  return plan.schedule().micro_batch_size() * std::max(1, plan.schedule().micro_batches()) *
-         std::max(1, plan.topology().dp_degree());
 }
 
 // An epoch's steps: whole updates of k steps (gradient merge), as the single

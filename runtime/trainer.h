@@ -35,8 +35,7 @@ struct TrainOptions {
   bool progress = true;            // a progress line on stderr about once a second
   // Said on stderr as "note: ..." lines just before the first step (so an
   // error before it, a bad --eval_data among them, is the run's only line):
-  // the compiler's notes (CompileResult::notes), and that the data is the
-  // synthetic default, not the user's.
+  // that the data is the synthetic default, not the user's.
   std::vector<std::string> notes;
   // Rows an evaluation call takes across the data-parallel group; 0: the
   // plan's micro-batch on each replica, the rows its memory plan counts.

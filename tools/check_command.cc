@@ -322,7 +322,6 @@ int CheckCommand(const std::string& path) {
                                result->batch_size, schedule.micro_batches(), schedule.micro_batch_size(),
                                dp > 1 ? absl::StrFormat(" x %d data-parallel replicas", dp) : "",
                                ScheduleKind_Name(schedule.kind()), result->plans.size());
-  for (const std::string& note : result->notes) std::cout << "  note: " << note << "\n";
   if (!result->plans[0].relayed_fetch().empty()) {
     int loss_stage = 0;
     for (const RankPlan& p : result->plans) {

@@ -310,7 +310,7 @@ int RunOneProcess(const std::string& path, const CompileResult& result, uint64_t
                   const std::set<std::string>& given, Device* device) {
   InstallStopHandler();
   TrainOptions options = TrainOptionsFromFlags(program_seed);
-  options.notes = RunNotes(result.notes, given);
+  options.notes = RunNotes(given);
   if (device != nullptr) options.device = device;
   // --compare_single reads this run's losses from its metrics, a temporary
   // file when the run writes none.

@@ -275,7 +275,7 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   if (device != nullptr) options.device = device;
   if (!options.trace_path.empty()) options.trace_path = absl::StrCat(options.trace_path, ".rank", env.rank);
   // One note for the job: the launcher relays rank 0's stderr.
-  if (env.rank == 0) options.notes = RunNotes(result.notes, given);
+  if (env.rank == 0) options.notes = RunNotes(given);
   InstallStopHandler();
   auto report = Train(plan, options);
   if (!report.ok()) return fail(report.status());

@@ -74,8 +74,8 @@ std::string SyntheticDataNote(const std::set<std::string>& given) {
   return "no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)";
 }
 
-std::vector<std::string> RunNotes(const std::vector<std::string>& compile_notes, const std::set<std::string>& given) {
-  std::vector<std::string> notes = compile_notes;
+std::vector<std::string> RunNotes(const std::set<std::string>& given) {
+  std::vector<std::string> notes;
   if (std::string note = SyntheticDataNote(given); !note.empty()) notes.push_back(std::move(note));
   return notes;
 }

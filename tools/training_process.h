@@ -26,8 +26,8 @@ void PrintSummary(const TrainReport& report);
 std::string SyntheticDataNote(const std::set<std::string>& given);
 
 // The notes a run says before its first step (TrainOptions::notes): the
-// compiler's (CompileResult::notes), then the synthetic-data note.
-std::vector<std::string> RunNotes(const std::vector<std::string>& compile_notes, const std::set<std::string>& given);
+// synthetic-data note, where it applies.
+std::vector<std::string> RunNotes(const std::set<std::string>& given);
 
 // A training process (one device, or a worker) stops at the next step
 // boundary on SIGTERM, every rank after the same step, and saves with --save:
