@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -18,16 +18,16 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "proto/metrics_keys.h"
 #include "proto/status_macros.h"
 #include "runtime/checkpoint.h"
-#include "runtime/dataset.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/communicator_set.h"
+#include "runtime/dataset.h"
 #include "runtime/executor.h"
 #include "runtime/fault_injection.h"
 #include "runtime/json_line.h"
@@ -90,7 +90,8 @@ class MetricsWriter {
 std::vector<FeedSpec> FeedSpecs(const Program& program) {
   std::vector<FeedSpec> specs;
   for (const Var& v : program.var()) {
-    if (v.kind() == FEED) specs.push_back({v.name(), v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
+    if (v.kind() == FEED)
+      specs.push_back({v.name(), v.dtype(), std::vector<int64_t>(v.shape().begin(), v.shape().end())});
   }
   return specs;
 }
@@ -156,14 +157,15 @@ int64_t PlanBatchSize(const RankPlan& plan) {
          std::max(1, plan.topology().dp_degree());
 }
 
-// Sums `values` over the data-parallel group, in place (a no-op without one).
-absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double timeout_s, const std::string& what) {
-  if (dp == nullptr || values.empty()) return absl::OkStatus();
+// Sums `values` over a group (data-parallel or pipeline), in place (a no-op
+// without one); `what` names the values and the group for an error.
+absl::Status SumOverGroup(Communicator* group, std::vector<double>& values, double timeout_s, const std::string& what) {
+  if (group == nullptr || values.empty()) return absl::OkStatus();
   Tensor t = Tensor::Empty(F64, {static_cast<int64_t>(values.size())});
   if (!t.defined()) return absl::ResourceExhaustedError(absl::StrCat("out of memory summing ", what));
   std::copy(values.begin(), values.end(), t.data<double>());
-  if (auto s = dp->AllReduce(&t, ReduceOp::kSum)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("summing ", what, " over the data-parallel group: ", s.message()));
+  if (auto s = group->AllReduce(&t, ReduceOp::kSum)->Wait(absl::Seconds(timeout_s)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("summing ", what, ": ", s.message()));
   }
   std::copy(t.data<double>(), t.data<double>() + values.size(), values.begin());
   return absl::OkStatus();
@@ -178,7 +180,7 @@ absl::Status SumOverGroup(Communicator* dp, std::vector<double>& values, double 
 // so an evaluation stays inside the plan.
 absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, const Dataset& data,
                                           const std::string& name, int64_t batch, const std::string& acc_fetch,
-                                          Communicator* dp, double timeout_s) {
+                                          Communicator* dp, Communicator* relay, double timeout_s) {
   EvalMetrics m;
   m.name = name;
   const int64_t degree = std::max(1, executor.plan().topology().dp_degree());
@@ -221,11 +223,30 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
     }
     seen += n;
   }
+  // An accuracy made off the loss's stage (a relayed fetch): its stage's
+  // sum reaches the loss's stage as a step's fetches do, with a count that
+  // says there is one (the loss's stage does not have the op).
+  bool has_accuracy = !acc_fetch.empty();
+  if (relay != nullptr) {
+    const RankPlan& plan = executor.plan();
+    const bool source =
+        has_accuracy &&
+        std::any_of(plan.relayed_fetch().begin(), plan.relayed_fetch().end(), [&](const RankPlan::RelayedFetch& f) {
+          return f.name() == acc_fetch && f.stage() == plan.topology().stage();
+        });
+    std::vector<double> relayed = {source ? acc_sum : 0.0, source ? 1.0 : 0.0};
+    STRATA_RETURN_IF_ERROR(
+        SumOverGroup(relay, relayed, timeout_s, "the evaluation's accuracy over the pipeline group"));
+    if (relayed[1] > 0) {
+      acc_sum = relayed[0];
+      has_accuracy = true;
+    }
+  }
   std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
-  STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation"));
+  STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation over the data-parallel group"));
   m.loss = sums[0] / std::max(sums[2], 1.0);
   if (summed_loss) m.loss *= PlanBatchSize(executor.plan()) * std::max(1, executor.plan().schedule().merge_steps());
-  m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
+  m.accuracy = has_accuracy ? sums[1] / std::max(sums[2], 1.0) : -1;
   return m;
 }
 
@@ -278,9 +299,8 @@ LabelConsumer PlanLabelConsumer(const Program& program, const std::vector<FeedSp
 
 // --data and --eval_data opened for `feeds` (synthetic data without
 // classes= has the program's), their labels checked against `consumer`.
-absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec>& feeds,
-                         const LabelConsumer& consumer, std::unique_ptr<Dataset>* train,
-                         std::unique_ptr<Dataset>* eval) {
+absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer,
+                         std::unique_ptr<Dataset>* train, std::unique_ptr<Dataset>* eval) {
   auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
   if (!train_data.ok()) {
     return absl::Status(train_data.status().code(),
@@ -290,7 +310,8 @@ absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec
   if (!options.eval_data.empty()) {
     auto d = OpenDataset(options.eval_data, feeds, options.seed, consumer.classes);
     if (!d.ok()) {
-      return absl::Status(d.status().code(), absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
+      return absl::Status(d.status().code(),
+                          absl::StrCat("--eval_data ", options.eval_data, ": ", d.status().message()));
     }
     *eval = *std::move(d);
   }
@@ -404,7 +425,8 @@ absl::StatusOr<StopCheck> AgreeOnStop(int mine, int64_t proposed_next_check, Com
 absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& settings,
                              double timeout_s) {
   std::string mine;
-  for (const auto& [name, value] : settings) absl::StrAppend(&mine, name, "=", absl::StrReplaceAll(value, {{"\n", " "}}), "\n");
+  for (const auto& [name, value] : settings)
+    absl::StrAppend(&mine, name, "=", absl::StrReplaceAll(value, {{"\n", " "}}), "\n");
   absl::StatusOr<std::vector<std::string>> all = AllGatherStrings(comm, mine, absl::Seconds(timeout_s));
   if (!all.ok()) {
     return absl::Status(all.status().code(), absl::StrCat("comparing the ranks' settings: ", all.status().message()));
@@ -454,8 +476,8 @@ bool ScheduleSpansRun(const Program& program) {
 
 // The checkpoint's step, if this run may resume from it: the same batch and
 // seed (both decide the data order and dropout masks), and steps left to run.
-absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch,
-                                       uint64_t seed, int64_t total_steps, bool schedule_spans_run) {
+absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
+                                       int64_t total_steps, bool schedule_spans_run) {
   int64_t step = 0;
   auto it = metadata.find("step");
   if (it == metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
@@ -464,8 +486,8 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
   auto bs = metadata.find("batch_size");
   int64_t saved_batch = 0;
   if (bs != metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("saved with batch size ", saved_batch, ", resuming with ", batch,
-                                                   " would change the data order"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("saved with batch size ", saved_batch, ", resuming with ", batch, " would change the data order"));
   }
   auto sd = metadata.find("seed");
   uint64_t saved_seed = 0;
@@ -487,7 +509,8 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
         "saved by a run of ", saved_total, " steps, over which the program's cosine learning rate decays; this run of ",
         total_steps, " steps would decay it over those instead. To keep the saved run's schedule, give the program's ",
         "lr_schedule.cosine decay_steps: ", saved_total / saved_k, " (its optimizer updates)",
-        step < saved_total ? absl::StrCat(", or resume with --steps ", saved_total, " (they count the whole run)") : ""));
+        step < saved_total ? absl::StrCat(", or resume with --steps ", saved_total, " (they count the whole run)")
+                           : ""));
   }
   return step;
 }
@@ -604,7 +627,7 @@ class TrainSession {
   // This rank holds the loss (the first of its data-parallel group): it
   // writes the metrics and the progress lines.
   const bool reporter_;
-  Communicator* dp_ = nullptr;  // the data-parallel group's communicator, if any
+  Communicator* dp_ = nullptr;     // the data-parallel group's communicator, if any
   Communicator* relay_ = nullptr;  // the pipeline group's, where fetches cross to the loss's stage
   const bool progress_;
   const std::string acc_fetch_;
@@ -681,15 +704,16 @@ absl::Status TrainSession::CountSteps() {
   const int64_t k = executor_->merge_steps();
   STRATA_ASSIGN_OR_RETURN(steps_per_epoch_, StepsPerEpoch(*train_data_, options_.data, batch_, k));
   if (options_.steps > 0 && options_.steps % k != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps ", options_.steps, " is not a multiple of gradient_merge.k_steps ",
-                                                   k, ": --steps counts steps, and the optimizer runs once every ", k,
+    return absl::InvalidArgumentError(absl::StrCat("--steps ", options_.steps,
+                                                   " is not a multiple of gradient_merge.k_steps ", k,
+                                                   ": --steps counts steps, and the optimizer runs once every ", k,
                                                    " of them; use --steps ", (options_.steps / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
   const int64_t epochs = std::max<int64_t>(options_.epochs, 1);
   if (options_.steps <= 0 && epochs > std::numeric_limits<int64_t>::max() / steps_per_epoch_) {
-    return absl::InvalidArgumentError(absl::StrCat("--epochs ", epochs, " x ", steps_per_epoch_,
-                                                   " steps an epoch overflows a 64-bit step count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--epochs ", epochs, " x ", steps_per_epoch_, " steps an epoch overflows a 64-bit step count"));
   }
   total_steps_ = options_.steps > 0 ? options_.steps : epochs * steps_per_epoch_;
   executor_->set_total_steps(total_steps_);
@@ -698,7 +722,8 @@ absl::Status TrainSession::CountSteps() {
 
 absl::Status TrainSession::CheckOutputsWritable() const {
   if (!options_.save_dir.empty()) {
-    if (auto s = CheckSaveTarget(options_.save_dir, LoadsFromSaveFolder(options_.load_dir, options_.save_dir)); !s.ok()) {
+    if (auto s = CheckSaveTarget(options_.save_dir, LoadsFromSaveFolder(options_.load_dir, options_.save_dir));
+        !s.ok()) {
       return s;
     }
   }
@@ -715,15 +740,18 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   auto ckpt = LoadCheckpointFrom(options_.load_dir, &source);
   if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && SameFolder(options_.load_dir, options_.save_dir)) {
     // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
-    if (reporter_) std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options_.load_dir.c_str());
+    if (reporter_)
+      std::fprintf(stderr, "note: no checkpoint in %s yet; starting at step 0\n", options_.load_dir.c_str());
     return absl::OkStatus();
   }
   if (!ckpt.ok()) {
-    return absl::Status(ckpt.status().code(), absl::StrCat("--load ", options_.load_dir, ": ", ckpt.status().message()));
+    return absl::Status(ckpt.status().code(),
+                        absl::StrCat("--load ", options_.load_dir, ": ", ckpt.status().message()));
   }
   auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_, ScheduleSpansRun(plan_.program()));
   if (!step.ok()) {
-    return absl::Status(step.status().code(), absl::StrCat("--load ", source.description, ": ", step.status().message()));
+    return absl::Status(step.status().code(),
+                        absl::StrCat("--load ", source.description, ": ", step.status().message()));
   }
   if (auto s = PlaceMergeBuffers(*step, ckpt->metadata, ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
@@ -736,8 +764,9 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   if (auto it = ckpt->tensors.find("@step"); it != ckpt->tensors.end() && it->second.num_elements() == 1) {
     const double updates = it->second.ValueAt(0);
     if (!(updates >= 0 && updates <= static_cast<double>(*step))) {
-      return absl::InvalidArgumentError(absl::StrCat("--load ", source.description, ": '@step' (the optimizer's update count) is ",
-                                                     updates, "; a checkpoint of step ", *step, " holds 0 to ", *step));
+      return absl::InvalidArgumentError(absl::StrCat("--load ", source.description,
+                                                     ": '@step' (the optimizer's update count) is ", updates,
+                                                     "; a checkpoint of step ", *step, " holds 0 to ", *step));
     }
   }
   executor_->set_step(*step);
@@ -840,8 +869,7 @@ void TrainSession::StartPrefetcher() {
 // memory (a GPU plan's feeds in host memory: its copy_to_device ops copy
 // them in); the prefetcher starts loading this rank's micro-batch after them
 // (of the next step after the last).
-absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int64_t step, int64_t first,
-                                                                            int64_t rows) {
+absl::StatusOr<std::map<std::string, Tensor>> TrainSession::MicroBatchFeeds(int64_t step, int64_t first, int64_t rows) {
   // This rank's next micro-batch: one global micro-batch on.
   std::optional<FeedPrefetcher::Key> next;
   const int64_t stride = rows * std::max(1, plan_.topology().dp_degree());
@@ -884,8 +912,8 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
       auto it = r->fetches.find(f.name());
       values.push_back(f.stage() == plan_.topology().stage() && it != r->fetches.end() ? it->second : 0.0);
     }
-    STRATA_RETURN_IF_ERROR(
-        SumOverGroup(relay_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s fetches")));
+    STRATA_RETURN_IF_ERROR(SumOverGroup(relay_, values, options_.comm_timeout_s,
+                                        absl::StrCat("step ", step + 1, "'s fetches over the pipeline group")));
     if (holds_loss_) {
       for (int k = 0; k < plan_.relayed_fetch_size(); ++k) r->fetches[plan_.relayed_fetch(k).name()] = values[k];
     }
@@ -896,7 +924,8 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
     // or fetch that is a sum over samples is the replicas' sum.
     std::vector<double> values = {r->loss};
     for (const auto& [name, v] : r->fetches) values.push_back(v);
-    STRATA_RETURN_IF_ERROR(SumOverGroup(dp_, values, options_.comm_timeout_s, absl::StrCat("step ", step + 1, "'s loss")));
+    STRATA_RETURN_IF_ERROR(SumOverGroup(dp_, values, options_.comm_timeout_s,
+                                        absl::StrCat("step ", step + 1, "'s loss over the data-parallel group")));
     r->loss = plan_.summed_loss() ? values[0] : values[0] / dp_->size();
     size_t k = 1;
     for (auto& [name, v] : r->fetches) {
@@ -910,13 +939,14 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
   // would skip every update to the end of the run.
   if (r->has_loss_scale && r->skipped_update && r->loss_scale <= std::numeric_limits<float>::min()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step + 1, ": the gradients are not finite even at the least loss scale (2^-126): training "
+        "step ", step + 1,
+        ": the gradients are not finite even at the least loss scale (2^-126): training "
         "diverged (lower the learning rate?), or an op's gradient is infinite where it is taken (sqrt or log "
         "at 0)"));
   }
   if (r->has_loss && !std::isfinite(r->loss)) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step + 1, ": loss is ", r->loss,
-                                                   "; training diverged (lower the learning rate?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step + 1, ": loss is ", r->loss, "; training diverged (lower the learning rate?)"));
   }
   return r;
 }
@@ -964,8 +994,8 @@ absl::StatusOr<bool> TrainSession::StopAgreed() {
   }
   const double step_seconds = Seconds(train_begin_, Clock::now()) / (executor_->step() - first_step_);
   const int64_t ahead = static_cast<int64_t>(kStopCheckPeriodSeconds / std::max(step_seconds, 1e-9));
-  auto check = AgreeOnStop(options_.stop_signal(), executor_->step() + std::clamp<int64_t>(ahead, 1, 1 << 20),
-                           world_, options_.comm_timeout_s);
+  auto check = AgreeOnStop(options_.stop_signal(), executor_->step() + std::clamp<int64_t>(ahead, 1, 1 << 20), world_,
+                           options_.comm_timeout_s);
   if (!check.ok()) return check.status();
   if (check->signal != 0) {
     report_.stop_signal = check->signal;
@@ -1080,7 +1110,8 @@ absl::Status TrainSession::PlaceMergeBuffers(int64_t step, const std::map<std::s
     for (const std::string& part : parts->second) {
       auto it = tensors.find(part);
       if (it == tensors.end()) {
-        return absl::DataLossError(absl::StrCat("has no tensor '", part, "', a part of gradient-merge buffer '", whole, "'"));
+        return absl::DataLossError(
+            absl::StrCat("has no tensor '", part, "', a part of gradient-merge buffer '", whole, "'"));
       }
       pieces.push_back(&it->second);
     }
@@ -1146,7 +1177,7 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   // The memory rule counts an evaluation's bytes too.
   options_.device->allocator()->ResetPeak();
   auto m = RunEvaluation(*executor_, options_.device, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_,
-                         dp_, options_.comm_timeout_s);
+                         dp_, relay_, options_.comm_timeout_s);
   report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
   if (!m.ok()) return m.status();
   m->epoch = epoch;
@@ -1154,8 +1185,8 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   STRATA_RETURN_IF_ERROR(metrics_.Line(EvalMetricsJson(*m, executor_->step())));
   if (progress_) {
     std::fprintf(stderr, "eval %s at step %lld (epoch %lld): loss %.4f%s\n", eval_name_.c_str(),
-                 static_cast<long long>(executor_->step()), static_cast<long long>(epoch),
-                 m->loss, m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
+                 static_cast<long long>(executor_->step()), static_cast<long long>(epoch), m->loss,
+                 m->accuracy >= 0 ? absl::StrFormat(", accuracy %.4f", m->accuracy).c_str() : "");
   }
   report_.evals.push_back(*m);
   return absl::OkStatus();

@@ -341,29 +341,39 @@ TEST(FetchFormParityTest, MeansConstantsAndSumsReportOneDevicesValuesUnderReplic
 }
 
 TEST(FetchFormParityTest, AFetchMadeOffTheLossStageReachesItAndReportsOneDevicesValue) {
-  // A mean and a sum made on stage 0, where the loss is on stage 1: each
-  // step stage 0 sends its values to the loss's stage, which reports them
-  // (they used to be noted as not reported).
+  // A mean, a sum and an accuracy made on stage 0, where the loss is on
+  // stage 1: each step (and the evaluation) stage 0 sends its values to the
+  // loss's stage, which reports them (they used to be noted as not
+  // reported, and the evaluation had no accuracy).
   std::string text = kSumLoss;
   const std::string loss = R"(  loss: "loss")";
   text.replace(text.find(loss), 0, R"pb(
     op { type: "reduce_mean" input: ["a"] output: ["a_mean"] device: "gpu:0" }
     op { type: "reduce_sum" input: ["h"] output: ["h_total"] device: "gpu:0" }
+    op { type: "accuracy" input: ["a", "label"] output: ["acc"] device: "gpu:0" }
     fetch: "a_mean"
     fetch: "h_total"
+    fetch: "acc"
   )pb");
   auto program = ParseProgramText(text, "relayed.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
   ParityOptions options;
   options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
   options.steps = 4;
   auto single = TrainSingleDevice(*program, 12, options);
   ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_GT(single->eval_accuracy, 0);
   for (const Strategy& strategy : {Layout(1, 2, 6, ONE_F_ONE_B), Layout(2, 2, 3, F_THEN_B)}) {
     SCOPED_TRACE(strategy.ShortDebugString());
     auto parallel = TrainParallel(*program, strategy, options);
     ASSERT_TRUE(parallel.ok()) << parallel.status();
     ExpectFetchesEqual(*parallel, *single, {"a_mean", "h_total"});
+    for (size_t step = 0; step < single->fetches.size(); ++step) {  // a fraction of 12 samples, often 0
+      EXPECT_NEAR(parallel->fetches[step].at("acc"), single->fetches[step].at("acc"), 1e-12) << "step " << step + 1;
+    }
+    EXPECT_NEAR(parallel->eval_accuracy, single->eval_accuracy, kTolerance * single->eval_accuracy);
+    EXPECT_NEAR(parallel->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
   }
 }
 

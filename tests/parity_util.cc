@@ -86,7 +86,10 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
     if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
     if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
   }
-  if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
+  if (!report->evals.empty()) {
+    run.eval_loss = report->evals.back().loss;
+    run.eval_accuracy = report->evals.back().accuracy;
+  }
   for (const auto& [name, values] : report->final_state) {
     if (IsParam(compiled->plans[0].program(), name)) run.weights[name] = values;
   }
@@ -144,7 +147,10 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
         if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
         if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
       }
-      if (!report->evals.empty()) run.eval_loss = report->evals.back().loss;
+      if (!report->evals.empty()) {
+        run.eval_loss = report->evals.back().loss;
+        run.eval_accuracy = report->evals.back().accuracy;
+      }
     }
     for (const auto& s : report->steps) {
       if (s.has_loss_scale) run.skipped_updates_by_rank[rank].push_back(s.skipped_update);

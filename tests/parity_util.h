@@ -27,6 +27,7 @@ struct ParityRun {
   std::map<std::string, std::vector<double>> weights;      // parameters after the run
   std::map<std::string, std::vector<double>> initial_weights;  // single device only: before the run
   double eval_loss = 0;                                    // after the run, when options.eval_data is set
+  double eval_accuracy = -1;                               // likewise, where the program fetches an accuracy
   std::map<int, int64_t> measured_peak_bytes;              // per rank
   std::map<int, int64_t> predicted_peak_bytes;             // per rank
   // With dynamic loss scaling: the scale each step used and whether its
