@@ -27,7 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "runtime/comm/communicator.h"
@@ -37,6 +39,12 @@
 extern char** environ;
 
 namespace strata {
+
+std::string SignalName(int signo) {
+  if (const char* abbrev = sigabbrev_np(signo)) return absl::StrCat("SIG", abbrev);
+  return absl::StrCat("signal ", signo);
+}
+
 namespace {
 
 // A line the tool writes while all is well: progress ("step 12/300 epoch 1
@@ -88,11 +96,6 @@ void OnSignal(int signo) {
   ssize_t ignored = write(g_signal_pipe_write, &byte, 1);
   (void)ignored;
   errno = saved;
-}
-
-std::string SignalName(int signo) {
-  if (const char* abbrev = sigabbrev_np(signo)) return absl::StrCat("SIG", abbrev);
-  return absl::StrCat("signal ", signo);
 }
 
 std::string ErrnoText(int err) { return strerror(err); }
@@ -486,9 +489,13 @@ class Launcher {
 
   void EmitLine(Worker& w, const Stream& s, absl::string_view line) {
     if (w.log_fd >= 0) WriteAll(w.log_fd, absl::StrCat(line, "\n"));
-    int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
-    if (dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
     absl::string_view trimmed = absl::StripAsciiWhitespace(line);
+    // A rank's error goes into the job's one error line (or a note after
+    // it), not out as it comes: every rank failing alike (a checkpoint that
+    // does not fit the program) printed it once a rank, then the launcher's.
+    const bool error = s.is_stderr && absl::StartsWith(trimmed, "error:");
+    int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
+    if (!error && dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
     if (absl::StartsWith(trimmed, "error:")) w.last_error_line = std::string(trimmed);
     if (s.is_stderr && !trimmed.empty()) w.last_stderr_line = std::string(trimmed);
   }
@@ -660,11 +667,23 @@ class Launcher {
         records.erase(records.begin());
       }
       for (const auto& [rank, text] : records) consequences_.push_back(text);
-      return absl::AbortedError(FailureMessage(workers_[failed_rank_], message));
+      // The other ranks' errors the store did not record (a tcp:// store
+      // goes with rank 0), since they are no longer printed as they come.
+      for (const Worker& w : workers_) {
+        absl::string_view line = w.outcome.last_error_line;
+        if (w.rank == failed_rank_ || !absl::ConsumePrefix(&line, "error:")) continue;
+        line = absl::StripLeadingAsciiWhitespace(line);
+        if (line.empty() || std::find(consequences_.begin(), consequences_.end(), line) != consequences_.end()) continue;
+        consequences_.emplace_back(line);
+      }
+      return absl::AbortedError(FoldAlike(FailureMessage(workers_[failed_rank_], message), message));
     }
     // A stop signal (to the launcher, or to one worker, which every rank
-    // then honours): 128 + that signal, as a process it stopped.
-    if (interrupt_signal_ != 0) return 128 + interrupt_signal_;
+    // then honours): 128 + that signal, as a process it stopped; unless it
+    // came too late to stop anything (during the last evaluation or save),
+    // every rank ending its run with 0, as one process then does.
+    const bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.outcome.ok(); });
+    if (interrupt_signal_ != 0 && !all_done) return 128 + interrupt_signal_;
     for (const Worker& w : workers_) {
       if (w.outcome.stopped()) return w.outcome.exit_code;
     }
@@ -682,13 +701,54 @@ class Launcher {
         if (!stopping_) {
           // Forward what we got (Ctrl-C stays SIGINT, so workers can tell).
           BeginStop(signo);
-        } else if (!killed_) {
-          // A second Ctrl-C means now.
+        } else if (!killed_ && signo == SIGINT) {
+          // A Ctrl-C while the job stops means now. A repeated SIGTERM or
+          // SIGHUP does not: GNU `timeout` signals the launcher and then its
+          // process group, and schedulers repeat their notice; the stop and
+          // its checkpoint go on within their grace.
           KillAll(SIGKILL);
           killed_ = true;
+          killed_at_signal_ = signo;
         }
       }
     }
+  }
+
+  // The failure message, with the other ranks whose error says the same as
+  // the failed rank's (but for its "rank R: ") named in it instead of in a
+  // note each: "...; ranks 1, 2 failed alike".
+  std::string FoldAlike(std::string failure, const std::string& message) {
+    absl::string_view own = message.empty() ? absl::string_view(workers_[failed_rank_].outcome.last_error_line)
+                                            : absl::string_view(message);
+    absl::ConsumePrefix(&own, "error:");
+    own = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(own));
+    if (own.empty()) return failure;
+    std::vector<int> alike;
+    std::vector<std::string> rest;
+    for (const std::string& c : consequences_) {
+      int rank;
+      if (WithoutRankPrefix(c, &rank) == own && rank >= 0) {
+        alike.push_back(rank);
+      } else {
+        rest.push_back(c);
+      }
+    }
+    if (alike.empty()) return failure;
+    consequences_ = std::move(rest);
+    return absl::StrCat(failure, "; ", alike.size() == 1 ? "rank " : "ranks ", absl::StrJoin(alike, ", "),
+                        " failed alike");
+  }
+
+  // "rank R: TEXT" -> TEXT (and R); anything else as it is (and -1).
+  static absl::string_view WithoutRankPrefix(absl::string_view text, int* rank = nullptr) {
+    if (rank != nullptr) *rank = -1;
+    absl::string_view rest = text;
+    if (!absl::ConsumePrefix(&rest, "rank ")) return text;
+    const size_t colon = rest.find(": ");
+    int r;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, colon), &r)) return text;
+    if (rank != nullptr) *rank = r;
+    return rest.substr(colon + 2);
   }
 
   // "rank R failed (exit C): MESSAGE (log: ...)"; MESSAGE is the rank's last
@@ -716,6 +776,7 @@ class Launcher {
     }
     report.failed_rank = failed_rank_;
     report.interrupt_signal = interrupt_signal_;
+    report.killed_at_signal = killed_at_signal_;
     report.consequences = consequences_;
     report.store_spec = store_spec_;
     report.master_port = master_port_;
@@ -733,6 +794,7 @@ class Launcher {
   int stderr_fd_ = -1;
   bool stopping_ = false;
   bool killed_ = false;
+  int killed_at_signal_ = 0;  // the signal that had the workers killed at once while they stopped
   bool lost_peer_grace_ = false;  // the wait for a lost peer to show has been extended once
   Clock::time_point kill_deadline_;
   int failed_rank_ = -1;

@@ -72,11 +72,17 @@ struct WorkerOutcome {
 };
 
 // Everything a caller (or a test) may want to know after the fact.
+// "SIGTERM", "SIGSEGV", ...; "signal N" for one without a name.
+std::string SignalName(int signo);
+
 struct LaunchReport {
   std::vector<pid_t> pids;             // by rank; every one reaped when LaunchWorkers returns
   std::vector<WorkerOutcome> workers;  // by rank
   int failed_rank = -1;                // the first rank that failed, -1 if none
   int interrupt_signal = 0;            // SIGINT/SIGTERM/SIGHUP the launcher received, 0 if none
+  // SIGINT when a Ctrl-C while the workers stopped had them killed at once
+  // (a repeated SIGTERM or SIGHUP leaves them their grace), 0 otherwise.
+  int killed_at_signal = 0;
   // The other recorded failures after the one named, "rank R: message", in order.
   std::vector<std::string> consequences;
   std::string store_spec;              // what the workers got as STRATA_STORE
@@ -95,7 +101,8 @@ struct LaunchReport {
 // reaped, and the result is an Aborted error "rank R failed (exit C): MSG" or
 // "rank R failed (killed by SIGSEGV)[: MSG]" (MSG: that rank's last error
 // line). When the launcher receives SIGINT, SIGTERM or SIGHUP it forwards the
-// signal, stops the workers the same way and returns 128 + signal.
+// signal, stops the workers the same way and returns 128 + signal; a SIGINT
+// while they stop kills them at once, a repeated SIGTERM or SIGHUP does not.
 // Setup problems (bad options, log_dir not creatable, executable not
 // runnable) are errors too, and leave no worker behind.
 //

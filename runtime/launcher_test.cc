@@ -301,7 +301,29 @@ TEST_F(LaunchFixture, FailingRankStopsTheOthersAndNamesItsError) {
   EXPECT_EQ(report.workers[2].signal, SIGTERM);
   EXPECT_EQ(report.workers[1].last_error_line, "error: loss is NaN at step 7");
   EXPECT_THAT(ReadFile(o.log_dir + "/workerlog.1"), HasSubstr("error: loss is NaN at step 7\n"));
-  EXPECT_THAT(Stderr(), HasSubstr("[rank 1] error: loss is NaN at step 7\n"));
+  // The error is the launcher's to say, once: not relayed as it came.
+  EXPECT_THAT(Stderr(), Not(HasSubstr("error:")));
+  ExpectNoProcessLeft(report);
+}
+
+// Every rank failing alike (a checkpoint that does not fit the program) is
+// one message naming them, not a line a rank; a rank failing otherwise is
+// a note after it.
+TEST_F(LaunchFixture, RanksFailingAlikeAreOneMessage) {
+  LaunchOptions o = Options(3, {"--fail_all", "--error=--load ck: holds 1 rank file(s)", "--sync_dir=" + dir_});
+  o.log_dir = dir_ + "/logs";
+  LaunchReport report;
+  auto result = LaunchWorkers(o, &report);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              ::testing::MatchesRegex("rank [0-2] failed \\(exit 1\\): rank [0-2]: --load ck: holds 1 rank file\\(s\\) "
+                                      "\\(log: .*\\); ranks [0-2], [0-2] failed alike"));
+  EXPECT_THAT(report.consequences, ElementsAre());
+  EXPECT_THAT(Stderr(), Not(HasSubstr("error:")));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_THAT(ReadFile(absl::StrCat(o.log_dir, "/workerlog.", r)),
+                HasSubstr(absl::StrCat("error: rank ", r, ": --load ck: holds 1 rank file(s)\n")));
+  }
   ExpectNoProcessLeft(report);
 }
 
@@ -357,6 +379,8 @@ TEST_F(LaunchFixture, ALostPeerWaitsForTheSlowFailureThatCausedIt) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().message(), "rank 1 failed (exit 86): fault injected");
   EXPECT_EQ(report.failed_rank, 1);
+  // Rank 0's error, which no store recorded here, is the note after it.
+  EXPECT_THAT(report.consequences, ElementsAre("rank 0: allreduce failed, connection lost: peer closed"));
   ExpectNoProcessLeft(report);
 }
 
@@ -459,6 +483,67 @@ TEST_F(LaunchFixture, LauncherForwardsSigtermAndStopsWorkers) {
   struct sigaction now;
   sigaction(SIGTERM, nullptr, &now);
   EXPECT_EQ(now.sa_handler, SIG_DFL);
+  ExpectNoProcessLeft(report);
+}
+
+// A SIGTERM repeated while the workers stop (GNU `timeout` signals the
+// launcher, then its process group) leaves them their grace to finish the
+// step and save; a Ctrl-C then kills them at once. The workers ignore
+// SIGTERM, so the grace runs out in the first case.
+TEST_F(LaunchFixture, ARepeatedSigtermLeavesTheGraceAndACtrlCEndsIt) {
+  for (const int second : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(second);
+    ASSERT_EQ(ftruncate(out_fd_, 0), 0);
+    LaunchOptions o = Options(2, {"--print_pid", "--hang_all", "--ignore_sigterm"});
+    o.preemption_grace = absl::Seconds(2);
+    LaunchReport report;
+    absl::Time signalled;
+    std::thread signaller([&] {
+      PidOnceReady(0);
+      signalled = absl::Now();
+      kill(getpid(), SIGTERM);
+      absl::SleepFor(absl::Milliseconds(100));
+      kill(getpid(), second);
+    });
+    auto result = LaunchWorkers(o, &report);
+    const absl::Duration took = absl::Now() - signalled;
+    signaller.join();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(*result, 128 + SIGTERM);
+    EXPECT_EQ(report.interrupt_signal, SIGTERM);
+    EXPECT_EQ(report.workers[0].signal, SIGKILL);
+    EXPECT_EQ(report.workers[1].signal, SIGKILL);
+    if (second == SIGTERM) {
+      EXPECT_EQ(report.killed_at_signal, 0);
+      EXPECT_GE(took, absl::Seconds(2));
+    } else {
+      EXPECT_EQ(report.killed_at_signal, SIGINT);
+      EXPECT_LT(took, absl::Seconds(1.5));
+    }
+    ExpectNoProcessLeft(report);
+  }
+}
+
+// A SIGTERM that comes too late to stop anything (every rank finishes its
+// run, exit 0) ends the job with 0, as one process then does.
+TEST_F(LaunchFixture, AStopSignalEveryRankOutlivesEndsTheJobWith0) {
+  LaunchOptions o = Options(2, {"--ignore_sigterm", "--linger_ms=500"});
+  LaunchReport report;
+  std::thread signaller([&] {
+    if (!WaitForFile(out_path_, [](const std::string& text) {
+          return RankLines(text, 0).size() == 1 && RankLines(text, 1).size() == 1;  // both said "ready"
+        })) {
+      ADD_FAILURE() << "workers never got ready";
+    }
+    kill(getpid(), SIGTERM);
+  });
+  auto result = LaunchWorkers(o, &report);
+  signaller.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(*result, 0);
+  EXPECT_EQ(report.interrupt_signal, SIGTERM);
+  EXPECT_TRUE(report.workers[0].ok());
+  EXPECT_TRUE(report.workers[1].ok());
   ExpectNoProcessLeft(report);
 }
 

@@ -5,13 +5,16 @@
 
 Prints the steps both have, whether their losses are bit-identical, the
 largest relative difference (and the first step above 1e-4), each eval's
-loss and accuracy side by side, and the two summaries' seconds and peaks.
-Used to set a GPU run beside the CPU run of the same program and seed.
+loss and accuracy side by side (evaluations of one set after one step), and
+the two summaries' seconds and peaks; exits 1 when the files share no step.
+Used to set a GPU run beside the CPU run of the same program and seed, or a
+resumed run beside the uninterrupted one.
 
 A run under gradient merge (its update steps carry "optimizer_step") is
 compared per optimizer update: the mean of the losses of the k steps that
 one update merged, against the other run's update of that number (a run
-without gradient merge updates on every step). With --summed_loss (a loss
+without gradient merge updates on every step); a first update the file
+has only the last steps of (a run resumed mid-update) is left out. With --summed_loss (a loss
 that is a sum over samples, as `strata check` says) an update's loss is the
 sum of its k steps' losses, one device's sum over the merged batch.
 """
@@ -23,28 +26,40 @@ if len(args) != 2 or any(f != "--summed_loss" for f in flags):
 summed = "--summed_loss" in flags
 sys.argv = [sys.argv[0]] + args
 def load(p):
-    steps, evals, summ, updates, pending, merged = {}, [], None, {}, [], False
+    steps, evals, summ, updates, pending, merged = {}, {}, None, {}, [], False
+    sizes = {}  # update -> how many of its steps the file has
     for line in open(p):
         r = json.loads(line)
         if "summary" in r: summ = r["summary"]
-        elif "eval" in r: evals.append(r)
+        elif "eval" in r: evals[(r["eval"], r["step"])] = r
         elif "loss" in r:
             steps[r["step"]] = r["loss"]
             pending.append(r["loss"])
             if "optimizer_step" in r:
                 merged = True
                 updates[r["optimizer_step"]] = sum(pending) / (1 if summed else len(pending))
+                sizes[r["optimizer_step"]] = len(pending)
                 pending = []
-    return steps, evals, summ, (updates if merged else None)
-a, ea, sa, ua = load(sys.argv[1]); b, eb, sb, ub = load(sys.argv[2])
+    partial, k = [], 1
+    if merged:
+        # A run resumed from a checkpoint taken mid-update has only the last
+        # steps of its first update: that update's loss is not comparable.
+        k = max(sizes.values())
+        partial = [u for u, n in sizes.items() if n < k]
+        for u in partial: del updates[u]
+    return steps, evals, summ, (updates if merged else None), partial, k
+a, ea, sa, ua, pa, ka = load(sys.argv[1]); b, eb, sb, ub, pb, kb = load(sys.argv[2])
 if ua is not None or ub is not None:
-    for name, steps, u in ((sys.argv[1], a, ua), (sys.argv[2], b, ub)):
+    for name, steps, u, part, k in ((sys.argv[1], a, ua, pa, ka), (sys.argv[2], b, ub, pb, kb)):
         if u is not None:
-            print(f"{name}: gradient merge, {len(steps)} steps, {len(u)} updates; each update's loss is the {'sum' if summed else 'mean'} of its {len(steps) // max(len(u), 1)} steps' losses")
+            left = f"; update {', '.join(map(str, part))} left out: the file has only its last steps (resumed mid-update)" if part else ""
+            print(f"{name}: gradient merge, {len(steps)} steps, {len(u)} updates; each update's loss is the {'sum' if summed else 'mean'} of its {k} steps' losses{left}")
     if ua is not None: a = ua
     if ub is not None: b = ub
 unit = "updates" if ua is not None or ub is not None else "steps"
 common = sorted(set(a) & set(b))
+if not common:
+    sys.exit(f"{sys.argv[1]} vs {sys.argv[2]}: no {unit[:-1]} in both ({len(a)} and {len(b)} {unit}): nothing compared")
 worst, worst_step, first_over = 0.0, None, None
 for s in common:
     rel = abs(a[s] - b[s]) / max(abs(b[s]), 1e-30)
@@ -52,7 +67,8 @@ for s in common:
     if first_over is None and rel > 1e-4: first_over = s
 same = all(a[s] == b[s] for s in common)
 print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} {unit}, bit-identical={same}, max rel diff {worst:.3g} at {unit[:-1]} {worst_step}, first {unit[:-1]} over 1e-4: {first_over}")
-for x, y in zip(ea, eb):
+for key in sorted(set(ea) & set(eb), key=lambda k: (k[1], k[0])):  # evaluations of the same set after the same step
+    x, y = ea[key], eb[key]
     # (accuracy only where the program fetches one)
     acc = f", accuracy {x['accuracy']:.4f} vs {y['accuracy']:.4f}" if "accuracy" in x and "accuracy" in y else ""
     print(f"  eval {x['eval']} step {x['step']}: loss {x['loss']:.6f} vs {y['loss']:.6f}{acc}")

@@ -387,12 +387,18 @@ std::string KilledAtTheGrace(const LaunchReport& report, absl::Duration grace) {
     if (w.signal == SIGKILL) killed.push_back(absl::StrCat(w.rank));
   }
   if (killed.empty()) return "";
-  const bool preempted = report.interrupt_signal == SIGTERM;
+  const bool preempted = report.interrupt_signal == SIGTERM && report.killed_at_signal == 0;
   const std::string save = absl::GetFlag(FLAGS_save);
+  std::string why;
+  if (report.killed_at_signal != 0) {
+    why = absl::StrCat(" at once, at a second ", SignalName(report.killed_at_signal), " while they stopped");
+  } else if (preempted) {
+    why = absl::StrCat(": not stopped ", absl::FormatDuration(grace), " after SIGTERM");
+  } else {
+    why = absl::StrCat(": not stopped within the grace after ", SignalName(report.interrupt_signal));
+  }
   return absl::StrCat(killed.size() == 1 ? "rank " : "ranks ", absl::StrJoin(killed, ", "),
-                      killed.size() == 1 ? " was" : " were", " killed: not stopped ",
-                      preempted ? absl::StrCat(absl::FormatDuration(grace), " after SIGTERM")
-                                : "after a second signal or the grace",
+                      killed.size() == 1 ? " was" : " were", " killed", why,
                       save.empty() ? "" : absl::StrCat(", so no checkpoint of the stop is in ", save),
                       preempted ? " (STRATA_PREEMPTION_GRACE_S sets the time a step and its save may take)" : "");
 }

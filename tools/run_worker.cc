@@ -151,15 +151,22 @@ std::string SocketIfname(std::string* from) {
 
 int CheckWorkerSetup() {
   std::string from;
+  const std::string store = absl::GetFlag(FLAGS_store);
   if (const std::string ifname = SocketIfname(&from); !ifname.empty()) {
     if (auto address = ChooseListenAddress("", ifname); !address.ok()) {
       std::cerr << "error: " << from << " " << ifname << ": " << address.status().message() << "\n";
       return kExitUsage;
     }
+  } else if (absl::StartsWith(store, "tcp://") || absl::StartsWith(store, "redis://")) {
+    // Each rank listens where the route to the store's host leaves: a host
+    // that does not resolve fails every rank alike.
+    if (auto address = ChooseListenAddress(store, ""); !address.ok()) {
+      std::cerr << "error: --store " << store << ": " << address.status().message() << "\n";
+      return kExitUsage;
+    }
   }
   // Opening a file:// store makes its folder (a tcp:// one is served by
   // rank 0, a redis:// one the ranks reach themselves).
-  const std::string store = absl::GetFlag(FLAGS_store);
   if (absl::StartsWith(store, "file://")) {
     if (auto opened = OpenStore(store); !opened.ok()) {
       std::cerr << "error: --store " << store << ": " << opened.status().message() << "\n";

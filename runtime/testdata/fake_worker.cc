@@ -6,6 +6,7 @@
 //   --print_affinity     "cores C1,C2,..." (the cores it may run on) and STRATA_NUM_THREADS
 //   --spawn_child        forks a child that sleeps forever ("child P")
 //   --fail_rank=R --exit_code=C --error=MSG   rank R prints "error: MSG" and exits C
+//   --fail_all           every rank fails so, printing "error: rank R: MSG"
 //   --crash_rank=R       rank R raises SIGSEGV
 //   --delay_ms=T         wait T ms before failing or crashing
 //   --lost_peer_rank=R   rank R prints "error: ... connection lost ..." and exits 1 at once
@@ -14,6 +15,7 @@
 //                        crashing rank first waits for all of them
 //   --hang_rank=R / --hang_all   sleep forever (after "ready")
 //   --ignore_sigterm     SIGTERM does nothing
+//   --linger_ms=T        after "ready", sleep T ms, then exit 0 (a run finishing its last work)
 //   --report_signals     on SIGTERM/SIGINT print "rank R got SIGNAME" and exit 128+sig
 //   --steps              print "step i" every 20 ms forever
 //   --steps_on_stderr    with --steps, also a progress line "step i/1000 epoch 1 loss 0.5" on stderr
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "error: rank %d: allreduce failed, connection lost: peer closed\n", rank);
     return 1;
   }
-  bool fails = has("fail_rank") && num("fail_rank", -1) == rank;
+  bool fails = has("fail_all") || (has("fail_rank") && num("fail_rank", -1) == rank);
   bool crashes = has("crash_rank") && num("crash_rank", -1) == rank;
   if (has("sync_dir")) {
     std::string dir = flags["sync_dir"];
@@ -123,11 +125,17 @@ int main(int argc, char** argv) {
   }
   if (fails || crashes) usleep(num("delay_ms", 0) * 1000);
   if (fails) {
-    fprintf(stderr, "error: %s\n", has("error") ? flags["error"].c_str() : "failed");
+    const char* error = has("error") ? flags["error"].c_str() : "failed";
+    if (has("fail_all")) {
+      fprintf(stderr, "error: rank %d: %s\n", rank, error);
+    } else {
+      fprintf(stderr, "error: %s\n", error);
+    }
     return num("exit_code", 1);
   }
   if (crashes) raise(SIGSEGV);
   if (has("hang_all") || (has("hang_rank") && num("hang_rank", -1) == rank)) SleepForever();
+  if (has("linger_ms")) usleep(num("linger_ms", 0) * 1000);
   if (has("steps")) {
     for (int step = 0;; ++step) {
       printf("step %d\n", step);
