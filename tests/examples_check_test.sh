@@ -32,8 +32,10 @@ echo "$out" | grep -q "global batch 32 = 2 micro-batch(es) of 8 x 2 data-paralle
 echo "$out" | grep -q "loss: a mean over samples (proved from its ops)" || fail "the loss's form is not said"
 echo "$out" | grep -q "gradient merge: the optimizer runs once every 2 steps, on 64 samples" ||
   fail "an update does not see the single device's 64 samples"
-for r in 0 2; do echo "$out" | grep -A2 "^  rank $r:" | grep -q "dp group 1: ranks 0, 2" || fail "rank $r not in dp group 0, 2"; done
-for r in 1 3; do echo "$out" | grep -A2 "^  rank $r:" | grep -q "dp group 2: ranks 1, 3" || fail "rank $r not in dp group 1, 3"; done
+echo "$out" | grep -A2 "^  ranks 0, 2 (stage 0's 2 data-parallel replicas):" | grep -q "dp group 1: ranks 0, 2" ||
+  fail "ranks 0 and 2 not in dp group 0, 2"
+echo "$out" | grep -A2 "^  ranks 1, 3 (stage 1's 2 data-parallel replicas):" | grep -q "dp group 2: ranks 1, 3" ||
+  fail "ranks 1 and 3 not in dp group 1, 3"
 activations() { echo "$1" | grep "^  stage $2:" | sed -n 's/.*predicted activations \([0-9.]*\) MiB.*/\1/p'; }
 grep -v recompute "$hybrid" >"$tmp/no_recompute.strategy.pbtxt"
 plain=$("$strata" check "$examples/convnet_fashion_pp2.pbtxt" --strategy "$tmp/no_recompute.strategy.pbtxt" 2>&1) || fail "check without recompute: $plain"

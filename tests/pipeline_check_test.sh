@@ -52,29 +52,30 @@ dp_check() {  # PROGRAM STRATEGY_TEXT BATCH: sets $out
   out=$("$strata" check "$1" --strategy "$tmp/dp.strategy.pbtxt" --batch_size "$3" 2>&1) || fail "check failed: $out"
   echo "$out"
 }
-expect_after_rank() {  # RANK EXPECTED_LINES: as many lines right below "  rank RANK:"
-  got=$(echo "$out" | grep -A"$(printf '%s\n' "$2" | wc -l)" "^  rank $1:" | tail -n +2)
-  [ "$got" = "$2" ] || fail "rank $1's lines: expected
+expect_after_rank() {  # RANKS EXPECTED_LINES: as many lines right below "  rank RANKS:" or "  ranks RANKS (...):"
+  got=$(echo "$out" | grep -A"$(printf '%s\n' "$2" | wc -l)" -E "^  (rank $1:|ranks $1 \()" | tail -n +2)
+  [ "$got" = "$2" ] || fail "rank(s) $1's lines: expected
 $2
 got
 $got"
 }
 "$strata" gen mlp --layers 8,16,4 >"$tmp/mlp.pbtxt" || fail "gen mlp"
 dp_check "$tmp/mlp.pbtxt" 'data_parallel { degree: 2 bucket_mb: 0.0003 }' 8
-for r in 0 1; do
-  expect_after_rank $r "    dp group 1: ranks 0, 1
+# The replicas' lines read the same: printed once, under both ranks.
+echo "$out" | grep -q "^  ranks 0, 1 (2 data-parallel replicas): predicted peak" || fail "the replicas are not one entry: $out"
+echo "$out" | grep -qE "^  rank [01]:" && fail "a replica has an entry of its own: $out"
+expect_after_rank "0, 1" "    dp group 1: ranks 0, 1
     3 buckets, in the order posted: 2 gradients (272 B), 1 gradient (64 B), 1 gradient (512 B)
     gradient allreduce: sends 848 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 848 B, D = 2 ranks)"
-done
 # Four ranks: each sends 2*3/4 of the 848 B.
 dp_check "$tmp/mlp.pbtxt" 'data_parallel { degree: 4 bucket_mb: 0.0003 }' 8
-expect_after_rank 3 "    dp group 1: ranks 0, 1, 2, 3
+expect_after_rank "0, 1, 2, 3" "    dp group 1: ranks 0, 1, 2, 3
     3 buckets, in the order posted: 2 gradients (272 B), 1 gradient (64 B), 1 gradient (512 B)
     gradient allreduce: sends 1.2 KiB per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 848 B, D = 4 ranks)"
 # Many buckets are summarised (one gradient each at a cap of one byte).
 "$strata" gen resmlp --layers 24,32,10 --blocks 4 >"$tmp/resmlp.pbtxt" || fail "gen resmlp"
 dp_check "$tmp/resmlp.pbtxt" 'data_parallel { degree: 2 bucket_mb: 0.000001 }' 8
-expect_after_rank 0 "    dp group 1: ranks 0, 1
+expect_after_rank "0, 1" "    dp group 1: ranks 0, 1
     28 buckets of 1 gradient, 40 B-4.0 KiB; 28 gradients (38.4 KiB) in all
     gradient allreduce: sends 38.4 KiB per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 38.4 KiB, D = 2 ranks)"
 
@@ -82,16 +83,17 @@ expect_after_rank 0 "    dp group 1: ranks 0, 1
 # (fc2, 272 B); each stage's replicas form a dp group, one bucket each.
 "$strata" gen mlp --layers 8,16,4 --stages 2 >"$tmp/mlp_pp2.pbtxt" || fail "gen mlp --stages 2"
 dp_check "$tmp/mlp_pp2.pbtxt" 'pipeline { micro_batch_size: 2 accumulate_steps: 4 } data_parallel { degree: 2 }' 16
-for r in 0 2; do
-  expect_after_rank $r "    dp group 1: ranks 0, 2
+echo "$out" | grep -q "^  ranks 0, 2 (stage 0's 2 data-parallel replicas): predicted peak" || fail "no entry for stage 0's replicas: $out"
+expect_after_rank "0, 2" "    dp group 1: ranks 0, 2
     1 bucket: 2 gradients (576 B)
     gradient allreduce: sends 576 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 576 B, D = 2 ranks)"
-done
-for r in 1 3; do
-  expect_after_rank $r "    dp group 2: ranks 1, 3
+expect_after_rank "1, 3" "    dp group 2: ranks 1, 3
     1 bucket: 2 gradients (272 B)
     gradient allreduce: sends 272 B per optimizer step (the ring algorithm's 2*(D-1)/D of the buckets' 272 B, D = 2 ranks)"
-done
+# The schedule: a row a stage, its replicas' rows being the same.
+echo "$out" | grep -qE "^    stage 0 \|[0-9a-z.]+\|$" && echo "$out" | grep -qE "^    stage 1 \|[0-9a-z.]+\|$" ||
+  fail "the schedule is not a row a stage: $out"
+echo "$out" | grep -qE "^    rank [0-9] \|" && fail "the schedule still has a row a rank: $out"
 
 # 5. Recompute: under each rank's line, its activation peak with recompute
 # and without (the same program compiled with the recompute section cleared).
@@ -112,12 +114,12 @@ expect_after_rank 0 "    activations 108.0 KiB with recompute, 292.0 KiB without
 expect_after_rank 1 "    activations 96.5 KiB with recompute, 152.5 KiB without (63%)"
 # With data parallelism the recompute line comes first, then the dp lines.
 dp_check "$tmp/resmlp8.pbtxt" 'data_parallel { degree: 2 } recompute { checkpoints: ["h2", "h4", "h6"] }' 256
-got=$(echo "$out" | grep -A2 "^  rank 1:" | tail -n +2)
+got=$(echo "$out" | grep -A2 "^  ranks 0, 1 (" | tail -n +2)
 # (No `head` in a pipe: under pipefail, echo killed by SIGPIPE when head
 # exits early failed this check now and then.)
 grep -qE "^    activations [0-9.]+ KiB with recompute, [0-9.]+ [KM]iB without \([0-9]+%\)$" <<<"$(sed -n 1p <<<"$got")" ||
-  fail "rank 1's recompute line under dp: $got"
-echo "$got" | tail -1 | grep -q "^    dp group 1: ranks 0, 1$" || fail "rank 1's dp group line after the recompute line: $got"
+  fail "the replicas' recompute line under dp: $got"
+echo "$got" | tail -1 | grep -q "^    dp group 1: ranks 0, 1$" || fail "the replicas' dp group line after the recompute line: $got"
 
 # 6. Memory against the device. On the CPU the ranks share the machine, so
 # their peaks add up; on GPUs each rank has its own, held against the GPU

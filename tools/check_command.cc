@@ -40,10 +40,68 @@ const CommGroup* FindGroup(const Topology& topology, int id) {
   return nullptr;
 }
 
+// "0, 4, 8" or, past kRanksListed, "0, 4, 8, ..., 28".
+std::string RanksText(const std::vector<int>& ranks) {
+  if (ranks.size() <= kRanksListed) return absl::StrJoin(ranks, ", ");
+  return absl::StrFormat("%d, %d, %d, ..., %d", ranks[0], ranks[1], ranks[2], ranks.back());
+}
+
 std::string RankList(const CommGroup& g) {
-  if (g.rank_size() <= kRanksListed) return absl::StrJoin(g.rank(), ", ");
-  return absl::StrFormat("%d, %d, %d, ..., %d (%d ranks)", g.rank(0), g.rank(1), g.rank(2), g.rank(g.rank_size() - 1),
-                         g.rank_size());
+  const std::string listed = RanksText({g.rank().begin(), g.rank().end()});
+  return g.rank_size() <= kRanksListed ? listed : absl::StrFormat("%s (%d ranks)", listed, g.rank_size());
+}
+
+// Ranks whose lines read the same: a stage's data-parallel replicas, whose
+// plans differ in their peers only. In the order of their first rank.
+struct RankGroup {
+  int stage = 0;
+  std::string lines;  // what follows "rank N: "
+  std::vector<int> ranks;
+};
+
+std::vector<RankGroup> GroupAlikeRanks(const std::vector<std::pair<const RankPlan*, std::string>>& rank_lines) {
+  std::vector<RankGroup> groups;
+  std::map<std::pair<int, std::string>, size_t> index;
+  for (const auto& [plan, lines] : rank_lines) {
+    const int stage = plan->topology().stage();
+    auto [it, added] = index.try_emplace({stage, lines}, groups.size());
+    if (added) groups.push_back({stage, lines, {}});
+    groups[it->second].ranks.push_back(plan->rank());
+  }
+  return groups;
+}
+
+// "rank 3: " or "ranks 0, 2 (stage 0's 2 data-parallel replicas): ".
+std::string GroupHeader(const RankGroup& g, int num_stages) {
+  if (g.ranks.size() == 1) return absl::StrFormat("  rank %d: ", g.ranks[0]);
+  return absl::StrFormat("  ranks %s (%s%d data-parallel replicas): ", RanksText(g.ranks),
+                         num_stages > 1 ? absl::StrFormat("stage %d's ", g.stage) : "", g.ranks.size());
+}
+
+// The schedule's rows, "rank N |...|", as one row a stage where its
+// replicas' rows are the same ("stage S |...|"), the labels padded to one
+// width.
+std::vector<std::string> ScheduleRows(const Timeline& timeline, const std::vector<RankPlan>& plans) {
+  std::vector<std::pair<std::string, std::string>> rows;  // label, "|...|"
+  for (absl::string_view line : absl::StrSplit(timeline.Diagram(), '\n', absl::SkipEmpty())) {
+    const size_t bar = line.find(" |");
+    rows.emplace_back(line.substr(0, bar), line.substr(bar + 1));
+  }
+  std::map<int, std::set<std::string>> by_stage;
+  for (size_t r = 0; r < rows.size() && r < plans.size(); ++r) {
+    by_stage[plans[r].topology().stage()].insert(rows[r].second);
+  }
+  const bool collapse = by_stage.size() < rows.size() &&
+                        std::all_of(by_stage.begin(), by_stage.end(), [](const auto& s) { return s.second.size() == 1; });
+  if (collapse) {
+    rows.clear();
+    for (const auto& [stage, row] : by_stage) rows.emplace_back(absl::StrCat("stage ", stage), *row.begin());
+  }
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  std::vector<std::string> out;
+  for (const auto& [label, row] : rows) out.push_back(absl::StrCat(label, std::string(width - label.size(), ' '), " ", row));
+  return out;
 }
 
 // A data-parallel rank's lines under its "rank N:" line: its dp group, the
@@ -387,25 +445,26 @@ int CheckCommand(const std::string& path) {
       without_error = std::string(without.status().message());
     }
   }
+  std::vector<std::pair<const RankPlan*, std::string>> rank_lines;
   for (const RankPlan& plan : result->plans) {
     const MemoryPlan& m = plan.memory();
     // Mixed precision's 16-bit weight copies (hoist-param-casts) beside the float32 parameters.
     const std::string copies =
         m.param_copy_bytes() > 0 ? absl::StrCat(", 16-bit weight copies ", Bytes(m.param_copy_bytes())) : "";
-    std::cout << absl::StrFormat(
-        "  rank %d: predicted peak %s (parameters %s%s, optimizer state %s, activations %s), bubble %.1f%%\n",
-        plan.rank(), Bytes(m.peak_bytes()), Bytes(m.param_bytes()), copies, Bytes(m.state_bytes()),
+    std::string lines = absl::StrFormat(
+        "predicted peak %s (parameters %s%s, optimizer state %s, activations %s), bubble %.1f%%\n",
+        Bytes(m.peak_bytes()), Bytes(m.param_bytes()), copies, Bytes(m.state_bytes()),
         Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
-    if (recompute) {
-      std::cout << RecomputeLine(m.activation_peak_bytes(), activations_without, plan.rank(), without_error);
-    }
-    if (plan.topology().dp_degree() > 1) std::cout << DataParallelLines(plan);
+    if (recompute) lines += RecomputeLine(m.activation_peak_bytes(), activations_without, plan.rank(), without_error);
+    if (plan.topology().dp_degree() > 1) lines += DataParallelLines(plan);
+    rank_lines.emplace_back(&plan, std::move(lines));
   }
+  const int num_stages = result->plans[0].topology().num_stages();
+  for (const RankGroup& g : GroupAlikeRanks(rank_lines)) std::cout << GroupHeader(g, num_stages) << g.lines;
   std::cout << "  schedule (as if every stage's forward took 1 unit and backward 2; the bubbles above weigh each stage's\n"
                "  estimated work; digit N = forward of micro-batch N, letter = its backward, a = 0):\n";
-  Timeline timeline = SimulateTimeline(result->plans);
-  for (absl::string_view line : absl::StrSplit(timeline.Diagram(), '\n', absl::SkipEmpty())) {
-    std::cout << "    " << line << "\n";
+  for (const std::string& row : ScheduleRows(SimulateTimeline(result->plans), result->plans)) {
+    std::cout << "    " << row << "\n";
   }
   return 0;
 }
