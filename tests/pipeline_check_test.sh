@@ -137,6 +137,17 @@ want="warning: predicted peak above the 104.9 KiB each GPU (--device_memory_gib 
 $want
 got
 $(cat "$tmp/err")"
+# With replicas, a stage's ranks of one peak are one entry.
+printf '%s\n' 'pipeline { micro_batch_size: 64 accumulate_steps: 4 } data_parallel { degree: 2 }' >"$tmp/pp2dp2.strategy.pbtxt"
+out=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/pp2dp2.strategy.pbtxt" --batch_size 512 --device gpu \
+  --device_memory_gib 0.0001 2>"$tmp/err") || fail "check --device gpu under dp: $out"
+peak0=$(echo "$out" | sed -n 's/^  ranks 0, 2 ([^)]*): predicted peak \([0-9.]* [KMG]*i*B\).*/\1/p')
+peak1=$(echo "$out" | sed -n 's/^  ranks 1, 3 ([^)]*): predicted peak \([0-9.]* [KMG]*i*B\).*/\1/p')
+want="warning: predicted peak above the 104.9 KiB each GPU (--device_memory_gib 0.0001) holds: ranks 0, 2 $peak0, ranks 1, 3 $peak1; the run would run out of memory"
+[ -n "$peak0" ] && [ "$(cat "$tmp/err")" = "$want" ] || fail "expected on stderr
+$want
+got
+$(cat "$tmp/err")"
 out=$("$strata" check "$tmp/resmlp8_pp2.pbtxt" --strategy "$tmp/pp2.strategy.pbtxt" --batch_size 256 --device gpu \
   --device_memory_gib 80 2>"$tmp/err") || fail "check --device gpu: $out"
 [ -s "$tmp/err" ] && fail "a plan that fits 80 GiB warns: $(cat "$tmp/err")"

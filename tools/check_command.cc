@@ -277,11 +277,21 @@ std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kin
                               Bytes(capacity), holder);
   } else {
     std::vector<std::string> over;
+    // Ranks alone on their GPU: a stage's replicas with the same peak as one entry.
+    std::vector<std::pair<std::pair<int, int64_t>, std::vector<int>>> alone;
     for (int d = 0; d < devices; ++d) {
       if (held[d] <= capacity) continue;
-      over.push_back(on[d].size() == 1
-                         ? absl::StrFormat("rank %d %s", on[d][0], Bytes(held[d]))
-                         : absl::StrFormat("GPU %d (ranks %s) %s", d, absl::StrJoin(on[d], ", "), Bytes(held[d])));
+      if (on[d].size() > 1) {
+        over.push_back(absl::StrFormat("GPU %d (ranks %s) %s", d, absl::StrJoin(on[d], ", "), Bytes(held[d])));
+        continue;
+      }
+      const std::pair<int, int64_t> key = {plans[on[d][0]].topology().stage(), held[d]};
+      auto it = std::find_if(alone.begin(), alone.end(), [&](const auto& a) { return a.first == key; });
+      if (it == alone.end()) it = alone.insert(alone.end(), {key, {}});
+      it->second.push_back(on[d][0]);
+    }
+    for (const auto& [key, ranks] : alone) {
+      over.push_back(absl::StrFormat("rank%s %s %s", ranks.size() == 1 ? "" : "s", RanksText(ranks), Bytes(key.second)));
     }
     warning = absl::StrFormat("warning: predicted peak above the %s %s holds: %s; the run would run out of memory\n",
                               Bytes(capacity), holder, absl::StrJoin(over, ", "));
