@@ -425,6 +425,17 @@ void RelayFetchesOffTheLossStage(const Program& program, std::vector<RankPlan>& 
   for (RankPlan& p : plans) *p.mutable_relayed_fetch() = {relayed.begin(), relayed.end()};
 }
 
+// The fetch an evaluation reports as its accuracy (RankPlan.accuracy_fetch):
+// the program's first fetch an `accuracy` op makes; "" for none.
+std::string AccuracyFetch(const Program& program) {
+  for (const std::string& f : program.fetch()) {
+    for (const Op& op : program.op()) {
+      if (op.type() == "accuracy" && op.output_size() > 0 && op.output(0) == f) return f;
+    }
+  }
+  return "";
+}
+
 // Verifies the schedules, places every rank's actions in time by the cost
 // model's estimate of its work (so an unbalanced placement shows in the
 // bubble and in when sent buffers go), and plans memory again with sent
@@ -509,9 +520,11 @@ absl::StatusOr<CompileResult> Compile(const Program& input, const Strategy& stra
   result.batch_size = layout.ctx.batch_size;
   {
     const std::vector<std::string> summed = SummedFetches(program);
+    const std::string accuracy = AccuracyFetch(program);
     for (auto& p : result.plans) {
       *p.mutable_summed_fetch() = {summed.begin(), summed.end()};
       p.set_summed_loss(layout.ctx.summed_loss);
+      p.set_accuracy_fetch(accuracy);
     }
   }
   // Where the program was read from is not part of what runs: ranks that read

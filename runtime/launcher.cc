@@ -25,6 +25,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -72,6 +73,11 @@ constexpr auto kCauseGrace = std::chrono::milliseconds(300);
 // machine: its threads are still being torn down): wait this much longer
 // for it before naming a "connection lost".
 constexpr auto kLostPeerGrace = std::chrono::seconds(3);
+// A rank's `error:` line waits this long for the job's end, whose one line
+// says it (folding ranks that failed alike), before it is relayed as it
+// came: a failure every rank meets at start (a checkpoint that does not fit
+// the program) is one line, a rank failing mid-run still shows at once.
+constexpr auto kErrorHold = std::chrono::seconds(1);
 
 // Whether a rank's error says it failed because a peer went away (the
 // communicators' "connection lost"), not for a reason of its own.
@@ -203,6 +209,8 @@ struct Worker {
   Stream out, err;
   int log_fd = -1;
   std::string last_error_line;   // last line starting with "error:"
+  // Its stderr's `error:` lines not relayed yet, and when each came (kErrorHold).
+  std::vector<std::pair<Clock::time_point, std::string>> held_errors;
   std::string last_stderr_line;  // last non-blank stderr line
   // Stopped (SIGSTOP, a debugger) when the job was to stop, so killed at
   // once: it could not finish its step or save, and its peers' errors about
@@ -490,14 +498,39 @@ class Launcher {
   void EmitLine(Worker& w, const Stream& s, absl::string_view line) {
     if (w.log_fd >= 0) WriteAll(w.log_fd, absl::StrCat(line, "\n"));
     absl::string_view trimmed = absl::StripAsciiWhitespace(line);
-    // A rank's error goes into the job's one error line (or a note after
-    // it), not out as it comes: every rank failing alike (a checkpoint that
-    // does not fit the program) printed it once a rank, then the launcher's.
+    // A rank's error waits for the job's one error line (kErrorHold).
     const bool error = s.is_stderr && absl::StartsWith(trimmed, "error:");
+    if (error) w.held_errors.emplace_back(Clock::now(), std::string(line));
     int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
     if (!error && dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
     if (absl::StartsWith(trimmed, "error:")) w.last_error_line = std::string(trimmed);
     if (s.is_stderr && !trimmed.empty()) w.last_stderr_line = std::string(trimmed);
+  }
+
+  // Relays the held `error:` lines that waited kErrorHold (all: every one).
+  void RelayHeldErrors(bool all) {
+    const Clock::time_point now = Clock::now();
+    for (Worker& w : workers_) {
+      auto due = w.held_errors.begin();
+      while (due != w.held_errors.end() && (all || now - due->first >= kErrorHold)) {
+        if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", due->second, "\n"))) {
+          stderr_fd_ = -1;
+        }
+        ++due;
+      }
+      w.held_errors.erase(w.held_errors.begin(), due);
+    }
+  }
+
+  // When the next held `error:` line is due; none when none is held.
+  std::optional<Clock::time_point> NextHeldErrorDue() const {
+    std::optional<Clock::time_point> next;
+    for (const Worker& w : workers_) {
+      if (!w.held_errors.empty() && (!next || w.held_errors.front().first + kErrorHold < *next)) {
+        next = w.held_errors.front().first + kErrorHold;
+      }
+    }
+    return next;
   }
 
   // Reads what is there; relays complete lines; at EOF relays the rest and closes.
@@ -596,6 +629,7 @@ class Launcher {
       if (stopping_ && !killed_) timeout_ms = std::min(timeout_ms, MillisecondsUntil(kill_deadline_));
       if (drain_deadline) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*drain_deadline));
       if (decide_at) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*decide_at));
+      if (auto due = NextHeldErrorDue()) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*due));
       int ready = poll(fds.data(), fds.size(), timeout_ms);
       if (ready < 0 && errno != EINTR) {
         BeginStop(SIGKILL);
@@ -605,6 +639,7 @@ class Launcher {
       for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
         if (fds[i].revents != 0) ReadStream(*streams[i - 1].first, *streams[i - 1].second);
       }
+      RelayHeldErrors(false);
       std::vector<int> failed = Reap();
       if (failed_rank_ < 0 && !failed.empty()) {
         pending_failed.insert(pending_failed.end(), failed.begin(), failed.end());
@@ -667,17 +702,28 @@ class Launcher {
         records.erase(records.begin());
       }
       for (const auto& [rank, text] : records) consequences_.push_back(text);
-      // The other ranks' errors the store did not record (a tcp:// store
-      // goes with rank 0), since they are no longer printed as they come.
-      for (const Worker& w : workers_) {
-        absl::string_view line = w.outcome.last_error_line;
-        if (w.rank == failed_rank_ || !absl::ConsumePrefix(&line, "error:")) continue;
-        line = absl::StripLeadingAsciiWhitespace(line);
-        if (line.empty() || std::find(consequences_.begin(), consequences_.end(), line) != consequences_.end()) continue;
-        consequences_.emplace_back(line);
+      // The errors not relayed yet, which the store did not record (a
+      // tcp:// store goes with rank 0) or which came before a rank's last
+      // (the one its failure names), each a note "rank R: ...".
+      absl::string_view named = message;
+      if (named.empty()) named = workers_[failed_rank_].outcome.last_error_line;
+      absl::ConsumePrefix(&named, "error:");
+      named = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(named));
+      for (Worker& w : workers_) {
+        for (const auto& [when, held] : w.held_errors) {
+          absl::string_view line = absl::StripAsciiWhitespace(held);
+          absl::ConsumePrefix(&line, "error:");
+          line = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(line));
+          if (line.empty() || (w.rank == failed_rank_ && line == named)) continue;
+          std::string note = absl::StrCat("rank ", w.rank, ": ", line);
+          if (!absl::c_linear_search(consequences_, note)) consequences_.push_back(std::move(note));
+        }
+        w.held_errors.clear();
       }
       return absl::AbortedError(FoldAlike(FailureMessage(workers_[failed_rank_], message), message));
     }
+    // No failure names them: the errors still held go out as they came.
+    RelayHeldErrors(true);
     // A stop signal (to the launcher, or to one worker, which every rank
     // then honours): 128 + that signal, as a process it stopped; unless it
     // came too late to stop anything (during the last evaluation or save),

@@ -140,16 +140,6 @@ absl::StatusOr<std::map<std::string, Tensor>> LoadBatch(const Dataset& data, abs
   return feeds;
 }
 
-// The fetch var an `accuracy` op produces, if the program reports one.
-std::string AccuracyFetch(const Program& program) {
-  for (const auto& f : program.fetch()) {
-    for (const Op& op : program.op()) {
-      if (op.type() == "accuracy" && op.output_size() > 0 && op.output(0) == f) return f;
-    }
-  }
-  return "";
-}
-
 // The global batch a plan's step takes: micro-batches across the
 // data-parallel replicas.
 int64_t PlanBatchSize(const RankPlan& plan) {
@@ -223,30 +213,22 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
     }
     seen += n;
   }
-  // An accuracy made off the loss's stage (a relayed fetch): its stage's
-  // sum reaches the loss's stage as a step's fetches do, with a count that
-  // says there is one (the loss's stage does not have the op).
-  bool has_accuracy = !acc_fetch.empty();
-  if (relay != nullptr) {
-    const RankPlan& plan = executor.plan();
-    const bool source =
-        has_accuracy &&
-        std::any_of(plan.relayed_fetch().begin(), plan.relayed_fetch().end(), [&](const RankPlan::RelayedFetch& f) {
-          return f.name() == acc_fetch && f.stage() == plan.topology().stage();
-        });
-    std::vector<double> relayed = {source ? acc_sum : 0.0, source ? 1.0 : 0.0};
-    STRATA_RETURN_IF_ERROR(
-        SumOverGroup(relay, relayed, timeout_s, "the evaluation's accuracy over the pipeline group"));
-    if (relayed[1] > 0) {
-      acc_sum = relayed[0];
-      has_accuracy = true;
-    }
+  // An accuracy made off the loss's stage (a relayed fetch; the same list
+  // and accuracy fetch on every rank, so all of the pipeline group enter or
+  // none): its stage's sum reaches the loss's stage as a step's fetches do.
+  const RankPlan& plan = executor.plan();
+  const auto relayed = std::find_if(plan.relayed_fetch().begin(), plan.relayed_fetch().end(),
+                                    [&](const RankPlan::RelayedFetch& f) { return f.name() == acc_fetch; });
+  if (relay != nullptr && !acc_fetch.empty() && relayed != plan.relayed_fetch().end()) {
+    std::vector<double> sum = {relayed->stage() == plan.topology().stage() ? acc_sum : 0.0};
+    STRATA_RETURN_IF_ERROR(SumOverGroup(relay, sum, timeout_s, "the evaluation's accuracy over the pipeline group"));
+    acc_sum = sum[0];
   }
   std::vector<double> sums = {loss_sum, acc_sum, static_cast<double>(seen)};
   STRATA_RETURN_IF_ERROR(SumOverGroup(dp, sums, timeout_s, "the evaluation over the data-parallel group"));
   m.loss = sums[0] / std::max(sums[2], 1.0);
   if (summed_loss) m.loss *= PlanBatchSize(executor.plan()) * std::max(1, executor.plan().schedule().merge_steps());
-  m.accuracy = has_accuracy ? sums[1] / std::max(sums[2], 1.0) : -1;
+  m.accuracy = acc_fetch.empty() ? -1 : sums[1] / std::max(sums[2], 1.0);
   return m;
 }
 
@@ -566,7 +548,7 @@ class TrainSession {
         // One rank of the data-parallel group holding the loss reports it.
         reporter_(holds_loss_ && plan.topology().dp_rank() == 0),
         progress_(options.progress && reporter_),
-        acc_fetch_(AccuracyFetch(plan.program())),
+        acc_fetch_(plan.accuracy_fetch()),
         eval_name_(EvalName(options.eval_data)) {
     report_.reports_loss = reporter_;
   }

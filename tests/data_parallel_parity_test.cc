@@ -377,6 +377,46 @@ TEST(FetchFormParityTest, AFetchMadeOffTheLossStageReachesItAndReportsOneDevices
   }
 }
 
+TEST(FetchFormParityTest, AnEvaluationReportsTheProgramsFirstAccuracyWhicheverStageMakesIt) {
+  // Two accuracies, one a stage: one device reports the first fetched, and
+  // so must the pipeline, whichever stage has it (each stage's own first
+  // once replaced the loss stage's with stage 0's).
+  auto with_accuracies = [](const std::vector<std::string>& order) {
+    std::string text = kSumLoss;
+    const std::string loss = R"(  loss: "loss")";
+    std::string ops = R"pb(
+      op { type: "accuracy" input: ["a", "label"] output: ["acc_a"] device: "gpu:0" }
+      op { type: "accuracy" input: ["logits", "label"] output: ["acc_logits"] device: "gpu:1" }
+    )pb";
+    for (const std::string& f : order) absl::StrAppend(&ops, "fetch: \"", f, "\"\n");
+    text.replace(text.find(loss), 0, ops);
+    return ParseProgramText(text, "accuracies.pbtxt");
+  };
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";
+  options.steps = 4;
+  std::vector<double> reported;
+  for (const std::vector<std::string>& order :
+       {std::vector<std::string>{"acc_a", "acc_logits"}, std::vector<std::string>{"acc_logits", "acc_a"}}) {
+    SCOPED_TRACE(order[0]);
+    auto program = with_accuracies(order);
+    ASSERT_TRUE(program.ok()) << program.status();
+    auto single = TrainSingleDevice(*program, 12, options);
+    ASSERT_TRUE(single.ok()) << single.status();
+    reported.push_back(single->eval_accuracy);
+    for (const Strategy& strategy : {Layout(1, 2, 6, ONE_F_ONE_B), Layout(2, 2, 3, F_THEN_B)}) {
+      SCOPED_TRACE(strategy.ShortDebugString());
+      auto parallel = TrainParallel(*program, strategy, options);
+      ASSERT_TRUE(parallel.ok()) << parallel.status();
+      EXPECT_NEAR(parallel->eval_accuracy, single->eval_accuracy, kTolerance * single->eval_accuracy);
+    }
+  }
+  // The two accuracies differ, so the comparisons above tell them apart.
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_GT(std::abs(reported[0] - reported[1]), 0.01);
+}
+
 TEST(FetchFormParityTest, AFetchThatChangesWithTheSplitIsRefused) {
   auto program = ParseProgramText(WithFetches(R"pb(
                                     op { type: "square" input: ["logit_size"] output: ["size2"] }

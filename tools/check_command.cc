@@ -91,8 +91,9 @@ std::vector<std::string> ScheduleRows(const Timeline& timeline, const std::vecto
   for (size_t r = 0; r < rows.size() && r < plans.size(); ++r) {
     by_stage[plans[r].topology().stage()].insert(rows[r].second);
   }
-  const bool collapse = by_stage.size() < rows.size() &&
-                        std::all_of(by_stage.begin(), by_stage.end(), [](const auto& s) { return s.second.size() == 1; });
+  const bool collapse =
+      by_stage.size() < rows.size() &&
+      std::all_of(by_stage.begin(), by_stage.end(), [](const auto& s) { return s.second.size() == 1; });
   if (collapse) {
     rows.clear();
     for (const auto& [stage, row] : by_stage) rows.emplace_back(absl::StrCat("stage ", stage), *row.begin());
@@ -100,11 +101,13 @@ std::vector<std::string> ScheduleRows(const Timeline& timeline, const std::vecto
   size_t width = 0;
   for (const auto& row : rows) width = std::max(width, row.first.size());
   std::vector<std::string> out;
-  for (const auto& [label, row] : rows) out.push_back(absl::StrCat(label, std::string(width - label.size(), ' '), " ", row));
+  for (const auto& [label, row] : rows) {
+    out.push_back(absl::StrCat(label, std::string(width - label.size(), ' '), " ", row));
+  }
   return out;
 }
 
-// A data-parallel rank's lines under its "rank N:" line: its dp group, the
+// A data-parallel rank's lines under its entry ("rank N:", or its replicas'): its dp group, the
 // buckets its plan posts (bucket_allreduce ops, read from the program, not
 // recomputed) and the bytes the ring algorithm sends for them per update.
 std::string DataParallelLines(const RankPlan& plan) {
@@ -194,7 +197,7 @@ std::string LossScalingLine(const Program& program) {
       program.loss_scale(), init, backoff, interval, growth);
 }
 
-// The line under a rank's "rank N:" line when the strategy asks for
+// The line under a rank's entry when the strategy asks for
 // recompute: its activation peak with and without it.
 std::string RecomputeLine(int64_t with, const std::map<int, int64_t>& without, int rank,
                           const std::string& without_error) {
@@ -291,7 +294,8 @@ std::string DeviceMemoryLines(const std::vector<RankPlan>& plans, DeviceKind kin
       it->second.push_back(on[d][0]);
     }
     for (const auto& [key, ranks] : alone) {
-      over.push_back(absl::StrFormat("rank%s %s %s", ranks.size() == 1 ? "" : "s", RanksText(ranks), Bytes(key.second)));
+      over.push_back(
+          absl::StrFormat("rank%s %s %s", ranks.size() == 1 ? "" : "s", RanksText(ranks), Bytes(key.second)));
     }
     warning = absl::StrFormat("warning: predicted peak above the %s %s holds: %s; the run would run out of memory\n",
                               Bytes(capacity), holder, absl::StrJoin(over, ", "));

@@ -14,7 +14,8 @@ A run under gradient merge (its update steps carry "optimizer_step") is
 compared per optimizer update: the mean of the losses of the k steps that
 one update merged, against the other run's update of that number (a run
 without gradient merge updates on every step); a first update the file
-has only the last steps of (a run resumed mid-update) is left out. With --summed_loss (a loss
+has only the last steps of (a run resumed mid-update) is left out. Two
+runs under gradient merge are compared step by step. With --summed_loss (a loss
 that is a sum over samples, as `strata check` says) an update's loss is the
 sum of its k steps' losses, one device's sum over the merged batch.
 """
@@ -28,6 +29,7 @@ sys.argv = [sys.argv[0]] + args
 def load(p):
     steps, evals, summ, updates, pending, merged = {}, {}, None, {}, [], False
     sizes = {}  # update -> how many of its steps the file has
+    ends = []  # (step, update) of each update's last step
     for line in open(p):
         r = json.loads(line)
         if "summary" in r: summ = r["summary"]
@@ -39,16 +41,25 @@ def load(p):
                 merged = True
                 updates[r["optimizer_step"]] = sum(pending) / (1 if summed else len(pending))
                 sizes[r["optimizer_step"]] = len(pending)
+                ends.append((r["step"], r["optimizer_step"]))
                 pending = []
     partial, k = [], 1
     if merged:
         # A run resumed from a checkpoint taken mid-update has only the last
         # steps of its first update: that update's loss is not comparable.
-        k = max(sizes.values())
+        # k: the steps between two updates' ends, or with one update in the
+        # file, its step over its number.
+        gaps = [s2 - s1 for (s1, _), (s2, _) in zip(ends, ends[1:])]
+        k = min(gaps) if gaps else max(1, ends[0][0] // max(ends[0][1], 1))
         partial = [u for u, n in sizes.items() if n < k]
         for u in partial: del updates[u]
     return steps, evals, summ, (updates if merged else None), partial, k
 a, ea, sa, ua, pa, ka = load(sys.argv[1]); b, eb, sb, ub, pb, kb = load(sys.argv[2])
+if ua is not None and ub is not None:
+    # Both under gradient merge (a resumed run and the uninterrupted one, the
+    # same merge): step against step.
+    print(f"both under gradient merge: compared step by step")
+    ua = ub = None
 if ua is not None or ub is not None:
     for name, steps, u, part, k in ((sys.argv[1], a, ua, pa, ka), (sys.argv[2], b, ub, pb, kb)):
         if u is not None:

@@ -18,19 +18,33 @@ cat >"$tmp/ref.jsonl" <<'J'
 {"step": 6, "epoch": 1, "loss": 1.0, "optimizer_step": 3}
 {"eval": "test", "step": 6, "epoch": 1, "loss": 1.125, "accuracy": 0.5}
 J
-# Resumed from a checkpoint of step 3: update 2 has only its step 4.
+# Resumed from a checkpoint of step 3: both merged, so step against step.
 grep -E '"step": [4-6],' "$tmp/ref.jsonl" >"$tmp/resumed.jsonl"
 out=$(/usr/bin/python3 "$cm" "$tmp/resumed.jsonl" "$tmp/ref.jsonl") || fail "exit $?: $out"
 echo "$out"
-echo "$out" | grep -q "gradient merge, 3 steps, 1 updates; each update's loss is the mean of its 2 steps' losses; update 2 left out" ||
-  fail "the partial update is not left out"
-echo "$out" | grep -q ": 1 updates, bit-identical=True" || fail "the resumed run is not bit-identical"
+echo "$out" | grep -q "both under gradient merge: compared step by step" || fail "not compared step by step"
+echo "$out" | grep -q ": 3 steps, bit-identical=True" || fail "the resumed run is not bit-identical"
 echo "$out" | grep -q "eval test step 6: loss 1.125000 vs 1.125000, accuracy 0.5000 vs 0.5000" ||
   fail "the evaluations are not paired by step"
 echo "$out" | grep -q "step 2:" && fail "an evaluation only one file has is compared"
-# A different loss in update 3 is found there (mean 1.125 against 1.0625).
+# A resumed merged run against one device (an update a step, its loss each
+# update's mean): update 2, of which the file has only step 4, is left out;
+# k = 2 from the updates' ends, also when the file holds one update only.
+printf '%s\n' '{"step": 1, "loss": 2.375}' '{"step": 2, "loss": 1.75}' '{"step": 3, "loss": 1.125}' >"$tmp/one.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/resumed.jsonl" "$tmp/one.jsonl") || fail "exit $?: $out"
+echo "$out" | grep -q "gradient merge, 3 steps, 1 updates; each update's loss is the mean of its 2 steps' losses; update 2 left out" ||
+  fail "the partial update is not left out: $out"
+echo "$out" | grep -q ": 1 updates, bit-identical=True" || fail "update 3 is not one device's step 3: $out"
+grep -E '"step": [56],' "$tmp/ref.jsonl" >"$tmp/last.jsonl"
+grep -E '"step": 6,' "$tmp/ref.jsonl" | head -1 >"$tmp/partial.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/last.jsonl" "$tmp/one.jsonl") || fail "exit $?: $out"
+echo "$out" | grep -q "gradient merge, 2 steps, 1 updates; each update's loss is the mean of its 2 steps' losses" ||
+  fail "k is not 2 from one update: $out"
+if out=$(/usr/bin/python3 "$cm" "$tmp/partial.jsonl" "$tmp/one.jsonl" 2>&1); then fail "a lone partial update compared: $out"; fi
+echo "$out" | grep -q "update 3 left out" || fail "the lone partial update is not named: $out"
+# A different loss in update 3 is found there (mean 1.0625 against 1.125).
 sed 's/"loss": 1.0,/"loss": 0.875,/' "$tmp/ref.jsonl" >"$tmp/other.jsonl"
-out=$(/usr/bin/python3 "$cm" "$tmp/other.jsonl" "$tmp/ref.jsonl") || fail "exit $?: $out"
+out=$(/usr/bin/python3 "$cm" "$tmp/other.jsonl" "$tmp/one.jsonl") || fail "exit $?: $out"
 echo "$out" | grep -q "3 updates, bit-identical=False, max rel diff 0.0556 at update 3, first update over 1e-4: 3" ||
   fail "the difference is not at update 3: $out"
 # Nothing in common: an error.

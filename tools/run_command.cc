@@ -448,7 +448,15 @@ int RunLauncher(const std::string& path, const CompileResult& result, int argc, 
       std::cerr << "note: --trace not merged: " << s.message() << "\n";
     }
   }
-  if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) rc = CompareWithSingleDevice(path, result.batch_size, metrics);
+  if (rc == 0 && absl::GetFlag(FLAGS_compare_single)) {
+    if (launch_report.interrupt_signal != 0) {
+      // The job finished, but whoever signalled wants it to end now.
+      std::cerr << "note: --compare_single skipped: " << SignalName(launch_report.interrupt_signal)
+                << " came during the run's last work\n";
+    } else {
+      rc = CompareWithSingleDevice(path, result.batch_size, metrics);
+    }
+  }
   if (!temp_metrics.empty()) std::remove(temp_metrics.c_str());
   return rc;
 }

@@ -135,7 +135,9 @@ TEST(SoftmaxRowsTest, NanScoresMatchTheScalarLanes) {
       EXPECT_TRUE(std::isnan(want_sum));
       for (int64_t c = 0; c < n; ++c) ASSERT_EQ(std::isnan(row[c]), std::isnan(want[c])) << c;
       for (int64_t c = 0; c < n; ++c) {
-        if (!std::isnan(row[c])) ASSERT_EQ(FloatBits(row[c]), FloatBits(want[c])) << c;
+        if (!std::isnan(row[c])) {
+          ASSERT_EQ(FloatBits(row[c]), FloatBits(want[c])) << c;
+        }
       }
     }
   }

@@ -6,7 +6,9 @@
 //   --print_affinity     "cores C1,C2,..." (the cores it may run on) and STRATA_NUM_THREADS
 //   --spawn_child        forks a child that sleeps forever ("child P")
 //   --fail_rank=R --exit_code=C --error=MSG   rank R prints "error: MSG" and exits C
-//   --fail_all           every rank fails so, printing "error: rank R: MSG"
+//   --fail_all           every rank fails so (with --rank_prefix, printing "error: rank R: MSG")
+//   --first_error=MSG    a failing rank prints "error: MSG" before its error
+//   --error_linger_ms=T  a failing rank waits T ms after its error before it exits
 //   --crash_rank=R       rank R raises SIGSEGV
 //   --delay_ms=T         wait T ms before failing or crashing
 //   --lost_peer_rank=R   rank R prints "error: ... connection lost ..." and exits 1 at once
@@ -126,11 +128,13 @@ int main(int argc, char** argv) {
   if (fails || crashes) usleep(num("delay_ms", 0) * 1000);
   if (fails) {
     const char* error = has("error") ? flags["error"].c_str() : "failed";
-    if (has("fail_all")) {
+    if (has("first_error")) fprintf(stderr, "error: %s\n", flags["first_error"].c_str());
+    if (has("rank_prefix")) {
       fprintf(stderr, "error: rank %d: %s\n", rank, error);
     } else {
       fprintf(stderr, "error: %s\n", error);
     }
+    if (has("error_linger_ms")) usleep(num("error_linger_ms", 0) * 1000);
     return num("exit_code", 1);
   }
   if (crashes) raise(SIGSEGV);
