@@ -165,6 +165,19 @@ int CheckWorkerSetup() {
       return kExitUsage;
     }
   }
+  // These workers' rank 0 serves a tcp:// store on this machine: a host
+  // that is another's would leave the ranks waiting for one that never came.
+  if (std::string host; absl::StartsWith(store, "tcp://")) {
+    int port = 0;
+    absl::Status s = StoreHostPort(store, &host, &port);
+    if (s.ok()) s = CheckHostIsLocal(host);
+    if (!s.ok()) {
+      std::cerr << "error: --store " << store << ": " << s.message()
+                << "; under --nproc rank 0 serves it here (on several machines, start the ranks with torchrun or "
+                   "srun)\n";
+      return kExitUsage;
+    }
+  }
   // Opening a file:// store makes its folder (a tcp:// one is served by
   // rank 0, a redis:// one the ranks reach themselves).
   if (absl::StartsWith(store, "file://")) {

@@ -171,6 +171,35 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
 
 }  // namespace
 
+absl::Status CheckHostIsLocal(const std::string& host) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(host.c_str(), "0", &hints, &result);
+  if (rv != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve the store's host '", host, "': ", gai_strerror(rv)));
+  }
+  bool local = false;
+  std::string why = "no address";
+  for (const struct addrinfo* a = result; a != nullptr && !local; a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      local = true;
+    } else {
+      why = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(result);
+  if (!local) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the store's host '", host, "' is not an address of this machine (", why, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname) {
   if (!ifname.empty()) return InterfaceAddress(ifname);
   std::string host;

@@ -50,6 +50,11 @@ struct RendezvousOptions {
 // interface (and the ones there are) or the host.
 absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname);
 
+// OK when `host` resolves to an address of this machine (a socket can bind
+// to it); else why not, naming the host. A tcp:// store under `run --nproc`
+// is served by rank 0 here, so its host must be one.
+absl::Status CheckHostIsLocal(const std::string& host);
+
 // Meets the other ranks and returns a connected GlooCommunicator.
 //  1. Every rank publishes its fingerprint and waits for all others':
 //     a missing rank is DeadlineExceeded naming it; a different fingerprint
