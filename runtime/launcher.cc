@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -78,6 +79,8 @@ constexpr auto kLostPeerGrace = std::chrono::seconds(3);
 // came: a failure every rank meets at start (a checkpoint that does not fit
 // the program) is one line, a rank failing mid-run still shows at once.
 constexpr auto kErrorHold = std::chrono::seconds(1);
+// A rank's held `error:` lines the job's line notes at most, then how many more.
+constexpr int kHeldNotes = 3;
 
 // Whether a rank's error says it failed because a peer went away (the
 // communicators' "connection lost"), not for a reason of its own.
@@ -209,8 +212,15 @@ struct Worker {
   Stream out, err;
   int log_fd = -1;
   std::string last_error_line;   // last line starting with "error:"
-  // Its stderr's `error:` lines not relayed yet, and when each came (kErrorHold).
-  std::vector<std::pair<Clock::time_point, std::string>> held_errors;
+  // Its stderr lines not relayed yet, in order: from its first `error:`
+  // line held (kErrorHold), every stderr line after it waits behind it.
+  struct HeldLine {
+    Clock::time_point when;
+    std::string line;
+    bool error;
+  };
+  std::deque<HeldLine> held;
+  std::set<std::string> relayed_errors;  // the `error:` lines relayed, as notes would say them
   std::string last_stderr_line;  // last non-blank stderr line
   // Stopped (SIGSTOP, a debugger) when the job was to stop, so killed at
   // once: it could not finish its step or save, and its peers' errors about
@@ -498,37 +508,49 @@ class Launcher {
   void EmitLine(Worker& w, const Stream& s, absl::string_view line) {
     if (w.log_fd >= 0) WriteAll(w.log_fd, absl::StrCat(line, "\n"));
     absl::string_view trimmed = absl::StripAsciiWhitespace(line);
-    // A rank's error waits for the job's one error line (kErrorHold).
+    // A rank's error waits for the job's one error line (kErrorHold), and
+    // its stderr lines after it wait behind it.
     const bool error = s.is_stderr && absl::StartsWith(trimmed, "error:");
-    if (error) w.held_errors.emplace_back(Clock::now(), std::string(line));
+    const bool hold = s.is_stderr && (error || !w.held.empty());
+    if (hold) w.held.push_back({Clock::now(), std::string(line), error});
     int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
-    if (!error && dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
+    if (!hold && dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
     if (absl::StartsWith(trimmed, "error:")) w.last_error_line = std::string(trimmed);
     if (s.is_stderr && !trimmed.empty()) w.last_stderr_line = std::string(trimmed);
   }
 
-  // Relays the held `error:` lines that waited kErrorHold (all: every one).
-  void RelayHeldErrors(bool all) {
+  // "rank R: TEXT" of a held `error:` line, as a note says it.
+  static std::string ErrorNote(const Worker& w, absl::string_view line) {
+    line = absl::StripAsciiWhitespace(line);
+    absl::ConsumePrefix(&line, "error:");
+    return absl::StrCat("rank ", w.rank, ": ", WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(line)));
+  }
+
+  // Relays a rank's held lines in order, up to the first `error:` line not
+  // yet due (all: every one). A rank that has exited failing keeps its
+  // lines for the job's line, whose end is near (the cause grace, the stop).
+  void RelayHeldLines(bool all) {
     const Clock::time_point now = Clock::now();
     for (Worker& w : workers_) {
-      auto due = w.held_errors.begin();
-      while (due != w.held_errors.end() && (all || now - due->first >= kErrorHold)) {
-        if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", due->second, "\n"))) {
+      if (!all && !w.running && !w.outcome.ok()) continue;
+      while (!w.held.empty() && (all || !w.held.front().error || now - w.held.front().when >= kErrorHold)) {
+        const Worker::HeldLine& h = w.held.front();
+        if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", h.line, "\n"))) {
           stderr_fd_ = -1;
         }
-        ++due;
+        if (h.error) w.relayed_errors.insert(ErrorNote(w, h.line));
+        w.held.pop_front();
       }
-      w.held_errors.erase(w.held_errors.begin(), due);
     }
   }
 
-  // When the next held `error:` line is due; none when none is held.
-  std::optional<Clock::time_point> NextHeldErrorDue() const {
+  // When the next held line is due; none when none can be.
+  std::optional<Clock::time_point> NextHeldLineDue() const {
     std::optional<Clock::time_point> next;
     for (const Worker& w : workers_) {
-      if (!w.held_errors.empty() && (!next || w.held_errors.front().first + kErrorHold < *next)) {
-        next = w.held_errors.front().first + kErrorHold;
-      }
+      if (w.held.empty() || (!w.running && !w.outcome.ok())) continue;
+      const Clock::time_point due = w.held.front().when + kErrorHold;
+      if (!next || due < *next) next = due;
     }
     return next;
   }
@@ -629,7 +651,7 @@ class Launcher {
       if (stopping_ && !killed_) timeout_ms = std::min(timeout_ms, MillisecondsUntil(kill_deadline_));
       if (drain_deadline) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*drain_deadline));
       if (decide_at) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*decide_at));
-      if (auto due = NextHeldErrorDue()) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*due));
+      if (auto due = NextHeldLineDue()) timeout_ms = std::min(timeout_ms, MillisecondsUntil(*due));
       int ready = poll(fds.data(), fds.size(), timeout_ms);
       if (ready < 0 && errno != EINTR) {
         BeginStop(SIGKILL);
@@ -639,7 +661,7 @@ class Launcher {
       for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
         if (fds[i].revents != 0) ReadStream(*streams[i - 1].first, *streams[i - 1].second);
       }
-      RelayHeldErrors(false);
+      RelayHeldLines(false);
       std::vector<int> failed = Reap();
       if (failed_rank_ < 0 && !failed.empty()) {
         pending_failed.insert(pending_failed.end(), failed.begin(), failed.end());
@@ -704,26 +726,53 @@ class Launcher {
       for (const auto& [rank, text] : records) consequences_.push_back(text);
       // The errors not relayed yet, which the store did not record (a
       // tcp:// store goes with rank 0) or which came before a rank's last
-      // (the one its failure names), each a note "rank R: ...".
+      // (the one its failure names), each a note "rank R: ..." (the first
+      // kHeldNotes of a rank, then how many more); the rank's other held
+      // lines go out as they came. An error relayed already is no note.
       absl::string_view named = message;
       if (named.empty()) named = workers_[failed_rank_].outcome.last_error_line;
       absl::ConsumePrefix(&named, "error:");
-      named = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(named));
+      const std::string named_note =
+          absl::StrCat("rank ", failed_rank_, ": ", WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(named)));
+      std::set<std::string> noted(consequences_.begin(), consequences_.end());
       for (Worker& w : workers_) {
-        for (const auto& [when, held] : w.held_errors) {
-          absl::string_view line = absl::StripAsciiWhitespace(held);
-          absl::ConsumePrefix(&line, "error:");
-          line = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(line));
-          if (line.empty() || (w.rank == failed_rank_ && line == named)) continue;
-          std::string note = absl::StrCat("rank ", w.rank, ": ", line);
-          if (!absl::c_linear_search(consequences_, note)) consequences_.push_back(std::move(note));
+        int added = 0, more = 0;
+        for (const Worker::HeldLine& h : w.held) {
+          if (!h.error) {
+            if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", h.line, "\n"))) {
+              stderr_fd_ = -1;
+            }
+            continue;
+          }
+          std::string note = ErrorNote(w, h.line);
+          if (note == named_note || noted.count(note) > 0) continue;
+          if (added >= kHeldNotes) {
+            ++more;
+            continue;
+          }
+          noted.insert(note);
+          consequences_.push_back(std::move(note));
+          ++added;
         }
-        w.held_errors.clear();
+        if (more > 0) {
+          consequences_.push_back(absl::StrCat("rank ", w.rank, ": ", more, " more error line", more == 1 ? "" : "s",
+                                               options_.log_dir.empty() ? "" : absl::StrCat(" (", LogPath(w.rank), ")")));
+        }
+        w.held.clear();
       }
+      // What was relayed as it came is said once.
+      consequences_.erase(std::remove_if(consequences_.begin(), consequences_.end(),
+                                         [&](const std::string& c) {
+                                           for (const Worker& w : workers_) {
+                                             if (w.relayed_errors.count(c) > 0) return true;
+                                           }
+                                           return false;
+                                         }),
+                          consequences_.end());
       return absl::AbortedError(FoldAlike(FailureMessage(workers_[failed_rank_], message), message));
     }
-    // No failure names them: the errors still held go out as they came.
-    RelayHeldErrors(true);
+    // No failure names them: the lines still held go out as they came.
+    RelayHeldLines(true);
     // A stop signal (to the launcher, or to one worker, which every rank
     // then honours): 128 + that signal, as a process it stopped; unless it
     // came too late to stop anything (during the last evaluation or save),
@@ -773,14 +822,14 @@ class Launcher {
     std::vector<std::string> rest;
     for (const std::string& c : consequences_) {
       int rank;
-      if (WithoutRankPrefix(c, &rank) == own && rank >= 0) {
-        alike.push_back(rank);
-      } else {
+      if (WithoutRankPrefix(c, &rank) != own || rank < 0) {
         rest.push_back(c);
+      } else if (rank != failed_rank_ && !absl::c_linear_search(alike, rank)) {
+        alike.push_back(rank);  // (the failed rank's own record again says nothing new)
       }
     }
-    if (alike.empty()) return failure;
     consequences_ = std::move(rest);
+    if (alike.empty()) return failure;
     return absl::StrCat(failure, "; ", alike.size() == 1 ? "rank " : "ranks ", absl::StrJoin(alike, ", "),
                         " failed alike");
   }

@@ -355,6 +355,22 @@ TEST_F(LaunchFixture, ErrorsNoFailureSaysAreNotLost) {
     EXPECT_THAT(seen_while_running, HasSubstr("[rank 1] error: disk full writing ck/step-5\n"));
     ASSERT_FALSE(result.ok());
     EXPECT_EQ(result.status().message(), "rank 1 failed (exit 1): cleanup failed");
+    EXPECT_THAT(report.consequences, ElementsAre());  // shown already
+    ExpectNoProcessLeft(report);
+  }
+  {
+    // Many errors before the one named: three notes, then how many more;
+    // a line after the error (a hint) goes out after it, not before.
+    ASSERT_EQ(ftruncate(err_fd_, 0), 0);
+    LaunchOptions o = Options(2, {"--fail_rank=1", "--error_lines=9", "--error=cleanup failed",
+                                  "--hint=(did you mean bar?)"});
+    LaunchReport report;
+    auto result = LaunchWorkers(o, &report);
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().message(), "rank 1 failed (exit 1): cleanup failed");
+    EXPECT_THAT(report.consequences, ElementsAre("rank 1: bad sample 0", "rank 1: bad sample 1",
+                                                 "rank 1: bad sample 2", "rank 1: 6 more error lines"));
+    EXPECT_EQ(Stderr(), "[rank 1] (did you mean bar?)\n");
     ExpectNoProcessLeft(report);
   }
   {
@@ -370,12 +386,13 @@ TEST_F(LaunchFixture, ErrorsNoFailureSaysAreNotLost) {
   }
   {
     ASSERT_EQ(ftruncate(err_fd_, 0), 0);
-    LaunchOptions o = Options(2, {"--fail_rank=1", "--exit_code=0", "--error=odd but not fatal"});
+    LaunchOptions o =
+        Options(2, {"--fail_rank=1", "--exit_code=0", "--error=odd but not fatal", "--hint=(carrying on)"});
     LaunchReport report;
     auto result = LaunchWorkers(o, &report);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(*result, 0);
-    EXPECT_THAT(Stderr(), HasSubstr("[rank 1] error: odd but not fatal\n"));
+    EXPECT_EQ(Stderr(), "[rank 1] error: odd but not fatal\n[rank 1] (carrying on)\n");
     ExpectNoProcessLeft(report);
   }
 }

@@ -35,6 +35,13 @@ def load(p):
         if "summary" in r: summ = r["summary"]
         elif "eval" in r: evals[(r["eval"], r["step"])] = r
         elif "loss" in r:
+            if steps and r["step"] <= max(steps):
+                # A run resumed into the same file (--load appends): its steps
+                # from here replace the file's, the updates they end too.
+                for st in [st for st in steps if st >= r["step"]]: del steps[st]
+                for u in [u for st, u in ends if st >= r["step"]]: del updates[u], sizes[u]
+                ends = [(st, u) for st, u in ends if st < r["step"]]
+                pending = []
             steps[r["step"]] = r["loss"]
             pending.append(r["loss"])
             if "optimizer_step" in r:
@@ -50,15 +57,15 @@ def load(p):
         # k: the steps between two updates' ends, or with one update in the
         # file, its step over its number.
         gaps = [s2 - s1 for (s1, _), (s2, _) in zip(ends, ends[1:])]
-        k = min(gaps) if gaps else max(1, ends[0][0] // max(ends[0][1], 1))
+        k = max(1, min(gaps) if gaps else ends[0][0] // max(ends[0][1], 1))
         partial = [u for u, n in sizes.items() if n < k]
         for u in partial: del updates[u]
     return steps, evals, summ, (updates if merged else None), partial, k
 a, ea, sa, ua, pa, ka = load(sys.argv[1]); b, eb, sb, ub, pb, kb = load(sys.argv[2])
-if ua is not None and ub is not None:
-    # Both under gradient merge (a resumed run and the uninterrupted one, the
-    # same merge): step against step.
-    print(f"both under gradient merge: compared step by step")
+if ua is not None and ub is not None and ka == kb:
+    # Both under the same gradient merge (a resumed run and the
+    # uninterrupted one): step against step.
+    print(f"both under gradient merge of {ka} steps: compared step by step")
     ua = ub = None
 if ua is not None or ub is not None:
     for name, steps, u, part, k in ((sys.argv[1], a, ua, pa, ka), (sys.argv[2], b, ub, pb, kb)):

@@ -22,7 +22,7 @@ J
 grep -E '"step": [4-6],' "$tmp/ref.jsonl" >"$tmp/resumed.jsonl"
 out=$(/usr/bin/python3 "$cm" "$tmp/resumed.jsonl" "$tmp/ref.jsonl") || fail "exit $?: $out"
 echo "$out"
-echo "$out" | grep -q "both under gradient merge: compared step by step" || fail "not compared step by step"
+echo "$out" | grep -q "both under gradient merge of 2 steps: compared step by step" || fail "not compared step by step"
 echo "$out" | grep -q ": 3 steps, bit-identical=True" || fail "the resumed run is not bit-identical"
 echo "$out" | grep -q "eval test step 6: loss 1.125000 vs 1.125000, accuracy 0.5000 vs 0.5000" ||
   fail "the evaluations are not paired by step"
@@ -47,6 +47,18 @@ sed 's/"loss": 1.0,/"loss": 0.875,/' "$tmp/ref.jsonl" >"$tmp/other.jsonl"
 out=$(/usr/bin/python3 "$cm" "$tmp/other.jsonl" "$tmp/one.jsonl") || fail "exit $?: $out"
 echo "$out" | grep -q "3 updates, bit-identical=False, max rel diff 0.0556 at update 3, first update over 1e-4: 3" ||
   fail "the difference is not at update 3: $out"
+# A run resumed into its own file (--load appends): steps 4 and 5 again,
+# then 6; the repeated steps replace the first ones, and update 2, which the
+# resumed run saw only the end of, is left out.
+{ grep -E '"step": [1-5],' "$tmp/ref.jsonl"; grep -E '"step": [4-6],' "$tmp/ref.jsonl"; } >"$tmp/appended.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/appended.jsonl" "$tmp/one.jsonl") || fail "exit $?: $out"
+echo "$out" | grep -q "gradient merge, 6 steps, 2 updates; each update's loss is the mean of its 2 steps' losses; update 2 left out" ||
+  fail "the appended resume is misread: $out"
+echo "$out" | grep -q ": 2 updates, bit-identical=True" || fail "the appended resume differs: $out"
+# Merges of different k are compared update against update, not step by step.
+sed 's/, "optimizer_step": [0-9]*//' "$tmp/ref.jsonl" | awk '/"step": 4,/ {sub(/}$/, ", \"optimizer_step\": 1}")} {print}' >"$tmp/k4.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/k4.jsonl" "$tmp/ref.jsonl" 2>&1) || true
+echo "$out" | grep -q "compared step by step" && fail "merges of 4 and 2 steps compared step by step: $out"
 # Nothing in common: an error.
 : >"$tmp/empty.jsonl"
 if out=$(/usr/bin/python3 "$cm" "$tmp/empty.jsonl" "$tmp/ref.jsonl" 2>&1); then fail "an empty file compared: $out"; fi

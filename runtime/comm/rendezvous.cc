@@ -172,8 +172,9 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
 }  // namespace
 
 absl::Status CheckHostIsLocal(const std::string& host) {
+  // IPv4, as a tcp:// store's server listens (TcpStore: INADDR_ANY).
   struct addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
+  hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* result = nullptr;
   const int rv = getaddrinfo(host.c_str(), "0", &hints, &result);
@@ -195,7 +196,7 @@ absl::Status CheckHostIsLocal(const std::string& host) {
   freeaddrinfo(result);
   if (!local) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the store's host '", host, "' is not an address of this machine (", why, ")"));
+        absl::StrCat("the store's host '", host, "' is not an IPv4 address of this machine (", why, ")"));
   }
   return absl::OkStatus();
 }

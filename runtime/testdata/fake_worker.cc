@@ -9,6 +9,8 @@
 //   --fail_all           every rank fails so (with --rank_prefix, printing "error: rank R: MSG")
 //   --first_error=MSG    a failing rank prints "error: MSG" before its error
 //   --error_linger_ms=T  a failing rank waits T ms after its error before it exits
+//   --error_lines=N      a failing rank prints "error: bad sample i" N times first
+//   --hint=MSG           a failing rank prints MSG on stderr after its error
 //   --crash_rank=R       rank R raises SIGSEGV
 //   --delay_ms=T         wait T ms before failing or crashing
 //   --lost_peer_rank=R   rank R prints "error: ... connection lost ..." and exits 1 at once
@@ -128,12 +130,14 @@ int main(int argc, char** argv) {
   if (fails || crashes) usleep(num("delay_ms", 0) * 1000);
   if (fails) {
     const char* error = has("error") ? flags["error"].c_str() : "failed";
+    for (int i = 0; i < num("error_lines", 0); ++i) fprintf(stderr, "error: bad sample %d\n", i);
     if (has("first_error")) fprintf(stderr, "error: %s\n", flags["first_error"].c_str());
     if (has("rank_prefix")) {
       fprintf(stderr, "error: rank %d: %s\n", rank, error);
     } else {
       fprintf(stderr, "error: %s\n", error);
     }
+    if (has("hint")) fprintf(stderr, "%s\n", flags["hint"].c_str());
     if (has("error_linger_ms")) usleep(num("error_linger_ms", 0) * 1000);
     return num("exit_code", 1);
   }
