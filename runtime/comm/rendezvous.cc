@@ -159,10 +159,16 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
                         ": give each process its own rank, and each job its own port");
   }
   if (absl::StartsWith(spec, "redis://")) {
+    // The command names the server, so pasted anywhere it deletes these keys.
+    std::string host;
+    int port = 0;
+    const std::string server =
+        StoreHostPort(spec, &host, &port).ok() ? absl::StrCat(" -h ", host, " -p ", port) : std::string();
     return absl::StrCat(twice, ", or an earlier job with ", job,
                         " left its keys in this store (a failed job's expire after a day): give this job another "
-                        "--job_id, or delete them (redis-cli --scan --pattern '",
-                        options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id), "/*' | xargs redis-cli del)");
+                        "--job_id, or delete them (redis-cli",
+                        server, " --scan --pattern '", options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id),
+                        "/*' | xargs redis-cli", server, " del)");
   }
   return absl::StrCat(twice, ", or an earlier job with ", job, " left its keys in ",
                       spec.empty() ? "this store" : spec,

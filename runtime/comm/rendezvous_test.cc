@@ -114,6 +114,16 @@ TEST(RendezvousTest, RedisStoreWithARealServer) {
     ASSERT_TRUE(comm.ok()) << comm.status();
     ExchangeAndCheck(**comm);
   });
+  // The first group's keys are still there: a rank meeting again is told
+  // how to delete them on this server (its host and port in the command).
+  absl::StatusOr<std::unique_ptr<Communicator>> again = Rendezvous(Options(0, 2, spec));
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(StoreHostPort(spec, &host, &port).ok());
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr(absl::StrCat("(redis-cli -h ", host, " -p ", port, " --scan --pattern 'strata/*' | xargs ",
+                                     "redis-cli -h ", host, " -p ", port, " del)")));
 }
 
 TEST(RendezvousTest, DifferentFingerprintIsRefusedOnEveryRankNamingBoth) {
