@@ -10,7 +10,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 # process $3, if given (a job of a million steps), and fails.
 training() {
   for _ in $(seq 600); do
-    [ "$(grep -c '"step"' "$1" 2>/dev/null)" -ge "$2" ] && return
+    n=$(grep -c '"step"' "$1" 2>/dev/null)  # nothing while the file is not there yet
+    [ "${n:-0}" -ge "$2" ] && return
     sleep 0.1
   done
   [ -n "${3:-}" ] && kill "$3" 2>/dev/null
