@@ -220,7 +220,6 @@ struct Worker {
     bool error;
   };
   std::deque<HeldLine> held;
-  std::set<std::string> relayed_errors;  // the `error:` lines relayed, as notes would say them
   std::string last_stderr_line;  // last non-blank stderr line
   // Stopped (SIGSTOP, a debugger) when the job was to stop, so killed at
   // once: it could not finish its step or save, and its peers' errors about
@@ -514,12 +513,17 @@ class Launcher {
     const bool hold = s.is_stderr && (error || !w.held.empty());
     if (hold) w.held.push_back({Clock::now(), std::string(line), error});
     int& dest = s.is_stderr ? stderr_fd_ : stdout_fd_;
-    if (!hold && dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
+    if (!hold) RelayLine(dest, w, line);
     if (absl::StartsWith(trimmed, "error:")) w.last_error_line = std::string(trimmed);
     if (s.is_stderr && !trimmed.empty()) w.last_stderr_line = std::string(trimmed);
   }
 
-  // "rank R: TEXT" of a held `error:` line, as a note says it.
+  // "[rank R] LINE" to `dest` (-1 once it is gone).
+  static void RelayLine(int& dest, const Worker& w, absl::string_view line) {
+    if (dest >= 0 && !WriteAll(dest, absl::StrCat("[rank ", w.rank, "] ", line, "\n"))) dest = -1;
+  }
+
+  // "rank R: TEXT" of an `error:` line (or of a store's record, "rank R: TEXT"), as a note says it.
   static std::string ErrorNote(const Worker& w, absl::string_view line) {
     line = absl::StripAsciiWhitespace(line);
     absl::ConsumePrefix(&line, "error:");
@@ -535,10 +539,8 @@ class Launcher {
       if (!all && !w.running && !w.outcome.ok()) continue;
       while (!w.held.empty() && (all || !w.held.front().error || now - w.held.front().when >= kErrorHold)) {
         const Worker::HeldLine& h = w.held.front();
-        if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", h.line, "\n"))) {
-          stderr_fd_ = -1;
-        }
-        if (h.error) w.relayed_errors.insert(ErrorNote(w, h.line));
+        RelayLine(stderr_fd_, w, h.line);
+        if (h.error) relayed_errors_.insert(ErrorNote(w, h.line));
         w.held.pop_front();
       }
     }
@@ -729,19 +731,14 @@ class Launcher {
       // (the one its failure names), each a note "rank R: ..." (the first
       // kHeldNotes of a rank, then how many more); the rank's other held
       // lines go out as they came. An error relayed already is no note.
-      absl::string_view named = message;
-      if (named.empty()) named = workers_[failed_rank_].outcome.last_error_line;
-      absl::ConsumePrefix(&named, "error:");
-      const std::string named_note =
-          absl::StrCat("rank ", failed_rank_, ": ", WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(named)));
+      const std::string named_note = ErrorNote(
+          workers_[failed_rank_], message.empty() ? workers_[failed_rank_].outcome.last_error_line : message);
       std::set<std::string> noted(consequences_.begin(), consequences_.end());
       for (Worker& w : workers_) {
         int added = 0, more = 0;
         for (const Worker::HeldLine& h : w.held) {
           if (!h.error) {
-            if (stderr_fd_ >= 0 && !WriteAll(stderr_fd_, absl::StrCat("[rank ", w.rank, "] ", h.line, "\n"))) {
-              stderr_fd_ = -1;
-            }
+            RelayLine(stderr_fd_, w, h.line);
             continue;
           }
           std::string note = ErrorNote(w, h.line);
@@ -762,14 +759,9 @@ class Launcher {
       }
       // What was relayed as it came is said once.
       consequences_.erase(std::remove_if(consequences_.begin(), consequences_.end(),
-                                         [&](const std::string& c) {
-                                           for (const Worker& w : workers_) {
-                                             if (w.relayed_errors.count(c) > 0) return true;
-                                           }
-                                           return false;
-                                         }),
+                                         [&](const std::string& c) { return relayed_errors_.count(c) > 0; }),
                           consequences_.end());
-      return absl::AbortedError(FoldAlike(FailureMessage(workers_[failed_rank_], message), message));
+      return absl::AbortedError(FoldAlike(FailureMessage(workers_[failed_rank_], message), named_note));
     }
     // No failure names them: the lines still held go out as they came.
     RelayHeldLines(true);
@@ -810,13 +802,10 @@ class Launcher {
   }
 
   // The failure message, with the other ranks whose error says the same as
-  // the failed rank's (but for its "rank R: ") named in it instead of in a
-  // note each: "...; ranks 1, 2 failed alike".
-  std::string FoldAlike(std::string failure, const std::string& message) {
-    absl::string_view own = message.empty() ? absl::string_view(workers_[failed_rank_].outcome.last_error_line)
-                                            : absl::string_view(message);
-    absl::ConsumePrefix(&own, "error:");
-    own = WithoutRankPrefix(absl::StripLeadingAsciiWhitespace(own));
+  // the failed rank's (`named`, "rank R: TEXT") but for its rank named in it
+  // instead of in a note each: "...; ranks 1, 2 failed alike".
+  std::string FoldAlike(std::string failure, const std::string& named) {
+    const absl::string_view own = WithoutRankPrefix(named);
     if (own.empty()) return failure;
     std::vector<int> alike;
     std::vector<std::string> rest;
@@ -890,6 +879,7 @@ class Launcher {
   bool stopping_ = false;
   bool killed_ = false;
   int killed_at_signal_ = 0;  // the signal that had the workers killed at once while they stopped
+  std::set<std::string> relayed_errors_;  // the `error:` lines relayed as they came, as notes would say them
   bool lost_peer_grace_ = false;  // the wait for a lost peer to show has been extended once
   Clock::time_point kill_deadline_;
   int failed_rank_ = -1;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -117,36 +118,53 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& ifname) {
                                           absl::StrJoin(names, ", "), ")"));
 }
 
-// The local address the kernel would send from to reach host:port (a UDP
-// connect sends nothing; it only picks the route).
-absl::StatusOr<std::string> RouteSourceAddress(const std::string& host, int port) {
+// Resolves the store's host and tries `attempt` on a socket of each of its
+// addresses (of `family`) in turn: true once one attempt succeeds, false
+// with the last failure's errno text in `why`; an error when the host does
+// not resolve.
+absl::StatusOr<bool> TryStoreHostAddresses(const std::string& host, int port, int family, int socktype,
+                                           const std::function<bool(int fd, const struct addrinfo& a)>& attempt,
+                                           std::string* why) {
   struct addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_family = family;
+  hints.ai_socktype = socktype;
   struct addrinfo* result = nullptr;
   const int rv = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &result);
   if (rv != 0) {
     return absl::UnavailableError(absl::StrCat("cannot resolve the store's host '", host, "': ", gai_strerror(rv)));
   }
-  std::string address;
-  std::string why = "no address";
-  for (const struct addrinfo* a = result; a != nullptr && address.empty(); a = a->ai_next) {
-    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  bool done = false;
+  *why = "no address";
+  for (const struct addrinfo* a = result; a != nullptr && !done; a = a->ai_next) {
+    const int fd = socket(a->ai_family, socktype | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    struct sockaddr_storage local = {};
-    socklen_t length = sizeof(local);
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
-      address = AddressText(reinterpret_cast<const sockaddr*>(&local));
-    } else {
-      why = std::strerror(errno);
-    }
+    done = attempt(fd, *a);
+    if (!done) *why = std::strerror(errno);
     close(fd);
   }
   freeaddrinfo(result);
-  if (address.empty()) {
-    return absl::UnavailableError(absl::StrCat("no route to the store's host '", host, "': ", why));
-  }
+  return done;
+}
+
+// The local address the kernel would send from to reach host:port (a UDP
+// connect sends nothing; it only picks the route).
+absl::StatusOr<std::string> RouteSourceAddress(const std::string& host, int port) {
+  std::string address, why;
+  const absl::StatusOr<bool> routed = TryStoreHostAddresses(
+      host, port, AF_UNSPEC, SOCK_DGRAM,
+      [&](int fd, const struct addrinfo& a) {
+        struct sockaddr_storage local = {};
+        socklen_t length = sizeof(local);
+        if (connect(fd, a.ai_addr, a.ai_addrlen) != 0 ||
+            getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+          return false;
+        }
+        address = AddressText(reinterpret_cast<const sockaddr*>(&local));
+        return true;
+      },
+      &why);
+  if (!routed.ok()) return routed.status();
+  if (!*routed) return absl::UnavailableError(absl::StrCat("no route to the store's host '", host, "': ", why));
   return address;
 }
 
@@ -170,8 +188,7 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
                         server, " --scan --pattern '", options.job_id.empty() ? "strata" : JobKeyPrefix(options.job_id),
                         "/*' | xargs redis-cli", server, " del)");
   }
-  return absl::StrCat(twice, ", or an earlier job with ", job, " left its keys in ",
-                      spec.empty() ? "this store" : spec,
+  return absl::StrCat(twice, ", or an earlier job with ", job, " left its keys in ", spec.empty() ? "this store" : spec,
                       ": give this job another --job_id or an empty folder");
 }
 
@@ -179,28 +196,12 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
 
 absl::Status CheckHostIsLocal(const std::string& host) {
   // IPv4, as a tcp:// store's server listens (TcpStore: INADDR_ANY).
-  struct addrinfo hints = {};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  struct addrinfo* result = nullptr;
-  const int rv = getaddrinfo(host.c_str(), "0", &hints, &result);
-  if (rv != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve the store's host '", host, "': ", gai_strerror(rv)));
-  }
-  bool local = false;
-  std::string why = "no address";
-  for (const struct addrinfo* a = result; a != nullptr && !local; a = a->ai_next) {
-    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      local = true;
-    } else {
-      why = std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(result);
-  if (!local) {
+  std::string why;
+  const absl::StatusOr<bool> local = TryStoreHostAddresses(
+      host, 0, AF_INET, SOCK_STREAM,
+      [](int fd, const struct addrinfo& a) { return bind(fd, a.ai_addr, a.ai_addrlen) == 0; }, &why);
+  if (!local.ok()) return local.status();
+  if (!*local) {
     return absl::FailedPreconditionError(
         absl::StrCat("the store's host '", host, "' is not an IPv4 address of this machine (", why, ")"));
   }
