@@ -202,6 +202,36 @@ absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, 
   return absl::OkStatus();
 }
 
+absl::Status CheckDisabledPasses(const Strategy& strategy, DeviceKind device,
+                                 const std::vector<std::string>& disabled) {
+  const std::vector<std::string> optional = OptionalPassNames(strategy, device);
+  for (const std::string& name : disabled) {
+    if (std::find(optional.begin(), optional.end(), name) == optional.end()) {
+      // A pass that runs here is required; one that does not may run elsewhere.
+      const std::vector<std::string> here = CompilePassNames(strategy, device);
+      const std::string where = std::find(here.begin(), here.end(), name) == here.end()
+                                    ? WherePassRuns(name, strategy, device)
+                                    : "";
+      // Optional where it runs (a fusion), or required there too.
+      Strategy everything = strategy;
+      everything.mutable_mixed_precision()->set_dtype(BF16);
+      everything.set_allow_tf32(true);
+      std::vector<std::string> fusions = OptionalPassNames(everything, DEVICE_CUDA);
+      for (std::string& n : OptionalPassNames(everything, DEVICE_CPU)) fusions.push_back(std::move(n));
+      const bool fusion = std::find(fusions.begin(), fusions.end(), name) != fusions.end();
+      std::string why = where.empty() && std::find(here.begin(), here.end(), name) != here.end() ? "it is required; " : "";
+      if (!where.empty()) {
+        why = fusion ? absl::StrCat("it runs only with ", where, "; ")
+                     : absl::StrCat("it is required where it runs (with ", where, "); ");
+      }
+      return absl::InvalidArgumentError(absl::StrCat("cannot disable pass '", name, "': ", why,
+                                                     "the optional passes here are ",
+                                                     optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // The layout the ranks share, known once the program-level passes have run.
@@ -222,32 +252,7 @@ absl::Status ValidateInputs(Program& program, const Strategy& strategy, const Co
   result.pass_names = {"validate"};
   if (options.dump_after == "validate") result.dumped = program;
   STRATA_RETURN_IF_ERROR(ValidateStrategy(strategy, program, options.batch_size, strategy_file));
-  const std::vector<std::string> optional = OptionalPassNames(strategy, options.device_kind);
-  for (const std::string& name : options.disabled_passes) {
-    if (std::find(optional.begin(), optional.end(), name) == optional.end()) {
-      // A pass that runs here is required; one that does not may run elsewhere.
-      const std::vector<std::string> here = CompilePassNames(strategy, options.device_kind);
-      const std::string where = std::find(here.begin(), here.end(), name) == here.end()
-                                    ? WherePassRuns(name, strategy, options.device_kind)
-                                    : "";
-      // Optional where it runs (a fusion), or required there too.
-      Strategy everything = strategy;
-      everything.mutable_mixed_precision()->set_dtype(BF16);
-      everything.set_allow_tf32(true);
-      std::vector<std::string> fusions = OptionalPassNames(everything, DEVICE_CUDA);
-      for (std::string& n : OptionalPassNames(everything, DEVICE_CPU)) fusions.push_back(std::move(n));
-      const bool fusion = std::find(fusions.begin(), fusions.end(), name) != fusions.end();
-      std::string why;
-      if (!where.empty()) {
-        why = fusion ? absl::StrCat("it runs only with ", where, "; ")
-                     : absl::StrCat("it is required where it runs (with ", where, "); ");
-      }
-      return absl::InvalidArgumentError(absl::StrCat("cannot disable pass '", name, "': ", why,
-                                                     "the optional passes here are ",
-                                                     optional.empty() ? "none" : absl::StrJoin(optional, ", ")));
-    }
-  }
-  return absl::OkStatus();
+  return CheckDisabledPasses(strategy, options.device_kind, options.disabled_passes);
 }
 
 // The validated program as a Graph, through the program-level pipeline

@@ -45,6 +45,13 @@ struct CompileResult {
 absl::Status ValidateStrategy(const Strategy& strategy, const Program& program, int64_t batch_size,
                               const std::string& strategy_file);
 
+// Checks the passes a compile is asked to leave out (--disable_passes): each
+// must be an optional pass (a fusion) that runs for `strategy` on `device`.
+// The error names the pass, where it runs if not here, and the passes that
+// may be left out here.
+absl::Status CheckDisabledPasses(const Strategy& strategy, DeviceKind device,
+                                 const std::vector<std::string>& disabled);
+
 // The whole compiler: validate and infer, autodiff, recompute, optimizer,
 // pipeline split, data parallel, gradient merge (the program passes, with the
 // verifier between them), then per rank the schedule and the memory plan.

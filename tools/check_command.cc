@@ -315,6 +315,10 @@ int CheckCommand(const std::string& path) {
     std::cerr << "error: --device_memory_gib " << gib << ": expected a size in GiB, 0 for the device's own\n";
     return kExitUsage;
   }
+  if (absl::Status s = CheckPassFlags(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitUsage;
+  }
   auto result = CompileFromFlags(path);
   if (!result.ok()) {
     std::cerr << "error: " << result.status().message() << "\n";

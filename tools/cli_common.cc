@@ -5,10 +5,13 @@
 #include <map>
 #include <string>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "compiler/program_text.h"
+#include "passes/pipeline_builder.h"
 #include "runtime/kernel.h"
 #include "tools/cli_flags.h"
 
@@ -83,6 +86,28 @@ absl::StatusOr<Strategy> StrategyFromFlags() {
   const std::string path = absl::GetFlag(FLAGS_strategy);
   if (path.empty()) return Strategy();
   return ReadStrategyFile(UserPath(path));
+}
+
+absl::Status CheckPassFlags() {
+  auto strategy = StrategyFromFlags();
+  auto device = DeviceKindFromFlags();
+  // A strategy that cannot be read is the compile's error to report.
+  if (!strategy.ok() || !device.ok()) return absl::OkStatus();
+  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
+  if (!dump_after.empty()) {
+    const std::vector<std::string> passes = CompilePassNames(*strategy, *device);
+    if (!absl::c_linear_search(passes, dump_after)) {
+      const std::string where = WherePassRuns(dump_after, *strategy, *device);
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dump_after '", dump_after, "': ",
+                       where.empty() ? "no such pass" : absl::StrCat("that pass runs only with ", where),
+                       " (this compile's passes: ", absl::StrJoin(passes, ", "), ")"));
+    }
+  }
+  if (absl::Status s = CheckDisabledPasses(*strategy, *device, absl::GetFlag(FLAGS_disable_passes)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--disable_passes: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 namespace {

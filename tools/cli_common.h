@@ -35,6 +35,11 @@ std::string FirstOpWithoutKernel(const std::vector<RankPlan>& plans, DeviceKind 
 
 // The --strategy file, or the default strategy when none is given.
 absl::StatusOr<Strategy> StrategyFromFlags();
+// --dump_after and --disable_passes against the passes that run for the
+// --strategy and --device, before compiling (the passes depend on those
+// alone, so a program that does not compile still gets the list): a usage
+// error. OK where the strategy or device cannot be read (the compile says so).
+absl::Status CheckPassFlags();
 absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path);
 // The same with the strategy's recompute section cleared (same program, batch
 // and device): what the plans would hold without recompute.

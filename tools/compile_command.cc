@@ -7,12 +7,9 @@
 #include <system_error>
 #include <vector>
 
-#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "compiler/program_text.h"
-#include "passes/pipeline_builder.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -43,25 +40,13 @@ int CompileCommand(const std::string& path) {
     std::cerr << "error: strata compile needs --out DIR\n" << kUsage;
     return kExitUsage;
   }
-  // Flags are checked before anything is written (a usage error leaves --out
-  // as it was) and before compiling: the passes --dump_after may name depend
-  // on the strategy alone, so a program that does not compile still gets the
-  // list. A strategy that cannot be read is the compile's error to report.
-  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
-  if (!dump_after.empty()) {
-    auto strategy = StrategyFromFlags();
-    auto device = DeviceKindFromFlags();
-    if (strategy.ok() && device.ok()) {
-      const std::vector<std::string> passes = CompilePassNames(*strategy, *device);
-      if (!absl::c_linear_search(passes, dump_after)) {
-        const std::string where = WherePassRuns(dump_after, *strategy, *device);
-        std::cerr << "error: --dump_after '" << dump_after << "': "
-                  << (where.empty() ? "no such pass" : absl::StrCat("that pass runs only with ", where))
-                  << " (this compile's passes: " << absl::StrJoin(passes, ", ") << ")\n";
-        return kExitUsage;
-      }
-    }
+  // Flags are checked before anything is written: a usage error leaves --out
+  // as it was.
+  if (absl::Status s = CheckPassFlags(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitUsage;
   }
+  const std::string dump_after = absl::GetFlag(FLAGS_dump_after);
   auto result = CompileFromFlags(path);
   if (!result.ok()) {
     std::cerr << "error: " << result.status().message() << "\n";

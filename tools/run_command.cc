@@ -267,6 +267,10 @@ int CheckRunFlags() {
               << (why.ok() ? "" : absl::StrCat(" (", why.message(), ")")) << "\n";
     return kExitUsage;
   }
+  if (absl::Status s = CheckPassFlags(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return kExitUsage;
+  }
   return 0;
 }
 
