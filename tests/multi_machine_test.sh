@@ -4,7 +4,8 @@
 # the first), over the TCP store rank 0 serves and over a Redis server on the
 # first machine. Each run's losses equal the single-process run's within
 # 1e-5 relative. Ranks pick the address whose route reaches the store (not
-# loopback), and --socket_ifname names one by hand. Needs root to make the
+# loopback), and --socket_ifname names one by hand. Over IPv6 too: the veth
+# ends also carry fd00:231:7::1 and ::2, and MASTER_ADDR names the first. Needs root to make the
 # namespaces; where they cannot be made, the test says so and is skipped.
 set -uo pipefail
 strata=$1
@@ -24,6 +25,7 @@ id=$$
 ns0=strata_m0_$id ns1=strata_m1_$id
 veth0=sv0_$id veth1=sv1_$id
 addr0=10.231.7.1 addr1=10.231.7.2
+v6addr0=fd00:231:7::1 v6addr1=fd00:231:7::2
 cleanup() {
   [ -n "${redis_pid:-}" ] && kill "$redis_pid" 2>/dev/null
   ip netns del "$ns0" 2>/dev/null
@@ -37,6 +39,9 @@ ip netns add "$ns1" || fail "cannot create the second namespace"
 ip link add "$veth0" type veth peer name "$veth1" || skip "cannot create a veth pair"
 ip link set "$veth0" netns "$ns0" && ip link set "$veth1" netns "$ns1" || fail "cannot move the veth ends"
 ip -n "$ns0" addr add "$addr0/24" dev "$veth0" && ip -n "$ns1" addr add "$addr1/24" dev "$veth1" || fail "addresses"
+# nodad: the addresses are usable at once, not after duplicate detection.
+ip -n "$ns0" -6 addr add "$v6addr0/64" dev "$veth0" nodad && ip -n "$ns1" -6 addr add "$v6addr1/64" dev "$veth1" nodad ||
+  fail "IPv6 addresses"
 for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
 ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || fail "cannot bring the veth up"
 
@@ -47,13 +52,13 @@ common=(run "$tmp/mlp.pbtxt" --data synthetic --steps 10 --quiet --comm_timeout_
 
 losses() { sed -n 's/^{"step": [0-9]*, "epoch": [0-9]*, "loss": \([^,]*\),.*/\1/p' "$1"; }
 # The two-machine job: rank 0 on the first namespace, rank 1 on the second.
-two_machines() {  # name, extra args for both ranks
+two_machines() {  # name, extra args for both ranks; $master is MASTER_ADDR
   local name=$1; shift
   rm -f "$tmp/$name.jsonl"
-  ip netns exec "$ns0" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=$addr0 MASTER_PORT=29517 timeout 120 \
+  ip netns exec "$ns0" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=$master MASTER_PORT=29517 timeout 120 \
     "$strata" "${common[@]}" --strategy "$tmp/pp2.strategy.pbtxt" "$@" >/dev/null 2>"$tmp/$name.r0.txt" &
   local r0=$!
-  ip netns exec "$ns1" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=$addr0 MASTER_PORT=29517 timeout 120 \
+  ip netns exec "$ns1" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=$master MASTER_PORT=29517 timeout 120 \
     "$strata" "${common[@]}" --strategy "$tmp/pp2.strategy.pbtxt" --metrics "$tmp/$name.jsonl" "$@" \
     >/dev/null 2>"$tmp/$name.r1.txt"
   local rc1=$?
@@ -67,7 +72,14 @@ two_machines() {  # name, extra args for both ranks
           printf "ok: %s: 10 steps, worst relative loss difference %.2e against one process\n", name, worst }' || exit 1
 }
 
+master=$addr0
 two_machines tcp_store
+# IPv6: the store rank 0 serves on [fd00:231:7::1]:29517, Gloo's pairs over
+# the IPv6 route (torchrun's bare MASTER_ADDR form, then a --store spec).
+master=$v6addr0
+two_machines tcp_store_ipv6
+two_machines tcp_store_ipv6_spec --store "tcp://[$v6addr0]:29520"
+master=$addr0
 # A bogus interface is refused at once, naming the ones there are.
 ip netns exec "$ns0" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=$addr0 MASTER_PORT=29519 timeout 60 \
   "$strata" "${common[@]}" --strategy "$tmp/pp2.strategy.pbtxt" --socket_ifname bogus0 >/dev/null 2>"$tmp/bogus.txt" &&

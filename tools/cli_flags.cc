@@ -65,7 +65,7 @@ ABSL_FLAG(bool, nccl, true,
           "run --nproc N --device gpu with a GPU per rank: tensors between ranks over NCCL (false: over Gloo, "
           "staged through pinned host memory, as for ranks sharing a GPU)");
 ABSL_FLAG(double, comm_timeout_s, 300, "run: seconds a transfer may wait before the job fails naming its channel (1 to 1e6)");
-ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT, tcp://HOST:PORT served by rank 0, or file:///DIR (one machine; default: a FileStore in a fresh temporary folder)");
+ABSL_FLAG(std::string, store, "", "run: where ranks meet: redis://HOST:PORT, tcp://HOST:PORT served by rank 0 (an IPv6 HOST in brackets, [::1]), or file:///DIR (one machine; default: a FileStore in a fresh temporary folder)");
 ABSL_FLAG(std::string, socket_ifname, "",
           "run: network interface the ranks' connections listen on (else STRATA_SOCKET_IFNAME or GLOO_SOCKET_IFNAME; "
           "default: the one whose route reaches the store's host, loopback for one machine); with --device gpu "

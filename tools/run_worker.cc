@@ -83,7 +83,10 @@ int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, Rendezvous
   ropts->store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
   if (ropts->store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
     // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
-    ropts->store_spec = absl::StrCat("tcp://", env.master_addr, ":", env.master_port);
+    // An IPv6 MASTER_ADDR may come bare ("::1", as torchrun takes it) or in brackets.
+    std::string addr = env.master_addr;
+    if (absl::StartsWith(addr, "[") && absl::EndsWith(addr, "]")) addr = addr.substr(1, addr.size() - 2);
+    ropts->store_spec = absl::StrCat("tcp://", HostPortText(addr, env.master_port));
   }
   if (ropts->store_spec.empty()) {
     std::cerr << "error: rank " << env.rank

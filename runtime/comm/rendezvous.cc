@@ -195,15 +195,15 @@ std::string KeyTakenCauses(const RendezvousOptions& options, const std::string& 
 }  // namespace
 
 absl::Status CheckHostIsLocal(const std::string& host) {
-  // IPv4, as a tcp:// store's server listens (TcpStore: INADDR_ANY).
+  // Any family: a tcp:// store's server listens on IPv6 and IPv4 (TcpStore).
   std::string why;
   const absl::StatusOr<bool> local = TryStoreHostAddresses(
-      host, 0, AF_INET, SOCK_STREAM,
+      host, 0, AF_UNSPEC, SOCK_STREAM,
       [](int fd, const struct addrinfo& a) { return bind(fd, a.ai_addr, a.ai_addrlen) == 0; }, &why);
   if (!local.ok()) return local.status();
   if (!*local) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the store's host '", host, "' is not an IPv4 address of this machine (", why, ")"));
+        absl::StrCat("the store's host '", host, "' is not an address of this machine (", why, ")"));
   }
   return absl::OkStatus();
 }

@@ -50,10 +50,10 @@ struct RendezvousOptions {
 // interface (and the ones there are) or the host.
 absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, const std::string& ifname);
 
-// OK when `host` resolves to an IPv4 address of this machine (a socket can
-// bind to it; the store's server listens on IPv4); else why not, naming the
-// host. A tcp:// store under `run --nproc`
-// is served by rank 0 here, so its host must be one.
+// OK when `host` resolves to an address of this machine, IPv4 or IPv6 (a
+// socket can bind to it; the store's server listens on both); else why not,
+// naming the host. A tcp:// store under `run --nproc` is served by rank 0
+// here, so its host must be one.
 absl::Status CheckHostIsLocal(const std::string& host);
 
 // Meets the other ranks and returns a connected GlooCommunicator.

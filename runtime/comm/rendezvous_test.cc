@@ -79,6 +79,30 @@ TEST(RendezvousTest, ThreeRanksOverATcpStoreServedByRankZero) {
   });
 }
 
+// An IPv6 store: the ranks listen on the route to it (::1 here), Gloo's
+// pairs connect over IPv6, and the store's host is this machine's.
+TEST(RendezvousTest, ThreeRanksOverAnIpv6TcpStore) {
+  const int port = ::strata::testing::PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://[::1]:", port);
+  absl::StatusOr<std::string> listen = ChooseListenAddress(spec, "");
+  if (!listen.ok()) {
+    // No IPv6 here: the route's lookup names the host, and nothing else runs.
+    EXPECT_THAT(std::string(listen.status().message()), HasSubstr("'::1'")) << listen.status();
+    return;
+  }
+  EXPECT_EQ(*listen, "::1");
+  EXPECT_TRUE(CheckHostIsLocal("::1").ok());
+  RunRanks(3, [&](int rank) {
+    RendezvousOptions options = Options(rank, 3, spec);
+    options.serve_store = rank == 0;
+    options.hostname = *listen;
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    ASSERT_TRUE(comm.ok()) << "rank " << rank << ": " << comm.status();
+    ExchangeAndCheck(**comm);
+  });
+}
+
 TEST(RendezvousTest, OneRankWorldNeedsNoPeers) {
   absl::StatusOr<std::unique_ptr<Communicator>> comm =
       Rendezvous(Options(0, 1, UniqueMemorySpec()));
@@ -242,6 +266,10 @@ TEST(ChooseListenAddressTest, LoopbackForOneMachineAndTheRouteToTheStoreOtherwis
   // A store on this machine is reached over loopback.
   EXPECT_EQ(ChooseListenAddress("tcp://127.0.0.1:29500", "").value(), "127.0.0.1");
   EXPECT_EQ(ChooseListenAddress("redis://localhost:6379", "").value().rfind("127.", 0), 0u);
+  // Its host is this machine's, IPv4 or IPv6; another's is refused by name.
+  EXPECT_TRUE(CheckHostIsLocal("127.0.0.1").ok());
+  absl::Status elsewhere = CheckHostIsLocal("192.0.2.1");
+  EXPECT_NE(elsewhere.message().find("'192.0.2.1' is not an address of this machine"), std::string::npos) << elsewhere;
   // A named interface wins.
   EXPECT_EQ(ChooseListenAddress("tcp://127.0.0.1:29500", "lo").value(), "127.0.0.1");
   absl::StatusOr<std::string> bogus = ChooseListenAddress("file:///tmp/x", "no_such_if0");

@@ -44,7 +44,8 @@
 namespace strata {
 namespace {
 
-constexpr char kSpecHelp[] = "expected file:///DIR, redis://HOST:PORT, tcp://HOST:PORT or memory://NAME";
+constexpr char kSpecHelp[] =
+    "expected file:///DIR, redis://HOST:PORT, tcp://HOST:PORT (an IPv6 HOST in brackets) or memory://NAME";
 
 // Gloo's FileStore refuses to read an empty value, so every value is stored
 // behind a one-byte marker.
@@ -411,7 +412,7 @@ class RedisConnection {
     const bool timed_out = context_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
     redisFree(context_);
     context_ = nullptr;
-    const std::string message = absl::StrCat("the redis server at ", host_, ":", port_, ": ", why);
+    const std::string message = absl::StrCat("the redis server at ", HostPortText(host_, port_), ": ", why);
     return timed_out ? absl::DeadlineExceededError(absl::StrCat(message, " (no answer within ",
                                                                 absl::FormatDuration(command_timeout_), ")"))
                      : absl::UnavailableError(message);
@@ -674,29 +675,62 @@ std::unique_ptr<Store> Store::WithPrefix(const std::string& prefix) const {
 
 namespace {
 
-// "HOST:PORT" of a redis:// or tcp:// spec.
+// "HOST:PORT" of a redis:// or tcp:// spec; an IPv6 address goes in
+// brackets, "[::1]:29500", as in a URL.
 absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int default_port, std::string* host,
                            int* port) {
+  const absl::string_view expected = default_port == 0 ? "HOST:PORT" : "HOST or HOST:PORT";
   absl::string_view h = rest;
-  *port = default_port;
-  size_t colon = rest.rfind(':');
-  if (colon != absl::string_view::npos) {
-    h = rest.substr(0, colon);
-    if (!absl::SimpleAtoi(rest.substr(colon + 1), port) || *port <= 0 || *port > 65535) {
+  absl::string_view port_text;
+  bool has_port = false;
+  if (absl::ConsumePrefix(&h, "[")) {
+    const size_t close = h.find(']');
+    if (close == absl::string_view::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat("store spec '", spec, "': the port must be a number in 1..65535, HOST:PORT"));
+          absl::StrCat("store spec '", spec, "': an IPv6 address's '[' has no ']', expected [ADDRESS]:PORT"));
     }
-  } else if (default_port == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected HOST:PORT"));
+    absl::string_view after = h.substr(close + 1);
+    h = h.substr(0, close);
+    if (!after.empty()) {
+      if (!absl::ConsumePrefix(&after, ":")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("store spec '", spec, "': expected [ADDRESS]:PORT, with a ':' after the ']'"));
+      }
+      port_text = after;
+      has_port = true;
+    }
+    if (h.empty() || absl::StrContains(h, "[")) {
+      return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected [ADDRESS]:PORT"));
+    }
+  } else if (const size_t colon = rest.rfind(':'); colon != absl::string_view::npos) {
+    h = rest.substr(0, colon);
+    port_text = rest.substr(colon + 1);
+    has_port = true;
+    if (absl::StrContains(h, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("store spec '", spec,
+                                                     "': an IPv6 address goes in brackets, [ADDRESS]:PORT"));
+    }
   }
-  if (h.empty() || absl::StrContains(h, "/")) {
-    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected HOST:PORT"));
+  *port = default_port;
+  if (has_port && (!absl::SimpleAtoi(port_text, port) || *port <= 0 || *port > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store spec '", spec, "': the port must be a number in 1..65535, ", expected));
+  }
+  if (!has_port && default_port == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected ", expected));
+  }
+  if (h.empty() || absl::StrContains(h, "/") || absl::StrContains(h, "]")) {
+    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected ", expected));
   }
   *host = std::string(h);
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::string HostPortText(const std::string& host, int port) {
+  return absl::StrContains(host, ':') ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
 
 std::string JobKeyPrefix(const std::string& job_id) { return absl::StrCat("strata/", job_id); }
 
@@ -770,7 +804,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec, bool s
           "store spec '", spec, "': the key time-to-live must be positive, got ", absl::FormatDuration(key_ttl)));
     }
     const std::string what =
-        absl::StrCat("store spec '", spec, "': cannot reach the redis server at ", host, ":", port);
+        absl::StrCat("store spec '", spec, "': cannot reach the redis server at ", HostPortText(host, port));
     // Our own connection first: it doubles as the probe that Gloo's
     // RedisStore needs (its constructor leaks its connection when it throws).
     auto writes = std::make_unique<RedisConnection>(host, port, connect_timeout);

@@ -120,6 +120,10 @@ std::string JobKeyPrefix(const std::string& job_id);
 // one-machine kinds (file://, memory://).
 absl::Status StoreHostPort(const std::string& spec, std::string* host, int* port);
 
+// "HOST:PORT", an IPv6 address in brackets ("[::1]:29500"), as a store spec
+// writes it.
+std::string HostPortText(const std::string& host, int port);
+
 // `serve`: this process serves a tcp:// store (refused for other kinds).
 // `connect_timeout`: how long a tcp:// client keeps trying to reach the
 // server (which may start after it) on each call; for redis:// how long one

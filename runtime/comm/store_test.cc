@@ -48,11 +48,68 @@ TEST(StoreTest, MalformedSpecsAreInvalidArgumentNamingTheSpec) {
   for (const std::string spec : {"", "ftp://host/x", "/tmp/dir", "file://", "file://relative/dir",
                                  "redis://", "redis://:6379", "redis://host:port", "redis://host:0",
                                  "redis://host:70000", "redis://host:6379/extra", "memory://", "tcp://", "tcp://host",
-                                 "tcp://:29500", "tcp://host:0", "tcp://host:x"}) {
+                                 "tcp://:29500", "tcp://host:0", "tcp://host:x", "tcp://::1:29500", "tcp://[::1",
+                                 "tcp://[::1]29500", "tcp://[]:1", "tcp://[::1]", "tcp://[::1]:x", "redis://[::1]x",
+                                 "tcp://[[::1]]:1"}) {
     absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
     EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << spec << ": " << store.status();
     EXPECT_THAT(std::string(store.status().message()), HasSubstr("'" + spec + "'"));
   }
+}
+
+// An IPv6 address goes in brackets, as in a URL; a bare one is refused with
+// that hint (its last ':' would read as the port's).
+TEST(StoreTest, Ipv6AddressesAreWrittenInBrackets) {
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(StoreHostPort("tcp://[::1]:29500", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 29500);
+  ASSERT_TRUE(StoreHostPort("redis://[fe80::1%eth0]", &host, &port).ok());
+  EXPECT_EQ(host, "fe80::1%eth0");
+  EXPECT_EQ(port, 6379);
+  ASSERT_TRUE(StoreHostPort("tcp://10.0.0.1:1", &host, &port).ok());
+  EXPECT_EQ(host, "10.0.0.1");
+  EXPECT_EQ(HostPortText("::1", 29500), "[::1]:29500");
+  EXPECT_EQ(HostPortText("node0", 29500), "node0:29500");
+  absl::Status bare = CheckStoreSpec("tcp://::1:29500");
+  EXPECT_THAT(std::string(bare.message()), HasSubstr("an IPv6 address goes in brackets, [ADDRESS]:PORT")) << bare;
+}
+
+// Whether this machine has IPv6 loopback (a socket binds to ::1).
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 addr = {};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// One served store answers IPv6 and IPv4 clients alike (a dual-stack
+// socket); on a machine without IPv6, an IPv6 client says it cannot reach it.
+TEST(StoreTest, TcpStoreServesIpv6AndIpv4Clients) {
+  const int port = PickFreePort();
+  ASSERT_GT(port, 0);
+  absl::StatusOr<std::unique_ptr<Store>> server = OpenStore(absl::StrCat("tcp://[::1]:", port), /*serve=*/true);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto v4 = Open(absl::StrCat("tcp://127.0.0.1:", port));
+  ASSERT_NE(v4, nullptr);
+  ASSERT_TRUE(v4->Set("from_v4", "four").ok());
+  absl::StatusOr<std::unique_ptr<Store>> v6 =
+      OpenStore(absl::StrCat("tcp://[::1]:", port), /*serve=*/false, absl::Milliseconds(300));
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  if (HasIpv6Loopback()) {
+    ASSERT_TRUE((*v6)->Set("from_v6", "six").ok());
+    EXPECT_EQ((*server)->Get("from_v6", absl::Seconds(1)).value_or("?"), "six");
+    EXPECT_EQ((*v6)->Get("from_v4", absl::Seconds(1)).value_or("?"), "four");
+  } else {
+    absl::Status unreachable = (*v6)->Set("from_v6", "six");
+    EXPECT_THAT(std::string(unreachable.message()), HasSubstr("cannot reach the store at [::1]:")) << unreachable;
+  }
+  EXPECT_EQ((*server)->Get("from_v4", absl::Seconds(1)).value_or("?"), "four");
 }
 
 TEST(StoreTest, RedisServerThatIsDownIsUnavailableNotAnException) {

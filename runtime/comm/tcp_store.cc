@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
+#include "runtime/comm/store.h"
 
 namespace strata {
 namespace {
@@ -309,15 +310,31 @@ absl::StatusOr<std::shared_ptr<TcpStore>> TcpStore::Create(const std::string& ho
   std::shared_ptr<TcpStore> store(new TcpStore(host, port, connect_timeout));
   if (!serve) return store;
   auto server = std::make_unique<Server>();
-  server->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (server->listen_fd < 0) return absl::UnavailableError(absl::StrCat("tcp store: socket: ", strerror(errno)));
+  // One dual-stack socket serves IPv6 and IPv4 clients (IPv4 ones as
+  // ::ffff:a.b.c.d); a machine without IPv6 gets an IPv4 one.
+  sockaddr_storage addr = {};
+  socklen_t addr_len = 0;
+  server->listen_fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (server->listen_fd >= 0) {
+    int zero = 0;
+    setsockopt(server->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_any;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    server->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (server->listen_fd < 0) return absl::UnavailableError(absl::StrCat("tcp store: socket: ", strerror(errno)));
+    auto* in4 = reinterpret_cast<sockaddr_in*>(&addr);
+    in4->sin_family = AF_INET;
+    in4->sin_addr.s_addr = htonl(INADDR_ANY);
+    in4->sin_port = htons(static_cast<uint16_t>(port));
+    addr_len = sizeof(sockaddr_in);
+  }
   int one = 1;
   setsockopt(server->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (bind(server->listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (bind(server->listen_fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) {
     return absl::UnavailableError(absl::StrCat("tcp store: cannot listen on port ", port, ": ", strerror(errno),
                                                " (another job on this MASTER_PORT?)"));
   }
@@ -326,7 +343,8 @@ absl::StatusOr<std::shared_ptr<TcpStore>> TcpStore::Create(const std::string& ho
   }
   socklen_t len = sizeof(addr);
   getsockname(server->listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  store->port_ = ntohs(addr.sin_port);
+  store->port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                                  : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   if (pipe2(server->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::UnavailableError(absl::StrCat("tcp store: pipe: ", strerror(errno)));
   }
@@ -384,15 +402,15 @@ void TcpStore::Connect(Clock::time_point deadline, const std::string& what) {
     }
     if (Clock::now() >= deadline) {
       never_answered_ = true;
-      throw gloo::IoException(absl::StrCat(what, ": cannot reach the store at ", host_, ":", port_, " (", last_error,
+      throw gloo::IoException(absl::StrCat(what, ": cannot reach the store at ", HostPortText(host_, port_), " (", last_error,
                                            "); Wait timeout"));
     }
     if (const Clock::time_point now = Clock::now(); now >= next_note) {
       const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
       std::fprintf(stderr,
-                   "note: no answer from the store at %s:%d for %llds (%s); with tcp:// it is served by rank 0: "
+                   "note: no answer from the store at %s for %llds (%s); with tcp:// it is served by rank 0: "
                    "is rank 0 started, with the same --store or MASTER_ADDR:MASTER_PORT?\n",
-                   host_.c_str(), port_, static_cast<long long>(waited), last_error.c_str());
+                   HostPortText(host_, port_).c_str(), static_cast<long long>(waited), last_error.c_str());
       next_note = now + std::chrono::seconds(60);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, MillisLeft(deadline) + 1)));
@@ -406,7 +424,7 @@ std::string TcpStore::RoundTrip(const std::string& request, ReplyShape shape, st
   Connect(std::min(deadline, Clock::now() + connect_timeout_), what);
   if (!WriteAll(fd_, request.data(), request.size())) {
     Disconnect();
-    throw gloo::IoException(absl::StrCat(what, ": the store at ", host_, ":", port_, " closed the connection"));
+    throw gloo::IoException(absl::StrCat(what, ": the store at ", HostPortText(host_, port_), " closed the connection"));
   }
   std::string reply;
   // Whether the whole reply is here (a Get's length is known after 5 bytes).
@@ -436,7 +454,7 @@ std::string TcpStore::RoundTrip(const std::string& request, ReplyShape shape, st
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       Disconnect();
-      throw gloo::IoException(absl::StrCat(what, ": the store at ", host_, ":", port_, " closed the connection"));
+      throw gloo::IoException(absl::StrCat(what, ": the store at ", HostPortText(host_, port_), " closed the connection"));
     }
     reply.append(buf, static_cast<size_t>(r));
   }

@@ -35,7 +35,8 @@ namespace strata {
 // namespace apart from the keys Set writes.
 class TcpStore : public gloo::rendezvous::Store {
  public:
-  // Serves on `port` (all interfaces) when `serve`; otherwise connects to
+  // Serves on `port` (all interfaces, IPv6 and IPv4 where the machine has
+  // IPv6, else IPv4) when `serve`; otherwise connects to
   // HOST:PORT, retrying for up to `connect_timeout` while the server starts.
   static absl::StatusOr<std::shared_ptr<TcpStore>> Create(const std::string& host, int port, bool serve,
                                                           std::chrono::milliseconds connect_timeout);
