@@ -92,7 +92,14 @@ std::string AddressText(const sockaddr* addr) {
   if (addr->sa_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof(text));
   } else if (addr->sa_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, text, sizeof(text));
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    // A link-local address means something only with its interface
+    // ("fe80::1%eth0"), which getaddrinfo, and so Gloo, reads back.
+    char ifname[IF_NAMESIZE] = {};
+    if (in6->sin6_scope_id != 0 && if_indextoname(in6->sin6_scope_id, ifname) != nullptr) {
+      return absl::StrCat(text, "%", ifname);
+    }
   }
   return text;
 }

@@ -1,5 +1,9 @@
 #include "runtime/comm/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -278,6 +282,23 @@ TEST(ChooseListenAddressTest, LoopbackForOneMachineAndTheRouteToTheStoreOtherwis
   EXPECT_NE(bogus.status().message().find("'no_such_if0' has no address here (interfaces: lo"), std::string::npos)
       << bogus.status();
   EXPECT_FALSE(ChooseListenAddress("tcp://nowhere.invalid:1", "").ok());
+  // A link-local IPv6 store is reached from an address with its interface
+  // (fe80::...%eth0), which Gloo can bind; here where an interface has one.
+  struct ifaddrs* list = nullptr;
+  ASSERT_EQ(getifaddrs(&list), 0);
+  for (const struct ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET6) continue;
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+    if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    const std::string scoped = absl::StrCat(text, "%", i->ifa_name);
+    absl::StatusOr<std::string> listen = ChooseListenAddress(absl::StrCat("tcp://[", scoped, "]:29500"), "");
+    ASSERT_TRUE(listen.ok()) << scoped << ": " << listen.status();
+    EXPECT_EQ(*listen, scoped);
+    break;
+  }
+  freeifaddrs(list);
 }
 
 }  // namespace
