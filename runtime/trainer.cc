@@ -623,6 +623,7 @@ class TrainSession {
   CpuAllocator loader_allocator_;
   std::unique_ptr<Dataset> train_data_;
   std::unique_ptr<Dataset> eval_data_;
+  int64_t last_eval_step_ = -1;  // the step the last evaluation followed
   int64_t steps_per_epoch_ = 0;
   int64_t total_steps_ = 0;
   MetricsWriter metrics_;
@@ -787,6 +788,8 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       {"the loaded checkpoint's step", report_.loaded_from.empty() ? "(none)" : absl::StrCat(executor_->step())},
       {"--comm_timeout_s", absl::StrCat(options_.comm_timeout_s)},
       {"--save_every", absl::StrCat(options_.save_dir.empty() ? 0 : options_.save_every)},
+      // An evaluation is collective (a pipelined forward, the replicas' sums).
+      {"--eval_every", absl::StrCat(eval_data_ ? options_.eval_every : 0)},
       // Every rank saves its share, or none does (the save is collective);
       // the paths may differ between machines that mount one filesystem.
       {"--save", options_.save_dir.empty() ? "(none)" : "(a folder)"},
@@ -819,7 +822,8 @@ absl::Status TrainSession::RunSteps() {
     STRATA_RETURN_IF_ERROR(RecordStep(step, Seconds(t0, Clock::now()), r));
     ReportProgress(epoch, r);
     const bool epoch_end = executor_->step() % steps_per_epoch_ == 0;
-    if (epoch_end && options_.steps == 0) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
+    const bool eval_due = options_.eval_every > 0 && executor_->step() % options_.eval_every == 0;
+    if ((epoch_end && options_.steps == 0) || eval_due) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
     // A stop request on any rank stops every rank after the same step.
     STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed());
     if (stop) break;
@@ -1163,6 +1167,8 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
   if (!m.ok()) return m.status();
   m->epoch = epoch;
+  m->step = executor_->step();
+  last_eval_step_ = m->step;
   if (!reporter_) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(metrics_.Line(EvalMetricsJson(*m, executor_->step())));
   if (progress_) {
@@ -1174,9 +1180,11 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   return absl::OkStatus();
 }
 
-// A --steps run evaluates once, after its last step, unless a stop cut it short.
+// A --steps run evaluates after its last step, unless a stop cut it short or
+// --eval_every evaluated that step already.
 absl::Status TrainSession::EvaluateAtEnd() {
-  if (options_.steps > 0 && executor_->step() > first_step_ && report_.stop_signal == 0) {
+  if (options_.steps > 0 && executor_->step() > first_step_ && report_.stop_signal == 0 &&
+      last_eval_step_ != executor_->step()) {
     // Epochs count from 1: the one the last step fell in.
     if (auto s = Evaluate((executor_->step() - 1) / steps_per_epoch_ + 1); !s.ok()) return s;
   }

@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string metrics_path;        // --metrics JSONL
   std::string save_dir;            // --save: DIR/step-N folders and DIR/latest (runtime/checkpoint.h)
   int64_t save_every = 0;          // --save_every: also save every N steps (0: only at the end)
+  // --eval_every: also evaluate --eval_data after every N-th step (0: after
+  // each epoch, or after a --steps run's last step, as without it).
+  int64_t eval_every = 0;
   int keep_checkpoints = 2;        // --keep_checkpoints: committed step folders kept (0: all)
   std::string load_dir;            // --load: DIR (its latest), DIR/step-N, or a flat format-1 folder
   // Polled at step boundaries: the signal a handler caught (SIGTERM), or 0.
@@ -74,6 +77,7 @@ struct StepMetrics {
 
 struct EvalMetrics {
   std::string name;  // e.g. "test"
+  int64_t step = 0;  // the steps trained before it (the metrics line's "step")
   int64_t epoch = 0;
   double loss = 0;
   double accuracy = -1;  // -1: the program has no accuracy fetch

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -293,6 +294,47 @@ TEST(TrainerEpochTest, EpochsCountFromOne) {
   ASSERT_EQ(by_steps->evals.size(), 1u);
   EXPECT_EQ(by_steps->evals[0].epoch, 2);
   EXPECT_EQ(by_steps->steps.back().epoch, 2);
+}
+
+// --eval_every N evaluates after every N-th step besides the epochs' ends
+// and a --steps run's last step, once after any step, counting the steps
+// of the whole run (a resumed one counts on from its checkpoint's).
+TEST(TrainerEpochTest, EvalEveryEvaluatesAfterEveryNthStepOnce) {
+  CompileResult compiled = MustCompile("");
+  TrainOptions options = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=8");
+  auto steps_evaluated = [&](const TrainOptions& o) {
+    std::vector<int64_t> steps;
+    auto report = Train(compiled.plans[0], o);
+    EXPECT_TRUE(report.ok()) << report.status();
+    if (report.ok()) {
+      for (const EvalMetrics& m : report->evals) steps.push_back(m.step);
+    }
+    return steps;
+  };
+  options.eval_every = 3;
+  options.steps = 7;
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{3, 6, 7}));
+  options.steps = 6;  // the last step is due anyway: evaluated once
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{3, 6}));
+  options.steps = 0;
+  options.epochs = 3;  // 2 steps an epoch: ends after 2, 4, 6
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{2, 3, 4, 6}));
+  options.epochs = 0;
+  options.eval_every = 0;
+  options.steps = 5;
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{5}));
+
+  // Resumed at step 4, a run of 8 evaluates after steps 6 and 8.
+  const std::string dir = ::testing::TempDir() + "/eval_every_ckpt";
+  std::filesystem::remove_all(dir);
+  options.steps = 4;
+  options.save_dir = dir;
+  ASSERT_EQ(steps_evaluated(options), (std::vector<int64_t>{4}));
+  options.save_dir.clear();
+  options.load_dir = dir;
+  options.steps = 8;
+  options.eval_every = 3;
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{6, 8}));
 }
 
 // The --metrics lines are JSON whatever the names hold: a fetch or an

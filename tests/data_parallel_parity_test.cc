@@ -95,6 +95,15 @@ TEST_P(DataParallelParityTest, MatchesSingleDevice) {
   if (!options.eval_data.empty()) {
     EXPECT_GT(single->eval_loss, 0);
     EXPECT_NEAR(parallel->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
+    // Every evaluation (--eval_every's too) after the same step, alike.
+    ASSERT_EQ(parallel->evals.size(), single->evals.size());
+    for (size_t i = 0; i < single->evals.size(); ++i) {
+      EXPECT_EQ(parallel->evals[i].step, single->evals[i].step) << "evaluation " << i;
+      EXPECT_NEAR(parallel->evals[i].loss, single->evals[i].loss, kTolerance * single->evals[i].loss)
+          << "evaluation after step " << single->evals[i].step;
+      EXPECT_NEAR(parallel->evals[i].accuracy, single->evals[i].accuracy, kTolerance)
+          << "evaluation after step " << single->evals[i].step;
+    }
   }
 }
 
@@ -153,6 +162,28 @@ constexpr char kTiedTwoStages[] = R"pb(
   loss: "loss"
   optimizer { momentum { learning_rate: 0.05 momentum: 0.9 } clip_global_norm: 0.5 }
 )pb";
+
+// --eval_every 3 over 7 steps: evaluations after steps 3, 6 and 7 (the
+// run's end), each equal to one device's after the same step, under pp2 x
+// dp2 x 3 micro-batches.
+TEST(EvalEveryParityTest, PeriodicEvaluationsEqualOneDevicesAfterTheSameSteps) {
+  auto program = ParseProgramText(kTiedTwoStages, "tied.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
+  options.eval_every = 3;
+  options.steps = 7;
+  auto single = TrainSingleDevice(*program, 2 * 3 * 2, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_EQ(single->evals.size(), 3u);
+  EXPECT_EQ(single->evals[0].step, 3);
+  EXPECT_EQ(single->evals[1].step, 6);
+  EXPECT_EQ(single->evals[2].step, 7);
+  // The weights moved between them, so the losses differ.
+  EXPECT_NE(single->evals[0].loss, single->evals[1].loss);
+  ExpectTrainsAsOneDevice(*program, Layout(2, 2, 3, ONE_F_ONE_B), 2 * 3 * 2, options);
+}
 
 TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {
   auto program = ParseProgramText(kTiedTwoStages, "tied.pbtxt");

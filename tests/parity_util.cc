@@ -29,6 +29,7 @@ TrainOptions BaseOptions(const ParityOptions& options) {
   t.progress = false;
   t.comm_timeout_s = 60;
   t.eval_data = options.eval_data;
+  t.eval_every = options.eval_every;
   t.save_dir = options.save_dir;
   t.save_every = options.save_every;
   t.keep_checkpoints = options.keep_checkpoints;
@@ -86,6 +87,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
     if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
     if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
   }
+  run.evals = report->evals;
   if (!report->evals.empty()) {
     run.eval_loss = report->evals.back().loss;
     run.eval_accuracy = report->evals.back().accuracy;
@@ -148,6 +150,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
         if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
       }
       if (!report->evals.empty()) {
+        run.evals = report->evals;
         run.eval_loss = report->evals.back().loss;
         run.eval_accuracy = report->evals.back().accuracy;
       }

@@ -17,6 +17,7 @@
 #include "proto/strategy.pb.h"
 #include "runtime/comm/communicator_set.h"
 #include "runtime/device.h"
+#include "runtime/trainer.h"
 #include "tools/model_gen.h"
 
 namespace strata {
@@ -28,6 +29,7 @@ struct ParityRun {
   std::map<std::string, std::vector<double>> initial_weights;  // single device only: before the run
   double eval_loss = 0;                                    // after the run, when options.eval_data is set
   double eval_accuracy = -1;                               // likewise, where the program fetches an accuracy
+  std::vector<EvalMetrics> evals;                          // every evaluation, in order (the last is eval_loss's)
   std::map<int, int64_t> measured_peak_bytes;              // per rank
   std::map<int, int64_t> predicted_peak_bytes;             // per rank
   // With dynamic loss scaling: the scale each step used and whether its
@@ -43,6 +45,7 @@ struct ParityOptions {
   int64_t steps = 20;
   uint64_t seed = 1;
   std::string eval_data;  // evaluated at the end of the run (every rank takes part)
+  int64_t eval_every = 0;  // and after every N-th step
   std::string save_dir;   // checkpoint at the end (and every save_every steps)
   int64_t save_every = 0;
   int keep_checkpoints = 2;

@@ -240,6 +240,13 @@ int CheckRunFlags() {
     std::cerr << "error: --steps and --epochs must be >= 0\n";
     return kExitUsage;
   }
+  if (const int64_t every = absl::GetFlag(FLAGS_eval_every); every < 0) {
+    std::cerr << "error: --eval_every must be >= 0, got " << every << "\n";
+    return kExitUsage;
+  } else if (every > 0 && absl::GetFlag(FLAGS_eval_data).empty()) {
+    std::cerr << "error: --eval_every needs --eval_data (the set to evaluate)\n";
+    return kExitUsage;
+  }
   // Below a second the ranks' own start (comparing their settings, the
   // first step's warm-up) outlasts it, and every job fails (0.001 and 0.1
   // did); past 1e6 s a timeout is no longer one.

@@ -37,6 +37,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.save_dir = UserPath(absl::GetFlag(FLAGS_save));
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
   options.save_every = absl::GetFlag(FLAGS_save_every);
+  options.eval_every = absl::GetFlag(FLAGS_eval_every);
   options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
   options.stop_signal = [] { return static_cast<int>(g_stop_signal); };
   options.progress = !absl::GetFlag(FLAGS_quiet);
