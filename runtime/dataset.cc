@@ -39,6 +39,8 @@ constexpr int64_t kMaxSyntheticClasses = 1 << 16;
 constexpr int64_t kMaxSyntheticVocab = 1 << 16;
 // The sample order of an epoch is held in memory (8 bytes a sample).
 constexpr int64_t kMaxSyntheticSize = int64_t{100000000};
+// The most samples a file's size=N may keep (a count, not a bound on the file).
+constexpr int64_t kMaxSamples = int64_t{1} << 40;
 constexpr int kTeacherHidden = 64;
 // Synthetic samples cost their teacher's ~features x 64 multiply-adds and as
 // many normal draws each, more than a small model's step: a data set of at
@@ -340,7 +342,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
   if (!test.ok()) return test.status();
   absl::StatusOr<std::optional<std::string>> path = args.TakeString("path");
   if (!path.ok()) return path.status();
-  if (absl::Status s = args.Finish({"train", "test", "path"}); !s.ok()) return s;
+  absl::StatusOr<int64_t> size = args.TakeInt("size", 0, 1, kMaxSamples);
+  if (!size.ok()) return size.status();
+  if (absl::Status s = args.Finish({"train", "test", "path", "size"}); !s.ok()) return s;
   std::string dir = path->has_value() ? ResolveUserPath(**path) : default_dir;
   if (dir.empty()) return args.Error(absl::StrCat("needs path=DIR: there is no default location for ", args.name()));
 
@@ -366,6 +370,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenIdxDataset(SpecArgs& args, const st
   absl::StatusOr<IdxImagesAndLabels> data = ReadIdxImagesAndLabels(
       pick(prefix + "-images-idx3-ubyte"), pick(prefix + "-labels-idx1-ubyte"), kClasses);
   if (!data.ok()) return data.status();
+  if (*size > 0) {
+    // The first `size` samples: an evaluation set's subset, as Megatron's --eval-iters.
+    if (*size > data->count) {
+      return args.Error(absl::StrCat("size=", *size, " is more than the ", data->count, " samples of ", prefix, "*"));
+    }
+    data->count = *size;
+    data->labels.resize(static_cast<size_t>(*size));
+    data->pixels.resize(static_cast<size_t>(*size * data->rows * data->cols));
+  }
 
   const int image_feed = roles->features[0];
   const FeedSpec& feed = feeds[image_feed];
@@ -484,12 +497,12 @@ absl::StatusOr<TokenScan> ScanTokens(const TokenFile& file, int64_t tokens) {
 class TokenDataset : public Dataset {
  public:
   TokenDataset(std::vector<FeedSpec> feeds, FeedRoles roles, std::unique_ptr<TokenFile> file, int64_t window,
-               TokenScan scan)
+               int64_t windows, TokenScan scan)
       : Dataset(std::move(feeds), roles.label),
         roles_(std::move(roles)),
         file_(std::move(file)),
         window_(window),
-        windows_(static_cast<int64_t>(file_->size() / 2) / window),
+        windows_(windows),
         scan_(scan),
         identity_(absl::StrFormat("tokens %d tokens %d windows of %d head %016x", file_->size() / 2, windows_, window_,
                                   scan.head_hash)) {}
@@ -535,7 +548,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenDataset(SpecArgs& args, const 
   if (!path_arg.ok()) return path_arg.status();
   absl::StatusOr<int64_t> vocab = args.TakeInt("vocab", 0, 1, 65536);
   if (!vocab.ok()) return vocab.status();
-  if (absl::Status s = args.Finish({"path", "vocab"}); !s.ok()) return s;
+  absl::StatusOr<int64_t> size = args.TakeInt("size", 0, 1, kMaxSamples);
+  if (!size.ok()) return size.status();
+  if (absl::Status s = args.Finish({"path", "vocab", "size"}); !s.ok()) return s;
   if (!path_arg->has_value()) return args.Error("needs path=FILE: a flat file of little-endian uint16 token ids");
 
   absl::StatusOr<FeedRoles> roles = ClassifyFeeds(feeds);
@@ -567,9 +582,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenDataset(SpecArgs& args, const 
         path, ": ", bytes / 2, " tokens, fewer than one window of ", window, " (token feed '", token_feed.name, "' ",
         ShapeString(token_feed.shape), " plus the one-token shift of the targets)"));
   }
-  absl::StatusOr<TokenScan> scan = ScanTokens(**file, static_cast<int64_t>(bytes / 2) / window * window);
+  int64_t windows = static_cast<int64_t>(bytes / 2) / window;
+  if (*size > 0) {
+    // The first `size` windows: an evaluation set's subset, as Megatron's --eval-iters.
+    if (*size > windows) {
+      return args.Error(absl::StrCat("size=", *size, " is more than the ", windows, " windows of ", window,
+                                     " tokens in ", path));
+    }
+    windows = *size;
+  }
+  absl::StatusOr<TokenScan> scan = ScanTokens(**file, windows * window);
   if (!scan.ok()) return scan.status();
-  auto data = std::make_unique<TokenDataset>(feeds, *std::move(roles), *std::move(file), window, *scan);
+  auto data = std::make_unique<TokenDataset>(feeds, *std::move(roles), *std::move(file), window, windows, *scan);
   if (*vocab > 0 && data->largest_label().label >= *vocab) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": token ", data->largest_label().label, " at position ",
                                                    data->largest_position(), " is not below vocab=", *vocab));

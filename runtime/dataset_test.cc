@@ -90,6 +90,15 @@ TEST(FashionMnistTest, TestSplitLoads) {
   std::unique_ptr<Dataset> train = MustOpen("fashion_mnist:train", kMlpFeeds);
   ASSERT_NE(train, nullptr);
   EXPECT_EQ(train->size(), 60000);
+  // size=N: the first N samples, the same ones.
+  std::unique_ptr<Dataset> first = MustOpen("fashion_mnist:test,size=500", kMlpFeeds);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->size(), 500);
+  EXPECT_THAT(Values<int64_t>(MustBatch(*first, {0, 1, 2})[1]), ::testing::ElementsAre(9, 2, 1));
+  EXPECT_EQ(Values<float>(MustBatch(*first, {499})[0]),
+            Values<float>(MustBatch(*MustOpen("fashion_mnist:test", kMlpFeeds), {499})[0]));
+  EXPECT_THAT(std::string(OpenError("fashion_mnist:test,size=10001").message()),
+              HasSubstr("size=10001 is more than the 10000 samples of"));
 }
 
 TEST(FashionMnistTest, ImageFeedShapesAndDtypesAgree) {
@@ -609,6 +618,27 @@ TEST(TokenDatasetTest, SizeCountsWholeWindowsOnly) {
   }
 }
 
+// size=N keeps the first N windows (an evaluation's subset), their tokens
+// alone checked: an id past the vocab after them is not read.
+TEST(TokenDatasetTest, SizeKeepsTheFirstWindows) {
+  // kTokenFeeds' windows are 4 tokens; the third window holds 900.
+  const std::string path = WriteTokenFile("sized.u16", {1, 2, 3, 4, 5, 6, 7, 8, 900, 10, 11, 12});
+  std::unique_ptr<Dataset> all = MustOpen(absl::StrCat("tokens:path=", path), kTokenFeeds);
+  std::unique_ptr<Dataset> two = MustOpen(absl::StrCat("tokens:path=", path, ",size=2"), kTokenFeeds);
+  ASSERT_NE(all, nullptr);
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(all->size(), 3);
+  EXPECT_EQ(two->size(), 2);
+  EXPECT_EQ(all->largest_label().label, 900);
+  EXPECT_EQ(two->largest_label().label, 8);
+  EXPECT_NE(all->identity(), two->identity());
+  EXPECT_EQ(Values<int64_t>(MustBatch(*two, {1})[0]), Values<int64_t>(MustBatch(*all, {1})[0]));
+  EXPECT_THAT(std::string(OpenError(absl::StrCat("tokens:path=", path, ",size=4"), kTokenFeeds).message()),
+              HasSubstr("size=4 is more than the 3 windows of 4 tokens in " + path));
+  EXPECT_THAT(std::string(OpenError(absl::StrCat("tokens:path=", path, ",size=0"), kTokenFeeds).message()),
+              HasSubstr("key 'size' is 0, expected 1.."));
+}
+
 TEST(TokenDatasetTest, OneTokenFeedGetsTheWindowsFirstTokensAndNoLabels) {
   std::vector<uint16_t> ids;
   for (int p = 0; p < 8; ++p) ids.push_back(TokenAt(p));
@@ -678,7 +708,7 @@ TEST(TokenDatasetTest, BadFilesAreOneErrorNamingTheFile) {
            {"tokens:path=", "key 'path' needs a value"},
            {absl::StrCat("tokens:path=", large, ",vocab=0"), "key 'vocab' is 0, expected 1..65536"},
            {absl::StrCat("tokens:path=", large, ",classes=3"),
-            "unknown key 'classes' for tokens (accepted: path, vocab)"},
+            "unknown key 'classes' for tokens (accepted: path, vocab, size)"},
        }) {
     absl::Status s = OpenError(c.spec, kTokenFeeds);
     EXPECT_FALSE(s.ok()) << c.spec;
