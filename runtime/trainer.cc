@@ -209,7 +209,10 @@ absl::StatusOr<EvalMetrics> RunEvaluation(Executor& executor, Device* device, co
     loss_sum += summed_loss ? r.loss : r.loss * n;
     if (!acc_fetch.empty()) {
       auto acc = r.fetches.find(acc_fetch);
-      if (acc != r.fetches.end()) acc_sum += acc->second * n;
+      // The accuracy op's value is a count over n, rounded once to its
+      // dtype (37/40 in float32 is 0.92500001): the count itself is summed,
+      // so the set's accuracy prints 0.376, not 0.3760000005.
+      if (acc != r.fetches.end()) acc_sum += std::round(acc->second * static_cast<double>(n));
     }
     seen += n;
   }

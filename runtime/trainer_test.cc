@@ -337,6 +337,21 @@ TEST(TrainerEpochTest, EvalEveryEvaluatesAfterEveryNthStepOnce) {
   EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{6, 8}));
 }
 
+// An evaluation's accuracy is the set's count of right answers over its
+// samples: 301 samples in batches of 8 (the last of 5, whose float32
+// accuracy, a fifth, is not exact) give a count, not a count plus the
+// batches' rounding.
+TEST(TrainerEpochTest, EvaluationAccuracyIsACountOverTheSet) {
+  CompileResult compiled = MustCompile("");
+  TrainOptions options = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=301");
+  auto report = Train(compiled.plans[0], options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->evals.size(), 1u);
+  const double count = report->evals[0].accuracy * 301;
+  EXPECT_GT(count, 0);
+  EXPECT_EQ(report->evals[0].accuracy, std::round(count) / 301) << "count " << count;
+}
+
 // The --metrics lines are JSON whatever the names hold: a fetch or an
 // evaluation named with quotes, backslashes or control characters parses
 // back (with nlohmann) to the same name.
