@@ -593,7 +593,7 @@ class TrainSession {
   absl::StatusOr<StepResult> RunStep(int64_t step);
   absl::Status RecordStep(int64_t step, double seconds, const StepResult& r);
   void ReportProgress(int64_t epoch, const StepResult& r);
-  absl::StatusOr<bool> StopAgreed();
+  absl::StatusOr<bool> StopAgreed(bool now);
   bool PeriodicSaveDue() const;
   absl::Status Save();
   absl::StatusOr<std::map<std::string, Tensor>> CheckpointTensors() const;
@@ -694,6 +694,12 @@ absl::Status TrainSession::CountSteps() {
                                                    " is not a multiple of gradient_merge.k_steps ", k,
                                                    ": --steps counts steps, and the optimizer runs once every ", k,
                                                    " of them; use --steps ", (options_.steps / k + 1) * k));
+  }
+  if (options_.eval_every > 0 && options_.eval_every % k != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--eval_every ", options_.eval_every,
+                                                   " is not a multiple of gradient_merge.k_steps ", k,
+                                                   ": the weights change once every ", k, " steps; use --eval_every ",
+                                                   (options_.eval_every / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
   const int64_t epochs = std::max<int64_t>(options_.epochs, 1);
@@ -826,9 +832,12 @@ absl::Status TrainSession::RunSteps() {
     ReportProgress(epoch, r);
     const bool epoch_end = executor_->step() % steps_per_epoch_ == 0;
     const bool eval_due = options_.eval_every > 0 && executor_->step() % options_.eval_every == 0;
-    if ((epoch_end && options_.steps == 0) || eval_due) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
-    // A stop request on any rank stops every rank after the same step.
-    STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed());
+    const bool evaluate = eval_due || (epoch_end && options_.steps == 0);
+    if (evaluate) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
+    // A stop request on any rank stops every rank after the same step; after
+    // an evaluation (at the same step on every rank) the ranks check at once,
+    // as the steps counted ahead to the next check did not count its time.
+    STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed(/*now=*/evaluate && eval_data_ != nullptr));
     if (stop) break;
     if (PeriodicSaveDue()) STRATA_RETURN_IF_ERROR(Save());
   }
@@ -977,8 +986,8 @@ void TrainSession::ReportProgress(int64_t epoch, const StepResult& r) {
 // Whether a stop signal on any rank stops the run after this step. The ranks
 // agree only at the steps they chose last time, about
 // kStopCheckPeriodSeconds apart.
-absl::StatusOr<bool> TrainSession::StopAgreed() {
-  if (!options_.stop_signal || executor_->step() >= total_steps_ || executor_->step() < next_stop_check_) {
+absl::StatusOr<bool> TrainSession::StopAgreed(bool now) {
+  if (!options_.stop_signal || executor_->step() >= total_steps_ || (!now && executor_->step() < next_stop_check_)) {
     return false;
   }
   const double step_seconds = Seconds(train_begin_, Clock::now()) / (executor_->step() - first_step_);

@@ -324,6 +324,23 @@ TEST(TrainerEpochTest, EvalEveryEvaluatesAfterEveryNthStepOnce) {
   options.steps = 5;
   EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{5}));
 
+  // The ranks check for a stop after each evaluation: the steps a check
+  // counts ahead (about half a second of them) do not count its time, and a
+  // SIGTERM waited for many evaluations (3.6-7.2 s under --nproc 2). Here
+  // the first check (after step 1) looks hundreds of steps ahead; those
+  // after the evaluations at 2, 4, 6 and 8 are the rest (10 ends the run).
+  int checks = 0;
+  options.stop_signal = [&checks] {
+    ++checks;
+    return 0;
+  };
+  options.steps = 10;
+  options.eval_every = 2;
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  EXPECT_EQ(checks, 5);
+  options.stop_signal = nullptr;
+  options.eval_every = 0;
+
   // Resumed at step 4, a run of 8 evaluates after steps 6 and 8.
   const std::string dir = ::testing::TempDir() + "/eval_every_ckpt";
   std::filesystem::remove_all(dir);

@@ -89,7 +89,7 @@ for nproc in 1 2; do
   rm -f "$tmp/term.jsonl" "$tmp/ref_term.jsonl" "$tmp/resumed_term.jsonl"
   rm -f "$tmp/term_trace.json"
   "${cmd[@]}" --steps 1000000 --save "$ck" --metrics "$tmp/term.jsonl" --trace "$tmp/term_trace.json" \
-    >/dev/null 2>"$tmp/err.txt" &
+    --eval_data synthetic:test,size=16 --eval_every 2 >"$tmp/out.txt" 2>"$tmp/err.txt" &
   pid=$!
   for _ in $(seq 300); do [ "$(losses "$tmp/term.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
   kill -TERM $pid
@@ -101,6 +101,11 @@ for nproc in 1 2; do
   [ "$(cat "$ck/latest")" = "step-$step" ] || fail "SIGTERM (nproc $nproc): latest $(cat "$ck/latest"), stopped at $step"
   [ "$(ls "$ck/step-$step" | grep -c safetensors)" -eq $nproc ] || fail "SIGTERM (nproc $nproc): files $(ls "$ck/step-$step")"
   [ "$(losses "$tmp/term.jsonl" | tail -1 | cut -d' ' -f1)" = "$step" ] || fail "SIGTERM: metrics go past step $step"
+  # The last evaluation (every 2 steps) is the final one only if it followed
+  # the step the run stopped after.
+  if [ $((step % 2)) -eq 0 ]; then final="final test loss"; else final="final train loss"; fi
+  grep -q "^\(\[rank [0-9]*\] \)\?$final" "$tmp/out.txt" ||
+    fail "SIGTERM (nproc $nproc) after step $step: expected '$final': $(cat "$tmp/out.txt")"
   # The trace of a stopped job is written, each rank's part merged (a
   # launcher left the parts unmerged).
   grep -q '"traceEvents"' "$tmp/term_trace.json" || fail "SIGTERM (nproc $nproc): no --trace written"

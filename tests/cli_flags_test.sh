@@ -81,3 +81,8 @@ rc=$?
 [ "$(wc -l <<<"$out")" -eq 1 ] || fail "control characters in an argument: not one line: $out"
 grep -qF "'bo\ngus\x1b[2J' contains a control character" <<<"$out" || fail "control characters in an argument: $out"
 echo "ok: an argument with control characters is one escaped error line"
+
+# --disable_passes takes "a, b" as a list of two, as a person types it.
+out=$("$strata" check "$program" --disable_passes "pack-qkv, attention-layout" 2>&1) ||
+  fail "--disable_passes with a space after the comma: $out"
+echo "ok: --disable_passes 'pack-qkv, attention-layout'"

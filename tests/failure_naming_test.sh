@@ -76,6 +76,16 @@ grep -q "^error: rank 1: the store stopped answering .*(rank 0 serves it)" "$tmp
   fail "rank 1 did not name rank 0: $(cat "$tmp/r1.txt")"
 echo "ok: rank 0 stalled; rank 1 ended after ${elapsed}s: $(grep '^error' "$tmp/r1.txt")"
 
+# 4a. A MASTER_ADDR that is no address is named as the variable, in one
+#     line, before the rank waits for anyone (not as a store spec it never wrote).
+RANK=1 WORLD_SIZE=2 MASTER_ADDR='[::1' MASTER_PORT=29999 timeout 60 "$strata" run "$program" --strategy "$strategy" \
+  --steps 1 --data synthetic --quiet >/dev/null 2>"$tmp/addr.txt"
+rc=$?
+[ $rc -eq 2 ] || fail "MASTER_ADDR='[::1': exit $rc, expected 2: $(cat "$tmp/addr.txt")"
+[ "$(cat "$tmp/addr.txt")" = "error: rank 1: MASTER_ADDR='[::1' is not a host name or address (an IPv6 address bare, ::1, or in brackets, [::1])" ] ||
+  fail "MASTER_ADDR='[::1': $(cat "$tmp/addr.txt")"
+echo "ok: a malformed MASTER_ADDR is named in one line"
+
 # 4b. Rank 1 started by hand, rank 0 never: rank 1 says after 10 s that the
 #     store (which rank 0 serves) does not answer, and fails at the comm
 #     timeout naming it (it was silent until then, 300 s by default).

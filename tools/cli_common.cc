@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "compiler/program_text.h"
 #include "passes/pipeline_builder.h"
@@ -24,7 +25,7 @@ const char kUsage[] =
     "                 [--disable_passes P,...]\n"
     "  strata compile PROGRAM [--strategy S] --out DIR [--dump_after PASS] [--device cpu|gpu] [--disable_passes P,...]\n"
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
-    "                 [--data fashion_mnist[:test,path=DIR,size=N]|mnist:path=DIR|synthetic[:classes=K,vocab=V,size=N]|\n"
+    "                 [--data fashion_mnist[:test,path=DIR,size=N]|mnist:path=DIR[,size=N]|synthetic[:classes=K,vocab=V,size=N]|\n"
     "                         tokens:path=FILE[,size=N]]\n"
     "                 [--eval_data fashion_mnist:test [--eval_every N]] [--seed N] [--device cpu|gpu]\n"
     "                 [--metrics FILE.jsonl] [--trace FILE.json] [--log_dir DIR]\n"
@@ -89,6 +90,17 @@ absl::StatusOr<Strategy> StrategyFromFlags() {
   return ReadStrategyFile(UserPath(path));
 }
 
+namespace {
+
+// --disable_passes, each name without the spaces around it ("a, b").
+std::vector<std::string> DisabledPassesFromFlags() {
+  std::vector<std::string> names = absl::GetFlag(FLAGS_disable_passes);
+  for (std::string& n : names) absl::StripAsciiWhitespace(&n);
+  return names;
+}
+
+}  // namespace
+
 absl::Status CheckPassFlags() {
   auto strategy = StrategyFromFlags();
   auto device = DeviceKindFromFlags();
@@ -105,8 +117,13 @@ absl::Status CheckPassFlags() {
                        " (this compile's passes: ", absl::StrJoin(passes, ", "), ")"));
     }
   }
-  if (absl::Status s = CheckDisabledPasses(*strategy, *device, absl::GetFlag(FLAGS_disable_passes)); !s.ok()) {
+  const std::vector<std::string> disabled = DisabledPassesFromFlags();
+  if (absl::Status s = CheckDisabledPasses(*strategy, *device, disabled); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--disable_passes: ", s.message()));
+  }
+  if (!dump_after.empty() && absl::c_linear_search(disabled, dump_after)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dump_after '", dump_after, "': --disable_passes leaves that pass out, so nothing runs to dump"));
   }
   return absl::OkStatus();
 }
@@ -126,7 +143,7 @@ absl::StatusOr<CompileResult> CompileFromFlags(const std::string& program_path, 
   options.device_kind = *device_kind;
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
   options.dump_after = absl::GetFlag(FLAGS_dump_after);
-  options.disabled_passes = absl::GetFlag(FLAGS_disable_passes);
+  options.disabled_passes = DisabledPassesFromFlags();
   return Compile(*program, *strategy, options, strategy_path.empty() ? "strategy" : strategy_path);
 }
 

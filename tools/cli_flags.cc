@@ -36,10 +36,10 @@ ABSL_FLAG(int64_t, steps, 0, "run: total steps, each of one global batch (give -
 ABSL_FLAG(int64_t, epochs, 0, "run: total epochs (1 when neither is given; give --epochs or --steps, not both)");
 ABSL_FLAG(int64_t, batch_size, 0, "global mini-batch size (default 64, or the pipeline's)");
 ABSL_FLAG(std::string, data, "synthetic",
-          "run: NAME[:OPTION,...], the options after one ':': fashion_mnist[:train|test,path=DIR] (e.g. "
-          "fashion_mnist:test,path=DIR) | mnist:path=DIR[,test] | synthetic[:classes=K,vocab=V,size=N] (random "
-          "data, for a smoke test) | tokens:path=FILE[,vocab=V] (little-endian uint16 token ids, in windows of "
-          "T+1 for the I64 [-1, T] tokens and targets feeds)");
+          "run: NAME[:OPTION,...], the options after one ':': fashion_mnist[:train|test,path=DIR,size=N] (e.g. "
+          "fashion_mnist:test,path=DIR) | mnist:path=DIR[,test,size=N] | synthetic[:classes=K,vocab=V,size=N] "
+          "(random data, for a smoke test) | tokens:path=FILE[,vocab=V,size=N] (little-endian uint16 token ids, in "
+          "windows of T+1 for the I64 [-1, T] tokens and targets feeds); size=N keeps the first N samples");
 ABSL_FLAG(std::string, eval_data, "", "run: evaluation data, e.g. fashion_mnist:test");
 ABSL_FLAG(int64_t, eval_every, 0,
           "run: also evaluate --eval_data every N steps (0: after each epoch, or after a --steps run's last step)");

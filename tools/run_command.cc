@@ -549,6 +549,15 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
               << (steps / k + 1) * k << "\n";
     return kExitUsage;
   }
+  // Between a merge's steps the weights have not moved: an evaluation there
+  // repeats the last one.
+  if (const int k = result->plans[0].schedule().merge_steps(); k > 1 && absl::GetFlag(FLAGS_eval_every) % k != 0) {
+    const int64_t every = absl::GetFlag(FLAGS_eval_every);
+    std::cerr << "error: --eval_every " << every << " is not a multiple of gradient_merge.k_steps " << k
+              << " (the weights change once every " << k << " steps); use --eval_every " << (every / k + 1) * k
+              << "\n";
+    return kExitUsage;
+  }
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
   if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed,

@@ -87,6 +87,11 @@ int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, Rendezvous
     std::string addr = env.master_addr;
     if (absl::StartsWith(addr, "[") && absl::EndsWith(addr, "]")) addr = addr.substr(1, addr.size() - 2);
     ropts->store_spec = absl::StrCat("tcp://", HostPortText(addr, env.master_port));
+    if (absl::Status s = CheckStoreSpec(ropts->store_spec); !s.ok()) {
+      std::cerr << "error: rank " << env.rank << ": MASTER_ADDR='" << env.master_addr
+                << "' is not a host name or address (an IPv6 address bare, ::1, or in brackets, [::1])\n";
+      return kExitUsage;
+    }
   }
   if (ropts->store_spec.empty()) {
     std::cerr << "error: rank " << env.rank

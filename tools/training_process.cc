@@ -60,7 +60,9 @@ void PrintSummary(const TrainReport& report) {
                                report.steps.empty() ? 0 : report.steps.back().step, report.seconds,
                                report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
                                Bytes(report.predicted_peak_bytes));
-  if (!report.evals.empty()) {
+  // The run's last evaluation is its final one only where it followed the
+  // last step (a stop signal, or --eval_every, can leave an earlier one).
+  if (!report.evals.empty() && (report.steps.empty() || report.evals.back().step == report.steps.back().step)) {
     const EvalMetrics& e = report.evals.back();
     std::cout << absl::StrFormat("final %s loss %.4f", e.name, e.loss);
     if (e.accuracy >= 0) std::cout << absl::StrFormat(" accuracy %.4f", e.accuracy);

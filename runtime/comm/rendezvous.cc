@@ -93,6 +93,12 @@ std::string AddressText(const sockaddr* addr) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof(text));
   } else if (addr->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      // ::ffff:a.b.c.d is IPv4 on the wire, and an interface has a.b.c.d,
+      // which Gloo can listen on (it finds no interface for the mapped form).
+      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], text, sizeof(text));
+      return text;
+    }
     inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
     // A link-local address means something only with its interface
     // ("fe80::1%eth0"), which getaddrinfo, and so Gloo, reads back.
@@ -171,7 +177,14 @@ absl::StatusOr<std::string> RouteSourceAddress(const std::string& host, int port
       },
       &why);
   if (!routed.ok()) return routed.status();
-  if (!*routed) return absl::UnavailableError(absl::StrCat("no route to the store's host '", host, "': ", why));
+  if (!*routed) {
+    // fe80::/10 is the same on every link: the address alone names no route.
+    struct in6_addr a6 = {};
+    const bool link_local = inet_pton(AF_INET6, host.c_str(), &a6) == 1 && IN6_IS_ADDR_LINKLOCAL(&a6);
+    return absl::UnavailableError(
+        absl::StrCat("no route to the store's host '", host, "': ", why,
+                     link_local ? " (a link-local address needs its interface: [fe80::1%eth0])" : ""));
+  }
   return address;
 }
 

@@ -282,6 +282,13 @@ TEST(ChooseListenAddressTest, LoopbackForOneMachineAndTheRouteToTheStoreOtherwis
   EXPECT_NE(bogus.status().message().find("'no_such_if0' has no address here (interfaces: lo"), std::string::npos)
       << bogus.status();
   EXPECT_FALSE(ChooseListenAddress("tcp://nowhere.invalid:1", "").ok());
+  // An IPv4-mapped IPv6 store is IPv4 on the wire: the ranks listen on the
+  // IPv4 address (Gloo finds no interface for the mapped form).
+  EXPECT_EQ(ChooseListenAddress("tcp://[::ffff:127.0.0.1]:29500", "").value(), "127.0.0.1");
+  // A link-local address without its interface names no route; the error says so.
+  absl::StatusOr<std::string> unscoped = ChooseListenAddress("tcp://[fe80::1]:29500", "");
+  ASSERT_FALSE(unscoped.ok());
+  EXPECT_THAT(std::string(unscoped.status().message()), HasSubstr("a link-local address needs its interface"));
   // A link-local IPv6 store is reached from an address with its interface
   // (fe80::...%eth0), which Gloo can bind; here where an interface has one.
   struct ifaddrs* list = nullptr;

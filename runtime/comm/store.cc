@@ -717,7 +717,8 @@ absl::Status ParseHostPort(const std::string& spec, absl::string_view rest, int 
         absl::StrCat("store spec '", spec, "': the port must be a number in 1..65535, ", expected));
   }
   if (!has_port && default_port == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("store spec '", spec, "': expected ", absl::StartsWith(rest, "[") ? "[ADDRESS]:PORT" : expected));
   }
   if (h.empty() || absl::StrContains(h, "/") || absl::StrContains(h, "]")) {
     return absl::InvalidArgumentError(absl::StrCat("store spec '", spec, "': expected ", expected));

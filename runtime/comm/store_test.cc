@@ -72,6 +72,7 @@ TEST(StoreTest, Ipv6AddressesAreWrittenInBrackets) {
   EXPECT_EQ(host, "10.0.0.1");
   EXPECT_EQ(HostPortText("::1", 29500), "[::1]:29500");
   EXPECT_EQ(HostPortText("node0", 29500), "node0:29500");
+  EXPECT_THAT(std::string(CheckStoreSpec("tcp://[::1]").message()), HasSubstr("expected [ADDRESS]:PORT"));
   absl::Status bare = CheckStoreSpec("tcp://::1:29500");
   EXPECT_THAT(std::string(bare.message()), HasSubstr("an IPv6 address goes in brackets, [ADDRESS]:PORT")) << bare;
 }
