@@ -820,6 +820,7 @@ absl::Status TrainSession::RunSteps() {
   first_step_ = executor_->step();
   next_stop_check_ = first_step_ + 1;
   StartPrefetcher();
+  bool saved = false;  // the last step ended with a periodic save
   while (executor_->step() < total_steps_) {
     const int64_t step = executor_->step();
     if (double seconds = 10; FaultRequested("slow_step", plan_.rank(), step + 1, &seconds)) {
@@ -835,11 +836,13 @@ absl::Status TrainSession::RunSteps() {
     const bool evaluate = eval_due || (epoch_end && options_.steps == 0);
     if (evaluate) STRATA_RETURN_IF_ERROR(Evaluate(epoch + 1));
     // A stop request on any rank stops every rank after the same step; after
-    // an evaluation (at the same step on every rank) the ranks check at once,
-    // as the steps counted ahead to the next check did not count its time.
-    STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed(/*now=*/evaluate && eval_data_ != nullptr));
+    // an evaluation or a periodic save (the same step on every rank) the
+    // ranks check at once, as the steps counted ahead to the next check did
+    // not count their time.
+    STRATA_ASSIGN_OR_RETURN(const bool stop, StopAgreed(/*now=*/(evaluate && eval_data_ != nullptr) || saved));
     if (stop) break;
-    if (PeriodicSaveDue()) STRATA_RETURN_IF_ERROR(Save());
+    saved = PeriodicSaveDue();
+    if (saved) STRATA_RETURN_IF_ERROR(Save());
   }
   return absl::OkStatus();
 }

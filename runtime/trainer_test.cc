@@ -338,8 +338,17 @@ TEST(TrainerEpochTest, EvalEveryEvaluatesAfterEveryNthStepOnce) {
   options.eval_every = 2;
   EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{2, 4, 6, 8, 10}));
   EXPECT_EQ(checks, 5);
-  options.stop_signal = nullptr;
+  // And after each periodic save (3, 6, 9): at steps 4 and 7, beside step 1's.
   options.eval_every = 0;
+  options.save_every = 3;
+  options.save_dir = ::testing::TempDir() + "/stop_check_ckpt";
+  std::filesystem::remove_all(options.save_dir);
+  checks = 0;
+  EXPECT_EQ(steps_evaluated(options), (std::vector<int64_t>{10}));
+  EXPECT_EQ(checks, 3);
+  options.save_every = 0;
+  options.save_dir.clear();
+  options.stop_signal = nullptr;
 
   // Resumed at step 4, a run of 8 evaluates after steps 6 and 8.
   const std::string dir = ::testing::TempDir() + "/eval_every_ckpt";
