@@ -461,13 +461,23 @@ bool ScheduleSpansRun(const Program& program) {
 
 // The checkpoint's step, if this run may resume from it: the same batch and
 // seed (both decide the data order and dropout masks), and steps left to run.
-absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
-                                       int64_t total_steps, bool schedule_spans_run) {
+namespace {
+
+// The step a checkpoint was saved after.
+absl::StatusOr<int64_t> SavedStep(const std::map<std::string, std::string>& metadata) {
   int64_t step = 0;
   auto it = metadata.find("step");
   if (it == metadata.end() || !absl::SimpleAtoi(it->second, &step) || step < 0) {
     return absl::InvalidArgumentError("checkpoint has no valid 'step'");
   }
+  return step;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
+                                       int64_t total_steps, bool schedule_spans_run) {
+  STRATA_ASSIGN_OR_RETURN(const int64_t step, SavedStep(metadata));
   auto bs = metadata.find("batch_size");
   int64_t saved_batch = 0;
   if (bs != metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
@@ -702,6 +712,12 @@ absl::Status TrainSession::CountSteps() {
                                                    (options_.eval_every / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
+  if (options_.eval_only) {
+    // No step runs: the run ends where it starts (the loaded step, or 0).
+    total_steps_ = 0;
+    executor_->set_total_steps(total_steps_);
+    return absl::OkStatus();
+  }
   const int64_t epochs = std::max<int64_t>(options_.epochs, 1);
   if (options_.steps <= 0 && epochs > std::numeric_limits<int64_t>::max() / steps_per_epoch_) {
     return absl::InvalidArgumentError(
@@ -740,12 +756,19 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     return absl::Status(ckpt.status().code(),
                         absl::StrCat("--load ", options_.load_dir, ": ", ckpt.status().message()));
   }
-  auto step = CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_, ScheduleSpansRun(plan_.program()));
+  // An evaluation takes the weights of any checkpoint, whatever batch, seed
+  // or steps saved them; a resumed run must continue the saved one.
+  auto step = options_.eval_only
+                  ? SavedStep(ckpt->metadata)
+                  : CheckResumable(ckpt->metadata, batch_, options_.seed, total_steps_, ScheduleSpansRun(plan_.program()));
   if (!step.ok()) {
     return absl::Status(step.status().code(),
                         absl::StrCat("--load ", source.description, ": ", step.status().message()));
   }
-  if (auto s = PlaceMergeBuffers(*step, ckpt->metadata, ckpt->tensors); !s.ok()) {
+  // An evaluation reads the weights alone: a merge's pending gradients (a
+  // checkpoint mid-way through an update, of any k_steps) do not matter, so
+  // they are placed as at an update's start (step 0 of it).
+  if (auto s = PlaceMergeBuffers(options_.eval_only ? 0 : *step, ckpt->metadata, ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
   if (auto s = executor_->LoadPersistentState(ckpt->tensors); !s.ok()) {
@@ -762,10 +785,12 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     }
   }
   executor_->set_step(*step);
+  if (options_.eval_only) total_steps_ = *step;
   report_.loaded_from = source.description;
   // Said even under --quiet: which checkpoint a run continues is part of its record.
   if (reporter_) {
-    std::fprintf(stderr, "resuming from %s at step %lld\n", source.description.c_str(), static_cast<long long>(*step));
+    std::fprintf(stderr, "%s %s at step %lld\n", options_.eval_only ? "evaluating" : "resuming from",
+                 source.description.c_str(), static_cast<long long>(*step));
   }
   return absl::OkStatus();
 }
@@ -799,6 +824,7 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       {"--save_every", absl::StrCat(options_.save_dir.empty() ? 0 : options_.save_every)},
       // An evaluation is collective (a pipelined forward, the replicas' sums).
       {"--eval_every", absl::StrCat(eval_data_ ? options_.eval_every : 0)},
+      {"--eval_only", options_.eval_only ? "true" : "false"},
       // Every rank saves its share, or none does (the save is collective);
       // the paths may differ between machines that mount one filesystem.
       {"--save", options_.save_dir.empty() ? "(none)" : "(a folder)"},
@@ -1196,8 +1222,13 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
 }
 
 // A --steps run evaluates after its last step, unless a stop cut it short or
-// --eval_every evaluated that step already.
+// --eval_every evaluated that step already; --eval_only evaluates where it
+// loaded (epoch 0: before any training).
 absl::Status TrainSession::EvaluateAtEnd() {
+  if (options_.eval_only) {
+    const int64_t step = executor_->step();
+    return Evaluate(step == 0 ? 0 : (step - 1) / steps_per_epoch_ + 1);
+  }
   if (options_.steps > 0 && executor_->step() > first_step_ && report_.stop_signal == 0 &&
       last_eval_step_ != executor_->step()) {
     // Epochs count from 1: the one the last step fell in.
@@ -1305,7 +1336,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   // Once nothing before the first step can fail, so an error is the run's only line.
   for (const std::string& note : options.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
 
-  STRATA_RETURN_IF_ERROR(session.RunSteps());
+  if (!options.eval_only) STRATA_RETURN_IF_ERROR(session.RunSteps());
 
   STRATA_RETURN_IF_ERROR(session.EvaluateAtEnd());
   STRATA_RETURN_IF_ERROR(session.SaveAtEnd());

@@ -29,6 +29,10 @@ struct TrainOptions {
   // --eval_every: also evaluate --eval_data after every N-th step (0: after
   // each epoch, or after a --steps run's last step, as without it).
   int64_t eval_every = 0;
+  // --eval_only: evaluate eval_data once, after loading load_dir if given,
+  // and train nothing (the checkpoint's batch, seed and steps need not be
+  // this run's: its weights are what is evaluated).
+  bool eval_only = false;
   int keep_checkpoints = 2;        // --keep_checkpoints: committed step folders kept (0: all)
   std::string load_dir;            // --load: DIR (its latest), DIR/step-N, or a flat format-1 folder
   // Polled at step boundaries: the signal a handler caught (SIGTERM), or 0.

@@ -378,6 +378,58 @@ TEST(TrainerEpochTest, EvaluationAccuracyIsACountOverTheSet) {
   EXPECT_EQ(report->evals[0].accuracy, std::round(count) / 301) << "count " << count;
 }
 
+// --eval_only evaluates once where it loads, trains and saves nothing: a
+// checkpoint's evaluation equals the one the run that saved it ended with,
+// bit for bit on the same layout; a checkpoint mid-way through a merged
+// update, saved with another k_steps, evaluates too; without --load, the
+// initial weights at step 0 (epoch 0).
+TEST(TrainerEpochTest, EvalOnlyEvaluatesWhereItLoads) {
+  CompileResult compiled = MustCompile("");
+  TrainOptions options = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=13");
+  options.steps = 4;
+  options.save_dir = ::testing::TempDir() + "/eval_only_ckpt";
+  std::filesystem::remove_all(options.save_dir);
+  auto trained = Train(compiled.plans[0], options);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_EQ(trained->evals.size(), 1u);
+
+  TrainOptions eval = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=13");
+  eval.steps = 0;
+  eval.eval_only = true;
+  eval.load_dir = options.save_dir;
+  auto evaluated = Train(compiled.plans[0], eval);
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  EXPECT_TRUE(evaluated->steps.empty());
+  ASSERT_EQ(evaluated->evals.size(), 1u);
+  EXPECT_EQ(evaluated->evals[0].step, 4);
+  EXPECT_EQ(evaluated->evals[0].epoch, trained->evals[0].epoch);
+  EXPECT_EQ(evaluated->evals[0].loss, trained->evals[0].loss);
+  EXPECT_EQ(evaluated->evals[0].accuracy, trained->evals[0].accuracy);
+  EXPECT_EQ(evaluated->final_state, trained->final_state);
+
+  eval.load_dir.clear();
+  auto initial = Train(compiled.plans[0], eval);
+  ASSERT_TRUE(initial.ok()) << initial.status();
+  ASSERT_EQ(initial->evals.size(), 1u);
+  EXPECT_EQ(initial->evals[0].step, 0);
+  EXPECT_EQ(initial->evals[0].epoch, 0);
+  EXPECT_NE(initial->evals[0].loss, trained->evals[0].loss);
+
+  // Step 3 of a k_steps 2 merge, evaluated without gradient merge.
+  CompileResult merged = MustCompile("gradient_merge { k_steps: 2 }");
+  TrainOptions mid = options;
+  mid.steps = 4;
+  mid.save_every = 3;
+  mid.save_dir = ::testing::TempDir() + "/eval_only_mid";
+  std::filesystem::remove_all(mid.save_dir);
+  ASSERT_TRUE(Train(merged.plans[0], mid).ok());
+  eval.load_dir = mid.save_dir + "/step-3";
+  auto at_three = Train(compiled.plans[0], eval);
+  ASSERT_TRUE(at_three.ok()) << at_three.status();
+  ASSERT_EQ(at_three->evals.size(), 1u);
+  EXPECT_EQ(at_three->evals[0].step, 3);
+}
+
 // The --metrics lines are JSON whatever the names hold: a fetch or an
 // evaluation named with quotes, backslashes or control characters parses
 // back (with nlohmann) to the same name.

@@ -5,6 +5,7 @@
 // plan forms, and that the first bucket's sum is posted while backward still
 // runs.
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -183,6 +184,48 @@ TEST(EvalEveryParityTest, PeriodicEvaluationsEqualOneDevicesAfterTheSameSteps) {
   // The weights moved between them, so the losses differ.
   EXPECT_NE(single->evals[0].loss, single->evals[1].loss);
   ExpectTrainsAsOneDevice(*program, Layout(2, 2, 3, ONE_F_ONE_B), 2 * 3 * 2, options);
+}
+
+// --eval_only: one device's checkpoint evaluated under pp2 x dp2 x 3 (and
+// the pipeline's checkpoint on one device) gives the evaluation the training
+// run ended with, after the same step, and trains nothing.
+TEST(EvalOnlyParityTest, ACheckpointEvaluatesAlikeUnderAnyLayout) {
+  auto program = ParseProgramText(kTiedTwoStages, "tied.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
+  options.steps = 5;
+  const std::string single_dir = ::testing::TempDir() + "/eval_only_single";
+  const std::string pipeline_dir = ::testing::TempDir() + "/eval_only_pipeline";
+  std::filesystem::remove_all(single_dir);
+  std::filesystem::remove_all(pipeline_dir);
+  ParityOptions save = options;
+  save.save_dir = single_dir;
+  auto single = TrainSingleDevice(*program, 2 * 3 * 2, save);
+  ASSERT_TRUE(single.ok()) << single.status();
+  save.save_dir = pipeline_dir;
+  auto parallel = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), save);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+
+  ParityOptions evaluate = options;
+  evaluate.eval_only = true;
+  evaluate.load_dir = single_dir;
+  auto on_pipeline = TrainParallel(*program, Layout(2, 2, 3, ONE_F_ONE_B), evaluate);
+  ASSERT_TRUE(on_pipeline.ok()) << on_pipeline.status();
+  evaluate.load_dir = pipeline_dir;
+  auto on_one = TrainSingleDevice(*program, 2 * 3 * 2, evaluate);
+  ASSERT_TRUE(on_one.ok()) << on_one.status();
+  for (const ParityRun* run : {&*on_pipeline, &*on_one}) {
+    EXPECT_TRUE(run->losses.empty());
+    ASSERT_EQ(run->evals.size(), 1u);
+    EXPECT_EQ(run->evals[0].step, 5);
+    EXPECT_NEAR(run->evals[0].loss, single->eval_loss, kTolerance * single->eval_loss);
+    EXPECT_NEAR(run->evals[0].accuracy, single->eval_accuracy, kTolerance);
+  }
+  // The weights are the loaded ones, unchanged.
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(on_one->weights, parallel->weights, &worst), 0) << worst;
 }
 
 TEST(DataParallelTiedWeightTest, TiedAcrossFirstAndLastStageUnderPp2Dp2) {

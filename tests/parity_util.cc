@@ -30,6 +30,7 @@ TrainOptions BaseOptions(const ParityOptions& options) {
   t.comm_timeout_s = 60;
   t.eval_data = options.eval_data;
   t.eval_every = options.eval_every;
+  t.eval_only = options.eval_only;
   t.save_dir = options.save_dir;
   t.save_every = options.save_every;
   t.keep_checkpoints = options.keep_checkpoints;

@@ -46,6 +46,7 @@ struct ParityOptions {
   uint64_t seed = 1;
   std::string eval_data;  // evaluated at the end of the run (every rank takes part)
   int64_t eval_every = 0;  // and after every N-th step
+  bool eval_only = false;  // evaluate once (what load_dir holds, else the initial weights), train nothing
   std::string save_dir;   // checkpoint at the end (and every save_every steps)
   int64_t save_every = 0;
   int keep_checkpoints = 2;

@@ -27,7 +27,7 @@ const char kUsage[] =
     "  strata run     PROGRAM [--strategy S] [--nproc N] [--steps N | --epochs E] [--batch_size B]\n"
     "                 [--data fashion_mnist[:test,path=DIR,size=N]|mnist:path=DIR[,size=N]|synthetic[:classes=K,vocab=V,size=N]|\n"
     "                         tokens:path=FILE[,size=N]]\n"
-    "                 [--eval_data fashion_mnist:test [--eval_every N]] [--seed N] [--device cpu|gpu]\n"
+    "                 [--eval_data fashion_mnist:test [--eval_every N | --eval_only]] [--seed N] [--device cpu|gpu]\n"
     "                 [--metrics FILE.jsonl] [--trace FILE.json] [--log_dir DIR]\n"
     "                 [--save DIR [--save_every N] [--keep_checkpoints K]]\n"
     "                 [--load DIR | --load DIR/step-N]\n"

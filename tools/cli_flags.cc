@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, data, "synthetic",
           "(random data, for a smoke test) | tokens:path=FILE[,vocab=V,size=N] (little-endian uint16 token ids, in "
           "windows of T+1 for the I64 [-1, T] tokens and targets feeds); size=N keeps the first N samples");
 ABSL_FLAG(std::string, eval_data, "", "run: evaluation data, e.g. fashion_mnist:test");
+ABSL_FLAG(bool, eval_only, false,
+          "run: evaluate --eval_data once, with the weights --load gives (else the initial ones), and train nothing");
 ABSL_FLAG(int64_t, eval_every, 0,
           "run: also evaluate --eval_data every N steps (0: after each epoch, or after a --steps run's last step)");
 ABSL_FLAG(int64_t, seed, -1, "run: seed for weights, data order and dropout (default: the program's seed, else 0)");
@@ -102,7 +104,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
   static const auto* flags = new std::map<std::string, std::set<std::string>>{
       {"check", {"strategy", "batch_size", "device", "device_memory_gib", "disable_passes"}},
       {"compile", {"strategy", "batch_size", "out", "dump_after", "device", "disable_passes"}},
-      {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "eval_every", "seed", "device", "metrics",
+      {"run", {"strategy", "batch_size", "nproc", "steps", "epochs", "data", "eval_data", "eval_every", "eval_only", "seed", "device", "metrics",
                "trace", "log_dir", "save", "save_every", "keep_checkpoints", "load", "quiet", "comm_timeout_s",
                "heartbeat_timeout_s", "job_id", "store", "socket_ifname", "compare_single",
                "bind_cores", "cuda_graph", "nccl", "disable_passes"}},

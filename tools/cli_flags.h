@@ -25,6 +25,7 @@ ABSL_DECLARE_FLAG(int64_t, batch_size);
 ABSL_DECLARE_FLAG(std::string, data);
 ABSL_DECLARE_FLAG(std::string, eval_data);
 ABSL_DECLARE_FLAG(int64_t, eval_every);
+ABSL_DECLARE_FLAG(bool, eval_only);
 ABSL_DECLARE_FLAG(int64_t, seed);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, metrics);

@@ -38,6 +38,7 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.load_dir = UserPath(absl::GetFlag(FLAGS_load));
   options.save_every = absl::GetFlag(FLAGS_save_every);
   options.eval_every = absl::GetFlag(FLAGS_eval_every);
+  options.eval_only = absl::GetFlag(FLAGS_eval_only);
   options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
   options.stop_signal = [] { return static_cast<int>(g_stop_signal); };
   options.progress = !absl::GetFlag(FLAGS_quiet);
@@ -56,9 +57,12 @@ void PrintSummary(const TrainReport& report) {
                                  Bytes(report.measured_peak_bytes), Bytes(report.predicted_peak_bytes));
     return;
   }
-  std::cerr << absl::StrFormat("done: %d steps in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n",
-                               report.steps.empty() ? 0 : report.steps.back().step, report.seconds,
-                               report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
+  // --eval_only trains no step: what it did is one evaluation.
+  const std::string did = report.steps.empty() && !report.evals.empty()
+                              ? absl::StrFormat("evaluated step %d", report.evals.back().step)
+                              : absl::StrFormat("%d steps", report.steps.empty() ? 0 : report.steps.back().step);
+  std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n", did,
+                               report.seconds, report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
                                Bytes(report.predicted_peak_bytes));
   // The run's last evaluation is its final one only where it followed the
   // last step (a stop signal, or --eval_every, can leave an earlier one).
@@ -73,7 +77,7 @@ void PrintSummary(const TrainReport& report) {
 }
 
 std::string SyntheticDataNote(const std::set<std::string>& given) {
-  if (given.count("data") || absl::GetFlag(FLAGS_quiet)) return "";
+  if (given.count("data") || absl::GetFlag(FLAGS_quiet) || absl::GetFlag(FLAGS_eval_only)) return "";
   return "no --data given; training on synthetic data (use --data fashion_mnist for Fashion-MNIST)";
 }
 
