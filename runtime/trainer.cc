@@ -459,8 +459,6 @@ bool ScheduleSpansRun(const Program& program) {
   return schedule.has_cosine() && schedule.cosine().decay_steps() == 0;
 }
 
-// The checkpoint's step, if this run may resume from it: the same batch and
-// seed (both decide the data order and dropout masks), and steps left to run.
 namespace {
 
 // The step a checkpoint was saved after.
@@ -475,6 +473,8 @@ absl::StatusOr<int64_t> SavedStep(const std::map<std::string, std::string>& meta
 
 }  // namespace
 
+// The checkpoint's step, if this run may resume from it: the same batch and
+// seed (both decide the data order and dropout masks), and steps left to run.
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
                                        int64_t total_steps, bool schedule_spans_run) {
   STRATA_ASSIGN_OR_RETURN(const int64_t step, SavedStep(metadata));

@@ -164,17 +164,24 @@ constexpr char kTiedTwoStages[] = R"pb(
   optimizer { momentum { learning_rate: 0.05 momentum: 0.9 } clip_global_norm: 0.5 }
 )pb";
 
+// `steps` of the tied program's training with an evaluation set whose
+// batches do not split evenly.
+ParityOptions WithEvaluation(int64_t steps) {
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.eval_data = "synthetic:classes=10,size=301,test";
+  options.steps = steps;
+  return options;
+}
+
 // --eval_every 3 over 7 steps: evaluations after steps 3, 6 and 7 (the
 // run's end), each equal to one device's after the same step, under pp2 x
 // dp2 x 3 micro-batches.
 TEST(EvalEveryParityTest, PeriodicEvaluationsEqualOneDevicesAfterTheSameSteps) {
   auto program = ParseProgramText(kTiedTwoStages, "tied.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
-  ParityOptions options;
-  options.data = "synthetic:classes=10,size=512";
-  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
+  ParityOptions options = WithEvaluation(7);
   options.eval_every = 3;
-  options.steps = 7;
   auto single = TrainSingleDevice(*program, 2 * 3 * 2, options);
   ASSERT_TRUE(single.ok()) << single.status();
   ASSERT_EQ(single->evals.size(), 3u);
@@ -192,10 +199,7 @@ TEST(EvalEveryParityTest, PeriodicEvaluationsEqualOneDevicesAfterTheSameSteps) {
 TEST(EvalOnlyParityTest, ACheckpointEvaluatesAlikeUnderAnyLayout) {
   auto program = ParseProgramText(kTiedTwoStages, "tied.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
-  ParityOptions options;
-  options.data = "synthetic:classes=10,size=512";
-  options.eval_data = "synthetic:classes=10,size=301,test";  // batches that do not split evenly
-  options.steps = 5;
+  const ParityOptions options = WithEvaluation(5);
   const std::string single_dir = ::testing::TempDir() + "/eval_only_single";
   const std::string pipeline_dir = ::testing::TempDir() + "/eval_only_pipeline";
   std::filesystem::remove_all(single_dir);
