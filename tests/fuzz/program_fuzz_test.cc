@@ -671,7 +671,9 @@ int64_t LogitClasses(const Program& program) {
 }
 
 // Kernels must never crash on a shape that the shape functions accepted: a
-// mutant that compiles trains two steps on synthetic data at a tiny batch.
+// mutant that compiles trains two steps on synthetic data at a tiny batch,
+// evaluated after each (the forward-only evaluation pass, its last batch
+// partial).
 // Outcomes: kParseError (did not compile, or skipped as too big), kCompileError
 // (the run returned an error), kCompiled (it trained).
 Outcome CheckRunMutant(const Mutant& m) {
@@ -683,7 +685,10 @@ Outcome CheckRunMutant(const Mutant& m) {
   if (!result.ok() || result->plans[0].memory().peak_bytes() > kMaxRunPeakBytes) return kParseError;
   const RankPlan& plan = result->plans[0];
   TrainOptions train;
-  train.data = absl::StrCat("synthetic:classes=", std::min<int64_t>(LogitClasses(plan.program()), 65536), ",size=16");
+  const std::string classes = absl::StrCat("synthetic:classes=", std::min<int64_t>(LogitClasses(plan.program()), 65536));
+  train.data = absl::StrCat(classes, ",size=16");
+  train.eval_data = absl::StrCat(classes, ",test,size=", result->batch_size + 1);
+  train.eval_every = 1;
   train.steps = 2;
   train.seed = 1;
   train.progress = false;
@@ -921,7 +926,7 @@ TEST(ProgramFuzzTest, MutatedProgramsThatCompileNeverCrashTheKernels) {
   EXPECT_TRUE(failures.empty()) << failures.size() << " mutated programs crashed or hung in training (seed "
                                 << FuzzSeed() << "):\n" << Describe(failures);
   std::printf("%lld mutants: %lld did not compile (or were too big), %lld failed in training with an error, "
-              "%lld trained two steps\n",
+              "%lld trained two steps, evaluated after each\n",
               static_cast<long long>(Scaled(kRunMutations)), static_cast<long long>(outcomes[kParseError]),
               static_cast<long long>(outcomes[kCompileError]), static_cast<long long>(outcomes[kCompiled]));
   EXPECT_GT(outcomes[kCompiled], 0);
