@@ -1245,6 +1245,7 @@ absl::Status TrainSession::SaveAtEnd() {
 }
 
 absl::Status TrainSession::RecordFinalState() {
+  if (!options_.record_final_state) return absl::OkStatus();
   STRATA_ASSIGN_OR_RETURN(const auto final_state, executor_->HostState());
   for (const auto& [name, t] : final_state) {
     std::vector<double>& out = report_.final_state[name];

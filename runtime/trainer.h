@@ -33,6 +33,11 @@ struct TrainOptions {
   // and train nothing (the checkpoint's batch, seed and steps need not be
   // this run's: its weights are what is evaluated).
   bool eval_only = false;
+  // Copy every persistent var into TrainReport::final_state (as doubles) at
+  // the end, for tests that compare runs' weights. A whole model's state
+  // three times over in doubles: GPT-2 124M's weights and Adam moments are
+  // 3 GB, so the command line leaves it off.
+  bool record_final_state = true;
   int keep_checkpoints = 2;        // --keep_checkpoints: committed step folders kept (0: all)
   std::string load_dir;            // --load: DIR (its latest), DIR/step-N, or a flat format-1 folder
   // Polled at step boundaries: the signal a handler caught (SIGTERM), or 0.
@@ -96,7 +101,8 @@ struct TrainReport {
   int64_t measured_peak_bytes = 0;
   int64_t predicted_peak_bytes = 0;
   double seconds = 0;
-  std::map<std::string, std::vector<double>> final_state;  // persistent vars after training, as doubles
+  // Persistent vars after training, as doubles (TrainOptions::record_final_state).
+  std::map<std::string, std::vector<double>> final_state;
   int stop_signal = 0;            // the signal (on any rank) that ended the run early; 0: it ran to the end
   std::string loaded_from;        // the checkpoint resumed from, e.g. "ckpt/step-20 (latest)"
   std::string last_saved;         // the last step folder saved

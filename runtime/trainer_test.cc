@@ -407,6 +407,15 @@ TEST(TrainerEpochTest, EvalOnlyEvaluatesWhereItLoads) {
   EXPECT_EQ(evaluated->evals[0].accuracy, trained->evals[0].accuracy);
   EXPECT_EQ(evaluated->final_state, trained->final_state);
 
+  // Without the copy of the final state (the command line's way), the same.
+  eval.record_final_state = false;
+  auto uncopied = Train(compiled.plans[0], eval);
+  ASSERT_TRUE(uncopied.ok()) << uncopied.status();
+  EXPECT_TRUE(uncopied->final_state.empty());
+  ASSERT_EQ(uncopied->evals.size(), 1u);
+  EXPECT_EQ(uncopied->evals[0].loss, trained->evals[0].loss);
+  eval.record_final_state = true;
+
   eval.load_dir.clear();
   auto initial = Train(compiled.plans[0], eval);
   ASSERT_TRUE(initial.ok()) << initial.status();

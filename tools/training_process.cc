@@ -39,6 +39,8 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   options.save_every = absl::GetFlag(FLAGS_save_every);
   options.eval_every = absl::GetFlag(FLAGS_eval_every);
   options.eval_only = absl::GetFlag(FLAGS_eval_only);
+  // Nothing the command prints reads it, and it would copy the whole state.
+  options.record_final_state = false;
   options.keep_checkpoints = static_cast<int>(absl::GetFlag(FLAGS_keep_checkpoints));
   options.stop_signal = [] { return static_cast<int>(g_stop_signal); };
   options.progress = !absl::GetFlag(FLAGS_quiet);
