@@ -822,7 +822,10 @@ bool LoadsFromSaveFolder(const std::string& load, const std::string& save) {
 }
 
 absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
-  if (!IsDirectory(path)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint folder"));
+  if (!IsDirectory(path)) {
+    return absl::NotFoundError(absl::StrCat(
+        path, IsRegularFile(path) ? ": a file, not a checkpoint folder (--load DIR or DIR/step-N)" : ": no such checkpoint folder"));
+  }
   absl::StatusOr<std::string> latest = ReadLatest(path);
   if (!latest.ok()) return latest.status();
   if (!latest->empty()) {
@@ -896,9 +899,14 @@ absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, Checkpoin
     // The parent as the user spelled it, less a trailing slash.
     std::string trimmed = folder;
     while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    return absl::DataLossError(absl::StrCat(folder, ": not committed (a save that did not finish); --load ",
-                                            std::filesystem::path(trimmed).parent_path().string(),
-                                            " takes the latest complete one"));
+    const std::filesystem::path path(trimmed);
+    // A step folder's save folder holds the complete ones; elsewhere there is no other to name.
+    std::string hint;
+    if (StepOfFolderName(path.filename().string()) >= 0) {
+      hint = absl::StrCat("; --load ", path.has_parent_path() ? path.parent_path().string() : ".",
+                          " takes the latest complete one");
+    }
+    return absl::DataLossError(absl::StrCat(folder, ": not committed (a save that did not finish)", hint));
   }
   auto w = ckpt->metadata.find("world_size");
   if (w == ckpt->metadata.end() || !absl::SimpleAtoi(w->second, &world) || world < 1) {

@@ -286,12 +286,15 @@ LabelConsumer PlanLabelConsumer(const Program& program, const std::vector<FeedSp
 // classes= has the program's), their labels checked against `consumer`.
 absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec>& feeds, const LabelConsumer& consumer,
                          std::unique_ptr<Dataset>* train, std::unique_ptr<Dataset>* eval) {
-  auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
-  if (!train_data.ok()) {
-    return absl::Status(train_data.status().code(),
-                        absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
+  // --eval_only reads no training data (`train` stays null).
+  if (!options.eval_only) {
+    auto train_data = OpenDataset(options.data, feeds, options.seed, consumer.classes);
+    if (!train_data.ok()) {
+      return absl::Status(train_data.status().code(),
+                          absl::StrCat("--data ", options.data, ": ", train_data.status().message()));
+    }
+    *train = *std::move(train_data);
   }
-  *train = *std::move(train_data);
   if (!options.eval_data.empty()) {
     auto d = OpenDataset(options.eval_data, feeds, options.seed, consumer.classes);
     if (!d.ok()) {
@@ -301,7 +304,7 @@ absl::Status OpenJobData(const TrainOptions& options, const std::vector<FeedSpec
     *eval = *std::move(d);
   }
   // Labels the program cannot take fail here, on every rank, before any step.
-  STRATA_RETURN_IF_ERROR(CheckLabelsFit(**train, consumer, absl::StrCat("--data ", options.data)));
+  if (*train) STRATA_RETURN_IF_ERROR(CheckLabelsFit(**train, consumer, absl::StrCat("--data ", options.data)));
   if (*eval) STRATA_RETURN_IF_ERROR(CheckLabelsFit(**eval, consumer, absl::StrCat("--eval_data ", options.eval_data)));
   return absl::OkStatus();
 }
@@ -637,6 +640,7 @@ class TrainSession {
   std::unique_ptr<Dataset> train_data_;
   std::unique_ptr<Dataset> eval_data_;
   int64_t last_eval_step_ = -1;  // the step the last evaluation followed
+  int64_t loaded_epoch_ = 0;     // --eval_only: the epoch of the loaded checkpoint's step
   int64_t steps_per_epoch_ = 0;
   int64_t total_steps_ = 0;
   MetricsWriter metrics_;
@@ -683,7 +687,7 @@ absl::Status TrainSession::OpenData() {
   const std::vector<FeedSpec> feeds = FeedSpecs(plan_.program());
   STRATA_ASSIGN_OR_RETURN(const LabelConsumer consumer, AgreedLabelConsumer(feeds));
   STRATA_RETURN_IF_ERROR(OpenJobData(options_, feeds, consumer, &train_data_, &eval_data_));
-  train_data_->set_allocator(&loader_allocator_);
+  if (train_data_) train_data_->set_allocator(&loader_allocator_);
   if (eval_data_) eval_data_->set_allocator(&loader_allocator_);
   return absl::OkStatus();
 }
@@ -697,6 +701,12 @@ absl::StatusOr<LabelConsumer> TrainSession::AgreedLabelConsumer(const std::vecto
 absl::Status TrainSession::CountSteps() {
   // Under gradient merge an epoch holds whole updates, as the single device's
   // epoch of k-times-larger batches does.
+  if (options_.eval_only) {
+    // No step runs: the run ends where it starts (the loaded step, or 0).
+    total_steps_ = 0;
+    executor_->set_total_steps(total_steps_);
+    return absl::OkStatus();
+  }
   const int64_t k = executor_->merge_steps();
   STRATA_ASSIGN_OR_RETURN(steps_per_epoch_, StepsPerEpoch(*train_data_, options_.data, batch_, k));
   if (options_.steps > 0 && options_.steps % k != 0) {
@@ -712,12 +722,6 @@ absl::Status TrainSession::CountSteps() {
                                                    (options_.eval_every / k + 1) * k));
   }
   report_.steps_per_epoch = steps_per_epoch_;
-  if (options_.eval_only) {
-    // No step runs: the run ends where it starts (the loaded step, or 0).
-    total_steps_ = 0;
-    executor_->set_total_steps(total_steps_);
-    return absl::OkStatus();
-  }
   const int64_t epochs = std::max<int64_t>(options_.epochs, 1);
   if (options_.steps <= 0 && epochs > std::numeric_limits<int64_t>::max() / steps_per_epoch_) {
     return absl::InvalidArgumentError(
@@ -785,7 +789,17 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     }
   }
   executor_->set_step(*step);
-  if (options_.eval_only) total_steps_ = *step;
+  if (options_.eval_only) {
+    total_steps_ = *step;
+    // The epoch the saving run's step fell in, as its evaluation there said:
+    // the epochs it completed, plus one where it was part-way into the next.
+    int64_t completed = 0, position = 0;
+    const auto epoch = ckpt->metadata.find("epoch");
+    const auto at = ckpt->metadata.find("data_position");
+    if (epoch != ckpt->metadata.end() && absl::SimpleAtoi(epoch->second, &completed)) {
+      loaded_epoch_ = completed + (at != ckpt->metadata.end() && absl::SimpleAtoi(at->second, &position) && position > 0);
+    }
+  }
   report_.loaded_from = source.description;
   // Said even under --quiet: which checkpoint a run continues is part of its record.
   if (reporter_) {
@@ -816,7 +830,7 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       {"--steps", absl::StrCat(options_.steps)},
       {"--epochs", absl::StrCat(options_.epochs)},
       {"--seed", absl::StrCat(options_.seed)},
-      {"--data", train_data_->identity()},
+      {"--data", train_data_ ? train_data_->identity() : "(none)"},
       {"--eval_data", eval_data_ ? eval_data_->identity() : "(none)"},
       {"the global batch", absl::StrCat(batch_)},
       {"the loaded checkpoint's step", report_.loaded_from.empty() ? "(none)" : absl::StrCat(executor_->step())},
@@ -1225,10 +1239,7 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
 // --eval_every evaluated that step already; --eval_only evaluates where it
 // loaded (epoch 0: before any training).
 absl::Status TrainSession::EvaluateAtEnd() {
-  if (options_.eval_only) {
-    const int64_t step = executor_->step();
-    return Evaluate(step == 0 ? 0 : (step - 1) / steps_per_epoch_ + 1);
-  }
+  if (options_.eval_only) return Evaluate(loaded_epoch_);
   if (options_.steps > 0 && executor_->step() > first_step_ && report_.stop_signal == 0 &&
       last_eval_step_ != executor_->step()) {
     // Epochs count from 1: the one the last step fell in.
@@ -1238,7 +1249,7 @@ absl::Status TrainSession::EvaluateAtEnd() {
 }
 
 absl::Status TrainSession::SaveAtEnd() {
-  if (!options_.save_dir.empty() && executor_->step() > first_step_) {
+  if (!options_.eval_only && !options_.save_dir.empty() && executor_->step() > first_step_) {
     if (auto s = Save(); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -1304,6 +1315,9 @@ absl::Status TrainSession::WriteSummary() {
                                       {"measured_peak_bytes", job.peak_measured},
                                       {"predicted_peak_bytes", job.peak_predicted}};
     if (!job.ranks.empty()) summary["ranks"] = std::move(job.ranks);
+    // Appended to a run's own metrics (--load appends), an evaluation's
+    // summary is told apart from the training's.
+    if (options_.eval_only) summary["eval_only"] = true;
     STRATA_RETURN_IF_ERROR(metrics_.Line(JsonLine({{"summary", std::move(summary)}})));
   }
   return absl::OkStatus();
@@ -1318,6 +1332,7 @@ absl::Status CheckJobData(const std::vector<RankPlan>& plans, const TrainOptions
   for (const RankPlan& plan : plans) ranks.push_back(PlanLabelConsumer(plan.program(), FeedSpecs(plan.program())));
   std::unique_ptr<Dataset> train, eval;
   STRATA_RETURN_IF_ERROR(OpenJobData(options, feeds, TightestLabelConsumer(ranks), &train, &eval));
+  if (!train) return absl::OkStatus();  // --eval_only
   const int64_t k = std::max(1, plans[0].schedule().merge_steps());
   return StepsPerEpoch(*train, options.data, PlanBatchSize(plans[0]), k).status();
 }

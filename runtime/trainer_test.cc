@@ -393,10 +393,13 @@ TEST(TrainerEpochTest, EvalOnlyEvaluatesWhereItLoads) {
   ASSERT_TRUE(trained.ok()) << trained.status();
   ASSERT_EQ(trained->evals.size(), 1u);
 
-  TrainOptions eval = Options("synthetic:classes=3,size=20", "synthetic:classes=3,test,size=13");
+  // No training data is read (a --data that cannot open does not matter),
+  // and the epoch is the saving run's, from the checkpoint.
+  TrainOptions eval = Options("mnist:path=/nonexistent", "synthetic:classes=3,test,size=13");
   eval.steps = 0;
   eval.eval_only = true;
   eval.load_dir = options.save_dir;
+  eval.metrics_path = ::testing::TempDir() + "/eval_only_metrics.jsonl";
   auto evaluated = Train(compiled.plans[0], eval);
   ASSERT_TRUE(evaluated.ok()) << evaluated.status();
   EXPECT_TRUE(evaluated->steps.empty());
@@ -406,6 +409,14 @@ TEST(TrainerEpochTest, EvalOnlyEvaluatesWhereItLoads) {
   EXPECT_EQ(evaluated->evals[0].loss, trained->evals[0].loss);
   EXPECT_EQ(evaluated->evals[0].accuracy, trained->evals[0].accuracy);
   EXPECT_EQ(evaluated->final_state, trained->final_state);
+  {
+    // Its summary line says it only evaluated.
+    std::ifstream metrics(eval.metrics_path);
+    std::string line, last;
+    while (std::getline(metrics, line)) last = line;
+    EXPECT_EQ(nlohmann::json::parse(last).at("summary").at("eval_only"), true) << last;
+  }
+  eval.metrics_path.clear();
 
   // Without the copy of the final state (the command line's way), the same.
   eval.record_final_state = false;

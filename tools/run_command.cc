@@ -253,25 +253,6 @@ int CheckRunFlags() {
     std::cerr << "error: --eval_every needs --eval_data (the set to evaluate)\n";
     return kExitUsage;
   }
-  if (absl::GetFlag(FLAGS_eval_only)) {
-    if (absl::GetFlag(FLAGS_eval_data).empty()) {
-      std::cerr << "error: --eval_only needs --eval_data (the set to evaluate)\n";
-      return kExitUsage;
-    }
-    // What would train or write a checkpoint has no meaning without training.
-    for (const auto& [flag, given] : std::vector<std::pair<const char*, bool>>{
-             {"--steps", absl::GetFlag(FLAGS_steps) != 0},
-             {"--epochs", absl::GetFlag(FLAGS_epochs) != 0},
-             {"--eval_every", absl::GetFlag(FLAGS_eval_every) != 0},
-             {"--save", !absl::GetFlag(FLAGS_save).empty()},
-             {"--save_every", absl::GetFlag(FLAGS_save_every) != 0},
-             {"--compare_single", absl::GetFlag(FLAGS_compare_single)}}) {
-      if (given) {
-        std::cerr << "error: --eval_only trains nothing, so " << flag << " has nothing to do; leave it out\n";
-        return kExitUsage;
-      }
-    }
-  }
   // Below a second the ranks' own start (comparing their settings, the
   // first step's warm-up) outlasts it, and every job fails (0.001 and 0.1
   // did); past 1e6 s a timeout is no longer one.

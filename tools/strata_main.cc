@@ -24,6 +24,24 @@ namespace {
 
 constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 
+// --eval_only trains nothing: a flag that would train or save, given at all
+// (0 included), is a mistake, said before its value is judged. 0, or the
+// exit code once it printed why.
+int CheckEvalOnly(const std::set<std::string>& given) {
+  if (!absl::GetFlag(FLAGS_eval_only)) return 0;
+  for (const char* flag : {"steps", "epochs", "eval_every", "save", "save_every", "compare_single"}) {
+    if (given.count(flag)) {
+      std::cerr << "error: --eval_only trains nothing, so --" << flag << " has nothing to do; leave it out\n";
+      return kExitUsage;
+    }
+  }
+  if (absl::GetFlag(FLAGS_eval_data).empty()) {
+    std::cerr << "error: --eval_only needs --eval_data (the set to evaluate)\n";
+    return kExitUsage;
+  }
+  return 0;
+}
+
 // --steps and --epochs exclude each other. 0, or the exit code once it printed why.
 int CheckStepsAndEpochs(const std::set<std::string>& given) {
   if (given.count("steps") && given.count("epochs")) {
@@ -83,6 +101,7 @@ int Main(int argc, char** argv) {
     std::cerr << "error: " << parsed.status().message() << "\n";
     return kExitUsage;
   }
+  if (int rc = CheckEvalOnly(parsed->given); rc != 0) return rc;
   if (int rc = CheckStepsAndEpochs(parsed->given); rc != 0) return rc;
   const std::vector<std::string>& positional = parsed->positional;
   if (command == "gen") return GenCommand(positional);
