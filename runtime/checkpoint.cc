@@ -545,7 +545,10 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, ReadExtent e
                                             data_size));
   }
 
-  if (extent == ReadExtent::kLayout) return ckpt;
+  if (extent == ReadExtent::kLayout) {
+    for (const TensorEntry& e : entries) ckpt.tensors.emplace(e.name, Tensor());  // names only
+    return ckpt;
+  }
 
   // Data in file order: one forward pass through the file.
   for (const TensorEntry* e : by_offset) {
@@ -866,16 +869,17 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
   return header->metadata;
 }
 
-absl::Status CheckCheckpointFiles(const std::string& path) {
+absl::StatusOr<std::set<std::string>> CheckCheckpointFiles(const std::string& path) {
   absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
   if (!resolved.ok()) return resolved.status();
+  std::set<std::string> names;
   std::error_code ec;
   for (const std::string& file : SafetensorsFiles(resolved->folder, &ec)) {
-    if (absl::StatusOr<Checkpoint> layout = ReadSafetensors(file, ReadExtent::kLayout); !layout.ok()) {
-      return layout.status();
-    }
+    absl::StatusOr<Checkpoint> layout = ReadSafetensors(file, ReadExtent::kLayout);
+    if (!layout.ok()) return layout.status();
+    for (const auto& [name, unused] : layout->tensors) names.insert(name);
   }
-  return absl::OkStatus();
+  return names;
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source) {

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -88,8 +89,9 @@ absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path);
 absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const std::string& path);
 // ResolveCheckpoint, then each file's header and that its tensors tile its
 // data (no tensor data read): what a launcher checks once, before its ranks
-// each load their share and fail alike on a truncated file.
-absl::Status CheckCheckpointFiles(const std::string& path);
+// each load their share and fail alike on a truncated file. The names of
+// the tensors the files hold.
+absl::StatusOr<std::set<std::string>> CheckCheckpointFiles(const std::string& path);
 // ResolveCheckpoint, then LoadCheckpoint of its folder; a format-2 folder
 // must hold exactly one file per rank of the world that saved it.
 absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source = nullptr);

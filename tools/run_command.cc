@@ -202,6 +202,34 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
   return 0;
 }
 
+// A --load checkpoint holds no weight or state of the user's that the
+// program lacks: a larger model's checkpoint would otherwise load, its extra
+// tensors ignored (PyTorch's load_state_dict is strict by default). Names
+// with '@' are the compiler's (optimizer moments, merge buffers, the loss
+// scale), which another strategy or optimizer may have saved and this run
+// may not use. A checkpoint that cannot be read is left to the load to say.
+int CheckCheckpointFitsProgram(const std::vector<RankPlan>& plans) {
+  const std::string load = UserPath(absl::GetFlag(FLAGS_load));
+  if (load.empty()) return 0;
+  absl::StatusOr<std::set<std::string>> names = CheckCheckpointFiles(load);
+  if (!names.ok()) return 0;
+  std::set<std::string> vars;
+  for (const RankPlan& plan : plans) {
+    for (const Var& v : plan.program().var()) {
+      if (v.kind() == PARAM || v.kind() == STATE) vars.insert(v.name());
+    }
+  }
+  std::vector<std::string> extra;
+  for (const std::string& name : *names) {
+    if (!absl::StrContains(name, '@') && !vars.count(name)) extra.push_back(name);
+  }
+  if (extra.empty()) return 0;
+  std::cerr << "error: --load " << absl::GetFlag(FLAGS_load) << ": holds '" << extra[0] << "'"
+            << (extra.size() > 1 ? absl::StrCat(" and ", extra.size() - 1, " more") : "")
+            << ", which the program has no parameter or state var for: a checkpoint of another program?\n";
+  return kExitError;
+}
+
 // STRATA_PREEMPTION_GRACE_S: the seconds the workers have, after a SIGTERM
 // to the launcher, to finish their step and save (a cluster's notice before
 // it kills the job: 30 s by default, as GCP's spot VMs and Kubernetes give).
@@ -570,6 +598,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
                                ScheduleSpansRun(result->plans[0].program()))) {
     return rc;
   }
+  if (int rc = CheckCheckpointFitsProgram(result->plans); rc != 0) return rc;
   std::vector<const RankPlan*> here;
   for (const RankPlan& plan : result->plans) {
     if (!worker->has_value() || plan.rank() == (*worker)->rank) here.push_back(&plan);

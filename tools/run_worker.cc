@@ -197,7 +197,7 @@ int CheckWorkerSetup() {
   // A damaged checkpoint file (truncated, not safetensors) every rank would
   // fail on alike; a folder with no checkpoint yet is the ranks' to note.
   if (const std::string load = absl::GetFlag(FLAGS_load); !load.empty()) {
-    if (absl::Status s = CheckCheckpointFiles(UserPath(load)); s.code() == absl::StatusCode::kDataLoss) {
+    if (absl::Status s = CheckCheckpointFiles(UserPath(load)).status(); s.code() == absl::StatusCode::kDataLoss) {
       std::cerr << "error: --load " << load << ": " << s.message() << "\n";
       return kExitError;
     }

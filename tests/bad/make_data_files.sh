@@ -163,6 +163,12 @@ checkpoint "{$(meta 64),$step,$bias,$weight}" 48 > "$d/model.safetensors"
 d=$(case_dir ckpt_shape_mismatch)
 checkpoint "{$(meta 64),$step,$bias,${weight/\[4,3\]/[3,4]}}" 68 > "$d/model.safetensors"
 
+# A larger program's: a weight 'w2' the program has no var for, beside
+# its optimizer state (which, with '@' in its name, another run may hold).
+d=$(case_dir ckpt_other_program)
+extra='"w2":{"dtype":"F32","shape":[3],"data_offsets":[68,80]},"w2@moment1":{"dtype":"F32","shape":[3],"data_offsets":[80,92]}'
+checkpoint "{$(meta 64),$step,$bias,$weight,$extra}" 92 > "$d/model.safetensors"
+
 # No tensor for the parameter w.
 d=$(case_dir ckpt_missing_param)
 checkpoint "{$(meta 64),$step,$bias}" 20 > "$d/model.safetensors"
