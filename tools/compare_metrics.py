@@ -6,9 +6,11 @@
 Prints the steps both have, whether their losses are bit-identical, the
 largest relative difference (and the first step above 1e-4), each eval's
 loss and accuracy side by side (evaluations of one set after one step), and
-the two summaries' seconds and peaks; exits 1 when the files share no step.
-Used to set a GPU run beside the CPU run of the same program and seed, or a
-resumed run beside the uninterrupted one.
+the two summaries' seconds and peaks; exits 1 when the files share neither
+a step nor an evaluation. Used to set a GPU run beside the CPU run of the
+same program and seed, a resumed run beside the uninterrupted one, or the
+evaluations of one checkpoint under two layouts (`run --eval_only`, whose
+summary line a training summary in the same file is preferred to).
 
 A run under gradient merge (its update steps carry "optimizer_step") is
 compared per optimizer update: the mean of the losses of the k steps that
@@ -32,7 +34,9 @@ def load(p):
     ends = []  # (step, update) of each update's last step
     for line in open(p):
         r = json.loads(line)
-        if "summary" in r: summ = r["summary"]
+        if "summary" in r:
+            # An --eval_only appended to a run's file: the training's summary stays.
+            if summ is None or not r["summary"].get("eval_only") or summ.get("eval_only"): summ = r["summary"]
         elif "eval" in r: evals[(r["eval"], r["step"])] = r
         elif "loss" in r:
             if steps and r["step"] <= max(steps):
@@ -76,16 +80,21 @@ if ua is not None or ub is not None:
     if ub is not None: b = ub
 unit = "updates" if ua is not None or ub is not None else "steps"
 common = sorted(set(a) & set(b))
-if not common:
-    sys.exit(f"{sys.argv[1]} vs {sys.argv[2]}: no {unit[:-1]} in both ({len(a)} and {len(b)} {unit}): nothing compared")
-worst, worst_step, first_over = 0.0, None, None
-for s in common:
-    rel = abs(a[s] - b[s]) / max(abs(b[s]), 1e-30)
-    if rel > worst: worst, worst_step = rel, s
-    if first_over is None and rel > 1e-4: first_over = s
-same = all(a[s] == b[s] for s in common)
-print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} {unit}, bit-identical={same}, max rel diff {worst:.3g} at {unit[:-1]} {worst_step}, first {unit[:-1]} over 1e-4: {first_over}")
-for key in sorted(set(ea) & set(eb), key=lambda k: (k[1], k[0])):  # evaluations of the same set after the same step
+common_evals = set(ea) & set(eb)
+if not common and not common_evals:
+    sys.exit(f"{sys.argv[1]} vs {sys.argv[2]}: no {unit[:-1]} in both ({len(a)} and {len(b)} {unit}) and no evaluation: nothing compared")
+if common:
+    worst, worst_step, first_over = 0.0, None, None
+    for s in common:
+        rel = abs(a[s] - b[s]) / max(abs(b[s]), 1e-30)
+        if rel > worst: worst, worst_step = rel, s
+        if first_over is None and rel > 1e-4: first_over = s
+    same = all(a[s] == b[s] for s in common)
+    print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(common)} {unit}, bit-identical={same}, max rel diff {worst:.3g} at {unit[:-1]} {worst_step}, first {unit[:-1]} over 1e-4: {first_over}")
+else:
+    same = all(ea[k]["loss"] == eb[k]["loss"] and ea[k].get("accuracy") == eb[k].get("accuracy") for k in common_evals)
+    print(f"{sys.argv[1]} vs {sys.argv[2]}: no {unit[:-1]} in both; {len(common_evals)} evaluations, bit-identical={same}")
+for key in sorted(common_evals, key=lambda k: (k[1], k[0])):  # evaluations of the same set after the same step
     x, y = ea[key], eb[key]
     # (accuracy only where the program fetches one)
     acc = f", accuracy {x['accuracy']:.4f} vs {y['accuracy']:.4f}" if "accuracy" in x and "accuracy" in y else ""

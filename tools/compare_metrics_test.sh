@@ -59,6 +59,18 @@ echo "$out" | grep -q ": 2 updates, bit-identical=True" || fail "the appended re
 sed 's/, "optimizer_step": [0-9]*//' "$tmp/ref.jsonl" | awk '/"step": 4,/ {sub(/}$/, ", \"optimizer_step\": 1}")} {print}' >"$tmp/k4.jsonl"
 out=$(/usr/bin/python3 "$cm" "$tmp/k4.jsonl" "$tmp/ref.jsonl" 2>&1) || true
 echo "$out" | grep -q "compared step by step" && fail "merges of 4 and 2 steps compared step by step: $out"
+# Evaluations alone (two --eval_only files) are compared; an eval-only
+# summary appended to a run's file does not replace the training's.
+printf '%s\n' '{"eval": "test", "step": 6, "epoch": 1, "loss": 0.5, "accuracy": 0.25}' \
+  '{"summary": {"steps": 6, "seconds": 0.5, "measured_peak_bytes": 10, "predicted_peak_bytes": 20, "eval_only": true}}' \
+  >"$tmp/eval_a.jsonl"
+sed 's/"loss": 0.5/"loss": 0.75/' "$tmp/eval_a.jsonl" >"$tmp/eval_b.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/eval_a.jsonl" "$tmp/eval_b.jsonl") || fail "evaluations alone: exit $?: $out"
+echo "$out" | grep -q "no step in both; 1 evaluations, bit-identical=False" || fail "evaluations alone: $out"
+echo "$out" | grep -q "eval test step 6: loss 0.500000 vs 0.750000, accuracy 0.2500 vs 0.2500" || fail "evaluations alone: $out"
+{ cat "$tmp/ref.jsonl"; echo '{"summary": {"steps": 6, "seconds": 9.5, "measured_peak_bytes": 1, "predicted_peak_bytes": 2}}'; cat "$tmp/eval_a.jsonl"; } >"$tmp/with_eval.jsonl"
+out=$(/usr/bin/python3 "$cm" "$tmp/with_eval.jsonl" "$tmp/with_eval.jsonl") || fail "exit $?: $out"
+echo "$out" | grep -q "seconds 9.50 vs 9.50" || fail "the eval-only summary replaced the training's: $out"
 # Nothing in common: an error.
 : >"$tmp/empty.jsonl"
 if out=$(/usr/bin/python3 "$cm" "$tmp/empty.jsonl" "$tmp/ref.jsonl" 2>&1); then fail "an empty file compared: $out"; fi
