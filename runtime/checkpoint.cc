@@ -455,8 +455,10 @@ enum class ReadExtent {
   kAll,
 };
 
-// The whole file, or less of it (ReadExtent).
-absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, ReadExtent extent) {
+// The whole file, or less of it (ReadExtent); with `wanted`, the data of
+// only the tensors it names (the others are not read, nor in the result).
+absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, ReadExtent extent,
+                                           const std::function<bool(const std::string&)>* wanted = nullptr) {
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -550,8 +552,19 @@ absl::StatusOr<Checkpoint> ReadSafetensors(const std::string& path, ReadExtent e
     return ckpt;
   }
 
-  // Data in file order: one forward pass through the file.
+  // Data in file order: one forward pass through the file, past the
+  // tensors not wanted.
+  const uint64_t data_begin = 8 + header_len;
+  bool skipped = false;
   for (const TensorEntry* e : by_offset) {
+    if (wanted != nullptr && !(*wanted)(e->name)) {
+      skipped = true;
+      continue;
+    }
+    if (skipped && fseeko(f.get(), static_cast<off_t>(data_begin + e->begin), SEEK_SET) != 0) {
+      return absl::DataLossError(absl::StrCat(path, ": cannot seek to the data of tensor \"", e->name, "\""));
+    }
+    skipped = false;
     Tensor t = Tensor::Empty(e->dtype, e->shape);
     if (!t.defined()) {
       return absl::ResourceExhaustedError(absl::StrCat(path, ": cannot allocate ", DataTypeName(e->dtype),
@@ -597,7 +610,7 @@ absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file
   return FsyncDir(dir);
 }
 
-absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, const TensorFilter* wanted) {
   std::error_code ec;
   const std::vector<std::string> files = SafetensorsFiles(dir, &ec);
   if (ec) {
@@ -606,9 +619,20 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
     return ec == std::errc::no_such_file_or_directory ? absl::NotFoundError(why) : absl::FailedPreconditionError(why);
   }
   if (files.empty()) return absl::DataLossError(absl::StrCat(dir, ": no *.safetensors checkpoint files"));
+  // The filter sees every file's metadata (headers only), read first.
+  std::map<std::string, std::string> all_metadata;
+  std::function<bool(const std::string&)> want;
+  if (wanted != nullptr) {
+    for (const auto& file : files) {
+      auto header = ReadSafetensors(file, ReadExtent::kMetadata);
+      if (!header.ok()) return header.status();
+      all_metadata.insert(header->metadata.begin(), header->metadata.end());
+    }
+    want = [&](const std::string& name) { return (*wanted)(name, all_metadata); };
+  }
   Checkpoint merged;
   for (const auto& file : files) {
-    auto shard = ReadSafetensorsFile(file);
+    auto shard = ReadSafetensors(file, ReadExtent::kAll, wanted != nullptr ? &want : nullptr);
     if (!shard.ok()) return shard.status();
     for (auto& [name, tensor] : shard->tensors) {
       auto it = merged.tensors.find(name);
@@ -882,12 +906,13 @@ absl::StatusOr<std::set<std::string>> CheckCheckpointFiles(const std::string& pa
   return names;
 }
 
-absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source) {
+absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source,
+                                              const TensorFilter* wanted) {
   absl::StatusOr<CheckpointSource> resolved = ResolveCheckpoint(path);
   if (!resolved.ok()) return resolved.status();
   if (source != nullptr) *source = *resolved;
   const std::string& folder = resolved->folder;
-  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(folder);
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(folder, wanted);
   if (!ckpt.ok()) return ckpt.status();
   auto version = ckpt->metadata.find("format_version");
   if (version == ckpt->metadata.end()) return ckpt;  // format 1: flat files, as written before step folders

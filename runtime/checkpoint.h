@@ -26,8 +26,14 @@ inline constexpr char kCheckpointFileName[] = "model.safetensors";
 // Creates `dir` (and its parents) and writes dir/model.safetensors through a
 // temporary file renamed into place, so a crash never leaves a torn checkpoint.
 absl::Status SaveCheckpoint(const std::string& dir, const Checkpoint& ckpt);
-// Reads dir/model.safetensors.
-absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir);
+// Which tensors a load reads (the others' bytes are skipped), given the
+// metadata of every file of the checkpoint: a pipeline rank needs only its
+// stage's share.
+using TensorFilter =
+    std::function<bool(const std::string& name, const std::map<std::string, std::string>& metadata)>;
+// Reads dir/model.safetensors (every *.safetensors of dir, merged), with
+// `wanted` only the tensors it names.
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, const TensorFilter* wanted = nullptr);
 // Writes one rank's share (dir/file_name, through a temporary name); LoadCheckpoint
 // merges every *.safetensors file of a folder, so any layout can load any other's.
 absl::Status SaveCheckpointShard(const std::string& dir, const std::string& file_name, const Checkpoint& ckpt);
@@ -94,7 +100,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadCheckpointMetadata(const 
 absl::StatusOr<std::set<std::string>> CheckCheckpointFiles(const std::string& path);
 // ResolveCheckpoint, then LoadCheckpoint of its folder; a format-2 folder
 // must hold exactly one file per rank of the world that saved it.
-absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source = nullptr);
+absl::StatusOr<Checkpoint> LoadCheckpointFrom(const std::string& path, CheckpointSource* source = nullptr,
+                                              const TensorFilter* wanted = nullptr);
 
 // A save has the test hooks checkpoint_partial_write and
 // checkpoint_before_agree (runtime/fault_injection.h).

@@ -35,6 +35,11 @@ Tensor MakeTensor(Shape shape, std::vector<T> values) {
   return t;
 }
 
+template <typename T>
+std::vector<T> Values(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.num_elements());
+}
+
 Tensor MakeBool(Shape shape, std::vector<int> values) {
   Tensor t = Tensor::Empty(BOOL, shape);
   for (size_t i = 0; i < values.size(); ++i) t.data<bool>()[i] = values[i] != 0;
@@ -200,6 +205,38 @@ TEST(CheckpointTest, LoadMergesTheShardsOfSeveralRanks) {
   merged = LoadCheckpoint(dir);
   ASSERT_FALSE(merged.ok());
   EXPECT_THAT(merged.status().message(), HasSubstr("'@step' differs"));
+}
+
+// With a filter, a load reads only the tensors it names, skipping the
+// others' bytes wherever they sit in a file, and the filter sees the
+// metadata of every shard (a rank finds the saved parts of what it takes
+// there).
+TEST(CheckpointTest, LoadReadsOnlyTheWantedTensors) {
+  const std::string dir = TempDir("filtered");
+  Checkpoint a, b;
+  a.tensors["a0"] = MakeTensor<float>({2}, {1, 2});
+  a.tensors["b1"] = MakeTensor<double>({3}, {3, 4, 5});  // between two wanted ones in file order
+  a.tensors["c2"] = MakeTensor<float>({1}, {6});
+  a.metadata["step"] = "3";
+  b.tensors["d3"] = MakeTensor<int64_t>({2}, {7, 8});
+  b.metadata["step"] = "3";
+  b.metadata["part:d3"] = "c2";
+  ASSERT_TRUE(SaveCheckpointShard(dir, "model.rank0.safetensors", a).ok());
+  ASSERT_TRUE(SaveCheckpointShard(dir, "model.rank1.safetensors", b).ok());
+  std::vector<std::string> seen_metadata;
+  const TensorFilter wanted = [&](const std::string& name, const std::map<std::string, std::string>& metadata) {
+    if (name == "d3") seen_metadata.push_back(metadata.count("part:d3") ? metadata.at("part:d3") : "");
+    return name == "a0" || name == "c2" || (metadata.count("part:" + name) && metadata.at("part:" + name) == "c2");
+  };
+  absl::StatusOr<Checkpoint> loaded = LoadCheckpoint(dir, &wanted);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->tensors.size(), 3u);
+  EXPECT_EQ(loaded->tensors.count("b1"), 0u);
+  EXPECT_THAT(Values<float>(loaded->tensors.at("a0")), ElementsAre(1, 2));
+  EXPECT_THAT(Values<float>(loaded->tensors.at("c2")), ElementsAre(6));
+  EXPECT_THAT(Values<int64_t>(loaded->tensors.at("d3")), ElementsAre(7, 8));
+  EXPECT_THAT(seen_metadata, ElementsAre("c2"));
+  EXPECT_EQ(loaded->metadata.at("part:d3"), "c2");
 }
 
 TEST(CheckpointTest, SaveRejectsUnwritableTensorsAndNames) {

@@ -546,6 +546,10 @@ std::string EvalMetricsJson(const EvalMetrics& m, int64_t step) {
   return JsonLine(line);
 }
 
+// The metadata key that says a saved buffer holds a part of a tied weight's
+// gradient (Program.merge_part); its value is the whole's buffer name.
+constexpr char kMergePartKey[] = "merge_part:";
+
 namespace {
 
 // One rank's training run, split into the phases Train calls in order. The
@@ -749,7 +753,18 @@ absl::Status TrainSession::CheckOutputsWritable() const {
 absl::Status TrainSession::ResumeFromCheckpoint() {
   if (options_.load_dir.empty()) return absl::OkStatus();
   CheckpointSource source;
-  auto ckpt = LoadCheckpointFrom(options_.load_dir, &source);
+  // This rank reads its own vars' tensors, and the saved parts of the
+  // gradient-merge sums it takes whole (PlaceMergeBuffers), not the whole
+  // checkpoint: a stage of a pipeline reads its stage's share.
+  std::set<std::string> mine;
+  for (const Var& v : plan_.program().var()) mine.insert(v.name());
+  for (const Program::MergePart& m : plan_.program().merge_part()) mine.insert(m.whole());
+  const TensorFilter wanted = [&mine](const std::string& name, const std::map<std::string, std::string>& metadata) {
+    if (mine.count(name)) return true;
+    auto part = metadata.find(absl::StrCat(kMergePartKey, name));
+    return part != metadata.end() && mine.count(part->second) > 0;
+  };
+  auto ckpt = LoadCheckpointFrom(options_.load_dir, &source, &wanted);
   if (!ckpt.ok() && absl::IsNotFound(ckpt.status()) && SameFolder(options_.load_dir, options_.save_dir)) {
     // --load DIR --save DIR restarts a preempted job; its first start has nothing to load.
     if (reporter_)
@@ -1077,10 +1092,6 @@ absl::StatusOr<std::map<std::string, Tensor>> TrainSession::CheckpointTensors() 
   }
   return tensors;
 }
-
-// The metadata key that says a saved buffer holds a part of a tied weight's
-// gradient (Program.merge_part); its value is the whole's buffer name.
-constexpr char kMergePartKey[] = "merge_part:";
 
 namespace {
 
