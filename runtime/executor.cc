@@ -278,14 +278,16 @@ absl::Status Executor::Prepare() {
   return absl::OkStatus();
 }
 
-absl::Status Executor::InitializeState() {
+absl::Status Executor::InitializeState(const std::set<std::string>& to_load) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
     const Var& v = program.var(i);
-    if (v.kind() == PARAM) {
+    if (checkpointed_[i] && to_load.count(v.name())) {
+      state_[i] = Tensor();
+    } else if (v.kind() == PARAM) {
       // Initialised on the host (the same bits on every device), then moved.
       auto t = InitializeParam(v, options_.seed, options_.device->host_accessible() ? options_.device->allocator()
                                                                                       : GetCpuAllocator());

@@ -62,8 +62,10 @@ class Executor {
  public:
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const RankPlan& plan, const ExecutorOptions& options);
 
-  // Parameters from (seed, name) alone; optimizer state zero; step 0.
-  absl::Status InitializeState();
+  // Parameters from (seed, name) alone; optimizer state zero; step 0. The
+  // checkpointed vars named in `to_load` are left unset (no draws, no
+  // bytes): LoadPersistentState gives them their values next.
+  absl::Status InitializeState(const std::set<std::string>& to_load = {});
 
   // One training step: walks the schedule's actions over this rank's share of
   // the global batch (one tensor per FEED var the program reads, micro-batches

@@ -579,7 +579,7 @@ class TrainSession {
   absl::Status OpenData();
   absl::Status CountSteps();
   absl::Status CheckOutputsWritable() const;
-  absl::Status InitializeState() { return executor_->InitializeState(); }
+  absl::Status InitializeState();
   absl::Status ResumeFromCheckpoint();
   absl::Status CheckSaveKeepsLatest() const;
   absl::Status CheckRanksAgreeOnSettings() const;
@@ -747,6 +747,19 @@ absl::Status TrainSession::CheckOutputsWritable() const {
     if (auto s = CheckWritableFile(options_.trace_path, "--trace"); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// The initial weights and state, but none of what --load's checkpoint holds
+// (drawn for nothing, and held beside the loaded copy while it loads).
+absl::Status TrainSession::InitializeState() {
+  std::set<std::string> to_load;
+  if (!options_.load_dir.empty()) {
+    // Headers only; a checkpoint that is not there (a first start) loads nothing.
+    if (absl::StatusOr<std::set<std::string>> names = CheckCheckpointFiles(options_.load_dir); names.ok()) {
+      to_load = *std::move(names);
+    }
+  }
+  return executor_->InitializeState(to_load);
 }
 
 // --load: the checkpoint's state and step, if this run may resume from it.
