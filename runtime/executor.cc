@@ -336,7 +336,7 @@ absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
   return state;
 }
 
-absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state) {
+absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state, bool weights_only) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
@@ -345,6 +345,7 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
     if (!checkpointed_[i]) continue;
     const Var& v = program.var(i);
     auto it = state.find(v.name());
+    if (it == state.end() && weights_only && absl::StrContains(v.name(), '@') && state_[i].defined()) continue;
     if (it == state.end()) return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", v.name(), "'"));
     const Tensor& t = it->second;
     std::vector<int64_t> want(v.shape().begin(), v.shape().end());

@@ -118,7 +118,10 @@ class Executor {
   // device, copies in host memory otherwise (checkpoints, reports).
   absl::StatusOr<std::map<std::string, Tensor>> HostState() const;
   // Replaces parameters/state from a checkpoint; every persistent var must be present with its type.
-  absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state);
+  // `weights_only` (an evaluation): a var of the compiler's own state (a
+  // name with '@': optimizer moments, the loss scale) the checkpoint lacks
+  // keeps its initial value, as another optimizer or strategy saved it.
+  absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state, bool weights_only = false);
 
   // On a pipeline: seconds spent computing, and waiting on transfers (receives
   // not yet arrived, sends not yet taken), since the executor was made.

@@ -127,6 +127,19 @@ TEST(ExecutorTest, InitializeLeavesWhatALoadGivesUnset) {
   auto b = (*partial)->TrainStep(feeds, 0);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->loss, b->loss);
+
+  // Weights alone (an evaluation): missing optimizer state keeps its initial
+  // value; a training load refuses it, and weights are never optional.
+  std::map<std::string, Tensor> weights;
+  for (const auto& [name, t] : saved) {
+    if (name.find('@') == std::string::npos) weights[name] = t;
+  }
+  ASSERT_LT(weights.size(), saved.size());
+  ASSERT_TRUE((*partial)->InitializeState().ok());
+  EXPECT_TRUE((*partial)->LoadPersistentState(weights, /*weights_only=*/true).ok());
+  EXPECT_FALSE((*partial)->LoadPersistentState(weights).ok());
+  weights.erase("fc1.w");
+  EXPECT_FALSE((*partial)->LoadPersistentState(weights, /*weights_only=*/true).ok());
 }
 
 TEST(ExecutorTest, FreesActivationsAfterTheStep) {

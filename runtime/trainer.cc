@@ -803,7 +803,7 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   if (auto s = PlaceMergeBuffers(options_.eval_only ? 0 : *step, ckpt->metadata, ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
-  if (auto s = executor_->LoadPersistentState(ckpt->tensors); !s.ok()) {
+  if (auto s = executor_->LoadPersistentState(ckpt->tensors, /*weights_only=*/options_.eval_only); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
   // The optimizer's update count (passes/optimizer.h kStepVar) lags the

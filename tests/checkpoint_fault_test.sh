@@ -202,4 +202,19 @@ printf 'step-4\n' > "$ck/latest"  # latest back (steps 2 and 4 are committed)
 grep -q "its latest checkpoint is step 4, which this run (from step 2) would save again" "$tmp/err.txt" ||
   fail "re-save: $(cat "$tmp/err.txt")"
 echo "ok: no latest is an error, an empty folder starts afresh, re-saving latest's step is refused before training"
+
+# A checkpoint of another program (a weight this one has no var for) is
+# refused; a parameter this program declares but no op reads, which one
+# device saves and a pipeline's plans leave out, is not another program's.
+{ cat "$program"; echo 'var { name: "unused" dtype: F32 shape: [4] kind: PARAM }'; } >"$tmp/unused.pbtxt"
+rm -rf "$tmp/ck_unused"
+"$strata" run "$tmp/unused.pbtxt" --data synthetic --quiet --steps 2 --batch_size 64 --save "$tmp/ck_unused" >/dev/null 2>&1 ||
+  fail "one device with an unused parameter"
+"$strata" run "$tmp/unused.pbtxt" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 4 \
+  --load "$tmp/ck_unused" >/dev/null 2>"$tmp/err.txt" || fail "a declared, unread parameter refused: $(cat "$tmp/err.txt")"
+"$strata" run "$program" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 4 \
+  --load "$tmp/ck_unused" >/dev/null 2>"$tmp/err.txt" && fail "a checkpoint with a weight the program lacks was loaded"
+grep -q "holds 'unused', which the program has no parameter or state var for" "$tmp/err.txt" ||
+  fail "another program's checkpoint: $(cat "$tmp/err.txt")"
+echo "ok: another program's checkpoint is refused; a declared parameter no op reads is not another program's"
 echo "PASS"

@@ -208,17 +208,21 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
 // with '@' are the compiler's (optimizer moments, merge buffers, the loss
 // scale), which another strategy or optimizer may have saved and this run
 // may not use. A checkpoint that cannot be read is left to the load to say.
-int CheckCheckpointFitsProgram(const std::vector<RankPlan>& plans) {
+// The program's own vars count, not the plans': a pipeline's plans leave
+// out a declared parameter no op reads, which one device keeps and saves.
+int CheckCheckpointFitsProgram(const std::string& path, const std::vector<RankPlan>& plans) {
   const std::string load = UserPath(absl::GetFlag(FLAGS_load));
   if (load.empty()) return 0;
   absl::StatusOr<std::set<std::string>> names = CheckCheckpointFiles(load);
   if (!names.ok()) return 0;
   std::set<std::string> vars;
-  for (const RankPlan& plan : plans) {
-    for (const Var& v : plan.program().var()) {
+  auto declare = [&vars](const Program& program) {
+    for (const Var& v : program.var()) {
       if (v.kind() == PARAM || v.kind() == STATE) vars.insert(v.name());
     }
-  }
+  };
+  for (const RankPlan& plan : plans) declare(plan.program());
+  if (absl::StatusOr<Program> program = ReadProgramFile(UserPath(path)); program.ok()) declare(*program);
   std::vector<std::string> extra;
   for (const std::string& name : *names) {
     if (!absl::StrContains(name, '@') && !vars.count(name)) extra.push_back(name);
@@ -598,7 +602,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
                                ScheduleSpansRun(result->plans[0].program()))) {
     return rc;
   }
-  if (int rc = CheckCheckpointFitsProgram(result->plans); rc != 0) return rc;
+  if (int rc = CheckCheckpointFitsProgram(path, result->plans); rc != 0) return rc;
   std::vector<const RankPlan*> here;
   for (const RankPlan& plan : result->plans) {
     if (!worker->has_value() || plan.rank() == (*worker)->rank) here.push_back(&plan);
