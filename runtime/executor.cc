@@ -337,6 +337,15 @@ absl::StatusOr<std::map<std::string, Tensor>> Executor::HostState() const {
 }
 
 absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& state, bool weights_only) {
+  std::map<std::string, Tensor> shared = state;  // handles: the caller's tensors are copied below, never adopted
+  return LoadState(shared, /*adopt=*/false, weights_only);
+}
+
+absl::Status Executor::LoadPersistentState(std::map<std::string, Tensor>&& state, bool weights_only) {
+  return LoadState(state, /*adopt=*/true, weights_only);
+}
+
+absl::Status Executor::LoadState(std::map<std::string, Tensor>& state, bool adopt, bool weights_only) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
@@ -354,6 +363,10 @@ absl::Status Executor::LoadPersistentState(const std::map<std::string, Tensor>& 
       return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor '", v.name(), "' is ", DataTypeName(t.dtype()),
                                                      ShapeString(got), ", the program wants ", DataTypeName(v.dtype()),
                                                      ShapeString(want)));
+    }
+    if (adopt && t.sole_owner() && t.device() == options_.device) {
+      state_[i] = std::move(it->second);
+      continue;
     }
     absl::StatusOr<Tensor> copy = t.on_host() && options_.device->host_accessible() ? t.Clone() : t.CopyTo(options_.device);
     if (!copy.ok()) return copy.status();

@@ -122,6 +122,10 @@ class Executor {
   // name with '@': optimizer moments, the loss scale) the checkpoint lacks
   // keeps its initial value, as another optimizer or strategy saved it.
   absl::Status LoadPersistentState(const std::map<std::string, Tensor>& state, bool weights_only = false);
+  // The same, taking the tensors no other handle shares on this rank's
+  // device as they are (a checkpoint just read: no second copy of the
+  // model while it loads); the others are copied.
+  absl::Status LoadPersistentState(std::map<std::string, Tensor>&& state, bool weights_only = false);
 
   // On a pipeline: seconds spent computing, and waiting on transfers (receives
   // not yet arrived, sends not yet taken), since the executor was made.
@@ -148,6 +152,7 @@ class Executor {
   const std::string& moved_state() const { return moved_state_; }
 
  private:
+  absl::Status LoadState(std::map<std::string, Tensor>& state, bool adopt, bool weights_only);
   struct PreparedOp {
     std::unique_ptr<OpKernel> kernel;
     std::vector<int> input_slots;

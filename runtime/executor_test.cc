@@ -142,6 +142,32 @@ TEST(ExecutorTest, InitializeLeavesWhatALoadGivesUnset) {
   EXPECT_FALSE((*partial)->LoadPersistentState(weights, /*weights_only=*/true).ok());
 }
 
+// A load given its tensors (a checkpoint just read) takes the ones nothing
+// else shares as they are, no second copy; a tensor another handle shares
+// (the caller's, or two names on one buffer) is copied, so training never
+// writes into someone else's bytes. A load given const tensors copies all.
+TEST(ExecutorTest, ALoadAdoptsTheTensorsNoOneElseHolds) {
+  RankPlan plan = CompileMlp(16);
+  auto source = Executor::Create(plan, {});
+  auto e = Executor::Create(plan, {});
+  ASSERT_TRUE(source.ok() && e.ok());
+  ASSERT_TRUE((*source)->InitializeState().ok());
+  std::map<std::string, Tensor> fresh;
+  for (const auto& [name, t] : (*source)->PersistentState()) fresh[name] = t.Clone();
+  const void* w = fresh.at("fc1.w").raw_data();
+  Tensor kept = fresh.at("fc1.b");  // the caller holds this one too
+  const void* b = kept.raw_data();
+  ASSERT_TRUE((*e)->InitializeState().ok());
+  ASSERT_TRUE((*e)->LoadPersistentState(std::move(fresh)).ok());
+  std::map<std::string, Tensor> state = (*e)->PersistentState();
+  EXPECT_EQ(state.at("fc1.w").raw_data(), w);
+  EXPECT_NE(state.at("fc1.b").raw_data(), b);
+  EXPECT_EQ(std::memcmp(state.at("fc1.b").raw_data(), b, kept.bytes()), 0);
+  const std::map<std::string, Tensor> held = (*source)->PersistentState();
+  ASSERT_TRUE((*e)->LoadPersistentState(held).ok());
+  EXPECT_NE((*e)->PersistentState().at("fc1.w").raw_data(), held.at("fc1.w").raw_data());
+}
+
 TEST(ExecutorTest, FreesActivationsAfterTheStep) {
   RankPlan plan = CompileMlp(32);
   auto e = Executor::Create(plan, {});

@@ -50,6 +50,8 @@ class Tensor {
   static Tensor Zeros(DataType dtype, Shape shape, Device* device);
 
   bool defined() const { return buffer_ != nullptr; }
+  // No other tensor shares the bytes (a view or a copy of this handle).
+  bool sole_owner() const { return buffer_ != nullptr && buffer_.use_count() == 1; }
   // Where the bytes live; the host for an undefined tensor.
   Device* device() const { return buffer_ ? buffer_->device : GetCpuDevice(); }
   bool on_host() const { return device()->host_accessible(); }

@@ -803,9 +803,6 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   if (auto s = PlaceMergeBuffers(options_.eval_only ? 0 : *step, ckpt->metadata, ckpt->tensors); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
-  if (auto s = executor_->LoadPersistentState(ckpt->tensors, /*weights_only=*/options_.eval_only); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
-  }
   // The optimizer's update count (passes/optimizer.h kStepVar) lags the
   // run's step under gradient merge and skipped updates, never leads it.
   if (auto it = ckpt->tensors.find("@step"); it != ckpt->tensors.end() && it->second.num_elements() == 1) {
@@ -815,6 +812,11 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
                                                      ": '@step' (the optimizer's update count) is ", updates,
                                                      "; a checkpoint of step ", *step, " holds 0 to ", *step));
     }
+  }
+  // The tensors just read become the rank's state as they are.
+  if (auto s = executor_->LoadPersistentState(std::move(ckpt->tensors), /*weights_only=*/options_.eval_only);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
   executor_->set_step(*step);
   if (options_.eval_only) {
