@@ -350,11 +350,17 @@ absl::Status Executor::LoadState(std::map<std::string, Tensor>& state, bool adop
   loss_scale_state_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
+  // A parameter no op reads has no gradient and never changes: one device
+  // keeps it (its initial value), a pipeline's plans drop it, so their
+  // checkpoints lack it; it keeps its initial value here too.
+  std::set<std::string> read;
+  for (const Op& op : program.op()) read.insert(op.input().begin(), op.input().end());
   for (int i = 0; i < program.var_size(); ++i) {
     if (!checkpointed_[i]) continue;
     const Var& v = program.var(i);
     auto it = state.find(v.name());
     if (it == state.end() && weights_only && absl::StrContains(v.name(), '@') && state_[i].defined()) continue;
+    if (it == state.end() && v.kind() == PARAM && !read.count(v.name()) && state_[i].defined()) continue;
     if (it == state.end()) return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", v.name(), "'"));
     const Tensor& t = it->second;
     std::vector<int64_t> want(v.shape().begin(), v.shape().end());

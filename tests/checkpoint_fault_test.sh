@@ -216,5 +216,12 @@ rm -rf "$tmp/ck_unused"
   --load "$tmp/ck_unused" >/dev/null 2>"$tmp/err.txt" && fail "a checkpoint with a weight the program lacks was loaded"
 grep -q "holds 'unused', which the program has no parameter or state var for" "$tmp/err.txt" ||
   fail "another program's checkpoint: $(cat "$tmp/err.txt")"
+# The other way: the pipeline's checkpoint lacks the unread parameter, which
+# one device takes at its initial value (what one device's own run holds).
+rm -rf "$tmp/ck_unused_pp2"
+"$strata" run "$tmp/unused.pbtxt" --strategy "$strategy" --nproc 2 --data synthetic --quiet --steps 2 \
+  --save "$tmp/ck_unused_pp2" >/dev/null 2>&1 || fail "pp2 with an unused parameter"
+"$strata" run "$tmp/unused.pbtxt" --data synthetic --quiet --steps 4 --batch_size 64 --load "$tmp/ck_unused_pp2" \
+  >/dev/null 2>"$tmp/err.txt" || fail "the pipeline's checkpoint on one device: $(cat "$tmp/err.txt")"
 echo "ok: another program's checkpoint is refused; a declared parameter no op reads is not another program's"
 echo "PASS"
