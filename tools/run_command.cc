@@ -208,8 +208,9 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
 // with '@' are the compiler's (optimizer moments, merge buffers, the loss
 // scale), which another strategy or optimizer may have saved and this run
 // may not use. A checkpoint that cannot be read is left to the load to say.
-// The program's own vars count, not the plans': a pipeline's plans leave
-// out a declared parameter no op reads, which one device keeps and saves.
+// The program's own vars count as well as the plans': a pipeline's plans
+// leave out a declared parameter no op reads, which one device keeps and
+// saves.
 int CheckCheckpointFitsProgram(const std::string& path, const std::vector<RankPlan>& plans) {
   const std::string load = UserPath(absl::GetFlag(FLAGS_load));
   if (load.empty()) return 0;
