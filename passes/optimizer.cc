@@ -8,6 +8,7 @@
 #include "compiler/graph.h"
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
+#include "kernels/lr_schedule_of.h"
 
 namespace strata {
 namespace {
@@ -122,16 +123,6 @@ absl::StatusOr<std::vector<Param>> TrainedParams(const Graph& graph) {
   return params;
 }
 
-double BaseLearningRate(const Optimizer& opt) {
-  switch (opt.kind_case()) {
-    case Optimizer::kSgd: return opt.sgd().learning_rate();
-    case Optimizer::kMomentum: return opt.momentum().learning_rate();
-    case Optimizer::kAdam: return opt.adam().learning_rate();
-    case Optimizer::kAdamw: return opt.adamw().learning_rate();
-    default: return 0;
-  }
-}
-
 // One step counter and one lr per dtype, made on the home stage when first
 // asked for. The pass runs on each rank's program after the pipeline split,
 // so every rank has its own copies under the same names, and a checkpoint is
@@ -139,7 +130,7 @@ double BaseLearningRate(const Optimizer& opt) {
 class LearningRates {
  public:
   LearningRates(BlockBuilder* b, const Optimizer& opt, int home_stage)
-      : b_(*b), sched_(opt.lr_schedule()), base_lr_(BaseLearningRate(opt)), home_stage_(home_stage) {}
+      : b_(*b), sched_(LrScheduleOf(opt)), home_stage_(home_stage) {}
 
   // The lr var of `dtype` ("@lr.F32"), its lr_schedule op appended on first use.
   std::string For(DataType dtype) {
@@ -150,16 +141,16 @@ class LearningRates {
     }
     std::string lr = absl::StrCat("@lr.", DtypeString(dtype));
     std::map<std::string, AttrValue> attrs = {{"dtype", StringAttr(DtypeString(dtype))},
-                                              {"base_lr", FloatAttr(base_lr_)},
-                                              {"warmup_steps", IntAttr(sched_.warmup_steps())}};
-    if (sched_.has_cosine()) {
+                                              {"base_lr", FloatAttr(sched_.base_lr)},
+                                              {"warmup_steps", IntAttr(sched_.warmup_steps)}};
+    if (sched_.kind == kernel_math::LrScheduleKind::kCosine) {
       attrs["kind"] = StringAttr("cosine");
-      attrs["decay_steps"] = IntAttr(sched_.cosine().decay_steps());
-      attrs["alpha"] = FloatAttr(sched_.cosine().alpha());
-    } else if (sched_.has_step_decay()) {
+      attrs["decay_steps"] = IntAttr(sched_.decay_steps);
+      attrs["alpha"] = FloatAttr(sched_.alpha);
+    } else if (sched_.kind == kernel_math::LrScheduleKind::kStep) {
       attrs["kind"] = StringAttr("step");
-      attrs["step_size"] = IntAttr(sched_.step_decay().step_size());
-      attrs["gamma"] = FloatAttr(sched_.step_decay().gamma());
+      attrs["step_size"] = IntAttr(sched_.step_size);
+      attrs["gamma"] = FloatAttr(sched_.gamma);
     }
     b_.AddOp("lr_schedule", {step_var_}, {lr}, home_stage_, LR_SCHEDULE, attrs);
     lr_var_[dtype] = lr;
@@ -171,8 +162,7 @@ class LearningRates {
 
  private:
   BlockBuilder& b_;
-  const Optimizer::LrSchedule& sched_;
-  const double base_lr_;
+  const kernel_math::LrSchedule sched_;
   const int home_stage_;
   std::string step_var_;
   std::map<DataType, std::string> lr_var_;

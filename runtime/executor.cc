@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/lr_schedule_of.h"
 #include "proto/roles.h"
 #include "runtime/comm/waiting_for.h"
 #include "runtime/initializers.h"
@@ -816,6 +817,14 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     if (!IsSummedFetch(plan_, name)) value /= micro_batches;
   }
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
+  if (update && plan_.program().optimizer().kind_case() != Optimizer::KIND_NOT_SET) {
+    // The updates made before this one: a skipped update (loss scaling)
+    // leaves the step count, and so the schedule, where it was.
+    const int64_t made = result.optimizer_step - 1 - static_cast<int64_t>(skipped_before);
+    result.has_lr = true;
+    result.lr = kernel_math::LearningRate(LrScheduleOf(plan_.program().optimizer()), made,
+                                          total_steps_ / merge_steps_);
+  }
   if (update && loss_scale_slot_ >= 0) {
     // The update may have changed both: one read for this step's verdict
     // and the next step's scale.

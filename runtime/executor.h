@@ -49,6 +49,12 @@ struct StepResult {
   bool has_loss_scale = false;
   double loss_scale = 0;
   bool skipped_update = false;
+  // The learning rate of the step's optimizer update (the program's
+  // lr_schedule at the updates made before it, in double, before the
+  // rounding to a parameter's dtype); has_lr false on the steps between
+  // updates and without an optimizer.
+  bool has_lr = false;
+  double lr = 0;
 };
 
 // Whether a step reports fetch `name` as the sum of its parts' values (a sum

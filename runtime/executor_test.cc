@@ -324,5 +324,82 @@ TEST(ExecutorTest, InitialWeightsDependOnlyOnSeedAndName) {
   }
 }
 
+// The rate a step reports is the rate its update used: w's one weight moves
+// by lr * mean(x) under SGD, so each update's lr is read off the weight.
+// Warm-up, then a cosine over the run's updates, under gradient merge (the
+// rate follows updates, not steps), and again after a resume mid-run.
+TEST(ExecutorTest, AStepReportsTheLearningRateItsUpdateUsed) {
+  auto program = ParseProgramText(R"(
+    var { name: "x" dtype: F64 shape: [-1, 1] kind: FEED }
+    var { name: "w" dtype: F64 shape: [1, 1] kind: PARAM init { constant { value: 1 } } }
+    op { type: "matmul" input: ["x", "w"] output: ["y"] }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } lr_schedule { warmup_steps: 2 cosine { alpha: 0.1 } } }
+  )", "lr.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  Strategy strategy;
+  strategy.mutable_gradient_merge()->set_k_steps(2);
+  strategy.mutable_gradient_merge()->set_average(true);
+  CompileOptions options;
+  options.batch_size = 2;
+  auto compiled = Compile(*program, strategy, options);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  constexpr int kSteps = 12;  // 6 updates: 2 of warm-up, a cosine over the run's 6
+  auto make = [&]() {
+    auto e = Executor::Create(compiled->plans[0], {});
+    EXPECT_TRUE(e.ok()) << e.status();
+    (*e)->set_total_steps(kSteps);
+    return std::move(*e);
+  };
+  auto x_of = [](int step) { return 0.5 + 0.25 * step; };  // both rows of a step's batch
+  auto weight = [](const Executor& e) { return e.PersistentState().at("w").data<double>()[0]; };
+  auto run = [&](Executor& e, int from, int to, std::vector<double>* reported, std::vector<double>* used) {
+    for (int step = from; step < to; ++step) {
+      std::map<std::string, Tensor> feeds;
+      feeds["x"] = Tensor::Empty(F64, {2, 1});
+      feeds["x"].data<double>()[0] = feeds["x"].data<double>()[1] = x_of(step);
+      const double before = weight(e);
+      auto r = e.TrainStep(feeds, step * 2);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->has_lr, step % 2 == 1) << "step " << step + 1;
+      if (!r->has_lr) continue;
+      reported->push_back(r->lr);
+      const double grad = (x_of(step - 1) + x_of(step)) / 2;  // the merged steps' mean
+      used->push_back((before - weight(e)) / grad);
+    }
+  };
+  auto whole = make();
+  ASSERT_TRUE(whole->InitializeState().ok());
+  std::vector<double> reported, used;
+  run(*whole, 0, kSteps, &reported, &used);
+  ASSERT_EQ(reported.size(), 6u);
+  for (size_t i = 0; i < reported.size(); ++i) {
+    EXPECT_NEAR(reported[i], used[i], 1e-12) << "update " << i + 1;
+  }
+  EXPECT_DOUBLE_EQ(reported[0], 0.05);  // warm-up: lr * 1/2, then lr
+  EXPECT_DOUBLE_EQ(reported[1], 0.1);
+  EXPECT_DOUBLE_EQ(reported[2], 0.1);   // the cosine's start
+  EXPECT_LT(reported[5], reported[4]);  // and its decay
+  EXPECT_GT(reported[5], 0.01);
+
+  // Resumed after 6 steps (3 updates) from the first run's state.
+  auto first = make();
+  ASSERT_TRUE(first->InitializeState().ok());
+  std::vector<double> first_reported, first_used;
+  run(*first, 0, 6, &first_reported, &first_used);
+  auto resumed = make();
+  ASSERT_TRUE(resumed->InitializeState().ok());
+  ASSERT_TRUE(resumed->LoadPersistentState(first->PersistentState()).ok());
+  resumed->set_step(6);
+  std::vector<double> resumed_reported, resumed_used;
+  run(*resumed, 6, kSteps, &resumed_reported, &resumed_used);
+  ASSERT_EQ(resumed_reported.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed_reported[i], reported[3 + i]) << "update " << 4 + i;
+    EXPECT_NEAR(resumed_used[i], used[3 + i], 1e-12) << "update " << 4 + i;
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -532,6 +532,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
     if (!IsMetricsLineKey(name)) line[name] = Metric(value);
   }
   if (m.optimizer_step > 0) line["optimizer_step"] = m.optimizer_step;
+  if (m.has_lr) line["lr"] = Metric(m.lr);
   // The scale is a float32 power of the factors: written exactly, not to 10 digits.
   if (m.has_loss_scale) line["loss_scale"] = m.loss_scale;
   if (m.skipped_update) line["skipped_update"] = true;
@@ -1035,6 +1036,8 @@ absl::Status TrainSession::RecordStep(int64_t step, double seconds, const StepRe
   m.has_loss_scale = r.has_loss_scale;
   m.loss_scale = r.loss_scale;
   m.skipped_update = r.skipped_update;
+  m.has_lr = r.has_lr;
+  m.lr = r.lr;
   absl::Status written = metrics_.Line(StepMetricsJson(m));
   report_.steps.push_back(std::move(m));
   return written;
@@ -1051,9 +1054,11 @@ void TrainSession::ReportProgress(int64_t epoch, const StepResult& r) {
   const double eta = (total_steps_ - executor_->step()) * elapsed / std::max<int64_t>(done, 1);
   std::string fetches;
   for (const auto& [k, v] : r.fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
-  std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s %.0f samples/s ETA %s\n",
+  const std::string lr = r.has_lr ? absl::StrFormat(" lr %.3g", r.lr) : "";
+  std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s%s %.0f samples/s ETA %s\n",
                static_cast<long long>(executor_->step()), static_cast<long long>(total_steps_),
-               static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), rate, FormatDuration(eta).c_str());
+               static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), lr.c_str(), rate,
+               FormatDuration(eta).c_str());
 }
 
 // Whether a stop signal on any rank stops the run after this step. The ranks

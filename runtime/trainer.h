@@ -82,6 +82,10 @@ struct StepMetrics {
   bool has_loss_scale = false;
   double loss_scale = 0;
   bool skipped_update = false;
+  // The learning rate of the step's optimizer update (written as "lr");
+  // has_lr false on the steps between updates.
+  bool has_lr = false;
+  double lr = 0;
 };
 
 struct EvalMetrics {
@@ -134,7 +138,7 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
 absl::Status CheckWritableFile(const std::string& path, const std::string& flag);
 
 // The --metrics lines (DESIGN.md), one JSON object each:
-// {"step": 3, "epoch": 1, "loss": 2.1034, <fetches>, "samples_per_sec": 5120.4, "step_ms": 12.5}
+// {"step": 3, "epoch": 1, "loss": 2.1034, <fetches>, "lr": 0.001, "samples_per_sec": 5120.4, "step_ms": 12.5}
 // and {"eval": "test", "step": 3, "epoch": 1, "loss": ..., "accuracy": ...}. Numbers carry 10
 // significant digits; NaN and the infinities are written as null.
 std::string StepMetricsJson(const StepMetrics& m);

@@ -72,7 +72,7 @@ TEST_P(LossScalingParityTest, MatchesSingleDeviceAndSkipsTheSameSteps) {
   gen.layers = {784, 64, 32, 10};
   gen.optimizer = "momentum";
   gen.learning_rate = 0.05;
-  gen.cosine = false;
+  gen.cosine = true;  // a rate per update made: the skipped ones must not count
   auto single_program = GenerateModel("mlp", gen);
   ASSERT_TRUE(single_program.ok()) << single_program.status();
   gen.stages = c.stages;
@@ -91,6 +91,7 @@ TEST_P(LossScalingParityTest, MatchesSingleDeviceAndSkipsTheSameSteps) {
   ASSERT_EQ(single->loss_scales.size(), 20u);
   EXPECT_EQ(parallel->loss_scales, single->loss_scales);
   EXPECT_EQ(parallel->skipped_updates, single->skipped_updates);
+  EXPECT_EQ(parallel->lrs, single->lrs);
   ASSERT_EQ(parallel->skipped_updates_by_rank.size(), static_cast<size_t>(c.stages * c.dp));
   for (const auto& [rank, skipped] : parallel->skipped_updates_by_rank) {
     EXPECT_EQ(skipped, single->skipped_updates) << "rank " << rank;

@@ -783,6 +783,10 @@ std::map<std::string, std::vector<double>> Values(const std::map<std::string, Te
 TEST(MixedPrecisionTrainTest, F16SkippedUpdatesChangeNothingAndTheScaleFollowsGradScaler) {
   auto program = ParseProgramText(kAdamMlp, "adam_mlp.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
+  // A rate that falls with every update made, so the reported one shows
+  // whether skipped updates were counted.
+  program->mutable_optimizer()->mutable_lr_schedule()->mutable_step_decay()->set_step_size(1);
+  program->mutable_optimizer()->mutable_lr_schedule()->mutable_step_decay()->set_gamma(0.9);
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(F16);
   // 2^40 overflows F16 in backward: the first updates are skipped while the
@@ -827,6 +831,8 @@ TEST(MixedPrecisionTrainTest, F16SkippedUpdatesChangeNothingAndTheScaleFollowsGr
       }
     }
     EXPECT_EQ(after.at("@step")[0], static_cast<double>(made + !r->skipped_update));
+    ASSERT_TRUE(r->has_lr);
+    EXPECT_DOUBLE_EQ(r->lr, 0.01 * std::pow(0.9, made));  // the updates made before this one
     if (r->skipped_update) {
       scale *= 0.5;
       good = 0;

@@ -85,6 +85,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
   for (const auto& s : report->steps) {
     run.losses.push_back(s.loss);
     run.fetches.push_back(s.fetches);
+    run.lrs.push_back(s.has_lr ? s.lr : -1);
     if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
     if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
   }
@@ -147,6 +148,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
       for (const auto& s : report->steps) {
         run.losses.push_back(s.loss);
         run.fetches.push_back(s.fetches);
+        run.lrs.push_back(s.has_lr ? s.lr : -1);
         if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
         if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
       }

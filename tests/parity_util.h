@@ -36,6 +36,9 @@ struct ParityRun {
   // update was skipped, as the rank with the loss reports them; and each
   // rank's own skip record (every rank must skip the same steps).
   std::vector<double> loss_scales;
+  // The learning rate each step's update used, as the rank with the loss
+  // reports it (-1 on a step without an update).
+  std::vector<double> lrs;
   std::vector<bool> skipped_updates;
   std::map<int, std::vector<bool>> skipped_updates_by_rank;
 };

@@ -84,6 +84,10 @@ TEST_P(PipelineParityTest, MatchesSingleDevice) {
   EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
   // Training really moved the weights, so equal weights mean equal training.
   EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 100 * kTolerance);
+  // The loss's stage reports one device's learning rates (a cosine: each step's its own).
+  EXPECT_EQ(parallel->lrs, single->lrs);
+  ASSERT_EQ(single->lrs.size(), static_cast<size_t>(options.steps));
+  EXPECT_GT(single->lrs.front(), single->lrs.back());
 }
 
 std::vector<Case> Cases() {
