@@ -35,6 +35,11 @@ namespace {
 // Compile time and memory grow with micro-batches x stages (schedules, their
 // verification, the timeline): 4096 on 8 stages checks in about half a second on 2 cores.
 constexpr int64_t kMaxAccumulateSteps = 4096;
+// Every rank schedules, and the verifier simulates, each of its micro-batches'
+// actions: ranks x micro-batches bounds the compiler's time and memory (2^20:
+// about 2 s and 0.4 GB for a small program on 2 cores; 2^24 took 30 s and
+// 6.9 GB).
+constexpr int64_t kMaxRankMicroBatches = int64_t{1} << 20;
 // Steps per update under gradient merge: a bound that keeps step counts far
 // from overflow, not a limit anyone should meet.
 constexpr int64_t kMaxMergeSteps = int64_t{1} << 20;
@@ -294,6 +299,14 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
   layout.ctx = std::move(ctx);
   layout.ctx.mesh = *std::move(mesh);
   layout.ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
+  const int64_t world = layout.ctx.mesh.world_size();
+  if (world * layout.ctx.micro_batches > kMaxRankMicroBatches) {
+    return StrategyError(strategy_file, "pipeline.accumulate_steps",
+                         absl::StrCat(layout.ctx.micro_batches, " micro-batches on each of ", world,
+                                      " ranks make ", world * layout.ctx.micro_batches,
+                                      " micro-batch schedules to build and verify, more than 2^20; use fewer, "
+                                      "larger micro-batches or a smaller data_parallel.degree"));
+  }
   layout.ctx.merge_steps = std::max<int>(1, static_cast<int>(strategy.gradient_merge().k_steps()));
   layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()
                                       : (options.batch_size != 0 ? options.batch_size : kDefaultBatchSize) / dp;
