@@ -94,6 +94,7 @@ const std::vector<int>& Graph::ops() const {
       order_.push_back(id);
     }
     order_valid_ = true;
+    ranks_valid_ = true;
   }
   return order_;
 }
@@ -101,6 +102,11 @@ const std::vector<int>& Graph::ops() const {
 int Graph::position(int op) const {
   ops();
   return position_[op];
+}
+
+bool Graph::Precedes(int a, int b) const {
+  if (!ranks_valid_) ops();
+  return position_[a] < position_[b];
 }
 
 void Graph::LinkAfter(int id, int prev) {
@@ -217,6 +223,7 @@ absl::StatusOr<int> Graph::InsertAfterLinked(int prev, const Op& op, int positio
     order_.push_back(id);
   } else {
     order_valid_ = false;
+    ranks_valid_ = false;
   }
   return id;
 }
@@ -225,7 +232,11 @@ absl::Status Graph::ReplaceOp(int id, const Op& op) {
   if (id < 0 || id >= op_id_bound() || erased(id)) {
     return absl::InternalError(absl::StrCat("replace op ", id, ": no such live op"));
   }
-  absl::StatusOr<OpRec> r = MakeOpRec(op, position(id));
+  // The op's position names it only in an error: after an erase, finding
+  // it walks the whole list, which a pass replacing op after op would pay
+  // each time (quadratic), so the walk waits for an error.
+  absl::StatusOr<OpRec> r = MakeOpRec(op, order_valid_ ? position_[id] : -1);
+  if (!r.ok() && !order_valid_) r = MakeOpRec(op, position(id));
   if (!r.ok()) return r.status();
   ops_[id] = *r;
   return absl::OkStatus();

@@ -74,6 +74,10 @@ class Graph {
   bool erased(int op) const { return ops_[op].erased; }
   // The op's index in program order (what messages call op #i).
   int position(int op) const;
+  // Whether op a comes before op b in program order. Unlike comparing
+  // positions, it stays cheap while ops are erased (an erase keeps the
+  // others' order; only an insertion makes the next call walk the list).
+  bool Precedes(int a, int b) const;
   const OpSchema& schema(int op) const { return *ops_[op].schema; }
   absl::Span<const int> inputs(int op) const {
     return absl::MakeConstSpan(io_.data() + ops_[op].io_begin, ops_[op].num_inputs);
@@ -214,6 +218,8 @@ class Graph {
   mutable std::vector<int> order_;
   mutable std::vector<int32_t> position_;
   mutable bool order_valid_ = true;
+  // position_ still orders the live ops (with gaps where ops were erased).
+  mutable bool ranks_valid_ = true;
   // Everything of the Program but its vars and ops.
   Program program_fields_;
   absl::flat_hash_set<std::string> pinned_;

@@ -140,6 +140,26 @@ TEST(GraphMutationTest, InsertsBeforeAndAfterKeepingEveryOpsId) {
   EXPECT_EQ(out.op(2).input(0), "h");
 }
 
+// Precedes follows program order through erases (which keep the others'
+// order without a walk of the list) and insertions (which need one), and a
+// replaced op's error still names its position after an erase.
+TEST(GraphMutationTest, PrecedesFollowsTheOrderThroughErasesAndInsertions) {
+  std::unique_ptr<Graph> g = Chain();
+  const std::vector<int> ids = g->ops();
+  EXPECT_TRUE(g->Precedes(ids[0], ids[2]));
+  EXPECT_FALSE(g->Precedes(ids[2], ids[0]));
+  EXPECT_FALSE(g->Precedes(ids[1], ids[1]));
+  g->EraseOp(ids[1]);
+  EXPECT_TRUE(g->Precedes(ids[0], ids[2]));
+  absl::StatusOr<int> before_first = g->InsertOpBefore(ids[0], Relu("x", "h2", "new-first"));
+  ASSERT_TRUE(before_first.ok()) << before_first.status();
+  EXPECT_TRUE(g->Precedes(*before_first, ids[0]));
+  EXPECT_FALSE(g->Precedes(ids[2], *before_first));
+  g->EraseOp(ids[0]);
+  absl::Status bad = g->ReplaceOp(ids[2], Relu("no_such_var", "y", "bad"));
+  EXPECT_THAT(bad.message(), HasSubstr("op #1"));  // new-first, then this one
+}
+
 TEST(GraphMutationTest, ErasedOpsLeaveTheOrderAndTheirIdsAreNotReused) {
   std::unique_ptr<Graph> g = Chain();
   const std::vector<int> ids = g->ops();

@@ -32,7 +32,10 @@ class Relayouter {
  public:
   Relayouter(Graph& graph, DeviceKind device) : graph_(graph), device_(device), keep_(graph.num_vars(), true) {}
 
-  // One rewrite, if any applies; false when none does.
+  // Every rewrite that applies on one reading of the graph (a site whose
+  // vars or ops an earlier rewrite of this scan touched waits for the next
+  // Step); false when none does. One reading per scan, not per site: a
+  // graph of N ops with N / 20 attentions is linear, not quadratic.
   absl::StatusOr<bool> Step() {
     const std::vector<std::vector<int>> readers = graph_.Readers();
     const std::vector<int> writers = graph_.FirstWriters();
@@ -40,8 +43,10 @@ class Relayouter {
     // must not leave another writer of its var behind.
     const VarWriters counts = CountWriters(graph_);
     const auto only_reader_is = [&](int v, int op) { return readers[v].size() == 1 && readers[v][0] == op; };
+    Touched touched;
+    bool rewrote = false;
     for (int att : std::vector<int>(graph_.ops())) {
-      if (!IsBhtdAttention(graph_, att)) continue;
+      if (graph_.erased(att) || !IsBhtdAttention(graph_, att)) continue;
       if (device_ == DEVICE_CUDA) {
         // Only where the flash kernels read the layout in place.
         const int q = graph_.inputs(att)[0];
@@ -66,6 +71,13 @@ class Relayouter {
       if (readers[y].size() != 1 || counts.count[y] != 1 || !IsUnreportedActivation(graph_, y)) continue;
       const int out = readers[y][0];
       if (!IsHeadTranspose(graph_, out) || graph_.stage(out) != stage) continue;
+      std::vector<int> site_ops = {att, out}, site_vars = {y, graph_.outputs(out)[0]};
+      for (int x : graph_.inputs(att)) {
+        site_ops.push_back(writers[x]);
+        site_vars.push_back(x);
+        site_vars.push_back(graph_.inputs(writers[x])[0]);
+      }
+      if (!touched.Claim(site_ops, site_vars)) continue;
 
       Op relaid = graph_.AsOp(att);
       for (int i = 0; i < 3; ++i) relaid.set_input(i, sources[i]);
@@ -81,9 +93,9 @@ class Relayouter {
       }
       // q, k and v may share one transpose: erase each once (EraseOp skips an erased op).
       for (int op : dropped_ops) graph_.EraseOp(op);
-      return true;
+      rewrote = true;
     }
-    return false;
+    return rewrote;
   }
 
   const std::vector<bool>& keep() const { return keep_; }

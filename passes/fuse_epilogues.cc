@@ -115,7 +115,7 @@ absl::StatusOr<bool> FuseBiasGradients(Graph& graph, bool accumulating) {
         dw = graph.outputs(widen)[0];
       }
       bool later = true;
-      for (int r : readers[dbias]) later = later && graph.position(r) > graph.position(w.op);
+      for (int r : readers[dbias]) later = later && graph.Precedes(w.op, r);
       if (!later) continue;
       Op fused = OpPlacedLike(graph, w.op, "matmul_bias_grad_b", graph.role(w.op));
       fused.add_input(std::string(graph.var_name(w.x)));
@@ -362,13 +362,13 @@ absl::StatusOr<bool> FuseGeluGrads(Graph& graph) {
     // which the recompute pass writes just before its first backward reader,
     // here after the GEMM) in the gelu_grad's, if a and b hold there what
     // the GEMM read: each written at most once, not between the two ops.
-    const bool at_gemm = graph.position(writers.last[z]) < graph.position(m);
+    const bool at_gemm = graph.Precedes(writers.last[z], m);
     if (!at_gemm) {
       bool held = true;
       for (int in : graph.inputs(m)) {
         const int w = writers.last[in];
         held = held && writers.count[in] <= 1 &&
-               (w < 0 || graph.position(w) < graph.position(m) || graph.position(w) > graph.position(g));
+               (w < 0 || graph.Precedes(w, m) || graph.Precedes(g, w));
       }
       if (!held) continue;
     }
@@ -439,7 +439,7 @@ absl::StatusOr<bool> FuseResidualAdds(Graph& graph) {
     if (r == y || graph.type(r) != graph.type(y) || graph.type(out) != graph.type(y) || writers.count[out] != 1) {
       continue;
     }
-    if (writers.count[r] != 1 || writers.last[r] < 0 || graph.position(writers.last[r]) >= graph.position(m)) continue;
+    if (writers.count[r] != 1 || writers.last[r] < 0 || !graph.Precedes(writers.last[r], m)) continue;
     Op fused = graph.AsOp(m);
     fused.add_input(std::string(graph.var_name(r)));
     fused.set_output(0, std::string(graph.var_name(out)));
@@ -486,7 +486,7 @@ absl::StatusOr<bool> FuseResidualGrads(Graph& graph) {
         continue;
       }
       if (graph.type(r) != graph.type(part) || writes[r] != 1 || writer[r] < 0 ||
-          graph.position(writer[r]) >= graph.position(ln)) {
+          !graph.Precedes(writer[r], ln)) {
         continue;
       }
       Op fused = graph.AsOp(ln);

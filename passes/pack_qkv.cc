@@ -36,7 +36,9 @@ class Packer {
         checkpoints_(strategy.recompute().checkpoints().begin(), strategy.recompute().checkpoints().end()),
         keep_(graph.num_vars(), true) {}
 
-  // One rewrite, if any applies; false when none does.
+  // Every rewrite that applies on one reading of the graph (a site an
+  // earlier rewrite of this scan touched waits for the next Step); false
+  // when none does.
   absl::StatusOr<bool> Step() {
     const std::vector<std::vector<int>> readers = graph_.Readers();
     const std::vector<int> writers = graph_.FirstWriters();
@@ -46,8 +48,10 @@ class Packer {
       return counts.count[v] == 1 && readers[v].size() == 1 && readers[v][0] == op &&
              IsUnreportedActivation(graph_, v) && !checkpoints_.contains(std::string(graph_.var_name(v)));
     };
+    Touched touched;
+    bool rewrote = false;
     for (int att : std::vector<int>(graph_.ops())) {
-      if (!IsBthdAttention(graph_, att) || graph_.inputs(att).size() != 3) continue;
+      if (graph_.erased(att) || !IsBthdAttention(graph_, att) || graph_.inputs(att).size() != 3) continue;
       const int stage = graph_.stage(att);
       const absl::Span<const int64_t> q = graph_.shape(graph_.inputs(att)[0]);
       if (q.size() != 4) continue;
@@ -83,6 +87,14 @@ class Packer {
           xs[1] != q[1] || xs[2] != 3 * hd || graph_.dtype(x) != graph_.dtype(graph_.inputs(att)[0])) {
         continue;
       }
+      std::vector<int> site_ops = {att, split}, site_vars = {x};
+      for (int r : reshapes) {
+        site_ops.push_back(r);
+        site_vars.push_back(graph_.inputs(r)[0]);
+        site_vars.push_back(graph_.outputs(r)[0]);
+      }
+      for (int out : graph_.outputs(att)) site_vars.push_back(out);
+      if (!touched.Claim(site_ops, site_vars)) continue;
 
       const std::string packed_name = FreshVarName(graph_, graph_.var_name(x), "@qkv");
       const std::vector<int64_t> packed_shape = {xs[0], q[1], 3, q[2], q[3]};
@@ -111,9 +123,9 @@ class Packer {
         return absl::InternalError(absl::StrCat(kPass, ": ", graph_.OpLocation(split), ": ", s.message()));
       }
       for (int r : reshapes) graph_.EraseOp(r);
-      return true;
+      rewrote = true;
     }
-    return false;
+    return rewrote;
   }
 
   const std::vector<bool>& keep() const { return keep_; }

@@ -49,6 +49,35 @@ struct VarWriters {
 };
 VarWriters CountWriters(const Graph& graph);
 
+// The ops and vars the rewrites of one scan have changed, for rewriters
+// that apply every site they find on one reading of the graph (its readers
+// and writers): a site that shares an op or var with an earlier rewrite of
+// the scan is left for the next scan, which reads the graph again.
+class Touched {
+ public:
+  // Whether none of the site's ops and vars is touched yet; if so, they are now.
+  bool Claim(const std::vector<int>& ops, const std::vector<int>& vars) {
+    for (int op : ops) {
+      if (op < 0 || (op < static_cast<int>(ops_.size()) && ops_[op])) return false;
+    }
+    for (int v : vars) {
+      if (v < 0 || (v < static_cast<int>(vars_.size()) && vars_[v])) return false;
+    }
+    for (int op : ops) Mark(ops_, op);
+    for (int v : vars) Mark(vars_, v);
+    return true;
+  }
+
+ private:
+  static void Mark(std::vector<bool>& marks, int i) {
+    if (i >= static_cast<int>(marks.size())) marks.resize(i + 1, false);
+    marks[i] = true;
+  }
+
+  std::vector<bool> ops_;
+  std::vector<bool> vars_;
+};
+
 // Runs `rewriter.Step()` (one rewrite, false when none applies) until none
 // does, then drops the vars `rewriter.keep()` marks false; `pass` names the
 // caller in errors. Whether anything changed.

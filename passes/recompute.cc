@@ -151,7 +151,7 @@ absl::StatusOr<bool> RecomputePass::Run(Graph& graph, const CompileContext& ctx)
         for (int r : readers[out]) {
           if (graph.role(r) != BACKWARD) continue;
           needed.insert(out);
-          if (first_reader < 0 || graph.position(r) < graph.position(first_reader)) first_reader = r;
+          if (first_reader < 0 || graph.Precedes(r, first_reader)) first_reader = r;
         }
       }
     }
@@ -195,10 +195,10 @@ absl::StatusOr<bool> RecomputePass::Run(Graph& graph, const CompileContext& ctx)
     }
     // The backward ops from the first reader on read the recomputed vars.
     // (Ops of later segments re-emitted earlier keep reading the original.)
-    const int from = graph.position(first_reader);
     for (int v : needed) {
-      auto replaced = graph.ReplaceAllUsesWith(
-          v, renamed.at(v), [&](int op) { return graph.role(op) == BACKWARD && graph.position(op) >= from; });
+      auto replaced = graph.ReplaceAllUsesWith(v, renamed.at(v), [&](int op) {
+        return graph.role(op) == BACKWARD && !graph.Precedes(op, first_reader);
+      });
       if (!replaced.ok()) return replaced.status();
     }
     changed = true;
