@@ -1,5 +1,6 @@
 #include "compiler/validate.h"
 
+#include <cmath>
 #include <limits>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "compiler/op_registry.h"
 #include "compiler/program_text.h"
 #include "proto/metrics_keys.h"
+#include "proto/status_macros.h"
 #include "proto/utf8.h"
 
 namespace strata {
@@ -56,6 +58,17 @@ absl::Status CheckShape(absl::Span<const int64_t> shape, bool allow_batch, std::
   return absl::OkStatus();
 }
 
+// A value an F32 parameter's init gives or scales by: past float32's
+// largest it is an infinity in the weights (the run then "diverges" at its
+// first step, blaming the learning rate).
+absl::Status CheckFitsParam(const std::string& where, const Var& var, const std::string& field, double value) {
+  if (var.dtype() == F32 && std::isfinite(value) && std::fabs(value) > std::numeric_limits<float>::max()) {
+    return Err(where, absl::StrCat(field, " ", value, " is past float32's largest value (", std::numeric_limits<float>::max(),
+                                   "), the parameter's dtype"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckInitializer(const Program& program, const Var& var) {
   const Initializer& init = var.init();
   std::string where = VarLocation(program, var);
@@ -65,6 +78,8 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
         return Err(where, absl::StrCat("uniform init needs finite bounds, got low ", init.uniform().low(), ", high ",
                                        init.uniform().high()));
       }
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "uniform init's low", init.uniform().low()));
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "uniform init's high", init.uniform().high()));
       if (!(init.uniform().low() < init.uniform().high())) {
         return Err(where, absl::StrCat("uniform init needs low < high, got low ", init.uniform().low(), ", high ",
                                        init.uniform().high()));
@@ -73,9 +88,12 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
     case Initializer::kNormal:
     case Initializer::kTruncatedNormal: {
       const auto& n = init.kind_case() == Initializer::kNormal ? init.normal() : init.truncated_normal();
-      if (!(n.std() >= 0) || !std::isfinite(n.std()) || !std::isfinite(n.mean())) {
+      if (!(n.std() >= 0) || !std::isfinite(n.std())) {
         return Err(where, absl::StrCat("normal init needs a finite std >= 0, got std ", n.std()));
       }
+      if (!std::isfinite(n.mean())) return Err(where, absl::StrCat("normal init needs a finite mean, got mean ", n.mean()));
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "normal init's mean", n.mean()));
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "normal init's std", n.std()));
       break;
     }
     case Initializer::kXavierUniform:
@@ -84,6 +102,7 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
       if (x.has_gain() && !(x.gain() > 0 && std::isfinite(x.gain()))) {
         return Err(where, absl::StrCat("xavier init needs gain > 0, got ", x.gain()));
       }
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "xavier init's gain", x.gain()));
       break;
     }
     case Initializer::kKaimingUniform:
@@ -94,6 +113,7 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
     }
     case Initializer::kConstant:
       if (!std::isfinite(init.constant().value())) return Err(where, "constant init must be finite");
+      STRATA_RETURN_IF_ERROR(CheckFitsParam(where, var, "constant init's value", init.constant().value()));
       break;
     default:
       break;
@@ -101,7 +121,20 @@ absl::Status CheckInitializer(const Program& program, const Var& var) {
   return absl::OkStatus();
 }
 
-absl::Status CheckOptimizer(const Program& program, bool has_params) {
+// A positive optimizer field the F32 parameters' update reads as a float:
+// one that rounds to 0 there (a learning rate of 1e-320 trained nothing,
+// with exit 0) or past float32's largest value is refused.
+absl::Status CheckFloat32Positive(const std::string& where, const std::string& field, double value, bool f32_params) {
+  if (!f32_params) return absl::OkStatus();
+  const float f = static_cast<float>(value);
+  if (f == 0 || !std::isfinite(f)) {
+    return Err(where, absl::StrCat(field, " ", value, " is ", f == 0 ? "0" : "infinite",
+                                   " as a float32, the dtype of the program's F32 parameters"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptimizer(const Program& program, bool has_params, bool f32_params) {
   const Optimizer& opt = program.optimizer();
   std::string where = absl::StrCat(FileOf(program), ": optimizer");
   if (opt.kind_case() == Optimizer::KIND_NOT_SET) {
@@ -123,12 +156,16 @@ absl::Status CheckOptimizer(const Program& program, bool has_params) {
       lr = a.learning_rate();
       if (a.has_beta1() && !(a.beta1() >= 0 && a.beta1() < 1)) return Err(where, absl::StrCat("beta1 must be in [0, 1), got ", a.beta1()));
       if (a.has_beta2() && !(a.beta2() >= 0 && a.beta2() < 1)) return Err(where, absl::StrCat("beta2 must be in [0, 1), got ", a.beta2()));
-      if (a.has_epsilon() && !(a.epsilon() > 0)) return Err(where, absl::StrCat("epsilon must be > 0, got ", a.epsilon()));
+      if (a.has_epsilon() && !(a.epsilon() > 0 && std::isfinite(a.epsilon()))) {
+        return Err(where, absl::StrCat("epsilon must be finite and > 0, got ", a.epsilon()));
+      }
+      if (a.has_epsilon()) STRATA_RETURN_IF_ERROR(CheckFloat32Positive(where, "epsilon", a.epsilon(), f32_params));
       break;
     }
     default: break;
   }
   if (!(lr > 0) || !std::isfinite(lr)) return Err(where, absl::StrCat("learning_rate must be > 0, got ", lr));
+  STRATA_RETURN_IF_ERROR(CheckFloat32Positive(where, "learning_rate", lr, f32_params));
   if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
     return Err(where, absl::StrCat("weight_decay must be >= 0, got ", opt.weight_decay()));
   }
@@ -143,7 +180,9 @@ absl::Status CheckOptimizer(const Program& program, bool has_params) {
   }
   if (sched.has_step_decay()) {
     if (sched.step_decay().step_size() <= 0) return Err(where, "lr_schedule.step_decay.step_size must be > 0");
-    if (!(sched.step_decay().gamma() > 0)) return Err(where, "lr_schedule.step_decay.gamma must be > 0");
+    if (!(sched.step_decay().gamma() > 0 && std::isfinite(sched.step_decay().gamma()))) {
+      return Err(where, absl::StrCat("lr_schedule.step_decay.gamma must be finite and > 0, got ", sched.step_decay().gamma()));
+    }
   }
   return absl::OkStatus();
 }
@@ -183,6 +222,7 @@ std::string OpIndexLocation(const std::string& file, const Op& op, int i) {
 struct DeclaredVars {
   absl::flat_hash_map<std::string, int> index;
   bool has_params = false;
+  bool f32_params = false;  // a trained parameter is F32
 };
 
 // What the ops define, in order: every var's type (the declared feeds and
@@ -213,6 +253,7 @@ absl::Status CheckDeclaredVar(const Program& program, const std::string& file, i
     if (!IsFloating(v.dtype())) return Err(where, absl::StrCat("a PARAM must be F32 or F64, got ", DataTypeName(v.dtype())));
     if (auto s = CheckInitializer(program, v); !s.ok()) return s;
     if (!v.frozen()) declared->has_params = true;
+    if (!v.frozen() && v.dtype() == F32) declared->f32_params = true;
   }
   if (v.host_memory()) {
     return Err(where, "host_memory is written by the compiler (host transfers place feeds and fetched scalars); "
@@ -464,7 +505,7 @@ absl::Status ValidateAndInferProgram(Program* program) {
   }
   if (program->op_size() == 0) return Err(file, "the program has no ops");
   if (auto s = CheckNoCompilerFields(*program, file); !s.ok()) return s;
-  if (auto s = CheckOptimizer(*program, declared.has_params); !s.ok()) return s;
+  if (auto s = CheckOptimizer(*program, declared.has_params, declared.f32_params); !s.ok()) return s;
 
   Definitions defs;
   for (const Var& v : program->var()) {

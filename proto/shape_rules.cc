@@ -137,15 +137,17 @@ absl::StatusOr<Shape> ResolveReshape(absl::Span<const int64_t> in, absl::Span<co
       out[i] = in[i];
       if (in[i] < 0) {
         ++copied_unknown;
-      } else {
-        known_out *= in[i];
+      } else if (__builtin_mul_overflow(known_out, in[i], &known_out)) {
+        return Invalid(absl::StrCat("attr 'shape' ", ShapeString(spec), " holds more than 2^63 elements"));
       }
     } else if (v < 0) {
       return Invalid(absl::StrCat("attr 'shape' ", ShapeString(spec), ": entry ", i, " is ", v,
                                   "; expected a size, 0 (copy the input dim) or -1 (infer)"));
     } else {
       out[i] = v;
-      known_out *= v;
+      if (__builtin_mul_overflow(known_out, v, &known_out)) {
+        return Invalid(absl::StrCat("attr 'shape' ", ShapeString(spec), " holds more than 2^63 elements"));
+      }
     }
   }
   const int64_t known_in = KnownProduct(in);
@@ -242,8 +244,8 @@ absl::StatusOr<Shape> SplitSizes(int64_t dim, int n, absl::Span<const int64_t> s
     } else if (sections[i] < 0) {
       return Invalid(absl::StrCat("attr 'sections' ", ShapeString(sections),
                                   ": sizes must be 0 or more, with at most one -1 (the rest)"));
-    } else {
-      known += sections[i];
+    } else if (__builtin_add_overflow(known, sections[i], &known)) {
+      return Invalid(absl::StrCat("attr 'sections' ", ShapeString(sections), " adds up to more than 2^63"));
     }
   }
   if (dim < 0) {

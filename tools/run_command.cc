@@ -150,9 +150,14 @@ int CompareWithSingleDevice(const std::string& path, int64_t global_batch, const
 int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool schedule_spans_run) {
   const std::string save = UserPath(absl::GetFlag(FLAGS_save));
   const std::string load = UserPath(absl::GetFlag(FLAGS_load));
-  if (absl::GetFlag(FLAGS_save_every) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) < 0 ||
-      absl::GetFlag(FLAGS_keep_checkpoints) > (1 << 20)) {
-    std::cerr << "error: --save_every and --keep_checkpoints must be >= 0\n";
+  if (absl::GetFlag(FLAGS_save_every) < 0) {
+    std::cerr << "error: --save_every must be >= 0 (0: only at the end and on SIGTERM), got "
+              << absl::GetFlag(FLAGS_save_every) << "\n";
+    return kExitUsage;
+  }
+  if (absl::GetFlag(FLAGS_keep_checkpoints) < 0 || absl::GetFlag(FLAGS_keep_checkpoints) > (1 << 20)) {
+    std::cerr << "error: --keep_checkpoints must be in [0, 2^20] (0: keep all), got "
+              << absl::GetFlag(FLAGS_keep_checkpoints) << "\n";
     return kExitUsage;
   }
   if (absl::GetFlag(FLAGS_save_every) > 0 && save.empty()) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,9 @@ absl::Status CheckQkv(const ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "v", 0, "q"));
   const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0) {
-    return Invalid(absl::StrCat("attr 'scale' must be finite and >= 0 (0: 1/sqrt(D)), got ", scale));
+  if (!std::isfinite(scale) || scale < 0 || scale > std::numeric_limits<float>::max()) {
+    return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
+                                "(the kernels' scores are float), got ", scale));
   }
   return absl::OkStatus();
 }
@@ -183,8 +185,9 @@ absl::Status CheckPackedQkv(const ShapeContext& ctx) {
                                 ctx.input(0).ToString()));
   }
   const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0) {
-    return Invalid(absl::StrCat("attr 'scale' must be finite and >= 0 (0: 1/sqrt(D)), got ", scale));
+  if (!std::isfinite(scale) || scale < 0 || scale > std::numeric_limits<float>::max()) {
+    return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
+                                "(the kernels' scores are float), got ", scale));
   }
   return absl::OkStatus();
 }

@@ -89,9 +89,12 @@ absl::StatusOr<int64_t> ConvOutSize(int64_t in, int64_t kernel, int64_t stride, 
 
 // [N, O, Ho, Wo] of conv2d on x [N, C, H, W] with w [O, C/groups, kh, kw].
 absl::StatusOr<Dims> ConvOutput(const ConvAttrs& a, const Dims& x, const Dims& w) {
-  if (x[1] != w[1] * a.groups) {
+  int64_t channels = 0;
+  const bool overflow = __builtin_mul_overflow(w[1], a.groups, &channels);
+  if (overflow || x[1] != channels) {
     return Invalid(absl::StrCat("'x' has ", x[1], " channels but 'w' ", DimsString(w), " with groups=", a.groups,
-                                " expects ", w[1] * a.groups, " (w's dim 1 times groups)"));
+                                " expects ", overflow ? "more than 2^63" : absl::StrCat(channels),
+                                " (w's dim 1 times groups)"));
   }
   if (w[0] % a.groups != 0) {
     return Invalid(absl::StrCat("attr 'groups'=", a.groups, " must divide the ", w[0], " output channels of 'w' ",
@@ -157,7 +160,11 @@ absl::Status Conv2dGradInputShape(ShapeContext& ctx) {
   if (!in.ok()) return in.status();
   const Dims& dy = ctx.input(0).shape;
   const Dims& w = ctx.input(1).shape;
-  Dims x{dy[0], w[1] * a->groups, (*in)[0], (*in)[1]};
+  int64_t channels = 0;
+  if (__builtin_mul_overflow(w[1], a->groups, &channels)) {
+    return Invalid(absl::StrCat("'w' ", DimsString(w), " with groups=", a->groups, " means more than 2^63 input channels"));
+  }
+  Dims x{dy[0], channels, (*in)[0], (*in)[1]};
   auto y = ConvOutput(*a, x, w);
   if (!y.ok()) return y.status();
   if (*y != dy) {

@@ -4,7 +4,9 @@
 // where their kernels use them too.
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -82,6 +84,24 @@ ShapeFn BinaryShape(std::initializer_list<DataType> allowed) {
 absl::Status UnaryFloatShape(ShapeContext& ctx) {
   if (auto s = ExpectFloat(ctx, 0, "x"); !s.ok()) return s;
   ctx.set_output(0, ctx.input(0));
+  return absl::OkStatus();
+}
+
+// scale: floating x, and attrs the kernel can compute with: finite, and
+// within float32's range for an F32 x (a NaN scale made every loss NaN, and
+// the run blamed the learning rate).
+absl::Status ScaleShape(ShapeContext& ctx) {
+  STRATA_RETURN_IF_ERROR(UnaryFloatShape(ctx));
+  const double largest = ctx.input(0).dtype == F32 ? std::numeric_limits<float>::max()
+                                                   : std::numeric_limits<double>::max();
+  for (const char* attr : {"scale", "bias"}) {
+    const double v = ctx.attr_float(attr);
+    if (!std::isfinite(v) || std::fabs(v) > largest) {
+      return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be finite", ctx.input(0).dtype == F32
+                                                         ? " and within float32's range (x is F32)" : "",
+                                                     ", got ", v));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -437,7 +457,7 @@ STRATA_REGISTER_OP(OpDef("sum_to_like").Input("x").Input("like").Output("y")
 
 STRATA_REGISTER_OP(OpDef("scale").Input("x").Output("y")
                        .Attr("scale", 1.0).Attr("bias", 0.0)
-                       .Shape(UnaryFloatShape)
+                       .Shape(ScaleShape)
                        .Grad(ScaleGrad)
                        .Doc("y = scale * x + bias."));
 
