@@ -21,6 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gloo/common/error.h"
 #include "gloo/barrier.h"
 #include "gloo/common/logging.h"
@@ -41,10 +43,17 @@ std::chrono::milliseconds Remaining(absl::Time deadline) {
 // Gloo's connectFullMesh reads peers' keys with get(), which waits 30 s on
 // the file and redis stores and not at all on the hash store; this view makes
 // every read and wait honour the rendezvous deadline instead.
+// A wait is cut into slices of at most kAbortPollPeriod, between which
+// `aborted` says whether a member has given up (the rendezvous's abort
+// counter): the waiting rank then fails with that reason (AbortedWith) in
+// about a second, not at the deadline.
+constexpr absl::Duration kAbortPollPeriod = absl::Seconds(1);
+
 class DeadlineStore : public gloo::rendezvous::Store {
  public:
-  DeadlineStore(gloo::rendezvous::Store& inner, absl::Time deadline)
-      : inner_(inner), deadline_(deadline) {}
+  DeadlineStore(gloo::rendezvous::Store& inner, absl::Time deadline,
+                std::function<std::string()> aborted)
+      : inner_(inner), deadline_(deadline), aborted_(std::move(aborted)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     inner_.set(key, data);
@@ -53,18 +62,32 @@ class DeadlineStore : public gloo::rendezvous::Store {
     wait({key});
     return inner_.get(key);
   }
-  void wait(const std::vector<std::string>& keys) override {
-    inner_.wait(keys, Remaining(deadline_));
-  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, gloo::kNoTimeout); }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
-    std::chrono::milliseconds left = Remaining(deadline_);
-    inner_.wait(keys, timeout == gloo::kNoTimeout ? left : std::min(timeout, left));
+    const absl::Time until =
+        timeout == gloo::kNoTimeout ? deadline_ : std::min(deadline_, absl::Now() + absl::FromChrono(timeout));
+    while (true) {
+      const absl::Time slice_end = std::min(until, absl::Now() + kAbortPollPeriod);
+      try {
+        inner_.wait(keys, Remaining(slice_end));
+        return;
+      } catch (const gloo::IoException& e) {
+        if (!absl::StrContains(e.what(), "timeout") || absl::Now() >= until) throw;
+        aborted_with_ = aborted_();
+        if (!aborted_with_.empty()) throw;
+      }
+    }
   }
+
+  // Why the last wait ended early: a member's abort ("" if none).
+  const std::string& aborted_with() const { return aborted_with_; }
 
  private:
   gloo::rendezvous::Store& inner_;
   const absl::Time deadline_;
+  const std::function<std::string()> aborted_;
+  std::string aborted_with_;
 };
 
 // Gloo's device setup reads getaddrinfo's result even when the lookup failed
@@ -269,16 +292,36 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
       options.job_id.empty() ? absl::StrCat("strata/", options.group)
                              : absl::StrCat(JobKeyPrefix(options.job_id), "/", options.group));
 
+  // A member that cannot join says so through the store (a counter, which
+  // any member may add to, and its reason under its own key), so the others
+  // stop waiting for it within about a second instead of at the deadline.
+  // A counter left by an earlier job under the same keys ends this one the
+  // same way, as the earlier job's keys would anyway.
+  const auto give_up = [&](const absl::Status& why) {
+    // The first reason stays (keys are write-once).
+    (void)group_store->Set("abort_reason", absl::StrCat("rank ", rank, " gave up: ", why.message()));
+    (void)group_store->Add("abort", 1);
+    return why;
+  };
+  const auto aborted = [&]() -> std::string {
+    absl::StatusOr<int64_t> count = group_store->Add("abort", 0);
+    if (!count.ok() || *count <= 0) return "";
+    absl::StatusOr<std::string> reason = group_store->Get("abort_reason", absl::Milliseconds(1));
+    if (reason.ok()) return *reason;
+    return "a rank gave up (or an earlier job's did, under the same keys: give another --job_id or an empty store)";
+  };
+
   // Before publishing anything: peers then see a missing rank, not a stall.
   absl::Status resolvable = CheckResolvable(options.hostname);
-  if (!resolvable.ok()) return Prefixed(where, resolvable);
+  if (!resolvable.ok()) return give_up(Prefixed(where, resolvable));
 
   // 1. Fingerprints first, so a rank running another program never connects.
   absl::Status published =
       group_store->Set(absl::StrCat("fingerprint/", rank), options.fingerprint);
   if (absl::IsFailedPrecondition(published)) {
-    return absl::FailedPreconditionError(absl::StrCat(where, ": cannot publish this rank's fingerprint (",
-                                                      published.message(), "): ", KeyTakenCauses(options, store.spec(), rank)));
+    return give_up(absl::FailedPreconditionError(absl::StrCat(where, ": cannot publish this rank's fingerprint (",
+                                                              published.message(), "): ",
+                                                              KeyTakenCauses(options, store.spec(), rank))));
   }
   if (absl::IsDeadlineExceeded(published) || absl::IsUnavailable(published)) {
     return absl::DeadlineExceededError(absl::StrCat(where, ": cannot reach the store within ",
@@ -288,27 +331,51 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   if (!published.ok()) return Prefixed(where, published);
   std::vector<std::string> fingerprints(world);
   for (int i = 0; i < world; ++i) {
-    absl::StatusOr<std::string> fingerprint = group_store->Get(
-        absl::StrCat("fingerprint/", i), std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-    if (absl::IsDeadlineExceeded(fingerprint.status())) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          where, ": rank ", i, " did not arrive within ", absl::FormatDuration(options.timeout)));
+    while (true) {
+      const absl::Duration slice = std::min(deadline - absl::Now(), kAbortPollPeriod);
+      absl::StatusOr<std::string> fingerprint =
+          group_store->Get(absl::StrCat("fingerprint/", i), std::max(slice, absl::Milliseconds(1)));
+      if (fingerprint.ok()) {
+        fingerprints[i] = *std::move(fingerprint);
+        break;
+      }
+      if (!absl::IsDeadlineExceeded(fingerprint.status())) return Prefixed(where, fingerprint.status());
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            where, ": rank ", i, " did not arrive within ", absl::FormatDuration(options.timeout)));
+      }
+      if (const std::string why = aborted(); !why.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(where, ": waiting for rank ", i, "'s fingerprint: ", why));
+      }
     }
-    if (!fingerprint.ok()) return Prefixed(where, fingerprint.status());
-    fingerprints[i] = *std::move(fingerprint);
   }
+  // Every member reads every fingerprint before rank 0, whose process may
+  // serve a tcp:// store, leaves over a mismatch: a peer that had not read
+  // rank 0's yet found the store gone and waited out its timeout.
+  (void)group_store->Add("fingerprints_read", 1);
+  const auto mismatch = [&](absl::Status why) {
+    if (rank == 0) {
+      const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(10));
+      while (absl::Now() < until) {
+        absl::StatusOr<int64_t> read = group_store->Add("fingerprints_read", 0);
+        if (!read.ok() || *read >= world) break;
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+    return why;
+  };
   for (int i = 1; i < world; ++i) {
     if (fingerprints[i] != fingerprints[0]) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return mismatch(absl::FailedPreconditionError(absl::StrCat(
           "rank ", i, " compiled program set ", fingerprints[i], " but rank 0 compiled ",
           fingerprints[0], ": every rank must run the same compiled programs (the same program, strategy, "
-          "--batch_size, --device, --disable_passes and STRATA_TENSOR_CORE_ATTENTION) (", where, ")"));
+          "--batch_size, --device, --disable_passes and STRATA_TENSOR_CORE_ATTENTION) (", where, ")")));
     }
   }
 
   // 2. The TCP mesh, through keys of its own and within the same deadline.
   std::unique_ptr<Store> mesh_store = group_store->WithPrefix("mesh");
-  DeadlineStore bounded(mesh_store->gloo_store(), deadline);
+  DeadlineStore bounded(mesh_store->gloo_store(), deadline, aborted);
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
     gloo::transport::tcp::attr attr;
@@ -333,6 +400,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     gloo::barrier(connected);
     context->setTimeout(absl::ToChronoMilliseconds(options.op_timeout));
   } catch (const gloo::IoException& e) {
+    if (!bounded.aborted_with().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": while the TCP mesh connected, ", bounded.aborted_with()));
+    }
     // Store waits say "Wait timeout", TCP connects "Connect timeout", the
     // barrier "Timed out waiting".
     if (absl::StrContains(e.what(), "timeout") || absl::StrContains(e.what(), "Timed out")) {

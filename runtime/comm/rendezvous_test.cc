@@ -209,6 +209,51 @@ TEST(RendezvousTest, RankThatStopsBeforeTheMeshIsDeadlineExceeded) {
   EXPECT_THAT(std::string(comm.status().message()), HasSubstr("TCP mesh did not connect"));
 }
 
+// An earlier job that failed left rank 0's fingerprint in the folder: this
+// job's rank 0 cannot publish its own, and rank 1, which read the stale key
+// and went on to the mesh, waited out its whole timeout in silence. Now rank
+// 0 says it gives up through the store, and rank 1 stops within seconds
+// naming rank 0's reason.
+TEST(RendezvousTest, ARankThatCannotJoinEndsTheOthersWaitWithItsReason) {
+  const std::string spec = "file://" + FreshDir("rendezvous_stale");
+  {
+    absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->WithPrefix("strata/world")->Set("fingerprint/0", "3fa2c0de").ok());
+  }
+  RunRanks(2, [&](int rank) {
+    RendezvousOptions options = Options(rank, 2, spec);
+    options.timeout = absl::Seconds(30);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(6)) << "rank " << rank;
+    EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()), HasSubstr("cannot publish this rank's fingerprint"));
+    if (rank == 1) EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 gave up: "));
+  });
+}
+
+// Over a tcp:// store that rank 0's process serves, rank 0 used to leave at
+// once over a mismatch, taking the store with it: a rank that had not read
+// rank 0's fingerprint yet waited out its timeout. Rank 1 starts late here.
+TEST(RendezvousTest, AMismatchOverATcpStoreIsNamedOnEveryRank) {
+  const int port = ::strata::testing::PickFreePort();
+  ASSERT_GT(port, 0);
+  const std::string spec = absl::StrCat("tcp://127.0.0.1:", port);
+  RunRanks(2, [&](int rank) {
+    RendezvousOptions options = Options(rank, 2, spec, rank == 1 ? "9bc1d00d" : "3fa2c0de");
+    options.serve_store = rank == 0;
+    options.timeout = absl::Seconds(30);
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Rendezvous(options);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(6)) << "rank " << rank;
+    EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()),
+                HasSubstr("rank 1 compiled program set 9bc1d00d but rank 0 compiled 3fa2c0de"));
+  });
+}
+
 TEST(RendezvousTest, StoreServesOneRendezvousPerGroup) {
   const std::string spec = UniqueMemorySpec();
   RunRanks(2, [&](int rank) { ASSERT_TRUE(Rendezvous(Options(rank, 2, spec)).ok()); });
