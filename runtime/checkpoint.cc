@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -23,6 +25,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "proto/utf8.h"
 #include "runtime/fault_injection.h"
@@ -805,7 +809,13 @@ absl::Status SaveCheckpointStep(const SaveStepOptions& options, Checkpoint ckpt)
           " is not there although rank ", r, " wrote it; --save must be a folder every rank shares"));
     }
   }
-  if (absl::Status s = WriteFileAtomically(folder, kCommittedFileName, absl::StrCat(options.step, "\n")); !s.ok()) {
+  // The step, and an id of this save that nothing else shares: ranks that
+  // resume compare it (two runs' step folders of one step are told apart).
+  std::random_device entropy;
+  const uint64_t id = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  if (absl::Status s = WriteFileAtomically(folder, kCommittedFileName,
+                                           absl::StrCat(options.step, "\nsave ", absl::Hex(id, absl::kZeroPad16), "\n"));
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = WriteFileAtomically(options.dir, kLatestFileName, absl::StrCat(kStepPrefix, options.step, "\n"));
@@ -848,6 +858,20 @@ bool LoadsFromSaveFolder(const std::string& load, const std::string& save) {
   return l == s || (StepOfFolderName(l.filename().string()) >= 0 && l.parent_path() == s);
 }
 
+namespace {
+
+// The "save ID" line of a step folder's COMMITTED file; "" without one.
+std::string SaveIdOf(const std::string& folder) {
+  std::ifstream in(absl::StrCat(folder, "/", kCommittedFileName));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "save ")) return line.substr(5);
+  }
+  return "";
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
   if (!IsDirectory(path)) {
     return absl::NotFoundError(absl::StrCat(
@@ -860,12 +884,12 @@ absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path) {
     if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
       return absl::DataLossError(absl::StrCat(path, "/latest names ", *latest, ", which is missing or not committed"));
     }
-    return CheckpointSource{folder, absl::StrCat(folder, " (latest)")};
+    return CheckpointSource{folder, absl::StrCat(folder, " (latest)"), SaveIdOf(folder)};
   }
   std::error_code ec;
   const bool has_files = !SafetensorsFiles(path, &ec).empty();
   if (ec) return absl::FailedPreconditionError(absl::StrCat(path, ": cannot read checkpoint folder: ", ec.message()));
-  if (has_files) return CheckpointSource{path, path};
+  if (has_files) return CheckpointSource{path, path, SaveIdOf(path)};
   // NotFound only when nothing was ever completed here (a restarted job may
   // then start afresh); committed step folders without `latest` are a
   // damaged checkpoint, not an empty one.

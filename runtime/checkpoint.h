@@ -89,6 +89,10 @@ bool SameFolder(const std::string& a, const std::string& b);
 struct CheckpointSource {
   std::string folder;       // where the files are
   std::string description;  // e.g. "ckpt/step-20 (latest)"
+  // The save's own id, from its COMMITTED file (a random 64-bit hex number
+  // each save draws), which ranks loading "the same" checkpoint compare; ""
+  // for folders saved before it existed and flat (format 1) ones.
+  std::string save_id;
 };
 absl::StatusOr<CheckpointSource> ResolveCheckpoint(const std::string& path);
 // ResolveCheckpoint, then the metadata of one of its files (no tensor data).

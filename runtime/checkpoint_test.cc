@@ -810,7 +810,12 @@ TEST(CheckpointStepTest, SavedFilesCarryFormatVersionWorldSizeAndStep) {
     EXPECT_EQ(file->metadata.at("program"), "mlp") << path;
     EXPECT_EQ(file->metadata.at("seed"), "7") << path;
   }
-  EXPECT_EQ(ReadFile(dir + "/step-12/COMMITTED"), "12\n");
+  // The step, then the save's own id, which ResolveCheckpoint reads back.
+  const std::string committed = ReadFile(dir + "/step-12/COMMITTED");
+  EXPECT_THAT(committed, ::testing::MatchesRegex("12\nsave [0-9a-f]{16}\n"));
+  absl::StatusOr<CheckpointSource> source = ResolveCheckpoint(dir);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(absl::StrCat("12\nsave ", source->save_id, "\n"), committed);
 }
 
 TEST(CheckpointStepTest, ReadCheckpointMetadataReadsTheResolvedFolder) {

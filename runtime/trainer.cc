@@ -654,6 +654,7 @@ class TrainSession {
   Clock::time_point train_begin_;
   int64_t first_step_ = 0;
   int64_t next_stop_check_ = 0;
+  std::string loaded_save_id_;  // the loaded checkpoint's save id (CheckpointSource.save_id)
   std::optional<FeedPrefetcher> prefetcher_;
 };
 
@@ -832,6 +833,7 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     }
   }
   report_.loaded_from = source.description;
+  loaded_save_id_ = source.save_id;
   // Said even under --quiet: which checkpoint a run continues is part of its record.
   if (reporter_) {
     std::fprintf(stderr, "%s %s at step %lld\n", options_.eval_only ? "evaluating" : "resuming from",
@@ -864,7 +866,13 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       {"--data", train_data_ ? train_data_->identity() : "(none)"},
       {"--eval_data", eval_data_ ? eval_data_->identity() : "(none)"},
       {"the global batch", absl::StrCat(batch_)},
-      {"the loaded checkpoint's step", report_.loaded_from.empty() ? "(none)" : absl::StrCat(executor_->step())},
+      // Its step, and which save it is: ranks started by hand can name
+      // different runs' folders of one step (each rank loading its own
+      // run's weights trained a mixed model, exit 0).
+      {"the loaded checkpoint", report_.loaded_from.empty()
+                                    ? "(none)"
+                                    : absl::StrCat("step ", executor_->step(),
+                                                   loaded_save_id_.empty() ? "" : absl::StrCat(" (save ", loaded_save_id_, ")"))},
       {"--comm_timeout_s", absl::StrCat(options_.comm_timeout_s)},
       {"--save_every", absl::StrCat(options_.save_dir.empty() ? 0 : options_.save_every)},
       // An evaluation is collective (a pipelined forward, the replicas' sums).

@@ -50,6 +50,19 @@ refused "--save on one rank only" "$base --steps 5 --save $tmp/ck_one" "$base --
 refused "different --eval_data" "$base --steps 5 --eval_data synthetic:test,size=64" "$base --steps 5" \
   "rank 1 has --eval_data (none) but rank 0 has --eval_data synthetic test 64 samples"
 
+# Two runs' checkpoints of the same step: each rank would resume its own
+# run's weights (a mixed model, exit 0). A copy of one folder is the same save.
+for ck in ck_a ck_b; do
+  timeout 60 "$strata" run $base --strategy "$strategy" --steps 6 --save_every 4 --nproc 2 --quiet --save "$tmp/$ck" \
+    >/dev/null 2>"$tmp/save.txt" || fail "saving $ck: $(cat "$tmp/save.txt")"
+done
+refused "two runs' checkpoints of one step" "$base --steps 6 --load $tmp/ck_a/step-4" "$base --steps 6 --load $tmp/ck_b/step-4" \
+  "rank 1 has the loaded checkpoint step 4 (save [0-9a-f]*) but rank 0 has the loaded checkpoint step 4 (save [0-9a-f]*)"
+cp -r "$tmp/ck_a" "$tmp/ck_a_copy"
+two_ranks "$base --steps 6 --load $tmp/ck_a/step-4" "$base --steps 6 --load $tmp/ck_a_copy/step-4"
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "a copy of the checkpoint was refused: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
+echo "ok: a copy of the checkpoint folder is the same save"
+
 # The same data at different paths (as on two machines) is the same data.
 mkdir -p "$tmp/copy_a" "$tmp/copy_b"
 for f in /usr/share/datasets/fashion-mnist/t10k-*; do cp "$f" "$tmp/copy_a/"; cp "$f" "$tmp/copy_b/"; done
