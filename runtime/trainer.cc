@@ -14,6 +14,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -584,6 +585,7 @@ class TrainSession {
   absl::Status ResumeFromCheckpoint();
   absl::Status CheckSaveKeepsLatest() const;
   absl::Status CheckRanksAgreeOnSettings() const;
+  absl::Status CheckSaveFolderShared() const;
   absl::Status OpenMetrics();
 
   // The steps, then what follows the last one.
@@ -853,6 +855,52 @@ absl::Status TrainSession::CheckSaveKeepsLatest() const {
     return absl::FailedPreconditionError(absl::StrCat(
         "--save ", options_.save_dir, ": its latest checkpoint is step ", *latest, ", which this run (from step ", from,
         ") would save again; resume from ", options_.save_dir, " itself, or save into another folder"));
+  }
+  return absl::OkStatus();
+}
+
+// Every rank writes its share of a checkpoint into --save and rank 0 commits
+// the folder once it sees them all, so the folder must be one every rank
+// shares: ranks started by hand with folders of their own trained the whole
+// run before the first save said so. Each rank puts a file of a random name
+// there, the ranks swap the names, each looks for the others', and they
+// agree on what was missing, so every rank fails alike before the first step.
+absl::Status TrainSession::CheckSaveFolderShared() const {
+  if (world_ == nullptr || world_->size() <= 1 || options_.save_dir.empty()) return absl::OkStatus();
+  std::random_device entropy;
+  const std::string name =
+      absl::StrCat(".strata-shared.", absl::Hex((uint64_t{entropy()} << 32) ^ entropy(), absl::kZeroPad16));
+  const std::string mine = absl::StrCat(options_.save_dir, "/", name);
+  {
+    std::ofstream probe(mine);
+    if (!probe) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--save ", options_.save_dir, ": cannot write there: ", std::strerror(errno)));
+    }
+  }
+  const absl::Duration timeout = absl::Seconds(options_.comm_timeout_s);
+  absl::StatusOr<std::vector<std::string>> names = AllGatherStrings(*world_, name, timeout);
+  std::string unseen;
+  if (names.ok()) {
+    for (int r = 0; r < static_cast<int>(names->size()); ++r) {
+      if (access(absl::StrCat(options_.save_dir, "/", (*names)[r]).c_str(), F_OK) != 0) {
+        absl::StrAppend(&unseen, unseen.empty() ? "" : ", ", r);
+      }
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> verdicts =
+      names.ok() ? AllGatherStrings(*world_, unseen, timeout) : names.status();
+  std::remove(mine.c_str());  // every rank has looked
+  if (!verdicts.ok()) {
+    return absl::Status(verdicts.status().code(),
+                        absl::StrCat("checking that --save is shared: ", verdicts.status().message()));
+  }
+  for (int r = 0; r < static_cast<int>(verdicts->size()); ++r) {
+    if ((*verdicts)[r].empty()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save ", options_.save_dir, ": rank ", r, " does not see the files rank(s) ", (*verdicts)[r],
+        " wrote there: --save must be a folder every rank shares (one filesystem), since every rank writes its "
+        "share of each checkpoint and rank 0 commits the folder"));
   }
   return absl::OkStatus();
 }
@@ -1387,6 +1435,7 @@ absl::StatusOr<TrainReport> Train(const RankPlan& plan, const TrainOptions& opti
   STRATA_RETURN_IF_ERROR(session.ResumeFromCheckpoint());
   STRATA_RETURN_IF_ERROR(session.CheckSaveKeepsLatest());
   STRATA_RETURN_IF_ERROR(session.CheckRanksAgreeOnSettings());
+  STRATA_RETURN_IF_ERROR(session.CheckSaveFolderShared());
   STRATA_RETURN_IF_ERROR(session.OpenMetrics());
   // Once nothing before the first step can fail, so an error is the run's only line.
   for (const std::string& note : options.notes) std::fprintf(stderr, "note: %s\n", note.c_str());

@@ -47,6 +47,10 @@ refused "different --data" "$base --steps 5" "$program --data synthetic:size=409
   "rank 1 has --data synthetic train 4096 samples"
 refused "--save on one rank only" "$base --steps 5 --save $tmp/ck_one" "$base --steps 5" \
   "rank 1 has --save (none) but rank 0 has --save (a folder)"
+# Folders of their own (as on machines without a shared filesystem): found
+# before the first step, not at the first save after training.
+refused "--save folders not shared" "$base --steps 5 --save $tmp/save_a" "$base --steps 5 --save $tmp/save_b" \
+  "rank 0 does not see the files rank(s) 1 wrote there: --save must be a folder every rank shares"
 refused "different --eval_data" "$base --steps 5 --eval_data synthetic:test,size=64" "$base --steps 5" \
   "rank 1 has --eval_data (none) but rank 0 has --eval_data synthetic test 64 samples"
 
