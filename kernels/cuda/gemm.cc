@@ -154,6 +154,17 @@ struct LtGemm::Plan {
 };
 
 absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& key) const {
+  // Combinations cuBLASLt does not run, per NVIDIA's own wrappers
+  // (nvmath-python): DGELU over k = 1, and a bias gradient of a transposed
+  // A (BGRADA) or of an untransposed B (BGRADB), in cuBLASLt's terms: our b
+  // and a. No algorithm, as the heuristic would say: the caller runs two
+  // passes, and the shape is remembered and reported (epilogue_fallbacks).
+  const bool dgelu = key.epilogue == CUBLASLT_EPILOGUE_DGELU || key.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  if ((dgelu && key.k == 1) || (key.epilogue == CUBLASLT_EPILOGUE_BGRADA && key.transpose_b) ||
+      (key.epilogue == CUBLASLT_EPILOGUE_BGRADB && !key.transpose_a)) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt runs no ", EpilogueName(key.epilogue), " for k=", key.k,
+                                                 " transpose_a=", key.transpose_a, " transpose_b=", key.transpose_b));
+  }
   auto plan = std::make_unique<Plan>();
   // cuBLASLt's (A, B, C) = our (b, a, c) in column-major terms; see the top.
   cublasLtMatmulDesc_t raw_desc = nullptr;
@@ -178,6 +189,13 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
       STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                                &bias_type, sizeof(bias_type)),
                                 "set bias type");
+      // As for the aux below: the heuristic reads the bias pointer's
+      // alignment only (cublasLt.h), so a stand-in with the real one's
+      // alignment (in the key) picks the algorithm; Launch sets the real one.
+      const void* stand_in = reinterpret_cast<const void*>(static_cast<uintptr_t>(key.alignment_bias));
+      STRATA_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                               &stand_in, sizeof(stand_in)),
+                                "set bias pointer");
     }
   }
   if (key.float_aux && key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
@@ -266,7 +284,8 @@ absl::StatusOr<std::unique_ptr<LtGemm::Plan>> LtGemm::MakePlan(const PlanKey& ke
                                 handle_, plan->desc.get(), plan->b_layout.get(), plan->a_layout.get(),
                                 plan->c_layout.get(), plan->c_layout.get(), preference.get(), 1, &heuristic, &found),
                             "algorithm heuristic");
-  if (found == 0) {
+  // The result's fields are valid only where its state is SUCCESS (cublasLt.h).
+  if (found == 0 || heuristic.state != CUBLAS_STATUS_SUCCESS) {
     return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=", k,
                                                  " transpose_a=", key.transpose_a, " transpose_b=", key.transpose_b));
   }
@@ -579,6 +598,9 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
     return absl::UnimplementedError(absl::StrCat(EpilogueName(epilogue), " epilogue for n=", n,
                                                  ": the aux leading dimension must be a multiple of 8"));
   }
+  if (applied == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && aux == nullptr) {
+    return absl::InvalidArgumentError("GELU_AUX_BIAS epilogue without its aux (z) buffer");
+  }
   if (k == 0) {  // An empty sum; cuBLASLt rejects k == 0.
     if (applied != CUBLASLT_EPILOGUE_DEFAULT) {  // the caller falls back
       return absl::UnimplementedError(absl::StrCat("GEMM with the ", EpilogueName(applied), " epilogue and k = 0"));
@@ -620,6 +642,7 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
   // A separate C read in place of c (unstaged): the heuristic sees the lesser alignment of the two.
   if (c_in != nullptr && !staging.stage_c) key.alignment_c = std::min(key.alignment_c, Alignment(c_in));
   if (aux != nullptr) key.alignment_aux = Alignment(aux);
+  if (bias != nullptr && EpilogueUsesBias(applied)) key.alignment_bias = Alignment(bias);
   key.float_epilogue = float_epilogue;
   key.float_aux = float_epilogue && float_aux && aux != nullptr;
   absl::StatusOr<Plan*> plan = GetPlan(key);

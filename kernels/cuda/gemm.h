@@ -243,23 +243,24 @@ class LtGemm {
     uint32_t alignment_a, alignment_b, alignment_c;
     int64_t pitch_a, pitch_b, pitch_c;  // row pitches in elements (the stored rows' lengths unless staged)
     uint32_t alignment_aux = 0;         // GELU_AUX_BIAS's or DGELU's z (the heuristic reads its alignment)
+    uint32_t alignment_bias = 0;        // the bias or bias gradient's (likewise)
     bool float_epilogue = false;        // the bias float beside a 16-bit c
     bool float_aux = false;             // and GELU_AUX_BIAS's aux float too (else c's type)
 
     friend bool operator==(const PlanKey& x, const PlanKey& y) {
       return std::tie(x.type, x.c_type, x.epilogue, x.compute, x.scale_type, x.batch, x.m, x.n, x.k, x.transpose_a,
                       x.transpose_b, x.alignment_a, x.alignment_b, x.alignment_c, x.pitch_a, x.pitch_b, x.pitch_c,
-                      x.alignment_aux, x.float_epilogue, x.float_aux) ==
+                      x.alignment_aux, x.alignment_bias, x.float_epilogue, x.float_aux) ==
              std::tie(y.type, y.c_type, y.epilogue, y.compute, y.scale_type, y.batch, y.m, y.n, y.k, y.transpose_a,
                       y.transpose_b, y.alignment_a, y.alignment_b, y.alignment_c, y.pitch_a, y.pitch_b, y.pitch_c,
-                      y.alignment_aux, y.float_epilogue, y.float_aux);
+                      y.alignment_aux, y.alignment_bias, y.float_epilogue, y.float_aux);
     }
     template <typename H>
     friend H AbslHashValue(H h, const PlanKey& key) {
       return H::combine(std::move(h), key.type, key.c_type, key.epilogue, key.compute, key.scale_type, key.batch, key.m,
                         key.n, key.k, key.transpose_a, key.transpose_b, key.alignment_a, key.alignment_b,
-                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux, key.float_epilogue,
-                        key.float_aux);
+                        key.alignment_c, key.pitch_a, key.pitch_b, key.pitch_c, key.alignment_aux, key.alignment_bias,
+                        key.float_epilogue, key.float_aux);
     }
   };
   struct Plan;  // descriptors and algorithm, in gemm.cc
