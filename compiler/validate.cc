@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compiler/graph_index.h"
 #include "compiler/op_registry.h"
@@ -62,9 +63,9 @@ absl::Status CheckShape(absl::Span<const int64_t> shape, bool allow_batch, std::
 // largest it is an infinity in the weights (the run then "diverges" at its
 // first step, blaming the learning rate).
 absl::Status CheckFitsParam(const std::string& where, const Var& var, const std::string& field, double value) {
-  if (var.dtype() == F32 && std::isfinite(value) && std::fabs(value) > std::numeric_limits<float>::max()) {
-    return Err(where, absl::StrCat(field, " ", value, " is past float32's largest value (", std::numeric_limits<float>::max(),
-                                   "), the parameter's dtype"));
+  if (var.dtype() == F32 && std::isfinite(value) && std::isinf(static_cast<float>(value))) {
+    return Err(where, absl::StrFormat("%s %.9g is infinite as a float32 (past %.9g), the parameter's dtype", field, value,
+                                      std::numeric_limits<float>::max()));
   }
   return absl::OkStatus();
 }

@@ -301,11 +301,13 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
   layout.ctx.micro_batches = pipelined ? static_cast<int>(strategy.pipeline().accumulate_steps()) : 1;
   const int64_t world = layout.ctx.mesh.world_size();
   if (world * layout.ctx.micro_batches > kMaxRankMicroBatches) {
-    return StrategyError(strategy_file, "pipeline.accumulate_steps",
-                         absl::StrCat(layout.ctx.micro_batches, " micro-batches on each of ", world,
-                                      " ranks make ", world * layout.ctx.micro_batches,
-                                      " micro-batch schedules to build and verify, more than 2^20; use fewer, "
-                                      "larger micro-batches or a smaller data_parallel.degree"));
+    const int stages = layout.ctx.mesh.AxisSize("pp");
+    return StrategyError(
+        strategy_file, layout.ctx.micro_batches > 1 ? "pipeline.accumulate_steps" : "data_parallel.degree",
+        absl::StrCat(layout.ctx.micro_batches, " micro-batch(es) on each of ", world, " ranks (", stages,
+                     " stage(s) x data_parallel.degree ", dp, ") make ", world * layout.ctx.micro_batches,
+                     " micro-batch schedules to build and verify, more than 2^20; use ",
+                     layout.ctx.micro_batches > 1 ? "fewer, larger micro-batches or " : "", "fewer ranks"));
   }
   layout.ctx.merge_steps = std::max<int>(1, static_cast<int>(strategy.gradient_merge().k_steps()));
   layout.micro_batch_size = pipelined ? strategy.pipeline().micro_batch_size()

@@ -417,7 +417,7 @@ absl::StatusOr<bool> FuseGeluGrads(Graph& graph) {
 // it is.
 absl::StatusOr<bool> FuseResidualAdds(Graph& graph) {
   const std::vector<std::vector<int>> readers = graph.Readers();
-  const VarWriters writers = CountWriters(graph);
+  VarWriters writers = CountWriters(graph);
   std::vector<bool> keep(graph.num_vars(), true);
   bool changed = false;
   const OpSchema& schema = *OpRegistry::Global().Find("matmul_bias");
@@ -453,6 +453,9 @@ absl::StatusOr<bool> FuseResidualAdds(Graph& graph) {
       return absl::InternalError(absl::StrCat("fuse-epilogues: ", graph.OpLocation(m), ": ", st.message()));
     }
     graph.EraseOp(add);
+    // The add's output is the fused op's now: a later residual add reading
+    // it (parallel residual blocks: out = y2 + (y1 + h)) finds its writer.
+    writers.last[out] = m;
     keep[y] = false;
     changed = true;
   }

@@ -693,6 +693,43 @@ TEST(FuseEpiloguesTest, FusesTheResidualAddIntoTheMatmulBias) {
   }
 }
 
+// A parallel residual block (GPT-J's, PaLM's): out = y2 + (y1 + x), two
+// linear layers on x. The inner add goes into y1's matmul_bias, whose
+// output r the outer add then reads: it goes into y2's, r's writer being
+// the first fused GEMM (an earlier version of the scan still saw the erased
+// add as r's writer and left the outer add unfused).
+TEST(FuseEpiloguesTest, FusesBothAddsOfAParallelResidualBlock) {
+  const std::string text = R"pb(
+    var { name: "in" dtype: F32 shape: [-1, 4] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w0" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "w1" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b1" dtype: F32 shape: [4] kind: PARAM }
+    var { name: "w2" dtype: F32 shape: [4, 4] kind: PARAM init { normal { std: 0.5 } } }
+    var { name: "b2" dtype: F32 shape: [4] kind: PARAM }
+    op { type: "matmul" input: ["in", "w0"] output: ["x"] }
+    op { type: "matmul" input: ["x", "w1"] output: ["p1"] }
+    op { type: "add" input: ["p1", "b1"] output: ["y1"] }
+    op { type: "matmul" input: ["x", "w2"] output: ["p2"] }
+    op { type: "add" input: ["p2", "b2"] output: ["y2"] }
+    op { type: "add" input: ["y1", "x"] output: ["r"] }
+    op { type: "add" input: ["y2", "r"] output: ["out"] }
+    op { type: "softmax_cross_entropy" input: ["out", "label"] output: ["loss"] }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.1 } }
+  )pb";
+  const Program after = DumpAfter(text, Strategy(), "fuse-epilogues");
+  EXPECT_EQ(Count(after, "add"), 0);
+  const Op* r = Writer(after, "r");
+  const Op* out = Writer(after, "out");
+  ASSERT_NE(r, nullptr);
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(r->type(), "matmul_bias");
+  EXPECT_EQ(out->type(), "matmul_bias");
+  ASSERT_EQ(out->input_size(), 4);
+  EXPECT_EQ(out->input(3), "r");
+}
+
 TEST(FuseEpiloguesTest, LeavesTheResidualAddsItCannotFuse) {
   struct Case {
     const char* what;

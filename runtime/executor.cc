@@ -103,6 +103,11 @@ absl::Status Executor::Prepare() {
     loss_scale_slot_ = scale->second;
     skipped_updates_slot_ = skipped->second;
   }
+  for (const Op& op : program.op()) {
+    if (op.type() != "lr_schedule" || op.input_size() != 1) continue;
+    if (auto it = slot_of_.find(op.input(0)); it != slot_of_.end()) update_count_slot_ = it->second;
+    break;
+  }
   std::vector<bool> read(num_vars, false);
   for (const Op& op : program.op()) {
     for (const auto& in : op.input()) {
@@ -282,6 +287,7 @@ absl::Status Executor::Prepare() {
 absl::Status Executor::InitializeState(const std::set<std::string>& to_load) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
+  updates_made_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
   for (int i = 0; i < program.var_size(); ++i) {
@@ -349,6 +355,7 @@ absl::Status Executor::LoadPersistentState(std::map<std::string, Tensor>&& state
 absl::Status Executor::LoadState(std::map<std::string, Tensor>& state, bool adopt, bool weights_only) {
   DropGraphs();  // they write the buffers replaced here
   loss_scale_state_.reset();
+  updates_made_.reset();
   param_copies_stale_ = true;  // from here on, even if it fails part way
   const Program& program = plan_.program();
   // A parameter no op reads has no gradient and never changes: one device
@@ -784,6 +791,11 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   const bool update = UpdateStep();
   StepResult result;
   double skipped_before = 0;
+  if (update && update_count_slot_ >= 0 && !updates_made_.has_value()) {
+    absl::StatusOr<std::vector<double>> count = ReadStateScalars({update_count_slot_});
+    if (!count.ok()) return count.status();
+    updates_made_ = static_cast<int64_t>((*count)[0]);
+  }
   if (loss_scale_slot_ >= 0) {
     absl::StatusOr<std::pair<double, double>> scale_state = LossScaleState();
     if (!scale_state.ok()) return scale_state.status();
@@ -807,6 +819,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
   if (!status.ok()) {
     held_metrics_.clear();
     loss_scale_state_.reset();  // the step may have updated them before it failed
+    updates_made_.reset();
     param_copies_stale_ = true;  // and the weights, not their copies
     return status;
   }
@@ -817,14 +830,6 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     if (!IsSummedFetch(plan_, name)) value /= micro_batches;
   }
   if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
-  if (update && plan_.program().optimizer().kind_case() != Optimizer::KIND_NOT_SET) {
-    // The updates made before this one: a skipped update (loss scaling)
-    // leaves the step count, and so the schedule, where it was.
-    const int64_t made = result.optimizer_step - 1 - static_cast<int64_t>(skipped_before);
-    result.has_lr = true;
-    result.lr = kernel_math::LearningRate(LrScheduleOf(plan_.program().optimizer()), made,
-                                          total_steps_ / merge_steps_);
-  }
   if (update && loss_scale_slot_ >= 0) {
     // The update may have changed both: one read for this step's verdict
     // and the next step's scale.
@@ -832,6 +837,20 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     absl::StatusOr<std::pair<double, double>> scale_state = LossScaleState();
     if (!scale_state.ok()) return scale_state.status();
     result.skipped_update = scale_state->second > skipped_before;
+  }
+  if (update && plan_.program().optimizer().kind_case() != Optimizer::KIND_NOT_SET) {
+    // The rate of the updates made before this one, the count the
+    // lr_schedule kernel read: a skipped update (loss scaling) leaves it
+    // where it was, and a run resumed with another gradient merge k goes
+    // on from the checkpoint's count. A rank without the count (the loss's
+    // stage training no parameter) works it out from the steps.
+    const int64_t made = updates_made_.has_value()
+                             ? *updates_made_
+                             : result.optimizer_step - 1 - static_cast<int64_t>(skipped_before);
+    result.has_lr = true;
+    result.lr = kernel_math::LearningRate(LrScheduleOf(plan_.program().optimizer()), made,
+                                          total_steps_ / merge_steps_);
+    if (updates_made_.has_value() && !result.skipped_update) ++*updates_made_;
   }
   ++step_;
   return result;

@@ -281,6 +281,11 @@ class Executor {
   int loss_slot_ = -1;
   int loss_scale_slot_ = -1;       // Program.loss_scale's slot, or -1
   int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1
+  // The optimizer's update count (the lr_schedule op's input: "@step"), or
+  // -1 where this rank has none; and its value before the coming update,
+  // read once after a load and counted since (StepResult.lr).
+  int update_count_slot_ = -1;
+  std::optional<int64_t> updates_made_;
   std::optional<std::pair<double, double>> loss_scale_state_;  // (scale, skipped updates); see LossScaleState
   std::vector<std::pair<std::string, int>> fetch_slots_;
   // This step's metric tensors: (-1 for the loss, else an index into fetch_slots_, tensor).

@@ -399,6 +399,27 @@ TEST(ExecutorTest, AStepReportsTheLearningRateItsUpdateUsed) {
     EXPECT_EQ(resumed_reported[i], reported[3 + i]) << "update " << 4 + i;
     EXPECT_NEAR(resumed_used[i], used[3 + i], 1e-12) << "update " << 4 + i;
   }
+
+  // Resumed without gradient merge (an update every step): the schedule
+  // goes on from the checkpoint's 3 updates, not from 6 steps' worth.
+  auto unmerged = Compile(*program, Strategy(), options);
+  ASSERT_TRUE(unmerged.ok()) << unmerged.status();
+  auto single = Executor::Create(unmerged->plans[0], {});
+  ASSERT_TRUE(single.ok()) << single.status();
+  (*single)->set_total_steps(kSteps);
+  ASSERT_TRUE((*single)->InitializeState().ok());
+  ASSERT_TRUE((*single)->LoadPersistentState(first->PersistentState()).ok());
+  (*single)->set_step(6);
+  for (int step = 6; step < 9; ++step) {
+    std::map<std::string, Tensor> feeds;
+    feeds["x"] = Tensor::Empty(F64, {2, 1});
+    feeds["x"].data<double>()[0] = feeds["x"].data<double>()[1] = x_of(step);
+    const double before = weight(**single);
+    auto r = (*single)->TrainStep(feeds, step * 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_lr);
+    EXPECT_NEAR(r->lr, (before - weight(**single)) / x_of(step), 1e-12) << "step " << step + 1;
+  }
 }
 
 }  // namespace

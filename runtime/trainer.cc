@@ -871,19 +871,18 @@ absl::Status TrainSession::CheckSaveFolderShared() const {
   const std::string name =
       absl::StrCat(".strata-shared.", absl::Hex((uint64_t{entropy()} << 32) ^ entropy(), absl::kZeroPad16));
   const std::string mine = absl::StrCat(options_.save_dir, "/", name);
-  {
-    std::ofstream probe(mine);
-    if (!probe) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--save ", options_.save_dir, ": cannot write there: ", std::strerror(errno)));
-    }
-  }
+  // A rank that cannot write its file still takes part, so the others do
+  // not wait for it: its entry says why ("!" and the error).
+  std::string entry = name;
+  if (!std::ofstream(mine)) entry = absl::StrCat("!", std::strerror(errno));
   const absl::Duration timeout = absl::Seconds(options_.comm_timeout_s);
-  absl::StatusOr<std::vector<std::string>> names = AllGatherStrings(*world_, name, timeout);
+  absl::StatusOr<std::vector<std::string>> names = AllGatherStrings(*world_, entry, timeout);
   std::string unseen;
   if (names.ok()) {
     for (int r = 0; r < static_cast<int>(names->size()); ++r) {
-      if (access(absl::StrCat(options_.save_dir, "/", (*names)[r]).c_str(), F_OK) != 0) {
+      const std::string& theirs = (*names)[r];
+      if (absl::StartsWith(theirs, "!")) continue;
+      if (access(absl::StrCat(options_.save_dir, "/", theirs).c_str(), F_OK) != 0) {
         absl::StrAppend(&unseen, unseen.empty() ? "" : ", ", r);
       }
     }
@@ -894,6 +893,11 @@ absl::Status TrainSession::CheckSaveFolderShared() const {
   if (!verdicts.ok()) {
     return absl::Status(verdicts.status().code(),
                         absl::StrCat("checking that --save is shared: ", verdicts.status().message()));
+  }
+  for (int r = 0; r < static_cast<int>(names->size()); ++r) {
+    if (!absl::StartsWith((*names)[r], "!")) continue;
+    return absl::FailedPreconditionError(
+        absl::StrCat("--save ", options_.save_dir, ": rank ", r, " cannot write there: ", (*names)[r].substr(1)));
   }
   for (int r = 0; r < static_cast<int>(verdicts->size()); ++r) {
     if ((*verdicts)[r].empty()) continue;

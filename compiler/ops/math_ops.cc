@@ -92,12 +92,11 @@ absl::Status UnaryFloatShape(ShapeContext& ctx) {
 // the run blamed the learning rate).
 absl::Status ScaleShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(UnaryFloatShape(ctx));
-  const double largest = ctx.input(0).dtype == F32 ? std::numeric_limits<float>::max()
-                                                   : std::numeric_limits<double>::max();
+  const bool f32 = ctx.input(0).dtype == F32;
   for (const char* attr : {"scale", "bias"}) {
     const double v = ctx.attr_float(attr);
-    if (!std::isfinite(v) || std::fabs(v) > largest) {
-      return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be finite", ctx.input(0).dtype == F32
+    if (!std::isfinite(v) || (f32 && std::isinf(static_cast<float>(v)))) {
+      return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be finite", f32
                                                          ? " and within float32's range (x is F32)" : "",
                                                      ", got ", v));
     }
