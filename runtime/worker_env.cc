@@ -61,7 +61,7 @@ absl::StatusOr<WorkerEnv> ReadFlavour(const Flavour& f, const EnvLookup& lookup)
   constexpr int kMax = std::numeric_limits<int>::max();
   WorkerEnv env;
   env.from_launcher = f.from_launcher;
-  auto world = ParseInt(f.world_size, world_text, 1, kMax, "a process count >= 1");
+  auto world = ParseInt(f.world_size, world_text, 1, kMax, "a process count from 1 to 2^31 - 1");
   if (!world.ok()) return world.status();
   env.world_size = *world;
   auto rank = ParseInt(f.rank, rank_text, 0, env.world_size - 1,

@@ -6,7 +6,9 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -169,11 +171,20 @@ int CheckRunOutputs(int64_t nproc, int64_t global_batch, uint64_t seed, bool sch
                                    {"--metrics", absl::GetFlag(FLAGS_metrics)}}) {
     if (s.ok() && !path.empty()) s = CheckWritableFile(UserPath(path), flag);
   }
-  const std::string log_dir = absl::GetFlag(FLAGS_log_dir).empty() && nproc > 1 ? "log" : absl::GetFlag(FLAGS_log_dir);
+  // Under --nproc the workers' logs go to ./log unless --log_dir says where.
+  const bool log_dir_given = !absl::GetFlag(FLAGS_log_dir).empty();
+  const std::string log_dir = !log_dir_given && nproc > 1 ? "log" : absl::GetFlag(FLAGS_log_dir);
   if (s.ok() && !log_dir.empty()) {
+    const std::string what =
+        log_dir_given ? absl::StrCat("--log_dir ", log_dir)
+                      : absl::StrCat("the workers' logs go to ", UserPath(log_dir), " (give --log_dir DIR elsewhere)");
     std::error_code ec;
     std::filesystem::create_directories(UserPath(log_dir), ec);
-    s = CheckWritableFile(UserPath(log_dir) + "/.strata-write-test", "--log_dir");
+    if (ec) {
+      s = absl::FailedPreconditionError(absl::StrCat(what, ": cannot create the folder: ", ec.message()));
+    } else if (access(UserPath(log_dir).c_str(), W_OK) != 0) {
+      s = absl::FailedPreconditionError(absl::StrCat(what, ": cannot write there: ", std::strerror(errno)));
+    }
   }
   if (!s.ok()) {
     std::cerr << "error: " << s.message() << "\n";

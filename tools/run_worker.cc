@@ -277,7 +277,10 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   }
   const bool nccl = nccl_collectives && device != nullptr && absl::GetFlag(FLAGS_nccl);
   if (auto s = AgreeOnSettings(*comms.world(),
-                               {{"device transport", nccl ? "NCCL (a GPU per rank)" : "Gloo (host memory)"}},
+                               {{"device transport", nccl ? "NCCL (a GPU per rank)" : "Gloo (host memory)"},
+                                // Each rank's monitor names the others by it: a rank with a longer one
+                                // would outwait what its peers call dead.
+                                {"--heartbeat_timeout_s", absl::StrCat(absl::GetFlag(FLAGS_heartbeat_timeout_s))}},
                                absl::GetFlag(FLAGS_comm_timeout_s));
       !s.ok()) {
     return fail(s);

@@ -323,6 +323,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
                                                               published.message(), "): ",
                                                               KeyTakenCauses(options, store.spec(), rank))));
   }
+  if (absl::IsUnavailable(published) && absl::StartsWith(store.spec(), "file://")) {
+    // A folder that is read-only or full fails at once: no wait to speak of.
+    return give_up(absl::UnavailableError(
+        absl::StrCat(where, ": cannot write this rank's fingerprint into the store's folder (", published.message(), ")")));
+  }
   if (absl::IsDeadlineExceeded(published) || absl::IsUnavailable(published)) {
     return absl::DeadlineExceededError(absl::StrCat(where, ": cannot reach the store within ",
                                                     absl::FormatDuration(options.timeout), " (",
@@ -342,7 +347,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
       if (!absl::IsDeadlineExceeded(fingerprint.status())) return Prefixed(where, fingerprint.status());
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
-            where, ": rank ", i, " did not arrive within ", absl::FormatDuration(options.timeout)));
+            where, ": rank ", i, " did not arrive within ", absl::FormatDuration(options.timeout),
+            options.job_id.empty() ? " (is it started, with this store?)"
+                                   : absl::StrCat(" (is it started, with this store and job id '", options.job_id, "'?)")));
       }
       if (const std::string why = aborted(); !why.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(where, ": waiting for rank ", i, "'s fingerprint: ", why));

@@ -229,7 +229,9 @@ TEST(RendezvousTest, ARankThatCannotJoinEndsTheOthersWaitWithItsReason) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(6)) << "rank " << rank;
     EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
     EXPECT_THAT(std::string(comm.status().message()), HasSubstr("cannot publish this rank's fingerprint"));
-    if (rank == 1) EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 gave up: "));
+    if (rank == 1) {
+      EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 gave up: "));
+    }
   });
 }
 
