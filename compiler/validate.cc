@@ -170,6 +170,10 @@ absl::Status CheckOptimizer(const Program& program, bool has_params, bool f32_pa
   if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
     return Err(where, absl::StrCat("weight_decay must be >= 0, got ", opt.weight_decay()));
   }
+  if (f32_params && std::isinf(static_cast<float>(opt.weight_decay()))) {
+    return Err(where, absl::StrCat("weight_decay ", opt.weight_decay(),
+                                   " is infinite as a float32, the dtype of the program's F32 parameters"));
+  }
   if (!(opt.clip_global_norm() >= 0) || !std::isfinite(opt.clip_global_norm())) {
     return Err(where, absl::StrCat("clip_global_norm must be >= 0, got ", opt.clip_global_norm()));
   }
@@ -184,6 +188,7 @@ absl::Status CheckOptimizer(const Program& program, bool has_params, bool f32_pa
     if (!(sched.step_decay().gamma() > 0 && std::isfinite(sched.step_decay().gamma()))) {
       return Err(where, absl::StrCat("lr_schedule.step_decay.gamma must be finite and > 0, got ", sched.step_decay().gamma()));
     }
+    STRATA_RETURN_IF_ERROR(CheckFloat32Positive(where, "lr_schedule.step_decay.gamma", sched.step_decay().gamma(), f32_params));
   }
   return absl::OkStatus();
 }

@@ -143,6 +143,12 @@ class Executor {
   int merge_steps() const { return merge_steps_; }
   void set_step(int64_t step) { step_ = step; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
+  // Whether this rank's plan holds the optimizer's update count (the
+  // lr_schedule op's input); one without it (the loss's stage training no
+  // parameter) is told the loaded count, so the rate it reports
+  // (StepResult.lr) goes on from the checkpoint's updates. After a load.
+  bool counts_updates() const { return update_count_slot_ >= 0; }
+  void set_updates_made(int64_t updates) { updates_made_ = updates; }
   Device* device() const { return options_.device; }
   Allocator* allocator() const { return options_.device->allocator(); }
   const RankPlan& plan() const { return plan_; }

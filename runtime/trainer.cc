@@ -776,6 +776,9 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   std::set<std::string> mine;
   for (const Var& v : plan_.program().var()) mine.insert(v.name());
   for (const Program::MergePart& m : plan_.program().merge_part()) mine.insert(m.whole());
+  // The optimizer's update count (one scalar) where this rank's plan has
+  // none, for the learning rate it reports.
+  const bool takes_update_count = !executor_->counts_updates() && mine.insert("@step").second;
   const TensorFilter wanted = [&mine](const std::string& name, const std::map<std::string, std::string>& metadata) {
     if (mine.count(name)) return true;
     auto part = metadata.find(absl::StrCat(kMergePartKey, name));
@@ -817,11 +820,17 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
                                                      "; a checkpoint of step ", *step, " holds 0 to ", *step));
     }
   }
+  std::optional<int64_t> update_count;
+  if (auto it = ckpt->tensors.find("@step"); takes_update_count && it != ckpt->tensors.end()) {
+    if (it->second.num_elements() == 1) update_count = static_cast<int64_t>(it->second.ValueAt(0));
+    ckpt->tensors.erase(it);  // not a var of this rank
+  }
   // The tensors just read become the rank's state as they are.
   if (auto s = executor_->LoadPersistentState(std::move(ckpt->tensors), /*weights_only=*/options_.eval_only);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--load ", source.description, ": ", s.message()));
   }
+  if (update_count.has_value()) executor_->set_updates_made(*update_count);
   executor_->set_step(*step);
   if (options_.eval_only) {
     total_steps_ = *step;
@@ -924,7 +933,9 @@ absl::Status TrainSession::CheckRanksAgreeOnSettings() const {
       {"the loaded checkpoint", report_.loaded_from.empty()
                                     ? "(none)"
                                     : absl::StrCat("step ", executor_->step(),
-                                                   loaded_save_id_.empty() ? "" : absl::StrCat(" (save ", loaded_save_id_, ")"))},
+                                                   loaded_save_id_.empty()
+                                                       ? " (saved without a save id)"
+                                                       : absl::StrCat(" (save ", loaded_save_id_, ")"))},
       {"--comm_timeout_s", absl::StrCat(options_.comm_timeout_s)},
       {"--save_every", absl::StrCat(options_.save_dir.empty() ? 0 : options_.save_every)},
       // An evaluation is collective (a pipelined forward, the replicas' sums).

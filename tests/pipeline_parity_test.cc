@@ -219,6 +219,32 @@ TEST(PipelineHardShapesTest, ClippingWithAStageWithoutParametersAndMixedDtypes) 
 }
 
 
+// The learning rate the loss's stage reports when it trains nothing (no
+// update count of its own) follows the checkpoint's updates after a resume
+// with another gradient merge: 4 steps of one update each, then a merge of
+// k = 2, whose updates are the 5th and 6th (it reported the 3rd and 4th's).
+TEST(PipelineHardShapesTest, ALossStageWithoutParametersReportsTheResumedRate) {
+  auto program = ParseProgramText(kNoParamsLastStage, "no_params.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  program->mutable_optimizer()->mutable_lr_schedule()->mutable_step_decay()->set_step_size(1);
+  program->mutable_optimizer()->mutable_lr_schedule()->mutable_step_decay()->set_gamma(0.5);
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 4;
+  options.save_dir = absl::StrCat(::testing::TempDir(), "/no_params_lr");
+  auto first = TrainParallel(*program, Pipeline(4, 3, ONE_F_ONE_B), options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->lrs, (std::vector<double>{0.5, 0.25, 0.125, 0.0625}));
+  Strategy merged = Pipeline(4, 3, ONE_F_ONE_B);
+  merged.mutable_gradient_merge()->set_k_steps(2);
+  options.load_dir = options.save_dir;
+  options.save_dir.clear();
+  options.steps = 8;
+  auto resumed = TrainParallel(*program, merged, options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->lrs, (std::vector<double>{-1, 0.5 / 16, -1, 0.5 / 32}));
+}
+
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
   auto program = ParseProgramText(kPassThroughAcrossStages, "pass_through.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();

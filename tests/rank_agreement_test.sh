@@ -67,6 +67,17 @@ two_ranks "$base --steps 6 --load $tmp/ck_a/step-4" "$base --steps 6 --load $tmp
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "a copy of the checkpoint was refused: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
 echo "ok: a copy of the checkpoint folder is the same save"
 
+# A rank that stops before meeting the others (its --save cannot be
+# written) tells them through the store: rank 0 ends within seconds naming
+# it, not at --comm_timeout_s (50 s here).
+start=$(date +%s)
+two_ranks "$base --steps 5" "$base --steps 5 --save /proc/strata_ckpt"
+took=$(( $(date +%s) - start ))
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $took -lt 15 ] || fail "a rank that stopped early: exits $rc0 and $rc1 in ${took}s"
+grep -q "rank 1 gave up: it stopped before meeting the others" "$tmp/r0.txt" || fail "rank 0 said: $(cat "$tmp/r0.txt")"
+grep -q "^error: --save /proc/strata_ckpt" "$tmp/r1.txt" || fail "rank 1 said: $(cat "$tmp/r1.txt")"
+echo "ok: a rank that stops before the rendezvous ends the others' wait in ${took}s: $(cat "$tmp/r0.txt")"
+
 # The same data at different paths (as on two machines) is the same data.
 mkdir -p "$tmp/copy_a" "$tmp/copy_b"
 for f in /usr/share/datasets/fashion-mnist/t10k-*; do cp "$f" "$tmp/copy_a/"; cp "$f" "$tmp/copy_b/"; done

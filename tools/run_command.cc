@@ -614,12 +614,18 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
     return kExitUsage;
   }
   const uint64_t program_seed = static_cast<uint64_t>(result->plans[0].program().seed());
+  // A rank started by hand that stops here tells the others, which would
+  // otherwise wait for it until --comm_timeout_s.
+  const auto worker_stops = [&](int rc) {
+    if (rc != 0 && worker->has_value()) AnnounceWorkerExit(**worker);
+    return rc;
+  };
   if (const int64_t flag_seed = absl::GetFlag(FLAGS_seed);
       int rc = CheckRunOutputs(absl::GetFlag(FLAGS_nproc), result->batch_size, flag_seed >= 0 ? flag_seed : program_seed,
                                ScheduleSpansRun(result->plans[0].program()))) {
-    return rc;
+    return worker_stops(rc);
   }
-  if (int rc = CheckCheckpointFitsProgram(path, result->plans); rc != 0) return rc;
+  if (int rc = CheckCheckpointFitsProgram(path, result->plans); rc != 0) return worker_stops(rc);
   std::vector<const RankPlan*> here;
   for (const RankPlan& plan : result->plans) {
     if (!worker->has_value() || plan.rank() == (*worker)->rank) here.push_back(&plan);
@@ -627,7 +633,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   if (!worker->has_value()) {
     if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   }
-  if (int rc = CheckPlansFitTheMachine(here); rc != 0) return rc;
+  if (int rc = CheckPlansFitTheMachine(here); rc != 0) return worker_stops(rc);
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   // Bad data is one error line here, before any worker starts (each would

@@ -76,17 +76,25 @@ int ChooseListenHostname(const WorkerEnv& env, RendezvousOptions* ropts) {
 // launcher's, else torchrun's MASTER_ADDR:MASTER_PORT served by rank 0), the
 // address it listens on, the plan's fingerprint and the timeouts. 0, or the
 // exit code once it printed why not.
+// The store the ranks meet in: --store, else the launcher's, else torchrun's
+// MASTER_ADDR:MASTER_PORT (served by rank 0); "" when there is none.
+std::string StoreSpecOf(const WorkerEnv& env) {
+  if (!absl::GetFlag(FLAGS_store).empty()) return absl::GetFlag(FLAGS_store);
+  if (!env.store_spec.empty()) return env.store_spec;
+  if (env.master_addr.empty() || env.master_port <= 0) return "";
+  // An IPv6 MASTER_ADDR may come bare ("::1", as torchrun takes it) or in brackets.
+  std::string addr = env.master_addr;
+  if (absl::StartsWith(addr, "[") && absl::EndsWith(addr, "]")) addr = addr.substr(1, addr.size() - 2);
+  return absl::StrCat("tcp://", HostPortText(addr, env.master_port));
+}
+
 int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, RendezvousOptions* ropts) {
   ropts->rank = env.rank;
   ropts->world_size = env.world_size;
   ropts->job_id = JobId();
-  ropts->store_spec = !absl::GetFlag(FLAGS_store).empty() ? absl::GetFlag(FLAGS_store) : env.store_spec;
-  if (ropts->store_spec.empty() && !env.master_addr.empty() && env.master_port > 0) {
+  ropts->store_spec = StoreSpecOf(env);
+  if (absl::GetFlag(FLAGS_store).empty() && env.store_spec.empty() && !ropts->store_spec.empty()) {
     // torchrun's way: rank 0 serves the store on MASTER_ADDR:MASTER_PORT.
-    // An IPv6 MASTER_ADDR may come bare ("::1", as torchrun takes it) or in brackets.
-    std::string addr = env.master_addr;
-    if (absl::StartsWith(addr, "[") && absl::EndsWith(addr, "]")) addr = addr.substr(1, addr.size() - 2);
-    ropts->store_spec = absl::StrCat("tcp://", HostPortText(addr, env.master_port));
     if (absl::Status s = CheckStoreSpec(ropts->store_spec); !s.ok()) {
       std::cerr << "error: rank " << env.rank << ": MASTER_ADDR='" << env.master_addr
                 << "' is not a host name or address (an IPv6 address bare, ::1, or in brackets, [::1])\n";
@@ -205,6 +213,23 @@ int CheckWorkerSetup() {
   return 0;
 }
 
+void AnnounceWorkerExit(const WorkerEnv& env) {
+  if (env.world_size <= 1) return;
+  RendezvousOptions ropts;
+  ropts.rank = env.rank;
+  ropts.world_size = env.world_size;
+  ropts.job_id = JobId();
+  ropts.store_spec = StoreSpecOf(env);
+  // Rank 0 of a tcp:// store would serve it: nobody could read the news.
+  if (ropts.store_spec.empty() || !CheckStoreSpec(ropts.store_spec).ok() ||
+      (absl::StartsWith(ropts.store_spec, "tcp://") && env.rank == 0)) {
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(ropts.store_spec, /*serve=*/false, absl::Seconds(2));
+  if (!store.ok()) return;
+  AbortRendezvous(ropts, **store, "it stopped before meeting the others (its own error line says why)");
+}
+
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
               const std::set<std::string>& given, Device* device, const GpuPlacement& placement) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -225,7 +250,10 @@ int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t progra
   }
   const RankPlan& plan = result.plans[env.rank];
   RendezvousOptions ropts;
-  if (int rc = FillRendezvousOptions(env, plan, &ropts); rc != 0) return rc;
+  if (int rc = FillRendezvousOptions(env, plan, &ropts); rc != 0) {
+    AnnounceWorkerExit(env);
+    return rc;
+  }
   ropts.stage_device_tensors = device != nullptr && !device->host_accessible();
   auto store = OpenStore(ropts.store_spec, ropts.serve_store, ropts.timeout);
   if (!store.ok()) {

@@ -43,6 +43,14 @@ int CheckWorkerSetup();
 // every rank has a GPU of its own and NCCL is linked in, when collectives
 // and transfers go over NCCL (runtime/comm/device_collectives.h).
 // Returns the exit code.
+// A rank of a job of several that stops before it meets the others (a
+// check of its flags, outputs or plan failed, its error already printed)
+// tells them through the store, best effort, so they stop waiting for it
+// within about a second (AbortRendezvous) instead of at --comm_timeout_s.
+// Nothing where the store cannot be reached, or where this rank would serve
+// it (rank 0 of a tcp:// store).
+void AnnounceWorkerExit(const WorkerEnv& env);
+
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,
               const std::set<std::string>& given, Device* device = nullptr,
               const GpuPlacement& placement = GpuPlacement());

@@ -260,6 +260,25 @@ absl::StatusOr<std::string> ChooseListenAddress(const std::string& store_spec, c
   return RouteSourceAddress(host, port);
 }
 
+namespace {
+
+// The view of `store` that options' group meets in.
+std::unique_ptr<Store> GroupStore(const RendezvousOptions& options, Store& store) {
+  return store.WithPrefix(options.job_id.empty() ? absl::StrCat("strata/", options.group)
+                                                 : absl::StrCat(JobKeyPrefix(options.job_id), "/", options.group));
+}
+
+}  // namespace
+
+void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why) {
+  std::unique_ptr<Store> group_store = GroupStore(options, store);
+  // The first reason stays (keys are write-once); the counter is what the
+  // members look at, a counter because a rank may give up precisely because
+  // its keys are taken.
+  (void)group_store->Set("abort_reason", absl::StrCat("rank ", options.rank, " gave up: ", why));
+  (void)group_store->Add("abort", 1);
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options) {
   absl::StatusOr<std::unique_ptr<Store>> store =
       OpenStore(options.store_spec, options.serve_store, options.timeout);
@@ -288,9 +307,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     return absl::InvalidArgumentError(absl::StrCat(where, ": timeouts must be positive"));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  std::unique_ptr<Store> group_store = store.WithPrefix(
-      options.job_id.empty() ? absl::StrCat("strata/", options.group)
-                             : absl::StrCat(JobKeyPrefix(options.job_id), "/", options.group));
+  std::unique_ptr<Store> group_store = GroupStore(options, store);
 
   // A member that cannot join says so through the store (a counter, which
   // any member may add to, and its reason under its own key), so the others
@@ -298,9 +315,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   // A counter left by an earlier job under the same keys ends this one the
   // same way, as the earlier job's keys would anyway.
   const auto give_up = [&](const absl::Status& why) {
-    // The first reason stays (keys are write-once).
-    (void)group_store->Set("abort_reason", absl::StrCat("rank ", rank, " gave up: ", why.message()));
-    (void)group_store->Add("abort", 1);
+    AbortRendezvous(options, store, std::string(why.message()));
     return why;
   };
   const auto aborted = [&]() -> std::string {

@@ -68,6 +68,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
 absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions& options,
                                                          Store& store);
 
+// Tells the members of options' group (rank, job id, group) through `store`
+// that this rank gives up, with `why`: a member waiting in Rendezvous for it
+// stops within about a second and names it (the first reason stays). For a
+// rank that fails before it meets the others (its checks, its listen
+// address); Rendezvous calls it itself where it gives up.
+void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why);
+
 // Adds to `set` (whose world communicator came from Rendezvous with
 // `options`) a communicator for each group of `groups` that this rank belongs
 // to: null for a group of the whole world (the world's serves it); otherwise
