@@ -843,7 +843,8 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     // lr_schedule kernel read: a skipped update (loss scaling) leaves it
     // where it was, and a run resumed with another gradient merge k goes
     // on from the checkpoint's count. A rank without the count (the loss's
-    // stage training no parameter) works it out from the steps.
+    // stage training no parameter) is told the loaded one
+    // (set_updates_made), else works it out from the steps.
     const int64_t made = updates_made_.has_value()
                              ? *updates_made_
                              : result.optimizer_step - 1 - static_cast<int64_t>(skipped_before);

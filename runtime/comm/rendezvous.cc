@@ -45,7 +45,7 @@ std::chrono::milliseconds Remaining(absl::Time deadline) {
 // every read and wait honour the rendezvous deadline instead.
 // A wait is cut into slices of at most kAbortPollPeriod, between which
 // `aborted` says whether a member has given up (the rendezvous's abort
-// counter): the waiting rank then fails with that reason (AbortedWith) in
+// counter): the waiting rank then fails with that reason (aborted_with) in
 // about a second, not at the deadline.
 constexpr absl::Duration kAbortPollPeriod = absl::Seconds(1);
 
@@ -309,8 +309,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
   const absl::Time deadline = absl::Now() + options.timeout;
   std::unique_ptr<Store> group_store = GroupStore(options, store);
 
-  // A member that cannot join says so through the store (a counter, which
-  // any member may add to, and its reason under its own key), so the others
+  // A member that cannot join says so through the store (AbortRendezvous: a
+  // counter any member may add to, and the first reason), so the others
   // stop waiting for it within about a second instead of at the deadline.
   // A counter left by an earlier job under the same keys ends this one the
   // same way, as the earlier job's keys would anyway.
