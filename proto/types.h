@@ -27,6 +27,11 @@ bool IsHalfFloating(DataType dtype);
 int64_t NumElements(absl::Span<const int64_t> shape);
 std::string ShapeString(absl::Span<const int64_t> shape);
 
+// Whether a finite double rounds to an infinity as a float32: at or past
+// halfway between float32's largest value and 2^128 (round to nearest
+// even), said without converting, which C++ leaves undefined out of range.
+inline bool InfiniteAsFloat32(double v) { return v >= 0x1.ffffffp127 || v <= -0x1.ffffffp127; }
+
 // A var's static type: dtype and shape, -1 where the batch dimension goes.
 struct TensorType {
   DataType dtype = DT_INVALID;

@@ -78,6 +78,29 @@ grep -q "rank 1 gave up: it stopped before meeting the others" "$tmp/r0.txt" || 
 grep -q "^error: --save /proc/strata_ckpt" "$tmp/r1.txt" || fail "rank 1 said: $(cat "$tmp/r1.txt")"
 echo "ok: a rank that stops before the rendezvous ends the others' wait in ${took}s: $(cat "$tmp/r0.txt")"
 
+# A start every rank fails (no rank met the others) leaves nothing in the
+# store: the corrected rerun in the same store runs, its ranks 3 s apart.
+store="$tmp/store_rerun"; mkdir -p "$store"
+for r in 0 1; do
+  # shellcheck disable=SC2086
+  STRATA_RANK=$r STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 60 "$strata" run --strategy "$strategy" \
+    --quiet $base --steps 2 --save /proc/strata_ckpt >/dev/null 2>&1 &
+done
+wait
+# shellcheck disable=SC2086
+STRATA_RANK=0 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 60 "$strata" run --strategy "$strategy" \
+  --quiet --comm_timeout_s 50 $base --steps 2 >/dev/null 2>"$tmp/r0.txt" &
+r0=$!
+sleep 3
+# shellcheck disable=SC2086
+STRATA_RANK=1 STRATA_WORLD_SIZE=2 STRATA_STORE="file://$store" timeout 60 "$strata" run --strategy "$strategy" \
+  --quiet --comm_timeout_s 50 $base --steps 2 >/dev/null 2>"$tmp/r1.txt"
+rc1=$?
+wait $r0
+rc0=$?
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "the rerun after a failed start: exits $rc0 and $rc1: $(cat "$tmp/r0.txt" "$tmp/r1.txt")"
+echo "ok: a start every rank failed leaves the store clean for the rerun"
+
 # The same data at different paths (as on two machines) is the same data.
 mkdir -p "$tmp/copy_a" "$tmp/copy_b"
 for f in /usr/share/datasets/fashion-mnist/t10k-*; do cp "$f" "$tmp/copy_a/"; cp "$f" "$tmp/copy_b/"; done

@@ -72,10 +72,6 @@ int ChooseListenHostname(const WorkerEnv& env, RendezvousOptions* ropts) {
   return 0;
 }
 
-// How this rank meets the others: its job, the store (--store, else the
-// launcher's, else torchrun's MASTER_ADDR:MASTER_PORT served by rank 0), the
-// address it listens on, the plan's fingerprint and the timeouts. 0, or the
-// exit code once it printed why not.
 // The store the ranks meet in: --store, else the launcher's, else torchrun's
 // MASTER_ADDR:MASTER_PORT (served by rank 0); "" when there is none.
 std::string StoreSpecOf(const WorkerEnv& env) {
@@ -88,6 +84,9 @@ std::string StoreSpecOf(const WorkerEnv& env) {
   return absl::StrCat("tcp://", HostPortText(addr, env.master_port));
 }
 
+// How this rank meets the others: its job, the store (StoreSpecOf), the
+// address it listens on, the plan's fingerprint and the timeouts. 0, or the
+// exit code once it printed why not.
 int FillRendezvousOptions(const WorkerEnv& env, const RankPlan& plan, RendezvousOptions* ropts) {
   ropts->rank = env.rank;
   ropts->world_size = env.world_size;
@@ -213,6 +212,10 @@ int CheckWorkerSetup() {
   return 0;
 }
 
+// How long a rank that stops before the rendezvous waits for another to
+// arrive and hear of it.
+constexpr absl::Duration kAnnounceWait = absl::Seconds(5);
+
 void AnnounceWorkerExit(const WorkerEnv& env) {
   if (env.world_size <= 1) return;
   RendezvousOptions ropts;
@@ -227,7 +230,9 @@ void AnnounceWorkerExit(const WorkerEnv& env) {
   }
   absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(ropts.store_spec, /*serve=*/false, absl::Seconds(2));
   if (!store.ok()) return;
-  AbortRendezvous(ropts, **store, "it stopped before meeting the others (its own error line says why)");
+  // The others may still be compiling their plans: a few seconds for one to arrive.
+  AbortRendezvous(ropts, **store, "it stopped before meeting the others (its own error line says why)",
+                  kAnnounceWait);
 }
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,

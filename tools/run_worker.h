@@ -47,8 +47,10 @@ int CheckWorkerSetup();
 // check of its flags, outputs or plan failed, its error already printed)
 // tells them through the store, best effort, so they stop waiting for it
 // within about a second (AbortRendezvous) instead of at --comm_timeout_s.
-// Nothing where the store cannot be reached, or where this rank would serve
-// it (rank 0 of a tcp:// store).
+// It waits up to 5 s for another rank to arrive; nothing where none does
+// (a start every rank fails leaves the store clean), where the store cannot
+// be reached (a connect gives up after about 3 s), or where this rank would
+// serve it (rank 0 of a tcp:// store).
 void AnnounceWorkerExit(const WorkerEnv& env);
 
 int RunWorker(const CompileResult& result, const WorkerEnv& env, uint64_t program_seed,

@@ -44,7 +44,7 @@ absl::Status CheckQkv(const ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "v", 0, "q"));
   const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0 || std::isinf(static_cast<float>(scale))) {
+  if (!std::isfinite(scale) || scale < 0 || InfiniteAsFloat32(scale)) {
     return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
                                 "(the kernels' scores are float), got ", scale));
   }
@@ -185,7 +185,7 @@ absl::Status CheckPackedQkv(const ShapeContext& ctx) {
                                 ctx.input(0).ToString()));
   }
   const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0 || std::isinf(static_cast<float>(scale))) {
+  if (!std::isfinite(scale) || scale < 0 || InfiniteAsFloat32(scale)) {
     return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
                                 "(the kernels' scores are float), got ", scale));
   }

@@ -95,7 +95,7 @@ absl::Status ScaleShape(ShapeContext& ctx) {
   const bool f32 = ctx.input(0).dtype == F32;
   for (const char* attr : {"scale", "bias"}) {
     const double v = ctx.attr_float(attr);
-    if (!std::isfinite(v) || (f32 && std::isinf(static_cast<float>(v)))) {
+    if (!std::isfinite(v) || (f32 && InfiniteAsFloat32(v))) {
       return absl::InvalidArgumentError(absl::StrCat("attr '", attr, "' must be finite", f32
                                                          ? " and within float32's range (x is F32)" : "",
                                                      ", got ", v));

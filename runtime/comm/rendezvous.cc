@@ -270,8 +270,20 @@ std::unique_ptr<Store> GroupStore(const RendezvousOptions& options, Store& store
 
 }  // namespace
 
-void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why) {
+void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why,
+                     absl::Duration wait_for_arrival) {
   std::unique_ptr<Store> group_store = GroupStore(options, store);
+  // Only where a member waits (one has published its fingerprint): with
+  // nobody there the news would outlive this job in a file or redis store
+  // and end the corrected rerun, which a store with nothing in it lets run.
+  const absl::Time until = absl::Now() + wait_for_arrival;
+  while (true) {
+    absl::StatusOr<int64_t> arrived = group_store->Add("arrived", 0);
+    if (!arrived.ok()) return;
+    if (*arrived > 0) break;
+    if (absl::Now() >= until) return;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   // The first reason stays (keys are write-once); the counter is what the
   // members look at, a counter because a rank may give up precisely because
   // its keys are taken.
@@ -349,6 +361,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
                                                     published.message(), ")"));
   }
   if (!published.ok()) return Prefixed(where, published);
+  // A member waits from here: one that gives up tells it (AbortRendezvous).
+  (void)group_store->Add("arrived", 1);
   std::vector<std::string> fingerprints(world);
   for (int i = 0; i < world; ++i) {
     while (true) {

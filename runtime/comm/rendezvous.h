@@ -72,8 +72,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
 // that this rank gives up, with `why`: a member waiting in Rendezvous for it
 // stops within about a second and names it (the first reason stays). For a
 // rank that fails before it meets the others (its checks, its listen
-// address); Rendezvous calls it itself where it gives up.
-void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why);
+// address); Rendezvous calls it itself where it gives up. Nothing when no
+// member arrives within `wait_for_arrival`, so a start that every rank
+// fails leaves a clean store behind (a member arriving later waits out its
+// timeout, naming the missing rank).
+void AbortRendezvous(const RendezvousOptions& options, Store& store, const std::string& why,
+                     absl::Duration wait_for_arrival = absl::ZeroDuration());
 
 // Adds to `set` (whose world communicator came from Rendezvous with
 // `options`) a communicator for each group of `groups` that this rank belongs

@@ -219,7 +219,10 @@ TEST(RendezvousTest, ARankThatCannotJoinEndsTheOthersWaitWithItsReason) {
   {
     absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
     ASSERT_TRUE(store.ok()) << store.status();
-    ASSERT_TRUE((*store)->WithPrefix("strata/world")->Set("fingerprint/0", "3fa2c0de").ok());
+    // What the earlier job's rank 0 left: its fingerprint, and its arrival.
+    std::unique_ptr<Store> world = (*store)->WithPrefix("strata/world");
+    ASSERT_TRUE(world->Set("fingerprint/0", "3fa2c0de").ok());
+    ASSERT_TRUE(world->Add("arrived", 1).ok());
   }
   RunRanks(2, [&](int rank) {
     RendezvousOptions options = Options(rank, 2, spec);
@@ -233,6 +236,18 @@ TEST(RendezvousTest, ARankThatCannotJoinEndsTheOthersWaitWithItsReason) {
       EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 gave up: "));
     }
   });
+}
+
+// A rank that gives up before any member arrived leaves nothing behind: a
+// file store keeps its keys, and the news would end the corrected rerun.
+TEST(RendezvousTest, GivingUpWithNobodyWaitingLeavesTheStoreClean) {
+  const std::string spec = "file://" + FreshDir("rendezvous_nobody_waiting");
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(spec);
+  ASSERT_TRUE(store.ok()) << store.status();
+  AbortRendezvous(Options(1, 2, spec), **store, "its --save cannot be written");
+  std::unique_ptr<Store> world = (*store)->WithPrefix("strata/world");
+  EXPECT_EQ(world->Add("abort", 0).value_or(-1), 0);
+  RunRanks(2, [&](int rank) { EXPECT_TRUE(Rendezvous(Options(rank, 2, spec)).ok()); });
 }
 
 // Over a tcp:// store that rank 0's process serves, rank 0 used to leave at
