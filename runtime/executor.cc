@@ -103,6 +103,7 @@ absl::Status Executor::Prepare() {
     loss_scale_slot_ = scale->second;
     skipped_updates_slot_ = skipped->second;
   }
+  if (program.optimizer().kind_case() != Optimizer::KIND_NOT_SET) lr_schedule_ = LrScheduleOf(program.optimizer());
   for (const Op& op : program.op()) {
     if (op.type() != "lr_schedule" || op.input_size() != 1) continue;
     if (auto it = slot_of_.find(op.input(0)); it != slot_of_.end()) update_count_slot_ = it->second;
@@ -838,7 +839,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     if (!scale_state.ok()) return scale_state.status();
     result.skipped_update = scale_state->second > skipped_before;
   }
-  if (update && plan_.program().optimizer().kind_case() != Optimizer::KIND_NOT_SET) {
+  if (update && lr_schedule_.has_value()) {
     // The rate of the updates made before this one, the count the
     // lr_schedule kernel read: a skipped update (loss scaling) leaves it
     // where it was, and a run resumed with another gradient merge k goes
@@ -849,8 +850,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
                              ? *updates_made_
                              : result.optimizer_step - 1 - static_cast<int64_t>(skipped_before);
     result.has_lr = true;
-    result.lr = kernel_math::LearningRate(LrScheduleOf(plan_.program().optimizer()), made,
-                                          total_steps_ / merge_steps_);
+    result.lr = kernel_math::LearningRate(*lr_schedule_, made, total_steps_ / merge_steps_);
     if (updates_made_.has_value() && !result.skipped_update) ++*updates_made_;
   }
   ++step_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/optimizer_math.h"
 #include "proto/plan.pb.h"
 #include "runtime/comm/communicator_set.h"
 #include "runtime/device.h"
@@ -291,6 +292,9 @@ class Executor {
   // -1 where this rank has none; and its value before the coming update,
   // read once after a load and counted since (StepResult.lr).
   int update_count_slot_ = -1;
+  // The program's learning-rate schedule (none without an optimizer), for
+  // the rate a step reports.
+  std::optional<kernel_math::LrSchedule> lr_schedule_;
   std::optional<int64_t> updates_made_;
   std::optional<std::pair<double, double>> loss_scale_state_;  // (scale, skipped updates); see LossScaleState
   std::vector<std::pair<std::string, int>> fetch_slots_;

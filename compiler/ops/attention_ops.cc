@@ -32,6 +32,17 @@ absl::StatusOr<AttentionLayout> LayoutOf(const ShapeContext& ctx) {
   return ParseAttentionLayout(ctx.attr_string("layout"));
 }
 
+// Both attention ops' `scale`: finite, >= 0 (0: 1/sqrt(D)), and a float32
+// (the kernels' scores are float).
+absl::Status CheckScaleAttr(const ShapeContext& ctx) {
+  const double scale = ctx.attr_float("scale");
+  if (!std::isfinite(scale) || scale < 0 || InfiniteAsFloat32(scale)) {
+    return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
+                                "(the kernels' scores are float), got ", scale));
+  }
+  return absl::OkStatus();
+}
+
 // q, k, v (inputs 0-2) are one type [B, H, T, D], or [B, T, H, D] for layout
 // "bthd" (B may be -1; F32, F64, or BF16 / F16 under mixed precision), and
 // the attrs are sane.
@@ -43,11 +54,7 @@ absl::Status CheckQkv(const ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectStaticDims(ctx, 0, "q", 1));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 1, "k", 0, "q"));
   STRATA_RETURN_IF_ERROR(ExpectSameTypeArg(ctx, 2, "v", 0, "q"));
-  const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0 || InfiniteAsFloat32(scale)) {
-    return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
-                                "(the kernels' scores are float), got ", scale));
-  }
+  STRATA_RETURN_IF_ERROR(CheckScaleAttr(ctx));
   return absl::OkStatus();
 }
 
@@ -184,11 +191,7 @@ absl::Status CheckPackedQkv(const ShapeContext& ctx) {
     return Invalid(absl::StrCat("input 'qkv' must be [B, T, 3, H, D] (q, k, v in dim 2), got ",
                                 ctx.input(0).ToString()));
   }
-  const double scale = ctx.attr_float("scale");
-  if (!std::isfinite(scale) || scale < 0 || InfiniteAsFloat32(scale)) {
-    return Invalid(absl::StrCat("attr 'scale' must be finite, >= 0 (0: 1/sqrt(D)) and within float32's range "
-                                "(the kernels' scores are float), got ", scale));
-  }
+  STRATA_RETURN_IF_ERROR(CheckScaleAttr(ctx));
   return absl::OkStatus();
 }
 
