@@ -242,24 +242,27 @@ TEST_F(CudaAttentionOpsTest, Tf32ProductsStayWithinTf32Rounding) {
   return Within(gpu, cpu, fraction * MaxAbs(cpu), std::max(MaxAbs(cpu), 1e-300), what);
 }
 
-// Sets flash_attention.h's switch for one scope: bf16 and fp16 on the
-// tensor-core flash kernels (true, the default) or the GEMM path.
+// Sets flash_attention.h's switches for one scope: bf16 and fp16 on the
+// tensor-core flash kernels (true, the default) or the GEMM path, and those
+// kernels on mma.sync (the default) or WMMA.
 class ScopedFlashTensorCore {
  public:
-  explicit ScopedFlashTensorCore(bool on) : saved_(cuda::FlashTensorCoreAttention().exchange(on)) {}
-  ~ScopedFlashTensorCore() { cuda::FlashTensorCoreAttention().store(saved_); }
+  explicit ScopedFlashTensorCore(bool on, bool mma = cuda::MmaFlashAttention().load())
+      : flash_(cuda::FlashTensorCoreAttention(), on), mma_(cuda::MmaFlashAttention(), mma) {}
 
  private:
-  bool saved_;
+  ScopedSwitch flash_, mma_;
 };
 
-// The two 16-bit paths. Head sizes other than 32, 64 and 128 take the GEMM
-// path under either.
+// The three 16-bit paths. Head sizes other than 32, 64 and 128 take the GEMM
+// path under each.
 struct HalfPath {
   const char* name;
   bool flash_tensor_cores;
+  bool mma;
 };
-constexpr HalfPath kHalfPaths[] = {{"tensor-core flash kernels", true}, {"GEMM path", false}};
+constexpr HalfPath kHalfPaths[] = {
+    {"mma.sync flash kernels", true, true}, {"WMMA flash kernels", true, false}, {"GEMM path", false, false}};
 
 // 16-bit cases: head sizes 32, 64, 128 (the flash instantiations) and 96
 // (GEMM only), rows not a multiple of the 64-row blocks and tiles (1, 17,
@@ -325,7 +328,7 @@ class CudaHalfAttentionOpsTest : public CudaAttentionOpsTest {
 // Every 16-bit case on both paths against the CPU.
 TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kHalfCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -335,24 +338,27 @@ TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
   }
 }
 
-// The tensor-core flash kernels and the GEMM path on the same inputs (the
-// gradient from the same forward outputs): within the bf16 bar of each other.
+// The tensor-core flash kernels (mma.sync and WMMA) and the GEMM path on the
+// same inputs (the gradient from the same forward outputs): within the bf16
+// bar of each other.
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreAndGemmPathsAgree) {
   for (DataType dtype : {BF16, F16}) {
     for (const Case& c : kHalfCases) {
-      SCOPED_TRACE(Name(c, dtype));
-      const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 41);
-      std::vector<Tensor> gemm, flash;
-      {
-        ScopedFlashTensorCore path(false);
-        const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
-        gemm = RunGpuHalf(c, in, y, lse);
-        ScopedFlashTensorCore on(true);
-        flash = RunGpuHalf(c, in, y, lse);
-      }
-      const char* names[] = {"y", "lse", "dq", "dk", "dv"};
-      for (int i = 0; i < 5; ++i) {
-        EXPECT_TRUE(WithinOfLargest(flash[i], gemm[i], i == 1 ? 1e-4 : 2e-2, names[i]));
+      for (const bool mma : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(Name(c, dtype), mma ? ", mma.sync" : ", WMMA"));
+        const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 41);
+        std::vector<Tensor> gemm, flash;
+        {
+          ScopedFlashTensorCore path(false);
+          const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+          gemm = RunGpuHalf(c, in, y, lse);
+          ScopedFlashTensorCore on(true, mma);
+          flash = RunGpuHalf(c, in, y, lse);
+        }
+        const char* names[] = {"y", "lse", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; ++i) {
+          EXPECT_TRUE(WithinOfLargest(flash[i], gemm[i], i == 1 ? 1e-4 : 2e-2, names[i]));
+        }
       }
     }
   }
@@ -361,8 +367,11 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreAndGemmPathsAgree) {
 // A GPT-2 124M layer's attention as bench/gpt2.py runs it (batch 8, 12 heads
 // of 64, 1024 tokens, causal, bf16) on the tensor-core flash kernels.
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreGpt2LayerMatchesTheCpu) {
-  ScopedFlashTensorCore flash(true);
-  CheckHalfAgainstTheCpu(Case{8, 12, 1024, 64, true, 0, false}, BF16, 51);
+  for (const bool mma : {true, false}) {
+    SCOPED_TRACE(mma ? "mma.sync" : "WMMA");
+    ScopedFlashTensorCore flash(true, mma);
+    CheckHalfAgainstTheCpu(Case{8, 12, 1024, 64, true, 0, false}, BF16, 51);
+  }
 }
 
 // The memory plan counts the path's scratch: di only on the tensor-core
@@ -446,7 +455,7 @@ TEST_F(CudaAttentionOpsTest, BthdMatchesTheCpu) {
 
 TEST_F(CudaHalfAttentionOpsTest, BthdHalfHeadsMatchTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kBthdCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -469,7 +478,7 @@ TEST_F(CudaHalfAttentionOpsTest, BthdIsBhtdBetweenTransposesBitForBit) {
     return env["y"];
   };
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
     for (DataType dtype : {F32, BF16, F16}) {
       for (Case c : kBthdCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -670,7 +679,7 @@ TEST_F(CudaQkvAttentionOpsTest, QkvMatchesTheCpu) {
 // kernels (D = 32, 64, 128), through copies on the GEMM path (and D = 96).
 TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kQkvCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", qkv ", Name(c, dtype)));
@@ -682,11 +691,10 @@ TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
 
 // The contract: the qkv ops give the bits of the "bthd" ops on q, k, v =
 // qkv's slots (y and lse; dq, dk, dv = dqkv's slots), on every path, for
-// every dtype (the mma.sync kernels too where STRATA_MMA_ATTENTION is set).
+// every dtype.
 TEST_F(CudaQkvAttentionOpsTest, QkvIsBthdOnTheSlotsBitForBit) {
-  const std::vector<std::pair<const char*, bool>> switches = {{"tensor-core flash kernels", true}, {"GEMM path", false}};
-  for (const auto& [name, on] : switches) {
-    ScopedFlashTensorCore flash(on);
+  for (const auto& [name, on, mma] : kHalfPaths) {
+    ScopedFlashTensorCore flash(on, mma);
     for (DataType dtype : {F32, F64, BF16, F16}) {
       for (const Case& c : kQkvCases) {
         SCOPED_TRACE(absl::StrCat(name, ", ", Name(c, dtype)));

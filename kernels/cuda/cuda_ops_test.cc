@@ -20,6 +20,7 @@
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_op_test_util.h"
+#include "kernels/cuda/losses.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -541,11 +542,13 @@ TEST_F(CudaOpsTest, HalfLogitsCrossEntropyWithinTheBoundsOfTheCpu) {
   };
   const HalfCase cases[] = {{{64, 10}, 10, false}, {{3, 5, 7}, 7, false},     {{8, 1000}, 1000, false},
                             {{50, 6}, 6, true},    {{8, 50304}, 50257, false}, {{2, 70000}, 70000, false}};
+  for (const bool fast : {true, false}) {
+  const cuda::ScopedFastHalfLoss path(fast);
   for (DataType half : {BF16, F16}) {
     for (const HalfCase& c : cases) {
       const int64_t C = c.logits.back(), V = c.classes, R = NumElements(c.logits) / C;
-      SCOPED_TRACE(absl::StrCat(DataTypeName(half), " logits", ShapeString(c.logits), ", ", V, " classes",
-                                c.ties ? " ties" : ""));
+      SCOPED_TRACE(absl::StrCat(fast ? "fast kernels, " : "widened, ", DataTypeName(half), " logits",
+                                ShapeString(c.logits), ", ", V, " classes", c.ties ? " ties" : ""));
       Tensor logits, label;
       if (V < C) {
         std::mt19937 rng(82);
@@ -583,6 +586,7 @@ TEST_F(CudaOpsTest, HalfLogitsCrossEntropyWithinTheBoundsOfTheCpu) {
       }
       EXPECT_EQ(bad, 0);
     }
+  }
   }
 }
 

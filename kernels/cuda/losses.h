@@ -47,12 +47,13 @@ cudaError_t LaunchSoftmaxCrossEntropyGrad(double* dlogits, const double* logits,
 // the widened path (each 16-bit logit widened as loaded, the F32 kernels'
 // double math in their order, dlogits the float kernel's float rounded once
 // to T: bit for bit the F32 kernels on the widened logits, which ran on an
-// H200 on 2026-11-27). Off until the fast kernels have run on a GPU
-// (written 2026-11-27 without one; emulated in losses_emulation_test);
-// STRATA_FAST_HALF_LOSS=1 turns them on for a process. Both paths meet the
-// bounds below (the widened one far inside them).
+// H200 on 2026-11-27). On by default since the fast kernels passed
+// cuda_ops_test on an H200 on 2026-11-29 (written 2026-11-27 without one;
+// emulated in losses_emulation_test); STRATA_FAST_HALF_LOSS=0 turns them
+// off for a process. Both paths meet the bounds below (the widened one far
+// inside them).
 inline std::atomic<bool>& FastHalfLoss() {
-  static std::atomic<bool> on{EnvSwitch("STRATA_FAST_HALF_LOSS", /*default_on=*/false)};
+  static std::atomic<bool> on{EnvSwitch("STRATA_FAST_HALF_LOSS", /*default_on=*/true)};
   return on;
 }
 
