@@ -322,6 +322,7 @@ absl::Status Executor::InitializeState(const std::set<std::string>& to_load) {
     }
   }
   step_ = 0;
+  update_base_ = update_base_step_ = 0;
   return absl::OkStatus();
 }
 
@@ -830,7 +831,7 @@ absl::StatusOr<StepResult> Executor::TrainStep(const FeedFn& feeds, int64_t samp
     // A sum over samples is the micro-batches' sum; the others their mean.
     if (!IsSummedFetch(plan_, name)) value /= micro_batches;
   }
-  if (update) result.optimizer_step = (step_ + 1) / merge_steps_;
+  if (update) result.optimizer_step = update_base_ + (step_ + 1 - update_base_step_) / merge_steps_;
   if (update && loss_scale_slot_ >= 0) {
     // The update may have changed both: one read for this step's verdict
     // and the next step's scale.

@@ -143,6 +143,14 @@ class Executor {
   int64_t step() const { return step_; }
   int merge_steps() const { return merge_steps_; }
   void set_step(int64_t step) { step_ = step; }
+  // After a load: the updates the checkpoint's run made up to the step its
+  // last update ended (`at_step`), so StepResult.optimizer_step goes on from
+  // them under this run's merge k, which may be another (a run resumed at an
+  // update's start).
+  void set_updates_before(int64_t updates, int64_t at_step) {
+    update_base_ = updates;
+    update_base_step_ = at_step;
+  }
   void set_total_steps(int64_t total) { total_steps_ = total; }
   // Whether this rank's plan holds the optimizer's update count (the
   // lr_schedule op's input); one without it (the loss's stage training no
@@ -321,6 +329,7 @@ class Executor {
   Tensor counters_device_;
   int64_t step_ = 0;
   int64_t total_steps_ = 0;
+  int64_t update_base_ = 0, update_base_step_ = 0;  // set_updates_before
   // CUDA graphs (runtime/step_graph.h). Declared after the state they
   // write, so they are destroyed (after their replays end) first.
   std::string graph_blocker_;  // "" while graphs may be used

@@ -832,6 +832,10 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
   }
   if (update_count.has_value()) executor_->set_updates_made(*update_count);
   executor_->set_step(*step);
+  // The updates the saving run made, under its own merge k: a run resumed at
+  // an update's start with another k numbers its updates on from them.
+  STRATA_ASSIGN_OR_RETURN(const int64_t saved_k, SavedMergeSteps(ckpt->metadata));
+  executor_->set_updates_before(*step / saved_k, *step / saved_k * saved_k);
   if (options_.eval_only) {
     total_steps_ = *step;
     // The epoch the saving run's step fell in, as its evaluation there said:

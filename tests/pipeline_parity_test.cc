@@ -222,7 +222,8 @@ TEST(PipelineHardShapesTest, ClippingWithAStageWithoutParametersAndMixedDtypes) 
 // The learning rate the loss's stage reports when it trains nothing (no
 // update count of its own) follows the checkpoint's updates after a resume
 // with another gradient merge: 4 steps of one update each, then a merge of
-// k = 2, whose updates are the 5th and 6th (it reported the 3rd and 4th's).
+// k = 2, whose updates are the 5th and 6th (it reported the 3rd and 4th's),
+// and whose optimizer_step says so.
 TEST(PipelineHardShapesTest, ALossStageWithoutParametersReportsTheResumedRate) {
   auto program = ParseProgramText(kNoParamsLastStage, "no_params.pbtxt");
   ASSERT_TRUE(program.ok()) << program.status();
@@ -243,6 +244,9 @@ TEST(PipelineHardShapesTest, ALossStageWithoutParametersReportsTheResumedRate) {
   auto resumed = TrainParallel(*program, merged, options);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->lrs, (std::vector<double>{-1, 0.5 / 16, -1, 0.5 / 32}));
+  // And numbers them so: the 5th and 6th (it said the 3rd and 4th, the
+  // step's count under this run's k).
+  EXPECT_EQ(resumed->optimizer_steps, (std::vector<int64_t>{0, 5, 0, 6}));
 }
 
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
