@@ -4,8 +4,8 @@ gradient apart, at a GPT-2 124M layer's shape by default (batch 8, 12 heads
 of 64, 1024 tokens, causal, bf16).
 
 Strata: //bench:attention_bench (kernels/cuda/flash_attention.h, both head
-layouts; WMMA, the default, and mma.sync, STRATA_MMA_ATTENTION=1, timed
-last, with 32-row warps and, as "mma16", with 16-row ones). PyTorch: SDPA
+layouts; WMMA, STRATA_MMA_ATTENTION=0, and mma.sync, the default since
+2026-11-29, timed last, with 32-row warps and, as "mma16", with 16-row ones). PyTorch: SDPA
 on [B, H, T, D] bf16 tensors with its default backend choice and with each backend it has here (flash, cuDNN, memory
 efficient); the forward timed alone, the gradient as (forward + backward) -
 forward, each over back-to-back calls between CUDA events. FLOPs as

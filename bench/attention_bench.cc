@@ -1,7 +1,8 @@
 // bench/attention_bench: Strata's tensor-core flash attention
 // (kernels/cuda/flash_attention.h) on one GPU, forward and gradient apart,
-// on WMMA (the default) and on mma.sync (behind STRATA_MMA_ATTENTION; with
-// 32-row warps, and with 16-row ones as "mma16": STRATA_MMA_WIDE_WARPS=0),
+// on WMMA (STRATA_MMA_ATTENTION=0) and on mma.sync (the default since
+// 2026-11-29; with 32-row warps, and with 16-row ones as "mma16":
+// STRATA_MMA_WIDE_WARPS=0), each set by the benchmark itself,
 // at a GPT-2 124M layer's shape by default (batch 8, 12 heads of 64, 1024
 // tokens, causal, bf16), in both head layouts ([B, H, T, D] and the
 // [B, T, H, D] of passes/attention_layout). bench/attention.py runs it beside
@@ -127,9 +128,10 @@ int main(int argc, char** argv) {
   std::printf("attention_bench: %s, batch %lld, %lld heads of %lld, %lld tokens, %s, bf16\n", prop.name,
               static_cast<long long>(B), static_cast<long long>(H), static_cast<long long>(D),
               static_cast<long long>(T), causal ? "causal" : "not causal");
-  // The WMMA kernels (the default) first, both layouts; then the mma.sync
-  // ones (STRATA_MMA_ATTENTION=1), not yet run on a GPU when this was
-  // written: last, so a fault there (Fail exits) loses only their rows.
+  // The WMMA kernels first, both layouts; then the mma.sync ones (the
+  // default since they ran on an H200 on 2026-11-29; last because they had
+  // not run on a GPU when this was written, so a fault there loses only
+  // their rows).
   // The mma.sync kernels twice: 32-row warps (the default) and 16-row ones
   // (STRATA_MMA_WIDE_WARPS=0; the forward and dq differ, dk/dv do not).
   const struct {

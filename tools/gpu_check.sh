@@ -88,7 +88,7 @@ quick_benches() {
 tests_with() {
   local log=$1 filter=$2 what=$3
   shift 3
-  if env "$@" timeout "${GPU_CHECK_UNTRIED_TIMEOUT:-120}" bash .device/run.sh cuda_ops_test --gtest_filter="$filter" \
+  if env "$@" timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh cuda_ops_test --gtest_filter="$filter" \
     >"$log" 2>&1; then
     echo "PASS cuda_ops_test's $what cases with $* (not counted below)"
   else

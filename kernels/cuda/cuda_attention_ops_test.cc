@@ -325,7 +325,7 @@ class CudaHalfAttentionOpsTest : public CudaAttentionOpsTest {
   }
 };
 
-// Every 16-bit case on both paths against the CPU.
+// Every 16-bit case on the three paths against the CPU.
 TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
     ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
@@ -344,17 +344,14 @@ TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreAndGemmPathsAgree) {
   for (DataType dtype : {BF16, F16}) {
     for (const Case& c : kHalfCases) {
+      const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 41);
+      ScopedFlashTensorCore path(false);
+      const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+      const std::vector<Tensor> gemm = RunGpuHalf(c, in, y, lse);
       for (const bool mma : {true, false}) {
         SCOPED_TRACE(absl::StrCat(Name(c, dtype), mma ? ", mma.sync" : ", WMMA"));
-        const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 41);
-        std::vector<Tensor> gemm, flash;
-        {
-          ScopedFlashTensorCore path(false);
-          const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
-          gemm = RunGpuHalf(c, in, y, lse);
-          ScopedFlashTensorCore on(true, mma);
-          flash = RunGpuHalf(c, in, y, lse);
-        }
+        ScopedFlashTensorCore on(true, mma);
+        const std::vector<Tensor> flash = RunGpuHalf(c, in, y, lse);
         const char* names[] = {"y", "lse", "dq", "dk", "dv"};
         for (int i = 0; i < 5; ++i) {
           EXPECT_TRUE(WithinOfLargest(flash[i], gemm[i], i == 1 ? 1e-4 : 2e-2, names[i]));
@@ -394,16 +391,19 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreScratchIsDiOnly) {
 // Past the GEMM path's budget (a 16-bit head over T = 10362 is refused
 // there), the tensor-core flash kernels still run: finite y, and a gradient.
 TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreTakesHeadsTooLongForTheGemmPath) {
-  ScopedFlashTensorCore flash(true);
   const Case c{1, 1, 12000, 64, true, 0, false};
   const std::map<std::string, Tensor> in = HalfInputs(c, BF16, 61);
-  const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
-  for (double x : TensorValues(y)) ASSERT_TRUE(std::isfinite(x));
-  std::map<std::string, Tensor> grad_in = in;
-  grad_in["y"] = y;
-  grad_in["lse"] = lse;
-  const Tensor dq = RunGpu(GradText(c), grad_in, "dq");
-  for (double x : TensorValues(dq)) ASSERT_TRUE(std::isfinite(x));
+  for (const bool mma : {true, false}) {
+    SCOPED_TRACE(mma ? "mma.sync" : "WMMA");
+    ScopedFlashTensorCore flash(true, mma);
+    const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+    for (double x : TensorValues(y)) ASSERT_TRUE(std::isfinite(x));
+    std::map<std::string, Tensor> grad_in = in;
+    grad_in["y"] = y;
+    grad_in["lse"] = lse;
+    const Tensor dq = RunGpu(GradText(c), grad_in, "dq");
+    for (double x : TensorValues(dq)) ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 // A GPT-2 layer's shape (batch 2, 12 heads of 64, 1024 tokens): the tiles
@@ -693,9 +693,12 @@ TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
 // qkv's slots (y and lse; dq, dk, dv = dqkv's slots), on every path, for
 // every dtype.
 TEST_F(CudaQkvAttentionOpsTest, QkvIsBthdOnTheSlotsBitForBit) {
-  for (const auto& [name, on, mma] : kHalfPaths) {
-    ScopedFlashTensorCore flash(on, mma);
+  for (const HalfPath& path : kHalfPaths) {
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    const char* name = path.name;
     for (DataType dtype : {F32, F64, BF16, F16}) {
+      // F32 and F64 have no tensor-core kernels: the first path runs them.
+      if (&path != &kHalfPaths[0] && (dtype == F32 || dtype == F64)) continue;
       for (const Case& c : kQkvCases) {
         SCOPED_TRACE(absl::StrCat(name, ", ", Name(c, dtype)));
         const DataType lse_dtype = dtype == BF16 || dtype == F16 ? F32 : dtype;

@@ -543,50 +543,51 @@ TEST_F(CudaOpsTest, HalfLogitsCrossEntropyWithinTheBoundsOfTheCpu) {
   const HalfCase cases[] = {{{64, 10}, 10, false}, {{3, 5, 7}, 7, false},     {{8, 1000}, 1000, false},
                             {{50, 6}, 6, true},    {{8, 50304}, 50257, false}, {{2, 70000}, 70000, false}};
   for (const bool fast : {true, false}) {
-  const cuda::ScopedFastHalfLoss path(fast);
-  for (DataType half : {BF16, F16}) {
-    for (const HalfCase& c : cases) {
-      const int64_t C = c.logits.back(), V = c.classes, R = NumElements(c.logits) / C;
-      SCOPED_TRACE(absl::StrCat(fast ? "fast kernels, " : "widened, ", DataTypeName(half), " logits",
-                                ShapeString(c.logits), ", ", V, " classes", c.ties ? " ties" : ""));
-      Tensor logits, label;
-      if (V < C) {
-        std::mt19937 rng(82);
-        std::uniform_int_distribution<int64_t> u(0, V - 1);
-        std::vector<double> l(R);
-        for (double& x : l) x = static_cast<double>(u(rng));
-        label = MakeTensor(I64, {R}, l);
-        logits = DominantRows(half, R, C, V, l);
-      } else {
-        logits = Logits(half, LossCase{c.logits, c.ties}, 81);
-        label = Labels(c.logits, 82);
+    const cuda::ScopedFastHalfLoss path(fast);
+    for (DataType half : {BF16, F16}) {
+      for (const HalfCase& c : cases) {
+        const int64_t C = c.logits.back(), V = c.classes, R = NumElements(c.logits) / C;
+        SCOPED_TRACE(absl::StrCat(fast ? "fast kernels, " : "widened, ", DataTypeName(half), " logits",
+                                  ShapeString(c.logits), ", ", V, " classes", c.ties ? " ties" : ""));
+        Tensor logits, label;
+        if (V < C) {
+          std::mt19937 rng(82);
+          std::uniform_int_distribution<int64_t> u(0, V - 1);
+          std::vector<double> l(R);
+          for (double& x : l) x = static_cast<double>(u(rng));
+          label = MakeTensor(I64, {R}, l);
+          logits = DominantRows(half, R, C, V, l);
+        } else {
+          logits = Logits(half, LossCase{c.logits, c.ties}, 81);
+          label = Labels(c.logits, 82);
+        }
+        const std::string classes = V < C ? absl::StrCat(R"pb( attr { key: "classes" value { i: )pb", V, " } }") : "";
+        const std::string fwd =
+            absl::StrCat(R"pb(type: "softmax_cross_entropy" input: [ "x", "l" ] output: "y")pb", classes);
+        const std::string bwd =
+            absl::StrCat(R"pb(type: "softmax_cross_entropy_grad" input: [ "x", "l", "dloss" ] output: "y")pb", classes);
+        auto [loss_cpu, loss_gpu] = RunBoth(fwd, {{"x", logits}, {"l", label}});
+        ASSERT_EQ(loss_gpu.dtype(), F32);
+        const double want = loss_cpu.ValueAt(0), got = loss_gpu.ValueAt(0);
+        EXPECT_LE(std::abs(got - want), 1.01 * HalfSumBound(V) + std::ldexp(1.0, -23) * std::abs(want))
+            << got << " vs the CPU's " << want;
+        EXPECT_TRUE(BitEqual(loss_gpu, RunGpu(fwd, {{"x", logits}, {"l", label}}))) << "two runs";
+        const Tensor dloss = MakeTensor(F32, {}, {0.7});
+        auto [d_cpu, d_gpu] = RunBoth(bwd, {{"x", logits}, {"l", label}, {"dloss", dloss}});
+        ASSERT_EQ(d_gpu.dtype(), half);
+        EXPECT_TRUE(BitEqual(d_gpu, RunGpu(bwd, {{"x", logits}, {"l", label}, {"dloss", dloss}}))) << "two runs";
+        const std::vector<double> g = TensorValues(d_gpu), w = TensorValues(d_cpu);
+        int64_t bad = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          const bool padding = static_cast<int64_t>(i) % C >= V;
+          const bool ok = padding
+                              ? g[i] == 0 && !std::signbit(g[i])
+                              : std::abs(g[i] - w[i]) <= HalfSpacing(half, std::max(std::abs(g[i]), std::abs(w[i])));
+          if (!ok && ++bad <= 10) ADD_FAILURE() << "element " << i << ": " << g[i] << " vs the CPU's " << w[i];
+        }
+        EXPECT_EQ(bad, 0);
       }
-      const std::string classes = V < C ? absl::StrCat(R"pb( attr { key: "classes" value { i: )pb", V, " } }") : "";
-      const std::string fwd = absl::StrCat(R"pb(type: "softmax_cross_entropy" input: [ "x", "l" ] output: "y")pb",
-                                           classes);
-      const std::string bwd = absl::StrCat(
-          R"pb(type: "softmax_cross_entropy_grad" input: [ "x", "l", "dloss" ] output: "y")pb", classes);
-      auto [loss_cpu, loss_gpu] = RunBoth(fwd, {{"x", logits}, {"l", label}});
-      ASSERT_EQ(loss_gpu.dtype(), F32);
-      const double want = loss_cpu.ValueAt(0), got = loss_gpu.ValueAt(0);
-      EXPECT_LE(std::abs(got - want), 1.01 * HalfSumBound(V) + std::ldexp(1.0, -23) * std::abs(want))
-          << got << " vs the CPU's " << want;
-      EXPECT_TRUE(BitEqual(loss_gpu, RunGpu(fwd, {{"x", logits}, {"l", label}}))) << "two runs";
-      const Tensor dloss = MakeTensor(F32, {}, {0.7});
-      auto [d_cpu, d_gpu] = RunBoth(bwd, {{"x", logits}, {"l", label}, {"dloss", dloss}});
-      ASSERT_EQ(d_gpu.dtype(), half);
-      EXPECT_TRUE(BitEqual(d_gpu, RunGpu(bwd, {{"x", logits}, {"l", label}, {"dloss", dloss}}))) << "two runs";
-      const std::vector<double> g = TensorValues(d_gpu), w = TensorValues(d_cpu);
-      int64_t bad = 0;
-      for (size_t i = 0; i < g.size(); ++i) {
-        const bool padding = static_cast<int64_t>(i) % C >= V;
-        const bool ok = padding ? g[i] == 0 && !std::signbit(g[i])
-                                : std::abs(g[i] - w[i]) <= HalfSpacing(half, std::max(std::abs(g[i]), std::abs(w[i])));
-        if (!ok && ++bad <= 10) ADD_FAILURE() << "element " << i << ": " << g[i] << " vs the CPU's " << w[i];
-      }
-      EXPECT_EQ(bad, 0);
     }
-  }
   }
 }
 

@@ -14,11 +14,11 @@
 //   transposed on the way where a product's k runs along them (P v, P^T dy,
 //   dS^T q, dS k), so no tile is copied transposed; the forward's warps own
 //   32 query rows at D <= 64, so that each B fragment feeds two products.
-//   Written 2026-11-27 without a GPU and
-//   checked only in flash_attention_emulation_test (the stand-in emulates
-//   mma.sync in the PTX ISA's layouts), so they run only with
-//   STRATA_MMA_ATTENTION=1 (MmaFlashAttention(), both the forward and the
-//   gradient) until they have run on a GPU.
+//   Written 2026-11-27 without a GPU and checked in
+//   flash_attention_emulation_test (the stand-in emulates mma.sync in the
+//   PTX ISA's layouts); passed cuda_ops_test on an H200 on 2026-11-29 and
+//   the default since (MmaFlashAttention(), both the forward and the
+//   gradient; STRATA_MMA_ATTENTION=0 runs the WMMA kernels).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -130,8 +130,8 @@ constexpr size_t WmmaForwardShared(int kD) {
          sizeof(float) * kWarps * kWarpRows * ((kD > kTile ? kD : kTile) + 4);
 }
 
-// The WMMA forward, the default until FlashForward (mma.sync, below) has run
-// on a GPU (MmaFlashAttention()). grid (query blocks, heads), kThreads.
+// The WMMA forward, the default until FlashForward (mma.sync, below) ran on
+// an H200 (2026-11-29); kept for STRATA_MMA_ATTENTION=0 (MmaFlashAttention()). grid (query blocks, heads), kThreads.
 // Shared: the k and v tiles [kTile][kLd]
 // (q passes through the k tile once, into each warp's fragments), a warp's P
 // [16][kLdP] and float scratch [16][kLdF]. `layout`: where a head's rows lie

@@ -2,10 +2,10 @@
 // launchers (the genrule flash_attention_kernels_emulated cuts it out),
 // compiled with g++ against testing/cuda_stand_in/ and run a block at a time
 // with a fiber per CUDA thread, against a direct attention in double on the
-// same 16-bit values. Both versions of each kernel: WMMA (the default) and
-// mma.sync (STRATA_MMA_ATTENTION=1: FlashForward, FlashGradKVMma,
-// FlashGradQMma, written without a GPU; this test is all that has checked
-// them). It checks what a GPU run would show first and the GPU tests cannot
+// same 16-bit values. Both versions of each kernel: WMMA
+// (STRATA_MMA_ATTENTION=0) and mma.sync (FlashForward, FlashGradKVMma,
+// FlashGradQMma, the default since they passed on an H200 on 2026-11-29;
+// written without a GPU, this test was all that checked them until then). It checks what a GPU run would show first and the GPU tests cannot
 // tell apart: the shared-memory layout, the WMMA and mma.sync operand
 // layouts, strides and alignment, the masks, the online softmax and the
 // backward's products; not the hardware's rounding or timing. With

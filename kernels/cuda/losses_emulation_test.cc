@@ -228,8 +228,8 @@ void CheckHalf(DataType dtype, int64_t R, int64_t C, int64_t V) {
               1.01 * SumBound(V), static_cast<long long>(off), static_cast<long long>(R * V));
 }
 
-// Both paths of 16-bit logits meet the bounds: the fast kernels
-// (STRATA_FAST_HALF_LOSS) and the widened default.
+// Both paths of 16-bit logits meet the bounds: the fast kernels (the
+// default since 2026-11-29) and the widened path (STRATA_FAST_HALF_LOSS=0).
 TEST(LossesEmulation, SixteenBitLogitsWithinTheBoundsOfTheCpu) {
   for (const bool fast : {true, false}) {
     SCOPED_TRACE(fast ? "fast kernels" : "widened path");
