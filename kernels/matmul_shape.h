@@ -93,6 +93,21 @@ inline absl::Status CheckMatmulBiasResidual(const MatmulShape& s, DataType y_dty
   return absl::OkStatus();
 }
 
+// matmul_bias's and matmul_bias_gelu's bias dtype, for operands `a` and a
+// kernel summing in `sum` (a's own type, or F32 for BF16/F16 a): true where
+// it is the 16-bit a's own type (passes/cast_bias: y, and z, stored in it),
+// false where it is `sum`'s; anything else is refused, as the schema
+// refuses it first.
+inline absl::StatusOr<bool> MatmulBiasIsLow(DataType a, DataType sum, DataType bias) {
+  const bool low = a != sum && bias == a;
+  if (!low && bias != sum) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias: bias is ", DataTypeName(bias), ", expected ",
+                                                   DataTypeName(sum), a != sum ? " or " : "",
+                                                   a != sum ? DataTypeName(a) : ""));
+  }
+  return low;
+}
+
 // The shapes of the shared-b backward helpers and of matmul_accumulate.
 struct MatmulGradShape {
   int64_t batch = 1;  // product of the batched operand's leading dims

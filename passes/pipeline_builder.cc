@@ -11,6 +11,7 @@
 #include "compiler/autodiff.h"
 #include "kernels/attention_budget.h"
 #include "passes/attention_layout.h"
+#include "passes/cast_bias.h"
 #include "passes/commute_casts.h"
 #include "passes/data_parallel.h"
 #include "passes/fold_casts.h"
@@ -56,6 +57,8 @@ std::unique_ptr<PassPipeline> BuildProgramPipeline(const Strategy& strategy, Dev
     pipeline->AddPass<CommuteCastsPass>("commute-casts-backward");
   }
   if (strategy.has_mixed_precision()) pipeline->AddPass<FoldCastsPass>();
+  // On the 16-bit stores fold-casts made: the fused GEMMs' biases in 16 bits.
+  if (device == DEVICE_CUDA && strategy.has_mixed_precision()) pipeline->AddPass<CastBiasPass>();
   if (device == DEVICE_CUDA && strategy.allow_tf32()) pipeline->AddPass<Tf32Pass>();
   return pipeline;
 }

@@ -228,7 +228,9 @@ STRATA_REGISTER_OP(OpDef("matmul_accumulate")
 // fusion (passes/fuse_epilogues) makes of matmul -> add (and of matmul ->
 // cast -> add under mixed precision). bias [N] has y's dtype: a's, or F32
 // when a and b are BF16/F16 (products and sums in float, never rounded to
-// the low precision on the way).
+// the low precision on the way). A bias of BF16/F16 a's own type (what
+// passes/cast_bias makes of a 16-bit-storing op) is widened and added in
+// float too: y of that type is the float sum rounded once.
 absl::Status MatmulBiasShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(ExpectComputeFloatingArg(ctx, 0, "a"));
   STRATA_RETURN_IF_ERROR(ExpectSameDtypeArg(ctx, 1, "b", 0, "a"));
@@ -307,6 +309,11 @@ absl::Status MatmulBiasGrad(GradBuilder& g) {
         "matmul_bias with a residual has no gradient: fuse-epilogues sets it after autodiff; write matmul_bias then "
         "add");
   }
+  if (IsHalfFloating(g.input_type(2).dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul_bias with a ", DataTypeName(g.input_type(2).dtype),
+                                                   " bias has no gradient: cast-bias sets it after autodiff; write "
+                                                   "matmul, cast and add"));
+  }
   if (g.input_type(0).dtype != g.input_type(2).dtype) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias of ", DataTypeName(g.input_type(0).dtype),
                                                    " operands into ", DataTypeName(g.input_type(2).dtype),
@@ -335,7 +342,8 @@ STRATA_REGISTER_OP(OpDef("matmul_bias")
                        .Cost(MatmulBiasCost)
                        .Grad(MatmulBiasGrad)
                        .Doc("y = a @ op(b) + bias: a [..., M, K], b [K, N] (or [N, K] with transpose_b) shared over "
-                            "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b). What the epilogue "
+                            "a's batch, bias [N] of y's dtype (a's, or F32 for BF16/F16 a and b; a BF16/F16 bias is "
+                            "added in float, y rounded once). What the epilogue "
                             "fusion makes of matmul then add on a GPU. out_dtype \"BF16\" or \"F16\" (a's 16-bit "
                             "type, F32 bias) stores y rounded to that type, as a cast after it would "
                             "(passes/fold_casts). With `residual` (y's type, F32 or F64; no out_dtype), y is "
@@ -386,7 +394,9 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_grad_b")
 absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(MatmulBiasShape(ctx));
   const TensorType z = ctx.outputs()[0];
-  if (z.dtype != F32 && z.dtype != F64) {
+  // A 16-bit bias of a's type (passes/cast_bias): y and z of that type, the
+  // gelu of the float z; out_dtype and z_dtype need an F32 bias below.
+  if (z.dtype != F32 && z.dtype != F64 && !IsHalfFloating(z.dtype)) {
     return Invalid(absl::StrCat("y and z would be ", DataTypeName(z.dtype), ": gelu needs F32 or F64 (input 'bias')"));
   }
   ctx.set_output(1, z);
@@ -424,11 +434,13 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_gelu")
                        .Cost(MatmulBiasGeluCost)
                        .NotDifferentiable()
                        .Doc("z = a @ op(b) + bias as matmul_bias computes it, and y = gelu(z) in the tanh form "
-                            "(gelu's approximate \"tanh\"): a [..., M, K], a 2-D b, bias [N]; y and z F32 or F64. "
-                            "What the epilogue fusion makes of matmul, add and a tanh-form gelu on a GPU, after "
-                            "autodiff (z stays for the backward's gelu_grad). out_dtype \"BF16\" or \"F16\" (a's "
-                            "16-bit type) stores y rounded to that type (passes/fold_casts); z_dtype, the same type, stores z "
-                            "rounded (y stays the gelu of the float z: cuBLASLt's aux in D's type)."));
+                            "(gelu's approximate \"tanh\"): a [..., M, K], a 2-D b, bias [N]; y and z F32 or F64, "
+                            "or BF16/F16 for a bias of BF16/F16 a's type (z summed in float, y the gelu of the "
+                            "float z, each rounded once). What the epilogue fusion makes of matmul, add and a "
+                            "tanh-form gelu on a GPU, after autodiff (z stays for the backward's gelu_grad). "
+                            "out_dtype \"BF16\" or \"F16\" (a's 16-bit type) stores y rounded to that type "
+                            "(passes/fold_casts); z_dtype, the same type, stores z rounded (y stays the gelu of "
+                            "the float z: cuBLASLt's aux in D's type)."));
 
 // dz = gelu'(z) * (a @ op(b)), gelu's tanh form, for a [..., M, K], a 2-D b
 // and z [..., M, N] of a's dtype: what the epilogue fusion makes of the

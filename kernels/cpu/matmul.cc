@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/attr_kernels.h"
@@ -237,6 +238,9 @@ absl::Status FoldedGemmInto(KernelContext& ctx, const MatmulShape& s, bool trans
 // out_dtype (passes/fold_casts; 16-bit a and b only): y computed as above
 // into float scratch, then stored as In, each value rounded as the cast
 // kernel rounds it, so the op equals matmul_bias then cast bit for bit.
+// A bias of the 16-bit In itself (passes/cast_bias) is widened and added
+// in float the same way, y stored as In: the bits of cast (bias up), then
+// matmul_bias then cast.
 template <typename In, typename T>
 class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
  public:
@@ -247,14 +251,15 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    STRATA_ASSIGN_OR_RETURN(const bool low_bias, LowBias(bias));
     const T* residual = nullptr;
     if (ctx.num_inputs() > 3) {
-      STRATA_RETURN_IF_ERROR(
-          CheckMatmulBiasResidual(s, DataTypeOf<T>::value, ctx.input(3), out_dtype_ != DT_INVALID));
+      STRATA_RETURN_IF_ERROR(CheckMatmulBiasResidual(s, low_bias ? DataTypeOf<In>::value : DataTypeOf<T>::value,
+                                                     ctx.input(3), out_dtype_ != DT_INVALID));
       residual = ctx.input(3).data<T>();
     }
     if constexpr (!std::is_same_v<In, T>) {
-      if (StoresAs<In>()) {
+      if (StoresAs<In>() || low_bias) {
         STRATA_ASSIGN_OR_RETURN(Tensor wide, nn_kernels::Scratch(ctx, F32, NumElements(s.y)));
         STRATA_RETURN_IF_ERROR(MatmulBiasInto(ctx, s, &wide));
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
@@ -275,6 +280,14 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     const int64_t rows = s.batch * s.m;
     STRATA_RETURN_IF_ERROR((FoldedGemmInto<In, T>(ctx, s, tb_, py)));
     const T* pbias = bias.data<T>();
+    std::vector<T> wide_bias;  // a 16-bit bias, widened (exact)
+    if constexpr (!std::is_same_v<In, T>) {
+      if (bias.dtype() == DataTypeOf<In>::value) {
+        wide_bias.resize(s.n);
+        for (int64_t j = 0; j < s.n; ++j) wide_bias[j] = cuda::Convert<T>(bias.data<In>()[j]);
+        pbias = wide_bias.data();
+      }
+    }
     ParallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.n)), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         T* row = py + r * s.n;
@@ -288,6 +301,10 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
     return absl::OkStatus();
   }
 
+  // Whether the bias has the 16-bit In's type (y then In too).
+  static absl::StatusOr<bool> LowBias(const Tensor& bias) {
+    return MatmulBiasIsLow(DataTypeOf<In>::value, DataTypeOf<T>::value, bias.dtype());
+  }
 };
 
 // (y, z) = (gelu(z), a @ op(b) + bias), gelu's tanh form
@@ -296,7 +313,9 @@ class MatmulBiasKernel : public StoredOutKernel<TransposeBAttrKernel> {
 // have the bits of matmul_bias (or matmul then add) then gelu. out_dtype
 // stores y as In, rounded as a cast after the gelu would round it; z_dtype
 // stores z as In the same way, y staying the gelu of the float z (what
-// cuBLASLt's GELU_AUX_BIAS gives with its aux in D's 16-bit type).
+// cuBLASLt's GELU_AUX_BIAS gives with its aux in D's 16-bit type). A bias
+// of the 16-bit In (passes/cast_bias) stores both as In, as the two attrs
+// together do over its widened value.
 template <typename In, typename T>
 class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
  public:
@@ -311,9 +330,10 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
   absl::Status Compute(KernelContext& ctx) override {
     const Shape &a = ctx.input(0).shape(), &b = ctx.input(1).shape(), &bias = ctx.input(2).shape();
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a, b, bias, this->tb_));
+    STRATA_ASSIGN_OR_RETURN(const bool low_bias, this->LowBias(ctx.input(2)));
     Tensor wide;  // the float z when z is stored in 16 bits
     Tensor* z = nullptr;
-    if (z_dtype_ != DT_INVALID) {
+    if (z_dtype_ != DT_INVALID || low_bias) {
       STRATA_ASSIGN_OR_RETURN(wide, nn_kernels::Scratch(ctx, DataTypeOf<T>::value, NumElements(s.y)));
       z = &wide;
     } else {
@@ -325,7 +345,7 @@ class MatmulBiasGeluKernel : public MatmulBiasKernel<In, T> {
         STRATA_ASSIGN_OR_RETURN(Tensor * stored, ctx.AllocateOutput(1, DataTypeOf<In>::value, s.y));
         UnaryMap(wide.num_elements(), wide.data<T>(), stored->data<In>(), [](T v) { return cuda::Convert<In>(v); });
       }
-      if (this->template StoresAs<In>()) {
+      if (this->template StoresAs<In>() || low_bias) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
         const cuda::GeluTanhFn gelu;
         UnaryMap(z->num_elements(), z->data<T>(), y->data<In>(), [gelu](T v) { return cuda::Convert<In>(gelu(v)); });
@@ -394,14 +414,15 @@ absl::StatusOr<int64_t> MatmulGeluGradWorkspace(const KernelDef& def, int) {
 
 // The widened operands' float copies (WidensOperands), for the memory
 // plan, and matmul_bias's float y before its 16-bit store (out_dtype: a
-// 16-bit y over an F32 bias).
+// 16-bit y over an F32 bias, or a 16-bit bias, whose widened copy of N
+// floats is a vector outside the plan).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   int64_t elements = 0;
   for (size_t i = 0; i < 2 && i < def.input_types.size(); ++i) {
     if (WidensOperands(def.input_types[i].dtype)) elements += NumElements(def.input_types[i].shape);
   }
   if (def.op != nullptr && def.op->type() == "matmul_bias" && !def.output_types.empty() &&
-      IsHalfFloating(def.output_types[0].dtype) && def.input_types.size() > 2 && def.input_types[2].dtype == F32) {
+      IsHalfFloating(def.output_types[0].dtype)) {
     elements += NumElements(def.output_types[0].shape);
   }
   // matmul_bias_gelu's float z before its 16-bit store (z_dtype).

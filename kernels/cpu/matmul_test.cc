@@ -433,13 +433,91 @@ TEST(MatmulBiasGeluTest, EqualsMatmulBiasThenTanhGelu) {
       EXPECT_EQ(TensorValues(env["y"]), TensorValues(ref["y"]));
     }
   }
-  // An F16 bias (the product summed into F16) is refused by the schema: the
-  // fused GEMM's gelu needs a float z.
+  // An F16 bias beside F32 operands is refused by the schema.
   std::map<std::string, Tensor> bad{
-      {"a", Make(F16, {4, 6}, 4)}, {"b", Make(F16, {6, 5}, 5)}, {"bias", Make(F16, {5}, 6)}};
+      {"a", Make(F32, {4, 6}, 4)}, {"b", Make(F32, {6, 5}, 5)}, {"bias", Make(F16, {5}, 6)}};
   auto refused = RunOp(ParseOp(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"])"), &bad);
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(refused.message(), HasSubstr("gelu needs F32 or F64"));
+  EXPECT_THAT(refused.message(), HasSubstr("input 'bias' is F16, expected F32"));
+}
+
+Tensor Cast(const Tensor& x, const std::string& dtype);
+
+// A bias of the 16-bit operands' own type (passes/cast_bias: torch
+// autocast's bf16 bias): widened and added in float, y (and matmul_bias_gelu's
+// z) stored in that type, each rounded once. The bits of the same op over
+// the widened bias with out_dtype (and z_dtype), in BF16 and F16, both
+// transpose_b and a batched a. The schema and the kernels refuse the attrs
+// beside a 16-bit bias, a residual (its sum is float), and a gradient.
+TEST(MatmulBiasTest, A16BitBiasIsAddedInFloatAndYRoundedOnce) {
+  for (DataType low : {BF16, F16}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DataTypeName(low), " transpose_b=", tb));
+      const std::string name = DataTypeName(low);
+      const Tensor a = Make(low, {2, 5, 7}, 1), b = Make(low, tb ? Shape{16, 7} : Shape{7, 16}, 2),
+                   bias = Make(low, {16}, 3);
+      const Tensor wide = Cast(bias, "F32");
+      const std::string tb_attr =
+          absl::StrCat("attr { key: \"transpose_b\" value { b: ", tb ? "true" : "false", " } }");
+      const std::string stored = absl::StrCat(R"( attr { key: "out_dtype" value { s: ")", name, R"(" } })");
+      const std::string z_stored = absl::StrCat(R"( attr { key: "z_dtype" value { s: ")", name, R"(" } })");
+      std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}, {"wide", wide}};
+      auto run = [&](const std::string& text) {
+        const absl::Status s = RunOp(ParseOp(text), &env);
+        EXPECT_TRUE(s.ok()) << s << " for " << text;
+      };
+      run(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"] )", tb_attr));
+      run(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "wide"] output: ["y_ref"] )", tb_attr, stored));
+      run(absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["g", "z"] )", tb_attr));
+      run(absl::StrCat(R"(type: "matmul_bias_gelu" input: ["a", "b", "wide"] output: ["g_ref", "z_ref"] )", tb_attr,
+                       stored, z_stored));
+      // And the float y of the float bias, which rounding y gives back.
+      run(absl::StrCat(R"(type: "matmul_bias" input: ["a", "b", "wide"] output: ["y_float"] )", tb_attr));
+      for (const char* out : {"y", "g", "z"}) {
+        EXPECT_EQ(env[out].dtype(), low) << out;
+        EXPECT_EQ(env[out].shape(), (Shape{2, 5, 16})) << out;
+      }
+      EXPECT_EQ(TensorValues(env["y"]), TensorValues(env["y_ref"]));
+      EXPECT_EQ(TensorValues(env["g"]), TensorValues(env["g_ref"]));
+      EXPECT_EQ(TensorValues(env["z"]), TensorValues(env["z_ref"]));
+      EXPECT_EQ(TensorValues(env["y"]), TensorValues(Cast(env["y_float"], name)));
+      EXPECT_EQ(TensorValues(env["z"]), TensorValues(env["y"]));  // z is matmul_bias's y
+    }
+  }
+  const Tensor a = Make(BF16, {4, 6}, 4), b = Make(BF16, {6, 8}, 5), bias = Make(BF16, {8}, 6);
+  // out_dtype (or z_dtype) beside a 16-bit bias: the schema's words.
+  for (const std::string& text :
+       {std::string(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"]
+                       attr { key: "out_dtype" value { s: "BF16" } })"),
+        std::string(R"(type: "matmul_bias_gelu" input: ["a", "b", "bias"] output: ["y", "z"]
+                       attr { key: "z_dtype" value { s: "BF16" } })")}) {
+    std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}};
+    auto refused = RunOp(ParseOp(text), &env);
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_THAT(refused.message(), HasSubstr("F32")) << text;
+  }
+  // A residual: the schema and the kernel alone.
+  const std::string residual = R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"])";
+  std::map<std::string, Tensor> with_r{{"a", a}, {"b", b}, {"bias", bias}, {"r", Make(F32, {4, 8}, 7)}};
+  auto refused = RunOp(ParseOp(residual), &with_r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("residual"));
+  auto kernel = RunKernelOnly(ParseOp(residual), with_r);
+  ASSERT_FALSE(kernel.ok());
+  EXPECT_THAT(kernel.message(), HasSubstr("residual needs an F32 or F64 y"));
+  // A bias of neither type, to the kernel alone (the schema refuses it first).
+  std::map<std::string, Tensor> f64_bias{{"a", a}, {"b", b}, {"bias", Make(F64, {8}, 6)}};
+  auto wrong = RunKernelOnly(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), f64_bias);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.message(), HasSubstr("bias is F64, expected F32 or BF16"));
+  // No gradient: the pass runs after autodiff.
+  std::vector<std::string> names;
+  const std::map<std::string, TensorType> types{
+      {"a", TypeOf(a)}, {"b", TypeOf(b)}, {"bias", TypeOf(bias)}, {"y", {BF16, {4, 8}}}};
+  auto grads = MakeGradOps(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), types,
+                           {true, true, true}, &names, /*output_has_grad=*/{true});
+  ASSERT_FALSE(grads.ok());
+  EXPECT_THAT(grads.status().message(), HasSubstr("cast-bias sets it after autodiff"));
 }
 
 // z_dtype (mixed precision's gelu in bf16, fused): z is matmul_bias's
@@ -507,8 +585,6 @@ Tensor MatmulThenGeluGrad(const Tensor& a, const Tensor& b, const Tensor& z, boo
   EXPECT_TRUE(s.ok()) << s;
   return env["dz"];
 }
-
-Tensor Cast(const Tensor& x, const std::string& dtype);
 
 TEST(MatmulGeluGradTest, EqualsMatmulThenTanhGeluGrad) {
   for (DataType dtype : {F32, F64}) {

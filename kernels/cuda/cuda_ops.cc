@@ -276,35 +276,70 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), tb_));
+    STRATA_ASSIGN_OR_RETURN(const bool low_bias, LowBias(bias));
     const T* residual = nullptr;
     if (ctx.num_inputs() > 3) {
-      STRATA_RETURN_IF_ERROR(
-          CheckMatmulBiasResidual(s, DataTypeOf<T>::value, ctx.input(3), out_dtype_ != DT_INVALID));
+      STRATA_RETURN_IF_ERROR(CheckMatmulBiasResidual(s, low_bias ? DataTypeOf<In>::value : DataTypeOf<T>::value,
+                                                     ctx.input(3), out_dtype_ != DT_INVALID));
       residual = ctx.input(3).data<T>();
     }
     if constexpr (!std::is_same_v<In, T>) {
-      if (StoresAs<In>()) {
+      if (StoresAs<In>() || low_bias) {
         STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<In>::value, s.y));
         using G = typename GemmType<In>::type;
         const int64_t rows = s.batch * s.m;
-        absl::Status fused = device->gemm().MatmulBias(
-            reinterpret_cast<G*>(y->data<In>()), reinterpret_cast<const G*>(a.data<In>()),
-            reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
+        G* py = reinterpret_cast<G*>(y->data<In>());
+        const G* pa = reinterpret_cast<const G*>(a.data<In>());
+        const G* pb = reinterpret_cast<const G*>(b.data<In>());
+        absl::Status fused =
+            low_bias ? device->gemm().MatmulBias(py, pa, pb, reinterpret_cast<const G*>(bias.data<In>()), rows, s.n,
+                                                 s.k, tb_, device->stream())
+                     : device->gemm().MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream());
         if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+        STRATA_ASSIGN_OR_RETURN(FloatBias wide_bias, WidenBias(ctx, device, bias, "matmul_bias"));
         STRATA_ASSIGN_OR_RETURN(Tensor wide, FloatScratch(ctx, rows * s.n, "matmul_bias"));
-        STRATA_RETURN_IF_ERROR(MatmulBiasInto(device, a, b, bias, s, wide.data<float>()));
+        STRATA_RETURN_IF_ERROR(MatmulBiasInto(device, a, b, wide_bias.data, s, wide.data<float>()));
         return CudaStatus(cuda::LaunchCast<float, In>(y->data<In>(), wide.data<float>(), rows * s.n, device->stream()),
                           "matmul_bias");
       }
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
-    return MatmulBiasInto(device, a, b, bias, s, y->data<T>(), residual);
+    return MatmulBiasInto(device, a, b, bias.data<T>(), s, y->data<T>(), residual);
   }
 
  protected:
-  // py [rows, N] = a @ op(b) + bias, a, b and bias the op's inputs; with
-  // `residual` ([rows, N]), py = residual + (a @ op(b) + bias).
-  absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
+  // Whether the bias has the 16-bit In's type (passes/cast_bias: y, and
+  // z, then In too).
+  static absl::StatusOr<bool> LowBias(const Tensor& bias) {
+    return MatmulBiasIsLow(DataTypeOf<In>::value, DataTypeOf<T>::value, bias.dtype());
+  }
+
+  // The bias as T for the two-pass fallbacks: its own data, or a 16-bit
+  // bias widened into scratch (exact) on the stream.
+  struct FloatBias {
+    Tensor held;  // the widened copy, if any
+    const T* data = nullptr;
+  };
+  static absl::StatusOr<FloatBias> WidenBias(const KernelContext& ctx, CudaDevice* device, const Tensor& bias,
+                                             const char* op) {
+    FloatBias out;
+    if constexpr (!std::is_same_v<In, T>) {
+      if (bias.dtype() == DataTypeOf<In>::value) {
+        STRATA_ASSIGN_OR_RETURN(out.held, FloatScratch(ctx, bias.num_elements(), op, " for the widened bias"));
+        STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchCast<In, float>(out.held.template data<float>(), bias.data<In>(),
+                                                                      bias.num_elements(), device->stream()),
+                                          op));
+        out.data = out.held.template data<float>();
+        return out;
+      }
+    }
+    out.data = bias.data<T>();
+    return out;
+  }
+
+  // py [rows, N] = a @ op(b) + bias, a and b the op's inputs, pbias [N] of
+  // T; with `residual` ([rows, N]), py = residual + (a @ op(b) + bias).
+  absl::Status MatmulBiasInto(CudaDevice* device, const Tensor& a, const Tensor& b, const T* pbias,
                               const MatmulShape& s, T* py, const T* residual = nullptr) {
     using G = typename GemmType<In>::type;
     const G* pa = reinterpret_cast<const G*>(a.data<In>());
@@ -314,10 +349,9 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     if constexpr (std::is_same_v<T, float>) {
       absl::Status fused;
       if constexpr (std::is_same_v<In, float>) {
-        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), tf32_,
-                                residual);
+        fused = gemm.MatmulBias(py, pa, pb, pbias, rows, s.n, s.k, tb_, device->stream(), tf32_, residual);
       } else {
-        fused = gemm.MatmulBias(py, pa, pb, bias.data<float>(), rows, s.n, s.k, tb_, device->stream(), residual);
+        fused = gemm.MatmulBias(py, pa, pb, pbias, rows, s.n, s.k, tb_, device->stream(), residual);
       }
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
@@ -330,9 +364,9 @@ class CudaMatmulBiasKernel : public StoredOutKernel<CudaBiasGemmAttrsKernel> {
     strides.x_strides[1] = 1;
     strides.y_strides[0] = 0;
     strides.y_strides[1] = 1;
-    STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchBinaryBroadcast(cuda::BinaryOp::kAdd, py, py, bias.data<T>(),
-                                                                  rows * s.n, strides, device->stream()),
-                                      "matmul_bias"));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchBinaryBroadcast(cuda::BinaryOp::kAdd, py, py, pbias, rows * s.n, strides, device->stream()),
+        "matmul_bias"));
     if (residual == nullptr) return absl::OkStatus();
     return CudaStatus(
         cuda::LaunchBinarySameShape(cuda::BinaryOp::kAdd, py, residual, py, rows * s.n, device->stream()),
@@ -365,20 +399,21 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
     const Tensor& b = ctx.input(1);
     const Tensor& bias = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(MatmulShape s, InferMatmulBiasShape(a.shape(), b.shape(), bias.shape(), this->tb_));
+    STRATA_ASSIGN_OR_RETURN(const bool low_bias, this->LowBias(bias));
     if constexpr (!std::is_same_v<In, T>) {
-      if (z_dtype_ != DT_INVALID) return SixteenBitZ(ctx, device, a, b, bias, s);
+      if (z_dtype_ != DT_INVALID || low_bias) return SixteenBitZ(ctx, device, a, b, bias, s, low_bias);
       if (this->template StoresAs<In>()) return Stored(ctx, device, a, b, bias, s);
     }
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, DataTypeOf<T>::value, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<T>::value, s.y));
-    return GeluInto(device, a, b, bias, s, y->data<T>(), z->data<T>());
+    return GeluInto(device, a, b, bias.data<T>(), s, y->data<T>(), z->data<T>());
   }
 
  private:
   // py = gelu(pz) and pz = a @ op(b) + bias, both [rows, N] of T: the fused
   // GEMM, or where it has no algorithm (and for F64) matmul_bias's kernel
   // then unary.cu's gelu.
-  absl::Status GeluInto(CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias, const MatmulShape& s,
+  absl::Status GeluInto(CudaDevice* device, const Tensor& a, const Tensor& b, const T* pbias, const MatmulShape& s,
                         T* py, T* pz) {
     const int64_t rows = s.batch * s.m;
     if constexpr (std::is_same_v<T, float>) {
@@ -388,14 +423,13 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
       cuda::LtGemm& gemm = device->gemm();
       absl::Status fused;
       if constexpr (std::is_same_v<In, float>) {
-        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream(),
-                                    this->tf32_);
+        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, pbias, rows, s.n, s.k, this->tb_, device->stream(), this->tf32_);
       } else {
-        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream());
+        fused = gemm.MatmulBiasGelu(py, pz, pa, pb, pbias, rows, s.n, s.k, this->tb_, device->stream());
       }
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
-    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, pz));
+    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, pbias, s, pz));
     return CudaStatus(cuda::LaunchUnary(cuda::UnaryOp::kGeluTanh, py, pz, rows * s.n, device->stream()),
                       "matmul_bias_gelu");
   }
@@ -414,40 +448,48 @@ class CudaMatmulBiasGeluKernel : public CudaMatmulBiasKernel<In, T> {
         reinterpret_cast<G*>(y->data<In>()), z->data<float>(), reinterpret_cast<const G*>(a.data<In>()),
         reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows, s.n, s.k, this->tb_, device->stream());
     if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
-    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, z->data<float>()));
+    STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias.data<float>(), s, z->data<float>()));
     return CudaStatus(cuda::LaunchGeluTanhStored<In>(y->data<In>(), z->data<float>(), rows * s.n, device->stream()),
                       "matmul_bias_gelu");
   }
 
-  // z_dtype: z in a's 16-bit type, the float z = a @ op(b) + bias rounded
-  // once; y = gelu of the float z (not of the rounded one), stored per
-  // out_dtype. A 16-bit y: one GEMM whose D and aux are 16-bit beside a
-  // float bias (the aux in D's type, cuBLASLt's default). Where cuBLASLt
-  // refuses that or has no algorithm (N not a multiple of 8 included), and
-  // for a float y: the float z into scratch (a float y's own fused GEMM
-  // writing it as the aux), y from it, then z cast from it.
+  // z_dtype, or a bias of a's 16-bit type (low_bias, passes/cast_bias): z
+  // in a's 16-bit type, the float z = a @ op(b) + bias rounded once; y =
+  // gelu of the float z (not of the rounded one), stored per out_dtype (a
+  // 16-bit bias: in 16 bits). A 16-bit y: one GEMM whose D and aux are
+  // 16-bit beside a float bias (the aux in D's type, cuBLASLt's default),
+  // or beside a 16-bit one (all three of one type). Where cuBLASLt refuses
+  // that or has no algorithm (N not a multiple of 8 included), and for a
+  // float y: the float z into scratch (a float y's own fused GEMM writing it
+  // as the aux) over the bias widened, y from it, then z cast from it.
   absl::Status SixteenBitZ(KernelContext& ctx, CudaDevice* device, const Tensor& a, const Tensor& b, const Tensor& bias,
-                           const MatmulShape& s) {
+                           const MatmulShape& s, bool low_bias) {
     using G = typename GemmType<In>::type;
-    const bool low_y = this->template StoresAs<In>();
+    const bool low_y = this->template StoresAs<In>() || low_bias;
     STRATA_ASSIGN_OR_RETURN(Tensor * y, ctx.AllocateOutput(0, low_y ? DataTypeOf<In>::value : F32, s.y));
     STRATA_ASSIGN_OR_RETURN(Tensor * z, ctx.AllocateOutput(1, DataTypeOf<In>::value, s.y));
     const int64_t rows = s.batch * s.m, count = rows * s.n;
     if (low_y) {
-      absl::Status fused = device->gemm().MatmulBiasGelu(
-          reinterpret_cast<G*>(y->data<In>()), reinterpret_cast<G*>(z->data<In>()),
-          reinterpret_cast<const G*>(a.data<In>()), reinterpret_cast<const G*>(b.data<In>()), bias.data<float>(), rows,
-          s.n, s.k, this->tb_, device->stream());
+      G* py = reinterpret_cast<G*>(y->data<In>());
+      G* pz = reinterpret_cast<G*>(z->data<In>());
+      const G* pa = reinterpret_cast<const G*>(a.data<In>());
+      const G* pb = reinterpret_cast<const G*>(b.data<In>());
+      absl::Status fused =
+          low_bias ? device->gemm().MatmulBiasGelu(py, pz, pa, pb, reinterpret_cast<const G*>(bias.data<In>()), rows,
+                                                   s.n, s.k, this->tb_, device->stream())
+                   : device->gemm().MatmulBiasGelu(py, pz, pa, pb, bias.data<float>(), rows, s.n, s.k, this->tb_,
+                                                   device->stream());
       if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
+    STRATA_ASSIGN_OR_RETURN(auto wide_bias, this->WidenBias(ctx, device, bias, "matmul_bias_gelu"));
     STRATA_ASSIGN_OR_RETURN(Tensor wide, FloatScratch(ctx, count, "matmul_bias_gelu", " for z"));
     float* wide_z = wide.data<float>();
     if (low_y) {
-      STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, bias, s, wide_z));
+      STRATA_RETURN_IF_ERROR(this->MatmulBiasInto(device, a, b, wide_bias.data, s, wide_z));
       STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchGeluTanhStored<In>(y->data<In>(), wide_z, count, device->stream()),
                                         "matmul_bias_gelu"));
     } else {
-      STRATA_RETURN_IF_ERROR(GeluInto(device, a, b, bias, s, y->data<float>(), wide_z));
+      STRATA_RETURN_IF_ERROR(GeluInto(device, a, b, wide_bias.data, s, y->data<float>(), wide_z));
     }
     return CudaStatus(cuda::LaunchCast<float, In>(z->data<In>(), wide_z, count, device->stream()), "matmul_bias_gelu");
   }
@@ -642,7 +684,8 @@ absl::StatusOr<int64_t> MatmulAccumulateWorkspace(const KernelDef& def, int) {
 // into a float y's scratch, counted too; matmul_bias_gelu's into its z).
 // matmul_bias_gelu with a 16-bit z (z_dtype): the fused GEMM's c as y's
 // type, or the float z's scratch and a float c (the fallback, and a float
-// y's fused GEMM).
+// y's fused GEMM). A 16-bit bias (16-bit y and z) as out_dtype and z_dtype,
+// the fallback also widening the bias (N floats).
 absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
   STRATA_ASSIGN_OR_RETURN(const bool tb, BoolAttrOr(def, "transpose_b"));
   const DataType t = def.input_types[0].dtype;
@@ -651,10 +694,11 @@ absl::StatusOr<int64_t> MatmulBiasWorkspace(const KernelDef& def, int) {
                                                               def.input_types[2].shape, tb));
   const int64_t rows = s.batch * s.m;
   const bool gelu = def.op != nullptr && def.op->type() == "matmul_bias_gelu";
-  const bool stored = IsHalfFloating(y) && def.input_types[2].dtype == F32;
+  const bool stored = IsHalfFloating(y);
   const bool low_z = gelu && def.output_types.size() > 1 && IsHalfFloating(def.output_types[1].dtype);
   if (!stored && !low_z) return Staged(rows, s.n, s.k, false, tb, t, y);
-  const int64_t wide = gelu && !low_z ? 0 : rows * s.n * static_cast<int64_t>(sizeof(float));
+  const int64_t wide_bias = IsHalfFloating(def.input_types[2].dtype) ? s.n * static_cast<int64_t>(sizeof(float)) : 0;
+  const int64_t wide = (gelu && !low_z ? 0 : rows * s.n * static_cast<int64_t>(sizeof(float))) + wide_bias;
   return std::max(Staged(rows, s.n, s.k, false, tb, t, y), wide + Staged(rows, s.n, s.k, false, tb, t, F32));
 }
 

@@ -409,6 +409,22 @@ absl::Status LtGemm::MatmulBias(__half* c, const __half* a, const __half* b, con
                     /*aux=*/nullptr, /*float_epilogue=*/true);
 }
 
+absl::Status LtGemm::MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_BIAS);
+}
+
+absl::Status LtGemm::MatmulBias(__half* c, const __half* a, const __half* b, const __half* bias, int64_t m, int64_t n,
+                                int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_BIAS);
+}
+
 absl::Status LtGemm::MatmulBiasGelu(__nv_bfloat16* c, float* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                     const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
                                     cudaStream_t stream) {
@@ -441,6 +457,23 @@ absl::Status LtGemm::MatmulBiasGelu(__half* c, __half* z, const __half* a, const
   return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
                     b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z,
                     /*float_epilogue=*/true, /*float_aux=*/false);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__nv_bfloat16* c, __nv_bfloat16* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                    const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                                    cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false,
+                    sizeof(__nv_bfloat16), c, a, b, bias, m, n, k, false, transpose_b, stream, 1,
+                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true, z);
+}
+
+absl::Status LtGemm::MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const __half* bias,
+                                    int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return MatmulImpl(CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, &alpha, &beta, false, sizeof(__half), c, a,
+                    b, bias, m, n, k, false, transpose_b, stream, 1, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, /*stage=*/true,
+                    z);
 }
 
 absl::Status LtGemm::MatmulBiasGelu(float* c, float* z, const float* a, const float* b, const float* bias, int64_t m,

@@ -103,6 +103,15 @@ class LtGemm {
                           int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
   absl::Status MatmulBias(__half* c, const __half* a, const __half* b, const float* bias, int64_t m, int64_t n,
                           int64_t k, bool transpose_b, cudaStream_t stream);
+  // The same with a bias of c's 16-bit type (passes/cast_bias; cuBLASLt's
+  // default bias type, the one PyTorch's bf16 addmm and linear pass): FP32
+  // products and sums, the bias widened into the float sum, c rounded once.
+  // Unimplemented where cuBLASLt has no algorithm: the caller computes a
+  // float c over the widened bias and casts it.
+  absl::Status MatmulBias(__nv_bfloat16* c, const __nv_bfloat16* a, const __nv_bfloat16* b, const __nv_bfloat16* bias,
+                          int64_t m, int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  absl::Status MatmulBias(__half* c, const __half* a, const __half* b, const __half* bias, int64_t m, int64_t n,
+                          int64_t k, bool transpose_b, cudaStream_t stream);
 
   // c [m, n] = gelu(z) and z [m, n] = op(a) @ op(b) + bias from one GEMM
   // (cuBLASLt's GELU_AUX_BIAS epilogue, z its aux output, the pre-activation
@@ -138,6 +147,15 @@ class LtGemm {
                               const float* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
                               cudaStream_t stream);
   absl::Status MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const float* bias, int64_t m,
+                              int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
+  // And with the bias of c's type too (passes/cast_bias): D, aux and bias
+  // in one 16-bit type, as PyTorch's bf16 _addmm_activation passes them.
+  // Unimplemented where cuBLASLt has no algorithm: the caller computes a
+  // float z over the widened bias and stores the gelu and z in 16 bits.
+  absl::Status MatmulBiasGelu(__nv_bfloat16* c, __nv_bfloat16* z, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                              const __nv_bfloat16* bias, int64_t m, int64_t n, int64_t k, bool transpose_b,
+                              cudaStream_t stream);
+  absl::Status MatmulBiasGelu(__half* c, __half* z, const __half* a, const __half* b, const __half* bias, int64_t m,
                               int64_t n, int64_t k, bool transpose_b, cudaStream_t stream);
 
   // c [m, n] = gelu'(z) * (op(a) @ op(b)) with gelu's tanh form
