@@ -611,8 +611,10 @@ std::string UtcNow() {
 
 // --epilogues: each forward linear (bf16 operands, bf16 out) as a plain
 // GEMM, with the bias epilogue (matmul_bias's call under mixed precision:
-// a float bias beside a bf16 D) and, for mlp.fc, with GELU_AUX_BIAS (a
-// bf16 aux z, as the plan asks since gelu runs in bf16, and a float one);
+// a bf16 bias beside the bf16 D since passes/cast_bias, and the float bias
+// of the plans before it, "/f32bias") and, for mlp.fc, with GELU_AUX_BIAS
+// (a bf16 aux z, as the plan asks since gelu runs in bf16, beside a bf16 and
+// a float bias, and a float aux);
 // each weight gradient (float dW) plain and with the bias gradient
 // (BGRADA, as cuda_ops.cc calls it); mlp.proj's dx plain and with the
 // gelu's derivative (DGELU, matmul_gelu_grad's GEMM). Prints ms a call and the fused call's
@@ -638,9 +640,12 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
   if (!z.ok()) return z.status();
   absl::StatusOr<DeviceBuffer> bias = DeviceBuffer::Allocate(max_n * 4, "bias");
   if (!bias.ok()) return bias.status();
+  absl::StatusOr<DeviceBuffer> bias16 = DeviceBuffer::Allocate(max_n * 2, "bf16 bias");
+  if (!bias16.ok()) return bias16.status();
   BENCH_RETURN_IF_ERROR(FillDevice(a->as<__nv_bfloat16>(), max_a, kSeedA));
   BENCH_RETURN_IF_ERROR(FillDevice(b->as<__nv_bfloat16>(), max_b, kSeedB));
   BENCH_RETURN_IF_ERROR(FillDevice(bias->as<float>(), max_n, kSeedA + 7));
+  BENCH_RETURN_IF_ERROR(FillDevice(bias16->as<__nv_bfloat16>(), max_n, kSeedA + 8));
   BENCH_RETURN_IF_ERROR(FillDevice(z->as<__nv_bfloat16>(), max_c, kSeedB + 7));  // DGELU's aux input
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
@@ -669,20 +674,29 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
     if (fwd) {
       auto* c16 = c->as<__nv_bfloat16>();
       plain = [&, c16] { return g.Matmul(c16, A, B, s.m, s.n, s.k, false, false, stream); };
-      fused.push_back({"matmul_bias", [&, c16] {
+      const auto* bias_bf16 = bias16->as<__nv_bfloat16>();
+      fused.push_back({"matmul_bias", [&, c16, bias_bf16] {
+                         return g.MatmulBias(c16, A, B, bias_bf16, s.m, s.n, s.k, false, stream);
+                       }});
+      fused.push_back({"matmul_bias/f32bias", [&, c16] {
                          return g.MatmulBias(c16, A, B, bias->as<float>(), s.m, s.n, s.k, false, stream);
                        }});
       if (s.name == "mlp.fc.fwd") {
-        // The float aux z (before mixed precision ran gelu in bf16; cuBLASLt
-        // documents the aux in D's type only) and the bf16 aux the plan's
-        // matmul_bias_gelu now asks for (z_dtype).
+        // The plan's matmul_bias_gelu: a bf16 aux (z_dtype, gelu in bf16)
+        // beside a bf16 bias (cast-bias); then beside a float bias (the plans
+        // before cast-bias), and a float aux z (before mixed precision ran
+        // gelu in bf16; cuBLASLt documents the aux in D's type only).
+        fused.push_back({"matmul_bias_gelu", [&, c16, bias_bf16] {
+                           return g.MatmulBiasGelu(c16, z->as<__nv_bfloat16>(), A, B, bias_bf16, s.m, s.n, s.k, false,
+                                                   stream);
+                         }});
+        fused.push_back({"matmul_bias_gelu/f32bias", [&, c16] {
+                           return g.MatmulBiasGelu(c16, z->as<__nv_bfloat16>(), A, B, bias->as<float>(), s.m, s.n,
+                                                   s.k, false, stream);
+                         }});
         fused.push_back({"matmul_bias_gelu/f32z", [&, c16] {
                            return g.MatmulBiasGelu(c16, z->as<float>(), A, B, bias->as<float>(), s.m, s.n, s.k, false,
                                                    stream);
-                         }});
-        fused.push_back({"matmul_bias_gelu", [&, c16] {
-                           return g.MatmulBiasGelu(c16, z->as<__nv_bfloat16>(), A, B, bias->as<float>(), s.m, s.n,
-                                                   s.k, false, stream);
                          }});
       }
     } else if (dgelu) {
