@@ -615,8 +615,9 @@ std::string UtcNow() {
 // of the plans before it, "/f32bias") and, for mlp.fc, with GELU_AUX_BIAS
 // (a bf16 aux z, as the plan asks since gelu runs in bf16, beside a bf16 and
 // a float bias, and a float aux);
-// each weight gradient (float dW) plain and with the bias gradient
-// (BGRADA, as cuda_ops.cc calls it); mlp.proj's dx plain and with the
+// each weight gradient (float dW) plain, with the bias gradient (BGRADA,
+// as cuda_ops.cc calls it) and with it apart (the plain GEMM then ones @
+// dy, STRATA_FUSED_BIAS_GRAD=0's path); mlp.proj's dx plain and with the
 // gelu's derivative (DGELU, matmul_gelu_grad's GEMM). Prints ms a call and the fused call's
 // time over the plain one; where cuBLASLt refuses the fused call (a float
 // bias beside a 16-bit D, counted and printed at the end) the row shows "-"
@@ -646,6 +647,16 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
   BENCH_RETURN_IF_ERROR(FillDevice(b->as<__nv_bfloat16>(), max_b, kSeedB));
   BENCH_RETURN_IF_ERROR(FillDevice(bias->as<float>(), max_n, kSeedA + 7));
   BENCH_RETURN_IF_ERROR(FillDevice(bias16->as<__nv_bfloat16>(), max_n, kSeedA + 8));
+  // bf16 ones (the unfused bias gradient's ones @ dy), one per row of dy.
+  int64_t max_k = 0;
+  for (const GemmShape& s : shapes) max_k = std::max(max_k, s.k);
+  absl::StatusOr<DeviceBuffer> ones = DeviceBuffer::Allocate(max_k * 2, "ones");
+  if (!ones.ok()) return ones.status();
+  {
+    const std::vector<uint16_t> host(static_cast<size_t>(max_k), 0x3F80);  // 1.0 in bf16
+    BENCH_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(ones->as<uint16_t>(), host.data(), max_k * 2, cudaMemcpyHostToDevice), "upload of ones"));
+  }
   BENCH_RETURN_IF_ERROR(FillDevice(z->as<__nv_bfloat16>(), max_c, kSeedB + 7));  // DGELU's aux input
   absl::StatusOr<std::unique_ptr<cuda::LtGemm>> gemm = cuda::LtGemm::Create();
   if (!gemm.ok()) return gemm.status();
@@ -713,6 +724,13 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
       fused.push_back({"matmul_bias_grad_b", [&, c32] {
                          return g.MatmulBiasGrad(c32, bias->as<float>(), A, B, s.m, s.n, s.k, true, false,
                                                  cuda::LtGemm::BiasGradOf::kB, stream);
+                       }});
+      // The same op with the fused bias gradient off (STRATA_FUSED_BIAS_GRAD=0):
+      // the plain GEMM, then dbias = ones @ dy.
+      fused.push_back({"matmul_bias_grad_b/apart", [&, c32] {
+                         BENCH_RETURN_IF_ERROR(g.Matmul(c32, A, B, s.m, s.n, s.k, true, false, stream));
+                         return g.Matmul(bias->as<float>(), ones->as<__nv_bfloat16>(), B, 1, s.n, s.k, false, false,
+                                         stream);
                        }});
     }
     absl::StatusOr<double> plain_ms = median_ms(plain);

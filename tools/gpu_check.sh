@@ -51,8 +51,8 @@ benches() {
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs, most wanted first: Strata's defaults
 # (with cuBLASLt's notes of epilogues it ran as two passes), the float biases (cast-bias off, written
-# 2026-11-29 without a GPU), the mma.sync attention with 16-row
-# warps (STRATA_MMA_WIDE_WARPS=0), the fused epilogues off. Timed 2026-11-29 on an H200 and left out
+# 2026-11-29 without a GPU), the bias gradients apart (STRATA_FUSED_BIAS_GRAD=0, likewise), the
+# mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the fused epilogues off. Timed 2026-11-29 on an H200 and left out
 # since: the WMMA attention and widened 16-bit loss (STRATA_MMA_ATTENTION=0 STRATA_FAST_HALF_LOSS=0,
 # 35.24 ms against 22.47), the packed qkv off (35.74 against 35.24, the WMMA kernels); 2026-11-27:
 # the padded vocabulary off (52.44 ms), attention on the GEMM path (49.00 ms). Then the fused
@@ -65,6 +65,8 @@ quick_benches() {
   # The float biases beside the bf16 D again (passes/cast_bias off): what rounding them saves.
   timeout 50 "${g[@]}" --strata_flags "--disable_passes cast-bias" 2>&1 |
     tee "$out/gpt2_no_cast_bias.txt" | tail -4 || status=1
+  # The bias gradients summed apart from the weight-gradient GEMMs (cuBLASLt's BGRAD epilogues off).
+  STRATA_FUSED_BIAS_GRAD=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_bias_grad_apart.txt" | tail -4 || status=1
   STRATA_MMA_WIDE_WARPS=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_16_rows.txt" | tail -4 || status=1
   # The fused epilogues off (plain GEMMs, separate bias adds, gelu and sums): whether cuBLASLt's epilogues
   # (or their refusal notes' two-pass fallbacks) cost more than they save.

@@ -29,6 +29,8 @@
 #include "compiler/testing/op_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_op_test_util.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/env_switch.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -767,47 +769,53 @@ TEST(CudaMatmulOpsWithoutADevice, MatmulBiasGeluCountsTheFloatZOfASixteenBitZ) {
 // 1e-13 in F64; the fused sums run in another order than the CPU's
 // ReduceSum); BF16/F16 operands into F32 outputs within 2e-2 of each
 // output's largest magnitude. A GPT-sized layer, a 2-D a, N = 1, one row.
+// Every case also with cuda::FusedBiasGrad() off (the plain GEMM and the
+// separate sum, STRATA_FUSED_BIAS_GRAD=0).
 TEST_F(CudaOpsTest, MatmulBiasGradBMatchesTheCpu) {
   struct BgradCase {
     Shape a, dy;
   };
   const BgradCase cases[] = {{{8, 128, 64}, {8, 128, 32}}, {{33, 17}, {33, 9}},   {{2, 128, 768}, {2, 128, 256}},
                              {{3, 5, 17}, {3, 5, 1}},      {{1, 1, 17}, {1, 1, 9}}, {{0, 5, 17}, {0, 5, 9}}};
-  for (DataType dtype : {F32, F64, BF16, F16}) {
-    for (bool tb : {false, true}) {
-      for (const BgradCase& c : cases) {
-        SCOPED_TRACE(absl::StrCat(DataTypeName(dtype), " a", ShapeString(c.a), " dy", ShapeString(c.dy), " tb=", tb));
-        const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 51));
-        const Tensor dy = MakeTensor(dtype, c.dy, Uniform(NumElements(c.dy), 52));
-        const std::string op = absl::StrCat(
-            R"(type: "matmul_bias_grad_b" input: ["a", "dy"] output: ["db", "dbias"] attr { key: "transpose_b" value { b: )",
-            tb ? "true" : "false", " } }");
-        auto both = RunBothNamed(op, {{"a", a}, {"dy", dy}}, {"db", "dbias"});
-        ASSERT_EQ(both.size(), 2u);
-        const DataType out = IsHalfFloating(dtype) ? F32 : dtype;
-        for (const auto& [cpu, gpu] : both) {
-          ASSERT_EQ(gpu.dtype(), out);
-          ASSERT_EQ(gpu.shape(), cpu.shape());
-        }
-        if (IsHalfFloating(dtype)) {
+  for (bool fused : {true, false}) {
+    ScopedSwitch path(cuda::FusedBiasGrad(), fused);
+    for (DataType dtype : {F32, F64, BF16, F16}) {
+      for (bool tb : {false, true}) {
+        for (const BgradCase& c : cases) {
+          SCOPED_TRACE(absl::StrCat(fused ? "fused " : "apart ", DataTypeName(dtype), " a", ShapeString(c.a), " dy",
+                                    ShapeString(c.dy), " tb=", tb));
+          const Tensor a = MakeTensor(dtype, c.a, Uniform(NumElements(c.a), 51));
+          const Tensor dy = MakeTensor(dtype, c.dy, Uniform(NumElements(c.dy), 52));
+          const std::string op = absl::StrCat(
+              R"(type: "matmul_bias_grad_b" input: ["a", "dy"] output: ["db", "dbias"] attr { key: "transpose_b" value { b: )",
+              tb ? "true" : "false", " } }");
+          auto both = RunBothNamed(op, {{"a", a}, {"dy", dy}}, {"db", "dbias"});
+          ASSERT_EQ(both.size(), 2u);
+          const DataType out = IsHalfFloating(dtype) ? F32 : dtype;
           for (const auto& [cpu, gpu] : both) {
-            const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
-            double largest = 0;
-            for (double w : want) largest = std::max(largest, std::abs(w));
-            for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+            ASSERT_EQ(gpu.dtype(), out);
+            ASSERT_EQ(gpu.shape(), cpu.shape());
           }
-          continue;
+          if (IsHalfFloating(dtype)) {
+            for (const auto& [cpu, gpu] : both) {
+              const std::vector<double> got = TensorValues(gpu), want = TensorValues(cpu);
+              double largest = 0;
+              for (double w : want) largest = std::max(largest, std::abs(w));
+              for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-2 * largest) << "element " << i;
+            }
+            continue;
+          }
+          const double tol = dtype == F32 ? 1e-5 : 1e-13;
+          const Tensor db_magnitude =
+              Magnitude(OpText("matmul_shared_b_grad_b", R"("a", "dy")", "y", false, tb), {a, dy});
+          EXPECT_TRUE(testing::WithinErrorBound(both[0].second, both[0].first, db_magnitude, tol)) << "db";
+          // sum |dy| over the rows: sum_to_like of |dy| on the CPU, in F64.
+          const Tensor abs_dy = testing::AbsF64(dy), like = MakeTensor(F64, {c.dy.back()}, Uniform(c.dy.back(), 53));
+          const absl::StatusOr<Tensor> dbias_magnitude = RunKernel(
+              ParseOp(R"(type: "sum_to_like" input: ["x", "like"] output: "y")"), F64, {&abs_dy, &like}, RunContext());
+          ASSERT_TRUE(dbias_magnitude.ok()) << dbias_magnitude.status();
+          EXPECT_TRUE(testing::WithinErrorBound(both[1].second, both[1].first, *dbias_magnitude, tol)) << "dbias";
         }
-        const double tol = dtype == F32 ? 1e-5 : 1e-13;
-        const Tensor db_magnitude = Magnitude(OpText("matmul_shared_b_grad_b", R"("a", "dy")", "y", false, tb), {a, dy});
-        EXPECT_TRUE(testing::WithinErrorBound(both[0].second, both[0].first, db_magnitude, tol)) << "db";
-        // sum |dy| over the rows: sum_to_like of |dy| on the CPU, in F64.
-        const Tensor abs_dy = testing::AbsF64(dy), like = MakeTensor(F64, {c.dy.back()}, Uniform(c.dy.back(), 53));
-        const absl::StatusOr<Tensor> dbias_magnitude =
-            RunKernel(ParseOp(R"(type: "sum_to_like" input: ["x", "like"] output: "y")"), F64, {&abs_dy, &like},
-                      RunContext());
-        ASSERT_TRUE(dbias_magnitude.ok()) << dbias_magnitude.status();
-        EXPECT_TRUE(testing::WithinErrorBound(both[1].second, both[1].first, *dbias_magnitude, tol)) << "dbias";
       }
     }
   }

@@ -558,9 +558,11 @@ class CudaMatmulGeluGradKernel : public CudaBiasGemmAttrsKernel {
 // transpose_b db [N, K] = dy^T @ a with dy as a, BGRADB). F32 operands, or
 // BF16/F16 into F32 db and dbias (FP32 products and sums, the 16-bit dy's
 // elements summed in float). Where cuBLASLt has no such algorithm for the
-// shape, and for F64: matmul_shared_b_grad_b's GEMM, then sum_to_like's
-// reduction (F32/F64), or for 16-bit dy a second GEMM, dbias = ones @ dy
-// (which sums the 16-bit elements in float as the epilogue does).
+// shape, for F64, and with cuda::FusedBiasGrad() off
+// (STRATA_FUSED_BIAS_GRAD=0): matmul_shared_b_grad_b's GEMM, then
+// sum_to_like's reduction (F32/F64), or for 16-bit dy a second GEMM,
+// dbias = ones @ dy (which sums the 16-bit elements in float as the
+// epilogue does).
 template <typename In>
 class CudaMatmulBiasGradBKernel : public CudaBiasGemmAttrsKernel {
  public:
@@ -584,15 +586,17 @@ class CudaMatmulBiasGradBKernel : public CudaBiasGemmAttrsKernel {
     cudaStream_t stream = device->stream();
     using Of = cuda::LtGemm::BiasGradOf;
     if constexpr (!std::is_same_v<In, double>) {
-      absl::Status fused;
-      if constexpr (std::is_same_v<In, float>) {
-        fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream, tf32_)
-                    : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream, tf32_);
-      } else {
-        fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream)
-                    : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream);
+      if (cuda::FusedBiasGrad().load()) {
+        absl::Status fused;
+        if constexpr (std::is_same_v<In, float>) {
+          fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream, tf32_)
+                      : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream, tf32_);
+        } else {
+          fused = tb_ ? gemm.MatmulBiasGrad(pdb, pbias, pdy, pa, N, K, rows, true, false, Of::kA, stream)
+                      : gemm.MatmulBiasGrad(pdb, pbias, pa, pdy, K, N, rows, true, false, Of::kB, stream);
+        }
+        if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
       }
-      if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
     }
     // Unfused: the weight gradient's GEMM (k = 0 zeroes db), then dbias.
     STRATA_RETURN_IF_ERROR(tb_ ? Gemm(gemm, pdb, pdy, pa, N, K, rows, true, false, stream, false, tf32_)

@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/env_switch.h"
 #include "kernels/gemm_staging.h"
 
 namespace strata {
@@ -36,6 +38,19 @@ namespace strata {
 class Allocator;  // runtime/allocator.h
 
 namespace cuda {
+
+// Whether matmul_bias_grad_b asks cuBLASLt for its bias-gradient epilogue
+// (BGRADA / BGRADB: the weight gradient's GEMM sums dy as it reads it) or
+// runs the plain GEMM and sums dy apart (for 16-bit dy a second GEMM,
+// ones @ dy). On by default; STRATA_FUSED_BIAS_GRAD=0 turns it off for a
+// process, so a GPU run can time both: on the H200 (2026-11-29) the fused
+// GEMMs took 1.46x their plain GEMM's time (qkv.dw 0.063 against 0.043
+// ms), where the separate sum reads dy once more (about 11 us at qkv's
+// [8192, 2304] bf16). Each setting gives its own bits, every run the same.
+inline std::atomic<bool>& FusedBiasGrad() {
+  static std::atomic<bool> on{EnvSwitch("STRATA_FUSED_BIAS_GRAD", /*default_on=*/true)};
+  return on;
+}
 
 // Owns a cuBLASLt handle, its workspace on the current device and the plans
 // of the shapes it has run. Not thread safe: one per stream (or guard it).
