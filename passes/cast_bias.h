@@ -11,7 +11,9 @@ namespace strata {
 // The F32 bias of each fused GEMM that stores 16 bits, cast to that 16-bit
 // type first, as torch autocast casts a linear layer's bias with its
 // weight: GPU plans under mixed precision, on the whole program after
-// fold-casts (which sets the 16-bit stores).
+// fold-casts (whose out_dtype makes the qkv projection's GEMM store 16
+// bits; the MLP's matmul_bias_gelu stores its 16-bit y and z from
+// fuse-epilogues on, mixed precision running its gelu in 16 bits).
 //
 // A matmul_bias with out_dtype BF16/F16 (no residual), or a
 // matmul_bias_gelu whose y and z are both 16-bit (out_dtype and z_dtype:
@@ -31,7 +33,11 @@ namespace strata {
 // still the float sum of dy and its master weight float (a straight-through
 // cast). The cast is an op of the forward, once per bias on each stage
 // (a recomputed op reads the forward's), so hoist-param-casts moves it to
-// the update's end where it hoists the weights' casts. Optional
+// the update's end where a plan runs several micro-batches an update or
+// merges gradients; with one micro-batch an update it stays in the
+// forward, recompute or not (its one cast is once an update already; a
+// recomputed GEMM reads its output, N elements held through the step).
+// Optional
 // (--disable_passes cast-bias keeps the float bias and its two-pass
 // GEMMs); CPU plans have no fused GEMMs, so it is not among their passes.
 class CastBiasPass : public Pass {

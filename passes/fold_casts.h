@@ -23,7 +23,9 @@ namespace strata {
 //     type (out_dtype; cuBLASLt's D in that type), matmul_bias_gelu's
 //     pre-activation z staying float for gelu_grad (the gelu fusion itself
 //     writes a 16-bit y and z where mixed precision ran the gelu in 16
-//     bits);
+//     bits). passes/cast_bias then casts such a GEMM's F32 bias to 16 bits
+//     and drops its out_dtype (torch autocast's bias; not the same bits,
+//     which is why the same-bits tests run with it off);
 //   - cast up -> gelu_grad's dy or layer_norm_grad's dy: the op reads the
 //     16-bit value and widens it as it loads (exact);
 //   - layer_norm_grad's dx -> cast down where other ops read the float32 dx

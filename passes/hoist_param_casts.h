@@ -17,7 +17,8 @@ namespace strata {
 // Per rank, after the optimizer pass and every pass that rewires its
 // update ops (loss scaling, micro-batch, gradient merge, data parallel),
 // before fuse-optimizer. Each `cast` of a PARAM into another dtype (the
-// mixed-precision pass's, and their copies in recomputed segments) becomes
+// mixed-precision pass's, their copies in recomputed segments, and
+// cast-bias's of the fused GEMMs' biases on GPU plans) becomes
 // an OPTIMIZE op at the end of the program, after every update, and its
 // output a PARAM_COPY var: persistent, read by every micro-batch's
 // forward and backward, written once an update (on gradient merge's k-th

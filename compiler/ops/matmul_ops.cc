@@ -309,10 +309,11 @@ absl::Status MatmulBiasGrad(GradBuilder& g) {
         "matmul_bias with a residual has no gradient: fuse-epilogues sets it after autodiff; write matmul_bias then "
         "add");
   }
-  if (IsHalfFloating(g.input_type(2).dtype)) {
+  if (IsHalfFloating(g.input_type(2).dtype) && g.needs_input_grad(2)) {
+    // (A, b and dy of one 16-bit type: their gradients are matmul's.)
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias with a ", DataTypeName(g.input_type(2).dtype),
-                                                   " bias has no gradient: cast-bias sets it after autodiff; write "
-                                                   "matmul, cast and add"));
+                                                   " bias has no gradient for it: cast-bias makes it after "
+                                                   "autodiff; write matmul, cast and add"));
   }
   if (g.input_type(0).dtype != g.input_type(2).dtype) {
     return absl::InvalidArgumentError(absl::StrCat("matmul_bias of ", DataTypeName(g.input_type(0).dtype),
@@ -390,15 +391,13 @@ STRATA_REGISTER_OP(OpDef("matmul_bias_grad_b")
 // fusion makes of matmul_bias (or matmul -> add) -> gelu(approximate "tanh")
 // on a GPU (cuBLASLt's GELU_AUX_BIAS, whose GELU is that form). z is the
 // pre-activation the backward's gelu_grad reads; both have matmul_bias's y
-// type, which must be F32 or F64 (gelu's).
+// type: F32 or F64, or with a bias of 16-bit a's type (passes/cast_bias)
+// that type, z summed in float and y the gelu of the float z.
 absl::Status MatmulBiasGeluShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(MatmulBiasShape(ctx));
+  // z has the bias's type (MatmulBiasShape: a's, or F32 beside 16-bit a);
+  // out_dtype and z_dtype need an F32 bias below.
   const TensorType z = ctx.outputs()[0];
-  // A 16-bit bias of a's type (passes/cast_bias): y and z of that type, the
-  // gelu of the float z; out_dtype and z_dtype need an F32 bias below.
-  if (z.dtype != F32 && z.dtype != F64 && !IsHalfFloating(z.dtype)) {
-    return Invalid(absl::StrCat("y and z would be ", DataTypeName(z.dtype), ": gelu needs F32 or F64 (input 'bias')"));
-  }
   ctx.set_output(1, z);
   STRATA_RETURN_IF_ERROR(StoreOutputLow(ctx, 0));  // y
   // z_dtype "BF16" / "F16" (passes/fuse_epilogues, for a gelu mixed

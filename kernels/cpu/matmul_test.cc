@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/op_registry.h"
 #include "compiler/testing/op_test_util.h"
@@ -342,6 +343,33 @@ TEST(MatmulBiasTest, EqualsMatmulThenAdd) {
   EXPECT_THAT(refused.message(), HasSubstr("bias"));
 }
 
+// The memory plan counts a 16-bit bias's float result as it counts
+// out_dtype's (and matmul_bias_gelu's float z as z_dtype's): the same
+// workspace as the op over an F32 bias storing 16 bits, and more than the
+// float y's.
+TEST(MatmulBiasTest, A16BitBiasCountsItsFloatResultLikeOutDtype) {
+  for (const char* type : {"matmul_bias", "matmul_bias_gelu"}) {
+    const bool gelu = std::string(type) == "matmul_bias_gelu";
+    SCOPED_TRACE(type);
+    const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(type, DEVICE_CPU);
+    ASSERT_NE(ws, nullptr);
+    const Op op = ParseOp(absl::StrCat(
+        "type: \"", type, "\" input: [\"a\", \"b\", \"bias\"] output: ", gelu ? "[\"y\", \"z\"]" : "\"y\""));
+    auto bytes = [&](DataType bias, DataType out) {
+      KernelDef def;
+      def.op = &op;
+      def.input_types = {TensorType{BF16, {4, 16}}, TensorType{BF16, {16, 24}}, TensorType{bias, {24}}};
+      def.output_types = {TensorType{out, {4, 24}}};
+      if (gelu) def.output_types.push_back(TensorType{out, {4, 24}});
+      const absl::StatusOr<int64_t> got = (*ws)(def, 1);
+      EXPECT_TRUE(got.ok()) << got.status();
+      return got.ok() ? *got : -1;
+    };
+    EXPECT_EQ(bytes(BF16, BF16), bytes(F32, BF16));
+    EXPECT_EQ(bytes(BF16, BF16), bytes(F32, F32) + 4 * 24 * 4);
+  }
+}
+
 // matmul_bias with a residual (the GPU plans' matmul_bias fused with the
 // residual connection's add): the bits of matmul_bias then add(r, y), in F32
 // and F64 and for BF16 operands into F32, batched a and both transpose_b.
@@ -447,8 +475,10 @@ Tensor Cast(const Tensor& x, const std::string& dtype);
 // autocast's bf16 bias): widened and added in float, y (and matmul_bias_gelu's
 // z) stored in that type, each rounded once. The bits of the same op over
 // the widened bias with out_dtype (and z_dtype), in BF16 and F16, both
-// transpose_b and a batched a. The schema and the kernels refuse the attrs
-// beside a 16-bit bias, a residual (its sum is float), and a gradient.
+// transpose_b and a batched a. The schema refuses out_dtype and z_dtype
+// beside a 16-bit bias (the kernels alone would store 16 bits either way),
+// the schema and the kernel a residual (its sum is float), and autodiff a
+// gradient for the bias (a's and b's are matmul's).
 TEST(MatmulBiasTest, A16BitBiasIsAddedInFloatAndYRoundedOnce) {
   for (DataType low : {BF16, F16}) {
     for (bool tb : {false, true}) {
@@ -486,6 +516,8 @@ TEST(MatmulBiasTest, A16BitBiasIsAddedInFloatAndYRoundedOnce) {
   }
   const Tensor a = Make(BF16, {4, 6}, 4), b = Make(BF16, {6, 8}, 5), bias = Make(BF16, {8}, 6);
   // out_dtype (or z_dtype) beside a 16-bit bias: the schema's words.
+  const std::string out_dtype_words = "attr 'out_dtype' BF16 needs an F32 'bias', got BF16[8]";
+  const std::string z_dtype_words = "attr 'z_dtype' must be \"\" or the 16-bit type of 'a' and 'b' over an F32 'bias'";
   for (const std::string& text :
        {std::string(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"]
                        attr { key: "out_dtype" value { s: "BF16" } })"),
@@ -494,7 +526,8 @@ TEST(MatmulBiasTest, A16BitBiasIsAddedInFloatAndYRoundedOnce) {
     std::map<std::string, Tensor> env{{"a", a}, {"b", b}, {"bias", bias}};
     auto refused = RunOp(ParseOp(text), &env);
     ASSERT_FALSE(refused.ok()) << text;
-    EXPECT_THAT(refused.message(), HasSubstr("F32")) << text;
+    EXPECT_THAT(refused.message(), HasSubstr(absl::StrContains(text, "out_dtype") ? out_dtype_words : z_dtype_words))
+        << text;
   }
   // A residual: the schema and the kernel alone.
   const std::string residual = R"(type: "matmul_bias" input: ["a", "b", "bias", "r"] output: ["h"])";
@@ -517,7 +550,12 @@ TEST(MatmulBiasTest, A16BitBiasIsAddedInFloatAndYRoundedOnce) {
   auto grads = MakeGradOps(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), types,
                            {true, true, true}, &names, /*output_has_grad=*/{true});
   ASSERT_FALSE(grads.ok());
-  EXPECT_THAT(grads.status().message(), HasSubstr("cast-bias sets it after autodiff"));
+  EXPECT_THAT(grads.status().message(), HasSubstr("BF16 bias has no gradient for it: cast-bias makes it after"));
+  // A bias that needs none (a cast FEED): a's and b's gradients, matmul's.
+  auto without_bias = MakeGradOps(ParseOp(R"(type: "matmul_bias" input: ["a", "b", "bias"] output: ["y"])"), types,
+                                  {true, true, false}, &names, /*output_has_grad=*/{true});
+  ASSERT_TRUE(without_bias.ok()) << without_bias.status();
+  EXPECT_FALSE(without_bias->empty());
 }
 
 // z_dtype (mixed precision's gelu in bf16, fused): z is matmul_bias's

@@ -503,17 +503,19 @@ TEST_F(CudaOpsTest, MatmulBiasGeluWithASixteenBitZMatchesTheCpu) {
 // a 16-bit D on the H200 (2026-11-29), which is why the pass exists. The
 // test prints and records the shapes cuBLASLt had no algorithm for
 // (sixteen_bit_bias_fallbacks; matmul_bias_gelu's N = 13 runs apart
-// without asking, so without a line).
+// without asking, so without a line). Where the fallback surely runs (K =
+// 0 for both ops: no epilogue takes k = 0; N = 13 for matmul_bias_gelu)
+// the outputs are also, bit for bit, the same op's on the GPU over the
+// bias widened to F32 with out_dtype (and z_dtype): the same float result
+// and casts.
 TEST_F(CudaOpsTest, MatmulBiasWithASixteenBitBiasMatchesTheCpu) {
   struct BiasCase {
     Shape a, b;
     bool transpose_b;
   };
-  const BiasCase cases[] = {{{8, 33, 96}, {96, 24}, false},
-                            {{64, 17}, {40, 17}, true},
-                            {{5, 12}, {12, 13}, false},
-                            {{2, 128, 768}, {768, 2304}, false},
-                            {{2, 64, 768}, {768, 3072}, false}};
+  const BiasCase cases[] = {{{8, 33, 96}, {96, 24}, false},      {{64, 17}, {40, 17}, true},
+                            {{5, 12}, {12, 13}, false},          {{6, 0}, {0, 16}, false},
+                            {{2, 128, 768}, {768, 2304}, false}, {{2, 64, 768}, {768, 3072}, false}};
   const size_t fallbacks_before = device_->gemm().epilogue_fallbacks().size();
   const int64_t refusals_before = device_->gemm().float_epilogue_refusals();
   for (DataType dtype : {BF16, F16}) {
@@ -560,6 +562,18 @@ TEST_F(CudaOpsTest, MatmulBiasWithASixteenBitBiasMatchesTheCpu) {
           if (!is_y) zc = vc;
         }
         EXPECT_EQ(bad, 0);
+        const int64_t k = c.transpose_b ? c.b[1] : c.b[0];
+        if (k == 0 || (gelu && n % 8 != 0)) {
+          const std::string name = DataTypeName(dtype);
+          const Tensor wide =
+              RunGpu(R"(type: "cast" input: "x" output: "y" attr { key: "dtype" value { s: "F32" } })", {{"x", bias}});
+          const std::string stored =
+              absl::StrCat(op, R"( attr { key: "out_dtype" value { s: ")", name, "\" } }",
+                           gelu ? absl::StrCat(R"( attr { key: "z_dtype" value { s: ")", name, "\" } }") : "");
+          const std::map<std::string, Tensor> over_wide = {{"a", a}, {"b", b}, {"bias", wide}};
+          EXPECT_TRUE(BitEqual(both[0].second, RunGpu(stored, over_wide))) << "y";
+          if (gelu) EXPECT_TRUE(BitEqual(both[1].second, RunGpu(stored, over_wide, "z"))) << "z";
+        }
       }
     }
   }
@@ -757,6 +771,31 @@ TEST(CudaMatmulOpsWithoutADevice, MatmulBiasGeluCountsTheFloatZOfASixteenBitZ) {
       const absl::StatusOr<int64_t> got = (*ws)(def, 1);
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_EQ(*got, bytes);
+    }
+  }
+}
+
+// A 16-bit bias (passes/cast_bias; y, and matmul_bias_gelu's z, 16-bit):
+// the fallback's float result (rows * N floats) and its widened bias (N
+// floats), for either op. Needs no GPU.
+TEST(CudaMatmulOpsWithoutADevice, ASixteenBitBiasCountsTheFloatResultAndTheWidenedBias) {
+  for (const char* type : {"matmul_bias", "matmul_bias_gelu"}) {
+    const bool gelu = std::string(type) == "matmul_bias_gelu";
+    const WorkspaceFn* ws = KernelRegistry::Global().FindWorkspace(type, DEVICE_CUDA);
+    ASSERT_NE(ws, nullptr);
+    const Op op = ParseOp(absl::StrCat("type: \"", type,
+                                       "\" input: [\"a\", \"b\", \"bias\"] output: ", gelu ? "[\"y\", \"z\"]" : "\"y\"",
+                                       " attr { key: \"transpose_b\" value { b: false } }"));
+    for (DataType low : {BF16, F16}) {
+      SCOPED_TRACE(absl::StrCat(type, " ", DataTypeName(low)));
+      KernelDef def;
+      def.op = &op;
+      def.input_types = {TensorType{low, {4, 16}}, TensorType{low, {16, 24}}, TensorType{low, {24}}};
+      def.output_types = {TensorType{low, {4, 24}}};
+      if (gelu) def.output_types.push_back(TensorType{low, {4, 24}});
+      const absl::StatusOr<int64_t> got = (*ws)(def, 1);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, (4 * 24 + 24) * 4);
     }
   }
 }

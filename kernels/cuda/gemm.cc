@@ -106,6 +106,16 @@ bool EpilogueUsesAux(cublasLtEpilogue_t epilogue) {
   return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU;
 }
 
+// A bias of D's 16-bit type (passes/cast_bias): cuBLASLt's documented
+// combination, never yet run on a GPU when written (2026-11-29), so a
+// refusal of it (INVALID_VALUE or NOT_SUPPORTED, at the plan or at the
+// call) is taken as the float bias's is: the shape's "no algorithm", its
+// line in epilogue_fallbacks(), the caller's two passes.
+bool SixteenBitBias(cublasLtEpilogue_t epilogue, cudaDataType_t c_type, bool float_epilogue) {
+  return !float_epilogue && (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) &&
+         (c_type == CUDA_R_16BF || c_type == CUDA_R_16F);
+}
+
 const char* EpilogueName(cublasLtEpilogue_t epilogue) {
   switch (epilogue) {
     case CUBLASLT_EPILOGUE_BIAS:
@@ -697,6 +707,10 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
+    } else if (!status.ok() && SixteenBitBias(applied, c_type, float_epilogue) && RefusedCombination(status)) {
+      RememberNoPlan(key, /*refused=*/true);
+      status = absl::UnimplementedError(
+          absl::StrCat("cuBLASLt refused a 16-bit bias beside a 16-bit D: ", status.message()));
     } else if (!status.ok() && EpilogueUsesAux(applied) && !EpilogueUsesBias(applied) &&
                status.code() == absl::StatusCode::kUnimplemented) {
       // DGELU refused at the call (NOT_SUPPORTED) though its plan was made:
@@ -770,6 +784,10 @@ void LtGemm::RememberNoPlan(const PlanKey& key, bool refused) {
   // DGELU's aux (read) has D's type.
   std::string beside;
   if (key.epilogue == CUBLASLT_EPILOGUE_DGELU) beside = absl::StrCat(" with a ", TypeName(key.c_type), " aux");
+  if (SixteenBitBias(key.epilogue, key.c_type, key.float_epilogue)) {
+    beside = absl::StrCat(" with a ", TypeName(key.c_type), " bias");
+    if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) absl::StrAppend(&beside, " and aux");
+  }
   if (key.float_epilogue) {
     beside = " with a float bias";
     if (key.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
@@ -786,19 +804,23 @@ absl::StatusOr<LtGemm::Plan*> LtGemm::GetPlan(const PlanKey& key) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     absl::StatusOr<std::unique_ptr<Plan>> plan = MakePlan(key);
-    if (!plan.ok() && key.float_epilogue && plan.status().code() == absl::StatusCode::kInvalidArgument) {
+    const bool sixteen_bit_bias = SixteenBitBias(key.epilogue, key.c_type, key.float_epilogue);
+    if (!plan.ok() && (key.float_epilogue || sixteen_bit_bias) &&
+        plan.status().code() == absl::StatusCode::kInvalidArgument) {
       // A float bias or aux beside a 16-bit D that this cuBLASLt refuses
-      // (its headers: INVALID_VALUE for an unsupported type combination)
-      // is the shape's "no algorithm": the caller stores in two passes.
-      plan = absl::UnimplementedError(absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ",
-                                                   plan.status().message()));
+      // (its headers: INVALID_VALUE for an unsupported type combination),
+      // or a 16-bit one (SixteenBitBias), is the shape's "no algorithm":
+      // the caller stores in two passes.
+      plan = absl::UnimplementedError(absl::StrCat("cuBLASLt refused a ", key.float_epilogue ? "float" : "16-bit",
+                                                   " bias", key.float_epilogue ? " or aux" : "",
+                                                   " beside a 16-bit D: ", plan.status().message()));
     }
     if (!plan.ok()) {
       // No algorithm is the shape's answer, kept so a step does not ask the
       // heuristic again; any other failure may pass, and is not kept.
       if (plan.status().code() == absl::StatusCode::kUnimplemented) {
-        RememberNoPlan(key, /*refused=*/key.float_epilogue &&
-                                absl::StrContains(plan.status().message(), "refused a float bias or aux"));
+        RememberNoPlan(key, /*refused=*/(key.float_epilogue || sixteen_bit_bias) &&
+                                absl::StrContains(plan.status().message(), "cuBLASLt refused a "));
       }
       return plan.status();
     }
