@@ -158,18 +158,22 @@ bool AttrMatches(const AttrValue& v, AttrType type) {
 absl::Status CheckArgCount(const std::vector<ArgSpec>& specs, int count, const char* what) {
   bool variadic = !specs.empty() && specs.back().variadic;
   int fixed = static_cast<int>(specs.size()) - (variadic ? 1 : 0);
-  // An optional last argument: `fixed` or one fewer.
-  if (!specs.empty() && specs.back().optional && count == fixed - 1) return absl::OkStatus();
+  // Optional last arguments (the op's shape function says which are there):
+  // `fixed`, or down to one for each of them fewer.
+  int optional = 0;
+  while (optional < static_cast<int>(specs.size()) && specs[specs.size() - 1 - optional].optional) ++optional;
+  if (optional > 0 && count >= fixed - optional && count < fixed) return absl::OkStatus();
   if (variadic ? count < fixed + 1 : count != fixed) {
     std::string names;
     for (const auto& s : specs) {
       absl::StrAppend(&names, names.empty() ? "" : ", ", s.name, s.variadic ? "..." : "", s.optional ? "?" : "");
     }
-    const bool optional = !specs.empty() && specs.back().optional;
-    return absl::InvalidArgumentError(absl::StrCat("expects ", variadic ? "at least " : "",
-                                                   optional ? absl::StrCat(fixed - 1, " or ") : "",
-                                                   variadic ? fixed + 1 : fixed, " ", what, "s (", names,
-                                                   "), got ", count));
+    std::string fewer;
+    if (optional == 1) fewer = absl::StrCat(fixed - 1, " or ");
+    if (optional > 1) fewer = absl::StrCat(fixed - optional, " to ");
+    return absl::InvalidArgumentError(absl::StrCat("expects ", variadic ? "at least " : "", fewer,
+                                                   variadic ? fixed + 1 : fixed, " ", what, "s (", names, "), got ",
+                                                   count));
   }
   return absl::OkStatus();
 }

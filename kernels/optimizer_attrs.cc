@@ -33,6 +33,11 @@ absl::StatusOr<kernel_math::AdamAttrs> ReadAdamAttrs(const Op& op) {
   return a;
 }
 
+bool ScalesGrad(const Op& op) {
+  auto it = op.attr().find("grad_scale");
+  return it != op.attr().end() && it->second.b();
+}
+
 absl::StatusOr<LrScheduleAttrs> ReadLrScheduleAttrs(const Op& op) {
   LrScheduleAttrs a;
   kernel_math::LrSchedule& s = a.schedule;

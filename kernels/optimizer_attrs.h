@@ -15,6 +15,11 @@ absl::StatusOr<kernel_math::SgdAttrs> ReadSgdAttrs(const Op& op);
 absl::StatusOr<kernel_math::MomentumAttrs> ReadMomentumAttrs(const Op& op);
 absl::StatusOr<kernel_math::AdamAttrs> ReadAdamAttrs(const Op& op);
 
+// An update op's attr grad_scale (global-norm clipping's coefficient folded
+// into the update: the op reads grad * its grad_scale input); false where a
+// plan from before the attr has none.
+bool ScalesGrad(const Op& op);
+
 // lr_schedule's schedule and its output dtype (attr `dtype`: F32 or F64).
 struct LrScheduleAttrs {
   kernel_math::LrSchedule schedule;

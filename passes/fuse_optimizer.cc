@@ -31,7 +31,7 @@ const UpdateKind* KindOf(const std::string& type) {
 }
 
 // What the members of a group agree on: the type, the attrs, the scalar
-// inputs (lr, step, found_inf) by var, the param dtype, the place.
+// inputs (lr, step, grad_scale, found_inf) by var, the param dtype, the place.
 std::string GroupKey(const Graph& graph, int op, const UpdateKind& kind) {
   std::string key = graph.schema(op).type;
   std::map<std::string, std::string> attrs;  // sorted: the map's order is not
@@ -46,11 +46,12 @@ std::string GroupKey(const Graph& graph, int op, const UpdateKind& kind) {
 }
 
 // The shape every update op of the optimizer pass has: param, grad, the
-// states, the scalars, maybe found_inf; param and states written back to
-// themselves.
+// states, the scalars (with attr grad_scale, clipping's coefficient too),
+// maybe found_inf; param and states written back to themselves.
 bool WellFormed(const Graph& graph, int op, const UpdateKind& kind) {
   const absl::Span<const int> in = graph.inputs(op), out = graph.outputs(op);
-  const size_t fixed = 2 + kind.states + kind.scalars;
+  auto scaled = graph.attrs(op).find("grad_scale");
+  const size_t fixed = 2 + kind.states + kind.scalars + (scaled != graph.attrs(op).end() && scaled->second.b() ? 1 : 0);
   if ((in.size() != fixed && in.size() != fixed + 1) || out.size() != static_cast<size_t>(1 + kind.states)) {
     return false;
   }

@@ -125,8 +125,8 @@ TEST(FuseOptimizerTest, GroupsTheAdamWUpdatesWhereTheLastWas) {
   EXPECT_EQ(got, want);
 }
 
-// With global-norm clipping the fused momentum update reads the clipped
-// gradients the single ones read.
+// With global-norm clipping the fused momentum update reads the gradients
+// and the clipping coefficient (attr grad_scale) the single ones read.
 TEST(FuseOptimizerTest, KeepsClippedGradientsAndMomentumAttrs) {
   const Program before = DumpAfter(Mlp(kMomentumClipped), Strategy(), PassBefore(Strategy()));
   const Program after = DumpAfter(Mlp(kMomentumClipped), Strategy(), "fuse-optimizer");
@@ -136,10 +136,15 @@ TEST(FuseOptimizerTest, KeepsClippedGradientsAndMomentumAttrs) {
   ASSERT_EQ(multi.size(), 1u);
   EXPECT_TRUE(Attr(*multi[0], "nesterov").b());
   EXPECT_DOUBLE_EQ(Attr(*multi[0], "momentum").f(), 0.9);
+  EXPECT_TRUE(Attr(*multi[0], "grad_scale").b());
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(multi[0]->input(4 + i), singles[i]->input(1));
-    EXPECT_NE(singles[i]->input(1).find("@clipped"), std::string::npos) << singles[i]->input(1);
+    EXPECT_TRUE(Attr(*singles[i], "grad_scale").b());
+    EXPECT_EQ(singles[i]->input(4), "@clip_coef");
   }
+  // param[4], grad[4], velocity[4], lr, the coefficient.
+  ASSERT_EQ(multi[0]->input_size(), 14);
+  EXPECT_EQ(multi[0]->input(13), "@clip_coef");
   EXPECT_EQ(OpsOfType(after, "clip_coefficient").size(), 1u);
 }
 

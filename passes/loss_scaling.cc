@@ -208,7 +208,11 @@ absl::StatusOr<bool> LossScalingPass::Run(Graph& graph, const CompileContext& ct
     if (graph.role(op) != OPTIMIZE) continue;
     const OpSchema& schema = graph.schema(op);
     if (schema.inputs.empty() || !schema.inputs.back().optional || schema.inputs.back().name != "found_inf") continue;
-    if (static_cast<int>(graph.inputs(op).size()) == static_cast<int>(schema.inputs.size())) continue;
+    // Already there: every optional input given, or found_inf itself last.
+    if (static_cast<int>(graph.inputs(op).size()) == static_cast<int>(schema.inputs.size()) ||
+        graph.var_name(graph.inputs(op).back()) == found) {
+      continue;
+    }
     Op with_flag = graph.AsOp(op);
     with_flag.add_input(found);
     if (auto s = graph.ReplaceOp(op, with_flag); !s.ok()) return s;

@@ -202,11 +202,14 @@ std::string AddPartialSumOfSquares(BlockBuilder& b, const std::vector<Param>& pa
 }
 
 // Clipping by the global norm over all parameters' gradients; on a pipeline
-// the stages' partial sums of squares are summed with an allreduce. Points
-// each parameter's entry in `grad_of` at its clipped gradient.
+// the stages' partial sums of squares are summed with an allreduce. Sets
+// each parameter's entry in `scale_of` to the clipping coefficient in its
+// dtype, which its update multiplies the gradient by (attr grad_scale, as
+// apex's fused optimizers fold clipping in): the gradients are read once,
+// not scaled into copies first.
 void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, const Optimizer& opt,
                            const Program& fields, const CompileContext& ctx, int home_stage,
-                           std::map<std::string, std::string>* grad_of) {
+                           std::map<std::string, std::string>* scale_of) {
   std::set<DataType> dtypes;
   for (const auto& p : params) dtypes.insert(p.dtype);
   const DataType norm = NormDtype(ctx, dtypes);
@@ -219,35 +222,41 @@ void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, co
   b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
           {{"max_norm", FloatAttr(opt.clip_global_norm())}});
   std::map<DataType, std::string> coef_of = {{norm, coef}};
-  std::map<std::string, std::string> clipped_of;  // two parameters can share one gradient var
   for (const auto& p : params) {
     if (!coef_of.count(p.dtype)) {
       coef_of[p.dtype] = absl::StrCat(coef, ".", DtypeString(p.dtype));
       b.AddOp("cast", {coef}, {coef_of[p.dtype]}, home_stage, OPTIMIZE,
               {{"dtype", StringAttr(DtypeString(p.dtype))}});
     }
-    auto [it, fresh] = clipped_of.emplace(p.grad, absl::StrCat(p.grad, "@clipped"));
-    if (fresh) b.AddOp("mul", {p.grad, coef_of[p.dtype]}, {it->second}, p.stage, OPTIMIZE);
-    (*grad_of)[p.name] = it->second;
+    (*scale_of)[p.name] = coef_of[p.dtype];
   }
 }
 
 // The optimizer's update of one parameter from its gradient `g`, with the
-// state vars it keeps (velocity, moments).
-void AddParamUpdate(BlockBuilder& b, const Optimizer& opt, const Param& p, const std::string& g,
-                    const std::string& lr, const std::string& step_var) {
+// state vars it keeps (velocity, moments); with `scale` (clipping's
+// coefficient, or ""), the update reads g * scale (attr grad_scale).
+void AddParamUpdate(BlockBuilder& b, const Optimizer& opt, const Param& p, const std::string& g, const std::string& lr,
+                    const std::string& step_var, const std::string& scale) {
+  const auto scaled = [&](std::vector<std::string> inputs, std::map<std::string, AttrValue> attrs) {
+    if (!scale.empty()) {
+      inputs.push_back(scale);
+      attrs["grad_scale"] = BoolAttr(true);
+    }
+    return std::make_pair(std::move(inputs), std::move(attrs));
+  };
   switch (opt.kind_case()) {
-    case Optimizer::kSgd:
-      b.AddOp("sgd_update", {p.name, g, lr}, {p.name}, p.stage, OPTIMIZE,
-              {{"weight_decay", FloatAttr(opt.weight_decay())}});
+    case Optimizer::kSgd: {
+      auto [in, attrs] = scaled({p.name, g, lr}, {{"weight_decay", FloatAttr(opt.weight_decay())}});
+      b.AddOp("sgd_update", std::move(in), {p.name}, p.stage, OPTIMIZE, std::move(attrs));
       break;
+    }
     case Optimizer::kMomentum: {
       std::string vel = absl::StrCat(p.name, "@velocity");
       b.AddVar(vel, p.dtype, p.shape, STATE);
-      b.AddOp("momentum_update", {p.name, g, vel, lr}, {p.name, vel}, p.stage, OPTIMIZE,
-              {{"momentum", FloatAttr(opt.momentum().momentum())},
-               {"nesterov", BoolAttr(opt.momentum().nesterov())},
-               {"weight_decay", FloatAttr(opt.weight_decay())}});
+      auto [in, attrs] = scaled({p.name, g, vel, lr}, {{"momentum", FloatAttr(opt.momentum().momentum())},
+                                                       {"nesterov", BoolAttr(opt.momentum().nesterov())},
+                                                       {"weight_decay", FloatAttr(opt.weight_decay())}});
+      b.AddOp("momentum_update", std::move(in), {p.name, vel}, p.stage, OPTIMIZE, std::move(attrs));
       break;
     }
     case Optimizer::kAdam:
@@ -256,12 +265,13 @@ void AddParamUpdate(BlockBuilder& b, const Optimizer& opt, const Param& p, const
       std::string m = absl::StrCat(p.name, "@moment1"), v = absl::StrCat(p.name, "@moment2");
       b.AddVar(m, p.dtype, p.shape, STATE);
       b.AddVar(v, p.dtype, p.shape, STATE);
-      b.AddOp("adam_update", {p.name, g, m, v, lr, step_var}, {p.name, m, v}, p.stage, OPTIMIZE,
-              {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
-               {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
-               {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
-               {"weight_decay", FloatAttr(opt.weight_decay())},
-               {"decoupled", BoolAttr(opt.kind_case() == Optimizer::kAdamw)}});
+      auto [in, attrs] =
+          scaled({p.name, g, m, v, lr, step_var}, {{"beta1", FloatAttr(a.has_beta1() ? a.beta1() : 0.9)},
+                                                   {"beta2", FloatAttr(a.has_beta2() ? a.beta2() : 0.999)},
+                                                   {"epsilon", FloatAttr(a.has_epsilon() ? a.epsilon() : 1e-8)},
+                                                   {"weight_decay", FloatAttr(opt.weight_decay())},
+                                                   {"decoupled", BoolAttr(opt.kind_case() == Optimizer::kAdamw)}});
+      b.AddOp("adam_update", std::move(in), {p.name, m, v}, p.stage, OPTIMIZE, std::move(attrs));
       break;
     }
     default:
@@ -293,13 +303,12 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
   for (const auto& p : *params) lrs.For(p.dtype);
   b.AddOp("increment", {lrs.step_var()}, {lrs.step_var()}, home_stage, OPTIMIZE);
 
-  std::map<std::string, std::string> grad_of;
-  for (const auto& p : *params) grad_of[p.name] = p.grad;
-  if (opt.clip_global_norm() > 0) AddGlobalNormClipping(b, *params, opt, fields, ctx, home_stage, &grad_of);
+  std::map<std::string, std::string> scale_of;  // clipping's coefficient by param, in its dtype
+  if (opt.clip_global_norm() > 0) AddGlobalNormClipping(b, *params, opt, fields, ctx, home_stage, &scale_of);
 
   for (const auto& p : *params) {
     std::string lr = lrs.For(p.dtype);
-    AddParamUpdate(b, opt, p, grad_of[p.name], lr, lrs.step_var());
+    AddParamUpdate(b, opt, p, p.grad, lr, lrs.step_var(), scale_of.count(p.name) ? scale_of.at(p.name) : "");
   }
   if (auto s = b.Finish(); !s.ok()) return s;
   return true;

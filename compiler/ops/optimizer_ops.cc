@@ -78,7 +78,26 @@ absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr)
 // check_finite_and_unscale writes it, as Paddle's SkipUpdate.
 absl::Status ExpectOptionalFoundInf(const ShapeContext& ctx, int fixed) {
   if (ctx.num_inputs() <= fixed) return absl::OkStatus();
+  if (ctx.num_inputs() > fixed + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expects ", fixed, " inputs, plus an optional found_inf, got ", ctx.num_inputs()));
+  }
   return ExpectScalar(ctx, fixed, "found_inf", F32);
+}
+
+// With attr grad_scale, the scalar input `scale` at `i` (param's dtype):
+// the update reads grad * scale, each element rounded once to param's dtype
+// as a `mul` by it would be (global-norm clipping's coefficient, folded into
+// the update as apex's fused optimizers fold it). Returns how many inputs
+// that is (0 or 1), so the optional found_inf follows.
+absl::StatusOr<int> ExpectGradScale(const ShapeContext& ctx, int i) {
+  if (!ctx.attr_bool("grad_scale")) return 0;
+  if (ctx.num_inputs() <= i) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'grad_scale' needs input 'grad_scale' #", i,
+                                                   " (a scalar of param's dtype), got ", ctx.num_inputs(), " inputs"));
+  }
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, i, "grad_scale", ctx.input(0).dtype));
+  return 1;
 }
 
 // The inputs every update op starts with: param, grad, then the `states`
@@ -100,14 +119,16 @@ absl::Status SetUpdateOutputs(ShapeContext& ctx, int num_states) {
 
 absl::Status SgdUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {}));
-  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 3));
+  STRATA_ASSIGN_OR_RETURN(const int scaled, ExpectGradScale(ctx, 3));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 3 + scaled));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   return SetUpdateOutputs(ctx, 0);
 }
 
 absl::Status MomentumUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"velocity"}));
-  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 4));
+  STRATA_ASSIGN_OR_RETURN(const int scaled, ExpectGradScale(ctx, 4));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 4 + scaled));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "momentum", 0.0));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "weight_decay", 0.0));
   // As torch.optim.SGD: Nesterov needs a momentum to look ahead with.
@@ -120,7 +141,8 @@ absl::Status MomentumUpdateShape(ShapeContext& ctx) {
 absl::Status AdamUpdateShape(ShapeContext& ctx) {
   STRATA_RETURN_IF_ERROR(CheckUpdateInputs(ctx, {"m", "v"}));
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, 5, "step", I64));
-  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 6));
+  STRATA_ASSIGN_OR_RETURN(const int scaled, ExpectGradScale(ctx, 6));
+  STRATA_RETURN_IF_ERROR(ExpectOptionalFoundInf(ctx, 6 + scaled));
   STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta1"));
   STRATA_RETURN_IF_ERROR(ExpectAttrInUnitInterval(ctx, "beta2"));
   STRATA_RETURN_IF_ERROR(ExpectAttrAtLeast(ctx, "epsilon", 0.0));
@@ -132,32 +154,39 @@ STRATA_REGISTER_OP(OpDef("sgd_update")
                        .Input("param")
                        .Input("grad")
                        .Input("lr")
+                       .OptionalInput("grad_scale")
                        .OptionalInput("found_inf")
                        .Output("param")
                        .Attr("weight_decay", 0.0)
+                       .Attr("grad_scale", false)
                        .Shape(SgdUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD without momentum, in place: g += weight_decay * p; p -= lr * g. "
-                            "lr is a scalar of param's dtype. With found_inf nonzero, nothing changes (a step loss scaling skips)."));
+                            "lr is a scalar of param's dtype. With attr grad_scale, input grad_scale (a scalar of "
+                            "param's dtype) first scales g, rounded once (global-norm clipping's coefficient). With "
+                            "found_inf nonzero, nothing changes (a step loss scaling skips)."));
 
 STRATA_REGISTER_OP(OpDef("momentum_update")
                        .Input("param")
                        .Input("grad")
                        .Input("velocity")
                        .Input("lr")
+                       .OptionalInput("grad_scale")
                        .OptionalInput("found_inf")
                        .Output("param")
                        .Output("velocity")
                        .Attr("momentum", 0.9)
                        .Attr("nesterov", false)
                        .Attr("weight_decay", 0.0)
+                       .Attr("grad_scale", false)
                        .Shape(MomentumUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD with momentum (dampening 0), in place: g += weight_decay * p; "
                             "buf = momentum * buf + g; g = nesterov ? g + momentum * buf : buf; p -= lr * g. "
-                            "velocity starts at zero. With found_inf nonzero, nothing changes (a step loss scaling skips)."));
+                            "velocity starts at zero. grad_scale as sgd_update's. With found_inf nonzero, nothing "
+                            "changes (a step loss scaling skips)."));
 
 STRATA_REGISTER_OP(OpDef("adam_update")
                        .Input("param")
@@ -166,6 +195,7 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                        .Input("v")
                        .Input("lr")
                        .Input("step")
+                       .OptionalInput("grad_scale")
                        .OptionalInput("found_inf")
                        .Output("param")
                        .Output("m")
@@ -175,20 +205,24 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                        .Attr("epsilon", 1e-8)
                        .Attr("weight_decay", 0.0)
                        .Attr("decoupled", false)
+                       .Attr("grad_scale", false)
                        .Shape(AdamUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.Adam (decoupled: AdamW, p *= 1 - lr * weight_decay first), in place. "
                             "step is the I64 1-based index of this update: m = b1 m + (1-b1) g; "
-                            "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps). With found_inf nonzero, nothing changes (a step loss scaling skips)."));
+                            "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps). "
+                            "grad_scale as sgd_update's. With found_inf nonzero, nothing changes (a step loss "
+                            "scaling skips)."));
 
 // ---------------------------------------------------------------------------
 // Multi-tensor updates (the fuse-optimizer pass makes them for GPU plans):
 // one op updating n parameters with the single op's math, apex's
 // multi_tensor_apply / torch's fused AdamW the static-graph way. The inputs
 // are the single op's, each tensor role n wide: n params, n grads, n of each
-// state, then the single op's scalars once (lr; adam: step) and its optional
-// found_inf. The outputs are n params, then n of each state, in place.
+// state, then the single op's scalars once (lr; adam: step; with attr
+// grad_scale its scalar) and its optional found_inf. The outputs are n
+// params, then n of each state, in place.
 
 // The single op's shape function run on member i's inputs and outputs:
 // every member is checked exactly as its single op would be.
@@ -197,6 +231,7 @@ absl::Status MultiUpdateShape(ShapeContext& ctx, int num_states, int num_scalars
   const int64_t n = ctx.attr_int("n");
   const int tensors = 2 + num_states;  // param, grad, states
   if (n < 1) return absl::InvalidArgumentError(absl::StrCat("attr 'n' must be >= 1, got ", n));
+  if (ctx.attr_bool("grad_scale")) ++num_scalars;
   const int64_t fixed = tensors * n + num_scalars;
   if (ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) {
     return absl::InvalidArgumentError(absl::StrCat("expects ", tensors, " * n + ", num_scalars, " inputs (n = ", n,
@@ -228,6 +263,7 @@ STRATA_REGISTER_OP(OpDef("sgd_update_multi")
                        .VariadicInput("tensors")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
+                       .Attr("grad_scale", false)
                        .Attr("weight_decay", 0.0)
                        .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 0, 1, SgdUpdateShape); })
                        .Stateful()
@@ -239,6 +275,7 @@ STRATA_REGISTER_OP(OpDef("momentum_update_multi")
                        .VariadicInput("tensors")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
+                       .Attr("grad_scale", false)
                        .Attr("momentum", 0.9)
                        .Attr("nesterov", false)
                        .Attr("weight_decay", 0.0)
@@ -253,6 +290,7 @@ STRATA_REGISTER_OP(OpDef("adam_update_multi")
                        .VariadicInput("tensors")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
+                       .Attr("grad_scale", false)
                        .Attr("beta1", 0.9)
                        .Attr("beta2", 0.999)
                        .Attr("epsilon", 1e-8)

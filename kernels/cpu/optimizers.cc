@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,13 +52,28 @@ absl::StatusOr<bool> SkipsUpdate(const KernelContext& ctx, const char* op, int i
   return kernel_math::SkipsUpdate(ctx.input(i).data<float>()[0]);
 }
 
+// The scale of attr grad_scale, input i (param's dtype T), or 1 without it
+// (grad * 1 is grad, bit for bit, but the loops below skip the multiply).
+template <typename T>
+absl::StatusOr<T> GradScale(const KernelContext& ctx, const char* op, bool scaled, int i) {
+  if (!scaled) return T(1);
+  if (ctx.num_inputs() <= i) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": attr 'grad_scale' needs input 'grad_scale' #", i));
+  }
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "grad_scale", DataTypeOf<T>::value));
+  return ctx.input(i).data<T>()[0];
+}
+
 // ---------------------------------------------------------------------------
-// sgd_update(param, grad, lr) -> param:  g += wd * p;  p -= lr * g.
+// sgd_update(param, grad, lr) -> param:  g += wd * p;  p -= lr * g. With
+// attr grad_scale, g = grad * scale first (each element rounded to T, as a
+// mul kernel rounds it): clipping's coefficient.
 template <typename T>
 class SgdUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -65,7 +81,8 @@ class SgdUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "sgd_update", 3));
+    STRATA_ASSIGN_OR_RETURN(const T scale, GradScale<T>(ctx, "sgd_update", scaled_, 3));
+    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "sgd_update", 3 + scaled_));
     if (skip) {
       ctx.SetOutput(0, param_tensor);
       return absl::OkStatus();
@@ -76,7 +93,11 @@ class SgdUpdateKernel : public OpKernel {
     const T weight_decay = static_cast<T>(attrs_.weight_decay);
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) kernel_math::SgdElement(lr, weight_decay, grad[i], &param[i]);
+      if (scaled_) {
+        for (int64_t i = begin; i < end; ++i) kernel_math::SgdElement(lr, weight_decay, grad[i] * scale, &param[i]);
+      } else {
+        for (int64_t i = begin; i < end; ++i) kernel_math::SgdElement(lr, weight_decay, grad[i], &param[i]);
+      }
     });
     ctx.SetOutput(0, param_tensor);
     return absl::OkStatus();
@@ -84,6 +105,7 @@ class SgdUpdateKernel : public OpKernel {
 
  private:
   kernel_math::SgdAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -95,6 +117,7 @@ class MomentumUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -104,7 +127,8 @@ class MomentumUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param_tensor = ctx.input(0);
     const Tensor& velocity_tensor = ctx.input(2);
-    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "momentum_update", 4));
+    STRATA_ASSIGN_OR_RETURN(const T scale, GradScale<T>(ctx, "momentum_update", scaled_, 4));
+    STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "momentum_update", 4 + scaled_));
     if (skip) {
       ctx.SetOutput(0, param_tensor);
       ctx.SetOutput(1, velocity_tensor);
@@ -120,7 +144,8 @@ class MomentumUpdateKernel : public OpKernel {
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+        const T g = scaled_ ? grad[i] * scale : grad[i];
+        kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, g, &param[i], &velocity[i]);
       }
     });
     ctx.SetOutput(0, param_tensor);
@@ -130,6 +155,7 @@ class MomentumUpdateKernel : public OpKernel {
 
  private:
   kernel_math::MomentumAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -140,10 +166,14 @@ class MomentumUpdateKernel : public OpKernel {
 // case fixed at compile time and compiled per ISA (STRATA_ISA_CLONES,
 // elementwise.h): IEEE multiplies, divisions and square roots, the same
 // bits on every clone (optimizers_test.AdamLoopEqualsTheElementFormulaBitForBit).
-template <typename T, bool kDecoupled, bool kL2>
-static STRATA_ISA_CLONES void AdamLoop(int64_t n, kernel_math::AdamScalars<T> s, const T* __restrict grad,
+// kScaled: grad * scale (attr grad_scale), rounded to T first.
+template <typename T, bool kDecoupled, bool kL2, bool kScaled>
+static STRATA_ISA_CLONES void AdamLoop(int64_t n, kernel_math::AdamScalars<T> s, T scale, const T* __restrict grad,
                                        T* __restrict param, T* __restrict m, T* __restrict v) {
-  for (int64_t i = 0; i < n; ++i) kernel_math::AdamElementAs<kDecoupled, kL2>(s, grad[i], &param[i], &m[i], &v[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = kScaled ? grad[i] * scale : grad[i];
+    kernel_math::AdamElementAs<kDecoupled, kL2>(s, g, &param[i], &m[i], &v[i]);
+  }
 }
 
 template <typename T>
@@ -151,6 +181,7 @@ class AdamUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -161,8 +192,9 @@ class AdamUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 4, "lr", DataTypeOf<T>::value));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "adam_update", 5, "step", I64));
     const int64_t step = ctx.input(5).data<int64_t>()[0];
+    STRATA_ASSIGN_OR_RETURN(const T scale, GradScale<T>(ctx, "adam_update", scaled_, 6));
     // A skipped update's step count did not advance (it may still be 0).
-    STRATA_ASSIGN_OR_RETURN(const bool skipped, SkipsUpdate(ctx, "adam_update", 6));
+    STRATA_ASSIGN_OR_RETURN(const bool skipped, SkipsUpdate(ctx, "adam_update", 6 + scaled_));
     if (step < 1 && !skipped) {
       return absl::InvalidArgumentError(
           absl::StrCat("adam_update: input 'step' is the 1-based index of this update and must be >= 1, got ", step));
@@ -186,13 +218,21 @@ class AdamUpdateKernel : public OpKernel {
     const int64_t N = param_tensor.num_elements();
     const auto run = [&](auto loop) {
       ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-        loop(end - begin, scalars, grad + begin, param + begin, m + begin, v + begin);
+        loop(end - begin, scalars, scale, grad + begin, param + begin, m + begin, v + begin);
       });
     };
-    if (scalars.decoupled) {
-      scalars.l2 != 0 ? run(AdamLoop<T, true, true>) : run(AdamLoop<T, true, false>);
+    const auto run_scaled = [&](auto scaled) {
+      constexpr bool kScaled = decltype(scaled)::value;
+      if (scalars.decoupled) {
+        scalars.l2 != 0 ? run(AdamLoop<T, true, true, kScaled>) : run(AdamLoop<T, true, false, kScaled>);
+      } else {
+        scalars.l2 != 0 ? run(AdamLoop<T, false, true, kScaled>) : run(AdamLoop<T, false, false, kScaled>);
+      }
+    };
+    if (scaled_) {
+      run_scaled(std::true_type{});
     } else {
-      scalars.l2 != 0 ? run(AdamLoop<T, false, true>) : run(AdamLoop<T, false, false>);
+      run_scaled(std::false_type{});
     }
     ctx.SetOutput(0, param_tensor);
     ctx.SetOutput(1, m_tensor);
@@ -202,6 +242,7 @@ class AdamUpdateKernel : public OpKernel {
 
  private:
   kernel_math::AdamAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -211,8 +252,8 @@ class AdamUpdateKernel : public OpKernel {
 // op's kernel, its inputs and outputs picked out of the op's: the same
 // checks, skip and per-element math, so the results are the unfused ops' bit
 // for bit. Inputs: param[n], grad[n], then each of the `kStates` states [n],
-// then `kScalars` scalars (lr; adam: step) and the optional found_inf.
-// Outputs: param[n], then each state [n].
+// then `kScalars` scalars (lr; adam: step), grad_scale's with the attr, and
+// the optional found_inf. Outputs: param[n], then each state [n].
 template <typename Single, int kStates, int kScalars>
 class MultiUpdateKernel : public OpKernel {
  public:
@@ -221,19 +262,20 @@ class MultiUpdateKernel : public OpKernel {
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
     if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
+    scalars_ = kScalars + (ScalesGrad(op) ? 1 : 0);
     return single_.Init(op);
   }
 
   absl::Status Compute(KernelContext& ctx) override {
     const int n = static_cast<int>(n_);
-    const int tensors = 2 + kStates, fixed = tensors * n + kScalars;
+    const int tensors = 2 + kStates, fixed = tensors * n + scalars_;
     if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
                                                      " outputs do not fit n = ", n));
     }
     // A member's inputs: its param, grad and states, then the shared scalars.
     const int num_in = tensors + ctx.num_inputs() - tensors * n;
-    std::array<const Tensor*, 2 + kStates + kScalars + 1> in;
+    std::array<const Tensor*, 2 + kStates + kScalars + 2> in;
     std::array<Tensor, 1 + kStates> out;
     for (int k = tensors * n; k < ctx.num_inputs(); ++k) in[tensors + k - tensors * n] = &ctx.input(k);
     for (int i = 0; i < n; ++i) {
@@ -250,6 +292,7 @@ class MultiUpdateKernel : public OpKernel {
  private:
   const char* name_;
   int64_t n_ = 0;
+  int scalars_ = kScalars;
   Single single_;
 };
 

@@ -190,5 +190,72 @@ TEST(MultiUpdate, AdamRejectsAStepBelowOneLikeTheSingleOp) {
   EXPECT_THAT(s.message(), HasSubstr("must be >= 1"));
 }
 
+// attr grad_scale (global-norm clipping's coefficient folded into the
+// update): each single op and the multi op read grad * scale, rounded to the
+// param's dtype, and leave every param and state bit for bit as `mul`
+// (the clipped copy the optimizer pass made before) then the plain op do;
+// with found_inf 1 nothing changes. The schema wants the scale's scalar
+// of the param's dtype.
+TEST(MultiUpdate, GradScaleIsAMulOfTheGradientFirst) {
+  for (const Optimizer& o : Optimizers()) {
+    for (DataType dtype : {F32, F64}) {
+      for (double found_inf : {-1.0, 0.0, 1.0}) {
+        SCOPED_TRACE(absl::StrCat(o.type, " ", o.attrs, " ", DataTypeName(dtype), " found_inf ", found_inf));
+        const bool has_found_inf = found_inf >= 0;
+        std::map<std::string, Tensor> ref = Env(o, dtype, 3, found_inf), single = Env(o, dtype, 3, found_inf),
+                                      multi = Env(o, dtype, 3, found_inf);
+        for (auto* env : {&ref, &single, &multi}) (*env)["scale"] = MakeTensor(dtype, {}, {0.3719});
+        const std::string scaled = R"pb( attr { key: "grad_scale" value { b: true } })pb";
+        for (size_t i = 0; i < Shapes().size(); ++i) {
+          // The reference: the clipped copy, then the plain update reading it.
+          const std::string g = absl::StrCat("g", i);
+          ASSERT_TRUE(RunOp(ParseOp(absl::StrCat(R"pb(type: "mul" input: [")pb", g, R"pb(", "scale"] output: ")pb", g,
+                                                 R"pb(@clipped")pb")),
+                            &ref)
+                          .ok());
+          Op plain = SingleOp(o, i, has_found_inf);
+          plain.set_input(1, g + "@clipped");
+          absl::Status s = RunOp(plain, &ref);
+          ASSERT_TRUE(s.ok()) << s;
+          // The single op with the scale after its scalars, before found_inf.
+          Op op = SingleOp(o, i, false);
+          op.add_input("scale");
+          if (has_found_inf) op.add_input("found_inf");
+          op.MergeFrom(ParseOp(scaled));
+          s = RunOp(op, &single);
+          ASSERT_TRUE(s.ok()) << s;
+        }
+        Op op = MultiOp(o, false);
+        op.add_input("scale");
+        if (has_found_inf) op.add_input("found_inf");
+        op.MergeFrom(ParseOp(scaled));
+        absl::Status s = RunOp(op, &multi);
+        ASSERT_TRUE(s.ok()) << s;
+        int changed = 0;
+        const std::map<std::string, Tensor> before = Env(o, dtype, 3, found_inf);
+        for (const auto& [name, t] : single) {
+          EXPECT_TRUE(BitEqual(t, ref.at(name))) << "single " << name;
+          EXPECT_TRUE(BitEqual(multi.at(name), ref.at(name))) << "multi " << name;
+          if (before.count(name) > 0) changed += !BitEqual(t, before.at(name));
+        }
+        EXPECT_EQ(changed > 0, found_inf <= 0);
+      }
+    }
+  }
+  // The scale's dtype, and the scale itself, are checked.
+  auto r = InferTypes(R"pb(type: "sgd_update" input: [ "p", "g", "lr", "scale" ] output: "p"
+                           attr { key: "grad_scale" value { b: true } })pb",
+                      {TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {}}, TensorType{F64, {}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("input 'grad_scale' must be a F32 scalar"));
+  r = InferTypes(R"pb(type: "adam_update_multi" input: [ "p", "g", "m", "v", "lr", "step" ]
+                      output: [ "p", "m", "v" ] attr { key: "n" value { i: 1 } }
+                      attr { key: "grad_scale" value { b: true } })pb",
+                 {TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {3}},
+                  TensorType{F32, {}}, TensorType{I64, {}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("inputs"));
+}
+
 }  // namespace
 }  // namespace strata

@@ -193,5 +193,47 @@ TEST_F(CudaMultiUpdateTest, MatchesTheCpuMultiKernels) {
   }
 }
 
+// attr grad_scale (global-norm clipping's coefficient folded into the
+// update): the GPU's single and multi updates with it leave every param and
+// state bit for bit as the GPU's mul (the clipped copy the optimizer pass
+// made before) then the plain updates do; also on a skipped step.
+TEST_F(CudaMultiUpdateTest, GradScaleIsTheGpuMulFirstBitForBit) {
+  for (const Optimizer& o : Optimizers()) {
+    for (DataType dtype : {F32, F64}) {
+      for (double found_inf : {-1.0, 0.0, 1.0}) {
+        SCOPED_TRACE(absl::StrCat(o.type, " ", o.attrs, " ", DataTypeName(dtype), " found_inf ", found_inf));
+        const std::vector<Shape> shapes = Shapes(true);
+        std::map<std::string, Tensor> inputs = Inputs(o, dtype, shapes, found_inf);
+        inputs["scale"] = MakeTensor(dtype, {}, {0.3719});
+        const bool has_found_inf = found_inf >= 0;
+        const std::string scaled = R"pb( attr { key: "grad_scale" value { b: true } })pb";
+        // With the scale after the op's scalars, before found_inf.
+        const auto with_scale = [&](const std::string& text) {
+          std::string out = text;
+          const std::string flag = has_found_inf ? R"(, "found_inf"])" : "]";
+          const size_t at = out.find(flag);
+          out.replace(at, flag.size(), has_found_inf ? R"(, "scale", "found_inf"])" : R"(, "scale"])");
+          return absl::StrCat(out, scaled);
+        };
+        std::vector<std::string> reference, singles;
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const std::string g = absl::StrCat("g", i);
+          reference.push_back(absl::StrCat(R"(type: "mul" input: [")", g, R"(", "scale"] output: ")", g, "\""));
+          reference.push_back(SingleText(o, i, has_found_inf));
+          singles.push_back(with_scale(SingleText(o, i, has_found_inf)));
+        }
+        const auto want = RunOnGpu(reference, inputs);
+        const auto single = RunOnGpu(singles, inputs);
+        const auto multi = RunOnGpu({with_scale(MultiText(o, shapes.size(), has_found_inf))}, inputs);
+        for (const auto& [name, t] : single) {
+          if (name[0] == 'g') continue;  // the reference scaled its gradients in place
+          EXPECT_TRUE(BitEqual(t, want.at(name))) << "single " << name;
+          EXPECT_TRUE(BitEqual(multi.at(name), want.at(name))) << "multi " << name;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -36,6 +36,18 @@ absl::StatusOr<const float*> FoundInf(const KernelContext& ctx, const char* op, 
   return ctx.input(i).data<float>();
 }
 
+// attr grad_scale's scalar (input i, param's dtype T) when `scaled`: the
+// device scalar the launch multiplies each gradient element by, or null.
+template <typename T>
+absl::StatusOr<const T*> GradScale(const KernelContext& ctx, const char* op, bool scaled, int i) {
+  if (!scaled) return nullptr;
+  if (ctx.num_inputs() <= i) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": attr 'grad_scale' needs input 'grad_scale' #", i));
+  }
+  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "grad_scale", DataTypeOf<T>::value));
+  return ctx.input(i).data<T>();
+}
+
 // increment(counter) -> counter, in place: counter += by.
 class CudaIncrementKernel : public OpKernel {
  public:
@@ -95,6 +107,7 @@ class CudaAdamUpdateKernel : public OpKernel {
   explicit CudaAdamUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -108,12 +121,13 @@ class CudaAdamUpdateKernel : public OpKernel {
     const Tensor& param = ctx.input(0);
     const Tensor& m = ctx.input(2);
     const Tensor& v = ctx.input(3);
-    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "adam_update", 6));
-    STRATA_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v), ctx.input(1).data<T>(),
-                               ctx.input(4).data<T>(), ctx.input(5).data<int64_t>(), attrs_, param.num_elements(),
-                               found_inf, device->stream()),
-        "adam_update"));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "adam_update", scaled_, 6));
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "adam_update", 6 + scaled_));
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v),
+                                          ctx.input(1).data<T>(), ctx.input(4).data<T>(), ctx.input(5).data<int64_t>(),
+                                          attrs_, param.num_elements(), found_inf, device->stream(), scale),
+                   "adam_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, m);
     ctx.SetOutput(2, v);
@@ -122,6 +136,7 @@ class CudaAdamUpdateKernel : public OpKernel {
 
  private:
   kernel_math::AdamAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // sgd_update(param, grad, lr) -> param, in place.
@@ -131,6 +146,7 @@ class CudaSgdUpdateKernel : public OpKernel {
   explicit CudaSgdUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -139,17 +155,19 @@ class CudaSgdUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "sgd_update", 3));
-    STRATA_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(), ctx.input(2).data<T>(),
-                              static_cast<T>(attrs_.weight_decay), param.num_elements(), found_inf, device->stream()),
-        "sgd_update"));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "sgd_update", scaled_, 3));
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "sgd_update", 3 + scaled_));
+    STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(),
+                                                            ctx.input(2).data<T>(), static_cast<T>(attrs_.weight_decay),
+                                                            param.num_elements(), found_inf, device->stream(), scale),
+                                      "sgd_update"));
     ctx.SetOutput(0, param);
     return absl::OkStatus();
   }
 
  private:
   kernel_math::SgdAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // momentum_update(param, grad, velocity, lr) -> (param, velocity), in place.
@@ -159,6 +177,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
   explicit CudaMomentumUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
+    scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
 
@@ -169,13 +188,14 @@ class CudaMomentumUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
     const Tensor& velocity = ctx.input(2);
-    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "momentum_update", 4));
-    STRATA_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
-                                   ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
-                                   static_cast<T>(attrs_.weight_decay), attrs_.nesterov, param.num_elements(),
-                                   found_inf, device->stream()),
-        "momentum_update"));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "momentum_update", scaled_, 4));
+    STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "momentum_update", 4 + scaled_));
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
+                                              ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
+                                              static_cast<T>(attrs_.weight_decay), attrs_.nesterov,
+                                              param.num_elements(), found_inf, device->stream(), scale),
+                   "momentum_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, velocity);
     return absl::OkStatus();
@@ -183,12 +203,14 @@ class CudaMomentumUpdateKernel : public OpKernel {
 
  private:
   kernel_math::MomentumAttrs attrs_;
+  bool scaled_ = false;
 };
 
 // sgd_update_multi, momentum_update_multi, adam_update_multi: n updates in
 // one or a few launches (kernels/cuda/optimizers.h). Inputs param[n],
 // grad[n], each of kStates states [n], kScalars scalars (lr; adam: step),
-// the optional found_inf; outputs param[n], then each state [n], in place.
+// attr grad_scale's scalar, the optional found_inf; outputs param[n], then
+// each state [n], in place.
 // Every member is checked with the single kernel's checks and words. The
 // pointer lists are sized once, at Init.
 template <typename T, int kStates, int kScalars>
@@ -199,6 +221,7 @@ class CudaMultiUpdateKernel : public OpKernel {
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
     if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
+    scaled_ = ScalesGrad(op);
     for (auto& list : updated_) list.resize(n_);
     grad_.resize(n_);
     sizes_.resize(n_);
@@ -208,9 +231,9 @@ class CudaMultiUpdateKernel : public OpKernel {
  protected:
   // Checks the operands and fills the lists: updated_[0] the params,
   // updated_[1 + k] state k, grad_ the gradients, sizes_ their elements.
-  absl::Status Gather(const KernelContext& ctx, const float** found_inf) {
+  absl::Status Gather(const KernelContext& ctx, const float** found_inf, const T** grad_scale) {
     static const char* const kStateNames[2][2] = {{"velocity", ""}, {"m", "v"}};
-    const int n = static_cast<int>(n_), tensors = 2 + kStates, fixed = tensors * n + kScalars;
+    const int n = static_cast<int>(n_), tensors = 2 + kStates, fixed = tensors * n + kScalars + scaled_;
     if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
                                                      " outputs do not fit n = ", n));
@@ -228,6 +251,7 @@ class CudaMultiUpdateKernel : public OpKernel {
     }
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n, "lr", DataTypeOf<T>::value));
     if (kScalars > 1) STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n + 1, "step", I64));
+    STRATA_ASSIGN_OR_RETURN(*grad_scale, GradScale<T>(ctx, name_, scaled_, tensors * n + kScalars));
     STRATA_ASSIGN_OR_RETURN(*found_inf, FoundInf(ctx, name_, fixed));
     return absl::OkStatus();
   }
@@ -243,6 +267,7 @@ class CudaMultiUpdateKernel : public OpKernel {
 
   const char* name_;
   int64_t n_ = 0;
+  bool scaled_ = false;
   std::vector<T*> updated_[1 + kStates];
   std::vector<const T*> grad_;
   std::vector<int64_t> sizes_;
@@ -260,12 +285,13 @@ class CudaAdamUpdateMultiKernel : public CudaMultiUpdateKernel<T, 2, 2> {
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
+    const T* scale = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
     const int n = static_cast<int>(this->n_);
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchAdamUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->updated_[2].data(),
                                     this->grad_.data(), this->sizes_.data(), n, ctx.input(4 * n).data<T>(),
-                                    ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf, device->stream()),
+                                    ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf, device->stream(), scale),
         this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
@@ -287,12 +313,13 @@ class CudaSgdUpdateMultiKernel : public CudaMultiUpdateKernel<T, 0, 1> {
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
+    const T* scale = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
     const int n = static_cast<int>(this->n_);
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchSgdUpdateMulti(this->updated_[0].data(), this->grad_.data(), this->sizes_.data(), n,
                                               ctx.input(2 * n).data<T>(), static_cast<T>(attrs_.weight_decay),
-                                              found_inf, device->stream()),
+                                              found_inf, device->stream(), scale),
                    this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
@@ -314,13 +341,14 @@ class CudaMomentumUpdateMultiKernel : public CudaMultiUpdateKernel<T, 1, 1> {
   absl::Status Compute(KernelContext& ctx) override {
     STRATA_ASSIGN_OR_RETURN(CudaDevice * device, CudaDeviceOf(ctx));
     const float* found_inf = nullptr;
-    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf));
+    const T* scale = nullptr;
+    STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
     const int n = static_cast<int>(this->n_);
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchMomentumUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->grad_.data(),
                                         this->sizes_.data(), n, ctx.input(3 * n).data<T>(),
                                         static_cast<T>(attrs_.momentum), static_cast<T>(attrs_.weight_decay),
-                                        attrs_.nesterov, found_inf, device->stream()),
+                                        attrs_.nesterov, found_inf, device->stream(), scale),
         this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();

@@ -37,6 +37,13 @@ __device__ inline bool Skipped(const float* found_inf) {
   return found_inf != nullptr && kernel_math::SkipsUpdate(found_inf[0]);
 }
 
+// Gradient element i, times *grad_scale where given (attr grad_scale), rounded
+// to T as a mul kernel rounds it.
+template <typename T>
+__device__ inline T ScaledGrad(const T* grad, int64_t i, const T* grad_scale) {
+  return grad_scale != nullptr ? grad[i] * grad_scale[0] : grad[i];
+}
+
 __global__ void IncrementKernel(int64_t* counter, int64_t by, const float* found_inf) {
   if (!Skipped(found_inf)) counter[0] += by;
 }
@@ -50,7 +57,7 @@ __global__ void LrScheduleKernel(T* lr, const int64_t* step, LrSchedule schedule
 
 template <typename T>
 __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, AdamAttrs attrs,
-                           int64_t n, const float* found_inf) {
+                           int64_t n, const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
   __shared__ AdamScalars<T> scalars;
   __shared__ bool bad_step;
@@ -66,26 +73,27 @@ __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, con
       param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
       continue;
     }
-    AdamElement(s, grad[i], &param[i], &m[i], &v[i]);
+    AdamElement(s, ScaledGrad(grad, i, grad_scale), &param[i], &m[i], &v[i]);
   }
 }
 
 template <typename T>
-__global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf) {
+__global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf,
+                          const T* grad_scale) {
   if (Skipped(found_inf)) return;
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    SgdElement(rate, weight_decay, grad[i], &param[i]);
+    SgdElement(rate, weight_decay, ScaledGrad(grad, i, grad_scale), &param[i]);
   }
 }
 
 template <typename T>
 __global__ void MomentumKernel(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay,
-                               bool nesterov, int64_t n, const float* found_inf) {
+                               bool nesterov, int64_t n, const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    MomentumElement(rate, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+    MomentumElement(rate, momentum, weight_decay, nesterov, ScaledGrad(grad, i, grad_scale), &param[i], &velocity[i]);
   }
 }
 
@@ -98,26 +106,27 @@ cudaError_t LrSchedule1(T* lr, const int64_t* step, const LrSchedule& schedule, 
 
 template <typename T>
 cudaError_t Adam(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, const AdamAttrs& attrs,
-                 int64_t n, const float* found_inf, cudaStream_t stream) {
+                 int64_t n, const float* found_inf, cudaStream_t stream, const T* grad_scale) {
   if (n <= 0) return cudaSuccess;
-  AdamKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, m, v, grad, lr, step, attrs, n, found_inf);
+  AdamKernel<T>
+      <<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, m, v, grad, lr, step, attrs, n, found_inf, grad_scale);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t Sgd(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf,
-               cudaStream_t stream) {
+                cudaStream_t stream, const T* grad_scale) {
   if (n <= 0) return cudaSuccess;
-  SgdKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, grad, lr, weight_decay, n, found_inf);
+  SgdKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, grad, lr, weight_decay, n, found_inf, grad_scale);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t Momentum(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay, bool nesterov,
-                     int64_t n, const float* found_inf, cudaStream_t stream) {
+                     int64_t n, const float* found_inf, cudaStream_t stream, const T* grad_scale) {
   if (n <= 0) return cudaSuccess;
-  MomentumKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, velocity, grad, lr, momentum,
-                                                                      weight_decay, nesterov, n, found_inf);
+  MomentumKernel<T><<<NumBlocks(n), kThreadsPerBlock, 0, stream>>>(param, velocity, grad, lr, momentum, weight_decay,
+                                                                   nesterov, n, found_inf, grad_scale);
   return cudaGetLastError();
 }
 
@@ -128,7 +137,7 @@ static_assert(sizeof(TensorTable<double, 4>) + 128 <= 4096, "kernel parameters o
 
 template <typename T>
 __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int64_t* step, AdamAttrs attrs,
-                                const float* found_inf) {
+                                const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
   __shared__ AdamScalars<T> scalars;
   __shared__ bool bad_step;
@@ -151,12 +160,13 @@ __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int6
       param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
       continue;
     }
-    AdamElement(s, grad[i], &param[i], &m[i], &v[i]);
+    AdamElement(s, ScaledGrad(grad, i, grad_scale), &param[i], &m[i], &v[i]);
   }
 }
 
 template <typename T>
-__global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_decay, const float* found_inf) {
+__global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_decay, const float* found_inf,
+                               const T* grad_scale) {
   if (Skipped(found_inf)) return;
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
@@ -164,12 +174,14 @@ __global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_de
   ChunkOfBlock(table, k, blockIdx.x, &lo, &hi);
   T* param = table.ptr[0][k];
   const T* grad = table.ptr[1][k];
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) SgdElement(rate, weight_decay, grad[i], &param[i]);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    SgdElement(rate, weight_decay, ScaledGrad(grad, i, grad_scale), &param[i]);
+  }
 }
 
 template <typename T>
 __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T momentum, T weight_decay, bool nesterov,
-                                    const float* found_inf) {
+                                    const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
@@ -179,29 +191,29 @@ __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T mome
   const T* grad = table.ptr[1][k];
   T* velocity = table.ptr[2][k];
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    MomentumElement(rate, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+    MomentumElement(rate, momentum, weight_decay, nesterov, ScaledGrad(grad, i, grad_scale), &param[i], &velocity[i]);
   }
 }
 
 template <typename T>
 cudaError_t AdamMulti(T* const* param, T* const* m, T* const* v, const T* const* grad, const int64_t* n, int count,
                       const T* lr, const int64_t* step, const AdamAttrs& attrs, const float* found_inf,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const T* grad_scale) {
   const T* const* lists[4] = {param, grad, m, v};
   return ForEachTensorTable<T, 4>(lists, n, count, [&](const TensorTable<T, 4>& table, int64_t blocks) {
-    AdamMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, step, attrs,
-                                                                                        found_inf);
+    AdamMultiKernel<T>
+        <<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, step, attrs, found_inf, grad_scale);
     return cudaGetLastError();
   });
 }
 
 template <typename T>
 cudaError_t SgdMulti(T* const* param, const T* const* grad, const int64_t* n, int count, const T* lr, T weight_decay,
-                     const float* found_inf, cudaStream_t stream) {
+                     const float* found_inf, cudaStream_t stream, const T* grad_scale) {
   const T* const* lists[2] = {param, grad};
   return ForEachTensorTable<T, 2>(lists, n, count, [&](const TensorTable<T, 2>& table, int64_t blocks) {
     SgdMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(table, lr, weight_decay,
-                                                                                       found_inf);
+                                                                                      found_inf, grad_scale);
     return cudaGetLastError();
   });
 }
@@ -209,11 +221,11 @@ cudaError_t SgdMulti(T* const* param, const T* const* grad, const int64_t* n, in
 template <typename T>
 cudaError_t MomentumMulti(T* const* param, T* const* velocity, const T* const* grad, const int64_t* n, int count,
                           const T* lr, T momentum, T weight_decay, bool nesterov, const float* found_inf,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const T* grad_scale) {
   const T* const* lists[3] = {param, grad, velocity};
   return ForEachTensorTable<T, 3>(lists, n, count, [&](const TensorTable<T, 3>& table, int64_t blocks) {
     MomentumMultiKernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-        table, lr, momentum, weight_decay, nesterov, found_inf);
+        table, lr, momentum, weight_decay, nesterov, found_inf, grad_scale);
     return cudaGetLastError();
   });
 }
@@ -234,68 +246,74 @@ cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const LrSchedule& 
   return LrSchedule1(lr, step, schedule, total_steps, stream);
 }
 
-cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr,
-                             const int64_t* step, const AdamAttrs& attrs, int64_t n, const float* found_inf,
-                             cudaStream_t stream) {
-  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream);
+cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr, const int64_t* step,
+                             const AdamAttrs& attrs, int64_t n, const float* found_inf, cudaStream_t stream,
+                             const float* grad_scale) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream, grad_scale);
 }
 cudaError_t LaunchAdamUpdate(double* param, double* m, double* v, const double* grad, const double* lr,
                              const int64_t* step, const AdamAttrs& attrs, int64_t n, const float* found_inf,
-                             cudaStream_t stream) {
-  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream);
+                             cudaStream_t stream, const double* grad_scale) {
+  return Adam(param, m, v, grad, lr, step, attrs, n, found_inf, stream, grad_scale);
 }
 
 cudaError_t LaunchSgdUpdate(float* param, const float* grad, const float* lr, float weight_decay, int64_t n,
-                            const float* found_inf, cudaStream_t stream) {
-  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream);
+                            const float* found_inf, cudaStream_t stream, const float* grad_scale) {
+  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream, grad_scale);
 }
 cudaError_t LaunchSgdUpdate(double* param, const double* grad, const double* lr, double weight_decay, int64_t n,
-                            const float* found_inf, cudaStream_t stream) {
-  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream);
+                            const float* found_inf, cudaStream_t stream, const double* grad_scale) {
+  return Sgd(param, grad, lr, weight_decay, n, found_inf, stream, grad_scale);
 }
 
 cudaError_t LaunchMomentumUpdate(float* param, float* velocity, const float* grad, const float* lr, float momentum,
                                  float weight_decay, bool nesterov, int64_t n, const float* found_inf,
-                                 cudaStream_t stream) {
-  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream);
+                                 cudaStream_t stream, const float* grad_scale) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream, grad_scale);
 }
-cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr,
-                                 double momentum, double weight_decay, bool nesterov, int64_t n,
-                                 const float* found_inf, cudaStream_t stream) {
-  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream);
+cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr, double momentum,
+                                 double weight_decay, bool nesterov, int64_t n, const float* found_inf,
+                                 cudaStream_t stream, const double* grad_scale) {
+  return Momentum(param, velocity, grad, lr, momentum, weight_decay, nesterov, n, found_inf, stream, grad_scale);
 }
 
 cudaError_t LaunchAdamUpdateMulti(float* const* param, float* const* m, float* const* v, const float* const* grad,
                                   const int64_t* n, int count, const float* lr, const int64_t* step,
-                                  const AdamAttrs& attrs, const float* found_inf, cudaStream_t stream) {
-  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream);
+                                  const AdamAttrs& attrs, const float* found_inf, cudaStream_t stream,
+                                  const float* grad_scale) {
+  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream, grad_scale);
 }
-cudaError_t LaunchAdamUpdateMulti(double* const* param, double* const* m, double* const* v,
-                                  const double* const* grad, const int64_t* n, int count, const double* lr,
-                                  const int64_t* step, const AdamAttrs& attrs, const float* found_inf,
-                                  cudaStream_t stream) {
-  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream);
+cudaError_t LaunchAdamUpdateMulti(double* const* param, double* const* m, double* const* v, const double* const* grad,
+                                  const int64_t* n, int count, const double* lr, const int64_t* step,
+                                  const AdamAttrs& attrs, const float* found_inf, cudaStream_t stream,
+                                  const double* grad_scale) {
+  return AdamMulti(param, m, v, grad, n, count, lr, step, attrs, found_inf, stream, grad_scale);
 }
 
 cudaError_t LaunchSgdUpdateMulti(float* const* param, const float* const* grad, const int64_t* n, int count,
-                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream) {
-  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream);
+                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream,
+                                 const float* grad_scale) {
+  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream, grad_scale);
 }
 cudaError_t LaunchSgdUpdateMulti(double* const* param, const double* const* grad, const int64_t* n, int count,
-                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream) {
-  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream);
+                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream,
+                                 const double* grad_scale) {
+  return SgdMulti(param, grad, n, count, lr, weight_decay, found_inf, stream, grad_scale);
 }
 
 cudaError_t LaunchMomentumUpdateMulti(float* const* param, float* const* velocity, const float* const* grad,
                                       const int64_t* n, int count, const float* lr, float momentum, float weight_decay,
-                                      bool nesterov, const float* found_inf, cudaStream_t stream) {
-  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream);
+                                      bool nesterov, const float* found_inf, cudaStream_t stream,
+                                      const float* grad_scale) {
+  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream,
+                       grad_scale);
 }
 cudaError_t LaunchMomentumUpdateMulti(double* const* param, double* const* velocity, const double* const* grad,
                                       const int64_t* n, int count, const double* lr, double momentum,
-                                      double weight_decay, bool nesterov, const float* found_inf,
-                                      cudaStream_t stream) {
-  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream);
+                                      double weight_decay, bool nesterov, const float* found_inf, cudaStream_t stream,
+                                      const double* grad_scale) {
+  return MomentumMulti(param, velocity, grad, n, count, lr, momentum, weight_decay, nesterov, found_inf, stream,
+                       grad_scale);
 }
 
 }  // namespace cuda

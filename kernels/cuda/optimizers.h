@@ -37,26 +37,26 @@ cudaError_t LaunchLrSchedule(double* lr, const int64_t* step, const kernel_math:
                              cudaStream_t stream);
 
 // param, m, v [n] updated in place from grad [n], lr [1] and step [1].
-cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr,
-                             const int64_t* step, const kernel_math::AdamAttrs& attrs, int64_t n, const float* found_inf,
-                             cudaStream_t stream);
+cudaError_t LaunchAdamUpdate(float* param, float* m, float* v, const float* grad, const float* lr, const int64_t* step,
+                             const kernel_math::AdamAttrs& attrs, int64_t n, const float* found_inf,
+                             cudaStream_t stream, const float* grad_scale = nullptr);
 cudaError_t LaunchAdamUpdate(double* param, double* m, double* v, const double* grad, const double* lr,
-                             const int64_t* step, const kernel_math::AdamAttrs& attrs, int64_t n, const float* found_inf,
-                             cudaStream_t stream);
+                             const int64_t* step, const kernel_math::AdamAttrs& attrs, int64_t n,
+                             const float* found_inf, cudaStream_t stream, const double* grad_scale = nullptr);
 
 // param [n] updated in place from grad [n] and lr [1].
 cudaError_t LaunchSgdUpdate(float* param, const float* grad, const float* lr, float weight_decay, int64_t n,
-                            const float* found_inf, cudaStream_t stream);
+                            const float* found_inf, cudaStream_t stream, const float* grad_scale = nullptr);
 cudaError_t LaunchSgdUpdate(double* param, const double* grad, const double* lr, double weight_decay, int64_t n,
-                            const float* found_inf, cudaStream_t stream);
+                            const float* found_inf, cudaStream_t stream, const double* grad_scale = nullptr);
 
 // param, velocity [n] updated in place from grad [n] and lr [1].
 cudaError_t LaunchMomentumUpdate(float* param, float* velocity, const float* grad, const float* lr, float momentum,
                                  float weight_decay, bool nesterov, int64_t n, const float* found_inf,
-                                 cudaStream_t stream);
-cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr,
-                                 double momentum, double weight_decay, bool nesterov, int64_t n,
-                                 const float* found_inf, cudaStream_t stream);
+                                 cudaStream_t stream, const float* grad_scale = nullptr);
+cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* grad, const double* lr, double momentum,
+                                 double weight_decay, bool nesterov, int64_t n, const float* found_inf,
+                                 cudaStream_t stream, const double* grad_scale = nullptr);
 
 // Multi-tensor updates (adam_update_multi, sgd_update_multi,
 // momentum_update_multi): `count` tensors, tensor i of n[i] elements, its
@@ -68,23 +68,31 @@ cudaError_t LaunchMomentumUpdate(double* param, double* velocity, const double* 
 // element gets the single kernels' math (the same functions, the same
 // --fmad=false), lr and step read on the device, every block skipping on
 // found_inf; adam with step < 1 writes NaN into every param element as the
-// single kernel does.
+// single kernel does. grad_scale (every update launcher; null: none): a
+// device scalar every gradient element is multiplied by first, rounded to
+// T as a mul kernel rounds it (attr grad_scale: clipping's coefficient).
 cudaError_t LaunchAdamUpdateMulti(float* const* param, float* const* m, float* const* v, const float* const* grad,
                                   const int64_t* n, int count, const float* lr, const int64_t* step,
-                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream);
+                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream,
+                                  const float* grad_scale = nullptr);
 cudaError_t LaunchAdamUpdateMulti(double* const* param, double* const* m, double* const* v, const double* const* grad,
                                   const int64_t* n, int count, const double* lr, const int64_t* step,
-                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream);
+                                  const kernel_math::AdamAttrs& attrs, const float* found_inf, cudaStream_t stream,
+                                  const double* grad_scale = nullptr);
 cudaError_t LaunchSgdUpdateMulti(float* const* param, const float* const* grad, const int64_t* n, int count,
-                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream);
+                                 const float* lr, float weight_decay, const float* found_inf, cudaStream_t stream,
+                                 const float* grad_scale = nullptr);
 cudaError_t LaunchSgdUpdateMulti(double* const* param, const double* const* grad, const int64_t* n, int count,
-                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream);
+                                 const double* lr, double weight_decay, const float* found_inf, cudaStream_t stream,
+                                 const double* grad_scale = nullptr);
 cudaError_t LaunchMomentumUpdateMulti(float* const* param, float* const* velocity, const float* const* grad,
                                       const int64_t* n, int count, const float* lr, float momentum, float weight_decay,
-                                      bool nesterov, const float* found_inf, cudaStream_t stream);
+                                      bool nesterov, const float* found_inf, cudaStream_t stream,
+                                      const float* grad_scale = nullptr);
 cudaError_t LaunchMomentumUpdateMulti(double* const* param, double* const* velocity, const double* const* grad,
                                       const int64_t* n, int count, const double* lr, double momentum,
-                                      double weight_decay, bool nesterov, const float* found_inf, cudaStream_t stream);
+                                      double weight_decay, bool nesterov, const float* found_inf, cudaStream_t stream,
+                                      const double* grad_scale = nullptr);
 
 }  // namespace cuda
 }  // namespace strata

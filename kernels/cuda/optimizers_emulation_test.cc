@@ -8,11 +8,13 @@
 // against the single-tensor kernels, emulated too, bit for bit: tensors of
 // 1, 0, 100 and more than one chunk of elements, 70 tensors (two launches),
 // found_inf 0 (updated) and 1 (nothing changes), adam with step 0 (every param
-// NaN). No FMA (-ffp-contract=off), as nvcc's --fmad=false.
+// NaN); and every launcher with a grad_scale against the gradients scaled
+// first. No FMA (-ffp-contract=off), as nvcc's --fmad=false.
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -142,6 +144,87 @@ TEST(OptimizersEmulation, SgdAndMomentumMultiAreTheSingleKernels) {
     CheckSgdAndMomentum<float>(found_inf, false);
     CheckSgdAndMomentum<double>(found_inf, true);
   }
+}
+
+// grad_scale (attr grad_scale: clipping's coefficient folded into the
+// update): every launcher, single and multi, with the scale's device scalar
+// leaves each param and state bit for bit as the launcher without it does on
+// the gradients multiplied by the scale first (in T, as the mul kernel the
+// optimizer pass used before).
+template <typename T>
+void CheckGradScale() {
+  SCOPED_TRACE(sizeof(T) == 4 ? "float" : "double");
+  const std::vector<int64_t> n = Sizes();
+  const int count = static_cast<int>(n.size());
+  const T scale = static_cast<T>(0.3719);
+  const Tensors<T> g(n, 8, -1, 1);
+  Tensors<T> gs(n, 8, -1, 1);
+  for (auto& d : gs.data) {
+    for (T& x : d) x = x * scale;
+  }
+  const T lr = static_cast<T>(0.003), wd = static_cast<T>(0.01), mom = static_cast<T>(0.9);
+  const int64_t step = 2;
+  const float found_inf = 0.0f;
+  kernel_math::AdamAttrs attrs;
+  attrs.weight_decay = 0.01;
+  attrs.decoupled = true;
+  // [0]: the reference on gs; [1]: single launches with the scale; [2]: multi with it.
+  std::vector<std::unique_ptr<Tensors<T>>> p, m, v, q, w;
+  for (int k = 0; k < 3; ++k) {
+    p.push_back(std::make_unique<Tensors<T>>(n, 1, -1, 1));
+    m.push_back(std::make_unique<Tensors<T>>(n, 2, -0.1, 0.1));
+    v.push_back(std::make_unique<Tensors<T>>(n, 3, 0, 0.01));
+    q.push_back(std::make_unique<Tensors<T>>(n, 6, -1, 1));
+    w.push_back(std::make_unique<Tensors<T>>(n, 7, -0.1, 0.1));
+  }
+  Tensors<T> sgd0(n, 9, -1, 1), sgd1(n, 9, -1, 1), sgd2(n, 9, -1, 1);
+  for (size_t i = 0; i < n.size(); ++i) {
+    ASSERT_EQ(cuda::LaunchAdamUpdate(p[0]->ptrs[i], m[0]->ptrs[i], v[0]->ptrs[i], gs.cptrs[i], &lr, &step, attrs, n[i],
+                                     &found_inf, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchAdamUpdate(p[1]->ptrs[i], m[1]->ptrs[i], v[1]->ptrs[i], g.cptrs[i], &lr, &step, attrs, n[i],
+                                     &found_inf, nullptr, &scale),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchMomentumUpdate(q[0]->ptrs[i], w[0]->ptrs[i], gs.cptrs[i], &lr, mom, wd, true, n[i],
+                                         &found_inf, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchMomentumUpdate(q[1]->ptrs[i], w[1]->ptrs[i], g.cptrs[i], &lr, mom, wd, true, n[i], &found_inf,
+                                         nullptr, &scale),
+              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchSgdUpdate(sgd0.ptrs[i], gs.cptrs[i], &lr, wd, n[i], &found_inf, nullptr), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchSgdUpdate(sgd1.ptrs[i], g.cptrs[i], &lr, wd, n[i], &found_inf, nullptr, &scale), cudaSuccess);
+  }
+  ASSERT_EQ(cuda::LaunchAdamUpdateMulti(p[2]->ptrs.data(), m[2]->ptrs.data(), v[2]->ptrs.data(), g.cptrs.data(),
+                                        n.data(), count, &lr, &step, attrs, &found_inf, nullptr, &scale),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchMomentumUpdateMulti(q[2]->ptrs.data(), w[2]->ptrs.data(), g.cptrs.data(), n.data(), count, &lr,
+                                            mom, wd, true, &found_inf, nullptr, &scale),
+            cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSgdUpdateMulti(sgd2.ptrs.data(), g.cptrs.data(), n.data(), count, &lr, wd, &found_inf, nullptr,
+                                       &scale),
+            cudaSuccess);
+  emulation::ExpectCleanLaunches();
+  for (int k = 1; k < 3; ++k) {
+    SCOPED_TRACE(k == 1 ? "single" : "multi");
+    EXPECT_TRUE(SameBits(*p[0], *p[k], "adam param"));
+    EXPECT_TRUE(SameBits(*m[0], *m[k], "m"));
+    EXPECT_TRUE(SameBits(*v[0], *v[k], "v"));
+    EXPECT_TRUE(SameBits(*q[0], *q[k], "momentum param"));
+    EXPECT_TRUE(SameBits(*w[0], *w[k], "velocity"));
+  }
+  EXPECT_TRUE(SameBits(sgd0, sgd1, "sgd param, single"));
+  EXPECT_TRUE(SameBits(sgd0, sgd2, "sgd param, multi"));
+  // The scale was applied: the unscaled gradients give other params.
+  Tensors<T> unscaled(n, 9, -1, 1);
+  for (size_t i = 0; i < n.size(); ++i) {
+    ASSERT_EQ(cuda::LaunchSgdUpdate(unscaled.ptrs[i], g.cptrs[i], &lr, wd, n[i], &found_inf, nullptr), cudaSuccess);
+  }
+  EXPECT_FALSE(SameBits(sgd1, unscaled, "sgd param, scaled or not"));
+}
+
+TEST(OptimizersEmulation, GradScaleIsTheGradientMultipliedFirst) {
+  CheckGradScale<float>();
+  CheckGradScale<double>();
 }
 
 }  // namespace
