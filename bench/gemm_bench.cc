@@ -617,11 +617,15 @@ std::string UtcNow() {
 // a float bias, and a float aux);
 // each weight gradient (float dW) plain, with the bias gradient (BGRADA,
 // as cuda_ops.cc calls it) and with it apart (the plain GEMM then ones @
-// dy, STRATA_FUSED_BIAS_GRAD=0's path); mlp.proj's dx plain and with the
-// gelu's derivative (DGELU, matmul_gelu_grad's GEMM). Prints ms a call and the fused call's
-// time over the plain one; where cuBLASLt refuses the fused call (a float
-// bias beside a 16-bit D, counted and printed at the end) the row shows "-"
-// and the reason, and the op's kernel would run the float GEMM and a cast.
+// dy, STRATA_FUSED_BIAS_GRAD=0's path; the kernel also fills its ones
+// vector each call, one small launch left out here); mlp.proj's dx plain
+// and with the gelu's derivative (DGELU, matmul_gelu_grad's GEMM). Prints
+// ms a call and the fused call's time over the plain one; where cuBLASLt
+// refuses the fused call (a float bias beside a 16-bit D, counted and
+// printed at the end; a bf16 one, not counted) or has no algorithm, the row
+// shows "-" and the reason, and the op's kernel would run the float GEMM
+// and a cast. "matmul_bias" is the bf16 bias since cast-bias (2026-11-29);
+// earlier figures of that row were the float bias's, "/f32bias" now.
 absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cudaStream_t stream, cudaEvent_t start,
                            cudaEvent_t stop) {
   int64_t max_a = 0, max_b = 0, max_c = 0, max_n = 0;
@@ -674,7 +678,7 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
     return Median(std::move(ms));
   };
   std::printf("\n== bf16 epilogues as the plan runs them: ms a call (median of %d), fused / plain ==\n", repeats);
-  std::printf("%-16s %-22s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");
+  std::printf("%-16s %-25s %9s %9s %7s\n", "shape", "fused op", "plain", "fused", "ratio");
   for (const GemmShape& s : shapes) {
     const bool fwd = absl::EndsWith(s.name, ".fwd") && !absl::StartsWith(s.name, "lm_head");
     const bool dw = absl::EndsWith(s.name, ".dw") && !absl::StartsWith(s.name, "lm_head");
@@ -738,11 +742,11 @@ absl::Status TimeEpilogues(const std::vector<GemmShape>& shapes, int repeats, cu
     for (const auto& [what, call] : fused) {
       absl::StatusOr<double> fused_ms = median_ms(call);
       if (!fused_ms.ok()) {
-        std::printf("%-16s %-22s %9.4f %9s   (%s)\n", s.name.c_str(), what.c_str(), *plain_ms, "-",
+        std::printf("%-16s %-25s %9.4f %9s   (%s)\n", s.name.c_str(), what.c_str(), *plain_ms, "-",
                     std::string(fused_ms.status().message()).substr(0, 80).c_str());
         continue;
       }
-      std::printf("%-16s %-22s %9.4f %9.4f %6.2fx\n", s.name.c_str(), what.c_str(), *plain_ms, *fused_ms,
+      std::printf("%-16s %-25s %9.4f %9.4f %6.2fx\n", s.name.c_str(), what.c_str(), *plain_ms, *fused_ms,
                   *fused_ms / *plain_ms);
       std::printf("RESULT epilogue shape=%s op=%s plain_ms=%.5f fused_ms=%.5f ratio=%.3f\n", s.name.c_str(),
                   what.c_str(), *plain_ms, *fused_ms, *fused_ms / *plain_ms);

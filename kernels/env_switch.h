@@ -2,8 +2,9 @@
 #define STRATA_KERNELS_ENV_SWITCH_H_
 
 // Process-wide switches of kernel paths, read once from the environment
-// (TensorCoreAttention, cuda::MmaFlashAttention, cuda::FastHalfLoss), and a
-// scope that sets one for tests.
+// (TensorCoreAttention, cuda::MmaFlashAttention, cuda::MmaWideWarps,
+// cuda::FastHalfLoss, cuda::FusedBiasGrad), and a scope that sets one for
+// tests.
 
 #include <atomic>
 #include <cstdlib>

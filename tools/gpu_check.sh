@@ -57,7 +57,7 @@ benches() {
 # 35.24 ms against 22.47), the packed qkv off (35.74 against 35.24, the WMMA kernels); 2026-11-27:
 # the padded vocabulary off (52.44 ms), attention on the GEMM path (49.00 ms). Then the fused
 # epilogues against plain GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
-# (tools/trace_ops.py). About 3 minutes; each run's output in $1.
+# (tools/trace_ops.py). About 4-5 minutes; each run's output in $1.
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
@@ -75,7 +75,8 @@ quick_benches() {
   # The fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain one: cuBLASLt's
   # epilogue, or its refusal and the float fallback); mlp.proj.dx with DGELU (matmul_gelu_grad).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
-    --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw,mlp.proj.dx 2>&1 | tail -12 || status=1
+    --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw,mlp.proj.dx 2>&1 |
+    tee "$out/gemm_epilogues.txt" | grep -v '^RESULT' | tail -22 || status=1
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
   timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |

@@ -502,8 +502,8 @@ TEST_F(CudaOpsTest, MatmulBiasGeluWithASixteenBitZMatchesTheCpu) {
 // MLP (N 3072) shapes are here: cuBLASLt refused them a float bias beside
 // a 16-bit D on the H200 (2026-11-29), which is why the pass exists. The
 // test prints and records the shapes cuBLASLt had no algorithm for
-// (sixteen_bit_bias_fallbacks; matmul_bias_gelu's N = 13 runs apart
-// without asking, so without a line). Where the fallback surely runs (K =
+// (sixteen_bit_bias_fallbacks; matmul_bias_gelu's N = 13 and K = 0 run
+// apart without asking, so without a line). Where the fallback surely runs (K =
 // 0 for both ops: no epilogue takes k = 0; N = 13 for matmul_bias_gelu)
 // the outputs are also, bit for bit, the same op's on the GPU over the
 // bias widened to F32 with out_dtype (and z_dtype): the same float result
@@ -577,7 +577,8 @@ TEST_F(CudaOpsTest, MatmulBiasWithASixteenBitBiasMatchesTheCpu) {
       }
     }
   }
-  // No float bias here: nothing for cuBLASLt to refuse as such.
+  // The 16-bit biases are not counted as float refusals (the bit-for-bit
+  // comparisons' float-bias ops, at K = 0 and N = 13, never reach a plan).
   EXPECT_EQ(device_->gemm().float_epilogue_refusals(), refusals_before);
   const std::vector<std::string>& fallbacks = device_->gemm().epilogue_fallbacks();
   std::cout << "16-bit bias GEMMs cuBLASLt had no algorithm for: " << fallbacks.size() - fallbacks_before
@@ -854,6 +855,16 @@ TEST_F(CudaOpsTest, MatmulBiasGradBMatchesTheCpu) {
               ParseOp(R"(type: "sum_to_like" input: ["x", "like"] output: "y")"), F64, {&abs_dy, &like}, RunContext());
           ASSERT_TRUE(dbias_magnitude.ok()) << dbias_magnitude.status();
           EXPECT_TRUE(testing::WithinErrorBound(both[1].second, both[1].first, *dbias_magnitude, tol)) << "dbias";
+          if (!fused && dtype == F32) {
+            // Apart, the GPU runs matmul_shared_b_grad_b's GEMM and sum_to_like's reduction: their bits.
+            const Tensor db =
+                RunGpu(OpText("matmul_shared_b_grad_b", R"("a", "dy")", "y", false, tb), {{"a", a}, {"dy", dy}});
+            EXPECT_TRUE(BitEqual(both[0].second, db)) << "db apart";
+            const Tensor like32 = MakeTensor(F32, {c.dy.back()}, Uniform(c.dy.back(), 53));
+            const Tensor sum =
+                RunGpu(R"(type: "sum_to_like" input: ["x", "like"] output: "y")", {{"x", dy}, {"like", like32}});
+            EXPECT_TRUE(BitEqual(both[1].second, sum)) << "dbias apart";
+          }
         }
       }
     }

@@ -615,7 +615,7 @@ class CudaMatmulBiasGradBKernel : public CudaBiasGemmAttrsKernel {
       return CudaStatus(cuda::LaunchReduceSum(pbias, pdy, plan, stream), "matmul_bias_grad_b");
     } else {
       // dbias [1, N] = ones [1, rows] @ dy [rows, N], FP32 products and sums.
-      if (rows == 0) return gemm.Matmul(pbias, pdy, pdy, 1, N, 0, false, false, stream);  // zeroes dbias
+      if (rows == 0 || N == 0) return gemm.Matmul(pbias, pdy, pdy, 1, N, 0, false, false, stream);  // zeroes dbias
       Tensor ones = Tensor::Empty(dy.dtype(), Shape{rows}, &ctx.device());
       if (!ones.defined()) {
         return absl::ResourceExhaustedError(absl::StrCat("matmul_bias_grad_b: out of memory allocating ", rows,

@@ -707,7 +707,11 @@ absl::Status LtGemm::MatmulImpl(cudaDataType_t type, cudaDataType_t c_type, cubl
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a float bias or aux beside a 16-bit D: ", status.message()));
-    } else if (!status.ok() && SixteenBitBias(applied, c_type, float_epilogue) && RefusedCombination(status)) {
+    } else if (!status.ok() && SixteenBitBias(applied, c_type, float_epilogue) &&
+               status.code() == absl::StatusCode::kUnimplemented) {
+      // NOT_SUPPORTED at the call though the plan was made: remembered as
+      // the float bias's refusal is. INVALID_VALUE here (a misuse: a bias
+      // or aux pointer it rejects) surfaces, as DGELU's does below.
       RememberNoPlan(key, /*refused=*/true);
       status = absl::UnimplementedError(
           absl::StrCat("cuBLASLt refused a 16-bit bias beside a 16-bit D: ", status.message()));
