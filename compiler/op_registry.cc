@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace strata {
 
@@ -237,8 +238,18 @@ absl::StatusOr<std::vector<TensorType>> InferOutputTypes(const OpSchema& schema,
   return ctx.outputs();
 }
 
-std::string InputRole(const OpSchema& schema, int i) {
+std::string InputRole(const OpSchema& schema, int i, int count) {
   const int fixed = static_cast<int>(schema.inputs.size()) - (!schema.inputs.empty() && schema.inputs.back().variadic);
+  // Several trailing optional inputs, not all given: which one sits at i
+  // the op's attrs say (an update's grad_scale, then found_inf), not its
+  // position; name the candidates.
+  int first_optional = fixed;
+  while (first_optional > 0 && schema.inputs[first_optional - 1].optional) --first_optional;
+  if (count >= 0 && count < fixed && fixed - first_optional > 1 && i >= first_optional && i < fixed) {
+    std::vector<std::string> names;
+    for (int k = first_optional; k < fixed; ++k) names.push_back(schema.inputs[k].name);
+    return absl::StrJoin(names, " or ");
+  }
   if (i < fixed) return schema.inputs[i].name;
   if (fixed < static_cast<int>(schema.inputs.size())) return absl::StrCat(schema.inputs.back().name, "[", i - fixed, "]");
   return absl::StrCat("#", i);
@@ -254,8 +265,11 @@ std::string DescribeInputs(const OpSchema& schema, const Op& op, absl::Span<cons
   const int shown = std::min(n, kMaxDescribedInputs);
   for (int i = 0; i < shown; ++i) {
     const bool last = i == shown - 1 && shown == n;
-    absl::StrAppend(&out, i == 0 ? "" : last ? " and " : ", ", "input '", InputRole(schema, i), "' is var '",
-                    op.input(i), "' ", input_types[i].ToString());
+    absl::StrAppend(&out,
+                    i == 0 ? ""
+                    : last ? " and "
+                           : ", ",
+                    "input '", InputRole(schema, i, n), "' is var '", op.input(i), "' ", input_types[i].ToString());
   }
   if (n > shown) absl::StrAppend(&out, " and ", n - shown, " more inputs");
   return out;

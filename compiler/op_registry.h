@@ -234,8 +234,10 @@ absl::Status CheckArity(const OpSchema& schema, const Op& op);
 absl::StatusOr<std::vector<TensorType>> InferOutputTypes(const OpSchema& schema, const Op& op,
                                                          std::vector<TensorType> input_types);
 // The schema's role of the op's input i: "a", or "xs[2]" for the third tensor
-// of the variadic argument xs.
-std::string InputRole(const OpSchema& schema, int i);
+// of the variadic argument xs. Given the op's input count, an input among
+// several trailing optional ones not all given is named by the candidates,
+// "grad_scale or found_inf" (the op's attrs say which it is).
+std::string InputRole(const OpSchema& schema, int i, int count = -1);
 // Binds every input role to the op's var and its type, for messages about
 // roles: "input 'a' is var 'x' F32[-1, 784] and input 'b' is var 'w' F32[256, 128]"
 // (the first kMaxDescribedInputs, then how many more). Empty when the op

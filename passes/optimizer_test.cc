@@ -215,7 +215,7 @@ TEST(OptimizerPassTest, LrScheduleCarriesWarmupAndDecay) {
 
 // The updates read the raw gradients and the coefficient (attr grad_scale,
 // apex's fused optimizers' folding of clipping): no clipped copies.
-TEST(OptimizerPassTest, ClipGlobalNormScalesEveryGradientBeforeItsUpdate) {
+TEST(OptimizerPassTest, ClipGlobalNormScalesEveryGradientInItsUpdate) {
   Program p = CompileOne(R"pb(optimizer { momentum { learning_rate: 0.1 momentum: 0.9 } clip_global_norm: 1.5 })pb");
   auto sumsq = OpsOfType(p, "sum_squares");
   auto coef = OpsOfType(p, "clip_coefficient");

@@ -79,8 +79,8 @@ absl::Status ExpectAttrInUnitInterval(const ShapeContext& ctx, const char* attr)
 absl::Status ExpectOptionalFoundInf(const ShapeContext& ctx, int fixed) {
   if (ctx.num_inputs() <= fixed) return absl::OkStatus();
   if (ctx.num_inputs() > fixed + 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expects ", fixed, " inputs, plus an optional found_inf, got ", ctx.num_inputs()));
+    return absl::InvalidArgumentError(absl::StrCat("expects ", fixed, " inputs, plus an optional found_inf, got ",
+                                                   ctx.num_inputs(), " (a grad_scale input needs attr 'grad_scale')"));
   }
   return ExpectScalar(ctx, fixed, "found_inf", F32);
 }
@@ -268,8 +268,9 @@ STRATA_REGISTER_OP(OpDef("sgd_update_multi")
                        .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 0, 1, SgdUpdateShape); })
                        .Stateful()
                        .NotDifferentiable()
-                       .Doc("n sgd_updates in one op: inputs param[n], grad[n], lr, optional found_inf; outputs "
-                            "param[n], in place. Each tensor gets sgd_update's math exactly."));
+                       .Doc("n sgd_updates in one op: inputs param[n], grad[n], lr, with attr grad_scale its "
+                            "scalar, optional found_inf; outputs param[n], in place. Each tensor gets sgd_update's "
+                            "math exactly."));
 
 STRATA_REGISTER_OP(OpDef("momentum_update_multi")
                        .VariadicInput("tensors")
@@ -282,9 +283,9 @@ STRATA_REGISTER_OP(OpDef("momentum_update_multi")
                        .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 1, 1, MomentumUpdateShape); })
                        .Stateful()
                        .NotDifferentiable()
-                       .Doc("n momentum_updates in one op: inputs param[n], grad[n], velocity[n], lr, optional "
-                            "found_inf; outputs param[n], velocity[n], in place. Each tensor gets momentum_update's "
-                            "math exactly."));
+                       .Doc("n momentum_updates in one op: inputs param[n], grad[n], velocity[n], lr, with attr "
+                            "grad_scale its scalar, optional found_inf; outputs param[n], velocity[n], in place. "
+                            "Each tensor gets momentum_update's math exactly."));
 
 STRATA_REGISTER_OP(OpDef("adam_update_multi")
                        .VariadicInput("tensors")
@@ -300,8 +301,8 @@ STRATA_REGISTER_OP(OpDef("adam_update_multi")
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("n adam_updates in one op (torch's fused Adam/AdamW): inputs param[n], grad[n], m[n], "
-                            "v[n], lr, step, optional found_inf; outputs param[n], m[n], v[n], in place. Each tensor "
-                            "gets adam_update's math exactly."));
+                            "v[n], lr, step, with attr grad_scale its scalar, optional found_inf; outputs param[n], "
+                            "m[n], v[n], in place. Each tensor gets adam_update's math exactly."));
 
 // ---------------------------------------------------------------------------
 // Step counter and learning-rate schedule.

@@ -143,9 +143,14 @@ class MomentumUpdateKernel : public OpKernel {
     const bool nesterov = attrs_.nesterov;
     const int64_t N = param_tensor.num_elements();
     ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const T g = scaled_ ? grad[i] * scale : grad[i];
-        kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, g, &param[i], &velocity[i]);
+      if (scaled_) {
+        for (int64_t i = begin; i < end; ++i) {
+          kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, grad[i] * scale, &param[i], &velocity[i]);
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
+        }
       }
     });
     ctx.SetOutput(0, param_tensor);

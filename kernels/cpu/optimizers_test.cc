@@ -563,6 +563,33 @@ TEST(OptimizerShapes, RejectBadTypesAndAttrs) {
               HasSubstr("'counter'"));
 }
 
+// The updates' two trailing optional inputs (attr grad_scale's scalar, then
+// loss scaling's found_inf): the arity check takes 3 to 5 inputs for sgd,
+// the shape function says which are which from the attr, and an error
+// names the trailing inputs by both candidates where not all are given.
+TEST(OptimizerShapes, TwoTrailingOptionalInputs) {
+  const TensorType p{F32, {4, 3}}, lr{F32, {}}, flag{F32, {}};
+  const char* sgd = R"pb(type: "sgd_update" input: ["p", "g", "lr", "x", "y"] output: "p")pb";
+  const char* scaled = R"pb(type: "sgd_update" input: ["p", "g", "lr", "x", "y"] output: "p"
+                            attr { key: "grad_scale" value { b: true } })pb";
+  EXPECT_TRUE(Infer(scaled, {p, p, lr, flag, flag}).ok());  // scale, found_inf
+  EXPECT_THAT(Infer(sgd, {p, p, lr, flag, flag}).message(),
+              HasSubstr("expects 3 inputs, plus an optional found_inf, got 5 (a grad_scale input needs attr"));
+  EXPECT_THAT(Infer(R"pb(type: "sgd_update" input: ["p", "g", "lr", "x", "y", "z"] output: "p")pb",
+                    {p, p, lr, flag, flag, flag})
+                  .message(),
+              HasSubstr("expects 3 to 5 inputs (param, grad, lr, grad_scale?, found_inf?), got 6"));
+  // A found_inf of the wrong type, alone after lr: named by both candidates.
+  EXPECT_THAT(
+      Infer(R"pb(type: "sgd_update" input: ["p", "g", "lr", "x"] output: "p")pb", {p, p, lr, TensorType{F64, {}}})
+          .message(),
+      HasSubstr("input 'grad_scale or found_inf' is var 'x'"));
+  // A one-optional op keeps its words.
+  EXPECT_THAT(
+      Infer(R"pb(type: "increment" input: ["n", "f", "g"] output: "n")pb", {TensorType{I64, {}}, flag, flag}).message(),
+      HasSubstr("expects 1 or 2 inputs (counter, found_inf?), got 3"));
+}
+
 TEST(OptimizerShapes, RejectBadScheduleAndClipAttrs) {
   const TensorType step{I64, {}};
   EXPECT_THAT(Infer(R"pb(type: "lr_schedule" input: "t" output: "lr")pb", {step}).message(), HasSubstr("base_lr"));

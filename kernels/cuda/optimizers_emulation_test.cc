@@ -152,8 +152,8 @@ TEST(OptimizersEmulation, SgdAndMomentumMultiAreTheSingleKernels) {
 // the gradients multiplied by the scale first (in T, as the mul kernel the
 // optimizer pass used before).
 template <typename T>
-void CheckGradScale() {
-  SCOPED_TRACE(sizeof(T) == 4 ? "float" : "double");
+void CheckGradScale(float found_inf) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 4 ? "float" : "double") << " found_inf " << found_inf);
   const std::vector<int64_t> n = Sizes();
   const int count = static_cast<int>(n.size());
   const T scale = static_cast<T>(0.3719);
@@ -164,7 +164,6 @@ void CheckGradScale() {
   }
   const T lr = static_cast<T>(0.003), wd = static_cast<T>(0.01), mom = static_cast<T>(0.9);
   const int64_t step = 2;
-  const float found_inf = 0.0f;
   kernel_math::AdamAttrs attrs;
   attrs.weight_decay = 0.01;
   attrs.decoupled = true;
@@ -219,12 +218,17 @@ void CheckGradScale() {
   for (size_t i = 0; i < n.size(); ++i) {
     ASSERT_EQ(cuda::LaunchSgdUpdate(unscaled.ptrs[i], g.cptrs[i], &lr, wd, n[i], &found_inf, nullptr), cudaSuccess);
   }
-  EXPECT_FALSE(SameBits(sgd1, unscaled, "sgd param, scaled or not"));
+  // The scale was applied (or, skipped, nothing was).
+  EXPECT_EQ(static_cast<bool>(SameBits(sgd1, unscaled, "sgd param, scaled or not")), found_inf != 0);
+  const Tensors<T> p0(n, 1, -1, 1);
+  EXPECT_EQ(static_cast<bool>(SameBits(*p[2], p0, "adam param, multi")), found_inf != 0);
 }
 
 TEST(OptimizersEmulation, GradScaleIsTheGradientMultipliedFirst) {
-  CheckGradScale<float>();
-  CheckGradScale<double>();
+  for (float found_inf : {0.0f, 1.0f}) {
+    CheckGradScale<float>(found_inf);
+    CheckGradScale<double>(found_inf);
+  }
 }
 
 }  // namespace
