@@ -497,6 +497,46 @@ TEST(MixedPrecisionTrainTest, CastBiasRoundsTheBiasesAsAutocastDoes) {
   }
 }
 
+// Under a GPU plan's pipeline (run on the CPU's kernels) each stage casts
+// its biases once an update after the optimizer (hoist-param-casts, where
+// one device's plan of 4 micro-batches does the same), and 2 stages of
+// 1F1B over 4 micro-batches train the bits one device trains on the same
+// micro-batches, as the CPU plans' pipelines do (gpt_pipeline_parity_test).
+TEST(MixedPrecisionTrainTest, CastBiasPipelineTrainsOneDevicesBits) {
+  auto program = GenerateModel("gpt", TinyGpt("F32", 2));
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto one_stage = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(one_stage.ok()) << one_stage.status();
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  strategy.mutable_pipeline()->set_micro_batch_size(2);
+  strategy.mutable_pipeline()->set_accumulate_steps(4);
+  strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
+  ParityOptions options = TokenRun(DEVICE_CUDA);
+  options.batch_size = 0;  // the pipeline's
+  auto single = TrainParallel(*one_stage, strategy, options);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = TrainParallel(*program, strategy, options);
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  ASSERT_EQ(parallel->losses.size(), static_cast<size_t>(options.steps));
+  EXPECT_EQ(parallel->losses, single->losses);
+  std::string worst;
+  EXPECT_EQ(MaxWeightDifference(*parallel, *single, &worst), 0.0) << worst;
+  EXPECT_LT(single->losses.back(), single->losses.front());
+  // And the bias casts were there, hoisted: each stage's plan holds 16-bit copies of its biases.
+  CompileOptions copts;
+  copts.device_kind = DEVICE_CUDA;
+  auto compiled = Compile(*program, strategy, copts);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int bias_copies = 0;
+  for (const RankPlan& plan : compiled->plans) {
+    for (const Var& v : plan.program().var()) {
+      bias_copies += v.kind() == PARAM_COPY && v.name().size() > 7 && v.name().rfind(".b@bf16") == v.name().size() - 7;
+    }
+  }
+  EXPECT_EQ(bias_copies, 2 * TinyGpt("F32").blocks);
+}
+
 // The generated convnet (two 3x3 conv2d layers of 32 and 64 channels with
 // bias, relu and max pooling, then fc 128 and the 10-way head) under BF16:
 // the convolutions and their gradients run in bf16 as the matmuls do
