@@ -18,12 +18,6 @@ namespace {
 
 constexpr int kBlocks = kTinyGptBlocks;
 
-Strategy Mixed(DataType dtype) {
-  Strategy s;
-  s.mutable_mixed_precision()->set_dtype(dtype);
-  return s;
-}
-
 std::vector<RankPlan> Plans(const std::string& text, const Strategy& strategy, std::vector<std::string> disabled = {},
                             DeviceKind device = DEVICE_CUDA) {
   CompileOptions options;

@@ -18,12 +18,6 @@ namespace {
 
 constexpr int kBlocks = kTinyGptBlocks;
 
-Strategy Mixed(DataType dtype) {
-  Strategy s;
-  s.mutable_mixed_precision()->set_dtype(dtype);
-  return s;
-}
-
 // The rank's program after compiling for `device`, with `disabled` passes
 // off, and on GPU plans cast-bias (which reads the GEMMs' 16-bit stores this
 // pass makes and drops their out_dtype: passes/cast_bias_test) off too.

@@ -40,9 +40,11 @@ Strategy PipelineStrategy(int micro_batches, ScheduleKind schedule) {
   return strategy;
 }
 
-Strategy Bf16() {
+Strategy Bf16() { return Mixed(BF16); }
+
+Strategy Mixed(DataType dtype) {
   Strategy s;
-  s.mutable_mixed_precision()->set_dtype(BF16);
+  s.mutable_mixed_precision()->set_dtype(dtype);
   return s;
 }
 

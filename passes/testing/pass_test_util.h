@@ -77,8 +77,9 @@ inline constexpr char kOnePathTiedWeightOnTwoStages[] = R"pb(
 // returns an empty program.
 Program ParseProgramOrFail(const std::string& text, const std::string& filename = "test.pbtxt");
 
-// The strategy of mixed precision in BF16 and nothing else.
+// The strategy of mixed precision in BF16 (or `dtype`) and nothing else.
 Strategy Bf16();
+Strategy Mixed(DataType dtype);
 
 // `text` compiled (batch 4, for the CPU) without the optional `disabled`
 // passes, as the program was right after `pass` (the compile's dump); an
