@@ -31,6 +31,7 @@ std::vector<char> KeptVars(const Graph& graph) {
   };
   kept(graph.loss());
   for (const auto& f : graph.program_fields().fetch()) kept(f);
+  if (!graph.program_fields().grad_sumsq().empty()) kept(graph.program_fields().grad_sumsq());
   return keep;
 }
 

@@ -51,12 +51,16 @@ absl::StatusOr<bool> CopyFeedsIn(Graph& graph) {
   return changed;
 }
 
-// The loss and the fetches written on this rank: copied to `<var>@host`
-// after their last writer, and recorded in Program.host_copy.
+// The loss and the fetches written on this rank, and the clipped update's
+// sum of squares (Program.grad_sumsq, written in the optimizer action):
+// copied to `<var>@host` after their last writer, and recorded in
+// Program.host_copy.
 absl::StatusOr<bool> CopyMetricsOut(Graph& graph) {
   std::vector<std::string> names;
   if (!graph.loss().empty()) names.push_back(graph.loss());
   for (const std::string& f : graph.program_fields().fetch()) names.push_back(f);
+  const std::string& grad_sumsq = graph.program_fields().grad_sumsq();
+  if (!grad_sumsq.empty()) names.push_back(grad_sumsq);
   absl::flat_hash_set<std::string> seen;
   std::vector<int> last_writer(graph.num_vars(), -1);
   for (int op : graph.ops()) {
@@ -70,7 +74,7 @@ absl::StatusOr<bool> CopyMetricsOut(Graph& graph) {
     // The executor reports what the forward writes (it reads the metrics
     // after each forward action); a var written later is not copied.
     const OpRole role = graph.role(last_writer[v]);
-    if (role != FORWARD && role != LOSS) continue;
+    if (role != FORWARD && role != LOSS && !(name == grad_sumsq && role == OPTIMIZE)) continue;
     const std::string host_name = name + "@host";
     STRATA_ASSIGN_OR_RETURN(const int host, AddCopyVar(graph, v, host_name, /*host=*/true));
     const int writer = last_writer[v];

@@ -18,6 +18,7 @@ namespace {
 class BlockBuilder {
  public:
   explicit BlockBuilder(Graph* graph) : graph_(graph) {}
+  Graph* graph() const { return graph_; }
 
   void AddVar(const std::string& name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind) {
     if (graph_->AddVar(name, dtype, shape, kind) < 0 && status_.ok()) {
@@ -218,6 +219,7 @@ void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, co
     b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, ctx.GroupAlong("pp"));
     sumsq = "@grad_sumsq.all";
   }
+  b.graph()->mutable_program_fields().set_grad_sumsq(sumsq);  // reported as grad_norm
   const std::string coef = "@clip_coef";
   b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
           {{"max_norm", FloatAttr(opt.clip_global_norm())}});
@@ -292,6 +294,7 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     // the global gradient norm, with zero; without it they would wait forever.
     AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
     b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, ctx.GroupAlong("pp"));
+    graph.mutable_program_fields().set_grad_sumsq("@grad_sumsq.all");  // the loss's stage may report it
     if (auto s = b.Finish(); !s.ok()) return s;
     return true;
   }

@@ -13,9 +13,9 @@ namespace strata {
 // them, so validation refuses a fetch so named: the line's value would hide
 // it, or it would be read as the line's (a fetched "summary" made every step
 // line a summary to tools/compare_metrics.py).
-inline constexpr std::array<absl::string_view, 11> kMetricsLineKeys = {
-    "step", "epoch",           "loss",    "optimizer_step", "lr",     "loss_scale",
-    "skipped_update", "samples_per_sec", "step_ms", "eval",          "summary"};
+inline constexpr std::array<absl::string_view, 12> kMetricsLineKeys = {
+    "step",           "epoch",           "loss",    "optimizer_step", "lr",     "grad_norm", "loss_scale",
+    "skipped_update", "samples_per_sec", "step_ms", "eval",           "summary"};
 
 inline bool IsMetricsLineKey(absl::string_view name) {
   for (absl::string_view k : kMetricsLineKeys) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -145,6 +146,11 @@ absl::Status Executor::Prepare() {
     absl::StatusOr<int> slot = metric_slot(f, "fetch");
     if (!slot.ok()) return slot.status();
     fetch_slots_.push_back({f, *slot});
+  }
+  if (!program.grad_sumsq().empty()) {
+    absl::StatusOr<int> slot = metric_slot(program.grad_sumsq(), "grad_sumsq");
+    if (!slot.ok()) return slot.status();
+    grad_sumsq_slot_ = *slot;
   }
 
   const auto& frees = plan_.memory().frees_after_op();
@@ -609,7 +615,10 @@ void Executor::SumMetrics(StepResult* result) {
   // After the step's synchronisation a host copy holds its bytes; a device
   // tensor (a plan without host copies) is read here, one copy each.
   for (const auto& [index, t] : held_metrics_) {
-    if (index < 0) {
+    if (index == kGradSumsqMetric) {
+      result->has_grad_norm = true;
+      result->grad_norm = std::sqrt(ScalarValue(t));
+    } else if (index < 0) {
       result->has_loss = true;
       result->loss += ScalarValue(t);
     } else {
@@ -888,6 +897,11 @@ absl::Status Executor::RunActions(const MicroBatchFeeds& load, int64_t sample_of
       if (status.ok()) HoldMetrics(mb);
     } else if (action.kind() != Action::OPTIMIZE || update) {
       status = RunSection(section, mb, run);
+      // The update's gradient norm, read with the metrics at the step's end.
+      if (status.ok() && action.kind() == Action::OPTIMIZE && grad_sumsq_slot_ >= 0 &&
+          scopes_[mb][grad_sumsq_slot_].defined()) {
+        held_metrics_.push_back({kGradSumsqMetric, scopes_[mb][grad_sumsq_slot_]});
+      }
     }
     if (status.ok()) status = HoldSends(section, i, mb);
     if (options_.tracer) {

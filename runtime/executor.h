@@ -56,6 +56,12 @@ struct StepResult {
   // updates and without an optimizer.
   bool has_lr = false;
   double lr = 0;
+  // With clip_global_norm (Program.grad_sumsq): the L2 norm of every trained
+  // gradient of the job this step's update clipped by (before clipping, as
+  // torch's clip_grad_norm_ returns it); has_grad_norm false on the steps
+  // between updates and without clipping.
+  bool has_grad_norm = false;
+  double grad_norm = 0;
 };
 
 // Whether a step reports fetch `name` as the sum of its parts' values (a sum
@@ -294,6 +300,7 @@ class Executor {
   bool param_copies_stale_ = true;
   std::vector<bool> in_place_output_;  // by slot: a PARAM_COPY, rewritten in its buffer
   int loss_slot_ = -1;
+  int grad_sumsq_slot_ = -1;       // Program.grad_sumsq's (or its host copy's); -1: none
   int loss_scale_slot_ = -1;       // Program.loss_scale's slot, or -1
   int skipped_updates_slot_ = -1;  // Program.skipped_updates's slot, or -1
   // The optimizer's update count (the lr_schedule op's input: "@step"), or
@@ -306,7 +313,9 @@ class Executor {
   std::optional<int64_t> updates_made_;
   std::optional<std::pair<double, double>> loss_scale_state_;  // (scale, skipped updates); see LossScaleState
   std::vector<std::pair<std::string, int>> fetch_slots_;
-  // This step's metric tensors: (-1 for the loss, else an index into fetch_slots_, tensor).
+  // This step's metric tensors: (-1 for the loss, kGradSumsqMetric for the
+  // update's Program.grad_sumsq, else an index into fetch_slots_, tensor).
+  static constexpr int kGradSumsqMetric = -2;
   std::vector<std::pair<int, Tensor>> held_metrics_;
   // Micro-batches whose sends an evaluation holds when it starts a forward:
   // as many as a training step holds at the start of any of its forwards

@@ -534,6 +534,8 @@ std::string StepMetricsJson(const StepMetrics& m) {
   }
   if (m.optimizer_step > 0) line["optimizer_step"] = m.optimizer_step;
   if (m.has_lr) line["lr"] = Metric(m.lr);
+  // Not finite on an update loss scaling skips: null, as the loss would be.
+  if (m.has_grad_norm) line["grad_norm"] = Metric(m.grad_norm);
   // The scale is a float32 power of the factors: written exactly, not to 10 digits.
   if (m.has_loss_scale) line["loss_scale"] = m.loss_scale;
   if (m.skipped_update) line["skipped_update"] = true;
@@ -1113,6 +1115,8 @@ absl::Status TrainSession::RecordStep(int64_t step, double seconds, const StepRe
   m.skipped_update = r.skipped_update;
   m.has_lr = r.has_lr;
   m.lr = r.lr;
+  m.has_grad_norm = r.has_grad_norm;
+  m.grad_norm = r.grad_norm;
   absl::Status written = metrics_.Line(StepMetricsJson(m));
   report_.steps.push_back(std::move(m));
   return written;
@@ -1130,9 +1134,10 @@ void TrainSession::ReportProgress(int64_t epoch, const StepResult& r) {
   std::string fetches;
   for (const auto& [k, v] : r.fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
   const std::string lr = r.has_lr ? absl::StrFormat(" lr %.3g", r.lr) : "";
-  std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s%s %.0f samples/s ETA %s\n",
+  const std::string norm = r.has_grad_norm ? absl::StrFormat(" grad_norm %.3g", r.grad_norm) : "";
+  std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s%s%s %.0f samples/s ETA %s\n",
                static_cast<long long>(executor_->step()), static_cast<long long>(total_steps_),
-               static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), lr.c_str(), rate,
+               static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), lr.c_str(), norm.c_str(), rate,
                FormatDuration(eta).c_str());
 }
 

@@ -86,6 +86,10 @@ struct StepMetrics {
   // has_lr false on the steps between updates.
   bool has_lr = false;
   double lr = 0;
+  // The update's gradient norm before clipping (StepResult.grad_norm), with
+  // clip_global_norm; has_grad_norm false between updates and without.
+  bool has_grad_norm = false;
+  double grad_norm = 0;
 };
 
 struct EvalMetrics {

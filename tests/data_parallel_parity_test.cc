@@ -5,6 +5,7 @@
 // plan forms, and that the first bucket's sum is posted while backward still
 // runs.
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -139,6 +140,15 @@ void ExpectTrainsAsOneDevice(const Program& program, const Strategy& strategy, i
   if (!options.eval_data.empty()) {
     EXPECT_GT(single->eval_loss, 0);
     EXPECT_NEAR(parallel->eval_loss, single->eval_loss, kTolerance * single->eval_loss);
+  }
+  // With clipping, the gradient norm each update clipped by (grad_norm in
+  // the metrics), over the replicas' summed gradients and every stage: one
+  // device's.
+  ASSERT_EQ(parallel->grad_norms.size(), single->grad_norms.size());
+  for (size_t i = 0; i < single->grad_norms.size(); ++i) {
+    EXPECT_EQ(single->grad_norms[i] > 0, program.optimizer().clip_global_norm() > 0 && single->lrs[i] > 0) << i + 1;
+    EXPECT_NEAR(parallel->grad_norms[i], single->grad_norms[i], kTolerance * std::abs(single->grad_norms[i]))
+        << "step " << i + 1;
   }
 }
 

@@ -86,6 +86,7 @@ absl::StatusOr<ParityRun> TrainSingleDevice(const Program& program, int64_t batc
     run.losses.push_back(s.loss);
     run.fetches.push_back(s.fetches);
     run.lrs.push_back(s.has_lr ? s.lr : -1);
+    run.grad_norms.push_back(s.has_grad_norm ? s.grad_norm : -1);
     run.optimizer_steps.push_back(s.optimizer_step);
     if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
     if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);
@@ -150,6 +151,7 @@ absl::StatusOr<ParityRun> TrainParallel(const Program& program, const Strategy& 
         run.losses.push_back(s.loss);
         run.fetches.push_back(s.fetches);
         run.lrs.push_back(s.has_lr ? s.lr : -1);
+        run.grad_norms.push_back(s.has_grad_norm ? s.grad_norm : -1);
         run.optimizer_steps.push_back(s.optimizer_step);
         if (s.has_loss_scale) run.loss_scales.push_back(s.loss_scale);
         if (s.has_loss_scale) run.skipped_updates.push_back(s.skipped_update);

@@ -39,6 +39,9 @@ struct ParityRun {
   // The learning rate each step's update used, as the rank with the loss
   // reports it (-1 on a step without an update).
   std::vector<double> lrs;
+  // Each step's grad_norm as that rank reports it (-1 on a step without an
+  // update, or without clipping).
+  std::vector<double> grad_norms;
   // Each step's StepResult.optimizer_step as that rank reports it (0 on a
   // step without an update).
   std::vector<int64_t> optimizer_steps;

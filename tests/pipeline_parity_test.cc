@@ -3,6 +3,7 @@
 // and final weights within 1e-5 relative over 20 steps, against a real
 // single-device run of the same program and the same global batches.
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -181,6 +182,15 @@ ParityRun ExpectThreeStagesMatchOneDevice(const Program& program) {
   std::string worst;
   EXPECT_LE(MaxWeightDifference(*parallel, *single, &worst), kTolerance) << "worst parameter: " << worst;
   EXPECT_GT(MaxWeightDifference(single->weights, single->initial_weights), 1e-3);
+  // With clipping, the loss's stage reports the gradient norm one device
+  // reports, summed over the stages (the last one training nothing).
+  if (program.optimizer().clip_global_norm() > 0) {
+    EXPECT_EQ(parallel->grad_norms.size(), single->grad_norms.size());
+    for (size_t i = 0; i < single->grad_norms.size() && i < parallel->grad_norms.size(); ++i) {
+      EXPECT_GT(single->grad_norms[i], 0) << "step " << i + 1;
+      EXPECT_NEAR(parallel->grad_norms[i], single->grad_norms[i], kTolerance * single->grad_norms[i]) << i + 1;
+    }
+  }
   return *single;
 }
 
@@ -244,9 +254,55 @@ TEST(PipelineHardShapesTest, ALossStageWithoutParametersReportsTheResumedRate) {
   auto resumed = TrainParallel(*program, merged, options);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->lrs, (std::vector<double>{-1, 0.5 / 16, -1, 0.5 / 32}));
+  // The gradient norm on the update steps only.
+  ASSERT_EQ(resumed->grad_norms.size(), 4u);
+  EXPECT_EQ(resumed->grad_norms[0], -1);
+  EXPECT_GT(resumed->grad_norms[1], 0);
+  EXPECT_EQ(resumed->grad_norms[2], -1);
+  EXPECT_GT(resumed->grad_norms[3], 0);
   // And numbers them so: the 5th and 6th (it said the 3rd and 4th, the
   // step's count under this run's k).
   EXPECT_EQ(resumed->optimizer_steps, (std::vector<int64_t>{0, 5, 0, 6}));
+}
+
+// grad_norm (--metrics, like Megatron-LM's grad norm) is the norm of the
+// update's gradients before clipping, as torch's clip_grad_norm_ returns
+// it: one F64 device, SGD with a max_norm the gradients never reach, so
+// the first update moved the weights by lr times the gradient, and the
+// reported norm is |w0 - w1| / lr within float64's rounding. Without
+// clipping there is none.
+TEST(PipelineHardShapesTest, ReportsTheGradientNormItClipsBy) {
+  const std::string f64 = R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F64 shape: [8, 10] kind: PARAM init { xavier_uniform {} } }
+    var { name: "b" dtype: F64 shape: [10] kind: PARAM init { uniform { low: -0.1 high: 0.1 } } }
+    op { type: "matmul" input: ["x", "w"] output: ["xw"] }
+    op { type: "add" input: ["xw", "b"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+    loss: "loss"
+  )pb";
+  ParityOptions options;
+  options.data = "synthetic:classes=10,size=512";
+  options.steps = 1;
+  auto clipped = ParseProgramText(f64 + "optimizer { sgd { learning_rate: 0.5 } clip_global_norm: 1e6 }", "n.pbtxt");
+  ASSERT_TRUE(clipped.ok()) << clipped.status();
+  auto run = TrainSingleDevice(*clipped, 12, options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->grad_norms.size(), 1u);
+  double moved = 0;
+  for (const auto& [name, after] : run->weights) {
+    const std::vector<double>& before = run->initial_weights.at(name);
+    for (size_t i = 0; i < after.size(); ++i) moved += (before[i] - after[i]) * (before[i] - after[i]);
+  }
+  const double norm = std::sqrt(moved) / 0.5;
+  EXPECT_GT(norm, 0.01);
+  EXPECT_NEAR(run->grad_norms[0], norm, 1e-12 * norm);
+  auto plain = ParseProgramText(f64 + "optimizer { sgd { learning_rate: 0.5 } }", "n.pbtxt");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto unclipped = TrainSingleDevice(*plain, 12, options);
+  ASSERT_TRUE(unclipped.ok()) << unclipped.status();
+  EXPECT_EQ(unclipped->grad_norms, std::vector<double>{-1});
 }
 
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
