@@ -30,6 +30,10 @@ struct CompileContext {
   // trainable parameters' dtype, F64 when they mix. DT_INVALID: the pass
   // decides from the parameters it sees (a pass run on its own).
   DataType global_norm_dtype = DT_INVALID;
+  // Whether the program trains any parameter on some stage (false: every
+  // one frozen). A stage training nothing still joins clipping's norm
+  // allreduce, but reports the norm only where some stage trains.
+  bool trains = true;
   // The rank a per-rank pass is producing.
   int rank = 0;
 

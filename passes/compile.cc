@@ -338,6 +338,7 @@ absl::StatusOr<Layout> MakeLayout(const Graph& graph, const Strategy& strategy, 
     if (const int v = graph.FindVar(param); v >= 0) dtypes.insert(graph.dtype(v));
   }
   layout.ctx.global_norm_dtype = dtypes.size() == 1 ? *dtypes.begin() : F64;
+  layout.ctx.trains = !graph.program_fields().param_grad().empty();
   layout.schedule = pipelined ? strategy.pipeline().schedule() : ONE_F_ONE_B;
   return layout;
 }

@@ -294,7 +294,9 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
     // the global gradient norm, with zero; without it they would wait forever.
     AddZeroPartialNorm(b, NormDtype(ctx, {}), ctx.stage());
     b.AddOp("allreduce", {"@grad_sumsq"}, {"@grad_sumsq.all"}, ctx.stage(), OPTIMIZE, {}, ctx.GroupAlong("pp"));
-    graph.mutable_program_fields().set_grad_sumsq("@grad_sumsq.all");  // the loss's stage may report it
+    // The loss's stage may report it; with every parameter frozen there is
+    // no norm to report, as on one device (whose pass adds nothing).
+    if (ctx.trains) graph.mutable_program_fields().set_grad_sumsq("@grad_sumsq.all");
     if (auto s = b.Finish(); !s.ok()) return s;
     return true;
   }

@@ -1134,7 +1134,9 @@ void TrainSession::ReportProgress(int64_t epoch, const StepResult& r) {
   std::string fetches;
   for (const auto& [k, v] : r.fetches) absl::StrAppend(&fetches, " ", k, " ", absl::StrFormat("%.4f", v));
   const std::string lr = r.has_lr ? absl::StrFormat(" lr %.3g", r.lr) : "";
-  const std::string norm = r.has_grad_norm ? absl::StrFormat(" grad_norm %.3g", r.grad_norm) : "";
+  // Not finite on an update loss scaling skips (the metrics line says null).
+  const std::string norm =
+      r.has_grad_norm && std::isfinite(r.grad_norm) ? absl::StrFormat(" grad_norm %.3g", r.grad_norm) : "";
   std::fprintf(stderr, "step %lld/%lld epoch %lld loss %.4f%s%s%s %.0f samples/s ETA %s\n",
                static_cast<long long>(executor_->step()), static_cast<long long>(total_steps_),
                static_cast<long long>(epoch + 1), r.loss, fetches.c_str(), lr.c_str(), norm.c_str(), rate,

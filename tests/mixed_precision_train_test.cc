@@ -954,9 +954,12 @@ TEST(MixedPrecisionTrainTest, F16SkippedUpdatesChangeNothingAndTheScaleFollowsGr
   EXPECT_GE(grown, 2);
 }
 
+// With clipping, a line's grad_norm is null on a skipped update (its
+// gradients held an inf) and a positive number on the others.
 TEST(MixedPrecisionTrainTest, F16MetricsLinesCarryTheScaleAndTheSkips) {
   auto program = GenerateModel("mlp", GenOptions());
   ASSERT_TRUE(program.ok()) << program.status();
+  program->mutable_optimizer()->set_clip_global_norm(1000);
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(F16);
   strategy.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(std::ldexp(1.0, 30));
@@ -984,11 +987,14 @@ TEST(MixedPrecisionTrainTest, F16MetricsLinesCarryTheScaleAndTheSkips) {
     ASSERT_TRUE(j.contains("loss_scale")) << line;
     EXPECT_EQ(j["loss_scale"].get<double>(), m.loss_scale) << line;
     EXPECT_TRUE(j["loss"].is_number()) << line;  // finite: a skipped step is no divergence
+    ASSERT_TRUE(j.contains("grad_norm")) << line;
     if (m.skipped_update) {
       ++skipped;
       EXPECT_EQ(j["skipped_update"], true) << line;
+      EXPECT_TRUE(j["grad_norm"].is_null()) << line;
     } else {
       EXPECT_FALSE(j.contains("skipped_update")) << line;
+      EXPECT_GT(j["grad_norm"].get<double>(), 0) << line;
     }
   }
   EXPECT_EQ(steps, 12);

@@ -303,6 +303,23 @@ TEST(PipelineHardShapesTest, ReportsTheGradientNormItClipsBy) {
   auto unclipped = TrainSingleDevice(*plain, 12, options);
   ASSERT_TRUE(unclipped.ok()) << unclipped.status();
   EXPECT_EQ(unclipped->grad_norms, std::vector<double>{-1});
+  // Every parameter frozen: none on one device, and none on a pipeline
+  // whose stages still sum their (zero) norms.
+  auto frozen = ParseProgramText(R"pb(
+    var { name: "x" dtype: F64 shape: [-1, 8] kind: FEED }
+    var { name: "label" dtype: I64 shape: [-1] kind: FEED }
+    var { name: "w" dtype: F64 shape: [8, 10] kind: PARAM init { xavier_uniform {} } frozen: true }
+    op { type: "matmul" input: ["x", "w"] output: ["h"] device: "gpu:0" }
+    op { type: "tanh" input: ["h"] output: ["logits"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
+    loss: "loss"
+    optimizer { sgd { learning_rate: 0.5 } clip_global_norm: 1 }
+  )pb",
+                                 "frozen.pbtxt");
+  ASSERT_TRUE(frozen.ok()) << frozen.status();
+  auto pipelined = TrainParallel(*frozen, Pipeline(2, 2, ONE_F_ONE_B), options);
+  ASSERT_TRUE(pipelined.ok()) << pipelined.status();
+  EXPECT_EQ(pipelined->grad_norms, std::vector<double>{-1});
 }
 
 TEST(PipelineHardShapesTest, GradientsPassedThroughAnAddOnAnotherStage) {
