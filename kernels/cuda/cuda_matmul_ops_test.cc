@@ -572,7 +572,9 @@ TEST_F(CudaOpsTest, MatmulBiasWithASixteenBitBiasMatchesTheCpu) {
                            gelu ? absl::StrCat(R"( attr { key: "z_dtype" value { s: ")", name, "\" } }") : "");
           const std::map<std::string, Tensor> over_wide = {{"a", a}, {"b", b}, {"bias", wide}};
           EXPECT_TRUE(BitEqual(both[0].second, RunGpu(stored, over_wide))) << "y";
-          if (gelu) EXPECT_TRUE(BitEqual(both[1].second, RunGpu(stored, over_wide, "z"))) << "z";
+          if (gelu) {
+            EXPECT_TRUE(BitEqual(both[1].second, RunGpu(stored, over_wide, "z"))) << "z";
+          }
         }
       }
     }
