@@ -142,10 +142,15 @@ TEST(LossScalingTest, ScalesTheSeedUnscalesTheGradientsAndSkipsOnInf) {
   }
   ASSERT_EQ(OpsOfType(p, "sum_squares").size(), 1u);
   EXPECT_TRUE(absl::EndsWith(OpsOfType(p, "sum_squares")[0]->input(0), "@unscaled"));
-  // Every update and the step counter take the flag as their last input.
+  // Every update and the step counter take the flag as their last input;
+  // the updates read clipping's coefficient just before it (attr grad_scale).
   for (const std::string type : {"adam_update", "increment"}) {
     for (const Op* op : OpsOfType(p, type)) {
       EXPECT_EQ(op->input(op->input_size() - 1), "@found_inf") << type;
+      if (type == "adam_update") {
+        EXPECT_EQ(op->input(op->input_size() - 2), "@clip_coef");
+        EXPECT_TRUE(Attr(*op, "grad_scale").b());
+      }
     }
   }
   EXPECT_EQ(OpsOfType(p, "adam_update").size(), 2u);
