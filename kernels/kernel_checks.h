@@ -50,6 +50,18 @@ inline absl::Status ExpectScalar(const KernelContext& ctx, const char* op, int i
   return absl::OkStatus();
 }
 
+// An update op's attr grad_scale input i (clipping's coefficient, a scalar
+// of the param's dtype T) where `scaled`: its data, or null without the attr.
+template <typename T>
+absl::StatusOr<const T*> GradScaleInput(const KernelContext& ctx, const char* op, bool scaled, int i) {
+  if (!scaled) return nullptr;
+  if (ctx.num_inputs() <= i) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": attr 'grad_scale' needs input 'grad_scale' #", i));
+  }
+  if (absl::Status s = ExpectScalar(ctx, op, i, "grad_scale", DataTypeOf<T>::value); !s.ok()) return s;
+  return ctx.input(i).data<T>();
+}
+
 // Input i holds `dtype` (sum_squares: "input #1 is F64, expected F32").
 inline absl::Status ExpectInputDtype(const KernelContext& ctx, const char* op, int i, DataType dtype) {
   const Tensor& t = ctx.input(i);

@@ -72,7 +72,8 @@ absl::StatusOr<bool> CopyMetricsOut(Graph& graph) {
     const int v = graph.FindVar(name);
     if (v < 0 || graph.kind(v) != ACTIVATION || graph.host_memory(v) || last_writer[v] < 0) continue;
     // The executor reports what the forward writes (it reads the metrics
-    // after each forward action); a var written later is not copied.
+    // after each forward action), and grad_sumsq after the optimizer
+    // action; a var written elsewhere is not copied.
     const OpRole role = graph.role(last_writer[v]);
     if (role != FORWARD && role != LOSS && !(name == grad_sumsq && role == OPTIMIZE)) continue;
     const std::string host_name = name + "@host";

@@ -18,7 +18,6 @@ namespace {
 class BlockBuilder {
  public:
   explicit BlockBuilder(Graph* graph) : graph_(graph) {}
-  Graph* graph() const { return graph_; }
 
   void AddVar(const std::string& name, DataType dtype, absl::Span<const int64_t> shape, VarKind kind) {
     if (graph_->AddVar(name, dtype, shape, kind) < 0 && status_.ok()) {
@@ -207,10 +206,10 @@ std::string AddPartialSumOfSquares(BlockBuilder& b, const std::vector<Param>& pa
 // each parameter's entry in `scale_of` to the clipping coefficient in its
 // dtype, which its update multiplies the gradient by (attr grad_scale, as
 // apex's fused optimizers fold clipping in): the gradients are read once,
-// not scaled into copies first.
-void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, const Optimizer& opt,
-                           const Program& fields, const CompileContext& ctx, int home_stage,
-                           std::map<std::string, std::string>* scale_of) {
+// not scaled into copies first. Returns the var of the global sum of squares.
+std::string AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, const Optimizer& opt,
+                                  const Program& fields, const CompileContext& ctx, int home_stage,
+                                  std::map<std::string, std::string>* scale_of) {
   std::set<DataType> dtypes;
   for (const auto& p : params) dtypes.insert(p.dtype);
   const DataType norm = NormDtype(ctx, dtypes);
@@ -219,7 +218,6 @@ void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, co
     b.AddOp("allreduce", {sumsq}, {"@grad_sumsq.all"}, home_stage, OPTIMIZE, {}, ctx.GroupAlong("pp"));
     sumsq = "@grad_sumsq.all";
   }
-  b.graph()->mutable_program_fields().set_grad_sumsq(sumsq);  // reported as grad_norm
   const std::string coef = "@clip_coef";
   b.AddOp("clip_coefficient", {sumsq}, {coef}, home_stage, OPTIMIZE,
           {{"max_norm", FloatAttr(opt.clip_global_norm())}});
@@ -232,6 +230,7 @@ void AddGlobalNormClipping(BlockBuilder& b, const std::vector<Param>& params, co
     }
     (*scale_of)[p.name] = coef_of[p.dtype];
   }
+  return sumsq;
 }
 
 // The optimizer's update of one parameter from its gradient `g`, with the
@@ -309,7 +308,11 @@ absl::StatusOr<bool> OptimizerPass::Run(Graph& graph, const CompileContext& ctx)
   b.AddOp("increment", {lrs.step_var()}, {lrs.step_var()}, home_stage, OPTIMIZE);
 
   std::map<std::string, std::string> scale_of;  // clipping's coefficient by param, in its dtype
-  if (opt.clip_global_norm() > 0) AddGlobalNormClipping(b, *params, opt, fields, ctx, home_stage, &scale_of);
+  if (opt.clip_global_norm() > 0) {
+    // Its square root is reported as the step's grad_norm.
+    graph.mutable_program_fields().set_grad_sumsq(
+        AddGlobalNormClipping(b, *params, opt, fields, ctx, home_stage, &scale_of));
+  }
 
   for (const auto& p : *params) {
     std::string lr = lrs.For(p.dtype);

@@ -56,12 +56,8 @@ absl::StatusOr<bool> SkipsUpdate(const KernelContext& ctx, const char* op, int i
 // (grad * 1 is grad, bit for bit, but the loops below skip the multiply).
 template <typename T>
 absl::StatusOr<T> GradScale(const KernelContext& ctx, const char* op, bool scaled, int i) {
-  if (!scaled) return T(1);
-  if (ctx.num_inputs() <= i) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": attr 'grad_scale' needs input 'grad_scale' #", i));
-  }
-  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "grad_scale", DataTypeOf<T>::value));
-  return ctx.input(i).data<T>()[0];
+  STRATA_ASSIGN_OR_RETURN(const T* scale, kernel_checks::GradScaleInput<T>(ctx, op, scaled, i));
+  return scale != nullptr ? *scale : T(1);
 }
 
 // ---------------------------------------------------------------------------

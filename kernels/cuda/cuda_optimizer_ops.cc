@@ -26,6 +26,7 @@ namespace {
 
 using kernel_checks::ExpectLike;
 using kernel_checks::ExpectScalar;
+using kernel_checks::GradScaleInput;
 using kernel_checks::MutableData;
 
 // Loss scaling's optional found_inf (input i, when the op has it): the device
@@ -34,18 +35,6 @@ absl::StatusOr<const float*> FoundInf(const KernelContext& ctx, const char* op, 
   if (ctx.num_inputs() <= i) return nullptr;
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "found_inf", F32));
   return ctx.input(i).data<float>();
-}
-
-// attr grad_scale's scalar (input i, param's dtype T) when `scaled`: the
-// device scalar the launch multiplies each gradient element by, or null.
-template <typename T>
-absl::StatusOr<const T*> GradScale(const KernelContext& ctx, const char* op, bool scaled, int i) {
-  if (!scaled) return nullptr;
-  if (ctx.num_inputs() <= i) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": attr 'grad_scale' needs input 'grad_scale' #", i));
-  }
-  STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "grad_scale", DataTypeOf<T>::value));
-  return ctx.input(i).data<T>();
 }
 
 // increment(counter) -> counter, in place: counter += by.
@@ -121,7 +110,7 @@ class CudaAdamUpdateKernel : public OpKernel {
     const Tensor& param = ctx.input(0);
     const Tensor& m = ctx.input(2);
     const Tensor& v = ctx.input(3);
-    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "adam_update", scaled_, 6));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "adam_update", scaled_, 6));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "adam_update", 6 + scaled_));
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v),
@@ -155,7 +144,7 @@ class CudaSgdUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectLike(ctx, "sgd_update", 1, "grad", 0, "param"));
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "sgd_update", 2, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
-    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "sgd_update", scaled_, 3));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "sgd_update", scaled_, 3));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "sgd_update", 3 + scaled_));
     STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(),
                                                             ctx.input(2).data<T>(), static_cast<T>(attrs_.weight_decay),
@@ -188,7 +177,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, "momentum_update", 3, "lr", DataTypeOf<T>::value));
     const Tensor& param = ctx.input(0);
     const Tensor& velocity = ctx.input(2);
-    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScale<T>(ctx, "momentum_update", scaled_, 4));
+    STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "momentum_update", scaled_, 4));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "momentum_update", 4 + scaled_));
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
@@ -251,7 +240,7 @@ class CudaMultiUpdateKernel : public OpKernel {
     }
     STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n, "lr", DataTypeOf<T>::value));
     if (kScalars > 1) STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, name_, tensors * n + 1, "step", I64));
-    STRATA_ASSIGN_OR_RETURN(*grad_scale, GradScale<T>(ctx, name_, scaled_, tensors * n + kScalars));
+    STRATA_ASSIGN_OR_RETURN(*grad_scale, GradScaleInput<T>(ctx, name_, scaled_, tensors * n + kScalars));
     STRATA_ASSIGN_OR_RETURN(*found_inf, FoundInf(ctx, name_, fixed));
     return absl::OkStatus();
   }

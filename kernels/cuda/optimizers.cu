@@ -37,12 +37,16 @@ __device__ inline bool Skipped(const float* found_inf) {
   return found_inf != nullptr && kernel_math::SkipsUpdate(found_inf[0]);
 }
 
-// Gradient element i, times *grad_scale where given (attr grad_scale), rounded
-// to T as a mul kernel rounds it.
+// Gradient elements times *grad_scale where given (attr grad_scale), each
+// rounded to T as a mul kernel rounds it; the scale read once a thread.
 template <typename T>
-__device__ inline T ScaledGrad(const T* grad, int64_t i, const T* grad_scale) {
-  return grad_scale != nullptr ? grad[i] * grad_scale[0] : grad[i];
-}
+struct GradScaleOf {
+  __device__ explicit GradScaleOf(const T* grad_scale)
+      : on(grad_scale != nullptr), scale(grad_scale != nullptr ? grad_scale[0] : T(1)) {}
+  __device__ T operator()(T g) const { return on ? g * scale : g; }
+  bool on;
+  T scale;
+};
 
 __global__ void IncrementKernel(int64_t* counter, int64_t by, const float* found_inf) {
   if (!Skipped(found_inf)) counter[0] += by;
@@ -59,6 +63,7 @@ template <typename T>
 __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, const int64_t* step, AdamAttrs attrs,
                            int64_t n, const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   __shared__ AdamScalars<T> scalars;
   __shared__ bool bad_step;
   if (threadIdx.x == 0) {
@@ -73,7 +78,7 @@ __global__ void AdamKernel(T* param, T* m, T* v, const T* grad, const T* lr, con
       param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
       continue;
     }
-    AdamElement(s, ScaledGrad(grad, i, grad_scale), &param[i], &m[i], &v[i]);
+    AdamElement(s, scaled(grad[i]), &param[i], &m[i], &v[i]);
   }
 }
 
@@ -81,9 +86,10 @@ template <typename T>
 __global__ void SgdKernel(T* param, const T* grad, const T* lr, T weight_decay, int64_t n, const float* found_inf,
                           const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    SgdElement(rate, weight_decay, ScaledGrad(grad, i, grad_scale), &param[i]);
+    SgdElement(rate, weight_decay, scaled(grad[i]), &param[i]);
   }
 }
 
@@ -91,9 +97,10 @@ template <typename T>
 __global__ void MomentumKernel(T* param, T* velocity, const T* grad, const T* lr, T momentum, T weight_decay,
                                bool nesterov, int64_t n, const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   const T rate = lr[0];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    MomentumElement(rate, momentum, weight_decay, nesterov, ScaledGrad(grad, i, grad_scale), &param[i], &velocity[i]);
+    MomentumElement(rate, momentum, weight_decay, nesterov, scaled(grad[i]), &param[i], &velocity[i]);
   }
 }
 
@@ -139,6 +146,7 @@ template <typename T>
 __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int64_t* step, AdamAttrs attrs,
                                 const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   __shared__ AdamScalars<T> scalars;
   __shared__ bool bad_step;
   if (threadIdx.x == 0) {
@@ -160,7 +168,7 @@ __global__ void AdamMultiKernel(TensorTable<T, 4> table, const T* lr, const int6
       param[i] = static_cast<T>(__longlong_as_double(0x7ff8000000000000LL));
       continue;
     }
-    AdamElement(s, ScaledGrad(grad, i, grad_scale), &param[i], &m[i], &v[i]);
+    AdamElement(s, scaled(grad[i]), &param[i], &m[i], &v[i]);
   }
 }
 
@@ -168,6 +176,7 @@ template <typename T>
 __global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_decay, const float* found_inf,
                                const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
   int64_t lo, hi;
@@ -175,7 +184,7 @@ __global__ void SgdMultiKernel(TensorTable<T, 2> table, const T* lr, T weight_de
   T* param = table.ptr[0][k];
   const T* grad = table.ptr[1][k];
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    SgdElement(rate, weight_decay, ScaledGrad(grad, i, grad_scale), &param[i]);
+    SgdElement(rate, weight_decay, scaled(grad[i]), &param[i]);
   }
 }
 
@@ -183,6 +192,7 @@ template <typename T>
 __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T momentum, T weight_decay, bool nesterov,
                                     const float* found_inf, const T* grad_scale) {
   if (Skipped(found_inf)) return;
+  const GradScaleOf<T> scaled(grad_scale);
   const T rate = lr[0];
   const int k = TensorOfBlock(table, blockIdx.x);
   int64_t lo, hi;
@@ -191,7 +201,7 @@ __global__ void MomentumMultiKernel(TensorTable<T, 3> table, const T* lr, T mome
   const T* grad = table.ptr[1][k];
   T* velocity = table.ptr[2][k];
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    MomentumElement(rate, momentum, weight_decay, nesterov, ScaledGrad(grad, i, grad_scale), &param[i], &velocity[i]);
+    MomentumElement(rate, momentum, weight_decay, nesterov, scaled(grad[i]), &param[i], &velocity[i]);
   }
 }
 
