@@ -21,8 +21,9 @@ inline constexpr int64_t kMultiTensorChunk = 16384;
 inline constexpr int64_t kMultiTensorMaxBlocks = 0x7fffffff;
 
 // Up to kMultiTensorMax tensors: ptr[d][k] is tensor k's pointer d (the
-// optimizers: param, grad, then the states), n[k] its elements,
-// block_start[k] its first block. About 3 KiB at kDepth 4 (8-byte T*).
+// optimizers: param, grad, then the states, and with attr copy_dtype the
+// 16-bit copies last, stored as T*), n[k] its elements, block_start[k] its
+// first block. About 3 KiB at kDepth 4, 3.5 KiB at 5 (8-byte T*).
 template <typename T, int kDepth>
 struct TensorTable {
   T* ptr[kDepth][kMultiTensorMax];

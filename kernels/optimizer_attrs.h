@@ -20,6 +20,12 @@ absl::StatusOr<kernel_math::AdamAttrs> ReadAdamAttrs(const Op& op);
 // plan from before the attr has none.
 bool ScalesGrad(const Op& op);
 
+// An update op's attr copy_dtype: DT_INVALID for none (empty, or a plan from
+// before the attr), else BF16 or F16: the op also writes its last output,
+// the updated param converted as the cast kernel converts it (the
+// mixed-precision weight copy, passes/hoist_param_casts.h).
+absl::StatusOr<DataType> ReadCopyDtype(const Op& op);
+
 // lr_schedule's schedule and its output dtype (attr `dtype`: F32 or F64).
 struct LrScheduleAttrs {
   kernel_math::LrSchedule schedule;

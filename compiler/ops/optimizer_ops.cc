@@ -110,10 +110,33 @@ absl::Status CheckUpdateInputs(const ShapeContext& ctx, std::initializer_list<co
   return ExpectScalar(ctx, i, "lr", ctx.input(0).dtype);
 }
 
-// Outputs param and its `num_states` states (inputs 2...), updated in place.
+// Attr copy_dtype: "" (none), or BF16 / F16: the op also writes output
+// `copy`, param converted to that dtype after the update (mixed
+// precision's 16-bit weight copy, written by the update instead of a cast
+// after it: passes/hoist_param_casts.h).
+absl::StatusOr<DataType> CopyDtype(const ShapeContext& ctx) {
+  const std::string name = ctx.attr_string("copy_dtype");
+  if (name.empty()) return DT_INVALID;
+  DataType dtype = DT_INVALID;
+  if (!DataType_Parse(name, &dtype) || (dtype != BF16 && dtype != F16)) {
+    return absl::InvalidArgumentError(absl::StrCat("attr 'copy_dtype' must be empty, BF16 or F16, got '", name, "'"));
+  }
+  return dtype;
+}
+
+// Outputs param and its `num_states` states (inputs 2...), updated in place,
+// then with attr copy_dtype the copy of param in that dtype.
 absl::Status SetUpdateOutputs(ShapeContext& ctx, int num_states) {
+  STRATA_ASSIGN_OR_RETURN(const DataType copy, CopyDtype(ctx));
+  const int outputs = 1 + num_states + (copy != DT_INVALID ? 1 : 0);
+  if (ctx.num_outputs() != outputs) {
+    return absl::InvalidArgumentError(absl::StrCat("expects ", outputs, " outputs",
+                                                   copy != DT_INVALID ? " (attr copy_dtype adds 'copy')" : "", ", got ",
+                                                   ctx.num_outputs()));
+  }
   ctx.set_output(0, ctx.input(0));
   for (int k = 0; k < num_states; ++k) ctx.set_output(1 + k, ctx.input(2 + k));
+  if (copy != DT_INVALID) ctx.set_output(1 + num_states, TensorType{copy, ctx.input(0).shape});
   return absl::OkStatus();
 }
 
@@ -157,15 +180,18 @@ STRATA_REGISTER_OP(OpDef("sgd_update")
                        .OptionalInput("grad_scale")
                        .OptionalInput("found_inf")
                        .Output("param")
+                       .OptionalOutput("copy")
                        .Attr("weight_decay", 0.0)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Shape(SgdUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD without momentum, in place: g += weight_decay * p; p -= lr * g. "
                             "lr is a scalar of param's dtype. With attr grad_scale, input grad_scale (a scalar of "
                             "param's dtype) first scales g, rounded once (global-norm clipping's coefficient). With "
-                            "found_inf nonzero, nothing changes (a step loss scaling skips)."));
+                            "found_inf nonzero, nothing changes (a step loss scaling skips). With attr copy_dtype "
+                            "(BF16 or F16), output copy is the updated param in that dtype, as a cast rounds it."));
 
 STRATA_REGISTER_OP(OpDef("momentum_update")
                        .Input("param")
@@ -176,17 +202,19 @@ STRATA_REGISTER_OP(OpDef("momentum_update")
                        .OptionalInput("found_inf")
                        .Output("param")
                        .Output("velocity")
+                       .OptionalOutput("copy")
                        .Attr("momentum", 0.9)
                        .Attr("nesterov", false)
                        .Attr("weight_decay", 0.0)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Shape(MomentumUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.SGD with momentum (dampening 0), in place: g += weight_decay * p; "
                             "buf = momentum * buf + g; g = nesterov ? g + momentum * buf : buf; p -= lr * g. "
-                            "velocity starts at zero. grad_scale as sgd_update's. With found_inf nonzero, nothing "
-                            "changes (a step loss scaling skips)."));
+                            "velocity starts at zero. grad_scale and copy_dtype as sgd_update's. With found_inf "
+                            "nonzero, nothing changes (a step loss scaling skips)."));
 
 STRATA_REGISTER_OP(OpDef("adam_update")
                        .Input("param")
@@ -200,20 +228,22 @@ STRATA_REGISTER_OP(OpDef("adam_update")
                        .Output("param")
                        .Output("m")
                        .Output("v")
+                       .OptionalOutput("copy")
                        .Attr("beta1", 0.9)
                        .Attr("beta2", 0.999)
                        .Attr("epsilon", 1e-8)
                        .Attr("weight_decay", 0.0)
                        .Attr("decoupled", false)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Shape(AdamUpdateShape)
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("torch.optim.Adam (decoupled: AdamW, p *= 1 - lr * weight_decay first), in place. "
                             "step is the I64 1-based index of this update: m = b1 m + (1-b1) g; "
                             "v = b2 v + (1-b2) g^2; p -= lr / (1-b1^step) * m / (sqrt(v) / sqrt(1-b2^step) + eps). "
-                            "grad_scale as sgd_update's. With found_inf nonzero, nothing changes (a step loss "
-                            "scaling skips)."));
+                            "grad_scale and copy_dtype as sgd_update's. With found_inf nonzero, nothing changes (a "
+                            "step loss scaling skips)."));
 
 // ---------------------------------------------------------------------------
 // Multi-tensor updates (the fuse-optimizer pass makes them for GPU plans):
@@ -222,7 +252,8 @@ STRATA_REGISTER_OP(OpDef("adam_update")
 // are the single op's, each tensor role n wide: n params, n grads, n of each
 // state, then the single op's scalars once (lr; adam: step; with attr
 // grad_scale its scalar) and its optional found_inf. The outputs are n
-// params, then n of each state, in place.
+// params, then n of each state, in place, then with attr copy_dtype the n
+// copies.
 
 // The single op's shape function run on member i's inputs and outputs:
 // every member is checked exactly as its single op would be.
@@ -238,9 +269,12 @@ absl::Status MultiUpdateShape(ShapeContext& ctx, int num_states, int num_scalars
                                                    "), plus an optional found_inf: ", fixed, " or ", fixed + 1,
                                                    ", got ", ctx.num_inputs()));
   }
-  if (ctx.num_outputs() != (1 + num_states) * n) {
-    return absl::InvalidArgumentError(absl::StrCat("expects ", 1 + num_states, " * n outputs (n = ", n,
-                                                   "): ", (1 + num_states) * n, ", got ", ctx.num_outputs()));
+  STRATA_ASSIGN_OR_RETURN(const DataType copy, CopyDtype(ctx));
+  const int per_tensor = 1 + num_states + (copy != DT_INVALID ? 1 : 0);  // param, states, the copy
+  if (ctx.num_outputs() != per_tensor * n) {
+    return absl::InvalidArgumentError(absl::StrCat("expects ", per_tensor, " * n outputs (n = ", n,
+                                                   copy != DT_INVALID ? ", attr copy_dtype adding copy[n]" : "",
+                                                   "): ", per_tensor * n, ", got ", ctx.num_outputs()));
   }
   const int scalars_from = static_cast<int>(tensors * n);
   for (int64_t i = 0; i < n; ++i) {
@@ -249,12 +283,12 @@ absl::Status MultiUpdateShape(ShapeContext& ctx, int num_states, int num_scalars
     for (int k = scalars_from; k < ctx.num_inputs(); ++k) in.push_back(ctx.input(k));
     Op member;
     member.mutable_attr()->insert(ctx.op().attr().begin(), ctx.op().attr().end());
-    for (int k = 0; k < 1 + num_states; ++k) member.add_output("");
+    for (int k = 0; k < per_tensor; ++k) member.add_output("");
     ShapeContext sub(member, std::move(in));
     if (absl::Status s = single(sub); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("tensor #", i, " of ", n, ": ", s.message()));
     }
-    for (int k = 0; k < 1 + num_states; ++k) ctx.set_output(static_cast<int>(k * n + i), sub.outputs()[k]);
+    for (int k = 0; k < per_tensor; ++k) ctx.set_output(static_cast<int>(k * n + i), sub.outputs()[k]);
   }
   return absl::OkStatus();
 }
@@ -264,19 +298,21 @@ STRATA_REGISTER_OP(OpDef("sgd_update_multi")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Attr("weight_decay", 0.0)
                        .Shape([](ShapeContext& ctx) { return MultiUpdateShape(ctx, 0, 1, SgdUpdateShape); })
                        .Stateful()
                        .NotDifferentiable()
                        .Doc("n sgd_updates in one op: inputs param[n], grad[n], lr, with attr grad_scale its "
                             "scalar, optional found_inf; outputs param[n], in place. Each tensor gets sgd_update's "
-                            "math exactly."));
+                            "math exactly; with attr copy_dtype, outputs copy[n] too."));
 
 STRATA_REGISTER_OP(OpDef("momentum_update_multi")
                        .VariadicInput("tensors")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Attr("momentum", 0.9)
                        .Attr("nesterov", false)
                        .Attr("weight_decay", 0.0)
@@ -285,13 +321,15 @@ STRATA_REGISTER_OP(OpDef("momentum_update_multi")
                        .NotDifferentiable()
                        .Doc("n momentum_updates in one op: inputs param[n], grad[n], velocity[n], lr, with attr "
                             "grad_scale its scalar, optional found_inf; outputs param[n], velocity[n], in place. "
-                            "Each tensor gets momentum_update's math exactly."));
+                            "Each tensor gets momentum_update's math exactly; with attr copy_dtype, outputs copy[n] "
+                            "too."));
 
 STRATA_REGISTER_OP(OpDef("adam_update_multi")
                        .VariadicInput("tensors")
                        .VariadicOutput("updated")
                        .Attr("n", AttrType::kInt)
                        .Attr("grad_scale", false)
+                       .Attr("copy_dtype", "")
                        .Attr("beta1", 0.9)
                        .Attr("beta2", 0.999)
                        .Attr("epsilon", 1e-8)
@@ -302,7 +340,8 @@ STRATA_REGISTER_OP(OpDef("adam_update_multi")
                        .NotDifferentiable()
                        .Doc("n adam_updates in one op (torch's fused Adam/AdamW): inputs param[n], grad[n], m[n], "
                             "v[n], lr, step, with attr grad_scale its scalar, optional found_inf; outputs param[n], "
-                            "m[n], v[n], in place. Each tensor gets adam_update's math exactly."));
+                            "m[n], v[n], in place. Each tensor gets adam_update's math exactly; with attr "
+                            "copy_dtype, outputs copy[n] too."));
 
 // ---------------------------------------------------------------------------
 // Step counter and learning-rate schedule.

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cuda/unary_math.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/loss_scaling_math.h"
 #include "kernels/optimizer_attrs.h"
@@ -60,6 +61,52 @@ absl::StatusOr<T> GradScale(const KernelContext& ctx, const char* op, bool scale
   return scale != nullptr ? *scale : T(1);
 }
 
+// Attr copy_dtype's output (the last, `k`): param's 16-bit copy, written
+// after the update with the cast kernel's conversion (cuda::Convert), in
+// the buffer the executor hands in (a PARAM_COPY) or a new one.
+class CopyOut {
+ public:
+  // Output k of param's shape in `dtype` (DT_INVALID: the op has none).
+  absl::Status Prepare(KernelContext& ctx, const char* op, DataType dtype, int k, const Tensor& param) {
+    dtype_ = dtype;
+    data_ = nullptr;
+    if (dtype == DT_INVALID) return absl::OkStatus();
+    if (ctx.num_outputs() <= k) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": attr copy_dtype needs output 'copy' #", k));
+    }
+    STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(k, dtype, param.shape()));
+    data_ = out->raw_data();
+    return absl::OkStatus();
+  }
+  // Elements [begin, end) of the copy from the updated param.
+  template <typename T>
+  void Write(const T* param, int64_t begin, int64_t end) const {
+    if (data_ == nullptr) return;
+    if (dtype_ == BF16) {
+      bfloat16* copy = static_cast<bfloat16*>(data_);
+      for (int64_t i = begin; i < end; ++i) copy[i] = cuda::Convert<bfloat16>(param[i]);
+    } else {
+      float16* copy = static_cast<float16*>(data_);
+      for (int64_t i = begin; i < end; ++i) copy[i] = cuda::Convert<float16>(param[i]);
+    }
+  }
+
+ private:
+  DataType dtype_ = DT_INVALID;
+  void* data_ = nullptr;
+};
+
+// A skipped update (found_inf) changes nothing, its copy included; a copy
+// output not handed in is made from param, so that the op still defines it.
+template <typename T>
+absl::Status SkipCopy(KernelContext& ctx, const char* op, DataType dtype, int k, const Tensor& param) {
+  if (dtype == DT_INVALID || (ctx.num_outputs() > k && ctx.output(k)->defined())) return absl::OkStatus();
+  CopyOut copy;
+  STRATA_RETURN_IF_ERROR(copy.Prepare(ctx, op, dtype, k, param));
+  copy.Write(param.data<T>(), 0, param.num_elements());
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------
 // sgd_update(param, grad, lr) -> param:  g += wd * p;  p -= lr * g. With
 // attr grad_scale, g = grad * scale first (each element rounded to T, as a
@@ -69,6 +116,7 @@ class SgdUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -81,8 +129,10 @@ class SgdUpdateKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(const bool skip, SkipsUpdate(ctx, "sgd_update", 3 + scaled_));
     if (skip) {
       ctx.SetOutput(0, param_tensor);
-      return absl::OkStatus();
+      return SkipCopy<T>(ctx, "sgd_update", copy_dtype_, 1, param_tensor);
     }
+    CopyOut copy;
+    STRATA_RETURN_IF_ERROR(copy.Prepare(ctx, "sgd_update", copy_dtype_, 1, param_tensor));
     T* param = MutableData<T>(param_tensor);
     const T* grad = ctx.input(1).data<T>();
     const T lr = ctx.input(2).data<T>()[0];
@@ -94,6 +144,7 @@ class SgdUpdateKernel : public OpKernel {
       } else {
         for (int64_t i = begin; i < end; ++i) kernel_math::SgdElement(lr, weight_decay, grad[i], &param[i]);
       }
+      copy.Write(param, begin, end);
     });
     ctx.SetOutput(0, param_tensor);
     return absl::OkStatus();
@@ -101,6 +152,7 @@ class SgdUpdateKernel : public OpKernel {
 
  private:
   kernel_math::SgdAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
@@ -113,6 +165,7 @@ class MomentumUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -128,8 +181,10 @@ class MomentumUpdateKernel : public OpKernel {
     if (skip) {
       ctx.SetOutput(0, param_tensor);
       ctx.SetOutput(1, velocity_tensor);
-      return absl::OkStatus();
+      return SkipCopy<T>(ctx, "momentum_update", copy_dtype_, 2, param_tensor);
     }
+    CopyOut copy;
+    STRATA_RETURN_IF_ERROR(copy.Prepare(ctx, "momentum_update", copy_dtype_, 2, param_tensor));
     T* param = MutableData<T>(param_tensor);
     T* velocity = MutableData<T>(velocity_tensor);
     const T* grad = ctx.input(1).data<T>();
@@ -148,6 +203,7 @@ class MomentumUpdateKernel : public OpKernel {
           kernel_math::MomentumElement(lr, momentum, weight_decay, nesterov, grad[i], &param[i], &velocity[i]);
         }
       }
+      copy.Write(param, begin, end);
     });
     ctx.SetOutput(0, param_tensor);
     ctx.SetOutput(1, velocity_tensor);
@@ -156,6 +212,7 @@ class MomentumUpdateKernel : public OpKernel {
 
  private:
   kernel_math::MomentumAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
@@ -182,6 +239,7 @@ class AdamUpdateKernel : public OpKernel {
  public:
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -207,8 +265,10 @@ class AdamUpdateKernel : public OpKernel {
       ctx.SetOutput(0, param_tensor);
       ctx.SetOutput(1, m_tensor);
       ctx.SetOutput(2, v_tensor);
-      return absl::OkStatus();
+      return SkipCopy<T>(ctx, "adam_update", copy_dtype_, 3, param_tensor);
     }
+    CopyOut copy;
+    STRATA_RETURN_IF_ERROR(copy.Prepare(ctx, "adam_update", copy_dtype_, 3, param_tensor));
     T* param = MutableData<T>(param_tensor);
     T* m = MutableData<T>(m_tensor);
     T* v = MutableData<T>(v_tensor);
@@ -220,6 +280,7 @@ class AdamUpdateKernel : public OpKernel {
     const auto run = [&](auto loop) {
       ParallelFor(N, kElementwiseChunk, [&](int64_t begin, int64_t end) {
         loop(end - begin, scalars, scale, grad + begin, param + begin, m + begin, v + begin);
+        copy.Write(param, begin, end);
       });
     };
     const auto run_scaled = [&](auto scaled) {
@@ -243,6 +304,7 @@ class AdamUpdateKernel : public OpKernel {
 
  private:
   kernel_math::AdamAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
@@ -254,7 +316,8 @@ class AdamUpdateKernel : public OpKernel {
 // checks, skip and per-element math, so the results are the unfused ops' bit
 // for bit. Inputs: param[n], grad[n], then each of the `kStates` states [n],
 // then `kScalars` scalars (lr; adam: step), grad_scale's with the attr, and
-// the optional found_inf. Outputs: param[n], then each state [n].
+// the optional found_inf. Outputs: param[n], then each state [n], then
+// with attr copy_dtype the copies [n].
 template <typename Single, int kStates, int kScalars>
 class MultiUpdateKernel : public OpKernel {
  public:
@@ -264,28 +327,32 @@ class MultiUpdateKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
     if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
     scalars_ = kScalars + (ScalesGrad(op) ? 1 : 0);
+    STRATA_ASSIGN_OR_RETURN(const DataType copy, ReadCopyDtype(op));
+    outputs_ = 1 + kStates + (copy != DT_INVALID ? 1 : 0);
     return single_.Init(op);
   }
 
   absl::Status Compute(KernelContext& ctx) override {
     const int n = static_cast<int>(n_);
     const int tensors = 2 + kStates, fixed = tensors * n + scalars_;
-    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
+    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != outputs_ * n) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
                                                      " outputs do not fit n = ", n));
     }
     // A member's inputs: its param, grad and states, then the shared scalars.
     const int num_in = tensors + ctx.num_inputs() - tensors * n;
     std::array<const Tensor*, 2 + kStates + kScalars + 2> in;
-    std::array<Tensor, 1 + kStates> out;
+    std::array<Tensor, 2 + kStates> out;  // param, states, the copy
     for (int k = tensors * n; k < ctx.num_inputs(); ++k) in[tensors + k - tensors * n] = &ctx.input(k);
     for (int i = 0; i < n; ++i) {
       for (int k = 0; k < tensors; ++k) in[k] = &ctx.input(k * n + i);
-      KernelContext member(&ctx.run(), absl::MakeConstSpan(in.data(), num_in), absl::MakeSpan(out));
+      // The buffers handed in (a PARAM_COPY's), as the single op gets them.
+      for (int k = 0; k < outputs_; ++k) out[k] = *ctx.output(k * n + i);
+      KernelContext member(&ctx.run(), absl::MakeConstSpan(in.data(), num_in), absl::MakeSpan(out.data(), outputs_));
       if (absl::Status s = single_.Compute(member); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(name_, ": tensor #", i, " of ", n, ": ", s.message()));
       }
-      for (int k = 0; k < 1 + kStates; ++k) ctx.SetOutput(k * n + i, std::move(out[k]));
+      for (int k = 0; k < outputs_; ++k) ctx.SetOutput(k * n + i, std::move(out[k]));
     }
     return absl::OkStatus();
   }
@@ -294,6 +361,7 @@ class MultiUpdateKernel : public OpKernel {
   const char* name_;
   int64_t n_ = 0;
   int scalars_ = kScalars;
+  int outputs_ = 1 + kStates;  // a member's: param, states, with attr copy_dtype the copy
   Single single_;
 };
 

@@ -257,5 +257,81 @@ TEST(MultiUpdate, GradScaleIsAMulOfTheGradientFirst) {
   EXPECT_THAT(r.status().message(), HasSubstr("inputs"));
 }
 
+// attr copy_dtype (mixed precision's 16-bit weight copy written by the
+// update, passes/hoist_param_casts.h): each single op and the multi op leave
+// param and states as the op without the attr does, and the copy holds what
+// a `cast` of the updated param makes, bit for bit; a skipped update
+// (found_inf 1) copies the unchanged param. Values include halfway cases of
+// both 16-bit types and an F16 overflow.
+TEST(MultiUpdate, CopyDtypeWritesTheCastOfTheUpdatedParam) {
+  for (const Optimizer& o : Optimizers()) {
+    for (DataType dtype : {F32, F64}) {
+      for (const char* copy_dtype : {"BF16", "F16"}) {
+        for (double found_inf : {-1.0, 0.0, 1.0}) {
+          SCOPED_TRACE(
+              absl::StrCat(o.type, " ", o.attrs, " ", DataTypeName(dtype), " ", copy_dtype, " found_inf ", found_inf));
+          const bool has_found_inf = found_inf >= 0;
+          std::map<std::string, Tensor> ref = Env(o, dtype, 2, found_inf), single = Env(o, dtype, 2, found_inf),
+                                        multi = Env(o, dtype, 2, found_inf);
+          // Param 3 (shape [1]) at 1 + 2^-8 + 2^-30 (just past a BF16 tie) and param 1's first
+          // elements at 70000 (past F16's largest finite) and 1 + 2^-11 (an F16 tie, once updated
+          // by lr 0.0123 no longer exactly: the cast decides as the copy must).
+          for (auto* env : {&ref, &single, &multi}) {
+            (*env)["p3"] = MakeTensor(dtype, {1}, {1.0 + 1.0 / 256 + 1.0 / (1 << 30)});
+            std::vector<double> p1 = Values(10, 11, false);
+            p1[0] = 70000.0;
+            p1[1] = 1.0 + 1.0 / 2048;
+            (*env)["p1"] = MakeTensor(dtype, {10}, p1);
+          }
+          const std::string attr =
+              absl::StrCat(R"pb( attr { key: "copy_dtype" value { s: ")pb", copy_dtype, R"pb(" } })pb");
+          Op multi_op = MultiOp(o, has_found_inf);
+          multi_op.MergeFrom(ParseOp(attr));
+          for (size_t i = 0; i < Shapes().size(); ++i) {
+            absl::Status s = RunOp(SingleOp(o, i, has_found_inf), &ref);
+            ASSERT_TRUE(s.ok()) << s;
+            const std::string p = absl::StrCat("p", i);
+            s = RunOp(
+                ParseOp(absl::StrCat(R"pb(type: "cast" input: ")pb", p, R"pb(" output: ")pb", p,
+                                     R"pb(@copy" attr { key: "dtype" value { s: ")pb", copy_dtype, R"pb(" } })pb")),
+                &ref);
+            ASSERT_TRUE(s.ok()) << s;
+            Op op = SingleOp(o, i, has_found_inf);
+            op.MergeFrom(ParseOp(attr));
+            op.add_output(p + "@copy");
+            s = RunOp(op, &single);
+            ASSERT_TRUE(s.ok()) << s;
+            multi_op.add_output(p + "@copy");
+          }
+          absl::Status s = RunOp(multi_op, &multi);
+          ASSERT_TRUE(s.ok()) << s;
+          for (const auto& [name, t] : ref) {
+            EXPECT_TRUE(BitEqual(single.at(name), t)) << "single " << name;
+            EXPECT_TRUE(BitEqual(multi.at(name), t)) << "multi " << name;
+          }
+        }
+      }
+    }
+  }
+  // The copy's type is the attr's; other dtypes and a missing output are refused.
+  auto r = InferTypes(R"pb(type: "sgd_update" input: [ "p", "g", "lr" ] output: [ "p", "c" ]
+                           attr { key: "copy_dtype" value { s: "BF16" } })pb",
+                      {TensorType{F32, {3, 2}}, TensorType{F32, {3, 2}}, TensorType{F32, {}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[1], (TensorType{BF16, {3, 2}}));
+  r = InferTypes(R"pb(type: "sgd_update" input: [ "p", "g", "lr" ] output: [ "p", "c" ]
+                      attr { key: "copy_dtype" value { s: "F64" } })pb",
+                 {TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("attr 'copy_dtype' must be empty, BF16 or F16"));
+  r = InferTypes(R"pb(type: "adam_update_multi" input: [ "p", "g", "m", "v", "lr", "step" ]
+                      output: [ "p", "m", "v" ] attr { key: "n" value { i: 1 } }
+                      attr { key: "copy_dtype" value { s: "F16" } })pb",
+                 {TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {3}},
+                  TensorType{F32, {}}, TensorType{I64, {}}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("copy[n]"));
+}
+
 }  // namespace
 }  // namespace strata

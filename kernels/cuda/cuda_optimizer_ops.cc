@@ -5,7 +5,8 @@
 // CPU kernels'. The step and lr are read on the device, never on the host, so
 // a step enqueues without waiting; the checks the CPU makes on their values (step >= 1 for
 // adam, >= 0 for lr_schedule) poison the outputs with NaN instead
-// (kernels/cuda/optimizers.h).
+// (kernels/cuda/optimizers.h). With attr copy_dtype the update launch also
+// writes param's 16-bit copy (the op's last output, or n of them).
 
 #include <cstdint>
 #include <vector>
@@ -14,11 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/loss_scaling.h"
 #include "kernels/cuda/optimizers.h"
+#include "kernels/cuda/unary.h"
 #include "kernels/kernel_checks.h"
 #include "kernels/optimizer_attrs.h"
 #include "kernels/optimizer_math.h"
 #include "proto/status_macros.h"
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/float16.h"
 #include "runtime/kernel.h"
 
 namespace strata {
@@ -35,6 +38,38 @@ absl::StatusOr<const float*> FoundInf(const KernelContext& ctx, const char* op, 
   if (ctx.num_inputs() <= i) return nullptr;
   STRATA_RETURN_IF_ERROR(ExpectScalar(ctx, op, i, "found_inf", F32));
   return ctx.input(i).data<float>();
+}
+
+// Attr copy_dtype (ReadCopyDtype: DT_INVALID, BF16 or F16) as the update
+// launchers take it.
+cuda::UpdateCopy CopyKind(DataType dtype) {
+  return dtype == BF16 ? cuda::UpdateCopy::kBf16 : dtype == F16 ? cuda::UpdateCopy::kF16 : cuda::UpdateCopy::kNone;
+}
+
+// Attr copy_dtype's output k, param's shape in `dtype` (DT_INVALID: the op
+// has none, null): the buffer for the update launch to write. The one the
+// executor hands in (a PARAM_COPY, which holds cast(param) already,
+// rewritten in place so that a captured CUDA graph keeps writing it), else
+// a new one that starts as cast(param): an update that found_inf skips
+// (known on the device only) writes no copy, and the output is still
+// defined, as the CPU kernels define it (their SkipCopy). The CPU kernels'
+// words where output k is missing.
+template <typename T>
+absl::StatusOr<void*> PrepareCopy(KernelContext& ctx, const char* op, DataType dtype, int k, const Tensor& param,
+                                  cudaStream_t stream) {
+  if (dtype == DT_INVALID) return nullptr;
+  if (ctx.num_outputs() <= k) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": attr copy_dtype needs output 'copy' #", k));
+  }
+  const void* handed_in = ctx.output(k)->defined() ? ctx.output(k)->raw_data() : nullptr;
+  STRATA_ASSIGN_OR_RETURN(Tensor * out, ctx.AllocateOutput(k, dtype, param.shape()));
+  const int64_t n = param.num_elements();
+  if (out->raw_data() != handed_in) {
+    const cudaError_t e = dtype == BF16 ? cuda::LaunchCast(out->data<bfloat16>(), param.data<T>(), n, stream)
+                                        : cuda::LaunchCast(out->data<float16>(), param.data<T>(), n, stream);
+    STRATA_RETURN_IF_ERROR(CudaStatus(e, op));
+  }
+  return out->raw_data();
 }
 
 // increment(counter) -> counter, in place: counter += by.
@@ -89,13 +124,15 @@ class CudaLrScheduleKernel : public OpKernel {
   kernel_math::LrSchedule schedule_;
 };
 
-// adam_update(param, grad, m, v, lr, step) -> (param, m, v), in place.
+// adam_update(param, grad, m, v, lr, step) -> (param, m, v), in place; with
+// attr copy_dtype also -> copy.
 template <typename T>
 class CudaAdamUpdateKernel : public OpKernel {
  public:
   explicit CudaAdamUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadAdamAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -112,11 +149,13 @@ class CudaAdamUpdateKernel : public OpKernel {
     const Tensor& v = ctx.input(3);
     STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "adam_update", scaled_, 6));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "adam_update", 6 + scaled_));
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v),
-                                          ctx.input(1).data<T>(), ctx.input(4).data<T>(), ctx.input(5).data<int64_t>(),
-                                          attrs_, param.num_elements(), found_inf, device->stream(), scale),
-                   "adam_update"));
+    STRATA_ASSIGN_OR_RETURN(void* const copy,
+                            PrepareCopy<T>(ctx, "adam_update", copy_dtype_, 3, param, device->stream()));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchAdamUpdate(MutableData<T>(param), MutableData<T>(m), MutableData<T>(v), ctx.input(1).data<T>(),
+                               ctx.input(4).data<T>(), ctx.input(5).data<int64_t>(), attrs_, param.num_elements(),
+                               found_inf, device->stream(), scale, CopyKind(copy_dtype_), copy),
+        "adam_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, m);
     ctx.SetOutput(2, v);
@@ -125,16 +164,19 @@ class CudaAdamUpdateKernel : public OpKernel {
 
  private:
   kernel_math::AdamAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
-// sgd_update(param, grad, lr) -> param, in place.
+// sgd_update(param, grad, lr) -> param, in place; with attr copy_dtype also
+// -> copy.
 template <typename T>
 class CudaSgdUpdateKernel : public OpKernel {
  public:
   explicit CudaSgdUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadSgdAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -146,26 +188,32 @@ class CudaSgdUpdateKernel : public OpKernel {
     const Tensor& param = ctx.input(0);
     STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "sgd_update", scaled_, 3));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "sgd_update", 3 + scaled_));
-    STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(),
-                                                            ctx.input(2).data<T>(), static_cast<T>(attrs_.weight_decay),
-                                                            param.num_elements(), found_inf, device->stream(), scale),
-                                      "sgd_update"));
+    STRATA_ASSIGN_OR_RETURN(void* const copy,
+                            PrepareCopy<T>(ctx, "sgd_update", copy_dtype_, 1, param, device->stream()));
+    STRATA_RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSgdUpdate(MutableData<T>(param), ctx.input(1).data<T>(), ctx.input(2).data<T>(),
+                                         static_cast<T>(attrs_.weight_decay), param.num_elements(), found_inf,
+                                         device->stream(), scale, CopyKind(copy_dtype_), copy),
+                   "sgd_update"));
     ctx.SetOutput(0, param);
     return absl::OkStatus();
   }
 
  private:
   kernel_math::SgdAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
-// momentum_update(param, grad, velocity, lr) -> (param, velocity), in place.
+// momentum_update(param, grad, velocity, lr) -> (param, velocity), in place;
+// with attr copy_dtype also -> copy.
 template <typename T>
 class CudaMomentumUpdateKernel : public OpKernel {
  public:
   explicit CudaMomentumUpdateKernel(const KernelDef&) {}
   absl::Status Init(const Op& op) {
     STRATA_ASSIGN_OR_RETURN(attrs_, ReadMomentumAttrs(op));
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
     scaled_ = ScalesGrad(op);
     return absl::OkStatus();
   }
@@ -179,12 +227,14 @@ class CudaMomentumUpdateKernel : public OpKernel {
     const Tensor& velocity = ctx.input(2);
     STRATA_ASSIGN_OR_RETURN(const T* scale, GradScaleInput<T>(ctx, "momentum_update", scaled_, 4));
     STRATA_ASSIGN_OR_RETURN(const float* found_inf, FoundInf(ctx, "momentum_update", 4 + scaled_));
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
-                                              ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
-                                              static_cast<T>(attrs_.weight_decay), attrs_.nesterov,
-                                              param.num_elements(), found_inf, device->stream(), scale),
-                   "momentum_update"));
+    STRATA_ASSIGN_OR_RETURN(void* const copy,
+                            PrepareCopy<T>(ctx, "momentum_update", copy_dtype_, 2, param, device->stream()));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchMomentumUpdate(MutableData<T>(param), MutableData<T>(velocity), ctx.input(1).data<T>(),
+                                   ctx.input(3).data<T>(), static_cast<T>(attrs_.momentum),
+                                   static_cast<T>(attrs_.weight_decay), attrs_.nesterov, param.num_elements(),
+                                   found_inf, device->stream(), scale, CopyKind(copy_dtype_), copy),
+        "momentum_update"));
     ctx.SetOutput(0, param);
     ctx.SetOutput(1, velocity);
     return absl::OkStatus();
@@ -192,6 +242,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
 
  private:
   kernel_math::MomentumAttrs attrs_;
+  DataType copy_dtype_ = DT_INVALID;
   bool scaled_ = false;
 };
 
@@ -199,7 +250,7 @@ class CudaMomentumUpdateKernel : public OpKernel {
 // one or a few launches (kernels/cuda/optimizers.h). Inputs param[n],
 // grad[n], each of kStates states [n], kScalars scalars (lr; adam: step),
 // attr grad_scale's scalar, the optional found_inf; outputs param[n], then
-// each state [n], in place.
+// each state [n], in place, then with attr copy_dtype the copies [n].
 // Every member is checked with the single kernel's checks and words. The
 // pointer lists are sized once, at Init.
 template <typename T, int kStates, int kScalars>
@@ -211,9 +262,12 @@ class CudaMultiUpdateKernel : public OpKernel {
     STRATA_ASSIGN_OR_RETURN(n_, AttrInt(op, "n"));
     if (n_ < 1) return absl::InvalidArgumentError(absl::StrCat(name_, ": attr 'n' must be >= 1, got ", n_));
     scaled_ = ScalesGrad(op);
+    STRATA_ASSIGN_OR_RETURN(copy_dtype_, ReadCopyDtype(op));
+    outputs_ = 1 + kStates + (copy_dtype_ != DT_INVALID ? 1 : 0);
     for (auto& list : updated_) list.resize(n_);
     grad_.resize(n_);
     sizes_.resize(n_);
+    if (copy_dtype_ != DT_INVALID) copies_.resize(n_);
     return absl::OkStatus();
   }
 
@@ -223,7 +277,7 @@ class CudaMultiUpdateKernel : public OpKernel {
   absl::Status Gather(const KernelContext& ctx, const float** found_inf, const T** grad_scale) {
     static const char* const kStateNames[2][2] = {{"velocity", ""}, {"m", "v"}};
     const int n = static_cast<int>(n_), tensors = 2 + kStates, fixed = tensors * n + kScalars + scaled_;
-    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != (1 + kStates) * n) {
+    if ((ctx.num_inputs() != fixed && ctx.num_inputs() != fixed + 1) || ctx.num_outputs() != outputs_ * n) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": ", ctx.num_inputs(), " inputs and ", ctx.num_outputs(),
                                                      " outputs do not fit n = ", n));
     }
@@ -245,6 +299,18 @@ class CudaMultiUpdateKernel : public OpKernel {
     return absl::OkStatus();
   }
 
+  // With attr copy_dtype, after Gather: the copies (outputs (1 + kStates) * n
+  // on), each prepared as the single kernel prepares its own, their buffers
+  // into copies_.
+  absl::Status PrepareCopies(KernelContext& ctx, cudaStream_t stream) {
+    const int n = static_cast<int>(n_);
+    for (int i = 0; i < static_cast<int>(copies_.size()); ++i) {
+      STRATA_ASSIGN_OR_RETURN(copies_[i],
+                              PrepareCopy<T>(ctx, name_, copy_dtype_, (1 + kStates) * n + i, ctx.input(i), stream));
+    }
+    return absl::OkStatus();
+  }
+
   // Outputs: each param and state is its input, updated in place.
   void SetOutputs(KernelContext& ctx) const {
     const int n = static_cast<int>(n_);
@@ -257,7 +323,10 @@ class CudaMultiUpdateKernel : public OpKernel {
   const char* name_;
   int64_t n_ = 0;
   bool scaled_ = false;
+  DataType copy_dtype_ = DT_INVALID;
+  int outputs_ = 1 + kStates;  // a member's: param, states, with attr copy_dtype the copy
   std::vector<T*> updated_[1 + kStates];
+  std::vector<void*> copies_;
   std::vector<const T*> grad_;
   std::vector<int64_t> sizes_;
 };
@@ -276,11 +345,13 @@ class CudaAdamUpdateMultiKernel : public CudaMultiUpdateKernel<T, 2, 2> {
     const float* found_inf = nullptr;
     const T* scale = nullptr;
     STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
+    STRATA_RETURN_IF_ERROR(this->PrepareCopies(ctx, device->stream()));
     const int n = static_cast<int>(this->n_);
     STRATA_RETURN_IF_ERROR(CudaStatus(
         cuda::LaunchAdamUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->updated_[2].data(),
                                     this->grad_.data(), this->sizes_.data(), n, ctx.input(4 * n).data<T>(),
-                                    ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf, device->stream(), scale),
+                                    ctx.input(4 * n + 1).data<int64_t>(), attrs_, found_inf, device->stream(), scale,
+                                    CopyKind(this->copy_dtype_), this->copies_.data()),
         this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
@@ -304,12 +375,13 @@ class CudaSgdUpdateMultiKernel : public CudaMultiUpdateKernel<T, 0, 1> {
     const float* found_inf = nullptr;
     const T* scale = nullptr;
     STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
+    STRATA_RETURN_IF_ERROR(this->PrepareCopies(ctx, device->stream()));
     const int n = static_cast<int>(this->n_);
-    STRATA_RETURN_IF_ERROR(
-        CudaStatus(cuda::LaunchSgdUpdateMulti(this->updated_[0].data(), this->grad_.data(), this->sizes_.data(), n,
-                                              ctx.input(2 * n).data<T>(), static_cast<T>(attrs_.weight_decay),
-                                              found_inf, device->stream(), scale),
-                   this->name_));
+    STRATA_RETURN_IF_ERROR(CudaStatus(
+        cuda::LaunchSgdUpdateMulti(this->updated_[0].data(), this->grad_.data(), this->sizes_.data(), n,
+                                   ctx.input(2 * n).data<T>(), static_cast<T>(attrs_.weight_decay), found_inf,
+                                   device->stream(), scale, CopyKind(this->copy_dtype_), this->copies_.data()),
+        this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
   }
@@ -332,12 +404,13 @@ class CudaMomentumUpdateMultiKernel : public CudaMultiUpdateKernel<T, 1, 1> {
     const float* found_inf = nullptr;
     const T* scale = nullptr;
     STRATA_RETURN_IF_ERROR(this->Gather(ctx, &found_inf, &scale));
+    STRATA_RETURN_IF_ERROR(this->PrepareCopies(ctx, device->stream()));
     const int n = static_cast<int>(this->n_);
     STRATA_RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchMomentumUpdateMulti(this->updated_[0].data(), this->updated_[1].data(), this->grad_.data(),
-                                        this->sizes_.data(), n, ctx.input(3 * n).data<T>(),
-                                        static_cast<T>(attrs_.momentum), static_cast<T>(attrs_.weight_decay),
-                                        attrs_.nesterov, found_inf, device->stream(), scale),
+        cuda::LaunchMomentumUpdateMulti(
+            this->updated_[0].data(), this->updated_[1].data(), this->grad_.data(), this->sizes_.data(), n,
+            ctx.input(3 * n).data<T>(), static_cast<T>(attrs_.momentum), static_cast<T>(attrs_.weight_decay),
+            attrs_.nesterov, found_inf, device->stream(), scale, CopyKind(this->copy_dtype_), this->copies_.data()),
         this->name_));
     this->SetOutputs(ctx);
     return absl::OkStatus();
