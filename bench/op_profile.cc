@@ -61,14 +61,15 @@ absl::Status Run(const std::string& model, int64_t batch, int steps, int top) {
     }
   }
 
-  // The optimizer's casts of the weights into their 16-bit copies (PARAM_COPY)
-  // run first, as the executor runs them before a first step: every step's
+  // The casts of the weights into their 16-bit copies (PARAM_COPY: the
+  // optimizer's, or REFRESH ops where the updates write the copies) run
+  // first, as the executor runs them before a first step: every step's
   // forward reads them.
   auto phase_of = [&](const Op& op) {
-    for (const auto& out : op.output()) {
-      if (program.var(slot_of.at(out)).kind() == PARAM_COPY) return -1;
-    }
-    return Phase(op.role());
+    if (op.role() == REFRESH) return -1;
+    bool casts = op.output_size() > 0;  // every output a copy (an update writes its param too)
+    for (const auto& out : op.output()) casts = casts && program.var(slot_of.at(out)).kind() == PARAM_COPY;
+    return casts ? -1 : Phase(op.role());
   };
   std::vector<TimedOp> ops;
   for (int phase = -1; phase < 3; ++phase) {

@@ -24,7 +24,10 @@ namespace strata {
 // before it wrote (a parameter or state, updated early before fusion and
 // late after) or writes a var a member before it read; and before a member
 // that reads or writes what an earlier member wrote or writes what an
-// earlier one read. A group of one stays as it was. Each member's math is the
+// earlier one read. A group of one stays as it was. Updates that write
+// their param's 16-bit copy (attr copy_dtype, passes/hoist_param_casts.h)
+// group with those of the same copy dtype, their copies the multi op's last
+// n outputs. Each member's math is the
 // single op's, so the fused plan trains bit for bit like the unfused one
 // (tests/fuse_optimizer_parity_test.cc).
 class FuseOptimizerPass : public Pass {

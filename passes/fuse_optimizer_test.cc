@@ -148,8 +148,17 @@ TEST(FuseOptimizerTest, KeepsClippedGradientsAndMomentumAttrs) {
   EXPECT_EQ(OpsOfType(after, "clip_coefficient").size(), 1u);
 }
 
-// Under loss scaling every update skips on found_inf; the multi op does too.
-TEST(FuseOptimizerTest, PassesLossScalingsFoundInfOn) {
+// An update's attr copy_dtype, "" where it has none.
+std::string CopyDtypeOf(const Op& op) {
+  auto it = op.attr().find("copy_dtype");
+  return it == op.attr().end() ? "" : it->second.s();
+}
+
+// Under loss scaling every update skips on found_inf; the multi ops do too.
+// Mixed precision's weights, whose updates write their F16 copies (attr
+// copy_dtype, passes/hoist_param_casts.h), make one multi op, its copies
+// the last n outputs in the members' order; the biases (no copy) another.
+TEST(FuseOptimizerTest, PassesLossScalingsFoundInfOnAndGroupsTheCopies) {
   Strategy f16;
   f16.mutable_mixed_precision()->set_dtype(F16);
   const Program before = DumpAfter(Mlp(kAdamW), f16, PassBefore(f16));
@@ -157,10 +166,31 @@ TEST(FuseOptimizerTest, PassesLossScalingsFoundInfOn) {
   const std::vector<const Op*> singles = OpsOfType(before, "adam_update");
   ASSERT_FALSE(singles.empty());
   ASSERT_EQ(singles[0]->input_size(), 7);
+  std::vector<const Op*> copying;
+  for (const Op* op : singles) {
+    if (!CopyDtypeOf(*op).empty()) copying.push_back(op);
+  }
+  ASSERT_FALSE(copying.empty());
+  ASSERT_LT(copying.size(), singles.size());
   const std::vector<const Op*> multi = OpsOfType(after, "adam_update_multi");
-  ASSERT_EQ(multi.size(), 1u);
-  EXPECT_EQ(Attr(*multi[0], "n").i(), static_cast<int64_t>(singles.size()));
-  EXPECT_EQ(multi[0]->input(multi[0]->input_size() - 1), singles[0]->input(6));
+  ASSERT_EQ(multi.size(), 2u);
+  int64_t n = 0;
+  for (const Op* m : multi) {
+    n += Attr(*m, "n").i();
+    EXPECT_EQ(m->input(m->input_size() - 1), singles[0]->input(6));
+    if (CopyDtypeOf(*m).empty()) {
+      EXPECT_EQ(m->output_size(), 3 * Attr(*m, "n").i());
+      continue;
+    }
+    EXPECT_EQ(CopyDtypeOf(*m), "F16");
+    ASSERT_EQ(Attr(*m, "n").i(), static_cast<int64_t>(copying.size()));
+    ASSERT_EQ(m->output_size(), 4 * Attr(*m, "n").i());
+    for (size_t i = 0; i < copying.size(); ++i) {
+      EXPECT_EQ(m->output(static_cast<int>(3 * copying.size() + i)), copying[i]->output(3));
+      EXPECT_EQ(m->input(static_cast<int>(i)), copying[i]->input(0));
+    }
+  }
+  EXPECT_EQ(n, static_cast<int64_t>(singles.size()));
 }
 
 TEST(FuseOptimizerTest, LeavesCpuPlansAlone) {

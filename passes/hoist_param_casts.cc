@@ -1,13 +1,45 @@
 #include "passes/hoist_param_casts.h"
 
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/op_registry.h"
 #include "passes/pass_helpers.h"
 
 namespace strata {
+namespace {
+
+// The update ops that can write a param's copy themselves (attr copy_dtype).
+bool WritesCopies(const std::string& type) {
+  return type == "sgd_update" || type == "momentum_update" || type == "adam_update";
+}
+
+// By var: the one OPTIMIZE update op writing that param in place and no copy
+// yet, or -1 (none, or more than one).
+std::vector<int> UpdateOfParam(const Graph& graph) {
+  std::vector<int> update(graph.num_vars(), -1), count(graph.num_vars(), 0);
+  for (int op : graph.ops()) {
+    if (graph.role(op) != OPTIMIZE) continue;
+    const absl::Span<const int> out = graph.outputs(op);
+    for (int v : out) ++count[v];
+    if (!WritesCopies(graph.schema(op).type) || graph.inputs(op).empty() || out.empty() ||
+        graph.inputs(op)[0] != out[0]) {
+      continue;
+    }
+    auto copy = graph.attrs(op).find("copy_dtype");
+    if (copy != graph.attrs(op).end() && !copy->second.s().empty()) continue;
+    update[out[0]] = op;
+  }
+  for (int v = 0; v < graph.num_vars(); ++v) {
+    if (count[v] != 1) update[v] = -1;
+  }
+  return update;
+}
+
+}  // namespace
 
 absl::StatusOr<bool> HoistParamCastsPass::Run(Graph& graph, const CompileContext& ctx) {
   const VarWriters writers = CountWriters(graph);
@@ -27,13 +59,16 @@ absl::StatusOr<bool> HoistParamCastsPass::Run(Graph& graph, const CompileContext
     group.push_back(op);
   }
   // Where a weight is cast once an update anyway (one micro-batch, no
-  // gradient merge, no recompute), a copy would only be held longer.
+  // gradient merge, no recompute), a copy would only be held longer, unless
+  // its update writes it (no cast at all then).
   const bool once_per_update = ctx.micro_batches * ctx.merge_steps <= 1;
+  std::vector<int> update_of = UpdateOfParam(graph);
   std::vector<bool> keep(graph.num_vars(), true);
   std::vector<Op> hoisted;
   for (const auto& key : order) {
     const std::vector<int>& group = casts.at(key);
-    if (once_per_update && group.size() == 1) continue;
+    const int update = key.second == BF16 || key.second == F16 ? update_of[key.first] : -1;
+    if (once_per_update && group.size() == 1 && update < 0) continue;
     const int copy = graph.outputs(group[0])[0];
     for (size_t k = 1; k < group.size(); ++k) {
       // Another cast of the same weight (a recomputed segment's): its
@@ -48,6 +83,19 @@ absl::StatusOr<bool> HoistParamCastsPass::Run(Graph& graph, const CompileContext
     }
     Op moved = graph.AsOp(group[0]);  // a copy: AsOp's message is scratch
     moved.set_role(OPTIMIZE);
+    if (update >= 0) {
+      // The update writes the copy (one read of the new weight, no launch of
+      // its own); the cast stays only to refresh it (role REFRESH).
+      Op writer = graph.AsOp(update);
+      writer.add_output(std::string(graph.var_name(copy)));
+      (*writer.mutable_attr())["copy_dtype"] = StringAttr(DataType_Name(key.second));
+      if (absl::Status s = graph.ReplaceOp(update, writer); !s.ok()) {
+        return absl::InternalError(
+            absl::StrCat("hoist-param-casts: ", graph.OpLocation(update), ": writing the copy: ", s.message()));
+      }
+      update_of[key.first] = -1;  // one copy an update
+      moved.set_role(REFRESH);
+    }
     hoisted.push_back(std::move(moved));
     graph.EraseOp(group[0]);
     graph.set_kind(copy, PARAM_COPY);

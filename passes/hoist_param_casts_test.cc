@@ -66,7 +66,11 @@ std::string OpsAndKinds(const Program& p) {
   return out;
 }
 
-TEST(HoistParamCastsTest, CastsEachWeightOnceAfterItsUpdate) {
+// Each copy is written by its weight's update (attr copy_dtype, its last
+// output), and refreshed by the cast the forward had (role REFRESH, after
+// the update: no action runs it, the executor does before the first step
+// and after a load); no cast of a weight is left in the step.
+TEST(HoistParamCastsTest, EachCopyIsWrittenByItsUpdateAndRefreshedByItsCast) {
   for (const RankPlan& plan : Plans(Gpt(2), Bf16Pipeline(4))) {
     SCOPED_TRACE(plan.rank());
     const Program& p = plan.program();
@@ -77,23 +81,25 @@ TEST(HoistParamCastsTest, CastsEachWeightOnceAfterItsUpdate) {
       ++copies;
       copy_bytes += NumElements(v.shape()) * static_cast<int64_t>(DataTypeSize(v.dtype()));
       EXPECT_EQ(v.dtype(), BF16) << v.name();
-      // Written once, by a cast of a float32 PARAM in the optimizer action,
-      // after every op that writes the PARAM (its update).
       const std::vector<const Op*> writers = OpsWriting(p, v.name());
-      ASSERT_EQ(writers.size(), 1u) << v.name();
-      const Op& cast = *writers[0];
+      ASSERT_EQ(writers.size(), 2u) << v.name();
+      const Op& update = *writers[0];
+      const Op& cast = *writers[1];
+      EXPECT_EQ(update.type(), "adam_update") << v.name();
+      EXPECT_EQ(update.role(), OPTIMIZE) << v.name();
+      EXPECT_EQ(Attr(update, "copy_dtype").s(), "BF16") << v.name();
+      EXPECT_EQ(update.output(update.output_size() - 1), v.name());
       EXPECT_EQ(cast.type(), "cast");
-      EXPECT_EQ(cast.role(), OPTIMIZE) << v.name();
+      EXPECT_EQ(cast.role(), REFRESH) << v.name();
       ASSERT_EQ(KindOf(p, cast.input(0)), PARAM) << v.name();
-      const std::vector<const Op*> updates = OpsWriting(p, cast.input(0));
-      EXPECT_FALSE(updates.empty()) << cast.input(0) << " is never updated";
-      for (const Op* update : updates) EXPECT_LT(IndexOf(p, update), IndexOf(p, &cast)) << v.name();
+      EXPECT_EQ(update.input(0), cast.input(0)) << v.name();
+      EXPECT_EQ(OpsWriting(p, cast.input(0)).size(), 1u) << cast.input(0) << ": one update";
+      EXPECT_LT(IndexOf(p, &update), IndexOf(p, &cast)) << v.name();
     }
     EXPECT_GT(copies, 0);
-    // No cast of a weight is left in the micro-batch actions.
     const std::map<OpRole, int> left = ParamCastsByRole(p);
-    EXPECT_EQ(left.count(FORWARD) + left.count(BACKWARD) + left.count(LOSS), 0u);
-    EXPECT_EQ(left.at(OPTIMIZE), copies);
+    EXPECT_EQ(left.count(FORWARD) + left.count(BACKWARD) + left.count(LOSS) + left.count(OPTIMIZE), 0u);
+    EXPECT_EQ(left.at(REFRESH), copies);
     EXPECT_EQ(plan.memory().param_copy_bytes(), copy_bytes);
   }
 }
@@ -106,8 +112,8 @@ TEST(HoistParamCastsTest, OneCopyPerWeightWhereTheForwardCastEachOnce) {
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(r);
     const std::map<OpRole, int> before = ParamCastsByRole(off[r].program());
-    EXPECT_EQ(before.count(OPTIMIZE), 0u);
-    EXPECT_EQ(ParamCastsByRole(on[r].program()).at(OPTIMIZE), before.at(FORWARD));
+    EXPECT_EQ(before.count(REFRESH), 0u);
+    EXPECT_EQ(ParamCastsByRole(on[r].program()).at(REFRESH), before.at(FORWARD));
     EXPECT_EQ(on[r].program().op_size(), off[r].program().op_size());
     // The copies are counted once, beside the parameters, and leave the activations.
     EXPECT_EQ(off[r].memory().param_copy_bytes(), 0);
@@ -122,8 +128,8 @@ TEST(HoistParamCastsTest, OneCopyPerWeightWhereTheForwardCastEachOnce) {
 }
 
 // Recompute casts block 1's weights again in the backward: with the pass
-// those casts read the forward's copy. Over micro-batches every weight is
-// hoisted; with one micro-batch an update, the recomputed weights only.
+// those casts read the forward's copy, which every weight's update writes
+// (with one micro-batch an update too, since its update writes it).
 TEST(HoistParamCastsTest, RecomputedCastsReadTheForwardsCopy) {
   for (int micro_batches : {1, 2}) {
     SCOPED_TRACE(micro_batches);
@@ -136,14 +142,12 @@ TEST(HoistParamCastsTest, RecomputedCastsReadTheForwardsCopy) {
     const std::map<OpRole, int> before = ParamCastsByRole(off[0].program());
     ASSERT_GT(before.count(BACKWARD), 0u);
     const std::map<OpRole, int> after = ParamCastsByRole(on[0].program());
-    EXPECT_EQ(after.count(BACKWARD), 0u);
-    EXPECT_EQ(after.at(OPTIMIZE), micro_batches > 1 ? before.at(FORWARD) : before.at(BACKWARD));
-    EXPECT_EQ(after.count(FORWARD) ? after.at(FORWARD) : 0,
-              micro_batches > 1 ? 0 : before.at(FORWARD) - before.at(BACKWARD));
+    EXPECT_EQ(after.count(BACKWARD) + after.count(FORWARD) + after.count(OPTIMIZE), 0u);
+    EXPECT_EQ(after.at(REFRESH), before.at(FORWARD));
     EXPECT_EQ(on[0].program().op_size(), off[0].program().op_size() - before.at(BACKWARD));
     std::set<std::string> cast_params;
     for (const Op* op : OpsOfType(on[0].program(), "cast")) {
-      if (op->role() == OPTIMIZE) {
+      if (op->role() == REFRESH) {
         EXPECT_TRUE(cast_params.insert(op->input(0)).second) << op->input(0) << " cast twice";
       }
     }
@@ -171,25 +175,45 @@ TEST(HoistParamCastsTest, RunsWithMixedPrecisionAfterTheUpdatesAreRewiredAndBefo
 }
 
 // A plan that casts each weight once an update anyway (one micro-batch, no
-// gradient merge, no recompute: GPT-2's single-GPU step) keeps its casts
-// where they are, the copies freed after their last use; gradient merge
-// hoists them.
-TEST(HoistParamCastsTest, OneMicroBatchAnUpdateKeepsItsCasts) {
+// gradient merge, no recompute: GPT-2's single-GPU step) moves the casts of
+// the weights it trains into their updates, which write the copies (on GPU
+// plans the multi-tensor update, fuse-optimizer's): the step casts no
+// weight. A frozen weight (no update) keeps its
+// cast where it is, its copy an activation freed after its last use.
+TEST(HoistParamCastsTest, OneMicroBatchAnUpdateHasTheUpdatesWriteTheCopies) {
+  std::string text = Gpt(1);
+  const std::string frozen = "name: \"block0.attn.qkv.w\"";
+  const size_t at = text.find(frozen);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + frozen.size(), " frozen: true");
   for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
     SCOPED_TRACE(device);
-    const std::vector<RankPlan> on = Plans(Gpt(1), Bf16(), {}, device);
-    const std::vector<RankPlan> off = Plans(Gpt(1), Bf16(), {"hoist-param-casts"}, device);
+    const std::vector<RankPlan> on = Plans(text, Bf16(), {}, device);
+    const std::vector<RankPlan> off = Plans(text, Bf16(), {"hoist-param-casts"}, device);
     ASSERT_EQ(on.size(), 1u);
     ASSERT_EQ(off.size(), 1u);
-    EXPECT_EQ(OpsAndKinds(on[0].program()), OpsAndKinds(off[0].program()));
-    EXPECT_EQ(on[0].memory().param_copy_bytes(), 0);
-    Strategy merged = Bf16();
-    merged.mutable_gradient_merge()->set_k_steps(2);
-    for (const RankPlan& plan : Plans(Gpt(1), merged, {}, device)) {
-      const std::map<OpRole, int> casts = ParamCastsByRole(plan.program());
-      EXPECT_EQ(casts.count(FORWARD) + casts.count(BACKWARD), 0u);
-      EXPECT_GT(casts.at(OPTIMIZE), 0);
+    const Program& p = on[0].program();
+    const std::map<OpRole, int> before = ParamCastsByRole(off[0].program());
+    const std::map<OpRole, int> after = ParamCastsByRole(p);
+    EXPECT_EQ(after.at(FORWARD), 1);  // the frozen weight's
+    EXPECT_EQ(after.at(REFRESH), before.at(FORWARD) - 1);
+    // The same ops; on a GPU plan the updates that write copies make a multi op of their own.
+    EXPECT_EQ(p.op_size(), off[0].program().op_size() + (device == DEVICE_CUDA ? 1 : 0));
+    EXPECT_GT(on[0].memory().param_copy_bytes(), 0);
+    EXPECT_EQ(KindOf(p, "block0.attn.qkv.w@bf16"), ACTIVATION);
+    EXPECT_EQ(KindOf(p, "block0.attn.proj.w@bf16"), PARAM_COPY);
+    int copies_written = 0;
+    for (const Op& op : p.op()) {
+      auto copy = op.attr().find("copy_dtype");
+      if (copy == op.attr().end() || copy->second.s().empty()) continue;
+      EXPECT_EQ(op.type(), device == DEVICE_CUDA ? "adam_update_multi" : "adam_update");
+      const int64_t n = device == DEVICE_CUDA ? Attr(op, "n").i() : 1;
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(KindOf(p, op.output(static_cast<int>(op.output_size() - n + i))), PARAM_COPY);
+      }
+      copies_written += static_cast<int>(n);
     }
+    EXPECT_EQ(copies_written, after.at(REFRESH));
   }
 }
 

@@ -8,6 +8,7 @@ namespace strata {
 
 // Which ops a schedule action runs, by role: FORWARD(mb) the forward and loss
 // ops, BACKWARD(mb) the backward ops, OPTIMIZE the learning-rate and update ops.
+// No action runs a REFRESH op (the executor's refresh of the PARAM_COPY vars does).
 inline bool ActionRuns(Action::Kind action, OpRole role) {
   switch (action) {
     case Action::FORWARD: return role == FORWARD || role == LOSS;

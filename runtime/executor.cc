@@ -213,6 +213,18 @@ absl::Status Executor::Prepare() {
                        : ActionRuns(Action::BACKWARD, op.role()) ? &backward_
                        : ActionRuns(Action::OPTIMIZE, op.role()) ? &optimize_
                                                                  : nullptr;
+    if (op.role() == REFRESH) {
+      // A copy an update op writes at every step: this op only refreshes it.
+      for (int slot : p.output_slots) {
+        if (!in_place_output_[slot]) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i),
+                                                         " has role REFRESH but writes '", program.var(slot).name(),
+                                                         "', not a PARAM_COPY"));
+        }
+      }
+      refresh_.ops.push_back(std::move(p));
+      continue;
+    }
     if (section == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " has role ", OpRole_Name(op.role()),
                                                      ", which no action runs"));
@@ -249,7 +261,7 @@ absl::Status Executor::Prepare() {
       return x.channel().id() < y.channel().id();
     });
   }
-  // Every PARAM_COPY an op reads is written by a cast refresh_ runs.
+  // Every PARAM_COPY an op reads is written by an op refresh_ runs.
   std::vector<bool> refreshed(num_vars, false);
   for (const PreparedOp& p : refresh_.ops) {
     for (int slot : p.output_slots) refreshed[slot] = true;
@@ -258,8 +270,9 @@ absl::Status Executor::Prepare() {
     for (const PreparedOp& p : section->ops) {
       for (int slot : p.input_slots) {
         if (in_place_output_[slot] && !refreshed[slot]) {
-          return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, p.op_index), " reads PARAM_COPY '",
-                                                         program.var(slot).name(), "', which no OPTIMIZE op writes"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("plan: ", OpWhere(program, p.op_index), " reads PARAM_COPY '", program.var(slot).name(),
+                           "', which no op refreshes (an OPTIMIZE cast or a REFRESH op)"));
         }
       }
     }

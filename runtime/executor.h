@@ -293,7 +293,8 @@ class Executor {
   std::vector<int> feed_slots_;
   Section forward_, backward_, optimize_;
   // The ops that write PARAM_COPY vars (the optimizer action's casts of the
-  // updated weights, passes/hoist_param_casts.h), again: run before a step
+  // updated weights, passes/hoist_param_casts.h), again, and the REFRESH
+  // ops (the casts of the copies the updates write): run before a step
   // or an evaluation whenever the params changed outside the optimizer
   // (initialised, loaded, a failed step) and the copies may be stale.
   Section refresh_;

@@ -269,8 +269,10 @@ TEST(ExecutorTest, ParamCopiesFollowTheWeightsTheyCast) {
   EXPECT_EQ(reloaded->loss, first->loss);
 }
 
-// A plan whose PARAM_COPY no optimizer cast writes (a hand-edited plan) is
-// refused before it runs, naming the op that reads it.
+// A plan whose PARAM_COPY nothing refreshes (a hand-edited plan without the
+// REFRESH casts of the copies the updates write) is refused before it runs,
+// naming the op that reads it; a REFRESH op that writes anything but a
+// PARAM_COPY too.
 TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
   Strategy bf16;
   bf16.mutable_mixed_precision()->set_dtype(BF16);
@@ -279,7 +281,7 @@ TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
   Program* program = plan.mutable_program();
   int removed = 0;
   for (int i = program->op_size() - 1; i >= 0; --i) {
-    if (program->op(i).type() == "cast" && program->op(i).role() == OPTIMIZE) {
+    if (program->op(i).type() == "cast" && program->op(i).role() == REFRESH) {
       program->mutable_op()->DeleteSubrange(i, 1);
       ++removed;
     }
@@ -289,7 +291,15 @@ TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
   auto e = Executor::Create(plan, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("reads PARAM_COPY"), std::string::npos) << e.status();
-  EXPECT_NE(e.status().message().find("which no OPTIMIZE op writes"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("which no op refreshes"), std::string::npos) << e.status();
+
+  RankPlan refreshing = CompileMlp(32, "F32", bf16);
+  for (Op& op : *refreshing.mutable_program()->mutable_op()) {
+    if (op.type() == "increment") op.set_role(REFRESH);  // the step counter: STATE
+  }
+  e = Executor::Create(refreshing, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("has role REFRESH but writes"), std::string::npos) << e.status();
 }
 
 TEST(ExecutorTest, RejectsFeedsOfTheWrongShape) {

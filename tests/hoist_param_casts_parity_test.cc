@@ -7,7 +7,8 @@
 // parts in the pipeline's order), gradient merge over data parallelism (the
 // copies refreshed on the k-th step only, as the optimizer runs), recompute
 // (the recomputed casts read the forward's copy), F16 with dynamic loss
-// scaling, skipped updates included. A resumed run equals the
+// scaling, skipped updates included, and one device's step, whose updates
+// write the copies (on a GPU plan too). A resumed run equals the
 // uninterrupted one (runtime/executor_test.cc checks that a load into an
 // executor that has run marks its copies stale).
 
@@ -73,7 +74,11 @@ std::optional<ParityRun> ExpectTheSameBits(const Program& program, const Strateg
   EXPECT_GT(with->eval_loss, 0);
   // It trains, so equal weights mean equal training.
   EXPECT_LT(with->losses.back(), with->losses.front());
+  // A GPU plan's prediction is of the CUDA kernels' memory, not of the CPU's
+  // that run it here (which hold more scratch: the plan without the pass is
+  // over it by 5% here too).
   for (const auto& [rank, measured] : with->measured_peak_bytes) {
+    if (options.compile_for != DEVICE_CPU) break;
     EXPECT_LE(measured, with->predicted_peak_bytes.at(rank)) << "rank " << rank;
   }
   return *std::move(with);
@@ -139,6 +144,32 @@ TEST(HoistParamCastsParityTest, F16WithSkippedUpdatesTrainsTheSameBits) {
   std::cout << "skipped " << skipped << " of " << with->skipped_updates.size() << "\n";
   EXPECT_GT(skipped, 0);
   EXPECT_LT(skipped, 6);
+}
+
+// One device, one micro-batch an update (GPT-2's single-GPU layout): the
+// updates write the copies (attr copy_dtype; no weight cast in the step),
+// the same bits as the forward's casts; on a GPU plan too (fuse-optimizer's
+// multi-tensor updates writing them, on the CPU's kernels), and under F16
+// with skipped updates, which leave their copies as they were.
+TEST(HoistParamCastsParityTest, OneDeviceUpdatesWriteTheCopiesAndTrainTheSameBits) {
+  auto program = GenerateModel("gpt", TinyGpt("F32"));
+  ASSERT_TRUE(program.ok()) << program.status();
+  for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
+    SCOPED_TRACE(DeviceKind_Name(device));
+    ParityOptions options = TokenRun();
+    options.batch_size = 4;
+    options.compile_for = device;
+    ExpectTheSameBits(*program, Mixed(BF16), options);
+    Strategy f16 = Mixed(F16);
+    f16.mutable_mixed_precision()->mutable_loss_scaling()->set_init_scale(1048576);
+    options.steps = 8;
+    std::optional<ParityRun> with = ExpectTheSameBits(*program, f16, options);
+    ASSERT_TRUE(with);
+    int skipped = 0;
+    for (bool s : with->skipped_updates) skipped += s;
+    EXPECT_GT(skipped, 0);
+    EXPECT_LT(skipped, 6);
+  }
 }
 
 TEST(HoistParamCastsParityTest, ResumedRunEqualsTheUninterruptedOne) {

@@ -52,8 +52,10 @@ benches() {
 # the variants a session with little device time needs, most wanted first: Strata's defaults
 # (with cuBLASLt's notes of epilogues it ran as two passes), the float biases (cast-bias off, written
 # 2026-11-29 without a GPU), the bias gradients apart (STRATA_FUSED_BIAS_GRAD=0, likewise), the
-# mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the fused epilogues off. Timed 2026-11-29 on an H200 and left out
-# since: the WMMA attention and widened 16-bit loss (STRATA_MMA_ATTENTION=0 STRATA_FAST_HALF_LOSS=0,
+# mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the weights cast in the forward
+# (hoist-param-casts off). Timed 2026-11-29 on an H200 and left out
+# since: the fused epilogues off (46.44 ms against 35.24, the WMMA kernels),
+# the WMMA attention and widened 16-bit loss (STRATA_MMA_ATTENTION=0 STRATA_FAST_HALF_LOSS=0,
 # 35.24 ms against 22.47), the packed qkv off (35.74 against 35.24, the WMMA kernels); 2026-11-27:
 # the padded vocabulary off (52.44 ms), attention on the GEMM path (49.00 ms). Then the fused
 # epilogues against plain GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
@@ -68,10 +70,10 @@ quick_benches() {
   # The bias gradients summed apart from the weight-gradient GEMMs (cuBLASLt's BGRAD epilogues off).
   STRATA_FUSED_BIAS_GRAD=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_bias_grad_apart.txt" | tail -4 || status=1
   STRATA_MMA_WIDE_WARPS=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_16_rows.txt" | tail -4 || status=1
-  # The fused epilogues off (plain GEMMs, separate bias adds, gelu and sums): whether cuBLASLt's epilogues
-  # (or their refusal notes' two-pass fallbacks) cost more than they save.
-  timeout 50 "${g[@]}" --strata_flags "--disable_passes fuse-epilogues" 2>&1 |
-    tee "$out/gpt2_no_epilogues.txt" | tail -4 || status=1
+  # The weights cast in the forward again (hoist-param-casts off): what the updates writing the 16-bit
+  # copies (written 2026-11-29, session 38, without a GPU) save.
+  timeout 50 "${g[@]}" --strata_flags "--disable_passes hoist-param-casts" 2>&1 |
+    tee "$out/gpt2_forward_casts.txt" | tail -4 || status=1
   # The fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain one: cuBLASLt's
   # epilogue, or its refusal and the float fallback); mlp.proj.dx with DGELU (matmul_gelu_grad).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
