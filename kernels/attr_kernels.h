@@ -151,20 +151,23 @@ class EpsilonAttrKernel : public OpKernel {
   double epsilon_ = 1e-5;
 };
 
-// `out_dtype` of the ops a mixed-precision cast folds into (layer_norm's y,
-// gelu_grad's dx; passes/fold_casts): BF16 or F16, or DT_INVALID for ""
-// or no attr (the input's dtype). Anything else is InvalidArgument naming
-// the op (the schema refuses it first in a plan).
-inline absl::StatusOr<DataType> StoredOutDtype(const Op& op) {
-  auto it = op.attr().find("out_dtype");
+// A string attr naming a 16-bit dtype: BF16 or F16, or DT_INVALID for ""
+// or no attr. Anything else is InvalidArgument naming the op and the attr
+// (the schema refuses it first in a plan).
+inline absl::StatusOr<DataType> SixteenBitDtypeAttr(const Op& op, const char* attr) {
+  auto it = op.attr().find(attr);
   if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
   DataType dtype = DT_INVALID;
   if (!DataType_Parse(it->second.s(), &dtype) || (dtype != BF16 && dtype != F16)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(op.type(), ": attr 'out_dtype' must be \"\", \"BF16\" or \"F16\", got \"", it->second.s(), "\""));
+        absl::StrCat(op.type(), ": attr '", attr, "' must be \"\", \"BF16\" or \"F16\", got \"", it->second.s(), "\""));
   }
   return dtype;
 }
+
+// `out_dtype` of the ops a mixed-precision cast folds into (layer_norm's y,
+// gelu_grad's dx; passes/fold_casts), DT_INVALID for the input's dtype.
+inline absl::StatusOr<DataType> StoredOutDtype(const Op& op) { return SixteenBitDtypeAttr(op, "out_dtype"); }
 
 // matmul_bias_gelu's `z_dtype` (mixed precision, whose gelu_grad reads a
 // 16-bit z): "" (or no attr: an op built by hand) keeps z float (F64 for

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/attr_kernels.h"
 #include "proto/status_macros.h"
 #include "runtime/kernel.h"
 
@@ -38,16 +39,7 @@ bool ScalesGrad(const Op& op) {
   return it != op.attr().end() && it->second.b();
 }
 
-absl::StatusOr<DataType> ReadCopyDtype(const Op& op) {
-  auto it = op.attr().find("copy_dtype");
-  if (it == op.attr().end() || it->second.s().empty()) return DT_INVALID;
-  DataType dtype = DT_INVALID;
-  if (!DataType_Parse(it->second.s(), &dtype) || (dtype != BF16 && dtype != F16)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op.type(), ": attr 'copy_dtype' must be empty, BF16 or F16, got '", it->second.s(), "'"));
-  }
-  return dtype;
-}
+absl::StatusOr<DataType> ReadCopyDtype(const Op& op) { return SixteenBitDtypeAttr(op, "copy_dtype"); }
 
 absl::StatusOr<LrScheduleAttrs> ReadLrScheduleAttrs(const Op& op) {
   LrScheduleAttrs a;

@@ -119,7 +119,8 @@ absl::StatusOr<DataType> CopyDtype(const ShapeContext& ctx) {
   if (name.empty()) return DT_INVALID;
   DataType dtype = DT_INVALID;
   if (!DataType_Parse(name, &dtype) || (dtype != BF16 && dtype != F16)) {
-    return absl::InvalidArgumentError(absl::StrCat("attr 'copy_dtype' must be empty, BF16 or F16, got '", name, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr 'copy_dtype' must be \"\", \"BF16\" or \"F16\", got \"", name, "\""));
   }
   return dtype;
 }

@@ -323,7 +323,7 @@ TEST(MultiUpdate, CopyDtypeWritesTheCastOfTheUpdatedParam) {
                       attr { key: "copy_dtype" value { s: "F64" } })pb",
                  {TensorType{F32, {3}}, TensorType{F32, {3}}, TensorType{F32, {}}});
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.status().message(), HasSubstr("attr 'copy_dtype' must be empty, BF16 or F16"));
+  EXPECT_THAT(r.status().message(), HasSubstr("attr 'copy_dtype' must be \"\", \"BF16\" or \"F16\", got \"F64\""));
   r = InferTypes(R"pb(type: "adam_update_multi" input: [ "p", "g", "m", "v", "lr", "step" ]
                       output: [ "p", "m", "v" ] attr { key: "n" value { i: 1 } }
                       attr { key: "copy_dtype" value { s: "F16" } })pb",
