@@ -27,6 +27,39 @@ std::string OpWhere(const Program& program, int i) {
   return absl::StrCat("op #", i, " '", op.type(), "'", op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"));
 }
 
+// An update op with attr copy_dtype (passes/hoist_param_casts.h) writes its
+// params' 16-bit copies as its last n outputs (n: a multi-tensor op's attr
+// n, else 1): PARAM_COPY vars (`copy_slot`) of that dtype shaped like the
+// params (inputs 0..n-1). A hand-edited plan that breaks this is refused: the
+// kernel would write a buffer of its own that the copy's readers read as
+// the declared type.
+absl::Status CheckCopyOutputs(const Program& program, int i, const KernelDef& def, const std::vector<int>& out_slots,
+                              const std::vector<bool>& copy_slot) {
+  const Op& op = program.op(i);
+  auto attr = op.attr().find("copy_dtype");
+  if (attr == op.attr().end() || attr->second.s().empty()) return absl::OkStatus();
+  DataType dtype = DT_INVALID;
+  auto n_attr = op.attr().find("n");
+  const int64_t n = n_attr != op.attr().end() ? n_attr->second.i() : 1;
+  if (!DataType_Parse(attr->second.s(), &dtype) || n < 1 || n > op.output_size() || n > op.input_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), ": attr copy_dtype '",
+                                                   attr->second.s(), "' does not fit its ", op.output_size(),
+                                                   " outputs"));
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    const int out = static_cast<int>(op.output_size() - n + k);
+    const TensorType& want = def.input_types[k];
+    const TensorType& got = def.output_types[out];
+    if (!copy_slot[out_slots[out]] || got.dtype != dtype || got.shape != want.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: ", OpWhere(program, i), " writes '", op.output(out), "' as the ", attr->second.s(),
+                       " copy of '", op.input(static_cast<int>(k)), "' ", want.ToString(), ", but it is ",
+                       copy_slot[out_slots[out]] ? got.ToString() : "not a PARAM_COPY"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Rows [begin, begin + n) of a host tensor whose first dimension is the
 // batch, copied onto `device`.
 // Rows [begin, begin + n) of t: from host memory into `device`'s, or, for a
@@ -213,13 +246,25 @@ absl::Status Executor::Prepare() {
                        : ActionRuns(Action::BACKWARD, op.role()) ? &backward_
                        : ActionRuns(Action::OPTIMIZE, op.role()) ? &optimize_
                                                                  : nullptr;
+    if (absl::Status s = CheckCopyOutputs(program, i, def, p.output_slots, in_place_output_); !s.ok()) return s;
     if (op.role() == REFRESH) {
-      // A copy an update op writes at every step: this op only refreshes it.
+      // A copy an update op writes at every step: this op only refreshes it,
+      // from persistent vars (the executor runs it outside any action).
+      if (p.output_slots.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan: ", OpWhere(program, i), " has role REFRESH but writes nothing"));
+      }
       for (int slot : p.output_slots) {
         if (!in_place_output_[slot]) {
           return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i),
                                                          " has role REFRESH but writes '", program.var(slot).name(),
                                                          "', not a PARAM_COPY"));
+        }
+      }
+      for (int slot : p.input_slots) {
+        if (!persistent_[slot]) {
+          return absl::InvalidArgumentError(absl::StrCat("plan: ", OpWhere(program, i), " has role REFRESH but reads '",
+                                                         program.var(slot).name(), "', which is not persistent"));
         }
       }
       refresh_.ops.push_back(std::move(p));
@@ -261,10 +306,30 @@ absl::Status Executor::Prepare() {
       return x.channel().id() < y.channel().id();
     });
   }
-  // Every PARAM_COPY an op reads is written by an op refresh_ runs.
-  std::vector<bool> refreshed(num_vars, false);
+  // Every PARAM_COPY an op reads is written by an op refresh_ runs, and a
+  // copy refreshed from a var the step writes (an updated weight) is written
+  // in the step too: it would go stale otherwise.
+  std::vector<bool> refreshed(num_vars, false), written_in_step(num_vars, false);
   for (const PreparedOp& p : refresh_.ops) {
     for (int slot : p.output_slots) refreshed[slot] = true;
+  }
+  for (const Section* section : {&forward_, &backward_, &optimize_}) {
+    for (const PreparedOp& p : section->ops) {
+      for (int slot : p.output_slots) written_in_step[slot] = true;
+    }
+  }
+  for (const PreparedOp& p : refresh_.ops) {
+    if (program.op(p.op_index).role() != REFRESH) continue;  // an OPTIMIZE cast's twin
+    for (int in : p.input_slots) {
+      if (!written_in_step[in]) continue;
+      for (int slot : p.output_slots) {
+        if (!written_in_step[slot]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "plan: ", OpWhere(program, p.op_index), " refreshes PARAM_COPY '", program.var(slot).name(), "' from '",
+              program.var(in).name(), "', which the step updates, but no op of the step writes the copy"));
+        }
+      }
+    }
   }
   for (const Section* section : {&forward_, &backward_, &optimize_}) {
     for (const PreparedOp& p : section->ops) {

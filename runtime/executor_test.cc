@@ -300,6 +300,41 @@ TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
   e = Executor::Create(refreshing, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("has role REFRESH but writes"), std::string::npos) << e.status();
+
+  // One micro-batch an update: the updates write the copies. An update that
+  // no longer does (its copy output and attr gone) would leave its copy
+  // stale after the first step; one whose copy output names a var of
+  // another type would write a buffer of its own.
+  Strategy one;
+  one.mutable_mixed_precision()->set_dtype(BF16);
+  const RankPlan writing = CompileMlp(32, "F32", one);
+  int updates = 0;
+  for (const Op& op : writing.program().op())
+    updates += op.attr().count("copy_dtype") > 0 && !op.attr().at("copy_dtype").s().empty();
+  ASSERT_GT(updates, 1);
+  RankPlan stale = writing;
+  for (Op& op : *stale.mutable_program()->mutable_op()) {
+    auto copy = op.attr().find("copy_dtype");
+    if (copy == op.attr().end() || copy->second.s().empty()) continue;
+    op.mutable_attr()->erase("copy_dtype");
+    op.mutable_output()->RemoveLast();
+    break;
+  }
+  e = Executor::Create(stale, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("which the step updates, but no op of the step writes the copy"),
+            std::string::npos)
+      << e.status();
+  RankPlan crossed = writing;
+  std::vector<Op*> writers;
+  for (Op& op : *crossed.mutable_program()->mutable_op()) {
+    auto copy = op.attr().find("copy_dtype");
+    if (copy != op.attr().end() && !copy->second.s().empty()) writers.push_back(&op);
+  }
+  writers[0]->set_output(writers[0]->output_size() - 1, writers[1]->output(writers[1]->output_size() - 1));
+  e = Executor::Create(crossed, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("as the BF16 copy of"), std::string::npos) << e.status();
 }
 
 TEST(ExecutorTest, RejectsFeedsOfTheWrongShape) {

@@ -156,6 +156,20 @@ TEST(HoistParamCastsParityTest, OneDeviceUpdatesWriteTheCopiesAndTrainTheSameBit
   ASSERT_TRUE(program.ok()) << program.status();
   for (DeviceKind device : {DEVICE_CPU, DEVICE_CUDA}) {
     SCOPED_TRACE(DeviceKind_Name(device));
+    // The plan's updates (on a GPU plan the multi-tensor ones) write the copies.
+    CompileOptions copts;
+    copts.batch_size = 4;
+    copts.device_kind = device;
+    auto compiled = Compile(*program, Mixed(BF16), copts);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    int writers = 0;
+    for (const Op& op : compiled->plans[0].program().op()) {
+      auto copy = op.attr().find("copy_dtype");
+      if (copy == op.attr().end() || copy->second.s().empty()) continue;
+      ++writers;
+      EXPECT_EQ(op.type(), device == DEVICE_CUDA ? "adam_update_multi" : "adam_update");
+    }
+    EXPECT_GT(writers, 0);
     ParityOptions options = TokenRun();
     options.batch_size = 4;
     options.compile_for = device;

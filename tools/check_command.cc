@@ -361,6 +361,7 @@ int CheckCommand(const std::string& path) {
         }
         continue;
       }
+      if (op.role() == REFRESH) continue;  // run before the first step and after a load, not in a step
       stage_ops[stage]++;
       stage_forward_ops[stage] += op.role() == FORWARD || op.role() == LOSS;
     }
