@@ -52,8 +52,8 @@ benches() {
 # the variants a session with little device time needs, most wanted first: Strata's defaults
 # (with cuBLASLt's notes of epilogues it ran as two passes), the float biases (cast-bias off, written
 # 2026-11-29 without a GPU), the bias gradients apart (STRATA_FUSED_BIAS_GRAD=0, likewise), the
-# mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the weights cast in the forward
-# (hoist-param-casts off). Timed 2026-11-29 on an H200 and left out
+# mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the layer norms' rows in registers
+# (STRATA_LN_ROW_REGISTERS=1), the weights cast in the forward (hoist-param-casts off). Timed 2026-11-29 on an H200 and left out
 # since: the fused epilogues off (46.44 ms against 35.24, the WMMA kernels),
 # the WMMA attention and widened 16-bit loss (STRATA_MMA_ATTENTION=0 STRATA_FAST_HALF_LOSS=0,
 # 35.24 ms against 22.47), the packed qkv off (35.74 against 35.24, the WMMA kernels); 2026-11-27:
@@ -70,6 +70,8 @@ quick_benches() {
   # The bias gradients summed apart from the weight-gradient GEMMs (cuBLASLt's BGRAD epilogues off).
   STRATA_FUSED_BIAS_GRAD=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_bias_grad_apart.txt" | tail -4 || status=1
   STRATA_MMA_WIDE_WARPS=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_16_rows.txt" | tail -4 || status=1
+  # The layer norms with the rows in registers (STRATA_LN_ROW_REGISTERS=1, off by default until timed).
+  STRATA_LN_ROW_REGISTERS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_ln_registers.txt" | tail -4 || status=1
   # The weights cast in the forward again (hoist-param-casts off): what the updates writing the 16-bit
   # copies (written 2026-11-29, session 38, without a GPU) save.
   timeout 50 "${g[@]}" --strata_flags "--disable_passes hoist-param-casts" 2>&1 |
@@ -146,6 +148,8 @@ case "$mode" in
     # benchmarks time; counted apart. (The tests run the WMMA kernels and the widened 16-bit loss, the
     # defaults' alternatives, themselves.)
     tests_with "$out/gpu-tests-mma-16.log" '*Attention*' attention STRATA_MMA_WIDE_WARPS=0
+    # The layer norms with the rows in registers (written 2026-11-29, session 38, without a GPU; off by default).
+    tests_with "$out/gpu-tests-ln-registers.log" '*LayerNorm*' layer-norm STRATA_LN_ROW_REGISTERS=1
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
     echo "$passed passed, $failed failed (test binaries)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.

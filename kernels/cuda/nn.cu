@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/nn.h"
@@ -313,6 +314,157 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
   }
 }
 
+// ---------------------------------------------------------------------------
+// The rows kept in registers (float x, D <= kLanes * kU): a lane loads its
+// terms x[k], x[k + 8], ... (and the gradient's dy terms) once, every load
+// in flight together, and the lane sums, the outputs and dx read them from
+// registers, where the kernels above read the row again for each sum (ncu on
+// an H200: 63% of the rows kernel's stalls on its 4-byte loads, the
+// repeated passes over a row that an SM's L1 cannot hold for all its rows
+// read from L2). The same terms in the same order, so the same bits; the
+// tail (D % 8 terms, lane 0's) is read from memory as above. kRegRowBlocks
+// blocks an SM: the registers a lane's terms take (ptxas, sm_90: 255 a
+// thread; the forward spills 16 bytes, the gradient 312-384). Behind
+// LayerNormRowsInRegisters() (off) until a GPU has timed them.
+constexpr int kRegU = 96;  // a lane's terms: D <= 768 (GPT-2 124M's d_model)
+constexpr int kRegRowBlocks = 4;
+
+// Whether LayerNorm / LayerNormGrad keep float rows in registers
+// (LayerNormRowsInRegisters()).
+bool RowsInRegisters(int64_t D) { return D <= kLanes * kRegU && LayerNormRowsInRegisters().load(); }
+
+// How many of the lane's terms k, k + 8, ... lie below `end` (D <= 768:
+// 32-bit offsets, and the unrolled loops below index from the lane's first
+// term with constant offsets).
+__device__ __forceinline__ int LaneTerms(int64_t end) {
+  const int k = threadIdx.x % kLanes;
+  return end > k ? static_cast<int>((end - k + kLanes - 1) / kLanes) : 0;
+}
+
+// The lane's first `n` terms of a row from its first one (`lane0`: the
+// row's element k), zeros after.
+template <typename T, typename S>
+__device__ __forceinline__ void LoadLane(T (&v)[kRegU], const S* lane0, int n) {
+#pragma unroll
+  for (int u = 0; u < kRegU; ++u) v[u] = u < n ? Convert<T>(lane0[kLanes * u]) : T(0);
+}
+
+// LaneSum(d, f) with the lane's terms term(u) (f of its u-th element) below
+// the full groups of eight, lane 0 adding tail(j) over the tail (from
+// memory), combined as the CPU combines its lanes.
+template <typename F, typename G>
+__device__ __forceinline__ double RegisterLaneSum(int64_t d, const F& term, const G& tail) {
+  const int64_t full = d - d % kLanes;
+  const int n = LaneTerms(full);
+  double lane = 0;
+#pragma unroll
+  for (int u = 0; u < kRegU; ++u) {
+    if (u < n) lane += term(u);
+  }
+  double rest = 0;
+  if (threadIdx.x % kLanes == 0) {
+    for (int64_t j = full; j < d; ++j) rest += tail(j);
+  }
+  return CombineLanes(lane, rest);
+}
+
+// RowMoments over the lane's registers.
+__device__ __forceinline__ void RegisterRowMoments(const float (&v)[kRegU], const float* xr, int64_t d, int64_t D,
+                                                   double epsilon, double* mean, double* rstd) {
+  const double m =
+      RegisterLaneSum(
+          d, [&](int u) { return static_cast<double>(v[u]); }, [&](int64_t j) { return static_cast<double>(xr[j]); }) /
+      D;
+  const double sq = RegisterLaneSum(
+      d,
+      [&](int u) {
+        const double c = v[u] - m;
+        return c * c;
+      },
+      [&](int64_t j) {
+        const double c = xr[j] - m;
+        return c * c;
+      });
+  *mean = m;
+  *rstd = 1.0 / sqrt(sq / D + epsilon);
+}
+
+// LayerNormKernel with the row in registers.
+template <typename Y>
+__global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
+    LayerNormRegisterKernel(Y* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,
+                            double epsilon) {
+  const int k = threadIdx.x % kLanes;
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+    const int64_t r = first + threadIdx.x / kLanes;
+    const bool valid = r < R;
+    const int64_t d = valid ? D : 0;
+    const float* xr = x + (valid ? r : 0) * D;
+    const int n = LaneTerms(d);
+    float v[kRegU];
+    LoadLane(v, xr + k, n);
+    double mean, rstd;
+    RegisterRowMoments(v, xr, d, D, epsilon, &mean, &rstd);
+    if (!valid) continue;
+    const float m = static_cast<float>(mean), rs = static_cast<float>(rstd);
+    Y* yk = y + r * D + k;
+    const float* gk = gamma + k;
+    const float* bk = beta + k;
+#pragma unroll
+    for (int u = 0; u < kRegU; ++u) {
+      if (u < n) yk[kLanes * u] = Convert<Y>((v[u] - m) * rs * gk[kLanes * u] + bk[kLanes * u]);
+    }
+  }
+}
+
+// LayerNormGradRowsKernel with x and dy (widened to float, exactly) in registers.
+template <typename DY, typename L>
+__global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
+    LayerNormGradRegisterKernel(float* dx, L* dx_low, double* row_mean, double* row_rstd, const float* x,
+                                const float* gamma, const DY* dy, const float* residual, int64_t R, int64_t D,
+                                double epsilon) {
+  const int k = threadIdx.x % kLanes;
+  const float* gk = gamma + k;
+  for (int64_t first = blockIdx.x * int64_t{kRowsPerBlock}; first < R; first += gridDim.x * int64_t{kRowsPerBlock}) {
+    const int64_t r = first + threadIdx.x / kLanes;
+    const bool valid = r < R;
+    const int64_t d = valid ? D : 0;
+    const float* xr = x + (valid ? r : 0) * D;
+    const DY* dyr = dy + (valid ? r : 0) * D;
+    const int n = LaneTerms(d);
+    float xv[kRegU], dyv[kRegU];
+    LoadLane(xv, xr + k, n);
+    LoadLane(dyv, dyr + k, n);
+    double mean, rstd;
+    RegisterRowMoments(xv, xr, d, D, epsilon, &mean, &rstd);
+    // LaneSum2's two chains, each in its own order (the terms as the kernel above computes them).
+    const double sum_g = RegisterLaneSum(
+        d, [&](int u) { return static_cast<double>(dyv[u]) * gk[kLanes * u]; },
+        [&](int64_t j) { return WideDy<float>(dyr, j) * gamma[j]; });
+    const double sum_gx = RegisterLaneSum(
+        d, [&](int u) { return static_cast<double>(dyv[u]) * gk[kLanes * u] * ((xv[u] - mean) * rstd); },
+        [&](int64_t j) { return WideDy<float>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd); });
+    const double mean_g = sum_g / D, mean_gx = sum_gx / D;
+    if (!valid) continue;
+    if (k == 0) {
+      row_mean[r] = mean;
+      row_rstd[r] = rstd;
+    }
+    float* dxk = dx + r * D + k;
+    L* dxlk = dx_low != nullptr ? dx_low + r * D + k : nullptr;
+    const float* resk = residual != nullptr ? residual + r * D + k : nullptr;
+#pragma unroll
+    for (int u = 0; u < kRegU; ++u) {
+      if (u >= n) continue;
+      const double xhat = (xv[u] - mean) * rstd, g = static_cast<double>(dyv[u]) * gk[kLanes * u];
+      float value = static_cast<float>(rstd * (g - mean_g - xhat * mean_gx));
+      if (resk != nullptr) value = resk[kLanes * u] + value;  // add_n's sum, in T
+      dxk[kLanes * u] = value;
+      if (dxlk != nullptr) dxlk[kLanes * u] = Convert<L>(value);
+    }
+  }
+}
+
 // partial[b * 2D + j] (dgamma) and partial[b * 2D + D + j] (dbeta): block b's
 // rows added in row order, one thread per (b, j); kBatch2 rows' terms loaded
 // and computed ahead of their adds.
@@ -379,6 +531,13 @@ template <typename T, typename Y>
 cudaError_t LayerNorm(Y* y, const T* x, const T* gamma, const T* beta, int64_t R, int64_t D, double epsilon,
                       cudaStream_t stream) {
   if (R == 0 || D == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<T, float>) {
+    if (RowsInRegisters(D)) {
+      LayerNormRegisterKernel<Y>
+          <<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
+      return cudaGetLastError();
+    }
+  }
   LayerNormKernel<T, Y><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(y, x, gamma, beta, R, D, epsilon);
   return cudaGetLastError();
 }
@@ -397,8 +556,18 @@ cudaError_t LayerNormGrad(T* dx, T* dgamma, T* dbeta, const T* x, const T* gamma
   double* row_mean = scratch;
   double* row_rstd = row_mean + R;
   double* partial = row_rstd + R;
-  LayerNormGradRowsKernel<T, DY, L><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
-      dx, dx_low, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
+  bool registers = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (RowsInRegisters(D)) {
+      registers = true;
+      LayerNormGradRegisterKernel<DY, L><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
+          dx, dx_low, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
+    }
+  }
+  if (!registers) {
+    LayerNormGradRowsKernel<T, DY, L><<<Blocks(R, kRowsPerBlock), kRowThreads, 0, stream>>>(
+        dx, dx_low, row_mean, row_rstd, x, gamma, dy, residual, R, D, epsilon);
+  }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   LayerNormGradPartialKernel<T, DY><<<Blocks(blocks * D, kPartialThreads), kPartialThreads, 0, stream>>>(
       partial, row_mean, row_rstd, x, dy, R, D, rows_per_block, blocks);

@@ -31,8 +31,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
+#include "kernels/env_switch.h"
 #include "runtime/float16.h"
 
 namespace strata {
@@ -45,6 +47,24 @@ cudaError_t LaunchSoftmax(SoftmaxMode mode, float* out, const float* a, const fl
                           cudaStream_t stream);
 cudaError_t LaunchSoftmax(SoftmaxMode mode, double* out, const double* a, const double* b, int64_t M, int64_t K,
                           int64_t N, cudaStream_t stream);
+
+// Whether layer_norm and layer_norm_grad keep an F32 row of at most 768
+// values in registers (each value loaded once; the same bits as the kernels
+// that read the row again for each sum, nn.cu). Written 2026-11-29 (session
+// 38) without a GPU and checked bit for bit in nn_emulation_test; ptxas
+// (sm_90) gives both kernels 255 registers, the gradient's spilling 384
+// bytes, so off until a GPU has timed it: STRATA_LN_ROW_REGISTERS=1 turns
+// it on for a process (tools/gpu_check.sh times GPT-2 with it).
+inline std::atomic<bool>& LayerNormRowsInRegisters() {
+  static std::atomic<bool> on{EnvSwitch("STRATA_LN_ROW_REGISTERS", /*default_on=*/false)};
+  return on;
+}
+
+// Sets LayerNormRowsInRegisters() for its lifetime (tests), then restores it.
+class ScopedLayerNormRowsInRegisters : public ScopedSwitch {
+ public:
+  explicit ScopedLayerNormRowsInRegisters(bool on) : ScopedSwitch(LayerNormRowsInRegisters(), on) {}
+};
 
 // y [R, D] = layer_norm(x) * gamma + beta.
 cudaError_t LaunchLayerNorm(float* y, const float* x, const float* gamma, const float* beta, int64_t R, int64_t D,

@@ -76,17 +76,28 @@ void CheckLayerNorm(DataType x_dtype, DataType y_dtype, int64_t R, int64_t D) {
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{70, 37}, {33, 64},   {5, 5},   {1, 8},
                                                           {40, 1},  {300, 768}, {6, 3000}};
 
+// Each float case on both kernels: the rows kept in registers (D <= 768,
+// STRATA_LN_ROW_REGISTERS=1) and read again for each sum (the default;
+// cuda::LayerNormRowsInRegisters).
 TEST(NnEmulation, LayerNormFloatAndDouble) {
-  for (auto [R, D] : kShapes) {
-    CheckLayerNorm<float, float>(F32, F32, R, D);
-    CheckLayerNorm<double, double>(F64, F64, R, D);
+  for (bool registers : {true, false}) {
+    SCOPED_TRACE(registers ? "rows in registers" : "rows read again");
+    cuda::ScopedLayerNormRowsInRegisters scoped(registers);
+    for (auto [R, D] : kShapes) {
+      CheckLayerNorm<float, float>(F32, F32, R, D);
+      if (registers) CheckLayerNorm<double, double>(F64, F64, R, D);  // the same kernel either way
+    }
   }
 }
 
 TEST(NnEmulation, LayerNormFloatStoredAs16Bits) {
-  for (auto [R, D] : kShapes) {
-    CheckLayerNorm<float, bfloat16>(F32, BF16, R, D);
-    CheckLayerNorm<float, float16>(F32, F16, R, D);
+  for (bool registers : {true, false}) {
+    SCOPED_TRACE(registers ? "rows in registers" : "rows read again");
+    cuda::ScopedLayerNormRowsInRegisters scoped(registers);
+    for (auto [R, D] : kShapes) {
+      CheckLayerNorm<float, bfloat16>(F32, BF16, R, D);
+      CheckLayerNorm<float, float16>(F32, F16, R, D);
+    }
   }
 }
 
@@ -133,19 +144,27 @@ TEST(NnEmulation, LayerNormGradSeveralBlocksOfRows) {
 }
 
 TEST(NnEmulation, LayerNormGradFloatAndDouble) {
-  for (auto [R, D] : kGradShapes) {
-    for (bool residual : {false, true}) {
-      CheckLayerNormGrad<float, float>(F32, F32, R, D, residual);
-      CheckLayerNormGrad<double, double>(F64, F64, R, D, residual);
+  for (bool registers : {true, false}) {
+    SCOPED_TRACE(registers ? "rows in registers" : "rows read again");
+    cuda::ScopedLayerNormRowsInRegisters scoped(registers);
+    for (auto [R, D] : kGradShapes) {
+      for (bool residual : {false, true}) {
+        CheckLayerNormGrad<float, float>(F32, F32, R, D, residual);
+        if (registers) CheckLayerNormGrad<double, double>(F64, F64, R, D, residual);
+      }
     }
   }
 }
 
 TEST(NnEmulation, LayerNormGradSixteenBitDy) {
-  for (auto [R, D] : kGradShapes) {
-    for (bool residual : {false, true}) {
-      CheckLayerNormGrad<float, bfloat16>(F32, BF16, R, D, residual);
-      CheckLayerNormGrad<float, float16>(F32, F16, R, D, residual);
+  for (bool registers : {true, false}) {
+    SCOPED_TRACE(registers ? "rows in registers" : "rows read again");
+    cuda::ScopedLayerNormRowsInRegisters scoped(registers);
+    for (auto [R, D] : kGradShapes) {
+      for (bool residual : {false, true}) {
+        CheckLayerNormGrad<float, bfloat16>(F32, BF16, R, D, residual);
+        CheckLayerNormGrad<float, float16>(F32, F16, R, D, residual);
+      }
     }
   }
 }
@@ -185,12 +204,16 @@ void CheckLayerNormGradStored(DataType dy_dtype, DataType low, int64_t R, int64_
 }
 
 TEST(NnEmulation, LayerNormGradStoresDxAgainInSixteenBits) {
-  for (auto [R, D] : kGradShapes) {
-    for (bool residual : {false, true}) {
-      CheckLayerNormGradStored<float, bfloat16>(F32, BF16, R, D, residual);
-      CheckLayerNormGradStored<bfloat16, bfloat16>(BF16, BF16, R, D, residual);
-      CheckLayerNormGradStored<float16, float16>(F16, F16, R, D, residual);
-      CheckLayerNormGradStored<float, float16>(F32, F16, R, D, residual);
+  for (bool registers : {true, false}) {
+    SCOPED_TRACE(registers ? "rows in registers" : "rows read again");
+    cuda::ScopedLayerNormRowsInRegisters scoped(registers);
+    for (auto [R, D] : kGradShapes) {
+      for (bool residual : {false, true}) {
+        CheckLayerNormGradStored<float, bfloat16>(F32, BF16, R, D, residual);
+        CheckLayerNormGradStored<bfloat16, bfloat16>(BF16, BF16, R, D, residual);
+        CheckLayerNormGradStored<float16, float16>(F16, F16, R, D, residual);
+        CheckLayerNormGradStored<float, float16>(F32, F16, R, D, residual);
+      }
     }
   }
 }
