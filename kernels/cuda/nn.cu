@@ -322,16 +322,59 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
 // an H200: 63% of the rows kernel's stalls on its 4-byte loads, the
 // repeated passes over a row that an SM's L1 cannot hold for all its rows
 // read from L2). The same terms in the same order, so the same bits; the
-// tail (D % 8 terms, lane 0's) is read from memory as above. kRegRowBlocks
-// blocks an SM: the registers a lane's terms take (ptxas, sm_90: 255 a
-// thread; the forward spills 16 bytes, the gradient 312-384). Behind
-// LayerNormRowsInRegisters() (off) until a GPU has timed them.
+// tail (D % 8 terms, lane 0's) is read from memory as above. Blocks an SM:
+// as many as the registers a lane's terms take allow (ptxas, sm_90 and
+// sm_80, no spills: the forward 153 a thread, 6 blocks; the gradient
+// 250-255, 4 blocks, its two dy sums in one loop so that each gamma is read
+// once). Behind LayerNormRowsInRegisters() (off) until a GPU has timed them.
 constexpr int kRegU = 96;  // a lane's terms: D <= 768 (GPT-2 124M's d_model)
-constexpr int kRegRowBlocks = 4;
+constexpr int kRegRowBlocks = 6;      // the forward: 153 registers
+constexpr int kRegGradRowBlocks = 4;  // the gradient: 250-255
 
 // Whether LayerNorm / LayerNormGrad keep float rows in registers
 // (LayerNormRowsInRegisters()).
 bool RowsInRegisters(int64_t D) { return D <= kLanes * kRegU && LayerNormRowsInRegisters().load(); }
+
+// x itself, through a register move the compiler may not merge with
+// another: a term widened to double in one sum and again in the next is
+// then converted twice rather than kept as a double between them (which
+// doubled the registers the terms take).
+__device__ __forceinline__ float Fresh(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm volatile("mov.b32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x;
+#endif
+}
+
+// A lane's dy terms in registers, widened to float (exactly) as read: a
+// 16-bit dy's kept as pairs of bits in 32-bit registers (half the registers
+// of floats), an F32 dy's as floats.
+template <typename DY>
+struct LaneDy {
+  uint32_t w[kRegU / 2];
+  __device__ __forceinline__ void Load(const DY* lane0, int n) {
+#pragma unroll
+    for (int u = 0; u < kRegU; u += 2) {
+      const uint32_t lo = u < n ? lane0[kLanes * u].bits : 0u;
+      const uint32_t hi = u + 1 < n ? lane0[kLanes * (u + 1)].bits : 0u;
+      w[u / 2] = lo | (hi << 16);
+    }
+  }
+  __device__ __forceinline__ float operator()(int u) const {
+    DY t;
+    t.bits = static_cast<uint16_t>(w[u / 2] >> (16 * (u % 2)));
+    return Fresh(Convert<float>(t));
+  }
+};
+template <>
+struct LaneDy<float> {
+  float v[kRegU];
+  __device__ __forceinline__ void Load(const float* lane0, int n);
+  __device__ __forceinline__ float operator()(int u) const { return Fresh(v[u]); }
+};
 
 // How many of the lane's terms k, k + 8, ... lie below `end` (D <= 768:
 // 32-bit offsets, and the unrolled loops below index from the lane's first
@@ -368,6 +411,8 @@ __device__ __forceinline__ double RegisterLaneSum(int64_t d, const F& term, cons
   return CombineLanes(lane, rest);
 }
 
+__device__ __forceinline__ void LaneDy<float>::Load(const float* lane0, int n) { LoadLane(v, lane0, n); }
+
 // RowMoments over the lane's registers.
 __device__ __forceinline__ void RegisterRowMoments(const float (&v)[kRegU], const float* xr, int64_t d, int64_t D,
                                                    double epsilon, double* mean, double* rstd) {
@@ -378,7 +423,7 @@ __device__ __forceinline__ void RegisterRowMoments(const float (&v)[kRegU], cons
   const double sq = RegisterLaneSum(
       d,
       [&](int u) {
-        const double c = v[u] - m;
+        const double c = Fresh(v[u]) - m;
         return c * c;
       },
       [&](int64_t j) {
@@ -412,14 +457,14 @@ __global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
     const float* bk = beta + k;
 #pragma unroll
     for (int u = 0; u < kRegU; ++u) {
-      if (u < n) yk[kLanes * u] = Convert<Y>((v[u] - m) * rs * gk[kLanes * u] + bk[kLanes * u]);
+      if (u < n) yk[kLanes * u] = Convert<Y>((Fresh(v[u]) - m) * rs * gk[kLanes * u] + bk[kLanes * u]);
     }
   }
 }
 
-// LayerNormGradRowsKernel with x and dy (widened to float, exactly) in registers.
+// LayerNormGradRowsKernel with x and dy in registers (LaneDy).
 template <typename DY, typename L>
-__global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
+__global__ void __launch_bounds__(kRowThreads, kRegGradRowBlocks)
     LayerNormGradRegisterKernel(float* dx, L* dx_low, double* row_mean, double* row_rstd, const float* x,
                                 const float* gamma, const DY* dy, const float* residual, int64_t R, int64_t D,
                                 double epsilon) {
@@ -432,19 +477,32 @@ __global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
     const float* xr = x + (valid ? r : 0) * D;
     const DY* dyr = dy + (valid ? r : 0) * D;
     const int n = LaneTerms(d);
-    float xv[kRegU], dyv[kRegU];
+    float xv[kRegU];
+    LaneDy<DY> dyv;
     LoadLane(xv, xr + k, n);
-    LoadLane(dyv, dyr + k, n);
+    dyv.Load(dyr + k, n);
     double mean, rstd;
     RegisterRowMoments(xv, xr, d, D, epsilon, &mean, &rstd);
-    // LaneSum2's two chains, each in its own order (the terms as the kernel above computes them).
-    const double sum_g = RegisterLaneSum(
-        d, [&](int u) { return static_cast<double>(dyv[u]) * gk[kLanes * u]; },
-        [&](int64_t j) { return WideDy<float>(dyr, j) * gamma[j]; });
-    const double sum_gx = RegisterLaneSum(
-        d, [&](int u) { return static_cast<double>(dyv[u]) * gk[kLanes * u] * ((xv[u] - mean) * rstd); },
-        [&](int64_t j) { return WideDy<float>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd); });
-    const double mean_g = sum_g / D, mean_gx = sum_gx / D;
+    // LaneSum2's two chains in one loop (each term's gamma read once), each
+    // chain in its own order, the terms as the kernel above computes them.
+    const int64_t full = d - d % kLanes;
+    const int n_full = LaneTerms(full);
+    double lane_g = 0, lane_gx = 0;
+#pragma unroll
+    for (int u = 0; u < kRegU; ++u) {
+      if (u >= n_full) continue;
+      const double g = static_cast<double>(dyv(u)) * gk[kLanes * u];
+      lane_g += g;
+      lane_gx += g * ((Fresh(xv[u]) - mean) * rstd);
+    }
+    double tail_g = 0, tail_gx = 0;
+    if (k == 0) {
+      for (int64_t j = full; j < d; ++j) {
+        tail_g += WideDy<float>(dyr, j) * gamma[j];
+        tail_gx += WideDy<float>(dyr, j) * gamma[j] * ((xr[j] - mean) * rstd);
+      }
+    }
+    const double mean_g = CombineLanes(lane_g, tail_g) / D, mean_gx = CombineLanes(lane_gx, tail_gx) / D;
     if (!valid) continue;
     if (k == 0) {
       row_mean[r] = mean;
@@ -456,7 +514,7 @@ __global__ void __launch_bounds__(kRowThreads, kRegRowBlocks)
 #pragma unroll
     for (int u = 0; u < kRegU; ++u) {
       if (u >= n) continue;
-      const double xhat = (xv[u] - mean) * rstd, g = static_cast<double>(dyv[u]) * gk[kLanes * u];
+      const double xhat = (Fresh(xv[u]) - mean) * rstd, g = static_cast<double>(dyv(u)) * gk[kLanes * u];
       float value = static_cast<float>(rstd * (g - mean_g - xhat * mean_gx));
       if (resk != nullptr) value = resk[kLanes * u] + value;  // add_n's sum, in T
       dxk[kLanes * u] = value;

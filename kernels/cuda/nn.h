@@ -51,10 +51,10 @@ cudaError_t LaunchSoftmax(SoftmaxMode mode, double* out, const double* a, const 
 // Whether layer_norm and layer_norm_grad keep an F32 row of at most 768
 // values in registers (each value loaded once; the same bits as the kernels
 // that read the row again for each sum, nn.cu). Written 2026-11-29 (session
-// 38) without a GPU and checked bit for bit in nn_emulation_test; ptxas
-// (sm_90) gives both kernels 255 registers, the gradient's spilling 384
-// bytes, so off until a GPU has timed it: STRATA_LN_ROW_REGISTERS=1 turns
-// it on for a process (tools/gpu_check.sh times GPT-2 with it).
+// 38) without a GPU and checked bit for bit in nn_emulation_test; fewer
+// blocks an SM than the kernels it replaces (the registers the rows take),
+// so off until a GPU has timed it: STRATA_LN_ROW_REGISTERS=1 turns it on
+// for a process (tools/gpu_check.sh times GPT-2 with it).
 inline std::atomic<bool>& LayerNormRowsInRegisters() {
   static std::atomic<bool> on{EnvSwitch("STRATA_LN_ROW_REGISTERS", /*default_on=*/false)};
   return on;
