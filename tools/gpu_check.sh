@@ -81,6 +81,10 @@ quick_benches() {
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
     --shapes=qkv.fwd,attn.proj.fwd,mlp.fc.fwd,mlp.proj.fwd,qkv.dw,mlp.fc.dw,mlp.proj.dx 2>&1 |
     tee "$out/gemm_epilogues.txt" | grep -v '^RESULT' | tail -22 || status=1
+  # The layer norms both ways (the rows reread, the default, and kept in registers) against a copy of
+  # their bytes, their outputs compared bit for bit.
+  timeout 30 bash .device/run.sh layer_norm_bench 2>&1 | tee "$out/layer_norm.txt" | grep -v '^RESULT' | tail -6 ||
+    status=1
   # The attention kernels against torch's SDPA backends, then where a step's device time goes: a traced
   # GPT-2 run (each op waited for) summed by op type.
   timeout 50 python3 bench/attention.py --strata "bash .device/run.sh attention_bench" 2>&1 |
@@ -113,7 +117,8 @@ case "$mode" in
     set -e
     targets=$(bazel query 'attr(tags, gpu, tests(//...))' 2>/dev/null)
     extra="//kernels/cuda:cuda_info_test //kernels/cuda:cuda_info //tools:strata_gpu //tools:strata
-      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu //bench:attention_bench"
+      //bench:gemm_bench //bench:train_step_gpu //bench:dispatch_bench_gpu //bench:attention_bench
+      //bench:layer_norm_bench"
     bazel build $targets $extra
     bins=()
     for t in $targets $extra; do
