@@ -36,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/flash_attention.h"
 
@@ -50,21 +51,9 @@ ABSL_FLAG(int, repeats, 3, "timings; the median and spread are over these");
 
 namespace {
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "error: attention_bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) Fail(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-template <typename T>
-T* DeviceBuffer(int64_t n) {
-  void* p = nullptr;
-  Check(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)), "cudaMalloc");
-  return static_cast<T*>(p);
-}
+using strata::bench::Check;
+using strata::bench::DeviceBuffer;
+using strata::bench::Fail;
 
 __nv_bfloat16* RandomBf16(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -108,6 +97,7 @@ void Time(const char* kernel, const char* layout, double flops, F f) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::bench::BenchName() = "attention_bench";
   const int64_t B = absl::GetFlag(FLAGS_batch), H = absl::GetFlag(FLAGS_heads), T = absl::GetFlag(FLAGS_seq),
                 D = absl::GetFlag(FLAGS_head_dim);
   const bool causal = absl::GetFlag(FLAGS_causal);

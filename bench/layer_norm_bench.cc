@@ -36,6 +36,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "bench/cuda_bench_util.h"
 #include "kernels/cuda/nn.h"
 #include "runtime/float16.h"
 
@@ -49,21 +50,9 @@ namespace {
 
 using strata::bfloat16;
 
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "error: layer_norm_bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) Fail(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-template <typename T>
-T* DeviceBuffer(int64_t n) {
-  void* p = nullptr;
-  Check(cudaMalloc(&p, std::max<int64_t>(n, 1) * sizeof(T)), "cudaMalloc");
-  return static_cast<T*>(p);
-}
+using strata::bench::Check;
+using strata::bench::DeviceBuffer;
+using strata::bench::Fail;
 
 template <typename T>
 T* Upload(const std::vector<T>& host) {
@@ -146,6 +135,7 @@ void Report(const char* kernel, bool registers, const std::vector<double>& us, i
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  strata::bench::BenchName() = "layer_norm_bench";
   const int64_t R = absl::GetFlag(FLAGS_rows), D = absl::GetFlag(FLAGS_cols);
   if (R < 1 || D < 1) Fail("--rows and --cols must be positive");
   int devices = 0;
