@@ -59,7 +59,7 @@ benches() {
 # 35.24 ms against 22.47), the packed qkv off (35.74 against 35.24, the WMMA kernels); 2026-11-27:
 # the padded vocabulary off (52.44 ms), attention on the GEMM path (49.00 ms). Then the fused
 # epilogues against plain GEMMs; bench/attention.py and a traced GPT-2 run summed by op type
-# (tools/trace_ops.py). About 4-5 minutes; each run's output in $1.
+# (tools/trace_ops.py). About 5-6 minutes; each run's output in $1.
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1

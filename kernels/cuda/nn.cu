@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
 }
 
 // ---------------------------------------------------------------------------
-// The rows kept in registers (float x, D <= kLanes * kU): a lane loads its
+// The rows kept in registers (float x, D <= kLanes * kRegU): a lane loads its
 // terms x[k], x[k + 8], ... (and the gradient's dy terms) once, every load
 // in flight together, and the lane sums, the outputs and dx read them from
 // registers, where the kernels above read the row again for each sum (ncu on
@@ -324,12 +324,12 @@ __global__ void __launch_bounds__(kRowThreads, kRowBlocksPerSm)
 // read from L2). The same terms in the same order, so the same bits; the
 // tail (D % 8 terms, lane 0's) is read from memory as above. Blocks an SM:
 // as many as the registers a lane's terms take allow (ptxas, sm_90 and
-// sm_80, no spills: the forward 153 a thread, 6 blocks; the gradient
-// 250-255, 4 blocks, its two dy sums in one loop so that each gamma is read
+// sm_80, no spills: the forward 155-159 a thread, 6 blocks; the gradient
+// 246-252, 4 blocks, its two dy sums in one loop so that each gamma is read
 // once). Behind LayerNormRowsInRegisters() (off) until a GPU has timed them.
 constexpr int kRegU = 96;  // a lane's terms: D <= 768 (GPT-2 124M's d_model)
-constexpr int kRegRowBlocks = 6;      // the forward: 153 registers
-constexpr int kRegGradRowBlocks = 4;  // the gradient: 250-255
+constexpr int kRegRowBlocks = 6;      // the forward: 155-159 registers
+constexpr int kRegGradRowBlocks = 4;  // the gradient: 246-252
 
 // Whether LayerNorm / LayerNormGrad keep float rows in registers
 // (LayerNormRowsInRegisters()).
@@ -416,10 +416,10 @@ __device__ __forceinline__ void LaneDy<float>::Load(const float* lane0, int n) {
 // RowMoments over the lane's registers.
 __device__ __forceinline__ void RegisterRowMoments(const float (&v)[kRegU], const float* xr, int64_t d, int64_t D,
                                                    double epsilon, double* mean, double* rstd) {
-  const double m =
-      RegisterLaneSum(
-          d, [&](int u) { return static_cast<double>(v[u]); }, [&](int64_t j) { return static_cast<double>(xr[j]); }) /
-      D;
+  const double m = RegisterLaneSum(
+                       d, [&](int u) { return static_cast<double>(Fresh(v[u])); },
+                       [&](int64_t j) { return static_cast<double>(xr[j]); }) /
+                   D;
   const double sq = RegisterLaneSum(
       d,
       [&](int u) {

@@ -73,8 +73,8 @@ void CheckLayerNorm(DataType x_dtype, DataType y_dtype, int64_t R, int64_t D) {
 
 // [300, 768]: GPT-2's D (batches of 12 terms a lane, no rest) over many
 // blocks of rows, the last one partial; [6, 3000]: long rows.
-const std::vector<std::pair<int64_t, int64_t>> kShapes = {{70, 37}, {33, 64},   {5, 5},   {1, 8},
-                                                          {40, 1},  {300, 768}, {6, 3000}};
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{70, 37}, {33, 64},   {5, 5},    {1, 8},
+                                                          {40, 1},  {300, 768}, {6, 3000}, {13, 765}};
 
 // Each float case on both kernels: the rows kept in registers (D <= 768,
 // STRATA_LN_ROW_REGISTERS=1) and read again for each sum (the default;
@@ -126,14 +126,30 @@ void CheckLayerNormGrad(DataType x_dtype, DataType dy_dtype, int64_t R, int64_t 
   EXPECT_TRUE(emulation::SameBits(dx, env["dx"], "dx"));
   EXPECT_TRUE(emulation::SameBits(dgamma, env["dgamma"], "dgamma"));
   EXPECT_TRUE(emulation::SameBits(dbeta, env["dbeta"], "dbeta"));
+  // The other kernel set too, its row means and rstds (doubles, which a
+  // sum's order changes where a float output rarely shows it) bit for bit.
+  const cuda::ScopedLayerNormRowsInRegisters other(!cuda::LayerNormRowsInRegisters().load());
+  std::vector<T> dx2 = emulation::Poisoned<T>(R * D), dgamma2 = emulation::Poisoned<T>(D),
+                 dbeta2 = emulation::Poisoned<T>(D);
+  std::vector<double> scratch2(scratch.size());
+  ASSERT_EQ(
+      cuda::LaunchLayerNormGrad(dx2.data(), dgamma2.data(), dbeta2.data(), env["x"].data<T>(), env["gamma"].data<T>(),
+                                env["dy"].data<DY>(), residual ? env["res"].data<T>() : nullptr, R, D, kEpsilon,
+                                scratch2.data(), nullptr),
+      cudaSuccess);
+  EXPECT_EQ(std::memcmp(dx2.data(), dx.data(), dx.size() * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(dgamma2.data(), dgamma.data(), dgamma.size() * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(dbeta2.data(), dbeta.data(), dbeta.size() * sizeof(T)), 0);
+  EXPECT_EQ(std::memcmp(scratch2.data(), scratch.data(), 2 * R * sizeof(double)), 0) << "row means and rstds";
 }
 
 // [250, 20]: three blocks of rows for dgamma and dbeta. [300, 768]: GPT-2's
 // D, 60 blocks of 5 rows (the sum over blocks in a batch of 32 and a rest).
 // [2200, 64]: 63 blocks of 35 rows (the rows of a block in a batch of 32
 // and a rest), the last of 30. [6, 3000]: long rows.
-const std::vector<std::pair<int64_t, int64_t>> kGradShapes = {{70, 37},  {250, 20},   {5, 5},   {9, 64},
-                                                              {300, 768}, {2200, 64},  {6, 3000}};
+// [13, 765]: a lane's 96 terms with a tail, in rows that leave a block part empty.
+const std::vector<std::pair<int64_t, int64_t>> kGradShapes = {{70, 37},   {250, 20},  {5, 5},    {9, 64},
+                                                              {300, 768}, {2200, 64}, {6, 3000}, {13, 765}};
 
 TEST(NnEmulation, LayerNormGradSeveralBlocksOfRows) {
   ASSERT_EQ(nn_kernels::LayerNormGradBlocks(250, 20), 3);
@@ -201,6 +217,18 @@ void CheckLayerNormGradStored(DataType dy_dtype, DataType low, int64_t R, int64_
   EXPECT_TRUE(emulation::SameBits(dx_low, env["dx_low"], "dx_low"));
   EXPECT_TRUE(emulation::SameBits(dgamma, env["dgamma"], "dgamma"));
   EXPECT_TRUE(emulation::SameBits(dbeta, env["dbeta"], "dbeta"));
+  // The other kernel set's row means and rstds, bit for bit (as CheckLayerNormGrad).
+  const cuda::ScopedLayerNormRowsInRegisters other(!cuda::LayerNormRowsInRegisters().load());
+  std::vector<float> dx2(dx.size()), dgamma2(D), dbeta2(D);
+  std::vector<L> dx_low2(dx_low.size());
+  std::vector<double> scratch2(scratch.size());
+  ASSERT_EQ(cuda::LaunchLayerNormGrad(dx2.data(), dx_low2.data(), dgamma2.data(), dbeta2.data(), env["x"].data<float>(),
+                                      env["gamma"].data<float>(), env["dy"].data<DY>(),
+                                      residual ? env["res"].data<float>() : nullptr, R, D, kEpsilon, scratch2.data(),
+                                      nullptr),
+            cudaSuccess);
+  EXPECT_EQ(std::memcmp(dx_low2.data(), dx_low.data(), dx_low.size() * sizeof(L)), 0);
+  EXPECT_EQ(std::memcmp(scratch2.data(), scratch.data(), 2 * R * sizeof(double)), 0) << "row means and rstds";
 }
 
 TEST(NnEmulation, LayerNormGradStoresDxAgainInSixteenBits) {
