@@ -45,13 +45,6 @@ std::string GroupKey(const Graph& graph, int op, const UpdateKind& kind) {
   return key;
 }
 
-// Whether the update writes its param's 16-bit copy too (attr copy_dtype,
-// passes/hoist_param_casts.h): its last output.
-bool WritesCopy(const Graph& graph, int op) {
-  auto copy = graph.attrs(op).find("copy_dtype");
-  return copy != graph.attrs(op).end() && !copy->second.s().empty();
-}
-
 // The shape every update op of the optimizer pass has: param, grad, the
 // states, the scalars (with attr grad_scale, clipping's coefficient too),
 // maybe found_inf; param and states written back to themselves, then with
@@ -60,7 +53,7 @@ bool WellFormed(const Graph& graph, int op, const UpdateKind& kind) {
   const absl::Span<const int> in = graph.inputs(op), out = graph.outputs(op);
   auto scaled = graph.attrs(op).find("grad_scale");
   const size_t fixed = 2 + kind.states + kind.scalars + (scaled != graph.attrs(op).end() && scaled->second.b() ? 1 : 0);
-  const size_t outputs = 1 + kind.states + (WritesCopy(graph, op) ? 1 : 0);
+  const size_t outputs = 1 + kind.states + (WritesParamCopy(graph, op) ? 1 : 0);
   if ((in.size() != fixed && in.size() != fixed + 1) || out.size() != outputs) return false;
   if (out[0] != in[0]) return false;
   for (int k = 0; k < kind.states; ++k) {
@@ -113,7 +106,7 @@ absl::StatusOr<Op> MultiOp(const Graph& graph, const Group& g) {
   const absl::Span<const int> in = graph.inputs(last);
   for (size_t k = 2 + kind.states; k < in.size(); ++k) multi.add_input(std::string(graph.var_name(in[k])));
   // param[n], each state [n], and (the members agree on attr copy_dtype) the copies [n].
-  const int outputs = 1 + kind.states + (WritesCopy(graph, last) ? 1 : 0);
+  const int outputs = 1 + kind.states + (WritesParamCopy(graph, last) ? 1 : 0);
   for (int k = 0; k < outputs; ++k) {
     for (int m : g.members) multi.add_output(std::string(graph.var_name(graph.outputs(m)[k])));
   }

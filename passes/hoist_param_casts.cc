@@ -26,11 +26,9 @@ std::vector<int> UpdateOfParam(const Graph& graph) {
     const absl::Span<const int> out = graph.outputs(op);
     for (int v : out) ++count[v];
     if (!WritesCopies(graph.schema(op).type) || graph.inputs(op).empty() || out.empty() ||
-        graph.inputs(op)[0] != out[0]) {
+        graph.inputs(op)[0] != out[0] || WritesParamCopy(graph, op)) {
       continue;
     }
-    auto copy = graph.attrs(op).find("copy_dtype");
-    if (copy != graph.attrs(op).end() && !copy->second.s().empty()) continue;
     update[out[0]] = op;
   }
   for (int v = 0; v < graph.num_vars(); ++v) {

@@ -69,6 +69,11 @@ std::string FreshVarName(const Graph& graph, absl::string_view base, absl::strin
   return name;
 }
 
+bool WritesParamCopy(const Graph& graph, int op) {
+  auto copy = graph.attrs(op).find("copy_dtype");
+  return copy != graph.attrs(op).end() && !copy->second.s().empty();
+}
+
 bool IsUnreportedActivation(const Graph& graph, int v) {
   if (graph.kind(v) != ACTIVATION) return false;
   const absl::string_view name = graph.var_name(v);

@@ -38,6 +38,11 @@ bool IsCastUp(const Graph& graph, int op);
 // (not pinned: Graph::Pin).
 bool IsUnreportedActivation(const Graph& graph, int v);
 
+// Whether update op `op` also writes its param's 16-bit copy (attr
+// copy_dtype set by hoist-param-casts): its last output (fuse-optimizer's
+// multi op: its last n).
+bool WritesParamCopy(const Graph& graph, int op);
+
 // A var name the graph does not have yet: base + suffix, else
 // base + suffix + "@2", "@3", ...
 std::string FreshVarName(const Graph& graph, absl::string_view base, absl::string_view suffix);
