@@ -5,7 +5,9 @@ of 64, 1024 tokens, causal, bf16).
 
 Strata: //bench:attention_bench (kernels/cuda/flash_attention.h, both head
 layouts; WMMA, STRATA_MMA_ATTENTION=0, and mma.sync, the default since
-2026-11-29, timed last, with 32-row warps and, as "mma16", with 16-row ones). PyTorch: SDPA
+2026-11-29, timed last, with 32-row warps and, as "mma16", with 16-row ones,
+and, as "stored", with the gradient on stored score gradients,
+STRATA_STORED_SCORE_GRADS=1). PyTorch: SDPA
 on [B, H, T, D] bf16 tensors with its default backend choice and with each backend it has here (flash, cuDNN, memory
 efficient); the forward timed alone, the gradient as (forward + backward) -
 forward, each over back-to-back calls between CUDA events. FLOPs as
@@ -119,7 +121,7 @@ def main():
             continue
         print("%-22s | %9.4f %8.1f | %9.4f %8.1f" % ("strata " + layout, f, tflops(f, flops), b,
                                                      tflops(b, 2.5 * flops)))
-        for kernel, label in (("mma", "strata mma.sync "), ("mma16", "strata mma16 ")):
+        for kernel, label in (("mma", "strata mma.sync "), ("mma16", "strata mma16 "), ("stored", "strata stored dS ")):
             mf, mb = strata.get((kernel + "_fwd", layout)), strata.get((kernel + "_bwd", layout))
             if mf is not None:
                 print("%-22s | %9.4f %8.1f | %9s %8s" % (

@@ -123,16 +123,28 @@ int main(int argc, char** argv) {
   // not run on a GPU when this was written, so a fault there loses only
   // their rows).
   // The mma.sync kernels twice: 32-row warps (the default) and 16-row ones
-  // (STRATA_MMA_WIDE_WARPS=0; the forward and dq differ, dk/dv do not).
+  // (STRATA_MMA_WIDE_WARPS=0; the forward and dq differ, dk/dv do not);
+  // then a third time with the gradient on stored score gradients
+  // (STRATA_STORED_SCORE_GRADS=1; the forward is the default's), last as
+  // written without a GPU.
   const struct {
-    bool mma, wide;
+    bool mma, wide, stored;
     const char *fwd, *bwd;
-  } variants[] = {{false, true, "flash_fwd", "flash_bwd"},
-                  {true, true, "mma_fwd", "mma_bwd"},
-                  {true, false, "mma16_fwd", "mma16_bwd"}};
+  } variants[] = {{false, true, false, "flash_fwd", "flash_bwd"},
+                  {true, true, false, "mma_fwd", "mma_bwd"},
+                  {true, false, false, "mma16_fwd", "mma16_bwd"},
+                  {true, true, true, "stored_fwd", "stored_bwd"}};
   for (const auto& variant : variants) {
     strata::cuda::MmaFlashAttention().store(variant.mma);
     strata::cuda::MmaWideWarps().store(variant.wide);
+    strata::cuda::StoredScoreGrads().store(variant.stored);
+    const int64_t ds_words = strata::cuda::FlashScoreGradWords(B * H, T, D, causal);
+    if (variant.stored && ds_words == 0) {
+      std::printf("attention_bench: the score gradients (%lld heads of %lld tokens) exceed their budget: not timed\n",
+                  static_cast<long long>(B * H), static_cast<long long>(T));
+      continue;
+    }
+    uint32_t* ds = ds_words > 0 ? DeviceBuffer<uint32_t>(ds_words) : nullptr;
     for (const bool bthd : {false, true}) {
       strata::cuda::HeadLayout layout;
       layout.H = H;
@@ -142,8 +154,8 @@ int main(int argc, char** argv) {
         return strata::cuda::LaunchFlashAttention(y, lse, q, k, v, B * H, T, D, scale, causal, nullptr, layout);
       });
       Time(variant.bwd, name, 2.5 * forward_flops, [&] {
-        return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D,
-                                                      scale, causal, nullptr, layout);
+        return strata::cuda::LaunchFlashAttentionGrad(dq, dk, dv, q, k, v, y, lse, dy, nullptr, di, B * H, T, D, scale,
+                                                      causal, nullptr, layout, ds);
       });
     }
   }

@@ -50,7 +50,8 @@ benches() {
 
 # The GPT-2 step against eager PyTorch only (no torch.compile warm-up), in
 # the variants a session with little device time needs, most wanted first: Strata's defaults
-# (with cuBLASLt's notes of epilogues it ran as two passes), the float biases (cast-bias off, written
+# (with cuBLASLt's notes of epilogues it ran as two passes), the attention gradient on stored
+# score gradients (STRATA_STORED_SCORE_GRADS=1, written 2026-11-30 without a GPU), the float biases (cast-bias off, written
 # 2026-11-29 without a GPU), the bias gradients apart (STRATA_FUSED_BIAS_GRAD=0, likewise), the
 # mma.sync attention with 16-row warps (STRATA_MMA_WIDE_WARPS=0), the layer norms' rows in registers
 # (STRATA_LN_ROW_REGISTERS=1), the weights cast in the forward (hoist-param-casts off). Timed 2026-11-29 on an H200 and left out
@@ -64,6 +65,10 @@ quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
   timeout 60 "${g[@]}" 2>&1 | tee "$out/gpt2_default.txt" | tail -4 || status=1
+  # The attention gradient on stored score gradients (STRATA_STORED_SCORE_GRADS=1, written 2026-11-30,
+  # session 39, without a GPU; off by default until timed): dq without a second pass over the scores.
+  STRATA_STORED_SCORE_GRADS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_stored_score_grads.txt" | tail -4 ||
+    status=1
   # The float biases beside the bf16 D again (passes/cast_bias off): what rounding them saves.
   timeout 50 "${g[@]}" --strata_flags "--disable_passes cast-bias" 2>&1 |
     tee "$out/gpt2_no_cast_bias.txt" | tail -4 || status=1

@@ -81,6 +81,20 @@ absl::StatusOr<Tensor> Scratch(KernelContext& ctx, DataType dtype, int64_t eleme
   return t;
 }
 
+// The flash gradient's score-gradient scratch (cuda::FlashScoreGradWords
+// words; none where it is 0) and the launcher's pointer to it (null: none).
+struct ScoreGradScratch {
+  Tensor words;
+  uint32_t* data() { return words.num_elements() > 0 ? reinterpret_cast<uint32_t*>(words.data<float>()) : nullptr; }
+};
+absl::StatusOr<ScoreGradScratch> StoredScoreGrads(KernelContext& ctx, int64_t heads, int64_t T, int64_t D, bool causal,
+                                                  const char* op) {
+  const int64_t words = cuda::FlashScoreGradWords(heads, T, D, causal);
+  if (words == 0) return ScoreGradScratch{};
+  STRATA_ASSIGN_OR_RETURN(Tensor t, Scratch(ctx, F32, words, op));
+  return ScoreGradScratch{std::move(t)};
+}
+
 // dst [a, c, b, d] = src [a, b, c, d] with its dims 1 and 2 swapped
 // (perm (0, 2, 1, 3), its own inverse): [B, T, H, D] <-> [B, H, T, D].
 absl::Status SwapInto(Tensor& dst, const Tensor& src, const char* op, cudaStream_t stream) {
@@ -435,10 +449,11 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     const cudaStream_t stream = device->stream();
     const float scale = static_cast<float>(ScaleFor(D));
     if (flash) {
-      return CudaStatus(cuda::LaunchFlashAttentionGrad(out[0], out[1], out[2], pq, pk, pv, py, plse, pdy, dlse,
-                                                       di.data<float>(), heads, T_, D, scale, causal_, stream,
-                                                       layout),
-                        kOp);
+      STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds, StoredScoreGrads(ctx, heads, T_, D, causal_, kOp));
+      return CudaStatus(
+          cuda::LaunchFlashAttentionGrad(out[0], out[1], out[2], pq, pk, pv, py, plse, pdy, dlse, di.data<float>(),
+                                         heads, T_, D, scale, causal_, stream, layout, ds.data()),
+          kOp);
     }
     STRATA_RETURN_IF_ERROR(
         CudaStatus(cuda::LaunchAttentionRowDots(di.data<float>(), py, pdy, dlse, heads * T_, D, stream), kOp));
@@ -614,18 +629,18 @@ class CudaAttentionQkvGradKernel : public QkvOnBhtd<Bhtd> {
         using G = typename CudaHalf<T>::type;
         STRATA_ASSIGN_OR_RETURN(Tensor * dqkv, ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()));
         STRATA_ASSIGN_OR_RETURN(Tensor di, Scratch(ctx, F32, cuda::AttentionGradScratch(d.heads(), d.T), kOp));
+        STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds, StoredScoreGrads(ctx, d.heads(), d.T, d.D, this->causal_, kOp));
         const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
         const G *q = at(0), *y = at(1), *dy = at(3);
         G* dq = reinterpret_cast<G*>(dqkv->data<T>());
         const float* lse = ctx.input(2).data<float>();
         const float* dlse = ctx.num_inputs() > 4 ? ctx.input(4).data<float>() : nullptr;
         const int64_t slot = d.H * d.D;  // k's and v's slots start this far after q's
-        return CudaStatus(
-            cuda::LaunchFlashAttentionGrad(dq, dq + slot, dq + 2 * slot, q, q + slot, q + 2 * slot, y, lse, dy, dlse,
-                                           di.data<float>(), d.heads(), d.T, d.D,
-                                           static_cast<float>(this->ScaleFor(d.D)), this->causal_, stream,
-                                           cuda::HeadLayout{d.H, true, 3}),
-            kOp);
+        return CudaStatus(cuda::LaunchFlashAttentionGrad(dq, dq + slot, dq + 2 * slot, q, q + slot, q + 2 * slot, y,
+                                                         lse, dy, dlse, di.data<float>(), d.heads(), d.T, d.D,
+                                                         static_cast<float>(this->ScaleFor(d.D)), this->causal_, stream,
+                                                         cuda::HeadLayout{d.H, true, 3}, ds.data()),
+                          kOp);
       }
     }
     STRATA_RETURN_IF_ERROR(CheckQkvLimits(qkv.dtype(), d, true, kOp));
@@ -665,11 +680,13 @@ class CudaAttentionQkvGradKernel : public QkvOnBhtd<Bhtd> {
 // The tensor-core flash kernels (FlashTensorCorePath) need di only. Off
 // them, `copies` elements more: ViaBhtd's [B, H, T, D] copies for layout
 // "bthd" (q, k, v (y, dy) and y (dq, dk, dv)), or the qkv ops' of the same.
-int64_t PathWorkspace(DataType dtype, bool grad, int64_t heads, int64_t T, int64_t D, int64_t copies) {
+int64_t PathWorkspace(DataType dtype, bool grad, int64_t heads, int64_t T, int64_t D, bool causal, int64_t copies) {
   // di, in lse's type (float for 16-bit q).
   const DataType lse = IsHalfFloating(dtype) ? F32 : dtype;
   int64_t bytes = grad ? cuda::AttentionGradScratch(heads, T) * static_cast<int64_t>(DataTypeSize(lse)) : 0;
   const bool flash = FlashTensorCorePath(dtype, heads, D);
+  // The stored score gradients (StoredScoreGrads in the kernels above).
+  if (grad && flash) bytes += 4 * cuda::FlashScoreGradWords(heads, T, D, causal);
   const int64_t chunk = flash ? 0 : ChunkHeads(dtype, grad, heads, T);
   if (chunk > 0) {
     const auto [scratch_dtype, elements] = ScoreScratch(dtype, grad, chunk, T);
@@ -683,6 +700,15 @@ int64_t PathWorkspace(DataType dtype, bool grad, int64_t heads, int64_t T, int64
 // v, y, dy and dq, dk, dv).
 int64_t CopiesOfQ(int64_t q_elements, bool grad) { return (grad ? 8 : 4) * q_elements; }
 
+// Whether the def's op is causal, for the gradient's stored score
+// gradients; a def without its op or the attr (tests) is taken as not,
+// whose store is the larger.
+bool CausalOf(const KernelDef& def) {
+  if (def.op == nullptr) return false;
+  const auto it = def.op->attr().find("causal");
+  return it != def.op->attr().end() && it->second.b();
+}
+
 absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 4) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
@@ -690,9 +716,10 @@ absl::StatusOr<int64_t> ScoreWorkspace(const KernelDef& def, bool grad) {
   if (def.op != nullptr) {
     STRATA_ASSIGN_OR_RETURN(layout, AttentionLayoutAttr(*def.op));
   }
+  const bool causal = grad && CausalOf(def);
   const AttentionShape dims = AttentionDimsOf(s, layout);
   const int64_t copies = layout == AttentionLayout::kBthd ? CopiesOfQ(NumElements(s), grad) : 0;
-  return PathWorkspace(def.input_types[0].dtype, grad, dims.B * dims.H, dims.T, s[3], copies);
+  return PathWorkspace(def.input_types[0].dtype, grad, dims.B * dims.H, dims.T, s[3], causal, copies);
 }
 absl::StatusOr<int64_t> AttentionWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, false); }
 absl::StatusOr<int64_t> AttentionGradWorkspace(const KernelDef& def, int) { return ScoreWorkspace(def, true); }
@@ -705,7 +732,8 @@ absl::StatusOr<int64_t> QkvWorkspace(const KernelDef& def, bool grad) {
   if (def.input_types.empty() || def.input_types[0].shape.size() != 5) return int64_t{0};
   const Shape& s = def.input_types[0].shape;
   const int64_t B = s[0], T = s[1], H = s[3], D = s[4];
-  return PathWorkspace(def.input_types[0].dtype, grad, B * H, T, D, CopiesOfQ(B * T * H * D, grad));
+  const bool causal = grad && CausalOf(def);
+  return PathWorkspace(def.input_types[0].dtype, grad, B * H, T, D, causal, CopiesOfQ(B * T * H * D, grad));
 }
 absl::StatusOr<int64_t> AttentionQkvWorkspace(const KernelDef& def, int) { return QkvWorkspace(def, false); }
 absl::StatusOr<int64_t> AttentionQkvGradWorkspace(const KernelDef& def, int) { return QkvWorkspace(def, true); }

@@ -243,15 +243,18 @@ TEST_F(CudaAttentionOpsTest, Tf32ProductsStayWithinTf32Rounding) {
 }
 
 // Sets flash_attention.h's switches for one scope: bf16 and fp16 on the
-// tensor-core flash kernels (true, the default) or the GEMM path, and those
-// kernels on mma.sync (the default) or WMMA.
+// tensor-core flash kernels (true, the default) or the GEMM path, those
+// kernels on mma.sync (the default) or WMMA, and the mma.sync gradient on
+// stored score gradients (StoredScoreGrads()) or not (the default).
 class ScopedFlashTensorCore {
  public:
-  explicit ScopedFlashTensorCore(bool on, bool mma = cuda::MmaFlashAttention().load())
-      : flash_(cuda::FlashTensorCoreAttention(), on), mma_(cuda::MmaFlashAttention(), mma) {}
+  explicit ScopedFlashTensorCore(bool on, bool mma = cuda::MmaFlashAttention().load(), bool stored = false)
+      : flash_(cuda::FlashTensorCoreAttention(), on),
+        mma_(cuda::MmaFlashAttention(), mma),
+        stored_(cuda::StoredScoreGrads(), stored) {}
 
  private:
-  ScopedSwitch flash_, mma_;
+  ScopedSwitch flash_, mma_, stored_;
 };
 
 // The three 16-bit paths. Head sizes other than 32, 64 and 128 take the GEMM
@@ -260,9 +263,12 @@ struct HalfPath {
   const char* name;
   bool flash_tensor_cores;
   bool mma;
+  bool stored = false;  // StoredScoreGrads()
 };
-constexpr HalfPath kHalfPaths[] = {
-    {"mma.sync flash kernels", true, true}, {"WMMA flash kernels", true, false}, {"GEMM path", false, false}};
+constexpr HalfPath kHalfPaths[] = {{"mma.sync flash kernels", true, true},
+                                   {"WMMA flash kernels", true, false},
+                                   {"GEMM path", false, false},
+                                   {"mma.sync flash kernels on stored score gradients", true, true, true}};
 
 // 16-bit cases: head sizes 32, 64, 128 (the flash instantiations) and 96
 // (GEMM only), rows not a multiple of the 64-row blocks and tiles (1, 17,
@@ -328,7 +334,7 @@ class CudaHalfAttentionOpsTest : public CudaAttentionOpsTest {
 // Every 16-bit case on the three paths against the CPU.
 TEST_F(CudaHalfAttentionOpsTest, HalfHeadsMatchTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma, path.stored);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kHalfCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -369,6 +375,35 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreGpt2LayerMatchesTheCpu) {
     ScopedFlashTensorCore flash(true, mma);
     CheckHalfAgainstTheCpu(Case{8, 12, 1024, 64, true, 0, false}, BF16, 51);
   }
+  SCOPED_TRACE("mma.sync on stored score gradients");
+  ScopedFlashTensorCore flash(true, true, true);
+  ASSERT_GT(cuda::FlashScoreGradWords(8 * 12, 1024, 64, true), 0);
+  CheckHalfAgainstTheCpu(Case{8, 12, 1024, 64, true, 0, false}, BF16, 51);
+}
+
+// The mma.sync gradient on stored score gradients against the one that
+// recomputes them for dq, on the same inputs: the same bits (the same dS,
+// its arithmetic spelled out in both kernels, and the same products in the
+// same order; the emulation test shows it on the CPU). This also holds the
+// hardware to computing S^T = k q^T's and S = q k^T's sums alike.
+TEST_F(CudaHalfAttentionOpsTest, StoredScoreGradsGiveTheRecomputedGradients) {
+  for (DataType dtype : {BF16, F16}) {
+    for (const Case& c : kHalfCases) {
+      if (c.D != 32 && c.D != 64 && c.D != 128) continue;
+      SCOPED_TRACE(Name(c, dtype));
+      const std::map<std::string, Tensor> in = HalfInputs(c, dtype, 71);
+      ScopedFlashTensorCore recomputed(true, true, false);
+      const Tensor y = RunGpu(ForwardText(c), in, "y"), lse = RunGpu(ForwardText(c), in, "lse");
+      const std::vector<Tensor> want = RunGpuHalf(c, in, y, lse);
+      ScopedFlashTensorCore stored(true, true, true);
+      ASSERT_GT(cuda::FlashScoreGradWords(c.B * c.H, c.T, c.D, c.causal), 0);  // the stored path runs
+      const std::vector<Tensor> got = RunGpuHalf(c, in, y, lse);
+      EXPECT_TRUE(WithinOfLargest(got[2], want[2], 2e-2, "dq"));  // first, how far apart if not the same
+      EXPECT_TRUE(BitEqual(got[2], want[2]));
+      EXPECT_TRUE(BitEqual(got[3], want[3]));
+      EXPECT_TRUE(BitEqual(got[4], want[4]));
+    }
+  }
 }
 
 // The memory plan counts the path's scratch: di only on the tensor-core
@@ -383,6 +418,12 @@ TEST_F(CudaHalfAttentionOpsTest, FlashTensorCoreScratchIsDiOnly) {
   def.input_types = {TensorType{BF16, {8, 12, 1024, 64}}};
   EXPECT_EQ(*(*fwd)(def, 1), 0);
   EXPECT_EQ(*(*grad)(def, 1), 8 * 12 * 1024 * 4);
+  {
+    // With the stored score gradients, their 16 x 16 blocks of 512 bytes
+    // too: a def without its op counts all 64 x 64 of a head (not causal).
+    ScopedFlashTensorCore stored(true, true, true);
+    EXPECT_EQ(*(*grad)(def, 1), 8 * 12 * 1024 * 4 + int64_t{8} * 12 * 64 * 64 * 512);
+  }
   def.input_types = {TensorType{F16, {8, 12, 1024, 96}}};
   EXPECT_GT(*(*fwd)(def, 1), int64_t{8} * 12 * 1024 * 1024);
   EXPECT_GT(*(*grad)(def, 1), int64_t{8} * 12 * 1024 * 1024);
@@ -455,7 +496,7 @@ TEST_F(CudaAttentionOpsTest, BthdMatchesTheCpu) {
 
 TEST_F(CudaHalfAttentionOpsTest, BthdHalfHeadsMatchTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma, path.stored);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kBthdCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -478,7 +519,7 @@ TEST_F(CudaHalfAttentionOpsTest, BthdIsBhtdBetweenTransposesBitForBit) {
     return env["y"];
   };
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma, path.stored);
     for (DataType dtype : {F32, BF16, F16}) {
       for (Case c : kBthdCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", ", Name(c, dtype)));
@@ -679,7 +720,7 @@ TEST_F(CudaQkvAttentionOpsTest, QkvMatchesTheCpu) {
 // kernels (D = 32, 64, 128), through copies on the GEMM path (and D = 96).
 TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma, path.stored);
     for (DataType dtype : {BF16, F16}) {
       for (const Case& c : kQkvCases) {
         SCOPED_TRACE(absl::StrCat(path.name, ", qkv ", Name(c, dtype)));
@@ -694,7 +735,7 @@ TEST_F(CudaQkvAttentionOpsTest, HalfQkvMatchesTheCpuWidenedKernels) {
 // every dtype.
 TEST_F(CudaQkvAttentionOpsTest, QkvIsBthdOnTheSlotsBitForBit) {
   for (const HalfPath& path : kHalfPaths) {
-    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma);
+    ScopedFlashTensorCore flash(path.flash_tensor_cores, path.mma, path.stored);
     const char* name = path.name;
     for (DataType dtype : {F32, F64, BF16, F16}) {
       // F32 and F64 have no tensor-core kernels: the first path runs them.

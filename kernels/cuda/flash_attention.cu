@@ -18,7 +18,11 @@
 //   flash_attention_emulation_test (the stand-in emulates mma.sync in the
 //   PTX ISA's layouts); passed cuda_ops_test on an H200 on 2026-11-29 and
 //   the default since (MmaFlashAttention(), both the forward and the
-//   gradient; STRATA_MMA_ATTENTION=0 runs the WMMA kernels).
+//   gradient; STRATA_MMA_ATTENTION=0 runs the WMMA kernels). With
+//   StoredScoreGrads() the mma.sync dk/dv kernel stores the score gradients
+//   it computes (FlashGradKVMma<.., true>) and FlashGradQStored takes dq
+//   from them, in place of FlashGradQMma's second pass (written 2026-11-30
+//   without a GPU, checked in the emulation test bit for bit against it).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -811,10 +815,15 @@ __device__ inline void StoreFragments(G* dst, const float (&acc)[kD / 8][4], int
 // the A fragments of dv += P^T dy and dk += dS^T q (B: the same rows by
 // ldmatrix .trans), as FlashForward turns S into P's A fragments. Steps
 // wholly above the diagonal (causal) are skipped: their P^T is 0.
-template <typename G, int kD>
+// kStore (StoredScoreGrads()): each step's dS^T A fragments, transposed in
+// registers (MovMatrixTrans) into dS's, also go to `score_grads`
+// (flash_attention_math.h's blocks; a 16-byte store a lane), for
+// FlashGradQStored; keys past T are then masked too, so their stored dS is
+// 0. Without it `score_grads` is unused.
+template <typename G, int kD, bool kStore = false>
 __global__ void __launch_bounds__(kThreads)
     FlashGradKVMma(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
-                   int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
+                   int64_t T, float scale, bool causal, bool vec, HeadLayout layout, uint32_t* score_grads) {
   constexpr int ld = kLd<kD>;
   constexpr int kSteps = kD / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -888,7 +897,9 @@ __global__ void __launch_bounds__(kThreads)
       // that cross the diagonal (a query row past T has lse 0 and zero q and
       // dy rows, so it adds nothing; a key row past T is never stored).
       // Query block n of the step is half of its A fragments: words (n * 2, n * 2 + 1).
-      const bool masked = causal && i0 + s * 16 < kw0 + 15;
+      // Stored, keys past T are masked as well (only their own, never
+      // stored dk and dv rows change), so that dq reads zeros there.
+      const bool masked = (causal && i0 + s * 16 < kw0 + 15) || (kStore && kw0 + 16 > T);
       uint32_t pa[1][4], dsa[1][4];
       const auto probs = [&](auto with_mask) {  // two bodies, as the forward's to_base2
 #pragma unroll
@@ -897,9 +908,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int c = s * 16 + n * 8 + 2 * t + e % 2;  // the query's row of the tile
-            p[e] = flash::Exp2(st[0][n][e] * scale_log2 - lses[c] * flash::kLog2e);
+            p[e] = flash::Exp2(flash::GradExponent(st[0][n][e], scale_log2, flash::Lse2(lses[c])));
             if constexpr (decltype(with_mask)::value) {
-              if (g + 8 * (e / 2) - c > diag) p[e] = 0.0f;  // the key after the query
+              const int kr = g + 8 * (e / 2);  // the key's row of the warp
+              if constexpr (kStore) {
+                if ((causal && kr - c > diag) || kw0 + kr >= T) p[e] = 0.0f;
+              } else {
+                if (kr - c > diag) p[e] = 0.0f;  // the key after the query
+              }
             }
             ds[e] = flash::ScoreGrad(p[e], dpt[0][n][e], dis[c]);
           }
@@ -913,6 +929,19 @@ __global__ void __launch_bounds__(kThreads)
         probs(std::true_type{});
       } else {
         probs(std::false_type{});
+      }
+      if constexpr (kStore) {
+        // Query block qb's rows and key block kb's columns: dS^T's words
+        // (keys g, g + 8 x queries 2t.., 2t + 8..) transposed.
+        const int64_t qb = (i0 + s * 16) / 16, kb = kw0 / 16;
+        const uint32_t w0 = mma::MovMatrixTrans(dsa[0][0]), w1 = mma::MovMatrixTrans(dsa[0][1]),
+                       w2 = mma::MovMatrixTrans(dsa[0][2]), w3 = mma::MovMatrixTrans(dsa[0][3]);
+        if (flash::ScoreGradStored(qb, kb, T, causal)) {
+          uint32_t* at =
+              score_grads + (head * flash::ScoreGradBlocks(T, causal) + flash::ScoreGradBlock(qb, kb, T, causal)) *
+                                flash::kScoreGradBlockWords;
+          *reinterpret_cast<uint4*>(at + 4 * lane) = make_uint4(w0, w2, w1, w3);
+        }
       }
       AccumulateRows<G, kD, 1>(dv_acc, pa, dys, s, lane);
       AccumulateRows<G, kD, 1>(dk_acc, dsa, qs, s, lane);
@@ -966,7 +995,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t row = qw0 + 16 * mt + g + 8 * r;
-      row_lse[mt][r] = row < T ? lse[head * T + row] * flash::kLog2e : 0.0f;  // lse in base 2
+      row_lse[mt][r] = row < T ? flash::Lse2(lse[head * T + row]) : 0.0f;  // lse in base 2
       row_di[mt][r] = row < T ? di[head * T + row] : 0.0f;
     }
   }
@@ -1024,7 +1053,7 @@ __global__ void __launch_bounds__(kThreads)
             float ds[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              float p = flash::Exp2(sc[mt][n][e] * scale_log2 - row_lse[mt][e / 2]);
+              float p = flash::Exp2(flash::GradExponent(sc[mt][n][e], scale_log2, row_lse[mt][e / 2]));
               if constexpr (decltype(with_mask)::value) {
                 const int c = col0 + n * 8 + 2 * t + e % 2, r = 16 * mt + g + 8 * (e / 2);
                 if (c >= keys_left || (causal && c - r > diag)) p = 0.0f;
@@ -1048,6 +1077,84 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) StoreFragments<G, kD>(dq + off, dq_acc[mt], qw0 + 16 * mt, T, scale, rs, g, t);
 }
+
+// dq from the score gradients FlashGradKVMma<G, kD, true> stored
+// (StoredScoreGrads()), in place of FlashGradQMma's second pass over the
+// scores: grid (GradQBlocks(T), heads), kThreads, GradQStoredShared(kD); a
+// warp owns kMT x 16 queries, as FlashGradQMma's. Key tiles of k's rows come
+// by cp.async two stages deep; the warp's dS blocks of a tile, a 16-byte
+// load a lane each, straight into A fragments one tile ahead (zeros for a
+// block not stored: past T, or wholly above the diagonal); per 16-key step
+// dq += dS k (B: k's rows by ldmatrix .trans). The same dS, the same
+// products in the same order as FlashGradQMma's (its steps of zero dS
+// change no sum: the accumulators start at +0), so the same bits.
+template <typename G, int kD, int kMT = kDqTiles<kD>>
+__global__ void __launch_bounds__(kThreads) FlashGradQStored(G* dq, const G* k, const uint32_t* ds, int64_t T,
+                                                             float scale, bool causal, bool vec, HeadLayout layout) {
+  constexpr int ld = kLd<kD>;
+  constexpr int kWarpQueries = kMT * kWarpRows;
+  constexpr int kSteps = kTile / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G* const tiles = reinterpret_cast<G*>(smem);  // stage s: k rows at s * kTile rows
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t head = blockIdx.y, off = layout.QkvOffset(head, T, kD), rs = layout.QkvRowStride(kD);
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kDqRows<kD, kMT>;  // the longest first
+  const int64_t qw0 = q0 + warp * kWarpQueries;                                            // the warp's first query
+  const int64_t end = flash::KeyEnd(q0, T, causal, kDqRows<kD, kMT>);
+  const uint32_t* head_ds = ds + head * flash::ScoreGradBlocks(T, causal) * flash::kScoreGradBlockWords + 4 * lane;
+  // The warp's dS A fragments of the key tile at k0: f[step][mt].
+  const auto load = [&](int64_t k0, uint32_t(&f)[kSteps][kMT][4]) {
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int64_t qb = (qw0 + 16 * mt) / 16, kb = (k0 + 16 * st) / 16;
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (flash::ScoreGradStored(qb, kb, T, causal)) {
+          w = *reinterpret_cast<const uint4*>(head_ds +
+                                              flash::ScoreGradBlock(qb, kb, T, causal) * flash::kScoreGradBlockWords);
+        }
+        f[st][mt][0] = w.x;
+        f[st][mt][1] = w.y;
+        f[st][mt][2] = w.z;
+        f[st][mt][3] = w.w;
+      }
+    }
+  };
+  IssueRows<G, kD, kTile>(tiles, k + off, 0, T, vec, rs);
+  mma::CpAsyncCommit();
+  uint32_t cur[kSteps][kMT][4], next[kSteps][kMT][4];
+  load(0, next);
+  float dq_acc[kMT][kD / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) dq_acc[mt][n][0] = dq_acc[mt][n][1] = dq_acc[mt][n][2] = dq_acc[mt][n][3] = 0.0f;
+  }
+  for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
+    std::memcpy(cur, next, sizeof(cur));
+    const bool has_next = k0 + kTile < end;
+    if (has_next) load(k0 + kTile, next);
+    __syncthreads();  // every warp is done with the other stage
+    if (has_next) IssueRows<G, kD, kTile>(tiles + (stage ^ 1) * kTile * ld, k + off, k0 + kTile, T, vec, rs);
+    mma::CpAsyncCommit();
+    mma::CpAsyncWait<1>();
+    __syncthreads();  // this tile, from every thread's copies
+    const G* ks = tiles + stage * kTile * ld;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      if (causal && k0 + st * 16 > qw0 + kWarpQueries - 1) continue;  // every key after every query of the warp
+      AccumulateRows<G, kD, kMT>(dq_acc, cur[st], ks, st, lane);
+    }
+  }
+  mma::CpAsyncWait<0>();  // the last (empty) group: no copy outlives the block
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) StoreFragments<G, kD>(dq + off, dq_acc[mt], qw0 + 16 * mt, T, scale, rs, g, t);
+}
+
+// Its shared memory: two stages of a key tile's k rows [kTile][kLd].
+constexpr size_t GradQStoredShared(int kD) { return sizeof(uint16_t) * 2 * kTile * (kD + 8); }
 
 // Opts `kernel` into `shared` bytes of dynamic shared memory on the current
 // device, once per device (`done`: a bit per device), so launches inside a
@@ -1140,19 +1247,56 @@ cudaError_t Forward(G* y, float* lse, const G* q, const G* k, const G* v, int64_
   }
 }
 
+// dq from the stored score gradients with kMT 16-row tiles a warp.
+template <typename G, int kD, int kMT>
+cudaError_t StoredGradQ(G* dq, const G* k, const uint32_t* ds, int64_t heads, int64_t T, float scale, bool causal,
+                        cudaStream_t stream, HeadLayout layout, bool vec) {
+  static_assert(GradQStoredShared(128) <= 48 * 1024, "no opt-in");
+  const dim3 grid(static_cast<unsigned>(GradQBlocks<kD, kMT>(T)), static_cast<unsigned>(heads));
+  FlashGradQStored<G, kD, kMT>
+      <<<grid, kThreads, GradQStoredShared(kD), stream>>>(dq, k, ds, T, scale, causal, vec, layout);
+  return cudaGetLastError();
+}
+
+// The mma.sync dk and dv, storing dS (kStore) or not.
+template <typename G, int kD, bool kStore>
+cudaError_t MmaGradKV(G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                      uint32_t* ds, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream,
+                      HeadLayout layout, bool vec) {
+  static_assert(GradKVShared(64) <= 48 * 1024 && GradQShared(64) <= 48 * 1024, "no opt-in at D = 64");
+  static std::atomic<uint64_t> done{0};
+  constexpr size_t shared = GradKVShared(kD);
+  if (cudaError_t e = AllowShared(FlashGradKVMma<G, kD, kStore>, shared, done); e != cudaSuccess) return e;
+  FlashGradKVMma<G, kD, kStore>
+      <<<Grid(T, heads), kThreads, shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout, ds);
+  return cudaGetLastError();
+}
+
 template <typename G, int kD>
 cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy,
-                  const float* di, int64_t heads, int64_t T, float scale, bool causal, cudaStream_t stream,
-                  HeadLayout layout) {
+                  const float* di, uint32_t* ds, int64_t heads, int64_t T, float scale, bool causal,
+                  cudaStream_t stream, HeadLayout layout) {
   const bool vec = Aligned16(q, k, v, dy);
+  if (ds != nullptr && !Aligned16(ds)) return cudaErrorMisalignedAddress;  // the op allocates it: a bug
+  if (MmaFlashAttention().load() && ds != nullptr) {
+    if (cudaError_t e =
+            MmaGradKV<G, kD, true>(dk, dv, q, k, v, lse, dy, di, ds, heads, T, scale, causal, stream, layout, vec);
+        e != cudaSuccess) {
+      return e;
+    }
+    if constexpr (kDqTiles < kD >> 1) {
+      if (MmaWideWarps().load()) {
+        return StoredGradQ<G, kD, kDqTiles<kD>>(dq, k, ds, heads, T, scale, causal, stream, layout, vec);
+      }
+    }
+    return StoredGradQ<G, kD, 1>(dq, k, ds, heads, T, scale, causal, stream, layout, vec);
+  }
   if (MmaFlashAttention().load()) {
-    static_assert(GradKVShared(64) <= 48 * 1024 && GradQShared(64) <= 48 * 1024, "no opt-in at D = 64");
-    static std::atomic<uint64_t> mma_kv_done{0};
-    constexpr size_t kv_shared = GradKVShared(kD);
-    if (cudaError_t e = AllowShared(FlashGradKVMma<G, kD>, kv_shared, mma_kv_done); e != cudaSuccess) return e;
-    FlashGradKVMma<G, kD>
-        <<<Grid(T, heads), kThreads, kv_shared, stream>>>(dk, dv, q, k, v, lse, dy, di, T, scale, causal, vec, layout);
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    if (cudaError_t e = MmaGradKV<G, kD, false>(dk, dv, q, k, v, lse, dy, di, nullptr, heads, T, scale, causal, stream,
+                                                layout, vec);
+        e != cudaSuccess) {
+      return e;
+    }
     if constexpr (kDqTiles<kD> > 1) {
       if (MmaWideWarps().load()) {
         return MmaGradQ<G, kD, kDqTiles<kD>>(dq, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout, vec);
@@ -1174,8 +1318,8 @@ cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const
 
 template <typename G>
 cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const G* y, const float* lse, const G* dy,
-                 const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                 cudaStream_t stream, HeadLayout layout) {
+                 const float* dlse, float* di, uint32_t* ds, int64_t heads, int64_t T, int64_t D, float scale,
+                 bool causal, cudaStream_t stream, HeadLayout layout) {
   if (!FlashTensorCoreHeadDim(D) || heads > kFlashMaxHeads) return cudaErrorInvalidValue;
   if (!layout.Valid() || (layout.bthd && heads % layout.H != 0)) return cudaErrorInvalidValue;
   if (heads == 0 || T == 0) return cudaSuccess;
@@ -1184,11 +1328,11 @@ cudaError_t Grad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const 
   }
   switch (D) {
     case 32:
-      return GradD<G, 32>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
+      return GradD<G, 32>(dq, dk, dv, q, k, v, lse, dy, di, ds, heads, T, scale, causal, stream, layout);
     case 64:
-      return GradD<G, 64>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
+      return GradD<G, 64>(dq, dk, dv, q, k, v, lse, dy, di, ds, heads, T, scale, causal, stream, layout);
     default:
-      return GradD<G, 128>(dq, dk, dv, q, k, v, lse, dy, di, heads, T, scale, causal, stream, layout);
+      return GradD<G, 128>(dq, dk, dv, q, k, v, lse, dy, di, ds, heads, T, scale, causal, stream, layout);
   }
 }
 
@@ -1208,15 +1352,15 @@ cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const _
 cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* q,
                                      const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
                                      const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
-                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                     cudaStream_t stream, HeadLayout layout) {
-  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream, layout);
+                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream,
+                                     HeadLayout layout, uint32_t* score_grads) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, score_grads, heads, T, D, scale, causal, stream, layout);
 }
 cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
                                      const __half* v, const __half* y, const float* lse, const __half* dy,
                                      const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
-                                     bool causal, cudaStream_t stream, HeadLayout layout) {
-  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, heads, T, D, scale, causal, stream, layout);
+                                     bool causal, cudaStream_t stream, HeadLayout layout, uint32_t* score_grads) {
+  return Grad(dq, dk, dv, q, k, v, y, lse, dy, dlse, di, score_grads, heads, T, D, scale, causal, stream, layout);
 }
 
 }  // namespace cuda

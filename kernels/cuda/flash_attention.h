@@ -8,7 +8,8 @@
 // written in place: no transposes), q, k, v and their gradients possibly the
 // slots of one [B, T, 3, H, D] qkv (HeadLayout's pack: rows 3 H D apart);
 // lse, dlse and di [heads, T] in float.
-// Head sizes 32, 64 and 128 (others keep the GEMM path). The tile bounds, mask and softmax steps are flash_attention_math.h's.
+// Head sizes 32, 64 and 128 (others keep the GEMM path). The tile bounds, mask and softmax steps are
+// flash_attention_math.h's.
 //
 // - Forward: a block of 4 warps owns 64 query rows (16 a warp, their q held in
 //   WMMA fragments) and walks 64-key tiles of k and v in shared memory, up to
@@ -23,7 +24,9 @@
 //   recomputes P = exp(scale k q^T - lse) and dS = P (dP - di), accumulates
 //   dv += P^T dy and dk += dS^T q in WMMA fragments); a kernel over 64-query
 //   blocks for dq = scale dS k the same way. P (for dv) and dS are rounded to
-//   q's type for their products, as on the GEMM path.
+//   q's type for their products, as on the GEMM path. With
+//   StoredScoreGrads() (mma.sync only) the dk/dv kernel also stores dS, and
+//   dq is one product over it: no second pass over the scores.
 //
 // Shared memory: 36 to 76 KiB forward, 73 to 137 KiB backward; above 48 KiB
 // each kernel opts in once per device.
@@ -36,6 +39,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/flash_attention_math.h"
 #include "kernels/env_switch.h"
 
 namespace strata {
@@ -72,6 +76,23 @@ inline std::atomic<bool>& MmaWideWarps() {
   return on;
 }
 
+// Whether the mma.sync gradient stores the score gradients dS (16 bits,
+// rounded as for their products) from its dk/dv kernel, which computes them
+// anyway, so that dq is one product over them (FlashGradQStored) instead of
+// a second pass that recomputes the scores, P, dP and dS (FlashGradQMma):
+// 5 products of a tile instead of 7, for a write and a read of dS (half of
+// [T, T] a head when causal). The same bits either way: the same dS (the
+// score arithmetic spelled out, flash_attention_math.h's GradExponent, so
+// that nvcc cannot contract the two kernels' differently) and the same
+// products in the same order. Off by default
+// until a GPU has timed it (written 2026-11-30 without one, checked in
+// flash_attention_emulation_test); STRATA_STORED_SCORE_GRADS=1 turns it on
+// for a process.
+inline std::atomic<bool>& StoredScoreGrads() {
+  static std::atomic<bool> on{EnvSwitch("STRATA_STORED_SCORE_GRADS", /*default_on=*/false)};
+  return on;
+}
+
 // Head sizes with a kernel instantiation.
 inline bool FlashTensorCoreHeadDim(int64_t D) { return FlashEligible(true, D); }
 
@@ -88,17 +109,33 @@ cudaError_t LaunchFlashAttention(__half* y, float* lse, const __half* q, const _
                                  int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream,
                                  HeadLayout layout = {});
 
+// 32-bit words of score-gradient scratch the gradient of 16-bit attention
+// with heads of D takes (LaunchFlashAttentionGrad's score_grads): 0 unless
+// the mma.sync kernels run with StoredScoreGrads() on, and the store fits
+// kDefaultAttentionScoreBudget (256 MiB; GPT-2 124M's layer, 96 heads of
+// 1024 causal tokens, takes 97.5 MiB). One rule for the kernel's scratch and
+// the memory plan's.
+inline int64_t FlashScoreGradWords(int64_t heads, int64_t T, int64_t D, bool causal) {
+  if (!MmaFlashAttention().load() || !StoredScoreGrads().load() || !FlashTensorCoreHeadDim(D)) return 0;
+  const int64_t words = flash::ScoreGradWords(heads, T, causal);
+  return words * 4 <= kDefaultAttentionScoreBudget ? words : 0;
+}
+
 // dq, dk, dv from q, k, v, y, lse, dy and dlse (null: no gradient reaches
 // lse). `di`: scratch of attention.h's AttentionGradScratch(heads, T) floats.
+// `score_grads`: null, or FlashScoreGradWords(heads, T, D, causal) words of
+// scratch (16-byte aligned), which then hold the score gradients on the way
+// to dq (StoredScoreGrads()).
 cudaError_t LaunchFlashAttentionGrad(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* q,
                                      const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* y,
                                      const float* lse, const __nv_bfloat16* dy, const float* dlse, float* di,
-                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal,
-                                     cudaStream_t stream, HeadLayout layout = {});
+                                     int64_t heads, int64_t T, int64_t D, float scale, bool causal, cudaStream_t stream,
+                                     HeadLayout layout = {}, uint32_t* score_grads = nullptr);
 cudaError_t LaunchFlashAttentionGrad(__half* dq, __half* dk, __half* dv, const __half* q, const __half* k,
                                      const __half* v, const __half* y, const float* lse, const __half* dy,
                                      const float* dlse, float* di, int64_t heads, int64_t T, int64_t D, float scale,
-                                     bool causal, cudaStream_t stream, HeadLayout layout = {});
+                                     bool causal, cudaStream_t stream, HeadLayout layout = {},
+                                     uint32_t* score_grads = nullptr);
 
 }  // namespace cuda
 }  // namespace strata

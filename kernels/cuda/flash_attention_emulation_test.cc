@@ -209,6 +209,25 @@ struct Case {
   bool opposed = false;
 };
 
+// dq, dk and dv on the stored score gradients (StoredScoreGrads()):
+// FlashGradKVMma storing dS, then FlashGradQStored with kMT 16-row tiles a
+// warp. The store starts poisoned, and every word of it must be written: the
+// blocks the dk/dv kernel stores are all the dq kernel may read.
+template <typename G, int kD, int kMT>
+void StoredGrad(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const float* lse, const G* dy, const float* di,
+                int64_t heads, int64_t T, float scale, bool causal, bool vec, HeadLayout layout) {
+  constexpr uint32_t kPoison = 0xdeadbeefu;  // halves bf16 -6.3e18 and -0.43: no word of dS here
+  std::vector<uint32_t> ds(flash::ScoreGradWords(heads, T, causal), kPoison);
+  Launch((T + kBlock - 1) / kBlock, heads, GradKVShared(kD), FlashGradKVMma<G, kD, true>, dk, dv, q, k, v, lse, dy, di,
+         T, scale, causal, vec, layout, ds.data());
+  ASSERT_EQ(std::count(ds.begin(), ds.end(), kPoison), 0) << "score-gradient words never stored";
+  Launch(GradQBlocks<kD, kMT>(T), heads, GradQStoredShared(kD), FlashGradQStored<G, kD, kMT>, dq, k,
+         static_cast<const uint32_t*>(ds.data()), T, scale, causal, vec, layout);
+}
+
+template <typename X>
+::testing::AssertionResult SameBits(const std::vector<X>& got, const std::vector<X>& want, const char* what);
+
 // The kernels as the launchers run them, the gradient from the reference's y
 // (rounded) and lse; di as LaunchAttentionRowDots computes it.
 template <typename G, int kD>
@@ -264,13 +283,14 @@ void Check(const Case& c, bool vec, double bar) {
     di[row] = static_cast<float>(dot - dlse[row]);
   }
   // Both gradients: mma.sync in registers, and WMMA through shared memory.
+  std::vector<G> mma_dq, mma_dk, mma_dv;
   for (const bool mma : {true, false}) {
     SCOPED_TRACE(mma ? "mma.sync gradient" : "WMMA gradient");
     std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
     if (mma) {
       Launch(blocks, c.heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk.data(), dv.data(), q.data(), k.data(),
-             v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec,
-             HeadLayout{});
+             v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{},
+             nullptr);
       Launch(GradQBlocks<kD>(c.T), c.heads, GradQShared(kD), FlashGradQMma<G, kD>, dq.data(), q.data(), k.data(), v.data(),
              lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     } else {
@@ -282,6 +302,22 @@ void Check(const Case& c, bool vec, double bar) {
     EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
     EXPECT_TRUE(Near(dk, want.dk, bar, "dk"));
     EXPECT_TRUE(Near(dv, want.dv, bar, "dv"));
+    if (mma) {
+      mma_dq = dq;
+      mma_dk = dk;
+      mma_dv = dv;
+    }
+  }
+  // The stored score gradients: the mma.sync gradient's bits.
+  {
+    SCOPED_TRACE("mma.sync gradient on stored score gradients");
+    std::vector<G> dq(n, Round<G>(12345)), dk(n, Round<G>(12345)), dv(n, Round<G>(12345));
+    StoredGrad<G, kD, kDqTiles<kD>>(dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), lse_in.data(),
+                                    dy.data(), di.data(), c.heads, c.T, static_cast<float>(scale), c.causal, vec,
+                                    HeadLayout{});
+    EXPECT_TRUE(SameBits(dq, mma_dq, "dq"));
+    EXPECT_TRUE(SameBits(dk, mma_dk, "dk"));
+    EXPECT_TRUE(SameBits(dv, mma_dv, "dv"));
   }
   if constexpr (kDqTiles<kD> > 1) {
     SCOPED_TRACE("mma.sync dq, 16-row warps");
@@ -289,6 +325,10 @@ void Check(const Case& c, bool vec, double bar) {
     Launch(GradQBlocks<kD, 1>(c.T), c.heads, GradQShared(kD), FlashGradQMma<G, kD, 1>, dq.data(), q.data(), k.data(),
            v.data(), lse_in.data(), dy.data(), di.data(), c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
     EXPECT_TRUE(Near(dq, want.dq, bar, "dq"));
+    std::vector<G> stored_dq(n, Round<G>(12345)), dk(n), dv(n);
+    StoredGrad<G, kD, 1>(stored_dq.data(), dk.data(), dv.data(), q.data(), k.data(), v.data(), lse_in.data(), dy.data(),
+                         di.data(), c.heads, c.T, static_cast<float>(scale), c.causal, vec, HeadLayout{});
+    EXPECT_TRUE(SameBits(stored_dq, dq, "dq on stored score gradients, 16-row warps"));
   }
 }
 
@@ -418,6 +458,42 @@ TEST(FlashAttentionEmulationTest, StandInLdMatrixFollowsThePtxLayouts) {
   }
 }
 
+// The stand-in's movmatrix .trans (mma_m16n8k16.h's MovMatrixTrans) against
+// the PTX ISA's layout: each 8 x 8 quadrant's plain ldmatrix word,
+// transposed, is the word ldmatrix .trans loads of that quadrant (lane l:
+// rows 2 (l % 4), + 1 of column l / 4).
+__global__ void MovMatrixKernel(uint32_t* out, const uint16_t* tile) {
+  constexpr int ld = 24;
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint16_t* s = reinterpret_cast<uint16_t*>(smem);
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < 16; ++r) {
+      for (int c = 0; c < 16; ++c) s[r * ld + c] = tile[r * 16 + c];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    uint32_t plain[4], trans[4];
+    mma::LdMatrixX4<false>(plain, s + (lane % 16) * ld + 8 * (lane / 16));
+    mma::LdMatrixX4<true>(trans, s + (lane % 16) * ld + 8 * (lane / 16));
+    for (int i = 0; i < 4; ++i) {
+      out[lane * 8 + i] = mma::MovMatrixTrans(plain[i]);
+      out[lane * 8 + 4 + i] = trans[i];
+    }
+  }
+}
+
+TEST(FlashAttentionEmulationTest, StandInMovMatrixTransposesAsLdMatrixTrans) {
+  std::vector<uint16_t> tile(256);
+  for (int i = 0; i < 256; ++i) tile[i] = static_cast<uint16_t>(0x2000 + 3 * i);
+  std::vector<uint32_t> out(32 * 8, 0);
+  Launch(1, 1, 16 * 24 * 2, MovMatrixKernel, out.data(), tile.data());
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[lane * 8 + i], out[lane * 8 + 4 + i]) << "lane " << lane << " word " << i;
+  }
+}
+
 // [B, H, T, D] -> [B, T, H, D] (to_bthd) or back.
 template <typename X>
 std::vector<X> SwapTH(const std::vector<X>& x, int64_t B, int64_t H, int64_t T, int64_t D, bool to_bthd) {
@@ -489,7 +565,7 @@ void CheckBthd(int64_t B, int64_t H, int64_t T, bool causal, bool vec, bool mma)
     const std::vector<float>& lse = lse_in != nullptr ? *lse_in : r.lse;
     if (mma) {
       Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, r.dk.data(), r.dv.data(), q.data(), k.data(),
-             v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
+             v.data(), lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout, nullptr);
       Launch(GradQBlocks<kD>(T), heads, GradQShared(kD), FlashGradQMma<G, kD>, r.dq.data(), q.data(), k.data(), v.data(),
              lse.data(), dy.data(), di.data(), T, scale, causal, vec, layout);
     } else {
@@ -543,7 +619,8 @@ void CheckAllBthd() {
 
 // Which kernels a packed run takes: WMMA, mma.sync at the default warp width,
 // or mma.sync with 16-row warps (STRATA_MMA_WIDE_WARPS=0) where the default is 32.
-enum class Kernels { kWmma, kMma, kMmaNarrow };
+// kStored, kStoredNarrow: mma.sync on stored score gradients (StoredGrad).
+enum class Kernels { kWmma, kMma, kMmaNarrow, kStored, kStoredNarrow };
 
 // Layout "bthd" with pack 3 (HeadLayout{H, true, 3}: q, k, v and dq, dk, dv
 // the slots of one [B, T, 3, H, D] qkv, scaled_dot_product_attention_qkv's)
@@ -553,8 +630,9 @@ enum class Kernels { kWmma, kMma, kMmaNarrow };
 template <typename G, int kD, Kernels kKernels>
 void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
   const int64_t heads = B * H, n = heads * T * kD, blocks = (T + kBlock - 1) / kBlock;
-  constexpr int kFwdMT = kKernels == Kernels::kMmaNarrow ? 1 : kFwdTiles<kD>;
-  constexpr int kDqMT = kKernels == Kernels::kMmaNarrow ? 1 : kDqTiles<kD>;
+  constexpr bool kNarrow = kKernels == Kernels::kMmaNarrow || kKernels == Kernels::kStoredNarrow;
+  constexpr int kFwdMT = kNarrow ? 1 : kFwdTiles<kD>;
+  constexpr int kDqMT = kNarrow ? 1 : kDqTiles<kD>;
   const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(kD)));
   const std::vector<G> q = Random<G>(n, 1, 21), k = Random<G>(n, 1, 22), v = Random<G>(n, 1, 23),
                        dy = Random<G>(n, 1, 24);
@@ -588,9 +666,12 @@ void CheckQkvPacked(int64_t B, int64_t H, int64_t T, bool causal, bool vec) {
              scale, causal, vec, layout);
       Launch(blocks, heads, GradShared(kD), FlashGradQ<G, kD>, dq, q, k, v, lse.data(), dy.data(), di.data(), T,
              scale, causal, vec, layout);
+    } else if constexpr (kKernels == Kernels::kStored || kKernels == Kernels::kStoredNarrow) {
+      StoredGrad<G, kD, kDqMT>(dq, dk, dv, q, k, v, lse.data(), dy.data(), di.data(), heads, T, scale, causal, vec,
+                               layout);
     } else {
-      Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk, dv, q, k, v, lse.data(), dy.data(),
-             di.data(), T, scale, causal, vec, layout);
+      Launch(blocks, heads, GradKVShared(kD), FlashGradKVMma<G, kD>, dk, dv, q, k, v, lse.data(), dy.data(), di.data(),
+             T, scale, causal, vec, layout, nullptr);
       Launch(GradQBlocks<kD, kDqMT>(T), heads, GradQShared(kD), FlashGradQMma<G, kD, kDqMT>, dq, q, k, v, lse.data(),
              dy.data(), di.data(), T, scale, causal, vec, layout);
     }
@@ -656,6 +737,14 @@ void CheckAllQkvPacked() {
       if constexpr (kFwdTiles<kD> > 1 || kDqTiles<kD> > 1) {
         SCOPED_TRACE("mma.sync kernels, 16-row warps");
         CheckQkvPacked<G, kD, Kernels::kMmaNarrow>(c.B, c.H, c.T, c.causal, vec);
+      }
+      {
+        SCOPED_TRACE("mma.sync kernels on stored score gradients");
+        CheckQkvPacked<G, kD, Kernels::kStored>(c.B, c.H, c.T, c.causal, vec);
+      }
+      if constexpr (kDqTiles < kD >> 1) {
+        SCOPED_TRACE("mma.sync kernels on stored score gradients, 16-row warps");
+        CheckQkvPacked<G, kD, Kernels::kStoredNarrow>(c.B, c.H, c.T, c.causal, vec);
       }
       if (::testing::Test::HasFatalFailure()) return;
     }

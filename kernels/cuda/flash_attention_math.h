@@ -59,6 +59,32 @@ STRATA_HOST_DEVICE inline float Lse(float m, float l) { return m + kernel_math::
 STRATA_HOST_DEVICE inline float BackwardProb(float s, float lse) { return kernel_math::Exp(s - lse); }
 STRATA_HOST_DEVICE inline float ScoreGrad(float p, float dp, float di) { return p * (dp - di); }
 
+// The score gradients the mma.sync dk/dv kernel stores for dq when
+// StoredScoreGrads() is on (flash_attention.h): dS of a head in 16 x 16
+// blocks (query block qb, key block kb, 16 rows each; rows past T zero),
+// each 512 bytes holding the A fragments of mma.m16n8k16 (mma_m16n8k16.h)
+// as a warp holds them, lane l's four words at words 4 l..; the blocks of a
+// head in row order (qb, then kb), only kb <= qb when causal (the others are
+// wholly above the diagonal, so zero).
+inline constexpr int64_t kScoreGradBlockWords = 128;
+STRATA_HOST_DEVICE inline int64_t ScoreGradRowBlocks(int64_t T) { return (T + 15) / 16; }
+STRATA_HOST_DEVICE inline int64_t ScoreGradBlocks(int64_t T, bool causal) {
+  const int64_t nb = ScoreGradRowBlocks(T);
+  return causal ? nb * (nb + 1) / 2 : nb * nb;
+}
+// Whether block (qb, kb) is stored; where, among its head's blocks.
+STRATA_HOST_DEVICE inline bool ScoreGradStored(int64_t qb, int64_t kb, int64_t T, bool causal) {
+  const int64_t nb = ScoreGradRowBlocks(T);
+  return qb < nb && kb < nb && (!causal || kb <= qb);
+}
+STRATA_HOST_DEVICE inline int64_t ScoreGradBlock(int64_t qb, int64_t kb, int64_t T, bool causal) {
+  return causal ? qb * (qb + 1) / 2 + kb : qb * ScoreGradRowBlocks(T) + kb;
+}
+// 32-bit words of the store for `heads` heads.
+STRATA_HOST_DEVICE inline int64_t ScoreGradWords(int64_t heads, int64_t T, bool causal) {
+  return heads * ScoreGradBlocks(T, causal) * kScoreGradBlockWords;
+}
+
 // The mma.sync kernels' softmax works in base 2, FlashAttention-2's way: a
 // score s becomes x = s * scale * log2(e) (one multiply), its probability
 // Exp2(x - m) (a subtract and the hardware's ex2.approx), m the running max
@@ -75,6 +101,25 @@ STRATA_HOST_DEVICE inline float Exp2(float x) {
   return y;
 #else
   return std::exp2(x);
+#endif
+}
+// The gradients' base-2 exponent of a score s against its row's lse:
+// s scale log2(e) - lse log2(e), with Lse2 = lse log2(e) rounded once and
+// the rest one fused multiply-add, spelled out so that the dk/dv kernel and
+// the dq kernel, which both compute it for every (query, key), round it
+// alike whatever nvcc would contract (StoredScoreGrads() relies on it).
+STRATA_HOST_DEVICE inline float Lse2(float lse) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(lse, kLog2e);
+#else
+  return lse * kLog2e;
+#endif
+}
+STRATA_HOST_DEVICE inline float GradExponent(float s, float scale_log2, float lse2) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(s, scale_log2, -lse2);
+#else
+  return std::fma(s, scale_log2, -lse2);
 #endif
 }
 // The max a row's probabilities are taken against: m, or 0 while the row has

@@ -177,6 +177,46 @@ TEST(FlashAttentionMathTest, ScoreGradIsPTimesDpMinusDi) {
   EXPECT_EQ(ScoreGrad(0.0f, 3.0f, 1.0f), 0.0f);
 }
 
+// The gradients' exponent rounds once: 1 + 2^-12 squared is 1 + 2^-11 +
+// 2^-24, which a separate multiply rounds to 1 + 2^-11 (a tie, to even)
+// before 1 + 2^-11 is taken off.
+TEST(FlashAttentionMathTest, GradExponentIsOneFusedMultiplyAdd) {
+  const float a = 1.0f + std::ldexp(1.0f, -12);
+  EXPECT_EQ(GradExponent(a, a, 1.0f + std::ldexp(1.0f, -11)), std::ldexp(1.0f, -24));
+  EXPECT_EQ(Lse2(2.0f), 2.0f * kLog2e);
+}
+
+// The stored score gradients' blocks: every block a visible pair lies in is
+// stored, at its own place among [0, ScoreGradBlocks) (no two blocks share
+// one, none left out), and a block not stored holds only masked pairs.
+TEST(FlashAttentionMathTest, StoredScoreGradBlocksCoverEveryVisiblePairOnce) {
+  for (int64_t T : kLengths) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "T " << T << (causal ? " causal" : ""));
+      const int64_t nb = ScoreGradRowBlocks(T), blocks = ScoreGradBlocks(T, causal);
+      std::vector<int> uses(blocks, 0);
+      for (int64_t qb = 0; qb < nb + 1; ++qb) {
+        for (int64_t kb = 0; kb < nb + 1; ++kb) {
+          bool visible = false;
+          for (int64_t i = 16 * qb; i < 16 * qb + 16; ++i) {
+            for (int64_t j = 16 * kb; j < 16 * kb + 16; ++j) visible = visible || Visible(i, j, T, causal);
+          }
+          if (!ScoreGradStored(qb, kb, T, causal)) {
+            EXPECT_FALSE(visible) << "block " << qb << ", " << kb;
+            continue;
+          }
+          const int64_t at = ScoreGradBlock(qb, kb, T, causal);
+          ASSERT_GE(at, 0);
+          ASSERT_LT(at, blocks);
+          ++uses[at];
+        }
+      }
+      for (int64_t b = 0; b < blocks; ++b) EXPECT_EQ(uses[b], 1) << "block slot " << b;
+      EXPECT_EQ(ScoreGradWords(3, T, causal), 3 * blocks * kScoreGradBlockWords);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flash
 }  // namespace cuda

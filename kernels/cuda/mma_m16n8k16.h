@@ -88,6 +88,32 @@ __device__ inline void LdMatrixX4(uint32_t (&r)[4], const void* row) {
 #endif
 }
 
+// movmatrix.sync.aligned.m8n8.trans.b16 of a warp (sm_75 and later): an
+// 8 x 8 matrix of 16-bit elements held as ldmatrix's fragments (lane l: its
+// row l / 4, columns 2 (l % 4) and + 1 as one word, the even column in the
+// low half) comes back transposed in the same layout: lane l receives
+// column l / 4, rows 2 (l % 4) and + 1. So the A fragments of a product's
+// transpose need no trip through shared memory: a 16 x 16 A fragment's four
+// words, each transposed, are the transpose's A fragment as (a[0], a[2],
+// a[1], a[3]). The PTX ISA's "Warp-level matrix transpose: movmatrix".
+// Every lane of the warp calls it.
+__device__ inline uint32_t MovMatrixTrans(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(w));
+  return r;
+#elif defined(CUDA_STAND_IN)
+  // Element (row, column) lies in lane 4 row + column / 2, half column % 2.
+  const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  const uint32_t lo = __shfl_sync(0xffffffffu, w, 4 * (2 * t) + g / 2);
+  const uint32_t hi = __shfl_sync(0xffffffffu, w, 4 * (2 * t + 1) + g / 2);
+  const int shift = 16 * (g % 2);
+  return ((lo >> shift) & 0xffffu) | (((hi >> shift) & 0xffffu) << 16);
+#else
+  return w;
+#endif
+}
+
 // cp.async.cg.shared.global of 16 bytes (sm_80 and later): src to shared dst
 // without passing through registers, both 16-byte aligned, L2 fetching the
 // 128-byte line around it (.L2::128B, as CUTLASS's SM80 copies); with !valid the
