@@ -254,6 +254,22 @@ class ScheduleSimulator {
     ReleaseSentBuffers(ai);
   }
 
+  // Evaluation forward `j` (Executor::Evaluate's): the forward action's
+  // allocations and frees, then the rest of its activations dropped (the
+  // executor clears the scope), its sends held until the end of forward
+  // j + sends_in_flight, and the loss and fetches it reports kept (scalars).
+  void RunEvalForward(int j, int sends_in_flight) {
+    Action forward;
+    forward.set_kind(Action::FORWARD);
+    forward.set_micro_batch(j);
+    eval_sends_in_flight_ = sends_in_flight;
+    RunAction(j, forward);
+    const std::vector<char> keep = KeptVars(graph_);
+    for (int v = 0; v < graph_.num_vars(); ++v) {
+      if (!keep[v]) Release(j, v);
+    }
+  }
+
   int64_t peak() const { return peak_; }
 
  private:
@@ -316,7 +332,9 @@ class ScheduleSimulator {
   // and lists that wait in the plan when there is a send_release map.
   void HoldSentBuffer(int ai, const OpInfo& o, int mb, const std::vector<int>& mine) {
     int release_action = ai + 1;
-    if (send_release_ != nullptr) {
+    if (eval_sends_in_flight_ >= 0) {
+      release_action = ai + eval_sends_in_flight_;  // an evaluation's forward ai
+    } else if (send_release_ != nullptr) {
       auto it = send_release_->find({o.channel, mb});
       release_action = it != send_release_->end() ? std::max(ai, it->second) : last_action_;
       MemoryPlan::SendWait* wait = plan_.add_send_waits();
@@ -353,6 +371,7 @@ class ScheduleSimulator {
   std::vector<Buffer> buffers_;
   int64_t live_ = 0, peak_ = 0;
   std::map<int, std::vector<int>> release_at_;  // action index -> buffer ids
+  int eval_sends_in_flight_ = -1;               // an evaluation's (RunEvalForward), or -1
 };
 
 }  // namespace
@@ -384,6 +403,18 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
   plan.set_state_bytes(state_bytes);
   plan.set_activation_peak_bytes(simulator.peak());
   plan.set_peak_bytes(param_bytes + copy_bytes + state_bytes + simulator.peak());
+
+  // An evaluation: forwards one after another, each holding the sends of as
+  // many earlier ones as the training step does; past that many the live
+  // set repeats, so that many forwards and one more reach its peak.
+  std::vector<int64_t> forward_channels;
+  for (const OpInfo& o : ops->info) {
+    if (o.send && ActionRuns(Action::FORWARD, o.role)) forward_channels.push_back(o.channel);
+  }
+  const int in_flight = EvalSendsInFlight(schedule, plan.send_waits(), forward_channels);
+  ScheduleSimulator eval(graph, *ops, frees, feeds, micro_batch_size, nullptr, in_flight, &plan);
+  for (int j = 0; j <= in_flight; ++j) eval.RunEvalForward(j, in_flight);
+  plan.set_eval_peak_bytes(param_bytes + copy_bytes + state_bytes + eval.peak());
   plan.set_planned_batch_size(micro_batch_size * std::max(1, schedule.micro_batches()));
   return plan;
 }

@@ -125,6 +125,18 @@ TEST(MemoryPlanTest, OneDevicePeakIsTheLiveSetAtTheLossGradient) {
   EXPECT_TRUE(m.send_waits().empty());
 }
 
+// An evaluation runs the forward alone and drops its activations at the
+// forward's end (Executor::Evaluate): the live set of one forward. Batch 8:
+// x 128 + label 64 as it starts, z 96, then the loss op's output 4 beside
+// its F64 row sums (scratch, 8 a row) 64 = 356, the peak; nothing is freed
+// inside the forward (x, z and label are read again by the backward).
+TEST(MemoryPlanTest, AnEvaluationHoldsOneForward) {
+  const RankPlan plan = CompileOneDevice(kOneLayer, 8);
+  const MemoryPlan& m = plan.memory();
+  EXPECT_EQ(m.eval_peak_bytes(), 356 + 48 + 56);
+  EXPECT_LT(m.eval_peak_bytes(), m.peak_bytes());
+}
+
 // With the loss gradient written over the logits, z@grad takes z's buffer:
 // the gradient's live set is x 128 + label 64 + z (= z@grad) 96 + loss 4 +
 // loss@grad 4 = 296 at batch 8, below the forward loss's x 128 + label 64
@@ -277,6 +289,9 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
   EXPECT_EQ(first.memory().param_bytes(), 160);        // w F64[4, 5]
   EXPECT_EQ(first.memory().state_bytes(), 8 + 160);    // @step, w@grad@acc
   EXPECT_EQ(first.memory().peak_bytes(), 288 + 160 + 168);
+  // An evaluation holds no send of an earlier forward when one starts (F0's
+  // is waited for at F0's end): one forward, x 64 + h 80.
+  EXPECT_EQ(first.memory().eval_peak_bytes(), 144 + 160 + 168);
   const Program& p0 = first.program();
   const int accumulate0 = IndexOf(p0, OpsOfType(p0, "matmul_accumulate").at(0));
   const int send_h = IndexOf(p0, Transfers(p0, "send", "h").at(0));
@@ -301,6 +316,9 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
   EXPECT_EQ(last.memory().param_bytes(), 120);      // w2 F64[5, 3]
   EXPECT_EQ(last.memory().state_bytes(), 8 + 120);  // @step, w2@grad@acc
   EXPECT_EQ(last.memory().peak_bytes(), 224 + 120 + 128);
+  // Its evaluation: F0's label 16, recv h 80, z 48 and loss 8 beside the
+  // loss op's F64 row sums (scratch, 8 a row) 16 = 168.
+  EXPECT_EQ(last.memory().eval_peak_bytes(), 168 + 120 + 128);
   const Program& p1 = last.program();
   const int accumulate1 = IndexOf(p1, OpsOfType(p1, "matmul_accumulate").at(0));
   const int send_grad = IndexOf(p1, Transfers(p1, "send", "h@grad").at(0));

@@ -1,6 +1,12 @@
 #ifndef STRATA_PROTO_ROLES_H_
 #define STRATA_PROTO_ROLES_H_
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "proto/plan.pb.h"
 #include "proto/program.pb.h"
 
@@ -16,6 +22,38 @@ inline bool ActionRuns(Action::Kind action, OpRole role) {
     case Action::OPTIMIZE: return role == OPTIMIZE || role == LR_SCHEDULE;
     default: return false;
   }
+}
+
+// How many micro-batches' forward sends an evaluation holds in flight when
+// it starts a forward (Executor::Evaluate, and the memory plan's prediction
+// of it): as many as the training step holds when one of its forwards
+// starts, the earlier forwards with a send on one of `forward_channels` that
+// the plan waits for (`waits`) at or after it (a send without a wait: at the
+// step's end).
+inline int EvalSendsInFlight(const Schedule& schedule,
+                             const google::protobuf::RepeatedPtrField<MemoryPlan::SendWait>& waits,
+                             const std::vector<int64_t>& forward_channels) {
+  std::map<std::pair<int64_t, int>, int> wait_action;
+  for (const auto& wait : waits) wait_action[{wait.channel(), wait.micro_batch()}] = wait.action();
+  const int last = schedule.action_size() - 1;
+  int most = 0;
+  for (int i = 0; i <= last; ++i) {
+    if (schedule.action(i).kind() != Action::FORWARD) continue;
+    int held = 0;
+    for (int j = 0; j < i; ++j) {
+      const Action& earlier = schedule.action(j);
+      if (earlier.kind() != Action::FORWARD) continue;
+      for (int64_t channel : forward_channels) {
+        auto it = wait_action.find({channel, earlier.micro_batch()});
+        if ((it == wait_action.end() ? last : std::max(j, it->second)) >= i) {
+          ++held;
+          break;
+        }
+      }
+    }
+    most = std::max(most, held);
+  }
+  return most;
 }
 
 // Lives outside the micro-batch scopes, for the whole run (never freed by

@@ -345,27 +345,11 @@ absl::Status Executor::Prepare() {
   for (const auto& wait : plan_.memory().send_waits()) {
     send_wait_action_[{wait.channel(), wait.micro_batch()}] = wait.action();
   }
-  // What a training step holds of its forward sends when a forward starts:
-  // the micro-batches whose sends, posted by an earlier forward, are waited
-  // at or after it (HoldSends's rule). An evaluation holds no more.
-  const int last = plan_.schedule().action_size() - 1;
-  eval_sends_in_flight_ = 0;
-  for (int i = 0; i <= last; ++i) {
-    if (plan_.schedule().action(i).kind() != Action::FORWARD) continue;
-    int held = 0;
-    for (int j = 0; j < i; ++j) {
-      const Action& earlier = plan_.schedule().action(j);
-      if (earlier.kind() != Action::FORWARD) continue;
-      for (int64_t channel : forward_.send_channels) {
-        auto it = send_wait_action_.find({channel, earlier.micro_batch()});
-        if ((it == send_wait_action_.end() ? last : std::max(j, it->second)) >= i) {
-          ++held;
-          break;
-        }
-      }
-    }
-    eval_sends_in_flight_ = std::max(eval_sends_in_flight_, held);
-  }
+  // What a training step holds of its forward sends when a forward starts
+  // (HoldSends's rule): an evaluation holds no more (proto/roles.h; the
+  // memory plan predicts it so).
+  eval_sends_in_flight_ = EvalSendsInFlight(plan_.schedule(), plan_.memory().send_waits(), forward_.send_channels);
+
   return absl::OkStatus();
 }
 
@@ -468,7 +452,10 @@ absl::Status Executor::LoadState(std::map<std::string, Tensor>& state, bool adop
       state_[i] = std::move(it->second);
       continue;
     }
-    absl::StatusOr<Tensor> copy = t.on_host() && options_.device->host_accessible() ? t.Clone() : t.CopyTo(options_.device);
+    // Onto this rank's device, so its allocator counts the bytes (a host
+    // tensor's Clone would take the reader's allocator: an --eval_only run
+    // measured its loaded weights nowhere).
+    absl::StatusOr<Tensor> copy = t.CopyTo(options_.device);
     if (!copy.ok()) return copy.status();
     state_[i] = std::move(*copy);
   }

@@ -685,7 +685,10 @@ absl::Status TrainSession::FixBatchSize() {
   batch_ = PlanBatchSize(plan_);
   if (batch_ <= 0) return absl::InvalidArgumentError("the plan has no batch size");
   report_.batch_size = batch_;
-  report_.predicted_peak_bytes = plan_.memory().peak_bytes();
+  // --eval_only runs no step: the evaluation's own prediction (a plan from
+  // before it existed has 0 there and keeps the step's, an upper bound).
+  const int64_t eval_peak = plan_.memory().eval_peak_bytes();
+  report_.predicted_peak_bytes = options_.eval_only && eval_peak > 0 ? eval_peak : plan_.memory().peak_bytes();
   return absl::OkStatus();
 }
 

@@ -236,6 +236,20 @@ TEST(EvalOnlyParityTest, ACheckpointEvaluatesAlikeUnderAnyLayout) {
     EXPECT_EQ(run->evals[0].step, 5);
     EXPECT_NEAR(run->evals[0].loss, single->eval_loss, kTolerance * single->eval_loss);
     EXPECT_NEAR(run->evals[0].accuracy, single->eval_accuracy, kTolerance);
+    // DESIGN's memory rule for the evaluation: its own prediction
+    // (MemoryPlan.eval_peak_bytes) bounds each rank's measured peak and is
+    // at most 10% above it. (The training step's, used before, was 20-40%
+    // above.)
+    for (const auto& [rank, measured] : run->measured_peak_bytes) {
+      const int64_t predicted = run->predicted_peak_bytes.at(rank);
+      EXPECT_LE(measured, predicted) << "rank " << rank;
+      EXPECT_LE(predicted, measured * 1.1)
+          << "rank " << rank << ": predicted " << predicted << ", measured " << measured;
+    }
+  }
+  // Against the training step's prediction of the same plan: lower.
+  for (const auto& [rank, predicted] : on_pipeline->predicted_peak_bytes) {
+    EXPECT_LT(predicted, parallel->predicted_peak_bytes.at(rank)) << "rank " << rank;
   }
   // The weights are the loaded ones, unchanged.
   std::string worst;

@@ -470,10 +470,11 @@ int CheckCommand(const std::string& path) {
     // Mixed precision's 16-bit weight copies (hoist-param-casts) beside the float32 parameters.
     const std::string copies =
         m.param_copy_bytes() > 0 ? absl::StrCat(", 16-bit weight copies ", Bytes(m.param_copy_bytes())) : "";
+    // And an evaluation's (--eval_only, --eval_data): the forward alone.
     std::string lines = absl::StrFormat(
-        "predicted peak %s (parameters %s%s, optimizer state %s, activations %s), bubble %.1f%%\n",
-        Bytes(m.peak_bytes()), Bytes(m.param_bytes()), copies, Bytes(m.state_bytes()),
-        Bytes(m.activation_peak_bytes()), 100 * m.bubble_fraction());
+        "predicted peak %s (parameters %s%s, optimizer state %s, activations %s), an evaluation %s, bubble %.1f%%\n",
+        Bytes(m.peak_bytes()), Bytes(m.param_bytes()), copies, Bytes(m.state_bytes()), Bytes(m.activation_peak_bytes()),
+        Bytes(m.eval_peak_bytes()), 100 * m.bubble_fraction());
     if (recompute) lines += RecomputeLine(m.activation_peak_bytes(), activations_without, plan.rank(), without_error);
     if (plan.topology().dp_degree() > 1) lines += DataParallelLines(plan);
     rank_lines.emplace_back(&plan, std::move(lines));

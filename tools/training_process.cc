@@ -63,14 +63,10 @@ void PrintSummary(const TrainReport& report) {
   const std::string did = report.steps.empty() && !report.evals.empty()
                               ? absl::StrFormat("evaluated step %d", report.evals.back().step)
                               : absl::StrFormat("%d steps", report.steps.empty() ? 0 : report.steps.back().step);
-  // The plan predicts a training step's peak, an upper bound of an
-  // evaluation's, which holds no gradients (--eval_only runs of pipelines
-  // and of the MLP measured 20-40% under it): said so where the run only
-  // evaluated.
-  const bool eval_only = report.steps.empty() && !report.evals.empty();
-  std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s%s\n", did,
+  // Under --eval_only the prediction is the evaluation's (MemoryPlan.eval_peak_bytes).
+  std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n", did,
                                report.seconds, report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
-                               Bytes(report.predicted_peak_bytes), eval_only ? " for a training step" : "");
+                               Bytes(report.predicted_peak_bytes));
   // The run's last evaluation is its final one only where it followed the
   // last step (a stop signal, or --eval_every, can leave an earlier one).
   if (!report.evals.empty() && (report.steps.empty() || report.evals.back().step == report.steps.back().step)) {
