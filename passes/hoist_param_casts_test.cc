@@ -55,17 +55,6 @@ std::map<OpRole, int> ParamCastsByRole(const Program& p) {
   return n;
 }
 
-// Each op (type, role, inputs, outputs) and each var's kind, one a line.
-std::string OpsAndKinds(const Program& p) {
-  std::string out;
-  for (const Op& op : p.op()) {
-    absl::StrAppend(&out, op.type(), " ", OpRole_Name(op.role()), " ", absl::StrJoin(op.input(), ","), " -> ",
-                    absl::StrJoin(op.output(), ","), "\n");
-  }
-  for (const Var& v : p.var()) absl::StrAppend(&out, v.name(), " ", VarKind_Name(v.kind()), "\n");
-  return out;
-}
-
 // Each copy is written by its weight's update (attr copy_dtype, its last
 // output), and refreshed by the cast the forward had (role REFRESH, after
 // the update: no action runs it, the executor does before the first step

@@ -419,6 +419,9 @@ TEST(FlashAttentionEmulationTest, StandInMmaFollowsThePtxLayouts) {
 // 8 (i / 2) + 2 (l % 4), + 1) of the four 8 x 8 quadrants the lanes address
 // (lane l: row l % 16, column 8 (l / 16): mma's A fragment a[i]); with
 // .trans (rows 8 (i % 2) + 2 (l % 4), + 1 of column 8 (i / 2) + l / 4).
+// Beside them, each plain word through the stand-in's movmatrix .trans
+// (mma_m16n8k16.h's MovMatrixTrans), which must give the .trans word: the
+// same quadrant transposed.
 __global__ void LdMatrixKernel(uint32_t* out, const uint16_t* tile) {
   constexpr int ld = 24;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -435,16 +438,17 @@ __global__ void LdMatrixKernel(uint32_t* out, const uint16_t* tile) {
     mma::LdMatrixX4<false>(plain, s + (lane % 16) * ld + 8 * (lane / 16));
     mma::LdMatrixX4<true>(trans, s + (lane % 16) * ld + 8 * (lane / 16));
     for (int i = 0; i < 4; ++i) {
-      out[lane * 8 + i] = plain[i];
-      out[lane * 8 + 4 + i] = trans[i];
+      out[lane * 12 + i] = plain[i];
+      out[lane * 12 + 4 + i] = trans[i];
+      out[lane * 12 + 8 + i] = mma::MovMatrixTrans(plain[i]);
     }
   }
 }
 
-TEST(FlashAttentionEmulationTest, StandInLdMatrixFollowsThePtxLayouts) {
+TEST(FlashAttentionEmulationTest, StandInLdMatrixAndMovMatrixFollowThePtxLayouts) {
   std::vector<uint16_t> tile(256);
   for (int i = 0; i < 256; ++i) tile[i] = static_cast<uint16_t>(0x1000 + i);
-  std::vector<uint32_t> out(32 * 8, 0);
+  std::vector<uint32_t> out(32 * 12, 0);
   Launch(1, 1, 16 * 24 * 2, LdMatrixKernel, out.data(), tile.data());
   const auto at = [&](int r, int c) { return static_cast<uint32_t>(tile[r * 16 + c]); };
   for (int lane = 0; lane < 32; ++lane) {
@@ -452,45 +456,10 @@ TEST(FlashAttentionEmulationTest, StandInLdMatrixFollowsThePtxLayouts) {
       const int r0 = 8 * (i % 2), c0 = 8 * (i / 2);
       const uint32_t plain = at(r0 + lane / 4, c0 + 2 * (lane % 4)) | at(r0 + lane / 4, c0 + 2 * (lane % 4) + 1) << 16;
       const uint32_t trans = at(r0 + 2 * (lane % 4), c0 + lane / 4) | at(r0 + 2 * (lane % 4) + 1, c0 + lane / 4) << 16;
-      EXPECT_EQ(out[lane * 8 + i], plain) << "lane " << lane << " word " << i;
-      EXPECT_EQ(out[lane * 8 + 4 + i], trans) << "lane " << lane << " word " << i << " (.trans)";
+      EXPECT_EQ(out[lane * 12 + i], plain) << "lane " << lane << " word " << i;
+      EXPECT_EQ(out[lane * 12 + 4 + i], trans) << "lane " << lane << " word " << i << " (.trans)";
+      EXPECT_EQ(out[lane * 12 + 8 + i], trans) << "lane " << lane << " word " << i << " (movmatrix .trans)";
     }
-  }
-}
-
-// The stand-in's movmatrix .trans (mma_m16n8k16.h's MovMatrixTrans) against
-// the PTX ISA's layout: each 8 x 8 quadrant's plain ldmatrix word,
-// transposed, is the word ldmatrix .trans loads of that quadrant (lane l:
-// rows 2 (l % 4), + 1 of column l / 4).
-__global__ void MovMatrixKernel(uint32_t* out, const uint16_t* tile) {
-  constexpr int ld = 24;
-  extern __shared__ __align__(128) unsigned char smem[];
-  uint16_t* s = reinterpret_cast<uint16_t*>(smem);
-  const int lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int r = 0; r < 16; ++r) {
-      for (int c = 0; c < 16; ++c) s[r * ld + c] = tile[r * 16 + c];
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    uint32_t plain[4], trans[4];
-    mma::LdMatrixX4<false>(plain, s + (lane % 16) * ld + 8 * (lane / 16));
-    mma::LdMatrixX4<true>(trans, s + (lane % 16) * ld + 8 * (lane / 16));
-    for (int i = 0; i < 4; ++i) {
-      out[lane * 8 + i] = mma::MovMatrixTrans(plain[i]);
-      out[lane * 8 + 4 + i] = trans[i];
-    }
-  }
-}
-
-TEST(FlashAttentionEmulationTest, StandInMovMatrixTransposesAsLdMatrixTrans) {
-  std::vector<uint16_t> tile(256);
-  for (int i = 0; i < 256; ++i) tile[i] = static_cast<uint16_t>(0x2000 + 3 * i);
-  std::vector<uint32_t> out(32 * 8, 0);
-  Launch(1, 1, 16 * 24 * 2, MovMatrixKernel, out.data(), tile.data());
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[lane * 8 + i], out[lane * 8 + 4 + i]) << "lane " << lane << " word " << i;
   }
 }
 
