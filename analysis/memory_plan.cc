@@ -191,10 +191,26 @@ std::vector<std::vector<int>> FreesAfterOps(const Graph& graph, int n, const std
   return frees;
 }
 
-void RecordFrees(const Graph& graph, const std::vector<std::vector<int>>& frees, MemoryPlan* plan) {
-  plan->mutable_frees_after_op()->Reserve(static_cast<int>(frees.size()));
+// Last use of each var among the ops an evaluation runs (the forward and
+// loss ops), by program position; -1 when none of them touches it.
+std::vector<int> EvalLastUse(const Graph& graph, const OpTable& ops) {
+  std::vector<int> last_use(graph.num_vars(), -1);
+  const std::vector<int>& order = graph.ops();
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!ActionRuns(Action::FORWARD, ops.info[i].role)) continue;
+    for (int v : graph.inputs(order[i])) last_use[v] = static_cast<int>(i);
+    for (int v : graph.outputs(order[i])) {
+      if (last_use[v] < 0) last_use[v] = static_cast<int>(i);  // produced, maybe never read
+    }
+  }
+  return last_use;
+}
+
+void RecordFrees(const Graph& graph, const std::vector<std::vector<int>>& frees,
+                 google::protobuf::RepeatedPtrField<MemoryPlan::Frees>* out) {
+  out->Reserve(static_cast<int>(frees.size()));
   for (const auto& vars : frees) {
-    auto* names = plan->add_frees_after_op()->mutable_var();
+    auto* names = out->Add()->mutable_var();
     names->Reserve(static_cast<int>(vars.size()));
     for (int v : vars) {
       const absl::string_view name = graph.var_name(v);
@@ -255,9 +271,10 @@ class ScheduleSimulator {
   }
 
   // Evaluation forward `j` (Executor::Evaluate's): the forward action's
-  // allocations and frees, then the rest of its activations dropped (the
-  // executor clears the scope), its sends held until the end of forward
-  // j + sends_in_flight, and the loss and fetches it reports kept (scalars).
+  // allocations and frees (the simulator's frees: the evaluation's), then
+  // the rest dropped (the executor clears the scope), its sends held until
+  // the end of forward j + sends_in_flight, and the loss and fetches it
+  // reports kept (scalars).
   void RunEvalForward(int j, int sends_in_flight) {
     Action forward;
     forward.set_kind(Action::FORWARD);
@@ -385,7 +402,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
   if (!ops.ok()) return ops.status();
   const std::vector<std::vector<int>> frees =
       FreesAfterOps(graph, static_cast<int>(ops->info.size()), ops->last_use, keep);
-  RecordFrees(graph, frees, &plan);
+  RecordFrees(graph, frees, plan.mutable_frees_after_op());
+  const std::vector<std::vector<int>> eval_frees =
+      FreesAfterOps(graph, static_cast<int>(ops->info.size()), EvalLastUse(graph, *ops), keep);
+  RecordFrees(graph, eval_frees, plan.mutable_eval_frees_after_op());
 
   int64_t param_bytes = 0, copy_bytes = 0, state_bytes = 0;
   for (int v = 0; v < graph.num_vars(); ++v) {
@@ -412,7 +432,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
     if (o.send && ActionRuns(Action::FORWARD, o.role)) forward_channels.push_back(o.channel);
   }
   const int in_flight = EvalSendsInFlight(schedule, plan.send_waits(), forward_channels);
-  ScheduleSimulator eval(graph, *ops, frees, feeds, micro_batch_size, nullptr, in_flight, &plan);
+  ScheduleSimulator eval(graph, *ops, eval_frees, feeds, micro_batch_size, nullptr, in_flight, &plan);
   for (int j = 0; j <= in_flight; ++j) eval.RunEvalForward(j, in_flight);
   plan.set_eval_peak_bytes(param_bytes + copy_bytes + state_bytes + eval.peak());
   plan.set_planned_batch_size(micro_batch_size * std::max(1, schedule.micro_batches()));

@@ -125,16 +125,46 @@ TEST(MemoryPlanTest, OneDevicePeakIsTheLiveSetAtTheLossGradient) {
   EXPECT_TRUE(m.send_waits().empty());
 }
 
-// An evaluation runs the forward alone and drops its activations at the
-// forward's end (Executor::Evaluate): the live set of one forward. Batch 8:
-// x 128 + label 64 as it starts, z 96, then the loss op's output 4 beside
-// its F64 row sums (scratch, 8 a row) 64 = 356, the peak; nothing is freed
-// inside the forward (x, z and label are read again by the backward).
-TEST(MemoryPlanTest, AnEvaluationHoldsOneForward) {
+// An evaluation runs the forward alone (Executor::Evaluate) and frees each
+// activation after its last forward use, not the backward's: x after the
+// matmul, z and label after the loss. Batch 8: x 128 + label 64 as it
+// starts, z 96 -> 288, the peak; x goes -> 160; the loss op's output 4
+// beside its F64 row sums (scratch, 8 a row) 64 -> 228.
+TEST(MemoryPlanTest, AnEvaluationFreesEachActivationAfterItsLastForwardUse) {
   const RankPlan plan = CompileOneDevice(kOneLayer, 8);
   const MemoryPlan& m = plan.memory();
-  EXPECT_EQ(m.eval_peak_bytes(), 356 + 48 + 56);
+  EXPECT_EQ(m.eval_peak_bytes(), 288 + 48 + 56);
   EXPECT_LT(m.eval_peak_bytes(), m.peak_bytes());
+  const Program& p = plan.program();
+  const int matmul = Writer(p, "z"), loss = Writer(p, "loss");
+  std::map<std::string, int> freed;
+  const auto& frees = m.eval_frees_after_op();
+  ASSERT_EQ(frees.size(), p.op_size());
+  for (int i = 0; i < frees.size(); ++i) {
+    for (const std::string& var : frees.Get(i).var()) EXPECT_TRUE(freed.emplace(var, i).second) << var;
+  }
+  EXPECT_EQ(freed, (std::map<std::string, int>{{"x", matmul}, {"z", loss}, {"label", loss}}));
+}
+
+// [B, T, V] logits (a GPT's): the CPU loss's F64 row sums are a double for
+// each of the B x T rows (the plan counted B of them, a review helper
+// found). Batch 2, T 4, V 3: x 32 + label 64 as the forward starts, z 96
+// -> 192; x goes -> 160; the loss op's output 4 beside 8 row sums 64 ->
+// 228, the evaluation's peak (with B's 2 row sums it was z's 192).
+constexpr char kTokenLogits[] = R"pb(
+  var { name: "x" dtype: F32 shape: [-1, 4, 1] kind: FEED }
+  var { name: "label" dtype: I64 shape: [-1, 4] kind: FEED }
+  var { name: "w" dtype: F32 shape: [1, 3] kind: PARAM }
+  op { type: "matmul" input: ["x", "w"] output: ["z"] }
+  op { type: "softmax_cross_entropy" input: ["z", "label"] output: ["loss"] }
+  loss: "loss"
+  optimizer { sgd { learning_rate: 0.1 } }
+)pb";
+
+TEST(MemoryPlanTest, TheLossRowSumsOfTokenLogitsCountEveryRow) {
+  const RankPlan plan = CompileOneDevice(kTokenLogits, 2);
+  const MemoryPlan& m = plan.memory();
+  EXPECT_EQ(m.eval_peak_bytes(), 228 + m.param_bytes() + m.state_bytes());
 }
 
 // With the loss gradient written over the logits, z@grad takes z's buffer:
@@ -290,7 +320,7 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
   EXPECT_EQ(first.memory().state_bytes(), 8 + 160);    // @step, w@grad@acc
   EXPECT_EQ(first.memory().peak_bytes(), 288 + 160 + 168);
   // An evaluation holds no send of an earlier forward when one starts (F0's
-  // is waited for at F0's end): one forward, x 64 + h 80.
+  // is waited for at F0's end): x 64 + h 80 at the matmul, then x goes.
   EXPECT_EQ(first.memory().eval_peak_bytes(), 144 + 160 + 168);
   const Program& p0 = first.program();
   const int accumulate0 = IndexOf(p0, OpsOfType(p0, "matmul_accumulate").at(0));
@@ -316,9 +346,11 @@ TEST(MemoryPlanTest, PipelineStageHoldsSentActivationsUntilTheirSendWaits) {
   EXPECT_EQ(last.memory().param_bytes(), 120);      // w2 F64[5, 3]
   EXPECT_EQ(last.memory().state_bytes(), 8 + 120);  // @step, w2@grad@acc
   EXPECT_EQ(last.memory().peak_bytes(), 224 + 120 + 128);
-  // Its evaluation: F0's label 16, recv h 80, z 48 and loss 8 beside the
-  // loss op's F64 row sums (scratch, 8 a row) 16 = 168.
-  EXPECT_EQ(last.memory().eval_peak_bytes(), 168 + 120 + 128);
+  // Its evaluation: label 16 and the received h 80 as it starts, z 48 ->
+  // 144, the peak; h goes after the matmul (the backward's matmul_accumulate
+  // would read it again) -> 64; loss 8 beside the loss op's F64 row sums
+  // (scratch, 8 a row) 16 -> 88.
+  EXPECT_EQ(last.memory().eval_peak_bytes(), 144 + 120 + 128);
   const Program& p1 = last.program();
   const int accumulate1 = IndexOf(p1, OpsOfType(p1, "matmul_accumulate").at(0));
   const int send_grad = IndexOf(p1, Transfers(p1, "send", "h@grad").at(0));

@@ -187,6 +187,7 @@ absl::Status Executor::Prepare() {
   }
 
   const auto& frees = plan_.memory().frees_after_op();
+  const auto& eval_frees = plan_.memory().eval_frees_after_op();
   // The plan's device kind picks the kernels (a plan from before plans named one is for the CPU).
   const DeviceKind device_kind = plan_.device_kind() == DEVICE_KIND_UNSPECIFIED ? DEVICE_CPU : plan_.device_kind();
   for (int i = 0; i < program.op_size(); ++i) {
@@ -227,12 +228,15 @@ absl::Status Executor::Prepare() {
       def.output_types.push_back(TensorType{v.dtype(), Shape(v.shape().begin(), v.shape().end())});
     }
     p.outputs.resize(op.output_size());
-    if (i < frees.size()) {
-      for (const auto& var : frees.Get(i).var()) {
+    for (const auto& [list, slots] : {std::pair{&frees, &p.frees}, std::pair{&eval_frees, &p.eval_frees}}) {
+      if (i >= list->size()) continue;
+      for (const auto& var : list->Get(i).var()) {
         auto it = slot_of_.find(var);
-        if (it != slot_of_.end()) p.frees.push_back(it->second);
+        if (it != slot_of_.end()) slots->push_back(it->second);
       }
     }
+    // A plan from before evaluations had their own: the step's.
+    if (eval_frees.empty()) p.eval_frees = p.frees;
     DataType dtype = KernelDtype(def);
     const KernelFactory* factory = KernelRegistry::Global().Find(op.type(), device_kind, dtype);
     if (factory == nullptr) {
@@ -658,7 +662,7 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       }
       state_[slot] = std::move(p.outputs[k]);
     }
-    for (int slot : p.frees) scope[slot] = Tensor();
+    for (int slot : run.training ? p.frees : p.eval_frees) scope[slot] = Tensor();  // an evaluation: its own
   }
   return absl::OkStatus();
 }

@@ -187,6 +187,7 @@ class Executor {
     std::vector<int> output_slots;
     std::vector<Tensor> outputs;        // scratch, reused every call
     std::vector<int> frees;             // slots whose last use this op is
+    std::vector<int> eval_frees;        // the same in an evaluation (MemoryPlan.eval_frees_after_op)
     int op_index = 0;
     std::string trace_name;             // for the tracer
     const char* trace_category = "op";

@@ -287,9 +287,15 @@ class AccuracyKernel : public OpKernel {
 
 // The losses' per-row (softmax_cross_entropy) and per-block (mse_loss)
 // double sums, for the memory plan.
+// A double a row: every dim of the logits but the last (B, or B x T for a
+// GPT's [B, T, V]; counting B alone left T - 1 of every T rows out of the
+// memory plan).
 absl::StatusOr<int64_t> SoftmaxCrossEntropyWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty() || def.input_types[0].shape.empty()) return int64_t{0};
-  return def.input_types[0].shape[0] * static_cast<int64_t>(sizeof(double));
+  const Shape& s = def.input_types[0].shape;
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < s.size(); ++d) rows *= s[d];
+  return rows * static_cast<int64_t>(sizeof(double));
 }
 absl::StatusOr<int64_t> MseLossWorkspace(const KernelDef& def, int) {
   if (def.input_types.empty()) return int64_t{0};
