@@ -43,6 +43,7 @@ struct OpInfo {
   int num_outputs = 0;
   int input0 = -1;
   bool aliases = false;
+  bool eval_aliases = false;  // in an evaluation: dropout passes its input on too
   bool send = false;
   bool recv = false;
   int64_t channel = -1;
@@ -133,6 +134,8 @@ absl::StatusOr<OpTable> DescribeOps(const Graph& graph, int64_t micro_batch_size
     const auto in_place = graph.attrs(id).find("in_place");
     o.aliases = SharesInputBuffer(graph, id, micro_batch_size) ||
                 (in_place != graph.attrs(id).end() && in_place->second.b());
+    // Off training, dropout is the identity and hands on x's buffer (its kernels').
+    o.eval_aliases = o.aliases || schema.type == "dropout";
     o.send = schema.type == "send";
     o.recv = schema.type == "recv";
     if (const Channel* c = graph.channel(id)) o.channel = c->id();
@@ -333,7 +336,8 @@ class ScheduleSimulator {
       const int v = ops_.output_ids[o.first_output + k];
       if (IsPersistent(graph_.kind(v)) || graph_.host_memory(v)) continue;  // host memory is not the device's
       if (o.recv && mine[v] >= 0) continue;  // allocated when the action started
-      if (k == 0 && o.aliases && o.input0 >= 0) {
+      const bool aliases = eval_sends_in_flight_ >= 0 ? o.eval_aliases : o.aliases;
+      if (k == 0 && aliases && o.input0 >= 0) {
         const int src = mine[o.input0];
         if (src >= 0) {
           buffers_[src].names++;

@@ -572,10 +572,13 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
   return run;
 }
 
-std::string Executor::OutOfMemoryDetail() const {
+std::string Executor::OutOfMemoryDetail(bool training) const {
   const Allocator* allocator = options_.device->allocator();
+  const int64_t eval_peak = plan_.memory().eval_peak_bytes();
+  const bool eval = !training && eval_peak > 0;
   return absl::StrCat("; ", options_.device->name(), " held ", allocator->live_bytes(), " bytes in tensors (peak ",
-                      allocator->peak_bytes(), " this step), the plan predicted a peak of ", plan_.memory().peak_bytes(),
+                      allocator->peak_bytes(), eval ? " this evaluation" : " this step", "), the plan predicted ",
+                      eval ? "an evaluation's peak of " : "a peak of ", eval ? eval_peak : plan_.memory().peak_bytes(),
                       " bytes for rank ", plan_.rank());
 }
 
@@ -645,7 +648,7 @@ absl::Status Executor::RunSection(Section& section, int micro_batch, const RunCo
       // Only for this device's memory (not, say, host staging memory).
       if (s.code() == absl::StatusCode::kResourceExhausted &&
           absl::StrContains(s.message(), options_.device->name())) {
-        absl::StrAppend(&where, OutOfMemoryDetail());
+        absl::StrAppend(&where, OutOfMemoryDetail(run.training));
       }
       return absl::Status(s.code(), where);
     }

@@ -220,7 +220,9 @@ class Executor {
   absl::Status WaitSends(std::vector<std::unique_ptr<Work>>& sends, absl::Status status);
   // "; cuda:0 held N bytes in tensors (peak P this step), the plan predicted
   // a peak of Q bytes for rank R": appended to an op's out-of-memory error.
-  std::string OutOfMemoryDetail() const;
+  // What the device held and what the plan predicted (a step's peak, or
+  // with `training` false an evaluation's), for an out-of-memory error.
+  std::string OutOfMemoryDetail(bool training) const;
   absl::Status RunSection(Section& section, int micro_batch, const RunContext& run);
   // A training step's work on the device, eager or as a graph (captured or
   // replayed); FinishStep ends it.

@@ -219,6 +219,36 @@ TEST(ExecutorTest, AnEvaluationOverMicroBatchesGivesEachItsOwnNumbers) {
   for (size_t m = 0; m < rows.size(); ++m) EXPECT_EQ((*again)[m].loss, (*all)[m].loss);
 }
 
+// An evaluation frees by the plan's eval_frees_after_op (each activation
+// after its last forward use): its peak is the plan's evaluation
+// prediction, under what the step's frees hold; a plan without the list
+// evaluates with the step's frees, to the same numbers.
+TEST(ExecutorTest, AnEvaluationFreesByItsOwnList) {
+  RankPlan plan = CompileMlp(64, "F64");
+  ASSERT_EQ(plan.memory().eval_frees_after_op_size(), plan.program().op_size());
+  RankPlan without = plan;
+  without.mutable_memory()->clear_eval_frees_after_op();
+  std::vector<std::pair<double, int64_t>> runs;  // loss, peak over the state
+  for (const RankPlan* p : {&plan, &without}) {
+    auto e = Executor::Create(*p, {});
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->InitializeState().ok());
+    auto feeds = Batch(**e, 64, 5);
+    const int64_t before = GetCpuAllocator()->live_bytes();
+    GetCpuAllocator()->ResetPeak();
+    auto r = (*e)->Evaluate(feeds, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    runs.push_back({r->loss, GetCpuAllocator()->peak_bytes() - before});
+  }
+  EXPECT_EQ(runs[0].first, runs[1].first);
+  EXPECT_LT(runs[0].second, runs[1].second);
+  // The feeds were made before the peak was reset: the prediction's
+  // activations less them.
+  const MemoryPlan& m = plan.memory();
+  const int64_t persistent = m.param_bytes() + m.param_copy_bytes() + m.state_bytes();
+  EXPECT_LE(runs[0].second, m.eval_peak_bytes() - persistent);
+}
+
 TEST(ExecutorTest, TrainingLowersTheLossAndEvaluationChangesNothing) {
   RankPlan plan = CompileMlp(64, "F64");
   auto e = Executor::Create(plan, {});
@@ -288,6 +318,7 @@ TEST(ExecutorTest, RefusesAParamCopyNoCastWrites) {
   }
   ASSERT_GT(removed, 0);
   plan.mutable_memory()->clear_frees_after_op();
+  plan.mutable_memory()->clear_eval_frees_after_op();
   auto e = Executor::Create(plan, {});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("reads PARAM_COPY"), std::string::npos) << e.status();

@@ -340,11 +340,15 @@ int CheckRunFlags() {
 // the kernel's OOM killer ends the run with SIGKILL mid-step, nothing said.
 // `plans` are this machine's: a worker's own, else every rank (the launcher
 // starts them all here). CPU plans only: a GPU's allocator fails with an
-// error naming the op.
-int CheckPlansFitTheMachine(const std::vector<const RankPlan*>& plans) {
+// error naming the op. `eval_only`: the run only evaluates, so its
+// evaluation's peak counts (a plan without one: the step's).
+int CheckPlansFitTheMachine(const std::vector<const RankPlan*>& plans, bool eval_only) {
   if (plans.empty() || plans[0]->device_kind() != DEVICE_CPU) return 0;
   int64_t need = 0;
-  for (const RankPlan* plan : plans) need += plan->memory().peak_bytes();
+  for (const RankPlan* plan : plans) {
+    const int64_t eval_peak = plan->memory().eval_peak_bytes();
+    need += eval_only && eval_peak > 0 ? eval_peak : plan->memory().peak_bytes();
+  }
   struct sysinfo info = {};
   const int64_t swap = sysinfo(&info) == 0 ? static_cast<int64_t>(info.totalswap) * info.mem_unit : 0;
   const int64_t memory = GetCpuDevice()->capacity_bytes();
@@ -633,7 +637,7 @@ int RunCommand(const std::string& path, int argc, char** argv, const std::set<st
   if (!worker->has_value()) {
     if (int rc = CheckProcessCount(*result); rc != 0) return rc;
   }
-  if (int rc = CheckPlansFitTheMachine(here); rc != 0) return worker_stops(rc);
+  if (int rc = CheckPlansFitTheMachine(here, absl::GetFlag(FLAGS_eval_only)); rc != 0) return worker_stops(rc);
   if (worker->has_value()) return RunWorker(*result, **worker, program_seed, given, gpu.get(), placement);
   if (result->plans.size() == 1) return RunOneProcess(path, *result, program_seed, given, gpu.get());
   // Bad data is one error line here, before any worker starts (each would
