@@ -277,14 +277,13 @@ class ScheduleSimulator {
   // allocations and frees (the simulator's frees: the evaluation's), then
   // the rest dropped (the executor clears the scope), its sends held until
   // the end of forward j + sends_in_flight, and the loss and fetches it
-  // reports kept (scalars).
-  void RunEvalForward(int j, int sends_in_flight) {
+  // reports kept (scalars; `keep`, KeptVars).
+  void RunEvalForward(int j, int sends_in_flight, const std::vector<char>& keep) {
     Action forward;
     forward.set_kind(Action::FORWARD);
     forward.set_micro_batch(j);
     eval_sends_in_flight_ = sends_in_flight;
     RunAction(j, forward);
-    const std::vector<char> keep = KeptVars(graph_);
     for (int v = 0; v < graph_.num_vars(); ++v) {
       if (!keep[v]) Release(j, v);
     }
@@ -437,7 +436,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const Graph& graph, const Schedule& schedu
   }
   const int in_flight = EvalSendsInFlight(schedule, plan.send_waits(), forward_channels);
   ScheduleSimulator eval(graph, *ops, eval_frees, feeds, micro_batch_size, nullptr, in_flight, &plan);
-  for (int j = 0; j <= in_flight; ++j) eval.RunEvalForward(j, in_flight);
+  for (int j = 0; j <= in_flight; ++j) eval.RunEvalForward(j, in_flight, keep);
   plan.set_eval_peak_bytes(param_bytes + copy_bytes + state_bytes + eval.peak());
   plan.set_planned_batch_size(micro_batch_size * std::max(1, schedule.micro_batches()));
   return plan;

@@ -24,6 +24,12 @@ inline bool ActionRuns(Action::Kind action, OpRole role) {
   }
 }
 
+// The plan's predicted peak of a training step, or with `evaluation` of an
+// evaluation (a plan from before it had one: the step's, an upper bound).
+inline int64_t PredictedPeak(const MemoryPlan& memory, bool evaluation) {
+  return evaluation && memory.eval_peak_bytes() > 0 ? memory.eval_peak_bytes() : memory.peak_bytes();
+}
+
 // How many micro-batches' forward sends an evaluation holds in flight when
 // it starts a forward (Executor::Evaluate, and the memory plan's prediction
 // of it): as many as the training step holds when one of its forwards

@@ -574,11 +574,10 @@ RunContext Executor::MakeRunContext(int64_t sample_offset, bool training, int mi
 
 std::string Executor::OutOfMemoryDetail(bool training) const {
   const Allocator* allocator = options_.device->allocator();
-  const int64_t eval_peak = plan_.memory().eval_peak_bytes();
-  const bool eval = !training && eval_peak > 0;
+  const bool eval = !training && plan_.memory().eval_peak_bytes() > 0;
   return absl::StrCat("; ", options_.device->name(), " held ", allocator->live_bytes(), " bytes in tensors (peak ",
                       allocator->peak_bytes(), eval ? " this evaluation" : " this step", "), the plan predicted ",
-                      eval ? "an evaluation's peak of " : "a peak of ", eval ? eval_peak : plan_.memory().peak_bytes(),
+                      eval ? "an evaluation's peak of " : "a peak of ", PredictedPeak(plan_.memory(), eval),
                       " bytes for rank ", plan_.rank());
 }
 

@@ -24,6 +24,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "proto/metrics_keys.h"
+#include "proto/roles.h"
 #include "proto/status_macros.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm/communicator.h"
@@ -687,8 +688,7 @@ absl::Status TrainSession::FixBatchSize() {
   report_.batch_size = batch_;
   // --eval_only runs no step: the evaluation's own prediction (a plan from
   // before it existed has 0 there and keeps the step's, an upper bound).
-  const int64_t eval_peak = plan_.memory().eval_peak_bytes();
-  report_.predicted_peak_bytes = options_.eval_only && eval_peak > 0 ? eval_peak : plan_.memory().peak_bytes();
+  report_.predicted_peak_bytes = PredictedPeak(plan_.memory(), options_.eval_only);
   return absl::OkStatus();
 }
 

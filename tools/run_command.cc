@@ -6,13 +6,13 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -33,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "compiler/program_text.h"
+#include "proto/roles.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm/health.h"
 #include "runtime/comm/store.h"
@@ -345,10 +346,7 @@ int CheckRunFlags() {
 int CheckPlansFitTheMachine(const std::vector<const RankPlan*>& plans, bool eval_only) {
   if (plans.empty() || plans[0]->device_kind() != DEVICE_CPU) return 0;
   int64_t need = 0;
-  for (const RankPlan* plan : plans) {
-    const int64_t eval_peak = plan->memory().eval_peak_bytes();
-    need += eval_only && eval_peak > 0 ? eval_peak : plan->memory().peak_bytes();
-  }
+  for (const RankPlan* plan : plans) need += PredictedPeak(plan->memory(), eval_only);
   struct sysinfo info = {};
   const int64_t swap = sysinfo(&info) == 0 ? static_cast<int64_t>(info.totalswap) * info.mem_unit : 0;
   const int64_t memory = GetCpuDevice()->capacity_bytes();

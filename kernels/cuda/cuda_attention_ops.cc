@@ -87,8 +87,8 @@ struct ScoreGradScratch {
   Tensor words;
   uint32_t* data() { return words.num_elements() > 0 ? reinterpret_cast<uint32_t*>(words.data<float>()) : nullptr; }
 };
-absl::StatusOr<ScoreGradScratch> StoredScoreGrads(KernelContext& ctx, int64_t heads, int64_t T, int64_t D, bool causal,
-                                                  const char* op) {
+absl::StatusOr<ScoreGradScratch> AllocateScoreGradScratch(KernelContext& ctx, int64_t heads, int64_t T, int64_t D,
+                                                          bool causal, const char* op) {
   const int64_t words = cuda::FlashScoreGradWords(heads, T, D, causal);
   if (words == 0) return ScoreGradScratch{};
   STRATA_ASSIGN_OR_RETURN(Tensor t, Scratch(ctx, F32, words, op));
@@ -449,7 +449,7 @@ class CudaHalfAttentionGradKernel : public CudaAttentionAttrsKernel {
     const cudaStream_t stream = device->stream();
     const float scale = static_cast<float>(ScaleFor(D));
     if (flash) {
-      STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds, StoredScoreGrads(ctx, heads, T_, D, causal_, kOp));
+      STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds, AllocateScoreGradScratch(ctx, heads, T_, D, causal_, kOp));
       return CudaStatus(
           cuda::LaunchFlashAttentionGrad(out[0], out[1], out[2], pq, pk, pv, py, plse, pdy, dlse, di.data<float>(),
                                          heads, T_, D, scale, causal_, stream, layout, ds.data()),
@@ -629,7 +629,8 @@ class CudaAttentionQkvGradKernel : public QkvOnBhtd<Bhtd> {
         using G = typename CudaHalf<T>::type;
         STRATA_ASSIGN_OR_RETURN(Tensor * dqkv, ctx.AllocateOutput(0, qkv.dtype(), qkv.shape()));
         STRATA_ASSIGN_OR_RETURN(Tensor di, Scratch(ctx, F32, cuda::AttentionGradScratch(d.heads(), d.T), kOp));
-        STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds, StoredScoreGrads(ctx, d.heads(), d.T, d.D, this->causal_, kOp));
+        STRATA_ASSIGN_OR_RETURN(ScoreGradScratch ds,
+                                AllocateScoreGradScratch(ctx, d.heads(), d.T, d.D, this->causal_, kOp));
         const auto at = [&ctx](int i) { return reinterpret_cast<const G*>(ctx.input(i).data<T>()); };
         const G *q = at(0), *y = at(1), *dy = at(3);
         G* dq = reinterpret_cast<G*>(dqkv->data<T>());

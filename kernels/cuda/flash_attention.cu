@@ -786,6 +786,16 @@ __device__ inline void AccumulateRows(float (&acc)[kMT][kD / 8][4], const uint32
   }
 }
 
+// A warp's kMT tiles of C fragments [kD / 8][4], zeroed.
+template <int kMT, int kD>
+__device__ inline void ZeroAccumulators(float (&acc)[kMT][kD / 8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
+  }
+}
+
 // A warp's C fragments acc [kD / 8][4] (rows row0 + g and + 8, columns
 // n * 8 + 2 t, + 1) times factor, rounded once, into rows [row0, row0 + 16)
 // of dst whose rows lie rs apart; rows past T dropped.
@@ -867,11 +877,8 @@ __global__ void __launch_bounds__(kThreads)
   LoadA<G, kD>(ka[0], tiles + (2 * kTile + warp * kWarpRows) * ld, lane);
   if constexpr (!kVShared) LoadA<G, kD>(va[0], vs + warp * kWarpRows * ld, lane);
   float dk_acc[1][kD / 8][4], dv_acc[1][kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[0][n][e] = dv_acc[0][n][e] = 0.0f;
-  }
+  ZeroAccumulators<1, kD>(dk_acc);
+  ZeroAccumulators<1, kD>(dv_acc);
   for (int64_t i0 = begin, stage = 0; i0 < T; i0 += kTile, stage ^= 1) {
     NextStage<G, kD>(tiles, stage, q + off, dy + dy_off, i0 + kTile, i0 + kTile < T, T, vec, rs, dy_rs,
                      [&] { load_stats(i0 + kTile, static_cast<int>(stage ^ 1)); });
@@ -1020,11 +1027,7 @@ __global__ void __launch_bounds__(kThreads)
   IssueRows<G, kD, kTile>(tiles + kTile * ld, v + off, 0, T, vec, rs);
   mma::CpAsyncCommit();
   float dq_acc[kMT][kD / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) dq_acc[mt][n][0] = dq_acc[mt][n][1] = dq_acc[mt][n][2] = dq_acc[mt][n][3] = 0.0f;
-  }
+  ZeroAccumulators<kMT, kD>(dq_acc);
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
     NextStage<G, kD>(tiles, stage, k + off, v + off, k0 + kTile, k0 + kTile < end, T, vec, rs, rs, [] {});
     const G* ks = tiles + stage * 2 * kTile * ld;
@@ -1127,11 +1130,7 @@ __global__ void __launch_bounds__(kThreads) FlashGradQStored(G* dq, const G* k, 
   uint32_t cur[kSteps][kMT][4], next[kSteps][kMT][4];
   load(0, next);
   float dq_acc[kMT][kD / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) dq_acc[mt][n][0] = dq_acc[mt][n][1] = dq_acc[mt][n][2] = dq_acc[mt][n][3] = 0.0f;
-  }
+  ZeroAccumulators<kMT, kD>(dq_acc);
   for (int64_t k0 = 0, stage = 0; k0 < end; k0 += kTile, stage ^= 1) {
     std::memcpy(cur, next, sizeof(cur));
     const bool has_next = k0 + kTile < end;
