@@ -883,6 +883,14 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, co
         "synthetic data needs at least one floating (F32/F64) feature feed or I64[-1, T] token feed");
   }
   const bool teacher_label = roles->label >= 0 && (roles->tokens.size() < 2 || roles->label != roles->tokens[1]);
+  if (!teacher_label && !default_classes) {
+    // classes= would be silently ignored: the ids drawn are bounded by vocab=.
+    return args.Error(absl::StrCat("sets 'classes', the labels of an I64[-1] label feed, but the program has none",
+                                   roles->tokens.empty()
+                                       ? ""
+                                       : absl::StrCat("; its token feed '", feeds[roles->tokens[0]].name,
+                                                      "' takes ids below vocab= (default: the program's)")));
+  }
   if (teacher_label && roles->features.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic labels for feed '", feeds[roles->label].name,
                                                    "' come from a teacher over floating (F32/F64) feature feeds; "
@@ -958,6 +966,9 @@ LabelConsumer FindTokenConsumer(const Program& program, const std::string& token
                                  op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"), " has a table of ", rows,
                                  " rows ('", op.input(1), "' ", ShapeString(shape), ")");
   }
+  // A token feed that is itself the loss's targets (no input tokens beside it).
+  const LabelConsumer loss = FindLabelConsumer(program, token_feed);
+  if (loss.classes > 0 && (tightest.classes <= 0 || loss.classes < tightest.classes)) tightest = loss;
   return tightest;
 }
 

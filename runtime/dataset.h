@@ -83,7 +83,8 @@ class Dataset {
 //                                           classes = vocab = `default_classes` when
 //                                           given (the program's, see FindLabelConsumer
 //                                           and FindTokenConsumer), else 10 classes and
-//                                           a vocab of 256
+//                                           a vocab of 256; classes= needs an I64[-1]
+//                                           label feed the teacher fills
 //   tokens:path=FILE[,vocab=V]              FILE: a flat file of little-endian uint16
 //                                           token ids; vocab=V: every id must be below V
 // Feeds get roles by dtype, shape and declaration order: floating feeds get
@@ -121,6 +122,8 @@ std::string TokenFeedName(const std::vector<FeedSpec>& feeds);
 // The op reading the token feed as its first input beside the smallest 2-D
 // floating table [V, D] as its second (embedding): its V bounds the ids.
 // `classes` holds V; "op #0 'embedding' has a table of 256 rows ('wte' [256, 16])".
+// Where an op reads the feed as labels beside fewer logits' classes (a single
+// token feed that is the loss's targets), that op (FindLabelConsumer).
 LabelConsumer FindTokenConsumer(const Program& program, const std::string& token_feed);
 
 // Fails, before any step runs, when `data`'s labels (or token ids) run past

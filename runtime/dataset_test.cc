@@ -771,6 +771,10 @@ TEST(TokenDatasetTest, TokensMustFitTheEmbeddingAndTheLoss) {
   EXPECT_EQ(table.classes, 200);
   EXPECT_EQ(table.what, "op #0 'embedding' has a table of 200 rows ('wte' [200, 4])");
   EXPECT_EQ(FindLabelConsumer(TokenProgram(200, 300), "targets").classes, 300);
+  // A lone token feed that is the loss's targets is bounded by the loss's classes.
+  EXPECT_EQ(FindTokenConsumer(TokenProgram(200, 300), "targets").classes, 300);
+  EXPECT_EQ(FindTokenConsumer(TokenProgram(200, 30), "targets").what,
+            "op #2 'softmax_cross_entropy' has 30 classes (logits 'logits' [-1, 3, 30])");
 
   const std::string path = WriteTokenFile("fit.u16", {1, 2, 250, 4, 5, 250, 7, 8});
   std::unique_ptr<Dataset> ds = MustOpen(absl::StrCat("tokens:path=", path), kTokenFeeds);
