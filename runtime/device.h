@@ -57,6 +57,11 @@ class Device {
   // physical memory); 0 where unknown. What `strata check` holds each rank's
   // predicted peak against.
   virtual int64_t capacity_bytes() const { return 0; }
+  // The most bytes the allocator has held from the driver at once, cached
+  // blocks included (PyTorch's max_memory_reserved): what a caching device
+  // allocator reports beside its allocated bytes. -1 where the device
+  // reserves nothing apart from what is allocated (the CPU).
+  virtual int64_t peak_reserved_bytes() const { return -1; }
   // Names the physical device on its machine, the same in two processes
   // that opened one device whatever their CUDA_VISIBLE_DEVICES (a GPU's
   // UUID); "" where unknown. Ranks compare them to tell a GPU each from

@@ -608,7 +608,15 @@ class TrainSession {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     int64_t peak_measured = 0;
     int64_t peak_predicted = 0;
+    int64_t peak_reserved = -1;  // the measuring rank's; -1 on the CPU
   };
+
+  // The allocator's peak since its last ResetPeak into the report, with the
+  // device's reserved bytes beside it.
+  void NoteMeasuredPeak() {
+    report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
+    report_.peak_reserved_bytes = options_.device->peak_reserved_bytes();
+  }
 
   absl::StatusOr<LabelConsumer> AgreedLabelConsumer(const std::vector<FeedSpec>& feeds) const;
   void StartPrefetcher();
@@ -1045,7 +1053,7 @@ absl::StatusOr<StepResult> TrainSession::RunStep(int64_t step) {
         return MicroBatchFeeds(step, first, rows);
       },
       0);
-  report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
+  NoteMeasuredPeak();
   if (executor_->graph_note() != report_.cuda_graph_note) {
     report_.cuda_graph_note = executor_->graph_note();
     if (reporter_) std::fprintf(stderr, "note: --cuda_graph: %s\n", report_.cuda_graph_note.c_str());
@@ -1335,7 +1343,7 @@ absl::Status TrainSession::Evaluate(int64_t epoch) {
   options_.device->allocator()->ResetPeak();
   auto m = RunEvaluation(*executor_, options_.device, *eval_data_, eval_name_, options_.eval_batch_size, acc_fetch_,
                          dp_, relay_, options_.comm_timeout_s);
-  report_.measured_peak_bytes = std::max(report_.measured_peak_bytes, options_.device->allocator()->peak_bytes());
+  NoteMeasuredPeak();
   if (!m.ok()) return m.status();
   m->epoch = epoch;
   m->step = executor_->step();
@@ -1394,9 +1402,11 @@ absl::StatusOr<TrainSession::JobSummary> TrainSession::GatherJobSummary() const 
   JobSummary job;
   job.peak_measured = report_.measured_peak_bytes;
   job.peak_predicted = report_.predicted_peak_bytes;
+  job.peak_reserved = report_.peak_reserved_bytes;
   if (world_ == nullptr || world_->size() <= 1) return job;
-  Tensor mine = Tensor::Empty(F64, {5});
-  Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world_->size()) * 5});
+  constexpr int kFields = 6;
+  Tensor mine = Tensor::Empty(F64, {kFields});
+  Tensor all = Tensor::Empty(F64, {static_cast<int64_t>(world_->size()) * kFields});
   if (!mine.defined() || !all.defined()) return absl::ResourceExhaustedError("out of memory gathering the summaries");
   double* m = mine.data<double>();
   m[0] = plan_.rank();
@@ -1404,20 +1414,24 @@ absl::StatusOr<TrainSession::JobSummary> TrainSession::GatherJobSummary() const 
   m[2] = static_cast<double>(report_.predicted_peak_bytes);
   m[3] = executor_->busy_seconds();
   m[4] = executor_->wait_seconds();
+  m[5] = static_cast<double>(report_.peak_reserved_bytes);
   if (auto s = world_->AllGather(mine, &all)->Wait(absl::Seconds(options_.comm_timeout_s)); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("gathering the ranks' summaries: ", s.message()));
   }
   for (int r = 0; r < world_->size(); ++r) {
-    const double* v = all.data<double>() + 5 * r;
-    job.ranks.push_back({{"rank", static_cast<int>(v[0])},
-                         {"measured_peak_bytes", static_cast<int64_t>(v[1])},
-                         {"predicted_peak_bytes", static_cast<int64_t>(v[2])},
-                         {"busy_s", Metric(v[3])},
-                         {"idle_s", Metric(v[4])}});
+    const double* v = all.data<double>() + kFields * r;
+    nlohmann::ordered_json rank = {{"rank", static_cast<int>(v[0])},
+                                   {"measured_peak_bytes", static_cast<int64_t>(v[1])},
+                                   {"predicted_peak_bytes", static_cast<int64_t>(v[2])}};
+    if (v[5] >= 0) rank["peak_reserved_bytes"] = static_cast<int64_t>(v[5]);
+    rank["busy_s"] = Metric(v[3]);
+    rank["idle_s"] = Metric(v[4]);
+    job.ranks.push_back(std::move(rank));
     if (r == 0 || static_cast<int64_t>(v[1]) > job.peak_measured) {
-      // The job's peak: the rank that measured the most, with its prediction.
+      // The job's peak: the rank that measured the most, with its prediction and reserved bytes.
       job.peak_measured = static_cast<int64_t>(v[1]);
       job.peak_predicted = static_cast<int64_t>(v[2]);
+      job.peak_reserved = static_cast<int64_t>(v[5]);
     }
   }
   return job;
@@ -1430,6 +1444,7 @@ absl::Status TrainSession::WriteSummary() {
                                       {"seconds", Metric(report_.seconds)},
                                       {"measured_peak_bytes", job.peak_measured},
                                       {"predicted_peak_bytes", job.peak_predicted}};
+    if (job.peak_reserved >= 0) summary["peak_reserved_bytes"] = job.peak_reserved;
     if (!job.ranks.empty()) summary["ranks"] = std::move(job.ranks);
     // Appended to a run's own metrics (--load appends), an evaluation's
     // summary is told apart from the training's.

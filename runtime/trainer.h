@@ -108,6 +108,9 @@ struct TrainReport {
   int64_t steps_per_epoch = 0;
   int64_t measured_peak_bytes = 0;
   int64_t predicted_peak_bytes = 0;
+  // The device's reserved bytes at their most (Device::peak_reserved_bytes),
+  // reported beside the allocated ones; -1 on the CPU.
+  int64_t peak_reserved_bytes = -1;
   double seconds = 0;
   // Persistent vars after training, as doubles (TrainOptions::record_final_state).
   std::map<std::string, std::vector<double>> final_state;

@@ -227,6 +227,7 @@ TEST(TrainerMemoryTest, EvaluationsStayInsideThePlanAndAreMeasured) {
       for (auto& report : TrainReports(strategy, options)) {
         ASSERT_TRUE(report.ok()) << report.status();
         ASSERT_GT(report->predicted_peak_bytes, 0);
+        EXPECT_EQ(report->peak_reserved_bytes, -1);  // the CPU reserves nothing beside what it allocates
         if (eval_batch == 0) {
           EXPECT_LE(report->measured_peak_bytes, report->predicted_peak_bytes);
           EXPECT_GE(report->measured_peak_bytes * 1.1, report->predicted_peak_bytes);
@@ -415,6 +416,8 @@ TEST(TrainerEpochTest, EvalOnlyEvaluatesWhereItLoads) {
     std::string line, last;
     while (std::getline(metrics, line)) last = line;
     EXPECT_EQ(nlohmann::json::parse(last).at("summary").at("eval_only"), true) << last;
+    // Reserved bytes are a GPU's (beside the allocated); a CPU run has none to report.
+    EXPECT_FALSE(nlohmann::json::parse(last).at("summary").contains("peak_reserved_bytes")) << last;
   }
   eval.metrics_path.clear();
 

@@ -85,14 +85,17 @@ TEST_F(GpuTrainTest, Float32MlpTrainsLikeTheCpuForTwentySteps) {
     std::printf("step %2d  cpu %.9f  gpu %.9f  rel %.2e\n", i + 1, cpu->steps[i].loss, gpu->steps[i].loss,
                 std::abs(gpu->steps[i].loss - cpu->steps[i].loss) / std::abs(cpu->steps[i].loss));
   }
-  // The memory rule on the GPU: allocated bytes, with the reserved beside.
+  // The memory rule on the GPU: allocated bytes, predicted >= measured and at
+  // most 10% above it; the reserved bytes reported beside (at least the allocated).
   const double measured = static_cast<double>(gpu->measured_peak_bytes);
   const double predicted = static_cast<double>(gpu->predicted_peak_bytes);
-  std::printf("gpu peak: measured %.0f predicted %.0f (ratio %.3f); reserved %lld bytes in %lld segments\n",
-              measured, predicted, measured / predicted,
-              static_cast<long long>(device_->caching_allocator()->stats().peak_reserved_bytes),
+  std::printf("gpu peak: measured %.0f predicted %.0f (ratio %.3f); reserved %lld bytes in %lld segments\n", measured,
+              predicted, measured / predicted, static_cast<long long>(gpu->peak_reserved_bytes),
               static_cast<long long>(device_->caching_allocator()->stats().segment_allocations));
-  EXPECT_NEAR(measured / predicted, 1.0, 0.10);
+  EXPECT_LE(measured, predicted);
+  EXPECT_LE(predicted, measured * 1.10);
+  EXPECT_GE(gpu->peak_reserved_bytes, gpu->measured_peak_bytes);
+  EXPECT_EQ(gpu->peak_reserved_bytes, device_->caching_allocator()->stats().peak_reserved_bytes);
 }
 
 TEST_F(GpuTrainTest, Float64MlpTrainsLikeTheCpu) {

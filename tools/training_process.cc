@@ -52,11 +52,23 @@ TrainOptions TrainOptionsFromFlags(uint64_t program_seed) {
   return options;
 }
 
+namespace {
+
+// A GPU's reserved bytes beside its allocated ones (DESIGN's memory rule
+// measures the allocated); nothing on the CPU.
+std::string ReservedBeside(const TrainReport& report) {
+  if (report.peak_reserved_bytes < 0) return "";
+  return absl::StrCat(" (reserved ", Bytes(report.peak_reserved_bytes), ")");
+}
+
+}  // namespace
+
 void PrintSummary(const TrainReport& report) {
   if (!report.reports_loss) {
     // A pipeline rank without the loss: its own memory, so every rank's shows.
-    std::cerr << absl::StrFormat("done in %.1f s, measured peak %s, predicted %s\n", report.seconds,
-                                 Bytes(report.measured_peak_bytes), Bytes(report.predicted_peak_bytes));
+    std::cerr << absl::StrFormat("done in %.1f s, measured peak %s, predicted %s%s\n", report.seconds,
+                                 Bytes(report.measured_peak_bytes), Bytes(report.predicted_peak_bytes),
+                                 ReservedBeside(report));
     return;
   }
   // --eval_only trains no step: what it did is one evaluation.
@@ -64,9 +76,9 @@ void PrintSummary(const TrainReport& report) {
                               ? absl::StrFormat("evaluated step %d", report.evals.back().step)
                               : absl::StrFormat("%d steps", report.steps.empty() ? 0 : report.steps.back().step);
   // Under --eval_only the prediction is the evaluation's (MemoryPlan.eval_peak_bytes).
-  std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s\n", did,
+  std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s%s\n", did,
                                report.seconds, report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
-                               Bytes(report.predicted_peak_bytes));
+                               Bytes(report.predicted_peak_bytes), ReservedBeside(report));
   // The run's last evaluation is its final one only where it followed the
   // last step (a stop signal, or --eval_every, can leave an earlier one).
   if (!report.evals.empty() && (report.steps.empty() || report.evals.back().step == report.steps.back().step)) {

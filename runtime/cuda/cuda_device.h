@@ -70,6 +70,7 @@ class CudaDevice final : public Device {
   int ordinal() const override { return ordinal_; }
   Allocator* allocator() const override { return allocator_.get(); }
   int64_t capacity_bytes() const override { return capacity_bytes_; }
+  int64_t peak_reserved_bytes() const override { return allocator_->stats().peak_reserved_bytes; }
   std::string physical_id() const override { return physical_id_; }
   std::shared_ptr<void> AddPeerStream(StreamHandle stream) override;
   void LimitPeerWaits(absl::Duration limit) override;
