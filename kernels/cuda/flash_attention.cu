@@ -1283,7 +1283,7 @@ cudaError_t GradD(G* dq, G* dk, G* dv, const G* q, const G* k, const G* v, const
         e != cudaSuccess) {
       return e;
     }
-    if constexpr (kDqTiles < kD >> 1) {
+    if constexpr ((kDqTiles<kD>) > 1) {
       if (MmaWideWarps().load()) {
         return StoredGradQ<G, kD, kDqTiles<kD>>(dq, k, ds, heads, T, scale, causal, stream, layout, vec);
       }
