@@ -40,6 +40,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,7 +94,9 @@ def strata_side(a, workdir):
     peak = re.search(r"measured peak ([0-9.]+) (B|KiB|MiB|GiB)", p.stdout)
     unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
     peak_bytes = float(peak.group(1)) * unit[peak.group(2)] if peak else float("nan")
-    return ms, steps[0]["loss"], peak_bytes
+    if a.strata_metrics:
+        shutil.copyfile(metrics, a.strata_metrics)
+    return ms, steps[0]["loss"], steps[-1]["loss"], peak_bytes
 
 
 def torch_side(a, variant):
@@ -204,6 +207,9 @@ def main():
     ap.add_argument("--variants", default="eager,compile")
     ap.add_argument("--no_cuda_graph", action="store_true",
                     help="Strata's steps eager (--cuda_graph=false) instead of one captured step replayed")
+    ap.add_argument("--strata_metrics", default="",
+                    help="keep Strata's --metrics file (the last round's) here, e.g. to set two variants' losses "
+                         "side by side with tools/compare_metrics.py")
     ap.add_argument("--strata_flags", default="",
                     help="more flags for strata run, e.g. '--disable_passes fold-casts' (shell words)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"],
@@ -232,7 +238,7 @@ def main():
     t_loss, t_peak = {}, {}
     with tempfile.TemporaryDirectory() as workdir:
         for _ in range(a.rounds):
-            ms, s_loss, s_peak = strata_side(a, workdir)
+            ms, s_loss, s_last, s_peak = strata_side(a, workdir)
             s_ms.append(ms)
             for v in variants:
                 ms, t_loss[v], t_peak[v] = torch_side(a, v)
@@ -244,6 +250,8 @@ def main():
     print("%-13s | %9s %10s %6s | %11s | %10s" % ("side", "step ms", "tokens/s", "MFU", "first loss", "peak"))
     print("%-13s | %9.2f %10.0f %5.1f%% | %11.4f | %7.0f MiB" % ("strata", s, tokens / s * 1e3, 100 * mfu(s), s_loss,
                                                             s_peak / (1 << 20)))
+    # The first loss is the first forward's; the last one has run every backward and update.
+    print("strata last loss (step %d): %.6f" % (a.warmup + a.steps, s_last))
     for v in variants:
         t = statistics.median(t_ms[v])
         print("%-13s | %9.2f %10.0f %5.1f%% | %11.4f | %7.0f MiB" % ("torch-" + v, t, tokens / t * 1e3, 100 * mfu(t),

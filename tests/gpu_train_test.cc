@@ -124,11 +124,12 @@ TEST_F(GpuTrainTest, TwoGpuRunsGiveTheSameBits) {
 // second sharing the first's memory; dropout draws its masks from the
 // executor's counters in device memory, which a replay reads afresh.
 absl::StatusOr<TrainReport> TrainGraphCase(const std::string& model, const GenOptions& gen, const Strategy& strategy,
-                                           bool cuda_graph, Device* device) {
+                                           bool cuda_graph, Device* device, double clip_global_norm = 0) {
   auto text = GenerateProgram(model, gen);
   if (!text.ok()) return text.status();
   auto program = ParseProgramText(*text, model + ".pbtxt");
   if (!program.ok()) return program.status();
+  program->mutable_optimizer()->set_clip_global_norm(clip_global_norm);
   CompileOptions copts;
   copts.batch_size = 16;
   copts.device_kind = DEVICE_CUDA;
@@ -148,10 +149,10 @@ absl::StatusOr<TrainReport> TrainGraphCase(const std::string& model, const GenOp
 }
 
 void ExpectGraphsTrainTheEagerBits(const std::string& model, const GenOptions& gen, const Strategy& strategy,
-                                   int want_graphs, Device* device) {
-  auto eager = TrainGraphCase(model, gen, strategy, false, device);
+                                   int want_graphs, Device* device, double clip_global_norm = 0) {
+  auto eager = TrainGraphCase(model, gen, strategy, false, device, clip_global_norm);
   ASSERT_TRUE(eager.ok()) << eager.status();
-  auto graphed = TrainGraphCase(model, gen, strategy, true, device);
+  auto graphed = TrainGraphCase(model, gen, strategy, true, device, clip_global_norm);
   ASSERT_TRUE(graphed.ok()) << graphed.status();
   EXPECT_EQ(graphed->cuda_graphs, want_graphs) << graphed->cuda_graph_note;
   EXPECT_TRUE(absl::StrContains(graphed->cuda_graph_note, "captured")) << graphed->cuda_graph_note;
@@ -176,10 +177,26 @@ TEST_F(GpuTrainTest, CudaGraphStepsTrainTheEagerBits) {
   ExpectGraphsTrainTheEagerBits("mlp", gen, strategy, 2, device_.get());
 }
 
+// The tiny GPT's heads of 16 take attention's GEMM path; one head of 64
+// (GPT-2's head size) the flash kernels (FlashEligible), so that they run
+// captured too; clipping (folded into the updates as grad_scale, its
+// squared norm copied to the host for the metrics) likewise.
+GenOptions TinyGptOnFlashKernels() {
+  GenOptions gen = TinyGpt("F32");
+  gen.heads = 1;
+  return gen;
+}
+
 TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptTrainTheEagerBits) {
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(BF16);
   ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 1, device_.get());
+}
+
+TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptOnTheFlashKernelsWithClippingTrainTheEagerBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  ExpectGraphsTrainTheEagerBits("gpt", TinyGptOnFlashKernels(), strategy, 1, device_.get(), /*clip_global_norm=*/1.0);
 }
 
 // Over micro-batches and gradient merge the bf16 weights are copies
@@ -198,6 +215,12 @@ TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingTrainTheEagerBits) {
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(F16);
   ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 1, device_.get());
+}
+
+TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingOnTheFlashKernelsWithClippingTrainTheEagerBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(F16);
+  ExpectGraphsTrainTheEagerBits("gpt", TinyGptOnFlashKernels(), strategy, 1, device_.get(), /*clip_global_norm=*/1.0);
 }
 
 // Several ranks on the one GPU (issue 18, section 4): each rank a CudaDevice

@@ -15,7 +15,9 @@
 # benchmarks. `bash tools/gpu_check.sh bench` runs the benchmarks alone.
 # Logs go to $OUT (or /tmp/gpu-check). `run` takes a few minutes and the
 # benchmarks about eight (torch.compile's warm-up included), so within one
-# call's 600 s they are two calls: `run` (timeout_s 400), then `bench`.
+# call's 600 s they are two calls: `run` (timeout_s 400), then `bench`;
+# likewise `run`, then `quick-bench` (the quick benchmarks alone, about 5-6
+# minutes), where `run --quick-bench` might pass 600 s.
 # `bash tools/gpu_check.sh profile` runs ncu on the attention kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,23 +66,33 @@ benches() {
 quick_benches() {
   local out=$1 status=0 g=(python3 bench/gpt2.py --strata "bash .device/run.sh strata_gpu" --rounds 1 --variants eager)
   export PYTHONUNBUFFERED=1
-  timeout 60 "${g[@]}" 2>&1 | tee "$out/gpt2_default.txt" | tail -4 || status=1
+  # Each variant's losses (every step of the 25, so every backward and update but the last) beside the defaults':
+  # the ones documented as the same bits (the stored score gradients, the layer norms in registers, the
+  # casts hoisted or not) must say bit-identical=True; the others say how far they move.
+  timeout 60 "${g[@]}" --strata_metrics "$out/m_default.jsonl" 2>&1 | tee "$out/gpt2_default.txt" | tail -5 || status=1
   # The attention gradient on stored score gradients (STRATA_STORED_SCORE_GRADS=1, written 2026-11-30,
   # session 39, without a GPU; off by default until timed): dq without a second pass over the scores.
-  STRATA_STORED_SCORE_GRADS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_stored_score_grads.txt" | tail -4 ||
-    status=1
+  STRATA_STORED_SCORE_GRADS=1 timeout 50 "${g[@]}" --strata_metrics "$out/m_stored.jsonl" 2>&1 |
+    tee "$out/gpt2_stored_score_grads.txt" | tail -5 || status=1
   # The float biases beside the bf16 D again (passes/cast_bias off): what rounding them saves.
-  timeout 50 "${g[@]}" --strata_flags "--disable_passes cast-bias" 2>&1 |
-    tee "$out/gpt2_no_cast_bias.txt" | tail -4 || status=1
+  timeout 50 "${g[@]}" --strata_flags "--disable_passes cast-bias" --strata_metrics "$out/m_no_cast_bias.jsonl" 2>&1 |
+    tee "$out/gpt2_no_cast_bias.txt" | tail -5 || status=1
   # The bias gradients summed apart from the weight-gradient GEMMs (cuBLASLt's BGRAD epilogues off).
-  STRATA_FUSED_BIAS_GRAD=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_bias_grad_apart.txt" | tail -4 || status=1
-  STRATA_MMA_WIDE_WARPS=0 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_mma_16_rows.txt" | tail -4 || status=1
+  STRATA_FUSED_BIAS_GRAD=0 timeout 50 "${g[@]}" --strata_metrics "$out/m_bias_grad_apart.jsonl" 2>&1 |
+    tee "$out/gpt2_bias_grad_apart.txt" | tail -5 || status=1
+  STRATA_MMA_WIDE_WARPS=0 timeout 50 "${g[@]}" --strata_metrics "$out/m_mma_16_rows.jsonl" 2>&1 |
+    tee "$out/gpt2_mma_16_rows.txt" | tail -5 || status=1
   # The layer norms with the rows in registers (STRATA_LN_ROW_REGISTERS=1, off by default until timed).
-  STRATA_LN_ROW_REGISTERS=1 timeout 50 "${g[@]}" 2>&1 | tee "$out/gpt2_ln_registers.txt" | tail -4 || status=1
+  STRATA_LN_ROW_REGISTERS=1 timeout 50 "${g[@]}" --strata_metrics "$out/m_ln_registers.jsonl" 2>&1 |
+    tee "$out/gpt2_ln_registers.txt" | tail -5 || status=1
   # The weights cast in the forward again (hoist-param-casts off): what the updates writing the 16-bit
   # copies (written 2026-11-29, session 38, without a GPU) save.
-  timeout 50 "${g[@]}" --strata_flags "--disable_passes hoist-param-casts" 2>&1 |
-    tee "$out/gpt2_forward_casts.txt" | tail -4 || status=1
+  timeout 50 "${g[@]}" --strata_flags "--disable_passes hoist-param-casts" --strata_metrics "$out/m_forward_casts.jsonl" \
+    2>&1 | tee "$out/gpt2_forward_casts.txt" | tail -5 || status=1
+  for v in stored ln_registers forward_casts mma_16_rows no_cast_bias bias_grad_apart; do
+    [ -f "$out/m_$v.jsonl" ] && [ -f "$out/m_default.jsonl" ] &&
+      python3 tools/compare_metrics.py "$out/m_default.jsonl" "$out/m_$v.jsonl" 2>&1 | head -1
+  done
   # The fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain one: cuBLASLt's
   # epilogue, or its refusal and the float fallback); mlp.proj.dx with DGELU (matmul_gelu_grad).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
@@ -103,16 +115,16 @@ quick_benches() {
   return "$status"
 }
 
-# cuda_ops_test's cases matching $2 with the environment $4.. set, its log in $1, said PASS or FAIL
-# with $3 naming the cases (not counted in the run's total).
+# Test binary $2's cases matching $3 with the environment $5.. set, its log in $1, said PASS or FAIL
+# with $4 naming the cases (not counted in the run's total).
 tests_with() {
-  local log=$1 filter=$2 what=$3
-  shift 3
-  if env "$@" timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh cuda_ops_test --gtest_filter="$filter" \
+  local log=$1 binary=$2 filter=$3 what=$4
+  shift 4
+  if env "$@" timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh "$binary" --gtest_filter="$filter" \
     >"$log" 2>&1; then
-    echo "PASS cuda_ops_test's $what cases with $* (not counted below)"
+    echo "PASS $binary's $what cases with $* (not counted below)"
   else
-    echo "FAIL cuda_ops_test's $what cases with $* (not counted below; $log)"
+    echo "FAIL $binary's $what cases with $* (not counted below; $log)"
     grep -E '^\[  FAILED  \]' "$log" | sort -u | head -10
   fi
 }
@@ -144,10 +156,23 @@ case "$mode" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
     passed=0 failed=0
     : >"$out/gpu-tests.log"
-    mapfile -t tests <.device/tests.txt
+    mapfile -t binaries <.device/tests.txt
+    # cuda_ops_test (every op's kernels in one process) runs as two: a sticky CUDA error (an illegal
+    # address) poisons the process's context and fails every later case, so the attention cases (the
+    # stored score gradients among them, written 2026-11-30 without a GPU) run apart from the rest
+    # (cast-bias, copy_dtype, grad_scale, the layer norms: written 2026-11-29 without a GPU).
+    tests=()
+    for t in "${binaries[@]}"; do
+      if [ "$t" = cuda_ops_test ]; then
+        tests+=("cuda_ops_test --gtest_filter=-*Attention*" "cuda_ops_test --gtest_filter=*Attention*")
+      else
+        tests+=("$t")
+      fi
+    done
     for t in "${tests[@]}"; do
+      read -r -a argv <<<"$t"
       start=$(date +%s)
-      if timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh "$t" >>"$out/gpu-tests.log" 2>&1; then
+      if timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" bash .device/run.sh "${argv[@]}" >>"$out/gpu-tests.log" 2>&1; then
         passed=$((passed + 1)); verdict=PASS
       else
         failed=$((failed + 1)); verdict=FAIL
@@ -157,11 +182,15 @@ case "$mode" in
     # The mma.sync attention with 16-row warps too (STRATA_MMA_WIDE_WARPS=0), the other width the
     # benchmarks time; counted apart. (The tests run the WMMA kernels and the widened 16-bit loss, the
     # defaults' alternatives, themselves.)
-    tests_with "$out/gpu-tests-mma-16.log" '*Attention*' attention STRATA_MMA_WIDE_WARPS=0
+    tests_with "$out/gpu-tests-mma-16.log" cuda_ops_test '*Attention*' attention STRATA_MMA_WIDE_WARPS=0
     # The layer norms with the rows in registers (written 2026-11-29, session 38, without a GPU; off by default).
-    tests_with "$out/gpu-tests-ln-registers.log" '*LayerNorm*' layer-norm STRATA_LN_ROW_REGISTERS=1
+    tests_with "$out/gpu-tests-ln-registers.log" cuda_ops_test '*LayerNorm*' layer-norm STRATA_LN_ROW_REGISTERS=1
+    # The captured GPT steps on the flash kernels with the attention gradient on stored score gradients
+    # (written 2026-11-30 without a GPU; off by default): graphs against eager steps, bit for bit.
+    tests_with "$out/gpu-train-stored.log" gpu_train_test '*FlashKernels*' 'flash-kernel graph' \
+      STRATA_STORED_SCORE_GRADS=1
     grep -E '^\[  FAILED  \]' "$out/gpu-tests.log" | sort -u | head -40
-    echo "$passed passed, $failed failed (test binaries)"
+    echo "$passed passed, $failed failed (test binaries; cuda_ops_test as two)"
     # One example end to end: 300 steps on the GPU and on the CPU, compared.
     timeout 120 bash .device/run.sh strata_gpu run examples/mlp_fashion.pbtxt --device gpu --data synthetic \
       --steps 300 --metrics "$out/gpu.jsonl" --quiet --cuda_graph=false 2>&1 | tail -3
@@ -203,8 +232,16 @@ case "$mode" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
     benches "$out"
     ;;
+  quick-bench)
+    # The quick benchmarks alone: a second call right after `run` (the machine stays warm 30 s).
+    out=${OUT:-/tmp/gpu-check}
+    mkdir -p "$out"
+    export STRATA_BUNDLE_DIR=/tmp/strata-bundle-$$
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+    quick_benches "$out"
+    ;;
   *)
-    echo "usage: tools/gpu_check.sh bundle | run [--bench | --quick-bench] | bench | profile" >&2
+    echo "usage: tools/gpu_check.sh bundle | run [--bench | --quick-bench] | bench | quick-bench | profile" >&2
     exit 2
     ;;
 esac
