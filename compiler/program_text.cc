@@ -131,9 +131,22 @@ bool IsBlank(const std::string& text) {
   return true;
 }
 
+// Text as editors write it: a UTF-8 byte-order mark (some Windows editors
+// start a file with one) is dropped, and old Mac line ends (a CR alone)
+// become LF, so that a comment ends at its line and lines count as the user
+// sees them (CRLF is left: the parser reads its CR as space).
+std::string NormalizeLineEnds(const std::string& raw) {
+  std::string text = absl::StartsWith(raw, "\xEF\xBB\xBF") ? raw.substr(3) : raw;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\r' && (i + 1 == text.size() || text[i + 1] != '\n')) text[i] = '\n';
+  }
+  return text;
+}
+
 template <typename M>
-absl::StatusOr<M> ParseText(const std::string& text, const std::string& filename, const char* what,
+absl::StatusOr<M> ParseText(const std::string& raw, const std::string& filename, const char* what,
                             google::protobuf::TextFormat::ParseInfoTree* tree) {
+  const std::string text = NormalizeLineEnds(raw);
   if (auto s = CheckLooksLikeText(text, filename); !s.ok()) return s;
   if (IsBlank(text)) return absl::InvalidArgumentError(absl::StrCat(filename, ": empty ", what));
   M message;

@@ -500,9 +500,12 @@ std::string VarLocation(const Program& program, const Var& var) {
 }
 
 absl::Status ValidateAndInferProgram(Program* program) {
-  if (HasControlCharacter(program->name())) {
-    return Err(program->source_file().empty() ? "program" : program->source_file(),
-               absl::StrCat("the program's name '", absl::CHexEscape(program->name()), "' contains a control character"));
+  // Its name goes into checkpoints' metadata and the rank fingerprint: UTF-8
+  // (a protobuf string) without control characters, as every name.
+  if (auto s = CheckPrintable(program->source_file().empty() ? "program" : program->source_file(), "the program's name",
+                              program->name());
+      !s.ok()) {
+    return s;
   }
   const std::string file = FileOf(*program);
   DeclaredVars declared;

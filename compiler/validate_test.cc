@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
 #include "compiler/program_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -132,6 +133,21 @@ TEST(ProgramTextTest, RejectsEmptyAndBinaryFiles) {
   auto binary = ParseProgramText(std::string("\x00\x01\x02", 3), "b.pbtxt");
   ASSERT_FALSE(binary.ok());
   EXPECT_THAT(binary.status().message(), HasSubstr("binary file"));
+}
+
+// A byte-order mark and old Mac line ends (CR alone) parse as the same
+// program, with the same line numbers; CRLF too.
+TEST(ProgramTextTest, ByteOrderMarksAndCrLineEndsParseAsTheSameProgram) {
+  const std::string lf = "# a comment\nvar { name: \"x\" dtype: F32 shape: [-1, 4] kind: FEED }\n";
+  auto want = ParseProgramText(lf, "p.pbtxt");
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (const std::string& text :
+       {"\xEF\xBB\xBF" + lf, absl::StrReplaceAll(lf, {{"\n", "\r"}}), absl::StrReplaceAll(lf, {{"\n", "\r\n"}})}) {
+    auto got = ParseProgramText(text, "p.pbtxt");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->SerializeAsString(), want->SerializeAsString());
+    EXPECT_EQ(got->var(0).line(), 2);
+  }
 }
 
 TEST(ValidateTest, ShapeErrorsNameTheVarBoundToEachRole) {

@@ -36,13 +36,20 @@ absl::StatusOr<bool> PlacementPass::Run(Graph& graph, const CompileContext&) {
   };
   const std::vector<int> order = graph.ops();
   bool any_placed = false;
-  for (int op : order) any_placed |= !graph.device(op).empty();
+  // Every device is parsed first: a malformed one is the error, not an
+  // earlier unplaced op that a placed program leaves without a stage.
+  std::vector<int> placed_stage(graph.op_id_bound(), -1);
+  for (int op : order) {
+    if (graph.device(op).empty()) continue;
+    any_placed = true;
+    absl::StatusOr<int> stage = ParseDeviceStage(std::string(graph.device(op)));
+    if (!stage.ok()) return error(graph.OpLocation(op), std::string(stage.status().message()));
+    placed_stage[op] = *stage;
+  }
   const std::vector<int> producer = graph.FirstWriters();
   for (int op : order) {
     if (!graph.device(op).empty()) {
-      absl::StatusOr<int> stage = ParseDeviceStage(std::string(graph.device(op)));
-      if (!stage.ok()) return error(graph.OpLocation(op), std::string(stage.status().message()));
-      graph.set_stage(op, *stage);
+      graph.set_stage(op, placed_stage[op]);
     } else if (any_placed) {
       int from = -1;
       for (int in : graph.inputs(op)) {

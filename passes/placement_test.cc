@@ -105,6 +105,18 @@ TEST(PlacementTest, RejectsMalformedDevice) {
   EXPECT_THAT(p.status().message(), HasSubstr("test.pbtxt:"));
 }
 
+// A malformed device on a later op is the error named, not the unplaced
+// ops before it (which a program that places ops must place too).
+TEST(PlacementTest, NamesAMalformedDeviceBeforeAnUnplacedOp) {
+  auto p = Place(R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] device: "tpu:x" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("op #1 'matmul': malformed device 'tpu:x'"));
+}
+
 TEST(PlacementTest, ParsesStages) {
   EXPECT_EQ(*ParseDeviceStage("gpu:3"), 3);
   EXPECT_EQ(*ParseDeviceStage("cpu:0"), 0);

@@ -710,7 +710,15 @@ std::map<int64_t, std::string> StepFolders(const std::string& dir) {
 // The folder name DIR/latest holds ("step-N"), or "" when there is no latest.
 absl::StatusOr<std::string> ReadLatest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kLatestFileName);
-  if (!IsRegularFile(path)) return std::string();
+  if (!IsRegularFile(path)) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+      // A save would fail at its end (renaming onto it), a load find no step.
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": not a file; a checkpoint's 'latest' is a file naming its newest step folder"));
+    }
+    return std::string();
+  }
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", ErrnoText()));
   char buf[64];
@@ -834,10 +842,26 @@ absl::Status CheckSaveTarget(const std::string& dir, bool resumes_from_it) {
   f.reset();
   std::remove(probe.c_str());
   absl::StatusOr<std::string> latest = ReadLatest(dir);
-  if (!latest.ok()) return latest.status();
-  if (!latest->empty() && !resumes_from_it) {
-    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, " already holds a checkpoint (", dir, "/", *latest,
+  if (!latest.ok())
+    return absl::Status(latest.status().code(), absl::StrCat("--save ", dir, ": ", latest.status().message()));
+  if (resumes_from_it) return absl::OkStatus();
+  if (!latest->empty()) {
+    const std::string folder = absl::StrCat(dir, "/", *latest);
+    if (!IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+      return absl::FailedPreconditionError(absl::StrCat("--save ", dir, ": its 'latest' names ", *latest,
+                                                        ", which is missing or not committed; save to another folder"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("--save ", dir, " already holds a checkpoint (", folder,
                                                       "); resume it with --load ", dir, ", or save to another folder"));
+  }
+  // Committed saves without 'latest' (a damaged checkpoint) are not
+  // overwritten either: a save of the same step would replace one.
+  for (const auto& [step, folder] : StepFolders(dir)) {
+    if (IsRegularFile(absl::StrCat(folder, "/", kCommittedFileName))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--save ", dir, " holds committed step folders but no 'latest' (", folder,
+                       "); resume one with --load ", folder, ", or save to another folder"));
+    }
   }
   return absl::OkStatus();
 }

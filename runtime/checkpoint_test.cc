@@ -961,6 +961,30 @@ TEST(CheckpointStepTest, CheckSaveTargetCreatesAFreshFolderAndRefusesAnotherRuns
   WriteFile(used + "/latest", "../etc");
   EXPECT_EQ(CheckSaveTarget(used, true).code(), absl::StatusCode::kDataLoss);
 
+  // One naming a step folder that is not there: no advice to resume it.
+  WriteFile(used + "/latest", "step-5\n");
+  s = CheckSaveTarget(used, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "--save " + used +
+                             ": its 'latest' names step-5, which is missing or not committed; save to "
+                             "another folder");
+
+  // Committed step folders without `latest` (a damaged checkpoint): a save
+  // of the same step would overwrite one, so it is refused too.
+  std::filesystem::remove(used + "/latest");
+  s = CheckSaveTarget(used, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "--save " + used + " holds committed step folders but no 'latest' (" + used +
+                             "/step-2); resume one with --load " + used + "/step-2, or save to another folder");
+
+  // A `latest` that is a folder: refused before training, where the save's
+  // rename onto it would fail at the end.
+  std::filesystem::create_directories(used + "/latest");
+  s = CheckSaveTarget(used, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--save " + used + ": " + used + "/latest: not a file"));
+  EXPECT_EQ(ResolveCheckpoint(used).status().code(), absl::StatusCode::kFailedPrecondition);
+
   // A folder under a regular file cannot be created.
   const std::string file = FreshDir("target_file");
   WriteFile(file, "x");

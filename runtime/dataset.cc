@@ -891,6 +891,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSyntheticDataset(SpecArgs& args, co
                                        : absl::StrCat("; its token feed '", feeds[roles->tokens[0]].name,
                                                       "' takes ids below vocab= (default: the program's)")));
   }
+  if (roles->tokens.empty() && !default_vocab) {
+    return args.Error("sets 'vocab', the ids of I64[-1, T] token feeds, but the program has none");
+  }
   if (teacher_label && roles->features.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic labels for feed '", feeds[roles->label].name,
                                                    "' come from a teacher over floating (F32/F64) feature feeds; "

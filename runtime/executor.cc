@@ -22,6 +22,28 @@
 namespace strata {
 namespace {
 
+// The first element of a floating host tensor that is not finite; -1 when
+// every one is (or the tensor holds no floats).
+int64_t FirstNonFinite(const Tensor& t) {
+  const int64_t n = t.num_elements();
+  if (t.dtype() == F32) {
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(p[i])) return i;
+    }
+  } else if (t.dtype() == F64) {
+    const double* p = t.data<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(p[i])) return i;
+    }
+  } else if (IsFloating(t.dtype())) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(t.ValueAt(i))) return i;
+    }
+  }
+  return -1;
+}
+
 std::string OpWhere(const Program& program, int i) {
   const Op& op = program.op(i);
   return absl::StrCat("op #", i, " '", op.type(), "'", op.name().empty() ? "" : absl::StrCat(" (", op.name(), ")"));
@@ -451,6 +473,17 @@ absl::Status Executor::LoadState(std::map<std::string, Tensor>& state, bool adop
       return absl::InvalidArgumentError(absl::StrCat("checkpoint tensor '", v.name(), "' is ", DataTypeName(t.dtype()),
                                                      ShapeString(got), ", the program wants ", DataTypeName(v.dtype()),
                                                      ShapeString(want)));
+    }
+    // A weight that is not finite (a diverged run's save, a damaged file)
+    // would fail the first step as "loss is nan; lower the learning rate?".
+    // Other state may hold one legitimately (an F16 merge buffer after an
+    // overflowing micro-batch, its update to be skipped).
+    if (v.kind() == PARAM && t.on_host()) {
+      if (const int64_t bad = FirstNonFinite(t); bad >= 0) {
+        return absl::DataLossError(absl::StrCat("checkpoint tensor '", v.name(), "' (a weight) holds ", t.ValueAt(bad),
+                                                " at element ", bad,
+                                                ": the saving run had diverged, or the file is damaged"));
+      }
     }
     if (adopt && t.sole_owner() && t.device() == options_.device) {
       state_[i] = std::move(it->second);

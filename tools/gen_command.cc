@@ -20,8 +20,16 @@ namespace strata {
 namespace cli {
 
 int GenCommand(const std::vector<std::string>& args) {
-  if (args.size() != 1) {
+  if (args.empty()) {
     std::cerr << "error: strata gen needs one model name (mlp, resmlp, convnet, alexnet, gpt)\n" << kUsage;
+    return kExitUsage;
+  }
+  if (args.size() > 1) {
+    // Often a value after a boolean flag ("--cosine false" where
+    // "--cosine=false" was meant): the word is left over.
+    std::cerr << "error: strata gen takes one model name, got '" << args[0] << "' and then '" << args[1]
+              << "' (a boolean flag takes its value after '=', as --cosine=false)\n"
+              << kUsage;
     return kExitUsage;
   }
   GenOptions o;

@@ -179,6 +179,12 @@ header="{$(meta 64),$step,$bias,$weight}"
 { le64 ${#header}; printf '%s' "$header"; printf '\373\377\377\377\377\377\377\377'; head -c 60 /dev/zero; } \
   > "$d/model.safetensors"
 
+# w's element 4 is NaN (0x7fc00000, little-endian): a diverged run's save.
+d=$(case_dir ckpt_nan_weight)
+header="{$(meta 64),$step,$bias,$weight}"
+{ le64 ${#header}; printf '%s' "$header"; head -c 36 /dev/zero; printf '\000\000\300\177'; head -c 28 /dev/zero; } \
+  > "$d/model.safetensors"
+
 # Saved at batch 32, resumed at 64.
 d=$(case_dir ckpt_batch_mismatch)
 checkpoint "{$(meta 32),$step,$bias,$weight}" 68 > "$d/model.safetensors"
