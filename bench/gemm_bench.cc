@@ -66,9 +66,9 @@ ABSL_FLAG(bool, epilogues, false,
           "and, for mlp.fc, matmul_bias_gelu with a bf16 aux and with a float one, each storing bf16 beside a float "
           "bias) and the weight "
           "gradients with the bias gradient fused (matmul_bias_grad_b), against the plain GEMM of the same shape");
-ABSL_FLAG(int64_t, vocab, 50257,
-          "the LM head's vocabulary: GPT-2's 50257, or 50304 for the head passes/pad_vocab makes of it (rows of "
-          "16-byte multiples, the loss reading the first 50257)");
+ABSL_FLAG(int64_t, vocab, 50304,
+          "the LM head's vocabulary: 50304, the head passes/pad_vocab makes of GPT-2's 50257 (rows of 16-byte "
+          "multiples, the loss reading the first 50257) and so the plan's GEMMs; 50257 for the unpadded head");
 ABSL_FLAG(bool, staging, true,
           "Strata's side stages operands whose rows are not 16-byte multiples through padded scratch, as "
           "its kernels on a CudaDevice do (kernels/gemm_staging.h); false: the operands as they are");

@@ -211,6 +211,22 @@ TEST_F(GpuTrainTest, CudaGraphStepsOfABf16GptWithWeightCopiesTrainTheEagerBits) 
   ExpectGraphsTrainTheEagerBits("gpt", TinyGpt("F32"), strategy, 2, device_.get());
 }
 
+// Deterministic by default (issue 18): two runs of a bf16 GPT on the flash
+// kernels, captured steps, clipping, give the same bits (no float atomics:
+// the attention gradient's dq is its own kernel, sums are fixed trees, and
+// cuBLASLt's plans are chosen once per shape).
+TEST_F(GpuTrainTest, TwoBf16GptRunsGiveTheSameBits) {
+  Strategy strategy;
+  strategy.mutable_mixed_precision()->set_dtype(BF16);
+  auto a = TrainGraphCase("gpt", TinyGptOnFlashKernels(), strategy, true, device_.get(), 1.0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = TrainGraphCase("gpt", TinyGptOnFlashKernels(), strategy, true, device_.get(), 1.0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->steps.size(), b->steps.size());
+  for (size_t i = 0; i < a->steps.size(); ++i) EXPECT_EQ(a->steps[i].loss, b->steps[i].loss) << "step " << i + 1;
+  EXPECT_EQ(a->final_state, b->final_state);
+}
+
 TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingTrainTheEagerBits) {
   Strategy strategy;
   strategy.mutable_mixed_precision()->set_dtype(F16);

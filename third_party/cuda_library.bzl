@@ -130,6 +130,12 @@ def cuda_binary(name, deps = [], **kwargs):
         return
     native.cc_binary(name = name, deps = deps + ["@local_cuda//:cuda"], **kwargs)
 
+def cuda_sh_test(name, **kwargs):
+    """An sh_test over CUDA binaries (their data); defines nothing without a CUDA toolkit."""
+    if not HAS_CUDA:
+        return
+    native.sh_test(name = name, **kwargs)
+
 def cuda_test(name, deps = [], tags = [], needs_gpu = True, **kwargs):
     """A cc_test over CUDA libraries; defines nothing without a CUDA toolkit.
 
