@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -447,6 +448,22 @@ absl::Status AgreeOnSettings(Communicator& comm, const std::vector<std::pair<std
 
 namespace {
 
+// A number in a checkpoint's metadata, at least `min`: nullopt where the key
+// is absent (a save that did not write it), DataLoss where it is there but
+// is no such number (a damaged or hand-edited file), so that a check reading
+// it is never skipped silently.
+absl::StatusOr<std::optional<int64_t>> MetadataInt(const std::map<std::string, std::string>& metadata,
+                                                   const std::string& key, int64_t min) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) return std::nullopt;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < min) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's metadata has ", key, " '", absl::CHexEscape(it->second),
+                                            "', expected an integer from ", min));
+  }
+  return value;
+}
+
 // The gradient_merge.k_steps of the run that saved a checkpoint (1 where its
 // metadata does not say).
 absl::StatusOr<int64_t> SavedMergeSteps(const std::map<std::string, std::string>& metadata) {
@@ -483,15 +500,18 @@ absl::StatusOr<int64_t> SavedStep(const std::map<std::string, std::string>& meta
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
                                        int64_t total_steps, bool schedule_spans_run) {
   STRATA_ASSIGN_OR_RETURN(const int64_t step, SavedStep(metadata));
-  auto bs = metadata.find("batch_size");
-  int64_t saved_batch = 0;
-  if (bs != metadata.end() && absl::SimpleAtoi(bs->second, &saved_batch) && saved_batch != batch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("saved with batch size ", saved_batch, ", resuming with ", batch, " would change the data order"));
+  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_batch, MetadataInt(metadata, "batch_size", 1));
+  if (saved_batch.has_value() && *saved_batch != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("saved with batch size ", *saved_batch, ", resuming with ", batch,
+                                                   " would change the data order"));
   }
   auto sd = metadata.find("seed");
   uint64_t saved_seed = 0;
-  if (sd != metadata.end() && absl::SimpleAtoi(sd->second, &saved_seed) && saved_seed != seed) {
+  if (sd != metadata.end() && !absl::SimpleAtoi(sd->second, &saved_seed)) {
+    return absl::DataLossError(absl::StrCat("the checkpoint's metadata has seed '", absl::CHexEscape(sd->second),
+                                            "', expected an integer from 0"));
+  }
+  if (sd != metadata.end() && saved_seed != seed) {
     return absl::InvalidArgumentError(absl::StrCat("saved with seed ", saved_seed, ", resuming with ", seed,
                                                    " would change the data order and dropout masks"));
   }
@@ -499,10 +519,9 @@ absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>&
     return absl::OutOfRangeError(absl::StrCat("the checkpoint is at step ", step, " but the run ends at step ",
                                               total_steps, "; nothing left to train (--steps counts the whole run)"));
   }
-  auto ts = metadata.find("total_steps");
-  int64_t saved_total = 0;
-  if (schedule_spans_run && ts != metadata.end() && absl::SimpleAtoi(ts->second, &saved_total) &&
-      saved_total != total_steps) {
+  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_total_steps, MetadataInt(metadata, "total_steps", 1));
+  const int64_t saved_total = saved_total_steps.value_or(0);
+  if (schedule_spans_run && saved_total_steps.has_value() && saved_total != total_steps) {
     // decay_steps counts optimizer updates: under gradient merge, one every k steps.
     const int64_t saved_k = SavedMergeSteps(metadata).value_or(1);
     return absl::InvalidArgumentError(absl::StrCat(
@@ -853,12 +872,15 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     total_steps_ = *step;
     // The epoch the saving run's step fell in, as its evaluation there said:
     // the epochs it completed, plus one where it was part-way into the next.
-    int64_t completed = 0, position = 0;
-    const auto epoch = ckpt->metadata.find("epoch");
-    const auto at = ckpt->metadata.find("data_position");
-    if (epoch != ckpt->metadata.end() && absl::SimpleAtoi(epoch->second, &completed)) {
-      loaded_epoch_ = completed + (at != ckpt->metadata.end() && absl::SimpleAtoi(at->second, &position) && position > 0);
+    auto completed = MetadataInt(ckpt->metadata, "epoch", 0);
+    auto position = MetadataInt(ckpt->metadata, "data_position", 0);
+    for (const auto* read : {&completed, &position}) {
+      if (!read->ok()) {
+        return absl::Status(read->status().code(),
+                            absl::StrCat("--load ", source.description, ": ", read->status().message()));
+      }
     }
+    if (completed->has_value()) loaded_epoch_ = **completed + (position->value_or(0) > 0);
   }
   report_.loaded_from = source.description;
   loaded_save_id_ = source.save_id;

@@ -526,5 +526,24 @@ TEST(TrainerMetricsTest, MetricsFileWithAnAwkwardFetchNameIsJsonLines) {
   EXPECT_EQ(evals, 1);
 }
 
+// A resume's checks read the checkpoint's metadata: a value that is there
+// but is no valid number is a damaged checkpoint, never a check skipped; a
+// key that is absent (a save that did not write it) is not checked.
+TEST(CheckResumableTest, DamagedMetadataIsAnErrorNotASkippedCheck) {
+  const std::map<std::string, std::string> good = {
+      {"step", "2"}, {"batch_size", "64"}, {"seed", "0"}, {"total_steps", "10"}};
+  ASSERT_TRUE(CheckResumable(good, 64, 0, 10).ok());
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"seed", "x"}, {"seed", "-3"}, {"batch_size", "0"}, {"batch_size", "abc"}, {"total_steps", "-1"}}) {
+    std::map<std::string, std::string> bad = good;
+    bad[key] = value;
+    absl::StatusOr<int64_t> r = CheckResumable(bad, 64, 0, 10);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << key << "=" << value;
+    EXPECT_THAT(r.status().message(), HasSubstr("the checkpoint's metadata has " + key + " '" + value + "'"));
+  }
+  EXPECT_EQ(*CheckResumable({{"step", "2"}}, 64, 0, 10), 2);
+  EXPECT_EQ(CheckResumable(good, 32, 0, 10).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace strata

@@ -29,7 +29,9 @@ constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
 // exit code once it printed why.
 int CheckEvalOnly(const std::set<std::string>& given) {
   if (!absl::GetFlag(FLAGS_eval_only)) return 0;
-  for (const char* flag : {"steps", "epochs", "eval_every", "save", "save_every", "keep_checkpoints", "compare_single"}) {
+  // --data too: the training data, read by nothing (an --eval_only ignored any, nonsense included).
+  for (const char* flag :
+       {"steps", "epochs", "eval_every", "save", "save_every", "keep_checkpoints", "compare_single", "data"}) {
     if (given.count(flag)) {
       std::cerr << "error: --eval_only trains nothing, so --" << flag << " has nothing to do; leave it out\n";
       return kExitUsage;

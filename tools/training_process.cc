@@ -79,6 +79,19 @@ void PrintSummary(const TrainReport& report) {
   std::cerr << absl::StrFormat("done: %s in %.1f s (batch %d, %d threads), measured peak %s, predicted %s%s\n", did,
                                report.seconds, report.batch_size, IntraOpThreads(), Bytes(report.measured_peak_bytes),
                                Bytes(report.predicted_peak_bytes), ReservedBeside(report));
+  // Every update skipped by loss scaling (inf or nan gradients at every
+  // scale it tried): the run "succeeded" with its initial weights; say so.
+  int64_t updates = 0, skipped = 0;
+  for (const StepMetrics& m : report.steps) {
+    updates += m.has_lr;
+    skipped += m.skipped_update;
+  }
+  if (updates > 0 && skipped == updates) {
+    std::cerr << absl::StrFormat(
+        "note: loss scaling skipped every one of the run's %d updates (inf or nan gradients; the last scale tried "
+        "%g): the weights are where they started\n",
+        updates, report.steps.back().loss_scale);
+  }
   // The run's last evaluation is its final one only where it followed the
   // last step (a stop signal, or --eval_every, can leave an earlier one).
   if (!report.evals.empty() && (report.steps.empty() || report.evals.back().step == report.steps.back().step)) {
