@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compiler/program_text.h"
 #include "compiler/validate.h"
@@ -11,12 +13,18 @@
 namespace strata {
 namespace {
 
-// Stages are given as the placement pass (passes/) would resolve them.
+// Stages are resolved from "gpu:N" devices as the placement pass (passes/)
+// would (a program may not set them itself).
 Program Differentiate(const std::string& text) {
   auto program = ParseProgramText(text, "test.pbtxt");
   EXPECT_TRUE(program.ok()) << program.status();
   auto s = ValidateAndInferProgram(&*program);
   EXPECT_TRUE(s.ok()) << s;
+  for (Op& op : *program->mutable_op()) {
+    int stage = 0;
+    if (absl::StartsWith(op.device(), "gpu:")) EXPECT_TRUE(absl::SimpleAtoi(op.device().substr(4), &stage));
+    op.set_stage(stage);
+  }
   s = AppendBackward(&*program);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(VerifyProgram(*program).ok()) << VerifyProgram(*program);
@@ -52,10 +60,10 @@ TEST(AutodiffTest, SumsGradientPartsOnTheStageThatMakesThem) {
     var { name: "x" dtype: F64 shape: [-1, 3] kind: FEED }
     var { name: "w0" dtype: F64 shape: [3, 3] kind: PARAM }
     var { name: "w1" dtype: F64 shape: [3, 3] kind: PARAM }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" stage: 0 }
-    op { type: "matmul" input: ["h", "w1"] output: ["a"] device: "gpu:1" stage: 1 }
-    op { type: "add" input: ["h", "a"] output: ["y"] device: "gpu:1" stage: 1 }
-    op { type: "reduce_mean" input: ["y"] output: ["loss"] device: "gpu:1" stage: 1 }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w1"] output: ["a"] device: "gpu:1" }
+    op { type: "add" input: ["h", "a"] output: ["y"] device: "gpu:1" }
+    op { type: "reduce_mean" input: ["y"] output: ["loss"] device: "gpu:1" }
     loss: "loss"
     optimizer { sgd { learning_rate: 0.1 } }
   )pb");
@@ -100,9 +108,9 @@ TEST(AutodiffTest, BackwardOpsKeepTheForwardStageAndUid) {
     var { name: "label" dtype: I64 shape: [-1] kind: FEED }
     var { name: "w0" dtype: F64 shape: [3, 3] kind: PARAM }
     var { name: "w1" dtype: F64 shape: [3, 2] kind: PARAM }
-    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" stage: 0 }
-    op { type: "matmul" input: ["h", "w1"] output: ["logits"] device: "gpu:1" stage: 1 }
-    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" stage: 1 }
+    op { type: "matmul" input: ["x", "w0"] output: ["h"] device: "gpu:0" }
+    op { type: "matmul" input: ["h", "w1"] output: ["logits"] device: "gpu:1" }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] device: "gpu:1" }
     loss: "loss"
     optimizer { sgd { learning_rate: 0.1 } }
   )pb");

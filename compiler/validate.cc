@@ -261,6 +261,10 @@ absl::Status CheckDeclaredVar(const Program& program, const std::string& file, i
     if (!v.frozen()) declared->has_params = true;
     if (!v.frozen() && v.dtype() == F32) declared->f32_params = true;
   }
+  if (v.frozen() && v.kind() != PARAM) {
+    return Err(where, absl::StrCat("frozen applies to a PARAM (a weight the optimizer leaves); this var is ",
+                                   VarKind_Name(v.kind())));
+  }
   if (v.host_memory()) {
     return Err(where, "host_memory is written by the compiler (host transfers place feeds and fetched scalars); "
                       "leave it out");
@@ -312,6 +316,10 @@ absl::StatusOr<const OpSchema*> CheckUserOp(const std::string& file, int i, cons
   if (schema->stateful) return Err(where, "is an optimizer op that the compiler appends itself; remove it from the program");
   if (op->role() != ROLE_UNSPECIFIED) return Err(where, "role is written by the compiler; leave it empty");
   if (op->has_group()) return Err(where, "group is written by the compiler; leave it empty");
+  if (op->stage() != 0) {
+    return Err(where, "stage is written by the compiler (from device, the placement); give device: \"gpu:N\" instead");
+  }
+  if (op->has_channel()) return Err(where, "channel is written by the compiler (send/recv only); leave it out");
   for (const auto& [key, value] : op->attr()) {
     if (auto s = CheckPrintable(where, "attr name", key); !s.ok()) return s;
     if (value.value_case() == AttrValue::kS) {
