@@ -18,11 +18,21 @@ torch.backends.cuda.matmul.allow_tf32).
 
 Printed per side: median step ms over rounds, tokens/s, the ratio
 strata tokens/s / torch tokens/s (> 1: Strata faster), with the spread of the
-per-round ratios; the first step's loss on both sides (equal initial loss:
-both near ln(vocab) from the same init scheme, not the same draws); MFU
+per-round ratios; the first step's loss on both sides (the same init
+scheme, not the same draws: both near ln(vocab)); MFU
 against the GPU's dense bf16 peak (6 N + 12 L T d FLOP per token, PaLM's
 count, N without the position embedding); peak memory (Strata: allocated;
 torch: max_memory_allocated).
+
+Before the timing (unless --no_same_init), the same-weights check: torch's
+initial weights written as a Strata checkpoint (model.safetensors, metadata
+step 0, weights only: Linear weights transposed to [in, out], LayerNorm to
+.g/.b, wte tied), B windows of seq+1 seeded random uint16 ids in one token
+file, and each side's loss on them: `strata run --eval_only --load DIR
+--eval_data tokens:path=FILE` against the torch module's forward under
+no_grad (bf16 autocast with --dtype bf16). Printed: both losses, their
+relative difference and whether it is within the tolerance (1e-5 float32,
+1e-3 TF32, 1e-2 bf16; --same_init_tol).
 
 On the GPU machine, from the repository root (strata_gpu bundled with
 ../shared/tools/device-bundle):
@@ -63,7 +73,8 @@ def flops_per_token(a):
     return 6 * n + 12 * L * T * d
 
 
-def strata_side(a, workdir):
+def strata_program(a, workdir):
+    """Writes `strata gen gpt`'s program and the strategy; (command, program path, strategy flags)."""
     cmd = shlex.split(a.strata)
     program = os.path.join(workdir, "gpt2.pbtxt")
     with open(program, "w") as f:
@@ -78,6 +89,11 @@ def strata_side(a, workdir):
         strategy = ["--strategy", os.path.join(workdir, "strategy.pbtxt")]
         with open(strategy[1], "w") as f:
             f.write(fields)
+    return cmd, program, strategy
+
+
+def strata_side(a, workdir):
+    cmd, program, strategy = strata_program(a, workdir)
     metrics = os.path.join(workdir, "metrics.jsonl")
     argv = cmd + ["run", program] + strategy + ["--device", a.device, "--data", "synthetic",
                   "--steps", str(a.warmup + a.steps), "--batch_size", str(a.batch), "--metrics", metrics, "--quiet",
@@ -99,10 +115,8 @@ def strata_side(a, workdir):
     return ms, steps[0]["loss"], steps[-1]["loss"], peak_bytes
 
 
-def torch_side(a, variant):
+def torch_device(a):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     dev = torch.device("cuda" if a.device == "gpu" else "cpu")
     if dev.type == "cpu":
@@ -110,6 +124,15 @@ def torch_side(a, variant):
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = a.tf32
         torch.backends.cudnn.allow_tf32 = a.tf32
+    return dev
+
+
+def torch_model(a, dev):
+    """nanoGPT's GPT-2 module, initialised from torch.manual_seed(0)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
     torch.manual_seed(0)
     d, H, T, V, L = a.d_model, a.heads, a.seq, a.vocab, a.blocks
     sdpa = getattr(F, "scaled_dot_product_attention", None)
@@ -156,7 +179,15 @@ def torch_side(a, variant):
             logits = F.linear(self.ln_f(x), self.wte.weight)  # tied
             return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
 
-    model = GPT().to(dev)
+    return GPT().to(dev)
+
+
+def torch_side(a, variant):
+    import torch
+
+    dev = torch_device(a)
+    V, T = a.vocab, a.seq
+    model = torch_model(a, dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     fused = {"fused": True} if dev.type == "cuda" else {}
@@ -191,6 +222,103 @@ def torch_side(a, variant):
     return statistics.median(times), first_loss, peak
 
 
+def strata_checkpoint(model, folder):
+    """Writes the torch model's weights as a flat Strata checkpoint, folder/model.safetensors
+    (runtime/checkpoint.h: 8-byte little-endian header length, JSON header padded with spaces
+    to 8 bytes, then the tensors back to back in name order; metadata "step" is required).
+    Only the weights: --eval_only does not need the optimizer's '@' state."""
+    import numpy as np
+
+    names = {"wte.weight": "wte", "wpe.weight": "wpe", "ln_f.weight": "ln_f.g", "ln_f.bias": "ln_f.b"}
+    block = {"ln1.weight": "ln1.g", "ln1.bias": "ln1.b", "ln2.weight": "ln2.g", "ln2.bias": "ln2.b",
+             "qkv.weight": "attn.qkv.w", "qkv.bias": "attn.qkv.b", "proj.weight": "attn.proj.w",
+             "proj.bias": "attn.proj.b", "fc.weight": "mlp.fc.w", "fc.bias": "mlp.fc.b",
+             "fc_proj.weight": "mlp.proj.w", "fc_proj.bias": "mlp.proj.b"}
+    tensors = {}
+    for name, p in model.named_parameters():  # wte once: the LM head is tied to it
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            target = "block%s.%s" % (i, block[rest])
+        else:
+            target = names[name]
+        w = p.detach().float().cpu()
+        # torch's Linear weight is [out, in] (y = x @ W^T); Strata's matmul weight is [in, out].
+        # qkv's 3d columns stay in torch's order: q|k|v, each split into heads of d/H (split then view).
+        if target.endswith(".w"):
+            w = w.t()
+        tensors[target] = np.ascontiguousarray(w.numpy(), dtype="<f4")
+    header, offset = {"__metadata__": {"step": "0"}}, 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name in sorted(tensors):
+            f.write(tensors[name].data)
+    return sum(t.size for t in tensors.values())
+
+
+def same_init_check(a, workdir):
+    """Both sides' loss on the same initial weights (torch's, loaded into Strata with --load)
+    and the same B windows of seq+1 token ids: the initial loss compared as one computation."""
+    import numpy as np
+    import torch
+
+    dev = torch_device(a)
+    model = torch_model(a, dev)
+    if a.same_init_scale != 1:
+        # At init (std 0.02) attention is nearly uniform: q and k swapped moved the small model's loss
+        # by 8e-6 relative, within float32's tolerance. Scaled matrices make the layout show (GPT-2 x3:
+        # 1.1e-3); much more (x10) and 12 blocks amplify float32's rounding past 1e-5.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.mul_(a.same_init_scale)
+    folder = os.path.join(workdir, "same_init")
+    n = strata_checkpoint(model, folder)
+    windows = np.random.default_rng(2).integers(0, a.vocab, size=(a.batch, a.seq + 1), dtype=np.int64)
+    token_file = os.path.join(workdir, "same_init.tokens")
+    windows.astype("<u2").tofile(token_file)
+    # Strata: one evaluation of the loaded weights over the file's B windows (one batch).
+    cmd, program, strategy = strata_program(a, workdir)
+    metrics = os.path.join(workdir, "same_init.jsonl")
+    argv = cmd + ["run", program] + strategy + ["--eval_only", "--load", folder, "--eval_data",
+                  "tokens:path=" + token_file, "--batch_size", str(a.batch), "--device", a.device, "--quiet",
+                  "--metrics", metrics] + shlex.split(a.strata_flags)
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        raise SystemExit("bench: %s exited with %d:\n%s" % (" ".join(argv), p.returncode, p.stdout))
+    with open(metrics) as f:
+        evals = [l for l in (json.loads(l) for l in f if l.strip()) if "eval" in l]
+    if len(evals) != 1 or evals[0]["loss"] is None:
+        raise SystemExit("bench: expected one finite eval line in %s:\n%s" % (metrics, p.stdout))
+    s_loss = evals[0]["loss"]
+    # Torch: the same model's forward, inputs the first seq ids of each window, targets the last seq.
+    w = torch.from_numpy(windows).to(dev)
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
+    with torch.no_grad(), amp:
+        t_loss = model(w[:, :-1].contiguous(), w[:, 1:].contiguous()).item()
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    rel = abs(s_loss - t_loss) / abs(t_loss)
+    # float32 agrees to rounding (CPU: 9e-8); bf16 and TF32 round the products' inputs.
+    tol = a.same_init_tol or (1e-2 if a.dtype == "bf16" else 1e-3 if a.tf32 else 1e-5)
+    ok = rel <= tol
+    print("same weights and tokens: strata %.5f torch %.5f rel %.1e (%s%s, %d weights%s, %d windows of %d ids, "
+          "ln(vocab) %.5f); expected rel <= %.0e: %s" % (
+              s_loss, t_loss, rel, "bf16" if a.dtype == "bf16" else "float32", ", TF32" if a.tf32 else "", n,
+              ", matrices x%g" % a.same_init_scale if a.same_init_scale != 1 else "", a.batch, a.seq + 1,
+              math.log(a.vocab), tol, "holds" if ok else "FAILS"))
+    print("RESULT model=gpt2 check=same_init dtype=%s scale=%g strata_loss=%.6f torch_loss=%.6f rel=%.3e tol=%.0e "
+          "ok=%d" % (a.dtype, a.same_init_scale, s_loss, t_loss, rel, tol, ok))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True, help="command that runs strata (strata_gpu for --device gpu)")
@@ -214,6 +342,14 @@ def main():
                     help="more flags for strata run, e.g. '--disable_passes fold-casts' (shell words)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"],
                     help="bf16: mixed_precision { dtype: BF16 } against bf16 autocast; f32: float32 on both sides")
+    ap.add_argument("--no_same_init", action="store_true",
+                    help="skip the same-weights check (torch's initial weights loaded into Strata with --load, "
+                         "one batch of the same tokens evaluated on both sides)")
+    ap.add_argument("--same_init_tol", type=float, default=0,
+                    help="the same-weights check's relative tolerance (0: 1e-5 float32, 1e-3 TF32, 1e-2 bf16)")
+    ap.add_argument("--same_init_scale", type=float, default=1,
+                    help="multiply the checked model's matrices by this (e.g. 3: attention far from uniform, so "
+                         "a q/k or head layout error shows); 1: the initial weights as drawn")
     ap.add_argument("--tf32", action="store_true",
                     help="allow TF32 on both sides (Strata's allow_tf32: attention's float32 products; "
                          "torch.backends.cuda.matmul.allow_tf32)")
@@ -237,6 +373,8 @@ def main():
     s_loss = s_peak = None
     t_loss, t_peak = {}, {}
     with tempfile.TemporaryDirectory() as workdir:
+        if not a.no_same_init:
+            same_init_check(a, workdir)
         for _ in range(a.rounds):
             ms, s_loss, s_last, s_peak = strata_side(a, workdir)
             s_ms.append(ms)
