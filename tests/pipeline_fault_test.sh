@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Faults in a multi-process job: a rank killed mid-step ends the job non-zero
-# within 30 s naming the rank, with no process left behind; ranks that
-# compiled different programs refuse to start, naming both fingerprints.
+# within 30 s naming the rank, with no process left behind, and a stalled
+# one after --comm_timeout_s (rank_fault_check.sh); ranks that compiled
+# different programs refuse to start, naming both fingerprints.
 set -uo pipefail
 strata=$1
 program=$2
@@ -9,31 +10,9 @@ strategy=$3
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 source "$(dirname "$0")/job_lib.sh"
 
-# 1. Kill rank 1 while the job trains.
-"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --log_dir "$tmp/log" --metrics "$tmp/m1.jsonl" >"$tmp/out.txt" 2>"$tmp/err.txt" &
-launcher=$!
-training "$tmp/m1.jsonl" 3 "$launcher"
-children=$(pgrep -P $launcher)
-[ "$(echo "$children" | wc -w)" -eq 2 ] || fail "expected 2 workers, found: $children"
-victim=$(echo "$children" | sed -n 2p)
-victim_rank_env=$(tr '\0' '\n' < "/proc/$victim/environ" | sed -n 's/^STRATA_RANK=//p')
-start=$(date +%s.%N)
-kill -9 "$victim"
-wait $launcher
-rc=$?
-elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-echo "launcher exited $rc after ${elapsed}s: $(cat "$tmp/err.txt" | grep '^error' )"
-[ $rc -ne 0 ] || fail "the job exited 0 after a rank was killed"
-(( $(echo "$elapsed < 30" | bc) )) || fail "the job took ${elapsed}s to end (limit 30 s)"
-victim_rank=$victim_rank_env
-# The killed rank recorded nothing; the survivor's "connection lost" that
-# followed is its consequence, not the cause.
-grep -q "^error: rank $victim_rank failed (killed by SIGKILL)" "$tmp/err.txt" ||
-  fail "the error does not name the killed rank $victim_rank: $(grep '^error' "$tmp/err.txt")"
-for pid in $children; do
-  if kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != "Z" ]; then fail "worker $pid is still running"; fi
-done
+# 1. A rank killed mid-step, and one that stops answering (shared with
+#    tools/gpu_check.sh, which runs them with --device gpu).
+bash "$(dirname "$0")/rank_fault_check.sh" "$strata" "$program" "$strategy" || exit 1
 
 # 2. Two ranks with different programs meet at the store and refuse to run.
 sed 's/learning_rate: 0.001/learning_rate: 0.002/' "$program" > "$tmp/other.pbtxt"
@@ -53,29 +32,7 @@ echo "rank 1: $rc1 $(cat "$tmp/r1.txt")"
 [ $rc0 -ne 124 ] && [ $rc1 -ne 124 ] || fail "a rank hung instead of refusing"
 grep -qi "fingerprint\|compiled" "$tmp/r1.txt" || fail "rank 1's error does not explain the mismatch"
 
-# 3. A rank that stops answering: the other's receive gives up after
-#    --comm_timeout_s and the job ends naming the channel.
-"$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
-  --comm_timeout_s 3 --log_dir "$tmp/log3" --metrics "$tmp/m3.jsonl" >"$tmp/out3.txt" 2>"$tmp/err3.txt" &
-launcher=$!
-training "$tmp/m3.jsonl" 3 "$launcher"
-children=$(pgrep -P $launcher)
-frozen=$(echo "$children" | sed -n 1p)
-kill -STOP "$frozen"
-start=$(date +%s.%N)
-wait $launcher
-rc=$?
-elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-echo "stalled job exited $rc after ${elapsed}s: $(grep '^error' "$tmp/err3.txt")"
-[ $rc -ne 0 ] || fail "the job exited 0 with a stalled rank"
-(( $(echo "$elapsed < 30" | bc) )) || fail "the stalled job took ${elapsed}s to end"
-# A transfer names its channel; the periodic stop agreement between steps
-# (where a rank frozen between steps leaves the other) names its collective.
-grep -qE "channel|agreeing whether to stop: allreduce #[0-9]+" "$tmp/err3.txt" ||
-  fail "the timeout error names neither the channel nor the collective"
-kill -0 "$frozen" 2>/dev/null && [ "$(ps -o stat= -p "$frozen" | cut -c1)" != "Z" ] && fail "the stalled worker was left behind"
-
-# 4. The ranks meet through a real Redis server (--store redis://).
+# 3. The ranks meet through a real Redis server (--store redis://).
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --bind 127.0.0.1 --port "$port" --save '' --daemonize no >"$tmp/redis.log" 2>&1 &
 redis=$!
@@ -85,7 +42,7 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
   --store "redis://127.0.0.1:$port" >"$tmp/out4.txt" 2>"$tmp/err4.txt" || fail "the job over redis failed: $(cat "$tmp/err4.txt")"
 grep -q "final train loss" "$tmp/out4.txt" || fail "the job over redis reported no loss"
 
-# 5. Workers started by an external launcher (torchrun's environment): rank 0
+# 4. Workers started by an external launcher (torchrun's environment): rank 0
 #    serves the store on MASTER_ADDR:MASTER_PORT; rank 1 starts first and waits.
 port5=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port5 \
@@ -108,7 +65,7 @@ took=$(( $(date +%s) - start ))
 [ "$took" -le 10 ] || fail "a rank with no rank 0 took ${took}s to give up (timeout 2s)"
 grep -q "cannot reach the store" "$tmp/t2.txt" || fail "no 'cannot reach the store' in: $(cat "$tmp/t2.txt")"
 
-# 6. The job's trace has a track per rank with every forward and backward by
+# 5. The job's trace has a track per rank with every forward and backward by
 #    micro-batch, the transfers and the optimizer; --compare_single prints
 #    both loss columns.
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 2 --data synthetic --quiet \
