@@ -7,11 +7,13 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "proto/utf8.h"
 
 namespace strata {
 namespace {
@@ -182,7 +184,12 @@ absl::StatusOr<Program> ParseProgramText(const std::string& text, const std::str
     // The file's stem, not its path: a program's identity (and fingerprint)
     // must not depend on the folder it was read from.
     std::string stem = filename.substr(filename.find_last_of('/') + 1);
-    program->set_name(stem.substr(0, stem.find('.')));
+    stem = stem.substr(0, stem.find('.'));
+    // A name is UTF-8 without control characters (validation); a file's
+    // name need not be, so its bytes are escaped ("caf\xe9") rather than
+    // refused for a name the user never wrote.
+    if (!IsValidUtf8(stem) || HasControlCharacter(stem)) stem = absl::CHexEscape(stem);
+    program->set_name(stem);
   }
   return program;
 }

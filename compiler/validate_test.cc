@@ -137,6 +137,20 @@ TEST(ProgramTextTest, RejectsEmptyAndBinaryFiles) {
 
 // A byte-order mark and old Mac line ends (CR alone) parse as the same
 // program, with the same line numbers; CRLF too.
+// A program without a name takes its file's; a file name that is not UTF-8
+// is escaped rather than refused (a name the user never wrote).
+TEST(ProgramTextTest, ANameTakenFromAFileThatIsNotUtf8IsEscaped) {
+  auto program = ParseProgramText(std::string(kHeader) + R"pb(
+    op { type: "matmul" input: ["x", "w1"] output: ["h"] }
+    op { type: "matmul" input: ["h", "w2"] output: ["logits"] }
+    op { type: "softmax_cross_entropy" input: ["logits", "label"] output: ["loss"] }
+  )pb",
+                                  "dir/caf\xe9.pbtxt");
+  ASSERT_TRUE(program.ok()) << program.status();
+  EXPECT_EQ(program->name(), "caf\\xe9");
+  EXPECT_TRUE(ValidateAndInferProgram(&*program).ok());
+}
+
 TEST(ProgramTextTest, ByteOrderMarksAndCrLineEndsParseAsTheSameProgram) {
   const std::string lf = "# a comment\nvar { name: \"x\" dtype: F32 shape: [-1, 4] kind: FEED }\n";
   auto want = ParseProgramText(lf, "p.pbtxt");

@@ -714,8 +714,11 @@ absl::StatusOr<std::string> ReadLatest(const std::string& dir) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
       // A save would fail at its end (renaming onto it), a load find no step.
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, ": not a file; a checkpoint's 'latest' is a file naming its newest step folder"));
+      const bool dangling =
+          std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)) && !std::filesystem::exists(path, ec);
+      return absl::FailedPreconditionError(absl::StrCat(path, dangling ? ": a link to nothing" : ": not a file",
+                                                        "; a checkpoint's 'latest' is a file naming its newest step "
+                                                        "folder"));
     }
     return std::string();
   }

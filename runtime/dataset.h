@@ -84,7 +84,8 @@ class Dataset {
 //                                           given (the program's, see FindLabelConsumer
 //                                           and FindTokenConsumer), else 10 classes and
 //                                           a vocab of 256; classes= needs an I64[-1]
-//                                           label feed the teacher fills
+//                                           label feed the teacher fills, vocab= an
+//                                           I64[-1, T] token feed
 //   tokens:path=FILE[,vocab=V]              FILE: a flat file of little-endian uint16
 //                                           token ids; vocab=V: every id must be below V
 // Feeds get roles by dtype, shape and declaration order: floating feeds get

@@ -14,7 +14,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
@@ -24,6 +23,7 @@
 #include "gloo/context.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gloo/types.h"
+#include "runtime/comm/gloo_message.h"
 
 namespace strata {
 namespace {
@@ -79,20 +79,6 @@ std::string Describe(const Tensor& t) {
   return absl::StrCat(DataTypeName(t.dtype()), ShapeString(t.shape()));
 }
 
-// A Gloo exception's text without the source location it starts with
-// ("[./gloo/transport/tcp/pair.cc:598] Connection closed by peer ..."), which
-// says nothing to a user and reached their terminal.
-std::string GlooMessage(const char* what) {
-  absl::string_view text(what);
-  if (absl::StartsWith(text, "[")) {
-    const size_t close = text.find("] ");
-    if (close != absl::string_view::npos && text.substr(0, close).find(':') != absl::string_view::npos) {
-      text.remove_prefix(close + 2);
-    }
-  }
-  return std::string(text);
-}
-
 // Turns whatever Gloo threw into a Status; `what` names op, peer and tag.
 absl::Status StatusFromException(std::exception_ptr error, const std::string& what) {
   try {
@@ -107,7 +93,7 @@ absl::Status StatusFromException(std::exception_ptr error, const std::string& wh
   } catch (const gloo::EnforceNotMet& e) {
     return absl::InternalError(absl::StrCat(what, " failed inside Gloo: ", GlooMessage(e.what())));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+    return absl::InternalError(absl::StrCat(what, " failed: ", GlooMessage(e.what())));
   } catch (...) {
     return absl::InternalError(absl::StrCat(what, " failed with an unknown exception"));
   }

@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <utility>
@@ -23,13 +23,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "gloo/common/error.h"
 #include "gloo/barrier.h"
+#include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
 #include "gloo/transport/tcp/device.h"
 #include "runtime/comm/gloo_communicator.h"
+#include "runtime/comm/gloo_message.h"
 #include "runtime/comm/staged_communicator.h"
 
 namespace strata {
@@ -443,21 +444,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> Rendezvous(const RendezvousOptions
     // Store waits say "Wait timeout", TCP connects "Connect timeout", the
     // barrier "Timed out waiting".
     if (absl::StrContains(e.what(), "timeout") || absl::StrContains(e.what(), "Timed out")) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
-          " (a rank stopped after publishing its fingerprint?): ", e.what()));
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": the TCP mesh did not connect within ", absl::FormatDuration(options.timeout),
+                       " (a rank stopped after publishing its fingerprint?): ", GlooMessage(e.what())));
     }
     if (absl::StrContains(e.what(), "closed by peer") || absl::StrContains(e.what(), "reset by peer")) {
       // The peer connected, then left: it failed (or timed out) first.
-      return absl::UnavailableError(absl::StrCat(where, ": a peer left while the TCP mesh connected (its own error "
-                                                 "comes first): ", e.what()));
+      return absl::UnavailableError(absl::StrCat(where,
+                                                 ": a peer left while the TCP mesh connected (its own error "
+                                                 "comes first): ",
+                                                 GlooMessage(e.what())));
     }
     return absl::UnavailableError(absl::StrCat(where, ": cannot connect the TCP mesh: this rank listened on ",
-                                               options.hostname, " and tried to reach a peer: ", e.what(),
+                                               options.hostname, " and tried to reach a peer: ", GlooMessage(e.what()),
                                                " (pick the interface with --socket_ifname)"));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", e.what()));
+        absl::StrCat(where, ": cannot connect the TCP mesh on ", options.hostname, ": ", GlooMessage(e.what())));
   } catch (...) {
     return absl::InternalError(absl::StrCat(where, ": unknown exception while connecting"));
   }

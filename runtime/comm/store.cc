@@ -39,6 +39,7 @@
 #include "gloo/rendezvous/store.h"
 #include "hiredis.h"
 #include "proto/fnv1a.h"
+#include "runtime/comm/gloo_message.h"
 #include "runtime/comm/tcp_store.h"
 
 namespace strata {
@@ -63,7 +64,9 @@ std::chrono::milliseconds ToGlooTimeout(absl::Duration timeout) {
 // (when not empty).
 template <typename F>
 absl::Status GuardStore(const std::string& what, F&& body) {
-  auto message = [&](const char* why) { return what.empty() ? std::string(why) : absl::StrCat(what, ": ", why); };
+  auto message = [&](const char* why) {
+    return what.empty() ? GlooMessage(why) : absl::StrCat(what, ": ", GlooMessage(why));
+  };
   try {
     body();
     return absl::OkStatus();
