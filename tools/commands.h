@@ -23,7 +23,7 @@ int CompileCommand(const std::string& program_path);
 int RunCommand(const std::string& program_path, int argc, char** argv, const std::set<std::string>& given);
 
 // strata gen MODEL: prints a generated program.
-int GenCommand(const std::vector<std::string>& args);
+int GenCommand(const std::vector<std::string>& args, const std::set<std::string>& given);
 
 }  // namespace cli
 }  // namespace strata

@@ -5,11 +5,15 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tools/cli_common.h"
 #include "tools/cli_flags.h"
@@ -19,7 +23,25 @@
 namespace strata {
 namespace cli {
 
-int GenCommand(const std::vector<std::string>& args) {
+namespace {
+
+// The model-shaping flags each family reads (the optimizer's, --stages and
+// --dtype apply to all): another one given is refused rather than ignored
+// (gen gpt --dropout 0.1 wrote a GPT without dropout).
+const std::map<std::string, std::set<std::string>>& ModelFlags() {
+  static const auto* flags = new std::map<std::string, std::set<std::string>>{
+      {"mlp", {"layers", "dropout"}},
+      {"resmlp", {"layers", "blocks", "dropout"}},
+      {"convnet", {"dropout"}},
+      {"alexnet", {"dropout"}},
+      {"gpt", {"blocks", "d_model", "heads", "seq", "vocab", "gelu"}},
+  };
+  return *flags;
+}
+
+}  // namespace
+
+int GenCommand(const std::vector<std::string>& args, const std::set<std::string>& given) {
   if (args.empty()) {
     std::cerr << "error: strata gen needs one model name (mlp, resmlp, convnet, alexnet, gpt)\n" << kUsage;
     return kExitUsage;
@@ -31,6 +53,17 @@ int GenCommand(const std::vector<std::string>& args) {
               << "' (a boolean flag takes its value after '=', as --cosine=false)\n"
               << kUsage;
     return kExitUsage;
+  }
+  if (auto model = ModelFlags().find(args[0]); model != ModelFlags().end()) {
+    std::set<std::string> shaping;
+    for (const auto& [name, used] : ModelFlags()) shaping.insert(used.begin(), used.end());
+    for (const std::string& flag : given) {
+      if (shaping.count(flag) && !model->second.count(flag)) {
+        std::cerr << "error: --" << flag << " does not apply to strata gen " << args[0] << "; its model flags are --"
+                  << absl::StrJoin(model->second, ", --") << "\n";
+        return kExitUsage;
+      }
+    }
   }
   GenOptions o;
   o.layers.clear();

@@ -106,7 +106,7 @@ int Main(int argc, char** argv) {
   if (int rc = CheckEvalOnly(parsed->given); rc != 0) return rc;
   if (int rc = CheckStepsAndEpochs(parsed->given); rc != 0) return rc;
   const std::vector<std::string>& positional = parsed->positional;
-  if (command == "gen") return GenCommand(positional);
+  if (command == "gen") return GenCommand(positional, parsed->given);
   if (int rc = CheckProgramArgs(command, positional); rc != 0) return rc;
   const std::string& program = positional[0];
   if (command == "check") return CheckCommand(program);
