@@ -241,9 +241,12 @@ TEST_F(GpuTrainTest, CudaGraphStepsWithF16LossScalingOnTheFlashKernelsWithClippi
 
 // Several ranks on the one GPU (issue 18, section 4): each rank a CudaDevice
 // on GPU 0, tensors between ranks over Gloo staged through pinned host
-// memory. The same layout on the CPU is the reference; float64 keeps
-// summation order out of the comparison (1e-9).
-ParityRun TrainOnGpuAndCpu(const Program& program, const Strategy& strategy, ParityOptions options, ParityRun* cpu) {
+// memory. References: the same layout on the CPU, and (`single_gpu`, if
+// given) the program on one GPU, one rank (the issue's "match the
+// single-GPU run"); float64 keeps summation order out of the comparison
+// (1e-9).
+ParityRun TrainOnGpuAndCpu(const Program& program, const Strategy& strategy, ParityOptions options, ParityRun* cpu,
+                           ParityRun* single_gpu = nullptr) {
   auto on_cpu = TrainParallel(program, strategy, options);
   EXPECT_TRUE(on_cpu.ok()) << on_cpu.status();
   if (on_cpu.ok()) *cpu = *on_cpu;
@@ -255,10 +258,15 @@ ParityRun TrainOnGpuAndCpu(const Program& program, const Strategy& strategy, Par
   };
   auto on_gpu = TrainParallel(program, strategy, options);
   EXPECT_TRUE(on_gpu.ok()) << on_gpu.status();
+  if (single_gpu != nullptr) {
+    auto one = TrainParallel(program, Strategy(), options);
+    EXPECT_TRUE(one.ok()) << one.status();
+    if (one.ok()) *single_gpu = *one;
+  }
   return on_gpu.ok() ? *on_gpu : ParityRun();
 }
 
-ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun* cpu) {
+ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun* cpu, ParityRun* single_gpu) {
   GenOptions gen;
   gen.dtype = "F64";
   gen.stages = stages;
@@ -268,7 +276,7 @@ ParityRun TrainLayoutOnGpuAndCpu(const Strategy& strategy, int stages, ParityRun
   options.data = "synthetic:classes=10,size=512";
   options.steps = 10;
   options.batch_size = 16;
-  return TrainOnGpuAndCpu(program.ok() ? *program : Program(), strategy, options, cpu);
+  return TrainOnGpuAndCpu(program.ok() ? *program : Program(), strategy, options, cpu, single_gpu);
 }
 
 TEST_F(GpuTrainTest, TwoPipelineStagesSharingTheGpuTrainLikeTheCpu) {
@@ -276,19 +284,25 @@ TEST_F(GpuTrainTest, TwoPipelineStagesSharingTheGpuTrainLikeTheCpu) {
   strategy.mutable_pipeline()->set_micro_batch_size(4);
   strategy.mutable_pipeline()->set_accumulate_steps(4);
   strategy.mutable_pipeline()->set_schedule(ONE_F_ONE_B);
-  ParityRun cpu;
-  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 2, &cpu);
+  ParityRun cpu, single_gpu;
+  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 2, &cpu, &single_gpu);
   EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-9);
   EXPECT_LE(MaxWeightDifference(gpu, cpu), 1e-9);
+  ASSERT_EQ(single_gpu.losses.size(), gpu.losses.size());
+  EXPECT_LE(MaxLossDifference(gpu, single_gpu), 1e-9);
+  EXPECT_LE(MaxWeightDifference(gpu, single_gpu), 1e-9);
 }
 
 TEST_F(GpuTrainTest, TwoDataParallelReplicasSharingTheGpuTrainLikeTheCpu) {
   Strategy strategy;
   strategy.mutable_data_parallel()->set_degree(2);
-  ParityRun cpu;
-  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 1, &cpu);
+  ParityRun cpu, single_gpu;
+  const ParityRun gpu = TrainLayoutOnGpuAndCpu(strategy, 1, &cpu, &single_gpu);
   EXPECT_LE(MaxLossDifference(gpu, cpu), 1e-9);
   EXPECT_LE(MaxWeightDifference(gpu, cpu), 1e-9);
+  ASSERT_EQ(single_gpu.losses.size(), gpu.losses.size());
+  EXPECT_LE(MaxLossDifference(gpu, single_gpu), 1e-9);
+  EXPECT_LE(MaxWeightDifference(gpu, single_gpu), 1e-9);
 }
 
 // The tiny GPT over two stages sharing the GPU, its token embedding tied

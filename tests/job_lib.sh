@@ -12,6 +12,12 @@ training() {
   for _ in $(seq 600); do
     n=$(grep -c '"step"' "$1" 2>/dev/null)  # nothing while the file is not there yet
     [ "${n:-0}" -ge "$2" ] && return
+    # A job that ended before training (it failed at start) is said at once, not after the 60 s.
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null; then
+      n=$(grep -c '"step"' "$1" 2>/dev/null)  # what it wrote before it ended
+      [ "${n:-0}" -ge "$2" ] && return
+      fail "the job ended before $2 steps of training ($1)"
+    fi
     sleep 0.1
   done
   [ -n "${3:-}" ] && kill "$3" 2>/dev/null

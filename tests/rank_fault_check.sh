@@ -18,6 +18,8 @@ run_flags=("$@")
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 source "$(dirname "$0")/job_lib.sh"
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+# On a failure, what the jobs said (a job that could not start fails in `training`).
+trap 'rc=$?; [ $rc -eq 0 ] || tail -n 5 "$tmp"/err*.txt 2>/dev/null' EXIT
 
 # 1. Kill rank 1 while the job trains.
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
