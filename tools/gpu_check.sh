@@ -74,7 +74,7 @@ quick_benches() {
   # the ones documented as the same bits (the stored score gradients, the layer norms in registers, the
   # casts hoisted or not) must say bit-identical=True; the others say how far they move.
   timeout 90 "${g[@]:0:${#g[@]}-1}" --strata_metrics "$out/m_default.jsonl" 2>&1 | tee "$out/gpt2_default.txt" |
-    grep -E '^same weights|^strata|^torch' || status=1
+    grep -E '^same weights|^strata|^torch' || { status=1; tail -3 "$out/gpt2_default.txt"; }
   # The attention gradient on stored score gradients (STRATA_STORED_SCORE_GRADS=1, written 2026-11-30,
   # session 39, without a GPU; off by default until timed): dq without a second pass over the scores.
   STRATA_STORED_SCORE_GRADS=1 timeout 50 "${g[@]}" --strata_metrics "$out/m_stored.jsonl" 2>&1 |
