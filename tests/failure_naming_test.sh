@@ -61,6 +61,7 @@ port=$((20000 + RANDOM % 20000))
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$strata" run "$program" --strategy "$strategy" \
   --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 >/dev/null 2>"$tmp/r0.txt" &
 r0=$!
+trap 'kill -KILL $r0 2>/dev/null' EXIT  # rank 0 trains a million steps: never left behind by a failure below
 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$strata" run "$program" --strategy "$strategy" \
   --steps 1000000 --data synthetic --quiet --heartbeat_timeout_s 3 --metrics "$tmp/r1.jsonl" >/dev/null 2>"$tmp/r1.txt" &
 r1=$!

@@ -18,8 +18,10 @@ run_flags=("$@")
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 source "$(dirname "$0")/job_lib.sh"
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-# On a failure, what the jobs said (a job that could not start fails in `training`).
-trap 'rc=$?; [ $rc -eq 0 ] || tail -n 5 "$tmp"/err*.txt 2>/dev/null' EXIT
+# On a failure, what the jobs said (a job that could not start fails in
+# `training`); also when killed from outside (gpu_check's timeout), where
+# bash runs the trap with status 0, so the flag, not $?, tells.
+trap '[ -n "${passed:-}" ] || tail -n 5 "$tmp"/err*.txt 2>/dev/null' EXIT
 
 # 1. Kill rank 1 while the job trains.
 "$strata" run "$program" --strategy "$strategy" --nproc 2 --steps 1000000 --data synthetic --quiet \
@@ -68,4 +70,5 @@ echo "stalled job exited $rc after ${elapsed} ms: $(grep '^error' "$tmp/err3.txt
 grep -qE "channel|agreeing whether to stop: allreduce #[0-9]+" "$tmp/err3.txt" ||
   fail "the timeout error names neither the channel nor the collective"
 kill -0 "$frozen" 2>/dev/null && [ "$(ps -o stat= -p "$frozen" | cut -c1)" != "Z" ] && fail "the stalled worker was left behind"
+passed=1
 echo "rank faults: PASS${run_flags[*]:+ (${run_flags[*]})}"

@@ -27,14 +27,14 @@ namespace {
 
 // The model-shaping flags each family reads (the optimizer's, --stages and
 // --dtype apply to all): another one given is refused rather than ignored
-// (gen gpt --dropout 0.1 wrote a GPT without dropout).
+// (gen mlp --heads 4 wrote the MLP as if it were not there).
 const std::map<std::string, std::set<std::string>>& ModelFlags() {
   static const auto* flags = new std::map<std::string, std::set<std::string>>{
       {"mlp", {"layers", "dropout"}},
       {"resmlp", {"layers", "blocks", "dropout"}},
       {"convnet", {"dropout"}},
       {"alexnet", {"dropout"}},
-      {"gpt", {"blocks", "d_model", "heads", "seq", "vocab", "gelu"}},
+      {"gpt", {"blocks", "d_model", "heads", "seq", "vocab", "gelu", "dropout"}},
   };
   return *flags;
 }

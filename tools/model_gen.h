@@ -15,7 +15,8 @@ struct GenOptions {
   double learning_rate = 0;        // 0: the optimizer's usual default
   bool cosine = true;
   int blocks = 4;          // resmlp: residual blocks; width = layers[1]; gpt: transformer blocks
-  double dropout = 0;      // resmlp/mlp: dropout probability after each hidden layer
+  double dropout = 0;      // dropout probability: mlp, resmlp, convnet and alexnet after each hidden
+                           // layer; gpt after the embeddings, attention's projection and the MLP's
   std::string dtype = "F32";
   // gpt: GPT-2 124M's sizes by default.
   int64_t d_model = 768;
