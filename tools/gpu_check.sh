@@ -104,6 +104,12 @@ quick_benches() {
         grep -q 'bit-identical=True' <<<"$line" || { echo "FAIL: $v does not train the defaults' bits"; status=1; } ;;
     esac
   done
+  # The variants' step times side by side (each run's median of 20 steps; two runs of the defaults at 0f2b39a on the
+  # H200 gave 22.47 and 22.55 ms, 0.4% apart), to set the defaults by.
+  for f in "$out"/gpt2_*.txt; do
+    ms=$(awk '$1 == "strata" && $2 == "|" {print $3}' "$f" 2>/dev/null)
+    echo "step ms $(basename "$f" .txt): ${ms:-none}"
+  done
   # The fused epilogues against their plain GEMMs (a fused GEMM far slower than its plain one: cuBLASLt's
   # epilogue, or its refusal and the float fallback); mlp.proj.dx with DGELU (matmul_gelu_grad).
   timeout 40 bash .device/run.sh gemm_bench --dtype=bf16 --repeats=1 --epilogues \
