@@ -91,6 +91,11 @@ inline float StandInToFloat(__half h) {
 }
 inline float StandInToFloat(float x) { return x; }
 
+// CUDA's integer min and max (device functions in the global namespace,
+// which pool.cu's window bounds call on int64_t).
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a < b ? b : a; }
+
 // Round to nearest even, as __float2bfloat16_rn and __float2half_rn.
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   uint32_t u;
