@@ -712,10 +712,10 @@ absl::StatusOr<std::string> ReadLatest(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kLatestFileName);
   if (!IsRegularFile(path)) {
     std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+    if (const std::filesystem::file_status link = std::filesystem::symlink_status(path, ec);
+        std::filesystem::exists(link)) {
       // A save would fail at its end (renaming onto it), a load find no step.
-      const bool dangling =
-          std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)) && !std::filesystem::exists(path, ec);
+      const bool dangling = std::filesystem::is_symlink(link) && !std::filesystem::exists(path, ec);
       return absl::FailedPreconditionError(absl::StrCat(path, dangling ? ": a link to nothing" : ": not a file",
                                                         "; a checkpoint's 'latest' is a file naming its newest step "
                                                         "folder"));

@@ -22,25 +22,17 @@
 namespace strata {
 namespace {
 
-// The first element of a floating host tensor that is not finite; -1 when
-// every one is (or the tensor holds no floats).
+// The first element of a host PARAM (F32 or F64, as validation requires)
+// that is not finite; -1 when every one is.
 int64_t FirstNonFinite(const Tensor& t) {
-  const int64_t n = t.num_elements();
-  if (t.dtype() == F32) {
-    const float* p = t.data<float>();
+  auto first = [n = t.num_elements()](const auto* p) -> int64_t {
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(p[i])) return i;
     }
-  } else if (t.dtype() == F64) {
-    const double* p = t.data<double>();
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(p[i])) return i;
-    }
-  } else if (IsFloating(t.dtype())) {
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(t.ValueAt(i))) return i;
-    }
-  }
+    return -1;
+  };
+  if (t.dtype() == F32) return first(t.data<float>());
+  if (t.dtype() == F64) return first(t.data<double>());
   return -1;
 }
 

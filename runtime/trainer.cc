@@ -452,11 +452,12 @@ namespace {
 // is absent (a save that did not write it), DataLoss where it is there but
 // is no such number (a damaged or hand-edited file), so that a check reading
 // it is never skipped silently.
-absl::StatusOr<std::optional<int64_t>> MetadataInt(const std::map<std::string, std::string>& metadata,
-                                                   const std::string& key, int64_t min) {
+template <typename Int>
+absl::StatusOr<std::optional<Int>> MetadataInt(const std::map<std::string, std::string>& metadata,
+                                               const std::string& key, Int min) {
   auto it = metadata.find(key);
   if (it == metadata.end()) return std::nullopt;
-  int64_t value = 0;
+  Int value = 0;
   if (!absl::SimpleAtoi(it->second, &value) || value < min) {
     return absl::DataLossError(absl::StrCat("the checkpoint's metadata has ", key, " '", absl::CHexEscape(it->second),
                                             "', expected an integer from ", min));
@@ -500,26 +501,22 @@ absl::StatusOr<int64_t> SavedStep(const std::map<std::string, std::string>& meta
 absl::StatusOr<int64_t> CheckResumable(const std::map<std::string, std::string>& metadata, int64_t batch, uint64_t seed,
                                        int64_t total_steps, bool schedule_spans_run) {
   STRATA_ASSIGN_OR_RETURN(const int64_t step, SavedStep(metadata));
-  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_batch, MetadataInt(metadata, "batch_size", 1));
+  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_batch, MetadataInt<int64_t>(metadata, "batch_size", 1));
   if (saved_batch.has_value() && *saved_batch != batch) {
     return absl::InvalidArgumentError(absl::StrCat("saved with batch size ", *saved_batch, ", resuming with ", batch,
                                                    " would change the data order"));
   }
-  auto sd = metadata.find("seed");
-  uint64_t saved_seed = 0;
-  if (sd != metadata.end() && !absl::SimpleAtoi(sd->second, &saved_seed)) {
-    return absl::DataLossError(absl::StrCat("the checkpoint's metadata has seed '", absl::CHexEscape(sd->second),
-                                            "', expected an integer from 0"));
-  }
-  if (sd != metadata.end() && saved_seed != seed) {
-    return absl::InvalidArgumentError(absl::StrCat("saved with seed ", saved_seed, ", resuming with ", seed,
+  STRATA_ASSIGN_OR_RETURN(const std::optional<uint64_t> saved_seed, MetadataInt<uint64_t>(metadata, "seed", 0));
+  if (saved_seed.has_value() && *saved_seed != seed) {
+    return absl::InvalidArgumentError(absl::StrCat("saved with seed ", *saved_seed, ", resuming with ", seed,
                                                    " would change the data order and dropout masks"));
   }
   if (step >= total_steps) {
     return absl::OutOfRangeError(absl::StrCat("the checkpoint is at step ", step, " but the run ends at step ",
                                               total_steps, "; nothing left to train (--steps counts the whole run)"));
   }
-  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_total_steps, MetadataInt(metadata, "total_steps", 1));
+  STRATA_ASSIGN_OR_RETURN(const std::optional<int64_t> saved_total_steps,
+                          MetadataInt<int64_t>(metadata, "total_steps", 1));
   const int64_t saved_total = saved_total_steps.value_or(0);
   if (schedule_spans_run && saved_total_steps.has_value() && saved_total != total_steps) {
     // decay_steps counts optimizer updates: under gradient merge, one every k steps.
@@ -872,8 +869,8 @@ absl::Status TrainSession::ResumeFromCheckpoint() {
     total_steps_ = *step;
     // The epoch the saving run's step fell in, as its evaluation there said:
     // the epochs it completed, plus one where it was part-way into the next.
-    auto completed = MetadataInt(ckpt->metadata, "epoch", 0);
-    auto position = MetadataInt(ckpt->metadata, "data_position", 0);
+    auto completed = MetadataInt<int64_t>(ckpt->metadata, "epoch", 0);
+    auto position = MetadataInt<int64_t>(ckpt->metadata, "data_position", 0);
     for (const auto* read : {&completed, &position}) {
       if (!read->ok()) {
         return absl::Status(read->status().code(),
